@@ -1,0 +1,35 @@
+# The README's commands. `make run` and `make test` set up everything they need on a fresh machine:
+# the orchestrator venv (.venv) here, the quantize and serve stage environments under
+# $(QV_ENV_ROOT) (default ~/.cache/quantverdict/envs; created once, reused while their pins are unchanged).
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+SCHEMES ?= bf16,awq,gptq,int8,fp8,w8a8
+ARGS   ?=
+
+.PHONY: setup run test test-unit lint clean-outputs
+
+$(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check -r requirements/orchestrator.txt
+	# this checkout's src/ and root on the venv's path (an editable install without build tools)
+	printf '%s\n%s\n' "$(CURDIR)/src" "$(CURDIR)" > "$$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/quantverdict.pth"
+	touch $@
+
+setup: $(VENV)/.ready
+	$(VPY) -m quantverdict.envs
+
+run: setup
+	$(VPY) -m pipelines.run -m scheme=$(SCHEMES) $(ARGS)
+
+test: setup
+	$(VPY) -m pytest tests -v --durations=15
+
+test-unit: $(VENV)/.ready
+	$(VPY) -m pytest tests/unit -q
+
+lint: $(VENV)/.ready
+	$(VPY) -m ruff check src pipelines tests && $(VPY) -m ruff format --check src pipelines tests
+
+clean-outputs:
+	rm -rf outputs/runs outputs/multirun

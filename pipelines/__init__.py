@@ -1,0 +1,1 @@
+"""Command-line entry points: ``python -m pipelines.run`` (one job or a Hydra multirun grid)."""

@@ -1,0 +1,57 @@
+"""Run one quantization job, or a grid with Hydra's multirun.
+
+    python -m pipelines.run scheme=awq model=smollm2-135m
+    python -m pipelines.run -m scheme=bf16,awq,gptq,int8,fp8,w8a8
+
+Each job writes ``record.json`` (and logs) into its Hydra output folder and one MLflow run. In a
+grid a failed job is recorded and the grid goes on; the grid ends with a table of all jobs and a
+non-zero exit code if any failed (see :mod:`quantverdict.hydra_callbacks`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+import quantverdict.settings  # noqa: F401  (registers the config schema and resolvers)
+from quantverdict import procs
+from quantverdict.config import ConfigError
+from quantverdict.pipeline import run_job, write_config_failure
+from quantverdict.report import format_table
+
+log = logging.getLogger("quantverdict")
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(dcfg: DictConfig) -> None:
+    procs.install_signal_handlers()
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode.name == "MULTIRUN"
+    try:
+        cfg = quantverdict.settings.to_config(dcfg)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        write_config_failure(dcfg, out_dir, exc)
+        if multirun:
+            return  # the grid goes on; GridSummary reports it and sets the exit code
+        sys.exit(2)
+    try:
+        record = run_job(cfg, out_dir)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        if not multirun:
+            sys.exit(1)
+        return  # the grid goes on; GridSummary reports failed jobs and sets the exit code
+    if not multirun:
+        print(format_table([record]))
+
+
+if __name__ == "__main__":
+    main()

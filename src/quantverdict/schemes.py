@@ -1,0 +1,209 @@
+"""Scheme registry: what a scheme's recipe needs from the model, computed in one place.
+
+A scheme file (``conf/scheme/<name>.yaml``) holds an llm-compressor recipe in its own
+``<stage>_stage -> <group>_modifiers -> <Modifier>: {args}`` shape. Two things in it depend on the
+model and are filled here rather than copied per model:
+
+* ``group_size: auto`` -> the largest of ``scheme.group_size_candidates`` that divides the
+  ``in_features`` of every quantized Linear layer (:func:`derive_group_size`). Group-wise
+  quantization (compressed-tensors ``strategy: group``) cuts each weight row, i.e. the
+  ``in_features`` axis, into groups of ``group_size`` columns with one scale (and zero point) each;
+  a group size that does not divide ``in_features`` leaves a ragged last group that vLLM's kernels
+  refuse.
+* the checkpoint cache key (:func:`checkpoint_key`): everything that changes the quantized weights.
+
+The orchestrator side imports this module; the quantize child receives the resolved recipe as JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from quantverdict.config import ConfigError, SchemeConfig
+
+# config.json keys that describe a Llama-like decoder's Linear layers
+DIM_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+
+
+def read_dims(model_dir: str | Path) -> dict[str, Any]:
+    """The :data:`DIM_KEYS` present in ``model_dir/config.json`` (``text_config`` of multimodal configs).
+
+    Raises:
+        FileNotFoundError: no config.json in ``model_dir``.
+    """
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    cfg = {**cfg.get("text_config", {}), **{k: v for k, v in cfg.items() if k != "text_config"}}
+    return {k: cfg[k] for k in DIM_KEYS if cfg.get(k) is not None}
+
+
+def quantized_in_features(dims: dict[str, Any]) -> list[int]:
+    """Distinct ``in_features`` of the Linear layers a scheme quantizes in a Llama-like decoder layer.
+
+    ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and ``up_proj`` read the hidden state
+    (``hidden_size``); ``o_proj`` reads the concatenated heads (``num_attention_heads * head_dim``);
+    ``down_proj`` reads the MLP activation (``intermediate_size``). ``lm_head`` and the embeddings
+    stay 16-bit (``scheme.ignore``) and are not counted.
+
+    Args:
+        dims: config.json values; needs ``hidden_size``, ``intermediate_size``,
+            ``num_attention_heads``; ``head_dim`` defaults to ``hidden_size // num_attention_heads``.
+
+    Returns:
+        Sorted distinct in_features, e.g. SmolLM2-135M: ``[576, 1536]``.
+
+    Raises:
+        ConfigError: a required key is missing.
+    """
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in dims]
+    if missing:
+        raise ConfigError(f"model config.json lacks {', '.join(missing)}; cannot derive scheme.group_size")
+    hidden = int(dims["hidden_size"])
+    head_dim = int(dims.get("head_dim") or hidden // int(dims["num_attention_heads"]))
+    attn_out = int(dims["num_attention_heads"]) * head_dim
+    return sorted({hidden, attn_out, int(dims["intermediate_size"])})
+
+
+def derive_group_size(group_size: str, candidates: list[int], in_features: list[int]) -> int | None:
+    """Resolve ``scheme.group_size`` against the model's quantized ``in_features``.
+
+    Args:
+        group_size: ``"auto"``, ``"channel"`` or a positive integer as a string.
+        candidates: allowed group sizes for ``"auto"``, any order (``scheme.group_size_candidates``).
+        in_features: in_features of every quantized Linear layer (:func:`quantized_in_features`).
+
+    Returns:
+        ``"auto"``: the largest candidate dividing every in_features (SmolLM2: 576 and 1536 with
+        candidates 128/64/32 -> 64, because 576 % 128 = 64); ``"channel"``: ``None`` (one scale
+        per output row); an integer string: that integer.
+
+    Raises:
+        ConfigError: no candidate divides every in_features, the integer does not divide one of
+            them, or the value is none of the three forms. The message names ``scheme.group_size``,
+            the value, the offending dimension and the allowed candidates.
+    """
+    allowed = sorted(set(candidates), reverse=True)
+    if group_size == "channel":
+        return None
+    if group_size == "auto":
+        for g in allowed:
+            if g > 0 and all(d % g == 0 for d in in_features):
+                return g
+        raise ConfigError(
+            f"scheme.group_size='auto': none of the candidates {allowed} divides every quantized "
+            f"in_features {sorted(in_features)}; set scheme.group_size=channel or an integer that divides them"
+        )
+    if not str(group_size).isdigit() or int(group_size) < 1:
+        raise ConfigError(f"scheme.group_size={group_size!r} must be 'auto', 'channel' or a positive integer")
+    g = int(group_size)
+    for d in sorted(in_features):
+        if d % g:
+            fits = [c for c in allowed if all(x % c == 0 for x in in_features)]
+            raise ConfigError(
+                f"scheme.group_size={g} does not divide in_features {d} of a quantized layer "
+                f"({d} % {g} = {d % g}); candidates: {allowed}, of which {fits or 'none'} divide every "
+                f"in_features {sorted(in_features)}; or use 'auto' / 'channel'"
+            )
+    return g
+
+
+def _fill_group_sizes(node: Any, resolved: int | None, check: list[int], allowed: list[int]) -> None:
+    if isinstance(node, dict):
+        if "group_size" in node:
+            if node.get("strategy") == "channel":
+                node["group_size"] = None
+            elif node["group_size"] == "auto":
+                if resolved is None:  # scheme.group_size=channel turns a group recipe per-channel
+                    node["group_size"] = None
+                    if node.get("strategy") == "group":
+                        node["strategy"] = "channel"
+                else:
+                    node["group_size"] = resolved
+            elif node["group_size"] is not None:  # an explicit integer in the recipe: check it too
+                node["group_size"] = derive_group_size(str(node["group_size"]), allowed, check)
+        for value in node.values():
+            _fill_group_sizes(value, resolved, check, allowed)
+    elif isinstance(node, list):
+        for value in node:
+            _fill_group_sizes(value, resolved, check, allowed)
+
+
+def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``scheme.recipe`` with every ``group_size: auto`` filled for this model.
+
+    ``auto`` becomes :func:`derive_group_size` of ``scheme.group_size`` (which is itself
+    ``auto``, ``channel`` or an integer). Where that is per-channel, the weight args get
+    ``strategy: channel`` and ``group_size: None``; a ``strategy: channel`` block always gets
+    ``group_size: None``. An explicit integer ``group_size`` in the recipe is checked the same way.
+
+    Args:
+        scheme: the composed scheme config (``scheme.recipe`` already has ``${scheme.ignore}`` resolved).
+        dims: model config.json values (:func:`read_dims`).
+
+    Returns:
+        The recipe as plain dicts/lists, ready for ``llmcompressor.recipe.Recipe.from_dict``.
+        ``{}`` for a scheme without a recipe (bf16).
+
+    Raises:
+        ConfigError: the group size does not fit the model (see :func:`derive_group_size`).
+    """
+    recipe = copy.deepcopy(_plain(scheme.recipe))
+    if not recipe:
+        return {}
+    in_features = quantized_in_features(dims)
+    candidates = list(scheme.group_size_candidates)
+    resolved = derive_group_size(str(scheme.group_size), candidates, in_features)
+    _fill_group_sizes(recipe, resolved, in_features, candidates)
+    return recipe
+
+
+def _plain(node: Any) -> Any:
+    """Plain dict/list copy of a (possibly OmegaConf) nested container."""
+    if hasattr(node, "items"):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)) or (hasattr(node, "__iter__") and not isinstance(node, (str, bytes))):
+        return [_plain(v) for v in node]
+    return node
+
+
+def checkpoint_key(
+    model_key: str,
+    scheme_name: str,
+    recipe: dict[str, Any],
+    calibration: dict[str, Any],
+    versions: dict[str, str],
+) -> str:
+    """Content key of a quantized checkpoint: 16 hex chars of sha256 over canonical JSON.
+
+    Canonical JSON: ``json.dumps({"model", "scheme", "recipe", "calibration", "versions"},
+    sort_keys=True, separators=(",", ":"))``, so dict order and whitespace do not matter but any
+    changed value (recipe argument, calibration sample count, library version) gives a new key.
+
+    Args:
+        model_key: identifies the materialized source model (e.g. its name plus content hash).
+        scheme_name: ``scheme.name``.
+        recipe: the resolved recipe (:func:`resolve_recipe`).
+        calibration: calibration settings actually used (text file, num_samples, seq_len, seed).
+        versions: quantize-environment versions (torch, transformers, llmcompressor, compressed-tensors).
+    """
+    payload = {
+        "model": model_key,
+        "scheme": scheme_name,
+        "recipe": recipe,
+        "calibration": calibration,
+        "versions": versions,
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

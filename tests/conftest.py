@@ -1,0 +1,40 @@
+"""Shared fixtures. Integration fixtures build the real stage environments and the embedded model once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from quantverdict import envs
+from quantverdict.config import Config
+from quantverdict.envs import StageEnv
+from quantverdict.settings import PROJECT_ROOT, compose
+
+DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def default_cfg() -> Config:
+    return compose([])
+
+
+@pytest.fixture(scope="session")
+def stage_envs(default_cfg: Config) -> dict[str, StageEnv]:
+    """The real quantize and serve environments (created on first use, then reused)."""
+    return {
+        stage: envs.ensure(stage, getattr(default_cfg.env, stage), default_cfg.env, PROJECT_ROOT)
+        for stage in ("quantize", "serve")
+    }
+
+
+@pytest.fixture(scope="session")
+def embedded_model(default_cfg: Config, stage_envs: dict[str, StageEnv], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The embedded SmolLM2-135M materialized as bf16 safetensors in the shared cache (result dict of
+    the materialize stage: path, dims, num_parameters, ...)."""
+    from quantverdict.pipeline import _materialize
+    from quantverdict.record import StageInfo
+
+    out = tmp_path_factory.mktemp("materialize")
+    return _materialize(default_cfg, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())

@@ -1,0 +1,61 @@
+"""Deltas against the baseline: computed only for identical eval settings; values worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantverdict.compare import accuracy_deltas, eval_mismatch, find_baseline, pct_change
+
+SETTINGS = {"backend": "hf", "batch_size": 8, "max_length": 2048, "num_fewshot": 0, "limit": 100,
+            "task_limits": {}, "dtype": "float32"}
+TP = {"seq_len": 2048, "stride": 2048, "max_tokens": 8192}
+
+
+def rec(scheme: str, acc_norm: float, wppl: float, tppl: float, **settings: object) -> dict:
+    return {
+        "job": {"model": "m", "scheme": scheme, "finished_at": "t"},
+        "config": {"baseline_scheme": "bf16"},
+        "accuracy": {
+            "settings": {**SETTINGS, **settings},
+            "tasks": {"arc_easy": {"acc": 0.4, "acc_norm": acc_norm}, "wikitext": {"word_perplexity": wppl}},
+            "token_perplexity": {"token_perplexity": tppl, **TP},
+        },
+    }
+
+
+HEADLINE = {"arc_easy": "acc_norm", "wikitext": "word_perplexity"}
+
+
+def test_deltas_by_hand() -> None:
+    base, q = rec("bf16", 0.50, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0)
+    d = accuracy_deltas(q, base, HEADLINE)
+    assert d["arc_easy"]["delta"] == pytest.approx(-0.05)  # 0.45 - 0.50
+    assert d["arc_easy"]["recovery_pct"] == pytest.approx(90.0)  # 100 * 0.45 / 0.50
+    assert d["wikitext"]["delta_pct"] == pytest.approx(5.0)  # 100 * (21 - 20) / 20
+    assert d["token_perplexity"]["delta_pct"] == pytest.approx(5.0)  # 100 * (42 - 40) / 40
+
+
+def test_mismatched_settings_refuse_the_delta() -> None:
+    base, q = rec("bf16", 0.5, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0, limit=50, batch_size=1)
+    reason = eval_mismatch(q, base)
+    assert reason is not None and "limit: 50 vs baseline 100" in reason and "batch_size: 1 vs baseline 8" in reason
+    assert accuracy_deltas(q, base, HEADLINE) == {"refused": reason}
+
+
+def test_token_window_mismatch_refuses() -> None:
+    base, q = rec("bf16", 0.5, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0)
+    q["accuracy"]["token_perplexity"]["seq_len"] = 512
+    assert "token_perplexity.seq_len: 512 vs 2048" in (eval_mismatch(q, base) or "")
+
+
+def test_find_baseline_same_model_only() -> None:
+    base, other = rec("bf16", 0.5, 20.0, 40.0), rec("bf16", 0.6, 20.0, 40.0)
+    other["job"]["model"] = "other"
+    q = rec("awq", 0.45, 21.0, 42.0)
+    assert find_baseline(q, [other, base, q]) is base
+    assert find_baseline(q, [other, q]) is None
+
+
+def test_pct_change_edge_cases() -> None:
+    assert pct_change(None, 1.0) is None and pct_change(1.0, 0.0) is None
+    assert pct_change(3.0, 2.0) == pytest.approx(50.0)

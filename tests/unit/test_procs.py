@@ -1,0 +1,49 @@
+"""Process groups: a stopped job leaves no process behind, grandchildren included."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from quantverdict import procs
+
+
+def test_stop_group_kills_grandchildren(tmp_path: Path) -> None:
+    # the child starts a grandchild that ignores SIGTERM: only the group's SIGKILL ends it
+    code = (
+        "import subprocess,sys,time;"
+        "subprocess.Popen([sys.executable,'-c','import signal,time;signal.signal(signal.SIGTERM,signal.SIG_IGN);"
+        "print(\"grandchild up\",flush=True);time.sleep(600)']);time.sleep(600)"
+    )
+    proc = procs.start([sys.executable, "-c", code], tmp_path / "p.log", echo=False)
+    pgid = os.getpgid(proc.pid)
+    assert pgid == proc.pid  # leads its own group
+    deadline = time.monotonic() + 20
+    while "grandchild up" not in (tmp_path / "p.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert procs.group_alive(pgid)
+    t0 = time.monotonic()
+    procs.stop_group(proc, grace_s=1.0)
+    assert not procs.group_alive(pgid)
+    assert time.monotonic() - t0 < 10
+
+
+def test_wait_timeout_stops_the_group(tmp_path: Path) -> None:
+    proc = procs.start([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "q.log", echo=False)
+    try:
+        procs.wait(proc, timeout_s=0.5)
+    except Exception as exc:  # subprocess.TimeoutExpired
+        assert "timed out" in str(exc)
+    else:
+        raise AssertionError("expected a timeout")
+    assert not procs.group_alive(proc.pid)
+
+
+def test_log_gets_command_and_output(tmp_path: Path) -> None:
+    proc = procs.start([sys.executable, "-c", "print('hello')"], tmp_path / "r.log", echo=False)
+    assert procs.wait(proc) == 0
+    time.sleep(0.2)
+    text = (tmp_path / "r.log").read_text()
+    assert text.startswith("$ ") and "hello" in text

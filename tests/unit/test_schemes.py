@@ -1,0 +1,218 @@
+"""Scheme registry: group-size derivation, recipe resolution and the checkpoint key (values by hand)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from quantverdict.config import ConfigError, SchemeConfig
+from quantverdict.schemes import (
+    checkpoint_key,
+    derive_group_size,
+    quantized_in_features,
+    read_dims,
+    resolve_recipe,
+)
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "scheme"
+SMOLLM2 = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "num_hidden_layers": 30,
+}
+
+
+def load_scheme(name: str) -> SchemeConfig:
+    """conf/scheme/<name>.yaml against the SchemeConfig schema, ``${scheme.ignore}`` resolved."""
+    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(CONF / f"{name}.yaml"))
+    root = OmegaConf.create({"scheme": node})
+    scheme = OmegaConf.to_object(root.scheme)
+    assert isinstance(scheme, SchemeConfig)
+    return scheme
+
+
+# --- quantized_in_features ---------------------------------------------------------------------
+
+
+def test_in_features_smollm2() -> None:
+    # q/k/v/gate/up read hidden 576; o_proj reads 9 heads x 64 = 576; down_proj reads 1536
+    assert quantized_in_features(SMOLLM2) == [576, 1536]
+
+
+def test_in_features_head_dim_defaults_and_differs() -> None:
+    # no head_dim: 4096 / 32 = 128 -> o_proj in = 32 * 128 = 4096; Llama-2-7B: [4096, 11008]
+    assert quantized_in_features({"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32}) == [
+        4096,
+        11008,
+    ]
+    # explicit head_dim different from hidden/heads (Qwen3-like): o_proj in = 16 * 128 = 2048
+    dims = {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16, "head_dim": 128}
+    assert quantized_in_features(dims) == [1024, 2048, 3072]
+
+
+def test_in_features_missing_key() -> None:
+    with pytest.raises(ConfigError, match="intermediate_size"):
+        quantized_in_features({"hidden_size": 576, "num_attention_heads": 9})
+
+
+# --- derive_group_size -------------------------------------------------------------------------
+
+
+def test_auto_smollm2_is_64() -> None:
+    # 576 % 128 = 64 (128 fails), 576 % 64 = 0 and 1536 % 64 = 0 -> 64
+    assert derive_group_size("auto", [128, 64, 32], [576, 1536]) == 64
+
+
+def test_auto_takes_largest_regardless_of_order() -> None:
+    # 4096 and 11008: 11008 = 86 * 128 -> 128 divides both
+    assert derive_group_size("auto", [32, 128, 64], [4096, 11008]) == 128
+
+
+def test_auto_no_candidate_divides() -> None:
+    # 100 % 32 = 4, 100 % 64 = 36, 100 % 128 = 100 -> none
+    with pytest.raises(ConfigError, match=r"scheme.group_size='auto'.*\[128, 64, 32\]"):
+        derive_group_size("auto", [128, 64, 32], [576, 100])
+
+
+def test_channel_is_none() -> None:
+    assert derive_group_size("channel", [128, 64, 32], [576, 1536]) is None
+
+
+def test_integer_that_divides() -> None:
+    # 576 / 32 = 18, 1536 / 32 = 48
+    assert derive_group_size("32", [128, 64, 32], [576, 1536]) == 32
+
+
+def test_integer_that_does_not_divide_names_key_value_dim_candidates() -> None:
+    # 576 % 128 = 64 -> error names scheme.group_size, 128, the dimension 576 and the candidates
+    with pytest.raises(ConfigError) as err:
+        derive_group_size("128", [128, 64, 32], [576, 1536])
+    msg = str(err.value)
+    assert "scheme.group_size=128" in msg
+    assert "576" in msg
+    assert "[128, 64, 32]" in msg
+    assert "[64, 32]" in msg  # the candidates that would fit
+
+
+def test_garbage_value() -> None:
+    with pytest.raises(ConfigError, match="scheme.group_size='big'"):
+        derive_group_size("big", [128], [576])
+
+
+# --- resolve_recipe ----------------------------------------------------------------------------
+
+
+def _group_recipe() -> dict:
+    return {
+        "quant_stage": {
+            "quant_modifiers": {
+                "GPTQModifier": {
+                    "ignore": ["lm_head"],
+                    "config_groups": {
+                        "group_0": {
+                            "targets": ["Linear"],
+                            "weights": {"num_bits": 4, "strategy": "group", "group_size": "auto"},
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+
+def _weights(recipe: dict) -> dict:
+    return recipe["quant_stage"]["quant_modifiers"]["GPTQModifier"]["config_groups"]["group_0"]["weights"]
+
+
+def test_resolve_auto_fills_64_and_leaves_the_scheme_untouched() -> None:
+    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", recipe=_group_recipe())
+    out = resolve_recipe(scheme, SMOLLM2)
+    assert _weights(out) == {"num_bits": 4, "strategy": "group", "group_size": 64}
+    assert _weights(scheme.recipe)["group_size"] == "auto"  # deep copy
+
+
+def test_resolve_integer_override() -> None:
+    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", group_size="32", recipe=_group_recipe())
+    assert _weights(resolve_recipe(scheme, SMOLLM2))["group_size"] == 32
+
+
+def test_resolve_integer_override_that_does_not_fit() -> None:
+    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", group_size="128", recipe=_group_recipe())
+    with pytest.raises(ConfigError, match="scheme.group_size=128"):
+        resolve_recipe(scheme, SMOLLM2)
+
+
+def test_resolve_channel_override_turns_group_into_channel() -> None:
+    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", group_size="channel", recipe=_group_recipe())
+    assert _weights(resolve_recipe(scheme, SMOLLM2)) == {"num_bits": 4, "strategy": "channel", "group_size": None}
+
+
+def test_resolve_strategy_channel_gets_no_group_size() -> None:
+    recipe = _group_recipe()
+    _weights(recipe).update(strategy="channel", group_size="auto")
+    scheme = SchemeConfig(name="x", label="W8A16", method="rtn", recipe=recipe)
+    assert _weights(resolve_recipe(scheme, SMOLLM2))["group_size"] is None
+
+
+def test_resolve_empty_recipe() -> None:
+    assert resolve_recipe(SchemeConfig(name="bf16", label="BF16", method="none", group_size="channel"), SMOLLM2) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "modifiers"),
+    [
+        ("awq", ["AWQModifier", "QuantizationModifier"]),
+        ("gptq", ["GPTQModifier"]),
+        ("int8", ["QuantizationModifier"]),
+        ("fp8", ["QuantizationModifier"]),
+        ("w8a8", ["SmoothQuantModifier", "GPTQModifier"]),
+    ],
+)
+def test_shipped_schemes_resolve_for_smollm2(name: str, modifiers: list[str]) -> None:
+    out = resolve_recipe(load_scheme(name), SMOLLM2)
+    mods = out["quant_stage"]["quant_modifiers"]
+    assert list(mods) == modifiers  # order matters: AWQ / SmoothQuant before the quantizer
+    assert "auto" not in json.dumps(out)
+    # lm_head stays 16-bit; AWQModifier takes no `ignore` in llm-compressor 0.14.0.1
+    quantizer = mods[modifiers[-1]]
+    assert quantizer["ignore"] == ["lm_head"]
+    assert "ignore" not in mods.get("AWQModifier", {})
+    if name in ("awq", "gptq"):
+        weights = quantizer["config_groups"]["group_0"]["weights"]
+        assert (weights["num_bits"], weights["strategy"], weights["group_size"]) == (4, "group", 64)
+        assert weights["symmetric"] is (name == "gptq")
+    if name == "awq":
+        assert mods["AWQModifier"]["n_grid"] < 20  # coarser than the default grid (CPU time)
+
+
+def test_read_dims(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2, "vocab_size": 49152, "model_type": "llama"}))
+    dims = read_dims(tmp_path)
+    assert dims["hidden_size"] == 576 and dims["vocab_size"] == 49152 and "model_type" not in dims
+
+
+# --- checkpoint_key ----------------------------------------------------------------------------
+
+
+def test_checkpoint_key_is_sha256_of_canonical_json() -> None:
+    key = checkpoint_key("m", "gptq", {"b": 1, "a": [1, 2]}, {"n": 16}, {"torch": "2.13.0"})
+    canonical = (
+        '{"calibration":{"n":16},"model":"m","recipe":{"a":[1,2],"b":1},"scheme":"gptq","versions":{"torch":"2.13.0"}}'
+    )
+    assert key == hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    assert len(key) == 16
+
+
+def test_checkpoint_key_ignores_order_but_not_values() -> None:
+    base = checkpoint_key("m", "gptq", {"a": 1, "b": 2}, {"n": 16, "s": 128}, {"t": "1"})
+    assert base == checkpoint_key("m", "gptq", {"b": 2, "a": 1}, {"s": 128, "n": 16}, {"t": "1"})
+    assert base != checkpoint_key("m", "gptq", {"a": 1, "b": 2}, {"n": 64, "s": 128}, {"t": "1"})
+    assert base != checkpoint_key("m", "gptq", {"a": 1, "b": 2}, {"n": 16, "s": 128}, {"t": "2"})
+    assert base != checkpoint_key("m", "awq", {"a": 1, "b": 2}, {"n": 16, "s": 128}, {"t": "1"})
