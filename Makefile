@@ -7,7 +7,7 @@ VPY    := $(VENV)/bin/python
 SCHEMES ?= bf16,awq,gptq,int8,fp8,w8a8
 ARGS   ?=
 
-.PHONY: setup run test test-unit lint clean-outputs
+.PHONY: setup browser run test test-unit lint clean-outputs
 
 $(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,14 @@ $(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
 setup: $(VENV)/.ready
 	$(VPY) -m quantverdict.envs
 
+# headless Chromium renders review.html in the tests (Debian package; root installs it)
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
 run: setup
 	$(VPY) -m pipelines.run -m scheme=$(SCHEMES) $(ARGS)
 
-test: setup
+test: setup browser
 	$(VPY) -m pytest tests -v --durations=15
 
 test-unit: $(VENV)/.ready

@@ -85,6 +85,8 @@ class EvalConfig:
     backend: str = "hf"  # one of EVAL_BACKENDS
     tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
+    # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
+    task_limits: dict[str, int] = field(default_factory=dict)
     batch_size: int = 8
     max_length: int = 2048
     num_fewshot: int = 0
@@ -115,6 +117,9 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_space_gib: Optional[float] = None  # CPU backend: VLLM_CPU_KVCACHE_SPACE
     kv_cache_dtype: str = "auto"
+    # activation/compute dtype of the server (--dtype); "auto": the checkpoint's. CPUs without
+    # AVX512-BF16/AMX run bf16 matmuls ~10x slower than fp32, so the CPU profile serves in float32.
+    dtype: str = "auto"
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -142,6 +147,8 @@ class TrackingConfig:
     enabled: bool = True
     uri: str = MISSING
     experiment: str = "quantverdict"
+    # where a new experiment keeps its artifacts (MLflow's default is ./mlruns of the working directory)
+    artifact_location: Optional[str] = None
 
 
 @dataclass
@@ -177,6 +184,65 @@ class PathsConfig:
     cache_root: str = MISSING  # materialized models and quantized checkpoints
 
 
+REVIEW_FLOOR_TESTS = ("point", "interval")
+REVIEW_INTERVALS = ("bootstrap", "normal")
+PERPLEXITY_KINDS = ("word_perplexity", "byte_perplexity", "token_perplexity")
+
+
+@dataclass
+class ReviewConfig:
+    """Deployment constraints the review checks every scheme against (``conf/review/*.yaml``).
+
+    A limit set to null is no constraint. See :mod:`quantverdict.review` for how each is checked.
+    """
+
+    name: str = "default"
+    # memory: weights + KV cache for the needed capacity + reserve <= budget (GiB = 2**30 bytes)
+    memory_budget_gib: Optional[float] = 24.0
+    kv_cache_tokens: Optional[int] = None  # capacity needed; null: concurrent_requests * request_len_tokens
+    concurrent_requests: int = 16
+    request_len_tokens: Optional[int] = None  # null: the job's bench.input_len + bench.output_len
+    kv_cache_dtype_bytes: Optional[float] = None  # null: bench.server.kv_cache_dtype (auto: model dtype)
+    reserved_gib: float = 0.0  # activations, CUDA graphs, runtime: added to the need
+    # accuracy floor against the baseline of the same model
+    max_perplexity_increase_pct: Optional[float] = 5.0
+    min_recovery_pct: Optional[float] = 95.0
+    perplexity_kinds: list[str] = field(default_factory=lambda: ["word_perplexity", "token_perplexity"])
+    floor_test: str = "point"  # point: the estimate must meet the floor; interval: fail only if the whole interval misses
+    # latency SLO (p99, ms) and the load it must hold (one of load_rps / load_concurrency)
+    ttft_ms_p99: Optional[float] = 2000.0
+    itl_ms_p99: Optional[float] = 200.0
+    load_rps: Optional[float] = 1.0
+    load_concurrency: Optional[int] = None
+    # statistics
+    confidence: float = 0.95
+    interval: str = "bootstrap"  # bootstrap (paired, fixed seed) | normal (paired normal / delta method)
+    bootstrap_samples: int = 10000
+    seed: int = 0
+    log_to_mlflow: bool = True
+
+
+def review_errors(rc: ReviewConfig) -> list[str]:
+    """Problems of a review config (allowed values, ranges), one message per bad key."""
+    errors: list[str] = []
+    _choice(errors, "review.floor_test", rc.floor_test, REVIEW_FLOOR_TESTS)
+    _choice(errors, "review.interval", rc.interval, REVIEW_INTERVALS)
+    for i, kind in enumerate(rc.perplexity_kinds):
+        _choice(errors, f"review.perplexity_kinds[{i}]", kind, PERPLEXITY_KINDS)
+    if not 0 < rc.confidence < 1:
+        errors.append(f"review.confidence={rc.confidence} must be in (0, 1), e.g. 0.95")
+    for key in ("memory_budget_gib", "kv_cache_tokens", "request_len_tokens", "kv_cache_dtype_bytes",
+                "ttft_ms_p99", "itl_ms_p99", "load_rps", "load_concurrency"):
+        v = getattr(rc, key)
+        if v is not None and v <= 0:
+            errors.append(f"review.{key}={v} must be > 0 or null")
+    if rc.concurrent_requests < 1 or rc.bootstrap_samples < 100 or rc.reserved_gib < 0:
+        errors.append("review.concurrent_requests must be >= 1, review.bootstrap_samples >= 100, review.reserved_gib >= 0")
+    if rc.load_rps is not None and rc.load_concurrency is not None:
+        errors.append("set only one of review.load_rps and review.load_concurrency (the other null)")
+    return errors
+
+
 @dataclass
 class Config:
     model: ModelConfig = MISSING
@@ -187,8 +253,11 @@ class Config:
     env: EnvConfig = MISSING
     data: DataConfig = field(default_factory=DataConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    review: ReviewConfig = field(default_factory=ReviewConfig)
     baseline_scheme: str = "bf16"
     seed: int = 0
+    # skip a job whose identical config (same hash) already finished under paths.output_root
+    resume: bool = True
 
 
 def closest(value: str, allowed: tuple[str, ...] | list[str]) -> str:
@@ -221,6 +290,10 @@ def validate(cfg: Config) -> None:
         _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         errors.append(f"eval.limit={cfg.eval.limit} must be >= 1 or null")
+    for task, n in cfg.eval.task_limits.items():
+        _choice(errors, "eval.task_limits key", task, KNOWN_TASKS)
+        if n < 1:
+            errors.append(f"eval.task_limits.{task}={n} must be >= 1")
     tp = cfg.eval.token_perplexity
     if tp.stride < 1 or tp.stride > tp.seq_len:
         errors.append(f"eval.token_perplexity.stride={tp.stride} must be in 1..seq_len ({tp.seq_len})")
@@ -259,5 +332,6 @@ def validate(cfg: Config) -> None:
                 errors.append(
                     f"scheme.calibration.text_file={cfg.scheme.calibration.text_file!r} not found under {root}"
                 )
+    errors += review_errors(cfg.review)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

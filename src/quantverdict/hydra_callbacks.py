@@ -1,13 +1,15 @@
-"""Hydra callback: after a multirun grid, print the per-scheme table and fail if any job failed."""
+"""Hydra callback: after a multirun grid, print the per-scheme table, run the review, and fail if any
+job failed (or the review could not be written)."""
 
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from quantverdict.record import find_records, load
 from quantverdict.report import format_table
@@ -19,9 +21,32 @@ class GridSummary(Callback):
         records = [load(p) for p in find_records(sweep_dir)]
         print(format_table(records))
         (sweep_dir / "table.md").write_text(format_table(records) + "\n")
+        reviewed = run_grid_review(config, sweep_dir) if records else True
         failed = [r for r in records if r.get("status") != "ok"]
         for r in failed:
             print(f"FAILED {r['job']['id']} in stage {r.get('failed_stage')}: {r.get('error')}", file=sys.stderr)
         if failed:
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
+        if failed or not reviewed:
             sys.exit(1)
+
+
+def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
+    """Review the grid in ``sweep_dir`` under ``config.review`` (written to ``<sweep_dir>/review``, logged to
+    MLflow under ``config.tracking``). Prints the verdict; returns False (and prints why) on an error."""
+    try:
+        from quantverdict.config import ReviewConfig, TrackingConfig
+        from quantverdict.review import run_review
+
+        rc = OmegaConf.to_object(config.review) if "review" in config else ReviewConfig()
+        tracking = OmegaConf.to_object(config.tracking) if "tracking" in config else None
+        assert isinstance(rc, ReviewConfig) and (tracking is None or isinstance(tracking, TrackingConfig))
+        review, paths = run_review(sweep_dir, rc, tracking, sweep_dir / "review")
+    except Exception:  # noqa: BLE001  (a broken review must not hide the table or the exit code)
+        print(f"the review of {sweep_dir} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        return False
+    print("\n## Verdict\n")
+    for v in review.verdicts:
+        print(v.sentence.replace("**", ""))
+    print(f"\nreview: {paths['md']}\n        {paths['html']}")
+    return True

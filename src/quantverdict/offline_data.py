@@ -44,15 +44,15 @@ __all__ = [
     "CONVERTER_VERSION",
     "OFFLINE_TASKS",
     "OfflineTasks",
-    "restore_wikitext_lines",
-    "wikitext_pages",
-    "wikitext_hf_rows",
     "arc_docs",
-    "piqa_docs",
+    "boolq_docs",
     "hellaswag_docs",
     "hellaswag_query",
-    "boolq_docs",
+    "piqa_docs",
     "prepare",
+    "restore_wikitext_lines",
+    "wikitext_hf_rows",
+    "wikitext_pages",
 ]
 
 CONVERTER_VERSION = "1"

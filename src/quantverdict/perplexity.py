@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["window_plan", "perplexities"]
+__all__ = ["perplexities", "window_plan"]
 
 
 def window_plan(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:

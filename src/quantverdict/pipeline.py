@@ -20,7 +20,7 @@ from typing import Any
 from quantverdict import envs, procs, schemes, vllm_log
 from quantverdict.config import Config
 from quantverdict.envs import StageEnv
-from quantverdict.record import Record, StageInfo, host_environment, now_iso
+from quantverdict.record import Record, StageInfo, find_records, host_environment, load, now_iso
 from quantverdict.settings import as_dict
 from quantverdict.stages import memory
 from quantverdict.stages.materialize import MODEL_INFO
@@ -36,7 +36,7 @@ MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype")
 
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the resolved config, minus output locations (first 12 hex)."""
-    cfg = {k: v for k, v in config.items() if k != "paths"}
+    cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review")}
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -107,6 +107,10 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     """
     job = Job(cfg, out_dir)
     rec = job.record
+    if cfg.resume:
+        previous = find_completed(Path(cfg.paths.output_root), rec.job["config_hash"], out_dir)
+        if previous is not None:
+            return _reuse(previous, out_dir)
     job.tracker.start(
         f"{cfg.model.name}/{cfg.scheme.name}",
         {"model": cfg.model.name, "scheme": cfg.scheme.name, "scheme_label": cfg.scheme.label,
@@ -127,12 +131,47 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
         procs.stop_all()
         rec.job["finished_at"] = now_iso()
         job.save()
-        artifacts = [out_dir / "record.json", out_dir / "sweep.jsonl", *sorted(out_dir.glob("*.log"))]
+        artifacts = [
+            out_dir / "record.json",
+            out_dir / "bench" / "sweep.jsonl",
+            *sorted(out_dir.glob("*.log")),
+            *sorted((out_dir / "eval").glob("samples_*.jsonl")),  # per-item results for paired tests
+        ]
         try:
             job.tracker.finish(rec.to_dict(), out_dir, artifacts)
         except Exception:  # tracking must never hide the job's own outcome
             log.exception("MLflow tracking failed for %s", rec.job["id"])
     return rec.to_dict()
+
+
+def find_completed(output_root: Path, config_hash: str, exclude: Path) -> Path | None:
+    """The newest finished (status ok) record under ``output_root`` with this config hash, if any."""
+    best: tuple[str, Path] | None = None
+    for path in find_records(output_root):
+        if path.parent == exclude:
+            continue
+        try:
+            data = load(path)
+        except (ValueError, OSError, json.JSONDecodeError):
+            continue  # a truncated or foreign file is not a finished job
+        job = data.get("job", {})
+        if data.get("status") == "ok" and job.get("config_hash") == config_hash and not job.get("resumed_from"):
+            stamp = job.get("finished_at") or ""
+            if best is None or stamp > best[0]:
+                best = (stamp, path)
+    return best[1] if best else None
+
+
+def _reuse(previous: Path, out_dir: Path) -> dict[str, Any]:
+    """Copy a finished job's record into ``out_dir`` (marked ``resumed_from``) instead of rerunning it."""
+    data = load(previous)
+    data["job"]["resumed_from"] = str(previous.parent)
+    data["job"]["output_dir"] = str(out_dir)
+    data["notes"] = [*data.get("notes", []), f"reused the finished job in {previous.parent} (same config hash)"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "record.json").write_text(json.dumps(data, indent=2, default=str))
+    log.info("skipping %s: identical config finished in %s (resume=false reruns it)", data["job"]["id"], previous.parent)
+    return data
 
 
 def _run(job: Job) -> None:
@@ -153,6 +192,9 @@ def _run(job: Job) -> None:
 
     # scheme x model checks (group size divides the layers, ...) before any expensive work
     recipe = schemes.resolve_recipe(cfg.scheme, model["dims"])
+    unsupported = schemes.serving_unsupported(cfg.scheme, cfg.env.device) if cfg.bench.enabled else None
+    if unsupported:
+        log.warning("%s", unsupported)
 
     with job.stage("quantize") as st:
         rec.checkpoint = _quantize(cfg, quant_env, model, recipe, rec.environment["quantize"], cache, out, st)
@@ -166,7 +208,11 @@ def _run(job: Job) -> None:
     else:
         rec.stages["evaluate"] = StageInfo(status="skipped", detail="eval.enabled=false")
 
-    if cfg.bench.enabled:
+    if unsupported:
+        rec.stages["benchmark"] = StageInfo(status="skipped", detail=unsupported)
+        rec.speed = {"unsupported": unsupported, "points": []}
+        rec.notes.append(f"{cfg.scheme.name}: {unsupported}")
+    elif cfg.bench.enabled:
         with job.stage("benchmark"):
             _benchmark(job, serve_env, rec.checkpoint["path"])
     else:
@@ -251,13 +297,22 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
         log_path=out / "vllm_server.log",
     )
     rec.speed = {"mode": cfg.bench.mode, "served_model": served_name, "points": []}
+    activation_quantized = cfg.scheme.activation_bits < 16
+    bench_dir = out / "bench"
     t0 = time.perf_counter()
-    with server:
-        rec.speed["server_start_s"] = round(time.perf_counter() - t0, 3)
-        rec.memory["server"] = vllm_log.parse(server.log_path.read_text())
-        job.save()
-        rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out)
-    rec.memory["server"] = vllm_log.parse(server.log_path.read_text())
+    try:
+        with server:
+            rec.speed["server_start_s"] = round(time.perf_counter() - t0, 3)
+            rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
+            job.save()
+            rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, bench_dir)
+    finally:
+        # a crash mid-sweep keeps the points that finished (appended to sweep.jsonl one by one)
+        if not rec.speed["points"] and (bench_dir / "sweep.jsonl").exists():
+            lines = (bench_dir / "sweep.jsonl").read_text().splitlines()
+            rec.speed["points"] = [json.loads(line) for line in lines if line.strip()]
+        if server.log_path.exists():
+            rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
 
 
 def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:

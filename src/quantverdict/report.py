@@ -58,7 +58,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
             _f(sv.get("kv_cache_gib"), ".2f"),
             _f(sv.get("kv_cache_tokens"), ",d") if isinstance(sv.get("kv_cache_tokens"), int) else "–",
             _f(sv.get("max_concurrency"), ".1f"),
-            ", ".join(sv.get("kernels", [])) or "–",
+            ", ".join(k.get("kernel", "?") if isinstance(k, dict) else str(k) for k in sv.get("kernels") or []) or "–",
         ])
         acc = r.get("accuracy", {})
         base = find_baseline(r, records)
@@ -73,6 +73,8 @@ def format_table(records: list[dict[str, Any]]) -> str:
             v = m.get(metric)
             row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.get(t), deltas))
         acc_rows.append(row)
+        if r.get("speed", {}).get("unsupported"):
+            speed_rows.append([name, "not served", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"])
         for p in _points(r):
             speed_rows.append([
                 name, _load(p), _f(p.get("achieved_rps")), _f(p.get("output_tok_s"), ".1f"),

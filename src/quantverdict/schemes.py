@@ -140,6 +140,40 @@ def _fill_group_sizes(node: Any, resolved: int | None, check: list[int], allowed
             _fill_group_sizes(value, resolved, check, allowed)
 
 
+def _weight_args(node: Any) -> list[dict[str, Any]]:
+    """Every ``weights: {...}`` block of a recipe (config_groups of any modifier)."""
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "weights" and isinstance(value, dict):
+                found.append(value)
+            else:
+                found.extend(_weight_args(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_weight_args(value))
+    return found
+
+
+def check_recipe(scheme: SchemeConfig) -> None:
+    """The recipe's weight args agree with ``scheme.weight_bits`` and ``scheme.symmetric``.
+
+    Both are reported in records and used by the memory formula, so a recipe that says otherwise
+    would mislabel the checkpoint. Preset schemes (``scheme: W8A8``) have no weight args to check.
+
+    Raises:
+        ConfigError: naming the recipe value and the scheme key it contradicts.
+    """
+    errors = []
+    for args in _weight_args(_plain(scheme.recipe)):
+        if "num_bits" in args and int(args["num_bits"]) != scheme.weight_bits:
+            errors.append(f"recipe weights num_bits={args['num_bits']} but scheme.weight_bits={scheme.weight_bits}")
+        if "symmetric" in args and bool(args["symmetric"]) != scheme.symmetric:
+            errors.append(f"recipe weights symmetric={args['symmetric']} but scheme.symmetric={scheme.symmetric}")
+    if errors:
+        raise ConfigError(f"scheme {scheme.name!r}: " + "; ".join(errors))
+
+
 def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any]) -> dict[str, Any]:
     """A deep copy of ``scheme.recipe`` with every ``group_size: auto`` filled for this model.
 
@@ -157,8 +191,10 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any]) -> dict[str, Any]
         ``{}`` for a scheme without a recipe (bf16).
 
     Raises:
-        ConfigError: the group size does not fit the model (see :func:`derive_group_size`).
+        ConfigError: the group size does not fit the model (see :func:`derive_group_size`), or the
+            recipe contradicts ``scheme.weight_bits`` / ``scheme.symmetric`` (:func:`check_recipe`).
     """
+    check_recipe(scheme)
     recipe = copy.deepcopy(_plain(scheme.recipe))
     if not recipe:
         return {}
@@ -207,3 +243,21 @@ def checkpoint_key(
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def serving_unsupported(scheme: SchemeConfig, device: str) -> str | None:
+    """Why vLLM on ``device`` cannot serve ``scheme``'s checkpoint natively, or None if it can.
+
+    Source: vLLM's kernel tables (``vllm/model_executor/kernels/linear/__init__.py``). On CPU the
+    only weight-only integer kernels (``CPUWNA16LinearKernel``, ``Dynamic4bitLinearKernel``,
+    ``ZentorchWNA16LinearKernel``) take 4-bit weights (``uint4``/``uint4b8``); an 8-bit weight-only
+    (W8A16) checkpoint fails at server start-up. On CUDA, Marlin/Machete serve 4- and 8-bit.
+    """
+    weight_only = scheme.method != "none" and scheme.activation_bits >= 16
+    if device == "cpu" and weight_only and scheme.weight_bits == 8:
+        return (
+            f"vLLM on CPU has no kernel for {scheme.label} (8-bit weight-only): its CPU weight-only kernels "
+            "take 4-bit weights only (CPUWNA16: uint4, uint4b8), so the speed sweep is skipped on CPU; "
+            "memory and accuracy are still measured. Run it with env.device=cuda, or compare W8A8/FP8_DYNAMIC."
+        )
+    return None

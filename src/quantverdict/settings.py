@@ -7,6 +7,7 @@ so that every config group in ``conf/`` is checked against its dataclass when Hy
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +23,8 @@ CONF_DIR = PROJECT_ROOT / "conf"
 
 if not OmegaConf.has_resolver("qv_project_root"):
     OmegaConf.register_new_resolver("qv_project_root", lambda: str(PROJECT_ROOT))
+if not OmegaConf.has_resolver("qv_pid"):  # two grids started in the same second get distinct folders
+    OmegaConf.register_new_resolver("qv_pid", lambda: str(os.getpid()), use_cache=True)
 ConfigStore.instance().store(name="base_config", node=Config)
 
 

@@ -61,6 +61,25 @@ def numeric_metrics(sections: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
+def experiment_id(client: Any, cfg: TrackingConfig) -> str:
+    """Id of experiment ``cfg.experiment``, created (with ``cfg.artifact_location``) if missing.
+
+    Safe when parallel jobs race to create it: the loser reads the winner's experiment.
+    """
+    exp = client.get_experiment_by_name(cfg.experiment)
+    if exp is not None:
+        return str(exp.experiment_id)
+    loc = cfg.artifact_location
+    uri = Path(loc).resolve().as_uri() if loc and "://" not in loc else loc
+    try:
+        return str(client.create_experiment(cfg.experiment, artifact_location=uri))
+    except Exception:  # another job of a parallel grid created it first
+        exp = client.get_experiment_by_name(cfg.experiment)
+        if exp is None:
+            raise
+        return str(exp.experiment_id)
+
+
 class Tracker:
     """The MLflow side of one job. Every method is a no-op when tracking is disabled."""
 
@@ -74,22 +93,10 @@ class Tracker:
 
             self.client = MlflowClient(tracking_uri=cfg.uri)
 
-    def _experiment(self) -> str:
-        exp = self.client.get_experiment_by_name(self.cfg.experiment)
-        if exp is not None:
-            return str(exp.experiment_id)
-        try:
-            return str(self.client.create_experiment(self.cfg.experiment))
-        except Exception:  # another job of a parallel grid created it first
-            exp = self.client.get_experiment_by_name(self.cfg.experiment)
-            if exp is None:
-                raise
-            return str(exp.experiment_id)
-
     def start(self, run_name: str, tags: dict[str, str]) -> None:
         if not self.client:
             return
-        self.experiment_id = self._experiment()
+        self.experiment_id = experiment_id(self.client, self.cfg)
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         log.info("MLflow run %s (%s) in %s", run_name, self.run_id, self.cfg.uri)
@@ -112,7 +119,10 @@ class Tracker:
         self.client.set_terminated(cid, "FINISHED" if status in ("ok", "cached", "skipped") else "FAILED")
 
     def finish(self, record: dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
-        """Log params, metrics and artifacts of the job, then end its run FINISHED or FAILED."""
+        """Log params, metrics and artifacts of the job, then end its run FINISHED or FAILED.
+
+        ``artifacts`` inside ``out_dir`` keep their sub-folder (``eval/samples_arc_easy.jsonl``).
+        """
         if not self.client or not self.run_id:
             return
         from mlflow.entities import Metric, Param
@@ -138,7 +148,8 @@ class Tracker:
                 self.client.set_tag(self.run_id, "quantverdict.error", str(record["error"])[:5000])
             for path in artifacts:
                 if path.exists():
-                    self.client.log_artifact(self.run_id, str(path))
+                    sub = path.parent.relative_to(out_dir).as_posix() if path.parent != out_dir else None
+                    self.client.log_artifact(self.run_id, str(path), sub if sub and sub != "." else None)
         finally:
             self.client.set_terminated(self.run_id, "FINISHED" if record["status"] == "ok" else "FAILED")
 

@@ -127,37 +127,61 @@ def _group_recipe() -> dict:
     }
 
 
+def _w4(group_size: str = "auto", recipe: dict | None = None) -> SchemeConfig:
+    """A 4-bit symmetric scheme around ``recipe`` (default: the group-wise GPTQ recipe above)."""
+    return SchemeConfig(
+        name="gptq",
+        label="W4A16",
+        method="gptq",
+        weight_bits=4,
+        group_size=group_size,
+        recipe=recipe if recipe is not None else _group_recipe(),
+    )
+
+
 def _weights(recipe: dict) -> dict:
     return recipe["quant_stage"]["quant_modifiers"]["GPTQModifier"]["config_groups"]["group_0"]["weights"]
 
 
+def test_resolve_rejects_recipe_that_contradicts_the_scheme() -> None:
+    # _group_recipe() has num_bits 4; the scheme says 8 bits, asymmetric (recipe: no `symmetric` key)
+    scheme = SchemeConfig(name="x", label="W8A16", method="gptq", weight_bits=8, recipe=_group_recipe())
+    with pytest.raises(ConfigError, match=r"num_bits=4 but scheme.weight_bits=8"):
+        resolve_recipe(scheme, SMOLLM2)
+    recipe = _group_recipe()
+    _weights(recipe)["symmetric"] = True
+    scheme = SchemeConfig(name="x", label="W4A16", method="gptq", weight_bits=4, symmetric=False, recipe=recipe)
+    with pytest.raises(ConfigError, match=r"symmetric=True but scheme.symmetric=False"):
+        resolve_recipe(scheme, SMOLLM2)
+
+
 def test_resolve_auto_fills_64_and_leaves_the_scheme_untouched() -> None:
-    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", recipe=_group_recipe())
+    scheme = _w4()
     out = resolve_recipe(scheme, SMOLLM2)
     assert _weights(out) == {"num_bits": 4, "strategy": "group", "group_size": 64}
     assert _weights(scheme.recipe)["group_size"] == "auto"  # deep copy
 
 
 def test_resolve_integer_override() -> None:
-    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", group_size="32", recipe=_group_recipe())
+    scheme = _w4("32")
     assert _weights(resolve_recipe(scheme, SMOLLM2))["group_size"] == 32
 
 
 def test_resolve_integer_override_that_does_not_fit() -> None:
-    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", group_size="128", recipe=_group_recipe())
+    scheme = _w4("128")
     with pytest.raises(ConfigError, match="scheme.group_size=128"):
         resolve_recipe(scheme, SMOLLM2)
 
 
 def test_resolve_channel_override_turns_group_into_channel() -> None:
-    scheme = SchemeConfig(name="gptq", label="W4A16", method="gptq", group_size="channel", recipe=_group_recipe())
+    scheme = _w4("channel")
     assert _weights(resolve_recipe(scheme, SMOLLM2)) == {"num_bits": 4, "strategy": "channel", "group_size": None}
 
 
 def test_resolve_strategy_channel_gets_no_group_size() -> None:
     recipe = _group_recipe()
     _weights(recipe).update(strategy="channel", group_size="auto")
-    scheme = SchemeConfig(name="x", label="W8A16", method="rtn", recipe=recipe)
+    scheme = SchemeConfig(name="x", label="W4A16", method="rtn", weight_bits=4, recipe=recipe)
     assert _weights(resolve_recipe(scheme, SMOLLM2))["group_size"] is None
 
 

@@ -44,7 +44,7 @@ def test_real_store_finished_and_failed_runs(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = TrackingConfig(name="t", uri=uri, experiment="exp")
+    cfg = TrackingConfig(name="t", uri=uri, experiment="exp", artifact_location=str(tmp_path / "artifacts"))
     artifact = tmp_path / "record.json"
     artifact.write_text("{}")
     for status in ("ok", "failed"):

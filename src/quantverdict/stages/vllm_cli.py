@@ -48,7 +48,7 @@ class _VllmCpuAliasFinder(md.DistributionFinder):
     def find_spec(self, *_args: Any, **_kwargs: Any) -> None:  # not a module finder
         return None
 
-    def find_distributions(self, context: Any = md.DistributionFinder.Context()) -> Any:
+    def find_distributions(self, context: Any = None) -> Any:
         name = getattr(context, "name", None)
         if name is None or name.replace("_", "-").lower() != "vllm":
             return iter(())
@@ -87,5 +87,9 @@ def main() -> None:
     sys.exit(vllm_main())
 
 
-if __name__ == "__main__":
+if __name__ == "__mp_main__":
+    # a process started by multiprocessing's "spawn" re-imports this module under this name:
+    # give it the same metadata view as the parent (vLLM's own lookups fall back anyway)
+    install_alias()
+elif __name__ == "__main__":
     main()

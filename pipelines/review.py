@@ -1,0 +1,128 @@
+"""Review a grid: which scheme to deploy under stated constraints, defended with three numbers.
+
+    python -m pipelines.review outputs/multirun/2026-11-29_12-00-00
+    python -m pipelines.review outputs/multirun/X review.memory_budget_gib=0.22
+    python -m pipelines.review outputs/multirun/X review.min_recovery_pct=99.5 --out outputs/review-strict
+    python -m pipelines.review mlflow:quantverdict                  # an MLflow experiment (tracking.uri from conf/)
+    python -m pipelines.review quantverdict tracking.uri=sqlite:///outputs/mlflow.db
+
+The constraints are ``conf/review/default.yaml`` (schema: :class:`quantverdict.config.ReviewConfig`);
+any ``review.KEY=VALUE`` overrides one, ``review=NAME`` picks another file of ``conf/review/``.
+Writes ``review.md``, ``review.html`` (self-contained) and ``review.json`` into ``<folder>/review``
+(or ``--out``) and logs them to an MLflow run tagged ``quantverdict.kind=review``. Runs by itself at the
+end of every grid (:class:`quantverdict.hydra_callbacks.GridSummary`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import cast
+
+from omegaconf import OmegaConf
+
+from quantverdict.config import ConfigError, ReviewConfig, TrackingConfig, review_errors
+
+log = logging.getLogger("quantverdict")
+ALLOWED_PREFIXES = ("review", "tracking", "paths")
+
+
+def compose_review(overrides: list[str]) -> tuple[ReviewConfig, TrackingConfig, Path]:
+    """The review constraints, tracking config and output root, composed from ``conf/`` with overrides.
+
+    Raises:
+        ConfigError: an override outside ``review``/``tracking``/``paths``, or a bad review value.
+        hydra.errors.ConfigCompositionException: an unknown key or a value of the wrong type.
+    """
+    bad = [o for o in overrides if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] not in ALLOWED_PREFIXES]
+    if bad:
+        raise ConfigError(f"only review.*, tracking.* and paths.* keys apply to a review; not: {', '.join(bad)}")
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from quantverdict.config import closest
+    from quantverdict.settings import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        try:
+            cfg = compose(config_name="config", overrides=overrides)
+        except ConfigCompositionException as exc:
+            m = re.search(r"Key '(\w+)' not in 'ReviewConfig'", str(exc.__cause__ or exc))
+            if not m:
+                raise
+            allowed = sorted(ReviewConfig.__dataclass_fields__)
+            raise ConfigError(
+                f"unknown config key 'review.{m.group(1)}'; allowed under 'review': "
+                f"{', '.join(allowed)}{closest(m.group(1), allowed)}"
+            ) from None
+    rc = cast(ReviewConfig, OmegaConf.to_object(cfg.review))
+    errors = review_errors(rc)
+    if errors:
+        raise ConfigError("invalid review configuration:\n  - " + "\n  - ".join(errors))
+    tracking = cast(TrackingConfig, OmegaConf.to_object(cfg.tracking))
+    return rc, tracking, Path(cfg.paths.output_root)
+
+
+def plain(text: str) -> str:
+    """Markdown emphasis removed, for the terminal."""
+    return text.replace("**", "").replace("`", "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.review",
+        description="Review a grid of quantization jobs under stated constraints (see conf/review/default.yaml).",
+    )
+    parser.add_argument("source", help="a run or multirun folder, or an MLflow experiment (mlflow:NAME or NAME)")
+    parser.add_argument("overrides", nargs="*", help="review.KEY=VALUE, review=NAME, tracking.KEY=VALUE")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <source>/review)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+
+    from hydra.errors import ConfigCompositionException
+
+    import quantverdict.settings  # noqa: F401  (registers the config schema and resolvers)
+    from quantverdict.review import run_review
+
+    try:
+        rc, tracking, output_root = compose_review(args.overrides)
+    except (ConfigError, ConfigCompositionException) as exc:
+        print(f"error: {exc}{': ' + str(exc.__cause__) if exc.__cause__ else ''}", file=sys.stderr)
+        return 2
+    source = args.source
+    src_path = Path(source)
+    from_mlflow = source.startswith("mlflow:") or not src_path.exists()
+    if from_mlflow:
+        source = source.removeprefix("mlflow:")
+        if "/" in source and not args.source.startswith("mlflow:"):
+            print(
+                f"error: {args.source!r} is not a folder (for an MLflow experiment write mlflow:NAME)", file=sys.stderr
+            )
+            return 2
+    # a folder's records name the MLflow store their grid used; a tracking.* override or an
+    # experiment source uses the composed tracking config
+    use_conf_tracking = from_mlflow or any(o.lstrip("+").startswith("tracking") for o in args.overrides)
+    try:
+        review, paths = run_review(
+            source if from_mlflow else src_path, rc, tracking if use_conf_tracking else None, args.out, output_root
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for v in review.verdicts:
+        print(plain(v.sentence))
+        for b in v.binding:
+            print(f"  binding: {plain(b)}")
+    if review.flags:
+        print(f"{len(review.flags)} honesty flags (see the review):")
+        for f in review.flags:
+            print(f"  - {plain(f)}")
+    print(f"review: {paths['md']}\n        {paths['html']}\n        {paths['json']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

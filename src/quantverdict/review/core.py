@@ -1,0 +1,360 @@
+"""Build a review from records, write it (Markdown, HTML, JSON, PNG plots) and log it to MLflow."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantverdict import __version__
+from quantverdict.tracking import experiment_id
+from quantverdict.compare import find_baseline
+from quantverdict.config import ReviewConfig, TrackingConfig
+from quantverdict.record import now_iso
+from quantverdict.review import sources
+from quantverdict.review.scorecard import (
+    Scorecard,
+    accuracy_section,
+    is_baseline,
+    memory_summary,
+    speed_summary,
+    weight_tier,
+)
+from quantverdict.review.verdict import Check, Verdict, decide, regime_sentence, short_error, speedups
+
+log = logging.getLogger(__name__)
+
+REVIEW_SCHEMA_VERSION = 1
+KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
+SCHEME_ORDER = ["bf16", "int8", "fp8", "w8a8", "gptq", "awq"]
+
+
+@dataclass
+class Review:
+    """Everything the review found; rendered by :mod:`quantverdict.review.render`."""
+
+    source: str
+    generated_at: str
+    config: ReviewConfig
+    cards: list[Scorecard]
+    checks: dict[str, dict[str, dict[str, Check]]]  # model -> scheme -> constraint -> check
+    verdicts: list[Verdict]
+    regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, text}]
+    flags: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
+
+    def cards_of(self, model: str) -> list[Scorecard]:
+        return [c for c in self.cards if c.model == model]
+
+
+def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) -> Scorecard:
+    j = rec["job"]
+    sc = Scorecard(
+        job_id=str(j.get("id")),
+        model=str(j.get("model")),
+        scheme=str(j.get("scheme")),
+        label=str(j.get("scheme_label") or (rec.get("config", {}).get("scheme") or {}).get("label") or "?"),
+        tier=weight_tier(rec),
+        status=str(rec.get("status")),
+        failed_stage=rec.get("failed_stage"),
+        error=rec.get("error"),
+        is_baseline=is_baseline(rec),
+    )
+    if sc.status != "ok":
+        sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
+    sc.memory, miss = memory_summary(rec, rc)
+    sc.missing += miss
+    base = None if sc.is_baseline else find_baseline(rec, records)
+    if not sc.is_baseline:
+        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(rec, base, rc)
+        sc.missing += miss
+        if sc.accuracy_refused:
+            sc.flags.append(f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
+        by_note: dict[str, list[str]] = {}
+        for d in sc.accuracy:
+            if d.note and d.name != "token_perplexity":  # token perplexity never has per-window data
+                by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
+        for note, what in by_note.items():
+            sc.flags.append(f"{sc.name} {', '.join(what)}: {note}")
+    elif not (rec.get("accuracy") or {}).get("tasks"):
+        sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
+    sc.speed, flags, miss = speed_summary(rec, rc)
+    sc.flags += [f"{sc.name}: {f}" for f in flags]
+    sc.missing += miss
+    m = sc.memory
+    if m.get("fallback"):
+        why = "; ".join(m.get("fallback_lines") or []) or ", ".join(m["kernels"]) or "unnamed"
+        sc.flags.append(
+            f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
+            "the scheme's fast path"
+        )
+    if m.get("unquantized_gemm_fallback"):
+        sc.flags.append(
+            f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
+            '("Failed to create oneDNN linear")'
+        )
+    meas, calc = m.get("kv_bytes_per_token_measured"), m.get("kv_bytes_per_token")
+    if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
+        sc.flags.append(
+            f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, the dims formula says {calc:,.0f}; "
+            "the memory check uses the formula"
+        )
+    if sc.is_baseline:
+        model_cfg = rec.get("config", {}).get("model") or {}
+        note = (rec.get("model") or {}).get("baseline_note") or model_cfg.get("baseline_note") or ""
+        if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
+            sc.flags.append(
+                f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
+                f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}"
+            )
+    return sc
+
+
+def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -> Review:
+    """Scorecards, checks, verdicts and regime analysis of ``records`` (one or more models).
+
+    Records may be partial (failed jobs, missing sections): what is missing is said, not raised.
+    """
+    records, notes = sources.dedupe(records)
+    records.sort(key=lambda r: (str(r["job"].get("model")), _order(str(r["job"].get("scheme")))))
+    cards = [_card(r, records, rc) for r in records]
+    review = Review(
+        source,
+        now_iso(),
+        rc,
+        cards,
+        {},
+        [],
+        {},
+        notes=notes,
+        job_dirs=[str(r["job"].get("output_dir")) for r in records],
+    )
+    for model in dict.fromkeys(c.model for c in cards):
+        mine = review.cards_of(model)
+        verdict, checks = decide(model, mine, rc)
+        base = next((c for c in mine if c.is_baseline), None)
+        rows = []
+        for sc in mine:
+            if base is None or sc.is_baseline:
+                continue
+            low, sat = speedups(sc, base)
+            text = regime_sentence(sc, low, sat)
+            rows.append({"scheme": sc.scheme, "label": sc.label, "low": low, "sat": sat, "text": text})
+            verdict.regime.append(text)
+        review.verdicts.append(verdict)
+        review.checks[model] = checks
+        review.regime[model] = rows
+    for sc in cards:
+        review.flags += sc.flags
+    flagged = "\n".join(review.flags)
+    review.notes += sorted({n for r in records for n in r.get("notes", []) if n.strip() not in flagged})
+    return review
+
+
+def _order(s: str) -> int:
+    return SCHEME_ORDER.index(s) if s in SCHEME_ORDER else len(SCHEME_ORDER)
+
+
+# --- JSON -------------------------------------------------------------------------------------------
+
+
+def _clean(obj: Any) -> Any:
+    """Dataclasses -> dicts; non-finite floats -> None (strict JSON)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _clean(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def to_json(review: Review) -> dict[str, Any]:
+    """The machine-readable verdict: constraints, per-model verdict, per-scheme checks and scorecards."""
+    cards = []
+    for sc in review.cards:
+        d = _clean(sc)
+        d["speed"].pop("points", None)
+        d["checks"] = _clean(review.checks.get(sc.model, {}).get(sc.scheme, {}))
+        cards.append(d)
+    return {
+        "schema_version": REVIEW_SCHEMA_VERSION,
+        "tool": {"name": "quantverdict", "version": __version__},
+        "source": review.source,
+        "generated_at": review.generated_at,
+        "constraints": _clean(review.config),
+        "verdicts": _clean(review.verdicts),
+        "scorecards": cards,
+        "regime": _clean(review.regime),
+        "flags": review.flags,
+        "notes": review.notes,
+    }
+
+
+# --- writing and tracking ---------------------------------------------------------------------------
+
+
+def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
+    """Write ``review.md`` (PNG plots beside it in ``plots/``), ``review.html`` (plots embedded as
+    base64, no external resource) and ``review.json`` into ``out_dir``.
+
+    Returns:
+        ``{"md", "html", "json", "plots/<name>.png"...}`` -> path.
+    """
+    from quantverdict.review import plots, render
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = plots.make_plots(review)
+    paths: dict[str, Path] = {}
+    (out_dir / "plots").mkdir(exist_ok=True)
+    for name, data in pngs.items():
+        p = out_dir / "plots" / f"{name}.png"
+        p.write_bytes(data)
+        paths[f"plots/{name}.png"] = p
+    blocks = render.blocks(review, pngs)
+    paths["md"] = out_dir / "review.md"
+    paths["md"].write_text(render.to_markdown(blocks))
+    paths["html"] = out_dir / "review.html"
+    paths["html"].write_text(render.to_html(blocks, f"quantverdict review: {review.source}", pngs))
+    paths["json"] = out_dir / "review.json"
+    paths["json"].write_text(json.dumps(to_json(review), indent=2, allow_nan=False))
+    return paths
+
+
+def log_review(
+    review: Review, paths: dict[str, Path], tracking: TrackingConfig, job_runs: dict[str, str] | None = None
+) -> str | None:
+    """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints;
+    metrics: per-scheme pass flags; artifacts: the files). Job runs of the reviewed records that have
+    no parent yet are nested under it (``mlflow.parentRunId``). Returns the run id, or None when
+    tracking is disabled."""
+    if not tracking.enabled:
+        return None
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    client = MlflowClient(tracking_uri=tracking.uri)
+    exp_id = experiment_id(client, tracking)
+    verdict_tag = "; ".join(
+        f"{v.model}: {v.decision}" + (f" {v.scheme}" if v.decision == "quantize" else "") for v in review.verdicts
+    )
+    run = client.create_run(
+        exp_id,
+        run_name=f"review/{review.config.name}",
+        tags={
+            "quantverdict.kind": "review",
+            "quantverdict.source": review.source[:5000],
+            "quantverdict.verdict": verdict_tag[:5000],
+        },
+    )
+    rid = run.info.run_id
+    status = "FAILED"
+    try:
+        params = [Param(f"review.{k}", str(v)[:6000]) for k, v in dataclasses.asdict(review.config).items()]
+        metrics = []
+        ts = 0
+        for model, per in review.checks.items():
+            for scheme, cs in per.items():
+                for name, c in cs.items():
+                    metrics.append(Metric(f"{model}.{scheme}.{name}_pass", float(c.status in ("pass", "off")), ts, 0))
+        client.log_batch(rid, params=params, metrics=metrics)
+        for key, path in paths.items():
+            client.log_artifact(rid, str(path), "plots" if key.startswith("plots/") else None)
+        want = {sc.job_id for sc in review.cards}
+        for run_id in (job_runs or _job_runs_by_dir(client, exp_id, review)).values():
+            r = client.get_run(run_id)
+            if "mlflow.parentRunId" not in r.data.tags and r.data.tags.get("config_hash") is not None:
+                client.set_tag(run_id, "mlflow.parentRunId", rid)
+        client.set_tag(rid, "quantverdict.jobs", ",".join(sorted(want))[:5000])
+        status = "FINISHED"
+    finally:
+        client.set_terminated(rid, status)
+    return str(rid)
+
+
+def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]:
+    dirs = set(review.job_dirs)
+    out: dict[str, str] = {}
+    for run in sources._job_runs(client, exp_id):
+        od = run.data.tags.get("output_dir")
+        if od and od in dirs:
+            out[od] = run.info.run_id
+    return out
+
+
+def default_out_dir(source: str | Path, output_root: Path) -> Path:
+    """``<multirun dir>/review`` for a folder source, ``<output_root>/reviews/<experiment>_<time>``
+    for an MLflow experiment."""
+    p = Path(source)
+    if p.is_dir():
+        return p / "review"
+    import time
+
+    return output_root / "reviews" / f"{source}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
+def run_review(
+    source: str | Path,
+    rc: ReviewConfig,
+    tracking: TrackingConfig | None = None,
+    out_dir: Path | None = None,
+    output_root: Path | None = None,
+) -> tuple[Review, dict[str, Path]]:
+    """Read the records of ``source`` (a run or multirun folder, or the name of an MLflow experiment at
+    ``tracking.uri``), build the review, write it and (``rc.log_to_mlflow``) log it to MLflow.
+
+    Raises:
+        FileNotFoundError: ``source`` is a folder without any record.
+        ValueError: ``source`` is neither a folder nor an MLflow experiment.
+    """
+    problems: list[str] = []
+    job_runs: dict[str, str] | None = None
+    src = Path(source)
+    with tempfile.TemporaryDirectory(prefix="qv-review-") as tmp:
+        if src.is_dir():
+            records, problems = sources.load_dir(src)
+            if not records:
+                raise FileNotFoundError(f"no record.json under {src}")
+        else:
+            if tracking is None or not tracking.uri:
+                raise ValueError(
+                    f"{source!r} is not a folder, and no MLflow tracking URI is set to look it up as an experiment"
+                )
+            records, problems, job_runs = sources.load_mlflow(tracking.uri, str(source), Path(tmp))
+            if not records:
+                raise FileNotFoundError(f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record")
+        review = build_review(records, rc, str(source))
+        review.notes = problems + review.notes
+        out = out_dir or default_out_dir(source, output_root or Path("outputs"))
+        paths = write_review(review, out)
+    if rc.log_to_mlflow:
+        trk = tracking or _tracking_from_records(records)
+        if trk is not None:
+            try:
+                rid = log_review(review, paths, trk, job_runs)
+                if rid:
+                    log.info("review logged to MLflow run %s (%s)", rid, trk.uri)
+            except Exception:  # the files are written; tracking must not lose them
+                log.exception("logging the review to MLflow failed")
+    return review, paths
+
+
+def _tracking_from_records(records: list[dict[str, Any]]) -> TrackingConfig | None:
+    for r in records:
+        t = r.get("config", {}).get("tracking") or {}
+        if t.get("enabled") and t.get("uri"):
+            return TrackingConfig(
+                name=t.get("name", "records"),
+                enabled=True,
+                uri=t["uri"],
+                experiment=t.get("experiment", "quantverdict"),
+            )
+    return None

@@ -1,0 +1,457 @@
+"""The review as Markdown and as one self-contained HTML page (same content, built from one block list).
+
+Blocks are tuples: ``("h1"|"h2"|"h3"|"p"|"verdict", text)``, ``("ul", [text])``,
+``("table", header, rows)``, ``("img", name, alt)``. Text may hold ``**bold**``; HTML escapes
+everything else. The HTML embeds each plot as a base64 PNG and loads nothing from outside.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from quantverdict.config import ReviewConfig
+
+if TYPE_CHECKING:
+    from quantverdict.review.core import Review
+    from quantverdict.review.scorecard import Scorecard, TaskDelta
+
+Block = tuple[Any, ...]
+STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off"}
+
+
+def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return f"{v:{fmt}}{suffix}"
+
+
+def _constraints(rc: ReviewConfig) -> Block:
+    default = ReviewConfig()
+    rows = []
+    for f in dataclasses.fields(ReviewConfig):
+        v, d = getattr(rc, f.name), getattr(default, f.name)
+        rows.append([f"review.{f.name}", _val(v), "default" if v == d else f"**set** (default {_val(d)})"])
+    return ("table", ["key", "value", ""], rows)
+
+
+def _val(v: Any) -> str:
+    return "null" if v is None else str(v)
+
+
+def _memory_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for sc in cards:
+        m = sc.memory
+        c = checks.get(sc.scheme, {}).get("memory")
+        rows.append(
+            [
+                sc.name,
+                _f(m.get("bits_per_weight")),
+                _f(m.get("checkpoint_gib"), ".3f"),
+                _f(m.get("weights_gib"), ".3f") + (f" ({m['weights_source']})" if m.get("weights_source") else ""),
+                _f(m.get("kv_needed_tokens"), ",d") + " / " + _f(m.get("kv_needed_gib"), ".3f"),
+                _f(m.get("need_gib"), ".3f"),
+                _f(m.get("budget_kv_tokens"), ",d"),
+                _f(m.get("budget_max_concurrency"), ".1f"),
+                _f(m.get("server_kv_tokens"), ",d"),
+                _f(m.get("server_max_concurrency"), ".1f"),
+                (", ".join(m.get("kernels") or []) or "–") + (" **fallback**" if m.get("fallback") else ""),
+                STATUS[c.status] if c else "–",
+            ]
+        )
+    return rows
+
+
+def _ci(iv: Any, k: float = 1.0, fmt: str = "+.3f") -> str:
+    return f"[{iv.low * k:{fmt}}, {iv.high * k:{fmt}}]" if iv is not None else ""
+
+
+def _acc_rows(cards: list[Scorecard]) -> list[list[str]]:
+    rows = []
+    for sc in cards:
+        if sc.is_baseline:
+            continue
+        if sc.accuracy_refused:
+            rows.append([sc.name, "all", "–", "–", "–", "excluded: " + sc.accuracy_refused, "–", "–", "–", "–"])
+            continue
+        if not sc.accuracy:
+            rows.append([sc.name, "–", "–", "–", "–", "; ".join(sc.missing) or "no accuracy", "–", "–", "–", "–"])
+            continue
+        for d in sc.accuracy:
+            rows.append(_acc_row(sc, d))
+    return rows
+
+
+def _acc_row(sc: Scorecard, d: TaskDelta) -> list[str]:
+    sig = "–" if d.significant is None else ("yes" if d.significant else "not significant")
+    method = d.interval.method if d.interval else "no interval"
+    if d.kind == "score":
+        delta = f"{_f(d.delta, '+.3f')} {_ci(d.interval)}"
+        rec = f"{_f(d.recovery_pct, '.1f')}% {_ci(d.recovery_interval, 1.0, '.1f')}"
+        value = f"{d.value:.3f} vs {d.baseline:.3f}"
+    else:
+        delta = f"{_f(d.delta_pct, '+.2f')}% {_ci(d.interval, 1.0, '+.2f')}"
+        rec = "–"
+        value = f"{d.value:.3f} vs {d.baseline:.3f}"
+    p = "–" if d.mcnemar_p is None else f"{d.mcnemar_p:.3g} (b={d.mcnemar_b}, c={d.mcnemar_c})"
+    return [sc.name, d.name, d.metric, value, delta, rec, p, _f(d.n, "d") if isinstance(d.n, int) else "–", sig, method]
+
+
+def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for sc in cards:
+        sp = sc.speed
+        c = checks.get(sc.scheme, {}).get("latency")
+        if not sp.get("points"):
+            rows.append([sc.name] + ["–"] * 9 + [STATUS[c.status] if c else "–"])
+            continue
+        at = sp.get("at_load") or {}
+        rows.append(
+            [
+                sc.name,
+                f"{_f(sp.get('single_itl_ms_p50'), '.1f')} ({sp.get('low_label')})",
+                _f(sp.get("single_tok_s"), ".1f"),
+                _f(sp.get("ceiling_rps"), ".2f"),
+                _f(sp.get("ceiling_tok_s"), ".1f"),
+                _f(sp.get("goodput_rps"), ".2f"),
+                str(at.get("label", "–")),
+                _f(at.get("ttft_ms_p99"), ",.0f"),
+                _f(at.get("itl_ms_p99"), ",.1f"),
+                _f(at.get("e2e_ms_p50"), ",.0f"),
+                STATUS[c.status] if c else "–",
+            ]
+        )
+    return rows
+
+
+def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
+    rows = []
+    for sc in cards:
+        for p in sc.speed.get("points", []):
+            out_ok = ""
+            want, got = p.get("output_tokens_requested"), p.get("output_tokens_total")
+            if want:
+                out_ok = f"{_f(got, ',.0f')}/{want:,.0f}"
+            rows.append(
+                [
+                    sc.name,
+                    p["label"],
+                    _f(p.get("achieved_rps")),
+                    _f(p.get("output_tok_s"), ".1f"),
+                    _f(p.get("ttft_ms_p50"), ",.0f"),
+                    _f(p.get("ttft_ms_p99"), ",.0f"),
+                    _f(p.get("itl_ms_p50"), ",.1f"),
+                    _f(p.get("itl_ms_p99"), ",.1f"),
+                    _f(p.get("e2e_ms_p99"), ",.0f"),
+                    f"{_f(p.get('completed'), 'g')}/{_f(p.get('failed'), 'g')}",
+                    out_ok or "–",
+                ]
+            )
+    return rows
+
+
+def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
+    """The review's content, in reading order."""
+    rc = review.config
+    n_ok = sum(sc.status == "ok" for sc in review.cards)
+    out: list[Block] = [
+        ("h1", "quantverdict review"),
+        (
+            "p",
+            (
+                f"Source: `{review.source}` · {len(review.cards)} jobs ({n_ok} finished, "
+                f"{len(review.cards) - n_ok} failed) · constraint set **{rc.name}** · generated {review.generated_at}"
+            ),
+        ),
+        ("h2", "Verdict"),
+    ]
+    for v in review.verdicts:
+        if len(review.verdicts) > 1:
+            out.append(("h3", v.model))
+        out.append(("verdict", v.sentence, "ok" if v.decision in ("quantize", "do not quantize") else "warn"))
+        if v.evidence:
+            out.append(("ul", v.evidence))
+        if v.binding:
+            out.append(("p", "**Binding constraint** (what the baseline fails):"))
+            out.append(("ul", v.binding))
+        if v.others:
+            out.append(("p", f"**Other schemes**, in the order tried (least aggressive first: {' > '.join(v.order)}):"))
+            out.append(("ul", v.others))
+    out += [
+        ("h2", "Constraints"),
+        (
+            "p",
+            (
+                "Memory: weights (vLLM log, else checkpoint) + KV cache for the capacity needed "
+                "(2 × layers × KV heads × head_dim × KV dtype bytes per token) + reserve <= budget. Accuracy: every "
+                "task's recovery (100 × score / baseline) >= the floor and every listed perplexity kind rises by at most "
+                "the limit. Latency: TTFT p99 and ITL p99 at the stated load within the SLO, and the sweep's ceiling "
+                "reaches the load. null = no constraint."
+            ),
+        ),
+        _constraints(rc),
+        ("h2", "Scorecard"),
+    ]
+    for model in dict.fromkeys(sc.model for sc in review.cards):
+        cards = review.cards_of(model)
+        checks = review.checks.get(model, {})
+        if len(review.verdicts) > 1:
+            out.append(("h3", model))
+        out.append(("h3", "Memory"))
+        out.append(
+            (
+                "table",
+                [
+                    "scheme",
+                    "bits/weight",
+                    "checkpoint GiB",
+                    "weights GiB",
+                    "KV needed tokens / GiB",
+                    "need GiB",
+                    "KV tokens in budget",
+                    "max concurrency in budget",
+                    "vLLM KV tokens",
+                    "vLLM max concurrency",
+                    "kernel",
+                    "memory",
+                ],
+                _memory_rows(cards, checks),
+            )
+        )
+        out.append(("h3", "Accuracy (against the baseline of the same model)"))
+        boot = f", seed {rc.seed}, {rc.bootstrap_samples:,} resamples" if rc.interval == "bootstrap" else ""
+        out.append(
+            (
+                "p",
+                (
+                    f"{rc.confidence:.0%} intervals are paired over the same items where per-item samples exist "
+                    f"({rc.interval}{boot}), else unpaired from the two stderrs (see the interval column); "
+                    "a difference whose interval contains 0 is **not significant**. McNemar's exact test on the "
+                    "discordant items (b: scheme right, baseline wrong; c: the reverse) is shown for 0/1 metrics."
+                ),
+            )
+        )
+        out.append(
+            (
+                "table",
+                [
+                    "scheme",
+                    "task",
+                    "metric",
+                    "value vs baseline",
+                    "delta [95% CI]",
+                    "recovery [95% CI]",
+                    "McNemar p",
+                    "n",
+                    "significant",
+                    "interval",
+                ],
+                _acc_rows(cards),
+            )
+        )
+        out.append(("h3", "Speed (vLLM serving sweep)"))
+        out.append(
+            (
+                "p",
+                (
+                    "Single stream: the lowest measured load (ITL p50; tok/s = 1000 / TPOT p50 per request). "
+                    "Ceiling: the sweep's largest achieved req/s and output tok/s. Goodput: the largest achieved "
+                    "req/s among points whose TTFT p99 and ITL p99 meet the SLO."
+                ),
+            )
+        )
+        out.append(
+            (
+                "table",
+                [
+                    "scheme",
+                    "single-stream ITL p50 ms",
+                    "single-stream tok/s",
+                    "ceiling req/s",
+                    "ceiling tok/s",
+                    "goodput req/s",
+                    "at load",
+                    "TTFT p99 ms",
+                    "ITL p99 ms",
+                    "E2E p50 ms",
+                    "latency",
+                ],
+                _speed_rows(cards, checks),
+            )
+        )
+        out.append(("h3", "Checks"))
+        rows = []
+        for sc in cards:
+            cs = checks.get(sc.scheme, {})
+            rows.append(
+                [sc.name]
+                + [
+                    f"{STATUS[c.status]}: {c.text}" + (f" — **{c.shortfall}**" if c.shortfall else "")
+                    for c in cs.values()
+                ]
+            )
+        out.append(("table", ["scheme", "memory", "accuracy", "latency"], rows))
+        out.append(("h3", "Regime: where quantization pays"))
+        out.append(
+            (
+                "p",
+                (
+                    "Speedup over the baseline at low load (baseline single-stream ITL p50 / the scheme's) and "
+                    "at saturation (the scheme's peak output tok/s / the baseline's); > 1 is faster."
+                ),
+            )
+        )
+        out.append(
+            (
+                "table",
+                ["scheme", "low load", "saturation", "reading"],
+                [
+                    [
+                        f"{r['scheme']} ({r['label']})",
+                        _f(r["low"], ".2f", "x"),
+                        _f(r["sat"], ".2f", "x"),
+                        r["text"].split("-> ", 1)[-1],
+                    ]
+                    for r in review.regime.get(model, [])
+                ],
+            )
+        )
+    out.append(("h2", "Plots"))
+    alts = {
+        "throughput": "achieved req/s and output tok/s against offered load, one curve per scheme",
+        "latency": "TTFT p99 and ITL p99 against offered load, with the SLO",
+        "memory": "weights, KV cache needed and free memory against the budget",
+        "accuracy": "accuracy deltas and perplexity changes with 95% intervals",
+    }
+    for name in pngs:
+        out.append(("img", name, alts.get(name, name)))
+    if not pngs:
+        out.append(("p", "No data to plot."))
+    out.append(("h2", "Honesty checks"))
+    out.append(("ul", review.flags or ["nothing flagged"]))
+    missing = [f"{sc.name}: {m}" for sc in review.cards for m in sc.missing]
+    if missing:
+        out.append(
+            ("p", "**Missing** (these checks could not be made; a scheme with a missing check is never chosen):")
+        )
+        out.append(("ul", missing))
+    if review.notes:
+        out.append(("p", "**Notes**"))
+        out.append(("ul", review.notes))
+    out.append(("h2", "Sweep points"))
+    out.append(
+        (
+            "table",
+            [
+                "scheme",
+                "load",
+                "req/s",
+                "out tok/s",
+                "TTFT p50",
+                "TTFT p99",
+                "ITL p50",
+                "ITL p99",
+                "E2E p99",
+                "ok/failed",
+                "output tokens / requested",
+            ],
+            _points_rows(review.cards),
+        )
+    )
+    return out
+
+
+# --- Markdown ---------------------------------------------------------------------------------------
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(bl: list[Block]) -> str:
+    """Markdown; images refer to ``plots/<name>.png`` beside the file."""
+    lines: list[str] = []
+    for b in bl:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            lines += ["#" * int(kind[1]) + " " + b[1], ""]
+        elif kind == "p":
+            lines += [b[1], ""]
+        elif kind == "verdict":
+            lines += ["> " + b[1], ""]
+        elif kind == "ul":
+            lines += [f"- {item}" for item in b[1]] + [""]
+        elif kind == "table":
+            header, rows = b[1], b[2]
+            lines.append("| " + " | ".join(_md_cell(h) for h in header) + " |")
+            lines.append("|" + "---|" * len(header))
+            lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+            lines.append("")
+        elif kind == "img":
+            lines += [f"![{b[2]}](plots/{b[1]}.png)", ""]
+    return "\n".join(lines)
+
+
+# --- HTML -------------------------------------------------------------------------------------------
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;
+padding:0 1em;color:#222;line-height:1.45}
+h1{border-bottom:2px solid #444}h2{border-bottom:1px solid #bbb;margin-top:1.8em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.86em}
+th,td{border:1px solid #ccc;padding:.25em .5em;vertical-align:top;text-align:left}
+th{background:#f0f0f0}tr:nth-child(even) td{background:#fafafa}
+.verdict{background:#eef6ee;border-left:5px solid #3a7d44;padding:.7em 1em;margin:.8em 0}
+.verdict.warn{background:#fff6e5;border-left-color:#c77700}
+img{max-width:100%;border:1px solid #ddd;margin:.5em 0}code{background:#f4f4f4;padding:0 .2em}
+.pass{color:#1a7f37;font-weight:600}.fail{color:#b42318;font-weight:600}
+"""
+
+
+def _inline(text: str) -> str:
+    s = html.escape(text)
+    s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
+    s = re.sub(r"`(.+?)`", r"<code>\1</code>", s)
+    s = re.sub(r"\bPASS\b", '<span class="pass">PASS</span>', s)
+    return re.sub(r"\bFAIL\b", '<span class="fail">FAIL</span>', s)
+
+
+def to_html(bl: list[Block], title: str, pngs: dict[str, bytes]) -> str:
+    """One self-contained page: inline CSS, plots as ``data:image/png;base64`` images, no script."""
+    images = pngs
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{CSS}</style></head><body>",
+    ]
+    for b in bl:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            parts.append(f"<{kind}>{_inline(b[1])}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{_inline(b[1])}</p>")
+        elif kind == "verdict":
+            cls = "verdict warn" if len(b) > 2 and b[2] == "warn" else "verdict"
+            parts.append(f'<div class="{cls}">{_inline(b[1])}</div>')
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b[1]) + "</ul>")
+        elif kind == "table":
+            head = "".join(f"<th>{_inline(h)}</th>" for h in b[1])
+            body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in b[2])
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif kind == "img":
+            data = images.get(b[1])
+            if data:
+                b64 = base64.b64encode(data).decode("ascii")
+                parts.append(
+                    f'<figure><img alt="{html.escape(b[2])}" src="data:image/png;base64,{b64}">'
+                    f"<figcaption>{html.escape(b[2])}</figcaption></figure>"
+                )
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,516 @@
+"""Per-scheme scorecard: memory, accuracy (against the baseline, with paired intervals) and speed.
+
+Everything here reads records (dicts, see :mod:`quantverdict.record`) and tolerates missing
+sections: a value that cannot be computed is None and the reason goes into ``missing``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantverdict.compare import accuracy_deltas, eval_mismatch, pct_change
+from quantverdict.config import ReviewConfig
+from quantverdict.review import stats
+from quantverdict.review.stats import Interval
+
+GIB = 1024**3
+# record key the loader adds: the folder the record.json was read from (to find eval/samples_*.jsonl)
+SOURCE_DIR_KEY = "_review_dir"
+SHORT_OUTPUT_TOLERANCE = 0.99  # a speed point whose output tokens are < 99% of those requested is flagged
+TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
+DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+}
+
+
+@dataclass
+class TaskDelta:
+    """One accuracy comparison of a scheme against its baseline.
+
+    ``kind`` is ``score`` (higher is better: ``delta`` is absolute, ``recovery_pct`` = 100·value/baseline)
+    or ``perplexity`` (lower is better: ``delta_pct`` = 100·(value/baseline - 1)).
+    """
+
+    name: str  # task, or the perplexity kind for token_perplexity
+    metric: str
+    kind: str
+    value: float
+    baseline: float
+    delta: float | None = None
+    delta_pct: float | None = None
+    recovery_pct: float | None = None
+    interval: Interval | None = None  # of delta (score) or of delta_pct (perplexity)
+    recovery_interval: Interval | None = None  # in %
+    mcnemar_b: int | None = None
+    mcnemar_c: int | None = None
+    mcnemar_p: float | None = None
+    n: int | None = None
+    paired: bool = False
+    significant: bool | None = None  # None: no interval
+    note: str = ""
+
+
+@dataclass
+class Scorecard:
+    """The review's view of one job: identity, the three numbers, and what could not be computed."""
+
+    job_id: str
+    model: str
+    scheme: str
+    label: str
+    tier: int
+    status: str
+    failed_stage: str | None
+    error: str | None
+    is_baseline: bool
+    memory: dict[str, Any] = field(default_factory=dict)
+    accuracy: list[TaskDelta] = field(default_factory=list)
+    accuracy_refused: str | None = None
+    speed: dict[str, Any] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.scheme} ({self.label})"
+
+
+# --- identity ---------------------------------------------------------------------------------------
+
+
+def weight_tier(rec: dict[str, Any]) -> int:
+    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer.
+
+    From ``config.scheme.weight_bits``, else the digits after ``W`` in the scheme label.
+    """
+    bits = (rec.get("config", {}).get("scheme") or {}).get("weight_bits")
+    if bits is None:
+        label = rec.get("job", {}).get("scheme_label", "") or ""
+        m = re.match(r"W(\d+)", label)
+        bits = int(m.group(1)) if m else (8 if "FP8" in label else 16)
+    return 0 if bits >= 16 else 1 if bits >= 8 else 2
+
+
+def is_baseline(rec: dict[str, Any]) -> bool:
+    return bool(rec["job"].get("scheme") == rec.get("config", {}).get("baseline_scheme", "bf16"))
+
+
+# --- memory -----------------------------------------------------------------------------------------
+
+
+def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None:
+    """KV-cache bytes per token: ``2 (K and V) × layers × kv_heads × head_dim × dtype_bytes``.
+
+    ``head_dim`` defaults to ``hidden_size / num_attention_heads``, ``num_key_value_heads`` to
+    ``num_attention_heads`` (multi-head attention). Counts every layer as full attention (an
+    over-estimate for hybrid models with linear-attention layers). None when a dimension is missing.
+    """
+    layers, heads = dims.get("num_hidden_layers"), dims.get("num_attention_heads")
+    kv_heads = dims.get("num_key_value_heads") or heads
+    head_dim = dims.get("head_dim") or (dims["hidden_size"] / heads if dims.get("hidden_size") and heads else None)
+    if not layers or not kv_heads or not head_dim:
+        return None
+    return 2.0 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def _kv_dtype_bytes(rec: dict[str, Any], rc: ReviewConfig) -> float:
+    if rc.kv_cache_dtype_bytes:
+        return rc.kv_cache_dtype_bytes
+    cfg = rec.get("config", {})
+    kv = ((cfg.get("bench") or {}).get("server") or {}).get("kv_cache_dtype", "auto") or "auto"
+    if kv == "auto":
+        kv = (cfg.get("model") or {}).get("dtype", "bfloat16")
+    return DTYPE_BYTES.get(str(kv), 2)
+
+
+def kernel_name(k: Any) -> str:
+    """A kernel entry of the vLLM log parse (``{"kernel", "method"}`` or a plain string) as text."""
+    if isinstance(k, dict):
+        return f"{k.get('kernel')} ({k.get('method')})" if k.get("method") else str(k.get("kernel"))
+    return str(k)
+
+
+def request_len(rec: dict[str, Any], rc: ReviewConfig) -> int | None:
+    if rc.request_len_tokens:
+        return rc.request_len_tokens
+    bench = rec.get("config", {}).get("bench") or {}
+    if bench.get("input_len") and bench.get("output_len"):
+        return int(bench["input_len"]) + int(bench["output_len"])
+    return None
+
+
+def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[str]]:
+    """Weights, KV cache needed for the stated capacity, and what is left of the budget (GiB).
+
+    ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + reserved_gib``; weights
+    from the vLLM server log when it was parsed, else the checkpoint's weight bytes.
+    """
+    missing: list[str] = []
+    mem = rec.get("memory") or {}
+    ck, sv = mem.get("checkpoint") or {}, mem.get("server") or {}
+    out: dict[str, Any] = {
+        "checkpoint_gib": ck["total_weight_bytes"] / GIB if ck.get("total_weight_bytes") else None,
+        "bits_per_weight": ck.get("effective_bits_per_quantized_weight"),
+        "server_weights_gib": sv.get("weights_gib"),
+        "server_kv_cache_gib": sv.get("kv_cache_gib"),
+        "server_kv_tokens": sv.get("kv_cache_tokens"),
+        "server_max_concurrency": sv.get("max_concurrency"),
+        "kernels": [kernel_name(k) for k in sv.get("kernels") or []],
+        "fallback": bool(sv.get("fallback")),
+        "fallback_lines": list(sv.get("fallback_lines") or []),
+        "unquantized_gemm_fallback": bool(sv.get("unquantized_gemm_fallback")),
+        "quantization": sv.get("quantization"),
+    }
+    if sv.get("weights_gib"):
+        out["weights_gib"], out["weights_source"] = float(sv["weights_gib"]), "vLLM log"
+    elif out["checkpoint_gib"]:
+        # vLLM logs no weights figure on CPU: the checkpoint's weight bytes are the nearest measure
+        out["weights_gib"], out["weights_source"] = out["checkpoint_gib"], "checkpoint bytes"
+        if not sv:
+            missing.append("no vLLM server memory (server log): weights = the checkpoint's weight bytes")
+    else:
+        out["weights_gib"], out["weights_source"] = None, None
+        missing.append("no weight size (neither vLLM log nor checkpoint)")
+    dims = (rec.get("model") or {}).get("dims") or {}
+    dtype_bytes = _kv_dtype_bytes(rec, rc)
+    bpt = kv_bytes_per_token(dims, dtype_bytes)
+    out["kv_dtype_bytes"] = dtype_bytes
+    out["kv_bytes_per_token"] = bpt
+    if bpt is None:
+        missing.append("no model dimensions: KV-cache bytes per token unknown")
+    if sv.get("kv_cache_gib") and sv.get("kv_cache_tokens"):
+        out["kv_bytes_per_token_measured"] = sv["kv_cache_gib"] * GIB / sv["kv_cache_tokens"]
+    rlen = request_len(rec, rc)
+    out["request_len_tokens"] = rlen
+    tokens = rc.kv_cache_tokens or (rc.concurrent_requests * rlen if rlen else None)
+    out["kv_needed_tokens"] = tokens
+    out["kv_needed_gib"] = tokens * bpt / GIB if tokens and bpt else None
+    out["reserved_gib"] = rc.reserved_gib
+    if out["weights_gib"] is not None and out["kv_needed_gib"] is not None:
+        out["need_gib"] = out["weights_gib"] + out["kv_needed_gib"] + rc.reserved_gib
+    else:
+        out["need_gib"] = None
+    out["budget_gib"] = rc.memory_budget_gib
+    if rc.memory_budget_gib and out["weights_gib"] is not None and bpt:
+        free = rc.memory_budget_gib - out["weights_gib"] - rc.reserved_gib
+        out["budget_kv_tokens"] = max(0, int(free * GIB // bpt))
+        out["budget_max_concurrency"] = out["budget_kv_tokens"] / rlen if rlen else None
+    else:
+        out["budget_kv_tokens"] = out["budget_max_concurrency"] = None
+    return out, missing
+
+
+# --- accuracy ---------------------------------------------------------------------------------------
+
+
+def _read_samples(rec: dict[str, Any], task: str) -> list[dict[str, Any]] | None:
+    path = ((rec.get("accuracy") or {}).get("samples") or {}).get(task)
+    if not path:
+        return None
+    p = Path(path)
+    candidates = [p]
+    if rec.get(SOURCE_DIR_KEY):
+        candidates += [Path(rec[SOURCE_DIR_KEY]) / "eval" / p.name, Path(rec[SOURCE_DIR_KEY]) / p.name]
+    for c in candidates:
+        if c.is_file():
+            return [json.loads(line) for line in c.read_text().splitlines() if line.strip()]
+    return None
+
+
+def _pairs(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]
+) -> tuple[list[dict], list[dict], str]:
+    """Rows of both runs on the same doc_ids (sorted), with a note when the sets differ."""
+    ia = {r["doc_id"]: r for r in a if all(r.get(k) is not None for k in keys)}
+    ib = {r["doc_id"]: r for r in b if all(r.get(k) is not None for k in keys)}
+    common = sorted(set(ia) & set(ib), key=str)
+    note = ""
+    if len(common) != len(ia) or len(common) != len(ib):
+        note = f"paired on the {len(common)} items both ran ({len(ia)} vs {len(ib)} rows)"
+    return [ia[d] for d in common], [ib[d] for d in common], note
+
+
+def _score_delta(
+    task: str, metric: str, v: float, b: float, rec: dict[str, Any], base: dict[str, Any], rc: ReviewConfig
+) -> TaskDelta:
+    td = TaskDelta(task, metric, "score", v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
+    sa, sb = _read_samples(rec, task), _read_samples(base, task)
+    if sa and sb:
+        ra, rb, note = _pairs(sa, sb, (metric,))
+        if ra:
+            x = [float(r[metric]) for r in ra]
+            y = [float(r[metric]) for r in rb]
+            td.paired, td.n, td.note = True, len(x), note
+            if rc.interval == "bootstrap":
+                td.interval = stats.bootstrap_mean_diff(
+                    x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
+                )
+                if sum(y):
+                    r = stats.bootstrap_ratio(
+                        x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
+                    )
+                    td.recovery_interval = _scale(r, 100.0)
+            else:
+                td.interval = stats.paired_normal_interval(x, y, rc.confidence)
+                if sum(y):
+                    td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
+            if all(t in (0.0, 1.0) for t in x + y):
+                td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
+            # point values from the pairs (equal to the record's when every item paired)
+            td.significant = td.interval.excludes_zero()
+            return td
+    ma, mb = (rec["accuracy"]["tasks"].get(task) or {}), (base["accuracy"]["tasks"].get(task) or {})
+    sea, seb = ma.get(f"{metric}_stderr"), mb.get(f"{metric}_stderr")
+    td.n = ma.get("n")
+    why = "no per-item samples" if not (sa and sb) else "no common items"
+    if sea is not None and seb is not None:
+        td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence)
+        if v and b:
+            td.recovery_interval = _scale(stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence), 100.0)
+        td.significant = td.interval.excludes_zero()
+        td.note = f"{why}: unpaired interval from the two stderrs (wider than a paired one)"
+    else:
+        td.note = f"{why} and no stderr: no interval"
+    return td
+
+
+def _scale(iv: Interval, k: float) -> Interval:
+    return Interval(iv.estimate * k, iv.low * k, iv.high * k, iv.method)
+
+
+def _ppl_from_log_ratio(iv: Interval) -> Interval:
+    """log(ppl ratio) interval -> % change interval: 100·(exp(L) - 1)."""
+    f = lambda v: 100.0 * math.expm1(v)
+    return Interval(f(iv.estimate), f(iv.low), f(iv.high), iv.method)
+
+
+def _ppl_delta(
+    task: str, metric: str, v: float, b: float, rec: dict[str, Any], base: dict[str, Any], rc: ReviewConfig
+) -> TaskDelta:
+    td = TaskDelta(metric if task == metric else task, metric, "perplexity", v, b, delta_pct=pct_change(v, b))
+    count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric)
+    sa, sb = (_read_samples(rec, task), _read_samples(base, task)) if count else (None, None)
+    if sa and sb and count:
+        ra, rb, note = _pairs(sa, sb, ("loglikelihood", count))
+        if ra:
+            # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents
+            num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]
+            den = [float(p[count]) for p in ra]
+            if rc.interval == "bootstrap":
+                iv = stats.bootstrap_ratio(
+                    num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
+                )
+            else:
+                iv = stats.log_ratio_normal_interval(num, den, rc.confidence)
+            td.interval, td.paired, td.n, td.note = _ppl_from_log_ratio(iv), True, len(num), note
+            td.significant = td.interval.excludes_zero()
+            return td
+    td.note = "no per-window data: no interval" if task == metric else "no per-document samples: no interval"
+    return td
+
+
+def accuracy_section(
+    rec: dict[str, Any], base: dict[str, Any] | None, rc: ReviewConfig
+) -> tuple[list[TaskDelta], str | None, list[str]]:
+    """Deltas of ``rec`` against ``base`` (headline metric per task + every perplexity kind).
+
+    Returns:
+        ``(deltas, refused_reason, missing)``; ``refused_reason`` is set when the eval settings differ
+        (no delta is reported then, see :func:`quantverdict.compare.eval_mismatch`).
+    """
+    missing: list[str] = []
+    if not (rec.get("accuracy") or {}).get("tasks") and not (rec.get("accuracy") or {}).get("token_perplexity"):
+        return [], None, ["no accuracy results"]
+    if base is None:
+        return [], None, ["no baseline record with accuracy for this model: no deltas"]
+    reason = eval_mismatch(rec, base)
+    if reason:
+        return [], reason, []
+    headline = (rec.get("config", {}).get("eval") or {}).get("headline") or {}
+    deltas = accuracy_deltas(rec, base, headline)
+    out: list[TaskDelta] = []
+    tasks, btasks = rec["accuracy"].get("tasks") or {}, base["accuracy"].get("tasks") or {}
+    for task, d in deltas.items():
+        if task == "token_perplexity":
+            continue
+        metric = d["metric"]
+        if "perplexity" in metric:
+            out.append(_ppl_delta(task, metric, d["value"], d["baseline"], rec, base, rc))
+            for other in ("word_perplexity", "byte_perplexity"):
+                v, b = tasks[task].get(other), btasks.get(task, {}).get(other)
+                if other != metric and v is not None and b is not None:
+                    out.append(_ppl_delta(task, other, v, b, rec, base, rc))
+        else:
+            out.append(_score_delta(task, metric, d["value"], d["baseline"], rec, base, rc))
+    for task in tasks:
+        if task not in deltas:
+            missing.append(f"{task}: no baseline value of the headline metric")
+    if "token_perplexity" in deltas:
+        d = deltas["token_perplexity"]
+        out.append(_ppl_delta("token_perplexity", "token_perplexity", d["value"], d["baseline"], rec, base, rc))
+    return out, None, missing
+
+
+# --- speed ------------------------------------------------------------------------------------------
+
+
+def _rate(p: dict[str, Any]) -> float:
+    r = p.get("offered_rate_rps")
+    if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)):
+        return math.inf
+    return float(r)
+
+
+def load_label(p: dict[str, Any], mode: str) -> str:
+    if mode == "concurrency":
+        return f"concurrency {p.get('concurrency')}"
+    r = p["load"]
+    return "unlimited rate" if math.isinf(r) else f"{r:g} req/s"
+
+
+def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The sweep points of a record, repeats averaged, sorted by load; each gets ``load`` (req/s or
+    concurrency, inf for an unlimited rate) and ``repeats``."""
+    speed = rec.get("speed") or {}
+    mode = speed.get("mode") or "rate"
+    groups: dict[float, list[dict[str, Any]]] = {}
+    for p in speed.get("points") or []:
+        load = float(p.get("concurrency") or 0) if mode == "concurrency" else _rate(p)
+        groups.setdefault(load, []).append(p)
+    out = []
+    for load, ps in sorted(groups.items()):
+        agg: dict[str, Any] = dict(ps[0])
+        for k in ps[0]:
+            vals = [q.get(k) for q in ps]
+            nums = [float(x) for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool)]
+            if len(nums) == len(vals):
+                agg[k] = sum(nums) / len(nums)
+        agg["load"], agg["repeats"] = load, len(ps)
+        agg["label"] = load_label(agg, mode)
+        out.append(agg)
+    return mode, out
+
+
+def slo_ok(p: dict[str, Any], rc: ReviewConfig) -> bool | None:
+    """True when the point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
+    ok = True
+    for key, limit in (("ttft_ms_p99", rc.ttft_ms_p99), ("itl_ms_p99", rc.itl_ms_p99)):
+        if limit is None:
+            continue
+        if p.get(key) is None:
+            return None
+        ok = ok and p[key] <= limit
+    return ok
+
+
+def load_point(mode: str, points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[dict[str, Any] | None, str]:
+    """The sweep point that stands for the stated load, and how it was chosen.
+
+    Rate sweep, ``load_rps``: the smallest measured finite rate >= the load; if none, the unlimited-rate
+    point (conservative: latency only grows with load). Concurrency sweep, ``load_rps``: the smallest
+    concurrency whose achieved req/s reaches the load. Concurrency sweep, ``load_concurrency``: the
+    smallest measured concurrency >= it. No load stated: the lowest measured load.
+    """
+    if not points:
+        return None, "no speed points"
+    if rc.load_rps is None and rc.load_concurrency is None:
+        return points[0], f"no load stated: lowest measured load ({points[0]['label']})"
+    if mode == "rate":
+        if rc.load_rps is None:
+            return None, "the sweep is open-loop (rates); a concurrency load needs bench.mode=concurrency"
+        above = [p for p in points if p["load"] >= rc.load_rps - 1e-9]
+        if not above:
+            return None, f"no measured rate >= {rc.load_rps:g} req/s"
+        p = above[0]
+        how = (
+            p["label"]
+            if p["load"] == rc.load_rps
+            else f"{p['label']} (nearest measured rate above {rc.load_rps:g} req/s)"
+        )
+        return p, how
+    if rc.load_concurrency is not None:
+        above = [p for p in points if p["load"] >= rc.load_concurrency]
+        if not above:
+            return None, f"no measured concurrency >= {rc.load_concurrency}"
+        return above[0], above[0]["label"]
+    rps = rc.load_rps or 0.0
+    reach = [p for p in points if (p.get("achieved_rps") or 0) >= rps]
+    if not reach:
+        return None, f"no measured concurrency reaches {rps:g} req/s"
+    return reach[0], f"{reach[0]['label']} (the lowest concurrency reaching {rps:g} req/s)"
+
+
+def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
+
+    * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
+    * ceiling: the largest achieved req/s and output tok/s of the sweep;
+    * goodput: the largest achieved req/s among points whose TTFT p99 and ITL p99 meet the SLO
+      (the "max rate under SLO attainment" of DistServe, Zhong et al. 2024, at 99% attainment).
+
+    Returns:
+        ``(summary, flags, missing)``.
+    """
+    mode, points = speed_points(rec)
+    flags: list[str] = []
+    if not points:
+        return {"mode": mode, "points": []}, flags, ["no speed results"]
+    low = points[0]
+    tpot = low.get("tpot_ms_p50") or low.get("itl_ms_p50")
+    out: dict[str, Any] = {
+        "mode": mode,
+        "points": points,
+        "low_label": low["label"],
+        "single_itl_ms_p50": low.get("itl_ms_p50"),
+        "single_tok_s": 1000.0 / tpot if tpot else None,
+        "ceiling_rps": max((p.get("achieved_rps") or 0.0) for p in points),
+        "ceiling_tok_s": max((p.get("output_tok_s") or 0.0) for p in points),
+        "saturation_label": max(points, key=lambda p: p.get("output_tok_s") or 0.0)["label"],
+    }
+    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
+        out["goodput_rps"] = None
+    else:
+        good = [p.get("achieved_rps") or 0.0 for p in points if slo_ok(p, rc)]
+        out["goodput_rps"] = max(good) if good else 0.0
+    p, how = load_point(mode, points, rc)
+    out["load_how"] = how
+    out["at_load"] = (
+        {
+            k: p.get(k)
+            for k in (
+                "label",
+                "load",
+                "achieved_rps",
+                "ttft_ms_p99",
+                "itl_ms_p99",
+                "e2e_ms_p50",
+                "e2e_ms_p99",
+                "output_tok_s",
+            )
+        }
+        if p
+        else None
+    )
+    for q in points:
+        want, got = q.get("output_tokens_requested"), q.get("output_tokens_total")
+        if want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
+            flags.append(
+                f"speed point {q['label']}: {got:,.0f} of {want:,.0f} requested output tokens "
+                f"({100 * got / want:.0f}%): requests ended early, its tok/s and ITL are not comparable"
+            )
+        if q.get("failed"):
+            flags.append(f"speed point {q['label']}: {q['failed']:g} failed requests")
+    return out, flags, []

@@ -1,0 +1,109 @@
+"""Where the review reads records from: a run/multirun folder, or an MLflow experiment."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from quantverdict.record import RECORD_FILE, find_records, load
+from quantverdict.review.scorecard import SOURCE_DIR_KEY
+
+log = logging.getLogger(__name__)
+
+JOB_TAG = "config_hash"  # set on every job run by quantverdict.tracking.Tracker.start
+
+
+def load_dir(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every readable record under ``root``; unreadable ones are reported, not fatal.
+
+    Returns:
+        ``(records, problems)``; each record gets ``_review_dir`` (the folder it was read from).
+    """
+    records, problems = [], []
+    for path in find_records(root):
+        try:
+            rec = load(path)
+        except (ValueError, json.JSONDecodeError, OSError) as exc:
+            problems.append(f"{path}: not read ({exc})")
+            continue
+        rec[SOURCE_DIR_KEY] = str(path.parent)
+        records.append(rec)
+    return records, problems
+
+
+def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[dict[str, Any]], list[str], dict[str, str]]:
+    """Download the ``record.json`` artifact (and ``eval/`` samples, if logged) of every job run of an
+    MLflow experiment into ``dest/<run_id>/``.
+
+    Returns:
+        ``(records, problems, run_ids)``; ``run_ids`` maps each record's ``job.output_dir`` to its run.
+
+    Raises:
+        ValueError: the experiment does not exist.
+    """
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = [e.name for e in client.search_experiments()]
+        raise ValueError(
+            f"no MLflow experiment {experiment!r} at {uri}; experiments there: {', '.join(names) or 'none'}"
+        )
+    records, problems, run_ids = [], [], {}
+    for run in _job_runs(client, exp.experiment_id):
+        rid = run.info.run_id
+        target = dest / rid
+        target.mkdir(parents=True, exist_ok=True)
+        artifacts = {a.path for a in client.list_artifacts(rid)}
+        if RECORD_FILE not in artifacts:
+            problems.append(f"run {run.info.run_name} ({rid}): no {RECORD_FILE} artifact")
+            continue
+        client.download_artifacts(rid, RECORD_FILE, str(target))
+        if "eval" in artifacts:
+            client.download_artifacts(rid, "eval", str(target))
+        try:
+            rec = load(target / RECORD_FILE)
+        except ValueError as exc:
+            problems.append(f"run {rid}: {exc}")
+            continue
+        rec[SOURCE_DIR_KEY] = str(target)
+        records.append(rec)
+        run_ids[str(rec["job"].get("output_dir"))] = rid
+    return records, problems, run_ids
+
+
+def _job_runs(client: Any, experiment_id: str) -> list[Any]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        runs += [r for r in page if JOB_TAG in r.data.tags]
+        token = page.token
+        if not token:
+            return runs
+
+
+def dedupe(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One record per (model, scheme): a finished one before a failed one, then the newest.
+
+    Returns:
+        ``(kept, notes)``; a note names each record left out.
+    """
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    notes: list[str] = []
+    for rec in records:
+        key = (str(rec["job"].get("model")), str(rec["job"].get("scheme")))
+        cur = best.get(key)
+        if cur is None:
+            best[key] = rec
+            continue
+        rank = lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or "")
+        keep, drop = (rec, cur) if rank(rec) > rank(cur) else (cur, rec)
+        best[key] = keep
+        notes.append(
+            f"{drop['job'].get('id')} ({drop.get('status')}, {drop['job'].get('finished_at')}) left out: "
+            f"a newer or finished record of {key[0]}/{key[1]} is used"
+        )
+    return list(best.values()), notes

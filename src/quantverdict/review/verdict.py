@@ -1,0 +1,431 @@
+"""Constraints, the binding constraint and the verdict: quantize just enough.
+
+Each scheme is checked against three constraints (:class:`~quantverdict.config.ReviewConfig`):
+
+* **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB);
+* **accuracy**: every task's recovery ``100 · score / baseline >= min_recovery_pct`` and every
+  perplexity kind in ``perplexity_kinds`` rises by at most ``max_perplexity_increase_pct``
+  (``floor_test: interval`` fails a scheme only when its whole interval misses the floor);
+* **latency**: TTFT p99 and ITL p99 at the stated load within the SLO, and the sweep's ceiling
+  reaches that load.
+
+The verdict: if the baseline passes all three, do not quantize. Otherwise the constraints it fails
+are binding, and the chosen scheme is the least aggressive one that passes all three: 8-bit tier
+(W8A16, FP8_DYNAMIC, W8A8) before 4-bit (W4A16); within a tier the lowest E2E p50 at the stated
+load (then the highest ceiling). A check that cannot be made (missing data) never passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from quantverdict.config import ReviewConfig
+from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, slo_ok
+
+PASS, FAIL, UNKNOWN, OFF = "pass", "fail", "unknown", "off"
+CONSTRAINTS = ("memory", "accuracy", "latency")
+PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
+
+
+@dataclass
+class Check:
+    """One constraint checked for one scheme. ``text`` cites the numbers; ``shortfall`` says by how
+    much a failing scheme misses; ``excess`` is that shortfall relative to the limit (for ranking)."""
+
+    constraint: str
+    status: str  # pass | fail | unknown | off
+    text: str
+    shortfall: str = ""
+    excess: float = 0.0
+    cite: str = ""  # the numbers alone, for the verdict sentence (default: ``text``)
+
+    def short(self) -> str:
+        return self.cite or self.text
+
+
+@dataclass
+class Verdict:
+    """The decision for one model."""
+
+    model: str
+    # "do not quantize" | "quantize" | "no scheme meets all three" | "no baseline" | "baseline not checked"
+    decision: str
+    scheme: str | None
+    label: str | None
+    sentence: str  # the verdict, citing the three numbers
+    binding: list[str] = field(default_factory=list)  # constraints the baseline fails (with by how much)
+    evidence: list[str] = field(default_factory=list)  # the chosen scheme's (or the baseline's) full checks
+    others: list[str] = field(default_factory=list)  # one sentence per other scheme
+    order: list[str] = field(default_factory=list)  # the order schemes were tried in
+    regime: list[str] = field(default_factory=list)
+
+
+def _n(v: float | None, fmt: str = ".2f") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    return f"{v:{fmt}}"
+
+
+def _gib(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3f} GiB" if v < 10 else f"{v:.1f} GiB"
+
+
+# --- the three checks -------------------------------------------------------------------------------
+
+
+def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
+    m = sc.memory
+    if rc.memory_budget_gib is None:
+        return Check("memory", OFF, "no memory budget set")
+    if m.get("need_gib") is None:
+        why = "weight size" if m.get("weights_gib") is None else "KV-cache size (model dimensions or request length)"
+        return Check("memory", UNKNOWN, f"not checked: {why} unknown")
+    need, budget = m["need_gib"], rc.memory_budget_gib
+    parts = f"weights {_gib(m['weights_gib'])} + KV {_gib(m['kv_needed_gib'])} for {m['kv_needed_tokens']:,} tokens"
+    if rc.reserved_gib:
+        parts += f" + reserve {_gib(rc.reserved_gib)}"
+    if need <= budget:
+        return Check(
+            "memory",
+            PASS,
+            f"needs {_gib(need)} ({parts}) <= {_gib(budget)} budget",
+            cite=f"needs {_gib(need)} <= {_gib(budget)} budget",
+        )
+    over = need - budget
+    return Check(
+        "memory",
+        FAIL,
+        f"needs {_gib(need)} ({parts}) > {_gib(budget)} budget",
+        shortfall=f"{_gib(over)} ({100 * over / budget:.0f}%) over the {_gib(budget)} budget",
+        excess=over / budget,
+        cite=f"needs {_gib(need)} > {_gib(budget)} budget",
+    )
+
+
+def _reference_score(sc: Scorecard) -> str:
+    return "the accuracy reference (recovery 100%, perplexity +0% by definition)"
+
+
+def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
+    if rc.min_recovery_pct is None and rc.max_perplexity_increase_pct is None:
+        return Check("accuracy", OFF, "no accuracy floor set")
+    if sc.is_baseline:
+        ok = (rc.min_recovery_pct is None or rc.min_recovery_pct <= 100.0) and (
+            rc.max_perplexity_increase_pct is None or rc.max_perplexity_increase_pct >= 0.0
+        )
+        return Check("accuracy", PASS if ok else FAIL, _reference_score(sc), cite="is the accuracy reference")
+    if sc.accuracy_refused:
+        return Check("accuracy", UNKNOWN, f"delta excluded: {sc.accuracy_refused}")
+    scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None]
+    ppls = [
+        d for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None
+    ]
+    if not scores and not ppls:
+        why = "; ".join(sc.missing) or "no comparable accuracy results"
+        return Check("accuracy", UNKNOWN, f"not checked: {why}")
+    fails: list[tuple[float, str]] = []
+    parts: list[str] = []
+    cites: list[str] = []
+    if rc.min_recovery_pct is not None and scores:
+        floor = rc.min_recovery_pct
+        worst = min(scores, key=lambda d: d.recovery_pct or 0.0)
+        op = ">=" if _score_ok(worst, floor, rc) else "<"
+        parts.append(
+            f"worst recovery {_n(worst.recovery_pct, '.1f')}% ({worst.name} {worst.metric}"
+            f"{_ci_pct(worst.recovery_interval)}) {op} {floor:g}%"
+        )
+        cites.append(f"worst recovery {_n(worst.recovery_pct, '.1f')}% {op} {floor:g}%")
+        for d in scores:
+            if not _score_ok(d, floor, rc):
+                gap = floor - (d.recovery_pct or 0.0)
+                note = (
+                    "" if d.significant else " (the drop itself is not significant)" if d.significant is False else ""
+                )
+                fails.append(
+                    (
+                        gap / floor,
+                        (
+                            f"{d.name} recovery {d.recovery_pct:.1f}% is {gap:.1f} points below "
+                            f"the {floor:g}% floor{note}"
+                        ),
+                    )
+                )
+    if rc.max_perplexity_increase_pct is not None and ppls:
+        limit = rc.max_perplexity_increase_pct
+        worst_p = max(ppls, key=lambda d: d.delta_pct or 0.0)
+        op = "<=" if _ppl_ok(worst_p, limit, rc) else ">"
+        parts.append(f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}%{_ci_pct(worst_p.interval)} {op} +{limit:g}%")
+        cites.append(f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}% {op} +{limit:g}%")
+        for d in ppls:
+            if not _ppl_ok(d, limit, rc):
+                gap = (d.delta_pct or 0.0) - limit
+                fails.append(
+                    (
+                        gap / max(limit, 1e-9),
+                        (f"{d.metric} rises {d.delta_pct:+.1f}%, {gap:.1f} points over the +{limit:g}% limit"),
+                    )
+                )
+    text, cite = "; ".join(parts), " and ".join(cites)
+    if not fails:
+        return Check("accuracy", PASS, text, cite=cite)
+    fails.sort(reverse=True)
+    return Check("accuracy", FAIL, text, shortfall="; ".join(f for _, f in fails), excess=fails[0][0], cite=cite)
+
+
+def _ci_pct(iv: Any) -> str:
+    return f", CI {iv.low:.1f} to {iv.high:.1f}" if iv is not None else ""
+
+
+def _score_ok(d: TaskDelta, floor: float, rc: ReviewConfig) -> bool:
+    if rc.floor_test == "interval" and d.recovery_interval is not None:
+        return d.recovery_interval.high >= floor
+    return (d.recovery_pct or 0.0) >= floor
+
+
+def _ppl_ok(d: TaskDelta, limit: float, rc: ReviewConfig) -> bool:
+    if rc.floor_test == "interval" and d.interval is not None:
+        return d.interval.low <= limit
+    return (d.delta_pct or 0.0) <= limit
+
+
+def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
+    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
+        return Check("latency", OFF, "no latency SLO set")
+    sp = sc.speed
+    if not sp.get("points"):
+        return Check("latency", UNKNOWN, "not checked: no speed results")
+    at = sp.get("at_load")
+    if at is None:
+        return Check("latency", UNKNOWN, f"not checked: {sp.get('load_how')}")
+    ok = slo_ok(at, rc)
+    if ok is None:
+        return Check("latency", UNKNOWN, f"not checked: no p99 latency at {at['label']}")
+    parts, fails = [], []
+    excess = 0.0
+    for key, name, limit in (("ttft_ms_p99", "TTFT p99", rc.ttft_ms_p99), ("itl_ms_p99", "ITL p99", rc.itl_ms_p99)):
+        if limit is None:
+            continue
+        v = at[key]
+        parts.append(f"{name} {v:,.0f} ms {'<=' if v <= limit else '>'} {limit:,.0f} ms")
+        if v > limit:
+            fails.append(
+                f"{name} {v:,.0f} ms is {v - limit:,.0f} ms ({100 * (v - limit) / limit:.0f}%) over "
+                f"the {limit:,.0f} ms SLO"
+            )
+            excess = max(excess, (v - limit) / limit)
+    text = ", ".join(parts) + f" at {sp['load_how']}"
+    cite = " and ".join(parts) + f" at {at['label']}"
+    if rc.load_rps is not None and sp.get("ceiling_rps") is not None:
+        ceiling = sp["ceiling_rps"]
+        text += f"; ceiling {ceiling:.2f} req/s"
+        if ceiling < rc.load_rps:
+            fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
+            excess = max(excess, (rc.load_rps - ceiling) / rc.load_rps)
+    if fails:
+        return Check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite)
+    return Check("latency", PASS, text, cite=cite)
+
+
+def checks(sc: Scorecard, rc: ReviewConfig) -> dict[str, Check]:
+    """The three checks of one scheme, keyed by constraint."""
+    return {"memory": memory_check(sc, rc), "accuracy": accuracy_check(sc, rc), "latency": latency_check(sc, rc)}
+
+
+def passes(cs: dict[str, Check]) -> bool:
+    return all(c.status in (PASS, OFF) for c in cs.values())
+
+
+# --- ordering and the verdict -----------------------------------------------------------------------
+
+
+def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
+    """Least aggressive first: by weight tier (16, 8, 4 bits); within a tier, lowest E2E p50 at the
+    stated load, then highest sustained ceiling (req/s), then scheme name."""
+
+    def key(sc: Scorecard) -> tuple[int, float, float, str]:
+        at = sc.speed.get("at_load") or {}
+        e2e = at.get("e2e_ms_p50")
+        return (sc.tier, e2e if e2e is not None else math.inf, -(sc.speed.get("ceiling_rps") or 0.0), sc.scheme)
+
+    return sorted(cards, key=key)
+
+
+def _three(cs: dict[str, Check]) -> str:
+    """'needs X GiB <= Y GiB budget, keeps ..., and holds ...': the three numbers of one scheme."""
+    m, a, lat = cs["memory"], cs["accuracy"], cs["latency"]
+    mem = "has no memory budget to meet" if m.status == OFF else m.short()
+    if a.status == OFF:
+        acc = "has no accuracy floor to meet"
+    else:
+        acc = a.short() if a.status != PASS or a.cite == "is the accuracy reference" else f"keeps {a.short()}"
+    if lat.status == OFF:
+        latency = "has no latency SLO to meet"
+    else:
+        latency = lat.short() if lat.status == UNKNOWN else f"holds {lat.short()}"
+    return f"{mem}, {acc}, and {latency}"
+
+
+def _cite(cs: dict[str, Check]) -> str:
+    return "; ".join(f"{c.constraint}: {c.text}" for c in cs.values())
+
+
+def short_error(error: str | None, limit: int = 160) -> str:
+    """The first line of an error message, cut to ``limit`` characters."""
+    line = (error or "no error message").strip().splitlines()[0] if (error or "").strip() else "no error message"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _eligible(sc: Scorecard, cs: dict[str, Check]) -> bool:
+    """Passes all three and its job finished (a scheme whose serving or evaluation failed is not deployable
+    as measured, whatever its other numbers say)."""
+    return sc.status == "ok" and passes(cs)
+
+
+def _why_not(sc: Scorecard, cs: dict[str, Check]) -> str:
+    fails = [c for c in cs.values() if c.status == FAIL]
+    unknown = [c for c in cs.values() if c.status == UNKNOWN]
+    bits = [f"its job failed in stage {sc.failed_stage} ({short_error(sc.error)})"] if sc.status != "ok" else []
+    bits += [f"fails {c.constraint}: {c.shortfall}" for c in fails]
+    bits += [f"cannot be checked on {c.constraint} ({c.text.removeprefix('not checked: ')})" for c in unknown]
+    return "; ".join(bits)
+
+
+def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdict, dict[str, dict[str, Check]]]:
+    """The verdict for one model's scorecards (its baseline among them, when it ran).
+
+    Returns:
+        The verdict and the checks of every scheme (keyed by scheme name).
+    """
+    all_checks = {sc.scheme: checks(sc, rc) for sc in cards}
+    base = next((sc for sc in cards if sc.is_baseline), None)
+    quantized = [sc for sc in cards if not sc.is_baseline]
+    order = candidate_order(quantized)
+    v = Verdict(model, "", None, None, "", order=[sc.scheme for sc in order])
+    if base is None:
+        v.decision = "no baseline"
+        v.sentence = (
+            f"**No verdict for {model}: its baseline did not run**, so no accuracy delta can be computed "
+            "and 'do not quantize' cannot be weighed."
+        )
+        for sc in order:
+            v.others.append(f"{sc.name}: {_cite(all_checks[sc.scheme])}")
+        return v, all_checks
+    bc = all_checks[base.scheme]
+    v.binding = [f"{base.name} fails {c.constraint}: {c.shortfall}" for c in bc.values() if c.status == FAIL]
+    unverified = [c for c in bc.values() if c.status == UNKNOWN]
+    if not v.binding and (unverified or base.status != "ok"):
+        v.decision = "baseline not checked"
+        hint = {"memory": "review.memory_budget_gib=null", "latency": "review.ttft_ms_p99=null review.itl_ms_p99=null"}
+        offs = " ".join(hint[c.constraint] for c in unverified if c.constraint in hint)
+        if unverified:
+            names = " and ".join(c.constraint for c in unverified)
+            what = f"could not be checked on {names}** (" + "; ".join(f"{c.constraint} {c.text}" for c in unverified)
+            what += ")"
+        else:
+            what = f"did not finish** (job {base.status} in stage {base.failed_stage}: {short_error(base.error)})"
+        v.sentence = (
+            f"**No verdict for {model}: {base.name} {what}. Whether to quantize at all depends on the baseline; "
+            "rerun its missing stages" + (f" or review without that constraint ({offs})." if offs else ".")
+        )
+        for sc in order:
+            cs = all_checks[sc.scheme]
+            v.others.append(f"{sc.name}: " + ("passes all three" if _eligible(sc, cs) else _why_not(sc, cs)))
+        return v, all_checks
+    if not v.binding:
+        v.decision, v.scheme, v.label = "do not quantize", base.scheme, base.label
+        v.sentence = f"**Do not quantize: keep {base.name}.** No constraint binds: it {_three(bc)}."
+        v.evidence = [f"{base.name} {c.constraint}: {c.text}" for c in bc.values()]
+        for sc in order:
+            cs = all_checks[sc.scheme]
+            tail = "would also pass all three, but nothing needs it" if _eligible(sc, cs) else _why_not(sc, cs)
+            v.others.append(f"{sc.name}: {tail}")
+        return v, all_checks
+    chosen = next((sc for sc in order if _eligible(sc, all_checks[sc.scheme])), None)
+    binding_names = ", ".join(c.constraint for c in bc.values() if c.status == FAIL)
+    if chosen is None:
+        v.decision = "no scheme meets all three"
+        ranked = sorted(
+            order,
+            key=lambda sc: (
+                sum(c.status != PASS and c.status != OFF for c in all_checks[sc.scheme].values()),
+                sum(c.excess for c in all_checks[sc.scheme].values()),
+            ),
+        )
+        closest = ranked[0] if ranked else None
+        v.sentence = (
+            f"**No scheme meets all three constraints for {model}.** {base.name} fails {binding_names} "
+            f"({'; '.join(c.shortfall for c in bc.values() if c.status == FAIL)})"
+        )
+        if closest is not None:
+            v.sentence += (
+                f"; the closest is {closest.name}: {_why_not(closest, all_checks[closest.scheme])}. "
+                "Relax that constraint or measure more schemes."
+            )
+        else:
+            v.sentence += "; no quantized scheme ran."
+        if closest is not None:
+            v.evidence = [f"{closest.name} {c.constraint}: {c.text}" for c in all_checks[closest.scheme].values()]
+        for sc in order:
+            v.others.append(f"{sc.name}: {_why_not(sc, all_checks[sc.scheme])}")
+        return v, all_checks
+    cc = all_checks[chosen.scheme]
+    v.decision, v.scheme, v.label = "quantize", chosen.scheme, chosen.label
+    same_tier = [
+        sc for sc in order if sc.tier == chosen.tier and sc is not chosen and _eligible(sc, all_checks[sc.scheme])
+    ]
+    why_tier = f"the least aggressive scheme that meets all three ({TIER_NAMES.get(chosen.tier, chosen.tier)} tier"
+    if same_tier:
+        e2e = (chosen.speed.get("at_load") or {}).get("e2e_ms_p50")
+        why_tier += f"; E2E p50 {_n(e2e, ',.0f')} ms at the load, ahead of " + ", ".join(sc.scheme for sc in same_tier)
+    why_tier += ")"
+    v.sentence = (
+        f"**Deploy {chosen.name}.** {base.name} fails {binding_names} "
+        f"({'; '.join(c.shortfall for c in bc.values() if c.status == FAIL)}). "
+        f"{chosen.name} {_three(cc)}: {why_tier}."
+    )
+    v.evidence = [f"{chosen.name} {c.constraint}: {c.text}" for c in cc.values()]
+    for sc in order:
+        if sc is chosen:
+            continue
+        cs = all_checks[sc.scheme]
+        if _eligible(sc, cs):
+            more = "more aggressive" if sc.tier > chosen.tier else "same tier, slower at the load"
+            v.others.append(f"{sc.name}: passes all three too, not chosen ({more})")
+        else:
+            v.others.append(f"{sc.name}: {_why_not(sc, cs)}")
+    return v, all_checks
+
+
+# --- regime -----------------------------------------------------------------------------------------
+
+
+def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
+    """(low-load, saturation) speedup of ``sc`` over ``base``: baseline single-stream ITL p50 over the
+    scheme's, and the scheme's peak output tok/s over the baseline's. > 1 means faster."""
+    a, b = sc.speed.get("single_itl_ms_p50"), base.speed.get("single_itl_ms_p50")
+    low = b / a if a and b else None
+    c, d = sc.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s")
+    sat = c / d if c and d else None
+    return low, sat
+
+
+def regime_sentence(sc: Scorecard, low: float | None, sat: float | None) -> str:
+    if low is None or sat is None:
+        return f"{sc.name}: speed missing for it or its baseline"
+
+    def word(s: float) -> str:
+        return "pays" if s >= PAYS else "costs" if s <= 1 / PAYS else "no change"
+
+    lw, sw = word(low), word(sat)
+    head = f"{sc.name}: {low:.2f}x at low load, {sat:.2f}x at saturation"
+    if lw == "pays" and sw != "pays":
+        return head + " -> pays at low load only (memory-bound decode); stops paying at saturation (compute-bound)"
+    if lw == "pays" and sw == "pays":
+        return head + " -> keeps paying from low load to saturation"
+    if lw != "pays" and sw == "pays":
+        return head + " -> pays only at saturation (throughput, not single-stream latency)"
+    return head + f" -> does not pay here ({lw} at low load, {sw} at saturation)"

@@ -1,0 +1,206 @@
+"""Memory, KV cache and kernel facts from a ``vllm serve`` log (pure, standard library only).
+
+The lines read here are vLLM's own INFO/WARNING lines; the format strings are in vLLM's source
+(0.32.0 unless noted)::
+
+    Model loading took %s GiB memory and %.6f seconds        v1/worker/gpu_model_runner.py (GPU only;
+                                                             older releases: "took %.4f GiB and")
+    Available KV cache memory: %s GiB                        v1/worker/gpu_worker.py (GPU)
+    Explicitly set (%s/%s) GiB for KV cache on node %d.      v1/worker/cpu_worker.py (CPU, requested)
+    Auto set (%s/%s) GiB for KV cache on node %d, ...        v1/worker/cpu_worker.py (CPU, automatic)
+    %s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx
+                                                             v1/core/kv_cache_utils.py ("GPU"/"CPU";
+                                                             older releases: two separate lines)
+    Checkpoint size: %.2f GiB.                               model_executor/model_loader/weight_utils.py
+    Using %s for CompressedTensorsWNA16                      compressed_tensors/schemes/*.py
+    Selected %s for CompressedTensorsW8A8Int8                model_executor/kernels/linear/__init__.py
+    Your GPU does not have native support for FP8 computation ... Weight-only FP8 compression will be
+    used leveraging the Marlin kernel.                       quantization/utils/marlin_utils_fp8.py
+    Failed to create oneDNN linear, fallback to torch linear. model_executor/layers/utils.py (CPU,
+                                                             unquantized GEMM only)
+
+On CPU vLLM logs no weights-memory line; ``weights_gib`` is then None and ``checkpoint_gib`` (the
+size of the checkpoint files vLLM loads) is the nearest figure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PREFIX = re.compile(r"^\((?P<proc>[^()]+?) pid=(?P<pid>\d+)\)\s+")
+
+_VERSION_ENGINE = re.compile(r"Initializing a V1 LLM engine \(v(?P<v>[^)\s]+)\)")
+_VERSION_BANNER = re.compile(r"\bversion (?P<v>\d+\.\d+[\w.+-]*)")
+_DEVICE_CFG = re.compile(r"\bdevice_config=(?P<d>\w+)")
+_QUANT_CFG = re.compile(r"\bquantization=(?P<q>[\w.-]+)")
+_DTYPE_CFG = re.compile(r"\bdtype=torch\.(?P<d>\w+)")
+_KV_DTYPE_CFG = re.compile(r"\bkv_cache_dtype=(?P<d>\w+)")
+_WEIGHTS = re.compile(r"Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) seconds")
+_LOAD_S_CPU = re.compile(r"Loading weights took (?P<s>[\d.]+) seconds")
+_CHECKPOINT = re.compile(r"Checkpoint size: (?P<gib>[\d.]+) GiB")
+_KV_GPU = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+_KV_CPU = re.compile(r"(?P<how>Explicitly|Auto) set \((?P<gib>[\d.]+)/(?P<total>[\d.]+)\) GiB for KV cache")
+_KV_TOKENS = re.compile(r"(?P<pool>\w+)(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
+_ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) ")
+_KERNEL = re.compile(r"\b(?:Using|Selected) (?P<kernel>[A-Za-z_]\w*) for (?P<method>[A-Za-z_][\w .()/-]*?)\.?\s*$")
+_ONEDNN_FALLBACK = re.compile(r"Failed to create oneDNN linear, fallback to torch linear")
+_FALLBACK = re.compile(
+    r"weight-only|emulation|emulated|falling back|fallback|does not have native support|not natively supported",
+    re.IGNORECASE,
+)
+# W8A8, W4A8, W8A8Fp8, W4A4 ... : activation bits < 16 in the method name
+_ACT_QUANT_METHOD = re.compile(r"W\d+A(?:[1-9]|1[0-5])(?!\d)|ScaledMM|W8A8|Fp8|FP8|NVFP4|MXFP4", re.IGNORECASE)
+_WEIGHT_ONLY_METHOD = re.compile(r"A16\b|WNA16|W\d+A16")
+
+
+def _strip(line: str) -> str:
+    line = _ANSI.sub("", line).rstrip()
+    return _PREFIX.sub("", line)
+
+
+def _kernel_ok(kernel: str, method: str) -> bool:
+    """Keep linear/MoE kernel choices; drop e.g. "Using max model len" or attention backends."""
+    if "Attention" in method or "attention" in method:
+        return False
+    return (
+        kernel.endswith(("Kernel", "Experts", "LinearMethod", "MoEMethod"))
+        or method.startswith(("CompressedTensors", "AutoAWQ", "GPTQ", "AWQ", "Fp8", "ModelOpt"))
+        or "GEMM" in method
+        or "linear" in method
+    )
+
+
+def _is_activation_quantized(kernels: list[dict[str, str]]) -> bool | None:
+    if not kernels:
+        return None
+    for k in kernels:
+        method = k["method"]
+        if _WEIGHT_ONLY_METHOD.search(method):
+            continue
+        if _ACT_QUANT_METHOD.search(method) or "ScaledMM" in k["kernel"]:
+            return True
+    return False
+
+
+def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]:
+    """Parse a ``vllm serve`` log.
+
+    Args:
+        text: the server log (stdout + stderr).
+        activation_quantized: whether the served scheme quantizes activations (W8A8, FP8_DYNAMIC);
+            None: inferred from the kernel lines (a ``W8A8``/``Fp8``/``ScaledMM`` method is activation-
+            quantized, ``WNA16`` is weight-only).
+
+    Returns:
+        ``vllm_version``, ``device`` (``cuda``/``cpu``), ``quantization`` (vLLM's detected method, None
+        for unquantized), ``dtype``, ``kv_cache_dtype``, ``weights_gib`` (GPU: memory taken by model
+        loading; None on CPU), ``weights_load_s``, ``checkpoint_gib``, ``kv_cache_gib`` (memory given
+        to the KV cache), ``kv_cache_source`` (``gpu_profiled``/``cpu_explicit``/``cpu_auto``),
+        ``kv_cache_tokens``, ``max_concurrency`` (x requests of ``max_concurrency_request_tokens``
+        tokens that fit in the KV cache), ``engine_init_s``, ``kernels`` (``[{"kernel", "method"}]``,
+        first occurrence order, no duplicates), ``activation_quantized``, ``fallback`` (True when an
+        activation-quantized scheme shows a weight-only/emulation/fallback path; False when
+        it does not; None when the scheme is not activation-quantized), ``fallback_lines``,
+        ``unquantized_gemm_fallback`` (CPU: oneDNN refused the unquantized GEMM, plain
+        ``torch.nn.functional.linear`` used), and ``evidence`` (the exact line behind each value).
+        Values that the log does not contain are None.
+    """
+    out: dict[str, Any] = {
+        "vllm_version": None,
+        "device": None,
+        "quantization": None,
+        "dtype": None,
+        "kv_cache_dtype": None,
+        "weights_gib": None,
+        "weights_load_s": None,
+        "checkpoint_gib": None,
+        "kv_cache_gib": None,
+        "kv_cache_source": None,
+        "kv_cache_tokens": None,
+        "max_concurrency": None,
+        "max_concurrency_request_tokens": None,
+        "engine_init_s": None,
+        "kernels": [],
+        "activation_quantized": activation_quantized,
+        "fallback": None,
+        "fallback_lines": [],
+        "unquantized_gemm_fallback": False,
+    }
+    evidence: dict[str, str] = {}
+
+    def first(key: str, value: Any, line: str) -> None:
+        if out[key] is None:
+            out[key] = value
+            evidence[key] = line
+
+    for raw in text.splitlines():
+        line = _strip(raw)
+        if not line:
+            continue
+        if m := _VERSION_ENGINE.search(line):
+            out["vllm_version"] = m["v"]  # the engine line wins over the banner
+            evidence["vllm_version"] = line[:200]
+            if m2 := _DEVICE_CFG.search(line):
+                out["device"] = m2["d"]
+                evidence["device"] = "device_config=" + m2["d"]
+            if m2 := _QUANT_CFG.search(line):
+                out["quantization"] = None if m2["q"] == "None" else m2["q"]
+                evidence["quantization"] = "quantization=" + m2["q"]
+            if m2 := _DTYPE_CFG.search(line):
+                out["dtype"] = m2["d"]
+            if m2 := _KV_DTYPE_CFG.search(line):
+                out["kv_cache_dtype"] = m2["d"]
+            continue
+        if out["vllm_version"] is None and (m := _VERSION_BANNER.search(line)):
+            first("vllm_version", m["v"], line)
+        if m := _WEIGHTS.search(line):
+            first("weights_gib", float(m["gib"]), line)
+            first("weights_load_s", float(m["s"]), line)
+        elif m := _LOAD_S_CPU.search(line):
+            first("weights_load_s", float(m["s"]), line)
+        if m := _CHECKPOINT.search(line):
+            first("checkpoint_gib", float(m["gib"]), line)
+        if m := _KV_GPU.search(line):
+            first("kv_cache_gib", float(m["gib"]), line)
+            first("kv_cache_source", "gpu_profiled", line)
+        elif m := _KV_CPU.search(line):
+            first("kv_cache_gib", float(m["gib"]), line)
+            first("kv_cache_source", "cpu_explicit" if m["how"] == "Explicitly" else "cpu_auto", line)
+        if m := _KV_TOKENS.search(line):
+            first("kv_cache_tokens", int(m["tokens"].replace(",", "")), line)
+            pool = m["pool"].lower()
+            if out["device"] is None and pool in ("gpu", "cpu", "xpu", "tpu"):
+                out["device"] = "cuda" if pool == "gpu" else pool
+        if m := _CONCURRENCY.search(line):
+            first("max_concurrency", float(m["x"]), line)
+            first("max_concurrency_request_tokens", int(m["len"].replace(",", "")), line)
+        if m := _ENGINE_INIT.search(line):
+            first("engine_init_s", float(m["s"]), line)
+        if (m := _KERNEL.search(line)) and _kernel_ok(m["kernel"], m["method"]):
+            entry = {"kernel": m["kernel"], "method": m["method"].strip()}
+            if entry not in out["kernels"]:
+                out["kernels"].append(entry)
+                evidence.setdefault("kernels", line)
+        if _ONEDNN_FALLBACK.search(line):
+            out["unquantized_gemm_fallback"] = True
+            evidence.setdefault("unquantized_gemm_fallback", line[:200])
+        elif _FALLBACK.search(line) and not line.startswith(("Route:", "INFO:")) and "Auto-prefetch" not in line:
+            if "WARNING" in raw or "Emulation" in line or "weight-only" in line.lower():
+                out["fallback_lines"].append(line[:300])
+
+    if out["device"] is None and out["kv_cache_source"] is not None:
+        out["device"] = "cuda" if out["kv_cache_source"] == "gpu_profiled" else "cpu"
+    kernels_quantize_activations = _is_activation_quantized(out["kernels"])
+    if out["activation_quantized"] is None:
+        out["activation_quantized"] = kernels_quantize_activations
+    emulated_kernel = any("Emulation" in k["kernel"] for k in out["kernels"])
+    marlin_fp8 = any("Marlin" in k["kernel"] and "fp8" in k["method"].lower() for k in out["kernels"])
+    # the caller says activations are quantized, but every kernel vLLM chose is weight-only
+    weight_only_path = kernels_quantize_activations is False
+    if out["activation_quantized"]:
+        out["fallback"] = bool(out["fallback_lines"]) or emulated_kernel or marlin_fp8 or weight_only_path
+    out["evidence"] = evidence
+    return out

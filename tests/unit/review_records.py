@@ -1,0 +1,198 @@
+"""Hand-built records for the review tests (same layout as quantverdict.pipeline writes).
+
+Model dims are SmolLM2-135M's: 30 layers, 3 KV heads, head_dim 64, so with a bf16 KV cache one
+token takes 2 × 30 × 3 × 64 × 2 = 23,040 bytes. Requests are 256 + 32 = 288 tokens; 16 concurrent
+requests need 4,608 tokens = 106,168,320 bytes = 0.098877 GiB of KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+DIMS = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+}
+KV_GIB_16x288 = 4608 * 23040 / GIB  # 0.098876953125
+SETTINGS = {
+    "backend": "hf",
+    "batch_size": 8,
+    "max_length": 2048,
+    "num_fewshot": 0,
+    "limit": 100,
+    "task_limits": {},
+    "dtype": "float32",
+}
+TP = {"seq_len": 2048, "stride": 2048, "max_tokens": 8192}
+LABELS = {
+    "bf16": ("BF16", 16, 16),
+    "int8": ("W8A16", 8, 16),
+    "fp8": ("FP8_DYNAMIC", 8, 8),
+    "w8a8": ("W8A8", 8, 8),
+    "gptq": ("W4A16", 4, 16),
+    "awq": ("W4A16", 4, 16),
+}
+WEIGHTS_GIB = {"bf16": 0.25, "int8": 0.15, "fp8": 0.15, "w8a8": 0.15, "gptq": 0.10, "awq": 0.10}
+
+
+def point(
+    rate: float | None,
+    *,
+    achieved: float,
+    tok_s: float,
+    ttft99: float,
+    itl50: float,
+    itl99: float,
+    e2e50: float,
+    out_total: float = 256,
+    out_req: float = 256,
+    failed: int = 0,
+) -> dict[str, Any]:
+    return {
+        "offered_rate_rps": rate,
+        "concurrency": None,
+        "repeat": 0,
+        "achieved_rps": achieved,
+        "output_tok_s": tok_s,
+        "total_tok_s": tok_s * 9,
+        "ttft_ms_p50": ttft99 / 2,
+        "ttft_ms_p90": ttft99 * 0.8,
+        "ttft_ms_p99": ttft99,
+        "tpot_ms_p50": itl50,
+        "tpot_ms_p99": itl99,
+        "itl_ms_p50": itl50,
+        "itl_ms_p99": itl99,
+        "e2e_ms_p50": e2e50,
+        "e2e_ms_p99": e2e50 * 1.5,
+        "completed": 8,
+        "failed": failed,
+        "output_tokens_total": out_total,
+        "output_tokens_requested": out_req,
+        "duration_s": 8.0,
+    }
+
+
+def speed(
+    itl50: float, sat_tok_s: float, *, ttft99: float = 300.0, itl99: float | None = None, e2e50: float | None = None
+) -> dict[str, Any]:
+    """A two-point rate sweep: 1 req/s and unlimited."""
+    itl99 = itl99 if itl99 is not None else itl50 * 1.5
+    e2e50 = e2e50 if e2e50 is not None else ttft99 / 2 + 31 * itl50
+    return {
+        "mode": "rate",
+        "server_start_s": 30.0,
+        "points": [
+            point(1.0, achieved=0.95, tok_s=30.0, ttft99=ttft99, itl50=itl50, itl99=itl99, e2e50=e2e50),
+            point(
+                None,
+                achieved=sat_tok_s / 32,
+                tok_s=sat_tok_s,
+                ttft99=ttft99 * 5,
+                itl50=itl50 * 3,
+                itl99=itl99 * 4,
+                e2e50=e2e50 * 4,
+            ),
+        ],
+    }
+
+
+def record(
+    scheme: str,
+    *,
+    model: str = "m",
+    acc_norm: float = 0.50,
+    acc_norm_se: float = 0.05,
+    wppl: float = 20.0,
+    tppl: float = 40.0,
+    sp: dict[str, Any] | None = None,
+    weights_gib: float | None = None,
+    status: str = "ok",
+    settings: dict[str, Any] | None = None,
+    fallback: bool = False,
+    source: str = "local",
+    baseline_note: str = "",
+) -> dict[str, Any]:
+    label, wbits, abits = LABELS[scheme]
+    w = WEIGHTS_GIB[scheme] if weights_gib is None else weights_gib
+    return {
+        "schema_version": 1,
+        "tool": {"name": "quantverdict", "version": "0.1.0"},
+        "job": {
+            "id": f"{model}_{scheme}_x",
+            "model": model,
+            "scheme": scheme,
+            "scheme_label": label,
+            "config_hash": "x",
+            "output_dir": f"/nonexistent/{model}_{scheme}",
+            "started_at": "2026-01-01T00:00:00",
+            "finished_at": "2026-01-01T01:00:00",
+        },
+        "status": status,
+        "failed_stage": None if status == "ok" else "benchmark",
+        "error": None if status == "ok" else "RuntimeError: boom",
+        "notes": [baseline_note] if baseline_note else [],
+        "config": {
+            "baseline_scheme": "bf16",
+            "model": {"name": model, "dtype": "bfloat16", "source": source, "baseline_note": baseline_note},
+            "scheme": {"name": scheme, "label": label, "weight_bits": wbits, "activation_bits": abits},
+            "eval": {"headline": {"arc_easy": "acc_norm", "wikitext": "word_perplexity"}},
+            "bench": {"mode": "rate", "input_len": 256, "output_len": 32, "server": {"kv_cache_dtype": "auto"}},
+            "tracking": {"enabled": False, "uri": "", "experiment": "x"},
+        },
+        "model": {"dims": DIMS, "num_parameters": 134_515_008},
+        "memory": {
+            "checkpoint": {"total_weight_bytes": int(w * GIB), "effective_bits_per_quantized_weight": float(wbits)},
+            "server": {
+                "weights_gib": w,
+                "kv_cache_gib": 1.0,
+                "kv_cache_tokens": int(GIB // 23040),
+                "max_concurrency": GIB // 23040 / 2048,
+                "kernels": [{"kernel": "ExampleKernel", "method": "CompressedTensorsExample"}],
+                "fallback": fallback,
+            },
+        },
+        "accuracy": {
+            "tasks": {
+                "arc_easy": {
+                    "acc": acc_norm,
+                    "acc_stderr": acc_norm_se,
+                    "acc_norm": acc_norm,
+                    "acc_norm_stderr": acc_norm_se,
+                    "n": 100,
+                },
+                "wikitext": {"word_perplexity": wppl, "byte_perplexity": 1.5, "bits_per_byte": 0.58, "n": 62},
+            },
+            "token_perplexity": {"token_perplexity": tppl, "n_tokens": 8192, **TP},
+            "settings": {**SETTINGS, **(settings or {})},
+            "samples": {},
+        },
+        "speed": sp if sp is not None else speed(40.0, 300.0),
+    }
+
+
+def write_samples(rec: dict[str, Any], tmp: Path, task: str, rows: list[dict[str, Any]]) -> None:
+    """Put per-item rows where the record points (``accuracy.samples[task]``)."""
+    path = tmp / f"{rec['job']['scheme']}_samples_{task}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rec["accuracy"]["samples"][task] = str(path)
+
+
+def grid() -> list[dict[str, Any]]:
+    """Six schemes with plausible numbers: 8-bit nearly lossless, 4-bit loses a little; W8A8 fastest
+    at saturation, 4-bit fastest at low load."""
+    return [
+        record("bf16", acc_norm=0.50, wppl=20.0, tppl=40.0, sp=speed(40.0, 300.0, e2e50=1400)),
+        record("int8", acc_norm=0.50, wppl=20.1, tppl=40.1, sp=speed(34.0, 290.0, e2e50=1200)),
+        record("fp8", acc_norm=0.49, wppl=20.2, tppl=40.2, sp=speed(150.0, 100.0, e2e50=5000)),
+        record("w8a8", acc_norm=0.49, wppl=20.3, tppl=40.3, sp=speed(33.0, 400.0, e2e50=1100)),
+        record("gptq", acc_norm=0.48, wppl=21.0, tppl=41.6, sp=speed(25.0, 270.0, e2e50=900)),
+        record("awq", acc_norm=0.485, wppl=20.8, tppl=41.2, sp=speed(26.0, 260.0, e2e50=950)),
+    ]

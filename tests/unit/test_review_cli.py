@@ -1,0 +1,138 @@
+"""`python -m pipelines.review` on a folder and on an MLflow experiment; the end-of-grid review."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from review_records import grid
+
+from pipelines.review import compose_review, main
+from quantverdict.config import ConfigError, ReviewConfig, TrackingConfig
+from quantverdict.hydra_callbacks import GridSummary, run_grid_review
+
+
+def write_grid(root: Path, records: list[dict], uri: str = "") -> Path:
+    for rec in records:
+        d = root / f"m_{rec['job']['scheme']}"
+        d.mkdir(parents=True)
+        rec["job"]["output_dir"] = str(d)
+        if uri:
+            rec["config"]["tracking"] = {"name": "t", "enabled": True, "uri": uri, "experiment": "exp"}
+        (d / "record.json").write_text(json.dumps(rec))
+    return root
+
+
+def test_compose_review_overrides_and_errors() -> None:
+    rc, tracking, _ = compose_review(
+        ["review.memory_budget_gib=0.2", "review.load_rps=null", "review.load_concurrency=4"]
+    )
+    assert isinstance(rc, ReviewConfig) and rc.memory_budget_gib == 0.2 and rc.load_concurrency == 4
+    assert isinstance(tracking, TrackingConfig)
+    with pytest.raises(ConfigError, match="did you mean 'memory_budget_gib'"):
+        compose_review(["review.memory_budgt_gib=1"])
+    with pytest.raises(ConfigError, match="set only one of review.load_rps and review.load_concurrency"):
+        compose_review(["review.load_concurrency=4"])
+    with pytest.raises(ConfigError, match="only review"):
+        compose_review(["bench.rates=[1]"])
+
+
+def test_cli_on_a_folder_three_constraint_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_grid(tmp_path / "multirun", grid())
+    assert main([str(src), "review.log_to_mlflow=false"]) == 0
+    assert "Do not quantize: keep bf16 (BF16)." in capsys.readouterr().out
+    for name in (
+        "review.md",
+        "review.html",
+        "review.json",
+        "plots/memory.png",
+        "plots/accuracy.png",
+        "plots/throughput.png",
+        "plots/latency.png",
+    ):
+        assert (src / "review" / name).is_file(), name
+    assert json.loads((src / "review" / "review.json").read_text())["verdicts"][0]["decision"] == "do not quantize"
+    out = tmp_path / "tight"
+    assert main([str(src), "review.memory_budget_gib=0.22", "review.log_to_mlflow=false", "--out", str(out)]) == 0
+    assert "Deploy gptq (W4A16)." in capsys.readouterr().out
+    assert "**Deploy gptq (W4A16).**" in (out / "review.md").read_text()
+    # a third constraint set (strict accuracy floor) is in test_review_verdict: same code path after composing
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "missing" / "dir")]) == 2
+    assert main([str(tmp_path)]) == 2  # a folder without records
+    assert "no record.json" in capsys.readouterr().err
+
+
+def test_mlflow_parent_run_and_experiment_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mlflow import MlflowClient
+
+    from quantverdict.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # artifacts under tmp_path (MLflow's default root is ./mlruns in the working directory)
+    MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    three = [r for r in grid() if r["job"]["scheme"] in ("bf16", "int8", "gptq")]
+    src = write_grid(tmp_path / "multirun", three, uri)
+    # the job runs, as quantverdict.pipeline logs them (record.json artifact, output_dir tag)
+    for d in sorted(src.iterdir()):
+        rec = json.loads((d / "record.json").read_text())
+        tr = Tracker(TrackingConfig(name="t", uri=uri, experiment="exp"))
+        tr.start(
+            f"m/{rec['job']['scheme']}",
+            {"model": "m", "scheme": rec["job"]["scheme"], "config_hash": "x", "output_dir": str(d)},
+        )
+        tr.finish(rec, d, [d / "record.json"])
+    assert main([str(src)]) == 0  # tracking from the records
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("exp")
+    runs = client.search_runs([exp.experiment_id])
+    reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review"]
+    assert len(reviews) == 1
+    rid = reviews[0].info.run_id
+    assert reviews[0].info.status == "FINISHED"
+    assert reviews[0].data.params["review.memory_budget_gib"] == "24.0"
+    arts = {a.path for a in client.list_artifacts(rid)}
+    assert {"review.md", "review.html", "review.json", "plots"} <= arts
+    jobs = [r for r in runs if "config_hash" in r.data.tags]
+    assert len(jobs) == 3 and all(r.data.tags.get("mlflow.parentRunId") == rid for r in jobs)
+    capsys.readouterr()
+    # the same grid, read back from the experiment
+    out = tmp_path / "from-mlflow"
+    assert (
+        main(
+            [
+                "mlflow:exp",
+                f"tracking.uri={uri}",
+                "tracking.experiment=exp",
+                "review.memory_budget_gib=0.22",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert "Deploy gptq (W4A16)." in capsys.readouterr().out
+    assert (out / "review.html").is_file()
+
+
+def test_grid_summary_runs_the_review(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = grid()
+    records[-1]["status"], records[-1]["failed_stage"] = "failed", "benchmark"
+    src = write_grid(tmp_path / "multirun", records)
+    cfg = OmegaConf.create(
+        {
+            "hydra": {"sweep": {"dir": str(src)}},
+            "review": OmegaConf.structured(ReviewConfig(log_to_mlflow=False, memory_budget_gib=0.22)),
+            "tracking": OmegaConf.structured(TrackingConfig(name="t", enabled=False, uri="", experiment="x")),
+        }
+    )
+    assert run_grid_review(cfg, src)
+    assert "Deploy gptq (W4A16)." in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:  # one job failed: the grid still fails
+        GridSummary().on_multirun_end(cfg)
+    assert exc.value.code == 1
+    assert (src / "table.md").is_file() and (src / "review" / "review.md").is_file()

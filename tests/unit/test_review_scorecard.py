@@ -1,0 +1,186 @@
+"""Scorecard numbers (memory, paired accuracy from per-item samples, speed) worked out by hand."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from review_records import DIMS, KV_GIB_16x288, grid, point, record, write_samples
+
+from quantverdict.config import ReviewConfig
+from quantverdict.review import build_review, sources
+from quantverdict.review.scorecard import (
+    accuracy_section,
+    kv_bytes_per_token,
+    load_point,
+    memory_summary,
+    speed_points,
+    speed_summary,
+)
+
+RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=2000)
+GIB = 1024**3
+
+
+def test_kv_bytes_per_token() -> None:
+    # 2 (K, V) * 30 layers * 3 KV heads * 64 head_dim * 2 bytes (bf16) = 23,040
+    assert kv_bytes_per_token(DIMS, 2) == 23040
+    # head_dim from hidden / heads = 576 / 9 = 64; KV heads default to the attention heads (9): 3x more
+    assert kv_bytes_per_token({"hidden_size": 576, "num_attention_heads": 9, "num_hidden_layers": 30}, 2) == 69120
+    assert kv_bytes_per_token({}, 2) is None
+
+
+def test_memory_need_and_what_fits_the_budget() -> None:
+    m, missing = memory_summary(record("gptq"), replace(RC, memory_budget_gib=0.22))
+    assert not missing
+    # 16 requests * (256 + 32) tokens = 4,608 tokens * 23,040 B = 106,168,320 B = 0.098877 GiB
+    assert m["kv_needed_tokens"] == 4608
+    assert m["kv_needed_gib"] == pytest.approx(KV_GIB_16x288) == pytest.approx(0.098877, abs=1e-6)
+    assert m["need_gib"] == pytest.approx(0.10 + 0.098877, abs=1e-6)
+    # (0.22 - 0.10) GiB = 128,849,018.9 B / 23,040 B = 5,592.4 -> 5,592 tokens; / 288 = 19.4 requests
+    assert m["budget_kv_tokens"] == 5592
+    assert m["budget_max_concurrency"] == pytest.approx(5592 / 288)
+    # stated capacity, fp8 KV cache (1 byte) and a reserve: 10,000 * 11,520 B = 0.107288 GiB; + 0.5 GiB reserve
+    m, _ = memory_summary(record("gptq"), replace(RC, kv_cache_tokens=10000, kv_cache_dtype_bytes=1, reserved_gib=0.5))
+    assert m["kv_needed_gib"] == pytest.approx(10000 * 11520 / GIB)
+    assert m["need_gib"] == pytest.approx(0.10 + 10000 * 11520 / GIB + 0.5)
+
+
+def test_memory_falls_back_to_checkpoint_bytes() -> None:
+    rec = record("int8")
+    rec["memory"]["server"] = {}
+    m, missing = memory_summary(rec, RC)
+    assert m["weights_source"] == "checkpoint bytes" and m["weights_gib"] == pytest.approx(0.15, abs=1e-9)
+    assert any("no vLLM server memory" in s for s in missing)
+
+
+def _rows(values: list[int]) -> list[dict]:
+    return [{"doc_id": i, "acc": v, "acc_norm": v} for i, v in enumerate(values)]
+
+
+def test_paired_accuracy_from_samples(tmp_path: Path) -> None:
+    base, q = record("bf16", acc_norm=0.3), record("int8", acc_norm=0.4)
+    # the X / Y pairs of test_review_stats: scheme 0.4, baseline 0.3, b = 2, c = 1
+    write_samples(q, tmp_path, "arc_easy", _rows([1, 1, 1, 1, 0, 0, 0, 0, 0, 0]))
+    write_samples(base, tmp_path, "arc_easy", _rows([0, 0, 1, 1, 0, 0, 0, 0, 0, 1]))
+    deltas, refused, _ = accuracy_section(q, base, replace(RC, interval="normal"))
+    assert refused is None
+    arc = next(d for d in deltas if d.name == "arc_easy")
+    assert arc.paired and arc.n == 10
+    assert (arc.mcnemar_b, arc.mcnemar_c, arc.mcnemar_p) == (2, 1, pytest.approx(1.0))
+    assert arc.delta == pytest.approx(0.1) and arc.recovery_pct == pytest.approx(400 / 3)
+    assert arc.interval.low == pytest.approx(-0.251824, abs=1e-5)  # hand value in test_review_stats
+    assert arc.recovery_interval.low == pytest.approx(100 * (4 / 3 - 1.377321), abs=1e-3)
+    assert arc.significant is False
+
+
+def test_paired_perplexity_from_document_samples(tmp_path: Path) -> None:
+    base, q = record("bf16", wppl=20.0), record("gptq", wppl=20.0 * math.exp(4 / 150))
+    # baseline minus scheme log-likelihood is [1, 3] nats over [50, 100] words -> see test_review_stats
+    write_samples(
+        base,
+        tmp_path,
+        "wikitext",
+        [
+            {"doc_id": 0, "loglikelihood": -99.0, "n_words": 50, "n_bytes": 250},
+            {"doc_id": 1, "loglikelihood": -197.0, "n_words": 100, "n_bytes": 500},
+        ],
+    )
+    write_samples(
+        q,
+        tmp_path,
+        "wikitext",
+        [
+            {"doc_id": 0, "loglikelihood": -100.0, "n_words": 50, "n_bytes": 250},
+            {"doc_id": 1, "loglikelihood": -200.0, "n_words": 100, "n_bytes": 500},
+        ],
+    )
+    deltas, _, _ = accuracy_section(q, base, replace(RC, interval="normal"))
+    w = next(d for d in deltas if d.metric == "word_perplexity")
+    assert w.paired and w.delta_pct == pytest.approx(100 * math.expm1(4 / 150))  # +2.70%
+    # L in [0.0266667 -+ 0.00871095] -> 100 * (exp(L) - 1) in [1.8118%, 3.6011%]
+    assert w.interval.low == pytest.approx(100 * math.expm1(0.0266667 - 0.00871095), abs=1e-3)
+    assert w.interval.high == pytest.approx(100 * math.expm1(0.0266667 + 0.00871095), abs=1e-3)
+    assert w.significant is True
+
+
+def test_samples_found_beside_a_moved_record(tmp_path: Path) -> None:
+    base, q = record("bf16"), record("int8")
+    for rec, vals in ((base, [1, 0, 1, 0]), (q, [1, 0, 0, 0])):
+        d = tmp_path / rec["job"]["scheme"] / "eval"
+        d.mkdir(parents=True)
+        (d / "samples_arc_easy.jsonl").write_text(
+            "".join(f'{{"doc_id": {i}, "acc_norm": {v}}}\n' for i, v in enumerate(vals))
+        )
+        rec["accuracy"]["samples"] = {"arc_easy": "/gone/eval/samples_arc_easy.jsonl"}
+        rec["_review_dir"] = str(tmp_path / rec["job"]["scheme"])
+    deltas, _, _ = accuracy_section(q, base, RC)
+    assert next(d for d in deltas if d.name == "arc_easy").paired
+
+
+def test_unpaired_fallback_is_said() -> None:
+    deltas, _, _ = accuracy_section(record("int8", acc_norm=0.45), record("bf16", acc_norm=0.5), RC)
+    arc = next(d for d in deltas if d.name == "arc_easy")
+    assert not arc.paired and "unpaired interval from the two stderrs" in arc.note
+    assert arc.interval.low == pytest.approx(-0.188590, abs=1e-5)  # hand value in test_review_stats
+
+
+def test_speed_summary_and_goodput() -> None:
+    sp, flags, missing = speed_summary(next(r for r in grid() if r["job"]["scheme"] == "gptq"), RC)
+    assert not flags and not missing
+    assert sp["single_itl_ms_p50"] == 25.0 and sp["single_tok_s"] == pytest.approx(40.0)  # 1000 / 25 ms
+    assert sp["ceiling_tok_s"] == 270.0 and sp["ceiling_rps"] == pytest.approx(270 / 32)
+    # both points meet TTFT p99 <= 2000 and ITL p99 <= 200 (37.5 and 150 ms): goodput = the larger req/s
+    assert sp["goodput_rps"] == pytest.approx(270 / 32)
+    sp, _, _ = speed_summary(grid()[0], RC)  # bf16: 240 ms ITL p99 unlimited -> only the 1 req/s point
+    assert sp["goodput_rps"] == pytest.approx(0.95)
+    assert sp["at_load"]["label"] == "1 req/s"
+
+
+def test_repeats_are_averaged_and_concurrency_loads() -> None:
+    rec = record("bf16")
+    rec["speed"] = {
+        "mode": "concurrency",
+        "points": [
+            {**point(None, achieved=0.5, tok_s=16, ttft99=100, itl50=20, itl99=30, e2e50=700), "concurrency": 1},
+            {
+                **point(None, achieved=0.7, tok_s=22, ttft99=120, itl50=22, itl99=34, e2e50=720),
+                "concurrency": 1,
+                "repeat": 1,
+            },
+            {**point(None, achieved=3.0, tok_s=96, ttft99=400, itl50=40, itl99=80, e2e50=1500), "concurrency": 8},
+        ],
+    }
+    mode, pts = speed_points(rec)
+    assert mode == "concurrency" and [p["load"] for p in pts] == [1.0, 8.0]
+    assert pts[0]["achieved_rps"] == pytest.approx(0.6) and pts[0]["repeats"] == 2  # (0.5 + 0.7) / 2
+    # 2 req/s: the lowest concurrency whose achieved req/s reaches it is 8
+    p, how = load_point(mode, pts, replace(RC, load_rps=2.0))
+    assert p is not None and p["load"] == 8.0 and "lowest concurrency reaching 2 req/s" in how
+    p, _ = load_point(mode, pts, replace(RC, load_rps=None, load_concurrency=4))
+    assert p is not None and p["load"] == 8.0
+    p, how = load_point("rate", pts, replace(RC, load_rps=None, load_concurrency=4))
+    assert p is None and "open-loop" in how
+
+
+def test_dedupe_prefers_finished_then_newest() -> None:
+    old, new, failed = record("int8"), record("int8"), record("int8", status="failed")
+    old["job"]["finished_at"], new["job"]["finished_at"], failed["job"]["finished_at"] = "1", "2", "3"
+    kept, notes = sources.dedupe([old, failed, new])
+    assert kept == [new] and len(notes) == 2
+
+
+def test_review_json_is_strict(tmp_path: Path) -> None:
+    import json
+
+    from quantverdict.review import to_json
+
+    review = build_review(grid(), RC, "test")
+    text = json.dumps(to_json(review), allow_nan=False)  # no NaN / Infinity
+    data = json.loads(text)
+    assert data["verdicts"][0]["decision"] == "do not quantize"
+    assert data["constraints"]["memory_budget_gib"] == 24.0
+    card = next(c for c in data["scorecards"] if c["scheme"] == "gptq")
+    assert card["checks"]["memory"]["status"] == "pass"

@@ -1,0 +1,126 @@
+"""Intervals and paired tests against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from quantverdict.review import stats
+
+# ten items; the scheme (x) and the baseline (y) disagree on items 0, 1 (scheme right) and 9 (baseline right)
+X = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+Y = [0, 0, 1, 1, 0, 0, 0, 0, 0, 1]
+
+
+def test_z_value() -> None:
+    assert stats.z_value(0.95) == pytest.approx(1.959964, abs=1e-6)
+    assert stats.z_value(0.90) == pytest.approx(1.644854, abs=1e-6)
+    with pytest.raises(ValueError):
+        stats.z_value(1.0)
+
+
+def test_paired_normal_interval_by_hand() -> None:
+    # d = x - y = [1, 1, 0, 0, 0, 0, 0, 0, 0, -1]; mean = 0.1
+    # sum of squared deviations = 2 * 0.9^2 + 7 * 0.1^2 + 1.1^2 = 1.62 + 0.07 + 1.21 = 2.9
+    # sd = sqrt(2.9 / 9) = 0.567646; se = 0.567646 / sqrt(10) = 0.179505
+    # half width = 1.959964 * 0.179505 = 0.351824 -> [-0.251824, 0.451824]
+    iv = stats.paired_normal_interval(X, Y)
+    assert iv.estimate == pytest.approx(0.1)
+    assert iv.low == pytest.approx(-0.251824, abs=1e-5)
+    assert iv.high == pytest.approx(0.451824, abs=1e-5)
+    assert not iv.excludes_zero()  # not significant
+
+
+def test_ratio_normal_interval_by_hand() -> None:
+    # recovery R = mean(x) / mean(y) = 0.4 / 0.3 = 1.333333
+    # u_i = x_i - R y_i = [1, 1, -1/3, -1/3, 0, 0, 0, 0, 0, -4/3] (mean 0)
+    # sum u^2 = 1 + 1 + 1/9 + 1/9 + 16/9 = 4.0; sd = sqrt(4 / 9) = 0.666667
+    # se = 0.666667 / (sqrt(10) * 0.3) = 0.702728; half = 1.959964 * 0.702728 = 1.377321
+    iv = stats.ratio_normal_interval(X, Y)
+    assert iv.estimate == pytest.approx(4 / 3)
+    assert iv.low == pytest.approx(4 / 3 - 1.377321, abs=1e-5)
+    assert iv.high == pytest.approx(4 / 3 + 1.377321, abs=1e-5)
+    with pytest.raises(ValueError):
+        stats.ratio_normal_interval([1, 0], [0, 0])
+
+
+def test_log_ratio_interval_for_perplexity_by_hand() -> None:
+    # two documents: baseline minus scheme log-likelihood num = [1, 3] nats over den = [50, 100] words
+    # L = 4 / 150 = 0.0266667; u = num - L den = [-1/3, 1/3]; sd = sqrt(2/9 / 1) = 0.471405
+    # se = 0.471405 / (sqrt(2) * 75) = 0.00444444; half = 1.959964 * 0.00444444 = 0.00871095
+    iv = stats.log_ratio_normal_interval([1, 3], [50, 100])
+    assert iv.estimate == pytest.approx(0.0266667, abs=1e-6)
+    assert iv.low == pytest.approx(0.0266667 - 0.00871095, abs=1e-6)
+    assert iv.high == pytest.approx(0.0266667 + 0.00871095, abs=1e-6)
+    # both documents lose exactly 0.02 nats/word: zero-width interval at exp(0.02) - 1 = +2.0201%
+    flat = stats.log_ratio_normal_interval([1, 2], [50, 100])
+    assert flat.low == pytest.approx(0.02) and flat.high == pytest.approx(0.02)
+    assert 100 * math.expm1(flat.estimate) == pytest.approx(2.0201, abs=1e-4)
+
+
+def test_mcnemar_exact_by_hand() -> None:
+    # X vs Y: b = 2 (items 0, 1), c = 1 (item 9); P(X <= 1 | n=3) = (1 + 3) / 8 = 0.5 -> p = min(1, 1.0) = 1
+    assert stats.mcnemar_exact(X, Y) == (2, 1, pytest.approx(1.0))
+    # b = 1, c = 9: P(X <= 1 | n=10) = (1 + 10) / 1024 -> p = 22 / 1024 = 0.021484375
+    x = [1] + [0] * 9 + [1] * 5
+    y = [0] + [1] * 9 + [1] * 5
+    assert stats.mcnemar_exact(x, y) == (1, 9, pytest.approx(22 / 1024))
+    # b = 5, c = 0: p = 2 * (1/2)^5 = 0.0625 (five discordant items in one direction are not enough)
+    assert stats.mcnemar_exact([1] * 5, [0] * 5)[2] == pytest.approx(0.0625)
+    # no discordant pair: p = 1
+    assert stats.mcnemar_exact([1, 0], [1, 0]) == (0, 0, 1.0)
+    with pytest.raises(ValueError):
+        stats.mcnemar_exact([0.5], [1])
+
+
+def test_unpaired_intervals_by_hand() -> None:
+    # delta = 0.45 - 0.50 = -0.05; se = sqrt(0.05^2 + 0.05^2) = 0.0707107; half = 0.138590
+    iv = stats.unpaired_interval(0.45, 0.05, 0.50, 0.05)
+    assert iv.estimate == pytest.approx(-0.05)
+    assert (iv.low, iv.high) == (pytest.approx(-0.188590, abs=1e-5), pytest.approx(0.088590, abs=1e-5))
+    # R = 0.9; se = 0.9 * sqrt((0.05/0.45)^2 + (0.05/0.5)^2) = 0.9 * 0.149484 = 0.134536; half = 0.263685
+    r = stats.unpaired_ratio_interval(0.45, 0.05, 0.50, 0.05)
+    assert (r.low, r.high) == (pytest.approx(0.636315, abs=1e-5), pytest.approx(1.163685, abs=1e-5))
+
+
+def test_bootstrap_degenerate_and_deterministic() -> None:
+    # every item: scheme right, baseline wrong -> every resample has mean difference exactly 1
+    iv = stats.bootstrap_mean_diff([1] * 20, [0] * 20, samples=500)
+    assert (iv.estimate, iv.low, iv.high) == (1.0, 1.0, 1.0)
+    a = stats.bootstrap_mean_diff(X, Y, samples=2000, seed=7)
+    b = stats.bootstrap_mean_diff(X, Y, samples=2000, seed=7)
+    assert a == b  # fixed seed: the same interval every time
+    assert a.estimate == pytest.approx(0.1)
+
+
+def test_bootstrap_agrees_with_normal_for_large_n() -> None:
+    # 400 items: 60 scheme-only right, 40 baseline-only right, 150 both, 150 neither
+    x = [1] * 60 + [0] * 40 + [1] * 150 + [0] * 150
+    y = [0] * 60 + [1] * 40 + [1] * 150 + [0] * 150
+    normal = stats.paired_normal_interval(x, y)
+    boot = stats.bootstrap_mean_diff(x, y, samples=20000, seed=0)
+    assert boot.estimate == pytest.approx(0.05)  # (60 - 40) / 400
+    assert boot.low == pytest.approx(normal.low, abs=0.006)
+    assert boot.high == pytest.approx(normal.high, abs=0.006)
+    ratio_n = stats.ratio_normal_interval(x, y)
+    ratio_b = stats.bootstrap_ratio(x, y, samples=20000, seed=0)
+    assert ratio_b.estimate == pytest.approx(210 / 190)
+    assert ratio_b.low == pytest.approx(ratio_n.low, abs=0.015)
+    assert ratio_b.high == pytest.approx(ratio_n.high, abs=0.015)
+
+
+def test_bootstrap_continuous_rows() -> None:
+    # continuous per-document values take the every-row path (each row distinct)
+    num = [0.5 + 0.01 * i for i in range(50)]
+    den = [20 + i for i in range(50)]
+    iv = stats.bootstrap_ratio(num, den, samples=3000, seed=1)
+    assert iv.estimate == pytest.approx(sum(num) / sum(den))
+    assert iv.low < iv.estimate < iv.high
+
+
+def test_pairs_must_match() -> None:
+    with pytest.raises(ValueError):
+        stats.paired_normal_interval([1, 0], [1])
+    with pytest.raises(ValueError):
+        stats.paired_normal_interval([], [])
