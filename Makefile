@@ -6,6 +6,9 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 SCHEMES ?= bf16,awq,gptq,int8,fp8,w8a8
 ARGS   ?=
+# calibration for the CPU grid (AWQ/GPTQ/SmoothQuant): 16 x 256 WikiText-2 valid tokens keeps `make run`
+# near 30 minutes on 2 cores; the scheme files default to 64 x 512
+CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 
 .PHONY: setup browser run test test-unit lint clean-outputs
 
@@ -24,7 +27,7 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 run: setup
-	$(VPY) -m pipelines.run -m scheme=$(SCHEMES) $(ARGS)
+	$(VPY) -m pipelines.run -m scheme=$(SCHEMES) $(CPU_CALIB) $(ARGS)
 
 test: setup browser
 	$(VPY) -m pytest tests -v --durations=15

@@ -104,6 +104,8 @@ class EvalConfig:
         }
     )
     token_perplexity: TokenPerplexityConfig = field(default_factory=TokenPerplexityConfig)
+    # the same 3 short requests' log-likelihoods at batch size 1 and 3 (hf backend; judged at float32)
+    batch_invariance_check: bool = True
 
 
 @dataclass
@@ -281,6 +283,13 @@ def validate(cfg: Config) -> None:
         errors.append(f"model.source={cfg.model.source} needs model.path")
     if cfg.model.source in ("local", "gguf") and cfg.model.path and not Path(cfg.model.path).exists():
         errors.append(f"model.path={cfg.model.path!r} does not exist")
+    elif cfg.model.source == "gguf" and cfg.model.path:
+        from quantverdict.integrity import IntegrityError, check_gguf
+
+        try:
+            check_gguf(Path(cfg.model.path))
+        except IntegrityError as exc:
+            errors.append(f"model.path: {exc}")
     _choice(errors, "scheme.method", cfg.scheme.method, SCHEME_METHODS)
     gs = cfg.scheme.group_size
     if gs not in ("auto", "channel") and not gs.isdigit():

@@ -8,7 +8,9 @@ GPTQ, Frantar et al. 2022, ``datautils.py``/``llama_eval``):
 
 * ``stride == seq_len``: non-overlapping windows ``[0, L), [L, 2L), ...`` — what quantization papers
   (GPTQ, AWQ, SmoothQuant) quote. The first token of each window has no context inside its window and
-  is context only, so a window of ``L`` tokens scores ``L - 1`` targets.
+  is context only, so a window of ``L`` tokens scores ``L - 1`` targets: tokens ``0, L, 2L, ...`` are
+  never targets, and ``n_tokens`` counts only the scored ones: ``n - ceil(n / L)`` for ``n`` tokens
+  (a last window of a single token scores nothing and is left out).
 * ``stride < seq_len``: a window of ``L`` tokens starts every ``stride`` tokens and scores only the
   tokens that no earlier window scored (its last ``stride`` tokens), each with at least
   ``L - stride`` tokens of context. Every token but the very first is scored exactly once.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["perplexities", "window_plan"]
+__all__ = ["family_check", "perplexities", "scored_slices", "window_plan"]
 
 
 def window_plan(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
@@ -69,6 +71,25 @@ def window_plan(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int
     return plan
 
 
+def scored_slices(begin: int, end: int, n_scored: int) -> tuple[slice, slice]:
+    """Which logits score which tokens in one window of :func:`window_plan`, in window coordinates.
+
+    The window feeds tokens ``[begin, end)``; its last ``n_scored`` tokens are the targets, each
+    predicted by the logits of the position before it (causal LM: logits at ``t - 1`` score token
+    ``t``). With ``w = end - begin``: targets ``[w - n_scored, w)``, logits ``[w - n_scored - 1, w - 1)``.
+
+    Returns:
+        ``(logit_positions, target_positions)``, two slices of equal length ``n_scored``.
+
+    Raises:
+        ValueError: ``n_scored`` not in ``1..w - 1`` (the first token of a window has no logits before it).
+    """
+    w = end - begin
+    if not 1 <= n_scored <= w - 1:
+        raise ValueError(f"n_scored={n_scored} must be in 1..{w - 1} for a window of {w} tokens")
+    return slice(w - n_scored - 1, w - 1), slice(w - n_scored, w)
+
+
 def perplexities(
     nll_sum_nats: float,
     n_tokens: int | None = None,
@@ -106,3 +127,34 @@ def perplexities(
     if n_bytes is not None:
         out["bits_per_byte"] = nll_sum_nats / (n_bytes * math.log(2))
     return out
+
+
+def family_check(
+    loglikelihood_sum: float, n_words: int, n_bytes: int, reported: dict[str, float | None], rel_tol: float = 1e-6
+) -> dict[str, object]:
+    """Recompute word and byte perplexity from one summed log-likelihood and compare with reported ones.
+
+    ``word_perplexity = exp(-loglikelihood_sum / n_words)``, ``byte_perplexity = exp(-loglikelihood_sum /
+    n_bytes)``, ``bits_per_byte = -loglikelihood_sum / (n_bytes ln 2)`` (lm-eval's ``weighted_perplexity``
+    and ``bits_per_byte``). A reported value that disagrees by more than ``rel_tol`` means the numbers
+    did not come from the same sum over the same documents.
+
+    Args:
+        loglikelihood_sum: summed log-likelihood of the documents, nats (<= 0).
+        n_words: their summed word counts.
+        n_bytes: their summed UTF-8 byte counts.
+        reported: ``{"word_perplexity", "byte_perplexity", "bits_per_byte"}`` as reported (None: not checked).
+        rel_tol: allowed relative difference.
+
+    Returns:
+        ``{"recomputed": {...}, "max_rel_diff": float | None, "ok": bool | None}`` (None: nothing to compare).
+    """
+    mine = perplexities(-loglikelihood_sum, n_words=n_words, n_bytes=n_bytes)
+    diffs = []
+    for key, v in mine.items():
+        r = reported.get(key)
+        if r is None or not math.isfinite(r):
+            continue
+        diffs.append(abs(r - v) / max(abs(v), 1e-300) if v else abs(r))
+    worst = max(diffs) if diffs else None
+    return {"recomputed": mine, "max_rel_diff": worst, "ok": None if worst is None else worst <= rel_tol}

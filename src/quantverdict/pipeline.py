@@ -17,9 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantverdict import envs, procs, schemes, vllm_log
+from quantverdict import envs, procs, schemes, sweep, vllm_log
 from quantverdict.config import Config
 from quantverdict.envs import StageEnv
+from quantverdict.integrity import IntegrityError, check_checkpoint
 from quantverdict.record import Record, StageInfo, find_records, host_environment, load, now_iso
 from quantverdict.settings import as_dict
 from quantverdict.stages import memory
@@ -225,10 +226,16 @@ def _materialize(cfg: Config, env: StageEnv, cache: Path, out: Path, st: StageIn
     want = {k: getattr(cfg.model, k) for k in MODEL_SOURCE_KEYS}
     if info.exists():
         cached = json.loads(info.read_text())
-        if {k: cached.get("model", {}).get(k) for k in MODEL_SOURCE_KEYS} == want:
+        try:
+            check_checkpoint(Path(cached["path"]))
+            same = {k: cached.get("model", {}).get(k) for k in MODEL_SOURCE_KEYS} == want
+        except IntegrityError as exc:
+            log.warning("cached model is damaged (%s); materializing again", exc)
+            same = False
+        if same:
             st.status, st.detail = "cached", str(target)
             return cached
-        log.info("cached model at %s came from another source; materializing again", target)
+        log.info("materializing %s again into %s", cfg.model.name, target)
     spec = {"model": as_dict(cfg.model), "out_dir": str(target), "cache_root": str(cache)}
     result = run_stage(env, "materialize", spec, out)
     return {k: v for k, v in result.items() if k not in ("status", "wall_s")}
@@ -252,8 +259,16 @@ def _quantize(
     target = cache / "checkpoints" / cfg.model.name / f"{cfg.scheme.name}-{key}"
     done = target / "quantverdict_quantize.json"
     if done.exists():
-        st.status, st.detail = "cached", str(target)
-        return {**json.loads(done.read_text()), "path": str(target), "key": key, "cached": True}
+        try:
+            check_checkpoint(target)
+            st.status, st.detail = "cached", str(target)
+            return {**json.loads(done.read_text()), "path": str(target), "key": key, "cached": True}
+        except IntegrityError as exc:
+            # never reuse a damaged checkpoint: move it aside (kept for inspection) and quantize again
+            aside = target.with_name(f"{target.name}.damaged-{int(time.time())}")
+            target.rename(aside)
+            log.warning("cached checkpoint failed its integrity check (%s); moved to %s, quantizing again", exc, aside)
+            st.detail = f"re-quantized: cached checkpoint damaged ({exc})"
     spec = {
         "model_path": model["path"],
         "out_dir": str(target),
@@ -306,6 +321,12 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
             job.save()
             rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, bench_dir)
+            dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
+            if dead:
+                raise RuntimeError(
+                    f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors "
+                    f"(see {server.log_path}); the points are kept in the record, flagged invalid"
+                )
     finally:
         # a crash mid-sweep keeps the points that finished (appended to sweep.jsonl one by one)
         if not rec.speed["points"] and (bench_dir / "sweep.jsonl").exists():
@@ -313,6 +334,18 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
             rec.speed["points"] = [json.loads(line) for line in lines if line.strip()]
         if server.log_path.exists():
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
+        _speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
+
+
+def _speed_validity(speed: dict[str, Any], label: str, server: dict[str, Any] | None, act_quant: bool) -> None:
+    """Add the kernel check, the per-load summary over repeats and the sustained ceiling to ``speed``
+    (see :mod:`quantverdict.sweep`); never raises, so that it cannot hide the sweep's own error."""
+    try:
+        speed["kernel_check"] = sweep.kernel_check(label, server, act_quant)
+        speed["summary"] = sweep.summarize(speed.get("points") or [], speed.get("mode") or "rate")
+        speed["sustained_ceiling"] = sweep.sustained_ceiling(speed["summary"], speed.get("mode") or "rate")
+    except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
+        log.exception("could not summarize the speed sweep")
 
 
 def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:

@@ -80,9 +80,14 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
+# MLflow's artifact store (conf/tracking: <output_root>/mlartifacts) holds copies of logged records
+_NOT_JOB_DIRS = {"mlartifacts", "mlruns"}
+
+
 def find_records(root: Path) -> list[Path]:
-    """All ``record.json`` files under ``root`` (a run dir or a multirun dir), sorted."""
-    return sorted(root.rglob(RECORD_FILE))
+    """All job ``record.json`` files under ``root`` (a run dir, a multirun dir or the output root),
+    sorted; copies inside an MLflow artifact store are left out."""
+    return sorted(p for p in root.rglob(RECORD_FILE) if not _NOT_JOB_DIRS & set(p.relative_to(root).parts))
 
 
 def host_environment() -> dict[str, Any]:

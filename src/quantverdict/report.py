@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantverdict import sweep
 from quantverdict.compare import accuracy_deltas, find_baseline
 
 MIB = 1024**2
@@ -22,8 +23,36 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _points(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in rec.get("speed", {}).get("points", []) if not p.get("repeat")]
+def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
+    """One row per load level: medians over its valid repeats (:func:`quantverdict.sweep.summarize`)."""
+    speed = rec.get("speed", {})
+    mode = speed.get("mode") or "rate"
+    rows = []
+    for lv in speed.get("summary") or sweep.summarize(speed.get("points") or [], mode):
+        m = lv["metrics"]
+
+        def med(key: str, fmt: str) -> str:
+            return _f((m.get(key) or {}).get("median"), fmt)
+
+        tok = m.get("output_tok_s") or {}
+        tok_s = med("output_tok_s", ".1f")
+        if tok and lv["valid_repeats"] > 1:
+            tok_s += f" [{tok['min']:.1f}-{tok['max']:.1f}]"
+        notes = []
+        if lv["saturated"]:
+            notes.append(f"saturated ({lv['saturated_repeats']}/{lv['valid_repeats']})")
+        if lv["invalid_points"]:
+            notes.append("invalid: " + ", ".join(lv["invalid_points"]))
+        rows.append([
+            name, _load(lv), med("achieved_rps", ".2f"), tok_s, med("ttft_ms_p50", ".0f"), med("ttft_ms_p99", ".0f"),
+            med("itl_ms_p99", ".1f"), med("e2e_ms_p99", ".0f"), f"{lv['valid_repeats']}/{lv['repeats']}",
+            "; ".join(notes) or "ok",
+        ])
+    kc = speed.get("kernel_check") or {}
+    if kc.get("comparable_for_speed") is False:
+        rows.append([name, "kernel", "–", "–", "–", "–", "–", "–", "–",
+                     f"ran as {kc.get('effective_label')}: not comparable for speed"])
+    return rows
 
 
 def _load(p: dict[str, Any]) -> str:
@@ -74,13 +103,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
             row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.get(t), deltas))
         acc_rows.append(row)
         if r.get("speed", {}).get("unsupported"):
-            speed_rows.append([name, "not served", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"])
-        for p in _points(r):
-            speed_rows.append([
-                name, _load(p), _f(p.get("achieved_rps")), _f(p.get("output_tok_s"), ".1f"),
-                _f(p.get("ttft_ms_p50"), ".0f"), _f(p.get("ttft_ms_p99"), ".0f"), _f(p.get("itl_ms_p99"), ".1f"),
-                _f(p.get("e2e_ms_p99"), ".0f"), f"{p.get('completed', '–')}/{p.get('failed', '–')}",
-            ])
+            speed_rows.append(
+                [name, "not served", "–", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"]
+            )
+        speed_rows += _speed_rows(r, name)
         stage_rows.append([name] + [
             _f((r.get("stages", {}).get(s) or {}).get("wall_s"), ".0f")
             + ("c" if (r.get("stages", {}).get(s) or {}).get("status") == "cached" else "")
@@ -93,8 +119,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
     heads = [f"{t} {records[0].get('config', {}).get('eval', {}).get('headline', {}).get(t, 'acc')}" for t in tasks]
     out.append(_md(["job", "token ppl"] + heads, acc_rows))
     out.append("\n### Speed (vLLM serving sweep)\n")
+    out.append("Medians over the valid repeats of each load (out tok/s range in brackets); invalid points "
+               "(output tokens < 90% of those requested) are left out; saturated: achieved < 90% of offered.\n")
     out.append(_md(["job", "load", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms", "E2E p99 ms",
-                    "ok/failed"], speed_rows))
+                    "valid repeats", "validity"], speed_rows))
     out.append("\n### Stage wall time (s; c = cached)\n")
     out.append(_md(["job", "materialize", "quantize", "evaluate", "benchmark"], stage_rows))
     notes = sorted({n for r in records for n in r.get("notes", [])})

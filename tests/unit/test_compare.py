@@ -59,3 +59,12 @@ def test_find_baseline_same_model_only() -> None:
 def test_pct_change_edge_cases() -> None:
     assert pct_change(None, 1.0) is None and pct_change(1.0, 0.0) is None
     assert pct_change(3.0, 2.0) == pytest.approx(50.0)
+
+
+def test_find_records_skips_mlflow_artifact_copies(tmp_path) -> None:  # noqa: ANN001
+    from quantverdict.record import find_records
+
+    for d in ("runs/a", "multirun/x/b", "mlartifacts/1/abc/artifacts"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "record.json").write_text("{}")
+    assert [p.parent.name for p in find_records(tmp_path)] == ["b", "a"]

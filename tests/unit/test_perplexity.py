@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from quantverdict.perplexity import perplexities, window_plan
+from quantverdict.perplexity import family_check, perplexities, scored_slices, window_plan
 
 
 def _scored(plan: list[tuple[int, int, int]]) -> Counter[int]:
@@ -80,3 +80,55 @@ def test_perplexities_partial_units_and_errors() -> None:
     assert perplexities(0.0, n_bytes=7) == {"byte_perplexity": 1.0, "bits_per_byte": 0.0}
     with pytest.raises(ValueError):
         perplexities(1.0, n_words=0)
+
+
+def test_scored_slices_align_logits_with_targets() -> None:
+    # window [4, 8) of w=4 tokens scoring its last 3: targets at window positions 1, 2, 3 (tokens 5, 6, 7),
+    # predicted by the logits at positions 0, 1, 2 (tokens 4, 5, 6): logits at t-1 score token t
+    logits, targets = scored_slices(4, 8, 3)
+    assert (logits, targets) == (slice(0, 3), slice(1, 4))
+    # sliding window (2, 6, 2): w=4, targets positions 2, 3 (tokens 4, 5), logits 1, 2
+    assert scored_slices(2, 6, 2) == (slice(1, 3), slice(2, 4))
+    with pytest.raises(ValueError):
+        scored_slices(0, 4, 4)  # the window's first token has no logits before it
+
+
+@pytest.mark.parametrize("n,seq_len,stride", [(10, 4, 4), (10, 4, 2), (100, 16, 5), (1000, 64, 64), (33, 8, 3)])
+def test_every_target_is_scored_exactly_once_in_text_coordinates(n: int, seq_len: int, stride: int) -> None:
+    # map each window's target slice back to text positions; a window plan that re-scored the overlap
+    # (n_scored = end - begin - 1 for every window) would count tokens twice here
+    seen: Counter[int] = Counter()
+    for begin, end, n_scored in window_plan(n, seq_len, stride):
+        logits, targets = scored_slices(begin, end, n_scored)
+        seen.update(range(begin + targets.start, begin + targets.stop))
+        target_tokens = list(range(begin + targets.start, begin + targets.stop))
+        assert [begin + i + 1 for i in range(logits.start, logits.stop)] == target_tokens
+    assert set(seen.values()) == {1}
+    scored = sum(seen.values())
+    if stride == seq_len:
+        # non-overlapping: tokens 0, L, 2L, ... are context only; n_tokens counts the others: n - ceil(n / L)
+        assert scored == n - math.ceil(n / seq_len)
+        assert not any(t % seq_len == 0 for t in seen)
+    else:
+        assert scored == n - 1  # every token but the first
+
+
+def test_naive_sliding_windows_would_score_tokens_twice() -> None:
+    # the faulty plan a sliding window invites: score every token of every window after its first
+    naive = [(b, min(b + 4, 10), min(b + 4, 10) - b - 1) for b in range(0, 10, 2) if min(b + 4, 10) - b > 1]
+    counts = _scored(naive)
+    assert max(counts.values()) == 2  # e.g. token 3 in [0,4) and [2,6)
+    assert max(_scored(window_plan(10, 4, 2)).values()) == 1  # the real plan: once
+
+
+def test_word_byte_token_perplexity_are_named_apart_from_one_sum() -> None:
+    # one document set: loglikelihood -20 ln 2 nats, 10 words, 40 bytes.
+    # word: exp(20 ln2 / 10) = 4; byte: exp(20 ln2 / 40) = sqrt 2; bits/byte: 20 ln2 / (40 ln2) = 0.5
+    ll = -20 * math.log(2)
+    ok = family_check(ll, 10, 40, {"word_perplexity": 4.0, "byte_perplexity": math.sqrt(2), "bits_per_byte": 0.5})
+    assert ok["ok"] is True and ok["max_rel_diff"] == pytest.approx(0.0, abs=1e-12)
+    assert set(ok["recomputed"]) == {"word_perplexity", "byte_perplexity", "bits_per_byte"}  # no token_perplexity
+    # a word perplexity divided by the token count (say 16 tokens: exp(20 ln2 / 16) = 2^1.25) is caught
+    bad = family_check(ll, 10, 40, {"word_perplexity": 2**1.25, "byte_perplexity": math.sqrt(2)})
+    assert bad["ok"] is False and bad["max_rel_diff"] == pytest.approx(1 - 2**1.25 / 4)
+    assert family_check(ll, 10, 40, {})["ok"] is None

@@ -130,3 +130,256 @@ def test_summary_line():
     p = sweep.parse_result(RESULT, SweepPoint(2.0, None, 0), num_prompts=4, output_len=16)
     line = sweep.summary_line(p, 1, 2)
     assert line.startswith("point 1/2 rate=2 r0: 3/4 ok, 1.50 req/s, 24.0 out tok/s, TTFT p50 100 ms")
+
+
+# --------------------------------------------------------------------------------------------------
+# Validity from the per-request lists of --save-detailed
+
+
+def detailed(starts, ttfts, itls, lens, errors=None, **summary):  # type: ignore[no-untyped-def]
+    """A --save-detailed result: latencies = TTFT + sum(ITL) (what vLLM's client measures), completed and
+    duration from the lists, vLLM's summary numbers as given."""
+    lat = [t + sum(i) for t, i in zip(ttfts, itls)]
+    errors = errors or [""] * len(starts)
+    ok = [i for i, e in enumerate(errors) if not e]
+    end = max(starts[i] + lat[i] for i in ok)
+    dur = end - min(starts)
+    return {
+        "completed": len(ok),
+        "failed": len(starts) - len(ok),
+        "duration": dur,
+        "request_throughput": len(ok) / dur,
+        "output_throughput": sum(lens) / dur,
+        "total_output_tokens": sum(lens),
+        "start_times": list(starts),
+        "ttfts": list(ttfts),
+        "itls": [list(i) for i in itls],
+        "latencies": lat,
+        "output_lens": list(lens),
+        "errors": errors,
+        **summary,
+    }
+
+
+# 4 requests, 4 output tokens each (TTFT s | ITL gaps s | E2E = TTFT + sum(ITL)):
+#   r0: 0.5  | .25 .25 .25 | 1.25      r1: 0.25 | .5 .25 .25 | 1.25
+#   r2: 0.75 | .25 .5 .5   | 2.0       r3: 0.25 | .25 .25 .25 | 1.0
+FOUR = dict(
+    starts=[0.0, 0.5, 1.0, 2.0],
+    ttfts=[0.5, 0.25, 0.75, 0.25],
+    itls=[[0.25, 0.25, 0.25], [0.5, 0.25, 0.25], [0.25, 0.5, 0.5], [0.25, 0.25, 0.25]],
+    lens=[4, 4, 4, 4],
+)
+
+
+def test_percentile_is_numpys_linear_by_hand() -> None:
+    xs = [50, 15, 40, 20, 35]  # sorted: 15 20 35 40 50
+    assert sweep.percentile(xs, 50) == 35  # rank 0.5 * 4 = 2 -> x[2]
+    assert sweep.percentile(xs, 90) == pytest.approx(46.0)  # rank 3.6 -> 40 + 0.6 * (50 - 40)
+    assert sweep.percentile(xs, 99) == pytest.approx(49.6)  # rank 3.96 -> 40 + 0.96 * 10
+    assert sweep.percentile(xs, 0) == 15 and sweep.percentile(xs, 100) == 50
+    assert sweep.percentile([1, 2], 50) == 1.5  # rank 0.5 -> halfway
+    assert sweep.percentile([7], 99) == 7
+    # nearest-rank (ceil(q/100 * n) - 1 -> x[4] = 50) or rank = q/100 * n (4.95: out of range) would both fail
+    with pytest.raises(ValueError):
+        sweep.percentile([], 50)
+    with pytest.raises(ValueError):
+        sweep.percentile([1.0], 101)
+
+
+def test_percentile_equals_numpy_on_fixed_lists() -> None:
+    np = pytest.importorskip("numpy")
+    lists = [[3.0, 1.0, 2.0], [0.1 * i * i for i in range(37)], [5.5] * 4 + [1e-3, 9e3], list(range(100, 0, -3))]
+    for xs in lists:
+        for q in (0, 1, 25, 50, 90, 95, 99, 99.9, 100):
+            assert sweep.percentile(xs, q) == float(np.percentile(xs, q))  # bit-for-bit
+
+
+def test_recomputed_latencies_by_hand_and_itl_excludes_ttft() -> None:
+    res = detailed(**FOUR, p99_itl_ms=500.0, p50_ttft_ms=375.0)
+    p = sweep.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
+    assert p["metrics_source"] == "recomputed"
+    # TTFT sorted .25 .25 .5 .75: p50 rank 1.5 -> .375 s; p90 rank 2.7 -> .5 + .7 * .25 = .675 s; mean 1.75 / 4
+    assert p["ttft_ms_p50"] == pytest.approx(375.0) and p["ttft_ms_p90"] == pytest.approx(675.0)
+    assert p["ttft_ms_mean"] == pytest.approx(437.5)
+    # ITL: the 12 gaps after the first token: nine .25 and three .5 (no TTFT among them).
+    # p50 rank 5.5 -> .25; p90 rank 9.9 -> .5; mean (9 * .25 + 3 * .5) / 12 = .3125 s
+    assert p["itl_ms_p50"] == pytest.approx(250.0) and p["itl_ms_p99"] == pytest.approx(500.0)
+    assert p["itl_ms_mean"] == pytest.approx(312.5)
+    # TPOT = (E2E - TTFT) / (n - 1): .75/3 = .25, 1/3, 1.25/3, .75/3 = .25 -> sorted .25 .25 .3333 .4167
+    # p50 rank 1.5 -> (.25 + .3333) / 2 = .291667 s
+    assert p["tpot_ms_p50"] == pytest.approx(1000 * (0.25 + 1 / 3) / 2)
+    # E2E sorted 1.0 1.25 1.25 2.0: p90 rank 2.7 -> 1.25 + .7 * .75 = 1.775 s
+    assert p["e2e_ms_p90"] == pytest.approx(1775.0)
+    # vLLM's own numbers are kept apart; where given they agree with ours
+    assert p["vllm_itl_ms_p99"] == 500.0 and p["vllm_ttft_ms_p50"] == 375.0
+    assert p["vllm_max_rel_diff"] == pytest.approx(0.0, abs=1e-12)
+    assert p["itl_sum_max_err_ms"] == pytest.approx(0.0) and p["itl_per_token"] is True
+    assert p["valid"] is True and p["short_requests"] == 0 and p["output_valid"] is True
+
+
+def test_itl_lists_that_include_the_ttft_make_the_point_invalid() -> None:
+    res = detailed(**FOUR)
+    # a client that measured the first "gap" from the request start: ITL lists begin with the TTFT
+    res["itls"] = [[t, *i] for t, i in zip(res["ttfts"], res["itls"])]
+    p = sweep.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
+    # TTFT + sum(ITL) - E2E = the TTFT itself: worst 0.75 s
+    assert p["itl_sum_max_err_ms"] == pytest.approx(750.0)
+    assert p["valid"] is False and "not the gaps after the first token" in p["invalid_reasons"][0]
+    assert p["itl_per_token"] is False  # 4 gaps for 4 tokens
+
+
+def test_short_outputs_make_a_point_invalid() -> None:
+    # 4 requests asked 4 tokens: r2 stopped after 2, r3 failed (0 tokens): 10 of 16 = 62.5% < 90%
+    res = detailed(**{**FOUR, "lens": [4, 4, 2, 0]}, errors=["", "", "", "ReadTimeout"])
+    p = sweep.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
+    assert p["output_tokens_total"] == 10 and p["output_tokens_requested"] == 16
+    assert p["short_requests"] == 2  # the short one and the failed one
+    assert p["output_valid"] is False and p["valid"] is False
+    assert "10 of 16 requested output tokens (62%" in p["invalid_reasons"][0]
+    # 15 of 16 (93.75% >= 90%): valid, one short request counted
+    ok = sweep.parse_result(detailed(**{**FOUR, "lens": [4, 4, 3, 4]}), SweepPoint(1.0, None, 0), 4, 4)
+    assert ok["valid"] is True and ok["short_requests"] == 1
+
+
+def test_warmup_requests_in_the_result_make_it_invalid() -> None:
+    # 3 prompts sent, but the lists hold 4 requests: a warm-up request counted in the rates and percentiles
+    p = sweep.parse_result(detailed(**FOUR), SweepPoint(1.0, None, 0), num_prompts=3, output_len=4, warmup_requests=1)
+    assert p["valid"] is False and "4 requests in the result, 3 sent" in p["invalid_reasons"][0]
+    assert p["warmup_requests"] == 1
+
+
+def _steady_run(n: int, gap: float, done: list[float]) -> dict:  # type: ignore[type-arg]
+    """n requests sent every `gap` s, request i completing at done[i]; 4 tokens, ITL .25 s each."""
+    starts = [gap * i for i in range(n)]
+    ttfts = [d - s - 0.75 for s, d in zip(starts, done)]
+    return detailed(starts, ttfts, [[0.25] * 3] * n, [4] * n)
+
+
+def test_steady_state_excludes_ramp_up_and_drain() -> None:
+    # 8 requests at 2 req/s (sent 0, .5, ..., 3.5), each 1 s long: completions 1.0, 1.5, ..., 4.5.
+    res = _steady_run(8, 0.5, [1.0 + 0.5 * i for i in range(8)])
+    p = sweep.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=8, output_len=4)
+    # window (first completion 1.0, last sent 3.5] = 2.5 s: completions 1.5 2 2.5 3 3.5 -> 5 / 2.5 = 2 req/s;
+    # requests sent in it: 1.5 .. 3.5 -> 5 -> 2 req/s
+    assert p["steady_window_s"] == 2.5 and p["steady_completions"] == 5
+    assert p["steady_rps"] == 2.0 and p["steady_arrival_rps"] == 2.0
+    # tokens streamed at s + .25, .5, .75, 1.0 inside (1.0, 3.5]: 0+2+4+4+4+4+2+0 = 20 -> 8 tok/s
+    assert p["steady_output_tok_s"] == 8.0 and p["throughput_basis"] == "steady_window"
+    # whole run: 8 / 4.5 s = 1.78 req/s = 0.89 x offered (ramp-up and drain counted): would read saturated
+    assert p["achieved_rps"] == pytest.approx(8 / 4.5)
+    assert p["saturated"] is False and p["saturation_ratio"] == 1.0 and p["saturation_basis"] == "steady_window"
+
+
+def test_saturated_open_loop_in_the_steady_window() -> None:
+    # 16 requests at 2 req/s (sent 0 .. 7.5) into a server that finishes one per second (at 1, 2, ..., 16)
+    res = _steady_run(16, 0.5, [1.0 + i for i in range(16)])
+    p = sweep.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=16, output_len=4)
+    # window (1, 7.5] = 6.5 s: 6 completions (2..7), 13 requests sent (1.5 .. 7.5): ratio 6 / 13 = 0.46
+    assert p["steady_completions"] == 6 and p["steady_arrivals"] == 13
+    assert p["saturation_ratio"] == pytest.approx(6 / 13) and p["saturated"] is True
+    assert p["throughput_rps"] == pytest.approx(6 / 6.5)  # the server's rate, not the offered 2 req/s
+
+
+def test_saturation_without_a_window_burst_and_closed_loop() -> None:
+    # too few requests: every one sent before the first completes -> whole run: 4 / duration vs offered
+    res = detailed(**{**FOUR, "starts": [0.0, 0.1, 0.2, 0.3]})
+    p = sweep.parse_result(res, SweepPoint(4.0, None, 0), num_prompts=4, output_len=4)
+    assert p["steady_rps"] is None and "no steady state" in p["steady_reason"]
+    # completions .1+1.25=1.35, 1.25, .2+2=2.2, .3+1=1.3 -> duration 2.2 s: 4 / 2.2 = 1.82 req/s < 0.9 x 4
+    assert p["saturation_basis"] == "whole_run" and p["saturation_ratio"] == pytest.approx(4 / 2.2 / 4)
+    assert p["saturated"] is True and p["throughput_rps"] == pytest.approx(4 / 2.2)
+    burst = sweep.parse_result(res, SweepPoint(INF, None, 0), 4, 4)
+    assert burst["saturated"] is None and burst["saturation_basis"] == "burst"
+    closed = sweep.parse_result(res, SweepPoint(INF, 2, 0), 4, 4)
+    assert closed["saturated"] is None and closed["saturation_basis"] == "closed_loop"
+
+
+def _pt(rate, rep, tok, *, rps=1.0, sat=None, valid=True, conc=None, ttft99=100.0):  # type: ignore[no-untyped-def]
+    return {
+        "point": f"p{rate}-{conc}-{rep}", "offered_rate_rps": rate, "concurrency": conc, "repeat": rep,
+        "completed": 8, "valid": valid, "saturated": sat, "output_tok_s": tok, "achieved_rps": rps,
+        "throughput_tok_s": tok, "throughput_rps": rps, "ttft_ms_p99": ttft99, "itl_ms_p99": 20.0,
+    }
+
+
+def test_summarize_median_spread_and_invalid_points_left_out() -> None:
+    pts = [
+        _pt(1.0, 0, 10.0, sat=False), _pt(1.0, 1, 30.0, sat=False), _pt(1.0, 2, 20.0, sat=True),
+        _pt(1.0, 3, 5.0, valid=False),  # short outputs: never averaged in
+        _pt(INF, 0, 40.0), _pt(INF, 1, 50.0),
+    ]
+    s = sweep.summarize(pts, "rate")
+    assert [lv["offered_rate_rps"] for lv in s] == [1.0, INF]  # inf sorts last
+    one = s[0]
+    assert one["repeats"] == 4 and one["valid_repeats"] == 3 and one["invalid_points"] == ["p1.0-None-3"]
+    # median of 10, 30, 20 = 20 (the invalid 5 would make it 15); spread 10..30
+    assert one["metrics"]["output_tok_s"] == {"median": 20.0, "min": 10.0, "max": 30.0, "n": 3}
+    assert one["saturated_repeats"] == 1 and one["saturated"] is False  # 1 of 3: not most
+    # even count: the mean of the middle two, (40 + 50) / 2
+    assert s[1]["metrics"]["output_tok_s"]["median"] == 45.0 and s[1]["saturated"] is None
+
+
+def test_sustained_ceiling_from_saturated_points() -> None:
+    pts = [
+        _pt(1.0, 0, 10.0, sat=False),
+        _pt(4.0, 0, 50.0, rps=1.5, sat=True), _pt(4.0, 1, 54.0, rps=1.7, sat=True),
+        _pt(INF, 0, 45.0, rps=1.4),
+        _pt(8.0, 0, 99.0, sat=True, valid=False),  # invalid: its 99 tok/s never counts
+    ]
+    c = sweep.sustained_ceiling(sweep.summarize(pts, "rate"), "rate")
+    # candidates: 4 req/s (saturated, median (50 + 54) / 2 = 52) and inf (45): 4 req/s wins
+    assert c["kind"] == "saturated" and c["offered_rate_rps"] == 4.0
+    assert c["output_tok_s"] == 52.0 and (c["output_tok_s_min"], c["output_tok_s_max"]) == (50.0, 54.0)
+    assert c["rps"] == pytest.approx(1.6) and c["repeats"] == 2
+    # the unsaturated 1 req/s point is not a ceiling: without 4 and inf, the ceiling is only a lower bound
+    lb = sweep.sustained_ceiling(sweep.summarize(pts[:1], "rate"), "rate")
+    assert lb["kind"] == "lower_bound" and lb["output_tok_s"] == 10.0
+    assert sweep.sustained_ceiling(sweep.summarize(pts[-1:], "rate"), "rate")["kind"] == "none"
+
+
+def test_concurrency_sweep_points_and_ceiling() -> None:
+    pts = [_pt(INF, 0, 16.0, conc=1), _pt(INF, 0, 60.0, conc=4), _pt(INF, 0, 58.0, conc=16)]
+    s = sweep.summarize(pts, "concurrency")
+    assert [lv["concurrency"] for lv in s] == [1, 4, 16] and all(lv["saturated"] is None for lv in s)
+    c = sweep.sustained_ceiling(s, "concurrency")
+    assert c["kind"] == "closed_loop_max" and c["concurrency"] == 4 and c["output_tok_s"] == 60.0
+
+
+def test_points_of_older_records_without_validity_keys() -> None:
+    old = {"offered_rate_rps": 2.0, "concurrency": None, "achieved_rps": 1.0, "completed": 8,
+           "output_tokens_total": 200, "output_tokens_requested": 256}
+    assert sweep.point_valid(old) is False  # 200 / 256 = 78% < 90%
+    assert sweep.point_valid({**old, "output_tokens_total": 240}) is True  # 94%
+    assert sweep.point_saturated(old) is True  # 1.0 < 0.9 x 2.0
+    assert sweep.point_saturated({**old, "offered_rate_rps": None}) is None  # older records: None = unlimited
+
+
+def test_kernel_check_relabels_a_weight_only_fallback() -> None:
+    marlin = {
+        "kernels": [{"kernel": "MarlinFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
+        "fallback": True,
+        "fallback_lines": ["Your GPU does not have native support for FP8 computation ... Weight-only FP8"],
+    }
+    kc = sweep.kernel_check("FP8_DYNAMIC", marlin, activation_quantized=True)
+    assert kc["effective_label"] == "FP8_DYNAMIC (weight-only fallback)" and kc["comparable_for_speed"] is False
+    assert "native support for FP8" in kc["reason"]
+    fast = {"kernels": [{"kernel": "CutlassFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
+            "fallback": False}
+    kc = sweep.kernel_check("FP8_DYNAMIC", fast, activation_quantized=True)
+    assert kc["effective_label"] == "FP8_DYNAMIC" and kc["comparable_for_speed"] is True
+    assert kc["kernels"] == ["CutlassFP8ScaledMMLinearKernel (CompressedTensorsW8A8Fp8)"]
+    assert sweep.kernel_check("W8A8", {"kernels": [], "fallback": None}, True)["comparable_for_speed"] is None
+    assert sweep.kernel_check("BF16", {"kernels": []}, False)["comparable_for_speed"] is True
+    emu = {"kernels": [{"kernel": "EmulationKernel", "method": "CompressedTensorsW4A4"}], "fallback": True}
+    assert sweep.kernel_check("W4A4", emu, True)["effective_label"] == "W4A4 (emulated)"
+
+
+def test_cpu_concurrency_profile_composes() -> None:
+    from quantverdict.settings import compose
+
+    cfg = compose(["bench=cpu-concurrency"])
+    assert cfg.bench.mode == "concurrency" and list(cfg.bench.concurrencies) == [1, 4]
+    assert cfg.bench.num_prompts == 8
+    points = sweep.plan(cfg.bench.mode, list(cfg.bench.rates), list(cfg.bench.concurrencies), cfg.bench.repeats)
+    assert [p.name for p in points] == ["conc-1_r0", "conc-4_r0"]

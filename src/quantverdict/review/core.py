@@ -21,11 +21,22 @@ from quantverdict.review.scorecard import (
     Scorecard,
     accuracy_section,
     is_baseline,
+    accuracy_validity,
     memory_summary,
     speed_summary,
+    speed_validity,
     weight_tier,
 )
-from quantverdict.review.verdict import Check, Verdict, decide, regime_sentence, short_error, speedups
+from quantverdict import sweep
+from quantverdict.review.verdict import (
+    Check,
+    Verdict,
+    decide,
+    regime_sentence,
+    short_error,
+    speedup_intervals,
+    speedups,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +57,7 @@ class Review:
     verdicts: list[Verdict]
     regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, text}]
     flags: list[str] = field(default_factory=list)
+    validity: list[str] = field(default_factory=list)  # what each number stands on (repeats, checks, kernels)
     notes: list[str] = field(default_factory=list)
     job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
 
@@ -88,12 +100,28 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.flags += [f"{sc.name}: {f}" for f in flags]
     sc.missing += miss
     m = sc.memory
+    kc = (rec.get("speed") or {}).get("kernel_check") or sweep.kernel_check(
+        sc.label, (rec.get("memory") or {}).get("server"), _activation_quantized(rec)
+    )
     if m.get("fallback"):
         why = "; ".join(m.get("fallback_lines") or []) or ", ".join(m["kernels"]) or "unnamed"
         sc.flags.append(
             f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
             "the scheme's fast path"
+            + (
+                f"; relabelled {kc['effective_label']} and kept out of speed comparisons"
+                if kc.get("comparable_for_speed") is False
+                else ""
+            )
         )
+    if kc.get("comparable_for_speed") is False:
+        sc.label = str(kc.get("effective_label") or sc.label)
+        sc.speed["comparable"] = False
+        sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
+    sc.validity += speed_validity(rec, sc.name, sc.speed)
+    acc_flags, acc_lines = accuracy_validity(rec, sc.name)
+    sc.flags += acc_flags
+    sc.validity += acc_lines
     if m.get("unquantized_gemm_fallback"):
         sc.flags.append(
             f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
@@ -144,14 +172,19 @@ def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -
             if base is None or sc.is_baseline:
                 continue
             low, sat = speedups(sc, base)
-            text = regime_sentence(sc, low, sat)
-            rows.append({"scheme": sc.scheme, "label": sc.label, "low": low, "sat": sat, "text": text})
+            low_iv, sat_iv = speedup_intervals(sc, base)
+            text = regime_sentence(sc, low, sat, low_iv, sat_iv)
+            rows.append(
+                {"scheme": sc.scheme, "label": sc.label, "low": low, "sat": sat, "low_range": low_iv,
+                 "sat_range": sat_iv, "text": text}
+            )
             verdict.regime.append(text)
         review.verdicts.append(verdict)
         review.checks[model] = checks
         review.regime[model] = rows
     for sc in cards:
         review.flags += sc.flags
+        review.validity += sc.validity
     flagged = "\n".join(review.flags)
     review.notes += sorted({n for r in records for n in r.get("notes", []) if n.strip() not in flagged})
     return review
@@ -159,6 +192,15 @@ def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -
 
 def _order(s: str) -> int:
     return SCHEME_ORDER.index(s) if s in SCHEME_ORDER else len(SCHEME_ORDER)
+
+
+def _activation_quantized(rec: dict[str, Any]) -> bool:
+    """From ``config.scheme.activation_bits`` (< 16), else the scheme label (``A8``, ``FP8``)."""
+    bits = (rec.get("config", {}).get("scheme") or {}).get("activation_bits")
+    if bits is not None:
+        return int(bits) < 16
+    label = str(rec.get("job", {}).get("scheme_label") or "")
+    return "FP8" in label.upper() or "A8" in label.upper()
 
 
 # --- JSON -------------------------------------------------------------------------------------------
@@ -195,6 +237,7 @@ def to_json(review: Review) -> dict[str, Any]:
         "scorecards": cards,
         "regime": _clean(review.regime),
         "flags": review.flags,
+        "validity": review.validity,
         "notes": review.notes,
     }
 

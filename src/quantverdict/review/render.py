@@ -116,8 +116,14 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
                 sc.name,
                 f"{_f(sp.get('single_itl_ms_p50'), '.1f')} ({sp.get('low_label')})",
                 _f(sp.get("single_tok_s"), ".1f"),
-                _f(sp.get("ceiling_rps"), ".2f"),
-                _f(sp.get("ceiling_tok_s"), ".1f"),
+                ("≥ " if sp.get("ceiling_kind") == "lower_bound" else "") + _f(sp.get("ceiling_rps"), ".2f"),
+                ("≥ " if sp.get("ceiling_kind") == "lower_bound" else "")
+                + _f(sp.get("ceiling_tok_s"), ".1f")
+                + (
+                    f" [{sp['ceiling_tok_s_range'][0]:.1f}-{sp['ceiling_tok_s_range'][1]:.1f}]"
+                    if sp.get("ceiling_tok_s_range") and (sp.get("ceiling_repeats") or 1) > 1
+                    else ""
+                ),
                 _f(sp.get("goodput_rps"), ".2f"),
                 str(at.get("label", "–")),
                 _f(at.get("ttft_ms_p99"), ",.0f"),
@@ -127,6 +133,11 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
             ]
         )
     return rows
+
+
+def _range(rng: Any) -> str:
+    """`` [a-b]`` for a run-to-run range that is not a single value, else ''."""
+    return f" [{rng[0]:.2f}-{rng[1]:.2f}]" if rng and rng[0] != rng[1] else ""
 
 
 def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
@@ -150,6 +161,8 @@ def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
                     _f(p.get("e2e_ms_p99"), ",.0f"),
                     f"{_f(p.get('completed'), 'g')}/{_f(p.get('failed'), 'g')}",
                     out_ok or "–",
+                    f"{p.get('valid_repeats', 1)}/{p.get('repeats', 1)}",
+                    {True: "yes", False: "no", None: "–"}[p.get("saturated")],
                 ]
             )
     return rows
@@ -260,8 +273,9 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 "p",
                 (
                     "Single stream: the lowest measured load (ITL p50; tok/s = 1000 / TPOT p50 per request). "
-                    "Ceiling: the sweep's largest achieved req/s and output tok/s. Goodput: the largest achieved "
-                    "req/s among points whose TTFT p99 and ITL p99 meet the SLO."
+                    "Ceiling: the sustained throughput of the saturated points and the burst (steady-state window "
+                    "when there is one; '>=' when no point saturated). Goodput: the largest achieved req/s among "
+                    "points whose TTFT p99 and ITL p99 meet the SLO. Every number: the median over valid repeats."
                 ),
             )
         )
@@ -302,7 +316,9 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 "p",
                 (
                     "Speedup over the baseline at low load (baseline single-stream ITL p50 / the scheme's) and "
-                    "at saturation (the scheme's peak output tok/s / the baseline's); > 1 is faster."
+                    "at saturation (the scheme's sustained-ceiling output tok/s / the baseline's); > 1 is faster. "
+                    "Medians over repeats, with the run-to-run range in brackets: a speedup pays (>= 1.05x) or "
+                    "costs only when its whole range does. A scheme that ran on a fallback kernel is not compared."
                 ),
             )
         )
@@ -313,8 +329,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 [
                     [
                         f"{r['scheme']} ({r['label']})",
-                        _f(r["low"], ".2f", "x"),
-                        _f(r["sat"], ".2f", "x"),
+                        _f(r["low"], ".2f", "x") + _range(r.get("low_range")),
+                        _f(r["sat"], ".2f", "x") + _range(r.get("sat_range")),
                         r["text"].split("-> ", 1)[-1],
                     ]
                     for r in review.regime.get(model, [])
@@ -334,6 +350,21 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         out.append(("p", "No data to plot."))
     out.append(("h2", "Honesty checks"))
     out.append(("ul", review.flags or ["nothing flagged"]))
+    if review.validity:
+        out.append(("h3", "Validity"))
+        out.append(
+            (
+                "p",
+                (
+                    "What each number stands on. Speed: medians over the valid repeats of each load level; a point "
+                    "whose output tokens fall under 90% of those requested is invalid and left out; an open-loop "
+                    "point whose achieved rate is under 90% of the offered rate is saturated, and the ceiling is "
+                    "taken from the saturated points and the burst. Accuracy: the same batch size, dtype and "
+                    "max length as the baseline, and a batch-invariance check of the log-likelihoods."
+                ),
+            )
+        )
+        out.append(("ul", review.validity))
     missing = [f"{sc.name}: {m}" for sc in review.cards for m in sc.missing]
     if missing:
         out.append(
@@ -344,6 +375,9 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         out.append(("p", "**Notes**"))
         out.append(("ul", review.notes))
     out.append(("h2", "Sweep points"))
+    out.append(
+        ("p", "One row per load level: medians over its valid repeats (invalid points left out, see Honesty checks).")
+    )
     out.append(
         (
             "table",
@@ -359,6 +393,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 "E2E p99",
                 "ok/failed",
                 "output tokens / requested",
+                "valid repeats",
+                "saturated",
             ],
             _points_rows(review.cards),
         )

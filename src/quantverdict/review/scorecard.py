@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantverdict.compare import accuracy_deltas, eval_mismatch, pct_change
+from quantverdict import sweep
 from quantverdict.config import ReviewConfig
 from quantverdict.review import stats
 from quantverdict.review.stats import Interval
@@ -82,6 +84,7 @@ class Scorecard:
     speed: dict[str, Any] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    validity: list[str] = field(default_factory=list)  # what the numbers stand on (review's Validity section)
 
     @property
     def name(self) -> str:
@@ -364,14 +367,74 @@ def accuracy_section(
     return out, None, missing
 
 
+def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[str], list[str]]:
+    """Flags and Validity lines from the evaluate stage's own checks (``accuracy.checks``): batch
+    invariance of the log-likelihoods, and word/byte perplexity recomputed from the summed
+    log-likelihood; plus the settings every delta was computed under.
+
+    Returns:
+        ``(flags, lines)``: flags for failed checks, lines for the Validity section.
+    """
+    acc = rec.get("accuracy") or {}
+    if not acc:
+        return [], []
+    flags: list[str] = []
+    lines: list[str] = []
+    st = acc.get("settings") or {}
+    if st:
+        lines.append(
+            f"{sc_name}: eval batch_size {st.get('batch_size')}, dtype {st.get('dtype')}, max_length "
+            f"{st.get('max_length')}, backend {st.get('backend')} (deltas refused unless the baseline's match); "
+            f"{st.get('normalization') or 'acc_norm normalisation not stated'}"
+        )
+    checks = acc.get("checks") or {}
+    bi = checks.get("batch_invariance")
+    if bi:
+        if bi.get("skipped"):
+            lines.append(f"{sc_name}: batch-invariance check skipped: {bi['skipped']}")
+        elif bi.get("ok") is False:
+            flags.append(
+                f"{sc_name}: batching changed a request's log-likelihood by up to {bi.get('max_abs_diff'):.3g} "
+                f"(batch size {bi.get('batch_sizes')}, > {bi.get('tolerance'):g}): lm-eval scores depend on the batch"
+            )
+        else:
+            state = "ok" if bi.get("ok") else f"not judged ({bi.get('note') or 'no tolerance'})"
+            lines.append(
+                f"{sc_name}: batch invariance {state}: max |delta log-likelihood| {bi.get('max_abs_diff'):.3g} "
+                f"between batch sizes {bi.get('batch_sizes')} ({bi.get('dtype')}, {bi.get('n_requests')} requests)"
+            )
+    fam = checks.get("perplexity_family")
+    if fam:
+        if fam.get("ok") is False:
+            flags.append(
+                f"{sc_name}: lm-eval's word/byte perplexity differ from exp(-loglikelihood_sum / count) by up to "
+                f"{100 * (fam.get('max_rel_diff') or 0):.2g}%"
+            )
+        elif fam.get("ok"):
+            lines.append(
+                f"{sc_name}: word_perplexity and byte_perplexity recomputed from one summed log-likelihood "
+                "(divided by words, by UTF-8 bytes) agree with lm-eval's"
+            )
+    tp = acc.get("token_perplexity") or {}
+    if tp:
+        how = (
+            "non-overlapping: the first token of each window is context only"
+            if tp.get("stride") == tp.get("seq_len")
+            else f"every token after the first scored once, with >= {tp.get('seq_len', 0) - tp.get('stride', 0)} "
+            "tokens of context"
+        )
+        lines.append(
+            f"{sc_name}: token_perplexity over {tp.get('n_tokens')} scored tokens in windows of "
+            f"{tp.get('seq_len')} with stride {tp.get('stride')} ({how}); not comparable with word_perplexity"
+        )
+    return flags, lines
+
+
 # --- speed ------------------------------------------------------------------------------------------
 
-
-def _rate(p: dict[str, Any]) -> float:
-    r = p.get("offered_rate_rps")
-    if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)):
-        return math.inf
-    return float(r)
+# metrics whose min/max over the valid repeats of a load level are kept next to the median
+SPREAD_KEYS = ("achieved_rps", "output_tok_s", "throughput_rps", "throughput_tok_s", "ttft_ms_p99", "itl_ms_p50",
+               "itl_ms_p99", "e2e_ms_p50")
 
 
 def load_label(p: dict[str, Any], mode: str) -> str:
@@ -381,24 +444,43 @@ def load_label(p: dict[str, Any], mode: str) -> str:
     return "unlimited rate" if math.isinf(r) else f"{r:g} req/s"
 
 
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """The sweep points of a record, repeats averaged, sorted by load; each gets ``load`` (req/s or
-    concurrency, inf for an unlimited rate) and ``repeats``."""
+    """The sweep points of a record, one per load level, sorted by load.
+
+    Invalid points (:func:`quantverdict.sweep.point_valid`: output tokens under 90% of those requested,
+    a wrong request count, ITL lists that are not gaps after the first token) are left out; a level
+    with no valid repeat is left out. Each number is the **median** over the level's valid repeats;
+    ``spread[metric] = [min, max]`` for ``SPREAD_KEYS``; ``load`` (req/s or concurrency, inf for an
+    unlimited rate), ``repeats``, ``valid_repeats`` and ``saturated`` (most valid repeats saturated)
+    are added.
+    """
     speed = rec.get("speed") or {}
     mode = speed.get("mode") or "rate"
     groups: dict[float, list[dict[str, Any]]] = {}
     for p in speed.get("points") or []:
-        load = float(p.get("concurrency") or 0) if mode == "concurrency" else _rate(p)
-        groups.setdefault(load, []).append(p)
+        groups.setdefault(sweep.load_of(p, mode), []).append(p)
     out = []
     for load, ps in sorted(groups.items()):
-        agg: dict[str, Any] = dict(ps[0])
-        for k in ps[0]:
-            vals = [q.get(k) for q in ps]
-            nums = [float(x) for x in vals if isinstance(x, (int, float)) and not isinstance(x, bool)]
-            if len(nums) == len(vals):
-                agg[k] = sum(nums) / len(nums)
-        agg["load"], agg["repeats"] = load, len(ps)
+        valid = [p for p in ps if sweep.point_valid(p)]
+        if not valid:
+            continue
+        agg: dict[str, Any] = dict(valid[0])
+        for k in valid[0]:
+            vals = [q.get(k) for q in valid]
+            if all(_is_num(x) for x in vals):
+                agg[k] = statistics.median(float(x) for x in vals)
+        agg["spread"] = {
+            k: [min(float(q[k]) for q in valid), max(float(q[k]) for q in valid)]
+            for k in SPREAD_KEYS
+            if all(_is_num(q.get(k)) for q in valid)
+        }
+        sat = [s for s in (sweep.point_saturated(q) for q in valid) if s is not None]
+        agg["saturated"] = (2 * sum(sat) > len(sat)) if sat else None
+        agg["load"], agg["repeats"], agg["valid_repeats"] = load, len(ps), len(valid)
         agg["label"] = load_label(agg, mode)
         out.append(agg)
     return mode, out
@@ -453,32 +535,77 @@ def load_point(mode: str, points: list[dict[str, Any]], rc: ReviewConfig) -> tup
     return reach[0], f"{reach[0]['label']} (the lowest concurrency reaching {rps:g} req/s)"
 
 
+def _raw_label(p: dict[str, Any], mode: str) -> str:
+    lbl = load_label({**p, "load": sweep.load_of(p, mode)}, mode)
+    return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
+
+
 def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[str], list[str]]:
     """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
 
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
-    * ceiling: the largest achieved req/s and output tok/s of the sweep;
+    * ceiling: :func:`quantverdict.sweep.sustained_ceiling` (saturated levels and the burst; median over
+      repeats with its min-max range; invalid points never count);
     * goodput: the largest achieved req/s among points whose TTFT p99 and ITL p99 meet the SLO
       (the "max rate under SLO attainment" of DistServe, Zhong et al. 2024, at 99% attainment).
+
+    Every number is a median over the valid repeats of its load level (:func:`speed_points`).
 
     Returns:
         ``(summary, flags, missing)``.
     """
     mode, points = speed_points(rec)
     flags: list[str] = []
+    raw = (rec.get("speed") or {}).get("points") or []
+    for q in raw:
+        label = _raw_label(q, mode)
+        want, got = q.get("output_tokens_requested"), q.get("output_tokens_total")
+        if not sweep.point_valid(q):
+            if want and got is not None and got < sweep.OUTPUT_VALID_FRACTION * want:
+                flags.append(
+                    f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
+                    f"({100 * got / want:.0f}%): requests ended early; invalid, left out of every speed number"
+                )
+            others = [r for r in q.get("invalid_reasons") or [] if "requested output tokens" not in r]
+            if others or not (want and got is not None and got < sweep.OUTPUT_VALID_FRACTION * want):
+                why = "; ".join(others) or "marked invalid"
+                flags.append(f"speed point {label}: invalid ({why}); left out of every speed number")
+        elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
+            flags.append(
+                f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
+                f"({100 * got / want:.0f}%): some requests ended early; kept (>= 90%), tok/s slightly low"
+            )
+        if q.get("failed"):
+            flags.append(f"speed point {label}: {q['failed']:g} failed requests")
+        diff = q.get("vllm_max_rel_diff")
+        if diff is not None and diff > sweep.VLLM_AGREEMENT_TOLERANCE:
+            flags.append(
+                f"speed point {label}: latency percentiles recomputed from the per-request data differ from "
+                f"vLLM's own by up to {100 * diff:.1f}%: the recomputed ones are reported"
+            )
     if not points:
-        return {"mode": mode, "points": []}, flags, ["no speed results"]
+        return {"mode": mode, "points": []}, flags, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.get("tpot_ms_p50") or low.get("itl_ms_p50")
+    ceiling = sweep.sustained_ceiling(sweep.summarize(raw, mode), mode)
     out: dict[str, Any] = {
         "mode": mode,
         "points": points,
         "low_label": low["label"],
         "single_itl_ms_p50": low.get("itl_ms_p50"),
+        "single_itl_ms_p50_range": low.get("spread", {}).get("itl_ms_p50"),
         "single_tok_s": 1000.0 / tpot if tpot else None,
-        "ceiling_rps": max((p.get("achieved_rps") or 0.0) for p in points),
-        "ceiling_tok_s": max((p.get("output_tok_s") or 0.0) for p in points),
-        "saturation_label": max(points, key=lambda p: p.get("output_tok_s") or 0.0)["label"],
+        "ceiling_kind": ceiling["kind"],
+        "ceiling_rps": ceiling.get("rps"),
+        "ceiling_tok_s": ceiling.get("output_tok_s"),
+        "ceiling_tok_s_range": (
+            [ceiling["output_tok_s_min"], ceiling["output_tok_s_max"]] if ceiling.get("output_tok_s") else None
+        ),
+        "ceiling_repeats": ceiling.get("repeats"),
+        "saturation_label": (
+            load_label({**ceiling, "load": sweep.load_of(ceiling, mode)}, mode) if ceiling["kind"] != "none" else None
+        ),
+        "repeats": max(p["repeats"] for p in points),
     }
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
         out["goodput_rps"] = None
@@ -499,18 +626,66 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
                 "e2e_ms_p50",
                 "e2e_ms_p99",
                 "output_tok_s",
+                "valid_repeats",
+                "spread",
             )
         }
         if p
         else None
     )
-    for q in points:
-        want, got = q.get("output_tokens_requested"), q.get("output_tokens_total")
-        if want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
-            flags.append(
-                f"speed point {q['label']}: {got:,.0f} of {want:,.0f} requested output tokens "
-                f"({100 * got / want:.0f}%): requests ended early, its tok/s and ITL are not comparable"
-            )
-        if q.get("failed"):
-            flags.append(f"speed point {q['label']}: {q['failed']:g} failed requests")
     return out, flags, []
+
+
+def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> list[str]:
+    """Lines for the review's Validity section: what each speed number stands on (repeats, spread,
+    saturated and invalid points, the ceiling's definition, the kernel check)."""
+    sp = rec.get("speed") or {}
+    raw = sp.get("points") or []
+    if not raw:
+        return []
+    mode = sp.get("mode") or "rate"
+    lines = []
+    levels = sweep.summarize(raw, mode)
+    invalid = [_raw_label(q, mode) for q in raw if not sweep.point_valid(q)]
+    saturated = [
+        f"{_raw_label(q, mode)} (achieved/offered {q['saturation_ratio']:.2f}, {q.get('saturation_basis', '?')})"
+        if _is_num(q.get("saturation_ratio"))
+        else _raw_label(q, mode)
+        for q in raw
+        if sweep.point_valid(q) and sweep.point_saturated(q)
+    ]
+    reps = sorted({lv["repeats"] for lv in levels})
+    text = (
+        f"{sc_name}: {len(raw)} speed points over {len(levels)} load levels, "
+        f"{'/'.join(str(r) for r in reps)} repeat(s) each; every number is a median over valid repeats"
+    )
+    text += f"; invalid (left out): {', '.join(invalid)}" if invalid else "; no invalid point"
+    text += f"; saturated: {', '.join(saturated)}" if saturated else (
+        "; no point saturated" if mode == "rate" else "; closed loop: saturation not defined"
+    )
+    kind = speed.get("ceiling_kind")
+    if kind and kind != "none":
+        rng = speed.get("ceiling_tok_s_range")
+        spread_txt = (
+            f" [{rng[0]:.1f}-{rng[1]:.1f}] over {speed.get('ceiling_repeats')} repeats"
+            if rng and speed.get("ceiling_repeats", 1) > 1
+            else " (one run: no spread)"
+        )
+        what = {
+            "saturated": "from the saturated/burst points",
+            "lower_bound": "a lower bound: no point saturated, the server's ceiling lies above the sweep",
+            "closed_loop_max": "the best concurrency",
+        }[kind]
+        text += (
+            f"; ceiling {speed.get('ceiling_tok_s'):.1f} out tok/s{spread_txt} at {speed.get('saturation_label')} "
+            f"({what})"
+        )
+    lines.append(text)
+    kc = sp.get("kernel_check")
+    if kc:
+        comp = {True: "comparable for speed", False: "NOT comparable for speed", None: "comparability unknown"}
+        lines.append(
+            f"{sc_name}: kernel {', '.join(kc.get('kernels') or []) or '(none named in the log)'}; "
+            f"{comp[kc.get('comparable_for_speed')]} ({kc.get('reason')})"
+        )
+    return lines

@@ -219,10 +219,16 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
             excess = max(excess, (v - limit) / limit)
     text = ", ".join(parts) + f" at {sp['load_how']}"
     cite = " and ".join(parts) + f" at {at['label']}"
+    if (sp.get("repeats") or 1) > 1 and at.get("spread"):
+        rng = at["spread"]
+        bits = [f"{name} {rng[k][0]:,.0f}-{rng[k][1]:,.0f} ms" for k, name in
+                (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99")) if k in rng]
+        text += f" (median of {at.get('valid_repeats')} repeats; range {', '.join(bits)})"
     if rc.load_rps is not None and sp.get("ceiling_rps") is not None:
         ceiling = sp["ceiling_rps"]
-        text += f"; ceiling {ceiling:.2f} req/s"
-        if ceiling < rc.load_rps:
+        lower_bound = sp.get("ceiling_kind") == "lower_bound"
+        text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
+        if ceiling < rc.load_rps and not lower_bound:
             fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
             excess = max(excess, (rc.load_rps - ceiling) / rc.load_rps)
     if fails:
@@ -405,7 +411,11 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
 
 def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
     """(low-load, saturation) speedup of ``sc`` over ``base``: baseline single-stream ITL p50 over the
-    scheme's, and the scheme's peak output tok/s over the baseline's. > 1 means faster."""
+    scheme's, and the scheme's sustained-ceiling output tok/s over the baseline's (medians over repeats).
+    > 1 means faster. None when either is missing, or either is not comparable for speed (a scheme that
+    ran on a weight-only fallback kernel, see :func:`quantverdict.sweep.kernel_check`)."""
+    if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
+        return None, None
     a, b = sc.speed.get("single_itl_ms_p50"), base.speed.get("single_itl_ms_p50")
     low = b / a if a and b else None
     c, d = sc.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s")
@@ -413,15 +423,54 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
     return low, sat
 
 
-def regime_sentence(sc: Scorecard, low: float | None, sat: float | None) -> str:
+def speedup_intervals(
+    sc: Scorecard, base: Scorecard
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """The run-to-run range of each speedup of :func:`speedups`: from the min/max over repeats of both
+    schemes (low load: ``[b_min / a_max, b_max / a_min]`` of ITL p50; saturation: ``[c_min / d_max,
+    c_max / d_min]`` of ceiling tok/s). None when a range is missing or the speedup is."""
+    low, sat = speedups(sc, base)
+
+    def iv(num: Any, den: Any, invert: bool) -> tuple[float, float] | None:
+        if not num or not den or min(num[0], den[0]) <= 0:
+            return None
+        if invert:  # baseline / scheme
+            return den[0] / num[1], den[1] / num[0]
+        return num[0] / den[1], num[1] / den[0]
+
+    lo = iv(sc.speed.get("single_itl_ms_p50_range"), base.speed.get("single_itl_ms_p50_range"), True)
+    sa = iv(sc.speed.get("ceiling_tok_s_range"), base.speed.get("ceiling_tok_s_range"), False)
+    return (lo if low is not None else None), (sa if sat is not None else None)
+
+
+def regime_sentence(
+    sc: Scorecard,
+    low: float | None,
+    sat: float | None,
+    low_iv: tuple[float, float] | None = None,
+    sat_iv: tuple[float, float] | None = None,
+) -> str:
+    """Where the scheme pays. With repeats, a speedup counts as "pays" (or "costs") only when its whole
+    run-to-run range is >= 1.05 (<= 1 / 1.05); a range that straddles is "no change"."""
+    if sc.speed.get("comparable") is False:
+        return (
+            f"{sc.name}: no speedup -> excluded from speed comparisons: "
+            f"{sc.speed.get('kernel_reason') or 'fallback kernel'}"
+        )
     if low is None or sat is None:
         return f"{sc.name}: speed missing for it or its baseline"
 
-    def word(s: float) -> str:
-        return "pays" if s >= PAYS else "costs" if s <= 1 / PAYS else "no change"
+    def word(s: float, rng: tuple[float, float] | None) -> str:
+        lo, hi = rng if rng else (s, s)
+        return "pays" if lo >= PAYS else "costs" if hi <= 1 / PAYS else "no change"
 
-    lw, sw = word(low), word(sat)
-    head = f"{sc.name}: {low:.2f}x at low load, {sat:.2f}x at saturation"
+    def show(s: float, rng: tuple[float, float] | None) -> str:
+        return f"{s:.2f}x" + (f" [{rng[0]:.2f}-{rng[1]:.2f}]" if rng and rng[0] != rng[1] else "")
+
+    lw, sw = word(low, low_iv), word(sat, sat_iv)
+    head = f"{sc.name}: {show(low, low_iv)} at low load, {show(sat, sat_iv)} at saturation"
+    if (low_iv and low_iv[0] != low_iv[1]) or (sat_iv and sat_iv[0] != sat_iv[1]):
+        head += " (ranges over repeats)"
     if lw == "pays" and sw != "pays":
         return head + " -> pays at low load only (memory-bound decode); stops paying at saturation (compute-bound)"
     if lw == "pays" and sw == "pays":

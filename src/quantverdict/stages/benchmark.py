@@ -125,7 +125,8 @@ def run_sweep(
         out_dir: where results go.
 
     Returns:
-        One dict per point, see :func:`quantverdict.sweep.parse_result`.
+        One dict per point, see :func:`quantverdict.sweep.parse_result` (validity, saturation and
+        recomputed latencies included; summaries over repeats: :func:`quantverdict.sweep.summarize`).
 
     Raises:
         BenchmarkError: a point's client failed or timed out (finished points stay in sweep.jsonl).
@@ -165,8 +166,9 @@ def run_sweep(
                 f"vllm bench serve failed for point {point.name} (exit code {rc}; log: {client_log}):\n"
                 f"{_tail(client_log)}"
             )
+        warmups = bench_cfg.warmup_prompts if "--num-warmups" in flags else 0
         parsed = sweep.parse_result(
-            json.loads(result_file.read_text()), point, bench_cfg.num_prompts, bench_cfg.output_len
+            json.loads(result_file.read_text()), point, bench_cfg.num_prompts, bench_cfg.output_len, warmups
         )
         parsed["client_wall_s"] = round(time.monotonic() - t0, 1)
         parsed["result_file"] = str(result_file)

@@ -20,7 +20,10 @@ Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
                   "loglikelihood_sum", "limit", "eval_s"}},
      "token_perplexity": {"token_perplexity", "nll_sum", "n_tokens", "n_windows", "seq_len", "stride",
                           "max_tokens", "text", "eval_s"} | null,
-     "settings": {...}, "data": {...}, "samples": {task: path}, "versions": {...}, "eval_s": float}
+     "settings": {...}, "data": {...}, "samples": {task: path}, "versions": {...}, "eval_s": float,
+     "checks": {"batch_invariance": {"max_abs_diff", "ok", "tolerance", "batch_sizes", "dtype", ...}
+                                    | {"skipped": reason},
+                "perplexity_family": {"recomputed", "max_rel_diff", "ok"}}}
 
 Per-item results (``samples_<task>.jsonl``, one JSON object a line) keep what a paired test between
 two schemes needs: ``doc_id``, ``acc``, ``acc_norm`` and the choice log-likelihoods for multiple
@@ -39,11 +42,24 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.offline_data import WIKITEXT_TEST, read_wikitext_lines, wikitext_hf_rows
-from quantverdict.perplexity import perplexities, window_plan
+from quantverdict.perplexity import family_check, perplexities, scored_slices, window_plan
 from quantverdict.stages._child import child_main, progress
 
 PERPLEXITY_TASKS = ("wikitext",)
-NORMALIZATION = "acc_norm divides by the byte length of the continuation (lm-eval)"
+# lm-eval 0.4.13, api/task.py (process_results, multiple_choice): acc_norm = argmax(ll / len(choice)),
+# len of the Python string: characters, not bytes (acc_bytes would divide by UTF-8 bytes)
+NORMALIZATION = (
+    "acc_norm: argmax of log-likelihood / number of characters of each choice (lm-eval, len(str); "
+    "not bytes); acc: argmax of the raw log-likelihood"
+)
+# three short (context, continuation) pairs of different lengths, so that a batch of 3 is padded
+BATCH_INVARIANCE_REQUESTS = (
+    ("The capital of France is", " Paris."),
+    ("Water boils at one hundred degrees Celsius at sea level, and it freezes at", " zero degrees."),
+    ("Once upon a time", " there lived an old fisherman by the sea with his wife."),
+)
+BATCH_INVARIANCE_SIZES = (1, 3)
+BATCH_INVARIANCE_TOLERANCE = 1e-4  # |log-likelihood difference| allowed at float32
 TOKEN_PPL_TEXT = "WikiText-2 raw v1 test rows joined with '\\n\\n' (GPTQ), no special tokens added"
 VERSION_DISTS = (
     "lm_eval",
@@ -130,9 +146,13 @@ def token_perplexity(
     with torch.inference_mode():
         for i, (begin, end, n_scored) in enumerate(plan):
             window = ids[begin:end].unsqueeze(0).to(device)
+            _, target_pos = scored_slices(begin, end, n_scored)
+            # logits_to_keep keeps positions [w - n_scored - 1, w): the first n_scored of them are the
+            # logit positions of scored_slices (each scores the token after it)
             logits = model(window, logits_to_keep=n_scored + 1).logits[0]  # [n_scored + 1, vocab]
-            pred = logits[:-1].float()
-            target = window[0, end - begin - n_scored :]
+            pred = logits[:n_scored].float()
+            target = window[0, target_pos]
+            assert pred.shape[0] == target.shape[0] == n_scored
             nll_sum += float(F.cross_entropy(pred, target, reduction="sum").double())
             n_scored_total += n_scored
             if (i + 1) % 4 == 0 or i + 1 == len(plan):
@@ -149,6 +169,77 @@ def token_perplexity(
 
 # --------------------------------------------------------------------------------------------------
 # lm-eval
+
+
+def compare_loglikelihoods(a: list[float], b: list[float], dtype: str) -> dict[str, Any]:
+    """Largest difference between the same requests' log-likelihoods under two batch sizes.
+
+    Judged against ``BATCH_INVARIANCE_TOLERANCE`` (1e-4 nats) only at float32: in bfloat16 a padded
+    batch takes other kernels and rounds differently, so the difference is recorded, not judged.
+
+    Args:
+        a: log-likelihoods (nats) of the requests at one batch size.
+        b: the same requests at the other batch size, same order.
+        dtype: the model's dtype (``float32``, ``bfloat16`` ...).
+
+    Returns:
+        ``{"max_abs_diff", "tolerance", "ok" (None when not judged), "note"}``.
+
+    Raises:
+        ValueError: empty or unequal lists.
+    """
+    if not a or len(a) != len(b):
+        raise ValueError(f"need two equal, non-empty lists of log-likelihoods, got {len(a)} and {len(b)}")
+    diff = max(abs(x - y) for x, y in zip(a, b))
+    judged = str(dtype) in ("float32", "fp32", "float", "torch.float32")
+    return {
+        "max_abs_diff": diff,
+        "tolerance": BATCH_INVARIANCE_TOLERANCE,
+        "ok": (diff <= BATCH_INVARIANCE_TOLERANCE) if judged else None,
+        "note": None if judged else f"dtype {dtype}: the tolerance is defined at float32; recorded, not judged",
+    }
+
+
+def batch_invariance(lm: Any, backend: str, dtype: str) -> dict[str, Any]:
+    """Do lm-eval's batching and padding change a request's log-likelihood?
+
+    Runs the three requests of ``BATCH_INVARIANCE_REQUESTS`` (different lengths, so a batch of three is
+    padded) through ``lm.loglikelihood`` at batch size 1 and at batch size 3 and compares them
+    (:func:`compare_loglikelihoods`). The model is the one the tasks use; its batch size is restored.
+
+    Args:
+        lm: an lm-eval ``HFLM``.
+        backend: ``eval.backend``; only ``hf`` is checked (vLLM schedules its own batches).
+        dtype: ``eval.dtype``.
+
+    Returns:
+        :func:`compare_loglikelihoods`'s keys plus ``batch_sizes``, ``dtype``, ``n_requests``,
+        ``loglikelihoods`` (per batch size), or ``{"skipped": reason}``.
+    """
+    if backend != "hf":
+        return {"skipped": f"eval.backend={backend}: the engine forms its own batches; checked with the hf backend"}
+    from lm_eval.api.instance import Instance
+
+    reqs = [
+        Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i)
+        for i, pair in enumerate(BATCH_INVARIANCE_REQUESTS)
+    ]
+    saved = lm.batch_size_per_gpu
+    lls: dict[int, list[float]] = {}
+    try:
+        for bs in BATCH_INVARIANCE_SIZES:
+            lm.batch_size_per_gpu = bs
+            lls[bs] = [float(r[0]) for r in lm.loglikelihood(reqs, disable_tqdm=True)]
+    finally:
+        lm.batch_size_per_gpu = saved
+    a, b = (lls[bs] for bs in BATCH_INVARIANCE_SIZES)
+    return {
+        **compare_loglikelihoods(a, b, dtype),
+        "batch_sizes": list(BATCH_INVARIANCE_SIZES),
+        "dtype": dtype,
+        "n_requests": len(reqs),
+        "loglikelihoods": {str(bs): v for bs, v in lls.items()},
+    }
 
 
 def _build_lm(spec: dict[str, Any]) -> Any:
@@ -302,6 +393,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         load_s += time.perf_counter() - t0
         progress(f"model loaded ({load_s:.1f} s)")
 
+    checks: dict[str, Any] = {}
+    if lm is not None and ev.get("batch_invariance_check", True):
+        t0 = time.perf_counter()
+        bi = batch_invariance(lm, ev["backend"], ev["dtype"])
+        checks["batch_invariance"] = {**bi, "eval_s": round(time.perf_counter() - t0, 3)}
+        progress(f"batch invariance: {({k: bi.get(k) for k in ('max_abs_diff', 'ok', 'skipped') if k in bi})}")
+
     task_results: dict[str, Any] = {}
     sample_paths: dict[str, str] = {}
     for task in tasks:
@@ -331,6 +429,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         metrics["eval_s"] = round(time.perf_counter() - t0, 3)
         metrics["cpu_s"] = round(time.process_time() - c0, 3)  # all threads; > eval_s when cores are free
         task_results[task] = metrics
+        if task in PERPLEXITY_TASKS and rows and metrics.get("n_words") and metrics.get("n_bytes"):
+            checks["perplexity_family"] = family_check(
+                metrics["loglikelihood_sum"], metrics["n_words"], metrics["n_bytes"], metrics
+            )
         shown = {k: v for k, v in metrics.items() if k in ("acc", "acc_norm", "word_perplexity", "n")}
         progress(f"lm-eval {task}: {shown} ({metrics['eval_s']:.1f} s)")
 
@@ -350,6 +452,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "tasks": task_results,
         "token_perplexity": tp_result,
         "settings": settings,
+        "checks": checks,
         "data": data_info,
         "samples": sample_paths,
         "versions": _versions(),

@@ -293,10 +293,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if not finite:
             raise RuntimeError("the reloaded checkpoint gives non-finite logits on the check prompts")
         progress(f"check prompts: NLL {nll_source:.3f} (source) -> {nll_quant:.3f} nats/token (quantized)")
-        (tmp / "quantverdict_quantize.json").write_text(
-            json.dumps({"method": method, "recipe": spec["recipe"], "calibration": cal_used,
-                        "versions": versions(), "source": str(model_path)}, indent=2)
-        )
+        provenance = {
+            "method": method,
+            "recipe": spec["recipe"],
+            "calibration": cal_used,
+            "compute_dtype": compute_dtype,
+            "versions": versions(),
+            "source": str(model_path),
+        }
+        (tmp / "quantverdict_quantize.json").write_text(json.dumps(provenance, indent=2))
         if out_dir.exists():  # another run finished the same key first: keep one copy
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

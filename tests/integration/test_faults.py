@@ -1,0 +1,124 @@
+"""Injected faults: the record says what failed, MLflow says FAILED, nothing is left running, the grid
+goes on, and finished results are kept. Real stages on the embedded model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from quantverdict.record import find_records, load
+from quantverdict.settings import PROJECT_ROOT
+
+from clihelp import TINY, command, pids_matching, run_cli
+
+pytestmark = pytest.mark.integration
+
+FAST = ["eval.enabled=false", "bench.enabled=false"]
+PORT = "bench.server.port=8791"  # apart from the other integration tests' servers
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def mlflow_statuses(out: Path) -> dict[str, str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out}/mlflow.db")
+    exp = client.get_experiment_by_name("quantverdict")
+    return {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id]) if "config_hash" in r.data.tags}
+
+
+def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+    # a calibration size no other test uses, so that AWQ really runs (no cached checkpoint)
+    cmd = command(tmp_path, "scheme=awq,int8", *FAST, "scheme.calibration.num_samples=13", "scheme.calibration.seq_len=128",
+                  multirun=True)
+    t_start = time.time()
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: pids_matching(f"quantverdict.stages.quantize {tmp_path}"), 300, "the quantize child")
+    time.sleep(5)
+    for pid in pids_matching(f"quantverdict.stages.quantize {tmp_path}"):
+        os.kill(pid, signal.SIGKILL)
+    output, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 1, output[-3000:]
+    recs = {r["job"]["scheme"]: r for r in map(load, find_records(tmp_path / "multirun"))}
+    awq, int8 = recs["awq"], recs["int8"]
+    assert awq["status"] == "failed" and awq["failed_stage"] == "quantize"
+    assert "killed by signal 9" in awq["error"]
+    assert "Traceback" in awq["traceback"]
+    assert int8["status"] == "ok"  # the next job of the grid ran
+    assert "FAILED smollm2-135m_awq" in output and "1 of 2 jobs failed" in output
+    assert mlflow_statuses(tmp_path) == {"smollm2-135m/awq": "FAILED", "smollm2-135m/int8": "FINISHED"}
+    assert not pids_matching(str(tmp_path))
+    # no half-written checkpoint where a later run would take it for a finished one
+    cache = Path(os.environ.get("QV_CACHE_ROOT", Path.home() / ".cache/quantverdict")) / "checkpoints/smollm2-135m"
+    assert not [p for p in cache.glob("awq-*") if (p / "quantverdict_quantize.json").exists() and p.stat().st_mtime > t_start]
+
+
+def test_sigterm_to_the_orchestrator_stops_everything(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+    cmd = command(tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4")
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
+    assert pids_matching("quantverdict.stages.vllm_cli serve")
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
+    assert rec["status"] == "failed" and rec["failed_stage"] == "benchmark"
+    assert "SIGTERM" in rec["error"]
+    assert len(rec["speed"]["points"]) >= 1  # finished sweep points are kept
+    assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "FAILED"}
+    wait_for(lambda: not pids_matching("quantverdict.stages.vllm_cli"), 30, "the server and client to be gone")
+
+
+def test_server_killed_mid_sweep_keeps_finished_points(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+    cmd = command(tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4")
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
+    for pid in pids_matching("quantverdict.stages.vllm_cli serve"):
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, output[-2000:]
+    (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
+    assert rec["status"] == "failed" and rec["failed_stage"] == "benchmark"
+    assert 1 <= len(rec["speed"]["points"]) < 5
+    assert rec["memory"]["server"]["kv_cache_tokens"] > 0  # what the server log said before it died
+    assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "FAILED"}
+    assert not pids_matching("quantverdict.stages.vllm_cli")
+
+
+def test_truncated_cached_checkpoint_is_quantized_again(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+    first = run_cli(tmp_path / "a", "scheme=int8", *FAST)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (rec,) = [load(p) for p in find_records(tmp_path / "a")]
+    ckpt = Path(rec["checkpoint"]["path"])
+    shard = next(ckpt.glob("*.safetensors"))
+    with open(shard, "r+b") as fh:
+        fh.truncate(shard.stat().st_size // 2)
+    second = run_cli(tmp_path / "b", "scheme=int8", *FAST)
+    assert second.returncode == 0, second.stderr[-3000:]
+    (rec2,) = [load(p) for p in find_records(tmp_path / "b")]
+    assert rec2["stages"]["quantize"]["status"] == "ok"  # not "cached"
+    assert "re-quantized: cached checkpoint damaged" in rec2["stages"]["quantize"]["detail"]
+    assert rec2["memory"]["checkpoint"]["total_weight_bytes"] == rec["memory"]["checkpoint"]["total_weight_bytes"]
+
+
+def test_bad_config_fails_before_any_work(tmp_path: Path) -> None:
+    proc = run_cli(tmp_path, "scheme=gptq", "eval.tasks=[arc_esay]", "bench.mode=closed", timeout=120)
+    assert proc.returncode == 2
+    err = proc.stdout + proc.stderr
+    assert "eval.tasks[0]='arc_esay'" in err and "did you mean 'arc_easy'" in err
+    assert "bench.mode='closed'" in err and "allowed: rate, concurrency" in err
+    (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
+    assert rec["status"] == "failed" and rec["failed_stage"] == "config"
+    assert not list(tmp_path.rglob("*.spec.json"))  # no stage was started

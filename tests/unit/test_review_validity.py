@@ -1,0 +1,138 @@
+"""The review's Validity section and its speed numbers: medians over valid repeats, saturation, the ceiling's
+interval, fallback kernels kept out of speed comparisons, the evaluate stage's own checks.
+
+Numbers of :func:`review_records.grid` (rate sweep, 1 req/s and unlimited): bf16 ITL p50 40 ms at 1 req/s,
+300 out tok/s at the unlimited rate; w8a8 33 ms and 400 tok/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from review_records import grid, point, record
+
+from quantverdict.config import ReviewConfig
+from quantverdict.review import build_review, to_json
+from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.scorecard import speed_points, speed_summary
+
+RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
+
+
+def _rep(p: dict, repeat: int, **kw: float) -> dict:  # type: ignore[type-arg]
+    return {**p, "repeat": repeat, **kw}
+
+
+def test_a_repeat_with_short_outputs_is_left_out_not_averaged() -> None:
+    # Fails on the old review, which averaged every repeat: (30 + 12) / 2 = 21 instead of 30.
+    rec = record("bf16")
+    good = point(1.0, achieved=0.95, tok_s=30.0, ttft99=300, itl50=40, itl99=60, e2e50=1400)
+    short = _rep(point(1.0, achieved=0.95, tok_s=12.0, ttft99=300, itl50=40, itl99=60, e2e50=1400,
+                       out_total=100, out_req=256), 1)
+    rec["speed"] = {"mode": "rate", "points": [good, short]}
+    _, pts = speed_points(rec)
+    # 100 of 256 tokens (39% < 90%): invalid; the level's tok/s is the valid repeat's 30
+    assert pts[0]["output_tok_s"] == 30.0 and pts[0]["valid_repeats"] == 1 and pts[0]["repeats"] == 2
+    _, flags, _ = speed_summary(rec, RC)
+    assert any("1 req/s (repeat 1): 100 of 256 requested output tokens (39%)" in f and "invalid" in f for f in flags)
+
+
+def test_repeats_give_a_median_and_a_range() -> None:
+    rec = record("bf16")
+    # three repeats of the unlimited-rate point: 280, 300, 340 tok/s -> median 300, range 280..340
+    base = point(None, achieved=9.0, tok_s=300.0, ttft99=1500, itl50=120, itl99=240, e2e50=5000)
+    low = point(1.0, achieved=0.95, tok_s=30.0, ttft99=300, itl50=40, itl99=60, e2e50=1400)
+    rec["speed"] = {"mode": "rate", "points": [
+        low, _rep(low, 1, itl_ms_p50=44.0), _rep(low, 2, itl_ms_p50=38.0),
+        base, _rep(base, 1, output_tok_s=280.0), _rep(base, 2, output_tok_s=340.0),
+    ]}
+    sp, _, _ = speed_summary(rec, RC)
+    assert sp["ceiling_tok_s"] == 300.0 and sp["ceiling_tok_s_range"] == [280.0, 340.0]
+    assert sp["single_itl_ms_p50"] == 40.0 and sp["single_itl_ms_p50_range"] == [38.0, 44.0]
+    assert sp["ceiling_kind"] == "saturated" and sp["repeats"] == 3
+
+
+def test_regime_uses_the_interval_not_one_run() -> None:
+    recs = grid()
+    bf16, w8a8 = recs[0], next(r for r in recs if r["job"]["scheme"] == "w8a8")
+    # one run each: w8a8 400 / 300 = 1.33x at saturation -> "keeps paying"
+    review = build_review(recs, RC, "t")
+    assert "keeps paying" in next(r for r in review.regime["m"] if r["scheme"] == "w8a8")["text"]
+    # now two repeats each, with run-to-run spread: bf16 saturation 300 and 420 tok/s, w8a8 400 and 410.
+    # medians 360 and 405 -> 1.125x, but the range [400/420, 410/300] = [0.95, 1.37] straddles 1.05
+    for rec, other in ((bf16, 420.0), (w8a8, 410.0)):
+        sat = rec["speed"]["points"][1]
+        rec["speed"]["points"].append(_rep(sat, 1, output_tok_s=other))
+    review = build_review(recs, RC, "t")
+    row = next(r for r in review.regime["m"] if r["scheme"] == "w8a8")
+    assert row["sat"] == pytest.approx(405 / 360)
+    assert row["sat_range"] == pytest.approx((400 / 420, 410 / 300))
+    assert "[0.95-1.37] at saturation (ranges over repeats)" in row["text"]
+    assert "keeps paying" not in row["text"] and "pays at low load only" in row["text"]
+
+
+def test_saturated_points_and_ceiling_in_the_validity_section() -> None:
+    recs = grid()
+    bf16 = recs[0]
+    # 1 req/s achieved only 0.5 req/s: saturated (0.5 < 0.9 x 1), named in the Validity section
+    bf16["speed"]["points"][0]["achieved_rps"] = 0.5
+    review = build_review(recs, RC, "t")
+    line = next(v for v in review.validity if v.startswith("bf16 (BF16): 2 speed points"))
+    assert "saturated: 1 req/s" in line and "no invalid point" in line
+    assert "ceiling 300.0 out tok/s (one run: no spread) at unlimited rate" in line
+    md = to_markdown(blocks(review, {}))
+    assert "### Validity" in md and "saturated: 1 req/s" in md
+    assert to_json(review)["validity"] == review.validity
+
+
+def test_a_lower_bound_ceiling_does_not_fail_the_load() -> None:
+    # only finite rates, none saturated: the ceiling is above the sweep, not below the load
+    recs = grid()
+    for r in recs:
+        r["speed"]["points"] = r["speed"]["points"][:1]  # the 1 req/s point only (0.95 achieved: kept up)
+    review = build_review(recs, replace(RC, load_rps=1.0), "t")
+    c = review.checks["m"]["bf16"]["latency"]
+    assert "ceiling >= 0.95 req/s" in c.text and "below" not in c.shortfall
+
+
+def test_fallback_scheme_is_relabelled_and_kept_out_of_speed_comparisons() -> None:
+    recs = grid()
+    fp8 = next(r for r in recs if r["job"]["scheme"] == "fp8")
+    fp8["memory"]["server"].update(
+        fallback=True,
+        fallback_lines=["Your GPU does not have native support for FP8 computation"],
+        kernels=[{"kernel": "MarlinFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
+    )
+    review = build_review(recs, RC, "t")
+    card = next(c for c in review.cards if c.scheme == "fp8")
+    assert card.label == "FP8_DYNAMIC (weight-only fallback)" and card.speed["comparable"] is False
+    row = next(r for r in review.regime["m"] if r["scheme"] == "fp8")
+    assert row["low"] is None and row["sat"] is None
+    assert "excluded from speed comparisons: ran as FP8_DYNAMIC (weight-only fallback)" in row["text"]
+    assert any("relabelled FP8_DYNAMIC (weight-only fallback) and kept out of speed comparisons" in f
+               for f in review.flags)
+
+
+def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
+    recs = grid()
+    int8 = next(r for r in recs if r["job"]["scheme"] == "int8")
+    int8["accuracy"]["checks"] = {
+        "batch_invariance": {"max_abs_diff": 3e-3, "ok": False, "tolerance": 1e-4, "batch_sizes": [1, 3],
+                             "dtype": "float32", "n_requests": 3},
+        "perplexity_family": {"max_rel_diff": 0.0, "ok": True},
+    }
+    recs[0]["accuracy"]["checks"] = {
+        "batch_invariance": {"max_abs_diff": 2e-6, "ok": True, "tolerance": 1e-4, "batch_sizes": [1, 3],
+                             "dtype": "float32", "n_requests": 3},
+    }
+    review = build_review(recs, RC, "t")
+    want = "int8 (W8A16): batching changed a request's log-likelihood by up to 0.003"
+    assert any(f.startswith(want) for f in review.flags)
+    assert any("bf16 (BF16): batch invariance ok: max |delta log-likelihood| 2e-06" in v for v in review.validity)
+    assert any("int8 (W8A16): eval batch_size 8, dtype float32, max_length 2048" in v for v in review.validity)
+    # mismatched settings are still refused and flagged
+    recs[2]["accuracy"]["settings"]["batch_size"] = 1
+    review = build_review(recs, RC, "t")
+    want = "accuracy deltas excluded: eval settings differ (batch_size: 1 vs baseline 8)"
+    assert any(want in f for f in review.flags)
