@@ -23,6 +23,7 @@ TINY = [
     "bench.rates=[2,inf]",
     "scheme.calibration.num_samples=16",
     "scheme.calibration.seq_len=128",
+    "bench.server.port=8777",  # apart from the default 8765 of `make run`
 ]
 
 

@@ -84,7 +84,9 @@ def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:
         arts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "record.json" in arts and "eval" in arts
         stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
-        assert {s.info.run_name for s in stages} >= {"materialize", "evaluate", "benchmark"}
+        served = not (name.endswith("gptq") and "avx512f" not in cpu_flags())
+        assert {s.info.run_name for s in stages} >= {"materialize", "evaluate"} | ({"benchmark"} if served else set())
+        assert all(s.info.status == "FINISHED" for s in stages)
     assert all(r.info.status != "RUNNING" for r in runs)
 
 
