@@ -82,7 +82,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         mem_rows.append([
             name,
             _f(ck.get("total_weight_bytes", 0) / MIB if ck.get("total_weight_bytes") else None, ".1f"),
-            _f(ck.get("effective_bits_per_quantized_weight"), ".2f"),
+            _f(ck.get("effective_bits_per_weight"), ".2f"),
             _f(sv.get("weights_gib"), ".3f"),
             _f(sv.get("kv_cache_gib"), ".2f"),
             _f(sv.get("kv_cache_tokens"), ",d") if isinstance(sv.get("kv_cache_tokens"), int) else "–",
