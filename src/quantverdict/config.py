@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-MODEL_SOURCES = ("hf", "local", "gguf", "pypi_gguf")
+MODEL_SOURCES = ("hf", "local", "gguf", "pypi_gguf", "synthetic")
 SCHEME_METHODS = ("none", "rtn", "gptq", "awq", "smoothquant_gptq")
 EVAL_BACKENDS = ("hf", "vllm")
 BENCH_MODES = ("rate", "concurrency")
@@ -25,6 +25,24 @@ KNOWN_TASKS = ("wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "bo
 
 class ConfigError(ValueError):
     """Bad configuration, found before any expensive work. The message names each bad key."""
+
+
+@dataclass
+class SyntheticConfig:
+    """A model with random weights built from an architecture description (``model.source=synthetic``).
+
+    Memory and speed of such a model are real (same shapes, same kernels); accuracy is not
+    applicable and is never reported.
+    """
+
+    architecture: str = MISSING  # transformers class, e.g. LlamaForCausalLM, Qwen3_5ForConditionalGeneration
+    # transformers config: ``model_type`` plus its keyword arguments (nested text_config/vision_config allowed)
+    config: dict[str, Any] = field(default_factory=dict)
+    tokenizer_from: str = "smollm2-135m"  # conf/model/<name>.yaml whose tokenizer is borrowed
+    seed: int = 0
+    # false: calibration-based schemes (gptq, awq, smoothquant_gptq) are replaced by round-to-nearest in
+    # the same checkpoint format (same kernels, same bytes), since random weights have no accuracy to keep
+    calibrate: bool = False
 
 
 @dataclass
@@ -39,6 +57,12 @@ class ModelConfig:
     max_model_len: int = 2048
     # printed in every report next to this model's baseline, e.g. "dequantized GGUF Q4_1"
     baseline_note: str = ""
+    synthetic: Optional[SyntheticConfig] = None  # source=synthetic only
+    # extra llm-compressor ignore patterns for this model (kept 16-bit whatever the scheme), e.g.
+    # hybrid models' linear-attention projections and vision towers
+    quantize_ignore: list[str] = field(default_factory=list)
+    # extra `vllm serve` arguments this model needs (e.g. --language-model-only for a VLM checkpoint)
+    serve_args: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -106,6 +130,8 @@ class EvalConfig:
     token_perplexity: TokenPerplexityConfig = field(default_factory=TokenPerplexityConfig)
     # the same 3 short requests' log-likelihoods at batch size 1 and 3 (hf backend; judged at float32)
     batch_invariance_check: bool = True
+    # vllm backend: extra vllm.LLM keyword arguments (e.g. enforce_eager: true, gpu_memory_utilization)
+    vllm_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -279,6 +305,15 @@ def validate(cfg: Config) -> None:
     _choice(errors, "model.source", cfg.model.source, MODEL_SOURCES)
     if cfg.model.source == "pypi_gguf" and not (cfg.model.package and cfg.model.gguf_file):
         errors.append("model.source=pypi_gguf needs model.package and model.gguf_file")
+    if cfg.model.source == "synthetic":
+        syn = cfg.model.synthetic
+        if syn is None or not syn.architecture or not (syn.config or {}).get("model_type"):
+            errors.append(
+                "model.source=synthetic needs model.synthetic.architecture (a transformers class, e.g. "
+                "LlamaForCausalLM) and model.synthetic.config with a model_type and its dimensions"
+            )
+    elif cfg.model.synthetic is not None:
+        errors.append(f"model.synthetic is set but model.source={cfg.model.source!r}; use model.source=synthetic")
     if cfg.model.source in ("hf", "local", "gguf") and not cfg.model.path:
         errors.append(f"model.source={cfg.model.source} needs model.path")
     if cfg.model.source in ("local", "gguf") and cfg.model.path and not Path(cfg.model.path).exists():

