@@ -159,6 +159,9 @@ class BenchConfig:
     rates: list[float] = field(default_factory=lambda: [1, 2, 4, 6, 8, 16, float("inf")])
     concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
     num_prompts: int = 200
+    # concurrency mode: a point sends max(num_prompts, prompts_per_concurrency x C) requests, so that every
+    # load level runs several full waves of C requests (null: num_prompts at every level)
+    prompts_per_concurrency: Optional[int] = None
     warmup_prompts: int = 4
     input_len: int = 256
     output_len: int = 128
@@ -354,6 +357,8 @@ def validate(cfg: Config) -> None:
             f"bench.input_len + bench.output_len = {cfg.bench.input_len + cfg.bench.output_len} exceeds the "
             f"server's max_model_len {max_len}; lower them or raise model.max_model_len"
         )
+    if cfg.bench.prompts_per_concurrency is not None and cfg.bench.prompts_per_concurrency < 1:
+        errors.append(f"bench.prompts_per_concurrency={cfg.bench.prompts_per_concurrency} must be >= 1 or null")
     if cfg.bench.repeats < 1:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
     _choice(errors, "env.device", cfg.env.device, DEVICES)

@@ -209,6 +209,14 @@ def _run(job: Job) -> None:
             f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
         )
     unsupported = schemes.serving_unsupported(cfg.scheme, cfg.env.device) if cfg.bench.enabled else None
+    if cfg.bench.enabled and not unsupported and cfg.env.device == "cpu" and model["architecture"].endswith(
+        "ForConditionalGeneration"
+    ):
+        unsupported = (
+            f"vLLM on CPU here cannot serve {model['architecture']}: its model code imports torchvision, which "
+            "the CPU serve environment removes (the PyPI build breaks model loading, see requirements/serve.txt). "
+            "The speed sweep is skipped; serve it on a GPU (env.device=cuda)."
+        )
     if unsupported:
         log.warning("%s", unsupported)
 

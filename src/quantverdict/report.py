@@ -169,7 +169,7 @@ def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
 
 def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     base = find_baseline(r, records)
-    if not base or base is r:
+    if not base or base is r or (r.get("accuracy") or {}).get("not_applicable"):
         return None
     d = accuracy_deltas(r, base, {})
     return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None

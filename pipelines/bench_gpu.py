@@ -1,0 +1,133 @@
+"""The GPU benchmark (``make bench-gpu``): the embedded model's six-scheme grid and the 8B-class synthetic
+grids on the H200 machine, spread over its GPUs, then one results file per model.
+
+    python -m pipelines.bench_gpu --out /tmp/qvgpu --results docs/results
+
+Needs the prebuilt stage targets of ``../shared/gpu/README.md`` (``env=h200-prebuilt``) and the offline
+data (``--data``). Each stream is an ordinary ``python -m pipelines.run -m ...`` grid pinned to one GPU
+(``CUDA_VISIBLE_DEVICES``) with its own output root, MLflow store and server port, so two streams never
+share a GPU, a port or a database. Streams of a machine with fewer GPUs run one after another. Every job
+keeps its record as it finishes, so a run cut short still reports what finished.
+
+Results: ``<results>/gpu-<model>.md`` (memory, accuracy, speed, roofline and stage-time tables from the
+records, :func:`quantverdict.report.format_table`) and ``<results>/gpu-review-<model>/`` (the review).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (model, schemes, extra overrides): in priority order; the first streams go to the first GPUs
+PLAN: dict[str, list[tuple[str, str, list[str]]]] = {
+    # the embedded model: all three numbers on the GPU
+    "embedded": [("smollm2-135m", "bf16,gptq,fp8,w8a8,awq,int8", ["eval=gpu"])],
+    # the regime crossover: weight-only 4-bit vs bf16 vs FP8/W8A8 on an 8B-shaped model
+    "llama": [("llama3.1-8b-shape", "bf16,gptq,fp8,w8a8", [])],
+    # the hybrid (Gated DeltaNet + attention) model: memory and KV accounting, speed without compilation
+    "qwen": [("qwen3.5-9b-shape", "bf16,gptq", ["bench.server.enforce_eager=true", "bench.concurrencies=[1,64]"])],
+}
+STREAMS = [["embedded"], ["llama", "qwen"]]  # one list per GPU; with one GPU they run in sequence
+
+
+def _gpu_count() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def _grid_cmd(model: str, schemes: str, extra: list[str], out_root: Path, port: int, data: str) -> list[str]:
+    return [
+        sys.executable, "-m", "pipelines.run", "-m", f"model={model}", f"scheme={schemes}",
+        "env=h200-prebuilt", "bench=gpu-concurrency", "eval=gpu", f"paths.output_root={out_root}",
+        f"bench.server.port={port}", f"data.offline_root={data}", *extra,
+    ]
+
+
+def _stream(index: int, names: list[str], gpu: str, args: argparse.Namespace, status: dict[str, str]) -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+    for name in names:
+        for model, schemes, extra in PLAN[name]:
+            out_root = Path(args.out) / name
+            out_root.mkdir(parents=True, exist_ok=True)
+            cmd = _grid_cmd(model, schemes, extra, out_root, 8801 + index, args.data)
+            log = out_root / "grid.log"
+            t0 = time.monotonic()
+            print(f"[gpu {gpu}] {model} {schemes}: {' '.join(cmd[3:])} (log {log})", flush=True)
+            with open(log, "a") as fh:
+                rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+            status[model] = f"exit {rc} after {time.monotonic() - t0:.0f} s"
+            print(f"[gpu {gpu}] {model}: {status[model]}", flush=True)
+
+
+def write_results(out: Path, results: Path) -> list[Path]:
+    """One Markdown file per model from every record under ``out``; returns the files written."""
+    from quantverdict.record import find_records, load
+    from quantverdict.report import format_table
+
+    by_model: dict[str, list[dict]] = {}
+    for path in find_records(out):
+        rec = load(path)
+        if rec.get("job", {}).get("resumed_from"):
+            continue
+        by_model.setdefault(rec["job"].get("model", "?"), []).append(rec)
+    results.mkdir(parents=True, exist_ok=True)
+    written = []
+    for model, recs in sorted(by_model.items()):
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        head = (
+            f"# GPU grid: {model} (`make bench-gpu`)\n\n"
+            f"- Written {stamp} from {len(recs)} job record(s) under `{out}`.\n"
+            "- Command: `make bench-gpu` on the H200 machine (prebuilt stacks of ../shared/gpu/README.md, "
+            "`env=h200-prebuilt`, `bench=gpu-concurrency`: closed loop, 256 in / 128 out, ignore_eos).\n\n"
+        )
+        path = results / f"gpu-{model}.md"
+        path.write_text(head + format_table(recs) + "\n")
+        written.append(path)
+    return written
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="/tmp/qvgpu", help="output root of the grids (default /tmp/qvgpu)")
+    ap.add_argument("--results", default=str(ROOT / "docs" / "results"), help="where gpu-<model>.md go")
+    ap.add_argument("--data", default=os.environ.get("QV_DATA_ROOT", str(ROOT.parent / "shared" / "data")))
+    ap.add_argument("--only", nargs="*", choices=sorted(PLAN), help="run only these parts of the plan")
+    ap.add_argument("--report-only", action="store_true", help="write the results files from existing records")
+    args = ap.parse_args()
+    if not args.report_only:
+        if not Path(args.data).is_dir():
+            ap.error(f"--data {args.data!r} is not a directory of offline data (wikitext-2-raw/, piqa/, ...)")
+        n = _gpu_count()
+        if n == 0:
+            ap.error("no GPU visible (nvidia-smi -L): make bench-gpu runs on the H200 machine")
+        streams = [[p for p in s if not args.only or p in args.only] for s in STREAMS]
+        streams = [s for s in streams if s]
+        if n < len(streams):  # fewer GPUs than streams: run them one after another
+            streams = [[p for s in streams for p in s]]
+        status: dict[str, str] = {}
+        threads = [
+            threading.Thread(target=_stream, args=(i, names, str(i), args, status)) for i, names in enumerate(streams)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print("grids:", status, flush=True)
+    for path in write_results(Path(args.out), Path(args.results)):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
