@@ -225,6 +225,12 @@ def _run(job: Job) -> None:
 
     with job.stage("memory"):
         rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
+        if cfg.scheme.method != "none":  # a checkpoint far from its scheme's predicted size fails the job
+            group = schemes.derive_group_size(str(cfg.scheme.group_size), list(cfg.scheme.group_size_candidates),
+                                              schemes.quantized_in_features(model["dims"]))
+            rec.memory["prediction"] = memory.check_against_prediction(
+                rec.memory["checkpoint"], cfg.scheme.weight_bits, group, cfg.scheme.symmetric,
+                scheme=cfg.scheme.label, scale_dtype=rec.checkpoint.get("saved_dtype") or "bfloat16")
 
     if synthetic:
         rec.stages["evaluate"] = StageInfo(status="not_applicable", detail=NOT_APPLICABLE_SYNTHETIC)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
 import pytest
 
 from quantverdict.stages.memory import (
+    CheckpointSizeError,
+    check_against_prediction,
     checkpoint_memory,
     expected_bits,
     expected_quantized_bytes,
@@ -104,6 +107,8 @@ def test_effective_bits(ckpt: Path) -> None:
     mem = checkpoint_memory(ckpt)
     # elements: 4*64 (from weight_shape, not the packed [4, 8]) + 3*16 + 2*8 = 256 + 48 + 16 = 320
     assert mem["quantized_weight_elements"] == 320
+    assert mem["quantized_weight_rows"] == 4 + 3 + 2  # output rows of DOWN [4, 64], Q [3, 16], K [2, 8]
+    assert mem["g_idx_elements"] == 0
     assert mem["quantized_weight_bytes"] == 192
     # metadata: scales 16 + 6 + 8, zero point 8 = 38 (weight_shape and input_scale not counted)
     assert mem["quantized_metadata_bytes"] == 38
@@ -156,3 +161,156 @@ def test_expected_bits() -> None:
 def test_expected_bytes_rejects_bad_group() -> None:
     with pytest.raises(ValueError, match="group_size=0"):
         expected_quantized_bytes(10, 4, 0)
+
+
+# --- size gate: measured quantized bytes against the scheme's prediction -----------------------------
+
+
+def packed(module: str, rows: int, cols: int, bits: int) -> dict[str, tuple[str, list[int], bytes | None]]:
+    """A pack-quantized weight: ``32 // bits`` values per int32 along each row, plus its weight_shape."""
+    return {
+        f"{module}.weight_packed": ("I32", [rows, cols * bits // 32], None),
+        f"{module}.weight_shape": ("I64", [2], struct.pack("<2q", rows, cols)),
+    }
+
+
+def test_prediction_group_asymmetric_passes(tmp_path: Path) -> None:
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            **packed(DOWN, 4, 64, 4),  # 4 x 8 int32 = 128 B
+            f"{DOWN}.weight_scale": ("BF16", [4, 2], None),  # 64 / 32 = 2 groups per row: 16 B
+            f"{DOWN}.weight_zero_point": ("I32", [1, 2], None),  # 4 rows packed in one int32: 8 B
+            **packed(Q, 8, 64, 4),  # 8 x 8 int32 = 256 B
+            f"{Q}.weight_scale": ("BF16", [8, 2], None),  # 32 B
+            f"{Q}.weight_zero_point": ("I32", [1, 2], None),  # 8 rows in one int32: 8 B
+        },
+    )
+    cmp = check_against_prediction(checkpoint_memory(tmp_path), 4, 32, False, scheme="W4A16")
+    # n = 4*64 + 8*64 = 768 weights; values 768 * 4 / 8 = 384 B; 768 / 32 = 24 groups -> scales 24 * 2 = 48 B,
+    # zero points 24 * 4 / 8 = 12 B; predicted 384 + 48 + 12 = 444 B = 8 * 444 / 768 = 4.625 bits/weight
+    assert cmp["predicted_bytes"] == 444
+    assert cmp["predicted_bits_per_weight"] == pytest.approx(4.625)
+    # measured: 128 + 256 + 16 + 32 + 8 + 8 = 448 B (int32 zero points carry padding): 4 / 444 = +0.9%
+    assert cmp["measured_bytes"] == 448
+    assert cmp["relative_deviation"] == pytest.approx(4 / 444)
+    assert cmp["ok"] is True
+
+
+def test_prediction_per_channel_uses_rows(tmp_path: Path) -> None:
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            f"{Q}.weight": ("I8", [3, 16], None),  # 48 B
+            f"{Q}.weight_scale": ("BF16", [3, 1], None),  # 6 B
+            f"{K}.weight": ("I8", [2, 8], None),  # 16 B
+            f"{K}.weight_scale": ("BF16", [2, 1], None),  # 4 B
+        },
+    )
+    cmp = check_against_prediction(checkpoint_memory(tmp_path), 8, None, True, scheme="W8A8")
+    # n = 48 + 16 = 64; one scale per output row: 3 + 2 = 5 rows * 2 B = 10 B; 64 + 10 = 74 B, all stored
+    assert cmp["predicted_bytes"] == 74
+    assert cmp["measured_bytes"] == 74
+    assert cmp["predicted_bits_per_weight"] == pytest.approx(9.25)  # 8 * 74 / 64
+    assert cmp["relative_deviation"] == 0
+
+
+def test_prediction_fp32_scales(tmp_path: Path) -> None:
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {f"{K}.weight": ("F8_E4M3", [2, 8], None), f"{K}.weight_scale": ("F32", [2, 1], None)},  # 16 B + 8 B
+    )
+    mem = checkpoint_memory(tmp_path)
+    # float32 scales: 16 + 2 rows * 4 B = 24 B, as stored
+    assert check_against_prediction(mem, 8, None, True, scale_dtype="float32")["predicted_bytes"] == 24
+    # assuming bf16 scales predicts 16 + 2 * 2 = 20 B: measured 24 is +20% -> fails
+    with pytest.raises(CheckpointSizeError, match=r"\+20\.0%"):
+        check_against_prediction(mem, 8, None, True, scale_dtype="bfloat16")
+
+
+def test_prediction_counts_g_idx(tmp_path: Path) -> None:
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            **packed(DOWN, 4, 64, 4),  # 128 B
+            f"{DOWN}.weight_scale": ("BF16", [4, 2], None),  # 16 B
+            f"{DOWN}.weight_g_idx": ("I32", [64], None),  # one int32 per input column: 256 B
+        },
+    )
+    mem = checkpoint_memory(tmp_path)
+    assert mem["g_idx_elements"] == 64
+    cmp = check_against_prediction(mem, 4, 32, True, scheme="W4A16")
+    # 256 weights * 4 / 8 = 128 B + 8 groups * 2 B = 16 B + 64 * 4 B g_idx = 256 B -> 400 B, as stored;
+    # without the g_idx term the prediction would be 144 B and 400 B would be +178%
+    assert cmp["predicted_bytes"] == 400
+    assert cmp["measured_bytes"] == 400
+
+
+def test_prediction_twice_too_large_fails(tmp_path: Path) -> None:
+    # the scheme says W4A16 g64 symmetric, but the weights were stored as int8 (4 per int32)
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            **packed(DOWN, 4, 128, 8),  # 4 x 32 int32 = 512 B
+            f"{DOWN}.weight_scale": ("BF16", [4, 2], None),  # 16 B
+        },
+    )
+    # predicted: 512 weights * 4 / 8 = 256 B + 512 / 64 = 8 groups * 2 B = 16 B -> 272 B (4.250 bits/weight);
+    # measured 512 + 16 = 528 B (8 * 528 / 512 = 8.250 bits/weight); (528 - 272) / 272 = +94.1%
+    with pytest.raises(CheckpointSizeError) as err:
+        check_against_prediction(checkpoint_memory(tmp_path), 4, 64, True, scheme="W4A16")
+    msg = str(err.value)
+    assert "W4A16 (weight_bits=4, group_size=64, symmetric" in msg
+    assert "predicted 272 B (4.250 bits/weight)" in msg
+    assert "measured 528 B (8.250 bits/weight)" in msg
+    assert "+94.1% (tolerance ±10%)" in msg
+    assert err.value.comparison["ok"] is False
+    assert isinstance(err.value, ValueError)
+
+
+def test_prediction_no_quantized_module_fails(tmp_path: Path) -> None:
+    write_safetensors(
+        tmp_path / "model.safetensors",
+        {f"{Q}.weight": ("BF16", [3, 16], None), "lm_head.weight": ("BF16", [4, 4], None)},
+    )
+    with pytest.raises(CheckpointSizeError, match="FP8_DYNAMIC .* has no quantized module"):
+        check_against_prediction(checkpoint_memory(tmp_path), 8, None, True, scheme="FP8_DYNAMIC")
+
+
+def test_prediction_rejects_bad_arguments(ckpt: Path) -> None:
+    mem = checkpoint_memory(ckpt)
+    with pytest.raises(ValueError, match="weight_bits=16"):
+        check_against_prediction(mem, 16, None, True)
+    with pytest.raises(ValueError, match="scale_dtype='int8'"):
+        check_against_prediction(mem, 8, None, True, scale_dtype="int8")
+
+
+CACHED = Path(os.environ.get("QV_CACHE_ROOT", Path.home() / ".cache" / "quantverdict")) / "checkpoints" / "smollm2-135m"
+# SmolLM2-135M: 106,168,320 quantized weights in 155,520 output rows (see tests/integration/test_quantize.py);
+# group_size auto = 64 (576 % 128 = 64; 64 divides 576 and 1536).
+# W4A16 g64 symmetric: 106,168,320 / 2 = 53,084,160 B + 1,658,880 groups * 2 B = 3,317,760 B -> 56,401,920 B
+# W4A16 g64 asymmetric: + 1,658,880 int4 zero points * 0.5 B = 829,440 B -> 57,231,360 B
+# 8-bit per-channel: 106,168,320 B + 155,520 rows * 2 B = 311,040 B -> 106,479,360 B
+REAL = {  # folder prefix -> (label, weight_bits, group_size, symmetric, predicted bytes)
+    "gptq": ("W4A16", 4, 64, True, 56_401_920),
+    "awq": ("W4A16", 4, 64, False, 57_231_360),
+    "int8": ("W8A16", 8, None, True, 106_479_360),
+    "w8a8": ("W8A8", 8, None, True, 106_479_360),
+    "fp8": ("FP8_DYNAMIC", 8, None, True, 106_479_360),
+}
+
+
+@pytest.mark.skipif(not CACHED.is_dir(), reason=f"no cached SmolLM2-135M checkpoints in {CACHED}")
+def test_prediction_on_cached_checkpoints() -> None:
+    seen = set()
+    for folder in sorted(CACHED.iterdir()):
+        prefix = folder.name.split("-", 1)[0]
+        if prefix not in REAL or "damaged" in folder.name or not (folder / "quantverdict_quantize.json").exists():
+            continue
+        label, bits, group, symmetric, predicted = REAL[prefix]
+        cmp = check_against_prediction(checkpoint_memory(folder), bits, group, symmetric, scheme=label)
+        assert cmp["predicted_bytes"] == predicted, folder.name
+        assert abs(cmp["relative_deviation"]) <= 0.10, folder.name
+        seen.add(prefix)
+    if not seen:
+        pytest.skip(f"no finished checkpoint in {CACHED}")

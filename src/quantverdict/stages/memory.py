@@ -94,7 +94,10 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
         ({safetensors dtype: bytes}), ``bytes_by_role`` ({``quantized_weights``, ``quant_params``,
         ``kept_16bit``, ``other``: bytes}), ``num_tensors``, ``quantized_modules`` (modules with
         a quantized weight), ``quantized_weight_elements`` (original weight elements: product of
-        ``weight_shape`` for packed weights, else the stored shape), ``quantized_weight_bytes``,
+        ``weight_shape`` for packed weights, else the stored shape), ``quantized_weight_rows``
+        (their output rows: the original shape without its last, ``in_features``, axis; one
+        per-channel scale each), ``g_idx_elements`` (elements of the ``weight_g_idx`` tensors of
+        activation-ordered GPTQ weights, one per input column), ``quantized_weight_bytes``,
         ``quantized_metadata_bytes`` (``weight_scale`` / ``weight_zero_point`` / ``weight_g_idx``
         / ``weight_global_scale`` of quantized modules; not ``weight_shape``),
         ``effective_bits_per_weight`` = 8 * (quantized_weight_bytes + quantized_metadata_bytes) /
@@ -123,7 +126,7 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
 
     by_dtype: dict[str, int] = {}
     by_role = {"quantized_weights": 0, "quant_params": 0, "kept_16bit": 0, "other": 0}
-    q_elements = q_bytes = q_meta = 0
+    q_elements = q_rows = q_bytes = q_meta = g_idx_elements = 0
     for name, (f, entry) in entries.items():
         size = nbytes(entry)
         by_dtype[entry["dtype"]] = by_dtype.get(entry["dtype"], 0) + size
@@ -137,13 +140,17 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
                 if shape_name not in entries:
                     raise ValueError(f"{name} is packed but {shape_name} is missing; cannot count its elements")
                 sf, sentry = entries[shape_name]
-                q_elements += math.prod(_read_ints(sf, sentry))
+                shape = _read_ints(sf, sentry)
             else:
-                q_elements += math.prod(entry["shape"])
+                shape = list(entry["shape"])
+            q_elements += math.prod(shape)
+            q_rows += math.prod(shape[:-1])  # output rows: [out, in] -> out
         elif module in quantized and leaf.startswith("weight_"):
             by_role["quant_params"] += size
             if leaf != "weight_shape":
                 q_meta += size
+            if leaf == "weight_g_idx":
+                g_idx_elements += math.prod(entry["shape"])
         elif name.endswith(ACTIVATION_PARAM_SUFFIXES):
             by_role["quant_params"] += size
         elif entry["dtype"] in FLOAT_DTYPES:
@@ -160,6 +167,8 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
         "num_tensors": len(entries),
         "quantized_modules": len(quantized),
         "quantized_weight_elements": q_elements,
+        "quantized_weight_rows": q_rows,
+        "g_idx_elements": g_idx_elements,
         "quantized_weight_bytes": q_bytes,
         "quantized_metadata_bytes": q_meta,
         "effective_bits_per_weight": (8 * (q_bytes + q_meta) / q_elements) if q_elements else None,
@@ -212,3 +221,124 @@ def expected_quantized_bytes(
 def expected_bits(bits: int, group_size: int, scale_bytes: int = 2, zero_point: bool = False) -> float:
     """Expected effective bits per weight: ``8 * expected_quantized_bytes(n, ...) / n`` (independent of n)."""
     return 8 * expected_quantized_bytes(group_size, bits, group_size, scale_bytes, zero_point) / group_size
+
+
+SCALE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+G_IDX_BYTES = 4  # weight_g_idx is int32, one entry per input column
+
+
+class CheckpointSizeError(ValueError):
+    """A quantized checkpoint's size is far from what its scheme predicts, or nothing in it is quantized.
+
+    ``comparison`` holds the dict :func:`check_against_prediction` would have returned.
+    """
+
+    def __init__(self, message: str, comparison: dict[str, Any]):
+        super().__init__(message)
+        self.comparison = comparison
+
+
+def check_against_prediction(
+    memory: dict[str, Any],
+    weight_bits: int,
+    group_size: int | None,
+    symmetric: bool,
+    *,
+    scheme: str = "the scheme",
+    scale_dtype: str = "bfloat16",
+    tolerance: float = 0.10,
+) -> dict[str, Any]:
+    """Compare a checkpoint's quantized bytes with what its scheme predicts; raise when far apart.
+
+    Predicted bytes (compressed-tensors layout, the formula of :func:`expected_quantized_bytes`)
+    for ``n`` quantized weight elements in ``rows`` output rows::
+
+        groups = rows                  if group_size is None (per-channel: one scale per row)
+               = n / group_size        otherwise
+        n * weight_bits / 8                               # the quantized values
+        + groups * scale_bytes                            # one scale per group
+        + groups * weight_bits / 8    if not symmetric    # one zero point per group
+        + g_idx_elements * 4                              # int32 weight_g_idx, if stored (GPTQ actorder)
+
+    Measured bytes: ``quantized_weight_bytes + quantized_metadata_bytes`` (``weight_shape`` is not
+    counted). E.g. SmolLM2-135M W4A16 g64 symmetric: 106,168,320 weights -> 53,084,160 B of int4
+    + 1,658,880 groups * 2 B = 56,401,920 B, 4.25 bits/weight.
+
+    Args:
+        memory: :func:`checkpoint_memory` of the checkpoint.
+        weight_bits: ``scheme.weight_bits`` (1..8).
+        group_size: the resolved group size; ``None`` for per-channel.
+        symmetric: ``scheme.symmetric``; asymmetric schemes store a zero point per group.
+        scheme: the scheme's name for messages (e.g. its label ``W4A16``).
+        scale_dtype: dtype the scales are stored in (the checkpoint's saved dtype), one of
+            :data:`SCALE_DTYPE_BYTES`.
+        tolerance: largest allowed ``|measured - predicted| / predicted``.
+
+    Returns:
+        ``{"scheme", "weight_bits", "group_size", "symmetric", "scale_bytes", "quantized_modules",
+        "quantized_weight_elements", "predicted_bytes", "measured_bytes",
+        "predicted_bits_per_weight", "measured_bits_per_weight", "relative_deviation",
+        "tolerance", "ok": True}``; bytes as numbers, deviation as a fraction (0.01 = 1%).
+
+    Raises:
+        CheckpointSizeError: no module is quantized, or the relative deviation exceeds
+            ``tolerance``; the message names the scheme, predicted and measured bytes and
+            bits/weight, and the deviation.
+        ValueError: ``weight_bits``, ``group_size``, ``scale_dtype`` or ``tolerance`` out of range.
+    """
+    if not 1 <= weight_bits <= 8:
+        raise ValueError(f"weight_bits={weight_bits}: a quantizing scheme stores 1..8 bits per weight")
+    if group_size is not None and group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1 or None (per-channel)")
+    if scale_dtype not in SCALE_DTYPE_BYTES:
+        raise ValueError(f"scale_dtype={scale_dtype!r}; allowed: {sorted(SCALE_DTYPE_BYTES)}")
+    if tolerance <= 0:
+        raise ValueError(f"tolerance={tolerance} must be > 0")
+    scale_bytes = SCALE_DTYPE_BYTES[scale_dtype]
+    n = int(memory["quantized_weight_elements"])
+    layout = f"weight_bits={weight_bits}, group_size={group_size or 'channel'}, " + (
+        "symmetric" if symmetric else "asymmetric"
+    )
+    comparison: dict[str, Any] = {
+        "scheme": scheme,
+        "weight_bits": weight_bits,
+        "group_size": group_size,
+        "symmetric": symmetric,
+        "scale_bytes": scale_bytes,
+        "quantized_modules": int(memory["quantized_modules"]),
+        "quantized_weight_elements": n,
+        "tolerance": tolerance,
+    }
+    if memory["quantized_modules"] == 0 or n == 0:
+        comparison.update(ok=False, measured_bytes=0, predicted_bytes=None, relative_deviation=None)
+        raise CheckpointSizeError(
+            f"{scheme} ({layout}) should quantize weights, but the checkpoint has no quantized module "
+            f"(no *.weight_packed and no int8/fp8 *.weight among its {memory.get('num_tensors', '?')} tensors "
+            f"in {', '.join(memory.get('files', [])) or '?'}); it looks unquantized",
+            comparison,
+        )
+    groups = memory["quantized_weight_rows"] if group_size is None else n / group_size
+    predicted = n * weight_bits / 8 + groups * scale_bytes
+    if not symmetric:
+        predicted += groups * weight_bits / 8
+    predicted += G_IDX_BYTES * memory.get("g_idx_elements", 0)
+    measured = memory["quantized_weight_bytes"] + memory["quantized_metadata_bytes"]
+    deviation = (measured - predicted) / predicted
+    comparison.update(
+        predicted_bytes=predicted,
+        measured_bytes=measured,
+        predicted_bits_per_weight=8 * predicted / n,
+        measured_bits_per_weight=8 * measured / n,
+        relative_deviation=deviation,
+        ok=abs(deviation) <= tolerance,
+    )
+    if not comparison["ok"]:
+        raise CheckpointSizeError(
+            f"checkpoint size does not match {scheme} ({layout}, {scale_dtype} scales): predicted "
+            f"{predicted:,.0f} B ({8 * predicted / n:.3f} bits/weight) for {n:,} quantized weights in "
+            f"{memory['quantized_modules']} modules, measured {measured:,} B ({8 * measured / n:.3f} "
+            f"bits/weight), {deviation:+.1%} (tolerance ±{tolerance:.0%}); the checkpoint is not stored "
+            "the way the scheme says, so its memory and speed would be reported under the wrong label",
+            comparison,
+        )
+    return comparison
