@@ -10,7 +10,7 @@ ARGS   ?=
 # near 30 minutes on 2 cores; the scheme files default to 64 x 512
 CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 
-.PHONY: setup browser run test test-unit lint clean-outputs
+.PHONY: setup browser run test test-unit lint clean-outputs bench-gpu
 
 $(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ run: setup
 
 test: setup browser
 	$(VPY) -m pytest tests -v --durations=15
+
+# On the H200 machine (no registry): the prebuilt stacks of ../shared/gpu/README.md under /tmp/site_*, the
+# machine's python3; the embedded grid and the 8B-class synthetic grids -> docs/results/gpu-*.md
+GPU_OUT ?= /tmp/qvgpu
+bench-gpu:
+	PYTHONPATH=/tmp/site_orch:$(CURDIR)/src:$(CURDIR) python3 -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
 
 test-unit: $(VENV)/.ready
 	$(VPY) -m pytest tests/unit -q
