@@ -37,4 +37,4 @@ def embedded_model(default_cfg: Config, stage_envs: dict[str, StageEnv], tmp_pat
     from quantverdict.record import StageInfo
 
     out = tmp_path_factory.mktemp("materialize")
-    return _materialize(default_cfg, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
+    return _materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())

@@ -27,12 +27,15 @@ Imports only the standard library, the quantize environment's libraries and the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import random
+import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +136,37 @@ def build_calibration(tokenizer: Any, cal: dict[str, Any], seed: int) -> tuple[A
         "seed": seed,
     }
     return ds, used
+
+
+_SMOOTHED = re.compile(r"Smoothing with (\S+)")
+_SKIPPED = re.compile(r"Skipping (\S+) for mapping")
+
+
+@contextlib.contextmanager
+def _smoothing_log() -> Iterator[dict[str, list[str]]]:
+    """Collect which norms/layers AWQ and SmoothQuant smoothed or skipped, from llm-compressor's log.
+
+    Yields ``{"smoothed": [...], "skipped": [...]}``, filled while the block runs: SmoothQuant logs
+    ``Smoothing with <layer>``; AWQ and SmoothQuant log ``Skipping <layer> for mapping ...`` when a
+    mapping's balance layers are not quantized (e.g. the input norm of a hybrid model's
+    linear-attention layer, whose projections stay 16-bit).
+    """
+    from loguru import logger
+
+    found: dict[str, list[str]] = {"smoothed": [], "skipped": []}
+
+    def sink(message: Any) -> None:
+        text = message.record["message"]
+        for key, pattern in (("smoothed", _SMOOTHED), ("skipped", _SKIPPED)):
+            m = pattern.search(text)
+            if m and m.group(1) not in found[key]:
+                found[key].append(m.group(1))
+
+    sink_id = logger.add(sink, level="INFO")
+    try:
+        yield found
+    finally:
+        logger.remove(sink_id)
 
 
 def load_model(path: Path, device: str, **kwargs: Any) -> Any:
@@ -279,7 +313,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "max_seq_length": cal_used["seq_len"],
             "shuffle_calibration_samples": False,
         }
-    model = oneshot(model=model, tokenizer=tokenizer, recipe=recipe, **kwargs)
+    with _smoothing_log() as smoothing:
+        model = oneshot(model=model, tokenizer=tokenizer, recipe=recipe, **kwargs)
     quantize_s = time.perf_counter() - t0
     in_memory = _count_scheme_modules(model)
     if compute_dtype != source_dtype:  # store the checkpoint in the source dtype (scales included)
@@ -320,6 +355,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "compute_dtype": compute_dtype,
             "versions": versions(),
             "source": str(model_path),
+            "smoothing": smoothing,
         }
         (tmp / "quantverdict_quantize.json").write_text(json.dumps(provenance, indent=2))
         if out_dir.exists():  # another run finished the same key first: keep one copy
@@ -337,6 +373,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "logits_finite": finite,
         "prompt_nll": {"source": round(nll_source, 4), "quantized": round(nll_quant, 4)},
         "compute_dtype": compute_dtype,
+        "smoothing": smoothing,
         "saved_dtype": source_dtype,
         "quantize_s": round(quantize_s, 3),
         "save_s": round(save_s, 3),
