@@ -187,6 +187,8 @@ def _run(job: Job) -> None:
         serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
         rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
         rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
+        if cfg.env.device == "cuda":
+            rec.environment["gpu"] = _gpu_info()
         st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
 
     with job.stage("materialize") as st:
@@ -250,6 +252,24 @@ def _run(job: Job) -> None:
             _benchmark(job, serve_env, rec.checkpoint["path"])
     else:
         rec.stages["benchmark"] = StageInfo(status="skipped", detail="bench.enabled=false")
+
+
+def _gpu_info() -> list[dict[str, str]]:
+    """The visible GPUs from ``nvidia-smi`` (name, driver, memory MiB, compute capability); [] without it."""
+    import os
+    import subprocess
+
+    query = "index,name,driver_version,memory.total,compute_cap"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = [dict(zip(query.split(","), (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible and all(v.strip().isdigit() for v in visible.split(",")):
+        gpus = [g for g in gpus if g.get("index") in [v.strip() for v in visible.split(",")]]
+    return gpus
 
 
 def _model_by_name(root: Path, name: str) -> ModelConfig:
