@@ -120,11 +120,8 @@ def format_table(records: list[dict[str, Any]]) -> str:
                 [name, "not served", "–", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"]
             )
         speed_rows += _speed_rows(r, name)
-        stage_rows.append([name] + [
-            _f((r.get("stages", {}).get(s) or {}).get("wall_s"), ".0f")
-            + ("c" if (r.get("stages", {}).get(s) or {}).get("status") == "cached" else "")
-            for s in ("materialize", "quantize", "evaluate", "benchmark")
-        ])
+        stage_rows.append([name] + [_stage_cell(r.get("stages", {}).get(s) or {})
+                                    for s in ("materialize", "quantize", "evaluate", "benchmark")])
     out.append("### Memory\n")
     out.append(_md(["job", "checkpoint MiB", "bits/weight", "weights GiB (vLLM)", "KV cache GiB", "KV tokens",
                     "max concurrency", "kernel"], mem_rows))
@@ -157,6 +154,13 @@ def format_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _stage_cell(st: dict[str, Any]) -> str:
+    """Wall time in s (``c`` appended when cached); ``n/a`` for a stage that does not apply."""
+    if st.get("status") == "not_applicable":
+        return "n/a"
+    return _f(st.get("wall_s"), ".0f") + ("c" if st.get("status") == "cached" else "")
+
+
 def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
     if "refused" in deltas:
         return " (Δ refused)"
@@ -170,7 +174,7 @@ def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
 def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     base = find_baseline(r, records)
     if not base or base is r or (r.get("accuracy") or {}).get("not_applicable"):
-        return None
+        return None  # a synthetic model's accuracy is not applicable, not refused
     d = accuracy_deltas(r, base, {})
     return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None
 

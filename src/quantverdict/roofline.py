@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from quantverdict import sweep
 from quantverdict.stages.memory import read_header
 
 # tensors a text decode step does not read in full: the vision tower of a VLM checkpoint (text-only
@@ -85,13 +86,14 @@ def efficiency(decode_bytes: float, copy_bytes_per_s: float, tpot_ms: float) -> 
 
 def c1_tpot_ms(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -> float | None:
     """Median TPOT (ms) at concurrency 1: the summary row of load 1 in a concurrency sweep, else the
-    valid points with ``concurrency == 1``; None when the sweep has no such load."""
+    median over the valid points (:func:`quantverdict.sweep.point_valid`) with ``concurrency == 1``;
+    None when the sweep has no such load."""
     for row in summary or []:
         tpot = (row.get("metrics") or {}).get("tpot_ms_p50")
         if row.get("concurrency") == 1 and tpot:
             return float(tpot["median"])
     vals = sorted(float(p["tpot_ms_p50"]) for p in points or []
-                  if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and p.get("output_valid", True))
+                  if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and sweep.point_valid(p))
     if not vals:
         return None
     mid = len(vals) // 2

@@ -196,3 +196,166 @@ def grid() -> list[dict[str, Any]]:
         record("gptq", acc_norm=0.48, wppl=21.0, tppl=41.6, sp=speed(25.0, 270.0, e2e50=900)),
         record("awq", acc_norm=0.485, wppl=20.8, tppl=41.2, sp=speed(26.0, 260.0, e2e50=950)),
     ]
+
+
+# --- a synthetic model (random weights, model.source=synthetic) ---------------------------------------
+#
+# Llama-3.1-8B's dimensions: 32 layers, 8 KV heads, head_dim 128, so a bf16 KV cache takes
+# 2 × 32 × 8 × 128 × 2 = 131,072 bytes per token. Requests are 1024 + 128 = 1152 tokens; 16 concurrent
+# requests need 18,432 tokens × 131,072 B = 2,415,919,104 B = 2.25 GiB (18 × 2^27 = 2304 MiB).
+#
+# | scheme | weights GiB | need GiB | decode bytes | TPOT c=1 | ideal ms (/ 4.0e12 B/s) | efficiency |
+# |---|---|---|---|---|---|---|
+# | bf16 | 15.0 | 17.25 | 16.0e9 | 5.0 | 4.00 | 0.80 |
+# | fp8  |  8.5 | 10.75 |  9.0e9 | 3.0 | 2.25 | 0.75 |
+# | w8a8 |  8.5 | 10.75 |  9.0e9 | 3.125 | 2.25 | 0.72 |
+# | gptq |  5.5 |  7.75 |  5.0e9 | 2.5 | 1.25 | 0.50 |
+#
+# Concurrency sweep (c = 1, 16, 64, 256): TPOT p50 and TTFT p50 per level below; ITL p50 = TPOT p50,
+# ITL p99 = 1.5 × TPOT, TTFT p99 = 2 × TTFT p50, E2E p50 = TTFT p50 + 127 × TPOT (128 output tokens),
+# achieved req/s = c / E2E, output tok/s = 128 × req/s. At c=16, E2E p50: bf16 60 + 127 × 6 = 822 ms,
+# fp8 45 + 127 × 4 = 553 ms, w8a8 45 + 127 × 3.9 = 540.3 ms, gptq 70 + 127 × 4 = 578 ms.
+
+SYN_MODEL = "llama3.1-8b-shape"
+SYN_DIMS = {
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+SYN_NOT_APPLICABLE = "synthetic model with random weights: accuracy is not applicable (memory and speed are real)"
+SYN_COPY_BYTES_PER_S = 4.0e12
+SYN_CONCURRENCIES = (1, 16, 64, 256)
+# scheme -> (weights GiB, decode bytes, TPOT p50 ms per concurrency, TTFT p50 ms per concurrency)
+SYN = {
+    "bf16": (15.0, 16.0e9, (5.0, 6.0, 9.0, 20.0), (20.0, 60.0, 200.0, 800.0)),
+    "fp8": (8.5, 9.0e9, (3.0, 4.0, 6.5, 14.0), (15.0, 45.0, 150.0, 600.0)),
+    "w8a8": (8.5, 9.0e9, (3.125, 3.9, 6.0, 13.0), (15.0, 45.0, 140.0, 560.0)),
+    "gptq": (5.5, 5.0e9, (2.5, 4.0, 10.0, 30.0), (20.0, 70.0, 260.0, 1100.0)),
+}
+SYN_BITS = {"bf16": None, "fp8": 8.0, "w8a8": 8.0, "gptq": 4.25}
+SYN_KERNELS = {
+    "bf16": [],
+    "fp8": [{"kernel": "CutlassFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
+    "w8a8": [{"kernel": "CutlassScaledMMLinearKernel", "method": "CompressedTensorsW8A8Int8"}],
+    "gptq": [{"kernel": "MarlinLinearKernel", "method": "CompressedTensorsWNA16"}],
+}
+
+
+def conc_point(c: int, tpot: float, ttft: float, output_len: int = 128) -> dict[str, Any]:
+    """One closed-loop point at concurrency ``c`` (see the table above for the derived numbers)."""
+    e2e = ttft + (output_len - 1) * tpot
+    rps = c * 1000.0 / e2e
+    n = max(32, 4 * c)
+    return {
+        "point": f"conc-{c}_r0",
+        "offered_rate_rps": "inf",
+        "concurrency": c,
+        "repeat": 0,
+        "valid": True,
+        "achieved_rps": rps,
+        "output_tok_s": rps * output_len,
+        "total_tok_s": rps * (1024 + output_len),
+        "ttft_ms_p50": ttft,
+        "ttft_ms_p90": 1.6 * ttft,
+        "ttft_ms_p99": 2.0 * ttft,
+        "tpot_ms_p50": tpot,
+        "tpot_ms_p99": 1.5 * tpot,
+        "itl_ms_p50": tpot,
+        "itl_ms_p99": 1.5 * tpot,
+        "e2e_ms_p50": e2e,
+        "e2e_ms_p99": 1.2 * e2e,
+        "completed": n,
+        "failed": 0,
+        "output_tokens_total": n * output_len,
+        "output_tokens_requested": n * output_len,
+        "duration_s": n / rps,
+    }
+
+
+def synthetic_record(scheme: str, *, model: str = SYN_MODEL, with_roofline: bool = True) -> dict[str, Any]:
+    """A finished job of a synthetic model: no accuracy (not applicable), real memory and speed."""
+    label, wbits, abits = LABELS[scheme]
+    w, decode, tpots, ttfts = SYN[scheme]
+    tpot1 = tpots[0]
+    speed_: dict[str, Any] = {
+        "mode": "concurrency",
+        "server_start_s": 60.0,
+        "hbm_copy": {"copy_bytes_per_s": SYN_COPY_BYTES_PER_S, "copy_gbps": SYN_COPY_BYTES_PER_S / 1e9},
+        "points": [conc_point(c, t, f) for c, t, f in zip(SYN_CONCURRENCIES, tpots, ttfts)],
+    }
+    if with_roofline:
+        ideal = decode / SYN_COPY_BYTES_PER_S * 1e3
+        speed_["roofline"] = {
+            "decode_bytes": int(decode),
+            "embedding_bytes": 128256 * 4096 * 2,
+            "skipped_bytes": 0,
+            "total_bytes": int(decode) + 128256 * 4096 * 2,
+            "copy_bytes_per_s": SYN_COPY_BYTES_PER_S,
+            "ideal_ms_per_token": ideal,
+            "tpot_ms": tpot1,
+            "efficiency": ideal / tpot1,
+            "achieved_bytes_per_s": decode / (tpot1 / 1e3),
+        }
+    kv_gib = 100.0
+    return {
+        "schema_version": 1,
+        "tool": {"name": "quantverdict", "version": "0.1.0"},
+        "job": {
+            "id": f"{model}_{scheme}_s",
+            "model": model,
+            "scheme": scheme,
+            "scheme_label": label,
+            "config_hash": "s",
+            "output_dir": f"/nonexistent/{model}_{scheme}",
+            "started_at": "2026-01-02T00:00:00",
+            "finished_at": "2026-01-02T01:00:00",
+        },
+        "status": "ok",
+        "failed_stage": None,
+        "error": None,
+        "notes": [],
+        "environment": {
+            "gpu": [{"name": "NVIDIA H200", "driver_version": "570.124.06", "memory_total": "143771 MiB",
+                     "compute_cap": "9.0"}],
+            "serve": {"vllm": "0.11.0", "torch": "2.8.0"},
+        },
+        "stages": {
+            "quantize": {"status": "ok", "wall_s": 120.0, "detail": ""},
+            "evaluate": {"status": "not_applicable", "wall_s": None, "detail": SYN_NOT_APPLICABLE},
+            "benchmark": {"status": "ok", "wall_s": 600.0, "detail": ""},
+        },
+        "config": {
+            "baseline_scheme": "bf16",
+            "model": {"name": model, "dtype": "bfloat16", "source": "synthetic"},
+            "scheme": {"name": scheme, "label": label, "weight_bits": wbits, "activation_bits": abits},
+            "eval": {"headline": {"arc_easy": "acc_norm", "wikitext": "word_perplexity"}},
+            "bench": {"mode": "concurrency", "input_len": 1024, "output_len": 128,
+                      "server": {"kv_cache_dtype": "auto"}},
+            "tracking": {"enabled": False, "uri": "", "experiment": "x"},
+        },
+        "model": {"dims": SYN_DIMS, "num_parameters": 8_030_261_248},
+        "memory": {
+            # as stages.memory writes it: None without quantized weights; 4-bit: + one bf16 scale per 64 = 4.25
+            "checkpoint": {"total_weight_bytes": int(w * GIB), "effective_bits_per_weight": SYN_BITS[scheme]},
+            "server": {
+                "weights_gib": w,
+                "kv_cache_gib": kv_gib,
+                "kv_cache_tokens": int(kv_gib * GIB // 131072),  # 819,200
+                "max_concurrency": kv_gib * GIB / 131072 / 4096,
+                "kernels": SYN_KERNELS[scheme],
+                "fallback": False,
+            },
+        },
+        "accuracy": {"not_applicable": SYN_NOT_APPLICABLE},
+        "speed": speed_,
+    }
+
+
+def synthetic_grid() -> list[dict[str, Any]]:
+    """bf16, fp8, gptq W4A16 and w8a8 of the synthetic Llama-3.1-8B shape (numbers in the table above)."""
+    return [synthetic_record(s) for s in ("bf16", "fp8", "gptq", "w8a8")]

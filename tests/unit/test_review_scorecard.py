@@ -32,6 +32,38 @@ def test_kv_bytes_per_token() -> None:
     assert kv_bytes_per_token({}, 2) is None
 
 
+QWEN35_9B = {
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_kv_layers": 8,  # full attention every 4th layer; the 24 Gated DeltaNet layers keep a fixed-size state
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+}
+
+
+def test_kv_bytes_per_token_counts_only_the_kv_layers_of_a_hybrid_model() -> None:
+    # Qwen3.5-9B: 2 (K, V) * 8 full-attention layers * 4 KV heads * 256 head_dim * 2 bytes = 32,768
+    assert kv_bytes_per_token(QWEN35_9B, 2) == 32768
+    # counting all 32 layers would say 2 * 32 * 4 * 256 * 2 = 131,072: 4x the real cache
+    assert kv_bytes_per_token({k: v for k, v in QWEN35_9B.items() if k != "num_kv_layers"}, 2) == 131072
+    # fp8 KV cache: half of 32,768
+    assert kv_bytes_per_token(QWEN35_9B, 1) == 16384
+
+
+def test_memory_of_a_hybrid_model_uses_the_kv_layers() -> None:
+    rec = record("bf16", weights_gib=17.0)
+    rec["model"]["dims"] = QWEN35_9B
+    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=24.0))
+    # 16 requests * 288 tokens = 4,608 tokens * 32,768 B = 150,994,944 B = 0.140625 GiB (4608 / 32768)
+    assert m["kv_bytes_per_token"] == 32768
+    assert m["kv_needed_gib"] == pytest.approx(0.140625)
+    assert m["need_gib"] == pytest.approx(17.140625)
+    # tokens that fit in the 7 GiB left: 7 * 2^30 / 32,768 = 229,376
+    assert m["budget_kv_tokens"] == 229376
+
+
 def test_memory_need_and_what_fits_the_budget() -> None:
     m, missing = memory_summary(record("gptq"), replace(RC, memory_budget_gib=0.22))
     assert not missing

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from quantverdict.config import ConfigError, SchemeConfig
 from quantverdict.schemes import (
     checkpoint_key,
+    data_free_equivalent,
     derive_group_size,
     quantized_in_features,
     read_dims,
@@ -253,3 +254,89 @@ def test_serving_support_on_cpu_by_instruction_set() -> None:
     assert {s for s, c in sch.items() if serving_unsupported(c, "cpu", avx512)} == {"int8"}
     assert not any(serving_unsupported(c, "cuda", avx2) for c in sch.values())
     assert "avx512f" in (serving_unsupported(sch["gptq"], "cpu", avx2) or "")
+
+
+# --- data_free_equivalent (synthetic models: same checkpoint format by round-to-nearest) ---------------
+
+
+def test_data_free_gptq_is_a_quantization_modifier_without_hessian_args() -> None:
+    recipe = resolve_recipe(load_scheme("gptq"), SMOLLM2)
+    out = data_free_equivalent(recipe)
+    # conf/scheme/gptq.yaml minus dampening_frac (modifier) and actorder (weights); group_size auto -> 64
+    assert out == {
+        "quant_stage": {
+            "quant_modifiers": {
+                "QuantizationModifier": {
+                    "ignore": ["lm_head"],
+                    "config_groups": {
+                        "group_0": {
+                            "targets": ["Linear"],
+                            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                        "group_size": 64},
+                        }
+                    },
+                }
+            }
+        }
+    }
+    # the input is left as it was
+    gptq = recipe["quant_stage"]["quant_modifiers"]["GPTQModifier"]
+    assert gptq["dampening_frac"] == 0.01 and gptq["config_groups"]["group_0"]["weights"]["actorder"] == "static"
+
+
+def test_data_free_awq_drops_the_awq_rescaling_keeps_the_quantizer() -> None:
+    recipe = resolve_recipe(load_scheme("awq"), SMOLLM2)
+    out = data_free_equivalent(recipe)
+    mods = out["quant_stage"]["quant_modifiers"]
+    assert list(mods) == ["QuantizationModifier"]
+    assert mods["QuantizationModifier"] == recipe["quant_stage"]["quant_modifiers"]["QuantizationModifier"]
+    weights = mods["QuantizationModifier"]["config_groups"]["group_0"]["weights"]
+    assert (weights["num_bits"], weights["symmetric"], weights["group_size"]) == (4, False, 64)
+
+
+def test_data_free_w8a8_drops_smoothquant_and_keeps_the_preset_scheme() -> None:
+    out = data_free_equivalent(resolve_recipe(load_scheme("w8a8"), SMOLLM2))
+    # conf/scheme/w8a8.yaml: SmoothQuantModifier dropped; GPTQModifier(ignore, targets, scheme W8A8,
+    # dampening_frac) -> QuantizationModifier(ignore, targets, scheme W8A8)
+    assert out == {
+        "quant_stage": {
+            "quant_modifiers": {
+                "QuantizationModifier": {"ignore": ["lm_head"], "targets": ["Linear"], "scheme": "W8A8"}
+            }
+        }
+    }
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8"])
+def test_data_free_leaves_data_free_recipes_alone(name: str) -> None:
+    recipe = resolve_recipe(load_scheme(name), SMOLLM2)
+    assert data_free_equivalent(recipe) == recipe
+
+
+def test_resolve_extra_ignore_appends_to_every_ignore_list() -> None:
+    recipe = {
+        "stage_a": {"mods": {"QuantizationModifier": {"ignore": ["lm_head"], "targets": ["Linear"], "scheme": "W8A8"}}},
+        "stage_b": {
+            "mods": {
+                "AWQModifier": {"n_grid": 10},  # no ignore list: none is added
+                "GPTQModifier": {"ignore": ["lm_head", "re:.*visual.*"], "targets": ["Linear"], "scheme": "W8A8"},
+            }
+        },
+    }
+    scheme = SchemeConfig(name="x", label="W8A8", method="gptq", weight_bits=8, activation_bits=8,
+                          group_size="channel", recipe=recipe)
+    extra = ["re:.*linear_attn.*", "re:.*visual.*"]
+    out = resolve_recipe(scheme, SMOLLM2, extra_ignore=extra)
+    assert out["stage_a"]["mods"]["QuantizationModifier"]["ignore"] == [
+        "lm_head",
+        "re:.*linear_attn.*",
+        "re:.*visual.*",
+    ]
+    # already-present patterns are not repeated
+    assert out["stage_b"]["mods"]["GPTQModifier"]["ignore"] == ["lm_head", "re:.*visual.*", "re:.*linear_attn.*"]
+    assert "ignore" not in out["stage_b"]["mods"]["AWQModifier"]
+    assert recipe["stage_a"]["mods"]["QuantizationModifier"]["ignore"] == ["lm_head"]  # the scheme is untouched
+    # the shipped gptq scheme with Qwen3.5's model.quantize_ignore
+    qwen = ["re:.*linear_attn.*", "re:.*visual.*", "re:.*embed_tokens$"]
+    got = resolve_recipe(load_scheme("gptq"), SMOLLM2, extra_ignore=qwen)
+    assert got["quant_stage"]["quant_modifiers"]["GPTQModifier"]["ignore"] == ["lm_head", *qwen]

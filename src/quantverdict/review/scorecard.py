@@ -81,6 +81,8 @@ class Scorecard:
     memory: dict[str, Any] = field(default_factory=dict)
     accuracy: list[TaskDelta] = field(default_factory=list)
     accuracy_refused: str | None = None
+    # why accuracy cannot be measured at all (synthetic model, random weights); None for a real model
+    accuracy_not_applicable: str | None = None
     speed: dict[str, Any] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
@@ -105,6 +107,33 @@ def weight_tier(rec: dict[str, Any]) -> int:
         m = re.match(r"W(\d+)", label)
         bits = int(m.group(1)) if m else (8 if "FP8" in label else 16)
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
+
+
+NOT_APPLICABLE_DEFAULT = "synthetic model with random weights: accuracy is not applicable"
+
+
+def accuracy_not_applicable(rec: dict[str, Any]) -> str | None:
+    """Why the record's accuracy cannot be measured, or None when it can.
+
+    A synthetic model (``config.model.source == "synthetic"``: random weights with a real model's
+    dimensions) has no meaningful accuracy; the pipeline writes ``accuracy = {"not_applicable": reason}``
+    and ``stages.evaluate.status = "not_applicable"``. The reason is taken from the first of those two,
+    else (a job that failed before the evaluate stage) from the config's model source.
+    """
+    acc = rec.get("accuracy") or {}
+    if acc.get("not_applicable"):
+        return str(acc["not_applicable"])
+    ev = (rec.get("stages") or {}).get("evaluate") or {}
+    if isinstance(ev, dict) and ev.get("status") == "not_applicable":
+        return str(ev.get("detail") or NOT_APPLICABLE_DEFAULT)
+    if ((rec.get("config") or {}).get("model") or {}).get("source") == "synthetic":
+        return NOT_APPLICABLE_DEFAULT
+    return None
+
+
+def na_label(reason: str | None) -> str:
+    """How a not-applicable accuracy is shown in a table cell: ``not applicable (random weights)``."""
+    return "not applicable (random weights)" if "random weights" in (reason or "") else "not applicable"
 
 
 def is_baseline(rec: dict[str, Any]) -> bool:
@@ -168,7 +197,8 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     ck, sv = mem.get("checkpoint") or {}, mem.get("server") or {}
     out: dict[str, Any] = {
         "checkpoint_gib": ck["total_weight_bytes"] / GIB if ck.get("total_weight_bytes") else None,
-        "bits_per_weight": ck.get("effective_bits_per_quantized_weight"),
+        # stages.memory writes effective_bits_per_weight; the other name is that of early hand-built records
+        "bits_per_weight": ck.get("effective_bits_per_weight", ck.get("effective_bits_per_quantized_weight")),
         "server_weights_gib": sv.get("weights_gib"),
         "server_kv_cache_gib": sv.get("kv_cache_gib"),
         "server_kv_tokens": sv.get("kv_cache_tokens"),
@@ -441,7 +471,8 @@ SPREAD_KEYS = ("achieved_rps", "output_tok_s", "throughput_rps", "throughput_tok
 
 def load_label(p: dict[str, Any], mode: str) -> str:
     if mode == "concurrency":
-        return f"concurrency {p.get('concurrency')}"
+        c = p.get("concurrency")
+        return f"concurrency {c:g}" if _is_num(c) else f"concurrency {c}"  # medians turn 16 into 16.0
     r = p["load"]
     return "unlimited rate" if math.isinf(r) else f"{r:g} req/s"
 

@@ -13,6 +13,10 @@ The verdict: if the baseline passes all three, do not quantize. Otherwise the co
 are binding, and the chosen scheme is the least aggressive one that passes all three: 8-bit tier
 (W8A16, FP8_DYNAMIC, W8A8) before 4-bit (W4A16); within a tier the lowest E2E p50 at the stated
 load (then the highest ceiling). A check that cannot be made (missing data) never passes.
+
+A synthetic model (random weights with a real model's dimensions, ``model.source=synthetic``) has no
+meaningful accuracy: its accuracy check is **not applicable**, never blocks, and the verdict is decided
+on memory and latency alone and says so (accuracy must be measured on the real model before deploying).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantverdict.config import ReviewConfig
-from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, slo_ok
+from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label, slo_ok
 
-PASS, FAIL, UNKNOWN, OFF = "pass", "fail", "unknown", "off"
+PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
+NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
 CONSTRAINTS = ("memory", "accuracy", "latency")
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
 
@@ -35,7 +40,7 @@ class Check:
     much a failing scheme misses; ``excess`` is that shortfall relative to the limit (for ranking)."""
 
     constraint: str
-    status: str  # pass | fail | unknown | off
+    status: str  # pass | fail | unknown | off | not_applicable
     text: str
     shortfall: str = ""
     excess: float = 0.0
@@ -60,6 +65,9 @@ class Verdict:
     others: list[str] = field(default_factory=list)  # one sentence per other scheme
     order: list[str] = field(default_factory=list)  # the order schemes were tried in
     regime: list[str] = field(default_factory=list)
+    # set when accuracy was not measured for this model (synthetic, random weights): the verdict rests
+    # on memory and latency alone; the reason
+    accuracy_not_measured: str = ""
 
 
 def _n(v: float | None, fmt: str = ".2f") -> str:
@@ -111,6 +119,20 @@ def _reference_score(sc: Scorecard) -> str:
 
 
 def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
+    if sc.accuracy_not_applicable:
+        floor = []
+        if rc.min_recovery_pct is not None:
+            floor.append(f"recovery >= {rc.min_recovery_pct:g}%")
+        if rc.max_perplexity_increase_pct is not None:
+            floor.append(f"perplexity <= +{rc.max_perplexity_increase_pct:g}%")
+        na = na_label(sc.accuracy_not_applicable)
+        what = f"the accuracy floor ({', '.join(floor)}) does not apply" if floor else "no accuracy floor is set"
+        return Check(
+            "accuracy",
+            NOT_APPLICABLE,
+            f"{na}: accuracy was not measured; {what} and does not block",
+            cite="accuracy not measured (" + na.replace(" (", ": ").rstrip(")") + ")",
+        )
     if rc.min_recovery_pct is None and rc.max_perplexity_increase_pct is None:
         return Check("accuracy", OFF, "no accuracy floor set")
     if sc.is_baseline:
@@ -242,7 +264,8 @@ def checks(sc: Scorecard, rc: ReviewConfig) -> dict[str, Check]:
 
 
 def passes(cs: dict[str, Check]) -> bool:
-    return all(c.status in (PASS, OFF) for c in cs.values())
+    """No check fails or is unknown (a not-applicable accuracy does not block)."""
+    return all(c.status in NON_BLOCKING for c in cs.values())
 
 
 # --- ordering and the verdict -----------------------------------------------------------------------
@@ -266,6 +289,8 @@ def _three(cs: dict[str, Check]) -> str:
     mem = "has no memory budget to meet" if m.status == OFF else m.short()
     if a.status == OFF:
         acc = "has no accuracy floor to meet"
+    elif a.status == NOT_APPLICABLE:
+        acc = a.short()
     else:
         acc = a.short() if a.status != PASS or a.cite == "is the accuracy reference" else f"keeps {a.short()}"
     if lat.status == OFF:
@@ -311,6 +336,23 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
     quantized = [sc for sc in cards if not sc.is_baseline]
     order = candidate_order(quantized)
     v = Verdict(model, "", None, None, "", order=[sc.scheme for sc in order])
+    v.accuracy_not_measured = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
+    _decide(model, v, base, order, all_checks)
+    if v.accuracy_not_measured:
+        v.sentence += (
+            f" Accuracy not measured (not applicable: {v.accuracy_not_measured.split(':')[0]}): "
+            "accuracy must be measured on the real model before deploying."
+        )
+    return v, all_checks
+
+
+def _decide(
+    model: str, v: Verdict, base: Scorecard | None, order: list[Scorecard], all_checks: dict[str, dict[str, Check]]
+) -> None:
+    """Fill ``v`` (decision, sentence, evidence, others). With ``v.accuracy_not_measured`` the
+    decision is "on memory and speed alone" and a scheme must meet both memory and latency."""
+    alone = "On memory and speed alone: " if v.accuracy_not_measured else ""
+    three = "both memory and latency" if v.accuracy_not_measured else "all three"
     if base is None:
         v.decision = "no baseline"
         v.sentence = (
@@ -319,7 +361,7 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         )
         for sc in order:
             v.others.append(f"{sc.name}: {_cite(all_checks[sc.scheme])}")
-        return v, all_checks
+        return
     bc = all_checks[base.scheme]
     v.binding = [f"{base.name} fails {c.constraint}: {c.shortfall}" for c in bc.values() if c.status == FAIL]
     unverified = [c for c in bc.values() if c.status == UNKNOWN]
@@ -339,17 +381,18 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         )
         for sc in order:
             cs = all_checks[sc.scheme]
-            v.others.append(f"{sc.name}: " + ("passes all three" if _eligible(sc, cs) else _why_not(sc, cs)))
-        return v, all_checks
+            v.others.append(f"{sc.name}: " + (f"passes {three}" if _eligible(sc, cs) else _why_not(sc, cs)))
+        return
     if not v.binding:
         v.decision, v.scheme, v.label = "do not quantize", base.scheme, base.label
-        v.sentence = f"**Do not quantize: keep {base.name}.** No constraint binds: it {_three(bc)}."
+        head = f"{alone}do not quantize, keep {base.name}." if alone else f"Do not quantize: keep {base.name}."
+        v.sentence = f"**{head}** No constraint binds: it {_three(bc)}."
         v.evidence = [f"{base.name} {c.constraint}: {c.text}" for c in bc.values()]
         for sc in order:
             cs = all_checks[sc.scheme]
-            tail = "would also pass all three, but nothing needs it" if _eligible(sc, cs) else _why_not(sc, cs)
+            tail = f"would also pass {three}, but nothing needs it" if _eligible(sc, cs) else _why_not(sc, cs)
             v.others.append(f"{sc.name}: {tail}")
-        return v, all_checks
+        return
     chosen = next((sc for sc in order if _eligible(sc, all_checks[sc.scheme])), None)
     binding_names = ", ".join(c.constraint for c in bc.values() if c.status == FAIL)
     if chosen is None:
@@ -357,13 +400,13 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         ranked = sorted(
             order,
             key=lambda sc: (
-                sum(c.status != PASS and c.status != OFF for c in all_checks[sc.scheme].values()),
+                sum(c.status not in NON_BLOCKING for c in all_checks[sc.scheme].values()),
                 sum(c.excess for c in all_checks[sc.scheme].values()),
             ),
         )
         closest = ranked[0] if ranked else None
         v.sentence = (
-            f"**No scheme meets all three constraints for {model}.** {base.name} fails {binding_names} "
+            f"**No scheme meets {three} constraints for {model}.** {base.name} fails {binding_names} "
             f"({'; '.join(c.shortfall for c in bc.values() if c.status == FAIL)})"
         )
         if closest is not None:
@@ -377,19 +420,19 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
             v.evidence = [f"{closest.name} {c.constraint}: {c.text}" for c in all_checks[closest.scheme].values()]
         for sc in order:
             v.others.append(f"{sc.name}: {_why_not(sc, all_checks[sc.scheme])}")
-        return v, all_checks
+        return
     cc = all_checks[chosen.scheme]
     v.decision, v.scheme, v.label = "quantize", chosen.scheme, chosen.label
     same_tier = [
         sc for sc in order if sc.tier == chosen.tier and sc is not chosen and _eligible(sc, all_checks[sc.scheme])
     ]
-    why_tier = f"the least aggressive scheme that meets all three ({TIER_NAMES.get(chosen.tier, chosen.tier)} tier"
+    why_tier = f"the least aggressive scheme that meets {three} ({TIER_NAMES.get(chosen.tier, chosen.tier)} tier"
     if same_tier:
         e2e = (chosen.speed.get("at_load") or {}).get("e2e_ms_p50")
         why_tier += f"; E2E p50 {_n(e2e, ',.0f')} ms at the load, ahead of " + ", ".join(sc.scheme for sc in same_tier)
     why_tier += ")"
     v.sentence = (
-        f"**Deploy {chosen.name}.** {base.name} fails {binding_names} "
+        f"**{alone}{'deploy' if alone else 'Deploy'} {chosen.name}.** {base.name} fails {binding_names} "
         f"({'; '.join(c.shortfall for c in bc.values() if c.status == FAIL)}). "
         f"{chosen.name} {_three(cc)}: {why_tier}."
     )
@@ -400,10 +443,10 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         cs = all_checks[sc.scheme]
         if _eligible(sc, cs):
             more = "more aggressive" if sc.tier > chosen.tier else "same tier, slower at the load"
-            v.others.append(f"{sc.name}: passes all three too, not chosen ({more})")
+            v.others.append(f"{sc.name}: passes {three} too, not chosen ({more})")
         else:
             v.others.append(f"{sc.name}: {_why_not(sc, cs)}")
-    return v, all_checks
+    return
 
 
 # --- regime -----------------------------------------------------------------------------------------
