@@ -265,7 +265,8 @@ def _gpu_info() -> list[dict[str, str]]:
                              capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    gpus = [dict(zip(query.split(","), (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+    keys = ("index", "name", "driver_version", "memory_total_mib", "compute_cap")
+    gpus = [dict(zip(keys, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible and all(v.strip().isdigit() for v in visible.split(",")):
         gpus = [g for g in gpus if g.get("index") in [v.strip() for v in visible.split(",")]]
