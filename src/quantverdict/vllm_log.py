@@ -52,6 +52,9 @@ _FALLBACK = re.compile(
     re.IGNORECASE,
 )
 # W8A8, W4A8, W8A8Fp8, W4A4 ... : activation bits < 16 in the method name
+# "falling back" lines that are not about how the weights are multiplied (seen on the H200 with
+# vLLM 0.26: "No FlashInfer autotune cache entries found.Falling back to default tactics.")
+_NOT_A_KERNEL_FALLBACK = re.compile(r"autotune|tactics|sampler|sampling|Auto-prefetch", re.IGNORECASE)
 _ACT_QUANT_METHOD = re.compile(r"W\d+A(?:[1-9]|1[0-5])(?!\d)|ScaledMM|W8A8|Fp8|FP8|NVFP4|MXFP4", re.IGNORECASE)
 _WEIGHT_ONLY_METHOD = re.compile(r"A16\b|WNA16|W\d+A16")
 
@@ -187,7 +190,7 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         if _ONEDNN_FALLBACK.search(line):
             out["unquantized_gemm_fallback"] = True
             evidence.setdefault("unquantized_gemm_fallback", line[:200])
-        elif _FALLBACK.search(line) and not line.startswith(("Route:", "INFO:")) and "Auto-prefetch" not in line:
+        elif _FALLBACK.search(line) and not line.startswith(("Route:", "INFO:")) and not _NOT_A_KERNEL_FALLBACK.search(line):
             if "WARNING" in raw or "Emulation" in line or "weight-only" in line.lower():
                 out["fallback_lines"].append(line[:300])
 

@@ -159,3 +159,25 @@ def test_ansi_colour_codes_are_ignored():
     line = "\x1b[1;36m(EngineCore pid=1)\x1b[0;0m INFO 11-29 22:41:00 [kv_cache_utils.py:2327] CPU KV cache size: 1,024 tokens, Maximum concurrency for 512 tokens per request: 2.00x"
     d = vllm_log.parse(line)
     assert d["kv_cache_tokens"] == 1024 and d["max_concurrency"] == 2.0 and d["device"] == "cpu"
+
+
+# Lines of a real vLLM 0.26.0 server log on the H200 (llama3.1-8b-shape, FP8_DYNAMIC, 2026-11-30).
+GPU_FP8_H200 = """\
+(EngineCore pid=7955) INFO 11-30 02:15:46 [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: model='/c/fp8', device_config=cuda, quantization=compressed-tensors, dtype=torch.bfloat16
+(EngineCore pid=7955) INFO 11-30 02:15:48 [__init__.py:635] Selected CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8
+(EngineCore pid=7955) INFO 11-30 02:15:54 [model_runner.py:305] Model loading took 8.55 GiB and 6.275478 seconds
+(EngineCore pid=7955) INFO 11-30 02:16:53 [gpu_worker.py:560] Available KV cache memory: 115.91 GiB
+(EngineCore pid=7955) INFO 11-30 02:16:53 [kv_cache_utils.py:2177] GPU KV cache size: 949,552 tokens
+(EngineCore pid=7955) INFO 11-30 02:16:53 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per request: 231.82x
+(EngineCore pid=7955) WARNING 11-30 02:16:53 [kernel_warmup.py:258] No FlashInfer autotune cache entries found.Falling back to default tactics.
+"""
+
+
+def test_gpu_fp8_autotune_warning_is_not_a_kernel_fallback():
+    # the FlashInfer warning says "Falling back" but is about tuning tactics, not the FP8 GEMM:
+    # the first H200 run mislabelled FP8 and W8A8 as weight-only fallbacks because of it
+    d = vllm_log.parse(GPU_FP8_H200, activation_quantized=True)
+    assert d["kernels"] == [{"kernel": "CutlassFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}]
+    assert d["weights_gib"] == 8.55 and d["kv_cache_gib"] == 115.91
+    assert d["kv_cache_tokens"] == 949_552 and d["max_concurrency"] == 231.82
+    assert d["fallback_lines"] == [] and d["fallback"] is False
