@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantverdict import envs, procs, schemes, sweep, vllm_log
+from quantverdict import envs, hardware, procs, schemes, sweep, vllm_log
 from quantverdict.config import Config
 from quantverdict.envs import StageEnv
 from quantverdict.integrity import IntegrityError, check_checkpoint
@@ -180,6 +180,12 @@ def _run(job: Job) -> None:
     root = Path(cfg.paths.project_root)
     cache = Path(cfg.paths.cache_root)
 
+    if cfg.env.device == "cuda":  # the GPU can run the scheme at all: known before any work
+        with job.stage("gpu_check") as st:
+            rec.environment["gpu"] = hardware.gpu_info(cfg.env.serve.env_vars.get("CUDA_VISIBLE_DEVICES"))
+            hardware.check_scheme_on_gpu(cfg.scheme, rec.environment["gpu"])
+            st.detail = ", ".join(f"{g['name']} (cc {g['compute_cap']})" for g in rec.environment["gpu"])
+
     with job.stage("setup") as st:
         quant_env = envs.ensure("quantize", cfg.env.quantize, cfg.env, root)
         serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
@@ -196,6 +202,12 @@ def _run(job: Job) -> None:
     unsupported = schemes.serving_unsupported(cfg.scheme, cfg.env.device) if cfg.bench.enabled else None
     if unsupported:
         log.warning("%s", unsupported)
+    if cfg.env.device == "cuda":  # the quantized weights fit one GPU's budget (needs the model's dims)
+        with job.stage("gpu_fit") as st:
+            predicted = hardware.predict_weight_bytes(cfg.scheme, model)
+            st.detail = f"predicted weights {predicted / 2**30:.2f} GiB"
+            hardware.check_weights_fit(predicted, rec.environment["gpu"], cfg.bench.server.gpu_memory_utilization,
+                                       cfg.scheme.name, cfg.model.name)
 
     with job.stage("quantize") as st:
         rec.checkpoint = _quantize(cfg, quant_env, model, recipe, rec.environment["quantize"], cache, out, st)
