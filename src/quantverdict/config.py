@@ -8,6 +8,8 @@ paths that must exist) and collects every problem into one :class:`ConfigError`.
 from __future__ import annotations
 
 import difflib
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +23,14 @@ BENCH_MODES = ("rate", "concurrency")
 ENV_KINDS = ("venv", "python")
 DEVICES = ("cpu", "cuda")
 KNOWN_TASKS = ("wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "boolq")
+# a Hugging Face hub id: [owner/]name of letters, digits, "-", "_", "."; no "--" or "..", not starting or
+# ending with "-" or "."; name at most 96 characters (huggingface_hub.utils._validators.validate_repo_id)
+HF_ID_PART = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+# calibration text: below this many bytes per wanted token a shortfall is near-certain (SmolLM2's tokenizer
+# averages 4.1 bytes per token on WikiText-2 valid: 1,121,681 bytes -> 273,868 tokens)
+CALIBRATION_MIN_BYTES_PER_TOKEN = 2
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -302,6 +312,108 @@ def _choice(errors: list[str], key: str, value: str, allowed: tuple[str, ...]) -
         errors.append(f"{key}={value!r} is not allowed; allowed: {', '.join(allowed)}{closest(value, allowed)}")
 
 
+def hf_id_problem(repo_id: str) -> str | None:
+    """Why ``repo_id`` is not a valid Hugging Face hub id, or None.
+
+    Valid: ``name`` or ``owner/name``, each part of letters, digits, ``-``, ``_``, ``.``, not starting
+    or ending with ``-`` or ``.``, without ``--`` or ``..``; the name at most 96 characters; not ending
+    in ``.git``. Same rules as ``huggingface_hub.utils._validators.validate_repo_id``, so ``../x``,
+    ``org/name with space`` and ``/abs/folder`` are refused here instead of by the download.
+    """
+    parts = repo_id.split("/")
+    if len(parts) > 2:
+        return f"{len(parts) - 1} slashes, at most one allowed"
+    if "--" in repo_id or ".." in repo_id:
+        return "'--' and '..' are not allowed"
+    if repo_id.endswith(".git"):
+        return "must not end with '.git'"
+    for part in parts:
+        if not HF_ID_PART.match(part):
+            bad = sorted({c for c in part if not (c.isascii() and (c.isalnum() or c in "-_."))})
+            return f"bad characters {bad}" if bad else f"part {part!r} is empty or starts/ends with '-' or '.'"
+    if len(parts[-1]) > 96:
+        return f"name of {len(parts[-1])} characters, at most 96 allowed"
+    return None
+
+
+def _empty_file_problem(path: Path) -> str | None:
+    """'is empty (0 bytes)' / 'holds only whitespace' for a useless data file, else None (reads <= 64 KiB)."""
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes)"
+    if size <= 65536 and not path.read_bytes().strip():
+        return f"holds only whitespace ({size} bytes)"
+    return None
+
+
+def calibration_file_errors(cal: CalibrationConfig, offline_root: Path) -> list[str]:
+    """Problems of a local calibration text file, found before the model is loaded to quantize.
+
+    The quantize stage cuts the tokenized text into ``num_samples`` windows of ``seq_len`` tokens
+    (``stages/quantize.build_calibration``). Byte-level BPE tokenizers (SmolLM2, Llama 3, Qwen) give
+    every token at least one byte, so a file of fewer than ``seq_len`` bytes has fewer than
+    ``seq_len`` tokens and yields no window: refused, like a missing or empty file. A file of fewer
+    than ``num_samples * seq_len * CALIBRATION_MIN_BYTES_PER_TOKEN`` bytes almost surely holds fewer
+    than ``num_samples`` windows: only logged as a warning (the stage uses the windows there are and
+    records how many).
+
+    Returns:
+        One message per problem, naming ``scheme.calibration.text_file``; [] when the file is usable.
+    """
+    assert cal.text_file is not None
+    key = f"scheme.calibration.text_file={cal.text_file!r}"
+    path = offline_root / cal.text_file
+    if not path.is_file():
+        return [f"{key} not found under {offline_root}"]
+    if problem := _empty_file_problem(path):
+        return [f"{key}: {path} {problem}; point it at a text of at least seq_len={cal.seq_len} tokens"]
+    size = path.stat().st_size
+    if size < cal.seq_len:
+        return [
+            f"{key}: {path} has {size} bytes, so fewer than scheme.calibration.seq_len={cal.seq_len} tokens "
+            "(a token spans at least one byte): no calibration sample can be cut; use a longer text or a "
+            "smaller seq_len"
+        ]
+    wanted = cal.num_samples * cal.seq_len
+    if size < wanted * CALIBRATION_MIN_BYTES_PER_TOKEN:
+        log.warning(
+            "%s: %s has %d bytes, likely fewer than the %d x %d = %d tokens asked for "
+            "(assuming >= %d bytes per token); fewer calibration samples than scheme.calibration.num_samples=%d will be used (recorded)",
+            key, path, size, cal.num_samples, cal.seq_len, wanted, CALIBRATION_MIN_BYTES_PER_TOKEN, cal.num_samples,
+        )
+    return []
+
+
+def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
+    """Missing or empty offline data files of ``ev.tasks`` (and of the token perplexity text), by task.
+
+    The files are those :data:`quantverdict.offline_data.OFFLINE_TASKS` reads; without this check
+    a missing or empty one would fail (or score zero documents) in the evaluate stage, after
+    quantization.
+    """
+    from quantverdict.offline_data import OFFLINE_TASKS, WIKITEXT_TEST
+
+    files: dict[str, list[str]] = {t: list(OFFLINE_TASKS[t].files) for t in ev.tasks if t in OFFLINE_TASKS}
+    if ev.token_perplexity.enabled:
+        files.setdefault("token_perplexity", [WIKITEXT_TEST])
+    errors = []
+    for task, rels in files.items():
+        for rel in rels:
+            path = offline_root / rel
+            problem = "does not exist" if not path.is_file() else _empty_file_problem(path)
+            if not problem:
+                continue
+            if task == "token_perplexity":
+                what, instead = "eval.token_perplexity", "set eval.token_perplexity.enabled=false"
+            else:
+                what, instead = f"eval.tasks: task {task!r}", "drop the task from eval.tasks"
+            errors.append(
+                f"{what} reads {path} (under data.offline_root), which {problem}; restore the file "
+                f"(see SOURCES.md there) or {instead}"
+            )
+    return errors
+
+
 def validate(cfg: Config) -> None:
     """Check allowed values and paths of a composed config; raise one ConfigError listing all problems."""
     errors: list[str] = []
@@ -319,6 +431,11 @@ def validate(cfg: Config) -> None:
         errors.append(f"model.synthetic is set but model.source={cfg.model.source!r}; use model.source=synthetic")
     if cfg.model.source in ("hf", "local", "gguf") and not cfg.model.path:
         errors.append(f"model.source={cfg.model.source} needs model.path")
+    if cfg.model.source == "hf" and cfg.model.path and (problem := hf_id_problem(cfg.model.path)):
+        errors.append(
+            f"model.path={cfg.model.path!r} is not a Hugging Face hub id ({problem}); expected 'owner/name' of "
+            "letters, digits, '-', '_', '.' (e.g. 'Qwen/Qwen3.5-9B'); for a folder on disk use model.source=local"
+        )
     if cfg.model.source in ("local", "gguf") and cfg.model.path and not Path(cfg.model.path).exists():
         errors.append(f"model.path={cfg.model.path!r} does not exist")
     elif cfg.model.source == "gguf" and cfg.model.path:
@@ -344,6 +461,16 @@ def validate(cfg: Config) -> None:
     tp = cfg.eval.token_perplexity
     if tp.stride < 1 or tp.stride > tp.seq_len:
         errors.append(f"eval.token_perplexity.stride={tp.stride} must be in 1..seq_len ({tp.seq_len})")
+    if cfg.eval.enabled:
+        lengths = {"eval.max_length": cfg.eval.max_length}
+        if tp.enabled:
+            lengths["eval.token_perplexity.seq_len"] = tp.seq_len
+        for key, n in lengths.items():
+            if n > cfg.model.max_model_len:
+                errors.append(
+                    f"{key}={n} exceeds model.max_model_len={cfg.model.max_model_len} (the model's context); "
+                    f"lower {key} to at most {cfg.model.max_model_len} or raise model.max_model_len"
+                )
     _choice(errors, "bench.mode", cfg.bench.mode, BENCH_MODES)
     if cfg.bench.mode == "rate" and (not cfg.bench.rates or any(r <= 0 for r in cfg.bench.rates)):
         errors.append(f"bench.rates={list(cfg.bench.rates)} must be a non-empty list of positive req/s (inf allowed)")
@@ -376,11 +503,11 @@ def validate(cfg: Config) -> None:
                 f"data.offline_root={root!r} is not a directory; point it at the offline data "
                 "(wikitext-2-raw/, piqa/, ...) or set data.offline_root=null to use the hub"
             )
-        elif cfg.scheme.method != "none" and cfg.scheme.method != "rtn" and cfg.scheme.calibration.text_file:
-            if not (Path(root) / cfg.scheme.calibration.text_file).is_file():
-                errors.append(
-                    f"scheme.calibration.text_file={cfg.scheme.calibration.text_file!r} not found under {root}"
-                )
+        else:
+            if cfg.scheme.method not in ("none", "rtn") and cfg.scheme.calibration.text_file:
+                errors += calibration_file_errors(cfg.scheme.calibration, Path(root))
+            if cfg.eval.enabled:
+                errors += eval_file_errors(cfg.eval, Path(root))
     errors += review_errors(cfg.review)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

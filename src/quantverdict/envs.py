@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ def _build(stage: str, target: Path, req: Path, uninstall: list[str], base_pytho
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-25:])
-            raise RuntimeError(f"creating the {stage} environment failed at `{' '.join(cmd)}`:\n{tail}")
+            raise RuntimeError(f"creating the {stage} environment failed at `{shlex.join(cmd)}`:\n{tail}")
     (target / ".ready").write_text(req.read_text())
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantverdict import envs, procs, roofline, schemes, sweep, vllm_log
+from quantverdict import envs, hardware, procs, roofline, schemes, sweep, vllm_log
 from quantverdict.config import Config, ModelConfig
 from quantverdict.envs import StageEnv
 from quantverdict.integrity import IntegrityError, check_checkpoint
@@ -182,13 +182,17 @@ def _run(job: Job) -> None:
     root = Path(cfg.paths.project_root)
     cache = Path(cfg.paths.cache_root)
 
+    if cfg.env.device == "cuda":  # the GPU can run the scheme at all: known before any work
+        with job.stage("gpu_check") as st:
+            rec.environment["gpu"] = hardware.gpu_info(cfg.env.serve.env_vars.get("CUDA_VISIBLE_DEVICES"))
+            hardware.check_scheme_on_gpu(cfg.scheme, rec.environment["gpu"])
+            st.detail = ", ".join(f"{g['name']} (cc {g['compute_cap']})" for g in rec.environment["gpu"])
+
     with job.stage("setup") as st:
         quant_env = envs.ensure("quantize", cfg.env.quantize, cfg.env, root)
         serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
         rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
         rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
-        if cfg.env.device == "cuda":
-            rec.environment["gpu"] = _gpu_info()
         st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
 
     with job.stage("materialize") as st:
@@ -221,6 +225,12 @@ def _run(job: Job) -> None:
         )
     if unsupported:
         log.warning("%s", unsupported)
+    if cfg.env.device == "cuda":  # the quantized weights fit one GPU's budget (needs the model's dims)
+        with job.stage("gpu_fit") as st:
+            predicted = hardware.predict_weight_bytes(cfg.scheme, model)
+            st.detail = f"predicted weights {predicted / 2**30:.2f} GiB"
+            hardware.check_weights_fit(predicted, rec.environment["gpu"], cfg.bench.server.gpu_memory_utilization,
+                                       cfg.scheme.name, cfg.model.name)
 
     with job.stage("quantize") as st:
         rec.checkpoint = _quantize(cfg, quant_env, model, recipe, method, rec.environment["quantize"], cache, out, st)
@@ -252,25 +262,6 @@ def _run(job: Job) -> None:
             _benchmark(job, serve_env, rec.checkpoint["path"])
     else:
         rec.stages["benchmark"] = StageInfo(status="skipped", detail="bench.enabled=false")
-
-
-def _gpu_info() -> list[dict[str, str]]:
-    """The visible GPUs from ``nvidia-smi`` (name, driver, memory MiB, compute capability); [] without it."""
-    import os
-    import subprocess
-
-    query = "index,name,driver_version,memory.total,compute_cap"
-    try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    keys = ("index", "name", "driver_version", "memory_total_mib", "compute_cap")
-    gpus = [dict(zip(keys, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible and all(v.strip().isdigit() for v in visible.split(",")):
-        gpus = [g for g in gpus if g.get("index") in [v.strip() for v in visible.split(",")]]
-    return gpus
 
 
 def _model_by_name(root: Path, name: str) -> ModelConfig:

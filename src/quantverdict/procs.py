@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -49,7 +50,7 @@ def start(
     with _LOCK:
         _LIVE.add(proc)
     fh = open(log_path, "ab")  # noqa: SIM115 - closed by the reader thread
-    fh.write(f"$ {' '.join(cmd)}\n".encode())
+    fh.write(f"$ {shlex.join(cmd)}\n".encode())  # quoted: a path with a space can be pasted into a shell
     threading.Thread(target=_pump, args=(proc, fh, echo, log_path.stem), daemon=True).start()
     return proc
 

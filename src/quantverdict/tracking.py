@@ -8,6 +8,7 @@ the sweep table and the stage logs.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import re
@@ -61,6 +62,43 @@ def numeric_metrics(sections: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///<path>`` tracking URI, else None (other stores, in-memory sqlite).
+
+    SQLAlchemy's form: ``sqlite:////abs/mlflow.db`` is absolute, ``sqlite:///rel.db`` relative to
+    the working directory; a ``?query`` is not part of the path.
+    """
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix) :].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def make_client(uri: str) -> Any:
+    """An :class:`mlflow.MlflowClient` for ``uri`` whose store exists when it returns.
+
+    MLflow 3.17.2's sqlite tracking store creates its tables and runs its schema migrations in the
+    constructor without a lock, so jobs of a parallel grid opening a fresh store at once crash each
+    other (``sqlite3.OperationalError: duplicate column name: step``, ``alembic ... CommandError:
+    Online migration expected to match one row``; measured by
+    ``tests/integration/test_tracking_parallel.py``). For a sqlite store the first contact is
+    therefore made under an exclusive ``flock`` on ``.<db name>.init.lock`` next to the database;
+    later clients find the tables and only wait for the lock briefly.
+    """
+    from mlflow import MlflowClient
+
+    db = sqlite_path(uri)
+    if db is None:
+        return MlflowClient(tracking_uri=uri)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / f".{db.name}.init.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # the store (tables, migrations) is created by now
+    return client
+
+
 def experiment_id(client: Any, cfg: TrackingConfig) -> str:
     """Id of experiment ``cfg.experiment``, created (with ``cfg.artifact_location``) if missing.
 
@@ -89,9 +127,7 @@ class Tracker:
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         if cfg.enabled:
-            from mlflow import MlflowClient
-
-            self.client = MlflowClient(tracking_uri=cfg.uri)
+            self.client = make_client(cfg.uri)
 
     def start(self, run_name: str, tags: dict[str, str]) -> None:
         if not self.client:

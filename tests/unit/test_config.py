@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from quantverdict.config import ConfigError, closest
+from quantverdict.config import ConfigError, closest, hf_id_problem
 from quantverdict.settings import compose
+
+from conftest import DATA_ROOT
 
 SCHEMES = ["bf16", "awq", "gptq", "int8", "fp8", "w8a8"]
 
@@ -68,3 +73,126 @@ def test_request_longer_than_context_is_refused() -> None:
 def test_closest() -> None:
     assert closest("gtpq", ["bf16", "gptq", "awq"]) == " (did you mean 'gptq'?)"
     assert closest("zzzz", ["bf16", "gptq"]) == ""
+
+
+# --- issue 5: bad input refused before any work ------------------------------------------------------
+
+
+@pytest.mark.parametrize("repo_id", ["Qwen/Qwen3.5-9B", "meta-llama/Llama-3.1-8B-Instruct", "gpt2", "a_b/c.d-e"])
+def test_valid_hf_ids_are_accepted(repo_id: str) -> None:
+    assert hf_id_problem(repo_id) is None
+    assert compose(["model=qwen3.5-9b", f"model.path={repo_id}"]).model.path == repo_id
+
+
+@pytest.mark.parametrize(
+    "repo_id, problem",
+    [
+        ("org/name with space", "bad characters [' ']"),
+        ("../x", "'--' and '..' are not allowed"),
+        ("/abs/folder", "2 slashes, at most one allowed"),
+        ("org/-name", "part '-name' is empty or starts/ends with '-' or '.'"),
+        ("org/na--me", "'--' and '..' are not allowed"),
+        ("org/näme", "bad characters ['ä']"),
+        ("org/" + "x" * 97, "name of 97 characters, at most 96 allowed"),
+    ],
+)
+def test_odd_hf_ids_are_refused_before_any_work(repo_id: str, problem: str) -> None:
+    assert hf_id_problem(repo_id) == problem
+    with pytest.raises(ConfigError) as err:
+        compose(["model=qwen3.5-9b", f"model.path='{repo_id}'"])  # quoted: Hydra's grammar takes any text
+    msg = str(err.value)
+    assert f"model.path={repo_id!r} is not a Hugging Face hub id ({problem})" in msg
+    assert "for a folder on disk use model.source=local" in msg
+
+
+def test_eval_longer_than_the_context_is_refused() -> None:
+    # smollm2-135m: model.max_model_len 2048; eval.max_length 4096 > 2048
+    with pytest.raises(ConfigError) as err:
+        compose(["eval.max_length=4096", "eval.token_perplexity.seq_len=3000", "eval.token_perplexity.stride=3000"])
+    msg = str(err.value)
+    assert "eval.max_length=4096 exceeds model.max_model_len=2048 (the model's context)" in msg
+    assert "eval.token_perplexity.seq_len=3000 exceeds model.max_model_len=2048" in msg
+    assert compose(["eval.max_length=2048"]).eval.max_length == 2048  # equal is fine
+    compose(["eval.max_length=4096", "eval.enabled=false"])  # not evaluated: not checked
+    compose(["eval.max_length=4096", "model.max_model_len=4096", "bench.server.max_model_len=2048"])
+
+
+@pytest.fixture()
+def offline_root(tmp_path: Path) -> Path:
+    """A copy of the offline data folder (symlinks) in a folder whose name holds a space."""
+    root = tmp_path / "offline data"
+    for src in DATA_ROOT.rglob("*"):
+        if src.is_file():
+            dst = root / src.relative_to(DATA_ROOT)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.symlink_to(src)
+    return root
+
+
+def _replace(path: Path, data: bytes) -> None:
+    path.unlink()
+    path.write_bytes(data)
+
+
+def test_the_offline_copy_is_valid(offline_root: Path) -> None:
+    cfg = compose([f"data.offline_root={offline_root}", "scheme=gptq"])
+    assert cfg.data.offline_root == str(offline_root)
+
+
+def test_empty_calibration_file_is_refused(offline_root: Path) -> None:
+    (offline_root / "calib.txt").write_bytes(b"")
+    with pytest.raises(ConfigError) as err:
+        compose([f"data.offline_root={offline_root}", "scheme=gptq", "scheme.calibration.text_file=calib.txt"])
+    assert (f"scheme.calibration.text_file='calib.txt': {offline_root / 'calib.txt'} is empty (0 bytes)"
+            in str(err.value))
+    (offline_root / "calib.txt").write_bytes(b" \n\n \n")
+    with pytest.raises(ConfigError, match=r"holds only whitespace \(5 bytes\)"):
+        compose([f"data.offline_root={offline_root}", "scheme=awq", "scheme.calibration.text_file=calib.txt"])
+    # round-to-nearest schemes read no calibration text
+    compose([f"data.offline_root={offline_root}", "scheme=int8", "scheme.calibration.text_file=calib.txt"])
+
+
+def test_calibration_text_shorter_than_one_sample_is_refused(offline_root: Path) -> None:
+    # 100 bytes hold at most 100 tokens (a token spans >= 1 byte) < seq_len 512: no window can be cut
+    (offline_root / "calib.txt").write_text("word " * 20)
+    with pytest.raises(ConfigError, match="has 100 bytes, so fewer than scheme.calibration.seq_len=512 tokens"):
+        compose([f"data.offline_root={offline_root}", "scheme=gptq", "scheme.calibration.text_file=calib.txt"])
+
+
+def test_small_calibration_text_warns_that_fewer_samples_are_used(
+    offline_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 64 samples x 512 tokens x 2 bytes = 65,536 bytes wanted at least; 40,000 bytes given
+    (offline_root / "calib.txt").write_text("x" * 40_000)
+    with caplog.at_level(logging.WARNING, logger="quantverdict.config"):
+        compose([f"data.offline_root={offline_root}", "scheme=gptq", "scheme.calibration.text_file=calib.txt"])
+    assert "has 40000 bytes, likely fewer than the 64 x 512 = 32768 tokens asked for" in caplog.text
+    assert "(assuming >= 2 bytes per token)" in caplog.text
+    assert "fewer calibration samples than scheme.calibration.num_samples=64 will be used" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="quantverdict.config"):  # WikiText-2 valid: 1,121,681 bytes
+        compose([f"data.offline_root={offline_root}", "scheme=gptq"])
+    assert "fewer calibration samples" not in caplog.text
+
+
+def test_empty_or_missing_eval_file_is_refused(offline_root: Path) -> None:
+    _replace(offline_root / "piqa" / "valid.jsonl", b"")
+    (offline_root / "hellaswag" / "hellaswag_val_full.txt.bz2").unlink()
+    with pytest.raises(ConfigError) as err:
+        compose([f"data.offline_root={offline_root}"])
+    msg = str(err.value)
+    assert (f"eval.tasks: task 'piqa' reads {offline_root / 'piqa' / 'valid.jsonl'} (under data.offline_root), "
+            "which is empty (0 bytes); restore the file (see SOURCES.md there) or drop the task from eval.tasks") in msg
+    assert "task 'hellaswag' reads" in msg and "which does not exist" in msg
+    compose([f"data.offline_root={offline_root}", "eval.tasks=[wikitext,arc_easy]"])  # the others are fine
+    compose([f"data.offline_root={offline_root}", "eval.enabled=false"])
+
+
+def test_empty_token_perplexity_text_is_refused(offline_root: Path) -> None:
+    _replace(offline_root / "wikitext-2-raw" / "wiki.test.raw", b"\n")
+    with pytest.raises(ConfigError) as err:
+        compose([f"data.offline_root={offline_root}", "eval.tasks=[arc_easy]"])
+    assert "eval.token_perplexity reads" in str(err.value)
+    assert "holds only whitespace (1 bytes); restore the file" in str(err.value)
+    assert "set eval.token_perplexity.enabled=false" in str(err.value)
+    compose([f"data.offline_root={offline_root}", "eval.tasks=[arc_easy]", "eval.token_perplexity.enabled=false"])

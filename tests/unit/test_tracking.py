@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quantverdict.config import TrackingConfig
-from quantverdict.tracking import Tracker, flatten, metric_name, numeric_metrics
+from quantverdict.tracking import Tracker, flatten, metric_name, numeric_metrics, sqlite_path
 
 
 def test_metric_name_maps_lm_eval_keys() -> None:
@@ -71,3 +71,11 @@ def test_real_store_finished_and_failed_runs(tmp_path: Path) -> None:
     # nothing left running
     assert all(r.info.status != "RUNNING" for r in runs.values())
     assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["record.json"]
+
+
+def test_sqlite_path_of_tracking_uris() -> None:
+    assert sqlite_path("sqlite:////abs/my runs/mlflow.db") == Path("/abs/my runs/mlflow.db")
+    assert sqlite_path("sqlite:///rel.db?timeout=20") == Path("rel.db")
+    assert sqlite_path("sqlite:///:memory:") is None
+    assert sqlite_path("http://127.0.0.1:5000") is None
+    assert sqlite_path("postgresql://u@h/db") is None

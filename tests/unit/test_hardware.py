@@ -1,0 +1,191 @@
+"""GPU facts and the checks made before any work on env.device=cuda, on hand-built GPU lists."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from quantverdict import hardware
+from quantverdict.config import ConfigError
+from quantverdict.hardware import (
+    check_scheme_on_gpu,
+    check_weights_fit,
+    gpu_info,
+    linear_weight_elements,
+    parse_nvidia_smi,
+    predict_weight_bytes,
+    visible,
+)
+from quantverdict.pipeline import run_job
+from quantverdict.settings import compose
+
+# what the H200 machine printed for nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap
+# --format=csv,noheader,nounits (2026-11-30)
+H200_SMI = "0, NVIDIA H200, 580.159.04, 143771, 9.0\n"
+A100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "driver_version": "550.54", "memory_total_mib": 81920.0,
+        "compute_cap": "8.0"}
+H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "driver_version": "550.54", "memory_total_mib": 81559.0,
+        "compute_cap": "9.0"}
+L4 = {"index": 0, "name": "NVIDIA L4", "driver_version": "550.54", "memory_total_mib": 23034.0, "compute_cap": "8.9"}
+T4 = {"index": 0, "name": "Tesla T4", "driver_version": "550.54", "memory_total_mib": 15360.0, "compute_cap": "7.5"}
+V100 = {"index": 0, "name": "Tesla V100-SXM2-16GB", "driver_version": "550.54", "memory_total_mib": 16384.0,
+        "compute_cap": "7.0"}
+
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}
+# Llama-3-8B's shape with a 32,000 vocabulary: the random-weight model measured on the H200 (../shared/gpu/README.md)
+LLAMA8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32000, "tie_word_embeddings": False}
+# 32 x 218,103,808 Linear + 2 x 32,000 x 4,096 embeddings/lm_head + (2 x 32 + 1) x 4,096 norms
+LLAMA8B_PARAMS = 6_979_321_856 + 262_144_000 + 266_240
+
+
+def scheme(name: str):  # noqa: ANN201
+    return compose([f"scheme={name}"]).scheme
+
+
+def test_parse_nvidia_smi_real_output() -> None:
+    assert parse_nvidia_smi(H200_SMI) == [
+        {"index": 0, "name": "NVIDIA H200", "driver_version": "580.159.04", "memory_total_mib": 143771.0,
+         "compute_cap": "9.0"}
+    ]
+    two = parse_nvidia_smi("0, NVIDIA A100, Inc, 550.54, 81920, 8.0\n1, Tesla T4, 550.54, [N/A], 7.5\n\n")
+    assert [g["name"] for g in two] == ["NVIDIA A100, Inc", "Tesla T4"]  # a comma inside the name
+    assert two[1]["memory_total_mib"] is None
+
+
+def test_cuda_visible_devices_as_cuda_counts_them() -> None:
+    gpus = [dict(A100, index=0), dict(T4, index=1)]
+    assert visible(gpus, None) == gpus
+    assert visible(gpus, "1") == [gpus[1]]
+    assert visible(gpus, "1,0") == [gpus[1], gpus[0]]
+    # measured on the one-GPU H200 machine with torch.cuda.device_count(): "" 0, "-1" 0, "0,7" 1, "7,0" 0, "0,0" 0
+    one = [H100]
+    assert visible(one, "") == [] and visible(one, "-1") == []
+    assert visible(one, "0,7") == [H100] and visible(one, "7,0") == []
+    assert visible(one, "0,0") == []
+    assert visible(gpus, "GPU-f9e56818-2a52") == gpus  # UUIDs are not mapped: all
+
+
+def test_gpu_info_without_nvidia_smi_is_empty() -> None:
+    assert gpu_info(nvidia_smi="/nonexistent/nvidia-smi") == []
+
+
+def test_fp8_is_refused_below_compute_capability_8_9() -> None:
+    with pytest.raises(ConfigError) as err:
+        check_scheme_on_gpu(scheme("fp8"), [A100])
+    msg = str(err.value)
+    assert "scheme=fp8 (FP8_DYNAMIC)" in msg and "NVIDIA A100-SXM4-80GB (compute capability 8.0)" in msg
+    assert "FP8 W8A8 needs compute capability >= 8.9 (Ada/Hopper)" in msg
+    assert "scheme=w8a8 (int8 W8A8)" in msg and "scheme=int8 (W8A16), awq or gptq (W4A16)" in msg
+    check_scheme_on_gpu(scheme("fp8"), [H100])  # 9.0 >= 8.9
+    check_scheme_on_gpu(scheme("fp8"), [L4])  # 8.9: Ada
+    # the other schemes run on the A100 (8.0 >= 7.5)
+    for name in ("bf16", "awq", "gptq", "int8", "w8a8"):
+        check_scheme_on_gpu(scheme(name), [A100])
+
+
+def test_weight_only_and_int8_w8a8_need_turing() -> None:
+    for name in ("awq", "gptq", "int8", "w8a8"):
+        check_scheme_on_gpu(scheme(name), [T4])  # 7.5
+        with pytest.raises(ConfigError, match=r"compute capability 7\.0\).*needs compute capability >= 7\.5"):
+            check_scheme_on_gpu(scheme(name), [V100])
+    check_scheme_on_gpu(scheme("bf16"), [V100])
+
+
+def test_no_visible_gpu_names_env_device() -> None:
+    with pytest.raises(ConfigError, match=r"env.device='cuda' but no GPU is visible.*allowed: cpu, cuda"):
+        check_scheme_on_gpu(scheme("awq"), [])
+    with pytest.raises(ConfigError, match="env.device='cuda'"):
+        check_weights_fit(1.0, [], 0.9, "awq", "m")
+
+
+def test_linear_weight_elements_by_hand() -> None:
+    # SmolLM2-135M per layer: q 576*576 + k,v 2*576*192 + o 576*576 + gate,up,down 3*576*1536
+    #   = 331,776*2 + 110,592*2 + 884,736*3 = 3,538,944; x 30 layers = 106,168,320
+    assert linear_weight_elements(SMOLLM2) == 106_168_320
+    # Llama-3-8B per layer: 2*4096*4096 + 2*4096*1024 + 3*4096*14336 = 218,103,808; x 32 = 6,979,321,856
+    assert linear_weight_elements(LLAMA8B) == 6_979_321_856
+    assert linear_weight_elements({"hidden_size": 8}) is None
+
+
+def test_predicted_weights_match_measured_checkpoints() -> None:
+    # docs/results/cpu-grid.md, checkpoint MiB measured from the safetensors files of the real make run
+    model = {"dims": SMOLLM2, "num_parameters": 134_515_008, "path": "unused"}
+    measured_mib = {"bf16": 256.6, "gptq": 107.9, "awq": 108.7, "int8": 155.6, "fp8": 155.6, "w8a8": 155.6}
+    for name, mib in measured_mib.items():
+        predicted = predict_weight_bytes(scheme(name), model) / 2**20
+        assert predicted == pytest.approx(mib, rel=0.002), name
+    # bf16 by hand: 134,515,008 * 2 = 269,030,016 bytes
+    assert predict_weight_bytes(scheme("bf16"), model) == 269_030_016
+    # gptq (W4A16 g64 symmetric) by hand: 106,168,320 * (4/8 + 2/64) + 2 * (134,515,008 - 106,168,320)
+    #   = 53,084,160 + 3,317,760 + 2 * 28,346,688 = 56,401,920 + 56,693,376 = 113,095,296
+    assert predict_weight_bytes(scheme("gptq"), model) == 113_095_296
+
+
+def test_predicted_weights_match_vllm_on_the_h200() -> None:
+    # vLLM's "model weights" GiB for the Llama-3-8B-shaped model, ../shared/gpu/README.md
+    model = {"dims": LLAMA8B, "num_parameters": LLAMA8B_PARAMS, "path": "unused"}
+    bf16 = predict_weight_bytes(scheme("bf16"), model) / 2**30
+    assert bf16 == pytest.approx(13.49, rel=0.001)  # 7,241,732,096 * 2 bytes = 13.489 GiB
+    w4 = predict_weight_bytes(compose(["scheme=gptq", "scheme.group_size=128"]).scheme, model)
+    assert w4 / 2**30 == pytest.approx(3.85, rel=0.005)  # data-free W4A16 preset: group 128, 3.840 GiB
+    assert predict_weight_bytes(scheme("fp8"), model) / 2**30 == pytest.approx(7.03, rel=0.01)
+
+
+def test_predicted_weights_count_parameters_from_the_checkpoint(tmp_path: Path) -> None:
+    # no num_parameters (source=local): counted from the safetensors header; 2x3 + 4 = 10 bf16 elements
+    header = json.dumps({"a.weight": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+                         "b.bias": {"dtype": "BF16", "shape": [4], "data_offsets": [12, 20]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(20))
+    assert hardware.count_parameters(tmp_path) == 10
+    assert predict_weight_bytes(scheme("bf16"), {"dims": {}, "num_parameters": None, "path": str(tmp_path)}) == 20
+
+
+def test_weights_over_the_gpu_budget_are_refused() -> None:
+    model = {"dims": LLAMA8B, "num_parameters": LLAMA8B_PARAMS, "path": "unused"}
+    bf16 = predict_weight_bytes(scheme("bf16"), model)
+    # T4: 15,360 MiB = 15.00 GiB x 0.9 = 13.50 GiB budget; bf16 weights 13.489 GiB just fit
+    check_weights_fit(bf16, [T4], 0.9, "bf16", "llama8b")
+    with pytest.raises(ConfigError) as err:  # 15.00 x 0.85 = 12.75 GiB < 13.49
+        check_weights_fit(bf16, [T4], 0.85, "bf16", "llama8b")
+    msg = str(err.value)
+    assert "model llama8b with scheme=bf16: the weights alone are predicted at 13.49 GiB" in msg
+    assert "Tesla T4: 15.00 GiB x bench.server.gpu_memory_utilization=0.85 = 12.75 GiB" in msg
+    assert "lower-bit scheme" in msg and "a GPU with more memory" in msg
+    check_weights_fit(predict_weight_bytes(scheme("gptq"), model), [T4], 0.85, "gptq", "llama8b")  # 3.84 GiB
+
+
+def test_cuda_job_without_a_gpu_fails_before_any_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # hides every GPU, on any machine
+    cfg = compose(["env=h200-prebuilt", "scheme=awq", "tracking.enabled=false", f"paths.output_root={tmp_path}"])
+    with pytest.raises(ConfigError, match="env.device='cuda' but no GPU is visible"):
+        run_job(cfg, tmp_path / "job")
+    rec = json.loads((tmp_path / "job" / "record.json").read_text())
+    assert rec["status"] == "failed" and rec["failed_stage"] == "gpu_check"
+    assert rec["environment"]["gpu"] == []
+    assert list(rec["stages"]) == ["gpu_check"]  # no setup, no materialize
+
+
+def test_fp8_job_on_an_a100_fails_before_any_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(hardware, "gpu_info", lambda cuda_visible_devices=None: [A100])
+    cfg = compose(["env=h200-prebuilt", "scheme=fp8", "tracking.enabled=false", f"paths.output_root={tmp_path}"])
+    with caplog.at_level(logging.ERROR), pytest.raises(ConfigError, match="FP8 W8A8 needs compute capability >= 8.9"):
+        run_job(cfg, tmp_path / "job")
+    rec = json.loads((tmp_path / "job" / "record.json").read_text())
+    assert rec["failed_stage"] == "gpu_check" and "NVIDIA A100-SXM4-80GB" in rec["error"]
+    assert rec["environment"]["gpu"] == [A100]
+    assert list(rec["stages"]) == ["gpu_check"]
+
+
+def test_weight_only_fp8_needs_turing_not_ada() -> None:
+    # FP8 weights with 16-bit activations: vLLM's CompressedTensorsW8A16Fp8 (FP8 Marlin), minimum 7.5
+    w8a16_fp8 = compose(["scheme=fp8", "scheme.activation_bits=16"]).scheme
+    check_scheme_on_gpu(w8a16_fp8, [A100])
+    check_scheme_on_gpu(w8a16_fp8, [T4])
+    with pytest.raises(ConfigError, match=r"W8A16 weight-only needs compute capability >= 7\.5.*use scheme=bf16"):
+        check_scheme_on_gpu(w8a16_fp8, [V100])
