@@ -70,6 +70,44 @@ def _stream(index: int, names: list[str], gpu: str, args: argparse.Namespace, st
             print(f"[gpu {gpu}] {model}: {status[model]}", flush=True)
 
 
+def rederive(rec: dict, job_dir: Path) -> dict:
+    """Re-read the fields a record takes from the job's raw vLLM server log (memory, kernels, the kernel
+    check) with this checkout's :mod:`quantverdict.vllm_log`, so a parser fix applies to finished runs."""
+    from quantverdict import sweep, vllm_log
+
+    if rec.get("status") == "running":  # the machine was given back mid-job: say so, keep what finished
+        rec["status"] = "interrupted"
+        rec["failed_stage"] = next((k for k, v in (rec.get("stages") or {}).items() if v.get("status") == "running"), None)
+    log_path = job_dir / "vllm_server.log"
+    if log_path.is_file():
+        act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16
+        rec.setdefault("memory", {})["server"] = vllm_log.parse(log_path.read_text(errors="replace"), act)
+        if rec.get("speed", {}).get("points"):
+            label = rec.get("job", {}).get("scheme_label", "")
+            rec["speed"]["kernel_check"] = sweep.kernel_check(label, rec["memory"]["server"], act)
+    return rec
+
+
+def export_records(out: Path, dest: Path) -> list[Path]:
+    """Copy every job record under ``out`` (re-derived, :func:`rederive`) to ``dest/<model>/<scheme>/record.json``,
+    a small tree that ``python -m pipelines.review dest/<model>`` reads."""
+    import json
+
+    from quantverdict.record import find_records, load
+
+    written = []
+    for path in find_records(out):
+        rec = load(path)
+        if rec.get("job", {}).get("resumed_from"):
+            continue
+        rec = rederive(rec, path.parent)
+        target = dest / rec["job"]["model"] / rec["job"]["scheme"] / "record.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(rec, indent=1, default=str))
+        written.append(target)
+    return written
+
+
 def write_results(out: Path, results: Path) -> list[Path]:
     """One Markdown file per model from every record under ``out``; returns the files written."""
     from quantverdict.record import find_records, load
@@ -80,7 +118,7 @@ def write_results(out: Path, results: Path) -> list[Path]:
         rec = load(path)
         if rec.get("job", {}).get("resumed_from"):
             continue
-        by_model.setdefault(rec["job"].get("model", "?"), []).append(rec)
+        by_model.setdefault(rec["job"].get("model", "?"), []).append(rederive(rec, path.parent))
     results.mkdir(parents=True, exist_ok=True)
     written = []
     for model, recs in sorted(by_model.items()):
@@ -104,6 +142,7 @@ def main() -> int:
     ap.add_argument("--data", default=os.environ.get("QV_DATA_ROOT", str(ROOT.parent / "shared" / "data")))
     ap.add_argument("--only", nargs="*", choices=sorted(PLAN), help="run only these parts of the plan")
     ap.add_argument("--report-only", action="store_true", help="write the results files from existing records")
+    ap.add_argument("--export-records", metavar="DIR", help="also copy the job records to DIR/<model>/<scheme>/")
     args = ap.parse_args()
     if not args.report_only:
         if not Path(args.data).is_dir():
@@ -126,6 +165,8 @@ def main() -> int:
         print("grids:", status, flush=True)
     for path in write_results(Path(args.out), Path(args.results)):
         print(f"wrote {path}")
+    if args.export_records:
+        print(f"exported {len(export_records(Path(args.out), Path(args.export_records)))} records to {args.export_records}")
     return 0
 
 
