@@ -2,6 +2,7 @@
 grids on the H200 machine, spread over its GPUs, then one results file per model.
 
     python -m pipelines.bench_gpu --out /tmp/qvgpu --results docs/results
+    python -m pipelines.bench_gpu --only embedded qwen --set bench.repeats=3   # a part, with overrides
 
 Needs the prebuilt stage targets of ``../shared/gpu/README.md`` (``env=h200-prebuilt``) and the offline
 data (``--data``). Each stream is an ordinary ``python -m pipelines.run -m ...`` grid pinned to one GPU
@@ -10,7 +11,9 @@ share a GPU, a port or a database. Streams of a machine with fewer GPUs run one 
 keeps its record as it finishes, so a run cut short still reports what finished.
 
 Results: ``<results>/gpu-<model>.md`` (memory, accuracy, speed, roofline and stage-time tables from the
-records, :func:`quantverdict.report.format_table`) and ``<results>/gpu-review-<model>/`` (the review).
+records, :func:`quantverdict.report.format_table`); each grid also writes its review into its own folder
+(``<out>/<part>/multirun/<time>/review/``), and ``python -m pipelines.review`` reruns it with other
+constraints on the exported records (``--export-records``). Exits 1 if any grid failed.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def _grid_cmd(model: str, schemes: str, extra: list[str], out_root: Path, port: 
         sys.executable, "-m", "pipelines.run", "-m", f"model={model}", f"scheme={schemes}",
         "env=h200-prebuilt", "bench=gpu-concurrency", "eval=gpu", f"paths.output_root={out_root}",
         f"bench.server.port={port}", f"data.offline_root={data}", *extra,
-    ]
+    ]  # later overrides win: a part's own, then --set
 
 
 def _stream(index: int, names: list[str], gpu: str, args: argparse.Namespace, status: dict[str, str]) -> None:
@@ -60,7 +63,7 @@ def _stream(index: int, names: list[str], gpu: str, args: argparse.Namespace, st
         for model, schemes, extra in PLAN[name]:
             out_root = Path(args.out) / name
             out_root.mkdir(parents=True, exist_ok=True)
-            cmd = _grid_cmd(model, schemes, extra, out_root, 8801 + index, args.data)
+            cmd = _grid_cmd(model, schemes, [*extra, *args.set], out_root, 8801 + index, args.data)
             log = out_root / "grid.log"
             t0 = time.monotonic()
             print(f"[gpu {gpu}] {model} {schemes}: {' '.join(cmd[3:])} (log {log})", flush=True)
@@ -142,6 +145,7 @@ def main() -> int:
     ap.add_argument("--data", default=os.environ.get("QV_DATA_ROOT", str(ROOT.parent / "shared" / "data")))
     ap.add_argument("--only", nargs="*", choices=sorted(PLAN), help="run only these parts of the plan")
     ap.add_argument("--report-only", action="store_true", help="write the results files from existing records")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="Hydra overrides for every grid")
     ap.add_argument("--export-records", metavar="DIR", help="also copy the job records to DIR/<model>/<scheme>/")
     args = ap.parse_args()
     if not args.report_only:
@@ -163,11 +167,16 @@ def main() -> int:
         for t in threads:
             t.join()
         print("grids:", status, flush=True)
+        failed = sorted(m for m, s in status.items() if not s.startswith("exit 0"))
+    else:
+        failed = []
     for path in write_results(Path(args.out), Path(args.results)):
         print(f"wrote {path}")
     if args.export_records:
         print(f"exported {len(export_records(Path(args.out), Path(args.export_records)))} records to {args.export_records}")
-    return 0
+    if failed:
+        print(f"failed grids: {', '.join(failed)} (see <out>/<part>/grid.log)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

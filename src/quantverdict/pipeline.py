@@ -38,8 +38,10 @@ NOT_APPLICABLE_SYNTHETIC = "synthetic model with random weights: accuracy is not
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the resolved config, minus output locations (first 12 hex)."""
-    cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review")}
+    """sha256 of the canonical JSON of the resolved config, minus what does not change a result: output
+    locations (``paths``, ``tracking``: its store sits under the output root), ``resume`` and ``review``
+    (first 12 hex)."""
+    cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review", "tracking")}
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -229,11 +231,15 @@ def _run(job: Job) -> None:
         with job.stage("gpu_fit") as st:
             predicted = hardware.predict_weight_bytes(cfg.scheme, model)
             st.detail = f"predicted weights {predicted / 2**30:.2f} GiB"
-            hardware.check_weights_fit(predicted, rec.environment["gpu"], cfg.bench.server.gpu_memory_utilization,
-                                       cfg.scheme.name, cfg.model.name)
+            share = cfg.bench.server.gpu_memory_utilization
+            if cfg.eval.enabled and cfg.eval.backend == "vllm" and not synthetic:  # lm-eval starts its own engine
+                share = min(share, float(cfg.eval.vllm_args.get("gpu_memory_utilization", 0.9)))
+            hardware.check_weights_fit(predicted, rec.environment["gpu"], share, cfg.scheme.name, cfg.model.name)
 
     with job.stage("quantize") as st:
         rec.checkpoint = _quantize(cfg, quant_env, model, recipe, method, rec.environment["quantize"], cache, out, st)
+        if synthetic and rec.checkpoint.get("prompt_nll"):  # random weights: the check is finite logits only
+            rec.checkpoint["prompt_nll"] = None
 
     with job.stage("memory"):
         rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
@@ -282,6 +288,22 @@ def _model_by_name(root: Path, name: str) -> ModelConfig:
 
 
 def _materialize(
+    model_cfg: ModelConfig, env: StageEnv, cache: Path, out: Path, st: StageInfo, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The cached model folder of ``model_cfg``, materialized first if absent, damaged or from another source.
+
+    Two jobs of parallel grids asking for the same model wait for each other on a file lock next to the
+    cache entry (``cache/models/.<name>.lock``): one builds it, the other then finds it complete.
+    """
+    import fcntl
+
+    (cache / "models").mkdir(parents=True, exist_ok=True)
+    with open(cache / "models" / f".{model_cfg.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _materialize_locked(model_cfg, env, cache, out, st, extra)
+
+
+def _materialize_locked(
     model_cfg: ModelConfig, env: StageEnv, cache: Path, out: Path, st: StageInfo, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     target = cache / "models" / model_cfg.name

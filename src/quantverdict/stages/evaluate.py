@@ -328,6 +328,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if offline_root:
         os.environ["HF_DATASETS_OFFLINE"] = "1"
         os.environ["HF_HUB_OFFLINE"] = "1"
+    else:  # lm-eval's hub tasks: an env profile made for offline machines must not block them
+        os.environ.pop("HF_DATASETS_OFFLINE", None)
+        os.environ.pop("HF_HUB_OFFLINE", None)
     tasks: list[str] = list(ev["tasks"])
 
     from lm_eval import simple_evaluate

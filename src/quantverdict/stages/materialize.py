@@ -100,6 +100,23 @@ def _dims(config: Any) -> dict[str, Any]:
     return dims
 
 
+def _model_class(load_from: str, kwargs: dict[str, Any]) -> Any:
+    """The checkpoint's own class (``architectures[0]``), so a vision-language release such as
+    Qwen3.5-9B (``Qwen3_5ForConditionalGeneration``) keeps its vision tower and the class vLLM serves;
+    ``AutoModelForCausalLM`` when the config names no class transformers has (or for GGUF files)."""
+    import transformers
+
+    if "gguf_file" not in kwargs:
+        try:
+            arch = (transformers.AutoConfig.from_pretrained(load_from).architectures or [""])[0]
+            cls = getattr(transformers, arch, None)
+            if cls is not None:
+                return cls
+        except (OSError, ValueError):
+            pass
+    return transformers.AutoModelForCausalLM
+
+
 def build_synthetic(model: dict[str, Any], tokenizer_path: str, dtype: Any) -> tuple[Any, Any]:
     """A randomly initialised model of ``model["synthetic"]`` and the borrowed tokenizer.
 
@@ -175,6 +192,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         progress(f"saved {n_params / 1e9:.2f}B random parameters to {path}")
     else:
         if source == "hf":
+            import os
+
+            os.environ.pop("HF_HUB_OFFLINE", None)  # the download needs the hub, whatever the env profile says
             load_from, kwargs = model["path"], {}
         else:
             gguf = (
@@ -184,7 +204,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             )
             load_from, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
         progress(f"loading {load_from} {kwargs or ''}")
-        loaded = AutoModelForCausalLM.from_pretrained(load_from, dtype=dtype, **kwargs)
+        loaded = _model_class(load_from, kwargs).from_pretrained(load_from, dtype=dtype, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(load_from, **kwargs)
         config = loaded.config
         tmp = out_dir.with_name(out_dir.name + ".partial")

@@ -269,8 +269,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if not spec.get("recipe"):
         raise ValueError(f"method={method!r} needs a recipe; the spec's recipe is empty")
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if cal_spec.get("text_path") or method not in CALIBRATED_METHODS:  # nothing to fetch: stay offline
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    else:  # calibration text from the hub (data.offline_root=null)
+        os.environ.pop("HF_HUB_OFFLINE", None)
+        os.environ.pop("HF_DATASETS_OFFLINE", None)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # GPTQ's column loop runs thousands of tiny torch ops; with OpenMP's default spin-waiting they
     # slow down 15-40x when the cores are shared (measured: one 576x576 GPTQ layer 0.30 s passive
