@@ -196,3 +196,15 @@ def test_empty_token_perplexity_text_is_refused(offline_root: Path) -> None:
     assert "holds only whitespace (1 bytes); restore the file" in str(err.value)
     assert "set eval.token_perplexity.enabled=false" in str(err.value)
     compose([f"data.offline_root={offline_root}", "eval.tasks=[arc_easy]", "eval.token_perplexity.enabled=false"])
+
+
+def test_config_hash_ignores_output_locations_but_not_results() -> None:
+    # moving the outputs (paths.*, the MLflow store under them) or switching tracking off must not make a
+    # finished job look new; changing what is measured must
+    from quantverdict.pipeline import config_hash
+    from quantverdict.settings import as_dict, compose
+
+    base = config_hash(as_dict(compose(["paths.output_root=/tmp/a"])))
+    assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base
+    assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "tracking.enabled=false"]))) == base
+    assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "eval.limit=7"]))) != base
