@@ -138,6 +138,9 @@ def test_interval_floor_gives_the_benefit_of_the_doubt() -> None:
     assert fp8.status == "fail" and "not significant" in fp8.shortfall
     review, _ = verdict(grid(), min_recovery_pct=99.0, max_perplexity_increase_pct=None, floor_test="interval")
     assert review.checks["m"]["fp8"]["accuracy"].status == "pass"
+    # the citation must not claim the 98% estimate is >= 99%: it names the interval that reaches the floor
+    cite = review.checks["m"]["fp8"]["accuracy"].cite
+    assert "98.0% >= 99%" not in cite and "interval, up to" in cite and "does not rule out the 99% floor" in cite
 
 
 def test_partial_records_never_win_and_say_why() -> None:
