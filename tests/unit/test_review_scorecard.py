@@ -216,3 +216,31 @@ def test_review_json_is_strict(tmp_path: Path) -> None:
     assert data["constraints"]["memory_budget_gib"] == 24.0
     card = next(c for c in data["scorecards"] if c["scheme"] == "gptq")
     assert card["checks"]["memory"]["status"] == "pass"
+
+
+QWEN35_9B_STATE = {
+    **QWEN35_9B,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+}
+
+
+def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
+    from quantverdict.review.scorecard import state_bytes_per_sequence
+
+    # per linear-attention layer: conv (4 - 1) * (2 * 16 * 128 + 32 * 128) = 24,576 elements, temporal
+    # 32 * 128 * 128 = 524,288 elements; 548,864 * 2 B = 1,097,728 B; 24 layers -> 26,345,472 B (25.125 MiB)
+    assert state_bytes_per_sequence(QWEN35_9B_STATE, 2) == 26_345_472
+    assert state_bytes_per_sequence(QWEN35_9B, 2) == 0  # linear-attention sizes unknown: no term
+    assert state_bytes_per_sequence({"num_hidden_layers": 30}, 2) == 0  # no linear-attention layers
+    rec = record("bf16", weights_gib=17.0)
+    rec["model"]["dims"] = QWEN35_9B_STATE
+    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=24.0))
+    # 16 sequences * 25.125 MiB = 402 MiB = 0.392578125 GiB, on top of the 0.140625 GiB of KV
+    assert m["state_needed_gib"] == pytest.approx(0.392578125)
+    assert m["need_gib"] == pytest.approx(17.0 + 0.140625 + 0.392578125)
+    # 7 GiB left / (288 * 32,768 + 26,345,472 B per sequence = 35,782,656 B) = 210.05 -> 210 sequences
+    assert m["budget_max_concurrency"] == 210 and m["budget_kv_tokens"] == 210 * 288

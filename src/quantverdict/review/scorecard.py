@@ -160,6 +160,29 @@ def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None
     return 2.0 * layers * kv_heads * head_dim * dtype_bytes
 
 
+def state_bytes_per_sequence(dims: dict[str, Any], dtype_bytes: float) -> float:
+    """Fixed-size recurrent state a hybrid model keeps per sequence in its linear-attention layers (bytes).
+
+    Gated DeltaNet, as vLLM allocates it (``MambaStateShapeCalculator.gated_delta_net_state_shape``,
+    vLLM 0.26), per layer without a KV cache: a conv state of ``(conv_kernel - 1) × (2 × k_heads ×
+    k_head_dim + v_heads × v_head_dim)`` and a temporal state of ``v_heads × v_head_dim × k_head_dim``,
+    both in the model dtype by default. Qwen3.5-9B (16 k / 32 v heads of 128, kernel 4) in bf16:
+    (3 × 8,192 + 524,288) × 2 = 1,097,728 B a layer, × 24 layers = 26,345,472 B (25.1 MiB) a sequence.
+    0 for models without linear-attention layers.
+    """
+    layers = (dims.get("num_hidden_layers") or 0) - (dims.get("num_kv_layers") or dims.get("num_hidden_layers") or 0)
+    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+    if layers <= 0 or not all(dims.get(k) for k in keys):
+        return 0.0
+    nk, nv, dk, dv = (int(dims[k]) for k in keys)
+    conv = (int(dims.get("linear_conv_kernel_dim") or 4) - 1) * (2 * nk * dk + nv * dv)
+    return float(layers * (conv + nv * dv * dk) * dtype_bytes)
+
+
+def _model_dtype_bytes(rec: dict[str, Any]) -> float:
+    return DTYPE_BYTES.get(str(((rec.get("config") or {}).get("model") or {}).get("dtype", "bfloat16")), 2)
+
+
 def _kv_dtype_bytes(rec: dict[str, Any], rc: ReviewConfig) -> float:
     if rc.kv_cache_dtype_bytes:
         return rc.kv_cache_dtype_bytes
@@ -189,8 +212,10 @@ def request_len(rec: dict[str, Any], rc: ReviewConfig) -> int | None:
 def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[str]]:
     """Weights, KV cache needed for the stated capacity, and what is left of the budget (GiB).
 
-    ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + reserved_gib``; weights
-    from the vLLM server log when it was parsed, else the checkpoint's weight bytes.
+    ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + concurrent_requests ×
+    state_bytes_per_sequence / 2^30 + reserved_gib``; weights from the vLLM server log when it was
+    parsed, else the checkpoint's weight bytes. The state term is 0 except for hybrid models
+    (:func:`state_bytes_per_sequence`).
     """
     missing: list[str] = []
     mem = rec.get("memory") or {}
@@ -233,16 +258,23 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     tokens = rc.kv_cache_tokens or (rc.concurrent_requests * rlen if rlen else None)
     out["kv_needed_tokens"] = tokens
     out["kv_needed_gib"] = tokens * bpt / GIB if tokens and bpt else None
+    state = state_bytes_per_sequence(dims, (dims and _model_dtype_bytes(rec)) or 2)
+    out["state_bytes_per_sequence"] = state
+    out["state_needed_gib"] = rc.concurrent_requests * state / GIB
     out["reserved_gib"] = rc.reserved_gib
     if out["weights_gib"] is not None and out["kv_needed_gib"] is not None:
-        out["need_gib"] = out["weights_gib"] + out["kv_needed_gib"] + rc.reserved_gib
+        out["need_gib"] = out["weights_gib"] + out["kv_needed_gib"] + out["state_needed_gib"] + rc.reserved_gib
     else:
         out["need_gib"] = None
     out["budget_gib"] = rc.memory_budget_gib
     if rc.memory_budget_gib and out["weights_gib"] is not None and bpt:
         free = rc.memory_budget_gib - out["weights_gib"] - rc.reserved_gib
-        out["budget_kv_tokens"] = max(0, int(free * GIB // bpt))
-        out["budget_max_concurrency"] = out["budget_kv_tokens"] / rlen if rlen else None
+        if state and rlen:  # each sequence costs its tokens' KV plus one recurrent state
+            seqs = max(0, int(free * GIB // (rlen * bpt + state)))
+            out["budget_kv_tokens"], out["budget_max_concurrency"] = seqs * rlen, float(seqs)
+        else:
+            out["budget_kv_tokens"] = max(0, int(free * GIB // bpt))
+            out["budget_max_concurrency"] = out["budget_kv_tokens"] / rlen if rlen else None
     else:
         out["budget_kv_tokens"] = out["budget_max_concurrency"] = None
     return out, missing

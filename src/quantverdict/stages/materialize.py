@@ -35,6 +35,12 @@ DIM_KEYS = (
     "vocab_size",
     "max_position_embeddings",
     "tie_word_embeddings",
+    # hybrid models (Gated DeltaNet): sizes of the per-sequence recurrent state
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
 )
 
 
