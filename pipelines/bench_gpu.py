@@ -75,8 +75,9 @@ def _stream(index: int, names: list[str], gpu: str, args: argparse.Namespace, st
 
 def rederive(rec: dict, job_dir: Path) -> dict:
     """Re-read the fields a record takes from the job's raw vLLM server log (memory, kernels, the kernel
-    check) with this checkout's :mod:`quantverdict.vllm_log`, so a parser fix applies to finished runs."""
-    from quantverdict import sweep, vllm_log
+    check, the per-load summary) with this checkout's parser, so a parser fix applies to finished runs."""
+    from quantverdict import vllm_log
+    from quantverdict.pipeline import speed_validity
 
     if rec.get("status") == "running":  # the machine was given back mid-job: say so, keep what finished
         rec["status"] = "interrupted"
@@ -86,24 +87,25 @@ def rederive(rec: dict, job_dir: Path) -> dict:
         act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16
         rec.setdefault("memory", {})["server"] = vllm_log.parse(log_path.read_text(errors="replace"), act)
         if rec.get("speed", {}).get("points"):
-            label = rec.get("job", {}).get("scheme_label", "")
-            rec["speed"]["kernel_check"] = sweep.kernel_check(label, rec["memory"]["server"], act)
+            speed_validity(rec["speed"], rec.get("job", {}).get("scheme_label", ""), rec["memory"]["server"], act)
     return rec
 
 
-def export_records(out: Path, dest: Path) -> list[Path]:
-    """Copy every job record under ``out`` (re-derived, :func:`rederive`) to ``dest/<model>/<scheme>/record.json``,
-    a small tree that ``python -m pipelines.review dest/<model>`` reads."""
-    import json
-
+def load_records(out: Path) -> list[dict]:
+    """Every job record under ``out`` (reused ones left out), re-derived (:func:`rederive`)."""
     from quantverdict.record import find_records, load
 
+    recs = [(load(p), p.parent) for p in find_records(out)]
+    return [rederive(r, d) for r, d in recs if not r.get("job", {}).get("resumed_from")]
+
+
+def export_records(recs: list[dict], dest: Path) -> list[Path]:
+    """Write each record to ``dest/<model>/<scheme>/record.json``, a small tree that
+    ``python -m pipelines.review dest/<model>`` reads."""
+    import json
+
     written = []
-    for path in find_records(out):
-        rec = load(path)
-        if rec.get("job", {}).get("resumed_from"):
-            continue
-        rec = rederive(rec, path.parent)
+    for rec in recs:
         target = dest / rec["job"]["model"] / rec["job"]["scheme"] / "record.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(rec, indent=1, default=str))
@@ -111,29 +113,25 @@ def export_records(out: Path, dest: Path) -> list[Path]:
     return written
 
 
-def write_results(out: Path, results: Path) -> list[Path]:
-    """One Markdown file per model from every record under ``out``; returns the files written."""
-    from quantverdict.record import find_records, load
+def write_results(recs: list[dict], out: Path, results: Path) -> list[Path]:
+    """One Markdown file per model from the records of ``out``; returns the files written."""
     from quantverdict.report import format_table
 
     by_model: dict[str, list[dict]] = {}
-    for path in find_records(out):
-        rec = load(path)
-        if rec.get("job", {}).get("resumed_from"):
-            continue
-        by_model.setdefault(rec["job"].get("model", "?"), []).append(rederive(rec, path.parent))
+    for rec in recs:
+        by_model.setdefault(rec["job"].get("model", "?"), []).append(rec)
     results.mkdir(parents=True, exist_ok=True)
     written = []
-    for model, recs in sorted(by_model.items()):
+    for model, model_recs in sorted(by_model.items()):
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         head = (
             f"# GPU grid: {model} (`make bench-gpu`)\n\n"
-            f"- Written {stamp} from {len(recs)} job record(s) under `{out}`.\n"
+            f"- Written {stamp} from {len(model_recs)} job record(s) under `{out}`.\n"
             "- Command: `make bench-gpu` on the H200 machine (prebuilt stacks of ../shared/gpu/README.md, "
             "`env=h200-prebuilt`, `bench=gpu-concurrency`: closed loop, 256 in / 128 out, ignore_eos).\n\n"
         )
         path = results / f"gpu-{model}.md"
-        path.write_text(head + format_table(recs) + "\n")
+        path.write_text(head + format_table(model_recs) + "\n")
         written.append(path)
     return written
 
@@ -170,10 +168,11 @@ def main() -> int:
         failed = sorted(m for m, s in status.items() if not s.startswith("exit 0"))
     else:
         failed = []
-    for path in write_results(Path(args.out), Path(args.results)):
+    recs = load_records(Path(args.out))
+    for path in write_results(recs, Path(args.out), Path(args.results)):
         print(f"wrote {path}")
     if args.export_records:
-        print(f"exported {len(export_records(Path(args.out), Path(args.export_records)))} records to {args.export_records}")
+        print(f"exported {len(export_records(recs, Path(args.export_records)))} records to {args.export_records}")
     if failed:
         print(f"failed grids: {', '.join(failed)} (see <out>/<part>/grid.log)", file=sys.stderr)
     return 1 if failed else 0

@@ -239,7 +239,7 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     Returns:
         Predicted bytes (float).
     """
-    from quantverdict.schemes import derive_group_size, quantized_in_features
+    from quantverdict.schemes import scheme_group_size
     from quantverdict.stages.memory import expected_quantized_bytes
 
     dims = model.get("dims") or {}
@@ -250,8 +250,7 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     group: int | None = None
     if scheme.group_size != "channel" and dims.get("hidden_size"):
         try:
-            group = derive_group_size(scheme.group_size, list(scheme.group_size_candidates),
-                                      quantized_in_features(dims))
+            group = scheme_group_size(scheme, dims)
         except ConfigError:
             group = None  # refused with its own message by schemes.resolve_recipe
     group = group or int(dims.get("hidden_size") or 4096)

@@ -244,8 +244,7 @@ def _run(job: Job) -> None:
     with job.stage("memory"):
         rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
         if cfg.scheme.method != "none":  # a checkpoint far from its scheme's predicted size fails the job
-            group = schemes.derive_group_size(str(cfg.scheme.group_size), list(cfg.scheme.group_size_candidates),
-                                              schemes.quantized_in_features(model["dims"]))
+            group = schemes.scheme_group_size(cfg.scheme, model["dims"])
             rec.memory["prediction"] = memory.check_against_prediction(
                 rec.memory["checkpoint"], cfg.scheme.weight_bits, group, cfg.scheme.symmetric,
                 scheme=cfg.scheme.label, scale_dtype=rec.checkpoint.get("saved_dtype") or "bfloat16")
@@ -308,7 +307,8 @@ def _materialize_locked(
 ) -> dict[str, Any]:
     target = cache / "models" / model_cfg.name
     info = target / MODEL_INFO
-    want = {k: _plain(getattr(model_cfg, k)) for k in MODEL_SOURCE_KEYS}
+    source = as_dict(model_cfg)
+    want = {k: source.get(k) for k in MODEL_SOURCE_KEYS}
     if info.exists():
         cached = json.loads(info.read_text())
         try:
@@ -324,11 +324,6 @@ def _materialize_locked(
     spec = {"model": as_dict(model_cfg), "out_dir": str(target), "cache_root": str(cache), **(extra or {})}
     result = run_stage(env, "materialize", spec, out)
     return {k: v for k, v in result.items() if k not in ("status", "wall_s")}
-
-
-def _plain(value: Any) -> Any:
-    """A dataclass as a plain dict (JSON-comparable with what a cached model info holds)."""
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
 
 
 def _quantize(
@@ -435,7 +430,7 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
             rec.speed["points"] = [json.loads(line) for line in lines if line.strip()]
         if server.log_path.exists():
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
-        _speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
+        speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
         if hbm:
             _roofline(rec, model_path, hbm)
 
@@ -457,9 +452,10 @@ def _roofline(rec: Record, model_path: str, hbm: dict[str, Any]) -> None:
         log.exception("could not compute the roofline efficiency")
 
 
-def _speed_validity(speed: dict[str, Any], label: str, server: dict[str, Any] | None, act_quant: bool) -> None:
+def speed_validity(speed: dict[str, Any], label: str, server: dict[str, Any] | None, act_quant: bool) -> None:
     """Add the kernel check, the per-load summary over repeats and the sustained ceiling to ``speed``
-    (see :mod:`quantverdict.sweep`); never raises, so that it cannot hide the sweep's own error."""
+    (see :mod:`quantverdict.sweep`); never raises, so that it cannot hide the sweep's own error. Also run
+    by ``pipelines.bench_gpu`` on finished records after re-parsing their server logs."""
     try:
         speed["kernel_check"] = sweep.kernel_check(label, server, act_quant)
         speed["summary"] = sweep.summarize(speed.get("points") or [], speed.get("mode") or "rate")

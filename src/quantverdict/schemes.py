@@ -119,6 +119,12 @@ def derive_group_size(group_size: str, candidates: list[int], in_features: list[
     return g
 
 
+def scheme_group_size(scheme: SchemeConfig, dims: dict[str, Any]) -> int | None:
+    """``scheme.group_size`` resolved for a model: :func:`derive_group_size` over the model's quantized
+    in_features (:func:`quantized_in_features`); None for per-channel. Raises ConfigError as they do."""
+    return derive_group_size(str(scheme.group_size), list(scheme.group_size_candidates), quantized_in_features(dims))
+
+
 def _fill_group_sizes(node: Any, resolved: int | None, check: list[int], allowed: list[int]) -> None:
     if isinstance(node, dict):
         if "group_size" in node:
@@ -250,10 +256,8 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any], extra_ignore: lis
     recipe = copy.deepcopy(_plain(scheme.recipe))
     if not recipe:
         return {}
-    in_features = quantized_in_features(dims)
-    candidates = list(scheme.group_size_candidates)
-    resolved = derive_group_size(str(scheme.group_size), candidates, in_features)
-    _fill_group_sizes(recipe, resolved, in_features, candidates)
+    resolved = scheme_group_size(scheme, dims)
+    _fill_group_sizes(recipe, resolved, quantized_in_features(dims), list(scheme.group_size_candidates))
     if extra_ignore:
         _add_ignore(recipe, list(extra_ignore))
     return recipe

@@ -106,21 +106,28 @@ def _dims(config: Any) -> dict[str, Any]:
     return dims
 
 
-def _model_class(load_from: str, kwargs: dict[str, Any]) -> Any:
-    """The checkpoint's own class (``architectures[0]``), so a vision-language release such as
-    Qwen3.5-9B (``Qwen3_5ForConditionalGeneration``) keeps its vision tower and the class vLLM serves;
-    ``AutoModelForCausalLM`` when the config names no class transformers has (or for GGUF files)."""
+def model_class(architectures: list[str] | None) -> Any:
+    """The transformers class named by a config's ``architectures[0]``, else ``AutoModelForCausalLM``.
+
+    Loading by the checkpoint's own class keeps a vision-language release such as Qwen3.5-9B
+    (``Qwen3_5ForConditionalGeneration``) whole: ``AutoModelForCausalLM`` would load its text model
+    only, drop the vision tower, and save a class vLLM does not serve.
+    """
     import transformers
 
-    if "gguf_file" not in kwargs:
-        try:
-            arch = (transformers.AutoConfig.from_pretrained(load_from).architectures or [""])[0]
-            cls = getattr(transformers, arch, None)
-            if cls is not None:
-                return cls
-        except (OSError, ValueError):
-            pass
-    return transformers.AutoModelForCausalLM
+    return getattr(transformers, (architectures or [""])[0], None) or transformers.AutoModelForCausalLM
+
+
+def _model_class(load_from: str, kwargs: dict[str, Any]) -> Any:
+    """:func:`model_class` of a hub id or folder (``AutoModelForCausalLM`` for GGUF files)."""
+    import transformers
+
+    if "gguf_file" in kwargs:
+        return transformers.AutoModelForCausalLM
+    try:
+        return model_class(transformers.AutoConfig.from_pretrained(load_from).architectures)
+    except (OSError, ValueError):
+        return transformers.AutoModelForCausalLM
 
 
 def build_synthetic(model: dict[str, Any], tokenizer_path: str, dtype: Any) -> tuple[Any, Any]:

@@ -21,8 +21,8 @@ Result (JSON, besides ``status``/``wall_s`` from :mod:`._child`)::
      "saved_dtype": str, "quantize_s": float, "save_s": float,
      "verify_s": float, "memory": {...quantverdict.stages.memory.checkpoint_memory...}}
 
-Imports only the standard library, the quantize environment's libraries and the stdlib-only
-:mod:`quantverdict.stages.memory`.
+Imports only the standard library, the quantize environment's libraries, the stdlib-only
+:mod:`quantverdict.stages.memory` and :mod:`quantverdict.stages.materialize` (same environment).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.stages._child import child_main, progress
+from quantverdict.stages.materialize import model_class
 from quantverdict.stages.memory import checkpoint_memory
 
 CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq")
@@ -170,17 +171,9 @@ def _smoothing_log() -> Iterator[dict[str, list[str]]]:
 
 
 def load_model(path: Path, device: str, **kwargs: Any) -> Any:
-    """The checkpoint's own architecture class (``config.json`` ``architectures[0]``) from transformers.
-
-    ``AutoModelForCausalLM`` would load a vision-language checkpoint such as
-    ``Qwen3_5ForConditionalGeneration`` as its text-only model and drop the vision tower, and the
-    saved checkpoint would then not be the model vLLM serves; an unknown class falls back to it.
-    """
-    import transformers
-
-    cfg = json.loads((path / "config.json").read_text())
-    name = (cfg.get("architectures") or [""])[0]
-    cls = getattr(transformers, name, None) or transformers.AutoModelForCausalLM
+    """The checkpoint at ``path`` in its own class (:func:`~quantverdict.stages.materialize.model_class`
+    of ``config.json``), on ``device``."""
+    cls = model_class(json.loads((path / "config.json").read_text()).get("architectures"))
     if device != "cpu":
         kwargs["device_map"] = device
     return cls.from_pretrained(path, **kwargs)
