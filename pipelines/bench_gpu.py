@@ -3,12 +3,16 @@ grids on the H200 machine, spread over its GPUs, then one results file per model
 
     python -m pipelines.bench_gpu --out /tmp/qvgpu --results docs/results
     python -m pipelines.bench_gpu --only embedded qwen --set bench.repeats=3   # a part, with overrides
+    python -m pipelines.bench_gpu --streams embedded:w8a8,awq qwen+embedded:int8   # your own GPU layout
+    python -m pipelines.bench_gpu --report-only --out /runs/a /runs/b   # one table from several runs
 
 Needs the prebuilt stage targets of ``../shared/gpu/README.md`` (``env=h200-prebuilt``) and the offline
 data (``--data``). Each stream is an ordinary ``python -m pipelines.run -m ...`` grid pinned to one GPU
 (``CUDA_VISIBLE_DEVICES``) with its own output root, MLflow store and server port, so two streams never
 share a GPU, a port or a database. Streams of a machine with fewer GPUs run one after another. Every job
-keeps its record as it finishes, so a run cut short still reports what finished.
+keeps its record as it finishes, so a run cut short still reports what finished; a later run of the missing
+schemes (``--streams``) completes it, and ``--report-only --out RUN1 RUN2`` joins them (a finished job
+supersedes an interrupted or failed one of the same model and scheme).
 
 Results: ``<results>/gpu-<model>.md`` (memory, accuracy, speed, roofline and stage-time tables from the
 records, :func:`quantverdict.report.format_table`); each grid also writes its review into its own folder
@@ -41,6 +45,35 @@ PLAN: dict[str, list[tuple[str, str, list[str]]]] = {
 STREAMS = [["embedded"], ["llama", "qwen"]]  # one list per GPU; with one GPU they run in sequence
 
 
+def parse_streams(specs: list[str]) -> list[list[tuple[str, str | None]]]:
+    """``--streams`` values -> one list of (part, schemes or None) per GPU.
+
+    Each value is one GPU's stream: parts joined by ``+``, each optionally narrowed to some of its
+    schemes with ``:`` (``qwen+embedded:int8``: the qwen part, then the embedded model's int8 only).
+
+    Raises:
+        ValueError: an unknown part, or a scheme the part's plan does not list (names the allowed ones).
+    """
+    streams = []
+    for spec in specs:
+        stream = []
+        for item in spec.split("+"):
+            part, _, schemes = item.partition(":")
+            if part not in PLAN:
+                raise ValueError(f"--streams {spec!r}: unknown part {part!r}; allowed: {', '.join(sorted(PLAN))}")
+            if schemes:
+                planned = {s for _, grid, _ in PLAN[part] for s in grid.split(",")}
+                unknown = sorted(set(schemes.split(",")) - planned)
+                if unknown:
+                    raise ValueError(
+                        f"--streams {spec!r}: part {part!r} has no scheme {', '.join(unknown)}; "
+                        f"allowed: {', '.join(sorted(planned))}"
+                    )
+            stream.append((part, schemes or None))
+        streams.append(stream)
+    return streams
+
+
 def _gpu_count() -> int:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
@@ -57,20 +90,24 @@ def _grid_cmd(model: str, schemes: str, extra: list[str], out_root: Path, port: 
     ]  # later overrides win: a part's own, then --set
 
 
-def _stream(index: int, names: list[str], gpu: str, args: argparse.Namespace, status: dict[str, str]) -> None:
+def _stream(
+    index: int, parts: list[tuple[str, str | None]], gpu: str, args: argparse.Namespace, status: dict[str, str]
+) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-    for name in names:
+    for name, only_schemes in parts:
         for model, schemes, extra in PLAN[name]:
-            out_root = Path(args.out) / name
+            schemes = only_schemes or schemes
+            out_root = Path(args.out[0]) / name
             out_root.mkdir(parents=True, exist_ok=True)
             cmd = _grid_cmd(model, schemes, [*extra, *args.set], out_root, 8801 + index, args.data)
-            log = out_root / "grid.log"
+            log = out_root / f"grid-gpu{gpu}.log"  # two streams may run grids of the same part
             t0 = time.monotonic()
             print(f"[gpu {gpu}] {model} {schemes}: {' '.join(cmd[3:])} (log {log})", flush=True)
             with open(log, "a") as fh:
                 rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
-            status[model] = f"exit {rc} after {time.monotonic() - t0:.0f} s"
-            print(f"[gpu {gpu}] {model}: {status[model]}", flush=True)
+            key = f"{model} {schemes}"
+            status[key] = f"exit {rc} after {time.monotonic() - t0:.0f} s"
+            print(f"[gpu {gpu}] {key}: {status[key]}", flush=True)
 
 
 def rederive(rec: dict, job_dir: Path) -> dict:
@@ -91,12 +128,20 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     return rec
 
 
-def load_records(out: Path) -> list[dict]:
-    """Every job record under ``out`` (reused ones left out), re-derived (:func:`rederive`)."""
+def supersede(recs: list[dict]) -> list[dict]:
+    """Leave out a job that did not finish (status other than ``ok``) when a finished job of the same
+    model and scheme exists: the run that completed a cut-short grid replaces its interrupted jobs."""
+    done = {(r["job"].get("model"), r["job"].get("scheme")) for r in recs if r.get("status") == "ok"}
+    return [r for r in recs if r.get("status") == "ok" or (r["job"].get("model"), r["job"].get("scheme")) not in done]
+
+
+def load_records(outs: list[Path]) -> list[dict]:
+    """Every job record under the run folders ``outs`` (reused ones left out), re-derived
+    (:func:`rederive`), unfinished jobs superseded by finished ones (:func:`supersede`)."""
     from quantverdict.record import find_records, load
 
-    recs = [(load(p), p.parent) for p in find_records(out)]
-    return [rederive(r, d) for r, d in recs if not r.get("job", {}).get("resumed_from")]
+    recs = [(load(p), p.parent) for out in outs for p in find_records(out)]
+    return supersede([rederive(r, d) for r, d in recs if not r.get("job", {}).get("resumed_from")])
 
 
 def export_records(recs: list[dict], dest: Path) -> list[Path]:
@@ -113,7 +158,7 @@ def export_records(recs: list[dict], dest: Path) -> list[Path]:
     return written
 
 
-def write_results(recs: list[dict], out: Path, results: Path) -> list[Path]:
+def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Path]:
     """One Markdown file per model from the records of ``out``; returns the files written."""
     from quantverdict.report import format_table
 
@@ -126,7 +171,7 @@ def write_results(recs: list[dict], out: Path, results: Path) -> list[Path]:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         head = (
             f"# GPU grid: {model} (`make bench-gpu`)\n\n"
-            f"- Written {stamp} from {len(model_recs)} job record(s) under `{out}`.\n"
+            f"- Written {stamp} from {len(model_recs)} job record(s) under {', '.join(f'`{o}`' for o in outs)}.\n"
             "- Command: `make bench-gpu` on the H200 machine (prebuilt stacks of ../shared/gpu/README.md, "
             "`env=h200-prebuilt`, `bench=gpu-concurrency`: closed loop, 256 in / 128 out, ignore_eos).\n\n"
         )
@@ -138,21 +183,34 @@ def write_results(recs: list[dict], out: Path, results: Path) -> list[Path]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="/tmp/qvgpu", help="output root of the grids (default /tmp/qvgpu)")
+    ap.add_argument(
+        "--out", nargs="+", default=["/tmp/qvgpu"],
+        help="output root of the grids (default /tmp/qvgpu); with --report-only, one or more run folders",
+    )
     ap.add_argument("--results", default=str(ROOT / "docs" / "results"), help="where gpu-<model>.md go")
     ap.add_argument("--data", default=os.environ.get("QV_DATA_ROOT", str(ROOT.parent / "shared" / "data")))
     ap.add_argument("--only", nargs="*", choices=sorted(PLAN), help="run only these parts of the plan")
+    ap.add_argument(
+        "--streams", nargs="+", metavar="PART[:SCHEMES][+PART...]",
+        help="one value per GPU instead of the default layout, e.g. embedded:w8a8,awq qwen+embedded:int8",
+    )
     ap.add_argument("--report-only", action="store_true", help="write the results files from existing records")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="Hydra overrides for every grid")
     ap.add_argument("--export-records", metavar="DIR", help="also copy the job records to DIR/<model>/<scheme>/")
     args = ap.parse_args()
     if not args.report_only:
+        if len(args.out) != 1:
+            ap.error("--out takes several folders only with --report-only")
+        try:
+            layout = parse_streams(args.streams) if args.streams else [[(p, None) for p in s] for s in STREAMS]
+        except ValueError as exc:
+            ap.error(str(exc))
         if not Path(args.data).is_dir():
             ap.error(f"--data {args.data!r} is not a directory of offline data (wikitext-2-raw/, piqa/, ...)")
         n = _gpu_count()
         if n == 0:
             ap.error("no GPU visible (nvidia-smi -L): make bench-gpu runs on the H200 machine")
-        streams = [[p for p in s if not args.only or p in args.only] for s in STREAMS]
+        streams = [[p for p in s if not args.only or p[0] in args.only] for s in layout]
         streams = [s for s in streams if s]
         if n < len(streams):  # fewer GPUs than streams: run them one after another
             streams = [[p for s in streams for p in s]]
@@ -168,13 +226,14 @@ def main() -> int:
         failed = sorted(m for m, s in status.items() if not s.startswith("exit 0"))
     else:
         failed = []
-    recs = load_records(Path(args.out))
-    for path in write_results(recs, Path(args.out), Path(args.results)):
+    outs = [Path(o) for o in args.out]
+    recs = load_records(outs)
+    for path in write_results(recs, outs, Path(args.results)):
         print(f"wrote {path}")
     if args.export_records:
         print(f"exported {len(export_records(recs, Path(args.export_records)))} records to {args.export_records}")
     if failed:
-        print(f"failed grids: {', '.join(failed)} (see <out>/<part>/grid.log)", file=sys.stderr)
+        print(f"failed grids: {', '.join(failed)} (see <out>/<part>/grid-gpu<N>.log)", file=sys.stderr)
     return 1 if failed else 0
 
 
