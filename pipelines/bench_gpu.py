@@ -129,10 +129,17 @@ def rederive(rec: dict, job_dir: Path) -> dict:
 
 
 def supersede(recs: list[dict]) -> list[dict]:
-    """Leave out a job that did not finish (status other than ``ok``) when a finished job of the same
-    model and scheme exists: the run that completed a cut-short grid replaces its interrupted jobs."""
-    done = {(r["job"].get("model"), r["job"].get("scheme")) for r in recs if r.get("status") == "ok"}
-    return [r for r in recs if r.get("status") == "ok" or (r["job"].get("model"), r["job"].get("scheme")) not in done]
+    """One job per model and scheme where runs overlap: the finished ones (status ``ok``) if any, else the
+    latest unfinished one (``job.started_at``): the run that completed a cut-short grid replaces its
+    interrupted jobs, and a job cut twice shows how far it got the last time."""
+    by_key: dict[tuple, list[dict]] = {}
+    for r in recs:
+        by_key.setdefault((r["job"].get("model"), r["job"].get("scheme")), []).append(r)
+    keep = []
+    for group in by_key.values():
+        done = [r for r in group if r.get("status") == "ok"]
+        keep += done or [max(group, key=lambda r: r["job"].get("started_at") or "")]
+    return [r for r in recs if any(r is k for k in keep)]
 
 
 def load_records(outs: list[Path]) -> list[dict]:

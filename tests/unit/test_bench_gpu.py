@@ -27,12 +27,18 @@ def test_streams_refuse_unknown_parts_and_schemes(spec: str, message: str) -> No
         parse_streams([spec])
 
 
-def _rec(scheme: str, status: str) -> dict:
-    return {"job": {"model": "m", "scheme": scheme}, "status": status}
+def _rec(scheme: str, status: str, started: str = "2026-11-30T02:00:00+0000") -> dict:
+    return {"job": {"model": "m", "scheme": scheme, "started_at": started}, "status": status}
 
 
 def test_finished_job_supersedes_the_interrupted_one() -> None:
-    recs = [_rec("w8a8", "interrupted"), _rec("bf16", "ok"), _rec("w8a8", "ok"), _rec("awq", "failed")]
+    recs = [
+        _rec("w8a8", "interrupted"), _rec("bf16", "ok"), _rec("w8a8", "ok"), _rec("awq", "failed"),
+        _rec("int8", "interrupted", "2026-11-30T02:10:00+0000"), _rec("int8", "interrupted", "2026-11-30T05:01:41+0000"),
+    ]
     kept = supersede(recs)
-    # w8a8 finished in the second run: its interrupted job goes; awq never finished: its failure stays
-    assert [(r["job"]["scheme"], r["status"]) for r in kept] == [("bf16", "ok"), ("w8a8", "ok"), ("awq", "failed")]
+    # w8a8 finished in the second run: its interrupted job goes; awq never finished: its failure stays;
+    # int8 was cut in both runs: the later one (05:01) stays
+    assert [(r["job"]["scheme"], r["status"], r["job"]["started_at"][11:16]) for r in kept] == [
+        ("bf16", "ok", "02:00"), ("w8a8", "ok", "02:00"), ("awq", "failed", "02:00"), ("int8", "interrupted", "05:01"),
+    ]

@@ -239,8 +239,32 @@ def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
     rec = record("bf16", weights_gib=17.0)
     rec["model"]["dims"] = QWEN35_9B_STATE
     m, _ = memory_summary(rec, replace(RC, memory_budget_gib=24.0))
-    # 16 sequences * 25.125 MiB = 402 MiB = 0.392578125 GiB, on top of the 0.140625 GiB of KV
-    assert m["state_needed_gib"] == pytest.approx(0.392578125)
-    assert m["need_gib"] == pytest.approx(17.0 + 0.140625 + 0.392578125)
-    # 7 GiB left / (288 * 32,768 + 26,345,472 B per sequence = 35,782,656 B) = 210.05 -> 210 sequences
-    assert m["budget_max_concurrency"] == 210 and m["budget_kv_tokens"] == 210 * 288
+    # vLLM pages it: 272-token blocks (see test_hybrid_paging_matches_vllm_on_the_h200), a 288-token request
+    # takes 2 blocks = 544 token slots in each of the 8 KV layers: 16 requests * 544 * 32,768 B = 0.265625 GiB
+    assert m["kv_needed_tokens"] == 16 * 544 and m["kv_needed_gib"] == pytest.approx(0.265625)
+    # each state padded to a 1,114,112 B page: 16 * 24 * 1,114,112 B = 427,819,008 B = 0.3984375 GiB
+    assert m["state_needed_gib"] == pytest.approx(0.3984375)
+    assert m["need_gib"] == pytest.approx(17.0 + 0.265625 + 0.3984375)
+    # 7 GiB left / ((2 * 8 + 24) pages * 1,114,112 B = 44,564,480 B a sequence) = 168.66 -> 168 sequences
+    assert m["budget_max_concurrency"] == 168 and m["budget_kv_tokens"] == 168 * 288
+
+
+def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
+    from quantverdict.review.scorecard import hybrid_paging, paged_bytes_per_sequence
+
+    # state per layer 1,097,728 B (test above); attention per layer and token 2 * 4 * 256 * 2 = 4,096 B;
+    # block = 16 * ceil(1,097,728 / (16 * 4,096)) = 16 * ceil(16.75) = 272 tokens, page 272 * 4,096 = 1,114,112 B
+    # (vLLM 0.26's log for qwen3.5-9b-shape: "Setting attention block size to 272 tokens", "Padding mamba
+    # page size by 1.49%": 1,114,112 / 1,097,728 = 1.0149)
+    paging = hybrid_paging(QWEN35_9B_STATE, 2, 2)
+    assert paging == {"block_tokens": 272, "page_bytes": 1_114_112, "kv_layers": 8, "state_layers": 24}
+    # 4,096 tokens: ceil(4,096 / 272) = 16 blocks in 8 layers + 24 states = 152 pages = 169,345,024 B
+    assert paged_bytes_per_sequence(paging, 4096) == 169_345_024
+    # measured (docs/results/gpu-qwen3.5-9b-shape.md, H200, vLLM 0.26.0): "Available KV cache memory:
+    # 107.84 GiB", "Maximum concurrency for 4,096 tokens per request: 683.68x".
+    # 107.84 * 2^30 / 169,345,024 = 683.76 (107.84 is rounded to 0.01 GiB: +-0.03 sequences)
+    rec = record("bf16", weights_gib=16.71)
+    rec["model"]["dims"] = QWEN35_9B_STATE
+    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0))
+    assert m["budget_max_concurrency"] == 683
+    assert hybrid_paging(QWEN35_9B, 2, 2) is None  # no linear-attention sizes: no paging model

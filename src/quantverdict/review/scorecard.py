@@ -179,6 +179,40 @@ def state_bytes_per_sequence(dims: dict[str, Any], dtype_bytes: float) -> float:
     return float(layers * (conv + nv * dv * dk) * dtype_bytes)
 
 
+def hybrid_paging(dims: dict[str, Any], kv_dtype_bytes: float, state_dtype_bytes: float) -> dict[str, float] | None:
+    """How vLLM pages a hybrid model's memory: one page size shared by attention blocks and recurrent states.
+
+    vLLM 0.26 (``HybridAttentionMambaModelConfig``, which logs "Setting attention block size to N tokens
+    to ensure that attention page size is >= mamba page size" and "Padding mamba page size by X%") picks
+    the attention block size as the smallest multiple of 16 tokens whose per-layer page
+    (``block × 2 × kv_heads × head_dim × kv_dtype_bytes``) holds one layer's recurrent state, and pads the
+    state to that page. A sequence of L tokens then takes ``ceil(L / block)`` pages in each KV layer and
+    one page in each linear-attention layer. Qwen3.5-9B in bf16: state 1,097,728 B a layer ->
+    ceil(1,097,728 / (16 × 4,096)) × 16 = 272 tokens a block, page 272 × 4,096 = 1,114,112 B (+1.49%).
+
+    Returns ``{"block_tokens", "page_bytes", "kv_layers", "state_layers"}``, or None for a model without
+    linear-attention layers or with a dimension missing.
+    """
+    state = state_bytes_per_sequence(dims, state_dtype_bytes)
+    bpt = kv_bytes_per_token(dims, kv_dtype_bytes)
+    kv_layers = dims.get("num_kv_layers") or 0
+    state_layers = (dims.get("num_hidden_layers") or 0) - kv_layers
+    if not state or not bpt or kv_layers <= 0 or state_layers <= 0:
+        return None
+    per_layer_token = bpt / kv_layers  # 2 × kv_heads × head_dim × kv_dtype_bytes
+    block = 16 * math.ceil(state / state_layers / (16 * per_layer_token))
+    return {"block_tokens": block, "page_bytes": block * per_layer_token, "kv_layers": kv_layers,
+            "state_layers": state_layers}
+
+
+def paged_bytes_per_sequence(paging: dict[str, float], tokens: int) -> float:
+    """Bytes vLLM reserves for one sequence of ``tokens`` tokens of a hybrid model (:func:`hybrid_paging`):
+    ``(ceil(tokens / block) × kv_layers + state_layers) × page_bytes``. Qwen3.5-9B, 4,096 tokens:
+    (16 × 8 + 24) × 1,114,112 = 169,345,024 B."""
+    blocks = math.ceil(tokens / paging["block_tokens"])
+    return (blocks * paging["kv_layers"] + paging["state_layers"]) * paging["page_bytes"]
+
+
 def _model_dtype_bytes(rec: dict[str, Any]) -> float:
     return DTYPE_BYTES.get(str(((rec.get("config") or {}).get("model") or {}).get("dtype", "bfloat16")), 2)
 
@@ -215,7 +249,9 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + concurrent_requests ×
     state_bytes_per_sequence / 2^30 + reserved_gib``; weights from the vLLM server log when it was
     parsed, else the checkpoint's weight bytes. The state term is 0 except for hybrid models
-    (:func:`state_bytes_per_sequence`).
+    (:func:`state_bytes_per_sequence`), which are counted the way vLLM pages them
+    (:func:`hybrid_paging`): each request's tokens rounded up to whole attention blocks, each state padded
+    to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
     """
     missing: list[str] = []
     mem = rec.get("memory") or {}
@@ -255,10 +291,16 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
         out["kv_bytes_per_token_measured"] = sv["kv_cache_gib"] * GIB / sv["kv_cache_tokens"]
     rlen = request_len(rec, rc)
     out["request_len_tokens"] = rlen
-    tokens = rc.kv_cache_tokens or (rc.concurrent_requests * rlen if rlen else None)
+    state_dtype = (dims and _model_dtype_bytes(rec)) or 2
+    paging = hybrid_paging(dims, dtype_bytes, state_dtype)
+    out["hybrid_paging"] = paging
+    if paging and rlen and not rc.kv_cache_tokens:  # vLLM reserves whole attention blocks per request
+        tokens = rc.concurrent_requests * math.ceil(rlen / paging["block_tokens"]) * int(paging["block_tokens"])
+    else:
+        tokens = rc.kv_cache_tokens or (rc.concurrent_requests * rlen if rlen else None)
     out["kv_needed_tokens"] = tokens
     out["kv_needed_gib"] = tokens * bpt / GIB if tokens and bpt else None
-    state = state_bytes_per_sequence(dims, (dims and _model_dtype_bytes(rec)) or 2)
+    state = paging["state_layers"] * paging["page_bytes"] if paging else state_bytes_per_sequence(dims, state_dtype)
     out["state_bytes_per_sequence"] = state
     out["state_needed_gib"] = rc.concurrent_requests * state / GIB
     out["reserved_gib"] = rc.reserved_gib
@@ -270,7 +312,8 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     if rc.memory_budget_gib and out["weights_gib"] is not None and bpt:
         free = rc.memory_budget_gib - out["weights_gib"] - rc.reserved_gib
         if state and rlen:  # each sequence costs its tokens' KV plus one recurrent state
-            seqs = max(0, int(free * GIB // (rlen * bpt + state)))
+            per_seq = paged_bytes_per_sequence(paging, rlen) if paging else rlen * bpt + state
+            seqs = max(0, int(free * GIB // per_seq))
             out["budget_kv_tokens"], out["budget_max_concurrency"] = seqs * rlen, float(seqs)
         else:
             out["budget_kv_tokens"] = max(0, int(free * GIB // bpt))
