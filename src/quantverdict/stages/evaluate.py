@@ -11,7 +11,10 @@ Spec::
      "offline_root": str | null,    # offline data folder; null: lm-eval's built-in hub tasks
      "cache_dir": str,              # converted offline data goes here
      "output_dir": str,             # samples_<task>.jsonl go here
-     "device": "cpu" | "cuda"}
+     "device": "cpu" | "cuda",
+     "server": {"base_url": str,    # eval.backend=server only: the job's running vLLM server
+                "served_model": str, "tokenizer": str, "max_model_len": int,
+                "dtype": str} | null}
 
 Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
 
@@ -25,6 +28,10 @@ Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
                                     | {"skipped": reason},
                 "perplexity_family": {"recomputed", "max_rel_diff", "ok"}}}
 
+With ``eval.backend=server`` the log-likelihoods come from the job's vLLM server through lm-eval's
+``local-completions`` model (token ids sent, prompt log-probabilities echoed back) and the token
+perplexity from the same server (:mod:`quantverdict.served_logprobs`); ``settings.server`` says how.
+
 Per-item results (``samples_<task>.jsonl``, one JSON object a line) keep what a paired test between
 two schemes needs: ``doc_id``, ``acc``, ``acc_norm`` and the choice log-likelihoods for multiple
 choice; the document's log-likelihood, word and byte counts for ``wikitext``.
@@ -37,12 +44,15 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from quantverdict.offline_data import WIKITEXT_TEST, read_wikitext_lines, wikitext_hf_rows
 from quantverdict.perplexity import family_check, perplexities, scored_slices, window_plan
+from quantverdict.served_logprobs import completions_url, prompt_logprobs, window_nll
 from quantverdict.stages._child import child_main, progress
 
 PERPLEXITY_TASKS = ("wikitext",)
@@ -61,6 +71,10 @@ BATCH_INVARIANCE_REQUESTS = (
 BATCH_INVARIANCE_SIZES = (1, 3)
 BATCH_INVARIANCE_TOLERANCE = 1e-4  # |log-likelihood difference| allowed at float32
 TOKEN_PPL_TEXT = "WikiText-2 raw v1 test rows joined with '\\n\\n' (GPTQ), no special tokens added"
+# eval.backend=server: seconds one request may take (a 2,047-token window with prompt log-probabilities
+# took 20 s on the 2-core CPU), and attempts per lm-eval request (tenacity, exponential back-off)
+SERVER_TIMEOUT_S = 600
+SERVER_MAX_RETRIES = 3
 VERSION_DISTS = (
     "lm_eval",
     "transformers",
@@ -112,6 +126,40 @@ def _wikitext_test_text(offline_root: str | None) -> str:
     return "\n\n".join(rows)
 
 
+def _score_windows(
+    plan: list[tuple[int, int, int]], nll: Callable[[tuple[int, int, int]], float], workers: int = 1
+) -> tuple[float, int]:
+    """Summed negative log-likelihood (nats) and number of scored tokens over the windows of ``plan``.
+
+    ``nll(window)`` scores one ``(begin, end, n_scored)`` window; with ``workers > 1`` windows are scored
+    by a thread pool (requests to a server), but always summed in plan order, so the sum does not depend
+    on which window finished first.
+    """
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+    results: Iterable[float] = pool.map(nll, plan) if pool else map(nll, plan)
+    nll_sum, n_scored_total = 0.0, 0
+    try:
+        for i, (window, value) in enumerate(zip(plan, results)):
+            nll_sum += value
+            n_scored_total += window[2]
+            if (i + 1) % 4 == 0 or i + 1 == len(plan):
+                progress(f"token perplexity: window {i + 1}/{len(plan)}, {n_scored_total} tokens scored")
+    finally:
+        if pool:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return nll_sum, n_scored_total
+
+
+def _token_ppl_summary(nll_sum: float, n_scored: int, n_windows: int, n_text_tokens: int) -> dict[str, Any]:
+    return {
+        "token_perplexity": perplexities(nll_sum, n_tokens=n_scored)["token_perplexity"],
+        "nll_sum": nll_sum,
+        "n_tokens": n_scored,
+        "n_windows": n_windows,
+        "n_text_tokens": n_text_tokens,
+    }
+
+
 def token_perplexity(
     model: Any, tokenizer: Any, text: str, seq_len: int, stride: int, max_tokens: int | None
 ) -> dict[str, Any]:
@@ -141,30 +189,68 @@ def token_perplexity(
         ids = ids[:max_tokens]
     plan = window_plan(int(ids.numel()), seq_len, stride)
     device = next(model.parameters()).device
-    nll_sum = 0.0
-    n_scored_total = 0
+
+    def nll(window_plan_entry: tuple[int, int, int]) -> float:
+        begin, end, n_scored = window_plan_entry
+        window = ids[begin:end].unsqueeze(0).to(device)
+        _, target_pos = scored_slices(begin, end, n_scored)
+        # logits_to_keep keeps positions [w - n_scored - 1, w): the first n_scored of them are the
+        # logit positions of scored_slices (each scores the token after it)
+        logits = model(window, logits_to_keep=n_scored + 1).logits[0]  # [n_scored + 1, vocab]
+        pred = logits[:n_scored].float()
+        target = window[0, target_pos]
+        assert pred.shape[0] == target.shape[0] == n_scored
+        return float(F.cross_entropy(pred, target, reduction="sum").double())
+
     with torch.inference_mode():
-        for i, (begin, end, n_scored) in enumerate(plan):
-            window = ids[begin:end].unsqueeze(0).to(device)
-            _, target_pos = scored_slices(begin, end, n_scored)
-            # logits_to_keep keeps positions [w - n_scored - 1, w): the first n_scored of them are the
-            # logit positions of scored_slices (each scores the token after it)
-            logits = model(window, logits_to_keep=n_scored + 1).logits[0]  # [n_scored + 1, vocab]
-            pred = logits[:n_scored].float()
-            target = window[0, target_pos]
-            assert pred.shape[0] == target.shape[0] == n_scored
-            nll_sum += float(F.cross_entropy(pred, target, reduction="sum").double())
-            n_scored_total += n_scored
-            if (i + 1) % 4 == 0 or i + 1 == len(plan):
-                progress(f"token perplexity: window {i + 1}/{len(plan)}, {n_scored_total} tokens scored")
-    ppl = perplexities(nll_sum, n_tokens=n_scored_total)["token_perplexity"]
-    return {
-        "token_perplexity": ppl,
-        "nll_sum": nll_sum,
-        "n_tokens": n_scored_total,
-        "n_windows": len(plan),
-        "n_text_tokens": n_text_tokens,
-    }
+        nll_sum, n_scored_total = _score_windows(plan, nll)
+    return _token_ppl_summary(nll_sum, n_scored_total, len(plan), n_text_tokens)
+
+
+def server_token_perplexity(
+    tokenizer: Any,
+    text: str,
+    seq_len: int,
+    stride: int,
+    max_tokens: int | None,
+    server: dict[str, Any],
+    workers: int,
+) -> dict[str, Any]:
+    """Token perplexity of the model a vLLM server serves, over ``text`` in the windows of :func:`window_plan`.
+
+    Same text, tokenization (no special tokens, first ``max_tokens`` tokens) and windows as
+    :func:`token_perplexity`; each window is one ``/v1/completions`` request whose echoed prompt
+    log-probabilities score its targets (:mod:`quantverdict.served_logprobs`). Up to ``workers``
+    windows are in flight at once; the sum is taken in window order.
+
+    Args:
+        tokenizer: the served model's tokenizer (transformers).
+        text: the text to score.
+        seq_len: window length in tokens; the server needs ``seq_len + 1 <= max_model_len``.
+        stride: tokens between window starts.
+        max_tokens: score only the first N tokens; ``None``: all.
+        server: ``spec["server"]`` (``base_url``, ``served_model``).
+        workers: requests in flight.
+
+    Returns:
+        The keys of :func:`token_perplexity`.
+
+    Raises:
+        RuntimeError: a request failed or its answer holds no usable prompt log-probabilities.
+    """
+    ids: list[int] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    n_text_tokens = len(ids)
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    plan = window_plan(len(ids), seq_len, stride)
+    url, model = completions_url(server["base_url"]), server["served_model"]
+
+    def nll(window_plan_entry: tuple[int, int, int]) -> float:
+        begin, end, n_scored = window_plan_entry
+        return window_nll(prompt_logprobs(url, model, ids[begin:end], SERVER_TIMEOUT_S), begin, end, n_scored)
+
+    nll_sum, n_scored_total = _score_windows(plan, nll, workers)
+    return _token_ppl_summary(nll_sum, n_scored_total, len(plan), n_text_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,7 +354,64 @@ def _build_lm(spec: dict[str, Any]) -> Any:
             seed=ev.get("seed", 1234),
             **dict(ev.get("vllm_args") or {}),  # e.g. enforce_eager, gpu_memory_utilization
         )
-    raise ValueError(f"eval.backend={ev['backend']!r} is not allowed; allowed: hf, vllm")
+    if ev["backend"] == "server":
+        from lm_eval.models.openai_completions import LocalCompletionsAPI
+        from transformers import AutoTokenizer
+
+        srv = _server_spec(spec)
+        tokenizer = AutoTokenizer.from_pretrained(srv["tokenizer"])
+        return LocalCompletionsAPI(
+            model=srv["served_model"],
+            base_url=completions_url(srv["base_url"]),
+            tokenizer=srv["tokenizer"],
+            tokenizer_backend="huggingface",
+            tokenized_requests=True,  # token ids cross: the tokenization is lm-eval's own, as with hf and vllm
+            add_bos_token=adds_special_tokens(tokenizer),
+            num_concurrent=ev["batch_size"],  # requests in flight; the server forms the batches
+            batch_size=1,  # prompts per request
+            max_retries=SERVER_MAX_RETRIES,
+            max_length=server_lm_max_length(ev["max_length"], srv["max_model_len"]),
+            seed=ev.get("seed", 1234),
+            timeout=SERVER_TIMEOUT_S,
+        )
+    raise ValueError(f"eval.backend={ev['backend']!r} is not allowed; allowed: hf, vllm, server")
+
+
+def _server_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    srv = spec.get("server")
+    if not srv or not all(srv.get(k) for k in ("base_url", "served_model", "tokenizer", "max_model_len")):
+        raise ValueError(
+            "eval.backend=server needs spec['server'] with base_url, served_model, tokenizer and max_model_len "
+            f"(the pipeline passes the running server's); got {srv!r}"
+        )
+    return dict(srv)
+
+
+def adds_special_tokens(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` adds special tokens (a BOS) by default.
+
+    lm-eval's hf and vllm backends encode with the tokenizer's default when ``add_bos_token`` is unset
+    (``_add_special_kwargs(None, None) == {}``), while its API models pass ``add_special_tokens=False``
+    unless ``add_bos_token=True``. Passing this value as ``add_bos_token`` gives the server backend the
+    same token ids as the hf backend (SmolLM2: False; Llama 3: True, it prepends ``<|begin_of_text|>``).
+    """
+    probe = "a"
+    return list(tokenizer(probe)["input_ids"]) != list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+
+
+def server_lm_max_length(max_length: int, max_model_len: int) -> int:
+    """``max_length`` for lm-eval's ``local-completions`` so that it scores what the hf backend scores.
+
+    lm-eval 0.4.13: ``HFLM`` keeps the last ``max_length + 1`` tokens of context + continuation and
+    rolls ``loglikelihood_rolling`` windows of ``max_length`` targets; ``TemplateAPI`` keeps the last
+    ``max_length - 1`` tokens (one left for the generated token) and rolls windows of ``max_length - 2``
+    targets. So ``eval.max_length + 2`` gives the same sequences. vLLM scores a prompt only if it plus
+    the one generated token fit ``max_model_len``, i.e. ``max_length - 1 + 1 <= max_model_len``: the
+    value is capped there (then the longest sequences lose up to 2 tokens of context).
+
+    Example: ``max_length=2048, max_model_len=4096 -> 2050``; ``max_model_len=2048 -> 2048``.
+    """
+    return min(max_length + 2, max_model_len)
 
 
 def _sample_rows(task: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -353,9 +496,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     tp_result: dict[str, Any] | None = None
     load_s = 0.0
     lm = None
-    if ev["backend"] == "hf" and (tasks or want_tp):
+    if ev["backend"] in ("hf", "server") and (tasks or want_tp):
         t0 = time.perf_counter()
-        lm = _build_lm(spec)  # HFLM; its transformers model also serves the token perplexity
+        lm = _build_lm(spec)  # HFLM (its transformers model also serves the token perplexity) or the server's client
         load_s += time.perf_counter() - t0
         progress(f"model loaded ({load_s:.1f} s)")
     if want_tp:
@@ -364,8 +507,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             f"max_tokens={tp_cfg.get('max_tokens')}"
         )
         text = _wikitext_test_text(offline_root)
-        if lm is not None:
-            model, tokenizer = lm.model, lm.tokenizer
+        model = None
+        if lm is not None:  # hf: HFLM's model and tokenizer; server: the client's tokenizer (no model here)
+            tokenizer = lm.tokenizer
+            model = lm.model if ev["backend"] == "hf" else None
         else:  # vllm backend: a transformers copy for the forward pass, freed before vLLM takes the GPU
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -373,7 +518,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
             model = AutoModelForCausalLM.from_pretrained(spec["model_path"], dtype=ev["dtype"]).to(device).eval()
         t0, c0 = time.perf_counter(), time.process_time()
-        tp = token_perplexity(model, tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"))
+        if ev["backend"] == "server":
+            tp = server_token_perplexity(
+                tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"), _server_spec(spec),
+                workers=max(1, int(ev["batch_size"])),
+            )
+        else:
+            tp = token_perplexity(
+                model, tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens")
+            )
         tp_result = {
             **tp,
             "seq_len": tp_cfg["seq_len"],
@@ -386,7 +539,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         progress(
             f"token perplexity {tp['token_perplexity']:.3f} over {tp['n_tokens']} tokens ({tp_result['eval_s']:.1f} s)"
         )
-        if lm is None:
+        if lm is None and model is not None:
             del model
             gc.collect()
             if device == "cuda":
@@ -452,6 +605,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "seed": ev.get("seed", 1234),
         "normalization": NORMALIZATION,
     }
+    if ev["backend"] == "server":
+        srv = _server_spec(spec)
+        settings["server"] = {
+            "served_model": srv["served_model"],
+            "max_model_len": srv["max_model_len"],
+            "dtype": srv.get("dtype"),
+            "lm_eval_model": "local-completions (token ids, echoed prompt log-probabilities)",
+            "lm_eval_max_length": server_lm_max_length(ev["max_length"], srv["max_model_len"]),
+            "num_concurrent": ev["batch_size"],
+            "add_bos_token": bool(getattr(lm, "add_bos_token", False)),
+        }
     return {
         "tasks": task_results,
         "token_perplexity": tp_result,
