@@ -68,6 +68,9 @@ def format_table(records: list[dict[str, Any]]) -> str:
     out: list[str] = []
     mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []
     tasks: list[str] = []
+    # eval.backend=server jobs start their one server in a stage of its own ("serve")
+    stage_cols = ["materialize", "quantize"] + (["serve"] if any("serve" in (r.get("stages") or {}) for r in records)
+                                                else []) + ["evaluate", "benchmark"]
     for r in records:
         for t in r.get("accuracy", {}).get("tasks", {}):
             if t not in tasks:
@@ -120,8 +123,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
                 [name, "not served", "–", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"]
             )
         speed_rows += _speed_rows(r, name)
-        stage_rows.append([name] + [_stage_cell(r.get("stages", {}).get(s) or {})
-                                    for s in ("materialize", "quantize", "evaluate", "benchmark")])
+        stage_rows.append([name] + [_stage_cell(r.get("stages", {}).get(s) or {}) for s in stage_cols])
     out.append("### Memory\n")
     out.append(_md(["job", "checkpoint MiB", "bits/weight", "weights GiB (vLLM)", "KV cache GiB", "KV tokens",
                     "max concurrency", "kernel"], mem_rows))
@@ -146,7 +148,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     if gpus or vllm_versions:
         out.append("\nHardware and serving stack: " + "; ".join(gpus + [f"vLLM {v}" for v in vllm_versions]))
     out.append("\n### Stage wall time (s; c = cached)\n")
-    out.append(_md(["job", "materialize", "quantize", "evaluate", "benchmark"], stage_rows))
+    out.append(_md(["job", *stage_cols], stage_rows))
     notes = sorted({n for r in records for n in r.get("notes", [])})
     refused = sorted({d for r in records for d in [_refusal(r, records)] if d})
     if notes or refused:

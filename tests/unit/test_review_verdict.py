@@ -248,3 +248,13 @@ def test_a_failed_job_is_never_chosen() -> None:
     recs[0].update(status="failed", failed_stage="benchmark", error="ServerError: boom")
     _, v = verdict(recs)
     assert v.decision == "baseline not checked" and "did not finish" in v.sentence
+
+
+def test_an_interrupted_job_is_said_so_and_never_chosen() -> None:
+    # the GPU machine was given back while int8's server was starting: no error, status "interrupted"
+    recs = grid()
+    int8 = next(r for r in recs if r["job"]["scheme"] == "int8")
+    int8.update(status="interrupted", failed_stage="benchmark")
+    _, v = verdict(recs, memory_budget_gib=0.30, itl_ms_p99=None, ttft_ms_p99=None, min_recovery_pct=99.5)
+    assert v.decision == "no scheme meets all three"
+    assert any(o.startswith("int8 (W8A16): its job was interrupted in stage benchmark") for o in v.others)

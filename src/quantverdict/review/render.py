@@ -211,13 +211,16 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
     """The review's content, in reading order."""
     rc = review.config
     n_ok = sum(sc.status == "ok" for sc in review.cards)
+    n_cut = sum(sc.status == "interrupted" for sc in review.cards)
+    cut = f", {n_cut} interrupted" if n_cut else ""
     out: list[Block] = [
         ("h1", "quantverdict review"),
         (
             "p",
             (
                 f"Source: `{review.source}` · {len(review.cards)} jobs ({n_ok} finished, "
-                f"{len(review.cards) - n_ok} failed) · constraint set **{rc.name}** · generated {review.generated_at}"
+                f"{len(review.cards) - n_ok - n_cut} failed{cut}) · constraint set **{rc.name}** · "
+                f"generated {review.generated_at}"
             ),
         ),
     ]

@@ -327,7 +327,10 @@ def _eligible(sc: Scorecard, cs: dict[str, Check]) -> bool:
 def _why_not(sc: Scorecard, cs: dict[str, Check]) -> str:
     fails = [c for c in cs.values() if c.status == FAIL]
     unknown = [c for c in cs.values() if c.status == UNKNOWN]
-    bits = [f"its job failed in stage {sc.failed_stage} ({short_error(sc.error)})"] if sc.status != "ok" else []
+    if sc.status == "interrupted":  # the process was stopped from outside (machine given back), no error
+        bits = [f"its job was interrupted in stage {sc.failed_stage} (stopped from outside before it finished)"]
+    else:
+        bits = [f"its job failed in stage {sc.failed_stage} ({short_error(sc.error)})"] if sc.status != "ok" else []
     bits += [f"fails {c.constraint}: {c.shortfall}" for c in fails]
     bits += [f"cannot be checked on {c.constraint} ({c.text.removeprefix('not checked: ')})" for c in unknown]
     return "; ".join(bits)
