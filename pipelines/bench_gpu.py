@@ -8,8 +8,9 @@ grids on the H200 machine, spread over its GPUs, then one results file per model
 
 Needs the prebuilt stage targets of ``../shared/gpu/README.md`` (``env=h200-prebuilt``) and the offline
 data (``--data``). Each stream is an ordinary ``python -m pipelines.run -m ...`` grid pinned to one GPU
-(``CUDA_VISIBLE_DEVICES``) with its own output root, MLflow store and server port, so two streams never
-share a GPU, a port or a database. Streams of a machine with fewer GPUs run one after another. Every job
+(``CUDA_VISIBLE_DEVICES``) with its own server port and the part's output root and MLflow store, so two
+streams never share a GPU or a port (two streams running the same part share its store, which takes
+parallel jobs). Streams of a machine with fewer GPUs run one after another. Every job
 keeps its record as it finishes, so a run cut short still reports what finished; a later run of the missing
 schemes (``--streams``) completes it, and ``--report-only --out RUN1 RUN2`` joins them (a finished job
 supersedes an interrupted or failed one of the same model and scheme).
@@ -52,23 +53,29 @@ def parse_streams(specs: list[str]) -> list[list[tuple[str, str | None]]]:
     schemes with ``:`` (``qwen+embedded:int8``: the qwen part, then the embedded model's int8 only).
 
     Raises:
-        ValueError: an unknown part, or a scheme the part's plan does not list (names the allowed ones).
+        ValueError: an unknown part, an empty or unplanned scheme (names the allowed ones), or a scheme
+            asked for twice.
     """
-    streams = []
+    streams, seen = [], set()
     for spec in specs:
         stream = []
         for item in spec.split("+"):
-            part, _, schemes = item.partition(":")
+            part, sep, schemes = item.partition(":")
             if part not in PLAN:
                 raise ValueError(f"--streams {spec!r}: unknown part {part!r}; allowed: {', '.join(sorted(PLAN))}")
-            if schemes:
-                planned = {s for _, grid, _ in PLAN[part] for s in grid.split(",")}
-                unknown = sorted(set(schemes.split(",")) - planned)
-                if unknown:
-                    raise ValueError(
-                        f"--streams {spec!r}: part {part!r} has no scheme {', '.join(unknown)}; "
-                        f"allowed: {', '.join(sorted(planned))}"
-                    )
+            planned = {s for _, grid, _ in PLAN[part] for s in grid.split(",")}
+            if sep and not all(schemes.split(",")):
+                raise ValueError(f"--streams {spec!r}: empty scheme name after {part!r}:; allowed: {', '.join(sorted(planned))}")
+            unknown = sorted(set(schemes.split(",")) - planned) if schemes else []
+            if unknown:
+                raise ValueError(
+                    f"--streams {spec!r}: part {part!r} has no scheme {', '.join(unknown)}; "
+                    f"allowed: {', '.join(sorted(planned))}"
+                )
+            for scheme in schemes.split(",") if schemes else sorted(planned):
+                if (part, scheme) in seen:
+                    raise ValueError(f"--streams: {part}:{scheme} is asked for twice (two jobs would race for it)")
+                seen.add((part, scheme))
             stream.append((part, schemes or None))
         streams.append(stream)
     return streams
@@ -116,9 +123,9 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     from quantverdict import vllm_log
     from quantverdict.pipeline import speed_validity
 
-    if rec.get("status") == "running":  # the machine was given back mid-job: say so, keep what finished
-        rec["status"] = "interrupted"
-        rec["failed_stage"] = next((k for k, v in (rec.get("stages") or {}).items() if v.get("status") == "running"), None)
+    from quantverdict.record import mark_interrupted
+
+    mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
     log_path = job_dir / "vllm_server.log"
     if log_path.is_file():
         act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16
@@ -129,17 +136,13 @@ def rederive(rec: dict, job_dir: Path) -> dict:
 
 
 def supersede(recs: list[dict]) -> list[dict]:
-    """One job per model and scheme where runs overlap: the finished ones (status ``ok``) if any, else the
-    latest unfinished one (``job.started_at``): the run that completed a cut-short grid replaces its
-    interrupted jobs, and a job cut twice shows how far it got the last time."""
-    by_key: dict[tuple, list[dict]] = {}
-    for r in recs:
-        by_key.setdefault((r["job"].get("model"), r["job"].get("scheme")), []).append(r)
-    keep = []
-    for group in by_key.values():
-        done = [r for r in group if r.get("status") == "ok"]
-        keep += done or [max(group, key=lambda r: r["job"].get("started_at") or "")]
-    return [r for r in recs if any(r is k for k in keep)]
+    """One job per model and scheme where runs overlap, in the order found, by the review's rule
+    (:func:`quantverdict.review.sources.dedupe`: a finished job before an unfinished one, then the newest):
+    the run that completed a cut-short grid replaces its interrupted jobs, a repeated grid its older jobs."""
+    from quantverdict.review.sources import dedupe
+
+    kept = {id(r) for r in dedupe(recs)[0]}
+    return [r for r in recs if id(r) in kept]
 
 
 def load_records(outs: list[Path]) -> list[dict]:
@@ -166,7 +169,7 @@ def export_records(recs: list[dict], dest: Path) -> list[Path]:
 
 
 def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Path]:
-    """One Markdown file per model from the records of ``out``; returns the files written."""
+    """One Markdown file per model from ``recs`` (read from the run folders ``outs``); returns the files written."""
     from quantverdict.report import format_table
 
     by_model: dict[str, list[dict]] = {}

@@ -8,6 +8,7 @@ from typing import Any
 # eval settings that must be identical for an accuracy delta to mean anything
 DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
 TOKEN_PPL_SETTINGS = ("seq_len", "stride", "max_tokens")
+SERVER_SETTINGS = ("dtype", "lm_eval_max_length")  # eval.backend=server: the server's dtype, lm-eval's length
 
 
 def eval_mismatch(rec: dict[str, Any], base: dict[str, Any]) -> str | None:
@@ -16,6 +17,9 @@ def eval_mismatch(rec: dict[str, Any], base: dict[str, Any]) -> str | None:
     if not a or not b:
         return "accuracy missing in " + ("this job" if not a else "the baseline")
     diffs = [f"{k}: {a.get(k)!r} vs baseline {b.get(k)!r}" for k in DELTA_SETTINGS if a.get(k) != b.get(k)]
+    if a.get("backend") == "server" and b.get("backend") == "server":  # what the served engine computed with
+        sa, sb = a.get("server") or {}, b.get("server") or {}
+        diffs += [f"server.{k}: {sa.get(k)!r} vs baseline {sb.get(k)!r}" for k in SERVER_SETTINGS if sa.get(k) != sb.get(k)]
     ta = rec["accuracy"].get("token_perplexity") or {}
     tb = base["accuracy"].get("token_perplexity") or {}
     diffs += [f"token_perplexity.{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in TOKEN_PPL_SETTINGS if ta.get(k) != tb.get(k)]

@@ -97,3 +97,25 @@ def host_environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
     }
+
+
+def stopped_stage(rec: dict[str, Any]) -> str | None:
+    """Where an unfinished record stopped: its ``failed_stage``, else the stage still marked running, else
+    ``"after <last stage>"`` (cut between two stages); None for a record with no stages."""
+    if rec.get("failed_stage"):
+        return str(rec["failed_stage"])
+    stages = rec.get("stages") or {}
+    running = [k for k, v in stages.items() if isinstance(v, dict) and v.get("status") == "running"]
+    if running:
+        return running[0]
+    return f"after {list(stages)[-1]}" if stages else None
+
+
+def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record left ``running`` by a process stopped from outside (a GPU machine given back, a kill):
+    status ``interrupted``, ``failed_stage`` where it stopped (:func:`stopped_stage`). Use only on
+    records whose job is known to be over (a finished grid, copied results)."""
+    if rec.get("status") == "running":
+        rec["status"] = "interrupted"
+        rec["failed_stage"] = stopped_stage(rec)
+    return rec

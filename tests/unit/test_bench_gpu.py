@@ -20,6 +20,9 @@ def test_streams_narrow_parts_to_schemes_per_gpu() -> None:
     [
         ("embeded", "unknown part 'embeded'; allowed: embedded, llama, qwen"),
         ("qwen:awq", "part 'qwen' has no scheme awq; allowed: bf16, gptq"),
+        ("embedded:w8a8,,awq", "empty scheme name after 'embedded':"),
+        ("embedded:int8+embedded:int8,awq", "embedded:int8 is asked for twice"),
+        ("qwen+qwen:gptq", "qwen:gptq is asked for twice"),
     ],
 )
 def test_streams_refuse_unknown_parts_and_schemes(spec: str, message: str) -> None:
@@ -27,18 +30,34 @@ def test_streams_refuse_unknown_parts_and_schemes(spec: str, message: str) -> No
         parse_streams([spec])
 
 
-def _rec(scheme: str, status: str, started: str = "2026-11-30T02:00:00+0000") -> dict:
-    return {"job": {"model": "m", "scheme": scheme, "started_at": started}, "status": status}
+def _rec(scheme: str, status: str, started: str, finished: str | None = None) -> dict:
+    return {"job": {"model": "m", "scheme": scheme, "id": f"{scheme}-{started}", "started_at": started,
+                    "finished_at": finished}, "status": status}
 
 
 def test_finished_job_supersedes_the_interrupted_one() -> None:
     recs = [
-        _rec("w8a8", "interrupted"), _rec("bf16", "ok"), _rec("w8a8", "ok"), _rec("awq", "failed"),
-        _rec("int8", "interrupted", "2026-11-30T02:10:00+0000"), _rec("int8", "interrupted", "2026-11-30T05:01:41+0000"),
+        _rec("w8a8", "interrupted", "02:10"), _rec("bf16", "ok", "02:03", "02:07"), _rec("w8a8", "ok", "05:01", "05:09"),
+        _rec("awq", "failed", "02:20", "02:21"), _rec("int8", "interrupted", "02:25"), _rec("int8", "interrupted", "05:09"),
+        _rec("fp8", "ok", "02:07", "02:11"), _rec("fp8", "ok", "07:00", "07:04"),
     ]
     kept = supersede(recs)
     # w8a8 finished in the second run: its interrupted job goes; awq never finished: its failure stays;
-    # int8 was cut in both runs: the later one (05:01) stays
-    assert [(r["job"]["scheme"], r["status"], r["job"]["started_at"][11:16]) for r in kept] == [
-        ("bf16", "ok", "02:00"), ("w8a8", "ok", "02:00"), ("awq", "failed", "02:00"), ("int8", "interrupted", "05:01"),
+    # int8 was cut in both runs: the later one (05:09) stays; fp8 finished twice: the newer (07:04) stays.
+    # Order: as found.
+    assert [(r["job"]["scheme"], r["status"], r["job"]["started_at"]) for r in kept] == [
+        ("bf16", "ok", "02:03"), ("w8a8", "ok", "05:01"), ("awq", "failed", "02:20"),
+        ("int8", "interrupted", "05:09"), ("fp8", "ok", "07:00"),
     ]
+
+
+def test_an_unfinished_record_says_where_it_stopped() -> None:
+    from quantverdict.record import mark_interrupted, stopped_stage
+
+    stages = {"materialize": {"status": "ok"}, "quantize": {"status": "ok"}}
+    # cut between two stages: no stage is running
+    assert stopped_stage({"status": "running", "stages": stages}) == "after quantize"
+    rec = mark_interrupted({"status": "running", "stages": {**stages, "benchmark": {"status": "running"}}})
+    assert rec["status"] == "interrupted" and rec["failed_stage"] == "benchmark"
+    done = mark_interrupted({"status": "ok", "stages": stages})
+    assert done["status"] == "ok" and "failed_stage" not in done

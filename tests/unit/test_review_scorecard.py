@@ -261,10 +261,21 @@ def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
     # 4,096 tokens: ceil(4,096 / 272) = 16 blocks in 8 layers + 24 states = 152 pages = 169,345,024 B
     assert paged_bytes_per_sequence(paging, 4096) == 169_345_024
     # measured (docs/results/gpu-qwen3.5-9b-shape.md, H200, vLLM 0.26.0): "Available KV cache memory:
-    # 107.84 GiB", "Maximum concurrency for 4,096 tokens per request: 683.68x".
-    # 107.84 * 2^30 / 169,345,024 = 683.76 (107.84 is rounded to 0.01 GiB: +-0.03 sequences)
+    # 107.84 GiB", "GPU KV cache size: 2,800,370 tokens", "Maximum concurrency for 4,096 tokens per request:
+    # 683.68x". 107.84 * 2^30 / 169,345,024 = 683.76 -> 683 whole requests. vLLM floors to whole blocks of
+    # 8 pages: its 12,990 blocks (107.84 is rounded; 12,990 * 8 * 1,114,112 B = 107.83 GiB) / 19 blocks a
+    # request = 683.68, and its token figure is that times 4,096: 2,800,370.5 -> 2,800,370.
+    assert 12_990 * 8 * 1_114_112 / paged_bytes_per_sequence(paging, 4096) == pytest.approx(683.68, abs=0.005)
     rec = record("bf16", weights_gib=16.71)
     rec["model"]["dims"] = QWEN35_9B_STATE
-    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0))
+    rec["memory"]["server"] = {"weights_gib": 16.71, "kv_cache_gib": 107.84, "kv_cache_tokens": 2_800_370,
+                               "max_concurrency": 683.68, "max_concurrency_request_tokens": 4096}
+    m, missing = memory_summary(
+        rec, replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0))
     assert m["budget_max_concurrency"] == 683
+    # vLLM's bytes per "KV token" include the states: 107.84 GiB / 2,800,370 = 41,349 B; paged model:
+    # 169,345,024 / 4,096 = 41,344 B (0.01% apart), while the per-layer K/V alone is 32,768 B (26% off)
+    assert m["kv_bytes_per_token_measured"] == pytest.approx(41_349, abs=1)
+    assert m["kv_bytes_per_token_paged"] == pytest.approx(41_344, abs=1)
+    assert not missing
     assert hybrid_paging(QWEN35_9B, 2, 2) is None  # no linear-attention sizes: no paging model

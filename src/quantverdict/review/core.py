@@ -15,7 +15,7 @@ from quantverdict import __version__
 from quantverdict.tracking import experiment_id
 from quantverdict.compare import find_baseline
 from quantverdict.config import ReviewConfig, TrackingConfig
-from quantverdict.record import now_iso
+from quantverdict.record import stopped_stage, now_iso
 from quantverdict.review import sources
 from quantverdict.review.scorecard import (
     Scorecard,
@@ -77,7 +77,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         label=str(j.get("scheme_label") or (rec.get("config", {}).get("scheme") or {}).get("label") or "?"),
         tier=weight_tier(rec),
         status=str(rec.get("status")),
-        failed_stage=rec.get("failed_stage"),
+        failed_stage=stopped_stage(rec) if rec.get("status") != "ok" else None,
         error=rec.get("error"),
         is_baseline=is_baseline(rec),
     )
@@ -136,11 +136,14 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
             f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
             '("Failed to create oneDNN linear")'
         )
-    meas, calc = m.get("kv_bytes_per_token_measured"), m.get("kv_bytes_per_token")
+    meas = m.get("kv_bytes_per_token_measured")
+    # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
+    calc, model = (m["kv_bytes_per_token_paged"], "vLLM's hybrid paging") if m.get("kv_bytes_per_token_paged") else (
+        m.get("kv_bytes_per_token"), "the dims formula")
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         sc.flags.append(
-            f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, the dims formula says {calc:,.0f}; "
-            "the memory check uses the formula"
+            f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
+            "the memory check uses the latter"
         )
     if sc.is_baseline:
         model_cfg = rec.get("config", {}).get("model") or {}

@@ -289,11 +289,16 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
         missing.append("no model dimensions: KV-cache bytes per token unknown")
     if sv.get("kv_cache_gib") and sv.get("kv_cache_tokens"):
         out["kv_bytes_per_token_measured"] = sv["kv_cache_gib"] * GIB / sv["kv_cache_tokens"]
+    if "linear_attention" in (dims.get("layer_types") or []) and not dims.get("num_kv_layers"):
+        missing.append("hybrid model without num_kv_layers: the KV cache is counted in every layer (too much)")
     rlen = request_len(rec, rc)
     out["request_len_tokens"] = rlen
     state_dtype = (dims and _model_dtype_bytes(rec)) or 2
     paging = hybrid_paging(dims, dtype_bytes, state_dtype)
     out["hybrid_paging"] = paging
+    req = sv.get("max_concurrency_request_tokens")
+    if paging and req:  # vLLM's KV tokens = max concurrency x request length: its bytes/token include states
+        out["kv_bytes_per_token_paged"] = paged_bytes_per_sequence(paging, int(req)) / int(req)
     if paging and rlen and not rc.kv_cache_tokens:  # vLLM reserves whole attention blocks per request
         tokens = rc.concurrent_requests * math.ceil(rlen / paging["block_tokens"]) * int(paging["block_tokens"])
     else:

@@ -86,7 +86,8 @@ def _job_runs(client: Any, experiment_id: str) -> list[Any]:
 
 
 def dedupe(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """One record per (model, scheme): a finished one before a failed one, then the newest.
+    """One record per (model, scheme): a finished one before an unfinished one, then the newest
+    (``job.finished_at``, else ``job.started_at`` for records that never finished).
 
     Returns:
         ``(kept, notes)``; a note names each record left out.
@@ -99,7 +100,7 @@ def dedupe(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
         if cur is None:
             best[key] = rec
             continue
-        rank = lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or "")
+        rank = lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or r["job"].get("started_at") or "")
         keep, drop = (rec, cur) if rank(rec) > rank(cur) else (cur, rec)
         best[key] = keep
         notes.append(

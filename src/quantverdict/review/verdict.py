@@ -329,6 +329,8 @@ def _why_not(sc: Scorecard, cs: dict[str, Check]) -> str:
     unknown = [c for c in cs.values() if c.status == UNKNOWN]
     if sc.status == "interrupted":  # the process was stopped from outside (machine given back), no error
         bits = [f"its job was interrupted in stage {sc.failed_stage} (stopped from outside before it finished)"]
+    elif sc.status == "running":  # read while running, or stopped from outside without bench_gpu's marking
+        bits = [f"its job has not finished (still running, or stopped from outside, in stage {sc.failed_stage})"]
     else:
         bits = [f"its job failed in stage {sc.failed_stage} ({short_error(sc.error)})"] if sc.status != "ok" else []
     bits += [f"fails {c.constraint}: {c.shortfall}" for c in fails]

@@ -607,6 +607,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     }
     if ev["backend"] == "server":
         srv = _server_spec(spec)
+        settings["dtype"] = srv.get("dtype") or ev["dtype"]  # the served engine's dtype, not eval.dtype
         settings["server"] = {
             "served_model": srv["served_model"],
             "max_model_len": srv["max_model_len"],
