@@ -218,7 +218,7 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         (
             "p",
             (
-                f"Source: `{review.source}` · {len(review.cards)} jobs ({n_ok} finished, "
+                f"Source: `{review.source}` · {len(review.cards)} job{'s' * (len(review.cards) != 1)} ({n_ok} finished, "
                 f"{len(review.cards) - n_ok - n_cut} failed{cut}) · constraint set **{rc.name}** · "
                 f"generated {review.generated_at}"
             ),
