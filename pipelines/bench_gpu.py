@@ -150,7 +150,15 @@ def load_records(outs: list[Path]) -> list[dict]:
     (:func:`rederive`), unfinished jobs superseded by finished ones (:func:`supersede`)."""
     from quantverdict.record import find_records, load
 
-    recs = [(load(p), p.parent) for out in outs for p in find_records(out)]
+    recs = []
+    for out in outs:
+        if not out.is_dir():
+            raise FileNotFoundError(f"--out {out}: no such folder of runs")
+        for path in find_records(out):
+            try:
+                recs.append((load(path), path.parent))
+            except ValueError as exc:  # a JSON file of the same name that is not a job record
+                print(f"skipped {path}: {exc}", file=sys.stderr)
     return supersede([rederive(r, d) for r, d in recs if not r.get("job", {}).get("resumed_from")])
 
 
@@ -208,6 +216,8 @@ def main() -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="Hydra overrides for every grid")
     ap.add_argument("--export-records", metavar="DIR", help="also copy the job records to DIR/<model>/<scheme>/")
     args = ap.parse_args()
+    if args.report_only and (args.streams or args.only or args.set):
+        ap.error("--streams, --only and --set choose what to run; with --report-only nothing runs")
     if not args.report_only:
         if len(args.out) != 1:
             ap.error("--out takes several folders only with --report-only")
@@ -222,6 +232,8 @@ def main() -> int:
             ap.error("no GPU visible (nvidia-smi -L): make bench-gpu runs on the H200 machine")
         streams = [[p for p in s if not args.only or p[0] in args.only] for s in layout]
         streams = [s for s in streams if s]
+        if not streams:
+            ap.error(f"--only {' '.join(args.only)} leaves nothing of the layout to run")
         if n < len(streams):  # fewer GPUs than streams: run them one after another
             streams = [[p for s in streams for p in s]]
         status: dict[str, str] = {}
@@ -237,7 +249,13 @@ def main() -> int:
     else:
         failed = []
     outs = [Path(o) for o in args.out]
-    recs = load_records(outs)
+    try:
+        recs = load_records(outs)
+    except FileNotFoundError as exc:
+        ap.error(str(exc))
+    if not recs:
+        print(f"no job records under {', '.join(map(str, outs))}", file=sys.stderr)
+        return 1
     for path in write_results(recs, outs, Path(args.results)):
         print(f"wrote {path}")
     if args.export_records:

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("source", help="a run or multirun folder, or an MLflow experiment (mlflow:NAME or NAME)")
     parser.add_argument("overrides", nargs="*", help="review.KEY=VALUE, review=NAME, tracking.KEY=VALUE")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <source>/review)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before or after --out
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
 
     from hydra.errors import ConfigCompositionException

@@ -443,7 +443,9 @@ def server_backend_errors(cfg: Config) -> list[str]:
     why = serving_unsupported(cfg.scheme, cfg.env.device)
     if why:
         reason = why.split(". ")[0]  # its first sentence; the rest is about skipping the sweep
-        return [f"eval.backend=server needs the scheme served, and it cannot be ({reason}); {instead} for this scheme"]
+        # the vllm backend needs the same kernels the server lacks: only hf evaluates this scheme here
+        return [f"eval.backend=server needs the scheme served, and it cannot be ({reason}); use eval.backend=hf "
+                "for this scheme on this device"]
     errors = []
     max_len = cfg.bench.server.max_model_len or cfg.model.max_model_len
     if cfg.eval.max_length > max_len:

@@ -61,3 +61,21 @@ def test_an_unfinished_record_says_where_it_stopped() -> None:
     assert rec["status"] == "interrupted" and rec["failed_stage"] == "benchmark"
     done = mark_interrupted({"status": "ok", "stages": stages})
     assert done["status"] == "ok" and "failed_stage" not in done
+
+
+def test_report_only_refuses_what_it_cannot_read(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipelines.bench_gpu", "--report-only", *args,
+                               "--results", str(tmp_path / "res")], capture_output=True, text=True)
+
+    missing = run("--out", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such folder of runs" in missing.stderr
+    (tmp_path / "empty").mkdir()
+    empty = run("--out", str(tmp_path / "empty"))
+    assert empty.returncode == 1 and "no job records under" in empty.stderr
+    layout = run("--out", str(tmp_path / "empty"), "--streams", "qwen")
+    assert layout.returncode == 2 and "with --report-only nothing runs" in layout.stderr
+    assert not (tmp_path / "res").exists()  # nothing written

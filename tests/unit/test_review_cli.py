@@ -136,3 +136,25 @@ def test_grid_summary_runs_the_review(tmp_path: Path, capsys: pytest.CaptureFixt
         GridSummary().on_multirun_end(cfg)
     assert exc.value.code == 1
     assert (src / "table.md").is_file() and (src / "review" / "review.md").is_file()
+
+
+def test_overrides_may_follow_out(tmp_path: Path) -> None:
+    # a new user wrote the overrides after --out and got "unrecognized arguments"
+    folder = write_grid(tmp_path / "grid", grid())
+    out = tmp_path / "rev"
+    main([str(folder), "--out", str(out), "review.log_to_mlflow=false", "review.concurrent_requests=64"])
+    assert "| review.concurrent_requests | 64 | **set** (default 16) |" in (out / "review.md").read_text()
+
+
+def test_a_store_of_another_machine_is_not_written(tmp_path: Path) -> None:
+    from quantverdict.review.core import _store_is_here
+
+    # records copied from the H200 name its sqlite:////tmp/qvgpu/embedded/mlflow.db: a review here created
+    # that folder and a stray store before; now the review is not logged there
+    absent = tmp_path / "absent" / "mlflow.db"
+    folder = write_grid(tmp_path / "grid", grid(), uri=f"sqlite:///{absent}")
+    main([str(folder), "--out", str(tmp_path / "rev")])
+    assert not absent.parent.exists()
+    assert not _store_is_here(f"sqlite:///{absent}")
+    assert _store_is_here(f"sqlite:///{tmp_path}/mlflow.db")
+    assert _store_is_here("http://mlflow.example:5000")  # a tracking server is trusted

@@ -425,6 +425,13 @@ def run_review(
         paths = write_review(review, out)
     if rc.log_to_mlflow:
         trk = tracking or _tracking_from_records(records)
+        if trk is not None and tracking is None and not _store_is_here(trk.uri):
+            log.warning(
+                "review not logged to MLflow: the records name the store %s, which is not on this machine (records "
+                "copied from another one?); pass tracking.uri=... to log it elsewhere, or review.log_to_mlflow=false",
+                trk.uri,
+            )
+            trk = None
         if trk is not None:
             try:
                 rid = log_review(review, paths, trk, job_runs)
@@ -433,6 +440,15 @@ def run_review(
             except Exception:  # the files are written; tracking must not lose them
                 log.exception("logging the review to MLflow failed")
     return review, paths
+
+
+def _store_is_here(uri: str) -> bool:
+    """Whether a records' MLflow store can be this machine's: a ``sqlite:///`` or ``file:`` store whose
+    folder exists here (a server URI is trusted)."""
+    for prefix in ("sqlite:///", "file://", "file:"):
+        if uri.startswith(prefix):
+            return Path(uri[len(prefix):]).parent.is_dir()
+    return "://" in uri or Path(uri).parent.is_dir()
 
 
 def _tracking_from_records(records: list[dict[str, Any]]) -> TrackingConfig | None:

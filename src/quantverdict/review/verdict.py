@@ -94,6 +94,11 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return Check("memory", UNKNOWN, f"not checked: {why} unknown")
     need, budget = m["need_gib"], rc.memory_budget_gib
     parts = f"weights {_gib(m['weights_gib'])} + KV {_gib(m['kv_needed_gib'])} for {m['kv_needed_tokens']:,} tokens"
+    paging = m.get("hybrid_paging")
+    if paging and not rc.kv_cache_tokens:
+        parts += f" (whole {int(paging['block_tokens'])}-token blocks)"
+    if m.get("state_needed_gib"):  # a hybrid model's recurrent (Gated DeltaNet) state, one per request
+        parts += f" + recurrent state {_gib(m['state_needed_gib'])} for {rc.concurrent_requests:,} requests"
     if rc.reserved_gib:
         parts += f" + reserve {_gib(rc.reserved_gib)}"
     if need <= budget:
