@@ -8,7 +8,8 @@ from typing import Any
 # eval settings that must be identical for an accuracy delta to mean anything
 DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
 TOKEN_PPL_SETTINGS = ("seq_len", "stride", "max_tokens")
-SERVER_SETTINGS = ("dtype", "lm_eval_max_length")  # eval.backend=server: the server's dtype, lm-eval's length
+# eval.backend=server: lm-eval's effective length (settings.dtype already holds the served engine's dtype)
+SERVER_SETTINGS = ("lm_eval_max_length",)
 
 
 def eval_mismatch(rec: dict[str, Any], base: dict[str, Any]) -> str | None:

@@ -105,6 +105,8 @@ def test_one_server_serves_accuracy_and_speed(served: tuple) -> None:
     acc, speed = rec["accuracy"], rec["speed"]
     assert acc["backend"] == "server" and acc["served_model"] == "smollm2-135m-bf16"
     assert acc["settings"]["backend"] == "server"
+    # the dtype the served engine computed in (conf/bench/cpu.yaml bench.server.dtype), not eval.dtype
+    assert acc["settings"]["dtype"] == "float32"
     assert acc["settings"]["server"]["served_model"] == "smollm2-135m-bf16"
     assert acc["settings"]["server"]["max_model_len"] == 2048
     # eval.max_length 2048 + 2 capped at the server's 2048 (prompt + 1 generated token must fit)

@@ -68,3 +68,14 @@ def test_find_records_skips_mlflow_artifact_copies(tmp_path) -> None:  # noqa: A
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "record.json").write_text("{}")
     assert [p.parent.name for p in find_records(tmp_path)] == ["b", "a"]
+
+
+def test_server_backend_deltas_need_the_same_served_length() -> None:
+    # eval.backend=server: lm-eval's length depends on the server's max_model_len (eval.max_length + 2,
+    # capped there), so a quantized job served with a shorter context scores other sequences
+    srv = {"backend": "server"}
+    base = rec("bf16", 0.5, 20.0, 40.0, **srv, server={"lm_eval_max_length": 2050})
+    same = rec("awq", 0.45, 21.0, 42.0, **srv, server={"lm_eval_max_length": 2050})
+    short = rec("awq", 0.45, 21.0, 42.0, **srv, server={"lm_eval_max_length": 2048})
+    assert eval_mismatch(same, base) is None
+    assert eval_mismatch(short, base) == "eval settings differ (server.lm_eval_max_length: 2048 vs baseline 2050)"

@@ -611,7 +611,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         settings["server"] = {
             "served_model": srv["served_model"],
             "max_model_len": srv["max_model_len"],
-            "dtype": srv.get("dtype"),
             "lm_eval_model": "local-completions (token ids, echoed prompt log-probabilities)",
             "lm_eval_max_length": server_lm_max_length(ev["max_length"], srv["max_model_len"]),
             "num_concurrent": ev["batch_size"],
