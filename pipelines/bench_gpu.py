@@ -176,6 +176,28 @@ def export_records(recs: list[dict], dest: Path) -> list[Path]:
     return written
 
 
+def run_settings(recs: list[dict]) -> list[str]:
+    """What the jobs of ``recs`` ran with, read from their records (not from this checkout's defaults): one
+    line per distinct combination of sweep and evaluation settings, with the jobs that used it, e.g.
+    ``bench=gpu-concurrency: concurrency 256, repeats 3, 256 in / 128 out; eval=gpu (vllm backend): bf16, gptq``.
+    """
+    lines: dict[str, list[str]] = {}
+    for rec in recs:
+        cfg = rec.get("config") or {}
+        bench, ev = cfg.get("bench") or {}, cfg.get("eval") or {}
+        if bench.get("enabled", True):
+            load = bench.get("concurrencies") if bench.get("mode") == "concurrency" else bench.get("rates")
+            sweep = (
+                f"bench={bench.get('name', '?')}: {bench.get('mode', '?')} {', '.join(map(str, load or []))}, "
+                f"repeats {bench.get('repeats', 1)}, {bench.get('input_len', '?')} in / {bench.get('output_len', '?')} out"
+            )
+        else:
+            sweep = "bench disabled"
+        evaluation = f"eval={ev.get('name', '?')} ({ev.get('backend', 'vllm')} backend)" if ev.get("enabled") else "eval disabled"
+        lines.setdefault(f"{sweep}; {evaluation}", []).append(rec["job"].get("scheme", "?"))
+    return [f"{key}: {', '.join(schemes)}" for key, schemes in lines.items()]
+
+
 def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Path]:
     """One Markdown file per model from ``recs`` (read from the run folders ``outs``); returns the files written."""
     from quantverdict.report import format_table
@@ -190,8 +212,10 @@ def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Pat
         head = (
             f"# GPU grid: {model} (`make bench-gpu`)\n\n"
             f"- Written {stamp} from {len(model_recs)} job record(s) under {', '.join(f'`{o}`' for o in outs)}.\n"
-            "- Command: `make bench-gpu` on the H200 machine (prebuilt stacks of ../shared/gpu/README.md, "
-            "`env=h200-prebuilt`, `bench=gpu-concurrency`: closed loop, 256 in / 128 out, ignore_eos).\n\n"
+            "- Written by `python -m pipelines.bench_gpu` (`make bench-gpu`) for runs on the H200 machine "
+            "(prebuilt stacks of ../shared/gpu/README.md, `env=h200-prebuilt`; random prompts, ignore_eos).\n"
+            + "".join(f"- Settings (from the records): {line}.\n" for line in run_settings(model_recs))
+            + "\n"
         )
         path = results / f"gpu-{model}.md"
         path.write_text(head + format_table(model_recs) + "\n")

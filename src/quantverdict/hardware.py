@@ -180,13 +180,23 @@ def check_scheme_on_gpu(scheme: SchemeConfig, gpus: Sequence[dict[str, Any]]) ->
     )
 
 
-def linear_weight_elements(dims: dict[str, Any]) -> int | None:
+# model types whose full-attention q_proj also emits a per-head output gate (q and gate interleaved,
+# 2 x heads x head_dim outputs; transformers' Qwen3_5Attention / Qwen3NextAttention)
+GATED_ATTENTION_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
+
+
+def linear_weight_elements(dims: dict[str, Any], model_type: str | None = None) -> int | None:
     """Weight elements of the Linear layers a scheme quantizes in a Llama-like decoder (``lm_head`` excluded).
 
-    Per layer: ``q_proj`` hidden x (heads * head_dim), ``k_proj`` and ``v_proj`` hidden x
-    (kv_heads * head_dim) each, ``o_proj`` (heads * head_dim) x hidden, ``gate_proj``, ``up_proj``
-    and ``down_proj`` hidden x intermediate each; times ``num_hidden_layers``. E.g. SmolLM2-135M
-    (576, 1536, 9 heads / 3 kv of 64, 30 layers): 30 x 3,538,944 = 106,168,320.
+    Per attention layer: ``q_proj`` hidden x (heads * head_dim) (twice that for the gated attention of
+    :data:`GATED_ATTENTION_MODEL_TYPES`), ``k_proj`` and ``v_proj`` hidden x (kv_heads * head_dim)
+    each, ``o_proj`` (heads * head_dim) x hidden; per layer, ``gate_proj``, ``up_proj`` and
+    ``down_proj`` hidden x intermediate each. A hybrid model (``layer_types``) has attention
+    projections only in its ``num_kv_layers`` full-attention layers; its linear-attention projections
+    stay 16-bit (the quantize recipes ignore them), so they are not counted. E.g. SmolLM2-135M
+    (576, 1536, 9 heads / 3 kv of 64, 30 layers): 30 x 3,538,944 = 106,168,320; Qwen3.5-9B (4096,
+    12288, 16 heads / 4 kv of 256, 8 of 32 layers full attention): 8 x 58,720,256 + 32 x 150,994,944
+    = 5,301,600,256, the quantized elements of the W4A16 checkpoint measured on the H200.
 
     Returns:
         The count, or None when ``dims`` lacks ``hidden_size``, ``intermediate_size``,
@@ -199,8 +209,10 @@ def linear_weight_elements(dims: dict[str, Any]) -> int | None:
         return None
     kv = int(dims.get("num_key_value_heads") or heads)
     head_dim = int(dims.get("head_dim") or hidden // heads)
-    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim + 3 * hidden * inter
-    return layers * per_layer
+    q_out = heads * head_dim * (2 if model_type in GATED_ATTENTION_MODEL_TYPES else 1)
+    attention = hidden * q_out + 2 * hidden * kv * head_dim + heads * head_dim * hidden
+    attention_layers = int(dims.get("num_kv_layers") or layers) if dims.get("layer_types") else layers
+    return attention_layers * attention + layers * 3 * hidden * inter
 
 
 def count_parameters(model_dir: str | Path) -> int:
@@ -230,7 +242,10 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     in_features; per-channel: ``hidden_size``, one scale per row of hidden_size inputs, so the
     scales are a rounding error). Checked against vLLM's "model weights" log line for a Llama-3-8B-
     shaped model on the H200 (../shared/gpu/README.md): bf16 13.49 GiB (predicted 13.49), W4A16
-    g128 3.85 GiB (3.84), FP8_DYNAMIC 7.03 GiB (6.99).
+    g128 3.85 GiB (3.84), FP8_DYNAMIC 7.03 GiB (6.99). For the Qwen3.5-9B-shaped hybrid it gives the
+    W4A16 checkpoint's bytes to 2 KiB (10.198 GiB); vLLM served 9.41 GiB, because with
+    ``--language-model-only`` it does not load the vision tower that ``P`` counts: the prediction errs
+    high, which is the safe side for a fit check.
 
     Args:
         scheme: the composed scheme.
@@ -246,7 +261,7 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     n_params = int(model.get("num_parameters") or count_parameters(model["path"]))
     if scheme.method == "none" or scheme.weight_bits >= 16:
         return 2.0 * n_params
-    linear = min(linear_weight_elements(dims) or n_params, n_params)
+    linear = min(linear_weight_elements(dims, model.get("model_type")) or n_params, n_params)
     group: int | None = None
     if scheme.group_size != "channel" and dims.get("hidden_size"):
         try:

@@ -378,6 +378,11 @@ def parse_result(
         ``throughput_rps``/``throughput_tok_s`` (steady-state when there is a window, else whole-run);
         the :func:`saturation` keys; ``valid`` and ``invalid_reasons``.
 
+        ``peak_concurrent_requests`` is vLLM's ``max_concurrent_requests``: the most requests active at
+        any time within one 1-second bucket (``vllm/benchmarks/serve.py``), so requests that finish and
+        start in the same second both count; it reaches about twice ``--max-concurrency`` at high
+        request rates (512 at c=256, 128-192 at c=64 on the H200) without the client exceeding the limit.
+
     Raises:
         KeyError: the JSON lacks ``completed`` or ``duration`` (not a vLLM bench result).
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.bench_gpu import parse_streams, supersede
+from pipelines.bench_gpu import parse_streams, run_settings, supersede
 
 
 def test_streams_narrow_parts_to_schemes_per_gpu() -> None:
@@ -79,3 +79,19 @@ def test_report_only_refuses_what_it_cannot_read(tmp_path) -> None:
     layout = run("--out", str(tmp_path / "empty"), "--streams", "qwen")
     assert layout.returncode == 2 and "with --report-only nothing runs" in layout.stderr
     assert not (tmp_path / "res").exists()  # nothing written
+
+
+def test_results_header_states_the_settings_the_records_ran_with() -> None:
+    # the c=256 repeats of session 3 and the one-server evaluation: both under "make bench-gpu", different settings
+    def rec(scheme: str, concurrencies: list[int], repeats: int, eval_name: str, backend: str) -> dict:
+        bench = {"name": "gpu-concurrency", "enabled": True, "mode": "concurrency", "concurrencies": concurrencies,
+                 "repeats": repeats, "input_len": 256, "output_len": 128}
+        return {"job": {"scheme": scheme},
+                "config": {"bench": bench, "eval": {"name": eval_name, "enabled": True, "backend": backend}}}
+
+    recs = [rec("bf16", [256], 3, "gpu", "vllm"), rec("gptq", [256], 3, "gpu", "vllm"),
+            rec("bf16", [1, 64], 1, "gpu-server", "server")]
+    assert run_settings(recs) == [
+        "bench=gpu-concurrency: concurrency 256, repeats 3, 256 in / 128 out; eval=gpu (vllm backend): bf16, gptq",
+        "bench=gpu-concurrency: concurrency 1, 64, repeats 1, 256 in / 128 out; eval=gpu-server (server backend): bf16",
+    ]

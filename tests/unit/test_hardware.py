@@ -136,6 +136,28 @@ def test_predicted_weights_match_vllm_on_the_h200() -> None:
     assert predict_weight_bytes(scheme("fp8"), model) / 2**30 == pytest.approx(7.03, rel=0.01)
 
 
+# Qwen3.5-9B's text dimensions (docs/results/gpu-records/qwen3.5-9b-shape): 8 of 32 layers full attention
+QWEN35_9B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32, "num_attention_heads": 16,
+             "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 248320,
+             "layer_types": ["linear_attention"] * 3 + ["full_attention"], "num_kv_layers": 8}
+QWEN35_9B["layer_types"] = QWEN35_9B["layer_types"] * 8
+
+
+def test_hybrid_counts_only_the_attention_layers_and_the_gated_q_proj() -> None:
+    # per full-attention layer: q_proj 4096 x (16*256*2: query and output gate) = 33,554,432, k/v 2 x 4096 x 1024
+    #   = 8,388,608, o_proj 4096 x 4096 = 16,777,216 -> 58,720,256; x 8 layers = 469,762,048
+    # MLP: 3 x 4096 x 12288 = 150,994,944 per layer; x 32 = 4,831,838,208; sum 5,301,600,256
+    # = the W4A16 checkpoint measured on the H200: 2,650,800,128 bytes of packed 4-bit weights x 2 elements per byte
+    assert linear_weight_elements(QWEN35_9B, "qwen3_5") == 5_301_600_256
+    # the same dims without the gate (a plain hybrid): q_proj 16,777,216 smaller in each of 8 layers
+    assert linear_weight_elements(QWEN35_9B) == 5_301_600_256 - 8 * 16_777_216
+    # W4A16 g128: 5,301,600,256 / 2 + 5,301,600,256 / 128 * 2 + 2 x (9,409,813,744 - 5,301,600,256)
+    #   = 2,650,800,128 + 82,837,504 + 8,216,426,976 = 10,950,064,608; the checkpoint held 10,950,066,656
+    model = {"dims": QWEN35_9B, "num_parameters": 9_409_813_744, "model_type": "qwen3_5", "path": "unused"}
+    w4 = compose(["scheme=gptq", "scheme.group_size=128"]).scheme
+    assert predict_weight_bytes(w4, model) == 10_950_064_608
+
+
 def test_predicted_weights_count_parameters_from_the_checkpoint(tmp_path: Path) -> None:
     # no num_parameters (source=local): counted from the safetensors header; 2x3 + 4 = 10 bf16 elements
     header = json.dumps({"a.weight": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
