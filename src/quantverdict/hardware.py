@@ -211,7 +211,7 @@ def linear_weight_elements(dims: dict[str, Any], model_type: str | None = None) 
     head_dim = int(dims.get("head_dim") or hidden // heads)
     q_out = heads * head_dim * (2 if model_type in GATED_ATTENTION_MODEL_TYPES else 1)
     attention = hidden * q_out + 2 * hidden * kv * head_dim + heads * head_dim * hidden
-    attention_layers = int(dims.get("num_kv_layers") or layers) if dims.get("layer_types") else layers
+    attention_layers = int(dims.get("num_kv_layers") or layers)  # materialize: all layers unless hybrid
     return attention_layers * attention + layers * 3 * hidden * inter
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantverdict import envs, hardware, procs, roofline, schemes, sweep, vllm_log
-from quantverdict.config import Config, ConfigError, ModelConfig
+from quantverdict.config import Config, ConfigError, ModelConfig, evaluates_through_server
 from quantverdict.envs import StageEnv
 from quantverdict.integrity import IntegrityError, check_checkpoint
 from quantverdict.record import Record, StageInfo, find_records, host_environment, load, now_iso
@@ -204,7 +204,7 @@ def _run(job: Job) -> None:
         rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
         rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
         st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
-        if cfg.eval.enabled and cfg.eval.backend == "server" and cfg.model.source != "synthetic":
+        if evaluates_through_server(cfg):
             found = serve_env.versions(*SERVER_EVAL_DISTS)
             missing = [d for d in SERVER_EVAL_DISTS if d not in found]
             if missing:
@@ -242,7 +242,7 @@ def _run(job: Job) -> None:
             "the CPU serve environment removes (the PyPI build breaks model loading, see requirements/serve.txt). "
             "The speed sweep is skipped; serve it on a GPU (env.device=cuda)."
         )
-    served_eval = cfg.eval.enabled and cfg.eval.backend == "server" and not synthetic
+    served_eval = evaluates_through_server(cfg)
     if served_eval and unsupported:  # config validation saw the scheme; the model class is known only now
         raise ConfigError(
             f"eval.backend=server evaluates through the job's vLLM server, and there will be none: {unsupported} "

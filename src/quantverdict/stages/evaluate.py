@@ -468,6 +468,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     out_dir = Path(spec["output_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     device = spec.get("device") or "cpu"
+    srv = _server_spec(spec) if ev["backend"] == "server" else None  # checked before any work
     if offline_root:
         os.environ["HF_DATASETS_OFFLINE"] = "1"
         os.environ["HF_HUB_OFFLINE"] = "1"
@@ -518,9 +519,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             tokenizer = AutoTokenizer.from_pretrained(spec["model_path"])
             model = AutoModelForCausalLM.from_pretrained(spec["model_path"], dtype=ev["dtype"]).to(device).eval()
         t0, c0 = time.perf_counter(), time.process_time()
-        if ev["backend"] == "server":
+        if srv is not None:
             tp = server_token_perplexity(
-                tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"), _server_spec(spec),
+                tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"), srv,
                 workers=max(1, int(ev["batch_size"])),
             )
         else:
@@ -605,8 +606,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "seed": ev.get("seed", 1234),
         "normalization": NORMALIZATION,
     }
-    if ev["backend"] == "server":
-        srv = _server_spec(spec)
+    if srv is not None:
         settings["dtype"] = srv.get("dtype") or ev["dtype"]  # the served engine's dtype, not eval.dtype
         settings["server"] = {
             "served_model": srv["served_model"],
