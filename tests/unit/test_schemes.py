@@ -243,19 +243,6 @@ def test_checkpoint_key_ignores_order_but_not_values() -> None:
     assert base != checkpoint_key("m", "awq", {"a": 1, "b": 2}, {"n": 16, "s": 128}, {"t": "1"})
 
 
-def test_serving_support_on_cpu_by_instruction_set() -> None:
-    from quantverdict.schemes import serving_unsupported
-    from quantverdict.settings import compose
-
-    avx2, avx512 = {"avx2", "fma"}, {"avx2", "avx512f", "avx512bw"}
-    sch = {s: compose([f"scheme={s}"]).scheme for s in ("bf16", "awq", "gptq", "int8", "fp8", "w8a8")}
-    # W8A16 has no CPU kernel at all; W4A16 needs the AVX512 build; W8A8 and FP8_DYNAMIC run on both
-    assert {s for s, c in sch.items() if serving_unsupported(c, "cpu", avx2)} == {"awq", "gptq", "int8"}
-    assert {s for s, c in sch.items() if serving_unsupported(c, "cpu", avx512)} == {"int8"}
-    assert not any(serving_unsupported(c, "cuda", avx2) for c in sch.values())
-    assert "avx512f" in (serving_unsupported(sch["gptq"], "cpu", avx2) or "")
-
-
 # --- data_free_equivalent (synthetic models: same checkpoint format by round-to-nearest) ---------------
 
 
