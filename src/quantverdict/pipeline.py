@@ -272,6 +272,8 @@ def _run(job: Job) -> None:
             "the CPU serve environment removes (the PyPI build breaks model loading, see requirements/serve.txt). "
             "The speed sweep is skipped; serve it on a GPU (env.device=cuda)."
         )
+    if unsupported and job.dtypes.pop("serve", None):  # nothing is served: no serve dtype to record
+        rec.environment["dtypes"] = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
     served_eval = evaluates_through_server(cfg)
     if served_eval and unsupported:  # config validation saw the scheme; the model class is known only now
         raise ConfigError(

@@ -37,6 +37,10 @@ EVAL = [
     "eval.token_perplexity.seq_len=512",
     "eval.token_perplexity.stride=512",
     "eval.token_perplexity.max_tokens=1024",
+    # both backends in float32 on every CPU (explicit dtypes win over the CPU's choice, cpu_caps), so that the
+    # tolerances below hold whichever CPU runs the test
+    "eval.dtype=float32",
+    "bench.server.dtype=float32",
 ]
 BENCH = [
     "bench.mode=concurrency",
@@ -49,9 +53,8 @@ BENCH = [
 ]
 ENGINE_START = "Initializing a V1 LLM engine"  # vLLM logs it once per engine it builds
 
-# Tolerances (server vs hf, same items). Both backends compute in float32 here: conf/eval/cpu.yaml sets
-# eval.dtype=float32 and conf/bench/cpu.yaml bench.server.dtype=float32 (bf16 matmuls are ~6x slower on
-# this AVX2 CPU), and the bf16 weights are exact in float32. What differs is only the kernels' order of
+# Tolerances (server vs hf, same items). Both backends compute in float32 here (EVAL sets eval.dtype and
+# bench.server.dtype explicitly), and the bf16 weights are exact in float32. What differs is only the kernels' order of
 # summation (vLLM's CPU attention and fused RMSNorm vs transformers' eager ops). Measured on this model,
 # 511 WikiText-2 tokens: largest |log p difference| of one token 4.6e-5 nats, mean 4.5e-6. A choice's
 # continuation here is at most ~40 tokens, so even with every token's error of the same sign it differs by
@@ -105,8 +108,9 @@ def test_one_server_serves_accuracy_and_speed(served: tuple) -> None:
     acc, speed = rec["accuracy"], rec["speed"]
     assert acc["backend"] == "server" and acc["served_model"] == "smollm2-135m-bf16"
     assert acc["settings"]["backend"] == "server"
-    # the dtype the served engine computed in (conf/bench/cpu.yaml bench.server.dtype), not eval.dtype
-    assert acc["settings"]["dtype"] == "float32"
+    # the dtype the served engine computed in (bench.server.dtype), recorded with why
+    assert acc["settings"]["dtype"] == "float32" == rec["speed"]["dtype"]["value"]
+    assert rec["environment"]["dtypes"]["serve"]["chosen_by"] == "override"
     assert acc["settings"]["server"]["served_model"] == "smollm2-135m-bf16"
     assert acc["settings"]["server"]["max_model_len"] == 2048
     # eval.max_length 2048 + 2 capped at the server's 2048 (prompt + 1 generated token must fit)

@@ -103,7 +103,9 @@ def test_hybrid_record_counts_kv_layers_and_skips_accuracy(hybrid: dict[str, dic
         assert rec["model"]["dims"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
         assert rec["stages"]["evaluate"]["status"] == "not_applicable"
         assert set(rec["accuracy"]) == {"not_applicable"}
-        assert rec["speed"]["unsupported"]  # awq: no 4-bit kernel on AVX2; bf16, w8a8: the VLM class
+        # the VLM class (no torchvision in the CPU serve env); awq on AVX2 already for want of a 4-bit kernel
+        assert rec["speed"]["unsupported"]
+        assert "serve" not in rec["environment"]["dtypes"]
     for scheme in ("bf16", "w8a8"):
         assert re.search(r"cannot serve Qwen3_5ForConditionalGeneration.*torchvision", hybrid[scheme]["speed"]["unsupported"])
     cfg = json.loads(Path(hybrid["awq"]["checkpoint"]["path"], "config.json").read_text())
