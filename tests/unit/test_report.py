@@ -56,3 +56,20 @@ def test_mixed_grid_synthetic_rows_say_na_for_every_task() -> None:
     assert "| llama3.1-8b-shape / gptq (W4A16) | n/a (random weights) | n/a | n/a |" in rows
     # the real model's gptq keeps its numbers: token ppl 41.6 vs 40 = +4.0%, acc_norm 0.48 - 0.50 = -0.020
     assert "| m / gptq (W4A16) | 41.60 (+4.0%) | 0.480 (-0.020) | 21.00 (+5.0%) |" in rows
+
+
+def test_dtype_line_one_value_or_per_job() -> None:
+    from quantverdict.report import dtype_line
+
+    def rec(scheme: str, serve: str, chosen: str) -> dict:
+        return {"job": {"model": "m", "scheme": scheme},
+                "environment": {"dtypes": {"evaluate": {"dtype": "float32", "chosen_by": "cpu"},
+                                           "serve": {"dtype": serve, "chosen_by": chosen}}}}
+
+    same = [rec("bf16", "float32", "cpu"), rec("fp8", "float32", "cpu")]
+    assert dtype_line(same) == "Compute dtypes: evaluate float32 (cpu); serve float32 (cpu)"
+    # an AVX512 CPU without BF16: W4A16 is served in bf16, forced by its kernel, the rest in float32
+    mixed = [rec("bf16", "float32", "cpu"), rec("gptq", "bfloat16", "kernel")]
+    assert dtype_line(mixed) == ("Compute dtypes: evaluate float32 (cpu); "
+                                 "serve m/bf16 float32 (cpu), m/gptq bfloat16 (kernel)")
+    assert dtype_line([{"job": {}, "environment": {}}]) == ""
