@@ -136,3 +136,21 @@ def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
     review = build_review(recs, RC, "t")
     want = "accuracy deltas excluded: eval settings differ (batch_size: 1 vs baseline 8)"
     assert any(want in f for f in review.flags)
+
+
+def test_mixed_serving_dtypes_are_flagged() -> None:
+    from quantverdict.review.dtypes import dtype_flags, served_dtype
+
+    def rec(dtype: dict | None, config_dtype: str = "auto") -> dict:
+        speed = {"points": [{"point": "rate-inf_r0"}], **({"dtype": dtype} if dtype else {})}
+        return {"speed": speed, "config": {"bench": {"server": {"dtype": config_dtype}}, "model": {"dtype": "bfloat16"}}}
+
+    base = rec({"value": "float32", "chosen_by": "cpu", "why": "AVX512: bf16 is emulated"})
+    w4 = rec({"value": "bfloat16", "chosen_by": "kernel", "why": "the W4A16 kernel takes 16-bit activations only"})
+    (flag,) = dtype_flags(w4, base)
+    assert flag.startswith("served in bfloat16, its baseline in float32") and "16-bit activations only" in flag
+    assert dtype_flags(rec({"value": "float32", "chosen_by": "cpu", "why": ""}), base) == []
+    # older records: the config's dtype, and "auto" is the checkpoint's (the model's dtype)
+    assert served_dtype(rec(None, "float32")) == "float32" and served_dtype(rec(None)) == "bfloat16"
+    assert dtype_flags(rec(None), rec(None, "float32")) == ["served in bfloat16, its baseline in float32: the speed ratio mixes compute dtypes"]
+    assert served_dtype({"speed": {"points": []}}) is None  # nothing served, nothing to compare

