@@ -24,7 +24,9 @@ AMX           ``_C`` (AMX tiles)  native: bf16                    bf16 on AMX ti
   where bf16 is emulated. The other schemes of that model are then served in float32: their speed
   ratios mix dtypes, which the record states and the review flags.
 * W8A16 (8-bit weight-only) has no CPU kernel in any library (``CPUWNA16`` takes uint4/uint4b8 only).
-* W8A8 int8 (oneDNN) and FP8_DYNAMIC serve with bfloat16 or float32 output on every level.
+* W8A8 int8 (oneDNN) serves with bfloat16 or float32 output on every level. FP8_DYNAMIC has the same
+  dtypes, but its one CPU kernel calls ``torch._scaled_mm``, whose speed varies by CPU by orders of
+  magnitude: the probe times it, and beyond :data:`FP8_MAX_SLOWDOWN` x float32 it is not served.
 
 An explicit ``bench.server.dtype`` / ``eval.dtype`` wins, unless the kernel cannot run it (float32 for a
 W4A16 checkpoint): then :func:`plan` raises :class:`~quantverdict.config.ConfigError` naming the key and
@@ -40,6 +42,10 @@ from quantverdict.config import COMPUTE_DTYPES as DTYPES
 from quantverdict.config import ConfigError, SchemeConfig
 
 ISA_LEVELS = ("AVX2", "AVX512", "AVX512_BF16", "AMX")
+# FP8_DYNAMIC is not served where torch's FP8 GEMM (vLLM's only CPU kernel for it) is this many times slower than
+# the float32 matmul of the same shape: measured 1,302x on a Xeon with AMX/AVX512_FP16, where vLLM's first engine
+# step outlived its 300 s RPC timeout; an AVX2 CPU served FP8 at ~1/5 of float32's speed (docs/results/cpu-grid.md)
+FP8_MAX_SLOWDOWN = 100.0
 # override: an explicit config value; cpu: chosen from the CPU; kernel: forced by the scheme's kernel;
 # config: the config's value used as is (not on CPU); checkpoint: vLLM's/transformers' "auto"
 ChosenBy = Literal["override", "cpu", "kernel", "config", "checkpoint"]
@@ -58,6 +64,8 @@ class CpuCapabilities:
         vllm_extension: the vLLM kernel library the process mapped: ``_C``, ``_C_AVX512``, ``_C_AVX2``
             (None: vLLM was not asked or not importable).
         wna16_dtypes: activation dtypes ``cpu_gemm_wna16`` ran with ([]: no W4A16 kernel).
+        fp8_gemm: ``torch._scaled_mm`` as vLLM's CPU FP8_DYNAMIC kernel calls it, timed against float32
+            (``{"scaled_mm_ms", "float32_ms", "slowdown", "shape"}``; None: not measured or it failed).
     """
 
     model_name: str
@@ -68,6 +76,7 @@ class CpuCapabilities:
     amx: bool
     vllm_extension: str | None
     wna16_dtypes: tuple[str, ...]
+    fp8_gemm: dict[str, Any] | None = None
 
     @property
     def isa(self) -> str:
@@ -98,6 +107,7 @@ class CpuCapabilities:
             amx=bool(torch["amx"]),
             vllm_extension=vllm.get("extension"),
             wna16_dtypes=tuple(vllm.get("wna16_dtypes", ())),
+            fp8_gemm=vllm.get("fp8_gemm"),
         )
 
     def to_record(self) -> dict[str, Any]:
@@ -143,7 +153,18 @@ def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities
     them (before the probe ran) the answer is None, and the pipeline asks again once it has them. On
     CUDA, Marlin/Machete serve 4- and 8-bit weight-only, so the answer is None.
     """
-    if device != "cpu" or not is_weight_only(scheme):
+    if device != "cpu":
+        return None
+    fp8 = (caps.fp8_gemm or {}) if caps is not None else {}
+    if scheme.label.startswith("FP8") and caps is not None and (fp8.get("slowdown") or 0) > FP8_MAX_SLOWDOWN:
+        why = (f"its only CPU kernel for FP8_DYNAMIC (ChannelWiseTorchFP8ScaledMMLinearKernel) runs torch._scaled_mm, "
+               f"which on this CPU took {fp8['scaled_mm_ms']:,.1f} ms for a {'x'.join(map(str, fp8['shape']))} GEMM, "
+               f"{fp8['slowdown']:,.0f}x the float32 matmul (limit {FP8_MAX_SLOWDOWN:,.0f}x): an engine step would "
+               "take minutes and vLLM's engine times out")
+        return (f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}) in practice: {why}. The speed sweep is "
+                "skipped; memory and accuracy are still measured. Serve it on a GPU (env.device=cuda) or a CPU whose "
+                "FP8 GEMM is not this slow (the record's environment.cpu.fp8_gemm).")
+    if not is_weight_only(scheme):
         return None
     if scheme.weight_bits == 8:
         why = "its CPU weight-only kernels take 4-bit weights only (CPUWNA16: uint4, uint4b8); no CPU has a W8A16 kernel"

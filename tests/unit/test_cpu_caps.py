@@ -110,3 +110,21 @@ def test_from_probe() -> None:
                                    ("bfloat16", "float16"))
     rec = caps.to_record()
     assert rec["isa"] == "AVX512" and rec["native_bf16"] is False and rec["wna16_dtypes"] == ["bfloat16", "float16"]
+
+
+def test_fp8_is_not_served_where_its_gemm_is_impractically_slow() -> None:
+    import dataclasses
+
+    # measured on a Xeon with AMX/AVX512_FP16: 77.3 ms for 16x576x576 vs 0.059 ms in float32 (1,302x)
+    slow = dataclasses.replace(AMX, fp8_gemm={"scaled_mm_ms": 77.3, "float32_ms": 0.059, "slowdown": 1302.0,
+                                              "shape": [16, 576, 576]})
+    why = serving_unsupported(scheme("fp8"), "cpu", slow)
+    assert why and "FP8_DYNAMIC" in why and "1,302x" in why and "77.3 ms" in why and "16x576x576" in why
+    p = plan(slow, scheme("fp8"), "auto", "auto", "hf", serving=True)
+    assert p.serve is None and p.unsupported == why and p.evaluate.dtype == "bfloat16"
+    # the other schemes are untouched, and a CPU whose FP8 GEMM is 5x float32 serves FP8
+    assert serving_unsupported(scheme("w8a8"), "cpu", slow) is None
+    ok = dataclasses.replace(AVX2, fp8_gemm={"scaled_mm_ms": 0.3, "float32_ms": 0.06, "slowdown": 5.0,
+                                             "shape": [16, 576, 576]})
+    assert serving_unsupported(scheme("fp8"), "cpu", ok) is None
+    assert serving_unsupported(scheme("fp8"), "cuda", slow) is None

