@@ -438,8 +438,13 @@ def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cac
                 "evaluation and the speed sweep"
             )
         with job.stage("evaluate") as st:
+            try:
+                result = _evaluate(cfg, env, model_path, cache, out, server=server)
+            except Exception:
+                server.check_alive(" during the evaluation", wait_s=15)  # a dead server is the cause, if it died
+                raise
             rec.accuracy = {
-                **_evaluate(cfg, env, model_path, cache, out, server=server),
+                **result,
                 "backend": "server",
                 "served_model": server.served_model_name,
             }
@@ -520,6 +525,7 @@ def _sweep(job: Job, server: VLLMServer, env: StageEnv, model_path: str) -> None
 
     Raises:
         RuntimeError: a sweep point completed no request (the points stay in the record, flagged).
+        quantverdict.stages.serve.ServerError: the server died (the message quotes the root cause from its log).
     """
     from quantverdict.stages.benchmark import run_sweep
 
@@ -527,9 +533,12 @@ def _sweep(job: Job, server: VLLMServer, env: StageEnv, model_path: str) -> None
     rec.speed["points"] = run_sweep(server, job.cfg.bench, model_path, env, job.out_dir / "bench")
     dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
     if dead:
+        server.check_alive(" during the sweep", wait_s=15)  # a server that died under load says so, and why
+        cause = procs.log_root_cause(server.log_path)
         raise RuntimeError(
-            f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors "
-            f"(see {server.log_path}); the points are kept in the record, flagged invalid"
+            f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors"
+            f"{' (' + cause + ')' if cause else ''} (see {server.log_path}); the points are kept in the record, "
+            "flagged invalid"
         )
 
 
