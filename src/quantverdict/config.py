@@ -501,6 +501,9 @@ def validate(cfg: Config) -> None:
     gs = cfg.scheme.group_size
     if gs not in ("auto", "channel") and not gs.isdigit():
         errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel' or a positive integer")
+    from quantverdict.schemes import scheme_errors  # schemes imports this module
+
+    errors += scheme_errors(cfg.scheme)
     _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
     for i, task in enumerate(cfg.eval.tasks):
         _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
