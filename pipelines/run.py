@@ -6,6 +6,10 @@
 Each job writes ``record.json`` (and logs) into its Hydra output folder and one MLflow run. In a
 grid a failed job is recorded and the grid goes on; the grid ends with a table of all jobs and a
 non-zero exit code if any failed (see :mod:`quantverdict.hydra_callbacks`).
+
+Exit codes: 0 done; 1 a job failed; 2 bad input, nothing ran (an override Hydra cannot compose, checked
+before Hydra starts by :func:`quantverdict.overrides.check_command_line`, or a value
+:func:`quantverdict.config.validate` refuses; in a grid: every job refused).
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from omegaconf import DictConfig
 import quantverdict.settings  # noqa: F401  (registers the config schema and resolvers)
 from quantverdict import procs
 from quantverdict.config import ConfigError
+from quantverdict.overrides import check_command_line
 from quantverdict.pipeline import run_job, write_config_failure
 from quantverdict.report import format_table
 
 log = logging.getLogger("quantverdict")
+EXIT_BAD_INPUT = 2
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
@@ -40,7 +46,7 @@ def main(dcfg: DictConfig) -> None:
         write_config_failure(dcfg, out_dir, exc)
         if multirun:
             return  # the grid goes on; GridSummary reports it and sets the exit code
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
     try:
         record = run_job(cfg, out_dir)
     except KeyboardInterrupt:
@@ -53,5 +59,16 @@ def main(dcfg: DictConfig) -> None:
         print(format_table([record]))
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m pipelines.run``: the overrides composed once before Hydra starts (bad input: a message in the
+    project's form, exit code 2, no output folder), then the Hydra app :func:`main` on ``sys.argv``."""
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
     main()
+
+
+if __name__ == "__main__":
+    cli()
