@@ -9,7 +9,8 @@ non-zero exit code if any failed (see :mod:`quantverdict.hydra_callbacks`).
 
 Exit codes: 0 done; 1 a job failed; 2 bad input, nothing ran (an override Hydra cannot compose, checked
 before Hydra starts by :func:`quantverdict.overrides.check_command_line`, or a value
-:func:`quantverdict.config.validate` refuses; in a grid: every job refused).
+:func:`quantverdict.config.validate` refuses; in a grid: every job refused); 130 interrupted by Ctrl-C
+(143 by SIGTERM): the job is recorded ``interrupted``, its MLflow run KILLED, its processes stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from quantverdict.report import format_table
 
 log = logging.getLogger("quantverdict")
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
@@ -67,7 +69,14 @@ def cli(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as exc:  # the job recorded it and stopped its processes: one line, no traceback
+        print(
+            f"interrupted by {procs.interrupt_signal(exc)}: stopped; what finished is kept in the record",
+            file=sys.stderr,
+        )
+        sys.exit(getattr(exc, "exit_code", EXIT_INTERRUPTED))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 import traceback
 from collections.abc import Iterator
@@ -91,11 +92,12 @@ class Job:
         t0 = time.perf_counter()
         try:
             yield info
-        except BaseException:
-            info.status, info.wall_s = "failed", round(time.perf_counter() - t0, 3)
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            info.status, info.wall_s = status, round(time.perf_counter() - t0, 3)
             self.record.failed_stage = name
             self.save()
-            self.tracker.stage(name, "failed", info.wall_s)
+            self.tracker.stage(name, status, info.wall_s)
             raise
         if info.status == "running":
             info.status = "ok"
@@ -117,6 +119,9 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     Raises:
         Exception: whatever failed, after the record (status failed, stage, error, traceback) and the
             MLflow run (FAILED) were written and every child process was stopped.
+        KeyboardInterrupt: Ctrl-C or SIGTERM (:class:`quantverdict.procs.Interrupted`), after the record
+            (status interrupted, the stage it stopped in, no traceback) and the MLflow run (KILLED) were written
+            and every child process was stopped.
     """
     job = Job(cfg, out_dir)
     rec = job.record
@@ -133,6 +138,11 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     try:
         _run(job)
         rec.status = "ok"
+    except KeyboardInterrupt as exc:  # stopped from outside (Ctrl-C, SIGTERM): not a failure of the job
+        rec.status = "interrupted"
+        rec.error = f"interrupted by {procs.interrupt_signal(exc)}"
+        log.warning("job %s %s in stage %s; its processes are stopped", rec.job["id"], rec.error, rec.failed_stage)
+        raise
     except BaseException as exc:
         rec.status = "failed"
         rec.error = f"{type(exc).__name__}: {exc}"
@@ -318,14 +328,45 @@ def _materialize(
     """The cached model folder of ``model_cfg``, materialized first if absent, damaged or from another source.
 
     Two jobs of parallel grids asking for the same model wait for each other on a file lock next to the
-    cache entry (``cache/models/.<name>.lock``): one builds it, the other then finds it complete.
+    cache entry (``cache/models/.<name>.lock``, :func:`exclusive_lock`): one builds it, the other then finds it
+    complete. The lock file is removed when the lock is released, whether the model was built or not.
+    """
+    (cache / "models").mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(cache / "models" / f".{model_cfg.name}.lock"):
+        return _materialize_locked(model_cfg, env, cache, out, st, extra)
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the ``with`` block; the file is removed on release.
+
+    The file is unlinked while still locked, so a waiter that then gets the lock holds a file no longer at
+    ``path``: it sees that (its descriptor's inode differs from the path's, or the path is gone) and locks the
+    file now at ``path`` instead. So one holder at a time, and no lock file left behind by a job that failed,
+    was interrupted or finished (a killed process's lock is released by the kernel; only its empty file would
+    stay, and the next holder removes it).
     """
     import fcntl
 
-    (cache / "models").mkdir(parents=True, exist_ok=True)
-    with open(cache / "models" / f".{model_cfg.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _materialize_locked(model_cfg, env, cache, out, st, extra)
+    while True:
+        fh = open(path, "a")  # noqa: SIM115 - closed below or after the block
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            fh.close()
+            raise
+        if current:
+            break
+        fh.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fh.close()
 
 
 def _materialize_locked(

@@ -132,13 +132,40 @@ def _forget(proc: subprocess.Popen[bytes]) -> None:
         _LIVE.discard(proc)
 
 
+class Interrupted(KeyboardInterrupt):
+    """The job was stopped from outside by ``signum`` (SIGINT: Ctrl-C, SIGTERM: a kill); not a failure of its own.
+
+    Attributes:
+        signum: the signal's number; :attr:`exit_code` is the shell's ``128 + signum`` (130 for SIGINT).
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"received signal {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def interrupt_signal(exc: BaseException) -> str:
+    """The signal name of an interruption: that of an :class:`Interrupted`, SIGINT for a plain KeyboardInterrupt."""
+    return exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
+
+
 def install_signal_handlers() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so that cleanup (``finally``) runs as for Ctrl-C."""
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` (a KeyboardInterrupt) so that cleanup (``finally``) runs
+    as for Ctrl-C, and the job is recorded as interrupted by that signal."""
 
     def _raise(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
+        raise Interrupted(signum)
 
     signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, _raise)
 
 
 # vLLM prefixes every line of a child process with "(<process name> pid=<pid>) " and its own log lines with
