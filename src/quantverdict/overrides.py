@@ -192,7 +192,7 @@ def _variants(overrides: list[str]) -> list[list[str]]:
                 vals = []
             values.append([f"{o.get_key_element()}={v}" for v in vals])
         else:
-            values.append([o.input_line])
+            values.append([o.input_line] if o.input_line else [])
     base = [v[0] for v in values if v]
     out = [base]
     for i, vals in enumerate(values):
