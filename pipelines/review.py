@@ -34,30 +34,28 @@ def compose_review(overrides: list[str]) -> tuple[ReviewConfig, TrackingConfig, 
     """The review constraints, tracking config and output root, composed from ``conf/`` with overrides.
 
     Raises:
-        ConfigError: an override outside ``review``/``tracking``/``paths``, or a bad review value.
-        hydra.errors.ConfigCompositionException: an unknown key or a value of the wrong type.
+        ConfigError: an override outside ``review``/``tracking``/``paths``, an unknown key or config file, a
+            value of the wrong type (:func:`quantverdict.overrides.explain`), or a bad review value.
+        hydra.errors.ConfigCompositionException: another composition error.
     """
     bad = [o for o in overrides if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] not in ALLOWED_PREFIXES]
     if bad:
         raise ConfigError(f"only review.*, tracking.* and paths.* keys apply to a review; not: {', '.join(bad)}")
     from hydra import compose, initialize_config_dir
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    from quantverdict.config import closest
+    from quantverdict.overrides import explain
     from quantverdict.settings import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
             cfg = compose(config_name="config", overrides=overrides)
-        except ConfigCompositionException as exc:
-            m = re.search(r"Key '(\w+)' not in 'ReviewConfig'", str(exc.__cause__ or exc))
-            if not m:
+        except (HydraException, OmegaConfBaseException) as exc:
+            explained = explain(exc, overrides)  # key, allowed values or form, closest match
+            if explained is None:
                 raise
-            allowed = sorted(ReviewConfig.__dataclass_fields__)
-            raise ConfigError(
-                f"unknown config key 'review.{m.group(1)}'; allowed under 'review': "
-                f"{', '.join(allowed)}{closest(m.group(1), allowed)}"
-            ) from None
+            raise ConfigError(explained[0]) from None
     rc = cast(ReviewConfig, OmegaConf.to_object(cfg.review))
     errors = review_errors(rc)
     if errors:

@@ -6,6 +6,11 @@
 Each job writes ``record.json`` (and logs) into its Hydra output folder and one MLflow run. In a
 grid a failed job is recorded and the grid goes on; the grid ends with a table of all jobs and a
 non-zero exit code if any failed (see :mod:`quantverdict.hydra_callbacks`).
+
+Exit codes: 0 done; 1 a job failed; 2 bad input, nothing ran (an override Hydra cannot compose, checked
+before Hydra starts by :func:`quantverdict.overrides.check_command_line`, or a value
+:func:`quantverdict.config.validate` refuses; in a grid: every job refused); 130 interrupted by Ctrl-C
+(143 by SIGTERM): the job is recorded ``interrupted``, its MLflow run KILLED, its processes stopped.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from omegaconf import DictConfig
 import quantverdict.settings  # noqa: F401  (registers the config schema and resolvers)
 from quantverdict import procs
 from quantverdict.config import ConfigError
+from quantverdict.overrides import check_command_line
 from quantverdict.pipeline import run_job, write_config_failure
 from quantverdict.report import format_table
 
 log = logging.getLogger("quantverdict")
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
@@ -40,7 +48,7 @@ def main(dcfg: DictConfig) -> None:
         write_config_failure(dcfg, out_dir, exc)
         if multirun:
             return  # the grid goes on; GridSummary reports it and sets the exit code
-        sys.exit(2)
+        sys.exit(EXIT_BAD_INPUT)
     try:
         record = run_job(cfg, out_dir)
     except KeyboardInterrupt:
@@ -53,5 +61,23 @@ def main(dcfg: DictConfig) -> None:
         print(format_table([record]))
 
 
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m pipelines.run``: the overrides composed once before Hydra starts (bad input: a message in the
+    project's form, exit code 2, no output folder), then the Hydra app :func:`main` on ``sys.argv``."""
+    try:
+        check_command_line(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    try:
+        main()
+    except KeyboardInterrupt as exc:  # the job recorded it and stopped its processes: one line, no traceback
+        print(
+            f"interrupted by {procs.interrupt_signal(exc)}: stopped; what finished is kept in the record",
+            file=sys.stderr,
+        )
+        sys.exit(getattr(exc, "exit_code", EXIT_INTERRUPTED))
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -506,6 +506,9 @@ def validate(cfg: Config) -> None:
     gs = cfg.scheme.group_size
     if gs not in ("auto", "channel") and not gs.isdigit():
         errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel' or a positive integer")
+    from quantverdict.schemes import scheme_errors  # schemes imports this module
+
+    errors += scheme_errors(cfg.scheme)
     _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
     _choice(errors, "eval.dtype", cfg.eval.dtype, COMPUTE_DTYPES)
     _choice(errors, "bench.server.dtype", cfg.bench.server.dtype, COMPUTE_DTYPES)

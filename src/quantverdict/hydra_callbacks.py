@@ -1,5 +1,6 @@
 """Hydra callback: after a multirun grid, print the per-scheme table, run the review, and fail if any
-job failed (or the review could not be written)."""
+job failed (or the review could not be written): exit code 2 when every job's config was refused (bad
+input, nothing ran), else 1."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class GridSummary(Callback):
             print(f"FAILED {r['job']['id']} in stage {r.get('failed_stage')}: {r.get('error')}", file=sys.stderr)
         if failed:
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
+        if failed and all(r.get("failed_stage") == "config" for r in records):
+            sys.exit(2)  # bad input, nothing ran: every job's config was refused
         if failed or not reviewed:
             sys.exit(1)
 

@@ -95,11 +95,12 @@ class Job:
         t0 = time.perf_counter()
         try:
             yield info
-        except BaseException:
-            info.status, info.wall_s = "failed", round(time.perf_counter() - t0, 3)
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            info.status, info.wall_s = status, round(time.perf_counter() - t0, 3)
             self.record.failed_stage = name
             self.save()
-            self.tracker.stage(name, "failed", info.wall_s)
+            self.tracker.stage(name, status, info.wall_s)
             raise
         if info.status == "running":
             info.status = "ok"
@@ -121,6 +122,9 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     Raises:
         Exception: whatever failed, after the record (status failed, stage, error, traceback) and the
             MLflow run (FAILED) were written and every child process was stopped.
+        KeyboardInterrupt: Ctrl-C or SIGTERM (:class:`quantverdict.procs.Interrupted`), after the record
+            (status interrupted, the stage it stopped in, no traceback) and the MLflow run (KILLED) were written
+            and every child process was stopped.
     """
     job = Job(cfg, out_dir)
     rec = job.record
@@ -137,6 +141,11 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     try:
         _run(job)
         rec.status = "ok"
+    except KeyboardInterrupt as exc:  # stopped from outside (Ctrl-C, SIGTERM): not a failure of the job
+        rec.status = "interrupted"
+        rec.error = f"interrupted by {procs.interrupt_signal(exc)}"
+        log.warning("job %s %s in stage %s; its processes are stopped", rec.job["id"], rec.error, rec.failed_stage)
+        raise
     except BaseException as exc:
         rec.status = "failed"
         rec.error = f"{type(exc).__name__}: {exc}"
@@ -374,14 +383,45 @@ def _materialize(
     """The cached model folder of ``model_cfg``, materialized first if absent, damaged or from another source.
 
     Two jobs of parallel grids asking for the same model wait for each other on a file lock next to the
-    cache entry (``cache/models/.<name>.lock``): one builds it, the other then finds it complete.
+    cache entry (``cache/models/.<name>.lock``, :func:`exclusive_lock`): one builds it, the other then finds it
+    complete. The lock file is removed when the lock is released, whether the model was built or not.
+    """
+    (cache / "models").mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(cache / "models" / f".{model_cfg.name}.lock"):
+        return _materialize_locked(model_cfg, env, cache, out, st, extra)
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the ``with`` block; the file is removed on release.
+
+    The file is unlinked while still locked, so a waiter that then gets the lock holds a file no longer at
+    ``path``: it sees that (its descriptor's inode differs from the path's, or the path is gone) and locks the
+    file now at ``path`` instead. So one holder at a time, and no lock file left behind by a job that failed,
+    was interrupted or finished (a killed process's lock is released by the kernel; only its empty file would
+    stay, and the next holder removes it).
     """
     import fcntl
 
-    (cache / "models").mkdir(parents=True, exist_ok=True)
-    with open(cache / "models" / f".{model_cfg.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _materialize_locked(model_cfg, env, cache, out, st, extra)
+    while True:
+        fh = open(path, "a")  # noqa: SIM115 - closed below or after the block
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            fh.close()
+            raise
+        if current:
+            break
+        fh.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fh.close()
 
 
 def _materialize_locked(
@@ -495,8 +535,13 @@ def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cac
                 "evaluation and the speed sweep"
             )
         with job.stage("evaluate") as st:
+            try:
+                result = _evaluate(cfg, env, model_path, cache, out, job.dtypes["evaluate"].dtype, server=server)
+            except Exception:
+                server.check_alive(" during the evaluation", wait_s=15)  # a dead server is the cause, if it died
+                raise
             rec.accuracy = {
-                **_evaluate(cfg, env, model_path, cache, out, job.dtypes["evaluate"].dtype, server=server),
+                **result,
                 "backend": "server",
                 "served_model": server.served_model_name,
             }
@@ -582,6 +627,7 @@ def _sweep(job: Job, server: VLLMServer, env: StageEnv, model_path: str) -> None
 
     Raises:
         RuntimeError: a sweep point completed no request (the points stay in the record, flagged).
+        quantverdict.stages.serve.ServerError: the server died (the message quotes the root cause from its log).
     """
     from quantverdict.stages.benchmark import run_sweep
 
@@ -589,9 +635,12 @@ def _sweep(job: Job, server: VLLMServer, env: StageEnv, model_path: str) -> None
     rec.speed["points"] = run_sweep(server, job.cfg.bench, model_path, env, job.out_dir / "bench")
     dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
     if dead:
+        server.check_alive(" during the sweep", wait_s=15)  # a server that died under load says so, and why
+        cause = procs.log_root_cause(server.log_path)
         raise RuntimeError(
-            f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors "
-            f"(see {server.log_path}); the points are kept in the record, flagged invalid"
+            f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors"
+            f"{' (' + cause + ')' if cause else ''} (see {server.log_path}); the points are kept in the record, "
+            "flagged invalid"
         )
 
 

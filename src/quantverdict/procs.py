@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -131,10 +132,122 @@ def _forget(proc: subprocess.Popen[bytes]) -> None:
         _LIVE.discard(proc)
 
 
+class Interrupted(KeyboardInterrupt):
+    """The job was stopped from outside by ``signum`` (SIGINT: Ctrl-C, SIGTERM: a kill); not a failure of its own.
+
+    Attributes:
+        signum: the signal's number; :attr:`exit_code` is the shell's ``128 + signum`` (130 for SIGINT).
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"received signal {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def interrupt_signal(exc: BaseException) -> str:
+    """The signal name of an interruption: that of an :class:`Interrupted`, SIGINT for a plain KeyboardInterrupt."""
+    return exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
+
+
 def install_signal_handlers() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so that cleanup (``finally``) runs as for Ctrl-C."""
+    """Turn SIGINT and SIGTERM into :class:`Interrupted` (a KeyboardInterrupt) so that cleanup (``finally``) runs
+    as for Ctrl-C, and the job is recorded as interrupted by that signal."""
 
     def _raise(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"received signal {signal.Signals(signum).name}")
+        raise Interrupted(signum)
 
     signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, _raise)
+
+
+# vLLM prefixes every line of a child process with "(<process name> pid=<pid>) " and its own log lines with
+# "<LEVEL> <mm-dd hh:mm:ss> [<file>:<line>] "
+_PROC_PREFIX = re.compile(r"^\((?P<proc>[^()]+?) pid=\d+\)\s*")
+_LEVEL_PREFIX = re.compile(
+    r"^(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s*"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# the last line of a Python traceback: "[module.]Name[Error|Exception|...][: message]", or a bare "Exception"
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure)(?::\s.*)?$")
+# errors that only point elsewhere ("See root cause above"): vLLM's API-server side of an engine failure
+_WRAPPER = re.compile(r"root cause|stack trace \(above\)|EngineDeadError|EngineGenerateError", re.IGNORECASE)
+# processes whose error is the cause rather than its echo: vLLM's engine core and its workers
+_CAUSE_PROCS = re.compile(r"EngineCore|Worker", re.IGNORECASE)
+# printed at interpreter exit after the real error: nanobind's leak report (xgrammar's bindings), the
+# multiprocessing resource tracker's leaked-semaphore warning
+SHUTDOWN_NOISE = re.compile(
+    r"nanobind: |^\s*- leaked (?:instance|type|function)|resource_tracker|leaked semaphore|^\s*warnings\.warn\("
+)
+
+
+def _log_lines(text: str) -> list[tuple[str, str]]:
+    """``(process name, message)`` per non-empty line, vLLM's prefixes and colour codes removed."""
+    out = []
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw).rstrip()
+        m = _PROC_PREFIX.match(line)
+        proc = m.group("proc") if m else ""
+        msg = _LEVEL_PREFIX.sub("", line[m.end() :] if m else line).strip()
+        if msg:
+            out.append((proc, msg))
+    return out
+
+
+def root_cause(text: str) -> str | None:
+    """The line of a child's log that says why it failed, or None.
+
+    That is the last exception line (``NotImplementedError: ...``, ``torch.OutOfMemoryError: ...``: the
+    last line of a Python traceback), preferring, in this order: one raised in vLLM's engine core or a
+    worker (``(EngineCore_DP0 pid=..)``, ``(Worker pid=..)``) that does not merely point elsewhere; any
+    other that does not point elsewhere (``EngineDeadError``, "See root cause above" are vLLM's API
+    server echoing the engine's failure); any exception line. Shutdown noise printed after the error
+    (:data:`SHUTDOWN_NOISE`: ``nanobind: leaked ...``) is skipped, and vLLM's line prefixes removed.
+
+    Args:
+        text: the log (stdout + stderr of the child).
+
+    Returns:
+        The exception line, at most 500 characters; None when the log holds none.
+    """
+    found = [
+        (proc, msg) for proc, msg in _log_lines(text) if _EXCEPTION_LINE.match(msg) and not SHUTDOWN_NOISE.search(msg)
+    ]
+    for keep in (
+        lambda p, m: bool(_CAUSE_PROCS.search(p)) and not _WRAPPER.search(m),
+        lambda p, m: not _WRAPPER.search(m),
+        lambda p, m: True,
+    ):
+        picked = [m for p, m in found if keep(p, m)]
+        if picked:
+            return picked[-1][:500]
+    return None
+
+
+def clean_tail(text: str, lines: int = 12) -> str:
+    """The last ``lines`` lines of a log without :data:`SHUTDOWN_NOISE` (vLLM's prefixes kept)."""
+    kept = [line.rstrip() for line in text.splitlines() if line.strip() and not SHUTDOWN_NOISE.search(line)]
+    return "\n".join(kept[-lines:])
+
+
+def read_log(path: Path, max_bytes: int = 4 * 2**20) -> str:
+    """The last ``max_bytes`` of a log file as text; '' when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - max_bytes))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def log_root_cause(path: Path) -> str | None:
+    """:func:`root_cause` of the log file at ``path`` (its last 4 MiB); None when unreadable or none."""
+    return root_cause(read_log(path))

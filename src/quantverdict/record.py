@@ -27,7 +27,7 @@ def now_iso() -> str:
 
 @dataclass
 class StageInfo:
-    status: str = "pending"  # pending | running | ok | failed | skipped | cached
+    status: str = "pending"  # pending | running | ok | failed | interrupted | skipped | cached
     wall_s: float | None = None
     detail: str = ""
 
@@ -39,7 +39,7 @@ class Record:
     schema_version: int = RECORD_SCHEMA_VERSION
     tool: dict[str, str] = field(default_factory=lambda: {"name": "quantverdict", "version": __version__})
     environment: dict[str, Any] = field(default_factory=dict)
-    status: str = "running"  # running | ok | failed
+    status: str = "running"  # running | ok | failed | interrupted (stopped from outside: Ctrl-C, SIGTERM)
     failed_stage: str | None = None
     error: str | None = None
     traceback: str | None = None

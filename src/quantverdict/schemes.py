@@ -20,10 +20,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantverdict.config import ConfigError, SchemeConfig
+from quantverdict.config import ConfigError, SchemeConfig, closest
 
 # config.json keys that describe a Llama-like decoder's Linear layers
 DIM_KEYS = (
@@ -161,23 +162,199 @@ def _weight_args(node: Any) -> list[dict[str, Any]]:
     return found
 
 
-def check_recipe(scheme: SchemeConfig) -> None:
-    """The recipe's weight args agree with ``scheme.weight_bits`` and ``scheme.symmetric``.
+@dataclass(frozen=True)
+class Format:
+    """What a scheme label fixes: bits, the weights' number type, symmetry and group sizes vLLM can serve.
 
-    Both are reported in records and used by the memory formula, so a recipe that says otherwise
-    would mislabel the checkpoint. Preset schemes (``scheme: W8A8``) have no weight args to check.
+    Attributes:
+        weight_bits, activation_bits: bits per weight / activation element (16: not quantized).
+        weight_type: compressed-tensors ``QuantizationType`` of the weights (``int``, ``float``); None for BF16.
+        symmetric_only: vLLM takes only symmetric weights (no zero point) for this format.
+        group_sizes: integer ``group_size`` values vLLM's kernels take; () means per-channel only.
+        strategies: compressed-tensors weight ``strategy`` values vLLM selects a kernel for.
+        presets: compressed-tensors preset scheme names (``scheme: W8A8`` in a recipe) of this format,
+            each with the ``symmetric`` it sets.
+    """
 
-    Raises:
-        ConfigError: naming the recipe value and the scheme key it contradicts.
+    weight_bits: int
+    activation_bits: int
+    weight_type: str | None
+    symmetric_only: bool
+    group_sizes: tuple[int, ...]
+    strategies: tuple[str, ...]
+    presets: tuple[tuple[str, bool], ...]
+
+
+# Sources: vLLM 0.32.0 (the serve environment), model_executor/layers/quantization/compressed_tensors/
+# compressed_tensors.py (scheme selection: _is_wNa16_group_channel takes channel or group weights without
+# activations; _is_dynamic_token_w8a8 / _is_static_tensor_w8a8 take 8-bit tensor or channel weights,
+# "Only symmetric weight quantization supported"; _is_fp8_w8a8 takes symmetric float tensor/channel/block
+# weights), utils/marlin_utils.py (MARLIN_SUPPORTED_GROUP_SIZES = [-1, 32, 64, 128]; zero points with 4-bit
+# weights), utils/machete_utils.py (zero points with uint4/uint8 on Hopper) and kernels/linear/mixed_precision/
+# cpu.py (CPUWNA16: uint4 / uint4b8, even group sizes); the presets: compressed-tensors 0.19
+# quantization/quant_scheme.py (PRESET_SCHEMES; W8A8 and its alias INT8 are symmetric per-channel int8,
+# FP8_DYNAMIC symmetric per-channel float8) as llm-compressor 0.14 applies them.
+FORMATS: dict[str, Format] = {
+    "BF16": Format(16, 16, None, False, (), (), ()),
+    "W4A16": Format(4, 16, "int", False, (32, 64, 128), ("group", "channel"), (("W4A16", True), ("W4A16_ASYM", False))),
+    "W8A16": Format(8, 16, "int", False, (32, 64, 128), ("group", "channel"), (("W8A16", True),)),
+    "W8A8": Format(8, 8, "int", True, (), ("channel", "tensor"), (("W8A8", True), ("INT8", True))),
+    "FP8_DYNAMIC": Format(8, 8, "float", True, (), ("channel", "tensor"), (("FP8_DYNAMIC", True),)),
+}
+
+
+def _activation_args(node: Any) -> list[dict[str, Any]]:
+    """Every ``input_activations: {...}`` block of a recipe."""
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "input_activations" and isinstance(value, dict):
+                found.append(value)
+            else:
+                found.extend(_activation_args(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_activation_args(value))
+    return found
+
+
+def _presets(node: Any) -> list[str]:
+    """Every preset scheme name (``scheme: W8A8``) of a recipe's modifiers."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "scheme" and isinstance(value, str):
+                found.append(value)
+            else:
+                found.extend(_presets(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_presets(value))
+    return found
+
+
+def recipe_errors(scheme: SchemeConfig) -> list[str]:
+    """Where the recipe contradicts the scheme's fields (``weight_bits``, ``activation_bits``, ``symmetric``,
+    ``label``), one message per contradiction, naming the recipe value and the scheme key.
+
+    Both bits and symmetry are reported in records and used by the memory formula, so a recipe that says
+    otherwise would mislabel the checkpoint. A preset (``scheme: W8A8``) must be one of the label's
+    :attr:`Format.presets`, with the same symmetry.
     """
     errors = []
-    for args in _weight_args(_plain(scheme.recipe)):
+    recipe = _plain(scheme.recipe)
+    fmt = FORMATS.get(scheme.label)
+    for args in _weight_args(recipe):
         if "num_bits" in args and int(args["num_bits"]) != scheme.weight_bits:
             errors.append(f"recipe weights num_bits={args['num_bits']} but scheme.weight_bits={scheme.weight_bits}")
         if "symmetric" in args and bool(args["symmetric"]) != scheme.symmetric:
             errors.append(f"recipe weights symmetric={args['symmetric']} but scheme.symmetric={scheme.symmetric}")
+        if fmt and fmt.weight_type and "type" in args and args["type"] != fmt.weight_type:
+            errors.append(
+                f"recipe weights type={args['type']!r} but scheme.label={scheme.label} has {fmt.weight_type} weights"
+            )
+        if fmt and fmt.strategies and "strategy" in args and args["strategy"] not in fmt.strategies:
+            errors.append(
+                f"recipe weights strategy={args['strategy']!r} is not one vLLM serves for {scheme.label}; allowed: "
+                f"{', '.join(fmt.strategies)}{closest(str(args['strategy']), fmt.strategies)}"
+            )
+        gs = args.get("group_size")
+        if fmt and isinstance(gs, int) and not isinstance(gs, bool) and gs not in fmt.group_sizes:
+            errors.append(
+                f"recipe weights group_size={gs} is not one vLLM serves for {scheme.label}; allowed: "
+                f"{', '.join(map(str, fmt.group_sizes)) or 'none (per-channel only)'}"
+            )
+    acts = _activation_args(recipe)
+    for args in acts:
+        if "num_bits" in args and int(args["num_bits"]) != scheme.activation_bits:
+            errors.append(
+                f"recipe input_activations num_bits={args['num_bits']} but scheme.activation_bits={scheme.activation_bits}"
+            )
+    if _weight_args(recipe) and not acts and scheme.activation_bits != 16:
+        errors.append(
+            f"recipe quantizes weights only (no input_activations) but scheme.activation_bits={scheme.activation_bits}"
+        )
+    if fmt:
+        allowed = dict(fmt.presets)
+        for preset in _presets(recipe):
+            if preset not in allowed:
+                names = list(allowed) or ["none (no quantization)"]
+                errors.append(
+                    f"recipe scheme={preset!r} is not a {scheme.label} preset; allowed: {', '.join(names)}"
+                    f"{closest(preset, list(allowed))}"
+                )
+            elif allowed[preset] != scheme.symmetric:
+                errors.append(
+                    f"recipe scheme={preset!r} has symmetric={allowed[preset]} but scheme.symmetric={scheme.symmetric}"
+                )
+    return errors
+
+
+def check_recipe(scheme: SchemeConfig) -> None:
+    """The recipe agrees with the scheme's fields (:func:`recipe_errors`).
+
+    Raises:
+        ConfigError: naming the recipe value and the scheme key it contradicts.
+    """
+    errors = recipe_errors(scheme)
     if errors:
         raise ConfigError(f"scheme {scheme.name!r}: " + "; ".join(errors))
+
+
+def scheme_errors(scheme: SchemeConfig) -> list[str]:
+    """Fields that the scheme's format fixes, checked against what llm-compressor and vLLM accept.
+
+    ``scheme.label`` (:data:`FORMATS`) fixes ``weight_bits`` and ``activation_bits``; ``method: none`` is
+    the BF16 baseline and only it; W8A8 and FP8_DYNAMIC weights must be symmetric (vLLM selects no kernel
+    for zero points there); an integer ``group_size`` (and every ``group_size_candidates`` entry) must be
+    one vLLM's kernels take (32, 64, 128; W8A8 and FP8_DYNAMIC are per-channel only); the recipe must agree
+    (:func:`recipe_errors`). Sources: see :data:`FORMATS`.
+
+    Returns:
+        One message per problem, naming the key, the allowed values and the closest match; [] when valid.
+    """
+    errors: list[str] = []
+    labels = list(FORMATS)
+    fmt = FORMATS.get(scheme.label)
+    if fmt is None:
+        return [
+            f"scheme.label={scheme.label!r} is not allowed; allowed: {', '.join(labels)}{closest(scheme.label, labels)}"
+        ]
+    for key, want in (("weight_bits", fmt.weight_bits), ("activation_bits", fmt.activation_bits)):
+        have = getattr(scheme, key)
+        if have != want:
+            errors.append(
+                f"scheme.{key}={have} does not fit scheme.label={scheme.label}, which fixes it; allowed: {want}"
+            )
+    if (scheme.method == "none") != (scheme.label == "BF16"):
+        errors.append(
+            f"scheme.method={scheme.method!r} with scheme.label={scheme.label}: method none is the unquantized BF16 "
+            "baseline and only it; a quantized label needs rtn, gptq, awq or smoothquant_gptq"
+        )
+    if scheme.method == "none" and scheme.recipe:
+        errors.append("scheme.method=none quantizes nothing, but scheme.recipe is not empty; set scheme.recipe={}")
+    if fmt.symmetric_only and not scheme.symmetric:
+        errors.append(
+            f"scheme.symmetric=false: vLLM serves {scheme.label} weights only symmetric (no zero point); allowed: true"
+        )
+    if scheme.label != "BF16":
+        gs = str(scheme.group_size)
+        if not fmt.group_sizes and gs != "channel":
+            errors.append(f"scheme.group_size={gs!r}: {scheme.label} has per-channel weight scales; allowed: channel")
+        elif gs.isdigit() and int(gs) not in fmt.group_sizes:
+            allowed = ", ".join(["auto", "channel", *map(str, fmt.group_sizes)])
+            errors.append(
+                f"scheme.group_size={gs}: vLLM's {scheme.label} kernels take group sizes {list(fmt.group_sizes)}; "
+                f"allowed: {allowed}"
+            )
+        if gs == "auto":
+            bad = [g for g in scheme.group_size_candidates if g not in fmt.group_sizes]
+            if bad:
+                errors.append(
+                    f"scheme.group_size_candidates={list(scheme.group_size_candidates)}: {bad} not taken by vLLM's "
+                    f"{scheme.label} kernels; allowed: {list(fmt.group_sizes)}"
+                )
+    return errors + recipe_errors(scheme)
 
 
 # modifiers that only transform weights using calibration activations (no quantization of their own)

@@ -118,6 +118,14 @@ def experiment_id(client: Any, cfg: TrackingConfig) -> str:
         return str(exp.experiment_id)
 
 
+def run_status(status: str) -> str:
+    """MLflow's run status for a job's or stage's status: FINISHED (ok, cached, skipped), KILLED (interrupted:
+    stopped from outside), FAILED (anything else)."""
+    if status in ("ok", "cached", "skipped"):
+        return "FINISHED"
+    return "KILLED" if status == "interrupted" else "FAILED"
+
+
 class Tracker:
     """The MLflow side of one job. Every method is a no-op when tracking is disabled."""
 
@@ -152,10 +160,10 @@ class Tracker:
         from mlflow.entities import Metric
 
         self.client.log_batch(cid, metrics=[Metric(k, v, ts, 0) for k, v in vals.items()])
-        self.client.set_terminated(cid, "FINISHED" if status in ("ok", "cached", "skipped") else "FAILED")
+        self.client.set_terminated(cid, run_status(status))
 
     def finish(self, record: dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
-        """Log params, metrics and artifacts of the job, then end its run FINISHED or FAILED.
+        """Log params, metrics and artifacts of the job, then end its run FINISHED, KILLED or FAILED (:func:`run_status`).
 
         ``artifacts`` inside ``out_dir`` keep their sub-folder (``eval/samples_arc_easy.jsonl``).
         """
@@ -187,7 +195,7 @@ class Tracker:
                     sub = path.parent.relative_to(out_dir).as_posix() if path.parent != out_dir else None
                     self.client.log_artifact(self.run_id, str(path), sub if sub and sub != "." else None)
         finally:
-            self.client.set_terminated(self.run_id, "FINISHED" if record["status"] == "ok" else "FAILED")
+            self.client.set_terminated(self.run_id, run_status(record["status"]))
 
 
 def _speed_by_label(speed: dict[str, Any]) -> dict[str, Any]:

@@ -72,13 +72,32 @@ def test_sigterm_to_the_orchestrator_stops_everything(tmp_path: Path, stage_envs
     assert pids_matching("quantverdict.stages.vllm_cli serve")
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 143  # 128 + SIGTERM
     (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
-    assert rec["status"] == "failed" and rec["failed_stage"] == "benchmark"
-    assert "SIGTERM" in rec["error"]
+    assert rec["status"] == "interrupted" and rec["failed_stage"] == "benchmark"  # stopped from outside
+    assert rec["error"] == "interrupted by SIGTERM"
     assert len(rec["speed"]["points"]) >= 1  # finished sweep points are kept
-    assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "FAILED"}
+    assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
     wait_for(lambda: not pids_matching("quantverdict.stages.vllm_cli"), 30, "the server and client to be gone")
+
+
+def test_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+    port = "8793"
+    cmd = command(tmp_path, "scheme=bf16", *TINY, f"bench.server.port={port}", "eval.enabled=false")
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: pids_matching(f"--port {port}"), 600, "the vLLM server to start")  # in stage benchmark
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in out + err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGINT: stopped; what finished is kept in the record"
+    (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
+    assert rec["status"] == "interrupted" and rec["failed_stage"] == "benchmark"
+    assert rec["error"] == "interrupted by SIGINT" and rec["traceback"] is None
+    assert rec["stages"]["benchmark"]["status"] == "interrupted" and rec["stages"]["quantize"]["status"] == "skipped"
+    assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
+    wait_for(lambda: not pids_matching(f"--port {port}") and not pids_matching(str(tmp_path)), 30, "no child left")
 
 
 def test_server_killed_mid_sweep_keeps_finished_points(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:

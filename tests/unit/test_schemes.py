@@ -327,3 +327,71 @@ def test_resolve_extra_ignore_appends_to_every_ignore_list() -> None:
     qwen = ["re:.*linear_attn.*", "re:.*visual.*", "re:.*embed_tokens$"]
     got = resolve_recipe(load_scheme("gptq"), SMOLLM2, extra_ignore=qwen)
     assert got["quant_stage"]["quant_modifiers"]["GPTQModifier"]["ignore"] == ["lm_head", *qwen]
+
+
+# --- fields the scheme's format fixes (issue 18, item 3) -----------------------------------------------
+
+
+def _config_error(*overrides: str) -> str:
+    from quantverdict.settings import compose
+
+    with pytest.raises(ConfigError) as err:
+        compose(list(overrides))
+    return str(err.value)
+
+
+def test_bits_the_label_fixes_are_refused_before_any_work() -> None:
+    # BF16 is 16-bit weights and activations; W4A16 (awq) fixes 4-bit weights, and its recipe says 4 too
+    assert "scheme.weight_bits=3 does not fit scheme.label=BF16, which fixes it; allowed: 16" in _config_error(
+        "scheme.weight_bits=3"
+    )
+    msg = _config_error("scheme=awq", "scheme.weight_bits=3")
+    assert "scheme.weight_bits=3 does not fit scheme.label=W4A16, which fixes it; allowed: 4" in msg
+    assert "recipe weights num_bits=4 but scheme.weight_bits=3" in msg
+    assert "scheme.activation_bits=8 does not fit scheme.label=W8A16, which fixes it; allowed: 16" in _config_error(
+        "scheme=int8", "scheme.activation_bits=8"
+    )
+
+
+def test_unknown_label_names_the_allowed_ones_and_the_closest() -> None:
+    msg = _config_error("scheme=gptq", "scheme.label=W4A61")
+    assert (
+        "scheme.label='W4A61' is not allowed; allowed: BF16, W4A16, W8A16, W8A8, FP8_DYNAMIC (did you mean 'W4A16'?)"
+        in msg
+    )
+
+
+def test_symmetry_and_group_sizes_vllm_requires() -> None:
+    # vLLM's int8 W8A8 kernels take symmetric weights only; the w8a8 recipe's preset W8A8 is symmetric
+    msg = _config_error("scheme=w8a8", "scheme.symmetric=false")
+    assert "scheme.symmetric=false: vLLM serves W8A8 weights only symmetric (no zero point); allowed: true" in msg
+    assert "recipe scheme='W8A8' has symmetric=True but scheme.symmetric=False" in msg
+    # Marlin takes group sizes 32, 64, 128 (and per-channel); 96 is none of them
+    assert (
+        "scheme.group_size=96: vLLM's W4A16 kernels take group sizes [32, 64, 128]; allowed: auto, channel, 32, 64, 128"
+        in (_config_error("scheme=gptq", "scheme.group_size=96"))
+    )
+    assert "scheme.group_size='128': FP8_DYNAMIC has per-channel weight scales; allowed: channel" in _config_error(
+        "scheme=fp8", "scheme.group_size=128"
+    )
+    assert "scheme.group_size_candidates=[256, 64]: [256] not taken" in _config_error(
+        "scheme=awq", "scheme.group_size_candidates=[256,64]"
+    )
+
+
+def test_method_none_is_the_baseline_only() -> None:
+    msg = _config_error("scheme=int8", "scheme.method=none")
+    assert (
+        "scheme.method='none' with scheme.label=W8A16: method none is the unquantized BF16 baseline and only it" in msg
+    )
+    assert "scheme.method=none quantizes nothing, but scheme.recipe is not empty" in msg
+
+
+def test_recipe_preset_of_another_format_is_refused() -> None:
+    msg = _config_error(
+        "scheme=fp8", "scheme.recipe.quant_stage.quant_modifiers.QuantizationModifier.scheme=FP8_DYNAMC"
+    )
+    assert (
+        "recipe scheme='FP8_DYNAMC' is not a FP8_DYNAMIC preset; allowed: FP8_DYNAMIC (did you mean 'FP8_DYNAMIC'?)"
+        in msg
+    )

@@ -99,11 +99,21 @@ def bench_command(
     return cmd
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").rstrip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+def _tail(path: Path, lines: int = 20) -> str:
+    return procs.clean_tail(procs.read_log(path), lines) or "(empty log)"
+
+
+def client_failure(server: VLLMServer, point: str, rc: int | None, client_log: Path) -> str:
+    """Why a point's client failed, root cause first: the client's own error line
+    (:func:`quantverdict.procs.root_cause`) and, when the server's log holds one, the server's.
+
+    Call :meth:`VLLMServer.check_alive` first: a server that died is reported as such.
+    """
+    client = procs.log_root_cause(client_log)
+    served = procs.log_root_cause(server.log_path)
+    why = f"{client or 'no error line in its log'}" + (f"; the server's log says: {served}" if served else "")
+    how = f"exit code {rc}" if rc is not None else "no result file"
+    return f"vllm bench serve failed for point {point}: {why} ({how}; log: {client_log})\n{_tail(client_log)}"
 
 
 def run_sweep(
@@ -131,7 +141,8 @@ def run_sweep(
 
     Raises:
         BenchmarkError: a point's client failed or timed out (finished points stay in sweep.jsonl).
-        quantverdict.stages.serve.ServerError: the server died during the sweep.
+        quantverdict.stages.serve.ServerError: the server died during the sweep (the message quotes the
+            root cause from its log).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     points = sweep.plan(bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats)
@@ -147,7 +158,7 @@ def run_sweep(
         bench_cfg.output_len,
     )
     for i, point in enumerate(points, 1):
-        server.check_alive()
+        server.check_alive(" during the sweep" if i > 1 else "")
         result_file = out_dir / f"{point.name}.json"
         client_log = out_dir / f"{point.name}.log"
         result_file.unlink(missing_ok=True)
@@ -162,11 +173,8 @@ def run_sweep(
                 f"(client log: {client_log})"
             ) from exc
         if rc != 0 or not result_file.is_file():
-            server.check_alive()
-            raise BenchmarkError(
-                f"vllm bench serve failed for point {point.name} (exit code {rc}; log: {client_log}):\n"
-                f"{_tail(client_log)}"
-            )
+            server.check_alive(f" during sweep point {point.name}", wait_s=15)
+            raise BenchmarkError(client_failure(server, point.name, rc, client_log))
         warmups = bench_cfg.warmup_prompts if "--num-warmups" in flags else 0
         parsed = sweep.parse_result(
             json.loads(result_file.read_text()),

@@ -34,7 +34,8 @@ def run_stage(
     SIGTERM. Files: ``workdir/<stage>.spec.json``, ``<stage>.result.json``, ``<stage>.log``.
 
     Raises:
-        StageError: the child reported a failure, or died without writing a result.
+        StageError: the child reported a failure (its exception line), or died without writing a result (the
+            root cause from its log, :func:`quantverdict.procs.root_cause`, when there is one).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / f"{stage}.spec.json"
@@ -47,7 +48,10 @@ def run_stage(
     rc = procs.wait(proc, timeout_s)
     if not result_path.exists():
         how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
-        raise StageError(stage, f"the child process died without a result ({how})", log_path=log_path)
+        cause = procs.log_root_cause(log_path)
+        raise StageError(
+            stage, f"the child process died without a result ({how}){': ' + cause if cause else ''}", log_path=log_path
+        )
     result: dict[str, Any] = json.loads(result_path.read_text())
     if result.get("status") != "ok":
         raise StageError(stage, str(result.get("error")), result.get("traceback"), log_path)

@@ -113,12 +113,9 @@ def _describe_pid(pid: int) -> str:
     return f"pid {pid}: {cmd.strip()[:160]}"
 
 
-def _log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+def _log_tail(path: Path, lines: int = 12) -> str:
+    """The last ``lines`` lines of the server log, shutdown noise left out (:func:`quantverdict.procs.clean_tail`)."""
+    return procs.clean_tail(procs.read_log(path), lines) or "(empty log)"
 
 
 def _http_json(url: str, timeout_s: float = 5.0) -> Any:
@@ -306,10 +303,7 @@ class VLLMServer:
         while True:
             rc = self._proc.poll()
             if rc is not None:
-                raise ServerError(
-                    f"the vLLM server exited with code {rc} during start-up (log: {self.log_path}):\n"
-                    f"{_log_tail(self.log_path)}"
-                )
+                raise ServerError(self._death(rc, " during start-up"))
             if _http_ok(url):
                 return
             if time.monotonic() - t0 > timeout:
@@ -344,15 +338,42 @@ class VLLMServer:
                 f"the server on port {self.port} serves {models}, not {self.served_model_name!r} (log: {self.log_path})"
             )
 
-    def check_alive(self) -> None:
-        """Raise :class:`ServerError` (with the log tail) if the server process has exited."""
+    def check_alive(self, when: str = "", wait_s: float = 0.0) -> None:
+        """Raise :class:`ServerError` if the server process has ended: it died, since only :meth:`stop` ends it.
+
+        Args:
+            when: where the job was, for the message (e.g. ``" during the sweep"``).
+            wait_s: when its log already holds an error (:func:`quantverdict.procs.root_cause`), wait up to this
+                long for the process to end: vLLM's API server shuts down a few seconds after its engine died,
+                and a client that failed meanwhile should report the death, not its own connection error.
+
+        Raises:
+            ServerError: the first line says that the server died and quotes the root cause from its log; the
+                exit code follows (0 is the API server's orderly exit after its engine failed), then the
+                log's last lines without shutdown noise.
+        """
         if self._proc is None:
             raise ServerError("the vLLM server is not running")
         rc = self._proc.poll()
+        if rc is None and wait_s > 0 and procs.log_root_cause(self.log_path):
+            deadline = time.monotonic() + wait_s
+            while rc is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                rc = self._proc.poll()
         if rc is not None:
-            raise ServerError(
-                f"the vLLM server exited with code {rc} (log: {self.log_path}):\n{_log_tail(self.log_path)}"
-            )
+            raise ServerError(self._death(rc, when))
+
+    def _death(self, rc: int, when: str) -> str:
+        """The message for a server process that ended by itself with return code ``rc``."""
+        cause = procs.log_root_cause(self.log_path)
+        if rc < 0:
+            how = f"killed by signal {-rc}"
+        elif rc == 0:
+            how = "its API server then shut down, exit code 0" if cause else "it stopped by itself, exit code 0"
+        else:
+            how = f"exit code {rc}"
+        head = f"the vLLM server died{when}: {cause}" if cause else f"the vLLM server died{when}, no error in its log"
+        return f"{head} ({how}; log: {self.log_path})\nlast lines of the log:\n{_log_tail(self.log_path)}"
 
     # -- results ---------------------------------------------------------------------------
     @property
