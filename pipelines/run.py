@@ -53,6 +53,10 @@ def main(dcfg: DictConfig) -> None:
         record = run_job(cfg, out_dir)
     except KeyboardInterrupt:
         raise
+    except ConfigError:  # refused before any expensive work (preflight, cpu_check): bad input for this machine
+        if not multirun:
+            sys.exit(EXIT_BAD_INPUT)
+        return
     except Exception:
         if not multirun:
             sys.exit(1)
