@@ -25,7 +25,7 @@ from quantverdict.stages.serve import port_is_free
 
 from clihelp import command, pids_matching, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PORT = 8795  # apart from the other integration tests' servers (8765, 8777, 8791, 8793)
 TASKS = ("arc_easy", "piqa")

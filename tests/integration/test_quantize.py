@@ -22,7 +22,7 @@ from quantverdict.schemes import read_dims, resolve_recipe
 from quantverdict.stages.memory import expected_bits
 from quantverdict.stages.runner import run_stage
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 # small calibration: the test checks the pipeline, format and sizes, not the accuracy of the scales.
