@@ -122,7 +122,6 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     check, the per-load summary) with this checkout's parser, so a parser fix applies to finished runs."""
     from quantverdict import vllm_log
     from quantverdict.pipeline import speed_validity
-
     from quantverdict.record import mark_interrupted
 
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished

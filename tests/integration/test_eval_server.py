@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 
+from clihelp import command, pids_matching, run_cli
 from quantverdict.record import find_records, load
 from quantverdict.settings import PROJECT_ROOT
 from quantverdict.stages.serve import port_is_free
-
-from clihelp import command, pids_matching, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from review_records import grid
 
 from pipelines.review import compose_review, main
 from quantverdict.config import ConfigError, ReviewConfig, TrackingConfig
 from quantverdict.hydra_callbacks import GridSummary, run_grid_review
+from review_records import grid
 
 
 def write_grid(root: Path, records: list[dict], uri: str = "") -> Path:

@@ -20,10 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from review_records import grid
 
 from quantverdict.config import ReviewConfig
 from quantverdict.review import build_review, write_review
+from review_records import grid
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 WINDOW = (1280, 2400)  # px: the screenshot's and the DOM dump's window

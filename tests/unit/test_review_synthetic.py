@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from review_records import grid, synthetic_grid, synthetic_record
 
 from quantverdict.config import ReviewConfig
 from quantverdict.review import build_review, write_review
 from quantverdict.review.render import blocks, to_markdown
+from review_records import grid, synthetic_grid, synthetic_record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 NA = "not applicable (random weights)"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from quantverdict.compare import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict import sweep
+from quantverdict.compare import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict.config import ReviewConfig
 from quantverdict.review import stats
 from quantverdict.review.stats import Interval
