@@ -10,7 +10,7 @@ ARGS   ?=
 # near 30 minutes on 2 cores; the scheme files default to 64 x 512
 CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 
-.PHONY: setup browser run test test-unit lint clean-outputs bench-gpu
+.PHONY: setup browser run test test-unit test-browser lint format-check clean-outputs bench-gpu
 
 $(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,11 +38,22 @@ GPU_OUT ?= /tmp/qvgpu
 bench-gpu:
 	PYTHONPATH=/tmp/site_orch:$(CURDIR)/src:$(CURDIR) python3 -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
 
+# the unit tier: no stage child, no browser, no MLflow store, no cache (pyproject.toml: markers)
 test-unit: $(VENV)/.ready
-	$(VPY) -m pytest tests/unit -q
+	$(VPY) -m pytest tests/unit -q -m "not browser"
 
+test-browser: $(VENV)/.ready browser
+	$(VPY) -m pytest tests -q -m browser
+
+# lint rules, types on src/, import contracts: ruff, mypy and import-linter as pinned in
+# requirements/orchestrator.txt and configured in pyproject.toml
 lint: $(VENV)/.ready
-	$(VPY) -m ruff check src pipelines tests && $(VPY) -m ruff format --check src pipelines tests
+	$(VPY) -m ruff check src pipelines tests
+	$(VPY) -m mypy src
+	$(VENV)/bin/lint-imports
+
+format-check: $(VENV)/.ready
+	$(VPY) -m ruff format --check src pipelines tests
 
 clean-outputs:
 	rm -rf outputs/runs outputs/multirun

@@ -122,7 +122,6 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     check, the per-load summary) with this checkout's parser, so a parser fix applies to finished runs."""
     from quantverdict import vllm_log
     from quantverdict.pipeline import speed_validity
-
     from quantverdict.record import mark_interrupted
 
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
@@ -189,11 +188,16 @@ def run_settings(recs: list[dict]) -> list[str]:
             load = bench.get("concurrencies") if bench.get("mode") == "concurrency" else bench.get("rates")
             sweep = (
                 f"bench={bench.get('name', '?')}: {bench.get('mode', '?')} {', '.join(map(str, load or []))}, "
-                f"repeats {bench.get('repeats', 1)}, {bench.get('input_len', '?')} in / {bench.get('output_len', '?')} out"
+                f"repeats {bench.get('repeats', 1)}, "
+                f"{bench.get('input_len', '?')} in / {bench.get('output_len', '?')} out"
             )
         else:
             sweep = "bench disabled"
-        evaluation = f"eval={ev.get('name', '?')} ({ev.get('backend', 'vllm')} backend)" if ev.get("enabled") else "eval disabled"
+        evaluation = (
+            f"eval={ev.get('name', '?')} ({ev.get('backend', 'vllm')} backend)"
+            if ev.get("enabled")
+            else "eval disabled"
+        )
         lines.setdefault(f"{sweep}; {evaluation}", []).append(rec["job"].get("scheme", "?"))
     return [f"{key}: {', '.join(schemes)}" for key, schemes in lines.items()]
 

@@ -38,3 +38,11 @@ def embedded_model(default_cfg: Config, stage_envs: dict[str, StageEnv], tmp_pat
 
     out = tmp_path_factory.mktemp("materialize")
     return _materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/integration is in the integration tier, whether or not its file says so."""
+    integration = Path(__file__).parent / "integration"
+    for item in items:
+        if integration in item.path.parents:
+            item.add_marker(pytest.mark.integration)

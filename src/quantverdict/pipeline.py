@@ -374,6 +374,7 @@ def _model_by_name(root: Path, name: str) -> ModelConfig:
             f"model.synthetic.tokenizer_from={name!r} is not a model config; allowed: {', '.join(names)}"
             f"{closest(name, names)}"
         )
+    # omegaconf's stub types to_object as dict | list | str | None; a structured config returns its dataclass
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))  # type: ignore[return-value]
 
 

@@ -188,8 +188,9 @@ def fit_problems(params: int | None, device: str, resources: MachineResources, c
     if resources.disk_free_bytes is not None and need_disk > resources.disk_free_bytes:
         out.append(
             f"model: {params / 1e9:.2f}B parameters need about {need_disk / GIB:.1f} GiB of disk under "
-            f"paths.cache_root={str(cache_root)!r} (the 16-bit model and a checkpoint), and {resources.disk_free_bytes / GIB:.1f} "
-            "GiB are free there; free space, or point QV_CACHE_ROOT at a larger disk"
+            f"paths.cache_root={str(cache_root)!r} (the 16-bit model and a checkpoint), and "
+            f"{resources.disk_free_bytes / GIB:.1f} GiB are free there; free space, or point QV_CACHE_ROOT at a "
+            "larger disk"
         )
     return out
 

@@ -204,8 +204,8 @@ _DETAILED = ("start_times", "ttfts", "itls", "latencies", "output_lens")
 
 def has_detailed(result: dict[str, Any]) -> bool:
     """True when ``result`` holds the per-request lists of ``--save-detailed``, all of one length."""
-    lists = [result.get(k) for k in _DETAILED]
-    return all(isinstance(v, list) for v in lists) and len({len(v) for v in lists}) == 1  # type: ignore[arg-type]
+    lists = [v for v in (result.get(k) for k in _DETAILED) if isinstance(v, list)]
+    return len(lists) == len(_DETAILED) and len({len(v) for v in lists}) == 1
 
 
 def _successful(result: dict[str, Any]) -> list[int]:
@@ -504,7 +504,7 @@ def load_of(p: dict[str, Any], mode: str) -> float:
     if mode == "concurrency":
         return float(p.get("concurrency") or 0)
     r = p.get("offered_rate_rps")
-    return math.inf if is_inf_rate(r) else float(r)
+    return math.inf if r is None or is_inf_rate(r) else float(r)
 
 
 def spread(values: Sequence[float]) -> dict[str, Any] | None:

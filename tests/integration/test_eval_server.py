@@ -19,13 +19,12 @@ from typing import Any
 
 import pytest
 
+from clihelp import command, pids_matching, run_cli
 from quantverdict.record import find_records, load
 from quantverdict.settings import PROJECT_ROOT
 from quantverdict.stages.serve import port_is_free
 
-from clihelp import command, pids_matching, run_cli
-
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PORT = 8795  # apart from the other integration tests' servers (8765, 8777, 8791, 8793)
 TASKS = ("arc_easy", "piqa")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from clihelp import TINY, command, pids_matching, run_cli
 from quantverdict.record import find_records, load
 from quantverdict.settings import PROJECT_ROOT
-
-from clihelp import TINY, command, pids_matching, run_cli
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ from omegaconf import OmegaConf
 from quantverdict.config import Config, SchemeConfig
 from quantverdict.envs import StageEnv
 from quantverdict.schemes import read_dims, resolve_recipe
-from quantverdict.stages.memory import expected_bits
+from quantverdict.stages.memory import check_against_prediction, checkpoint_memory, expected_bits
 from quantverdict.stages.runner import run_stage
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 # small calibration: the test checks the pipeline, format and sizes, not the accuracy of the scales.
@@ -151,3 +151,28 @@ def test_scheme_checkpoint(results: dict[str, Any], name: str) -> None:
     shapes = SHAPE_BYTES if fmt == "pack-quantized" else 0
     assert mem["total_weight_bytes"] == pytest.approx(KEPT_BYTES + quant_bytes + shapes, rel=1e-6)
     assert mem["bytes_by_role"]["kept_16bit"] == KEPT_BYTES
+
+
+# Predicted checkpoint bytes (stages.memory.check_against_prediction), worked out by hand for SmolLM2-135M:
+# 106,168,320 quantized weights in 155,520 output rows (above); group_size auto = 64 (576 % 128 = 64; 64
+# divides 576 and 1536).
+# W4A16 g64 symmetric: 106,168,320 / 2 = 53,084,160 B + 1,658,880 groups * 2 B = 3,317,760 B -> 56,401,920 B
+# W4A16 g64 asymmetric: + 1,658,880 int4 zero points * 0.5 B = 829,440 B -> 57,231,360 B
+# 8-bit per-channel: 106,168,320 B + 155,520 rows * 2 B = 311,040 B -> 106,479,360 B
+PREDICTED = {  # scheme -> (label, weight_bits, group_size, symmetric, predicted bytes)
+    "gptq": ("W4A16", 4, 64, True, 56_401_920),
+    "awq": ("W4A16", 4, 64, False, 57_231_360),
+    "int8": ("W8A16", 8, None, True, 106_479_360),
+    "w8a8": ("W8A8", 8, None, True, 106_479_360),
+    "fp8": ("FP8_DYNAMIC", 8, None, True, 106_479_360),
+}
+
+
+@pytest.mark.parametrize("name", list(PREDICTED))
+def test_checkpoint_matches_its_prediction(results: dict[str, Any], name: str) -> None:
+    """The checkpoint this module built (was: a unit test that read whatever ~/.cache held, else skipped)."""
+    res, _, _ = results[name]
+    label, bits, group, symmetric, predicted = PREDICTED[name]
+    cmp = check_against_prediction(checkpoint_memory(Path(res["path"])), bits, group, symmetric, scheme=label)
+    assert cmp["predicted_bytes"] == predicted
+    assert abs(cmp["relative_deviation"]) <= 0.10

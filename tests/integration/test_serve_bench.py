@@ -22,7 +22,7 @@ from quantverdict.envs import SRC_DIR, StageEnv
 from quantverdict.stages.benchmark import run_sweep
 from quantverdict.stages.serve import ServerError, VLLMServer, port_is_free
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 4, 64, 16
 

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.record import find_records, load
-
 from clihelp import run_cli
 from conftest import DATA_ROOT
+from quantverdict.record import find_records, load
 
 pytestmark = pytest.mark.integration
 

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from clihelp import run_cli
 from quantverdict.record import find_records, load
 from quantverdict.stages.memory import read_header
-
-from clihelp import run_cli
 
 pytestmark = pytest.mark.integration
 

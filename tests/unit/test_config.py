@@ -9,10 +9,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
+from conftest import DATA_ROOT
 from quantverdict.config import ConfigError, closest, hf_id_problem
 from quantverdict.settings import compose
-
-from conftest import DATA_ROOT
 
 SCHEMES = ["bf16", "awq", "gptq", "int8", "fp8", "w8a8"]
 

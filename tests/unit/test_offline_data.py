@@ -144,7 +144,8 @@ def test_hellaswag_docs(tmp_path: Path) -> None:
 def test_boolq_string_labels(tmp_path: Path) -> None:
     p = tmp_path / "b.jsonl"
     p.write_text(
-        '{"question": "q", "passage": "p", "idx": 0, "label": "true"}\n{"question": "r", "passage": "s", "idx": 1, "label": "false"}\n'
+        '{"question": "q", "passage": "p", "idx": 0, "label": "true"}\n'
+        '{"question": "r", "passage": "s", "idx": 1, "label": "false"}\n'
     )
     assert [d["label"] for d in od.boolq_docs(p)] == [1, 0]
 

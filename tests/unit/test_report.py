@@ -4,9 +4,8 @@ Numbers from :func:`review_records.synthetic_grid` (see the table there)."""
 
 from __future__ import annotations
 
-from review_records import grid, synthetic_grid
-
 from quantverdict.report import format_table
+from review_records import grid, synthetic_grid
 
 
 def section(md: str, heading: str) -> list[str]:

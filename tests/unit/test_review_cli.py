@@ -1,4 +1,5 @@
-"""`python -m pipelines.review` on a folder and on an MLflow experiment; the end-of-grid review."""
+"""`python -m pipelines.review` on a folder, and the end-of-grid review (an MLflow experiment as the
+source: tests/integration/test_mlflow_store.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from review_records import grid
 
 from pipelines.review import compose_review, main
 from quantverdict.config import ConfigError, ReviewConfig, TrackingConfig
 from quantverdict.hydra_callbacks import GridSummary, run_grid_review
+from review_records import grid
 
 
 def write_grid(root: Path, records: list[dict], uri: str = "") -> Path:
@@ -65,58 +66,6 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "missing" / "dir")]) == 2
     assert main([str(tmp_path)]) == 2  # a folder without records
     assert "no record.json" in capsys.readouterr().err
-
-
-def test_mlflow_parent_run_and_experiment_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from mlflow import MlflowClient
-
-    from quantverdict.tracking import Tracker
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    # artifacts under tmp_path (MLflow's default root is ./mlruns in the working directory)
-    MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
-    three = [r for r in grid() if r["job"]["scheme"] in ("bf16", "int8", "gptq")]
-    src = write_grid(tmp_path / "multirun", three, uri)
-    # the job runs, as quantverdict.pipeline logs them (record.json artifact, output_dir tag)
-    for d in sorted(src.iterdir()):
-        rec = json.loads((d / "record.json").read_text())
-        tr = Tracker(TrackingConfig(name="t", uri=uri, experiment="exp"))
-        tr.start(
-            f"m/{rec['job']['scheme']}",
-            {"model": "m", "scheme": rec["job"]["scheme"], "config_hash": "x", "output_dir": str(d)},
-        )
-        tr.finish(rec, d, [d / "record.json"])
-    assert main([str(src)]) == 0  # tracking from the records
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("exp")
-    runs = client.search_runs([exp.experiment_id])
-    reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review"]
-    assert len(reviews) == 1
-    rid = reviews[0].info.run_id
-    assert reviews[0].info.status == "FINISHED"
-    assert reviews[0].data.params["review.memory_budget_gib"] == "24.0"
-    arts = {a.path for a in client.list_artifacts(rid)}
-    assert {"review.md", "review.html", "review.json", "plots"} <= arts
-    jobs = [r for r in runs if "config_hash" in r.data.tags]
-    assert len(jobs) == 3 and all(r.data.tags.get("mlflow.parentRunId") == rid for r in jobs)
-    capsys.readouterr()
-    # the same grid, read back from the experiment
-    out = tmp_path / "from-mlflow"
-    assert (
-        main(
-            [
-                "mlflow:exp",
-                f"tracking.uri={uri}",
-                "tracking.experiment=exp",
-                "review.memory_budget_gib=0.22",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    assert "Deploy gptq (W4A16)." in capsys.readouterr().out
-    assert (out / "review.html").is_file()
 
 
 def test_grid_summary_runs_the_review(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

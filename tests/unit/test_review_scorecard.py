@@ -7,7 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from review_records import DIMS, KV_GIB_16x288, grid, point, record, write_samples
 
 from quantverdict.config import ReviewConfig
 from quantverdict.review import build_review, sources
@@ -19,6 +18,7 @@ from quantverdict.review.scorecard import (
     speed_points,
     speed_summary,
 )
+from review_records import DIMS, KV_GIB_16x288, grid, point, record, write_samples
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=2000)
 GIB = 1024**3

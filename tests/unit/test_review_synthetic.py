@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from review_records import grid, synthetic_grid, synthetic_record
 
 from quantverdict.config import ReviewConfig
 from quantverdict.review import build_review, write_review
 from quantverdict.review.render import blocks, to_markdown
+from review_records import grid, synthetic_grid, synthetic_record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 NA = "not applicable (random weights)"
@@ -192,11 +192,10 @@ def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing
     assert "its job failed in stage quantize" in v.sentence and v.sentence.endswith(TAIL)
 
 
+@pytest.mark.browser
 def test_synthetic_review_html_renders(tmp_path: Path) -> None:
-    from test_review_html import CHROMIUM, page_problems
+    from test_review_html import page_problems
 
-    if CHROMIUM is None:
-        pytest.skip("chromium not installed (apt-get install -y chromium)")
     page = write_review(review(memory_budget_gib=12.0), tmp_path / "review")["html"]
     problems, dom = page_problems(page, tmp_path, tmp_path / "review.png")
     assert problems == []

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from review_records import grid, record, speed
 
 from quantverdict.config import ReviewConfig
 from quantverdict.review import build_review
+from review_records import grid, record, speed
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 

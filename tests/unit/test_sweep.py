@@ -188,7 +188,8 @@ def test_percentile_is_numpys_linear_by_hand() -> None:
 
 
 def test_percentile_equals_numpy_on_fixed_lists() -> None:
-    np = pytest.importorskip("numpy")
+    import numpy as np  # matplotlib's dependency: always in the orchestrator venv
+
     lists = [[3.0, 1.0, 2.0], [0.1 * i * i for i in range(37)], [5.5] * 4 + [1e-3, 9e3], list(range(100, 0, -3))]
     for xs in lists:
         for q in (0, 1, 25, 50, 90, 95, 99, 99.9, 100):

@@ -11,25 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantverdict import __version__
-from quantverdict.tracking import experiment_id
+from quantverdict import __version__, sweep
 from quantverdict.compare import find_baseline
 from quantverdict.config import ReviewConfig, TrackingConfig
-from quantverdict.record import stopped_stage, now_iso
+from quantverdict.record import now_iso, stopped_stage
 from quantverdict.review import sources
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.scorecard import (
     Scorecard,
     accuracy_not_applicable,
     accuracy_section,
-    is_baseline,
     accuracy_validity,
+    is_baseline,
     memory_summary,
     speed_summary,
     speed_validity,
     weight_tier,
 )
-from quantverdict import sweep
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
     Check,
@@ -40,6 +38,7 @@ from quantverdict.review.verdict import (
     speedup_intervals,
     speedups,
 )
+from quantverdict.tracking import experiment_id
 
 log = logging.getLogger(__name__)
 

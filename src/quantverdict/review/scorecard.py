@@ -12,10 +12,10 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from quantverdict.compare import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict import sweep
+from quantverdict.compare import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict.config import ReviewConfig
 from quantverdict.review import stats
 from quantverdict.review.stats import Interval
@@ -299,6 +299,7 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     req = sv.get("max_concurrency_request_tokens")
     if paging and req:  # vLLM's KV tokens = max concurrency x request length: its bytes/token include states
         out["kv_bytes_per_token_paged"] = paged_bytes_per_sequence(paging, int(req)) / int(req)
+    tokens: int | None
     if paging and rlen and not rc.kv_cache_tokens:  # vLLM reserves whole attention blocks per request
         tokens = rc.concurrent_requests * math.ceil(rlen / paging["block_tokens"]) * int(paging["block_tokens"])
     else:
@@ -408,7 +409,10 @@ def _scale(iv: Interval, k: float) -> Interval:
 
 def _ppl_from_log_ratio(iv: Interval) -> Interval:
     """log(ppl ratio) interval -> % change interval: 100·(exp(L) - 1)."""
-    f = lambda v: 100.0 * math.expm1(v)
+
+    def f(v: float) -> float:
+        return 100.0 * math.expm1(v)
+
     return Interval(f(iv.estimate), f(iv.low), f(iv.high), iv.method)
 
 
@@ -557,7 +561,7 @@ def load_label(p: dict[str, Any], mode: str) -> str:
     return "unlimited rate" if math.isinf(r) else f"{r:g} req/s"
 
 
-def _is_num(x: Any) -> bool:
+def _is_num(x: Any) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -583,9 +587,9 @@ def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             continue
         agg: dict[str, Any] = dict(valid[0])
         for k in valid[0]:
-            vals = [q.get(k) for q in valid]
-            if all(_is_num(x) for x in vals):
-                agg[k] = statistics.median(float(x) for x in vals)
+            nums = [x for x in (q.get(k) for q in valid) if _is_num(x)]
+            if len(nums) == len(valid):
+                agg[k] = statistics.median(float(x) for x in nums)
         agg["spread"] = {
             k: [min(float(q[k]) for q in valid), max(float(q[k]) for q in valid)]
             for k in SPREAD_KEYS

@@ -85,6 +85,11 @@ def _job_runs(client: Any, experiment_id: str) -> list[Any]:
             return runs
 
 
+def _rank(rec: dict[str, Any]) -> tuple[bool, str]:
+    """Which of two records of one model/scheme to keep: a finished one, then the newer (ISO timestamps)."""
+    return rec.get("status") == "ok", rec["job"].get("finished_at") or rec["job"].get("started_at") or ""
+
+
 def dedupe(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """One record per (model, scheme): a finished one before an unfinished one, then the newest
     (``job.finished_at``, else ``job.started_at`` for records that never finished).
@@ -100,8 +105,7 @@ def dedupe(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[st
         if cur is None:
             best[key] = rec
             continue
-        rank = lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or r["job"].get("started_at") or "")
-        keep, drop = (rec, cur) if rank(rec) > rank(cur) else (cur, rec)
+        keep, drop = (rec, cur) if _rank(rec) > _rank(cur) else (cur, rec)
         best[key] = keep
         notes.append(
             f"{drop['job'].get('id')} ({drop.get('status')}, {drop['job'].get('finished_at')}) left out: "

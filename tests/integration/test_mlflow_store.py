@@ -1,0 +1,125 @@
+"""Real sqlite MLflow stores (written under tmp_path): job runs finished and failed with their stage runs,
+and the review logged as the grid's parent run and read back from the experiment. Needs only the
+orchestrator environment, no stage child."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.review import main
+from quantverdict.config import TrackingConfig
+from quantverdict.tracking import Tracker
+from review_records import grid
+
+pytestmark = pytest.mark.integration
+
+
+def write_grid(root: Path, records: list[dict], uri: str) -> Path:
+    """One folder per job with its record.json, tracked to ``uri``."""
+    for rec in records:
+        d = root / f"m_{rec['job']['scheme']}"
+        d.mkdir(parents=True)
+        rec["job"]["output_dir"] = str(d)
+        rec["config"]["tracking"] = {"name": "t", "enabled": True, "uri": uri, "experiment": "exp"}
+        (d / "record.json").write_text(json.dumps(rec))
+    return root
+
+
+def _record(status: str) -> dict:
+    return {
+        "config": {"model": {"name": "m"}, "scheme": {"name": "s", "recipe": {"x": 1}}},
+        "memory": {"checkpoint": {"total_weight_bytes": 1000}},
+        "accuracy": {"tasks": {"arc_easy": {"acc": 0.5, "acc_norm": 0.55}}},
+        "speed": {
+            "mode": "rate",
+            "points": [
+                {"offered_rate_rps": 1.0, "output_tok_s": 10.0},
+                {"offered_rate_rps": None, "output_tok_s": 30.0},
+            ],
+        },
+        "status": status,
+        "error": None if status == "ok" else "RuntimeError: boom",
+    }
+
+
+def test_real_store_finished_and_failed_runs(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = TrackingConfig(name="t", uri=uri, experiment="exp", artifact_location=str(tmp_path / "artifacts"))
+    artifact = tmp_path / "record.json"
+    artifact.write_text("{}")
+    for status in ("ok", "failed"):
+        tr = Tracker(cfg)
+        tr.start(f"m/{status}", {"scheme": status})
+        tr.stage("quantize", "ok", 1.5, {"memory": {"x": 2}})
+        tr.finish(_record(status), tmp_path, [artifact])
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("exp")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert runs["m/ok"].info.status == "FINISHED"
+    assert runs["m/failed"].info.status == "FAILED"
+    assert runs["m/failed"].data.tags["quantverdict.error"] == "RuntimeError: boom"
+    ok = runs["m/ok"].data
+    assert ok.metrics["memory.checkpoint.total_weight_bytes"] == 1000
+    assert ok.metrics["accuracy.tasks.arc_easy.acc_norm"] == 0.55
+    assert ok.metrics["speed.rate_1.output_tok_s"] == 10.0
+    assert ok.metrics["speed.rate_inf.output_tok_s"] == 30.0
+    assert ok.params["model.name"] == "m" and "scheme.recipe.x" not in ok.params
+    # nested stage runs point at their parent
+    children = [r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == runs["m/ok"].info.run_id]
+    assert [c.info.run_name for c in children] == ["quantize"]
+    assert children[0].data.metrics["wall_s"] == 1.5
+    # nothing left running
+    assert all(r.info.status != "RUNNING" for r in runs.values())
+    assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["record.json"]
+
+
+def test_mlflow_parent_run_and_experiment_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # artifacts under tmp_path (MLflow's default root is ./mlruns in the working directory)
+    MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
+    three = [r for r in grid() if r["job"]["scheme"] in ("bf16", "int8", "gptq")]
+    src = write_grid(tmp_path / "multirun", three, uri)
+    # the job runs, as quantverdict.pipeline logs them (record.json artifact, output_dir tag)
+    for d in sorted(src.iterdir()):
+        rec = json.loads((d / "record.json").read_text())
+        tr = Tracker(TrackingConfig(name="t", uri=uri, experiment="exp"))
+        tr.start(
+            f"m/{rec['job']['scheme']}",
+            {"model": "m", "scheme": rec["job"]["scheme"], "config_hash": "x", "output_dir": str(d)},
+        )
+        tr.finish(rec, d, [d / "record.json"])
+    assert main([str(src)]) == 0  # tracking from the records
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("exp")
+    runs = client.search_runs([exp.experiment_id])
+    reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review"]
+    assert len(reviews) == 1
+    rid = reviews[0].info.run_id
+    assert reviews[0].info.status == "FINISHED"
+    assert reviews[0].data.params["review.memory_budget_gib"] == "24.0"
+    arts = {a.path for a in client.list_artifacts(rid)}
+    assert {"review.md", "review.html", "review.json", "plots"} <= arts
+    jobs = [r for r in runs if "config_hash" in r.data.tags]
+    assert len(jobs) == 3 and all(r.data.tags.get("mlflow.parentRunId") == rid for r in jobs)
+    capsys.readouterr()
+    # the same grid, read back from the experiment
+    out = tmp_path / "from-mlflow"
+    assert (
+        main(
+            [
+                "mlflow:exp",
+                f"tracking.uri={uri}",
+                "tracking.experiment=exp",
+                "review.memory_budget_gib=0.22",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert "Deploy gptq (W4A16)." in capsys.readouterr().out
+    assert (out / "review.html").is_file()
