@@ -471,9 +471,14 @@ def server_backend_errors(cfg: Config) -> list[str]:
     return errors
 
 
-def validate(cfg: Config) -> None:
-    """Check allowed values and paths of a composed config; raise one ConfigError listing all problems."""
-    errors: list[str] = []
+def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
+    """Check allowed values and paths of a composed config; raise one ConfigError listing all problems.
+
+    Args:
+        more_errors: problems found by checks that live elsewhere and are reported in the same error (the
+            scheme registry's :func:`quantverdict.schemes.scheme_errors`, which imports this module).
+    """
+    errors: list[str] = list(more_errors or [])
     _choice(errors, "model.source", cfg.model.source, MODEL_SOURCES)
     if cfg.model.source == "pypi_gguf" and not (cfg.model.package and cfg.model.gguf_file):
         errors.append("model.source=pypi_gguf needs model.package and model.gguf_file")
@@ -506,9 +511,6 @@ def validate(cfg: Config) -> None:
     gs = cfg.scheme.group_size
     if gs not in ("auto", "channel") and not gs.isdigit():
         errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel' or a positive integer")
-    from quantverdict.schemes import scheme_errors  # schemes imports this module
-
-    errors += scheme_errors(cfg.scheme)
     _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
     _choice(errors, "eval.dtype", cfg.eval.dtype, COMPUTE_DTYPES)
     _choice(errors, "bench.server.dtype", cfg.bench.server.dtype, COMPUTE_DTYPES)

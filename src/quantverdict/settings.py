@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from quantverdict.config import Config, ConfigError, closest, validate
+from quantverdict.schemes import scheme_errors
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -42,7 +43,7 @@ def to_config(cfg: DictConfig) -> Config:
             f"{', '.join(allowed)}{closest(leaf, allowed)}"
         ) from None
     obj = cast(Config, OmegaConf.to_object(cfg))
-    validate(obj)
+    validate(obj, scheme_errors(obj.scheme))
     return obj
 
 

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.record import find_records, load
-
 from clihelp import TINY, pids_matching, run_cli
+from quantverdict.record import find_records, load
 
 pytestmark = pytest.mark.integration
 
