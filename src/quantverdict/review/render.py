@@ -255,7 +255,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             "p",
             (
                 "Memory: weights (vLLM log, else checkpoint) + KV cache for the capacity needed "
-                "(2 × KV layers × KV heads × head_dim × KV dtype bytes per token) + a hybrid model's recurrent state per "
+                "(2 × KV layers × KV heads × head_dim × bytes of the served KV dtype per token: the server's dtype unless "
+                "kv_cache_dtype is set) + a hybrid model's recurrent state per "
                 "request (Gated DeltaNet layers) + reserve <= budget. Accuracy: every "
                 "task's recovery (100 × score / baseline) >= the floor and every listed perplexity kind rises by at most "
                 "the limit. Latency: TTFT p99 and ITL p99 at the stated load within the SLO, and the sweep's ceiling "

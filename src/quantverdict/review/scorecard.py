@@ -213,18 +213,72 @@ def paged_bytes_per_sequence(paging: dict[str, float], tokens: int) -> float:
     return (blocks * paging["kv_layers"] + paging["state_layers"]) * paging["page_bytes"]
 
 
-def _model_dtype_bytes(rec: dict[str, Any]) -> float:
-    return DTYPE_BYTES.get(str(((rec.get("config") or {}).get("model") or {}).get("dtype", "bfloat16")), 2)
+def served_compute_dtype(rec: dict[str, Any]) -> tuple[str, str]:
+    """The compute dtype the record's vLLM server ran (or would run) in, and where that was read.
+
+    In order: vLLM's own engine line (``memory.server.dtype``, what the server did), ``speed.dtype.value``
+    (chosen by the pipeline from the CPU, the kernel or the config, :mod:`quantverdict.cpu_caps`),
+    ``config.bench.server.dtype`` when not ``auto``, else the model's dtype (``config.model.dtype``: vLLM's
+    ``auto`` is the checkpoint's dtype).
+
+    Returns:
+        ``(dtype, source)``, e.g. ``("float32", "vLLM log")``.
+    """
+    cfg = rec.get("config") or {}
+    logged = ((rec.get("memory") or {}).get("server") or {}).get("dtype")
+    if logged:
+        return str(logged), "vLLM log"
+    chosen = ((rec.get("speed") or {}).get("dtype") or {}).get("value")
+    if chosen:
+        return str(chosen), "speed.dtype"
+    configured = ((cfg.get("bench") or {}).get("server") or {}).get("dtype")
+    if configured and configured != "auto":
+        return str(configured), "bench.server.dtype"
+    return str((cfg.get("model") or {}).get("dtype") or "bfloat16"), "model dtype"
 
 
-def _kv_dtype_bytes(rec: dict[str, Any], rc: ReviewConfig) -> float:
+def served_kv_dtype(rec: dict[str, Any]) -> tuple[str, str]:
+    """The KV cache's dtype: ``config.bench.server.kv_cache_dtype`` when not ``auto`` (vLLM's
+    ``--kv-cache-dtype``), else the served compute dtype (:func:`served_compute_dtype`).
+
+    Returns:
+        ``(dtype, source)``.
+    """
+    kv = ((rec.get("config") or {}).get("bench") or {}).get("server", {}).get("kv_cache_dtype") or "auto"
+    if kv != "auto":
+        return str(kv), "bench.server.kv_cache_dtype"
+    return served_compute_dtype(rec)
+
+
+def _kv_dtype_bytes(rec: dict[str, Any], rc: ReviewConfig) -> tuple[float, str]:
     if rc.kv_cache_dtype_bytes:
-        return rc.kv_cache_dtype_bytes
-    cfg = rec.get("config", {})
-    kv = ((cfg.get("bench") or {}).get("server") or {}).get("kv_cache_dtype", "auto") or "auto"
-    if kv == "auto":
-        kv = (cfg.get("model") or {}).get("dtype", "bfloat16")
-    return DTYPE_BYTES.get(str(kv), 2)
+        return rc.kv_cache_dtype_bytes, f"{rc.kv_cache_dtype_bytes:g} bytes (review.kv_cache_dtype_bytes)"
+    name, _ = served_kv_dtype(rec)
+    return DTYPE_BYTES.get(name, 2), name
+
+
+def served_weights_bytes(rec: dict[str, Any]) -> tuple[float | None, str]:
+    """Bytes the weights take in the server's memory when vLLM logs no figure of its own (CPU).
+
+    The checkpoint's weight bytes (``memory.checkpoint.total_weight_bytes``), with its 16-bit tensors
+    (``bytes_by_role.kept_16bit``: embeddings, norms, unquantized layers) converted to the served
+    compute dtype: vLLM builds the model in ``--dtype`` and copies the checkpoint into it, so a bf16
+    tensor served in float32 takes twice its file size; quantized weights and their scales keep their
+    format. SmolLM2-135M bf16 served in float32: 0.25 GiB on disk, 0.5 GiB in memory.
+
+    Returns:
+        ``(bytes, how)``; bytes None without a checkpoint size.
+    """
+    ck = (rec.get("memory") or {}).get("checkpoint") or {}
+    total = ck.get("total_weight_bytes")
+    if not total:
+        return None, ""
+    dtype, _ = served_compute_dtype(rec)
+    kept = (ck.get("bytes_by_role") or {}).get("kept_16bit")
+    factor = DTYPE_BYTES.get(dtype, 2) / 2
+    if factor == 1 or kept is None:
+        return float(total), "checkpoint bytes"
+    return float(total) + (factor - 1) * float(kept), f"checkpoint bytes, 16-bit tensors in {dtype}"
 
 
 def kernel_name(k: Any) -> str:
@@ -248,7 +302,9 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
 
     ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + concurrent_requests ×
     state_bytes_per_sequence / 2^30 + reserved_gib``; weights from the vLLM server log when it was
-    parsed, else the checkpoint's weight bytes. The state term is 0 except for hybrid models
+    parsed (GPU), else the checkpoint's weight bytes in the served dtype (:func:`served_weights_bytes`);
+    KV bytes per token in the KV cache's dtype (:func:`served_kv_dtype`: the served dtype unless
+    ``kv_cache_dtype`` is set; a CPU server in float32 holds 4 bytes an element, not the model's 2). The state term is 0 except for hybrid models
     (:func:`state_bytes_per_sequence`), which are counted the way vLLM pages them
     (:func:`hybrid_paging`): each request's tokens rounded up to whole attention blocks, each state padded
     to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
@@ -273,15 +329,17 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     if sv.get("weights_gib"):
         out["weights_gib"], out["weights_source"] = float(sv["weights_gib"]), "vLLM log"
     elif out["checkpoint_gib"]:
-        # vLLM logs no weights figure on CPU: the checkpoint's weight bytes are the nearest measure
-        out["weights_gib"], out["weights_source"] = out["checkpoint_gib"], "checkpoint bytes"
+        # vLLM logs no weights figure on CPU: the checkpoint's weight bytes, in the served dtype
+        wb, how = served_weights_bytes(rec)
+        out["weights_gib"], out["weights_source"] = (wb or 0.0) / GIB, how
         if not sv:
             missing.append("no vLLM server memory (server log): weights = the checkpoint's weight bytes")
     else:
         out["weights_gib"], out["weights_source"] = None, None
         missing.append("no weight size (neither vLLM log nor checkpoint)")
     dims = (rec.get("model") or {}).get("dims") or {}
-    dtype_bytes = _kv_dtype_bytes(rec, rc)
+    dtype_bytes, out["kv_dtype"] = _kv_dtype_bytes(rec, rc)
+    out["served_dtype"] = served_compute_dtype(rec)[0]
     bpt = kv_bytes_per_token(dims, dtype_bytes)
     out["kv_dtype_bytes"] = dtype_bytes
     out["kv_bytes_per_token"] = bpt
@@ -293,7 +351,8 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
         missing.append("hybrid model without num_kv_layers: the KV cache is counted in every layer (too much)")
     rlen = request_len(rec, rc)
     out["request_len_tokens"] = rlen
-    state_dtype = (dims and _model_dtype_bytes(rec)) or 2
+    # vLLM keeps a hybrid model's recurrent state in the served dtype (mamba_ssm_cache_dtype auto)
+    state_dtype = DTYPE_BYTES.get(out["served_dtype"], 2)
     paging = hybrid_paging(dims, dtype_bytes, state_dtype)
     out["hybrid_paging"] = paging
     req = sv.get("max_concurrency_request_tokens")

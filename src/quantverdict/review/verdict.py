@@ -94,6 +94,8 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return Check("memory", UNKNOWN, f"not checked: {why} unknown")
     need, budget = m["need_gib"], rc.memory_budget_gib
     parts = f"weights {_gib(m['weights_gib'])} + KV {_gib(m['kv_needed_gib'])} for {m['kv_needed_tokens']:,} tokens"
+    if m.get("kv_dtype"):
+        parts += f" in {m['kv_dtype']}"
     paging = m.get("hybrid_paging")
     if paging and not rc.kv_cache_tokens:
         parts += f" (whole {int(paging['block_tokens'])}-token blocks)"
