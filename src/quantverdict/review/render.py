@@ -40,6 +40,33 @@ def _constraints(rc: ReviewConfig) -> Block:
     return ("table", ["key", "value", ""], rows)
 
 
+def floor_tests_line(review: Review) -> str:
+    """Which test judged each task against the accuracy floor (``review.floor_test``: auto, point,
+    interval), with the item counts, e.g. 'floor_test auto: the interval test for a delta on fewer than
+    200 items (arc_easy 50, hellaswag 30), the point test for the rest (none here)'; '' without deltas."""
+    from quantverdict.review.verdict import floor_test_of
+
+    rc = review.config
+    by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
+    for sc in review.cards:
+        for d in sc.accuracy:
+            key = d.name if d.kind == "score" else d.metric
+            by[floor_test_of(d, rc)].setdefault(key, d.n)
+    if not by["interval"] and not by["point"]:
+        return ""
+
+    def names(tests: dict[str, int | None]) -> str:
+        return ", ".join(f"{k} {n}" if n is not None else f"{k} (no item count)" for k, n in tests.items()) or "none"
+
+    if rc.floor_test != "auto":
+        return f"floor_test {rc.floor_test}: every delta is judged by the {rc.floor_test} test ({names(by[rc.floor_test])})."
+    return (
+        f"floor_test auto: the interval test for a delta on fewer than {rc.interval_test_below_n} items "
+        f"({names(by['interval'])}), the point test for the rest ({names(by['point'])}). "
+        "review.floor_test=point judges every delta on its estimate."
+    )
+
+
 def _val(v: Any) -> str:
     return "null" if v is None else str(v)
 
@@ -265,6 +292,9 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         ),
         _constraints(rc),
     ]
+    tests = floor_tests_line(review)
+    if tests:
+        out.append(("p", tests))
     if na_models and (rc.min_recovery_pct is not None or rc.max_perplexity_increase_pct is not None):
         out.append(
             (
