@@ -156,7 +156,7 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
                     if sp.get("ceiling_tok_s_range") and (sp.get("ceiling_repeats") or 1) > 1
                     else ""
                 ),
-                _f(sp.get("goodput_rps"), ".2f"),
+                _goodput_cell(sp),
                 str(at.get("label", "–")),
                 _f(at.get("ttft_ms_p99"), ",.0f"),
                 _f(at.get("itl_ms_p99"), ",.1f"),
@@ -165,6 +165,14 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
             ]
         )
     return rows
+
+
+def _goodput_cell(sp: dict[str, Any]) -> str:
+    """'0.95 (at 1 req/s)', '0 (the SLO fails at the lowest load ...)', or '–'."""
+    g, how = sp.get("goodput_rps"), sp.get("goodput_how") or ""
+    if g is None:
+        return "–"
+    return f"{g:.2f} ({how})" if g else f"0 ({how})"
 
 
 def _range(rng: Any) -> str:
@@ -228,7 +236,8 @@ def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
                     f"{_f(p.get('completed'), 'g')}/{_f(p.get('failed'), 'g')}",
                     out_ok or "–",
                     f"{p.get('valid_repeats', 1)}/{p.get('repeats', 1)}",
-                    {True: "yes", False: "no", None: "–"}[p.get("saturated")],
+                    "no (short run, under 90% of the ceiling)" if p.get("saturation_note")
+                    else {True: "yes", False: "no", None: "–"}[p.get("saturated")],
                 ]
             )
     return rows
@@ -368,8 +377,11 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 (
                     "Single stream: the lowest measured load (ITL p50; tok/s = 1000 / TPOT p50 per request). "
                     "Ceiling: the sustained throughput of the saturated points and the burst (steady-state window "
-                    "when there is one; '>=' when no point saturated). Goodput: the largest achieved req/s among "
-                    "points whose TTFT p99 and ITL p99 meet the SLO. Every number: the median over valid repeats."
+                    "when there is one; '>=' when no point saturated). Goodput: the achieved req/s at the highest "
+                    "sustained load (a finite rate or a concurrency, never the unlimited-rate burst, whose few "
+                    "requests all arrive at once) where TTFT p99 and ITL p99 meet the SLO, every lower load "
+                    "meeting it too; 0 when the lowest load fails. A rate under 90% of the ceiling is never "
+                    "called saturated: the server showed it keeps up. Every number: the median over valid repeats."
                 ),
             )
         )

@@ -707,6 +707,36 @@ def load_point(mode: str, points: list[dict[str, Any]], rc: ReviewConfig) -> tup
     return reach[0], f"{reach[0]['label']} (the lowest concurrency reaching {rps:g} req/s)"
 
 
+def goodput(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[float | None, str]:
+    """The achieved req/s at the highest sustained load whose TTFT p99 and ITL p99 meet the SLO, every
+    lower load meeting it too: the "max rate under SLO attainment" of DistServe (Zhong et al. 2024) at
+    99% attainment, read off the sweep.
+
+    Only sustained loads count: finite offered rates (open loop) or concurrencies (closed loop). The
+    unlimited-rate burst is not a load the server holds: its requests all arrive at t=0 and its
+    latency is that of one batch of ``num_prompts`` requests, which can meet the SLO when 1 req/s does
+    not (prefills of new arrivals stall the decode steps of the others). Latency grows with load, so
+    the first load that fails ends the search (a higher one that passes is noise).
+
+    Returns:
+        ``(req/s, how)``: 0.0 when the lowest sustained load already fails; None with no SLO set or no
+        sustained load measured.
+    """
+    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
+        return None, "no latency SLO set"
+    held = [p for p in points if math.isfinite(p["load"])]
+    if not held:
+        return None, "no sustained load measured (only the unlimited-rate burst)"
+    best: dict[str, Any] | None = None
+    for p in held:
+        if not slo_ok(p, rc):
+            break
+        best = p
+    if best is None:
+        return 0.0, f"the SLO fails at the lowest load ({held[0]['label']})"
+    return float(best.get("achieved_rps") or 0.0), f"at {best['label']}"
+
+
 def _raw_label(p: dict[str, Any], mode: str) -> str:
     lbl = load_label({**p, "load": sweep.load_of(p, mode)}, mode)
     return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
@@ -718,8 +748,8 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
     * ceiling: :func:`quantverdict.sweep.sustained_ceiling` (saturated levels and the burst; median over
       repeats with its min-max range; invalid points never count);
-    * goodput: the largest achieved req/s among points whose TTFT p99 and ITL p99 meet the SLO
-      (the "max rate under SLO attainment" of DistServe, Zhong et al. 2024, at 99% attainment).
+    * goodput: :func:`goodput` (the highest sustained load that meets the SLO, with every load below it);
+    * saturation: a rate under 90% of the ceiling is never saturated (:func:`quantverdict.sweep.saturation_overruled`).
 
     Every number is a median over the valid repeats of its load level (:func:`speed_points`).
 
@@ -759,7 +789,11 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         return {"mode": mode, "points": []}, flags, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.get("tpot_ms_p50") or low.get("itl_ms_p50")
-    ceiling = sweep.sustained_ceiling(sweep.summarize(raw, mode), mode)
+    ceiling = sweep.sustained_ceiling(sweep.consistent_saturation(sweep.summarize(raw, mode), mode), mode)
+    for p in points:  # a rate the server keeps up with (below its ceiling) is not saturated
+        note = sweep.saturation_overruled(p["load"], ceiling) if p.get("saturated") and mode == "rate" else None
+        if note:
+            p["saturated"], p["saturation_note"] = False, note
     out: dict[str, Any] = {
         "mode": mode,
         "points": points,
@@ -779,11 +813,7 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         ),
         "repeats": max(p["repeats"] for p in points),
     }
-    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
-        out["goodput_rps"] = None
-    else:
-        good = [p.get("achieved_rps") or 0.0 for p in points if slo_ok(p, rc)]
-        out["goodput_rps"] = max(good) if good else 0.0
+    out["goodput_rps"], out["goodput_how"] = goodput(points, rc)
     p, how = load_point(mode, points, rc)
     out["load_how"] = how
     out["at_load"] = (
@@ -819,14 +849,20 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
     lines = []
     levels = sweep.summarize(raw, mode)
     invalid = [_raw_label(q, mode) for q in raw if not sweep.point_valid(q)]
+    ceiling = {"kind": speed.get("ceiling_kind"), "rps": speed.get("ceiling_rps"),
+               "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None}
+    sat_raw = [q for q in raw if sweep.point_valid(q) and sweep.point_saturated(q)]
+    overruled = [q for q in sat_raw if mode == "rate" and sweep.saturation_overruled(q.get("offered_rate_rps"), ceiling)]
     saturated = [
         f"{_raw_label(q, mode)} (achieved/offered {q['saturation_ratio']:.2f}, {q.get('saturation_basis', '?')})"
         if _is_num(q.get("saturation_ratio"))
         else _raw_label(q, mode)
-        for q in raw
-        if sweep.point_valid(q) and sweep.point_saturated(q)
+        for q in sat_raw
+        if q not in overruled
     ]
     reps = sorted({lv["repeats"] for lv in levels})
+    if overruled:
+        text_over = ", ".join(_raw_label(q, mode) for q in overruled)
     text = (
         f"{sc_name}: {len(raw)} speed points over {len(levels)} load levels, "
         f"{'/'.join(str(r) for r in reps)} repeat(s) each; every number is a median over valid repeats"
@@ -835,6 +871,11 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
     text += f"; saturated: {', '.join(saturated)}" if saturated else (
         "; no point saturated" if mode == "rate" else "; closed loop: saturation not defined"
     )
+    if overruled:
+        text += (
+            f"; {text_over}: achieved under 90% of the offered rate, but under 90% of the ceiling "
+            f"({speed.get('ceiling_rps'):.2f} req/s): a short-run shortfall, not saturation"
+        )
     kind = speed.get("ceiling_kind")
     if kind and kind != "none":
         rng = speed.get("ceiling_tok_s_range")
