@@ -243,7 +243,8 @@ class ReviewConfig:
     A limit set to null is no constraint. See :mod:`quantverdict.review` for how each is checked.
     """
 
-    name: str = "default"
+    # auto: conf/review/cpu.yaml or gpu.yaml, for where the records ran (quantverdict.review.constraints)
+    name: str = "auto"
     # memory: weights + KV cache for the needed capacity + reserve <= budget (GiB = 2**30 bytes)
     memory_budget_gib: Optional[float] = 24.0
     kv_cache_tokens: Optional[int] = None  # capacity needed; null: concurrent_requests * request_len_tokens

@@ -32,11 +32,17 @@ def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
 
 
 def _constraints(rc: ReviewConfig) -> Block:
-    default = ReviewConfig()
+    """Every key with its value, and whether it is the set file's (``conf/review/<name>.yaml``) or set."""
+    from quantverdict.review.constraints import load_set
+
+    try:
+        default, where = load_set(rc.name), f"{rc.name}.yaml"
+    except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
+        default, where = ReviewConfig(), "default"
     rows = []
     for f in dataclasses.fields(ReviewConfig):
         v, d = getattr(rc, f.name), getattr(default, f.name)
-        rows.append([f"review.{f.name}", _val(v), "default" if v == d else f"**set** (default {_val(d)})"])
+        rows.append([f"review.{f.name}", _val(v), where if v == d else f"**set** ({where}: {_val(d)})"])
     return ("table", ["key", "value", ""], rows)
 
 
@@ -255,8 +261,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             "p",
             (
                 f"Source: `{review.source}` · {len(review.cards)} job{'s' * (len(review.cards) != 1)} ({n_ok} finished, "
-                f"{len(review.cards) - n_ok - n_cut} failed{cut}) · constraint set **{rc.name}** · "
-                f"generated {review.generated_at}"
+                f"{len(review.cards) - n_ok - n_cut} failed{cut}) · constraint set **{rc.name}** "
+                f"(`{review.label}`) · generated {review.generated_at}"
             ),
         ),
     ]
@@ -287,6 +293,7 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             out.append(("ul", v.others))
     out += [
         ("h2", "Constraints"),
+        ("p", (review.constraints_how[:1].upper() + review.constraints_how[1:] + ".") if review.constraints_how else ""),
         (
             "p",
             (
