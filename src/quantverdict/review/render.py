@@ -65,7 +65,10 @@ def floor_tests_line(review: Review) -> str:
         return ", ".join(f"{k} {n}" if n is not None else f"{k} (no item count)" for k, n in tests.items()) or "none"
 
     if rc.floor_test != "auto":
-        return f"floor_test {rc.floor_test}: every delta is judged by the {rc.floor_test} test ({names(by[rc.floor_test])})."
+        return (
+            f"floor_test {rc.floor_test}: every delta is judged by the {rc.floor_test} test "
+            f"({names(by[rc.floor_test])})."
+        )
     return (
         f"floor_test auto: the interval test for a delta on fewer than {rc.interval_test_below_n} items "
         f"({names(by['interval'])}), the point test for the rest ({names(by['point'])}). "
@@ -293,13 +296,14 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             out.append(("ul", v.others))
     out += [
         ("h2", "Constraints"),
-        ("p", (review.constraints_how[:1].upper() + review.constraints_how[1:] + ".") if review.constraints_how else ""),
+        ("p", (review.constraints_how[:1].upper() + review.constraints_how[1:] + ".") if review.constraints_how
+         else ""),
         (
             "p",
             (
                 "Memory: weights (vLLM log, else checkpoint) + KV cache for the capacity needed "
-                "(2 × KV layers × KV heads × head_dim × bytes of the served KV dtype per token: the server's dtype unless "
-                "kv_cache_dtype is set) + a hybrid model's recurrent state per "
+                "(2 × KV layers × KV heads × head_dim × bytes of the served KV dtype per token: the server's "
+                "dtype unless kv_cache_dtype is set) + a hybrid model's recurrent state per "
                 "request (Gated DeltaNet layers) + reserve <= budget. Accuracy: every "
                 "task's recovery (100 × score / baseline) >= the floor and every listed perplexity kind rises by at most "
                 "the limit. Latency: TTFT p99 and ITL p99 at the stated load within the SLO, and the sweep's ceiling "

@@ -304,8 +304,8 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     state_bytes_per_sequence / 2^30 + reserved_gib``; weights from the vLLM server log when it was
     parsed (GPU), else the checkpoint's weight bytes in the served dtype (:func:`served_weights_bytes`);
     KV bytes per token in the KV cache's dtype (:func:`served_kv_dtype`: the served dtype unless
-    ``kv_cache_dtype`` is set; a CPU server in float32 holds 4 bytes an element, not the model's 2). The state term is 0 except for hybrid models
-    (:func:`state_bytes_per_sequence`), which are counted the way vLLM pages them
+    ``kv_cache_dtype`` is set; a CPU server in float32 holds 4 bytes an element, not the model's 2).
+    The state term is 0 except for hybrid models (:func:`state_bytes_per_sequence`), which are counted the way vLLM pages them
     (:func:`hybrid_paging`): each request's tokens rounded up to whole attention blocks, each state padded
     to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
     """
@@ -852,7 +852,9 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
     ceiling = {"kind": speed.get("ceiling_kind"), "rps": speed.get("ceiling_rps"),
                "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None}
     sat_raw = [q for q in raw if sweep.point_valid(q) and sweep.point_saturated(q)]
-    overruled = [q for q in sat_raw if mode == "rate" and sweep.saturation_overruled(q.get("offered_rate_rps"), ceiling)]
+    overruled = [
+        q for q in sat_raw if mode == "rate" and sweep.saturation_overruled(q.get("offered_rate_rps"), ceiling)
+    ]
     saturated = [
         f"{_raw_label(q, mode)} (achieved/offered {q['saturation_ratio']:.2f}, {q.get('saturation_basis', '?')})"
         if _is_num(q.get("saturation_ratio"))
