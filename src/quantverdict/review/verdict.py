@@ -169,7 +169,8 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
             f"worst recovery {_n(worst.recovery_pct, '.1f')}% ({worst.name} {worst.metric}"
             f"{_ci_pct(worst.recovery_interval)}) {op} {floor:g}%"
         )
-        if floor_test_of(worst, rc) == "interval" and worst.recovery_interval is not None:
+        below = (worst.recovery_pct or 0.0) < floor
+        if floor_test_of(worst, rc) == "interval" and worst.recovery_interval is not None and below:
             # judged on the interval: the estimate alone may sit below the floor
             verb = "does not rule out" if op == ">=" else "stays below"
             cites.append(
