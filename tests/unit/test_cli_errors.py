@@ -78,7 +78,7 @@ def test_review_answers_in_the_same_form(tmp_path: Path, capsys: pytest.CaptureF
     assert main([str(tmp_path), "review.confidence=high"]) == 2
     assert "review.confidence=high: must be a number (e.g. 0.5, inf)" in capsys.readouterr().err
     assert main([str(tmp_path), "review=strict"]) == 2
-    assert "review=strict: no such review; allowed: default" in capsys.readouterr().err
+    assert "review=strict: no such review; allowed: cpu, default, gpu" in capsys.readouterr().err
 
 
 def test_a_grid_whose_every_job_is_refused_is_exit_code_2(tmp_path: Path) -> None:

@@ -44,6 +44,9 @@ def test_cli_on_a_folder_three_constraint_sets(tmp_path: Path, capsys: pytest.Ca
     src = write_grid(tmp_path / "multirun", grid())
     assert main([str(src), "review.log_to_mlflow=false"]) == 0
     assert "Do not quantize: keep bf16 (BF16)." in capsys.readouterr().out
+    # no device in these records: the gpu set; the folder is named after it and its hash
+    (review_dir,) = (src / "reviews").iterdir()
+    assert review_dir.name.startswith("gpu-")
     for name in (
         "review.md",
         "review.html",
@@ -53,8 +56,8 @@ def test_cli_on_a_folder_three_constraint_sets(tmp_path: Path, capsys: pytest.Ca
         "plots/throughput.png",
         "plots/latency.png",
     ):
-        assert (src / "review" / name).is_file(), name
-    assert json.loads((src / "review" / "review.json").read_text())["verdicts"][0]["decision"] == "do not quantize"
+        assert (review_dir / name).is_file(), name
+    assert json.loads((review_dir / "review.json").read_text())["verdicts"][0]["decision"] == "do not quantize"
     out = tmp_path / "tight"
     assert main([str(src), "review.memory_budget_gib=0.22", "review.log_to_mlflow=false", "--out", str(out)]) == 0
     assert "Deploy gptq (W4A16)." in capsys.readouterr().out
@@ -92,7 +95,7 @@ def test_overrides_may_follow_out(tmp_path: Path) -> None:
     folder = write_grid(tmp_path / "grid", grid())
     out = tmp_path / "rev"
     main([str(folder), "--out", str(out), "review.log_to_mlflow=false", "review.concurrent_requests=64"])
-    assert "| review.concurrent_requests | 64 | **set** (default 16) |" in (out / "review.md").read_text()
+    assert "| review.concurrent_requests | 64 | **set** (gpu.yaml: 16) |" in (out / "review.md").read_text()
 
 
 def test_a_store_of_another_machine_is_not_written(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from quantverdict import __version__, sweep
 from quantverdict.compare import find_baseline
 from quantverdict.config import ReviewConfig, TrackingConfig
 from quantverdict.record import now_iso, stopped_stage
-from quantverdict.review import sources
+from quantverdict.review import constraints, sources
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.scorecard import (
     Scorecard,
@@ -63,6 +63,12 @@ class Review:
     notes: list[str] = field(default_factory=list)
     job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
     environment: list[str] = field(default_factory=list)  # GPU(s) and vLLM version(s) the records ran on
+    constraints_how: str = ""  # how the constraint set was picked (constraints.resolve)
+
+    @property
+    def label(self) -> str:
+        """``<set name>-<constraints hash>``: names the review's folder and MLflow run."""
+        return constraints.label(self.config)
 
     def cards_of(self, model: str) -> list[Scorecard]:
         return [c for c in self.cards if c.model == model]
@@ -157,11 +163,19 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     return sc
 
 
-def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -> Review:
+def build_review(
+    records: list[dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
+) -> Review:
     """Scorecards, checks, verdicts and regime analysis of ``records`` (one or more models).
 
+    ``rc`` named ``auto`` is replaced by the constraint set of the records' device class, with the
+    command line's ``overrides`` on top (:func:`quantverdict.review.constraints.resolve`).
     Records may be partial (failed jobs, missing sections): what is missing is said, not raised.
+
+    Raises:
+        quantverdict.config.ConfigError: an override that makes the picked set invalid.
     """
+    rc, how = constraints.resolve(rc, records, overrides)
     records, notes = sources.dedupe(records)
     records.sort(key=lambda r: (str(r["job"].get("model")), _order(str(r["job"].get("scheme")))))
     cards = [_card(r, records, rc) for r in records]
@@ -176,6 +190,7 @@ def build_review(records: list[dict[str, Any]], rc: ReviewConfig, source: str) -
         notes=notes,
         job_dirs=[str(r["job"].get("output_dir")) for r in records],
         environment=environment_lines(records),
+        constraints_how=how,
     )
     for model in dict.fromkeys(c.model for c in cards):
         mine = review.cards_of(model)
@@ -282,6 +297,8 @@ def to_json(review: Review) -> dict[str, Any]:
         "tool": {"name": "quantverdict", "version": __version__},
         "source": review.source,
         "generated_at": review.generated_at,
+        "constraints_label": review.label,
+        "constraints_how": review.constraints_how,
         "constraints": _clean(review.config),
         "verdicts": _clean(review.verdicts),
         "scorecards": cards,
@@ -341,9 +358,10 @@ def log_review(
     )
     run = client.create_run(
         exp_id,
-        run_name=f"review/{review.config.name}",
+        run_name=f"review/{review.label}",
         tags={
             "quantverdict.kind": "review",
+            "quantverdict.constraints": review.label,
             "quantverdict.source": review.source[:5000],
             "quantverdict.verdict": verdict_tag[:5000],
         },
@@ -385,15 +403,17 @@ def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]
     return out
 
 
-def default_out_dir(source: str | Path, output_root: Path) -> Path:
-    """``<multirun dir>/review`` for a folder source, ``<output_root>/reviews/<experiment>_<time>``
-    for an MLflow experiment."""
+def default_out_dir(source: str | Path, output_root: Path, label: str) -> Path:
+    """Where a review goes without ``--out``, named after its constraints (``label``, :func:`constraints.label`)
+    so that reviews under other constraints never overwrite each other, nor the grid's own ``<grid>/review``:
+    ``<folder>/reviews/<label>`` for a folder source, ``<output_root>/reviews/<experiment>/<label>_<time>``
+    for an MLflow experiment (whose runs may grow between reviews)."""
     p = Path(source)
     if p.is_dir():
-        return p / "review"
+        return p / "reviews" / label
     import time
 
-    return output_root / "reviews" / f"{source}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    return output_root / "reviews" / str(source) / f"{label}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
 
 
 def run_review(
@@ -402,9 +422,12 @@ def run_review(
     tracking: TrackingConfig | None = None,
     out_dir: Path | None = None,
     output_root: Path | None = None,
+    overrides: list[str] | None = None,
 ) -> tuple[Review, dict[str, Path]]:
     """Read the records of ``source`` (a run or multirun folder, or the name of an MLflow experiment at
-    ``tracking.uri``), build the review, write it and (``rc.log_to_mlflow``) log it to MLflow.
+    ``tracking.uri``), build the review (``rc`` named ``auto``: the records' device-class set, with the
+    command line's ``overrides``), write it into ``out_dir`` (default: :func:`default_out_dir`) and
+    (``rc.log_to_mlflow``) log it to MLflow as the run ``review/<label>``.
 
     Raises:
         FileNotFoundError: ``source`` is a folder without any record.
@@ -426,11 +449,11 @@ def run_review(
             records, problems, job_runs = sources.load_mlflow(tracking.uri, str(source), Path(tmp))
             if not records:
                 raise FileNotFoundError(f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record")
-        review = build_review(records, rc, str(source))
+        review = build_review(records, rc, str(source), overrides)
         review.notes = problems + review.notes
-        out = out_dir or default_out_dir(source, output_root or Path("outputs"))
+        out = out_dir or default_out_dir(source, output_root or Path("outputs"), review.label)
         paths = write_review(review, out)
-    if rc.log_to_mlflow:
+    if review.config.log_to_mlflow:
         trk = tracking or _tracking_from_records(records)
         if trk is not None and tracking is None and not _store_is_here(trk.uri):
             log.warning(

@@ -85,6 +85,13 @@ def throughput_plot(review: Review) -> bytes | None:
 
 
 def latency_plot(review: Review) -> bytes | None:
+    fig = latency_figure(review)
+    return _png(fig) if fig is not None else None
+
+
+def latency_figure(review: Review) -> Any:
+    """TTFT p99 and ITL p99 against the load, one curve per scheme; each panel's SLO as a dashed line,
+    named in that panel's legend and written on the line. None without speed points."""
     cards = [sc for sc in review.cards if sc.speed.get("points")]
     if not cards:
         return None
@@ -107,13 +114,15 @@ def latency_plot(review: Review) -> bytes | None:
             )
         if slo is not None:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"SLO {slo:g} ms")
+            ax.annotate(f"SLO {slo:g} ms", (0.01, slo), xycoords=("axes fraction", "data"), color="red",
+                        fontsize=8, va="bottom")
         ax.set_xticks(ticks, labels)
         ax.set_xlabel(xlabel)
         ax.set_title(title)
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=8)
-    return _png(fig)
+        ax.legend(fontsize=8)
+    return fig
 
 
 def memory_plot(review: Review) -> bytes | None:

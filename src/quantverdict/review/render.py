@@ -32,12 +32,48 @@ def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
 
 
 def _constraints(rc: ReviewConfig) -> Block:
-    default = ReviewConfig()
+    """Every key with its value, and whether it is the set file's (``conf/review/<name>.yaml``) or set."""
+    from quantverdict.review.constraints import load_set
+
+    try:
+        default, where = load_set(rc.name), f"{rc.name}.yaml"
+    except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
+        default, where = ReviewConfig(), "default"
     rows = []
     for f in dataclasses.fields(ReviewConfig):
         v, d = getattr(rc, f.name), getattr(default, f.name)
-        rows.append([f"review.{f.name}", _val(v), "default" if v == d else f"**set** (default {_val(d)})"])
+        rows.append([f"review.{f.name}", _val(v), where if v == d else f"**set** ({where}: {_val(d)})"])
     return ("table", ["key", "value", ""], rows)
+
+
+def floor_tests_line(review: Review) -> str:
+    """Which test judged each task against the accuracy floor (``review.floor_test``: auto, point,
+    interval), with the item counts, e.g. 'floor_test auto: the interval test for a delta on fewer than
+    200 items (arc_easy 50, hellaswag 30), the point test for the rest (none here)'; '' without deltas."""
+    from quantverdict.review.verdict import floor_test_of
+
+    rc = review.config
+    by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
+    for sc in review.cards:
+        for d in sc.accuracy:
+            key = d.name if d.kind == "score" else d.metric
+            by[floor_test_of(d, rc)].setdefault(key, d.n)
+    if not by["interval"] and not by["point"]:
+        return ""
+
+    def names(tests: dict[str, int | None]) -> str:
+        return ", ".join(f"{k} {n}" if n is not None else f"{k} (no item count)" for k, n in tests.items()) or "none"
+
+    if rc.floor_test != "auto":
+        return (
+            f"floor_test {rc.floor_test}: every delta is judged by the {rc.floor_test} test "
+            f"({names(by[rc.floor_test])})."
+        )
+    return (
+        f"floor_test auto: the interval test for a delta on fewer than {rc.interval_test_below_n} items "
+        f"({names(by['interval'])}), the point test for the rest ({names(by['point'])}). "
+        "review.floor_test=point judges every delta on its estimate."
+    )
 
 
 def _val(v: Any) -> str:
@@ -129,7 +165,7 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
                     if sp.get("ceiling_tok_s_range") and (sp.get("ceiling_repeats") or 1) > 1
                     else ""
                 ),
-                _f(sp.get("goodput_rps"), ".2f"),
+                _goodput_cell(sp),
                 str(at.get("label", "–")),
                 _f(at.get("ttft_ms_p99"), ",.0f"),
                 _f(at.get("itl_ms_p99"), ",.1f"),
@@ -138,6 +174,14 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
             ]
         )
     return rows
+
+
+def _goodput_cell(sp: dict[str, Any]) -> str:
+    """'0.95 (at 1 req/s)', '0 (the SLO fails at the lowest load ...)', or '–'."""
+    g, how = sp.get("goodput_rps"), sp.get("goodput_how") or ""
+    if g is None:
+        return "–"
+    return f"{g:.2f} ({how})" if g else f"0 ({how})"
 
 
 def _range(rng: Any) -> str:
@@ -201,7 +245,8 @@ def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
                     f"{_f(p.get('completed'), 'g')}/{_f(p.get('failed'), 'g')}",
                     out_ok or "–",
                     f"{p.get('valid_repeats', 1)}/{p.get('repeats', 1)}",
-                    {True: "yes", False: "no", None: "–"}[p.get("saturated")],
+                    "no (short run, under 90% of the ceiling)" if p.get("saturation_note")
+                    else {True: "yes", False: "no", None: "–"}[p.get("saturated")],
                 ]
             )
     return rows
@@ -219,8 +264,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             "p",
             (
                 f"Source: `{review.source}` · {len(review.cards)} job{'s' * (len(review.cards) != 1)} ({n_ok} finished, "
-                f"{len(review.cards) - n_ok - n_cut} failed{cut}) · constraint set **{rc.name}** · "
-                f"generated {review.generated_at}"
+                f"{len(review.cards) - n_ok - n_cut} failed{cut}) · constraint set **{rc.name}** "
+                f"(`{review.label}`) · generated {review.generated_at}"
             ),
         ),
     ]
@@ -251,11 +296,14 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             out.append(("ul", v.others))
     out += [
         ("h2", "Constraints"),
+        ("p", (review.constraints_how[:1].upper() + review.constraints_how[1:] + ".") if review.constraints_how
+         else ""),
         (
             "p",
             (
                 "Memory: weights (vLLM log, else checkpoint) + KV cache for the capacity needed "
-                "(2 × KV layers × KV heads × head_dim × KV dtype bytes per token) + a hybrid model's recurrent state per "
+                "(2 × KV layers × KV heads × head_dim × bytes of the served KV dtype per token: the server's "
+                "dtype unless kv_cache_dtype is set) + a hybrid model's recurrent state per "
                 "request (Gated DeltaNet layers) + reserve <= budget. Accuracy: every "
                 "task's recovery (100 × score / baseline) >= the floor and every listed perplexity kind rises by at most "
                 "the limit. Latency: TTFT p99 and ITL p99 at the stated load within the SLO, and the sweep's ceiling "
@@ -264,6 +312,9 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         ),
         _constraints(rc),
     ]
+    tests = floor_tests_line(review)
+    if tests:
+        out.append(("p", tests))
     if na_models and (rc.min_recovery_pct is not None or rc.max_perplexity_increase_pct is not None):
         out.append(
             (
@@ -337,8 +388,11 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 (
                     "Single stream: the lowest measured load (ITL p50; tok/s = 1000 / TPOT p50 per request). "
                     "Ceiling: the sustained throughput of the saturated points and the burst (steady-state window "
-                    "when there is one; '>=' when no point saturated). Goodput: the largest achieved req/s among "
-                    "points whose TTFT p99 and ITL p99 meet the SLO. Every number: the median over valid repeats."
+                    "when there is one; '>=' when no point saturated). Goodput: the achieved req/s at the highest "
+                    "sustained load (a finite rate or a concurrency, never the unlimited-rate burst, whose few "
+                    "requests all arrive at once) where TTFT p99 and ITL p99 meet the SLO, every lower load "
+                    "meeting it too; 0 when the lowest load fails. A rate under 90% of the ceiling is never "
+                    "called saturated: the server showed it keeps up. Every number: the median over valid repeats."
                 ),
             )
         )

@@ -213,18 +213,72 @@ def paged_bytes_per_sequence(paging: dict[str, float], tokens: int) -> float:
     return (blocks * paging["kv_layers"] + paging["state_layers"]) * paging["page_bytes"]
 
 
-def _model_dtype_bytes(rec: dict[str, Any]) -> float:
-    return DTYPE_BYTES.get(str(((rec.get("config") or {}).get("model") or {}).get("dtype", "bfloat16")), 2)
+def served_compute_dtype(rec: dict[str, Any]) -> tuple[str, str]:
+    """The compute dtype the record's vLLM server ran (or would run) in, and where that was read.
+
+    In order: vLLM's own engine line (``memory.server.dtype``, what the server did), ``speed.dtype.value``
+    (chosen by the pipeline from the CPU, the kernel or the config, :mod:`quantverdict.cpu_caps`),
+    ``config.bench.server.dtype`` when not ``auto``, else the model's dtype (``config.model.dtype``: vLLM's
+    ``auto`` is the checkpoint's dtype).
+
+    Returns:
+        ``(dtype, source)``, e.g. ``("float32", "vLLM log")``.
+    """
+    cfg = rec.get("config") or {}
+    logged = ((rec.get("memory") or {}).get("server") or {}).get("dtype")
+    if logged:
+        return str(logged), "vLLM log"
+    chosen = ((rec.get("speed") or {}).get("dtype") or {}).get("value")
+    if chosen:
+        return str(chosen), "speed.dtype"
+    configured = ((cfg.get("bench") or {}).get("server") or {}).get("dtype")
+    if configured and configured != "auto":
+        return str(configured), "bench.server.dtype"
+    return str((cfg.get("model") or {}).get("dtype") or "bfloat16"), "model dtype"
 
 
-def _kv_dtype_bytes(rec: dict[str, Any], rc: ReviewConfig) -> float:
+def served_kv_dtype(rec: dict[str, Any]) -> tuple[str, str]:
+    """The KV cache's dtype: ``config.bench.server.kv_cache_dtype`` when not ``auto`` (vLLM's
+    ``--kv-cache-dtype``), else the served compute dtype (:func:`served_compute_dtype`).
+
+    Returns:
+        ``(dtype, source)``.
+    """
+    kv = ((rec.get("config") or {}).get("bench") or {}).get("server", {}).get("kv_cache_dtype") or "auto"
+    if kv != "auto":
+        return str(kv), "bench.server.kv_cache_dtype"
+    return served_compute_dtype(rec)
+
+
+def _kv_dtype_bytes(rec: dict[str, Any], rc: ReviewConfig) -> tuple[float, str]:
     if rc.kv_cache_dtype_bytes:
-        return rc.kv_cache_dtype_bytes
-    cfg = rec.get("config", {})
-    kv = ((cfg.get("bench") or {}).get("server") or {}).get("kv_cache_dtype", "auto") or "auto"
-    if kv == "auto":
-        kv = (cfg.get("model") or {}).get("dtype", "bfloat16")
-    return DTYPE_BYTES.get(str(kv), 2)
+        return rc.kv_cache_dtype_bytes, f"{rc.kv_cache_dtype_bytes:g} bytes (review.kv_cache_dtype_bytes)"
+    name, _ = served_kv_dtype(rec)
+    return DTYPE_BYTES.get(name, 2), name
+
+
+def served_weights_bytes(rec: dict[str, Any]) -> tuple[float | None, str]:
+    """Bytes the weights take in the server's memory when vLLM logs no figure of its own (CPU).
+
+    The checkpoint's weight bytes (``memory.checkpoint.total_weight_bytes``), with its 16-bit tensors
+    (``bytes_by_role.kept_16bit``: embeddings, norms, unquantized layers) converted to the served
+    compute dtype: vLLM builds the model in ``--dtype`` and copies the checkpoint into it, so a bf16
+    tensor served in float32 takes twice its file size; quantized weights and their scales keep their
+    format. SmolLM2-135M bf16 served in float32: 0.25 GiB on disk, 0.5 GiB in memory.
+
+    Returns:
+        ``(bytes, how)``; bytes None without a checkpoint size.
+    """
+    ck = (rec.get("memory") or {}).get("checkpoint") or {}
+    total = ck.get("total_weight_bytes")
+    if not total:
+        return None, ""
+    dtype, _ = served_compute_dtype(rec)
+    kept = (ck.get("bytes_by_role") or {}).get("kept_16bit")
+    factor = DTYPE_BYTES.get(dtype, 2) / 2
+    if factor == 1 or kept is None:
+        return float(total), "checkpoint bytes"
+    return float(total) + (factor - 1) * float(kept), f"checkpoint bytes, 16-bit tensors in {dtype}"
 
 
 def kernel_name(k: Any) -> str:
@@ -248,10 +302,12 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
 
     ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + concurrent_requests ×
     state_bytes_per_sequence / 2^30 + reserved_gib``; weights from the vLLM server log when it was
-    parsed, else the checkpoint's weight bytes. The state term is 0 except for hybrid models
-    (:func:`state_bytes_per_sequence`), which are counted the way vLLM pages them
-    (:func:`hybrid_paging`): each request's tokens rounded up to whole attention blocks, each state padded
-    to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
+    parsed (GPU), else the checkpoint's weight bytes in the served dtype (:func:`served_weights_bytes`);
+    KV bytes per token in the KV cache's dtype (:func:`served_kv_dtype`: the served dtype unless
+    ``kv_cache_dtype`` is set; a CPU server in float32 holds 4 bytes an element, not the model's 2).
+    The state term is 0 except for hybrid models (:func:`state_bytes_per_sequence`), which are counted
+    the way vLLM pages them (:func:`hybrid_paging`): each request's tokens rounded up to whole attention
+    blocks, each state padded to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
     """
     missing: list[str] = []
     mem = rec.get("memory") or {}
@@ -273,15 +329,17 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     if sv.get("weights_gib"):
         out["weights_gib"], out["weights_source"] = float(sv["weights_gib"]), "vLLM log"
     elif out["checkpoint_gib"]:
-        # vLLM logs no weights figure on CPU: the checkpoint's weight bytes are the nearest measure
-        out["weights_gib"], out["weights_source"] = out["checkpoint_gib"], "checkpoint bytes"
+        # vLLM logs no weights figure on CPU: the checkpoint's weight bytes, in the served dtype
+        wb, how = served_weights_bytes(rec)
+        out["weights_gib"], out["weights_source"] = (wb or 0.0) / GIB, how
         if not sv:
             missing.append("no vLLM server memory (server log): weights = the checkpoint's weight bytes")
     else:
         out["weights_gib"], out["weights_source"] = None, None
         missing.append("no weight size (neither vLLM log nor checkpoint)")
     dims = (rec.get("model") or {}).get("dims") or {}
-    dtype_bytes = _kv_dtype_bytes(rec, rc)
+    dtype_bytes, out["kv_dtype"] = _kv_dtype_bytes(rec, rc)
+    out["served_dtype"] = served_compute_dtype(rec)[0]
     bpt = kv_bytes_per_token(dims, dtype_bytes)
     out["kv_dtype_bytes"] = dtype_bytes
     out["kv_bytes_per_token"] = bpt
@@ -293,7 +351,8 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
         missing.append("hybrid model without num_kv_layers: the KV cache is counted in every layer (too much)")
     rlen = request_len(rec, rc)
     out["request_len_tokens"] = rlen
-    state_dtype = (dims and _model_dtype_bytes(rec)) or 2
+    # vLLM keeps a hybrid model's recurrent state in the served dtype (mamba_ssm_cache_dtype auto)
+    state_dtype = DTYPE_BYTES.get(out["served_dtype"], 2)
     paging = hybrid_paging(dims, dtype_bytes, state_dtype)
     out["hybrid_paging"] = paging
     req = sv.get("max_concurrency_request_tokens")
@@ -652,6 +711,36 @@ def load_point(mode: str, points: list[dict[str, Any]], rc: ReviewConfig) -> tup
     return reach[0], f"{reach[0]['label']} (the lowest concurrency reaching {rps:g} req/s)"
 
 
+def goodput(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[float | None, str]:
+    """The achieved req/s at the highest sustained load whose TTFT p99 and ITL p99 meet the SLO, every
+    lower load meeting it too: the "max rate under SLO attainment" of DistServe (Zhong et al. 2024) at
+    99% attainment, read off the sweep.
+
+    Only sustained loads count: finite offered rates (open loop) or concurrencies (closed loop). The
+    unlimited-rate burst is not a load the server holds: its requests all arrive at t=0 and its
+    latency is that of one batch of ``num_prompts`` requests, which can meet the SLO when 1 req/s does
+    not (prefills of new arrivals stall the decode steps of the others). Latency grows with load, so
+    the first load that fails ends the search (a higher one that passes is noise).
+
+    Returns:
+        ``(req/s, how)``: 0.0 when the lowest sustained load already fails; None with no SLO set or no
+        sustained load measured.
+    """
+    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
+        return None, "no latency SLO set"
+    held = [p for p in points if math.isfinite(p["load"])]
+    if not held:
+        return None, "no sustained load measured (only the unlimited-rate burst)"
+    best: dict[str, Any] | None = None
+    for p in held:
+        if not slo_ok(p, rc):
+            break
+        best = p
+    if best is None:
+        return 0.0, f"the SLO fails at the lowest load ({held[0]['label']})"
+    return float(best.get("achieved_rps") or 0.0), f"at {best['label']}"
+
+
 def _raw_label(p: dict[str, Any], mode: str) -> str:
     lbl = load_label({**p, "load": sweep.load_of(p, mode)}, mode)
     return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
@@ -663,8 +752,8 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
     * ceiling: :func:`quantverdict.sweep.sustained_ceiling` (saturated levels and the burst; median over
       repeats with its min-max range; invalid points never count);
-    * goodput: the largest achieved req/s among points whose TTFT p99 and ITL p99 meet the SLO
-      (the "max rate under SLO attainment" of DistServe, Zhong et al. 2024, at 99% attainment).
+    * goodput: :func:`goodput` (the highest sustained load that meets the SLO, with every load below it);
+    * saturation: a rate under 90% of the ceiling is never saturated (:func:`quantverdict.sweep.saturation_overruled`).
 
     Every number is a median over the valid repeats of its load level (:func:`speed_points`).
 
@@ -704,7 +793,11 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         return {"mode": mode, "points": []}, flags, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.get("tpot_ms_p50") or low.get("itl_ms_p50")
-    ceiling = sweep.sustained_ceiling(sweep.summarize(raw, mode), mode)
+    ceiling = sweep.sustained_ceiling(sweep.consistent_saturation(sweep.summarize(raw, mode), mode), mode)
+    for p in points:  # a rate the server keeps up with (below its ceiling) is not saturated
+        note = sweep.saturation_overruled(p["load"], ceiling) if p.get("saturated") and mode == "rate" else None
+        if note:
+            p["saturated"], p["saturation_note"] = False, note
     out: dict[str, Any] = {
         "mode": mode,
         "points": points,
@@ -724,16 +817,12 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         ),
         "repeats": max(p["repeats"] for p in points),
     }
-    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
-        out["goodput_rps"] = None
-    else:
-        good = [p.get("achieved_rps") or 0.0 for p in points if slo_ok(p, rc)]
-        out["goodput_rps"] = max(good) if good else 0.0
-    p, how = load_point(mode, points, rc)
+    out["goodput_rps"], out["goodput_how"] = goodput(points, rc)
+    at, how = load_point(mode, points, rc)
     out["load_how"] = how
     out["at_load"] = (
         {
-            k: p.get(k)
+            k: at.get(k)
             for k in (
                 "label",
                 "load",
@@ -747,7 +836,7 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
                 "spread",
             )
         }
-        if p
+        if at
         else None
     )
     return out, flags, []
@@ -764,14 +853,22 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
     lines = []
     levels = sweep.summarize(raw, mode)
     invalid = [_raw_label(q, mode) for q in raw if not sweep.point_valid(q)]
+    ceiling = {"kind": speed.get("ceiling_kind"), "rps": speed.get("ceiling_rps"),
+               "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None}
+    sat_raw = [q for q in raw if sweep.point_valid(q) and sweep.point_saturated(q)]
+    overruled = [
+        q for q in sat_raw if mode == "rate" and sweep.saturation_overruled(q.get("offered_rate_rps"), ceiling)
+    ]
     saturated = [
         f"{_raw_label(q, mode)} (achieved/offered {q['saturation_ratio']:.2f}, {q.get('saturation_basis', '?')})"
         if _is_num(q.get("saturation_ratio"))
         else _raw_label(q, mode)
-        for q in raw
-        if sweep.point_valid(q) and sweep.point_saturated(q)
+        for q in sat_raw
+        if q not in overruled
     ]
     reps = sorted({lv["repeats"] for lv in levels})
+    if overruled:
+        text_over = ", ".join(_raw_label(q, mode) for q in overruled)
     text = (
         f"{sc_name}: {len(raw)} speed points over {len(levels)} load levels, "
         f"{'/'.join(str(r) for r in reps)} repeat(s) each; every number is a median over valid repeats"
@@ -780,6 +877,11 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
     text += f"; saturated: {', '.join(saturated)}" if saturated else (
         "; no point saturated" if mode == "rate" else "; closed loop: saturation not defined"
     )
+    if overruled:
+        text += (
+            f"; {text_over}: achieved under 90% of the offered rate, but under 90% of the ceiling "
+            f"({speed.get('ceiling_rps'):.2f} req/s): a short-run shortfall, not saturation"
+        )
     kind = speed.get("ceiling_kind")
     if kind and kind != "none":
         rng = speed.get("ceiling_tok_s_range")

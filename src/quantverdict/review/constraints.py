@@ -1,0 +1,140 @@
+"""Which constraint set a review uses, and the label that names a review after its constraints.
+
+``conf/review/default.yaml`` is ``name: auto``: the set is picked from where the records ran,
+``conf/review/cpu.yaml`` or ``conf/review/gpu.yaml`` (a latency SLO met on a GPU is missed by every
+scheme on most CPUs, and the other way round a CPU's SLO says nothing on a GPU). ``review=cpu`` /
+``review=gpu`` picks one by name; ``review.KEY=VALUE`` overrides apply on top of the picked set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from quantverdict.config import ConfigError, ReviewConfig, review_errors
+
+AUTO = "auto"
+DEVICE_SETS = ("cpu", "gpu")
+# keys that do not change the verdict: left out of the label's hash
+NOT_CONSTRAINTS = ("name", "log_to_mlflow")
+
+
+def _conf_dir() -> Path:
+    from quantverdict.settings import CONF_DIR
+
+    return Path(CONF_DIR) / "review"
+
+
+def record_device(rec: dict[str, Any]) -> str | None:
+    """``gpu`` or ``cpu`` for one record, from (first that says) ``environment.gpu`` (a GPU was seen),
+    ``config.env.device`` (``cuda``/``cpu``) and the vLLM log's ``memory.server.device``; None when none
+    says."""
+    if (rec.get("environment") or {}).get("gpu"):
+        return "gpu"
+    for dev in (((rec.get("config") or {}).get("env") or {}).get("device"),
+                ((rec.get("memory") or {}).get("server") or {}).get("device")):
+        if dev in ("cuda", "gpu"):
+            return "gpu"
+        if dev == "cpu":
+            return "cpu"
+    return None
+
+
+def device_class(records: list[dict[str, Any]]) -> str | None:
+    """The device class most records ran on (``cpu`` or ``gpu``; a tie goes to ``gpu``), None when no
+    record says."""
+    seen = Counter(d for d in map(record_device, records) if d)
+    if not seen:
+        return None
+    return max(DEVICE_SETS, key=lambda d: (seen[d], d == "gpu"))
+
+
+def load_set(name: str) -> ReviewConfig:
+    """``conf/review/<name>.yaml`` merged onto the :class:`ReviewConfig` schema.
+
+    Raises:
+        ConfigError: no such file.
+    """
+    path = _conf_dir() / f"{name}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in _conf_dir().glob("*.yaml"))
+        raise ConfigError(f"no constraint set {name!r} in {_conf_dir()}; sets: {', '.join(have)}")
+    merged = OmegaConf.merge(OmegaConf.structured(ReviewConfig), OmegaConf.load(path))
+    rc = OmegaConf.to_object(merged)
+    assert isinstance(rc, ReviewConfig)
+    return rc
+
+
+def review_overrides(overrides: list[str]) -> list[str]:
+    """The ``review.KEY=VALUE`` overrides of a command line, as ``KEY=VALUE`` (``+``/``++`` dropped;
+    ``review=NAME`` and other groups left out)."""
+    out = []
+    for o in overrides:
+        o = o.lstrip("+")
+        if o.startswith("review.") and "=" in o:
+            out.append(o.removeprefix("review."))
+    return out
+
+
+def _user_set(rc: ReviewConfig) -> list[str]:
+    """``KEY=VALUE`` for every field of an ``auto`` config that differs from the ``auto`` file: the user's
+    overrides, when the command line is not at hand."""
+    auto = load_set("default")
+    return [
+        f"{f.name}={json.dumps(getattr(rc, f.name))}"
+        for f in dataclasses.fields(ReviewConfig)
+        if f.name != "name" and getattr(rc, f.name) != getattr(auto, f.name)
+    ]
+
+
+def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str] | None) -> tuple[ReviewConfig, str]:
+    """The constraint set to review ``records`` under.
+
+    A set named other than ``auto`` is kept as it is. ``auto``: ``conf/review/<device class>.yaml``
+    (:func:`device_class`; ``gpu`` when no record says), with the user's values on top: the
+    ``review.KEY=VALUE`` items of ``overrides`` (a command line), and every other field where ``rc``
+    differs from the ``auto`` file (set some other way, or by a caller without a command line).
+
+    Returns:
+        ``(config, how)``: how the set was picked, for the review's header.
+
+    Raises:
+        ConfigError: an override that makes the picked set invalid.
+    """
+    if rc.name != AUTO:
+        return rc, f"constraint set {rc.name} (named)"
+    device = device_class(records)
+    name = device or "gpu"
+    base = load_set(name)
+    user = [u for u in review_overrides(overrides or []) if not u.startswith("name=")]
+    given = {u.split("=", 1)[0] for u in user}
+    user += [u for u in _user_set(rc) if u.split("=", 1)[0] not in given]
+    merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(user))
+    out = OmegaConf.to_object(merged)
+    assert isinstance(out, ReviewConfig)
+    errors = review_errors(out)
+    if errors:
+        raise ConfigError("invalid review configuration:\n  - " + "\n  - ".join(errors))
+    where = f"the records ran on a {name.upper()}" if device else "no record names its device"
+    how = f"constraint set {name} (picked: {where}; review={'gpu' if name == 'cpu' else 'cpu'} for the other)"
+    if user:
+        how += f", with {', '.join('review.' + u for u in user)}"
+    return out, how
+
+
+def constraints_hash(rc: ReviewConfig) -> str:
+    """8 hex digits of the SHA-256 of the constraint values (every field but ``name`` and
+    ``log_to_mlflow``, as sorted JSON): equal constraints, equal hash."""
+    values = {k: v for k, v in dataclasses.asdict(rc).items() if k not in NOT_CONSTRAINTS}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def label(rc: ReviewConfig) -> str:
+    """``<set name>-<constraints hash>``, e.g. ``cpu-3f9a01bc``: names a review's folder and MLflow run."""
+    return f"{rc.name}-{constraints_hash(rc)}"
