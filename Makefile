@@ -47,7 +47,7 @@ test-browser: $(VENV)/.ready browser
 
 # lint rules, types on src/, import contracts: ruff, mypy and import-linter as pinned in
 # requirements/orchestrator.txt and configured in pyproject.toml
-lint: $(VENV)/.ready
+lint: $(VENV)/.ready format-check
 	$(VPY) -m ruff check src pipelines tests
 	$(VPY) -m mypy src
 	$(VENV)/bin/lint-imports

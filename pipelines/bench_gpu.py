@@ -65,7 +65,9 @@ def parse_streams(specs: list[str]) -> list[list[tuple[str, str | None]]]:
                 raise ValueError(f"--streams {spec!r}: unknown part {part!r}; allowed: {', '.join(sorted(PLAN))}")
             planned = {s for _, grid, _ in PLAN[part] for s in grid.split(",")}
             if sep and not all(schemes.split(",")):
-                raise ValueError(f"--streams {spec!r}: empty scheme name after {part!r}:; allowed: {', '.join(sorted(planned))}")
+                raise ValueError(
+                    f"--streams {spec!r}: empty scheme name after {part!r}:; allowed: {', '.join(sorted(planned))}"
+                )
             unknown = sorted(set(schemes.split(",")) - planned) if schemes else []
             if unknown:
                 raise ValueError(
@@ -91,9 +93,19 @@ def _gpu_count() -> int:
 
 def _grid_cmd(model: str, schemes: str, extra: list[str], out_root: Path, port: int, data: str) -> list[str]:
     return [
-        sys.executable, "-m", "pipelines.run", "-m", f"model={model}", f"scheme={schemes}",
-        "env=h200-prebuilt", "bench=gpu-concurrency", "eval=gpu", f"paths.output_root={out_root}",
-        f"bench.server.port={port}", f"data.offline_root={data}", *extra,
+        sys.executable,
+        "-m",
+        "pipelines.run",
+        "-m",
+        f"model={model}",
+        f"scheme={schemes}",
+        "env=h200-prebuilt",
+        "bench=gpu-concurrency",
+        "eval=gpu",
+        f"paths.output_root={out_root}",
+        f"bench.server.port={port}",
+        f"data.offline_root={data}",
+        *extra,
     ]  # later overrides win: a part's own, then --set
 
 
@@ -230,14 +242,18 @@ def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Pat
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--out", nargs="+", default=["/tmp/qvgpu"],
+        "--out",
+        nargs="+",
+        default=["/tmp/qvgpu"],
         help="output root of the grids (default /tmp/qvgpu); with --report-only, one or more run folders",
     )
     ap.add_argument("--results", default=str(ROOT / "docs" / "results"), help="where gpu-<model>.md go")
     ap.add_argument("--data", default=os.environ.get("QV_DATA_ROOT", str(ROOT.parent / "shared" / "data")))
     ap.add_argument("--only", nargs="*", choices=sorted(PLAN), help="run only these parts of the plan")
     ap.add_argument(
-        "--streams", nargs="+", metavar="PART[:SCHEMES][+PART...]",
+        "--streams",
+        nargs="+",
+        metavar="PART[:SCHEMES][+PART...]",
         help="one value per GPU instead of the default layout, e.g. embedded:w8a8,awq qwen+embedded:int8",
     )
     ap.add_argument("--report-only", action="store_true", help="write the results files from existing records")

@@ -30,7 +30,9 @@ def stage_envs(default_cfg: Config) -> dict[str, StageEnv]:
 
 
 @pytest.fixture(scope="session")
-def embedded_model(default_cfg: Config, stage_envs: dict[str, StageEnv], tmp_path_factory: pytest.TempPathFactory) -> dict:
+def embedded_model(
+    default_cfg: Config, stage_envs: dict[str, StageEnv], tmp_path_factory: pytest.TempPathFactory
+) -> dict:
     """The embedded SmolLM2-135M materialized as bf16 safetensors in the shared cache (result dict of
     the materialize stage: path, dims, num_parameters, ...)."""
     from quantverdict.pipeline import _materialize

@@ -320,8 +320,14 @@ def synthetic_record(scheme: str, *, model: str = SYN_MODEL, with_roofline: bool
         "error": None,
         "notes": [],
         "environment": {
-            "gpu": [{"name": "NVIDIA H200", "driver_version": "570.124.06", "memory_total": "143771 MiB",
-                     "compute_cap": "9.0"}],
+            "gpu": [
+                {
+                    "name": "NVIDIA H200",
+                    "driver_version": "570.124.06",
+                    "memory_total": "143771 MiB",
+                    "compute_cap": "9.0",
+                }
+            ],
             "serve": {"vllm": "0.11.0", "torch": "2.8.0"},
         },
         "stages": {
@@ -334,8 +340,12 @@ def synthetic_record(scheme: str, *, model: str = SYN_MODEL, with_roofline: bool
             "model": {"name": model, "dtype": "bfloat16", "source": "synthetic"},
             "scheme": {"name": scheme, "label": label, "weight_bits": wbits, "activation_bits": abits},
             "eval": {"headline": {"arc_easy": "acc_norm", "wikitext": "word_perplexity"}},
-            "bench": {"mode": "concurrency", "input_len": 1024, "output_len": 128,
-                      "server": {"kv_cache_dtype": "auto"}},
+            "bench": {
+                "mode": "concurrency",
+                "input_len": 1024,
+                "output_len": 128,
+                "server": {"kv_cache_dtype": "auto"},
+            },
             "tracking": {"enabled": False, "uri": "", "experiment": "x"},
         },
         "model": {"dims": SYN_DIMS, "num_parameters": 8_030_261_248},

@@ -20,10 +20,14 @@ def eval_mismatch(rec: dict[str, Any], base: dict[str, Any]) -> str | None:
     diffs = [f"{k}: {a.get(k)!r} vs baseline {b.get(k)!r}" for k in DELTA_SETTINGS if a.get(k) != b.get(k)]
     if a.get("backend") == "server" and b.get("backend") == "server":  # what the served engine computed with
         sa, sb = a.get("server") or {}, b.get("server") or {}
-        diffs += [f"server.{k}: {sa.get(k)!r} vs baseline {sb.get(k)!r}" for k in SERVER_SETTINGS if sa.get(k) != sb.get(k)]
+        diffs += [
+            f"server.{k}: {sa.get(k)!r} vs baseline {sb.get(k)!r}" for k in SERVER_SETTINGS if sa.get(k) != sb.get(k)
+        ]
     ta = rec["accuracy"].get("token_perplexity") or {}
     tb = base["accuracy"].get("token_perplexity") or {}
-    diffs += [f"token_perplexity.{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in TOKEN_PPL_SETTINGS if ta.get(k) != tb.get(k)]
+    diffs += [
+        f"token_perplexity.{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in TOKEN_PPL_SETTINGS if ta.get(k) != tb.get(k)
+    ]
     return "eval settings differ (" + "; ".join(diffs) + ")" if diffs else None
 
 
@@ -31,7 +35,8 @@ def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[st
     """The finished baseline record (``baseline_scheme``) of the same model, newest first."""
     want = rec.get("config", {}).get("baseline_scheme", "bf16")
     cands = [
-        r for r in records
+        r
+        for r in records
         if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want and r.get("accuracy")
     ]
     return max(cands, key=lambda r: r["job"].get("finished_at") or "", default=None)
@@ -60,12 +65,19 @@ def accuracy_deltas(rec: dict[str, Any], base: dict[str, Any], headline: dict[st
         if "perplexity" in metric:
             out[task] = {"metric": metric, "value": v, "baseline": b, "delta_pct": pct_change(v, b)}
         else:
-            out[task] = {"metric": metric, "value": v, "baseline": b, "delta": v - b,
-                         "recovery_pct": 100.0 * v / b if b else None}
+            out[task] = {
+                "metric": metric,
+                "value": v,
+                "baseline": b,
+                "delta": v - b,
+                "recovery_pct": 100.0 * v / b if b else None,
+            }
     tp, btp = rec["accuracy"].get("token_perplexity") or {}, base["accuracy"].get("token_perplexity") or {}
     if tp.get("token_perplexity") and btp.get("token_perplexity"):
         out["token_perplexity"] = {
-            "metric": "token_perplexity", "value": tp["token_perplexity"], "baseline": btp["token_perplexity"],
+            "metric": "token_perplexity",
+            "value": tp["token_perplexity"],
+            "baseline": btp["token_perplexity"],
             "delta_pct": pct_change(tp["token_perplexity"], btp["token_perplexity"]),
         }
     return out

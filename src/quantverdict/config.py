@@ -282,15 +282,25 @@ def review_errors(rc: ReviewConfig) -> list[str]:
         _choice(errors, f"review.perplexity_kinds[{i}]", kind, PERPLEXITY_KINDS)
     if not 0 < rc.confidence < 1:
         errors.append(f"review.confidence={rc.confidence} must be in (0, 1), e.g. 0.95")
-    for key in ("memory_budget_gib", "kv_cache_tokens", "request_len_tokens", "kv_cache_dtype_bytes",
-                "ttft_ms_p99", "itl_ms_p99", "load_rps", "load_concurrency"):
+    for key in (
+        "memory_budget_gib",
+        "kv_cache_tokens",
+        "request_len_tokens",
+        "kv_cache_dtype_bytes",
+        "ttft_ms_p99",
+        "itl_ms_p99",
+        "load_rps",
+        "load_concurrency",
+    ):
         v = getattr(rc, key)
         if v is not None and v <= 0:
             errors.append(f"review.{key}={v} must be > 0 or null")
     if rc.interval_test_below_n < 1:
         errors.append(f"review.interval_test_below_n={rc.interval_test_below_n} must be >= 1, e.g. 200")
     if rc.concurrent_requests < 1 or rc.bootstrap_samples < 100 or rc.reserved_gib < 0:
-        errors.append("review.concurrent_requests must be >= 1, review.bootstrap_samples >= 100, review.reserved_gib >= 0")
+        errors.append(
+            "review.concurrent_requests must be >= 1, review.bootstrap_samples >= 100, review.reserved_gib >= 0"
+        )
     if rc.load_rps is not None and rc.load_concurrency is not None:
         errors.append("set only one of review.load_rps and review.load_concurrency (the other null)")
     return errors
@@ -390,8 +400,16 @@ def calibration_file_errors(cal: CalibrationConfig, offline_root: Path) -> list[
     if size < wanted * CALIBRATION_MIN_BYTES_PER_TOKEN:
         log.warning(
             "%s: %s has %d bytes, likely fewer than the %d x %d = %d tokens asked for "
-            "(assuming >= %d bytes per token); fewer calibration samples than scheme.calibration.num_samples=%d will be used (recorded)",
-            key, path, size, cal.num_samples, cal.seq_len, wanted, CALIBRATION_MIN_BYTES_PER_TOKEN, cal.num_samples,
+            "(assuming >= %d bytes per token); fewer calibration samples than "
+            "scheme.calibration.num_samples=%d will be used (recorded)",
+            key,
+            path,
+            size,
+            cal.num_samples,
+            cal.seq_len,
+            wanted,
+            CALIBRATION_MIN_BYTES_PER_TOKEN,
+            cal.num_samples,
         )
     return []
 
@@ -458,8 +476,10 @@ def server_backend_errors(cfg: Config) -> list[str]:
     if why:
         reason = why.split(". ")[0]  # its first sentence; the rest is about skipping the sweep
         # the vllm backend needs the same kernels the server lacks: only hf evaluates this scheme here
-        return [f"eval.backend=server needs the scheme served, and it cannot be ({reason}); use eval.backend=hf "
-                "for this scheme on this device"]
+        return [
+            f"eval.backend=server needs the scheme served, and it cannot be ({reason}); use eval.backend=hf "
+            "for this scheme on this device"
+        ]
     errors = []
     max_len = cfg.bench.server.max_model_len or cfg.model.max_model_len
     if cfg.eval.max_length > max_len:

@@ -112,8 +112,13 @@ class CpuCapabilities:
 
     def to_record(self) -> dict[str, Any]:
         """The record's ``environment.cpu``: these fields plus ``isa`` and ``native_bf16``."""
-        return {**asdict(self), "flags": list(self.flags), "wna16_dtypes": list(self.wna16_dtypes),
-                "isa": self.isa, "native_bf16": self.native_bf16}
+        return {
+            **asdict(self),
+            "flags": list(self.flags),
+            "wna16_dtypes": list(self.wna16_dtypes),
+            "isa": self.isa,
+            "native_bf16": self.native_bf16,
+        }
 
 
 @dataclass(frozen=True)
@@ -157,20 +162,28 @@ def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities
         return None
     fp8 = (caps.fp8_gemm or {}) if caps is not None else {}
     if scheme.label.startswith("FP8") and caps is not None and (fp8.get("slowdown") or 0) > FP8_MAX_SLOWDOWN:
-        why = (f"its only CPU kernel for FP8_DYNAMIC (ChannelWiseTorchFP8ScaledMMLinearKernel) runs torch._scaled_mm, "
-               f"which on this CPU took {fp8['scaled_mm_ms']:,.1f} ms for a {'x'.join(map(str, fp8['shape']))} GEMM, "
-               f"{fp8['slowdown']:,.0f}x the float32 matmul (limit {FP8_MAX_SLOWDOWN:,.0f}x): an engine step would "
-               "take minutes and vLLM's engine times out")
-        return (f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}) in practice: {why}. The speed sweep is "
-                "skipped; memory and accuracy are still measured. Serve it on a GPU (env.device=cuda) or a CPU whose "
-                "FP8 GEMM is not this slow (the record's environment.cpu.fp8_gemm).")
+        why = (
+            f"its only CPU kernel for FP8_DYNAMIC (ChannelWiseTorchFP8ScaledMMLinearKernel) runs torch._scaled_mm, "
+            f"which on this CPU took {fp8['scaled_mm_ms']:,.1f} ms for a {'x'.join(map(str, fp8['shape']))} GEMM, "
+            f"{fp8['slowdown']:,.0f}x the float32 matmul (limit {FP8_MAX_SLOWDOWN:,.0f}x): an engine step would "
+            "take minutes and vLLM's engine times out"
+        )
+        return (
+            f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}) in practice: {why}. The speed sweep is "
+            "skipped; memory and accuracy are still measured. Serve it on a GPU (env.device=cuda) or a CPU whose "
+            "FP8 GEMM is not this slow (the record's environment.cpu.fp8_gemm)."
+        )
     if not is_weight_only(scheme):
         return None
     if scheme.weight_bits == 8:
-        why = "its CPU weight-only kernels take 4-bit weights only (CPUWNA16: uint4, uint4b8); no CPU has a W8A16 kernel"
+        why = (
+            "its CPU weight-only kernels take 4-bit weights only (CPUWNA16: uint4, uint4b8); no CPU has a W8A16 kernel"
+        )
     elif scheme.weight_bits == 4 and caps is not None and not caps.wna16_dtypes:
-        why = (f"its 4-bit weight-only kernel (cpu_gemm_wna16) is not in the library this {caps.isa} CPU loads "
-               f"({caps.vllm_extension or 'none'}); it ships in the AVX512 builds only")
+        why = (
+            f"its 4-bit weight-only kernel (cpu_gemm_wna16) is not in the library this {caps.isa} CPU loads "
+            f"({caps.vllm_extension or 'none'}); it ships in the AVX512 builds only"
+        )
     else:
         return None
     return (
@@ -185,7 +198,9 @@ def _override(key: str, value: str) -> DtypeChoice | None:
     return None if value == "auto" else DtypeChoice(value, "override", f"{key}={value}")
 
 
-def serve_dtype(caps: CpuCapabilities, scheme: SchemeConfig, requested: str, key: str = "bench.server.dtype") -> DtypeChoice:
+def serve_dtype(
+    caps: CpuCapabilities, scheme: SchemeConfig, requested: str, key: str = "bench.server.dtype"
+) -> DtypeChoice:
     """The ``--dtype`` of vLLM on this CPU for a servable ``scheme``.
 
     Raises:
@@ -207,12 +222,17 @@ def serve_dtype(caps: CpuCapabilities, scheme: SchemeConfig, requested: str, key
     if default.dtype in accepted:
         return DtypeChoice(default.dtype, "cpu", f"{default.why}; the W4A16 kernel takes it")
     pick = "bfloat16" if "bfloat16" in accepted else accepted[0]
-    return DtypeChoice(pick, "kernel", f"{caps.isa}: the W4A16 kernel (cpu_gemm_wna16) takes 16-bit activations "
-                       f"only ({', '.join(accepted)}); {pick} although bf16 is emulated on this CPU")
+    return DtypeChoice(
+        pick,
+        "kernel",
+        f"{caps.isa}: the W4A16 kernel (cpu_gemm_wna16) takes 16-bit activations "
+        f"only ({', '.join(accepted)}); {pick} although bf16 is emulated on this CPU",
+    )
 
 
-def plan(caps: CpuCapabilities, scheme: SchemeConfig, server_dtype: str, eval_dtype: str, eval_backend: str,
-         serving: bool) -> CpuPlan:
+def plan(
+    caps: CpuCapabilities, scheme: SchemeConfig, server_dtype: str, eval_dtype: str, eval_backend: str, serving: bool
+) -> CpuPlan:
     """Dtypes and servability of one job on this CPU.
 
     Args:

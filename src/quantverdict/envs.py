@@ -48,7 +48,11 @@ class StageEnv:
             "print(json.dumps(out))"
         )
         out = subprocess.run(
-            [self.python, "-c", code, *dists], capture_output=True, text=True, env={**os.environ, **self.env}, check=True
+            [self.python, "-c", code, *dists],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.env},
+            check=True,
         )
         import json
 

@@ -61,8 +61,15 @@ def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
             mem_mib: float | None = float(mem)
         except ValueError:
             mem_mib = None
-        gpus.append({"index": int(index), "name": name, "driver_version": driver,
-                     "memory_total_mib": mem_mib, "compute_cap": cap})
+        gpus.append(
+            {
+                "index": int(index),
+                "name": name,
+                "driver_version": driver,
+                "memory_total_mib": mem_mib,
+                "compute_cap": cap,
+            }
+        )
     return gpus
 
 
@@ -108,8 +115,12 @@ def gpu_info(cuda_visible_devices: str | None = None, nvidia_smi: str = "nvidia-
         ``CUDA_VISIBLE_DEVICES`` hides them all (:func:`visible`).
     """
     try:
-        res = subprocess.run([nvidia_smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [nvidia_smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired) as exc:
         log.info("no GPU information: %s", exc)
         return []
@@ -170,8 +181,10 @@ def check_scheme_on_gpu(scheme: SchemeConfig, gpus: Sequence[dict[str, Any]]) ->
     if need is None or cc >= need[0]:
         return
     if need[0] == FP8_W8A8_MIN_CC:
-        instead = ("vLLM would silently fall back to weight-only FP8 (Marlin) and measure another scheme. "
-                   "Use scheme=w8a8 (int8 W8A8) or a weight-only scheme: scheme=int8 (W8A16), awq or gptq (W4A16)")
+        instead = (
+            "vLLM would silently fall back to weight-only FP8 (Marlin) and measure another scheme. "
+            "Use scheme=w8a8 (int8 W8A8) or a weight-only scheme: scheme=int8 (W8A16), awq or gptq (W4A16)"
+        )
     else:
         instead = "no quantized scheme runs natively there: use scheme=bf16 or a GPU of compute capability >= 7.5"
     raise ConfigError(

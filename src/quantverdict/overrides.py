@@ -23,7 +23,10 @@ _MAX_ROUNDS = 20
 
 
 def _schema_type(path: str) -> Any:
-    """The annotated type at dotted ``path`` (``eval.limit``, ``bench.rates[0]``) of :class:`Config`; None if unknown."""
+    """The annotated type at dotted ``path`` (``eval.limit``, ``bench.rates[0]``) of :class:`Config`.
+
+    None if unknown.
+    """
     tp: Any = Config
     for part in [p for p in path.split(".") if p]:
         name, _, index = part.partition("[")

@@ -134,8 +134,13 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
             return _reuse(previous, out_dir)
     job.tracker.start(
         f"{cfg.model.name}/{cfg.scheme.name}",
-        {"model": cfg.model.name, "scheme": cfg.scheme.name, "scheme_label": cfg.scheme.label,
-         "config_hash": rec.job["config_hash"], "output_dir": str(out_dir)},
+        {
+            "model": cfg.model.name,
+            "scheme": cfg.scheme.name,
+            "scheme_label": cfg.scheme.label,
+            "config_hash": rec.job["config_hash"],
+            "output_dir": str(out_dir),
+        },
     )
     job.save()
     try:
@@ -196,7 +201,9 @@ def _reuse(previous: Path, out_dir: Path) -> dict[str, Any]:
     data["notes"] = [*data.get("notes", []), f"reused the finished job in {previous.parent} (same config hash)"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "record.json").write_text(json.dumps(data, indent=2, default=str))
-    log.info("skipping %s: identical config finished in %s (resume=false reruns it)", data["job"]["id"], previous.parent)
+    log.info(
+        "skipping %s: identical config finished in %s (resume=false reruns it)", data["job"]["id"], previous.parent
+    )
     return data
 
 
@@ -236,16 +243,21 @@ def _run(job: Job) -> None:
         with job.stage("cpu_check") as st:
             caps, quant_torch = _cpu_capabilities(serve_env, quant_env, cache, out)
             rec.environment["cpu"] = {**caps.to_record(), "quantize_env_torch": quant_torch}
-            cpu_plan = cpu_caps.plan(caps, cfg.scheme, cfg.bench.server.dtype, cfg.eval.dtype, cfg.eval.backend,
-                                     cfg.bench.enabled)
-            st.detail = (f"{caps.model_name}: {caps.isa}, vLLM library {caps.vllm_extension}, W4A16 activations "
-                         f"{'/'.join(caps.wna16_dtypes) or 'none'}")
+            cpu_plan = cpu_caps.plan(
+                caps, cfg.scheme, cfg.bench.server.dtype, cfg.eval.dtype, cfg.eval.backend, cfg.bench.enabled
+            )
+            st.detail = (
+                f"{caps.model_name}: {caps.isa}, vLLM library {caps.vllm_extension}, W4A16 activations "
+                f"{'/'.join(caps.wna16_dtypes) or 'none'}"
+            )
         if cpu_plan.serve:
             job.dtypes["serve"] = cpu_plan.serve
         job.dtypes["evaluate"] = cpu_plan.evaluate
     else:
         srv, ev = cfg.bench.server.dtype, cfg.eval.dtype
-        job.dtypes["serve"] = cpu_caps.DtypeChoice(srv, "checkpoint" if srv == "auto" else "config", "bench.server.dtype")
+        job.dtypes["serve"] = cpu_caps.DtypeChoice(
+            srv, "checkpoint" if srv == "auto" else "config", "bench.server.dtype"
+        )
         job.dtypes["evaluate"] = cpu_caps.DtypeChoice(ev, "checkpoint" if ev == "auto" else "config", "eval.dtype")
     rec.environment["dtypes"] = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
 
@@ -274,8 +286,11 @@ def _run(job: Job) -> None:
         unsupported = cpu_plan.unsupported
     else:
         unsupported = cpu_caps.serving_unsupported(cfg.scheme, cfg.env.device)
-    if cfg.bench.enabled and not unsupported and cfg.env.device == "cpu" and model["architecture"].endswith(
-        "ForConditionalGeneration"
+    if (
+        cfg.bench.enabled
+        and not unsupported
+        and cfg.env.device == "cpu"
+        and model["architecture"].endswith("ForConditionalGeneration")
     ):
         unsupported = (
             f"vLLM on CPU here cannot serve {model['architecture']}: its model code imports torchvision, which "
@@ -311,8 +326,13 @@ def _run(job: Job) -> None:
         if cfg.scheme.method != "none":  # a checkpoint far from its scheme's predicted size fails the job
             group = schemes.scheme_group_size(cfg.scheme, model["dims"])
             rec.memory["prediction"] = memory.check_against_prediction(
-                rec.memory["checkpoint"], cfg.scheme.weight_bits, group, cfg.scheme.symmetric,
-                scheme=cfg.scheme.label, scale_dtype=rec.checkpoint.get("saved_dtype") or "bfloat16")
+                rec.memory["checkpoint"],
+                cfg.scheme.weight_bits,
+                group,
+                cfg.scheme.symmetric,
+                scheme=cfg.scheme.label,
+                scale_dtype=rec.checkpoint.get("saved_dtype") or "bfloat16",
+            )
 
     if served_eval:  # one server: evaluate through it, then sweep it
         _evaluate_and_benchmark_served(job, serve_env, rec.checkpoint["path"], cache)
@@ -450,8 +470,15 @@ def _materialize_locked(
 
 
 def _quantize(
-    cfg: Config, env: StageEnv, model: dict[str, Any], recipe: dict[str, Any], method: str,
-    versions: dict[str, str], cache: Path, out: Path, st: StageInfo,
+    cfg: Config,
+    env: StageEnv,
+    model: dict[str, Any],
+    recipe: dict[str, Any],
+    method: str,
+    versions: dict[str, str],
+    cache: Path,
+    out: Path,
+    st: StageInfo,
 ) -> dict[str, Any]:
     if method == "none":
         st.status, st.detail = "skipped", "baseline: no quantization"
@@ -584,10 +611,18 @@ def _new_server(job: Job, env: StageEnv, model_path: str) -> VLLMServer:
         device=cfg.env.device,
         log_path=out / "vllm_server.log",
     )
-    rec.speed = {"mode": cfg.bench.mode, "served_model": served_name, "points": [], **({"hbm_copy": hbm} if hbm else {})}
+    rec.speed = {
+        "mode": cfg.bench.mode,
+        "served_model": served_name,
+        "points": [],
+        **({"hbm_copy": hbm} if hbm else {}),
+    }
     if "serve" in job.dtypes:
-        rec.speed["dtype"] = {"value": server_cfg.dtype, "chosen_by": job.dtypes["serve"].chosen_by,
-                              "why": job.dtypes["serve"].why}
+        rec.speed["dtype"] = {
+            "value": server_cfg.dtype,
+            "chosen_by": job.dtypes["serve"].chosen_by,
+            "why": job.dtypes["serve"].why,
+        }
     return server
 
 
@@ -683,8 +718,14 @@ def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:
     model = str(OmegaConf.select(dcfg, "model.name", default="?"))
     scheme = str(OmegaConf.select(dcfg, "scheme.name", default="?"))
     rec = Record(
-        job={"id": f"{model}_{scheme}_invalid", "model": model, "scheme": scheme, "output_dir": str(out_dir),
-             "started_at": now_iso(), "finished_at": now_iso()},
+        job={
+            "id": f"{model}_{scheme}_invalid",
+            "model": model,
+            "scheme": scheme,
+            "output_dir": str(out_dir),
+            "started_at": now_iso(),
+            "finished_at": now_iso(),
+        },
         config={str(k): v for k, v in raw.items()},
         status="failed",
         failed_stage="config",

@@ -27,8 +27,10 @@ CPU_RAM_BYTES_PER_PARAM = 4
 CPU_RAM_HEADROOM = 1.25
 # disk: the materialized 16-bit model (2 B/param) plus one quantized checkpoint (at most 2 B/param)
 DISK_BYTES_PER_PARAM = 4
-INSTEAD = ("use a model that is on this machine (model.source=local model.path=/a/folder with config.json and "
-           "safetensors), the embedded model (model=smollm2-135m), or run on a machine that reaches the hub")
+INSTEAD = (
+    "use a model that is on this machine (model.source=local model.path=/a/folder with config.json and "
+    "safetensors), the embedded model (model=smollm2-135m), or run on a machine that reaches the hub"
+)
 
 
 def cpuinfo_identity() -> str:
@@ -78,8 +80,9 @@ def hub_model_info(repo_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict[str, 
         ConfigError: the hub is not reachable within ``timeout_s`` or says no such model.
     """
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ConfigError(f"model.path={repo_id!r} (model.source=hf) needs the Hugging Face hub, and HF_HUB_OFFLINE "
-                          f"is set; {INSTEAD}")
+        raise ConfigError(
+            f"model.path={repo_id!r} (model.source=hf) needs the Hugging Face hub, and HF_HUB_OFFLINE is set; {INSTEAD}"
+        )
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     url = f"{endpoint}/api/models/{repo_id}"
     try:
@@ -88,12 +91,15 @@ def hub_model_info(repo_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict[str, 
             return data
     except urllib.error.HTTPError as exc:
         what = "no such model (or it is gated/private)" if exc.code in (401, 403, 404) else f"HTTP {exc.code}"
-        raise ConfigError(f"model.path={repo_id!r} (model.source=hf): the hub answered {what} at {url}; check the id, "
-                          f"or {INSTEAD}") from exc
+        raise ConfigError(
+            f"model.path={repo_id!r} (model.source=hf): the hub answered {what} at {url}; check the id, or {INSTEAD}"
+        ) from exc
     except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise ConfigError(f"model.path={repo_id!r} (model.source=hf): the Hugging Face hub is not reachable from this "
-                          f"machine ({endpoint}: {reason}); {INSTEAD}") from exc
+        raise ConfigError(
+            f"model.path={repo_id!r} (model.source=hf): the Hugging Face hub is not reachable from this "
+            f"machine ({endpoint}: {reason}); {INSTEAD}"
+        ) from exc
 
 
 def synthetic_parameters(config: dict[str, Any]) -> int | None:
@@ -123,7 +129,9 @@ def local_weight_bytes(path: Path) -> int:
     return sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.gguf") for p in path.glob(pattern))
 
 
-def source_problems(model: ModelConfig, cache_root: Path, hub_timeout_s: float = HUB_TIMEOUT_S) -> tuple[list[str], int | None]:
+def source_problems(
+    model: ModelConfig, cache_root: Path, hub_timeout_s: float = HUB_TIMEOUT_S
+) -> tuple[list[str], int | None]:
     """Whether the model's source can be read here, and its parameter count where known.
 
     A model already materialized in the cache (``cache/models/<name>/quantverdict_model.json``) needs no
@@ -151,8 +159,10 @@ def source_problems(model: ModelConfig, cache_root: Path, hub_timeout_s: float =
     if model.source == "local" and model.path:
         folder = Path(model.path)
         if folder.is_dir() and not (folder / "config.json").is_file():
-            return [f"model.path={model.path!r} (model.source=local) has no config.json: point it at a transformers "
-                    "model folder (config.json, tokenizer and *.safetensors)"], None
+            return [
+                f"model.path={model.path!r} (model.source=local) has no config.json: point it at a transformers "
+                "model folder (config.json, tokenizer and *.safetensors)"
+            ], None
         if folder.is_dir():
             n = local_weight_bytes(folder) // 2  # 16-bit weights on disk
             return [], n or None
@@ -161,8 +171,9 @@ def source_problems(model: ModelConfig, cache_root: Path, hub_timeout_s: float =
     return [], None
 
 
-def fit_problems(params: int | None, device: str, resources: MachineResources, cache_root: Path,
-                 materialized: bool) -> list[str]:
+def fit_problems(
+    params: int | None, device: str, resources: MachineResources, cache_root: Path, materialized: bool
+) -> list[str]:
     """On CPU: the model's stages fit this machine's memory and the cache's disk.
 
     Needs (see the constants): memory ``params * CPU_RAM_BYTES_PER_PARAM * CPU_RAM_HEADROOM`` (float32

@@ -76,7 +76,9 @@ def load(path: Path) -> dict[str, Any]:
     if data.get("tool", {}).get("name") != "quantverdict" or "schema_version" not in data:
         raise ValueError(f"{path} is not a quantverdict record")
     if data["schema_version"] > RECORD_SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema_version {data['schema_version']}; this code reads <= {RECORD_SCHEMA_VERSION}")
+        raise ValueError(
+            f"{path} has schema_version {data['schema_version']}; this code reads <= {RECORD_SCHEMA_VERSION}"
+        )
     return data
 
 

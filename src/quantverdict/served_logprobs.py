@@ -86,10 +86,12 @@ def parse_prompt_logprobs(answer: dict[str, Any], ids: list[int]) -> list[float 
         raise RuntimeError(f"token_logprobs[0] is {values[0]!r}, expected null (the first prompt token has no context)")
     tokens = logprobs.get("tokens")
     if isinstance(tokens, list) and tokens and str(tokens[0]).startswith(TOKEN_ID_PREFIX):
-        echoed = [str(t)[len(TOKEN_ID_PREFIX):] for t in tokens[:n]]
+        echoed = [str(t)[len(TOKEN_ID_PREFIX) :] for t in tokens[:n]]
         if echoed != [str(i) for i in ids]:
             first = next(t for t, (a, b) in enumerate(zip(echoed, map(str, ids))) if a != b) if len(echoed) == n else n
-            raise RuntimeError(f"the server echoed other tokens than the ids sent (first difference at position {first})")
+            raise RuntimeError(
+                f"the server echoed other tokens than the ids sent (first difference at position {first})"
+            )
     out: list[float | None] = [None]
     for t, v in enumerate(values[1:n], start=1):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v > 1e-6:

@@ -436,9 +436,7 @@ def parse_result(
         out["sent_rps"] = _sent_rps(result)
         steady = steady_state(result)
         if len(lens) != num_prompts:
-            reasons.append(
-                f"{len(lens)} requests in the result, {num_prompts} sent (warm-up requests mixed in?)"
-            )
+            reasons.append(f"{len(lens)} requests in the result, {num_prompts} sent (warm-up requests mixed in?)")
         if errs and max(errs) > ITL_SUM_TOLERANCE_S:
             reasons.append(
                 f"TTFT + sum(ITL) differs from E2E by up to {max(errs) * 1000:.1f} ms: the ITL lists are not "

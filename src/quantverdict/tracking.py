@@ -163,7 +163,9 @@ class Tracker:
         self.client.set_terminated(cid, run_status(status))
 
     def finish(self, record: dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
-        """Log params, metrics and artifacts of the job, then end its run FINISHED, KILLED or FAILED (:func:`run_status`).
+        """Log params, metrics and artifacts of the job, then end its run FINISHED, KILLED or FAILED.
+
+        The end status comes from :func:`run_status`.
 
         ``artifacts`` inside ``out_dir`` keep their sub-folder (``eval/samples_arc_easy.jsonl``).
         """

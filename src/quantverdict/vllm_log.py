@@ -190,7 +190,11 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         if _ONEDNN_FALLBACK.search(line):
             out["unquantized_gemm_fallback"] = True
             evidence.setdefault("unquantized_gemm_fallback", line[:200])
-        elif _FALLBACK.search(line) and not line.startswith(("Route:", "INFO:")) and not _NOT_A_KERNEL_FALLBACK.search(line):
+        elif (
+            _FALLBACK.search(line)
+            and not line.startswith(("Route:", "INFO:"))
+            and not _NOT_A_KERNEL_FALLBACK.search(line)
+        ):
             if "WARNING" in raw or "Emulation" in line or "weight-only" in line.lower():
                 out["fallback_lines"].append(line[:300])
 

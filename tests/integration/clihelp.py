@@ -34,7 +34,9 @@ def command(output_root: Path, *overrides: str, multirun: bool = False) -> list[
     return [*cmd, f"paths.output_root={output_root}", *overrides]
 
 
-def run_cli(output_root: Path, *overrides: str, multirun: bool = False, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    output_root: Path, *overrides: str, multirun: bool = False, timeout: float = 1800
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         command(output_root, *overrides, multirun=multirun),
         cwd=PROJECT_ROOT,

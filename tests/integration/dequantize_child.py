@@ -100,7 +100,9 @@ def actorder_weight(w: torch.Tensor, perm: torch.Tensor, g_idx: torch.Tensor) ->
     qp = torch.empty_like(wp, dtype=torch.int8)
     for j in range(COLS):
         g = int(g_idx[j])
-        qp[:, j : j + 1] = quantize(wp[:, j : j + 1], scale[:, g : g + 1], zp[:, g : g + 1], channel_args(4), dtype=torch.int8)
+        qp[:, j : j + 1] = quantize(
+            wp[:, j : j + 1], scale[:, g : g + 1], zp[:, g : g + 1], channel_args(4), dtype=torch.int8
+        )
     q = stored(qp[:, torch.argsort(perm)], 4)
     deq = dequantize(q, scale, zp, gargs, dtype=torch.float32)
     return report(w, deq, per_group(scale), q)
@@ -164,4 +166,8 @@ def checkpoint_case(ckpt: str, source: str, modules: list[str]) -> dict[str, Any
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    print(json.dumps({"random": random_cases(), "checkpoint": checkpoint_case(args[0], args[1], args[2:]) if args else None}))
+    print(
+        json.dumps(
+            {"random": random_cases(), "checkpoint": checkpoint_case(args[0], args[1], args[2:]) if args else None}
+        )
+    )

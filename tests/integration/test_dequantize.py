@@ -31,8 +31,15 @@ CHILD = Path(__file__).with_name("dequantize_child.py")
 HALF = 0.5 + 1e-4  # half a step plus float32 rounding (see the module docstring)
 LAYER0 = [
     f"model.layers.0.{m}"
-    for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    for m in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
 ]
 
 
@@ -47,7 +54,11 @@ def int8_rtn_checkpoint(cache_root: Path) -> tuple[Path, Path] | None:
             continue
         qcfg = json.loads((folder / "config.json").read_text()).get("quantization_config", {})
         weights = qcfg.get("config_groups", {}).get("group_0", {}).get("weights", {})
-        if qcfg.get("format") == "pack-quantized" and weights.get("num_bits") == 8 and weights.get("strategy") == "channel":
+        if (
+            qcfg.get("format") == "pack-quantized"
+            and weights.get("num_bits") == 8
+            and weights.get("strategy") == "channel"
+        ):
             return folder, source
     return None
 
@@ -60,7 +71,10 @@ def results(stage_envs: dict[str, StageEnv], default_cfg: Config) -> dict[str, A
     args = [str(found[0]), str(found[1]), *LAYER0] if found else []
     proc = subprocess.run(
         [env.python, str(CHILD), *args],
-        capture_output=True, text=True, env={**os.environ, **env.env}, timeout=300,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env.env},
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -149,15 +149,20 @@ def test_server_and_hf_backends_agree_on_the_same_items(served: tuple, hf: tuple
     # 1,024 tokens in two non-overlapping 512-token windows: 511 targets each
     assert ta["n_tokens"] == tb["n_tokens"] == 1022 and ta["n_windows"] == tb["n_windows"] == 2
     rel = abs(ta["token_perplexity"] - tb["token_perplexity"]) / tb["token_perplexity"]
-    report["token_perplexity"] = {"server": ta["token_perplexity"], "hf": tb["token_perplexity"], "rel_diff": rel,
-                                  "nll_sum_diff": ta["nll_sum"] - tb["nll_sum"]}
+    report["token_perplexity"] = {
+        "server": ta["token_perplexity"],
+        "hf": tb["token_perplexity"],
+        "rel_diff": rel,
+        "nll_sum_diff": ta["nll_sum"] - tb["nll_sum"],
+    }
     print("server vs hf:", json.dumps(report, indent=1))
     assert rel <= PPL_REL_TOL, report
     assert ta["token_perplexity"] == pytest.approx(math.exp(ta["nll_sum"] / ta["n_tokens"]), rel=1e-12)
 
 
-def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(tmp_path: Path, stage_envs: dict,
-                                                                      embedded_model: dict) -> None:
+def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict
+) -> None:
     cmd = command(tmp_path, "scheme=bf16", *EVAL, "eval.backend=server", *BENCH)
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -35,13 +35,23 @@ def mlflow_statuses(out: Path) -> dict[str, str]:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{out}/mlflow.db")
     exp = client.get_experiment_by_name("quantverdict")
-    return {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id]) if "config_hash" in r.data.tags}
+    return {
+        r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id]) if "config_hash" in r.data.tags
+    }
 
 
-def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict
+) -> None:
     # a calibration size no other test uses, so that AWQ really runs (no cached checkpoint)
-    cmd = command(tmp_path, "scheme=awq,int8", *FAST, "scheme.calibration.num_samples=13", "scheme.calibration.seq_len=128",
-                  multirun=True)
+    cmd = command(
+        tmp_path,
+        "scheme=awq,int8",
+        *FAST,
+        "scheme.calibration.num_samples=13",
+        "scheme.calibration.seq_len=128",
+        multirun=True,
+    )
     t_start = time.time()
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: pids_matching(f"quantverdict.stages.quantize {tmp_path}"), 300, "the quantize child")
@@ -61,11 +71,15 @@ def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(tmp_path: Path, sta
     assert not pids_matching(str(tmp_path))
     # no half-written checkpoint where a later run would take it for a finished one
     cache = Path(os.environ.get("QV_CACHE_ROOT", Path.home() / ".cache/quantverdict")) / "checkpoints/smollm2-135m"
-    assert not [p for p in cache.glob("awq-*") if (p / "quantverdict_quantize.json").exists() and p.stat().st_mtime > t_start]
+    assert not [
+        p for p in cache.glob("awq-*") if (p / "quantverdict_quantize.json").exists() and p.stat().st_mtime > t_start
+    ]
 
 
 def test_sigterm_to_the_orchestrator_stops_everything(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
-    cmd = command(tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4")
+    cmd = command(
+        tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"
+    )
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
     assert pids_matching("quantverdict.stages.vllm_cli serve")
@@ -100,7 +114,9 @@ def test_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Path, stage_envs: dic
 
 
 def test_server_killed_mid_sweep_keeps_finished_points(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
-    cmd = command(tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4")
+    cmd = command(
+        tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"
+    )
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
     for pid in pids_matching("quantverdict.stages.vllm_cli serve"):

@@ -20,7 +20,7 @@ import pytest
 from clihelp import TINY, pids_matching, run_cli
 from quantverdict.record import find_records, load
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def cpu_flags() -> set[str]:
@@ -116,7 +116,9 @@ def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:
 
     out, _ = grid
     client = MlflowClient(tracking_uri=f"sqlite:///{out}/mlflow.db")
-    served = {f"{r['job']['model']}/{r['job']['scheme']}": expect_served(r) for r in map(load, find_records(out / "multirun"))}
+    served = {
+        f"{r['job']['model']}/{r['job']['scheme']}": expect_served(r) for r in map(load, find_records(out / "multirun"))
+    }
     exp = client.get_experiment_by_name("quantverdict")
     runs = client.search_runs([exp.experiment_id])
     jobs = {r.info.run_name: r for r in runs if "config_hash" in r.data.tags}
@@ -129,7 +131,9 @@ def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:
         arts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "record.json" in arts and "eval" in arts
         stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
-        assert {s.info.run_name for s in stages} >= {"materialize", "evaluate"} | ({"benchmark"} if served[name] else set())
+        assert {s.info.run_name for s in stages} >= {"materialize", "evaluate"} | (
+            {"benchmark"} if served[name] else set()
+        )
         assert all(s.info.status == "FINISHED" for s in stages)
     assert all(r.info.status != "RUNNING" for r in runs)
 

@@ -20,9 +20,19 @@ pytestmark = pytest.mark.integration
 
 def test_a_job_this_machine_cannot_run_is_refused_before_any_work(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.run", "scheme=awq", "model=qwen3.5-9b",
-         f"paths.output_root={tmp_path / 'out'}", f"paths.cache_root={tmp_path / 'cache'}"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pipelines.run",
+            "scheme=awq",
+            "model=qwen3.5-9b",
+            f"paths.output_root={tmp_path / 'out'}",
+            f"paths.cache_root={tmp_path / 'cache'}",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HF_HUB_OFFLINE": "1"},
     )
     out = proc.stdout + proc.stderr

@@ -25,9 +25,16 @@ def test_job_in_folders_with_spaces(tmp_path: Path, embedded_model: dict) -> Non
             (data / src.relative_to(DATA_ROOT)).parent.mkdir(parents=True, exist_ok=True)
             (data / src.relative_to(DATA_ROOT)).symlink_to(src)
     proc = run_cli(
-        out, "scheme=bf16", f"paths.cache_root={cache}", f"data.offline_root={data}", "bench.enabled=false",
-        "eval.tasks=[arc_easy]", "eval.limit=2", "eval.token_perplexity.enabled=false",
-        "eval.batch_invariance_check=false", timeout=900,
+        out,
+        "scheme=bf16",
+        f"paths.cache_root={cache}",
+        f"data.offline_root={data}",
+        "bench.enabled=false",
+        "eval.tasks=[arc_easy]",
+        "eval.limit=2",
+        "eval.token_perplexity.enabled=false",
+        "eval.batch_invariance_check=false",
+        timeout=900,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     (path,) = find_records(out / "runs")

@@ -63,8 +63,15 @@ def _quantized_modules(tensors: dict[str, dict]) -> set[str]:
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("hybrid")
-    proc = run_cli(out, "model=tiny-qwen3.5-shape", "scheme=bf16,awq,w8a8", "bench.server.port=8793", *CALIB,
-                   multirun=True, timeout=1500)
+    proc = run_cli(
+        out,
+        "model=tiny-qwen3.5-shape",
+        "scheme=bf16,awq,w8a8",
+        "bench.server.port=8793",
+        *CALIB,
+        multirun=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {r["job"]["scheme"]: r for r in map(load, find_records(out / "multirun"))}
 
@@ -75,7 +82,9 @@ def test_hybrid_quantizes_only_full_attention_and_mlp(hybrid: dict[str, dict]) -
         assert rec["status"] == "ok", rec.get("error")
         mods = _quantized_modules(_tensors(rec["checkpoint"]["path"]))
         expected = {f"model.language_model.layers.3.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
-        expected |= {f"model.language_model.layers.{i}.mlp.{p}" for i in range(4) for p in ("gate_proj", "up_proj", "down_proj")}
+        expected |= {
+            f"model.language_model.layers.{i}.mlp.{p}" for i in range(4) for p in ("gate_proj", "up_proj", "down_proj")
+        }
         assert mods == expected, sorted(mods ^ expected)
         assert rec["memory"]["checkpoint"]["quantized_modules"] == 16
 
@@ -106,12 +115,16 @@ def test_hybrid_record_counts_kv_layers_and_skips_accuracy(hybrid: dict[str, dic
         assert rec["speed"]["unsupported"]
         assert "serve" not in rec["environment"]["dtypes"]
     for scheme in ("bf16", "w8a8"):
-        assert re.search(r"cannot serve Qwen3_5ForConditionalGeneration.*torchvision", hybrid[scheme]["speed"]["unsupported"])
+        assert re.search(
+            r"cannot serve Qwen3_5ForConditionalGeneration.*torchvision", hybrid[scheme]["speed"]["unsupported"]
+        )
     cfg = json.loads(Path(hybrid["awq"]["checkpoint"]["path"], "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3_5ForConditionalGeneration"]  # the vision tower was kept
 
 
-def test_random_weights_get_round_to_nearest_in_the_same_format(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+def test_random_weights_get_round_to_nearest_in_the_same_format(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict
+) -> None:
     proc = run_cli(tmp_path, "model=tiny-llama-shape", "scheme=gptq", "bench.enabled=false", *CALIB)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (rec,) = map(load, find_records(tmp_path / "runs"))

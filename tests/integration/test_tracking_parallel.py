@@ -53,11 +53,18 @@ def test_parallel_jobs_share_one_experiment(tmp_path: Path) -> None:
 
     root = tmp_path / "store with space"  # the default output root may hold a space too
     root.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT),
-                                                       os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     procs = [
-        subprocess.Popen([sys.executable, "-c", JOB, str(root), str(i)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", JOB, str(root), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for i in range(N_JOBS)
     ]
     deadline = time.monotonic() + 45

@@ -31,23 +31,39 @@ def test_streams_refuse_unknown_parts_and_schemes(spec: str, message: str) -> No
 
 
 def _rec(scheme: str, status: str, started: str, finished: str | None = None) -> dict:
-    return {"job": {"model": "m", "scheme": scheme, "id": f"{scheme}-{started}", "started_at": started,
-                    "finished_at": finished}, "status": status}
+    return {
+        "job": {
+            "model": "m",
+            "scheme": scheme,
+            "id": f"{scheme}-{started}",
+            "started_at": started,
+            "finished_at": finished,
+        },
+        "status": status,
+    }
 
 
 def test_finished_job_supersedes_the_interrupted_one() -> None:
     recs = [
-        _rec("w8a8", "interrupted", "02:10"), _rec("bf16", "ok", "02:03", "02:07"), _rec("w8a8", "ok", "05:01", "05:09"),
-        _rec("awq", "failed", "02:20", "02:21"), _rec("int8", "interrupted", "02:25"), _rec("int8", "interrupted", "05:09"),
-        _rec("fp8", "ok", "02:07", "02:11"), _rec("fp8", "ok", "07:00", "07:04"),
+        _rec("w8a8", "interrupted", "02:10"),
+        _rec("bf16", "ok", "02:03", "02:07"),
+        _rec("w8a8", "ok", "05:01", "05:09"),
+        _rec("awq", "failed", "02:20", "02:21"),
+        _rec("int8", "interrupted", "02:25"),
+        _rec("int8", "interrupted", "05:09"),
+        _rec("fp8", "ok", "02:07", "02:11"),
+        _rec("fp8", "ok", "07:00", "07:04"),
     ]
     kept = supersede(recs)
     # w8a8 finished in the second run: its interrupted job goes; awq never finished: its failure stays;
     # int8 was cut in both runs: the later one (05:09) stays; fp8 finished twice: the newer (07:04) stays.
     # Order: as found.
     assert [(r["job"]["scheme"], r["status"], r["job"]["started_at"]) for r in kept] == [
-        ("bf16", "ok", "02:03"), ("w8a8", "ok", "05:01"), ("awq", "failed", "02:20"),
-        ("int8", "interrupted", "05:09"), ("fp8", "ok", "07:00"),
+        ("bf16", "ok", "02:03"),
+        ("w8a8", "ok", "05:01"),
+        ("awq", "failed", "02:20"),
+        ("int8", "interrupted", "05:09"),
+        ("fp8", "ok", "07:00"),
     ]
 
 
@@ -68,8 +84,11 @@ def test_report_only_refuses_what_it_cannot_read(tmp_path) -> None:
     import sys
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pipelines.bench_gpu", "--report-only", *args,
-                               "--results", str(tmp_path / "res")], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "pipelines.bench_gpu", "--report-only", *args, "--results", str(tmp_path / "res")],
+            capture_output=True,
+            text=True,
+        )
 
     missing = run("--out", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such folder of runs" in missing.stderr
@@ -84,13 +103,25 @@ def test_report_only_refuses_what_it_cannot_read(tmp_path) -> None:
 def test_results_header_states_the_settings_the_records_ran_with() -> None:
     # the c=256 repeats of session 3 and the one-server evaluation: both under "make bench-gpu", different settings
     def rec(scheme: str, concurrencies: list[int], repeats: int, eval_name: str, backend: str) -> dict:
-        bench = {"name": "gpu-concurrency", "enabled": True, "mode": "concurrency", "concurrencies": concurrencies,
-                 "repeats": repeats, "input_len": 256, "output_len": 128}
-        return {"job": {"scheme": scheme},
-                "config": {"bench": bench, "eval": {"name": eval_name, "enabled": True, "backend": backend}}}
+        bench = {
+            "name": "gpu-concurrency",
+            "enabled": True,
+            "mode": "concurrency",
+            "concurrencies": concurrencies,
+            "repeats": repeats,
+            "input_len": 256,
+            "output_len": 128,
+        }
+        return {
+            "job": {"scheme": scheme},
+            "config": {"bench": bench, "eval": {"name": eval_name, "enabled": True, "backend": backend}},
+        }
 
-    recs = [rec("bf16", [256], 3, "gpu", "vllm"), rec("gptq", [256], 3, "gpu", "vllm"),
-            rec("bf16", [1, 64], 1, "gpu-server", "server")]
+    recs = [
+        rec("bf16", [256], 3, "gpu", "vllm"),
+        rec("gptq", [256], 3, "gpu", "vllm"),
+        rec("bf16", [1, 64], 1, "gpu-server", "server"),
+    ]
     assert run_settings(recs) == [
         "bench=gpu-concurrency: concurrency 256, repeats 3, 256 in / 128 out; eval=gpu (vllm backend): bf16, gptq",
         "bench=gpu-concurrency: concurrency 1, 64, repeats 1, 256 in / 128 out; eval=gpu-server (server backend): bf16",

@@ -85,4 +85,3 @@ def test_a_grid_whose_every_job_is_refused_is_exit_code_2(tmp_path: Path) -> Non
     proc = run(tmp_path, "-m", "scheme=bf16,awq", "bench.mode=rates", "tracking.enabled=false")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "2 of 2 jobs failed" in proc.stderr
-

@@ -6,8 +6,15 @@ import pytest
 
 from quantverdict.compare import accuracy_deltas, eval_mismatch, find_baseline, pct_change
 
-SETTINGS = {"backend": "hf", "batch_size": 8, "max_length": 2048, "num_fewshot": 0, "limit": 100,
-            "task_limits": {}, "dtype": "float32"}
+SETTINGS = {
+    "backend": "hf",
+    "batch_size": 8,
+    "max_length": 2048,
+    "num_fewshot": 0,
+    "limit": 100,
+    "task_limits": {},
+    "dtype": "float32",
+}
 TP = {"seq_len": 2048, "stride": 2048, "max_tokens": 8192}
 
 

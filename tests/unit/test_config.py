@@ -25,7 +25,14 @@ def test_every_scheme_composes(scheme: str) -> None:
 
 def test_scheme_labels_are_the_field_names() -> None:
     labels = {s: compose([f"scheme={s}"]).scheme.label for s in SCHEMES}
-    assert labels == {"bf16": "BF16", "awq": "W4A16", "gptq": "W4A16", "int8": "W8A16", "fp8": "FP8_DYNAMIC", "w8a8": "W8A8"}
+    assert labels == {
+        "bf16": "BF16",
+        "awq": "W4A16",
+        "gptq": "W4A16",
+        "int8": "W8A16",
+        "fp8": "FP8_DYNAMIC",
+        "w8a8": "W8A8",
+    }
 
 
 def test_unknown_scheme_lists_the_options() -> None:
@@ -142,8 +149,9 @@ def test_empty_calibration_file_is_refused(offline_root: Path) -> None:
     (offline_root / "calib.txt").write_bytes(b"")
     with pytest.raises(ConfigError) as err:
         compose([f"data.offline_root={offline_root}", "scheme=gptq", "scheme.calibration.text_file=calib.txt"])
-    assert (f"scheme.calibration.text_file='calib.txt': {offline_root / 'calib.txt'} is empty (0 bytes)"
-            in str(err.value))
+    assert f"scheme.calibration.text_file='calib.txt': {offline_root / 'calib.txt'} is empty (0 bytes)" in str(
+        err.value
+    )
     (offline_root / "calib.txt").write_bytes(b" \n\n \n")
     with pytest.raises(ConfigError, match=r"holds only whitespace \(5 bytes\)"):
         compose([f"data.offline_root={offline_root}", "scheme=awq", "scheme.calibration.text_file=calib.txt"])
@@ -180,8 +188,10 @@ def test_empty_or_missing_eval_file_is_refused(offline_root: Path) -> None:
     with pytest.raises(ConfigError) as err:
         compose([f"data.offline_root={offline_root}"])
     msg = str(err.value)
-    assert (f"eval.tasks: task 'piqa' reads {offline_root / 'piqa' / 'valid.jsonl'} (under data.offline_root), "
-            "which is empty (0 bytes); restore the file (see SOURCES.md there) or drop the task from eval.tasks") in msg
+    assert (
+        f"eval.tasks: task 'piqa' reads {offline_root / 'piqa' / 'valid.jsonl'} (under data.offline_root), "
+        "which is empty (0 bytes); restore the file (see SOURCES.md there) or drop the task from eval.tasks"
+    ) in msg
     assert "task 'hellaswag' reads" in msg and "which does not exist" in msg
     compose([f"data.offline_root={offline_root}", "eval.tasks=[wikitext,arc_easy]"])  # the others are fine
     compose([f"data.offline_root={offline_root}", "eval.enabled=false"])
@@ -245,11 +255,25 @@ def test_server_backend_window_leaves_room_for_one_generated_token() -> None:
     assert "use seq_len <= 2047" in str(err.value)
     # the server's own max_model_len counts: bench.server.max_model_len 1024 -> windows of at most 1023
     with pytest.raises(ConfigError) as err:
-        compose(["eval.backend=server", "bench.server.max_model_len=1024", "eval.max_length=1024",
-                 "eval.token_perplexity.seq_len=1024", "eval.token_perplexity.stride=1024"])
+        compose(
+            [
+                "eval.backend=server",
+                "bench.server.max_model_len=1024",
+                "eval.max_length=1024",
+                "eval.token_perplexity.seq_len=1024",
+                "eval.token_perplexity.stride=1024",
+            ]
+        )
     assert "use seq_len <= 1023" in str(err.value)
-    compose(["eval.backend=server", "bench.server.max_model_len=1024", "eval.max_length=1024",
-             "eval.token_perplexity.seq_len=1023", "eval.token_perplexity.stride=1023"])
+    compose(
+        [
+            "eval.backend=server",
+            "bench.server.max_model_len=1024",
+            "eval.max_length=1024",
+            "eval.token_perplexity.seq_len=1023",
+            "eval.token_perplexity.stride=1023",
+        ]
+    )
     # the hf backend has no generated token: 2048 stays allowed there
     assert compose([]).eval.token_perplexity.seq_len == 2048
 
@@ -264,6 +288,10 @@ def test_gpu_server_profile_is_gpu_through_the_server() -> None:
     gpu, srv = compose(["eval=gpu"]).eval, compose(["eval=gpu-server"]).eval
     assert (srv.name, srv.backend, srv.vllm_args) == ("gpu-server", "server", {})
     assert (srv.tasks, srv.limit, srv.task_limits, srv.batch_size, srv.max_length) == (
-        gpu.tasks, gpu.limit, gpu.task_limits, gpu.batch_size, gpu.max_length
+        gpu.tasks,
+        gpu.limit,
+        gpu.task_limits,
+        gpu.batch_size,
+        gpu.max_length,
     )
     assert (srv.token_perplexity.seq_len, srv.token_perplexity.stride) == (2047, 2047)  # 2048 - 1

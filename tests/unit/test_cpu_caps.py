@@ -14,26 +14,72 @@ from quantverdict.settings import compose
 
 # what the probe reports on each kind (AMX and AVX512_BF16 load vllm._C, AVX512 vllm._C_AVX512, AVX2 _C_AVX2)
 AVX2 = CpuCapabilities("AVX2 box", ("avx2", "fma"), "AVX2", False, False, False, "_C_AVX2", ())
-AVX512 = CpuCapabilities("AVX512 box", ("avx2", "avx512f"), "AVX512", True, False, False, "_C_AVX512",
-                         ("bfloat16", "float16"))
-AVX512_BF16 = CpuCapabilities("EPYC", ("avx2", "avx512f", "avx512_bf16"), "AVX512", True, True, False, "_C",
-                              ("bfloat16", "float16"))
-AMX = CpuCapabilities("Xeon SPR", ("avx2", "avx512f", "avx512_bf16", "amx_bf16"), "AVX512", True, True, True, "_C",
-                      ("bfloat16", "float16"))
+AVX512 = CpuCapabilities(
+    "AVX512 box", ("avx2", "avx512f"), "AVX512", True, False, False, "_C_AVX512", ("bfloat16", "float16")
+)
+AVX512_BF16 = CpuCapabilities(
+    "EPYC", ("avx2", "avx512f", "avx512_bf16"), "AVX512", True, True, False, "_C", ("bfloat16", "float16")
+)
+AMX = CpuCapabilities(
+    "Xeon SPR",
+    ("avx2", "avx512f", "avx512_bf16", "amx_bf16"),
+    "AVX512",
+    True,
+    True,
+    True,
+    "_C",
+    ("bfloat16", "float16"),
+)
 SCHEMES = ("bf16", "awq", "gptq", "int8", "fp8", "w8a8")
 F32, BF16, NO = "float32", "bfloat16", None
 
 # kind -> scheme -> (served dtype or None if unservable, hf eval dtype), with auto everywhere
 EXPECTED = {
-    "AVX2": (AVX2, {"bf16": (F32, F32), "awq": (NO, F32), "gptq": (NO, F32), "int8": (NO, F32),
-                    "fp8": (F32, F32), "w8a8": (F32, F32)}),
+    "AVX2": (
+        AVX2,
+        {
+            "bf16": (F32, F32),
+            "awq": (NO, F32),
+            "gptq": (NO, F32),
+            "int8": (NO, F32),
+            "fp8": (F32, F32),
+            "w8a8": (F32, F32),
+        },
+    ),
     # bf16 emulated: float32, except W4A16 whose kernel takes 16-bit activations only
-    "AVX512": (AVX512, {"bf16": (F32, F32), "awq": (BF16, F32), "gptq": (BF16, F32), "int8": (NO, F32),
-                        "fp8": (F32, F32), "w8a8": (F32, F32)}),
-    "AVX512_BF16": (AVX512_BF16, {"bf16": (BF16, BF16), "awq": (BF16, BF16), "gptq": (BF16, BF16), "int8": (NO, BF16),
-                                  "fp8": (BF16, BF16), "w8a8": (BF16, BF16)}),
-    "AMX": (AMX, {"bf16": (BF16, BF16), "awq": (BF16, BF16), "gptq": (BF16, BF16), "int8": (NO, BF16),
-                  "fp8": (BF16, BF16), "w8a8": (BF16, BF16)}),
+    "AVX512": (
+        AVX512,
+        {
+            "bf16": (F32, F32),
+            "awq": (BF16, F32),
+            "gptq": (BF16, F32),
+            "int8": (NO, F32),
+            "fp8": (F32, F32),
+            "w8a8": (F32, F32),
+        },
+    ),
+    "AVX512_BF16": (
+        AVX512_BF16,
+        {
+            "bf16": (BF16, BF16),
+            "awq": (BF16, BF16),
+            "gptq": (BF16, BF16),
+            "int8": (NO, BF16),
+            "fp8": (BF16, BF16),
+            "w8a8": (BF16, BF16),
+        },
+    ),
+    "AMX": (
+        AMX,
+        {
+            "bf16": (BF16, BF16),
+            "awq": (BF16, BF16),
+            "gptq": (BF16, BF16),
+            "int8": (NO, BF16),
+            "fp8": (BF16, BF16),
+            "w8a8": (BF16, BF16),
+        },
+    ),
 }
 
 
@@ -102,12 +148,16 @@ def test_bad_dtype_names_the_allowed_values() -> None:
 
 
 def test_from_probe() -> None:
-    probe = {"model_name": "X", "flags": ["avx2", "avx512f"],
-             "torch": {"version": "2.13.0", "capability": "AVX512", "avx512": True, "avx512_bf16": False, "amx": False},
-             "vllm": {"extension": "_C_AVX512", "ops": ["cpu_gemm_wna16"], "wna16_dtypes": ["bfloat16", "float16"]}}
+    probe = {
+        "model_name": "X",
+        "flags": ["avx2", "avx512f"],
+        "torch": {"version": "2.13.0", "capability": "AVX512", "avx512": True, "avx512_bf16": False, "amx": False},
+        "vllm": {"extension": "_C_AVX512", "ops": ["cpu_gemm_wna16"], "wna16_dtypes": ["bfloat16", "float16"]},
+    }
     caps = CpuCapabilities.from_probe(probe)
-    assert caps == CpuCapabilities("X", ("avx2", "avx512f"), "AVX512", True, False, False, "_C_AVX512",
-                                   ("bfloat16", "float16"))
+    assert caps == CpuCapabilities(
+        "X", ("avx2", "avx512f"), "AVX512", True, False, False, "_C_AVX512", ("bfloat16", "float16")
+    )
     rec = caps.to_record()
     assert rec["isa"] == "AVX512" and rec["native_bf16"] is False and rec["wna16_dtypes"] == ["bfloat16", "float16"]
 
@@ -116,15 +166,17 @@ def test_fp8_is_not_served_where_its_gemm_is_impractically_slow() -> None:
     import dataclasses
 
     # measured on a Xeon with AMX/AVX512_FP16: 77.3 ms for 16x576x576 vs 0.059 ms in float32 (1,302x)
-    slow = dataclasses.replace(AMX, fp8_gemm={"scaled_mm_ms": 77.3, "float32_ms": 0.059, "slowdown": 1302.0,
-                                              "shape": [16, 576, 576]})
+    slow = dataclasses.replace(
+        AMX, fp8_gemm={"scaled_mm_ms": 77.3, "float32_ms": 0.059, "slowdown": 1302.0, "shape": [16, 576, 576]}
+    )
     why = serving_unsupported(scheme("fp8"), "cpu", slow)
     assert why and "FP8_DYNAMIC" in why and "1,302x" in why and "77.3 ms" in why and "16x576x576" in why
     p = plan(slow, scheme("fp8"), "auto", "auto", "hf", serving=True)
     assert p.serve is None and p.unsupported == why and p.evaluate.dtype == "bfloat16"
     # the other schemes are untouched, and a CPU whose FP8 GEMM is 5x float32 serves FP8
     assert serving_unsupported(scheme("w8a8"), "cpu", slow) is None
-    ok = dataclasses.replace(AVX2, fp8_gemm={"scaled_mm_ms": 0.3, "float32_ms": 0.06, "slowdown": 5.0,
-                                             "shape": [16, 576, 576]})
+    ok = dataclasses.replace(
+        AVX2, fp8_gemm={"scaled_mm_ms": 0.3, "float32_ms": 0.06, "slowdown": 5.0, "shape": [16, 576, 576]}
+    )
     assert serving_unsupported(scheme("fp8"), "cpu", ok) is None
     assert serving_unsupported(scheme("fp8"), "cuda", slow) is None

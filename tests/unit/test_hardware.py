@@ -26,20 +26,51 @@ from quantverdict.settings import compose
 # what the H200 machine printed for nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap
 # --format=csv,noheader,nounits (2026-11-30)
 H200_SMI = "0, NVIDIA H200, 580.159.04, 143771, 9.0\n"
-A100 = {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "driver_version": "550.54", "memory_total_mib": 81920.0,
-        "compute_cap": "8.0"}
-H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "driver_version": "550.54", "memory_total_mib": 81559.0,
-        "compute_cap": "9.0"}
+A100 = {
+    "index": 0,
+    "name": "NVIDIA A100-SXM4-80GB",
+    "driver_version": "550.54",
+    "memory_total_mib": 81920.0,
+    "compute_cap": "8.0",
+}
+H100 = {
+    "index": 0,
+    "name": "NVIDIA H100 80GB HBM3",
+    "driver_version": "550.54",
+    "memory_total_mib": 81559.0,
+    "compute_cap": "9.0",
+}
 L4 = {"index": 0, "name": "NVIDIA L4", "driver_version": "550.54", "memory_total_mib": 23034.0, "compute_cap": "8.9"}
 T4 = {"index": 0, "name": "Tesla T4", "driver_version": "550.54", "memory_total_mib": 15360.0, "compute_cap": "7.5"}
-V100 = {"index": 0, "name": "Tesla V100-SXM2-16GB", "driver_version": "550.54", "memory_total_mib": 16384.0,
-        "compute_cap": "7.0"}
+V100 = {
+    "index": 0,
+    "name": "Tesla V100-SXM2-16GB",
+    "driver_version": "550.54",
+    "memory_total_mib": 16384.0,
+    "compute_cap": "7.0",
+}
 
-SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-           "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}
+SMOLLM2 = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
 # Llama-3-8B's shape with a 32,000 vocabulary: the random-weight model measured on the H200 (../shared/gpu/README.md)
-LLAMA8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32000, "tie_word_embeddings": False}
+LLAMA8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+}
 # 32 x 218,103,808 Linear + 2 x 32,000 x 4,096 embeddings/lm_head + (2 x 32 + 1) x 4,096 norms
 LLAMA8B_PARAMS = 6_979_321_856 + 262_144_000 + 266_240
 
@@ -50,8 +81,13 @@ def scheme(name: str):  # noqa: ANN201
 
 def test_parse_nvidia_smi_real_output() -> None:
     assert parse_nvidia_smi(H200_SMI) == [
-        {"index": 0, "name": "NVIDIA H200", "driver_version": "580.159.04", "memory_total_mib": 143771.0,
-         "compute_cap": "9.0"}
+        {
+            "index": 0,
+            "name": "NVIDIA H200",
+            "driver_version": "580.159.04",
+            "memory_total_mib": 143771.0,
+            "compute_cap": "9.0",
+        }
     ]
     two = parse_nvidia_smi("0, NVIDIA A100, Inc, 550.54, 81920, 8.0\n1, Tesla T4, 550.54, [N/A], 7.5\n\n")
     assert [g["name"] for g in two] == ["NVIDIA A100, Inc", "Tesla T4"]  # a comma inside the name
@@ -138,9 +174,17 @@ def test_predicted_weights_match_vllm_on_the_h200() -> None:
 
 
 # Qwen3.5-9B's text dimensions (docs/results/gpu-records/qwen3.5-9b-shape): 8 of 32 layers full attention
-QWEN35_9B = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32, "num_attention_heads": 16,
-             "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 248320,
-             "layer_types": ["linear_attention"] * 3 + ["full_attention"], "num_kv_layers": 8}
+QWEN35_9B = {
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "vocab_size": 248320,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_kv_layers": 8,
+}
 QWEN35_9B["layer_types"] = QWEN35_9B["layer_types"] * 8
 
 
@@ -161,8 +205,12 @@ def test_hybrid_counts_only_the_attention_layers_and_the_gated_q_proj() -> None:
 
 def test_predicted_weights_count_parameters_from_the_checkpoint(tmp_path: Path) -> None:
     # no num_parameters (source=local): counted from the safetensors header; 2x3 + 4 = 10 bf16 elements
-    header = json.dumps({"a.weight": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
-                         "b.bias": {"dtype": "BF16", "shape": [4], "data_offsets": [12, 20]}}).encode()
+    header = json.dumps(
+        {
+            "a.weight": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+            "b.bias": {"dtype": "BF16", "shape": [4], "data_offsets": [12, 20]},
+        }
+    ).encode()
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(20))
     assert hardware.count_parameters(tmp_path) == 10
     assert predict_weight_bytes(scheme("bf16"), {"dims": {}, "num_parameters": None, "path": str(tmp_path)}) == 20
@@ -193,8 +241,9 @@ def test_cuda_job_without_a_gpu_fails_before_any_stage(tmp_path: Path, monkeypat
     assert list(rec["stages"]) == ["gpu_check"]  # no setup, no materialize
 
 
-def test_fp8_job_on_an_a100_fails_before_any_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_fp8_job_on_an_a100_fails_before_any_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(hardware, "gpu_info", lambda cuda_visible_devices=None: [A100])
     cfg = compose(["env=h200-prebuilt", "scheme=fp8", "tracking.enabled=false", f"paths.output_root={tmp_path}"])
     with caplog.at_level(logging.ERROR), pytest.raises(ConfigError, match="FP8 W8A8 needs compute capability >= 8.9"):

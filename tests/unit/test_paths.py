@@ -21,8 +21,13 @@ from quantverdict.tracking import sqlite_path
 def test_stage_command_is_a_list_that_keeps_spaces() -> None:
     env = StageEnv("quantize", "/opt/my envs/quantize/bin/python")
     cmd = env.module("quantverdict.stages.quantize", "/runs/a b/quantize.spec.json", "/runs/a b/quantize.result.json")
-    assert cmd == ["/opt/my envs/quantize/bin/python", "-m", "quantverdict.stages.quantize",
-                   "/runs/a b/quantize.spec.json", "/runs/a b/quantize.result.json"]
+    assert cmd == [
+        "/opt/my envs/quantize/bin/python",
+        "-m",
+        "quantverdict.stages.quantize",
+        "/runs/a b/quantize.spec.json",
+        "/runs/a b/quantize.result.json",
+    ]
 
 
 def test_child_gets_its_arguments_and_the_log_line_is_quoted(tmp_path: Path) -> None:

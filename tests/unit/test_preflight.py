@@ -56,8 +56,14 @@ def test_synthetic_parameters_by_hand() -> None:
     # Llama-3.1-8B: h 4096, i 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 128256, untied:
     # per layer 4096*4096 + 2*4096*1024 + 4096*4096 + 3*4096*14336 = 16,777,216 + 8,388,608 + 16,777,216
     # + 176,160,768 = 218,103,808; x 32 = 6,979,321,856; embeddings 2 x 128256 x 4096 = 1,050,673,152
-    cfg = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "vocab_size": 128256,
-           "num_attention_heads": 32, "num_key_value_heads": 8}
+    cfg = {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "vocab_size": 128256,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    }
     assert synthetic_parameters(cfg) == 8_029_995_008
     assert synthetic_parameters({"hidden_size": 8}) is None
 

@@ -15,7 +15,7 @@ def test_stop_group_kills_grandchildren(tmp_path: Path) -> None:
     code = (
         "import subprocess,sys,time;"
         "subprocess.Popen([sys.executable,'-c','import signal,time;signal.signal(signal.SIGTERM,signal.SIG_IGN);"
-        "print(\"grandchild up\",flush=True);time.sleep(600)']);time.sleep(600)"
+        'print("grandchild up",flush=True);time.sleep(600)\']);time.sleep(600)'
     )
     proc = procs.start([sys.executable, "-c", code], tmp_path / "p.log", echo=False)
     pgid = os.getpgid(proc.pid)

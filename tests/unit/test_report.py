@@ -61,14 +61,21 @@ def test_dtype_line_one_value_or_per_job() -> None:
     from quantverdict.report import dtype_line
 
     def rec(scheme: str, serve: str, chosen: str) -> dict:
-        return {"job": {"model": "m", "scheme": scheme},
-                "environment": {"dtypes": {"evaluate": {"dtype": "float32", "chosen_by": "cpu"},
-                                           "serve": {"dtype": serve, "chosen_by": chosen}}}}
+        return {
+            "job": {"model": "m", "scheme": scheme},
+            "environment": {
+                "dtypes": {
+                    "evaluate": {"dtype": "float32", "chosen_by": "cpu"},
+                    "serve": {"dtype": serve, "chosen_by": chosen},
+                }
+            },
+        }
 
     same = [rec("bf16", "float32", "cpu"), rec("fp8", "float32", "cpu")]
     assert dtype_line(same) == "Compute dtypes: evaluate float32 (cpu); serve float32 (cpu)"
     # an AVX512 CPU without BF16: W4A16 is served in bf16, forced by its kernel, the rest in float32
     mixed = [rec("bf16", "float32", "cpu"), rec("gptq", "bfloat16", "kernel")]
-    assert dtype_line(mixed) == ("Compute dtypes: evaluate float32 (cpu); "
-                                 "serve m/bf16 float32 (cpu), m/gptq bfloat16 (kernel)")
+    assert dtype_line(mixed) == (
+        "Compute dtypes: evaluate float32 (cpu); serve m/bf16 float32 (cpu), m/gptq bfloat16 (kernel)"
+    )
     assert dtype_line([{"job": {}, "environment": {}}]) == ""

@@ -210,12 +210,27 @@ def test_constraint_set_follows_the_device() -> None:
 def avx2_grid() -> list[dict[str, Any]]:
     """The AVX2 `make run` grid's speed (docs/results/cpu-grid.md): bf16 TTFT p99 3,548 ms and ITL p99
     2,240 ms at 1 req/s, w8a8 1,232 / 893 ms; int8 and the 4-bit schemes not served."""
-    bf16 = cpu_record("bf16", sp={"mode": "rate", "points": [
-        point(1.0, achieved=0.59, tok_s=19.0, ttft99=3548, itl50=124, itl99=2240, e2e50=9343),
-        point(None, achieved=1.05, tok_s=33.7, ttft99=4169, itl50=125, itl99=124.8, e2e50=7000)]})
-    w8a8 = cpu_record("w8a8", acc_norm=0.49, sp={"mode": "rate", "points": [
-        point(1.0, achieved=0.50, tok_s=15.9, ttft99=1232, itl50=251, itl99=893, e2e50=10768),
-        point(None, achieved=0.69, tok_s=22.0, ttft99=3730, itl50=280, itl99=294.7, e2e50=11000)]})
+    bf16 = cpu_record(
+        "bf16",
+        sp={
+            "mode": "rate",
+            "points": [
+                point(1.0, achieved=0.59, tok_s=19.0, ttft99=3548, itl50=124, itl99=2240, e2e50=9343),
+                point(None, achieved=1.05, tok_s=33.7, ttft99=4169, itl50=125, itl99=124.8, e2e50=7000),
+            ],
+        },
+    )
+    w8a8 = cpu_record(
+        "w8a8",
+        acc_norm=0.49,
+        sp={
+            "mode": "rate",
+            "points": [
+                point(1.0, achieved=0.50, tok_s=15.9, ttft99=1232, itl50=251, itl99=893, e2e50=10768),
+                point(None, achieved=0.69, tok_s=22.0, ttft99=3730, itl50=280, itl99=294.7, e2e50=11000),
+            ],
+        },
+    )
     gptq = cpu_record("gptq", acc_norm=0.48, wppl=36.3, sp={"mode": "rate", "points": []})
     gptq["speed"]["unsupported"] = "no W4A16 kernel on AVX2"
     return [bf16, w8a8, gptq]

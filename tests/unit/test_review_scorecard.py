@@ -269,10 +269,16 @@ def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
     assert 12_990 * 8 * 1_114_112 / paged_bytes_per_sequence(paging, 4096) == pytest.approx(683.68, abs=0.005)
     rec = record("bf16", weights_gib=16.71)
     rec["model"]["dims"] = QWEN35_9B_STATE
-    rec["memory"]["server"] = {"weights_gib": 16.71, "kv_cache_gib": 107.84, "kv_cache_tokens": 2_800_370,
-                               "max_concurrency": 683.68, "max_concurrency_request_tokens": 4096}
+    rec["memory"]["server"] = {
+        "weights_gib": 16.71,
+        "kv_cache_gib": 107.84,
+        "kv_cache_tokens": 2_800_370,
+        "max_concurrency": 683.68,
+        "max_concurrency_request_tokens": 4096,
+    }
     m, missing = memory_summary(
-        rec, replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0))
+        rec, replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0)
+    )
     assert m["budget_max_concurrency"] == 683
     # vLLM's bytes per "KV token" include the states: 107.84 GiB / 2,800,370 = 41,349 B; paged model:
     # 169,345,024 / 4,096 = 41,344 B (0.01% apart), while the per-layer K/V alone is 32,768 B (26% off)

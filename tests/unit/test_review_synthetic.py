@@ -142,8 +142,7 @@ def test_roofline_gpu_and_bits_per_weight_in_the_report() -> None:
         ["gptq (W4A16)", "5.00", "4,000", "1.25", "2.50", "2,000", "50%"],
     ]
     assert (
-        "Ran on: GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0) "
-        "· serving: vllm 0.11.0"
+        "Ran on: GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0) · serving: vllm 0.11.0"
     ) in md
     mem = {r[0]: r[1] for r in table_rows(md, "### Memory")}
     assert mem["gptq (W4A16)"] == "4.25" and mem["bf16 (BF16)"] == "–"  # stages.memory's effective_bits_per_weight
@@ -204,7 +203,10 @@ def test_synthetic_review_html_renders(tmp_path: Path) -> None:
     assert TAIL in text and NA in text
     assert "roofline efficiency (c=1)" in text and "NVIDIA H200" in text
     # the gptq roofline row: 5.00 GB/token, 4,000 GB/s, 1.25 ms ideal, 2.50 ms TPOT, 2,000 GB/s, 50%
-    assert re.search(r"gptq \(W4A16\)</td><td>5\.00</td><td>4,000</td><td>1\.25</td><td>2\.50</td>"
-                     r"<td>2,000</td><td>50%</td>", dom)
+    assert re.search(
+        r"gptq \(W4A16\)</td><td>5\.00</td><td>4,000</td><td>1\.25</td><td>2\.50</td>"
+        r"<td>2,000</td><td>50%</td>",
+        dom,
+    )
     assert dom.count('src="data:image/png;base64,') == 3  # throughput, latency, memory; no accuracy plot
     assert '<div class="verdict warn">' in dom  # a verdict without accuracy is shown as a warning

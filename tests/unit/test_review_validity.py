@@ -28,8 +28,9 @@ def test_a_repeat_with_short_outputs_is_left_out_not_averaged() -> None:
     # Fails on the old review, which averaged every repeat: (30 + 12) / 2 = 21 instead of 30.
     rec = record("bf16")
     good = point(1.0, achieved=0.95, tok_s=30.0, ttft99=300, itl50=40, itl99=60, e2e50=1400)
-    short = _rep(point(1.0, achieved=0.95, tok_s=12.0, ttft99=300, itl50=40, itl99=60, e2e50=1400,
-                       out_total=100, out_req=256), 1)
+    short = _rep(
+        point(1.0, achieved=0.95, tok_s=12.0, ttft99=300, itl50=40, itl99=60, e2e50=1400, out_total=100, out_req=256), 1
+    )
     rec["speed"] = {"mode": "rate", "points": [good, short]}
     _, pts = speed_points(rec)
     # 100 of 256 tokens (39% < 90%): invalid; the level's tok/s is the valid repeat's 30
@@ -43,10 +44,17 @@ def test_repeats_give_a_median_and_a_range() -> None:
     # three repeats of the unlimited-rate point: 280, 300, 340 tok/s -> median 300, range 280..340
     base = point(None, achieved=9.0, tok_s=300.0, ttft99=1500, itl50=120, itl99=240, e2e50=5000)
     low = point(1.0, achieved=0.95, tok_s=30.0, ttft99=300, itl50=40, itl99=60, e2e50=1400)
-    rec["speed"] = {"mode": "rate", "points": [
-        low, _rep(low, 1, itl_ms_p50=44.0), _rep(low, 2, itl_ms_p50=38.0),
-        base, _rep(base, 1, output_tok_s=280.0), _rep(base, 2, output_tok_s=340.0),
-    ]}
+    rec["speed"] = {
+        "mode": "rate",
+        "points": [
+            low,
+            _rep(low, 1, itl_ms_p50=44.0),
+            _rep(low, 2, itl_ms_p50=38.0),
+            base,
+            _rep(base, 1, output_tok_s=280.0),
+            _rep(base, 2, output_tok_s=340.0),
+        ],
+    }
     sp, _, _ = speed_summary(rec, RC)
     assert sp["ceiling_tok_s"] == 300.0 and sp["ceiling_tok_s_range"] == [280.0, 340.0]
     assert sp["single_itl_ms_p50"] == 40.0 and sp["single_itl_ms_p50_range"] == [38.0, 44.0]
@@ -111,21 +119,34 @@ def test_fallback_scheme_is_relabelled_and_kept_out_of_speed_comparisons() -> No
     row = next(r for r in review.regime["m"] if r["scheme"] == "fp8")
     assert row["low"] is None and row["sat"] is None
     assert "excluded from speed comparisons: ran as FP8_DYNAMIC (weight-only fallback)" in row["text"]
-    assert any("relabelled FP8_DYNAMIC (weight-only fallback) and kept out of speed comparisons" in f
-               for f in review.flags)
+    assert any(
+        "relabelled FP8_DYNAMIC (weight-only fallback) and kept out of speed comparisons" in f for f in review.flags
+    )
 
 
 def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
     recs = grid()
     int8 = next(r for r in recs if r["job"]["scheme"] == "int8")
     int8["accuracy"]["checks"] = {
-        "batch_invariance": {"max_abs_diff": 3e-3, "ok": False, "tolerance": 1e-4, "batch_sizes": [1, 3],
-                             "dtype": "float32", "n_requests": 3},
+        "batch_invariance": {
+            "max_abs_diff": 3e-3,
+            "ok": False,
+            "tolerance": 1e-4,
+            "batch_sizes": [1, 3],
+            "dtype": "float32",
+            "n_requests": 3,
+        },
         "perplexity_family": {"max_rel_diff": 0.0, "ok": True},
     }
     recs[0]["accuracy"]["checks"] = {
-        "batch_invariance": {"max_abs_diff": 2e-6, "ok": True, "tolerance": 1e-4, "batch_sizes": [1, 3],
-                             "dtype": "float32", "n_requests": 3},
+        "batch_invariance": {
+            "max_abs_diff": 2e-6,
+            "ok": True,
+            "tolerance": 1e-4,
+            "batch_sizes": [1, 3],
+            "dtype": "float32",
+            "n_requests": 3,
+        },
     }
     review = build_review(recs, RC, "t")
     want = "int8 (W8A16): batching changed a request's log-likelihood by up to 0.003"
@@ -144,7 +165,10 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
 
     def rec(dtype: dict | None, config_dtype: str = "auto") -> dict:
         speed = {"points": [{"point": "rate-inf_r0"}], **({"dtype": dtype} if dtype else {})}
-        return {"speed": speed, "config": {"bench": {"server": {"dtype": config_dtype}}, "model": {"dtype": "bfloat16"}}}
+        return {
+            "speed": speed,
+            "config": {"bench": {"server": {"dtype": config_dtype}}, "model": {"dtype": "bfloat16"}},
+        }
 
     base = rec({"value": "float32", "chosen_by": "cpu", "why": "AVX512: bf16 is emulated"})
     w4 = rec({"value": "bfloat16", "chosen_by": "kernel", "why": "the W4A16 kernel takes 16-bit activations only"})
@@ -153,5 +177,7 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
     assert dtype_flags(rec({"value": "float32", "chosen_by": "cpu", "why": ""}), base) == []
     # older records: the config's dtype, and "auto" is the checkpoint's (the model's dtype)
     assert served_dtype(rec(None, "float32")) == "float32" and served_dtype(rec(None)) == "bfloat16"
-    assert dtype_flags(rec(None), rec(None, "float32")) == ["served in bfloat16, its baseline in float32: the speed ratio mixes compute dtypes"]
+    assert dtype_flags(rec(None), rec(None, "float32")) == [
+        "served in bfloat16, its baseline in float32: the speed ratio mixes compute dtypes"
+    ]
     assert served_dtype({"speed": {"points": []}}) is None  # nothing served, nothing to compare

@@ -65,8 +65,11 @@ def test_language_model_prefix_of_a_vlm_checkpoint(tmp_path: Path) -> None:
     # Qwen3.5 saves the text model under model.language_model.*: its embed_tokens is still the table
     write_safetensors(
         tmp_path / "model.safetensors",
-        {"model.language_model.embed_tokens.weight": ("BF16", [16, 8]), "model.visual.merger.weight": ("BF16", [2, 8]),
-         "model.language_model.layers.0.linear_attn.in_proj_qkv.weight": ("BF16", [4, 8])},
+        {
+            "model.language_model.embed_tokens.weight": ("BF16", [16, 8]),
+            "model.visual.merger.weight": ("BF16", [2, 8]),
+            "model.language_model.layers.0.linear_attn.in_proj_qkv.weight": ("BF16", [4, 8]),
+        },
     )
     out = decode_read_bytes(tmp_path)
     assert out == {"decode_bytes": 64, "embedding_bytes": 256, "skipped_bytes": 32, "total_bytes": 352}
@@ -96,8 +99,16 @@ def test_efficiency_rejects_non_positive(args: tuple[float, float, float]) -> No
 
 
 def _pt(c: int, tpot: float, repeat: int = 0, valid: bool = True) -> dict:
-    return {"concurrency": c, "offered_rate_rps": "inf", "repeat": repeat, "tpot_ms_p50": tpot, "valid": valid,
-            "output_tokens_total": 128, "output_tokens_requested": 128, "completed": 1}
+    return {
+        "concurrency": c,
+        "offered_rate_rps": "inf",
+        "repeat": repeat,
+        "tpot_ms_p50": tpot,
+        "valid": valid,
+        "output_tokens_total": 128,
+        "output_tokens_requested": 128,
+        "completed": 1,
+    }
 
 
 def test_c1_tpot_from_the_summary() -> None:

@@ -258,8 +258,13 @@ def test_data_free_gptq_is_a_quantization_modifier_without_hessian_args() -> Non
                     "config_groups": {
                         "group_0": {
                             "targets": ["Linear"],
-                            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                        "group_size": 64},
+                            "weights": {
+                                "num_bits": 4,
+                                "type": "int",
+                                "symmetric": True,
+                                "strategy": "group",
+                                "group_size": 64,
+                            },
                         }
                     },
                 }
@@ -310,8 +315,9 @@ def test_resolve_extra_ignore_appends_to_every_ignore_list() -> None:
             }
         },
     }
-    scheme = SchemeConfig(name="x", label="W8A8", method="gptq", weight_bits=8, activation_bits=8,
-                          group_size="channel", recipe=recipe)
+    scheme = SchemeConfig(
+        name="x", label="W8A8", method="gptq", weight_bits=8, activation_bits=8, group_size="channel", recipe=recipe
+    )
     extra = ["re:.*linear_attn.*", "re:.*visual.*"]
     out = resolve_recipe(scheme, SMOLLM2, extra_ignore=extra)
     assert out["stage_a"]["mods"]["QuantizationModifier"]["ignore"] == [

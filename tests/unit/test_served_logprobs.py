@@ -26,8 +26,18 @@ from quantverdict.stages import evaluate
 def answer(ids: list[int], values: list[float | None], generated: int = 7) -> dict[str, Any]:
     """A /v1/completions answer echoing ``ids`` with ``values`` and one generated token."""
     tokens = [f"token_id:{i}" for i in [*ids, generated]]
-    return {"choices": [{"index": 0, "logprobs": {"tokens": tokens, "token_logprobs": [*values, -0.5],
-                                                  "top_logprobs": [None] + [{}] * len(ids)}}]}
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": {
+                    "tokens": tokens,
+                    "token_logprobs": [*values, -0.5],
+                    "top_logprobs": [None] + [{}] * len(ids),
+                },
+            }
+        ]
+    }
 
 
 def test_request_body_scores_the_prompt_ids() -> None:

@@ -298,17 +298,30 @@ def test_saturation_without_a_window_burst_and_closed_loop() -> None:
 
 def _pt(rate, rep, tok, *, rps=1.0, sat=None, valid=True, conc=None, ttft99=100.0):  # type: ignore[no-untyped-def]
     return {
-        "point": f"p{rate}-{conc}-{rep}", "offered_rate_rps": rate, "concurrency": conc, "repeat": rep,
-        "completed": 8, "valid": valid, "saturated": sat, "output_tok_s": tok, "achieved_rps": rps,
-        "throughput_tok_s": tok, "throughput_rps": rps, "ttft_ms_p99": ttft99, "itl_ms_p99": 20.0,
+        "point": f"p{rate}-{conc}-{rep}",
+        "offered_rate_rps": rate,
+        "concurrency": conc,
+        "repeat": rep,
+        "completed": 8,
+        "valid": valid,
+        "saturated": sat,
+        "output_tok_s": tok,
+        "achieved_rps": rps,
+        "throughput_tok_s": tok,
+        "throughput_rps": rps,
+        "ttft_ms_p99": ttft99,
+        "itl_ms_p99": 20.0,
     }
 
 
 def test_summarize_median_spread_and_invalid_points_left_out() -> None:
     pts = [
-        _pt(1.0, 0, 10.0, sat=False), _pt(1.0, 1, 30.0, sat=False), _pt(1.0, 2, 20.0, sat=True),
+        _pt(1.0, 0, 10.0, sat=False),
+        _pt(1.0, 1, 30.0, sat=False),
+        _pt(1.0, 2, 20.0, sat=True),
         _pt(1.0, 3, 5.0, valid=False),  # short outputs: never averaged in
-        _pt(INF, 0, 40.0), _pt(INF, 1, 50.0),
+        _pt(INF, 0, 40.0),
+        _pt(INF, 1, 50.0),
     ]
     s = sweep.summarize(pts, "rate")
     assert [lv["offered_rate_rps"] for lv in s] == [1.0, INF]  # inf sorts last
@@ -324,7 +337,8 @@ def test_summarize_median_spread_and_invalid_points_left_out() -> None:
 def test_sustained_ceiling_from_saturated_points() -> None:
     pts = [
         _pt(1.0, 0, 10.0, sat=False),
-        _pt(4.0, 0, 50.0, rps=1.5, sat=True), _pt(4.0, 1, 54.0, rps=1.7, sat=True),
+        _pt(4.0, 0, 50.0, rps=1.5, sat=True),
+        _pt(4.0, 1, 54.0, rps=1.7, sat=True),
         _pt(INF, 0, 45.0, rps=1.4),
         _pt(8.0, 0, 99.0, sat=True, valid=False),  # invalid: its 99 tok/s never counts
     ]
@@ -348,8 +362,14 @@ def test_concurrency_sweep_points_and_ceiling() -> None:
 
 
 def test_points_of_older_records_without_validity_keys() -> None:
-    old = {"offered_rate_rps": 2.0, "concurrency": None, "achieved_rps": 1.0, "completed": 8,
-           "output_tokens_total": 200, "output_tokens_requested": 256}
+    old = {
+        "offered_rate_rps": 2.0,
+        "concurrency": None,
+        "achieved_rps": 1.0,
+        "completed": 8,
+        "output_tokens_total": 200,
+        "output_tokens_requested": 256,
+    }
     assert sweep.point_valid(old) is False  # 200 / 256 = 78% < 90%
     assert sweep.point_valid({**old, "output_tokens_total": 240}) is True  # 94%
     assert sweep.point_saturated(old) is True  # 1.0 < 0.9 x 2.0
@@ -365,8 +385,10 @@ def test_kernel_check_relabels_a_weight_only_fallback() -> None:
     kc = sweep.kernel_check("FP8_DYNAMIC", marlin, activation_quantized=True)
     assert kc["effective_label"] == "FP8_DYNAMIC (weight-only fallback)" and kc["comparable_for_speed"] is False
     assert "native support for FP8" in kc["reason"]
-    fast = {"kernels": [{"kernel": "CutlassFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
-            "fallback": False}
+    fast = {
+        "kernels": [{"kernel": "CutlassFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
+        "fallback": False,
+    }
     kc = sweep.kernel_check("FP8_DYNAMIC", fast, activation_quantized=True)
     assert kc["effective_label"] == "FP8_DYNAMIC" and kc["comparable_for_speed"] is True
     assert kc["kernels"] == ["CutlassFP8ScaledMMLinearKernel (CompressedTensorsW8A8Fp8)"]

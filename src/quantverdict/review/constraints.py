@@ -37,8 +37,10 @@ def record_device(rec: dict[str, Any]) -> str | None:
     says."""
     if (rec.get("environment") or {}).get("gpu"):
         return "gpu"
-    for dev in (((rec.get("config") or {}).get("env") or {}).get("device"),
-                ((rec.get("memory") or {}).get("server") or {}).get("device")):
+    for dev in (
+        ((rec.get("config") or {}).get("env") or {}).get("device"),
+        ((rec.get("memory") or {}).get("server") or {}).get("device"),
+    ):
         if dev in ("cuda", "gpu"):
             return "gpu"
         if dev == "cpu":

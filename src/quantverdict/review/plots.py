@@ -114,8 +114,9 @@ def latency_figure(review: Review) -> Any:
             )
         if slo is not None:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"SLO {slo:g} ms")
-            ax.annotate(f"SLO {slo:g} ms", (0.01, slo), xycoords=("axes fraction", "data"), color="red",
-                        fontsize=8, va="bottom")
+            ax.annotate(
+                f"SLO {slo:g} ms", (0.01, slo), xycoords=("axes fraction", "data"), color="red", fontsize=8, va="bottom"
+            )
         ax.set_xticks(ticks, labels)
         ax.set_xlabel(xlabel)
         ax.set_title(title)

@@ -245,7 +245,8 @@ def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
                     f"{_f(p.get('completed'), 'g')}/{_f(p.get('failed'), 'g')}",
                     out_ok or "–",
                     f"{p.get('valid_repeats', 1)}/{p.get('repeats', 1)}",
-                    "no (short run, under 90% of the ceiling)" if p.get("saturation_note")
+                    "no (short run, under 90% of the ceiling)"
+                    if p.get("saturation_note")
                     else {True: "yes", False: "no", None: "–"}[p.get("saturated")],
                 ]
             )
@@ -263,7 +264,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         (
             "p",
             (
-                f"Source: `{review.source}` · {len(review.cards)} job{'s' * (len(review.cards) != 1)} ({n_ok} finished, "
+                f"Source: `{review.source}` · {len(review.cards)} job{'s' * (len(review.cards) != 1)} "
+                f"({n_ok} finished, "
                 f"{len(review.cards) - n_ok - n_cut} failed{cut}) · constraint set **{rc.name}** "
                 f"(`{review.label}`) · generated {review.generated_at}"
             ),
@@ -296,8 +298,10 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
             out.append(("ul", v.others))
     out += [
         ("h2", "Constraints"),
-        ("p", (review.constraints_how[:1].upper() + review.constraints_how[1:] + ".") if review.constraints_how
-         else ""),
+        (
+            "p",
+            (review.constraints_how[:1].upper() + review.constraints_how[1:] + ".") if review.constraints_how else "",
+        ),
         (
             "p",
             (
@@ -305,7 +309,8 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 "(2 × KV layers × KV heads × head_dim × bytes of the served KV dtype per token: the server's "
                 "dtype unless kv_cache_dtype is set) + a hybrid model's recurrent state per "
                 "request (Gated DeltaNet layers) + reserve <= budget. Accuracy: every "
-                "task's recovery (100 × score / baseline) >= the floor and every listed perplexity kind rises by at most "
+                "task's recovery (100 × score / baseline) >= the floor and every listed perplexity kind rises by "
+                "at most "
                 "the limit. Latency: TTFT p99 and ITL p99 at the stated load within the SLO, and the sweep's ceiling "
                 "reaches the load. null = no constraint."
             ),

@@ -201,8 +201,12 @@ def hybrid_paging(dims: dict[str, Any], kv_dtype_bytes: float, state_dtype_bytes
         return None
     per_layer_token = bpt / kv_layers  # 2 × kv_heads × head_dim × kv_dtype_bytes
     block = 16 * math.ceil(state / state_layers / (16 * per_layer_token))
-    return {"block_tokens": block, "page_bytes": block * per_layer_token, "kv_layers": kv_layers,
-            "state_layers": state_layers}
+    return {
+        "block_tokens": block,
+        "page_bytes": block * per_layer_token,
+        "kv_layers": kv_layers,
+        "state_layers": state_layers,
+    }
 
 
 def paged_bytes_per_sequence(paging: dict[str, float], tokens: int) -> float:
@@ -608,8 +612,16 @@ def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[str], lis
 # --- speed ------------------------------------------------------------------------------------------
 
 # metrics whose min/max over the valid repeats of a load level are kept next to the median
-SPREAD_KEYS = ("achieved_rps", "output_tok_s", "throughput_rps", "throughput_tok_s", "ttft_ms_p99", "itl_ms_p50",
-               "itl_ms_p99", "e2e_ms_p50")
+SPREAD_KEYS = (
+    "achieved_rps",
+    "output_tok_s",
+    "throughput_rps",
+    "throughput_tok_s",
+    "ttft_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "e2e_ms_p50",
+)
 
 
 def load_label(p: dict[str, Any], mode: str) -> str:
@@ -853,8 +865,11 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
     lines = []
     levels = sweep.summarize(raw, mode)
     invalid = [_raw_label(q, mode) for q in raw if not sweep.point_valid(q)]
-    ceiling = {"kind": speed.get("ceiling_kind"), "rps": speed.get("ceiling_rps"),
-               "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None}
+    ceiling = {
+        "kind": speed.get("ceiling_kind"),
+        "rps": speed.get("ceiling_rps"),
+        "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None,
+    }
     sat_raw = [q for q in raw if sweep.point_valid(q) and sweep.point_saturated(q)]
     overruled = [
         q for q in sat_raw if mode == "rate" and sweep.saturation_overruled(q.get("offered_rate_rps"), ceiling)
@@ -874,8 +889,10 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
         f"{'/'.join(str(r) for r in reps)} repeat(s) each; every number is a median over valid repeats"
     )
     text += f"; invalid (left out): {', '.join(invalid)}" if invalid else "; no invalid point"
-    text += f"; saturated: {', '.join(saturated)}" if saturated else (
-        "; no point saturated" if mode == "rate" else "; closed loop: saturation not defined"
+    text += (
+        f"; saturated: {', '.join(saturated)}"
+        if saturated
+        else ("; no point saturated" if mode == "rate" else "; closed loop: saturation not defined")
     )
     if overruled:
         text += (

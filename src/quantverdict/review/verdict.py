@@ -283,8 +283,11 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     cite = " and ".join(parts) + f" at {at['label']}"
     if (sp.get("repeats") or 1) > 1 and at.get("spread"):
         rng = at["spread"]
-        bits = [f"{name} {rng[k][0]:,.0f}-{rng[k][1]:,.0f} ms" for k, name in
-                (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99")) if k in rng]
+        bits = [
+            f"{name} {rng[k][0]:,.0f}-{rng[k][1]:,.0f} ms"
+            for k, name in (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
+            if k in rng
+        ]
         text += f" (median of {at.get('valid_repeats')} repeats; range {', '.join(bits)})"
     if rc.load_rps is not None and sp.get("ceiling_rps") is not None:
         ceiling = sp["ceiling_rps"]
@@ -511,9 +514,7 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
     return low, sat
 
 
-def speedup_intervals(
-    sc: Scorecard, base: Scorecard
-) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
     """The run-to-run range of each speedup of :func:`speedups`: from the min/max over repeats of both
     schemes (low load: ``[b_min / a_max, b_max / a_min]`` of ITL p50; saturation: ``[c_min / d_max,
     c_max / d_min]`` of ceiling tok/s). None when a range is missing or the speedup is."""

@@ -5,7 +5,7 @@ result::
 
     {"model_name": str, "flags": [str],            # /proc/cpuinfo: the ISA flags that matter here
      "torch": {"version", "capability",           # torch.backends.cpu.get_cpu_capability(): "AVX2"/"AVX512"
-               "avx512", "avx512_bf16", "amx"},    # torch.cpu._is_avx512_supported() / _bf16_ / _is_amx_tile_supported()
+               "avx512", "avx512_bf16", "amx"},    # torch.cpu._is_avx512_supported(), _bf16_, _is_amx_tile_
      "vllm": {"version", "extension",              # the library vLLM's CPU platform loads: "_C", "_C_AVX512", "_C_AVX2"
               "wna16_dtypes": [str],                # activation dtypes cpu_gemm_wna16 (W4A16) ran with, tried for real
               "ops": [str],                         # quantized-GEMM ops present in that library
@@ -44,8 +44,19 @@ from typing import Any
 
 from quantverdict.stages._child import child_main, progress
 
-FLAGS_THAT_MATTER = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                     "amx_tile", "amx_bf16", "amx_int8")
+FLAGS_THAT_MATTER = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 QUANT_OPS = ("cpu_gemm_wna16", "int8_scaled_mm_with_quant", "dynamic_scaled_int8_quant", "fp8_scaled_mm_cpu")
 
 
@@ -81,8 +92,11 @@ def _loaded_extension() -> str | None:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    names = {Path(line.split()[-1]).name.split(".")[0] for line in maps.splitlines()
-             if "/vllm/_C" in line and line.rstrip().endswith(".so")}
+    names = {
+        Path(line.split()[-1]).name.split(".")[0]
+        for line in maps.splitlines()
+        if "/vllm/_C" in line and line.rstrip().endswith(".so")
+    }
     for name in ("_C_AVX2", "_C_AVX512", "_C"):
         if name in names:
             return name
@@ -106,13 +120,25 @@ def _vllm_view() -> dict[str, Any]:
         for name in ("bfloat16", "float16", "float32"):
             dtype = getattr(torch, name)
             try:  # "vec": the AMX path needs the tile permission a vLLM worker requests first (SIGILL here)
-                _custom_ops.cpu_gemm_wna16(torch.ones((m, k), dtype=dtype), q_weight,
-                                           torch.ones((k // group, n), dtype=dtype), None, None, 8, "vec")
+                _custom_ops.cpu_gemm_wna16(
+                    torch.ones((m, k), dtype=dtype),
+                    q_weight,
+                    torch.ones((k // group, n), dtype=dtype),
+                    None,
+                    None,
+                    8,
+                    "vec",
+                )
                 wna16.append(name)
             except (RuntimeError, NotImplementedError) as exc:
                 progress(f"cpu_gemm_wna16 refuses {name}: {str(exc).splitlines()[0][:200]}")
-    return {"version": vllm.__version__, "extension": extension, "ops": ops, "wna16_dtypes": wna16,
-            "fp8_gemm": _fp8_gemm()}
+    return {
+        "version": vllm.__version__,
+        "extension": extension,
+        "ops": ops,
+        "wna16_dtypes": wna16,
+        "fp8_gemm": _fp8_gemm(),
+    }
 
 
 def _best_ms(fn: Any, repeats: int = 3) -> float:
@@ -143,8 +169,12 @@ def _fp8_gemm(m: int = 16, k: int = 576, n: int = 576) -> dict[str, Any] | None:
         return None
     finally:
         torch.set_num_threads(threads)
-    return {"scaled_mm_ms": round(fp8, 3), "float32_ms": round(f32, 4), "slowdown": round(fp8 / f32, 1),
-            "shape": [m, k, n]}
+    return {
+        "scaled_mm_ms": round(fp8, 3),
+        "float32_ms": round(f32, 4),
+        "slowdown": round(fp8 / f32, 1),
+        "shape": [m, k, n],
+    }
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:

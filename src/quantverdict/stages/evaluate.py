@@ -521,13 +521,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         t0, c0 = time.perf_counter(), time.process_time()
         if srv is not None:
             tp = server_token_perplexity(
-                tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"), srv,
+                tokenizer,
+                text,
+                tp_cfg["seq_len"],
+                tp_cfg["stride"],
+                tp_cfg.get("max_tokens"),
+                srv,
                 workers=max(1, int(ev["batch_size"])),
             )
         else:
-            tp = token_perplexity(
-                model, tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens")
-            )
+            tp = token_perplexity(model, tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"))
         tp_result = {
             **tp,
             "seq_len": tp_cfg["seq_len"],
@@ -556,7 +559,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         bi = batch_invariance(lm, ev["backend"], ev["dtype"])
         checks["batch_invariance"] = {**bi, "eval_s": round(time.perf_counter() - t0, 3)}
-        progress(f"batch invariance: {({k: bi.get(k) for k in ('max_abs_diff', 'ok', 'skipped') if k in bi})}")
+        progress(f"batch invariance: { ({k: bi.get(k) for k in ('max_abs_diff', 'ok', 'skipped') if k in bi}) }")
 
     task_results: dict[str, Any] = {}
     sample_paths: dict[str, str] = {}

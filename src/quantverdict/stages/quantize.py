@@ -228,9 +228,7 @@ def _count_scheme_modules(model: Any) -> int:
     """Linear modules that llm-compressor attached a ``quantization_scheme`` to."""
     import torch
 
-    return sum(
-        1 for m in model.modules() if isinstance(m, torch.nn.Linear) and getattr(m, "quantization_scheme", None)
-    )
+    return sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear) and getattr(m, "quantization_scheme", None))
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -295,9 +293,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     dataset, cal_used = None, {"num_samples": 0, "seq_len": 0, "tokens": 0}
     if method in CALIBRATED_METHODS:
         dataset, cal_used = build_calibration(tokenizer, cal_spec, seed)
-        progress(
-            f"calibration: {cal_used['num_samples']} x {cal_used['seq_len']} tokens from {cal_used['source']}"
-        )
+        progress(f"calibration: {cal_used['num_samples']} x {cal_used['seq_len']} tokens from {cal_used['source']}")
 
     recipe = Recipe.from_dict(spec["recipe"])
     progress(f"oneshot {method}: {', '.join(type(m).__name__ for m in recipe.modifiers)}")
