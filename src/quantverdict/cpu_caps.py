@@ -186,9 +186,10 @@ def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities
         )
     else:
         return None
+    where = "a GPU (env.device=cuda)" if scheme.weight_bits == 8 else "a GPU (env.device=cuda) or an AVX512 CPU"
     return (
         f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}): {why}. The speed sweep is skipped; "
-        "memory and accuracy are still measured. Serve it on a GPU (env.device=cuda) or an AVX512 CPU."
+        f"memory and accuracy are still measured. Serve it on {where}."
     )
 
 
