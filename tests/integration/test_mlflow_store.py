@@ -1,17 +1,21 @@
 """Real sqlite MLflow stores (written under tmp_path): job runs finished and failed with their stage runs,
 and the review logged as the grid's parent run and read back from the experiment. Needs only the
-orchestrator environment, no stage child."""
+orchestrator environment, no stage child. Also: a job interrupted by Ctrl-C ends its MLflow runs KILLED."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 from pipelines.review import main
+from quantverdict import hardware, procs
 from quantverdict.config import TrackingConfig
+from quantverdict.pipeline import run_job
+from quantverdict.settings import compose
 from quantverdict.tracking import Tracker
 from review_records import grid
 
@@ -123,3 +127,24 @@ def test_mlflow_parent_run_and_experiment_source(tmp_path: Path, capsys: pytest.
     )
     assert "Deploy gptq (W4A16)." in capsys.readouterr().out
     assert (out / "review.html").is_file()
+
+
+def test_interrupted_job_is_recorded_interrupted_and_its_mlflow_run_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def ctrl_c(cuda_visible_devices: str | None = None) -> list:
+        raise procs.Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(hardware, "gpu_info", ctrl_c)  # Ctrl-C in the first stage of a cuda job
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = compose(["env=h200-prebuilt", "scheme=fp8", f"tracking.uri={uri}", f"paths.output_root={tmp_path}"])
+    with pytest.raises(KeyboardInterrupt):
+        run_job(cfg, tmp_path / "job")
+    rec = json.loads((tmp_path / "job" / "record.json").read_text())
+    assert rec["status"] == "interrupted" and rec["failed_stage"] == "gpu_check"
+    assert rec["error"] == "interrupted by SIGINT" and rec["traceback"] is None
+    assert rec["stages"]["gpu_check"]["status"] == "interrupted"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    runs = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
+    assert runs == {"smollm2-135m/fp8": "KILLED", "gpu_check": "KILLED"}  # the job's run and its stage's
