@@ -297,3 +297,32 @@ def test_readme_layout_names_every_config_group() -> None:
     conf_line = next(ln for ln in layout.splitlines() if ln.startswith("conf/"))
     groups = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir())
     assert groups and all(g in conf_line for g in groups), (groups, conf_line)
+
+
+def test_interval_judged_check_text_never_claims_the_estimate_meets_the_floor(tmp_path: Path) -> None:
+    acc = build_review(small_n_grid(tmp_path), replace(RC, max_perplexity_increase_pct=None), "t").checks["m"]["w8a8"][
+        "accuracy"
+    ]
+    # 91.7% is below 95%: the PASS rests on the interval reaching 100%, and the text says so (not "91.7% >= 95%")
+    assert acc.status == "pass" and "91.7%" in acc.text
+    assert ">= 95%" not in acc.text and "does not rule out the 95% floor" in acc.text and "n=30" in acc.text
+
+
+def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> None:
+    from quantverdict.review.scorecard import accuracy_section
+
+    def wikitext(docs: list[tuple[float, int]]) -> list[dict[str, Any]]:
+        return [{"doc_id": i, "loglikelihood": ll, "n_words": n} for i, (ll, n) in enumerate(docs)]
+
+    base, q = record("bf16", wppl=20.0), record("w8a8", wppl=20.3)
+    write_samples(base, tmp_path, "wikitext", wikitext([(-3000.0, 1000)]))
+    write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000)]))
+    deltas, _, _ = accuracy_section(q, base, replace(RC, perplexity_kinds=["word_perplexity"]))
+    (wp,) = [d for d in deltas if d.metric == "word_perplexity"]
+    assert wp.n == 1 and wp.interval is None and wp.significant is None and "1 item" in (wp.note or "")
+    # two documents are a sample: an interval and a test
+    write_samples(base, tmp_path, "wikitext", wikitext([(-3000.0, 1000), (-1500.0, 500)]))
+    write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000), (-1510.0, 500)]))
+    deltas, _, _ = accuracy_section(q, base, replace(RC, perplexity_kinds=["word_perplexity"]))
+    (wp,) = [d for d in deltas if d.metric == "word_perplexity"]
+    assert wp.n == 2 and wp.interval is not None and wp.significant is not None

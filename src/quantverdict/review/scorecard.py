@@ -429,6 +429,9 @@ def _score_delta(
     sa, sb = _read_samples(rec, task), _read_samples(base, task)
     if sa and sb:
         ra, rb, note = _pairs(sa, sb, (metric,))
+        if len(ra) == 1:  # one item is no sample: no interval, never "significant"
+            td.paired, td.n, td.note = True, 1, NO_INTERVAL_FROM_ONE
+            return td
         if ra:
             x = [float(r[metric]) for r in ra]
             y = [float(r[metric]) for r in rb]
@@ -466,6 +469,9 @@ def _score_delta(
     return td
 
 
+NO_INTERVAL_FROM_ONE = "measured on 1 item: no interval and no significance test (they need at least 2 items)"
+
+
 def _scale(iv: Interval, k: float) -> Interval:
     return Interval(iv.estimate * k, iv.low * k, iv.high * k, iv.method)
 
@@ -487,6 +493,9 @@ def _ppl_delta(
     sa, sb = (_read_samples(rec, task), _read_samples(base, task)) if count else (None, None)
     if sa and sb and count:
         ra, rb, note = _pairs(sa, sb, ("loglikelihood", count))
+        if len(ra) == 1:  # one document is no sample: no interval, never "significant"
+            td.paired, td.n, td.note = True, 1, NO_INTERVAL_FROM_ONE
+            return td
         if ra:
             # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents
             num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]

@@ -165,19 +165,21 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         floor = rc.min_recovery_pct
         worst = min(scores, key=lambda d: d.recovery_pct or 0.0)
         op = ">=" if _score_ok(worst, floor, rc) else "<"
-        parts.append(
-            f"worst recovery {_n(worst.recovery_pct, '.1f')}% ({worst.name} {worst.metric}"
-            f"{_ci_pct(worst.recovery_interval)}) {op} {floor:g}%"
-        )
         below = (worst.recovery_pct or 0.0) < floor
         if floor_test_of(worst, rc) == "interval" and worst.recovery_interval is not None and below:
-            # judged on the interval: the estimate alone may sit below the floor
+            # judged on the interval: the estimate alone sits below the floor, so say what passed or failed
             verb = "does not rule out" if op == ">=" else "stays below"
-            cites.append(
+            judged = (
                 f"worst recovery {_n(worst.recovery_pct, '.1f')}% (its interval, up to "
                 f"{worst.recovery_interval.high:.1f}%, {verb} the {floor:g}% floor)"
             )
+            parts.append(f"{judged[:-1]}; {worst.name} {worst.metric}, interval test, n={worst.n})")
+            cites.append(judged)
         else:
+            parts.append(
+                f"worst recovery {_n(worst.recovery_pct, '.1f')}% ({worst.name} {worst.metric}"
+                f"{_ci_pct(worst.recovery_interval)}) {op} {floor:g}%"
+            )
             cites.append(f"worst recovery {_n(worst.recovery_pct, '.1f')}% {op} {floor:g}%")
         for d in scores:
             if not _score_ok(d, floor, rc):
@@ -204,8 +206,20 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         limit = rc.max_perplexity_increase_pct
         worst_p = max(ppls, key=lambda d: d.delta_pct or 0.0)
         op = "<=" if _ppl_ok(worst_p, limit, rc) else ">"
-        parts.append(f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}%{_ci_pct(worst_p.interval)} {op} +{limit:g}%")
-        cites.append(f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}% {op} +{limit:g}%")
+        above = (worst_p.delta_pct or 0.0) > limit
+        if floor_test_of(worst_p, rc) == "interval" and worst_p.interval is not None and above:
+            verb = "does not rule out" if op == "<=" else "stays above"
+            judged = (
+                f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}% (its interval, down to {worst_p.interval.low:+.1f}%, "
+                f"{verb} the +{limit:g}% limit)"
+            )
+            parts.append(f"{judged[:-1]}; interval test, n={worst_p.n})")
+            cites.append(judged)
+        else:
+            parts.append(
+                f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}%{_ci_pct(worst_p.interval)} {op} +{limit:g}%"
+            )
+            cites.append(f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}% {op} +{limit:g}%")
         for d in ppls:
             if not _ppl_ok(d, limit, rc):
                 gap = (d.delta_pct or 0.0) - limit
