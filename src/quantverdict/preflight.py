@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.config import Config, ConfigError, ModelConfig
+from quantverdict.stages.materialize import MODEL_INFO  # the cache entry's marker file (a constant, stdlib only)
 
 GIB = 2**30
 HUB_TIMEOUT_S = 5.0
@@ -141,8 +142,6 @@ def source_problems(
     Returns:
         (messages naming ``model.*`` keys, parameters or None).
     """
-    from quantverdict.stages.materialize import MODEL_INFO
-
     cached = cache_root / "models" / model.name / MODEL_INFO
     if cached.is_file():
         try:
@@ -213,8 +212,6 @@ def check(cfg: Config, resources: MachineResources | None = None) -> int | None:
         The model's parameter count where known (recorded), else None.
     """
     cache = Path(cfg.paths.cache_root)
-    from quantverdict.stages.materialize import MODEL_INFO
-
     materialized = (cache / "models" / cfg.model.name / MODEL_INFO).is_file()
     problems, params = source_problems(cfg.model, cache)
     problems += fit_problems(params, cfg.env.device, resources or MachineResources.here(cache), cache, materialized)
