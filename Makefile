@@ -20,7 +20,7 @@ $(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
 	touch $@
 
 setup: $(VENV)/.ready
-	$(VPY) -m quantverdict.envs
+	$(VPY) -m quantverdict.processes.envs
 
 # headless Chromium renders review.html in the tests (Debian package; root installs it)
 browser:

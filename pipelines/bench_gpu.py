@@ -16,7 +16,7 @@ schemes (``--streams``) completes it, and ``--report-only --out RUN1 RUN2`` join
 supersedes an interrupted or failed one of the same model and scheme).
 
 Results: ``<results>/gpu-<model>.md`` (memory, accuracy, speed, roofline and stage-time tables from the
-records, :func:`quantverdict.report.format_table`); each grid also writes its review into its own folder
+records, :func:`quantverdict.results.table.format_table`); each grid also writes its review into its own folder
 (``<out>/<part>/multirun/<time>/review/``), and ``python -m pipelines.review`` reruns it with other
 constraints on the exported records (``--export-records``). Exits 1 if any grid failed.
 """
@@ -132,9 +132,9 @@ def _stream(
 def rederive(rec: dict, job_dir: Path) -> dict:
     """Re-read the fields a record takes from the job's raw vLLM server log (memory, kernels, the kernel
     check, the per-load summary) with this checkout's parser, so a parser fix applies to finished runs."""
-    from quantverdict import vllm_log
-    from quantverdict.pipeline import speed_validity
-    from quantverdict.record import mark_interrupted
+    from quantverdict.measure import vllm_log
+    from quantverdict.orchestrate.job import speed_validity
+    from quantverdict.results.record import mark_interrupted
 
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
     log_path = job_dir / "vllm_server.log"
@@ -159,7 +159,7 @@ def supersede(recs: list[dict]) -> list[dict]:
 def load_records(outs: list[Path]) -> list[dict]:
     """Every job record under the run folders ``outs`` (reused ones left out), re-derived
     (:func:`rederive`), unfinished jobs superseded by finished ones (:func:`supersede`)."""
-    from quantverdict.record import find_records, load
+    from quantverdict.results.record import find_records, load
 
     recs = []
     for out in outs:
@@ -216,7 +216,7 @@ def run_settings(recs: list[dict]) -> list[str]:
 
 def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Path]:
     """One Markdown file per model from ``recs`` (read from the run folders ``outs``); returns the files written."""
-    from quantverdict.report import format_table
+    from quantverdict.results.table import format_table
 
     by_model: dict[str, list[dict]] = {}
     for rec in recs:

@@ -6,7 +6,7 @@
     python -m pipelines.review mlflow:quantverdict                  # an MLflow experiment (tracking.uri from conf/)
     python -m pipelines.review quantverdict tracking.uri=sqlite:///outputs/mlflow.db
 
-The constraints (schema: :class:`quantverdict.config.ReviewConfig`) are ``conf/review/cpu.yaml`` or
+The constraints (schema: :class:`quantverdict.config.schema.ReviewConfig`) are ``conf/review/cpu.yaml`` or
 ``conf/review/gpu.yaml``, picked from where the records ran (``conf/review/default.yaml`` is ``name: auto``,
 :mod:`quantverdict.review.constraints`); ``review=cpu``/``review=gpu`` picks one by name and any
 ``review.KEY=VALUE`` overrides a key of the picked set. Writes ``review.md``, ``review.html``
@@ -14,7 +14,7 @@ The constraints (schema: :class:`quantverdict.config.ReviewConfig`) are ``conf/r
 ``<paths.output_root>/reviews/<experiment>/<label>_<time>`` for an MLflow experiment, or ``--out``, where
 ``<label>`` is the set's name and the hash of its values (``cpu-3f9a01bc``), and logs them to an MLflow run
 named ``review/<label>``, tagged ``quantverdict.kind=review``. The grid's own review, run by itself at the
-end of every grid (:class:`quantverdict.hydra_callbacks.GridSummary`), is ``<grid>/review``.
+end of every grid (:class:`quantverdict.orchestrate.hydra_callbacks.GridSummary`), is ``<grid>/review``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import cast
 
 from omegaconf import OmegaConf
 
-from quantverdict.config import ConfigError, ReviewConfig, TrackingConfig, review_errors
+from quantverdict.config.schema import ConfigError, ReviewConfig, TrackingConfig
+from quantverdict.config.validate import review_errors
 
 log = logging.getLogger("quantverdict")
 ALLOWED_PREFIXES = ("review", "tracking", "paths")
@@ -39,7 +40,7 @@ def compose_review(overrides: list[str]) -> tuple[ReviewConfig, TrackingConfig, 
 
     Raises:
         ConfigError: an override outside ``review``/``tracking``/``paths``, an unknown key or config file, a
-            value of the wrong type (:func:`quantverdict.overrides.explain`), or a bad review value.
+            value of the wrong type (:func:`quantverdict.config.overrides.explain`), or a bad review value.
         hydra.errors.ConfigCompositionException: another composition error.
     """
     bad = [o for o in overrides if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] not in ALLOWED_PREFIXES]
@@ -49,8 +50,8 @@ def compose_review(overrides: list[str]) -> tuple[ReviewConfig, TrackingConfig, 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from quantverdict.overrides import explain
-    from quantverdict.settings import CONF_DIR
+    from quantverdict.config.compose import CONF_DIR
+    from quantverdict.config.overrides import explain
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hydra.errors import ConfigCompositionException
 
-    import quantverdict.settings  # noqa: F401  (registers the config schema and resolvers)
+    import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
     from quantverdict.review import run_review
 
     try:

@@ -5,11 +5,11 @@
 
 Each job writes ``record.json`` (and logs) into its Hydra output folder and one MLflow run. In a
 grid a failed job is recorded and the grid goes on; the grid ends with a table of all jobs and a
-non-zero exit code if any failed (see :mod:`quantverdict.hydra_callbacks`).
+non-zero exit code if any failed (see :mod:`quantverdict.orchestrate.hydra_callbacks`).
 
 Exit codes: 0 done; 1 a job failed; 2 bad input, nothing ran (an override Hydra cannot compose, checked
-before Hydra starts by :func:`quantverdict.overrides.check_command_line`, or a value
-:func:`quantverdict.config.validate` refuses; in a grid: every job refused); 130 interrupted by Ctrl-C
+before Hydra starts by :func:`quantverdict.config.overrides.check_command_line`, or a value
+:func:`quantverdict.config.validate.validate` refuses; in a grid: every job refused); 130 interrupted by Ctrl-C
 (143 by SIGTERM): the job is recorded ``interrupted``, its MLflow run KILLED, its processes stopped.
 """
 
@@ -23,12 +23,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-import quantverdict.settings  # noqa: F401  (registers the config schema and resolvers)
-from quantverdict import procs
-from quantverdict.config import ConfigError
-from quantverdict.overrides import check_command_line
-from quantverdict.pipeline import run_job, write_config_failure
-from quantverdict.report import format_table
+import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
+from quantverdict.config.overrides import check_command_line
+from quantverdict.config.schema import ConfigError
+from quantverdict.orchestrate.job import run_job, write_config_failure
+from quantverdict.processes import procs
+from quantverdict.results.table import format_table
 
 log = logging.getLogger("quantverdict")
 EXIT_BAD_INPUT = 2
@@ -42,7 +42,7 @@ def main(dcfg: DictConfig) -> None:
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode.name == "MULTIRUN"
     try:
-        cfg = quantverdict.settings.to_config(dcfg)
+        cfg = quantverdict.config.compose.to_config(dcfg)
     except ConfigError as exc:
         log.error("%s", exc)
         write_config_failure(dcfg, out_dir, exc)

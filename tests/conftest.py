@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import envs
-from quantverdict.config import Config
-from quantverdict.envs import StageEnv
-from quantverdict.settings import PROJECT_ROOT, compose
+from quantverdict.config.compose import PROJECT_ROOT, compose
+from quantverdict.config.schema import Config
+from quantverdict.processes import envs
+from quantverdict.processes.envs import StageEnv
 
 DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" / "data"))
 
@@ -35,8 +35,8 @@ def embedded_model(
 ) -> dict:
     """The embedded SmolLM2-135M materialized as bf16 safetensors in the shared cache (result dict of
     the materialize stage: path, dims, num_parameters, ...)."""
-    from quantverdict.pipeline import _materialize
-    from quantverdict.record import StageInfo
+    from quantverdict.orchestrate.job import _materialize
+    from quantverdict.results.record import StageInfo
 
     out = tmp_path_factory.mktemp("materialize")
     return _materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())

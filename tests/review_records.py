@@ -1,4 +1,4 @@
-"""Hand-built records for the review tests (same layout as quantverdict.pipeline writes).
+"""Hand-built records for the review tests (same layout as quantverdict.orchestrate.job writes).
 
 Model dims are SmolLM2-135M's: 30 layers, 3 KV heads, head_dim 64, so with a bf16 KV cache one
 token takes 2 × 30 × 3 × 64 × 2 = 23,040 bytes. Requests are 256 + 32 = 288 tokens; 16 concurrent

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from quantverdict.settings import PROJECT_ROOT
+from quantverdict.config.compose import PROJECT_ROOT
 
 # small enough for CI on 2 cores, large enough to exercise every stage for real
 TINY = [

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from quantverdict.config import Config
-from quantverdict.envs import StageEnv
+from quantverdict.config.schema import Config
+from quantverdict.processes.envs import StageEnv
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from clihelp import command, pids_matching, run_cli
-from quantverdict.record import find_records, load
-from quantverdict.settings import PROJECT_ROOT
-from quantverdict.stages.serve import port_is_free
+from quantverdict.config.compose import PROJECT_ROOT
+from quantverdict.results.record import find_records, load
+from quantverdict.serving.server import port_is_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -120,7 +120,7 @@ def test_one_server_serves_accuracy_and_speed(served: tuple) -> None:
     (point,) = speed["points"]
     assert point["completed"] == 2 and point["failed"] == 0 and point["output_tokens_total"] == 2 * 8
     assert rec["memory"]["server"]["kv_cache_tokens"] > 0
-    assert not pids_matching("quantverdict.stages") and port_is_free("127.0.0.1", PORT)
+    assert not pids_matching("quantverdict.children") and port_is_free("127.0.0.1", PORT)
 
 
 def test_server_and_hf_backends_agree_on_the_same_items(served: tuple, hf: tuple) -> None:
@@ -167,10 +167,10 @@ def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 600
-        while not (children := pids_matching(f"quantverdict.stages.evaluate {tmp_path}")):
+        while not (children := pids_matching(f"quantverdict.children.evaluate {tmp_path}")):
             assert time.monotonic() < deadline and proc.poll() is None, "the evaluate child never started"
             time.sleep(0.5)
-        assert pids_matching("quantverdict.stages.vllm_cli serve")  # the server is up while evaluate runs
+        assert pids_matching("quantverdict.children.vllm_cli serve")  # the server is up while evaluate runs
         time.sleep(3)
         for pid in children:
             os.kill(pid, signal.SIGKILL)
@@ -187,7 +187,7 @@ def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(
     assert rec["speed"]["server_start_s"] > 0 and rec["memory"]["server"]["kv_cache_tokens"] > 0  # kept
     # no server left behind: its process group is gone and the port is free
     deadline = time.monotonic() + 30
-    while pids_matching("quantverdict.stages.vllm_cli") and time.monotonic() < deadline:
+    while pids_matching("quantverdict.children.vllm_cli") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not pids_matching("quantverdict.stages") and port_is_free("127.0.0.1", PORT)
+    assert not pids_matching("quantverdict.children") and port_is_free("127.0.0.1", PORT)
     assert "vLLM server stopped" in output or "stopping the vLLM server" in output

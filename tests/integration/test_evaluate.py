@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from quantverdict.envs import StageEnv
-from quantverdict.stages.runner import run_stage
+from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import run_stage
 
 pytestmark = pytest.mark.integration
 

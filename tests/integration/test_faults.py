@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from clihelp import TINY, command, pids_matching, run_cli
-from quantverdict.record import find_records, load
-from quantverdict.settings import PROJECT_ROOT
+from quantverdict.config.compose import PROJECT_ROOT
+from quantverdict.results.record import find_records, load
 
 pytestmark = pytest.mark.integration
 
@@ -54,9 +54,9 @@ def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
     )
     t_start = time.time()
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: pids_matching(f"quantverdict.stages.quantize {tmp_path}"), 300, "the quantize child")
+    wait_for(lambda: pids_matching(f"quantverdict.children.quantize {tmp_path}"), 300, "the quantize child")
     time.sleep(5)
-    for pid in pids_matching(f"quantverdict.stages.quantize {tmp_path}"):
+    for pid in pids_matching(f"quantverdict.children.quantize {tmp_path}"):
         os.kill(pid, signal.SIGKILL)
     output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 1, output[-3000:]
@@ -82,7 +82,7 @@ def test_sigterm_to_the_orchestrator_stops_everything(tmp_path: Path, stage_envs
     )
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
-    assert pids_matching("quantverdict.stages.vllm_cli serve")
+    assert pids_matching("quantverdict.children.vllm_cli serve")
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143  # 128 + SIGTERM
@@ -91,7 +91,7 @@ def test_sigterm_to_the_orchestrator_stops_everything(tmp_path: Path, stage_envs
     assert rec["error"] == "interrupted by SIGTERM"
     assert len(rec["speed"]["points"]) >= 1  # finished sweep points are kept
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
-    wait_for(lambda: not pids_matching("quantverdict.stages.vllm_cli"), 30, "the server and client to be gone")
+    wait_for(lambda: not pids_matching("quantverdict.children.vllm_cli"), 30, "the server and client to be gone")
 
 
 def test_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
@@ -119,7 +119,7 @@ def test_server_killed_mid_sweep_keeps_finished_points(tmp_path: Path, stage_env
     )
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
-    for pid in pids_matching("quantverdict.stages.vllm_cli serve"):
+    for pid in pids_matching("quantverdict.children.vllm_cli serve"):
         os.killpg(os.getpgid(pid), signal.SIGKILL)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1, output[-2000:]
@@ -128,7 +128,7 @@ def test_server_killed_mid_sweep_keeps_finished_points(tmp_path: Path, stage_env
     assert 1 <= len(rec["speed"]["points"]) < 5
     assert rec["memory"]["server"]["kv_cache_tokens"] > 0  # what the server log said before it died
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "FAILED"}
-    assert not pids_matching("quantverdict.stages.vllm_cli")
+    assert not pids_matching("quantverdict.children.vllm_cli")
 
 
 def test_truncated_cached_checkpoint_is_quantized_again(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:

@@ -12,11 +12,12 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines.review import main
-from quantverdict import hardware, procs
-from quantverdict.config import TrackingConfig
-from quantverdict.pipeline import run_job
-from quantverdict.settings import compose
-from quantverdict.tracking import Tracker
+from quantverdict.config.compose import compose
+from quantverdict.config.schema import TrackingConfig
+from quantverdict.orchestrate import hardware
+from quantverdict.orchestrate.job import run_job
+from quantverdict.processes import procs
+from quantverdict.results.tracking import Tracker
 from review_records import grid
 
 pytestmark = pytest.mark.integration
@@ -87,7 +88,7 @@ def test_mlflow_parent_run_and_experiment_source(tmp_path: Path, capsys: pytest.
     MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
     three = [r for r in grid() if r["job"]["scheme"] in ("bf16", "int8", "gptq")]
     src = write_grid(tmp_path / "multirun", three, uri)
-    # the job runs, as quantverdict.pipeline logs them (record.json artifact, output_dir tag)
+    # the job runs, as quantverdict.orchestrate.job logs them (record.json artifact, output_dir tag)
     for d in sorted(src.iterdir()):
         rec = json.loads((d / "record.json").read_text())
         tr = Tracker(TrackingConfig(name="t", uri=uri, experiment="exp"))

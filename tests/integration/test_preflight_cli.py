@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.settings import PROJECT_ROOT
+from quantverdict.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 

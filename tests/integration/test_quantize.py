@@ -3,7 +3,7 @@
 Each scheme runs once (module-scoped fixture) with a small calibration (8 samples x 128 tokens of
 WikiText-2 valid) and is then checked for: the stage result, the number of quantized Linear layers
 (SmolLM2-135M: 30 layers x 7 = 210; lm_head stays 16-bit), effective bits per weight against the
-formula of :func:`quantverdict.stages.memory.expected_bits`, total bytes, and the
+formula of :func:`quantverdict.measure.memory.expected_bits`, total bytes, and the
 ``quantization_config`` that vLLM reads from config.json.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from quantverdict.config import Config, SchemeConfig
-from quantverdict.envs import StageEnv
-from quantverdict.schemes import read_dims, resolve_recipe
-from quantverdict.stages.memory import check_against_prediction, checkpoint_memory, expected_bits
-from quantverdict.stages.runner import run_stage
+from quantverdict.config.schema import Config, SchemeConfig
+from quantverdict.config.schemes import read_dims, resolve_recipe
+from quantverdict.measure.memory import check_against_prediction, checkpoint_memory, expected_bits
+from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import run_stage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import procs
-from quantverdict.config import BenchConfig, ServerConfig
-from quantverdict.envs import SRC_DIR, StageEnv
-from quantverdict.stages.benchmark import run_sweep
-from quantverdict.stages.serve import ServerError, VLLMServer, port_is_free
+from quantverdict.config.schema import BenchConfig, ServerConfig
+from quantverdict.processes import procs
+from quantverdict.processes.envs import SRC_DIR, StageEnv
+from quantverdict.serving.benchmark import run_sweep
+from quantverdict.serving.server import ServerError, VLLMServer, port_is_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 
 from clihelp import run_cli
 from conftest import DATA_ROOT
-from quantverdict.record import find_records, load
+from quantverdict.results.record import find_records, load
 
 pytestmark = pytest.mark.integration
 

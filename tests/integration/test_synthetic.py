@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from clihelp import run_cli
-from quantverdict.record import find_records, load
-from quantverdict.stages.memory import read_header
+from quantverdict.measure.memory import read_header
+from quantverdict.results.record import find_records, load
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Parallel jobs creating the same MLflow experiment all land in it (real MLflow, one fresh sqlite store).
 
 A Hydra grid with a parallel launcher starts several jobs at once; each calls
-:func:`quantverdict.tracking.experiment_id` through :class:`~quantverdict.tracking.Tracker`. Here N
+:func:`quantverdict.results.tracking.experiment_id` through :class:`~quantverdict.results.tracking.Tracker`. Here N
 separate processes are released at the same instant (a file barrier, after their imports) against
 a store that does not exist yet, so they race both to create the database and the experiment.
 Needs only the orchestrator environment.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.settings import PROJECT_ROOT
+from quantverdict.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +28,8 @@ N_JOBS = 4
 JOB = r"""
 import json, sys, time
 from pathlib import Path
-from quantverdict.config import TrackingConfig
-from quantverdict.tracking import Tracker
+from quantverdict.config.schema import TrackingConfig
+from quantverdict.results.tracking import Tracker
 
 root, i = Path(sys.argv[1]), int(sys.argv[2])
 cfg = TrackingConfig(name="sqlite", uri=f"sqlite:///{root}/mlflow.db", experiment="race",

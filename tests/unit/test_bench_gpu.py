@@ -68,7 +68,7 @@ def test_finished_job_supersedes_the_interrupted_one() -> None:
 
 
 def test_an_unfinished_record_says_where_it_stopped() -> None:
-    from quantverdict.record import mark_interrupted, stopped_stage
+    from quantverdict.results.record import mark_interrupted, stopped_stage
 
     stages = {"materialize": {"status": "ok"}, "quantize": {"status": "ok"}}
     # cut between two stages: no stage is running

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.settings import PROJECT_ROOT
+from quantverdict.config.compose import PROJECT_ROOT
 
 EVAL_KEYS = (
     "backend, batch_invariance_check, batch_size, dtype, enabled, headline, limit, max_length, name, num_fewshot, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantverdict.compare import accuracy_deltas, eval_mismatch, find_baseline, pct_change
+from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, find_baseline, pct_change
 
 SETTINGS = {
     "backend": "hf",
@@ -69,7 +69,7 @@ def test_pct_change_edge_cases() -> None:
 
 
 def test_find_records_skips_mlflow_artifact_copies(tmp_path) -> None:  # noqa: ANN001
-    from quantverdict.record import find_records
+    from quantverdict.results.record import find_records
 
     for d in ("runs/a", "multirun/x/b", "mlartifacts/1/abc/artifacts"):
         (tmp_path / d).mkdir(parents=True)

@@ -10,8 +10,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import DATA_ROOT
-from quantverdict.config import ConfigError, closest, hf_id_problem
-from quantverdict.settings import compose
+from quantverdict.config.compose import compose
+from quantverdict.config.schema import ConfigError, closest
+from quantverdict.config.validate import hf_id_problem
 
 SCHEMES = ["bf16", "awq", "gptq", "int8", "fp8", "w8a8"]
 
@@ -171,13 +172,13 @@ def test_small_calibration_text_warns_that_fewer_samples_are_used(
 ) -> None:
     # 64 samples x 512 tokens x 2 bytes = 65,536 bytes wanted at least; 40,000 bytes given
     (offline_root / "calib.txt").write_text("x" * 40_000)
-    with caplog.at_level(logging.WARNING, logger="quantverdict.config"):
+    with caplog.at_level(logging.WARNING, logger="quantverdict.config.schema"):
         compose([f"data.offline_root={offline_root}", "scheme=gptq", "scheme.calibration.text_file=calib.txt"])
     assert "has 40000 bytes, likely fewer than the 64 x 512 = 32768 tokens asked for" in caplog.text
     assert "(assuming >= 2 bytes per token)" in caplog.text
     assert "fewer calibration samples than scheme.calibration.num_samples=64 will be used" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="quantverdict.config"):  # WikiText-2 valid: 1,121,681 bytes
+    with caplog.at_level(logging.WARNING, logger="quantverdict.config.schema"):  # WikiText-2 valid: 1,121,681 bytes
         compose([f"data.offline_root={offline_root}", "scheme=gptq"])
     assert "fewer calibration samples" not in caplog.text
 
@@ -210,8 +211,8 @@ def test_empty_token_perplexity_text_is_refused(offline_root: Path) -> None:
 def test_config_hash_ignores_output_locations_but_not_results() -> None:
     # moving the outputs (paths.*, the MLflow store under them) or switching tracking off must not make a
     # finished job look new; changing what is measured must
-    from quantverdict.pipeline import config_hash
-    from quantverdict.settings import as_dict, compose
+    from quantverdict.config.compose import as_dict, compose
+    from quantverdict.orchestrate.job import config_hash
 
     base = config_hash(as_dict(compose(["paths.output_root=/tmp/a"])))
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base

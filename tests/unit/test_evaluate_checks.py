@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantverdict.stages import evaluate
+from quantverdict.children import evaluate
 
 
 def test_batch_invariance_judged_at_float32() -> None:

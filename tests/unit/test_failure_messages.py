@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import procs
-from quantverdict.config import ServerConfig
-from quantverdict.envs import StageEnv
-from quantverdict.stages.runner import StageError, run_stage
-from quantverdict.stages.serve import ServerError, VLLMServer
+from quantverdict.config.schema import ServerConfig
+from quantverdict.processes import procs
+from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import StageError, run_stage
+from quantverdict.serving.server import ServerError, VLLMServer
 
 CAUSE = "NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'"
 

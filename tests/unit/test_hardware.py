@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import hardware
-from quantverdict.config import ConfigError
-from quantverdict.hardware import (
+from quantverdict.config.compose import compose
+from quantverdict.config.schema import ConfigError
+from quantverdict.orchestrate import hardware
+from quantverdict.orchestrate.hardware import (
     check_scheme_on_gpu,
     check_weights_fit,
     gpu_info,
@@ -20,8 +21,7 @@ from quantverdict.hardware import (
     predict_weight_bytes,
     visible,
 )
-from quantverdict.pipeline import run_job
-from quantverdict.settings import compose
+from quantverdict.orchestrate.job import run_job
 
 # what the H200 machine printed for nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap
 # --format=csv,noheader,nounits (2026-11-30)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.integrity import IntegrityError, check_checkpoint, check_gguf, check_safetensors
+from quantverdict.measure.integrity import IntegrityError, check_checkpoint, check_gguf, check_safetensors
 
 
 def write_safetensors(path: Path, nbytes: int = 12) -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import procs
-from quantverdict.envs import StageEnv
-from quantverdict.pipeline import _materialize, exclusive_lock
-from quantverdict.record import StageInfo
-from quantverdict.settings import compose
-from quantverdict.stages.runner import StageError
+from quantverdict.config.compose import compose
+from quantverdict.orchestrate.job import _materialize, exclusive_lock
+from quantverdict.processes import procs
+from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import StageError
+from quantverdict.results.record import StageInfo
 
 
 def test_interrupted_carries_the_shell_exit_code() -> None:

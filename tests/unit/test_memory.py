@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.stages.memory import (
+from quantverdict.measure.memory import (
     CheckpointSizeError,
     check_against_prediction,
     checkpoint_memory,

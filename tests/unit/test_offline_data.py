@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import offline_data as od
+from quantverdict.children import offline_data as od
 
 DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 needs_data = pytest.mark.skipif(not (DATA_ROOT / "SOURCES.md").is_file(), reason=f"no offline data at {DATA_ROOT}")

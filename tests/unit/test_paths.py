@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import procs
-from quantverdict.envs import SRC_DIR, StageEnv
-from quantverdict.settings import compose
-from quantverdict.stages.runner import StageError, run_stage
-from quantverdict.tracking import sqlite_path
+from quantverdict.config.compose import compose
+from quantverdict.processes import procs
+from quantverdict.processes.envs import SRC_DIR, StageEnv
+from quantverdict.processes.runner import StageError, run_stage
+from quantverdict.results.tracking import sqlite_path
 
 
 def test_stage_command_is_a_list_that_keeps_spaces() -> None:
     env = StageEnv("quantize", "/opt/my envs/quantize/bin/python")
-    cmd = env.module("quantverdict.stages.quantize", "/runs/a b/quantize.spec.json", "/runs/a b/quantize.result.json")
+    cmd = env.module("quantverdict.children.quantize", "/runs/a b/quantize.spec.json", "/runs/a b/quantize.result.json")
     assert cmd == [
         "/opt/my envs/quantize/bin/python",
         "-m",
-        "quantverdict.stages.quantize",
+        "quantverdict.children.quantize",
         "/runs/a b/quantize.spec.json",
         "/runs/a b/quantize.result.json",
     ]

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from quantverdict.perplexity import family_check, perplexities, scored_slices, window_plan
+from quantverdict.measure.perplexity import family_check, perplexities, scored_slices, window_plan
 
 
 def _scored(plan: list[tuple[int, int, int]]) -> Counter[int]:

@@ -1,4 +1,4 @@
-"""Before any work: the model source is reachable and, on CPU, the model fits the machine (quantverdict.preflight)."""
+"""Before any work: the model source is reachable and, on CPU, the model fits the machine (orchestrate.preflight)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.config import ConfigError
-from quantverdict.preflight import GIB, MachineResources, fit_problems, source_problems, synthetic_parameters
-from quantverdict.settings import compose
+from quantverdict.config.compose import compose
+from quantverdict.config.schema import ConfigError
+from quantverdict.orchestrate.preflight import (
+    GIB,
+    MachineResources,
+    fit_problems,
+    source_problems,
+    synthetic_parameters,
+)
 
 
 def closed_port() -> int:
@@ -84,7 +90,7 @@ def test_fit_on_cpu(tmp_path: Path) -> None:
 
 
 def test_check_raises_one_error_with_every_problem(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from quantverdict.preflight import check
+    from quantverdict.orchestrate.preflight import check
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = compose(["model=qwen3.5-9b", f"paths.cache_root={tmp_path}"])

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from quantverdict import procs
+from quantverdict.processes import procs
 
 
 def test_stop_group_kills_grandchildren(tmp_path: Path) -> None:

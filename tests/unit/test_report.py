@@ -4,7 +4,7 @@ Numbers from :func:`review_records.synthetic_grid` (see the table there)."""
 
 from __future__ import annotations
 
-from quantverdict.report import format_table
+from quantverdict.results.table import format_table
 from review_records import grid, synthetic_grid
 
 
@@ -58,7 +58,7 @@ def test_mixed_grid_synthetic_rows_say_na_for_every_task() -> None:
 
 
 def test_dtype_line_one_value_or_per_job() -> None:
-    from quantverdict.report import dtype_line
+    from quantverdict.results.table import dtype_line
 
     def rec(scheme: str, serve: str, chosen: str) -> dict:
         return {

@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipelines.review import compose_review, main
-from quantverdict.config import ConfigError, ReviewConfig, TrackingConfig
-from quantverdict.hydra_callbacks import GridSummary, run_grid_review
+from quantverdict.config.schema import ConfigError, ReviewConfig, TrackingConfig
+from quantverdict.orchestrate.hydra_callbacks import GridSummary, run_grid_review
 from review_records import grid
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, write_review
 from review_records import grid
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.render import blocks, to_markdown
 from quantverdict.review.scorecard import memory_summary, speed_summary
@@ -160,7 +160,7 @@ def test_goodput_counts_sustained_rates_only() -> None:
 
 
 def test_grid_table_cpu_weights_and_no_empty_speed_table() -> None:
-    from quantverdict.report import format_table
+    from quantverdict.results.table import format_table
 
     md = format_table([cpu_record("bf16"), cpu_record("w8a8")])
     mem = md.split("### Memory", 1)[1].split("###", 1)[0]
@@ -274,7 +274,7 @@ def test_reruns_with_other_constraints_do_not_overwrite(tmp_path: Path, capsys: 
 def test_mlflow_run_is_named_after_the_constraints(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from quantverdict.config import TrackingConfig
+    from quantverdict.config.schema import TrackingConfig
     from quantverdict.review.core import log_review, write_review
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -329,7 +329,7 @@ def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> N
 
 
 def test_review_name_override_picks_that_sets_values() -> None:
-    from quantverdict.config import ConfigError
+    from quantverdict.config.schema import ConfigError
     from quantverdict.review.constraints import load_set, resolve
 
     gpu_records = [record("bf16")]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, sources
 from quantverdict.review.scorecard import (
     accuracy_section,

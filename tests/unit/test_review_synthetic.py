@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, write_review
 from quantverdict.review.render import blocks, to_markdown
 from review_records import grid, synthetic_grid, synthetic_record

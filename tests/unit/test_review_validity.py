@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, to_json
 from quantverdict.review.render import blocks, to_markdown
 from quantverdict.review.scorecard import speed_points, speed_summary

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from review_records import grid, record, speed
 

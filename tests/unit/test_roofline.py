@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict import sweep
-from quantverdict.roofline import c1_tpot_ms, decode_read_bytes, efficiency
+from quantverdict.measure import sweep
+from quantverdict.measure.roofline import c1_tpot_ms, decode_read_bytes, efficiency
 
 SIZES = {"BF16": 2, "F32": 4, "I32": 4, "F8_E4M3": 1}
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from quantverdict.config import ConfigError, SchemeConfig
-from quantverdict.schemes import (
+from quantverdict.config.schema import ConfigError, SchemeConfig
+from quantverdict.config.schemes import (
     checkpoint_key,
     data_free_equivalent,
     derive_group_size,
@@ -339,7 +339,7 @@ def test_resolve_extra_ignore_appends_to_every_ignore_list() -> None:
 
 
 def _config_error(*overrides: str) -> str:
-    from quantverdict.settings import compose
+    from quantverdict.config.compose import compose
 
     with pytest.raises(ConfigError) as err:
         compose(list(overrides))

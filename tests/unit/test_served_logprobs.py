@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from quantverdict.served_logprobs import (
+from quantverdict.children import evaluate
+from quantverdict.children.served_logprobs import (
     completion_body,
     completions_url,
     parse_prompt_logprobs,
     window_nll,
 )
-from quantverdict.stages import evaluate
 
 
 def answer(ids: list[int], values: list[float | None], generated: int = 7) -> dict[str, Any]:

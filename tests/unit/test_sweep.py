@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from quantverdict import sweep
-from quantverdict.sweep import INF, SweepPoint
+from quantverdict.measure import sweep
+from quantverdict.measure.sweep import INF, SweepPoint
 
 # A hand-written result in the shape `vllm bench serve --save-result --save-detailed` writes
 # (keys from vllm/benchmarks/serve.py, vLLM 0.32.0): 4 prompts sent, 3 completed, 1 failed,
@@ -399,7 +399,7 @@ def test_kernel_check_relabels_a_weight_only_fallback() -> None:
 
 
 def test_cpu_concurrency_profile_composes() -> None:
-    from quantverdict.settings import compose
+    from quantverdict.config.compose import compose
 
     cfg = compose(["bench=cpu-concurrency"])
     assert cfg.bench.mode == "concurrency" and list(cfg.bench.concurrencies) == [1, 4]

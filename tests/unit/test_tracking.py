@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.tracking import flatten, metric_name, numeric_metrics, sqlite_path
+from quantverdict.results.tracking import flatten, metric_name, numeric_metrics, sqlite_path
 
 
 def test_metric_name_maps_lm_eval_keys() -> None:

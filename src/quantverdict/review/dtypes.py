@@ -9,7 +9,7 @@ def served_dtype(rec: dict[str, Any]) -> str | None:
     """The ``--dtype`` the record's vLLM server computed in, or None when nothing was served.
 
     Newer records say it in ``speed.dtype.value`` (chosen from the CPU, by the kernel or by the config; see
-    :mod:`quantverdict.cpu_caps`); older ones only have ``config.bench.server.dtype``. ``auto`` is vLLM's own
+    :mod:`.cpu_caps`); older ones only have ``config.bench.server.dtype``. ``auto`` is vLLM's own
     choice, the checkpoint's dtype: the model's ``dtype`` (``config.model.dtype``).
     """
     speed = rec.get("speed") or {}

@@ -14,7 +14,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review.scorecard import na_label
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def _range(rng: Any) -> str:
 
 
 def _roofline_rows(cards: list[Scorecard]) -> list[list[str]]:
-    """One row per scheme with ``speed.roofline`` (:mod:`quantverdict.roofline`): bytes read per decode
+    """One row per scheme with ``speed.roofline`` (:mod:`quantverdict.measure.roofline`): bytes read per decode
     step, the measured copy bandwidth, the ideal and measured ms/token at concurrency 1, the efficiency."""
     rows = []
     for sc in cards:

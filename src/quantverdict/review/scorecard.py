@@ -1,6 +1,6 @@
 """Per-scheme scorecard: memory, accuracy (against the baseline, with paired intervals) and speed.
 
-Everything here reads records (dicts, see :mod:`quantverdict.record`) and tolerates missing
+Everything here reads records (dicts, see :mod:`quantverdict.results.record`) and tolerates missing
 sections: a value that cannot be computed is None and the reason goes into ``missing``.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from quantverdict import sweep
-from quantverdict.compare import accuracy_deltas, eval_mismatch, pct_change
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure import sweep
+from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict.review import stats
 from quantverdict.review.stats import Interval
 
@@ -221,7 +221,7 @@ def served_compute_dtype(rec: dict[str, Any]) -> tuple[str, str]:
     """The compute dtype the record's vLLM server ran (or would run) in, and where that was read.
 
     In order: vLLM's own engine line (``memory.server.dtype``, what the server did), ``speed.dtype.value``
-    (chosen by the pipeline from the CPU, the kernel or the config, :mod:`quantverdict.cpu_caps`),
+    (chosen by the pipeline from the CPU, the kernel or the config, :mod:`quantverdict.config.cpu_caps`),
     ``config.bench.server.dtype`` when not ``auto``, else the model's dtype (``config.model.dtype``: vLLM's
     ``auto`` is the checkpoint's dtype).
 
@@ -520,7 +520,7 @@ def accuracy_section(
 
     Returns:
         ``(deltas, refused_reason, missing)``; ``refused_reason`` is set when the eval settings differ
-        (no delta is reported then, see :func:`quantverdict.compare.eval_mismatch`).
+        (no delta is reported then, see :func:`quantverdict.results.baseline.eval_mismatch`).
     """
     missing: list[str] = []
     if not (rec.get("accuracy") or {}).get("tasks") and not (rec.get("accuracy") or {}).get("token_perplexity"):
@@ -648,7 +648,7 @@ def _is_num(x: Any) -> TypeGuard[int | float]:
 def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """The sweep points of a record, one per load level, sorted by load.
 
-    Invalid points (:func:`quantverdict.sweep.point_valid`: output tokens under 90% of those requested,
+    Invalid points (:func:`quantverdict.measure.sweep.point_valid`: output tokens under 90% of those requested,
     a wrong request count, ITL lists that are not gaps after the first token) are left out; a level
     with no valid repeat is left out. Each number is the **median** over the level's valid repeats;
     ``spread[metric] = [min, max]`` for ``SPREAD_KEYS``; ``load`` (req/s or concurrency, inf for an
@@ -771,10 +771,10 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
     """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
 
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
-    * ceiling: :func:`quantverdict.sweep.sustained_ceiling` (saturated levels and the burst; median over
+    * ceiling: :func:`quantverdict.measure.sweep.sustained_ceiling` (saturated levels and the burst; median over
       repeats with its min-max range; invalid points never count);
     * goodput: :func:`goodput` (the highest sustained load that meets the SLO, with every load below it);
-    * saturation: a rate under 90% of the ceiling is never saturated (:func:`quantverdict.sweep.saturation_overruled`).
+    * saturation: a rate under 90% of the ceiling is never saturated (:func:`sweep.saturation_overruled`).
 
     Every number is a median over the valid repeats of its load level (:func:`speed_points`).
 

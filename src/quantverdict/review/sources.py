@@ -7,12 +7,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quantverdict.record import RECORD_FILE, find_records, load
+from quantverdict.results.record import RECORD_FILE, find_records, load
 from quantverdict.review.scorecard import SOURCE_DIR_KEY
 
 log = logging.getLogger(__name__)
 
-JOB_TAG = "config_hash"  # set on every job run by quantverdict.tracking.Tracker.start
+JOB_TAG = "config_hash"  # set on every job run by quantverdict.results.tracking.Tracker.start
 
 
 def load_dir(root: Path) -> tuple[list[dict[str, Any]], list[str]]:

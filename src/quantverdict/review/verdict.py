@@ -1,6 +1,6 @@
 """Constraints, the binding constraint and the verdict: quantize just enough.
 
-Each scheme is checked against three constraints (:class:`~quantverdict.config.ReviewConfig`):
+Each scheme is checked against three constraints (:class:`~quantverdict.config.schema.ReviewConfig`):
 
 * **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB);
 * **accuracy**: every task's recovery ``100 · score / baseline >= min_recovery_pct`` and every
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantverdict.config import ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label, slo_ok
 
 PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
@@ -519,7 +519,7 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
     """(low-load, saturation) speedup of ``sc`` over ``base``: baseline single-stream ITL p50 over the
     scheme's, and the scheme's sustained-ceiling output tok/s over the baseline's (medians over repeats).
     > 1 means faster. None when either is missing, or either is not comparable for speed (a scheme that
-    ran on a weight-only fallback kernel, see :func:`quantverdict.sweep.kernel_check`)."""
+    ran on a weight-only fallback kernel, see :func:`quantverdict.measure.sweep.kernel_check`)."""
     if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
         return None, None
     a, b = sc.speed.get("single_itl_ms_p50"), base.speed.get("single_itl_ms_p50")

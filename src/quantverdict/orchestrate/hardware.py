@@ -1,0 +1,322 @@
+"""The job's GPU: what ``nvidia-smi`` says, and whether it can run the scheme and hold its weights.
+
+Runs in the orchestrator (no torch): :func:`gpu_info` asks ``nvidia-smi``; the checks are pure
+functions of that list, so tests pass hand-built lists. A job runs on the first visible GPU
+(``cuda:0``: vLLM and llm-compressor without tensor parallelism), so the checks judge ``gpus[0]``.
+
+Minimum compute capabilities, from vLLM's compressed-tensors schemes (``get_min_capability`` in
+``vllm/model_executor/layers/quantization/compressed_tensors/schemes/``, read in the vllm 0.32.0 source
+of the serve environment; the GPU machine's vLLM 0.26.0 is newer than the Turing change below):
+
+====================  ====  ==========================================================================
+scheme                min   source
+====================  ====  ==========================================================================
+FP8 W8A8              8.9   ``CompressedTensorsW8A8Fp8`` (Ada/Hopper FP8 tensor cores). Below 8.9 vLLM
+                            does not fail: it silently serves the checkpoint with the weight-only
+                            ``CompressedTensorsW8A16Fp8`` (FP8 Marlin), i.e. another scheme's speed.
+int8 W8A8             7.5   ``CompressedTensorsW8A8Int8`` (Turing int8 tensor cores).
+W4A16 / W8A16         7.5   ``CompressedTensorsWNA16`` (Marlin; Turing since vLLM PR #31000, 2025-12;
+                            8.0 before).
+====================  ====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from quantverdict.config.schema import DEVICES, ConfigError, SchemeConfig
+
+log = logging.getLogger(__name__)
+
+QUERY = "index,name,driver_version,memory.total,compute_cap"
+FP8_W8A8_MIN_CC = (8, 9)
+INT8_W8A8_MIN_CC = (7, 5)
+WEIGHT_ONLY_MIN_CC = (7, 5)
+GiB = 2**30
+MiB = 2**20
+
+
+def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
+    """Rows of ``nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap
+    --format=csv,noheader,nounits``.
+
+    Returns:
+        ``[{"index": int, "name": str, "driver_version": str, "memory_total_mib": float | None,
+        "compute_cap": str}]`` in nvidia-smi's order; ``memory_total_mib`` is None where nvidia-smi
+        prints no number (``[N/A]``).
+    """
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        index, rest = line.split(",", 1)
+        name, driver, mem, cap = (p.strip() for p in rest.rsplit(",", 3))  # a name may hold a comma
+        try:
+            mem_mib: float | None = float(mem)
+        except ValueError:
+            mem_mib = None
+        gpus.append(
+            {
+                "index": int(index),
+                "name": name,
+                "driver_version": driver,
+                "memory_total_mib": mem_mib,
+                "compute_cap": cap,
+            }
+        )
+    return gpus
+
+
+def visible(gpus: list[dict[str, Any]], cuda_visible_devices: str | None) -> list[dict[str, Any]]:
+    """The GPUs a CUDA program sees under ``CUDA_VISIBLE_DEVICES``, in CUDA's order.
+
+    ``None`` (unset): all. A comma-separated list of integer indices: those GPUs in that order; as
+    in CUDA, enumeration stops at the first index that names no GPU (CUDA C Programming Guide, "CUDA
+    Environment Variables"), and a repeated index hides every GPU. Measured with torch on the
+    one-GPU H200 machine (``torch.cuda.device_count()``): unset 1, ``""`` 0, ``"0"`` 1, ``"-1"`` 0,
+    ``"0,7"`` 1, ``"7,0"`` 0, ``"0,0"`` 0; ``nvidia-smi`` itself lists the GPU under every value.
+    Any other form (``GPU-<uuid>``, ``MIG-...``) is not mapped here: all GPUs are returned.
+    """
+    if cuda_visible_devices is None:
+        return list(gpus)
+    tokens = [t.strip() for t in cuda_visible_devices.split(",")]
+    if tokens == [""]:
+        return []
+    if not all(re.fullmatch(r"-?\d+", t) for t in tokens):
+        return list(gpus)
+    by_index = {g["index"]: g for g in gpus}
+    out: list[dict[str, Any]] = []
+    for t in tokens:
+        g = by_index.get(int(t))
+        if g is None:
+            break
+        if g in out:
+            return []
+        out.append(g)
+    return out
+
+
+def gpu_info(cuda_visible_devices: str | None = None, nvidia_smi: str = "nvidia-smi") -> list[dict[str, Any]]:
+    """The GPUs this job can see (see :func:`parse_nvidia_smi` for the fields); [] without any.
+
+    Args:
+        cuda_visible_devices: the ``CUDA_VISIBLE_DEVICES`` the stages run with; None: this
+            process's environment variable.
+        nvidia_smi: the program to ask.
+
+    Returns:
+        [] when ``nvidia-smi`` is not installed, fails (no driver) or lists no GPU, or when
+        ``CUDA_VISIBLE_DEVICES`` hides them all (:func:`visible`).
+    """
+    try:
+        res = subprocess.run(
+            [nvidia_smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired) as exc:
+        log.info("no GPU information: %s", exc)
+        return []
+    if res.returncode != 0:
+        log.warning("nvidia-smi failed (exit %d): %s", res.returncode, (res.stdout + res.stderr).strip()[-500:])
+        return []
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible_devices is None else cuda_visible_devices
+    return visible(parse_nvidia_smi(res.stdout), cvd)
+
+
+def compute_capability(gpu: dict[str, Any]) -> tuple[int, int]:
+    """``compute_cap`` ("8.9", 8.9 or "9.0") as (major, minor)."""
+    major, _, minor = str(gpu["compute_cap"]).strip().partition(".")
+    return int(major), int(minor or 0)
+
+
+def _no_gpu() -> ConfigError:
+    return ConfigError(
+        "env.device='cuda' but no GPU is visible (nvidia-smi is missing, lists no GPU, or CUDA_VISIBLE_DEVICES "
+        f"hides them); allowed: {', '.join(DEVICES)}: run on a machine with an NVIDIA GPU, or set env.device=cpu "
+        "(env=cpu)"
+    )
+
+
+def _is_fp8(scheme: SchemeConfig) -> bool:
+    return "FP8" in f"{scheme.label} {scheme.name}".upper()
+
+
+def min_compute_capability(scheme: SchemeConfig) -> tuple[tuple[int, int], str] | None:
+    """(minimum compute capability, what needs it) for vLLM to run ``scheme`` natively; None: any GPU.
+
+    See the table in the module docstring for the source of each number.
+    """
+    if scheme.method == "none" or scheme.weight_bits >= 16:
+        return None
+    if scheme.activation_bits == 8 and _is_fp8(scheme):
+        return FP8_W8A8_MIN_CC, "FP8 W8A8 needs compute capability >= 8.9 (Ada/Hopper)"
+    if scheme.activation_bits == 8:
+        return INT8_W8A8_MIN_CC, "int8 W8A8 needs compute capability >= 7.5 (Turing) for vLLM's int8 kernels"
+    return WEIGHT_ONLY_MIN_CC, (
+        f"W{scheme.weight_bits}A16 weight-only needs compute capability >= 7.5 (Turing) for vLLM's Marlin kernel"
+    )
+
+
+def check_scheme_on_gpu(scheme: SchemeConfig, gpus: Sequence[dict[str, Any]]) -> None:
+    """Refuse a scheme the job's GPU (``gpus[0]``) cannot run natively, before any work.
+
+    Raises:
+        ConfigError: no GPU visible (naming ``env.device`` and its allowed values), or the GPU's
+            compute capability is below :func:`min_compute_capability` (naming ``scheme=<name>``,
+            the GPU, its capability, the requirement and the schemes that would run).
+    """
+    if not gpus:
+        raise _no_gpu()
+    need = min_compute_capability(scheme)
+    gpu = gpus[0]
+    cc = compute_capability(gpu)
+    if need is None or cc >= need[0]:
+        return
+    if need[0] == FP8_W8A8_MIN_CC:
+        instead = (
+            "vLLM would silently fall back to weight-only FP8 (Marlin) and measure another scheme. "
+            "Use scheme=w8a8 (int8 W8A8) or a weight-only scheme: scheme=int8 (W8A16), awq or gptq (W4A16)"
+        )
+    else:
+        instead = "no quantized scheme runs natively there: use scheme=bf16 or a GPU of compute capability >= 7.5"
+    raise ConfigError(
+        f"scheme={scheme.name} ({scheme.label}) cannot run natively on GPU {gpu.get('index', 0)} {gpu['name']} "
+        f"(compute capability {cc[0]}.{cc[1]}): {need[1]}. {instead}."
+    )
+
+
+# model types whose full-attention q_proj also emits a per-head output gate (q and gate interleaved,
+# 2 x heads x head_dim outputs; transformers' Qwen3_5Attention / Qwen3NextAttention)
+GATED_ATTENTION_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
+
+
+def linear_weight_elements(dims: dict[str, Any], model_type: str | None = None) -> int | None:
+    """Weight elements of the Linear layers a scheme quantizes in a Llama-like decoder (``lm_head`` excluded).
+
+    Per attention layer: ``q_proj`` hidden x (heads * head_dim) (twice that for the gated attention of
+    :data:`GATED_ATTENTION_MODEL_TYPES`), ``k_proj`` and ``v_proj`` hidden x (kv_heads * head_dim)
+    each, ``o_proj`` (heads * head_dim) x hidden; per layer, ``gate_proj``, ``up_proj`` and
+    ``down_proj`` hidden x intermediate each. A hybrid model (``layer_types``) has attention
+    projections only in its ``num_kv_layers`` full-attention layers; its linear-attention projections
+    stay 16-bit (the quantize recipes ignore them), so they are not counted. E.g. SmolLM2-135M
+    (576, 1536, 9 heads / 3 kv of 64, 30 layers): 30 x 3,538,944 = 106,168,320; Qwen3.5-9B (4096,
+    12288, 16 heads / 4 kv of 256, 8 of 32 layers full attention): 8 x 58,720,256 + 32 x 150,994,944
+    = 5,301,600,256, the quantized elements of the W4A16 checkpoint measured on the H200.
+
+    Returns:
+        The count, or None when ``dims`` lacks ``hidden_size``, ``intermediate_size``,
+        ``num_attention_heads`` or ``num_hidden_layers``.
+    """
+    try:
+        hidden, inter = int(dims["hidden_size"]), int(dims["intermediate_size"])
+        heads, layers = int(dims["num_attention_heads"]), int(dims["num_hidden_layers"])
+    except (KeyError, TypeError):
+        return None
+    kv = int(dims.get("num_key_value_heads") or heads)
+    head_dim = int(dims.get("head_dim") or hidden // heads)
+    q_out = heads * head_dim * (2 if model_type in GATED_ATTENTION_MODEL_TYPES else 1)
+    attention = hidden * q_out + 2 * hidden * kv * head_dim + heads * head_dim * hidden
+    attention_layers = int(dims.get("num_kv_layers") or layers)  # materialize: all layers unless hybrid
+    return attention_layers * attention + layers * 3 * hidden * inter
+
+
+def count_parameters(model_dir: str | Path) -> int:
+    """Elements of every floating-point tensor in ``model_dir``'s safetensors files (headers only)."""
+    from math import prod
+
+    from quantverdict.measure.memory import FLOAT_DTYPES, read_header
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors file in {model_dir}")
+    return sum(prod(e["shape"]) for f in files for e in read_header(f).values() if e["dtype"] in FLOAT_DTYPES)
+
+
+def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
+    """Bytes of the served model's weights, predicted from the 16-bit source before quantizing.
+
+    Formula (compressed-tensors layout, lm_head and embeddings kept 16-bit)::
+
+        P = number of parameters (model["num_parameters"], else counted from the safetensors headers)
+        L = Linear weight elements a scheme quantizes (linear_weight_elements(dims); P if unknown)
+        bf16:       2 * P
+        quantized:  expected_quantized_bytes(L, weight_bits, g, 2-byte scales, zero points if asymmetric)
+                    + 2 * (P - L)
+
+    ``g`` is the scheme's group size (``group_size: auto`` -> derive_group_size over the model's
+    in_features; per-channel: ``hidden_size``, one scale per row of hidden_size inputs, so the
+    scales are a rounding error). Checked against vLLM's "model weights" log line for a Llama-3-8B-
+    shaped model on the H200 (../shared/gpu/README.md): bf16 13.49 GiB (predicted 13.49), W4A16
+    g128 3.85 GiB (3.84), FP8_DYNAMIC 7.03 GiB (6.99). For the Qwen3.5-9B-shaped hybrid it gives the
+    W4A16 checkpoint's bytes to 2 KiB (10.198 GiB); vLLM served 9.41 GiB, because with
+    ``--language-model-only`` it does not load the vision tower that ``P`` counts: the prediction errs
+    high, which is the safe side for a fit check.
+
+    Args:
+        scheme: the composed scheme.
+        model: the materialize result (``path``, ``dims``, ``num_parameters``).
+
+    Returns:
+        Predicted bytes (float).
+    """
+    from quantverdict.config.schemes import scheme_group_size
+    from quantverdict.measure.memory import expected_quantized_bytes
+
+    dims = model.get("dims") or {}
+    n_params = int(model.get("num_parameters") or count_parameters(model["path"]))
+    if scheme.method == "none" or scheme.weight_bits >= 16:
+        return 2.0 * n_params
+    linear = min(linear_weight_elements(dims, model.get("model_type")) or n_params, n_params)
+    group: int | None = None
+    if scheme.group_size != "channel" and dims.get("hidden_size"):
+        try:
+            group = scheme_group_size(scheme, dims)
+        except ConfigError:
+            group = None  # refused with its own message by schemes.resolve_recipe
+    group = group or int(dims.get("hidden_size") or 4096)
+    quantized = expected_quantized_bytes(linear, scheme.weight_bits, group, 2, zero_point=not scheme.symmetric)
+    return quantized + 2.0 * (n_params - linear)
+
+
+def check_weights_fit(
+    weight_bytes: float,
+    gpus: Sequence[dict[str, Any]],
+    gpu_memory_utilization: float,
+    scheme_name: str,
+    model_name: str,
+) -> None:
+    """Refuse a job whose weights alone exceed the GPU budget vLLM may use.
+
+    Budget = ``memory.total`` of ``gpus[0]`` x ``bench.server.gpu_memory_utilization`` (vLLM's
+    share of the GPU for weights, activations and KV cache together), so weights above it can
+    never load. A GPU whose total memory nvidia-smi does not report is not judged.
+
+    Raises:
+        ConfigError: no GPU visible, or ``weight_bytes`` > budget; the message names the model,
+            the scheme, the predicted and the budget GiB and what to change.
+    """
+    if not gpus:
+        raise _no_gpu()
+    gpu = gpus[0]
+    total_mib = gpu.get("memory_total_mib")
+    if not total_mib:
+        log.warning("GPU %s reports no total memory; the weights-fit check is skipped", gpu.get("name"))
+        return
+    total = float(total_mib) * MiB
+    budget = total * gpu_memory_utilization
+    if weight_bytes > budget:
+        raise ConfigError(
+            f"model {model_name} with scheme={scheme_name}: the weights alone are predicted at "
+            f"{weight_bytes / GiB:.2f} GiB, over the budget of GPU {gpu.get('index', 0)} {gpu['name']}: "
+            f"{total / GiB:.2f} GiB x bench.server.gpu_memory_utilization={gpu_memory_utilization} = "
+            f"{budget / GiB:.2f} GiB. Use a lower-bit scheme (e.g. awq or gptq, W4A16), raise "
+            "bench.server.gpu_memory_utilization, or a GPU with more memory."
+        )

@@ -1,0 +1,65 @@
+"""Hydra callback: after a multirun grid, print the per-scheme table, run the review, and fail if any
+job failed (or the review could not be written): exit code 2 when every job's config was refused (bad
+input, nothing ran), else 1."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from quantverdict.results.record import find_records, load
+from quantverdict.results.table import format_table
+
+
+class GridSummary(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        records = [load(p) for p in find_records(sweep_dir)]
+        print(format_table(records))
+        (sweep_dir / "table.md").write_text(format_table(records) + "\n")
+        reviewed = run_grid_review(config, sweep_dir) if records else True
+        failed = [r for r in records if r.get("status") != "ok"]
+        for r in failed:
+            print(f"FAILED {r['job']['id']} in stage {r.get('failed_stage')}: {r.get('error')}", file=sys.stderr)
+        if failed:
+            print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
+        if failed and all(refused_before_work(r) for r in records):
+            sys.exit(2)  # bad input, nothing ran: every job was refused before any work
+        if failed or not reviewed:
+            sys.exit(1)
+
+
+def refused_before_work(rec: dict[str, Any]) -> bool:
+    """A job whose config was refused (stage ``config``) or that this machine cannot run (a ConfigError in
+    stage ``preflight`` or ``cpu_check``): bad input, nothing expensive ran."""
+    if rec.get("failed_stage") == "config":
+        return True
+    return rec.get("failed_stage") in ("preflight", "cpu_check") and str(rec.get("error", "")).startswith("ConfigError")
+
+
+def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
+    """Review the grid in ``sweep_dir`` under ``config.review`` (written to ``<sweep_dir>/review``, logged to
+    MLflow under ``config.tracking``). Prints the verdict; returns False (and prints why) on an error."""
+    try:
+        from quantverdict.config.schema import ReviewConfig, TrackingConfig
+        from quantverdict.review import run_review
+
+        rc = OmegaConf.to_object(config.review) if "review" in config else ReviewConfig()
+        tracking = OmegaConf.to_object(config.tracking) if "tracking" in config else None
+        assert isinstance(rc, ReviewConfig) and (tracking is None or isinstance(tracking, TrackingConfig))
+        # the grid's command line: its review.KEY=VALUE items go on top of the set picked for the device
+        overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
+        review, paths = run_review(sweep_dir, rc, tracking, sweep_dir / "review", overrides=overrides)
+    except Exception:  # noqa: BLE001  (a broken review must not hide the table or the exit code)
+        print(f"the review of {sweep_dir} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        return False
+    print(f"\n## Verdict ({review.constraints_how})\n")
+    for v in review.verdicts:
+        print(v.sentence.replace("**", ""))
+    print(f"\nreview: {paths['md']}\n        {paths['html']}")
+    return True

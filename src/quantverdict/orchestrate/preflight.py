@@ -1,0 +1,220 @@
+"""Before any work: can this machine run the job at all? The model source is reachable, and on CPU the
+model fits the memory and the disk the stages need.
+
+Orchestrator side, standard library only (``urllib`` for the one hub request). Each check returns the
+problems as messages that name the key and say what to do instead; :func:`check` raises them as one
+:class:`~quantverdict.config.schema.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantverdict.children.materialize import MODEL_INFO  # the cache entry's marker file (a constant, stdlib only)
+from quantverdict.config.schema import Config, ConfigError, ModelConfig
+
+GIB = 2**30
+HUB_TIMEOUT_S = 5.0
+# bytes per parameter the CPU stages hold at once: calibration-based quantization and float32 evaluation
+# load the model in float32 (4 B/param); the headroom covers activations, the tokenizer and the runtime
+CPU_RAM_BYTES_PER_PARAM = 4
+CPU_RAM_HEADROOM = 1.25
+# disk: the materialized 16-bit model (2 B/param) plus one quantized checkpoint (at most 2 B/param)
+DISK_BYTES_PER_PARAM = 4
+INSTEAD = (
+    "use a model that is on this machine (model.source=local model.path=/a/folder with config.json and "
+    "safetensors), the embedded model (model=smollm2-135m), or run on a machine that reaches the hub"
+)
+
+
+def cpuinfo_identity() -> str:
+    """``/proc/cpuinfo``'s first model name and flags line (what identifies this CPU; '' where unreadable)."""
+    name = flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not name:
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{name}|{flags}"
+
+
+@dataclass(frozen=True)
+class MachineResources:
+    """What this machine offers: memory available now (``/proc/meminfo`` MemAvailable) and free disk at the cache."""
+
+    mem_available_bytes: int | None
+    disk_free_bytes: int | None
+
+    @classmethod
+    def here(cls, cache_root: Path) -> MachineResources:
+        mem = None
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    mem = int(line.split()[1]) * 1024  # kB
+        except (OSError, ValueError):
+            pass
+        probe = cache_root
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            disk: int | None = shutil.disk_usage(probe).free
+        except OSError:
+            disk = None
+        return cls(mem, disk)
+
+
+def hub_model_info(repo_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict[str, Any]:
+    """One request to the hub's model API (``$HF_ENDPOINT/api/models/<id>``, default https://huggingface.co).
+
+    Raises:
+        ConfigError: the hub is not reachable within ``timeout_s`` or says no such model.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ConfigError(
+            f"model.path={repo_id!r} (model.source=hf) needs the Hugging Face hub, and HF_HUB_OFFLINE is set; {INSTEAD}"
+        )
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/api/models/{repo_id}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - fixed https/http endpoint
+            data: dict[str, Any] = json.loads(resp.read() or b"{}")
+            return data
+    except urllib.error.HTTPError as exc:
+        what = "no such model (or it is gated/private)" if exc.code in (401, 403, 404) else f"HTTP {exc.code}"
+        raise ConfigError(
+            f"model.path={repo_id!r} (model.source=hf): the hub answered {what} at {url}; check the id, or {INSTEAD}"
+        ) from exc
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConfigError(
+            f"model.path={repo_id!r} (model.source=hf): the Hugging Face hub is not reachable from this "
+            f"machine ({endpoint}: {reason}); {INSTEAD}"
+        ) from exc
+
+
+def synthetic_parameters(config: dict[str, Any]) -> int | None:
+    """Parameters of a decoder from its transformers config (``text_config`` of a VLM), or None if incomplete.
+
+    Per layer: attention ``h * (n_q * d) + 2 * h * (n_kv * d) + (n_q * d) * h`` plus a gated MLP
+    ``3 * h * i``; plus the embeddings ``v * h`` (twice unless ``tie_word_embeddings``). Norms, biases and
+    vision towers are left out (under 1% for the shapes shipped here; an estimate for a fit check).
+    """
+    c = config.get("text_config") or config
+    try:
+        h, i, layers, v = (int(c[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
+        n_q = int(c["num_attention_heads"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    n_kv = int(c.get("num_key_value_heads") or n_q)
+    d = int(c.get("head_dim") or h // n_q)
+    per_layer = h * n_q * d + 2 * h * n_kv * d + n_q * d * h + 3 * h * i
+    tied = bool(c.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    return layers * per_layer + v * h * (1 if tied else 2)
+
+
+def local_weight_bytes(path: Path) -> int:
+    """Bytes of the weight files (``*.safetensors``, ``*.bin``, ``*.gguf``) in a model folder or of one file."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.gguf") for p in path.glob(pattern))
+
+
+def source_problems(
+    model: ModelConfig, cache_root: Path, hub_timeout_s: float = HUB_TIMEOUT_S
+) -> tuple[list[str], int | None]:
+    """Whether the model's source can be read here, and its parameter count where known.
+
+    A model already materialized in the cache (``cache/models/<name>/quantverdict_model.json``) needs no
+    source. ``hf``: one request to the hub (:func:`hub_model_info`), whose ``safetensors.total`` gives the
+    parameters. ``local``: a folder with ``config.json``. ``synthetic``: :func:`synthetic_parameters`.
+
+    Returns:
+        (messages naming ``model.*`` keys, parameters or None).
+    """
+    cached = cache_root / "models" / model.name / MODEL_INFO
+    if cached.is_file():
+        try:
+            return [], int(json.loads(cached.read_text()).get("num_parameters") or 0) or None
+        except (OSError, ValueError):
+            pass
+    if model.source == "hf" and model.path:
+        try:
+            info = hub_model_info(model.path, hub_timeout_s)
+        except ConfigError as exc:
+            return [str(exc)], None
+        total = (info.get("safetensors") or {}).get("total")
+        return [], int(total) if total else None
+    if model.source == "local" and model.path:
+        folder = Path(model.path)
+        if folder.is_dir() and not (folder / "config.json").is_file():
+            return [
+                f"model.path={model.path!r} (model.source=local) has no config.json: point it at a transformers "
+                "model folder (config.json, tokenizer and *.safetensors)"
+            ], None
+        if folder.is_dir():
+            n = local_weight_bytes(folder) // 2  # 16-bit weights on disk
+            return [], n or None
+    if model.source == "synthetic" and model.synthetic is not None:
+        return [], synthetic_parameters(dict(model.synthetic.config))
+    return [], None
+
+
+def fit_problems(
+    params: int | None, device: str, resources: MachineResources, cache_root: Path, materialized: bool
+) -> list[str]:
+    """On CPU: the model's stages fit this machine's memory and the cache's disk.
+
+    Needs (see the constants): memory ``params * CPU_RAM_BYTES_PER_PARAM * CPU_RAM_HEADROOM`` (float32
+    calibration and evaluation), disk ``params * DISK_BYTES_PER_PARAM`` unless already materialized
+    (then one checkpoint, ``params * 2``). Nothing is checked on cuda (the GPU fit check does) or when
+    the size is unknown.
+
+    Returns:
+        One message per shortfall, naming ``model`` and what to do instead; [] when it fits.
+    """
+    if device != "cpu" or not params:
+        return []
+    out = []
+    need_mem = params * CPU_RAM_BYTES_PER_PARAM * CPU_RAM_HEADROOM
+    if resources.mem_available_bytes is not None and need_mem > resources.mem_available_bytes:
+        out.append(
+            f"model: {params / 1e9:.2f}B parameters need about {need_mem / GIB:.1f} GiB of memory on CPU (float32 "
+            f"calibration and evaluation, {CPU_RAM_BYTES_PER_PARAM} B/param x {CPU_RAM_HEADROOM}), and this machine "
+            f"has {resources.mem_available_bytes / GIB:.1f} GiB available; use a smaller model, a GPU environment "
+            "(env=h200-prebuilt or env.device=cuda), or the embedded model (model=smollm2-135m)"
+        )
+    need_disk = params * (2 if materialized else DISK_BYTES_PER_PARAM)
+    if resources.disk_free_bytes is not None and need_disk > resources.disk_free_bytes:
+        out.append(
+            f"model: {params / 1e9:.2f}B parameters need about {need_disk / GIB:.1f} GiB of disk under "
+            f"paths.cache_root={str(cache_root)!r} (the 16-bit model and a checkpoint), and "
+            f"{resources.disk_free_bytes / GIB:.1f} GiB are free there; free space, or point QV_CACHE_ROOT at a "
+            "larger disk"
+        )
+    return out
+
+
+def check(cfg: Config, resources: MachineResources | None = None) -> int | None:
+    """Raise one ConfigError with every problem of :func:`source_problems` and :func:`fit_problems`.
+
+    Returns:
+        The model's parameter count where known (recorded), else None.
+    """
+    cache = Path(cfg.paths.cache_root)
+    materialized = (cache / "models" / cfg.model.name / MODEL_INFO).is_file()
+    problems, params = source_problems(cfg.model, cache)
+    problems += fit_problems(params, cfg.env.device, resources or MachineResources.here(cache), cache, materialized)
+    if problems:
+        raise ConfigError("this machine cannot run the job:\n  - " + "\n  - ".join(problems))
+    return params

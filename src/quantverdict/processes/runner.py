@@ -1,0 +1,58 @@
+"""Run a child stage (``python -m quantverdict.children.<name>``) in its environment, JSON in and out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quantverdict.processes import procs
+from quantverdict.processes.envs import StageEnv
+
+
+class StageError(RuntimeError):
+    """A stage failed. ``stage`` names it; ``child_traceback`` holds the child's traceback, if any."""
+
+    def __init__(self, stage: str, message: str, child_traceback: str | None = None, log_path: Path | None = None):
+        hint = f" (log: {log_path})" if log_path else ""
+        super().__init__(f"stage {stage} failed: {message}{hint}")
+        self.stage = stage
+        self.child_traceback = child_traceback
+        self.log_path = log_path
+
+
+def run_stage(
+    env: StageEnv,
+    stage: str,
+    spec: dict[str, Any],
+    workdir: Path,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Run ``quantverdict.children.<stage>`` in ``env`` with ``spec``; return its result dict.
+
+    The child leads its own process group and is stopped with its group on timeout, Ctrl-C or
+    SIGTERM. Files: ``workdir/<stage>.spec.json``, ``<stage>.result.json``, ``<stage>.log``.
+
+    Raises:
+        StageError: the child reported a failure (its exception line), or died without writing a result (the
+            root cause from its log, :func:`quantverdict.processes.procs.root_cause`, when there is one).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path = workdir / f"{stage}.spec.json"
+    result_path = workdir / f"{stage}.result.json"
+    log_path = workdir / f"{stage}.log"
+    result_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps(spec, indent=2, default=str))
+    cmd = env.module(f"quantverdict.children.{stage}", str(spec_path), str(result_path))
+    proc = procs.start(cmd, log_path, env=env.env)
+    rc = procs.wait(proc, timeout_s)
+    if not result_path.exists():
+        how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+        cause = procs.log_root_cause(log_path)
+        raise StageError(
+            stage, f"the child process died without a result ({how}){': ' + cause if cause else ''}", log_path=log_path
+        )
+    result: dict[str, Any] = json.loads(result_path.read_text())
+    if result.get("status") != "ok":
+        raise StageError(stage, str(result.get("error")), result.get("traceback"), log_path)
+    return result

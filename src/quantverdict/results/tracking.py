@@ -1,0 +1,215 @@
+"""MLflow tracking: one run per (model, scheme) job, a nested run per stage.
+
+Uses :class:`mlflow.MlflowClient` with explicit run ids (no global "active run"), so a failure can
+never leave another run active. Params are the flattened resolved config, metrics the flattened
+numeric results (names made valid for MLflow without collisions), artifacts the record itself,
+the sweep table and the stage logs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from quantverdict.config.schema import TrackingConfig
+
+log = logging.getLogger(__name__)
+
+_INVALID = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def metric_name(key: str) -> str:
+    """A valid MLflow metric/param name: lm-eval's ``acc,none`` -> ``acc``; other bad characters -> ``_``."""
+    key = key.replace(",none", "")
+    return _INVALID.sub("_", key)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts/lists -> ``{"a.b.0.c": leaf}`` (lists indexed by position)."""
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(data, list) and data and isinstance(data[0], (dict, list)):
+        for i, v in enumerate(data):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = data
+    return out
+
+
+def numeric_metrics(sections: dict[str, Any]) -> dict[str, float]:
+    """Finite numbers (bools excluded) of ``sections`` flattened into valid, collision-free metric names.
+
+    Raises:
+        ValueError: two different keys would map to the same metric name.
+    """
+    metrics: dict[str, float] = {}
+    origin: dict[str, str] = {}
+    for key, value in flatten(sections).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        name = metric_name(key)
+        if name in origin and origin[name] != key:
+            raise ValueError(f"metric name collision: {origin[name]!r} and {key!r} both map to {name!r}")
+        origin[name] = key
+        metrics[name] = float(value)
+    return metrics
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///<path>`` tracking URI, else None (other stores, in-memory sqlite).
+
+    SQLAlchemy's form: ``sqlite:////abs/mlflow.db`` is absolute, ``sqlite:///rel.db`` relative to
+    the working directory; a ``?query`` is not part of the path.
+    """
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix) :].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def make_client(uri: str) -> Any:
+    """An :class:`mlflow.MlflowClient` for ``uri`` whose store exists when it returns.
+
+    MLflow 3.17.2's sqlite tracking store creates its tables and runs its schema migrations in the
+    constructor without a lock, so jobs of a parallel grid opening a fresh store at once crash each
+    other (``sqlite3.OperationalError: duplicate column name: step``, ``alembic ... CommandError:
+    Online migration expected to match one row``; measured by
+    ``tests/integration/test_tracking_parallel.py``). For a sqlite store the first contact is
+    therefore made under an exclusive ``flock`` on ``.<db name>.init.lock`` next to the database;
+    later clients find the tables and only wait for the lock briefly.
+    """
+    from mlflow import MlflowClient
+
+    db = sqlite_path(uri)
+    if db is None:
+        return MlflowClient(tracking_uri=uri)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / f".{db.name}.init.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # the store (tables, migrations) is created by now
+    return client
+
+
+def experiment_id(client: Any, cfg: TrackingConfig) -> str:
+    """Id of experiment ``cfg.experiment``, created (with ``cfg.artifact_location``) if missing.
+
+    Safe when parallel jobs race to create it: the loser reads the winner's experiment.
+    """
+    exp = client.get_experiment_by_name(cfg.experiment)
+    if exp is not None:
+        return str(exp.experiment_id)
+    loc = cfg.artifact_location
+    uri = Path(loc).resolve().as_uri() if loc and "://" not in loc else loc
+    try:
+        return str(client.create_experiment(cfg.experiment, artifact_location=uri))
+    except Exception:  # another job of a parallel grid created it first
+        exp = client.get_experiment_by_name(cfg.experiment)
+        if exp is None:
+            raise
+        return str(exp.experiment_id)
+
+
+def run_status(status: str) -> str:
+    """MLflow's run status for a job's or stage's status: FINISHED (ok, cached, skipped), KILLED (interrupted:
+    stopped from outside), FAILED (anything else)."""
+    if status in ("ok", "cached", "skipped"):
+        return "FINISHED"
+    return "KILLED" if status == "interrupted" else "FAILED"
+
+
+class Tracker:
+    """The MLflow side of one job. Every method is a no-op when tracking is disabled."""
+
+    def __init__(self, cfg: TrackingConfig):
+        self.cfg = cfg
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        if cfg.enabled:
+            self.client = make_client(cfg.uri)
+
+    def start(self, run_name: str, tags: dict[str, str]) -> None:
+        if not self.client:
+            return
+        self.experiment_id = experiment_id(self.client, self.cfg)
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        log.info("MLflow run %s (%s) in %s", run_name, self.run_id, self.cfg.uri)
+
+    def stage(self, name: str, status: str, wall_s: float | None, metrics: dict[str, Any] | None = None) -> None:
+        """Record a finished (or failed) stage as a nested run under the job's run."""
+        if not self.client or not self.run_id:
+            return
+        child = self.client.create_run(
+            self.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.run_id, "quantverdict.stage": name}
+        )
+        cid = child.info.run_id
+        vals = numeric_metrics(metrics or {})
+        if wall_s is not None:
+            vals["wall_s"] = wall_s
+        ts = int(time.time() * 1000)
+        from mlflow.entities import Metric
+
+        self.client.log_batch(cid, metrics=[Metric(k, v, ts, 0) for k, v in vals.items()])
+        self.client.set_terminated(cid, run_status(status))
+
+    def finish(self, record: dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
+        """Log params, metrics and artifacts of the job, then end its run FINISHED, KILLED or FAILED.
+
+        The end status comes from :func:`run_status`.
+
+        ``artifacts`` inside ``out_dir`` keep their sub-folder (``eval/samples_arc_easy.jsonl``).
+        """
+        if not self.client or not self.run_id:
+            return
+        from mlflow.entities import Metric, Param
+
+        try:
+            params = flatten(record["config"])
+            plist = [
+                Param(metric_name(k)[:250], str(v)[:6000])
+                for k, v in params.items()
+                if not k.startswith(("scheme.recipe", "hydra"))
+            ]
+            for i in range(0, len(plist), 100):
+                self.client.log_batch(self.run_id, params=plist[i : i + 100])
+            metrics = numeric_metrics(
+                {"memory": record["memory"], "accuracy": record["accuracy"], "speed": _speed_by_label(record["speed"])}
+            )
+            ts = int(time.time() * 1000)
+            mlist = [Metric(k, v, ts, 0) for k, v in metrics.items()]
+            for i in range(0, len(mlist), 500):
+                self.client.log_batch(self.run_id, metrics=mlist[i : i + 500])
+            self.client.set_tag(self.run_id, "quantverdict.status", record["status"])
+            if record.get("error"):
+                self.client.set_tag(self.run_id, "quantverdict.error", str(record["error"])[:5000])
+            for path in artifacts:
+                if path.exists():
+                    sub = path.parent.relative_to(out_dir).as_posix() if path.parent != out_dir else None
+                    self.client.log_artifact(self.run_id, str(path), sub if sub and sub != "." else None)
+        finally:
+            self.client.set_terminated(self.run_id, run_status(record["status"]))
+
+
+def _speed_by_label(speed: dict[str, Any]) -> dict[str, Any]:
+    """Sweep points keyed by their load (``rate_4``, ``rate_inf``, ``conc_16``) instead of list position."""
+    out: dict[str, Any] = {k: v for k, v in speed.items() if k != "points"}
+    for p in speed.get("points", []):
+        if p.get("concurrency") is not None and speed.get("mode") == "concurrency":
+            label = f"conc_{p['concurrency']}"
+        else:
+            r = p.get("offered_rate_rps")
+            label = "rate_inf" if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)) else f"rate_{r:g}"
+        if p.get("repeat", 0):
+            label += f"_rep{p['repeat']}"
+        out[label] = {k: v for k, v in p.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return out
