@@ -40,7 +40,7 @@ bench-gpu:
 
 # the unit tier: no stage child, no browser, no MLflow store, no cache (pyproject.toml: markers)
 test-unit: $(VENV)/.ready
-	$(VPY) -m pytest tests/unit -q -m "not browser"
+	$(VPY) -m pytest tests -q -m "unit and not browser"
 
 test-browser: $(VENV)/.ready browser
 	$(VPY) -m pytest tests -q -m browser

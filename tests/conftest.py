@@ -43,8 +43,13 @@ def embedded_model(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/integration is in the integration tier, whether or not its file says so."""
-    integration = Path(__file__).parent / "integration"
+    """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration
+    (whether or not its file says so); browser and slow are marked where they apply."""
+    tiers = {
+        Path(__file__).parent / "unit": pytest.mark.unit,
+        Path(__file__).parent / "integration": pytest.mark.integration,
+    }
     for item in items:
-        if integration in item.path.parents:
-            item.add_marker(pytest.mark.integration)
+        for folder, mark in tiers.items():
+            if folder in item.path.parents:
+                item.add_marker(mark)

@@ -21,12 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
-from quantverdict.config.schema import Config
+from quantverdict.config.schema import SchemeConfig
+from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import run_stage
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("dequantize_child.py")
 HALF = 0.5 + 1e-4  # half a step plus float32 rounding (see the module docstring)
 LAYER0 = [
@@ -43,32 +47,35 @@ LAYER0 = [
 ]
 
 
-def int8_rtn_checkpoint(cache_root: Path) -> tuple[Path, Path] | None:
-    """A finished W8A16 (int8 per-channel, pack-quantized, round to nearest) SmolLM2-135M checkpoint
-    in the shared cache and its bf16 source model, if both exist."""
-    source = cache_root / "models" / "smollm2-135m"
-    if not (source / "model.safetensors").exists():
-        return None
-    for folder in sorted((cache_root / "checkpoints" / "smollm2-135m").glob("int8-*")):
-        if "damaged" in folder.name or not (folder / "quantverdict_quantize.json").exists():
-            continue
-        qcfg = json.loads((folder / "config.json").read_text()).get("quantization_config", {})
-        weights = qcfg.get("config_groups", {}).get("group_0", {}).get("weights", {})
-        if (
-            qcfg.get("format") == "pack-quantized"
-            and weights.get("num_bits") == 8
-            and weights.get("strategy") == "channel"
-        ):
-            return folder, source
-    return None
+@pytest.fixture(scope="module")
+def int8_checkpoint(
+    tmp_path_factory: pytest.TempPathFactory, stage_envs: dict[str, StageEnv], embedded_model: dict[str, Any]
+) -> tuple[Path, Path]:
+    """SmolLM2-135M quantized by the real quantize stage with ``conf/scheme/int8.yaml`` (W8A16: int8
+    per-channel, pack-quantized, round to nearest; data-free, ~1 min on 2 cores) and its bf16 source."""
+    model = Path(embedded_model["path"])
+    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(ROOT / "conf" / "scheme" / "int8.yaml"))
+    scheme = OmegaConf.to_object(OmegaConf.create({"scheme": node}).scheme)  # resolves ${scheme.ignore}
+    assert isinstance(scheme, SchemeConfig) and scheme.method == "rtn" and scheme.weight_bits == 8
+    root = tmp_path_factory.mktemp("int8")
+    spec = {
+        "model_path": str(model),
+        "out_dir": str(root / "ckpt"),
+        "recipe": resolve_recipe(scheme, read_dims(model)),
+        "method": scheme.method,
+        "calibration": None,
+        "seed": 0,
+    }
+    res = run_stage(stage_envs["quantize"], "quantize", spec, root / "work", timeout_s=900)
+    assert res["status"] == "ok", res
+    return Path(res["path"]), model
 
 
 @pytest.fixture(scope="module")
-def results(stage_envs: dict[str, StageEnv], default_cfg: Config) -> dict[str, Any]:
+def results(stage_envs: dict[str, StageEnv], int8_checkpoint: tuple[Path, Path]) -> dict[str, Any]:
     """One run of the child in the quantize environment (~20 s, most of it importing torch)."""
     env = stage_envs["quantize"]
-    found = int8_rtn_checkpoint(Path(default_cfg.paths.cache_root))
-    args = [str(found[0]), str(found[1]), *LAYER0] if found else []
+    args = [str(int8_checkpoint[0]), str(int8_checkpoint[1]), *LAYER0]
     proc = subprocess.run(
         [env.python, str(CHILD), *args],
         capture_output=True,
@@ -106,7 +113,7 @@ def test_wrong_g_idx_is_caught(results: dict[str, Any], case: str) -> None:
     assert r["frac_over_half"] > 0.05
 
 
-def test_cached_int8_checkpoint(results: dict[str, Any]) -> None:
+def test_int8_checkpoint(results: dict[str, Any]) -> None:
     """Stored int8 per-channel weights of a real W8A16 checkpoint against the bf16 source weights.
 
     The quantize stage computes round-to-nearest schemes in the source dtype (bfloat16), where
@@ -115,8 +122,7 @@ def test_cached_int8_checkpoint(results: dict[str, Any]) -> None:
     than half a step: ``|W - dequant| / scale <= 0.5 + u * |W / scale|`` elementwise. Overall: bf16
     values in [64, 128) are 0.5 apart, so ``W / scale`` moves by <= 0.25 and the error is <= 0.75 steps.
     """
-    if results["checkpoint"] is None:
-        pytest.skip("no cached int8 (W8A16) SmolLM2-135M checkpoint with its bf16 source")
+    assert results["checkpoint"], "the child compared no module"
     for module, r in results["checkpoint"].items():
         assert (r["q_min"], r["q_max"]) == (-128, 127), module
         assert r["ulp_bound"] <= HALF, f"{module}: {r['ulp_bound']:.4f} steps beyond the bf16 rounding bound"
