@@ -212,7 +212,7 @@ def test_config_hash_ignores_output_locations_but_not_results() -> None:
     # moving the outputs (paths.*, the MLflow store under them) or switching tracking off must not make a
     # finished job look new; changing what is measured must
     from quantverdict.config.compose import as_dict, compose
-    from quantverdict.orchestrate.job import config_hash
+    from quantverdict.orchestrate.resume import config_hash
 
     base = config_hash(as_dict(compose(["paths.output_root=/tmp/a"])))
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from quantverdict.config.schema import Config, ConfigError, closest
+from quantverdict.config.schema import Config, ConfigError, ModelConfig, closest
 from quantverdict.config.schemes import scheme_errors
 from quantverdict.config.validate import validate
 
@@ -70,3 +70,23 @@ def compose(overrides: list[str] | None = None) -> Config:
 def as_dict(cfg: Any) -> dict[str, Any]:
     """A dataclass config (or DictConfig) as a plain, resolved dict."""
     return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+
+
+def model_config(root: Path, name: str) -> ModelConfig:
+    """``<root>/conf/model/<name>.yaml`` as a :class:`ModelConfig` (e.g. the model a synthetic one borrows its
+    tokenizer from).
+
+    Raises:
+        ConfigError: there is no such file; the message names the allowed names and the closest one.
+    """
+    path = root / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in (root / "conf" / "model").glob("*.yaml"))
+        raise ConfigError(
+            f"model.synthetic.tokenizer_from={name!r} is not a model config; allowed: {', '.join(names)}"
+            f"{closest(name, names)}"
+        )
+    # omegaconf's stub types to_object as dict | list | str | None; a structured config returns its dataclass
+    return cast(
+        ModelConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))
+    )

@@ -15,6 +15,7 @@ import dataclasses
 import typing
 from typing import Any
 
+from quantverdict.config.compose import CONF_DIR
 from quantverdict.config.schema import Config, ConfigError, closest
 
 # hydra's own settings (hydra.run.dir=..., hydra/launcher=...) are Hydra's to check
@@ -154,8 +155,6 @@ def _compose_errors(overrides: list[str]) -> list[str]:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from quantverdict.config.compose import CONF_DIR
 
     errors: list[str] = []
     todo = list(overrides)
