@@ -10,9 +10,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import DATA_ROOT
-from quantverdict.config.compose import compose
+from quantverdict.config.compose import as_dict, compose
 from quantverdict.config.schema import ConfigError, closest
 from quantverdict.config.validate import hf_id_problem
+from quantverdict.orchestrate.resume import config_hash
 
 SCHEMES = ["bf16", "awq", "gptq", "int8", "fp8", "w8a8"]
 
@@ -211,9 +212,6 @@ def test_empty_token_perplexity_text_is_refused(offline_root: Path) -> None:
 def test_config_hash_ignores_output_locations_but_not_results() -> None:
     # moving the outputs (paths.*, the MLflow store under them) or switching tracking off must not make a
     # finished job look new; changing what is measured must
-    from quantverdict.config.compose import as_dict, compose
-    from quantverdict.orchestrate.resume import config_hash
-
     base = config_hash(as_dict(compose(["paths.output_root=/tmp/a"])))
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "tracking.enabled=false"]))) == base
