@@ -11,7 +11,18 @@ from omegaconf.errors import ValidationError
 
 from conftest import DATA_ROOT
 from quantverdict.config.compose import as_dict, compose
-from quantverdict.config.schema import ConfigError, closest
+from quantverdict.config.schema import (
+    BenchMode,
+    ComputeDtype,
+    ConfigError,
+    Device,
+    EnvKind,
+    EvalBackend,
+    FloorTest,
+    ModelSource,
+    SchemeMethod,
+    closest,
+)
 from quantverdict.config.validate import hf_id_problem
 from quantverdict.orchestrate.resume import config_hash
 
@@ -294,3 +305,25 @@ def test_gpu_server_profile_is_gpu_through_the_server() -> None:
         gpu.max_length,
     )
     assert (srv.token_perplexity.seq_len, srv.token_perplexity.stride) == (2047, 2047)  # 2048 - 1
+
+
+def test_enum_fields_keep_the_config_strings() -> None:
+    # OmegaConf matches an Enum field's value against member names and writes names back (enum_to_str): every
+    # name must be its value, the string users type and the record keeps
+    for enum in (ModelSource, SchemeMethod, EvalBackend, BenchMode, EnvKind, Device, ComputeDtype, FloorTest):
+        assert all(m.name == m.value for m in enum), enum
+    cfg = compose(["bench.mode=concurrency", "eval.backend=vllm"])
+    assert cfg.bench.mode is BenchMode.concurrency and cfg.eval.backend == "vllm"
+    snapshot = as_dict(cfg)
+    assert type(snapshot["bench"]["mode"]) is str and snapshot["bench"]["mode"] == "concurrency"
+    assert type(snapshot["model"]["source"]) is str and snapshot["model"]["source"] == "pypi_gguf"
+    assert type(snapshot["env"]["serve"]["kind"]) is str and snapshot["review"]["floor_test"] == "auto"
+    assert f"{cfg.eval.backend}" == "vllm"  # a StrEnum formats as its value in messages
+
+
+def test_a_value_outside_an_enum_field_keeps_the_project_message() -> None:
+    with pytest.raises(ConfigError) as err:
+        compose(["review.floor_test=pont", "env.device=gpu"])
+    msg = str(err.value)
+    assert "review.floor_test='pont' is not allowed; allowed: auto, point, interval (did you mean 'point'?)" in msg
+    assert "env.device='gpu' is not allowed; allowed: cpu, cuda" in msg

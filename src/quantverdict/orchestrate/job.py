@@ -24,7 +24,7 @@ from typing import Any
 
 from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict, model_config
-from quantverdict.config.schema import Config, ConfigError, evaluates_through_server
+from quantverdict.config.schema import Config, ConfigError, SchemeMethod, evaluates_through_server
 from quantverdict.measure import memory
 from quantverdict.orchestrate import caches, hardware, preflight, resume
 from quantverdict.processes import envs, procs
@@ -232,7 +232,7 @@ def _run(job: Job) -> None:
     method = cfg.scheme.method
     synthetic = cfg.model.source == "synthetic"
     if synthetic and method not in ("none", "rtn") and not (cfg.model.synthetic and cfg.model.synthetic.calibrate):
-        recipe, method = schemes.data_free_equivalent(recipe), "rtn"
+        recipe, method = schemes.data_free_equivalent(recipe), SchemeMethod.rtn
         rec.notes.append(
             f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
             f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
@@ -389,7 +389,7 @@ def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:
     """Record a job whose config was rejected before any work (status failed, stage ``config``)."""
     from omegaconf import OmegaConf
 
-    raw = OmegaConf.to_container(dcfg, resolve=False)
+    raw = OmegaConf.to_container(dcfg, resolve=False, enum_to_str=True)
     assert isinstance(raw, dict)
     model = str(OmegaConf.select(dcfg, "model.name", default="?"))
     scheme = str(OmegaConf.select(dcfg, "scheme.name", default="?"))

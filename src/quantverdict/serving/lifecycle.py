@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from quantverdict.config.cpu_caps import DtypeChoice
-from quantverdict.config.schema import Config
+from quantverdict.config.schema import ComputeDtype, Config
 from quantverdict.measure import vllm_log
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
@@ -45,7 +45,7 @@ def new_server(
     served_name = f"{cfg.model.name}-{cfg.scheme.name}"
     server_cfg = cfg.bench.server
     if serve_dtype is not None:  # the resolved --dtype (on CPU chosen from the CPU; see cpu_caps)
-        server_cfg = dataclasses.replace(server_cfg, dtype=serve_dtype.dtype)
+        server_cfg = dataclasses.replace(server_cfg, dtype=ComputeDtype(serve_dtype.dtype))
     if cfg.model.serve_args:
         server_cfg = dataclasses.replace(server_cfg, extra_args=[*server_cfg.extra_args, *cfg.model.serve_args])
     hbm = None
