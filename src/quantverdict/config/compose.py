@@ -121,7 +121,7 @@ def enum_refusal(exc: BaseException, overrides: list[str]) -> tuple[str, str | N
     if not key or m is None:
         return None
     allowed = [a.strip() for a in m["allowed"].split(",")]
-    return choice_message(key, m["value"], allowed), override_for(key, overrides)
+    return choice_message(key, m["value"], allowed), override_for(key.split("[", 1)[0], overrides)
 
 
 def as_dict(cfg: Any) -> dict[str, Any]:

@@ -90,6 +90,25 @@ class IntervalMethod(StrEnum):
     normal = "normal"
 
 
+class Task(StrEnum):
+    """``eval.tasks``: the lm-eval tasks the project knows (offline files, headline metric)."""
+
+    wikitext = "wikitext"
+    arc_easy = "arc_easy"
+    arc_challenge = "arc_challenge"
+    piqa = "piqa"
+    hellaswag = "hellaswag"
+    boolq = "boolq"
+
+
+class PerplexityKind(StrEnum):
+    """The perplexities the accuracy floor may hold (``review.perplexity_kinds``, a list of str: see the field)."""
+
+    word_perplexity = "word_perplexity"
+    byte_perplexity = "byte_perplexity"
+    token_perplexity = "token_perplexity"
+
+
 # The config's closed choices. OmegaConf checks an Enum field against its member *names* and writes names when
 # asked for strings (``enum_to_str``): every member's name is its value, so both are the strings users type.
 MODEL_SOURCES = tuple(m.value for m in ModelSource)
@@ -99,7 +118,7 @@ BENCH_MODES = tuple(m.value for m in BenchMode)
 ENV_KINDS = tuple(m.value for m in EnvKind)
 DEVICES = tuple(m.value for m in Device)
 COMPUTE_DTYPES = tuple(m.value for m in ComputeDtype)  # eval.dtype, bench.server.dtype
-KNOWN_TASKS = ("wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "boolq")
+KNOWN_TASKS = tuple(m.value for m in Task)
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +209,7 @@ class EvalConfig:
     # hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
     # server, which then also runs the speed sweep: one engine start per scheme; needs bench.enabled)
     backend: EvalBackend = EvalBackend.hf
-    tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
+    tasks: list[Task] = field(default_factory=lambda: [Task.wikitext, Task.arc_easy, Task.piqa, Task.hellaswag])
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
     # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
     task_limits: dict[str, int] = field(default_factory=dict)
@@ -303,7 +322,7 @@ class PathsConfig:
 
 REVIEW_FLOOR_TESTS = tuple(m.value for m in FloorTest)
 REVIEW_INTERVALS = tuple(m.value for m in IntervalMethod)
-PERPLEXITY_KINDS = ("word_perplexity", "byte_perplexity", "token_perplexity")
+PERPLEXITY_KINDS = tuple(m.value for m in PerplexityKind)
 
 
 @dataclass
@@ -325,6 +344,8 @@ class ReviewConfig:
     # accuracy floor against the baseline of the same model
     max_perplexity_increase_pct: Optional[float] = 5.0
     min_recovery_pct: Optional[float] = 95.0
+    # a list of str, not of PerplexityKind: the review logs str(list) to MLflow, where Enum members would show
+    # their repr; validate() checks each item against PERPLEXITY_KINDS
     perplexity_kinds: list[str] = field(default_factory=lambda: ["word_perplexity", "token_perplexity"])
     # point: the estimate must meet the floor; interval: fail only if the whole interval misses it;
     # auto: interval for a delta measured on fewer than interval_test_below_n items, point otherwise

@@ -190,7 +190,7 @@ def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
             if task == "token_perplexity":
                 what, instead = "eval.token_perplexity", "set eval.token_perplexity.enabled=false"
             else:
-                what, instead = f"eval.tasks: task {task!r}", "drop the task from eval.tasks"
+                what, instead = f"eval.tasks: task {str(task)!r}", "drop the task from eval.tasks"
             errors.append(
                 f"{what} reads {path} (under data.offline_root), which {problem}; restore the file "
                 f"(see SOURCES.md there) or {instead}"
@@ -288,10 +288,10 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
         _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         errors.append(f"eval.limit={cfg.eval.limit} must be >= 1 or null")
-    for task, n in cfg.eval.task_limits.items():
-        _choice(errors, "eval.task_limits key", task, KNOWN_TASKS)
+    for name, n in cfg.eval.task_limits.items():
+        _choice(errors, "eval.task_limits key", name, KNOWN_TASKS)
         if n < 1:
-            errors.append(f"eval.task_limits.{task}={n} must be >= 1")
+            errors.append(f"eval.task_limits.{name}={n} must be >= 1")
     tp = cfg.eval.token_perplexity
     if tp.stride < 1 or tp.stride > tp.seq_len:
         errors.append(f"eval.token_perplexity.stride={tp.stride} must be in 1..seq_len ({tp.seq_len})")

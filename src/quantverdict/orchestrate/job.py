@@ -63,7 +63,7 @@ class Job:
                 "finished_at": None,
             },
             config=config,
-            environment={"host": host_environment(), "device": cfg.env.device},
+            environment={"host": host_environment(), "device": str(cfg.env.device)},
         )
         if cfg.model.baseline_note:
             self.record.notes.append(cfg.model.baseline_note)
@@ -201,7 +201,7 @@ def _run(job: Job) -> None:
             caps, quant_torch = caches.cpu_capabilities(serve_env, quant_env, cache, out)
             rec.environment["cpu"] = {**caps.to_record(), "quantize_env_torch": quant_torch}
             cpu_plan = cpu_caps.plan(
-                caps, cfg.scheme, cfg.bench.server.dtype, cfg.eval.dtype, cfg.eval.backend, cfg.bench.enabled
+                caps, cfg.scheme, str(cfg.bench.server.dtype), str(cfg.eval.dtype), cfg.eval.backend, cfg.bench.enabled
             )
             st.detail = (
                 f"{caps.model_name}: {caps.isa}, vLLM library {caps.vllm_extension}, W4A16 activations "
@@ -211,7 +211,7 @@ def _run(job: Job) -> None:
             job.dtypes["serve"] = cpu_plan.serve
         job.dtypes["evaluate"] = cpu_plan.evaluate
     else:
-        srv, ev = cfg.bench.server.dtype, cfg.eval.dtype
+        srv, ev = str(cfg.bench.server.dtype), str(cfg.eval.dtype)  # the record keeps plain strings
         job.dtypes["serve"] = cpu_caps.DtypeChoice(
             srv, "checkpoint" if srv == "auto" else "config", "bench.server.dtype"
         )

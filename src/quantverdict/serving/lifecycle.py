@@ -62,14 +62,14 @@ def new_server(
         log_path=out / "vllm_server.log",
     )
     rec.speed = {
-        "mode": cfg.bench.mode,
+        "mode": str(cfg.bench.mode),  # the config string, not its Enum member
         "served_model": served_name,
         "points": [],
         **({"hbm_copy": hbm} if hbm else {}),
     }
     if serve_dtype is not None:
         rec.speed["dtype"] = {
-            "value": server_cfg.dtype,
+            "value": str(server_cfg.dtype),
             "chosen_by": serve_dtype.chosen_by,
             "why": serve_dtype.why,
         }
