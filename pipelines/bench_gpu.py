@@ -133,8 +133,8 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     """Re-read the fields a record takes from the job's raw vLLM server log (memory, kernels, the kernel
     check, the per-load summary) with this checkout's parser, so a parser fix applies to finished runs."""
     from quantverdict.measure import vllm_log
-    from quantverdict.orchestrate.job import speed_validity
     from quantverdict.results.record import mark_interrupted
+    from quantverdict.serving.speed import speed_validity
 
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
     log_path = job_dir / "vllm_server.log"

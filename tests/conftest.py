@@ -35,11 +35,11 @@ def embedded_model(
 ) -> dict:
     """The embedded SmolLM2-135M materialized as bf16 safetensors in the shared cache (result dict of
     the materialize stage: path, dims, num_parameters, ...)."""
-    from quantverdict.orchestrate.job import _materialize
+    from quantverdict.orchestrate.caches import materialize
     from quantverdict.results.record import StageInfo
 
     out = tmp_path_factory.mktemp("materialize")
-    return _materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
+    return materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -62,14 +62,22 @@ def test_multirun_checks_every_value_and_collects_all_errors(tmp_path: Path) -> 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_value_outside_an_enum_field_is_answered_before_hydra_runs(tmp_path: Path) -> None:
+    # bench.mode and eval.backend are Enum fields: OmegaConf refuses the value while composing, and the message is
+    # the one validate() gives for a refused choice (key, value, allowed values, closest match)
+    proc = run(tmp_path, "bench.mode=rates", "eval.backend=servr")
+    assert proc.returncode == 2
+    assert "bench.mode='rates' is not allowed; allowed: rate, concurrency (did you mean 'rate'?)" in proc.stderr
+    assert "eval.backend='servr' is not allowed; allowed: hf, vllm, server (did you mean 'server'?)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_refused_value_is_exit_code_2_too(tmp_path: Path) -> None:
     # composed fine, refused by validate(): the same exit code, the project's message
-    proc = run(tmp_path, "bench.mode=rates")
+    proc = run(tmp_path, "eval.limit=0")
     assert proc.returncode == 2
-    assert (
-        "bench.mode='rates' is not allowed; allowed: rate, concurrency (did you mean 'rate'?)"
-        in proc.stdout + proc.stderr
-    )
+    assert "eval.limit=0 must be >= 1 or null" in proc.stdout + proc.stderr
 
 
 def test_review_answers_in_the_same_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,6 +90,6 @@ def test_review_answers_in_the_same_form(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_a_grid_whose_every_job_is_refused_is_exit_code_2(tmp_path: Path) -> None:
-    proc = run(tmp_path, "-m", "scheme=bf16,awq", "bench.mode=rates", "tracking.enabled=false")
+    proc = run(tmp_path, "-m", "scheme=bf16,awq", "eval.limit=0", "tracking.enabled=false")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "2 of 2 jobs failed" in proc.stderr

@@ -10,9 +10,21 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import DATA_ROOT
-from quantverdict.config.compose import compose
-from quantverdict.config.schema import ConfigError, closest
+from quantverdict.config.compose import as_dict, compose
+from quantverdict.config.schema import (
+    BenchMode,
+    ComputeDtype,
+    ConfigError,
+    Device,
+    EnvKind,
+    EvalBackend,
+    FloorTest,
+    ModelSource,
+    SchemeMethod,
+    closest,
+)
 from quantverdict.config.validate import hf_id_problem
+from quantverdict.orchestrate.resume import config_hash
 
 SCHEMES = ["bf16", "awq", "gptq", "int8", "fp8", "w8a8"]
 
@@ -211,9 +223,6 @@ def test_empty_token_perplexity_text_is_refused(offline_root: Path) -> None:
 def test_config_hash_ignores_output_locations_but_not_results() -> None:
     # moving the outputs (paths.*, the MLflow store under them) or switching tracking off must not make a
     # finished job look new; changing what is measured must
-    from quantverdict.config.compose import as_dict, compose
-    from quantverdict.orchestrate.job import config_hash
-
     base = config_hash(as_dict(compose(["paths.output_root=/tmp/a"])))
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "tracking.enabled=false"]))) == base
@@ -296,3 +305,25 @@ def test_gpu_server_profile_is_gpu_through_the_server() -> None:
         gpu.max_length,
     )
     assert (srv.token_perplexity.seq_len, srv.token_perplexity.stride) == (2047, 2047)  # 2048 - 1
+
+
+def test_enum_fields_keep_the_config_strings() -> None:
+    # OmegaConf matches an Enum field's value against member names and writes names back (enum_to_str): every
+    # name must be its value, the string users type and the record keeps
+    for enum in (ModelSource, SchemeMethod, EvalBackend, BenchMode, EnvKind, Device, ComputeDtype, FloorTest):
+        assert all(m.name == m.value for m in enum), enum
+    cfg = compose(["bench.mode=concurrency", "eval.backend=vllm"])
+    assert cfg.bench.mode is BenchMode.concurrency and cfg.eval.backend == "vllm"
+    snapshot = as_dict(cfg)
+    assert type(snapshot["bench"]["mode"]) is str and snapshot["bench"]["mode"] == "concurrency"
+    assert type(snapshot["model"]["source"]) is str and snapshot["model"]["source"] == "pypi_gguf"
+    assert type(snapshot["env"]["serve"]["kind"]) is str and snapshot["review"]["floor_test"] == "auto"
+    assert f"{cfg.eval.backend}" == "vllm"  # a StrEnum formats as its value in messages
+
+
+def test_a_value_outside_an_enum_field_keeps_the_project_message() -> None:
+    with pytest.raises(ConfigError) as err:
+        compose(["review.floor_test=pont", "env.device=gpu"])
+    msg = str(err.value)
+    assert "review.floor_test='pont' is not allowed; allowed: auto, point, interval (did you mean 'point'?)" in msg
+    assert "env.device='gpu' is not allowed; allowed: cpu, cuda" in msg

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from quantverdict.config.compose import compose
-from quantverdict.orchestrate.job import _materialize, exclusive_lock
+from quantverdict.orchestrate.caches import exclusive_lock, materialize
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import StageError
@@ -27,7 +27,7 @@ def test_a_model_that_could_not_be_materialized_leaves_no_lock_file(tmp_path: Pa
     # a stage interpreter that dies at once, as a hub download that cannot reach the hub fails
     cfg = compose(["model=qwen3.5-9b"]).model
     with pytest.raises(StageError):
-        _materialize(cfg, StageEnv("quantize", "/bin/false"), tmp_path, tmp_path / "out", StageInfo())
+        materialize(cfg, StageEnv("quantize", "/bin/false"), tmp_path, tmp_path / "out", StageInfo())
     assert not list((tmp_path / "models").iterdir())  # neither the model nor .qwen3.5-9b.lock
 
 

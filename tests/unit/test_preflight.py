@@ -13,6 +13,7 @@ from quantverdict.config.schema import ConfigError
 from quantverdict.orchestrate.preflight import (
     GIB,
     MachineResources,
+    check,
     fit_problems,
     source_problems,
     synthetic_parameters,
@@ -90,9 +91,20 @@ def test_fit_on_cpu(tmp_path: Path) -> None:
 
 
 def test_check_raises_one_error_with_every_problem(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from quantverdict.orchestrate.preflight import check
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = compose(["model=qwen3.5-9b", f"paths.cache_root={tmp_path}"])
     with pytest.raises(ConfigError, match="this machine cannot run the job"):
         check(cfg)
+
+
+def test_machine_resources_read_memavailable(tmp_path: Path) -> None:
+    # the kernel's MemAvailable (kB in /proc/meminfo), read here by hand; memory moves between the reads
+    kib = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemAvailable:")
+    )
+    here = MachineResources.here(tmp_path / "not" / "yet")
+    assert here.mem_available_bytes is not None
+    assert abs(here.mem_available_bytes - kib * 1024) < 512 * 2**20
+    assert here.disk_free_bytes is not None and here.disk_free_bytes > 0  # measured at the nearest existing folder

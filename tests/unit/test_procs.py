@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 
 from quantverdict.processes import procs
+from quantverdict.serving.server import listening_pids, port_is_free
 
 
 def test_stop_group_kills_grandchildren(tmp_path: Path) -> None:
@@ -47,3 +49,14 @@ def test_log_gets_command_and_output(tmp_path: Path) -> None:
     time.sleep(0.2)
     text = (tmp_path / "r.log").read_text()
     assert text.startswith("$ ") and "hello" in text
+
+
+def test_listening_pids_names_this_process_while_it_listens() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        assert os.getpid() not in listening_pids(port)  # bound, not yet listening
+        sock.listen()
+        assert os.getpid() in listening_pids(port)
+        assert not port_is_free("127.0.0.1", port)
+    assert os.getpid() not in listening_pids(port)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError, SchemeConfig
 from quantverdict.config.schemes import (
     checkpoint_key,
@@ -339,8 +340,6 @@ def test_resolve_extra_ignore_appends_to_every_ignore_list() -> None:
 
 
 def _config_error(*overrides: str) -> str:
-    from quantverdict.config.compose import compose
-
     with pytest.raises(ConfigError) as err:
         compose(list(overrides))
     return str(err.value)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from pathlib import Path
 from typing import Any, cast
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError
+from omegaconf.errors import ConfigKeyError, ValidationError
 
-from quantverdict.config.schema import Config, ConfigError, closest
+from quantverdict.config.schema import Config, ConfigError, ModelConfig, closest
 from quantverdict.config.schemes import scheme_errors
-from quantverdict.config.validate import validate
+from quantverdict.config.validate import choice_message, validate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -28,6 +30,10 @@ if not OmegaConf.has_resolver("qv_project_root"):
 if not OmegaConf.has_resolver("qv_pid"):  # two grids started in the same second get distinct folders
     OmegaConf.register_new_resolver("qv_pid", lambda: str(os.getpid()), use_cache=True)
 ConfigStore.instance().store(name="base_config", node=Config)
+
+INVALID = "invalid configuration:\n  - "  # the head of a ConfigError listing problems, one per line
+# OmegaConf's refusal of a value an Enum field does not name (omegaconf.nodes.EnumNode)
+_ENUM_REFUSAL = re.compile(r"Invalid value '(?P<value>.*)', expected one of \[(?P<allowed>.*)\]")
 
 
 def to_config(cfg: DictConfig) -> Config:
@@ -58,15 +64,87 @@ def _schema_keys(path: str) -> list[str]:
 
 
 def compose(overrides: list[str] | None = None) -> Config:
-    """Compose ``conf/config.yaml`` with ``overrides`` outside a Hydra app (tests, tools)."""
+    """Compose ``conf/config.yaml`` with ``overrides`` outside a Hydra app (tests, tools).
+
+    Raises:
+        ConfigError: every problem in one message: values outside an Enum field's choices (:func:`enum_refusal`)
+            and what :func:`quantverdict.config.validate.validate` refuses in the rest.
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=overrides or [])
+    overrides = list(overrides or [])
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+    except ConfigCompositionException as exc:
+        refused = enum_refusal(exc, overrides)
+        if refused is None:
+            raise
+        message, culprit = refused
+        if culprit is not None:  # the other overrides' problems join the message, as validate() collects them
+            try:
+                compose([o for o in overrides if o != culprit])
+            except ConfigError as more:
+                raise ConfigError(INVALID + message + "\n  - " + str(more).removeprefix(INVALID)) from None
+        raise ConfigError(INVALID + message) from None
     return to_config(cfg)
 
 
+def override_for(key: str, overrides: list[str]) -> str | None:
+    """The override (as typed) whose key is ``key`` (``+``/``~`` and ``@package`` ignored)."""
+    for o in overrides:
+        k = o.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+        if k == key:
+            return o
+    return None
+
+
+def enum_refusal(exc: BaseException, overrides: list[str]) -> tuple[str, str | None] | None:
+    """A value that an Enum field of the schema refused while composing, in the project's form.
+
+    Args:
+        exc: what composing raised (Hydra's ``ConfigCompositionException`` with OmegaConf's ``ValidationError``
+            as its cause, or that ``ValidationError`` itself).
+        overrides: the overrides composed.
+
+    Returns:
+        ``(message, override)``: :func:`quantverdict.config.validate.choice_message` (key, value, allowed values,
+        closest match) and the override that set the value (None when it came from a file); None when ``exc``
+        is not such a refusal.
+    """
+    cause = exc if isinstance(exc, ValidationError) else exc.__cause__
+    if not isinstance(cause, ValidationError):
+        return None
+    key = str(getattr(cause, "full_key", "") or "")
+    m = _ENUM_REFUSAL.match(str(cause.msg or ""))
+    if not key or m is None:
+        return None
+    allowed = [a.strip() for a in m["allowed"].split(",")]
+    return choice_message(key, m["value"], allowed), override_for(key.split("[", 1)[0], overrides)
+
+
 def as_dict(cfg: Any) -> dict[str, Any]:
-    """A dataclass config (or DictConfig) as a plain, resolved dict."""
-    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    """A dataclass config (or DictConfig) as a plain, resolved dict; an Enum field as its string (every member's
+    name is its value, see :mod:`quantverdict.config.schema`), so the record keeps the strings of the config."""
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
+
+
+def model_config(root: Path, name: str) -> ModelConfig:
+    """``<root>/conf/model/<name>.yaml`` as a :class:`ModelConfig` (e.g. the model a synthetic one borrows its
+    tokenizer from).
+
+    Raises:
+        ConfigError: there is no such file; the message names the allowed names and the closest one.
+    """
+    path = root / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in (root / "conf" / "model").glob("*.yaml"))
+        raise ConfigError(
+            f"model.synthetic.tokenizer_from={name!r} is not a model config; allowed: {', '.join(names)}"
+            f"{closest(name, names)}"
+        )
+    # omegaconf's stub types to_object as dict | list | str | None; a structured config returns its dataclass
+    return cast(
+        ModelConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))
+    )

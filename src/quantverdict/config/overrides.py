@@ -15,6 +15,7 @@ import dataclasses
 import typing
 from typing import Any
 
+from quantverdict.config.compose import CONF_DIR, enum_refusal, override_for
 from quantverdict.config.schema import Config, ConfigError, closest
 
 # hydra's own settings (hydra.run.dir=..., hydra/launcher=...) are Hydra's to check
@@ -72,21 +73,13 @@ def _schema_keys(parent: str) -> list[str]:
     return sorted(f.name for f in dataclasses.fields(tp)) if dataclasses.is_dataclass(tp) else []
 
 
-def _override_for(key: str, overrides: list[str]) -> str | None:
-    """The override (as typed) whose key is ``key`` (``+``/``~`` and ``@package`` ignored)."""
-    for o in overrides:
-        k = o.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
-        if k == key:
-            return o
-    return None
-
-
 def explain(exc: BaseException, overrides: list[str]) -> tuple[str, str | None] | None:
     """A Hydra/OmegaConf composition error in the project's form.
 
     Handles ``MissingConfigException`` (no such file in a config group), ``ConfigCompositionException``
-    caused by an unknown key (``ConfigAttributeError``/``ConfigKeyError``) or a value of the wrong type
-    (OmegaConf ``ValidationError``), and ``OverrideParseException`` (not an override at all).
+    caused by an unknown key (``ConfigAttributeError``/``ConfigKeyError``), a value outside an Enum field's
+    choices (:func:`quantverdict.config.compose.enum_refusal`) or a value of the wrong type (OmegaConf
+    ``ValidationError``), and ``OverrideParseException`` (not an override at all).
 
     Args:
         exc: what ``hydra.compose`` raised.
@@ -105,7 +98,7 @@ def explain(exc: BaseException, overrides: list[str]) -> tuple[str, str | None] 
         options = sorted(exc.options)
         return (
             f"{key}={value}: no such {key}; allowed: {', '.join(options)}{closest(value, options)}",
-            _override_for(key, overrides),
+            override_for(key, overrides),
         )
     if isinstance(exc, OverrideParseException):
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -136,11 +129,14 @@ def explain(exc: BaseException, overrides: list[str]) -> tuple[str, str | None] 
         where = f"in {parent}" if parent else "at the top level"
         return (
             f"{full_key}: no such key {where}; keys: {', '.join(keys)}{closest(leaf, keys)}",
-            _override_for(full_key, overrides),
+            override_for(full_key, overrides),
         )
+    refused = enum_refusal(exc, overrides)  # a value outside an Enum field's choices: validate's form
+    if refused is not None:
+        return refused
     if isinstance(cause, ValidationError) and full_key:
         root = full_key.split("[", 1)[0]
-        override = _override_for(root, overrides)
+        override = override_for(root, overrides)
         tp = _schema_type(full_key)
         form = value_form(tp) if tp is not None else "of the schema's type"
         what = override or full_key
@@ -154,8 +150,6 @@ def _compose_errors(overrides: list[str]) -> list[str]:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from quantverdict.config.compose import CONF_DIR
 
     errors: list[str] = []
     todo = list(overrides)

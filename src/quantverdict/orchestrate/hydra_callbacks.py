@@ -12,6 +12,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.results.record import find_records, load
 from quantverdict.results.table import format_table
 
@@ -46,7 +47,7 @@ def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
     """Review the grid in ``sweep_dir`` under ``config.review`` (written to ``<sweep_dir>/review``, logged to
     MLflow under ``config.tracking``). Prints the verdict; returns False (and prints why) on an error."""
     try:
-        from quantverdict.config.schema import ReviewConfig, TrackingConfig
+        # imported here, inside the try: a review that cannot even be imported must not hide the table or exit code
         from quantverdict.review import run_review
 
         rc = OmegaConf.to_object(config.review) if "review" in config else ReviewConfig()

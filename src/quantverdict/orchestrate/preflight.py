@@ -1,7 +1,7 @@
 """Before any work: can this machine run the job at all? The model source is reachable, and on CPU the
 model fits the memory and the disk the stages need.
 
-Orchestrator side, standard library only (``urllib`` for the one hub request). Each check returns the
+Orchestrator side, standard library and psutil only (``urllib`` for the one hub request). Each check returns the
 problems as messages that name the key and say what to do instead; :func:`check` raises them as one
 :class:`~quantverdict.config.schema.ConfigError`.
 """
@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from quantverdict.children.materialize import MODEL_INFO  # the cache entry's marker file (a constant, stdlib only)
 from quantverdict.config.schema import Config, ConfigError, ModelConfig
@@ -36,6 +38,7 @@ INSTEAD = (
 
 def cpuinfo_identity() -> str:
     """``/proc/cpuinfo``'s first model name and flags line (what identifies this CPU; '' where unreadable)."""
+    # read by hand: psutil gives neither the CPU's model name nor its flags (AVX-512, AMX, ...)
     name = flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -50,20 +53,18 @@ def cpuinfo_identity() -> str:
 
 @dataclass(frozen=True)
 class MachineResources:
-    """What this machine offers: memory available now (``/proc/meminfo`` MemAvailable) and free disk at the cache."""
+    """What this machine offers: memory available now (``psutil.virtual_memory().available``, the kernel's
+    MemAvailable on Linux) and free disk at the cache."""
 
     mem_available_bytes: int | None
     disk_free_bytes: int | None
 
     @classmethod
     def here(cls, cache_root: Path) -> MachineResources:
-        mem = None
         try:
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemAvailable:"):
-                    mem = int(line.split()[1]) * 1024  # kB
-        except (OSError, ValueError):
-            pass
+            mem: int | None = int(psutil.virtual_memory().available)
+        except (OSError, RuntimeError):
+            mem = None
         probe = cache_root
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantverdict.config.compose import compose
 from quantverdict.config.schema import EnvConfig, StageEnvConfig
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,6 @@ def _build(stage: str, target: Path, req: Path, uninstall: list[str], base_pytho
 def main() -> None:
     """Create the stage environments of the default config (``make setup``)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from quantverdict.config.compose import compose
 
     cfg = compose(sys.argv[1:])
     root = Path(cfg.paths.project_root)

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
@@ -105,17 +107,12 @@ def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
 
 def group_alive(pgid: int) -> bool:
     """True while any process of group ``pgid`` exists (zombies of our own children excluded)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter(["status"]):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError):
             continue
-        # fields after the ")" that closes comm: state ppid pgrp ...
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
     return False
 
 

@@ -1,1 +1,2 @@
-"""Serving (orchestrator side): the vLLM server's lifecycle and the benchmark client driven against it."""
+"""Serving (orchestrator side): the vLLM server process (server), a job's server from start to stop with the
+record filled in (lifecycle), the benchmark client driven against it (benchmark), the sweep's summaries (speed)."""

@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import psutil
+
 from quantverdict.config.schema import ServerConfig
 from quantverdict.measure import vllm_log
 from quantverdict.processes import procs
@@ -39,7 +41,6 @@ from quantverdict.processes.envs import StageEnv
 log = logging.getLogger(__name__)
 
 CLI_MODULE = "quantverdict.children.vllm_cli"
-_TCP_LISTEN = "0A"  # socket state LISTEN in /proc/net/tcp
 
 
 class ServerError(RuntimeError):
@@ -62,54 +63,20 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def listening_inodes(port: int) -> set[int]:
-    """Socket inodes listening on TCP ``port`` (any address), from ``/proc/net/tcp`` and ``tcp6``.
-
-    Line format (Linux ``proc(5)``): ``sl local_address rem_address st ... uid timeout inode``,
-    ``local_address`` being ``HEXIP:HEXPORT`` and ``st`` ``0A`` for LISTEN.
-    """
-    inodes: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10:
-                continue
-            local, state, inode = fields[1], fields[3], int(fields[9])
-            if state == _TCP_LISTEN and int(local.rsplit(":", 1)[1], 16) == port and inode:
-                inodes.add(inode)
-    return inodes
-
-
-def socket_owners(inodes: set[int]) -> set[int]:
-    """Pids holding a file descriptor on any of the socket ``inodes`` (those whose ``/proc/<pid>/fd`` we can read)."""
-    targets = {f"socket:[{i}]" for i in inodes}
-    owners: set[int] = set()
-    if not targets:
-        return owners
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            for fd in (entry / "fd").iterdir():
-                try:
-                    if os.readlink(fd) in targets:
-                        owners.add(int(entry.name))
-                        break
-                except OSError:
-                    continue
-        except OSError:
-            continue
-    return owners
+def listening_pids(port: int) -> set[int]:
+    """Pids holding a socket that listens on TCP ``port`` (any address, IPv4 or IPv6), among the processes
+    whose sockets this user can see (``psutil.net_connections``)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return set()
+    return {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
 
 
 def _describe_pid(pid: int) -> str:
     try:
-        cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return f"pid {pid}"
     return f"pid {pid}: {cmd.strip()[:160]}"
 
@@ -276,7 +243,7 @@ class VLLMServer:
         while not port_is_free(self.host, self.port) and time.monotonic() < deadline:
             time.sleep(0.5)
         if not port_is_free(self.host, self.port):
-            owners = socket_owners(listening_inodes(self.port))
+            owners = listening_pids(self.port)
             who = "; ".join(_describe_pid(p) for p in sorted(owners)) or "owner unknown"
             problems.append(f"port {self.port} is still taken after the server stopped ({who})")
         if problems:
@@ -291,7 +258,7 @@ class VLLMServer:
     def _check_port_free(self) -> None:
         if port_is_free(self.host, self.port):
             return
-        owners = socket_owners(listening_inodes(self.port))
+        owners = listening_pids(self.port)
         who = "; ".join(_describe_pid(p) for p in sorted(owners)) or "owner not visible to this user"
         raise ServerError(
             f"bench.server.port={self.port} is already in use on {self.host} ({who}). Stop that process "
@@ -316,7 +283,7 @@ class VLLMServer:
 
     def _verify_ours(self) -> None:
         """The listening socket belongs to our process group and ``/v1/models`` names our model."""
-        owners = socket_owners(listening_inodes(self.port))
+        owners = listening_pids(self.port)
         ours = set()
         for pid in owners:
             try:

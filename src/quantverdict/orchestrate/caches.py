@@ -1,0 +1,194 @@
+"""The cache entries a job reuses across jobs: materialized models, quantized checkpoints, CPU probe results.
+
+Each entry lives under ``paths.cache_root`` with a key that says when it may be reused: the model's source
+keys (``cache/models/<name>``, guarded by a file lock, :func:`exclusive_lock`), the checkpoint key of
+:func:`quantverdict.config.schemes.checkpoint_key` (``cache/checkpoints/<model>/<scheme>-<key>``) and the
+stage interpreters plus this CPU (``cache/cpu_probe/<key>.json``). A damaged entry is never reused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from quantverdict.children.materialize import MODEL_INFO
+from quantverdict.config import cpu_caps, schemes
+from quantverdict.config.compose import as_dict
+from quantverdict.config.schema import Config, ModelConfig
+from quantverdict.measure.integrity import IntegrityError, check_checkpoint
+from quantverdict.orchestrate import preflight
+from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import run_stage
+from quantverdict.results.record import StageInfo
+
+log = logging.getLogger(__name__)
+
+MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype", "synthetic")
+CPU_PROBE_VERSION = 3  # part of the probe cache key: bump when stages/cpu_probe.py measures something new
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the ``with`` block; the file is removed on release.
+
+    The file is unlinked while still locked, so a waiter that then gets the lock holds a file no longer at
+    ``path``: it sees that (its descriptor's inode differs from the path's, or the path is gone) and locks the
+    file now at ``path`` instead. So one holder at a time, and no lock file left behind by a job that failed,
+    was interrupted or finished (a killed process's lock is released by the kernel; only its empty file would
+    stay, and the next holder removes it).
+    """
+    while True:
+        fh = open(path, "a")  # noqa: SIM115 - closed below or after the block
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            fh.close()
+            raise
+        if current:
+            break
+        fh.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fh.close()
+
+
+def materialize(
+    model_cfg: ModelConfig, env: StageEnv, cache: Path, out: Path, st: StageInfo, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The cached model folder of ``model_cfg``, materialized first if absent, damaged or from another source.
+
+    Two jobs of parallel grids asking for the same model wait for each other on a file lock next to the
+    cache entry (``cache/models/.<name>.lock``, :func:`exclusive_lock`): one builds it, the other then finds it
+    complete. The lock file is removed when the lock is released, whether the model was built or not.
+
+    Returns:
+        The materialize stage's result (``path``, ``dims``, ``num_parameters``, ``model``, ...); ``st`` is
+        marked ``cached`` when the entry was reused.
+    """
+    (cache / "models").mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(cache / "models" / f".{model_cfg.name}.lock"):
+        return _materialize_locked(model_cfg, env, cache, out, st, extra)
+
+
+def _materialize_locked(
+    model_cfg: ModelConfig, env: StageEnv, cache: Path, out: Path, st: StageInfo, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    target = cache / "models" / model_cfg.name
+    info = target / MODEL_INFO
+    source = as_dict(model_cfg)
+    want = {k: source.get(k) for k in MODEL_SOURCE_KEYS}
+    if info.exists():
+        cached = json.loads(info.read_text())
+        try:
+            check_checkpoint(Path(cached["path"]))
+            same = {k: cached.get("model", {}).get(k) for k in MODEL_SOURCE_KEYS} == want
+        except IntegrityError as exc:
+            log.warning("cached model is damaged (%s); materializing again", exc)
+            same = False
+        if same:
+            st.status, st.detail = "cached", str(target)
+            return cached
+        log.info("materializing %s again into %s", model_cfg.name, target)
+    spec = {"model": as_dict(model_cfg), "out_dir": str(target), "cache_root": str(cache), **(extra or {})}
+    result = run_stage(env, "materialize", spec, out)
+    return {k: v for k, v in result.items() if k not in ("status", "wall_s")}
+
+
+def quantize(
+    cfg: Config,
+    env: StageEnv,
+    model: dict[str, Any],
+    recipe: dict[str, Any],
+    method: str,
+    versions: dict[str, str],
+    cache: Path,
+    out: Path,
+    st: StageInfo,
+) -> dict[str, Any]:
+    """The cached checkpoint of ``model`` in ``cfg.scheme`` (``recipe`` by ``method``), quantized first if absent.
+
+    The key (:func:`quantverdict.config.schemes.checkpoint_key`) covers the model's source, the scheme, the
+    resolved recipe, the calibration (not for ``rtn``) and the quantize environment's ``versions``. A cached
+    checkpoint that fails its integrity check is moved aside (``<name>.damaged-<unix time>``) and rebuilt.
+
+    Returns:
+        The record's ``checkpoint`` section: the quantize stage's result plus ``path``, ``key``, ``cached``,
+        ``quantized`` (``method="none"``: the model's own folder, ``st`` marked ``skipped``).
+    """
+    if method == "none":
+        st.status, st.detail = "skipped", "baseline: no quantization"
+        return {"path": model["path"], "key": None, "cached": False, "quantized": False}
+    calib = as_dict(cfg.scheme.calibration)
+    text_path = None
+    if cfg.data.offline_root and calib.get("text_file"):
+        text_path = str(Path(cfg.data.offline_root) / calib["text_file"])
+    calib_spec = {**calib, "text_path": text_path}
+    source = model.get("model", {})
+    # "synthetic" joins the key only where set, so that keys of other models stay what they were
+    model_key = json.dumps(
+        {k: source.get(k) for k in MODEL_SOURCE_KEYS if k != "synthetic" or source.get(k) is not None}, sort_keys=True
+    )
+    calib_key = calib_spec if method not in ("rtn",) else {}
+    key = schemes.checkpoint_key(model_key, cfg.scheme.name, recipe, calib_key, versions)
+    target = cache / "checkpoints" / cfg.model.name / f"{cfg.scheme.name}-{key}"
+    done = target / "quantverdict_quantize.json"
+    if done.exists():
+        try:
+            check_checkpoint(target)
+            st.status, st.detail = "cached", str(target)
+            return {**json.loads(done.read_text()), "path": str(target), "key": key, "cached": True}
+        except IntegrityError as exc:
+            # never reuse a damaged checkpoint: move it aside (kept for inspection) and quantize again
+            aside = target.with_name(f"{target.name}.damaged-{int(time.time())}")
+            target.rename(aside)
+            log.warning("cached checkpoint failed its integrity check (%s); moved to %s, quantizing again", exc, aside)
+            st.detail = f"re-quantized: cached checkpoint damaged ({exc})"
+    spec = {
+        "model_path": model["path"],
+        "out_dir": str(target),
+        "recipe": recipe,
+        "method": method,
+        "calibration": calib_spec,
+        "seed": cfg.seed,
+    }
+    result = run_stage(env, "quantize", spec, out)
+    result = {k: v for k, v in result.items() if k != "status"}
+    done.write_text(json.dumps(result, indent=2))
+    return {**result, "path": str(target), "key": key, "cached": False, "quantized": True}
+
+
+def cpu_capabilities(
+    serve_env: StageEnv, quant_env: StageEnv, cache: Path, out: Path
+) -> tuple[cpu_caps.CpuCapabilities, dict[str, Any]]:
+    """This CPU as the serve environment's torch and vLLM see it, plus the quantize environment's torch view.
+
+    Runs :mod:`quantverdict.children.cpu_probe` in both environments (about 4 s and 1.5 s) and caches the
+    results under ``cache/cpu_probe/``, keyed by both interpreters and this CPU's ``/proc/cpuinfo``
+    model name and flags: a machine with another CPU, or a rebuilt environment, probes again.
+    """
+    ident = json.dumps([CPU_PROBE_VERSION, serve_env.python, quant_env.python, preflight.cpuinfo_identity()])
+    path = cache / "cpu_probe" / f"{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        return cpu_caps.CpuCapabilities.from_probe(cached["serve"]), cached["quantize"]["torch"]
+    serve = run_stage(serve_env, "cpu_probe", {"vllm": True}, out)
+    quant = run_stage(quant_env, "cpu_probe", {"vllm": False}, out / "quantize_env")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"serve": serve, "quantize": quant}, indent=2))
+    tmp.replace(path)
+    return cpu_caps.CpuCapabilities.from_probe(serve), quant["torch"]

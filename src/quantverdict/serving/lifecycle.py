@@ -1,0 +1,135 @@
+"""A job's vLLM server from start to stop: built from the config, started, swept, stopped, and the record's
+``speed`` and ``memory.server`` sections filled in along the way.
+
+:func:`serving` is the ``with`` block around everything that talks to the server (the sweep, and with
+``eval.backend=server`` the evaluation too); :func:`sweep` runs the speed sweep inside it. On cuda the HBM copy
+bandwidth is measured first (the roofline's), before the server takes the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from quantverdict.config.cpu_caps import DtypeChoice
+from quantverdict.config.schema import ComputeDtype, Config
+from quantverdict.measure import vllm_log
+from quantverdict.processes import procs
+from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import run_stage
+from quantverdict.results.record import Record
+from quantverdict.serving.benchmark import run_sweep
+from quantverdict.serving.server import VLLMServer
+from quantverdict.serving.speed import add_roofline, speed_validity
+
+
+def new_server(
+    cfg: Config, rec: Record, out: Path, serve_dtype: DtypeChoice | None, env: StageEnv, model_path: str
+) -> VLLMServer:
+    """The job's :class:`VLLMServer`, not started; on cuda the HBM copy bandwidth is measured first (the
+    roofline's, before the server takes the GPU). Resets ``rec.speed`` to its start.
+
+    Args:
+        cfg: the job's config (``bench.server``, ``model.serve_args``, ``env.device``).
+        rec: the job's record; ``speed`` is set to ``mode``, ``served_model``, ``points`` (empty), ``hbm_copy``
+            (cuda) and ``dtype`` (when ``serve_dtype`` is given).
+        out: the job's output folder (``vllm_server.log``, the hbm stage's files).
+        serve_dtype: the resolved ``--dtype`` and why (on CPU chosen from the CPU, see ``cpu_caps``), or None.
+        env: the serve environment.
+        model_path: the checkpoint folder to serve.
+    """
+    served_name = f"{cfg.model.name}-{cfg.scheme.name}"
+    server_cfg = cfg.bench.server
+    if serve_dtype is not None:  # the resolved --dtype (on CPU chosen from the CPU; see cpu_caps)
+        server_cfg = dataclasses.replace(server_cfg, dtype=ComputeDtype(serve_dtype.dtype))
+    if cfg.model.serve_args:
+        server_cfg = dataclasses.replace(server_cfg, extra_args=[*server_cfg.extra_args, *cfg.model.serve_args])
+    hbm = None
+    if cfg.env.device == "cuda":  # the roofline's bandwidth, measured before the server takes the GPU
+        hbm = {k: v for k, v in run_stage(env, "hbm", {"gib": 4, "iters": 20}, out).items() if k != "status"}
+        rec.speed["hbm_copy"] = hbm
+    server = VLLMServer(
+        env=env,
+        model_path=model_path,
+        served_name=served_name,
+        server_cfg=server_cfg,
+        max_model_len=cfg.bench.server.max_model_len or cfg.model.max_model_len,
+        device=cfg.env.device,
+        log_path=out / "vllm_server.log",
+    )
+    rec.speed = {
+        "mode": str(cfg.bench.mode),  # the config string, not its Enum member
+        "served_model": served_name,
+        "points": [],
+        **({"hbm_copy": hbm} if hbm else {}),
+    }
+    if serve_dtype is not None:
+        rec.speed["dtype"] = {
+            "value": str(server_cfg.dtype),
+            "chosen_by": serve_dtype.chosen_by,
+            "why": serve_dtype.why,
+        }
+    return server
+
+
+@contextmanager
+def serving(
+    cfg: Config,
+    rec: Record,
+    out: Path,
+    serve_dtype: DtypeChoice | None,
+    env: StageEnv,
+    model_path: str,
+    save: Callable[[], None],
+) -> Iterator[VLLMServer]:
+    """A started server (``speed.server_start_s``, ``memory.server`` from its log) for the ``with`` block.
+
+    Arguments as :func:`new_server`, plus ``save``, which writes the record (called once the server is up).
+    On exit, normal or not, the server is stopped, then ``speed`` is completed: points kept from
+    ``bench/sweep.jsonl`` after a crash mid-sweep, the server log parsed again, the validity summary
+    (:func:`quantverdict.serving.speed.speed_validity`) and, on cuda, the roofline.
+    """
+    server = new_server(cfg, rec, out, serve_dtype, env, model_path)
+    hbm = rec.speed.get("hbm_copy")
+    activation_quantized = cfg.scheme.activation_bits < 16
+    bench_dir = out / "bench"
+    t0 = time.perf_counter()
+    try:
+        with server:
+            rec.speed["server_start_s"] = round(time.perf_counter() - t0, 3)
+            rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
+            save()
+            yield server
+    finally:
+        # a crash mid-sweep keeps the points that finished (appended to sweep.jsonl one by one)
+        if not rec.speed["points"] and (bench_dir / "sweep.jsonl").exists():
+            lines = (bench_dir / "sweep.jsonl").read_text().splitlines()
+            rec.speed["points"] = [json.loads(line) for line in lines if line.strip()]
+        if server.log_path.exists():
+            rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
+        speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
+        if hbm:
+            add_roofline(rec.speed, rec.model, model_path, hbm)
+
+
+def sweep(cfg: Config, rec: Record, server: VLLMServer, env: StageEnv, model_path: str, out: Path) -> None:
+    """Run the speed sweep (``cfg.bench``) against the running ``server`` into ``rec.speed.points``.
+
+    Raises:
+        RuntimeError: a sweep point completed no request (the points stay in the record, flagged).
+        quantverdict.serving.server.ServerError: the server died (the message quotes the root cause from its log).
+    """
+    rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench")
+    dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
+    if dead:
+        server.check_alive(" during the sweep", wait_s=15)  # a server that died under load says so, and why
+        cause = procs.log_root_cause(server.log_path)
+        raise RuntimeError(
+            f"no request completed at sweep point(s) {', '.join(dead)}: the server answered with errors"
+            f"{' (' + cause + ')' if cause else ''} (see {server.log_path}); the points are kept in the record, "
+            "flagged invalid"
+        )
