@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quantverdict.measure import sweep
+from quantverdict.measure import validity
 from quantverdict.measure.memory import read_header
 
 # tensors a text decode step does not read in full: the vision tower of a VLM checkpoint (text-only
@@ -92,7 +92,7 @@ def efficiency(decode_bytes: float, copy_bytes_per_s: float, tpot_ms: float) -> 
 
 def c1_tpot_ms(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -> float | None:
     """Median TPOT (ms) at concurrency 1: the summary row of load 1 in a concurrency sweep, else the
-    median over the valid points (:func:`quantverdict.measure.sweep.point_valid`) with ``concurrency == 1``;
+    median over the valid points (:func:`quantverdict.measure.validity.point_valid`) with ``concurrency == 1``;
     None when the sweep has no such load."""
     for row in summary or []:
         tpot = (row.get("metrics") or {}).get("tpot_ms_p50")
@@ -101,7 +101,7 @@ def c1_tpot_ms(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -> f
     vals = sorted(
         float(p["tpot_ms_p50"])
         for p in points or []
-        if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and sweep.point_valid(p)
+        if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and validity.point_valid(p)
     )
     if not vals:
         return None

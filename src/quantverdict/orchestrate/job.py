@@ -26,7 +26,7 @@ from quantverdict.children.materialize import MODEL_INFO
 from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict
 from quantverdict.config.schema import Config, ConfigError, ModelConfig, evaluates_through_server
-from quantverdict.measure import memory, roofline, sweep, vllm_log
+from quantverdict.measure import capacity, kernels, memory, roofline, sweep, vllm_log
 from quantverdict.measure.integrity import IntegrityError, check_checkpoint
 from quantverdict.orchestrate import hardware, preflight
 from quantverdict.processes import envs, procs
@@ -704,9 +704,9 @@ def speed_validity(speed: dict[str, Any], label: str, server: dict[str, Any] | N
     (see :mod:`quantverdict.measure.sweep`); never raises, so that it cannot hide the sweep's own error. Also run
     by ``pipelines.bench_gpu`` on finished records after re-parsing their server logs."""
     try:
-        speed["kernel_check"] = sweep.kernel_check(label, server, act_quant)
+        speed["kernel_check"] = kernels.kernel_check(label, server, act_quant)
         speed["summary"] = sweep.summarize(speed.get("points") or [], speed.get("mode") or "rate")
-        speed["sustained_ceiling"] = sweep.sustained_ceiling(speed["summary"], speed.get("mode") or "rate")
+        speed["sustained_ceiling"] = capacity.sustained_ceiling(speed["summary"], speed.get("mode") or "rate")
     except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
         log.exception("could not summarize the speed sweep")
 
