@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from quantverdict.config.compose import compose
 from quantverdict.measure import bench_result, capacity, kernels, sweep, sweep_plan, validity
 from quantverdict.measure.sweep_plan import INF, SweepPoint
 
@@ -401,8 +402,6 @@ def test_kernel_check_relabels_a_weight_only_fallback() -> None:
 
 
 def test_cpu_concurrency_profile_composes() -> None:
-    from quantverdict.config.compose import compose
-
     cfg = compose(["bench=cpu-concurrency"])
     assert cfg.bench.mode == "concurrency" and list(cfg.bench.concurrencies) == [1, 4]
     assert cfg.bench.num_prompts == 8
