@@ -11,12 +11,12 @@ import pytest
 
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
+from quantverdict.measure.memory import count_parameters, linear_weight_elements
 from quantverdict.orchestrate import hardware
 from quantverdict.orchestrate.hardware import (
     check_scheme_on_gpu,
     check_weights_fit,
     gpu_info,
-    linear_weight_elements,
     parse_nvidia_smi,
     predict_weight_bytes,
     visible,
@@ -212,7 +212,7 @@ def test_predicted_weights_count_parameters_from_the_checkpoint(tmp_path: Path) 
         }
     ).encode()
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(20))
-    assert hardware.count_parameters(tmp_path) == 10
+    assert count_parameters(tmp_path) == 10
     assert predict_weight_bytes(scheme("bf16"), {"dims": {}, "num_parameters": None, "path": str(tmp_path)}) == 20
 
 

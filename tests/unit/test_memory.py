@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from quantverdict.measure import memory
 from quantverdict.measure.memory import (
     CheckpointSizeError,
     check_against_prediction,
     checkpoint_memory,
     expected_bits,
     expected_quantized_bytes,
+    predicted_weight_bytes,
     read_header,
+    tensor_bytes,
 )
 
 DTYPE_BYTES = {"I64": 8, "I32": 4, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "F8_E4M3": 1}
@@ -282,3 +285,30 @@ def test_prediction_rejects_bad_arguments(ckpt: Path) -> None:
         check_against_prediction(mem, 16, None, True)
     with pytest.raises(ValueError, match="scale_dtype='int8'"):
         check_against_prediction(mem, 8, None, True, scale_dtype="int8")
+
+
+def test_one_gib_and_one_dtype_table() -> None:
+    assert memory.GIB == 1_073_741_824 and memory.MIB == 1_048_576
+    assert memory.SCALE_DTYPE_BYTES == {"bfloat16": 2, "float16": 2, "float32": 4}
+    # KV-cache and served dtypes of vLLM: fp8 variants 1 byte, half 2, float 4
+    assert {memory.DTYPE_BYTES[d] for d in ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")} == {1}
+    assert memory.DTYPE_BYTES["half"] == 2 and memory.DTYPE_BYTES["float"] == 4
+
+
+def test_tensor_bytes_by_hand(ckpt: Path) -> None:
+    assert tensor_bytes({"dtype": "BF16", "shape": [4], "data_offsets": [12, 20]}) == 8
+    # the fixture's byte counts: shard 1 128 + 16 + 8 + 16 + 160 + 32 = 360, shard 2 48 + 6 + 16 + 8 + 4 = 82
+    shards = sorted(ckpt.glob("*.safetensors"))
+    assert [sum(tensor_bytes(e) for e in read_header(f).values()) for f in shards] == [360, 82]
+
+
+def test_predicted_weight_bytes_by_hand() -> None:
+    # 1,000 parameters, 640 of them in quantized Linears, W4 g64 with 2-byte scales:
+    # 640 * 4 / 8 = 320 B + 640 / 64 = 10 scales * 2 B = 20 B, and 360 16-bit weights * 2 B = 720 B -> 1,060
+    assert predicted_weight_bytes(1000, 640, 4, 64, symmetric=True) == 1060
+    assert predicted_weight_bytes(1000, 640, 4, 64, symmetric=False) == 1065  # + 10 zero points * 4 bits
+    assert predicted_weight_bytes(1000) == 2000  # 16-bit: 2 B per parameter
+    assert predicted_weight_bytes(1000, None, 4, 64) == 531.25  # all quantized: 500 + 1000 / 64 * 2
+    assert predicted_weight_bytes(1000, 5000, 4, 64) == 531.25  # Linears capped at the parameter count
+    with pytest.raises(ValueError, match="group_size"):
+        predicted_weight_bytes(1000, 640, 4, None)

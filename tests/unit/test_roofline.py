@@ -123,7 +123,7 @@ def test_c1_tpot_from_the_summary() -> None:
 
 def test_c1_tpot_from_points_without_a_summary() -> None:
     # valid c=1 points 6.0 and 5.0 -> (5.0 + 6.0) / 2 = 5.5; the invalid 50.0 (wrong request count,
-    # output tokens all there) is left out like everywhere else (sweep.point_valid)
+    # output tokens all there) is left out like everywhere else (validity.point_valid)
     points = [_pt(1, 6.0), _pt(1, 5.0, 1), {**_pt(1, 50.0, 2), "valid": False, "output_valid": True}, _pt(16, 9.0)]
     assert c1_tpot_ms([], points) == pytest.approx(5.5)
 

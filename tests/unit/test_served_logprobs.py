@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from quantverdict.children import evaluate
+from quantverdict.children import lmeval_adapter, token_perplexity
 from quantverdict.children.served_logprobs import (
     completion_body,
     completions_url,
@@ -97,10 +97,10 @@ def test_a_short_or_shifted_or_foreign_echo_is_an_error() -> None:
 def test_server_lm_max_length_matches_the_hf_backend_sequences() -> None:
     # HFLM scores the last max_length + 1 tokens; lm-eval's API model the last max_length - 1:
     # 2048 + 2 = 2050 -> the API keeps 2049 = 2048 + 1; a 4096-token server has room for 2049 + 1
-    assert evaluate.server_lm_max_length(2048, 4096) == 2050
+    assert lmeval_adapter.server_lm_max_length(2048, 4096) == 2050
     # a 2048-token server: prompt + 1 generated <= 2048 -> the API keeps 2047, max_length 2048
-    assert evaluate.server_lm_max_length(2048, 2048) == 2048
-    assert evaluate.server_lm_max_length(1000, 1001) == 1001
+    assert lmeval_adapter.server_lm_max_length(2048, 2048) == 2048
+    assert lmeval_adapter.server_lm_max_length(1000, 1001) == 1001
 
 
 class _Tok:
@@ -115,8 +115,8 @@ class _Tok:
 
 
 def test_add_bos_token_follows_the_tokenizer_default() -> None:
-    assert evaluate.adds_special_tokens(_Tok(bos=128000)) is True  # Llama 3 style: <|begin_of_text|>
-    assert evaluate.adds_special_tokens(_Tok(bos=None)) is False  # SmolLM2 style: nothing added
+    assert lmeval_adapter.adds_special_tokens(_Tok(bos=128000)) is True  # Llama 3 style: <|begin_of_text|>
+    assert lmeval_adapter.adds_special_tokens(_Tok(bos=None)) is False  # SmolLM2 style: nothing added
 
 
 def test_windows_are_summed_in_plan_order_whatever_finishes_first() -> None:
@@ -132,12 +132,12 @@ def test_windows_are_summed_in_plan_order_whatever_finishes_first() -> None:
         time.sleep(0.2 if window[0] == 0 else 0.0)
         return nll_of[window[0]]
 
-    total, scored = evaluate._score_windows(plan, nll, workers=3)
+    total, scored = token_perplexity._score_windows(plan, nll, workers=3)
     assert total == pytest.approx(0.6) and scored == 7
     assert sorted(started) == [0, 2, 4]
-    serial = evaluate._score_windows(plan, nll, workers=1)
+    serial = token_perplexity._score_windows(plan, nll, workers=1)
     assert serial[0] == total  # same order of additions: bit-identical, not just close
-    summary = evaluate._token_ppl_summary(total, scored, len(plan), 100)
+    summary = token_perplexity._token_ppl_summary(total, scored, len(plan), 100)
     assert summary["token_perplexity"] == pytest.approx(math.exp(0.6 / 7))
 
 
@@ -148,4 +148,4 @@ def test_a_failed_window_fails_the_perplexity() -> None:
         return 0.1
 
     with pytest.raises(RuntimeError, match="HTTP 400"):
-        evaluate._score_windows([(0, 4, 3), (2, 6, 2), (4, 8, 2)], nll, workers=2)
+        token_perplexity._score_windows([(0, 4, 3), (2, 6, 2), (4, 8, 2)], nll, workers=2)

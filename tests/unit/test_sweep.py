@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from quantverdict.measure import sweep
-from quantverdict.measure.sweep import INF, SweepPoint
+from quantverdict.config.compose import compose
+from quantverdict.measure import bench_result, capacity, kernels, sweep, sweep_plan, validity
+from quantverdict.measure.sweep_plan import INF, SweepPoint
 
 # A hand-written result in the shape `vllm bench serve --save-result --save-detailed` writes
 # (keys from vllm/benchmarks/serve.py, vLLM 0.32.0): 4 prompts sent, 3 completed, 1 failed,
@@ -53,7 +54,7 @@ RESULT = {
 
 
 def test_plan_rate_mode_keeps_order_and_names_inf():
-    points = sweep.plan("rate", [1, 2.5, math.inf], [4], repeats=2)
+    points = sweep_plan.plan("rate", [1, 2.5, math.inf], [4], repeats=2)
     # 3 rates x 2 repeats = 6 points, rate-major
     assert [p.name for p in points] == [
         "rate-1_r0",
@@ -69,7 +70,7 @@ def test_plan_rate_mode_keeps_order_and_names_inf():
 
 
 def test_plan_concurrency_mode_uses_inf_rate():
-    points = sweep.plan("concurrency", [1.0], [1, 16], repeats=1)
+    points = sweep_plan.plan("concurrency", [1.0], [1, 16], repeats=1)
     assert [(p.name, p.request_rate_arg, p.concurrency) for p in points] == [
         ("conc-1_r0", "inf", 1),
         ("conc-16_r0", "inf", 16),
@@ -82,21 +83,21 @@ def test_plan_concurrency_mode_uses_inf_rate():
 )
 def test_plan_rejects_bad_input(mode, rates, conc, repeats):
     with pytest.raises(ValueError):
-        sweep.plan(mode, rates, conc, repeats)
+        sweep_plan.plan(mode, rates, conc, repeats)
 
 
 def test_normalize_rate():
-    assert sweep.normalize_rate(float("inf")) == INF
-    assert sweep.normalize_rate(".inf") == INF
-    assert sweep.normalize_rate("4") == 4.0
-    assert sweep.format_rate(0.5) == "0.5"
+    assert sweep_plan.normalize_rate(float("inf")) == INF
+    assert sweep_plan.normalize_rate(".inf") == INF
+    assert sweep_plan.normalize_rate("4") == 4.0
+    assert sweep_plan.format_rate(0.5) == "0.5"
     with pytest.raises(ValueError):
-        sweep.normalize_rate(0)
+        sweep_plan.normalize_rate(0)
 
 
 def test_parse_result_hand_values():
     point = SweepPoint(2.0, None, 0)
-    p = sweep.parse_result(RESULT, point, num_prompts=4, output_len=16)
+    p = bench_result.parse_result(RESULT, point, num_prompts=4, output_len=16)
     assert p["point"] == "rate-2_r0"
     assert p["offered_rate_rps"] == 2.0 and p["concurrency"] is None and p["repeat"] == 0
     assert p["completed"] == 3 and p["failed"] == 1
@@ -118,7 +119,7 @@ def test_parse_result_hand_values():
 
 def test_parse_result_without_percentiles_gives_none():
     minimal = {"completed": 2, "duration": 4.0}
-    p = sweep.parse_result(minimal, SweepPoint(INF, 8, 1), num_prompts=2, output_len=10)
+    p = bench_result.parse_result(minimal, SweepPoint(INF, 8, 1), num_prompts=2, output_len=10)
     assert p["failed"] == 0  # 2 sent - 2 completed
     assert p["offered_rate_rps"] == "inf" and p["concurrency"] == 8
     assert p["ttft_ms_p99"] is None and p["achieved_rps"] is None
@@ -127,8 +128,8 @@ def test_parse_result_without_percentiles_gives_none():
 
 
 def test_summary_line():
-    p = sweep.parse_result(RESULT, SweepPoint(2.0, None, 0), num_prompts=4, output_len=16)
-    line = sweep.summary_line(p, 1, 2)
+    p = bench_result.parse_result(RESULT, SweepPoint(2.0, None, 0), num_prompts=4, output_len=16)
+    line = bench_result.summary_line(p, 1, 2)
     assert line.startswith("point 1/2 rate=2 r0: 3/4 ok, 1.50 req/s, 24.0 out tok/s, TTFT p50 100 ms")
 
 
@@ -198,7 +199,7 @@ def test_percentile_equals_numpy_on_fixed_lists() -> None:
 
 def test_recomputed_latencies_by_hand_and_itl_excludes_ttft() -> None:
     res = detailed(**FOUR, p99_itl_ms=500.0, p50_ttft_ms=375.0)
-    p = sweep.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
+    p = bench_result.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
     assert p["metrics_source"] == "recomputed"
     # TTFT sorted .25 .25 .5 .75: p50 rank 1.5 -> .375 s; p90 rank 2.7 -> .5 + .7 * .25 = .675 s; mean 1.75 / 4
     assert p["ttft_ms_p50"] == pytest.approx(375.0) and p["ttft_ms_p90"] == pytest.approx(675.0)
@@ -223,7 +224,7 @@ def test_itl_lists_that_include_the_ttft_make_the_point_invalid() -> None:
     res = detailed(**FOUR)
     # a client that measured the first "gap" from the request start: ITL lists begin with the TTFT
     res["itls"] = [[t, *i] for t, i in zip(res["ttfts"], res["itls"])]
-    p = sweep.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
+    p = bench_result.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
     # TTFT + sum(ITL) - E2E = the TTFT itself: worst 0.75 s
     assert p["itl_sum_max_err_ms"] == pytest.approx(750.0)
     assert p["valid"] is False and "not the gaps after the first token" in p["invalid_reasons"][0]
@@ -233,19 +234,21 @@ def test_itl_lists_that_include_the_ttft_make_the_point_invalid() -> None:
 def test_short_outputs_make_a_point_invalid() -> None:
     # 4 requests asked 4 tokens: r2 stopped after 2, r3 failed (0 tokens): 10 of 16 = 62.5% < 90%
     res = detailed(**{**FOUR, "lens": [4, 4, 2, 0]}, errors=["", "", "", "ReadTimeout"])
-    p = sweep.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
+    p = bench_result.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
     assert p["output_tokens_total"] == 10 and p["output_tokens_requested"] == 16
     assert p["short_requests"] == 2  # the short one and the failed one
     assert p["output_valid"] is False and p["valid"] is False
     assert "10 of 16 requested output tokens (62%" in p["invalid_reasons"][0]
     # 15 of 16 (93.75% >= 90%): valid, one short request counted
-    ok = sweep.parse_result(detailed(**{**FOUR, "lens": [4, 4, 3, 4]}), SweepPoint(1.0, None, 0), 4, 4)
+    ok = bench_result.parse_result(detailed(**{**FOUR, "lens": [4, 4, 3, 4]}), SweepPoint(1.0, None, 0), 4, 4)
     assert ok["valid"] is True and ok["short_requests"] == 1
 
 
 def test_warmup_requests_in_the_result_make_it_invalid() -> None:
     # 3 prompts sent, but the lists hold 4 requests: a warm-up request counted in the rates and percentiles
-    p = sweep.parse_result(detailed(**FOUR), SweepPoint(1.0, None, 0), num_prompts=3, output_len=4, warmup_requests=1)
+    p = bench_result.parse_result(
+        detailed(**FOUR), SweepPoint(1.0, None, 0), num_prompts=3, output_len=4, warmup_requests=1
+    )
     assert p["valid"] is False and "4 requests in the result, 3 sent" in p["invalid_reasons"][0]
     assert p["warmup_requests"] == 1
 
@@ -260,7 +263,7 @@ def _steady_run(n: int, gap: float, done: list[float]) -> dict:  # type: ignore[
 def test_steady_state_excludes_ramp_up_and_drain() -> None:
     # 8 requests at 2 req/s (sent 0, .5, ..., 3.5), each 1 s long: completions 1.0, 1.5, ..., 4.5.
     res = _steady_run(8, 0.5, [1.0 + 0.5 * i for i in range(8)])
-    p = sweep.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=8, output_len=4)
+    p = bench_result.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=8, output_len=4)
     # window (first completion 1.0, last sent 3.5] = 2.5 s: completions 1.5 2 2.5 3 3.5 -> 5 / 2.5 = 2 req/s;
     # requests sent in it: 1.5 .. 3.5 -> 5 -> 2 req/s
     assert p["steady_window_s"] == 2.5 and p["steady_completions"] == 5
@@ -275,7 +278,7 @@ def test_steady_state_excludes_ramp_up_and_drain() -> None:
 def test_saturated_open_loop_in_the_steady_window() -> None:
     # 16 requests at 2 req/s (sent 0 .. 7.5) into a server that finishes one per second (at 1, 2, ..., 16)
     res = _steady_run(16, 0.5, [1.0 + i for i in range(16)])
-    p = sweep.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=16, output_len=4)
+    p = bench_result.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=16, output_len=4)
     # window (1, 7.5] = 6.5 s: 6 completions (2..7), 13 requests sent (1.5 .. 7.5): ratio 6 / 13 = 0.46
     assert p["steady_completions"] == 6 and p["steady_arrivals"] == 13
     assert p["saturation_ratio"] == pytest.approx(6 / 13) and p["saturated"] is True
@@ -285,14 +288,14 @@ def test_saturated_open_loop_in_the_steady_window() -> None:
 def test_saturation_without_a_window_burst_and_closed_loop() -> None:
     # too few requests: every one sent before the first completes -> whole run: 4 / duration vs offered
     res = detailed(**{**FOUR, "starts": [0.0, 0.1, 0.2, 0.3]})
-    p = sweep.parse_result(res, SweepPoint(4.0, None, 0), num_prompts=4, output_len=4)
+    p = bench_result.parse_result(res, SweepPoint(4.0, None, 0), num_prompts=4, output_len=4)
     assert p["steady_rps"] is None and "no steady state" in p["steady_reason"]
     # completions .1+1.25=1.35, 1.25, .2+2=2.2, .3+1=1.3 -> duration 2.2 s: 4 / 2.2 = 1.82 req/s < 0.9 x 4
     assert p["saturation_basis"] == "whole_run" and p["saturation_ratio"] == pytest.approx(4 / 2.2 / 4)
     assert p["saturated"] is True and p["throughput_rps"] == pytest.approx(4 / 2.2)
-    burst = sweep.parse_result(res, SweepPoint(INF, None, 0), 4, 4)
+    burst = bench_result.parse_result(res, SweepPoint(INF, None, 0), 4, 4)
     assert burst["saturated"] is None and burst["saturation_basis"] == "burst"
-    closed = sweep.parse_result(res, SweepPoint(INF, 2, 0), 4, 4)
+    closed = bench_result.parse_result(res, SweepPoint(INF, 2, 0), 4, 4)
     assert closed["saturated"] is None and closed["saturation_basis"] == "closed_loop"
 
 
@@ -342,22 +345,22 @@ def test_sustained_ceiling_from_saturated_points() -> None:
         _pt(INF, 0, 45.0, rps=1.4),
         _pt(8.0, 0, 99.0, sat=True, valid=False),  # invalid: its 99 tok/s never counts
     ]
-    c = sweep.sustained_ceiling(sweep.summarize(pts, "rate"), "rate")
+    c = capacity.sustained_ceiling(sweep.summarize(pts, "rate"), "rate")
     # candidates: 4 req/s (saturated, median (50 + 54) / 2 = 52) and inf (45): 4 req/s wins
     assert c["kind"] == "saturated" and c["offered_rate_rps"] == 4.0
     assert c["output_tok_s"] == 52.0 and (c["output_tok_s_min"], c["output_tok_s_max"]) == (50.0, 54.0)
     assert c["rps"] == pytest.approx(1.6) and c["repeats"] == 2
     # the unsaturated 1 req/s point is not a ceiling: without 4 and inf, the ceiling is only a lower bound
-    lb = sweep.sustained_ceiling(sweep.summarize(pts[:1], "rate"), "rate")
+    lb = capacity.sustained_ceiling(sweep.summarize(pts[:1], "rate"), "rate")
     assert lb["kind"] == "lower_bound" and lb["output_tok_s"] == 10.0
-    assert sweep.sustained_ceiling(sweep.summarize(pts[-1:], "rate"), "rate")["kind"] == "none"
+    assert capacity.sustained_ceiling(sweep.summarize(pts[-1:], "rate"), "rate")["kind"] == "none"
 
 
 def test_concurrency_sweep_points_and_ceiling() -> None:
     pts = [_pt(INF, 0, 16.0, conc=1), _pt(INF, 0, 60.0, conc=4), _pt(INF, 0, 58.0, conc=16)]
     s = sweep.summarize(pts, "concurrency")
     assert [lv["concurrency"] for lv in s] == [1, 4, 16] and all(lv["saturated"] is None for lv in s)
-    c = sweep.sustained_ceiling(s, "concurrency")
+    c = capacity.sustained_ceiling(s, "concurrency")
     assert c["kind"] == "closed_loop_max" and c["concurrency"] == 4 and c["output_tok_s"] == 60.0
 
 
@@ -370,10 +373,10 @@ def test_points_of_older_records_without_validity_keys() -> None:
         "output_tokens_total": 200,
         "output_tokens_requested": 256,
     }
-    assert sweep.point_valid(old) is False  # 200 / 256 = 78% < 90%
-    assert sweep.point_valid({**old, "output_tokens_total": 240}) is True  # 94%
-    assert sweep.point_saturated(old) is True  # 1.0 < 0.9 x 2.0
-    assert sweep.point_saturated({**old, "offered_rate_rps": None}) is None  # older records: None = unlimited
+    assert validity.point_valid(old) is False  # 200 / 256 = 78% < 90%
+    assert validity.point_valid({**old, "output_tokens_total": 240}) is True  # 94%
+    assert validity.point_saturated(old) is True  # 1.0 < 0.9 x 2.0
+    assert validity.point_saturated({**old, "offered_rate_rps": None}) is None  # older records: None = unlimited
 
 
 def test_kernel_check_relabels_a_weight_only_fallback() -> None:
@@ -382,27 +385,25 @@ def test_kernel_check_relabels_a_weight_only_fallback() -> None:
         "fallback": True,
         "fallback_lines": ["Your GPU does not have native support for FP8 computation ... Weight-only FP8"],
     }
-    kc = sweep.kernel_check("FP8_DYNAMIC", marlin, activation_quantized=True)
+    kc = kernels.kernel_check("FP8_DYNAMIC", marlin, activation_quantized=True)
     assert kc["effective_label"] == "FP8_DYNAMIC (weight-only fallback)" and kc["comparable_for_speed"] is False
     assert "native support for FP8" in kc["reason"]
     fast = {
         "kernels": [{"kernel": "CutlassFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
         "fallback": False,
     }
-    kc = sweep.kernel_check("FP8_DYNAMIC", fast, activation_quantized=True)
+    kc = kernels.kernel_check("FP8_DYNAMIC", fast, activation_quantized=True)
     assert kc["effective_label"] == "FP8_DYNAMIC" and kc["comparable_for_speed"] is True
     assert kc["kernels"] == ["CutlassFP8ScaledMMLinearKernel (CompressedTensorsW8A8Fp8)"]
-    assert sweep.kernel_check("W8A8", {"kernels": [], "fallback": None}, True)["comparable_for_speed"] is None
-    assert sweep.kernel_check("BF16", {"kernels": []}, False)["comparable_for_speed"] is True
+    assert kernels.kernel_check("W8A8", {"kernels": [], "fallback": None}, True)["comparable_for_speed"] is None
+    assert kernels.kernel_check("BF16", {"kernels": []}, False)["comparable_for_speed"] is True
     emu = {"kernels": [{"kernel": "EmulationKernel", "method": "CompressedTensorsW4A4"}], "fallback": True}
-    assert sweep.kernel_check("W4A4", emu, True)["effective_label"] == "W4A4 (emulated)"
+    assert kernels.kernel_check("W4A4", emu, True)["effective_label"] == "W4A4 (emulated)"
 
 
 def test_cpu_concurrency_profile_composes() -> None:
-    from quantverdict.config.compose import compose
-
     cfg = compose(["bench=cpu-concurrency"])
     assert cfg.bench.mode == "concurrency" and list(cfg.bench.concurrencies) == [1, 4]
     assert cfg.bench.num_prompts == 8
-    points = sweep.plan(cfg.bench.mode, list(cfg.bench.rates), list(cfg.bench.concurrencies), cfg.bench.repeats)
+    points = sweep_plan.plan(cfg.bench.mode, list(cfg.bench.rates), list(cfg.bench.concurrencies), cfg.bench.repeats)
     assert [p.name for p in points] == ["conc-1_r0", "conc-4_r0"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantverdict.children._child import child_main, progress
+from quantverdict.measure.memory import GIB
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -20,7 +21,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     if not torch.cuda.is_available():
         raise RuntimeError("the HBM copy benchmark needs a CUDA GPU (env.device=cuda)")
-    n = int(float(spec.get("gib", 4)) * 2**30)
+    n = int(float(spec.get("gib", 4)) * GIB)
     iters = int(spec.get("iters", 20))
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)

@@ -35,6 +35,9 @@ from quantverdict.measure.perplexity import scored_slices
 __all__ = ["completion_body", "completions_url", "parse_prompt_logprobs", "post_json", "prompt_logprobs", "window_nll"]
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token with return_tokens_as_token_ids
+# seconds one request to the server may take (eval.backend=server: token perplexity windows and lm-eval's
+# requests; a 2,047-token window with prompt log-probabilities took 20 s on the 2-core CPU)
+SERVER_TIMEOUT_S = 600
 
 
 def completions_url(base_url: str) -> str:

@@ -1,4 +1,5 @@
-"""Checkpoint memory accounting from safetensors headers (standard library only).
+"""The memory model: bytes of a checkpoint's tensors from its safetensors headers, and the bytes a scheme
+predicts before quantizing (standard library only).
 
 A safetensors file starts with an 8-byte little-endian unsigned header length ``N``, then ``N``
 bytes of JSON: ``{tensor_name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
@@ -17,7 +18,8 @@ Tensor roles follow the compressed-tensors checkpoint layout that llm-compressor
 * ``kept_16bit``: floating-point tensors left unquantized (embeddings, norms, ``lm_head``).
 * ``other``: anything else (e.g. integer buffers).
 
-Runs in the orchestrator; no torch.
+One table of bytes per element (:data:`DTYPE_BYTES`) and one GiB (:data:`GIB`) for every module that
+turns dtypes and bytes into memory. Runs in the orchestrator and the review; no torch.
 """
 
 from __future__ import annotations
@@ -28,6 +30,24 @@ import struct
 from pathlib import Path
 from typing import Any
 
+GIB = 2**30  # bytes in a GiB (binary, as vLLM logs it)
+MIB = 2**20  # bytes in a MiB (nvidia-smi's memory.total unit)
+# bytes per element of a model, scale or KV-cache dtype, by its torch / vLLM name (``--dtype``,
+# ``--kv-cache-dtype``; fp8_inc: Intel Gaudi's FP8)
+DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+}
+# the dtypes compressed-tensors stores weight scales in
+SCALE_DTYPE_BYTES = {dtype: DTYPE_BYTES[dtype] for dtype in ("bfloat16", "float16", "float32")}
+G_IDX_BYTES = 4  # weight_g_idx is int32, one entry per input column
 QUANT_STORAGE_DTYPES = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "I4", "U4"}
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 ACTIVATION_PARAM_SUFFIXES = (
@@ -63,6 +83,13 @@ def read_header(path: str | Path) -> dict[str, dict[str, Any]]:
     header = json.loads(text)
     header.pop("__metadata__", None)
     return header
+
+
+def tensor_bytes(entry: dict[str, Any]) -> int:
+    """Data bytes of one tensor of a safetensors header (:func:`read_header`): ``end - begin`` of its
+    ``data_offsets``."""
+    begin, end = entry["data_offsets"]
+    return int(end) - int(begin)
 
 
 def _read_ints(path: Path, entry: dict[str, Any]) -> list[int]:
@@ -115,10 +142,6 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
         for name, entry in read_header(f).items():
             entries[name] = (f, entry)
 
-    def nbytes(entry: dict[str, Any]) -> int:
-        begin, end = entry["data_offsets"]
-        return int(end) - int(begin)
-
     quantized: dict[str, str] = {}  # module -> name of its quantized weight tensor
     for name, (_, entry) in entries.items():
         if name.endswith(".weight_packed") or (name.endswith(".weight") and entry["dtype"] in QUANT_STORAGE_DTYPES):
@@ -128,7 +151,7 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
     by_role = {"quantized_weights": 0, "quant_params": 0, "kept_16bit": 0, "other": 0}
     q_elements = q_rows = q_bytes = q_meta = g_idx_elements = 0
     for name, (f, entry) in entries.items():
-        size = nbytes(entry)
+        size = tensor_bytes(entry)
         by_dtype[entry["dtype"]] = by_dtype.get(entry["dtype"], 0) + size
         module = _module_of(name)
         leaf = name[len(module) + 1 :] if module else name
@@ -161,7 +184,7 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
     total = sum(by_dtype.values())
     return {
         "total_weight_bytes": total,
-        "weights_gib": total / 2**30,
+        "weights_gib": total / GIB,
         "bytes_by_dtype": dict(sorted(by_dtype.items())),
         "bytes_by_role": by_role,
         "num_tensors": len(entries),
@@ -223,8 +246,93 @@ def expected_bits(bits: int, group_size: int, scale_bytes: int = 2, zero_point: 
     return 8 * expected_quantized_bytes(group_size, bits, group_size, scale_bytes, zero_point) / group_size
 
 
-SCALE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-G_IDX_BYTES = 4  # weight_g_idx is int32, one entry per input column
+def count_parameters(model_dir: str | Path) -> int:
+    """Elements of every floating-point tensor in ``model_dir``'s safetensors files (headers only).
+
+    Raises:
+        FileNotFoundError: no safetensors file in ``model_dir``.
+    """
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors file in {model_dir}")
+    return sum(math.prod(e["shape"]) for f in files for e in read_header(f).values() if e["dtype"] in FLOAT_DTYPES)
+
+
+# model types whose full-attention q_proj also emits a per-head output gate (q and gate interleaved,
+# 2 x heads x head_dim outputs; transformers' Qwen3_5Attention / Qwen3NextAttention)
+GATED_ATTENTION_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
+
+
+def linear_weight_elements(dims: dict[str, Any], model_type: str | None = None) -> int | None:
+    """Weight elements of the Linear layers a scheme quantizes in a Llama-like decoder (``lm_head`` excluded).
+
+    Per attention layer: ``q_proj`` hidden x (heads * head_dim) (twice that for the gated attention of
+    :data:`GATED_ATTENTION_MODEL_TYPES`), ``k_proj`` and ``v_proj`` hidden x (kv_heads * head_dim)
+    each, ``o_proj`` (heads * head_dim) x hidden; per layer, ``gate_proj``, ``up_proj`` and
+    ``down_proj`` hidden x intermediate each. A hybrid model (``layer_types``) has attention
+    projections only in its ``num_kv_layers`` full-attention layers; its linear-attention projections
+    stay 16-bit (the quantize recipes ignore them), so they are not counted. E.g. SmolLM2-135M
+    (576, 1536, 9 heads / 3 kv of 64, 30 layers): 30 x 3,538,944 = 106,168,320; Qwen3.5-9B (4096,
+    12288, 16 heads / 4 kv of 256, 8 of 32 layers full attention): 8 x 58,720,256 + 32 x 150,994,944
+    = 5,301,600,256, the quantized elements of the W4A16 checkpoint measured on the H200.
+
+    Returns:
+        The count, or None when ``dims`` lacks ``hidden_size``, ``intermediate_size``,
+        ``num_attention_heads`` or ``num_hidden_layers``.
+    """
+    try:
+        hidden, inter = int(dims["hidden_size"]), int(dims["intermediate_size"])
+        heads, layers = int(dims["num_attention_heads"]), int(dims["num_hidden_layers"])
+    except (KeyError, TypeError):
+        return None
+    kv = int(dims.get("num_key_value_heads") or heads)
+    head_dim = int(dims.get("head_dim") or hidden // heads)
+    q_out = heads * head_dim * (2 if model_type in GATED_ATTENTION_MODEL_TYPES else 1)
+    attention = hidden * q_out + 2 * hidden * kv * head_dim + heads * head_dim * hidden
+    attention_layers = int(dims.get("num_kv_layers") or layers)  # materialize: all layers unless hybrid
+    return attention_layers * attention + layers * 3 * hidden * inter
+
+
+def predicted_weight_bytes(
+    n_params: int,
+    linear_elements: int | None = None,
+    weight_bits: int = 16,
+    group_size: int | None = None,
+    symmetric: bool = True,
+) -> float:
+    """Bytes of a model's weights under a scheme, predicted from its 16-bit source before quantizing.
+
+    Formula (compressed-tensors layout, lm_head and embeddings kept 16-bit)::
+
+        P = n_params, L = min(linear_elements or P, P)
+        16-bit:     2 * P
+        quantized:  expected_quantized_bytes(L, weight_bits, group_size, 2-byte scales,
+                                             a zero point per group if not symmetric)
+                    + 2 * (P - L)
+
+    Args:
+        n_params: parameters of the model (all floating-point elements).
+        linear_elements: Linear weight elements the scheme quantizes (:func:`linear_weight_elements`);
+            None: all ``n_params``.
+        weight_bits: bits per quantized weight; >= 16: nothing is quantized.
+        group_size: weights per scale (per-channel: ``in_features``); needed when ``weight_bits < 16``.
+        symmetric: no zero points stored.
+
+    Returns:
+        Predicted bytes (float).
+
+    Raises:
+        ValueError: ``weight_bits < 16`` without a ``group_size``.
+    """
+    half = float(DTYPE_BYTES["bfloat16"])
+    if weight_bits >= 16:
+        return half * n_params
+    if group_size is None:
+        raise ValueError(f"weight_bits={weight_bits} needs a group_size (weights per scale)")
+    linear = min(linear_elements or n_params, n_params)
+    scale_bytes = DTYPE_BYTES["bfloat16"]
+    quantized = expected_quantized_bytes(linear, weight_bits, group_size, scale_bytes, zero_point=not symmetric)
+    return quantized + half * (n_params - linear)
 
 
 class CheckpointSizeError(ValueError):

@@ -13,11 +13,12 @@ hundred tokens of context they are under 0.5% of an 8B model's weights. Orchestr
 from __future__ import annotations
 
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
-from quantverdict.measure import sweep
-from quantverdict.measure.memory import read_header
+from quantverdict.measure import validity
+from quantverdict.measure.memory import read_header, tensor_bytes
 
 # tensors a text decode step does not read in full: the vision tower of a VLM checkpoint (text-only
 # serving), multi-token-prediction heads, and the input embedding table (one row per token)
@@ -44,8 +45,7 @@ def decode_read_bytes(path: str | Path, tie_word_embeddings: bool = False) -> di
     read = embed = skipped = 0
     for f in files:
         for name, entry in read_header(f).items():
-            begin, end = entry["data_offsets"]
-            size = int(end) - int(begin)
+            size = tensor_bytes(entry)
             if _NOT_READ.search(name):
                 skipped += size
             elif _EMBED.search(name):
@@ -92,18 +92,15 @@ def efficiency(decode_bytes: float, copy_bytes_per_s: float, tpot_ms: float) -> 
 
 def c1_tpot_ms(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -> float | None:
     """Median TPOT (ms) at concurrency 1: the summary row of load 1 in a concurrency sweep, else the
-    median over the valid points (:func:`quantverdict.measure.sweep.point_valid`) with ``concurrency == 1``;
+    median over the valid points (:func:`quantverdict.measure.validity.point_valid`) with ``concurrency == 1``;
     None when the sweep has no such load."""
     for row in summary or []:
         tpot = (row.get("metrics") or {}).get("tpot_ms_p50")
         if row.get("concurrency") == 1 and tpot:
             return float(tpot["median"])
-    vals = sorted(
+    vals = [
         float(p["tpot_ms_p50"])
         for p in points or []
-        if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and sweep.point_valid(p)
-    )
-    if not vals:
-        return None
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and validity.point_valid(p)
+    ]
+    return statistics.median(vals) if vals else None  # of an even count: mean of the middle two

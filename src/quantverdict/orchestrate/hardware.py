@@ -27,10 +27,11 @@ import os
 import re
 import subprocess
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import DEVICES, ConfigError, SchemeConfig
+from quantverdict.config.schemes import scheme_group_size
+from quantverdict.measure import memory
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,6 @@ QUERY = "index,name,driver_version,memory.total,compute_cap"
 FP8_W8A8_MIN_CC = (8, 9)
 INT8_W8A8_MIN_CC = (7, 5)
 WEIGHT_ONLY_MIN_CC = (7, 5)
-GiB = 2**30
-MiB = 2**20
 
 
 def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
@@ -193,53 +192,6 @@ def check_scheme_on_gpu(scheme: SchemeConfig, gpus: Sequence[dict[str, Any]]) ->
     )
 
 
-# model types whose full-attention q_proj also emits a per-head output gate (q and gate interleaved,
-# 2 x heads x head_dim outputs; transformers' Qwen3_5Attention / Qwen3NextAttention)
-GATED_ATTENTION_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
-
-
-def linear_weight_elements(dims: dict[str, Any], model_type: str | None = None) -> int | None:
-    """Weight elements of the Linear layers a scheme quantizes in a Llama-like decoder (``lm_head`` excluded).
-
-    Per attention layer: ``q_proj`` hidden x (heads * head_dim) (twice that for the gated attention of
-    :data:`GATED_ATTENTION_MODEL_TYPES`), ``k_proj`` and ``v_proj`` hidden x (kv_heads * head_dim)
-    each, ``o_proj`` (heads * head_dim) x hidden; per layer, ``gate_proj``, ``up_proj`` and
-    ``down_proj`` hidden x intermediate each. A hybrid model (``layer_types``) has attention
-    projections only in its ``num_kv_layers`` full-attention layers; its linear-attention projections
-    stay 16-bit (the quantize recipes ignore them), so they are not counted. E.g. SmolLM2-135M
-    (576, 1536, 9 heads / 3 kv of 64, 30 layers): 30 x 3,538,944 = 106,168,320; Qwen3.5-9B (4096,
-    12288, 16 heads / 4 kv of 256, 8 of 32 layers full attention): 8 x 58,720,256 + 32 x 150,994,944
-    = 5,301,600,256, the quantized elements of the W4A16 checkpoint measured on the H200.
-
-    Returns:
-        The count, or None when ``dims`` lacks ``hidden_size``, ``intermediate_size``,
-        ``num_attention_heads`` or ``num_hidden_layers``.
-    """
-    try:
-        hidden, inter = int(dims["hidden_size"]), int(dims["intermediate_size"])
-        heads, layers = int(dims["num_attention_heads"]), int(dims["num_hidden_layers"])
-    except (KeyError, TypeError):
-        return None
-    kv = int(dims.get("num_key_value_heads") or heads)
-    head_dim = int(dims.get("head_dim") or hidden // heads)
-    q_out = heads * head_dim * (2 if model_type in GATED_ATTENTION_MODEL_TYPES else 1)
-    attention = hidden * q_out + 2 * hidden * kv * head_dim + heads * head_dim * hidden
-    attention_layers = int(dims.get("num_kv_layers") or layers)  # materialize: all layers unless hybrid
-    return attention_layers * attention + layers * 3 * hidden * inter
-
-
-def count_parameters(model_dir: str | Path) -> int:
-    """Elements of every floating-point tensor in ``model_dir``'s safetensors files (headers only)."""
-    from math import prod
-
-    from quantverdict.measure.memory import FLOAT_DTYPES, read_header
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors file in {model_dir}")
-    return sum(prod(e["shape"]) for f in files for e in read_header(f).values() if e["dtype"] in FLOAT_DTYPES)
-
-
 def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     """Bytes of the served model's weights, predicted from the 16-bit source before quantizing.
 
@@ -250,6 +202,9 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
         bf16:       2 * P
         quantized:  expected_quantized_bytes(L, weight_bits, g, 2-byte scales, zero points if asymmetric)
                     + 2 * (P - L)
+
+    (:func:`quantverdict.measure.memory.predicted_weight_bytes`; ``count_parameters`` and
+    ``linear_weight_elements`` are in :mod:`quantverdict.measure.memory` too.)
 
     ``g`` is the scheme's group size (``group_size: auto`` -> derive_group_size over the model's
     in_features; per-channel: ``hidden_size``, one scale per row of hidden_size inputs, so the
@@ -267,14 +222,11 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     Returns:
         Predicted bytes (float).
     """
-    from quantverdict.config.schemes import scheme_group_size
-    from quantverdict.measure.memory import expected_quantized_bytes
-
     dims = model.get("dims") or {}
-    n_params = int(model.get("num_parameters") or count_parameters(model["path"]))
+    n_params = int(model.get("num_parameters") or memory.count_parameters(model["path"]))
     if scheme.method == "none" or scheme.weight_bits >= 16:
-        return 2.0 * n_params
-    linear = min(linear_weight_elements(dims, model.get("model_type")) or n_params, n_params)
+        return memory.predicted_weight_bytes(n_params)
+    linear = memory.linear_weight_elements(dims, model.get("model_type"))
     group: int | None = None
     if scheme.group_size != "channel" and dims.get("hidden_size"):
         try:
@@ -282,8 +234,7 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
         except ConfigError:
             group = None  # refused with its own message by schemes.resolve_recipe
     group = group or int(dims.get("hidden_size") or 4096)
-    quantized = expected_quantized_bytes(linear, scheme.weight_bits, group, 2, zero_point=not scheme.symmetric)
-    return quantized + 2.0 * (n_params - linear)
+    return memory.predicted_weight_bytes(n_params, linear, scheme.weight_bits, group, scheme.symmetric)
 
 
 def check_weights_fit(
@@ -310,13 +261,13 @@ def check_weights_fit(
     if not total_mib:
         log.warning("GPU %s reports no total memory; the weights-fit check is skipped", gpu.get("name"))
         return
-    total = float(total_mib) * MiB
+    total = float(total_mib) * memory.MIB
     budget = total * gpu_memory_utilization
     if weight_bytes > budget:
         raise ConfigError(
             f"model {model_name} with scheme={scheme_name}: the weights alone are predicted at "
-            f"{weight_bytes / GiB:.2f} GiB, over the budget of GPU {gpu.get('index', 0)} {gpu['name']}: "
-            f"{total / GiB:.2f} GiB x bench.server.gpu_memory_utilization={gpu_memory_utilization} = "
-            f"{budget / GiB:.2f} GiB. Use a lower-bit scheme (e.g. awq or gptq, W4A16), raise "
+            f"{weight_bytes / memory.GIB:.2f} GiB, over the budget of GPU {gpu.get('index', 0)} {gpu['name']}: "
+            f"{total / memory.GIB:.2f} GiB x bench.server.gpu_memory_utilization={gpu_memory_utilization} = "
+            f"{budget / memory.GIB:.2f} GiB. Use a lower-bit scheme (e.g. awq or gptq, W4A16), raise "
             "bench.server.gpu_memory_utilization, or a GPU with more memory."
         )

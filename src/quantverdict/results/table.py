@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from quantverdict.measure import sweep
+from quantverdict.measure import capacity, sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline
 
 MIB = 1024**2
@@ -28,7 +28,9 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
     speed = rec.get("speed", {})
     mode = speed.get("mode") or "rate"
     rows = []
-    levels = sweep.consistent_saturation(speed.get("summary") or sweep.summarize(speed.get("points") or [], mode), mode)
+    levels = capacity.consistent_saturation(
+        speed.get("summary") or sweep.summarize(speed.get("points") or [], mode), mode
+    )
     for lv in levels:
         m = lv["metrics"]
 

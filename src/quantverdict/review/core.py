@@ -13,7 +13,7 @@ from typing import Any
 
 from quantverdict import __version__
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
-from quantverdict.measure import sweep
+from quantverdict.measure import kernels
 from quantverdict.results.baseline import find_baseline
 from quantverdict.results.record import now_iso, stopped_stage
 from quantverdict.results.tracking import experiment_id
@@ -117,7 +117,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     if isinstance(roof, dict) and roof:
         sc.speed["roofline"] = roof
     m = sc.memory
-    kc = (rec.get("speed") or {}).get("kernel_check") or sweep.kernel_check(
+    kc = (rec.get("speed") or {}).get("kernel_check") or kernels.kernel_check(
         sc.label, (rec.get("memory") or {}).get("server"), _activation_quantized(rec)
     )
     if m.get("fallback"):

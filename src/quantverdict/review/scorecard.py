@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.measure import sweep
+from quantverdict.measure import capacity, sweep, sweep_plan, validity
 from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict.review import stats
 from quantverdict.review.stats import Interval
@@ -648,7 +648,7 @@ def _is_num(x: Any) -> TypeGuard[int | float]:
 def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """The sweep points of a record, one per load level, sorted by load.
 
-    Invalid points (:func:`quantverdict.measure.sweep.point_valid`: output tokens under 90% of those requested,
+    Invalid points (:func:`quantverdict.measure.validity.point_valid`: output tokens under 90% of those requested,
     a wrong request count, ITL lists that are not gaps after the first token) are left out; a level
     with no valid repeat is left out. Each number is the **median** over the level's valid repeats;
     ``spread[metric] = [min, max]`` for ``SPREAD_KEYS``; ``load`` (req/s or concurrency, inf for an
@@ -659,10 +659,10 @@ def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     mode = speed.get("mode") or "rate"
     groups: dict[float, list[dict[str, Any]]] = {}
     for p in speed.get("points") or []:
-        groups.setdefault(sweep.load_of(p, mode), []).append(p)
+        groups.setdefault(sweep_plan.load_of(p, mode), []).append(p)
     out = []
     for load, ps in sorted(groups.items()):
-        valid = [p for p in ps if sweep.point_valid(p)]
+        valid = [p for p in ps if validity.point_valid(p)]
         if not valid:
             continue
         agg: dict[str, Any] = dict(valid[0])
@@ -675,7 +675,7 @@ def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             for k in SPREAD_KEYS
             if all(_is_num(q.get(k)) for q in valid)
         }
-        sat = [s for s in (sweep.point_saturated(q) for q in valid) if s is not None]
+        sat = [s for s in (validity.point_saturated(q) for q in valid) if s is not None]
         agg["saturated"] = (2 * sum(sat) > len(sat)) if sat else None
         agg["load"], agg["repeats"], agg["valid_repeats"] = load, len(ps), len(valid)
         agg["label"] = load_label(agg, mode)
@@ -763,7 +763,7 @@ def goodput(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[float | Non
 
 
 def _raw_label(p: dict[str, Any], mode: str) -> str:
-    lbl = load_label({**p, "load": sweep.load_of(p, mode)}, mode)
+    lbl = load_label({**p, "load": sweep_plan.load_of(p, mode)}, mode)
     return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
 
 
@@ -771,10 +771,10 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
     """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
 
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
-    * ceiling: :func:`quantverdict.measure.sweep.sustained_ceiling` (saturated levels and the burst; median over
+    * ceiling: :func:`quantverdict.measure.capacity.sustained_ceiling` (saturated levels and the burst; median over
       repeats with its min-max range; invalid points never count);
     * goodput: :func:`goodput` (the highest sustained load that meets the SLO, with every load below it);
-    * saturation: a rate under 90% of the ceiling is never saturated (:func:`sweep.saturation_overruled`).
+    * saturation: a rate under 90% of the ceiling is never saturated (:func:`capacity.saturation_overruled`).
 
     Every number is a median over the valid repeats of its load level (:func:`speed_points`).
 
@@ -787,14 +787,14 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
     for q in raw:
         label = _raw_label(q, mode)
         want, got = q.get("output_tokens_requested"), q.get("output_tokens_total")
-        if not sweep.point_valid(q):
-            if want and got is not None and got < sweep.OUTPUT_VALID_FRACTION * want:
+        if not validity.point_valid(q):
+            if want and got is not None and got < validity.OUTPUT_VALID_FRACTION * want:
                 flags.append(
                     f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
                     f"({100 * got / want:.0f}%): requests ended early; invalid, left out of every speed number"
                 )
             others = [r for r in q.get("invalid_reasons") or [] if "requested output tokens" not in r]
-            if others or not (want and got is not None and got < sweep.OUTPUT_VALID_FRACTION * want):
+            if others or not (want and got is not None and got < validity.OUTPUT_VALID_FRACTION * want):
                 why = "; ".join(others) or "marked invalid"
                 flags.append(f"speed point {label}: invalid ({why}); left out of every speed number")
         elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
@@ -805,7 +805,7 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         if q.get("failed"):
             flags.append(f"speed point {label}: {q['failed']:g} failed requests")
         diff = q.get("vllm_max_rel_diff")
-        if diff is not None and diff > sweep.VLLM_AGREEMENT_TOLERANCE:
+        if diff is not None and diff > validity.VLLM_AGREEMENT_TOLERANCE:
             flags.append(
                 f"speed point {label}: latency percentiles recomputed from the per-request data differ from "
                 f"vLLM's own by up to {100 * diff:.1f}%: the recomputed ones are reported"
@@ -814,9 +814,9 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         return {"mode": mode, "points": []}, flags, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.get("tpot_ms_p50") or low.get("itl_ms_p50")
-    ceiling = sweep.sustained_ceiling(sweep.consistent_saturation(sweep.summarize(raw, mode), mode), mode)
+    ceiling = capacity.sustained_ceiling(capacity.consistent_saturation(sweep.summarize(raw, mode), mode), mode)
     for p in points:  # a rate the server keeps up with (below its ceiling) is not saturated
-        note = sweep.saturation_overruled(p["load"], ceiling) if p.get("saturated") and mode == "rate" else None
+        note = capacity.saturation_overruled(p["load"], ceiling) if p.get("saturated") and mode == "rate" else None
         if note:
             p["saturated"], p["saturation_note"] = False, note
     out: dict[str, Any] = {
@@ -834,7 +834,9 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         ),
         "ceiling_repeats": ceiling.get("repeats"),
         "saturation_label": (
-            load_label({**ceiling, "load": sweep.load_of(ceiling, mode)}, mode) if ceiling["kind"] != "none" else None
+            load_label({**ceiling, "load": sweep_plan.load_of(ceiling, mode)}, mode)
+            if ceiling["kind"] != "none"
+            else None
         ),
         "repeats": max(p["repeats"] for p in points),
     }
@@ -873,15 +875,15 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
     mode = sp.get("mode") or "rate"
     lines = []
     levels = sweep.summarize(raw, mode)
-    invalid = [_raw_label(q, mode) for q in raw if not sweep.point_valid(q)]
+    invalid = [_raw_label(q, mode) for q in raw if not validity.point_valid(q)]
     ceiling = {
         "kind": speed.get("ceiling_kind"),
         "rps": speed.get("ceiling_rps"),
         "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None,
     }
-    sat_raw = [q for q in raw if sweep.point_valid(q) and sweep.point_saturated(q)]
+    sat_raw = [q for q in raw if validity.point_valid(q) and validity.point_saturated(q)]
     overruled = [
-        q for q in sat_raw if mode == "rate" and sweep.saturation_overruled(q.get("offered_rate_rps"), ceiling)
+        q for q in sat_raw if mode == "rate" and capacity.saturation_overruled(q.get("offered_rate_rps"), ceiling)
     ]
     saturated = [
         f"{_raw_label(q, mode)} (achieved/offered {q['saturation_ratio']:.2f}, {q.get('saturation_basis', '?')})"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import BenchConfig
-from quantverdict.measure import sweep
+from quantverdict.measure import bench_result, sweep_plan
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.serving.server import CLI_MODULE, VLLMServer
@@ -67,7 +67,7 @@ def bench_command(
     bench_cfg: BenchConfig,
     tokenizer_path: str | Path,
     serve_env: StageEnv,
-    point: sweep.SweepPoint,
+    point: sweep_plan.SweepPoint,
     result_dir: Path,
     optional_flags: frozenset[str] = frozenset(_OPTIONAL_FLAGS),
 ) -> list[str]:
@@ -84,7 +84,7 @@ def bench_command(
     cmd += ["--random-input-len", str(bench_cfg.input_len), "--random-output-len", str(bench_cfg.output_len)]
     if bench_cfg.ignore_eos:
         cmd.append("--ignore-eos")
-    n = sweep.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency)
+    n = sweep_plan.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency)
     cmd += ["--num-prompts", str(n), "--request-rate", point.request_rate_arg]
     if point.concurrency is not None:
         cmd += ["--max-concurrency", str(point.concurrency)]
@@ -93,8 +93,8 @@ def bench_command(
         cmd += ["--num-warmups", str(bench_cfg.warmup_prompts)]
     if "--temperature" in optional_flags:
         cmd += ["--temperature", "0"]
-    cmd += ["--percentile-metrics", ",".join(sweep.METRICS)]
-    cmd += ["--metric-percentiles", ",".join(str(p) for p in sweep.PERCENTILES)]
+    cmd += ["--percentile-metrics", ",".join(sweep_plan.METRICS)]
+    cmd += ["--metric-percentiles", ",".join(str(p) for p in sweep_plan.PERCENTILES)]
     cmd += ["--save-result", "--save-detailed", "--disable-tqdm"]
     cmd += ["--result-dir", str(result_dir), "--result-filename", f"{point.name}.json"]
     return cmd
@@ -137,7 +137,7 @@ def run_sweep(
         out_dir: where results go.
 
     Returns:
-        One dict per point, see :func:`quantverdict.measure.sweep.parse_result` (validity, saturation and
+        One dict per point, see :func:`quantverdict.measure.bench_result.parse_result` (validity, saturation and
         recomputed latencies included; summaries over repeats: :func:`quantverdict.measure.sweep.summarize`).
 
     Raises:
@@ -146,7 +146,7 @@ def run_sweep(
             root cause from its log).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    points = sweep.plan(bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats)
+    points = sweep_plan.plan(bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats)
     flags = supported_optional_flags(serve_env)
     jsonl = out_dir / "sweep.jsonl"
     results: list[dict[str, Any]] = []
@@ -177,10 +177,10 @@ def run_sweep(
             server.check_alive(f" during sweep point {point.name}", wait_s=15)
             raise BenchmarkError(client_failure(server, point.name, rc, client_log))
         warmups = bench_cfg.warmup_prompts if "--num-warmups" in flags else 0
-        parsed = sweep.parse_result(
+        parsed = bench_result.parse_result(
             json.loads(result_file.read_text()),
             point,
-            sweep.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency),
+            sweep_plan.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency),
             bench_cfg.output_len,
             warmups,
         )
@@ -191,5 +191,5 @@ def run_sweep(
             fh.flush()
             os.fsync(fh.fileno())
         results.append(parsed)
-        log.info(sweep.summary_line(parsed, i, len(points)))
+        log.info(bench_result.summary_line(parsed, i, len(points)))
     return results

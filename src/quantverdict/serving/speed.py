@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from quantverdict.measure import roofline, sweep
+from quantverdict.measure import capacity, kernels, roofline, sweep
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,9 @@ def speed_validity(speed: dict[str, Any], label: str, server: dict[str, Any] | N
         act_quant: the scheme quantizes activations (``activation_bits < 16``).
     """
     try:
-        speed["kernel_check"] = sweep.kernel_check(label, server, act_quant)
+        speed["kernel_check"] = kernels.kernel_check(label, server, act_quant)
         speed["summary"] = sweep.summarize(speed.get("points") or [], speed.get("mode") or "rate")
-        speed["sustained_ceiling"] = sweep.sustained_ceiling(speed["summary"], speed.get("mode") or "rate")
+        speed["sustained_ceiling"] = capacity.sustained_ceiling(speed["summary"], speed.get("mode") or "rate")
     except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
         log.exception("could not summarize the speed sweep")
 

@@ -1,0 +1,323 @@
+"""One sweep point read from ``vllm bench serve --save-result --save-detailed`` JSON: recomputed latencies,
+steady-state rates, saturation and validity.
+
+No I/O and no third-party imports, so that it is unit-tested on hand-written results. The parsed form
+keeps units in key names (``ttft_ms_p99``, ``output_tok_s``).
+
+Validity of a point (:func:`parse_result`, from the per-request lists that ``--save-detailed`` writes:
+``start_times``, ``ttfts``, ``itls``, ``latencies``, ``output_lens``, ``errors``):
+
+* **output length**: with ``--ignore-eos`` every request must return ``output_len`` tokens;
+  ``short_requests`` counts those that did not (failed ones included), and a point whose output tokens
+  fall under ``OUTPUT_VALID_FRACTION`` (90%) of those requested is *invalid*
+  (:mod:`quantverdict.measure.validity`).
+* **request count**: the result must hold exactly ``num_prompts`` requests. vLLM runs its
+  ``--num-warmups`` requests before the timed run and leaves them out of every list and rate; a result
+  with more entries would mix them in, and is invalid.
+* **latencies, recomputed** per request: TTFT; TPOT = (E2E - TTFT) / (n - 1) for n > 1 output tokens;
+  ITL = the gaps between streamed chunks after the first (the TTFT is never one of them: a request's
+  ``ttft + sum(itl)`` must equal its E2E, else the point is invalid); E2E. Percentiles are numpy's
+  default (linear interpolation, :func:`quantverdict.measure.sweep.percentile`). vLLM's own numbers are
+  kept as ``vllm_*``.
+* **saturation** (open loop, finite rate): :func:`quantverdict.measure.validity.saturation`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from quantverdict.measure.sweep import percentile
+from quantverdict.measure.sweep_plan import METRICS, PERCENTILES, SweepPoint, format_rate
+from quantverdict.measure.validity import ITL_SUM_TOLERANCE_S, OUTPUT_VALID_FRACTION, saturation
+
+# vLLM's metric name -> ours (E2EL is vLLM's "end-to-end latency"; we call it E2E)
+_METRIC_KEYS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
+STEADY_MIN_COMPLETIONS = 3  # fewer completions inside the steady window: no steady-state rate
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _dist_ms(values_s: Sequence[float]) -> dict[str, float | None]:
+    """``mean`` and ``p50/p90/p99`` of a list in seconds, in ms (percentile of seconds x 1000, as vLLM)."""
+    if not values_s:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    return {
+        "mean": statistics.fmean(values_s) * 1000.0,
+        **{f"p{p}": percentile(values_s, p) * 1000.0 for p in PERCENTILES},
+    }
+
+
+# --- per-request data -------------------------------------------------------------------------------
+
+_DETAILED = ("start_times", "ttfts", "itls", "latencies", "output_lens")
+
+
+def has_detailed(result: dict[str, Any]) -> bool:
+    """True when ``result`` holds the per-request lists of ``--save-detailed``, all of one length."""
+    lists = [v for v in (result.get(k) for k in _DETAILED) if isinstance(v, list)]
+    return len(lists) == len(_DETAILED) and len({len(v) for v in lists}) == 1
+
+
+def _successful(result: dict[str, Any]) -> list[int]:
+    """Indices of the requests vLLM counted as completed: no error (vLLM gives a failed one 0 tokens and
+    an error string)."""
+    n = len(result["ttfts"])
+    errors = result.get("errors")
+    if isinstance(errors, list) and len(errors) == n:
+        return [i for i in range(n) if not errors[i]]
+    return [i for i in range(n) if result["output_lens"][i]]
+
+
+def request_latencies(result: dict[str, Any]) -> dict[str, list[float]]:
+    """Per-request latencies (seconds) of the completed requests, from ``--save-detailed`` lists.
+
+    Definitions of ``vllm/benchmarks/serve.py`` (``calculate_metrics``) and
+    ``benchmarks/lib/endpoint_request_func.py``: TTFT = first streamed chunk - request sent; ITL = the
+    gaps between later chunks (the first chunk's wait is the TTFT, never an ITL); E2E = last chunk -
+    request sent; TPOT = (E2E - TTFT) / (n - 1) over requests with n > 1 output tokens.
+
+    Returns:
+        ``{"ttft": [...], "tpot": [...], "itl": [...] (all requests' gaps, flattened), "e2e": [...]}``.
+    """
+    ok = _successful(result)
+    ttfts, lats, lens, itls = result["ttfts"], result["latencies"], result["output_lens"], result["itls"]
+    return {
+        "ttft": [float(ttfts[i]) for i in ok],
+        "tpot": [(float(lats[i]) - float(ttfts[i])) / (int(lens[i]) - 1) for i in ok if int(lens[i]) > 1],
+        "itl": [float(x) for i in ok for x in itls[i]],
+        "e2e": [float(lats[i]) for i in ok],
+    }
+
+
+def _token_times(start: float, ttft: float, itl: Sequence[float]) -> list[float]:
+    """Arrival time of each streamed chunk: ``start + ttft``, then each ITL gap added."""
+    t = start + ttft
+    out = [t]
+    for gap in itl:
+        t += gap
+        out.append(t)
+    return out
+
+
+_STEADY_NONE: dict[str, Any] = {
+    "steady_window_s": None,
+    "steady_completions": None,
+    "steady_arrivals": None,
+    "steady_rps": None,
+    "steady_arrival_rps": None,
+    "steady_output_tok_s": None,
+}
+
+
+def steady_state(result: dict[str, Any]) -> dict[str, Any]:
+    """Rates in the steady-state window, ramp-up and drain excluded.
+
+    Window ``(c1, aN]``: from the first completion ``c1`` (before it the server was still filling:
+    ramp-up) to the last request sent ``aN`` (after it no request arrives and the server drains). Inside
+    it, an open loop receives requests at its offered rate and a closed loop holds exactly its
+    concurrency in flight. Counted in the window: completions after the first (``steady_completions``),
+    requests sent (``steady_arrivals``) and output tokens streamed (chunk times ``start + TTFT +
+    cumulative ITL``; a chunk carries ``n / chunks`` tokens when vLLM bundled tokens). A burst (all
+    requests sent at once) or a run whose first request finishes after the last is sent has no window.
+
+    Returns:
+        ``steady_window_s``, ``steady_completions``, ``steady_arrivals``, ``steady_rps`` (completions /
+        window), ``steady_arrival_rps`` (requests sent / window), ``steady_output_tok_s``; the rates are
+        None with ``steady_reason`` when the window is empty or holds fewer than
+        ``STEADY_MIN_COMPLETIONS`` completions.
+    """
+    none = dict(_STEADY_NONE)
+    ok = _successful(result)
+    starts, lats = result["start_times"], result["latencies"]
+    if not ok or not starts:
+        return {**none, "steady_reason": "no completed request"}
+    c1 = min(float(starts[i]) + float(lats[i]) for i in ok)
+    a_last = max(float(s) for s in starts)
+    width = a_last - c1
+    if width <= 0:
+        return {
+            **none,
+            "steady_reason": "no steady state: every request was sent before the first one completed "
+            "(a burst, or too few requests for the offered rate)",
+        }
+    comps = sum(1 for i in ok if c1 < float(starts[i]) + float(lats[i]) <= a_last)
+    arrs = sum(1 for s in starts if c1 < float(s) <= a_last)
+    tokens = 0.0
+    for i in ok:
+        times = _token_times(float(starts[i]), float(result["ttfts"][i]), result["itls"][i])
+        per_chunk = int(result["output_lens"][i]) / len(times)
+        tokens += per_chunk * sum(1 for t in times if c1 < t <= a_last)
+    out = {**none, "steady_window_s": width, "steady_completions": comps, "steady_arrivals": arrs}
+    if comps < STEADY_MIN_COMPLETIONS:
+        out["steady_reason"] = (
+            f"only {comps} completion(s) in the steady window ({width:.3g} s); need {STEADY_MIN_COMPLETIONS}"
+        )
+        return out
+    out.update(steady_rps=comps / width, steady_arrival_rps=arrs / width, steady_output_tok_s=tokens / width)
+    return out
+
+
+def _sent_rps(result: dict[str, Any]) -> float | None:
+    """Realized arrival rate: (requests - 1) / (last sent - first sent); None for a burst."""
+    starts = [float(s) for s in result["start_times"]]
+    span = max(starts) - min(starts) if starts else 0.0
+    return (len(starts) - 1) / span if len(starts) > 1 and span > 0 else None
+
+
+# --- one point --------------------------------------------------------------------------------------
+
+
+def parse_result(
+    result: dict[str, Any],
+    point: SweepPoint,
+    num_prompts: int,
+    output_len: int,
+    warmup_requests: int = 0,
+) -> dict[str, Any]:
+    """One point's numbers and validity from ``vllm bench serve --save-result --save-detailed`` JSON.
+
+    Source of the definitions: ``vllm/benchmarks/serve.py`` (``calculate_metrics``): TTFT is the
+    time to the first streamed token; TPOT = (E2E - TTFT) / (output tokens - 1) per request;
+    ITL the gaps between streamed chunks after the first; E2E the request latency; throughputs divide
+    by the benchmark duration (first request sent to last response; warm-up requests run before it and
+    are in none of the lists), so ``achieved_rps`` = completed / duration_s. With the per-request lists
+    the latency percentiles are recomputed here (:func:`request_latencies`,
+    :func:`quantverdict.measure.sweep.percentile`) and vLLM's own values kept as
+    ``vllm_<metric>_ms_<stat>``; without them vLLM's values are used.
+
+    Args:
+        result: the parsed result JSON.
+        point: the point it was run for.
+        num_prompts: requests sent (``--num-prompts``).
+        output_len: output tokens asked per request (``--random-output-len``; exact with ``--ignore-eos``).
+        warmup_requests: ``--num-warmups`` passed to the client (recorded; vLLM excludes them).
+
+    Returns:
+        Flat dict: offered_rate_rps (float or ``"inf"``), concurrency, repeat, completed, failed,
+        duration_s, achieved_rps, output_tok_s, total_tok_s, input_tokens_total, output_tokens_total,
+        output_tokens_requested, peak_concurrent_requests, warmup_requests; for each of
+        ttft/tpot/itl/e2e ``<m>_ms_mean`` and ``<m>_ms_p50/p90/p99`` (None when absent) and
+        ``vllm_<m>_ms_*``; ``metrics_source`` (``recomputed``/``vllm``), ``vllm_max_rel_diff``;
+        ``requests_in_result``, ``short_requests``, ``output_valid``, ``itl_sum_max_err_ms``,
+        ``itl_per_token`` (one token per streamed chunk); ``sent_rps``; the :func:`steady_state` keys;
+        ``throughput_rps``/``throughput_tok_s`` (steady-state when there is a window, else whole-run);
+        the :func:`quantverdict.measure.validity.saturation` keys; ``valid`` and ``invalid_reasons``.
+
+        ``peak_concurrent_requests`` is vLLM's ``max_concurrent_requests``: the most requests active at
+        any time within one 1-second bucket (``vllm/benchmarks/serve.py``), so requests that finish and
+        start in the same second both count; it reaches about twice ``--max-concurrency`` at high
+        request rates (512 at c=256, 128-192 at c=64 on the H200) without the client exceeding the limit.
+
+    Raises:
+        KeyError: the JSON lacks ``completed`` or ``duration`` (not a vLLM bench result).
+    """
+    out: dict[str, Any] = {
+        "point": point.name,
+        "offered_rate_rps": point.offered_rate_rps,
+        "concurrency": point.concurrency,
+        "repeat": point.repeat,
+        "num_prompts": num_prompts,
+        "warmup_requests": warmup_requests,
+        "completed": int(result["completed"]),
+        "failed": int(result.get("failed", num_prompts - int(result["completed"]))),
+        "duration_s": float(result["duration"]),
+        "achieved_rps": _num(result.get("request_throughput")),
+        "output_tok_s": _num(result.get("output_throughput")),
+        "total_tok_s": _num(result.get("total_token_throughput")),
+        "input_tokens_total": result.get("total_input_tokens"),
+        "output_tokens_total": result.get("total_output_tokens"),
+        "output_tokens_requested": num_prompts * output_len,
+        "peak_concurrent_requests": result.get("max_concurrent_requests"),
+    }
+    for metric in METRICS:
+        key = _METRIC_KEYS[metric]
+        out[f"vllm_{key}_ms_mean"] = _num(result.get(f"mean_{metric}_ms"))
+        for p in PERCENTILES:
+            out[f"vllm_{key}_ms_p{p}"] = _num(result.get(f"p{p}_{metric}_ms"))
+    reasons: list[str] = []
+    detailed = has_detailed(result)
+    if detailed:
+        out["metrics_source"] = "recomputed"
+        lat = request_latencies(result)
+        diffs = []
+        for metric in METRICS:
+            key = _METRIC_KEYS[metric]
+            for stat, v in _dist_ms(lat[key]).items():
+                out[f"{key}_ms_{stat}"] = v
+                theirs = out[f"vllm_{key}_ms_{stat}"]
+                if v is not None and theirs is not None and max(abs(v), abs(theirs)) > 0:
+                    diffs.append(abs(v - theirs) / max(abs(v), abs(theirs)))
+        out["vllm_max_rel_diff"] = max(diffs) if diffs else None
+        ok = _successful(result)
+        lens = [int(x) for x in result["output_lens"]]
+        out["requests_in_result"] = len(lens)
+        out["short_requests"] = sum(1 for n in lens if n < output_len)
+        errs = [
+            abs(float(result["ttfts"][i]) + sum(float(x) for x in result["itls"][i]) - float(result["latencies"][i]))
+            for i in ok
+        ]
+        out["itl_sum_max_err_ms"] = max(errs) * 1000.0 if errs else None
+        out["itl_per_token"] = all(len(result["itls"][i]) == lens[i] - 1 for i in ok)
+        out["sent_rps"] = _sent_rps(result)
+        steady = steady_state(result)
+        if len(lens) != num_prompts:
+            reasons.append(f"{len(lens)} requests in the result, {num_prompts} sent (warm-up requests mixed in?)")
+        if errs and max(errs) > ITL_SUM_TOLERANCE_S:
+            reasons.append(
+                f"TTFT + sum(ITL) differs from E2E by up to {max(errs) * 1000:.1f} ms: the ITL lists are not "
+                "the gaps after the first token"
+            )
+    else:
+        out["metrics_source"] = "vllm"
+        for metric in METRICS:
+            key = _METRIC_KEYS[metric]
+            for stat in ("mean", *(f"p{p}" for p in PERCENTILES)):
+                out[f"{key}_ms_{stat}"] = out[f"vllm_{key}_ms_{stat}"]
+        out.update(vllm_max_rel_diff=None, requests_in_result=None, short_requests=None)
+        out.update(itl_sum_max_err_ms=None, itl_per_token=None, sent_rps=None)
+        steady = {**_STEADY_NONE, "steady_reason": "no per-request data (--save-detailed)"}
+    out.update(steady)
+    use_steady = steady.get("steady_rps") is not None
+    out["throughput_rps"] = steady["steady_rps"] if use_steady else out["achieved_rps"]
+    out["throughput_tok_s"] = steady["steady_output_tok_s"] if use_steady else out["output_tok_s"]
+    out["throughput_basis"] = "steady_window" if use_steady else "whole_run"
+    out.update(saturation(point, out["achieved_rps"], steady))
+    got, want = out["output_tokens_total"], out["output_tokens_requested"]
+    out["output_valid"] = None if got is None else bool(got >= OUTPUT_VALID_FRACTION * want)
+    if out["output_valid"] is False:
+        reasons.append(
+            f"{got:,} of {want:,} requested output tokens ({100 * got / want:.0f}% < "
+            f"{100 * OUTPUT_VALID_FRACTION:.0f}%): requests ended early"
+        )
+    if out["completed"] == 0:
+        reasons.append("no request completed")
+    out["valid"] = not reasons
+    out["invalid_reasons"] = reasons
+    errors = [e for e in result.get("errors") or [] if e]
+    if errors:
+        out["error_samples"] = sorted(set(errors))[:3]
+    return out
+
+
+def summary_line(p: dict[str, Any], index: int, total: int) -> str:
+    """One progress line for a finished point (values rounded for reading, not for records)."""
+
+    def f(v: Any, nd: int = 1) -> str:
+        return "-" if v is None else f"{v:.{nd}f}"
+
+    load = f"C={p['concurrency']}" if p["concurrency"] is not None else f"rate={format_rate(p['offered_rate_rps'])}"
+    tags = ""
+    if p.get("saturated"):
+        tags += " SATURATED"
+    if p.get("valid") is False:
+        tags += " INVALID (" + "; ".join(p.get("invalid_reasons") or []) + ")"
+    return (
+        f"point {index}/{total} {load} r{p['repeat']}: {p['completed']}/{p['num_prompts']} ok, "
+        f"{f(p['achieved_rps'], 2)} req/s, {f(p['output_tok_s'])} out tok/s, "
+        f"TTFT p50 {f(p['ttft_ms_p50'], 0)} ms, TPOT p50 {f(p['tpot_ms_p50'], 1)} ms, "
+        f"E2E p99 {f(p['e2e_ms_p99'], 0)} ms ({f(p['duration_s'])} s){tags}"
+    )

@@ -1,0 +1,50 @@
+"""Which kernel served a scheme: whether its measured speed is that of its own kernels or of a fallback.
+
+Pure (standard library only); reads the server-log parse of :mod:`quantverdict.measure.vllm_log`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def kernel_check(label: str, server: dict[str, Any] | None, activation_quantized: bool) -> dict[str, Any]:
+    """Whether a scheme's speed is that of its own kernels, from the vLLM server log parse.
+
+    A scheme that quantizes activations (W8A8, FP8_DYNAMIC) but ran on a weight-only or emulated path
+    (``server["fallback"]``, see :func:`quantverdict.measure.vllm_log.parse`; e.g. FP8 on a GPU without FP8
+    tensor cores runs "Weight-only FP8 compression ... Marlin") is relabelled
+    ``"<label> (weight-only fallback)"`` (``"(emulated)"`` for an emulation kernel) and is not
+    comparable for speed with the scheme it is named after.
+
+    Args:
+        label: the scheme's label (``FP8_DYNAMIC``).
+        server: ``vllm_log.parse`` of the server log, or None.
+        activation_quantized: whether the scheme quantizes activations.
+
+    Returns:
+        ``{"scheme_label", "effective_label", "comparable_for_speed" (True/False, None when unknown),
+        "kernels" (["Kernel (method)"]), "reason"}``.
+    """
+    kernels = [
+        f"{k.get('kernel')} ({k.get('method')})" if isinstance(k, dict) else str(k)
+        for k in (server or {}).get("kernels") or []
+    ]
+    out = {"scheme_label": label, "effective_label": label, "kernels": kernels}
+    if not server:
+        return {**out, "comparable_for_speed": None, "reason": "no vLLM server log parsed: kernel unknown"}
+    if server.get("fallback"):
+        emulated = any("emulat" in k.lower() for k in kernels) or any(
+            "emulat" in line.lower() for line in server.get("fallback_lines") or []
+        )
+        what = "emulated" if emulated else "weight-only fallback"
+        why = "; ".join(server.get("fallback_lines") or []) or ", ".join(kernels) or "fallback reported"
+        return {**out, "effective_label": f"{label} ({what})", "comparable_for_speed": False, "reason": why}
+    if activation_quantized and not kernels:
+        return {
+            **out,
+            "comparable_for_speed": None,
+            "reason": "activation-quantized scheme, but the server log names no linear kernel: kernel unknown",
+        }
+    why = ", ".join(kernels) if kernels else "unquantized: vLLM's default GEMM"
+    return {**out, "comparable_for_speed": True, "reason": why}

@@ -1,0 +1,110 @@
+"""Which points a serving sweep runs: offered loads (req/s or concurrency), repeats, requests per point.
+
+A *point* is one run of ``vllm bench serve``: an offered load (open loop: a Poisson request rate,
+``inf`` = all requests at t=0; closed loop: a fixed number of requests in flight) and a repeat
+index. Pure (standard library only), so the orchestrator, the review and the tests share it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+INF = "inf"  # how an infinite offered rate is written everywhere (vLLM's own result JSON does the same)
+METRICS = ("ttft", "tpot", "itl", "e2el")  # passed to --percentile-metrics
+PERCENTILES = (50, 90, 99)  # passed to --metric-percentiles
+
+
+def prompts_for(num_prompts: int, prompts_per_concurrency: int | None, concurrency: int | None) -> int:
+    """Requests sent at one point: ``max(num_prompts, prompts_per_concurrency * concurrency)`` in a
+    concurrency sweep with ``prompts_per_concurrency`` set, else ``num_prompts``.
+
+    E.g. num_prompts 16, 4 per concurrency: c=1 -> 16, c=64 -> 256, c=256 -> 1024 (four full waves).
+    """
+    if prompts_per_concurrency and concurrency:
+        return max(num_prompts, prompts_per_concurrency * concurrency)
+    return num_prompts
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One benchmark run: ``offered_rate_rps`` (req/s, or ``"inf"``), ``concurrency`` (None: unlimited)."""
+
+    offered_rate_rps: float | str
+    concurrency: int | None
+    repeat: int
+
+    @property
+    def name(self) -> str:
+        """File-name stem: ``rate-1_r0``, ``rate-0.5_r1``, ``rate-inf_r0``, ``conc-16_r0``."""
+        if self.concurrency is not None:
+            return f"conc-{self.concurrency}_r{self.repeat}"
+        return f"rate-{format_rate(self.offered_rate_rps)}_r{self.repeat}"
+
+    @property
+    def request_rate_arg(self) -> str:
+        """Value for ``vllm bench serve --request-rate``."""
+        return format_rate(self.offered_rate_rps)
+
+
+def normalize_rate(rate: float | int | str) -> float | str:
+    """A rate as a float in req/s, or ``"inf"`` for an infinite one.
+
+    Raises:
+        ValueError: the rate is not positive.
+    """
+    if isinstance(rate, str):
+        if rate.strip().lower() in ("inf", "+inf", "infinity", ".inf"):
+            return INF
+        rate = float(rate)
+    if math.isinf(rate) and rate > 0:
+        return INF
+    if not rate > 0:
+        raise ValueError(f"request rate must be > 0 req/s or inf, got {rate!r}")
+    return float(rate)
+
+
+def format_rate(rate: float | str) -> str:
+    """``1.0 -> "1"``, ``0.5 -> "0.5"``, ``inf -> "inf"`` (``%g``)."""
+    rate = normalize_rate(rate)
+    return INF if rate == INF else f"{rate:g}"
+
+
+def plan(mode: str, rates: list[float], concurrencies: list[int], repeats: int) -> list[SweepPoint]:
+    """The points of a sweep, in run order: each load level, then each repeat of it.
+
+    Args:
+        mode: ``rate`` (open loop, one point per offered rate, ``inf`` allowed) or ``concurrency``
+            (closed loop: ``--max-concurrency C`` with ``--request-rate inf``).
+        rates: offered request rates, req/s.
+        concurrencies: requests in flight.
+        repeats: runs per load level (>= 1).
+
+    Raises:
+        ValueError: unknown mode, empty list, or repeats < 1.
+    """
+    if repeats < 1:
+        raise ValueError(f"bench.repeats={repeats} must be >= 1")
+    if mode == "rate":
+        if not rates:
+            raise ValueError("bench.rates is empty")
+        return [SweepPoint(normalize_rate(r), None, i) for r in rates for i in range(repeats)]
+    if mode == "concurrency":
+        if not concurrencies:
+            raise ValueError("bench.concurrencies is empty")
+        return [SweepPoint(INF, int(c), i) for c in concurrencies for i in range(repeats)]
+    raise ValueError(f"bench.mode={mode!r} is not allowed; allowed: rate, concurrency")
+
+
+def is_inf_rate(rate: Any) -> bool:
+    """True for an infinite offered rate (``"inf"``, ``float("inf")``, or None as older records wrote it)."""
+    return rate is None or rate == INF or (isinstance(rate, float) and math.isinf(rate))
+
+
+def load_of(p: dict[str, Any], mode: str) -> float:
+    """Sort key of a point's load level: its concurrency (closed loop) or offered req/s (inf last)."""
+    if mode == "concurrency":
+        return float(p.get("concurrency") or 0)
+    r = p.get("offered_rate_rps")
+    return math.inf if r is None or is_inf_rate(r) else float(r)
