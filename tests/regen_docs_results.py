@@ -97,8 +97,8 @@ def regenerate(work: Path) -> tuple[list[str], list[str]]:
         if not (review_dir / "review.json").is_file():
             continue
         out = work / review_dir.name
-        _run(["-m", "pipelines.review", str(records_of(review_dir).relative_to(ROOT)), *overrides_of(review_dir / "review.json"),
-              "--out", str(out)])  # fmt: skip
+        records = str(records_of(review_dir).relative_to(ROOT))
+        _run(["-m", "pipelines.review", records, *overrides_of(review_dir / "review.json"), "--out", str(out)])
         for name in ("review.md", "review.html", "review.json"):
             rel = f"{review_dir.relative_to(ROOT)}/{name}"
             compared.append(rel)

@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from quantverdict.results.record import now_iso, stopped_stage
 from quantverdict.results.tracking import experiment_id
 from quantverdict.review import constraints, sources
 from quantverdict.review.dtypes import dtype_flags
+from quantverdict.review.model import Review
 from quantverdict.review.scorecard import (
     Scorecard,
     accuracy_not_applicable,
@@ -32,8 +32,6 @@ from quantverdict.review.scorecard import (
 )
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
-    Check,
-    Verdict,
     decide,
     regime_sentence,
     short_error,
@@ -46,33 +44,6 @@ log = logging.getLogger(__name__)
 REVIEW_SCHEMA_VERSION = 1
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 SCHEME_ORDER = ["bf16", "int8", "fp8", "w8a8", "gptq", "awq"]
-
-
-@dataclass
-class Review:
-    """Everything the review found; rendered by :mod:`quantverdict.review.render`."""
-
-    source: str
-    generated_at: str
-    config: ReviewConfig
-    cards: list[Scorecard]
-    checks: dict[str, dict[str, dict[str, Check]]]  # model -> scheme -> constraint -> check
-    verdicts: list[Verdict]
-    regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, text}]
-    flags: list[str] = field(default_factory=list)
-    validity: list[str] = field(default_factory=list)  # what each number stands on (repeats, checks, kernels)
-    notes: list[str] = field(default_factory=list)
-    job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
-    environment: list[str] = field(default_factory=list)  # GPU(s) and vLLM version(s) the records ran on
-    constraints_how: str = ""  # how the constraint set was picked (constraints.resolve)
-
-    @property
-    def label(self) -> str:
-        """``<set name>-<constraints hash>``: names the review's folder and MLflow run."""
-        return constraints.label(self.config)
-
-    def cards_of(self, model: str) -> list[Scorecard]:
-        return [c for c in self.cards if c.model == model]
 
 
 def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) -> Scorecard:

@@ -12,14 +12,11 @@ import dataclasses
 import html
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review.scorecard import na_label
-
-if TYPE_CHECKING:
-    from quantverdict.review.core import Review
-    from quantverdict.review.scorecard import Scorecard, TaskDelta
+from quantverdict.review.model import Review
+from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
 
 Block = tuple[Any, ...]
 STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off", "not_applicable": "not applicable"}
