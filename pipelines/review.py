@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if review.flags:
         print(f"{len(review.flags)} honesty flags (see the review):")
         for f in review.flags:
-            print(f"  - {plain(f)}")
+            print(f"  - {plain(f.message)}")
     print(f"constraints: {review.constraints_how} [{review.label}]")
     print(f"review: {paths['md']}\n        {paths['html']}\n        {paths['json']}")
     return 0

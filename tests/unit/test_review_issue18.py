@@ -66,7 +66,7 @@ def test_kv_check_uses_the_served_dtype(new: bool) -> None:
     # vLLM's figure (2^30 / 23,296 = 46,091 B) agrees within block rounding: no mismatch flag
     assert mem["kv_bytes_per_token_measured"] == pytest.approx(46091.3, abs=0.1)
     review = build_review([rec, cpu_record("w8a8", new=new)], RC, "t")
-    assert not [f for f in review.flags if "bytes/token" in f]
+    assert not [f for f in review.flags if f.code == "kv_bytes_mismatch"]
 
 
 def test_kv_cache_dtype_wins_over_the_served_dtype() -> None:

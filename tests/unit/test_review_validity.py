@@ -36,7 +36,8 @@ def test_a_repeat_with_short_outputs_is_left_out_not_averaged() -> None:
     # 100 of 256 tokens (39% < 90%): invalid; the level's tok/s is the valid repeat's 30
     assert pts[0]["output_tok_s"] == 30.0 and pts[0]["valid_repeats"] == 1 and pts[0]["repeats"] == 2
     _, flags, _ = speed_summary(rec, RC)
-    assert any("1 req/s (repeat 1): 100 of 256 requested output tokens (39%)" in f and "invalid" in f for f in flags)
+    (flag,) = flags
+    assert flag.code == "speed_point_short" and "1 req/s (repeat 1): 100 of 256" in flag.message
 
 
 def test_repeats_give_a_median_and_a_range() -> None:
@@ -119,8 +120,9 @@ def test_fallback_scheme_is_relabelled_and_kept_out_of_speed_comparisons() -> No
     row = next(r for r in review.regime["m"] if r["scheme"] == "fp8")
     assert row["low"] is None and row["sat"] is None
     assert "excluded from speed comparisons: ran as FP8_DYNAMIC (weight-only fallback)" in row["text"]
-    assert any(
-        "relabelled FP8_DYNAMIC (weight-only fallback) and kept out of speed comparisons" in f for f in review.flags
+    (fallback,) = [f for f in review.flags if f.code == "fallback_kernel"]
+    assert (
+        fallback.scheme == "fp8 (FP8_DYNAMIC)" and "relabelled FP8_DYNAMIC (weight-only fallback)" in fallback.message
     )
 
 
@@ -149,15 +151,15 @@ def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
         },
     }
     review = build_review(recs, RC, "t")
-    want = "int8 (W8A16): batching changed a request's log-likelihood by up to 0.003"
-    assert any(f.startswith(want) for f in review.flags)
+    (bi,) = [f for f in review.flags if f.code == "batch_variance"]
+    assert bi.scheme == "int8 (W8A16)" and "by up to 0.003" in bi.message  # max_abs_diff 3e-3 > 1e-4
     assert any("bf16 (BF16): batch invariance ok: max |delta log-likelihood| 2e-06" in v for v in review.validity)
     assert any("int8 (W8A16): eval batch_size 8, dtype float32, max_length 2048" in v for v in review.validity)
     # mismatched settings are still refused and flagged
     recs[2]["accuracy"]["settings"]["batch_size"] = 1
     review = build_review(recs, RC, "t")
-    want = "accuracy deltas excluded: eval settings differ (batch_size: 1 vs baseline 8)"
-    assert any(want in f for f in review.flags)
+    (refused,) = [f for f in review.flags if f.code == "accuracy_refused"]
+    assert "batch_size: 1 vs baseline 8" in refused.message
 
 
 def test_mixed_serving_dtypes_are_flagged() -> None:
@@ -173,11 +175,10 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
     base = rec({"value": "float32", "chosen_by": "cpu", "why": "AVX512: bf16 is emulated"})
     w4 = rec({"value": "bfloat16", "chosen_by": "kernel", "why": "the W4A16 kernel takes 16-bit activations only"})
     (flag,) = dtype_flags(w4, base)
-    assert flag.startswith("served in bfloat16, its baseline in float32") and "16-bit activations only" in flag
+    assert flag.code == "dtype_mismatch" and "16-bit activations only" in flag.message
     assert dtype_flags(rec({"value": "float32", "chosen_by": "cpu", "why": ""}), base) == []
     # older records: the config's dtype, and "auto" is the checkpoint's (the model's dtype)
     assert served_dtype(rec(None, "float32")) == "float32" and served_dtype(rec(None)) == "bfloat16"
-    assert dtype_flags(rec(None), rec(None, "float32")) == [
-        "served in bfloat16, its baseline in float32: the speed ratio mixes compute dtypes"
-    ]
+    (older,) = dtype_flags(rec(None), rec(None, "float32"))
+    assert older.code == "dtype_mismatch" and "bfloat16, its baseline in float32" in older.message
     assert served_dtype({"speed": {"points": []}}) is None  # nothing served, nothing to compare

@@ -16,8 +16,9 @@ from quantverdict.measure import sweep
 from quantverdict.results.baseline import find_baseline
 from quantverdict.results.record import now_iso, stopped_stage
 from quantverdict.results.tracking import experiment_id
-from quantverdict.review import constraints, sources
+from quantverdict.review import constraints, flags, sources
 from quantverdict.review.dtypes import dtype_flags
+from quantverdict.review.flags import Flag
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import (
     Scorecard,
@@ -64,7 +65,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.memory, miss = memory_summary(rec, rc)
     sc.missing += miss
     base = None if sc.is_baseline else find_baseline(rec, records)
-    sc.flags += [f"{sc.name}: {f}" for f in dtype_flags(rec, base)]
+    sc.flags += [f.of(sc.name) for f in dtype_flags(rec, base)]
     sc.accuracy_not_applicable = accuracy_not_applicable(rec)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
@@ -72,17 +73,19 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.accuracy, sc.accuracy_refused, miss = accuracy_section(rec, base, rc)
         sc.missing += miss
         if sc.accuracy_refused:
-            sc.flags.append(f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
+            sc.flags.append(
+                Flag(flags.ACCURACY_REFUSED, sc.name, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
+            )
         by_note: dict[str, list[str]] = {}
         for d in sc.accuracy:
             if d.note and d.name != "token_perplexity":  # token perplexity never has per-window data
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
-            sc.flags.append(f"{sc.name} {', '.join(what)}: {note}")
+            sc.flags.append(Flag(flags.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
     elif not (rec.get("accuracy") or {}).get("tasks"):
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
-    sc.speed, flags, miss = speed_summary(rec, rc)
-    sc.flags += [f"{sc.name}: {f}" for f in flags]
+    sc.speed, speed_flags, miss = speed_summary(rec, rc)
+    sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
     roof = (rec.get("speed") or {}).get("roofline")
     if isinstance(roof, dict) and roof:
@@ -94,12 +97,16 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     if m.get("fallback"):
         why = "; ".join(m.get("fallback_lines") or []) or ", ".join(m["kernels"]) or "unnamed"
         sc.flags.append(
-            f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
-            "the scheme's fast path"
-            + (
-                f"; relabelled {kc['effective_label']} and kept out of speed comparisons"
-                if kc.get("comparable_for_speed") is False
-                else ""
+            Flag(
+                flags.FALLBACK_KERNEL,
+                sc.name,
+                f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
+                "the scheme's fast path"
+                + (
+                    f"; relabelled {kc['effective_label']} and kept out of speed comparisons"
+                    if kc.get("comparable_for_speed") is False
+                    else ""
+                ),
             )
         )
     if kc.get("comparable_for_speed") is False:
@@ -112,8 +119,12 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.validity += acc_lines
     if m.get("unquantized_gemm_fallback"):
         sc.flags.append(
-            f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
-            '("Failed to create oneDNN linear")'
+            Flag(
+                flags.ONEDNN_FALLBACK,
+                sc.name,
+                f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
+                '("Failed to create oneDNN linear")',
+            )
         )
     meas = m.get("kv_bytes_per_token_measured")
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
@@ -124,16 +135,24 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     )
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         sc.flags.append(
-            f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
-            "the memory check uses the latter"
+            Flag(
+                flags.KV_BYTES_MISMATCH,
+                sc.name,
+                f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
+                "the memory check uses the latter",
+            )
         )
     if sc.is_baseline:
         model_cfg = rec.get("config", {}).get("model") or {}
         note = (rec.get("model") or {}).get("baseline_note") or model_cfg.get("baseline_note") or ""
         if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
             sc.flags.append(
-                f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
-                f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}"
+                Flag(
+                    flags.GGUF_BASELINE,
+                    sc.name,
+                    f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
+                    f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
+                )
             )
     return sc
 
@@ -196,7 +215,7 @@ def build_review(
     for sc in cards:
         review.flags += sc.flags
         review.validity += sc.validity
-    flagged = "\n".join(review.flags)
+    flagged = "\n".join(f.message for f in review.flags)
     review.notes += sorted({n for r in records for n in r.get("notes", []) if n.strip() not in flagged})
     return review
 
@@ -257,9 +276,11 @@ def _activation_quantized(rec: dict[str, Any]) -> bool:
 
 
 def _clean(obj: Any) -> Any:
-    """Dataclasses -> dicts; non-finite floats -> None (strict JSON)."""
+    """Dataclasses -> dicts, a flag -> its message; non-finite floats -> None (strict JSON)."""
+    if isinstance(obj, Flag):
+        return obj.message
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {k: _clean(v) for k, v in dataclasses.asdict(obj).items()}
+        return {f.name: _clean(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -288,7 +309,7 @@ def to_json(review: Review) -> dict[str, Any]:
         "verdicts": _clean(review.verdicts),
         "scorecards": cards,
         "regime": _clean(review.regime),
-        "flags": review.flags,
+        "flags": [f.message for f in review.flags],
         "validity": review.validity,
         "notes": review.notes,
     }

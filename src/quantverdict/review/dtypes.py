@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from quantverdict.review import flags
+from quantverdict.review.flags import Flag
+
 
 def served_dtype(rec: dict[str, Any]) -> str | None:
     """The ``--dtype`` the record's vLLM server computed in, or None when nothing was served.
@@ -22,7 +25,7 @@ def served_dtype(rec: dict[str, Any]) -> str | None:
     return str(value) if value else None
 
 
-def dtype_flags(rec: dict[str, Any], base: dict[str, Any] | None) -> list[str]:
+def dtype_flags(rec: dict[str, Any], base: dict[str, Any] | None) -> list[Flag]:
     """A flag when ``rec`` and its baseline were served in different compute dtypes (their speed ratio then
     measures the dtype as much as the scheme), with the recorded reason; [] otherwise."""
     if base is None or base is rec:
@@ -32,6 +35,10 @@ def dtype_flags(rec: dict[str, Any], base: dict[str, Any] | None) -> list[str]:
         return []
     why = ((rec.get("speed") or {}).get("dtype") or {}).get("why")
     return [
-        f"served in {mine}, its baseline in {theirs}: the speed ratio mixes compute dtypes"
-        + (f" ({why})" if why else "")
+        Flag(
+            flags.DTYPE_MISMATCH,
+            "",
+            f"served in {mine}, its baseline in {theirs}: the speed ratio mixes compute dtypes"
+            + (f" ({why})" if why else ""),
+        )
     ]

@@ -493,7 +493,7 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
     if na_models and "accuracy" not in pngs:
         out.append(("p", f"No accuracy plot: accuracy is not applicable to {', '.join(na_models)} (random weights)."))
     out.append(("h2", "Honesty checks"))
-    out.append(("ul", review.flags or ["nothing flagged"]))
+    out.append(("ul", [f.message for f in review.flags] or ["nothing flagged"]))
     if review.validity:
         out.append(("h3", "Validity"))
         out.append(

@@ -17,7 +17,8 @@ from typing import Any, TypeGuard
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import sweep
 from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
-from quantverdict.review import stats
+from quantverdict.review import flags, stats
+from quantverdict.review.flags import Flag
 from quantverdict.review.stats import Interval
 
 GIB = 1024**3
@@ -84,7 +85,7 @@ class Scorecard:
     # why accuracy cannot be measured at all (synthetic model, random weights); None for a real model
     accuracy_not_applicable: str | None = None
     speed: dict[str, Any] = field(default_factory=dict)
-    flags: list[str] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     validity: list[str] = field(default_factory=list)  # what the numbers stand on (review's Validity section)
 
@@ -555,7 +556,7 @@ def accuracy_section(
     return out, None, missing
 
 
-def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[str], list[str]]:
+def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[Flag], list[str]]:
     """Flags and Validity lines from the evaluate stage's own checks (``accuracy.checks``): batch
     invariance of the log-likelihoods, and word/byte perplexity recomputed from the summed
     log-likelihood; plus the settings every delta was computed under.
@@ -566,7 +567,7 @@ def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[str], lis
     acc = rec.get("accuracy") or {}
     if not acc:
         return [], []
-    flags: list[str] = []
+    out: list[Flag] = []
     lines: list[str] = []
     st = acc.get("settings") or {}
     if st:
@@ -581,9 +582,14 @@ def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[str], lis
         if bi.get("skipped"):
             lines.append(f"{sc_name}: batch-invariance check skipped: {bi['skipped']}")
         elif bi.get("ok") is False:
-            flags.append(
-                f"{sc_name}: batching changed a request's log-likelihood by up to {bi.get('max_abs_diff'):.3g} "
-                f"(batch size {bi.get('batch_sizes')}, > {bi.get('tolerance'):g}): lm-eval scores depend on the batch"
+            out.append(
+                Flag(
+                    flags.BATCH_VARIANCE,
+                    sc_name,
+                    f"{sc_name}: batching changed a request's log-likelihood by up to "
+                    f"{bi.get('max_abs_diff'):.3g} (batch size {bi.get('batch_sizes')}, > {bi.get('tolerance'):g}): "
+                    "lm-eval scores depend on the batch",
+                )
             )
         else:
             state = "ok" if bi.get("ok") else f"not judged ({bi.get('note') or 'no tolerance'})"
@@ -594,9 +600,13 @@ def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[str], lis
     fam = checks.get("perplexity_family")
     if fam:
         if fam.get("ok") is False:
-            flags.append(
-                f"{sc_name}: lm-eval's word/byte perplexity differ from exp(-loglikelihood_sum / count) by up to "
-                f"{100 * (fam.get('max_rel_diff') or 0):.2g}%"
+            out.append(
+                Flag(
+                    flags.PERPLEXITY_FAMILY,
+                    sc_name,
+                    f"{sc_name}: lm-eval's word/byte perplexity differ from exp(-loglikelihood_sum / count) by up to "
+                    f"{100 * (fam.get('max_rel_diff') or 0):.2g}%",
+                )
             )
         elif fam.get("ok"):
             lines.append(
@@ -615,7 +625,7 @@ def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[str], lis
             f"{sc_name}: token_perplexity over {tp.get('n_tokens')} scored tokens in windows of "
             f"{tp.get('seq_len')} with stride {tp.get('stride')} ({how}); not comparable with word_perplexity"
         )
-    return flags, lines
+    return out, lines
 
 
 # --- speed ------------------------------------------------------------------------------------------
@@ -767,7 +777,7 @@ def _raw_label(p: dict[str, Any], mode: str) -> str:
     return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
 
 
-def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[str], list[str]]:
+def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[Flag], list[str]]:
     """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
 
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
@@ -782,36 +792,54 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         ``(summary, flags, missing)``.
     """
     mode, points = speed_points(rec)
-    flags: list[str] = []
+    found: list[Flag] = []
     raw = (rec.get("speed") or {}).get("points") or []
     for q in raw:
         label = _raw_label(q, mode)
         want, got = q.get("output_tokens_requested"), q.get("output_tokens_total")
         if not sweep.point_valid(q):
             if want and got is not None and got < sweep.OUTPUT_VALID_FRACTION * want:
-                flags.append(
-                    f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
-                    f"({100 * got / want:.0f}%): requests ended early; invalid, left out of every speed number"
+                found.append(
+                    Flag(
+                        flags.SPEED_POINT_SHORT,
+                        "",
+                        f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
+                        f"({100 * got / want:.0f}%): requests ended early; invalid, left out of every speed number",
+                    )
                 )
             others = [r for r in q.get("invalid_reasons") or [] if "requested output tokens" not in r]
             if others or not (want and got is not None and got < sweep.OUTPUT_VALID_FRACTION * want):
                 why = "; ".join(others) or "marked invalid"
-                flags.append(f"speed point {label}: invalid ({why}); left out of every speed number")
+                found.append(
+                    Flag(
+                        flags.SPEED_POINT_INVALID,
+                        "",
+                        f"speed point {label}: invalid ({why}); left out of every speed number",
+                    )
+                )
         elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
-            flags.append(
-                f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
-                f"({100 * got / want:.0f}%): some requests ended early; kept (>= 90%), tok/s slightly low"
+            found.append(
+                Flag(
+                    flags.SPEED_POINT_SHORT_KEPT,
+                    "",
+                    f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
+                    f"({100 * got / want:.0f}%): some requests ended early; kept (>= 90%), tok/s slightly low",
+                )
             )
         if q.get("failed"):
-            flags.append(f"speed point {label}: {q['failed']:g} failed requests")
+            found.append(Flag(flags.SPEED_POINT_FAILED, "", f"speed point {label}: {q['failed']:g} failed requests"))
         diff = q.get("vllm_max_rel_diff")
         if diff is not None and diff > sweep.VLLM_AGREEMENT_TOLERANCE:
-            flags.append(
-                f"speed point {label}: latency percentiles recomputed from the per-request data differ from "
-                f"vLLM's own by up to {100 * diff:.1f}%: the recomputed ones are reported"
+            found.append(
+                Flag(
+                    flags.PERCENTILE_DISAGREEMENT,
+                    "",
+                    f"speed point {label}: latency percentiles recomputed from the per-request data differ from "
+                    f"vLLM's own by up to {100 * diff:.1f}%: the recomputed ones are reported",
+                )
             )
     if not points:
-        return {"mode": mode, "points": []}, flags, ["no valid speed results" if raw else "no speed results"]
+        return {"mode": mode, "points": []}, found, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.get("tpot_ms_p50") or low.get("itl_ms_p50")
     ceiling = sweep.sustained_ceiling(sweep.consistent_saturation(sweep.summarize(raw, mode), mode), mode)
@@ -860,7 +888,7 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
         if at
         else None
     )
-    return out, flags, []
+    return out, found, []
 
 
 def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> list[str]:
