@@ -19,8 +19,9 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
+from quantverdict.review.memory import memory_summary
 from quantverdict.review.render import blocks, to_markdown
-from quantverdict.review.scorecard import memory_summary, speed_summary
+from quantverdict.review.speed import speed_summary
 from review_records import GIB, grid, point, record, write_samples
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
@@ -309,7 +310,7 @@ def test_interval_judged_check_text_never_claims_the_estimate_meets_the_floor(tm
 
 
 def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> None:
-    from quantverdict.review.scorecard import accuracy_section
+    from quantverdict.review.accuracy import accuracy_section
 
     def wikitext(docs: list[tuple[float, int]]) -> list[dict[str, Any]]:
         return [{"doc_id": i, "loglikelihood": ll, "n_words": n} for i, (ll, n) in enumerate(docs)]

@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review import build_review, sources
-from quantverdict.review.scorecard import (
-    accuracy_section,
+from quantverdict.measure.kv_cache import (
+    hybrid_paging,
     kv_bytes_per_token,
-    load_point,
-    memory_summary,
-    speed_points,
-    speed_summary,
+    paged_bytes_per_sequence,
+    state_bytes_per_sequence,
 )
+from quantverdict.review import build_review, sources
+from quantverdict.review.accuracy import accuracy_section
+from quantverdict.review.memory import memory_summary
+from quantverdict.review.speed import load_point, speed_points, speed_summary
 from review_records import DIMS, KV_GIB_16x288, grid, point, record, write_samples
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=2000)
@@ -230,7 +231,6 @@ QWEN35_9B_STATE = {
 
 
 def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
-    from quantverdict.review.scorecard import state_bytes_per_sequence
 
     # per linear-attention layer: conv (4 - 1) * (2 * 16 * 128 + 32 * 128) = 24,576 elements, temporal
     # 32 * 128 * 128 = 524,288 elements; 548,864 * 2 B = 1,097,728 B; 24 layers -> 26,345,472 B (25.125 MiB)
@@ -251,7 +251,6 @@ def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
 
 
 def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
-    from quantverdict.review.scorecard import hybrid_paging, paged_bytes_per_sequence
 
     # state per layer 1,097,728 B (test above); attention per layer and token 2 * 4 * 256 * 2 = 4,096 B;
     # block = 16 * ceil(1,097,728 / (16 * 4,096)) = 16 * ceil(16.75) = 272 tokens, page 272 * 4,096 = 1,114,112 B

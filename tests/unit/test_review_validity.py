@@ -14,7 +14,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, to_json
 from quantverdict.review.render import blocks, to_markdown
-from quantverdict.review.scorecard import speed_points, speed_summary
+from quantverdict.review.speed import speed_points, speed_summary
 from review_records import grid, point, record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)

@@ -17,20 +17,14 @@ from quantverdict.results.baseline import find_baseline
 from quantverdict.results.record import now_iso, stopped_stage
 from quantverdict.results.tracking import experiment_id
 from quantverdict.review import constraints, flags, sources
+from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.flags import Flag
+from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
-from quantverdict.review.scorecard import (
-    Scorecard,
-    accuracy_not_applicable,
-    accuracy_section,
-    accuracy_validity,
-    is_baseline,
-    memory_summary,
-    speed_summary,
-    speed_validity,
-    weight_tier,
-)
+from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
+from quantverdict.review.speed import speed_summary
+from quantverdict.review.validity import accuracy_validity, speed_validity
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
     decide,

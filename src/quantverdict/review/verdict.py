@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label, slo_ok
+from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
+from quantverdict.review.speed import slo_ok
 
 PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
