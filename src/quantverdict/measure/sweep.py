@@ -1,8 +1,8 @@
 """Pure helpers of the serving sweep: which points to run, how to read vLLM's result JSON, and whether a
 point's numbers can be trusted.
 
-No I/O and no third-party imports, so that they are unit-tested on hand-written results (and the review,
-which reads records, uses the same code).
+No I/O and no third-party import but numpy, so that they are unit-tested on hand-written results (and the
+review, which reads records, uses the same code).
 
 A *point* is one run of ``vllm bench serve``: an offered load (open loop: a Poisson request rate,
 ``inf`` = all requests at t=0; closed loop: a fixed number of requests in flight) and a repeat
@@ -35,6 +35,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from quantverdict.measure import aggregate
 
 INF = "inf"  # how an infinite offered rate is written everywhere (vLLM's own result JSON does the same)
 METRICS = ("ttft", "tpot", "itl", "e2el")  # passed to --percentile-metrics
@@ -164,7 +168,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
     Sorted values ``x[0..n-1]``; rank ``r = (q / 100) * (n - 1)``; result
     ``x[floor(r)] + (x[floor(r) + 1] - x[floor(r)]) * (r - floor(r))``. vLLM's ``calculate_metrics``
-    uses ``np.percentile`` the same way, so its percentiles and ours agree on the same list.
+    calls ``np.percentile`` the same way, so its percentiles and ours agree on the same list.
 
     Args:
         values: the sample (any order, >= 1 value).
@@ -173,18 +177,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     Raises:
         ValueError: empty ``values`` or ``q`` outside [0, 100].
     """
-    if not values:
+    if not len(values):
         raise ValueError("percentile of an empty list")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile q={q} must be in [0, 100]")
-    xs = sorted(float(v) for v in values)
-    rank = (q / 100.0) * (len(xs) - 1)
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(xs) - 1)
-    t = rank - lo
-    a, b = xs[lo], xs[hi]
-    # numpy's _lerp: computed from the upper neighbour when t >= 0.5 (same value, same rounding as numpy)
-    return b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t
+    return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
 def _dist_ms(values_s: Sequence[float]) -> dict[str, float | None]:
@@ -528,15 +525,10 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
         Sorted by load: ``{"offered_rate_rps", "concurrency", "repeats", "valid_repeats",
         "invalid_points", "saturated_repeats", "saturated", "metrics": {metric: spread or None}}``.
     """
-    groups: dict[float, list[dict[str, Any]]] = {}
-    for p in points:
-        groups.setdefault(load_of(p, mode), []).append(p)
     out = []
-    for load in sorted(groups):
-        ps = groups[load]
-        valid = [p for p in ps if point_valid(p)]
+    for level in aggregate.levels(points, lambda p: load_of(p, mode), point_valid):
+        load, ps, valid = level.load, level.points, level.valid
         sat = [point_saturated(p) for p in valid]
-        known = [s for s in sat if s is not None]
         out.append(
             {
                 "offered_rate_rps": INF if math.isinf(load) else ps[0].get("offered_rate_rps"),
@@ -544,8 +536,8 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
                 "repeats": len(ps),
                 "valid_repeats": len(valid),
                 "invalid_points": [str(p.get("point", f"r{p.get('repeat')}")) for p in ps if not point_valid(p)],
-                "saturated_repeats": sum(1 for s in known if s),
-                "saturated": (2 * sum(1 for s in known if s) > len(known)) if known else None,
+                "saturated_repeats": sum(1 for s in sat if s),
+                "saturated": aggregate.majority(sat),
                 "metrics": {
                     m: spread([p[m] for p in valid if isinstance(p.get(m), (int, float))]) for m in SUMMARY_METRICS
                 },

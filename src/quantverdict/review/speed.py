@@ -4,11 +4,11 @@ under the SLO and latency at the stated load."""
 from __future__ import annotations
 
 import math
-import statistics
-from typing import Any, TypeGuard
+from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.measure import sweep
+from quantverdict.measure import aggregate, sweep
+from quantverdict.measure.aggregate import is_number
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
 
@@ -35,11 +35,6 @@ def load_label(p: dict[str, Any], mode: str) -> str:
     return "unlimited rate" if math.isinf(r) else f"{r:g} req/s"
 
 
-def is_number(x: Any) -> TypeGuard[int | float]:
-    """True for an int or float that is not a bool (a JSON number)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """The sweep points of a record, one per load level, sorted by load.
 
@@ -52,27 +47,15 @@ def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """
     speed = rec.get("speed") or {}
     mode = speed.get("mode") or "rate"
-    groups: dict[float, list[dict[str, Any]]] = {}
-    for p in speed.get("points") or []:
-        groups.setdefault(sweep.load_of(p, mode), []).append(p)
     out = []
-    for load, ps in sorted(groups.items()):
-        valid = [p for p in ps if sweep.point_valid(p)]
+    for level in aggregate.levels(speed.get("points") or [], lambda p: sweep.load_of(p, mode), sweep.point_valid):
+        valid = level.valid
         if not valid:
             continue
-        agg: dict[str, Any] = dict(valid[0])
-        for k in valid[0]:
-            nums = [x for x in (q.get(k) for q in valid) if is_number(x)]
-            if len(nums) == len(valid):
-                agg[k] = statistics.median(float(x) for x in nums)
-        agg["spread"] = {
-            k: [min(float(q[k]) for q in valid), max(float(q[k]) for q in valid)]
-            for k in SPREAD_KEYS
-            if all(is_number(q.get(k)) for q in valid)
-        }
-        sat = [s for s in (sweep.point_saturated(q) for q in valid) if s is not None]
-        agg["saturated"] = (2 * sum(sat) > len(sat)) if sat else None
-        agg["load"], agg["repeats"], agg["valid_repeats"] = load, len(ps), len(valid)
+        agg = aggregate.median_point(valid)
+        agg["spread"] = aggregate.ranges(valid, SPREAD_KEYS)
+        agg["saturated"] = aggregate.majority(sweep.point_saturated(q) for q in valid)
+        agg["load"], agg["repeats"], agg["valid_repeats"] = level.load, len(level.points), len(valid)
         agg["label"] = load_label(agg, mode)
         out.append(agg)
     return mode, out

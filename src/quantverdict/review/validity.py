@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from quantverdict.measure import sweep
+from quantverdict.measure.aggregate import is_number
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
-from quantverdict.review.speed import is_number, point_label
+from quantverdict.review.speed import point_label
 
 
 def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[Flag], list[str]]:
