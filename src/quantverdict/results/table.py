@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline
 
@@ -100,7 +101,10 @@ def _load(p: dict[str, Any]) -> str:
 
 def format_table(records: list[dict[str, Any]]) -> str:
     """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job."""
-    records = sorted(records, key=lambda r: (r["job"].get("model", ""), _order(r["job"].get("scheme", ""))))
+    records = sorted(
+        records,
+        key=lambda r: (r["job"].get("model", ""), SCHEME_ORDER.get(r["job"].get("scheme", ""), len(SCHEME_ORDER))),
+    )
     out: list[str] = []
     mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []
     tasks: list[str] = []
@@ -318,10 +322,3 @@ def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
         return None  # a synthetic model's accuracy is not applicable, not refused
     d = accuracy_deltas(r, base, {})
     return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None
-
-
-_ORDER = ["bf16", "int8", "fp8", "w8a8", "gptq", "awq"]
-
-
-def _order(s: str) -> int:
-    return _ORDER.index(s) if s in _ORDER else len(_ORDER)

@@ -12,6 +12,7 @@ from typing import Any
 
 from quantverdict import __version__
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
+from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import sweep
 from quantverdict.results.baseline import find_baseline
 from quantverdict.results.record import now_iso, stopped_stage
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 
 REVIEW_SCHEMA_VERSION = 1
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
-SCHEME_ORDER = ["bf16", "int8", "fp8", "w8a8", "gptq", "awq"]
 
 
 def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) -> Scorecard:
@@ -165,7 +165,9 @@ def build_review(
     """
     rc, how = constraints.resolve(rc, records, overrides)
     records, notes = sources.dedupe(records)
-    records.sort(key=lambda r: (str(r["job"].get("model")), _order(str(r["job"].get("scheme")))))
+    records.sort(
+        key=lambda r: (str(r["job"].get("model")), SCHEME_ORDER.get(str(r["job"].get("scheme")), len(SCHEME_ORDER)))
+    )
     cards = [_card(r, records, rc) for r in records]
     review = Review(
         source,
@@ -251,10 +253,6 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     if vllm:
         lines.append("serving: " + ", ".join(vllm))
     return lines
-
-
-def _order(s: str) -> int:
-    return SCHEME_ORDER.index(s) if s in SCHEME_ORDER else len(SCHEME_ORDER)
 
 
 def _activation_quantized(rec: dict[str, Any]) -> bool:
