@@ -8,14 +8,9 @@ from typing import Any
 from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline
+from quantverdict.results.format import number as _f
 
 MIB = 1024**2
-
-
-def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    return f"{v:{fmt}}{suffix}"
 
 
 def _md(header: list[str], rows: list[list[str]]) -> str:

@@ -10,22 +10,16 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import math
 import re
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.format import number as _f
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
 
 Block = tuple[Any, ...]
 STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off", "not_applicable": "not applicable"}
-
-
-def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    return f"{v:{fmt}}{suffix}"
 
 
 def _constraints(rc: ReviewConfig) -> Block:
