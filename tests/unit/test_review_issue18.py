@@ -18,11 +18,14 @@ from typing import Any
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
 from quantverdict.review.memory import memory_summary
 from quantverdict.review.render import blocks, to_markdown
 from quantverdict.review.speed import speed_summary
 from review_records import GIB, grid, point, record, write_samples
+
+view = JobRecord.view  # the typed record the review reads
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +62,7 @@ def cpu_record(scheme: str, *, server_dtype: str = "float32", new: bool = False,
 @pytest.mark.parametrize("new", [False, True])
 def test_kv_check_uses_the_served_dtype(new: bool) -> None:
     rec = cpu_record("bf16", new=new)  # the model is bf16, the server ran float32
-    mem, _ = memory_summary(rec, RC)
+    mem, _ = memory_summary(view(rec), RC)
     assert mem["kv_bytes_per_token"] == 46080
     assert mem["kv_dtype"] == "float32"
     # 16 requests x 288 tokens = 4,608 tokens x 46,080 B = 212,336,640 B = 0.197754 GiB
@@ -73,7 +76,7 @@ def test_kv_check_uses_the_served_dtype(new: bool) -> None:
 def test_kv_cache_dtype_wins_over_the_served_dtype() -> None:
     rec = cpu_record("bf16")
     rec["config"]["bench"]["server"]["kv_cache_dtype"] = "fp8"
-    mem, _ = memory_summary(rec, RC)
+    mem, _ = memory_summary(view(rec), RC)
     assert mem["kv_bytes_per_token"] == 11520 and mem["kv_dtype"] == "fp8"
 
 
@@ -82,12 +85,12 @@ def test_weights_in_memory_at_the_served_dtype() -> None:
     # 0.5 GiB in memory. W8A8: 0.1 GiB int8 weights stay int8, its 0.05 GiB of 16-bit tensors double.
     rec = cpu_record("bf16")
     rec["memory"]["checkpoint"]["bytes_by_role"] = {"kept_16bit": int(0.25 * GIB), "quantized_weights": 0}
-    mem, _ = memory_summary(rec, RC)
+    mem, _ = memory_summary(view(rec), RC)
     assert mem["weights_gib"] == pytest.approx(0.5)
     q = cpu_record("w8a8")
     q["memory"]["checkpoint"]["total_weight_bytes"] = int(0.15 * GIB)
     q["memory"]["checkpoint"]["bytes_by_role"] = {"kept_16bit": int(0.05 * GIB), "quantized_weights": int(0.1 * GIB)}
-    mem, _ = memory_summary(q, RC)
+    mem, _ = memory_summary(view(q), RC)
     assert mem["weights_gib"] == pytest.approx(0.2, abs=1e-9)
 
 

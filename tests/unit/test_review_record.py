@@ -81,3 +81,11 @@ def test_writer_writes_version_2_in_the_v1_layout(tmp_path: Path) -> None:
     typed = read(tmp_path)
     assert typed.schema_version == 2 and typed.stages is not None and typed.stages["setup"].wall_s == 0.5
     assert typed.to_dict() == data
+
+
+def test_null_and_malformed_sections_are_kept_as_read() -> None:
+    data = {"schema_version": 1, "tool": {"name": "quantverdict"}, "memory": None, "stages": [], "accuracy": {}}
+    rec = JobRecord.from_dict(data)
+    assert rec.server.kv_cache_tokens is None and rec.stages == {}  # empty sections to read from
+    assert rec.memory.is_empty() and rec.accuracy.is_empty()
+    assert rec.to_dict() == data  # null stays null, a list stays a list

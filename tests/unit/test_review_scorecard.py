@@ -15,11 +15,14 @@ from quantverdict.measure.kv_cache import (
     paged_bytes_per_sequence,
     state_bytes_per_sequence,
 )
+from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, sources
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.memory import memory_summary
 from quantverdict.review.speed import load_point, speed_points, speed_summary
 from review_records import DIMS, KV_GIB_16x288, grid, point, record, write_samples
+
+view = JobRecord.view  # the typed record the review reads
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=2000)
 GIB = 1024**3
@@ -56,7 +59,7 @@ def test_kv_bytes_per_token_counts_only_the_kv_layers_of_a_hybrid_model() -> Non
 def test_memory_of_a_hybrid_model_uses_the_kv_layers() -> None:
     rec = record("bf16", weights_gib=17.0)
     rec["model"]["dims"] = QWEN35_9B
-    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=24.0))
+    m, _ = memory_summary(view(rec), replace(RC, memory_budget_gib=24.0))
     # 16 requests * 288 tokens = 4,608 tokens * 32,768 B = 150,994,944 B = 0.140625 GiB (4608 / 32768)
     assert m["kv_bytes_per_token"] == 32768
     assert m["kv_needed_gib"] == pytest.approx(0.140625)
@@ -66,7 +69,7 @@ def test_memory_of_a_hybrid_model_uses_the_kv_layers() -> None:
 
 
 def test_memory_need_and_what_fits_the_budget() -> None:
-    m, missing = memory_summary(record("gptq"), replace(RC, memory_budget_gib=0.22))
+    m, missing = memory_summary(view(record("gptq")), replace(RC, memory_budget_gib=0.22))
     assert not missing
     # 16 requests * (256 + 32) tokens = 4,608 tokens * 23,040 B = 106,168,320 B = 0.098877 GiB
     assert m["kv_needed_tokens"] == 4608
@@ -76,7 +79,9 @@ def test_memory_need_and_what_fits_the_budget() -> None:
     assert m["budget_kv_tokens"] == 5592
     assert m["budget_max_concurrency"] == pytest.approx(5592 / 288)
     # stated capacity, fp8 KV cache (1 byte) and a reserve: 10,000 * 11,520 B = 0.107288 GiB; + 0.5 GiB reserve
-    m, _ = memory_summary(record("gptq"), replace(RC, kv_cache_tokens=10000, kv_cache_dtype_bytes=1, reserved_gib=0.5))
+    m, _ = memory_summary(
+        view(record("gptq")), replace(RC, kv_cache_tokens=10000, kv_cache_dtype_bytes=1, reserved_gib=0.5)
+    )
     assert m["kv_needed_gib"] == pytest.approx(10000 * 11520 / GIB)
     assert m["need_gib"] == pytest.approx(0.10 + 10000 * 11520 / GIB + 0.5)
 
@@ -84,7 +89,7 @@ def test_memory_need_and_what_fits_the_budget() -> None:
 def test_memory_falls_back_to_checkpoint_bytes() -> None:
     rec = record("int8")
     rec["memory"]["server"] = {}
-    m, missing = memory_summary(rec, RC)
+    m, missing = memory_summary(view(rec), RC)
     assert m["weights_source"] == "checkpoint bytes" and m["weights_gib"] == pytest.approx(0.15, abs=1e-9)
     assert any("no vLLM server memory" in s for s in missing)
 
@@ -239,7 +244,7 @@ def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
     assert state_bytes_per_sequence({"num_hidden_layers": 30}, 2) == 0  # no linear-attention layers
     rec = record("bf16", weights_gib=17.0)
     rec["model"]["dims"] = QWEN35_9B_STATE
-    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=24.0))
+    m, _ = memory_summary(view(rec), replace(RC, memory_budget_gib=24.0))
     # vLLM pages it: 272-token blocks (see test_hybrid_paging_matches_vllm_on_the_h200), a 288-token request
     # takes 2 blocks = 544 token slots in each of the 8 KV layers: 16 requests * 544 * 32,768 B = 0.265625 GiB
     assert m["kv_needed_tokens"] == 16 * 544 and m["kv_needed_gib"] == pytest.approx(0.265625)
@@ -276,7 +281,7 @@ def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
         "max_concurrency_request_tokens": 4096,
     }
     m, missing = memory_summary(
-        rec, replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0)
+        view(rec), replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0)
     )
     assert m["budget_max_concurrency"] == 683
     # vLLM's bytes per "KV token" include the states: 107.84 GiB / 2,800,370 = 41,349 B; paged model:

@@ -12,10 +12,13 @@ from dataclasses import replace
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, to_json
 from quantverdict.review.render import blocks, to_markdown
 from quantverdict.review.speed import speed_points, speed_summary
 from review_records import grid, point, record
+
+view = JobRecord.view  # the typed record the review reads
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 
@@ -174,11 +177,11 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
 
     base = rec({"value": "float32", "chosen_by": "cpu", "why": "AVX512: bf16 is emulated"})
     w4 = rec({"value": "bfloat16", "chosen_by": "kernel", "why": "the W4A16 kernel takes 16-bit activations only"})
-    (flag,) = dtype_flags(w4, base)
+    (flag,) = dtype_flags(view(w4), view(base))
     assert flag.code == "dtype_mismatch" and "16-bit activations only" in flag.message
-    assert dtype_flags(rec({"value": "float32", "chosen_by": "cpu", "why": ""}), base) == []
+    assert dtype_flags(view(rec({"value": "float32", "chosen_by": "cpu", "why": ""})), view(base)) == []
     # older records: the config's dtype, and "auto" is the checkpoint's (the model's dtype)
-    assert served_dtype(rec(None, "float32")) == "float32" and served_dtype(rec(None)) == "bfloat16"
-    (older,) = dtype_flags(rec(None), rec(None, "float32"))
+    assert served_dtype(view(rec(None, "float32"))) == "float32" and served_dtype(view(rec(None))) == "bfloat16"
+    (older,) = dtype_flags(view(rec(None)), view(rec(None, "float32")))
     assert older.code == "dtype_mismatch" and "bfloat16, its baseline in float32" in older.message
-    assert served_dtype({"speed": {"points": []}}) is None  # nothing served, nothing to compare
+    assert served_dtype(view({"speed": {"points": []}})) is None  # nothing served, nothing to compare

@@ -166,23 +166,25 @@ class Section:
         for key, value in data.items():
             if key not in named:
                 continue
-            if key in cls.NESTED and isinstance(value, dict):
+            if key in cls.NESTED:
+                if not isinstance(value, dict):  # null or malformed: kept as read, the field stays empty
+                    continue
                 value = cls.NESTED[key].from_dict(value)
-            elif key in cls.NESTED_LISTS and isinstance(value, list):
-                value = [cls.NESTED_LISTS[key].from_dict(v) if isinstance(v, dict) else v for v in value]
+            elif key in cls.NESTED_LISTS:
+                if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                    continue
+                value = [cls.NESTED_LISTS[key].from_dict(v) for v in value]
             kwargs[key] = value
         section = cls(**kwargs)
-        section.extra = {k: v for k, v in data.items() if k not in named}
+        section.extra = {k: v for k, v in data.items() if k not in named or k not in kwargs}
         section._keys = list(data)
         return section
 
     def to_dict(self) -> dict[str, Any]:
-        """The section as the record's JSON holds it (the keys read, in their order; new fields after)."""
+        """The section as the record's JSON holds it: the keys read, in their order (every field for a section
+        built, not read)."""
         named = self._named()
-        if self._keys is None:
-            keys = named
-        else:  # the keys read, then named fields set since
-            keys = self._keys + [k for k in named if k not in self._keys and getattr(self, k) is not None]
+        keys = named if self._keys is None else self._keys
         out: dict[str, Any] = {}
         for key in keys:
             if key in self.extra:
@@ -192,6 +194,10 @@ class Section:
         for key, value in self.extra.items():
             out.setdefault(key, value)
         return out
+
+    def is_empty(self) -> bool:
+        """True for a section the record lacked, held as null, or held as ``{}``."""
+        return not self._keys
 
     def has(self, key: str) -> bool:
         """Whether the record held ``key`` in this section (a field at its default was absent)."""
@@ -203,7 +209,20 @@ def _plain(value: Any) -> Any:
         return value.to_dict()
     if isinstance(value, list):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+def _section_map(section: Section, name: str, kind: type[_S]) -> dict[str, _S]:
+    """``section.<name>``, a dict of dicts, as a dict of ``kind`` sections; anything else is kept as read (in
+    ``extra``) and the field is an empty dict."""
+    value = getattr(section, name)
+    if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+        return {k: kind.from_dict(v) for k, v in value.items()}
+    if section.has(name):
+        section.extra[name] = value
+    return {}
 
 
 @dataclass
@@ -272,7 +291,8 @@ class ServerMemory(Section):
     max_concurrency_request_tokens: int | None = None
     kernels: list[Any] | None = None
     activation_quantized: bool | None = None
-    fallback: str | None = None
+    fallback: str | bool | None = None
+    fallback_lines: list[str] | None = None
     unquantized_gemm_fallback: bool | None = None
 
 
@@ -280,8 +300,8 @@ class ServerMemory(Section):
 class Memory(Section):
     """``memory``: the checkpoint's and the server's."""
 
-    checkpoint: CheckpointMemory | None = None
-    server: ServerMemory | None = None
+    checkpoint: CheckpointMemory = field(default_factory=CheckpointMemory)
+    server: ServerMemory = field(default_factory=ServerMemory)
 
     NESTED: ClassVar[dict[str, type[Section]]] = {"checkpoint": CheckpointMemory, "server": ServerMemory}
 
@@ -303,7 +323,7 @@ class TaskResult(Section):
 class Accuracy(Section):
     """``accuracy``: task results, token perplexity, settings and checks, or why it was not applicable."""
 
-    tasks: dict[str, TaskResult] | None = None
+    tasks: dict[str, TaskResult] = field(default_factory=dict)
     token_perplexity: dict[str, Any] | None = None
     settings: dict[str, Any] | None = None
     checks: dict[str, Any] | None = None
@@ -313,15 +333,8 @@ class Accuracy(Section):
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Accuracy:
         acc = super().from_dict(data)
-        if isinstance(acc.tasks, dict):
-            acc.tasks = {k: TaskResult.from_dict(v) if isinstance(v, dict) else v for k, v in acc.tasks.items()}
+        acc.tasks = _section_map(acc, "tasks", TaskResult)
         return acc
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        if isinstance(self.tasks, dict) and "tasks" in out:
-            out["tasks"] = {k: _plain(v) for k, v in self.tasks.items()}
-        return out
 
 
 @dataclass
@@ -369,13 +382,14 @@ class Speed(Section):
 
     mode: str | None = None
     served_model: str | None = None
-    points: list[SweepPoint] | None = None
-    summary: list[LoadLevel] | None = None
+    points: list[SweepPoint] = field(default_factory=list)
+    summary: list[LoadLevel] = field(default_factory=list)
     kernel_check: dict[str, Any] | None = None
     roofline: dict[str, Any] | None = None
     sustained_ceiling: dict[str, Any] | None = None
     hbm_copy: dict[str, Any] | None = None
     server_start_s: float | None = None
+    dtype: dict[str, Any] | None = None  # {"value", "chosen_by", "why"}: the compute dtype the pipeline chose
 
     NESTED_LISTS: ClassVar[dict[str, type[Section]]] = {"points": SweepPoint, "summary": LoadLevel}
 
@@ -391,6 +405,7 @@ class ModelInfo(Section):
     num_parameters: int | None = None
     dtype: str | None = None
     source: str | None = None
+    baseline_note: str | None = None
 
 
 @dataclass
@@ -411,19 +426,19 @@ class JobRecord(Section):
 
     schema_version: int | None = None
     tool: dict[str, str] | None = None
-    job: JobInfo | None = None
-    config: dict[str, Any] | None = None
-    environment: Environment | None = None
+    job: JobInfo = field(default_factory=JobInfo)
+    config: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
     status: str | None = None
     failed_stage: str | None = None
     error: str | None = None
     traceback: str | None = None
-    stages: dict[str, Stage] | None = None
-    model: ModelInfo | None = None
-    checkpoint: Checkpoint | None = None
-    memory: Memory | None = None
-    accuracy: Accuracy | None = None
-    speed: Speed | None = None
+    stages: dict[str, Stage] = field(default_factory=dict)
+    model: ModelInfo = field(default_factory=ModelInfo)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    memory: Memory = field(default_factory=Memory)
+    accuracy: Accuracy = field(default_factory=Accuracy)
+    speed: Speed = field(default_factory=Speed)
     notes: list[str] | None = None
 
     NESTED: ClassVar[dict[str, type[Section]]] = {
@@ -448,28 +463,32 @@ class JobRecord(Section):
             "schema_version"
         ) not in READABLE_VERSIONS:
             raise ValueError(f"not a quantverdict record of schema version {' or '.join(map(str, READABLE_VERSIONS))}")
+        return cls.view(data)
+
+    @classmethod
+    def view(cls, data: dict[str, Any]) -> JobRecord:
+        """The typed view of a record dict, version and tool unchecked (a partial or hand-built record:
+        every section it lacks is empty)."""
         rec = super().from_dict(data)
-        if isinstance(rec.stages, dict):
-            rec.stages = {k: Stage.from_dict(v) if isinstance(v, dict) else v for k, v in rec.stages.items()}
+        rec.stages = _section_map(rec, "stages", Stage)
+        if not isinstance(rec.config, dict):
+            rec.extra["config"], rec.config = rec.config, {}
         return rec
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record dict, version 1 layout (equal to the dict read, key for key)."""
-        out = super().to_dict()
-        if isinstance(self.stages, dict) and "stages" in out:
-            out["stages"] = {k: _plain(v) for k, v in self.stages.items()}
-        return out
+    def cfg(self, section: str) -> dict[str, Any]:
+        """``config.<section>`` of the config snapshot (``{}`` when absent or null)."""
+        value = self.config.get(section)
+        return value if isinstance(value, dict) else {}
 
-    # sections as a reader wants them: present even where the record had none
     @property
     def server(self) -> ServerMemory:
         """``memory.server`` (empty when the job never started a server)."""
-        return (self.memory.server if self.memory else None) or ServerMemory()
+        return self.memory.server
 
     @property
     def checkpoint_memory(self) -> CheckpointMemory:
         """``memory.checkpoint`` (empty when not measured)."""
-        return (self.memory.checkpoint if self.memory else None) or CheckpointMemory()
+        return self.memory.checkpoint
 
 
 def read(path: Path) -> JobRecord:

@@ -15,7 +15,7 @@ from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import sweep
 from quantverdict.results.baseline import find_baseline
-from quantverdict.results.record import now_iso, stopped_stage
+from quantverdict.results.record import JobRecord, now_iso, stopped_stage
 from quantverdict.results.tracking import experiment_id
 from quantverdict.review import constraints, flags, sources
 from quantverdict.review.accuracy import accuracy_section
@@ -42,25 +42,26 @@ KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formu
 
 
 def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) -> Scorecard:
-    j = rec["job"]
+    r = JobRecord.view(rec)
+    j = r.job
     sc = Scorecard(
-        job_id=str(j.get("id")),
-        model=str(j.get("model")),
-        scheme=str(j.get("scheme")),
-        label=str(j.get("scheme_label") or (rec.get("config", {}).get("scheme") or {}).get("label") or "?"),
-        tier=weight_tier(rec),
-        status=str(rec.get("status")),
-        failed_stage=stopped_stage(rec) if rec.get("status") != "ok" else None,
-        error=rec.get("error"),
-        is_baseline=is_baseline(rec),
+        job_id=str(j.id),
+        model=str(j.model),
+        scheme=str(j.scheme),
+        label=str(j.scheme_label or r.cfg("scheme").get("label") or "?"),
+        tier=weight_tier(r),
+        status=str(r.status),
+        failed_stage=stopped_stage(rec) if r.status != "ok" else None,
+        error=r.error,
+        is_baseline=is_baseline(r),
     )
     if sc.status != "ok":
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
-    sc.memory, miss = memory_summary(rec, rc)
+    sc.memory, miss = memory_summary(r, rc)
     sc.missing += miss
     base = None if sc.is_baseline else find_baseline(rec, records)
-    sc.flags += [f.of(sc.name) for f in dtype_flags(rec, base)]
-    sc.accuracy_not_applicable = accuracy_not_applicable(rec)
+    sc.flags += [f.of(sc.name) for f in dtype_flags(r, None if base is None else JobRecord.view(base))]
+    sc.accuracy_not_applicable = accuracy_not_applicable(r)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
     elif not sc.is_baseline:
@@ -76,17 +77,17 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
             sc.flags.append(Flag(flags.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
-    elif not (rec.get("accuracy") or {}).get("tasks"):
+    elif not r.accuracy.tasks and not r.accuracy.extra.get("tasks"):
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(rec, rc)
     sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
-    roof = (rec.get("speed") or {}).get("roofline")
+    roof = r.speed.roofline
     if isinstance(roof, dict) and roof:
         sc.speed["roofline"] = roof
     m = sc.memory
-    kc = (rec.get("speed") or {}).get("kernel_check") or sweep.kernel_check(
-        sc.label, (rec.get("memory") or {}).get("server"), _activation_quantized(rec)
+    kc = r.speed.kernel_check or sweep.kernel_check(
+        sc.label, r.memory.to_dict().get("server"), _activation_quantized(r)
     )
     if m.get("fallback"):
         why = "; ".join(m.get("fallback_lines") or []) or ", ".join(m["kernels"]) or "unnamed"
@@ -108,7 +109,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.speed["comparable"] = False
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
     sc.validity += speed_validity(rec, sc.name, sc.speed)
-    acc_flags, acc_lines = accuracy_validity(rec, sc.name)
+    acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines
     if m.get("unquantized_gemm_fallback"):
@@ -137,8 +138,8 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
             )
         )
     if sc.is_baseline:
-        model_cfg = rec.get("config", {}).get("model") or {}
-        note = (rec.get("model") or {}).get("baseline_note") or model_cfg.get("baseline_note") or ""
+        model_cfg = r.cfg("model")
+        note = r.model.baseline_note or model_cfg.get("baseline_note") or ""
         if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
             sc.flags.append(
                 Flag(
@@ -255,12 +256,12 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _activation_quantized(rec: dict[str, Any]) -> bool:
+def _activation_quantized(rec: JobRecord) -> bool:
     """From ``config.scheme.activation_bits`` (< 16), else the scheme label (``A8``, ``FP8``)."""
-    bits = (rec.get("config", {}).get("scheme") or {}).get("activation_bits")
+    bits = rec.cfg("scheme").get("activation_bits")
     if bits is not None:
         return int(bits) < 16
-    label = str(rec.get("job", {}).get("scheme_label") or "")
+    label = str(rec.job.scheme_label or "")
     return "FP8" in label.upper() or "A8" in label.upper()
 
 

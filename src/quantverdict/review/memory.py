@@ -18,9 +18,10 @@ from quantverdict.measure.kv_cache import (
     paged_bytes_per_sequence,
     state_bytes_per_sequence,
 )
+from quantverdict.results.record import JobRecord
 
 
-def served_compute_dtype(rec: dict[str, Any]) -> tuple[str, str]:
+def served_compute_dtype(rec: JobRecord) -> tuple[str, str]:
     """The compute dtype the record's vLLM server ran (or would run) in, and where that was read.
 
     In order: vLLM's own engine line (``memory.server.dtype``, what the server did), ``speed.dtype.value``
@@ -31,40 +32,38 @@ def served_compute_dtype(rec: dict[str, Any]) -> tuple[str, str]:
     Returns:
         ``(dtype, source)``, e.g. ``("float32", "vLLM log")``.
     """
-    cfg = rec.get("config") or {}
-    logged = ((rec.get("memory") or {}).get("server") or {}).get("dtype")
-    if logged:
-        return str(logged), "vLLM log"
-    chosen = ((rec.get("speed") or {}).get("dtype") or {}).get("value")
+    if rec.server.dtype:
+        return str(rec.server.dtype), "vLLM log"
+    chosen = (rec.speed.dtype or {}).get("value")
     if chosen:
         return str(chosen), "speed.dtype"
-    configured = ((cfg.get("bench") or {}).get("server") or {}).get("dtype")
+    configured = (rec.cfg("bench").get("server") or {}).get("dtype")
     if configured and configured != "auto":
         return str(configured), "bench.server.dtype"
-    return str((cfg.get("model") or {}).get("dtype") or "bfloat16"), "model dtype"
+    return str(rec.cfg("model").get("dtype") or "bfloat16"), "model dtype"
 
 
-def served_kv_dtype(rec: dict[str, Any]) -> tuple[str, str]:
+def served_kv_dtype(rec: JobRecord) -> tuple[str, str]:
     """The KV cache's dtype: ``config.bench.server.kv_cache_dtype`` when not ``auto`` (vLLM's
     ``--kv-cache-dtype``), else the served compute dtype (:func:`served_compute_dtype`).
 
     Returns:
         ``(dtype, source)``.
     """
-    kv = ((rec.get("config") or {}).get("bench") or {}).get("server", {}).get("kv_cache_dtype") or "auto"
+    kv = (rec.cfg("bench").get("server") or {}).get("kv_cache_dtype") or "auto"
     if kv != "auto":
         return str(kv), "bench.server.kv_cache_dtype"
     return served_compute_dtype(rec)
 
 
-def _kv_dtype_bytes(rec: dict[str, Any], rc: ReviewConfig) -> tuple[float, str]:
+def _kv_dtype_bytes(rec: JobRecord, rc: ReviewConfig) -> tuple[float, str]:
     if rc.kv_cache_dtype_bytes:
         return rc.kv_cache_dtype_bytes, f"{rc.kv_cache_dtype_bytes:g} bytes (review.kv_cache_dtype_bytes)"
     name, _ = served_kv_dtype(rec)
     return DTYPE_BYTES.get(name, 2), name
 
 
-def served_weights_bytes(rec: dict[str, Any]) -> tuple[float | None, str]:
+def served_weights_bytes(rec: JobRecord) -> tuple[float | None, str]:
     """Bytes the weights take in the server's memory when vLLM logs no figure of its own (CPU).
 
     The checkpoint's weight bytes (``memory.checkpoint.total_weight_bytes``), with its 16-bit tensors
@@ -76,12 +75,11 @@ def served_weights_bytes(rec: dict[str, Any]) -> tuple[float | None, str]:
     Returns:
         ``(bytes, how)``; bytes None without a checkpoint size.
     """
-    ck = (rec.get("memory") or {}).get("checkpoint") or {}
-    total = ck.get("total_weight_bytes")
+    total = rec.checkpoint_memory.total_weight_bytes
     if not total:
         return None, ""
     dtype, _ = served_compute_dtype(rec)
-    kept = (ck.get("bytes_by_role") or {}).get("kept_16bit")
+    kept = (rec.checkpoint_memory.bytes_by_role or {}).get("kept_16bit")
     factor = DTYPE_BYTES.get(dtype, 2) / 2
     if factor == 1 or kept is None:
         return float(total), "checkpoint bytes"
@@ -95,16 +93,16 @@ def kernel_name(k: Any) -> str:
     return str(k)
 
 
-def request_len(rec: dict[str, Any], rc: ReviewConfig) -> int | None:
+def request_len(rec: JobRecord, rc: ReviewConfig) -> int | None:
     if rc.request_len_tokens:
         return rc.request_len_tokens
-    bench = rec.get("config", {}).get("bench") or {}
+    bench = rec.cfg("bench")
     if bench.get("input_len") and bench.get("output_len"):
         return int(bench["input_len"]) + int(bench["output_len"])
     return None
 
 
-def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[str]]:
+def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], list[str]]:
     """Weights, KV cache needed for the stated capacity, and what is left of the budget (GiB).
 
     ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + concurrent_requests ×
@@ -117,34 +115,37 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     blocks, each state padded to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
     """
     missing: list[str] = []
-    mem = rec.get("memory") or {}
-    ck, sv = mem.get("checkpoint") or {}, mem.get("server") or {}
+    ck, sv = rec.checkpoint_memory, rec.server
     out: dict[str, Any] = {
-        "checkpoint_gib": ck["total_weight_bytes"] / GIB if ck.get("total_weight_bytes") else None,
+        "checkpoint_gib": ck.total_weight_bytes / GIB if ck.total_weight_bytes else None,
         # stages.memory writes effective_bits_per_weight; the other name is that of early hand-built records
-        "bits_per_weight": ck.get("effective_bits_per_weight", ck.get("effective_bits_per_quantized_weight")),
-        "server_weights_gib": sv.get("weights_gib"),
-        "server_kv_cache_gib": sv.get("kv_cache_gib"),
-        "server_kv_tokens": sv.get("kv_cache_tokens"),
-        "server_max_concurrency": sv.get("max_concurrency"),
-        "kernels": [kernel_name(k) for k in sv.get("kernels") or []],
-        "fallback": bool(sv.get("fallback")),
-        "fallback_lines": list(sv.get("fallback_lines") or []),
-        "unquantized_gemm_fallback": bool(sv.get("unquantized_gemm_fallback")),
-        "quantization": sv.get("quantization"),
+        "bits_per_weight": (
+            ck.effective_bits_per_weight
+            if ck.has("effective_bits_per_weight")
+            else ck.extra.get("effective_bits_per_quantized_weight")
+        ),
+        "server_weights_gib": sv.weights_gib,
+        "server_kv_cache_gib": sv.kv_cache_gib,
+        "server_kv_tokens": sv.kv_cache_tokens,
+        "server_max_concurrency": sv.max_concurrency,
+        "kernels": [kernel_name(k) for k in sv.kernels or []],
+        "fallback": bool(sv.fallback),
+        "fallback_lines": list(sv.fallback_lines or []),
+        "unquantized_gemm_fallback": bool(sv.unquantized_gemm_fallback),
+        "quantization": sv.quantization,
     }
-    if sv.get("weights_gib"):
-        out["weights_gib"], out["weights_source"] = float(sv["weights_gib"]), "vLLM log"
+    if sv.weights_gib:
+        out["weights_gib"], out["weights_source"] = float(sv.weights_gib), "vLLM log"
     elif out["checkpoint_gib"]:
         # vLLM logs no weights figure on CPU: the checkpoint's weight bytes, in the served dtype
         wb, how = served_weights_bytes(rec)
         out["weights_gib"], out["weights_source"] = (wb or 0.0) / GIB, how
-        if not sv:
+        if sv.is_empty():
             missing.append("no vLLM server memory (server log): weights = the checkpoint's weight bytes")
     else:
         out["weights_gib"], out["weights_source"] = None, None
         missing.append("no weight size (neither vLLM log nor checkpoint)")
-    dims = (rec.get("model") or {}).get("dims") or {}
+    dims = rec.model.dims or {}
     dtype_bytes, out["kv_dtype"] = _kv_dtype_bytes(rec, rc)
     out["served_dtype"] = served_compute_dtype(rec)[0]
     bpt = kv_bytes_per_token(dims, dtype_bytes)
@@ -152,8 +153,8 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     out["kv_bytes_per_token"] = bpt
     if bpt is None:
         missing.append("no model dimensions: KV-cache bytes per token unknown")
-    if sv.get("kv_cache_gib") and sv.get("kv_cache_tokens"):
-        out["kv_bytes_per_token_measured"] = sv["kv_cache_gib"] * GIB / sv["kv_cache_tokens"]
+    if sv.kv_cache_gib and sv.kv_cache_tokens:
+        out["kv_bytes_per_token_measured"] = sv.kv_cache_gib * GIB / sv.kv_cache_tokens
     if "linear_attention" in (dims.get("layer_types") or []) and not dims.get("num_kv_layers"):
         missing.append("hybrid model without num_kv_layers: the KV cache is counted in every layer (too much)")
     rlen = request_len(rec, rc)
@@ -162,7 +163,7 @@ def memory_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any
     state_dtype = DTYPE_BYTES.get(out["served_dtype"], 2)
     paging = hybrid_paging(dims, dtype_bytes, state_dtype)
     out["hybrid_paging"] = paging
-    req = sv.get("max_concurrency_request_tokens")
+    req = sv.max_concurrency_request_tokens
     if paging and req:  # vLLM's KV tokens = max concurrency x request length: its bytes/token include states
         out["kv_bytes_per_token_paged"] = paged_bytes_per_sequence(paging, int(req)) / int(req)
     tokens: int | None

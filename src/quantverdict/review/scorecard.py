@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantverdict.results.record import JobRecord
 from quantverdict.review.flags import Flag
 from quantverdict.review.stats import Interval
 
@@ -74,14 +75,14 @@ class Scorecard:
         return f"{self.scheme} ({self.label})"
 
 
-def weight_tier(rec: dict[str, Any]) -> int:
+def weight_tier(rec: JobRecord) -> int:
     """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer.
 
     From ``config.scheme.weight_bits``, else the digits after ``W`` in the scheme label.
     """
-    bits = (rec.get("config", {}).get("scheme") or {}).get("weight_bits")
+    bits = rec.cfg("scheme").get("weight_bits")
     if bits is None:
-        label = rec.get("job", {}).get("scheme_label", "") or ""
+        label = rec.job.scheme_label or ""
         m = re.match(r"W(\d+)", label)
         bits = int(m.group(1)) if m else (8 if "FP8" in label else 16)
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
@@ -90,7 +91,7 @@ def weight_tier(rec: dict[str, Any]) -> int:
 NOT_APPLICABLE_DEFAULT = "synthetic model with random weights: accuracy is not applicable"
 
 
-def accuracy_not_applicable(rec: dict[str, Any]) -> str | None:
+def accuracy_not_applicable(rec: JobRecord) -> str | None:
     """Why the record's accuracy cannot be measured, or None when it can.
 
     A synthetic model (``config.model.source == "synthetic"``: random weights with a real model's
@@ -98,13 +99,12 @@ def accuracy_not_applicable(rec: dict[str, Any]) -> str | None:
     and ``stages.evaluate.status = "not_applicable"``. The reason is taken from the first of those two,
     else (a job that failed before the evaluate stage) from the config's model source.
     """
-    acc = rec.get("accuracy") or {}
-    if acc.get("not_applicable"):
-        return str(acc["not_applicable"])
-    ev = (rec.get("stages") or {}).get("evaluate") or {}
-    if isinstance(ev, dict) and ev.get("status") == "not_applicable":
-        return str(ev.get("detail") or NOT_APPLICABLE_DEFAULT)
-    if ((rec.get("config") or {}).get("model") or {}).get("source") == "synthetic":
+    if rec.accuracy.not_applicable:
+        return str(rec.accuracy.not_applicable)
+    ev = rec.stages.get("evaluate")
+    if ev is not None and ev.status == "not_applicable":
+        return str(ev.detail or NOT_APPLICABLE_DEFAULT)
+    if rec.cfg("model").get("source") == "synthetic":
         return NOT_APPLICABLE_DEFAULT
     return None
 
@@ -114,5 +114,6 @@ def na_label(reason: str | None) -> str:
     return "not applicable (random weights)" if "random weights" in (reason or "") else "not applicable"
 
 
-def is_baseline(rec: dict[str, Any]) -> bool:
-    return bool(rec["job"].get("scheme") == rec.get("config", {}).get("baseline_scheme", "bf16"))
+def is_baseline(rec: JobRecord) -> bool:
+    """True for the job of the model's baseline scheme (``config.baseline_scheme``, default ``bf16``)."""
+    return bool(rec.job.scheme == rec.config.get("baseline_scheme", "bf16"))

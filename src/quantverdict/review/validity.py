@@ -7,12 +7,13 @@ from typing import Any
 
 from quantverdict.measure import sweep
 from quantverdict.measure.aggregate import is_number
+from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
 from quantverdict.review.speed import point_label
 
 
-def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[Flag], list[str]]:
+def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[str]]:
     """Flags and Validity lines from the evaluate stage's own checks (``accuracy.checks``): batch
     invariance of the log-likelihoods, and word/byte perplexity recomputed from the summed
     log-likelihood; plus the settings every delta was computed under.
@@ -20,19 +21,19 @@ def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[Flag], li
     Returns:
         ``(flags, lines)``: flags for failed checks, lines for the Validity section.
     """
-    acc = rec.get("accuracy") or {}
-    if not acc:
+    acc = rec.accuracy
+    if acc.is_empty():
         return [], []
     out: list[Flag] = []
     lines: list[str] = []
-    st = acc.get("settings") or {}
+    st = acc.settings or {}
     if st:
         lines.append(
             f"{sc_name}: eval batch_size {st.get('batch_size')}, dtype {st.get('dtype')}, max_length "
             f"{st.get('max_length')}, backend {st.get('backend')} (deltas refused unless the baseline's match); "
             f"{st.get('normalization') or 'acc_norm normalisation not stated'}"
         )
-    checks = acc.get("checks") or {}
+    checks = acc.checks or {}
     bi = checks.get("batch_invariance")
     if bi:
         if bi.get("skipped"):
@@ -69,7 +70,7 @@ def accuracy_validity(rec: dict[str, Any], sc_name: str) -> tuple[list[Flag], li
                 f"{sc_name}: word_perplexity and byte_perplexity recomputed from one summed log-likelihood "
                 "(divided by words, by UTF-8 bytes) agree with lm-eval's"
             )
-    tp = acc.get("token_perplexity") or {}
+    tp = acc.token_perplexity or {}
     if tp:
         how = (
             "non-overlapping: the first token of each window is context only"
