@@ -141,7 +141,7 @@ def w8a8_cpu_speed() -> dict[str, Any]:
 
 def test_a_rate_below_the_ceiling_is_not_saturated() -> None:
     rec = record("w8a8", sp=w8a8_cpu_speed())
-    sp, _, _ = speed_summary(rec, RC)
+    sp, _, _ = speed_summary(view(rec), RC)
     assert sp["ceiling_rps"] == pytest.approx(2.20)
     low = sp["points"][0]
     assert low["saturated"] is False and "2.20 req/s" in low["saturation_note"]
@@ -151,7 +151,7 @@ def test_a_rate_below_the_ceiling_is_not_saturated() -> None:
 
 def test_goodput_counts_sustained_rates_only() -> None:
     # the burst meets the SLO only because it is 8 requests; the 1 req/s load fails it: goodput 0, not 2.20
-    sp, _, _ = speed_summary(record("w8a8", sp=w8a8_cpu_speed()), RC)
+    sp, _, _ = speed_summary(view(record("w8a8", sp=w8a8_cpu_speed())), RC)
     assert sp["goodput_rps"] == 0.0
     # rates 0.5 (pass), 1 (fail), 2 (pass by noise): goodput stops at the first rate that fails: 0.48
     pts = [
@@ -159,7 +159,7 @@ def test_goodput_counts_sustained_rates_only() -> None:
         point(1.0, achieved=0.95, tok_s=30, ttft99=300, itl50=30, itl99=250, e2e50=1000),
         point(2.0, achieved=1.9, tok_s=60, ttft99=300, itl50=30, itl99=150, e2e50=1000),
     ]
-    sp, _, _ = speed_summary(record("w8a8", sp={"mode": "rate", "points": pts}), RC)
+    sp, _, _ = speed_summary(view(record("w8a8", sp={"mode": "rate", "points": pts})), RC)
     assert sp["goodput_rps"] == pytest.approx(0.48)
 
 

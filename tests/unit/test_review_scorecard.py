@@ -166,14 +166,14 @@ def test_unpaired_fallback_is_said() -> None:
 
 
 def test_speed_summary_and_goodput() -> None:
-    sp, flags, missing = speed_summary(next(r for r in grid() if r["job"]["scheme"] == "gptq"), RC)
+    sp, flags, missing = speed_summary(view(next(r for r in grid() if r["job"]["scheme"] == "gptq")), RC)
     assert not flags and not missing
     assert sp["single_itl_ms_p50"] == 25.0 and sp["single_tok_s"] == pytest.approx(40.0)  # 1000 / 25 ms
     assert sp["ceiling_tok_s"] == 270.0 and sp["ceiling_rps"] == pytest.approx(270 / 32)
     # both points meet TTFT p99 <= 2000 and ITL p99 <= 200 (37.5 and 150 ms), but the unlimited-rate burst
     # is not a sustained load: goodput = the achieved req/s at 1 req/s
     assert sp["goodput_rps"] == pytest.approx(0.95) and sp["goodput_how"] == "at 1 req/s"
-    sp, _, _ = speed_summary(grid()[0], RC)  # bf16: 240 ms ITL p99 unlimited -> only the 1 req/s point
+    sp, _, _ = speed_summary(view(grid()[0]), RC)  # bf16: 240 ms ITL p99 unlimited -> only the 1 req/s point
     assert sp["goodput_rps"] == pytest.approx(0.95)
     assert sp["at_load"]["label"] == "1 req/s"
 
@@ -192,7 +192,7 @@ def test_repeats_are_averaged_and_concurrency_loads() -> None:
             {**point(None, achieved=3.0, tok_s=96, ttft99=400, itl50=40, itl99=80, e2e50=1500), "concurrency": 8},
         ],
     }
-    mode, pts = speed_points(rec)
+    mode, pts = speed_points(view(rec))
     assert mode == "concurrency" and [p["load"] for p in pts] == [1.0, 8.0]
     assert pts[0]["achieved_rps"] == pytest.approx(0.6) and pts[0]["repeats"] == 2  # (0.5 + 0.7) / 2
     # 2 req/s: the lowest concurrency whose achieved req/s reaches it is 8

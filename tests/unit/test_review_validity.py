@@ -35,10 +35,10 @@ def test_a_repeat_with_short_outputs_is_left_out_not_averaged() -> None:
         point(1.0, achieved=0.95, tok_s=12.0, ttft99=300, itl50=40, itl99=60, e2e50=1400, out_total=100, out_req=256), 1
     )
     rec["speed"] = {"mode": "rate", "points": [good, short]}
-    _, pts = speed_points(rec)
+    _, pts = speed_points(view(rec))
     # 100 of 256 tokens (39% < 90%): invalid; the level's tok/s is the valid repeat's 30
     assert pts[0]["output_tok_s"] == 30.0 and pts[0]["valid_repeats"] == 1 and pts[0]["repeats"] == 2
-    _, flags, _ = speed_summary(rec, RC)
+    _, flags, _ = speed_summary(view(rec), RC)
     (flag,) = flags
     assert flag.code == "speed_point_short" and "1 req/s (repeat 1): 100 of 256" in flag.message
 
@@ -59,7 +59,7 @@ def test_repeats_give_a_median_and_a_range() -> None:
             _rep(base, 2, output_tok_s=340.0),
         ],
     }
-    sp, _, _ = speed_summary(rec, RC)
+    sp, _, _ = speed_summary(view(rec), RC)
     assert sp["ceiling_tok_s"] == 300.0 and sp["ceiling_tok_s_range"] == [280.0, 340.0]
     assert sp["single_itl_ms_p50"] == 40.0 and sp["single_itl_ms_p50_range"] == [38.0, 44.0]
     assert sp["ceiling_kind"] == "saturated" and sp["repeats"] == 3

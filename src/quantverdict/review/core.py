@@ -79,7 +79,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
             sc.flags.append(Flag(flags.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
     elif not r.accuracy.tasks and not r.accuracy.extra.get("tasks"):
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
-    sc.speed, speed_flags, miss = speed_summary(rec, rc)
+    sc.speed, speed_flags, miss = speed_summary(r, rc)
     sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
     roof = r.speed.roofline
@@ -108,7 +108,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.label = str(kc.get("effective_label") or sc.label)
         sc.speed["comparable"] = False
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
-    sc.validity += speed_validity(rec, sc.name, sc.speed)
+    sc.validity += speed_validity(r, sc.name, sc.speed)
     acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines

@@ -9,6 +9,7 @@ from typing import Any
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import aggregate, sweep
 from quantverdict.measure.aggregate import is_number
+from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
 
@@ -35,7 +36,13 @@ def load_label(p: dict[str, Any], mode: str) -> str:
     return "unlimited rate" if math.isinf(r) else f"{r:g} req/s"
 
 
-def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
+    """The sweep's mode (``rate`` unless the record says ``concurrency``) and its points as the record holds
+    them (dicts, for :mod:`quantverdict.measure.sweep`)."""
+    return rec.speed.mode or "rate", [p.to_dict() for p in rec.speed.points]
+
+
+def speed_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     """The sweep points of a record, one per load level, sorted by load.
 
     Invalid points (:func:`quantverdict.measure.sweep.point_valid`: output tokens under 90% of those requested,
@@ -45,10 +52,9 @@ def speed_points(rec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     unlimited rate), ``repeats``, ``valid_repeats`` and ``saturated`` (most valid repeats saturated)
     are added.
     """
-    speed = rec.get("speed") or {}
-    mode = speed.get("mode") or "rate"
+    mode, raw = raw_points(rec)
     out = []
-    for level in aggregate.levels(speed.get("points") or [], lambda p: sweep.load_of(p, mode), sweep.point_valid):
+    for level in aggregate.levels(raw, lambda p: sweep.load_of(p, mode), sweep.point_valid):
         valid = level.valid
         if not valid:
             continue
@@ -146,7 +152,7 @@ def point_label(p: dict[str, Any], mode: str) -> str:
     return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
 
 
-def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any], list[Flag], list[str]]:
+def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], list[Flag], list[str]]:
     """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
 
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
@@ -162,7 +168,7 @@ def speed_summary(rec: dict[str, Any], rc: ReviewConfig) -> tuple[dict[str, Any]
     """
     mode, points = speed_points(rec)
     found: list[Flag] = []
-    raw = (rec.get("speed") or {}).get("points") or []
+    _, raw = raw_points(rec)
     for q in raw:
         label = point_label(q, mode)
         want, got = q.get("output_tokens_requested"), q.get("output_tokens_total")

@@ -10,7 +10,7 @@ from quantverdict.measure.aggregate import is_number
 from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
-from quantverdict.review.speed import point_label
+from quantverdict.review.speed import point_label, raw_points
 
 
 def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[str]]:
@@ -85,14 +85,12 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
     return out, lines
 
 
-def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> list[str]:
+def speed_validity(rec: JobRecord, sc_name: str, speed: dict[str, Any]) -> list[str]:
     """Lines for the review's Validity section: what each speed number stands on (repeats, spread,
     saturated and invalid points, the ceiling's definition, the kernel check)."""
-    sp = rec.get("speed") or {}
-    raw = sp.get("points") or []
+    mode, raw = raw_points(rec)
     if not raw:
         return []
-    mode = sp.get("mode") or "rate"
     lines = []
     levels = sweep.summarize(raw, mode)
     invalid = [point_label(q, mode) for q in raw if not sweep.point_valid(q)]
@@ -148,7 +146,7 @@ def speed_validity(rec: dict[str, Any], sc_name: str, speed: dict[str, Any]) -> 
             f"({what})"
         )
     lines.append(text)
-    kc = sp.get("kernel_check")
+    kc = rec.speed.kernel_check
     if kc:
         comp = {True: "comparable for speed", False: "NOT comparable for speed", None: "comparability unknown"}
         lines.append(
