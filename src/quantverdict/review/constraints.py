@@ -27,6 +27,7 @@ NOT_CONSTRAINTS = ("name", "log_to_mlflow")
 
 
 def _conf_dir() -> Path:
+    # config.compose registers the Hydra config store when imported: only when a set file is read
     from quantverdict.config.compose import CONF_DIR
 
     return Path(CONF_DIR) / "review"

@@ -318,6 +318,7 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     Returns:
         ``{"md", "html", "json", "plots/<name>.png"...}`` -> path.
     """
+    # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
 
     out_dir.mkdir(parents=True, exist_ok=True)

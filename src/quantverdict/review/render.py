@@ -15,8 +15,10 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number as _f
+from quantverdict.review.constraints import load_set
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
+from quantverdict.review.verdict import floor_test_of
 
 Block = tuple[Any, ...]
 STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off", "not_applicable": "not applicable"}
@@ -24,8 +26,6 @@ STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off", "not_a
 
 def _constraints(rc: ReviewConfig) -> Block:
     """Every key with its value, and whether it is the set file's (``conf/review/<name>.yaml``) or set."""
-    from quantverdict.review.constraints import load_set
-
     try:
         default, where = load_set(rc.name), f"{rc.name}.yaml"
     except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
@@ -41,8 +41,6 @@ def floor_tests_line(review: Review) -> str:
     """Which test judged each task against the accuracy floor (``review.floor_test``: auto, point,
     interval), with the item counts, e.g. 'floor_test auto: the interval test for a delta on fewer than
     200 items (arc_easy 50, hellaswag 30), the point test for the rest (none here)'; '' without deltas."""
-    from quantverdict.review.verdict import floor_test_of
-
     rc = review.config
     by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
     for sc in review.cards:
