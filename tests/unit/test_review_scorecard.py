@@ -103,7 +103,7 @@ def test_paired_accuracy_from_samples(tmp_path: Path) -> None:
     # the X / Y pairs of test_review_stats: scheme 0.4, baseline 0.3, b = 2, c = 1
     write_samples(q, tmp_path, "arc_easy", _rows([1, 1, 1, 1, 0, 0, 0, 0, 0, 0]))
     write_samples(base, tmp_path, "arc_easy", _rows([0, 0, 1, 1, 0, 0, 0, 0, 0, 1]))
-    deltas, refused, _ = accuracy_section(q, base, replace(RC, interval="normal"))
+    deltas, refused, _ = accuracy_section(view(q), view(base), replace(RC, interval="normal"))
     assert refused is None
     arc = next(d for d in deltas if d.name == "arc_easy")
     assert arc.paired and arc.n == 10
@@ -135,7 +135,7 @@ def test_paired_perplexity_from_document_samples(tmp_path: Path) -> None:
             {"doc_id": 1, "loglikelihood": -200.0, "n_words": 100, "n_bytes": 500},
         ],
     )
-    deltas, _, _ = accuracy_section(q, base, replace(RC, interval="normal"))
+    deltas, _, _ = accuracy_section(view(q), view(base), replace(RC, interval="normal"))
     w = next(d for d in deltas if d.metric == "word_perplexity")
     assert w.paired and w.delta_pct == pytest.approx(100 * math.expm1(4 / 150))  # +2.70%
     # L in [0.0266667 -+ 0.00871095] -> 100 * (exp(L) - 1) in [1.8118%, 3.6011%]
@@ -154,12 +154,12 @@ def test_samples_found_beside_a_moved_record(tmp_path: Path) -> None:
         )
         rec["accuracy"]["samples"] = {"arc_easy": "/gone/eval/samples_arc_easy.jsonl"}
         rec["_review_dir"] = str(tmp_path / rec["job"]["scheme"])
-    deltas, _, _ = accuracy_section(q, base, RC)
+    deltas, _, _ = accuracy_section(view(q), view(base), RC)
     assert next(d for d in deltas if d.name == "arc_easy").paired
 
 
 def test_unpaired_fallback_is_said() -> None:
-    deltas, _, _ = accuracy_section(record("int8", acc_norm=0.45), record("bf16", acc_norm=0.5), RC)
+    deltas, _, _ = accuracy_section(view(record("int8", acc_norm=0.45)), view(record("bf16", acc_norm=0.5)), RC)
     arc = next(d for d in deltas if d.name == "arc_easy")
     assert not arc.paired and "unpaired interval from the two stderrs" in arc.note
     assert arc.interval.low == pytest.approx(-0.188590, abs=1e-5)  # hand value in test_review_stats

@@ -316,7 +316,7 @@ class TaskResult(Section):
 
     def metric(self, name: str) -> Any:
         """The value lm-eval reported as ``name`` (None when absent)."""
-        return self.extra.get(name)
+        return getattr(self, name) if name in ("n", "limit") else self.extra.get(name)
 
 
 @dataclass

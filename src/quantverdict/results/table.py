@@ -9,6 +9,7 @@ from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline
 from quantverdict.results.format import number as _f
+from quantverdict.results.record import JobRecord
 
 MIB = 1024**2
 
@@ -136,7 +137,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         acc = r.get("accuracy", {})
         base = find_baseline(r, records)
         headline = r.get("config", {}).get("eval", {}).get("headline", {})
-        deltas = accuracy_deltas(r, base, headline) if base and base is not r else {}
+        deltas = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), headline) if base and base is not r else {}
         row = [name]
         if acc.get("not_applicable"):
             acc_rows.append(row + ["n/a (random weights)"] + ["n/a"] * len(tasks))
@@ -315,5 +316,5 @@ def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     base = find_baseline(r, records)
     if not base or base is r or (r.get("accuracy") or {}).get("not_applicable"):
         return None  # a synthetic model's accuracy is not applicable, not refused
-    d = accuracy_deltas(r, base, {})
+    d = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), {})
     return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None

@@ -14,19 +14,23 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
+from quantverdict.results.record import JobRecord, TaskResult
 from quantverdict.review import stats
 from quantverdict.review.scorecard import SOURCE_DIR_KEY, TaskDelta
 from quantverdict.review.stats import Interval
 
 
-def _read_samples(rec: dict[str, Any], task: str) -> list[dict[str, Any]] | None:
-    path = ((rec.get("accuracy") or {}).get("samples") or {}).get(task)
+def _read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
+    """The per-item rows lm-eval wrote for ``task`` (``accuracy.samples``), found where the job wrote them or
+    beside the record it was read from (:data:`SOURCE_DIR_KEY`); None when there are none."""
+    path = (rec.accuracy.samples or {}).get(task)
     if not path:
         return None
     p = Path(path)
     candidates = [p]
-    if rec.get(SOURCE_DIR_KEY):
-        candidates += [Path(rec[SOURCE_DIR_KEY]) / "eval" / p.name, Path(rec[SOURCE_DIR_KEY]) / p.name]
+    source_dir = rec.extra.get(SOURCE_DIR_KEY)
+    if source_dir:
+        candidates += [Path(source_dir) / "eval" / p.name, Path(source_dir) / p.name]
     for c in candidates:
         if c.is_file():
             return [json.loads(line) for line in c.read_text().splitlines() if line.strip()]
@@ -47,7 +51,7 @@ def _pairs(
 
 
 def _score_delta(
-    task: str, metric: str, v: float, b: float, rec: dict[str, Any], base: dict[str, Any], rc: ReviewConfig
+    task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> TaskDelta:
     td = TaskDelta(task, metric, "score", v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
     sa, sb = _read_samples(rec, task), _read_samples(base, task)
@@ -78,9 +82,9 @@ def _score_delta(
             # point values from the pairs (equal to the record's when every item paired)
             td.significant = td.interval.excludes_zero()
             return td
-    ma, mb = (rec["accuracy"]["tasks"].get(task) or {}), (base["accuracy"]["tasks"].get(task) or {})
-    sea, seb = ma.get(f"{metric}_stderr"), mb.get(f"{metric}_stderr")
-    td.n = ma.get("n")
+    ma, mb = rec.accuracy.tasks.get(task) or TaskResult(), base.accuracy.tasks.get(task) or TaskResult()
+    sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
+    td.n = ma.n
     why = "no per-item samples" if not (sa and sb) else "no common items"
     if sea is not None and seb is not None:
         td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence)
@@ -110,7 +114,7 @@ def _ppl_from_log_ratio(iv: Interval) -> Interval:
 
 
 def _ppl_delta(
-    task: str, metric: str, v: float, b: float, rec: dict[str, Any], base: dict[str, Any], rc: ReviewConfig
+    task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> TaskDelta:
     td = TaskDelta(metric if task == metric else task, metric, "perplexity", v, b, delta_pct=pct_change(v, b))
     count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric)
@@ -138,7 +142,7 @@ def _ppl_delta(
 
 
 def accuracy_section(
-    rec: dict[str, Any], base: dict[str, Any] | None, rc: ReviewConfig
+    rec: JobRecord, base: JobRecord | None, rc: ReviewConfig
 ) -> tuple[list[TaskDelta], str | None, list[str]]:
     """Deltas of ``rec`` against ``base`` (headline metric per task + every perplexity kind).
 
@@ -147,17 +151,17 @@ def accuracy_section(
         (no delta is reported then, see :func:`quantverdict.results.baseline.eval_mismatch`).
     """
     missing: list[str] = []
-    if not (rec.get("accuracy") or {}).get("tasks") and not (rec.get("accuracy") or {}).get("token_perplexity"):
+    if not rec.accuracy.tasks and not rec.accuracy.token_perplexity:
         return [], None, ["no accuracy results"]
     if base is None:
         return [], None, ["no baseline record with accuracy for this model: no deltas"]
     reason = eval_mismatch(rec, base)
     if reason:
         return [], reason, []
-    headline = (rec.get("config", {}).get("eval") or {}).get("headline") or {}
+    headline = rec.cfg("eval").get("headline") or {}
     deltas = accuracy_deltas(rec, base, headline)
     out: list[TaskDelta] = []
-    tasks, btasks = rec["accuracy"].get("tasks") or {}, base["accuracy"].get("tasks") or {}
+    tasks, btasks = rec.accuracy.tasks, base.accuracy.tasks
     for task, d in deltas.items():
         if task == "token_perplexity":
             continue
@@ -165,7 +169,7 @@ def accuracy_section(
         if "perplexity" in metric:
             out.append(_ppl_delta(task, metric, d["value"], d["baseline"], rec, base, rc))
             for other in ("word_perplexity", "byte_perplexity"):
-                v, b = tasks[task].get(other), btasks.get(task, {}).get(other)
+                v, b = tasks[task].metric(other), (btasks[task].metric(other) if task in btasks else None)
                 if other != metric and v is not None and b is not None:
                     out.append(_ppl_delta(task, other, v, b, rec, base, rc))
         else:

@@ -60,12 +60,13 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.memory, miss = memory_summary(r, rc)
     sc.missing += miss
     base = None if sc.is_baseline else find_baseline(rec, records)
-    sc.flags += [f.of(sc.name) for f in dtype_flags(r, None if base is None else JobRecord.view(base))]
+    rbase = None if base is None else JobRecord.view(base)
+    sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
     sc.accuracy_not_applicable = accuracy_not_applicable(r)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
     elif not sc.is_baseline:
-        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(rec, base, rc)
+        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, rbase, rc)
         sc.missing += miss
         if sc.accuracy_refused:
             sc.flags.append(
