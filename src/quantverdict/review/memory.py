@@ -110,9 +110,11 @@ def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], li
     parsed (GPU), else the checkpoint's weight bytes in the served dtype (:func:`served_weights_bytes`);
     KV bytes per token in the KV cache's dtype (:func:`served_kv_dtype`: the served dtype unless
     ``kv_cache_dtype`` is set; a CPU server in float32 holds 4 bytes an element, not the model's 2).
-    The state term is 0 except for hybrid models (:func:`state_bytes_per_sequence`), which are counted
-    the way vLLM pages them (:func:`hybrid_paging`): each request's tokens rounded up to whole attention
-    blocks, each state padded to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
+    The state term is 0 except for hybrid models
+    (:func:`quantverdict.measure.kv_cache.state_bytes_per_sequence`), which are counted the way vLLM pages
+    them (:func:`quantverdict.measure.kv_cache.hybrid_paging`): each request's tokens rounded up to whole
+    attention blocks, each state padded to a page; the budget's max concurrency is then
+    ``free // paged_bytes_per_sequence``.
     """
     missing: list[str] = []
     ck, sv = rec.checkpoint_memory, rec.server
