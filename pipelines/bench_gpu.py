@@ -132,6 +132,7 @@ def _stream(
 def rederive(rec: dict, job_dir: Path) -> dict:
     """Re-read the fields a record takes from the job's raw vLLM server log (memory, kernels, the kernel
     check, the per-load summary) with this checkout's parser, so a parser fix applies to finished runs."""
+    # the launcher runs grids with the standard library alone; quantverdict (numpy, OmegaConf) only for reports
     from quantverdict.measure import vllm_log
     from quantverdict.results.record import mark_interrupted
     from quantverdict.serving.speed import speed_validity
@@ -150,6 +151,7 @@ def supersede(recs: list[dict]) -> list[dict]:
     """One job per model and scheme where runs overlap, in the order found, by the review's rule
     (:func:`quantverdict.review.sources.dedupe`: a finished job before an unfinished one, then the newest):
     the run that completed a cut-short grid replaces its interrupted jobs, a repeated grid its older jobs."""
+    # the launcher runs grids with the standard library alone; quantverdict (numpy, OmegaConf) only for reports
     from quantverdict.review.sources import dedupe
 
     kept = {id(r) for r in dedupe(recs)[0]}
@@ -159,6 +161,7 @@ def supersede(recs: list[dict]) -> list[dict]:
 def load_records(outs: list[Path]) -> list[dict]:
     """Every job record under the run folders ``outs`` (reused ones left out), re-derived
     (:func:`rederive`), unfinished jobs superseded by finished ones (:func:`supersede`)."""
+    # the launcher runs grids with the standard library alone; quantverdict (numpy, OmegaConf) only for reports
     from quantverdict.results.record import find_records, load
 
     recs = []
@@ -216,6 +219,7 @@ def run_settings(recs: list[dict]) -> list[str]:
 
 def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Path]:
     """One Markdown file per model from ``recs`` (read from the run folders ``outs``); returns the files written."""
+    # the launcher runs grids with the standard library alone; quantverdict (numpy, OmegaConf) only for reports
     from quantverdict.results.table import format_table
 
     by_model: dict[str, list[dict]] = {}

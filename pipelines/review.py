@@ -46,6 +46,7 @@ def compose_review(overrides: list[str]) -> tuple[ReviewConfig, TrackingConfig, 
     bad = [o for o in overrides if re.split(r"[.=]", o.lstrip("+~"), maxsplit=1)[0] not in ALLOWED_PREFIXES]
     if bad:
         raise ConfigError(f"only review.*, tracking.* and paths.* keys apply to a review; not: {', '.join(bad)}")
+    # Hydra and the config wiring load only when a review is composed (``--help`` and argument errors stay fast)
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after --out
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
 
+    # after argument parsing: Hydra, the config wiring and the review (matplotlib) load only for a review
     from hydra.errors import ConfigCompositionException
 
     import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if review.flags:
         print(f"{len(review.flags)} honesty flags (see the review):")
         for f in review.flags:
-            print(f"  - {plain(f)}")
+            print(f"  - {plain(f.message)}")
     print(f"constraints: {review.constraints_how} [{review.label}]")
     print(f"review: {paths['md']}\n        {paths['html']}\n        {paths['json']}")
     return 0

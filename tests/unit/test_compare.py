@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, find_baseline, pct_change
+from quantverdict.results.record import JobRecord
+
+view = JobRecord.view  # the typed record the joins read
 
 SETTINGS = {
     "backend": "hf",
@@ -35,7 +38,7 @@ HEADLINE = {"arc_easy": "acc_norm", "wikitext": "word_perplexity"}
 
 def test_deltas_by_hand() -> None:
     base, q = rec("bf16", 0.50, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0)
-    d = accuracy_deltas(q, base, HEADLINE)
+    d = accuracy_deltas(view(q), view(base), HEADLINE)
     assert d["arc_easy"]["delta"] == pytest.approx(-0.05)  # 0.45 - 0.50
     assert d["arc_easy"]["recovery_pct"] == pytest.approx(90.0)  # 100 * 0.45 / 0.50
     assert d["wikitext"]["delta_pct"] == pytest.approx(5.0)  # 100 * (21 - 20) / 20
@@ -44,15 +47,15 @@ def test_deltas_by_hand() -> None:
 
 def test_mismatched_settings_refuse_the_delta() -> None:
     base, q = rec("bf16", 0.5, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0, limit=50, batch_size=1)
-    reason = eval_mismatch(q, base)
+    reason = eval_mismatch(view(q), view(base))
     assert reason is not None and "limit: 50 vs baseline 100" in reason and "batch_size: 1 vs baseline 8" in reason
-    assert accuracy_deltas(q, base, HEADLINE) == {"refused": reason}
+    assert accuracy_deltas(view(q), view(base), HEADLINE) == {"refused": reason}
 
 
 def test_token_window_mismatch_refuses() -> None:
     base, q = rec("bf16", 0.5, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0)
     q["accuracy"]["token_perplexity"]["seq_len"] = 512
-    assert "token_perplexity.seq_len: 512 vs 2048" in (eval_mismatch(q, base) or "")
+    assert "token_perplexity.seq_len: 512 vs 2048" in (eval_mismatch(view(q), view(base)) or "")
 
 
 def test_find_baseline_same_model_only() -> None:
@@ -84,5 +87,8 @@ def test_server_backend_deltas_need_the_same_served_length() -> None:
     base = rec("bf16", 0.5, 20.0, 40.0, **srv, server={"lm_eval_max_length": 2050})
     same = rec("awq", 0.45, 21.0, 42.0, **srv, server={"lm_eval_max_length": 2050})
     short = rec("awq", 0.45, 21.0, 42.0, **srv, server={"lm_eval_max_length": 2048})
-    assert eval_mismatch(same, base) is None
-    assert eval_mismatch(short, base) == "eval settings differ (server.lm_eval_max_length: 2048 vs baseline 2050)"
+    assert eval_mismatch(view(same), view(base)) is None
+    assert (
+        eval_mismatch(view(short), view(base))
+        == "eval settings differ (server.lm_eval_max_length: 2048 vs baseline 2050)"
+    )

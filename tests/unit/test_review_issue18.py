@@ -18,10 +18,14 @@ from typing import Any
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
+from quantverdict.review.memory import memory_summary
 from quantverdict.review.render import blocks, to_markdown
-from quantverdict.review.scorecard import memory_summary, speed_summary
+from quantverdict.review.speed import speed_summary
 from review_records import GIB, grid, point, record, write_samples
+
+view = JobRecord.view  # the typed record the review reads
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +62,7 @@ def cpu_record(scheme: str, *, server_dtype: str = "float32", new: bool = False,
 @pytest.mark.parametrize("new", [False, True])
 def test_kv_check_uses_the_served_dtype(new: bool) -> None:
     rec = cpu_record("bf16", new=new)  # the model is bf16, the server ran float32
-    mem, _ = memory_summary(rec, RC)
+    mem, _ = memory_summary(view(rec), RC)
     assert mem["kv_bytes_per_token"] == 46080
     assert mem["kv_dtype"] == "float32"
     # 16 requests x 288 tokens = 4,608 tokens x 46,080 B = 212,336,640 B = 0.197754 GiB
@@ -66,13 +70,13 @@ def test_kv_check_uses_the_served_dtype(new: bool) -> None:
     # vLLM's figure (2^30 / 23,296 = 46,091 B) agrees within block rounding: no mismatch flag
     assert mem["kv_bytes_per_token_measured"] == pytest.approx(46091.3, abs=0.1)
     review = build_review([rec, cpu_record("w8a8", new=new)], RC, "t")
-    assert not [f for f in review.flags if "bytes/token" in f]
+    assert not [f for f in review.flags if f.code == "kv_bytes_mismatch"]
 
 
 def test_kv_cache_dtype_wins_over_the_served_dtype() -> None:
     rec = cpu_record("bf16")
     rec["config"]["bench"]["server"]["kv_cache_dtype"] = "fp8"
-    mem, _ = memory_summary(rec, RC)
+    mem, _ = memory_summary(view(rec), RC)
     assert mem["kv_bytes_per_token"] == 11520 and mem["kv_dtype"] == "fp8"
 
 
@@ -81,12 +85,12 @@ def test_weights_in_memory_at_the_served_dtype() -> None:
     # 0.5 GiB in memory. W8A8: 0.1 GiB int8 weights stay int8, its 0.05 GiB of 16-bit tensors double.
     rec = cpu_record("bf16")
     rec["memory"]["checkpoint"]["bytes_by_role"] = {"kept_16bit": int(0.25 * GIB), "quantized_weights": 0}
-    mem, _ = memory_summary(rec, RC)
+    mem, _ = memory_summary(view(rec), RC)
     assert mem["weights_gib"] == pytest.approx(0.5)
     q = cpu_record("w8a8")
     q["memory"]["checkpoint"]["total_weight_bytes"] = int(0.15 * GIB)
     q["memory"]["checkpoint"]["bytes_by_role"] = {"kept_16bit": int(0.05 * GIB), "quantized_weights": int(0.1 * GIB)}
-    mem, _ = memory_summary(q, RC)
+    mem, _ = memory_summary(view(q), RC)
     assert mem["weights_gib"] == pytest.approx(0.2, abs=1e-9)
 
 
@@ -137,7 +141,7 @@ def w8a8_cpu_speed() -> dict[str, Any]:
 
 def test_a_rate_below_the_ceiling_is_not_saturated() -> None:
     rec = record("w8a8", sp=w8a8_cpu_speed())
-    sp, _, _ = speed_summary(rec, RC)
+    sp, _, _ = speed_summary(view(rec), RC)
     assert sp["ceiling_rps"] == pytest.approx(2.20)
     low = sp["points"][0]
     assert low["saturated"] is False and "2.20 req/s" in low["saturation_note"]
@@ -147,7 +151,7 @@ def test_a_rate_below_the_ceiling_is_not_saturated() -> None:
 
 def test_goodput_counts_sustained_rates_only() -> None:
     # the burst meets the SLO only because it is 8 requests; the 1 req/s load fails it: goodput 0, not 2.20
-    sp, _, _ = speed_summary(record("w8a8", sp=w8a8_cpu_speed()), RC)
+    sp, _, _ = speed_summary(view(record("w8a8", sp=w8a8_cpu_speed())), RC)
     assert sp["goodput_rps"] == 0.0
     # rates 0.5 (pass), 1 (fail), 2 (pass by noise): goodput stops at the first rate that fails: 0.48
     pts = [
@@ -155,7 +159,7 @@ def test_goodput_counts_sustained_rates_only() -> None:
         point(1.0, achieved=0.95, tok_s=30, ttft99=300, itl50=30, itl99=250, e2e50=1000),
         point(2.0, achieved=1.9, tok_s=60, ttft99=300, itl50=30, itl99=150, e2e50=1000),
     ]
-    sp, _, _ = speed_summary(record("w8a8", sp={"mode": "rate", "points": pts}), RC)
+    sp, _, _ = speed_summary(view(record("w8a8", sp={"mode": "rate", "points": pts})), RC)
     assert sp["goodput_rps"] == pytest.approx(0.48)
 
 
@@ -309,7 +313,7 @@ def test_interval_judged_check_text_never_claims_the_estimate_meets_the_floor(tm
 
 
 def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> None:
-    from quantverdict.review.scorecard import accuracy_section
+    from quantverdict.review.accuracy import accuracy_section
 
     def wikitext(docs: list[tuple[float, int]]) -> list[dict[str, Any]]:
         return [{"doc_id": i, "loglikelihood": ll, "n_words": n} for i, (ll, n) in enumerate(docs)]
@@ -317,13 +321,13 @@ def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> N
     base, q = record("bf16", wppl=20.0), record("w8a8", wppl=20.3)
     write_samples(base, tmp_path, "wikitext", wikitext([(-3000.0, 1000)]))
     write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000)]))
-    deltas, _, _ = accuracy_section(q, base, replace(RC, perplexity_kinds=["word_perplexity"]))
+    deltas, _, _ = accuracy_section(view(q), view(base), replace(RC, perplexity_kinds=["word_perplexity"]))
     (wp,) = [d for d in deltas if d.metric == "word_perplexity"]
     assert wp.n == 1 and wp.interval is None and wp.significant is None and "1 item" in (wp.note or "")
     # two documents are a sample: an interval and a test
     write_samples(base, tmp_path, "wikitext", wikitext([(-3000.0, 1000), (-1500.0, 500)]))
     write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000), (-1510.0, 500)]))
-    deltas, _, _ = accuracy_section(q, base, replace(RC, perplexity_kinds=["word_perplexity"]))
+    deltas, _, _ = accuracy_section(view(q), view(base), replace(RC, perplexity_kinds=["word_perplexity"]))
     (wp,) = [d for d in deltas if d.metric == "word_perplexity"]
     assert wp.n == 2 and wp.interval is not None and wp.significant is not None
 

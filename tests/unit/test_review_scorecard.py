@@ -9,16 +9,20 @@ from pathlib import Path
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review import build_review, sources
-from quantverdict.review.scorecard import (
-    accuracy_section,
+from quantverdict.measure.kv_cache import (
+    hybrid_paging,
     kv_bytes_per_token,
-    load_point,
-    memory_summary,
-    speed_points,
-    speed_summary,
+    paged_bytes_per_sequence,
+    state_bytes_per_sequence,
 )
+from quantverdict.results.record import JobRecord
+from quantverdict.review import build_review, sources
+from quantverdict.review.accuracy import accuracy_section
+from quantverdict.review.memory import memory_summary
+from quantverdict.review.speed import load_point, speed_points, speed_summary
 from review_records import DIMS, KV_GIB_16x288, grid, point, record, write_samples
+
+view = JobRecord.view  # the typed record the review reads
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=2000)
 GIB = 1024**3
@@ -55,7 +59,7 @@ def test_kv_bytes_per_token_counts_only_the_kv_layers_of_a_hybrid_model() -> Non
 def test_memory_of_a_hybrid_model_uses_the_kv_layers() -> None:
     rec = record("bf16", weights_gib=17.0)
     rec["model"]["dims"] = QWEN35_9B
-    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=24.0))
+    m, _ = memory_summary(view(rec), replace(RC, memory_budget_gib=24.0))
     # 16 requests * 288 tokens = 4,608 tokens * 32,768 B = 150,994,944 B = 0.140625 GiB (4608 / 32768)
     assert m["kv_bytes_per_token"] == 32768
     assert m["kv_needed_gib"] == pytest.approx(0.140625)
@@ -65,7 +69,7 @@ def test_memory_of_a_hybrid_model_uses_the_kv_layers() -> None:
 
 
 def test_memory_need_and_what_fits_the_budget() -> None:
-    m, missing = memory_summary(record("gptq"), replace(RC, memory_budget_gib=0.22))
+    m, missing = memory_summary(view(record("gptq")), replace(RC, memory_budget_gib=0.22))
     assert not missing
     # 16 requests * (256 + 32) tokens = 4,608 tokens * 23,040 B = 106,168,320 B = 0.098877 GiB
     assert m["kv_needed_tokens"] == 4608
@@ -75,7 +79,9 @@ def test_memory_need_and_what_fits_the_budget() -> None:
     assert m["budget_kv_tokens"] == 5592
     assert m["budget_max_concurrency"] == pytest.approx(5592 / 288)
     # stated capacity, fp8 KV cache (1 byte) and a reserve: 10,000 * 11,520 B = 0.107288 GiB; + 0.5 GiB reserve
-    m, _ = memory_summary(record("gptq"), replace(RC, kv_cache_tokens=10000, kv_cache_dtype_bytes=1, reserved_gib=0.5))
+    m, _ = memory_summary(
+        view(record("gptq")), replace(RC, kv_cache_tokens=10000, kv_cache_dtype_bytes=1, reserved_gib=0.5)
+    )
     assert m["kv_needed_gib"] == pytest.approx(10000 * 11520 / GIB)
     assert m["need_gib"] == pytest.approx(0.10 + 10000 * 11520 / GIB + 0.5)
 
@@ -83,7 +89,7 @@ def test_memory_need_and_what_fits_the_budget() -> None:
 def test_memory_falls_back_to_checkpoint_bytes() -> None:
     rec = record("int8")
     rec["memory"]["server"] = {}
-    m, missing = memory_summary(rec, RC)
+    m, missing = memory_summary(view(rec), RC)
     assert m["weights_source"] == "checkpoint bytes" and m["weights_gib"] == pytest.approx(0.15, abs=1e-9)
     assert any("no vLLM server memory" in s for s in missing)
 
@@ -97,7 +103,7 @@ def test_paired_accuracy_from_samples(tmp_path: Path) -> None:
     # the X / Y pairs of test_review_stats: scheme 0.4, baseline 0.3, b = 2, c = 1
     write_samples(q, tmp_path, "arc_easy", _rows([1, 1, 1, 1, 0, 0, 0, 0, 0, 0]))
     write_samples(base, tmp_path, "arc_easy", _rows([0, 0, 1, 1, 0, 0, 0, 0, 0, 1]))
-    deltas, refused, _ = accuracy_section(q, base, replace(RC, interval="normal"))
+    deltas, refused, _ = accuracy_section(view(q), view(base), replace(RC, interval="normal"))
     assert refused is None
     arc = next(d for d in deltas if d.name == "arc_easy")
     assert arc.paired and arc.n == 10
@@ -129,7 +135,7 @@ def test_paired_perplexity_from_document_samples(tmp_path: Path) -> None:
             {"doc_id": 1, "loglikelihood": -200.0, "n_words": 100, "n_bytes": 500},
         ],
     )
-    deltas, _, _ = accuracy_section(q, base, replace(RC, interval="normal"))
+    deltas, _, _ = accuracy_section(view(q), view(base), replace(RC, interval="normal"))
     w = next(d for d in deltas if d.metric == "word_perplexity")
     assert w.paired and w.delta_pct == pytest.approx(100 * math.expm1(4 / 150))  # +2.70%
     # L in [0.0266667 -+ 0.00871095] -> 100 * (exp(L) - 1) in [1.8118%, 3.6011%]
@@ -148,26 +154,26 @@ def test_samples_found_beside_a_moved_record(tmp_path: Path) -> None:
         )
         rec["accuracy"]["samples"] = {"arc_easy": "/gone/eval/samples_arc_easy.jsonl"}
         rec["_review_dir"] = str(tmp_path / rec["job"]["scheme"])
-    deltas, _, _ = accuracy_section(q, base, RC)
+    deltas, _, _ = accuracy_section(view(q), view(base), RC)
     assert next(d for d in deltas if d.name == "arc_easy").paired
 
 
 def test_unpaired_fallback_is_said() -> None:
-    deltas, _, _ = accuracy_section(record("int8", acc_norm=0.45), record("bf16", acc_norm=0.5), RC)
+    deltas, _, _ = accuracy_section(view(record("int8", acc_norm=0.45)), view(record("bf16", acc_norm=0.5)), RC)
     arc = next(d for d in deltas if d.name == "arc_easy")
     assert not arc.paired and "unpaired interval from the two stderrs" in arc.note
     assert arc.interval.low == pytest.approx(-0.188590, abs=1e-5)  # hand value in test_review_stats
 
 
 def test_speed_summary_and_goodput() -> None:
-    sp, flags, missing = speed_summary(next(r for r in grid() if r["job"]["scheme"] == "gptq"), RC)
+    sp, flags, missing = speed_summary(view(next(r for r in grid() if r["job"]["scheme"] == "gptq")), RC)
     assert not flags and not missing
     assert sp["single_itl_ms_p50"] == 25.0 and sp["single_tok_s"] == pytest.approx(40.0)  # 1000 / 25 ms
     assert sp["ceiling_tok_s"] == 270.0 and sp["ceiling_rps"] == pytest.approx(270 / 32)
     # both points meet TTFT p99 <= 2000 and ITL p99 <= 200 (37.5 and 150 ms), but the unlimited-rate burst
     # is not a sustained load: goodput = the achieved req/s at 1 req/s
     assert sp["goodput_rps"] == pytest.approx(0.95) and sp["goodput_how"] == "at 1 req/s"
-    sp, _, _ = speed_summary(grid()[0], RC)  # bf16: 240 ms ITL p99 unlimited -> only the 1 req/s point
+    sp, _, _ = speed_summary(view(grid()[0]), RC)  # bf16: 240 ms ITL p99 unlimited -> only the 1 req/s point
     assert sp["goodput_rps"] == pytest.approx(0.95)
     assert sp["at_load"]["label"] == "1 req/s"
 
@@ -186,7 +192,7 @@ def test_repeats_are_averaged_and_concurrency_loads() -> None:
             {**point(None, achieved=3.0, tok_s=96, ttft99=400, itl50=40, itl99=80, e2e50=1500), "concurrency": 8},
         ],
     }
-    mode, pts = speed_points(rec)
+    mode, pts = speed_points(view(rec))
     assert mode == "concurrency" and [p["load"] for p in pts] == [1.0, 8.0]
     assert pts[0]["achieved_rps"] == pytest.approx(0.6) and pts[0]["repeats"] == 2  # (0.5 + 0.7) / 2
     # 2 req/s: the lowest concurrency whose achieved req/s reaches it is 8
@@ -230,7 +236,6 @@ QWEN35_9B_STATE = {
 
 
 def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
-    from quantverdict.review.scorecard import state_bytes_per_sequence
 
     # per linear-attention layer: conv (4 - 1) * (2 * 16 * 128 + 32 * 128) = 24,576 elements, temporal
     # 32 * 128 * 128 = 524,288 elements; 548,864 * 2 B = 1,097,728 B; 24 layers -> 26,345,472 B (25.125 MiB)
@@ -239,7 +244,7 @@ def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
     assert state_bytes_per_sequence({"num_hidden_layers": 30}, 2) == 0  # no linear-attention layers
     rec = record("bf16", weights_gib=17.0)
     rec["model"]["dims"] = QWEN35_9B_STATE
-    m, _ = memory_summary(rec, replace(RC, memory_budget_gib=24.0))
+    m, _ = memory_summary(view(rec), replace(RC, memory_budget_gib=24.0))
     # vLLM pages it: 272-token blocks (see test_hybrid_paging_matches_vllm_on_the_h200), a 288-token request
     # takes 2 blocks = 544 token slots in each of the 8 KV layers: 16 requests * 544 * 32,768 B = 0.265625 GiB
     assert m["kv_needed_tokens"] == 16 * 544 and m["kv_needed_gib"] == pytest.approx(0.265625)
@@ -251,7 +256,6 @@ def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
 
 
 def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
-    from quantverdict.review.scorecard import hybrid_paging, paged_bytes_per_sequence
 
     # state per layer 1,097,728 B (test above); attention per layer and token 2 * 4 * 256 * 2 = 4,096 B;
     # block = 16 * ceil(1,097,728 / (16 * 4,096)) = 16 * ceil(16.75) = 272 tokens, page 272 * 4,096 = 1,114,112 B
@@ -277,7 +281,7 @@ def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
         "max_concurrency_request_tokens": 4096,
     }
     m, missing = memory_summary(
-        rec, replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0)
+        view(rec), replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0)
     )
     assert m["budget_max_concurrency"] == 683
     # vLLM's bytes per "KV token" include the states: 107.84 GiB / 2,800,370 = 41,349 B; paged model:

@@ -12,10 +12,13 @@ from dataclasses import replace
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, to_json
 from quantverdict.review.render import blocks, to_markdown
-from quantverdict.review.scorecard import speed_points, speed_summary
+from quantverdict.review.speed import speed_points, speed_summary
 from review_records import grid, point, record
+
+view = JobRecord.view  # the typed record the review reads
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 
@@ -32,11 +35,12 @@ def test_a_repeat_with_short_outputs_is_left_out_not_averaged() -> None:
         point(1.0, achieved=0.95, tok_s=12.0, ttft99=300, itl50=40, itl99=60, e2e50=1400, out_total=100, out_req=256), 1
     )
     rec["speed"] = {"mode": "rate", "points": [good, short]}
-    _, pts = speed_points(rec)
+    _, pts = speed_points(view(rec))
     # 100 of 256 tokens (39% < 90%): invalid; the level's tok/s is the valid repeat's 30
     assert pts[0]["output_tok_s"] == 30.0 and pts[0]["valid_repeats"] == 1 and pts[0]["repeats"] == 2
-    _, flags, _ = speed_summary(rec, RC)
-    assert any("1 req/s (repeat 1): 100 of 256 requested output tokens (39%)" in f and "invalid" in f for f in flags)
+    _, flags, _ = speed_summary(view(rec), RC)
+    (flag,) = flags
+    assert flag.code == "speed_point_short" and "1 req/s (repeat 1): 100 of 256" in flag.message
 
 
 def test_repeats_give_a_median_and_a_range() -> None:
@@ -55,7 +59,7 @@ def test_repeats_give_a_median_and_a_range() -> None:
             _rep(base, 2, output_tok_s=340.0),
         ],
     }
-    sp, _, _ = speed_summary(rec, RC)
+    sp, _, _ = speed_summary(view(rec), RC)
     assert sp["ceiling_tok_s"] == 300.0 and sp["ceiling_tok_s_range"] == [280.0, 340.0]
     assert sp["single_itl_ms_p50"] == 40.0 and sp["single_itl_ms_p50_range"] == [38.0, 44.0]
     assert sp["ceiling_kind"] == "saturated" and sp["repeats"] == 3
@@ -119,8 +123,9 @@ def test_fallback_scheme_is_relabelled_and_kept_out_of_speed_comparisons() -> No
     row = next(r for r in review.regime["m"] if r["scheme"] == "fp8")
     assert row["low"] is None and row["sat"] is None
     assert "excluded from speed comparisons: ran as FP8_DYNAMIC (weight-only fallback)" in row["text"]
-    assert any(
-        "relabelled FP8_DYNAMIC (weight-only fallback) and kept out of speed comparisons" in f for f in review.flags
+    (fallback,) = [f for f in review.flags if f.code == "fallback_kernel"]
+    assert (
+        fallback.scheme == "fp8 (FP8_DYNAMIC)" and "relabelled FP8_DYNAMIC (weight-only fallback)" in fallback.message
     )
 
 
@@ -149,15 +154,15 @@ def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
         },
     }
     review = build_review(recs, RC, "t")
-    want = "int8 (W8A16): batching changed a request's log-likelihood by up to 0.003"
-    assert any(f.startswith(want) for f in review.flags)
+    (bi,) = [f for f in review.flags if f.code == "batch_variance"]
+    assert bi.scheme == "int8 (W8A16)" and "by up to 0.003" in bi.message  # max_abs_diff 3e-3 > 1e-4
     assert any("bf16 (BF16): batch invariance ok: max |delta log-likelihood| 2e-06" in v for v in review.validity)
     assert any("int8 (W8A16): eval batch_size 8, dtype float32, max_length 2048" in v for v in review.validity)
     # mismatched settings are still refused and flagged
     recs[2]["accuracy"]["settings"]["batch_size"] = 1
     review = build_review(recs, RC, "t")
-    want = "accuracy deltas excluded: eval settings differ (batch_size: 1 vs baseline 8)"
-    assert any(want in f for f in review.flags)
+    (refused,) = [f for f in review.flags if f.code == "accuracy_refused"]
+    assert "batch_size: 1 vs baseline 8" in refused.message
 
 
 def test_mixed_serving_dtypes_are_flagged() -> None:
@@ -172,12 +177,11 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
 
     base = rec({"value": "float32", "chosen_by": "cpu", "why": "AVX512: bf16 is emulated"})
     w4 = rec({"value": "bfloat16", "chosen_by": "kernel", "why": "the W4A16 kernel takes 16-bit activations only"})
-    (flag,) = dtype_flags(w4, base)
-    assert flag.startswith("served in bfloat16, its baseline in float32") and "16-bit activations only" in flag
-    assert dtype_flags(rec({"value": "float32", "chosen_by": "cpu", "why": ""}), base) == []
+    (flag,) = dtype_flags(view(w4), view(base))
+    assert flag.code == "dtype_mismatch" and "16-bit activations only" in flag.message
+    assert dtype_flags(view(rec({"value": "float32", "chosen_by": "cpu", "why": ""})), view(base)) == []
     # older records: the config's dtype, and "auto" is the checkpoint's (the model's dtype)
-    assert served_dtype(rec(None, "float32")) == "float32" and served_dtype(rec(None)) == "bfloat16"
-    assert dtype_flags(rec(None), rec(None, "float32")) == [
-        "served in bfloat16, its baseline in float32: the speed ratio mixes compute dtypes"
-    ]
-    assert served_dtype({"speed": {"points": []}}) is None  # nothing served, nothing to compare
+    assert served_dtype(view(rec(None, "float32"))) == "float32" and served_dtype(view(rec(None))) == "bfloat16"
+    (older,) = dtype_flags(view(rec(None)), view(rec(None, "float32")))
+    assert older.code == "dtype_mismatch" and "bfloat16, its baseline in float32" in older.message
+    assert served_dtype(view({"speed": {"points": []}})) is None  # nothing served, nothing to compare

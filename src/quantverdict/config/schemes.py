@@ -26,6 +26,7 @@ from typing import Any
 
 from quantverdict.config.schema import ConfigError, SchemeConfig, closest
 
+SCHEME_ORDER = {s: i for i, s in enumerate(("bf16", "int8", "fp8", "w8a8", "gptq", "awq"))}  # tables, reviews
 # config.json keys that describe a Llama-like decoder's Linear layers
 DIM_KEYS = (
     "hidden_size",

@@ -1,7 +1,7 @@
 """Repeat aggregation of sweep points: one summary per load level (median and spread over the valid
 repeats), and the percentile that latencies are computed with.
 
-Pure (standard library only). What a point is and how it is read: :mod:`quantverdict.measure.sweep_plan`,
+Pure (standard library and numpy). What a point is and how it is read: :mod:`quantverdict.measure.sweep_plan`,
 :mod:`quantverdict.measure.bench_result`, :mod:`quantverdict.measure.validity`.
 """
 
@@ -12,6 +12,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from quantverdict.measure import aggregate
 from quantverdict.measure.sweep_plan import INF, load_of
 from quantverdict.measure.validity import point_saturated, point_valid
 
@@ -41,7 +44,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
     Sorted values ``x[0..n-1]``; rank ``r = (q / 100) * (n - 1)``; result
     ``x[floor(r)] + (x[floor(r) + 1] - x[floor(r)]) * (r - floor(r))``. vLLM's ``calculate_metrics``
-    uses ``np.percentile`` the same way, so its percentiles and ours agree on the same list.
+    calls ``np.percentile`` the same way, so its percentiles and ours agree on the same list.
 
     Args:
         values: the sample (any order, >= 1 value).
@@ -50,18 +53,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     Raises:
         ValueError: empty ``values`` or ``q`` outside [0, 100].
     """
-    if not values:
+    if not len(values):
         raise ValueError("percentile of an empty list")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile q={q} must be in [0, 100]")
-    xs = sorted(float(v) for v in values)
-    rank = (q / 100.0) * (len(xs) - 1)
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(xs) - 1)
-    t = rank - lo
-    a, b = xs[lo], xs[hi]
-    # numpy's _lerp: computed from the upper neighbour when t >= 0.5 (same value, same rounding as numpy)
-    return b - (b - a) * (1.0 - t) if t >= 0.5 else a + (b - a) * t
+    return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
 # --- summaries over repeats ------------------------------------------------------------------------
@@ -90,15 +86,10 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
         Sorted by load: ``{"offered_rate_rps", "concurrency", "repeats", "valid_repeats",
         "invalid_points", "saturated_repeats", "saturated", "metrics": {metric: spread or None}}``.
     """
-    groups: dict[float, list[dict[str, Any]]] = {}
-    for p in points:
-        groups.setdefault(load_of(p, mode), []).append(p)
     out = []
-    for load in sorted(groups):
-        ps = groups[load]
-        valid = [p for p in ps if point_valid(p)]
+    for level in aggregate.levels(points, lambda p: load_of(p, mode), point_valid):
+        load, ps, valid = level.load, level.points, level.valid
         sat = [point_saturated(p) for p in valid]
-        known = [s for s in sat if s is not None]
         out.append(
             {
                 "offered_rate_rps": INF if math.isinf(load) else ps[0].get("offered_rate_rps"),
@@ -106,8 +97,8 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
                 "repeats": len(ps),
                 "valid_repeats": len(valid),
                 "invalid_points": [str(p.get("point", f"r{p.get('repeat')}")) for p in ps if not point_valid(p)],
-                "saturated_repeats": sum(1 for s in known if s),
-                "saturated": (2 * sum(1 for s in known if s) > len(known)) if known else None,
+                "saturated_repeats": sum(1 for s in sat if s),
+                "saturated": aggregate.majority(sat),
                 "metrics": {
                     m: spread([p[m] for p in valid if isinstance(p.get(m), (int, float))]) for m in SUMMARY_METRICS
                 },

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantverdict.results.record import JobRecord
+
 # eval settings that must be identical for an accuracy delta to mean anything
 DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
 TOKEN_PPL_SETTINGS = ("seq_len", "stride", "max_tokens")
@@ -12,9 +14,9 @@ TOKEN_PPL_SETTINGS = ("seq_len", "stride", "max_tokens")
 SERVER_SETTINGS = ("lm_eval_max_length",)
 
 
-def eval_mismatch(rec: dict[str, Any], base: dict[str, Any]) -> str | None:
+def eval_mismatch(rec: JobRecord, base: JobRecord) -> str | None:
     """None when ``rec`` and ``base`` ran the same eval settings, else the reason a delta is refused."""
-    a, b = rec.get("accuracy", {}).get("settings"), base.get("accuracy", {}).get("settings")
+    a, b = rec.accuracy.settings, base.accuracy.settings
     if not a or not b:
         return "accuracy missing in " + ("this job" if not a else "the baseline")
     diffs = [f"{k}: {a.get(k)!r} vs baseline {b.get(k)!r}" for k in DELTA_SETTINGS if a.get(k) != b.get(k)]
@@ -23,8 +25,8 @@ def eval_mismatch(rec: dict[str, Any], base: dict[str, Any]) -> str | None:
         diffs += [
             f"server.{k}: {sa.get(k)!r} vs baseline {sb.get(k)!r}" for k in SERVER_SETTINGS if sa.get(k) != sb.get(k)
         ]
-    ta = rec["accuracy"].get("token_perplexity") or {}
-    tb = base["accuracy"].get("token_perplexity") or {}
+    ta = rec.accuracy.token_perplexity or {}
+    tb = base.accuracy.token_perplexity or {}
     diffs += [
         f"token_perplexity.{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in TOKEN_PPL_SETTINGS if ta.get(k) != tb.get(k)
     ]
@@ -49,17 +51,17 @@ def pct_change(value: float | None, base: float | None) -> float | None:
     return 100.0 * (value - base) / base
 
 
-def accuracy_deltas(rec: dict[str, Any], base: dict[str, Any], headline: dict[str, str]) -> dict[str, Any]:
+def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -> dict[str, Any]:
     """Per task: headline metric, its absolute delta and recovery % (100 * value / baseline); perplexity
     kinds as % change. Refused (``{"refused": reason}``) when the eval settings differ."""
     reason = eval_mismatch(rec, base)
     if reason:
         return {"refused": reason}
     out: dict[str, Any] = {}
-    tasks, btasks = rec["accuracy"].get("tasks", {}), base["accuracy"].get("tasks", {})
+    tasks, btasks = rec.accuracy.tasks, base.accuracy.tasks
     for task, metrics in tasks.items():
         metric = headline.get(task, "acc")
-        v, b = metrics.get(metric), btasks.get(task, {}).get(metric)
+        v, b = metrics.metric(metric), (btasks[task].metric(metric) if task in btasks else None)
         if v is None or b is None:
             continue
         if "perplexity" in metric:
@@ -72,7 +74,7 @@ def accuracy_deltas(rec: dict[str, Any], base: dict[str, Any], headline: dict[st
                 "delta": v - b,
                 "recovery_pct": 100.0 * v / b if b else None,
             }
-    tp, btp = rec["accuracy"].get("token_perplexity") or {}, base["accuracy"].get("token_perplexity") or {}
+    tp, btp = rec.accuracy.token_perplexity or {}, base.accuracy.token_perplexity or {}
     if tp.get("token_perplexity") and btp.get("token_perplexity"):
         out["token_perplexity"] = {
             "metric": "token_perplexity",

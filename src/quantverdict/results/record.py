@@ -3,6 +3,14 @@
 One JSON file per job (``<job output dir>/record.json``), rewritten atomically after every stage so
 a crash loses no finished result. The review and the grid table read records, never MLflow internals.
 Keys carry their units (``_bytes``, ``_gib``, ``_ms``, ``_s``, ``_rps``, ``_tok_s``).
+
+Two views of one layout: :class:`Record` is what a running job writes (sections are plain dicts that the
+stages fill in); :class:`JobRecord` is the typed model a reader gets from :func:`read` / :meth:`JobRecord.from_dict`
+(section dataclasses: :class:`JobInfo`, :class:`Environment`, :class:`StageInfo`, :class:`CheckpointMemory`,
+:class:`ServerMemory`, :class:`Accuracy` with :class:`TaskResult`, :class:`Speed` with :class:`SweepPoint` and
+:class:`LoadLevel`). Schema versions: 1 and 2 have the same layout (2 marks records written by the typed
+code); :meth:`JobRecord.to_dict` gives back the dict it was read from, key for key, keys the model does not
+name included (each section keeps them in ``extra``).
 """
 
 from __future__ import annotations
@@ -12,13 +20,14 @@ import os
 import platform
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from quantverdict import RECORD_SCHEMA_VERSION, __version__
 
 RECORD_FILE = "record.json"
+READABLE_VERSIONS = (1, 2)  # the same layout; 2 is written since the typed record (JobRecord)
 
 
 def now_iso() -> str:
@@ -121,3 +130,372 @@ def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
         rec["status"] = "interrupted"
         rec["failed_stage"] = stopped_stage(rec)
     return rec
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The typed model a reader gets (JobRecord): one dataclass per section, read from a version 1 or 2 dict.
+
+_S = TypeVar("_S", bound="Section")
+
+
+@dataclass
+class Section:
+    """A record section: the keys a reader names as typed fields, every other key in ``extra``.
+
+    :meth:`from_dict` keeps the section's key order and which named keys were absent, so :meth:`to_dict`
+    gives back a dict equal to (and ordered like) the one read. Subclasses name nested sections in
+    ``NESTED`` (field -> section class) and lists of sections in ``NESTED_LISTS``.
+    """
+
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    _keys: list[str] | None = field(default=None, repr=False, compare=False)  # None: not read from a dict
+
+    NESTED: ClassVar[dict[str, type[Section]]] = {}
+    NESTED_LISTS: ClassVar[dict[str, type[Section]]] = {}
+
+    @classmethod
+    def _named(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name not in ("extra", "_keys")]
+
+    @classmethod
+    def from_dict(cls: type[_S], data: dict[str, Any] | None) -> _S:
+        """The section read from its dict (None or a missing section: every field at its default)."""
+        data = data if isinstance(data, dict) else {}
+        named = set(cls._named())
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in named:
+                continue
+            if key in cls.NESTED:
+                if not isinstance(value, dict):  # null or malformed: kept as read, the field stays empty
+                    continue
+                value = cls.NESTED[key].from_dict(value)
+            elif key in cls.NESTED_LISTS:
+                if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                    continue
+                value = [cls.NESTED_LISTS[key].from_dict(v) for v in value]
+            kwargs[key] = value
+        section = cls(**kwargs)
+        section.extra = {k: v for k, v in data.items() if k not in named or k not in kwargs}
+        section._keys = list(data)
+        return section
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as the record's JSON holds it: the keys read, in their order (every field for a section
+        built, not read)."""
+        named = self._named()
+        keys = named if self._keys is None else self._keys
+        out: dict[str, Any] = {}
+        for key in keys:
+            if key in self.extra:
+                out[key] = self.extra[key]
+            elif key in named:
+                out[key] = _plain(getattr(self, key))
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
+
+    def is_empty(self) -> bool:
+        """True for a section the record lacked, held as null, or held as ``{}``."""
+        return not self._keys
+
+    def has(self, key: str) -> bool:
+        """Whether the record held ``key`` in this section (a field at its default was absent)."""
+        return self._keys is not None and key in self._keys
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Section):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _section_map(section: Section, name: str, kind: type[_S]) -> dict[str, _S]:
+    """``section.<name>``, a dict of dicts, as a dict of ``kind`` sections; anything else is kept as read (in
+    ``extra``) and the field is an empty dict."""
+    value = getattr(section, name)
+    if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+        return {k: kind.from_dict(v) for k, v in value.items()}
+    if section.has(name):
+        section.extra[name] = value
+    return {}
+
+
+@dataclass
+class JobInfo(Section):
+    """``job``: which job this is and where it ran."""
+
+    id: str | None = None
+    model: str | None = None
+    scheme: str | None = None
+    scheme_label: str | None = None
+    config_hash: str | None = None
+    output_dir: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    resumed_from: str | None = None
+
+
+@dataclass
+class Environment(Section):
+    """``environment``: host, device (``cpu``/``cuda``), GPUs and each stage environment's package versions."""
+
+    host: dict[str, Any] | None = None
+    device: str | None = None
+    gpu: list[dict[str, Any]] | None = None
+    cpu: dict[str, Any] | None = None  # the probed CPU (quantverdict.config.cpu_caps)
+    quantize: dict[str, Any] | None = None
+    serve: dict[str, Any] | None = None
+
+
+@dataclass
+class Stage(Section):
+    """``stages.<name>``: a stage's status, wall time (s) and detail (the reader's view of :class:`StageInfo`)."""
+
+    status: str | None = None
+    wall_s: float | None = None
+    detail: str | None = None
+
+
+@dataclass
+class CheckpointMemory(Section):
+    """``memory.checkpoint``: the checkpoint's bytes on disk (safetensors headers), by dtype and role."""
+
+    total_weight_bytes: int | None = None
+    weights_gib: float | None = None
+    bytes_by_dtype: dict[str, int] | None = None
+    bytes_by_role: dict[str, int] | None = None
+    num_tensors: int | None = None
+    quantized_modules: int | None = None
+    effective_bits_per_weight: float | None = None
+
+
+@dataclass
+class ServerMemory(Section):
+    """``memory.server``: what vLLM's server log said (GiB, tokens, kernels; :mod:`quantverdict.measure.vllm_log`)."""
+
+    vllm_version: str | None = None
+    device: str | None = None
+    quantization: str | None = None
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    weights_gib: float | None = None
+    checkpoint_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_source: str | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_request_tokens: int | None = None
+    kernels: list[Any] | None = None
+    activation_quantized: bool | None = None
+    fallback: str | bool | None = None
+    fallback_lines: list[str] | None = None
+    unquantized_gemm_fallback: bool | None = None
+
+
+@dataclass
+class Memory(Section):
+    """``memory``: the checkpoint's and the server's."""
+
+    checkpoint: CheckpointMemory = field(default_factory=CheckpointMemory)
+    server: ServerMemory = field(default_factory=ServerMemory)
+
+    NESTED: ClassVar[dict[str, type[Section]]] = {"checkpoint": CheckpointMemory, "server": ServerMemory}
+
+
+@dataclass
+class TaskResult(Section):
+    """``accuracy.tasks.<task>``: one lm-eval task's metrics (``acc``, ``acc_norm``, ``word_perplexity`` ...,
+    with ``<metric>_stderr``), ``n`` items; every metric lives in ``extra`` under its lm-eval name."""
+
+    n: int | None = None
+    limit: int | None = None
+
+    def metric(self, name: str) -> Any:
+        """The value lm-eval reported as ``name`` (None when absent)."""
+        return getattr(self, name) if name in ("n", "limit") else self.extra.get(name)
+
+
+@dataclass
+class Accuracy(Section):
+    """``accuracy``: task results, token perplexity, settings and checks, or why it was not applicable."""
+
+    tasks: dict[str, TaskResult] = field(default_factory=dict)
+    token_perplexity: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    checks: dict[str, Any] | None = None
+    samples: dict[str, str] | None = None
+    not_applicable: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Accuracy:
+        acc = super().from_dict(data)
+        acc.tasks = _section_map(acc, "tasks", TaskResult)
+        return acc
+
+
+@dataclass
+class SweepPoint(Section):
+    """``speed.points[i]``: one benchmark run at one load (times in ms, rates in req/s and tok/s)."""
+
+    point: str | None = None
+    offered_rate_rps: float | str | None = None  # "inf" for a closed-loop (concurrency) run
+    concurrency: int | None = None
+    repeat: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    achieved_rps: float | None = None
+    output_tok_s: float | None = None
+    output_tokens_total: int | None = None
+    output_tokens_requested: int | None = None
+    ttft_ms_p50: float | None = None
+    ttft_ms_p99: float | None = None
+    itl_ms_p50: float | None = None
+    itl_ms_p99: float | None = None
+    tpot_ms_p50: float | None = None
+    e2e_ms_p99: float | None = None
+    saturated: bool | None = None
+    valid: bool | None = None
+    invalid_reasons: list[str] | None = None
+
+
+@dataclass
+class LoadLevel(Section):
+    """``speed.summary[i]``: the repeats of one load aggregated (``metrics``: key -> {median, min, max})."""
+
+    offered_rate_rps: float | str | None = None
+    concurrency: int | None = None
+    repeats: int | None = None
+    valid_repeats: int | None = None
+    invalid_points: list[str] | None = None
+    saturated_repeats: int | None = None
+    saturated: bool | None = None
+    metrics: dict[str, dict[str, float] | None] | None = None
+
+
+@dataclass
+class Speed(Section):
+    """``speed``: the serving sweep's points, their per-load summary, the kernel check and the roofline."""
+
+    mode: str | None = None
+    served_model: str | None = None
+    points: list[SweepPoint] = field(default_factory=list)
+    summary: list[LoadLevel] = field(default_factory=list)
+    kernel_check: dict[str, Any] | None = None
+    roofline: dict[str, Any] | None = None
+    sustained_ceiling: dict[str, Any] | None = None
+    hbm_copy: dict[str, Any] | None = None
+    server_start_s: float | None = None
+    dtype: dict[str, Any] | None = None  # {"value", "chosen_by", "why"}: the compute dtype the pipeline chose
+
+    NESTED_LISTS: ClassVar[dict[str, type[Section]]] = {"points": SweepPoint, "summary": LoadLevel}
+
+
+@dataclass
+class ModelInfo(Section):
+    """``model``: the model's path, architecture, dimensions (``dims``) and source."""
+
+    path: str | None = None
+    architecture: str | None = None
+    model_type: str | None = None
+    dims: dict[str, Any] | None = None
+    num_parameters: int | None = None
+    dtype: str | None = None
+    source: str | None = None
+    baseline_note: str | None = None
+
+
+@dataclass
+class Checkpoint(Section):
+    """``checkpoint``: the checkpoint a job served (path, cache key, whether cached and quantized)."""
+
+    path: str | None = None
+    key: str | None = None
+    cached: bool | None = None
+    quantized: bool | None = None
+
+
+@dataclass
+class JobRecord(Section):
+    """One job's record, typed (schema versions 1 and 2). ``config`` is the job's config snapshot (a dict);
+    ``status`` is ``running`` | ``ok`` | ``failed`` | ``interrupted`` with ``failed_stage``, ``error``,
+    ``traceback``."""
+
+    schema_version: int | None = None
+    tool: dict[str, str] | None = None
+    job: JobInfo = field(default_factory=JobInfo)
+    config: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
+    status: str | None = None
+    failed_stage: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    stages: dict[str, Stage] = field(default_factory=dict)
+    model: ModelInfo = field(default_factory=ModelInfo)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    memory: Memory = field(default_factory=Memory)
+    accuracy: Accuracy = field(default_factory=Accuracy)
+    speed: Speed = field(default_factory=Speed)
+    notes: list[str] | None = None
+
+    NESTED: ClassVar[dict[str, type[Section]]] = {
+        "job": JobInfo,
+        "environment": Environment,
+        "model": ModelInfo,
+        "checkpoint": Checkpoint,
+        "memory": Memory,
+        "accuracy": Accuracy,
+        "speed": Speed,
+    }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> JobRecord:
+        """The typed record of a version 1 or 2 record dict (the layout is the same).
+
+        Raises:
+            ValueError: ``data`` is not a quantverdict record of a version this code reads.
+        """
+        data = data if isinstance(data, dict) else {}
+        if (data.get("tool") or {}).get("name") != "quantverdict" or data.get(
+            "schema_version"
+        ) not in READABLE_VERSIONS:
+            raise ValueError(f"not a quantverdict record of schema version {' or '.join(map(str, READABLE_VERSIONS))}")
+        return cls.view(data)
+
+    @classmethod
+    def view(cls, data: dict[str, Any]) -> JobRecord:
+        """The typed view of a record dict, version and tool unchecked (a partial or hand-built record:
+        every section it lacks is empty)."""
+        rec = super().from_dict(data)
+        rec.stages = _section_map(rec, "stages", Stage)
+        if not isinstance(rec.config, dict):
+            rec.extra["config"], rec.config = rec.config, {}
+        return rec
+
+    def cfg(self, section: str) -> dict[str, Any]:
+        """``config.<section>`` of the config snapshot (``{}`` when absent or null)."""
+        value = self.config.get(section)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def server(self) -> ServerMemory:
+        """``memory.server`` (empty when the job never started a server)."""
+        return self.memory.server
+
+    @property
+    def checkpoint_memory(self) -> CheckpointMemory:
+        """``memory.checkpoint`` (empty when not measured)."""
+        return self.memory.checkpoint
+
+
+def read(path: Path) -> JobRecord:
+    """The typed record of ``path`` (a ``record.json`` or the job folder holding it), version 1 or 2.
+
+    Raises:
+        ValueError: the file is not a quantverdict record of a version this code reads.
+    """
+    return JobRecord.from_dict(load(path))

@@ -5,16 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import capacity, sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline
+from quantverdict.results.format import number as _f
+from quantverdict.results.record import JobRecord
 
 MIB = 1024**2
-
-
-def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    return f"{v:{fmt}}{suffix}"
 
 
 def _md(header: list[str], rows: list[list[str]]) -> str:
@@ -102,7 +99,10 @@ def _load(p: dict[str, Any]) -> str:
 
 def format_table(records: list[dict[str, Any]]) -> str:
     """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job."""
-    records = sorted(records, key=lambda r: (r["job"].get("model", ""), _order(r["job"].get("scheme", ""))))
+    records = sorted(
+        records,
+        key=lambda r: (r["job"].get("model", ""), SCHEME_ORDER.get(r["job"].get("scheme", ""), len(SCHEME_ORDER))),
+    )
     out: list[str] = []
     mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []
     tasks: list[str] = []
@@ -139,7 +139,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         acc = r.get("accuracy", {})
         base = find_baseline(r, records)
         headline = r.get("config", {}).get("eval", {}).get("headline", {})
-        deltas = accuracy_deltas(r, base, headline) if base and base is not r else {}
+        deltas = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), headline) if base and base is not r else {}
         row = [name]
         if acc.get("not_applicable"):
             acc_rows.append(row + ["n/a (random weights)"] + ["n/a"] * len(tasks))
@@ -318,12 +318,5 @@ def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
     base = find_baseline(r, records)
     if not base or base is r or (r.get("accuracy") or {}).get("not_applicable"):
         return None  # a synthetic model's accuracy is not applicable, not refused
-    d = accuracy_deltas(r, base, {})
+    d = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), {})
     return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None
-
-
-_ORDER = ["bf16", "int8", "fp8", "w8a8", "gptq", "awq"]
-
-
-def _order(s: str) -> int:
-    return _ORDER.index(s) if s in _ORDER else len(_ORDER)

@@ -3,8 +3,11 @@
 Reads per-job records (a multirun folder or an MLflow experiment), joins each scheme with the
 baseline of the same model, checks memory, accuracy and latency constraints
 (:class:`~quantverdict.config.schema.ReviewConfig`), and writes ``review.md``, ``review.html`` (self-contained)
-and ``review.json``. Modules: :mod:`.stats` (paired intervals and tests), :mod:`.scorecard` (per-scheme
-numbers), :mod:`.verdict` (constraints and decision), :mod:`.plots`, :mod:`.render`, :mod:`.core`.
+and ``review.json``. Modules: :mod:`.sources` (records from a folder or MLflow), :mod:`.constraints` (the
+constraint set), :mod:`.scorecard` (the per-scheme dataclasses) filled by :mod:`.memory`, :mod:`.accuracy` (paired
+deltas, :mod:`.stats`), :mod:`.speed` and :mod:`.validity` (what each number stands on), :mod:`.dtypes` and
+:mod:`.flags` (honesty flags), :mod:`.verdict` (checks and decision), :mod:`.model` (the Review),
+:mod:`.plots`, :mod:`.render`, :mod:`.core` (build, write, log).
 """
 
 from quantverdict.review.core import Review, build_review, run_review, to_json, write_review

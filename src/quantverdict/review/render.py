@@ -10,31 +10,22 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
-import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review.scorecard import na_label
-
-if TYPE_CHECKING:
-    from quantverdict.review.core import Review
-    from quantverdict.review.scorecard import Scorecard, TaskDelta
+from quantverdict.results.format import number as _f
+from quantverdict.review.constraints import load_set
+from quantverdict.review.model import Review
+from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
+from quantverdict.review.verdict import floor_test_of
 
 Block = tuple[Any, ...]
 STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off", "not_applicable": "not applicable"}
 
 
-def _f(v: Any, fmt: str = ".2f", suffix: str = "") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    return f"{v:{fmt}}{suffix}"
-
-
 def _constraints(rc: ReviewConfig) -> Block:
     """Every key with its value, and whether it is the set file's (``conf/review/<name>.yaml``) or set."""
-    from quantverdict.review.constraints import load_set
-
     try:
         default, where = load_set(rc.name), f"{rc.name}.yaml"
     except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
@@ -50,8 +41,6 @@ def floor_tests_line(review: Review) -> str:
     """Which test judged each task against the accuracy floor (``review.floor_test``: auto, point,
     interval), with the item counts, e.g. 'floor_test auto: the interval test for a delta on fewer than
     200 items (arc_easy 50, hellaswag 30), the point test for the rest (none here)'; '' without deltas."""
-    from quantverdict.review.verdict import floor_test_of
-
     rc = review.config
     by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
     for sc in review.cards:
@@ -253,8 +242,13 @@ def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
     return rows
 
 
-def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
-    """The review's content, in reading order."""
+def _na_models(review: Review) -> list[str]:
+    """The models whose accuracy was not measured (synthetic, random weights)."""
+    return [v.model for v in review.verdicts if v.accuracy_not_measured]
+
+
+def _header(review: Review) -> list[Block]:
+    """Title, source line (jobs, constraint set, time), where the records ran, accuracy-not-measured note."""
     rc = review.config
     n_ok = sum(sc.status == "ok" for sc in review.cards)
     n_cut = sum(sc.status == "interrupted" for sc in review.cards)
@@ -273,7 +267,7 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
     ]
     if review.environment:
         out.append(("p", "Ran on: " + " · ".join(review.environment)))
-    na_models = [v.model for v in review.verdicts if v.accuracy_not_measured]
+    na_models = _na_models(review)
     if na_models:
         out.append(
             (
@@ -282,6 +276,12 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 "accuracy is not applicable; memory and speed are real, and the verdict rests on them alone.",
             )
         )
+    return out
+
+
+def _verdict_section(review: Review) -> list[Block]:
+    """Each model's verdict with its evidence, binding constraint and the other schemes."""
+    out: list[Block] = []
     out.append(("h2", "Verdict"))
     for v in review.verdicts:
         if len(review.verdicts) > 1:
@@ -296,6 +296,14 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         if v.others:
             out.append(("p", f"**Other schemes**, in the order tried (least aggressive first: {' > '.join(v.order)}):"))
             out.append(("ul", v.others))
+    return out
+
+
+def _constraints_section(review: Review) -> list[Block]:
+    """The constraint set: how it was picked, what each constraint means, its values, the floor tests."""
+    rc = review.config
+    na_models = _na_models(review)
+    out: list[Block] = []
     out += [
         ("h2", "Constraints"),
         (
@@ -328,160 +336,214 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
                 "measured) and does not block its verdict.",
             )
         )
-    out.append(("h2", "Scorecard"))
+    return out
+
+
+def _memory_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
+    """One model's memory table."""
+    out: list[Block] = []
+    out.append(("h3", "Memory"))
+    out.append(
+        (
+            "table",
+            [
+                "scheme",
+                "bits/weight",
+                "checkpoint GiB",
+                "weights GiB",
+                "KV needed tokens / GiB",
+                "need GiB",
+                "KV tokens in budget",
+                "max concurrency in budget",
+                "vLLM KV tokens",
+                "vLLM max concurrency",
+                "kernel",
+                "memory",
+            ],
+            _memory_rows(cards, checks),
+        )
+    )
+    return out
+
+
+def _accuracy_table(cards: list[Scorecard], rc: ReviewConfig) -> list[Block]:
+    """One model's accuracy deltas with how their intervals were made."""
+    out: list[Block] = []
+    out.append(("h3", "Accuracy (against the baseline of the same model)"))
+    boot = f", seed {rc.seed}, {rc.bootstrap_samples:,} resamples" if rc.interval == "bootstrap" else ""
+    out.append(
+        (
+            "p",
+            (
+                f"{rc.confidence:.0%} intervals are paired over the same items where per-item samples exist "
+                f"({rc.interval}{boot}), else unpaired from the two stderrs (see the interval column); "
+                "a difference whose interval contains 0 is **not significant**. McNemar's exact test on the "
+                "discordant items (b: scheme right, baseline wrong; c: the reverse) is shown for 0/1 metrics."
+            ),
+        )
+    )
+    out.append(
+        (
+            "table",
+            [
+                "scheme",
+                "task",
+                "metric",
+                "value vs baseline",
+                "delta [95% CI]",
+                "recovery [95% CI]",
+                "McNemar p",
+                "n",
+                "significant",
+                "interval",
+            ],
+            _acc_rows(cards),
+        )
+    )
+    return out
+
+
+def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
+    """One model's speed summary with what each column means."""
+    out: list[Block] = []
+    out.append(("h3", "Speed (vLLM serving sweep)"))
+    out.append(
+        (
+            "p",
+            (
+                "Single stream: the lowest measured load (ITL p50; tok/s = 1000 / TPOT p50 per request). "
+                "Ceiling: the sustained throughput of the saturated points and the burst (steady-state window "
+                "when there is one; '>=' when no point saturated). Goodput: the achieved req/s at the highest "
+                "sustained load (a finite rate or a concurrency, never the unlimited-rate burst, whose few "
+                "requests all arrive at once) where TTFT p99 and ITL p99 meet the SLO, every lower load "
+                "meeting it too; 0 when the lowest load fails. A rate under 90% of the ceiling is never "
+                "called saturated: the server showed it keeps up. Every number: the median over valid repeats."
+            ),
+        )
+    )
+    out.append(
+        (
+            "table",
+            [
+                "scheme",
+                "single-stream ITL p50 ms",
+                "single-stream tok/s",
+                "ceiling req/s",
+                "ceiling tok/s",
+                "goodput req/s",
+                "at load",
+                "TTFT p99 ms",
+                "ITL p99 ms",
+                "E2E p50 ms",
+                "latency",
+            ],
+            _speed_rows(cards, checks),
+        )
+    )
+    return out
+
+
+def _roofline_table(cards: list[Scorecard]) -> list[Block]:
+    """One model's roofline at concurrency 1 (nothing when no scheme has one)."""
+    out: list[Block] = []
+    roof = _roofline_rows(cards)
+    if roof:
+        out.append(("h3", "Roofline at concurrency 1"))
+        out.append(
+            (
+                "p",
+                (
+                    "Decode at concurrency 1 against reading the weights once per token: ideal = bytes read per "
+                    "decode step (every stored tensor but the input embeddings and any vision/MTP tower) / "
+                    "the measured HBM copy bandwidth (read + write); efficiency = ideal / measured TPOT p50 at "
+                    "c=1 (1.0 = the copy bandwidth)."
+                ),
+            )
+        )
+        out.append(
+            (
+                "table",
+                [
+                    "scheme",
+                    "GB read/token",
+                    "HBM copy GB/s",
+                    "ideal ms/token",
+                    "TPOT c=1 ms",
+                    "achieved GB/s",
+                    "roofline efficiency (c=1)",
+                ],
+                roof,
+            )
+        )
+    return out
+
+
+def _checks_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
+    """One model's three checks per scheme."""
+    out: list[Block] = []
+    out.append(("h3", "Checks"))
+    rows = []
+    for sc in cards:
+        cs = checks.get(sc.scheme, {})
+        rows.append([sc.name] + [_check_cell(c) for c in cs.values()])
+    out.append(("table", ["scheme", "memory", "accuracy", "latency"], rows))
+    return out
+
+
+def _regime_table(review: Review, model: str) -> list[Block]:
+    """One model's speedups over its baseline at low load and at saturation."""
+    out: list[Block] = []
+    out.append(("h3", "Regime: where quantization pays"))
+    out.append(
+        (
+            "p",
+            (
+                "Speedup over the baseline at low load (baseline single-stream ITL p50 / the scheme's) and "
+                "at saturation (the scheme's sustained-ceiling output tok/s / the baseline's); > 1 is faster. "
+                "Medians over repeats, with the run-to-run range in brackets: a speedup pays (>= 1.05x) or "
+                "costs only when its whole range does. A scheme that ran on a fallback kernel is not compared."
+            ),
+        )
+    )
+    out.append(
+        (
+            "table",
+            ["scheme", "low load", "saturation", "reading"],
+            [
+                [
+                    f"{r['scheme']} ({r['label']})",
+                    _f(r["low"], ".2f", "x") + _range(r.get("low_range")),
+                    _f(r["sat"], ".2f", "x") + _range(r.get("sat_range")),
+                    r["text"].split("-> ", 1)[-1],
+                ]
+                for r in review.regime.get(model, [])
+            ],
+        )
+    )
+    return out
+
+
+def _scorecard_section(review: Review) -> list[Block]:
+    """Per model: memory, accuracy, speed, roofline, checks and regime tables."""
+    out: list[Block] = [("h2", "Scorecard")]
     for model in dict.fromkeys(sc.model for sc in review.cards):
         cards = review.cards_of(model)
         checks = review.checks.get(model, {})
         if len(review.verdicts) > 1:
             out.append(("h3", model))
-        out.append(("h3", "Memory"))
-        out.append(
-            (
-                "table",
-                [
-                    "scheme",
-                    "bits/weight",
-                    "checkpoint GiB",
-                    "weights GiB",
-                    "KV needed tokens / GiB",
-                    "need GiB",
-                    "KV tokens in budget",
-                    "max concurrency in budget",
-                    "vLLM KV tokens",
-                    "vLLM max concurrency",
-                    "kernel",
-                    "memory",
-                ],
-                _memory_rows(cards, checks),
-            )
-        )
-        out.append(("h3", "Accuracy (against the baseline of the same model)"))
-        boot = f", seed {rc.seed}, {rc.bootstrap_samples:,} resamples" if rc.interval == "bootstrap" else ""
-        out.append(
-            (
-                "p",
-                (
-                    f"{rc.confidence:.0%} intervals are paired over the same items where per-item samples exist "
-                    f"({rc.interval}{boot}), else unpaired from the two stderrs (see the interval column); "
-                    "a difference whose interval contains 0 is **not significant**. McNemar's exact test on the "
-                    "discordant items (b: scheme right, baseline wrong; c: the reverse) is shown for 0/1 metrics."
-                ),
-            )
-        )
-        out.append(
-            (
-                "table",
-                [
-                    "scheme",
-                    "task",
-                    "metric",
-                    "value vs baseline",
-                    "delta [95% CI]",
-                    "recovery [95% CI]",
-                    "McNemar p",
-                    "n",
-                    "significant",
-                    "interval",
-                ],
-                _acc_rows(cards),
-            )
-        )
-        out.append(("h3", "Speed (vLLM serving sweep)"))
-        out.append(
-            (
-                "p",
-                (
-                    "Single stream: the lowest measured load (ITL p50; tok/s = 1000 / TPOT p50 per request). "
-                    "Ceiling: the sustained throughput of the saturated points and the burst (steady-state window "
-                    "when there is one; '>=' when no point saturated). Goodput: the achieved req/s at the highest "
-                    "sustained load (a finite rate or a concurrency, never the unlimited-rate burst, whose few "
-                    "requests all arrive at once) where TTFT p99 and ITL p99 meet the SLO, every lower load "
-                    "meeting it too; 0 when the lowest load fails. A rate under 90% of the ceiling is never "
-                    "called saturated: the server showed it keeps up. Every number: the median over valid repeats."
-                ),
-            )
-        )
-        out.append(
-            (
-                "table",
-                [
-                    "scheme",
-                    "single-stream ITL p50 ms",
-                    "single-stream tok/s",
-                    "ceiling req/s",
-                    "ceiling tok/s",
-                    "goodput req/s",
-                    "at load",
-                    "TTFT p99 ms",
-                    "ITL p99 ms",
-                    "E2E p50 ms",
-                    "latency",
-                ],
-                _speed_rows(cards, checks),
-            )
-        )
-        roof = _roofline_rows(cards)
-        if roof:
-            out.append(("h3", "Roofline at concurrency 1"))
-            out.append(
-                (
-                    "p",
-                    (
-                        "Decode at concurrency 1 against reading the weights once per token: ideal = bytes read per "
-                        "decode step (every stored tensor but the input embeddings and any vision/MTP tower) / "
-                        "the measured HBM copy bandwidth (read + write); efficiency = ideal / measured TPOT p50 at "
-                        "c=1 (1.0 = the copy bandwidth)."
-                    ),
-                )
-            )
-            out.append(
-                (
-                    "table",
-                    [
-                        "scheme",
-                        "GB read/token",
-                        "HBM copy GB/s",
-                        "ideal ms/token",
-                        "TPOT c=1 ms",
-                        "achieved GB/s",
-                        "roofline efficiency (c=1)",
-                    ],
-                    roof,
-                )
-            )
-        out.append(("h3", "Checks"))
-        rows = []
-        for sc in cards:
-            cs = checks.get(sc.scheme, {})
-            rows.append([sc.name] + [_check_cell(c) for c in cs.values()])
-        out.append(("table", ["scheme", "memory", "accuracy", "latency"], rows))
-        out.append(("h3", "Regime: where quantization pays"))
-        out.append(
-            (
-                "p",
-                (
-                    "Speedup over the baseline at low load (baseline single-stream ITL p50 / the scheme's) and "
-                    "at saturation (the scheme's sustained-ceiling output tok/s / the baseline's); > 1 is faster. "
-                    "Medians over repeats, with the run-to-run range in brackets: a speedup pays (>= 1.05x) or "
-                    "costs only when its whole range does. A scheme that ran on a fallback kernel is not compared."
-                ),
-            )
-        )
-        out.append(
-            (
-                "table",
-                ["scheme", "low load", "saturation", "reading"],
-                [
-                    [
-                        f"{r['scheme']} ({r['label']})",
-                        _f(r["low"], ".2f", "x") + _range(r.get("low_range")),
-                        _f(r["sat"], ".2f", "x") + _range(r.get("sat_range")),
-                        r["text"].split("-> ", 1)[-1],
-                    ]
-                    for r in review.regime.get(model, [])
-                ],
-            )
-        )
+        out += _memory_table(cards, checks)
+        out += _accuracy_table(cards, review.config)
+        out += _speed_table(cards, checks)
+        out += _roofline_table(cards)
+        out += _checks_table(cards, checks)
+        out += _regime_table(review, model)
+    return out
+
+
+def _plots_section(review: Review, pngs: dict[str, bytes]) -> list[Block]:
+    """The plots (embedded PNGs) with their alt texts."""
+    na_models = _na_models(review)
+    out: list[Block] = []
     out.append(("h2", "Plots"))
     alts = {
         "throughput": "achieved req/s and output tok/s against offered load, one curve per scheme",
@@ -495,8 +557,14 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         out.append(("p", "No data to plot."))
     if na_models and "accuracy" not in pngs:
         out.append(("p", f"No accuracy plot: accuracy is not applicable to {', '.join(na_models)} (random weights)."))
+    return out
+
+
+def _honesty_section(review: Review) -> list[Block]:
+    """Flags, the Validity lines, what is missing and the notes."""
+    out: list[Block] = []
     out.append(("h2", "Honesty checks"))
-    out.append(("ul", review.flags or ["nothing flagged"]))
+    out.append(("ul", [f.message for f in review.flags] or ["nothing flagged"]))
     if review.validity:
         out.append(("h3", "Validity"))
         out.append(
@@ -521,6 +589,12 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
     if review.notes:
         out.append(("p", "**Notes**"))
         out.append(("ul", review.notes))
+    return out
+
+
+def _points_section(review: Review) -> list[Block]:
+    """Every load level of every scheme."""
+    out: list[Block] = []
     out.append(("h2", "Sweep points"))
     out.append(
         ("p", "One row per load level: medians over its valid repeats (invalid points left out, see Honesty checks).")
@@ -547,6 +621,19 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         )
     )
     return out
+
+
+def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
+    """The review's content, in reading order."""
+    return (
+        _header(review)
+        + _verdict_section(review)
+        + _constraints_section(review)
+        + _scorecard_section(review)
+        + _plots_section(review, pngs)
+        + _honesty_section(review)
+        + _points_section(review)
+    )
 
 
 # --- Markdown ---------------------------------------------------------------------------------------

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label, slo_ok
+from quantverdict.results.format import number
+from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
+from quantverdict.review.speed import slo_ok
 
 PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
@@ -73,9 +75,7 @@ class Verdict:
 
 
 def _n(v: float | None, fmt: str = ".2f") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "n/a"
-    return f"{v:{fmt}}"
+    return number(v, fmt, missing="n/a")
 
 
 def _gib(v: float | None) -> str:

@@ -1,0 +1,98 @@
+"""KV-cache and hybrid-model paging arithmetic: bytes per token and per sequence from a model's dimensions.
+
+Pure (standard library only): the review's memory check (:mod:`quantverdict.review.memory`) calls it with
+``model.dims`` of a record. Formulas and their sources are in each function's docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+GIB = 1024**3  # bytes in a GiB (2^30)
+# bytes an element of each dtype name takes (vLLM --dtype / --kv-cache-dtype names)
+DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+}
+
+
+def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None:
+    """KV-cache bytes per token: ``2 (K and V) × kv_layers × kv_heads × head_dim × dtype_bytes``.
+
+    ``kv_layers`` is ``num_kv_layers`` (the layers that hold a KV cache: hybrid models such as
+    Qwen3.5 keep a fixed-size recurrent state, not per-token K/V, in their linear-attention layers),
+    else ``num_hidden_layers``. ``head_dim`` defaults to ``hidden_size / num_attention_heads``,
+    ``num_key_value_heads`` to ``num_attention_heads`` (multi-head attention). None when a
+    dimension is missing.
+    """
+    layers, heads = dims.get("num_kv_layers") or dims.get("num_hidden_layers"), dims.get("num_attention_heads")
+    kv_heads = dims.get("num_key_value_heads") or heads
+    head_dim = dims.get("head_dim") or (dims["hidden_size"] / heads if dims.get("hidden_size") and heads else None)
+    if not layers or not kv_heads or not head_dim:
+        return None
+    return 2.0 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def state_bytes_per_sequence(dims: dict[str, Any], dtype_bytes: float) -> float:
+    """Fixed-size recurrent state a hybrid model keeps per sequence in its linear-attention layers (bytes).
+
+    Gated DeltaNet, as vLLM allocates it (``MambaStateShapeCalculator.gated_delta_net_state_shape``,
+    vLLM 0.26), per layer without a KV cache: a conv state of ``(conv_kernel - 1) × (2 × k_heads ×
+    k_head_dim + v_heads × v_head_dim)`` and a temporal state of ``v_heads × v_head_dim × k_head_dim``,
+    both in the model dtype by default. Qwen3.5-9B (16 k / 32 v heads of 128, kernel 4) in bf16:
+    (3 × 8,192 + 524,288) × 2 = 1,097,728 B a layer, × 24 layers = 26,345,472 B (25.1 MiB) a sequence.
+    0 for models without linear-attention layers.
+    """
+    layers = (dims.get("num_hidden_layers") or 0) - (dims.get("num_kv_layers") or dims.get("num_hidden_layers") or 0)
+    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+    if layers <= 0 or not all(dims.get(k) for k in keys):
+        return 0.0
+    nk, nv, dk, dv = (int(dims[k]) for k in keys)
+    conv = (int(dims.get("linear_conv_kernel_dim") or 4) - 1) * (2 * nk * dk + nv * dv)
+    return float(layers * (conv + nv * dv * dk) * dtype_bytes)
+
+
+def hybrid_paging(dims: dict[str, Any], kv_dtype_bytes: float, state_dtype_bytes: float) -> dict[str, float] | None:
+    """How vLLM pages a hybrid model's memory: one page size shared by attention blocks and recurrent states.
+
+    vLLM 0.26 (``HybridAttentionMambaModelConfig``, which logs "Setting attention block size to N tokens
+    to ensure that attention page size is >= mamba page size" and "Padding mamba page size by X%") picks
+    the attention block size as the smallest multiple of 16 tokens whose per-layer page
+    (``block × 2 × kv_heads × head_dim × kv_dtype_bytes``) holds one layer's recurrent state, and pads the
+    state to that page. A sequence of L tokens then takes ``ceil(L / block)`` pages in each KV layer and
+    one page in each linear-attention layer. Qwen3.5-9B in bf16: state 1,097,728 B a layer ->
+    ceil(1,097,728 / (16 × 4,096)) × 16 = 272 tokens a block, page 272 × 4,096 = 1,114,112 B (+1.49%).
+
+    Returns ``{"block_tokens", "page_bytes", "kv_layers", "state_layers"}``, or None for a model without
+    linear-attention layers or with a dimension missing.
+    """
+    state = state_bytes_per_sequence(dims, state_dtype_bytes)
+    bpt = kv_bytes_per_token(dims, kv_dtype_bytes)
+    kv_layers = dims.get("num_kv_layers") or 0
+    state_layers = (dims.get("num_hidden_layers") or 0) - kv_layers
+    if not state or not bpt or kv_layers <= 0 or state_layers <= 0:
+        return None
+    per_layer_token = bpt / kv_layers  # 2 × kv_heads × head_dim × kv_dtype_bytes
+    block = 16 * math.ceil(state / state_layers / (16 * per_layer_token))
+    return {
+        "block_tokens": block,
+        "page_bytes": block * per_layer_token,
+        "kv_layers": kv_layers,
+        "state_layers": state_layers,
+    }
+
+
+def paged_bytes_per_sequence(paging: dict[str, float], tokens: int) -> float:
+    """Bytes vLLM reserves for one sequence of ``tokens`` tokens of a hybrid model (:func:`hybrid_paging`):
+    ``(ceil(tokens / block) × kv_layers + state_layers) × page_bytes``. Qwen3.5-9B, 4,096 tokens:
+    (16 × 8 + 24) × 1,114,112 = 169,345,024 B."""
+    blocks = math.ceil(tokens / paging["block_tokens"])
+    return (blocks * paging["kv_layers"] + paging["state_layers"]) * paging["page_bytes"]

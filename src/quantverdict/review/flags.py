@@ -1,0 +1,44 @@
+"""Honesty flags: what a review says a reader must know before trusting a number, typed by a stable code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# the codes a review raises (tests and tools match these, never the prose)
+DTYPE_MISMATCH = "dtype_mismatch"  # scheme and baseline served in different compute dtypes
+ACCURACY_REFUSED = "accuracy_refused"  # accuracy deltas excluded (settings differ, no baseline ...)
+ACCURACY_NOTE = "accuracy_note"  # a delta computed the weaker way (no per-item data ...)
+BATCH_VARIANCE = "batch_variance"  # batching changed a request's log-likelihood beyond tolerance
+PERPLEXITY_FAMILY = "perplexity_family"  # lm-eval's word/byte perplexity disagree with the summed log-likelihood
+SPEED_POINT_SHORT = "speed_point_short"  # a point's requests ended early: invalid
+SPEED_POINT_INVALID = "speed_point_invalid"  # a point invalid for another reason
+SPEED_POINT_SHORT_KEPT = "speed_point_short_kept"  # some requests ended early, kept (>= 90%)
+SPEED_POINT_FAILED = "speed_point_failed"  # failed requests at a point
+PERCENTILE_DISAGREEMENT = "percentile_disagreement"  # recomputed latency percentiles differ from vLLM's
+FALLBACK_KERNEL = "fallback_kernel"  # the server log shows a fallback kernel
+ONEDNN_FALLBACK = "onednn_fallback"  # vLLM CPU fell back from oneDNN to torch linear
+KV_BYTES_MISMATCH = "kv_bytes_mismatch"  # vLLM's KV bytes/token differ from the model's
+GGUF_BASELINE = "gguf_baseline"  # the baseline is a dequantized GGUF model
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of a review.
+
+    Attributes:
+        code: what kind of flag (one of this module's constants).
+        scheme: the scorecard it is about (``"<scheme> (<label>)"`` or ``"<model>/<scheme> (<label>)"``, the
+            scorecard's name); ``""`` while a helper has not yet attached it to one.
+        message: the sentence the review renders, as rendered (it names the scheme itself).
+    """
+
+    code: str
+    scheme: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+    def of(self, name: str, sep: str = ": ") -> Flag:
+        """This flag attached to the scorecard ``name``, its message prefixed with ``name`` and ``sep``."""
+        return Flag(self.code, name, f"{name}{sep}{self.message}")

@@ -1,0 +1,41 @@
+"""The review's data: everything a review found, as the renderers (Markdown, HTML, plots, JSON) read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.review import constraints
+from quantverdict.review.flags import Flag
+from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.verdict import Check, Verdict
+
+
+@dataclass
+class Review:
+    """Everything the review found; built by :func:`quantverdict.review.core.build_review`, rendered by
+    :mod:`quantverdict.review.render` and :mod:`quantverdict.review.plots`."""
+
+    source: str
+    generated_at: str
+    config: ReviewConfig
+    cards: list[Scorecard]
+    checks: dict[str, dict[str, dict[str, Check]]]  # model -> scheme -> constraint -> check
+    verdicts: list[Verdict]
+    regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, text}]
+    flags: list[Flag] = field(default_factory=list)  # every scorecard's, in card order
+    validity: list[str] = field(default_factory=list)  # what each number stands on (repeats, checks, kernels)
+    notes: list[str] = field(default_factory=list)
+    job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
+    environment: list[str] = field(default_factory=list)  # GPU(s) and vLLM version(s) the records ran on
+    constraints_how: str = ""  # how the constraint set was picked (constraints.resolve)
+
+    @property
+    def label(self) -> str:
+        """``<set name>-<constraints hash>``: names the review's folder and MLflow run."""
+        return constraints.label(self.config)
+
+    def cards_of(self, model: str) -> list[Scorecard]:
+        """The scorecards of one model, in review order."""
+        return [c for c in self.cards if c.model == model]

@@ -1,0 +1,157 @@
+"""The review's Validity prose: what each scorecard's accuracy and speed numbers stand on, and the flags of
+failed checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantverdict.measure import capacity, sweep
+from quantverdict.measure import validity as point_checks
+from quantverdict.measure.aggregate import is_number
+from quantverdict.results.record import JobRecord
+from quantverdict.review import flags
+from quantverdict.review.flags import Flag
+from quantverdict.review.speed import point_label, raw_points
+
+
+def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[str]]:
+    """Flags and Validity lines from the evaluate stage's own checks (``accuracy.checks``): batch
+    invariance of the log-likelihoods, and word/byte perplexity recomputed from the summed
+    log-likelihood; plus the settings every delta was computed under.
+
+    Returns:
+        ``(flags, lines)``: flags for failed checks, lines for the Validity section.
+    """
+    acc = rec.accuracy
+    if acc.is_empty():
+        return [], []
+    out: list[Flag] = []
+    lines: list[str] = []
+    st = acc.settings or {}
+    if st:
+        lines.append(
+            f"{sc_name}: eval batch_size {st.get('batch_size')}, dtype {st.get('dtype')}, max_length "
+            f"{st.get('max_length')}, backend {st.get('backend')} (deltas refused unless the baseline's match); "
+            f"{st.get('normalization') or 'acc_norm normalisation not stated'}"
+        )
+    checks = acc.checks or {}
+    bi = checks.get("batch_invariance")
+    if bi:
+        if bi.get("skipped"):
+            lines.append(f"{sc_name}: batch-invariance check skipped: {bi['skipped']}")
+        elif bi.get("ok") is False:
+            out.append(
+                Flag(
+                    flags.BATCH_VARIANCE,
+                    sc_name,
+                    f"{sc_name}: batching changed a request's log-likelihood by up to "
+                    f"{bi.get('max_abs_diff'):.3g} (batch size {bi.get('batch_sizes')}, > {bi.get('tolerance'):g}): "
+                    "lm-eval scores depend on the batch",
+                )
+            )
+        else:
+            state = "ok" if bi.get("ok") else f"not judged ({bi.get('note') or 'no tolerance'})"
+            lines.append(
+                f"{sc_name}: batch invariance {state}: max |delta log-likelihood| {bi.get('max_abs_diff'):.3g} "
+                f"between batch sizes {bi.get('batch_sizes')} ({bi.get('dtype')}, {bi.get('n_requests')} requests)"
+            )
+    fam = checks.get("perplexity_family")
+    if fam:
+        if fam.get("ok") is False:
+            out.append(
+                Flag(
+                    flags.PERPLEXITY_FAMILY,
+                    sc_name,
+                    f"{sc_name}: lm-eval's word/byte perplexity differ from exp(-loglikelihood_sum / count) by up to "
+                    f"{100 * (fam.get('max_rel_diff') or 0):.2g}%",
+                )
+            )
+        elif fam.get("ok"):
+            lines.append(
+                f"{sc_name}: word_perplexity and byte_perplexity recomputed from one summed log-likelihood "
+                "(divided by words, by UTF-8 bytes) agree with lm-eval's"
+            )
+    tp = acc.token_perplexity or {}
+    if tp:
+        how = (
+            "non-overlapping: the first token of each window is context only"
+            if tp.get("stride") == tp.get("seq_len")
+            else f"every token after the first scored once, with >= {tp.get('seq_len', 0) - tp.get('stride', 0)} "
+            "tokens of context"
+        )
+        lines.append(
+            f"{sc_name}: token_perplexity over {tp.get('n_tokens')} scored tokens in windows of "
+            f"{tp.get('seq_len')} with stride {tp.get('stride')} ({how}); not comparable with word_perplexity"
+        )
+    return out, lines
+
+
+def speed_validity(rec: JobRecord, sc_name: str, speed: dict[str, Any]) -> list[str]:
+    """Lines for the review's Validity section: what each speed number stands on (repeats, spread,
+    saturated and invalid points, the ceiling's definition, the kernel check)."""
+    mode, raw = raw_points(rec)
+    if not raw:
+        return []
+    lines = []
+    levels = sweep.summarize(raw, mode)
+    invalid = [point_label(q, mode) for q in raw if not point_checks.point_valid(q)]
+    ceiling = {
+        "kind": speed.get("ceiling_kind"),
+        "rps": speed.get("ceiling_rps"),
+        "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None,
+    }
+    sat_raw = [q for q in raw if point_checks.point_valid(q) and point_checks.point_saturated(q)]
+    overruled = [
+        q for q in sat_raw if mode == "rate" and capacity.saturation_overruled(q.get("offered_rate_rps"), ceiling)
+    ]
+    saturated = [
+        f"{point_label(q, mode)} (achieved/offered {q['saturation_ratio']:.2f}, {q.get('saturation_basis', '?')})"
+        if is_number(q.get("saturation_ratio"))
+        else point_label(q, mode)
+        for q in sat_raw
+        if q not in overruled
+    ]
+    reps = sorted({lv["repeats"] for lv in levels})
+    if overruled:
+        text_over = ", ".join(point_label(q, mode) for q in overruled)
+    text = (
+        f"{sc_name}: {len(raw)} speed points over {len(levels)} load levels, "
+        f"{'/'.join(str(r) for r in reps)} repeat(s) each; every number is a median over valid repeats"
+    )
+    text += f"; invalid (left out): {', '.join(invalid)}" if invalid else "; no invalid point"
+    text += (
+        f"; saturated: {', '.join(saturated)}"
+        if saturated
+        else ("; no point saturated" if mode == "rate" else "; closed loop: saturation not defined")
+    )
+    if overruled:
+        text += (
+            f"; {text_over}: achieved under 90% of the offered rate, but under 90% of the ceiling "
+            f"({speed.get('ceiling_rps'):.2f} req/s): a short-run shortfall, not saturation"
+        )
+    kind = speed.get("ceiling_kind")
+    if kind and kind != "none":
+        rng = speed.get("ceiling_tok_s_range")
+        spread_txt = (
+            f" [{rng[0]:.1f}-{rng[1]:.1f}] over {speed.get('ceiling_repeats')} repeats"
+            if rng and speed.get("ceiling_repeats", 1) > 1
+            else " (one run: no spread)"
+        )
+        what = {
+            "saturated": "from the saturated/burst points",
+            "lower_bound": "a lower bound: no point saturated, the server's ceiling lies above the sweep",
+            "closed_loop_max": "the best concurrency",
+        }[kind]
+        text += (
+            f"; ceiling {speed.get('ceiling_tok_s'):.1f} out tok/s{spread_txt} at {speed.get('saturation_label')} "
+            f"({what})"
+        )
+    lines.append(text)
+    kc = rec.speed.kernel_check
+    if kc:
+        comp = {True: "comparable for speed", False: "NOT comparable for speed", None: "comparability unknown"}
+        lines.append(
+            f"{sc_name}: kernel {', '.join(kc.get('kernels') or []) or '(none named in the log)'}; "
+            f"{comp[kc.get('comparable_for_speed')]} ({kc.get('reason')})"
+        )
+    return lines

@@ -1,0 +1,91 @@
+"""The typed record (quantverdict.results.record.JobRecord): versions 1 and 2 read, the dict given back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantverdict import RECORD_SCHEMA_VERSION
+from quantverdict.results.record import JobRecord, Record, StageInfo, read
+from tests.review_records import record, synthetic_record
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def test_schema_version_is_2() -> None:
+    assert RECORD_SCHEMA_VERSION == 2
+
+
+@pytest.mark.parametrize("path", sorted(DOCS.rglob("record.json")), ids=lambda p: str(p.relative_to(DOCS)))
+def test_committed_v1_records_round_trip(path: Path) -> None:
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 1
+    rec = read(path)
+    assert rec.to_dict() == data
+    assert json.dumps(rec.to_dict()) == json.dumps(data)  # same key order too
+
+
+def test_typed_fields_of_a_committed_gpu_record() -> None:
+    rec = read(DOCS / "gpu-records" / "qwen3.5-9b-shape" / "bf16")
+    assert rec.job is not None and rec.job.model == "qwen3.5-9b-shape" and rec.job.scheme == "bf16"
+    assert rec.server.kv_cache_tokens == 2_800_370  # "GPU KV cache size: 2,800,370 tokens" in its log line
+    assert rec.server.kv_cache_gib == 107.84
+    assert rec.speed is not None and rec.speed.points is not None and rec.speed.summary is not None
+    first = rec.speed.points[0]
+    assert (first.concurrency, first.repeat, first.offered_rate_rps) == (1, 0, "inf")
+    assert first.extra["vllm_ttft_ms_p99"] == first.ttft_ms_p99  # unnamed keys kept in extra
+    assert rec.speed.summary[0].valid_repeats == 1
+    assert rec.stages is not None and rec.stages["quantize"].status == "skipped"
+    assert rec.accuracy is not None and rec.accuracy.not_applicable is not None
+
+
+def test_task_metrics_and_missing_sections() -> None:
+    data = record("gptq", acc_norm=0.42)
+    rec = JobRecord.from_dict(data)
+    assert rec.accuracy is not None and rec.accuracy.tasks is not None
+    assert rec.accuracy.tasks["arc_easy"].metric("acc_norm") == 0.42
+    assert rec.accuracy.tasks["arc_easy"].n == 100
+    assert rec.to_dict() == data
+    bare = JobRecord.from_dict({"schema_version": 1, "tool": {"name": "quantverdict"}})
+    assert bare.server.kv_cache_tokens is None and bare.checkpoint_memory.weights_gib is None
+    assert bare.to_dict() == {"schema_version": 1, "tool": {"name": "quantverdict"}}
+
+
+def test_version_2_reads_like_version_1() -> None:
+    data = synthetic_record("w8a8")
+    v2 = dict(data, schema_version=2)
+    assert JobRecord.from_dict(v2).to_dict() == v2
+    assert {k: v for k, v in JobRecord.from_dict(v2).to_dict().items() if k != "schema_version"} == {
+        k: v for k, v in data.items() if k != "schema_version"
+    }
+
+
+@pytest.mark.parametrize("bad", [{"schema_version": 3, "tool": {"name": "quantverdict"}}, {"schema_version": 1}])
+def test_unreadable_records_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError, match="not a quantverdict record"):
+        JobRecord.from_dict(bad)
+
+
+def test_writer_writes_version_2_in_the_v1_layout(tmp_path: Path) -> None:
+    rec = Record(job={"id": "j", "model": "m", "scheme": "bf16"}, config={"seed": 0})
+    rec.stages["setup"] = StageInfo(status="ok", wall_s=0.5)
+    path = rec.save(tmp_path)
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 2
+    v1_keys = ["job", "config", "schema_version", "tool", "environment", "status", "failed_stage", "error"]
+    v1_keys += ["traceback", "stages", "model", "checkpoint", "memory", "accuracy", "speed", "notes"]
+    assert list(data) == v1_keys
+    assert data["stages"] == {"setup": {"status": "ok", "wall_s": 0.5, "detail": ""}}
+    typed = read(tmp_path)
+    assert typed.schema_version == 2 and typed.stages is not None and typed.stages["setup"].wall_s == 0.5
+    assert typed.to_dict() == data
+
+
+def test_null_and_malformed_sections_are_kept_as_read() -> None:
+    data = {"schema_version": 1, "tool": {"name": "quantverdict"}, "memory": None, "stages": [], "accuracy": {}}
+    rec = JobRecord.from_dict(data)
+    assert rec.server.kv_cache_tokens is None and rec.stages == {}  # empty sections to read from
+    assert rec.memory.is_empty() and rec.accuracy.is_empty()
+    assert rec.to_dict() == data  # null stays null, a list stays a list
