@@ -10,6 +10,7 @@ import pytest
 from quantverdict.measure.kld import (
     TokenStats,
     TopK,
+    concat_token_stats,
     scheme_at_ids,
     summarize,
     token_stats,
@@ -189,3 +190,75 @@ def test_errors() -> None:
     inf_kld = TokenStats(np.array([np.inf]), np.array([True]), np.array([0.5]), np.array([0.5]))
     with pytest.raises(ValueError, match="not finite"):
         summarize([inf_kld])
+
+
+def test_summary_pools_tokens_over_unequal_windows() -> None:
+    # window A = tokens t0, t1 (KLD 0.0268125, 0.1021651; top-1 agree, differ); window B = t2 (0.3347953; agrees).
+    # pooled mean = 0.4637729 / 3 = 0.1545910, not the mean of window means (0.0644888 + 0.3347953) / 2 = 0.1996421
+    full = token_stats(_log(BASE3), _log(SCHEME3), TARGETS3)
+
+    def part(sl: slice) -> TokenStats:
+        return TokenStats(full.kld[sl], full.top1_agree[sl], full.p_base_correct[sl], full.p_scheme_correct[sl])
+
+    s = summarize([part(slice(0, 2)), part(slice(2, 3))], samples=2000, seed=0)
+    assert s.mean_kld == pytest.approx(0.1545910, abs=1e-7)
+    assert s.top1_agreement_pct == pytest.approx(200.0 / 3.0)
+    # two windows: a resample is (A, A) w.p. 1/4, (A, B) 1/2, (B, B) 1/4, so its token-weighted mean is
+    # 0.0644888 (A only), 0.1545910 or 0.3347953 (B only); the 2.5 % and 97.5 % quantiles of 2000 resamples
+    # fall inside the first and the last block: the interval is [0.0644888, 0.3347953]; top-1: [50 %, 100 %]
+    assert s.mean_kld_ci_low == pytest.approx(0.0644888, abs=1e-7)
+    assert s.mean_kld_ci_high == pytest.approx(0.3347953, abs=1e-7)
+    assert (s.top1_agreement_pct_ci_low, s.top1_agreement_pct_ci_high) == (pytest.approx(50.0), pytest.approx(100.0))
+    # confidence 0.2: the 40 % and 60 % quantiles fall in the middle block (A, B), whose statistic is the
+    # token-weighted 0.4637729 / 3 = 0.1545910 (not the unweighted (0.0644888 + 0.3347953) / 2 = 0.1996421)
+    mid = summarize([part(slice(0, 2)), part(slice(2, 3))], samples=2000, seed=0, confidence=0.2)
+    assert mid.mean_kld_ci_low == pytest.approx(0.1545910, abs=1e-7)
+    assert mid.mean_kld_ci_high == pytest.approx(0.1545910, abs=1e-7)
+
+
+def test_topk_bounds_hold_on_random_distributions() -> None:
+    # property, not a hand value: lower <= exact KL <= upper for every token, for the hf form (scheme_at_ids,
+    # q_min known) and the server form (both sides' own top-k, no rest mass: lower bound only)
+    rng = np.random.Generator(np.random.PCG64(7))
+    n, vocab, k = 200, 50, 5
+    logits_p = rng.normal(0.0, 3.0, size=(n, vocab))
+    logits_q = logits_p + rng.normal(0.0, 0.5, size=(n, vocab))
+    p = logits_p - np.log(np.exp(logits_p).sum(axis=1, keepdims=True))
+    q = logits_q - np.log(np.exp(logits_q).sum(axis=1, keepdims=True))
+    tgt = rng.integers(0, vocab, size=n)
+    exact = token_stats(p, q, tgt)
+    base = topk_from_full(p, k, tgt)
+    lo, hi = topk_kld_bounds(base, scheme_at_ids(q, base.ids, tgt), q.min(axis=1))
+    assert np.all(lo <= exact.kld + 1e-12) and np.all(exact.kld <= hi + 1e-12)
+    assert np.all(lo >= -1e-12)
+    own_q = topk_from_full(q, k, tgt)
+    server_base = TopK(base.ids, base.logprobs, base.target_logprob)  # rest mass not sent
+    server_scheme = TopK(own_q.ids, own_q.logprobs, own_q.target_logprob)
+    st = topk_token_stats(server_base, server_scheme)
+    assert np.all(st.kld <= exact.kld + 1e-9)
+    assert np.array_equal(st.top1_agree, exact.top1_agree)
+    assert st.delta_p == pytest.approx(exact.delta_p)
+
+
+def test_renormalize_a_float16_cache() -> None:
+    # float16 rounding leaves rows un-normalized; renormalize=True shifts them back: KL of a row with itself is 0
+    p = np.log(np.full((1, 1000), 1e-3, dtype=np.float64)).astype(np.float16) + np.float16(0.01)
+    with pytest.raises(ValueError, match="log_softmax"):
+        token_stats(p, p, np.array([0]))
+    st = token_stats(p, p, np.array([0]), renormalize=True)
+    assert st.kld[0] == pytest.approx(0.0, abs=1e-12)
+    assert st.p_base_correct[0] == pytest.approx(1e-3)
+
+
+def test_concat_row_chunks_equals_whole() -> None:
+    whole = token_stats(_log(BASE3), _log(SCHEME3), TARGETS3)
+    a = token_stats(_log(BASE3[:1]), _log(SCHEME3[:1]), TARGETS3[:1])
+    b = token_stats(_log(BASE3[1:]), _log(SCHEME3[1:]), TARGETS3[1:])
+    joined = concat_token_stats([a, b])
+    assert joined.kld == pytest.approx(KLD3, abs=1e-7)
+    assert joined.top1_agree.tolist() == whole.top1_agree.tolist()
+    assert joined.delta_p == pytest.approx([-0.1, 0.2, -0.4])
+    topk = topk_token_stats(topk_from_full(_log(BASE3[:1]), 2, TARGETS3[:1]),
+                            scheme_at_ids(_log(SCHEME3[:1]), np.array([[0, 1]]), TARGETS3[:1]))  # fmt: skip
+    with pytest.raises(ValueError, match="mix forms"):
+        concat_token_stats([a, topk])

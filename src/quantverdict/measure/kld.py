@@ -2,8 +2,9 @@
 
 Pure numpy: the evaluate child computes log-probabilities (hf backend: the full vocabulary; server backend:
 vLLM ``prompt_logprobs`` top-k) and hands them here. The statistics are those of llama.cpp's
-``llama-perplexity --kl-divergence`` (ggml-org/llama.cpp, ``tools/perplexity/perplexity.cpp``: the
-``log_softmax(..., kl_divergence_result &)`` overload per token and ``kl_divergence()`` for the summary):
+``llama-perplexity --kl-divergence`` (ggml-org/llama.cpp, ``tools/perplexity/perplexity.cpp``, read at commit
+050fc7f3: the ``log_softmax(..., kl_divergence_result &)`` overload per token, ``kl_divergence()`` for the
+summary):
 
 * ``KLD = sum_v P(v) (ln P(v) - ln Q(v))`` per scored token, P the baseline, Q the scheme, natural log (nats);
 * "Same top p": the share of tokens whose most likely next token (argmax, first index on ties) is the same
@@ -14,13 +15,19 @@ vLLM ``prompt_logprobs`` top-k) and hands them here. The statistics are those of
   linearly at ``fraction * (n - 1)`` of the sorted values, which is ``numpy.percentile(method="linear")``
   (Hyndman & Fan type 7), used here.
 
-Three deliberate differences from llama.cpp, all stated in the record: (1) llama.cpp stores the baseline's
+Deliberate differences from llama.cpp: (1) llama.cpp stores the baseline's
 log-probabilities as 16-bit codes floored at ``max - 16`` and skips terms with ``ln P <= -16``; here the full
 form sums every term in float64 and the compact form is the top-k one of :class:`TopK`, whose KLD is a lower
 bound (:func:`topk_token_stats`); (2) the windows are the project's (``measure.perplexity.window_plan``), not
 llama.cpp's "score the second half of each chunk"; (3) llama.cpp's ``±`` is the per-token standard error
 (tokens treated as independent); here the interval is over windows (:func:`summarize`), because tokens of
-one window share their context and are not independent.
+one window share their context and are not independent; (4) llama.cpp prints no summary under 100 tokens;
+here any number of tokens is summarized and ``n_tokens`` is part of the result.
+
+Wiring: hf backend -- per window, ``token_stats(base_lp, scheme_lp, targets)`` from full log-probabilities, or,
+with a top-k baseline cache, ``topk_token_stats(cached, scheme_at_ids(scheme_lp, cached.ids, targets))``;
+server backend -- ``topk_token_stats(base_topk, scheme_topk)`` from both sides' ``prompt_logprobs``; then
+``summarize(per_window).to_dict()``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ __all__ = [
     "KldSummary",
     "TokenStats",
     "TopK",
+    "concat_token_stats",
     "scheme_at_ids",
     "summarize",
     "token_stats",
@@ -90,6 +98,27 @@ class TokenStats:
         return np.asarray(self.p_scheme_correct - self.p_base_correct, dtype=np.float64)
 
 
+def concat_token_stats(parts: Sequence[TokenStats]) -> TokenStats:
+    """Join per-token results computed in row chunks (to bound memory) into one window's :class:`TokenStats`.
+
+    Raises:
+        ValueError: no parts, or parts of different forms (``kld_exact``, ``top_k``).
+    """
+    if not parts:
+        raise ValueError("concat_token_stats: no parts")
+    forms = {(p.kld_exact, p.top_k) for p in parts}
+    if len(forms) > 1:
+        raise ValueError(f"concat_token_stats: parts mix forms (kld_exact, top_k): {sorted(forms, key=str)}")
+    return TokenStats(
+        kld=np.concatenate([np.asarray(p.kld, dtype=np.float64) for p in parts]),
+        top1_agree=np.concatenate([np.asarray(p.top1_agree, dtype=bool) for p in parts]),
+        p_base_correct=np.concatenate([np.asarray(p.p_base_correct, dtype=np.float64) for p in parts]),
+        p_scheme_correct=np.concatenate([np.asarray(p.p_scheme_correct, dtype=np.float64) for p in parts]),
+        kld_exact=parts[0].kld_exact,
+        top_k=parts[0].top_k,
+    )
+
+
 @dataclass(frozen=True)
 class TopK:
     """A compact form of next-token log-probabilities: the top-k ids and what is needed beside them.
@@ -107,6 +136,11 @@ class TopK:
       no rest mass): it is then derived as ``1 - sum(exp(logprobs))``.
     * ``target_logprob`` ``[n]``: ``ln p`` of the token that actually follows (vLLM's prompt log-probs
       always include it, whether or not it is in the top-k).
+
+    A baseline cache stores these four arrays and ``k``: ``n · (k ids + k log-probs + 2 floats)`` against
+    ``n · vocab`` floats for the full form. vLLM may answer ``k + 1`` entries (the prompt token added when it
+    is not in the top-k); any set of distinct ids keeps :func:`topk_token_stats` a lower bound, but
+    :func:`topk_kld_bounds`'s upper bound needs the baseline's columns to be exactly its top-k.
 
     Raises:
         ValueError: inconsistent shapes or a row with a repeated id.
@@ -146,12 +180,14 @@ def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.asarray(np.squeeze(out, axis=axis), dtype=np.float64)
 
 
-def _check_full(name: str, logprobs: np.ndarray, norm_tol: float) -> np.ndarray:
+def _check_full(name: str, logprobs: np.ndarray, norm_tol: float, renormalize: bool = False) -> np.ndarray:
     lp = np.asarray(logprobs, dtype=np.float64)
     if lp.ndim != 2 or lp.shape[1] < 1:
         raise ValueError(f"{name}: expected [n_tokens, vocab] log-probabilities, got shape {lp.shape}")
     if np.any(np.isnan(lp)) or np.any(lp == np.inf):
         raise ValueError(f"{name}: NaN or +inf in the log-probabilities")
+    if renormalize and lp.shape[0]:
+        lp = lp - _logsumexp(lp)[:, None]
     worst = float(np.max(np.abs(_logsumexp(lp)))) if lp.shape[0] else 0.0
     if worst > norm_tol:
         raise ValueError(
@@ -171,19 +207,29 @@ def _check_targets(target_ids: np.ndarray, n: int, vocab: int) -> np.ndarray:
 
 
 def token_stats(
-    base_logprobs: np.ndarray, scheme_logprobs: np.ndarray, target_ids: np.ndarray, *, norm_tol: float = NORM_TOL
+    base_logprobs: np.ndarray,
+    scheme_logprobs: np.ndarray,
+    target_ids: np.ndarray,
+    *,
+    norm_tol: float = NORM_TOL,
+    renormalize: bool = False,
 ) -> TokenStats:
     """Exact per-token KLD, top-1 agreement and probabilities of the correct token, full vocabulary.
 
     ``kld[t] = sum_v P[t,v] (ln P[t,v] - ln Q[t,v])`` (terms with ``P = 0`` are 0; ``P > 0 = Q`` gives
     ``+inf``); ``top1_agree[t] = argmax P[t] == argmax Q[t]``; ``p_*_correct[t] = exp(ln ·[t, target[t]])``.
-    Computed in float64 whatever the input dtype (a float16/bfloat16 cache is upcast first).
+    Computed in float64 whatever the input dtype (a float16/bfloat16 cache is upcast first). Memory: about
+    four float64 copies of ``[n_tokens, vocab]`` (2.5 GB for 512 tokens of a 152k vocabulary): call it on row
+    chunks and join them with :func:`concat_token_stats`.
 
     Args:
         base_logprobs: baseline log-probabilities (``log_softmax`` of the logits), ``[n_tokens, vocab]``, nats.
         scheme_logprobs: the scheme's, same shape and same scored positions.
         target_ids: the token that follows each position, ``[n_tokens]`` ints in ``0..vocab-1``.
         norm_tol: largest allowed ``|ln sum_v exp(row)|`` per row.
+        renormalize: subtract each row's ``logsumexp`` (in float64) before use: for a baseline cached in
+            float16/bfloat16, whose rounding leaves rows off by more than ``norm_tol``. Raw logits would pass
+            too, so the caller sets it only for its own cache.
 
     Returns:
         :class:`TokenStats` with ``kld_exact=True``.
@@ -191,8 +237,8 @@ def token_stats(
     Raises:
         ValueError: shapes differ, NaN/+inf, a row that is not normalized (raw logits), bad target ids.
     """
-    p = _check_full("base_logprobs", base_logprobs, norm_tol)
-    q = _check_full("scheme_logprobs", scheme_logprobs, norm_tol)
+    p = _check_full("base_logprobs", base_logprobs, norm_tol, renormalize)
+    q = _check_full("scheme_logprobs", scheme_logprobs, norm_tol, renormalize)
     if p.shape != q.shape:
         raise ValueError(f"base_logprobs {p.shape} and scheme_logprobs {q.shape} differ in shape")
     n, vocab = p.shape
