@@ -5,6 +5,7 @@ orchestrator environment, no stage child. Also: a job interrupted by Ctrl-C ends
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -13,11 +14,13 @@ from mlflow import MlflowClient
 
 from pipelines.review import main
 from quantverdict.config.compose import compose
-from quantverdict.config.schema import TrackingConfig
+from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.orchestrate import hardware
 from quantverdict.orchestrate.job import run_job
 from quantverdict.processes import procs
 from quantverdict.results.tracking import Tracker
+from quantverdict.review import build_review
+from quantverdict.review.core import log_review, write_review
 from review_records import grid
 
 pytestmark = pytest.mark.integration
@@ -149,3 +152,18 @@ def test_interrupted_job_is_recorded_interrupted_and_its_mlflow_run_killed(
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     runs = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
     assert runs == {"smollm2-135m/fp8": "KILLED", "gpu_check": "KILLED"}  # the job's run and its stage's
+
+
+def test_mlflow_run_is_named_after_the_constraints(tmp_path: Path) -> None:
+    """The review's MLflow run is named after its constraint set (review/<set>-<hash>): two budgets, two names."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "a").as_uri())
+    trk = TrackingConfig(name="t", enabled=True, uri=uri, experiment="exp")
+    names = set()
+    for budget in (24.0, 0.22):
+        review = build_review(
+            grid(), ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, memory_budget_gib=budget, name="gpu"), "t"
+        )
+        rid = log_review(review, write_review(review, tmp_path / str(budget)), trk, {})
+        names.add(MlflowClient(tracking_uri=uri).get_run(rid).info.run_name)
+    assert len(names) == 2 and all(re.fullmatch(r"review/gpu-[0-9a-f]{8}", n) for n in names)

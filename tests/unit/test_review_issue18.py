@@ -275,23 +275,6 @@ def test_reruns_with_other_constraints_do_not_overwrite(tmp_path: Path, capsys: 
     assert names == set(folders)
 
 
-def test_mlflow_run_is_named_after_the_constraints(tmp_path: Path) -> None:
-    from mlflow import MlflowClient
-
-    from quantverdict.config.schema import TrackingConfig
-    from quantverdict.review.core import log_review, write_review
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "a").as_uri())
-    trk = TrackingConfig(name="t", enabled=True, uri=uri, experiment="exp")
-    names = set()
-    for budget in (24.0, 0.22):
-        review = build_review(grid(), replace(RC, memory_budget_gib=budget, name="gpu"), "t")
-        rid = log_review(review, write_review(review, tmp_path / str(budget)), trk, {})
-        names.add(MlflowClient(tracking_uri=uri).get_run(rid).info.run_name)
-    assert len(names) == 2 and all(re.fullmatch(r"review/gpu-[0-9a-f]{8}", n) for n in names)
-
-
 # --- item 10: the README's Layout names every config group -------------------------------------------
 
 
