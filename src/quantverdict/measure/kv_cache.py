@@ -9,20 +9,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-GIB = 1024**3  # bytes in a GiB (2^30)
-# bytes an element of each dtype name takes (vLLM --dtype / --kv-cache-dtype names)
-DTYPE_BYTES = {
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "float32": 4,
-    "float": 4,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "fp8_inc": 1,
-}
-
 
 def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None:
     """KV-cache bytes per token: ``2 (K and V) × kv_layers × kv_heads × head_dim × dtype_bytes``.

@@ -11,13 +11,12 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.kv_cache import (
-    DTYPE_BYTES,
-    GIB,
     hybrid_paging,
     kv_bytes_per_token,
     paged_bytes_per_sequence,
     state_bytes_per_sequence,
 )
+from quantverdict.measure.memory import DTYPE_BYTES, GIB
 from quantverdict.results.record import JobRecord
 
 
