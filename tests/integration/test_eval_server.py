@@ -158,6 +158,8 @@ def test_server_and_hf_backends_agree_on_the_same_items(served: tuple, hf: tuple
     print("server vs hf:", json.dumps(report, indent=1))
     assert rel <= PPL_REL_TOL, report
     assert ta["token_perplexity"] == pytest.approx(math.exp(ta["nll_sum"] / ta["n_tokens"]), rel=1e-12)
+    assert ta["window_n_tokens"] == tb["window_n_tokens"] == [511, 511]
+    assert sum(ta["window_nll"]) == pytest.approx(ta["nll_sum"], rel=1e-12)
 
 
 def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(

@@ -132,13 +132,15 @@ def test_windows_are_summed_in_plan_order_whatever_finishes_first() -> None:
         time.sleep(0.2 if window[0] == 0 else 0.0)
         return nll_of[window[0]]
 
-    total, scored = token_perplexity._score_windows(plan, nll, workers=3)
+    total, scored, per_window = token_perplexity._score_windows(plan, nll, workers=3)
     assert total == pytest.approx(0.6) and scored == 7
+    assert per_window == [0.1, 0.2, 0.3]  # plan order, not finishing order
     assert sorted(started) == [0, 2, 4]
     serial = token_perplexity._score_windows(plan, nll, workers=1)
     assert serial[0] == total  # same order of additions: bit-identical, not just close
-    summary = token_perplexity._token_ppl_summary(total, scored, len(plan), 100)
+    summary = token_perplexity._token_ppl_summary(total, scored, plan, 100, per_window)
     assert summary["token_perplexity"] == pytest.approx(math.exp(0.6 / 7))
+    assert summary["window_nll"] == [0.1, 0.2, 0.3] and summary["window_n_tokens"] == [3, 2, 2]
 
 
 def test_a_failed_window_fails_the_perplexity() -> None:

@@ -22,7 +22,8 @@ Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
                | {"word_perplexity", "byte_perplexity", "bits_per_byte", "n", "n_words", "n_bytes",
                   "loglikelihood_sum", "limit", "eval_s"}},
      "token_perplexity": {"token_perplexity", "nll_sum", "n_tokens", "n_windows", "seq_len", "stride",
-                          "max_tokens", "text", "eval_s"} | null,
+                          "max_tokens", "text", "eval_s",
+                          "window_nll": [nats per window], "window_n_tokens": [scored tokens per window]} | null,
      "settings": {...}, "data": {...}, "samples": {task: path}, "versions": {...}, "eval_s": float,
      "checks": {"batch_invariance": {"max_abs_diff", "ok", "tolerance", "batch_sizes", "dtype", ...}
                                     | {"skipped": reason},

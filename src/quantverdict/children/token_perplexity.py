@@ -37,35 +37,44 @@ def wikitext_test_text(offline_root: str | None) -> str:
 
 def _score_windows(
     plan: list[tuple[int, int, int]], nll: Callable[[tuple[int, int, int]], float], workers: int = 1
-) -> tuple[float, int]:
-    """Summed negative log-likelihood (nats) and number of scored tokens over the windows of ``plan``.
+) -> tuple[float, int, list[float]]:
+    """Summed negative log-likelihood (nats), number of scored tokens, and each window's NLL over ``plan``.
 
     ``nll(window)`` scores one ``(begin, end, n_scored)`` window; with ``workers > 1`` windows are scored
     by a thread pool (requests to a server), but always summed in plan order, so the sum does not depend
-    on which window finished first.
+    on which window finished first. The third value lists the windows' NLLs (nats) in plan order.
     """
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
     results: Iterable[float] = pool.map(nll, plan) if pool else map(nll, plan)
     nll_sum, n_scored_total = 0.0, 0
+    per_window: list[float] = []
     try:
         for i, (window, value) in enumerate(zip(plan, results)):
             nll_sum += value
             n_scored_total += window[2]
+            per_window.append(float(value))
             if (i + 1) % 4 == 0 or i + 1 == len(plan):
                 progress(f"token perplexity: window {i + 1}/{len(plan)}, {n_scored_total} tokens scored")
     finally:
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
-    return nll_sum, n_scored_total
+    return nll_sum, n_scored_total, per_window
 
 
-def _token_ppl_summary(nll_sum: float, n_scored: int, n_windows: int, n_text_tokens: int) -> dict[str, Any]:
+def _token_ppl_summary(
+    nll_sum: float, n_scored: int, plan: list[tuple[int, int, int]], n_text_tokens: int, per_window: list[float]
+) -> dict[str, Any]:
+    """The token-perplexity result: totals plus ``window_nll`` (nats) and ``window_n_tokens`` in window order."""
+    if len(per_window) != len(plan):
+        raise ValueError(f"{len(per_window)} window NLLs for {len(plan)} windows")
     return {
         "token_perplexity": perplexities(nll_sum, n_tokens=n_scored)["token_perplexity"],
         "nll_sum": nll_sum,
         "n_tokens": n_scored,
-        "n_windows": n_windows,
+        "n_windows": len(plan),
         "n_text_tokens": n_text_tokens,
+        "window_nll": per_window,
+        "window_n_tokens": [int(w[2]) for w in plan],
     }
 
 
@@ -87,7 +96,9 @@ def token_perplexity(
         max_tokens: score only the first N tokens; ``None``: all.
 
     Returns:
-        ``{"token_perplexity", "nll_sum" (nats), "n_tokens" (scored), "n_windows", "n_text_tokens"}``.
+        ``{"token_perplexity", "nll_sum" (nats), "n_tokens" (scored), "n_windows", "n_text_tokens",
+        "window_nll" (list[float], summed NLL in nats per window, in window order),
+        "window_n_tokens" (list[int], scored tokens per window)}``.
     """
     import torch
     import torch.nn.functional as F
@@ -112,8 +123,8 @@ def token_perplexity(
         return float(F.cross_entropy(pred, target, reduction="sum").double())
 
     with torch.inference_mode():
-        nll_sum, n_scored_total = _score_windows(plan, nll)
-    return _token_ppl_summary(nll_sum, n_scored_total, len(plan), n_text_tokens)
+        nll_sum, n_scored_total, per_window = _score_windows(plan, nll)
+    return _token_ppl_summary(nll_sum, n_scored_total, plan, n_text_tokens, per_window)
 
 
 def server_token_perplexity(
@@ -158,5 +169,5 @@ def server_token_perplexity(
         begin, end, n_scored = window_plan_entry
         return window_nll(prompt_logprobs(url, model, ids[begin:end], SERVER_TIMEOUT_S), begin, end, n_scored)
 
-    nll_sum, n_scored_total = _score_windows(plan, nll, workers)
-    return _token_ppl_summary(nll_sum, n_scored_total, len(plan), n_text_tokens)
+    nll_sum, n_scored_total, per_window = _score_windows(plan, nll, workers)
+    return _token_ppl_summary(nll_sum, n_scored_total, plan, n_text_tokens, per_window)
