@@ -13,7 +13,7 @@ import pytest
 from quantverdict.config.compose import PROJECT_ROOT
 
 EVAL_KEYS = (
-    "backend, batch_invariance_check, batch_size, dtype, enabled, headline, limit, max_length, name, num_fewshot, "
+    "backend, batch_invariance_check, batch_size, dtype, enabled, headline, kld, limit, max_length, name, num_fewshot, "
     "seed, task_limits, tasks, token_perplexity, vllm_args"
 )
 

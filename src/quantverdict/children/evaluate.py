@@ -12,6 +12,8 @@ Spec::
      "cache_dir": str,              # converted offline data goes here
      "output_dir": str,             # samples_<task>.jsonl go here
      "device": "cpu" | "cuda",
+     "kld": {"role": "baseline" | "scheme", "top_k": int, "dir": str, "key": str, ...} | null,
+                                    # KL divergence to the baseline (quantverdict.children.kld_baseline)
      "server": {"base_url": str,    # eval.backend=server only: the job's running vLLM server
                 "served_model": str, "tokenizer": str, "max_model_len": int,
                 "dtype": str} | null}
@@ -24,6 +26,8 @@ Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
      "token_perplexity": {"token_perplexity", "nll_sum", "n_tokens", "n_windows", "seq_len", "stride",
                           "max_tokens", "text", "eval_s",
                           "window_nll": [nats per window], "window_n_tokens": [scored tokens per window]} | null,
+     "kld": {KldSummary fields, "baseline_config_hash", "top_k", ...} | {"role": "baseline", "entry", ...}
+            | {"refused": reason} | null,
      "settings": {...}, "data": {...}, "samples": {task: path}, "versions": {...}, "eval_s": float,
      "checks": {"batch_invariance": {"max_abs_diff", "ok", "tolerance", "batch_sizes", "dtype", ...}
                                     | {"skipped": reason},
@@ -134,6 +138,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     tp_cfg = ev.get("token_perplexity") or {}
     want_tp = bool(tp_cfg.get("enabled", True))
     tp_result: dict[str, Any] | None = None
+    kld_result: dict[str, Any] | None = None
     load_s = 0.0
     lm = None
     if ev["backend"] in ("hf", "server") and (tasks or want_tp):
@@ -167,9 +172,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 tp_cfg.get("max_tokens"),
                 srv,
                 workers=max(1, int(ev["batch_size"])),
+                kld=spec.get("kld"),
             )
         else:
-            tp = token_perplexity(model, tokenizer, text, tp_cfg["seq_len"], tp_cfg["stride"], tp_cfg.get("max_tokens"))
+            tp = token_perplexity(
+                model,
+                tokenizer,
+                text,
+                tp_cfg["seq_len"],
+                tp_cfg["stride"],
+                tp_cfg.get("max_tokens"),
+                kld=spec.get("kld"),
+            )
+        kld_result = tp.pop("kld", None)  # the record's accuracy.kld, beside the token perplexity
         tp_result = {
             **tp,
             "seq_len": tp_cfg["seq_len"],
@@ -261,6 +276,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "tasks": task_results,
         "token_perplexity": tp_result,
+        "kld": kld_result,
         "settings": settings,
         "checks": checks,
         "data": data_info,

@@ -32,7 +32,16 @@ from typing import Any
 
 from quantverdict.measure.perplexity import scored_slices
 
-__all__ = ["completion_body", "completions_url", "parse_prompt_logprobs", "post_json", "prompt_logprobs", "window_nll"]
+__all__ = [
+    "completion_body",
+    "completions_url",
+    "parse_prompt_logprobs",
+    "parse_prompt_top_logprobs",
+    "post_json",
+    "prompt_logprobs",
+    "prompt_logprobs_topk",
+    "window_nll",
+]
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token with return_tokens_as_token_ids
 # seconds one request to the server may take (eval.backend=server: token perplexity windows and lm-eval's
@@ -45,13 +54,14 @@ def completions_url(base_url: str) -> str:
     return base_url.rstrip("/") + "/v1/completions"
 
 
-def completion_body(model: str, ids: list[int]) -> dict[str, Any]:
-    """The request body that scores every token of ``ids`` (see the module docstring)."""
+def completion_body(model: str, ids: list[int], top_k: int = 0) -> dict[str, Any]:
+    """The request body that scores every token of ``ids`` (see the module docstring); ``top_k > 0`` also asks
+    for the ``top_k`` most likely tokens at every prompt position (``choices[0].logprobs.top_logprobs``)."""
     return {
         "model": model,
         "prompt": list(ids),
         "echo": True,
-        "logprobs": 0,
+        "logprobs": int(top_k),
         "max_tokens": 1,
         "temperature": 0,
         "return_tokens_as_token_ids": True,
@@ -103,6 +113,71 @@ def parse_prompt_logprobs(answer: dict[str, Any], ids: list[int]) -> list[float 
     return out
 
 
+def parse_prompt_top_logprobs(
+    answer: dict[str, Any], ids: list[int], top_k: int
+) -> list[list[tuple[int, float]] | None]:
+    """The ``top_k`` most likely tokens at every prompt position, from an answer to ``completion_body(..., top_k)``.
+
+    vLLM fills ``choices[0].logprobs.top_logprobs[t]`` (``t >= 1``) with the prompt token ``ids[t]`` plus the
+    ``top_k`` most likely tokens given ``ids[:t]`` (``top_k`` entries when the prompt token is among them,
+    else ``top_k + 1``), keyed ``"token_id:<id>"`` with ``return_tokens_as_token_ids``; values are the
+    log-probabilities (nats) of the same distribution as ``token_logprobs`` (``-inf`` clamped to -9999).
+
+    Args:
+        answer: the decoded JSON answer.
+        ids: the prompt's token ids, as sent.
+        top_k: the ``logprobs`` value sent, >= 1.
+
+    Returns:
+        ``len(ids)`` entries: ``None`` for token 0, then the ``top_k`` pairs ``(token id, log-probability)`` of
+        largest log-probability (ties: lower id first), sorted by decreasing log-probability. The prompt
+        token's own entry is dropped unless it is among them (its log-probability is in ``token_logprobs``).
+
+    Raises:
+        RuntimeError: no ``top_logprobs``, fewer entries than the prompt, a key that is not ``token_id:<id>``,
+            a value that is not a log-probability, or a position with fewer than ``top_k`` entries.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1")
+    try:
+        tops = answer["choices"][0]["logprobs"]["top_logprobs"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise RuntimeError(
+            f"the server's answer has no choices[0].logprobs.top_logprobs (logprobs={top_k}, echo=true were sent)"
+        ) from exc
+    n = len(ids)
+    if not isinstance(tops, list) or len(tops) < n:
+        got = len(tops) if isinstance(tops, list) else type(tops).__name__
+        raise RuntimeError(f"top_logprobs has {got} entries for a prompt of {n} tokens: the prompt was not echoed")
+    out: list[list[tuple[int, float]] | None] = [None]
+    for t in range(1, n):
+        entry = tops[t]
+        if not isinstance(entry, dict):
+            raise RuntimeError(f"top_logprobs[{t}] is {type(entry).__name__}, expected an object of token: logprob")
+        pairs: list[tuple[int, float]] = []
+        for key, value in entry.items():
+            if not str(key).startswith(TOKEN_ID_PREFIX):
+                raise RuntimeError(
+                    f"top_logprobs[{t}] key {key!r} is not 'token_id:<id>' (return_tokens_as_token_ids=true was sent)"
+                )
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value > 1e-6
+            ):
+                raise RuntimeError(f"top_logprobs[{t}][{key!r}] = {value!r} is not a log-probability")
+            pairs.append((int(str(key)[len(TOKEN_ID_PREFIX) :]), float(value)))
+        if len(pairs) < top_k:
+            raise RuntimeError(
+                f"top_logprobs[{t}] holds {len(pairs)} tokens, fewer than the {top_k} asked for "
+                "(is the server's --max-logprobs below eval.kld.top_k?)"
+            )
+        pairs.sort(key=lambda p: (-p[1], p[0]))
+        out.append(pairs[:top_k])
+    return out
+
+
 def window_nll(token_logprobs: list[float | None], begin: int, end: int, n_scored: int) -> float:
     """Negative log-likelihood (nats) of one window's scored tokens.
 
@@ -142,3 +217,11 @@ def post_json(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any
 def prompt_logprobs(url: str, model: str, ids: list[int], timeout_s: float) -> list[float | None]:
     """:func:`parse_prompt_logprobs` of the server at ``url`` (``/v1/completions``) scoring ``ids``."""
     return parse_prompt_logprobs(post_json(url, completion_body(model, ids), timeout_s), ids)
+
+
+def prompt_logprobs_topk(
+    url: str, model: str, ids: list[int], top_k: int, timeout_s: float
+) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+    """One request for both :func:`parse_prompt_logprobs` and :func:`parse_prompt_top_logprobs` of ``ids``."""
+    answer = post_json(url, completion_body(model, ids, top_k), timeout_s)
+    return parse_prompt_logprobs(answer, ids), parse_prompt_top_logprobs(answer, ids, top_k)

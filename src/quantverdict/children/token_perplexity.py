@@ -16,8 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.children._child import progress
+from quantverdict.children.kld_baseline import KldRun, open_run
 from quantverdict.children.offline_data import WIKITEXT_TEST, read_wikitext_lines, wikitext_hf_rows
-from quantverdict.children.served_logprobs import SERVER_TIMEOUT_S, completions_url, prompt_logprobs, window_nll
+from quantverdict.children.served_logprobs import (
+    SERVER_TIMEOUT_S,
+    completions_url,
+    prompt_logprobs,
+    prompt_logprobs_topk,
+    window_nll,
+)
 from quantverdict.measure.perplexity import perplexities, scored_slices, window_plan
 
 TOKEN_PPL_TEXT = "WikiText-2 raw v1 test rows joined with '\\n\\n' (GPTQ), no special tokens added"
@@ -79,7 +86,13 @@ def _token_ppl_summary(
 
 
 def token_perplexity(
-    model: Any, tokenizer: Any, text: str, seq_len: int, stride: int, max_tokens: int | None
+    model: Any,
+    tokenizer: Any,
+    text: str,
+    seq_len: int,
+    stride: int,
+    max_tokens: int | None,
+    kld: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Token perplexity of a causal LM over ``text`` in windows (see :func:`window_plan`).
 
@@ -94,11 +107,14 @@ def token_perplexity(
         seq_len: window length in tokens.
         stride: tokens between window starts (``== seq_len``: non-overlapping).
         max_tokens: score only the first N tokens; ``None``: all.
+        kld: ``spec["kld"]`` (:mod:`quantverdict.children.kld_baseline`): also store (baseline) or compare
+            (scheme) the next-token distributions of the same windows; None: perplexity only.
 
     Returns:
         ``{"token_perplexity", "nll_sum" (nats), "n_tokens" (scored), "n_windows", "n_text_tokens",
         "window_nll" (list[float], summed NLL in nats per window, in window order),
-        "window_n_tokens" (list[int], scored tokens per window)}``.
+        "window_n_tokens" (list[int], scored tokens per window)}``, plus ``"kld"`` (the record's
+        ``accuracy.kld``, :meth:`KldRun.finish`) when ``kld`` is given.
     """
     import torch
     import torch.nn.functional as F
@@ -109,6 +125,8 @@ def token_perplexity(
         ids = ids[:max_tokens]
     plan = window_plan(int(ids.numel()), seq_len, stride)
     device = next(model.parameters()).device
+    run = open_run(kld, ids.tolist(), plan)
+    index = {w: i for i, w in enumerate(plan)}
 
     def nll(window_plan_entry: tuple[int, int, int]) -> float:
         begin, end, n_scored = window_plan_entry
@@ -120,11 +138,29 @@ def token_perplexity(
         pred = logits[:n_scored].float()
         target = window[0, target_pos]
         assert pred.shape[0] == target.shape[0] == n_scored
+        if run is not None and run.active:  # the full vocabulary's log-probabilities, float32
+            run.hf_window(index[window_plan_entry], F.log_softmax(pred, dim=-1).cpu().numpy(), target.cpu().numpy())
         return float(F.cross_entropy(pred, target, reduction="sum").double())
 
     with torch.inference_mode():
         nll_sum, n_scored_total, per_window = _score_windows(plan, nll)
-    return _token_ppl_summary(nll_sum, n_scored_total, plan, n_text_tokens, per_window)
+    return _with_kld(_token_ppl_summary(nll_sum, n_scored_total, plan, n_text_tokens, per_window), run, len(plan))
+
+
+def _with_kld(result: dict[str, Any], run: KldRun | None, n_windows: int) -> dict[str, Any]:
+    if run is None:
+        return result
+    kld = run.finish(n_windows)
+    if "refused" in kld:
+        progress(f"KL divergence refused: {kld['refused']}")
+    elif run.role == "baseline":
+        progress(f"KL divergence: stored the baseline's top-{run.top_k} distributions in {kld['entry']}")
+    else:
+        progress(
+            f"KL divergence: mean {kld['mean_kld']:.5f} nats, top-1 agreement {kld['top1_agreement_pct']:.2f} % "
+            f"over {kld['n_tokens']} tokens"
+        )
+    return {**result, "kld": kld}
 
 
 def server_token_perplexity(
@@ -135,6 +171,7 @@ def server_token_perplexity(
     max_tokens: int | None,
     server: dict[str, Any],
     workers: int,
+    kld: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Token perplexity of the model a vLLM server serves, over ``text`` in the windows of :func:`window_plan`.
 
@@ -151,6 +188,8 @@ def server_token_perplexity(
         max_tokens: score only the first N tokens; ``None``: all.
         server: ``spec["server"]`` (``base_url``, ``served_model``).
         workers: requests in flight.
+        kld: as in :func:`token_perplexity`; the server answers each window's top-``kld["top_k"]``
+            log-probabilities in the same request (``prompt_logprobs``).
 
     Returns:
         The keys of :func:`token_perplexity`.
@@ -164,10 +203,17 @@ def server_token_perplexity(
         ids = ids[:max_tokens]
     plan = window_plan(len(ids), seq_len, stride)
     url, model = completions_url(server["base_url"]), server["served_model"]
+    run = open_run(kld, ids, plan)
+    index = {w: i for i, w in enumerate(plan)}
 
     def nll(window_plan_entry: tuple[int, int, int]) -> float:
         begin, end, n_scored = window_plan_entry
-        return window_nll(prompt_logprobs(url, model, ids[begin:end], SERVER_TIMEOUT_S), begin, end, n_scored)
+        if run is None or not run.active:
+            return window_nll(prompt_logprobs(url, model, ids[begin:end], SERVER_TIMEOUT_S), begin, end, n_scored)
+        token_lps, tops = prompt_logprobs_topk(url, model, ids[begin:end], run.top_k, SERVER_TIMEOUT_S)
+        _, targets = scored_slices(begin, end, n_scored)
+        run.topk_window(index[window_plan_entry], tops[targets], token_lps[targets])  # type: ignore[arg-type]
+        return window_nll(token_lps, begin, end, n_scored)
 
     nll_sum, n_scored_total, per_window = _score_windows(plan, nll, workers)
-    return _token_ppl_summary(nll_sum, n_scored_total, plan, n_text_tokens, per_window)
+    return _with_kld(_token_ppl_summary(nll_sum, n_scored_total, plan, n_text_tokens, per_window), run, len(plan))

@@ -203,6 +203,18 @@ class TokenPerplexityConfig:
 
 
 @dataclass
+class KldConfig:
+    """KL divergence of a scheme's next-token distributions to its baseline's, over the token-perplexity windows
+    (needs eval.token_perplexity.enabled). The baseline job stores its top-k distributions in the cache; a
+    scheme job compares with them (quantverdict.children.kld_baseline)."""
+
+    enabled: bool = True
+    # tokens kept per position (the KLD is a lower bound over the rest, which is lumped); the server backend
+    # reads them from vLLM's prompt_logprobs, at most the server's --max-logprobs (vLLM default 20)
+    top_k: int = 20
+
+
+@dataclass
 class EvalConfig:
     name: str = MISSING
     enabled: bool = True
@@ -236,6 +248,7 @@ class EvalConfig:
     batch_invariance_check: bool = True
     # vllm backend: extra vllm.LLM keyword arguments (e.g. enforce_eager: true, gpu_memory_utilization)
     vllm_args: dict[str, Any] = field(default_factory=dict)
+    kld: KldConfig = field(default_factory=KldConfig)
 
 
 @dataclass
@@ -364,6 +377,13 @@ class ReviewConfig:
     bootstrap_samples: int = 10000
     seed: int = 0
     log_to_mlflow: bool = True
+    # accuracy floor on the KL divergence to the baseline (accuracy.kld; null: no constraint): mean KLD in nats
+    # at most this, top-1 agreement in percent at least this
+    max_mean_kld: Optional[float] = None
+    min_top1_agreement_pct: Optional[float] = None
+    # cost: GPU price in USD per hour per GPU, by GPU kind (a name the record's environment.gpu names contain,
+    # e.g. H200); empty: no cost line
+    gpu_price_per_hour: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -75,7 +75,41 @@ def review_errors(rc: ReviewConfig) -> list[str]:
         )
     if rc.load_rps is not None and rc.load_concurrency is not None:
         errors.append("set only one of review.load_rps and review.load_concurrency (the other null)")
+    return errors + kld_cost_review_errors(rc)
+
+
+def kld_cost_review_errors(rc: ReviewConfig) -> list[str]:
+    """Problems of the KLD constraints and GPU prices of a review config (issue #17)."""
+    errors: list[str] = []
+    if rc.max_mean_kld is not None and rc.max_mean_kld < 0:
+        errors.append(f"review.max_mean_kld={rc.max_mean_kld} must be >= 0 (nats) or null")
+    if rc.min_top1_agreement_pct is not None and not 0 <= rc.min_top1_agreement_pct <= 100:
+        errors.append(f"review.min_top1_agreement_pct={rc.min_top1_agreement_pct} must be in 0..100 or null")
+    for kind, price in (rc.gpu_price_per_hour or {}).items():
+        if not isinstance(price, (int, float)) or isinstance(price, bool) or not price > 0:
+            errors.append(f"review.gpu_price_per_hour.{kind}={price!r} must be a price in USD per GPU-hour > 0")
     return errors
+
+
+# vLLM's default --max-logprobs: prompt_logprobs above it are refused by the server
+VLLM_DEFAULT_MAX_LOGPROBS = 20
+
+
+def kld_errors(cfg: Config) -> list[str]:
+    """Problems of ``eval.kld`` (issue #17): k in range, and within what the server returns."""
+    kc = cfg.eval.kld
+    if not kc.enabled:
+        return []
+    if kc.top_k < 1:
+        return [f"eval.kld.top_k={kc.top_k} must be >= 1 (e.g. 20)"]
+    if evaluates_through_server(cfg) and kc.top_k > VLLM_DEFAULT_MAX_LOGPROBS:
+        if not any(str(a).startswith("--max-logprobs") for a in cfg.bench.server.extra_args):
+            return [
+                f"eval.kld.top_k={kc.top_k} exceeds vLLM's default --max-logprobs ({VLLM_DEFAULT_MAX_LOGPROBS}), so "
+                f"the server would refuse the requests; use eval.kld.top_k<={VLLM_DEFAULT_MAX_LOGPROBS} or add "
+                f"'--max-logprobs={kc.top_k}' to bench.server.extra_args"
+            ]
+    return []
 
 
 def choice_message(key: str, value: str, allowed: tuple[str, ...] | list[str]) -> str:
@@ -307,6 +341,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 )
     if evaluates_through_server(cfg):
         errors += server_backend_errors(cfg)
+    errors += kld_errors(cfg)
     _choice(errors, "bench.mode", cfg.bench.mode, BENCH_MODES)
     if cfg.bench.mode == "rate" and (not cfg.bench.rates or any(r <= 0 for r in cfg.bench.rates)):
         errors.append(f"bench.rates={list(cfg.bench.rates)} must be a non-empty list of positive req/s (inf allowed)")

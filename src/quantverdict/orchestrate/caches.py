@@ -24,7 +24,7 @@ from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict
 from quantverdict.config.schema import Config, ModelConfig
 from quantverdict.measure.integrity import IntegrityError, check_checkpoint
-from quantverdict.orchestrate import preflight
+from quantverdict.orchestrate import preflight, resume
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import StageInfo
@@ -192,3 +192,54 @@ def cpu_capabilities(
     tmp.write_text(json.dumps({"serve": serve, "quantize": quant}, indent=2))
     tmp.replace(path)
     return cpu_caps.CpuCapabilities.from_probe(serve), quant["torch"]
+
+
+KLD_CACHE_VERSION = 1  # part of the KLD baseline key: bump when what children/kld_baseline.py stores changes
+
+
+def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: str, served: bool) -> dict[str, Any] | None:
+    """The evaluate child's ``spec["kld"]``: store (baseline job) or compare with (scheme job) the baseline's
+    next-token distributions (:mod:`quantverdict.children.kld_baseline`); None when ``eval.kld`` or the token
+    perplexity is off.
+
+    The entry's key is the sha256 (first 16 hex) of what makes the baseline's distributions what they are,
+    read from this job's config as the baseline's would be: the model's source keys, ``baseline_scheme``,
+    the eval backend, device and compute dtype (``dtype``: the resolved eval dtype, or the server's dtype
+    when ``served``), the token-perplexity windows, ``eval.kld.top_k`` and the serve environment's
+    interpreter (its folder name carries the hash of its pins). The baseline job writes the entry with its
+    config hash (:func:`quantverdict.orchestrate.resume.config_hash`), which a scheme's result names; a
+    scheme job whose key or text (token ids and windows, checked in the child) differs is refused.
+
+    Returns:
+        ``{"role": "baseline" | "scheme", "top_k", "dir", "key", "key_fields", "config_hash", "job_id"}``.
+    """
+    if not (cfg.eval.kld.enabled and cfg.eval.token_perplexity.enabled):
+        return None
+    tp = cfg.eval.token_perplexity
+    model = as_dict(cfg.model)
+    fields = {
+        "version": KLD_CACHE_VERSION,
+        "model": cfg.model.name,
+        "source": {k: model.get(k) for k in MODEL_SOURCE_KEYS},
+        "baseline_scheme": cfg.baseline_scheme,
+        "backend": str(cfg.eval.backend),
+        "device": str(cfg.env.device),
+        "dtype": str(dtype),
+        "seq_len": tp.seq_len,
+        "stride": tp.stride,
+        "max_tokens": tp.max_tokens,
+        "top_k": cfg.eval.kld.top_k,
+        "serve_env": env.python,
+        "served": served,
+    }
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    config_hash = resume.config_hash(as_dict(cfg))
+    return {
+        "role": "baseline" if cfg.scheme.name == cfg.baseline_scheme else "scheme",
+        "top_k": cfg.eval.kld.top_k,
+        "dir": str(cache / "kld_baseline" / cfg.model.name / key),
+        "key": key,
+        "key_fields": fields,
+        "config_hash": config_hash,
+        "job_id": f"{cfg.model.name}_{cfg.scheme.name}_{config_hash}",
+    }

@@ -327,6 +327,7 @@ def _evaluate(
         "cache_dir": str(cache / "data"),
         "output_dir": str(out / "eval"),
         "device": cfg.env.device,
+        "kld": caches.kld_spec(cfg, env, cache, server.cfg.dtype if server else dtype, served=server is not None),
     }
     if server is not None:  # eval.backend=server: the child talks to this running server
         spec["server"] = {

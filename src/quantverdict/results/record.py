@@ -330,6 +330,9 @@ class Accuracy(Section):
     checks: dict[str, Any] | None = None
     samples: dict[str, str] | None = None
     not_applicable: str | None = None
+    # KL divergence to the baseline (children/kld_baseline.py): a scheme's summary, the baseline's stored entry,
+    # or {"refused": reason}
+    kld: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Accuracy:

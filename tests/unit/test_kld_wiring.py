@@ -1,0 +1,138 @@
+"""The KL divergence's wiring (issue #17): the server's top-k answer, the baseline cache (store, reuse, refuse),
+the evaluate spec's key, the config checks. The math itself is tests/unit/test_kld.py."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from quantverdict.children import kld_baseline, served_logprobs
+from quantverdict.config.compose import compose
+from quantverdict.config.schema import ConfigError
+from quantverdict.orchestrate import caches
+
+LN = math.log
+
+
+def test_top_logprobs_are_read_as_the_k_largest_token_ids() -> None:
+    # prompt [5, 7, 9]; position 1 holds the prompt token 7 outside the top-2 (vLLM adds it: k + 1 entries)
+    answer = {
+        "choices": [
+            {
+                "logprobs": {
+                    "token_logprobs": [None, LN(0.1), LN(0.5)],
+                    "tokens": ["token_id:5", "token_id:7", "token_id:9"],
+                    "top_logprobs": [
+                        None,
+                        {"token_id:7": LN(0.1), "token_id:3": LN(0.6), "token_id:4": LN(0.2)},
+                        {"token_id:9": LN(0.5), "token_id:2": LN(0.2), "token_id:1": LN(0.2)},
+                    ],
+                }
+            }
+        ]
+    }
+    tops = served_logprobs.parse_prompt_top_logprobs(answer, [5, 7, 9], top_k=2)
+    assert tops[0] is None
+    assert tops[1] == [(3, pytest.approx(LN(0.6))), (4, pytest.approx(LN(0.2)))]  # token 7 (0.1) dropped
+    # a tie (ids 1 and 2 at 0.2): the lower id first
+    assert tops[2] == [(9, pytest.approx(LN(0.5))), (1, pytest.approx(LN(0.2)))]
+    assert served_logprobs.completion_body("m", [5, 7, 9], 2)["logprobs"] == 2
+    with pytest.raises(RuntimeError, match="fewer than the 4 asked for"):
+        served_logprobs.parse_prompt_top_logprobs(answer, [5, 7, 9], top_k=4)
+
+
+PLAN = [(0, 2, 1), (2, 4, 1)]  # two windows of 2 tokens, one scored token each
+IDS = [11, 2, 12, 1]  # targets: token 2 (window 0), token 1 (window 1)
+
+
+def _spec(tmp_path: Path, role: str) -> dict:
+    return {"role": role, "top_k": 2, "dir": str(tmp_path / "entry"), "key": "k1", "config_hash": "abc123"}
+
+
+def _window(run: kld_baseline.KldRun, i: int, probs: list[float], target: int) -> None:
+    # the server's form: the top-2 (id, ln p) pairs (ties: lower id first), and ln p of the target
+    top = sorted(enumerate(probs), key=lambda p: (-p[1], p[0]))[:2]
+    run.topk_window(i, [[(t, LN(p)) for t, p in top]], [LN(probs[target])])
+
+
+def test_a_scheme_compares_with_the_stored_baseline_hand_worked(tmp_path: Path) -> None:
+    base = kld_baseline.open_run(_spec(tmp_path, "baseline"), IDS, PLAN)
+    assert base is not None and base.active
+    _window(base, 0, [0.5, 0.3, 0.2], target=2)
+    _window(base, 1, [0.6, 0.3, 0.1], target=1)
+    stored = base.finish(2)
+    assert stored["role"] == "baseline" and stored["stored_tokens"] == 2
+
+    run = kld_baseline.open_run(_spec(tmp_path, "scheme"), IDS, PLAN)
+    assert run is not None and run.refused is None
+    _window(run, 0, [0.4, 0.4, 0.2], target=2)
+    _window(run, 1, [0.3, 0.6, 0.1], target=1)
+    out = run.finish(2)
+    # window 0: known ids {0, 1}, rest {2}: 0.5 ln(0.5/0.4) + 0.3 ln(0.3/0.4) + 0.2 ln(0.2/0.2) = 0.025267
+    # window 1: 0.6 ln(0.6/0.3) + 0.3 ln(0.3/0.6) + 0.1 ln(1) = 0.3 ln 2 = 0.207944
+    assert out["mean_kld"] == pytest.approx((0.025267 + 0.207944) / 2, abs=1e-6)
+    assert out["max_kld"] == pytest.approx(0.3 * LN(2), abs=1e-6)  # stored log-probs are float32
+    # top-1: window 0 both token 0 (scheme tie 0.4/0.4: lower id), window 1 token 0 vs token 1
+    assert out["top1_agreement_pct"] == pytest.approx(50.0)
+    # Δp of the targets: 0.2 -> 0.2 and 0.3 -> 0.6: RMS = sqrt((0 + 0.09) / 2) = 0.212132
+    assert out["rms_delta_p_pct"] == pytest.approx(21.2132, abs=1e-3)
+    assert out["mean_delta_p_pct"] == pytest.approx(15.0)
+    assert out["n_tokens"] == 2 and out["n_windows"] == 2 and out["kld_exact"] is False and out["top_k"] == 2
+    assert out["baseline_config_hash"] == "abc123"
+
+
+def test_a_scheme_without_a_stored_baseline_is_refused(tmp_path: Path) -> None:
+    run = kld_baseline.open_run(_spec(tmp_path, "scheme"), IDS, PLAN)
+    assert run is not None and not run.active
+    assert "no stored baseline distributions" in str(run.refused)
+    _window(run, 0, [0.4, 0.4, 0.2], target=2)  # ignored: nothing to compare with
+    assert run.finish(2) == {"refused": run.refused, "role": "scheme"}
+
+
+def test_a_scheme_with_other_text_or_settings_is_refused(tmp_path: Path) -> None:
+    base = kld_baseline.open_run(_spec(tmp_path, "baseline"), IDS, PLAN)
+    assert base is not None
+    _window(base, 0, [0.5, 0.3, 0.2], target=2)
+    _window(base, 1, [0.6, 0.3, 0.1], target=1)
+    base.finish(2)
+    other_text = kld_baseline.open_run(_spec(tmp_path, "scheme"), [11, 2, 12, 3], PLAN)
+    assert other_text is not None and "text_key: stored" in str(other_text.refused)
+    other_k = kld_baseline.open_run({**_spec(tmp_path, "scheme"), "top_k": 3}, IDS, PLAN)
+    assert other_k is not None and "top_k: stored 2 vs this job 3" in str(other_k.refused)
+
+
+def test_the_baseline_and_its_schemes_share_one_cache_key(tmp_path: Path) -> None:
+    env = SimpleNamespace(python="/envs/serve-x/bin/python")
+    base = caches.kld_spec(compose(["scheme=bf16"]), env, tmp_path, "bfloat16", served=False)  # type: ignore[arg-type]
+    awq = caches.kld_spec(compose(["scheme=awq"]), env, tmp_path, "bfloat16", served=False)  # type: ignore[arg-type]
+    f32 = caches.kld_spec(compose(["scheme=awq"]), env, tmp_path, "float32", served=False)  # type: ignore[arg-type]
+    assert base is not None and awq is not None and f32 is not None
+    assert (base["role"], awq["role"]) == ("baseline", "scheme")
+    assert base["dir"] == awq["dir"] and base["key"] == awq["key"]
+    assert f32["key"] != base["key"]  # another compute dtype: another baseline
+    assert base["config_hash"] != awq["config_hash"]
+    off = compose(["scheme=awq", "eval.kld.enabled=false"])
+    assert caches.kld_spec(off, env, tmp_path, "bfloat16", served=False) is None  # type: ignore[arg-type]
+
+
+def test_kld_settings_are_checked_before_any_work() -> None:
+    with pytest.raises(ConfigError, match=r"eval.kld.top_k=0 must be >= 1"):
+        compose(["eval.kld.top_k=0"])
+    with pytest.raises(ConfigError, match=r"exceeds vLLM's default --max-logprobs \(20\)"):
+        compose(
+            [
+                "eval.backend=server",
+                "eval.kld.top_k=21",
+                "eval.token_perplexity.seq_len=2047",
+                "eval.token_perplexity.stride=2047",
+            ]
+        )
+    compose(["eval.backend=server", "eval.kld.top_k=21", "eval.token_perplexity.seq_len=2047", "eval.token_perplexity.stride=2047",
+             "bench.server.extra_args=['--max-logprobs=21']"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"review.min_top1_agreement_pct=101"):
+        compose(["review.min_top1_agreement_pct=101"])
+    with pytest.raises(ConfigError, match=r"review.gpu_price_per_hour.H200=0"):
+        compose(["+review.gpu_price_per_hour.H200=0"])
