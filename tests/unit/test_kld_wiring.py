@@ -130,8 +130,8 @@ def test_kld_settings_are_checked_before_any_work() -> None:
                 "eval.token_perplexity.stride=2047",
             ]
         )
-    compose(["eval.backend=server", "eval.kld.top_k=21", "eval.token_perplexity.seq_len=2047", "eval.token_perplexity.stride=2047",
-             "bench.server.extra_args=['--max-logprobs=21']"])  # fmt: skip
+    window = ["eval.token_perplexity.seq_len=2047", "eval.token_perplexity.stride=2047"]
+    compose(["eval.backend=server", "eval.kld.top_k=21", *window, "bench.server.extra_args=['--max-logprobs=21']"])
     with pytest.raises(ConfigError, match=r"review.min_top1_agreement_pct=101"):
         compose(["review.min_top1_agreement_pct=101"])
     with pytest.raises(ConfigError, match=r"review.gpu_price_per_hour.H200=0"):
