@@ -17,10 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from clihelp import command, pids_matching, run_cli
+from quantverdict.children.kld_baseline import META_FILE, load_baseline
 from quantverdict.config.compose import PROJECT_ROOT
+from quantverdict.measure.kld import topk_token_stats
 from quantverdict.results.record import find_records, load
 from quantverdict.serving.server import port_is_free
 
@@ -160,6 +163,33 @@ def test_server_and_hf_backends_agree_on_the_same_items(served: tuple, hf: tuple
     assert ta["token_perplexity"] == pytest.approx(math.exp(ta["nll_sum"] / ta["n_tokens"]), rel=1e-12)
     assert ta["window_n_tokens"] == tb["window_n_tokens"] == [511, 511]
     assert sum(ta["window_nll"]) == pytest.approx(ta["nll_sum"], rel=1e-12)
+
+
+def test_the_served_top_k_distributions_match_the_hf_ones(served: tuple, hf: tuple) -> None:
+    """Both bf16 jobs are baselines: each stored its top-20 next-token distributions over the same 1,022 tokens
+    (issue #17), the server's from vLLM's prompt_logprobs, hf's from the full vocabulary. Compared as if the
+    served model were a scheme of the hf one, the KL divergence is the float32 kernels' difference only."""
+    _, srv, _ = served
+    _, ref, _ = hf
+    ka, kb = srv["accuracy"]["kld"], ref["accuracy"]["kld"]
+    assert ka["role"] == kb["role"] == "baseline" and ka["top_k"] == kb["top_k"] == 20
+    assert ka["stored_tokens"] == kb["stored_tokens"] == 1022
+    assert ka["text_key"] == kb["text_key"]  # same token ids and windows through both tokenizer paths
+    assert ka["entry"] != kb["entry"]  # backend and served are part of the key: two baselines
+    entries = [Path(k["entry"]) for k in (ka, kb)]
+    (_, srv_w), (_, hf_w) = (load_baseline(e, json.loads((e / META_FILE).read_text())) for e in entries)
+    assert [len(w.target_logprob) for w in srv_w] == [len(w.target_logprob) for w in hf_w] == [511, 511]
+    assert all(w.rest_logprob is None for w in srv_w) and all(w.rest_logprob is not None for w in hf_w)
+    target_diff = max(float(np.max(np.abs(a.target_logprob - b.target_logprob))) for a, b in zip(srv_w, hf_w))
+    stats = [topk_token_stats(b, a) for a, b in zip(srv_w, hf_w)]
+    kld = np.concatenate([s.kld for s in stats])
+    agree = float(np.mean(np.concatenate([s.top1_agree for s in stats])))
+    print(f"server vs hf top-20: max |target log p diff| {target_diff:.2e}, mean KLD {kld.mean():.2e}, top-1 {agree}")
+    # the per-token log p differences are <= 4.6e-5 nats (see LL_TOL): 1e-3 is the margin for a wrong position,
+    # which would move them by whole nats; a KLD from such differences is of their square's order (~1e-9)
+    assert target_diff < 1e-3
+    assert float(kld.mean()) < 1e-4
+    assert agree >= 0.99  # a near-tie of the top two may flip; a misaligned window would agree on ~5%
 
 
 def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(
