@@ -16,6 +16,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict.results.record import JobRecord, TaskResult
 from quantverdict.review import stats
+from quantverdict.review.kld import kld_deltas
 from quantverdict.review.scorecard import SOURCE_DIR_KEY, TaskDelta
 from quantverdict.review.stats import Interval
 
@@ -180,4 +181,5 @@ def accuracy_section(
     if "token_perplexity" in deltas:
         d = deltas["token_perplexity"]
         out.append(_ppl_delta("token_perplexity", "token_perplexity", d["value"], d["baseline"], rec, base, rc))
+    out += kld_deltas(rec)  # issue #17: mean KLD and top-1 agreement, beside the token perplexity delta
     return out, None, missing

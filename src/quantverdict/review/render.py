@@ -16,6 +16,8 @@ from typing import Any
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number as _f
 from quantverdict.review.constraints import load_set
+from quantverdict.review.cost import cost_blocks
+from quantverdict.review.kld import kld_row
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
 from quantverdict.review.verdict import floor_test_of
@@ -113,7 +115,7 @@ def _acc_rows(cards: list[Scorecard]) -> list[list[str]]:
             rows.append([sc.name, "–", "–", "–", "–", "; ".join(sc.missing) or "no accuracy", "–", "–", "–", "–"])
             continue
         for d in sc.accuracy:
-            rows.append(_acc_row(sc, d))
+            rows.append(kld_row(sc.name, d) or _acc_row(sc, d))  # issue #17: KLD rows beside the perplexity
     return rows
 
 
@@ -288,6 +290,7 @@ def _verdict_section(review: Review) -> list[Block]:
             out.append(("h3", v.model))
         ok = v.decision in ("quantize", "do not quantize") and not v.accuracy_not_measured
         out.append(("verdict", v.sentence, "ok" if ok else "warn"))
+        out += cost_blocks(review, v)  # issue #17: the verdict in USD per million output tokens (with a price)
         if v.evidence:
             out.append(("ul", v.evidence))
         if v.binding:

@@ -29,6 +29,7 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number
+from quantverdict.review.kld import with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import slo_ok
 
@@ -318,7 +319,8 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
 
 def checks(sc: Scorecard, rc: ReviewConfig) -> dict[str, Check]:
     """The three checks of one scheme, keyed by constraint."""
-    return {"memory": memory_check(sc, rc), "accuracy": accuracy_check(sc, rc), "latency": latency_check(sc, rc)}
+    accuracy = with_kld_constraint(accuracy_check(sc, rc), sc, rc, floor_test_of)  # issue #17: KLD limits
+    return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
 
 
 def passes(cs: dict[str, Check]) -> bool:

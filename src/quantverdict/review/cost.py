@@ -1,0 +1,94 @@
+"""The verdict in cost per token: USD per million output tokens at the stated load, from a GPU price.
+
+``review.gpu_price_per_hour`` maps a GPU kind to its price per GPU-hour (``{H200: 3.5}``); the kind is matched
+(case-insensitively, as a word inside the name) against the GPU the records ran on (``environment.gpu[].name``,
+as :func:`quantverdict.review.core.environment_lines` lists them, e.g. ``NVIDIA H200``). Each scheme is
+served by one vLLM server on one GPU (the pipeline serves on ``gpus[0]`` without tensor parallelism,
+:mod:`quantverdict.orchestrate.hardware`), so ``n_gpus = 1``. The throughput is the measured output
+tokens per second at the review's stated load (``speed.at_load.output_tok_s``: ``review.load_rps`` or
+``review.load_concurrency``), and, beside it, at the sustained ceiling (``speed.ceiling_tok_s``, what the
+GPU does when kept busy). The formula is :func:`quantverdict.measure.cost.usd_per_mtok`.
+
+No price for the GPU kind (or no GPU: a CPU grid) -> no cost line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from quantverdict.measure.cost import usd_per_mtok_or_none
+from quantverdict.review.model import Review
+from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.verdict import Verdict
+
+__all__ = ["N_GPUS", "cost_blocks", "gpu_price", "scheme_cost"]
+
+N_GPUS = 1  # GPUs one scheme's server uses (no tensor parallelism in the pipeline)
+GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
+
+
+def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, str, float] | None:
+    """``(gpu name, kind, USD per GPU-hour)`` for the one GPU kind the records ran on, or None: no price
+    given, no GPU, or records on several GPU kinds (one price line would misstate some of them)."""
+    if not prices:
+        return None
+    names = {line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in environment if line.startswith(GPU_LINE)}
+    if len(names) != 1:
+        return None
+    (name,) = names
+    for kind, price in prices.items():
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(str(kind))}(?![A-Za-z0-9])", name, flags=re.IGNORECASE):
+            return name, str(kind), float(price)
+    return None
+
+
+def scheme_cost(sc: Scorecard, price: float) -> dict[str, Any]:
+    """``{"at_load": USD/Mtok | None, "at_load_tok_s", "ceiling": USD/Mtok | None, "ceiling_tok_s"}`` of one
+    scheme at ``price`` USD per GPU-hour (None where the sweep measured no throughput)."""
+    at = (sc.speed.get("at_load") or {}).get("output_tok_s")
+    ceil = sc.speed.get("ceiling_tok_s")
+    return {
+        "at_load": usd_per_mtok_or_none(price, N_GPUS, at) if at else None,
+        "at_load_tok_s": at,
+        "ceiling": usd_per_mtok_or_none(price, N_GPUS, ceil) if ceil else None,
+        "ceiling_tok_s": ceil,
+    }
+
+
+def _usd(v: float | None) -> str:
+    return "–" if v is None else f"${v:,.3f}" if v < 1 else f"${v:,.2f}"
+
+
+def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
+    """The verdict's line in USD per million output tokens (a ``p`` and a ``ul`` block), [] without a price."""
+    found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
+    if found is None:
+        return []
+    name, kind, price = found
+    cards = review.cards_of(v.model)
+    chosen = next((sc for sc in cards if sc.scheme == v.scheme), None)
+    load = review.config.load_rps
+    stated = f"{load:g} req/s" if load is not None else f"concurrency {review.config.load_concurrency}"
+    head = f"**Cost** ({name} at ${price:g} per GPU-hour (review.gpu_price_per_hour.{kind}), {N_GPUS} GPU per scheme"
+    if chosen is not None:
+        c = scheme_cost(chosen, price)
+        head += (
+            f"): {chosen.name} costs **{_usd(c['at_load'])} per million output tokens at the stated load** "
+            f"({stated}, {_f(c['at_load_tok_s'])} output tok/s), {_usd(c['ceiling'])} at its sustained ceiling "
+            f"({_f(c['ceiling_tok_s'])} output tok/s)."
+        )
+    else:
+        head += "): no scheme chosen; each scheme's cost:"
+    rows = []
+    for sc in cards:
+        c = scheme_cost(sc, price)
+        rows.append(
+            f"{sc.name}: {_usd(c['at_load'])}/Mtok at the stated load ({_f(c['at_load_tok_s'])} tok/s), "
+            f"{_usd(c['ceiling'])}/Mtok at the ceiling ({_f(c['ceiling_tok_s'])} tok/s)"
+        )
+    return [("p", head), ("ul", rows)]
+
+
+def _f(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.0f}"

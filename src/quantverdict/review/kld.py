@@ -1,0 +1,227 @@
+"""The KL divergence to the baseline in the review: rows beside the perplexity delta, and its constraint.
+
+A scheme's record holds ``accuracy.kld`` (the evaluate child's :class:`quantverdict.measure.kld.KldSummary`
+fields, or ``{"refused": reason}``; :mod:`quantverdict.children.kld_baseline`). :func:`kld_deltas` turns it
+into two :class:`KldDelta` of the scorecard's accuracy list (mean KLD, top-1 agreement), after the token
+perplexity delta; :func:`kld_row` renders them in the accuracy table; :func:`with_kld_constraint` adds
+``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` to the accuracy check.
+
+Judged like the other accuracy floors (:func:`quantverdict.review.verdict.floor_test_of`): on the point
+estimate, or with ``floor_test: interval`` (or ``auto`` and fewer than ``interval_test_below_n`` scored tokens)
+on the paired interval over windows: a scheme fails only when the whole interval misses the limit. The
+recorded KLD of the top-k form is a lower bound of the true one, so a scheme that fails ``max_mean_kld`` on it
+fails on the true value too, while a pass is the bound's pass (the review says which form was measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.format import number
+from quantverdict.results.record import JobRecord
+from quantverdict.review.scorecard import Scorecard, TaskDelta
+from quantverdict.review.stats import Interval
+
+__all__ = ["KLD", "KldDelta", "kld_deltas", "kld_row", "with_kld_constraint"]
+
+KLD = "kld"  # TaskDelta.kind and .name of the KLD deltas
+MEAN, TOP1 = "mean_kld", "top1_agreement_pct"
+REFUSED = "refused"
+# review.verdict's check statuses (verdict calls this module, so it is not imported here: no cycle)
+PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
+
+
+class _CheckLike(Protocol):
+    """What :func:`with_kld_constraint` reads of :class:`quantverdict.review.verdict.Check`."""
+
+    status: str
+    text: str
+    shortfall: str
+    excess: float
+    cite: str
+
+
+_C = TypeVar("_C", bound=_CheckLike)
+FloorTest = Callable[[TaskDelta, ReviewConfig], str]
+
+
+@dataclasses.dataclass
+class KldDelta(TaskDelta):
+    """A :class:`TaskDelta` of kind ``kld`` carrying the record's whole ``accuracy.kld`` summary."""
+
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _interval(s: dict[str, Any], key: str, method: str | None) -> Interval | None:
+    lo, hi = s.get(f"{key}_ci_low"), s.get(f"{key}_ci_high")
+    if lo is None or hi is None:
+        return None
+    return Interval(float(s[key]), float(lo), float(hi), method or "paired bootstrap over windows")
+
+
+def kld_deltas(rec: JobRecord) -> list[TaskDelta]:
+    """The KLD deltas of one scheme's record: mean KLD (nats, baseline 0) and top-1 agreement (%, baseline
+    100), each carrying the whole summary; one ``refused`` delta (value NaN, the reason in ``note``) when the
+    job could not compare; [] when the record has no KLD (made before #17, or eval.kld.enabled=false)."""
+    s = rec.accuracy.kld
+    if not isinstance(s, dict) or s.get("role") == "baseline":
+        return []
+    if REFUSED in s or s.get(MEAN) is None:
+        why = str(s.get(REFUSED) or "no mean KLD in the record")
+        return [KldDelta(KLD, REFUSED, KLD, math.nan, 0.0, note=f"KL divergence not compared: {why}", summary=s)]
+    method = s.get("interval_method")
+    n = s.get("n_tokens")
+    mean = KldDelta(
+        KLD, MEAN, KLD, float(s[MEAN]), 0.0, delta=float(s[MEAN]), interval=_interval(s, MEAN, method), n=n, summary=s
+    )
+    agree = float(s[TOP1])
+    iv = _interval(s, TOP1, method)
+    top1 = KldDelta(
+        KLD,
+        TOP1,
+        KLD,
+        agree,
+        100.0,
+        delta=agree - 100.0,
+        interval=None if iv is None else Interval(iv.estimate - 100.0, iv.low - 100.0, iv.high - 100.0, iv.method),
+        recovery_pct=agree,
+        recovery_interval=iv,
+        n=n,
+        summary=s,
+    )
+    return [mean, top1]
+
+
+def _form(s: dict[str, Any]) -> str:
+    if s.get("kld_exact"):
+        return "full vocabulary (exact)"
+    upper = s.get("mean_kld_upper")
+    bound = f"; upper bound {number(upper, '.4g')}" if upper is not None else ""
+    return f"top-{s.get('top_k')} lower bound{bound}"
+
+
+def kld_row(scheme: str, d: TaskDelta) -> list[str] | None:
+    """The accuracy-table row of a KLD delta (the table's ten columns), None for any other delta."""
+    if not isinstance(d, KldDelta):
+        return None
+    s = d.summary
+    count = f"{s.get('n_tokens', '–')} tokens / {s.get('n_windows', '–')} windows"
+    method = d.interval.method if d.interval else (s.get("interval_note") or "no interval")
+    if d.metric == REFUSED:
+        return [scheme, KLD, "mean KLD", "–", "–", "–", "–", "–", "–", d.note]
+    if d.metric == MEAN:
+        iv = d.interval
+        ci = f" [{iv.low:.4g}, {iv.high:.4g}]" if iv else ""
+        value = (
+            f"{d.value:.4g} nats (median {number(s.get('median_kld'), '.3g')}, p99 {number(s.get('p99_kld'), '.3g')}, "
+            f"max {number(s.get('max_kld'), '.3g')}; {_form(s)})"
+        )
+        return [scheme, KLD, "mean KLD (nats)", value, f"{d.value:+.4g}{ci}", "–", "–", count, "–", method]
+    ri = d.recovery_interval
+    ci = f" [{ri.low - 100:+.2f}, {ri.high - 100:+.2f}]" if ri else ""
+    value = (
+        f"{d.value:.2f}% vs 100% (RMS Δp {number(s.get('rms_delta_p_pct'), '.2f')}%, "
+        f"mean Δp {number(s.get('mean_delta_p_pct'), '+.2f')}%)"
+    )
+    rec = f"{d.value:.2f}%" + (f" [{ri.low:.2f}, {ri.high:.2f}]" if ri else "")
+    return [scheme, KLD, "top-1 agreement", value, f"{d.delta:+.2f} pts{ci}", rec, "–", count, "–", method]
+
+
+def _kld_of(sc: Scorecard) -> list[KldDelta]:
+    return [d for d in sc.accuracy if isinstance(d, KldDelta)]
+
+
+def _verdict_parts(
+    ds: list[KldDelta], rc: ReviewConfig, floor_test_of: FloorTest
+) -> tuple[list[str], list[str], list[tuple[float, str]]]:
+    """(text parts, cite parts, fails as (excess, sentence)) of the KLD limits for one scheme's deltas."""
+    parts: list[str] = []
+    cites: list[str] = []
+    fails: list[tuple[float, str]] = []
+    by = {d.metric: d for d in ds}
+    limit = rc.max_mean_kld
+    if limit is not None and MEAN in by:
+        d = by[MEAN]
+        judged = d.value
+        how = ""
+        if floor_test_of(d, rc) == "interval" and d.interval is not None:
+            judged, how = d.interval.low, f" (interval test: its interval starts at {d.interval.low:.4g})"
+        ok = judged <= limit
+        op = "<=" if ok else ">"
+        parts.append(f"mean KLD {d.value:.4g} nats{how} {op} {limit:g}")
+        cites.append(f"mean KLD {d.value:.4g} nats {op} {limit:g}")
+        if not ok:
+            fails.append(
+                ((d.value - limit) / max(limit, 1e-12), f"mean KLD {d.value:.4g} nats is over the {limit:g} limit")
+            )
+    floor = rc.min_top1_agreement_pct
+    if floor is not None and TOP1 in by:
+        d = by[TOP1]
+        judged = d.value
+        how = ""
+        if floor_test_of(d, rc) == "interval" and d.recovery_interval is not None:
+            judged = d.recovery_interval.high
+            how = f" (interval test: its interval reaches {d.recovery_interval.high:.2f}%)"
+        ok = judged >= floor
+        op = ">=" if ok else "<"
+        parts.append(f"top-1 agreement {d.value:.2f}%{how} {op} {floor:g}%")
+        cites.append(f"top-1 agreement {d.value:.2f}% {op} {floor:g}%")
+        if not ok:
+            gap = floor - d.value
+            fails.append(
+                (gap / max(floor, 1e-12), f"top-1 agreement {d.value:.2f}% is {gap:.2f} points below {floor:g}%")
+            )
+    return parts, cites, fails
+
+
+def with_kld_constraint(check: _C, sc: Scorecard, rc: ReviewConfig, floor_test_of: FloorTest) -> _C:
+    """``check`` (the accuracy check) with ``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` added.
+
+    Unchanged when neither is set, for a not-applicable accuracy, and when the deltas were refused. The baseline
+    is the reference (KLD 0, agreement 100% by definition). A scheme without a KLD (refused, or a record
+    without one) cannot pass these limits: its check becomes ``unknown`` unless it already fails.
+
+    Args:
+        check: :func:`quantverdict.review.verdict.accuracy_check` of ``sc``.
+        sc: the scheme's scorecard (its :class:`KldDelta` from :func:`kld_deltas`).
+        rc: the review config.
+        floor_test_of: :func:`quantverdict.review.verdict.floor_test_of` (``point`` or ``interval`` per delta).
+
+    Returns:
+        A new check (``dataclasses.replace`` of ``check``).
+    """
+    if rc.max_mean_kld is None and rc.min_top1_agreement_pct is None:
+        return check
+    if check.status == NOT_APPLICABLE or sc.accuracy_refused:
+        return check
+    if sc.is_baseline:
+        if check.status == OFF:
+            reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
+            return dataclasses.replace(check, status=PASS, text=reference, cite="is the accuracy reference")  # type: ignore[type-var]
+        return check
+    ds = [d for d in _kld_of(sc) if d.metric != REFUSED]
+    status = PASS if check.status == OFF else check.status
+    text = "" if check.status == OFF else check.text
+    cite = "" if check.status == OFF else check.cite
+    if not ds:
+        refused = next((d.note for d in _kld_of(sc) if d.metric == REFUSED), "no KL divergence in the record")
+        extra = f"KLD limits not checked: {refused}"
+        return dataclasses.replace(  # type: ignore[type-var]
+            check,
+            status=FAIL if status == FAIL else UNKNOWN,
+            text="; ".join(t for t in (text, extra) if t),
+            cite="; ".join(t for t in (cite, "KLD not measured") if t),
+        )
+    parts, cites, fails = _verdict_parts(ds, rc, floor_test_of)
+    text = "; ".join(t for t in (text, *parts) if t)
+    cite = " and ".join(t for t in (cite, *cites) if t)
+    if not fails:
+        return dataclasses.replace(check, status=status, text=text, cite=cite)  # type: ignore[type-var]
+    fails.sort(reverse=True)
+    shortfall = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
+    excess = max(check.excess, fails[0][0])
+    return dataclasses.replace(check, status=FAIL, text=text, shortfall=shortfall, excess=excess, cite=cite)  # type: ignore[type-var]

@@ -1,0 +1,128 @@
+"""The KL divergence and the cost in the review (issue #17), on hand-built records (tests/review_records.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.review import build_review
+from quantverdict.review.render import blocks, to_markdown
+from review_records import grid, synthetic_grid
+
+RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, floor_test="point")
+
+
+def _kld(mean: float, lo: float, hi: float, top1: float, t_lo: float, t_hi: float) -> dict[str, Any]:
+    return {
+        "mean_kld": mean,
+        "median_kld": mean / 2,
+        "p99_kld": mean * 10,
+        "max_kld": mean * 30,
+        "top1_agreement_pct": top1,
+        "rms_delta_p_pct": 3.0,
+        "mean_delta_p_pct": -0.4,
+        "n_tokens": 4094,
+        "n_windows": 2,
+        "kld_exact": False,
+        "top_k": 20,
+        "confidence": 0.95,
+        "mean_kld_ci_low": lo,
+        "mean_kld_ci_high": hi,
+        "top1_agreement_pct_ci_low": t_lo,
+        "top1_agreement_pct_ci_high": t_hi,
+        "interval_method": "paired percentile bootstrap over 2 windows (10000 resamples, seed 0)",
+        "interval_note": None,
+        "role": "scheme",
+    }
+
+
+def kld_grid() -> list[dict[str, Any]]:
+    """grid() with KLDs: int8 0.002 nats / 98.5 %, gptq 0.08 [0.06, 0.10] / 85 % [83, 87], awq refused,
+    the others without a KLD (records made before #17); bf16 stored the baseline."""
+    recs = grid()
+    by = {r["job"]["scheme"]: r for r in recs}
+    by["bf16"]["accuracy"]["kld"] = {"role": "baseline", "top_k": 20, "stored_tokens": 4094}
+    by["int8"]["accuracy"]["kld"] = _kld(0.002, 0.0018, 0.0022, 98.5, 98.0, 99.0)
+    by["gptq"]["accuracy"]["kld"] = _kld(0.08, 0.06, 0.10, 85.0, 83.0, 87.0)
+    by["awq"]["accuracy"]["kld"] = {"refused": "no stored baseline distributions at /x", "role": "scheme"}
+    return recs
+
+
+def _review(records: list[dict[str, Any]], **kw: Any) -> Any:
+    review = build_review(records, replace(RC, **kw), "test")
+    return review, review.verdicts[0], review.checks[review.verdicts[0].model]
+
+
+def test_kld_rows_stand_beside_the_perplexity_delta() -> None:
+    review, _, _ = _review(kld_grid())
+    md = to_markdown(blocks(review, {}))
+    lines = md.splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("| int8 (W8A16) | token_perplexity | token_perplexity |")))
+    mean, top1 = lines[at + 1], lines[at + 2]  # the next two rows of the accuracy table
+    assert mean.startswith("| int8 (W8A16) | kld | mean KLD (nats) | 0.002 nats (median 0.001, p99 0.02, max 0.06; ")
+    assert "top-20 lower bound)" in mean and "[0.0018, 0.0022]" in mean and "4094 tokens / 2 windows" in mean
+    # top-1 agreement 98.5 %: -1.50 points, interval [98.0, 99.0] -> [-2.00, -1.00]
+    assert top1.startswith("| int8 (W8A16) | kld | top-1 agreement | 98.50% vs 100% (RMS Δp 3.00%, mean Δp -0.40%)")
+    assert "-1.50 pts [-2.00, -1.00]" in top1
+    awq = [line for line in md.splitlines() if line.startswith("| awq (W4A16) |") and "| kld |" in line]
+    assert len(awq) == 1 and "KL divergence not compared: no stored baseline distributions" in awq[0]
+
+
+def test_no_kld_limit_leaves_the_checks_as_they_were() -> None:
+    _, v_plain, c_plain = _review(grid())
+    _, v_kld, c_kld = _review(kld_grid())
+    assert v_plain.sentence == v_kld.sentence
+    assert {s: c["accuracy"].status for s, c in c_plain.items()} == {s: c["accuracy"].status for s, c in c_kld.items()}
+
+
+def test_max_mean_kld_fails_the_scheme_over_it() -> None:
+    _, v, checks = _review(kld_grid(), max_mean_kld=0.05)
+    assert checks["int8"]["accuracy"].status == "pass"
+    assert "mean KLD 0.002 nats <= 0.05" in checks["int8"]["accuracy"].text
+    gptq = checks["gptq"]["accuracy"]
+    assert gptq.status == "fail" and "mean KLD 0.08 nats is over the 0.05 limit" in gptq.shortfall
+    assert gptq.excess == pytest.approx((0.08 - 0.05) / 0.05)
+    # a scheme without a KLD cannot pass the limit: unknown, with why
+    assert checks["fp8"]["accuracy"].status == "unknown"
+    assert "no KL divergence in the record" in checks["fp8"]["accuracy"].text
+    assert checks["awq"]["accuracy"].status == "unknown" and "no stored baseline" in checks["awq"]["accuracy"].text
+    assert checks["bf16"]["accuracy"].status == "pass"  # the reference
+    assert v.decision == "do not quantize"
+    assert any(o.startswith("gptq") and "mean KLD 0.08 nats is over the 0.05 limit" in o for o in v.others)
+
+
+def test_min_top1_agreement_and_the_interval_test() -> None:
+    _, _, checks = _review(kld_grid(), min_top1_agreement_pct=90.0)
+    gptq = checks["gptq"]["accuracy"]
+    assert gptq.status == "fail" and "top-1 agreement 85.00% is 5.00 points below 90%" in gptq.shortfall
+    assert checks["int8"]["accuracy"].status == "pass"
+    # interval test: gptq's mean KLD interval [0.06, 0.10] lies over 0.05 (fails) but reaches under 0.07 (passes)
+    _, _, over = _review(kld_grid(), max_mean_kld=0.05, floor_test="interval")
+    assert over["gptq"]["accuracy"].status == "fail"
+    _, _, under = _review(kld_grid(), max_mean_kld=0.07, floor_test="interval")
+    assert "mean KLD 0.08 nats (interval test: its interval starts at 0.06) <= 0.07" in under["gptq"]["accuracy"].text
+    assert under["gptq"]["accuracy"].status == "pass"
+
+
+def test_the_verdict_in_usd_per_million_output_tokens() -> None:
+    rc = {"load_rps": None, "load_concurrency": 16, "memory_budget_gib": 12.0}
+    review, v, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour={"H200": 3.5})
+    md = to_markdown(blocks(review, {}))
+    # fp8 at concurrency 16: E2E p50 45 + 127 x 4 = 553 ms -> 16 / 0.553 s x 128 = 3,703.4 output tok/s;
+    # $3.50 / (3,703.4 x 3,600 tok/h) x 1e6 = $0.2625 per million output tokens
+    assert v.scheme == "w8a8" or v.scheme == "fp8"
+    line = next(line for line in md.splitlines() if line.startswith("**Cost**"))
+    assert "NVIDIA H200 at $3.5 per GPU-hour" in line
+    fp8 = next(line for line in md.splitlines() if line.startswith("- fp8 (FP8_DYNAMIC): $"))
+    assert fp8.startswith("- fp8 (FP8_DYNAMIC): $0.263/Mtok at the stated load (3,703 tok/s)")
+    # bf16: 60 + 127 x 6 = 822 ms -> 2,491.5 tok/s -> $0.3902
+    assert any(
+        line.startswith("- bf16 (BF16): $0.390/Mtok at the stated load (2,491 tok/s)") for line in md.splitlines()
+    )
+    # no price, or a price for another GPU kind: no cost line
+    for prices in ({}, {"A100": 1.5}, {"H20": 1.0}):
+        review, _, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour=prices)
+        assert "**Cost**" not in to_markdown(blocks(review, {}))
