@@ -197,7 +197,7 @@ def cpu_capabilities(
 KLD_CACHE_VERSION = 1  # part of the KLD baseline key: bump when what children/kld_baseline.py stores changes
 
 
-def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: str, served: bool) -> dict[str, Any] | None:
+def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: Any, served: bool) -> dict[str, Any] | None:
     """The evaluate child's ``spec["kld"]``: store (baseline job) or compare with (scheme job) the baseline's
     next-token distributions (:mod:`quantverdict.children.kld_baseline`); None when ``eval.kld`` or the token
     perplexity is off.
@@ -224,7 +224,7 @@ def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: str, served: bool) 
         "baseline_scheme": cfg.baseline_scheme,
         "backend": str(cfg.eval.backend),
         "device": str(cfg.env.device),
-        "dtype": str(dtype),
+        "dtype": str(getattr(dtype, "value", dtype)),  # a ComputeDtype (server) or its string
         "seq_len": tp.seq_len,
         "stride": tp.stride,
         "max_tokens": tp.max_tokens,
