@@ -282,11 +282,29 @@ def topk_from_full(logprobs: np.ndarray, k: int, target_ids: np.ndarray, *, norm
     if not 1 <= k <= vocab:
         raise ValueError(f"k={k} must be in 1..vocab ({vocab})")
     t = _check_targets(target_ids, n, vocab)
-    order = np.argsort(-lp, axis=1, kind="stable")[:, :k]
+    order = _top_k_ids(lp, k)
     top = np.take_along_axis(lp, order, axis=1)
     rest = lp.copy()
     np.put_along_axis(rest, order, -np.inf, axis=1)
     return TopK(ids=order, logprobs=top, target_logprob=lp[np.arange(n), t], rest_logprob=_logsumexp(rest))
+
+
+def _top_k_ids(lp: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the ids of the k largest values sorted by decreasing value, ties by lower id first: the
+    first k columns of ``np.argsort(-lp, kind="stable")``, found with a partition in O(n · vocab) instead of a
+    full sort (a 256 × 49,152 block: 2.4 s sorted on the 2-core CPU)."""
+    n = lp.shape[0]
+    kth = -np.partition(-lp, k - 1, axis=1)[:, k - 1 : k]  # [n, 1] the k-th largest value
+    above = lp > kth
+    tie = lp == kth
+    need = k - above.sum(axis=1, keepdims=True)  # how many of the tied values the top-k takes: the lowest ids
+    if np.array_equal(need, tie.sum(axis=1, keepdims=True)):  # no tie straddles the k-th place (the usual case)
+        chosen = above | tie
+    else:
+        chosen = above | (tie & (np.cumsum(tie, axis=1) <= need))
+    ids = np.nonzero(chosen)[1].reshape(n, k)  # ascending ids per row
+    vals = np.take_along_axis(lp, ids, axis=1)
+    return np.take_along_axis(ids, np.argsort(-vals, axis=1, kind="stable"), axis=1)
 
 
 def scheme_at_ids(
