@@ -15,7 +15,7 @@ mass (float64; NaN on the server backend, where vLLM does not return it) -- in `
 Why top-k and not the full vocabulary: the embedded SmolLM2-135M on the CPU profile scores 4,094 tokens
 (2 windows of 2,047) over a 49,152-token vocabulary: the full log-probabilities are 4,094 x 49,152 x 2 bytes
 = 402 MB in float16 per baseline (and 201 M float64 values to hold while comparing), against
-4,094 x k x 8 bytes + 16 bytes a token = 3.3 MB at k = 100; the GPU profile's whole WikiText-2 test text
+4,094 x (k x 8 + 16) bytes = 0.7 MB at k = 20 (``eval.kld.top_k``); the GPU profile's whole WikiText-2 test text
 (~290k tokens) would be 28 GB in float16. The server backend can only have the top-k anyway (vLLM's
 ``prompt_logprobs``, at most ``--max-logprobs``, default 20). The price is that the recorded KLD is a lower
 bound of the true one: ``KL(P‖Q) >= KL_S``, the KL of the distributions with every token outside the known
