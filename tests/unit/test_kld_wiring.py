@@ -7,11 +7,13 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from quantverdict.children import kld_baseline, served_logprobs
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
+from quantverdict.measure.kld import scheme_at_ids, token_stats, topk_from_full, topk_token_stats
 from quantverdict.orchestrate import caches
 
 LN = math.log
@@ -136,3 +138,19 @@ def test_kld_settings_are_checked_before_any_work() -> None:
         compose(["review.min_top1_agreement_pct=101"])
     with pytest.raises(ConfigError, match=r"review.gpu_price_per_hour.H200=0"):
         compose(["+review.gpu_price_per_hour.H200=0"])
+
+
+def test_top1_ties_go_to_the_lowest_id_in_both_forms() -> None:
+    # baseline P = (0.2, 0.5, 0.3): top-2 ids [1, 2]; scheme Q = (0.4, 0.4, 0.2): tokens 0 and 1 tie on top.
+    # Full form: argmax(Q) = 0 (first index) != argmax(P) = 1: no agreement. The top-k form's scheme columns are
+    # [1, 2, 0] (the baseline's ids, then the scheme's best other), so its first maximal column is token 1: it
+    # must still pick token 0, the lowest id among the tied maxima.
+    p = np.log(np.array([[0.2, 0.5, 0.3]]))
+    q = np.log(np.array([[0.4, 0.4, 0.2]]))
+    t = np.array([2])
+    full = token_stats(p, q, t)
+    base = topk_from_full(p, 2, t)
+    assert base.ids.tolist() == [[1, 2]]
+    scheme = scheme_at_ids(q, base.ids, t)
+    assert scheme.ids.tolist() == [[1, 2, 0]]
+    assert full.top1_agree.tolist() == topk_token_stats(base, scheme).top1_agree.tolist() == [False]
