@@ -25,6 +25,9 @@ AUTO = "auto"
 DEVICE_SETS = ("cpu", "gpu")
 # keys that do not change the verdict: left out of the label's hash
 NOT_CONSTRAINTS = ("name", "log_to_mlflow")
+# keys added after labels were first published (issue #17): left out of the hash while unset (null, {}), so a
+# review without them keeps its label and folder
+UNSET_KEEPS_HASH = ("max_mean_kld", "min_top1_agreement_pct", "gpu_price_per_hour")
 
 
 def _conf_dir() -> Path:
@@ -143,8 +146,13 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
 
 def constraints_hash(rc: ReviewConfig) -> str:
     """8 hex digits of the SHA-256 of the constraint values (every field but ``name`` and
-    ``log_to_mlflow``, as sorted JSON): equal constraints, equal hash."""
-    values = {k: v for k, v in dataclasses.asdict(rc).items() if k not in NOT_CONSTRAINTS}
+    ``log_to_mlflow``, and :data:`UNSET_KEEPS_HASH` keys while unset, as sorted JSON): equal constraints, equal
+    hash."""
+    values = {
+        k: v
+        for k, v in dataclasses.asdict(rc).items()
+        if k not in NOT_CONSTRAINTS and not (k in UNSET_KEEPS_HASH and v in (None, {}))
+    }
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
 
 
