@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review import build_review
+from quantverdict.review import build_review, constraints
 from quantverdict.review.render import blocks, to_markdown
 from review_records import grid, synthetic_grid
 
@@ -126,3 +126,14 @@ def test_the_verdict_in_usd_per_million_output_tokens() -> None:
     for prices in ({}, {"A100": 1.5}, {"H20": 1.0}):
         review, _, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour=prices)
         assert "**Cost**" not in to_markdown(blocks(review, {}))
+
+
+def test_unset_kld_limits_and_prices_keep_the_label() -> None:
+    # the committed review docs/results/gpu-review-llama3.1-8b-shape is labelled gpu-98355e53 (made before #17)
+    rc = constraints.load_set("gpu")
+    made = replace(
+        rc, memory_budget_gib=80.0, concurrent_requests=64, load_rps=None, load_concurrency=64, log_to_mlflow=False
+    )
+    assert constraints.label(made) == "gpu-98355e53"
+    assert constraints.label(replace(made, max_mean_kld=0.05)) != "gpu-98355e53"
+    assert constraints.label(replace(made, gpu_price_per_hour={"H200": 3.5})) != "gpu-98355e53"
