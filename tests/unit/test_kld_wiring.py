@@ -15,6 +15,7 @@ from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
 from quantverdict.measure.kld import scheme_at_ids, token_stats, topk_from_full, topk_token_stats
 from quantverdict.orchestrate import caches
+from quantverdict.results.record import JobRecord
 
 LN = math.log
 
@@ -154,3 +155,15 @@ def test_top1_ties_go_to_the_lowest_id_in_both_forms() -> None:
     scheme = scheme_at_ids(q, base.ids, t)
     assert scheme.ids.tolist() == [[1, 2, 0]]
     assert full.top1_agree.tolist() == topk_token_stats(base, scheme).top1_agree.tolist() == [False]
+
+
+def test_the_record_reads_accuracy_kld_and_writes_it_back_unchanged() -> None:
+    data = {
+        "schema_version": 2,
+        "tool": {"name": "quantverdict", "version": "x"},
+        "accuracy": {"token_perplexity": {"token_perplexity": 19.1}, "kld": {"mean_kld": 0.0102, "top_k": 20}},
+    }
+    rec = JobRecord.from_dict(data)
+    assert rec.accuracy.kld == {"mean_kld": 0.0102, "top_k": 20}
+    assert rec.to_dict()["accuracy"] == data["accuracy"]
+    assert JobRecord.from_dict({**data, "accuracy": {}}).accuracy.kld is None  # a record made before #17
