@@ -3,6 +3,7 @@ the evaluate spec's key, the config checks. The math itself is tests/unit/test_k
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -105,6 +106,30 @@ def test_a_scheme_with_other_text_or_settings_is_refused(tmp_path: Path) -> None
     assert other_text is not None and "text_key: stored" in str(other_text.refused)
     other_k = kld_baseline.open_run({**_spec(tmp_path, "scheme"), "top_k": 3}, IDS, PLAN)
     assert other_k is not None and "top_k: stored 2 vs this job 3" in str(other_k.refused)
+    # another key for the same model: refused, naming the stored entry and which key fields differ
+    spec = {**_spec(tmp_path, "scheme"), "dir": str(tmp_path / "other"), "key_fields": {"dtype": "float32"}}
+    (tmp_path / "entry" / kld_baseline.META_FILE).write_text(
+        json.dumps(
+            {
+                **json.loads((tmp_path / "entry" / kld_baseline.META_FILE).read_text()),
+                "key_fields": {"dtype": "bfloat16"},
+            }
+        )
+    )
+    other_key = kld_baseline.open_run(spec, IDS, PLAN)
+    assert (
+        other_key is not None
+        and "baseline entries with other settings (entry): dtype: 'bfloat16' vs 'float32'" in str(other_key.refused)
+    )
+    # the baseline job writes again over its entry (a rerun): the new one is read back
+    again = kld_baseline.open_run(_spec(tmp_path, "baseline"), IDS, PLAN)
+    assert again is not None
+    _window(again, 0, [0.4, 0.4, 0.2], target=2)
+    _window(again, 1, [0.6, 0.3, 0.1], target=1)
+    again.finish(2)
+    rerun = kld_baseline.open_run(_spec(tmp_path, "scheme"), IDS, PLAN)
+    assert rerun is not None and rerun.base is not None
+    assert np.exp(rerun.base[0].logprobs[0]).tolist() == pytest.approx([0.4, 0.4])
 
 
 def test_the_baseline_and_its_schemes_share_one_cache_key(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ result is ``{"refused": reason}`` and nothing is compared.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -92,7 +93,8 @@ def _rows(tk: TopK, sl: slice) -> TopK:
 def save_baseline(entry: Path, windows: list[TopK], meta: dict[str, Any]) -> None:
     """Write one baseline's windows (``topk.npz``) and ``meta.json`` into ``entry``, replacing what was there.
 
-    Written to a sibling temporary folder first and renamed into place, so a reader never sees half an entry.
+    Written to a sibling temporary folder first and renamed into place (under an ``flock`` on a sibling lock file,
+    so two writers take turns), so a reader never sees half an entry.
     """
     ids = np.concatenate([np.asarray(w.ids, dtype=np.int32) for w in windows])
     lps = np.concatenate([np.asarray(w.logprobs, dtype=np.float32) for w in windows])
@@ -110,9 +112,12 @@ def save_baseline(entry: Path, windows: list[TopK], meta: dict[str, Any]) -> Non
     tmp.mkdir()
     np.savez(tmp / DATA_FILE, ids=ids, logprobs=lps, target_logprob=tgt, rest_logprob=rest, n_rows=n_rows)
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
-    if entry.exists():
-        shutil.rmtree(entry)
-    tmp.rename(entry)
+    # two baseline jobs of one model at once (parallel grids) take turns at the swap; the lock file stays (empty)
+    with open(entry.with_name(f".{entry.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if entry.exists():
+            shutil.rmtree(entry)
+        tmp.rename(entry)
 
 
 def load_baseline(entry: Path, expect: dict[str, Any]) -> tuple[dict[str, Any], list[TopK]]:
@@ -123,9 +128,8 @@ def load_baseline(entry: Path, expect: dict[str, Any]) -> tuple[dict[str, Any], 
     """
     meta_path = entry / META_FILE
     if not meta_path.is_file():
-        others = (
-            sorted(p.name for p in entry.parent.glob("*") if (p / META_FILE).is_file()) if entry.parent.is_dir() else []
-        )
+        found = entry.parent.glob("[!.]*") if entry.parent.is_dir() else []  # not the .tmp folders, .lock files
+        others = sorted(p.name for p in found if (p / META_FILE).is_file())
         hint = ""
         if others:
             differ = _key_field_diffs(expect.get("key_fields") or {}, entry.parent / others[-1] / META_FILE)
