@@ -306,7 +306,7 @@ def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> N
     write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000)]))
     deltas, _, _ = accuracy_section(view(q), view(base), replace(RC, perplexity_kinds=["word_perplexity"]))
     (wp,) = [d for d in deltas if d.metric == "word_perplexity"]
-    assert wp.n == 1 and wp.interval is None and wp.significant is None and "1 item" in (wp.note or "")
+    assert wp.n == 1 and wp.interval is None and wp.significant is None and "n=1 document: no interval" in (wp.note or "")
     # two documents are a sample: an interval and a test
     write_samples(base, tmp_path, "wikitext", wikitext([(-3000.0, 1000), (-1500.0, 500)]))
     write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000), (-1510.0, 500)]))
