@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from quantverdict.children.lmeval_adapter import sample_rows
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review.accuracy import NO_HASHES, NO_WINDOWS, accuracy_section
@@ -120,3 +121,13 @@ def test_token_perplexity_without_windows_one_window_and_other_windows() -> None
         with_token_windows(record("bf16"), [100.0, 200.0], [50, 99]),
     )
     assert t.interval is None and "first difference at window 1" in t.note and "refused" in t.note
+
+
+def test_sample_rows_keep_lm_evals_hashes() -> None:
+    logged = [
+        {"doc_id": 1, "filtered_resps": [[-1.5, False]], "acc": 1.0, "acc_norm": 0.0, "doc_hash": "d1", "prompt_hash": "p1"},
+        {"doc_id": 0, "filtered_resps": [[-2.0, False]], "acc": 0.0, "acc_norm": 1.0},
+    ]
+    rows = sample_rows("arc_easy", logged)
+    assert [r["doc_id"] for r in rows] == [0, 1]
+    assert "doc_hash" not in rows[0] and (rows[1]["doc_hash"], rows[1]["prompt_hash"]) == ("d1", "p1")
