@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from quantverdict.measure.goodput import Slo, goodput, request_latencies
 from per_item_records import bench_result
+from quantverdict.measure.goodput import Slo, goodput, request_latencies
 
 # five requests sent over a 10 s benchmark, (TTFT s, E2E s, output tokens):
 #   0: 0.5, 3.6, 32 -> TPOT (3.6 - 0.5) / 31 = 100 ms                 meets TTFT <= 1000 and TPOT <= 150

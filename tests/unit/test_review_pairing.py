@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from per_item_records import mc_rows, with_token_windows
 from quantverdict.children.lmeval_adapter import sample_rows
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review.accuracy import NO_HASHES, NO_WINDOWS, accuracy_section
-from per_item_records import mc_rows, with_token_windows
 from review_records import record, write_samples
 
 RC = replace(ReviewConfig(), interval="normal")
@@ -125,7 +125,14 @@ def test_token_perplexity_without_windows_one_window_and_other_windows() -> None
 
 def test_sample_rows_keep_lm_evals_hashes() -> None:
     logged = [
-        {"doc_id": 1, "filtered_resps": [[-1.5, False]], "acc": 1.0, "acc_norm": 0.0, "doc_hash": "d1", "prompt_hash": "p1"},
+        {
+            "doc_id": 1,
+            "filtered_resps": [[-1.5, False]],
+            "acc": 1.0,
+            "acc_norm": 0.0,
+            "doc_hash": "d1",
+            "prompt_hash": "p1",
+        },
         {"doc_id": 0, "filtered_resps": [[-2.0, False]], "acc": 0.0, "acc_norm": 1.0},
     ]
     rows = sample_rows("arc_easy", logged)

@@ -364,6 +364,11 @@ class ReviewConfig:
     bootstrap_samples: int = 10000
     seed: int = 0
     log_to_mlflow: bool = True
+    # goodput (per request, as vllm bench serve --goodput): a request is good when its TTFT <= ttft_ms_p99, its
+    # TPOT (mean ITL) <= itl_ms_p99 and its E2E <= e2e_ms (null: no E2E objective); the latency check passes
+    # when at least slo_attainment_pct % of the requests at the stated load are good
+    e2e_ms: Optional[float] = None
+    slo_attainment_pct: float = 99.0
 
 
 @dataclass

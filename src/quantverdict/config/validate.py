@@ -75,6 +75,17 @@ def review_errors(rc: ReviewConfig) -> list[str]:
         )
     if rc.load_rps is not None and rc.load_concurrency is not None:
         errors.append("set only one of review.load_rps and review.load_concurrency (the other null)")
+    errors += goodput_errors(rc)
+    return errors
+
+
+def goodput_errors(rc: ReviewConfig) -> list[str]:
+    """Problems of the per-request goodput settings (``review.e2e_ms``, ``review.slo_attainment_pct``)."""
+    errors = []
+    if rc.e2e_ms is not None and rc.e2e_ms <= 0:
+        errors.append(f"review.e2e_ms={rc.e2e_ms} must be > 0 or null")
+    if not 0 < rc.slo_attainment_pct <= 100:
+        errors.append(f"review.slo_attainment_pct={rc.slo_attainment_pct} must be in (0, 100], e.g. 99")
     return errors
 
 

@@ -19,14 +19,16 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
-from quantverdict.results.record import JobRecord, TaskResult, TokenPerplexity
+from quantverdict.results.record import JobRecord, TaskResult
 from quantverdict.review import stats
 from quantverdict.review.scorecard import SOURCE_DIR_KEY, TaskDelta
 from quantverdict.review.stats import Interval
 
 # lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
 HASH_KEYS = ("doc_hash", "prompt_hash")
-NO_HASHES = "paired by doc_id only: the samples carry no doc_hash/prompt_hash to check that both runs scored the same items"
+NO_HASHES = (
+    "paired by doc_id only: the samples carry no doc_hash/prompt_hash to check that both runs scored the same items"
+)
 NO_WINDOWS = "no per-window data in this record: no interval"
 
 
@@ -152,9 +154,7 @@ def _score_delta(
     elif sea is not None and seb is not None:
         td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence, n=td.n)
         if v and b:
-            td.recovery_interval = _scale(
-                stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence, n=td.n), 100.0
-            )
+            td.recovery_interval = _scale(stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence, n=td.n), 100.0)
         td.significant = stats.significant(td.interval)
         td.note = f"{why}: unpaired interval from the two stderrs (wider than a paired one)"
     else:
