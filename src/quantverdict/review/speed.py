@@ -39,6 +39,7 @@ SPREAD_KEYS = (
     "itl_ms_p50",
     "itl_ms_p99",
     "e2e_ms_p50",
+    "tpot_ms_p50",  # the first screen's speed ratio (baseline TPOT p50 / scheme TPOT p50) and its repeat range
 )
 
 
