@@ -90,12 +90,15 @@ def test_latency_check_counts_requests(tmp_path: Path) -> None:
     sc = _card(_rec(tmp_path, [RESULT]))
     # RESULT: 2 of 5 requests good over 10 s -> 0.2 req/s, 40%; the point's p99s are those review_records wrote
     assert sc.speed["goodput_rps"] == pytest.approx(0.2)
-    assert sc.speed["goodput_how"] == "at 1 req/s: 2 of 5 requests met TTFT <= 1,000 ms and TPOT <= 150 ms (40.0%)"
+    assert sc.speed["goodput_how"] == "at 1 req/s: 2 of 5 requests met the SLO (40.0%)"
     # the old number, renamed: the 1 req/s point's p99s (TTFT 300, ITL 60 ms) meet the SLO -> its 0.95 req/s
     assert sc.speed["p99_slo_max_rps"] == pytest.approx(0.95)
     c = latency_check(sc, RC)
     assert c.status == FAIL
-    assert c.text.startswith("2 of 5 requests (40.0%) met TTFT <= 1,000 ms and TPOT <= 150 ms < 99% at 1 req/s")
+    assert c.text.startswith(
+        "2 of 5 requests (40.0%) met TTFT <= 1,000 ms and TPOT <= 150 ms (< 99% needed) at 1 req/s"
+    )
+    assert c.cite == "TTFT <= 1,000 ms and TPOT <= 150 ms for 40.0% of requests (< 99%) at 1 req/s"
     assert c.shortfall == (
         "only 40.0% of requests met every objective, 59.0 points under 99% "
         "(requests over each objective: TTFT 1, TPOT 1)"
@@ -111,9 +114,7 @@ def test_latency_check_passes_and_repeats_take_the_median(tmp_path: Path) -> Non
     # two repeats: 40% and 100% -> median 70%, goodput median (0.2 + 1.0) / 2 = 0.6; 6 of 9 requests good
     sc = _card(_rec(tmp_path, [RESULT, ALL_GOOD]))
     assert sc.speed["goodput_rps"] == pytest.approx(0.6)
-    assert sc.speed["goodput_how"].endswith(
-        "6 of 9 requests met TTFT <= 1,000 ms and TPOT <= 150 ms (70.0%, median of 2 repeats)"
-    )
+    assert sc.speed["goodput_how"].endswith("6 of 9 requests met the SLO (70.0%, median of 2 repeats)")
     # an E2E objective of 3500 ms: ALL_GOOD's requests take 3600 ms -> none good
     sc = _card(_rec(tmp_path, [ALL_GOOD]), replace(RC, e2e_ms=3500.0))
     assert sc.speed["goodput_rps"] == 0.0

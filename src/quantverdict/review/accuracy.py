@@ -26,9 +26,8 @@ from quantverdict.review.stats import Interval
 
 # lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
 HASH_KEYS = ("doc_hash", "prompt_hash")
-NO_HASHES = (
-    "paired by doc_id only: the samples carry no doc_hash/prompt_hash to check that both runs scored the same items"
-)
+NO_HASHES = "paired by doc_id only (the samples carry no doc_hash/prompt_hash to check the items)"
+
 NO_WINDOWS = "no per-window data in this record: no interval"
 
 

@@ -229,8 +229,8 @@ def goodput_at(at: dict[str, Any] | None, rc: ReviewConfig) -> tuple[float | Non
     """Goodput at the stated load's point (its ``goodput`` from :func:`level_goodput`), and how it was counted.
 
     Returns:
-        ``(req/s, how)``: e.g. ``(0.4, "at 1 req/s: 4 of 8 requests met TTFT <= 250 ms and TPOT <= 75 ms
-        (50.0%)")``; None with no SLO set, no load point, or no per-request data (``how`` says which).
+        ``(req/s, how)``: e.g. ``(0.4, "at 1 req/s: 4 of 8 requests met the SLO (50.0%)")``; None with no
+        SLO set, no load point, or no per-request data (``how`` says which).
     """
     slo = slo_of(rc)
     if not slo.objectives():
@@ -242,7 +242,7 @@ def goodput_at(at: dict[str, Any] | None, rc: ReviewConfig) -> tuple[float | Non
         return None, f"{NO_PER_REQUEST} (no --save-detailed result file beside it): not counted per request"
     reps = f", median of {g['repeats']} repeats" if g["repeats"] > 1 else ""
     return float(g["goodput_rps"]), (
-        f"at {at['label']}: {g['good_requests']} of {g['slo_requests']} requests met {slo.describe()} "
+        f"at {at['label']}: {g['good_requests']} of {g['slo_requests']} requests met the SLO "
         f"({g['slo_attainment_pct']:.1f}%{reps})"
     )
 

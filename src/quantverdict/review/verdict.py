@@ -279,10 +279,10 @@ def _attainment(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> tup
     slo = slo_of(rc).describe()
     op = ">=" if pct >= need else "<"
     reps = f", median of {g['repeats']} repeats" if g["repeats"] > 1 else ""
-    cite = f"{pct:.1f}% of requests meeting {slo} {op} {need:g}% at {at['label']}"
+    cite = f"{slo} for {pct:.1f}% of requests ({op} {need:g}%) at {at['label']}"
     text = (
-        f"{g['good_requests']} of {g['slo_requests']} requests ({pct:.1f}%{reps}) met {slo} {op} {need:g}% at "
-        f"{sp['load_how']}: goodput {g['goodput_rps']:.2f} req/s"
+        f"{g['good_requests']} of {g['slo_requests']} requests ({pct:.1f}%{reps}) met {slo} ({op} {need:g}% "
+        f"needed) at {sp['load_how']}: goodput {g['goodput_rps']:.2f} req/s"
     )
     fails, excess = [], 0.0
     if pct < need:
