@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from scipy import stats as scipy_stats  # test-only dependency (requirements/orchestrator.txt)
 
 from quantverdict.review import stats
 
@@ -179,7 +180,6 @@ BASE_100 = [1] * 60 + [0] * 20 + [1] * 15 + [0] * 5
 
 
 def test_mcnemar_and_bootstrap_agree_with_scipy() -> None:
-    scipy_stats = pytest.importorskip("scipy.stats")  # test-only dependency (requirements/orchestrator.txt)
     b, c, p = stats.mcnemar_exact(SCHEME_100, BASE_100)
     assert (b, c) == (5, 15)
     assert p == pytest.approx(0.041389, abs=1e-6)
