@@ -71,8 +71,8 @@ def test_mcnemar_exact_by_hand() -> None:
     assert stats.mcnemar_exact([1] * 5, [0] * 5)[2] == pytest.approx(0.0625)
     # no discordant pair: p = 1
     assert stats.mcnemar_exact([1, 0], [1, 0]) == (0, 0, 1.0)
-    with pytest.raises(ValueError):
-        stats.mcnemar_exact([0.5], [1])
+    with pytest.raises(ValueError, match="0/1 outcomes"):  # two items: the n check passes, the 0/1 check refuses
+        stats.mcnemar_exact([0.5, 1], [1, 1])
 
 
 def test_unpaired_intervals_by_hand() -> None:
