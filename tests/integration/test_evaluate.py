@@ -87,6 +87,9 @@ def test_multiple_choice(result: dict, task: str) -> None:
         assert r[f"{key}_stderr"] is not None and r[f"{key}_stderr"] >= 0.0
     rows = _samples(result, task)
     assert [row["doc_id"] for row in rows] == list(range(LIMITS[task]))
+    # lm-eval's per-sample sha256 of the document and of the prompt, which the review's pairing checks
+    assert all(len(row["doc_hash"]) == 64 and len(row["prompt_hash"]) == 64 for row in rows)
+    assert len({row["doc_hash"] for row in rows}) == len(rows)
     # the task's acc is the mean of the per-item 0/1 correctness the paired tests will read
     assert r["acc"] == pytest.approx(sum(row["acc"] for row in rows) / len(rows))
     assert r["acc_norm"] == pytest.approx(sum(row["acc_norm"] for row in rows) / len(rows))

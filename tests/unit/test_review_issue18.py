@@ -152,7 +152,7 @@ def test_a_rate_below_the_ceiling_is_not_saturated() -> None:
 def test_goodput_counts_sustained_rates_only() -> None:
     # the burst meets the SLO only because it is 8 requests; the 1 req/s load fails it: goodput 0, not 2.20
     sp, _, _ = speed_summary(view(record("w8a8", sp=w8a8_cpu_speed())), RC)
-    assert sp["goodput_rps"] == 0.0
+    assert sp["p99_slo_max_rps"] == 0.0
     # rates 0.5 (pass), 1 (fail), 2 (pass by noise): goodput stops at the first rate that fails: 0.48
     pts = [
         point(0.5, achieved=0.48, tok_s=15, ttft99=300, itl50=30, itl99=100, e2e50=1000),
@@ -160,7 +160,7 @@ def test_goodput_counts_sustained_rates_only() -> None:
         point(2.0, achieved=1.9, tok_s=60, ttft99=300, itl50=30, itl99=150, e2e50=1000),
     ]
     sp, _, _ = speed_summary(view(record("w8a8", sp={"mode": "rate", "points": pts})), RC)
-    assert sp["goodput_rps"] == pytest.approx(0.48)
+    assert sp["p99_slo_max_rps"] == pytest.approx(0.48)
 
 
 def test_grid_table_cpu_weights_and_no_empty_speed_table() -> None:
@@ -306,7 +306,9 @@ def test_one_document_gives_no_interval_and_no_significance(tmp_path: Path) -> N
     write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000)]))
     deltas, _, _ = accuracy_section(view(q), view(base), replace(RC, perplexity_kinds=["word_perplexity"]))
     (wp,) = [d for d in deltas if d.metric == "word_perplexity"]
-    assert wp.n == 1 and wp.interval is None and wp.significant is None and "1 item" in (wp.note or "")
+    assert (
+        wp.n == 1 and wp.interval is None and wp.significant is None and "n=1 document: no interval" in (wp.note or "")
+    )
     # two documents are a sample: an interval and a test
     write_samples(base, tmp_path, "wikitext", wikitext([(-3000.0, 1000), (-1500.0, 500)]))
     write_samples(q, tmp_path, "wikitext", wikitext([(-3015.0, 1000), (-1510.0, 500)]))

@@ -172,9 +172,9 @@ def test_speed_summary_and_goodput() -> None:
     assert sp["ceiling_tok_s"] == 270.0 and sp["ceiling_rps"] == pytest.approx(270 / 32)
     # both points meet TTFT p99 <= 2000 and ITL p99 <= 200 (37.5 and 150 ms), but the unlimited-rate burst
     # is not a sustained load: goodput = the achieved req/s at 1 req/s
-    assert sp["goodput_rps"] == pytest.approx(0.95) and sp["goodput_how"] == "at 1 req/s"
+    assert sp["p99_slo_max_rps"] == pytest.approx(0.95) and sp["p99_slo_max_how"] == "at 1 req/s"
     sp, _, _ = speed_summary(view(grid()[0]), RC)  # bf16: 240 ms ITL p99 unlimited -> only the 1 req/s point
-    assert sp["goodput_rps"] == pytest.approx(0.95)
+    assert sp["p99_slo_max_rps"] == pytest.approx(0.95)
     assert sp["at_load"]["label"] == "1 req/s"
 
 

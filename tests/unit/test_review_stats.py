@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from scipy import stats as scipy_stats  # test-only dependency (requirements/orchestrator.txt)
 
 from quantverdict.review import stats
 
@@ -70,8 +71,8 @@ def test_mcnemar_exact_by_hand() -> None:
     assert stats.mcnemar_exact([1] * 5, [0] * 5)[2] == pytest.approx(0.0625)
     # no discordant pair: p = 1
     assert stats.mcnemar_exact([1, 0], [1, 0]) == (0, 0, 1.0)
-    with pytest.raises(ValueError):
-        stats.mcnemar_exact([0.5], [1])
+    with pytest.raises(ValueError, match="0/1 outcomes"):  # two items: the n check passes, the 0/1 check refuses
+        stats.mcnemar_exact([0.5, 1], [1, 1])
 
 
 def test_unpaired_intervals_by_hand() -> None:
@@ -124,3 +125,85 @@ def test_pairs_must_match() -> None:
         stats.paired_normal_interval([1, 0], [1])
     with pytest.raises(ValueError):
         stats.paired_normal_interval([], [])
+
+
+# --- never an interval from fewer than 2 items; every interval states n (issue #14) -------------------------
+
+
+def test_one_item_gives_no_interval_and_no_test() -> None:
+    # one document (the CPU review's wikitext): a paired bootstrap over it "resamples" the same row every time
+    # and returned [+0.88, +0.88] "significant"; now every interval and test refuses, saying n
+    for fn in (stats.paired_normal_interval, stats.ratio_normal_interval, stats.bootstrap_mean_diff):
+        with pytest.raises(stats.TooFewItems, match="n=1"):
+            fn([1.0], [0.5])
+    with pytest.raises(stats.TooFewItems, match="n=1 document: no interval"):
+        stats.bootstrap_ratio([1.0], [50.0], unit="document")
+    with pytest.raises(stats.TooFewItems, match="n=1"):
+        stats.mcnemar_exact([1], [0])
+    assert stats.too_few(1, "document") == (
+        "n=1 document: no interval and no significance test (they need at least 2 independent documents)"
+    )
+    assert stats.too_few(2) is None
+    assert stats.significant(None) is None
+
+
+def test_every_interval_states_n() -> None:
+    iv = stats.paired_normal_interval(X, Y)
+    assert iv.n == 10 and iv.describe() == "paired normal, n=10"
+    assert stats.bootstrap_mean_diff(X, Y, samples=200).n == 10
+    assert stats.log_ratio_normal_interval([1, 3], [50, 100]).n == 2
+    assert stats.unpaired_interval(0.5, 0.05, 0.5, 0.05, n=100).describe() == "unpaired normal (stderrs), n=100"
+    assert stats.mcnemar_exact(X, Y) == (2, 1, pytest.approx(1.0))
+
+
+def test_window_log_ratio_by_hand() -> None:
+    # per-window summed NLL (nats): baseline [100, 200], scheme [101, 203] over [50, 100] scored tokens
+    # -> the same numbers as test_log_ratio_interval_for_perplexity_by_hand: L = 4 / 150, half 0.00871095;
+    # perplexity ratio exp(L) = 1.027025 (+2.70%), interval exp(L -+ half) = [1.018118, 1.036011]
+    iv = stats.window_log_ratio_interval([101.0, 203.0], [100.0, 200.0], [50, 100], method="normal")
+    assert iv.estimate == pytest.approx(4 / 150)
+    assert math.exp(iv.low) == pytest.approx(1.018118, abs=1e-6)
+    assert math.exp(iv.high) == pytest.approx(1.036011, abs=1e-6)
+    assert iv.n == 2 and "2 windows" in iv.describe()
+    with pytest.raises(stats.TooFewItems, match="n=1 window"):
+        stats.window_log_ratio_interval([101.0], [100.0], [50])
+
+
+# --- cross-check against scipy (a well-kept implementation) ------------------------------------------------
+
+# 100 items: 60 both right, 20 both wrong, 15 baseline-only right, 5 scheme-only right
+# scheme accuracy 0.65, baseline 0.75 -> difference -0.10
+# exact McNemar: b = 5, c = 15, n = 20; p = 2 * P(Bin(20, 1/2) <= 5) = 2 * (1 + 20 + 190 + 1140 + 4845 + 15504)
+# / 2^20 = 2 * 21700 / 1048576 = 0.041389
+SCHEME_100 = [1] * 60 + [0] * 20 + [0] * 15 + [1] * 5
+BASE_100 = [1] * 60 + [0] * 20 + [1] * 15 + [0] * 5
+
+
+def test_mcnemar_and_bootstrap_agree_with_scipy() -> None:
+    b, c, p = stats.mcnemar_exact(SCHEME_100, BASE_100)
+    assert (b, c) == (5, 15)
+    assert p == pytest.approx(0.041389, abs=1e-6)
+    assert p == pytest.approx(scipy_stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
+
+    ours = stats.bootstrap_mean_diff(SCHEME_100, BASE_100, samples=20_000, seed=0)
+    assert ours.estimate == pytest.approx(-0.10) and ours.n == 100
+    res = scipy_stats.bootstrap(
+        (SCHEME_100, BASE_100),
+        lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=20_000,
+        confidence_level=0.95,
+        method="percentile",
+        random_state=1,
+    )
+    # the two percentile intervals are Monte Carlo estimates of the same quantiles: the paired differences
+    # take values -1, 0, 1 in steps of 1/100, so they agree to one step (0.01)
+    assert ours.low == pytest.approx(res.confidence_interval.low, abs=0.0101)
+    assert ours.high == pytest.approx(res.confidence_interval.high, abs=0.0101)
+    # and with the normal interval by hand: d has 5 (+1), 15 (-1), 80 (0); mean -0.1;
+    # sum (d - mean)^2 = 5 * 1.21 + 15 * 0.81 + 80 * 0.01 = 6.05 + 12.15 + 0.8 = 19.0; sd = sqrt(19 / 99)
+    # = 0.438086; se = 0.0438086; half = 1.959964 * 0.0438086 = 0.085863 -> [-0.185863, -0.014137]
+    nv = stats.paired_normal_interval(SCHEME_100, BASE_100)
+    assert nv.low == pytest.approx(-0.185863, abs=1e-5) and nv.high == pytest.approx(-0.014137, abs=1e-5)
+    assert ours.low == pytest.approx(nv.low, abs=0.02) and ours.high == pytest.approx(nv.high, abs=0.02)

@@ -135,11 +135,13 @@ def sample_rows(task: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]
     Returns:
         ``{"task", "doc_id", "loglikelihood", "n_words", "n_bytes"}`` for a rolling log-likelihood task
         (``wikitext``); ``{"task", "doc_id", "target", "acc", "acc_norm", "loglikelihoods"}`` (one per choice,
-        nats) for multiple choice.
+        nats) for multiple choice; each with lm-eval's ``doc_hash`` and ``prompt_hash`` when it logged them
+        (the review pairs two runs on them, :func:`quantverdict.review.accuracy.pair_samples`).
     """
     rows = []
     for s in sorted(samples, key=lambda s: s["doc_id"]):
         row: dict[str, Any] = {"task": task, "doc_id": s["doc_id"]}
+        row.update({k: s[k] for k in ("doc_hash", "prompt_hash") if s.get(k) is not None})
         if "word_perplexity" in s:  # loglikelihood_rolling: (loglikelihood, count) pairs
             ll, words = s["word_perplexity"]
             _, nbytes = s["byte_perplexity"]

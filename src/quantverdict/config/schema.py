@@ -369,6 +369,11 @@ class ReviewConfig:
     itl_ms_p99: Optional[float] = 200.0
     load_rps: Optional[float] = 1.0
     load_concurrency: Optional[int] = None
+    # goodput (per request, as vllm bench serve --goodput): a request is good when its TTFT <= ttft_ms_p99, its
+    # TPOT (mean ITL) <= itl_ms_p99 and its E2E <= e2e_ms (null: no E2E objective); the latency check passes
+    # when at least slo_attainment_pct % of the requests at the stated load are good
+    e2e_ms: Optional[float] = None
+    slo_attainment_pct: float = 99.0
     # statistics
     confidence: float = 0.95
     interval: IntervalMethod = (

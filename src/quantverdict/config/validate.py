@@ -45,6 +45,16 @@ CALIBRATION_MIN_BYTES_PER_TOKEN = 2
 log = logging.getLogger(__name__)
 
 
+def goodput_errors(rc: ReviewConfig) -> list[str]:
+    """Problems of the per-request goodput settings (``review.e2e_ms``, ``review.slo_attainment_pct``)."""
+    errors = []
+    if rc.e2e_ms is not None and rc.e2e_ms <= 0:
+        errors.append(f"review.e2e_ms={rc.e2e_ms} must be > 0 or null")
+    if not 0 < rc.slo_attainment_pct <= 100:
+        errors.append(f"review.slo_attainment_pct={rc.slo_attainment_pct} must be in (0, 100], e.g. 99")
+    return errors
+
+
 def review_errors(rc: ReviewConfig) -> list[str]:
     """Problems of a review config (allowed values, ranges), one message per bad key."""
     errors: list[str] = []
@@ -54,6 +64,7 @@ def review_errors(rc: ReviewConfig) -> list[str]:
         _choice(errors, f"review.perplexity_kinds[{i}]", kind, PERPLEXITY_KINDS)
     if not 0 < rc.confidence < 1:
         errors.append(f"review.confidence={rc.confidence} must be in (0, 1), e.g. 0.95")
+    errors += goodput_errors(rc)
     for key in (
         "memory_budget_gib",
         "kv_cache_tokens",

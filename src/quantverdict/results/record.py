@@ -321,6 +321,31 @@ class TaskResult(Section):
 
 
 @dataclass
+class TokenPerplexity(Section):
+    """``accuracy.token_perplexity``: perplexity over fixed token windows of the WikiText-2 test text
+    (:mod:`quantverdict.children.token_perplexity`). ``nll_sum`` in nats over ``n_tokens`` scored tokens in
+    ``n_windows`` windows; ``window_nll`` (summed NLL in nats per window, window order) and ``window_n_tokens``
+    (scored tokens per window) when the job recorded them (issue #17), else None (older records)."""
+
+    token_perplexity: float | None = None
+    nll_sum: float | None = None
+    n_tokens: int | None = None
+    n_windows: int | None = None
+    seq_len: int | None = None
+    stride: int | None = None
+    max_tokens: int | None = None
+    window_nll: list[float] | None = None
+    window_n_tokens: list[int] | None = None
+
+    def windows(self) -> tuple[list[float], list[int]] | None:
+        """``(window_nll, window_n_tokens)`` when both are lists of one length, else None (no per-window data)."""
+        nll, tok = self.window_nll, self.window_n_tokens
+        if not isinstance(nll, list) or not isinstance(tok, list) or len(nll) != len(tok) or not nll:
+            return None
+        return [float(x) for x in nll], [int(t) for t in tok]
+
+
+@dataclass
 class Accuracy(Section):
     """``accuracy``: task results, token perplexity, settings and checks, or why it was not applicable."""
 
@@ -339,6 +364,12 @@ class Accuracy(Section):
         acc = super().from_dict(data)
         acc.tasks = _section_map(acc, "tasks", TaskResult)
         return acc
+
+    @property
+    def token_perplexity_section(self) -> TokenPerplexity:
+        """``token_perplexity`` typed (every field None when the record has none); the dict field stays as read."""
+        tp = self.token_perplexity
+        return TokenPerplexity.from_dict(tp if isinstance(tp, dict) else None)
 
 
 @dataclass

@@ -2,13 +2,18 @@
 
 Pairs the per-item samples of scheme and baseline (``accuracy.samples``) on their doc ids and computes
 intervals and tests with :mod:`quantverdict.review.stats`; without samples, an unpaired interval from the two
-stderrs.
+stderrs. Pairing checks lm-eval's ``doc_hash`` and ``prompt_hash`` of each item (``lm_eval/evaluator.py``
+logs them per sample) and refuses the paired test on the first item whose hashes differ (two runs over
+different data files or prompts); samples without hashes are paired by ``doc_id`` alone, and the delta says
+so. Token perplexity is paired over its windows (``accuracy.token_perplexity.window_nll`` and
+``window_n_tokens``) when the record holds them. Fewer than 2 items: no interval and never "significant".
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,12 @@ from quantverdict.review import stats
 from quantverdict.review.kld import kld_deltas
 from quantverdict.review.scorecard import SOURCE_DIR_KEY, TaskDelta
 from quantverdict.review.stats import Interval
+
+# lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
+HASH_KEYS = ("doc_hash", "prompt_hash")
+NO_HASHES = "paired by doc_id only (the samples carry no doc_hash/prompt_hash to check the items)"
+
+NO_WINDOWS = "no per-window data in this record: no interval"
 
 
 def _read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
@@ -38,17 +49,63 @@ def _read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
     return None
 
 
-def _pairs(
-    a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]
-) -> tuple[list[dict], list[dict], str]:
-    """Rows of both runs on the same doc_ids (sorted), with a note when the sets differ."""
+@dataclass
+class Pairing:
+    """Rows of both runs on the same doc ids (sorted), or why the paired test is refused.
+
+    ``refused``: the first common item whose ``doc_hash`` or ``prompt_hash`` differs (``task``, ``doc_id``,
+    which hash); the rows are empty then. ``note``: what the pairing rests on (item sets that differ, doc ids
+    only), "" when every common item's hashes were checked and agree.
+    """
+
+    a: list[dict[str, Any]]
+    b: list[dict[str, Any]]
+    note: str = ""
+    refused: str | None = None
+
+
+def _short(h: Any) -> str:
+    return str(h)[:12]
+
+
+def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]) -> Pairing:
+    """Pair the per-item rows of scheme (``a``) and baseline (``b``) of ``task`` on ``doc_id``.
+
+    Rows lacking any of ``keys`` are left out. For each common doc id (in sorted order), every hash of
+    :data:`HASH_KEYS` present in both rows must be equal; the first that differs refuses the pairing:
+    ``"arc_easy doc_id 3: doc_hash differs (1a2b... vs 9f8e...): the two runs did not score the same item;
+    paired test refused"``.
+    """
     ia = {r["doc_id"]: r for r in a if all(r.get(k) is not None for k in keys)}
     ib = {r["doc_id"]: r for r in b if all(r.get(k) is not None for k in keys)}
-    common = sorted(set(ia) & set(ib), key=str)
-    note = ""
+    common = sorted(set(ia) & set(ib), key=lambda d: (isinstance(d, str), d))
+    notes = []
     if len(common) != len(ia) or len(common) != len(ib):
-        note = f"paired on the {len(common)} items both ran ({len(ia)} vs {len(ib)} rows)"
-    return [ia[d] for d in common], [ib[d] for d in common], note
+        notes.append(f"paired on the {len(common)} items both ran ({len(ia)} vs {len(ib)} rows)")
+    unchecked = False
+    for d in common:
+        ra, rb = ia[d], ib[d]
+        for h in HASH_KEYS:
+            if ra.get(h) is None or rb.get(h) is None:
+                unchecked = unchecked or h == "doc_hash"
+                continue
+            if ra[h] != rb[h]:
+                what = "document" if h == "doc_hash" else "prompt"
+                return Pairing(
+                    [],
+                    [],
+                    refused=(
+                        f"{task} doc_id {d}: {h} differs ({_short(ra[h])}... vs {_short(rb[h])}... in the baseline): "
+                        f"the two runs did not score the same {what}; paired test refused"
+                    ),
+                )
+    if unchecked and common:
+        notes.append(NO_HASHES)
+    return Pairing([ia[d] for d in common], [ib[d] for d in common], "; ".join(notes))
+
+
+def _join(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 def _score_delta(
@@ -57,9 +114,13 @@ def _score_delta(
     td = TaskDelta(task, metric, "score", v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
     sa, sb = _read_samples(rec, task), _read_samples(base, task)
     if sa and sb:
-        ra, rb, note = _pairs(sa, sb, (metric,))
+        pairing = pair_samples(task, sa, sb, (metric,))
+        if pairing.refused:
+            td.note = pairing.refused
+            return td
+        ra, rb, note = pairing.a, pairing.b, pairing.note
         if len(ra) == 1:  # one item is no sample: no interval, never "significant"
-            td.paired, td.n, td.note = True, 1, NO_INTERVAL_FROM_ONE
+            td.paired, td.n, td.note = True, 1, _join(note, stats.too_few(1) or "")
             return td
         if ra:
             x = [float(r[metric]) for r in ra]
@@ -81,28 +142,28 @@ def _score_delta(
             if all(t in (0.0, 1.0) for t in x + y):
                 td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
             # point values from the pairs (equal to the record's when every item paired)
-            td.significant = td.interval.excludes_zero()
+            td.significant = stats.significant(td.interval)
             return td
     ma, mb = rec.accuracy.tasks.get(task) or TaskResult(), base.accuracy.tasks.get(task) or TaskResult()
     sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
     td.n = ma.n
     why = "no per-item samples" if not (sa and sb) else "no common items"
-    if sea is not None and seb is not None:
-        td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence)
+    few = stats.too_few(td.n) if isinstance(td.n, int) else None
+    if few:
+        td.note = f"{why}; {few}"
+    elif sea is not None and seb is not None:
+        td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence, n=td.n)
         if v and b:
-            td.recovery_interval = _scale(stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence), 100.0)
-        td.significant = td.interval.excludes_zero()
+            td.recovery_interval = _scale(stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence, n=td.n), 100.0)
+        td.significant = stats.significant(td.interval)
         td.note = f"{why}: unpaired interval from the two stderrs (wider than a paired one)"
     else:
         td.note = f"{why} and no stderr: no interval"
     return td
 
 
-NO_INTERVAL_FROM_ONE = "measured on 1 item: no interval and no significance test (they need at least 2 items)"
-
-
 def _scale(iv: Interval, k: float) -> Interval:
-    return Interval(iv.estimate * k, iv.low * k, iv.high * k, iv.method)
+    return Interval(iv.estimate * k, iv.low * k, iv.high * k, iv.method, iv.n, iv.unit)
 
 
 def _ppl_from_log_ratio(iv: Interval) -> Interval:
@@ -111,19 +172,25 @@ def _ppl_from_log_ratio(iv: Interval) -> Interval:
     def f(v: float) -> float:
         return 100.0 * math.expm1(v)
 
-    return Interval(f(iv.estimate), f(iv.low), f(iv.high), iv.method)
+    return Interval(f(iv.estimate), f(iv.low), f(iv.high), iv.method, iv.n, iv.unit)
 
 
 def _ppl_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> TaskDelta:
     td = TaskDelta(metric if task == metric else task, metric, "perplexity", v, b, delta_pct=pct_change(v, b))
+    if task == "token_perplexity":
+        return _token_ppl_delta(td, rec, base, rc)
     count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric)
     sa, sb = (_read_samples(rec, task), _read_samples(base, task)) if count else (None, None)
     if sa and sb and count:
-        ra, rb, note = _pairs(sa, sb, ("loglikelihood", count))
+        pairing = pair_samples(task, sa, sb, ("loglikelihood", count))
+        if pairing.refused:
+            td.note = pairing.refused
+            return td
+        ra, rb, note = pairing.a, pairing.b, pairing.note
         if len(ra) == 1:  # one document is no sample: no interval, never "significant"
-            td.paired, td.n, td.note = True, 1, NO_INTERVAL_FROM_ONE
+            td.paired, td.n, td.note = True, 1, _join(note, stats.too_few(1, "document") or "")
             return td
         if ra:
             # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents
@@ -131,14 +198,49 @@ def _ppl_delta(
             den = [float(p[count]) for p in ra]
             if rc.interval == "bootstrap":
                 iv = stats.bootstrap_ratio(
-                    num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
+                    num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence, unit="document"
                 )
             else:
-                iv = stats.log_ratio_normal_interval(num, den, rc.confidence)
+                iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
             td.interval, td.paired, td.n, td.note = _ppl_from_log_ratio(iv), True, len(num), note
-            td.significant = td.interval.excludes_zero()
+            td.significant = stats.significant(td.interval)
             return td
-    td.note = "no per-window data: no interval" if task == metric else "no per-document samples: no interval"
+    td.note = "no per-document samples: no interval"
+    return td
+
+
+def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewConfig) -> TaskDelta:
+    """Token perplexity's delta with a paired interval over the evaluation windows
+    (:func:`quantverdict.review.stats.window_log_ratio_interval`), when both records hold per-window NLLs."""
+    ta, tb = rec.accuracy.token_perplexity_section, base.accuracy.token_perplexity_section
+    wa, wb = ta.windows(), tb.windows()
+    if wa is None or wb is None:
+        td.note = NO_WINDOWS
+        return td
+    (nll_a, tok_a), (nll_b, tok_b) = wa, wb
+    if tok_a != tok_b:
+        first = next((i for i, (x, y) in enumerate(zip(tok_a, tok_b)) if x != y), min(len(tok_a), len(tok_b)))
+        td.note = (
+            f"token_perplexity windows differ ({len(tok_a)} vs {len(tok_b)} windows; first difference at window "
+            f"{first}): the two runs did not score the same tokens; paired test refused"
+        )
+        return td
+    td.paired, td.n = True, len(tok_a)
+    few = stats.too_few(td.n, "window")
+    if few:
+        td.note = few
+        return td
+    iv = stats.window_log_ratio_interval(
+        nll_a,
+        nll_b,
+        tok_a,
+        method=str(rc.interval),
+        samples=rc.bootstrap_samples,
+        seed=rc.seed,
+        confidence=rc.confidence,
+    )
+    td.interval = _ppl_from_log_ratio(iv)
+    td.significant = stats.significant(td.interval)
     return td
 
 

@@ -1,18 +1,31 @@
 """The speed number of a scorecard: sweep points per load level (median over valid repeats), ceiling, goodput
-under the SLO and latency at the stated load."""
+(per request, :mod:`quantverdict.measure.goodput`) and latency at the stated load.
+
+Goodput is read from each sweep point's ``vllm bench serve --save-detailed`` result file (the record's
+``speed.points[i].result_file``, or the file of that name in ``bench/`` beside the record); a record whose
+files are not there has no per-request data, and the review says so instead of estimating it.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
+from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import aggregate, capacity, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
 from quantverdict.measure.aggregate import is_number
+from quantverdict.measure.goodput import Slo
+from quantverdict.measure.goodput import goodput as request_goodput
 from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
+from quantverdict.review.scorecard import SOURCE_DIR_KEY
+
+NO_PER_REQUEST = "no per-request data in this record"
 
 SHORT_OUTPUT_TOLERANCE = 0.99  # a speed point whose output tokens are < 99% of those requested is flagged
 
@@ -26,6 +39,7 @@ SPREAD_KEYS = (
     "itl_ms_p50",
     "itl_ms_p99",
     "e2e_ms_p50",
+    "tpot_ms_p50",  # the first screen's speed ratio (baseline TPOT p50 / scheme TPOT p50) and its repeat range
 )
 
 
@@ -117,10 +131,11 @@ def load_point(mode: str, points: list[dict[str, Any]], rc: ReviewConfig) -> tup
     return reach[0], f"{reach[0]['label']} (the lowest concurrency reaching {rps:g} req/s)"
 
 
-def goodput(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[float | None, str]:
-    """The achieved req/s at the highest sustained load whose TTFT p99 and ITL p99 meet the SLO, every
-    lower load meeting it too: the "max rate under SLO attainment" of DistServe (Zhong et al. 2024) at
-    99% attainment, read off the sweep.
+def p99_slo_max_rps(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[float | None, str]:
+    """Throughput at the highest sustained load whose p99s meet the SLO: the achieved req/s at the highest
+    load whose TTFT p99 and ITL p99 (each computed over all its requests) meet the limits, every lower load
+    meeting them too. Not goodput (a per-request count, :func:`level_goodput`): the p99s are separate
+    percentiles, so a request can miss one objective and another request the other.
 
     Only sustained loads count: finite offered rates (open loop) or concurrencies (closed loop). The
     unlimited-rate burst is not a load the server holds: its requests all arrive at t=0 and its
@@ -147,6 +162,91 @@ def goodput(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[float | Non
     return float(best.get("achieved_rps") or 0.0), f"at {best['label']}"
 
 
+def slo_of(rc: ReviewConfig) -> Slo:
+    """The per-request objectives: TTFT <= ``ttft_ms_p99``, TPOT (a request's mean ITL) <= ``itl_ms_p99``,
+    E2E <= ``e2e_ms`` (each only when set)."""
+    return Slo(ttft_ms=rc.ttft_ms_p99, tpot_ms=rc.itl_ms_p99, e2e_ms=rc.e2e_ms)
+
+
+def result_file(rec: JobRecord, p: dict[str, Any]) -> Path | None:
+    """The ``--save-detailed`` result file of sweep point ``p``: where the job wrote it, else ``bench/<name>``
+    or ``<name>`` beside the record it was read from (:data:`SOURCE_DIR_KEY`); None when none is found."""
+    name = p.get("result_file")
+    if not name:
+        return None
+    candidates = [Path(name)]
+    source_dir = rec.extra.get(SOURCE_DIR_KEY)
+    if source_dir:
+        candidates += [Path(source_dir) / "bench" / Path(name).name, Path(source_dir) / Path(name).name]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def point_goodput(rec: JobRecord, p: dict[str, Any], slo: Slo) -> dict[str, Any] | None:
+    """:meth:`quantverdict.measure.goodput.Goodput.to_dict` of one sweep point, or None without per-request data
+    (no result file, or one without the ``--save-detailed`` lists)."""
+    path = result_file(rec, p)
+    if path is None:
+        return None
+    try:
+        return request_goodput(json.loads(path.read_text()), slo).to_dict()
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, dict[str, Any]]:
+    """Per-request goodput of each load level with per-request data in every valid repeat.
+
+    Returns:
+        ``{load: {"goodput_rps", "slo_attainment_pct" (medians over the valid repeats), "good_requests",
+        "slo_requests" (sums), "repeats", "slo_missed" ({objective: sum})}}``; a level missing data is absent.
+    """
+    slo = slo_of(rc)
+    if not slo.objectives():
+        return {}
+    _, raw = raw_points(rec)
+    with_g = [{**q, "_goodput": point_goodput(rec, q, slo)} for q in raw]
+    out: dict[float, dict[str, Any]] = {}
+    for level in aggregate.levels(with_g, lambda q: sweep_plan.load_of(q, mode), point_checks.point_valid):
+        gs = [q["_goodput"] for q in level.valid]
+        if not gs or any(g is None for g in gs):
+            continue
+        missed: dict[str, int] = {}
+        for g in gs:
+            for k, v in g["slo_missed"].items():
+                missed[k] = missed.get(k, 0) + v
+        out[level.load] = {
+            "goodput_rps": statistics.median(g["goodput_rps"] for g in gs),
+            "slo_attainment_pct": statistics.median(g["slo_attainment_pct"] for g in gs),
+            "good_requests": sum(g["good_requests"] for g in gs),
+            "slo_requests": sum(g["slo_requests"] for g in gs),
+            "repeats": len(gs),
+            "slo_missed": missed,
+        }
+    return out
+
+
+def goodput_at(at: dict[str, Any] | None, rc: ReviewConfig) -> tuple[float | None, str]:
+    """Goodput at the stated load's point (its ``goodput`` from :func:`level_goodput`), and how it was counted.
+
+    Returns:
+        ``(req/s, how)``: e.g. ``(0.4, "at 1 req/s: 4 of 8 requests met the SLO (50.0%)")``; None with no
+        SLO set, no load point, or no per-request data (``how`` says which).
+    """
+    slo = slo_of(rc)
+    if not slo.objectives():
+        return None, "no latency SLO set"
+    if at is None:
+        return None, "no point at the stated load"
+    g = at.get("goodput")
+    if not g:
+        return None, f"{NO_PER_REQUEST} (no --save-detailed result file beside it): not counted per request"
+    reps = f", median of {g['repeats']} repeats" if g["repeats"] > 1 else ""
+    return float(g["goodput_rps"]), (
+        f"at {at['label']}: {g['good_requests']} of {g['slo_requests']} requests met the SLO "
+        f"({g['slo_attainment_pct']:.1f}%{reps})"
+    )
+
+
 def point_label(p: dict[str, Any], mode: str) -> str:
     """One raw sweep point's load as text, with its repeat after the first: ``1 req/s (repeat 1)``."""
     lbl = load_label({**p, "load": sweep_plan.load_of(p, mode)}, mode)
@@ -159,7 +259,10 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
     * ceiling: :func:`quantverdict.measure.capacity.sustained_ceiling` (saturated levels and the burst; median over
       repeats with its min-max range; invalid points never count);
-    * goodput: :func:`goodput` (the highest sustained load that meets the SLO, with every load below it);
+    * goodput (``goodput_rps``, ``goodput_how``): requests meeting every objective per second at the stated
+      load (:func:`goodput_at`; each level's in ``points[i]["goodput"]``), None without per-request data;
+    * ``p99_slo_max_rps``: :func:`p99_slo_max_rps`, throughput at the highest load whose p99s meet the SLO
+      (the number this review called "goodput" before issue #14);
     * saturation: a rate under 90% of the ceiling is never saturated (:func:`capacity.saturation_overruled`).
 
     Every number is a median over the valid repeats of its load level (:func:`speed_points`).
@@ -244,8 +347,12 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
         ),
         "repeats": max(p["repeats"] for p in points),
     }
-    out["goodput_rps"], out["goodput_how"] = goodput(points, rc)
+    out["p99_slo_max_rps"], out["p99_slo_max_how"] = p99_slo_max_rps(points, rc)
+    by_load = level_goodput(rec, mode, rc)
+    for p in points:
+        p["goodput"] = by_load.get(p["load"])
     at, how = load_point(mode, points, rc)
+    out["goodput_rps"], out["goodput_how"] = goodput_at(at, rc)
     out["load_how"] = how
     out["at_load"] = (
         {
@@ -261,6 +368,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
                 "output_tok_s",
                 "valid_repeats",
                 "spread",
+                "goodput",
             )
         }
         if at

@@ -13,6 +13,11 @@ independently. Two interval methods are offered:
 The exact McNemar test (McNemar 1947; exact binomial form, e.g. Fagerland et al. 2013) on the
 discordant pairs is reported next to binary metrics. When per-item results are missing the review
 falls back to :func:`unpaired_interval` from the two standard errors (and says so).
+
+Never an interval from fewer than :data:`MIN_ITEMS` (2) independent items: every interval and test here
+raises :class:`TooFewItems` (a ``ValueError`` whose message says ``n`` and why, e.g. "n=1 document: no
+interval ...") instead; a bootstrap over one item resamples the same row and returns a zero-width interval
+that looks significant. Every :class:`Interval` carries its ``n``.
 """
 
 from __future__ import annotations
@@ -36,20 +41,61 @@ def z_value(confidence: float) -> float:
     return NormalDist().inv_cdf(0.5 + confidence / 2.0)
 
 
+MIN_ITEMS = 2  # fewer independent items: no interval and no significance test
+
+
+def too_few(n: int, unit: str = "item") -> str | None:
+    """Why ``n`` independent ``unit``s give no interval, or None when there are enough (``n >= MIN_ITEMS``).
+
+    Example: ``too_few(1, "document")`` -> ``"n=1 document: no interval and no significance test (they need
+    at least 2 independent documents)"``.
+    """
+    if n >= MIN_ITEMS:
+        return None
+    return (
+        f"n={n} {unit}{'' if n == 1 else 's'}: no interval and no significance test "
+        f"(they need at least {MIN_ITEMS} independent {unit}s)"
+    )
+
+
+class TooFewItems(ValueError):
+    """Fewer than :data:`MIN_ITEMS` independent items: no interval, no test. The message is :func:`too_few`'s."""
+
+    def __init__(self, n: int, unit: str = "item") -> None:
+        super().__init__(too_few(n, unit))
+        self.n = n
+        self.unit = unit
+
+
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with a two-sided interval, and how it was obtained."""
+    """A point estimate with a two-sided interval, how it was obtained and over how many independent items."""
 
     estimate: float
     low: float
     high: float
     method: str  # "paired normal", "paired bootstrap", "unpaired normal", "delta method", ...
+    n: int | None = None  # independent items (documents, questions, windows); None: not known (stderrs)
+    unit: str = "item"
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
 
     def excludes_zero(self) -> bool:
         return not self.contains(0.0)
+
+    def describe(self) -> str:
+        """The method and n, as the review shows them: ``paired bootstrap, n=100``, ``... over 2 windows``."""
+        if self.n is None:
+            return self.method
+        return f"{self.method}, n={self.n}" if self.unit == "item" else f"{self.method} over {self.n} {self.unit}s"
+
+
+def significant(iv: Interval | None) -> bool | None:
+    """True when ``iv`` excludes 0; None without an interval or from fewer than :data:`MIN_ITEMS` items."""
+    if iv is None or (iv.n is not None and iv.n < MIN_ITEMS):
+        return None
+    return iv.excludes_zero()
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -72,25 +118,29 @@ def paired_normal_interval(x: Sequence[float], y: Sequence[float], confidence: f
         confidence: two-sided coverage, 0.95 for a 95% interval.
 
     Raises:
-        ValueError: ``x`` and ``y`` differ in length or are empty.
+        TooFewItems: fewer than 2 pairs.
+        ValueError: ``x`` and ``y`` differ in length.
     """
     _check_pairs(x, y)
     d = [a - b for a, b in zip(x, y)]
     mean, sd = _mean_sd(d)
     half = z_value(confidence) * sd / math.sqrt(len(d))
-    return Interval(mean, mean - half, mean + half, "paired normal")
+    return Interval(mean, mean - half, mean + half, "paired normal", len(d))
 
 
-def ratio_normal_interval(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Interval:
+def ratio_normal_interval(
+    x: Sequence[float], y: Sequence[float], confidence: float = 0.95, unit: str = "item"
+) -> Interval:
     """Interval of ``R = mean(x) / mean(y)`` for paired items, by the delta method.
 
     ``se(R) = sd(x_i - R·y_i) / (sqrt(n) · mean(y))`` (the ratio estimator's linearization; Cochran,
     *Sampling Techniques*, 1977, §6.3). Multiply by 100 for recovery %.
 
     Raises:
-        ValueError: lengths differ, are empty, or ``mean(y)`` is 0.
+        TooFewItems: fewer than 2 pairs.
+        ValueError: lengths differ, or ``mean(y)`` is 0.
     """
-    _check_pairs(x, y)
+    _check_pairs(x, y, unit)
     n = len(x)
     my = sum(y) / n
     if my == 0:
@@ -98,10 +148,12 @@ def ratio_normal_interval(x: Sequence[float], y: Sequence[float], confidence: fl
     r = (sum(x) / n) / my
     _, sd = _mean_sd([a - r * b for a, b in zip(x, y)])
     half = z_value(confidence) * sd / (math.sqrt(n) * my)
-    return Interval(r, r - half, r + half, "paired delta method")
+    return Interval(r, r - half, r + half, "paired delta method", n, unit)
 
 
-def log_ratio_normal_interval(num: Sequence[float], den: Sequence[float], confidence: float = 0.95) -> Interval:
+def log_ratio_normal_interval(
+    num: Sequence[float], den: Sequence[float], confidence: float = 0.95, unit: str = "item"
+) -> Interval:
     """Interval of ``L = sum(num) / sum(den)`` for per-item pairs (a ratio estimator).
 
     Used for the change of a perplexity: with per-document log-likelihoods ``ll`` and word counts
@@ -110,38 +162,55 @@ def log_ratio_normal_interval(num: Sequence[float], den: Sequence[float], confid
     mean(den))`` (delta method, as in :func:`ratio_normal_interval`).
 
     Raises:
-        ValueError: lengths differ, are empty, or ``sum(den)`` is 0.
+        TooFewItems: fewer than 2 pairs.
+        ValueError: lengths differ, or ``sum(den)`` is 0.
     """
-    return ratio_normal_interval(num, den, confidence)
+    return ratio_normal_interval(num, den, confidence, unit)
 
 
-def unpaired_interval(value: float, value_se: float, base: float, base_se: float, confidence: float = 0.95) -> Interval:
+def unpaired_interval(
+    value: float,
+    value_se: float,
+    base: float,
+    base_se: float,
+    confidence: float = 0.95,
+    n: int | None = None,
+) -> Interval:
     """Interval of ``value - base`` from two independent standard errors: ``se = sqrt(se1² + se2²)``.
 
     The fallback when per-item results are missing; wider than the paired interval when the two
-    models agree on most items (it ignores their positive correlation).
+    models agree on most items (it ignores their positive correlation). ``n``: the items each stderr
+    came from, when known (stated with the interval).
+
+    Raises:
+        TooFewItems: ``n`` is given and below 2.
     """
+    if n is not None and n < MIN_ITEMS:
+        raise TooFewItems(n)
     se = math.hypot(value_se, base_se)
     half = z_value(confidence) * se
     delta = value - base
-    return Interval(delta, delta - half, delta + half, "unpaired normal (stderrs)")
+    return Interval(delta, delta - half, delta + half, "unpaired normal (stderrs)", n)
 
 
 def unpaired_ratio_interval(
-    value: float, value_se: float, base: float, base_se: float, confidence: float = 0.95
+    value: float, value_se: float, base: float, base_se: float, confidence: float = 0.95, n: int | None = None
 ) -> Interval:
     """Interval of ``value / base`` from two independent standard errors (delta method):
     ``se(R) = R · sqrt((se_v / v)² + (se_b / b)²)``.
 
     Raises:
+        TooFewItems: ``n`` is given and below 2.
         ValueError: ``value`` or ``base`` is 0.
     """
+    if n is not None and n < MIN_ITEMS:
+        raise TooFewItems(n)
     if value == 0 or base == 0:
         raise ValueError("the delta method for a ratio needs non-zero value and base")
     r = value / base
     se = abs(r) * math.hypot(value_se / value, base_se / base)
     half = z_value(confidence) * se
-    return Interval(r, r - half, r + half, "unpaired delta method (stderrs)")
+    return Interval(r, r - half, r + half, "unpaired delta method (stderrs)", n)
 
 
 def mcnemar_exact(x: Sequence[float], y: Sequence[float]) -> tuple[int, int, float]:
@@ -151,11 +220,14 @@ def mcnemar_exact(x: Sequence[float], y: Sequence[float]) -> tuple[int, int, flo
     hypothesis (same accuracy) ``b ~ Binomial(b + c, 1/2)``; the two-sided p-value is
     ``min(1, 2 · P(X <= min(b, c)))``, and 1 when there is no discordant pair.
 
+    Cross-checked against ``scipy.stats.binomtest(b, b + c, 0.5)`` in the unit tests.
+
     Returns:
-        ``(b, c, p_value)``.
+        ``(b, c, p_value)``; the test's n is the number of pairs ``len(x)`` (``b + c`` of them discordant).
 
     Raises:
-        ValueError: lengths differ, are empty, or a score is not 0/1.
+        TooFewItems: fewer than 2 pairs.
+        ValueError: lengths differ, or a score is not 0/1.
     """
     _check_pairs(x, y)
     b = c = 0
@@ -187,6 +259,7 @@ def paired_bootstrap(
     seed: int = 0,
     confidence: float = 0.95,
     method: str = "paired bootstrap",
+    unit: str = "item",
 ) -> Interval:
     """Percentile bootstrap of a statistic of per-item rows, resampling whole items (rows).
 
@@ -202,16 +275,21 @@ def paired_bootstrap(
         samples: number of bootstrap resamples B.
         seed: seed of numpy's PCG64 generator; the same inputs and seed give the same interval.
         confidence: two-sided coverage.
+        method: the name the interval carries.
+        unit: what one row is (``item``, ``document``, ``window``), for the message and :meth:`Interval.describe`.
 
     Returns:
-        The point estimate (``stat`` on the original data) and the percentile interval.
+        The point estimate (``stat`` on the original data), the percentile interval and n (rows).
 
     Raises:
-        ValueError: columns of unequal or zero length.
+        TooFewItems: fewer than 2 rows (every resample would be the one row: a zero-width "interval").
+        ValueError: columns of unequal length.
     """
     n = len(columns[0])
-    if n == 0 or any(len(c) != n for c in columns):
-        raise ValueError("bootstrap columns must be non-empty and of equal length")
+    if any(len(c) != n for c in columns):
+        raise ValueError("bootstrap columns must be of equal length")
+    if n < MIN_ITEMS:
+        raise TooFewItems(n, unit)
     data = np.asarray(columns, dtype=float).T  # (n, k)
     rows, counts = np.unique(data, axis=0, return_counts=True)
     estimate = float(stat(counts[None, :].astype(float), rows)[0])
@@ -229,7 +307,7 @@ def paired_bootstrap(
     allv = allv[np.isfinite(allv)]
     alpha = 1.0 - confidence
     low, high = np.quantile(allv, [alpha / 2, 1 - alpha / 2])
-    return Interval(estimate, float(low), float(high), method)
+    return Interval(estimate, float(low), float(high), method, n, unit)
 
 
 def _mean_diff(w: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -242,24 +320,95 @@ def _ratio(w: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_mean_diff(
-    x: Sequence[float], y: Sequence[float], *, samples: int = 10_000, seed: int = 0, confidence: float = 0.95
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    samples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    unit: str = "item",
 ) -> Interval:
-    """Paired bootstrap interval of ``mean(x) - mean(y)`` (see :func:`paired_bootstrap`)."""
-    _check_pairs(x, y)
-    return paired_bootstrap([x, y], _mean_diff, samples=samples, seed=seed, confidence=confidence)
+    """Paired bootstrap interval of ``mean(x) - mean(y)`` (see :func:`paired_bootstrap`); cross-checked against
+    ``scipy.stats.bootstrap(paired=True, method="percentile")`` in the unit tests.
+
+    Raises:
+        TooFewItems: fewer than 2 pairs.
+    """
+    _check_pairs(x, y, unit)
+    return paired_bootstrap([x, y], _mean_diff, samples=samples, seed=seed, confidence=confidence, unit=unit)
 
 
 def bootstrap_ratio(
-    x: Sequence[float], y: Sequence[float], *, samples: int = 10_000, seed: int = 0, confidence: float = 0.95
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    samples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    unit: str = "item",
 ) -> Interval:
     """Paired bootstrap interval of ``sum(x) / sum(y)`` (= ``mean(x) / mean(y)``): recovery / 100,
-    or the log perplexity ratio with ``x = ll_base - ll_scheme`` and ``y = words``."""
-    _check_pairs(x, y)
-    return paired_bootstrap([x, y], _ratio, samples=samples, seed=seed, confidence=confidence)
+    or the log perplexity ratio with ``x = ll_base - ll_scheme`` and ``y = words``.
+
+    Raises:
+        TooFewItems: fewer than 2 pairs.
+    """
+    _check_pairs(x, y, unit)
+    return paired_bootstrap([x, y], _ratio, samples=samples, seed=seed, confidence=confidence, unit=unit)
 
 
-def _check_pairs(x: Sequence[float], y: Sequence[float]) -> None:
+WINDOW_METHODS = ("bootstrap", "normal")
+
+
+def window_log_ratio_interval(
+    nll_scheme: Sequence[float],
+    nll_base: Sequence[float],
+    n_tokens: Sequence[int],
+    *,
+    method: str = "bootstrap",
+    samples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> Interval:
+    """Paired interval of the log token-perplexity ratio over the evaluation windows.
+
+    With per-window summed NLL (nats) ``s_i`` of the scheme and ``b_i`` of the baseline over the same
+    ``t_i`` scored tokens, ``log(ppl_scheme / ppl_base) = sum(s_i - b_i) / sum(t_i)``: the mean per-token
+    NLL difference, a ratio estimator over windows (Cochran 1977, §6.3), so the windows are the resampled
+    units: ``method="bootstrap"`` (:func:`bootstrap_ratio`) or ``"normal"`` (delta method,
+    :func:`log_ratio_normal_interval`). ``exp`` of the bounds is the perplexity ratio's interval.
+
+    Args:
+        nll_scheme: summed NLL per window, nats, window order, length n.
+        nll_base: the baseline's, same windows and order.
+        n_tokens: scored tokens per window (the same for both runs: same text, tokenizer and windows).
+        method: ``bootstrap`` or ``normal``.
+        samples, seed, confidence: as :func:`paired_bootstrap`.
+
+    Returns:
+        The interval of the log ratio (nats per token), ``n`` = windows, ``unit="window"``.
+
+    Raises:
+        TooFewItems: fewer than 2 windows.
+        ValueError: lengths differ, no token scored, or an unknown ``method``.
+    """
+    if not len(nll_scheme) == len(nll_base) == len(n_tokens):
+        raise ValueError(f"windows differ in number: {len(nll_scheme)}, {len(nll_base)}, {len(n_tokens)}")
+    if method not in WINDOW_METHODS:
+        raise ValueError(f"method={method!r}: allowed {', '.join(WINDOW_METHODS)}")
+    num = [float(s) - float(b) for s, b in zip(nll_scheme, nll_base)]
+    den = [float(t) for t in n_tokens]
+    if method == "normal":
+        iv = log_ratio_normal_interval(num, den, confidence, unit="window")
+        name = "paired delta method on the log perplexity ratio (per-window NLL differences)"
+    else:
+        iv = bootstrap_ratio(num, den, samples=samples, seed=seed, confidence=confidence, unit="window")
+        name = "paired bootstrap of the log perplexity ratio (per-window NLL differences)"
+    return Interval(iv.estimate, iv.low, iv.high, name, iv.n, "window")
+
+
+def _check_pairs(x: Sequence[float], y: Sequence[float], unit: str = "item") -> None:
     if len(x) != len(y):
         raise ValueError(f"paired samples differ in length: {len(x)} vs {len(y)}")
-    if not x:
-        raise ValueError("no paired items")
+    if len(x) < MIN_ITEMS:
+        raise TooFewItems(len(x), unit)

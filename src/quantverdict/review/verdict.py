@@ -8,8 +8,10 @@ Each scheme is checked against three constraints (:class:`~quantverdict.config.s
   (``floor_test: interval`` fails a scheme only when its whole interval misses the floor; the default
   ``auto`` tests that way a delta measured on fewer than ``interval_test_below_n`` items, and on the
   point estimate otherwise);
-* **latency**: TTFT p99 and ITL p99 at the stated load within the SLO, and the sweep's ceiling
-  reaches that load.
+* **latency**: at the stated load, at least ``slo_attainment_pct`` % of the requests meet every
+  objective (TTFT, TPOT = a request's mean ITL, E2E if set: per-request goodput as ``vllm bench serve
+  --goodput`` counts it, :mod:`quantverdict.measure.goodput`), and the sweep's ceiling reaches that load.
+  A record without per-request data is judged on its TTFT p99 and ITL p99 instead, and the check says so.
 
 The verdict: if the baseline passes all three, do not quantize. Otherwise the constraints it fails
 are binding, and the chosen scheme is the least aggressive one that passes all three: 8-bit tier
@@ -31,7 +33,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number
 from quantverdict.review.kld import with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
-from quantverdict.review.speed import slo_ok
+from quantverdict.review.speed import NO_PER_REQUEST, slo_of, slo_ok
 
 PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
@@ -270,18 +272,35 @@ def _ppl_ok(d: TaskDelta, limit: float, rc: ReviewConfig) -> bool:
     return (d.delta_pct or 0.0) <= limit
 
 
-def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
-    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
-        return Check("latency", OFF, "no latency SLO set")
-    sp = sc.speed
-    if not sp.get("points"):
-        return Check("latency", UNKNOWN, "not checked: no speed results")
-    at = sp.get("at_load")
-    if at is None:
-        return Check("latency", UNKNOWN, f"not checked: {sp.get('load_how')}")
-    ok = slo_ok(at, rc)
-    if ok is None:
-        return Check("latency", UNKNOWN, f"not checked: no p99 latency at {at['label']}")
+def _attainment(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> tuple[str, str, list[str], float]:
+    """The latency check on per-request goodput at the load: ``(text, cite, fails, excess)``."""
+    g = at["goodput"]
+    need = rc.slo_attainment_pct
+    pct = g["slo_attainment_pct"]
+    slo = slo_of(rc).describe()
+    op = ">=" if pct >= need else "<"
+    reps = f", median of {g['repeats']} repeats" if g["repeats"] > 1 else ""
+    cite = f"{slo} for {pct:.1f}% of requests ({op} {need:g}%) at {at['label']}"
+    text = (
+        f"{g['good_requests']} of {g['slo_requests']} requests ({pct:.1f}%{reps}) met {slo} ({op} {need:g}% "
+        f"needed) at {sp['load_how']}: goodput {g['goodput_rps']:.2f} req/s"
+    )
+    fails, excess = [], 0.0
+    if pct < need:
+        missed = ", ".join(f"{k.upper()} {v}" for k, v in g["slo_missed"].items() if v)
+        fails.append(
+            f"only {pct:.1f}% of requests met every objective, {need - pct:.1f} points under {need:g}% "
+            f"(requests over each objective: {missed or 'none'})"
+        )
+        excess = (need - pct) / need
+    return text, cite, fails, excess
+
+
+def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> tuple[str, str, list[str], float] | None:
+    """The latency check on the TTFT p99 and ITL p99 at the load (records without per-request data):
+    ``(text, cite, fails, excess)``, None when a p99 is missing or only the per-request E2E objective is set."""
+    if (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
+        return None
     parts, fails = [], []
     excess = 0.0
     for key, name, limit in (("ttft_ms_p99", "TTFT p99", rc.ttft_ms_p99), ("itl_ms_p99", "ITL p99", rc.itl_ms_p99)):
@@ -305,6 +324,26 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
             if k in rng
         ]
         text += f" (median of {at.get('valid_repeats')} repeats; range {', '.join(bits)})"
+    text += f" ({NO_PER_REQUEST}: judged on the p99s, not per request)"
+    return text, cite, fails, excess
+
+
+def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
+    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None and rc.e2e_ms is None:
+        return Check("latency", OFF, "no latency SLO set")
+    sp = sc.speed
+    if not sp.get("points"):
+        return Check("latency", UNKNOWN, "not checked: no speed results")
+    at = sp.get("at_load")
+    if at is None:
+        return Check("latency", UNKNOWN, f"not checked: {sp.get('load_how')}")
+    if at.get("goodput"):
+        text, cite, fails, excess = _attainment(at, sp, rc)
+    else:
+        judged = _p99s(at, sp, rc)
+        if judged is None:
+            return Check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at['label']}")
+        text, cite, fails, excess = judged
     if rc.load_rps is not None and sp.get("ceiling_rps") is not None:
         ceiling = sp["ceiling_rps"]
         lower_bound = sp.get("ceiling_kind") == "lower_bound"
