@@ -73,7 +73,9 @@ def log2_positions(cards: list[Scorecard]) -> tuple[dict[float, float], list[flo
     top = max(finite) if finite else 1.0
     pos = {v: (v if math.isfinite(v) and v > 0 else 2.0 ** (math.floor(math.log2(top)) + 1)) for v in loads}
     labels = [f"{v:g}" if math.isfinite(v) else "unlimited" for v in loads]
-    xlabel = "concurrency (requests in flight, log2 axis)" if mode == "concurrency" else "offered rate (req/s, log2 axis)"
+    xlabel = (
+        "concurrency (requests in flight, log2 axis)" if mode == "concurrency" else "offered rate (req/s, log2 axis)"
+    )
     return pos, [pos[v] for v in loads], labels, xlabel
 
 
@@ -202,7 +204,9 @@ def memory_figure(review: Review) -> Any:
         ax.bar(x, [rc.reserved_gib] * len(cards), bottom=bottom, color="#8172b3", label="reserve", width=0.6)
         bottom = [b + rc.reserved_gib for b in bottom]
     for xi, u in zip(x, bottom):
-        ax.annotate(f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+        ax.annotate(
+            f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points"
+        )
     top = max(bottom)
     title = f"memory to serve {headline.memory_load_text(rc)} (GiB, need written on each bar)"
     if budget is not None and budget <= 3 * top:
