@@ -139,6 +139,16 @@ def experiment_id(client: Any, cfg: TrackingConfig) -> str:
     return exp_id
 
 
+def runs_page(exp_id: str, server: str = "http://127.0.0.1:5000") -> str:
+    """The address of the experiment's runs table in MLflow's UI, in its "Model training" layout.
+
+    MLflow 3.17.2's UI picks the page of an experiment from a switch of the whole UI (GenAI / Model training:
+    the ``workflowType`` query parameter, else the browser's last choice, GenAI on a first visit), not from
+    the experiment's kind tag: ``?workflowType=machine_learning`` opens the runs table on any browser.
+    """
+    return f"{server.rstrip('/')}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+
+
 def mark_model_training(client: Any, exp_id: str) -> None:
     """Tag the experiment ``mlflow.experimentKind = custom_model_development`` (MLflow's "Machine learning"
     kind), unless it already has a kind: a kind a person chose in the UI is kept."""

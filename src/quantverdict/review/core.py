@@ -16,7 +16,14 @@ from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import kernels
 from quantverdict.results.baseline import find_baseline
 from quantverdict.results.record import JobRecord, now_iso, stopped_stage
-from quantverdict.results.tracking import GRID_TAG, REVIEW_TAG, experiment_id, log_figures, log_job_headline
+from quantverdict.results.tracking import (
+    GRID_TAG,
+    REVIEW_TAG,
+    experiment_id,
+    log_figures,
+    log_job_headline,
+    runs_page,
+)
 from quantverdict.review import constraints, flags, sources
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.dtypes import dtype_flags
@@ -490,6 +497,10 @@ def run_review(
                 rid = log_review(review, paths, trk, job_runs)
                 if rid:
                     log.info("review logged to MLflow run %s (%s)", rid, trk.uri)
+                    from mlflow import MlflowClient  # mlflow loads only when a review is logged
+
+                    exp = MlflowClient(tracking_uri=trk.uri).get_run(rid).info.experiment_id
+                    log.info("MLflow runs: mlflow server --backend-store-uri %s, then open %s", trk.uri, runs_page(exp))
             except Exception:  # the files are written; tracking must not lose them
                 log.exception("logging the review to MLflow failed")
     return review, paths
