@@ -10,9 +10,17 @@ import html
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -77,3 +85,72 @@ def screenshot(url: str, png: Path, tmp: Path, window: tuple[int, int] = FIRST_S
     keep = os.environ.get("QV_SCREENSHOT_DIR")
     if keep:
         shutil.copy(png, Path(keep) / png.name)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def mlflow_server(uri: str, workdir: Path, timeout_s: float = 120.0) -> Iterator[str]:
+    """``mlflow server`` (one worker) over the tracking store ``uri`` on a free port; yields its address once
+    ``/health`` answers. On exit the whole process tree (uvicorn, MLflow's job runner and its consumers) is
+    stopped, SIGTERM then SIGKILL, and checked gone.
+
+    Raises:
+        AssertionError: the server exited or did not answer within ``timeout_s``; or left a process behind.
+    """
+    port = free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    log_path = workdir / f"mlflow-server-{port}.log"
+    cmd = [str(mlflow), "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [*cmd, "--workers", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped as one
+            cwd=workdir,
+        )
+        address = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{address}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"mlflow server did not answer /health in {timeout_s:g} s"
+                time.sleep(0.5)
+            yield address
+        finally:
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    tree = [proc]
+    try:
+        tree += psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        pass
+    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    others = [p for p in tree[1:] if p.is_running()]
+    _, alive = psutil.wait_procs(others, timeout=10)
+    for p in alive:
+        p.kill()
+    assert not alive, f"mlflow server left processes behind: {[p.pid for p in alive]}"
