@@ -101,11 +101,17 @@ def test_review_run_job_numbers_and_experiment_source(tmp_path: Path, capsys: py
             {"model": "m", "scheme": rec["job"]["scheme"], "config_hash": "x", "output_dir": str(d)},
         )
         tr.finish(rec, d, [d / "record.json"])
-    assert main([str(src)]) == 0  # tracking from the records
     client = MlflowClient(tracking_uri=uri)
+    # an earlier review nested the gptq job under itself (as reviews did before the job runs stayed top-level)
+    old_exp = client.get_experiment_by_name("exp").experiment_id
+    old = client.create_run(old_exp, run_name="review/old", tags={"quantverdict.kind": "review"}).info.run_id
+    client.set_terminated(old)
+    gptq_run = next(r for r in client.search_runs([old_exp]) if r.data.tags.get("scheme") == "gptq").info.run_id
+    client.set_tag(gptq_run, "mlflow.parentRunId", old)
+    assert main([str(src)]) == 0  # tracking from the records
     exp = client.get_experiment_by_name("exp")
     runs = client.search_runs([exp.experiment_id])
-    reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review"]
+    reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review" and r.info.run_name != "review/old"]
     assert len(reviews) == 1
     rid = reviews[0].info.run_id
     assert reviews[0].info.status == "FINISHED"
