@@ -12,6 +12,7 @@ below, so that a later MLflow that reads the tag shows up here).
 from __future__ import annotations
 
 import json
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,3 +91,16 @@ def test_plain_experiment_address_opens_the_genai_overview(server: tuple[str, st
     address, exp_id = server
     text = rendered_text(f"{address}/#/experiments/{exp_id}", tmp_path, UI_WAIT_MS)
     assert f"Overview - Experiment {exp_id} - MLflow" in text
+
+
+def test_compare_view_shows_the_short_names(server: tuple[str, str], tmp_path: Path) -> None:
+    """Three job runs compared: the metrics table starts with ``acc_delta`` (alphabetical, before the ~60
+    flattened ``accuracy.*`` names) and the tags table names the reviewed grid."""
+    address, exp_id = server
+    client = MlflowClient(tracking_uri=f"{address}")
+    runs = [r.info.run_id for r in client.search_runs([exp_id], "tags.config_hash = 'x'")][:3]
+    query = urllib.parse.urlencode({"runs": json.dumps(runs), "experiments": json.dumps([exp_id])})
+    text = rendered_text(f"{address}/#/compare-runs?{query}", tmp_path, UI_WAIT_MS)
+    assert "Comparing 3 Runs from 1 Experiment" in text
+    assert "Metrics Show diff only acc_delta" in text
+    assert "acc_delta_metric word_perplexity change (%)" in text and "quantverdict.grid" in text
