@@ -1,5 +1,6 @@
 """Real sqlite MLflow stores (written under tmp_path): job runs finished and failed with their stage runs,
-and the review logged as the grid's parent run and read back from the experiment. Needs only the
+and the review logged as its own run (the job runs stay top-level, tagged with the grid and given the three
+numbers under short names) and read back from the experiment. Needs only the
 orchestrator environment, no stage child. Also: a job interrupted by Ctrl-C ends its MLflow runs KILLED."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from quantverdict.processes import procs
 from quantverdict.results.tracking import Tracker
 from quantverdict.review import build_review
 from quantverdict.review.core import log_review, write_review
-from review_records import grid
+from review_records import KV_GIB_16x288, grid
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +86,7 @@ def test_real_store_finished_and_failed_runs(tmp_path: Path) -> None:
     assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["record.json"]
 
 
-def test_mlflow_parent_run_and_experiment_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_review_run_job_numbers_and_experiment_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # artifacts under tmp_path (MLflow's default root is ./mlruns in the working directory)
     MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp_path / "artifacts").as_uri())
@@ -100,19 +101,44 @@ def test_mlflow_parent_run_and_experiment_source(tmp_path: Path, capsys: pytest.
             {"model": "m", "scheme": rec["job"]["scheme"], "config_hash": "x", "output_dir": str(d)},
         )
         tr.finish(rec, d, [d / "record.json"])
-    assert main([str(src)]) == 0  # tracking from the records
     client = MlflowClient(tracking_uri=uri)
+    # an earlier review nested the gptq job under itself (as reviews did before the job runs stayed top-level)
+    old_exp = client.get_experiment_by_name("exp").experiment_id
+    old = client.create_run(old_exp, run_name="review/old", tags={"quantverdict.kind": "review"}).info.run_id
+    client.set_terminated(old)
+    gptq_run = next(r for r in client.search_runs([old_exp]) if r.data.tags.get("scheme") == "gptq").info.run_id
+    client.set_tag(gptq_run, "mlflow.parentRunId", old)
+    assert main([str(src)]) == 0  # tracking from the records
     exp = client.get_experiment_by_name("exp")
     runs = client.search_runs([exp.experiment_id])
-    reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review"]
+    reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review" and r.info.run_name != "review/old"]
     assert len(reviews) == 1
     rid = reviews[0].info.run_id
     assert reviews[0].info.status == "FINISHED"
     assert reviews[0].data.params["review.memory_budget_gib"] == "24.0"
     arts = {a.path for a in client.list_artifacts(rid)}
     assert {"review.md", "review.html", "review.json", "plots"} <= arts
-    jobs = [r for r in runs if "config_hash" in r.data.tags]
-    assert len(jobs) == 3 and all(r.data.tags.get("mlflow.parentRunId") == rid for r in jobs)
+    # the plots, logged with log_figure (speed ratio, Pareto, memory, accuracy, latency)
+    figs = {a.path for a in client.list_artifacts(rid, "plots")}
+    assert figs == {f"plots/{n}.png" for n in ("speed_ratio", "pareto", "memory", "accuracy", "latency")}
+    # the experiment opens on its runs in MLflow's UI (a model-training experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    # each job a top-level run with the grid as a tag and the three numbers under short names
+    jobs = {r.data.tags["scheme"]: r for r in runs if "config_hash" in r.data.tags}
+    assert set(jobs) == {"bf16", "int8", "gptq"}
+    assert all("mlflow.parentRunId" not in r.data.tags for r in jobs.values())
+    assert all(r.data.tags["quantverdict.grid"] == str(src) for r in jobs.values())
+    assert all(r.data.tags["quantverdict.review"] == rid for r in jobs.values())
+    # review_records.grid, gpu set (16 requests x 288 tokens: KV 0.098877 GiB): gptq weights 0.10 GiB ->
+    # 0.198877 GiB; word perplexity 21.0 / 20.0 - 1 = +5.0% (token: 41.6 / 40 = +4.0%, not the worst);
+    # per-user speed at 1 req/s: TPOT 40 / 25 ms = 1.6x (the stated load 1 req/s is that point too)
+    g = jobs["gptq"].data
+    assert g.metrics["mem_gib"] == pytest.approx(0.10 + KV_GIB_16x288)
+    assert g.metrics["acc_delta"] == pytest.approx(5.0)
+    assert g.tags["acc_delta_metric"] == "word_perplexity change (%)"
+    assert g.metrics["speed_ratio_c1"] == pytest.approx(1.6) and g.metrics["speed_ratio_load"] == pytest.approx(1.6)
+    b = jobs["bf16"].data
+    assert b.metrics["mem_gib"] == pytest.approx(0.25 + KV_GIB_16x288) and "acc_delta" not in b.metrics
     capsys.readouterr()
     # the same grid, read back from the experiment
     out = tmp_path / "from-mlflow"

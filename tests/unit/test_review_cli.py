@@ -53,7 +53,8 @@ def test_cli_on_a_folder_three_constraint_sets(tmp_path: Path, capsys: pytest.Ca
         "review.json",
         "plots/memory.png",
         "plots/accuracy.png",
-        "plots/throughput.png",
+        "plots/speed_ratio.png",
+        "plots/pareto.png",
         "plots/latency.png",
     ):
         assert (review_dir / name).is_file(), name

@@ -21,34 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from browser import FIRST_SCREEN, chromium, rendered_text, screenshot
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, write_review
 from review_records import grid
 
-CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 WINDOW = (1280, 2400)  # px: the screenshot's and the DOM dump's window
 
 
-def require_chromium() -> str:
-    """The browser's path; a test of the ``browser`` tier fails (not skips) without one."""
-    if CHROMIUM is None:
-        pytest.fail('chromium not found: `make browser` (apt-get install -y chromium), or -m "not browser"')
-    return CHROMIUM
-
-
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--enable-logging=stderr",
-    "--v=0",
-    f"--window-size={WINDOW[0]},{WINDOW[1]}",
-]
 # injected first into a copy of the page: records uncaught errors, console.error calls and failed
 # resources (capture phase: an <img> that fails to decode), and writes them into the DOM on load, with
 # the layout: the page's scroll width, the window's inner width, each image's decoded and shown size
@@ -65,14 +45,7 @@ addEventListener('load',function(){var d=document.documentElement;
 
 
 def _chromium(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
-    profile = tmp / f"profile-{len(list(tmp.glob('profile-*')))}"
-    return subprocess.run(
-        [require_chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return chromium(args, tmp, WINDOW)
 
 
 def page_problems(page: Path, tmp: Path, screenshot: Path) -> tuple[list[str], str]:
@@ -138,10 +111,10 @@ def test_review_html_renders_without_errors(review_page: Path, tmp_path: Path) -
     shot = tmp_path / "review.png"
     problems, dom = page_problems(review_page, tmp_path, shot)
     assert problems == []
-    # what a reader sees first, and the four embedded plots
+    # what a reader sees first, and the five embedded plots (speed ratio, Pareto, memory, accuracy, latency)
     assert "Deploy gptq (W4A16)." in re.sub(r"<[^>]+>", "", dom)
     pngs = embedded_pngs(review_page.read_text())
-    assert len(pngs) == 4
+    assert len(pngs) == 5
     lay = layout(dom)
     # nothing wider than the window: the body is at most 1200 px (CSS max-width) inside 1280 px
     assert lay["inner_width"] == WINDOW[0] and lay["scroll_width"] <= WINDOW[0]
@@ -178,3 +151,127 @@ def test_the_review_with_one_plot_corrupted_is_caught(review_page: Path, tmp_pat
     assert problems == ["resource IMG failed to load"]
     natural = [tuple(i[:2]) for i in layout(dom)["images"]]
     assert natural[1] == (0, 0) and all(w > 0 and h > 0 for i, (w, h) in enumerate(natural) if i != 1)
+
+
+# --- the first screen: the verdict, then one line per scheme with its three numbers ----------------------
+
+
+def first_screen(review_md: str) -> list[str]:
+    """The lines of review.md before its first '## ' heading (what a reader sees first)."""
+    return review_md.split("\n## ", 1)[0].splitlines()
+
+
+def test_first_screen_lines_hand_worked(tmp_path: Path) -> None:
+    """review_records.grid at a 0.22 GiB budget (gpu set: 16 requests x 288 tokens = 4,608 KV tokens x 23,040
+    bytes = 0.098877 GiB; load 1 req/s): gptq needs 0.10 + 0.0989 = 0.199 GiB; word perplexity 21.0 / 20.0 =
+    +5.00% (token 41.6 / 40 = +4.00%, not the worst); per-user speed at 1 req/s (the lowest load, and the load)
+    TPOT 40 / 25 ms = 1.60x. awq: 0.199 GiB, 20.8 / 20 = +4.00%, 40 / 26 = 1.54x. bf16: 0.25 + 0.0989 = 0.349 GiB."""
+    review = build_review(grid(), replace(ReviewConfig(log_to_mlflow=False), memory_budget_gib=0.22), "t")
+    md = write_review(review, tmp_path)["md"].read_text()
+    top = first_screen(md)
+    assert top[0] == "# quantverdict review"
+    assert top[2].startswith("> **Deploy gptq (W4A16).**")
+    rows = {r.split(" | ")[0].lstrip("| "): r.strip("| ").split(" | ") for r in top if r.startswith("| ")}
+    assert rows["scheme"][1:] == [
+        "GiB to serve 16 concurrent requests (budget 0.22 GiB)",
+        "accuracy vs bf16: worst change [95% CI]",
+        "speed vs bf16 at concurrency 1 (tok/s per user)",
+        "speed vs bf16 at the stated load (1 req/s)",
+        "checks",
+    ]
+    assert rows["gptq (W4A16)"][1:] == [
+        "0.199 GiB",
+        "word_perplexity +5.00% (no interval, n unknown)",
+        "1.60x at 1 req/s (1 run)",
+        "1.60x at 1 req/s (1 run)",
+        "PASS all three",
+    ]
+    assert rows["awq (W4A16)"][1:4] == [
+        "0.199 GiB",
+        "word_perplexity +4.00% (no interval, n unknown)",
+        "1.54x at 1 req/s (1 run)",
+    ]
+    assert rows["bf16 (BF16)"][1:] == [
+        "0.349 GiB",
+        "the reference",
+        "1x (the reference)",
+        "1x (the reference)",
+        "FAIL memory",
+    ]
+    # before any prose or constraints table: nothing but the title, the verdict and the table above the table's end
+    assert "Constraints" not in "\n".join(top) and "Source:" not in "\n".join(
+        top[: top.index(next(r for r in top if r.startswith("| gptq")))]
+    )
+
+
+def test_first_screen_speed_at_the_load_and_intervals() -> None:
+    """The synthetic Llama-3.1-8B-shape grid (review_records.SYN) at concurrency 64: c=1 fp8 TPOT 5.0 / 3.0 =
+    1.67x, gptq 5.0 / 2.5 = 2.00x; at c=64 fp8 9.0 / 6.5 = 1.38x, gptq 9.0 / 10.0 = 0.90x (the crossover)."""
+    from quantverdict.review.headline import headlines
+    from review_records import synthetic_grid
+
+    rc = replace(ReviewConfig(log_to_mlflow=False), memory_budget_gib=12.0, load_rps=None, load_concurrency=64)
+    review = build_review(synthetic_grid(), rc, "t")
+    hs = {h.scheme: h for h in headlines(review, review.cards[0].model)}
+    assert hs["fp8"].speed_c1.value == pytest.approx(5.0 / 3.0)
+    assert hs["gptq"].speed_c1.value == pytest.approx(2.0)
+    assert hs["fp8"].speed_load.value == pytest.approx(9.0 / 6.5) and hs["fp8"].speed_load.label == "concurrency 64"
+    assert hs["gptq"].speed_load.value == pytest.approx(0.9)
+    assert hs["gptq"].speed_load.text() == "0.90x at concurrency 64 (1 run)"
+    assert hs["bf16"].speed_c1 is None and hs["gptq"].mem_gib == pytest.approx(7.75)
+
+
+def test_speed_ratio_interval_over_repeats() -> None:
+    """Baseline TPOT p50 40 ms (repeats 38-42), scheme 25 ms (24-26), 3 repeats each: 40 / 25 = 1.60x,
+    range [38 / 26, 42 / 24] = [1.46, 1.75]."""
+    from quantverdict.review.headline import mlflow_metrics, speed_ratio
+
+    def pt(t: float, lo: float, hi: float) -> dict:
+        return {"tpot_ms_p50": t, "spread": {"tpot_ms_p50": [lo, hi]}, "valid_repeats": 3, "load": 1.0, "label": "c=1"}
+
+    r = speed_ratio(pt(25.0, 24.0, 26.0), pt(40.0, 38.0, 42.0))
+    assert r is not None
+    assert (r.value, r.low, r.high) == pytest.approx((1.6, 38 / 26, 1.75))
+    assert r.text() == "1.60x [1.46-1.75] at c=1 (3 repeats)"
+    one = speed_ratio({**pt(25.0, 24.0, 26.0), "valid_repeats": 1}, pt(40.0, 38.0, 42.0))
+    assert one is not None and one.low is None and one.text() == "1.60x at c=1 (1 run)"
+    from quantverdict.review.headline import Headline
+
+    h = Headline("m", "gptq", "gptq (W4A16)", False, 0.2, None, r, None)
+    assert mlflow_metrics(h) == pytest.approx(
+        {"mem_gib": 0.2, "speed_ratio_c1": 1.6, "speed_ratio_c1_low": 38 / 26, "speed_ratio_c1_high": 1.75}
+    )
+
+
+def test_pareto_front_hand_worked() -> None:
+    from quantverdict.review.plots import pareto_front
+
+    # (per-user tok/s, total tok/s): (150, 400) is beaten by (200, 500); the rest each win on one axis
+    pts = [(300.0, 100.0), (200.0, 500.0), (150.0, 400.0), (50.0, 900.0)]
+    assert pareto_front(pts) == [(50.0, 900.0), (200.0, 500.0), (300.0, 100.0)]
+
+
+@pytest.mark.browser
+def test_review_first_screen_in_the_browser(tmp_path: Path) -> None:
+    """Chromium at 1280 x 800 px, as a laptop shows the page before any scrolling: the verdict and every
+    scheme's line are on it (the probe lists the text whose box starts inside the first 800 px)."""
+    review = build_review(grid(), replace(ReviewConfig(log_to_mlflow=False), memory_budget_gib=0.22), "t")
+    page = write_review(review, tmp_path / "review")["html"]
+    probed = tmp_path / "first.html"
+    probe = """<script>addEventListener('load',function(){var w=document.createTreeWalker(document.body,
+NodeFilter.SHOW_TEXT),n,out=[];while((n=w.nextNode())){var r=document.createRange();r.selectNodeContents(n);
+var b=r.getBoundingClientRect();if(b.height>0&&b.top<innerHeight&&n.textContent.trim())out.push(n.textContent.trim());}
+document.documentElement.setAttribute('data-qv-first',JSON.stringify(out));});</script>"""
+    probed.write_text(page.read_text().replace("<head>", "<head>" + probe, 1))
+    dom = chromium(["--dump-dom", probed.resolve().as_uri()], tmp_path, FIRST_SCREEN).stdout
+    m = re.search(r'data-qv-first="([^"]*)"', dom)
+    assert m is not None, "the page never finished loading"
+    first = " ".join(json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&")))
+    assert "Deploy gptq (W4A16)." in first
+    for scheme in ("bf16 (BF16)", "int8 (W8A16)", "fp8 (FP8_DYNAMIC)", "w8a8 (W8A8)", "gptq (W4A16)", "awq (W4A16)"):
+        assert scheme in first, scheme
+    assert "0.199 GiB word_perplexity +5.00% (no interval, n unknown) 1.60x at 1 req/s (1 run)" in first
+    assert "Constraints" not in first  # the constraints table comes after the answer
+    text = rendered_text(page.resolve().as_uri(), tmp_path)
+    assert text.index("Deploy gptq (W4A16).") < text.index("gptq (W4A16) 0.199 GiB") < text.index("Source:")
+    screenshot(page.resolve().as_uri(), tmp_path / "review-first-screen.png", tmp_path)

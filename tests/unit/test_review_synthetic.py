@@ -208,5 +208,5 @@ def test_synthetic_review_html_renders(tmp_path: Path) -> None:
         r"<td>2,000</td><td>50%</td>",
         dom,
     )
-    assert dom.count('src="data:image/png;base64,') == 3  # throughput, latency, memory; no accuracy plot
+    assert dom.count('src="data:image/png;base64,') == 4  # speed ratio, pareto, memory, latency; no accuracy plot
     assert '<div class="verdict warn">' in dom  # a verdict without accuracy is shown as a warning

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.results.tracking import flatten, metric_name, numeric_metrics, sqlite_path
+from quantverdict.results.tracking import (
+    EXPERIMENT_KIND_TAG,
+    MODEL_TRAINING_KIND,
+    flatten,
+    metric_name,
+    numeric_metrics,
+    runs_page,
+    sqlite_path,
+)
 
 
 def test_metric_name_maps_lm_eval_keys() -> None:
@@ -33,3 +41,10 @@ def test_sqlite_path_of_tracking_uris() -> None:
     assert sqlite_path("sqlite:///:memory:") is None
     assert sqlite_path("http://127.0.0.1:5000") is None
     assert sqlite_path("postgresql://u@h/db") is None
+
+
+def test_runs_page_opens_the_model_training_layout() -> None:
+    # MLflow 3.17.2's UI takes the page from its GenAI / Model training switch (the workflowType parameter)
+    assert runs_page("7") == "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
+    assert runs_page("7", "http://h:8080/") == "http://h:8080/#/experiments/7/runs?workflowType=machine_learning"
+    assert (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND) == ("mlflow.experimentKind", "custom_model_development")

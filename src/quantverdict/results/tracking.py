@@ -99,23 +99,98 @@ def make_client(uri: str) -> Any:
     return client
 
 
+# MLflow 3.x's UI opens an experiment on the page of its kind: the GenAI overview (traces) unless the experiment
+# tag ``mlflow.experimentKind`` says otherwise. ``custom_model_development`` is the kind the UI calls
+# "Machine learning" (its experiment-type selector), whose page is the runs table. Read from MLflow 3.17.2's UI
+# bundle (mlflow/server/js/build: ``setExperimentTag({key: "mlflow.experimentKind", value: kind})`` and the kinds
+# enum), which the Python package does not name; tests/integration/test_mlflow_ui.py checks that the page opens
+# on the runs.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+PARENT_TAG = "mlflow.parentRunId"
+GRID_TAG = "quantverdict.grid"  # on each job run: the grid (review source) it was reviewed in
+REVIEW_TAG = "quantverdict.review"  # on each job run: the id of the review run that logged its three numbers
+
+
 def experiment_id(client: Any, cfg: TrackingConfig) -> str:
-    """Id of experiment ``cfg.experiment``, created (with ``cfg.artifact_location``) if missing.
+    """Id of experiment ``cfg.experiment``, created (with ``cfg.artifact_location``) if missing, and marked as
+    a model-training experiment (:func:`mark_model_training`) so that MLflow's UI opens on its runs.
 
     Safe when parallel jobs race to create it: the loser reads the winner's experiment.
     """
     exp = client.get_experiment_by_name(cfg.experiment)
     if exp is not None:
+        if exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # an experiment made before the tag, or by someone else
+            mark_model_training(client, str(exp.experiment_id))
         return str(exp.experiment_id)
     loc = cfg.artifact_location
     uri = Path(loc).resolve().as_uri() if loc and "://" not in loc else loc
     try:
-        return str(client.create_experiment(cfg.experiment, artifact_location=uri))
+        exp_id = str(
+            client.create_experiment(
+                cfg.experiment, artifact_location=uri, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND}
+            )
+        )
     except Exception:  # another job of a parallel grid created it first
         exp = client.get_experiment_by_name(cfg.experiment)
         if exp is None:
             raise
         return str(exp.experiment_id)
+    return exp_id
+
+
+def runs_page(exp_id: str, server: str = "http://127.0.0.1:5000") -> str:
+    """The address of the experiment's runs table in MLflow's UI, in its "Model training" layout.
+
+    MLflow 3.17.2's UI picks the page of an experiment from a switch of the whole UI (GenAI / Model training:
+    the ``workflowType`` query parameter, else the browser's last choice, GenAI on a first visit), not from
+    the experiment's kind tag: ``?workflowType=machine_learning`` opens the runs table on any browser.
+    """
+    return f"{server.rstrip('/')}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+
+
+def mark_model_training(client: Any, exp_id: str) -> None:
+    """Tag the experiment ``mlflow.experimentKind = custom_model_development`` (MLflow's "Machine learning"
+    kind), unless it already has a kind: a kind a person chose in the UI is kept."""
+    exp = client.get_experiment(exp_id)
+    if exp.tags.get(EXPERIMENT_KIND_TAG) is None:
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+
+
+def log_job_headline(
+    client: Any, run_id: str, metrics: dict[str, float], tags: dict[str, str], review_run_ids: set[str]
+) -> None:
+    """Put the review's numbers for one job on the job's own run, where the runs table and the compare view
+    show them: ``metrics`` under their short names (``mem_gib``, ``acc_delta``, ``speed_ratio_c1``, ...),
+    ``tags`` (the grid, the review run, what ``acc_delta`` measures). A job run nested under a review run (as
+    reviews before this one did) is made top-level again: a parent would hide it in the runs table.
+
+    Args:
+        review_run_ids: the ids of review runs; a job's ``mlflow.parentRunId`` pointing at one is removed.
+    """
+    from mlflow.entities import Metric, RunTag
+
+    ts = int(time.time() * 1000)
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items() if math.isfinite(v)],
+        tags=[RunTag(k, v[:5000]) for k, v in tags.items() if v],
+    )
+    parent = client.get_run(run_id).data.tags.get(PARENT_TAG)
+    if parent and parent in review_run_ids:
+        client.delete_tag(run_id, PARENT_TAG)
+
+
+def log_figures(client: Any, run_id: str, figures: dict[str, Any], folder: str = "plots") -> None:
+    """Each matplotlib figure as ``<folder>/<name>.png`` of the run (:meth:`mlflow.MlflowClient.log_figure`:
+    the UI shows it in the run's artifacts and can compare it across runs), then closed."""
+    import matplotlib.pyplot as plt
+
+    for name, fig in figures.items():
+        try:
+            client.log_figure(run_id, fig, f"{folder}/{name}.png")
+        finally:
+            plt.close(fig)
 
 
 def run_status(status: str) -> str:

@@ -7,7 +7,8 @@ and ``review.json``. Modules: :mod:`.sources` (records from a folder or MLflow),
 constraint set), :mod:`.scorecard` (the per-scheme dataclasses) filled by :mod:`.memory`, :mod:`.accuracy` (paired
 deltas, :mod:`.stats`), :mod:`.speed` and :mod:`.validity` (what each number stands on), :mod:`.dtypes` and
 :mod:`.flags` (honesty flags), :mod:`.verdict` (checks and decision), :mod:`.model` (the Review),
-:mod:`.plots`, :mod:`.render`, :mod:`.core` (build, write, log).
+:mod:`.headline` (the first screen's three numbers per scheme), :mod:`.plots`, :mod:`.render`, :mod:`.core`
+(build, write, log).
 """
 
 from quantverdict.review.core import Review, build_review, run_review, to_json, write_review

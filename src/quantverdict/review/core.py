@@ -16,11 +16,19 @@ from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import kernels
 from quantverdict.results.baseline import find_baseline
 from quantverdict.results.record import JobRecord, now_iso, stopped_stage
-from quantverdict.results.tracking import experiment_id
+from quantverdict.results.tracking import (
+    GRID_TAG,
+    REVIEW_TAG,
+    experiment_id,
+    log_figures,
+    log_job_headline,
+    runs_page,
+)
 from quantverdict.review import constraints, flags, sources
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.flags import Flag
+from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
@@ -344,9 +352,10 @@ def log_review(
     review: Review, paths: dict[str, Path], tracking: TrackingConfig, job_runs: dict[str, str] | None = None
 ) -> str | None:
     """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints;
-    metrics: per-scheme pass flags; artifacts: the files). Job runs of the reviewed records that have
-    no parent yet are nested under it (``mlflow.parentRunId``). Returns the run id, or None when
-    tracking is disabled."""
+    metrics: per-scheme pass flags; artifacts: review.md, review.html, review.json, the plots as figures).
+    Each reviewed job's run gets its three numbers under short names and the grid as a tag
+    (:func:`_log_job_headlines`); job runs stay top-level (a parent would hide them in the runs table).
+    Returns the run id, or None when tracking is disabled."""
     if not tracking.enabled:
         return None
     from mlflow import MlflowClient
@@ -381,17 +390,37 @@ def log_review(
                     metrics.append(Metric(f"{model}.{scheme}.{name}_pass", float(c.status in ("pass", "off")), ts, 0))
         client.log_batch(rid, params=params, metrics=metrics)
         for key, path in paths.items():
-            client.log_artifact(rid, str(path), "plots" if key.startswith("plots/") else None)
+            if not key.startswith("plots/"):  # review.md, review.html, review.json; the plots as figures below
+                client.log_artifact(rid, str(path))
+        from quantverdict.review import plots  # matplotlib loads only when a review is logged
+
+        log_figures(client, rid, plots.make_figures(review))
+        _log_job_headlines(client, exp_id, rid, review, job_runs or _job_runs_by_dir(client, exp_id, review))
         want = {sc.job_id for sc in review.cards}
-        for run_id in (job_runs or _job_runs_by_dir(client, exp_id, review)).values():
-            r = client.get_run(run_id)
-            if "mlflow.parentRunId" not in r.data.tags and r.data.tags.get("config_hash") is not None:
-                client.set_tag(run_id, "mlflow.parentRunId", rid)
         client.set_tag(rid, "quantverdict.jobs", ",".join(sorted(want))[:5000])
         status = "FINISHED"
     finally:
         client.set_terminated(rid, status)
     return str(rid)
+
+
+def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs: dict[str, str]) -> None:
+    """Each reviewed job's three numbers (:func:`quantverdict.review.headline.mlflow_metrics`) and the grid
+    tag on the job's own run (``runs``: job output_dir -> run id), each job left a top-level run."""
+    reviews = {
+        r.info.run_id
+        for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
+    }
+    by_scheme = {
+        (h.model, h.scheme): h for m in dict.fromkeys(c.model for c in review.cards) for h in headlines(review, m)
+    }
+    for sc, job_dir in zip(review.cards, review.job_dirs):
+        run_id = runs.get(job_dir)
+        h = by_scheme.get((sc.model, sc.scheme))
+        if run_id is None or h is None:
+            continue
+        tags = {GRID_TAG: review.source, REVIEW_TAG: rid, "acc_delta_metric": accuracy_metric_tag(h)}
+        log_job_headline(client, run_id, mlflow_metrics(h), tags, reviews)
 
 
 def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]:
@@ -468,6 +497,10 @@ def run_review(
                 rid = log_review(review, paths, trk, job_runs)
                 if rid:
                     log.info("review logged to MLflow run %s (%s)", rid, trk.uri)
+                    from mlflow import MlflowClient  # mlflow loads only when a review is logged
+
+                    exp = MlflowClient(tracking_uri=trk.uri).get_run(rid).info.experiment_id
+                    log.info("MLflow runs: mlflow server --backend-store-uri %s, then open %s", trk.uri, runs_page(exp))
             except Exception:  # the files are written; tracking must not lose them
                 log.exception("logging the review to MLflow failed")
     return review, paths

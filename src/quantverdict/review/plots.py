@@ -1,9 +1,15 @@
-"""The review's plots (matplotlib, Agg backend), returned as PNG bytes.
+"""The review's plots (matplotlib, Agg backend), returned as figures or PNG bytes; made to be read in print:
+every axis names its quantity and unit, legends sit outside the data.
 
-* ``throughput``: achieved req/s and output tok/s against the offered load, one curve per scheme;
-* ``latency``: TTFT p99 and ITL p99 against the offered load, with the SLO;
-* ``memory``: stacked bars (weights, KV cache needed, free) against the memory budget;
-* ``accuracy``: each task's delta and each perplexity kind's change with their intervals.
+* ``speed_ratio``: each scheme's per-user output speed over its baseline's (baseline TPOT p50 / scheme TPOT
+  p50, :func:`quantverdict.review.headline.speed_ratio`) against the load on a log2 axis, with the range over
+  repeats: where quantization stops paying as concurrency grows;
+* ``pareto``: total output tok/s against per-user interactivity (1000 / TPOT p50, tok/s per user), one curve
+  per scheme through its load levels, and the frontier no point beats on both (vLLM's sweep plots' view);
+* ``memory``: weights + KV cache (+ recurrent state, reserve) to serve the stated load, per scheme, against
+  the budget;
+* ``accuracy``: each task's score delta (points) and each perplexity kind's change (%) with their intervals;
+* ``latency``: TTFT p99 and ITL p99 against the load (log2 axis) with the SLO.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from quantverdict.review import headline
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 
@@ -29,10 +36,16 @@ COLORS = {
     "gptq": "#d62728",
     "awq": "#ff7f0e",
 }
+MARKERS = {"bf16": "s", "int8": "o", "fp8": "^", "w8a8": "v", "gptq": "D", "awq": "P"}
+OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
 
 def _color(sc: Scorecard, i: int) -> str:
     return COLORS.get(sc.scheme, f"C{i % 10}")
+
+
+def _style(sc: Scorecard, i: int) -> dict[str, Any]:
+    return {"color": _color(sc, i), "marker": MARKERS.get(sc.scheme, "o")}
 
 
 def _png(fig: Any) -> bytes:
@@ -46,127 +59,176 @@ def _name(sc: Scorecard, many_models: bool) -> str:
     return f"{sc.model}/{sc.name}" if many_models else sc.name
 
 
-def _x_positions(cards: list[Scorecard]) -> tuple[dict[float, float], list[float], list[str], str]:
-    """Map each measured load to an x position: finite loads as they are, an unlimited rate at
-    1.6 x the largest finite one (tick label 'inf')."""
+def _models(review: Review) -> list[str]:
+    return list(dict.fromkeys(sc.model for sc in review.cards))
+
+
+def log2_positions(cards: list[Scorecard]) -> tuple[dict[float, float], list[float], list[str], str]:
+    """Each measured load's x position on a log2 axis: a finite load as it is, an unlimited rate one
+    doubling past the largest finite one (tick label ``unlimited``). Returns (position by load, ticks,
+    tick labels, axis label with its unit)."""
     loads = sorted({p["load"] for sc in cards for p in sc.speed.get("points", [])})
     mode = next((sc.speed.get("mode") for sc in cards if sc.speed.get("points")), "rate")
-    finite = [v for v in loads if math.isfinite(v)]
+    finite = [v for v in loads if math.isfinite(v) and v > 0]
     top = max(finite) if finite else 1.0
-    pos = {v: (v if math.isfinite(v) else top * 1.6 if finite else 1.0) for v in loads}
+    pos = {v: (v if math.isfinite(v) and v > 0 else 2.0 ** (math.floor(math.log2(top)) + 1)) for v in loads}
     labels = [f"{v:g}" if math.isfinite(v) else "unlimited" for v in loads]
-    xlabel = "concurrency" if mode == "concurrency" else "offered rate (req/s)"
+    xlabel = (
+        "concurrency (requests in flight, log2 axis)" if mode == "concurrency" else "offered rate (req/s, log2 axis)"
+    )
     return pos, [pos[v] for v in loads], labels, xlabel
 
 
-def throughput_plot(review: Review) -> bytes | None:
-    cards = [sc for sc in review.cards if sc.speed.get("points")]
-    if not cards:
+def _log2_axis(ax: Any, ticks: list[float], labels: list[str], xlabel: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, labels)
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    if len(ticks) == 1:  # one load: a little room either side
+        ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
+
+
+def speed_ratio_figure(review: Review) -> Any:
+    """Per model, each quantized scheme's speed ratio over its baseline at every load both measured
+    (:func:`quantverdict.review.headline.ratio_curve`), with the repeat range as error bars, and the
+    line ``1x = the baseline``. None when no scheme has a ratio."""
+    panels = []
+    for model in _models(review):
+        cards = review.cards_of(model)
+        base = next((c for c in cards if c.is_baseline), None)
+        if base is None:
+            continue
+        curves = [(sc, headline.ratio_curve(sc, base)) for sc in cards if not sc.is_baseline]
+        curves = [(sc, c) for sc, c in curves if c]
+        if curves:
+            panels.append((model, base, curves))
+    if not panels:
         return None
-    many = len({sc.model for sc in cards}) > 1
-    pos, ticks, labels, xlabel = _x_positions(cards)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, sc in enumerate(cards):
-        pts = sc.speed["points"]
-        xs = [pos[p["load"]] for p in pts]
-        kw = {"marker": "o", "color": _color(sc, i), "label": _name(sc, many)}
-        a1.plot(xs, [p.get("achieved_rps") for p in pts], **kw)
-        a2.plot(xs, [p.get("output_tok_s") for p in pts], **kw)
-    for ax, title in ((a1, "achieved throughput (req/s)"), (a2, "output tokens/s")):
-        ax.set_xticks(ticks, labels)
-        ax.set_xlabel(xlabel)
-        ax.set_title(title)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.2 * len(panels)), squeeze=False)
+    for ax, (model, base, curves) in zip(axes[:, 0], panels):
+        pos, ticks, labels, xlabel = log2_positions([base] + [sc for sc, _ in curves])
+        for i, (sc, curve) in enumerate(curves):
+            xs = [pos[r.load] for r in curve]
+            ys = [r.value for r in curve]
+            lo = [r.value - r.low if r.low is not None else 0.0 for r in curve]
+            hi = [r.high - r.value if r.high is not None else 0.0 for r in curve]
+            ax.errorbar(xs, ys, yerr=[lo, hi], capsize=4, lw=1.6, label=sc.name, **_style(sc, i))
+        ax.axhline(1.0, color="black", lw=1, ls="--", label=f"1x = {base.name}")
+        _log2_axis(ax, ticks, labels, xlabel)
+        ax.set_ylabel(f"per-user output speed / {base.scheme}'s (x)")
+        title = f"speed vs {base.name} (1000 / TPOT p50 ratio; bars: range over repeats)"
+        ax.set_title(f"{model}: {title}" if len(panels) > 1 else title, fontsize=10)
         ax.grid(alpha=0.3)
-    if review.config.load_rps is not None and xlabel.startswith("offered"):
-        a1.axhline(review.config.load_rps, ls=":", color="grey", label=f"load {review.config.load_rps:g} req/s")
-    a1.legend(fontsize=8)
-    return _png(fig)
-
-
-def latency_plot(review: Review) -> bytes | None:
-    fig = latency_figure(review)
-    return _png(fig) if fig is not None else None
-
-
-def latency_figure(review: Review) -> Any:
-    """TTFT p99 and ITL p99 against the load, one curve per scheme; each panel's SLO as a dashed line,
-    named in that panel's legend and written on the line. None without speed points."""
-    cards = [sc for sc in review.cards if sc.speed.get("points")]
-    if not cards:
-        return None
-    many = len({sc.model for sc in cards}) > 1
-    pos, ticks, labels, xlabel = _x_positions(cards)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    rc = review.config
-    for ax, key, title, slo in (
-        (axes[0], "ttft_ms_p99", "TTFT p99 (ms)", rc.ttft_ms_p99),
-        (axes[1], "itl_ms_p99", "ITL p99 (ms)", rc.itl_ms_p99),
-    ):
-        for i, sc in enumerate(cards):
-            pts = [p for p in sc.speed["points"] if p.get(key) is not None]
-            ax.plot(
-                [pos[p["load"]] for p in pts],
-                [p[key] for p in pts],
-                marker="o",
-                color=_color(sc, i),
-                label=_name(sc, many),
-            )
-        if slo is not None:
-            ax.axhline(slo, ls="--", color="red", lw=1, label=f"SLO {slo:g} ms")
-            ax.annotate(
-                f"SLO {slo:g} ms", (0.01, slo), xycoords=("axes fraction", "data"), color="red", fontsize=8, va="bottom"
-            )
-        ax.set_xticks(ticks, labels)
-        ax.set_xlabel(xlabel)
-        ax.set_title(title)
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+        ax.legend(**OUTSIDE)
+    fig.tight_layout()
     return fig
 
 
-def memory_plot(review: Review) -> bytes | None:
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both coordinates (higher x and higher y), sorted by x.
+
+    >>> pareto_front([(1, 10), (2, 5), (1.5, 4), (3, 1)])
+    [(1, 10), (2, 5), (3, 1)]
+    """
+    front = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points)]
+    return sorted(set(front))
+
+
+def pareto_figure(review: Review) -> Any:
+    """Per model, total output tok/s against per-user interactivity (1000 / TPOT p50, tok/s per user), one
+    curve per scheme through its load levels (each point labelled with its load), and the frontier over all
+    schemes. None without TPOT data."""
+    panels = []
+    for model in _models(review):
+        cards = [
+            sc
+            for sc in review.cards_of(model)
+            if any(headline.per_user_tok_s(p) and p.get("output_tok_s") for p in sc.speed.get("points", []))
+        ]
+        if cards:
+            panels.append((model, cards))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.6 * len(panels)), squeeze=False)
+    for ax, (model, cards) in zip(axes[:, 0], panels):
+        everything: list[tuple[float, float]] = []
+        for i, sc in enumerate(cards):
+            pts = [p for p in sc.speed["points"] if headline.per_user_tok_s(p) and p.get("output_tok_s")]
+            xs = [float(headline.per_user_tok_s(p) or 0.0) for p in pts]
+            ys = [float(p["output_tok_s"]) for p in pts]
+            everything += list(zip(xs, ys))
+            ax.plot(xs, ys, lw=1.4, ms=6, label=sc.name, **_style(sc, i))
+            for x, y, p in zip(xs, ys, pts):
+                short = p["label"].replace("concurrency ", "c=").replace("unlimited rate", "unlimited")
+                ax.annotate(short, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color="#444")
+        front = pareto_front(everything)
+        if len(front) > 1:
+            ax.plot(*zip(*front), color="grey", ls=":", lw=2, zorder=0, label="Pareto frontier (all schemes)")
+        ys_all = [y for _, y in everything]
+        if min(ys_all) > 0 and max(ys_all) / min(ys_all) > 20:
+            ax.set_yscale("log")
+        ax.set_xlabel("interactivity: output tok/s per user (1000 / TPOT p50)")
+        ax.set_ylabel("total output throughput (tok/s)")
+        title = "throughput vs interactivity, one point per load level (up and right is better)"
+        ax.set_title(f"{model}: {title}" if len(panels) > 1 else title, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(**OUTSIDE)
+    fig.tight_layout()
+    return fig
+
+
+def memory_figure(review: Review) -> Any:
+    """Stacked bars per scheme: weights, KV cache for the stated capacity, recurrent state, reserve (GiB),
+    with the need written on each bar and the budget as a line; a budget far above every need (over 3x) is
+    named in the legend and the title instead of squashing the bars. None without weights."""
     cards = [sc for sc in review.cards if sc.memory.get("weights_gib") is not None]
     if not cards:
         return None
+    rc = review.config
     many = len({sc.model for sc in cards}) > 1
-    budget = review.config.memory_budget_gib
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cards) + 2), 4.2))
-    names = [_name(sc, many) for sc in cards]
-    w = [sc.memory["weights_gib"] for sc in cards]
-    kv = [sc.memory.get("kv_needed_gib") or 0.0 for sc in cards]
-    res = [sc.memory.get("reserved_gib") or 0.0 for sc in cards]
+    budget = rc.memory_budget_gib
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cards) + 4), 4.4))
     x = list(range(len(cards)))
-    ax.bar(x, w, color="#4c72b0", label="weights")
-    ax.bar(x, kv, bottom=w, color="#dd8452", label="KV cache needed")
-    used = [a + b for a, b in zip(w, kv)]
-    if any(res):
-        ax.bar(x, res, bottom=used, color="#8172b3", label="reserve")
-        used = [a + b for a, b in zip(used, res)]
-    if budget is not None:
-        free = [max(0.0, budget - u) for u in used]
-        over = [max(0.0, u - budget) for u in used]
-        ax.bar(x, free, bottom=used, color="#55a868", alpha=0.35, label="free")
-        if any(over):
-            ax.bar(
-                x, [-o for o in over], bottom=used, fill=False, hatch="//", edgecolor="red", lw=0, label="over budget"
-            )
-        ax.axhline(budget, color="red", ls="--", lw=1.2, label=f"budget {budget:g} GiB")
-    for xi, u in zip(x, used):
+    bottom = [0.0] * len(cards)
+    parts = (
+        ("weights_gib", "weights", "#4c72b0"),
+        ("kv_needed_gib", f"KV cache for {headline.memory_load_text(rc)}", "#dd8452"),
+        ("state_needed_gib", "recurrent state", "#937860"),
+    )
+    for key, label, color in parts:
+        vals = [float(sc.memory.get(key) or 0.0) for sc in cards]
+        if any(vals):
+            ax.bar(x, vals, bottom=bottom, color=color, label=label, width=0.6)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    if rc.reserved_gib:
+        ax.bar(x, [rc.reserved_gib] * len(cards), bottom=bottom, color="#8172b3", label="reserve", width=0.6)
+        bottom = [b + rc.reserved_gib for b in bottom]
+    for xi, u in zip(x, bottom):
         ax.annotate(
-            f"{u:.3g} GiB", (xi, u), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points"
+            f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points"
         )
-    top = max(used + ([budget] if budget is not None else []))
+    top = max(bottom)
+    title = f"memory to serve {headline.memory_load_text(rc)} (GiB, need written on each bar)"
+    if budget is not None and budget <= 3 * top:
+        ax.axhline(budget, color="red", ls="--", lw=1.4, label=f"budget {budget:g} GiB")
+        top = max(top, budget)
+    elif budget is not None:
+        ax.plot([], [], color="red", ls="--", lw=1.4, label=f"budget {budget:g} GiB (above the axis)")
+        title += f"; budget {budget:g} GiB"
     ax.set_ylim(0, top * 1.15)
-    ax.set_xticks(x, names, rotation=20, ha="right")
-    ax.set_ylabel("GiB")
-    ax.set_title("memory: weights + KV cache for the needed capacity, against the budget")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set_xticks(x, [_name(sc, many) for sc in cards], rotation=20, ha="right")
+    ax.set_ylabel("GiB (2^30 bytes)")
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+    ax.legend(**OUTSIDE)
+    fig.tight_layout()
+    return fig
 
 
-def accuracy_plot(review: Review) -> bytes | None:
+def accuracy_figure(review: Review) -> Any:
+    """Each task's score delta (percentage points) and each perplexity kind's change (%) against the
+    baseline, with their intervals; a delta without an interval (too few items, or none recorded) is a hollow marker.
+    The perplexity limit is drawn. None without deltas."""
     cards = [sc for sc in review.cards if sc.accuracy]
     if not cards:
         return None
@@ -174,58 +236,95 @@ def accuracy_plot(review: Review) -> bytes | None:
     score_names = list(dict.fromkeys(f"{d.name} {d.metric}" for sc in cards for d in sc.accuracy if d.kind == "score"))
     ppl_names = list(dict.fromkeys(d.metric for sc in cards for d in sc.accuracy if d.kind == "perplexity"))
     panels = [p for p in (("score", score_names), ("perplexity", ppl_names)) if p[1]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 1, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels) + 2.5, 4.4), squeeze=False)
     width = 0.8 / max(1, len(cards))
+    hollow_seen = False
     for ax, (kind, names) in zip(axes[0], panels):
         for i, sc in enumerate(cards):
             ds = {(f"{d.name} {d.metric}" if kind == "score" else d.metric): d for d in sc.accuracy if d.kind == kind}
-            xs, ys, lo, hi = [], [], [], []
-            for k, name in enumerate(names):
+            k = 100.0 if kind == "score" else 1.0
+            for j, name in enumerate(names):
                 d = ds.get(name)
-                if d is None:
+                v = None if d is None else (d.delta if kind == "score" else d.delta_pct)
+                if d is None or v is None:
                     continue
-                v = (100 * d.delta if d.delta is not None else None) if kind == "score" else d.delta_pct
-                if v is None:
-                    continue
-                iv = d.interval
-                low = (100 * iv.low if kind == "score" else iv.low) if iv else v
-                high = (100 * iv.high if kind == "score" else iv.high) if iv else v
-                xs.append(k - 0.4 + width * (i + 0.5))
-                ys.append(v)
-                lo.append(max(0.0, v - low))
-                hi.append(max(0.0, high - v))
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, color=_color(sc, i), label=_name(sc, many))
+                x, y = j - 0.4 + width * (i + 0.5), k * v
+                style = _style(sc, i)
+                if d.interval is None:
+                    hollow_seen = True
+                    ax.plot([x], [y], ls="none", mfc="white", mec=style["color"], marker=style["marker"], ms=7)
+                else:
+                    lo, hi = max(0.0, y - k * d.interval.low), max(0.0, k * d.interval.high - y)
+                    ax.errorbar([x], [y], yerr=[[lo], [hi]], fmt=style["marker"], color=style["color"], capsize=3)
+            ax.plot([], [], ls="none", label=_name(sc, many), **_style(sc, i))  # one legend entry per scheme
         ax.axhline(0, color="black", lw=0.8)
-        if kind == "perplexity" and review.config.max_perplexity_increase_pct is not None:
-            ax.axhline(
-                review.config.max_perplexity_increase_pct,
-                color="red",
-                ls="--",
-                lw=1,
-                label=f"limit +{review.config.max_perplexity_increase_pct:g}%",
-            )
+        limit = review.config.max_perplexity_increase_pct
+        if kind == "perplexity" and limit is not None:
+            ax.axhline(limit, color="red", ls="--", lw=1, label=f"limit +{limit:g}%")
+        if hollow_seen and ax is axes[0][-1]:
+            ax.plot([], [], ls="none", marker="o", mfc="white", mec="grey", label="hollow: no interval")
         ax.set_xticks(range(len(names)), names, rotation=15, ha="right", fontsize=8)
-        ax.set_ylabel("delta (percentage points)" if kind == "score" else "change (%)")
+        ax.set_ylabel("score delta (percentage points)" if kind == "score" else "perplexity change (%)")
         ax.set_title(
-            "task score delta vs baseline, 95% interval"
+            f"task score vs baseline, {review.config.confidence:.0%} interval"
             if kind == "score"
-            else "perplexity change vs baseline, 95% interval"
+            else f"perplexity vs baseline, {review.config.confidence:.0%} interval (lower is better)",
+            fontsize=10,
         )
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
-    return _png(fig)
+    axes[0][-1].legend(**OUTSIDE)
+    fig.tight_layout()
+    return fig
+
+
+def latency_figure(review: Review) -> Any:
+    """TTFT p99 and ITL p99 (ms, log axis) against the load (log2 axis), one curve per scheme; each panel's
+    SLO as a dashed line, named in that panel's legend (below it) and written on the line. None without
+    speed points."""
+    cards = [sc for sc in review.cards if sc.speed.get("points")]
+    if not cards:
+        return None
+    many = len({sc.model for sc in cards}) > 1
+    pos, ticks, labels, xlabel = log2_positions(cards)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    rc = review.config
+    for ax, key, title, slo in (
+        (axes[0], "ttft_ms_p99", "TTFT p99 (ms)", rc.ttft_ms_p99),
+        (axes[1], "itl_ms_p99", "ITL p99 (ms)", rc.itl_ms_p99),
+    ):
+        for i, sc in enumerate(cards):
+            pts = [p for p in sc.speed["points"] if p.get(key) is not None]
+            ax.plot([pos[p["load"]] for p in pts], [p[key] for p in pts], label=_name(sc, many), **_style(sc, i))
+        if slo is not None:
+            ax.axhline(slo, ls="--", color="red", lw=1, label=f"SLO {slo:g} ms")
+            ax.annotate(
+                f"SLO {slo:g} ms", (0.01, slo), xycoords=("axes fraction", "data"), color="red", fontsize=8, va="bottom"
+            )
+        _log2_axis(ax, ticks, labels, xlabel)
+        ax.set_ylabel(title)
+        ax.set_title(f"{title} against the load", fontsize=10)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = (
+    ("speed_ratio", speed_ratio_figure),
+    ("pareto", pareto_figure),
+    ("memory", memory_figure),
+    ("accuracy", accuracy_figure),
+    ("latency", latency_figure),
+)
+
+
+def make_figures(review: Review) -> dict[str, Any]:
+    """Every figure that has data, name -> matplotlib figure (the caller closes them; :func:`make_plots`
+    does)."""
+    return {name: fig for name, fn in FIGURES if (fig := fn(review)) is not None}
 
 
 def make_plots(review: Review) -> dict[str, bytes]:
-    """All plots that have data, name -> PNG bytes."""
-    out = {}
-    for name, fn in (
-        ("throughput", throughput_plot),
-        ("latency", latency_plot),
-        ("memory", memory_plot),
-        ("accuracy", accuracy_plot),
-    ):
-        png = fn(review)
-        if png:
-            out[name] = png
-    return out
+    """Every plot that has data, name -> PNG bytes, in reading order."""
+    return {name: _png(fig) for name, fig in make_figures(review).items()}

@@ -15,6 +15,7 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number as _f
+from quantverdict.review import headline
 from quantverdict.review.constraints import load_set
 from quantverdict.review.cost import cost_blocks
 from quantverdict.review.kld import kld_row
@@ -249,14 +250,87 @@ def _na_models(review: Review) -> list[str]:
     return [v.model for v in review.verdicts if v.accuracy_not_measured]
 
 
+def _checks_word(cs: dict[str, Any]) -> str:
+    """``meets all three``, ``fails accuracy``, ``fails memory; latency n/a``: one scheme's checks in a cell."""
+    fails = [c.constraint for c in cs.values() if c.status == "fail"]
+    unknown = [c.constraint for c in cs.values() if c.status == "unknown"]
+    if not fails and not unknown:
+        return "PASS all three" if cs else "–"
+    bits = ([f"FAIL {', '.join(fails)}"] if fails else []) + ([f"{', '.join(unknown)} n/a"] if unknown else [])
+    return "; ".join(bits)
+
+
+def first_screen_rows(review: Review, model: str) -> list[list[str]]:
+    """One row per scheme of ``model``: GiB to serve the stated load, the worst accuracy delta with its
+    interval, the per-user speed ratio to the baseline at concurrency 1 and at the stated load, its checks."""
+    checks = review.checks.get(model, {})
+    rows = []
+    for h in headline.headlines(review, model):
+        sc = next(c for c in review.cards_of(model) if c.scheme == h.scheme)
+        if h.is_baseline:
+            c1 = load = "1x (the reference)"
+        elif h.speed_note:
+            c1 = load = h.speed_note
+        else:
+            c1 = h.speed_c1.text() if h.speed_c1 else "–"
+            load = h.speed_load.text() if h.speed_load else "–"
+        rows.append(
+            [
+                h.name,
+                _f(h.mem_gib, ".3f", " GiB"),
+                headline.accuracy_text(h.accuracy, sc),
+                c1,
+                load,
+                _checks_word(checks.get(h.scheme, {})),
+            ]
+        )
+    return rows
+
+
+def first_screen_header(review: Review, model: str) -> list[str]:
+    """The first screen's column names, with the stated load and the baseline's name."""
+    rc = review.config
+    base = next((c.scheme for c in review.cards_of(model) if c.is_baseline), "the baseline")
+    budget = f" (budget {rc.memory_budget_gib:g} GiB)" if rc.memory_budget_gib is not None else ""
+    return [
+        "scheme",
+        f"GiB to serve {headline.memory_load_text(rc)}{budget}",
+        f"accuracy vs {base}: worst change [{rc.confidence:.0%} CI]",
+        f"speed vs {base} at concurrency 1 (tok/s per user)",
+        f"speed vs {base} at the stated load ({headline.load_text(rc)})",
+        "checks",
+    ]
+
+
+def _first_screen(review: Review) -> list[Block]:
+    """The title, then per model its verdict and one line per scheme with its three numbers."""
+    out: list[Block] = [("h1", "quantverdict review")]
+    for v in review.verdicts:
+        if len(review.verdicts) > 1:
+            out.append(("h2", v.model))
+        ok = v.decision in ("quantize", "do not quantize") and not v.accuracy_not_measured
+        out.append(("verdict", v.sentence, "ok" if ok else "warn"))
+        out.append(("table", first_screen_header(review, v.model), first_screen_rows(review, v.model)))
+        out += cost_blocks(review, v)  # issue #17: the verdict in USD per million output tokens (with a price)
+    out.append(
+        (
+            "p",
+            "Speed: the scheme's per-user output speed (1000 / TPOT p50, tok/s) over the baseline's at the same "
+            "load level; > 1x is faster; [range] over repeats. Accuracy: the largest perplexity rise among "
+            f"review.perplexity_kinds ({', '.join(review.config.perplexity_kinds)}), else the task with the "
+            "lowest recovery. Memory: weights + KV cache for the stated capacity + reserve.",
+        )
+    )
+    return out
+
+
 def _header(review: Review) -> list[Block]:
-    """Title, source line (jobs, constraint set, time), where the records ran, accuracy-not-measured note."""
+    """Source line (jobs, constraint set, time), where the records ran, accuracy-not-measured note."""
     rc = review.config
     n_ok = sum(sc.status == "ok" for sc in review.cards)
     n_cut = sum(sc.status == "interrupted" for sc in review.cards)
     cut = f", {n_cut} interrupted" if n_cut else ""
     out: list[Block] = [
-        ("h1", "quantverdict review"),
         (
             "p",
             (
@@ -284,13 +358,10 @@ def _header(review: Review) -> list[Block]:
 def _verdict_section(review: Review) -> list[Block]:
     """Each model's verdict with its evidence, binding constraint and the other schemes."""
     out: list[Block] = []
-    out.append(("h2", "Verdict"))
+    out.append(("h2", "Verdict: the evidence"))
     for v in review.verdicts:
         if len(review.verdicts) > 1:
             out.append(("h3", v.model))
-        ok = v.decision in ("quantize", "do not quantize") and not v.accuracy_not_measured
-        out.append(("verdict", v.sentence, "ok" if ok else "warn"))
-        out += cost_blocks(review, v)  # issue #17: the verdict in USD per million output tokens (with a price)
         if v.evidence:
             out.append(("ul", v.evidence))
         if v.binding:
@@ -549,10 +620,13 @@ def _plots_section(review: Review, pngs: dict[str, bytes]) -> list[Block]:
     out: list[Block] = []
     out.append(("h2", "Plots"))
     alts = {
-        "throughput": "achieved req/s and output tok/s against offered load, one curve per scheme",
-        "latency": "TTFT p99 and ITL p99 against offered load, with the SLO",
-        "memory": "weights, KV cache needed and free memory against the budget",
-        "accuracy": "accuracy deltas and perplexity changes with 95% intervals",
+        "speed_ratio": "per-user output speed of each scheme over the baseline's against the load (log2 axis), "
+        "with the range over repeats",
+        "pareto": "total output tok/s against per-user tok/s (1000 / TPOT p50), one curve per scheme, "
+        "and the Pareto frontier",
+        "memory": "weights + KV cache to serve the stated load, per scheme, against the memory budget",
+        "accuracy": "accuracy deltas and perplexity changes with their intervals",
+        "latency": "TTFT p99 and ITL p99 against the load (log2 axis), with the SLO",
     }
     for name in pngs:
         out.append(("img", name, alts.get(name, name)))
@@ -629,7 +703,8 @@ def _points_section(review: Review) -> list[Block]:
 def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
     """The review's content, in reading order."""
     return (
-        _header(review)
+        _first_screen(review)
+        + _header(review)
         + _verdict_section(review)
         + _constraints_section(review)
         + _scorecard_section(review)
