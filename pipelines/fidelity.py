@@ -72,17 +72,19 @@ def run_by_hand(
     flags = supported_optional_flags(env)
     points = sweep_plan.plan(bench.mode, list(bench.rates), list(bench.concurrencies), bench.repeats)
     run_env = {**os.environ, **env.env}
-    if bench.warmup_prompts > 0:  # one run of unmeasured prompts (the warm-up seed), not saved
-        warm = bench_command(
-            server, bench, model_path, env, points[0], out / "warmup", flags,
-            seed=sweep_plan.warmup_seed(bench.seed), num_prompts=bench.warmup_prompts, warmups=False,
-        )  # fmt: skip
-        subprocess.run(warm, env=run_env, check=True, capture_output=True, timeout=bench.point_timeout_s)
     rows = []
     for i, point in enumerate(points):
         n = (num_prompts or {}).get(point.name) or sweep_plan.prompts_for(
             bench.num_prompts, bench.prompts_per_concurrency, point.concurrency
         )
+        if bench.warmup_prompts > 0:  # unmeasured prompts (the warm-up seed) at the point's concurrency, not kept
+            warm = bench_command(
+                server, bench, model_path, env, point, out / "warmup", flags,
+                seed=sweep_plan.warmup_seed(bench.seed), num_prompts=bench.warmup_prompts, warmups=False,
+            )  # fmt: skip
+            if point.concurrency is None:  # all at once, as the sweep client warms up
+                warm[warm.index("--request-rate") + 1] = "inf"
+            subprocess.run(warm, env=run_env, check=True, capture_output=True, timeout=bench.point_timeout_s)
         server.reset_prefix_cache()
         before = server.counters()
         cmd = bench_command(

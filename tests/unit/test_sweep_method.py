@@ -259,3 +259,11 @@ def test_fidelity_compare_flags_points_outside_five_percent() -> None:
     assert rows[0]["rel_diff"] == pytest.approx(0.02) and rows[1]["rel_diff"] == pytest.approx(0.06)
     text = fidelity.render(rows)
     assert "6.0% **> 5%**" in text and "| conc-1_r0 | 102.0 | 100.0 | 2.0% |" in text
+
+
+@pytest.mark.parametrize(("shape", "lens"), [("prefill", (2048, 128)), ("decode", (128, 1024))])
+@pytest.mark.parametrize("model", ["llama3.1-8b-shape", "smollm2-135m"])
+def test_request_shape_profiles_compose_for_the_gpu_models(shape: str, lens: tuple[int, int], model: str) -> None:
+    cfg = compose([f"bench=gpu-concurrency-{shape}", f"model={model}", "env=cpu"])
+    assert (cfg.bench.input_len, cfg.bench.output_len) == lens
+    assert cfg.bench.repeats == 3 and list(cfg.bench.concurrencies) == [1, 16, 64, 256]

@@ -201,7 +201,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if reset:
             side["resets"].append({"when": "after warm-up", **reset_prefix_cache(base_url)})
         n = requests_for(int(point["num_prompts"]), min_dur, est)
-        attempts = []
+        attempts: list[dict[str, Any]] = []
         while True:
             before = settled_counters(base_url)
             m0 = time.perf_counter()

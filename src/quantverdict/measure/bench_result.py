@@ -304,7 +304,7 @@ def parse_result(
     return out
 
 
-def request_times(result: dict[str, Any]) -> dict[str, list[float]] | None:
+def request_times(result: dict[str, Any]) -> dict[str, list[float | None]] | None:
     """Per-request send and finish times in seconds from the first request sent, rounded to 0.1 ms:
     ``{"start_s": [...], "end_s": [...]}`` (end = start + E2E; None for a failed request), in the result's
     order; None without ``--save-detailed`` lists."""
