@@ -9,9 +9,10 @@ The by-hand run uses the job's points in the job's order, each with the job's se
 --ready-check-timeout-sec 0`` (vLLM's own warm-up and ready check send the first measured prompt), a
 warm-up run of unmeasured prompts at the point's concurrency before each point (as the sweep client does),
 and ``POST /reset_prefix_cache`` between that warm-up and the point and after it; the server's ``/metrics``
-prefix-cache counters are read around each point, so the by-hand numbers are shown cache-free. A point whose output tok/s differs from the job's by more than the tolerance (5%) is
-flagged; the exit code is 1 when any is. TTFT p50 is printed beside it (not judged: at small windows it
-moves more than 5% between two runs of one method).
+prefix-cache counters are read around each point, so the by-hand numbers are shown cache-free. A point
+whose output tok/s differs from the job's by more than the tolerance (5%) is flagged; the exit code is 1
+when any is. TTFT p50 is printed beside it (not judged: at small windows it moves more than 5% between two
+runs of one method).
 
 On CPU the same check runs in ``tests/integration/test_sweep_cache.py`` on the embedded model.
 """
