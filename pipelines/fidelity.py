@@ -78,10 +78,11 @@ def run_by_hand(
         n = (num_prompts or {}).get(point.name) or sweep_plan.prompts_for(
             bench.num_prompts, bench.prompts_per_concurrency, point.concurrency
         )
-        if bench.warmup_prompts > 0:  # unmeasured prompts (the warm-up seed) at the point's concurrency, not kept
+        n_warm = sweep_plan.warmup_requests(bench.warmup_prompts, point.concurrency)
+        if n_warm > 0:  # unmeasured prompts (the warm-up seed) at the point's concurrency, not kept
             warm = bench_command(
                 server, bench, model_path, env, point, out / "warmup", flags,
-                seed=sweep_plan.warmup_seed(bench.seed), num_prompts=bench.warmup_prompts, warmups=False,
+                seed=sweep_plan.warmup_seed(bench.seed), num_prompts=n_warm, warmups=False,
             )  # fmt: skip
             if point.concurrency is None:  # all at once, as the sweep client warms up
                 warm[warm.index("--request-rate") + 1] = "inf"

@@ -267,3 +267,8 @@ def test_request_shape_profiles_compose_for_the_gpu_models(shape: str, lens: tup
     cfg = compose([f"bench=gpu-concurrency-{shape}", f"model={model}", "env=cpu"])
     assert (cfg.bench.input_len, cfg.bench.output_len) == lens
     assert cfg.bench.repeats == 3 and list(cfg.bench.concurrencies) == [1, 16, 64, 256]
+
+
+def test_warmup_is_one_wave_in_a_closed_loop() -> None:
+    assert sweep_plan.warmup_requests(8, 256) == 256 and sweep_plan.warmup_requests(8, 1) == 1
+    assert sweep_plan.warmup_requests(8, None) == 8 and sweep_plan.warmup_requests(0, 64) == 0

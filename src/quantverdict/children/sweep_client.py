@@ -7,8 +7,9 @@ Runs inside the serve environment as ``python -m quantverdict.children.sweep_cli
 each point's ``<point>.json`` is the file ``vllm bench serve --save-result --save-detailed`` writes, with the
 same field names. What this process adds around it, per point:
 
-1. **warm-up** (all sent at once, the point's concurrency limit kept) from prompts that are not
-   measured (their own seed), then
+1. **warm-up** (all sent at once, the point's concurrency limit kept; in a closed loop one wave of C
+   requests, :func:`quantverdict.measure.sweep_plan.warmup_requests`) from prompts that are not measured
+   (their own seed), then
 2. ``POST /reset_prefix_cache`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's sweep tool
    ``vllm/benchmarks/sweep/server.py`` starts it), the server's ``/metrics`` counters read,
 3. the measured run (its own seed, ``--ready-check-timeout-sec 0`` and no ``--num-warmups``: vLLM's ready
@@ -35,7 +36,7 @@ from typing import Any
 
 from quantverdict.children._child import child_main, progress
 from quantverdict.children.vllm_cli import install_alias
-from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, requests_for
+from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, requests_for, warmup_requests
 
 # the server's /metrics counters read around each point (prometheus_client names: family + "_total")
 COUNTERS = (
@@ -187,13 +188,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             side["resets"].append({"when": "before sweep", **first_reset})
             first_reset = None
         est = None
-        if int(spec.get("warmup_prompts") or 0) > 0:
+        n_warm = warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
+        if n_warm > 0:
             # all at once (at most the point's concurrency in flight): a Poisson rate would only make it slower
             warm_point = {**point, "request_rate": "inf"}
-            warm = call(warm_point, int(spec["warmup_prompts"]), int(spec["warmup_seed"]), save=False)
+            warm = call(warm_point, n_warm, int(spec["warmup_seed"]), save=False)
             est = _rate_estimate(warm, point)
             side["warmup"] = {
-                "requests": int(spec["warmup_prompts"]),
+                "requests": n_warm,
                 "completed": warm.get("completed"),
                 "duration_s": warm.get("duration"),
                 "rate_estimate_rps": est,

@@ -144,3 +144,15 @@ def requests_for(min_requests: int, min_duration_s: float, rate_rps: float | Non
     if not min_duration_s or not rate_rps:
         return min_requests
     return max(min_requests, math.ceil(rate_rps * min_duration_s * margin))
+
+
+def warmup_requests(warmup_prompts: int, concurrency: int | None) -> int:
+    """Warm-up requests before a point: none when ``bench.warmup_prompts`` is 0; in a closed loop one full
+    wave of ``concurrency`` requests (every slot busy once, at the batch size the point runs, so its mean
+    E2E sizes the window: :func:`requests_for` at ``C / E2E``); in an open loop ``warmup_prompts``.
+
+    E.g. c=256: 256 (not 8, whose E2E at batch 8 would size a c=256 window ~4x too long on an H200).
+    """
+    if warmup_prompts <= 0:
+        return 0
+    return int(concurrency) if concurrency else warmup_prompts
