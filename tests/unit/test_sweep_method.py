@@ -4,6 +4,7 @@ and the server's dev-mode and compile-cache environment. Values worked out by ha
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,12 +12,13 @@ import pytest
 
 from pipelines import fidelity
 from quantverdict.config.compose import compose
-from quantverdict.config.schema import ConfigError, ServerConfig
+from quantverdict.config.schema import BenchConfig, ConfigError, ServerConfig
 from quantverdict.config.validate import validate
 from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan, vllm_log
 from quantverdict.measure.sweep_plan import SweepPoint
 from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import JobRecord
+from quantverdict.serving.benchmark import parse_point
 from quantverdict.serving.server import build_command
 
 # --- seeds and windows ----------------------------------------------------------------------------------
@@ -272,3 +274,15 @@ def test_request_shape_profiles_compose_for_the_gpu_models(shape: str, lens: tup
 def test_warmup_is_one_wave_in_a_closed_loop() -> None:
     assert sweep_plan.warmup_requests(8, 256) == 256 and sweep_plan.warmup_requests(8, 1) == 1
     assert sweep_plan.warmup_requests(8, None) == 8 and sweep_plan.warmup_requests(0, 64) == 0
+
+
+def test_parse_point_reads_vllms_file_and_the_clients_sidecar(tmp_path: Path) -> None:
+    point = SweepPoint(1.0, None, 0)
+    (tmp_path / f"{point.name}.json").write_text(json.dumps(RESULT))
+    (tmp_path / f"{point.name}.qv.json").write_text(json.dumps(_side(0)))
+    bench = BenchConfig(name="t", output_len=16, warmup_prompts=2, min_duration_s=2.0)
+    p = parse_point(tmp_path, point, bench)
+    assert p["num_prompts"] == 4 and p["output_tokens_requested"] == 64  # the sidecar's count x 16
+    assert p["valid"] and p["prefix_cache_hit_rate"] == 0.0 and p["client_overhead_s"] == 1.5
+    assert p["request_times"]["end_s"] == [1.0, 2.0, 3.0, 4.0]
+    assert p["result_file"] == str(tmp_path / "rate-1_r0.json")
