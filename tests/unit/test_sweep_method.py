@@ -286,3 +286,9 @@ def test_parse_point_reads_vllms_file_and_the_clients_sidecar(tmp_path: Path) ->
     assert p["valid"] and p["prefix_cache_hit_rate"] == 0.0 and p["client_overhead_s"] == 1.5
     assert p["request_times"]["end_s"] == [1.0, 2.0, 3.0, 4.0]
     assert p["result_file"] == str(tmp_path / "rate-1_r0.json")
+
+
+def test_token_mismatch_with_preemptions_says_so() -> None:
+    after = {**_after(2400, 0, 2400, 128), "vllm:num_preemptions": 3.0}  # 2,400 vs 2,048: 17.2%
+    (why,) = server_metrics.server_checks(BEFORE, after, 2048, 128)["server_invalid_reasons"]
+    assert "3 preemption(s)" in why and "17.2% > 5%" in why

@@ -14,7 +14,8 @@ A point is **invalid** when
   a warm-up of measured prompts), and its TTFT and throughput are flattered;
 * the server's prompt or generation tokens differ from the client's totals by more than
   ``MAX_TOKEN_REL_DIFF`` (5%): the server did not run the requested shape (a tokenizer that re-tokenizes
-  the decoded random prompt to a different length).
+  the decoded random prompt to a different length), or preempted requests were prefilled again (the
+  reason names the preemptions when there were any).
 
 Pure (standard library only).
 """
@@ -97,9 +98,15 @@ def server_checks(
         ("generation", out["generation_tokens_rel_diff"], d["server_generation_tokens"], client_output_tokens),
     ):
         if diff is not None and diff > MAX_TOKEN_REL_DIFF:
+            pre = d["server_preemptions"]
+            why = (
+                f"{pre:,} preemption(s): a preempted request is prefilled again and counted again"
+                if pre
+                else "the server did not run the requested shape"
+            )
             reasons.append(
                 f"the server counted {server:,} {what} tokens, the client {client:,} "
-                f"({100 * diff:.1f}% > {100 * MAX_TOKEN_REL_DIFF:g}%): the server did not run the requested shape"
+                f"({100 * diff:.1f}% > {100 * MAX_TOKEN_REL_DIFF:g}%): {why}"
             )
     out["server_invalid_reasons"] = reasons
     return out
