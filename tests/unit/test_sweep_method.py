@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import fidelity
-from quantverdict.config.compose import compose
+from quantverdict.config.compose import as_dict, compose
 from quantverdict.config.schema import BenchConfig, ConfigError, ServerConfig
 from quantverdict.config.validate import validate
 from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan, vllm_log
@@ -292,3 +292,13 @@ def test_token_mismatch_with_preemptions_says_so() -> None:
     after = {**_after(2400, 0, 2400, 128), "vllm:num_preemptions": 3.0}  # 2,400 vs 2,048: 17.2%
     (why,) = server_metrics.server_checks(BEFORE, after, 2048, 128)["server_invalid_reasons"]
     assert "3 preemption(s)" in why and "17.2% > 5%" in why
+
+
+def test_fidelity_rebuilds_the_jobs_config_from_its_record() -> None:
+    cfg = compose(["bench=gpu-concurrency", "bench.seed=7"])
+    back = fidelity.job_config({"config": as_dict(cfg)})
+    assert back.bench.seed == 7 and list(back.bench.concurrencies) == [1, 16, 64, 256]
+    assert back.bench.min_duration_s == 30.0 and back.bench.server.port == cfg.bench.server.port
+    old = as_dict(cfg)
+    del old["bench"]["min_duration_s"], old["bench"]["reset_prefix_cache"]  # a record from before issue 16
+    assert fidelity.job_config({"config": old}).bench.min_duration_s == 0.0
