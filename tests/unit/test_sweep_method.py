@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import fidelity
+from quantverdict.children.sweep_client import _drop_flags
 from quantverdict.config.compose import as_dict, compose
 from quantverdict.config.schema import BenchConfig, ConfigError, ServerConfig
 from quantverdict.config.validate import validate
@@ -302,3 +303,9 @@ def test_fidelity_rebuilds_the_jobs_config_from_its_record() -> None:
     old = as_dict(cfg)
     del old["bench"]["min_duration_s"], old["bench"]["reset_prefix_cache"]  # a record from before issue 16
     assert fidelity.job_config({"config": old}).bench.min_duration_s == 0.0
+
+
+def test_sweep_client_drops_flags_an_older_vllm_lacks() -> None:
+    args = ["--seed", "3", "--temperature", "0", "--ready-check-timeout-sec", "0", "--disable-tqdm"]
+    assert _drop_flags(args, ["--temperature", "--ready-check-timeout-sec"]) == ["--seed", "3", "--disable-tqdm"]
+    assert _drop_flags(args, []) == args

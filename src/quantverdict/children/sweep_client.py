@@ -133,6 +133,23 @@ def _cli_args(spec: dict[str, Any], point: dict[str, Any], num_prompts: int, see
     return args
 
 
+# flags older vLLM releases may lack (left out, with a progress line, when the parser does not know them)
+OPTIONAL_FLAGS = ("--temperature", "--ready-check-timeout-sec", "--num-warmups")
+
+
+def _drop_flags(args: list[str], flags: list[str]) -> list[str]:
+    """``args`` without each of ``flags`` and its value (every one of them takes exactly one)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
 def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | None:
     """Requests per second the measured run can expect, from a warm-up result: a finite offered rate is
     its own estimate; a closed loop of C in flight ``C / mean E2E`` (the warm-up ran fewer in flight, so
@@ -175,9 +192,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     result_dir = Path(spec["result_dir"])
     result_dir.mkdir(parents=True, exist_ok=True)
 
+    known = set(parser._option_string_actions)  # noqa: SLF001 - argparse keeps no public list of its flags
+    missing = [f for f in OPTIONAL_FLAGS if f not in known]
+    if missing:
+        progress(f"this vLLM's bench serve has no {', '.join(missing)}: left out")
+    main_async = getattr(vbench, "main_async", None)
+
     def call(point: dict[str, Any], n: int, seed: int, save: bool) -> dict[str, Any]:
-        ns: argparse.Namespace = parser.parse_args(_cli_args(spec, point, n, seed, save))
-        return dict(asyncio.run(vbench.main_async(ns)))
+        ns: argparse.Namespace = parser.parse_args(_drop_flags(_cli_args(spec, point, n, seed, save), missing))
+        # main_async (vLLM >= 0.30) runs in this process's event loop; older ones only have main (asyncio.run inside)
+        res = asyncio.run(main_async(ns)) if main_async is not None else vbench.main(ns)
+        if res is None and save:  # an older main() that returns nothing: the file it saved
+            res = json.loads((result_dir / f"{point['name']}.json").read_text())
+        return dict(res or {})
 
     done = []
     first_reset = reset_prefix_cache(base_url) if reset else None
@@ -208,7 +235,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             before = settled_counters(base_url)
             m0 = time.perf_counter()
             result = call(point, n, int(point["seed"]) + len(attempts) * RETRY_SEED_STRIDE, save=True)
-            measured = float(result["duration"])
+            measured = float(result.get("duration") or 0.0)
             after = settled_counters(base_url)
             attempts.append({"num_prompts": n, "duration_s": measured, "call_s": round(time.perf_counter() - m0, 3)})
             if reset:
