@@ -288,6 +288,12 @@ class BenchConfig:
     seed: int = 0
     point_timeout_s: float = 1800.0
     server: ServerConfig = field(default_factory=ServerConfig)
+    # a point's measured window lasts at least this long (seconds): the client sends max(the requests above,
+    # enough for this duration at the rate its warm-up showed); 0: the request count alone decides
+    min_duration_s: float = 0.0
+    # POST /reset_prefix_cache (vLLM dev mode) after the warm-up and after every point; the server's prefix-cache
+    # hits are recorded per point either way, and above 1% on random prompts the point is invalid
+    reset_prefix_cache: bool = True
 
 
 @dataclass

@@ -7,6 +7,7 @@ the value and what to use instead, before any work starts (:func:`validate`).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from quantverdict.config.schema import (
     REVIEW_FLOOR_TESTS,
     REVIEW_INTERVALS,
     SCHEME_METHODS,
+    BenchConfig,
     CalibrationConfig,
     Config,
     ConfigError,
@@ -288,6 +290,14 @@ def server_backend_errors(cfg: Config) -> list[str]:
     return errors
 
 
+def bench_window_errors(bench: BenchConfig) -> list[str]:
+    """``bench.min_duration_s`` must be a finite number of seconds >= 0 (0: the request count alone decides)."""
+    v = bench.min_duration_s
+    if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return [f"bench.min_duration_s={v!r} must be a finite number of seconds >= 0 (e.g. 30 on a GPU, 2 on CPU)"]
+    return []
+
+
 def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     """Check allowed values and paths of a composed config; raise one ConfigError listing all problems.
 
@@ -370,6 +380,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
         errors.append(f"bench.prompts_per_concurrency={cfg.bench.prompts_per_concurrency} must be >= 1 or null")
     if cfg.bench.repeats < 1:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
+    errors += bench_window_errors(cfg.bench)
     _choice(errors, "env.device", cfg.env.device, DEVICES)
     for stage in ("quantize", "serve"):
         senv: StageEnvConfig = getattr(cfg.env, stage)

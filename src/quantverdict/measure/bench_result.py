@@ -28,6 +28,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from quantverdict.measure.server_metrics import server_checks
 from quantverdict.measure.sweep import percentile
 from quantverdict.measure.sweep_plan import METRICS, PERCENTILES, SweepPoint, format_rate
 from quantverdict.measure.validity import ITL_SUM_TOLERANCE_S, OUTPUT_VALID_FRACTION, saturation
@@ -303,6 +304,56 @@ def parse_result(
     return out
 
 
+def request_times(result: dict[str, Any]) -> dict[str, list[float | None]] | None:
+    """Per-request send and finish times in seconds from the first request sent, rounded to 0.1 ms:
+    ``{"start_s": [...], "end_s": [...]}`` (end = start + E2E; None for a failed request), in the result's
+    order; None without ``--save-detailed`` lists."""
+    if not has_detailed(result):
+        return None
+    starts = [float(s) for s in result["start_times"]]
+    t0 = min(starts) if starts else 0.0
+    ok = set(_successful(result))
+    return {
+        "start_s": [round(s - t0, 4) for s in starts],
+        "end_s": [round(s - t0 + float(result["latencies"][i]), 4) if i in ok else None for i, s in enumerate(starts)],
+    }
+
+
+def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: float = 0.0) -> dict[str, Any]:
+    """Complete a parsed point (:func:`parse_result`) with what the one-process sweep client recorded beside
+    vLLM's result (``<point>.qv.json``, :mod:`quantverdict.children.sweep_client`); updates ``out`` in place.
+
+    Adds ``seed``, ``warmup_seed``, ``attempts``, ``client_wall_s`` (the client's time for the point: warm-up,
+    cache resets, counter reads, dataset sampling, the measured run), ``client_overhead_s`` (wall minus the
+    measured window ``duration_s``), ``min_duration_s`` and ``window_met`` (``duration_s >= min_duration_s``),
+    and the server's counters (:func:`quantverdict.measure.server_metrics.server_checks`). A hit rate above
+    1% or a server token count 5% away from the client's makes the point invalid (``valid`` and
+    ``invalid_reasons`` updated).
+
+    Args:
+        out: the parsed point; needs ``duration_s``, ``input_tokens_total``, ``output_tokens_total``.
+        side: the sidecar: ``seed``, ``counters_before``, ``counters_after``, ``wall_s``, ``attempts``, ...
+        min_duration_s: the configured minimum window (``bench.min_duration_s``).
+    """
+    out["seed"] = side.get("seed")
+    out["warmup_seed"] = side.get("warmup_seed")
+    out["attempts"] = len(side.get("attempts") or []) or None
+    wall = side.get("wall_s")
+    out["client_wall_s"] = wall
+    out["client_overhead_s"] = None if wall is None else round(float(wall) - float(out["duration_s"]), 3)
+    out["min_duration_s"] = min_duration_s
+    out["window_met"] = float(out["duration_s"]) >= min_duration_s
+    before, after = side.get("counters_before"), side.get("counters_after")
+    if isinstance(before, dict) and isinstance(after, dict):
+        checks = server_checks(before, after, out.get("input_tokens_total"), out.get("output_tokens_total"))
+        reasons = checks.pop("server_invalid_reasons")
+        out.update(checks)
+        if reasons:
+            out["invalid_reasons"] = [*out.get("invalid_reasons", []), *reasons]
+            out["valid"] = False
+    return out
+
+
 def summary_line(p: dict[str, Any], index: int, total: int) -> str:
     """One progress line for a finished point (values rounded for reading, not for records)."""
 
@@ -311,6 +362,8 @@ def summary_line(p: dict[str, Any], index: int, total: int) -> str:
 
     load = f"C={p['concurrency']}" if p["concurrency"] is not None else f"rate={format_rate(p['offered_rate_rps'])}"
     tags = ""
+    if p.get("prefix_cache_hit_rate") is not None:
+        tags += f", prefix-cache hits {100 * p['prefix_cache_hit_rate']:.1f}%"
     if p.get("saturated"):
         tags += " SATURATED"
     if p.get("valid") is False:

@@ -105,3 +105,119 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
             }
         )
     return out
+
+
+# --- where a benchmark stage's time went -----------------------------------------------------------
+
+
+def time_split(
+    server_start_s: float | None,
+    server: dict[str, Any] | None,
+    points: list[dict[str, Any]],
+    sweep_wall_s: float | None,
+) -> dict[str, Any]:
+    """The benchmark stage's time, split: server start (of which torch.compile and graph capture, from the
+    server log), the measured windows, and the client's overhead (warm-ups, cache resets, counter reads,
+    dataset sampling, process start: the sweep's wall time minus its windows).
+
+    Args:
+        server_start_s: process start to a verified, healthy server (``speed.server_start_s``).
+        server: the parsed server log (``memory.server``: ``compile_s``, ``graph_capture_s``,
+            ``compile_cache_hit``), or None.
+        points: the parsed points (``duration_s``: the measured window of each).
+        sweep_wall_s: the sweep's wall time (one client process, all points), or None.
+
+    Returns:
+        ``{"server_start_s", "compile_s", "graph_capture_s", "compile_cache_hit", "windows_s", "overhead_s",
+        "sweep_wall_s", "overhead_fraction"}``: ``overhead_fraction`` = overhead / (start + windows), the
+        issue-16 target being <= 0.10; None where a part is unknown.
+
+    E.g. start 226 s, windows 120 s, sweep wall 131 s: overhead 11 s, fraction 11 / 346 = 0.032.
+    """
+    srv = server or {}
+    windows = sum(float(p["duration_s"]) for p in points if isinstance(p.get("duration_s"), (int, float)))
+    overhead = None if sweep_wall_s is None else round(float(sweep_wall_s) - windows, 3)
+    base = None if server_start_s is None else float(server_start_s) + windows
+    return {
+        "server_start_s": server_start_s,
+        "compile_s": srv.get("compile_s"),
+        "graph_capture_s": srv.get("graph_capture_s"),
+        "compile_cache_hit": srv.get("compile_cache_hit"),
+        "windows_s": round(windows, 3),
+        "overhead_s": overhead,
+        "sweep_wall_s": sweep_wall_s,
+        "overhead_fraction": None if overhead is None or not base else overhead / base,
+    }
+
+
+# --- ratio to the baseline, paired by repeat (the review's hook for regime claims) -----------------
+
+# Student's t, two-sided 95% (0.975 quantile), degrees of freedom 1..30 (any statistics table); 1.96 above
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def paired_ratio(
+    points: list[dict[str, Any]],
+    baseline_points: list[dict[str, Any]],
+    metric: str = "output_tok_s",
+    mode: str = "concurrency",
+    higher_is_better: bool = True,
+) -> list[dict[str, Any]]:
+    """Per load level, the ratio of a scheme's ``metric`` to the baseline's, paired by repeat index, with a 95%
+    interval and what it establishes.
+
+    Repeat ``r`` of a scheme is paired with repeat ``r`` of the baseline at the same load (same seed, same
+    machine, the same position in the sweep), valid points only (:func:`point_valid`). On the log ratios
+    ``d_r = ln(x_r / b_r)``: mean ``m``, sample standard deviation ``s``, ``n`` pairs; the interval is
+    ``exp(m -+ t_{0.975, n-1} s / sqrt(n))`` (Student's t on paired differences of logs, so a ratio and its
+    inverse get mirrored intervals). One pair gives a ratio without an interval.
+
+    Args:
+        points: the scheme's parsed points (``repeat``, load keys, ``metric``).
+        baseline_points: the baseline's, from the same plan.
+        metric: a point key, e.g. ``output_tok_s`` or ``throughput_tok_s``.
+        mode: ``rate`` or ``concurrency`` (the load a level is keyed by).
+        higher_is_better: True for throughputs; False for latencies (a ratio below 1 is then "faster").
+
+    Returns:
+        Sorted by load: ``{"load", "pairs", "ratios" (by repeat), "ratio" (geometric mean), "low", "high"
+        (None under 2 pairs), "verdict"}``; verdict ``faster``, ``slower`` or ``no difference established``
+        (the interval holds 1, or fewer than 2 pairs).
+
+    E.g. ratios 1.20, 1.25, 1.22 (n=3): m = 0.2014, s = 0.0205, t = 4.303: interval 1.162-1.287, faster.
+    """
+
+    def by_key(ps: list[dict[str, Any]]) -> dict[tuple[float, int], float]:
+        out: dict[tuple[float, int], float] = {}
+        for p in ps:
+            v = p.get(metric)
+            if point_valid(p) and isinstance(v, (int, float)) and v > 0:
+                out[(load_of(p, mode), int(p.get("repeat") or 0))] = float(v)
+        return out
+
+    mine, base = by_key(points), by_key(baseline_points)
+    loads = sorted({k[0] for k in mine} | {k[0] for k in base})
+    result = []
+    for load in loads:
+        reps = sorted(r for (ld, r) in mine if ld == load and (ld, r) in base)
+        ratios = [mine[(load, r)] / base[(load, r)] for r in reps]
+        entry: dict[str, Any] = {"load": load, "pairs": len(ratios), "ratios": ratios, "ratio": None}
+        entry.update(low=None, high=None, verdict="no difference established")
+        if ratios:
+            logs = np.log(np.asarray(ratios))
+            entry["ratio"] = float(np.exp(logs.mean()))
+        if len(ratios) >= 2:
+            n = len(ratios)
+            t = T975[n - 2] if n - 1 <= len(T975) else 1.96
+            half = t * float(logs.std(ddof=1)) / math.sqrt(n)
+            low, high = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+            entry.update(low=low, high=high)
+            better = low > 1 if higher_is_better else high < 1
+            worse = high < 1 if higher_is_better else low > 1
+            entry["verdict"] = "faster" if better else "slower" if worse else "no difference established"
+        result.append(entry)
+    return result

@@ -108,3 +108,51 @@ def load_of(p: dict[str, Any], mode: str) -> float:
         return float(p.get("concurrency") or 0)
     r = p.get("offered_rate_rps")
     return math.inf if r is None or is_inf_rate(r) else float(r)
+
+
+# --- seeds and windows (no prefix-cache reuse; windows long enough to trust) ---------------------------
+
+# A point's prompts come from vLLM's random dataset seeded per (point, repeat): every seed is distinct, so
+# no point starts with the prompts of the one before (the prefix cache would serve them). The warm-up and a
+# second, longer attempt draw from seeds no measured point uses.
+WARMUP_SEED_OFFSET = 1_000_000
+RETRY_SEED_STRIDE = 7919
+
+
+def point_seed(base_seed: int, index: int) -> int:
+    """Seed of the ``index``-th point in run order (:func:`plan`): ``base_seed + 1 + index``.
+
+    The same plan gives the same seed to the same (load, repeat) in every job of a grid, so schemes are
+    compared on the same prompts and arrivals; no two points of a sweep share a seed.
+    """
+    return base_seed + 1 + index
+
+
+def warmup_seed(base_seed: int) -> int:
+    """Seed of the warm-up prompts: ``base_seed + WARMUP_SEED_OFFSET``, never a measured point's
+    (:func:`point_seed` stays below it for sweeps of fewer than a million points)."""
+    return base_seed + WARMUP_SEED_OFFSET
+
+
+def requests_for(min_requests: int, min_duration_s: float, rate_rps: float | None, margin: float = 1.0) -> int:
+    """Requests a point sends so that its window lasts at least ``min_duration_s``:
+    ``max(min_requests, ceil(rate_rps x min_duration_s x margin))``; ``min_requests`` when either the
+    duration or the rate estimate is missing or zero.
+
+    E.g. 16 requests minimum, 30 s at an estimated 2.5 req/s: ``max(16, 75) = 75``.
+    """
+    if not min_duration_s or not rate_rps:
+        return min_requests
+    return max(min_requests, math.ceil(rate_rps * min_duration_s * margin))
+
+
+def warmup_requests(warmup_prompts: int, concurrency: int | None) -> int:
+    """Warm-up requests before a point: none when ``bench.warmup_prompts`` is 0; in a closed loop one full
+    wave of ``concurrency`` requests (every slot busy once, at the batch size the point runs, so its mean
+    E2E sizes the window: :func:`requests_for` at ``C / E2E``); in an open loop ``warmup_prompts``.
+
+    E.g. c=256: 256 (not 8, whose E2E at batch 8 would size a c=256 window ~4x too long on an H200).
+    """
+    if warmup_prompts <= 0:
+        return 0
+    return int(concurrency) if concurrency else warmup_prompts

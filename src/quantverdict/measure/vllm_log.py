@@ -44,6 +44,11 @@ _KV_GPU = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
 _KV_CPU = re.compile(r"(?P<how>Explicitly|Auto) set \((?P<gib>[\d.]+)/(?P<total>[\d.]+)\) GiB for KV cache")
 _KV_TOKENS = re.compile(r"(?P<pool>\w+)(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
+# torch.compile and CUDA-graph capture (vllm/compilation/monitor.py, v1/worker/gpu_model_runner.py); a graph
+# loaded from the compile cache (VLLM_CACHE_ROOT/torch_compile_cache) says so (vllm/compilation/backends.py)
+_COMPILE = re.compile(r"torch\.compile (?:took|takes) (?P<s>[\d.]+) s in total")
+_GRAPH_CAPTURE = re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs")
+_COMPILE_CACHE_HIT = re.compile(r"Directly load the compiled graph\(s\)")
 _ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) ")
 _KERNEL = re.compile(r"\b(?:Using|Selected) (?P<kernel>[A-Za-z_]\w*) for (?P<method>[A-Za-z_][\w .()/-]*?)\.?\s*$")
 _ONEDNN_FALLBACK = re.compile(r"Failed to create oneDNN linear, fallback to torch linear")
@@ -108,7 +113,10 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         activation-quantized scheme shows a weight-only/emulation/fallback path; False when
         it does not; None when the scheme is not activation-quantized), ``fallback_lines``,
         ``unquantized_gemm_fallback`` (CPU: oneDNN refused the unquantized GEMM, plain
-        ``torch.nn.functional.linear`` used), and ``evidence`` (the exact line behind each value).
+        ``torch.nn.functional.linear`` used), ``compile_s`` (torch.compile, seconds; the sum over the log's
+        "torch.compile took X s in total" lines), ``graph_capture_s`` (CUDA graphs), ``compile_cache_hit``
+        (True when a compiled graph was loaded from vLLM's compile cache; None when nothing was compiled),
+        and ``evidence`` (the exact line behind each value).
         Values that the log does not contain are None.
     """
     out: dict[str, Any] = {
@@ -131,6 +139,9 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         "fallback": None,
         "fallback_lines": [],
         "unquantized_gemm_fallback": False,
+        "compile_s": None,
+        "graph_capture_s": None,
+        "compile_cache_hit": None,
     }
     evidence: dict[str, str] = {}
 
@@ -182,6 +193,17 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
             first("max_concurrency_request_tokens", int(m["len"].replace(",", "")), line)
         if m := _ENGINE_INIT.search(line):
             first("engine_init_s", float(m["s"]), line)
+        if m := _COMPILE.search(line):
+            out["compile_s"] = (out["compile_s"] or 0.0) + float(m["s"])
+            evidence.setdefault("compile_s", line[:200])
+            if out["compile_cache_hit"] is None:
+                out["compile_cache_hit"] = False
+        if m := _GRAPH_CAPTURE.search(line):
+            out["graph_capture_s"] = (out["graph_capture_s"] or 0.0) + float(m["s"])
+            evidence.setdefault("graph_capture_s", line[:200])
+        if _COMPILE_CACHE_HIT.search(line):
+            out["compile_cache_hit"] = True
+            evidence.setdefault("compile_cache_hit", line[:200])
         if (m := _KERNEL.search(line)) and _kernel_ok(m["kernel"], m["method"]):
             entry = {"kernel": m["kernel"], "method": m["method"].strip()}
             if entry not in out["kernels"]:

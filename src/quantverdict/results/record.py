@@ -395,6 +395,13 @@ class SweepPoint(Section):
     saturated: bool | None = None
     valid: bool | None = None
     invalid_reasons: list[str] | None = None
+    # issue 16 (absent in older records): the point's seed, the server's /metrics counters around it, the
+    # client's overhead (wall - measured window)
+    seed: int | None = None
+    prefix_cache_hit_rate: float | None = None
+    server_prompt_tokens: int | None = None
+    server_generation_tokens: int | None = None
+    client_overhead_s: float | None = None
 
 
 @dataclass
@@ -425,6 +432,8 @@ class Speed(Section):
     hbm_copy: dict[str, Any] | None = None
     server_start_s: float | None = None
     dtype: dict[str, Any] | None = None  # {"value", "chosen_by", "why"}: the compute dtype the pipeline chose
+    # issue 16 (absent in older records): start, compile, graph capture, windows, client overhead (seconds)
+    time_split: dict[str, Any] | None = None
 
     NESTED_LISTS: ClassVar[dict[str, type[Section]]] = {"points": SweepPoint, "summary": LoadLevel}
 

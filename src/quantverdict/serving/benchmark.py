@@ -1,9 +1,14 @@
-"""The speed sweep: vLLM's own client (``vllm bench serve``) against a running :class:`VLLMServer`.
+"""The speed sweep: vLLM's own benchmark library against a running :class:`VLLMServer`, from one client process.
 
-Orchestrator side; the client runs in the serve environment as
-``python -m quantverdict.children.vllm_cli bench serve ...`` through :mod:`quantverdict.processes.procs`.
-Every finished point is appended to ``out_dir/sweep.jsonl`` at once, so a crash mid-sweep keeps
-the points already measured. Parsing lives in :mod:`quantverdict.measure.sweep`.
+Orchestrator side. :func:`run_sweep` starts ``python -m quantverdict.children.sweep_client`` once in the serve
+environment: it imports vLLM's benchmark library once and drives every point (warm-up from unmeasured
+prompts, prefix-cache reset, a distinct seed per point and repeat, a window of at least
+``bench.min_duration_s``, the server's ``/metrics`` counters around each point). Every finished point is
+parsed and appended to ``out_dir/sweep.jsonl`` as soon as its files appear, so a crash mid-sweep keeps the
+points already measured. Parsing lives in :mod:`quantverdict.measure.bench_result`.
+
+:func:`bench_command` is the equivalent ``vllm bench serve`` command line of one point, a CLI process per
+point as before: ``pipelines.fidelity`` runs it by hand to check the sweep against the tool people use.
 """
 
 from __future__ import annotations
@@ -70,13 +75,23 @@ def bench_command(
     point: sweep_plan.SweepPoint,
     result_dir: Path,
     optional_flags: frozenset[str] = frozenset(_OPTIONAL_FLAGS),
+    seed: int | None = None,
+    num_prompts: int | None = None,
+    warmups: bool = True,
 ) -> list[str]:
     """The ``vllm bench serve`` command line for one point.
 
     Random dataset with fixed lengths (``--random-range-ratio`` defaults to 0), ``--ignore-eos``
     so that every request produces exactly ``output_len`` tokens, greedy sampling
-    (``--temperature 0``) so that runs are repeatable. The seed is ``bench.seed + repeat``: every
-    load level and every scheme sees the same prompts and arrival pattern; repeats differ.
+    (``--temperature 0``) so that runs are repeatable.
+
+    Args:
+        seed: ``--seed``; None: ``bench.seed + repeat``, the method before issue 16, which gives every load
+            level the same prompts (the prefix cache then serves them; kept for the test that shows it).
+        num_prompts: ``--num-prompts``; None: :func:`quantverdict.measure.sweep_plan.prompts_for`.
+        warmups: pass ``--num-warmups bench.warmup_prompts`` (vLLM sends the first measured prompt that
+            many times) and keep vLLM's ready check (it sends that prompt once more); False:
+            ``--num-warmups 0 --ready-check-timeout-sec 0``, nothing measured is sent before the run.
     """
     cmd = serve_env.module(CLI_MODULE, "bench", "serve")
     cmd += ["--backend", "vllm", "--base-url", server.base_url, "--model", server.served_model_name]
@@ -84,12 +99,16 @@ def bench_command(
     cmd += ["--random-input-len", str(bench_cfg.input_len), "--random-output-len", str(bench_cfg.output_len)]
     if bench_cfg.ignore_eos:
         cmd.append("--ignore-eos")
-    n = sweep_plan.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency)
+    n = num_prompts or sweep_plan.prompts_for(
+        bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency
+    )
     cmd += ["--num-prompts", str(n), "--request-rate", point.request_rate_arg]
     if point.concurrency is not None:
         cmd += ["--max-concurrency", str(point.concurrency)]
-    cmd += ["--seed", str(bench_cfg.seed + point.repeat)]
-    if bench_cfg.warmup_prompts > 0 and "--num-warmups" in optional_flags:
+    cmd += ["--seed", str(bench_cfg.seed + point.repeat if seed is None else seed)]
+    if not warmups:
+        cmd += ["--num-warmups", "0", "--ready-check-timeout-sec", "0"]
+    elif bench_cfg.warmup_prompts > 0 and "--num-warmups" in optional_flags:
         cmd += ["--num-warmups", str(bench_cfg.warmup_prompts)]
     if "--temperature" in optional_flags:
         cmd += ["--temperature", "0"]
@@ -104,17 +123,87 @@ def _tail(path: Path, lines: int = 20) -> str:
     return procs.clean_tail(procs.read_log(path), lines) or "(empty log)"
 
 
-def client_failure(server: VLLMServer, point: str, rc: int | None, client_log: Path) -> str:
+def client_failure(server: VLLMServer, point: str, rc: int | None, client_log: Path, error: str | None = None) -> str:
     """Why a point's client failed, root cause first: the client's own error line
     (:func:`quantverdict.processes.procs.root_cause`) and, when the server's log holds one, the server's.
 
     Call :meth:`VLLMServer.check_alive` first: a server that died is reported as such.
     """
-    client = procs.log_root_cause(client_log)
+    client = error or procs.log_root_cause(client_log)
     served = procs.log_root_cause(server.log_path)
     why = f"{client or 'no error line in its log'}" + (f"; the server's log says: {served}" if served else "")
     how = f"exit code {rc}" if rc is not None else "no result file"
-    return f"vllm bench serve failed for point {point}: {why} ({how}; log: {client_log})\n{_tail(client_log)}"
+    head = f"the sweep client (vLLM's benchmark library) failed at point {point}: {why}"
+    return f"{head} ({how}; log: {client_log})\n{_tail(client_log)}"
+
+
+def sweep_spec(
+    server: VLLMServer,
+    bench_cfg: BenchConfig,
+    tokenizer_path: str | Path,
+    points: list[sweep_plan.SweepPoint],
+    result_dir: Path,
+) -> dict[str, Any]:
+    """The spec of :mod:`quantverdict.children.sweep_client` for ``points`` (in run order): the ``i``-th
+    point's seed is :func:`~quantverdict.measure.sweep_plan.point_seed` ``(bench.seed, i)``, its minimum
+    request count :func:`~quantverdict.measure.sweep_plan.prompts_for`; the warm-up seed
+    :func:`~quantverdict.measure.sweep_plan.warmup_seed`."""
+    return {
+        "base_url": server.base_url,
+        "model": server.served_model_name,
+        "tokenizer": str(tokenizer_path),
+        "input_len": bench_cfg.input_len,
+        "output_len": bench_cfg.output_len,
+        "ignore_eos": bench_cfg.ignore_eos,
+        "percentile_metrics": ",".join(sweep_plan.METRICS),
+        "metric_percentiles": ",".join(str(p) for p in sweep_plan.PERCENTILES),
+        "result_dir": str(result_dir),
+        "warmup_prompts": bench_cfg.warmup_prompts,
+        "warmup_seed": sweep_plan.warmup_seed(bench_cfg.seed),
+        "min_duration_s": bench_cfg.min_duration_s,
+        "reset_prefix_cache": bench_cfg.reset_prefix_cache,
+        "points": [
+            {
+                "name": p.name,
+                "request_rate": p.request_rate_arg,
+                "max_concurrency": p.concurrency,
+                "num_prompts": sweep_plan.prompts_for(
+                    bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, p.concurrency
+                ),
+                "seed": sweep_plan.point_seed(bench_cfg.seed, i),
+            }
+            for i, p in enumerate(points)
+        ],
+    }
+
+
+def parse_point(out_dir: Path, point: sweep_plan.SweepPoint, bench_cfg: BenchConfig) -> dict[str, Any]:
+    """One finished point from its two files: vLLM's ``<point>.json`` and the client's ``<point>.qv.json``
+    (:func:`quantverdict.measure.bench_result.parse_result`, then
+    :func:`~quantverdict.measure.bench_result.add_client_side`)."""
+    side = json.loads((out_dir / f"{point.name}.qv.json").read_text())
+    result_file = out_dir / f"{point.name}.json"
+    parsed = bench_result.parse_result(
+        json.loads(result_file.read_text()),
+        point,
+        int(side["num_prompts"]),
+        bench_cfg.output_len,
+        bench_cfg.warmup_prompts,
+    )
+    bench_result.add_client_side(parsed, side, bench_cfg.min_duration_s)
+    parsed["request_times"] = bench_result.request_times(json.loads(result_file.read_text()))
+    parsed["result_file"] = str(result_file)
+    return parsed
+
+
+def _append(jsonl: Path, parsed: dict[str, Any]) -> None:
+    with open(jsonl, "a") as fh:
+        fh.write(json.dumps(parsed) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+CHILD = "sweep_client"
 
 
 def run_sweep(
@@ -124,72 +213,89 @@ def run_sweep(
     serve_env: StageEnv,
     out_dir: Path,
 ) -> list[dict[str, Any]]:
-    """Run every point of ``bench_cfg`` against ``server``; return the parsed points in run order.
+    """Run every point of ``bench_cfg`` against ``server`` from one client process; return the parsed points
+    in run order.
 
-    Files in ``out_dir``: ``<point>.json`` (vLLM's detailed result), ``<point>.log`` (client
-    output), ``sweep.jsonl`` (one parsed point per line, appended as each point finishes).
+    Files in ``out_dir``: ``<point>.json`` (vLLM's result, as ``vllm bench serve --save-result
+    --save-detailed`` writes it), ``<point>.qv.json`` (seed, server counters, attempts, wall time),
+    ``sweep_client.log`` (client output), ``sweep.jsonl`` (one parsed point per line, appended as each
+    point finishes).
 
     Args:
-        server: a started, verified :class:`VLLMServer`.
-        bench_cfg: ``bench`` (mode, rates/concurrencies, prompts, lengths, repeats, seed, timeout).
+        server: a started, verified :class:`VLLMServer` (dev mode: ``/reset_prefix_cache``).
+        bench_cfg: ``bench`` (mode, rates/concurrencies, prompts, lengths, repeats, seed, min_duration_s,
+            reset_prefix_cache, point_timeout_s).
         tokenizer_path: the checkpoint directory (its tokenizer builds the random prompts).
-        serve_env: the serve environment (the client is vLLM's own).
+        serve_env: the serve environment (the client is vLLM's own library).
         out_dir: where results go.
 
     Returns:
-        One dict per point, see :func:`quantverdict.measure.bench_result.parse_result` (validity, saturation and
-        recomputed latencies included; summaries over repeats: :func:`quantverdict.measure.sweep.summarize`).
+        One dict per point, see :func:`quantverdict.measure.bench_result.parse_result` and
+        :func:`~quantverdict.measure.bench_result.add_client_side` (validity with the prefix-cache hit rate
+        and server token counts, saturation, recomputed latencies, client overhead).
 
     Raises:
-        BenchmarkError: a point's client failed or timed out (finished points stay in sweep.jsonl).
+        BenchmarkError: the client failed, or no point finished within ``bench.point_timeout_s`` of the
+            previous one (finished points stay in sweep.jsonl).
         quantverdict.serving.server.ServerError: the server died during the sweep (the message quotes the
             root cause from its log).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     points = sweep_plan.plan(bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats)
-    flags = supported_optional_flags(serve_env)
+    for p in points:
+        for suffix in (".json", ".qv.json", ".short.json"):
+            (out_dir / f"{p.name}{suffix}").unlink(missing_ok=True)
+    spec = sweep_spec(server, bench_cfg, tokenizer_path, points, out_dir)
+    spec_path, result_path, client_log = (out_dir / f"{CHILD}{x}" for x in (".spec.json", ".result.json", ".log"))
+    result_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps(spec, indent=2))
     jsonl = out_dir / "sweep.jsonl"
     results: list[dict[str, Any]] = []
     log.info(
-        "speed sweep: %d points (%s), %d prompts each, %d in / %d out tokens",
+        "speed sweep: %d points (%s), >= %d prompts and >= %g s each, %d in / %d out tokens, one client process",
         len(points),
         bench_cfg.mode,
         bench_cfg.num_prompts,
+        bench_cfg.min_duration_s,
         bench_cfg.input_len,
         bench_cfg.output_len,
     )
-    for i, point in enumerate(points, 1):
-        server.check_alive(" during the sweep" if i > 1 else "")
-        result_file = out_dir / f"{point.name}.json"
-        client_log = out_dir / f"{point.name}.log"
-        result_file.unlink(missing_ok=True)
-        cmd = bench_command(server, bench_cfg, tokenizer_path, serve_env, point, out_dir, flags)
-        t0 = time.monotonic()
-        proc = procs.start(cmd, client_log, env=serve_env.env, echo=False)
-        try:
-            rc = procs.wait(proc, bench_cfg.point_timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise BenchmarkError(
-                f"point {point.name} ran past bench.point_timeout_s={bench_cfg.point_timeout_s:g} s "
-                f"(client log: {client_log})"
-            ) from exc
-        if rc != 0 or not result_file.is_file():
-            server.check_alive(f" during sweep point {point.name}", wait_s=15)
-            raise BenchmarkError(client_failure(server, point.name, rc, client_log))
-        warmups = bench_cfg.warmup_prompts if "--num-warmups" in flags else 0
-        parsed = bench_result.parse_result(
-            json.loads(result_file.read_text()),
-            point,
-            sweep_plan.prompts_for(bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency),
-            bench_cfg.output_len,
-            warmups,
-        )
-        parsed["client_wall_s"] = round(time.monotonic() - t0, 1)
-        parsed["result_file"] = str(result_file)
-        with open(jsonl, "a") as fh:
-            fh.write(json.dumps(parsed) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        results.append(parsed)
-        log.info(bench_result.summary_line(parsed, i, len(points)))
+    server.check_alive()
+    proc = procs.start(
+        serve_env.module(f"quantverdict.children.{CHILD}", str(spec_path), str(result_path)),
+        client_log,
+        env=serve_env.env,
+        echo=False,
+    )
+    last = time.monotonic()
+    try:
+        while True:
+            rc = proc.poll()
+            while len(results) < len(points) and (out_dir / f"{points[len(results)].name}.qv.json").is_file():
+                point = points[len(results)]
+                parsed = parse_point(out_dir, point, bench_cfg)
+                _append(jsonl, parsed)
+                results.append(parsed)
+                last = time.monotonic()
+                log.info(bench_result.summary_line(parsed, len(results), len(points)))
+            if rc is not None:
+                break
+            if time.monotonic() - last > bench_cfg.point_timeout_s:
+                name = points[len(results)].name if len(results) < len(points) else "(after the last point)"
+                raise BenchmarkError(
+                    f"point {name} ran past bench.point_timeout_s={bench_cfg.point_timeout_s:g} s "
+                    f"(client log: {client_log})"
+                )
+            time.sleep(0.5)
+    except BaseException:
+        procs.stop_group(proc)
+        raise
+    procs.wait(proc)
+    if rc != 0 or len(results) < len(points):
+        server.check_alive(" during the sweep", wait_s=15)
+        name = points[len(results)].name if len(results) < len(points) else "(after the last point)"
+        err = None
+        if result_path.is_file():
+            err = json.loads(result_path.read_text()).get("error")
+        raise BenchmarkError(client_failure(server, name, rc, client_log, err))
     return results

