@@ -134,17 +134,12 @@ def measured_overhead_gib(c: Candidate) -> float | None:
     E.g. qwen3.5-9b-shape bf16 on the H200: 0.9 x 140.401 - 16.71 - 107.84 = 1.81 GiB. None when a figure is
     missing or the job fixed its KV cache (``--kv-cache-memory-bytes``)."""
     rec, m = c.record, c.card.memory
-    if rec is None or not m.get("server_weights_gib") or not m.get("server_kv_cache_gib"):
+    if rec is None or not m.get("server_weights_gib") or not m.get("server_kv_cache_gib") or _served_kv_bytes(rec):
         return None
-    server = rec.cfg("bench").get("server") or {}
-    if parse_kv_cache_memory_bytes([*(server.get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])]):
+    budget = _run_budget_gib(rec)
+    if budget is None:
         return None
-    gpus = [g for g in rec.environment.gpu or [] if isinstance(g, dict) and g.get("memory_total_mib")]
-    util = server.get("gpu_memory_utilization")
-    if not gpus or not util:
-        return None
-    total_gib = float(gpus[0]["memory_total_mib"]) / 1024
-    left = float(util) * total_gib - float(m["server_weights_gib"]) - float(m["server_kv_cache_gib"])
+    left = budget - float(m["server_weights_gib"]) - float(m["server_kv_cache_gib"])
     return left if left >= 0 else None
 
 
@@ -206,24 +201,46 @@ def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None
     c.target = out
 
 
-def _vllm_figures(c: Candidate) -> None:
-    """vLLM's own KV figures, and the budget the job was served with."""
-    m = c.card.memory
-    if not (m.get("server_kv_cache_gib") or m.get("server_kv_tokens")):
+def _run_budget_gib(rec: JobRecord) -> float | None:
+    """``gpu_memory_utilization x GPU memory`` (GiB) of the GPU a job ran on, None when not recorded."""
+    gpus = [g for g in rec.environment.gpu or [] if isinstance(g, dict) and g.get("memory_total_mib")]
+    util = (rec.cfg("bench").get("server") or {}).get("gpu_memory_utilization")
+    return float(util) * float(gpus[0]["memory_total_mib"]) / 1024 if gpus and util else None
+
+
+def _served_kv_bytes(rec: JobRecord) -> int | None:
+    server = rec.cfg("bench").get("server") or {}
+    return parse_kv_cache_memory_bytes([*(server.get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])])
+
+
+def _vllm_figures(c: Candidate, target: TargetConfig | None) -> None:
+    """vLLM's own KV figures, and whether the job was served with the target's budget: its KV cache fixed
+    (``--kv-cache-memory-bytes``) within 5% of the KV budget computed for the target, or its memory fraction
+    set so that ``gpu_memory_utilization x GPU memory`` is the target's ``memory_gib x memory_fraction`` within
+    2% (vLLM then profiles the reserve itself, as it would on the target)."""
+    m, rec = c.card.memory, c.record
+    if rec is None or not (m.get("server_kv_cache_gib") or m.get("server_kv_tokens")):
         return
-    rec = c.record
-    served = None
-    if rec is not None:
-        args = [*((rec.cfg("bench").get("server") or {}).get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])]
-        served = parse_kv_cache_memory_bytes(args)
+    served = _served_kv_bytes(rec)
+    run_budget = _run_budget_gib(rec)
     kv = c.target.get("kv_gib")
-    at_target = served is not None and kv is not None and kv > 0 and abs(served / GIB - kv) / kv <= SAME_BUDGET
+    how = "its own GPU's budget"
+    at_target = False
+    if served is not None:
+        at_target = bool(kv and kv > 0 and abs(served / GIB - kv) / kv <= SAME_BUDGET)
+        how = f"--kv-cache-memory-bytes {served:,} = {served / GIB:.2f} GiB"
+    elif target is not None and run_budget is not None:
+        want = target.memory_gib * target.memory_fraction
+        at_target = abs(run_budget - want) / want <= 0.02
+        if at_target:
+            how = f"memory fraction x GPU memory = {run_budget:.2f} GiB"
     c.vllm = {
-        "kv_gib": m["server_kv_cache_gib"],
+        "kv_gib": m.get("server_kv_cache_gib") or (served / GIB if served else None),
         "kv_tokens": m.get("server_kv_tokens"),
         "max_concurrency": m.get("server_max_concurrency"),
         "served_kv_bytes": served,
         "at_target": at_target,
+        "how": ("the target's budget: " if at_target else "") + how,
     }
 
 
@@ -266,8 +283,10 @@ def _check_status(review: Review, c: Candidate, name: str) -> str:
 
 
 def _mean_score(c: Candidate, tasks: list[str]) -> float | None:
-    vals = [c.scores[t][1] for t in tasks if t in c.scores and "perplexity" not in c.scores[t][0]]
-    return sum(vals) / len(vals) if vals and len(vals) == len(tasks) else None
+    """Mean of the candidate's scores (higher is better) on ``tasks``; None unless it has each of them."""
+    if not tasks or any(t not in c.scores for t in tasks):
+        return None
+    return sum(c.scores[t][1] for t in tasks) / len(tasks)
 
 
 def _model_size(cands: list[Candidate], model: str) -> float:
@@ -327,7 +346,7 @@ def cross_model(review: Review) -> CrossModel | None:
             _target_memory(c, target, rc)
         else:
             c.weights_gib, c.weights_how = c.card.memory.get("weights_gib"), c.card.memory.get("weights_source") or ""
-        _vllm_figures(c)
+        _vllm_figures(c, target)
         _scores(c)
         _speed(c)
         mem = c.target.get("fits") if target is not None else _check_status(review, c, "memory") != "fail"
@@ -338,16 +357,18 @@ def cross_model(review: Review) -> CrossModel | None:
                 check = review.checks[c.card.model][c.card.scheme][name]
                 c.why_not.append(f"{name}: {check.short()}")
         c.eligible = not c.why_not
-    common = sorted(set.intersection(*(set(c.scores) for c in cands)) if cands and all(c.scores for c in cands) else set())
     eligible = [c for c in cands if c.eligible]
-    scored = common and all(_mean_score(c, common) is not None for c in eligible)
+    # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
+    common = set.intersection(*(set(c.scores) for c in eligible)) if eligible and all(c.scores for c in eligible) else set()
+    score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].scores[t][0])
+    scored = bool(score_tasks) and all(_mean_score(c, score_tasks) is not None for c in eligible)
 
     def key(c: Candidate) -> tuple[float, float, float]:
-        acc = _mean_score(c, common) if scored else None
+        acc = _mean_score(c, score_tasks) if scored else None
         return (acc or 0.0, c.ceiling_tok_s or 0.0, c.target.get("max_concurrency") or 0.0)
 
     ranking = (
-        f"highest mean score on {', '.join(common)} (absolute, same items), then the ceiling output tok/s"
+        f"highest mean score on {', '.join(score_tasks)} (absolute), then the ceiling output tok/s"
         if scored
         else "accuracy not measured on every candidate: highest ceiling output tok/s, then max concurrency on the target"
     )
@@ -361,7 +382,7 @@ def cross_model(review: Review) -> CrossModel | None:
                 f"{chosen.target['max_concurrency']:.0f} concurrent {chosen.target['max_len']:,}-token requests"
             )
         if scored:
-            bits.append(f"mean score {_f(_mean_score(chosen, common), '.4f')}")
+            bits.append(f"mean score {_f(_mean_score(chosen, score_tasks), '.4f')}")
         bits.append(f"ceiling {_f(chosen.ceiling_tok_s, '.0f')} output tok/s")
         sentence = f"Across models, {where}: deploy **{chosen.name}** ({'; '.join(bits)})."
         if not scored:
@@ -369,11 +390,11 @@ def cross_model(review: Review) -> CrossModel | None:
     else:
         sentence = f"Across models, {where}: **no candidate meets the constraints**."
     cm = CrossModel(target, note, cands, chosen, sentence, ranking)
-    _compare(cm, common, rc)
+    _compare(cm, rc)
     return cm
 
 
-def _compare(cm: CrossModel, common: list[str], rc: ReviewConfig) -> None:
+def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
     """Bigger quantized vs smaller unquantized: which wins on memory, accuracy and speed."""
     cands = cm.candidates
     models = list(dict.fromkeys(c.card.model for c in cands))
@@ -397,7 +418,8 @@ def _compare(cm: CrossModel, common: list[str], rc: ReviewConfig) -> None:
                 a, b = big.weights_gib, small.weights_gib
                 if a is not None and b is not None:
                     parts.append(f"memory: {big.card.model if a < b else small.card.model} (weights {a:.2f} vs {b:.2f} GiB)")
-            tasks = [t for t in common if t in big.scores and t in small.scores]
+            # score tasks (higher is better); word perplexity stays in the absolute table
+            tasks = sorted(t for t in set(big.scores) & set(small.scores) if "perplexity" not in big.scores[t][0])
             if tasks:
                 diffs = []
                 for t in tasks:
@@ -468,11 +490,7 @@ def _memory_blocks(cm: CrossModel) -> list[Block]:
         t, v = c.target, c.vllm
         vl = "—"
         if v:
-            at = "target's budget" if v["at_target"] else (
-                f"--kv-cache-memory-bytes {v['served_kv_bytes']:,}" if v["served_kv_bytes"] else "its own GPU's budget"
-            )
-            kv = v["kv_gib"] or (v["served_kv_bytes"] / GIB if v["served_kv_bytes"] else None)
-            vl = f"{_n(kv)} GiB, {_n(v['kv_tokens'], ',.0f')} tokens, {_n(v['max_concurrency'], '.1f')}x ({at})"
+            vl = f"{_n(v['kv_gib'])} GiB, {_n(v['kv_tokens'], ',.0f')} tokens, {_n(v['max_concurrency'], '.1f')}x ({v['how']})"
         conc = f"{t['max_concurrency']:.1f} x {t['max_len']:,} tokens" if t.get("max_concurrency") is not None else "—"
         fits = {True: "yes", False: f"no: {t.get('why')}", None: "n/a"}[t.get("fits")] if cm.target else "—"
         reserve = f"{t['reserve_gib']:.2f} ({t['reserve_how']})" if t.get("reserve_gib") is not None else "—"
