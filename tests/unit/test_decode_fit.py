@@ -51,7 +51,12 @@ def test_seed_per_sequence_costs_ratio_like_the_bytes() -> None:
 
 @pytest.mark.parametrize(
     ("conc", "tpot", "match"),
-    [([1], [1.0], "at least 2"), ([1, 2], [1.0], "TPOT values"), ([4, 4], [1.0, 2.0], "no slope"), ([1, 2], [1.0, math.nan], "finite")],
+    [
+        ([1], [1.0], "at least 2"),
+        ([1, 2], [1.0], "TPOT values"),
+        ([4, 4], [1.0, 2.0], "no slope"),
+        ([1, 2], [1.0, math.nan], "finite"),
+    ],
 )
 def test_fit_refuses_what_cannot_be_fitted(conc: list, tpot: list, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -58,7 +58,11 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     cm = cross_model(_review(_grid(tmp_path), target="a10g"))
     assert cm is not None and cm.target is not None and cm.target.gpu == "NVIDIA A10G"
     by = {f"{c.card.model} {c.card.scheme}": c for c in cm.candidates}
-    bf16, gptq, llama = by["qwen3.5-9b-shape bf16"].target, by["qwen3.5-9b-shape gptq"].target, by["llama3.1-8b-shape bf16"].target
+    bf16, gptq, llama = (
+        by["qwen3.5-9b-shape bf16"].target,
+        by["qwen3.5-9b-shape gptq"].target,
+        by["llama3.1-8b-shape bf16"].target,
+    )
     assert bf16["reserve_gib"] == pytest.approx(1.81123046875) and gptq["reserve_gib"] == pytest.approx(1.81123046875)
     assert llama["reserve_gib"] == pytest.approx(1.87123046875)
     assert bf16["kv_gib"] == pytest.approx(1.71822265625)
@@ -67,7 +71,10 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     assert (gptq["kv_tokens"], gptq["max_concurrency"]) == (233_472, 57.0)
     assert llama["kv_gib"] == pytest.approx(3.36822265625)
     assert llama["kv_tokens"] == 27_592 and llama["max_concurrency"] == pytest.approx(27_592 / 4096)
-    assert by["llama3.1-8b-shape bf16"].flags and "6.7 max-length (4,096-token) requests" in by["llama3.1-8b-shape bf16"].flags[0]
+    assert (
+        by["llama3.1-8b-shape bf16"].flags
+        and "6.7 max-length (4,096-token) requests" in by["llama3.1-8b-shape bf16"].flags[0]
+    )
     # vLLM's figures are those of the H200's own budget, said so
     assert by["qwen3.5-9b-shape gptq"].vllm["kv_gib"] == 115.14 and not by["qwen3.5-9b-shape gptq"].vllm["at_target"]
     # the bigger model quantized (9B W4A16) against the smaller unquantized (8B bf16): memory and speed each

@@ -34,7 +34,10 @@ def load_target(name: str, memory_fraction: float | None = None) -> TargetConfig
     path = TARGET_DIR / f"{name}.yaml"
     if not path.is_file():
         have = target_names()
-        raise ConfigError(f"review.target={name!r}: no target {name!r} in {TARGET_DIR}; targets: {', '.join(have)}{closest(name, have)}")
+        raise ConfigError(
+            f"review.target={name!r}: no target {name!r} in {TARGET_DIR}; targets: {', '.join(have)}"
+            f"{closest(name, have)}"
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TargetConfig), OmegaConf.load(path))
         target = OmegaConf.to_object(merged)

@@ -177,9 +177,12 @@ def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None
         cap = kv_capacity(budget, bpt * s, max_len, paging, state)
         out["kv_tokens"], out["max_concurrency"] = cap["kv_tokens"], cap["max_concurrency"]
     if budget <= 0:
-        out["fits"], out["why"] = False, (
-            f"weights {c.weights_gib:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
-            f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
+        out["fits"], out["why"] = (
+            False,
+            (
+                f"weights {c.weights_gib:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
+                f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
+            ),
         )
     elif req:
         cap = kv_capacity(budget, bpt * s, int(req), paging, state)
@@ -190,7 +193,9 @@ def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None
         else:
             out["fits"] = cap["max_concurrency"] >= rc.concurrent_requests
             need = f"{rc.concurrent_requests} concurrent {int(req)}-token requests"
-        out["why"] = "" if out["fits"] else f"holds {cap['max_concurrency']:.1f} {int(req)}-token requests, needs {need}"
+        out["why"] = (
+            "" if out["fits"] else f"holds {cap['max_concurrency']:.1f} {int(req)}-token requests, needs {need}"
+        )
     else:
         out["fits"], out["why"] = None, "no request length (bench.input_len + output_len)"
     if out.get("fits") and max_len and out.get("max_concurrency", 0) < rc.concurrent_requests:
@@ -268,8 +273,11 @@ def _speed(c: Candidate) -> None:
     pts = [p for p in sp.get("points") or [] if p.get("tpot_ms_p50")]
     unsat = [p for p in pts if not p.get("saturated") and not (mode == "rate" and math.isinf(p.get("load", 0)))]
     use = unsat if len({in_flight(p, mode) for p in unsat} - {None}) >= 2 else pts
-    xy = [(in_flight(p, mode), float(p["tpot_ms_p50"])) for p in use]
-    xy = [(x, y) for x, y in xy if x]
+    xy: list[tuple[float, float]] = []
+    for p in use:
+        x = in_flight(p, mode)
+        if x:
+            xy.append((x, float(p["tpot_ms_p50"])))
     if len({x for x, _ in xy}) < 2:
         c.fit_note = f"{len(xy)} load level(s) with a TPOT: a line needs 2"
         return
@@ -359,7 +367,9 @@ def cross_model(review: Review) -> CrossModel | None:
         c.eligible = not c.why_not
     eligible = [c for c in cands if c.eligible]
     # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
-    common = set.intersection(*(set(c.scores) for c in eligible)) if eligible and all(c.scores for c in eligible) else set()
+    common = (
+        set.intersection(*(set(c.scores) for c in eligible)) if eligible and all(c.scores for c in eligible) else set()
+    )
     score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].scores[t][0])
     scored = bool(score_tasks) and all(_mean_score(c, score_tasks) is not None for c in eligible)
 
@@ -370,7 +380,7 @@ def cross_model(review: Review) -> CrossModel | None:
     ranking = (
         f"highest mean score on {', '.join(score_tasks)} (absolute), then the ceiling output tok/s"
         if scored
-        else "accuracy not measured on every candidate: highest ceiling output tok/s, then max concurrency on the target"
+        else "accuracy not measured on every candidate: highest ceiling output tok/s, then max concurrency (target)"
     )
     chosen = max(eligible, key=key) if eligible else None
     where = f"on {target.gpu}" if target else "under the review's constraints"
@@ -417,7 +427,9 @@ def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
             else:
                 a, b = big.weights_gib, small.weights_gib
                 if a is not None and b is not None:
-                    parts.append(f"memory: {big.card.model if a < b else small.card.model} (weights {a:.2f} vs {b:.2f} GiB)")
+                    parts.append(
+                        f"memory: {big.card.model if a < b else small.card.model} (weights {a:.2f} vs {b:.2f} GiB)"
+                    )
             # score tasks (higher is better); word perplexity stays in the absolute table
             tasks = sorted(t for t in set(big.scores) & set(small.scores) if "perplexity" not in big.scores[t][0])
             if tasks:
@@ -427,18 +439,38 @@ def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
                     sig = iv is not None and iv.excludes_zero()
                     ci = f" [{iv.low:+.4f}, {iv.high:+.4f}]" if iv is not None else " (unpaired)"
                     cm.paired.append(
-                        [f"{big.name} vs {small.name}", t, big.scores[t][0], f"{d:+.4f}{ci}", str(n) if n else "n/a",
-                         ("bigger" if d > 0 else "smaller") + (" (significant)" if sig else " (not significant)")]
+                        [
+                            f"{big.name} vs {small.name}",
+                            t,
+                            big.scores[t][0],
+                            f"{d:+.4f}{ci}",
+                            str(n) if n else "n/a",
+                            ("bigger" if d > 0 else "smaller") + (" (significant)" if sig else " (not significant)"),
+                        ]
                     )
                     diffs.append((d, sig))
-                wins = {"big": sum(1 for d, s in diffs if s and d > 0), "small": sum(1 for d, s in diffs if s and d < 0)}
-                acc = big.card.model if wins["big"] > wins["small"] else small.card.model if wins["small"] > wins["big"] else "neither (no significant difference)"
-                parts.append(f"accuracy: {acc} ({wins['big']} of {len(tasks)} tasks significantly better for the bigger, {wins['small']} for the smaller)")
+                wins = {
+                    "big": sum(1 for d, s in diffs if s and d > 0),
+                    "small": sum(1 for d, s in diffs if s and d < 0),
+                }
+                acc = (
+                    big.card.model
+                    if wins["big"] > wins["small"]
+                    else small.card.model
+                    if wins["small"] > wins["big"]
+                    else "neither (no significant difference)"
+                )
+                parts.append(
+                    f"accuracy: {acc} ({wins['big']} of {len(tasks)} tasks significantly better for the bigger, "
+                    f"{wins['small']} for the smaller)"
+                )
             else:
                 parts.append("accuracy: not compared (not measured on both)")
             a, b = big.ceiling_tok_s, small.ceiling_tok_s
             if a and b:
-                parts.append(f"speed: {big.card.model if a > b else small.card.model} (ceiling {a:.0f} vs {b:.0f} output tok/s)")
+                parts.append(
+                    f"speed: {big.card.model if a > b else small.card.model} (ceiling {a:.0f} vs {b:.0f} output tok/s)"
+                )
             cm.comparisons.append(f"{big.name} vs {small.name}: " + "; ".join(parts))
 
 
@@ -458,7 +490,10 @@ def section(review: Review) -> list[Block]:
         return [("h2", "Across models"), ("p", f"not computed: {exc}")]
     if cm is None:
         return []
-    out: list[Block] = [("h2", "Across models" + (f" on {cm.target.gpu}" if cm.target else "")), ("verdict", cm.sentence)]
+    out: list[Block] = [
+        ("h2", "Across models" + (f" on {cm.target.gpu}" if cm.target else "")),
+        ("verdict", cm.sentence),
+    ]
     out.append(
         (
             "p",
@@ -484,18 +519,39 @@ def section(review: Review) -> list[Block]:
 
 
 def _memory_blocks(cm: CrossModel) -> list[Block]:
-    head = ["candidate", "weights GiB", "reserve GiB", "KV cache GiB", "KV tokens", "max concurrency", "fits", "vLLM (as served)"]
+    head = [
+        "candidate",
+        "weights GiB",
+        "reserve GiB",
+        "KV cache GiB",
+        "KV tokens",
+        "max concurrency",
+        "fits",
+        "vLLM (as served)",
+    ]
     rows = []
     for c in cm.candidates:
         t, v = c.target, c.vllm
         vl = "—"
         if v:
-            vl = f"{_n(v['kv_gib'])} GiB, {_n(v['kv_tokens'], ',.0f')} tokens, {_n(v['max_concurrency'], '.1f')}x ({v['how']})"
+            vl = (
+                f"{_n(v['kv_gib'])} GiB, {_n(v['kv_tokens'], ',.0f')} tokens, "
+                f"{_n(v['max_concurrency'], '.1f')}x ({v['how']})"
+            )
         conc = f"{t['max_concurrency']:.1f} x {t['max_len']:,} tokens" if t.get("max_concurrency") is not None else "—"
         fits = {True: "yes", False: f"no: {t.get('why')}", None: "n/a"}[t.get("fits")] if cm.target else "—"
         reserve = f"{t['reserve_gib']:.2f} ({t['reserve_how']})" if t.get("reserve_gib") is not None else "—"
         rows.append(
-            [c.name, f"{_n(c.weights_gib)} ({c.weights_how})", reserve, _n(t.get("kv_gib")), _n(t.get("kv_tokens"), ",.0f"), conc, fits, vl]
+            [
+                c.name,
+                f"{_n(c.weights_gib)} ({c.weights_how})",
+                reserve,
+                _n(t.get("kv_gib")),
+                _n(t.get("kv_tokens"), ",.0f"),
+                conc,
+                fits,
+                vl,
+            ]
         )
     title = f"Memory on {cm.target.gpu}" if cm.target else "Memory (no target: review.target=NAME)"
     return [("h3", title), ("table", head, rows)]
@@ -517,7 +573,10 @@ def _accuracy_blocks(cm: CrossModel) -> list[Block]:
             rows.append([c.name, task, metric, f"{value:.4f}", str(n or "?"), delta])
     if not rows:
         na = sorted({c.card.model for c in cm.candidates if c.card.accuracy_not_applicable})
-        return [("h3", "Accuracy across models"), ("p", "not measured" + (f" ({', '.join(na)}: random weights)" if na else ""))]
+        return [
+            ("h3", "Accuracy across models"),
+            ("p", "not measured" + (f" ({', '.join(na)}: random weights)" if na else "")),
+        ]
     out: list[Block] = [
         ("h3", "Accuracy across models (absolute, same tasks)"),
         ("table", ["candidate", "task", "metric", "score", "items", "own quantization delta (95% CI)"], rows),
@@ -535,7 +594,9 @@ def _sweep_blocks(cm: CrossModel) -> list[Block]:
         for p in c.card.speed.get("points") or []:
             label = str(p.get("label"))
             loads[label] = float(p.get("load") or 0)
-            cells[(c.name, label)] = f"{_n(p.get('output_tok_s'), '.0f')} tok/s, TPOT {_n(p.get('tpot_ms_p50'), '.1f')} ms"
+            cells[(c.name, label)] = (
+                f"{_n(p.get('output_tok_s'), '.0f')} tok/s, TPOT {_n(p.get('tpot_ms_p50'), '.1f')} ms"
+            )
     if not loads:
         return []
     order = sorted(loads, key=lambda k: loads[k])
@@ -554,14 +615,27 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
         measured = c.ceiling_tok_s / ref.ceiling_tok_s
         predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
         rows.append(
-            [c.name, f"{c.ceiling_tok_s:.0f}", f"{c.step_bytes / 1e9:.2f} GB ({c.step_bytes_how})", f"{measured:.2f}",
-             f"{predicted:.2f} (1 / {1 / predicted:.2f})", f"{measured / predicted:.2f}"]
+            [
+                c.name,
+                f"{c.ceiling_tok_s:.0f}",
+                f"{c.step_bytes / 1e9:.2f} GB ({c.step_bytes_how})",
+                f"{measured:.2f}",
+                f"{predicted:.2f} (1 / {1 / predicted:.2f})",
+                f"{measured / predicted:.2f}",
+            ]
         )
     return [
         ("h3", f"Ceiling ratio against bytes per decode step (reference: {ref.name})"),
-        ("p", "Predicted ratio = bytes per step of the reference / the candidate's (decode is memory-bound; "
-              "KV-cache reads left out). Absolute tok/s are those of the GPU the jobs ran on; the ratios carry over."),
-        ("table", ["candidate", "ceiling out tok/s", "bytes per step", "measured ratio", "predicted", "measured / predicted"], rows),
+        (
+            "p",
+            "Predicted ratio = bytes per step of the reference / the candidate's (decode is memory-bound; "
+            "KV-cache reads left out). Absolute tok/s are those of the GPU the jobs ran on; the ratios carry over.",
+        ),
+        (
+            "table",
+            ["candidate", "ceiling out tok/s", "bytes per step", "measured ratio", "predicted", "measured / predicted"],
+            rows,
+        ),
     ]
 
 
@@ -573,12 +647,22 @@ def _fit_blocks(cm: CrossModel) -> list[Block]:
             rows.append([c.name, "—", "—", "—", "—", c.fit_note])
             continue
         r2 = "n/a (no variance)" if f.r2 is None else f"{f.r2:.3f}"
-        rows.append([c.name, f"{f.fixed_us:,.0f}", f"{f.per_seq_us:,.1f}", r2,
-                     f"{f.n} ({f.concurrency_range[0]:.1f}-{f.concurrency_range[1]:.1f} seqs)", c.fit_note])
+        rows.append(
+            [
+                c.name,
+                f"{f.fixed_us:,.0f}",
+                f"{f.per_seq_us:,.1f}",
+                r2,
+                f"{f.n} ({f.concurrency_range[0]:.1f}-{f.concurrency_range[1]:.1f} seqs)",
+                c.fit_note,
+            ]
+        )
     return [
         ("h3", "Decode step: TPOT = fixed + per-sequence cost x sequences in flight"),
-        ("p", "Least squares over the load levels (sequences in flight: the concurrency, or achieved req/s x mean "
-              "E2E by Little's law for a rate sweep); TPOT p50 per level."),
+        (
+            "p",
+            "Least squares over the load levels (sequences in flight: the concurrency, or achieved req/s x mean "
+            "E2E by Little's law for a rate sweep); TPOT p50 per level.",
+        ),
         ("table", ["candidate", "fixed µs", "µs/seq", "R²", "points", "fitted on"], rows),
     ]
-
