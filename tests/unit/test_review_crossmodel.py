@@ -28,10 +28,18 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.constraints import load_set
-from quantverdict.review.crossmodel import cross_model, parse_kv_cache_memory_bytes, section
+from quantverdict.review.crossmodel import (
+    Candidate,
+    CrossModel,
+    _ratio_blocks,
+    cross_model,
+    parse_kv_cache_memory_bytes,
+    section,
+)
 from quantverdict.review.render import to_markdown
+from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.sources import load_dir
-from review_records import record, write_samples
+from review_records import record, synthetic_grid, write_samples
 
 RECORDS = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-records"
 JOBS = ("qwen3.5-9b-shape/bf16", "qwen3.5-9b-shape/gptq", "llama3.1-8b-shape/bf16")
@@ -157,3 +165,38 @@ def test_one_model_without_a_target_has_no_section() -> None:
     rc = ReviewConfig(log_to_mlflow=False)
     rv = build_review([record("bf16"), record("awq")], rc, "one-model", [])
     assert cross_model(rv) is None and section(rv) == []
+
+
+def test_decode_fit_and_byte_ratio_of_a_synthetic_grid() -> None:
+    # review_records.SYN bf16: TPOT 5, 6, 9, 20 ms at c = 1, 16, 64, 256. Means 84.25 seqs and 10 ms;
+    # Sxy = 83.25x5 + 68.25x4 + 20.25x1 + 171.75x10 = 2,427; Sxx = 41,496.75; Syy = 142
+    # -> 2,427 / 41,496.75 = 0.0584864 ms/seq = 58.49 µs/seq, fixed 10 - 0.0584864 x 84.25 = 5.07253 ms,
+    # R^2 = 2,427^2 / (41,496.75 x 142) = 0.999625
+    rc = replace(load_set("gpu"), log_to_mlflow=False, target="h100")
+    cm = cross_model(build_review(synthetic_grid(), rc, "synthetic", []))
+    assert cm is not None
+    bf16 = next(c for c in cm.candidates if c.card.scheme == "bf16")
+    assert bf16.fit is not None and bf16.fit.n == 4
+    assert bf16.fit.per_seq_us == pytest.approx(1000 * 2427 / 41496.75)
+    assert bf16.fit.fixed_us == pytest.approx(1000 * (10 - 84.25 * 2427 / 41496.75))
+    assert bf16.fit.r2 == pytest.approx(2427**2 / (41496.75 * 142))
+    # bytes per step from the roofline (every candidate has it): bf16 16.0e9, gptq 5.0e9 -> gptq predicted
+    # 16 / 5 = 3.2x bf16 (reference: the only model's baseline)
+    assert cm.reference is bf16 and bf16.step_bytes == 16.0e9
+    gptq = next(c for c in cm.candidates if c.card.scheme == "gptq")
+    md = to_markdown(section(build_review(synthetic_grid(), rc, "synthetic", [])))
+    measured = gptq.ceiling_tok_s / bf16.ceiling_tok_s
+    assert f"| {measured:.2f} | 3.20 (1 / 0.31) | {measured / 3.2:.2f} |" in md
+
+
+def test_seed_ratio_rendered() -> None:
+    # the seed: 4B fp16 (8.61 GB/step, 1,092 tok/s) as reference, 9B AWQ (11.21 GB/step, 821 tok/s):
+    # measured 821 / 1092 = 0.75, predicted 8.61 / 11.21 = 0.77 = 1 / 1.30, measured / predicted = 0.98
+    def cand(model: str, scheme: str, tok_s: float, gb: float) -> Candidate:
+        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
+        return Candidate(sc, None, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how="weights GiB")
+
+    four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
+    cm = CrossModel(None, "", [four, nine], None, "", "", reference=four)
+    (_, _, (_, _, rows)) = _ratio_blocks(cm)
+    assert rows[1] == ["9b awq (AWQ)", "821", "11.21 GB (weights GiB)", "0.75", "0.77 (1 / 1.30)", "0.98"]

@@ -47,6 +47,7 @@ from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 
 Block = tuple[Any, ...]
+ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
 KV_BYTES_FLAG = re.compile(r"^--kv-cache-memory-bytes(?:=(.+))?$")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
@@ -265,7 +266,7 @@ def _speed(c: Candidate) -> None:
     c.ceiling_tok_s = sp.get("ceiling_tok_s")
     roof = sp.get("roofline") or {}
     if roof.get("decode_bytes"):
-        c.step_bytes, c.step_bytes_how = float(roof["decode_bytes"]), "checkpoint tensors a decode step reads"
+        c.step_bytes, c.step_bytes_how = float(roof["decode_bytes"]), ROOFLINE_BYTES
     elif c.weights_gib or c.card.memory.get("weights_gib"):
         w = c.weights_gib or c.card.memory["weights_gib"]
         c.step_bytes, c.step_bytes_how = decode_step_bytes(w * GIB), "weights GiB"
@@ -365,6 +366,12 @@ def cross_model(review: Review) -> CrossModel | None:
                 check = review.checks[c.card.model][c.card.scheme][name]
                 c.why_not.append(f"{name}: {check.short()}")
         c.eligible = not c.why_not
+    # one source of bytes per step for every candidate: the checkpoint tensors a step reads (speed.roofline, a
+    # GPU sweep with c=1) when every candidate has them, else the weights GiB of each
+    if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands):
+        for c in cands:
+            w = c.weights_gib or c.card.memory.get("weights_gib")
+            c.step_bytes, c.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
     eligible = [c for c in cands if c.eligible]
     # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
     common = (
