@@ -349,6 +349,12 @@ def cross_model(review: Review) -> CrossModel | None:
             "what vLLM kept for them where the job ran)"
             + ("" if ran_gpu else f", not for where the jobs ran ({'; '.join(ran) or 'not recorded'})")
             + ". Speed and accuracy are those measured where the jobs ran."
+            + (
+                f" Price: ${target.price_per_hour:g} per GPU-hour (cost per million output tokens in the ratio "
+                "table, at each candidate's measured ceiling)."
+                if target.price_per_hour
+                else ""
+            )
         )
     for c in cands:
         if target is not None:
@@ -616,11 +622,13 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
     if ref is None or not ref.ceiling_tok_s or not ref.step_bytes:
         return []
     rows = []
+    price = cm.target.price_per_hour if cm.target else None
     for c in cm.candidates:
         if not c.ceiling_tok_s or not c.step_bytes:
             continue
         measured = c.ceiling_tok_s / ref.ceiling_tok_s
         predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
+        cost = [f"${price / (c.ceiling_tok_s * 3600) * 1e6:.3f}"] if price else []
         rows.append(
             [
                 c.name,
@@ -629,6 +637,7 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
                 f"{measured:.2f}",
                 f"{predicted:.2f} (1 / {1 / predicted:.2f})",
                 f"{measured / predicted:.2f}",
+                *cost,
             ]
         )
     return [
@@ -640,7 +649,8 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
         ),
         (
             "table",
-            ["candidate", "ceiling out tok/s", "bytes per step", "measured ratio", "predicted", "measured / predicted"],
+            ["candidate", "ceiling out tok/s", "bytes per step", "measured ratio", "predicted", "measured / predicted"]
+            + (["$ per 1M output tokens"] if price else []),
             rows,
         ),
     ]
@@ -653,7 +663,11 @@ def _fit_blocks(cm: CrossModel) -> list[Block]:
         if f is None:
             rows.append([c.name, "—", "—", "—", "—", c.fit_note])
             continue
-        r2 = "n/a (no variance)" if f.r2 is None else f"{f.r2:.3f}"
+        r2 = (
+            "n/a (no variance)"
+            if f.r2 is None
+            else f"{f.r2:.3f}" + (" (2 points: a line through both)" if f.n == 2 else "")
+        )
         rows.append(
             [
                 c.name,
