@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.config.schema import ReviewConfig
+from quantverdict.config.schema import ReviewConfig, TargetConfig
 from quantverdict.review import build_review
 from quantverdict.review.constraints import load_set
 from quantverdict.review.crossmodel import (
@@ -200,3 +200,15 @@ def test_seed_ratio_rendered() -> None:
     cm = CrossModel(None, "", [four, nine], None, "", "", reference=four)
     (_, _, (_, _, rows)) = _ratio_blocks(cm)
     assert rows[1] == ["9b awq (AWQ)", "821", "11.21 GB (weights GiB)", "0.75", "0.77 (1 / 1.30)", "0.98"]
+
+
+def test_price_per_hour_gives_cost_per_million_tokens() -> None:
+    # $1.006 per GPU-hour: 1.006 / (1,092 tok/s x 3,600 s) x 1e6 = $0.2559; at 821 tok/s $0.3404
+    def cand(model: str, scheme: str, tok_s: float, gb: float) -> Candidate:
+        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
+        return Candidate(sc, None, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how="weights GiB")
+
+    target = TargetConfig(name="a10g", gpu="NVIDIA A10G", memory_gib=22.48828125, price_per_hour=1.006)
+    four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
+    (_, _, (_, head, rows)) = _ratio_blocks(CrossModel(target, "", [four, nine], None, "", "", reference=four))
+    assert head[-1] == "$ per 1M output tokens" and rows[0][-1] == "$0.256" and rows[1][-1] == "$0.340"
