@@ -212,3 +212,19 @@ def test_price_per_hour_gives_cost_per_million_tokens() -> None:
     four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
     (_, _, (_, head, rows)) = _ratio_blocks(CrossModel(target, "", [four, nine], None, "", "", reference=four))
     assert head[-1] == "$ per 1M output tokens" and rows[0][-1] == "$0.256" and rows[1][-1] == "$0.340"
+
+
+def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp_path: Path) -> None:
+    # model m: bf16 0.50, w8a8 0.52 (arc_easy acc_norm, stderr 0.05 each: the unpaired 95% interval of +0.02 is
+    # +0.02 +- 1.96 x 0.0707 = [-0.119, +0.159], not significant) -> w8a8 scores as bf16's 0.50 and bf16 (less
+    # aggressive) is named; model n's bf16 (0.30) is lower
+    rc = ReviewConfig(log_to_mlflow=False, max_perplexity_increase_pct=None)
+    recs = [record("bf16", acc_norm=0.50), record("w8a8", acc_norm=0.52), record("bf16", model="n", acc_norm=0.30)]
+    for rec in recs:
+        (tmp_path / rec["job"]["id"]).mkdir()
+        (tmp_path / rec["job"]["id"] / "record.json").write_text(json.dumps(rec))
+    records, _ = load_dir(tmp_path)
+    cm = cross_model(build_review(records, rc, str(tmp_path), []))
+    assert cm is not None and cm.chosen is not None
+    assert cm.chosen.name == "m bf16 (BF16)", [(c.name, c.why_not) for c in cm.candidates]
+    assert "mean score 0.5000" in cm.sentence

@@ -45,6 +45,7 @@ from quantverdict.review import sources, stats
 from quantverdict.review.accuracy import _pairs, _read_samples
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.verdict import NON_BLOCKING
 
 Block = tuple[Any, ...]
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
@@ -250,8 +251,17 @@ def _vllm_figures(c: Candidate, target: TargetConfig | None) -> None:
     }
 
 
-def _scores(c: Candidate) -> None:
-    if c.record is None or c.card.accuracy_not_applicable:
+def _scores(c: Candidate, cards: list[Scorecard]) -> None:
+    """Absolute task scores: the record's headline metric per task; without the record (an MLflow source), the
+    scorecards' deltas (a scheme's own value; a baseline's from a sibling scheme's comparison)."""
+    if c.card.accuracy_not_applicable:
+        return
+    if c.record is None:
+        sources_ = [c.card] if not c.card.is_baseline else [x for x in cards if x.model == c.card.model]
+        for sc in sources_:
+            for d in sc.accuracy:
+                if d.kind == "score" and d.name not in c.scores:
+                    c.scores[d.name] = (d.metric, d.baseline if c.card.is_baseline else d.value, d.n)
         return
     headline = c.record.cfg("eval").get("headline") or {}
     for task, res in c.record.accuracy.tasks.items():
@@ -362,15 +372,17 @@ def cross_model(review: Review) -> CrossModel | None:
         else:
             c.weights_gib, c.weights_how = c.card.memory.get("weights_gib"), c.card.memory.get("weights_source") or ""
         _vllm_figures(c, target)
-        _scores(c)
+        _scores(c, review.cards)
         _speed(c)
-        mem = c.target.get("fits") if target is not None else _check_status(review, c, "memory") != "fail"
-        if mem is False:
-            c.why_not.append(f"memory on {target.name if target else 'the budget'}: {c.target.get('why') or 'fails'}")
-        for name in ("accuracy", "latency"):
-            if _check_status(review, c, name) == "fail":
-                check = review.checks[c.card.model][c.card.scheme][name]
-                c.why_not.append(f"{name}: {check.short()}")
+        # as the per-model verdict: a constraint fails or could not be checked -> not eligible
+        names = ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency")
+        if target is not None and not c.target.get("fits"):
+            state = "fails" if c.target.get("fits") is False else "not checked"
+            c.why_not.append(f"memory on {target.name} {state}: {c.target.get('why')}")
+        for name in names:
+            if _check_status(review, c, name) not in NON_BLOCKING:
+                check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
+                c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
         c.eligible = not c.why_not
     # one source of bytes per step for every candidate: the checkpoint tensors a step reads (speed.roofline, a
     # GPU sweep with c=1) when every candidate has them, else the weights GiB of each
@@ -386,14 +398,27 @@ def cross_model(review: Review) -> CrossModel | None:
     score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].scores[t][0])
     scored = bool(score_tasks) and all(_mean_score(c, score_tasks) is not None for c in eligible)
 
-    def key(c: Candidate) -> tuple[float, float, float]:
-        acc = _mean_score(c, score_tasks) if scored else None
-        return (acc or 0.0, c.ceiling_tok_s or 0.0, c.target.get("max_concurrency") or 0.0)
+    base_score = {
+        c.card.model: _mean_score(c, score_tasks) for c in cands if c.card.is_baseline and c.scores and scored
+    }
+
+    def score(c: Candidate) -> float:
+        """Mean absolute score; a scheme none of whose own deltas is significant scores as its baseline (a
+        difference inside the interval is noise), so that the less aggressive scheme of a model wins the tie."""
+        own = [d for d in c.card.accuracy if d.kind == "score" and d.name in score_tasks]
+        if not c.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(c.card.model):
+            return float(base_score[c.card.model] or 0.0)
+        return _mean_score(c, score_tasks) or 0.0
+
+    def key(c: Candidate) -> tuple[float, int, float, float]:
+        speed = (c.ceiling_tok_s or 0.0, c.target.get("max_concurrency") or 0.0)
+        return (score(c), -c.card.tier, *speed) if scored else (0.0, 0, *speed)
 
     ranking = (
-        f"highest mean score on {', '.join(score_tasks)} (absolute), then the ceiling output tok/s"
+        f"highest mean score on {', '.join(score_tasks)} (absolute; a scheme whose own deltas are all inside "
+        "their interval scores as its baseline), then the less aggressive scheme, then the ceiling output tok/s"
         if scored
-        else "accuracy not measured on every candidate: highest ceiling output tok/s, then max concurrency (target)"
+        else "accuracy not measured on every candidate: the ceiling output tok/s, then max concurrency (target)"
     )
     chosen = max(eligible, key=key) if eligible else None
     where = f"on {target.gpu}" if target else "under the review's constraints"
