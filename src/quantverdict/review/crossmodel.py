@@ -231,7 +231,7 @@ def _vllm_figures(c: Candidate, target: TargetConfig | None) -> None:
     served = _served_kv_bytes(rec)
     run_budget = _run_budget_gib(rec)
     kv = c.target.get("kv_gib")
-    how = "its own GPU's budget"
+    how = "the budget where the job ran"
     at_target = False
     if served is not None:
         at_target = bool(kv and kv > 0 and abs(served / GIB - kv) / kv <= SAME_BUDGET)
@@ -283,17 +283,21 @@ def _speed(c: Candidate) -> None:
     mode = sp.get("mode") or "rate"
     pts = [p for p in sp.get("points") or [] if p.get("tpot_ms_p50")]
     unsat = [p for p in pts if not p.get("saturated") and not (mode == "rate" and math.isinf(p.get("load", 0)))]
-    use = unsat if len({in_flight(p, mode) for p in unsat} - {None}) >= 2 else pts
+    # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
     xy: list[tuple[float, float]] = []
-    for p in use:
+    for p in unsat:
         x = in_flight(p, mode)
         if x:
             xy.append((x, float(p["tpot_ms_p50"])))
     if len({x for x, _ in xy}) < 2:
-        c.fit_note = f"{len(xy)} load level(s) with a TPOT: a line needs 2"
+        c.fit_note = f"{len(xy)} unsaturated load level(s) with a TPOT: a line needs 2"
         return
     c.fit = fit_decode_step([x for x, _ in xy], [y for _, y in xy])
-    c.fit_note = "non-saturated loads" if use is unsat else "every load (fewer than 2 non-saturated)"
+    c.fit_note = "unsaturated loads" + (
+        "; a negative per-sequence cost: TPOT does not grow with the batch here (not memory-bound, or noise)"
+        if c.fit.per_seq_us < 0
+        else ""
+    )
 
 
 def _check_status(review: Review, c: Candidate, name: str) -> str:
