@@ -228,3 +228,30 @@ def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp
     assert cm is not None and cm.chosen is not None
     assert cm.chosen.name == "m bf16 (BF16)", [(c.name, c.why_not) for c in cm.candidates]
     assert "mean score 0.5000" in cm.sentence
+
+
+def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> None:
+    # the same 4 items, listed in another order (doc_id differs) but with the same doc_hash: big [1,1,0,0] on
+    # items a,b,c,d; small lists d,c,b,a with [0,0,1,0] -> small on a,b,c,d = [0,1,0,0]. Paired on the hash the
+    # differences are [1,0,0,0]: mean +0.25, sd 0.5, se 0.25, 95% interval 0.25 -+ 1.959964 x 0.25 =
+    # [-0.2400, +0.7400] (paired on doc_id they would be [1,1,-1,0]: sd 0.957, [-0.688, +1.188])
+    big_base = record("bf16", model="big", weights_gib=2.0)
+    big_q = record("awq", model="big", weights_gib=0.6)
+    small = record("bf16", model="small", weights_gib=1.0)
+    rows = lambda keys, vals: [  # noqa: E731
+        {"doc_id": i, "doc_hash": k, "acc": v, "acc_norm": v} for i, (k, v) in enumerate(zip(keys, vals))
+    ]
+    write_samples(big_q, tmp_path, "arc_easy", rows("abcd", [1, 1, 0, 0]))
+    (tmp_path / "s").mkdir()
+    write_samples(small, tmp_path / "s", "arc_easy", rows("dcba", [0, 0, 1, 0]))
+    for rec in (big_base, big_q, small):
+        d = tmp_path / "grid" / rec["job"]["id"]
+        d.mkdir(parents=True)
+        (d / "record.json").write_text(json.dumps(rec))
+    records, _ = load_dir(tmp_path / "grid")
+    cm = cross_model(
+        build_review(records, ReviewConfig(log_to_mlflow=False, interval="normal"), str(tmp_path / "grid"), [])
+    )
+    assert cm is not None
+    (row,) = cm.paired
+    assert row[3] == "+0.2500 [-0.2400, +0.7400]" and row[4] == "4"

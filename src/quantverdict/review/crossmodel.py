@@ -322,11 +322,15 @@ def _model_size(cands: list[Candidate], model: str) -> float:
 
 
 def _paired_diff(a: Candidate, b: Candidate, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
-    """Mean of a's score minus b's on the items both ran (paired by doc_id), with the review's interval."""
+    """Mean of a's score minus b's on the items both ran (paired by lm-eval's ``doc_hash`` when every row has
+    one, else by ``doc_id``), with the review's interval; unpaired (point difference, no interval) without
+    per-item samples."""
     metric = a.scores[task][0]
     sa = _read_samples(a.record, task) if a.record else None
     sb = _read_samples(b.record, task) if b.record else None
     if sa and sb:
+        if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
+            sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
         ra, rb, _ = _pairs(sa, sb, (metric,))
         if len(ra) >= 2:
             x, y = [float(r[metric]) for r in ra], [float(r[metric]) for r in rb]
