@@ -395,6 +395,21 @@ class ReviewConfig:
     # cost: GPU price in USD per hour per GPU, by GPU kind (a name the record's environment.gpu names contain,
     # e.g. H200); empty: no cost line
     gpu_price_per_hour: dict[str, float] = field(default_factory=dict)
+    # deployment target (conf/target/<name>.yaml: GPU, memory GiB, vLLM memory fraction, price): memory is
+    # checked at its budget even when the jobs ran elsewhere (quantverdict.review.crossmodel); null: none
+    target: Optional[str] = None
+    target_memory_fraction: Optional[float] = None  # null: the target file's (vLLM --gpu-memory-utilization)
+
+
+@dataclass
+class TargetConfig:
+    """A GPU a review's verdict is for (``conf/target/*.yaml``, picked by ``review.target``)."""
+
+    name: str = MISSING
+    gpu: str = MISSING
+    memory_gib: float = MISSING  # nvidia-smi memory.total / 1024 (GiB = 2**30 bytes)
+    memory_fraction: float = 0.9  # vLLM's --gpu-memory-utilization
+    price_per_hour: Optional[float] = None  # USD per GPU-hour
 
 
 @dataclass

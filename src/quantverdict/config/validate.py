@@ -35,6 +35,7 @@ from quantverdict.config.schema import (
     closest,
     evaluates_through_server,
 )
+from quantverdict.config.targets import target_errors
 from quantverdict.measure.integrity import IntegrityError, check_gguf
 
 # a Hugging Face hub id: [owner/]name of letters, digits, "-", "_", "."; no "--" or "..", not starting or
@@ -88,6 +89,7 @@ def review_errors(rc: ReviewConfig) -> list[str]:
         )
     if rc.load_rps is not None and rc.load_concurrency is not None:
         errors.append("set only one of review.load_rps and review.load_concurrency (the other null)")
+    errors += target_errors(rc)  # review.target: a shipped conf/target file (config.targets)
     return errors + kld_cost_review_errors(rc)
 
 

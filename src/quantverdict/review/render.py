@@ -15,6 +15,7 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number as _f
+from quantverdict.review import crossmodel
 from quantverdict.review import headline
 from quantverdict.review.constraints import load_set
 from quantverdict.review.cost import cost_blocks
@@ -706,6 +707,7 @@ def blocks(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         _first_screen(review)
         + _header(review)
         + _verdict_section(review)
+        + crossmodel.section(review)
         + _constraints_section(review)
         + _scorecard_section(review)
         + _plots_section(review, pngs)

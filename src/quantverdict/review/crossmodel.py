@@ -1,0 +1,722 @@
+"""Candidates across models: which (model, scheme) to deploy on a target GPU, and the seed's tables.
+
+The per-model verdict (:mod:`quantverdict.review.verdict`) compares each scheme with the baseline of its own
+model. This section answers the question across models: every (model, scheme) job of the reviewed grids is a
+candidate, each is checked on the deployment target (``review.target``, :mod:`quantverdict.config.targets`)
+even when the jobs ran on another device, and the best candidate that meets the constraints is named. When a
+bigger model quantized competes with a smaller one unquantized, the section says which wins on each of the
+three numbers. Tables, side by side:
+
+* memory on the target: weights, KV cache GiB (``memory_gib x memory_fraction - weights - reserved_gib``,
+  :func:`quantverdict.measure.decode_bytes.target_kv_budget_bytes`), KV tokens and maximum concurrency of
+  max-length requests (:func:`quantverdict.measure.decode_bytes.kv_capacity`), with vLLM's own figures beside
+  them when the job was served with the target's budget (``--kv-cache-memory-bytes`` in
+  ``bench.server.extra_args``);
+* accuracy in absolute terms on the same tasks and items (paired on ``doc_id`` across models), each model's
+  own quantization delta beside it;
+* the rate sweep of every candidate at the same offered loads;
+* the ceiling ratio against the prediction from bytes per decode step
+  (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`), measured / predicted;
+* the decode-step fit, TPOT = fixed + per-sequence cost x sequences in flight
+  (:func:`quantverdict.measure.decode_fit.fit_decode_step`), with its R^2.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
+from quantverdict.config.targets import load_target
+from quantverdict.measure.decode_bytes import (
+    decode_step_bytes,
+    kv_capacity,
+    predicted_speed_ratio,
+    target_kv_budget_bytes,
+)
+from quantverdict.measure.decode_fit import DecodeFit, fit_decode_step, in_flight
+from quantverdict.measure.memory import GIB
+from quantverdict.results.format import number as _f
+from quantverdict.results.record import JobRecord
+from quantverdict.review import sources, stats
+from quantverdict.review.accuracy import _pairs, _read_samples
+from quantverdict.review.model import Review
+from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.verdict import NON_BLOCKING
+
+Block = tuple[Any, ...]
+ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
+SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
+KV_BYTES_FLAG = re.compile(r"^--kv-cache-memory-bytes(?:=(.+))?$")
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+@dataclass
+class Candidate:
+    """One (model, scheme) job seen from the target."""
+
+    card: Scorecard
+    record: JobRecord | None
+    weights_gib: float | None = None
+    weights_how: str = ""
+    target: dict[str, Any] = field(default_factory=dict)  # kv_gib, kv_tokens, max_concurrency, fits, why
+    vllm: dict[str, Any] = field(default_factory=dict)  # vLLM's own figures and the budget they were run at
+    ceiling_tok_s: float | None = None
+    step_bytes: float | None = None
+    step_bytes_how: str = ""
+    fit: DecodeFit | None = None
+    fit_note: str = ""
+    scores: dict[str, tuple[str, float, int | None]] = field(default_factory=dict)  # task -> (metric, value, n)
+    eligible: bool = False
+    why_not: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # met the constraints, with a caveat
+
+    @property
+    def name(self) -> str:
+        return f"{self.card.model} {self.card.scheme} ({self.card.label})"
+
+
+@dataclass
+class CrossModel:
+    """The cross-model section's findings."""
+
+    target: TargetConfig | None
+    target_note: str
+    candidates: list[Candidate]
+    chosen: Candidate | None
+    sentence: str
+    ranking: str
+    comparisons: list[str] = field(default_factory=list)  # bigger quantized vs smaller unquantized
+    paired: list[list[str]] = field(default_factory=list)  # rows of the paired accuracy table
+    reference: Candidate | None = None  # of the speed ratios
+
+
+def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
+    """The value of ``--kv-cache-memory-bytes`` in vLLM server arguments (``N``, ``N=``-form, or with a
+    ``K``/``M``/``G`` (x1000) or ``Ki``/``Mi``/``Gi`` (x1024) suffix, as vLLM's parser reads it); None when
+    absent or unreadable."""
+    items = [str(a) for a in args or []]
+    for i, a in enumerate(items):
+        m = KV_BYTES_FLAG.match(a)
+        if not m:
+            continue
+        raw = m.group(1) if m.group(1) is not None else (items[i + 1] if i + 1 < len(items) else "")
+        num = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtKMGT]i?)?\s*", raw)
+        if num:
+            return int(float(num.group(1)) * _UNITS[(num.group(2) or "").lower()])
+    return None
+
+
+def _records_by_id(review: Review) -> dict[str, JobRecord]:
+    src = Path(review.source)
+    if not src.is_dir():  # an MLflow source: the downloaded records are gone by now; cards only
+        return {}
+    records, _ = sources.load_dir(src)
+    return {str(r["job"].get("id")): JobRecord.view(r) for r in records}
+
+
+def _max_model_len(rec: JobRecord | None) -> int | None:
+    if rec is None:
+        return None
+    n = (rec.cfg("bench").get("server") or {}).get("max_model_len") or rec.cfg("model").get("max_model_len")
+    return int(n) if n else None
+
+
+def _ran_on_gpu(sc: Scorecard) -> bool:
+    return sc.memory.get("weights_source") == "vLLM log"
+
+
+def measured_overhead_gib(c: Candidate) -> float | None:
+    """The memory vLLM kept for neither weights nor KV cache where the job ran (activation peak, CUDA graphs,
+    non-torch allocations), GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache`` from the
+    record (``environment.gpu[0].memory_total_mib``, ``bench.server.gpu_memory_utilization``, vLLM's log).
+    E.g. qwen3.5-9b-shape bf16 on the H200: 0.9 x 140.401 - 16.71 - 107.84 = 1.81 GiB. None when a figure is
+    missing or the job fixed its KV cache (``--kv-cache-memory-bytes``)."""
+    rec, m = c.record, c.card.memory
+    if rec is None or not m.get("server_weights_gib") or not m.get("server_kv_cache_gib") or _served_kv_bytes(rec):
+        return None
+    budget = _run_budget_gib(rec)
+    if budget is None:
+        return None
+    left = budget - float(m["server_weights_gib"]) - float(m["server_kv_cache_gib"])
+    return left if left >= 0 else None
+
+
+def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None:
+    """Weights + KV cache at the target's budget -> KV tokens and max concurrency (see the module doc).
+
+    The reserve is ``review.reserved_gib`` when set (> 0), else the overhead vLLM measured where the job ran
+    (:func:`measured_overhead_gib`), else 0."""
+    m = c.card.memory
+    if _ran_on_gpu(c.card):
+        c.weights_gib, c.weights_how = m.get("weights_gib"), "vLLM log"
+    elif m.get("checkpoint_gib"):  # a GPU serves the checkpoint's own dtype, whatever the CPU served in
+        c.weights_gib, c.weights_how = m["checkpoint_gib"], "checkpoint bytes"
+    bpt, kvb = m.get("kv_bytes_per_token"), m.get("kv_dtype_bytes") or 2
+    if c.weights_gib is None or not bpt:
+        c.target = {"fits": None, "why": "no weight size or no model dimensions"}
+        return
+    # a CPU that served float32 holds 4-byte KV elements; the target GPU holds the model's 16-bit ones
+    target_bytes = rc.kv_cache_dtype_bytes or (kvb if _ran_on_gpu(c.card) else min(kvb, 2))
+    s = target_bytes / kvb
+    paging = m.get("hybrid_paging")
+    paging = {**paging, "page_bytes": paging["page_bytes"] * s} if paging else None
+    state = (m.get("state_bytes_per_sequence") or 0.0) * s
+    measured = measured_overhead_gib(c)
+    if rc.reserved_gib > 0 or measured is None:
+        reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
+    else:
+        reserve, reserve_how = measured, "vLLM's overhead where the job ran"
+    budget = target_kv_budget_bytes(target.memory_gib, target.memory_fraction, c.weights_gib * GIB, reserve * GIB)
+    out: dict[str, Any] = {"kv_gib": budget / GIB, "kv_bytes_per_token": bpt * s}
+    out["reserve_gib"], out["reserve_how"] = reserve, reserve_how
+    max_len, req = _max_model_len(c.record), m.get("request_len_tokens")
+    out["max_len"] = max_len
+    if max_len:
+        cap = kv_capacity(budget, bpt * s, max_len, paging, state)
+        out["kv_tokens"], out["max_concurrency"] = cap["kv_tokens"], cap["max_concurrency"]
+    if budget <= 0:
+        out["fits"], out["why"] = (
+            False,
+            (
+                f"weights {c.weights_gib:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
+                f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
+            ),
+        )
+    elif req:
+        cap = kv_capacity(budget, bpt * s, int(req), paging, state)
+        out["req_len"], out["req_concurrency"] = int(req), cap["max_concurrency"]
+        if rc.kv_cache_tokens:
+            out["fits"] = cap["kv_tokens"] >= rc.kv_cache_tokens
+            need = f"{rc.kv_cache_tokens:,} KV tokens"
+        else:
+            out["fits"] = cap["max_concurrency"] >= rc.concurrent_requests
+            need = f"{rc.concurrent_requests} concurrent {int(req)}-token requests"
+        out["why"] = (
+            "" if out["fits"] else f"holds {cap['max_concurrency']:.1f} {int(req)}-token requests, needs {need}"
+        )
+    else:
+        out["fits"], out["why"] = None, "no request length (bench.input_len + output_len)"
+    if out.get("fits") and max_len and out.get("max_concurrency", 0) < rc.concurrent_requests:
+        c.flags.append(
+            f"fits the stated load, but its {out['kv_gib']:.2f} GiB of KV cache hold only "
+            f"{out['max_concurrency']:.1f} max-length ({max_len:,}-token) requests"
+        )
+    c.target = out
+
+
+def _run_budget_gib(rec: JobRecord) -> float | None:
+    """``gpu_memory_utilization x GPU memory`` (GiB) of the GPU a job ran on, None when not recorded."""
+    gpus = [g for g in rec.environment.gpu or [] if isinstance(g, dict) and g.get("memory_total_mib")]
+    util = (rec.cfg("bench").get("server") or {}).get("gpu_memory_utilization")
+    return float(util) * float(gpus[0]["memory_total_mib"]) / 1024 if gpus and util else None
+
+
+def _served_kv_bytes(rec: JobRecord) -> int | None:
+    server = rec.cfg("bench").get("server") or {}
+    return parse_kv_cache_memory_bytes([*(server.get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])])
+
+
+def _vllm_figures(c: Candidate, target: TargetConfig | None) -> None:
+    """vLLM's own KV figures, and whether the job was served with the target's budget: its KV cache fixed
+    (``--kv-cache-memory-bytes``) within 5% of the KV budget computed for the target, or its memory fraction
+    set so that ``gpu_memory_utilization x GPU memory`` is the target's ``memory_gib x memory_fraction`` within
+    2% (vLLM then profiles the reserve itself, as it would on the target)."""
+    m, rec = c.card.memory, c.record
+    if rec is None or not (m.get("server_kv_cache_gib") or m.get("server_kv_tokens")):
+        return
+    served = _served_kv_bytes(rec)
+    run_budget = _run_budget_gib(rec)
+    kv = c.target.get("kv_gib")
+    how = "the budget where the job ran"
+    at_target = False
+    if served is not None:
+        at_target = bool(kv and kv > 0 and abs(served / GIB - kv) / kv <= SAME_BUDGET)
+        how = f"--kv-cache-memory-bytes {served:,} = {served / GIB:.2f} GiB"
+    elif target is not None and run_budget is not None:
+        want = target.memory_gib * target.memory_fraction
+        at_target = abs(run_budget - want) / want <= 0.02
+        if at_target:
+            how = f"memory fraction x GPU memory = {run_budget:.2f} GiB"
+    c.vllm = {
+        "kv_gib": m.get("server_kv_cache_gib") or (served / GIB if served else None),
+        "kv_tokens": m.get("server_kv_tokens"),
+        "max_concurrency": m.get("server_max_concurrency"),
+        "served_kv_bytes": served,
+        "at_target": at_target,
+        "how": ("the target's budget: " if at_target else "") + how,
+    }
+
+
+def _scores(c: Candidate, cards: list[Scorecard]) -> None:
+    """Absolute task scores: the record's headline metric per task; without the record (an MLflow source), the
+    scorecards' deltas (a scheme's own value; a baseline's from a sibling scheme's comparison)."""
+    if c.card.accuracy_not_applicable:
+        return
+    if c.record is None:
+        sources_ = [c.card] if not c.card.is_baseline else [x for x in cards if x.model == c.card.model]
+        for sc in sources_:
+            for d in sc.accuracy:
+                if d.kind == "score" and d.name not in c.scores:
+                    c.scores[d.name] = (d.metric, d.baseline if c.card.is_baseline else d.value, d.n)
+        return
+    headline = c.record.cfg("eval").get("headline") or {}
+    for task, res in c.record.accuracy.tasks.items():
+        metric = headline.get(task, "acc")
+        v = res.metric(metric)
+        if isinstance(v, (int, float)):
+            c.scores[task] = (metric, float(v), res.n)
+
+
+def _speed(c: Candidate) -> None:
+    sp = c.card.speed
+    c.ceiling_tok_s = sp.get("ceiling_tok_s")
+    roof = sp.get("roofline") or {}
+    if roof.get("decode_bytes"):
+        c.step_bytes, c.step_bytes_how = float(roof["decode_bytes"]), ROOFLINE_BYTES
+    elif c.weights_gib or c.card.memory.get("weights_gib"):
+        w = c.weights_gib or c.card.memory["weights_gib"]
+        c.step_bytes, c.step_bytes_how = decode_step_bytes(w * GIB), "weights GiB"
+    mode = sp.get("mode") or "rate"
+    pts = [p for p in sp.get("points") or [] if p.get("tpot_ms_p50")]
+    unsat = [p for p in pts if not p.get("saturated") and not (mode == "rate" and math.isinf(p.get("load", 0)))]
+    # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
+    xy: list[tuple[float, float]] = []
+    for p in unsat:
+        x = in_flight(p, mode)
+        if x:
+            xy.append((x, float(p["tpot_ms_p50"])))
+    if len({x for x, _ in xy}) < 2:
+        c.fit_note = f"{len(xy)} unsaturated load level(s) with a TPOT: a line needs 2"
+        return
+    c.fit = fit_decode_step([x for x, _ in xy], [y for _, y in xy])
+    c.fit_note = "unsaturated loads" + (
+        "; a negative per-sequence cost: TPOT does not grow with the batch here (not memory-bound, or noise)"
+        if c.fit.per_seq_us < 0
+        else ""
+    )
+
+
+def _check_status(review: Review, c: Candidate, name: str) -> str:
+    check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
+    return check.status if check is not None else "unknown"
+
+
+def _mean_score(c: Candidate, tasks: list[str]) -> float | None:
+    """Mean of the candidate's scores (higher is better) on ``tasks``; None unless it has each of them."""
+    if not tasks or any(t not in c.scores for t in tasks):
+        return None
+    return sum(c.scores[t][1] for t in tasks) / len(tasks)
+
+
+def _model_size(cands: list[Candidate], model: str) -> float:
+    """A model's 16-bit size (GiB): its baseline's checkpoint, else the largest checkpoint scaled to 16 bits."""
+    mine = [c for c in cands if c.card.model == model]
+    for c in mine:
+        if c.card.is_baseline and c.card.memory.get("checkpoint_gib"):
+            return float(c.card.memory["checkpoint_gib"])
+    return max((c.card.memory.get("checkpoint_gib") or 0.0) * (4.0 if c.card.tier == 2 else 2.0) for c in mine)
+
+
+def _paired_diff(a: Candidate, b: Candidate, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
+    """Mean of a's score minus b's on the items both ran (paired by lm-eval's ``doc_hash`` when every row has
+    one, else by ``doc_id``), with the review's interval; unpaired (point difference, no interval) without
+    per-item samples."""
+    metric = a.scores[task][0]
+    sa = _read_samples(a.record, task) if a.record else None
+    sb = _read_samples(b.record, task) if b.record else None
+    if sa and sb:
+        if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
+            sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
+        ra, rb, _ = _pairs(sa, sb, (metric,))
+        if len(ra) >= 2:
+            x, y = [float(r[metric]) for r in ra], [float(r[metric]) for r in rb]
+            iv = (
+                stats.bootstrap_mean_diff(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
+                if rc.interval == "bootstrap"
+                else stats.paired_normal_interval(x, y, rc.confidence)
+            )
+            return sum(x) / len(x) - sum(y) / len(y), iv, len(x)
+    return a.scores[task][1] - b.scores[task][1], None, 0
+
+
+def cross_model(review: Review) -> CrossModel | None:
+    """The cross-model comparison of a review's cards; None with a single model and no ``review.target``.
+
+    Raises:
+        quantverdict.config.schema.ConfigError: ``review.target`` names no shipped target (validated before).
+    """
+    rc = review.config
+    models = list(dict.fromkeys(sc.model for sc in review.cards))
+    if len(models) < 2 and not rc.target:
+        return None
+    target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
+    records = _records_by_id(review)
+    cands = [Candidate(sc, records.get(sc.job_id)) for sc in review.cards if sc.status == "ok"]
+    ran = sorted({line for line in review.environment if line.startswith(("GPU", "CPU"))})
+    note = ""
+    if target is not None:
+        ran_gpu = [line for line in ran if line.startswith("GPU") and target.gpu.split()[-1].lower() in line.lower()]
+        note = (
+            f"Memory is computed for the target, **{target.gpu}** ({target.memory_gib:g} GiB x vLLM memory fraction "
+            f"{target.memory_fraction:g} = {target.memory_gib * target.memory_fraction:.2f} GiB, minus the weights "
+            "and a reserve for activations, CUDA graphs and non-torch memory: review.reserved_gib when set, else "
+            "what vLLM kept for them where the job ran)"
+            + ("" if ran_gpu else f", not for where the jobs ran ({'; '.join(ran) or 'not recorded'})")
+            + ". Speed and accuracy are those measured where the jobs ran."
+            + (
+                f" Price: ${target.price_per_hour:g} per GPU-hour (cost per million output tokens in the ratio "
+                "table, at each candidate's measured ceiling)."
+                if target.price_per_hour
+                else ""
+            )
+        )
+    for c in cands:
+        if target is not None:
+            _target_memory(c, target, rc)
+        else:
+            c.weights_gib, c.weights_how = c.card.memory.get("weights_gib"), c.card.memory.get("weights_source") or ""
+        _vllm_figures(c, target)
+        _scores(c, review.cards)
+        _speed(c)
+        # as the per-model verdict: a constraint fails or could not be checked -> not eligible
+        names = ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency")
+        if target is not None and not c.target.get("fits"):
+            state = "fails" if c.target.get("fits") is False else "not checked"
+            c.why_not.append(f"memory on {target.name} {state}: {c.target.get('why')}")
+        for name in names:
+            if _check_status(review, c, name) not in NON_BLOCKING:
+                check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
+                c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
+        c.eligible = not c.why_not
+    # one source of bytes per step for every candidate: the checkpoint tensors a step reads (speed.roofline, a
+    # GPU sweep with c=1) when every candidate has them, else the weights GiB of each
+    if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands):
+        for c in cands:
+            w = c.weights_gib or c.card.memory.get("weights_gib")
+            c.step_bytes, c.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
+    eligible = [c for c in cands if c.eligible]
+    # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
+    common = (
+        set.intersection(*(set(c.scores) for c in eligible)) if eligible and all(c.scores for c in eligible) else set()
+    )
+    score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].scores[t][0])
+    scored = bool(score_tasks) and all(_mean_score(c, score_tasks) is not None for c in eligible)
+
+    base_score = {
+        c.card.model: _mean_score(c, score_tasks) for c in cands if c.card.is_baseline and c.scores and scored
+    }
+
+    def score(c: Candidate) -> float:
+        """Mean absolute score; a scheme none of whose own deltas is significant scores as its baseline (a
+        difference inside the interval is noise), so that the less aggressive scheme of a model wins the tie."""
+        own = [d for d in c.card.accuracy if d.kind == "score" and d.name in score_tasks]
+        if not c.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(c.card.model):
+            return float(base_score[c.card.model] or 0.0)
+        return _mean_score(c, score_tasks) or 0.0
+
+    def key(c: Candidate) -> tuple[float, int, float, float]:
+        speed = (c.ceiling_tok_s or 0.0, c.target.get("max_concurrency") or 0.0)
+        return (score(c), -c.card.tier, *speed) if scored else (0.0, 0, *speed)
+
+    ranking = (
+        f"highest mean score on {', '.join(score_tasks)} (absolute; a scheme whose own deltas are all inside "
+        "their interval scores as its baseline), then the less aggressive scheme, then the ceiling output tok/s"
+        if scored
+        else "accuracy not measured on every candidate: the ceiling output tok/s, then max concurrency (target)"
+    )
+    chosen = max(eligible, key=key) if eligible else None
+    where = f"on {target.gpu}" if target else "under the review's constraints"
+    if chosen is not None:
+        bits = [f"weights {_f(chosen.weights_gib)} GiB"]
+        if chosen.target.get("max_concurrency") is not None:
+            bits.append(
+                f"KV cache {_f(chosen.target['kv_gib'])} GiB = {chosen.target['kv_tokens']:,} tokens, "
+                f"{chosen.target['max_concurrency']:.0f} concurrent {chosen.target['max_len']:,}-token requests"
+            )
+        if scored:
+            bits.append(f"mean score {_f(_mean_score(chosen, score_tasks), '.4f')}")
+        bits.append(f"ceiling {_f(chosen.ceiling_tok_s, '.0f')} output tok/s")
+        sentence = f"Across models, {where}: deploy **{chosen.name}** ({'; '.join(bits)})."
+        if not scored:
+            sentence += " Decided on memory and speed alone: measure accuracy on the real models before deploying."
+    else:
+        sentence = f"Across models, {where}: **no candidate meets the constraints**."
+    cm = CrossModel(target, note, cands, chosen, sentence, ranking)
+    _compare(cm, rc)
+    return cm
+
+
+def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
+    """Bigger quantized vs smaller unquantized: which wins on memory, accuracy and speed."""
+    cands = cm.candidates
+    models = list(dict.fromkeys(c.card.model for c in cands))
+    sizes = {m: _model_size(cands, m) for m in models}
+    bases = [c for c in cands if c.card.is_baseline]
+    cm.reference = min(bases, key=lambda c: sizes[c.card.model]) if bases else (cands[0] if cands else None)
+    for small in bases:
+        for big in cands:
+            if sizes[big.card.model] <= sizes[small.card.model] or big.card.tier == 0:
+                continue
+            parts = []
+            if cm.target is not None:
+                a, b = big.target.get("max_concurrency"), small.target.get("max_concurrency")
+                if a is not None and b is not None:
+                    w = big if a > b else small if b > a else None
+                    parts.append(
+                        f"memory: {w.card.model if w else 'tie'} ({a:.0f} vs {b:.0f} concurrent max-length "
+                        f"requests on {cm.target.name})"
+                    )
+            else:
+                a, b = big.weights_gib, small.weights_gib
+                if a is not None and b is not None:
+                    parts.append(
+                        f"memory: {big.card.model if a < b else small.card.model} (weights {a:.2f} vs {b:.2f} GiB)"
+                    )
+            # score tasks (higher is better); word perplexity stays in the absolute table
+            tasks = sorted(t for t in set(big.scores) & set(small.scores) if "perplexity" not in big.scores[t][0])
+            if tasks:
+                diffs = []
+                for t in tasks:
+                    d, iv, n = _paired_diff(big, small, t, rc)
+                    sig = iv is not None and iv.excludes_zero()
+                    ci = f" [{iv.low:+.4f}, {iv.high:+.4f}]" if iv is not None else " (unpaired)"
+                    cm.paired.append(
+                        [
+                            f"{big.name} vs {small.name}",
+                            t,
+                            big.scores[t][0],
+                            f"{d:+.4f}{ci}",
+                            str(n) if n else "n/a",
+                            ("bigger" if d > 0 else "smaller") + (" (significant)" if sig else " (not significant)"),
+                        ]
+                    )
+                    diffs.append((d, sig))
+                wins = {
+                    "big": sum(1 for d, s in diffs if s and d > 0),
+                    "small": sum(1 for d, s in diffs if s and d < 0),
+                }
+                acc = (
+                    big.card.model
+                    if wins["big"] > wins["small"]
+                    else small.card.model
+                    if wins["small"] > wins["big"]
+                    else "neither (no significant difference)"
+                )
+                parts.append(
+                    f"accuracy: {acc} ({wins['big']} of {len(tasks)} tasks significantly better for the bigger, "
+                    f"{wins['small']} for the smaller)"
+                )
+            else:
+                parts.append("accuracy: not compared (not measured on both)")
+            a, b = big.ceiling_tok_s, small.ceiling_tok_s
+            if a and b:
+                parts.append(
+                    f"speed: {big.card.model if a > b else small.card.model} (ceiling {a:.0f} vs {b:.0f} output tok/s)"
+                )
+            cm.comparisons.append(f"{big.name} vs {small.name}: " + "; ".join(parts))
+
+
+# --- rendering --------------------------------------------------------------------------------------
+
+
+def _n(v: Any, fmt: str = ".2f") -> str:
+    return _f(v, fmt, missing="—")
+
+
+def section(review: Review) -> list[Block]:
+    """The review's "Across models" section (Markdown/HTML blocks, :mod:`quantverdict.review.render`);
+    empty with a single model and no target."""
+    try:
+        cm = cross_model(review)
+    except ConfigError as exc:  # validated when composed; a review built by hand may still name a bad target
+        return [("h2", "Across models"), ("p", f"not computed: {exc}")]
+    if cm is None:
+        return []
+    out: list[Block] = [
+        ("h2", "Across models" + (f" on {cm.target.gpu}" if cm.target else "")),
+        ("verdict", cm.sentence),
+    ]
+    out.append(
+        (
+            "p",
+            "Every (model, scheme) job is a candidate. Eligible: memory (on the target when one is set), the "
+            f"accuracy floor (against its own model's baseline) and the latency SLO. Ranked by: {cm.ranking}.",
+        )
+    )
+    if cm.target_note:
+        out.append(("p", cm.target_note))
+    if cm.comparisons:
+        out.append(("h3", "Bigger quantized vs smaller unquantized"))
+        out.append(("ul", cm.comparisons))
+    why = [f"{c.name}: not eligible: {'; '.join(c.why_not)}" for c in cm.candidates if c.why_not]
+    why += [f"{c.name}: flagged: {'; '.join(c.flags)}" for c in cm.candidates if c.flags]
+    if why:
+        out.append(("ul", why))
+    out += _memory_blocks(cm)
+    out += _accuracy_blocks(cm)
+    out += _sweep_blocks(cm)
+    out += _ratio_blocks(cm)
+    out += _fit_blocks(cm)
+    return out
+
+
+def _memory_blocks(cm: CrossModel) -> list[Block]:
+    head = [
+        "candidate",
+        "weights GiB",
+        "reserve GiB",
+        "KV cache GiB",
+        "KV tokens",
+        "max concurrency",
+        "fits",
+        "vLLM (as served)",
+    ]
+    rows = []
+    for c in cm.candidates:
+        t, v = c.target, c.vllm
+        vl = "—"
+        if v:
+            vl = (
+                f"{_n(v['kv_gib'])} GiB, {_n(v['kv_tokens'], ',.0f')} tokens, "
+                f"{_n(v['max_concurrency'], '.1f')}x ({v['how']})"
+            )
+        conc = f"{t['max_concurrency']:.1f} x {t['max_len']:,} tokens" if t.get("max_concurrency") is not None else "—"
+        fits = {True: "yes", False: f"no: {t.get('why')}", None: "n/a"}[t.get("fits")] if cm.target else "—"
+        reserve = f"{t['reserve_gib']:.2f} ({t['reserve_how']})" if t.get("reserve_gib") is not None else "—"
+        rows.append(
+            [
+                c.name,
+                f"{_n(c.weights_gib)} ({c.weights_how})",
+                reserve,
+                _n(t.get("kv_gib")),
+                _n(t.get("kv_tokens"), ",.0f"),
+                conc,
+                fits,
+                vl,
+            ]
+        )
+    title = f"Memory on {cm.target.gpu}" if cm.target else "Memory (no target: review.target=NAME)"
+    return [("h3", title), ("table", head, rows)]
+
+
+def _accuracy_blocks(cm: CrossModel) -> list[Block]:
+    rows = []
+    for c in cm.candidates:
+        own = {d.name: d for d in c.card.accuracy}
+        for task, (metric, value, n) in sorted(c.scores.items()):
+            d = own.get(task)
+            delta = "baseline" if c.card.is_baseline else "—"
+            if d is not None and d.kind == "score" and d.delta is not None:
+                ci = f" [{d.interval.low:+.4f}, {d.interval.high:+.4f}]" if d.interval else ""
+                delta = f"{d.delta:+.4f}{ci}"
+            elif d is not None and d.delta_pct is not None:
+                ci = f" [{d.interval.low:+.1f}%, {d.interval.high:+.1f}%]" if d.interval else ""
+                delta = f"{d.delta_pct:+.1f}%{ci}"
+            rows.append([c.name, task, metric, f"{value:.4f}", str(n or "?"), delta])
+    if not rows:
+        na = sorted({c.card.model for c in cm.candidates if c.card.accuracy_not_applicable})
+        return [
+            ("h3", "Accuracy across models"),
+            ("p", "not measured" + (f" ({', '.join(na)}: random weights)" if na else "")),
+        ]
+    out: list[Block] = [
+        ("h3", "Accuracy across models (absolute, same tasks)"),
+        ("table", ["candidate", "task", "metric", "score", "items", "own quantization delta (95% CI)"], rows),
+    ]
+    if cm.paired:
+        out.append(("p", "Paired across models on the items both ran (doc_id); interval as the review's."))
+        out.append(("table", ["pair", "task", "metric", "bigger - smaller", "items", "higher"], cm.paired))
+    return out
+
+
+def _sweep_blocks(cm: CrossModel) -> list[Block]:
+    loads: dict[str, float] = {}
+    cells: dict[tuple[str, str], str] = {}
+    for c in cm.candidates:
+        for p in c.card.speed.get("points") or []:
+            label = str(p.get("label"))
+            loads[label] = float(p.get("load") or 0)
+            cells[(c.name, label)] = (
+                f"{_n(p.get('output_tok_s'), '.0f')} tok/s, TPOT {_n(p.get('tpot_ms_p50'), '.1f')} ms"
+            )
+    if not loads:
+        return []
+    order = sorted(loads, key=lambda k: loads[k])
+    rows = [[c.name] + [cells.get((c.name, k), "—") for k in order] for c in cm.candidates]
+    return [("h3", "Rate sweep, every candidate at the same offered loads"), ("table", ["candidate", *order], rows)]
+
+
+def _ratio_blocks(cm: CrossModel) -> list[Block]:
+    ref = cm.reference
+    if ref is None or not ref.ceiling_tok_s or not ref.step_bytes:
+        return []
+    rows = []
+    price = cm.target.price_per_hour if cm.target else None
+    for c in cm.candidates:
+        if not c.ceiling_tok_s or not c.step_bytes:
+            continue
+        measured = c.ceiling_tok_s / ref.ceiling_tok_s
+        predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
+        cost = [f"${price / (c.ceiling_tok_s * 3600) * 1e6:.3f}"] if price else []
+        rows.append(
+            [
+                c.name,
+                f"{c.ceiling_tok_s:.0f}",
+                f"{c.step_bytes / 1e9:.2f} GB ({c.step_bytes_how})",
+                f"{measured:.2f}",
+                f"{predicted:.2f} (1 / {1 / predicted:.2f})",
+                f"{measured / predicted:.2f}",
+                *cost,
+            ]
+        )
+    return [
+        ("h3", f"Ceiling ratio against bytes per decode step (reference: {ref.name})"),
+        (
+            "p",
+            "Predicted ratio = bytes per step of the reference / the candidate's (decode is memory-bound; "
+            "KV-cache reads left out). Absolute tok/s are those of the GPU the jobs ran on; the ratios carry over.",
+        ),
+        (
+            "table",
+            ["candidate", "ceiling out tok/s", "bytes per step", "measured ratio", "predicted", "measured / predicted"]
+            + (["$ per 1M output tokens"] if price else []),
+            rows,
+        ),
+    ]
+
+
+def _fit_blocks(cm: CrossModel) -> list[Block]:
+    rows = []
+    for c in cm.candidates:
+        f = c.fit
+        if f is None:
+            rows.append([c.name, "—", "—", "—", "—", c.fit_note])
+            continue
+        r2 = (
+            "n/a (no variance)"
+            if f.r2 is None
+            else f"{f.r2:.3f}" + (" (2 points: a line through both)" if f.n == 2 else "")
+        )
+        rows.append(
+            [
+                c.name,
+                f"{f.fixed_us:,.0f}",
+                f"{f.per_seq_us:,.1f}",
+                r2,
+                f"{f.n} ({f.concurrency_range[0]:.1f}-{f.concurrency_range[1]:.1f} seqs)",
+                c.fit_note,
+            ]
+        )
+    return [
+        ("h3", "Decode step: TPOT = fixed + per-sequence cost x sequences in flight"),
+        (
+            "p",
+            "Least squares over the load levels (sequences in flight: the concurrency, or achieved req/s x mean "
+            "E2E by Little's law for a rate sweep); TPOT p50 per level.",
+        ),
+        ("table", ["candidate", "fixed µs", "µs/seq", "R²", "points", "fitted on"], rows),
+    ]

@@ -1,0 +1,257 @@
+"""Candidates across models on a deployment target: figures a person worked out from the records.
+
+H200 records of docs/results/gpu-records (vLLM 0.26, bench.server.gpu_memory_utilization 0.9, H200 143,771 MiB =
+140.4013671875 GiB, so vLLM's budget there is 126.36123046875 GiB), reviewed for the A10G (23,028 MiB =
+22.48828125 GiB x 0.9 = 20.239453125 GiB):
+
+| job | vLLM weights | vLLM KV | reserve = 126.36123 - w - KV | A10G KV = 20.239453 - w - reserve |
+|---|---|---|---|---|
+| qwen3.5-9b-shape bf16 | 16.71 | 107.84 | 1.81123046875 | 1.71822265625 GiB |
+| qwen3.5-9b-shape gptq | 9.41 | 115.14 | 1.81123046875 | 9.01822265625 GiB |
+| llama3.1-8b-shape bf16 | 15.00 | 109.49 | 1.87123046875 | 3.36822265625 GiB |
+
+Qwen3.5-9B pages a 4,096-token sequence in (16 x 8 + 24) x 1,114,112 = 169,345,024 B (measure/kv_cache.py):
+1.71822265625 GiB = 1,844,929,... B -> 10 sequences (40,960 tokens); 9.01822265625 GiB -> 57.18 -> 57 (233,472
+tokens). Llama-3.1-8B: 131,072 B/token = 8,192 tokens a GiB: 3.36822265625 x 8192 = 27,592.48 -> 27,592
+tokens = 6.74 requests of 4,096 tokens, fewer than the 16 the GPU set asks: flagged.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from quantverdict.config.schema import ReviewConfig, TargetConfig
+from quantverdict.review import build_review
+from quantverdict.review.constraints import load_set
+from quantverdict.review.crossmodel import (
+    Candidate,
+    CrossModel,
+    _ratio_blocks,
+    cross_model,
+    parse_kv_cache_memory_bytes,
+    section,
+)
+from quantverdict.review.render import to_markdown
+from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.sources import load_dir
+from review_records import record, synthetic_grid, write_samples
+
+RECORDS = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-records"
+JOBS = ("qwen3.5-9b-shape/bf16", "qwen3.5-9b-shape/gptq", "llama3.1-8b-shape/bf16")
+
+
+def _grid(tmp: Path, edit: dict[str, dict] | None = None) -> Path:
+    for job in JOBS:
+        shutil.copytree(RECORDS / job, tmp / job.replace("/", "_"))
+    for job, change in (edit or {}).items():
+        p = tmp / job.replace("/", "_") / "record.json"
+        rec = json.loads(p.read_text())
+        rec["config"]["bench"]["server"].update(change)
+        p.write_text(json.dumps(rec))
+    return tmp
+
+
+def _review(src: Path, **kw: object):  # type: ignore[no-untyped-def]
+    rc = replace(load_set("gpu"), log_to_mlflow=False, bootstrap_samples=1000, **kw)
+    records, _ = load_dir(src)
+    return build_review(records, rc, str(src), [])
+
+
+def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
+    cm = cross_model(_review(_grid(tmp_path), target="a10g"))
+    assert cm is not None and cm.target is not None and cm.target.gpu == "NVIDIA A10G"
+    by = {f"{c.card.model} {c.card.scheme}": c for c in cm.candidates}
+    bf16, gptq, llama = (
+        by["qwen3.5-9b-shape bf16"].target,
+        by["qwen3.5-9b-shape gptq"].target,
+        by["llama3.1-8b-shape bf16"].target,
+    )
+    assert bf16["reserve_gib"] == pytest.approx(1.81123046875) and gptq["reserve_gib"] == pytest.approx(1.81123046875)
+    assert llama["reserve_gib"] == pytest.approx(1.87123046875)
+    assert bf16["kv_gib"] == pytest.approx(1.71822265625)
+    assert (bf16["kv_tokens"], bf16["max_concurrency"]) == (40_960, 10.0)
+    assert gptq["kv_gib"] == pytest.approx(9.01822265625)
+    assert (gptq["kv_tokens"], gptq["max_concurrency"]) == (233_472, 57.0)
+    assert llama["kv_gib"] == pytest.approx(3.36822265625)
+    assert llama["kv_tokens"] == 27_592 and llama["max_concurrency"] == pytest.approx(27_592 / 4096)
+    assert (
+        by["llama3.1-8b-shape bf16"].flags
+        and "6.7 max-length (4,096-token) requests" in by["llama3.1-8b-shape bf16"].flags[0]
+    )
+    # vLLM's figures are those of the H200's own budget, said so
+    assert by["qwen3.5-9b-shape gptq"].vllm["kv_gib"] == 115.14 and not by["qwen3.5-9b-shape gptq"].vllm["at_target"]
+    # the bigger model quantized (9B W4A16) against the smaller unquantized (8B bf16): memory and speed each
+    # named, accuracy not measured (random weights); 57 vs 6.7 -> "57 vs 7"
+    (line,) = cm.comparisons
+    assert line.startswith("qwen3.5-9b-shape gptq (W4A16) vs llama3.1-8b-shape bf16 (BF16): ")
+    assert "memory: qwen3.5-9b-shape (57 vs 7 concurrent max-length requests on a10g)" in line
+    assert "accuracy: not compared" in line and "speed: llama3.1-8b-shape (ceiling 1220 vs 9710" in line
+    md = to_markdown(section(_review(tmp_path, target="a10g")))
+    assert "## Across models on NVIDIA A10G" in md and "not for where the jobs ran (GPU: NVIDIA H200" in md
+
+
+def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path: Path) -> None:
+    # the 9B gptq served on the H200 with gpu_memory_utilization = 20.239453125 / 140.4013671875 = 0.144154:
+    # vLLM's budget is the A10G's (the record's KV figures are left as they are; only the budget is judged)
+    src = _grid(tmp_path, {"qwen3.5-9b-shape/gptq": {"gpu_memory_utilization": 0.144154}})
+    cm = cross_model(_review(src, target="a10g"))
+    assert cm is not None
+    gptq = next(c for c in cm.candidates if c.card.scheme == "gptq")
+    assert gptq.vllm["at_target"] and gptq.vllm["how"].startswith("the target's budget: memory fraction")
+    # a fixed KV cache (--kv-cache-memory-bytes) 9.01822265625 GiB = 9,683,... bytes; the reserve then comes
+    # from review.reserved_gib (vLLM's own overhead is not in the log), here the measured 1.81123046875
+    kv = int(9.01822265625 * 2**30)
+    src2 = _grid(tmp_path / "b", {"qwen3.5-9b-shape/gptq": {"extra_args": ["--kv-cache-memory-bytes", str(kv)]}})
+    cm2 = cross_model(_review(src2, target="a10g", reserved_gib=1.81123046875))
+    assert cm2 is not None
+    g2 = next(c for c in cm2.candidates if c.card.scheme == "gptq")
+    assert g2.vllm["served_kv_bytes"] == kv and g2.vllm["at_target"]
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--kv-cache-memory-bytes", "7140383539"], 7_140_383_539),
+        (["--x", "--kv-cache-memory-bytes=8G"], 8_000_000_000),
+        (["--kv-cache-memory-bytes", "6.65Gi"], int(6.65 * 2**30)),
+        (["--gpu-memory-utilization", "0.9"], None),
+    ],
+)
+def test_parse_kv_cache_memory_bytes(args: list[str], want: int | None) -> None:
+    assert parse_kv_cache_memory_bytes(args) == want
+
+
+def _rows(values: list[int]) -> list[dict]:
+    return [{"doc_id": i, "acc": v, "acc_norm": v} for i, v in enumerate(values)]
+
+
+def test_absolute_accuracy_paired_across_models(tmp_path: Path) -> None:
+    # "big" (2 GiB at 16 bits) quantized to 0.6 GiB against "small" (1 GiB) unquantized, on the same 10 items:
+    # big awq [1,1,1,1,0,0,0,0,0,0] (0.4), small bf16 [0,0,1,1,0,0,0,0,0,1] (0.3): +0.1, paired normal interval
+    # low -0.251824 (the hand value of test_review_stats): not significant -> neither wins accuracy
+    big_base = record("bf16", model="big", acc_norm=0.45, weights_gib=2.0)
+    big_q = record("awq", model="big", acc_norm=0.4, weights_gib=0.6)
+    small = record("bf16", model="small", acc_norm=0.3, weights_gib=1.0)
+    write_samples(big_q, tmp_path, "arc_easy", _rows([1, 1, 1, 1, 0, 0, 0, 0, 0, 0]))
+    small["job"]["scheme"] = "bf16"
+    (tmp_path / "s").mkdir()
+    write_samples(small, tmp_path / "s", "arc_easy", _rows([0, 0, 1, 1, 0, 0, 0, 0, 0, 1]))
+    for rec in (big_base, big_q, small):
+        d = tmp_path / "grid" / rec["job"]["id"]
+        d.mkdir(parents=True)
+        (d / "record.json").write_text(json.dumps(rec))
+    records, _ = load_dir(tmp_path / "grid")
+    rc = ReviewConfig(log_to_mlflow=False, interval="normal", memory_budget_gib=24.0)
+    cm = cross_model(build_review(records, rc, str(tmp_path / "grid"), []))
+    assert cm is not None and cm.target is None
+    (row,) = cm.paired
+    assert row[0] == "big awq (W4A16) vs small bf16 (BF16)" and row[1] == "arc_easy" and row[4] == "10"
+    assert row[3].startswith("+0.1000 [-0.2518,") and row[5] == "bigger (not significant)"
+    (line,) = cm.comparisons
+    assert "memory: big (weights 0.60 vs 1.00 GiB)" in line
+    assert "accuracy: neither (no significant difference) (0 of 1 tasks" in line
+    # the absolute scores, with each model's own quantization delta beside: big awq 0.4 - 0.45 = -0.05
+    md = to_markdown(section(build_review(records, rc, str(tmp_path / "grid"), [])))
+    assert "| big awq (W4A16) | arc_easy | acc_norm | 0.4000 | 100 | -0.0500" in md
+    assert "| small bf16 (BF16) | arc_easy | acc_norm | 0.3000 | 100 | baseline |" in md
+
+
+def test_one_model_without_a_target_has_no_section() -> None:
+    rc = ReviewConfig(log_to_mlflow=False)
+    rv = build_review([record("bf16"), record("awq")], rc, "one-model", [])
+    assert cross_model(rv) is None and section(rv) == []
+
+
+def test_decode_fit_and_byte_ratio_of_a_synthetic_grid() -> None:
+    # review_records.SYN bf16: TPOT 5, 6, 9, 20 ms at c = 1, 16, 64, 256. Means 84.25 seqs and 10 ms;
+    # Sxy = 83.25x5 + 68.25x4 + 20.25x1 + 171.75x10 = 2,427; Sxx = 41,496.75; Syy = 142
+    # -> 2,427 / 41,496.75 = 0.0584864 ms/seq = 58.49 µs/seq, fixed 10 - 0.0584864 x 84.25 = 5.07253 ms,
+    # R^2 = 2,427^2 / (41,496.75 x 142) = 0.999625
+    rc = replace(load_set("gpu"), log_to_mlflow=False, target="h100")
+    cm = cross_model(build_review(synthetic_grid(), rc, "synthetic", []))
+    assert cm is not None
+    bf16 = next(c for c in cm.candidates if c.card.scheme == "bf16")
+    assert bf16.fit is not None and bf16.fit.n == 4
+    assert bf16.fit.per_seq_us == pytest.approx(1000 * 2427 / 41496.75)
+    assert bf16.fit.fixed_us == pytest.approx(1000 * (10 - 84.25 * 2427 / 41496.75))
+    assert bf16.fit.r2 == pytest.approx(2427**2 / (41496.75 * 142))
+    # bytes per step from the roofline (every candidate has it): bf16 16.0e9, gptq 5.0e9 -> gptq predicted
+    # 16 / 5 = 3.2x bf16 (reference: the only model's baseline)
+    assert cm.reference is bf16 and bf16.step_bytes == 16.0e9
+    gptq = next(c for c in cm.candidates if c.card.scheme == "gptq")
+    md = to_markdown(section(build_review(synthetic_grid(), rc, "synthetic", [])))
+    measured = gptq.ceiling_tok_s / bf16.ceiling_tok_s
+    assert f"| {measured:.2f} | 3.20 (1 / 0.31) | {measured / 3.2:.2f} |" in md
+
+
+def test_seed_ratio_rendered() -> None:
+    # the seed: 4B fp16 (8.61 GB/step, 1,092 tok/s) as reference, 9B AWQ (11.21 GB/step, 821 tok/s):
+    # measured 821 / 1092 = 0.75, predicted 8.61 / 11.21 = 0.77 = 1 / 1.30, measured / predicted = 0.98
+    def cand(model: str, scheme: str, tok_s: float, gb: float) -> Candidate:
+        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
+        return Candidate(sc, None, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how="weights GiB")
+
+    four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
+    cm = CrossModel(None, "", [four, nine], None, "", "", reference=four)
+    (_, _, (_, _, rows)) = _ratio_blocks(cm)
+    assert rows[1] == ["9b awq (AWQ)", "821", "11.21 GB (weights GiB)", "0.75", "0.77 (1 / 1.30)", "0.98"]
+
+
+def test_price_per_hour_gives_cost_per_million_tokens() -> None:
+    # $1.006 per GPU-hour: 1.006 / (1,092 tok/s x 3,600 s) x 1e6 = $0.2559; at 821 tok/s $0.3404
+    def cand(model: str, scheme: str, tok_s: float, gb: float) -> Candidate:
+        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
+        return Candidate(sc, None, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how="weights GiB")
+
+    target = TargetConfig(name="a10g", gpu="NVIDIA A10G", memory_gib=22.48828125, price_per_hour=1.006)
+    four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
+    (_, _, (_, head, rows)) = _ratio_blocks(CrossModel(target, "", [four, nine], None, "", "", reference=four))
+    assert head[-1] == "$ per 1M output tokens" and rows[0][-1] == "$0.256" and rows[1][-1] == "$0.340"
+
+
+def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp_path: Path) -> None:
+    # model m: bf16 0.50, w8a8 0.52 (arc_easy acc_norm, stderr 0.05 each: the unpaired 95% interval of +0.02 is
+    # +0.02 +- 1.96 x 0.0707 = [-0.119, +0.159], not significant) -> w8a8 scores as bf16's 0.50 and bf16 (less
+    # aggressive) is named; model n's bf16 (0.30) is lower
+    rc = ReviewConfig(log_to_mlflow=False, max_perplexity_increase_pct=None)
+    recs = [record("bf16", acc_norm=0.50), record("w8a8", acc_norm=0.52), record("bf16", model="n", acc_norm=0.30)]
+    for rec in recs:
+        (tmp_path / rec["job"]["id"]).mkdir()
+        (tmp_path / rec["job"]["id"] / "record.json").write_text(json.dumps(rec))
+    records, _ = load_dir(tmp_path)
+    cm = cross_model(build_review(records, rc, str(tmp_path), []))
+    assert cm is not None and cm.chosen is not None
+    assert cm.chosen.name == "m bf16 (BF16)", [(c.name, c.why_not) for c in cm.candidates]
+    assert "mean score 0.5000" in cm.sentence
+
+
+def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> None:
+    # the same 4 items, listed in another order (doc_id differs) but with the same doc_hash: big [1,1,0,0] on
+    # items a,b,c,d; small lists d,c,b,a with [0,0,1,0] -> small on a,b,c,d = [0,1,0,0]. Paired on the hash the
+    # differences are [1,0,0,0]: mean +0.25, sd 0.5, se 0.25, 95% interval 0.25 -+ 1.959964 x 0.25 =
+    # [-0.2400, +0.7400] (paired on doc_id they would be [1,1,-1,0]: sd 0.957, [-0.688, +1.188])
+    big_base = record("bf16", model="big", weights_gib=2.0)
+    big_q = record("awq", model="big", weights_gib=0.6)
+    small = record("bf16", model="small", weights_gib=1.0)
+    rows = lambda keys, vals: [  # noqa: E731
+        {"doc_id": i, "doc_hash": k, "acc": v, "acc_norm": v} for i, (k, v) in enumerate(zip(keys, vals))
+    ]
+    write_samples(big_q, tmp_path, "arc_easy", rows("abcd", [1, 1, 0, 0]))
+    (tmp_path / "s").mkdir()
+    write_samples(small, tmp_path / "s", "arc_easy", rows("dcba", [0, 0, 1, 0]))
+    for rec in (big_base, big_q, small):
+        d = tmp_path / "grid" / rec["job"]["id"]
+        d.mkdir(parents=True)
+        (d / "record.json").write_text(json.dumps(rec))
+    records, _ = load_dir(tmp_path / "grid")
+    cm = cross_model(
+        build_review(records, ReviewConfig(log_to_mlflow=False, interval="normal"), str(tmp_path / "grid"), [])
+    )
+    assert cm is not None
+    (row,) = cm.paired
+    assert row[3] == "+0.2500 [-0.2400, +0.7400]" and row[4] == "4"
