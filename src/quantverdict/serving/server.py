@@ -63,6 +63,14 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def free_port(host: str) -> int:
+    """A TCP port of ``host`` that no socket holds now (the OS picks it: bind to port 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def listening_pids(port: int) -> set[int]:
     """Pids holding a socket that listens on TCP ``port`` (any address, IPv4 or IPv6), among the processes
     whose sockets this user can see (``psutil.net_connections``)."""
@@ -142,6 +150,10 @@ def build_command(
             extra_env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
         else:
             cmd += ["--kv-cache-memory-bytes", str(int(gib * 2**30))]
+    if cfg.tensor_parallel_size > 1:  # shard over the GPUs the launcher gave the job (CUDA_VISIBLE_DEVICES)
+        cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    if cfg.load_format != "auto":  # dummy: random weights from the checkpoint's config, nothing read from disk
+        cmd += ["--load-format", cfg.load_format]
     cmd += list(cfg.extra_args)
     return cmd, extra_env
 
@@ -184,7 +196,9 @@ class VLLMServer:
         self.device = device
         self.log_path = Path(log_path)
         self.host = cfg.host
-        self.port = int(cfg.port)
+        # port 0: a free port of this host, chosen now (jobs of a parallel grid on one node never share one;
+        # a port taken between this choice and the start is caught by _verify_ours)
+        self.port = int(cfg.port) or free_port(cfg.host)
         connect_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         connect_host = "[::1]" if connect_host == "::" else connect_host
         self.base_url = f"http://{connect_host}:{self.port}"
