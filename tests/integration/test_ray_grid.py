@@ -1,7 +1,7 @@
 """A grid on Ray (``hydra/launcher=ray``) tracked to a real MLflow tracking server, on this 2-core machine.
 
 The test starts a real ``mlflow server`` (sqlite backend, artifacts served by the server) on a free localhost
-port, then runs a two-job grid (``tiny-llama-shape`` x bf16, int8, each serving its checkpoint with vLLM for a
+port, then runs a two-job grid (``tiny-llama-shape`` x bf16, w8a8, each serving its checkpoint with vLLM for a
 two-prompt sweep) through Hydra's Ray launcher with a local Ray instance of 2 CPUs: each job asks for 1 CPU,
 so both run at once, each with its own vLLM server on a port of its own (``bench.server.port=0``). Then the
 same bf16 job alone through the plain launcher, whose record must have the same shape (the same key paths).
@@ -170,11 +170,11 @@ def test_two_jobs_run_at_once_on_ray_tracked_to_a_server(
         f"+hydra.launcher.ray.init._temp_dir={ray_tmp}",
     ]
     t0 = time.monotonic()
-    proc = _run(tmp_path / "ray", mark, *ray, "scheme=bf16,int8", *CHEAP, *tracking)
+    proc = _run(tmp_path / "ray", mark, *ray, "scheme=bf16,w8a8", *CHEAP, *tracking)
     grid_wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     recs = {r["job"]["scheme"]: r for r in map(load, find_records(tmp_path / "ray" / "multirun"))}
-    assert set(recs) == {"bf16", "int8"} and all(r["status"] == "ok" for r in recs.values())
+    assert set(recs) == {"bf16", "w8a8"} and all(r["status"] == "ok" for r in recs.values())
 
     # both jobs ran at the same time: their intervals intersect, and their stages add up to more than the span
     starts = [_t(r["job"]["started_at"]) for r in recs.values()]
@@ -191,14 +191,14 @@ def test_two_jobs_run_at_once_on_ray_tracked_to_a_server(
     for scheme, rec in recs.items():
         text = (Path(rec["job"]["output_dir"]) / "vllm_server.log").read_text(errors="replace")
         ports[scheme] = set(re.findall(r"http://127\.0\.0\.1:(\d+)", text))
-    assert len(ports["bf16"]) == len(ports["int8"]) == 1 and ports["bf16"] != ports["int8"], ports
+    assert len(ports["bf16"]) == len(ports["w8a8"]) == 1 and ports["bf16"] != ports["w8a8"], ports
 
     # both runs are on the tracking server, FINISHED, with their record.json stored by it
     client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name("ray-grid")
     assert exp is not None and exp.artifact_location.startswith("mlflow-artifacts:"), exp
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    for scheme in ("bf16", "int8"):
+    for scheme in ("bf16", "w8a8"):
         run = runs[f"tiny-llama-shape/{scheme}"]
         assert run.info.status == "FINISHED"
         path = client.download_artifacts(run.info.run_id, "record.json", str(tmp_path / scheme))

@@ -131,16 +131,18 @@ def shape_checkpoint(
         dataclasses.replace(cfg, model=proxy_model), env, proxy, recipe, method, versions, cache, out, StageInfo()
     )
     src = Path(ck["path"])
-    qconfig = json.loads((src / "config.json").read_text()).get("quantization_config") if ck["quantized"] else None
+    quantized = ck.get("key") is not None  # a cached checkpoint's dict has no "quantized"; the baseline no key
+    qconfig = json.loads((src / "config.json").read_text()).get("quantization_config") if quantized else None
     target = cache / "shapes" / cfg.model.name / f"{cfg.scheme.name}-{ck['key'] or 'unquantized'}"
     result = {
         "path": str(target),
         "key": ck["key"],
-        "quantized": bool(ck["quantized"]),
+        "quantized": quantized,
         "load_format": "dummy",
         "proxy_path": str(src),
         "quantization_config": qconfig,
     }
+    target.parent.mkdir(parents=True, exist_ok=True)
     with caches.exclusive_lock(target.with_name(f".{target.name}.lock")):  # jobs of a parallel grid: one builds
         if (target / SHAPE_INFO).is_file():
             st.status, st.detail = "cached", f"shape {target} (dummy weights)"
