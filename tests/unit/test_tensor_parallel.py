@@ -25,7 +25,7 @@ from quantverdict.orchestrate import dummy, hardware, preflight
 from quantverdict.processes.envs import StageEnv
 from quantverdict.review import gpus
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.serving.server import build_command
+from quantverdict.serving.server import VLLMServer, build_command
 
 GIB = 2**30
 LLAMA70B = yaml.safe_load((CONF_DIR / "model" / "llama3.1-70b-shape.yaml").read_text())["synthetic"]["config"]
@@ -185,3 +185,15 @@ def test_dummy_proxy_keeps_the_architecture_and_shrinks_the_dimensions(tmp_path:
     # every group size the schemes use divides the proxy's in_features (256, 512)
     assert all(n % g == 0 for n in (256, 512) for g in (128, 64, 32))
     assert proxy["vocab_size"] == 49152  # the borrowed tokenizer's: every id is inside the vocabulary
+
+
+def test_port_zero_gives_each_server_a_free_port_that_vllm_is_told(tmp_path: Path) -> None:
+    cfg = compose(["bench.server.port=0"]).bench.server
+    env = StageEnv(name="serve", python="python3", env={})
+    a = VLLMServer(env, "/m", "m", cfg, 2048, "cpu", tmp_path / "a.log")
+    b = VLLMServer(env, "/m", "m", cfg, 2048, "cpu", tmp_path / "b.log")
+    for server in (a, b):
+        assert server.port > 0 and server.command[server.command.index("--port") + 1] == str(server.port)
+        assert server.base_url.endswith(f":{server.port}")
+    fixed = VLLMServer(env, "/m", "m", compose([]).bench.server, 2048, "cpu", tmp_path / "c.log")
+    assert fixed.port == 8765

@@ -20,6 +20,7 @@ Ctrl-C) the whole group is stopped and the port checked free again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -187,7 +188,9 @@ class VLLMServer:
         device: str,
         log_path: Path,
     ):
-        cfg = server_cfg
+        # port 0: a free port of this host, chosen now and passed to vLLM (jobs of a parallel grid on one node never
+        # share one; a port taken between this choice and the start is caught by _verify_ours)
+        cfg = server_cfg if server_cfg.port else dataclasses.replace(server_cfg, port=free_port(server_cfg.host))
         self.env = env
         self.model_path = str(model_path)
         self.served_model_name = served_name
@@ -196,9 +199,7 @@ class VLLMServer:
         self.device = device
         self.log_path = Path(log_path)
         self.host = cfg.host
-        # port 0: a free port of this host, chosen now (jobs of a parallel grid on one node never share one;
-        # a port taken between this choice and the start is caught by _verify_ours)
-        self.port = int(cfg.port) or free_port(cfg.host)
+        self.port = int(cfg.port)
         connect_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         connect_host = "[::1]" if connect_host == "::" else connect_host
         self.base_url = f"http://{connect_host}:{self.port}"
