@@ -167,7 +167,7 @@ def _write_shape(
     for f in proxy_dir.iterdir():  # tokenizer, generation config: not the weights, not our json
         if (
             f.is_file()
-            and f.suffix != ".safetensors"
+            and ".safetensors" not in f.name  # the weights and their shard index
             and not f.name.startswith("quantverdict_")
             and f.name != "config.json"
         ):
