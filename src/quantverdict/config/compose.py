@@ -29,6 +29,8 @@ if not OmegaConf.has_resolver("qv_project_root"):
     OmegaConf.register_new_resolver("qv_project_root", lambda: str(PROJECT_ROOT))
 if not OmegaConf.has_resolver("qv_pid"):  # two grids started in the same second get distinct folders
     OmegaConf.register_new_resolver("qv_pid", lambda: str(os.getpid()), use_cache=True)
+if not OmegaConf.has_resolver("qv_job_gpus"):  # a launcher's GPU request per job (conf/hydra/launcher/*.yaml)
+    OmegaConf.register_new_resolver("qv_job_gpus", lambda device, tp: int(tp) if str(device) == "cuda" else 0)
 ConfigStore.instance().store(name="base_config", node=Config)
 
 INVALID = "invalid configuration:\n  - "  # the head of a ConfigError listing problems, one per line

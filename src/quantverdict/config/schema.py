@@ -267,6 +267,12 @@ class ServerConfig:
     # always 16-bit), elsewhere the checkpoint's. The record says which dtype was used and why.
     dtype: ComputeDtype = ComputeDtype.auto
     extra_args: list[str] = field(default_factory=list)
+    # GPUs one server shards the model over (vLLM --tensor-parallel-size); the job asks its launcher for as
+    # many GPUs (conf/hydra/launcher/ray.yaml, submitit_slurm.yaml), and the fit checks judge weights / TP
+    tensor_parallel_size: int = 1
+    # vLLM --load-format: auto (the checkpoint's weights) or dummy (random weights made by vLLM from the
+    # checkpoint's config and quantization config: speed only, for synthetic models; the record says so)
+    load_format: str = "auto"
 
 
 @dataclass

@@ -300,6 +300,35 @@ def bench_window_errors(bench: BenchConfig) -> list[str]:
     return []
 
 
+LOAD_FORMATS = ("auto", "dummy")  # bench.server.load_format: the vLLM --load-format values this project runs
+
+
+def parallel_serving_errors(cfg: Config) -> list[str]:
+    """Problems of ``bench.server.tensor_parallel_size`` and ``bench.server.load_format`` (one message each).
+
+    Tensor parallelism shards one server over several GPUs: at least 1, and more than 1 only on cuda.
+    ``dummy`` weights are random numbers vLLM makes from the checkpoint's config: only a synthetic model
+    (whose accuracy is not applicable anyway) may be served so.
+    """
+    errors = []
+    srv = cfg.bench.server
+    if srv.tensor_parallel_size < 1:
+        errors.append(f"bench.server.tensor_parallel_size={srv.tensor_parallel_size} must be >= 1 (GPUs per server)")
+    elif srv.tensor_parallel_size > 1 and cfg.env.device != "cuda":
+        errors.append(
+            f"bench.server.tensor_parallel_size={srv.tensor_parallel_size} shards the server over GPUs; "
+            f"env.device={cfg.env.device} has none: use 1, or env.device=cuda"
+        )
+    if srv.load_format not in LOAD_FORMATS:
+        errors.append(choice_message("bench.server.load_format", srv.load_format, LOAD_FORMATS))
+    elif srv.load_format == "dummy" and cfg.model.source != "synthetic":
+        errors.append(
+            f"bench.server.load_format=dummy serves random weights: only for speed of a synthetic model "
+            f"(model.source=synthetic), not model.source={cfg.model.source} whose accuracy is measured"
+        )
+    return errors
+
+
 def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     """Check allowed values and paths of a composed config; raise one ConfigError listing all problems.
 
@@ -404,5 +433,6 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
             if cfg.eval.enabled:
                 errors += eval_file_errors(cfg.eval, Path(root))
     errors += review_errors(cfg.review)
+    errors += parallel_serving_errors(cfg)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

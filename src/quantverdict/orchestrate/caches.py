@@ -145,6 +145,25 @@ def quantize(
     calib_key = calib_spec if method not in ("rtn",) else {}
     key = schemes.checkpoint_key(model_key, cfg.scheme.name, recipe, calib_key, versions)
     target = cache / "checkpoints" / cfg.model.name / f"{cfg.scheme.name}-{key}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # jobs running at once (a grid on Ray, two grids) that need the same checkpoint: one makes it, the others
+    # wait on the lock and then find it complete
+    with exclusive_lock(target.with_name(f".{target.name}.lock")):
+        return _quantize_locked(cfg, env, model, recipe, method, calib_spec, key, target, out, st)
+
+
+def _quantize_locked(
+    cfg: Config,
+    env: StageEnv,
+    model: dict[str, Any],
+    recipe: dict[str, Any],
+    method: str,
+    calib_spec: dict[str, Any],
+    key: str,
+    target: Path,
+    out: Path,
+    st: StageInfo,
+) -> dict[str, Any]:
     done = target / "quantverdict_quantize.json"
     if done.exists():
         try:

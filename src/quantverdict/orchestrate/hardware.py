@@ -1,8 +1,9 @@
 """The job's GPU: what ``nvidia-smi`` says, and whether it can run the scheme and hold its weights.
 
 Runs in the orchestrator (no torch): :func:`gpu_info` asks ``nvidia-smi``; the checks are pure
-functions of that list, so tests pass hand-built lists. A job runs on the first visible GPU
-(``cuda:0``: vLLM and llm-compressor without tensor parallelism), so the checks judge ``gpus[0]``.
+functions of that list, so tests pass hand-built lists. A job runs on its first visible GPU (``cuda:0``), or on
+the first ``bench.server.tensor_parallel_size`` of them when the server shards the model: the scheme check
+judges ``gpus[0]``, the fit check every GPU the server uses, with the need per GPU (:func:`per_gpu_need_bytes`).
 
 Minimum compute capabilities, from vLLM's compressed-tensors schemes (``get_min_capability`` in
 ``vllm/model_executor/layers/quantization/compressed_tensors/schemes/``, read in the vllm 0.32.0 source
@@ -31,7 +32,7 @@ from typing import Any
 
 from quantverdict.config.schema import DEVICES, ConfigError, SchemeConfig
 from quantverdict.config.schemes import scheme_group_size
-from quantverdict.measure import memory
+from quantverdict.measure import kv_cache, memory, tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -237,37 +238,103 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     return memory.predicted_weight_bytes(n_params, linear, scheme.weight_bits, group, scheme.symmetric)
 
 
+def per_gpu_need_bytes(
+    weight_bytes: float, dims: dict[str, Any], tokens: int, kv_dtype_bytes: float, tensor_parallel_size: int
+) -> dict[str, float]:
+    """Bytes one GPU of a tensor-parallel server holds: its weight shard and the KV cache of ``tokens``.
+
+    Formulas (vLLM's tensor parallelism: Megatron-style column/row splits of every Linear layer and a
+    vocab-parallel embedding and ``lm_head``, so the weights divide by TP; norms, replicated, are
+    a rounding error)::
+
+        weights per GPU = weight_bytes / TP
+        KV per GPU      = tokens x 2 (K, V) x kv_layers x kv_heads_per_gpu x head_dim x kv_dtype_bytes
+
+    with ``kv_heads_per_gpu`` from :func:`quantverdict.measure.tensor_parallel.kv_heads_per_gpu` and the
+    per-token bytes of :func:`quantverdict.measure.kv_cache.kv_bytes_per_token`. Llama-3.1-70B in bf16 (141.1e9 bytes of
+    weights, 80 layers, 8 KV heads of 128) at TP=2 and 4,096 tokens: 65.7 GiB + 0.625 GiB per GPU.
+
+    Args:
+        weight_bytes: the whole model's predicted weight bytes (:func:`predict_weight_bytes`).
+        dims: ``model.dims`` (``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
+            ``head_dim``/``hidden_size``; ``num_kv_layers`` for hybrids).
+        tokens: KV-cache tokens one GPU must hold (one sequence of ``max_model_len`` is vLLM's minimum).
+        kv_dtype_bytes: bytes per KV element (2 for bf16, 1 for an fp8 KV cache).
+        tensor_parallel_size: GPUs the server shards over.
+
+    Returns:
+        ``{"weights_bytes", "kv_bytes", "total_bytes"}`` per GPU; ``kv_bytes`` is 0 when a dimension is
+        missing.
+    """
+    tp = max(1, int(tensor_parallel_size))
+    heads = int(dims.get("num_key_value_heads") or dims.get("num_attention_heads") or 0)
+    per_gpu_dims = {**dims, "num_key_value_heads": tensor_parallel.kv_heads_per_gpu(heads, tp)} if heads else dims
+    per_token = kv_cache.kv_bytes_per_token(per_gpu_dims, kv_dtype_bytes) or 0.0
+    weights, kv = weight_bytes / tp, per_token * tokens
+    return {"weights_bytes": weights, "kv_bytes": kv, "total_bytes": weights + kv}
+
+
+def check_gpu_count(gpus: Sequence[dict[str, Any]], tensor_parallel_size: int) -> None:
+    """Refuse a job that sees fewer GPUs than its server shards over (``bench.server.tensor_parallel_size``).
+
+    The GPUs a job sees are the ones its launcher gave it (Ray and Slurm set ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        ConfigError: no GPU, or fewer than ``tensor_parallel_size``; the message names the launcher keys.
+    """
+    tp = max(1, int(tensor_parallel_size))
+    if not gpus:
+        raise _no_gpu()
+    if len(gpus) < tp:
+        raise ConfigError(
+            f"bench.server.tensor_parallel_size={tp} needs {tp} GPUs; this job sees {len(gpus)} "
+            f"(index {', '.join(str(g.get('index')) for g in gpus)}). Ask the launcher for {tp} GPUs per job "
+            f"(hydra/launcher=ray: hydra.launcher.ray.remote.num_gpus={tp}; hydra/launcher=submitit_slurm: "
+            f"hydra.launcher.gpus_per_task={tp}) or lower bench.server.tensor_parallel_size"
+        )
+
+
 def check_weights_fit(
     weight_bytes: float,
     gpus: Sequence[dict[str, Any]],
     gpu_memory_utilization: float,
     scheme_name: str,
     model_name: str,
+    tensor_parallel_size: int = 1,
+    kv_bytes_per_gpu: float = 0.0,
 ) -> None:
-    """Refuse a job whose weights alone exceed the GPU budget vLLM may use.
+    """Refuse a job whose weight shard (plus the KV cache vLLM must hold at least) exceeds one GPU's budget.
 
-    Budget = ``memory.total`` of ``gpus[0]`` x ``bench.server.gpu_memory_utilization`` (vLLM's
-    share of the GPU for weights, activations and KV cache together), so weights above it can
-    never load. A GPU whose total memory nvidia-smi does not report is not judged.
+    Per GPU of the ``tensor_parallel_size`` the server shards over (the first TP visible GPUs): budget =
+    that GPU's ``memory.total`` x ``bench.server.gpu_memory_utilization`` (vLLM's share of the GPU for
+    weights, activations and KV cache together); need = ``weight_bytes / TP + kv_bytes_per_gpu``
+    (:func:`per_gpu_need_bytes`), so a need above the budget can never start. A GPU whose total memory
+    nvidia-smi does not report is not judged.
 
     Raises:
-        ConfigError: no GPU visible, or ``weight_bytes`` > budget; the message names the model,
-            the scheme, the predicted and the budget GiB and what to change.
+        ConfigError: fewer visible GPUs than ``tensor_parallel_size`` (none at all included), or a GPU's
+            need > its budget; the message names the model, the scheme, the GiB per GPU and what to change.
     """
-    if not gpus:
-        raise _no_gpu()
-    gpu = gpus[0]
-    total_mib = gpu.get("memory_total_mib")
-    if not total_mib:
-        log.warning("GPU %s reports no total memory; the weights-fit check is skipped", gpu.get("name"))
-        return
-    total = float(total_mib) * memory.MIB
-    budget = total * gpu_memory_utilization
-    if weight_bytes > budget:
-        raise ConfigError(
-            f"model {model_name} with scheme={scheme_name}: the weights alone are predicted at "
-            f"{weight_bytes / memory.GIB:.2f} GiB, over the budget of GPU {gpu.get('index', 0)} {gpu['name']}: "
-            f"{total / memory.GIB:.2f} GiB x bench.server.gpu_memory_utilization={gpu_memory_utilization} = "
-            f"{budget / memory.GIB:.2f} GiB. Use a lower-bit scheme (e.g. awq or gptq, W4A16), raise "
-            "bench.server.gpu_memory_utilization, or a GPU with more memory."
-        )
+    tp = max(1, int(tensor_parallel_size))
+    check_gpu_count(gpus, tp)
+    need = weight_bytes / tp + kv_bytes_per_gpu
+    for gpu in gpus[:tp]:
+        total_mib = gpu.get("memory_total_mib")
+        if not total_mib:
+            log.warning("GPU %s reports no total memory; the weights-fit check is skipped", gpu.get("name"))
+            continue
+        total = float(total_mib) * memory.MIB
+        budget = total * gpu_memory_utilization
+        if need > budget:
+            what = "the weights alone are" if not kv_bytes_per_gpu else "weights + the KV cache of one sequence are"
+            shard = f" ({weight_bytes / memory.GIB:.2f} GiB / tensor_parallel_size={tp})" if tp > 1 else ""
+            kv = f" + {kv_bytes_per_gpu / memory.GIB:.2f} GiB KV cache" if kv_bytes_per_gpu else ""
+            raise ConfigError(
+                f"model {model_name} with scheme={scheme_name}: {what} predicted at "
+                f"{weight_bytes / tp / memory.GIB:.2f} GiB{shard}{kv} per GPU, over the budget of GPU "
+                f"{gpu.get('index', 0)} {gpu['name']}: "
+                f"{total / memory.GIB:.2f} GiB x bench.server.gpu_memory_utilization={gpu_memory_utilization} = "
+                f"{budget / memory.GIB:.2f} GiB. Use a lower-bit scheme (e.g. awq or gptq, W4A16), more GPUs "
+                f"(bench.server.tensor_parallel_size={tp * 2}), raise bench.server.gpu_memory_utilization, or "
+                "a GPU with more memory."
+            )

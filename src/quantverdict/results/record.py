@@ -250,6 +250,7 @@ class Environment(Section):
     cpu: dict[str, Any] | None = None  # the probed CPU (quantverdict.config.cpu_caps)
     quantize: dict[str, Any] | None = None
     serve: dict[str, Any] | None = None
+    gpus_used: int | None = None  # cuda: GPUs the job's server shards over (bench.server.tensor_parallel_size)
 
 
 @dataclass

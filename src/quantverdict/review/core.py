@@ -24,7 +24,7 @@ from quantverdict.results.tracking import (
     log_job_headline,
     runs_page,
 )
-from quantverdict.review import constraints, flags, sources
+from quantverdict.review import constraints, flags, gpus, sources
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.flags import Flag
@@ -195,6 +195,7 @@ def build_review(
     for model in dict.fromkeys(c.model for c in cards):
         mine = review.cards_of(model)
         verdict, checks = decide(model, mine, rc)
+        verdict.evidence += gpus.verdict_lines(mine, records, rc)  # GPU records: GPUs needed, tok/s per GPU
         base = next((c for c in mine if c.is_baseline), None)
         rows = []
         for sc in mine:

@@ -20,6 +20,7 @@ Ctrl-C) the whole group is stopped and the port checked free again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -64,6 +65,14 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port(host: str) -> int:
+    """A TCP port of ``host`` that no socket holds now (the OS picks it: bind to port 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def listening_pids(port: int) -> set[int]:
@@ -152,6 +161,10 @@ def build_command(
             extra_env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
         else:
             cmd += ["--kv-cache-memory-bytes", str(int(gib * 2**30))]
+    if cfg.tensor_parallel_size > 1:  # shard over the GPUs the launcher gave the job (CUDA_VISIBLE_DEVICES)
+        cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+    if cfg.load_format != "auto":  # dummy: random weights from the checkpoint's config, nothing read from disk
+        cmd += ["--load-format", cfg.load_format]
     cmd += list(cfg.extra_args)
     return cmd, extra_env
 
@@ -187,7 +200,9 @@ class VLLMServer:
         log_path: Path,
         compile_cache_dir: str | Path | None = None,
     ):
-        cfg = server_cfg
+        # port 0: a free port of this host, chosen now and passed to vLLM (jobs of a parallel grid on one node never
+        # share one; a port taken between this choice and the start is caught by _verify_ours)
+        cfg = server_cfg if server_cfg.port else dataclasses.replace(server_cfg, port=free_port(server_cfg.host))
         self.env = env
         self.model_path = str(model_path)
         self.served_model_name = served_name

@@ -1,0 +1,108 @@
+"""GPUs in the review: throughput per GPU, and how many GPUs each scheme needs for the memory budget.
+
+``review.memory_budget_gib`` is read as the budget of one GPU. A scheme needs the fewest GPUs ``n`` (1, 2,
+4, 8) with ``weights / n + KV cache x its per-GPU share + reserved <= budget``
+(:func:`quantverdict.measure.tensor_parallel.gpus_needed`), where the weights are the whole model's and the
+KV cache the one the review's memory check needs for the stated capacity
+(:func:`quantverdict.review.memory.memory_summary`).
+vLLM logs the weights *one GPU* loaded, so a job served with ``tensor_parallel_size`` = ``tp`` > 1 has
+``tp x`` the logged figure in all. The lines read e.g. "BF16 on two GPUs or W4A16/FP8_DYNAMIC on one".
+Throughput per GPU is the sustained output tok/s (the sweep's ceiling, else its highest point) divided by
+the GPUs the job used (``environment.gpus_used``, else ``bench.server.tensor_parallel_size``, else 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
+from quantverdict.review.scorecard import Scorecard
+
+WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
+
+
+def job_gpus(rec: dict[str, Any]) -> int:
+    """GPUs a job's server used: ``environment.gpus_used``, else its ``bench.server.tensor_parallel_size``, else 1."""
+    used = (rec.get("environment") or {}).get("gpus_used")
+    if used:
+        return int(used)
+    server = ((rec.get("config") or {}).get("bench") or {}).get("server") or {}
+    return int(server.get("tensor_parallel_size") or 1)
+
+
+def on_gpu(rec: dict[str, Any]) -> bool:
+    """Whether the job ran on a GPU (``environment.device`` or ``config.env.device`` is cuda)."""
+    env = rec.get("environment") or {}
+    return (env.get("device") or ((rec.get("config") or {}).get("env") or {}).get("device")) == "cuda"
+
+
+def whole_weights_gib(memory: dict[str, Any], gpus: int) -> float | None:
+    """The whole model's weights (GiB) from a scorecard's memory summary: vLLM's logged figure is one GPU's."""
+    w = memory.get("weights_gib")
+    if w is None:
+        return None
+    return float(w) * gpus if memory.get("weights_source") == "vLLM log" and gpus > 1 else float(w)
+
+
+def scheme_gpus(sc: Scorecard, rec: dict[str, Any], rc: ReviewConfig) -> dict[str, Any]:
+    """One scheme's GPU figures: ``gpus_used``, ``weights_gib`` (whole model), ``kv_gib`` (KV cache plus
+    recurrent states needed), ``gpus_needed`` (None: not within 8 GPUs or not computable),
+    ``tok_s`` (sustained output tok/s) and ``tok_s_per_gpu``."""
+    m, used = sc.memory, job_gpus(rec)
+    weights = whole_weights_gib(m, used)
+    kv = None if m.get("kv_needed_gib") is None else float(m["kv_needed_gib"]) + float(m.get("state_needed_gib") or 0)
+    heads = int(((rec.get("model") or {}).get("dims") or {}).get("num_key_value_heads") or 1)
+    needed = None
+    if weights is not None and kv is not None and rc.memory_budget_gib:
+        needed = gpus_needed(weights, kv, heads, rc.memory_budget_gib, rc.reserved_gib, TP_SIZES)
+    points = [p.get("output_tok_s") for p in sc.speed.get("points") or [] if p.get("output_tok_s")]
+    tok_s = sc.speed.get("ceiling_tok_s") or (max(points) if points else None)
+    return {
+        "gpus_used": used,
+        "weights_gib": weights,
+        "kv_gib": kv,
+        "gpus_needed": needed,
+        "tok_s": tok_s,
+        "tok_s_per_gpu": tok_s / used if tok_s else None,
+    }
+
+
+def verdict_lines(cards: list[Scorecard], records: list[dict[str, Any]], rc: ReviewConfig) -> list[str]:
+    """The GPU lines of one model's verdict: GPUs needed per scheme for the budget, and throughput per GPU.
+
+    Empty unless the model's records ran on a GPU. Schemes are grouped by the GPUs they need, most first:
+    "GPUs needed at 80 GiB per GPU (...): BF16 on two GPUs or W4A16/FP8_DYNAMIC on one."
+    """
+    by_dir = {str(r["job"].get("output_dir")): r for r in records}
+    rows = []
+    for sc in cards:
+        rec = next((r for r in records if str(r["job"].get("id")) == sc.job_id), None) or by_dir.get(sc.job_id)
+        if rec is None or not on_gpu(rec) or sc.status != "ok":
+            continue
+        rows.append((sc, scheme_gpus(sc, rec, rc)))
+    if not rows:
+        return []
+    groups: dict[int | None, list[str]] = {}
+    for sc, g in rows:
+        names = groups.setdefault(g["gpus_needed"], [])
+        if sc.label not in names:
+            names.append(sc.label)
+    fits = sorted((n for n in groups if n is not None), reverse=True)
+    parts = [f"{'/'.join(groups[n])} on {WORDS.get(n, str(n))} GPU{'s' if n > 1 else ''}" for n in fits]
+    parts = [parts[0], *(p.rsplit(" GPU", 1)[0] for p in parts[1:])] if len(parts) > 1 else parts
+    if None in groups:
+        parts.append(f"{'/'.join(groups[None])} on none of {TP_SIZES[-1]} or fewer")
+    out = [
+        f"GPUs needed at {rc.memory_budget_gib:g} GiB per GPU (whole weights / GPUs + the KV cache for "
+        f"{rc.concurrent_requests} requests, per GPU): {' or '.join(parts)}."
+    ]
+    speeds = [
+        f"{sc.scheme} {g['tok_s']:,.0f} tok/s on {g['gpus_used']} GPU{'s' if g['gpus_used'] > 1 else ''} = "
+        f"{g['tok_s_per_gpu']:,.0f} per GPU"
+        for sc, g in rows
+        if g["tok_s"]
+    ]
+    if speeds:
+        out.append(f"Throughput per GPU (sustained output tok/s / GPUs used): {'; '.join(speeds)}.")
+    return out

@@ -1,0 +1,57 @@
+"""``bench.server.load_format=dummy``: a synthetic model served from its shape alone (no weight files).
+
+``tiny-llama-shape`` in w8a8 (int8 W8A8, round-to-nearest for random weights) on this CPU: the job writes a
+shape folder (``config.json`` with the scheme's compressed-tensors ``quantization_config``, the borrowed
+tokenizer, no ``*.safetensors``), vLLM serves it with ``--load-format dummy`` and the sweep runs. Expected by
+hand: the quantization_config is the one llm-compressor wrote for the proxy (8-bit int weights and
+activations, ``lm_head`` ignored), the record says the weights were dummy and that the checkpoint was not
+measured, and vLLM picked an int8 W8A8 kernel for the shape, i.e. it read the quantization config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clihelp import run_cli
+from quantverdict.results.record import find_records, load
+
+pytestmark = pytest.mark.integration
+
+
+def test_shape_is_served_with_dummy_weights(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+    proc = run_cli(
+        tmp_path,
+        "model=tiny-llama-shape",
+        "scheme=w8a8",
+        "bench.server.load_format=dummy",
+        "bench.server.port=0",
+        "bench.num_prompts=2",
+        "bench.warmup_prompts=1",
+        "bench.input_len=32",
+        "bench.output_len=8",
+        "bench.rates=[inf]",
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rec,) = map(load, find_records(tmp_path / "runs"))
+    assert rec["status"] == "ok", rec.get("error")
+    shape = Path(rec["checkpoint"]["path"])
+    assert rec["checkpoint"]["load_format"] == "dummy" and rec["model"]["load_format"] == "dummy"
+    assert not list(shape.glob("*.safetensors")) and (shape / "tokenizer.json").is_file()
+    config = json.loads((shape / "config.json").read_text())
+    assert config["hidden_size"] == 256 and config["num_hidden_layers"] == 2  # the model's own dims, not the proxy's
+    qc = config["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and "lm_head" in qc["ignore"]
+    group = next(iter(qc["config_groups"].values()))
+    assert group["weights"]["num_bits"] == 8 and group["weights"]["type"] == "int"
+    assert group["input_activations"]["num_bits"] == 8
+    assert any("load_format=dummy" in n for n in rec["notes"])
+    assert rec["memory"]["checkpoint"]["not_measured"].startswith("not measured: bench.server.load_format=dummy")
+    assert rec["memory"]["checkpoint"]["predicted_weight_bytes"] > 0
+    log = (Path(rec["job"]["output_dir"]) / "vllm_server.log").read_text(errors="replace")
+    assert "load_format=dummy" in log or "'load_format': 'dummy'" in log or "load_format='dummy'" in log
+    assert rec["memory"]["server"]["kernels"], "vLLM named no quantized kernel: the quantization_config was not read"
+    assert rec["speed"]["points"] and all(p["output_tok_s"] > 0 for p in rec["speed"]["points"])
