@@ -42,7 +42,7 @@ from quantverdict.measure.memory import GIB
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import JobRecord
 from quantverdict.review import sources, stats
-from quantverdict.review.accuracy import _pairs, _read_samples
+from quantverdict.review.accuracy import _read_samples, pair_samples
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.verdict import NON_BLOCKING
@@ -331,7 +331,8 @@ def _paired_diff(a: Candidate, b: Candidate, task: str, rc: ReviewConfig) -> tup
     if sa and sb:
         if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
             sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
-        ra, rb, _ = _pairs(sa, sb, (metric,))
+        pairing = pair_samples(task, sa, sb, (metric,))  # refuses (no rows) when a doc_hash/prompt_hash differs
+        ra, rb = pairing.a, pairing.b
         if len(ra) >= 2:
             x, y = [float(r[metric]) for r in ra], [float(r[metric]) for r in rb]
             iv = (

@@ -15,8 +15,7 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number as _f
-from quantverdict.review import crossmodel
-from quantverdict.review import headline
+from quantverdict.review import crossmodel, headline
 from quantverdict.review.constraints import load_set
 from quantverdict.review.cost import cost_blocks
 from quantverdict.review.kld import kld_row
