@@ -39,10 +39,10 @@ def _read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
     if not path:
         return None
     p = Path(path)
-    candidates = [p]
+    # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
     source_dir = rec.extra.get(SOURCE_DIR_KEY)
-    if source_dir:
-        candidates += [Path(source_dir) / "eval" / p.name, Path(source_dir) / p.name]
+    candidates = [Path(source_dir) / "eval" / p.name, Path(source_dir) / p.name] if source_dir else []
+    candidates.append(p)
     for c in candidates:
         if c.is_file():
             return [json.loads(line) for line in c.read_text().splitlines() if line.strip()]

@@ -25,9 +25,17 @@ AUTO = "auto"
 DEVICE_SETS = ("cpu", "gpu")
 # keys that do not change the verdict: left out of the label's hash
 NOT_CONSTRAINTS = ("name", "log_to_mlflow")
-# keys added after labels were first published (issue #17): left out of the hash while unset (null, {}), so a
-# review without them keeps its label and folder
-UNSET_KEEPS_HASH = ("max_mean_kld", "min_top1_agreement_pct", "gpu_price_per_hour")
+# keys added after labels were first published (issues #14, #17, #19), with their defaults: left out of the hash
+# while at that default, so a review that does not set them keeps its label and folder
+UNSET_KEEPS_HASH: dict[str, object] = {
+    "max_mean_kld": None,
+    "min_top1_agreement_pct": None,
+    "gpu_price_per_hour": {},
+    "e2e_ms": None,
+    "slo_attainment_pct": 99.0,
+    "target": None,
+    "target_memory_fraction": None,
+}
 
 
 def _conf_dir() -> Path:
@@ -146,12 +154,12 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
 
 def constraints_hash(rc: ReviewConfig) -> str:
     """8 hex digits of the SHA-256 of the constraint values (every field but ``name`` and
-    ``log_to_mlflow``, and :data:`UNSET_KEEPS_HASH` keys while unset, as sorted JSON): equal constraints, equal
+    ``log_to_mlflow``, and :data:`UNSET_KEEPS_HASH` keys while at their default, as sorted JSON): equal constraints, equal
     hash."""
     values = {
         k: v
         for k, v in dataclasses.asdict(rc).items()
-        if k not in NOT_CONSTRAINTS and not (k in UNSET_KEEPS_HASH and v in (None, {}))
+        if k not in NOT_CONSTRAINTS and not (k in UNSET_KEEPS_HASH and v == UNSET_KEEPS_HASH[k])
     }
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
 

@@ -174,10 +174,12 @@ def result_file(rec: JobRecord, p: dict[str, Any]) -> Path | None:
     name = p.get("result_file")
     if not name:
         return None
-    candidates = [Path(name)]
+    # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
     source_dir = rec.extra.get(SOURCE_DIR_KEY)
-    if source_dir:
-        candidates += [Path(source_dir) / "bench" / Path(name).name, Path(source_dir) / Path(name).name]
+    candidates = (
+        [Path(source_dir) / "bench" / Path(name).name, Path(source_dir) / Path(name).name] if source_dir else []
+    )
+    candidates.append(Path(name))
     return next((c for c in candidates if c.is_file()), None)
 
 
