@@ -154,8 +154,8 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
 
 def constraints_hash(rc: ReviewConfig) -> str:
     """8 hex digits of the SHA-256 of the constraint values (every field but ``name`` and
-    ``log_to_mlflow``, and :data:`UNSET_KEEPS_HASH` keys while at their default, as sorted JSON): equal constraints, equal
-    hash."""
+    ``log_to_mlflow``, and :data:`UNSET_KEEPS_HASH` keys while at their default, as sorted JSON): equal
+    constraints, equal hash."""
     values = {
         k: v
         for k, v in dataclasses.asdict(rc).items()
