@@ -33,7 +33,8 @@ test: setup browser
 	$(VPY) -m pytest tests -v --durations=15
 
 # On the H200 machine (no registry): the prebuilt stacks of ../shared/gpu/README.md under /tmp/site_*, the
-# machine's python3; the embedded grid and the 8B-class synthetic grids -> docs/results/gpu-*.md
+# machine's python3. The grids are plain `python -m pipelines.run -m ...` multiruns (hydra/launcher=ray spreads
+# them over the GPUs); this target writes the tables of finished runs: ARGS="--out RUN1 RUN2" -> docs/results/gpu-*.md
 GPU_OUT ?= /tmp/qvgpu
 bench-gpu:
 	PYTHONPATH=/tmp/site_orch:$(CURDIR)/src:$(CURDIR) python3 -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
