@@ -20,6 +20,7 @@ end of every grid (:class:`quantverdict.orchestrate.hydra_callbacks.GridSummary`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import re
 import sys
@@ -33,6 +34,22 @@ from quantverdict.config.validate import review_errors
 
 log = logging.getLogger("quantverdict")
 ALLOWED_PREFIXES = ("review", "tracking", "paths")
+# review keys holding a mapping (review.gpu_price_per_hour={H200: 3.5}): the value given replaces the mapping, with
+# or without Hydra's '+' (the review's header prints the override without it, and that line must compose again)
+MAPPING_KEYS = tuple(
+    f.name
+    for f in dataclasses.fields(ReviewConfig)
+    if f.default_factory is not dataclasses.MISSING and isinstance(f.default_factory(), dict)
+)
+
+
+def _mapping_overrides(overrides: list[str]) -> list[str]:
+    """``review.K=V`` of a mapping key K as ``++review.K=V`` (set or add); every other override unchanged."""
+    out = []
+    for o in overrides:
+        key = o.lstrip("+").split("=", 1)[0]
+        out.append("++" + o.lstrip("+") if key.removeprefix("review.") in MAPPING_KEYS and "=" in o else o)
+    return out
 
 
 def compose_review(overrides: list[str]) -> tuple[ReviewConfig, TrackingConfig, Path]:
@@ -56,7 +73,7 @@ def compose_review(overrides: list[str]) -> tuple[ReviewConfig, TrackingConfig, 
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         try:
-            cfg = compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=_mapping_overrides(overrides))
         except (HydraException, OmegaConfBaseException) as exc:
             explained = explain(exc, overrides)  # key, allowed values or form, closest match
             if explained is None:

@@ -111,3 +111,12 @@ def test_a_store_of_another_machine_is_not_written(tmp_path: Path) -> None:
     assert not _store_is_here(f"sqlite:///{absent}")
     assert _store_is_here(f"sqlite:///{tmp_path}/mlflow.db")
     assert _store_is_here("http://mlflow.example:5000")  # a tracking server is trusted
+
+
+def test_a_mapping_key_composes_with_or_without_plus() -> None:
+    # the review's header prints "review.gpu_price_per_hour={H200: 3.5}" (no '+'): pasted back, it must compose
+    for o in ("review.gpu_price_per_hour={H200: 3.5}", "+review.gpu_price_per_hour={H200: 3.5}"):
+        rc, _, _ = compose_review([o])
+        assert dict(rc.gpu_price_per_hour) == {"H200": 3.5}
+    rc, _, _ = compose_review([])
+    assert dict(rc.gpu_price_per_hour) == {}
