@@ -62,6 +62,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         failed_stage=stopped_stage(rec) if r.status != "ok" else None,
         error=r.error,
         is_baseline=is_baseline(r),
+        gpus=gpus.job_gpus(rec),
     )
     if sc.status != "ok":
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")

@@ -13,6 +13,7 @@ the GPUs the job used (``environment.gpus_used``, else ``bench.server.tensor_par
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
@@ -29,6 +30,12 @@ def job_gpus(rec: dict[str, Any]) -> int:
         return int(used)
     server = ((rec.get("config") or {}).get("bench") or {}).get("server") or {}
     return int(server.get("tensor_parallel_size") or 1)
+
+
+def gpu_kind_matches(kind: str, name: str) -> bool:
+    """Whether a GPU kind (``H200``, ``A100-80GB``) names the GPU ``name`` (``NVIDIA H200``): the kind as a whole
+    word of the name, case-insensitively, so ``H20`` does not match ``H200`` and ``80GB`` alone is not a kind."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(str(kind))}(?![A-Za-z0-9])", name, flags=re.IGNORECASE) is not None
 
 
 def on_gpu(rec: dict[str, Any]) -> bool:
