@@ -2,7 +2,8 @@
 
 ``review.gpu_price_per_hour`` maps a GPU kind to its price per GPU-hour (``{H200: 3.5}``); the kind is matched
 (case-insensitively, as a word inside the name) against the GPU the records ran on (``environment.gpu[].name``,
-as :func:`quantverdict.review.core.environment_lines` lists them, e.g. ``NVIDIA H200``, by :func:`quantverdict.review.gpus.gpu_kind_matches`). Each scheme is
+as :func:`quantverdict.review.core.environment_lines` lists them, e.g. ``NVIDIA H200``, by
+:func:`quantverdict.review.gpus.gpu_kind_matches`). Each scheme is
 served by one vLLM server on the GPUs its job used (``environment.gpus_used``, else
 ``bench.server.tensor_parallel_size``, else 1: :func:`quantverdict.review.gpus.job_gpus`, kept as
 ``Scorecard.gpus``), so a scheme served with tensor parallelism over ``n`` GPUs pays ``n`` GPU-hours per hour.
@@ -88,7 +89,8 @@ def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
     for sc in cards:
         c = scheme_cost(sc, price)
         rows.append(
-            f"{sc.name} on {_gpus(c['gpus'])}: {_usd(c['at_load'])}/Mtok at the stated load ({_f(c['at_load_tok_s'])} tok/s), "
+            f"{sc.name} on {_gpus(c['gpus'])}: {_usd(c['at_load'])}/Mtok at the stated load "
+            f"({_f(c['at_load_tok_s'])} tok/s), "
             f"{_usd(c['ceiling'])}/Mtok at the ceiling ({_f(c['ceiling_tok_s'])} tok/s)"
         )
     return [("p", head), ("ul", rows)]
