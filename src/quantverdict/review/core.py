@@ -428,7 +428,7 @@ def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs:
 def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]:
     dirs = set(review.job_dirs)
     out: dict[str, str] = {}
-    for run in sources._job_runs(client, exp_id):
+    for run in sources.job_runs(client, exp_id):
         od = run.data.tags.get("output_dir")
         if od and od in dirs:
             out[od] = run.info.run_id

@@ -33,9 +33,16 @@ def job_gpus(rec: dict[str, Any]) -> int:
 
 
 def gpu_kind_matches(kind: str, name: str) -> bool:
-    """Whether a GPU kind (``H200``, ``A100-80GB``) names the GPU ``name`` (``NVIDIA H200``): the kind as a whole
-    word of the name, case-insensitively, so ``H20`` does not match ``H200`` and ``80GB`` alone is not a kind."""
-    return re.search(rf"(?<![A-Za-z0-9]){re.escape(str(kind))}(?![A-Za-z0-9])", name, flags=re.IGNORECASE) is not None
+    """Whether a GPU kind names the GPU ``name`` (as nvidia-smi gives it): every word of ``kind`` is a whole
+    word of ``name``, case-insensitively, words bounded by anything but letters and digits.
+
+    The one GPU-name match of the review (prices in :mod:`.cost`, the target in :mod:`.crossmodel`).
+    ``H200`` matches ``NVIDIA H200`` but ``H20`` does not; ``NVIDIA A100 80GB`` matches
+    ``NVIDIA A100-SXM4-80GB`` but not ``NVIDIA H100 80GB HBM3`` (its ``A100`` is missing)."""
+    words = str(kind).split()
+    return bool(words) and all(
+        re.search(rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])", name, flags=re.IGNORECASE) for w in words
+    )
 
 
 def on_gpu(rec: dict[str, Any]) -> bool:
