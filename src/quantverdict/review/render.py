@@ -628,7 +628,7 @@ def _plots_section(review: Review, pngs: dict[str, bytes]) -> list[Block]:
         "and the Pareto frontier",
         "memory": "weights + KV cache to serve the stated load, per scheme, against the memory budget",
         "accuracy": "accuracy deltas and perplexity changes with their intervals",
-        "latency": "TTFT p99 and ITL p99 against the load (log2 axis), with the SLO",
+        "latency": "TTFT p99 and per-request TPOT p99 (else ITL p99) against the load (log2 axis), with the objectives",
     }
     for name in pngs:
         out.append(("img", name, alts.get(name, name)))
