@@ -9,6 +9,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, constraints, gpus
+from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
 from quantverdict.review.render import blocks, to_markdown
 from quantverdict.review.scorecard import Scorecard
@@ -167,3 +168,15 @@ def test_a_tensor_parallel_job_pays_for_every_gpu_it_used() -> None:
         line.startswith("- bf16 (BF16) on 2 GPUs: $0.780/Mtok at the stated load (2,491 tok/s)")
         for line in md.splitlines()
     )
+
+
+def test_review_json_carries_the_cost_when_a_price_applies() -> None:
+    rc = {"load_rps": None, "load_concurrency": 16, "memory_budget_gib": 12.0}
+    review, _, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour={"H200": 3.5})
+    cost = to_json(review)["cost"]
+    assert (cost["gpu"], cost["gpu_kind"], cost["usd_per_gpu_hour"]) == ("NVIDIA H200", "H200", 3.5)
+    fp8 = next(s for s in cost["schemes"] if s["scheme"] == "fp8")
+    # as above: 3,703.4 output tok/s at concurrency 16 on 1 GPU -> $0.2625 per million output tokens
+    assert fp8["gpus"] == 1 and fp8["usd_per_mtok_at_load"] == pytest.approx(0.2625, abs=1e-4)
+    review, _, _ = _review(synthetic_grid(), **rc)
+    assert "cost" not in to_json(review)

@@ -26,6 +26,7 @@ from quantverdict.results.tracking import (
 )
 from quantverdict.review import constraints, flags, gpus, sources
 from quantverdict.review.accuracy import accuracy_section
+from quantverdict.review.cost import cost_json
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.flags import Flag
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
@@ -295,7 +296,9 @@ def _clean(obj: Any) -> Any:
 
 
 def to_json(review: Review) -> dict[str, Any]:
-    """The machine-readable verdict: constraints, per-model verdict, per-scheme checks and scorecards."""
+    """The machine-readable verdict: constraints, per-model verdict, per-scheme checks and scorecards, and
+    ``cost`` (USD per million output tokens per scheme, :func:`quantverdict.review.cost.cost_json`) when a
+    ``review.gpu_price_per_hour`` applies to the GPU the records ran on."""
     cards = []
     for sc in review.cards:
         d = _clean(sc)
@@ -316,6 +319,7 @@ def to_json(review: Review) -> dict[str, Any]:
         "flags": [f.message for f in review.flags],
         "validity": review.validity,
         "notes": review.notes,
+        **({"cost": cost} if (cost := cost_json(review)) is not None else {}),
     }
 
 

@@ -25,7 +25,7 @@ from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.verdict import Verdict
 
-__all__ = ["cost_blocks", "gpu_price", "scheme_cost"]
+__all__ = ["cost_blocks", "cost_json", "gpu_price", "scheme_cost"]
 
 GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
 
@@ -57,6 +57,42 @@ def scheme_cost(sc: Scorecard, price: float) -> dict[str, Any]:
         "ceiling": usd_per_mtok_or_none(price, sc.gpus, ceil) if ceil else None,
         "ceiling_tok_s": ceil,
         "gpus": sc.gpus,
+    }
+
+
+def cost_json(review: Review) -> dict[str, Any] | None:
+    """review.json's ``cost``, or None without a price for the GPU the records ran on (as :func:`cost_blocks`).
+
+    Returns:
+        ``{"gpu": name, "gpu_kind": kind, "usd_per_gpu_hour": price, "price_source":
+        "review.gpu_price_per_hour.<kind>", "schemes": [{"model", "scheme", "gpus", "usd_per_mtok_at_load",
+        "at_load_tok_s", "usd_per_mtok_ceiling", "ceiling_tok_s"}]}`` (USD per million output tokens; None
+        where the sweep measured no throughput).
+    """
+    found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
+    if found is None:
+        return None
+    name, kind, price = found
+    schemes = []
+    for sc in review.cards:
+        c = scheme_cost(sc, price)
+        schemes.append(
+            {
+                "model": sc.model,
+                "scheme": sc.scheme,
+                "gpus": c["gpus"],
+                "usd_per_mtok_at_load": c["at_load"],
+                "at_load_tok_s": c["at_load_tok_s"],
+                "usd_per_mtok_ceiling": c["ceiling"],
+                "ceiling_tok_s": c["ceiling_tok_s"],
+            }
+        )
+    return {
+        "gpu": name,
+        "gpu_kind": kind,
+        "usd_per_gpu_hour": price,
+        "price_source": f"review.gpu_price_per_hour.{kind}",
+        "schemes": schemes,
     }
 
 
