@@ -11,6 +11,7 @@ import pytest
 from per_item_records import bench_result, write_bench_result
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.config.validate import review_errors
+from quantverdict.measure.bench_result import completed_requests, latency_samples
 from quantverdict.measure.goodput import Slo, goodput, request_latencies
 from quantverdict.results.record import JobRecord
 from quantverdict.review.scorecard import Scorecard
@@ -143,3 +144,20 @@ def test_goodput_settings_are_checked() -> None:
         "review.slo_attainment_pct=0.0 must be in (0, 100], e.g. 99"
     ]
     assert review_errors(replace(RC, e2e_ms=-1.0)) == ["review.e2e_ms=-1.0 must be > 0 or null"]
+
+
+def test_percentiles_and_goodput_drop_the_same_failed_requests() -> None:
+    # request 1 has tokens but an error string, request 2 no error but no token: with an errors list only
+    # request 1 failed; without one, only request 2 (0 output tokens) did
+    base = {
+        "start_times": [0.0, 0.0, 0.0],
+        "ttfts": [0.1, 0.2, 0.3],
+        "itls": [[0.05], [0.05], []],
+        "latencies": [0.15, 0.25, 0.3],
+    }
+    with_errors = {**base, "output_lens": [2, 2, 0], "errors": ["", "timeout", ""]}
+    without = {**base, "output_lens": [2, 2, 0]}
+    assert completed_requests(with_errors) == [0, 2] and completed_requests(without) == [0, 1]
+    assert [r is None for r in request_latencies(with_errors)] == [False, True, False]
+    assert [r is None for r in request_latencies(without)] == [False, False, True]
+    assert latency_samples(with_errors)["ttft"] == [0.1, 0.3] and latency_samples(without)["ttft"] == [0.1, 0.2]

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from quantverdict.config.schema import ReviewConfig, TargetConfig
-from quantverdict.review import build_review
+from quantverdict.review import build_review, gpus
 from quantverdict.review.constraints import load_set
 from quantverdict.review.crossmodel import (
     Candidate,
@@ -35,7 +35,9 @@ from quantverdict.review.crossmodel import (
     cross_model,
     parse_kv_cache_memory_bytes,
     section,
+    target_price,
 )
+from quantverdict.review.model import Review
 from quantverdict.review.render import to_markdown
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.sources import load_dir
@@ -210,8 +212,34 @@ def test_price_per_hour_gives_cost_per_million_tokens() -> None:
 
     target = TargetConfig(name="a10g", gpu="NVIDIA A10G", memory_gib=22.48828125, price_per_hour=1.006)
     four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
-    (_, _, (_, head, rows)) = _ratio_blocks(CrossModel(target, "", [four, nine], None, "", "", reference=four))
+    (_, _, (_, head, rows)) = _ratio_blocks(
+        CrossModel(target, "", [four, nine], None, "", "", reference=four, price=1.006)
+    )
     assert head[-1] == "$ per 1M output tokens" and rows[0][-1] == "$0.256" and rows[1][-1] == "$0.340"
+    # the 9b served with TP=2 holds two GPUs at the same 821 tok/s: 2 x $0.3404 = $0.681
+    nine.card.gpus = 2
+    (_, _, (_, _, rows)) = _ratio_blocks(
+        CrossModel(target, "", [four, nine], None, "", "", reference=four, price=1.006)
+    )
+    assert rows[1][-1] == "$0.681"
+
+
+def test_the_target_price_applies_only_where_the_records_ran_on_the_target_gpu() -> None:
+    a10g = TargetConfig(name="a10g", gpu="NVIDIA A10G", memory_gib=22.48828125, price_per_hour=1.006)
+    a100 = TargetConfig(name="a100-80gb", gpu="NVIDIA A100 80GB", memory_gib=80.0, price_per_hour=1.5)
+
+    def review(env: list[str], **prices: float) -> Review:
+        rc = ReviewConfig(log_to_mlflow=False, gpu_price_per_hour=prices)
+        return Review("x", "now", rc, [], {}, [], {}, environment=env)
+
+    h100 = ["GPU: NVIDIA H100 80GB HBM3 (x1)", "CPU: x"]
+    # A100 80GB's "80GB" alone does not make an H100 80GB HBM3 the target's GPU
+    assert not gpus.gpu_kind_matches(a100.gpu, h100[0]) and gpus.gpu_kind_matches(a100.gpu, "NVIDIA A100-SXM4-80GB")
+    assert target_price(review(h100), a100, []) == (None, "not comparable: ran on NVIDIA H100 80GB HBM3")
+    on = ["GPU: NVIDIA A10G (x1)"]
+    assert target_price(review(on), a10g, on) == (1.006, "target a10g price_per_hour")
+    assert target_price(review(on, A10G=1.2), a10g, on) == (1.2, "review.gpu_price_per_hour.A10G")
+    assert target_price(review(on), replace(a10g, price_per_hour=None), on) == (None, "")
 
 
 def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp_path: Path) -> None:

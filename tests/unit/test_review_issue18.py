@@ -186,7 +186,12 @@ def test_latency_plot_labels_both_slo_lines() -> None:
 
     plt.close(fig)
     texts = [[t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else [])] for ax in fig.axes]
-    assert "SLO 2000 ms" in texts[0] and "SLO 200 ms" in texts[1]
+    assert "TTFT objective 2000 ms" in texts[0] and "TPOT objective (per request) 200 ms" in texts[1]
+    # the check judges each request's TPOT: the right panel plots the points' per-request TPOT p99, not ITL p99
+    assert fig.axes[1].get_ylabel() == "TPOT p99 per request (ms)"
+    review = build_review(grid(), RC, "t")
+    first = next(sc for sc in review.cards if sc.speed.get("points"))
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [p["tpot_ms_p99"] for p in first.speed["points"]]
 
 
 # --- item 4: a constraint set per device class --------------------------------------------------------

@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review import build_review, constraints
+from quantverdict.review import build_review, constraints, gpus
+from quantverdict.review.core import to_json
+from quantverdict.review.cost import scheme_cost
 from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.scorecard import Scorecard
 from review_records import grid, synthetic_grid
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, floor_test="point")
@@ -116,11 +119,12 @@ def test_the_verdict_in_usd_per_million_output_tokens() -> None:
     assert v.scheme == "w8a8" or v.scheme == "fp8"
     line = next(line for line in md.splitlines() if line.startswith("**Cost**"))
     assert "NVIDIA H200 at $3.5 per GPU-hour" in line
-    fp8 = next(line for line in md.splitlines() if line.startswith("- fp8 (FP8_DYNAMIC): $"))
-    assert fp8.startswith("- fp8 (FP8_DYNAMIC): $0.263/Mtok at the stated load (3,703 tok/s)")
+    fp8 = next(line for line in md.splitlines() if line.startswith("- fp8 (FP8_DYNAMIC) on 1 GPU: $"))
+    assert fp8.startswith("- fp8 (FP8_DYNAMIC) on 1 GPU: $0.263/Mtok at the stated load (3,703 tok/s)")
     # bf16: 60 + 127 x 6 = 822 ms -> 2,491.5 tok/s -> $0.3902
     assert any(
-        line.startswith("- bf16 (BF16): $0.390/Mtok at the stated load (2,491 tok/s)") for line in md.splitlines()
+        line.startswith("- bf16 (BF16) on 1 GPU: $0.390/Mtok at the stated load (2,491 tok/s)")
+        for line in md.splitlines()
     )
     # no price, or a price for another GPU kind: no cost line
     for prices in ({}, {"A100": 1.5}, {"H20": 1.0}):
@@ -137,3 +141,42 @@ def test_unset_kld_limits_and_prices_keep_the_label() -> None:
     assert constraints.label(made) == "gpu-98355e53"
     assert constraints.label(replace(made, max_mean_kld=0.05)) != "gpu-98355e53"
     assert constraints.label(replace(made, gpu_price_per_hour={"H200": 3.5})) != "gpu-98355e53"
+
+
+def test_a_tensor_parallel_job_pays_for_every_gpu_it_used() -> None:
+    # hand-worked: $3.5 per GPU-hour, 1000 output tok/s -> 3.5 / (1000 x 3600) x 1e6 = 3.5 / 3.6 = $0.9722/Mtok
+    # on one GPU; a TP=2 server at the same tok/s holds two GPUs -> $1.9444/Mtok
+    speed = {"at_load": {"output_tok_s": 1000.0}, "ceiling_tok_s": 1000.0}
+    one = Scorecard("a", "m", "bf16", "BF16", 0, "ok", None, None, True, speed=speed)
+    two = replace(one, job_id="b", gpus=2)
+    assert scheme_cost(one, 3.5)["at_load"] == pytest.approx(0.97222, abs=1e-5)
+    assert scheme_cost(two, 3.5)["at_load"] == pytest.approx(1.94444, abs=1e-5)
+    assert scheme_cost(two, 3.5)["ceiling"] == pytest.approx(1.94444, abs=1e-5)
+    # the card takes the GPUs from the record: environment.gpus_used, else bench.server.tensor_parallel_size
+    assert gpus.job_gpus({"environment": {"gpus_used": 2}}) == 2
+    assert gpus.job_gpus({"config": {"bench": {"server": {"tensor_parallel_size": 4}}}}) == 4
+    assert gpus.job_gpus({}) == 1
+    # through the review: bf16 served with TP=2 at the same 2,491.5 tok/s -> 2 x $0.3902 = $0.7804/Mtok
+    recs = synthetic_grid()
+    bf16 = next(r for r in recs if r["job"]["scheme"] == "bf16")
+    bf16.setdefault("environment", {})["gpus_used"] = 2
+    review, _, _ = _review(
+        recs, load_rps=None, load_concurrency=16, memory_budget_gib=12.0, gpu_price_per_hour={"H200": 3.5}
+    )
+    md = to_markdown(blocks(review, {}))
+    assert any(
+        line.startswith("- bf16 (BF16) on 2 GPUs: $0.780/Mtok at the stated load (2,491 tok/s)")
+        for line in md.splitlines()
+    )
+
+
+def test_review_json_carries_the_cost_when_a_price_applies() -> None:
+    rc = {"load_rps": None, "load_concurrency": 16, "memory_budget_gib": 12.0}
+    review, _, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour={"H200": 3.5})
+    cost = to_json(review)["cost"]
+    assert (cost["gpu"], cost["gpu_kind"], cost["usd_per_gpu_hour"]) == ("NVIDIA H200", "H200", 3.5)
+    fp8 = next(s for s in cost["schemes"] if s["scheme"] == "fp8")
+    # as above: 3,703.4 output tok/s at concurrency 16 on 1 GPU -> $0.2625 per million output tokens
+    assert fp8["gpus"] == 1 and fp8["usd_per_mtok_at_load"] == pytest.approx(0.2625, abs=1e-4)
+    review, _, _ = _review(synthetic_grid(), **rc)
+    assert "cost" not in to_json(review)

@@ -376,7 +376,9 @@ class ReviewConfig:
     # auto: interval for a delta measured on fewer than interval_test_below_n items, point otherwise
     floor_test: FloorTest = FloorTest.auto
     interval_test_below_n: int = 200
-    # latency SLO (p99, ms) and the load it must hold (one of load_rps / load_concurrency)
+    # latency objectives (ms), judged per request: a request's TTFT <= ttft_ms_p99 and its TPOT (its mean ITL)
+    # <= itl_ms_p99; the names say p99 because a record without per-request data is judged on its TTFT p99 and
+    # ITL p99 instead. And the load they must hold (one of load_rps / load_concurrency)
     ttft_ms_p99: Optional[float] = 2000.0
     itl_ms_p99: Optional[float] = 200.0
     load_rps: Optional[float] = 1.0

@@ -63,9 +63,12 @@ def has_detailed(result: dict[str, Any]) -> bool:
     return len(lists) == len(_DETAILED) and len({len(v) for v in lists}) == 1
 
 
-def _successful(result: dict[str, Any]) -> list[int]:
-    """Indices of the requests vLLM counted as completed: no error (vLLM gives a failed one 0 tokens and
-    an error string)."""
+def completed_requests(result: dict[str, Any]) -> list[int]:
+    """Indices of the requests vLLM counted as completed (its ``success`` flag), from ``--save-detailed`` lists:
+    the one failed-request rule of the package (percentiles here, goodput in :mod:`.goodput`).
+
+    A request failed when its ``errors`` entry is non-empty (vLLM gives a failed one 0 tokens and an error
+    string), or, without an ``errors`` list of the requests' length, when it has no output token."""
     n = len(result["ttfts"])
     errors = result.get("errors")
     if isinstance(errors, list) and len(errors) == n:
@@ -73,8 +76,9 @@ def _successful(result: dict[str, Any]) -> list[int]:
     return [i for i in range(n) if result["output_lens"][i]]
 
 
-def request_latencies(result: dict[str, Any]) -> dict[str, list[float]]:
-    """Per-request latencies (seconds) of the completed requests, from ``--save-detailed`` lists.
+def latency_samples(result: dict[str, Any]) -> dict[str, list[float]]:
+    """The latency samples (seconds) of the completed requests, pooled per metric for its percentiles, from
+    ``--save-detailed`` lists (one request at a time: :func:`quantverdict.measure.goodput.request_latencies`).
 
     Definitions of ``vllm/benchmarks/serve.py`` (``calculate_metrics``) and
     ``benchmarks/lib/endpoint_request_func.py``: TTFT = first streamed chunk - request sent; ITL = the
@@ -84,7 +88,7 @@ def request_latencies(result: dict[str, Any]) -> dict[str, list[float]]:
     Returns:
         ``{"ttft": [...], "tpot": [...], "itl": [...] (all requests' gaps, flattened), "e2e": [...]}``.
     """
-    ok = _successful(result)
+    ok = completed_requests(result)
     ttfts, lats, lens, itls = result["ttfts"], result["latencies"], result["output_lens"], result["itls"]
     return {
         "ttft": [float(ttfts[i]) for i in ok],
@@ -132,7 +136,7 @@ def steady_state(result: dict[str, Any]) -> dict[str, Any]:
         ``STEADY_MIN_COMPLETIONS`` completions.
     """
     none = dict(_STEADY_NONE)
-    ok = _successful(result)
+    ok = completed_requests(result)
     starts, lats = result["start_times"], result["latencies"]
     if not ok or not starts:
         return {**none, "steady_reason": "no completed request"}
@@ -186,7 +190,7 @@ def parse_result(
     ITL the gaps between streamed chunks after the first; E2E the request latency; throughputs divide
     by the benchmark duration (first request sent to last response; warm-up requests run before it and
     are in none of the lists), so ``achieved_rps`` = completed / duration_s. With the per-request lists
-    the latency percentiles are recomputed here (:func:`request_latencies`,
+    the latency percentiles are recomputed here (:func:`latency_samples`,
     :func:`quantverdict.measure.sweep.percentile`) and vLLM's own values kept as
     ``vllm_<metric>_ms_<stat>``; without them vLLM's values are used.
 
@@ -243,7 +247,7 @@ def parse_result(
     detailed = has_detailed(result)
     if detailed:
         out["metrics_source"] = "recomputed"
-        lat = request_latencies(result)
+        lat = latency_samples(result)
         diffs = []
         for metric in METRICS:
             key = _METRIC_KEYS[metric]
@@ -253,7 +257,7 @@ def parse_result(
                 if v is not None and theirs is not None and max(abs(v), abs(theirs)) > 0:
                     diffs.append(abs(v - theirs) / max(abs(v), abs(theirs)))
         out["vllm_max_rel_diff"] = max(diffs) if diffs else None
-        ok = _successful(result)
+        ok = completed_requests(result)
         lens = [int(x) for x in result["output_lens"]]
         out["requests_in_result"] = len(lens)
         out["short_requests"] = sum(1 for n in lens if n < output_len)
@@ -312,7 +316,7 @@ def request_times(result: dict[str, Any]) -> dict[str, list[float | None]] | Non
         return None
     starts = [float(s) for s in result["start_times"]]
     t0 = min(starts) if starts else 0.0
-    ok = set(_successful(result))
+    ok = set(completed_requests(result))
     return {
         "start_s": [round(s - t0, 4) for s in starts],
         "end_s": [round(s - t0 + float(result["latencies"][i]), 4) if i in ok else None for i, s in enumerate(starts)],

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantverdict.measure.bench_result import has_detailed
+from quantverdict.measure.bench_result import completed_requests, has_detailed
 
 OBJECTIVES = ("ttft", "tpot", "e2e")  # vLLM's --goodput keys ttft, tpot, e2el
 
@@ -101,23 +101,21 @@ class Goodput:
 def request_latencies(result: dict[str, Any]) -> list[RequestLatency | None]:
     """Each request's latencies, in the result's order; None for a failed one.
 
-    A request failed when its ``errors`` entry is non-empty (or, without an ``errors`` list, when it has no
-    output token), as vLLM's ``success`` flag.
+    A request failed by the rule of :func:`quantverdict.measure.bench_result.completed_requests` (an
+    ``errors`` entry, else no output token), as vLLM's ``success`` flag.
 
     Raises:
         ValueError: the result lacks the per-request lists of ``--save-detailed``.
     """
     if not has_detailed(result):
         raise ValueError("no per-request data: the result lacks the --save-detailed lists (ttfts, itls, latencies)")
-    n = len(result["ttfts"])
-    errors = result.get("errors")
+    done = set(completed_requests(result))
     out: list[RequestLatency | None] = []
-    for i in range(n):
-        tokens = int(result["output_lens"][i])
-        failed = bool(errors[i]) if isinstance(errors, list) and len(errors) == n else tokens == 0
-        if failed:
+    for i in range(len(result["ttfts"])):
+        if i not in done:
             out.append(None)
             continue
+        tokens = int(result["output_lens"][i])
         ttft, e2e = float(result["ttfts"][i]), float(result["latencies"][i])
         tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
         out.append(RequestLatency(ttft, tpot, e2e, tokens))

@@ -7,8 +7,10 @@ and ``review.json``. Modules: :mod:`.sources` (records from a folder or MLflow),
 constraint set), :mod:`.scorecard` (the per-scheme dataclasses) filled by :mod:`.memory`, :mod:`.accuracy` (paired
 deltas, :mod:`.stats`), :mod:`.speed` and :mod:`.validity` (what each number stands on), :mod:`.dtypes` and
 :mod:`.flags` (honesty flags), :mod:`.verdict` (checks and decision), :mod:`.model` (the Review),
-:mod:`.headline` (the first screen's three numbers per scheme), :mod:`.plots`, :mod:`.render`, :mod:`.core`
-(build, write, log).
+:mod:`.headline` (the first screen's three numbers per scheme), :mod:`.kld` (the KL divergence against the
+baseline's distributions), :mod:`.gpus` (GPUs used and needed, throughput per GPU, the GPU-name match),
+:mod:`.cost` (USD per million output tokens from a GPU price), :mod:`.crossmodel` (models compared on one target
+GPU), :mod:`.plots`, :mod:`.render`, :mod:`.core` (build, write, log).
 """
 
 from quantverdict.review.core import Review, build_review, run_review, to_json, write_review

@@ -32,7 +32,7 @@ NO_HASHES = "paired by doc_id only (the samples carry no doc_hash/prompt_hash to
 NO_WINDOWS = "no per-window data in this record: no interval"
 
 
-def _read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
+def read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
     """The per-item rows lm-eval wrote for ``task`` (``accuracy.samples``), found where the job wrote them or
     beside the record it was read from (:data:`SOURCE_DIR_KEY`); None when there are none."""
     path = (rec.accuracy.samples or {}).get(task)
@@ -112,7 +112,7 @@ def _score_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> TaskDelta:
     td = TaskDelta(task, metric, "score", v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
-    sa, sb = _read_samples(rec, task), _read_samples(base, task)
+    sa, sb = read_samples(rec, task), read_samples(base, task)
     if sa and sb:
         pairing = pair_samples(task, sa, sb, (metric,))
         if pairing.refused:
@@ -182,7 +182,7 @@ def _ppl_delta(
     if task == "token_perplexity":
         return _token_ppl_delta(td, rec, base, rc)
     count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric)
-    sa, sb = (_read_samples(rec, task), _read_samples(base, task)) if count else (None, None)
+    sa, sb = (read_samples(rec, task), read_samples(base, task)) if count else (None, None)
     if sa and sb and count:
         pairing = pair_samples(task, sa, sb, ("loglikelihood", count))
         if pairing.refused:

@@ -26,6 +26,7 @@ from quantverdict.results.tracking import (
 )
 from quantverdict.review import constraints, flags, gpus, sources
 from quantverdict.review.accuracy import accuracy_section
+from quantverdict.review.cost import cost_json
 from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.flags import Flag
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
@@ -62,6 +63,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         failed_stage=stopped_stage(rec) if r.status != "ok" else None,
         error=r.error,
         is_baseline=is_baseline(r),
+        gpus=gpus.job_gpus(rec),
     )
     if sc.status != "ok":
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
@@ -294,7 +296,9 @@ def _clean(obj: Any) -> Any:
 
 
 def to_json(review: Review) -> dict[str, Any]:
-    """The machine-readable verdict: constraints, per-model verdict, per-scheme checks and scorecards."""
+    """The machine-readable verdict: constraints, per-model verdict, per-scheme checks and scorecards, and
+    ``cost`` (USD per million output tokens per scheme, :func:`quantverdict.review.cost.cost_json`) when a
+    ``review.gpu_price_per_hour`` applies to the GPU the records ran on."""
     cards = []
     for sc in review.cards:
         d = _clean(sc)
@@ -315,6 +319,7 @@ def to_json(review: Review) -> dict[str, Any]:
         "flags": [f.message for f in review.flags],
         "validity": review.validity,
         "notes": review.notes,
+        **({"cost": cost} if (cost := cost_json(review)) is not None else {}),
     }
 
 
@@ -427,7 +432,7 @@ def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs:
 def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]:
     dirs = set(review.job_dirs)
     out: dict[str, str] = {}
-    for run in sources._job_runs(client, exp_id):
+    for run in sources.job_runs(client, exp_id):
         od = run.data.tags.get("output_dir")
         if od and od in dirs:
             out[od] = run.info.run_id

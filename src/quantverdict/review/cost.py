@@ -2,9 +2,12 @@
 
 ``review.gpu_price_per_hour`` maps a GPU kind to its price per GPU-hour (``{H200: 3.5}``); the kind is matched
 (case-insensitively, as a word inside the name) against the GPU the records ran on (``environment.gpu[].name``,
-as :func:`quantverdict.review.core.environment_lines` lists them, e.g. ``NVIDIA H200``). Each scheme is
-served by one vLLM server on one GPU (the pipeline serves on ``gpus[0]`` without tensor parallelism,
-:mod:`quantverdict.orchestrate.hardware`), so ``n_gpus = 1``. The throughput is the measured output
+as :func:`quantverdict.review.core.environment_lines` lists them, e.g. ``NVIDIA H200``, by
+:func:`quantverdict.review.gpus.gpu_kind_matches`). Each scheme is
+served by one vLLM server on the GPUs its job used (``environment.gpus_used``, else
+``bench.server.tensor_parallel_size``, else 1: :func:`quantverdict.review.gpus.job_gpus`, kept as
+``Scorecard.gpus``), so a scheme served with tensor parallelism over ``n`` GPUs pays ``n`` GPU-hours per hour.
+The throughput is the measured output
 tokens per second at the review's stated load (``speed.at_load.output_tok_s``: ``review.load_rps`` or
 ``review.load_concurrency``), and, beside it, at the sustained ceiling (``speed.ceiling_tok_s``, what the
 GPU does when kept busy). The formula is :func:`quantverdict.measure.cost.usd_per_mtok`.
@@ -14,17 +17,16 @@ No price for the GPU kind (or no GPU: a CPU grid) -> no cost line.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from quantverdict.measure.cost import usd_per_mtok_or_none
+from quantverdict.review.gpus import gpu_kind_matches
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.verdict import Verdict
 
-__all__ = ["N_GPUS", "cost_blocks", "gpu_price", "scheme_cost"]
+__all__ = ["cost_blocks", "cost_json", "gpu_price", "scheme_cost"]
 
-N_GPUS = 1  # GPUs one scheme's server uses (no tensor parallelism in the pipeline)
 GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
 
 
@@ -38,21 +40,59 @@ def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, st
         return None
     (name,) = names
     for kind, price in prices.items():
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(str(kind))}(?![A-Za-z0-9])", name, flags=re.IGNORECASE):
+        if gpu_kind_matches(str(kind), name):
             return name, str(kind), float(price)
     return None
 
 
 def scheme_cost(sc: Scorecard, price: float) -> dict[str, Any]:
-    """``{"at_load": USD/Mtok | None, "at_load_tok_s", "ceiling": USD/Mtok | None, "ceiling_tok_s"}`` of one
-    scheme at ``price`` USD per GPU-hour (None where the sweep measured no throughput)."""
+    """``{"at_load": USD/Mtok | None, "at_load_tok_s", "ceiling": USD/Mtok | None, "ceiling_tok_s", "gpus"}`` of
+    one scheme at ``price`` USD per GPU-hour on the ``sc.gpus`` GPUs its server used (None where the sweep
+    measured no throughput)."""
     at = (sc.speed.get("at_load") or {}).get("output_tok_s")
     ceil = sc.speed.get("ceiling_tok_s")
     return {
-        "at_load": usd_per_mtok_or_none(price, N_GPUS, at) if at else None,
+        "at_load": usd_per_mtok_or_none(price, sc.gpus, at) if at else None,
         "at_load_tok_s": at,
-        "ceiling": usd_per_mtok_or_none(price, N_GPUS, ceil) if ceil else None,
+        "ceiling": usd_per_mtok_or_none(price, sc.gpus, ceil) if ceil else None,
         "ceiling_tok_s": ceil,
+        "gpus": sc.gpus,
+    }
+
+
+def cost_json(review: Review) -> dict[str, Any] | None:
+    """review.json's ``cost``, or None without a price for the GPU the records ran on (as :func:`cost_blocks`).
+
+    Returns:
+        ``{"gpu": name, "gpu_kind": kind, "usd_per_gpu_hour": price, "price_source":
+        "review.gpu_price_per_hour.<kind>", "schemes": [{"model", "scheme", "gpus", "usd_per_mtok_at_load",
+        "at_load_tok_s", "usd_per_mtok_ceiling", "ceiling_tok_s"}]}`` (USD per million output tokens; None
+        where the sweep measured no throughput).
+    """
+    found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
+    if found is None:
+        return None
+    name, kind, price = found
+    schemes = []
+    for sc in review.cards:
+        c = scheme_cost(sc, price)
+        schemes.append(
+            {
+                "model": sc.model,
+                "scheme": sc.scheme,
+                "gpus": c["gpus"],
+                "usd_per_mtok_at_load": c["at_load"],
+                "at_load_tok_s": c["at_load_tok_s"],
+                "usd_per_mtok_ceiling": c["ceiling"],
+                "ceiling_tok_s": c["ceiling_tok_s"],
+            }
+        )
+    return {
+        "gpu": name,
+        "gpu_kind": kind,
+        "usd_per_gpu_hour": price,
+        "price_source": f"review.gpu_price_per_hour.{kind}",
+        "schemes": schemes,
     }
 
 
@@ -70,11 +110,12 @@ def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
     chosen = next((sc for sc in cards if sc.scheme == v.scheme), None)
     load = review.config.load_rps
     stated = f"{load:g} req/s" if load is not None else f"concurrency {review.config.load_concurrency}"
-    head = f"**Cost** ({name} at ${price:g} per GPU-hour (review.gpu_price_per_hour.{kind}), {N_GPUS} GPU per scheme"
+    head = f"**Cost** ({name} at ${price:g} per GPU-hour (review.gpu_price_per_hour.{kind}) per GPU used"
     if chosen is not None:
         c = scheme_cost(chosen, price)
         head += (
-            f"): {chosen.name} costs **{_usd(c['at_load'])} per million output tokens at the stated load** "
+            f"): {chosen.name} on {_gpus(c['gpus'])} costs **{_usd(c['at_load'])} per million output tokens at the "
+            f"stated load** "
             f"({stated}, {_f(c['at_load_tok_s'])} output tok/s), {_usd(c['ceiling'])} at its sustained ceiling "
             f"({_f(c['ceiling_tok_s'])} output tok/s)."
         )
@@ -84,7 +125,8 @@ def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
     for sc in cards:
         c = scheme_cost(sc, price)
         rows.append(
-            f"{sc.name}: {_usd(c['at_load'])}/Mtok at the stated load ({_f(c['at_load_tok_s'])} tok/s), "
+            f"{sc.name} on {_gpus(c['gpus'])}: {_usd(c['at_load'])}/Mtok at the stated load "
+            f"({_f(c['at_load_tok_s'])} tok/s), "
             f"{_usd(c['ceiling'])}/Mtok at the ceiling ({_f(c['ceiling_tok_s'])} tok/s)"
         )
     return [("p", head), ("ul", rows)]
@@ -92,3 +134,7 @@ def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
 
 def _f(v: float | None) -> str:
     return "–" if v is None else f"{v:,.0f}"
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n > 1 else ''}"

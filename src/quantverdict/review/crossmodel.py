@@ -31,6 +31,7 @@ from typing import Any
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
 from quantverdict.config.targets import load_target
+from quantverdict.measure.cost import usd_per_mtok
 from quantverdict.measure.decode_bytes import (
     decode_step_bytes,
     kv_capacity,
@@ -42,7 +43,9 @@ from quantverdict.measure.memory import GIB
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import JobRecord
 from quantverdict.review import sources, stats
-from quantverdict.review.accuracy import _read_samples, pair_samples
+from quantverdict.review.accuracy import pair_samples, read_samples
+from quantverdict.review.cost import GPU_LINE, gpu_price
+from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.verdict import NON_BLOCKING
@@ -92,6 +95,9 @@ class CrossModel:
     comparisons: list[str] = field(default_factory=list)  # bigger quantized vs smaller unquantized
     paired: list[list[str]] = field(default_factory=list)  # rows of the paired accuracy table
     reference: Candidate | None = None  # of the speed ratios
+    # USD per GPU-hour of the $ column (None: no price), or why there is none ("not comparable: ran on ...")
+    price: float | None = None
+    price_note: str = ""
 
 
 def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
@@ -125,7 +131,9 @@ def _max_model_len(rec: JobRecord | None) -> int | None:
     return int(n) if n else None
 
 
-def _ran_on_gpu(sc: Scorecard) -> bool:
+def _weights_from_vllm_log(sc: Scorecard) -> bool:
+    """Whether the card's weights are vLLM's logged figure, which vLLM logs on a GPU only (on CPU they are the
+    checkpoint's bytes). The card, not :func:`quantverdict.review.gpus.on_gpu`: an MLflow source has no records."""
     return sc.memory.get("weights_source") == "vLLM log"
 
 
@@ -151,8 +159,9 @@ def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None
     The reserve is ``review.reserved_gib`` when set (> 0), else the overhead vLLM measured where the job ran
     (:func:`measured_overhead_gib`), else 0."""
     m = c.card.memory
-    if _ran_on_gpu(c.card):
-        c.weights_gib, c.weights_how = m.get("weights_gib"), "vLLM log"
+    if _weights_from_vllm_log(c.card):  # vLLM logs one GPU's share under tensor parallelism: x the GPUs used
+        c.weights_gib = whole_weights_gib(m, c.card.gpus)
+        c.weights_how = "vLLM log" + (f" x {c.card.gpus} GPUs" if c.card.gpus > 1 else "")
     elif m.get("checkpoint_gib"):  # a GPU serves the checkpoint's own dtype, whatever the CPU served in
         c.weights_gib, c.weights_how = m["checkpoint_gib"], "checkpoint bytes"
     bpt, kvb = m.get("kv_bytes_per_token"), m.get("kv_dtype_bytes") or 2
@@ -160,7 +169,7 @@ def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None
         c.target = {"fits": None, "why": "no weight size or no model dimensions"}
         return
     # a CPU that served float32 holds 4-byte KV elements; the target GPU holds the model's 16-bit ones
-    target_bytes = rc.kv_cache_dtype_bytes or (kvb if _ran_on_gpu(c.card) else min(kvb, 2))
+    target_bytes = rc.kv_cache_dtype_bytes or (kvb if _weights_from_vllm_log(c.card) else min(kvb, 2))
     s = target_bytes / kvb
     paging = m.get("hybrid_paging")
     paging = {**paging, "page_bytes": paging["page_bytes"] * s} if paging else None
@@ -326,8 +335,8 @@ def _paired_diff(a: Candidate, b: Candidate, task: str, rc: ReviewConfig) -> tup
     one, else by ``doc_id``), with the review's interval; unpaired (point difference, no interval) without
     per-item samples."""
     metric = a.scores[task][0]
-    sa = _read_samples(a.record, task) if a.record else None
-    sb = _read_samples(b.record, task) if b.record else None
+    sa = read_samples(a.record, task) if a.record else None
+    sb = read_samples(b.record, task) if b.record else None
     if sa and sb:
         if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
             sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
@@ -344,6 +353,37 @@ def _paired_diff(a: Candidate, b: Candidate, task: str, rc: ReviewConfig) -> tup
     return a.scores[task][1] - b.scores[task][1], None, 0
 
 
+def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tuple[float | None, str]:
+    """The USD per GPU-hour of the cross-model $ column and where it comes from, or ``(None, why)``.
+
+    The throughput is the one measured where the jobs ran, so a price applies only when every GPU the records
+    ran on is the target's (:func:`quantverdict.review.gpus.gpu_kind_matches` of ``target.gpu``); else the
+    reason is "not comparable: ran on <GPU>". Among prices, ``review.gpu_price_per_hour[kind]`` for the GPU
+    they ran on (:func:`quantverdict.review.cost.gpu_price`) first, else the target's ``price_per_hour``;
+    ``(None, "")`` when neither is set.
+
+    Args:
+        review: the review (its config's prices and the environment lines the records ran on).
+        target: the deployment target.
+        ran_gpu: the review's ``GPU: ...`` environment lines that match the target's GPU.
+    """
+    prices = dict(review.config.gpu_price_per_hour or {})
+    if not prices and not target.price_per_hour:
+        return None, ""
+    gpus_ran = [line for line in review.environment if line.startswith(GPU_LINE)]
+    if not ran_gpu or len(ran_gpu) != len(gpus_ran):
+        where = [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in gpus_ran] or [
+            line for line in review.environment if line.startswith("CPU")
+        ]
+        return None, f"not comparable: ran on {', '.join(where) or 'a device not recorded'}"
+    found = gpu_price(review.environment, prices)
+    if found is not None:
+        return found[2], f"review.gpu_price_per_hour.{found[1]}"
+    if target.price_per_hour:
+        return float(target.price_per_hour), f"target {target.name} price_per_hour"
+    return None, ""
+
+
 def cross_model(review: Review) -> CrossModel | None:
     """The cross-model comparison of a review's cards; None with a single model and no ``review.target``.
 
@@ -358,9 +398,9 @@ def cross_model(review: Review) -> CrossModel | None:
     records = _records_by_id(review)
     cands = [Candidate(sc, records.get(sc.job_id)) for sc in review.cards if sc.status == "ok"]
     ran = sorted({line for line in review.environment if line.startswith(("GPU", "CPU"))})
-    note = ""
+    note, price, price_how = "", None, ""
     if target is not None:
-        ran_gpu = [line for line in ran if line.startswith("GPU") and target.gpu.split()[-1].lower() in line.lower()]
+        ran_gpu = [line for line in ran if line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
         note = (
             f"Memory is computed for the target, **{target.gpu}** ({target.memory_gib:g} GiB x vLLM memory fraction "
             f"{target.memory_fraction:g} = {target.memory_gib * target.memory_fraction:.2f} GiB, minus the weights "
@@ -368,13 +408,15 @@ def cross_model(review: Review) -> CrossModel | None:
             "what vLLM kept for them where the job ran)"
             + ("" if ran_gpu else f", not for where the jobs ran ({'; '.join(ran) or 'not recorded'})")
             + ". Speed and accuracy are those measured where the jobs ran."
-            + (
-                f" Price: ${target.price_per_hour:g} per GPU-hour (cost per million output tokens in the ratio "
-                "table, at each candidate's measured ceiling)."
-                if target.price_per_hour
-                else ""
-            )
         )
+        price, price_how = target_price(review, target, ran_gpu)
+        if price is not None:
+            note += (
+                f" Price: ${price:g} per GPU-hour ({price_how}; cost per million output tokens in the ratio table, "
+                "at each candidate's measured ceiling, on the GPUs its job used)."
+            )
+        elif price_how:
+            note += f" Cost per million output tokens: {price_how}."
     for c in cands:
         if target is not None:
             _target_memory(c, target, rc)
@@ -446,7 +488,7 @@ def cross_model(review: Review) -> CrossModel | None:
             sentence += " Decided on memory and speed alone: measure accuracy on the real models before deploying."
     else:
         sentence = f"Across models, {where}: **no candidate meets the constraints**."
-    cm = CrossModel(target, note, cands, chosen, sentence, ranking)
+    cm = CrossModel(target, note, cands, chosen, sentence, ranking, price=price, price_note=price_how)
     _compare(cm, rc)
     return cm
 
@@ -656,13 +698,13 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
     if ref is None or not ref.ceiling_tok_s or not ref.step_bytes:
         return []
     rows = []
-    price = cm.target.price_per_hour if cm.target else None
+    price = cm.price
     for c in cm.candidates:
         if not c.ceiling_tok_s or not c.step_bytes:
             continue
         measured = c.ceiling_tok_s / ref.ceiling_tok_s
         predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
-        cost = [f"${price / (c.ceiling_tok_s * 3600) * 1e6:.3f}"] if price else []
+        cost = [f"${usd_per_mtok(price, c.card.gpus, c.ceiling_tok_s):.3f}"] if price else []
         rows.append(
             [
                 c.name,
@@ -687,6 +729,7 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
             + (["$ per 1M output tokens"] if price else []),
             rows,
         ),
+        *([("p", f"$ per 1M output tokens: {cm.price_note}.")] if price is None and cm.price_note else []),
     ]
 
 

@@ -13,6 +13,7 @@ the GPUs the job used (``environment.gpus_used``, else ``bench.server.tensor_par
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
@@ -29,6 +30,19 @@ def job_gpus(rec: dict[str, Any]) -> int:
         return int(used)
     server = ((rec.get("config") or {}).get("bench") or {}).get("server") or {}
     return int(server.get("tensor_parallel_size") or 1)
+
+
+def gpu_kind_matches(kind: str, name: str) -> bool:
+    """Whether a GPU kind names the GPU ``name`` (as nvidia-smi gives it): every word of ``kind`` is a whole
+    word of ``name``, case-insensitively, words bounded by anything but letters and digits.
+
+    The one GPU-name match of the review (prices in :mod:`.cost`, the target in :mod:`.crossmodel`).
+    ``H200`` matches ``NVIDIA H200`` but ``H20`` does not; ``NVIDIA A100 80GB`` matches
+    ``NVIDIA A100-SXM4-80GB`` but not ``NVIDIA H100 80GB HBM3`` (its ``A100`` is missing)."""
+    words = str(kind).split()
+    return bool(words) and all(
+        re.search(rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])", name, flags=re.IGNORECASE) for w in words
+    )
 
 
 def on_gpu(rec: dict[str, Any]) -> bool:

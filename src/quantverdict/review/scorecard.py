@@ -69,6 +69,7 @@ class Scorecard:
     flags: list[Flag] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     validity: list[str] = field(default_factory=list)  # what the numbers stand on (review's Validity section)
+    gpus: int = 1  # GPUs the job's server used (tensor parallel size; review.gpus.job_gpus)
 
     @property
     def name(self) -> str:

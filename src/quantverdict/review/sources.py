@@ -53,7 +53,7 @@ def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[dict[str, A
             f"no MLflow experiment {experiment!r} at {uri}; experiments there: {', '.join(names) or 'none'}"
         )
     records, problems, run_ids = [], [], {}
-    for run in _job_runs(client, exp.experiment_id):
+    for run in job_runs(client, exp.experiment_id):
         rid = run.info.run_id
         target = dest / rid
         target.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,9 @@ def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[dict[str, A
     return records, problems, run_ids
 
 
-def _job_runs(client: Any, experiment_id: str) -> list[Any]:
+def job_runs(client: Any, experiment_id: str) -> list[Any]:
+    """Every job run (tagged :data:`JOB_TAG`, not a review run) of an MLflow experiment, over all pages of
+    ``MlflowClient.search_runs`` (1000 runs a page)."""
     runs, token = [], None
     while True:
         page = client.search_runs([experiment_id], max_results=1000, page_token=token)
