@@ -260,7 +260,7 @@ def test_server_backend_with_a_scheme_the_device_cannot_serve_is_refused() -> No
 def test_server_backend_window_leaves_room_for_one_generated_token() -> None:
     # max_model_len 2048: a 2048-token prompt + 1 generated token = 2049 > 2048, which vLLM refuses
     with pytest.raises(ConfigError) as err:
-        compose(["eval.backend=server"])  # conf/eval/cpu.yaml: seq_len 2048
+        compose(["eval.backend=server", "eval.token_perplexity.seq_len=2048", "eval.token_perplexity.stride=2048"])
     assert "eval.token_perplexity.seq_len=2048: with eval.backend=server" in str(err.value)
     assert "use seq_len <= 2047" in str(err.value)
     # the server's own max_model_len counts: bench.server.max_model_len 1024 -> windows of at most 1023
@@ -285,7 +285,8 @@ def test_server_backend_window_leaves_room_for_one_generated_token() -> None:
         ]
     )
     # the hf backend has no generated token: 2048 stays allowed there
-    assert compose([]).eval.token_perplexity.seq_len == 2048
+    hf = compose(["eval.token_perplexity.seq_len=2048", "eval.token_perplexity.stride=2048"])
+    assert hf.eval.backend == "hf" and hf.eval.token_perplexity.seq_len == 2048
 
 
 def test_server_backend_on_a_synthetic_model_is_not_checked() -> None:
