@@ -115,6 +115,43 @@ def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path:
     assert g2.vllm["served_kv_bytes"] == kv and g2.vllm["at_target"]
 
 
+def test_emulating_the_a10g_on_the_h200_flags_the_h200s_batch_limits(tmp_path: Path) -> None:
+    # served at the A10G's budget but with vLLM's H200 defaults (1024 sequences, 8,192 batched tokens: 143,771 MiB
+    # >= 70 GiB and not an A100); on the A10G (22.49 GiB) vLLM picks 256 and 2,048
+    src = _grid(tmp_path, {"qwen3.5-9b-shape/gptq": {"gpu_memory_utilization": 0.144154, "max_num_seqs": None}})
+    gptq = next(c for c in cross_model(_review(src, target="a10g")).candidates if c.card.scheme == "gptq")  # type: ignore[union-attr]
+    assert gptq.vllm["batch"] == {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "target": [256, 2048]}
+    assert any("max_num_seqs 1024, max_num_batched_tokens 8,192" in f and "picks 256, 2,048" in f for f in gptq.flags)
+    # the same job with the A10G's limits set: no flag
+    src2 = _grid(
+        tmp_path / "b",
+        {
+            "qwen3.5-9b-shape/gptq": {
+                "gpu_memory_utilization": 0.144154,
+                "max_num_seqs": 256,
+                "extra_args": ["--max-num-batched-tokens", "2048"],
+            }
+        },
+    )
+    g2 = next(c for c in cross_model(_review(src2, target="a10g")).candidates if c.card.scheme == "gptq")  # type: ignore[union-attr]
+    assert g2.vllm["batch"]["max_num_seqs"] == 256 and not any("max_num_seqs" in f for f in g2.flags)
+
+
+def test_a_job_without_a_server_borrows_the_largest_measured_reserve(tmp_path: Path) -> None:
+    # the 9B bf16 with its vLLM figures removed (as a bench.enabled=false job): no overhead of its own, so it takes
+    # the largest measured on the others: llama3.1-8b-shape bf16's 1.87123046875 GiB (above the gptq's 1.81123...)
+    src = _grid(tmp_path)
+    p = src / "qwen3.5-9b-shape_bf16" / "record.json"
+    rec = json.loads(p.read_text())
+    rec["memory"]["server"] = None
+    p.write_text(json.dumps(rec))
+    cm = cross_model(_review(src, target="a10g"))
+    assert cm is not None
+    bf16 = next(c for c in cm.candidates if c.card.model == "qwen3.5-9b-shape" and c.card.scheme == "bf16")
+    assert bf16.target["reserve_gib"] == pytest.approx(1.87123046875)
+    assert bf16.target["reserve_how"] == "no server ran: vLLM's overhead measured for llama3.1-8b-shape bf16 (BF16)"
+
+
 @pytest.mark.parametrize(
     ("args", "want"),
     [

@@ -64,3 +64,24 @@ def target_errors(rc: ReviewConfig) -> list[str]:
     if t.memory_gib <= 0 or (f is None and not 0 < t.memory_fraction <= 1):
         errors.append(f"target {t.name}: memory_gib must be > 0 and memory_fraction in (0, 1]")
     return errors
+
+
+def vllm_batch_defaults(gpu: str, memory_gib: float) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` that ``vllm serve`` picks on a GPU when neither is set.
+
+    Source: vLLM's ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py, read in vLLM 0.26 and 0.32), for
+    the OpenAI API server: GPUs of >= 160 GiB: 1024 sequences, 16,384 tokens; >= 70 GiB and not an A100 (H100,
+    H200): 1024, 8,192; any other GPU (A10G, L4, A100): 256, 2,048. A job that emulates a small card on a big one
+    with the memory fraction alone inherits the big card's batch limits (and, for a hybrid model, needs one
+    recurrent-state block per sequence: 1024 of them do not fit an A10G-sized budget), so the review compares them
+    with the target's.
+
+    Args:
+        gpu: the GPU's name as nvidia-smi reports it (e.g. ``NVIDIA A100-SXM4-80GB``); only "a100" matters.
+        memory_gib: its total memory, GiB (nvidia-smi memory.total / 1024).
+    """
+    if memory_gib >= 160:
+        return 1024, 16384
+    if memory_gib >= 70 and "a100" not in gpu.lower():
+        return 1024, 8192
+    return 256, 2048

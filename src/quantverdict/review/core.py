@@ -24,7 +24,7 @@ from quantverdict.results.tracking import (
     log_job_headline,
     runs_page,
 )
-from quantverdict.review import constraints, flags, gpus, sources
+from quantverdict.review import constraints, crossmodel, flags, gpus, sources
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.cost import cost_json
 from quantverdict.review.dtypes import dtype_flags
@@ -320,6 +320,7 @@ def to_json(review: Review) -> dict[str, Any]:
         "validity": review.validity,
         "notes": review.notes,
         **({"cost": cost} if (cost := cost_json(review)) is not None else {}),
+        **({"cross_model": _clean(cm)} if (cm := crossmodel.to_json(review)) is not None else {}),
     }
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
-from quantverdict.config.targets import load_target
+from quantverdict.config.targets import load_target, vllm_batch_defaults
 from quantverdict.measure.cost import usd_per_mtok
 from quantverdict.measure.decode_bytes import (
     decode_step_bytes,
@@ -153,11 +153,14 @@ def measured_overhead_gib(c: Candidate) -> float | None:
     return left if left >= 0 else None
 
 
-def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None:
+def _target_memory(
+    c: Candidate, target: TargetConfig, rc: ReviewConfig, borrowed: tuple[float, str] | None = None
+) -> None:
     """Weights + KV cache at the target's budget -> KV tokens and max concurrency (see the module doc).
 
     The reserve is ``review.reserved_gib`` when set (> 0), else the overhead vLLM measured where the job ran
-    (:func:`measured_overhead_gib`), else 0."""
+    (:func:`measured_overhead_gib`), else ``borrowed`` (the largest overhead measured on another candidate, GiB,
+    and its name: a job that started no server), else 0."""
     m = c.card.memory
     if _weights_from_vllm_log(c.card):  # vLLM logs one GPU's share under tensor parallelism: x the GPUs used
         c.weights_gib = whole_weights_gib(m, c.card.gpus)
@@ -175,10 +178,11 @@ def _target_memory(c: Candidate, target: TargetConfig, rc: ReviewConfig) -> None
     paging = {**paging, "page_bytes": paging["page_bytes"] * s} if paging else None
     state = (m.get("state_bytes_per_sequence") or 0.0) * s
     measured = measured_overhead_gib(c)
-    if rc.reserved_gib > 0 or measured is None:
-        reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
-    else:
+    reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
+    if rc.reserved_gib <= 0 and measured is not None:
         reserve, reserve_how = measured, "vLLM's overhead where the job ran"
+    elif rc.reserved_gib <= 0 and borrowed is not None:
+        reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
     budget = target_kv_budget_bytes(target.memory_gib, target.memory_fraction, c.weights_gib * GIB, reserve * GIB)
     out: dict[str, Any] = {"kv_gib": budget / GIB, "kv_bytes_per_token": bpt * s}
     out["reserve_gib"], out["reserve_how"] = reserve, reserve_how
@@ -258,6 +262,45 @@ def _vllm_figures(c: Candidate, target: TargetConfig | None) -> None:
         "at_target": at_target,
         "how": ("the target's budget: " if at_target else "") + how,
     }
+    if target is not None and at_target:
+        _batch_limits(c, target)
+
+
+def _flag_value(args: list[str], flag: str) -> int | None:
+    """The integer after ``flag`` (or in ``flag=N``) in a vLLM argument list, else None."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args) and str(args[i + 1]).isdigit():
+            return int(args[i + 1])
+        if str(a).startswith(flag + "=") and str(a).split("=", 1)[1].isdigit():
+            return int(str(a).split("=", 1)[1])
+    return None
+
+
+def _batch_limits(c: Candidate, target: TargetConfig) -> None:
+    """The job's ``max_num_seqs`` / ``max_num_batched_tokens`` as served (set, else vLLM's default on the GPU it
+    ran on, :func:`~quantverdict.config.targets.vllm_batch_defaults`) beside what vLLM would pick on the target.
+    Emulating a small card on a big one with the memory fraction keeps the big card's batch limits: the review
+    says so (a flag: the speed at high load is not the target's), and names the overrides that match it."""
+    rec = c.record
+    gpus = [
+        g for g in (rec.environment.gpu if rec else None) or [] if isinstance(g, dict) and g.get("memory_total_mib")
+    ]
+    if rec is None or not gpus:
+        return
+    server = rec.cfg("bench").get("server") or {}
+    args = [*(server.get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])]
+    ran = vllm_batch_defaults(str(gpus[0].get("name") or ""), float(gpus[0]["memory_total_mib"]) / 1024)
+    seqs = server.get("max_num_seqs") or _flag_value(args, "--max-num-seqs") or ran[0]
+    tokens = _flag_value(args, "--max-num-batched-tokens") or ran[1]
+    want = vllm_batch_defaults(target.gpu, target.memory_gib)
+    c.vllm["batch"] = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "target": list(want)}
+    if (seqs, tokens) != want:
+        c.flags.append(
+            f"served with max_num_seqs {seqs}, max_num_batched_tokens {tokens:,}; vLLM on the {target.gpu} "
+            f"picks {want[0]}, {want[1]:,} by default: its speed at high load is not the "
+            f"target's (bench.server.max_num_seqs={want[0]} "
+            f"'bench.server.extra_args=[--max-num-batched-tokens,{want[1]}]' match it)"
+        )
 
 
 def _scores(c: Candidate, cards: list[Scorecard]) -> None:
@@ -405,7 +448,8 @@ def cross_model(review: Review) -> CrossModel | None:
             f"Memory is computed for the target, **{target.gpu}** ({target.memory_gib:g} GiB x vLLM memory fraction "
             f"{target.memory_fraction:g} = {target.memory_gib * target.memory_fraction:.2f} GiB, minus the weights "
             "and a reserve for activations, CUDA graphs and non-torch memory: review.reserved_gib when set, else "
-            "what vLLM kept for them where the job ran)"
+            "what vLLM kept for them where the job ran, or for a job that started no server the largest such figure of "
+            "the other candidates)"
             + ("" if ran_gpu else f", not for where the jobs ran ({'; '.join(ran) or 'not recorded'})")
             + ". Speed and accuracy are those measured where the jobs ran."
         )
@@ -417,9 +461,15 @@ def cross_model(review: Review) -> CrossModel | None:
             )
         elif price_how:
             note += f" Cost per million output tokens: {price_how}."
+    # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
+    # measured on another candidate on the same kind of GPU, rather than 0 (which would overstate its KV cache)
+    borrowed = max(
+        ((o, c.name) for c in cands if (o := measured_overhead_gib(c)) is not None),
+        default=None,
+    )
     for c in cands:
         if target is not None:
-            _target_memory(c, target, rc)
+            _target_memory(c, target, rc, borrowed)
         else:
             c.weights_gib, c.weights_how = c.card.memory.get("weights_gib"), c.card.memory.get("weights_source") or ""
         _vllm_figures(c, target)
@@ -567,7 +617,7 @@ def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
 
 
 def _n(v: Any, fmt: str = ".2f") -> str:
-    return _f(v, fmt, missing="—")
+    return _f(v, fmt, missing="–")
 
 
 def section(review: Review) -> list[Block]:
@@ -621,15 +671,15 @@ def _memory_blocks(cm: CrossModel) -> list[Block]:
     rows = []
     for c in cm.candidates:
         t, v = c.target, c.vllm
-        vl = "—"
+        vl = "–"
         if v:
             vl = (
                 f"{_n(v['kv_gib'])} GiB, {_n(v['kv_tokens'], ',.0f')} tokens, "
                 f"{_n(v['max_concurrency'], '.1f')}x ({v['how']})"
             )
-        conc = f"{t['max_concurrency']:.1f} x {t['max_len']:,} tokens" if t.get("max_concurrency") is not None else "—"
-        fits = {True: "yes", False: f"no: {t.get('why')}", None: "n/a"}[t.get("fits")] if cm.target else "—"
-        reserve = f"{t['reserve_gib']:.2f} ({t['reserve_how']})" if t.get("reserve_gib") is not None else "—"
+        conc = f"{t['max_concurrency']:.1f} x {t['max_len']:,} tokens" if t.get("max_concurrency") is not None else "–"
+        fits = {True: "yes", False: f"no: {t.get('why')}", None: "n/a"}[t.get("fits")] if cm.target else "–"
+        reserve = f"{t['reserve_gib']:.2f} ({t['reserve_how']})" if t.get("reserve_gib") is not None else "–"
         rows.append(
             [
                 c.name,
@@ -652,7 +702,7 @@ def _accuracy_blocks(cm: CrossModel) -> list[Block]:
         own = {d.name: d for d in c.card.accuracy}
         for task, (metric, value, n) in sorted(c.scores.items()):
             d = own.get(task)
-            delta = "baseline" if c.card.is_baseline else "—"
+            delta = "baseline" if c.card.is_baseline else "–"
             if d is not None and d.kind == "score" and d.delta is not None:
                 ci = f" [{d.interval.low:+.4f}, {d.interval.high:+.4f}]" if d.interval else ""
                 delta = f"{d.delta:+.4f}{ci}"
@@ -689,7 +739,7 @@ def _sweep_blocks(cm: CrossModel) -> list[Block]:
     if not loads:
         return []
     order = sorted(loads, key=lambda k: loads[k])
-    rows = [[c.name] + [cells.get((c.name, k), "—") for k in order] for c in cm.candidates]
+    rows = [[c.name] + [cells.get((c.name, k), "–") for k in order] for c in cm.candidates]
     return [("h3", "Rate sweep, every candidate at the same offered loads"), ("table", ["candidate", *order], rows)]
 
 
@@ -738,7 +788,7 @@ def _fit_blocks(cm: CrossModel) -> list[Block]:
     for c in cm.candidates:
         f = c.fit
         if f is None:
-            rows.append([c.name, "—", "—", "—", "—", c.fit_note])
+            rows.append([c.name, "–", "–", "–", "–", c.fit_note])
             continue
         r2 = (
             "n/a (no variance)"
@@ -764,3 +814,51 @@ def _fit_blocks(cm: CrossModel) -> list[Block]:
         ),
         ("table", ["candidate", "fixed µs", "µs/seq", "R²", "points", "fitted on"], rows),
     ]
+
+
+def to_json(review: Review) -> dict[str, Any] | None:
+    """The cross-model result for ``review.json`` (``cross_model``), None when the review has one model and no
+    target: the target, the chosen candidate and the verdict sentence, the bigger-quantized vs
+    smaller-unquantized lines, and per candidate its memory on the target (GiB, KV tokens, max concurrency),
+    vLLM's own figures as served, the ceiling (output tok/s), bytes per decode step, the decode-step fit (µs),
+    eligibility and flags; ``{"error": ...}`` when the target cannot be loaded (as :func:`section` says)."""
+    try:
+        cm = cross_model(review)
+    except ConfigError as exc:
+        return {"error": f"not computed: {exc}"}
+    if cm is None:
+        return None
+
+    def cand(c: Candidate) -> dict[str, Any]:
+        fit = c.fit
+        return {
+            "name": c.name,
+            "model": c.card.model,
+            "scheme": c.card.scheme,
+            "weights_gib": c.weights_gib,
+            "weights_how": c.weights_how,
+            "target": dict(c.target),
+            "vllm": dict(c.vllm),
+            "ceiling_tok_s": c.ceiling_tok_s,
+            "step_bytes": c.step_bytes,
+            "decode_fit": None
+            if fit is None
+            else {"fixed_us": fit.fixed_us, "per_seq_us": fit.per_seq_us, "r2": fit.r2, "points": fit.n},
+            "scores": {t: {"metric": m, "value": v, "n": n} for t, (m, v, n) in c.scores.items()},
+            "eligible": c.eligible,
+            "why_not": list(c.why_not),
+            "flags": list(c.flags),
+        }
+
+    t = cm.target
+    return {
+        "target": None
+        if t is None
+        else {"name": t.name, "gpu": t.gpu, "memory_gib": t.memory_gib, "memory_fraction": t.memory_fraction},
+        "chosen": cm.chosen.name if cm.chosen else None,
+        "sentence": cm.sentence,
+        "ranking": cm.ranking,
+        "comparisons": list(cm.comparisons),
+        "reference": cm.reference.name if cm.reference else None,
+        "candidates": [cand(c) for c in cm.candidates],
+    }

@@ -93,6 +93,22 @@ def _describe_pid(pid: int) -> str:
     return f"pid {pid}: {cmd.strip()[:160]}"
 
 
+# vLLM start-up failures whose fix is one of our config keys: (text in the root cause, what to set)
+_HINTS = (
+    (
+        "Mamba cache blocks",
+        "a hybrid model (Gated DeltaNet, Mamba) needs one recurrent-state block per sequence: set "
+        "bench.server.max_num_seqs at or below the number vLLM names (vLLM defaults to 1024 sequences on GPUs of "
+        ">= 70 GiB and to 256 below; a small memory fraction on a big GPU keeps the big GPU's 1024)",
+    ),
+)
+
+
+def _hint(cause: str | None) -> str:
+    """``". Fix: ..."`` for a root cause in :data:`_HINTS`, else ``""``."""
+    return next((f". Fix: {fix}" for text, fix in _HINTS if cause and text in cause), "")
+
+
 def _log_tail(path: Path, lines: int = 12) -> str:
     """The last ``lines`` lines of the server log, shutdown noise left out (:func:`procs.clean_tail`)."""
     return procs.clean_tail(procs.read_log(path), lines) or "(empty log)"
@@ -370,7 +386,7 @@ class VLLMServer:
         else:
             how = f"exit code {rc}"
         head = f"the vLLM server died{when}: {cause}" if cause else f"the vLLM server died{when}, no error in its log"
-        return f"{head} ({how}; log: {self.log_path})\nlast lines of the log:\n{_log_tail(self.log_path)}"
+        return f"{head} ({how}; log: {self.log_path}){_hint(cause)}\nlast lines of the log:\n{_log_tail(self.log_path)}"
 
     # -- the dev-mode cache reset and the counters ------------------------------------------------
     def reset_prefix_cache(self, tries: int = 20) -> bool:
