@@ -36,8 +36,9 @@ GPU_TABLES = {  # records folder -> committed results folder
 def overrides_of(review_json: Path) -> list[str]:
     """The ``review.KEY=VALUE`` overrides a committed review was made with, read from its ``constraints_how``."""
     how = json.loads(review_json.read_text())["constraints_how"]
-    _, sep, tail = how.partition(", with ")
-    return [o.strip() for o in tail.split(", ")] if sep else []
+    head, sep, tail = how.partition(", with ")
+    named = head.removeprefix("constraint set ").removesuffix(" (named)") if head.endswith(" (named)") else None
+    return ([f"review={named}"] if named else []) + ([o.strip() for o in tail.split(", ")] if sep else [])
 
 
 def records_of(review_dir: Path) -> Path:
@@ -126,7 +127,30 @@ def regenerate(work: Path) -> tuple[list[str], list[str]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", type=Path, help="regenerate into this folder (default: a temporary one)")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="after comparing, copy every regenerated review (md, html, json, plots) over the committed one",
+    )
     args = ap.parse_args()
+    if args.write:
+        with tempfile.TemporaryDirectory() as tmp:
+            compared, problems = regenerate(Path(tmp))
+            for review_dir in sorted(RESULTS.glob("*review*")):
+                out = Path(tmp) / review_dir.name
+                if not (out / "review.json").is_file():
+                    continue
+                for name in ("review.md", "review.html", "review.json"):  # only what differs beyond the header
+                    old = review_dir / name
+                    if not old.is_file() or _review_text(old) != _review_text(out / name):
+                        old.write_bytes((out / name).read_bytes())
+                for png in sorted((out / "plots").glob("*.png")):
+                    old = review_dir / "plots" / png.name
+                    if not old.is_file() or old.read_bytes() != png.read_bytes():
+                        old.parent.mkdir(exist_ok=True)
+                        old.write_bytes(png.read_bytes())
+        print(f"{len(compared)} files compared, {len(problems)} differed; reviews rewritten")
+        return 0
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
         compared, problems = regenerate(args.keep)

@@ -335,3 +335,13 @@ def test_review_name_override_picks_that_sets_values() -> None:
         ConfigError, match=r"review.name='strict': no constraint set 'strict' .*; sets: cpu, default, gpu"
     ):
         resolve(ReviewConfig(name="strict"), gpu_records, ["review.name=strict"])
+
+
+def test_a_named_set_lists_the_overrides_on_top_so_the_review_can_be_redone() -> None:
+    # review=gpu review.target=a10g: the composed set already holds the target; the header must still name it,
+    # or a rerun from the header alone (tests/regen_docs_results.py) reviews without the target
+    from quantverdict.review.constraints import load_set, resolve
+
+    rc = replace(load_set("gpu"), target="a10g")
+    _, how = resolve(rc, [record("bf16")], ["review=gpu", "review.target=a10g"])
+    assert how == "constraint set gpu (named), with review.target=a10g"

@@ -126,7 +126,10 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
     named = [u.split("=", 1)[1] for u in review_overrides(overrides or []) if u.startswith("name=")]
     if rc.name != AUTO and not named:  # review=NAME: that file's values, already composed
         load_set(rc.name)  # an unknown set is refused with the sets there are
-        return rc, f"constraint set {rc.name} (named)"
+        user = review_overrides(overrides or [])  # already applied by the composition; named so it can be redone
+        return rc, f"constraint set {rc.name} (named)" + (
+            f", with {', '.join('review.' + u for u in user)}" if user else ""
+        )
     device = device_class(records)
     if named and named[-1] != AUTO:  # review.name=NAME picks that set's values, not only its name
         name, device = named[-1], None
