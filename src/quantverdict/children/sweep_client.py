@@ -36,6 +36,7 @@ from typing import Any
 
 from quantverdict.children._child import child_main, progress
 from quantverdict.children.vllm_cli import install_alias
+from quantverdict.measure.bench_result import e2e_s, has_detailed
 from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, requests_for, warmup_requests
 
 # the server's /metrics counters read around each point (prometheus_client names: family + "_total")
@@ -161,7 +162,7 @@ def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | Non
     rate = point["request_rate"]
     if rate != "inf" and point.get("max_concurrency") is None:
         return float(rate)
-    lats = [x for x, e in zip(result.get("latencies") or [], result.get("errors") or []) if not e and x]
+    lats = [x for x, e in zip(e2e_s(result), result.get("errors") or []) if not e and x] if has_detailed(result) else []
     if point.get("max_concurrency") is not None and lats:
         return float(point["max_concurrency"]) / (sum(lats) / len(lats))
     dur = float(result.get("duration") or 0.0)

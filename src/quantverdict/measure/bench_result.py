@@ -54,13 +54,28 @@ def _dist_ms(values_s: Sequence[float]) -> dict[str, float | None]:
 
 # --- per-request data -------------------------------------------------------------------------------
 
-_DETAILED = ("start_times", "ttfts", "itls", "latencies", "output_lens")
+_DETAILED = ("start_times", "ttfts", "itls", "output_lens")
 
 
 def has_detailed(result: dict[str, Any]) -> bool:
-    """True when ``result`` holds the per-request lists of ``--save-detailed``, all of one length."""
-    lists = [v for v in (result.get(k) for k in _DETAILED) if isinstance(v, list)]
-    return len(lists) == len(_DETAILED) and len({len(v) for v in lists}) == 1
+    """True when ``result`` holds the per-request lists of ``--save-detailed``, all of one length (``latencies``
+    too where it is there: vLLM 0.26 does not save it, see :func:`e2e_s`)."""
+    keys = (*_DETAILED, "latencies") if "latencies" in result else _DETAILED
+    lists = [v for v in (result.get(k) for k in keys) if isinstance(v, list)]
+    return len(lists) == len(keys) and len({len(v) for v in lists}) == 1
+
+
+def e2e_s(result: dict[str, Any]) -> list[float]:
+    """Each request's E2E latency (s), in the result's order: vLLM's ``latencies`` list where the result has it
+    (vLLM 0.32 saves it with ``--save-detailed``), else TTFT + the sum of its ITL gaps (vLLM 0.26 saves ``ttfts``
+    and ``itls`` but no ``latencies``). The two are one quantity: in ``endpoint_request_func.py`` the TTFT is the
+    first chunk's time after sending, each ITL the gap to the next chunk, and the latency the last chunk's time
+    after sending (:func:`parse_result` checks that they agree where both are saved, ``itl_sum_max_err_ms``).
+    A failed request (no chunk) gets 0.0, as vLLM records it."""
+    lats = result.get("latencies")
+    if isinstance(lats, list) and len(lats) == len(result["ttfts"]):
+        return [float(x or 0.0) for x in lats]
+    return [float(t or 0.0) + sum(float(x) for x in gaps or []) for t, gaps in zip(result["ttfts"], result["itls"])]
 
 
 def completed_requests(result: dict[str, Any]) -> list[int]:
@@ -89,7 +104,7 @@ def latency_samples(result: dict[str, Any]) -> dict[str, list[float]]:
         ``{"ttft": [...], "tpot": [...], "itl": [...] (all requests' gaps, flattened), "e2e": [...]}``.
     """
     ok = completed_requests(result)
-    ttfts, lats, lens, itls = result["ttfts"], result["latencies"], result["output_lens"], result["itls"]
+    ttfts, lats, lens, itls = result["ttfts"], e2e_s(result), result["output_lens"], result["itls"]
     return {
         "ttft": [float(ttfts[i]) for i in ok],
         "tpot": [(float(lats[i]) - float(ttfts[i])) / (int(lens[i]) - 1) for i in ok if int(lens[i]) > 1],
@@ -137,7 +152,7 @@ def steady_state(result: dict[str, Any]) -> dict[str, Any]:
     """
     none = dict(_STEADY_NONE)
     ok = completed_requests(result)
-    starts, lats = result["start_times"], result["latencies"]
+    starts, lats = result["start_times"], e2e_s(result)
     if not ok or not starts:
         return {**none, "steady_reason": "no completed request"}
     c1 = min(float(starts[i]) + float(lats[i]) for i in ok)
@@ -261,11 +276,14 @@ def parse_result(
         lens = [int(x) for x in result["output_lens"]]
         out["requests_in_result"] = len(lens)
         out["short_requests"] = sum(1 for n in lens if n < output_len)
+        saved = "latencies" in result  # else E2E is TTFT + sum(ITL) by construction (e2e_s): nothing to check
         errs = [
             abs(float(result["ttfts"][i]) + sum(float(x) for x in result["itls"][i]) - float(result["latencies"][i]))
             for i in ok
+            if saved
         ]
         out["itl_sum_max_err_ms"] = max(errs) * 1000.0 if errs else None
+        out["e2e_source"] = "vllm latencies" if saved else "ttft + sum(itl) (no latencies in the result)"
         out["itl_per_token"] = all(len(result["itls"][i]) == lens[i] - 1 for i in ok)
         out["sent_rps"] = _sent_rps(result)
         steady = steady_state(result)
@@ -317,9 +335,10 @@ def request_times(result: dict[str, Any]) -> dict[str, list[float | None]] | Non
     starts = [float(s) for s in result["start_times"]]
     t0 = min(starts) if starts else 0.0
     ok = set(completed_requests(result))
+    lats = e2e_s(result)
     return {
         "start_s": [round(s - t0, 4) for s in starts],
-        "end_s": [round(s - t0 + float(result["latencies"][i]), 4) if i in ok else None for i, s in enumerate(starts)],
+        "end_s": [round(s - t0 + lats[i], 4) if i in ok else None for i, s in enumerate(starts)],
     }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantverdict.measure.bench_result import completed_requests, has_detailed
+from quantverdict.measure.bench_result import completed_requests, e2e_s, has_detailed
 
 OBJECTIVES = ("ttft", "tpot", "e2e")  # vLLM's --goodput keys ttft, tpot, e2el
 
@@ -108,15 +108,16 @@ def request_latencies(result: dict[str, Any]) -> list[RequestLatency | None]:
         ValueError: the result lacks the per-request lists of ``--save-detailed``.
     """
     if not has_detailed(result):
-        raise ValueError("no per-request data: the result lacks the --save-detailed lists (ttfts, itls, latencies)")
+        raise ValueError("no per-request data: the result lacks the --save-detailed lists (start_times, ttfts, itls)")
     done = set(completed_requests(result))
+    lats = e2e_s(result)
     out: list[RequestLatency | None] = []
     for i in range(len(result["ttfts"])):
         if i not in done:
             out.append(None)
             continue
         tokens = int(result["output_lens"][i])
-        ttft, e2e = float(result["ttfts"][i]), float(result["latencies"][i])
+        ttft, e2e = float(result["ttfts"][i]), lats[i]
         tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
         out.append(RequestLatency(ttft, tpot, e2e, tokens))
     return out
