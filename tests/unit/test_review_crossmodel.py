@@ -38,7 +38,7 @@ from quantverdict.review.crossmodel import (
     target_price,
 )
 from quantverdict.review.model import Review
-from quantverdict.review.render import to_markdown
+from quantverdict.review.render import blocks, to_markdown
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.sources import load_dir
 from review_records import record, synthetic_grid, write_samples
@@ -95,6 +95,10 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     assert "accuracy: not compared" in line and "speed: llama3.1-8b-shape (ceiling 1220 vs 9710" in line
     md = to_markdown(section(_review(tmp_path, target="a10g")))
     assert "## Across models on NVIDIA A10G" in md and "not for where the jobs ran (GPU: NVIDIA H200" in md
+    # the first screen opens on the question asked: the cross-model verdict before the per-model ones
+    full = to_markdown(blocks(_review(tmp_path, target="a10g"), {}))
+    assert full.startswith("# quantverdict review\n\n> Across models, on NVIDIA A10G: deploy **")
+    assert full.index("> Across models") < full.index("## llama3.1-8b-shape")
 
 
 def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import html
 import re
 from typing import Any
 
-from quantverdict.config.schema import ReviewConfig
+from quantverdict.config.schema import ConfigError, ReviewConfig
 from quantverdict.results.format import number as _f
 from quantverdict.review import crossmodel, headline
 from quantverdict.review.constraints import load_set
@@ -302,9 +302,21 @@ def first_screen_header(review: Review, model: str) -> list[str]:
     ]
 
 
+def _cross_model_or_none(review: Review) -> crossmodel.CrossModel | None:
+    """The cross-model findings, None with one model and no target or a target that cannot be loaded (the
+    "Across models" section then says why)."""
+    try:
+        return crossmodel.cross_model(review)
+    except ConfigError:
+        return None
+
+
 def _first_screen(review: Review) -> list[Block]:
     """The title, then per model its verdict and one line per scheme with its three numbers."""
     out: list[Block] = [("h1", "quantverdict review")]
+    cm = _cross_model_or_none(review)
+    if cm is not None and len({c.card.model for c in cm.candidates}) > 1:  # the question asked: across models first
+        out.append(("verdict", cm.sentence + ' ("Across models" below; per model next)', "ok" if cm.chosen else "warn"))
     for v in review.verdicts:
         if len(review.verdicts) > 1:
             out.append(("h2", v.model))
