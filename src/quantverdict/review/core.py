@@ -34,7 +34,7 @@ from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, speed_summary
-from quantverdict.review.validity import accuracy_validity, speed_validity
+from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
     decide,
@@ -122,7 +122,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.label = str(kc.get("effective_label") or sc.label)
         sc.speed["comparable"] = False
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
-    sc.validity += speed_validity(r, sc.name, sc.speed)
+    sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines
