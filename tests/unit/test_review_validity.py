@@ -80,7 +80,14 @@ def test_regime_uses_the_interval_not_one_run() -> None:
     row = next(r for r in review.regime["m"] if r["scheme"] == "w8a8")
     assert row["sat"] == pytest.approx(405 / 360)
     assert row["sat_range"] == pytest.approx((400 / 420, 410 / 300))
-    assert "[0.95-1.37] at saturation (ranges over repeats)" in row["text"]
+    # the two repeats pair by index: ratios 400 / 300 = 1.3333 and 410 / 420 = 0.9762, logs 0.28768 and
+    # -0.02410, mean 0.13179 (geometric mean 1.1409), sd 0.22046, t(1) = 12.706: half-width 12.706 x 0.22046 /
+    # sqrt(2) = 1.98075 -> 95% CI exp(-1.84896) = 0.157 to exp(2.11254) = 8.27: no difference established
+    sat = row["sat_claim"]
+    assert sat["rule"] == "paired t" and sat["pairs"] == 2 and sat["word"] == "no difference established"
+    assert sat["speedup"] == pytest.approx(1.1409, abs=1e-4)
+    assert (sat["low"], sat["high"]) == (pytest.approx(0.1574, abs=1e-3), pytest.approx(8.269, abs=1e-2))
+    assert "no difference established: paired t over n=2 repeats, 95% CI [0.16, 8.27]" in row["text"]
     assert "keeps paying" not in row["text"] and "pays at low load only" in row["text"]
 
 

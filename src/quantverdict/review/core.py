@@ -33,12 +33,15 @@ from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_
 from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
-from quantverdict.review.speed import speed_summary
-from quantverdict.review.validity import accuracy_validity, speed_validity
+from quantverdict.review.speed import raw_points, speed_summary
+from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
     decide,
+    paired_speedups,
     regime_sentence,
+    regime_side,
+    regime_tests,
     short_error,
     speedup_intervals,
     speedups,
@@ -119,7 +122,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.label = str(kc.get("effective_label") or sc.label)
         sc.speed["comparable"] = False
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
-    sc.validity += speed_validity(r, sc.name, sc.speed)
+    sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines
@@ -194,6 +197,8 @@ def build_review(
         environment=environment_lines(records),
         constraints_how=how,
     )
+    # each job's sweep points as recorded (repeats apart), for the regime's ratios paired by repeat
+    raw = {id(sc): raw_points(JobRecord.view(r)) for sc, r in zip(cards, records)}
     for model in dict.fromkeys(c.model for c in cards):
         mine = review.cards_of(model)
         verdict, checks = decide(model, mine, rc)
@@ -205,7 +210,9 @@ def build_review(
                 continue
             low, sat = speedups(sc, base)
             low_iv, sat_iv = speedup_intervals(sc, base)
-            text = regime_sentence(sc, low, sat, low_iv, sat_iv)
+            paired = paired_speedups(sc, base, raw[id(sc)], raw[id(base)])  # by repeat, per load
+            low_test, sat_test = regime_tests(paired)
+            text = regime_sentence(sc, low, sat, low_iv, sat_iv, low_test, sat_test)
             rows.append(
                 {
                     "scheme": sc.scheme,
@@ -214,6 +221,9 @@ def build_review(
                     "sat": sat,
                     "low_range": low_iv,
                     "sat_range": sat_iv,
+                    "low_claim": regime_side(low, low_iv, low_test),
+                    "sat_claim": regime_side(sat, sat_iv, sat_test),
+                    "paired": paired,
                     "text": text,
                 }
             )

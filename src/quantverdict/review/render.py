@@ -578,18 +578,38 @@ def _checks_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]
     return out
 
 
+def _claim_cell(claim: Any, median: Any, rng: Any) -> str:
+    """A regime claim's speedup as a table cell: ``1.22x [1.16-1.29] (paired, n=3)`` with a paired test, else
+    the median with its min-max range (``single run`` when there is none)."""
+    if not claim:
+        return _f(median, ".2f", "x") + _range(rng)
+    if claim["rule"] == "paired t":
+        return f"{claim['speedup']:.2f}x [{claim['low']:.2f}-{claim['high']:.2f}] (95% CI, paired, n={claim['pairs']})"
+    if claim["rule"] == "min-max range":
+        return f"{claim['speedup']:.2f}x [{claim['low']:.2f}-{claim['high']:.2f}] (min-max range)"
+    return f"{claim['speedup']:.2f}x (single run)"
+
+
+TABLE_PAIRED_METRICS = ("output_tok_s", "itl_ms_p50")  # review.json also holds TPOT p50
+
+
 def _regime_table(review: Review, model: str) -> list[Block]:
-    """One model's speedups over its baseline at low load and at saturation."""
+    """One model's speedups over its baseline at low load and at saturation, each with the rule it rests on,
+    then the per-load speedups paired by repeat (output tok/s and ITL p50, >= 2 pairs) they come from."""
     out: list[Block] = []
+    regime = review.regime.get(model, [])
     out.append(("h3", "Regime: where quantization pays"))
     out.append(
         (
             "p",
             (
-                "Speedup over the baseline at low load (baseline single-stream ITL p50 / the scheme's) and "
-                "at saturation (the scheme's sustained-ceiling output tok/s / the baseline's); > 1 is faster. "
-                "Medians over repeats, with the run-to-run range in brackets: a speedup pays (>= 1.05x) or "
-                "costs only when its whole range does. A scheme that ran on a fallback kernel is not compared."
+                "Speedup over the baseline at low load (baseline ITL p50 / the scheme's) and at saturation (the "
+                "scheme's output tok/s / the baseline's); > 1 is faster. Where both ran >= 2 repeats at the same "
+                "load, each claim rests on the ratio paired by repeat (Student's t on the per-repeat log ratios, "
+                "95% CI): faster or slower when the interval excludes 1, else no difference established (low "
+                "load: the lowest load both measured; saturation: the highest). Otherwise it rests on the median "
+                "and its min-max range over repeats (or a single run): a speedup pays (>= 1.05x) or costs only "
+                "when its whole range does. A scheme that ran on a fallback kernel is not compared."
             ),
         )
     )
@@ -600,14 +620,38 @@ def _regime_table(review: Review, model: str) -> list[Block]:
             [
                 [
                     f"{r['scheme']} ({r['label']})",
-                    _f(r["low"], ".2f", "x") + _range(r.get("low_range")),
-                    _f(r["sat"], ".2f", "x") + _range(r.get("sat_range")),
+                    _claim_cell(r.get("low_claim"), r["low"], r.get("low_range")),
+                    _claim_cell(r.get("sat_claim"), r["sat"], r.get("sat_range")),
                     r["text"].split("-> ", 1)[-1],
                 ]
-                for r in review.regime.get(model, [])
+                for r in regime
             ],
         )
     )
+    paired = [
+        [f"{r['scheme']} ({r['label']})", p["label"], p["name"], f"{p['speedup']:.3f}x"]
+        + [f"{p['speedup_low']:.3f}-{p['speedup_high']:.3f}", str(p["pairs"]), p["verdict"]]
+        for r in regime
+        for p in r.get("paired") or []
+        if p["metric"] in TABLE_PAIRED_METRICS and p["pairs"] >= 2
+    ]
+    if paired:
+        out.append(
+            (
+                "p",
+                "Speedup over the baseline per load, paired by repeat (a latency as baseline / scheme, so > 1 is "
+                "faster throughout; geometric mean of the per-repeat ratios, 95% CI from Student's t):",
+            )
+        )
+        out.append(("table", ["scheme", "load", "metric", "speedup", "95% CI", "n pairs", "verdict"], paired))
+    elif regime:
+        out.append(
+            (
+                "p",
+                "No load level has >= 2 repeats of a scheme and its baseline to pair: no paired interval; the "
+                "claims above use the 1.05x rule.",
+            )
+        )
     return out
 
 

@@ -86,9 +86,10 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
     return out, lines
 
 
-def speed_validity(rec: JobRecord, sc_name: str, speed: dict[str, Any]) -> list[str]:
+def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) -> list[str]:
     """Lines for the review's Validity section: what each speed number stands on (repeats, spread,
-    saturated and invalid points, the ceiling's definition, the kernel check)."""
+    saturated and invalid points, the ceiling's definition, the kernel check). Not to be confused with
+    :func:`quantverdict.serving.speed.speed_validity`, which writes the record's speed summaries."""
     mode, raw = raw_points(rec)
     if not raw:
         return []

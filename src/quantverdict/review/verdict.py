@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure import sweep
 from quantverdict.results.format import number
 from quantverdict.review.kld import with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
-from quantverdict.review.speed import NO_PER_REQUEST, slo_of, slo_ok
+from quantverdict.review.speed import NO_PER_REQUEST, load_label, slo_of, slo_ok
 
 PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
@@ -555,6 +556,16 @@ def _decide(
 
 # --- regime -----------------------------------------------------------------------------------------
 
+# the metrics paired by repeat against the baseline, per load level: (point key, higher is better, name)
+PAIRED_METRICS = (
+    ("output_tok_s", True, "output tok/s"),
+    ("itl_ms_p50", False, "ITL p50"),
+    ("tpot_ms_p50", False, "TPOT p50"),
+)
+LOW_LOAD_METRICS = ("itl_ms_p50", "tpot_ms_p50")  # the low-load claim: ITL p50 (as today's rule), else TPOT p50
+SATURATION_METRIC = "output_tok_s"  # the saturation claim: output tok/s at the highest load both sweeps measured
+PAIRED_WORDS = {"faster": "pays", "slower": "costs"}  # a paired verdict -> the regime class it stands for
+
 
 def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
     """(low-load, saturation) speedup of ``sc`` over ``base``: baseline single-stream ITL p50 over the
@@ -588,38 +599,190 @@ def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, floa
     return (lo if low is not None else None), (sa if sat is not None else None)
 
 
+def _inverse(v: float | None) -> float | None:
+    return None if v is None else 1.0 / v
+
+
+def paired_speedups(
+    sc: Scorecard,
+    base: Scorecard,
+    mine: tuple[str, list[dict[str, Any]]],
+    theirs: tuple[str, list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Per metric of :data:`PAIRED_METRICS` and per load level, the scheme's ratio to its baseline paired by
+    repeat index (:func:`quantverdict.measure.sweep.paired_ratio`: Student's t on the per-repeat log ratios,
+    valid points only), and the same as a speedup (> 1 is faster).
+
+    Args:
+        sc: the scheme's scorecard; ``base``: its baseline's (same model).
+        mine: the scheme's sweep ``(mode, raw points)`` (:func:`quantverdict.review.speed.raw_points`, repeats
+            not aggregated); ``theirs``: the baseline's.
+
+    Returns:
+        One row per (metric, load) with at least one pair, metrics in :data:`PAIRED_METRICS` order, loads
+        ascending: ``{"metric", "name", "load" (req/s or concurrency; "inf" for an unlimited rate), "label",
+        "pairs", "ratios" (scheme / baseline by repeat), "ratio" (geometric mean), "low", "high" (its 95%
+        interval, None under 2 pairs), "speedup", "speedup_low", "speedup_high" (the ratio for a throughput,
+        its inverse baseline / scheme for a latency, interval ends swapped), "verdict"}`` (``faster``,
+        ``slower`` or ``no difference established``). Empty when either scheme is not comparable for speed
+        (fallback kernel) or the two sweeps differ in mode.
+
+    E.g. output tok/s 120, 125, 122 against 100, 100, 100 at one load: ratio 1.223, 95% interval
+    1.162-1.287 (t = 4.303, n = 3), faster; ITL p50 40 ms against 50 ms in every repeat: ratio 0.8, speedup
+    1.25 (the interval collapses to it: zero spread), faster.
+    """
+    (mode, points), (base_mode, base_points) = mine, theirs
+    if sc.speed.get("comparable") is False or base.speed.get("comparable") is False or mode != base_mode:
+        return []
+    rows = []
+    for metric, higher, name in PAIRED_METRICS:
+        for e in sweep.paired_ratio(points, base_points, metric, mode, higher):
+            if not e["pairs"]:
+                continue
+            load = e["load"]
+            label = load_label({"load": load, "concurrency": load}, mode)
+            if higher:
+                sp, sp_low, sp_high = e["ratio"], e["low"], e["high"]
+            else:
+                sp, sp_low, sp_high = _inverse(e["ratio"]), _inverse(e["high"]), _inverse(e["low"])
+            rows.append(
+                {
+                    "metric": metric,
+                    "name": name,
+                    "load": "inf" if math.isinf(load) else load,
+                    "label": label,
+                    "pairs": e["pairs"],
+                    "ratios": e["ratios"],
+                    "ratio": e["ratio"],
+                    "low": e["low"],
+                    "high": e["high"],
+                    "speedup": sp,
+                    "speedup_low": sp_low,
+                    "speedup_high": sp_high,
+                    "verdict": e["verdict"],
+                }
+            )
+    return rows
+
+
+def regime_tests(paired: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The paired rows (:func:`paired_speedups`) the regime claims rest on: at low load, the lowest load's
+    ITL p50 (TPOT p50 where no ITL p50 was paired); at saturation, the highest load's output tok/s. A row
+    counts only with >= 2 pairs (one pair has no interval); None otherwise, and the claim falls back to
+    :func:`speedups` with the 1.05x rule."""
+
+    def pick(metrics: tuple[str, ...], highest: bool) -> dict[str, Any] | None:
+        for metric in metrics:
+            rows = [r for r in paired if r["metric"] == metric]
+            if rows:
+                row = max(rows, key=_load_key) if highest else min(rows, key=_load_key)
+                return row if row["pairs"] >= 2 else None
+        return None
+
+    return pick(LOW_LOAD_METRICS, False), pick((SATURATION_METRIC,), True)
+
+
+def _load_key(row: dict[str, Any]) -> float:
+    return math.inf if row["load"] == "inf" else float(row["load"])
+
+
+def regime_side(
+    median: float | None, rng: tuple[float, float] | None, test: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """One regime claim (low load or saturation) and the rule it rests on.
+
+    With a paired test (``test``, >= 2 pairs): the paired speedup, its 95% interval and its verdict
+    (``faster`` when the interval lies above 1, ``slower`` below, else ``no difference established``).
+    Otherwise today's rule on the median speedup (``median``) and its min-max range over repeats
+    (``rng``; a single run has none): ``pays`` when the whole range is >= :data:`PAYS` (1.05x), ``costs``
+    when it is <= 1 / 1.05, else ``no change``.
+
+    Returns:
+        ``{"rule": "paired t" | "min-max range" | "single run", "speedup", "low", "high", "pairs", "load",
+        "metric", "word" (the verdict as said), "class" ("pays" | "costs" | "no change"), "note"}``; None
+        when ``median`` is None and no test was made.
+    """
+    if test is not None and test["pairs"] >= 2:
+        v = test["verdict"]
+        note = (
+            f"{test['label']}, {test['name']}; {v}: paired t over n={test['pairs']} repeats, "
+            f"95% CI [{test['speedup_low']:.2f}, {test['speedup_high']:.2f}]"
+        )
+        return {
+            "rule": "paired t",
+            "speedup": test["speedup"],
+            "low": test["speedup_low"],
+            "high": test["speedup_high"],
+            "pairs": test["pairs"],
+            "load": test["load"],
+            "metric": test["metric"],
+            "word": v,
+            "class": PAIRED_WORDS.get(v, "no change"),
+            "note": note,
+        }
+    if median is None:
+        return None
+    ranged = bool(rng and rng[0] != rng[1])
+    lo, hi = rng if rng and ranged else (median, median)
+    cls = "pays" if lo >= PAYS else "costs" if hi <= 1 / PAYS else "no change"
+    if ranged:
+        note = f"min-max range over repeats, no paired test; {PAYS:g}x rule on the whole range: {cls}"
+    else:
+        note = f"single run, no interval; {PAYS:g}x rule: {cls}"
+    return {
+        "rule": "min-max range" if ranged else "single run",
+        "speedup": median,
+        "low": lo if ranged else None,
+        "high": hi if ranged else None,
+        "pairs": None,
+        "load": None,
+        "metric": None,
+        "word": cls,
+        "class": cls,
+        "note": note,
+    }
+
+
 def regime_sentence(
     sc: Scorecard,
     low: float | None,
     sat: float | None,
     low_iv: tuple[float, float] | None = None,
     sat_iv: tuple[float, float] | None = None,
+    low_test: dict[str, Any] | None = None,
+    sat_test: dict[str, Any] | None = None,
 ) -> str:
-    """Where the scheme pays. With repeats, a speedup counts as "pays" (or "costs") only when its whole
-    run-to-run range is >= 1.05 (<= 1 / 1.05); a range that straddles is "no change"."""
+    """Where the scheme pays, each claim saying the rule it rests on (:func:`regime_side`).
+
+    A claim with a paired test (``low_test``/``sat_test`` from :func:`regime_tests`, >= 2 repeats paired
+    by index at the same load) says ``faster``, ``slower`` or ``no difference established`` from the 95%
+    interval of the paired ratio. Without one (a single run, or repeats that do not pair) the claim uses
+    the median speedup: it ``pays`` (or ``costs``) only when its whole min-max range over repeats is
+    >= 1.05x (<= 1 / 1.05x), else ``no change``.
+
+    E.g. ``w8a8 (W8A8): 1.22x at low load (1 req/s, ITL p50; faster: paired t over n=3 repeats, 95% CI
+    [1.16, 1.29]), 1.21x at saturation (single run, no interval; 1.05x rule: pays) -> keeps paying from low
+    load to saturation``.
+    """
     if sc.speed.get("comparable") is False:
         return (
             f"{sc.name}: no speedup -> excluded from speed comparisons: "
             f"{sc.speed.get('kernel_reason') or 'fallback kernel'}"
         )
-    if low is None or sat is None:
+    lo_side, sat_side = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
+    if lo_side is None or sat_side is None:
         return f"{sc.name}: speed missing for it or its baseline"
 
-    def word(s: float, rng: tuple[float, float] | None) -> str:
-        lo, hi = rng if rng else (s, s)
-        return "pays" if lo >= PAYS else "costs" if hi <= 1 / PAYS else "no change"
+    def show(side: dict[str, Any], where: str) -> str:
+        rng = f" [{side['low']:.2f}-{side['high']:.2f}]" if side["rule"] == "min-max range" else ""
+        return f"{side['speedup']:.2f}x{rng} at {where} ({side['note']})"
 
-    def show(s: float, rng: tuple[float, float] | None) -> str:
-        return f"{s:.2f}x" + (f" [{rng[0]:.2f}-{rng[1]:.2f}]" if rng and rng[0] != rng[1] else "")
-
-    lw, sw = word(low, low_iv), word(sat, sat_iv)
-    head = f"{sc.name}: {show(low, low_iv)} at low load, {show(sat, sat_iv)} at saturation"
-    if (low_iv and low_iv[0] != low_iv[1]) or (sat_iv and sat_iv[0] != sat_iv[1]):
-        head += " (ranges over repeats)"
+    head = f"{sc.name}: {show(lo_side, 'low load')}, {show(sat_side, 'saturation')}"
+    lw, sw = lo_side["class"], sat_side["class"]
     if lw == "pays" and sw != "pays":
         return head + " -> pays at low load only (memory-bound decode); stops paying at saturation (compute-bound)"
     if lw == "pays" and sw == "pays":
         return head + " -> keeps paying from low load to saturation"
     if lw != "pays" and sw == "pays":
         return head + " -> pays only at saturation (throughput, not single-stream latency)"
-    return head + f" -> does not pay here ({lw} at low load, {sw} at saturation)"
+    return head + f" -> does not pay here ({lo_side['word']} at low load, {sat_side['word']} at saturation)"
