@@ -36,7 +36,7 @@ GPU_TABLES = {  # records folder -> committed results folder
 def overrides_of(review_json: Path) -> list[str]:
     """The ``review.KEY=VALUE`` overrides a committed review was made with, read from its ``constraints_how``."""
     how = json.loads(review_json.read_text())["constraints_how"]
-    head, sep, tail = how.partition(", with ")
+    head, sep, tail = how.split("; memory budget ")[0].partition(", with ")  # the target's budget is derived
     named = head.removeprefix("constraint set ").removesuffix(" (named)") if head.endswith(" (named)") else None
     return ([f"review={named}"] if named else []) + ([o.strip() for o in tail.split(", ")] if sep else [])
 

@@ -343,5 +343,14 @@ def test_a_named_set_lists_the_overrides_on_top_so_the_review_can_be_redone() ->
     from quantverdict.review.constraints import load_set, resolve
 
     rc = replace(load_set("gpu"), target="a10g")
-    _, how = resolve(rc, [record("bf16")], ["review=gpu", "review.target=a10g"])
-    assert how == "constraint set gpu (named), with review.target=a10g"
+    out, how = resolve(rc, [record("bf16")], ["review=gpu", "review.target=a10g"])
+    # and the per-model memory check is the target's: 22.48828125 GiB (23,028 MiB) x 0.9 = 20.2395 GiB
+    assert how == (
+        "constraint set gpu (named), with review.target=a10g; memory budget 20.2395 GiB = the target's "
+        "22.4883 GiB x 0.9 (NVIDIA A10G)"
+    )
+    assert out.memory_budget_gib == 20.2395
+    # a budget the user gives wins over the target's
+    rc16 = replace(rc, memory_budget_gib=16.0)
+    out16, how16 = resolve(rc16, [record("bf16")], ["review=gpu", "review.target=a10g", "review.memory_budget_gib=16"])
+    assert out16.memory_budget_gib == 16.0 and "memory budget" not in how16

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, closest
+from quantverdict.config.targets import load_target
 from quantverdict.config.validate import review_errors
 from quantverdict.results.record import JobRecord
 
@@ -127,9 +128,8 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
     if rc.name != AUTO and not named:  # review=NAME: that file's values, already composed
         load_set(rc.name)  # an unknown set is refused with the sets there are
         user = review_overrides(overrides or [])  # already applied by the composition; named so it can be redone
-        return rc, f"constraint set {rc.name} (named)" + (
-            f", with {', '.join('review.' + u for u in user)}" if user else ""
-        )
+        how = f"constraint set {rc.name} (named)" + (f", with {', '.join('review.' + u for u in user)}" if user else "")
+        return _target_budget(rc, user, how)
     device = device_class(records)
     if named and named[-1] != AUTO:  # review.name=NAME picks that set's values, not only its name
         name, device = named[-1], None
@@ -152,7 +152,19 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
         how = f"constraint set {name} (picked: {where}; review={'gpu' if name == 'cpu' else 'cpu'} for the other)"
     if user:
         how += f", with {', '.join('review.' + u for u in user)}"
-    return out, how
+    return _target_budget(out, user, how)
+
+
+def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewConfig, str]:
+    """With ``review.target`` set and no ``review.memory_budget_gib`` given, the per-model memory check uses the
+    target's budget (memory x vLLM's memory fraction, :func:`quantverdict.config.targets.load_target`): the
+    verdict is for that GPU, not for the set's default budget. ``how`` says so."""
+    if rc.target is None or any(u.split("=", 1)[0] == "memory_budget_gib" for u in user):
+        return rc, how
+    t = load_target(rc.target, rc.target_memory_fraction)
+    budget = round(t.memory_gib * t.memory_fraction, 4)
+    how += f"; memory budget {budget:g} GiB = the target's {t.memory_gib:g} GiB x {t.memory_fraction:g} ({t.gpu})"
+    return dataclasses.replace(rc, memory_budget_gib=budget), how
 
 
 def constraints_hash(rc: ReviewConfig) -> str:
