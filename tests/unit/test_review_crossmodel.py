@@ -29,6 +29,7 @@ from quantverdict.config.schema import ReviewConfig, TargetConfig
 from quantverdict.review import build_review, gpus
 from quantverdict.review.constraints import load_set
 from quantverdict.review.crossmodel import (
+    ROOFLINE_BYTES,
     Candidate,
     CrossModel,
     _ratio_blocks,
@@ -242,7 +243,30 @@ def test_seed_ratio_rendered() -> None:
     four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
     cm = CrossModel(None, "", [four, nine], None, "", "", reference=four)
     (_, _, (_, _, rows)) = _ratio_blocks(cm)
-    assert rows[1] == ["9b awq (AWQ)", "821", "11.21 GB (weights GiB)", "0.75", "0.77 (1 / 1.30)", "0.98"]
+    assert rows[1] == [
+        "9b awq (AWQ)",
+        "821",
+        "11.21 GB (weights GiB)",
+        "0.75",
+        "0.77 (1 / 1.30)",
+        "0.98",
+        "(the column before)",
+    ]
+
+
+def test_roofline_bytes_beside_the_all_weights_prediction() -> None:
+    # bytes a step streams (roofline: embeddings looked up, not read): 4B 8.0 GB, 9B AWQ 7.6 GB -> predicted
+    # 8.0 / 7.6 = 1.05; measured 4,216 / 5,427 = 0.78 -> 0.74 of it. All weights (the seed's method): 7.94 / 9.49
+    # = 0.84 = 1 / 1.20 -> measured / that 0.78 / 0.837 = 0.93
+    def cand(model: str, scheme: str, tok_s: float, gb: float, gib: float) -> Candidate:
+        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
+        return Candidate(
+            sc, None, weights_gib=gib, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how=ROOFLINE_BYTES
+        )
+
+    four, nine = cand("4b", "bf16", 5427, 8.0, 7.94), cand("9b", "awq", 4216, 7.6, 9.49)
+    (_, _, (_, _, rows)) = _ratio_blocks(CrossModel(None, "", [four, nine], None, "", "", reference=four))
+    assert rows[1][3:] == ["0.78", "1.05 (1 / 0.95)", "0.74", "0.84 (1 / 1.20); measured / that 0.93"]
 
 
 def test_price_per_hour_gives_cost_per_million_tokens() -> None:

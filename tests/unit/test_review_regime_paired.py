@@ -185,3 +185,13 @@ def test_a_fallback_kernel_scheme_gets_no_paired_ratio() -> None:
     )
     f = rows([base, fp8])["fp8"]
     assert f["paired"] == [] and f["low_claim"] is None and "excluded from speed comparisons" in f["text"]
+
+
+def test_an_established_but_small_speedup_neither_pays_nor_costs() -> None:
+    # w8a8 / bf16 = 1.02 in every repeat (102 / 100, 132.6 / 130, 117.3 / 115): sd 0, the interval collapses to
+    # 1.02, above 1: "faster" is established, but 1.02x is under the 1.05x that "pays" needs
+    base = record("bf16", sp=sweep([50, 50, 50], [100, 130, 115]))
+    w8a8 = record("w8a8", sp=sweep([40, 40, 40], [102, 132.6, 117.3]))
+    sat = rows([base, w8a8])["w8a8"]["sat_claim"]
+    assert sat["speedup"] == pytest.approx(1.02) and sat["class"] == "no change"
+    assert sat["word"] == "faster, under 1.05x" and "faster but under 1.05x: paired t over n=3" in sat["note"]

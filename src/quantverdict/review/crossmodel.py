@@ -70,7 +70,8 @@ class Candidate:
     ceiling_tok_s: float | None = None
     step_bytes: float | None = None
     step_bytes_how: str = ""
-    fit: DecodeFit | None = None
+    fit: DecodeFit | None = None  # TPOT p50 against sequences in flight
+    fit_itl: DecodeFit | None = None  # ITL p50 against the same: the decode step without the prefill stalls
     fit_note: str = ""
     scores: dict[str, tuple[str, float, int | None]] = field(default_factory=dict)  # task -> (metric, value, n)
     eligible: bool = False
@@ -179,9 +180,10 @@ def _target_memory(
     state = (m.get("state_bytes_per_sequence") or 0.0) * s
     measured = measured_overhead_gib(c)
     reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
+    no_server = not m.get("server_weights_gib") and not m.get("server_kv_cache_gib")
     if rc.reserved_gib <= 0 and measured is not None:
         reserve, reserve_how = measured, "vLLM's overhead where the job ran"
-    elif rc.reserved_gib <= 0 and borrowed is not None:
+    elif rc.reserved_gib <= 0 and borrowed is not None and no_server:
         reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
     budget = target_kv_budget_bytes(target.memory_gib, target.memory_fraction, c.weights_gib * GIB, reserve * GIB)
     out: dict[str, Any] = {"kv_gib": budget / GIB, "kv_bytes_per_token": bpt * s}
@@ -345,6 +347,9 @@ def _speed(c: Candidate) -> None:
         c.fit_note = f"{len(xy)} unsaturated load level(s) with a TPOT: a line needs 2"
         return
     c.fit = fit_decode_step([x for x, _ in xy], [y for _, y in xy])
+    itl = [(x, float(p["itl_ms_p50"])) for p in unsat if p.get("itl_ms_p50") and (x := in_flight(p, mode))]
+    if len({x for x, _ in itl}) >= 2:
+        c.fit_itl = fit_decode_step([x for x, _ in itl], [y for _, y in itl])
     c.fit_note = "unsaturated loads" + (
         "; a negative per-sequence cost: TPOT does not grow with the batch here (not memory-bound, or noise)"
         if c.fit.per_seq_us < 0
@@ -485,9 +490,9 @@ def cross_model(review: Review) -> CrossModel | None:
                 check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
                 c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
         c.eligible = not c.why_not
-    # one source of bytes per step for every candidate: the checkpoint tensors a step reads (speed.roofline, a
-    # GPU sweep with c=1) when every candidate has them, else the weights GiB of each
-    if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands):
+    # one source of bytes per step for every candidate in the ratio table (those with a ceiling): the checkpoint
+    # tensors a step reads (speed.roofline, a GPU sweep with c=1) when each of them has it, else the weights GiB
+    if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands if c.ceiling_tok_s):
         for c in cands:
             w = c.weights_gib or c.card.memory.get("weights_gib")
             c.step_bytes, c.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
@@ -755,6 +760,12 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
         measured = c.ceiling_tok_s / ref.ceiling_tok_s
         predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
         cost = [f"${usd_per_mtok(price, c.card.gpus, c.ceiling_tok_s):.3f}"] if price else []
+        by_weights = "–"  # the seed's method: every weight byte, embeddings included, read once per step
+        if c.weights_gib and ref.weights_gib and c.step_bytes_how == ROOFLINE_BYTES:
+            w = predicted_speed_ratio(c.weights_gib, ref.weights_gib)
+            by_weights = f"{w:.2f} (1 / {1 / w:.2f}); measured / that {measured / w:.2f}"
+        elif c.step_bytes_how != ROOFLINE_BYTES:
+            by_weights = "(the column before)"
         rows.append(
             [
                 c.name,
@@ -763,6 +774,7 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
                 f"{measured:.2f}",
                 f"{predicted:.2f} (1 / {1 / predicted:.2f})",
                 f"{measured / predicted:.2f}",
+                by_weights,
                 *cost,
             ]
         )
@@ -771,11 +783,22 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
         (
             "p",
             "Predicted ratio = bytes per step of the reference / the candidate's (decode is memory-bound; "
-            "KV-cache reads left out). Absolute tok/s are those of the GPU the jobs ran on; the ratios carry over.",
+            "KV-cache reads left out). Bytes per step: the tensors one decode step streams (roofline: the "
+            "input embedding table is looked up, not read) where every candidate has them, else the weights. The "
+            "last column predicts from all the weights, as the seed did. Absolute tok/s are those of the GPU the "
+            "jobs ran on; the ratios carry over.",
         ),
         (
             "table",
-            ["candidate", "ceiling out tok/s", "bytes per step", "measured ratio", "predicted", "measured / predicted"]
+            [
+                "candidate",
+                "ceiling out tok/s",
+                "bytes per step",
+                "measured ratio",
+                "predicted",
+                "measured / predicted",
+                "predicted from all weights",
+            ]
             + (["$ per 1M output tokens"] if price else []),
             rows,
         ),
@@ -783,24 +806,27 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
     ]
 
 
+def _r2(f: DecodeFit) -> str:
+    if f.r2 is None:
+        return "n/a (no variance)"
+    return f"{f.r2:.3f}" + (" (2 points: a line through both)" if f.n == 2 else "")
+
+
 def _fit_blocks(cm: CrossModel) -> list[Block]:
     rows = []
     for c in cm.candidates:
-        f = c.fit
+        f, g = c.fit, c.fit_itl
         if f is None:
-            rows.append([c.name, "–", "–", "–", "–", c.fit_note])
+            rows.append([c.name, "–", "–", "–", "–", "–", "–", c.fit_note])
             continue
-        r2 = (
-            "n/a (no variance)"
-            if f.r2 is None
-            else f"{f.r2:.3f}" + (" (2 points: a line through both)" if f.n == 2 else "")
-        )
+        itl = [f"{g.fixed_us:,.0f}", f"{g.per_seq_us:,.1f}", _r2(g)] if g else ["–", "–", "–"]
         rows.append(
             [
                 c.name,
                 f"{f.fixed_us:,.0f}",
                 f"{f.per_seq_us:,.1f}",
-                r2,
+                _r2(f),
+                *itl,
                 f"{f.n} ({f.concurrency_range[0]:.1f}-{f.concurrency_range[1]:.1f} seqs)",
                 c.fit_note,
             ]
@@ -810,9 +836,17 @@ def _fit_blocks(cm: CrossModel) -> list[Block]:
         (
             "p",
             "Least squares over the load levels (sequences in flight: the concurrency, or achieved req/s x mean "
-            "E2E by Little's law for a rate sweep); TPOT p50 per level.",
+            "E2E by Little's law for a rate sweep); TPOT p50 and ITL p50 per level. Under an open-loop rate sweep "
+            "a request's TPOT also holds the steps that waited on prefills of arriving requests (chunked prefill "
+            "shares the batch), so the TPOT line's per-sequence cost mixes prefill interference with the decode "
+            "step; the ITL p50 line (the typical gap between tokens) is closer to the decode step itself. A "
+            "closed-loop sweep (bench=gpu-concurrency-decode: 128 in / 1,024 out) separates them better.",
         ),
-        ("table", ["candidate", "fixed µs", "µs/seq", "R²", "points", "fitted on"], rows),
+        (
+            "table",
+            ["candidate", "TPOT: fixed µs", "µs/seq", "R²", "ITL p50: fixed µs", "µs/seq", "R²", "points", "fitted on"],
+            rows,
+        ),
     ]
 
 
@@ -844,6 +878,14 @@ def to_json(review: Review) -> dict[str, Any] | None:
             "decode_fit": None
             if fit is None
             else {"fixed_us": fit.fixed_us, "per_seq_us": fit.per_seq_us, "r2": fit.r2, "points": fit.n},
+            "decode_fit_itl": None
+            if c.fit_itl is None
+            else {
+                "fixed_us": c.fit_itl.fixed_us,
+                "per_seq_us": c.fit_itl.per_seq_us,
+                "r2": c.fit_itl.r2,
+                "points": c.fit_itl.n,
+            },
             "scores": {t: {"metric": m, "value": v, "n": n} for t, (m, v, n) in c.scores.items()},
             "eligible": c.eligible,
             "why_not": list(c.why_not),

@@ -692,7 +692,8 @@ def regime_side(
     """One regime claim (low load or saturation) and the rule it rests on.
 
     With a paired test (``test``, >= 2 pairs): the paired speedup, its 95% interval and its verdict
-    (``faster`` when the interval lies above 1, ``slower`` below, else ``no difference established``).
+    (``faster`` when the interval lies above 1, ``slower`` below, else ``no difference established``); an
+    established difference whose speedup is inside (1 / 1.05, 1.05) is classed ``no change`` (", under 1.05x").
     Otherwise today's rule on the median speedup (``median``) and its min-max range over repeats
     (``rng``; a single run has none): ``pays`` when the whole range is >= :data:`PAYS` (1.05x), ``costs``
     when it is <= 1 / 1.05, else ``no change``.
@@ -704,9 +705,17 @@ def regime_side(
     """
     if test is not None and test["pairs"] >= 2:
         v = test["verdict"]
+        cls = PAIRED_WORDS.get(v, "no change")
+        # established is not the same as large: a significant 1.01x neither pays nor costs (the 1.05x of the
+        # single-run rule applies to the point estimate)
+        small = cls != "no change" and 1 / PAYS < test["speedup"] < PAYS
+        if small:
+            cls = "no change"
         note = (
-            f"{test['label']}, {test['name']}; {v}: paired t over n={test['pairs']} repeats, "
-            f"95% CI [{test['speedup_low']:.2f}, {test['speedup_high']:.2f}]"
+            f"{test['label']}, {test['name']}; {v}"
+            + (f" but under {PAYS:g}x" if small else "")
+            + f": paired t over n={test['pairs']} repeats, 95% CI [{test['speedup_low']:.2f}, "
+            f"{test['speedup_high']:.2f}]"
         )
         return {
             "rule": "paired t",
@@ -716,8 +725,8 @@ def regime_side(
             "pairs": test["pairs"],
             "load": test["load"],
             "metric": test["metric"],
-            "word": v,
-            "class": PAIRED_WORDS.get(v, "no change"),
+            "word": v + (f", under {PAYS:g}x" if small else ""),
+            "class": cls,
             "note": note,
         }
     if median is None:
