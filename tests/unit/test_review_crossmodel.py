@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from quantverdict.config.schema import ReviewConfig, TargetConfig
-from quantverdict.review import build_review, gpus
+from quantverdict.review import build_review, gpus, to_json
 from quantverdict.review.constraints import load_set
 from quantverdict.review.crossmodel import (
     ROOFLINE_BYTES,
@@ -96,6 +96,12 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     assert "accuracy: not compared" in line and "speed: llama3.1-8b-shape (ceiling 1220 vs 9710" in line
     md = to_markdown(section(_review(tmp_path, target="a10g")))
     assert "## Across models on NVIDIA A10G" in md and "not for where the jobs ran (GPU: NVIDIA H200" in md
+    # review.json carries the same result: the target, the chosen candidate and each candidate's A10G figures
+    cmj = to_json(_review(tmp_path, target="a10g"))["cross_model"]
+    assert cmj["target"]["gpu"] == "NVIDIA A10G" and cmj["chosen"] == cm.chosen.name  # type: ignore[union-attr]
+    by_name = {c["name"]: c for c in cmj["candidates"]}
+    assert by_name["qwen3.5-9b-shape gptq (W4A16)"]["target"]["max_concurrency"] == 57.0
+    assert cmj["comparisons"] == cm.comparisons
     # the first screen opens on the question asked: the cross-model verdict before the per-model ones
     full = to_markdown(blocks(_review(tmp_path, target="a10g"), {}))
     assert full.startswith("# quantverdict review\n\n> Across models, on NVIDIA A10G: deploy **")

@@ -108,7 +108,9 @@ def request_latencies(result: dict[str, Any]) -> list[RequestLatency | None]:
         ValueError: the result lacks the per-request lists of ``--save-detailed``.
     """
     if not has_detailed(result):
-        raise ValueError("no per-request data: the result lacks the --save-detailed lists (start_times, ttfts, itls)")
+        raise ValueError(
+            "no per-request data: the result lacks the --save-detailed lists (start_times, ttfts, itls, output_lens)"
+        )
     done = set(completed_requests(result))
     lats = e2e_s(result)
     out: list[RequestLatency | None] = []

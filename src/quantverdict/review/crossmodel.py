@@ -300,8 +300,8 @@ def _batch_limits(c: Candidate, target: TargetConfig) -> None:
         c.flags.append(
             f"served with max_num_seqs {seqs}, max_num_batched_tokens {tokens:,}; vLLM on the {target.gpu} "
             f"picks {want[0]}, {want[1]:,} by default: its speed at high load is not the "
-            f"target's (bench.server.max_num_seqs={want[0]} "
-            f"'bench.server.extra_args=[--max-num-batched-tokens,{want[1]}]' match it)"
+            f"target's (bench.server.max_num_seqs={want[0]} and --max-num-batched-tokens {want[1]} added to "
+            "bench.server.extra_args match it)"
         )
 
 

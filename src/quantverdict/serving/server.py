@@ -98,8 +98,9 @@ _HINTS = (
     (
         "Mamba cache blocks",
         "a hybrid model (Gated DeltaNet, Mamba) needs one recurrent-state block per sequence: set "
-        "bench.server.max_num_seqs at or below the number vLLM names (vLLM defaults to 1024 sequences on GPUs of "
-        ">= 70 GiB and to 256 below; a small memory fraction on a big GPU keeps the big GPU's 1024)",
+        "bench.server.max_num_seqs at or below the number vLLM names (vLLM defaults to 1024 sequences on "
+        "H100/H200-class GPUs and to 256 on smaller ones and A100s, config.targets.vllm_batch_defaults; a small "
+        "memory fraction on a big GPU keeps the big GPU's 1024)",
     ),
 )
 
