@@ -354,3 +354,13 @@ def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> Non
     assert cm is not None
     (row,) = cm.paired
     assert row[3] == "+0.2500 [-0.2400, +0.7400]" and row[4] == "4"
+
+
+def test_cross_model_flags_reach_the_honesty_section_and_the_target_budget_is_labelled(tmp_path: Path) -> None:
+    # llama3.1-8b-shape bf16 holds 6.74 max-length requests on the A10G, fewer than the 16 asked: flagged in
+    # "Across models" and, so that the honesty section does not say "nothing flagged", there too
+    md = to_markdown(blocks(_review(_grid(tmp_path), target="a10g", memory_budget_gib=20.2395), {}))
+    honesty = md[md.index("## Honesty checks") :]
+    assert "llama3.1-8b-shape bf16 (BF16), across models: fits the stated load, but its 3.37 GiB" in honesty
+    # 20.2395 GiB = 22.48828125 x 0.9 rounded to 4 places: the target's, not a value the user set
+    assert "| review.memory_budget_gib | 20.2395 | from review.target (gpu.yaml: 24.0) |" in md

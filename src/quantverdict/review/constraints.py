@@ -155,6 +155,18 @@ def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str
     return _target_budget(out, user, how)
 
 
+def target_budget_gib(rc: ReviewConfig) -> float | None:
+    """The target's memory budget (GiB, memory x vLLM's memory fraction, rounded to 4 places as
+    :func:`resolve` sets it), None without ``review.target`` or with one that cannot be loaded."""
+    if rc.target is None:
+        return None
+    try:
+        t = load_target(rc.target, rc.target_memory_fraction)
+    except ConfigError:
+        return None
+    return round(t.memory_gib * t.memory_fraction, 4)
+
+
 def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewConfig, str]:
     """With ``review.target`` set and no ``review.memory_budget_gib`` given, the per-model memory check uses the
     target's budget (memory x vLLM's memory fraction, :func:`quantverdict.config.targets.load_target`): the

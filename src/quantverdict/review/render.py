@@ -16,7 +16,7 @@ from typing import Any
 from quantverdict.config.schema import ConfigError, ReviewConfig
 from quantverdict.results.format import number as _f
 from quantverdict.review import crossmodel, headline
-from quantverdict.review.constraints import load_set
+from quantverdict.review.constraints import load_set, target_budget_gib
 from quantverdict.review.cost import cost_blocks
 from quantverdict.review.kld import kld_row
 from quantverdict.review.model import Review
@@ -33,10 +33,14 @@ def _constraints(rc: ReviewConfig) -> Block:
         default, where = load_set(rc.name), f"{rc.name}.yaml"
     except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
         default, where = ReviewConfig(), "default"
+    derived = target_budget_gib(rc)  # review.target's budget, when it replaced the set's (constraints.resolve)
     rows = []
     for f in dataclasses.fields(ReviewConfig):
         v, d = getattr(rc, f.name), getattr(default, f.name)
-        rows.append([f"review.{f.name}", _val(v), where if v == d else f"**set** ({where}: {_val(d)})"])
+        how = where if v == d else f"**set** ({where}: {_val(d)})"
+        if f.name == "memory_budget_gib" and v != d and derived is not None and v == derived:
+            how = f"from review.target ({where}: {_val(d)})"
+        rows.append([f"review.{f.name}", _val(v), how])
     return ("table", ["key", "value", ""], rows)
 
 
@@ -699,7 +703,9 @@ def _honesty_section(review: Review) -> list[Block]:
     """Flags, the Validity lines, what is missing and the notes."""
     out: list[Block] = []
     out.append(("h2", "Honesty checks"))
-    out.append(("ul", [f.message for f in review.flags] or ["nothing flagged"]))
+    cm = _cross_model_or_none(review)
+    across = [f"{c.name}, across models: {flag}" for c in (cm.candidates if cm else []) for flag in c.flags]
+    out.append(("ul", [f.message for f in review.flags] + across or ["nothing flagged"]))
     if review.validity:
         out.append(("h3", "Validity"))
         out.append(
