@@ -37,6 +37,7 @@ from quantverdict.review.crossmodel import (
     parse_kv_cache_memory_bytes,
     section,
     target_price,
+    vllm_int_arg,
 )
 from quantverdict.review.model import Review
 from quantverdict.review.render import blocks, to_markdown
@@ -167,8 +168,12 @@ def test_a_job_without_a_server_borrows_the_largest_measured_reserve(tmp_path: P
     ("args", "want"),
     [
         (["--kv-cache-memory-bytes", "7140383539"], 7_140_383_539),
-        (["--x", "--kv-cache-memory-bytes=8G"], 8_000_000_000),
-        (["--kv-cache-memory-bytes", "6.65Gi"], int(6.65 * 2**30)),
+        # vLLM's human_readable_int: lowercase decimal, uppercase binary (integers only), no "Gi" form
+        (["--x", "--kv-cache-memory-bytes=8g"], 8_000_000_000),
+        (["--x", "--kv-cache-memory-bytes=8G"], 8 * 2**30),
+        (["--kv-cache-memory-bytes", "6.65g"], 6_650_000_000),
+        (["--kv-cache-memory-bytes", "6.65G"], None),
+        (["--kv-cache-memory-bytes", "6.65Gi"], None),
         (["--gpu-memory-utilization", "0.9"], None),
     ],
 )
@@ -364,3 +369,16 @@ def test_cross_model_flags_reach_the_honesty_section_and_the_target_budget_is_la
     assert "llama3.1-8b-shape bf16 (BF16), across models: fits the stated load, but its 3.37 GiB" in honesty
     # 20.2395 GiB = 22.48828125 x 0.9 rounded to 4 places: the target's, not a value the user set
     assert "| review.memory_budget_gib | 20.2395 | from review.target (gpu.yaml: 24.0) |" in md
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--max-num-batched-tokens", "2048"], 2048),
+        (["--max-num-batched-tokens=2k"], 2000),  # vLLM's human-readable ints: k = x1000, K = x1024
+        (["--max-num-batched-tokens", "2K"], 2048),
+        (["--max-num-seqs", "256"], None),  # another flag
+    ],
+)
+def test_vllm_int_arg(args: list[str], want: int | None) -> None:
+    assert vllm_int_arg(args, "--max-num-batched-tokens") == want

@@ -277,11 +277,12 @@ def parse_result(
         out["requests_in_result"] = len(lens)
         out["short_requests"] = sum(1 for n in lens if n < output_len)
         saved = "latencies" in result  # else E2E is TTFT + sum(ITL) by construction (e2e_s): nothing to check
-        errs = [
-            abs(float(result["ttfts"][i]) + sum(float(x) for x in result["itls"][i]) - float(result["latencies"][i]))
-            for i in ok
+        lats = e2e_s(result)
+        errs = (
+            [abs(float(result["ttfts"][i]) + sum(float(x) for x in result["itls"][i]) - lats[i]) for i in ok]
             if saved
-        ]
+            else []
+        )
         out["itl_sum_max_err_ms"] = max(errs) * 1000.0 if errs else None
         out["e2e_source"] = "vllm latencies" if saved else "ttft + sum(itl) (no latencies in the result)"
         out["itl_per_token"] = all(len(result["itls"][i]) == lens[i] - 1 for i in ok)

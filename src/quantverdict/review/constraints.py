@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from quantverdict.config.schema import ConfigError, ReviewConfig, closest
+from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig, closest
 from quantverdict.config.targets import load_target
 from quantverdict.config.validate import review_errors
 from quantverdict.results.record import JobRecord
@@ -161,9 +161,12 @@ def target_budget_gib(rc: ReviewConfig) -> float | None:
     if rc.target is None:
         return None
     try:
-        t = load_target(rc.target, rc.target_memory_fraction)
+        return _budget_of(load_target(rc.target, rc.target_memory_fraction))
     except ConfigError:
         return None
+
+
+def _budget_of(t: TargetConfig) -> float:
     return round(t.memory_gib * t.memory_fraction, 4)
 
 
@@ -174,7 +177,7 @@ def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewC
     if rc.target is None or any(u.split("=", 1)[0] == "memory_budget_gib" for u in user):
         return rc, how
     t = load_target(rc.target, rc.target_memory_fraction)
-    budget = round(t.memory_gib * t.memory_fraction, 4)
+    budget = _budget_of(t)
     how += f"; memory budget {budget:g} GiB = the target's {t.memory_gib:g} GiB x {t.memory_fraction:g} ({t.gpu})"
     return dataclasses.replace(rc, memory_budget_gib=budget), how
 

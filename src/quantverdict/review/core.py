@@ -212,7 +212,8 @@ def build_review(
             low_iv, sat_iv = speedup_intervals(sc, base)
             paired = paired_speedups(sc, base, raw[id(sc)], raw[id(base)])  # by repeat, per load
             low_test, sat_test = regime_tests(paired)
-            text = regime_sentence(sc, low, sat, low_iv, sat_iv, low_test, sat_test)
+            low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
+            text = regime_sentence(sc, low_claim, sat_claim)
             rows.append(
                 {
                     "scheme": sc.scheme,
@@ -221,8 +222,8 @@ def build_review(
                     "sat": sat,
                     "low_range": low_iv,
                     "sat_range": sat_iv,
-                    "low_claim": regime_side(low, low_iv, low_test),
-                    "sat_claim": regime_side(sat, sat_iv, sat_test),
+                    "low_claim": low_claim,
+                    "sat_claim": sat_claim,
                     "paired": paired,
                     "text": text,
                 }

@@ -53,8 +53,9 @@ from quantverdict.review.verdict import NON_BLOCKING
 Block = tuple[Any, ...]
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
-KV_BYTES_FLAG = re.compile(r"^--kv-cache-memory-bytes(?:=(.+))?$")
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+# vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 @dataclass
@@ -101,20 +102,29 @@ class CrossModel:
     price_note: str = ""
 
 
-def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
-    """The value of ``--kv-cache-memory-bytes`` in vLLM server arguments (``N``, ``N=``-form, or with a
-    ``K``/``M``/``G`` (x1000) or ``Ki``/``Mi``/``Gi`` (x1024) suffix, as vLLM's parser reads it); None when
-    absent or unreadable."""
+def vllm_int_arg(args: list[Any], flag: str) -> int | None:
+    """The integer value of ``flag`` in vLLM server arguments (``flag N`` or ``flag=N``), read as vLLM's
+    ``human_readable_int`` reads it: plain, or with ``k``/``m``/``g``/``t`` (x1000, decimals allowed) or
+    ``K``/``M``/``G``/``T`` (x1024, integers only); None when absent or unreadable (what vLLM would refuse).
+    E.g. ``2k`` = 2,000, ``2K`` = 2,048, ``25.6k`` = 25,600."""
     items = [str(a) for a in args or []]
     for i, a in enumerate(items):
-        m = KV_BYTES_FLAG.match(a)
-        if not m:
+        if a != flag and not a.startswith(flag + "="):
             continue
-        raw = m.group(1) if m.group(1) is not None else (items[i + 1] if i + 1 < len(items) else "")
-        num = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtKMGT]i?)?\s*", raw)
-        if num:
-            return int(float(num.group(1)) * _UNITS[(num.group(2) or "").lower()])
+        raw = (a.split("=", 1)[1] if "=" in a else (items[i + 1] if i + 1 < len(items) else "")).strip()
+        if raw.isdigit():
+            return int(raw)
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", raw)
+        if m and m.group(2) in _DECIMAL:
+            return int(float(m.group(1)) * _DECIMAL[m.group(2)])
+        if m and m.group(1).isdigit():
+            return int(m.group(1)) * _BINARY[m.group(2)]
     return None
+
+
+def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
+    """The value of ``--kv-cache-memory-bytes`` in vLLM server arguments (:func:`vllm_int_arg`)."""
+    return vllm_int_arg(args, "--kv-cache-memory-bytes")
 
 
 def _records_by_id(review: Review) -> dict[str, JobRecord]:
@@ -268,16 +278,6 @@ def _vllm_figures(c: Candidate, target: TargetConfig | None) -> None:
         _batch_limits(c, target)
 
 
-def _flag_value(args: list[str], flag: str) -> int | None:
-    """The integer after ``flag`` (or in ``flag=N``) in a vLLM argument list, else None."""
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args) and str(args[i + 1]).isdigit():
-            return int(args[i + 1])
-        if str(a).startswith(flag + "=") and str(a).split("=", 1)[1].isdigit():
-            return int(str(a).split("=", 1)[1])
-    return None
-
-
 def _batch_limits(c: Candidate, target: TargetConfig) -> None:
     """The job's ``max_num_seqs`` / ``max_num_batched_tokens`` as served (set, else vLLM's default on the GPU it
     ran on, :func:`~quantverdict.config.targets.vllm_batch_defaults`) beside what vLLM would pick on the target.
@@ -292,8 +292,8 @@ def _batch_limits(c: Candidate, target: TargetConfig) -> None:
     server = rec.cfg("bench").get("server") or {}
     args = [*(server.get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])]
     ran = vllm_batch_defaults(str(gpus[0].get("name") or ""), float(gpus[0]["memory_total_mib"]) / 1024)
-    seqs = server.get("max_num_seqs") or _flag_value(args, "--max-num-seqs") or ran[0]
-    tokens = _flag_value(args, "--max-num-batched-tokens") or ran[1]
+    seqs = server.get("max_num_seqs") or vllm_int_arg(args, "--max-num-seqs") or ran[0]
+    tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
     want = vllm_batch_defaults(target.gpu, target.memory_gib)
     c.vllm["batch"] = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "target": list(want)}
     if (seqs, tokens) != want:
@@ -434,10 +434,19 @@ def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tu
 
 def cross_model(review: Review) -> CrossModel | None:
     """The cross-model comparison of a review's cards; None with a single model and no ``review.target``.
+    Computed once per review (the first screen, the section, the honesty list and review.json read it) and
+    kept in ``review.derived``.
 
     Raises:
         quantverdict.config.schema.ConfigError: ``review.target`` names no shipped target (validated before).
     """
+    if "cross_model" not in review.derived:
+        review.derived["cross_model"] = _cross_model(review)
+    cm: CrossModel | None = review.derived["cross_model"]
+    return cm
+
+
+def _cross_model(review: Review) -> CrossModel | None:
     rc = review.config
     models = list(dict.fromkeys(sc.model for sc in review.cards))
     if len(models) < 2 and not rc.target:

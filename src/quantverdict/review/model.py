@@ -30,6 +30,8 @@ class Review:
     job_dirs: list[str] = field(default_factory=list)  # job.output_dir of each reviewed record
     environment: list[str] = field(default_factory=list)  # GPU(s) and vLLM version(s) the records ran on
     constraints_how: str = ""  # how the constraint set was picked (constraints.resolve)
+    # results derived from the fields above once and read by several renderers (crossmodel.cross_model)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def label(self) -> str:

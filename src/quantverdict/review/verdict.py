@@ -752,22 +752,15 @@ def regime_side(
     }
 
 
-def regime_sentence(
-    sc: Scorecard,
-    low: float | None,
-    sat: float | None,
-    low_iv: tuple[float, float] | None = None,
-    sat_iv: tuple[float, float] | None = None,
-    low_test: dict[str, Any] | None = None,
-    sat_test: dict[str, Any] | None = None,
-) -> str:
-    """Where the scheme pays, each claim saying the rule it rests on (:func:`regime_side`).
+def regime_sentence(sc: Scorecard, lo_side: dict[str, Any] | None, sat_side: dict[str, Any] | None) -> str:
+    """Where the scheme pays, from its two claims (:func:`regime_side` at low load and at saturation), each
+    saying the rule it rests on.
 
-    A claim with a paired test (``low_test``/``sat_test`` from :func:`regime_tests`, >= 2 repeats paired
-    by index at the same load) says ``faster``, ``slower`` or ``no difference established`` from the 95%
-    interval of the paired ratio. Without one (a single run, or repeats that do not pair) the claim uses
-    the median speedup: it ``pays`` (or ``costs``) only when its whole min-max range over repeats is
-    >= 1.05x (<= 1 / 1.05x), else ``no change``.
+    A claim with a paired test (from :func:`regime_tests`, >= 2 repeats paired by index at the same load)
+    says ``faster``, ``slower`` or ``no difference established`` from the 95% interval of the paired ratio.
+    Without one (a single run, or repeats that do not pair) the claim uses the median speedup: it ``pays``
+    (or ``costs``) only when its whole min-max range over repeats is >= 1.05x (<= 1 / 1.05x), else
+    ``no change``.
 
     E.g. ``w8a8 (W8A8): 1.22x at low load (1 req/s, ITL p50; faster: paired t over n=3 repeats, 95% CI
     [1.16, 1.29]), 1.21x at saturation (single run, no interval; 1.05x rule: pays) -> keeps paying from low
@@ -778,7 +771,6 @@ def regime_sentence(
             f"{sc.name}: no speedup -> excluded from speed comparisons: "
             f"{sc.speed.get('kernel_reason') or 'fallback kernel'}"
         )
-    lo_side, sat_side = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
     if lo_side is None or sat_side is None:
         return f"{sc.name}: speed missing for it or its baseline"
 
