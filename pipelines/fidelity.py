@@ -3,6 +3,7 @@ a finished job's checkpoint, cache-free, printed beside the job's own sweep numb
 
     python -m pipelines.fidelity runs/.../<job>/record.json               # the job's config, a fresh server
     python -m pipelines.fidelity runs/.../<job>/record.json --port 8799 --tolerance 0.05
+    python -m pipelines.fidelity runs/.../<job>/record.json --repeat 0    # one run per load level
 
 The by-hand run uses the job's points in the job's order, each with the job's seed
 (:func:`quantverdict.measure.sweep_plan.point_seed`) and request count, ``--num-warmups 0
@@ -53,6 +54,7 @@ def run_by_hand(
     env: StageEnv,
     out: Path,
     num_prompts: dict[str, int] | None = None,
+    repeats: set[int] | None = None,
 ) -> list[dict[str, Any]]:
     """``vllm bench serve`` once per point of ``bench`` (the CLI, a process each), cache-free.
 
@@ -64,6 +66,8 @@ def run_by_hand(
         out: where the CLI writes ``<point>.json``.
         num_prompts: requests per point name (the job's, sized by its window); default
             :func:`~quantverdict.measure.sweep_plan.prompts_for`.
+        repeats: only these repeat indices of each load level (None: all). A point keeps the seed of its
+            place in the job's full plan, so ``{0}`` reruns the job's first repeat prompt for prompt.
 
     Returns:
         Per point in run order: :func:`quantverdict.measure.bench_result.parse_result`'s keys plus the
@@ -75,6 +79,8 @@ def run_by_hand(
     run_env = {**os.environ, **env.env}
     rows = []
     for i, point in enumerate(points):
+        if repeats is not None and point.repeat not in repeats:
+            continue
         n = (num_prompts or {}).get(point.name) or sweep_plan.prompts_for(
             bench.num_prompts, bench.prompts_per_concurrency, point.concurrency
         )
@@ -169,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=None, help="server port (default: the job's bench.server.port)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE, help="allowed |job - by hand| / by hand")
     ap.add_argument("--out", type=Path, default=None, help="where the by-hand results go (default: <job>/fidelity)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        action="append",
+        default=None,
+        metavar="K",
+        help="check only repeat K of each load level (repeatable; default: every repeat the job ran), e.g. "
+        "--repeat 0: one by-hand run per level against the job's same-seed run",
+    )
     args = ap.parse_args(argv)
     path = args.record / "record.json" if args.record.is_dir() else args.record
     record = json.loads(path.read_text())
@@ -199,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         compile_cache_dir=compile_cache_dir(cfg),
     )
     with server:
-        by_hand = run_by_hand(server, cfg.bench, model_path, env, out, {p["point"]: p["num_prompts"] for p in points})
+        sent = {p["point"]: p["num_prompts"] for p in points}
+        by_hand = run_by_hand(server, cfg.bench, model_path, env, out, sent, set(args.repeat) if args.repeat else None)
     rows = compare(points, by_hand, args.tolerance)
     print(render(rows, args.tolerance))
     (out / "fidelity.json").write_text(json.dumps({"rows": rows, "by_hand": by_hand}, indent=1, default=str))
