@@ -24,19 +24,45 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from quantverdict.measure import vllm_log
+from quantverdict.config.compose import job_config
+from quantverdict.measure import sweep_plan, vllm_log
 from quantverdict.results.record import find_records, load, mark_interrupted
 from quantverdict.results.table import format_table
 from quantverdict.review.sources import dedupe
+from quantverdict.serving.benchmark import parse_point
 from quantverdict.serving.speed import speed_validity
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def reparse_points(rec: dict, job_dir: Path) -> None:
+    """Re-read each sweep point from its files in ``<job>/bench/`` (vLLM's ``<point>.json`` and the client's
+    ``<point>.qv.json``, :func:`quantverdict.serving.benchmark.parse_point`) where both exist, so a fixed
+    parser or a sidecar completed after the run (``quantverdict.children.recount_repeats``) applies; the
+    recorded ``result_file`` path is kept."""
+    points = (rec.get("speed") or {}).get("points") or []
+    bench_dir = job_dir / "bench"
+    if not points or not bench_dir.is_dir():
+        return
+    bench_cfg = job_config(rec).bench
+    by_name = {p.name: p for p in sweep_plan.plan(
+        bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats
+    )}  # fmt: skip
+    for i, old in enumerate(points):
+        point = by_name.get(old.get("point"))
+        if point is None or not all((bench_dir / f"{point.name}{x}").is_file() for x in (".json", ".qv.json")):
+            continue
+        new = parse_point(bench_dir, point, bench_cfg)
+        new["result_file"] = old.get("result_file", new["result_file"])
+        points[i] = new
+
+
 def rederive(rec: dict, job_dir: Path) -> dict:
-    """Re-read the fields a record takes from the job's raw vLLM server log (memory, kernels, the kernel
-    check, the per-load summary) with this checkout's parser, so a parser fix applies to finished runs."""
+    """Re-read the fields a record takes from the job's raw files with this checkout's parsers, so a parser
+    fix applies to finished runs: the sweep points from ``bench/`` (:func:`reparse_points`), then memory,
+    kernels, the kernel check and the per-load summary from the vLLM server log."""
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
+    reparse_points(rec, job_dir)
     log_path = job_dir / "vllm_server.log"
     if log_path.is_file():
         act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16

@@ -30,10 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from quantverdict.config.compose import PROJECT_ROOT
-from quantverdict.config.schema import BenchConfig, ComputeDtype, Config
+from quantverdict.config.compose import PROJECT_ROOT, job_config
+from quantverdict.config.schema import BenchConfig, ComputeDtype
 from quantverdict.measure import bench_result, server_metrics, sweep_plan
 from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
@@ -161,12 +159,6 @@ def render(rows: list[dict[str, Any]], tolerance: float = TOLERANCE) -> str:
             f"{f(r['job_ttft_ms_p50'], 0)} | {f(r['by_hand_ttft_ms_p50'], 0)} | {hit} |"
         )
     return "\n".join(lines)
-
-
-def job_config(record: dict[str, Any]) -> Config:
-    """The job's :class:`Config` from its record's config snapshot (the schema's defaults for keys it lacks)."""
-    merged = OmegaConf.merge(OmegaConf.structured(Config), record.get("config") or {})
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@ records it was made from (``gpu-review-<model>*`` from ``docs/results/gpu-record
 committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.html``, ``review.json`` and
 ``plots/*.png`` are compared, the header line (``Source: ... · generated ...``) and the JSON's ``source`` and
 ``generated_at`` aside. GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
-``docs/results/gpu-records``, ``gpu-c256-repeats/records`` and ``gpu-eval-server/records``, compared below
+``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records`` and
+``gpu-cache-free/records``, compared below
 their header block (everything from the first ``### `` heading on). Exit status 0 when every file is identical.
 """
 
@@ -30,6 +31,7 @@ GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-records": RESULTS,
     RESULTS / "gpu-c256-repeats" / "records": RESULTS / "gpu-c256-repeats",
     RESULTS / "gpu-eval-server" / "records": RESULTS / "gpu-eval-server",
+    RESULTS / "gpu-cache-free" / "records": RESULTS / "gpu-cache-free",
 }
 
 

@@ -3,8 +3,9 @@ method before the issue (``vllm bench serve`` per point, seed 0 at every point, 
 new one (one client process, a seed per point, warm-up from unmeasured prompts, the cache reset after the
 warm-up and after each point).
 
-One server start (~40-90 s with --enforce-eager on 2 cores), two points per method, 256 tokens in (two
-128-token KV blocks on CPU: only a full block can be served from the prefix cache) and 16 out.
+One server start (~40-90 s with --enforce-eager on 2 cores), two load levels (the new method: two repeats
+of each, the second without a warm-up), 256 tokens in (two 128-token KV blocks on CPU: only a full block
+can be served from the prefix cache) and 16 out.
 Set QV_SERVE_PYTHON and QV_EMBEDDED_MODEL to reuse an existing serve environment and checkpoint.
 """
 
@@ -64,7 +65,7 @@ def _bench(port: int) -> BenchConfig:
         input_len=INPUT_LEN,
         output_len=OUTPUT_LEN,
         ignore_eos=True,
-        repeats=1,
+        repeats=2,
         seed=0,
         point_timeout_s=240,
         min_duration_s=2.0,
@@ -77,7 +78,7 @@ def _old_method(server: VLLMServer, bench: BenchConfig, model_path: str, env: St
     every point), ``--num-warmups`` (the first measured prompt, repeated), no cache reset."""
     flags = supported_optional_flags(env)
     rows = []
-    for point in sweep_plan.plan(bench.mode, [], list(bench.concurrencies), 1):
+    for point in sweep_plan.plan(bench.mode, [], list(bench.concurrencies), 1):  # one run per level, as before
         before = server.counters()
         cmd = bench_command(server, bench, model_path, env, point, out, flags)
         subprocess.run(cmd, env={**os.environ, **env.env}, check=True, capture_output=True, timeout=300)
@@ -100,7 +101,8 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
         new = run_sweep(server, bench, model_path, serve_env, tmp_path / "new")
         # the fidelity check's by-hand CLI run on the same server: seed per point, no warm-up, cache reset
         sent = {p["point"]: p["num_prompts"] for p in new}  # the job's request counts, sized by its windows
-        by_hand = fidelity.run_by_hand(server, bench, model_path, serve_env, tmp_path / "by_hand", sent)
+        # (the first repeat of each level: pipelines.fidelity --repeat 0)
+        by_hand = fidelity.run_by_hand(server, bench, model_path, serve_env, tmp_path / "by_hand", sent, {0})
 
     hits = sum(r["prefix_cache_hits"] for r in old)
     queries = sum(r["prefix_cache_queries"] for r in old)
@@ -114,9 +116,23 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
     assert old[1]["prefix_cache_hit_rate"] > 0.25  # at most 128/256 = 0.5 of each re-sent prompt
     assert any("prefix-cache hit rate" in r for r in old[1]["server_invalid_reasons"])
 
-    assert [p["point"] for p in new] == ["conc-1_r0", "conc-4_r0"]
-    assert [p["seed"] for p in new] == [1, 2]  # bench.seed + 1 + index: distinct per point
+    assert [p["point"] for p in new] == ["conc-1_r0", "conc-1_r1", "conc-4_r0", "conc-4_r1"]
+    assert [p["seed"] for p in new] == [1, 2, 3, 4]  # bench.seed + 1 + index: distinct per point
+    sides = {p["point"]: json.loads((tmp_path / "new" / f"{p['point']}.qv.json").read_text()) for p in new}
+    # a warm-up of unmeasured prompts before the first repeat of a level (one wave: C requests), none before
+    # the second, which is sized from the first one's rate
+    assert [sides[n]["warmup"]["requests"] for n in ("conc-1_r0", "conc-1_r1", "conc-4_r0", "conc-4_r1")] == [
+        1,
+        0,
+        4,
+        0,
+    ]
+    assert sides["conc-4_r1"]["warmup"]["rate_estimate_rps"] > 0
     for p in new:
+        # vLLM's sampled prompts were seen as they were made: every request counted, no repeats among so few
+        # (start ids collide for ~n^2 / 2 x 49,152 of n requests)
+        assert sides[p["point"]]["prompt_repeats"]["requests"] == p["num_prompts"]
+        assert p["prompt_repeat_rate"] is not None and p["prefix_cache_excess_hit_rate"] is not None
         assert p["prefix_cache_queries"] >= p["num_prompts"] * INPUT_LEN
         assert p["prefix_cache_hit_rate"] <= server_metrics.MAX_PREFIX_HIT_RATE, p
         assert p["valid"], p["invalid_reasons"]
@@ -128,6 +144,7 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
         times = p["request_times"]
         assert len(times["start_s"]) == len(times["end_s"]) == p["num_prompts"] and min(times["start_s"]) == 0.0
     # the CLI by hand, seed per point, cache-free: no hits either, and the same numbers within the CPU tolerance
+    assert [r["point"] for r in by_hand] == ["conc-1_r0", "conc-4_r0"]
     for row in by_hand:
         assert row["prefix_cache_hit_rate"] <= server_metrics.MAX_PREFIX_HIT_RATE
     table = fidelity.compare(new, by_hand, tolerance=fidelity.CPU_TOLERANCE)

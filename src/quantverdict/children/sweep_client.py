@@ -7,9 +7,10 @@ Runs inside the serve environment as ``python -m quantverdict.children.sweep_cli
 each point's ``<point>.json`` is the file ``vllm bench serve --save-result --save-detailed`` writes, with the
 same field names. What this process adds around it, per point:
 
-1. **warm-up** (all sent at once, the point's concurrency limit kept; in a closed loop one wave of C
-   requests, :func:`quantverdict.measure.sweep_plan.warmup_requests`) from prompts that are not measured
-   (their own seed), then
+1. **warm-up**, before the first repeat of each load level (all sent at once, the point's concurrency limit
+   kept; in a closed loop one wave of C requests, :func:`quantverdict.measure.sweep_plan.warmup_requests`)
+   from prompts that are not measured (their own seed); a later repeat follows a measured run at the same
+   load, which warmed the server, and is sized from that run's rate; then
 2. ``POST /reset_prefix_cache`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's sweep tool
    ``vllm/benchmarks/sweep/server.py`` starts it), the server's ``/metrics`` counters read,
 3. the measured run (its own seed, ``--ready-check-timeout-sec 0`` and no ``--num-warmups``: vLLM's ready
@@ -17,6 +18,11 @@ same field names. What this process adds around it, per point:
    cache), sized to last at least ``min_duration_s`` (a second, longer attempt when the first fell short),
 4. ``/metrics`` read again (prefix-cache queries and hits, prompt and generation tokens, preemptions), and
    the prefix cache reset, so the next point starts from a cold cache.
+
+The prompts vLLM samples for each measured run are looked at as they are made (vLLM's ``get_samples``,
+wrapped without changing what it returns): how many repeat an earlier prompt of the same run
+(:func:`quantverdict.measure.prompt_repeats.prompt_repeats`: vLLM's random dataset repeats a few) and how
+long the sampling took (part of the client overhead).
 
 ``<point>.qv.json`` beside each result holds the counters before/after, the seed, the attempts and the
 client's wall time (wall - measured window = the client overhead). The orchestrator reads both files
@@ -37,6 +43,7 @@ from typing import Any
 from quantverdict.children._child import child_main, progress
 from quantverdict.children.vllm_cli import install_alias
 from quantverdict.measure.bench_result import e2e_s, has_detailed
+from quantverdict.measure.prompt_repeats import prompt_repeats
 from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, requests_for, warmup_requests
 
 # the server's /metrics counters read around each point (prometheus_client names: family + "_total")
@@ -52,7 +59,12 @@ RESET_TRIES = 20  # /reset_prefix_cache answers success=false while blocks are s
 # the first attempt is sized for min_duration_s x this at the warm-up's rate: n Poisson arrivals at rate r span
 # (n - 1) / r on average with a spread of sqrt(n) / r, so at the margin of 1.0 half the open-loop points would
 # fall short (e.g. 16 req/s, 30 s: 528 requests, mean 33 s, sd 1.4 s: short about 2% of the time)
-FIRST_WINDOW_MARGIN = 1.1
+# Measured on the H200 (8B shape, c=256): the warm-up's estimate was 67-68 req/s, the runs then went at 69-78,
+# and 1.1 fell short twice in 24 points (29.0 s of 30), each costing a second attempt of ~45 s
+FIRST_WINDOW_MARGIN = 1.2
+# a later repeat of a load level is sized at the fastest rate an earlier repeat of it reached, x this:
+# repeats of one level differed by up to 12% there (69.2 / 76.4 / 72.6 req/s)
+REPEAT_WINDOW_MARGIN = 1.15
 SHORT_WINDOW_MARGIN = 1.15  # a second attempt is sized for min_duration_s x this at the first one's rate
 
 
@@ -118,7 +130,7 @@ def settled_counters(base_url: str, wait_s: float = 5.0) -> dict[str, float]:
     return last
 
 
-def _cli_args(spec: dict[str, Any], point: dict[str, Any], num_prompts: int, seed: int, save: bool) -> list[str]:
+def cli_args(spec: dict[str, Any], point: dict[str, Any], num_prompts: int, seed: int, save: bool) -> list[str]:
     """The ``vllm bench serve`` arguments of one run (the same flags as
     :func:`quantverdict.serving.benchmark.bench_command`, minus the warm-up and the ready check)."""
     args = ["--backend", "vllm", "--base-url", spec["base_url"], "--model", spec["model"]]
@@ -203,8 +215,28 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         progress(f"this vLLM's bench serve has no {', '.join(missing)}: left out")
     main_async = getattr(vbench, "main_async", None)
 
+    # observe the prompts vLLM samples for each run (the same list is returned: nothing sent changes)
+    sampled: list[dict[str, Any]] = []
+    get_samples = getattr(vbench, "get_samples", None)
+    if get_samples is not None:
+
+        def observed_get_samples(*a: Any, **kw: Any) -> Any:
+            s0 = time.perf_counter()
+            reqs = get_samples(*a, **kw)
+            sampled.append(
+                {
+                    "sample_s": round(time.perf_counter() - s0, 3),
+                    **prompt_repeats((getattr(r, "prompt", None), getattr(r, "prompt_len", 0)) for r in reqs),
+                }
+            )
+            return reqs
+
+        vbench.get_samples = observed_get_samples
+    else:
+        progress("this vLLM's benchmark module has no get_samples: repeated prompts not counted")
+
     def call(point: dict[str, Any], n: int, seed: int, save: bool) -> dict[str, Any]:
-        ns: argparse.Namespace = parser.parse_args(_drop_flags(_cli_args(spec, point, n, seed, save), missing))
+        ns: argparse.Namespace = parser.parse_args(_drop_flags(cli_args(spec, point, n, seed, save), missing))
         # main_async (vLLM >= 0.30) runs in this process's event loop; older ones only have main (asyncio.run inside)
         res = asyncio.run(main_async(ns)) if main_async is not None else vbench.main(ns)
         if res is None and save:  # an older main() that returns nothing: the file it saved
@@ -212,6 +244,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return dict(res or {})
 
     done = []
+    level_rps: dict[tuple[str, Any], float] = {}  # fastest measured rate per load level, for later repeats
     first_reset = reset_prefix_cache(base_url) if reset else None
     for point in spec["points"]:
         w0 = time.perf_counter()
@@ -220,7 +253,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             side["resets"].append({"when": "before sweep", **first_reset})
             first_reset = None
         est = None
-        n_warm = warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
+        level = (str(point["request_rate"]), point.get("max_concurrency"))
+        earlier = level_rps.get(level)
+        n_warm = 0 if earlier else warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
+        if earlier:
+            side["warmup"] = {"requests": 0, "after_repeat_of_level": True, "rate_estimate_rps": earlier}
         if n_warm > 0:
             # all at once (at most the point's concurrency in flight): a Poisson rate would only make it slower
             warm_point = {**point, "request_rate": "inf"}
@@ -234,15 +271,27 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             }
         if reset:
             side["resets"].append({"when": "after warm-up", **reset_prefix_cache(base_url)})
-        n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
+        if earlier:
+            n = requests_for(int(point["num_prompts"]), min_dur, earlier, REPEAT_WINDOW_MARGIN)
+        else:
+            n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
         attempts: list[dict[str, Any]] = []
         while True:
             before = settled_counters(base_url)
             m0 = time.perf_counter()
+            sampled.clear()
             result = call(point, n, int(point["seed"]) + len(attempts) * RETRY_SEED_STRIDE, save=True)
             measured = float(result.get("duration") or 0.0)
             after = settled_counters(base_url)
-            attempts.append({"num_prompts": n, "duration_s": measured, "call_s": round(time.perf_counter() - m0, 3)})
+            attempt: dict[str, Any] = {
+                "num_prompts": n,
+                "duration_s": measured,
+                "call_s": round(time.perf_counter() - m0, 3),
+            }
+            if sampled:
+                attempt["sample_s"] = sampled[-1]["sample_s"]
+                side["prompt_repeats"] = {k: v for k, v in sampled[-1].items() if k != "sample_s"}
+            attempts.append(attempt)
             if reset:
                 side["resets"].append({"when": f"after attempt {len(attempts)}", **reset_prefix_cache(base_url)})
             short = min_dur > 0 and measured < min_dur and len(attempts) == 1
@@ -254,6 +303,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             short_file = result_dir / f"{point['name']}.json"
             short_file.replace(result_dir / f"{point['name']}.short.json")
             progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
+        if measured > 0 and result.get("completed"):
+            level_rps[level] = max(level_rps.get(level, 0.0), float(result["completed"]) / measured)
         side.update(
             counters_before=before,
             counters_after=after,

@@ -56,6 +56,13 @@ def to_config(cfg: DictConfig) -> Config:
     return obj
 
 
+def job_config(record: dict[str, Any]) -> Config:
+    """A finished job's :class:`Config` from its record's config snapshot (``record["config"]``), the schema's
+    defaults for keys it lacks (records written before a key existed)."""
+    merged = OmegaConf.merge(OmegaConf.structured(Config), record.get("config") or {})
+    return cast(Config, OmegaConf.to_object(merged))
+
+
 def _schema_keys(path: str) -> list[str]:
     """Field names of the schema dataclass at dotted ``path`` of :class:`Config` ('' = top level)."""
     tp: Any = Config

@@ -350,9 +350,10 @@ def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: f
     Adds ``seed``, ``warmup_seed``, ``attempts``, ``client_wall_s`` (the client's time for the point: warm-up,
     cache resets, counter reads, dataset sampling, the measured run), ``client_overhead_s`` (wall minus the
     measured window ``duration_s``), ``min_duration_s`` and ``window_met`` (``duration_s >= min_duration_s``),
-    and the server's counters (:func:`quantverdict.measure.server_metrics.server_checks`). A hit rate above
-    1% or a server token count 5% away from the client's makes the point invalid (``valid`` and
-    ``invalid_reasons`` updated).
+    and the server's counters (:func:`quantverdict.measure.server_metrics.server_checks`, with the point's own
+    repeated prompts from ``side["prompt_repeats"]``). Prefix-cache hits beyond those repeats above 1% of the
+    tokens looked up, or a server token count 5% away from the client's, make the point invalid (``valid``
+    and ``invalid_reasons`` updated).
 
     Args:
         out: the parsed point; needs ``duration_s``, ``input_tokens_total``, ``output_tokens_total``.
@@ -368,8 +369,10 @@ def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: f
     out["min_duration_s"] = min_duration_s
     out["window_met"] = float(out["duration_s"]) >= min_duration_s
     before, after = side.get("counters_before"), side.get("counters_after")
+    repeats = side.get("prompt_repeats")
+    repeated = repeats.get("repeated_tokens") if isinstance(repeats, dict) else None
     if isinstance(before, dict) and isinstance(after, dict):
-        checks = server_checks(before, after, out.get("input_tokens_total"), out.get("output_tokens_total"))
+        checks = server_checks(before, after, out.get("input_tokens_total"), out.get("output_tokens_total"), repeated)
         reasons = checks.pop("server_invalid_reasons")
         out.update(checks)
         if reasons:
@@ -388,6 +391,8 @@ def summary_line(p: dict[str, Any], index: int, total: int) -> str:
     tags = ""
     if p.get("prefix_cache_hit_rate") is not None:
         tags += f", prefix-cache hits {100 * p['prefix_cache_hit_rate']:.1f}%"
+        if p.get("prompt_repeat_rate") is not None:
+            tags += f" ({100 * p['prompt_repeat_rate']:.1f}% of prompt tokens repeat inside the point)"
     if p.get("saturated"):
         tags += " SATURATED"
     if p.get("valid") is False:

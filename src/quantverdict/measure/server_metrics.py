@@ -9,9 +9,13 @@ their label sets, as ``{name: value}``.
 
 A point is **invalid** when
 
-* its prefix-cache hit rate is above ``MAX_PREFIX_HIT_RATE`` (1%): random prompts share no prefix, so
-  hits mean the point re-sent prompts the server had already seen (the same seed as an earlier point, or
-  a warm-up of measured prompts), and its TTFT and throughput are flattered;
+* its prefix-cache hits *beyond the point's own repeated prompts* are above ``MAX_PREFIX_HIT_RATE`` (1%) of
+  the tokens looked up: such hits mean the point re-sent prompts the server had seen before it (the same
+  seed as an earlier point, a warm-up of measured prompts, no cache reset), and its TTFT and throughput are
+  flattered. vLLM's random dataset repeats some prompts inside one point (start ids collide,
+  :mod:`quantverdict.measure.prompt_repeats`: ~2.6% of the prompt tokens of 2,600 requests with a
+  49,152-id tokenizer); the client counts them per point (``repeated_tokens``) and they are subtracted.
+  Without that count (records before it) the whole hit rate is judged;
 * the server's prompt or generation tokens differ from the client's totals by more than
   ``MAX_TOKEN_REL_DIFF`` (5%): the server did not run the requested shape (a tokenizer that re-tokenizes
   the decoded random prompt to a different length), or preempted requests were prefilled again (the
@@ -62,8 +66,21 @@ def rel_diff(server: int | None, client: int | None) -> float | None:
     return abs(server - client) / client
 
 
+def excess_hits(hits: int | None, repeated_tokens: int | None) -> int | None:
+    """Prefix-cache hits the point's own repeats cannot explain: ``max(0, hits - repeated_tokens)``; ``hits``
+    when the repeats were not counted, None when the hits are unknown. E.g. 19,088 hits, 18,688 repeated
+    tokens: 400."""
+    if hits is None:
+        return None
+    return hits if repeated_tokens is None else max(0, hits - int(repeated_tokens))
+
+
 def server_checks(
-    before: dict[str, float], after: dict[str, float], client_input_tokens: int | None, client_output_tokens: int | None
+    before: dict[str, float],
+    after: dict[str, float],
+    client_input_tokens: int | None,
+    client_output_tokens: int | None,
+    repeated_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The point's server-side numbers and the reasons they make it invalid.
 
@@ -72,27 +89,48 @@ def server_checks(
         after: counters read after the run (settled).
         client_input_tokens: the client's ``total_input_tokens`` (vLLM's result JSON).
         client_output_tokens: the client's ``total_output_tokens``.
+        repeated_tokens: prompt tokens of the point's requests that repeat an earlier request of the same point
+            (:func:`quantverdict.measure.prompt_repeats.prompt_repeats`); None: not counted.
 
     Returns:
-        The :func:`deltas` keys, ``prefix_cache_hit_rate``, ``prompt_tokens_rel_diff``,
+        The :func:`deltas` keys, ``prefix_cache_hit_rate`` (all hits / tokens looked up),
+        ``prompt_repeat_tokens``, ``prompt_repeat_rate`` (repeated / client prompt tokens),
+        ``prefix_cache_excess_hit_rate`` (:func:`excess_hits` / tokens looked up: the judged one),
+        ``prompt_tokens_rel_diff``,
         ``generation_tokens_rel_diff`` (None where a number is missing) and ``server_invalid_reasons``
         (list of str, empty when the point passes).
 
-    E.g. 4,096 tokens queried and 2,048 hit: rate 0.5 > 0.01, invalid. Client 4,096 prompt tokens, server
-    4,300: 4.98% <= 5%, valid.
+    E.g. 4,096 tokens queried and 2,048 hit: rate 0.5 > 0.01, invalid. 686,080 queried, 19,088 hit, 18,688
+    of them repeats inside the point: excess 400, 0.06%, valid. Client 4,096 prompt tokens, server 4,300:
+    4.98% <= 5%, valid.
     """
     d = deltas(before, after)
     out: dict[str, Any] = dict(d)
-    rate = hit_rate(d["prefix_cache_hits"], d["prefix_cache_queries"])
-    out["prefix_cache_hit_rate"] = rate
+    out["prefix_cache_hit_rate"] = hit_rate(d["prefix_cache_hits"], d["prefix_cache_queries"])
+    out["prompt_repeat_tokens"] = repeated_tokens
+    out["prompt_repeat_rate"] = (
+        repeated_tokens / client_input_tokens if repeated_tokens is not None and client_input_tokens else None
+    )
+    excess = excess_hits(d["prefix_cache_hits"], repeated_tokens)
+    rate = hit_rate(excess, d["prefix_cache_queries"])
+    out["prefix_cache_excess_hit_rate"] = rate
     out["prompt_tokens_rel_diff"] = rel_diff(d["server_prompt_tokens"], client_input_tokens)
     out["generation_tokens_rel_diff"] = rel_diff(d["server_generation_tokens"], client_output_tokens)
     reasons = []
     if rate is not None and rate > MAX_PREFIX_HIT_RATE:
-        reasons.append(
-            f"prefix-cache hit rate {100 * rate:.1f}% > {100 * MAX_PREFIX_HIT_RATE:g}% on random prompts "
-            f"({d['prefix_cache_hits']:,} of {d['prefix_cache_queries']:,} tokens): prompts were served from the cache"
-        )
+        if repeated_tokens is None:
+            reasons.append(
+                f"prefix-cache hit rate {100 * rate:.1f}% > {100 * MAX_PREFIX_HIT_RATE:g}% on random prompts "
+                f"({d['prefix_cache_hits']:,} of {d['prefix_cache_queries']:,} tokens; the point's own repeated "
+                "prompts were not counted): prompts were served from the cache"
+            )
+        else:
+            reasons.append(
+                f"prefix-cache hits beyond the point's own repeated prompts {100 * rate:.1f}% > "
+                f"{100 * MAX_PREFIX_HIT_RATE:g}% ({d['prefix_cache_hits']:,} hits, {repeated_tokens:,} repeated "
+                f"prompt tokens, {d['prefix_cache_queries']:,} looked up): prompts sent before the point were "
+                "served from the cache"
+            )
     for what, diff, server, client in (
         ("prompt", out["prompt_tokens_rel_diff"], d["server_prompt_tokens"], client_input_tokens),
         ("generation", out["generation_tokens_rel_diff"], d["server_generation_tokens"], client_output_tokens),

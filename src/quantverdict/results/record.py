@@ -400,6 +400,9 @@ class SweepPoint(Section):
     # client's overhead (wall - measured window)
     seed: int | None = None
     prefix_cache_hit_rate: float | None = None
+    # hits beyond the point's own repeated prompts / tokens looked up (the judged rate; measure/prompt_repeats.py)
+    prefix_cache_excess_hit_rate: float | None = None
+    prompt_repeat_rate: float | None = None
     server_prompt_tokens: int | None = None
     server_generation_tokens: int | None = None
     client_overhead_s: float | None = None

@@ -271,11 +271,49 @@ def format_table(records: list[dict[str, Any]]) -> str:
         out.append(f"\n{dtypes}")
     out.append("\n### Stage wall time (s; c = cached)\n")
     out.append(_md(["job", *stage_cols], stage_rows))
+    split = benchmark_split_table(records)
+    if split:
+        out.append(split)
     notes = sorted({n for r in records for n in r.get("notes", [])})
     refused = sorted({d for r in records for d in [_refusal(r, records)] if d})
     if notes or refused:
         out.append("\nNotes:\n" + "\n".join(f"- {n}" for n in notes + refused))
     return "\n".join(out)
+
+
+def benchmark_split_table(records: list[dict[str, Any]]) -> str:
+    """The benchmark stage of each job split (``speed.time_split``, :func:`quantverdict.measure.sweep.time_split`):
+    server start (of which torch.compile and CUDA-graph capture), the measured windows, the client's overhead,
+    and the overhead against issue 16's target (at most 10% of start + windows). '' when no record has it."""
+    rows = []
+    for r in records:
+        ts = (r.get("speed") or {}).get("time_split")
+        if not isinstance(ts, dict):
+            continue
+        pts = (r.get("speed") or {}).get("points") or []
+        j = r["job"]
+        hit = ts.get("compile_cache_hit")
+        comp = f"{_f(ts.get('compile_s'), '.0f')} / {_f(ts.get('graph_capture_s'), '.0f')}"
+        if hit is not None:
+            comp += " (cache hit)" if hit else " (cache miss)"
+        frac = ts.get("overhead_fraction")
+        rows.append(
+            [
+                f"{j.get('model')} / {j.get('scheme')}",
+                _f(ts.get("server_start_s"), ".0f"),
+                comp,
+                f"{_f(ts.get('windows_s'), '.0f')} ({len(pts)} points)",
+                _f(ts.get("overhead_s"), ".0f"),
+                str(sum(1 for p in pts if (p.get("attempts") or 1) > 1)),
+                _f(((r.get("stages") or {}).get("benchmark") or {}).get("wall_s"), ".0f"),
+                "-" if frac is None else f"{100 * frac:.1f}%" + (" **> 10%**" if frac > 0.10 else ""),
+            ]
+        )
+    if not rows:
+        return ""
+    head = ["job", "server start", "compile / graph capture", "measured windows", "client overhead",
+            "points run twice (window short)", "benchmark stage", "overhead / (start + windows)"]  # fmt: skip
+    return "\n### Benchmark stage split (s)\n\n" + _md(head, rows)
 
 
 def dtype_line(records: list[dict[str, Any]]) -> str:
