@@ -19,8 +19,9 @@ same field names. What this process adds around it, per point:
 4. ``/metrics`` read again (prefix-cache queries and hits, prompt and generation tokens, preemptions), and
    the prefix cache reset, so the next point starts from a cold cache.
 
-The prompts vLLM samples for each measured run are looked at as they are made (vLLM's ``get_samples``,
-wrapped without changing what it returns): how many repeat an earlier prompt of the same run
+vLLM's tokenizer is loaded once for the sweep (``main_async`` would load it on every call). The prompts
+vLLM samples for each measured run are looked at as they are made (vLLM's ``get_samples``, wrapped without
+changing what it returns): how many repeat an earlier prompt of the same run
 (:func:`quantverdict.measure.prompt_repeats.prompt_repeats`: vLLM's random dataset repeats a few) and how
 long the sampling took (part of the client overhead).
 
@@ -214,6 +215,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if missing:
         progress(f"this vLLM's bench serve has no {', '.join(missing)}: left out")
     main_async = getattr(vbench, "main_async", None)
+
+    # one tokenizer for the whole sweep: main_async loads it on every call (~0.5 s each, 16 calls a GPU sweep)
+    load_tokenizer = getattr(vbench, "get_tokenizer", None)
+    if load_tokenizer is not None:
+        tokenizers: dict[str, Any] = {}
+
+        def shared_get_tokenizer(*a: Any, **kw: Any) -> Any:
+            key = repr((a, sorted(kw.items())))
+            if key not in tokenizers:
+                tokenizers[key] = load_tokenizer(*a, **kw)
+            return tokenizers[key]
+
+        vbench.get_tokenizer = shared_get_tokenizer
 
     # observe the prompts vLLM samples for each run (the same list is returned: nothing sent changes)
     sampled: list[dict[str, Any]] = []
