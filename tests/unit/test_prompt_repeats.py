@@ -145,3 +145,17 @@ def test_benchmark_split_table_flags_overhead_over_ten_percent() -> None:
     assert "| m / bf16 | 100 | 20 / 4 (cache miss) | 400 (2 points) | 50 | 0 | 553 | 10.0% |" in text
     assert "| m / gptq | 100 | 20 / 4 (cache miss) | 400 (2 points) | 126 | 1 | 629 | 25.2% **> 10%** |" in text
     assert benchmark_split_table([{"job": {}, "speed": {}}]) == ""
+
+
+def test_cache_summary_names_the_largest_hits_and_repeats() -> None:
+    pts = [
+        {"prefix_cache_hit_rate": 0.015, "prompt_repeat_rate": 0.016, "prefix_cache_excess_hit_rate": 0.0},
+        {"prefix_cache_hit_rate": 0.028, "prompt_repeat_rate": 0.030, "prefix_cache_excess_hit_rate": 0.0001},
+    ]
+    text = server_metrics.cache_summary(pts)
+    assert text is not None and "at most 2.8% of the prompt tokens looked up" in text
+    assert "at most 3.0% of a point's prompt tokens repeat" in text and "at most 0.01% (limit 1%)" in text
+    # repeats not counted (records before the count): said, not invented
+    old = server_metrics.cache_summary([{"prefix_cache_hit_rate": 0.004}])
+    assert old is not None and "at most 0.4%" in old and "not counted" in old
+    assert server_metrics.cache_summary([{"output_tok_s": 1.0}]) is None  # no counters: no sentence

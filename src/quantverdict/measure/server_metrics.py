@@ -148,3 +148,33 @@ def server_checks(
             )
     out["server_invalid_reasons"] = reasons
     return out
+
+
+def cache_summary(points: list[dict[str, Any]]) -> str | None:
+    """One sentence on the prefix-cache hits of a sweep's points (parsed, with :func:`server_checks`' keys), or
+    None when no point has the server's counters (records before issue 16).
+
+    E.g. hits of 1.5% and 2.8% with 1.6% and 3.0% of the prompt tokens repeated inside their points and none
+    beyond: "prefix-cache hits at most 2.8% of the prompt tokens looked up per point; at most 3.0% of a
+    point's prompt tokens repeat inside it (vLLM's random dataset), and the hits beyond those repeats are at
+    most 0.00% (limit 1%)".
+    """
+    rates = [p["prefix_cache_hit_rate"] for p in points if isinstance(p.get("prefix_cache_hit_rate"), (int, float))]
+    if not rates:
+        return None
+    text = f"prefix-cache hits at most {100 * max(rates):.1f}% of the prompt tokens looked up per point"
+    repeats = [p["prompt_repeat_rate"] for p in points if isinstance(p.get("prompt_repeat_rate"), (int, float))]
+    excess = [
+        p["prefix_cache_excess_hit_rate"]
+        for p in points
+        if isinstance(p.get("prefix_cache_excess_hit_rate"), (int, float))
+    ]
+    limit = f"limit {100 * MAX_PREFIX_HIT_RATE:g}%"
+    if repeats and len(repeats) == len(rates):
+        text += (
+            f"; at most {100 * max(repeats):.1f}% of a point's prompt tokens repeat inside it (vLLM's random "
+            f"dataset), and the hits beyond those repeats are at most {100 * max(excess, default=0.0):.2f}% ({limit})"
+        )
+    else:
+        text += f" (repeats inside a point not counted for every point; {limit})"
+    return text

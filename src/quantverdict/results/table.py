@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from quantverdict.config.schemes import SCHEME_ORDER
-from quantverdict.measure import capacity, sweep
+from quantverdict.measure import capacity, server_metrics, sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import JobRecord
@@ -215,6 +215,18 @@ def format_table(records: list[dict[str, Any]]) -> str:
                 speed_rows,
             )
         )
+        cache = [
+            f"- {r['job'].get('model')} / {r['job'].get('scheme')}: {line}"
+            for r in records
+            for line in [server_metrics.cache_summary((r.get("speed") or {}).get("points") or [])]
+            if line
+        ]
+        if cache:
+            out.append(
+                "\nServer-side checks (vLLM's /metrics around each point; a point is also invalid when the hits "
+                "beyond its own repeated prompts exceed 1% or the server's token counts are 5% off the "
+                "client's):\n\n" + "\n".join(cache)
+            )
     else:
         skipped = sorted(
             {(r.get("stages") or {}).get("benchmark", {}).get("detail") or "no speed results" for r in records}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantverdict.measure import capacity, sweep
+from quantverdict.measure import capacity, server_metrics, sweep
 from quantverdict.measure import validity as point_checks
 from quantverdict.measure.aggregate import is_number
 from quantverdict.results.record import JobRecord
@@ -148,6 +148,9 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
             f"({what})"
         )
     lines.append(text)
+    cache = server_metrics.cache_summary(raw)
+    if cache:
+        lines.append(f"{sc_name}: {cache}")
     kc = rec.speed.kernel_check
     if kc:
         comp = {True: "comparable for speed", False: "NOT comparable for speed", None: "comparability unknown"}
