@@ -35,19 +35,20 @@ from quantverdict.serving.speed import speed_validity
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def reparse_points(rec: dict, job_dir: Path) -> None:
+def reparse_points(rec: dict, job_dir: Path) -> bool:
     """Re-read each sweep point from its files in ``<job>/bench/`` (vLLM's ``<point>.json`` and the client's
     ``<point>.qv.json``, :func:`quantverdict.serving.benchmark.parse_point`) where both exist, so a fixed
     parser or a sidecar completed after the run (``quantverdict.children.recount_repeats``) applies; the
-    recorded ``result_file`` path is kept."""
+    recorded ``result_file`` path is kept. Returns whether any point was re-read."""
     points = (rec.get("speed") or {}).get("points") or []
     bench_dir = job_dir / "bench"
     if not points or not bench_dir.is_dir():
-        return
+        return False
     bench_cfg = job_config(rec).bench
     by_name = {p.name: p for p in sweep_plan.plan(
         bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats
     )}  # fmt: skip
+    reread = False
     for i, old in enumerate(points):
         point = by_name.get(old.get("point"))
         if point is None or not all((bench_dir / f"{point.name}{x}").is_file() for x in (".json", ".qv.json")):
@@ -55,6 +56,8 @@ def reparse_points(rec: dict, job_dir: Path) -> None:
         new = parse_point(bench_dir, point, bench_cfg)
         new["result_file"] = old.get("result_file", new["result_file"])
         points[i] = new
+        reread = True
+    return reread
 
 
 def rederive(rec: dict, job_dir: Path) -> dict:
@@ -62,13 +65,14 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     fix applies to finished runs: the sweep points from ``bench/`` (:func:`reparse_points`), then memory,
     kernels, the kernel check and the per-load summary from the vLLM server log."""
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
-    reparse_points(rec, job_dir)
+    reread = reparse_points(rec, job_dir)
     log_path = job_dir / "vllm_server.log"
+    act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16
     if log_path.is_file():
-        act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16
         rec.setdefault("memory", {})["server"] = vllm_log.parse(log_path.read_text(errors="replace"), act)
-        if rec.get("speed", {}).get("points"):
-            speed_validity(rec["speed"], rec.get("job", {}).get("scheme_label", ""), rec["memory"]["server"], act)
+    if rec.get("speed", {}).get("points") and (reread or log_path.is_file()):
+        server = (rec.get("memory") or {}).get("server")
+        speed_validity(rec["speed"], rec.get("job", {}).get("scheme_label", ""), server, act)
     return rec
 
 

@@ -53,6 +53,7 @@ def run_by_hand(
     out: Path,
     num_prompts: dict[str, int] | None = None,
     repeats: set[int] | None = None,
+    seeds: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """``vllm bench serve`` once per point of ``bench`` (the CLI, a process each), cache-free.
 
@@ -66,6 +67,14 @@ def run_by_hand(
             :func:`~quantverdict.measure.sweep_plan.prompts_for`.
         repeats: only these repeat indices of each load level (None: all). A point keeps the seed of its
             place in the job's full plan, so ``{0}`` reruns the job's first repeat prompt for prompt.
+        seeds: the seed per point name the job's run used (its record's ``seed``; default
+            :func:`~quantverdict.measure.sweep_plan.point_seed` of the point's place in the plan).
+
+    A warm-up of unmeasured prompts goes before the first point of each load level run here, as the sweep
+    client does it (a later repeat follows a measured run at the same load).
+
+    Raises:
+        ValueError: ``repeats`` selects no point of the plan.
 
     Returns:
         Per point in run order: :func:`quantverdict.measure.bench_result.parse_result`'s keys plus the
@@ -75,14 +84,18 @@ def run_by_hand(
     flags = supported_optional_flags(env)
     points = sweep_plan.plan(bench.mode, list(bench.rates), list(bench.concurrencies), bench.repeats)
     run_env = {**os.environ, **env.env}
+    chosen = [(i, p) for i, p in enumerate(points) if repeats is None or p.repeat in repeats]
+    if not chosen:
+        raise ValueError(f"--repeat {sorted(repeats or [])}: the job ran repeats 0..{bench.repeats - 1} of each level")
     rows = []
-    for i, point in enumerate(points):
-        if repeats is not None and point.repeat not in repeats:
-            continue
+    warmed: set[tuple[Any, Any]] = set()
+    for i, point in chosen:
         n = (num_prompts or {}).get(point.name) or sweep_plan.prompts_for(
             bench.num_prompts, bench.prompts_per_concurrency, point.concurrency
         )
-        n_warm = sweep_plan.warmup_requests(bench.warmup_prompts, point.concurrency)
+        level = (point.offered_rate_rps, point.concurrency)
+        n_warm = 0 if level in warmed else sweep_plan.warmup_requests(bench.warmup_prompts, point.concurrency)
+        warmed.add(level)
         if n_warm > 0:  # unmeasured prompts (the warm-up seed) at the point's concurrency, not kept
             warm = bench_command(
                 server, bench, model_path, env, point, out / "warmup", flags,
@@ -95,7 +108,7 @@ def run_by_hand(
         before = server.counters()
         cmd = bench_command(
             server, bench, model_path, env, point, out, flags,
-            seed=sweep_plan.point_seed(bench.seed, i), num_prompts=n, warmups=False,
+            seed=(seeds or {}).get(point.name, sweep_plan.point_seed(bench.seed, i)), num_prompts=n, warmups=False,
         )  # fmt: skip
         proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=bench.point_timeout_s)
         if proc.returncode != 0:
@@ -184,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         print(f"{path}: the record has no speed points", file=sys.stderr)
         return 2
+    if args.repeat and not any(p.get("repeat") in args.repeat for p in points):
+        ran = sorted({p.get("repeat") for p in points})
+        print(f"--repeat {' '.join(map(str, args.repeat))}: the job ran repeats {ran} of each level", file=sys.stderr)
+        return 2
     out = args.out or path.parent / "fidelity"
     env = envs.ensure("serve", cfg.env.serve, cfg.env, PROJECT_ROOT)
     server_cfg = cfg.bench.server
@@ -207,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     with server:
         sent = {p["point"]: p["num_prompts"] for p in points}
-        by_hand = run_by_hand(server, cfg.bench, model_path, env, out, sent, set(args.repeat) if args.repeat else None)
+        seeds = {p["point"]: int(p["seed"]) for p in points if isinstance(p.get("seed"), int)}
+        chosen = set(args.repeat) if args.repeat else None
+        by_hand = run_by_hand(server, cfg.bench, model_path, env, out, sent, chosen, seeds)
     rows = compare(points, by_hand, args.tolerance)
     print(render(rows, args.tolerance))
     (out / "fidelity.json").write_text(json.dumps({"rows": rows, "by_hand": by_hand}, indent=1, default=str))

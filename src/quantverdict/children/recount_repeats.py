@@ -10,7 +10,9 @@ count: :func:`quantverdict.children.sweep_client.cli_args`), and the prompts it 
 (:func:`quantverdict.measure.prompt_repeats.prompt_repeats`). vLLM's random dataset is deterministic in its
 seed, so this is the prompt set the server saw, as long as the tokenizer and vLLM's ``RandomDataset`` are
 the same (``--tokenizer``: a copy of the checkpoint's tokenizer where the recorded path does not exist
-here). The sidecar gains ``prompt_repeats`` and ``prompt_repeats_source`` (vLLM version, tokenizer); rerun
+here). Checked where the point's result file is present: the request count must equal the run's
+``num_prompts`` and, when every request completed, the prompt tokens its ``total_input_tokens``. The
+sidecar gains ``prompt_repeats`` and ``prompt_repeats_source`` (vLLM version, tokenizer); rerun
 the record's derivation (``python -m pipelines.bench_gpu --report-only``) to apply it.
 """
 
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quantverdict.children.sweep_client import cli_args
+from quantverdict.children.sweep_client import OPTIONAL_FLAGS, _drop_flags, cli_args
 from quantverdict.children.vllm_cli import install_alias
 from quantverdict.measure.prompt_repeats import prompt_repeats
 
@@ -42,6 +44,8 @@ def recount(bench_dir: Path, tokenizer: str | None = None) -> list[dict[str, Any
     parser = FlexibleArgumentParser()
     vbench.add_cli_args(parser)
     tok = get_tokenizer(spec["tokenizer"])
+    known = set(parser._option_string_actions)  # noqa: SLF001 - as the sweep client reads it
+    missing = [f for f in OPTIONAL_FLAGS if f not in known]
     rows = []
     for point in spec["points"]:
         side_path = bench_dir / f"{point['name']}.qv.json"
@@ -50,9 +54,21 @@ def recount(bench_dir: Path, tokenizer: str | None = None) -> list[dict[str, Any
         side = json.loads(side_path.read_text())
         recounted = "prompt_repeats" not in side
         if recounted:
-            ns = parser.parse_args(cli_args(spec, point, int(side["num_prompts"]), int(side["seed"]), save=False))
-            reqs = vbench.get_samples(ns, tok)
-            side["prompt_repeats"] = prompt_repeats((r.prompt, r.prompt_len) for r in reqs)
+            args = cli_args(spec, point, int(side["num_prompts"]), int(side["seed"]), save=False)
+            reqs = vbench.get_samples(parser.parse_args(_drop_flags(args, missing)), tok)
+            counted = prompt_repeats((r.prompt, r.prompt_len) for r in reqs)
+            result_path = bench_dir / f"{point['name']}.json"
+            if result_path.is_file():  # the same prompts as the run's: as many, as many tokens
+                res = json.loads(result_path.read_text())
+                sent = (res.get("num_prompts"), res.get("total_input_tokens"))
+                got = (counted["requests"], counted["prompt_tokens"])
+                if got[0] != sent[0] or (res.get("completed") == sent[0] and got[1] != sent[1]):
+                    raise RuntimeError(
+                        f"{point['name']}: the recount sampled {counted['requests']} prompts of "
+                        f"{counted['prompt_tokens']} tokens, the run sent {sent[0]} of {sent[1]}: another "
+                        "tokenizer or vLLM version; give the checkpoint's tokenizer with --tokenizer"
+                    )
+            side["prompt_repeats"] = counted
             side["prompt_repeats_source"] = (
                 f"recounted after the run: vLLM {vllm.__version__} get_samples, seed {side['seed']}, "
                 f"{side['num_prompts']} requests, tokenizer {spec['tokenizer']}"

@@ -60,8 +60,9 @@ RESET_TRIES = 20  # /reset_prefix_cache answers success=false while blocks are s
 # the first attempt is sized for min_duration_s x this at the warm-up's rate: n Poisson arrivals at rate r span
 # (n - 1) / r on average with a spread of sqrt(n) / r, so at the margin of 1.0 half the open-loop points would
 # fall short (e.g. 16 req/s, 30 s: 528 requests, mean 33 s, sd 1.4 s: short about 2% of the time)
-# Measured on the H200 (8B shape, c=256): the warm-up's estimate was 67-68 req/s, the runs then went at 69-78,
-# and 1.1 fell short twice in 24 points (29.0 s of 30), each costing a second attempt of ~45 s
+# Measured on the H200 (8B shape, c=256, 2026-12-01): the warm-up's estimates were 67.2-68.2 req/s before
+# runs that went at 69-78, and 1.1 fell short twice in 24 points (29.0 s of 30), each point then taking ~36 s
+# more for its second attempt
 FIRST_WINDOW_MARGIN = 1.2
 # a later repeat of a load level is sized at the fastest rate an earlier repeat of it reached, x this:
 # repeats of one level differed by up to 12% there (69.2 / 76.4 / 72.6 req/s)
@@ -290,14 +291,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
         attempts: list[dict[str, Any]] = []
+        seed = int(point["seed"])
         while True:
             before = settled_counters(base_url)
             m0 = time.perf_counter()
             sampled.clear()
-            result = call(point, n, int(point["seed"]) + len(attempts) * RETRY_SEED_STRIDE, save=True)
+            result = call(point, n, seed, save=True)
             measured = float(result.get("duration") or 0.0)
             after = settled_counters(base_url)
             attempt: dict[str, Any] = {
+                "seed": seed,
                 "num_prompts": n,
                 "duration_s": measured,
                 "call_s": round(time.perf_counter() - m0, 3),
@@ -306,25 +309,37 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 attempt["sample_s"] = sampled[-1]["sample_s"]
                 side["prompt_repeats"] = {k: v for k, v in sampled[-1].items() if k != "sample_s"}
             attempts.append(attempt)
+            cleared = False
             if reset:
-                side["resets"].append({"when": f"after attempt {len(attempts)}", **reset_prefix_cache(base_url)})
+                after_reset = reset_prefix_cache(base_url)
+                side["resets"].append({"when": f"after attempt {len(attempts)}", **after_reset})
+                cleared = bool(after_reset.get("success"))
             short = min_dur > 0 and measured < min_dur and len(attempts) == 1
             if not short:
                 break
-            # too short: a longer run (another seed: its prompts were never sent) at the rate just measured
+            # too short: a longer run at the rate just measured. The same seed when the cache was just emptied:
+            # vLLM's random sample of n prompts begins with the sample of fewer (its offsets are drawn before
+            # the prompts), so every scheme of a grid keeps the same prompts at this point; another seed (never
+            # sent) when the cache could not be reset
+            if not cleared:
+                seed += RETRY_SEED_STRIDE
             got_rps = float(result.get("completed") or 0) / measured if measured > 0 else None
             n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN)
             short_file = result_dir / f"{point['name']}.json"
             short_file.replace(result_dir / f"{point['name']}.short.json")
             progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
-        if measured > 0 and result.get("completed"):
+        if point["request_rate"] != "inf" and point.get("max_concurrency") is None:
+            # open loop: a later repeat is sized at the offered rate, as the first was (an overloaded server
+            # completes fewer per second than offered; fewer requests would shorten the backlog that builds)
+            level_rps[level] = float(point["request_rate"])
+        elif measured > 0 and result.get("completed"):
             level_rps[level] = max(level_rps.get(level, 0.0), float(result["completed"]) / measured)
         side.update(
             counters_before=before,
             counters_after=after,
             attempts=attempts,
             num_prompts=n,
-            seed=int(point["seed"]) + (len(attempts) - 1) * RETRY_SEED_STRIDE,
+            seed=seed,
             measured_s=measured,
             wall_s=round(time.perf_counter() - w0, 3),
         )

@@ -347,7 +347,8 @@ def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: f
     """Complete a parsed point (:func:`parse_result`) with what the one-process sweep client recorded beside
     vLLM's result (``<point>.qv.json``, :mod:`quantverdict.children.sweep_client`); updates ``out`` in place.
 
-    Adds ``seed``, ``warmup_seed``, ``attempts``, ``client_wall_s`` (the client's time for the point: warm-up,
+    Adds ``seed``, ``warmup_seed``, ``warmup_requests`` (the unmeasured requests the client sent before the
+    point, when the sidecar says), ``attempts``, ``client_wall_s`` (the client's time for the point: warm-up,
     cache resets, counter reads, dataset sampling, the measured run), ``client_overhead_s`` (wall minus the
     measured window ``duration_s``), ``min_duration_s`` and ``window_met`` (``duration_s >= min_duration_s``),
     and the server's counters (:func:`quantverdict.measure.server_metrics.server_checks`, with the point's own
@@ -362,6 +363,9 @@ def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: f
     """
     out["seed"] = side.get("seed")
     out["warmup_seed"] = side.get("warmup_seed")
+    warm = side.get("warmup")
+    if isinstance(warm, dict) and isinstance(warm.get("requests"), int):
+        out["warmup_requests"] = warm["requests"]  # sent by the client before the point (0: a later repeat)
     out["attempts"] = len(side.get("attempts") or []) or None
     wall = side.get("wall_s")
     out["client_wall_s"] = wall

@@ -34,8 +34,10 @@ def prompt_repeats(prompts: Iterable[tuple[Any, int]], key_chars: int = KEY_CHAR
 
     Returns:
         ``{"requests", "prompt_tokens", "repeated_requests", "repeated_tokens"}``: ``repeated_tokens`` sums
-        the whole ``prompt_len`` of each repeat, an upper bound on the prefix-cache hits the set itself
-        can produce (vLLM serves at most the full KV blocks of the shared part).
+        the whole ``prompt_len`` of each repeat, an upper bound on the hits its repeats can produce (vLLM
+        serves at most the full KV blocks of the shared part, never the last token). Not seen: prefixes of a
+        block or a few that two prompts share while their first 64 characters differ (measured on the H200:
+        +32 to +128 tokens per point, <= 0.02% of the tokens looked up); they count against the 1% limit.
 
     E.g. prompts ``"abc", "xyz", "abc"`` of 10, 10 and 10 tokens: 3 requests, 30 tokens, 1 repeat, 10 tokens.
     """

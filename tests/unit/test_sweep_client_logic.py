@@ -1,0 +1,147 @@
+"""The one-process sweep client's decisions, against a stand-in for vLLM's benchmark module (no server): a
+warm-up only before the first repeat of a load level, later repeats sized from the earlier one's rate (a
+closed loop: the rate reached; an open loop: the offered rate), a short first window run again with the
+same seed after a cache reset, the sampled prompts counted and passed through unchanged, one tokenizer.
+
+The stand-in's server: a closed loop of C reaches 2 x C req/s for a warm-up wave (<= C requests) and 3 x C
+req/s for a measured run; an open loop completes half the offered rate (overloaded). Its prompts repeat
+with period 50, so a run of n > 50 requests has n - 50 repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantverdict.children import sweep_client
+
+CALLS: dict[str, Any] = {}
+
+SERVE_SRC = """
+import json, pathlib, types
+
+def add_cli_args(parser):
+    for flag in ("--backend", "--base-url", "--model", "--tokenizer", "--dataset-name", "--random-input-len",
+                 "--random-output-len", "--request-rate", "--temperature", "--ready-check-timeout-sec",
+                 "--num-warmups", "--percentile-metrics", "--metric-percentiles", "--result-dir",
+                 "--result-filename"):
+        parser.add_argument(flag)
+    parser.add_argument("--num-prompts", type=int)
+    parser.add_argument("--max-concurrency", type=int)
+    parser.add_argument("--seed", type=int)
+    for flag in ("--ignore-eos", "--disable-tqdm", "--save-result", "--save-detailed"):
+        parser.add_argument(flag, action="store_true")
+
+def get_tokenizer(name, **kw):
+    CALLS["tokenizer_loads"] += 1
+    return object()
+
+def get_samples(args, tokenizer):
+    return [types.SimpleNamespace(prompt=f"prompt {(args.seed * 7 + i) % 50}" + "x" * 80, prompt_len=10)
+            for i in range(args.num_prompts)]
+
+async def main_async(args):
+    tok = get_tokenizer(args.tokenizer)
+    reqs = get_samples(args, tok)
+    n = len(reqs)
+    CALLS["runs"].append((args.seed, n, args.max_concurrency, args.request_rate))
+    if args.max_concurrency:
+        rps = (2 if n <= args.max_concurrency else 3) * args.max_concurrency
+    else:
+        rps = 0.5 * float(args.request_rate)
+    res = {"duration": n / rps, "completed": n, "num_prompts": n}
+    if args.save_result:
+        (pathlib.Path(args.result_dir) / args.result_filename).write_text(json.dumps(res))
+    return res
+"""
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    CALLS.clear()
+    CALLS.update(tokenizer_loads=0, runs=[])
+    serve = types.ModuleType("vllm.benchmarks.serve")
+    serve.__dict__["CALLS"] = CALLS
+    exec(SERVE_SRC, serve.__dict__)  # noqa: S102 - the stand-in's own source, above
+    benchmarks = types.ModuleType("vllm.benchmarks")
+    benchmarks.serve = serve  # type: ignore[attr-defined]
+    argparse_utils = types.ModuleType("vllm.utils.argparse_utils")
+    argparse_utils.FlexibleArgumentParser = argparse.ArgumentParser  # type: ignore[attr-defined]
+    for name, mod in {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.benchmarks": benchmarks,
+        "vllm.benchmarks.serve": serve,
+        "vllm.utils": types.ModuleType("vllm.utils"),
+        "vllm.utils.argparse_utils": argparse_utils,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(sweep_client, "install_alias", lambda: None)
+    monkeypatch.setattr(sweep_client, "reset_prefix_cache", lambda url: {"success": True, "tries": 1, "s": 0.0})
+    monkeypatch.setattr(sweep_client, "settled_counters", lambda url: {})
+    return serve
+
+
+def _spec(tmp_path: Path) -> dict[str, Any]:
+    pts = [
+        {"name": "conc-4_r0", "request_rate": "inf", "max_concurrency": 4, "num_prompts": 16, "seed": 1},
+        {"name": "conc-4_r1", "request_rate": "inf", "max_concurrency": 4, "num_prompts": 16, "seed": 2},
+        {"name": "rate-2_r0", "request_rate": "2", "max_concurrency": None, "num_prompts": 16, "seed": 3},
+        {"name": "rate-2_r1", "request_rate": "2", "max_concurrency": None, "num_prompts": 16, "seed": 4},
+    ]
+    return {
+        "base_url": "http://127.0.0.1:1", "model": "m", "tokenizer": "/tok", "input_len": 10, "output_len": 4,
+        "ignore_eos": True, "percentile_metrics": "ttft", "metric_percentiles": "50", "result_dir": str(tmp_path),
+        "warmup_prompts": 2, "warmup_seed": 1_000_000, "min_duration_s": 10.0, "reset_prefix_cache": True,
+        "points": pts,
+    }  # fmt: skip
+
+
+def test_warmups_sizes_retries_and_repeats(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
+    sweep_client.run(_spec(tmp_path))
+    side = {
+        n: json.loads((tmp_path / f"{n}.qv.json").read_text())
+        for n in ("conc-4_r0", "conc-4_r1", "rate-2_r0", "rate-2_r1")
+    }
+    # warm-ups: one wave of C = 4 before conc-4_r0, warmup_prompts = 2 before rate-2_r0, none before the repeats
+    assert [side[n]["warmup"]["requests"] for n in side] == [4, 0, 2, 0]
+    # conc-4_r0: the warm-up wave ran at 8 req/s, so 8 x 10 s x 1.2 = 96 requests; the run went at 12 req/s:
+    # 8.0 s < 10 s, run again with the same seed (the cache was reset) at 12 x 10 x 1.15 = 138 requests
+    a = side["conc-4_r0"]["attempts"]
+    assert [x["num_prompts"] for x in a] == [math.ceil(8 * 10 * 1.2), math.ceil(12 * 10 * 1.15)]  # 96, 138
+    assert [x["seed"] for x in a] == [1, 1] and side["conc-4_r0"]["seed"] == 1
+    assert (tmp_path / "conc-4_r0.short.json").is_file()
+    # conc-4_r1: no warm-up, sized from the 12 req/s conc-4_r0 reached: 138 requests, one attempt, 11.5 s
+    assert [x["num_prompts"] for x in side["conc-4_r1"]["attempts"]] == [138]
+    assert side["conc-4_r1"]["warmup"]["rate_estimate_rps"] == 12.0
+    # open loop at 2 req/s, overloaded (1 req/s completed): both repeats sized at the offered 2 req/s
+    assert side["rate-2_r0"]["num_prompts"] == math.ceil(2 * 10 * 1.2)  # 24
+    assert side["rate-2_r1"]["num_prompts"] == math.ceil(2 * 10 * 1.15)  # 23, not 12 from the 1 req/s reached
+    # the prompts vLLM sampled were counted as sent (period 50: 138 requests, 88 repeats) and passed through
+    assert side["conc-4_r1"]["prompt_repeats"] == {
+        "requests": 138, "prompt_tokens": 1380, "repeated_requests": 88, "repeated_tokens": 880,
+    }  # fmt: skip
+    assert side["rate-2_r1"]["prompt_repeats"]["repeated_requests"] == 0  # 23 requests < 50
+    measured = [r for r in CALLS["runs"] if r[0] != 1_000_000]
+    assert [r[1] for r in measured] == [96, 138, 138, 24, 23]  # main_async sent what get_samples returned
+    # one tokenizer for the 7 calls (2 warm-ups, 5 runs)
+    assert len(CALLS["runs"]) == 7 and CALLS["tokenizer_loads"] == 1
+
+
+def test_a_failed_reset_retries_with_another_seed(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_client, "reset_prefix_cache", lambda url: {"success": False, "tries": 20, "s": 5.0})
+    spec = _spec(tmp_path)
+    spec["points"] = spec["points"][:1]
+    sweep_client.run(spec)
+    side = json.loads((tmp_path / "conc-4_r0.qv.json").read_text())
+    # the first attempt's prompts may still be cached: the second draws prompts never sent
+    assert [x["seed"] for x in side["attempts"]] == [1, 1 + sweep_client.RETRY_SEED_STRIDE]
+    assert side["seed"] == 1 + sweep_client.RETRY_SEED_STRIDE
