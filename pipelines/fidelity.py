@@ -1,5 +1,5 @@
 """The fidelity check: ``vllm bench serve`` by hand (the CLI, one process per point) on a fresh server against
-a finished job's checkpoint, cache-free, printed beside the job's own sweep numbers.
+a finished job's checkpoint, the prefix cache reset around each point, printed beside the job's own sweep numbers.
 
     python -m pipelines.fidelity runs/.../<job>/record.json               # the job's config, a fresh server
     python -m pipelines.fidelity runs/.../<job>/record.json --port 8799 --tolerance 0.05
@@ -10,7 +10,8 @@ The by-hand run uses the job's points in the job's order, each with the job's se
 --ready-check-timeout-sec 0`` (vLLM's own warm-up and ready check send the first measured prompt), a
 warm-up run of unmeasured prompts at the point's concurrency before each point (as the sweep client does),
 and ``POST /reset_prefix_cache`` between that warm-up and the point and after it; the server's ``/metrics``
-prefix-cache counters are read around each point, so the by-hand numbers are shown cache-free. A point
+prefix-cache counters are read around each point, so the by-hand hit rate is shown beside (no reuse across
+points; vLLM's random dataset repeats a few prompts inside one, as in the job). A point
 whose output tok/s differs from the job's by more than the tolerance (5%) is flagged; the exit code is 1
 when any is. TTFT p50 is printed beside it (not judged: at small windows it moves more than 5% between two
 runs of one method).
@@ -55,7 +56,7 @@ def run_by_hand(
     repeats: set[int] | None = None,
     seeds: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """``vllm bench serve`` once per point of ``bench`` (the CLI, a process each), cache-free.
+    """``vllm bench serve`` once per point of ``bench`` (the CLI, a process each), the cache reset around each.
 
     Args:
         server: a started server (dev mode: ``/reset_prefix_cache``).
@@ -197,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         print(f"{path}: the record has no speed points", file=sys.stderr)
         return 2
-    if args.repeat and not any(p.get("repeat") in args.repeat for p in points):
-        ran = sorted({p.get("repeat") for p in points})
+    ran = sorted({p.get("repeat") for p in points})
+    if args.repeat and not set(args.repeat) <= set(ran):
         print(f"--repeat {' '.join(map(str, args.repeat))}: the job ran repeats {ran} of each level", file=sys.stderr)
         return 2
     out = args.out or path.parent / "fidelity"

@@ -145,3 +145,20 @@ def test_a_failed_reset_retries_with_another_seed(
     # the first attempt's prompts may still be cached: the second draws prompts never sent
     assert [x["seed"] for x in side["attempts"]] == [1, 1 + sweep_client.RETRY_SEED_STRIDE]
     assert side["seed"] == 1 + sweep_client.RETRY_SEED_STRIDE
+
+
+def test_without_cache_resets_a_retry_draws_other_prompts(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    spec["points"], spec["reset_prefix_cache"] = spec["points"][:1], False
+    sweep_client.run(spec)
+    side = json.loads((tmp_path / "conc-4_r0.qv.json").read_text())
+    assert [x["seed"] for x in side["attempts"]] == [1, 1 + sweep_client.RETRY_SEED_STRIDE]
+    assert side["resets"] == []  # none asked for
+
+
+def test_an_open_loop_without_warmup_is_sized_at_its_offered_rate(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    spec["points"], spec["warmup_prompts"] = spec["points"][2:3], 0
+    sweep_client.run(spec)
+    side = json.loads((tmp_path / "rate-2_r0.qv.json").read_text())
+    assert "warmup" not in side and side["num_prompts"] == math.ceil(2 * 10 * 1.2)  # 24, not the minimum 16

@@ -11,7 +11,9 @@ count: :func:`quantverdict.children.sweep_client.cli_args`), and the prompts it 
 seed, so this is the prompt set the server saw, as long as the tokenizer and vLLM's ``RandomDataset`` are
 the same (``--tokenizer``: a copy of the checkpoint's tokenizer where the recorded path does not exist
 here). Checked where the point's result file is present: the request count must equal the run's
-``num_prompts`` and, when every request completed, the prompt tokens its ``total_input_tokens``. The
+``num_prompts`` and, when every request completed, the prompt tokens its ``total_input_tokens`` (a weak
+check: a tokenizer with another vocabulary but the same special tokens passes it; the server's hits against
+240 tokens per repeat, in docs/results/gpu-summary.md, are the cross-check). The
 sidecar gains ``prompt_repeats`` and ``prompt_repeats_source`` (vLLM version, tokenizer); rerun
 the record's derivation (``python -m pipelines.bench_gpu --report-only``) to apply it.
 """
@@ -65,8 +67,9 @@ def recount(bench_dir: Path, tokenizer: str | None = None) -> list[dict[str, Any
                 if got[0] != sent[0] or (res.get("completed") == sent[0] and got[1] != sent[1]):
                     raise RuntimeError(
                         f"{point['name']}: the recount sampled {counted['requests']} prompts of "
-                        f"{counted['prompt_tokens']} tokens, the run sent {sent[0]} of {sent[1]}: another "
-                        "tokenizer or vLLM version; give the checkpoint's tokenizer with --tokenizer"
+                        f"{counted['prompt_tokens']} tokens, the run sent {sent[0]} of {sent[1]}: not the run's "
+                        "prompts (e.g. a tokenizer with other special tokens); give the checkpoint's tokenizer "
+                        "with --tokenizer"
                     )
             side["prompt_repeats"] = counted
             side["prompt_repeats_source"] = (

@@ -10,7 +10,8 @@ same field names. What this process adds around it, per point:
 1. **warm-up**, before the first repeat of each load level (all sent at once, the point's concurrency limit
    kept; in a closed loop one wave of C requests, :func:`quantverdict.measure.sweep_plan.warmup_requests`)
    from prompts that are not measured (their own seed); a later repeat follows a measured run at the same
-   load, which warmed the server, and is sized from that run's rate; then
+   load, which warmed the server, and is sized from it (closed loop: the fastest rate an earlier repeat
+   reached; open loop: the offered rate); then
 2. ``POST /reset_prefix_cache`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's sweep tool
    ``vllm/benchmarks/sweep/server.py`` starts it), the server's ``/metrics`` counters read,
 3. the measured run (its own seed, ``--ready-check-timeout-sec 0`` and no ``--num-warmups``: vLLM's ready
@@ -45,7 +46,7 @@ from quantverdict.children._child import child_main, progress
 from quantverdict.children.vllm_cli import install_alias
 from quantverdict.measure.bench_result import e2e_s, has_detailed
 from quantverdict.measure.prompt_repeats import prompt_repeats
-from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, requests_for, warmup_requests
+from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, is_inf_rate, requests_for, warmup_requests
 
 # the server's /metrics counters read around each point (prometheus_client names: family + "_total")
 COUNTERS = (
@@ -174,7 +175,7 @@ def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | Non
     its own estimate; a closed loop of C in flight ``C / mean E2E`` (the warm-up ran fewer in flight, so
     its E2E is shorter and the estimate errs long); a burst ``completed / duration``."""
     rate = point["request_rate"]
-    if rate != "inf" and point.get("max_concurrency") is None:
+    if not is_inf_rate(rate) and point.get("max_concurrency") is None:
         return float(rate)
     lats = [x for x, e in zip(e2e_s(result), result.get("errors") or []) if not e and x] if has_detailed(result) else []
     if point.get("max_concurrency") is not None and lats:
@@ -269,6 +270,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             first_reset = None
         est = None
         level = (str(point["request_rate"]), point.get("max_concurrency"))
+        open_loop = not is_inf_rate(point["request_rate"]) and point.get("max_concurrency") is None
         earlier = level_rps.get(level)
         n_warm = 0 if earlier else warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
         if earlier:
@@ -289,6 +291,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if earlier:
             n = requests_for(int(point["num_prompts"]), min_dur, earlier, REPEAT_WINDOW_MARGIN)
         else:
+            if est is None and open_loop:  # no warm-up: an open loop's own rate still sizes its window
+                est = float(point["request_rate"])
             n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
         attempts: list[dict[str, Any]] = []
         seed = int(point["seed"])
@@ -318,9 +322,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if not short:
                 break
             # too short: a longer run at the rate just measured. The same seed when the cache was just emptied:
-            # vLLM's random sample of n prompts begins with the sample of fewer (its offsets are drawn before
-            # the prompts), so every scheme of a grid keeps the same prompts at this point; another seed (never
-            # sent) when the cache could not be reset
+            # vLLM's random sample of n prompts starts its first prompts where its sample of fewer does (the
+            # start offsets are drawn before the prompts; a prompt padded after re-tokenizing can end in other
+            # random tokens), so the schemes of a grid keep the same starts, and repeats, at this point; another
+            # seed (never sent) when the cache could not be reset
             if not cleared:
                 seed += RETRY_SEED_STRIDE
             got_rps = float(result.get("completed") or 0) / measured if measured > 0 else None
@@ -328,7 +333,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             short_file = result_dir / f"{point['name']}.json"
             short_file.replace(result_dir / f"{point['name']}.short.json")
             progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
-        if point["request_rate"] != "inf" and point.get("max_concurrency") is None:
+        if open_loop:
             # open loop: a later repeat is sized at the offered rate, as the first was (an overloaded server
             # completes fewer per second than offered; fewer requests would shorten the backlog that builds)
             level_rps[level] = float(point["request_rate"])

@@ -115,7 +115,7 @@ def load_of(p: dict[str, Any], mode: str) -> float:
 # A point's prompts come from vLLM's random dataset seeded per (point, repeat): every seed is distinct, so
 # no point starts with the prompts of the one before (the prefix cache would serve them). The warm-up draws
 # from a seed no measured point uses; so does a second, longer attempt when the cache could not be reset
-# after the first (after a reset it keeps the point's seed: the same prompts for every scheme).
+# after the first (after a reset it keeps the point's seed: the same prompt starts for every scheme).
 WARMUP_SEED_OFFSET = 1_000_000
 RETRY_SEED_STRIDE = 7919
 
