@@ -24,8 +24,9 @@ from quantverdict.orchestrate.hardware import (
 from quantverdict.orchestrate.job import run_job
 
 # what the H200 machine printed for nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap
-# --format=csv,noheader,nounits (2026-11-30)
-H200_SMI = "0, NVIDIA H200, 580.159.04, 143771, 9.0\n"
+# --format=csv,noheader,nounits (2026-11-30); the uuid and PCI bus id (queried since 2026-12-01) are made up in
+# nvidia-smi's form
+H200_SMI = "0, NVIDIA H200, 580.159.04, 143771, 9.0, GPU-0a1b2c3d-4e5f-6789-abcd-ef0123456789, 00000000:18:00.0\n"
 A100 = {
     "index": 0,
     "name": "NVIDIA A100-SXM4-80GB",
@@ -87,11 +88,17 @@ def test_parse_nvidia_smi_real_output() -> None:
             "driver_version": "580.159.04",
             "memory_total_mib": 143771.0,
             "compute_cap": "9.0",
+            "uuid": "GPU-0a1b2c3d-4e5f-6789-abcd-ef0123456789",
+            "pci_bus_id": "00000000:18:00.0",
         }
     ]
-    two = parse_nvidia_smi("0, NVIDIA A100, Inc, 550.54, 81920, 8.0\n1, Tesla T4, 550.54, [N/A], 7.5\n\n")
+    two = parse_nvidia_smi(
+        "0, NVIDIA A100, Inc, 550.54, 81920, 8.0, GPU-a, 00000000:07:00.0\n"
+        "1, Tesla T4, 550.54, [N/A], 7.5, GPU-b, 00000000:08:00.0\n\n"
+    )
     assert [g["name"] for g in two] == ["NVIDIA A100, Inc", "Tesla T4"]  # a comma inside the name
     assert two[1]["memory_total_mib"] is None
+    assert [g["uuid"] for g in two] == ["GPU-a", "GPU-b"]
 
 
 def test_cuda_visible_devices_as_cuda_counts_them() -> None:

@@ -36,27 +36,29 @@ from quantverdict.measure import kv_cache, memory, tensor_parallel
 
 log = logging.getLogger(__name__)
 
-QUERY = "index,name,driver_version,memory.total,compute_cap"
+QUERY = "index,name,driver_version,memory.total,compute_cap,uuid,pci.bus_id"
 FP8_W8A8_MIN_CC = (8, 9)
 INT8_W8A8_MIN_CC = (7, 5)
 WEIGHT_ONLY_MIN_CC = (7, 5)
 
 
 def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
-    """Rows of ``nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap
+    """Rows of ``nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap,uuid,pci.bus_id
     --format=csv,noheader,nounits``.
 
     Returns:
         ``[{"index": int, "name": str, "driver_version": str, "memory_total_mib": float | None,
-        "compute_cap": str}]`` in nvidia-smi's order; ``memory_total_mib`` is None where nvidia-smi
-        prints no number (``[N/A]``).
+        "compute_cap": str, "uuid": str, "pci_bus_id": str}]`` in nvidia-smi's order;
+        ``memory_total_mib`` is None where nvidia-smi prints no number (``[N/A]``). ``uuid``
+        (``GPU-<uuid>``, fixed for the physical GPU) says whether two records ran on the same
+        GPU: the review compares schemes measured on one GPU apart from those that were not.
     """
     gpus = []
     for line in text.splitlines():
         if not line.strip():
             continue
         index, rest = line.split(",", 1)
-        name, driver, mem, cap = (p.strip() for p in rest.rsplit(",", 3))  # a name may hold a comma
+        name, driver, mem, cap, uuid, bus = (p.strip() for p in rest.rsplit(",", 5))  # a name may hold a comma
         try:
             mem_mib: float | None = float(mem)
         except ValueError:
@@ -68,6 +70,8 @@ def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
                 "driver_version": driver,
                 "memory_total_mib": mem_mib,
                 "compute_cap": cap,
+                "uuid": uuid,
+                "pci_bus_id": bus,
             }
         )
     return gpus
