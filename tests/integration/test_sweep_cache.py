@@ -11,6 +11,7 @@ Set QV_SERVE_PYTHON and QV_EMBEDDED_MODEL to reuse an existing serve environment
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -24,7 +25,7 @@ from pipelines import fidelity
 from quantverdict.config.schema import BenchConfig, ServerConfig
 from quantverdict.measure import server_metrics, sweep_plan
 from quantverdict.processes.envs import SRC_DIR, StageEnv
-from quantverdict.serving.benchmark import bench_command, run_sweep, supported_optional_flags
+from quantverdict.serving.benchmark import bench_command, run_sweep, start_client, supported_optional_flags
 from quantverdict.serving.server import VLLMServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -98,7 +99,11 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
     with VLLMServer(serve_env, model_path, "smollm2-it", bench.server, 512, "cpu", tmp_path / "server.log") as server:
         old = _old_method(server, bench, model_path, serve_env, tmp_path / "old")
         assert server.reset_prefix_cache()
-        new = run_sweep(server, bench, model_path, serve_env, tmp_path / "new")
+        # the client as a job starts it (with the server, held at its gate), the later repeats' prompts made by
+        # its worker process (bench.prefetch_prompts, as on the GPU profiles)
+        bench_new = dataclasses.replace(bench, prefetch_prompts=True)
+        client = start_client(server, bench_new, model_path, serve_env, tmp_path / "new")
+        new = run_sweep(server, bench_new, model_path, serve_env, tmp_path / "new", client=client)
         # the fidelity check's by-hand CLI run on the same server: seed per point, no warm-up, cache reset
         sent = {p["point"]: p["num_prompts"] for p in new}  # the job's request counts, sized by its windows
         # (the first repeat of each level: pipelines.fidelity --repeat 0)
@@ -128,6 +133,8 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
         0,
     ]
     assert sides["conc-4_r1"]["warmup"]["rate_estimate_rps"] > 0
+    # the second repeats took the prompts the worker made (vLLM's get_samples in another process)
+    assert [("sampled_ahead_s" in sides[n]["attempts"][0]) for n in sides] == [False, True, False, True]
     for p in new:
         # vLLM's sampled prompts were seen as they were made: every request counted, no repeats among so few
         # (start ids collide for ~n^2 / 2 x 49,152 of n requests)
@@ -150,3 +157,41 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
     table = fidelity.compare(new, by_hand, tolerance=fidelity.CPU_TOLERANCE)
     print(fidelity.render(table))
     assert all(r["within"] for r in table), table
+
+
+SAME_PROMPTS = """
+import json, sys
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+from quantverdict.children import prompt_sampler
+from quantverdict.children.vllm_cli import bench_parser, install_alias
+install_alias()
+from vllm.benchmarks import serve as vbench
+argv = json.loads(sys.argv[1])
+ns = bench_parser(vbench)[0].parse_args(argv)
+tok = vbench.get_tokenizer(ns.tokenizer, tokenizer_mode=ns.tokenizer_mode, trust_remote_code=ns.trust_remote_code)
+here = vbench.get_samples(ns, tok)
+with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    there, prefix, _ = pool.submit(prompt_sampler.sample, argv).result()
+there = prompt_sampler.reprefix(there, prefix, ns.request_id_prefix)
+fields = lambda r: (r.prompt, r.prompt_len, r.expected_output_len, r.request_id)
+print(json.dumps({"n": len(here), "same": [fields(a) == fields(b) for a, b in zip(here, there)],
+                  "n_there": len(there)}))
+"""
+
+
+def test_prompts_made_by_the_worker_are_the_ones_vllm_samples(serve_env: StageEnv, model_path: str) -> None:
+    # a seed and size whose prompts vLLM pads after re-tokenizing (random tail tokens from its generator)
+    argv = ["--backend", "vllm", "--base-url", "http://127.0.0.1:1", "--model", "m", "--tokenizer", model_path]
+    argv += ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "16"]
+    argv += ["--num-prompts", "300", "--seed", "10", "--ignore-eos"]
+    res = subprocess.run(
+        [serve_env.python, "-c", SAME_PROMPTS, json.dumps(argv)],
+        env={**os.environ, **serve_env.env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["n"] == out["n_there"] == 300 and all(out["same"])

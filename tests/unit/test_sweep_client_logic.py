@@ -15,12 +15,13 @@ import json
 import math
 import sys
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from quantverdict.children import sweep_client
+from quantverdict.children import prompt_sampler, sweep_client, vllm_cli
 
 CALLS: dict[str, Any] = {}
 
@@ -44,6 +45,7 @@ def get_tokenizer(name, **kw):
     return object()
 
 def get_samples(args, tokenizer):
+    CALLS["sampled"].append((args.seed, args.num_prompts))
     return [types.SimpleNamespace(prompt=f"prompt {(args.seed * 7 + i) % 50}" + "x" * 80, prompt_len=10)
             for i in range(args.num_prompts)]
 
@@ -52,6 +54,7 @@ async def main_async(args):
     reqs = get_samples(args, tok)
     n = len(reqs)
     CALLS["runs"].append((args.seed, n, args.max_concurrency, args.request_rate))
+    CALLS["first_prompts"].append(reqs[0].prompt)
     if args.max_concurrency:
         rps = (2 if n <= args.max_concurrency else 3) * args.max_concurrency
     else:
@@ -66,7 +69,8 @@ async def main_async(args):
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     CALLS.clear()
-    CALLS.update(tokenizer_loads=0, runs=[])
+    CALLS.update(tokenizer_loads=0, runs=[], sampled=[], first_prompts=[])
+    prompt_sampler._TOKENIZERS.clear()  # noqa: SLF001 - the worker's cache, kept between calls in a process
     serve = types.ModuleType("vllm.benchmarks.serve")
     serve.__dict__["CALLS"] = CALLS
     exec(SERVE_SRC, serve.__dict__)  # noqa: S102 - the stand-in's own source, above
@@ -83,6 +87,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     }.items():
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(sweep_client, "install_alias", lambda: None)
+    monkeypatch.setattr(vllm_cli, "install_alias", lambda: None)
     monkeypatch.setattr(sweep_client, "reset_prefix_cache", lambda url: {"success": True, "tries": 1, "s": 0.0})
     monkeypatch.setattr(sweep_client, "settled_counters", lambda url: {})
     return serve
@@ -162,3 +167,52 @@ def test_an_open_loop_without_warmup_is_sized_at_its_offered_rate(fake_vllm: typ
     sweep_client.run(spec)
     side = json.loads((tmp_path / "rate-2_r0.qv.json").read_text())
     assert "warmup" not in side and side["num_prompts"] == math.ceil(2 * 10 * 1.2)  # 24, not the minimum 16
+
+
+def test_later_repeats_take_prompts_made_ahead_by_the_worker(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the worker as a thread (the stand-in vLLM lives in this process); the real one is a spawned process
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda: ThreadPoolExecutor(max_workers=1))
+    spec = _spec(tmp_path)
+    spec["points"] = [
+        {"name": f"conc-4_r{r}", "request_rate": "inf", "max_concurrency": 4, "num_prompts": 16, "seed": 1 + r}
+        for r in range(3)
+    ]
+    spec["prefetch_prompts"] = True
+    sweep_client.run(spec)
+    side = {r: json.loads((tmp_path / f"conc-4_r{r}.qv.json").read_text()) for r in range(3)}
+    # r0 as before (96 requests, 8 s < 10 s, again with 138 at the 12 req/s reached); r1 and r2 both sized from
+    # r0's 12 req/s (138) as soon as r0 ended, their prompts made by the worker while the client measured
+    assert [x["num_prompts"] for x in side[0]["attempts"]] == [96, 138]
+    assert "sampled_ahead_s" not in side[0]["attempts"][-1]
+    for r in (1, 2):
+        (attempt,) = side[r]["attempts"]
+        assert attempt["num_prompts"] == 138 and attempt["seed"] == 1 + r
+        assert attempt["sampled_ahead_s"] >= 0.0
+        # what main_async sent is what get_samples makes for that seed: the stand-in's first prompt of seed s is
+        # "prompt (7 s) mod 50"; counted as sent (138 requests, period 50: 88 repeats)
+        assert side[r]["prompt_repeats"]["repeated_requests"] == 88
+    measured = [r for r in CALLS["runs"] if r[0] != 1_000_000]
+    assert [(r[0], r[1]) for r in measured] == [(1, 96), (1, 138), (2, 138), (3, 138)]
+    assert CALLS["first_prompts"][-2:] == ["prompt 14" + "x" * 80, "prompt 21" + "x" * 80]
+    # seeds 2 and 3 sampled once each, by the worker; the client sampled the warm-up and r0's two attempts
+    assert sorted(CALLS["sampled"]) == [(1, 96), (1, 138), (2, 138), (3, 138), (1_000_000, 4)]
+
+
+def test_the_client_waits_for_the_gate(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    spec["points"] = spec["points"][:1]
+    spec["start_gate"], spec["gate_timeout_s"] = str(tmp_path / "go"), 0.3
+    with pytest.raises(TimeoutError, match="server did not come up"):
+        sweep_client.run(spec)
+    assert CALLS["runs"] == []  # nothing sent before the gate
+    (tmp_path / "go").write_text("now")
+    assert sweep_client.run(spec)["gate_wait_s"] < 0.3
+
+
+def test_reprefix_swaps_the_request_id_prefix() -> None:
+    reqs = [types.SimpleNamespace(request_id=f"bench-aaaa-{i}") for i in range(3)] + [types.SimpleNamespace()]
+    prompt_sampler.reprefix(reqs, "bench-aaaa-", "bench-bbbb-")
+    assert [getattr(r, "request_id", None) for r in reqs] == ["bench-bbbb-0", "bench-bbbb-1", "bench-bbbb-2", None]
+    assert prompt_sampler.reprefix(reqs, None, "x-")[0].request_id == "bench-bbbb-0"  # older vLLM: no prefix

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from quantverdict.children.sweep_client import bench_parser, vllm_args
-from quantverdict.children.vllm_cli import install_alias
+from quantverdict.children.sweep_client import vllm_args
+from quantverdict.children.vllm_cli import bench_parser, install_alias
 from quantverdict.measure.prompt_repeats import prompt_repeats
 
 

@@ -10,8 +10,8 @@ same field names. What this process adds around it, per point:
 1. **warm-up**, before the first repeat of each load level (all sent at once, the point's concurrency limit
    kept; in a closed loop one wave of C requests, :func:`quantverdict.measure.sweep_plan.warmup_requests`)
    from prompts that are not measured (their own seed); a later repeat follows a measured run at the same
-   load, which warmed the server, and is sized from it (closed loop: the fastest rate an earlier repeat
-   reached; open loop: the offered rate); then
+   load, which warmed the server, and is sized from the first repeat (closed loop: the rate it reached; open
+   loop: the offered rate), so every later repeat's size is known when the first ends; then
 2. ``POST /reset_prefix_cache`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's sweep tool
    ``vllm/benchmarks/sweep/server.py`` starts it), the server's ``/metrics`` counters read,
 3. the measured run (its own seed, ``--ready-check-timeout-sec 0`` and no ``--num-warmups``: vLLM's ready
@@ -19,6 +19,13 @@ same field names. What this process adds around it, per point:
    cache), sized to last at least ``min_duration_s`` (a second, longer attempt when the first fell short),
 4. ``/metrics`` read again (prefix-cache queries and hits, prompt and generation tokens, preemptions), and
    the prefix cache reset, so the next point starts from a cold cache.
+
+The client is started while the server loads and waits for the orchestrator's gate file (``start_gate``), so
+its imports are not part of the sweep. With ``prefetch_prompts`` a worker process
+(:mod:`quantverdict.children.prompt_sampler`) makes the prompts of the later repeats of a level with vLLM's
+own ``get_samples`` as soon as the first repeat has sized them, while the client measures: the client then
+takes them instead of sampling (vLLM's random dataset decodes and re-encodes every prompt: 1.9-6.5 s a point
+at c = 16-256 on the H200 machine). Off on CPU, where the worker would take a core from the server.
 
 vLLM's tokenizer is loaded once for the sweep (``main_async`` would load it on every call). The prompts
 vLLM samples for each measured run are looked at as they are made (vLLM's ``get_samples``, wrapped without
@@ -36,14 +43,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from quantverdict.children import prompt_sampler
 from quantverdict.children._child import child_main, progress
-from quantverdict.children.vllm_cli import install_alias
+from quantverdict.children.vllm_cli import bench_parser, install_alias
 from quantverdict.measure.bench_result import e2e_s, has_detailed
 from quantverdict.measure.prompt_repeats import prompt_repeats
 from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, is_inf_rate, requests_for, warmup_requests
@@ -65,8 +75,8 @@ RESET_TRIES = 20  # /reset_prefix_cache answers success=false while blocks are s
 # runs that went at 69-78, and 1.1 fell short twice in 24 points (29.0 s of 30), each point then taking ~36 s
 # more for its second attempt
 FIRST_WINDOW_MARGIN = 1.2
-# a later repeat of a load level is sized at the fastest rate an earlier repeat of it reached, x this:
-# repeats of one level differed by up to 12% there (69.2 / 76.4 / 72.6 req/s)
+# a later repeat of a load level is sized at the rate its first repeat reached, x this: repeats of one level
+# differed by up to 12% there (69.2 / 76.4 / 72.6 req/s); a faster one that falls short runs again
 REPEAT_WINDOW_MARGIN = 1.15
 SHORT_WINDOW_MARGIN = 1.15  # a second attempt is sized for min_duration_s x this at the first one's rate
 
@@ -153,10 +163,6 @@ def cli_args(spec: dict[str, Any], point: dict[str, Any], num_prompts: int, seed
     return args
 
 
-# flags older vLLM releases may lack (left out, with a progress line, when the parser does not know them)
-OPTIONAL_FLAGS = ("--temperature", "--ready-check-timeout-sec", "--num-warmups")
-
-
 def _drop_flags(args: list[str], flags: list[str]) -> list[str]:
     """``args`` without each of ``flags`` and its value (every one of them takes exactly one)."""
     out, skip = [], False
@@ -168,17 +174,6 @@ def _drop_flags(args: list[str], flags: list[str]) -> list[str]:
         else:
             out.append(a)
     return out
-
-
-def bench_parser(vbench: Any) -> tuple[argparse.ArgumentParser, list[str]]:
-    """vLLM's own ``vllm bench serve`` parser (``vbench``: ``vllm.benchmarks.serve``) and the
-    :data:`OPTIONAL_FLAGS` it does not know (older vLLM releases): leave those out with :func:`_drop_flags`."""
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser()
-    vbench.add_cli_args(parser)
-    known = set(parser._option_string_actions)  # noqa: SLF001 - argparse keeps no public list of its flags
-    return parser, [f for f in OPTIONAL_FLAGS if f not in known]
 
 
 def vllm_args(
@@ -202,17 +197,44 @@ def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | Non
     return float(result.get("completed") or 0) / dur if dur > 0 else None
 
 
+def sampling_pool() -> Executor:
+    """The worker that makes later repeats' prompts: one process, spawned (not forked: the client's event
+    loop and vLLM's imports are not fork-safe)."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+
+
+def wait_for_gate(gate: str | None, timeout_s: float) -> float:
+    """Wait until the file ``gate`` exists (the orchestrator writes it once the server is verified).
+
+    Returns:
+        Seconds waited (0 without a gate).
+
+    Raises:
+        TimeoutError: no gate after ``timeout_s`` (the server never came up; the orchestrator stops this
+            process when it gives up first).
+    """
+    if not gate:
+        return 0.0
+    t0 = time.perf_counter()
+    while not Path(gate).exists():
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError(f"no start signal ({gate}) after {timeout_s:g} s: the server did not come up")
+        time.sleep(0.1)
+    return round(time.perf_counter() - t0, 3)
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm up, reset, measure and read the counters of every point in ``spec["points"]``, in order.
 
     Spec keys: ``base_url``, ``model`` (served name), ``tokenizer`` (checkpoint folder), ``input_len``,
     ``output_len``, ``ignore_eos``, ``percentile_metrics``, ``metric_percentiles`` (comma lists),
     ``result_dir``, ``warmup_prompts``, ``warmup_seed``, ``min_duration_s``, ``reset_prefix_cache``
-    (bool), ``points``: ``[{"name", "request_rate" ("inf" or req/s), "max_concurrency" (or None),
-    "num_prompts" (the minimum), "seed"}]``.
+    (bool), ``prefetch_prompts`` (bool), ``start_gate`` (a file to wait for; absent: start at once),
+    ``gate_timeout_s``, ``points``: ``[{"name", "request_rate" ("inf" or req/s), "max_concurrency" (or
+    None), "num_prompts" (the minimum), "seed"}]``.
 
     Returns:
-        ``{"points": [{"name", "wall_s", "measured_s", "num_prompts", "attempts"}], "import_s"}``; the
+        ``{"points": [{"name", "wall_s", "measured_s", "num_prompts"}], "import_s", "gate_wait_s"}``; the
         per-point files are written as each point finishes.
     """
     t0 = time.perf_counter()
@@ -243,129 +265,178 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 tokenizers[key] = load_tokenizer(*a, **kw)
             return tokenizers[key]
 
+        shared_get_tokenizer.__wrapped__ = load_tokenizer  # type: ignore[attr-defined]
         vbench.get_tokenizer = shared_get_tokenizer
 
-    # observe the prompts vLLM samples for each run (the same list is returned: nothing sent changes)
+    # observe the prompts vLLM samples for each run (the same list is returned: nothing sent changes); a run
+    # whose command line the worker sampled ahead gets the worker's list (the same prompts, see prompt_sampler)
     sampled: list[dict[str, Any]] = []
+    running: dict[str, tuple[str, ...]] = {}  # the command line of the run in progress
+    ahead: dict[tuple[str, ...], Future[Any]] = {}
     get_samples = getattr(vbench, "get_samples", None)
     if get_samples is not None:
 
         def observed_get_samples(*a: Any, **kw: Any) -> Any:
             s0 = time.perf_counter()
-            reqs = get_samples(*a, **kw)
+            made = ahead.pop(running.get("argv", ()), None)
+            extra: dict[str, Any] = {}
+            if made is not None:
+                reqs, made_with, worker_s = made.result()
+                args = a[0] if a else kw.get("args")
+                reqs = prompt_sampler.reprefix(reqs, made_with, getattr(args, "request_id_prefix", None))
+                extra = {"sampled_ahead_s": worker_s}
+            else:
+                reqs = get_samples(*a, **kw)
             sampled.append(
                 {
                     "sample_s": round(time.perf_counter() - s0, 3),
+                    **extra,
                     **prompt_repeats((getattr(r, "prompt", None), getattr(r, "prompt_len", 0)) for r in reqs),
                 }
             )
             return reqs
 
+        observed_get_samples.__wrapped__ = get_samples  # type: ignore[attr-defined]  # inspect.unwrap's convention
         vbench.get_samples = observed_get_samples
     else:
         progress("this vLLM's benchmark module has no get_samples: repeated prompts not counted")
+    pool = sampling_pool() if spec.get("prefetch_prompts") and get_samples is not None else None
+    if pool is not None:
+        pool.submit(prompt_sampler.warm)  # the worker imports vLLM while the server starts
+    gate_wait_s = wait_for_gate(spec.get("start_gate"), float(spec.get("gate_timeout_s") or 900.0))
+    if spec.get("start_gate"):
+        progress(f"server ready: sweep starts (waited {gate_wait_s:.1f} s for it)")
 
     def call(point: dict[str, Any], n: int, seed: int, save: bool) -> dict[str, Any]:
-        ns: argparse.Namespace = parser.parse_args(vllm_args(spec, point, n, seed, save, missing))
-        # main_async (vLLM >= 0.30) runs in this process's event loop; older ones only have main (asyncio.run inside)
-        res = asyncio.run(main_async(ns)) if main_async is not None else vbench.main(ns)
+        argv = vllm_args(spec, point, n, seed, save, missing)
+        ns: argparse.Namespace = parser.parse_args(argv)
+        running["argv"] = tuple(argv)
+        try:
+            # main_async (vLLM >= 0.30) runs in this process's event loop; older ones only have main (asyncio.run)
+            res = asyncio.run(main_async(ns)) if main_async is not None else vbench.main(ns)
+        finally:
+            running.pop("argv", None)
         if res is None and save:  # an older main() that returns nothing: the file it saved
             res = json.loads((result_dir / f"{point['name']}.json").read_text())
         return dict(res or {})
 
-    done = []
-    level_rps: dict[tuple[str, Any], float] = {}  # fastest measured rate per load level, for later repeats
-    first_reset = reset_prefix_cache(base_url) if reset else None
-    for point in spec["points"]:
-        w0 = time.perf_counter()
-        side: dict[str, Any] = {"seed": point["seed"], "warmup_seed": spec["warmup_seed"], "resets": []}
-        if first_reset is not None:
-            side["resets"].append({"when": "before sweep", **first_reset})
-            first_reset = None
-        est = None
-        level = (str(point["request_rate"]), point.get("max_concurrency"))
-        open_loop = not is_inf_rate(point["request_rate"]) and point.get("max_concurrency") is None
-        earlier = level_rps.get(level)
-        n_warm = 0 if earlier else warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
-        if earlier:
-            side["warmup"] = {"requests": 0, "after_repeat_of_level": True, "rate_estimate_rps": earlier}
-        if n_warm > 0:
-            # all at once (at most the point's concurrency in flight): a Poisson rate would only make it slower
-            warm_point = {**point, "request_rate": "inf"}
-            warm = call(warm_point, n_warm, int(spec["warmup_seed"]), save=False)
-            est = _rate_estimate(warm, point)
-            side["warmup"] = {
-                "requests": n_warm,
-                "completed": warm.get("completed"),
-                "duration_s": warm.get("duration"),
-                "rate_estimate_rps": est,
-            }
-        if reset:
-            side["resets"].append({"when": "after warm-up", **reset_prefix_cache(base_url)})
-        if earlier:
-            n = requests_for(int(point["num_prompts"]), min_dur, earlier, REPEAT_WINDOW_MARGIN)
-        else:
-            if est is None and open_loop:  # no warm-up: an open loop's own rate still sizes its window
-                est = float(point["request_rate"])
-            n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
-        attempts: list[dict[str, Any]] = []
-        seed = int(point["seed"])
-        while True:
-            before = settled_counters(base_url)
-            m0 = time.perf_counter()
-            sampled.clear()
-            result = call(point, n, seed, save=True)
-            measured = float(result.get("duration") or 0.0)
-            after = settled_counters(base_url)
-            attempt: dict[str, Any] = {
-                "seed": seed,
-                "num_prompts": n,
-                "duration_s": measured,
-                "call_s": round(time.perf_counter() - m0, 3),
-            }
-            if sampled:
-                attempt["sample_s"] = sampled[-1]["sample_s"]
-                side["prompt_repeats"] = {k: v for k, v in sampled[-1].items() if k != "sample_s"}
-            attempts.append(attempt)
-            cleared = False
+    def level_of(point: dict[str, Any]) -> tuple[str, Any]:
+        return (str(point["request_rate"]), point.get("max_concurrency"))
+
+    def later_size(point: dict[str, Any], rate: float) -> int:
+        return requests_for(int(point["num_prompts"]), min_dur, rate, REPEAT_WINDOW_MARGIN)
+
+    done: list[dict[str, Any]] = []
+    try:
+        level_rps: dict[tuple[str, Any], float] = {}  # the first repeat's rate per load level, for later repeats
+        first_reset = reset_prefix_cache(base_url) if reset else None
+        for i, point in enumerate(spec["points"]):
+            w0 = time.perf_counter()
+            side: dict[str, Any] = {"seed": point["seed"], "warmup_seed": spec["warmup_seed"], "resets": []}
+            if first_reset is not None:
+                side["resets"].append({"when": "before sweep", **first_reset})
+                first_reset = None
+            est = None
+            level = level_of(point)
+            open_loop = not is_inf_rate(point["request_rate"]) and point.get("max_concurrency") is None
+            earlier = level_rps.get(level)
+            n_warm = (
+                0 if earlier else warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
+            )
+            if earlier:
+                side["warmup"] = {"requests": 0, "after_repeat_of_level": True, "rate_estimate_rps": earlier}
+            if n_warm > 0:
+                # all at once (at most the point's concurrency in flight): a Poisson rate would only make it slower
+                warm_point = {**point, "request_rate": "inf"}
+                warm = call(warm_point, n_warm, int(spec["warmup_seed"]), save=False)
+                est = _rate_estimate(warm, point)
+                side["warmup"] = {
+                    "requests": n_warm,
+                    "completed": warm.get("completed"),
+                    "duration_s": warm.get("duration"),
+                    "rate_estimate_rps": est,
+                }
             if reset:
-                after_reset = reset_prefix_cache(base_url)
-                side["resets"].append({"when": f"after attempt {len(attempts)}", **after_reset})
-                cleared = bool(after_reset.get("success"))
-            short = min_dur > 0 and measured < min_dur and len(attempts) == 1
-            if not short:
-                break
-            # too short: a longer run at the rate just measured. The same seed when the cache was just emptied:
-            # vLLM's random sample of n prompts starts its first prompts where its sample of fewer does (the
-            # start offsets are drawn before the prompts; a prompt padded after re-tokenizing can end in other
-            # random tokens), so the schemes of a grid keep the same starts, and repeats, at this point; another
-            # seed (never sent) when the cache could not be reset
-            if not cleared:
-                seed += RETRY_SEED_STRIDE
-            got_rps = float(result.get("completed") or 0) / measured if measured > 0 else None
-            n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN)
-            short_file = result_dir / f"{point['name']}.json"
-            short_file.replace(result_dir / f"{point['name']}.short.json")
-            progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
-        if open_loop:
-            # open loop: a later repeat is sized at the offered rate, as the first was (an overloaded server
-            # completes fewer per second than offered; fewer requests would shorten the backlog that builds)
-            level_rps[level] = float(point["request_rate"])
-        elif measured > 0 and result.get("completed"):
-            level_rps[level] = max(level_rps.get(level, 0.0), float(result["completed"]) / measured)
-        side.update(
-            counters_before=before,
-            counters_after=after,
-            attempts=attempts,
-            num_prompts=n,
-            seed=seed,
-            measured_s=measured,
-            wall_s=round(time.perf_counter() - w0, 3),
-        )
-        (result_dir / f"{point['name']}.qv.json").write_text(json.dumps(side, indent=1))
-        done.append({k: side[k] for k in ("wall_s", "measured_s", "num_prompts")} | {"name": point["name"]})
-        progress(f"{point['name']}: {n} requests, window {measured:.2f} s, wall {side['wall_s']:.2f} s")
-    return {"points": done, "import_s": import_s}
+                side["resets"].append({"when": "after warm-up", **reset_prefix_cache(base_url)})
+            if earlier:
+                n = later_size(point, earlier)
+            else:
+                if est is None and open_loop:  # no warm-up: an open loop's own rate still sizes its window
+                    est = float(point["request_rate"])
+                n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
+            attempts: list[dict[str, Any]] = []
+            seed = int(point["seed"])
+            while True:
+                before = settled_counters(base_url)
+                m0 = time.perf_counter()
+                sampled.clear()
+                result = call(point, n, seed, save=True)
+                measured = float(result.get("duration") or 0.0)
+                after = settled_counters(base_url)
+                attempt: dict[str, Any] = {
+                    "seed": seed,
+                    "num_prompts": n,
+                    "duration_s": measured,
+                    "call_s": round(time.perf_counter() - m0, 3),
+                }
+                if sampled:
+                    attempt["sample_s"] = sampled[-1]["sample_s"]
+                    if "sampled_ahead_s" in sampled[-1]:
+                        attempt["sampled_ahead_s"] = sampled[-1]["sampled_ahead_s"]
+                    side["prompt_repeats"] = {
+                        k: v for k, v in sampled[-1].items() if k not in ("sample_s", "sampled_ahead_s")
+                    }
+                attempts.append(attempt)
+                cleared = False
+                if reset:
+                    after_reset = reset_prefix_cache(base_url)
+                    side["resets"].append({"when": f"after attempt {len(attempts)}", **after_reset})
+                    cleared = bool(after_reset.get("success"))
+                short = min_dur > 0 and measured < min_dur and len(attempts) == 1
+                if not short:
+                    break
+                # too short: a longer run at the rate just measured. The same seed when the cache was just emptied:
+                # vLLM's random sample of n prompts starts its first prompts where its sample of fewer does (the
+                # start offsets are drawn before the prompts; a prompt padded after re-tokenizing can end in other
+                # random tokens), so the schemes of a grid keep the same starts, and repeats, at this point; another
+                # seed (never sent) when the cache could not be reset
+                if not cleared:
+                    seed += RETRY_SEED_STRIDE
+                got_rps = float(result.get("completed") or 0) / measured if measured > 0 else None
+                n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN)
+                short_file = result_dir / f"{point['name']}.json"
+                short_file.replace(result_dir / f"{point['name']}.short.json")
+                progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
+            if earlier is None:
+                if open_loop:
+                    # open loop: a later repeat is sized at the offered rate, as the first was (an overloaded server
+                    # completes fewer per second than offered; fewer requests would shorten the backlog that builds)
+                    level_rps[level] = float(point["request_rate"])
+                elif measured > 0 and result.get("completed"):
+                    level_rps[level] = float(result["completed"]) / measured
+                if pool is not None and level in level_rps:
+                    # every later repeat of this level now has its size: the worker makes their prompts meanwhile
+                    for later in spec["points"][i + 1 :]:
+                        if level_of(later) == level:
+                            m = later_size(later, level_rps[level])
+                            argv = vllm_args(spec, later, m, int(later["seed"]), True, missing)
+                            ahead[tuple(argv)] = pool.submit(prompt_sampler.sample, argv)
+            side.update(
+                counters_before=before,
+                counters_after=after,
+                attempts=attempts,
+                num_prompts=n,
+                seed=seed,
+                measured_s=measured,
+                wall_s=round(time.perf_counter() - w0, 3),
+            )
+            (result_dir / f"{point['name']}.qv.json").write_text(json.dumps(side, indent=1))
+            done.append({k: side[k] for k in ("wall_s", "measured_s", "num_prompts")} | {"name": point["name"]})
+            progress(f"{point['name']}: {n} requests, window {measured:.2f} s, wall {side['wall_s']:.2f} s")
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+    return {"points": done, "import_s": import_s, "gate_wait_s": gate_wait_s}
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Imports only the standard library until it hands over to vLLM's CLI ``main``.
 
 from __future__ import annotations
 
+import argparse
 import email
 import importlib.metadata as md
 import sys
@@ -76,6 +77,21 @@ def install_alias() -> bool:
     if not any(isinstance(f, _VllmCpuAliasFinder) for f in sys.meta_path):
         sys.meta_path.append(_VllmCpuAliasFinder())
     return True
+
+
+# flags older vLLM releases may lack (left out, with a progress line, when the parser does not know them)
+OPTIONAL_FLAGS = ("--temperature", "--ready-check-timeout-sec", "--num-warmups")
+
+
+def bench_parser(vbench: Any) -> tuple[argparse.ArgumentParser, list[str]]:
+    """vLLM's own ``vllm bench serve`` parser (``vbench``: ``vllm.benchmarks.serve``) and the
+    :data:`OPTIONAL_FLAGS` it does not know (older vLLM releases): leave those out (``sweep_client.vllm_args``)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    vbench.add_cli_args(parser)
+    known = set(parser._option_string_actions)  # noqa: SLF001 - argparse keeps no public list of its flags
+    return parser, [f for f in OPTIONAL_FLAGS if f not in known]
 
 
 def main() -> None:

@@ -415,9 +415,8 @@ def _serving(job: Job, env: StageEnv, model_path: str) -> AbstractContextManager
 
 
 def _benchmark(job: Job, env: StageEnv, model_path: str) -> None:
-    """Start the server, sweep it, stop it (``eval.backend`` hf or vllm)."""
-    with _serving(job, env, model_path) as server:
-        lifecycle.sweep(job.cfg, job.record, server, env, model_path, job.out_dir)
+    """Start the server (and the sweep's client with it), sweep it, stop it (``eval.backend`` hf or vllm)."""
+    lifecycle.benchmark(job.cfg, job.record, job.out_dir, job.dtypes.get("serve"), env, model_path, job.save)
 
 
 def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:

@@ -2,8 +2,10 @@
 ``speed`` and ``memory.server`` sections filled in along the way.
 
 :func:`serving` is the ``with`` block around everything that talks to the server (the sweep, and with
-``eval.backend=server`` the evaluation too); :func:`sweep` runs the speed sweep inside it. On cuda the HBM copy
-bandwidth is measured first (the roofline's), before the server takes the GPU.
+``eval.backend=server`` the evaluation too); :func:`sweep` runs the speed sweep inside it. :func:`benchmark`
+is both for a server started only for the sweep: the sweep's client process is started with the server, so
+that its imports overlap the server's start-up. On cuda the HBM copy bandwidth is measured first (the
+roofline's), before the server takes the GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import Record
-from quantverdict.serving.benchmark import run_sweep
+from quantverdict.serving.benchmark import SweepClient, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
 
@@ -93,10 +95,12 @@ def serving(
     env: StageEnv,
     model_path: str,
     save: Callable[[], None],
+    before_start: Callable[[VLLMServer], None] | None = None,
 ) -> Iterator[VLLMServer]:
     """A started server (``speed.server_start_s``, ``memory.server`` from its log) for the ``with`` block.
 
-    Arguments as :func:`new_server`, plus ``save``, which writes the record (called once the server is up).
+    Arguments as :func:`new_server`, plus ``save``, which writes the record (called once the server is up), and
+    ``before_start``, called with the built server just before it starts (see :func:`benchmark`).
     On exit, normal or not, the server is stopped, then ``speed`` is completed: points kept from
     ``bench/sweep.jsonl`` after a crash mid-sweep, the server log parsed again (compile and graph-capture
     time included), the validity summary (:func:`quantverdict.serving.speed.speed_validity`), the stage's
@@ -107,6 +111,8 @@ def serving(
     hbm = rec.speed.get("hbm_copy")
     activation_quantized = cfg.scheme.activation_bits < 16
     bench_dir = out / "bench"
+    if before_start is not None:
+        before_start(server)
     t0 = time.perf_counter()
     try:
         with server:
@@ -132,15 +138,52 @@ def serving(
             add_roofline(rec.speed, rec.model, model_path, hbm)
 
 
-def sweep(cfg: Config, rec: Record, server: VLLMServer, env: StageEnv, model_path: str, out: Path) -> None:
-    """Run the speed sweep (``cfg.bench``) against the running ``server`` into ``rec.speed.points``.
+def benchmark(
+    cfg: Config,
+    rec: Record,
+    out: Path,
+    serve_dtype: DtypeChoice | None,
+    env: StageEnv,
+    model_path: str,
+    save: Callable[[], None],
+) -> None:
+    """Start the server and the sweep's client together, sweep, stop both (a server started only for the sweep).
+
+    The client (:func:`quantverdict.serving.benchmark.start_client`) imports vLLM's benchmark library while the
+    server starts and waits at its gate; a server that fails to start stops it too. Arguments and errors as
+    :func:`serving` and :func:`sweep`.
+    """
+    clients: list[SweepClient] = []
+
+    def start(server: VLLMServer) -> None:
+        clients.append(start_client(server, cfg.bench, model_path, env, out / "bench"))
+
+    try:
+        with serving(cfg, rec, out, serve_dtype, env, model_path, save, before_start=start) as server:
+            sweep(cfg, rec, server, env, model_path, out, client=clients[0] if clients else None)
+    finally:
+        for client in clients:
+            client.stop()
+
+
+def sweep(
+    cfg: Config,
+    rec: Record,
+    server: VLLMServer,
+    env: StageEnv,
+    model_path: str,
+    out: Path,
+    client: SweepClient | None = None,
+) -> None:
+    """Run the speed sweep (``cfg.bench``) against the running ``server`` into ``rec.speed.points`` (``client``:
+    one started with the server, see :func:`benchmark`; None: started now).
 
     Raises:
         RuntimeError: a sweep point completed no request (the points stay in the record, flagged).
         quantverdict.serving.server.ServerError: the server died (the message quotes the root cause from its log).
     """
     t0 = time.perf_counter()
-    rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench")
+    rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
     rec.speed["sweep_wall_s"] = round(time.perf_counter() - t0, 3)
     dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
     if dead:
