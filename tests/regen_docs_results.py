@@ -9,7 +9,7 @@ committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.
 ``plots/*.png`` are compared, the header line (``Source: ... · generated ...``) and the JSON's ``source`` and
 ``generated_at`` aside. GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
 ``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records`` and
-``gpu-cache-free/records``, compared below
+``gpu-cache-free/records`` and ``gpu-cache-free/fp8-grid/records``, compared below
 their header block (everything from the first ``### `` heading on). Exit status 0 when every file is identical.
 """
 
@@ -32,6 +32,7 @@ GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-c256-repeats" / "records": RESULTS / "gpu-c256-repeats",
     RESULTS / "gpu-eval-server" / "records": RESULTS / "gpu-eval-server",
     RESULTS / "gpu-cache-free" / "records": RESULTS / "gpu-cache-free",
+    RESULTS / "gpu-cache-free" / "fp8-grid" / "records": RESULTS / "gpu-cache-free" / "fp8-grid",
 }
 
 

@@ -324,7 +324,7 @@ def synthetic_record(scheme: str, *, model: str = SYN_MODEL, with_roofline: bool
                 {
                     "name": "NVIDIA H200",
                     "driver_version": "570.124.06",
-                    "memory_total": "143771 MiB",
+                    "memory_total_mib": 143771.0,
                     "compute_cap": "9.0",
                 }
             ],

@@ -150,8 +150,8 @@ def test_review_flags_a_scheme_measured_on_another_gpu() -> None:
     assert f"- {flagged[0].message}" in honesty.split("### Validity", 1)[0]
     # two physical H200s: two environment lines, told apart by their uuids
     assert review.environment[:2] == [
-        "GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0, GPU-3cc7d5f1…)",
-        "GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0, GPU-9e0b2a77…)",
+        "GPU: NVIDIA H200 (driver 570.124.06, memory 140.4 GiB, compute capability 9.0, GPU-3cc7d5f1…)",
+        "GPU: NVIDIA H200 (driver 570.124.06, memory 140.4 GiB, compute capability 9.0, GPU-9e0b2a77…)",
     ]
 
 
@@ -163,7 +163,7 @@ def test_review_without_uuids_says_not_recorded_and_flags_nothing() -> None:
         "uuid is recorded since 2026-12-01); the jobs started 0.0 h apart in one grid"
     ) in review.validity
     assert [line for line in review.environment if line.startswith("GPU")] == [
-        "GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0)"
+        "GPU: NVIDIA H200 (driver 570.124.06, memory 140.4 GiB, compute capability 9.0)"
     ]
 
 

