@@ -160,7 +160,7 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
 
 
 SAME_PROMPTS = """
-import json, sys
+import asyncio, json, sys
 from concurrent.futures import ProcessPoolExecutor
 import multiprocessing
 from quantverdict.children import prompt_sampler
@@ -169,14 +169,26 @@ install_alias()
 from vllm.benchmarks import serve as vbench
 argv = json.loads(sys.argv[1])
 ns = bench_parser(vbench)[0].parse_args(argv)
-tok = vbench.get_tokenizer(ns.tokenizer, tokenizer_mode=ns.tokenizer_mode, trust_remote_code=ns.trust_remote_code)
-here = vbench.get_samples(ns, tok)
+# what main_async itself samples (its own tokenizer and argument handling), stopped right after sampling
+class Sampled(Exception):
+    pass
+made = {}
+vllm_get_samples = vbench.get_samples
+def grab(args, tokenizer):
+    made["reqs"] = vllm_get_samples(args, tokenizer)
+    raise Sampled
+vbench.get_samples = grab
+try:
+    asyncio.run(vbench.main_async(ns))
+except Sampled:
+    pass
+here = made["reqs"]
 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
     there, prefix, _ = pool.submit(prompt_sampler.sample, argv).result()
 there = prompt_sampler.reprefix(there, prefix, ns.request_id_prefix)
 fields = lambda r: (r.prompt, r.prompt_len, r.expected_output_len, r.request_id)
 print(json.dumps({"n": len(here), "same": [fields(a) == fields(b) for a, b in zip(here, there)],
-                  "n_there": len(there)}))
+                  "n_there": len(there), "prefixes_differ": prefix != ns.request_id_prefix}))
 """
 
 
@@ -195,3 +207,4 @@ def test_prompts_made_by_the_worker_are_the_ones_vllm_samples(serve_env: StageEn
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["n"] == out["n_there"] == 300 and all(out["same"])
+    assert out["prefixes_differ"]  # vLLM draws a request-id prefix per parse: the worker's was swapped for ours

@@ -111,7 +111,13 @@ def test_cuda_visible_devices_as_cuda_counts_them() -> None:
     assert visible(one, "") == [] and visible(one, "-1") == []
     assert visible(one, "0,7") == [H100] and visible(one, "7,0") == []
     assert visible(one, "0,0") == []
-    assert visible(gpus, "GPU-f9e56818-2a52") == gpus  # UUIDs are not mapped: all
+    # GPU-<uuid> names, a unique prefix enough, in the order given; one that names no GPU ends the list
+    named = [dict(A100, index=0, uuid="GPU-f9e56818-2a52-aaaa"), dict(T4, index=1, uuid="GPU-0b1c2d3e-4f50-bbbb")]
+    assert visible(named, "GPU-0b1c2d3e,GPU-f9e56818-2a52") == [named[1], named[0]]
+    assert visible(named, "GPU-f9e5,GPU-99999999") == [named[0]]
+    assert visible(named, "GPU-,0") == []  # "GPU-" fits both: ambiguous, names none
+    # MIG instances are not mapped: every GPU, none with a uuid (which one ran is not known)
+    assert [g["uuid"] for g in visible(named, "MIG-4f1e2d3c-aaaa")] == [None, None]
 
 
 def test_gpu_info_without_nvidia_smi_is_empty() -> None:

@@ -1,6 +1,6 @@
 """Whether a scheme's speed and its baseline's were measured on the same physical GPU (``environment.gpu[].uuid``),
-in one grid (the parent of ``job.output_dir``), and how far apart they started: the Validity line, the flag
-when the GPUs differ, the uuid in the environment lines."""
+in one grid (the Hydra multirun folder of ``job.output_dir``), and how far apart they started: the Validity line,
+the flag when the GPUs differ, the uuid in the environment lines."""
 
 from __future__ import annotations
 
@@ -67,6 +67,10 @@ def test_same_uuid_in_one_grid() -> None:
         == "llama3.1-8b-shape / fp8 vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid"
     )
     assert same_gpu_flag(m, "bf16") is None
+    # two single runs share the runs/ folder but are not one grid (a single run is a grid of its own)
+    single = [_rec(s, [UUID_A], "2026-12-01T13:12:38+0000", grid="/tmp/out/runs") for s in ("bf16", "fp8")]
+    single_m = same_gpu(single[1], single[0])
+    assert single_m is not None and (single_m.state, single_m.same_grid) == (SAME, False)
 
 
 def test_different_uuids_give_a_line_and_a_flag() -> None:
@@ -78,7 +82,7 @@ def test_different_uuids_give_a_line_and_a_flag() -> None:
     assert (m.state, m.same_grid) == (DIFFERENT, False) and m.hours_apart == pytest.approx(12.0)
     assert same_gpu_line("llama3.1-8b-shape / fp8 vs bf16", m) == (
         "llama3.1-8b-shape / fp8 vs bf16: speed measured on different GPUs (GPU-9e0b2a77… vs GPU-3cc7d5f1…): "
-        "the speed ratios include GPU-to-GPU variation; the jobs started 12.0 h apart in different grids"
+        "the speed ratios include GPU-to-GPU variation; the jobs started 12.0 h apart, not in one grid"
     )
     flag = same_gpu_flag(m, "bf16")
     assert flag is not None and flag.code == "different_gpu"
@@ -95,7 +99,7 @@ def test_missing_uuid_is_not_recorded_with_the_hour_gap() -> None:
     assert m.hours_apart == pytest.approx(9494 / 3600)
     assert same_gpu_line("llama3.1-8b-shape / gptq vs bf16", m) == (
         "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (the GPU's "
-        "uuid is recorded since 2026-12-01); the jobs started 2.6 h apart in different grids"
+        "uuid is recorded since 2026-12-01); the jobs started 2.6 h apart, not in one grid"
     )
     assert same_gpu_flag(m, "bf16") is None
     # one side recorded is not enough
@@ -125,6 +129,7 @@ def _synthetic(uuids: dict[str, str | None]) -> list[dict[str, Any]]:
     recs = synthetic_grid()
     for r in recs:
         r["environment"]["gpu"][0]["uuid"] = uuids[r["job"]["scheme"]]
+        r["job"]["output_dir"] = f"{GRID}/{r['job']['model']}_{r['job']['scheme']}"  # one multirun grid
     return recs
 
 
@@ -136,10 +141,10 @@ def test_review_flags_a_scheme_measured_on_another_gpu() -> None:
     assert [f.scheme for f in flagged] == ["fp8 (FP8_DYNAMIC)"]
     assert flagged[0].message == (
         "fp8 (FP8_DYNAMIC): speed measured on another GPU than the baseline bf16's (GPU-9e0b2a77… vs "
-        "GPU-3cc7d5f1…): its speed ratios include GPU-to-GPU variation (a few % between GPUs of one kind)"
+        "GPU-3cc7d5f1…): its speed ratios include any difference between the two GPUs"
     )
     lines = sorted(v for v in review.validity if v.startswith("llama3.1-8b-shape / "))
-    assert lines == [  # one per non-baseline scorecard; the synthetic records share the folder /nonexistent
+    assert lines == [  # one per non-baseline scorecard, all in one multirun grid
         "llama3.1-8b-shape / fp8 vs bf16: speed measured on different GPUs (GPU-9e0b2a77… vs GPU-3cc7d5f1…): "
         "the speed ratios include GPU-to-GPU variation; the jobs started 1.5 h apart in one grid",
         "llama3.1-8b-shape / gptq vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid",

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import sys
+import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -189,7 +190,7 @@ def test_later_repeats_take_prompts_made_ahead_by_the_worker(
     for r in (1, 2):
         (attempt,) = side[r]["attempts"]
         assert attempt["num_prompts"] == 138 and attempt["seed"] == 1 + r
-        assert attempt["sampled_ahead_s"] >= 0.0
+        assert "sampled_ahead_s" in attempt and "prefetch_error" not in attempt
         # what main_async sent is what get_samples makes for that seed: the stand-in's first prompt of seed s is
         # "prompt (7 s) mod 50"; counted as sent (138 requests, period 50: 88 repeats)
         assert side[r]["prompt_repeats"]["repeated_requests"] == 88
@@ -207,8 +208,13 @@ def test_the_client_waits_for_the_gate(fake_vllm: types.ModuleType, tmp_path: Pa
     with pytest.raises(TimeoutError, match="server did not come up"):
         sweep_client.run(spec)
     assert CALLS["runs"] == []  # nothing sent before the gate
-    (tmp_path / "go").write_text("now")
-    assert sweep_client.run(spec)["gate_wait_s"] < 0.3
+    # the gate appears 0.2 s after the client starts waiting: it waits that long, then sweeps
+    spec["gate_timeout_s"] = 5.0
+    timer = threading.Timer(0.2, lambda: (tmp_path / "go").write_text("now"))
+    timer.start()
+    waited = sweep_client.run(spec)["gate_wait_s"]
+    timer.join()
+    assert 0.2 <= waited < 5.0 and len(CALLS["runs"]) == 3  # warm-up, 96 requests, 138 again
 
 
 def test_reprefix_swaps_the_request_id_prefix() -> None:
@@ -216,3 +222,20 @@ def test_reprefix_swaps_the_request_id_prefix() -> None:
     prompt_sampler.reprefix(reqs, "bench-aaaa-", "bench-bbbb-")
     assert [getattr(r, "request_id", None) for r in reqs] == ["bench-bbbb-0", "bench-bbbb-1", "bench-bbbb-2", None]
     assert prompt_sampler.reprefix(reqs, None, "x-")[0].request_id == "bench-bbbb-0"  # older vLLM: no prefix
+
+
+def test_a_broken_prompt_worker_costs_time_not_the_sweep(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(argv: list[str]) -> Any:
+        raise MemoryError("worker out of memory")
+
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda: ThreadPoolExecutor(max_workers=1))
+    monkeypatch.setattr(prompt_sampler, "sample", broken)
+    spec = _spec(tmp_path)
+    spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
+    sweep_client.run(spec)
+    (attempt,) = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
+    # the client sampled r1's 138 prompts itself and said why
+    assert attempt["prefetch_error"] == "MemoryError: worker out of memory" and "sampled_ahead_s" not in attempt
+    assert (2, 138) in CALLS["sampled"] and attempt["num_prompts"] == 138

@@ -78,6 +78,7 @@ FIRST_WINDOW_MARGIN = 1.2
 # a later repeat of a load level is sized at the rate its first repeat reached, x this: repeats of one level
 # differed by up to 12% there (69.2 / 76.4 / 72.6 req/s); a faster one that falls short runs again
 REPEAT_WINDOW_MARGIN = 1.15
+SAMPLE_KEYS = ("sample_s", "sampled_ahead_s", "prefetch_error")  # how a run's prompts were made, not what they hold
 SHORT_WINDOW_MARGIN = 1.15  # a second attempt is sized for min_duration_s x this at the first one's rate
 
 
@@ -281,11 +282,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             made = ahead.pop(running.get("argv", ()), None)
             extra: dict[str, Any] = {}
             if made is not None:
-                reqs, made_with, worker_s = made.result()
-                args = a[0] if a else kw.get("args")
-                reqs = prompt_sampler.reprefix(reqs, made_with, getattr(args, "request_id_prefix", None))
-                extra = {"sampled_ahead_s": worker_s}
-            else:
+                try:
+                    reqs, made_with, worker_s = made.result()
+                except Exception as exc:  # noqa: BLE001 - a broken worker costs the time saved, not the sweep
+                    progress(f"the prompt worker failed ({type(exc).__name__}: {exc}): sampling here")
+                    made, extra = None, {"prefetch_error": f"{type(exc).__name__}: {exc}"}
+                else:
+                    args = a[0] if a else kw.get("args")
+                    reqs = prompt_sampler.reprefix(reqs, made_with, getattr(args, "request_id_prefix", None))
+                    extra = {"sampled_ahead_s": worker_s}
+            if made is None:
                 reqs = get_samples(*a, **kw)
             sampled.append(
                 {
@@ -300,12 +306,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         vbench.get_samples = observed_get_samples
     else:
         progress("this vLLM's benchmark module has no get_samples: repeated prompts not counted")
-    pool = sampling_pool() if spec.get("prefetch_prompts") and get_samples is not None else None
-    if pool is not None:
-        pool.submit(prompt_sampler.warm)  # the worker imports vLLM while the server starts
-    gate_wait_s = wait_for_gate(spec.get("start_gate"), float(spec.get("gate_timeout_s") or 900.0))
-    if spec.get("start_gate"):
-        progress(f"server ready: sweep starts (waited {gate_wait_s:.1f} s for it)")
 
     def call(point: dict[str, Any], n: int, seed: int, save: bool) -> dict[str, Any]:
         argv = vllm_args(spec, point, n, seed, save, missing)
@@ -327,7 +327,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return requests_for(int(point["num_prompts"]), min_dur, rate, REPEAT_WINDOW_MARGIN)
 
     done: list[dict[str, Any]] = []
+    pool: Executor | None = None
+    gate_wait_s = 0.0
     try:
+        if spec.get("prefetch_prompts") and get_samples is not None:
+            pool = sampling_pool()
+            pool.submit(prompt_sampler.warm)  # the worker imports vLLM while the server starts
+        gate_wait_s = wait_for_gate(spec.get("start_gate"), float(spec.get("gate_timeout_s") or 900.0))
+        if spec.get("start_gate"):
+            progress(f"server ready: sweep starts (waited {gate_wait_s:.1f} s for it)")
         level_rps: dict[tuple[str, Any], float] = {}  # the first repeat's rate per load level, for later repeats
         first_reset = reset_prefix_cache(base_url) if reset else None
         for i, point in enumerate(spec["points"]):
@@ -381,11 +389,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 }
                 if sampled:
                     attempt["sample_s"] = sampled[-1]["sample_s"]
-                    if "sampled_ahead_s" in sampled[-1]:
-                        attempt["sampled_ahead_s"] = sampled[-1]["sampled_ahead_s"]
-                    side["prompt_repeats"] = {
-                        k: v for k, v in sampled[-1].items() if k not in ("sample_s", "sampled_ahead_s")
-                    }
+                    for key in ("sampled_ahead_s", "prefetch_error"):
+                        if key in sampled[-1]:
+                            attempt[key] = sampled[-1][key]
+                    side["prompt_repeats"] = {k: v for k, v in sampled[-1].items() if k not in SAMPLE_KEYS}
                 attempts.append(attempt)
                 cleared = False
                 if reset:

@@ -118,7 +118,8 @@ def time_split(
 ) -> dict[str, Any]:
     """The benchmark stage's time, split: server start (of which torch.compile and graph capture, from the
     server log), the measured windows, and the client's overhead (warm-ups, cache resets, counter reads,
-    dataset sampling, process start: the sweep's wall time minus its windows).
+    dataset sampling, and the client's start when it was started after the server: the sweep's wall time minus
+    its windows; a client started with the server imports vLLM during the start-up, ``speed.sweep_client``).
 
     Args:
         server_start_s: process start to a verified, healthy server (``speed.server_start_s``).

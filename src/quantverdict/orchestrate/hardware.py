@@ -80,24 +80,29 @@ def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
 def visible(gpus: list[dict[str, Any]], cuda_visible_devices: str | None) -> list[dict[str, Any]]:
     """The GPUs a CUDA program sees under ``CUDA_VISIBLE_DEVICES``, in CUDA's order.
 
-    ``None`` (unset): all. A comma-separated list of integer indices: those GPUs in that order; as
-    in CUDA, enumeration stops at the first index that names no GPU (CUDA C Programming Guide, "CUDA
-    Environment Variables"), and a repeated index hides every GPU. Measured with torch on the
-    one-GPU H200 machine (``torch.cuda.device_count()``): unset 1, ``""`` 0, ``"0"`` 1, ``"-1"`` 0,
-    ``"0,7"`` 1, ``"7,0"`` 0, ``"0,0"`` 0; ``nvidia-smi`` itself lists the GPU under every value.
-    Any other form (``GPU-<uuid>``, ``MIG-...``) is not mapped here: all GPUs are returned.
+    ``None`` (unset): all. A comma-separated list of integer indices or ``GPU-<uuid>`` names (a unique
+    prefix is enough, as in CUDA): those GPUs in that order; as in CUDA, enumeration stops at the first
+    token that names no GPU (CUDA C Programming Guide, "CUDA Environment Variables"), and a repeated GPU
+    hides every GPU. Measured with torch on the one-GPU H200 machine (``torch.cuda.device_count()``): unset 1,
+    ``""`` 0, ``"0"`` 1, ``"-1"`` 0, ``"0,7"`` 1, ``"7,0"`` 0, ``"0,0"`` 0; ``nvidia-smi`` itself lists the GPU
+    under every value. Any other form (``MIG-...``) is not mapped here: all GPUs are returned, their ``uuid``
+    set to None (which one the job used is not known, so no review calls two jobs "same GPU").
     """
     if cuda_visible_devices is None:
         return list(gpus)
     tokens = [t.strip() for t in cuda_visible_devices.split(",")]
     if tokens == [""]:
         return []
-    if not all(re.fullmatch(r"-?\d+", t) for t in tokens):
-        return list(gpus)
+    if not all(re.fullmatch(r"-?\d+", t) or t.startswith("GPU-") for t in tokens):
+        return [dict(g, uuid=None) for g in gpus]
     by_index = {g["index"]: g for g in gpus}
     out: list[dict[str, Any]] = []
     for t in tokens:
-        g = by_index.get(int(t))
+        if t.startswith("GPU-"):
+            named = [g for g in gpus if str(g.get("uuid") or "").startswith(t)]
+            g = named[0] if len(named) == 1 else None
+        else:
+            g = by_index.get(int(t))
         if g is None:
             break
         if g in out:

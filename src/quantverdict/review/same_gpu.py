@@ -1,13 +1,15 @@
 """Whether a scheme's speed and its baseline's were measured on the same physical GPU, and in one grid.
 
 A speed ratio between two GPU jobs (:mod:`quantverdict.review.speed`, the regime's ratios paired by repeat)
-means "scheme vs baseline" only when both ran on the same GPU: two H200s differ by a few percent. The GPU's
+means "scheme vs baseline" only when both ran on the same GPU: two GPUs of one kind can differ (clocks, power
+limits, cooling), and a ratio across them carries that difference. The GPU's
 identity is ``environment.gpu[i]["uuid"]``, nvidia-smi's ``GPU-<uuid>``, fixed for a physical GPU
 (:func:`quantverdict.orchestrate.hardware.parse_nvidia_smi`); records written before 2026-12-01 lack it.
 The GPUs a job's speed was measured on are the first :func:`quantverdict.review.gpus.job_gpus` entries of
 ``environment.gpu`` (the server runs on the first visible GPU, or shards over the first
-``tensor_parallel_size`` of them). The grid is the parent folder of ``job.output_dir`` (a Hydra multirun
-folder: one session).
+``tensor_parallel_size`` of them). The grid is the Hydra multirun folder of ``job.output_dir``
+(``<output_root>/multirun/<timestamp>/<job>``: one session); a single run (``<output_root>/runs/<job>``) is a
+grid of its own, so two single runs are never "in one grid".
 
 Pure functions of two records: :func:`same_gpu` compares, :func:`same_gpu_line` words the Validity line,
 :func:`same_gpu_flag` raises a flag when the GPUs differ.
@@ -93,14 +95,23 @@ def same_gpu(rec: dict[str, Any] | JobRecord, base: dict[str, Any] | JobRecord) 
         state = NOT_RECORDED
     else:
         state = SAME if mine == theirs else DIFFERENT
-    a, b = rv.job.output_dir, bv.job.output_dir
-    same_grid = PurePosixPath(a).parent == PurePosixPath(b).parent if a and b else None
+    a, b = grid_of(rv.job.output_dir), grid_of(bv.job.output_dir)
+    same_grid = a == b if a and b else None
     t, tb = _started(rv), _started(bv)
     try:
         hours = abs((t - tb).total_seconds()) / 3600 if t and tb else None
     except TypeError:  # one time with a UTC offset, the other without
         hours = None
     return GpuMatch(state, mine, theirs, same_grid, hours)
+
+
+def grid_of(output_dir: str | None) -> str | None:
+    """The grid a job ran in: its Hydra multirun folder (the parent of ``output_dir`` when that sits in a
+    ``multirun`` folder), else ``output_dir`` itself (a single run); None without a folder."""
+    if not output_dir:
+        return None
+    path = PurePosixPath(output_dir)
+    return str(path.parent) if path.parent.parent.name == "multirun" else str(path)
 
 
 def short_uuid(uuid: str | None) -> str:
@@ -117,10 +128,10 @@ def _names(uuids: tuple[str | None, ...], full: bool = False) -> str:
 
 
 def _when(m: GpuMatch) -> str:
-    grid = {True: "in one grid", False: "in different grids", None: ""}[m.same_grid]
+    grid = {True: " in one grid", False: ", not in one grid", None: ""}[m.same_grid]
     if m.hours_apart is None:
-        return f"the jobs ran {grid}" if grid else ""
-    return f"the jobs started {m.hours_apart:.1f} h apart" + (f" {grid}" if grid else "")
+        return f"the jobs ran{grid.lstrip(',')}" if grid else ""
+    return f"the jobs started {m.hours_apart:.1f} h apart{grid}"
 
 
 def same_gpu_line(what: str, m: GpuMatch) -> str:
@@ -153,6 +164,5 @@ def same_gpu_flag(m: GpuMatch, baseline: str) -> Flag | None:
         flags.DIFFERENT_GPU,
         "",
         f"speed measured on another GPU than the baseline {baseline}'s ({_names(m.gpus, full)} vs "
-        f"{_names(m.baseline_gpus, full)}): its speed ratios include GPU-to-GPU variation (a few % between "
-        "GPUs of one kind)",
+        f"{_names(m.baseline_gpus, full)}): its speed ratios include any difference between the two GPUs",
     )

@@ -230,8 +230,9 @@ class SweepClient:
     gate: Path
 
     def stop(self) -> None:
-        """End the client if it still runs (a server that never came up leaves it waiting at the gate)."""
-        if self.proc.poll() is None:
+        """End the client and what is left of its process group: a server that never came up leaves the client
+        waiting at the gate; a client killed alone would leave its prompt worker behind."""
+        if self.proc.poll() is None or procs.group_alive(self.proc.pid):
             procs.stop_group(self.proc)
 
 
@@ -352,6 +353,7 @@ def run_sweep(
         procs.stop_group(proc)
         raise
     procs.wait(proc)
+    client.stop()  # the client has exited; a prompt worker it left behind goes too
     if rc != 0 or len(results) < len(points):
         server.check_alive(" during the sweep", wait_s=15)
         name = points[len(results)].name if len(results) < len(points) else "(after the last point)"

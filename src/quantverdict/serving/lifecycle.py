@@ -185,6 +185,14 @@ def sweep(
     t0 = time.perf_counter()
     rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
     rec.speed["sweep_wall_s"] = round(time.perf_counter() - t0, 3)
+    # the client's own start: with the server (its import overlapped the start-up, outside sweep_wall_s) or not
+    result = out / "bench" / "sweep_client.result.json"
+    done = json.loads(result.read_text()) if result.is_file() else {}
+    rec.speed["sweep_client"] = {
+        "started_with_server": client is not None,
+        "import_s": done.get("import_s"),
+        "gate_wait_s": done.get("gate_wait_s"),
+    }
     dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
     if dead:
         server.check_alive(" during the sweep", wait_s=15)  # a server that died under load says so, and why
