@@ -60,3 +60,25 @@ def test_listening_pids_names_this_process_while_it_listens() -> None:
         assert os.getpid() in listening_pids(port)
         assert not port_is_free("127.0.0.1", port)
     assert os.getpid() not in listening_pids(port)
+
+
+def test_a_sweep_client_that_died_alone_takes_its_worker_with_it(tmp_path: Path) -> None:
+    # the client (group leader) starts a worker, then is killed alone (as by the OOM killer): the worker lives on
+    # in the client's group until SweepClient.stop ends the group
+    from quantverdict.serving.benchmark import SweepClient
+
+    code = (
+        "import subprocess,sys,time;"
+        "subprocess.Popen([sys.executable,'-c','import time;print(\"worker up\",flush=True);time.sleep(600)']);"
+        "time.sleep(600)"
+    )
+    proc = procs.start([sys.executable, "-c", code], tmp_path / "c.log", echo=False)
+    deadline = time.monotonic() + 20
+    while "worker up" not in (tmp_path / "c.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(proc.pid, 9)
+    proc.wait(timeout=10)
+    assert procs.group_alive(proc.pid)  # the worker, alone in the group
+    client = SweepClient(proc, [], tmp_path, tmp_path / "s", tmp_path / "r", tmp_path / "c.log", tmp_path / "go")
+    client.stop()
+    assert not procs.group_alive(proc.pid)
