@@ -60,6 +60,7 @@ async def main_async(args):
         rps = (2 if n <= args.max_concurrency else 3) * args.max_concurrency
     else:
         rps = 0.5 * float(args.request_rate)
+    rps = CALLS["rps_by_seed"].get(args.seed, rps)  # a test can make one seed's run faster
     res = {"duration": n / rps, "completed": n, "num_prompts": n}
     if args.save_result:
         (pathlib.Path(args.result_dir) / args.result_filename).write_text(json.dumps(res))
@@ -70,7 +71,7 @@ async def main_async(args):
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     CALLS.clear()
-    CALLS.update(tokenizer_loads=0, runs=[], sampled=[], first_prompts=[])
+    CALLS.update(tokenizer_loads=0, runs=[], sampled=[], first_prompts=[], rps_by_seed={})
     prompt_sampler._TOKENIZERS.clear()  # noqa: SLF001 - the worker's cache, kept between calls in a process
     serve = types.ModuleType("vllm.benchmarks.serve")
     serve.__dict__["CALLS"] = CALLS
@@ -239,3 +240,17 @@ def test_a_broken_prompt_worker_costs_time_not_the_sweep(
     # the client sampled r1's 138 prompts itself and said why
     assert attempt["prefetch_error"] == "MemoryError: worker out of memory" and "sampled_ahead_s" not in attempt
     assert (2, 138) in CALLS["sampled"] and attempt["num_prompts"] == 138
+
+
+def test_a_later_repeat_that_falls_short_samples_its_retry_itself(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda: ThreadPoolExecutor(max_workers=1))
+    CALLS["rps_by_seed"][2] = 20.0  # r1 runs at 20 req/s, not r0's 12: its 138 requests last 6.9 s < 10 s
+    spec = _spec(tmp_path)
+    spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
+    sweep_client.run(spec)
+    a = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
+    # first attempt: the worker's 138 prompts; again at 20 x 10 x 1.15 = 230 with the same seed, sampled here
+    assert [(x["num_prompts"], x["seed"], "sampled_ahead_s" in x) for x in a] == [(138, 2, True), (230, 2, False)]
+    assert CALLS["sampled"].count((2, 230)) == 1 and CALLS["sampled"].count((2, 138)) == 1
