@@ -17,6 +17,7 @@ from quantverdict.review.same_gpu import (
     DIFFERENT,
     NOT_RECORDED,
     SAME,
+    pairable,
     same_gpu,
     same_gpu_flag,
     same_gpu_line,
@@ -176,3 +177,41 @@ def test_environment_lines_one_per_physical_gpu() -> None:
     recs = [_rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000"), _rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000")]
     assert environment_lines(recs) == ["GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…)"]
     assert short_uuid(UUID_B) == "GPU-9e0b2a77…" and short_uuid(None) == "?"
+
+
+def test_pairable_only_within_one_grid_on_one_gpu() -> None:
+    assert pairable(None)  # CPU jobs: the review pairs as before
+    base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")
+    assert pairable(same_gpu(_rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000"), base))
+    assert not pairable(same_gpu(_rec("fp8", [UUID_B], "2026-12-01T13:30:38+0000"), base))  # another GPU
+    other_grid = "/tmp/qvgpu/llama/multirun/2026-12-01_16-00-00-000"
+    assert not pairable(same_gpu(_rec("fp8", [None], "2026-12-01T16:00:00+0000", grid=other_grid), base))
+    assert pairable(same_gpu(_rec("fp8", [None], "2026-12-01T13:30:38+0000"), base))  # not recorded, one grid
+
+
+def _two_repeats(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each record's points twice: repeat 0 as built, repeat 1 with 2% more output tok/s."""
+    for r in recs:
+        pts = r["speed"]["points"]
+        r["speed"]["points"] = pts + [
+            dict(p, repeat=1, point=p["point"].replace("_r0", "_r1"), output_tok_s=1.02 * p["output_tok_s"])
+            for p in pts
+        ]
+    return recs
+
+
+def test_repeats_are_paired_only_within_one_grid() -> None:
+    recs = _two_repeats(_synthetic(dict.fromkeys(("bf16", "fp8", "gptq", "w8a8"), UUID_A)))
+    one = build_review(recs, RC, "t")
+    assert all(row["paired"] for row in one.regime["llama3.1-8b-shape"])  # one grid, one GPU: paired tests
+    later = "/tmp/qvgpu/llama/multirun/2026-12-02_09-00-00-000"
+    for r in recs:
+        if r["job"]["scheme"] == "fp8":  # fp8 from another session on the same GPU
+            r["job"]["output_dir"] = f"{later}/llama3.1-8b-shape_fp8"
+    two = build_review(recs, RC, "t")
+    rows = {row["scheme"]: row["paired"] for row in two.regime["llama3.1-8b-shape"]}
+    assert rows["fp8"] == [] and rows["gptq"] and rows["w8a8"]
+    assert (
+        "llama3.1-8b-shape / fp8 vs bf16: repeats not paired (not one grid on one GPU): the regime claims rest on "
+        "medians and ranges"
+    ) in two.validity

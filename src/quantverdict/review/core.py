@@ -32,7 +32,7 @@ from quantverdict.review.flags import Flag
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
-from quantverdict.review.same_gpu import same_gpu, same_gpu_flag, same_gpu_line, short_uuid
+from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, speed_summary
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
@@ -128,6 +128,12 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         match = same_gpu(r, rbase)
         if match is not None:  # GPU jobs only
             sc.validity.append(same_gpu_line(f"{sc.model} / {sc.scheme} vs {rbase.job.scheme}", match))
+            repeats = [len({p.get("repeat") for p in raw_points(x)[1]}) for x in (r, rbase)]
+            if not pairable(match) and min(repeats) >= 2:  # a paired test was possible and is not made
+                sc.validity.append(
+                    f"{sc.model} / {sc.scheme} vs {rbase.job.scheme}: repeats not paired (not one grid on one GPU): "
+                    "the regime claims rest on medians and ranges"
+                )
             gpu_flag = same_gpu_flag(match, str(rbase.job.scheme))
             if gpu_flag is not None:
                 sc.flags.append(gpu_flag.of(sc.name))
@@ -207,6 +213,7 @@ def build_review(
     )
     # each job's sweep points as recorded (repeats apart), for the regime's ratios paired by repeat
     raw = {id(sc): raw_points(JobRecord.view(r)) for sc, r in zip(cards, records)}
+    by_card = {id(sc): r for sc, r in zip(cards, records)}
     for model in dict.fromkeys(c.model for c in cards):
         mine = review.cards_of(model)
         verdict, checks = decide(model, mine, rc)
@@ -218,7 +225,9 @@ def build_review(
                 continue
             low, sat = speedups(sc, base)
             low_iv, sat_iv = speedup_intervals(sc, base)
-            paired = paired_speedups(sc, base, raw[id(sc)], raw[id(base)])  # by repeat, per load
+            # by repeat, per load; only within one grid on one GPU (repeat r of two sessions is not a pair)
+            match = same_gpu(by_card[id(sc)], by_card[id(base)])
+            paired = paired_speedups(sc, base, raw[id(sc)], raw[id(base)]) if pairable(match) else []
             low_test, sat_test = regime_tests(paired)
             low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
             text = regime_sentence(sc, low_claim, sat_claim)

@@ -12,7 +12,7 @@ The GPUs a job's speed was measured on are the first :func:`quantverdict.review.
 grid of its own, so two single runs are never "in one grid".
 
 Pure functions of two records: :func:`same_gpu` compares, :func:`same_gpu_line` words the Validity line,
-:func:`same_gpu_flag` raises a flag when the GPUs differ.
+:func:`same_gpu_flag` raises a flag when the GPUs differ, :func:`pairable` says whether repeats may be paired.
 """
 
 from __future__ import annotations
@@ -103,6 +103,13 @@ def same_gpu(rec: dict[str, Any] | JobRecord, base: dict[str, Any] | JobRecord) 
     except TypeError:  # one time with a UTC offset, the other without
         hours = None
     return GpuMatch(state, mine, theirs, same_grid, hours)
+
+
+def pairable(m: GpuMatch | None) -> bool:
+    """Whether a scheme's repeats may be paired with its baseline's by index (the review's paired test,
+    :func:`quantverdict.review.verdict.paired_speedups`): not when they ran on different GPUs or not in one grid
+    (repeat r of two sessions shares no drift); yes for CPU jobs (None) and where it is not known."""
+    return m is None or (m.state != DIFFERENT and m.same_grid is not False)
 
 
 def grid_of(output_dir: str | None) -> str | None:
