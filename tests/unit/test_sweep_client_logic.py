@@ -73,6 +73,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     CALLS.clear()
     CALLS.update(tokenizer_loads=0, runs=[], sampled=[], first_prompts=[], rps_by_seed={})
     prompt_sampler._TOKENIZERS.clear()  # noqa: SLF001 - the worker's cache, kept between calls in a process
+    prompt_sampler._PARSER.clear()  # noqa: SLF001 - its parser, built from the stand-in of each test
     serve = types.ModuleType("vllm.benchmarks.serve")
     serve.__dict__["CALLS"] = CALLS
     exec(SERVE_SRC, serve.__dict__)  # noqa: S102 - the stand-in's own source, above

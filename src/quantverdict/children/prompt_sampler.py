@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 _TOKENIZERS: dict[tuple[Any, ...], Any] = {}
+_PARSER: list[Any] = []  # vLLM's bench-serve parser, built on the first call (hundreds of flags)
 
 
 def warm() -> float:
@@ -45,15 +46,16 @@ def sample(argv: list[str]) -> tuple[list[Any], str | None, float]:
 
     from quantverdict.children.vllm_cli import bench_parser
 
-    parser, _missing = bench_parser(vbench)  # argv comes without the flags this vLLM lacks
-    ns = parser.parse_args(argv)
+    if not _PARSER:
+        _PARSER.append(bench_parser(vbench)[0])  # argv comes without the flags this vLLM lacks
+    ns = _PARSER[0].parse_args(argv)
     # as main_async loads it: the tokenizer named, else the model's
     tok_id = ns.tokenizer if ns.tokenizer is not None else ns.model
     mode, trust = getattr(ns, "tokenizer_mode", "auto"), getattr(ns, "trust_remote_code", False)
-    if (tok_id, mode, trust) not in _TOKENIZERS:
-        load = inspect.unwrap(vbench.get_tokenizer)  # vLLM's own, should the client's wrapper be in this process
-        _TOKENIZERS[(tok_id, mode, trust)] = load(tok_id, tokenizer_mode=mode, trust_remote_code=trust)
     key = (tok_id, mode, trust)
+    if key not in _TOKENIZERS:
+        load = inspect.unwrap(vbench.get_tokenizer)  # vLLM's own, should the client's wrapper be in this process
+        _TOKENIZERS[key] = load(tok_id, tokenizer_mode=mode, trust_remote_code=trust)
     t0 = time.perf_counter()
     reqs = inspect.unwrap(vbench.get_samples)(ns, _TOKENIZERS[key])
     return list(reqs), getattr(ns, "request_id_prefix", None), round(time.perf_counter() - t0, 3)

@@ -24,7 +24,7 @@ The client is started while the server loads and waits for the orchestrator's ga
 its imports are not part of the sweep. With ``prefetch_prompts`` a worker process
 (:mod:`quantverdict.children.prompt_sampler`) makes the prompts of the later repeats of a level with vLLM's
 own ``get_samples`` as soon as the first repeat has sized them, while the client measures: the client then
-takes them instead of sampling (vLLM's random dataset decodes and re-encodes every prompt: 1.9-6.5 s a point
+takes them instead of sampling (vLLM's random dataset decodes and re-encodes every prompt: 1.1-6.5 s a point
 at c = 16-256 on the H200 machine). Off on CPU, where the worker would take a core from the server.
 
 vLLM's tokenizer is loaded once for the sweep (``main_async`` would load it on every call). The prompts

@@ -301,7 +301,7 @@ class BenchConfig:
     # hits are recorded per point either way, and above 1% on random prompts the point is invalid
     reset_prefix_cache: bool = True
     # make the later repeats' prompts in a worker process while the client measures (vLLM's random dataset
-    # decodes and re-encodes every prompt: 2-7 s a point at c >= 16 on the H200 machine); off on CPU, where
+    # decodes and re-encodes every prompt: 1.1-6.5 s a point at c >= 16 on the H200 machine); off on CPU, where
     # the worker would take a core from the server it measures
     prefetch_prompts: bool = False
 

@@ -41,8 +41,8 @@ class GpuMatch:
         state: :data:`SAME`, :data:`DIFFERENT` or :data:`NOT_RECORDED`.
         gpus: the uuids of the GPUs the scheme's job used, in order (None where not recorded).
         baseline_gpus: the same for the baseline's job.
-        same_grid: both ``job.output_dir`` have the same parent folder (one Hydra multirun); None when
-            either record lacks ``job.output_dir``.
+        same_grid: both jobs ran in one Hydra multirun folder (:func:`grid_of`); None when either record
+            lacks ``job.output_dir``.
         hours_apart: ``|started_at - baseline started_at|`` in hours; None when either is missing or unreadable.
     """
 
@@ -62,7 +62,10 @@ def _view(rec: dict[str, Any] | JobRecord) -> tuple[JobRecord, dict[str, Any]]:
 def used_gpu_uuids(rec: dict[str, Any] | JobRecord) -> tuple[str | None, ...]:
     """The uuids (``GPU-<uuid>``) of the GPUs a job's server used, in order; None for a GPU without one; ``()``
     for a CPU-only record (``environment.gpu`` empty or missing)."""
-    view, data = _view(rec)
+    return _uuids(*_view(rec))
+
+
+def _uuids(view: JobRecord, data: dict[str, Any]) -> tuple[str | None, ...]:
     listed = [g for g in view.environment.gpu or [] if isinstance(g, dict)]
     return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(data)])
 
@@ -87,8 +90,8 @@ def same_gpu(rec: dict[str, Any] | JobRecord, base: dict[str, Any] | JobRecord) 
         lists are equal (same GPUs, same order), :data:`DIFFERENT` otherwise (e.g. tensor parallel over
         2 GPUs against 1).
     """
-    (rv, _), (bv, _) = _view(rec), _view(base)
-    mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
+    (rv, rd), (bv, bd) = _view(rec), _view(base)
+    mine, theirs = _uuids(rv, rd), _uuids(bv, bd)
     if not mine or not theirs:
         return None
     if None in mine or None in theirs:
