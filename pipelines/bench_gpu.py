@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from quantverdict.config.compose import job_config
-from quantverdict.measure import sweep_plan, vllm_log
+from quantverdict.measure import sweep, sweep_plan, vllm_log
 from quantverdict.results.record import find_records, load, mark_interrupted
 from quantverdict.results.table import format_table
 from quantverdict.review.sources import dedupe
@@ -63,7 +63,8 @@ def reparse_points(rec: dict, job_dir: Path) -> bool:
 def rederive(rec: dict, job_dir: Path) -> dict:
     """Re-read the fields a record takes from the job's raw files with this checkout's parsers, so a parser
     fix applies to finished runs: the sweep points from ``bench/`` (:func:`reparse_points`), then memory,
-    kernels, the kernel check and the per-load summary from the vLLM server log."""
+    kernels, the kernel check and the per-load summary from the vLLM server log, and the server-start parts of the
+    benchmark split (``speed.time_split``: compile, graph capture, the warm-up after it) from the same log."""
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
     reread = reparse_points(rec, job_dir)
     log_path = job_dir / "vllm_server.log"
@@ -73,6 +74,12 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     if rec.get("speed", {}).get("points") and (reread or log_path.is_file()):
         server = (rec.get("memory") or {}).get("server")
         speed_validity(rec["speed"], rec.get("job", {}).get("scheme_label", ""), server, act)
+    ts = (rec.get("speed") or {}).get("time_split")
+    if isinstance(ts, dict) and log_path.is_file():
+        points = rec["speed"].get("points") or []
+        rec["speed"]["time_split"] = sweep.time_split(
+            ts.get("server_start_s"), rec["memory"]["server"], points, ts.get("sweep_wall_s")
+        )
     return rec
 
 

@@ -8,8 +8,8 @@ records it was made from (``gpu-review-<model>*`` from ``docs/results/gpu-record
 committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.html``, ``review.json`` and
 ``plots/*.png`` are compared, the header line (``Source: ... · generated ...``) and the JSON's ``source`` and
 ``generated_at`` aside. GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
-``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records`` and
-``gpu-cache-free/records`` and ``gpu-cache-free/fp8-grid/records``, compared below
+``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
+``gpu-cache-free/records``, ``gpu-cache-free/fp8-grid/records`` and ``gpu-cache-free/w8a8-grid/records``, compared below
 their header block (everything from the first ``### `` heading on). Exit status 0 when every file is identical.
 """
 
@@ -33,6 +33,7 @@ GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-eval-server" / "records": RESULTS / "gpu-eval-server",
     RESULTS / "gpu-cache-free" / "records": RESULTS / "gpu-cache-free",
     RESULTS / "gpu-cache-free" / "fp8-grid" / "records": RESULTS / "gpu-cache-free" / "fp8-grid",
+    RESULTS / "gpu-cache-free" / "w8a8-grid" / "records": RESULTS / "gpu-cache-free" / "w8a8-grid",
 }
 
 

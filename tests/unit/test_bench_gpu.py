@@ -102,3 +102,20 @@ def test_results_header_states_the_settings_the_records_ran_with() -> None:
         "bench=gpu-concurrency: concurrency 256, repeats 3, 256 in / 128 out; eval=gpu (vllm backend): bf16, gptq",
         "bench=gpu-concurrency: concurrency 1, 64, repeats 1, 256 in / 128 out; eval=gpu-server (server backend): bf16",
     ]
+
+
+def test_rederive_fills_the_warmup_after_capture_from_the_server_log(tmp_path) -> None:
+    from pipelines.bench_gpu import rederive
+
+    # a record written before the warm-up was parsed: its split has start 151 s, windows 30 + 30 s, sweep wall 70 s
+    split = {"server_start_s": 151.0, "compile_s": 5.0, "graph_capture_s": 3.0, "sweep_wall_s": 70.0}
+    rec = {"status": "ok", "config": {"scheme": {"activation_bits": 16}}, "speed": {"time_split": split}}
+    (tmp_path / "vllm_server.log").write_text(
+        "(EngineCore pid=1) INFO 12-01 16:22:55 [model_runner.py:747] Graph capturing finished in 3 secs, took 0.59 GiB\n"
+        "(EngineCore pid=1) INFO 12-01 16:24:18 [jit_monitor.py:79] Kernel JIT monitor activated; mode=warn.\n"
+    )
+    rec["speed"]["points"] = [{"duration_s": 30.0}, {"duration_s": 30.0}]
+    out = rederive(rec, tmp_path)["speed"]["time_split"]
+    assert out["warmup_after_capture_s"] == 83.0  # 16:22:55 -> 16:24:18
+    assert out["graph_capture_s"] == 3.0 and out["windows_s"] == 60.0 and out["overhead_s"] == 10.0
+    assert out["overhead_fraction"] == 10.0 / 211.0  # 10 s over 151 + 60

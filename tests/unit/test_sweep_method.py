@@ -213,8 +213,29 @@ def test_compile_and_graph_capture_from_the_server_log() -> None:
     assert info["compile_s"] == 25.4 and info["graph_capture_s"] == 14.0 and info["compile_cache_hit"] is False
     cached = vllm_log.parse(LOG_CACHED)
     assert cached["compile_s"] == 6.2 and cached["compile_cache_hit"] is True and cached["graph_capture_s"] is None
+    assert info["warmup_after_capture_s"] is None  # no line ends the warm-up in LOG
     eager = vllm_log.parse("INFO nothing compiled here\n")
     assert eager["compile_s"] is None and eager["compile_cache_hit"] is None
+
+
+# the H200's first server of a fresh machine (2026-12-01, vLLM 0.26): FlashInfer's sampling kernels compiled by nvcc
+# between graph capture and the JIT monitor, 16:22:55 -> 16:24:18 = 83 s; the next server (cache warm) 0 s
+LOG_WARMUP = """\
+(EngineCore pid=1392) INFO 12-01 16:22:55 [model_runner.py:747] Graph capturing finished in 3 secs, took 0.59 GiB
+(EngineCore pid=1392) INFO 12-01 16:22:55 [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup.
+(EngineCore pid=1392) INFO 12-01 16:24:18 [jit_monitor.py:79] Kernel JIT monitor activated; monitored JIT compilations during inference will use mode=warn.
+(EngineCore pid=1392) INFO 12-01 16:24:19 [core.py:340] init engine (profile, create kv cache, warmup model) took 95.58 s (compilation: 5.02 s)
+"""  # noqa: E501
+
+
+def test_warmup_after_graph_capture_from_the_stamps() -> None:
+    assert vllm_log.parse(LOG_WARMUP)["warmup_after_capture_s"] == 83.0
+    no_monitor = LOG_WARMUP.replace("Kernel JIT monitor activated", "something else")
+    assert vllm_log.parse(no_monitor)["warmup_after_capture_s"] == 84.0  # ends at the init-engine line, 16:24:19
+    over_midnight = LOG_WARMUP.replace("12-01 16:22:55", "12-01 23:59:50").replace("12-01 16:24:18", "12-02 00:00:20")
+    assert vllm_log.parse(over_midnight)["warmup_after_capture_s"] == 30.0
+    ts = sweep.time_split(151.0, vllm_log.parse(LOG_WARMUP), [{"duration_s": 30.0}], 35.0)
+    assert ts["warmup_after_capture_s"] == 83.0 and ts["graph_capture_s"] == 3.0
 
 
 def test_server_runs_in_dev_mode_with_the_compile_cache(tmp_path: Path) -> None:
@@ -224,6 +245,8 @@ def test_server_runs_in_dev_mode_with_the_compile_cache(tmp_path: Path) -> None:
     assert extra == {
         "VLLM_SERVER_DEV_MODE": "1",
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
+        "TRITON_CACHE_DIR": str(tmp_path / "vllm" / "triton"),
+        "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "vllm" / "flashinfer"),
         "VLLM_CPU_KVCACHE_SPACE": "1",
     }
     cmd, extra = build_command(env, "/m", "m", cfg, 512, "cuda")

@@ -124,12 +124,13 @@ def time_split(
     Args:
         server_start_s: process start to a verified, healthy server (``speed.server_start_s``).
         server: the parsed server log (``memory.server``: ``compile_s``, ``graph_capture_s``,
-            ``compile_cache_hit``), or None.
+            ``warmup_after_capture_s``, ``compile_cache_hit``), or None.
         points: the parsed points (``duration_s``: the measured window of each).
         sweep_wall_s: the sweep's wall time (one client process, all points), or None.
 
     Returns:
-        ``{"server_start_s", "compile_s", "graph_capture_s", "compile_cache_hit", "windows_s", "overhead_s",
+        ``{"server_start_s", "compile_s", "graph_capture_s", "warmup_after_capture_s", "compile_cache_hit",
+        "windows_s", "overhead_s",
         "sweep_wall_s", "overhead_fraction"}``: ``overhead_fraction`` = overhead / (start + windows), the
         issue-16 target being <= 0.10; None where a part is unknown.
 
@@ -143,6 +144,7 @@ def time_split(
         "server_start_s": server_start_s,
         "compile_s": srv.get("compile_s"),
         "graph_capture_s": srv.get("graph_capture_s"),
+        "warmup_after_capture_s": srv.get("warmup_after_capture_s"),
         "compile_cache_hit": srv.get("compile_cache_hit"),
         "windows_s": round(windows, 3),
         "overhead_s": overhead,

@@ -49,6 +49,11 @@ _CONCURRENCY = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per r
 _COMPILE = re.compile(r"torch\.compile (?:took|takes) (?P<s>[\d.]+) s in total")
 _GRAPH_CAPTURE = re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs")
 _COMPILE_CACHE_HIT = re.compile(r"Directly load the compiled graph\(s\)")
+# the warm-up vLLM runs after CUDA-graph capture (the sampler's dummy run, which JIT-compiles FlashInfer's sampling
+# kernels and a few Triton kernels on a machine without their caches; vllm/v1/worker/gpu_worker.py
+# compile_or_warm_up_model): from the capture line to the line that ends it, both with vLLM's "MM-DD HH:MM:SS" stamp
+_STAMP = re.compile(r"\b(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\b")
+_WARMUP_END = re.compile(r"Kernel JIT monitor activated|init engine \(profile, create kv cache, warmup model\) took")
 _ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) ")
 _KERNEL = re.compile(r"\b(?:Using|Selected) (?P<kernel>[A-Za-z_]\w*) for (?P<method>[A-Za-z_][\w .()/-]*?)\.?\s*$")
 _ONEDNN_FALLBACK = re.compile(r"Failed to create oneDNN linear, fallback to torch linear")
@@ -67,6 +72,14 @@ _WEIGHT_ONLY_METHOD = re.compile(r"A16\b|WNA16|W\d+A16")
 def _strip(line: str) -> str:
     line = _ANSI.sub("", line).rstrip()
     return _PREFIX.sub("", line)
+
+
+def _stamp_s(line: str) -> int | None:
+    """Seconds since the start of the month of vLLM's ``MM-DD HH:MM:SS`` stamp in ``line`` (None: no stamp)."""
+    m = _STAMP.search(line)
+    if m is None:
+        return None
+    return ((int(m["d"]) * 24 + int(m["h"])) * 60 + int(m["mi"])) * 60 + int(m["s"])
 
 
 def _kernel_ok(kernel: str, method: str) -> bool:
@@ -114,7 +127,10 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         it does not; None when the scheme is not activation-quantized), ``fallback_lines``,
         ``unquantized_gemm_fallback`` (CPU: oneDNN refused the unquantized GEMM, plain
         ``torch.nn.functional.linear`` used), ``compile_s`` (torch.compile, seconds; the sum over the log's
-        "torch.compile took X s in total" lines), ``graph_capture_s`` (CUDA graphs), ``compile_cache_hit``
+        "torch.compile took X s in total" lines), ``graph_capture_s`` (CUDA graphs), ``warmup_after_capture_s``
+        (seconds from "Graph capturing finished" to "Kernel JIT monitor activated", else to "init engine ...
+        took", by the lines' whole-second stamps: vLLM's sampler warm-up, which JIT-compiles FlashInfer's
+        sampling kernels with nvcc when their cache is empty, 83 s on an H200), ``compile_cache_hit``
         (True when a compiled graph was loaded from vLLM's compile cache; None when nothing was compiled),
         and ``evidence`` (the exact line behind each value).
         Values that the log does not contain are None.
@@ -141,8 +157,10 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         "unquantized_gemm_fallback": False,
         "compile_s": None,
         "graph_capture_s": None,
+        "warmup_after_capture_s": None,
         "compile_cache_hit": None,
     }
+    captured_at: int | None = None
     evidence: dict[str, str] = {}
 
     def first(key: str, value: Any, line: str) -> None:
@@ -201,6 +219,12 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         if m := _GRAPH_CAPTURE.search(line):
             out["graph_capture_s"] = (out["graph_capture_s"] or 0.0) + float(m["s"])
             evidence.setdefault("graph_capture_s", line[:200])
+            captured_at = _stamp_s(line)
+        elif captured_at is not None and out["warmup_after_capture_s"] is None and _WARMUP_END.search(line):
+            end = _stamp_s(line)
+            if end is not None and end >= captured_at:
+                out["warmup_after_capture_s"] = float(end - captured_at)
+                evidence["warmup_after_capture_s"] = line[:200]
         if _COMPILE_CACHE_HIT.search(line):
             out["compile_cache_hit"] = True
             evidence.setdefault("compile_cache_hit", line[:200])

@@ -147,8 +147,12 @@ def build_command(
         max_model_len: tokens per sequence (``bench.server.max_model_len`` or ``model.max_model_len``).
         device: ``cpu`` or ``cuda`` (``env.device``).
         compile_cache_dir: vLLM's cache root (``VLLM_CACHE_ROOT``; its ``torch_compile_cache/`` holds the
-            compiled graphs, ``vllm/compilation/backends.py``), kept across the jobs of a grid; None: vLLM's
-            default (``~/.cache/vllm``).
+            compiled graphs, ``vllm/compilation/backends.py``), kept across the jobs of a grid; the JIT caches
+            of the kernels vLLM compiles at start-up go under it too: ``triton/`` (``TRITON_CACHE_DIR``) and
+            ``flashinfer/`` (``FLASHINFER_WORKSPACE_BASE``; FlashInfer adds ``.cache/flashinfer/<version>/<arch>``),
+            whose sampling kernels take ~83 s of nvcc on a machine without them (H200, vLLM 0.26), so one cache
+            root carried to a fresh machine skips that. None: the libraries' defaults (``~/.cache/vllm``,
+            ``~/.triton/cache``, ``~/.cache/flashinfer``).
 
     Returns:
         ``(cmd, env_vars)``. ``VLLM_SERVER_DEV_MODE=1`` always (``POST /reset_prefix_cache``); prefix
@@ -170,6 +174,8 @@ def build_command(
     extra_env: dict[str, str] = dict(DEV_MODE_ENV)
     if compile_cache_dir is not None:
         extra_env["VLLM_CACHE_ROOT"] = str(compile_cache_dir)
+        extra_env["TRITON_CACHE_DIR"] = str(Path(compile_cache_dir) / "triton")
+        extra_env["FLASHINFER_WORKSPACE_BASE"] = str(Path(compile_cache_dir) / "flashinfer")
     if device == "cuda":
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     elif cfg.kv_cache_space_gib is not None:
