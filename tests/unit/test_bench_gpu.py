@@ -111,7 +111,7 @@ def test_rederive_fills_the_warmup_after_capture_from_the_server_log(tmp_path) -
     split = {"server_start_s": 151.0, "compile_s": 5.0, "graph_capture_s": 3.0, "sweep_wall_s": 70.0}
     rec = {"status": "ok", "config": {"scheme": {"activation_bits": 16}}, "speed": {"time_split": split}}
     (tmp_path / "vllm_server.log").write_text(
-        "(EngineCore pid=1) INFO 12-01 16:22:55 [model_runner.py:747] Graph capturing finished in 3 secs, took 0.59 GiB\n"
+        "(EngineCore pid=1) INFO 12-01 16:22:55 [model_runner.py:747] Graph capturing finished in 3 secs\n"
         "(EngineCore pid=1) INFO 12-01 16:24:18 [jit_monitor.py:79] Kernel JIT monitor activated; mode=warn.\n"
     )
     rec["speed"]["points"] = [{"duration_s": 30.0}, {"duration_s": 30.0}]
