@@ -143,7 +143,7 @@ def test_benchmark_split_table_flags_overhead_over_ten_percent() -> None:
         }
 
     bf16 = rec("bf16", 50.0, [1, 1])
-    bf16["speed"]["time_split"]["warmup_after_capture_s"] = 83.0  # a record from before the warm-up was parsed: "–"
+    bf16["speed"]["time_split"]["warmup_after_capture_s"] = 83.0  # gptq's split has none (an older record): "–"
     text = benchmark_split_table([bf16, rec("gptq", 126.0, [1, 2])])
     assert "| m / bf16 | 100 | 20 / 4 / 83 (cache miss) | 400 (2 points) | 50 | 0 | 553 | 10.0% |" in text
     assert "| m / gptq | 100 | 20 / 4 / – (cache miss) | 400 (2 points) | 126 | 1 | 629 | 25.2% **> 10%** |" in text

@@ -234,11 +234,29 @@ def test_warmup_after_graph_capture_from_the_stamps() -> None:
     assert vllm_log.parse(no_monitor)["warmup_after_capture_s"] == 84.0  # ends at the init-engine line, 16:24:19
     over_midnight = LOG_WARMUP.replace("12-01 16:22:55", "12-01 23:59:50").replace("12-01 16:24:18", "12-02 00:00:20")
     assert vllm_log.parse(over_midnight)["warmup_after_capture_s"] == 30.0
+    month = LOG_WARMUP.replace("12-01 16:22:55", "11-30 23:59:50").replace("12-01 16:24:18", "12-01 00:00:20")
+    assert vllm_log.parse(month)["warmup_after_capture_s"] == 30.0
+    year = LOG_WARMUP.replace("12-01 16:22:55", "12-31 23:59:50").replace("12-01 16:24:18", "01-01 00:00:20")
+    assert vllm_log.parse(year)["warmup_after_capture_s"] == 30.0
+    unstamped = LOG_WARMUP.replace("INFO 12-01 16:22:55 ", "INFO ")  # the capture line without its stamp
+    assert vllm_log.parse(unstamped)["warmup_after_capture_s"] is None
+    # a log appended to by a second server: the last server's warm-up (0 s: its caches were warm), and a server
+    # that crashed after graph capture does not lend its capture time to the next one, which captured nothing
+    engine = "(EngineCore pid=1) INFO 12-01 16:30:00 [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config\n"
+    second = (
+        "(EngineCore pid=2) INFO 12-01 16:40:00 [model_runner.py:747] Graph capturing finished in 3 secs\n"
+        "(EngineCore pid=2) INFO 12-01 16:40:00 [jit_monitor.py:79] Kernel JIT monitor activated; mode=warn.\n"
+    )
+    assert vllm_log.parse(engine + LOG_WARMUP + engine + second)["warmup_after_capture_s"] == 0.0
+    crashed = engine + LOG_WARMUP.splitlines(keepends=True)[0] + engine  # captured at 16:22:55, then a restart
+    assert vllm_log.parse(crashed + LOG_WARMUP.splitlines(keepends=True)[3])["warmup_after_capture_s"] is None
     ts = sweep.time_split(151.0, vllm_log.parse(LOG_WARMUP), [{"duration_s": 30.0}], 35.0)
     assert ts["warmup_after_capture_s"] == 83.0 and ts["graph_capture_s"] == 3.0
 
 
-def test_server_runs_in_dev_mode_with_the_compile_cache(tmp_path: Path) -> None:
+def test_server_runs_in_dev_mode_with_the_compile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("FLASHINFER_WORKSPACE_BASE", raising=False)
     env = StageEnv("serve", "/usr/bin/python3", {})
     cfg = ServerConfig(port=8765, kv_cache_space_gib=1)
     _, extra = build_command(env, "/m", "m", cfg, 512, "cpu", tmp_path / "vllm")
@@ -251,6 +269,11 @@ def test_server_runs_in_dev_mode_with_the_compile_cache(tmp_path: Path) -> None:
     }
     cmd, extra = build_command(env, "/m", "m", cfg, 512, "cuda")
     assert extra == {"VLLM_SERVER_DEV_MODE": "1"}
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")  # the caller's own cache folder is kept (not overridden)
+    _, extra = build_command(env, "/m", "m", cfg, 512, "cuda", tmp_path / "vllm")
+    assert "TRITON_CACHE_DIR" not in extra and extra["FLASHINFER_WORKSPACE_BASE"] == str(
+        tmp_path / "vllm" / "flashinfer"
+    )
     assert "--no-enable-prefix-caching" not in cmd  # prefix caching stays at vLLM's default
 
 

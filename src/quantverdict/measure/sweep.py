@@ -116,8 +116,8 @@ def time_split(
     points: list[dict[str, Any]],
     sweep_wall_s: float | None,
 ) -> dict[str, Any]:
-    """The benchmark stage's time, split: server start (of which torch.compile and graph capture, from the
-    server log), the measured windows, and the client's overhead (warm-ups, cache resets, counter reads,
+    """The benchmark stage's time, split: server start (of which torch.compile, graph capture and the warm-up after
+    it, from the server log), the measured windows, and the client's overhead (warm-ups, cache resets, counter reads,
     dataset sampling, and the client's start when it was started after the server: the sweep's wall time minus
     its windows; a client started with the server imports vLLM during the start-up, ``speed.sweep_client``).
 

@@ -18,6 +18,9 @@ The lines read here are vLLM's own INFO/WARNING lines; the format strings are in
     used leveraging the Marlin kernel.                       quantization/utils/marlin_utils_fp8.py
     Failed to create oneDNN linear, fallback to torch linear. model_executor/layers/utils.py (CPU,
                                                              unquantized GEMM only)
+    Graph capturing finished in %.0f secs, took %.2f GiB     v1/worker/gpu_model_runner.py (0.26.0)
+    Kernel JIT monitor activated; ...                        utils/jit_monitor.py (0.26.0: the end of
+                                                             the warm-up, gpu_worker.compile_or_warm_up_model)
 
 On CPU vLLM logs no weights-memory line; ``weights_gib`` is then None and ``checkpoint_gib`` (the
 size of the checkpoint files vLLM loads) is the nearest figure.
@@ -25,6 +28,7 @@ size of the checkpoint files vLLM loads) is the nearest figure.
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
@@ -74,12 +78,22 @@ def _strip(line: str) -> str:
     return _PREFIX.sub("", line)
 
 
-def _stamp_s(line: str) -> int | None:
-    """Seconds since the start of the month of vLLM's ``MM-DD HH:MM:SS`` stamp in ``line`` (None: no stamp)."""
+def _stamp(line: str) -> datetime.datetime | None:
+    """vLLM's ``MM-DD HH:MM:SS`` stamp in ``line`` as a datetime of the leap year 2000 (the log has no year;
+    February 29 then exists), None without a stamp."""
     m = _STAMP.search(line)
     if m is None:
         return None
-    return ((int(m["d"]) * 24 + int(m["h"])) * 60 + int(m["mi"])) * 60 + int(m["s"])
+    try:
+        return datetime.datetime(2000, int(m["mo"]), int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]))
+    except ValueError:  # not a date after all (e.g. 13-40 in another number format)
+        return None
+
+
+def _seconds_between(start: datetime.datetime, end: datetime.datetime) -> float:
+    """``end - start`` in seconds, across a year's end (December 31 -> January 1: the end is in the next year)."""
+    delta = (end - start).total_seconds()
+    return delta + 366 * 86400 if delta < 0 and start.month == 12 and end.month == 1 else delta
 
 
 def _kernel_ok(kernel: str, method: str) -> bool:
@@ -129,8 +143,9 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         ``torch.nn.functional.linear`` used), ``compile_s`` (torch.compile, seconds; the sum over the log's
         "torch.compile took X s in total" lines), ``graph_capture_s`` (CUDA graphs), ``warmup_after_capture_s``
         (seconds from "Graph capturing finished" to "Kernel JIT monitor activated", else to "init engine ...
-        took", by the lines' whole-second stamps: vLLM's sampler warm-up, which JIT-compiles FlashInfer's
-        sampling kernels with nvcc when their cache is empty, 83 s on an H200), ``compile_cache_hit``
+        took", by the lines' whole-second stamps, of the last server in the log: vLLM's sampler warm-up, which
+        JIT-compiles FlashInfer's sampling kernels with nvcc when their cache is empty, 83 s on an H200),
+        ``compile_cache_hit``
         (True when a compiled graph was loaded from vLLM's compile cache; None when nothing was compiled),
         and ``evidence`` (the exact line behind each value).
         Values that the log does not contain are None.
@@ -160,7 +175,7 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         "warmup_after_capture_s": None,
         "compile_cache_hit": None,
     }
-    captured_at: int | None = None
+    captured_at: datetime.datetime | None = None
     evidence: dict[str, str] = {}
 
     def first(key: str, value: Any, line: str) -> None:
@@ -173,6 +188,9 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         if not line:
             continue
         if m := _VERSION_ENGINE.search(line):
+            # a log holding several servers (appended to on a restart): the warm-up is the last one's
+            captured_at, out["warmup_after_capture_s"] = None, None
+            evidence.pop("warmup_after_capture_s", None)
             out["vllm_version"] = m["v"]  # the engine line wins over the banner
             evidence["vllm_version"] = line[:200]
             if m2 := _DEVICE_CFG.search(line):
@@ -219,11 +237,12 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         if m := _GRAPH_CAPTURE.search(line):
             out["graph_capture_s"] = (out["graph_capture_s"] or 0.0) + float(m["s"])
             evidence.setdefault("graph_capture_s", line[:200])
-            captured_at = _stamp_s(line)
+            captured_at = _stamp(line)
         elif captured_at is not None and out["warmup_after_capture_s"] is None and _WARMUP_END.search(line):
-            end = _stamp_s(line)
-            if end is not None and end >= captured_at:
-                out["warmup_after_capture_s"] = float(end - captured_at)
+            end = _stamp(line)
+            gap = None if end is None else _seconds_between(captured_at, end)
+            if gap is not None and gap >= 0:
+                out["warmup_after_capture_s"] = gap
                 evidence["warmup_after_capture_s"] = line[:200]
         if _COMPILE_CACHE_HIT.search(line):
             out["compile_cache_hit"] = True

@@ -102,8 +102,8 @@ def serving(
     Arguments as :func:`new_server`, plus ``save``, which writes the record (called once the server is up), and
     ``before_start``, called with the built server just before it starts (see :func:`benchmark`).
     On exit, normal or not, the server is stopped, then ``speed`` is completed: points kept from
-    ``bench/sweep.jsonl`` after a crash mid-sweep, the server log parsed again (compile and graph-capture
-    time included), the validity summary (:func:`quantverdict.serving.speed.speed_validity`), the stage's
+    ``bench/sweep.jsonl`` after a crash mid-sweep, the server log parsed again (compile, graph-capture and
+    warm-up time included), the validity summary (:func:`quantverdict.serving.speed.speed_validity`), the stage's
     ``time_split`` (:func:`quantverdict.measure.sweep.time_split`) and, on cuda, the roofline. The server's
     compile cache is :func:`compile_cache_dir`.
     """

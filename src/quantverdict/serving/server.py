@@ -128,6 +128,10 @@ def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+# the JIT caches of the kernels vLLM builds at start-up, put under the compile cache root (see build_command)
+JIT_CACHE_VARS = {"TRITON_CACHE_DIR": "triton", "FLASHINFER_WORKSPACE_BASE": "flashinfer"}
+
+
 def build_command(
     env: StageEnv,
     model_path: str | Path,
@@ -150,8 +154,8 @@ def build_command(
             compiled graphs, ``vllm/compilation/backends.py``), kept across the jobs of a grid; the JIT caches
             of the kernels vLLM compiles at start-up go under it too: ``triton/`` (``TRITON_CACHE_DIR``) and
             ``flashinfer/`` (``FLASHINFER_WORKSPACE_BASE``; FlashInfer adds ``.cache/flashinfer/<version>/<arch>``),
-            whose sampling kernels take ~83 s of nvcc on a machine without them (H200, vLLM 0.26), so one cache
-            root carried to a fresh machine skips that. None: the libraries' defaults (``~/.cache/vllm``,
+            whose sampling kernels took 83 s of nvcc on an H200 without them (vLLM 0.26), unless the caller's
+            environment already sets the variable. None: the libraries' defaults (``~/.cache/vllm``,
             ``~/.triton/cache``, ``~/.cache/flashinfer``).
 
     Returns:
@@ -174,8 +178,9 @@ def build_command(
     extra_env: dict[str, str] = dict(DEV_MODE_ENV)
     if compile_cache_dir is not None:
         extra_env["VLLM_CACHE_ROOT"] = str(compile_cache_dir)
-        extra_env["TRITON_CACHE_DIR"] = str(Path(compile_cache_dir) / "triton")
-        extra_env["FLASHINFER_WORKSPACE_BASE"] = str(Path(compile_cache_dir) / "flashinfer")
+        for var, sub in JIT_CACHE_VARS.items():  # a caller's own setting wins
+            if var not in os.environ:
+                extra_env[var] = str(Path(compile_cache_dir) / sub)
     if device == "cuda":
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     elif cfg.kv_cache_space_gib is not None:
