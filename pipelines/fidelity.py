@@ -9,30 +9,39 @@ a finished job's checkpoint, the prefix cache reset around each point, printed b
     python -m pipelines.fidelity runs/.../<job>/record.json --report-only # no server: re-read <job>/fidelity
     python -m pipelines.fidelity runs/.../<job>/record.json --report-only --out DIR --repeat 0  # a run's files
 
-The by-hand run uses the job's points in the job's order, each with the job's seed
-(:func:`quantverdict.measure.sweep_plan.point_seed`) and request count, ``--num-warmups 0
---ready-check-timeout-sec 0`` (vLLM's own warm-up and ready check send the first measured prompt), a
-warm-up run of unmeasured prompts at the point's concurrency before each point (as the sweep client does),
-and ``POST /reset_prefix_cache`` between that warm-up and the point and after it; the server's ``/metrics``
-prefix-cache counters are read around each point, so the by-hand hit rate is shown beside (no reuse across
-points; vLLM's random dataset repeats a few prompts inside one, as in the job). A point
-whose output tok/s differs from the job's by more than the tolerance (5%) is flagged; the exit code is 1
-when any is. TTFT p50 is printed beside it (not judged: at small windows it moves more than 5% between two
-runs of one method).
+The by-hand run uses the points the job ran (its record's ``speed.points``; a job cut short ran part of its
+plan), in the job's order, each with the job's seed (:func:`quantverdict.measure.sweep_plan.point_seed`) and
+request count, ``--num-warmups 0 --ready-check-timeout-sec 0`` (vLLM's own warm-up and ready check send the
+first measured prompt), a warm-up run of unmeasured prompts at the point's concurrency before each point (as
+the sweep client does), and ``POST /reset_prefix_cache`` between that warm-up and the point and after it; the
+server's ``/metrics`` prefix-cache counters are read around each point, so the by-hand hit rate is shown
+beside (no reuse across points; vLLM's random dataset repeats a few prompts inside one, as in the job). A
+point whose output tok/s differs from the job's by more than the tolerance (5%) is flagged. TTFT p50 is
+printed beside it (not judged: at small windows it moves more than 5% between two runs of one method).
 
 ``--repeat K``, ``--concurrency C`` and ``--rate R`` (each repeatable, combinable) choose the points: those
-of the chosen repeats at the chosen load levels. A chosen point keeps the seed of its place in the job's full
-plan, so it sends the prompts the job's run of it sent. A value the job did not run stops the check before
-any server starts (exit code 2), naming the flag and the levels the job ran.
+the job ran of the chosen repeats at the chosen load levels. A chosen point keeps the seed of its place in the
+job's full plan, so it sends the prompts the job's run of it sent. A value that selects no point the job ran
+(alone, or with the other flags) stops the check before any server starts, naming the flag and the levels the
+job ran (each with its repeats when they differ).
 
 Each point costs a warm-up and a measured CLI run (each a process that imports vLLM, ~20 s of it), so a GPU
 lease can end mid-run. What a finished point leaves in ``--out`` (default ``<job>/fidelity``) is kept: the
 CLI's ``<point>.json``, the server's checks ``<point>.checks.json`` (prefix-cache hit rate, token counts:
 :func:`quantverdict.measure.server_metrics.server_checks`) and ``fidelity.json``, rewritten after every point
-with the rows compared so far (``{"rows": ..., "by_hand": ..., "complete": false}``; ``true`` once every
-chosen point ran; ``"error"`` added when the run stopped on one). ``--report-only`` starts nothing: it rebuilds the
-comparison from the ``<point>.json`` (and ``<point>.checks.json``) files already in ``--out``, prints the
-table and rewrites ``fidelity.json``; exit code 2 when no file there is a point of the job.
+with the rows compared so far: ``{"rows": ..., "by_hand": ..., "chosen": [point names], "complete": ...}``,
+``complete`` true when every chosen point has a row, ``"error"`` added when the run stopped on one. A run
+starts by removing its chosen points' files of an earlier run (``<point>.json``, ``<point>.checks.json``,
+``warmup/<point>.json``; one line on stderr says how many) and writing an empty ``fidelity.json``; other
+points' files stay. ``--report-only`` starts nothing: it rebuilds the comparison from the ``<point>.json``
+(and ``<point>.checks.json``) files of the chosen points already in ``--out``, prints the table and rewrites
+``fidelity.json`` (``chosen``: the points it looked for; an earlier file's ``"error"`` kept); a
+``<point>.json`` that cannot be read is skipped with a warning and counted as missing.
+
+Exit codes: 0 every compared point within the tolerance; 1 one or more outside it; 2 bad input or nothing to
+compare (a record without speed points, a filter value that selects no point the job ran, a run whose by-hand
+points match none of the job's, ``--report-only`` with no readable by-hand file of a chosen point); 3 the run
+stopped on an error (the traceback on stderr; the finished points kept in ``fidelity.json`` with ``error``).
 
 On CPU the same check runs in ``tests/integration/test_sweep_cache.py`` on the embedded model.
 """
@@ -47,7 +56,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +83,10 @@ def choose(
     repeats: set[int] | None = None,
     concurrencies: set[int] | None = None,
     rates: set[float | str] | None = None,
+    ran: Collection[str] | None = None,
 ) -> list[tuple[int, sweep_plan.SweepPoint]]:
-    """The points of the job's plan to run (or read) by hand: those of the chosen repeats at the chosen levels.
+    """The points of the job's plan to run (or read) by hand: those of the chosen repeats at the chosen levels
+    that the job ran.
 
     Args:
         bench: the job's ``bench`` config (mode, levels, repeats).
@@ -82,6 +94,9 @@ def choose(
         concurrencies: concurrency levels to keep (a concurrency sweep; None: every level).
         rates: offered rates to keep, req/s (a rate sweep; as :func:`~quantverdict.measure.sweep_plan.normalize_rate`
             gives them: a float or ``"inf"``; None: every rate).
+        ran: the names of the points the job ran (its record's ``speed.points``, e.g. ``conc-64_r0``); only
+            these are chosen and the filters are checked against them (a job cut short ran part of its plan).
+            None: every point of the plan.
 
     Returns:
         ``(index in the job's full plan, point)`` in run order. The index is the point's place in
@@ -89,18 +104,39 @@ def choose(
         of it is the seed the job's run of that point used, whatever is left out.
 
     Raises:
-        ValueError: values the job's plan does not hold; one message naming each such flag, its unknown values
-            and the levels the job ran, e.g. ``--concurrency 32: the job ran concurrency 1, 16, 64, 256``.
+        ValueError: one message naming each flag with a value that selects no point the job ran, and the levels
+            the job ran, e.g. ``--concurrency 32: the job ran concurrency 1, 16, 64, 256``; where the job ran
+            different repeats at different levels, each level with its repeats, e.g. ``--concurrency 64: the
+            job ran concurrency 1 (repeats 0, 1, 2), 16 (repeat 0)``, and a value that selects a point only
+            apart from the other flags is named with them: ``--repeat 1 at --concurrency 16: ...``. Also when
+            ``ran`` holds no point of the plan.
 
     E.g. concurrency 1, 16, 64, 256 with 3 repeats, ``repeats={0}``, ``concurrencies={64, 256}``:
     ``[(6, conc-64_r0), (9, conc-256_r0)]`` (seeds ``base + 7`` and ``base + 10``).
     """
-    points = sweep_plan.plan(bench.mode, list(bench.rates), list(bench.concurrencies), bench.repeats)
-    levels = _levels(bench.mode, points)
+    plan = sweep_plan.plan(bench.mode, list(bench.rates), list(bench.concurrencies), bench.repeats)
+    indexed = [(i, p) for i, p in enumerate(plan) if ran is None or p.name in ran]
+    if not indexed:
+        names = sorted(ran or ())
+        raise ValueError(
+            f"the record's points ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}) are none of the "
+            f"job's plan ({_levels(bench.mode, plan)}, {bench.repeats} repeats)"
+        )
+    points = [p for _, p in indexed]
+    levels = _ran_levels(bench.mode, points)
+    level_flag = "--concurrency" if bench.mode == "concurrency" else "--rate"
+    chosen_levels: set[Any] | None = concurrencies if bench.mode == "concurrency" else rates
+
+    def level(p: sweep_plan.SweepPoint) -> Any:
+        return p.concurrency if bench.mode == "concurrency" else p.offered_rate_rps
+
     errors = []
     if repeats is not None and (unknown := repeats - {p.repeat for p in points}):
-        ran = sorted({p.repeat for p in points})
-        errors.append(f"--repeat {_join(unknown)}: the job ran repeats {ran} of each level")
+        if _even(bench.mode, points):
+            ran_repeats = sorted({p.repeat for p in points})
+            errors.append(f"--repeat {_join(unknown)}: the job ran repeats {ran_repeats} of each level")
+        else:
+            errors.append(f"--repeat {_join(unknown)}: the job ran {levels}")
     if concurrencies is not None:
         if bench.mode != "concurrency":
             errors.append(f"--concurrency {_join(concurrencies)}: the job ran a rate sweep ({levels}); use --rate")
@@ -111,11 +147,18 @@ def choose(
             errors.append(f"--rate {_join(rates)}: the job ran a concurrency sweep ({levels}); use --concurrency")
         elif unknown_rates := rates - {p.offered_rate_rps for p in points}:
             errors.append(f"--rate {_join(unknown_rates)}: the job ran {levels}")
+    if not errors and repeats is not None and chosen_levels is not None:  # each value ran; with the others?
+        lone_r = {r for r in repeats if not any(p.repeat == r and level(p) in chosen_levels for p in points)}
+        lone_l = {v for v in chosen_levels if not any(level(p) == v and p.repeat in repeats for p in points)}
+        if lone_r:  # all of them: the flags together select nothing, one message says it
+            errors.append(f"--repeat {_join(lone_r)} at {level_flag} {_join(chosen_levels)}: the job ran {levels}")
+        if lone_l and lone_r != repeats:
+            errors.append(f"{level_flag} {_join(lone_l)} at --repeat {_join(repeats)}: the job ran {levels}")
     if errors:
         raise ValueError("; ".join(errors))
     return [
         (i, p)
-        for i, p in enumerate(points)
+        for i, p in indexed
         if (repeats is None or p.repeat in repeats)
         and (concurrencies is None or p.concurrency in concurrencies)
         and (rates is None or p.offered_rate_rps in rates)
@@ -141,6 +184,35 @@ def _levels(mode: str, points: list[sweep_plan.SweepPoint]) -> str:
     return "rates " + ", ".join(sweep_plan.format_rate(r) for r in rates) + " req/s"
 
 
+def _repeats_by_level(mode: str, points: list[sweep_plan.SweepPoint]) -> dict[Any, set[int]]:
+    """Load level (concurrency, or offered rate) -> the repeats of it among ``points``, levels in load order."""
+    by: dict[Any, set[int]] = {}
+    for p in points:
+        by.setdefault(p.concurrency if mode == "concurrency" else p.offered_rate_rps, set()).add(p.repeat)
+    return {k: by[k] for k in sorted(by, key=_rate_key)}
+
+
+def _even(mode: str, points: list[sweep_plan.SweepPoint]) -> bool:
+    """Every load level among ``points`` has the same repeats (a whole plan, or a whole repeat filter of one)."""
+    return len({frozenset(r) for r in _repeats_by_level(mode, points).values()}) <= 1
+
+
+def _ran_levels(mode: str, points: list[sweep_plan.SweepPoint]) -> str:
+    """The levels of the points the job ran in words: :func:`_levels` when every level has the same repeats,
+    else each level with its repeats: ``concurrency 1 (repeats 0, 1, 2), 16 (repeat 0)`` (a job cut short)."""
+    if _even(mode, points):
+        return _levels(mode, points)
+    parts = []
+    for lvl, reps in _repeats_by_level(mode, points).items():
+        name = str(lvl) if mode == "concurrency" else sweep_plan.format_rate(lvl)
+        parts.append(f"{name} (repeat{'s' if len(reps) > 1 else ''} {', '.join(str(r) for r in sorted(reps))})")
+    return (
+        ("concurrency " if mode == "concurrency" else "rates ")
+        + ", ".join(parts)
+        + ("" if mode == "concurrency" else " req/s")
+    )
+
+
 def run_by_hand(
     server: VLLMServer,
     bench: BenchConfig,
@@ -153,6 +225,7 @@ def run_by_hand(
     concurrencies: set[int] | None = None,
     rates: set[float | str] | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
+    ran: Collection[str] | None = None,
 ) -> list[dict[str, Any]]:
     """``vllm bench serve`` once per point of ``bench`` (the CLI, a process each), the cache reset around each.
 
@@ -172,12 +245,14 @@ def run_by_hand(
         rates: only these offered rates, req/s or ``"inf"`` (None: all; see :func:`choose`).
         on_point: called with each point's row as soon as it is measured (before the next point starts), e.g.
             to write the comparison so far.
+        ran: only the points of these names, those the job ran (None: the whole plan; see :func:`choose`).
 
     A warm-up of unmeasured prompts goes before the first point of each load level run here, as the sweep
     client does it (a later repeat follows a measured run at the same load).
 
     Raises:
-        ValueError: a chosen repeat or level that the plan does not hold (:func:`choose`), before anything runs.
+        ValueError: a chosen repeat or level that selects no point the job ran (:func:`choose`), before anything
+            runs.
         RuntimeError: the CLI failed at a point (the points before it have their files and ``on_point`` calls).
         subprocess.CalledProcessError: a warm-up run failed.
 
@@ -185,7 +260,7 @@ def run_by_hand(
         Per point in run order: :func:`quantverdict.measure.bench_result.parse_result`'s keys plus the
         :func:`quantverdict.measure.server_metrics.server_checks` keys (``prefix_cache_hit_rate``, ...).
     """
-    chosen = choose(bench, repeats, concurrencies, rates)
+    chosen = choose(bench, repeats, concurrencies, rates, ran)
     out.mkdir(parents=True, exist_ok=True)
     flags = supported_optional_flags(env)
     run_env = {**os.environ, **env.env}
@@ -234,7 +309,7 @@ def read_by_hand(
     bench: BenchConfig,
     chosen: list[tuple[int, sweep_plan.SweepPoint]],
     num_prompts: dict[str, int] | None = None,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[Path, str]]:
     """The by-hand rows of an earlier run, rebuilt from the files it left in ``out`` (no server, no CLI).
 
     Args:
@@ -244,15 +319,15 @@ def read_by_hand(
         num_prompts: requests per point name (the job's), passed to ``parse_result`` as :func:`run_by_hand` does.
 
     Returns:
-        Per point found, in run order: :func:`quantverdict.measure.bench_result.parse_result`'s keys plus the
-        keys of its ``<point>.checks.json`` when that file is there (else no ``prefix_cache_hit_rate``: the
-        table shows ``-``).
-
-    Raises:
-        ValueError: a ``<point>.json`` or ``<point>.checks.json`` that is not JSON, or not a vLLM bench result
-            (no ``completed``/``duration``), naming the file.
+        ``(rows, skipped)``. ``rows``: per point read, in run order,
+        :func:`quantverdict.measure.bench_result.parse_result`'s keys plus the keys of its ``<point>.checks.json``
+        when that file is there and readable (else no ``prefix_cache_hit_rate``: the table shows ``-``).
+        ``skipped``: each file that could not be read -> why, naming it: a ``<point>.json`` that is not JSON (e.g.
+        cut off mid-write) or not a vLLM bench result (no ``completed``/``duration``) leaves its point out; a
+        ``<point>.checks.json`` that is not a JSON object leaves only the checks out of its point's row.
     """
     rows = []
+    skipped: dict[Path, str] = {}
     for _, point in chosen:
         path = out / f"{point.name}.json"
         if not path.is_file():
@@ -262,36 +337,79 @@ def read_by_hand(
         )
         try:
             row = bench_result.parse_result(json.loads(path.read_text()), point, n, bench.output_len, 0)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}: not a vLLM bench result ({type(exc).__name__}: {exc})") from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            skipped[path] = f"{path}: not a vLLM bench result ({type(exc).__name__}: {exc})"
+            continue
         checks = out / f"{point.name}{CHECKS_SUFFIX}"
         if checks.is_file():
             try:
-                row.update(json.loads(checks.read_text()))
+                found = json.loads(checks.read_text())
             except ValueError as exc:
-                raise ValueError(f"{checks}: not JSON ({exc})") from exc
+                found = exc
+            if isinstance(found, dict):
+                row.update(found)
+            else:
+                why = f"{type(found).__name__}: {found}" if isinstance(found, ValueError) else "not an object"
+                skipped[checks] = f"{checks}: not the server's checks ({why}); its point has no hit rate"
         rows.append(row)
-    return rows
+    return rows, skipped
+
+
+def clear_points(out: Path, chosen: list[tuple[int, sweep_plan.SweepPoint]]) -> int:
+    """Remove an earlier run's files of the chosen points from ``out``: ``<point>.json``,
+    ``<point>.checks.json`` and the warm-up's ``warmup/<point>.json`` (a new run must not mix with them: a
+    report would pair new results with old checks, or show an old point as this run's).
+
+    Args:
+        out: the by-hand folder.
+        chosen: the points about to run (:func:`choose`); other points' files are kept.
+
+    Returns:
+        The number of files removed.
+    """
+    removed = 0
+    for _, point in chosen:
+        for path in (
+            out / f"{point.name}.json",
+            out / f"{point.name}{CHECKS_SUFFIX}",
+            out / "warmup" / f"{point.name}.json",
+        ):
+            if path.is_file():
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def write_report(
-    out: Path, rows: list[dict[str, Any]], by_hand: list[dict[str, Any]], complete: bool, error: str | None = None
+    out: Path,
+    rows: list[dict[str, Any]],
+    by_hand: list[dict[str, Any]],
+    chosen: list[str],
+    error: str | None = None,
 ) -> Path:
-    """Write ``<out>/fidelity.json``: ``{"rows": rows, "by_hand": by_hand, "complete": complete}`` (plus
-    ``"error"`` when given), through a temporary file and a rename, so a run killed mid-write keeps the last
-    whole one.
+    """Write ``<out>/fidelity.json``: ``{"rows": rows, "by_hand": by_hand, "chosen": chosen, "complete": ...}``
+    (plus ``"error"`` when given), through a temporary file of its own in ``out`` and a rename, so a run killed
+    mid-write keeps the last whole one.
 
     Args:
         out: the by-hand folder.
         rows: :func:`compare`'s rows so far.
         by_hand: the by-hand rows they come from (:func:`run_by_hand` or :func:`read_by_hand`).
-        complete: every chosen point has a by-hand result.
+        chosen: the names of the points the run (or the report) covers, in run order.
         error: why the run stopped early (the exception, one line).
+
+    ``complete`` is true when every chosen point has a row (a filtered run is complete with its own points).
 
     Returns:
         The path written.
     """
-    doc: dict[str, Any] = {"rows": rows, "by_hand": by_hand, "complete": complete}
+    compared = {r["point"] for r in rows}
+    doc: dict[str, Any] = {
+        "rows": rows,
+        "by_hand": by_hand,
+        "chosen": list(chosen),
+        "complete": all(name in compared for name in chosen),
+    }
     if error is not None:
         doc["error"] = error
     path = out / "fidelity.json"
@@ -300,10 +418,18 @@ def write_report(
 
 
 def _write_json(path: Path, obj: Any) -> None:
+    """``obj`` as JSON at ``path``, through a temporary file beside it named after this process
+    (``<name>.<pid>.tmp``: two processes writing into one folder never share it) and ``os.replace``; a failed
+    write leaves ``path`` as it was and removes the temporary file."""
+    text = json.dumps(obj, indent=1, default=str)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def compare(
@@ -374,13 +500,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the check (or, with ``--report-only``, re-read one); see the module docstring.
 
     Returns:
-        0 every compared point within the tolerance; 1 one or more outside it; 2 bad input, nothing ran (a
-        record without speed points, a ``--repeat``/``--concurrency``/``--rate`` value the job did not run,
-        with ``--report-only`` no by-hand file of a job point or one that is not a vLLM result).
+        0 every compared point within the tolerance; 1 one or more outside it; 2 bad input or nothing to
+        compare: a record without speed points, a ``--repeat``/``--concurrency``/``--rate`` value that selects
+        no point the job ran (nothing starts), a run whose by-hand points match none of the job's, with
+        ``--report-only`` no readable by-hand file of a chosen point; 3 the run stopped on an error (a failed
+        CLI run, a server that did not start: the traceback on stderr; ``fidelity.json`` holds the finished
+        points and ``error``, ``complete`` false unless every chosen point had finished; the server is stopped).
 
     Raises:
-        RuntimeError: a by-hand point failed (``fidelity.json`` then holds the points before it, with
-            ``complete: false`` and ``error``; the server is stopped).
+        KeyboardInterrupt: re-raised (as is ``SystemExit``) once ``fidelity.json`` is written as for code 3.
     """
     ap = argparse.ArgumentParser(prog="python -m pipelines.fidelity", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("record", type=Path, help="a finished job's record.json (or its folder)")
@@ -402,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=None,
         metavar="C",
-        help="check only concurrency level C of a concurrency sweep (repeatable; default: every level)",
+        help="check only concurrency level C of a concurrency sweep (repeatable; default: every level the job ran)",
     )
     ap.add_argument(
         "--rate",
@@ -410,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=None,
         metavar="R",
-        help="check only offered rate R req/s (or inf) of a rate sweep (repeatable; default: every rate)",
+        help="check only offered rate R req/s (or inf) of a rate sweep (repeatable; default: every rate the job ran)",
     )
     ap.add_argument(
         "--report-only",
@@ -425,14 +553,16 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         print(f"{path}: the record has no speed points", file=sys.stderr)
         return 2
+    ran = {p["point"] for p in points}
     repeats = set(args.repeat) if args.repeat else None
     concurrencies = set(args.concurrency) if args.concurrency else None
     rates = set(args.rate) if args.rate else None
     try:
-        chosen = choose(cfg.bench, repeats, concurrencies, rates)
+        chosen = choose(cfg.bench, repeats, concurrencies, rates, ran)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    names = [p.name for _, p in chosen]
     out = args.out or path.parent / "fidelity"
     sent = {p["point"]: p["num_prompts"] for p in points}
     if args.report_only:
@@ -458,12 +588,15 @@ def main(argv: list[str] | None = None) -> int:
         compile_cache_dir=compile_cache_dir(cfg),
     )
     seeds = {p["point"]: int(p["seed"]) for p in points if isinstance(p.get("seed"), int)}
+    if removed := clear_points(out, chosen):
+        print(f"removed {removed} files of an earlier run of these points from {out}", file=sys.stderr)
+    write_report(out, [], [], names)  # no earlier run's rows beside this run's files
     by_hand: list[dict[str, Any]] = []
 
     def keep(row: dict[str, Any]) -> None:  # after every point: what a run stopped mid-way keeps
         by_hand.append(row)
         rows = compare(points, by_hand, args.tolerance)
-        write_report(out, rows, by_hand, complete=False)
+        write_report(out, rows, by_hand, names)
         mine = [r for r in rows if r["point"] == row["point"]]
         diff = f"{100 * mine[0]['rel_diff']:.2f}%" if mine and mine[0]["rel_diff"] is not None else "no job point"
         tok_s = "-" if row.get(JUDGED) is None else f"{row[JUDGED]:,.1f}"
@@ -473,16 +606,25 @@ def main(argv: list[str] | None = None) -> int:
         with server:
             run_by_hand(
                 server, cfg.bench, model_path, env, out, sent, repeats, seeds,
-                concurrencies=concurrencies, rates=rates, on_point=keep,
+                concurrencies=concurrencies, rates=rates, on_point=keep, ran=ran,
             )  # fmt: skip
     except BaseException as exc:  # the finished points stay comparable; the server is stopped by then
         error = f"{type(exc).__name__} after {len(by_hand)} of {len(chosen)} points: {exc}"[:4000]
-        write_report(out, compare(points, by_hand, args.tolerance), by_hand, complete=False, error=error)
+        write_report(out, compare(points, by_hand, args.tolerance), by_hand, names, error=error)
+        if not isinstance(exc, Exception):  # Ctrl-C, SystemExit: not this check's error
+            raise
+        traceback.print_exc()
         print(f"stopped: {error.splitlines()[0]}; {out / 'fidelity.json'} holds the finished points", file=sys.stderr)
-        raise
+        return 3
     rows = compare(points, by_hand, args.tolerance)
+    write_report(out, rows, by_hand, names)
+    compared = {r["point"] for r in rows}
+    if unmatched := [h["point"] for h in by_hand if h["point"] not in compared]:
+        print(f"no job point to compare with (by hand only): {', '.join(unmatched)}", file=sys.stderr)
+    if not rows:
+        print(f"nothing compared: none of the {len(by_hand)} by-hand points is among the job's", file=sys.stderr)
+        return 2
     print(render(rows, args.tolerance))
-    write_report(out, rows, by_hand, complete=True)
     return _verdict(rows, args.tolerance)
 
 
@@ -494,22 +636,46 @@ def _report_only(
     sent: dict[str, int],
     tolerance: float,
 ) -> int:
-    """``--report-only``: the table and ``fidelity.json`` from the by-hand files in ``out``; :func:`main`'s codes."""
-    try:
-        by_hand = read_by_hand(out, bench, chosen, sent)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    """``--report-only``: the table and ``fidelity.json`` from the by-hand files in ``out``; :func:`main`'s codes.
+
+    A ``<point>.json`` that cannot be read is skipped (a warning on stderr names it) and counted among the
+    missing points; one whose ``<point>.checks.json`` cannot be read is shown without a hit rate (a warning
+    alike). An earlier ``fidelity.json``'s ``"error"`` is kept in the rewritten one.
+    """
+    by_hand, skipped = read_by_hand(out, bench, chosen, sent)
+    for why in skipped.values():
+        print(f"skipped {why}", file=sys.stderr)
     rows = compare(points, by_hand, tolerance)
     if not rows:
         names = ", ".join(f"{p.name}.json" for _, p in chosen[:4]) + (", ..." if len(chosen) > 4 else "")
-        print(f"{out}: no by-hand result of a point the job ran (looked for {names})", file=sys.stderr)
+        print(f"{out}: no readable by-hand result of a point the job ran (looked for {names})", file=sys.stderr)
         return 2
     print(render(rows, tolerance))
-    missing = [p.name for _, p in chosen if p.name not in {h["point"] for h in by_hand}]
+    compared = {r["point"] for r in rows}
+    missing = [
+        p.name + (" (unreadable)" if out / f"{p.name}.json" in skipped else "")
+        for _, p in chosen
+        if p.name not in compared
+    ]
     print(f"{len(rows)} of {len(chosen)} chosen points compared; no by-hand result: {', '.join(missing) or 'none'}")
-    write_report(out, rows, by_hand, complete=not missing)
+    error = _earlier_error(out / "fidelity.json")
+    if error is not None:
+        print(f"kept the earlier run's error: {error.splitlines()[0] if error else error}", file=sys.stderr)
+    write_report(out, rows, by_hand, [p.name for _, p in chosen], error=error)
     return _verdict(rows, tolerance)
+
+
+def _earlier_error(path: Path) -> str | None:
+    """The ``"error"`` of an earlier ``fidelity.json`` at ``path`` (None: no file, no error, or not readable)."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        print(f"{path}: not read ({exc}); an error it held is not kept", file=sys.stderr)
+        return None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error if isinstance(error, str) else None
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """The fidelity check's command (``pipelines.fidelity``, issue 16) without a GPU: which points a level filter
-chooses (and the seed each keeps), ``--report-only`` on hand-made result files, and the comparison written
-after every point. Only the server and the CLI processes are faked; the comparison runs as it does on the GPU.
-Values worked out by hand in the comments."""
+chooses (and the seed each keeps; only points the job ran), ``--report-only`` on hand-made result files
+(unreadable ones skipped, an earlier error kept), the comparison written after every point, an earlier run's
+files of the chosen points removed, exit code 3 for a run stopped on an error. Only the server and the CLI
+processes are faked; the comparison runs as it does on the GPU. Values worked out by hand in the comments."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,13 +94,48 @@ def test_an_unknown_level_names_the_flag_and_the_levels_the_job_ran() -> None:
         fidelity.choose(rate, concurrencies={4})
 
 
+def test_only_the_points_the_job_ran_are_chosen() -> None:
+    bench = compose(["bench=gpu-concurrency"]).bench  # c = 1, 16, 64, 256, 3 repeats: 12 points
+    cut = {"conc-1_r0", "conc-1_r1", "conc-1_r2", "conc-16_r0"}  # a job stopped after its 4th point
+    assert [(i, p.name) for i, p in fidelity.choose(bench, ran=cut)] == [
+        (0, "conc-1_r0"), (1, "conc-1_r1"), (2, "conc-1_r2"), (3, "conc-16_r0"),
+    ]  # fmt: skip
+    # --repeat 0: one point per level the job ran, seeds of the full plan (base 0 + 1 + index: 1 and 4)
+    chosen = fidelity.choose(bench, {0}, ran=cut)
+    assert [(i, p.name, sweep_plan.point_seed(bench.seed, i)) for i, p in chosen] == [
+        (0, "conc-1_r0", 1), (3, "conc-16_r0", 4),
+    ]  # fmt: skip
+    assert fidelity.choose(bench, ran={p.name for _, p in fidelity.choose(bench)}) == fidelity.choose(bench)
+    ran = r"the job ran concurrency 1 \(repeats 0, 1, 2\), 16 \(repeat 0\)$"
+    with pytest.raises(ValueError, match=rf"^--concurrency 64: {ran}"):  # in the plan, never run
+        fidelity.choose(bench, concurrencies={16, 64}, ran=cut)
+    # repeat 1 ran (at c=1) and c=16 ran (repeat 0), but not together: one message names both flags
+    with pytest.raises(ValueError, match=rf"^--repeat 1 at --concurrency 16: {ran}"):
+        fidelity.choose(bench, {1}, {16}, ran=cut)
+    # each value selects a point the job ran; conc-16_r1 (never run) is left out as with no filter at all
+    assert [p.name for _, p in fidelity.choose(bench, {0, 1}, {1, 16}, ran=cut)] == [
+        "conc-1_r0", "conc-1_r1", "conc-16_r0",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^--concurrency 16 at --repeat 1 2: {ran}"):
+        fidelity.choose(bench, {1, 2}, {1, 16}, ran=cut)  # c=1 has repeats 1 and 2; c=16 neither
+    assert [p.name for _, p in fidelity.choose(bench, {0, 1}, {1}, ran=cut)] == ["conc-1_r0", "conc-1_r1"]
+    rate = compose(["bench=cpu", "bench.repeats=2"]).bench  # rates 1, inf; 2 repeats
+    cut_rate = {"rate-1_r0", "rate-1_r1", "rate-inf_r0"}
+    assert [(i, p.name) for i, p in fidelity.choose(rate, {1}, ran=cut_rate)] == [(1, "rate-1_r1")]
+    with pytest.raises(ValueError, match=r"^--repeat 1 at --rate inf: the job ran rates 1 \(repeats 0, 1\), inf "):
+        fidelity.choose(rate, {1}, rates={sweep_plan.INF}, ran=cut_rate)
+    with pytest.raises(ValueError, match=r"the record's points \(conc-1_r0\) are none of the job's plan \(rates 1"):
+        fidelity.choose(rate, ran={"conc-1_r0"})
+
+
+def _no_env(*_: Any, **__: Any) -> None:
+    raise AssertionError("no environment or server before the levels are checked")
+
+
 def test_unknown_level_stops_the_command_before_any_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def no_env(*_: Any, **__: Any) -> None:
-        raise AssertionError("no environment or server before the levels are checked")
-
-    monkeypatch.setattr(fidelity.envs, "ensure", no_env)
+    monkeypatch.setattr(fidelity.envs, "ensure", _no_env)
     record = _record(tmp_path, {"conc-1_r0": 100.0, "conc-4_r0": 400.0})
     assert fidelity.main([str(record), "--concurrency", "4", "--concurrency", "16"]) == 2
     assert "--concurrency 16: the job ran concurrency 1, 4" in capsys.readouterr().err
@@ -109,6 +146,17 @@ def test_unknown_level_stops_the_command_before_any_server(
     with pytest.raises(SystemExit) as exc:  # argparse: not a rate
         fidelity.main([str(record), "--rate", "fast"])
     assert exc.value.code == 2
+    assert not (tmp_path / "job" / "fidelity").exists()
+
+
+def test_a_level_the_cut_short_job_never_ran_stops_the_command_before_any_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(fidelity.envs, "ensure", _no_env)
+    record = _record(tmp_path, {"conc-1_r0": 100.0})  # the plan has c = 1 and 4; the job stopped after c=1
+    for extra in ([], ["--report-only"]):
+        assert fidelity.main([str(record), "--concurrency", "4", *extra]) == 2
+        assert capsys.readouterr().err == "--concurrency 4: the job ran concurrency 1\n"  # from the record
     assert not (tmp_path / "job" / "fidelity").exists()
 
 
@@ -134,6 +182,7 @@ def test_report_only_rebuilds_the_comparison_from_the_files(
     assert "1 of 2 chosen points compared; no by-hand result: conc-4_r0" in text
     doc = json.loads((out / "fidelity.json").read_text())
     assert doc["complete"] is False and [r["point"] for r in doc["rows"]] == ["conc-1_r0"]
+    assert doc["chosen"] == ["conc-1_r0", "conc-4_r0"] and "error" not in doc
     assert doc["rows"][0]["rel_diff"] == pytest.approx(0.02) and doc["rows"][0]["within"] is True
     assert doc["by_hand"][0]["output_tok_s"] == 100.0 and doc["by_hand"][0]["num_prompts"] == N
 
@@ -147,9 +196,16 @@ def test_report_only_rebuilds_the_comparison_from_the_files(
     assert doc["complete"] is True and [r["within"] for r in doc["rows"]] == [True, False]
     assert doc["rows"][1]["rel_diff"] == pytest.approx(0.10) and doc["rows"][1]["by_hand_hit_rate"] is None
 
-    # a level filter reads only its points: c=1 alone, within
+    # a level filter reads only its points: c=1 alone, within. "chosen" says which points the report covers
+    # (complete: the one chosen point has its row); an earlier run's error (as a stopped run leaves it) is kept
+    doc["error"] = "RuntimeError after 1 of 2 points: vllm bench serve failed at conc-4_r0"
+    (out / "fidelity.json").write_text(json.dumps(doc))
     assert fidelity.main([str(record), "--report-only", "--concurrency", "1"]) == 0
-    assert json.loads((out / "fidelity.json").read_text())["complete"] is True  # the one chosen point is there
+    assert "kept the earlier run's error: RuntimeError after 1 of 2 points" in capsys.readouterr().err
+    doc = json.loads((out / "fidelity.json").read_text())
+    assert doc["chosen"] == ["conc-1_r0"] and doc["complete"] is True
+    assert [r["point"] for r in doc["rows"]] == ["conc-1_r0"] and doc["rows"][0]["rel_diff"] == pytest.approx(0.02)
+    assert doc["error"] == "RuntimeError after 1 of 2 points: vllm bench serve failed at conc-4_r0"
 
 
 def test_report_only_without_a_matching_file_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,13 +214,39 @@ def test_report_only_without_a_matching_file_is_bad_input(tmp_path: Path, capsys
     out.mkdir()
     (out / "rate-1_r0.json").write_text(json.dumps(_result(100.0)))  # not a point of this job
     assert fidelity.main([str(record), "--report-only", "--out", str(out)]) == 2
-    assert "no by-hand result of a point the job ran (looked for conc-1_r0.json, conc-4_r0.json)" in (
+    assert "no readable by-hand result of a point the job ran (looked for conc-1_r0.json, conc-4_r0.json)" in (
         capsys.readouterr().err
     )
     assert not (out / "fidelity.json").exists()
-    (out / "conc-1_r0.json").write_text('{"completed": 8, "dur')  # cut off mid-write
+    (out / "conc-1_r0.json").write_text('{"completed": 8, "dur')  # cut off mid-write: the only file, nothing read
     assert fidelity.main([str(record), "--report-only", "--out", str(out)]) == 2
-    assert "conc-1_r0.json: not a vLLM bench result" in capsys.readouterr().err
+    assert f"skipped {out / 'conc-1_r0.json'}: not a vLLM bench result" in capsys.readouterr().err
+    assert not (out / "fidelity.json").exists()
+
+
+def test_report_only_skips_an_unreadable_point_and_reports_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = _record(tmp_path, {"conc-1_r0": 102.0, "conc-4_r0": 90.0})
+    out = tmp_path / "job" / "fidelity"
+    out.mkdir()
+    (out / "conc-1_r0.json").write_text(json.dumps(_result(100.0)))
+    (out / "conc-1_r0.checks.json").write_text('{"prefix_cache_hit_')  # cut off: the row stays, without checks
+    (out / "conc-4_r0.json").write_text('{"completed": 8, "dur')  # cut off mid-write
+    # c=1: 102 vs 100 -> 2.0%, within -> exit 0; c=4 skipped with a warning and listed as missing
+    assert fidelity.main([str(record), "--report-only"]) == 0
+    captured = capsys.readouterr()
+    assert f"skipped {out / 'conc-4_r0.json'}: not a vLLM bench result (JSONDecodeError" in captured.err
+    assert f"skipped {out / 'conc-1_r0.checks.json'}: not the server's checks (JSONDecodeError" in captured.err
+    assert "| conc-1_r0 | 102.0 | 100.0 | 2.0% | 20 | 20 | - |" in captured.out
+    assert "1 of 2 chosen points compared; no by-hand result: conc-4_r0 (unreadable)" in captured.out
+    doc = json.loads((out / "fidelity.json").read_text())
+    assert doc["complete"] is False and doc["chosen"] == ["conc-1_r0", "conc-4_r0"]
+    assert [r["point"] for r in doc["rows"]] == ["conc-1_r0"] and doc["rows"][0]["by_hand_hit_rate"] is None
+
+    (out / "conc-4_r0.json").write_text("[]")  # JSON, not a result: skipped alike
+    assert fidelity.main([str(record), "--report-only"]) == 0
+    assert f"skipped {out / 'conc-4_r0.json'}: not a vLLM bench result" in capsys.readouterr().err
 
 
 # --- a run: the comparison written after every point -------------------------------------------------------
@@ -228,15 +310,20 @@ def fake_processes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("fake_processes")
-def test_a_point_that_fails_leaves_the_finished_ones_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_point_that_fails_leaves_the_finished_ones_compared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     record = _record(tmp_path, {"conc-1_r0": 102.0, "conc-4_r0": 400.0})
     calls: list[list[str]] = []
     monkeypatch.setattr(fidelity.subprocess, "run", _fake_cli({"conc-1_r0": 100.0}, {"conc-4_r0"}, calls))
-    with pytest.raises(RuntimeError, match="vllm bench serve failed at conc-4_r0"):
-        fidelity.main([str(record)])
+    assert fidelity.main([str(record)]) == 3  # stopped on an error, not "a point outside the tolerance" (1)
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "RuntimeError: vllm bench serve failed at conc-4_r0" in err
+    assert "stopped: RuntimeError after 1 of 2 points" in err.splitlines()[-1]
     out = tmp_path / "job" / "fidelity"
     doc = json.loads((out / "fidelity.json").read_text())
     assert doc["complete"] is False and "RuntimeError after 1 of 2 points" in doc["error"]
+    assert doc["chosen"] == ["conc-1_r0", "conc-4_r0"]
     (row,) = doc["rows"]  # the first point: 102 vs 100, 2.0%, within
     assert row["point"] == "conc-1_r0" and row["rel_diff"] == pytest.approx(0.02) and row["within"] is True
     assert row["by_hand_hit_rate"] == 0.0  # 2,048 tokens looked up, none served from the cache
@@ -258,9 +345,10 @@ def test_a_filtered_run_sends_the_full_plans_seed_and_writes_after_each_point(
     monkeypatch.setattr(fidelity.subprocess, "run", _fake_cli({"conc-1_r1": 100.0, "conc-4_r1": 400.0}, set(), calls))
     write = fidelity.write_report
 
-    def spy(out: Path, rows: list[dict[str, Any]], by_hand: list[dict[str, Any]], complete: bool, **kw: Any) -> Path:
-        seen.append(complete)
-        return write(out, rows, by_hand, complete, **kw)
+    def spy(out: Path, rows: list[dict[str, Any]], by_hand: list[dict[str, Any]], chosen: list[str], **kw: Any) -> Path:
+        path = write(out, rows, by_hand, chosen, **kw)
+        seen.append(json.loads(path.read_text())["complete"])
+        return path
 
     monkeypatch.setattr(fidelity, "write_report", spy)
     # 380 vs 400: |380 - 400| / 400 = 5.0%, within (<=); 100 vs 100: 0%
@@ -269,9 +357,11 @@ def test_a_filtered_run_sends_the_full_plans_seed_and_writes_after_each_point(
     assert [c[c.index("--seed") + 1] for c in measured] == ["12", "14"]  # indices 1 and 3 of the full plan
     warm = [c for c in calls if c not in measured]
     assert [c[c.index("--seed") + 1] for c in warm] == ["1000010", "1000010"]  # one warm-up a level
-    assert seen == [False, False, True]  # after each point, then the whole
+    # empty at the start; after each point (the second completes the two chosen); then the whole
+    assert seen == [False, False, True, True]
     doc = json.loads((tmp_path / "job" / "fidelity" / "fidelity.json").read_text())
     assert doc["complete"] is True and doc["rows"][1]["rel_diff"] == pytest.approx(0.05)
+    assert doc["chosen"] == ["conc-1_r1", "conc-4_r1"]
 
     # --concurrency 4 alone: conc-4_r0 and conc-4_r1, seeds 13 and 14 of the plan
     tok_s = {"conc-4_r0": 400.0, "conc-4_r1": 400.0}
@@ -282,3 +372,113 @@ def test_a_filtered_run_sends_the_full_plans_seed_and_writes_after_each_point(
         assert fidelity.main([str(record), "--concurrency", "4"]) == 0
         measured = [c for c in calls if Path(c[c.index("--result-dir") + 1]).name != "warmup"]
         assert [c[c.index("--seed") + 1] for c in measured] == want
+
+
+@pytest.mark.usefixtures("fake_processes")
+def test_a_cut_short_job_is_checked_on_the_points_it_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = _record(tmp_path, {"conc-1_r0": 100.0})  # the plan has c = 1 and 4; the job stopped after c=1
+    calls: list[list[str]] = []
+    monkeypatch.setattr(fidelity.subprocess, "run", _fake_cli({"conc-1_r0": 104.0}, set(), calls))
+    assert fidelity.main([str(record)]) == 0  # |100 - 104| / 104 = 3.8%, within
+    measured = [c for c in calls if Path(c[c.index("--result-dir") + 1]).name != "warmup"]
+    assert [c[c.index("--result-filename") + 1] for c in measured] == ["conc-1_r0.json"]  # no c=4 run
+    doc = json.loads((tmp_path / "job" / "fidelity" / "fidelity.json").read_text())
+    assert doc["chosen"] == ["conc-1_r0"] and doc["complete"] is True
+    assert doc["rows"][0]["rel_diff"] == pytest.approx(4 / 104)
+
+
+@pytest.mark.usefixtures("fake_processes")
+def test_by_hand_points_without_a_job_point_are_named_and_nothing_compared_is_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a guard behind choose(): here choose is made to ignore the record's points, so c=1 runs by hand
+    # although the job never ran it
+    choose = fidelity.choose
+    monkeypatch.setattr(fidelity, "choose", lambda bench, r=None, c=None, q=None, ran=None: choose(bench, r, c, q))
+    record = _record(tmp_path, {"conc-4_r0": 400.0})
+    calls: list[list[str]] = []
+    monkeypatch.setattr(fidelity.subprocess, "run", _fake_cli({"conc-1_r0": 100.0, "conc-4_r0": 400.0}, set(), calls))
+    assert fidelity.main([str(record)]) == 0  # c=4: 400 vs 400, 0%
+    captured = capsys.readouterr()
+    assert "no job point to compare with (by hand only): conc-1_r0" in captured.err
+    assert "| conc-4_r0 | 400.0 | 400.0 | 0.0% |" in captured.out
+    doc = json.loads((tmp_path / "job" / "fidelity" / "fidelity.json").read_text())
+    assert doc["complete"] is False and [r["point"] for r in doc["rows"]] == ["conc-4_r0"]  # c=1 has no row
+
+    assert fidelity.main([str(record), "--concurrency", "1"]) == 2  # not "all within": nothing was judged
+    err = capsys.readouterr().err
+    assert "no job point to compare with (by hand only): conc-1_r0" in err
+    assert "nothing compared: none of the 1 by-hand points is among the job's" in err
+    doc = json.loads((tmp_path / "job" / "fidelity" / "fidelity.json").read_text())
+    assert doc["rows"] == [] and doc["chosen"] == ["conc-1_r0"] and doc["complete"] is False
+
+
+class DyingServer(FakeServer):
+    """Its counters cannot be read after the first point's CLI run: the run stops after that point's
+    ``<point>.json`` and before its ``<point>.checks.json``."""
+
+    def counters(self) -> dict[str, float]:
+        if self.totals["vllm:prompt_tokens"] > 0:
+            raise ConnectionError("server gone")
+        return super().counters()
+
+
+@pytest.mark.usefixtures("fake_processes")
+def test_a_new_run_removes_the_chosen_points_files_of_an_earlier_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = _record(tmp_path, {"conc-1_r0": 102.0, "conc-4_r0": 90.0})
+    out = tmp_path / "job" / "fidelity"
+    (out / "warmup").mkdir(parents=True)
+    old_checks = json.dumps({"prefix_cache_hit_rate": 0.5})  # an earlier run's checks: 50% hits
+    for name in ("conc-1_r0", "conc-4_r0"):
+        (out / f"{name}.json").write_text(json.dumps(_result(50.0)))
+        (out / f"{name}.checks.json").write_text(old_checks)
+        (out / "warmup" / f"{name}.json").write_text(json.dumps(_result(50.0)))
+    (out / "fidelity.json").write_text(json.dumps({"rows": ["old"], "complete": True}))
+    monkeypatch.setattr(fidelity, "VLLMServer", DyingServer)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(fidelity.subprocess, "run", _fake_cli({"conc-1_r0": 100.0}, set(), calls))
+
+    assert fidelity.main([str(record), "--concurrency", "1"]) == 3  # died between conc-1_r0's two files
+    err = capsys.readouterr().err
+    # conc-1_r0.json, conc-1_r0.checks.json, warmup/conc-1_r0.json: 3 files; c=4 (not chosen) keeps its 3
+    assert f"removed 3 files of an earlier run of these points from {out}" in err
+    assert "ConnectionError: server gone" in err
+    assert not (out / "conc-1_r0.checks.json").exists()  # not the old 50% beside the new result
+    assert json.loads((out / "conc-1_r0.json").read_text())["output_throughput"] == 100.0
+    assert (out / "conc-4_r0.json").is_file() and (out / "conc-4_r0.checks.json").read_text() == old_checks
+    assert (out / "warmup" / "conc-4_r0.json").is_file()
+    doc = json.loads((out / "fidelity.json").read_text())
+    assert doc["rows"] == [] and doc["chosen"] == ["conc-1_r0"] and "ConnectionError after 0 of 1" in doc["error"]
+
+    # the report of that run: its own conc-1_r0 (102 vs 100 -> 2.0%), no hit rate (no checks file), not 50%
+    assert fidelity.main([str(record), "--report-only", "--concurrency", "1"]) == 0
+    assert "| conc-1_r0 | 102.0 | 100.0 | 2.0% | 20 | 20 | - |" in capsys.readouterr().out
+
+
+def test_json_goes_through_a_temporary_file_of_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "fid"
+    replaced: list[tuple[Path, Path]] = []
+    replace = fidelity.os.replace
+
+    def spy(src: Path, dst: Path) -> None:
+        replaced.append((Path(src), Path(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(fidelity.os, "replace", spy)
+    row = {"point": "conc-1_r0", "within": True}
+    path = fidelity.write_report(out, [row], [], ["conc-1_r0", "conc-4_r0"])
+    assert replaced == [(out / f"fidelity.json.{os.getpid()}.tmp", out / "fidelity.json")]  # same folder, pid
+    doc = json.loads(path.read_text())
+    assert doc == {"rows": [row], "by_hand": [], "chosen": ["conc-1_r0", "conc-4_r0"], "complete": False}
+    assert json.loads(fidelity.write_report(out, [row], [], ["conc-1_r0"]).read_text())["complete"] is True
+
+    def fail(src: Path, dst: Path) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fidelity.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        fidelity.write_report(out, [], [], ["conc-1_r0"], error="x")
+    assert sorted(p.name for p in out.iterdir()) == ["fidelity.json"]  # no temporary file left
+    assert json.loads((out / "fidelity.json").read_text())["complete"] is True  # the last whole one
