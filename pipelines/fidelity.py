@@ -12,8 +12,10 @@ a finished job's checkpoint, the prefix cache reset around each point, printed b
 The by-hand run uses the points the job ran (its record's ``speed.points``; a job cut short ran part of its
 plan), in the job's order, each with the job's seed (:func:`quantverdict.measure.sweep_plan.point_seed`) and
 request count, ``--num-warmups 0 --ready-check-timeout-sec 0`` (vLLM's own warm-up and ready check send the
-first measured prompt), a warm-up run of unmeasured prompts at the point's concurrency before each point (as
-the sweep client does), and ``POST /reset_prefix_cache`` between that warm-up and the point and after it; the
+first measured prompt), a warm-up run of unmeasured prompts at the point's concurrency before the first point
+of each load level run here (as the sweep client does without ``bench.prefetch_prompts``; with it, the job runs
+those waves before the sweep instead, every level's in a row), and ``POST /reset_prefix_cache`` between that
+warm-up and the point and after it; the
 server's ``/metrics`` prefix-cache counters are read around each point, so the by-hand hit rate is shown
 beside (no reuse across points; vLLM's random dataset repeats a few prompts inside one, as in the job). A
 point whose output tok/s differs from the job's by more than the tolerance (5%) is flagged. TTFT p50 is
@@ -248,7 +250,8 @@ def run_by_hand(
         ran: only the points of these names, those the job ran (None: the whole plan; see :func:`choose`).
 
     A warm-up of unmeasured prompts goes before the first point of each load level run here, as the sweep
-    client does it (a later repeat follows a measured run at the same load).
+    client does it without ``bench.prefetch_prompts`` (a later repeat follows a measured run at the same load;
+    with it the job ran the waves before its sweep).
 
     Raises:
         ValueError: a chosen repeat or level that selects no point the job ran (:func:`choose`), before anything

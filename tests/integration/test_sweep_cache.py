@@ -99,8 +99,9 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
     with VLLMServer(serve_env, model_path, "smollm2-it", bench.server, 512, "cpu", tmp_path / "server.log") as server:
         old = _old_method(server, bench, model_path, serve_env, tmp_path / "old")
         assert server.reset_prefix_cache()
-        # the client as a job starts it (with the server, held at its gate), the later repeats' prompts made by
-        # its worker process (bench.prefetch_prompts, as on the GPU profiles)
+        # the client as a job starts it (with the server, held at its gate), every run sized by the warm-up waves
+        # before the sweep and its prompts made by the worker processes (bench.prefetch_prompts, as on the GPU
+        # profiles)
         bench_new = dataclasses.replace(bench, prefetch_prompts=True)
         client = start_client(server, bench_new, model_path, serve_env, tmp_path / "new")
         new = run_sweep(server, bench_new, model_path, serve_env, tmp_path / "new", client=client)
@@ -124,8 +125,8 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
     assert [p["point"] for p in new] == ["conc-1_r0", "conc-1_r1", "conc-4_r0", "conc-4_r1"]
     assert [p["seed"] for p in new] == [1, 2, 3, 4]  # bench.seed + 1 + index: distinct per point
     sides = {p["point"]: json.loads((tmp_path / "new" / f"{p['point']}.qv.json").read_text()) for p in new}
-    # a warm-up of unmeasured prompts before the first repeat of a level (one wave: C requests), none before
-    # the second, which is sized from the first one's rate
+    # a warm-up of unmeasured prompts for each level (one wave: C requests), run before the sweep (prefetch_prompts),
+    # and every repeat sized from it
     assert [sides[n]["warmup"]["requests"] for n in ("conc-1_r0", "conc-1_r1", "conc-4_r0", "conc-4_r1")] == [
         1,
         0,
@@ -133,8 +134,12 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
         0,
     ]
     assert sides["conc-4_r1"]["warmup"]["rate_estimate_rps"] > 0
-    # the second repeats took the prompts the worker made (vLLM's get_samples in another process)
-    assert [("sampled_ahead_s" in sides[n]["attempts"][0]) for n in sides] == [False, True, False, True]
+    assert (
+        sides["conc-4_r0"]["warmup"]["when"] == "before the sweep"
+        and sides["conc-4_r1"]["warmup"]["sized_before_sweep"]
+    )
+    # every first attempt took the prompts the workers made (vLLM's get_samples in other processes)
+    assert [("sampled_ahead_s" in sides[n]["attempts"][0]) for n in sides] == [True, True, True, True]
     for p in new:
         # vLLM's sampled prompts were seen as they were made: every request counted, no repeats among so few
         # (start ids collide for ~n^2 / 2 x 49,152 of n requests)

@@ -2,6 +2,8 @@
 warm-up only before the first repeat of a load level, later repeats sized from the earlier one's rate (a
 closed loop: the rate reached; an open loop: the offered rate), a short first window run again with the
 same seed after a cache reset, the sampled prompts counted and passed through unchanged, one tokenizer.
+With ``prefetch_prompts``: every level's warm-up wave before the sweep, every repeat sized from it and its
+prompts made ahead by the workers (threads here).
 
 The stand-in's server: a closed loop of C reaches 2 x C req/s for a warm-up wave (<= C requests) and 3 x C
 req/s for a measured run; an open loop completes half the offered rate (overloaded). Its prompts repeat
@@ -172,35 +174,110 @@ def test_an_open_loop_without_warmup_is_sized_at_its_offered_rate(fake_vllm: typ
     assert "warmup" not in side and side["num_prompts"] == math.ceil(2 * 10 * 1.2)  # 24, not the minimum 16
 
 
-def test_later_repeats_take_prompts_made_ahead_by_the_worker(
+def _prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the workers as threads (the stand-in vLLM lives in this process); the real ones are spawned processes
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda workers: ThreadPoolExecutor(max_workers=workers))
+
+
+def _closed(conc: int, repeats: int, seed0: int = 1) -> list[dict[str, Any]]:
+    return [
+        {"name": f"conc-{conc}_r{r}", "request_rate": "inf", "max_concurrency": conc, "num_prompts": 16,
+         "seed": seed0 + r}
+        for r in range(repeats)
+    ]  # fmt: skip
+
+
+def test_with_prefetch_every_repeat_is_sized_before_the_sweep_and_its_prompts_made_ahead(
     fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the worker as a thread (the stand-in vLLM lives in this process); the real one is a spawned process
-    monkeypatch.setattr(sweep_client, "sampling_pool", lambda: ThreadPoolExecutor(max_workers=1))
+    _prefetch(monkeypatch)
+    spec = _spec(tmp_path)
+    spec["points"], spec["prefetch_prompts"] = _closed(4, 3), True
+    out = sweep_client.run(spec)
+    side = {r: json.loads((tmp_path / f"conc-4_r{r}.qv.json").read_text()) for r in range(3)}
+    # the calibration wave (4 requests, before the sweep) ran at 8 req/s: every repeat is sized 8 x 10 x 1.2 = 96;
+    # each runs at 12 req/s, 8.0 s < 10 s, and again with the same seed at 12 x 10 x 1.15 = 138
+    assert side[0]["warmup"] == {
+        "requests": 4, "completed": 4, "duration_s": 0.5, "rate_estimate_rps": 8.0, "when": "before the sweep",
+    }  # fmt: skip
+    for r in (1, 2):
+        assert side[r]["warmup"] == {"requests": 0, "sized_before_sweep": True, "rate_estimate_rps": 8.0}
+    for r in range(3):
+        a = side[r]["attempts"]
+        assert [(x["num_prompts"], x["seed"]) for x in a] == [(96, 1 + r), (138, 1 + r)]
+        # the first attempt's prompts came from the worker, the retry's from the client
+        assert ["sampled_ahead_s" in x for x in a] == [True, False] and not any("prefetch_error" in x for x in a)
+        # counted as sent (138 requests, period 50: 88 repeats)
+        assert side[r]["prompt_repeats"]["repeated_requests"] == 88
+    assert [x["when"] for x in side[0]["resets"]] == [
+        "before sweep", "after warm-up wave 1 of 1", "before the run", "after attempt 1", "after attempt 2",
+    ]  # fmt: skip
+    assert CALLS["runs"][0] == (1_000_000, 4, 4, "inf")  # the wave, then the measured runs
+    assert [(r[0], r[1]) for r in CALLS["runs"][1:]] == [(1, 96), (1, 138), (2, 96), (2, 138), (3, 96), (3, 138)]
+    # what main_async sent is what get_samples makes for that seed: the stand-in's first prompt of seed s is
+    # "prompt (7 s) mod 50" (seed 2: 14, seed 3: 21)
+    assert CALLS["first_prompts"][3] == "prompt 14" + "x" * 80 and CALLS["first_prompts"][5] == "prompt 21" + "x" * 80
+    # each run's prompts made once: the wave's and the first attempts' by the worker, the retries' by the client
+    assert sorted(CALLS["sampled"]) == sorted([(1_000_000, 4), (1, 96), (2, 96), (3, 96), (1, 138), (2, 138), (3, 138)])
+    assert out["calibration_s"] is not None and out["calibration_s"] >= 0
+
+
+def test_with_prefetch_the_calibration_waves_run_before_the_sweep_one_per_level(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _prefetch(monkeypatch)
+    # measured runs a little slower than the stand-in's 3 x C, so that no window falls short: conc-4 at 9 req/s,
+    # conc-8 at 18 req/s
+    CALLS["rps_by_seed"].update({1: 9.0, 2: 9.0, 3: 18.0, 4: 18.0})
+    spec = _spec(tmp_path)
+    spec["points"], spec["prefetch_prompts"] = _closed(4, 2) + _closed(8, 2, seed0=3), True
+    sweep_client.run(spec)
+    names = ["conc-4_r0", "conc-4_r1", "conc-8_r0", "conc-8_r1"]
+    side = {n: json.loads((tmp_path / f"{n}.qv.json").read_text()) for n in names}
+    # the waves, one per level, in plan order and before any measured run: conc-4's 4 requests at 8 req/s, conc-8's
+    # 8 at 16 req/s; none before conc-8_r0. Sizes: conc-4 8 x 10 x 1.2 = 96 (10.7 s at 9 req/s), conc-8
+    # 16 x 10 x 1.2 = 192 (10.7 s at 18 req/s), every repeat alike, one attempt each
+    assert CALLS["runs"] == [
+        (1_000_000, 4, 4, "inf"), (1_000_000, 8, 8, "inf"),
+        (1, 96, 4, "inf"), (2, 96, 4, "inf"), (3, 192, 8, "inf"), (4, 192, 8, "inf"),
+    ]  # fmt: skip
+    assert [side[n]["warmup"]["requests"] for n in names] == [4, 0, 8, 0]
+    assert [side[n]["warmup"]["rate_estimate_rps"] for n in names] == [8.0, 8.0, 16.0, 16.0]
+    assert side["conc-8_r0"]["warmup"]["when"] == "before the sweep"
+    assert side["conc-8_r1"]["warmup"]["sized_before_sweep"] is True
+    for n in names:
+        (attempt,) = side[n]["attempts"]
+        assert "sampled_ahead_s" in attempt
+    assert [side[n]["num_prompts"] for n in names] == [96, 96, 192, 192]
+    # the calibration's resets (one after each wave: the second wave's prompts start as the first's) are in the
+    # first point's sidecar only
+    assert [x["when"] for x in side["conc-4_r0"]["resets"][:3]] == [
+        "before sweep", "after warm-up wave 1 of 2", "after warm-up wave 2 of 2",
+    ]  # fmt: skip
+    assert [x["when"] for x in side["conc-8_r0"]["resets"]] == ["before the run", "after attempt 1"]
+    assert sorted(CALLS["sampled"]) == sorted(
+        [(1_000_000, 4), (1_000_000, 8), (1, 96), (2, 96), (3, 192), (4, 192)]
+    )  # each made once
+
+
+def test_with_prefetch_open_loop_waves_with_one_command_line_each_take_their_own_prompts(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _prefetch(monkeypatch)
     spec = _spec(tmp_path)
     spec["points"] = [
-        {"name": f"conc-4_r{r}", "request_rate": "inf", "max_concurrency": 4, "num_prompts": 16, "seed": 1 + r}
-        for r in range(3)
+        {"name": "rate-2_r0", "request_rate": "2", "max_concurrency": None, "num_prompts": 16, "seed": 1},
+        {"name": "rate-4_r0", "request_rate": "4", "max_concurrency": None, "num_prompts": 16, "seed": 2},
     ]
     spec["prefetch_prompts"] = True
     sweep_client.run(spec)
-    side = {r: json.loads((tmp_path / f"conc-4_r{r}.qv.json").read_text()) for r in range(3)}
-    # r0 as before (96 requests, 8 s < 10 s, again with 138 at the 12 req/s reached); r1 and r2 both sized from
-    # r0's 12 req/s (138) as soon as r0 ended, their prompts made by the worker while the client measured
-    assert [x["num_prompts"] for x in side[0]["attempts"]] == [96, 138]
-    assert "sampled_ahead_s" not in side[0]["attempts"][-1]
-    for r in (1, 2):
-        (attempt,) = side[r]["attempts"]
-        assert attempt["num_prompts"] == 138 and attempt["seed"] == 1 + r
-        assert "sampled_ahead_s" in attempt and "prefetch_error" not in attempt
-        # what main_async sent is what get_samples makes for that seed: the stand-in's first prompt of seed s is
-        # "prompt (7 s) mod 50"; counted as sent (138 requests, period 50: 88 repeats)
-        assert side[r]["prompt_repeats"]["repeated_requests"] == 88
-    measured = [r for r in CALLS["runs"] if r[0] != 1_000_000]
-    assert [(r[0], r[1]) for r in measured] == [(1, 96), (1, 138), (2, 138), (3, 138)]
-    assert CALLS["first_prompts"][-2:] == ["prompt 14" + "x" * 80, "prompt 21" + "x" * 80]
-    # seeds 2 and 3 sampled once each, by the worker; the client sampled the warm-up and r0's two attempts
-    assert sorted(CALLS["sampled"]) == [(1, 96), (1, 138), (2, 138), (3, 138), (1_000_000, 4)]
+    # both waves are 2 requests all at once with the warm-up seed (one command line): the worker made each once,
+    # the client none; sized at the offered rates, 2 x 10 x 1.2 = 24 and 4 x 10 x 1.2 = 48 (24 s each, overloaded)
+    assert CALLS["sampled"].count((1_000_000, 2)) == 2
+    assert [(r[0], r[1]) for r in CALLS["runs"]] == [(1_000_000, 2), (1_000_000, 2), (1, 24), (2, 48)]
+    for n in ("rate-2_r0", "rate-4_r0"):
+        (attempt,) = json.loads((tmp_path / f"{n}.qv.json").read_text())["attempts"]
+        assert "sampled_ahead_s" in attempt
 
 
 def test_the_client_waits_for_the_gate(fake_vllm: types.ModuleType, tmp_path: Path) -> None:
@@ -232,26 +309,27 @@ def test_a_broken_prompt_worker_costs_time_not_the_sweep(
     def broken(argv: list[str]) -> Any:
         raise MemoryError("worker out of memory")
 
-    monkeypatch.setattr(sweep_client, "sampling_pool", lambda: ThreadPoolExecutor(max_workers=1))
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda workers: ThreadPoolExecutor(max_workers=workers))
     monkeypatch.setattr(prompt_sampler, "sample", broken)
     spec = _spec(tmp_path)
     spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
     sweep_client.run(spec)
-    (attempt,) = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
-    # the client sampled r1's 138 prompts itself and said why
-    assert attempt["prefetch_error"] == "MemoryError: worker out of memory" and "sampled_ahead_s" not in attempt
-    assert (2, 138) in CALLS["sampled"] and attempt["num_prompts"] == 138
+    first, retry = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
+    # the client sampled r1's 96 prompts itself and said why (the calibration wave's too)
+    assert first["prefetch_error"] == "MemoryError: worker out of memory" and "sampled_ahead_s" not in first
+    assert (2, 96) in CALLS["sampled"] and first["num_prompts"] == 96 and (1_000_000, 4) in CALLS["sampled"]
+    assert retry["num_prompts"] == 138 and "prefetch_error" not in retry
 
 
 def test_a_later_repeat_that_falls_short_samples_its_retry_itself(
     fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sweep_client, "sampling_pool", lambda: ThreadPoolExecutor(max_workers=1))
-    CALLS["rps_by_seed"][2] = 20.0  # r1 runs at 20 req/s, not r0's 12: its 138 requests last 6.9 s < 10 s
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda workers: ThreadPoolExecutor(max_workers=workers))
+    CALLS["rps_by_seed"][2] = 20.0  # r1 runs at 20 req/s, not 12: its 96 requests last 4.8 s < 10 s
     spec = _spec(tmp_path)
     spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
     sweep_client.run(spec)
     a = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
-    # first attempt: the worker's 138 prompts; again at 20 x 10 x 1.15 = 230 with the same seed, sampled here
-    assert [(x["num_prompts"], x["seed"], "sampled_ahead_s" in x) for x in a] == [(138, 2, True), (230, 2, False)]
-    assert CALLS["sampled"].count((2, 230)) == 1 and CALLS["sampled"].count((2, 138)) == 1
+    # first attempt: the worker's 96 prompts; again at 20 x 10 x 1.15 = 230 with the same seed, sampled here
+    assert [(x["num_prompts"], x["seed"], "sampled_ahead_s" in x) for x in a] == [(96, 2, True), (230, 2, False)]
+    assert CALLS["sampled"].count((2, 230)) == 1 and CALLS["sampled"].count((2, 96)) == 1

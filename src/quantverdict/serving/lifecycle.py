@@ -192,6 +192,8 @@ def sweep(
         "started_with_server": client is not None,
         "import_s": done.get("import_s"),
         "gate_wait_s": done.get("gate_wait_s"),
+        # the warm-up waves run before the sweep with bench.prefetch_prompts (part of sweep_wall_s; None without)
+        "calibration_s": done.get("calibration_s"),
     }
     dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
     if dead:
