@@ -195,30 +195,38 @@ def test_with_prefetch_every_repeat_is_sized_before_the_sweep_and_its_prompts_ma
     spec["points"], spec["prefetch_prompts"] = _closed(4, 3), True
     out = sweep_client.run(spec)
     side = {r: json.loads((tmp_path / f"conc-4_r{r}.qv.json").read_text()) for r in range(3)}
-    # the calibration wave (4 requests, before the sweep) ran at 8 req/s: every repeat is sized 8 x 10 x 1.2 = 96;
-    # each runs at 12 req/s, 8.0 s < 10 s, and again with the same seed at 12 x 10 x 1.15 = 138
+    # the calibration wave (4 requests, before the sweep) ran at 8 req/s: every repeat is sized 8 x 10 x 1.2 = 96.
+    # r0 runs at 12 req/s, 8.0 s < 10 s, and again with the same seed at 12 x 10 x 1.15 = 138; that short run
+    # resizes r1 and r2 from the 12 req/s it reached: 12 x 10 x 1.15 = 138 (11.5 s), one attempt each, their
+    # prompts made again by the workers
     assert side[0]["warmup"] == {
         "requests": 4, "completed": 4, "duration_s": 0.5, "rate_estimate_rps": 8.0, "when": "before the sweep",
     }  # fmt: skip
     for r in (1, 2):
         assert side[r]["warmup"] == {"requests": 0, "sized_before_sweep": True, "rate_estimate_rps": 8.0}
-    for r in range(3):
-        a = side[r]["attempts"]
-        assert [(x["num_prompts"], x["seed"]) for x in a] == [(96, 1 + r), (138, 1 + r)]
-        # the first attempt's prompts came from the worker, the retry's from the client
-        assert ["sampled_ahead_s" in x for x in a] == [True, False] and not any("prefetch_error" in x for x in a)
-        # counted as sent (138 requests, period 50: 88 repeats)
+    a = side[0]["attempts"]
+    assert [(x["num_prompts"], x["seed"]) for x in a] == [(96, 1), (138, 1)]
+    # the first attempt's prompts came from the worker, the retry's from the client
+    assert ["sampled_ahead_s" in x for x in a] == [True, False] and not any("prefetch_error" in x for x in a)
+    for r in (1, 2):
+        (b,) = side[r]["attempts"]
+        assert (b["num_prompts"], b["seed"]) == (138, 1 + r) and "sampled_ahead_s" in b
+    for r in range(3):  # counted as sent (138 requests, period 50: 88 repeats)
         assert side[r]["prompt_repeats"]["repeated_requests"] == 88
     assert [x["when"] for x in side[0]["resets"]] == [
         "before sweep", "after warm-up wave 1 of 1", "before the run", "after attempt 1", "after attempt 2",
     ]  # fmt: skip
     assert CALLS["runs"][0] == (1_000_000, 4, 4, "inf")  # the wave, then the measured runs
-    assert [(r[0], r[1]) for r in CALLS["runs"][1:]] == [(1, 96), (1, 138), (2, 96), (2, 138), (3, 96), (3, 138)]
+    assert [(r[0], r[1]) for r in CALLS["runs"][1:]] == [(1, 96), (1, 138), (2, 138), (3, 138)]
     # what main_async sent is what get_samples makes for that seed: the stand-in's first prompt of seed s is
     # "prompt (7 s) mod 50" (seed 2: 14, seed 3: 21)
-    assert CALLS["first_prompts"][3] == "prompt 14" + "x" * 80 and CALLS["first_prompts"][5] == "prompt 21" + "x" * 80
-    # each run's prompts made once: the wave's and the first attempts' by the worker, the retries' by the client
-    assert sorted(CALLS["sampled"]) == sorted([(1_000_000, 4), (1, 96), (2, 96), (3, 96), (1, 138), (2, 138), (3, 138)])
+    assert CALLS["first_prompts"][3] == "prompt 14" + "x" * 80 and CALLS["first_prompts"][4] == "prompt 21" + "x" * 80
+    # made by the workers: the wave, the first plan (96 each; r1's and r2's may be cancelled before they start, so
+    # at most once each) and the resized r1 and r2 (138); by the client: r0's retry
+    made = sorted(CALLS["sampled"])
+    for run in [(1_000_000, 4), (1, 96), (1, 138), (2, 138), (3, 138)]:
+        assert made.count(run) == 1
+    assert made.count((2, 96)) <= 1 and made.count((3, 96)) <= 1 and len(made) <= 7
     assert out["calibration_s"] is not None and out["calibration_s"] >= 0
 
 
@@ -314,18 +322,48 @@ def test_a_broken_prompt_worker_costs_time_not_the_sweep(
     spec = _spec(tmp_path)
     spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
     sweep_client.run(spec)
-    first, retry = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
-    # the client sampled r1's 96 prompts itself and said why (the calibration wave's too)
+    # r0: 96 requests (the wave's 8 req/s x 10 s x 1.2) fell short at 12 req/s, again with 138; that resized r1 to
+    # 12 x 10 x 1.15 = 138, whose prompts the (broken) worker was asked for again: the client sampled them and said why
+    (first,) = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
     assert first["prefetch_error"] == "MemoryError: worker out of memory" and "sampled_ahead_s" not in first
-    assert (2, 96) in CALLS["sampled"] and first["num_prompts"] == 96 and (1_000_000, 4) in CALLS["sampled"]
-    assert retry["num_prompts"] == 138 and "prefetch_error" not in retry
+    assert (2, 138) in CALLS["sampled"] and first["num_prompts"] == 138 and (1_000_000, 4) in CALLS["sampled"]
+
+
+def test_a_dead_worker_pool_costs_time_not_the_sweep(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    class DeadPool(ThreadPoolExecutor):
+        """A pool whose worker process died after the calibration waves' prompts were asked for: every later
+        submit raises, as a ProcessPoolExecutor does once a worker ended abruptly."""
+
+        submits = 0
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            DeadPool.submits += 1
+            if DeadPool.submits > 2 + 1:  # 2 warm-ups + the one wave
+                raise BrokenProcessPool("A child process terminated abruptly")
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda workers: DeadPool(max_workers=workers))
+    CALLS["rps_by_seed"].update({1: 9.0, 2: 9.0})  # 96 requests at 9 req/s: 10.7 s, no retry
+    spec = _spec(tmp_path)
+    spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
+    sweep_client.run(spec)
+    # both points measured, sized before the sweep (8 x 10 x 1.2 = 96), their prompts sampled by the client
+    for r in (0, 1):
+        (attempt,) = json.loads((tmp_path / f"conc-4_r{r}.qv.json").read_text())["attempts"]
+        assert attempt["num_prompts"] == 96 and "sampled_ahead_s" not in attempt
+    assert sorted(CALLS["sampled"]) == [(1, 96), (2, 96), (1_000_000, 4)]
 
 
 def test_a_later_repeat_that_falls_short_samples_its_retry_itself(
     fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sweep_client, "sampling_pool", lambda workers: ThreadPoolExecutor(max_workers=workers))
-    CALLS["rps_by_seed"][2] = 20.0  # r1 runs at 20 req/s, not 12: its 96 requests last 4.8 s < 10 s
+    # r0 at 9 req/s: its 96 requests (8 x 10 x 1.2) last 10.7 s, one attempt; r1 at 20 req/s: 4.8 s < 10 s
+    CALLS["rps_by_seed"].update({1: 9.0, 2: 20.0})
     spec = _spec(tmp_path)
     spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
     sweep_client.run(spec)

@@ -295,6 +295,14 @@ def test_negative_min_duration_is_refused_with_its_key() -> None:
         validate(cfg)
 
 
+def test_prefetch_without_warmup_waves_is_refused_before_any_work() -> None:
+    cfg = compose(["bench=gpu-concurrency-prefill"])  # prefetch_prompts true, warmup_prompts 8: accepted
+    validate(cfg)
+    cfg.bench.warmup_prompts = 0  # nothing would size the runs before the sweep
+    with pytest.raises(ConfigError, match=r"bench\.prefetch_prompts=true needs bench\.warmup_prompts > 0 \(got 0\)"):
+        validate(cfg)
+
+
 # --- the fidelity check's comparison ----------------------------------------------------------------------
 
 

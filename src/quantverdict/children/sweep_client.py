@@ -15,7 +15,9 @@ same field names. What this process adds around it, per point:
    loop: the offered rate). With ``prefetch_prompts`` the waves of all levels run instead right after the
    gate, before the sweep, in plan order (the **calibration**; the cache reset after each), and every repeat
    of a level, first and later alike, is sized from its level's wave, so every run's size is known before the
-   first is measured; then
+   first is measured (a run that falls short resizes its level's later repeats from the rate it reached, as
+   without prefetch, and their prompts are made again; the price: a server that fails under the heaviest wave
+   leaves no measured point, where level-by-level warm-ups would have kept the levels before it); then
 2. ``POST /reset_prefix_cache`` (the server runs with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's sweep tool
    ``vllm/benchmarks/sweep/server.py`` starts it), the server's ``/metrics`` counters read,
 3. the measured run (its own seed, ``--ready-check-timeout-sec 0`` and no ``--num-warmups``: vLLM's ready
@@ -32,8 +34,9 @@ the client, which takes them instead of sampling (vLLM's random dataset decodes 
 2.2 ms per 256-token prompt on the H200 machine, ~8x that for 2,048-token ones, 1.1-6.5 s a point at c =
 16-256): the calibration waves' prompts while the server starts (their sizes follow from the plan), then, once
 the calibration has sized every run, every measured run's prompts in plan order while the client measures. A
-second attempt after a short window samples its prompts in the client. Off on CPU, where the workers would
-take cores from the server.
+second attempt after a short window samples its prompts in the client, and so does every run once the pool
+broke (a worker process died) or a run's prompts took longer than :data:`PREFETCH_WAIT_S` to arrive: the sweep
+goes on without the workers. Off on CPU, where the workers would take cores from the server.
 
 vLLM's tokenizer is loaded once for the sweep (``main_async`` would load it on every call). The prompts
 vLLM samples for each measured run are looked at as they are made (vLLM's ``get_samples``, wrapped without
@@ -58,7 +61,7 @@ import multiprocessing
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +97,9 @@ REPEAT_WINDOW_MARGIN = 1.15
 # worker processes that make the prompts ahead (prefetch_prompts): two, so they keep ahead of the client where
 # sampling a run's prompts takes most of its window (2,048-token prompts, or a small model at hundreds of req/s)
 PROMPT_WORKERS = 2
+# the longest the client waits for a run's prompts from the workers (they may still be making earlier runs'); past it,
+# or when the pool is broken, the client samples them itself and stops waiting for the workers
+PREFETCH_WAIT_S = 300.0
 SAMPLE_KEYS = ("sample_s", "sampled_ahead_s", "prefetch_error")  # how a run's prompts were made, not what they hold
 SHORT_WINDOW_MARGIN = 1.15  # a second attempt is sized for min_duration_s x this at the first one's rate
 
@@ -291,6 +297,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     sampled: list[dict[str, Any]] = []
     running: dict[str, tuple[str, ...]] = {}  # the command line of the run in progress
     ahead: dict[tuple[str, ...], list[Future[Any]]] = {}  # futures by command line, taken in order
+    workers_ok: dict[str, Any] = {"ok": True, "why": None}  # False once the pool broke or a result timed out
     get_samples = getattr(vbench, "get_samples", None)
     if get_samples is not None:
 
@@ -301,12 +308,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if queue is not None and not queue:
                 ahead.pop(running["argv"])
             extra: dict[str, Any] = {}
+            if made is not None and not workers_ok["ok"]:  # a broken or stuck pool: not waited for again
+                made.cancel()
+                made, extra = None, {"prefetch_error": workers_ok["why"]}
             if made is not None:
                 try:
-                    reqs, made_with, worker_s = made.result()
+                    reqs, made_with, worker_s = made.result(timeout=PREFETCH_WAIT_S)
                 except Exception as exc:  # noqa: BLE001 - a broken worker costs the time saved, not the sweep
-                    progress(f"the prompt worker failed ({type(exc).__name__}: {exc}): sampling here")
-                    made, extra = None, {"prefetch_error": f"{type(exc).__name__}: {exc}"}
+                    why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    progress(f"the prompt worker failed ({why}): sampling here")
+                    if isinstance(exc, (BrokenExecutor, TimeoutError)):
+                        workers_ok.update(ok=False, why=f"prompt workers given up after {why}")
+                    made, extra = None, {"prefetch_error": why}
                 else:
                     args = a[0] if a else kw.get("args")
                     reqs = prompt_sampler.reprefix(reqs, made_with, getattr(args, "request_id_prefix", None))
@@ -369,11 +382,26 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     def later_size(point: dict[str, Any], rate: float) -> int:
         return requests_for(int(point["num_prompts"]), min_dur, rate, REPEAT_WINDOW_MARGIN)
 
-    def make_ahead(workers: Executor, point: dict[str, Any], n: int, seed: int, save: bool) -> None:
+    def make_ahead(workers: Executor | None, point: dict[str, Any], n: int, seed: int, save: bool) -> None:
         """Have ``workers`` make the prompts that ``call(point, n, seed, save)`` will take (one future per call:
-        the open-loop levels' warm-up waves share one command line)."""
+        the open-loop levels' warm-up waves share one command line). A pool that broke (a worker process died)
+        refuses new work: the client then samples itself, the sweep goes on."""
+        if workers is None or not workers_ok["ok"]:
+            return
         argv = vllm_args(spec, point, n, seed, save, missing)
-        ahead.setdefault(tuple(argv), []).append(workers.submit(prompt_sampler.sample, argv))
+        try:
+            future = workers.submit(prompt_sampler.sample, argv)
+        except (BrokenExecutor, RuntimeError) as exc:  # BrokenProcessPool; "cannot schedule new futures after ..."
+            why = f"{type(exc).__name__}: {exc}"
+            progress(f"the prompt workers refuse work ({why}): the client samples from here on")
+            workers_ok.update(ok=False, why=f"prompt workers given up after {why}")
+            return
+        ahead.setdefault(tuple(argv), []).append(future)
+
+    def forget_ahead(point: dict[str, Any], n: int, seed: int, save: bool) -> None:
+        """Drop (and cancel) the prompts made ahead for ``call(point, n, seed, save)``: the run's size changed."""
+        for future in ahead.pop(tuple(vllm_args(spec, point, n, seed, save, missing)), []):
+            future.cancel()
 
     # the first point of each load level, in plan order (the plan runs a level's repeats one after another)
     firsts: dict[tuple[str, Any], dict[str, Any]] = {}
@@ -384,8 +412,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     pool: Executor | None = None
     gate_wait_s = 0.0
     calibration_s: float | None = None
+    # with prefetch_prompts every run is sized before the sweep (the calibration); decided once, so a pool that
+    # breaks later changes who makes the prompts, not how the runs are sized
+    calibrated = bool(spec.get("prefetch_prompts")) and get_samples is not None
+    planned: dict[str, int] = {}  # calibrated: each point's request count, by point name
     try:
-        if spec.get("prefetch_prompts") and get_samples is not None:
+        if calibrated:
             pool = sampling_pool(PROMPT_WORKERS)
             for _ in range(PROMPT_WORKERS):
                 pool.submit(prompt_sampler.warm)  # the workers import vLLM while the server starts
@@ -401,7 +433,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # the workers make every measured run's prompts ahead, in plan order
         calibration: dict[tuple[str, Any], dict[str, Any]] = {}  # the wave's record per load level
         level_est: dict[tuple[str, Any], float | None] = {}  # its rate estimate (an open loop: its offered rate)
-        if pool is not None:
+        if calibrated:
             c0 = time.perf_counter()
             n_waves = sum(1 for point in firsts.values() if wave_size(point) > 0)
             for level, point in firsts.items():
@@ -421,9 +453,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if calibration:
                 progress(f"{len(calibration)} warm-up wave(s) before the sweep in {calibration_s:.1f} s")
             for point in spec["points"]:
-                make_ahead(pool, point, first_size(point, level_est[level_of(point)]), int(point["seed"]), True)
+                planned[point["name"]] = first_size(point, level_est[level_of(point)])
+                make_ahead(pool, point, planned[point["name"]], int(point["seed"]), True)
         started: set[tuple[str, Any]] = set()  # load levels whose first repeat has run
-        for point in spec["points"]:
+        for i, point in enumerate(spec["points"]):
             w0 = time.perf_counter()
             side: dict[str, Any] = {"seed": point["seed"], "warmup_seed": spec["warmup_seed"], "resets": []}
             side["resets"] += first_resets
@@ -432,8 +465,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             level = level_of(point)
             open_loop = is_open_loop(point)
             earlier = level_rps.get(level)
-            if pool is not None:
-                # sized before the sweep from the level's calibration wave, every repeat alike
+            if calibrated:
+                # sized before the sweep from the level's calibration wave, every repeat alike (a later repeat
+                # resized after an earlier repeat of its level ran short: see below)
                 est = level_est[level]
                 if level in started:
                     side["warmup"] = {"requests": 0, "sized_before_sweep": True, "rate_estimate_rps": est}
@@ -442,7 +476,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 started.add(level)
                 if reset:
                     side["resets"].append({"when": "before the run", **reset_prefix_cache(base_url)})
-                n = first_size(point, est)
+                n = planned[point["name"]]
             else:
                 n_warm = 0 if earlier else wave_size(point)
                 if earlier:
@@ -496,11 +530,21 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 if not cleared:
                     seed += RETRY_SEED_STRIDE
                 got_rps = float(result.get("completed") or 0) / measured if measured > 0 else None
+                if calibrated and got_rps:
+                    # the calibration under-estimated this level: its later repeats are sized from the rate this run
+                    # reached (as without prefetch_prompts), their prompts made again; the workers are idle by now
+                    for later in spec["points"][i + 1 :]:
+                        if level_of(later) == level:
+                            old_n, new_n = planned[later["name"]], later_size(later, got_rps)
+                            if new_n > old_n:
+                                forget_ahead(later, old_n, int(later["seed"]), True)
+                                planned[later["name"]] = new_n
+                                make_ahead(pool, later, new_n, int(later["seed"]), True)
                 n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN)
                 short_file = result_dir / f"{point['name']}.json"
                 short_file.replace(result_dir / f"{point['name']}.short.json")
                 progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")
-            if pool is None and earlier is None:
+            if not calibrated and earlier is None:
                 if open_loop:
                     # open loop: a later repeat is sized at the offered rate, as the first was (an overloaded server
                     # completes fewer per second than offered; fewer requests would shorten the backlog that builds)

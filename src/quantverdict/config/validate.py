@@ -293,11 +293,21 @@ def server_backend_errors(cfg: Config) -> list[str]:
 
 
 def bench_window_errors(bench: BenchConfig) -> list[str]:
-    """``bench.min_duration_s`` must be a finite number of seconds >= 0 (0: the request count alone decides)."""
+    """``bench.min_duration_s`` must be a finite number of seconds >= 0 (0: the request count alone decides);
+    ``bench.prefetch_prompts`` needs ``bench.warmup_prompts`` > 0 (its warm-up waves size every run before the
+    sweep; without them every closed-loop repeat would be sized at the minimum request count and run twice)."""
+    errors = []
     v = bench.min_duration_s
     if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        return [f"bench.min_duration_s={v!r} must be a finite number of seconds >= 0 (e.g. 30 on a GPU, 2 on CPU)"]
-    return []
+        errors.append(
+            f"bench.min_duration_s={v!r} must be a finite number of seconds >= 0 (e.g. 30 on a GPU, 2 on CPU)"
+        )
+    if bench.prefetch_prompts and bench.warmup_prompts <= 0:
+        errors.append(
+            f"bench.prefetch_prompts=true needs bench.warmup_prompts > 0 (got {bench.warmup_prompts}): the warm-up "
+            "waves size every run before the sweep; set warmup_prompts (e.g. 8) or prefetch_prompts=false"
+        )
+    return errors
 
 
 LOAD_FORMATS = ("auto", "dummy")  # bench.server.load_format: the vLLM --load-format values this project runs

@@ -347,10 +347,12 @@ def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: f
     """Complete a parsed point (:func:`parse_result`) with what the one-process sweep client recorded beside
     vLLM's result (``<point>.qv.json``, :mod:`quantverdict.children.sweep_client`); updates ``out`` in place.
 
-    Adds ``seed``, ``warmup_seed``, ``warmup_requests`` (the unmeasured requests the client sent before the
-    point, when the sidecar says), ``attempts``, ``client_wall_s`` (the client's time for the point: warm-up,
-    cache resets, counter reads, dataset sampling, the measured run), ``client_overhead_s`` (wall minus the
-    measured window ``duration_s``), ``min_duration_s`` and ``window_met`` (``duration_s >= min_duration_s``),
+    Adds ``seed``, ``warmup_seed``, ``warmup_requests`` (the unmeasured requests of the point's level's warm-up
+    wave, when the sidecar says: sent right before the point, or with ``bench.prefetch_prompts`` before the
+    sweep; 0 for a later repeat), ``attempts``, ``client_wall_s`` (the client's time for the point: its warm-up
+    wave unless that ran before the sweep, cache resets, counter reads, dataset sampling, the measured run),
+    ``client_overhead_s`` (wall minus the measured window ``duration_s``), ``min_duration_s`` and ``window_met``
+    (``duration_s >= min_duration_s``),
     and the server's counters (:func:`quantverdict.measure.server_metrics.server_checks`, with the point's own
     repeated prompts from ``side["prompt_repeats"]``). Prefix-cache hits beyond those repeats above 1% of the
     tokens looked up, or a server token count 5% away from the client's, make the point invalid (``valid``
