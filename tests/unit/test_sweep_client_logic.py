@@ -18,7 +18,7 @@ import math
 import sys
 import threading
 import types
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +203,9 @@ def test_with_prefetch_every_repeat_is_sized_before_the_sweep_and_its_prompts_ma
         "requests": 4, "completed": 4, "duration_s": 0.5, "rate_estimate_rps": 8.0, "when": "before the sweep",
     }  # fmt: skip
     for r in (1, 2):
-        assert side[r]["warmup"] == {"requests": 0, "sized_before_sweep": True, "rate_estimate_rps": 8.0}
+        assert side[r]["warmup"] == {
+            "requests": 0, "sized_before_sweep": True, "rate_estimate_rps": 8.0, "resized_from_rps": 12.0,
+        }  # fmt: skip
     a = side[0]["attempts"]
     assert [(x["num_prompts"], x["seed"]) for x in a] == [(96, 1), (138, 1)]
     # the first attempt's prompts came from the worker, the retry's from the client
@@ -371,3 +373,57 @@ def test_a_later_repeat_that_falls_short_samples_its_retry_itself(
     # first attempt: the worker's 96 prompts; again at 20 x 10 x 1.15 = 230 with the same seed, sampled here
     assert [(x["num_prompts"], x["seed"], "sampled_ahead_s" in x) for x in a] == [(96, 2, True), (230, 2, False)]
     assert CALLS["sampled"].count((2, 230)) == 1 and CALLS["sampled"].count((2, 96)) == 1
+
+
+class _LazyFuture(Future):  # type: ignore[type-arg]
+    """A worker's result made only when the client asks for it: a request the workers have not reached yet."""
+
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
+        super().__init__()
+        self._fn, self._args = fn, args
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done() and self.set_running_or_notify_cancel():
+            try:
+                self.set_result(self._fn(*self._args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as a pool does
+                self.set_exception(exc)
+        return super().result(timeout)
+
+
+class _QueuePool(Executor):
+    """Records the order the client asks the workers for prompts (a worker takes requests in that order)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[int, int]] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[type-arg]
+        if fn is prompt_sampler.sample:
+            argv = args[0]
+            self.asked.append((int(argv[argv.index("--seed") + 1]), int(argv[argv.index("--num-prompts") + 1])))
+        return _LazyFuture(fn, args)
+
+
+def test_a_short_run_requeues_the_later_runs_behind_its_resized_repeats(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = _QueuePool()
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda workers: pool)
+    CALLS["rps_by_seed"].update({4: 18.0, 5: 18.0})  # conc-8 at 18 req/s: 192 requests last 10.7 s, no retry
+    spec = _spec(tmp_path)
+    spec["points"], spec["prefetch_prompts"] = _closed(4, 3) + _closed(8, 2, seed0=4), True
+    sweep_client.run(spec)
+    # asked before the sweep: the two waves (warm-up seed), then every run at its planned size (conc-4: 8 req/s x 10 s
+    # x 1.2 = 96, conc-8: 16 x 10 x 1.2 = 192). conc-4_r0 ran at 12 req/s, 8.0 s < 10 s: r1 and r2 resized to
+    # 12 x 10 x 1.15 = 138 and asked for again, then conc-8's two runs behind them, in plan order
+    assert pool.asked == [
+        (1_000_000, 4), (1_000_000, 8), (1, 96), (2, 96), (3, 96), (4, 192), (5, 192),
+        (2, 138), (3, 138), (4, 192), (5, 192),
+    ]  # fmt: skip
+    side = {n: json.loads((tmp_path / f"{n}.qv.json").read_text()) for n in ("conc-4_r1", "conc-4_r2", "conc-8_r1")}
+    assert side["conc-4_r1"]["warmup"]["resized_from_rps"] == 12.0 and side["conc-4_r2"]["num_prompts"] == 138
+    assert "resized_from_rps" not in side["conc-8_r1"]["warmup"] and side["conc-8_r1"]["num_prompts"] == 192
+    # every first attempt took the workers' prompts (the resized ones included); only r0's retry sampled here
+    for n in ("conc-4_r1", "conc-4_r2", "conc-8_r1"):
+        (attempt,) = side[n]["attempts"]
+        assert "sampled_ahead_s" in attempt

@@ -62,6 +62,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +299,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     running: dict[str, tuple[str, ...]] = {}  # the command line of the run in progress
     ahead: dict[tuple[str, ...], list[Future[Any]]] = {}  # futures by command line, taken in order
     workers_ok: dict[str, Any] = {"ok": True, "why": None}  # False once the pool broke or a result timed out
+    pools: list[Executor] = []  # the prompt workers' pool, once started
+
+    def give_up_workers(why: str) -> None:
+        """Stop using the prompt workers: every queued request cancelled, the pool shut down without waiting (the
+        client samples from here on)."""
+        workers_ok.update(ok=False, why=why)
+        for queue in ahead.values():
+            for future in queue:
+                future.cancel()
+        for pool_ in pools:
+            pool_.shutdown(wait=False, cancel_futures=True)
+
     get_samples = getattr(vbench, "get_samples", None)
     if get_samples is not None:
 
@@ -308,7 +321,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if queue is not None and not queue:
                 ahead.pop(running["argv"])
             extra: dict[str, Any] = {}
-            if made is not None and not workers_ok["ok"]:  # a broken or stuck pool: not waited for again
+            if made is not None and not workers_ok["ok"] and not made.done():  # a broken or stuck pool: no waiting
                 made.cancel()
                 made, extra = None, {"prefetch_error": workers_ok["why"]}
             if made is not None:
@@ -317,8 +330,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 except Exception as exc:  # noqa: BLE001 - a broken worker costs the time saved, not the sweep
                     why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                     progress(f"the prompt worker failed ({why}): sampling here")
-                    if isinstance(exc, (BrokenExecutor, TimeoutError)):
-                        workers_ok.update(ok=False, why=f"prompt workers given up after {why}")
+                    if isinstance(exc, (BrokenExecutor, FuturesTimeout, TimeoutError)):
+                        give_up_workers(f"prompt workers given up after {why}")
                     made, extra = None, {"prefetch_error": why}
                 else:
                     args = a[0] if a else kw.get("args")
@@ -394,7 +407,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         except (BrokenExecutor, RuntimeError) as exc:  # BrokenProcessPool; "cannot schedule new futures after ..."
             why = f"{type(exc).__name__}: {exc}"
             progress(f"the prompt workers refuse work ({why}): the client samples from here on")
-            workers_ok.update(ok=False, why=f"prompt workers given up after {why}")
+            give_up_workers(f"prompt workers given up after {why}")
             return
         ahead.setdefault(tuple(argv), []).append(future)
 
@@ -416,9 +429,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     # breaks later changes who makes the prompts, not how the runs are sized
     calibrated = bool(spec.get("prefetch_prompts")) and get_samples is not None
     planned: dict[str, int] = {}  # calibrated: each point's request count, by point name
+    resized: dict[str, float] = {}  # calibrated: the later repeats resized after a short run, and the rate it reached
     try:
         if calibrated:
             pool = sampling_pool(PROMPT_WORKERS)
+            pools.append(pool)
             for _ in range(PROMPT_WORKERS):
                 pool.submit(prompt_sampler.warm)  # the workers import vLLM while the server starts
             for point in firsts.values():  # then make the calibration waves' prompts (their sizes are known now)
@@ -471,6 +486,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 est = level_est[level]
                 if level in started:
                     side["warmup"] = {"requests": 0, "sized_before_sweep": True, "rate_estimate_rps": est}
+                    if point["name"] in resized:  # an earlier repeat of the level ran short: sized at its rate
+                        side["warmup"]["resized_from_rps"] = resized[point["name"]]
                 elif level in calibration:
                     side["warmup"] = calibration[level]
                 started.add(level)
@@ -532,14 +549,21 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 got_rps = float(result.get("completed") or 0) / measured if measured > 0 else None
                 if calibrated and got_rps:
                     # the calibration under-estimated this level: its later repeats are sized from the rate this run
-                    # reached (as without prefetch_prompts), their prompts made again; the workers are idle by now
+                    # reached (as without prefetch_prompts) and their prompts made again. The workers take requests
+                    # in order, so every later run's request not yet started goes back in the queue behind them, in
+                    # plan order (the next run's prompts first); one already being made, or made, keeps its place
                     for later in spec["points"][i + 1 :]:
-                        if level_of(later) == level:
-                            old_n, new_n = planned[later["name"]], later_size(later, got_rps)
-                            if new_n > old_n:
-                                forget_ahead(later, old_n, int(later["seed"]), True)
-                                planned[later["name"]] = new_n
-                                make_ahead(pool, later, new_n, int(later["seed"]), True)
+                        name, later_seed = later["name"], int(later["seed"])
+                        old_n = planned[name]
+                        new_n = max(old_n, later_size(later, got_rps)) if level_of(later) == level else old_n
+                        queued = ahead.get(tuple(vllm_args(spec, later, old_n, later_seed, True, missing)), [])
+                        if new_n == old_n and (not queued or not queued[0].cancel()):
+                            continue
+                        forget_ahead(later, old_n, later_seed, True)
+                        planned[name] = new_n
+                        if new_n != old_n:
+                            resized[name] = got_rps
+                        make_ahead(pool, later, new_n, later_seed, True)
                 n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN)
                 short_file = result_dir / f"{point['name']}.json"
                 short_file.replace(result_dir / f"{point['name']}.short.json")
@@ -566,6 +590,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+            # a worker stuck in its task would hold this process at exit (the pool's exit handler joins it)
+            procs = getattr(pool, "_processes", None) or {}  # ProcessPoolExecutor's {pid: process}
+            for proc in list(procs.values()):
+                proc.terminate()
     return {"points": done, "import_s": import_s, "gate_wait_s": gate_wait_s, "calibration_s": calibration_s}
 
 
