@@ -215,6 +215,13 @@ def _ran_levels(mode: str, points: list[sweep_plan.SweepPoint]) -> str:
     )
 
 
+def _requests(bench: BenchConfig, point: sweep_plan.SweepPoint, num_prompts: dict[str, int] | None) -> int:
+    """A point's request count: the job's (``num_prompts`` by point name), else the plan's minimum."""
+    return (num_prompts or {}).get(point.name) or sweep_plan.prompts_for(
+        bench.num_prompts, bench.prompts_per_concurrency, point.concurrency
+    )
+
+
 def run_by_hand(
     server: VLLMServer,
     bench: BenchConfig,
@@ -270,9 +277,7 @@ def run_by_hand(
     rows = []
     warmed: set[tuple[Any, Any]] = set()
     for i, point in chosen:
-        n = (num_prompts or {}).get(point.name) or sweep_plan.prompts_for(
-            bench.num_prompts, bench.prompts_per_concurrency, point.concurrency
-        )
+        n = _requests(bench, point, num_prompts)
         level = (point.offered_rate_rps, point.concurrency)
         n_warm = 0 if level in warmed else sweep_plan.warmup_requests(bench.warmup_prompts, point.concurrency)
         warmed.add(level)
@@ -335,9 +340,7 @@ def read_by_hand(
         path = out / f"{point.name}.json"
         if not path.is_file():
             continue
-        n = (num_prompts or {}).get(point.name) or sweep_plan.prompts_for(
-            bench.num_prompts, bench.prompts_per_concurrency, point.concurrency
-        )
+        n = _requests(bench, point, num_prompts)
         try:
             row = bench_result.parse_result(json.loads(path.read_text()), point, n, bench.output_len, 0)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -31,10 +31,11 @@ The client is started while the server loads and waits for the orchestrator's ga
 its imports are not part of the sweep. With ``prefetch_prompts`` a pool of :data:`PROMPT_WORKERS` worker
 processes (:mod:`quantverdict.children.prompt_sampler`) makes prompts with vLLM's own ``get_samples`` ahead of
 the client, which takes them instead of sampling (vLLM's random dataset decodes and re-encodes every prompt:
-2.2 ms per 256-token prompt on the H200 machine, ~8x that for 2,048-token ones, 1.1-6.5 s a point at c =
-16-256): the calibration waves' prompts while the server starts (their sizes follow from the plan), then, once
-the calibration has sized every run, every measured run's prompts in plan order while the client measures. A
-second attempt after a short window samples its prompts in the client, and so does every run once the pool
+2.2 ms per 256-token prompt on the H200 machine, 1.1-6.5 s a point at c = 16-256; presumably ~8x that a prompt
+with 2,048 tokens, not measured): the calibration waves' prompts while the server starts (their sizes follow
+from the plan), then, once the calibration has sized every run, every measured run's prompts in plan order
+while the client measures. A second attempt after a short window samples its prompts in the client, and so
+does every run once the pool
 broke (a worker process died) or a run's prompts took longer than :data:`PREFETCH_WAIT_S` to arrive: the sweep
 goes on without the workers. Off on CPU, where the workers would take cores from the server.
 
@@ -470,7 +471,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             for point in spec["points"]:
                 planned[point["name"]] = first_size(point, level_est[level_of(point)])
                 make_ahead(pool, point, planned[point["name"]], int(point["seed"]), True)
-        started: set[tuple[str, Any]] = set()  # load levels whose first repeat has run
         for i, point in enumerate(spec["points"]):
             w0 = time.perf_counter()
             side: dict[str, Any] = {"seed": point["seed"], "warmup_seed": spec["warmup_seed"], "resets": []}
@@ -484,13 +484,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 # sized before the sweep from the level's calibration wave, every repeat alike (a later repeat
                 # resized after an earlier repeat of its level ran short: see below)
                 est = level_est[level]
-                if level in started:
+                if firsts[level] is not point:  # a later repeat of its level
                     side["warmup"] = {"requests": 0, "sized_before_sweep": True, "rate_estimate_rps": est}
                     if point["name"] in resized:  # an earlier repeat of the level ran short: sized at its rate
                         side["warmup"]["resized_from_rps"] = resized[point["name"]]
                 elif level in calibration:
                     side["warmup"] = calibration[level]
-                started.add(level)
                 if reset:
                     side["resets"].append({"when": "before the run", **reset_prefix_cache(base_url)})
                 n = planned[point["name"]]
