@@ -7,7 +7,8 @@ records it was made from (``gpu-review-<model>*`` from ``docs/results/gpu-record
 ``review-cpu-amx-*`` from ``docs/results/cpu-records/xeon-amx/smollm2-135m``) with the overrides its
 committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.html``, ``review.json`` and
 ``plots/*.png`` are compared, the header line (``Source: ... · generated ...``) and the JSON's ``source`` and
-``generated_at`` aside. GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
+``generated_at`` aside, the JSON's floats to 12 significant digits (their last bit depends on the CPU).
+GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
 ``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
 ``gpu-cache-free/records``, ``gpu-cache-free/fp8-grid/records`` and ``gpu-cache-free/w8a8-grid/records``, compared below
 their header block (everything from the first ``### `` heading on). Exit status 0 when every file is identical.
@@ -60,12 +61,30 @@ def _run(args: list[str]) -> None:
         raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
 
 
+# significant digits a review.json float is compared to: numpy picks its SIMD kernels by the CPU it finds (e.g.
+# AVX512's float64 log and exp, which an AVX2 CPU computes otherwise), so the last bit of a ratio or an interval
+# bound can differ between machines (seen: 0.9794112910716647 on the AMX CPU the reviews were written on,
+# ...648 on an AVX2 EPYC); 12 digits keep every figure a review prints (md and html are compared exactly)
+JSON_DIGITS = 12
+
+
+def _rounded(value: object) -> object:
+    """``value`` with every float rounded to :data:`JSON_DIGITS` significant digits (dicts and lists walked)."""
+    if isinstance(value, float):
+        return float(f"{value:.{JSON_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def _review_text(path: Path) -> str:
     if path.suffix == ".json":
         data = json.loads(path.read_text())
         data.pop("source", None)
         data.pop("generated_at", None)
-        return json.dumps(data, indent=1, sort_keys=True)
+        return json.dumps(_rounded(data), indent=1, sort_keys=True)
     lines = path.read_text().splitlines()
     header = ("· generated ", "<title>quantverdict review: ")  # the source folder and the time
     return "\n".join("<header line>" if any(h in line for h in header) else line for line in lines)
