@@ -61,10 +61,10 @@ def _run(args: list[str]) -> None:
         raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
 
 
-# significant digits a review.json float is compared to: numpy picks its SIMD kernels by the CPU it finds (e.g.
-# AVX512's float64 log and exp, which an AVX2 CPU computes otherwise), so the last bit of a ratio or an interval
-# bound can differ between machines (seen: 0.9794112910716647 on the AMX CPU the reviews were written on,
-# ...648 on an AVX2 EPYC); 12 digits keep every figure a review prints (md and html are compared exactly)
+# significant digits a review.json float is compared to: numpy picks its SIMD kernels (float64 log and exp among
+# them) by the instruction sets of the CPU it finds, so the last bit of a ratio or an interval bound can differ
+# between machines (seen: 0.9794112910716647 on the Xeon the reviews were written on, ...648 on an AMD EPYC);
+# 12 digits keep every figure a review prints (md and html are compared exactly)
 JSON_DIGITS = 12
 
 

@@ -1,0 +1,133 @@
+"""tools/h200/lease.sh, the H200 lease driver, run here with a stand-in interpreter (QV_LEASE_PYTHON) and a
+lease root in a temporary folder (QV_LEASE_ROOT): the order of steps, the skip when the lease has too little time
+left, the fidelity step finding the newest record of its job, what collect brings back and the bundle check."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = ROOT / "tools" / "h200" / "lease.sh"
+
+# a stand-in for the H200 machine's python3: `-m pipelines.run -m ... paths.output_root=R ...` writes two jobs of a
+# grid (an older one first) with a checkpoint that must not come back; `-m pipelines.fidelity RECORD --out D` writes
+# which record it was given
+FAKE_PY = r"""#!/usr/bin/env bash
+echo "$*" >> "$QV_LEASE_ROOT/calls"
+if [ "$2" = pipelines.run ]; then
+  for a in "$@"; do case "$a" in paths.output_root=*) out="${a#paths.output_root=}" ;; esac; done
+  for t in 10 11; do  # two runs of the grid, an hour apart
+    job="$out/multirun/2026-12-01_$t-00-00/m_bf16"
+    mkdir -p "$job/bench"
+    echo x > "$job/model.safetensors"
+    echo "{}" > "$job/record.json"
+    touch -d "2026-12-01 $t:00:00" "$job/record.json"
+  done
+  exit 0
+fi
+if [ "$2" = pipelines.fidelity ]; then
+  shift 2; rec="$1"; shift
+  [ "$1" = --out ] && mkdir -p "$2" && echo "$rec" > "$2/record_used" && exit 0
+fi
+exit 9
+"""
+
+
+def _lease(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, QV_LEASE_ROOT=str(tmp), QV_LEASE_PYTHON=str(tmp / "fakepy"), OUT=str(tmp / "out"), **env)
+    return subprocess.run(["bash", str(LEASE), *args], env=full, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def lease_root(tmp_path: Path) -> Path:
+    fake = tmp_path / "fakepy"
+    fake.write_text(FAKE_PY)
+    fake.chmod(0o755)
+    return tmp_path
+
+
+def test_steps_run_in_order_skip_when_the_lease_is_short_and_collect(lease_root: Path) -> None:
+    end = str(int(time.time()) + 600)  # 600 s of lease left: a step that needs 100,000 s is skipped
+    r = _lease(
+        lease_root,
+        "queue", "g1 10 grid model=m scheme=bf16",
+        "queue", "big 100000 grid model=m scheme=gptq",
+        "queue", "fid 10 fidelity m_bf16 --repeat 0 --concurrency 64",
+        "go", "wait", "60",
+        QV_LEASE_END=end,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    steps = (lease_root / "qvlease" / "steps").read_text().split("\n")
+    assert steps[:3] == ["g1 0", "big skipped", "fid 0"]
+    calls = (lease_root / "calls").read_text().splitlines()
+    assert len(calls) == 2  # the skipped grid never started
+    assert f"paths.output_root={lease_root}/qvgpu/g1 model=m scheme=bf16" in calls[0]
+    assert calls[0].startswith("-m pipelines.run -m env=h200-prebuilt data.offline_root=")
+    # the fidelity step got the newer of the two records of its job, its own --out, then its own flags
+    used = (lease_root / "qvgpu" / "fid" / "record_used").read_text().strip()
+    assert used == f"{lease_root}/qvgpu/g1/multirun/2026-12-01_11-00-00/m_bf16/record.json"
+    assert calls[1].endswith(f"--out {lease_root}/qvgpu/fid --repeat 0 --concurrency 64")
+    assert "skipped, " in r.stdout and "< 100000 s it needs" in r.stdout
+    with tarfile.open(lease_root / "out" / "g1.tar.gz") as tar:
+        names = tar.getnames()
+    assert "g1/multirun/2026-12-01_11-00-00/m_bf16/record.json" in names
+    assert not [n for n in names if n.endswith(".safetensors")]
+    assert (lease_root / "out" / "lease.log").is_file()
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("a b grid x=1", "EST_S 'b' is not a number of seconds"),
+        ("a 10 serve x=1", "kind 'serve' (allowed: grid, fidelity)"),
+        ("a/b 10 grid x=1", "step name 'a/b'"),
+    ],
+)
+def test_a_bad_step_is_refused_before_anything_runs(lease_root: Path, line: str, why: str) -> None:
+    r = _lease(lease_root, "queue", line, "go")
+    assert r.returncode == 2
+    assert why in r.stdout
+    assert not (lease_root / "qvlease" / "runner.pid").exists()
+
+
+def test_unknown_verb_names_the_allowed_ones(lease_root: Path) -> None:
+    r = _lease(lease_root, "start")
+    assert r.returncode == 2
+    assert "unknown verb 'start' (allowed: stash, install, queue, go, wait, collect)" in r.stderr
+
+
+def _bundle(repo: Path, parts: dict[str, bytes], digest: str) -> None:
+    for n, data in parts.items():
+        d = repo / ".devcache" / n
+        d.mkdir(parents=True)
+        (d / f"part.{n}").write_bytes(data)
+    (repo / ".devcache" / "00" / "bundle.sha256").write_text(f"{digest}  bundle.tar\n")
+
+
+def test_install_refuses_a_bundle_with_a_part_missing(
+    lease_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # a copy of the driver in a repository-shaped folder, so that `stash` finds this test's .devcache parts
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "tools" / "h200").mkdir(parents=True)
+    (repo / "tools" / "h200" / "lease.sh").write_bytes(LEASE.read_bytes())
+    whole = b"0123456789" * 1000
+    _bundle(repo, {"00": whole[:6000]}, hashlib.sha256(whole).hexdigest())  # part 01 (the last 4,000 bytes) not sent
+    env = dict(os.environ, QV_LEASE_ROOT=str(lease_root), OUT=str(lease_root / "out"))
+    script = str(repo / "tools" / "h200" / "lease.sh")
+    r = subprocess.run(["bash", script, "stash"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "stash: 1 parts" in r.stdout
+    assert (lease_root / "qvlease" / "lease.t0").is_file()
+    if Path("/tmp/site_serve/vllm").is_dir():
+        pytest.skip("this machine has an installed /tmp/site_serve: install would be skipped")
+    r = subprocess.run(["bash", script, "install"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "does not match bundle.sha256 (a part missing: bundle.sha256 part.00" in r.stdout

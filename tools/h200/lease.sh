@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Runs ON the H200 machine the device tool lends, in the repository copy a `run` call sent (its root). One lease,
+# driven call by call (tools/h200/make-parts.sh prints the calls); the verbs run in the order given:
+#
+#   bash tools/h200/lease.sh stash                   # one call per part, carry=['.devcache/NN']: part -> /tmp/stash
+#   bash tools/h200/lease.sh install \
+#       queue "prefill-gptq 1500 grid model=llama3.1-8b-shape scheme=bf16,gptq bench=gpu-concurrency-prefill" \
+#       queue "fid 420 fidelity llama3.1-8b-shape_bf16 --repeat 0 --concurrency 64 --concurrency 256" \
+#       go wait 540
+#   bash tools/h200/lease.sh wait 570                # the next calls, back to back, until 'queue done'
+#
+# stash    copy the carried .devcache/NN/* into /tmp/stash; the first call of a lease notes its start (lease.t0)
+# install  check the reassembled bundle against bundle.sha256, unpack it, install the four /tmp/site_* targets
+#          (../shared/gpu/install-on-gpu.sh) and the offline data at /tmp/qvdata; once per machine
+# queue    "NAME EST_S KIND ARGS...": a step for the runner. KIND grid: `python -m pipelines.run -m env=h200-prebuilt
+#          data.offline_root=/tmp/qvdata paths.output_root=/tmp/qvgpu/NAME ARGS...`; KIND fidelity: `python -m
+#          pipelines.fidelity <record of job ARGS[0], the newest under /tmp/qvgpu> --out /tmp/qvgpu/NAME ARGS[1:]`.
+#          EST_S: the seconds the step needs; a step is skipped (and logged) when the lease has less left
+# go       start the runner (setsid: it outlives this call) unless it runs; it takes the steps in order
+# wait S   follow the runner's log for at most S seconds or until the queue is done, then `collect`
+# collect  $OUT/<NAME>.tar.gz per step folder (records, sidecars, result files, server logs; no checkpoints, which
+#          live in the cache root) and $OUT/lease.log; a lease that ends mid-step loses no finished job
+#
+# The lease ends 30 minutes after the machine started, which is before the first command's t0: steps are judged
+# against QV_LEASE_END (epoch seconds), by default t0 + 1800 - QV_LEASE_MARGIN_S (180). Tests set QV_LEASE_ROOT
+# (default /tmp) and QV_LEASE_PYTHON (default python3).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+T="${QV_LEASE_ROOT:-/tmp}"
+PY="${QV_LEASE_PYTHON:-python3}"
+STASH="$T/stash" L="$T/qvlease" RES="$T/qvgpu" DATA="$T/qvdata"
+mkdir -p "$L" "$RES"
+say() { printf '[lease %s] %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$L/lease.log"; }
+
+lease_end() {
+  if [ -n "${QV_LEASE_END:-}" ]; then echo "$QV_LEASE_END"; return; fi
+  local t0; t0=$(cat "$L/lease.t0" 2>/dev/null || date +%s)
+  echo $(( t0 + 1800 - ${QV_LEASE_MARGIN_S:-180} ))
+}
+
+stash() {
+  [ -f "$L/lease.t0" ] || date +%s > "$L/lease.t0"
+  mkdir -p "$STASH"
+  local n=0
+  for d in "$REPO"/.devcache/[0-9][0-9]; do
+    [ -d "$d" ] || continue
+    cp "$d"/* "$STASH"/ && n=$(( n + 1 ))
+  done
+  [ "$n" -gt 0 ] || { say "stash: no .devcache/NN carried"; exit 2; }
+  say "stash: $(find "$STASH" -name 'part.*' | wc -l) parts in $STASH ($(du -sh "$STASH" | cut -f1))"
+}
+
+install() {
+  if [ -d /tmp/site_serve/vllm ] && [ -d "$DATA" ]; then say "install: already installed"; return; fi
+  [ -f "$STASH/bundle.sha256" ] || { say "install: no $STASH/bundle.sha256 (part 00 not stashed)"; exit 2; }
+  cat "$STASH"/part.* > "$T/bundle.tar"
+  if ! (cd "$T" && sha256sum -c --quiet "$STASH/bundle.sha256"); then
+    say "install: the reassembled bundle does not match bundle.sha256 (a part missing: $(ls "$STASH" | tr '\n' ' '))"
+    exit 2
+  fi
+  rm -rf "$T/b" && mkdir -p "$T/b" && tar xf "$T/bundle.tar" -C "$T/b" && rm "$T/bundle.tar"
+  bash "$T/b/install.sh" 2>&1 | tee -a "$L/lease.log"
+  rm -rf "$DATA" && mv "$T/b/data" "$DATA"
+  say "install: done; data at $DATA; $(nvidia-smi --query-gpu=name,uuid --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+}
+
+queue() {
+  local line="$1" name est kind
+  read -r name est kind _ <<< "$line"
+  [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || { say "queue: step name '$name' (letters, digits, . _ - only)"; exit 2; }
+  [[ "$est" =~ ^[0-9]+$ ]] || { say "queue $name: EST_S '$est' is not a number of seconds"; exit 2; }
+  case "$kind" in grid|fidelity) ;; *) say "queue $name: kind '$kind' (allowed: grid, fidelity)"; exit 2 ;; esac
+  echo "$line" >> "$L/queue"
+  say "queued: $line"
+}
+
+runner_alive() { [ -f "$L/runner.pid" ] && kill -0 "$(cat "$L/runner.pid")" 2>/dev/null; }
+
+go() {
+  if runner_alive; then say "go: the runner is already running (pid $(cat "$L/runner.pid"))"; return; fi
+  rm -f "$L/queue.done"
+  setsid bash "${BASH_SOURCE[0]}" _run >> "$L/runner.log" 2>&1 < /dev/null &
+  echo $! > "$L/runner.pid"
+  say "go: runner pid $!, lease end $(date -u -d "@$(lease_end)" +%H:%M:%S)"
+}
+
+newest_record() {  # the newest record.json of job $1 under $RES
+  find "$RES" -path "*/multirun/*/$1/record.json" -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2-
+}
+
+_run() {  # the runner: every queued step in order, each only if the lease has its EST_S left
+  local i=0 line name est kind rest now left rc record
+  export PYTHONPATH="/tmp/site_orch:$REPO/src:$REPO" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+  cd "$REPO"
+  while true; do
+    i=$(( i + 1 ))
+    line=$(sed -n "${i}p" "$L/queue" 2>/dev/null)
+    [ -n "$line" ] || break
+    read -r name est kind rest <<< "$line"
+    now=$(date +%s); left=$(( $(lease_end) - now ))
+    if [ "$left" -lt "$est" ]; then
+      say "step $name: skipped, ${left} s of the lease left < ${est} s it needs"
+      echo "$name skipped" >> "$L/steps"
+      continue
+    fi
+    say "step $name: starts (${left} s left, needs ${est} s): $kind $rest"
+    mkdir -p "$RES/$name"
+    rc=0
+    if [ "$kind" = grid ]; then
+      # shellcheck disable=SC2086  # the overrides are words
+      "$PY" -m pipelines.run -m env=h200-prebuilt "data.offline_root=$DATA" "paths.output_root=$RES/$name" $rest \
+        > "$RES/$name/step.log" 2>&1 || rc=$?
+    else
+      read -r job rest <<< "$rest"
+      record=$(newest_record "$job")
+      if [ -z "$record" ]; then
+        say "step $name: no record of job $job under $RES"; rc=2
+      else
+        # shellcheck disable=SC2086
+        "$PY" -m pipelines.fidelity "$record" --out "$RES/$name" $rest > "$RES/$name/step.log" 2>&1 || rc=$?
+      fi
+    fi
+    say "step $name: exit $rc after $(( $(date +%s) - now )) s"
+    echo "$name $rc" >> "$L/steps"
+  done
+  say "queue done"
+  touch "$L/queue.done"
+}
+
+wait_for() {
+  local limit="$1" t0 seen=0 n
+  t0=$(date +%s)
+  while true; do
+    n=$(wc -l < "$L/lease.log" 2>/dev/null || echo 0)
+    [ "$n" -gt "$seen" ] && { sed -n "$(( seen + 1 )),${n}p" "$L/lease.log"; seen=$n; }
+    [ -f "$L/queue.done" ] && break
+    runner_alive || { echo "wait: the runner is not running (queue not done): see runner.log"; break; }
+    [ $(( $(date +%s) - t0 )) -ge "$limit" ] && { echo "wait: ${limit} s passed, the runner goes on"; break; }
+    sleep 5
+  done
+  for f in "$RES"/*/step.log; do
+    if [ -f "$f" ]; then echo "--- $f"; tail -n 4 "$f"; fi
+  done
+  collect
+}
+
+collect() {
+  local out="${OUT:-$T/qvout}" d name
+  mkdir -p "$out"
+  shopt -s nullglob
+  for d in "$RES"/*/; do
+    name=$(basename "$d")
+    tar czf "$out/$name.tar.gz" -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' "$name"
+    if [ "$(stat -c %s "$out/$name.tar.gz")" -gt $(( 15 * 1024 * 1024 )) ]; then
+      # over what a call brings back (16 MiB a file): the per-request result files beyond c=1 stay there
+      tar czf "$out/$name.tar.gz" -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' \
+        --exclude='conc-[0-9][0-9]*_r[0-9].json' --exclude='rate-*_r[0-9].json' "$name"
+      say "collect $name: result files beyond c=1 left out (over 15 MiB)"
+    fi
+  done
+  cat "$L/lease.log" "$L/runner.log" > "$out/lease.log" 2>/dev/null || true
+  ls -la "$out"
+}
+
+[ $# -gt 0 ] || { sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    stash|install|go|collect|_run) "$1"; shift ;;
+    queue) [ $# -ge 2 ] || { echo "queue needs one quoted \"NAME EST_S KIND ARGS...\"" >&2; exit 2; }; queue "$2"; shift 2 ;;
+    wait) [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "wait needs a number of seconds" >&2; exit 2; }; wait_for "$2"; shift 2 ;;
+    *) echo "lease.sh: unknown verb '$1' (allowed: stash, install, queue, go, wait, collect)" >&2; exit 2 ;;
+  esac
+done

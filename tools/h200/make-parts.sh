@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs HERE (a developer's machine, with PyPI), from the repository root: everything one H200 lease needs, cut
+# into parts that each travel beside the working tree in one device `run` call (64 MiB a call, the tree included).
+#
+#   bash tools/h200/make-parts.sh
+#
+# 1. ../shared/gpu/make-bundle.sh downloads the GPU stack into .devcache/w/ (serve, quant, orch, model, install.sh;
+#    git-ignored through .git/info/exclude; never commit it);
+# 2. the offline data (../shared/data, read-only there) is copied into the bundle as data/ (the H200 machine
+#    cannot see ../shared: `lease.sh install` puts it at /tmp/qvdata, the jobs' data.offline_root);
+# 3. the bundle is cut into parts of (62 MiB - the tree that travels), at most 48 MiB, in .devcache/NN/part.NN,
+#    with .devcache/00/bundle.sha256 to check the reassembled bundle there.
+#
+# It prints the `run` calls of the lease (tools/h200/lease.sh runs them there).
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+SHARED="$(cd .. && pwd)/shared"
+[ -d "$SHARED/gpu" ] && [ -d "$SHARED/data" ] || { echo "make-parts: no $SHARED/gpu or $SHARED/data beside the checkout" >&2; exit 2; }
+D=.devcache
+bash "$SHARED/gpu/make-bundle.sh" >/dev/null
+rm -rf "$D"/[0-9][0-9] "$D/w/data"
+cp -r --no-preserve=mode "$SHARED/data" "$D/w/data"
+# the working tree that travels with every call: tracked files and untracked ones git does not ignore
+tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r du -k 2>/dev/null | awk '{s += $1} END {print s + 0}')
+part_mib=$(( 62 - (tree_kib + 1023) / 1024 ))
+[ "$part_mib" -gt 48 ] && part_mib=48
+[ "$part_mib" -ge 8 ] || { echo "make-parts: the working tree takes $(( tree_kib / 1024 )) MiB: no room for a part" >&2; exit 2; }
+tar cf "$D/bundle.tar" -C "$D/w" .
+sum=$(sha256sum "$D/bundle.tar" | cut -c1-64)
+( cd "$D" && split -b "${part_mib}M" -d -a 2 bundle.tar part. && for p in part.*; do n=${p#part.}; mkdir -p "$n"; mv "$p" "$n/"; done )
+rm "$D/bundle.tar"
+echo "$sum  bundle.tar" > "$D/00/bundle.sha256"
+n_parts=$(ls -d "$D"/[0-9][0-9] | wc -l)
+echo "bundle: $(du -sh "$D/w" | cut -f1) (data included) in $n_parts parts of ${part_mib} MiB; the tree travels with $(( tree_kib / 1024 )) MiB"
+echo "the lease, one call after another (the machine goes back 30 s after a call returns):"
+for p in "$D"/[0-9][0-9]; do
+  echo "  run(command='bash tools/h200/lease.sh stash', carry=['.devcache/$(basename "$p")'])"
+done
+echo "  run(command='bash tools/h200/lease.sh install queue NAME EST_S grid OVERRIDES... go wait 540')"
+echo "  run(command='bash tools/h200/lease.sh wait 570')   # until it prints 'queue done'; then give_back"
