@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import tarfile
 import time
@@ -22,6 +23,7 @@ LEASE = ROOT / "tools" / "h200" / "lease.sh"
 FAKE_PY = r"""#!/usr/bin/env bash
 echo "$*" >> "$QV_LEASE_ROOT/calls"
 if [ "$2" = pipelines.run ]; then
+  case " $* " in *" scheme=slow "*) sleep 30 ;; esac
   for a in "$@"; do case "$a" in paths.output_root=*) out="${a#paths.output_root=}" ;; esac; done
   for t in 10 11; do  # two runs of the grid, an hour apart
     job="$out/multirun/2026-12-01_$t-00-00/m_bf16"
@@ -131,3 +133,20 @@ def test_install_refuses_a_bundle_with_a_part_missing(
     r = subprocess.run(["bash", script, "install"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "does not match bundle.sha256 (a part missing: bundle.sha256 part.00" in r.stdout
+
+
+def test_wait_collects_when_the_lease_end_is_near_and_the_step_goes_on(lease_root: Path) -> None:
+    # 8 s of lease left: the step (1 s needed) starts and runs 30 s; wait 60 returns at the lease's end, not at 60 s
+    end = str(int(time.time()) + 8)
+    t0 = time.monotonic()
+    r = _lease(lease_root, "queue", "slow 1 grid scheme=slow", "go", "wait", "60", QV_LEASE_END=end)
+    took = time.monotonic() - t0
+    pid = int((lease_root / "qvlease" / "runner.pid").read_text())
+    try:
+        assert r.returncode == 0, r.stderr
+        assert "wait: the lease's end is near: collecting now" in r.stdout
+        assert took < 30  # the runner's step (30 s) had not finished
+        assert not (lease_root / "qvlease" / "queue.done").exists()
+        assert (lease_root / "out" / "slow.tar.gz").is_file()  # the step's folder so far
+    finally:
+        os.killpg(pid, signal.SIGTERM)  # the runner leads its own session (setsid)

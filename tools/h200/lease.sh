@@ -6,8 +6,8 @@
 #   bash tools/h200/lease.sh install \
 #       queue "prefill-gptq 1500 grid model=llama3.1-8b-shape scheme=bf16,gptq bench=gpu-concurrency-prefill" \
 #       queue "fid 420 fidelity llama3.1-8b-shape_bf16 --repeat 0 --concurrency 64 --concurrency 256" \
-#       go wait 540
-#   bash tools/h200/lease.sh wait 570                # the next calls, back to back, until 'queue done'
+#       go wait 420
+#   bash tools/h200/lease.sh wait 560                # the next calls, back to back, until 'queue done'
 #
 # stash    copy the carried .devcache/NN/* into /tmp/stash; the first call of a lease notes its start (lease.t0)
 # install  check the reassembled bundle against bundle.sha256, unpack it, install the four /tmp/site_* targets
@@ -17,7 +17,8 @@
 #          pipelines.fidelity <record of job ARGS[0], the newest under /tmp/qvgpu> --out /tmp/qvgpu/NAME ARGS[1:]`.
 #          EST_S: the seconds the step needs; a step is skipped (and logged) when the lease has less left
 # go       start the runner (setsid: it outlives this call) unless it runs; it takes the steps in order
-# wait S   follow the runner's log for at most S seconds or until the queue is done, then `collect`
+# wait S   follow the runner's log for at most S seconds, until the queue is done or the lease's end (below) is
+#          reached, then `collect`; keep S + the call's other work under the 600 s a call may run
 # collect  $OUT/<NAME>.tar.gz per step folder (records, sidecars, result files, server logs; no checkpoints, which
 #          live in the cache root) and $OUT/lease.log; a lease that ends mid-step loses no finished job
 #
@@ -136,6 +137,7 @@ wait_for() {
     [ -f "$L/queue.done" ] && break
     runner_alive || { echo "wait: the runner is not running (queue not done): see runner.log"; break; }
     [ $(( $(date +%s) - t0 )) -ge "$limit" ] && { echo "wait: ${limit} s passed, the runner goes on"; break; }
+    [ "$(date +%s)" -ge "$(lease_end)" ] && { echo "wait: the lease's end is near: collecting now"; break; }
     sleep 5
   done
   for f in "$RES"/*/step.log; do

@@ -36,5 +36,5 @@ echo "the lease, one call after another (the machine goes back 30 s after a call
 for p in "$D"/[0-9][0-9]; do
   echo "  run(command='bash tools/h200/lease.sh stash', carry=['.devcache/$(basename "$p")'])"
 done
-echo "  run(command='bash tools/h200/lease.sh install queue NAME EST_S grid OVERRIDES... go wait 540')"
-echo "  run(command='bash tools/h200/lease.sh wait 570')   # until it prints 'queue done'; then give_back"
+echo "  run(command='bash tools/h200/lease.sh install queue NAME EST_S grid OVERRIDES... go wait 420')   # the install takes ~1-2 min of the call's 600 s"
+echo "  run(command='bash tools/h200/lease.sh wait 560')   # until it prints 'queue done'; then give_back"
