@@ -427,3 +427,47 @@ def test_a_short_run_requeues_the_later_runs_behind_its_resized_repeats(
     for n in ("conc-4_r1", "conc-4_r2", "conc-8_r1"):
         (attempt,) = side[n]["attempts"]
         assert "sampled_ahead_s" in attempt
+
+
+class _StuckPool(Executor):
+    """Workers that make the calibration wave's prompts, then hang: every measured run's request stays pending."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[type-arg]
+        if fn is prompt_sampler.sample and "1000000" in args[0]:  # the warm-up seed's wave
+            return _LazyFuture(fn, args)
+        return Future()
+
+
+def test_stuck_workers_are_given_up_and_later_runs_say_why(
+    fake_vllm: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_client, "sampling_pool", lambda workers: _StuckPool())
+    monkeypatch.setattr(sweep_client, "PREFETCH_WAIT_S", 0.2)
+    CALLS["rps_by_seed"].update({1: 9.0, 2: 9.0})  # 96 requests at 9 req/s: 10.7 s, no retry
+    spec = _spec(tmp_path)
+    spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
+    sweep_client.run(spec)
+    # r0 waited 0.2 s for its prompts and gave the workers up; r1's request, cancelled then, is sampled by the
+    # client too and names the give-up, not the cancellation it caused
+    errors = [
+        attempt.get("prefetch_error")
+        for r in (0, 1)
+        for attempt in json.loads((tmp_path / f"conc-4_r{r}.qv.json").read_text())["attempts"]
+    ]
+    assert errors == ["TimeoutError", "prompt workers given up after TimeoutError"]
+    assert sorted(CALLS["sampled"]) == [(1, 96), (2, 96), (1_000_000, 4)]  # the wave's by the (stand-in) worker
+
+
+def test_stop_pool_ends_a_worker_process_stuck_in_its_task() -> None:
+    import time
+
+    pool = sweep_client.sampling_pool(1)  # a real spawned worker process
+    future = pool.submit(time.sleep, 60)
+    deadline = time.monotonic() + 60
+    while not future.running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs = list(pool._processes.values())  # type: ignore[attr-defined]  # noqa: SLF001 - what stop_pool must end
+    assert len(procs) == 1 and procs[0].is_alive()
+    sweep_client.stop_pool(pool)
+    procs[0].join(10)
+    assert not procs[0].is_alive()  # terminated, not left to finish its 60-s sleep

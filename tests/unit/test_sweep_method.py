@@ -238,6 +238,12 @@ def test_warmup_after_graph_capture_from_the_stamps() -> None:
     assert vllm_log.parse(month)["warmup_after_capture_s"] == 30.0
     year = LOG_WARMUP.replace("12-01 16:22:55", "12-31 23:59:50").replace("12-01 16:24:18", "01-01 00:00:20")
     assert vllm_log.parse(year)["warmup_after_capture_s"] == 30.0
+    # February 28 -> March 1: 30 s in a year without a February 29 (the log names no year; a leap year's
+    # February 28 -> March 1 would be a day and 30 s, which no server start takes)
+    march = LOG_WARMUP.replace("12-01 16:22:55", "02-28 23:59:50").replace("12-01 16:24:18", "03-01 00:00:20")
+    assert vllm_log.parse(march)["warmup_after_capture_s"] == 30.0
+    leap = LOG_WARMUP.replace("12-01 16:22:55", "02-29 23:59:50").replace("12-01 16:24:18", "03-01 00:00:20")
+    assert vllm_log.parse(leap)["warmup_after_capture_s"] == 30.0
     unstamped = LOG_WARMUP.replace("INFO 12-01 16:22:55 ", "INFO ")  # the capture line without its stamp
     assert vllm_log.parse(unstamped)["warmup_after_capture_s"] is None
     # a log appended to by a second server: the last server's warm-up (0 s: its caches were warm), and a server
@@ -274,6 +280,10 @@ def test_server_runs_in_dev_mode_with_the_compile_cache(tmp_path: Path, monkeypa
     assert "TRITON_CACHE_DIR" not in extra and extra["FLASHINFER_WORKSPACE_BASE"] == str(
         tmp_path / "vllm" / "flashinfer"
     )
+    monkeypatch.delenv("TRITON_CACHE_DIR")  # set in the serve environment's own variables (env.serve.env_vars)
+    own = StageEnv("serve", "/usr/bin/python3", {"FLASHINFER_WORKSPACE_BASE": "/fi"})
+    _, extra = build_command(own, "/m", "m", cfg, 512, "cuda", tmp_path / "vllm")
+    assert "FLASHINFER_WORKSPACE_BASE" not in extra and extra["TRITON_CACHE_DIR"] == str(tmp_path / "vllm" / "triton")
     assert "--no-enable-prefix-caching" not in cmd  # prefix caching stays at vLLM's default
 
 

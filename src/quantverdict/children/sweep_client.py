@@ -222,6 +222,18 @@ def _rate_estimate(result: dict[str, Any], point: dict[str, Any]) -> float | Non
     return float(result.get("completed") or 0) / dur if dur > 0 else None
 
 
+def stop_pool(pool: Executor) -> None:
+    """Shut ``pool`` down without waiting and terminate its worker processes: one stuck in its task (a hung
+    tokenizer, say) would otherwise hold this process at exit, when ``concurrent.futures`` joins it, and use a
+    core during the measured windows until then. The processes are taken before ``shutdown``, which forgets
+    them (``ProcessPoolExecutor._processes`` becomes None); a thread pool has none."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # ProcessPoolExecutor's {pid: process}
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+
+
 def sampling_pool(workers: int) -> Executor:
     """The workers that make the runs' prompts ahead: ``workers`` processes, spawned (not forked: the client's
     event loop and vLLM's imports are not fork-safe)."""
@@ -310,7 +322,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             for future in queue:
                 future.cancel()
         for pool_ in pools:
-            pool_.shutdown(wait=False, cancel_futures=True)
+            stop_pool(pool_)
 
     get_samples = getattr(vbench, "get_samples", None)
     if get_samples is not None:
@@ -322,7 +334,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if queue is not None and not queue:
                 ahead.pop(running["argv"])
             extra: dict[str, Any] = {}
-            if made is not None and not workers_ok["ok"] and not made.done():  # a broken or stuck pool: no waiting
+            if made is not None and not workers_ok["ok"] and (made.cancelled() or not made.done()):
+                # the workers were given up (a broken or stuck pool: no waiting; a finished result is still used)
                 made.cancel()
                 made, extra = None, {"prefetch_error": workers_ok["why"]}
             if made is not None:
@@ -405,7 +418,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         argv = vllm_args(spec, point, n, seed, save, missing)
         try:
             future = workers.submit(prompt_sampler.sample, argv)
-        except (BrokenExecutor, RuntimeError) as exc:  # BrokenProcessPool; "cannot schedule new futures after ..."
+        # BrokenProcessPool; "cannot schedule new futures after ..."; OSError: a worker process could not start
+        except (BrokenExecutor, RuntimeError, OSError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             progress(f"the prompt workers refuse work ({why}): the client samples from here on")
             give_up_workers(f"prompt workers given up after {why}")
@@ -435,8 +449,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if calibrated:
             pool = sampling_pool(PROMPT_WORKERS)
             pools.append(pool)
-            for _ in range(PROMPT_WORKERS):
-                pool.submit(prompt_sampler.warm)  # the workers import vLLM while the server starts
+            try:
+                for _ in range(PROMPT_WORKERS):
+                    pool.submit(prompt_sampler.warm)  # the workers import vLLM while the server starts
+            except (BrokenExecutor, RuntimeError, OSError) as exc:  # no worker could start: the client samples
+                progress(f"the prompt workers did not start ({type(exc).__name__}: {exc}): the client samples")
+                give_up_workers(f"prompt workers did not start: {type(exc).__name__}: {exc}")
             for point in firsts.values():  # then make the calibration waves' prompts (their sizes are known now)
                 if wave_size(point) > 0:
                     make_ahead(pool, wave_point(point), wave_size(point), int(spec["warmup_seed"]), False)
@@ -588,11 +606,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             progress(f"{point['name']}: {n} requests, window {measured:.2f} s, wall {side['wall_s']:.2f} s")
     finally:
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-            # a worker stuck in its task would hold this process at exit (the pool's exit handler joins it)
-            procs = getattr(pool, "_processes", None) or {}  # ProcessPoolExecutor's {pid: process}
-            for proc in list(procs.values()):
-                proc.terminate()
+            stop_pool(pool)
     return {"points": done, "import_s": import_s, "gate_wait_s": gate_wait_s, "calibration_s": calibration_s}
 
 

@@ -178,8 +178,8 @@ def build_command(
     extra_env: dict[str, str] = dict(DEV_MODE_ENV)
     if compile_cache_dir is not None:
         extra_env["VLLM_CACHE_ROOT"] = str(compile_cache_dir)
-        for var, sub in JIT_CACHE_VARS.items():  # a caller's own setting wins
-            if var not in os.environ:
+        for var, sub in JIT_CACHE_VARS.items():  # a caller's own setting wins (its shell or env.serve.env_vars)
+            if var not in os.environ and var not in env.env:
                 extra_env[var] = str(Path(compile_cache_dir) / sub)
     if device == "cuda":
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
