@@ -42,6 +42,21 @@ def embedded_model(
     return materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
 
 
+@pytest.fixture(scope="module")
+def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The ``--dtype`` a job serves the embedded bf16 model with on this CPU, decided as the pipeline decides:
+    the serve environment's probe (:mod:`quantverdict.children.cpu_probe`) and
+    :func:`quantverdict.config.cpu_caps.compute_dtype`: bfloat16 where the CPU has native bf16, float32 where
+    bf16 is emulated. For tests that start a server themselves (``bench.server.dtype`` would otherwise be vLLM's
+    default, the checkpoint's bfloat16: measured on a CPU without native bf16, one 256-token request with 16
+    output tokens took 12.5 s). Needs a module-scoped ``serve_env`` fixture in the test module."""
+    from quantverdict.config import cpu_caps
+    from quantverdict.processes.runner import run_stage
+
+    probe = run_stage(serve_env, "cpu_probe", {"vllm": True}, tmp_path_factory.mktemp("cpu_probe"))
+    return cpu_caps.compute_dtype(cpu_caps.CpuCapabilities.from_probe(probe)).dtype
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration
     (whether or not its file says so); browser and slow are marked where they apply."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.config.schema import BenchConfig, ServerConfig
+from quantverdict.config.schema import BenchConfig, ComputeDtype, ServerConfig
 from quantverdict.processes import procs
 from quantverdict.processes.envs import SRC_DIR, StageEnv
 from quantverdict.serving.benchmark import run_sweep
@@ -59,7 +59,7 @@ def model_path(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("embedded_model")["path"])
 
 
-def _server_cfg(port: int) -> ServerConfig:
+def _server_cfg(port: int, dtype: str = "auto") -> ServerConfig:
     return ServerConfig(
         host="127.0.0.1",
         port=port,
@@ -67,6 +67,7 @@ def _server_cfg(port: int) -> ServerConfig:
         enforce_eager=True,
         max_num_seqs=8,
         kv_cache_space_gib=1,
+        dtype=ComputeDtype(dtype),
     )
 
 
@@ -86,9 +87,9 @@ def test_occupied_port_fails_fast_with_the_config_key(tmp_path: Path) -> None:
     assert not (tmp_path / "server.log").exists()  # nothing was started
 
 
-def test_serve_and_sweep_two_rates(serve_env: StageEnv, model_path: str, tmp_path: Path) -> None:
+def test_serve_and_sweep_two_rates(serve_env: StageEnv, model_path: str, served_dtype: str, tmp_path: Path) -> None:
     port = _free_port()
-    scfg = _server_cfg(port)
+    scfg = _server_cfg(port, served_dtype)  # the CPU's choice, as a job's (conftest: served_dtype)
     bench = BenchConfig(
         name="it",
         mode="rate",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import fidelity
-from quantverdict.config.schema import BenchConfig, ServerConfig
+from quantverdict.config.schema import BenchConfig, ComputeDtype, ServerConfig
 from quantverdict.measure import server_metrics, sweep_plan
 from quantverdict.processes.envs import SRC_DIR, StageEnv
 from quantverdict.serving.benchmark import bench_command, run_sweep, start_client, supported_optional_flags
@@ -56,7 +56,7 @@ def model_path(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("embedded_model")["path"])
 
 
-def _bench(port: int) -> BenchConfig:
+def _bench(port: int, dtype: str) -> BenchConfig:
     return BenchConfig(
         name="it",
         mode="concurrency",
@@ -70,7 +70,14 @@ def _bench(port: int) -> BenchConfig:
         seed=0,
         point_timeout_s=240,
         min_duration_s=2.0,
-        server=ServerConfig(port=port, startup_timeout_s=300, enforce_eager=True, max_num_seqs=8, kv_cache_space_gib=1),
+        server=ServerConfig(
+            port=port,
+            startup_timeout_s=300,
+            enforce_eager=True,
+            max_num_seqs=8,
+            kv_cache_space_gib=1,
+            dtype=ComputeDtype(dtype),  # the CPU's choice, as a job's (conftest: served_dtype)
+        ),
     )
 
 
@@ -92,10 +99,10 @@ def _old_method(server: VLLMServer, bench: BenchConfig, model_path: str, env: St
 
 
 def test_old_method_hits_the_prefix_cache_new_one_does_not(
-    serve_env: StageEnv, model_path: str, tmp_path: Path
+    serve_env: StageEnv, model_path: str, served_dtype: str, tmp_path: Path
 ) -> None:
     port = _free_port()
-    bench = _bench(port)
+    bench = _bench(port, served_dtype)
     with VLLMServer(serve_env, model_path, "smollm2-it", bench.server, 512, "cpu", tmp_path / "server.log") as server:
         old = _old_method(server, bench, model_path, serve_env, tmp_path / "old")
         assert server.reset_prefix_cache()
