@@ -29,7 +29,7 @@ from quantverdict.measure import sweep, sweep_plan, vllm_log
 from quantverdict.results.record import find_records, load, mark_interrupted
 from quantverdict.results.table import format_table
 from quantverdict.review.sources import dedupe
-from quantverdict.serving.benchmark import parse_point
+from quantverdict.serving.benchmark import finished_points, parse_point
 from quantverdict.serving.speed import speed_validity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,14 +44,19 @@ def reparse_points(rec: dict, job_dir: Path) -> bool:
     bench_dir = job_dir / "bench"
     if not points or not bench_dir.is_dir():
         return False
-    bench_cfg = job_config(rec).bench
-    by_name = {p.name: p for p in sweep_plan.plan(
-        bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats
-    )}  # fmt: skip
+    bench_cfg, by_name = None, {}
     reread = False
     for i, old in enumerate(points):
-        point = by_name.get(old.get("point"))
-        if point is None or not all((bench_dir / f"{point.name}{x}").is_file() for x in (".json", ".qv.json")):
+        name = str(old.get("point"))
+        if not all((bench_dir / f"{name}{x}").is_file() for x in (".json", ".qv.json")):
+            continue
+        if bench_cfg is None:  # the job's config, composed once a point has its files
+            bench_cfg = job_config(rec).bench
+            by_name = {p.name: p for p in sweep_plan.plan(
+                bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats
+            )}  # fmt: skip
+        point = by_name.get(name)
+        if point is None:
             continue
         new = parse_point(bench_dir, point, bench_cfg)
         new["result_file"] = old.get("result_file", new["result_file"])
@@ -62,10 +67,16 @@ def reparse_points(rec: dict, job_dir: Path) -> bool:
 
 def rederive(rec: dict, job_dir: Path) -> dict:
     """Re-read the fields a record takes from the job's raw files with this checkout's parsers, so a parser
-    fix applies to finished runs: the sweep points from ``bench/`` (:func:`reparse_points`), then memory,
+    fix applies to finished runs: a job killed mid-sweep (its record left ``running``, no points) first gets the
+    points it finished from ``bench/sweep.jsonl`` (:func:`quantverdict.serving.benchmark.finished_points`),
+    then the sweep points from ``bench/`` (:func:`reparse_points`), then memory,
     kernels, the kernel check and the per-load summary from the vLLM server log, and the server-start parts of the
     benchmark split (``speed.time_split``: compile, graph capture, the warm-up after it) from the same log."""
     mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
+    speed = rec.get("speed")
+    if isinstance(speed, dict) and not speed.get("points"):
+        # killed mid-sweep (no `finally` ran, so the record has no points): the points it finished
+        speed["points"] = finished_points(job_dir / "bench")
     reread = reparse_points(rec, job_dir)
     log_path = job_dir / "vllm_server.log"
     act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16

@@ -35,6 +35,7 @@ GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-cache-free" / "records": RESULTS / "gpu-cache-free",
     RESULTS / "gpu-cache-free" / "fp8-grid" / "records": RESULTS / "gpu-cache-free" / "fp8-grid",
     RESULTS / "gpu-cache-free" / "w8a8-grid" / "records": RESULTS / "gpu-cache-free" / "w8a8-grid",
+    RESULTS / "gpu-cache-free" / "prefill-gptq-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-gptq-grid",
 }
 
 

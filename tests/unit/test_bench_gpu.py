@@ -119,3 +119,23 @@ def test_rederive_fills_the_warmup_after_capture_from_the_server_log(tmp_path) -
     assert out["warmup_after_capture_s"] == 83.0  # 16:22:55 -> 16:24:18
     assert out["graph_capture_s"] == 3.0 and out["windows_s"] == 60.0 and out["overhead_s"] == 10.0
     assert out["overhead_fraction"] == 10.0 / 211.0  # 10 s over 151 + 60
+
+
+def test_rederive_keeps_the_points_a_killed_job_finished(tmp_path) -> None:
+    """A machine given back mid-sweep kills the job with no `finally`: its record says `running` and has no
+    points, but `bench/sweep.jsonl` holds one line per finished point, the last maybe cut mid-write."""
+    import json
+
+    from pipelines.bench_gpu import rederive
+
+    stages = {"quantize": {"status": "ok"}, "benchmark": {"status": "running"}}
+    rec = {"status": "running", "stages": stages, "config": {"scheme": {"activation_bits": 16}},
+           "speed": {"points": []}}  # fmt: skip
+    done = [{"point": "conc-1_r0", "output_tok_s": 229.4}, {"point": "conc-1_r1", "output_tok_s": 227.0}]
+    (tmp_path / "bench").mkdir()
+    lines = [json.dumps(p) for p in done] + ['{"point": "conc-1_r2", "output_t']  # the kill cut the third
+    (tmp_path / "bench" / "sweep.jsonl").write_text("\n".join(lines))
+    out = rederive(rec, tmp_path)
+    assert out["status"] == "interrupted" and out["failed_stage"] == "benchmark"
+    assert [p["point"] for p in out["speed"]["points"]] == ["conc-1_r0", "conc-1_r1"]
+    assert out["speed"]["points"][1]["output_tok_s"] == 227.0

@@ -150,3 +150,18 @@ def test_wait_collects_when_the_lease_end_is_near_and_the_step_goes_on(lease_roo
         assert (lease_root / "out" / "slow.tar.gz").is_file()  # the step's folder so far
     finally:
         os.killpg(pid, signal.SIGTERM)  # the runner leads its own session (setsid)
+
+
+def test_a_lease_end_given_once_holds_for_the_later_calls(lease_root: Path) -> None:
+    # the install call is given the end (600 s left); the next call, without it, still skips a 1,000-s step (its
+    # default end, t0 + 1800 - 180 s, would have run it)
+    end = str(int(time.time()) + 600)
+    r = _lease(lease_root, "queue", "big 1000 grid scheme=bf16", "queue", "small 1 grid scheme=int8", QV_LEASE_END=end)
+    assert r.returncode == 0, r.stderr
+    assert (lease_root / "qvlease" / "lease.end").read_text().strip() == end
+    r = _lease(lease_root, "go", "wait", "60")
+    assert r.returncode == 0, r.stderr
+    log = (lease_root / "qvlease" / "lease.log").read_text()
+    assert "step big: skipped" in log and "step small: exit 0" in log
+    bad = _lease(lease_root, "collect", QV_LEASE_END="soon")
+    assert bad.returncode == 2 and "QV_LEASE_END 'soon' is not epoch seconds" in bad.stderr

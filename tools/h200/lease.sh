@@ -22,19 +22,27 @@
 # collect  $OUT/<NAME>.tar.gz per step folder (records, sidecars, result files, server logs; no checkpoints, which
 #          live in the cache root) and $OUT/lease.log; a lease that ends mid-step loses no finished job
 #
-# The lease ends 30 minutes after the machine started, which is before the first command's t0: steps are judged
-# against QV_LEASE_END (epoch seconds), by default t0 + 1800 - QV_LEASE_MARGIN_S (180). Tests set QV_LEASE_ROOT
-# (default /tmp) and QV_LEASE_PYTHON (default python3).
+# The lease ends when the session's device time is spent, counted from the asking for the machine (before the
+# first command's t0): steps are judged against QV_LEASE_END (epoch seconds; once given to a call it is kept in
+# qvlease/lease.end for the later calls and the runner), by default t0 + 1800 - QV_LEASE_MARGIN_S (180). Best: the
+# first stash call's return time + the budget_left_s it reported - 60 (collect and the transfer back), e.g.
+# `QV_LEASE_END=$(( $(date -d 00:37:38 +%s) + 1727 - 60 ))` before the install call's command. Tests set QV_LEASE_ROOT (default /tmp) and
+# QV_LEASE_PYTHON (default python3).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 T="${QV_LEASE_ROOT:-/tmp}"
 PY="${QV_LEASE_PYTHON:-python3}"
 STASH="$T/stash" L="$T/qvlease" RES="$T/qvgpu" DATA="$T/qvdata"
 mkdir -p "$L" "$RES"
+if [ -n "${QV_LEASE_END:-}" ]; then
+  [[ "$QV_LEASE_END" =~ ^[0-9]+$ ]] || { echo "lease.sh: QV_LEASE_END '$QV_LEASE_END' is not epoch seconds" >&2; exit 2; }
+  echo "$QV_LEASE_END" > "$L/lease.end"
+fi
 say() { printf '[lease %s] %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$L/lease.log"; }
 
 lease_end() {
   if [ -n "${QV_LEASE_END:-}" ]; then echo "$QV_LEASE_END"; return; fi
+  if [ -f "$L/lease.end" ]; then cat "$L/lease.end"; return; fi  # given to an earlier call: the runner's too
   local t0; t0=$(cat "$L/lease.t0" 2>/dev/null || date +%s)
   echo $(( t0 + 1800 - ${QV_LEASE_MARGIN_S:-180} ))
 }

@@ -205,6 +205,24 @@ def _append(jsonl: Path, parsed: dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
+def finished_points(bench_dir: Path) -> list[dict[str, Any]]:
+    """The points a sweep finished, from ``bench_dir/sweep.jsonl`` (one parsed point per line, appended as each
+    point finished, :func:`run_sweep`), in run order; [] when the file is absent. A line cut by a kill (the
+    last one, not yet flushed whole) is left out: the points before it are kept."""
+    jsonl = bench_dir / "sweep.jsonl"
+    if not jsonl.is_file():
+        return []
+    points = []
+    for line in jsonl.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return points
+
+
 CHILD = "sweep_client"
 GATE = "sweep_client.go"
 

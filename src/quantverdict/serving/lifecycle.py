@@ -25,7 +25,7 @@ from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import Record
-from quantverdict.serving.benchmark import SweepClient, run_sweep, start_client
+from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
 
@@ -122,9 +122,8 @@ def serving(
             yield server
     finally:
         # a crash mid-sweep keeps the points that finished (appended to sweep.jsonl one by one)
-        if not rec.speed["points"] and (bench_dir / "sweep.jsonl").exists():
-            lines = (bench_dir / "sweep.jsonl").read_text().splitlines()
-            rec.speed["points"] = [json.loads(line) for line in lines if line.strip()]
+        if not rec.speed["points"]:
+            rec.speed["points"] = finished_points(bench_dir)
         if server.log_path.exists():
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
         speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
