@@ -101,6 +101,7 @@ _run() {  # the runner: every queued step in order, each only if the lease has i
   local i=0 line name est kind rest now left rc record
   export PYTHONPATH="/tmp/site_orch:$REPO/src:$REPO" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
   cd "$REPO"
+  set -f  # the overrides are split into words but never globbed: bench.concurrencies=[16,64,256] stays as written
   while true; do
     i=$(( i + 1 ))
     line=$(sed -n "${i}p" "$L/queue" 2>/dev/null)
