@@ -34,7 +34,7 @@ from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
-from quantverdict.review.speed import raw_points, speed_summary
+from quantverdict.review.speed import raw_points, speed_summary, workload
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
@@ -95,6 +95,7 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     elif not r.accuracy.tasks and not r.accuracy.extra.get("tasks"):
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(r, rc)
+    sc.speed["workload"] = workload(r)
     sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
     roof = r.speed.roofline
@@ -125,6 +126,12 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     if rbase is not None and raw_points(r)[1] and raw_points(rbase)[1]:  # both measured speed
+        mine, theirs = workload(r), workload(rbase)
+        if (mine["input_len"], mine["output_len"]) != (theirs["input_len"], theirs["output_len"]):
+            why = f"swept at {mine['text']}, its baseline {rbase.job.scheme} at {theirs['text']}"
+            sc.flags.append(Flag(flags.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons"))
+            sc.speed["comparable"] = False
+            sc.speed["excluded_why"] = why
         match = same_gpu(r, rbase)
         if match is not None:  # GPU jobs only
             sc.validity.append(same_gpu_line(f"{sc.model} / {sc.scheme} vs {rbase.job.scheme}", match))

@@ -20,6 +20,7 @@ ONEDNN_FALLBACK = "onednn_fallback"  # vLLM CPU fell back from oneDNN to torch l
 KV_BYTES_MISMATCH = "kv_bytes_mismatch"  # vLLM's KV bytes/token differ from the model's
 GGUF_BASELINE = "gguf_baseline"  # the baseline is a dequantized GGUF model
 DIFFERENT_GPU = "different_gpu"  # scheme and baseline speed measured on different physical GPUs (uuid)
+WORKLOAD_MISMATCH = "workload_mismatch"  # scheme and baseline swept at different request shapes (in / out tokens)
 
 
 @dataclass(frozen=True)

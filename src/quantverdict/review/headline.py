@@ -103,10 +103,12 @@ def _point_at(sc: Scorecard, load: float) -> dict[str, Any] | None:
 
 
 def comparable(sc: Scorecard, base: Scorecard) -> str:
-    """'' when the two may be compared for speed, else why not (a fallback kernel: ``speed.comparable``)."""
+    """'' when the two may be compared for speed, else why not (``speed.comparable`` False: a fallback kernel,
+    ``kernel_reason``, or a request shape other than the baseline's, ``excluded_why``)."""
     for who in (sc, base):
         if who.speed.get("comparable") is False:
-            return f"{who.name} {who.speed.get('kernel_reason') or 'ran on a fallback kernel'}: not compared"
+            why = who.speed.get("excluded_why") or who.speed.get("kernel_reason") or "ran on a fallback kernel"
+            return f"{who.name} {why}: not compared"
     return ""
 
 

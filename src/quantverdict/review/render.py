@@ -495,10 +495,29 @@ def _accuracy_table(cards: list[Scorecard], rc: ReviewConfig) -> list[Block]:
     return out
 
 
+def workload_sentence(cards: list[Scorecard]) -> str:
+    """The request shape one model's sweeps ran (``speed.workload``), as a sentence: one shape for all, or each
+    scheme's when they differ; '' when no scorecard has speed."""
+    shapes = {sc.name: sc.speed["workload"]["text"] for sc in cards if (sc.speed.get("workload") or {}).get("text")}
+    if not shapes:
+        return ""
+    if len(set(shapes.values())) == 1:
+        return (
+            f"Request shape: {next(iter(shapes.values()))}. Every speedup here holds for this shape: the prefill "
+            "share of the work moves the crossover (another shape: bench.input_len and bench.output_len, or on a "
+            "GPU bench=gpu-concurrency-prefill / bench=gpu-concurrency-decode)."
+        )
+    each = "; ".join(f"{name}: {text}" for name, text in shapes.items())
+    return f"Request shapes differ ({each}): a scheme is compared only with a baseline swept at its own shape."
+
+
 def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
     """One model's speed summary with what each column means."""
     out: list[Block] = []
     out.append(("h3", "Speed (vLLM serving sweep)"))
+    shape = workload_sentence(cards)
+    if shape:
+        out.append(("p", shape))
     out.append(
         (
             "p",
@@ -603,6 +622,9 @@ def _regime_table(review: Review, model: str) -> list[Block]:
     out: list[Block] = []
     regime = review.regime.get(model, [])
     out.append(("h3", "Regime: where quantization pays"))
+    shape = workload_sentence(review.cards_of(model))
+    if shape:
+        out.append(("p", shape))
     out.append(
         (
             "p",

@@ -51,6 +51,21 @@ def load_label(p: dict[str, Any], mode: str) -> str:
     return "unlimited rate" if math.isinf(r) else f"{r:g} req/s"
 
 
+def workload(rec: JobRecord) -> dict[str, Any]:
+    """The request shape a record's sweep ran: ``{"bench", "input_len", "output_len", "text"}`` from its
+    ``config.bench`` (tokens per request; ``text`` e.g. ``"2,048 in / 128 out tokens per request
+    (bench=gpu-concurrency-prefill)"``). Speedups hold for one shape only: the prefill share of the work moves
+    the crossover (issue #16), so a scheme is compared only with a baseline swept at the same shape."""
+    bench = rec.cfg("bench")
+    name, n_in, n_out = bench.get("name"), bench.get("input_len"), bench.get("output_len")
+    shape = (
+        f"{n_in:,} in / {n_out:,} out tokens per request"
+        if is_number(n_in) and is_number(n_out)
+        else "request shape not recorded"
+    )
+    return {"bench": name, "input_len": n_in, "output_len": n_out, "text": shape + (f" (bench={name})" if name else "")}
+
+
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     """The sweep's mode (``rate`` unless the record says ``concurrency``) and its points as the record holds
     them (dicts, for :mod:`quantverdict.measure.sweep`)."""

@@ -769,7 +769,7 @@ def regime_sentence(sc: Scorecard, lo_side: dict[str, Any] | None, sat_side: dic
     if sc.speed.get("comparable") is False:
         return (
             f"{sc.name}: no speedup -> excluded from speed comparisons: "
-            f"{sc.speed.get('kernel_reason') or 'fallback kernel'}"
+            f"{sc.speed.get('excluded_why') or sc.speed.get('kernel_reason') or 'fallback kernel'}"
         )
     if lo_side is None or sat_side is None:
         return f"{sc.name}: speed missing for it or its baseline"

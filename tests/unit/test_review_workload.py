@@ -1,0 +1,50 @@
+"""The request shape in the review (issue #16): every speedup holds for the shape it was swept at (bench.input_len,
+bench.output_len), the review says which, and a scheme swept at another shape than its baseline's is flagged and
+kept out of the speed comparisons instead of being divided by it."""
+
+from __future__ import annotations
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.review import build_review
+from quantverdict.review.render import blocks, to_markdown
+from review_records import synthetic_grid
+
+RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)
+
+
+def test_one_shape_is_stated_in_the_speed_and_regime_sections() -> None:
+    recs = synthetic_grid()  # every job swept 1,024 in / 128 out
+    for r in recs:
+        r["config"]["bench"]["name"] = "gpu-concurrency"
+    review = build_review(recs, RC, "t")
+    assert {sc.speed["workload"]["text"] for sc in review.cards} == {
+        "1,024 in / 128 out tokens per request (bench=gpu-concurrency)"
+    }
+    md = to_markdown(blocks(review, {}))
+    sentence = "Request shape: 1,024 in / 128 out tokens per request (bench=gpu-concurrency). Every speedup here"
+    speed_part = md.split("### Speed (vLLM serving sweep)", 1)[1].split("###", 1)[0]
+    regime_part = md.split("### Regime: where quantization pays", 1)[1].split("##", 1)[0]
+    assert sentence in speed_part and sentence in regime_part
+    assert "workload_mismatch" not in {f.code for f in review.flags}
+    assert all(r["sat"] and r["low"] for r in review.regime["llama3.1-8b-shape"])  # compared as before
+
+
+def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
+    recs = synthetic_grid()
+    gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
+    gptq["config"]["bench"].update(name="gpu-concurrency-prefill", input_len=2048)
+    review = build_review(recs, RC, "t")
+    flagged = [f for f in review.flags if f.code == "workload_mismatch"]
+    assert [f.scheme for f in flagged] == ["gptq (W4A16)"]
+    why = "swept at 2,048 in / 128 out tokens per request (bench=gpu-concurrency-prefill), its baseline bf16 at " \
+          "1,024 in / 128 out tokens per request"  # fmt: skip
+    assert flagged[0].message == f"gptq (W4A16): {why}: kept out of speed comparisons"
+    rows = {r["scheme"]: r for r in review.regime["llama3.1-8b-shape"]}
+    assert rows["gptq"]["low"] is None and rows["gptq"]["sat"] is None  # no ratio across shapes
+    assert rows["gptq"]["text"] == f"gptq (W4A16): no speedup -> excluded from speed comparisons: {why}"
+    plain = {r["scheme"]: r for r in build_review(synthetic_grid(), RC, "t").regime["llama3.1-8b-shape"]}
+    assert plain["gptq"]["sat"] is not None  # compared when the shapes agree
+    for other in ("fp8", "w8a8"):  # the others compare with bf16 as before
+        assert (rows[other]["low"], rows[other]["sat"]) == (plain[other]["low"], plain[other]["sat"])
+    md = to_markdown(blocks(review, {}))
+    assert "Request shapes differ (bf16 (BF16): 1,024 in / 128 out tokens per request;" in md
