@@ -147,11 +147,12 @@ def run_settings(recs: list[dict]) -> list[str]:
             )
         else:
             sweep = "bench disabled"
-        evaluation = (
-            f"eval={ev.get('name', '?')} ({ev.get('backend', 'vllm')} backend)"
-            if ev.get("enabled")
-            else "eval disabled"
-        )
+        if ((rec.get("stages") or {}).get("evaluate") or {}).get("status") == "not_applicable":
+            evaluation = "eval not applicable (random weights)"  # enabled in the config, skipped by the job
+        elif ev.get("enabled"):
+            evaluation = f"eval={ev.get('name', '?')} ({ev.get('backend', 'vllm')} backend)"
+        else:
+            evaluation = "eval disabled"
         lines.setdefault(f"{sweep}; {evaluation}", []).append(rec["job"].get("scheme", "?"))
     return [f"{key}: {', '.join(schemes)}" for key, schemes in lines.items()]
 

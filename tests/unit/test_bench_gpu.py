@@ -102,6 +102,12 @@ def test_results_header_states_the_settings_the_records_ran_with() -> None:
         "bench=gpu-concurrency: concurrency 256, repeats 3, 256 in / 128 out; eval=gpu (vllm backend): bf16, gptq",
         "bench=gpu-concurrency: concurrency 1, 64, repeats 1, 256 in / 128 out; eval=gpu-server (server backend): bf16",
     ]
+    # a random-weight model: evaluation enabled in the config (eval=cpu by default), skipped by the job
+    synthetic = rec("fp8", [256], 3, "cpu", "hf")
+    synthetic["stages"] = {"evaluate": {"status": "not_applicable"}}
+    assert run_settings([synthetic]) == [
+        "bench=gpu-concurrency: concurrency 256, repeats 3, 256 in / 128 out; eval not applicable (random weights): fp8"
+    ]
 
 
 def test_rederive_fills_the_warmup_after_capture_from_the_server_log(tmp_path) -> None:
