@@ -76,7 +76,9 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     speed = rec.get("speed")
     if isinstance(speed, dict) and not speed.get("points"):
         # killed mid-sweep (no `finally` ran, so the record has no points): the points it finished
-        speed["points"] = finished_points(job_dir / "bench")
+        done = finished_points(job_dir / "bench")
+        if done:
+            speed["points"] = done
     reread = reparse_points(rec, job_dir)
     log_path = job_dir / "vllm_server.log"
     act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16

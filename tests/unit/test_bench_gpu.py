@@ -139,9 +139,12 @@ def test_rederive_keeps_the_points_a_killed_job_finished(tmp_path) -> None:
            "speed": {"points": []}}  # fmt: skip
     done = [{"point": "conc-1_r0", "output_tok_s": 229.4}, {"point": "conc-1_r1", "output_tok_s": 227.0}]
     (tmp_path / "bench").mkdir()
-    lines = [json.dumps(p) for p in done] + ['{"point": "conc-1_r2", "output_t']  # the kill cut the third
+    lines = [json.dumps(done[0]), '{"point": "conc-1_r', json.dumps(done[1]), '{"point": "conc-1_r2", "output_t']
     (tmp_path / "bench" / "sweep.jsonl").write_text("\n".join(lines))
     out = rederive(rec, tmp_path)
     assert out["status"] == "interrupted" and out["failed_stage"] == "benchmark"
     assert [p["point"] for p in out["speed"]["points"]] == ["conc-1_r0", "conc-1_r1"]
     assert out["speed"]["points"][1]["output_tok_s"] == 227.0
+    # a record that has its points keeps them, whatever sweep.jsonl holds
+    kept = {"status": "ok", "config": rec["config"], "speed": {"points": [{"point": "conc-16_r0"}]}}
+    assert rederive(kept, tmp_path)["speed"]["points"] == [{"point": "conc-16_r0"}]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.render import blocks, to_markdown
-from review_records import synthetic_grid
+from review_records import synthetic_grid, synthetic_record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)
 
@@ -48,3 +48,33 @@ def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
         assert (rows[other]["low"], rows[other]["sat"]) == (plain[other]["low"], plain[other]["sat"])
     md = to_markdown(blocks(review, {}))
     assert "Request shapes differ (bf16 (BF16): 1,024 in / 128 out tokens per request;" in md
+
+
+def test_cross_model_candidates_at_different_shapes_are_flagged() -> None:
+    from quantverdict.review.crossmodel import cross_model
+
+    small = [synthetic_record(s, model="small-shape") for s in ("bf16", "gptq")]
+    big = [synthetic_record(s) for s in ("bf16", "gptq")]
+    for r in small:
+        r["config"]["bench"]["input_len"] = 2048  # the small model swept prefill-heavy, the big one 1,024 in
+    review = build_review(small + big, RC, "t")
+    assert "workload_mismatch" not in {f.code for f in review.flags}  # each model against its own baseline: same
+    cm = cross_model(review)
+    assert cm is not None
+    flagged = {c.name: c.flags for c in cm.candidates}
+    want = (
+        "swept at 2,048 in / 128 out tokens per request, other candidates at 1,024 in / 128 out tokens per request: "
+        "its speed figures and ratios here compare different request shapes"
+    )
+    assert [n for n, f in flagged.items() if want in f] == [
+        c.name for c in cm.candidates if c.card.model == "small-shape"
+    ]
+    assert all(flagged[c.name] for c in cm.candidates)  # the big model's candidates flagged the other way round
+
+
+def test_no_shape_sentence_without_sweep_points() -> None:
+    recs = synthetic_grid()
+    for r in recs:
+        r["speed"]["points"] = []
+    review = build_review(recs, RC, "t")
+    assert "Request shape" not in to_markdown(blocks(review, {}))

@@ -41,8 +41,9 @@ fi
 say() { printf '[lease %s] %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$L/lease.log"; }
 
 lease_end() {
-  if [ -n "${QV_LEASE_END:-}" ]; then echo "$QV_LEASE_END"; return; fi
-  if [ -f "$L/lease.end" ]; then cat "$L/lease.end"; return; fi  # given to an earlier call: the runner's too
+  # the newest end given to any call (each call writes its QV_LEASE_END there): the runner, started by an earlier
+  # call with that call's environment, follows a corrected end too
+  if [ -f "$L/lease.end" ]; then cat "$L/lease.end"; return; fi
   local t0; t0=$(cat "$L/lease.t0" 2>/dev/null || date +%s)
   echo $(( t0 + 1800 - ${QV_LEASE_MARGIN_S:-180} ))
 }

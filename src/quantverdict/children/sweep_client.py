@@ -226,12 +226,22 @@ def stop_pool(pool: Executor) -> None:
     """Shut ``pool`` down without waiting and terminate its worker processes: one stuck in its task (a hung
     tokenizer, say) would otherwise hold this process at exit, when ``concurrent.futures`` joins it, and use a
     core during the measured windows until then. The processes are taken before ``shutdown``, which forgets
-    them (``ProcessPoolExecutor._processes`` becomes None); a thread pool has none."""
+    them (``ProcessPoolExecutor._processes`` becomes None); a thread pool has none. A worker still alive 2 s
+    after SIGTERM is killed: a SIGTERM that reaches a worker between its fork and its exec (spawn start-up, under
+    load) is lost with the handlers the exec replaces."""
     procs = list((getattr(pool, "_processes", None) or {}).values())  # ProcessPoolExecutor's {pid: process}
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
+    for proc in procs:
+        proc.join(STOP_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(STOP_GRACE_S)
+
+
+STOP_GRACE_S = 2.0  # seconds a terminated prompt worker has to exit before it is killed
 
 
 def sampling_pool(workers: int) -> Executor:

@@ -127,11 +127,12 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     if rbase is not None and raw_points(r)[1] and raw_points(rbase)[1]:  # both measured speed
         mine, theirs = workload(r), workload(rbase)
-        if (mine["input_len"], mine["output_len"]) != (theirs["input_len"], theirs["output_len"]):
+        shape, base_shape = (mine["input_len"], mine["output_len"]), (theirs["input_len"], theirs["output_len"])
+        if None not in shape + base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
             why = f"swept at {mine['text']}, its baseline {rbase.job.scheme} at {theirs['text']}"
             sc.flags.append(Flag(flags.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons"))
             sc.speed["comparable"] = False
-            sc.speed["excluded_why"] = why
+            sc.speed["excluded_why"] = "; ".join(x for x in (sc.speed.get("kernel_reason"), why) if x)
         match = same_gpu(r, rbase)
         if match is not None:  # GPU jobs only
             sc.validity.append(same_gpu_line(f"{sc.model} / {sc.scheme} vs {rbase.job.scheme}", match))

@@ -325,6 +325,12 @@ def _scores(c: Candidate, cards: list[Scorecard]) -> None:
             c.scores[task] = (metric, float(v), res.n)
 
 
+def speed_shape_known(speed: dict[str, Any]) -> bool:
+    """Whether a scorecard's ``speed`` has sweep points and a recorded request shape (``speed.workload``)."""
+    w = speed.get("workload") or {}
+    return bool(speed.get("points")) and w.get("input_len") is not None and w.get("output_len") is not None
+
+
 def _speed(c: Candidate) -> None:
     sp = c.card.speed
     c.ceiling_tok_s = sp.get("ceiling_tok_s")
@@ -499,6 +505,16 @@ def _cross_model(review: Review) -> CrossModel | None:
                 check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
                 c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
         c.eligible = not c.why_not
+    # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
+    shapes = {c.name: str(c.card.speed["workload"]["text"]) for c in cands if speed_shape_known(c.card.speed)}
+    if len(set(shapes.values())) > 1:
+        for c in cands:
+            if c.name in shapes:
+                others = sorted({t for n, t in shapes.items() if t != shapes[c.name]})
+                c.flags.append(
+                    f"swept at {shapes[c.name]}, other candidates at {'; '.join(others)}: its speed figures and "
+                    "ratios here compare different request shapes"
+                )
     # one source of bytes per step for every candidate in the ratio table (those with a ceiling): the checkpoint
     # tensors a step reads (speed.roofline, a GPU sweep with c=1) when each of them has it, else the weights GiB
     if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands if c.ceiling_tok_s):

@@ -496,9 +496,11 @@ def _accuracy_table(cards: list[Scorecard], rc: ReviewConfig) -> list[Block]:
 
 
 def workload_sentence(cards: list[Scorecard]) -> str:
-    """The request shape one model's sweeps ran (``speed.workload``), as a sentence: one shape for all, or each
-    scheme's when they differ; '' when no scorecard has speed."""
-    shapes = {sc.name: sc.speed["workload"]["text"] for sc in cards if (sc.speed.get("workload") or {}).get("text")}
+    """The request shape one model's sweeps ran (``speed.workload`` of the scorecards with sweep points), as a
+    sentence: one shape for all, or each scheme's when they differ; '' when no scorecard has points."""
+    shapes = {
+        sc.name: sc.speed["workload"]["text"] for sc in cards if sc.speed.get("points") and sc.speed.get("workload")
+    }
     if not shapes:
         return ""
     if len(set(shapes.values())) == 1:
@@ -635,7 +637,8 @@ def _regime_table(review: Review, model: str) -> list[Block]:
                 "95% CI): faster or slower when the interval excludes 1, else no difference established (low "
                 "load: the lowest load both measured; saturation: the highest). Otherwise it rests on the median "
                 "and its min-max range over repeats (or a single run): a speedup pays (>= 1.05x) or costs only "
-                "when its whole range does. A scheme that ran on a fallback kernel is not compared."
+                "when its whole range does. A scheme that ran on a fallback kernel, or at another request shape than "
+                "its baseline, is not compared."
             ),
         )
     )

@@ -58,11 +58,10 @@ def workload(rec: JobRecord) -> dict[str, Any]:
     the crossover (issue #16), so a scheme is compared only with a baseline swept at the same shape."""
     bench = rec.cfg("bench")
     name, n_in, n_out = bench.get("name"), bench.get("input_len"), bench.get("output_len")
-    shape = (
-        f"{n_in:,} in / {n_out:,} out tokens per request"
-        if is_number(n_in) and is_number(n_out)
-        else "request shape not recorded"
-    )
+    if is_number(n_in) and is_number(n_out):
+        shape = f"{int(float(n_in)):,} in / {int(float(n_out)):,} out tokens per request"
+    else:
+        shape = "request shape not recorded"
     return {"bench": name, "input_len": n_in, "output_len": n_out, "text": shape + (f" (bench={name})" if name else "")}
 
 

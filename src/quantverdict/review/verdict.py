@@ -571,7 +571,8 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
     """(low-load, saturation) speedup of ``sc`` over ``base``: baseline single-stream ITL p50 over the
     scheme's, and the scheme's sustained-ceiling output tok/s over the baseline's (medians over repeats).
     > 1 means faster. None when either is missing, or either is not comparable for speed (a scheme that
-    ran on a weight-only fallback kernel, see :func:`quantverdict.measure.kernels.kernel_check`)."""
+    ran on a weight-only fallback kernel, see :func:`quantverdict.measure.kernels.kernel_check`, or was swept at
+    another request shape than its baseline, ``speed.excluded_why``)."""
     if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
         return None, None
     a, b = sc.speed.get("single_itl_ms_p50"), base.speed.get("single_itl_ms_p50")

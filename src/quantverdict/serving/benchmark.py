@@ -207,8 +207,8 @@ def _append(jsonl: Path, parsed: dict[str, Any]) -> None:
 
 def finished_points(bench_dir: Path) -> list[dict[str, Any]]:
     """The points a sweep finished, from ``bench_dir/sweep.jsonl`` (one parsed point per line, appended as each
-    point finished, :func:`run_sweep`), in run order; [] when the file is absent. A line cut by a kill (the
-    last one, not yet flushed whole) is left out: the points before it are kept."""
+    point finished, :func:`run_sweep`), in run order; [] when the file is absent. A line that is not whole JSON
+    (the last one, cut by a kill before it was flushed) is left out, the others kept."""
     jsonl = bench_dir / "sweep.jsonl"
     if not jsonl.is_file():
         return []
@@ -219,7 +219,7 @@ def finished_points(bench_dir: Path) -> list[dict[str, Any]]:
         try:
             points.append(json.loads(line))
         except json.JSONDecodeError:
-            break
+            continue
     return points
 
 
