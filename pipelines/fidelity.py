@@ -73,11 +73,11 @@ from quantverdict.serving.lifecycle import compile_cache_dir
 from quantverdict.serving.server import VLLMServer
 
 TOLERANCE = 0.05  # issue 16: every point within +-5% of the job's
-# Two CPU runs of 8 requests (15-25-s windows) on a shared 2-core machine, where server and client take turns on the
-# cores (tests/integration/test_sweep_cache.py, AVX2 EPYC): by hand vs job 8.7% / 6.5% (2026-12-01, bf16 emulated),
-# 6.0% / 22.5% and 13.0% / 14.1% (2026-12-02, float32), at c = 1 / 4, in both directions. 15% failed CI once; the check there
-# shows the plumbing (seeds, request counts, no cache hits) and catches a gross gap (emulated bf16 instead of float32
-# here: several times slower)
+# Two CPU runs of 8 requests (15-25-s windows) on a shared 2-core machine, where server and client take turns on
+# the cores (tests/integration/test_sweep_cache.py, AVX2 EPYC): by hand vs job 8.7% / 6.5% (2026-12-01, bf16
+# emulated), 6.0% / 22.5% and 13.0% / 14.1% (2026-12-02, float32), at c = 1 / 4, in both directions. 15% failed CI
+# once; the check there shows the plumbing (seeds, request counts, no cache hits) and catches a gross gap (emulated
+# bf16 instead of float32 here: several times slower)
 CPU_TOLERANCE = 0.30
 JUDGED = "output_tok_s"
 SHOWN = ("output_tok_s", "ttft_ms_p50")
