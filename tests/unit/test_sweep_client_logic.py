@@ -468,6 +468,18 @@ def test_stop_pool_ends_a_worker_process_stuck_in_its_task() -> None:
         time.sleep(0.05)
     procs = list(pool._processes.values())  # type: ignore[attr-defined]  # noqa: SLF001 - what stop_pool must end
     assert len(procs) == 1 and procs[0].is_alive()
+    pid = procs[0].pid
     sweep_client.stop_pool(pool)
     procs[0].join(10)
-    assert not procs[0].is_alive()  # terminated, not left to finish its 60-s sleep
+
+    def running(pid: int) -> bool:  # from /proc, not is_alive(): a worker reaped by another waiter reads alive there
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return state not in ("Z", "X")  # a zombie has ended
+
+    deadline = time.monotonic() + 10
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(pid)  # terminated, not left to finish its 60-s sleep
