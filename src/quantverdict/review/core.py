@@ -34,7 +34,7 @@ from quantverdict.review.memory import memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
-from quantverdict.review.speed import raw_points, speed_summary, workload
+from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
@@ -126,10 +126,10 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     if rbase is not None and raw_points(r)[1] and raw_points(rbase)[1]:  # both measured speed
-        mine, theirs = workload(r), workload(rbase)
-        shape, base_shape = (mine["input_len"], mine["output_len"]), (theirs["input_len"], theirs["output_len"])
-        if None not in shape + base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
-            why = f"swept at {mine['text']}, its baseline {rbase.job.scheme} at {theirs['text']}"
+        base_workload = workload(rbase)
+        shape, base_shape = shape_of(sc.speed), shape_of({"points": raw_points(rbase)[1], "workload": base_workload})
+        if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
+            why = f"swept at {sc.speed['workload']['text']}, its baseline {rbase.job.scheme} at {base_workload['text']}"
             sc.flags.append(Flag(flags.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons"))
             sc.speed["comparable"] = False
             sc.speed["excluded_why"] = "; ".join(x for x in (sc.speed.get("kernel_reason"), why) if x)

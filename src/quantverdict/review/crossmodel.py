@@ -48,6 +48,7 @@ from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.speed import shape_of
 from quantverdict.review.verdict import NON_BLOCKING
 
 Block = tuple[Any, ...]
@@ -325,12 +326,6 @@ def _scores(c: Candidate, cards: list[Scorecard]) -> None:
             c.scores[task] = (metric, float(v), res.n)
 
 
-def speed_shape_known(speed: dict[str, Any]) -> bool:
-    """Whether a scorecard's ``speed`` has sweep points and a recorded request shape (``speed.workload``)."""
-    w = speed.get("workload") or {}
-    return bool(speed.get("points")) and w.get("input_len") is not None and w.get("output_len") is not None
-
-
 def _speed(c: Candidate) -> None:
     sp = c.card.speed
     c.ceiling_tok_s = sp.get("ceiling_tok_s")
@@ -506,7 +501,7 @@ def _cross_model(review: Review) -> CrossModel | None:
                 c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
         c.eligible = not c.why_not
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
-    shapes = {c.name: str(c.card.speed["workload"]["text"]) for c in cands if speed_shape_known(c.card.speed)}
+    shapes = {c.name: str(c.card.speed["workload"]["text"]) for c in cands if shape_of(c.card.speed)}
     if len(set(shapes.values())) > 1:
         for c in cands:
             if c.name in shapes:

@@ -65,6 +65,15 @@ def workload(rec: JobRecord) -> dict[str, Any]:
     return {"bench": name, "input_len": n_in, "output_len": n_out, "text": shape + (f" (bench={name})" if name else "")}
 
 
+def shape_of(speed: dict[str, Any]) -> tuple[Any, Any] | None:
+    """``(input_len, output_len)`` of a scorecard's ``speed.workload`` (:func:`workload`); None when the sweep
+    has no points or its shape was not recorded (no shape to compare)."""
+    w = speed.get("workload") or {}
+    if not speed.get("points") or w.get("input_len") is None or w.get("output_len") is None:
+        return None
+    return (w["input_len"], w["output_len"])
+
+
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     """The sweep's mode (``rate`` unless the record says ``concurrency``) and its points as the record holds
     them (dicts, for :mod:`quantverdict.measure.sweep`)."""
