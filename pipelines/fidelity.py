@@ -17,7 +17,10 @@ of each load level run here (as the sweep client does without ``bench.prefetch_p
 those waves before the sweep instead, every level's in a row), and ``POST /reset_prefix_cache`` between that
 warm-up and the point and after it; the
 server's ``/metrics`` prefix-cache counters are read around each point, so the by-hand hit rate is shown
-beside (no reuse across points; vLLM's random dataset repeats a few prompts inside one, as in the job). A
+beside, with the hits beyond the prompts that repeat inside the point in brackets (vLLM's random dataset
+repeats a few prompts inside one; the by-hand run sends the job's prompts, so the job's count of them applies:
+:func:`by_hand_excess_hit_rate`; above 0% means reuse across points). The checks file of a point
+(``<point>.checks.json``) judges the whole hit rate, as the CLI returns no prompts to count repeats in. A
 point whose output tok/s differs from the job's by more than the tolerance (5%) is flagged. TTFT p50 is
 printed beside it (not judged: at small windows it moves more than 5% between two runs of one method).
 
@@ -451,7 +454,9 @@ def compare(
     Returns:
         One row per point present in both: ``point``, ``job_<m>`` and ``by_hand_<m>`` for each shown metric
         (``output_tok_s``, ``ttft_ms_p50``), ``rel_diff`` (``|job - by hand| / by hand`` of output tok/s),
-        ``within`` (``rel_diff <= tolerance``), ``by_hand_hit_rate`` (the by-hand run's prefix-cache hits).
+        ``within`` (``rel_diff <= tolerance``), ``by_hand_hit_rate`` (the by-hand run's prefix-cache hits /
+        tokens looked up) and ``by_hand_excess_hit_rate`` (:func:`by_hand_excess_hit_rate`: the hits the job's
+        repeated prompts leave unexplained; None where that cannot be said).
 
     E.g. job 102 tok/s, by hand 100: rel_diff 0.02, within 5%.
     """
@@ -468,8 +473,43 @@ def compare(
         diff = abs(a - b) / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
         row.update(rel_diff=diff, within=diff is not None and diff <= tolerance)
         row["by_hand_hit_rate"] = hand.get("prefix_cache_hit_rate")
+        row["by_hand_excess_hit_rate"] = by_hand_excess_hit_rate(job, hand)
         rows.append(row)
     return rows
+
+
+def by_hand_excess_hit_rate(job: dict[str, Any], hand: dict[str, Any]) -> float | None:
+    """The by-hand run's prefix-cache hits beyond the prompts that repeat inside the point, per token looked up.
+
+    The by-hand run sends the job's prompts of that point (its seed, request count and lengths), so the job's
+    count of repeated prompt tokens (``prompt_repeat_tokens``, :mod:`quantverdict.measure.prompt_repeats`)
+    explains the same hits here; the client's prompt-token totals must agree as the sign that the same prompts
+    went out. The judged rate of :func:`quantverdict.measure.server_metrics.server_checks`, for a run that could
+    not count its own repeats (vLLM's CLI does not return its prompts).
+
+    Args:
+        job: the job's point (``prompt_repeat_tokens``, ``input_tokens_total``).
+        hand: the by-hand row (``prefix_cache_hits``, ``prefix_cache_queries`` from its checks,
+            ``input_tokens_total`` from the CLI's result).
+
+    Returns:
+        ``max(0, hits - repeated tokens) / tokens looked up``; None when the job did not count its repeats (records
+        before it), the by-hand checks are missing, or the prompt-token totals differ (other prompts).
+
+    E.g. H200, c=256 (2,376 requests of 256 tokens, seed 10): 13,856 hits of 608,256 tokens looked up by hand
+    (2.28%), 14,848 repeated tokens in the job's run of the same prompts: 0 beyond them, 0.0%.
+    """
+    repeated, hits, queries = (
+        job.get("prompt_repeat_tokens"),
+        hand.get("prefix_cache_hits"),
+        hand.get("prefix_cache_queries"),
+    )
+    if not isinstance(repeated, int) or not isinstance(hits, int) or not isinstance(queries, int):
+        return None
+    sent, ours = job.get("input_tokens_total"), hand.get("input_tokens_total")
+    if sent is None or ours is None or int(sent) != int(ours):
+        return None
+    return server_metrics.hit_rate(server_metrics.excess_hits(hits, repeated), queries)
 
 
 def render(rows: list[dict[str, Any]], tolerance: float = TOLERANCE) -> str:
@@ -480,12 +520,14 @@ def render(rows: list[dict[str, Any]], tolerance: float = TOLERANCE) -> str:
 
     lines = [
         "| point | job out tok/s | by hand out tok/s | diff | job TTFT p50 ms | by hand TTFT p50 ms "
-        "| by-hand cache hits |",
+        "| by-hand cache hits (beyond the job's repeated prompts) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         flag = "" if r["within"] else f" **> {100 * tolerance:g}%**"
         hit = "-" if r["by_hand_hit_rate"] is None else f"{100 * r['by_hand_hit_rate']:.2f}%"
+        if r.get("by_hand_excess_hit_rate") is not None:
+            hit += f" ({100 * r['by_hand_excess_hit_rate']:.2f}%)"
         diff = "-" if r["rel_diff"] is None else f"{100 * r['rel_diff']:.1f}%"
         lines.append(
             f"| {r['point']} | {f(r['job_output_tok_s'])} | {f(r['by_hand_output_tok_s'])} | {diff}{flag} | "

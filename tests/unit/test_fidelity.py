@@ -482,3 +482,31 @@ def test_json_goes_through_a_temporary_file_of_this_process(tmp_path: Path, monk
         fidelity.write_report(out, [], [], ["conc-1_r0"], error="x")
     assert sorted(p.name for p in out.iterdir()) == ["fidelity.json"]  # no temporary file left
     assert json.loads((out / "fidelity.json").read_text())["complete"] is True  # the last whole one
+
+
+def test_by_hand_hits_are_judged_beyond_the_jobs_repeated_prompts() -> None:
+    # the H200 run of 2026-12-02, c=256 r0: 2,376 requests x 256 tokens = 608,256 looked up by hand, 13,856 hits
+    # (2.28%); the job's run of the same prompts (seed 10) counted 14,848 repeated tokens: nothing beyond them
+    job = {"point": "conc-256_r0", "output_tok_s": 8240.9, "prompt_repeat_tokens": 14848, "input_tokens_total": 608256}
+    hand = {
+        "point": "conc-256_r0",
+        "output_tok_s": 8394.3,
+        "prefix_cache_hits": 13856,
+        "prefix_cache_queries": 608256,
+        "prefix_cache_hit_rate": 13856 / 608256,
+        "input_tokens_total": 608256,
+    }
+    (row,) = fidelity.compare([job], [hand])
+    assert row["by_hand_excess_hit_rate"] == 0.0
+    assert "| 2.28% (0.00%) |" in fidelity.render([row])
+    # 7,000 hits, 1,000 repeated tokens, 200,000 looked up: 6,000 beyond the repeats = 3%
+    more = hand | {"prefix_cache_hits": 7000, "prefix_cache_queries": 200000, "input_tokens_total": 200000}
+    assert (
+        fidelity.by_hand_excess_hit_rate(job | {"prompt_repeat_tokens": 1000, "input_tokens_total": 200000}, more)
+        == 0.03
+    )
+    # other prompts went out (the totals differ), or the job never counted its repeats: nothing said
+    assert fidelity.by_hand_excess_hit_rate(job, hand | {"input_tokens_total": 608000}) is None
+    assert fidelity.by_hand_excess_hit_rate({k: v for k, v in job.items() if k != "prompt_repeat_tokens"}, hand) is None
+    (old,) = fidelity.compare([{"point": "conc-256_r0", "output_tok_s": 8240.9}], [hand])
+    assert "| 2.28% |" in fidelity.render([old])
