@@ -165,3 +165,25 @@ def test_a_lease_end_given_once_holds_for_the_later_calls(lease_root: Path) -> N
     assert "step big: skipped" in log and "step small: exit 0" in log
     bad = _lease(lease_root, "collect", QV_LEASE_END="soon")
     assert bad.returncode == 2 and "QV_LEASE_END 'soon' is not epoch seconds" in bad.stderr
+
+
+def test_collect_goes_on_when_a_running_steps_files_change_under_tar(lease_root: Path) -> None:
+    # tar exits 1 ("file changed as we read it") on a step still running; the collect must still pack every step
+    # and the log. A stand-in tar first on PATH: the real one, then exit 1 for step "a" (exit 2 for step "c")
+    r = _lease(lease_root, "queue", "a 1 grid scheme=bf16", "queue", "b 1 grid scheme=int8", "go", "wait", "60")
+    assert r.returncode == 0, r.stderr
+    (lease_root / "qvgpu" / "c").mkdir()
+    shim = lease_root / "shim"
+    shim.mkdir()
+    real = subprocess.run(["bash", "-c", "command -v tar"], capture_output=True, text=True).stdout.strip()
+    (shim / "tar").write_text(
+        f'#!/usr/bin/env bash\n"{real}" "$@"; rc=$?\ncase "${{@: -1}}" in a) exit 1 ;; c) exit 2 ;; esac\nexit $rc\n'
+    )
+    (shim / "tar").chmod(0o755)
+    r = _lease(lease_root, "collect", PATH=f"{shim}:{os.environ['PATH']}")
+    assert r.returncode == 0, r.stderr
+    for step in ("a", "b"):
+        with tarfile.open(lease_root / "out" / f"{step}.tar.gz") as tar:
+            assert f"{step}/multirun/2026-12-01_11-00-00/m_bf16/record.json" in tar.getnames()
+    assert "collect c: tar exit 2 (its archive may be incomplete)" in r.stdout
+    assert (lease_root / "out" / "lease.log").is_file()

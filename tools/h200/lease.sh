@@ -156,17 +156,26 @@ wait_for() {
   collect
 }
 
+pack() {  # pack OUT NAME [EXCLUDES...]: step folder NAME -> OUT/NAME.tar.gz, never failing the collect
+  # a step still running changes its files while tar reads them: tar then exits 1 with a whole archive of what it
+  # read (seen on the fifth lease: `set -e` ended the collect there and the other steps never came back)
+  local out="$1" name="$2" rc=0
+  shift 2
+  tar czf "$out/$name.tar.gz" --warning=no-file-changed -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' \
+    "$@" "$name" || rc=$?
+  [ "$rc" -le 1 ] || say "collect $name: tar exit $rc (its archive may be incomplete)"
+}
+
 collect() {
   local out="${OUT:-$T/qvout}" d name
   mkdir -p "$out"
   shopt -s nullglob
   for d in "$RES"/*/; do
     name=$(basename "$d")
-    tar czf "$out/$name.tar.gz" -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' "$name"
-    if [ "$(stat -c %s "$out/$name.tar.gz")" -gt $(( 15 * 1024 * 1024 )) ]; then
+    pack "$out" "$name"
+    if [ "$(stat -c %s "$out/$name.tar.gz" 2>/dev/null || echo 0)" -gt $(( 15 * 1024 * 1024 )) ]; then
       # over what a call brings back (16 MiB a file): the per-request result files beyond c=1 stay there
-      tar czf "$out/$name.tar.gz" -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' \
-        --exclude='conc-[0-9][0-9]*_r[0-9].json' --exclude='rate-*_r[0-9].json' "$name"
+      pack "$out" "$name" --exclude='conc-[0-9][0-9]*_r[0-9].json' --exclude='rate-*_r[0-9].json'
       say "collect $name: result files beyond c=1 left out (over 15 MiB)"
     fi
   done
