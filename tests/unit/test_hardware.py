@@ -124,6 +124,46 @@ def test_gpu_info_without_nvidia_smi_is_empty() -> None:
     assert gpu_info(nvidia_smi="/nonexistent/nvidia-smi") == []
 
 
+# what the H200 machine printed for nvidia-smi --query-gpu=index,power.limit,enforced.power.limit,clocks.max.sm,
+# clocks.max.memory --format=csv,noheader,nounits (2026-12-02)
+H200_LIMITS = "0, 700.00, 700.00, 1980, 3201\n"
+
+
+def test_parse_limits_real_output_and_not_available() -> None:
+    assert hardware.parse_limits(H200_LIMITS) == {
+        0: {"power_limit_w": 700.0, "enforced_power_limit_w": 700.0, "clocks_max_sm_mhz": 1980.0,
+            "clocks_max_memory_mhz": 3201.0}
+    }  # fmt: skip
+    two = hardware.parse_limits("0, [N/A], [N/A], 1590, 1593\n1, 300.00, 250.00, 1410, 1215\n\n")
+    assert two[0]["power_limit_w"] is None and two[0]["clocks_max_sm_mhz"] == 1590.0
+    assert two[1]["enforced_power_limit_w"] == 250.0  # capped below its limit
+    assert hardware.parse_limits('Field "clocks.max.sm" is not a valid field to query.\n') == {}
+
+
+def _fake_smi(tmp_path: Path, limits_exit: int) -> str:
+    """A stand-in nvidia-smi: the H200's answer to QUERY; to LIMITS_QUERY its answer, or an error and
+    ``limits_exit``."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$1" = "--query-gpu={hardware.QUERY}" ]; then printf %s "{H200_SMI.strip()}"; exit 0; fi\n'
+        f'if [ {limits_exit} -ne 0 ]; then echo "Field is not a valid field to query." >&2; exit {limits_exit}; fi\n'
+        f'printf %s "{H200_LIMITS.strip()}"\n'
+    )
+    smi.chmod(0o755)
+    return str(smi)
+
+
+def test_gpu_info_adds_the_limits_and_keeps_the_gpus_when_that_query_fails(tmp_path: Path) -> None:
+    (gpu,) = gpu_info(cuda_visible_devices="0", nvidia_smi=_fake_smi(tmp_path, 0))
+    assert gpu["uuid"] == "GPU-0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+    assert (gpu["enforced_power_limit_w"], gpu["clocks_max_sm_mhz"]) == (700.0, 1980.0)
+    # a driver that refuses a field (nvidia-smi exits 2 on an unknown one): the GPU is still there, limits None
+    (gpu,) = gpu_info(cuda_visible_devices="0", nvidia_smi=_fake_smi(tmp_path, 2))
+    assert gpu["compute_cap"] == "9.0"
+    assert [gpu[k] for k in hardware.LIMIT_KEYS] == [None, None, None, None]
+
+
 def test_fp8_is_refused_below_compute_capability_8_9() -> None:
     with pytest.raises(ConfigError) as err:
         check_scheme_on_gpu(scheme("fp8"), [A100])

@@ -41,6 +41,13 @@ def test_synthetic_roofline_table_and_hardware_line() -> None:
         "| llama3.1-8b-shape / gptq (W4A16) | 5.00 | 4,000 | 1.25 | 2.50 | 2,000 | 50% |",
     ]
     assert "Hardware and serving stack: NVIDIA H200 (driver 570.124.06); vLLM 0.11.0" in md
+    # with the power cap and top SM clock a record has kept since 2026-12-02 (hardware.gpu_info)
+    grid = synthetic_grid()
+    for r in grid:
+        for g in r["environment"]["gpu"]:
+            g.update(enforced_power_limit_w=700.0, clocks_max_sm_mhz=1980.0, clocks_max_memory_mhz=None)
+    line = "NVIDIA H200 (driver 570.124.06, power limit 700 W, max SM clock 1980 MHz); vLLM 0.11.0"
+    assert f"Hardware and serving stack: {line}" in format_table(grid)
     # the concurrency sweep's loads: c=1 of gptq, 20 + 127 * 2.5 = 337.5 ms E2E p50 -> 1000 / 337.5 = 2.96 req/s
     speed = section(md, "### Speed")
     assert speed[12].startswith("| llama3.1-8b-shape / gptq (W4A16) | c=1 | 2.96 |")

@@ -37,6 +37,9 @@ from quantverdict.measure import kv_cache, memory, tensor_parallel
 log = logging.getLogger(__name__)
 
 QUERY = "index,name,driver_version,memory.total,compute_cap,uuid,pci.bus_id"
+# asked apart from QUERY, so that a driver that does not know a field costs these numbers only, never the GPU list
+LIMITS_QUERY = "index,power.limit,enforced.power.limit,clocks.max.sm,clocks.max.memory"
+LIMIT_KEYS = ("power_limit_w", "enforced_power_limit_w", "clocks_max_sm_mhz", "clocks_max_memory_mhz")
 FP8_W8A8_MIN_CC = (8, 9)
 INT8_W8A8_MIN_CC = (7, 5)
 WEIGHT_ONLY_MIN_CC = (7, 5)
@@ -77,6 +80,33 @@ def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
     return gpus
 
 
+def parse_limits(text: str) -> dict[int, dict[str, float | None]]:
+    """Rows of ``nvidia-smi --query-gpu=index,power.limit,enforced.power.limit,clocks.max.sm,clocks.max.memory
+    --format=csv,noheader,nounits``, by GPU index.
+
+    Returns:
+        ``{index: {"power_limit_w": W, "enforced_power_limit_w": W, "clocks_max_sm_mhz": MHz,
+        "clocks_max_memory_mhz": MHz}}``; a value nvidia-smi prints as ``[N/A]`` (or anything not a number) is
+        None. The configured power cap and the top clocks are what two GPUs of one name can differ in: on the
+        H200 machine the same bf16 job saturated 9.8% lower on one GPU than on three others (2026-12-02), and
+        a record that keeps these says whether a lower cap explains such a gap. E.g. the H200 machine's
+        ``0, 700.00, 700.00, 1980, 3201`` (2026-12-02).
+    """
+    out: dict[int, dict[str, float | None]] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 1 + len(LIMIT_KEYS) or not parts[0].isdigit():
+            continue
+        values: dict[str, float | None] = {}
+        for key, raw in zip(LIMIT_KEYS, parts[1:], strict=True):
+            try:
+                values[key] = float(raw)
+            except ValueError:
+                values[key] = None
+        out[int(parts[0])] = values
+    return out
+
+
 def visible(gpus: list[dict[str, Any]], cuda_visible_devices: str | None) -> list[dict[str, Any]]:
     """The GPUs a CUDA program sees under ``CUDA_VISIBLE_DEVICES``, in CUDA's order.
 
@@ -112,7 +142,8 @@ def visible(gpus: list[dict[str, Any]], cuda_visible_devices: str | None) -> lis
 
 
 def gpu_info(cuda_visible_devices: str | None = None, nvidia_smi: str = "nvidia-smi") -> list[dict[str, Any]]:
-    """The GPUs this job can see (see :func:`parse_nvidia_smi` for the fields); [] without any.
+    """The GPUs this job can see (see :func:`parse_nvidia_smi` for the fields, :func:`parse_limits` for the
+    power cap and top clocks added to each: None where not known); [] without any.
 
     Args:
         cuda_visible_devices: the ``CUDA_VISIBLE_DEVICES`` the stages run with; None: this
@@ -121,23 +152,43 @@ def gpu_info(cuda_visible_devices: str | None = None, nvidia_smi: str = "nvidia-
 
     Returns:
         [] when ``nvidia-smi`` is not installed, fails (no driver) or lists no GPU, or when
-        ``CUDA_VISIBLE_DEVICES`` hides them all (:func:`visible`).
+        ``CUDA_VISIBLE_DEVICES`` hides them all (:func:`visible`). A failure of the second query
+        (:data:`LIMITS_QUERY`) leaves the limits None and the list as it is.
     """
+    res = _query(nvidia_smi, QUERY)
+    if res is None:
+        return []
+    gpus = parse_nvidia_smi(res)
+    limits_text = _query(nvidia_smi, LIMITS_QUERY)
+    limits = parse_limits(limits_text) if limits_text is not None else {}
+    for g in gpus:
+        g.update(limits.get(g["index"]) or dict.fromkeys(LIMIT_KEYS))
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible_devices is None else cuda_visible_devices
+    return visible(gpus, cvd)
+
+
+def _query(nvidia_smi: str, fields: str) -> str | None:
+    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits``'s output; None (and a log line) when the
+    program is missing, times out or fails."""
     try:
         res = subprocess.run(
-            [nvidia_smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+            [nvidia_smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=60,
         )
     except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired) as exc:
         log.info("no GPU information: %s", exc)
-        return []
+        return None
     if res.returncode != 0:
-        log.warning("nvidia-smi failed (exit %d): %s", res.returncode, (res.stdout + res.stderr).strip()[-500:])
-        return []
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible_devices is None else cuda_visible_devices
-    return visible(parse_nvidia_smi(res.stdout), cvd)
+        log.warning(
+            "nvidia-smi --query-gpu=%s failed (exit %d): %s",
+            fields,
+            res.returncode,
+            (res.stdout + res.stderr).strip()[-500:],
+        )
+        return None
+    return res.stdout
 
 
 def compute_capability(gpu: dict[str, Any]) -> tuple[int, int]:
