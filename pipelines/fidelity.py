@@ -18,9 +18,9 @@ those waves before the sweep instead, every level's in a row), and ``POST /reset
 warm-up and the point and after it; the
 server's ``/metrics`` prefix-cache counters are read around each point, so the by-hand hit rate is shown
 beside, with the hits beyond the prompts that repeat inside the point in brackets (vLLM's random dataset
-repeats a few prompts inside one; the by-hand run sends the job's prompts, so the job's count of them applies:
-:func:`by_hand_excess_hit_rate`; above 0% means reuse across points). The checks file of a point
-(``<point>.checks.json``) judges the whole hit rate, as the CLI returns no prompts to count repeats in. A
+repeats a few prompts inside one; the by-hand run sends the job's prompts, its seed and request count, so the
+job's count of them applies, in the point's checks file too: :func:`by_hand_excess_hit_rate`; above 0% means
+reuse across points). A
 point whose output tok/s differs from the job's by more than the tolerance (5%) is flagged. TTFT p50 is
 printed beside it (not judged: at small windows it moves more than 5% between two runs of one method).
 
@@ -243,6 +243,7 @@ def run_by_hand(
     rates: set[float | str] | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
     ran: Collection[str] | None = None,
+    repeated_tokens: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """``vllm bench serve`` once per point of ``bench`` (the CLI, a process each), the cache reset around each.
 
@@ -263,6 +264,9 @@ def run_by_hand(
         on_point: called with each point's row as soon as it is measured (before the next point starts), e.g.
             to write the comparison so far.
         ran: only the points of these names, those the job ran (None: the whole plan; see :func:`choose`).
+        repeated_tokens: the job's repeated prompt tokens per point name (its record's ``prompt_repeat_tokens``):
+            a point sent with the job's seed and request count sends the job's prompts, so its server checks
+            subtract them as the job's did; other points' checks judge every hit.
 
     A warm-up of unmeasured prompts goes before the first point of each load level run here, as the sweep
     client does it without ``bench.prefetch_prompts`` (a later repeat follows a measured run at the same load;
@@ -276,7 +280,8 @@ def run_by_hand(
 
     Returns:
         Per point in run order: :func:`quantverdict.measure.bench_result.parse_result`'s keys plus the
-        :func:`quantverdict.measure.server_metrics.server_checks` keys (``prefix_cache_hit_rate``, ...).
+        :func:`quantverdict.measure.server_metrics.server_checks` keys (``prefix_cache_hit_rate``, ...) and
+        ``seed`` (the one sent; kept in ``<point>.checks.json`` too, as vLLM's result file has none).
     """
     chosen = choose(bench, repeats, concurrencies, rates, ran)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,9 +304,9 @@ def run_by_hand(
             subprocess.run(warm, env=run_env, check=True, capture_output=True, timeout=bench.point_timeout_s)
         server.reset_prefix_cache()
         before = server.counters()
+        seed = (seeds or {}).get(point.name, sweep_plan.point_seed(bench.seed, i))
         cmd = bench_command(
-            server, bench, model_path, env, point, out, flags,
-            seed=(seeds or {}).get(point.name, sweep_plan.point_seed(bench.seed, i)), num_prompts=n, warmups=False,
+            server, bench, model_path, env, point, out, flags, seed=seed, num_prompts=n, warmups=False,
         )  # fmt: skip
         proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=bench.point_timeout_s)
         if proc.returncode != 0:
@@ -310,7 +315,11 @@ def run_by_hand(
         after = server.counters()
         res = json.loads((out / f"{point.name}.json").read_text())
         row = bench_result.parse_result(res, point, n, bench.output_len, 0)
-        checks = server_metrics.server_checks(before, after, res["total_input_tokens"], res["total_output_tokens"])
+        jobs_prompts = point.name in (seeds or {}) and point.name in (num_prompts or {})
+        repeated = (repeated_tokens or {}).get(point.name) if jobs_prompts else None
+        checks = server_metrics.server_checks(
+            before, after, res["total_input_tokens"], res["total_output_tokens"], repeated
+        ) | {"seed": seed}
         _write_json(out / f"{point.name}{CHECKS_SUFFIX}", checks)
         row.update(checks)
         rows.append(row)
@@ -481,30 +490,37 @@ def compare(
 def by_hand_excess_hit_rate(job: dict[str, Any], hand: dict[str, Any]) -> float | None:
     """The by-hand run's prefix-cache hits beyond the prompts that repeat inside the point, per token looked up.
 
-    The by-hand run sends the job's prompts of that point (its seed, request count and lengths), so the job's
-    count of repeated prompt tokens (``prompt_repeat_tokens``, :mod:`quantverdict.measure.prompt_repeats`)
-    explains the same hits here; the client's prompt-token totals must agree as the sign that the same prompts
-    went out. The judged rate of :func:`quantverdict.measure.server_metrics.server_checks`, for a run that could
-    not count its own repeats (vLLM's CLI does not return its prompts).
+    A by-hand point sent with the job's seed and request count sends the job's prompts, so the job's count of
+    repeated prompt tokens (``prompt_repeat_tokens``, :mod:`quantverdict.measure.prompt_repeats`) explains the
+    same hits there (vLLM's CLI returns no prompts to count them in). :func:`run_by_hand` subtracts them in the
+    point's checks (``prompt_repeat_tokens`` set): that figure is returned. For a checks file written before it
+    did, the rate is worked out here when the seed the by-hand run kept equals the job's and the prompt-token
+    totals agree (with fixed lengths that is the request count); a file without a seed (before 2026-12-02) is
+    taken at the request count alone: :func:`main` has always sent the job's seeds.
 
     Args:
-        job: the job's point (``prompt_repeat_tokens``, ``input_tokens_total``).
-        hand: the by-hand row (``prefix_cache_hits``, ``prefix_cache_queries`` from its checks,
-            ``input_tokens_total`` from the CLI's result).
+        job: the job's point (``prompt_repeat_tokens``, ``seed``, ``input_tokens_total``).
+        hand: the by-hand row (its checks: ``prefix_cache_hits``, ``prefix_cache_queries``, ``seed``,
+            ``prompt_repeat_tokens``, ``prefix_cache_excess_hit_rate``; ``input_tokens_total`` from the CLI).
 
     Returns:
         ``max(0, hits - repeated tokens) / tokens looked up``; None when the job did not count its repeats (records
-        before it), the by-hand checks are missing, or the prompt-token totals differ (other prompts).
+        before it), the by-hand checks are missing, or the seeds or the prompt-token totals differ (other prompts).
 
     E.g. H200, c=256 (2,376 requests of 256 tokens, seed 10): 13,856 hits of 608,256 tokens looked up by hand
     (2.28%), 14,848 repeated tokens in the job's run of the same prompts: 0 beyond them, 0.0%.
     """
+    if hand.get("prompt_repeat_tokens") is not None:
+        rate = hand.get("prefix_cache_excess_hit_rate")
+        return rate if isinstance(rate, (int, float)) else None
     repeated, hits, queries = (
         job.get("prompt_repeat_tokens"),
         hand.get("prefix_cache_hits"),
         hand.get("prefix_cache_queries"),
     )
     if not isinstance(repeated, int) or not isinstance(hits, int) or not isinstance(queries, int):
+        return None
+    if hand.get("seed") is not None and hand.get("seed") != job.get("seed"):
         return None
     sent, ours = job.get("input_tokens_total"), hand.get("input_tokens_total")
     if sent is None or ours is None or int(sent) != int(ours):
@@ -641,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_cache_dir=compile_cache_dir(cfg),
     )
     seeds = {p["point"]: int(p["seed"]) for p in points if isinstance(p.get("seed"), int)}
+    repeated = {p["point"]: p["prompt_repeat_tokens"] for p in points if isinstance(p.get("prompt_repeat_tokens"), int)}
     if removed := clear_points(out, chosen):
         print(f"removed {removed} files of an earlier run of these points from {out}", file=sys.stderr)
     write_report(out, [], [], names)  # no earlier run's rows beside this run's files
@@ -659,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         with server:
             run_by_hand(
                 server, cfg.bench, model_path, env, out, sent, repeats, seeds,
-                concurrencies=concurrencies, rates=rates, on_point=keep, ran=ran,
+                concurrencies=concurrencies, rates=rates, on_point=keep, ran=ran, repeated_tokens=repeated,
             )  # fmt: skip
     except BaseException as exc:  # the finished points stay comparable; the server is stopped by then
         error = f"{type(exc).__name__} after {len(by_hand)} of {len(chosen)} points: {exc}"[:4000]

@@ -42,12 +42,16 @@ def _result(out_tok_s: float, ttft_ms_p50: float = 20.0) -> dict[str, Any]:
     }
 
 
-def _record(tmp_path: Path, job_tok_s: dict[str, float], *overrides: str, seeds: bool = False) -> Path:
-    """A finished job's record.json: bench=cpu-concurrency (c = 1, 4) and its points' output tok/s."""
+def _record(
+    tmp_path: Path, job_tok_s: dict[str, float], *overrides: str, seeds: bool = False, repeats: int | None = None
+) -> Path:
+    """A finished job's record.json: bench=cpu-concurrency (c = 1, 4) and its points' output tok/s (``seeds``:
+    each point's seed, 100 + its index; ``repeats``: the prompt tokens that repeat inside each point)."""
     cfg = compose(["bench=cpu-concurrency", *overrides])
     points = [
         {"point": name, "num_prompts": N, "output_tok_s": tok_s, "ttft_ms_p50": 20.0}
         | ({"seed": 100 + i} if seeds else {})
+        | ({"prompt_repeat_tokens": repeats, "input_tokens_total": N * IN_LEN} if repeats is not None else {})
         for i, (name, tok_s) in enumerate(job_tok_s.items())
     ]
     record = {
@@ -278,9 +282,9 @@ class FakeServer:
         return dict(self.totals)
 
 
-def _fake_cli(tok_s: dict[str, float], fail: set[str], calls: list[list[str]]) -> Any:
+def _fake_cli(tok_s: dict[str, float], fail: set[str], calls: list[list[str]], hits: int = 0) -> Any:
     """``subprocess.run`` for ``vllm bench serve``: writes the point's result (``tok_s``), counts its tokens on
-    the server; exits 1 at a point in ``fail``."""
+    the server (``hits`` of them served from the prefix cache); exits 1 at a point in ``fail``."""
 
     def run(cmd: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
         calls.append(cmd)
@@ -291,8 +295,9 @@ def _fake_cli(tok_s: dict[str, float], fail: set[str], calls: list[list[str]]) -
         if name in fail:
             return subprocess.CompletedProcess(cmd, 1, "", "RuntimeError: Server disconnected")
         Path(arg["--result-dir"], arg["--result-filename"]).write_text(json.dumps(_result(tok_s[name])))
-        totals = FakeServer.instances[-1].totals  # every prompt token looked up, none served from the cache
+        totals = FakeServer.instances[-1].totals  # every prompt token looked up, `hits` served from the cache
         totals["vllm:prefix_cache_queries"] += N * IN_LEN
+        totals["vllm:prefix_cache_hits"] += hits
         totals["vllm:prompt_tokens"] += N * IN_LEN
         totals["vllm:generation_tokens"] += N * OUT_LEN
         return subprocess.CompletedProcess(cmd, 0, "", "")
@@ -505,8 +510,41 @@ def test_by_hand_hits_are_judged_beyond_the_jobs_repeated_prompts() -> None:
         fidelity.by_hand_excess_hit_rate(job | {"prompt_repeat_tokens": 1000, "input_tokens_total": 200000}, more)
         == 0.03
     )
-    # other prompts went out (the totals differ), or the job never counted its repeats: nothing said
+    # the same with the seeds kept (10 both); the figure of checks that counted the repeats themselves is taken
+    assert fidelity.by_hand_excess_hit_rate(job | {"seed": 10}, hand | {"seed": 10}) == 0.0
+    counted = hand | {"prompt_repeat_tokens": 14848, "prefix_cache_excess_hit_rate": 0.0}
+    assert fidelity.by_hand_excess_hit_rate({}, counted) == 0.0
+    # other prompts went out (another seed, the totals differ), or the job never counted its repeats: nothing said
+    assert fidelity.by_hand_excess_hit_rate(job | {"seed": 10}, hand | {"seed": 11}) is None
     assert fidelity.by_hand_excess_hit_rate(job, hand | {"input_tokens_total": 608000}) is None
     assert fidelity.by_hand_excess_hit_rate({k: v for k, v in job.items() if k != "prompt_repeat_tokens"}, hand) is None
     (old,) = fidelity.compare([{"point": "conc-256_r0", "output_tok_s": 8240.9}], [hand])
     assert "| 2.28% |" in fidelity.render([old])
+
+
+@pytest.mark.usefixtures("fake_processes")
+def test_a_run_with_the_jobs_seeds_counts_the_jobs_repeats_in_its_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each point: 8 x 256 = 2,048 tokens looked up, 256 served from the cache (one prompt sent twice), and the job
+    # counted 256 repeated tokens in the same prompts: nothing beyond them. Hits alone: 256 / 2,048 = 12.5%
+    tok_s = {"conc-1_r0": 100.0, "conc-4_r0": 400.0}
+    monkeypatch.setattr(fidelity.subprocess, "run", _fake_cli(tok_s, set(), [], hits=256))
+    record = _record(tmp_path, tok_s, seeds=True, repeats=256)
+    assert fidelity.main([str(record)]) == 0
+    out = tmp_path / "job" / "fidelity"
+    checks = json.loads((out / "conc-4_r0.checks.json").read_text())
+    assert (checks["seed"], checks["prompt_repeat_tokens"]) == (101, 256)  # the job's seed of its second point
+    assert checks["prefix_cache_hit_rate"] == 0.125 and checks["prefix_cache_excess_hit_rate"] == 0.0
+    assert checks["server_invalid_reasons"] == []
+    doc = json.loads((out / "fidelity.json").read_text())
+    assert [(r["by_hand_hit_rate"], r["by_hand_excess_hit_rate"]) for r in doc["rows"]] == [(0.125, 0.0)] * 2
+    # a job without seeds in its record: the plan's seeds went out, not known to be the job's prompts; every
+    # hit judged in the checks (12.5% > 1%), nothing said beyond the repeats
+    record = _record(tmp_path, tok_s, repeats=256)
+    assert fidelity.main([str(record)]) == 0
+    checks = json.loads((out / "conc-4_r0.checks.json").read_text())
+    assert checks["prompt_repeat_tokens"] is None and checks["prefix_cache_excess_hit_rate"] == 0.125
+    assert "prefix-cache hit rate 12.5% > 1%" in checks["server_invalid_reasons"][0]
+    doc = json.loads((out / "fidelity.json").read_text())
+    assert [r["by_hand_excess_hit_rate"] for r in doc["rows"]] == [None, None]

@@ -184,6 +184,10 @@ def test_collect_goes_on_when_a_running_steps_files_change_under_tar(lease_root:
     assert r.returncode == 0, r.stderr
     for step in ("a", "b"):
         with tarfile.open(lease_root / "out" / f"{step}.tar.gz") as tar:
-            assert f"{step}/multirun/2026-12-01_11-00-00/m_bf16/record.json" in tar.getnames()
+            names = tar.getnames()
+        assert f"{step}/multirun/2026-12-01_11-00-00/m_bf16/record.json" in names
+        assert not [n for n in names if n.endswith(".safetensors")]  # the checkpoint still stays there
+    assert "collect a: files changed while packed (the step still runs" in r.stdout
+    assert "collect b:" not in r.stdout
     assert "collect c: tar exit 2 (its archive may be incomplete)" in r.stdout
     assert (lease_root / "out" / "lease.log").is_file()

@@ -140,15 +140,16 @@ def test_parse_limits_real_output_and_not_available() -> None:
     assert hardware.parse_limits('Field "clocks.max.sm" is not a valid field to query.\n') == {}
 
 
-def _fake_smi(tmp_path: Path, limits_exit: int) -> str:
-    """A stand-in nvidia-smi: the H200's answer to QUERY; to LIMITS_QUERY its answer, or an error and
-    ``limits_exit``."""
+def _fake_smi(tmp_path: Path, limits_exit: int, gpus: str = H200_SMI, limits: str = H200_LIMITS) -> str:
+    """A stand-in nvidia-smi: ``gpus`` to QUERY; to LIMITS_QUERY ``limits``, or an error and ``limits_exit``."""
+    (tmp_path / "gpus.txt").write_text(gpus)
+    (tmp_path / "limits.txt").write_text(limits)
     smi = tmp_path / "nvidia-smi"
     smi.write_text(
         "#!/usr/bin/env bash\n"
-        f'if [ "$1" = "--query-gpu={hardware.QUERY}" ]; then printf %s "{H200_SMI.strip()}"; exit 0; fi\n'
+        f'if [ "$1" = "--query-gpu={hardware.QUERY}" ]; then cat "{tmp_path}/gpus.txt"; exit 0; fi\n'
         f'if [ {limits_exit} -ne 0 ]; then echo "Field is not a valid field to query." >&2; exit {limits_exit}; fi\n'
-        f'printf %s "{H200_LIMITS.strip()}"\n'
+        f'cat "{tmp_path}/limits.txt"\n'
     )
     smi.chmod(0o755)
     return str(smi)
@@ -162,6 +163,13 @@ def test_gpu_info_adds_the_limits_and_keeps_the_gpus_when_that_query_fails(tmp_p
     (gpu,) = gpu_info(cuda_visible_devices="0", nvidia_smi=_fake_smi(tmp_path, 2))
     assert gpu["compute_cap"] == "9.0"
     assert [gpu[k] for k in hardware.LIMIT_KEYS] == [None, None, None, None]
+    # two GPUs, limits for the second only (index 1): the first keeps None, and CUDA_VISIBLE_DEVICES=1 keeps its own
+    two = H200_SMI + H200_SMI.replace("0, NVIDIA", "1, NVIDIA").replace("GPU-0a1b", "GPU-9f8e")
+    smi = _fake_smi(tmp_path, 0, gpus=two, limits="1, 600.00, 550.00, 1980, 3201\n")
+    first, second = gpu_info(cuda_visible_devices="0,1", nvidia_smi=smi)
+    assert first["power_limit_w"] is None and (second["power_limit_w"], second["enforced_power_limit_w"]) == (600, 550)
+    (only,) = gpu_info(cuda_visible_devices="1", nvidia_smi=smi)
+    assert only["uuid"].startswith("GPU-9f8e") and only["enforced_power_limit_w"] == 550.0
 
 
 def test_fp8_is_refused_below_compute_capability_8_9() -> None:

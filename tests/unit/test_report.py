@@ -45,7 +45,7 @@ def test_synthetic_roofline_table_and_hardware_line() -> None:
     grid = synthetic_grid()
     for r in grid:
         for g in r["environment"]["gpu"]:
-            g.update(enforced_power_limit_w=700.0, clocks_max_sm_mhz=1980.0, clocks_max_memory_mhz=None)
+            g.update(enforced_power_limit_w=700.0, clocks_max_sm_mhz=1980.0)
     line = "NVIDIA H200 (driver 570.124.06, power limit 700 W, max SM clock 1980 MHz); vLLM 0.11.0"
     assert f"Hardware and serving stack: {line}" in format_table(grid)
     # the concurrency sweep's loads: c=1 of gptq, 20 + 127 * 2.5 = 337.5 ms E2E p50 -> 1000 / 337.5 = 2.96 req/s

@@ -176,6 +176,15 @@ def test_review_without_uuids_says_not_recorded_and_flags_nothing() -> None:
 def test_environment_lines_one_per_physical_gpu() -> None:
     recs = [_rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000"), _rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000")]
     assert environment_lines(recs) == ["GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…)"]
+    # with the power cap and top SM clock kept since 2026-12-02; one GPU capped at 600 W is a line of its own
+    for r, cap in zip(recs, (700.0, 600.0), strict=True):
+        r["environment"]["gpu"][0] |= {"enforced_power_limit_w": cap, "clocks_max_sm_mhz": 1980.0}
+    assert environment_lines(recs) == [
+        "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, power limit 700 W, max SM clock 1980 MHz, "
+        "GPU-3cc7d5f1…)",
+        "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, power limit 600 W, max SM clock 1980 MHz, "
+        "GPU-3cc7d5f1…)",
+    ]
     assert short_uuid(UUID_B) == "GPU-9e0b2a77…" and short_uuid(None) == "?"
 
 

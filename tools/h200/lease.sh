@@ -157,13 +157,18 @@ wait_for() {
 }
 
 pack() {  # pack OUT NAME [EXCLUDES...]: step folder NAME -> OUT/NAME.tar.gz, never failing the collect
-  # a step still running changes its files while tar reads them: tar then exits 1 with a whole archive of what it
-  # read (seen on the fifth lease: `set -e` ended the collect there and the other steps never came back)
+  # a step still running changes its files while tar reads them: tar exits 1 and its archive holds each file as it
+  # was read, a file being written possibly cut short (seen on the fifth lease: `set -e` ended the collect there
+  # and the other steps never came back); the next collect packs the step again
   local out="$1" name="$2" rc=0
   shift 2
   tar czf "$out/$name.tar.gz" --warning=no-file-changed -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' \
     "$@" "$name" || rc=$?
-  [ "$rc" -le 1 ] || say "collect $name: tar exit $rc (its archive may be incomplete)"
+  case "$rc" in
+    0) ;;
+    1) say "collect $name: files changed while packed (the step still runs; a file in the archive may be cut short)" ;;
+    *) say "collect $name: tar exit $rc (its archive may be incomplete)" ;;
+  esac
 }
 
 collect() {

@@ -87,10 +87,12 @@ def parse_limits(text: str) -> dict[int, dict[str, float | None]]:
     Returns:
         ``{index: {"power_limit_w": W, "enforced_power_limit_w": W, "clocks_max_sm_mhz": MHz,
         "clocks_max_memory_mhz": MHz}}``; a value nvidia-smi prints as ``[N/A]`` (or anything not a number) is
-        None. The configured power cap and the top clocks are what two GPUs of one name can differ in: on the
-        H200 machine the same bf16 job saturated 9.8% lower on one GPU than on three others (2026-12-02), and
-        a record that keeps these says whether a lower cap explains such a gap. E.g. the H200 machine's
-        ``0, 700.00, 700.00, 1980, 3201`` (2026-12-02).
+        None. The enforced power cap is what two GPUs of one name can be configured apart in: the same bf16
+        job, leased on four H200s one at a time, saturated 9.8% lower (median of three) on one of them than
+        on the other three (2026-12-02), and a record that keeps the cap says whether a lower one explains such
+        a gap. The top clocks are the hardware's (alike on every GPU of a model); a clock locked lower or
+        throttled under load is not seen here (that needs sampling during the sweep). E.g. an H200 of the
+        device machine: ``0, 700.00, 700.00, 1980, 3201`` (2026-12-02).
     """
     out: dict[int, dict[str, float | None]] = {}
     for line in text.splitlines():

@@ -17,3 +17,19 @@ def number(v: Any, fmt: str = ".2f", suffix: str = "", missing: str = DASH) -> s
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return missing
     return f"{v:{fmt}}{suffix}"
+
+
+def gpu_limits(gpu: dict[str, Any]) -> list[str]:
+    """The power cap and top SM clock a record keeps for a GPU (``enforced_power_limit_w``, ``clocks_max_sm_mhz``
+    of :func:`quantverdict.orchestrate.hardware.gpu_info`, since 2026-12-02), as words for a hardware line; the
+    parts not recorded are left out.
+
+    >>> gpu_limits({"enforced_power_limit_w": 700.0, "clocks_max_sm_mhz": 1980.0}), gpu_limits({"name": "T4"})
+    (['power limit 700 W', 'max SM clock 1980 MHz'], [])
+    """
+    parts = []
+    if isinstance(gpu.get("enforced_power_limit_w"), (int, float)):
+        parts.append(f"power limit {gpu['enforced_power_limit_w']:g} W")
+    if isinstance(gpu.get("clocks_max_sm_mhz"), (int, float)):
+        parts.append(f"max SM clock {gpu['clocks_max_sm_mhz']:g} MHz")
+    return parts

@@ -8,6 +8,7 @@ from typing import Any
 from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import capacity, server_metrics, sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline
+from quantverdict.results.format import gpu_limits
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import JobRecord
 
@@ -254,7 +255,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         )
     gpus = sorted(
         {
-            f"{g.get('name')} (driver {g.get('driver_version')}{_gpu_limits(g)})"
+            f"{g.get('name')} (driver {g.get('driver_version')}{''.join(f', {b}' for b in gpu_limits(g))})"
             for r in records
             for g in (r.get("environment", {}).get("gpu") or [])
             if isinstance(g, dict)
@@ -371,15 +372,3 @@ def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
         return None  # a synthetic model's accuracy is not applicable, not refused
     d = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), {})
     return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None
-
-
-def _gpu_limits(gpu: dict[str, Any]) -> str:
-    """``", power limit 700 W, max SM clock 1980 MHz"`` from a record's GPU entry
-    (:func:`quantverdict.orchestrate.hardware.gpu_info`); the parts not recorded are left out (records before
-    2026-12-02 have none)."""
-    parts = []
-    if isinstance(gpu.get("enforced_power_limit_w"), (int, float)):
-        parts.append(f"power limit {gpu['enforced_power_limit_w']:g} W")
-    if isinstance(gpu.get("clocks_max_sm_mhz"), (int, float)):
-        parts.append(f"max SM clock {gpu['clocks_max_sm_mhz']:g} MHz")
-    return "".join(f", {p}" for p in parts)

@@ -15,6 +15,7 @@ from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import kernels
 from quantverdict.results.baseline import find_baseline
+from quantverdict.results.format import gpu_limits
 from quantverdict.results.record import JobRecord, now_iso, stopped_stage
 from quantverdict.results.tracking import (
     GRID_TAG,
@@ -268,7 +269,8 @@ def build_review(
 def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
 
-    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total_mib", "compute_cap", "uuid"}``;
+    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total_mib", "compute_cap", "uuid"}`` and,
+    since 2026-12-02, the power cap and top SM clock: :func:`quantverdict.results.format.gpu_limits`;
     absent keys are left out; ``uuid``, nvidia-smi's ``GPU-<uuid>`` recorded since 2026-12-01, is shown
     abbreviated to its first group, ``GPU-3cc7d5f1…``, so two GPUs of one kind are two lines),
     ``environment.cpu`` (the probed CPU, :mod:`quantverdict.config.cpu_caps`) and ``environment.serve["vllm"]`` /
@@ -294,6 +296,7 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
                 bits.append(f"memory {float(g['memory_total_mib']) / 1024:.1f} GiB")
             if g.get("compute_cap") is not None:
                 bits.append(f"compute capability {g['compute_cap']}")
+            bits += gpu_limits(g)
             if g.get("uuid"):  # one line per physical GPU: two of one kind are two lines
                 bits.append(short_uuid(str(g["uuid"])))
             gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
