@@ -37,6 +37,7 @@ GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-cache-free" / "w8a8-grid" / "records": RESULTS / "gpu-cache-free" / "w8a8-grid",
     RESULTS / "gpu-cache-free" / "prefill-gptq-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-gptq-grid",
     RESULTS / "gpu-cache-free" / "fidelity-grid" / "records": RESULTS / "gpu-cache-free" / "fidelity-grid",
+    RESULTS / "gpu-cache-free" / "decode-gptq-grid" / "records": RESULTS / "gpu-cache-free" / "decode-gptq-grid",
 }
 
 

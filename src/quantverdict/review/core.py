@@ -44,6 +44,7 @@ from quantverdict.review.verdict import (
     regime_sentence,
     regime_side,
     regime_tests,
+    saturation_gap,
     short_error,
     speedup_intervals,
     speedups,
@@ -238,8 +239,11 @@ def build_review(
                     )
                 paired = []
             low_test, sat_test = regime_tests(paired)
+            gap = saturation_gap(sc, base)
+            if gap is not None:  # the sweeps' tops do not meet: no saturation number on either rule
+                sat, sat_iv, sat_test = None, None, None
             low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
-            text = regime_sentence(sc, low_claim, sat_claim)
+            text = regime_sentence(sc, low_claim, sat_claim, gap)
             rows.append(
                 {
                     "scheme": sc.scheme,
@@ -250,6 +254,7 @@ def build_review(
                     "sat_range": sat_iv,
                     "low_claim": low_claim,
                     "sat_claim": sat_claim,
+                    "sat_gap": gap,
                     "paired": paired,
                     "text": text,
                 }

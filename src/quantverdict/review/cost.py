@@ -116,8 +116,9 @@ def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
         head += (
             f"): {chosen.name} on {_gpus(c['gpus'])} costs **{_usd(c['at_load'])} per million output tokens at the "
             f"stated load** "
-            f"({stated}, {_f(c['at_load_tok_s'])} output tok/s), {_usd(c['ceiling'])} at its sustained ceiling "
-            f"({_f(c['ceiling_tok_s'])} output tok/s)."
+            f"({stated}, {_f(c['at_load_tok_s'])} output tok/s), "
+            + _at_ceiling(chosen, c, "output tok/s", where="its sustained ceiling")
+            + "."
         )
     else:
         head += "): no scheme chosen; each scheme's cost:"
@@ -126,10 +127,18 @@ def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
         c = scheme_cost(sc, price)
         rows.append(
             f"{sc.name} on {_gpus(c['gpus'])}: {_usd(c['at_load'])}/Mtok at the stated load "
-            f"({_f(c['at_load_tok_s'])} tok/s), "
-            f"{_usd(c['ceiling'])}/Mtok at the ceiling ({_f(c['ceiling_tok_s'])} tok/s)"
+            f"({_f(c['at_load_tok_s'])} tok/s), " + _at_ceiling(sc, c, "tok/s", "/Mtok")
         )
     return [("p", head), ("ul", rows)]
+
+
+def _at_ceiling(sc: Scorecard, c: dict[str, Any], unit: str, per: str = "", where: str = "the ceiling") -> str:
+    """``$0.057/Mtok at the ceiling (17,153 tok/s)``; a ceiling that is a lower bound (no point saturated, or a
+    sweep that stopped before its top loads) makes the cost an upper bound: ``at most $0.254/Mtok at the
+    ceiling (>= 3,825 tok/s, a lower bound)``."""
+    if sc.speed.get("ceiling_kind") == "lower_bound" and c["ceiling"] is not None:
+        return f"at most {_usd(c['ceiling'])}{per} at {where} (>= {_f(c['ceiling_tok_s'])} {unit}, a lower bound)"
+    return f"{_usd(c['ceiling'])}{per} at {where} ({_f(c['ceiling_tok_s'])} {unit})"
 
 
 def _f(v: float | None) -> str:

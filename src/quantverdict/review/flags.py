@@ -21,6 +21,7 @@ KV_BYTES_MISMATCH = "kv_bytes_mismatch"  # vLLM's KV bytes/token differ from the
 GGUF_BASELINE = "gguf_baseline"  # the baseline is a dequantized GGUF model
 DIFFERENT_GPU = "different_gpu"  # scheme and baseline speed measured on different physical GPUs (uuid)
 WORKLOAD_MISMATCH = "workload_mismatch"  # scheme and baseline swept at different request shapes (in / out tokens)
+SWEEP_INCOMPLETE = "sweep_incomplete"  # planned load levels without a valid point (a job stopped mid-sweep ...)
 
 
 @dataclass(frozen=True)

@@ -650,7 +650,11 @@ def _regime_table(review: Review, model: str) -> list[Block]:
                 [
                     f"{r['scheme']} ({r['label']})",
                     _claim_cell(r.get("low_claim"), r["low"], r.get("low_range")),
-                    _claim_cell(r.get("sat_claim"), r["sat"], r.get("sat_range")),
+                    (
+                        f"not compared: {r['sat_gap']}"
+                        if r.get("sat_gap")
+                        else _claim_cell(r.get("sat_claim"), r["sat"], r.get("sat_range"))
+                    ),
                     r["text"].split("-> ", 1)[-1],
                 ]
                 for r in regime

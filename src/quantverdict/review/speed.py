@@ -105,6 +105,36 @@ def speed_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     return mode, out
 
 
+def planned_loads(rec: JobRecord) -> list[float]:
+    """The load levels the job's config planned (``bench.concurrencies`` in closed loop, ``bench.rates`` in open
+    loop, ``inf`` for an unlimited rate), ascending, as :func:`quantverdict.measure.sweep_plan.load_of` keys them;
+    ``[]`` when the record keeps no sweep plan (older or hand-made records: nothing is called missing)."""
+    mode = rec.speed.mode or "rate"
+    bench = rec.cfg("bench")
+    try:
+        plan = sweep_plan.plan(mode, list(bench.get("rates") or []), list(bench.get("concurrencies") or []), 1)
+    except (TypeError, ValueError):
+        return []
+    return sorted(
+        {sweep_plan.load_of({"concurrency": q.concurrency, "offered_rate_rps": q.offered_rate_rps}, mode) for q in plan}
+    )
+
+
+def missing_levels(rec: JobRecord, points: list[dict[str, Any]]) -> list[float]:
+    """The planned load levels (:func:`planned_loads`) with no valid point among ``points`` (one per level, from
+    :func:`speed_points`): a job stopped mid-sweep, or levels whose every repeat was invalid. Ascending."""
+    have = {float(p["load"]) for p in points}
+    return [load for load in planned_loads(rec) if load not in have]
+
+
+def _stopped_why(rec: JobRecord) -> str:
+    """`` (job interrupted in stage benchmark)`` for a record that did not finish, else ``""``."""
+    status, stage = rec.status, rec.failed_stage
+    if status in (None, "ok"):
+        return ""
+    return f" (job {status}" + (f" in stage {stage})" if stage else ")")
+
+
 def slo_ok(p: dict[str, Any], rc: ReviewConfig) -> bool | None:
     """True when the point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
     ok = True
@@ -351,6 +381,28 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
         note = capacity.saturation_overruled(p["load"], ceiling) if p.get("saturated") and mode == "rate" else None
         if note:
             p["saturated"], p["saturation_note"] = False, note
+    missing = missing_levels(rec, points)
+    above = [load for load in missing if load > points[-1]["load"]]
+    if above and ceiling["kind"] == "closed_loop_max":
+        # the sweep stopped before its highest concurrencies (a job interrupted mid-sweep): the best measured
+        # level is a floor under the server's capacity, not its ceiling
+        ceiling = {**ceiling, "kind": "lower_bound"}
+    if missing:
+        planned = ", ".join(load_label({"load": x, "concurrency": x}, mode) for x in planned_loads(rec))
+        gone = ", ".join(load_label({"load": x, "concurrency": x}, mode) for x in missing)
+        found.append(
+            Flag(
+                flags.SWEEP_INCOMPLETE,
+                "",
+                f"speed: no valid point at {gone} of the planned sweep ({planned})"
+                + (
+                    f"{_stopped_why(rec)}: its ceiling is a lower bound, and no speedup at saturation is claimed "
+                    "against it or from it"
+                    if above
+                    else ""
+                ),
+            )
+        )
     out: dict[str, Any] = {
         "mode": mode,
         "points": points,
@@ -371,6 +423,9 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
             else None
         ),
         "repeats": max(p["repeats"] for p in points),
+        # planned load levels without a valid point ("concurrency 64", ...), and those above the last one measured
+        "missing_levels": [load_label({"load": x, "concurrency": x}, mode) for x in missing],
+        "stopped_before": [load_label({"load": x, "concurrency": x}, mode) for x in above],
     }
     out["p99_slo_max_rps"], out["p99_slo_max_how"] = p99_slo_max_rps(points, rc)
     by_load = level_goodput(rec, mode, rc)

@@ -138,9 +138,15 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
             if rng and speed.get("ceiling_repeats", 1) > 1
             else " (one run: no spread)"
         )
+        stopped = speed.get("stopped_before") or []
         what = {
             "saturated": "from the saturated/burst points",
-            "lower_bound": "a lower bound: no point saturated, the server's ceiling lies above the sweep",
+            "lower_bound": (
+                f"a lower bound: the sweep has no valid point at {', '.join(stopped)}, so the server's ceiling may "
+                "lie above it"
+                if stopped
+                else "a lower bound: no point saturated, the server's ceiling lies above the sweep"
+            ),
             "closed_loop_max": "the best concurrency",
         }[kind]
         text += (

@@ -753,7 +753,37 @@ def regime_side(
     }
 
 
-def regime_sentence(sc: Scorecard, lo_side: dict[str, Any] | None, sat_side: dict[str, Any] | None) -> str:
+def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
+    """Why no speedup at saturation can be claimed for ``sc`` against ``base``; None when it can.
+
+    The saturation claim compares the tops of two sweeps (the highest load both measured, or the two
+    ceilings). It stands only when both sweeps reached the same highest load level and neither has a planned
+    level above it without a valid point (``speed.stopped_before``, :func:`quantverdict.review.speed.missing_levels`);
+    nor when the sweeps share a single load level, which is then the low-load claim as well.
+
+    E.g. W4A16 interrupted after concurrency 16 of a 16 / 64 / 256 plan, its baseline complete: the only
+    load both measured is 16 and W4A16's best level is a floor, so ``"gptq's sweep has no valid point at
+    concurrency 64, concurrency 256"``; without this rule the review read its 1.27x at concurrency 16 as
+    "keeps paying from low load to saturation".
+    """
+    mine, theirs = sc.speed.get("points") or [], base.speed.get("points") or []
+    if not mine or not theirs:
+        return None  # speed missing: regime_sentence says so
+    if sc.speed.get("stopped_before"):
+        return f"{sc.scheme}'s sweep has no valid point at {', '.join(sc.speed['stopped_before'])}"
+    if base.speed.get("stopped_before"):
+        return f"the baseline's sweep has no valid point at {', '.join(base.speed['stopped_before'])}"
+    if mine[-1]["load"] != theirs[-1]["load"]:
+        return f"the sweeps end at different loads ({mine[-1]['label']}; the baseline's {theirs[-1]['label']})"
+    common = {p["load"] for p in mine} & {p["load"] for p in theirs}
+    if len(common) == 1:
+        return f"one load level measured by both ({mine[-1]['label']}): its speedup is the low-load claim"
+    return None
+
+
+def regime_sentence(
+    sc: Scorecard, lo_side: dict[str, Any] | None, sat_side: dict[str, Any] | None, sat_gap: str | None = None
+) -> str:
     """Where the scheme pays, from its two claims (:func:`regime_side` at low load and at saturation), each
     saying the rule it rests on.
 
@@ -766,18 +796,30 @@ def regime_sentence(sc: Scorecard, lo_side: dict[str, Any] | None, sat_side: dic
     E.g. ``w8a8 (W8A8): 1.22x at low load (1 req/s, ITL p50; faster: paired t over n=3 repeats, 95% CI
     [1.16, 1.29]), 1.21x at saturation (single run, no interval; 1.05x rule: pays) -> keeps paying from low
     load to saturation``.
+
+    With ``sat_gap`` (:func:`saturation_gap`) no saturation claim is made and the sentence says why: ``gptq
+    (W4A16): 1.28x at low load (...); saturation not compared: gptq's sweep has no valid point at concurrency 64,
+    concurrency 256 -> pays at low load; saturation not measured``.
     """
     if sc.speed.get("comparable") is False:
         return (
             f"{sc.name}: no speedup -> excluded from speed comparisons: "
             f"{sc.speed.get('excluded_why') or sc.speed.get('kernel_reason') or 'fallback kernel'}"
         )
-    if lo_side is None or sat_side is None:
-        return f"{sc.name}: speed missing for it or its baseline"
 
     def show(side: dict[str, Any], where: str) -> str:
         rng = f" [{side['low']:.2f}-{side['high']:.2f}]" if side["rule"] == "min-max range" else ""
         return f"{side['speedup']:.2f}x{rng} at {where} ({side['note']})"
+
+    if lo_side is not None and sat_gap is not None:
+        lw = lo_side["class"]
+        said = {"pays": "pays at low load", "costs": "costs at low load"}.get(lw, f"{lo_side['word']} at low load")
+        return (
+            f"{sc.name}: {show(lo_side, 'low load')}; saturation not compared: {sat_gap} -> {said}; "
+            "saturation not measured"
+        )
+    if lo_side is None or sat_side is None:
+        return f"{sc.name}: speed missing for it or its baseline"
 
     head = f"{sc.name}: {show(lo_side, 'low load')}, {show(sat_side, 'saturation')}"
     lw, sw = lo_side["class"], sat_side["class"]

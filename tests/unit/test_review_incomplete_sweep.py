@@ -1,0 +1,128 @@
+"""A sweep that stopped before its planned top loads (a job interrupted mid-benchmark, a level whose every repeat
+was invalid) has no saturation number: its best level is a floor under the server's capacity, so the review marks
+its ceiling as a lower bound, makes the cost at that ceiling an upper bound, flags the missing levels, and makes
+no speedup claim at saturation; nor does it when two sweeps share one load level only (issue #16).
+
+The first test reads the records of the sixth H200 lease (2026-12-02, decode shape 128 in / 1,024 out): bf16
+measured concurrency 16, 64 and 256, three repeats each; the machine was taken back while W4A16 (GPTQ, Machete)
+ran, after its three repeats at concurrency 16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.review import build_review
+from quantverdict.review.cost import cost_blocks
+from quantverdict.review.sources import load_dir
+from review_records import SYN_CONCURRENCIES, synthetic_grid
+
+ROOT = Path(__file__).resolve().parents[2]
+DECODE = ROOT / "docs" / "results" / "gpu-cache-free" / "decode-gptq-grid" / "records"
+RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)
+STOPPED = "gptq's sweep has no valid point at concurrency 64, concurrency 256"
+
+
+def _row(review: Any, scheme: str) -> dict[str, Any]:
+    model = next(iter(review.regime))
+    return next(r for r in review.regime[model] if r["scheme"] == scheme)
+
+
+def _card(review: Any, scheme: str) -> Any:
+    return next(c for c in review.cards if c.scheme == scheme)
+
+
+def test_the_interrupted_decode_lease_claims_low_load_only() -> None:
+    records, _ = load_dir(DECODE)
+    review = build_review(
+        records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200, gpu_price_per_hour={"H200": 3.5}), "t"
+    )
+    gptq, bf16 = _card(review, "gptq"), _card(review, "bf16")
+    assert gptq.speed["stopped_before"] == ["concurrency 64", "concurrency 256"]
+    assert gptq.speed["ceiling_kind"] == "lower_bound"  # its best level (16) is a floor
+    assert bf16.speed["stopped_before"] == [] and bf16.speed["ceiling_kind"] == "closed_loop_max"
+    row = _row(review, "gptq")
+    assert row["sat_gap"] == STOPPED
+    assert row["sat"] is None and row["sat_claim"] is None and row["sat_range"] is None
+    # the low-load claim stands: ITL p50 at concurrency 16, three repeats paired on one GPU
+    assert row["low_claim"]["rule"] == "paired t" and row["low_claim"]["class"] == "pays"
+    assert row["text"].endswith(f"saturation not compared: {STOPPED} -> pays at low load; saturation not measured")
+    # output tok/s at concurrency 16, gptq / bf16 by repeat: 3,574.1 / 2,823.2, 3,579.1 / 2,824.1, 3,582.7 /
+    # 2,819.3 = 1.2660, 1.2673, 1.2708; geometric mean 1.2680
+    tok = next(p for p in row["paired"] if p["metric"] == "output_tok_s")
+    assert (tok["load"], tok["pairs"], tok["verdict"]) == (16, 3, "faster")
+    assert tok["speedup"] == pytest.approx(1.2680, abs=2e-4)
+    flagged = [f.message for f in review.flags if f.code == "sweep_incomplete"]
+    assert flagged == [
+        "gptq (W4A16): speed: no valid point at concurrency 64, concurrency 256 of the planned sweep (concurrency 16, "
+        "concurrency 64, concurrency 256) (job interrupted in stage benchmark): its ceiling is a lower bound, and no "
+        "speedup at saturation is claimed against it or from it"
+    ]
+    # $3.5 per GPU-hour / (3,825.3 tok/s x 3,600 s) x 1e6 = $0.254 per million tokens: at most that
+    lines = [b for b in cost_blocks(review, review.verdicts[0]) if b[0] == "ul"][0][1]
+    assert lines[1].endswith("at most $0.254/Mtok at the ceiling (>= 3,825 tok/s, a lower bound)")
+    assert lines[0].endswith("$0.057/Mtok at the ceiling (17,153 tok/s)")  # bf16's sweep is complete
+
+
+def _planned(rec: dict[str, Any], concurrencies: tuple[int, ...] = SYN_CONCURRENCIES) -> dict[str, Any]:
+    rec["config"] = {"bench": {"mode": "concurrency", "concurrencies": list(concurrencies), "rates": [1.0]}}
+    return rec
+
+
+def test_a_stopped_sweep_against_a_complete_one() -> None:
+    recs = [_planned(r) for r in synthetic_grid()]
+    gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
+    gptq["speed"]["points"] = gptq["speed"]["points"][:2]  # concurrency 1 and 16 of 1, 16, 64, 256
+    gptq["status"], gptq["failed_stage"] = "interrupted", "benchmark"
+    review = build_review(recs, RC, "t")
+    row = _row(review, "gptq")
+    assert row["sat_gap"] == STOPPED and row["sat_claim"] is None
+    assert _card(review, "gptq").speed["ceiling_kind"] == "lower_bound"
+    # the complete sweeps keep their saturation claims (at concurrency 256)
+    for scheme in ("fp8", "w8a8"):
+        r = _row(review, scheme)
+        assert r["sat_gap"] is None and r["sat_claim"] is not None
+        assert _card(review, scheme).speed["ceiling_kind"] == "closed_loop_max"
+
+
+def test_a_stopped_baseline_stops_every_saturation_claim() -> None:
+    recs = [_planned(r) for r in synthetic_grid()]
+    base = next(r for r in recs if r["job"]["scheme"] == "bf16")
+    base["speed"]["points"] = base["speed"]["points"][:3]  # no concurrency 256
+    review = build_review(recs, RC, "t")
+    for scheme in ("fp8", "gptq", "w8a8"):
+        assert _row(review, scheme)["sat_gap"] == "the baseline's sweep has no valid point at concurrency 256"
+    # a job that finished but lost its top level to invalid points: flagged without "(job ...)"
+    assert [f.message for f in review.flags if f.code == "sweep_incomplete"] == [
+        "bf16 (BF16): speed: no valid point at concurrency 256 of the planned sweep (concurrency 1, concurrency 16, "
+        "concurrency 64, concurrency 256): its ceiling is a lower bound, and no speedup at saturation is claimed "
+        "against it or from it"
+    ]
+
+
+def test_sweeps_that_end_apart_without_a_plan() -> None:
+    # records without config.bench (older, hand-made): nothing is called missing, but the tops still differ
+    recs = synthetic_grid()
+    fp8 = next(r for r in recs if r["job"]["scheme"] == "fp8")
+    fp8["speed"]["points"] = fp8["speed"]["points"][:3]
+    review = build_review(recs, RC, "t")
+    assert _card(review, "fp8").speed["ceiling_kind"] == "closed_loop_max"  # no plan: no lower bound
+    assert _row(review, "fp8")["sat_gap"] == (
+        "the sweeps end at different loads (concurrency 64; the baseline's concurrency 256)"
+    )
+    assert not [f for f in review.flags if f.code == "sweep_incomplete"]
+
+
+def test_one_common_level_is_not_a_saturation_claim() -> None:
+    recs = [_planned(r, (1,)) for r in synthetic_grid()]
+    for r in recs:
+        r["speed"]["points"] = r["speed"]["points"][:1]  # concurrency 1 only, as planned
+    review = build_review(recs, RC, "t")
+    row = _row(review, "gptq")
+    assert row["sat_gap"] == "one load level measured by both (concurrency 1): its speedup is the low-load claim"
+    assert "saturation not measured" in row["text"] and "at saturation (" not in row["text"]
+    assert not [f for f in review.flags if f.code == "sweep_incomplete"]  # nothing planned is missing
