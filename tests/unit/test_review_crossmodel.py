@@ -263,6 +263,9 @@ def test_seed_ratio_rendered() -> None:
         "0.98",
         "(the column before)",
     ]
+    nine.ceiling_lower_bound = True  # its sweep stopped before its top loads: the 821 is a floor
+    (_, _, (_, _, rows)) = _ratio_blocks(cm)
+    assert rows[1][1] == ">= 821" and rows[0][1] == "1092"
 
 
 def test_roofline_bytes_beside_the_all_weights_prediction() -> None:

@@ -19,7 +19,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.cost import cost_blocks
 from quantverdict.review.sources import load_dir
-from review_records import SYN_CONCURRENCIES, synthetic_grid
+from review_records import SYN_CONCURRENCIES, record, speed, synthetic_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 DECODE = ROOT / "docs" / "results" / "gpu-cache-free" / "decode-gptq-grid" / "records"
@@ -69,7 +69,8 @@ def test_the_interrupted_decode_lease_claims_low_load_only() -> None:
 
 
 def _planned(rec: dict[str, Any], concurrencies: tuple[int, ...] = SYN_CONCURRENCIES) -> dict[str, Any]:
-    rec["config"] = {"bench": {"mode": "concurrency", "concurrencies": list(concurrencies), "rates": [1.0]}}
+    bench = rec.setdefault("config", {}).setdefault("bench", {})
+    bench.update({"mode": "concurrency", "concurrencies": list(concurrencies), "rates": [1.0]})
     return rec
 
 
@@ -126,3 +127,86 @@ def test_one_common_level_is_not_a_saturation_claim() -> None:
     assert row["sat_gap"] == "one load level measured by both (concurrency 1): its speedup is the low-load claim"
     assert "saturation not measured" in row["text"] and "at saturation (" not in row["text"]
     assert not [f for f in review.flags if f.code == "sweep_incomplete"]  # nothing planned is missing
+
+
+# --- the low-load claim at the lowest load both measured; bounds carried; excluded schemes; open loop ------------
+# Synthetic ITL p50 (= TPOT p50, review_records.SYN) at concurrency 1 / 16 / 64 / 256: bf16 5 / 6 / 9 / 20 ms,
+# gptq 2.5 / 4 / 10 / 30 ms.
+
+
+def test_low_load_is_the_lowest_load_both_measured() -> None:
+    recs = [_planned(r) for r in synthetic_grid()]
+    gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
+    gptq["speed"]["points"][0]["valid"] = False  # its concurrency-1 point invalid: its lowest valid load is 16
+    row = _row(build_review(recs, RC, "t"), "gptq")
+    assert row["low"] == pytest.approx(6.0 / 4.0)  # bf16's 6 ms over gptq's 4 ms at 16, not 5 ms (c=1) over 4
+    assert row["sat_gap"] is None  # both reached 256
+
+
+def test_sweeps_sharing_only_their_top_compare_there() -> None:
+    recs = synthetic_grid()
+    base = recs[0]
+    base["speed"]["points"] = [base["speed"]["points"][1], base["speed"]["points"][3]]  # bf16 at 16 and 256
+    gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
+    gptq["speed"]["points"] = [gptq["speed"]["points"][0], gptq["speed"]["points"][3]]  # gptq at 1 and 256
+    row = _row(build_review(recs, RC, "t"), "gptq")
+    assert row["low"] == pytest.approx(20.0 / 30.0)  # at 256, the one load both measured: slower
+    assert row["sat_gap"] == "one load level measured by both (concurrency 256): its speedup is the low-load claim"
+    assert "costs at low load; saturation not measured" in row["text"]
+
+
+def test_a_scheme_excluded_from_speed_has_no_saturation_gap() -> None:
+    recs = [_planned(r) for r in synthetic_grid()]
+    gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
+    gptq["memory"]["server"]["fallback"] = True  # a weight-only fallback kernel: not compared for speed
+    gptq["speed"]["points"] = gptq["speed"]["points"][:2]
+    row = _row(build_review(recs, RC, "t"), "gptq")
+    assert row["sat_gap"] is None and "excluded from speed comparisons" in row["text"]
+
+
+def test_the_lower_bound_reaches_the_gpu_lines_and_the_cost_json() -> None:
+    recs = [_planned(r) for r in synthetic_grid()]
+    base = next(r for r in recs if r["job"]["scheme"] == "bf16")
+    base["speed"]["points"][3]["valid"] = False  # bf16 finished, its concurrency-256 point invalid
+    for r in recs:
+        r["environment"]["device"] = "cuda"
+    rc = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200, gpu_price_per_hour={"H200": 3.5})
+    review = build_review(recs, rc, "t")
+    line = next(e for v in review.verdicts for e in v.evidence if e.startswith("Throughput per GPU"))
+    assert "bf16 >= " in line and "fp8 >= " not in line
+    from quantverdict.review.cost import cost_json
+
+    bounds = {c["scheme"]: c["ceiling_lower_bound"] for c in (cost_json(review) or {})["schemes"]}
+    assert bounds == {"bf16": True, "fp8": False, "gptq": False, "w8a8": False}
+
+
+def test_an_open_loop_sweep_that_saturated_before_it_stopped() -> None:
+    # rates 1, 4 and unlimited planned; gptq stopped after 4 req/s, where it fell behind (2 of 4 req/s achieved):
+    # its ceiling is the saturated 4 req/s level, a real one, so the flag does not call it a lower bound
+    def sweep(itl: float, tok: float) -> dict[str, Any]:
+        sp = speed(itl, tok)
+        sat = {**sp["points"][1], "offered_rate_rps": 4.0, "achieved_rps": 2.0, "point": "rate-4_r0"}
+        sp["points"].insert(1, sat)
+        return sp
+
+    recs = [record("bf16", sp=sweep(40.0, 300.0)), record("gptq", sp=sweep(25.0, 270.0))]
+    for r in recs:
+        r["config"]["bench"] = {"mode": "rate", "rates": [1.0, 4.0, "inf"], "concurrencies": [1]}
+    recs[1]["speed"]["points"] = recs[1]["speed"]["points"][:2]
+    recs[1]["status"], recs[1]["failed_stage"] = "interrupted", "benchmark"
+    review = build_review(recs, RC, "t")
+    assert _card(review, "gptq").speed["ceiling_kind"] == "saturated"
+    assert [f.message for f in review.flags if f.code == "sweep_incomplete"] == [
+        "gptq (W4A16): speed: no valid point at unlimited rate of the planned sweep (1 req/s, 4 req/s, unlimited "
+        "rate) (job interrupted in stage benchmark): no speedup at saturation is claimed against it or from it"
+    ]
+    assert _row(review, "gptq")["sat_gap"] == "gptq's sweep has no valid point at unlimited rate"
+
+
+def test_a_record_without_speed_mode_reads_the_config_mode() -> None:
+    recs = [_planned(r) for r in synthetic_grid()]
+    for r in recs:
+        del r["speed"]["mode"]  # older records: the mode only in config.bench
+    review = build_review(recs, RC, "t")
+    assert not [f for f in review.flags if f.code == "sweep_incomplete"]
+    assert _card(review, "bf16").speed["ceiling_kind"] == "closed_loop_max"

@@ -66,8 +66,9 @@ def cost_json(review: Review) -> dict[str, Any] | None:
     Returns:
         ``{"gpu": name, "gpu_kind": kind, "usd_per_gpu_hour": price, "price_source":
         "review.gpu_price_per_hour.<kind>", "schemes": [{"model", "scheme", "gpus", "usd_per_mtok_at_load",
-        "at_load_tok_s", "usd_per_mtok_ceiling", "ceiling_tok_s"}]}`` (USD per million output tokens; None
-        where the sweep measured no throughput).
+        "at_load_tok_s", "usd_per_mtok_ceiling", "ceiling_tok_s", "ceiling_lower_bound"}]}`` (USD per million
+        output tokens; None where the sweep measured no throughput; with ``ceiling_lower_bound`` the ceiling is a
+        floor and its cost a ceiling).
     """
     found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
     if found is None:
@@ -85,6 +86,8 @@ def cost_json(review: Review) -> dict[str, Any] | None:
                 "at_load_tok_s": c["at_load_tok_s"],
                 "usd_per_mtok_ceiling": c["ceiling"],
                 "ceiling_tok_s": c["ceiling_tok_s"],
+                # the ceiling a lower bound (no point saturated, or the sweep stopped early): the cost an upper bound
+                "ceiling_lower_bound": sc.speed.get("ceiling_kind") == "lower_bound",
             }
         )
     return {

@@ -70,6 +70,7 @@ class Candidate:
     target: dict[str, Any] = field(default_factory=dict)  # kv_gib, kv_tokens, max_concurrency, fits, why
     vllm: dict[str, Any] = field(default_factory=dict)  # vLLM's own figures and the budget they were run at
     ceiling_tok_s: float | None = None
+    ceiling_lower_bound: bool = False  # no point saturated, or the sweep stopped before its top loads
     step_bytes: float | None = None
     step_bytes_how: str = ""
     fit: DecodeFit | None = None  # TPOT p50 against sequences in flight
@@ -329,6 +330,7 @@ def _scores(c: Candidate, cards: list[Scorecard]) -> None:
 def _speed(c: Candidate) -> None:
     sp = c.card.speed
     c.ceiling_tok_s = sp.get("ceiling_tok_s")
+    c.ceiling_lower_bound = sp.get("ceiling_kind") == "lower_bound"
     roof = sp.get("roofline") or {}
     if roof.get("decode_bytes"):
         c.step_bytes, c.step_bytes_how = float(roof["decode_bytes"]), ROOFLINE_BYTES
@@ -557,7 +559,9 @@ def _cross_model(review: Review) -> CrossModel | None:
             )
         if scored:
             bits.append(f"mean score {_f(_mean_score(chosen, score_tasks), '.4f')}")
-        bits.append(f"ceiling {_f(chosen.ceiling_tok_s, '.0f')} output tok/s")
+        bits.append(
+            f"ceiling {'>= ' if chosen.ceiling_lower_bound else ''}{_f(chosen.ceiling_tok_s, '.0f')} output tok/s"
+        )
         sentence = f"Across models, {where}: deploy **{chosen.name}** ({'; '.join(bits)})."
         if not scored:
             sentence += " Decided on memory and speed alone: measure accuracy on the real models before deploying."
@@ -779,7 +783,8 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
             continue
         measured = c.ceiling_tok_s / ref.ceiling_tok_s
         predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
-        cost = [f"${usd_per_mtok(price, c.card.gpus, c.ceiling_tok_s):.3f}"] if price else []
+        bound = "<= " if c.ceiling_lower_bound else ""
+        cost = [f"{bound}${usd_per_mtok(price, c.card.gpus, c.ceiling_tok_s):.3f}"] if price else []
         by_weights = "–"  # the seed's method: every weight byte, embeddings included, read once per step
         if c.weights_gib and ref.weights_gib and c.step_bytes_how == ROOFLINE_BYTES:
             w = predicted_speed_ratio(c.weights_gib, ref.weights_gib)
@@ -789,7 +794,7 @@ def _ratio_blocks(cm: CrossModel) -> list[Block]:
         rows.append(
             [
                 c.name,
-                f"{c.ceiling_tok_s:.0f}",
+                f"{'>= ' if c.ceiling_lower_bound else ''}{c.ceiling_tok_s:.0f}",
                 f"{c.step_bytes / 1e9:.2f} GB ({c.step_bytes_how})",
                 f"{measured:.2f}",
                 f"{predicted:.2f} (1 / {1 / predicted:.2f})",

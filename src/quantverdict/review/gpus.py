@@ -112,11 +112,17 @@ def verdict_lines(cards: list[Scorecard], records: list[dict[str, Any]], rc: Rev
         f"{rc.concurrent_requests} requests, per GPU): {' or '.join(parts)}."
     ]
     speeds = [
-        f"{sc.scheme} {g['tok_s']:,.0f} tok/s on {g['gpus_used']} GPU{'s' if g['gpus_used'] > 1 else ''} = "
-        f"{g['tok_s_per_gpu']:,.0f} per GPU"
+        f"{sc.scheme} {_ge(sc)}{g['tok_s']:,.0f} tok/s on {g['gpus_used']} GPU{'s' if g['gpus_used'] > 1 else ''} = "
+        f"{_ge(sc)}{g['tok_s_per_gpu']:,.0f} per GPU"
         for sc, g in rows
         if g["tok_s"]
     ]
     if speeds:
         out.append(f"Throughput per GPU (sustained output tok/s / GPUs used): {'; '.join(speeds)}.")
     return out
+
+
+def _ge(sc: Scorecard) -> str:
+    """``">= "`` before a ceiling that is a lower bound (no point saturated, or a sweep stopped before its top
+    loads: ``speed.ceiling_kind``), else ``""``."""
+    return ">= " if sc.speed.get("ceiling_kind") == "lower_bound" else ""

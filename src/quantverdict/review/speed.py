@@ -77,7 +77,12 @@ def shape_of(speed: dict[str, Any]) -> tuple[Any, Any] | None:
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     """The sweep's mode (``rate`` unless the record says ``concurrency``) and its points as the record holds
     them (dicts, for :mod:`quantverdict.measure.sweep`)."""
-    return rec.speed.mode or "rate", [p.to_dict() for p in rec.speed.points]
+    return sweep_mode(rec), [p.to_dict() for p in rec.speed.points]
+
+
+def sweep_mode(rec: JobRecord) -> str:
+    """``speed.mode``, else the config's ``bench.mode`` (records that did not write it), else ``rate``."""
+    return str(rec.speed.mode or rec.cfg("bench").get("mode") or "rate")
 
 
 def speed_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
@@ -109,7 +114,7 @@ def planned_loads(rec: JobRecord) -> list[float]:
     """The load levels the job's config planned (``bench.concurrencies`` in closed loop, ``bench.rates`` in open
     loop, ``inf`` for an unlimited rate), ascending, as :func:`quantverdict.measure.sweep_plan.load_of` keys them;
     ``[]`` when the record keeps no sweep plan (older or hand-made records: nothing is called missing)."""
-    mode = rec.speed.mode or "rate"
+    mode = sweep_mode(rec)
     bench = rec.cfg("bench")
     try:
         plan = sweep_plan.plan(mode, list(bench.get("rates") or []), list(bench.get("concurrencies") or []), 1)
@@ -396,8 +401,9 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
                 "",
                 f"speed: no valid point at {gone} of the planned sweep ({planned})"
                 + (
-                    f"{_stopped_why(rec)}: its ceiling is a lower bound, and no speedup at saturation is claimed "
-                    "against it or from it"
+                    f"{_stopped_why(rec)}: "
+                    + ("its ceiling is a lower bound, and " if ceiling["kind"] == "lower_bound" else "")
+                    + "no speedup at saturation is claimed against it or from it"
                     if above
                     else ""
                 ),

@@ -568,18 +568,40 @@ PAIRED_WORDS = {"faster": "pays", "slower": "costs"}  # a paired verdict -> the 
 
 
 def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
-    """(low-load, saturation) speedup of ``sc`` over ``base``: baseline single-stream ITL p50 over the
-    scheme's, and the scheme's sustained-ceiling output tok/s over the baseline's (medians over repeats).
-    > 1 means faster. None when either is missing, or either is not comparable for speed (a scheme that
+    """(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the lowest
+    load both measured (:func:`_low_itl`), and the scheme's sustained-ceiling output tok/s over the baseline's
+    (medians over repeats). > 1 means faster. None when either is missing, or either is not comparable for speed (a scheme that
     ran on a weight-only fallback kernel, see :func:`quantverdict.measure.kernels.kernel_check`, or was swept at
     another request shape than its baseline, ``speed.excluded_why``)."""
     if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
         return None, None
-    a, b = sc.speed.get("single_itl_ms_p50"), base.speed.get("single_itl_ms_p50")
+    (a, _), (b, _) = _low_itl(sc, base)
     low = b / a if a and b else None
     c, d = sc.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s")
     sat = c / d if c and d else None
     return low, sat
+
+
+def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """``((ITL p50, its [min, max]) of the scheme, the same of the baseline)`` at the lowest load both sweeps
+    measured, so that the low-load speedup never sets one load against another (a scheme whose concurrency-1
+    repeats were all invalid has its lowest point at 16). Scorecards without points (hand-made) use their
+    ``single_itl_ms_p50``; no load in common gives Nones."""
+    mine = {p["load"]: p for p in sc.speed.get("points") or [] if "load" in p}
+    theirs = {p["load"]: p for p in base.speed.get("points") or [] if "load" in p}
+    if not mine or not theirs:
+        return (
+            (sc.speed.get("single_itl_ms_p50"), sc.speed.get("single_itl_ms_p50_range")),
+            (base.speed.get("single_itl_ms_p50"), base.speed.get("single_itl_ms_p50_range")),
+        )
+    common = sorted(set(mine) & set(theirs))
+    if not common:
+        return (None, None), (None, None)
+    a, b = mine[common[0]], theirs[common[0]]
+    return (
+        (a.get("itl_ms_p50"), (a.get("spread") or {}).get("itl_ms_p50")),
+        (b.get("itl_ms_p50"), (b.get("spread") or {}).get("itl_ms_p50")),
+    )
 
 
 def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
@@ -595,7 +617,8 @@ def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, floa
             return den[0] / num[1], den[1] / num[0]
         return num[0] / den[1], num[1] / den[0]
 
-    lo = iv(sc.speed.get("single_itl_ms_p50_range"), base.speed.get("single_itl_ms_p50_range"), True)
+    (_, mine), (_, theirs) = _low_itl(sc, base)
+    lo = iv(mine, theirs, True)
     sa = iv(sc.speed.get("ceiling_tok_s_range"), base.speed.get("ceiling_tok_s_range"), False)
     return (lo if low is not None else None), (sa if sat is not None else None)
 
@@ -767,8 +790,8 @@ def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
     "keeps paying from low load to saturation".
     """
     mine, theirs = sc.speed.get("points") or [], base.speed.get("points") or []
-    if not mine or not theirs:
-        return None  # speed missing: regime_sentence says so
+    if not mine or not theirs or sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
+        return None  # speed missing or not compared: regime_sentence says so
     if sc.speed.get("stopped_before"):
         return f"{sc.scheme}'s sweep has no valid point at {', '.join(sc.speed['stopped_before'])}"
     if base.speed.get("stopped_before"):
