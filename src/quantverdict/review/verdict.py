@@ -568,7 +568,12 @@ PAIRED_WORDS = {"faster": "pays", "slower": "costs"}  # a paired verdict -> the 
 
 
 def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
-    """(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the lowest
+    """(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the
+    lowest load both measured (:func:`_low_itl`), and the scheme's sustained-ceiling output tok/s over the
+    baseline's (medians over repeats). > 1 means faster. None when either is missing, or either is not
+    comparable for speed (a scheme that ran on a weight-only fallback kernel, see
+    :func:`quantverdict.measure.kernels.kernel_check`, or was swept at another request shape than its
+    baseline, ``speed.excluded_why``)."""(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the lowest
     load both measured (:func:`_low_itl`), and the scheme's sustained-ceiling output tok/s over the baseline's
     (medians over repeats). > 1 means faster. None when either is missing, or either is not comparable for
     speed (a scheme that ran on a weight-only fallback kernel, see :func:`quantverdict.measure.kernels.kernel_check`, or was swept at
