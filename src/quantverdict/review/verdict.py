@@ -573,11 +573,7 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
     baseline's (medians over repeats). > 1 means faster. None when either is missing, or either is not
     comparable for speed (a scheme that ran on a weight-only fallback kernel, see
     :func:`quantverdict.measure.kernels.kernel_check`, or was swept at another request shape than its
-    baseline, ``speed.excluded_why``)."""(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the lowest
-    load both measured (:func:`_low_itl`), and the scheme's sustained-ceiling output tok/s over the baseline's
-    (medians over repeats). > 1 means faster. None when either is missing, or either is not comparable for
-    speed (a scheme that ran on a weight-only fallback kernel, see :func:`quantverdict.measure.kernels.kernel_check`, or was swept at
-    another request shape than its baseline, ``speed.excluded_why``)."""
+    baseline, ``speed.excluded_why``)."""
     if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
         return None, None
     (a, _), (b, _) = _low_itl(sc, base)
