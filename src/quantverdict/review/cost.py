@@ -23,6 +23,7 @@ from quantverdict.measure.cost import usd_per_mtok_or_none
 from quantverdict.review.gpus import gpu_kind_matches
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.speed import ceiling_is_floor
 from quantverdict.review.verdict import Verdict
 
 __all__ = ["cost_blocks", "cost_json", "gpu_price", "scheme_cost"]
@@ -87,7 +88,7 @@ def cost_json(review: Review) -> dict[str, Any] | None:
                 "usd_per_mtok_ceiling": c["ceiling"],
                 "ceiling_tok_s": c["ceiling_tok_s"],
                 # the ceiling a lower bound (no point saturated, or the sweep stopped early): the cost an upper bound
-                "ceiling_lower_bound": sc.speed.get("ceiling_kind") == "lower_bound",
+                "ceiling_lower_bound": ceiling_is_floor(sc.speed),
             }
         )
     return {
@@ -139,7 +140,7 @@ def _at_ceiling(sc: Scorecard, c: dict[str, Any], unit: str, per: str = "", wher
     """``$0.057/Mtok at the ceiling (17,153 tok/s)``; a ceiling that is a lower bound (no point saturated, or a
     sweep that stopped before its top loads) makes the cost an upper bound: ``at most $0.254/Mtok at the
     ceiling (>= 3,825 tok/s, a lower bound)``."""
-    if sc.speed.get("ceiling_kind") == "lower_bound" and c["ceiling"] is not None:
+    if ceiling_is_floor(sc.speed) and c["ceiling"] is not None:
         return f"at most {_usd(c['ceiling'])}{per} at {where} (>= {_f(c['ceiling_tok_s'])} {unit}, a lower bound)"
     return f"{_usd(c['ceiling'])}{per} at {where} ({_f(c['ceiling_tok_s'])} {unit})"
 

@@ -48,7 +48,7 @@ from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import shape_of
+from quantverdict.review.speed import ceiling_is_floor, shape_of
 from quantverdict.review.verdict import NON_BLOCKING
 
 Block = tuple[Any, ...]
@@ -330,7 +330,7 @@ def _scores(c: Candidate, cards: list[Scorecard]) -> None:
 def _speed(c: Candidate) -> None:
     sp = c.card.speed
     c.ceiling_tok_s = sp.get("ceiling_tok_s")
-    c.ceiling_lower_bound = sp.get("ceiling_kind") == "lower_bound"
+    c.ceiling_lower_bound = ceiling_is_floor(sp)
     roof = sp.get("roofline") or {}
     if roof.get("decode_bytes"):
         c.step_bytes, c.step_bytes_how = float(roof["decode_bytes"]), ROOFLINE_BYTES

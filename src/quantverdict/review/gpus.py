@@ -19,6 +19,7 @@ from typing import Any
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
 from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.speed import ceiling_is_floor
 
 WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
@@ -125,4 +126,4 @@ def verdict_lines(cards: list[Scorecard], records: list[dict[str, Any]], rc: Rev
 def _ge(sc: Scorecard) -> str:
     """``">= "`` before a ceiling that is a lower bound (no point saturated, or a sweep stopped before its top
     loads: ``speed.ceiling_kind``), else ``""``."""
-    return ">= " if sc.speed.get("ceiling_kind") == "lower_bound" else ""
+    return ">= " if ceiling_is_floor(sc.speed) else ""

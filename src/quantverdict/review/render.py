@@ -21,6 +21,7 @@ from quantverdict.review.cost import cost_blocks
 from quantverdict.review.kld import kld_row
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
+from quantverdict.review.speed import ceiling_is_floor
 from quantverdict.review.verdict import floor_test_of
 
 Block = tuple[Any, ...]
@@ -153,8 +154,8 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
                 sc.name,
                 f"{_f(sp.get('single_itl_ms_p50'), '.1f')} ({sp.get('low_label')})",
                 _f(sp.get("single_tok_s"), ".1f"),
-                ("≥ " if sp.get("ceiling_kind") == "lower_bound" else "") + _f(sp.get("ceiling_rps"), ".2f"),
-                ("≥ " if sp.get("ceiling_kind") == "lower_bound" else "")
+                ("≥ " if ceiling_is_floor(sp) else "") + _f(sp.get("ceiling_rps"), ".2f"),
+                ("≥ " if ceiling_is_floor(sp) else "")
                 + _f(sp.get("ceiling_tok_s"), ".1f")
                 + (
                     f" [{sp['ceiling_tok_s_range'][0]:.1f}-{sp['ceiling_tok_s_range'][1]:.1f}]"

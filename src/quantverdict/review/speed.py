@@ -125,11 +125,17 @@ def planned_loads(rec: JobRecord) -> list[float]:
     )
 
 
-def missing_levels(rec: JobRecord, points: list[dict[str, Any]]) -> list[float]:
+def missing_levels(planned: list[float], points: list[dict[str, Any]]) -> list[float]:
     """The planned load levels (:func:`planned_loads`) with no valid point among ``points`` (one per level, from
     :func:`speed_points`): a job stopped mid-sweep, or levels whose every repeat was invalid. Ascending."""
     have = {float(p["load"]) for p in points}
-    return [load for load in planned_loads(rec) if load not in have]
+    return [load for load in planned if load not in have]
+
+
+def ceiling_is_floor(speed: dict[str, Any]) -> bool:
+    """Whether a scorecard's ceiling (:func:`speed_summary`) is a lower bound: no point saturated, or the sweep
+    stopped before its planned top loads; its cost at the ceiling is then an upper bound."""
+    return speed.get("ceiling_kind") == "lower_bound"
 
 
 def _stopped_why(rec: JobRecord) -> str:
@@ -386,20 +392,24 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
         note = capacity.saturation_overruled(p["load"], ceiling) if p.get("saturated") and mode == "rate" else None
         if note:
             p["saturated"], p["saturation_note"] = False, note
-    missing = missing_levels(rec, points)
+    planned = planned_loads(rec)
+    missing = missing_levels(planned, points)
     above = [load for load in missing if load > points[-1]["load"]]
+
+    def labels(loads: list[float]) -> list[str]:
+        return [load_label({"load": x, "concurrency": x}, mode) for x in loads]
+
     if above and ceiling["kind"] == "closed_loop_max":
         # the sweep stopped before its highest concurrencies (a job interrupted mid-sweep): the best measured
         # level is a floor under the server's capacity, not its ceiling
         ceiling = {**ceiling, "kind": "lower_bound"}
     if missing:
-        planned = ", ".join(load_label({"load": x, "concurrency": x}, mode) for x in planned_loads(rec))
-        gone = ", ".join(load_label({"load": x, "concurrency": x}, mode) for x in missing)
         found.append(
             Flag(
                 flags.SWEEP_INCOMPLETE,
                 "",
-                f"speed: no valid point at {gone} of the planned sweep ({planned})"
+                f"speed: no valid point at {', '.join(labels(missing))} of the planned sweep "
+                f"({', '.join(labels(planned))})"
                 + (
                     f"{_stopped_why(rec)}: "
                     + ("its ceiling is a lower bound, and " if ceiling["kind"] == "lower_bound" else "")
@@ -430,8 +440,8 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
         ),
         "repeats": max(p["repeats"] for p in points),
         # planned load levels without a valid point ("concurrency 64", ...), and those above the last one measured
-        "missing_levels": [load_label({"load": x, "concurrency": x}, mode) for x in missing],
-        "stopped_before": [load_label({"load": x, "concurrency": x}, mode) for x in above],
+        "missing_levels": labels(missing),
+        "stopped_before": labels(above),
     }
     out["p99_slo_max_rps"], out["p99_slo_max_how"] = p99_slo_max_rps(points, rc)
     by_load = level_goodput(rec, mode, rc)

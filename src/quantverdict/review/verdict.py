@@ -34,7 +34,7 @@ from quantverdict.measure import sweep
 from quantverdict.results.format import number
 from quantverdict.review.kld import with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
-from quantverdict.review.speed import NO_PER_REQUEST, load_label, slo_of, slo_ok
+from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
 
 PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
@@ -347,7 +347,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         text, cite, fails, excess = judged
     if rc.load_rps is not None and sp.get("ceiling_rps") is not None:
         ceiling = sp["ceiling_rps"]
-        lower_bound = sp.get("ceiling_kind") == "lower_bound"
+        lower_bound = ceiling_is_floor(sp)
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
         if ceiling < rc.load_rps and not lower_bound:
             fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
