@@ -10,8 +10,9 @@ committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.
 ``generated_at`` aside, the JSON's floats to 12 significant digits (their last bit depends on the CPU).
 GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
 ``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
-``gpu-cache-free/records`` and ``gpu-cache-free/<fp8, w8a8, prefill-gptq, fidelity>-grid/records``, compared below
-their header block (everything from the first ``### `` heading on). Exit status 0 when every file is identical.
+``gpu-cache-free/records`` and ``gpu-cache-free/<name>-grid/records`` (name: fp8, w8a8, prefill-gptq, fidelity,
+decode-gptq, decode-interrupted), compared below their header block (everything from the first ``### `` heading
+on). Exit status 0 when every file is identical.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-cache-free" / "prefill-gptq-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-gptq-grid",
     RESULTS / "gpu-cache-free" / "fidelity-grid" / "records": RESULTS / "gpu-cache-free" / "fidelity-grid",
     RESULTS / "gpu-cache-free" / "decode-gptq-grid" / "records": RESULTS / "gpu-cache-free" / "decode-gptq-grid",
+    RESULTS / "gpu-cache-free" / "decode-interrupted-grid" / "records": RESULTS
+    / "gpu-cache-free"
+    / "decode-interrupted-grid",
 }
 
 

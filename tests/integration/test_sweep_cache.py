@@ -159,6 +159,7 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
         assert p["server_prompt_tokens"] == p["input_tokens_total"] == p["num_prompts"] * INPUT_LEN
         assert p["server_generation_tokens"] == p["output_tokens_total"] == p["num_prompts"] * OUTPUT_LEN
         assert p["num_prompts"] >= NUM_PROMPTS and p["duration_s"] >= bench.min_duration_s
+        assert p["num_prompts"] % p["concurrency"] == 0  # whole waves of C (sweep_plan.requests_for)
         assert 0 < p["client_overhead_s"] < p["client_wall_s"]
         times = p["request_times"]
         assert len(times["start_s"]) == len(times["end_s"]) == p["num_prompts"] and min(times["start_s"]) == 0.0

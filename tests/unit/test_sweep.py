@@ -285,6 +285,30 @@ def test_saturated_open_loop_in_the_steady_window() -> None:
     assert p["throughput_rps"] == pytest.approx(6 / 6.5)  # the server's rate, not the offered 2 req/s
 
 
+def test_a_closed_loop_window_shorter_than_two_lifetimes_has_no_steady_rate() -> None:
+    # c=4, two waves of 4 requests, each 10 s long (TTFT 9.25 s + 3 gaps of .25 s): wave 1 sent at 0, .1, .2, .3
+    # ends at 10, 10.1, 10.2, 10.3, each end sending the next: wave 2 at 10 .. 10.3, ending 20 .. 20.3
+    starts = [0.0, 0.1, 0.2, 0.3, 10.0, 10.1, 10.2, 10.3]
+    res = detailed(starts, [9.25] * 8, [[0.25] * 3] * 8, [4] * 8)
+    closed = bench_result.parse_result(res, SweepPoint(INF, 4, 0), num_prompts=8, output_len=4)
+    # window (10.0, 10.3] = 0.3 s, 3 completions (10.1 .. 10.3): 10 req/s by the old rule, against a whole run of
+    # 8 / 20.3 s = 0.39 req/s; 0.3 s < 2 x the median E2E of 10 s: no steady rate, the whole run stands
+    assert closed["steady_window_s"] == pytest.approx(0.3) and closed["steady_completions"] == 3
+    assert closed["steady_rps"] is None and closed["steady_output_tok_s"] is None
+    assert "shorter than 2 request lifetimes (E2E p50 10 s)" in closed["steady_reason"]
+    assert closed["throughput_basis"] == "whole_run" and closed["throughput_rps"] == pytest.approx(8 / 20.3)
+    # a record written before the rule: its stored steady window is set aside the same way when read
+    old = {**closed, "steady_rps": 10.0, "steady_output_tok_s": 40.0, "throughput_rps": 10.0}
+    old.update(throughput_tok_s=40.0, throughput_basis="steady_window")
+    again = bench_result.rebase_steady(old)
+    assert again["throughput_rps"] == pytest.approx(8 / 20.3) and again["throughput_basis"] == "whole_run"
+    assert again["throughput_tok_s"] == closed["output_tok_s"] and again["steady_rps"] is None
+    # the same timings in an open loop keep their window: its completions are not waves of one start
+    assert bench_result.parse_result(res, SweepPoint(4.0, None, 0), 8, 4)["steady_rps"] == pytest.approx(10.0)
+    assert bench_result.rebase_steady({**old, "concurrency": None}) is not None
+    assert bench_result.rebase_steady({**old, "concurrency": None})["throughput_rps"] == 10.0
+
+
 def test_saturation_without_a_window_burst_and_closed_loop() -> None:
     # too few requests: every one sent before the first completes -> whole run: 4 / duration vs offered
     res = detailed(**{**FOUR, "starts": [0.0, 0.1, 0.2, 0.3]})

@@ -122,24 +122,25 @@ def test_warmups_sizes_retries_and_repeats(fake_vllm: types.ModuleType, tmp_path
     # warm-ups: one wave of C = 4 before conc-4_r0, warmup_prompts = 2 before rate-2_r0, none before the repeats
     assert [side[n]["warmup"]["requests"] for n in side] == [4, 0, 2, 0]
     # conc-4_r0: the warm-up wave ran at 8 req/s, so 8 x 10 s x 1.2 = 96 requests; the run went at 12 req/s:
-    # 8.0 s < 10 s, run again with the same seed (the cache was reset) at 12 x 10 x 1.15 = 138 requests
+    # 8.0 s < 10 s, run again with the same seed (the cache was reset) at 12 x 10 x 1.15 = 138 requests, 140 in
+    # whole waves of 4
     a = side["conc-4_r0"]["attempts"]
-    assert [x["num_prompts"] for x in a] == [math.ceil(8 * 10 * 1.2), math.ceil(12 * 10 * 1.15)]  # 96, 138
+    assert [x["num_prompts"] for x in a] == [math.ceil(8 * 10 * 1.2), 4 * math.ceil(12 * 10 * 1.15 / 4)]  # 96, 140
     assert [x["seed"] for x in a] == [1, 1] and side["conc-4_r0"]["seed"] == 1
     assert (tmp_path / "conc-4_r0.short.json").is_file()
-    # conc-4_r1: no warm-up, sized from the 12 req/s conc-4_r0 reached: 138 requests, one attempt, 11.5 s
-    assert [x["num_prompts"] for x in side["conc-4_r1"]["attempts"]] == [138]
+    # conc-4_r1: no warm-up, sized from the 12 req/s conc-4_r0 reached: 140 requests, one attempt, 11.7 s
+    assert [x["num_prompts"] for x in side["conc-4_r1"]["attempts"]] == [140]
     assert side["conc-4_r1"]["warmup"]["rate_estimate_rps"] == 12.0
     # open loop at 2 req/s, overloaded (1 req/s completed): both repeats sized at the offered 2 req/s
     assert side["rate-2_r0"]["num_prompts"] == math.ceil(2 * 10 * 1.2)  # 24
     assert side["rate-2_r1"]["num_prompts"] == math.ceil(2 * 10 * 1.15)  # 23, not 12 from the 1 req/s reached
-    # the prompts vLLM sampled were counted as sent (period 50: 138 requests, 88 repeats) and passed through
+    # the prompts vLLM sampled were counted as sent (period 50: 140 requests, 90 repeats) and passed through
     assert side["conc-4_r1"]["prompt_repeats"] == {
-        "requests": 138, "prompt_tokens": 1380, "repeated_requests": 88, "repeated_tokens": 880,
+        "requests": 140, "prompt_tokens": 1400, "repeated_requests": 90, "repeated_tokens": 900,
     }  # fmt: skip
     assert side["rate-2_r1"]["prompt_repeats"]["repeated_requests"] == 0  # 23 requests < 50
     measured = [r for r in CALLS["runs"] if r[0] != 1_000_000]
-    assert [r[1] for r in measured] == [96, 138, 138, 24, 23]  # main_async sent what get_samples returned
+    assert [r[1] for r in measured] == [96, 140, 140, 24, 23]  # main_async sent what get_samples returned
     # one tokenizer for the 7 calls (2 warm-ups, 5 runs)
     assert len(CALLS["runs"]) == 7 and CALLS["tokenizer_loads"] == 1
 
@@ -196,8 +197,8 @@ def test_with_prefetch_every_repeat_is_sized_before_the_sweep_and_its_prompts_ma
     out = sweep_client.run(spec)
     side = {r: json.loads((tmp_path / f"conc-4_r{r}.qv.json").read_text()) for r in range(3)}
     # the calibration wave (4 requests, before the sweep) ran at 8 req/s: every repeat is sized 8 x 10 x 1.2 = 96.
-    # r0 runs at 12 req/s, 8.0 s < 10 s, and again with the same seed at 12 x 10 x 1.15 = 138; that short run
-    # resizes r1 and r2 from the 12 req/s it reached: 12 x 10 x 1.15 = 138 (11.5 s), one attempt each, their
+    # r0 runs at 12 req/s, 8.0 s < 10 s, and again with the same seed at 12 x 10 x 1.15 = 138, 140 in whole waves
+    # of 4; that short run resizes r1 and r2 from the 12 req/s it reached: 140 (11.7 s), one attempt each, their
     # prompts made again by the workers
     assert side[0]["warmup"] == {
         "requests": 4, "completed": 4, "duration_s": 0.5, "rate_estimate_rps": 8.0, "when": "before the sweep",
@@ -207,26 +208,26 @@ def test_with_prefetch_every_repeat_is_sized_before_the_sweep_and_its_prompts_ma
             "requests": 0, "sized_before_sweep": True, "rate_estimate_rps": 8.0, "resized_from_rps": 12.0,
         }  # fmt: skip
     a = side[0]["attempts"]
-    assert [(x["num_prompts"], x["seed"]) for x in a] == [(96, 1), (138, 1)]
+    assert [(x["num_prompts"], x["seed"]) for x in a] == [(96, 1), (140, 1)]
     # the first attempt's prompts came from the worker, the retry's from the client
     assert ["sampled_ahead_s" in x for x in a] == [True, False] and not any("prefetch_error" in x for x in a)
     for r in (1, 2):
         (b,) = side[r]["attempts"]
-        assert (b["num_prompts"], b["seed"]) == (138, 1 + r) and "sampled_ahead_s" in b
-    for r in range(3):  # counted as sent (138 requests, period 50: 88 repeats)
-        assert side[r]["prompt_repeats"]["repeated_requests"] == 88
+        assert (b["num_prompts"], b["seed"]) == (140, 1 + r) and "sampled_ahead_s" in b
+    for r in range(3):  # counted as sent (140 requests, period 50: 90 repeats)
+        assert side[r]["prompt_repeats"]["repeated_requests"] == 90
     assert [x["when"] for x in side[0]["resets"]] == [
         "before sweep", "after warm-up wave 1 of 1", "before the run", "after attempt 1", "after attempt 2",
     ]  # fmt: skip
     assert CALLS["runs"][0] == (1_000_000, 4, 4, "inf")  # the wave, then the measured runs
-    assert [(r[0], r[1]) for r in CALLS["runs"][1:]] == [(1, 96), (1, 138), (2, 138), (3, 138)]
+    assert [(r[0], r[1]) for r in CALLS["runs"][1:]] == [(1, 96), (1, 140), (2, 140), (3, 140)]
     # what main_async sent is what get_samples makes for that seed: the stand-in's first prompt of seed s is
     # "prompt (7 s) mod 50" (seed 2: 14, seed 3: 21)
     assert CALLS["first_prompts"][3] == "prompt 14" + "x" * 80 and CALLS["first_prompts"][4] == "prompt 21" + "x" * 80
     # made by the workers: the wave, the first plan (96 each; r1's and r2's may be cancelled before they start, so
-    # at most once each) and the resized r1 and r2 (138); by the client: r0's retry
+    # at most once each) and the resized r1 and r2 (140); by the client: r0's retry
     made = sorted(CALLS["sampled"])
-    for run in [(1_000_000, 4), (1, 96), (1, 138), (2, 138), (3, 138)]:
+    for run in [(1_000_000, 4), (1, 96), (1, 140), (2, 140), (3, 140)]:
         assert made.count(run) == 1
     assert made.count((2, 96)) <= 1 and made.count((3, 96)) <= 1 and len(made) <= 7
     assert out["calibration_s"] is not None and out["calibration_s"] >= 0
@@ -303,7 +304,7 @@ def test_the_client_waits_for_the_gate(fake_vllm: types.ModuleType, tmp_path: Pa
     timer.start()
     waited = sweep_client.run(spec)["gate_wait_s"]
     timer.join()
-    assert 0.2 <= waited < 5.0 and len(CALLS["runs"]) == 3  # warm-up, 96 requests, 138 again
+    assert 0.2 <= waited < 5.0 and len(CALLS["runs"]) == 3  # warm-up, 96 requests, 140 again
 
 
 def test_reprefix_swaps_the_request_id_prefix() -> None:
@@ -324,11 +325,12 @@ def test_a_broken_prompt_worker_costs_time_not_the_sweep(
     spec = _spec(tmp_path)
     spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
     sweep_client.run(spec)
-    # r0: 96 requests (the wave's 8 req/s x 10 s x 1.2) fell short at 12 req/s, again with 138; that resized r1 to
-    # 12 x 10 x 1.15 = 138, whose prompts the (broken) worker was asked for again: the client sampled them and said why
+    # r0: 96 requests (the wave's 8 req/s x 10 s x 1.2) fell short at 12 req/s, again with 140; that resized r1 to
+    # 12 x 10 x 1.15 = 138, 140 in whole waves of 4, whose prompts the (broken) worker was asked for again: the client
+    # sampled them and said why
     (first,) = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
     assert first["prefetch_error"] == "MemoryError: worker out of memory" and "sampled_ahead_s" not in first
-    assert (2, 138) in CALLS["sampled"] and first["num_prompts"] == 138 and (1_000_000, 4) in CALLS["sampled"]
+    assert (2, 140) in CALLS["sampled"] and first["num_prompts"] == 140 and (1_000_000, 4) in CALLS["sampled"]
 
 
 def test_a_dead_worker_pool_costs_time_not_the_sweep(
@@ -370,9 +372,10 @@ def test_a_later_repeat_that_falls_short_samples_its_retry_itself(
     spec["points"], spec["prefetch_prompts"] = spec["points"][:2], True
     sweep_client.run(spec)
     a = json.loads((tmp_path / "conc-4_r1.qv.json").read_text())["attempts"]
-    # first attempt: the worker's 96 prompts; again at 20 x 10 x 1.15 = 230 with the same seed, sampled here
-    assert [(x["num_prompts"], x["seed"], "sampled_ahead_s" in x) for x in a] == [(96, 2, True), (230, 2, False)]
-    assert CALLS["sampled"].count((2, 230)) == 1 and CALLS["sampled"].count((2, 96)) == 1
+    # first attempt: the worker's 96 prompts; again at 20 x 10 x 1.15 = 230, 232 in whole waves of 4, with the same
+    # seed, sampled here
+    assert [(x["num_prompts"], x["seed"], "sampled_ahead_s" in x) for x in a] == [(96, 2, True), (232, 2, False)]
+    assert CALLS["sampled"].count((2, 232)) == 1 and CALLS["sampled"].count((2, 96)) == 1
 
 
 class _LazyFuture(Future):  # type: ignore[type-arg]
@@ -415,13 +418,14 @@ def test_a_short_run_requeues_the_later_runs_behind_its_resized_repeats(
     sweep_client.run(spec)
     # asked before the sweep: the two waves (warm-up seed), then every run at its planned size (conc-4: 8 req/s x 10 s
     # x 1.2 = 96, conc-8: 16 x 10 x 1.2 = 192). conc-4_r0 ran at 12 req/s, 8.0 s < 10 s: r1 and r2 resized to
-    # 12 x 10 x 1.15 = 138 and asked for again, then conc-8's two runs behind them, in plan order
+    # 12 x 10 x 1.15 = 138, 140 in whole waves of 4, and asked for again, then conc-8's two runs behind them, in plan
+    # order
     assert pool.asked == [
         (1_000_000, 4), (1_000_000, 8), (1, 96), (2, 96), (3, 96), (4, 192), (5, 192),
-        (2, 138), (3, 138), (4, 192), (5, 192),
+        (2, 140), (3, 140), (4, 192), (5, 192),
     ]  # fmt: skip
     side = {n: json.loads((tmp_path / f"{n}.qv.json").read_text()) for n in ("conc-4_r1", "conc-4_r2", "conc-8_r1")}
-    assert side["conc-4_r1"]["warmup"]["resized_from_rps"] == 12.0 and side["conc-4_r2"]["num_prompts"] == 138
+    assert side["conc-4_r1"]["warmup"]["resized_from_rps"] == 12.0 and side["conc-4_r2"]["num_prompts"] == 140
     assert "resized_from_rps" not in side["conc-8_r1"]["warmup"] and side["conc-8_r1"]["num_prompts"] == 192
     # every first attempt took the workers' prompts (the resized ones included); only r0's retry sampled here
     for n in ("conc-4_r1", "conc-4_r2", "conc-8_r1"):

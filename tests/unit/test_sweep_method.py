@@ -40,6 +40,14 @@ def test_requests_for_the_window() -> None:
     assert sweep_plan.requests_for(16, 0.0, 2.5) == 16 and sweep_plan.requests_for(16, 30.0, None) == 16
 
 
+def test_a_closed_loop_sends_whole_waves() -> None:
+    # the H200 decode shape at c=256: ~13 req/s x 30 s x 1.2 = 468 -> two waves of 256 = 512 (gptq sent 519)
+    assert sweep_plan.requests_for(256, 30.0, 13.0, margin=1.2, wave=256) == 512
+    assert sweep_plan.requests_for(16, 30.0, 2.5, wave=16) == 80  # 75 -> 5 waves of 16
+    assert sweep_plan.requests_for(16, 30.0, 0.2, wave=16) == 16  # already whole
+    assert sweep_plan.requests_for(16, 30.0, 2.5, wave=1) == 75 and sweep_plan.requests_for(8, 0.0, None, wave=3) == 9
+
+
 # --- the server's counters --------------------------------------------------------------------------------
 
 BEFORE = {

@@ -414,10 +414,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         }
 
     def first_size(point: dict[str, Any], est: float | None) -> int:
-        return requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN)
+        return requests_for(int(point["num_prompts"]), min_dur, est, FIRST_WINDOW_MARGIN, point.get("max_concurrency"))
 
     def later_size(point: dict[str, Any], rate: float) -> int:
-        return requests_for(int(point["num_prompts"]), min_dur, rate, REPEAT_WINDOW_MARGIN)
+        return requests_for(
+            int(point["num_prompts"]), min_dur, rate, REPEAT_WINDOW_MARGIN, point.get("max_concurrency")
+        )
 
     def make_ahead(workers: Executor | None, point: dict[str, Any], n: int, seed: int, save: bool) -> None:
         """Have ``workers`` make the prompts that ``call(point, n, seed, save)`` will take (one future per call:
@@ -591,7 +593,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                         if new_n != old_n:
                             resized[name] = got_rps
                         make_ahead(pool, later, new_n, later_seed, True)
-                n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN)
+                n = requests_for(n + 1, min_dur, got_rps, SHORT_WINDOW_MARGIN, point.get("max_concurrency"))
                 short_file = result_dir / f"{point['name']}.json"
                 short_file.replace(result_dir / f"{point['name']}.short.json")
                 progress(f"{point['name']}: window {measured:.2f} s < {min_dur:g} s; again with {n} requests")

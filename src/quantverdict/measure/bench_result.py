@@ -36,6 +36,16 @@ from quantverdict.measure.validity import ITL_SUM_TOLERANCE_S, OUTPUT_VALID_FRAC
 # vLLM's metric name -> ours (E2EL is vLLM's "end-to-end latency"; we call it E2E)
 _METRIC_KEYS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 STEADY_MIN_COMPLETIONS = 3  # fewer completions inside the steady window: no steady-state rate
+# a steady window shorter than this many request lifetimes (the median E2E) gives no steady-state rate: a closed
+# loop of requests of one length started together finishes them together, so its completions come in waves and a
+# short window sees a wave's phase, not a rate. Measured on the H200 (8B shape, 128 in / 1,024 out, c=256, 512
+# requests = two waves, 2026-12-02): bf16 windows of 0.7-1.2 s (0.04-0.07 lifetimes of 17-19 s) counted 255
+# completions each, 216-350 req/s against a whole-run 13.7 req/s; W4A16's of 20-27 s (1.0-1.6 lifetimes) gave
+# 10,371-13,814 output tok/s, a 33% spread, where its whole-run repeats spread 8%. Windows of >= 2.9 lifetimes
+# (every other GPU point) agree with the whole run within the ramp-up and drain it leaves out (e.g. 2,048 in /
+# 128 out, c=256: 1,979-2,057 steady against 2,106-2,111 whole-run output tok/s)
+STEADY_MIN_LIFETIMES = 2.0
+STEADY_SHORT_MARK = "request lifetimes"  # in a steady_reason set by steady_too_short
 
 
 def _num(value: Any) -> float | None:
@@ -133,7 +143,7 @@ _STEADY_NONE: dict[str, Any] = {
 }
 
 
-def steady_state(result: dict[str, Any]) -> dict[str, Any]:
+def steady_state(result: dict[str, Any], closed_loop: bool = False) -> dict[str, Any]:
     """Rates in the steady-state window, ramp-up and drain excluded.
 
     Window ``(c1, aN]``: from the first completion ``c1`` (before it the server was still filling:
@@ -142,13 +152,16 @@ def steady_state(result: dict[str, Any]) -> dict[str, Any]:
     concurrency in flight. Counted in the window: completions after the first (``steady_completions``),
     requests sent (``steady_arrivals``) and output tokens streamed (chunk times ``start + TTFT +
     cumulative ITL``; a chunk carries ``n / chunks`` tokens when vLLM bundled tokens). A burst (all
-    requests sent at once) or a run whose first request finishes after the last is sent has no window.
+    requests sent at once) or a run whose first request finishes after the last is sent has no window; in a
+    ``closed_loop`` a window shorter than ``STEADY_MIN_LIFETIMES`` median E2Es has no rates
+    (:func:`steady_too_short`: its completions come in waves; an open loop's arrivals are spread, and an
+    overloaded one's lifetimes grow with its queue while its completions keep the server's pace).
 
     Returns:
         ``steady_window_s``, ``steady_completions``, ``steady_arrivals``, ``steady_rps`` (completions /
         window), ``steady_arrival_rps`` (requests sent / window), ``steady_output_tok_s``; the rates are
-        None with ``steady_reason`` when the window is empty or holds fewer than
-        ``STEADY_MIN_COMPLETIONS`` completions.
+        None with ``steady_reason`` when the window is empty, (closed loop) shorter than ``STEADY_MIN_LIFETIMES``
+        request lifetimes, or holds fewer than ``STEADY_MIN_COMPLETIONS`` completions.
     """
     none = dict(_STEADY_NONE)
     ok = completed_requests(result)
@@ -172,12 +185,46 @@ def steady_state(result: dict[str, Any]) -> dict[str, Any]:
         per_chunk = int(result["output_lens"][i]) / len(times)
         tokens += per_chunk * sum(1 for t in times if c1 < t <= a_last)
     out = {**none, "steady_window_s": width, "steady_completions": comps, "steady_arrivals": arrs}
+    short = steady_too_short(width, statistics.median(float(lats[i]) for i in ok)) if closed_loop else None
+    if short:
+        out["steady_reason"] = short
+        return out
     if comps < STEADY_MIN_COMPLETIONS:
         out["steady_reason"] = (
             f"only {comps} completion(s) in the steady window ({width:.3g} s); need {STEADY_MIN_COMPLETIONS}"
         )
         return out
     out.update(steady_rps=comps / width, steady_arrival_rps=arrs / width, steady_output_tok_s=tokens / width)
+    return out
+
+
+def steady_too_short(window_s: float, e2e_p50_s: float | None) -> str | None:
+    """Why a steady window of ``window_s`` seconds gives no steady-state rate, or None when it is long enough:
+    it must span ``STEADY_MIN_LIFETIMES`` request lifetimes (``e2e_p50_s``, the median E2E in seconds; None or
+    0: no lifetime to compare, the window stands)."""
+    if not e2e_p50_s or window_s >= STEADY_MIN_LIFETIMES * e2e_p50_s:
+        return None
+    return (
+        f"steady window {window_s:.3g} s is shorter than {STEADY_MIN_LIFETIMES:g} {STEADY_SHORT_MARK} "
+        f"(E2E p50 {e2e_p50_s:.3g} s): it sees the phase of the load's waves, not a rate"
+    )
+
+
+def rebase_steady(point: dict[str, Any]) -> dict[str, Any]:
+    """A recorded closed-loop point with :func:`steady_too_short` applied to its stored window, for records
+    measured before the rule: when its ``steady_window_s`` is shorter than ``STEADY_MIN_LIFETIMES`` x
+    ``e2e_ms_p50``, the steady rates become None (with ``steady_reason``) and ``throughput_rps`` /
+    ``throughput_tok_s`` the whole-run ``achieved_rps`` / ``output_tok_s`` (``throughput_basis`` ``whole_run``).
+    Any other point is returned as it is (the same dict)."""
+    window, e2e = point.get("steady_window_s"), point.get("e2e_ms_p50")
+    if point.get("concurrency") is None or point.get("throughput_basis") != "steady_window":
+        return point
+    short = None if window is None or e2e is None else steady_too_short(float(window), float(e2e) / 1000.0)
+    if short is None:
+        return point
+    out = {**point, "steady_rps": None, "steady_arrival_rps": None, "steady_output_tok_s": None}
+    out.update(steady_reason=short, throughput_rps=point.get("achieved_rps"), throughput_basis="whole_run")
+    out["throughput_tok_s"] = point.get("output_tok_s")
     return out
 
 
@@ -287,7 +334,7 @@ def parse_result(
         out["e2e_source"] = "vllm latencies" if saved else "ttft + sum(itl) (no latencies in the result)"
         out["itl_per_token"] = all(len(result["itls"][i]) == lens[i] - 1 for i in ok)
         out["sent_rps"] = _sent_rps(result)
-        steady = steady_state(result)
+        steady = steady_state(result, closed_loop=point.concurrency is not None)
         if len(lens) != num_prompts:
             reasons.append(f"{len(lens)} requests in the result, {num_prompts} sent (warm-up requests mixed in?)")
         if errs and max(errs) > ITL_SUM_TOLERANCE_S:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.measure import aggregate, capacity, sweep, sweep_plan
+from quantverdict.measure import aggregate, bench_result, capacity, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
 from quantverdict.measure.aggregate import is_number
 from quantverdict.measure.goodput import Slo
@@ -76,8 +76,9 @@ def shape_of(speed: dict[str, Any]) -> tuple[Any, Any] | None:
 
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     """The sweep's mode (``rate`` unless the record says ``concurrency``) and its points as the record holds
-    them (dicts, for :mod:`quantverdict.measure.sweep`)."""
-    return sweep_mode(rec), [p.to_dict() for p in rec.speed.points]
+    them (dicts, for :mod:`quantverdict.measure.sweep`), a steady window too short to trust set aside in records
+    measured before that rule (:func:`quantverdict.measure.bench_result.rebase_steady`)."""
+    return sweep_mode(rec), [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
 
 
 def sweep_mode(rec: JobRecord) -> str:

@@ -3,9 +3,10 @@ failed checks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from quantverdict.measure import capacity, server_metrics, sweep
+from quantverdict.measure import bench_result, capacity, server_metrics, sweep
 from quantverdict.measure import validity as point_checks
 from quantverdict.measure.aggregate import is_number
 from quantverdict.results.record import JobRecord
@@ -86,6 +87,11 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
     return out, lines
 
 
+def _range_s(values: Iterable[float]) -> str:
+    v = sorted(values)
+    return f"{v[0]:.3g} s" if f"{v[0]:.3g}" == f"{v[-1]:.3g}" else f"{v[0]:.3g}-{v[-1]:.3g} s"
+
+
 def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) -> list[str]:
     """Lines for the review's Validity section: what each speed number stands on (repeats, spread,
     saturated and invalid points, the ceiling's definition, the kernel check). Not to be confused with
@@ -154,6 +160,15 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
             f"({what})"
         )
     lines.append(text)
+    short = [q for q in raw if bench_result.STEADY_SHORT_MARK in str(q.get("steady_reason") or "")]
+    if short:
+        lines.append(
+            f"{sc_name}: throughput at {', '.join(dict.fromkeys(point_label({**q, 'repeat': 0}, mode) for q in short))}"
+            f" ({len(short)} of its points) is the "
+            f"whole run's: the steady window ({_range_s(q['steady_window_s'] for q in short)}) was shorter than "
+            f"{bench_result.STEADY_MIN_LIFETIMES:g} request lifetimes (E2E p50 "
+            f"{_range_s(q['e2e_ms_p50'] / 1000 for q in short)}), where completions come in waves"
+        )
     cache = server_metrics.cache_summary(raw)
     if cache:
         lines.append(f"{sc_name}: {cache}")
