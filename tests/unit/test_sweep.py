@@ -303,6 +303,9 @@ def test_a_closed_loop_window_shorter_than_two_lifetimes_has_no_steady_rate() ->
     again = bench_result.rebase_steady(old)
     assert again["throughput_rps"] == pytest.approx(8 / 20.3) and again["throughput_basis"] == "whole_run"
     assert again["throughput_tok_s"] == closed["output_tok_s"] and again["steady_rps"] is None
+    # the rule comes first, as at measurement: a stored point whose window also held too few completions says so
+    few = bench_result.rebase_steady({**closed, "steady_reason": "only 2 completion(s) in the steady window"})
+    assert few["steady_reason"] == closed["steady_reason"]
     # the same timings in an open loop keep their window: its completions are not waves of one start
     assert bench_result.parse_result(res, SweepPoint(4.0, None, 0), 8, 4)["steady_rps"] == pytest.approx(10.0)
     assert bench_result.rebase_steady({**old, "concurrency": None}) is not None

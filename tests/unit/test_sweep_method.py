@@ -46,6 +46,10 @@ def test_a_closed_loop_sends_whole_waves() -> None:
     assert sweep_plan.requests_for(16, 30.0, 2.5, wave=16) == 80  # 75 -> 5 waves of 16
     assert sweep_plan.requests_for(16, 30.0, 0.2, wave=16) == 16  # already whole
     assert sweep_plan.requests_for(16, 30.0, 2.5, wave=1) == 75 and sweep_plan.requests_for(8, 0.0, None, wave=3) == 9
+    # the plan's minimum count too: 16 x 4 per concurrency at c=64 = 256 (four waves); 8 at c=16 = one wave; 10 at
+    # c=4 = three waves; an open loop (no concurrency) keeps its count
+    assert sweep_plan.prompts_for(16, 4, 64) == 256 and sweep_plan.prompts_for(8, None, 16) == 16
+    assert sweep_plan.prompts_for(10, None, 4) == 12 and sweep_plan.prompts_for(10, None, None) == 10
 
 
 # --- the server's counters --------------------------------------------------------------------------------

@@ -284,7 +284,8 @@ class BenchConfig:
     concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
     num_prompts: int = 200
     # concurrency mode: a point sends max(num_prompts, prompts_per_concurrency x C) requests, so that every
-    # load level runs several full waves of C requests (null: num_prompts at every level)
+    # load level runs several full waves of C requests (null: num_prompts at every level); a closed loop's count is
+    # always rounded up to whole waves, a multiple of C
     prompts_per_concurrency: Optional[int] = None
     warmup_prompts: int = 4
     input_len: int = 256
@@ -295,7 +296,8 @@ class BenchConfig:
     point_timeout_s: float = 1800.0
     server: ServerConfig = field(default_factory=ServerConfig)
     # a point's measured window lasts at least this long (seconds): the client sends max(the requests above,
-    # enough for this duration at the rate its warm-up showed); 0: the request count alone decides
+    # enough for this duration at the rate its warm-up showed), in a closed loop in whole waves of C; 0: the request
+    # count alone decides
     min_duration_s: float = 0.0
     # POST /reset_prefix_cache (vLLM dev mode) after the warm-up and after every point; the server's prefix-cache
     # hits are recorded per point either way, and above 1% on random prompts the point is invalid

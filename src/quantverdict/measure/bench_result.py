@@ -41,7 +41,7 @@ STEADY_MIN_COMPLETIONS = 3  # fewer completions inside the steady window: no ste
 # short window sees a wave's phase, not a rate. Measured on the H200 (8B shape, 128 in / 1,024 out, c=256, 512
 # requests = two waves, 2026-12-02): bf16 windows of 0.7-1.2 s (0.04-0.07 lifetimes of 17-19 s) counted 255
 # completions each, 216-350 req/s against a whole-run 13.7 req/s; W4A16's of 20-27 s (1.0-1.6 lifetimes) gave
-# 10,371-13,814 output tok/s, a 33% spread, where its whole-run repeats spread 8%. Windows of >= 2.9 lifetimes
+# 10,371-13,814 output tok/s, a 33% spread, where its whole-run repeats spread 8%. Windows of >= 2.87 lifetimes
 # (every other GPU point) agree with the whole run within the ramp-up and drain it leaves out (e.g. 2,048 in /
 # 128 out, c=256: 1,979-2,057 steady against 2,106-2,111 whole-run output tok/s)
 STEADY_MIN_LIFETIMES = 2.0
@@ -213,13 +213,13 @@ def steady_too_short(window_s: float, e2e_p50_s: float | None) -> str | None:
 def rebase_steady(point: dict[str, Any]) -> dict[str, Any]:
     """A recorded closed-loop point with :func:`steady_too_short` applied to its stored window, for records
     measured before the rule: when its ``steady_window_s`` is shorter than ``STEADY_MIN_LIFETIMES`` x
-    ``e2e_ms_p50``, the steady rates become None (with ``steady_reason``) and ``throughput_rps`` /
-    ``throughput_tok_s`` the whole-run ``achieved_rps`` / ``output_tok_s`` (``throughput_basis`` ``whole_run``).
-    Any other point is returned as it is (the same dict)."""
+    ``e2e_ms_p50``, the steady rates become None, ``steady_reason`` says why (checked first, as
+    :func:`steady_state` does) and ``throughput_rps`` / ``throughput_tok_s`` are the whole-run ``achieved_rps`` /
+    ``output_tok_s`` (``throughput_basis`` ``whole_run``). Any other point is returned as it is (the same dict)."""
     window, e2e = point.get("steady_window_s"), point.get("e2e_ms_p50")
-    if point.get("concurrency") is None or point.get("throughput_basis") != "steady_window":
+    if point.get("concurrency") is None or window is None or e2e is None:
         return point
-    short = None if window is None or e2e is None else steady_too_short(float(window), float(e2e) / 1000.0)
+    short = steady_too_short(float(window), float(e2e) / 1000.0)
     if short is None:
         return point
     out = {**point, "steady_rps": None, "steady_arrival_rps": None, "steady_output_tok_s": None}
@@ -271,7 +271,7 @@ def parse_result(
         ``vllm_<m>_ms_*``; ``metrics_source`` (``recomputed``/``vllm``), ``vllm_max_rel_diff``;
         ``requests_in_result``, ``short_requests``, ``output_valid``, ``itl_sum_max_err_ms``,
         ``itl_per_token`` (one token per streamed chunk); ``sent_rps``; the :func:`steady_state` keys;
-        ``throughput_rps``/``throughput_tok_s`` (steady-state when there is a window, else whole-run);
+        ``throughput_rps``/``throughput_tok_s`` (steady-state when the window has rates, else whole-run);
         the :func:`quantverdict.measure.validity.saturation` keys; ``valid`` and ``invalid_reasons``.
 
         ``peak_concurrent_requests`` is vLLM's ``max_concurrent_requests``: the most requests active at

@@ -17,14 +17,28 @@ PERCENTILES = (50, 90, 99)  # passed to --metric-percentiles
 
 
 def prompts_for(num_prompts: int, prompts_per_concurrency: int | None, concurrency: int | None) -> int:
-    """Requests sent at one point: ``max(num_prompts, prompts_per_concurrency * concurrency)`` in a
-    concurrency sweep with ``prompts_per_concurrency`` set, else ``num_prompts``.
+    """Requests sent at one point, at least: ``max(num_prompts, prompts_per_concurrency * concurrency)`` in a
+    concurrency sweep with ``prompts_per_concurrency`` set, else ``num_prompts``; in a concurrency sweep rounded
+    up to whole waves, a multiple of ``concurrency`` (:func:`whole_waves`).
 
-    E.g. num_prompts 16, 4 per concurrency: c=1 -> 16, c=64 -> 256, c=256 -> 1024 (four full waves).
+    E.g. num_prompts 16, 4 per concurrency: c=1 -> 16, c=64 -> 256, c=256 -> 1024 (four full waves); num_prompts 8
+    at c=16 without a per-concurrency count -> 16 (one wave).
     """
-    if prompts_per_concurrency and concurrency:
-        return max(num_prompts, prompts_per_concurrency * concurrency)
-    return num_prompts
+    n = (
+        max(num_prompts, prompts_per_concurrency * concurrency)
+        if prompts_per_concurrency and concurrency
+        else num_prompts
+    )
+    return whole_waves(n, concurrency)
+
+
+def whole_waves(n: int, wave: int | None) -> int:
+    """``n`` rounded up to a multiple of ``wave`` (a closed loop's concurrency; None or 0: ``n``). Requests of one
+    length started together finish together, so a part wave at the end of a closed-loop point would run its last
+    requests at a lower concurrency than the point names (measured on the H200, 128 in / 1,024 out at c=256,
+    2026-12-02: 519 requests, two waves and 7, ran those 7 alone for the last 4.1 s of 43.0-46.4 s, the whole-run
+    output tok/s 7.6-8.3% under that of the two waves)."""
+    return -(-n // wave) * wave if wave and wave > 0 else n
 
 
 @dataclass(frozen=True)
@@ -139,12 +153,9 @@ def requests_for(
     min_requests: int, min_duration_s: float, rate_rps: float | None, margin: float = 1.0, wave: int | None = None
 ) -> int:
     """Requests a point sends so that its window lasts at least ``min_duration_s``:
-    ``max(min_requests, ceil(rate_rps x min_duration_s x margin))``; ``min_requests`` when either the
-    duration or the rate estimate is missing or zero. With ``wave`` (a closed loop's concurrency) the count is
-    rounded up to whole waves, a multiple of ``wave``: requests of one length started together finish together,
-    so an incomplete last wave would run the end of the window at a lower concurrency than the point names
-    (measured on the H200, 128 in / 1,024 out at c=256, 2026-12-02: 519 requests, two waves and 7, ran those 7
-    alone for the last 4.1-4.4 s of 43-46 s, the whole-run output tok/s ~9% under that of the two waves).
+    ``max(min_requests, ceil(rate_rps x min_duration_s x margin))`` (``min_requests`` alone when either the
+    duration or the rate estimate is missing or zero), then with ``wave`` (a closed loop's concurrency) rounded up
+    to whole waves (:func:`whole_waves`).
 
     E.g. 16 requests minimum, 30 s at an estimated 2.5 req/s: ``max(16, 75) = 75``; in a closed loop of
     concurrency 16 the same gives 80.
@@ -154,7 +165,7 @@ def requests_for(
         if not min_duration_s or not rate_rps
         else max(min_requests, math.ceil(rate_rps * min_duration_s * margin))
     )
-    return -(-n // wave) * wave if wave and wave > 0 else n
+    return whole_waves(n, wave)
 
 
 def warmup_requests(warmup_prompts: int, concurrency: int | None) -> int:

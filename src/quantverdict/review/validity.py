@@ -160,7 +160,11 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
             f"({what})"
         )
     lines.append(text)
-    short = [q for q in raw if bench_result.STEADY_SHORT_MARK in str(q.get("steady_reason") or "")]
+    short = [
+        q
+        for q in raw
+        if point_checks.point_valid(q) and bench_result.STEADY_SHORT_MARK in str(q.get("steady_reason") or "")
+    ]
     if short:
         lines.append(
             f"{sc_name}: throughput at {', '.join(dict.fromkeys(point_label({**q, 'repeat': 0}, mode) for q in short))}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from quantverdict.measure import capacity, kernels, roofline, sweep
+from quantverdict.measure import bench_result, capacity, kernels, roofline, sweep
 
 log = logging.getLogger(__name__)
 
@@ -22,14 +22,17 @@ def speed_validity(speed: dict[str, Any], label: str, server: dict[str, Any] | N
 
     Args:
         speed: the record's ``speed`` section (``points``, ``mode``); gains ``kernel_check``, ``summary``,
-            ``sustained_ceiling``.
+            ``sustained_ceiling``; a closed-loop point whose stored steady window is shorter than two request
+            lifetimes (measured before that rule) is rewritten by
+            :func:`quantverdict.measure.bench_result.rebase_steady`.
         label: the scheme's format label (W4A16, W8A8, ...).
         server: the record's ``memory.server`` (parsed server log), or None.
         act_quant: the scheme quantizes activations (``activation_bits < 16``).
     """
     try:
         speed["kernel_check"] = kernels.kernel_check(label, server, act_quant)
-        speed["summary"] = sweep.summarize(speed.get("points") or [], speed.get("mode") or "rate")
+        speed["points"] = [bench_result.rebase_steady(p) for p in speed.get("points") or []]
+        speed["summary"] = sweep.summarize(speed["points"], speed.get("mode") or "rate")
         speed["sustained_ceiling"] = capacity.sustained_ceiling(speed["summary"], speed.get("mode") or "rate")
     except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
         log.exception("could not summarize the speed sweep")
