@@ -308,8 +308,8 @@ def test_a_closed_loop_window_shorter_than_two_lifetimes_has_no_steady_rate() ->
     assert few["steady_reason"] == closed["steady_reason"]
     # the same timings in an open loop keep their window: its completions are not waves of one start
     assert bench_result.parse_result(res, SweepPoint(4.0, None, 0), 8, 4)["steady_rps"] == pytest.approx(10.0)
-    assert bench_result.rebase_steady({**old, "concurrency": None}) is not None
-    assert bench_result.rebase_steady({**old, "concurrency": None})["throughput_rps"] == 10.0
+    open_loop = {**old, "concurrency": None}
+    assert bench_result.rebase_steady(open_loop) is open_loop and open_loop["throughput_rps"] == 10.0
 
 
 def test_saturation_without_a_window_burst_and_closed_loop() -> None:

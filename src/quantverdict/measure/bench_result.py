@@ -45,7 +45,6 @@ STEADY_MIN_COMPLETIONS = 3  # fewer completions inside the steady window: no ste
 # (every other GPU point) agree with the whole run within the ramp-up and drain it leaves out (e.g. 2,048 in /
 # 128 out, c=256: 1,979-2,057 steady against 2,106-2,111 whole-run output tok/s)
 STEADY_MIN_LIFETIMES = 2.0
-STEADY_SHORT_MARK = "request lifetimes"  # in a steady_reason set by steady_too_short
 
 
 def _num(value: Any) -> float | None:
@@ -205,21 +204,26 @@ def steady_too_short(window_s: float, e2e_p50_s: float | None) -> str | None:
     if not e2e_p50_s or window_s >= STEADY_MIN_LIFETIMES * e2e_p50_s:
         return None
     return (
-        f"steady window {window_s:.3g} s is shorter than {STEADY_MIN_LIFETIMES:g} {STEADY_SHORT_MARK} "
+        f"steady window {window_s:.3g} s is shorter than {STEADY_MIN_LIFETIMES:g} request lifetimes "
         f"(E2E p50 {e2e_p50_s:.3g} s): it sees the phase of the load's waves, not a rate"
     )
 
 
-def rebase_steady(point: dict[str, Any]) -> dict[str, Any]:
-    """A recorded closed-loop point with :func:`steady_too_short` applied to its stored window, for records
-    measured before the rule: when its ``steady_window_s`` is shorter than ``STEADY_MIN_LIFETIMES`` x
-    ``e2e_ms_p50``, the steady rates become None, ``steady_reason`` says why (checked first, as
-    :func:`steady_state` does) and ``throughput_rps`` / ``throughput_tok_s`` are the whole-run ``achieved_rps`` /
-    ``output_tok_s`` (``throughput_basis`` ``whole_run``). Any other point is returned as it is (the same dict)."""
+def recorded_window_too_short(point: dict[str, Any]) -> str | None:
+    """:func:`steady_too_short` for a recorded point: a closed-loop point's stored ``steady_window_s`` against its
+    ``e2e_ms_p50``; None for an open-loop point, a point without a window, or one whose window is long enough."""
     window, e2e = point.get("steady_window_s"), point.get("e2e_ms_p50")
     if point.get("concurrency") is None or window is None or e2e is None:
-        return point
-    short = steady_too_short(float(window), float(e2e) / 1000.0)
+        return None
+    return steady_too_short(float(window), float(e2e) / 1000.0)
+
+
+def rebase_steady(point: dict[str, Any]) -> dict[str, Any]:
+    """A recorded point with :func:`recorded_window_too_short` applied, for records measured before the rule:
+    when it holds, the steady rates become None, ``steady_reason`` says why (checked first, as
+    :func:`steady_state` does) and ``throughput_rps`` / ``throughput_tok_s`` are the whole-run ``achieved_rps`` /
+    ``output_tok_s`` (``throughput_basis`` ``whole_run``). Any other point is returned as it is (the same dict)."""
+    short = recorded_window_too_short(point)
     if short is None:
         return point
     out = {**point, "steady_rps": None, "steady_arrival_rps": None, "steady_output_tok_s": None}

@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from quantverdict.measure import bench_result, capacity, server_metrics, sweep
+from quantverdict.measure import bench_result, capacity, server_metrics, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
 from quantverdict.measure.aggregate import is_number
 from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
-from quantverdict.review.speed import point_label, raw_points
+from quantverdict.review.speed import load_label, point_label, raw_points
 
 
 def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[str]]:
@@ -160,16 +160,12 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
             f"({what})"
         )
     lines.append(text)
-    short = [
-        q
-        for q in raw
-        if point_checks.point_valid(q) and bench_result.STEADY_SHORT_MARK in str(q.get("steady_reason") or "")
-    ]
+    short = [q for q in raw if point_checks.point_valid(q) and bench_result.recorded_window_too_short(q)]
     if short:
+        levels_short = dict.fromkeys(load_label({**q, "load": sweep_plan.load_of(q, mode)}, mode) for q in short)
         lines.append(
-            f"{sc_name}: throughput at {', '.join(dict.fromkeys(point_label({**q, 'repeat': 0}, mode) for q in short))}"
-            f" ({len(short)} of its points) is the "
-            f"whole run's: the steady window ({_range_s(q['steady_window_s'] for q in short)}) was shorter than "
+            f"{sc_name}: throughput at {', '.join(levels_short)} ({len(short)} of its points) is the whole run's: "
+            f"the steady window ({_range_s(q['steady_window_s'] for q in short)}) was shorter than "
             f"{bench_result.STEADY_MIN_LIFETIMES:g} request lifetimes (E2E p50 "
             f"{_range_s(q['e2e_ms_p50'] / 1000 for q in short)}), where completions come in waves"
         )
