@@ -28,7 +28,9 @@ def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict
 
     Returns:
         ``{"kind", "offered_rate_rps", "concurrency", "rps", "rps_min", "rps_max", "output_tok_s",
-        "output_tok_s_min", "output_tok_s_max", "repeats"}``, or ``{"kind": "none", "reason"}``.
+        "output_tok_s_min", "output_tok_s_max", "repeats", "basis"}`` (``basis``: the level's
+        ``throughput_basis``, ``"steady_window"``, ``"whole_run"`` or ``"mixed"``), or
+        ``{"kind": "none", "reason"}``.
     """
     valid = [lv for lv in summary if lv["valid_repeats"] > 0 and _throughput(lv, "throughput_tok_s", "output_tok_s")]
     if not valid:
@@ -54,6 +56,7 @@ def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict
         "output_tok_s_min": tok.get("min"),
         "output_tok_s_max": tok.get("max"),
         "repeats": tok.get("n"),
+        "basis": best.get("throughput_basis"),
     }
 
 

@@ -84,7 +84,8 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
 
     Returns:
         Sorted by load: ``{"offered_rate_rps", "concurrency", "repeats", "valid_repeats",
-        "invalid_points", "saturated_repeats", "saturated", "metrics": {metric: spread or None}}``.
+        "invalid_points", "saturated_repeats", "saturated", "throughput_basis", "metrics": {metric: spread or
+        None}}``; ``throughput_basis`` is what the valid repeats' ``throughput_*`` rest on (:func:`basis_of`).
     """
     out = []
     for level in aggregate.levels(points, lambda p: load_of(p, mode), point_valid):
@@ -99,12 +100,25 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
                 "invalid_points": [str(p.get("point", f"r{p.get('repeat')}")) for p in ps if not point_valid(p)],
                 "saturated_repeats": sum(1 for s in sat if s),
                 "saturated": aggregate.majority(sat),
+                "throughput_basis": basis_of(valid),
                 "metrics": {
                     m: spread([p[m] for p in valid if isinstance(p.get(m), (int, float))]) for m in SUMMARY_METRICS
                 },
             }
         )
     return out
+
+
+def basis_of(points: Sequence[dict[str, Any]]) -> str | None:
+    """What the points' ``throughput_rps`` / ``throughput_tok_s`` rest on (each point's ``throughput_basis``,
+    :func:`quantverdict.measure.bench_result.parse_result`): ``"steady_window"`` or ``"whole_run"`` when every
+    point says the same, ``"mixed"`` when they differ, None when none says.
+
+    E.g. three repeats of a closed loop whose steady windows were all shorter than two request lifetimes:
+    ``"whole_run"``; two of them long enough: ``"mixed"``.
+    """
+    bases = {p["throughput_basis"] for p in points if p.get("throughput_basis")}
+    return None if not bases else bases.pop() if len(bases) == 1 else "mixed"
 
 
 # --- where a benchmark stage's time went -----------------------------------------------------------

@@ -140,8 +140,21 @@ def _acc_row(sc: Scorecard, d: TaskDelta) -> list[str]:
     return [sc.name, d.name, d.metric, value, delta, rec, p, _f(d.n, "d") if isinstance(d.n, int) else "–", sig, method]
 
 
+BASIS_WORDS = {"steady_window": "steady window", "whole_run": "whole run", "mixed": "steady and whole-run repeats"}
+
+
+def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
+    """Whether the schemes' ceilings rest on different windows: one on its steady-state window, another on the
+    whole run (``speed.ceiling_basis``; a closed loop whose steady window is shorter than two request lifetimes
+    has only the whole run, :func:`quantverdict.measure.bench_result.steady_too_short`), or one level mixes them
+    over its repeats. The speed table then names each ceiling's basis."""
+    bases = {sc.speed.get("ceiling_basis") for sc in cards if sc.speed.get("ceiling_tok_s")} - {None}
+    return len(bases) > 1 or "mixed" in bases
+
+
 def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str]]:
     rows = []
+    name_basis = ceilings_differ_in_basis(cards)
     for sc in cards:
         sp = sc.speed
         c = checks.get(sc.scheme, {}).get("latency")
@@ -160,6 +173,11 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str
                 + (
                     f" [{sp['ceiling_tok_s_range'][0]:.1f}-{sp['ceiling_tok_s_range'][1]:.1f}]"
                     if sp.get("ceiling_tok_s_range") and (sp.get("ceiling_repeats") or 1) > 1
+                    else ""
+                )
+                + (
+                    f" ({BASIS_WORDS[sp['ceiling_basis']]})"
+                    if name_basis and sp.get("ceiling_basis") in BASIS_WORDS
                     else ""
                 ),
                 _goodput_cell(sp),
@@ -532,6 +550,13 @@ def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
                 "how many requests; '–' without per-request data (the cell says why). "
                 "A rate under 90% of the ceiling is never "
                 "called saturated: the server showed it keeps up. Every number: the median over valid repeats."
+                + (
+                    " The ceilings below rest on different windows (each cell names its own): a steady window "
+                    "excludes ramp-up and drain, a whole run includes them, so compare schemes at one load in "
+                    "the paired speedups of the regime section instead."
+                    if ceilings_differ_in_basis(cards)
+                    else ""
+                )
             ),
         )
     )

@@ -434,6 +434,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
             [ceiling["output_tok_s_min"], ceiling["output_tok_s_max"]] if ceiling.get("output_tok_s") else None
         ),
         "ceiling_repeats": ceiling.get("repeats"),
+        "ceiling_basis": ceiling.get("basis"),  # steady_window | whole_run | mixed (over its repeats) | None
         "saturation_label": (
             load_label({**ceiling, "load": sweep_plan.load_of(ceiling, mode)}, mode)
             if ceiling["kind"] != "none"
