@@ -118,7 +118,9 @@ def basis_of(points: Sequence[dict[str, Any]]) -> str | None:
     ``"whole_run"``; two of them long enough: ``"mixed"``.
     """
     bases = {p["throughput_basis"] for p in points if p.get("throughput_basis")}
-    return None if not bases else bases.pop() if len(bases) == 1 else "mixed"
+    if len(bases) > 1:
+        return "mixed"
+    return next(iter(bases), None)
 
 
 # --- where a benchmark stage's time went -----------------------------------------------------------

@@ -152,9 +152,8 @@ def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
     return len(bases) > 1 or "mixed" in bases
 
 
-def _speed_rows(cards: list[Scorecard], checks: dict[str, Any]) -> list[list[str]]:
+def _speed_rows(cards: list[Scorecard], checks: dict[str, Any], name_basis: bool) -> list[list[str]]:
     rows = []
-    name_basis = ceilings_differ_in_basis(cards)
     for sc in cards:
         sp = sc.speed
         c = checks.get(sc.scheme, {}).get("latency")
@@ -535,6 +534,7 @@ def workload_sentence(cards: list[Scorecard]) -> str:
 def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
     """One model's speed summary with what each column means."""
     out: list[Block] = []
+    name_basis = ceilings_differ_in_basis(cards)
     out.append(("h3", "Speed (vLLM serving sweep)"))
     shape = workload_sentence(cards)
     if shape:
@@ -554,7 +554,7 @@ def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
                     " The ceilings below rest on different windows (each cell names its own): a steady window "
                     "excludes ramp-up and drain, a whole run includes them, so compare schemes at one load in "
                     "the paired speedups of the regime section instead."
-                    if ceilings_differ_in_basis(cards)
+                    if name_basis
                     else ""
                 )
             ),
@@ -576,7 +576,7 @@ def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
                 "E2E p50 ms",
                 "latency",
             ],
-            _speed_rows(cards, checks),
+            _speed_rows(cards, checks, name_basis),
         )
     )
     return out
