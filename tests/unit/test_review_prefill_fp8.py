@@ -1,8 +1,9 @@
-"""The prefill-heavy shape on the H200 (eighth lease, 2026-12-02, 2,048 in / 128 out, concurrency 1, 16, 64 and
-256, three repeats, bf16 and FP8_DYNAMIC on one GPU): FP8 pays at every load, and at concurrency 256 the two
-ceilings rest on different windows, which the speed table says (issue #16). Expected values worked out from the
-records' per-run ``output_tok_s``, ``steady_output_tok_s``, ``steady_window_s`` and ``e2e_ms_p50``
-(``docs/results/gpu-cache-free/prefill-fp8-grid/records``).
+"""The prefill-heavy shape on the H200 (eighth and ninth leases, 2026-12-02, 2,048 in / 128 out, concurrency 1, 16,
+64 and 256, three repeats, bf16 beside FP8_DYNAMIC, then beside W8A8, each pair on one GPU): both 8-bit W8A8 schemes
+pay at every load, and at concurrency 256 the two ceilings rest on different windows, which the speed table says
+(issue #16). Expected values worked out from the records' per-run ``output_tok_s``, ``steady_output_tok_s``,
+``steady_window_s`` and ``e2e_ms_p50`` (``docs/results/gpu-cache-free/prefill-fp8-grid/records`` and
+``prefill-w8a8-grid/records``).
 """
 
 from __future__ import annotations
@@ -65,3 +66,41 @@ def test_basis_of_repeats() -> None:
     assert basis_of([steady, whole, steady]) == "mixed"
     assert basis_of([steady]) == "steady_window"
     assert basis_of([{}, {"throughput_basis": None}]) is None
+
+
+def test_w8a8_pays_at_saturation_and_its_ceiling_is_steady() -> None:
+    # the ninth lease: W8A8 beside its own bf16 in the same shape, on another H200
+    records, _ = load_dir(GRIDS / "prefill-w8a8-grid" / "records")
+    review = build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
+    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "w8a8")
+    sat = next(p for p in row["paired"] if p["metric"] == "output_tok_s" and p["load"] == 256)
+    # c=256 output tok/s by repeat: 3,008.29 / 2,045.62, 2,981.38 / 2,042.38, 2,991.67 / 2,039.87 = 1.47060,
+    # 1.45976, 1.46660; logs 0.38567, 0.37827, 0.38295, mean 0.38230 -> 1.4656; sd 0.003743, se 0.002161,
+    # t(2) 4.303: exp(0.38230 -+ 0.00930) = [1.4521, 1.4793]
+    assert sat["speedup"] == pytest.approx(1.4656, abs=2e-4) and sat["verdict"] == "faster"
+    assert sat["speedup_low"] == pytest.approx(1.4521, abs=5e-4)
+    assert sat["speedup_high"] == pytest.approx(1.4793, abs=5e-4)
+    cards = {c.scheme: c for c in review.cards}
+    # bf16: windows 29.9-30.4 s against 2 x E2E p50 15.9-16.1 s = 31.8-32.2 s: whole runs, median 2,042.38;
+    # W8A8: 31.3-31.9 s against 2 x 10.8-10.9 s: steady, 2,875.51 / 2,973.90 / 2,812.47 -> 2,875.51
+    assert cards["bf16"].speed["ceiling_basis"] == "whole_run"
+    assert cards["bf16"].speed["ceiling_tok_s"] == pytest.approx(2042.38, abs=0.01)
+    assert cards["w8a8"].speed["ceiling_basis"] == "steady_window"
+    assert cards["w8a8"].speed["ceiling_tok_s"] == pytest.approx(2875.51, abs=0.01)
+
+
+def test_unpaired_ceilings_of_different_windows_are_compared_on_whole_runs() -> None:
+    # the eighth lease's pair, as if FP8 had run on another GPU: no ratio paired by repeat, so the saturation claim
+    # rests on the ceilings; bf16's is a whole run (2,094.28), FP8's a steady window (2,912.61), which would give
+    # 2,912.61 / 2,094.28 = 1.3907. Both whole runs instead: FP8 3,002.08 / 2,967.67 / 2,965.17 -> 2,967.67 over
+    # 2,094.28 = 1.4170; range [2,965.17 / 2,098.08, 3,002.08 / 2,090.60] = [1.4133, 1.4360]
+    records, _ = load_dir(GRIDS / "prefill-fp8-grid" / "records")
+    for rec in records:
+        if rec["job"]["scheme"] == "fp8":
+            rec["environment"]["gpu"][0]["uuid"] = "GPU-00000000-1111-2222-3333-444455556666"
+    review = build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
+    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "fp8")
+    assert row["paired"] == [] and row["sat_claim"]["rule"] == "min-max range"
+    assert row["sat"] == pytest.approx(1.4170, abs=2e-4)
+    assert row["sat_range"] == pytest.approx((1.4133, 1.4360), abs=2e-4)
+    assert row["sat_claim"]["class"] == "pays"

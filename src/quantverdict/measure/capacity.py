@@ -28,9 +28,11 @@ def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict
 
     Returns:
         ``{"kind", "offered_rate_rps", "concurrency", "rps", "rps_min", "rps_max", "output_tok_s",
-        "output_tok_s_min", "output_tok_s_max", "repeats", "basis"}`` (``basis``: the level's
-        ``throughput_basis``, ``"steady_window"``, ``"whole_run"`` or ``"mixed"``), or
-        ``{"kind": "none", "reason"}``.
+        "output_tok_s_min", "output_tok_s_max", "repeats", "basis", "whole_run_tok_s", "whole_run_tok_s_min",
+        "whole_run_tok_s_max"}`` (``basis``: the level's ``throughput_basis``, ``"steady_window"``,
+        ``"whole_run"`` or ``"mixed"``; ``whole_run_tok_s``: the same level's whole-run output tok/s, median and
+        range over its repeats, whatever its basis, so that two ceilings of different bases can still be compared
+        run for run), or ``{"kind": "none", "reason"}``.
     """
     valid = [lv for lv in summary if lv["valid_repeats"] > 0 and _throughput(lv, "throughput_tok_s", "output_tok_s")]
     if not valid:
@@ -45,6 +47,7 @@ def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict
     best = max(cands, key=lambda lv: (_throughput(lv, "throughput_tok_s", "output_tok_s") or {})["median"])
     tok = _throughput(best, "throughput_tok_s", "output_tok_s") or {}
     rps = _throughput(best, "throughput_rps", "achieved_rps") or {}
+    whole = best["metrics"].get("output_tok_s") or {}
     return {
         "kind": kind,
         "offered_rate_rps": best["offered_rate_rps"],
@@ -57,6 +60,9 @@ def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict
         "output_tok_s_max": tok.get("max"),
         "repeats": tok.get("n"),
         "basis": best.get("throughput_basis"),
+        "whole_run_tok_s": whole.get("median"),
+        "whole_run_tok_s_min": whole.get("min"),
+        "whole_run_tok_s_max": whole.get("max"),
     }
 
 

@@ -435,6 +435,12 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
         ),
         "ceiling_repeats": ceiling.get("repeats"),
         "ceiling_basis": ceiling.get("basis"),  # steady_window | whole_run | mixed (over its repeats) | None
+        # the ceiling level's whole-run output tok/s (median, [min, max]): what two ceilings of different bases
+        # are compared on (review.verdict.speedups)
+        "ceiling_whole_run_tok_s": ceiling.get("whole_run_tok_s"),
+        "ceiling_whole_run_tok_s_range": (
+            [ceiling["whole_run_tok_s_min"], ceiling["whole_run_tok_s_max"]] if ceiling.get("whole_run_tok_s") else None
+        ),
         "saturation_label": (
             load_label({**ceiling, "load": sweep_plan.load_of(ceiling, mode)}, mode)
             if ceiling["kind"] != "none"

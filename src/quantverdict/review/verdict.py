@@ -570,17 +570,38 @@ PAIRED_WORDS = {"faster": "pays", "slower": "costs"}  # a paired verdict -> the 
 def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
     """(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the
     lowest load both measured (:func:`_low_itl`), and the scheme's sustained-ceiling output tok/s over the
-    baseline's (medians over repeats). > 1 means faster. None when either is missing, or either is not
-    comparable for speed (a scheme that ran on a weight-only fallback kernel, see
-    :func:`quantverdict.measure.kernels.kernel_check`, or was swept at another request shape than its
-    baseline, ``speed.excluded_why``)."""
+    baseline's (medians over repeats; both on one window, :func:`_ceilings`). > 1 means faster. None when
+    either is missing, or either is not comparable for speed (a scheme that ran on a weight-only fallback
+    kernel, see :func:`quantverdict.measure.kernels.kernel_check`, or was swept at another request shape than
+    its baseline, ``speed.excluded_why``)."""
     if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
         return None, None
     (a, _), (b, _) = _low_itl(sc, base)
     low = b / a if a and b else None
-    c, d = sc.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s")
+    (c, _), (d, _) = _ceilings(sc, base)
     sat = c / d if c and d else None
     return low, sat
+
+
+def _ceilings(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """``((ceiling output tok/s, its [min, max]) of the scheme, the same of the baseline)``, both on one window.
+
+    A ceiling is a steady-window rate where its level had one and a whole-run rate where the window was too
+    short (``speed.ceiling_basis``, :func:`quantverdict.measure.sweep.basis_of`); a steady rate excludes ramp-up
+    and drain, so it can sit under or over the whole run's. When the two ceilings rest on different bases (or
+    either on a mix over its repeats), both are read from their levels' whole runs
+    (``speed.ceiling_whole_run_tok_s``), which every point has, as the ratios paired by repeat read them. E.g.
+    the eighth H200 lease (2,048 in / 128 out, c=256): FP8_DYNAMIC steady 2,912.6 over bf16 whole-run 2,094.3 is
+    1.39x, both whole runs 2,967.7 / 2,094.3 = 1.417x (paired by repeat: 1.422x). Scorecards without the
+    whole-run figure (hand-made, or records before it) keep their ceilings."""
+    mine = (sc.speed.get("ceiling_tok_s"), sc.speed.get("ceiling_tok_s_range"))
+    theirs = (base.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s_range"))
+    bases = {sc.speed.get("ceiling_basis"), base.speed.get("ceiling_basis")}
+    whole = (sc.speed.get("ceiling_whole_run_tok_s"), base.speed.get("ceiling_whole_run_tok_s"))
+    if (len(bases) > 1 or "mixed" in bases) and all(whole):
+        mine = (whole[0], sc.speed.get("ceiling_whole_run_tok_s_range"))
+        theirs = (whole[1], base.speed.get("ceiling_whole_run_tok_s_range"))
+    return mine, theirs
 
 
 def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
@@ -608,7 +629,8 @@ def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any
 def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
     """The run-to-run range of each speedup of :func:`speedups`: from the min/max over repeats of both
     schemes (low load: ``[b_min / a_max, b_max / a_min]`` of ITL p50; saturation: ``[c_min / d_max,
-    c_max / d_min]`` of ceiling tok/s). None when a range is missing or the speedup is."""
+    c_max / d_min]`` of ceiling tok/s, on the window :func:`_ceilings` chose). None when a range is missing or
+    the speedup is."""
     low, sat = speedups(sc, base)
 
     def iv(num: Any, den: Any, invert: bool) -> tuple[float, float] | None:
@@ -620,7 +642,8 @@ def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, floa
 
     (_, mine), (_, theirs) = _low_itl(sc, base)
     lo = iv(mine, theirs, True)
-    sa = iv(sc.speed.get("ceiling_tok_s_range"), base.speed.get("ceiling_tok_s_range"), False)
+    (_, mine), (_, theirs) = _ceilings(sc, base)
+    sa = iv(mine, theirs, False)
     return (lo if low is not None else None), (sa if sat is not None else None)
 
 
