@@ -33,8 +33,16 @@ echo "$sum  bundle.tar" > "$D/00/bundle.sha256"
 n_parts=$(ls -d "$D"/[0-9][0-9] | wc -l)
 echo "bundle: $(du -sh "$D/w" | cut -f1) (data included) in $n_parts parts of ${part_mib} MiB; the tree travels with $(( tree_kib / 1024 )) MiB"
 echo "the lease, one call after another (the machine goes back 30 s after a call returns):"
+# the first call names the kind: a run that names none starts an H100 (since 2026-12-02); nvidia-h200 may still
+# give an H100, which `date +%s; nvidia-smi -L` shows (docs/results/gpu-summary.md, "Which card")
+first=1
 for p in "$D"/[0-9][0-9]; do
-  echo "  run(command='bash tools/h200/lease.sh stash', carry=['.devcache/$(basename "$p")'])"
+  if [ "$first" = 1 ]; then
+    echo "  run(command='date +%s; nvidia-smi -L; bash tools/h200/lease.sh stash', carry=['.devcache/$(basename "$p")'], kind='nvidia-h200')"
+    first=0
+  else
+    echo "  run(command='bash tools/h200/lease.sh stash', carry=['.devcache/$(basename "$p")'])"
+  fi
 done
-echo "  run(command='bash tools/h200/lease.sh install queue NAME EST_S grid OVERRIDES... go wait 420')   # the install takes ~1-2 min of the call's 600 s"
+echo "  run(command='QV_LEASE_END=<first epoch + its budget_left_s - 60> bash tools/h200/lease.sh install queue \"NAME EST_S grid OVERRIDES...\" go wait 420')   # the install takes ~1-2 min of the call's 600 s"
 echo "  run(command='bash tools/h200/lease.sh wait 560')   # until it prints 'queue done'; then give_back"
