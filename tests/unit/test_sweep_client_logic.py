@@ -487,3 +487,22 @@ def test_stop_pool_ends_a_worker_process_stuck_in_its_task() -> None:
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(pid)  # terminated, not left to finish its 60-s sleep
+
+
+def test_a_point_record_appears_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the orchestrator parses <point>.qv.json the moment it exists; the client must never create that name
+    # before its text is in it (a CI rehearsal read one empty): it writes <name>.part and renames it over
+    written: list[str] = []
+    real_write = Path.write_text
+
+    def spy(self: Path, data: str, *args: Any, **kwargs: Any) -> int:
+        written.append(self.name)
+        return real_write(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", spy)
+    target = tmp_path / "conc-16_r0.qv.json"
+    sweep_client.publish(target, '{"seed": 7}')
+    assert written == ["conc-16_r0.qv.json.part"]
+    assert json.loads(target.read_text()) == {"seed": 7} and sorted(p.name for p in tmp_path.iterdir()) == [
+        "conc-16_r0.qv.json"
+    ]

@@ -250,6 +250,20 @@ def sampling_pool(workers: int) -> Executor:
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
+def publish(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that the file appears whole or not at all: into ``<name>.part`` beside it,
+    then renamed over it (``os.replace``, atomic within one filesystem).
+
+    The orchestrator polls for each point's ``<point>.qv.json`` while this client runs and parses it as soon as it
+    exists (:func:`quantverdict.serving.benchmark.run_sweep`); a plain ``write_text`` creates the file before it
+    writes it, and on 2 CPU cores the orchestrator once read it empty (``JSONDecodeError: Expecting value: line 1
+    column 1``, a CI rehearsal of 2026-12-02, ``tests/integration/test_dummy_shape.py``).
+    """
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    part.replace(path)
+
+
 def wait_for_gate(gate: str | None, timeout_s: float) -> float:
     """Wait until the file ``gate`` exists (the orchestrator writes it once the server is verified).
 
@@ -613,7 +627,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 measured_s=measured,
                 wall_s=round(time.perf_counter() - w0, 3),
             )
-            (result_dir / f"{point['name']}.qv.json").write_text(json.dumps(side, indent=1))
+            publish(result_dir / f"{point['name']}.qv.json", json.dumps(side, indent=1))
             done.append({k: side[k] for k in ("wall_s", "measured_s", "num_prompts")} | {"name": point["name"]})
             progress(f"{point['name']}: {n} requests, window {measured:.2f} s, wall {side['wall_s']:.2f} s")
     finally:
