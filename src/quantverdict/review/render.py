@@ -22,7 +22,7 @@ from quantverdict.review.kld import kld_row
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import ceiling_is_floor
-from quantverdict.review.verdict import floor_test_of
+from quantverdict.review.verdict import ceilings_differ_in_basis, floor_test_of
 
 Block = tuple[Any, ...]
 STATUS = {"pass": "PASS", "fail": "FAIL", "unknown": "n/a", "off": "off", "not_applicable": "not applicable"}
@@ -141,15 +141,6 @@ def _acc_row(sc: Scorecard, d: TaskDelta) -> list[str]:
 
 
 BASIS_WORDS = {"steady_window": "steady window", "whole_run": "whole run", "mixed": "steady and whole-run repeats"}
-
-
-def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
-    """Whether the schemes' ceilings rest on different windows: one on its steady-state window, another on the
-    whole run (``speed.ceiling_basis``; a closed loop whose steady window is shorter than two request lifetimes
-    has only the whole run, :func:`quantverdict.measure.bench_result.steady_too_short`), or one level mixes them
-    over its repeats. The speed table then names each ceiling's basis."""
-    bases = {sc.speed.get("ceiling_basis") for sc in cards if sc.speed.get("ceiling_tok_s")} - {None}
-    return len(bases) > 1 or "mixed" in bases
 
 
 def _speed_rows(cards: list[Scorecard], checks: dict[str, Any], name_basis: bool) -> list[list[str]]:

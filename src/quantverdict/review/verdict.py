@@ -567,6 +567,16 @@ SATURATION_METRIC = "output_tok_s"  # the saturation claim: output tok/s at the 
 PAIRED_WORDS = {"faster": "pays", "slower": "costs"}  # a paired verdict -> the regime class it stands for
 
 
+def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
+    """Whether the schemes' ceilings rest on different windows: one on its steady-state window, another on the
+    whole run (``speed.ceiling_basis``; a closed loop whose steady window is shorter than two request lifetimes
+    has only the whole run, :func:`quantverdict.measure.bench_result.steady_too_short`), or one level mixes them
+    over its repeats. The speed table then names each ceiling's basis, and :func:`speedups` compares two such
+    ceilings on their whole runs."""
+    bases = {sc.speed.get("ceiling_basis") for sc in cards if sc.speed.get("ceiling_tok_s")} - {None}
+    return len(bases) > 1 or "mixed" in bases
+
+
 def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
     """(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the
     lowest load both measured (:func:`_low_itl`), and the scheme's sustained-ceiling output tok/s over the
@@ -589,16 +599,15 @@ def _ceilings(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[An
     A ceiling is a steady-window rate where its level had one and a whole-run rate where the window was too
     short (``speed.ceiling_basis``, :func:`quantverdict.measure.sweep.basis_of`); a steady rate excludes ramp-up
     and drain, so it can sit under or over the whole run's. When the two ceilings rest on different bases (or
-    either on a mix over its repeats), both are read from their levels' whole runs
+    either on a mix over its repeats, :func:`ceilings_differ_in_basis`), both are read from their levels' whole runs
     (``speed.ceiling_whole_run_tok_s``), which every point has, as the ratios paired by repeat read them. E.g.
     the eighth H200 lease (2,048 in / 128 out, c=256): FP8_DYNAMIC steady 2,912.6 over bf16 whole-run 2,094.3 is
     1.39x, both whole runs 2,967.7 / 2,094.3 = 1.417x (paired by repeat: 1.422x). Scorecards without the
     whole-run figure (hand-made, or records before it) keep their ceilings."""
     mine = (sc.speed.get("ceiling_tok_s"), sc.speed.get("ceiling_tok_s_range"))
     theirs = (base.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s_range"))
-    bases = {sc.speed.get("ceiling_basis"), base.speed.get("ceiling_basis")}
     whole = (sc.speed.get("ceiling_whole_run_tok_s"), base.speed.get("ceiling_whole_run_tok_s"))
-    if (len(bases) > 1 or "mixed" in bases) and all(whole):
+    if ceilings_differ_in_basis([sc, base]) and all(whole):
         mine = (whole[0], sc.speed.get("ceiling_whole_run_tok_s_range"))
         theirs = (whole[1], base.speed.get("ceiling_whole_run_tok_s_range"))
     return mine, theirs
