@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -43,7 +44,9 @@ exit 9
 
 
 def _lease(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full = dict(os.environ, QV_LEASE_ROOT=str(tmp), QV_LEASE_PYTHON=str(tmp / "fakepy"), OUT=str(tmp / "out"), **env)
+    # QV_CACHE_ROOT: collect packs <cache root>/vllm; this machine's own cache root stays out of the tests
+    full = dict(os.environ, QV_LEASE_ROOT=str(tmp), QV_LEASE_PYTHON=str(tmp / "fakepy"), OUT=str(tmp / "out"))
+    full.update({"QV_CACHE_ROOT": str(tmp / "cache"), **env})
     return subprocess.run(["bash", str(LEASE), *args], env=full, capture_output=True, text=True, timeout=120)
 
 
@@ -191,3 +194,67 @@ def test_collect_goes_on_when_a_running_steps_files_change_under_tar(lease_root:
     assert "collect b:" not in r.stdout
     assert "collect c: tar exit 2 (its archive may be incomplete)" in r.stdout
     assert (lease_root / "out" / "lease.log").is_file()
+
+
+# a FlashInfer-shaped JIT build: sources in the installed package, objects and the library in the cache root's build
+# folder, one command per edge as FlashInfer's generated build.ninja has (`flashinfer/jit/core.py`, `run_ninja`)
+NINJA_BUILD = """rule cc
+  command = cp $in $out
+build {cache}/sampling.cuda.o: cc {site}/flashinfer/data/csrc/sampling.cu
+build {cache}/sampling.so: cc {cache}/sampling.cuda.o
+"""
+
+
+def _ninja(build_dir: Path) -> str:
+    r = subprocess.run(["ninja", "-C", str(build_dir), "-d", "explain"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout + r.stderr
+
+
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="no ninja on PATH (FlashInfer's JIT builds with it)")
+def test_the_jit_cache_one_lease_packs_spares_the_next_machine_the_build(
+    lease_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # lease 1 builds the library, its collect packs the cache root; lease 2 is a fresh machine whose pip writes the
+    # same sources at a later time: install restores the cache, and ninja must find nothing to rebuild
+    site = lease_root / "site_serve"
+    src = site / "flashinfer" / "data" / "csrc" / "sampling.cu"
+    src.parent.mkdir(parents=True)
+    src.write_text("kernel v1\n")
+    build = lease_root / "cache" / "vllm" / "flashinfer" / ".cache" / "flashinfer" / "90a" / "cached_ops" / "sampling"
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text(NINJA_BUILD.format(cache=build, site=site))
+    assert "sampling.so" in _ninja(build)  # built
+    assert "no work to do" in _ninja(build)
+    r = _lease(lease_root, "collect")
+    assert r.returncode == 0, r.stderr
+    assert "collect: JIT caches (" in r.stdout and "in 1 file(s)" in r.stdout
+    packed = (lease_root / "out" / "jit-cache.tar.gz").read_bytes()
+
+    # the next machine: no cache, the package installed anew (same bytes, a later time), the bundle carrying the cache
+    shutil.rmtree(lease_root / "cache")
+    time.sleep(0.05)
+    src.write_text("kernel v1\n")
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "tools" / "h200").mkdir(parents=True)
+    (repo / "tools" / "h200" / "lease.sh").write_bytes(LEASE.read_bytes())
+    w = tmp_path_factory.mktemp("w")
+    (w / "install.sh").write_text("echo installed\n")  # the wheels were installed above (src)
+    (w / "data").mkdir()
+    (w / "jit-cache.tar.gz").write_bytes(packed)
+    bundle = tmp_path_factory.mktemp("b") / "bundle.tar"
+    with tarfile.open(bundle, "w") as tar:
+        tar.add(w, arcname=".")
+    _bundle(repo, {"00": bundle.read_bytes()}, hashlib.sha256(bundle.read_bytes()).hexdigest())
+    env = dict(os.environ, QV_LEASE_ROOT=str(lease_root / "m2"), OUT=str(lease_root / "out2"),
+               QV_LEASE_SITE_SERVE=str(site), QV_CACHE_ROOT=str(lease_root / "cache"))  # fmt: skip
+    script = str(repo / "tools" / "h200" / "lease.sh")
+    for verb in ("stash", "install"):
+        r = subprocess.run(["bash", script, verb], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert "install: JIT caches restored into" in r.stdout
+    assert (build / "sampling.so").read_text() == "kernel v1\n"
+    assert "no work to do" in _ninja(build)
+    # and a source that really changed is still rebuilt
+    src.write_text("kernel v2\n")
+    assert "sampling.so" in _ninja(build) and (build / "sampling.so").read_text() == "kernel v2\n"

@@ -20,19 +20,27 @@
 # wait S   follow the runner's log for at most S seconds, until the queue is done or the lease's end (below) is
 #          reached, then `collect`; keep S + the call's other work under the 600 s a call may run
 # collect  $OUT/<NAME>.tar.gz per step folder (records, sidecars, result files, server logs; no checkpoints, which
-#          live in the cache root) and $OUT/lease.log; a lease that ends mid-step loses no finished job
+#          live in the cache root) and $OUT/lease.log; a lease that ends mid-step loses no finished job. Also
+#          $OUT/jit-cache.tar.gz (cut into .00, .01 pieces of 15 MiB when larger): <cache root>/vllm, vLLM's
+#          torch.compile cache and FlashInfer's and Triton's JIT builds. Joined here into .devcache/jit-cache.tar.gz,
+#          make-parts.sh puts it in the next bundle and install restores it, so that the next machine's first server
+#          skips FlashInfer's sampler build (nvcc, 76-107 s on each lease's first server so far)
 #
 # The lease ends when the session's device time is spent, counted from the asking for the machine (before the
 # first command's t0): steps are judged against QV_LEASE_END (epoch seconds; once given to a call it is kept in
 # qvlease/lease.end for the later calls and the runner), by default t0 + 1800 - QV_LEASE_MARGIN_S (180). Best: the
 # first stash call's return time + the budget_left_s it reported - 60 (collect and the transfer back), e.g.
-# `QV_LEASE_END=$(( $(date -d 00:37:38 +%s) + 1727 - 60 ))` before the install call's command. Tests set QV_LEASE_ROOT (default /tmp) and
-# QV_LEASE_PYTHON (default python3).
+# `QV_LEASE_END=$(( $(date -d 00:37:38 +%s) + 1727 - 60 ))` before the install call's command. Tests set QV_LEASE_ROOT
+# (default /tmp), QV_LEASE_PYTHON (default python3), QV_LEASE_SITE_SERVE (default /tmp/site_serve, where install.sh puts
+# vLLM) and QV_CACHE_ROOT (the project's cache root, as in conf/config.yaml; default ~/.cache/quantverdict).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 T="${QV_LEASE_ROOT:-/tmp}"
 PY="${QV_LEASE_PYTHON:-python3}"
 STASH="$T/stash" L="$T/qvlease" RES="$T/qvgpu" DATA="$T/qvdata"
+SITE_SERVE="${QV_LEASE_SITE_SERVE:-/tmp/site_serve}"
+JIT="${QV_CACHE_ROOT:-$HOME/.cache/quantverdict}/vllm"  # the serve stage's VLLM_CACHE_ROOT (serving/server.py)
+JIT_PIECE=$(( 15 * 1024 * 1024 ))  # a file back from $OUT: at most 16 MiB
 mkdir -p "$L" "$RES"
 if [ -n "${QV_LEASE_END:-}" ]; then
   [[ "$QV_LEASE_END" =~ ^[0-9]+$ ]] || { echo "lease.sh: QV_LEASE_END '$QV_LEASE_END' is not epoch seconds" >&2; exit 2; }
@@ -61,7 +69,7 @@ stash() {
 }
 
 install() {
-  if [ -d /tmp/site_serve/vllm ] && [ -d "$DATA" ]; then say "install: already installed"; return; fi
+  if [ -d "$SITE_SERVE/vllm" ] && [ -d "$DATA" ]; then say "install: already installed"; return; fi
   [ -f "$STASH/bundle.sha256" ] || { say "install: no $STASH/bundle.sha256 (part 00 not stashed)"; exit 2; }
   cat "$STASH"/part.* > "$T/bundle.tar"
   if ! (cd "$T" && sha256sum -c --quiet "$STASH/bundle.sha256"); then
@@ -71,7 +79,42 @@ install() {
   rm -rf "$T/b" && mkdir -p "$T/b" && tar xf "$T/bundle.tar" -C "$T/b" && rm "$T/bundle.tar"
   bash "$T/b/install.sh" 2>&1 | tee -a "$L/lease.log"
   rm -rf "$DATA" && mv "$T/b/data" "$DATA"
+  restore_jit_cache "$T/b/jit-cache.tar.gz"
   say "install: done; data at $DATA; $(nvidia-smi --query-gpu=name,uuid --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+}
+
+restore_jit_cache() {  # restore_jit_cache TGZ: an earlier lease's <cache root>/vllm, brought in by the bundle
+  local tgz="$1"
+  if [ ! -f "$tgz" ]; then
+    say "install: no JIT cache in the bundle (.devcache/jit-cache.tar.gz here): the first server builds FlashInfer's sampler"
+    return 0
+  fi
+  mkdir -p "$JIT" && tar xzf "$tgz" -C "$JIT"
+  # FlashInfer runs ninja before loading a kernel library, and ninja rebuilds an output older than one of its inputs
+  # (on disk and in its build log). The inputs are FlashInfer's sources under $SITE_SERVE, which pip has just written
+  # with today's time; the carried outputs keep the earlier lease's (to the nanosecond: pax headers, below). Dating the
+  # installed files back keeps the outputs newer; the command lines ninja also compares are the same paths every lease.
+  find "$SITE_SERVE" -exec touch -h -d '2000-01-01 00:00:00 UTC' {} +
+  say "install: JIT caches restored into $JIT ($(du -sh "$JIT" | cut -f1)); $SITE_SERVE dated 2000-01-01 for ninja"
+}
+
+pack_jit_cache() {  # pack_jit_cache OUT: <cache root>/vllm -> OUT/jit-cache.tar.gz, or its pieces .00, .01, ...
+  local out="$1" rc=0 size
+  rm -f "$out"/jit-cache.tar.gz*
+  [ -d "$JIT" ] || return 0
+  # --format=posix keeps sub-second mtimes, which ninja's build and deps logs compare with the files'
+  tar czf "$out/jit-cache.tar.gz" --format=posix --warning=no-file-changed -C "$JIT" . || rc=$?
+  if [ "$rc" -gt 1 ]; then say "collect: JIT caches: tar exit $rc, left out"; rm -f "$out/jit-cache.tar.gz"; return 0; fi
+  size=$(stat -c %s "$out/jit-cache.tar.gz")
+  if [ "$size" -gt $(( 2 * JIT_PIECE )) ]; then
+    say "collect: JIT caches left out: $(( size / 1048576 )) MiB packed, more than two 15-MiB pieces"
+    rm -f "$out/jit-cache.tar.gz"
+    return 0
+  fi
+  if [ "$size" -gt "$JIT_PIECE" ]; then
+    split -b "$JIT_PIECE" -d -a 2 "$out/jit-cache.tar.gz" "$out/jit-cache.tar.gz." && rm "$out/jit-cache.tar.gz"
+  fi
+  say "collect: JIT caches ($(du -sh "$JIT" | cut -f1), $(( size / 1048576 )) MiB packed) in $(ls "$out"/jit-cache.tar.gz* | wc -l) file(s)"
 }
 
 queue() {
@@ -184,6 +227,7 @@ collect() {
       say "collect $name: result files beyond c=1 left out (over 15 MiB)"
     fi
   done
+  pack_jit_cache "$out"
   cat "$L/lease.log" "$L/runner.log" > "$out/lease.log" 2>/dev/null || true
   ls -la "$out"
 }

@@ -8,7 +8,10 @@
 #    git-ignored through .git/info/exclude; never commit it);
 # 2. the offline data (../shared/data, read-only there) is copied into the bundle as data/ (the H200 machine
 #    cannot see ../shared: `lease.sh install` puts it at /tmp/qvdata, the jobs' data.offline_root);
-# 3. the bundle is cut into parts of (62 MiB - the tree that travels), at most 48 MiB, in .devcache/NN/part.NN,
+# 3. .devcache/jit-cache.tar.gz, when there, goes in as jit-cache.tar.gz: an earlier lease's JIT caches, joined from its
+#    $OUT (`cat /work/.device/NN/jit-cache.tar.gz* > .devcache/jit-cache.tar.gz`, NN the lease's last call), which
+#    `lease.sh install` restores into the cache root (FlashInfer's sampler then is not built again there);
+# 4. the bundle is cut into parts of (62 MiB - the tree that travels), at most 48 MiB, in .devcache/NN/part.NN,
 #    with .devcache/00/bundle.sha256 to check the reassembled bundle there.
 #
 # It prints the `run` calls of the lease (tools/h200/lease.sh runs them there).
@@ -18,8 +21,14 @@ SHARED="$(cd .. && pwd)/shared"
 [ -d "$SHARED/gpu" ] && [ -d "$SHARED/data" ] || { echo "make-parts: no $SHARED/gpu or $SHARED/data beside the checkout" >&2; exit 2; }
 D=.devcache
 bash "$SHARED/gpu/make-bundle.sh" >/dev/null
-rm -rf "$D"/[0-9][0-9] "$D/w/data"
+rm -rf "$D"/[0-9][0-9] "$D/w/data" "$D/w/jit-cache.tar.gz"
 cp -r --no-preserve=mode "$SHARED/data" "$D/w/data"
+jit="no JIT caches (no $D/jit-cache.tar.gz: the lease's first server builds FlashInfer's sampler, ~80-100 s)"
+if [ -f "$D/jit-cache.tar.gz" ]; then
+  tar tzf "$D/jit-cache.tar.gz" > /dev/null || { echo "make-parts: $D/jit-cache.tar.gz is not a whole gzip tar" >&2; exit 2; }
+  cp "$D/jit-cache.tar.gz" "$D/w/jit-cache.tar.gz"
+  jit="the JIT caches of $D/jit-cache.tar.gz ($(du -h "$D/jit-cache.tar.gz" | cut -f1), $(date -u -r "$D/jit-cache.tar.gz" +%F))"
+fi
 # the working tree that travels with every call: tracked files and untracked ones git does not ignore
 tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r du -k 2>/dev/null | awk '{s += $1} END {print s + 0}')
 part_mib=$(( 62 - (tree_kib + 1023) / 1024 ))
@@ -32,6 +41,7 @@ rm "$D/bundle.tar"
 echo "$sum  bundle.tar" > "$D/00/bundle.sha256"
 n_parts=$(ls -d "$D"/[0-9][0-9] | wc -l)
 echo "bundle: $(du -sh "$D/w" | cut -f1) (data included) in $n_parts parts of ${part_mib} MiB; the tree travels with $(( tree_kib / 1024 )) MiB"
+echo "bundle: $jit"
 echo "the lease, one call after another (the machine goes back 30 s after a call returns):"
 # the first call names the kind: a run that names none starts an H100 (since 2026-12-02); nvidia-h200 may still
 # give an H100, which `date +%s; nvidia-smi -L` shows (docs/results/gpu-summary.md, "Which card")
@@ -46,3 +56,4 @@ for p in "$D"/[0-9][0-9]; do
 done
 echo "  run(command='QV_LEASE_END=<first epoch + its budget_left_s - 60> bash tools/h200/lease.sh install queue \"NAME EST_S grid OVERRIDES...\" go wait 420')   # the install takes ~1-2 min of the call's 600 s"
 echo "  run(command='bash tools/h200/lease.sh wait 560')   # until it prints 'queue done'; then give_back"
+echo "  here: cat /work/.device/<last call>/jit-cache.tar.gz* > $D/jit-cache.tar.gz   # for the next lease's bundle"
