@@ -89,7 +89,10 @@ restore_jit_cache() {  # restore_jit_cache TGZ: an earlier lease's <cache root>/
     say "install: no JIT cache in the bundle (.devcache/jit-cache.tar.gz here): the first server builds FlashInfer's sampler"
     return 0
   fi
-  mkdir -p "$JIT" && tar xzf "$tgz" -C "$JIT"
+  mkdir -p "$JIT"
+  if ! tar xzf "$tgz" -C "$JIT"; then  # the install itself stands: a run without the cache only starts slower
+    say "install: the bundle's JIT cache did not unpack whole: the first server builds what is missing"
+  fi
   # FlashInfer runs ninja before loading a kernel library, and ninja rebuilds an output older than one of its inputs
   # (on disk and in its build log). The inputs are FlashInfer's sources under $SITE_SERVE, which pip has just written
   # with today's time; the carried outputs keep the earlier lease's (to the nanosecond: pax headers, below). Dating the
