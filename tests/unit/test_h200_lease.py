@@ -221,12 +221,16 @@ def test_the_jit_cache_one_lease_packs_spares_the_next_machine_the_build(
     src = site / "flashinfer" / "data" / "csrc" / "sampling.cu"
     src.parent.mkdir(parents=True)
     src.write_text("kernel v1\n")
+    (site / "flashinfer_python-0.6.14.dist-info").mkdir()
+    py = site / "flashinfer" / "jit" / "core.py"  # Python sources keep their time (bytecode stays valid)
+    py.parent.mkdir(parents=True)
+    py.write_text("x = 1\n")
     build = lease_root / "cache" / "vllm" / "flashinfer" / ".cache" / "flashinfer" / "90a" / "cached_ops" / "sampling"
     build.mkdir(parents=True)
     (build / "build.ninja").write_text(NINJA_BUILD.format(cache=build, site=site))
     assert "sampling.so" in _ninja(build)  # built
     assert "no work to do" in _ninja(build)
-    r = _lease(lease_root, "collect")
+    r = _lease(lease_root, "collect", QV_LEASE_SITE_SERVE=str(site))
     assert r.returncode == 0, r.stderr
     assert "collect: JIT caches (" in r.stdout and "in 1 file(s)" in r.stdout
     packed = (lease_root / "out" / "jit-cache.tar.gz").read_bytes()
@@ -235,6 +239,7 @@ def test_the_jit_cache_one_lease_packs_spares_the_next_machine_the_build(
     shutil.rmtree(lease_root / "cache")
     time.sleep(0.05)
     src.write_text("kernel v1\n")
+    py_mtime = py.stat().st_mtime
     repo = tmp_path_factory.mktemp("repo")
     (repo / "tools" / "h200").mkdir(parents=True)
     (repo / "tools" / "h200" / "lease.sh").write_bytes(LEASE.read_bytes())
@@ -255,6 +260,86 @@ def test_the_jit_cache_one_lease_packs_spares_the_next_machine_the_build(
     assert "install: JIT caches restored into" in r.stdout
     assert (build / "sampling.so").read_text() == "kernel v1\n"
     assert "no work to do" in _ninja(build)
+    assert py.stat().st_mtime == py_mtime and src.stat().st_mtime < 10**9  # 2000-01-01 is 946,684,800
     # and a source that really changed is still rebuilt
     src.write_text("kernel v2\n")
     assert "sampling.so" in _ninja(build) and (build / "sampling.so").read_text() == "kernel v2\n"
+
+
+def _install_bundle_with(
+    tmp_path_factory: pytest.TempPathFactory, machine: Path, site: Path, cache_root: Path, packed: bytes
+) -> subprocess.CompletedProcess[str]:
+    """A fresh machine (lease root `machine`) stashing and installing a one-part bundle that carries `packed`."""
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "tools" / "h200").mkdir(parents=True)
+    (repo / "tools" / "h200" / "lease.sh").write_bytes(LEASE.read_bytes())
+    w = tmp_path_factory.mktemp("w")
+    (w / "install.sh").write_text("echo installed\n")
+    (w / "data").mkdir()
+    (w / "jit-cache.tar.gz").write_bytes(packed)
+    bundle = tmp_path_factory.mktemp("b") / "bundle.tar"
+    with tarfile.open(bundle, "w") as tar:
+        tar.add(w, arcname=".")
+    _bundle(repo, {"00": bundle.read_bytes()}, hashlib.sha256(bundle.read_bytes()).hexdigest())
+    env = dict(os.environ, QV_LEASE_ROOT=str(machine), OUT=str(machine / "out"), QV_LEASE_SITE_SERVE=str(site),
+               QV_CACHE_ROOT=str(cache_root))  # fmt: skip
+    r = subprocess.run(["bash", str(repo / "tools/h200/lease.sh"), "stash"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run(["bash", str(repo / "tools/h200/lease.sh"), "install"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def test_a_jit_cache_built_with_other_serve_packages_is_not_restored(
+    lease_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # built next to vLLM 0.26.0; the next machine installs 0.27.0: its libraries may not match, so none is restored
+    site = lease_root / "site_serve"
+    (site / "vllm-0.26.0.dist-info").mkdir(parents=True)
+    lib = lease_root / "cache" / "vllm" / "flashinfer" / "sampling.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_text("built against 0.26.0\n")
+    r = _lease(lease_root, "collect", QV_LEASE_SITE_SERVE=str(site))
+    assert "in 1 file(s)" in r.stdout, r.stdout + r.stderr
+    packed = (lease_root / "out" / "jit-cache.tar.gz").read_bytes()
+
+    site2 = lease_root / "site2"
+    (site2 / "vllm-0.27.0.dist-info").mkdir(parents=True)
+    cache2 = lease_root / "cache2"
+    r = _install_bundle_with(tmp_path_factory, lease_root / "m2", site2, cache2, packed)
+    assert "built with other serve packages" in r.stdout and "left out" in r.stdout
+    assert not (cache2 / "vllm" / "flashinfer").exists()
+    # the same packages: restored
+    r = _install_bundle_with(tmp_path_factory, lease_root / "m3", site, cache2, packed)
+    assert "install: JIT caches restored into" in r.stdout, r.stdout
+    assert (cache2 / "vllm" / "flashinfer" / "sampling.so").read_text() == "built against 0.26.0\n"
+
+
+def test_collect_keeps_the_jit_cache_within_what_out_brings_back(lease_root: Path) -> None:
+    # $OUT brings back at most 8 files, 16 MiB each, 64 MiB together: torch.compile's artifacts (incompressible here,
+    # 31 MiB) go first, FlashInfer's build stays; with no file left for it, the cache stays behind, and says so
+    jit = lease_root / "cache" / "vllm"
+    (jit / "torch_compile_cache").mkdir(parents=True)
+    (jit / "torch_compile_cache" / "artifact").write_bytes(os.urandom(31 * 1024 * 1024))
+    (jit / "flashinfer").mkdir()
+    (jit / "flashinfer" / "sampling.so").write_bytes(b"\0" * 4096)
+    r = _lease(lease_root, "collect")
+    assert r.returncode == 0, r.stderr
+    assert "packed again without torch_compile_cache" in r.stdout and "in 1 file(s)" in r.stdout
+    with tarfile.open(lease_root / "out" / "jit-cache.tar.gz") as tar:
+        names = tar.getnames()
+    assert "./flashinfer/sampling.so" in names and not any("torch_compile_cache/" in n for n in names)
+
+    shutil.rmtree(jit / "torch_compile_cache")
+    for i in range(7):  # seven step archives: with lease.log that is all eight files
+        (lease_root / "qvgpu" / f"s{i}").mkdir(parents=True)
+    r = _lease(lease_root, "collect")
+    assert r.returncode == 0, r.stderr
+    assert "JIT caches left out: 0 MiB in 1 piece(s), room for 0 file(s)" in r.stdout
+    assert not list((lease_root / "out").glob("jit-cache*"))
+
+
+def test_collect_says_when_there_is_no_jit_cache(lease_root: Path) -> None:
+    r = _lease(lease_root, "collect")
+    assert r.returncode == 0, r.stderr
+    assert "collect: no JIT caches at" in r.stdout

@@ -41,6 +41,7 @@ STASH="$T/stash" L="$T/qvlease" RES="$T/qvgpu" DATA="$T/qvdata"
 SITE_SERVE="${QV_LEASE_SITE_SERVE:-/tmp/site_serve}"
 JIT="${QV_CACHE_ROOT:-$HOME/.cache/quantverdict}/vllm"  # the serve stage's VLLM_CACHE_ROOT (serving/server.py)
 JIT_PIECE=$(( 15 * 1024 * 1024 ))  # a file back from $OUT: at most 16 MiB
+OUT_FILES=8 OUT_BYTES=$(( 62 * 1024 * 1024 ))  # what comes back from $OUT: 8 files, 64 MiB together (2 MiB kept)
 mkdir -p "$L" "$RES"
 if [ -n "${QV_LEASE_END:-}" ]; then
   [[ "$QV_LEASE_END" =~ ^[0-9]+$ ]] || { echo "lease.sh: QV_LEASE_END '$QV_LEASE_END' is not epoch seconds" >&2; exit 2; }
@@ -83,36 +84,84 @@ install() {
   say "install: done; data at $DATA; $(nvidia-smi --query-gpu=name,uuid --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
 }
 
+serve_key() {  # the installed serve packages' names and versions (*.dist-info under $SITE_SERVE), hashed
+  { find "$SITE_SERVE" -maxdepth 1 -name '*.dist-info' -printf '%f\n' 2>/dev/null || true; } | LC_ALL=C sort | sha256sum | cut -c1-16
+}
+
 restore_jit_cache() {  # restore_jit_cache TGZ: an earlier lease's <cache root>/vllm, brought in by the bundle
-  local tgz="$1"
+  local tgz="$1" tmp="$JIT.restore" key
   if [ ! -f "$tgz" ]; then
     say "install: no JIT cache in the bundle (.devcache/jit-cache.tar.gz here): the first server builds FlashInfer's sampler"
     return 0
   fi
-  mkdir -p "$JIT"
-  if ! tar xzf "$tgz" -C "$JIT"; then  # the install itself stands: a run without the cache only starts slower
-    say "install: the bundle's JIT cache did not unpack whole: the first server builds what is missing"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  if ! tar xzf "$tgz" -C "$tmp"; then  # the install itself stands: a run without the cache only starts slower
+    say "install: the bundle's JIT cache did not unpack whole: left out, the first server builds FlashInfer's sampler"
+    rm -rf "$tmp"; return 0
   fi
+  # a cache built against other serve packages (another vLLM, FlashInfer or torch) could load a stale library:
+  # pack_jit_cache stores the key of the packages it was built with, and only the same key is restored
+  key=$(serve_key)
+  if [ "$(cat "$tmp/serve.key" 2>/dev/null)" != "$key" ]; then
+    say "install: the bundle's JIT cache was built with other serve packages (key '$(cat "$tmp/serve.key" 2>/dev/null)', here '$key'): left out"
+    rm -rf "$tmp"; return 0
+  fi
+  mkdir -p "$JIT" && cp -a "$tmp"/. "$JIT"/ && rm -rf "$tmp"
   # FlashInfer runs ninja before loading a kernel library, and ninja rebuilds an output older than one of its inputs
   # (on disk and in its build log). The inputs are FlashInfer's sources under $SITE_SERVE, which pip has just written
   # with today's time; the carried outputs keep the earlier lease's (to the nanosecond: pax headers, below). Dating the
   # installed files back keeps the outputs newer; the command lines ninja also compares are the same paths every lease.
-  find "$SITE_SERVE" -exec touch -h -d '2000-01-01 00:00:00 UTC' {} +
-  say "install: JIT caches restored into $JIT ($(du -sh "$JIT" | cut -f1)); $SITE_SERVE dated 2000-01-01 for ninja"
+  # Python sources keep their time: a .py dated back would make every cached bytecode file stale.
+  if find "$SITE_SERVE" ! -name '*.py' -exec touch -h -d '2000-01-01 00:00:00 UTC' {} +; then
+    say "install: JIT caches restored into $JIT ($(du -sh "$JIT" | cut -f1)); $SITE_SERVE dated 2000-01-01 for ninja"
+  else
+    say "install: JIT caches restored into $JIT, but dating $SITE_SERVE back failed: FlashInfer may rebuild its sampler"
+  fi
+}
+
+out_room() {  # out_room OUT: "FILES BYTES" still free under OUT for the JIT pieces, one file and 1 MiB kept for lease.log
+  local n b
+  n=$(find "$1" -maxdepth 1 -type f ! -name 'jit-cache.tar.gz*' ! -name lease.log | wc -l)
+  b=$(find "$1" -maxdepth 1 -type f ! -name 'jit-cache.tar.gz*' ! -name lease.log -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+  echo "$(( OUT_FILES - 1 - n )) $(( OUT_BYTES - 1048576 - b ))"
+}
+
+tar_jit() {  # tar_jit FILE [EXCLUDES...]: <cache root>/vllm -> FILE; status 0 only for a whole archive
+  local f="$1" rc=0
+  shift
+  # --format=posix keeps sub-second mtimes, which ninja's build and deps logs compare with the files'
+  tar czf "$f" --format=posix "$@" -C "$JIT" . || rc=$?
+  [ "$rc" -eq 0 ] && return 0
+  # exit 1: a file changed while read (a server still writing its caches), and it may be cut short: once more
+  sleep 5; rc=0
+  tar czf "$f" --format=posix "$@" -C "$JIT" . || rc=$?
+  return "$rc"
 }
 
 pack_jit_cache() {  # pack_jit_cache OUT: <cache root>/vllm -> OUT/jit-cache.tar.gz, or its pieces .00, .01, ...
-  local out="$1" rc=0 size
+  local out="$1" size files bytes pieces
   rm -f "$out"/jit-cache.tar.gz*
-  [ -d "$JIT" ] || return 0
-  # --format=posix keeps sub-second mtimes, which ninja's build and deps logs compare with the files'
-  tar czf "$out/jit-cache.tar.gz" --format=posix --warning=no-file-changed -C "$JIT" . || rc=$?
-  if [ "$rc" -gt 1 ]; then say "collect: JIT caches: tar exit $rc, left out"; rm -f "$out/jit-cache.tar.gz"; return 0; fi
+  if [ ! -d "$JIT" ]; then say "collect: no JIT caches at $JIT (no server has run)"; return 0; fi
+  serve_key > "$JIT/serve.key"
+  if ! tar_jit "$out/jit-cache.tar.gz"; then
+    say "collect: JIT caches left out: tar failed twice (files changing under it: a server running?)"
+    rm -f "$out/jit-cache.tar.gz"; return 0
+  fi
   size=$(stat -c %s "$out/jit-cache.tar.gz")
-  if [ "$size" -gt $(( 2 * JIT_PIECE )) ]; then
-    say "collect: JIT caches left out: $(( size / 1048576 )) MiB packed, more than two 15-MiB pieces"
-    rm -f "$out/jit-cache.tar.gz"
-    return 0
+  read -r files bytes <<< "$(out_room "$out")"
+  if [ "$size" -gt $(( 2 * JIT_PIECE )) ] || [ "$size" -gt "$bytes" ] || [ $(( (size + JIT_PIECE - 1) / JIT_PIECE )) -gt "$files" ]; then
+    # torch.compile's artifacts are keyed by checkpoint and grow with each one; FlashInfer's and Triton's builds are
+    # what every later server shares: keep those
+    say "collect: JIT caches $(( size / 1048576 )) MiB packed: too much to bring back, packed again without torch_compile_cache"
+    if ! tar_jit "$out/jit-cache.tar.gz" --exclude=./torch_compile_cache; then
+      say "collect: JIT caches left out: tar failed twice"; rm -f "$out/jit-cache.tar.gz"; return 0
+    fi
+    size=$(stat -c %s "$out/jit-cache.tar.gz")
+  fi
+  pieces=$(( (size + JIT_PIECE - 1) / JIT_PIECE ))
+  if [ "$size" -gt $(( 2 * JIT_PIECE )) ] || [ "$size" -gt "$bytes" ] || [ "$pieces" -gt "$files" ]; then
+    say "collect: JIT caches left out: $(( size / 1048576 )) MiB in $pieces piece(s), room for $files file(s) and $(( bytes / 1048576 )) MiB"
+    rm -f "$out/jit-cache.tar.gz"; return 0
   fi
   if [ "$size" -gt "$JIT_PIECE" ]; then
     split -b "$JIT_PIECE" -d -a 2 "$out/jit-cache.tar.gz" "$out/jit-cache.tar.gz." && rm "$out/jit-cache.tar.gz"

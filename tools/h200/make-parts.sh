@@ -23,7 +23,7 @@ D=.devcache
 bash "$SHARED/gpu/make-bundle.sh" >/dev/null
 rm -rf "$D"/[0-9][0-9] "$D/w/data" "$D/w/jit-cache.tar.gz"
 cp -r --no-preserve=mode "$SHARED/data" "$D/w/data"
-jit="no JIT caches (no $D/jit-cache.tar.gz: the lease's first server builds FlashInfer's sampler, ~80-100 s)"
+jit="no JIT caches (no $D/jit-cache.tar.gz: the lease's first server builds FlashInfer's sampler, 76-123 s)"
 if [ -f "$D/jit-cache.tar.gz" ]; then
   tar tzf "$D/jit-cache.tar.gz" > /dev/null || { echo "make-parts: $D/jit-cache.tar.gz is not a whole gzip tar" >&2; exit 2; }
   cp "$D/jit-cache.tar.gz" "$D/w/jit-cache.tar.gz"
