@@ -24,7 +24,9 @@
 #          $OUT/jit-cache.tar.gz (cut into .00, .01 pieces of 15 MiB when larger): <cache root>/vllm, vLLM's
 #          torch.compile cache and FlashInfer's and Triton's JIT builds. Joined here into .devcache/jit-cache.tar.gz,
 #          make-parts.sh puts it in the next bundle and install restores it, so that the next machine's first server
-#          skips FlashInfer's sampler build (nvcc, 76-112 s on each lease's first server so far)
+#          skips FlashInfer's sampler build (nvcc, 76-123 s without the cache, 2 s with it on the twelfth lease). It
+#          carries serve.key (the installed serve packages) and is restored only beside the same ones; it is left out
+#          when it does not fit what $OUT brings back (torch.compile's artifacts are dropped first)
 #
 # The lease ends when the session's device time is spent, counted from the asking for the machine (before the
 # first command's t0): steps are judged against QV_LEASE_END (epoch seconds; once given to a call it is kept in
