@@ -11,6 +11,7 @@ import signal
 import subprocess
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,7 @@ def test_a_bad_step_is_refused_before_anything_runs(lease_root: Path, line: str,
 def test_unknown_verb_names_the_allowed_ones(lease_root: Path) -> None:
     r = _lease(lease_root, "start")
     assert r.returncode == 2
-    assert "unknown verb 'start' (allowed: stash, install, queue, go, wait, collect)" in r.stderr
+    assert "unknown verb 'start' (allowed: stash, install, queue, go, wait, collect, wheel-key)" in r.stderr
 
 
 def _bundle(repo: Path, parts: dict[str, bytes], digest: str) -> None:
@@ -343,3 +344,39 @@ def test_collect_says_when_there_is_no_jit_cache(lease_root: Path) -> None:
     r = _lease(lease_root, "collect")
     assert r.returncode == 0, r.stderr
     assert "collect: no JIT caches at" in r.stdout
+
+
+def test_the_key_made_here_from_the_wheels_is_the_one_the_machine_gives_the_installed_packages(
+    lease_root: Path,
+) -> None:
+    # make-parts.sh keeps a cache out of the bundle unless its serve.key (written there by collect, from the installed
+    # *.dist-info folders) equals the key of the wheels about to travel: the two computations must agree
+    wheels = lease_root / "wheels"
+    wheels.mkdir()
+    for whl, info in (
+        ("foo-1.0-py3-none-any.whl", "foo-1.0.dist-info"),
+        ("Bar_Baz-2.0-py3-none-any.whl", "Bar_Baz-2.0.dist-info"),
+    ):
+        with zipfile.ZipFile(wheels / whl, "w") as z:
+            z.writestr("foo/__init__.py", "")  # the package's files come first in a wheel
+            z.writestr(f"{info}/METADATA", "Name: x\n")
+            z.writestr(f"{info}/RECORD", "")
+    site = lease_root / "site"
+    for info in ("foo-1.0.dist-info", "Bar_Baz-2.0.dist-info"):
+        (site / info).mkdir(parents=True)
+    (site / "foo").mkdir()
+    (lease_root / "cache" / "vllm").mkdir(parents=True)
+    r = _lease(lease_root, "collect", QV_LEASE_SITE_SERVE=str(site))
+    assert "in 1 file(s)" in r.stdout, r.stdout + r.stderr
+    with tarfile.open(lease_root / "out" / "jit-cache.tar.gz") as tar:
+        f = tar.extractfile("./serve.key")
+        assert f is not None
+        machine_key = f.read().decode().strip()
+    r = _lease(lease_root, "wheel-key", str(wheels))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == machine_key and len(machine_key) == 16
+    # and another version is another key
+    (wheels / "foo-1.0-py3-none-any.whl").unlink()
+    with zipfile.ZipFile(wheels / "foo-1.1-py3-none-any.whl", "w") as z:
+        z.writestr("foo-1.1.dist-info/METADATA", "Name: x\n")
+    assert _lease(lease_root, "wheel-key", str(wheels)).stdout.strip() != machine_key

@@ -19,6 +19,7 @@
 # go       start the runner (setsid: it outlives this call) unless it runs; it takes the steps in order
 # wait S   follow the runner's log for at most S seconds, until the queue is done or the lease's end (below) is
 #          reached, then `collect`; keep S + the call's other work under the 600 s a call may run
+# wheel-key DIR  (here, for make-parts.sh) the key install gives the packages of the wheels in DIR
 # collect  $OUT/<NAME>.tar.gz per step folder (records, sidecars, result files, server logs; no checkpoints, which
 #          live in the cache root) and $OUT/lease.log; a lease that ends mid-step loses no finished job. Also
 #          $OUT/jit-cache.tar.gz (cut into .00, .01 pieces of 15 MiB when larger): <cache root>/vllm, vLLM's
@@ -88,6 +89,13 @@ install() {
 
 serve_key() {  # the installed serve packages' names and versions (*.dist-info under $SITE_SERVE), hashed
   { find "$SITE_SERVE" -maxdepth 1 -name '*.dist-info' -printf '%f\n' 2>/dev/null || true; } | LC_ALL=C sort | sha256sum | cut -c1-16
+}
+
+wheel_key() {  # wheel_key DIR: serve_key's hash computed from the wheels in DIR (here, before they travel)
+  local w
+  for w in "$1"/*.whl; do
+    { unzip -Z1 "$w" || true; } | awk -F/ '/^[^\/]+\.dist-info\//{print $1; exit}'
+  done | LC_ALL=C sort | sha256sum | cut -c1-16
 }
 
 restore_jit_cache() {  # restore_jit_cache TGZ: an earlier lease's <cache root>/vllm, brought in by the bundle
@@ -291,7 +299,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     stash|install|go|collect|_run) "$1"; shift ;;
     queue) [ $# -ge 2 ] || { echo "queue needs one quoted \"NAME EST_S KIND ARGS...\"" >&2; exit 2; }; queue "$2"; shift 2 ;;
+    wheel-key) [ -d "${2:-}" ] || { echo "wheel-key needs a folder of wheels" >&2; exit 2; }; wheel_key "$2"; exit 0 ;;
     wait) [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "wait needs a number of seconds" >&2; exit 2; }; wait_for "$2"; shift 2 ;;
-    *) echo "lease.sh: unknown verb '$1' (allowed: stash, install, queue, go, wait, collect)" >&2; exit 2 ;;
+    *) echo "lease.sh: unknown verb '$1' (allowed: stash, install, queue, go, wait, collect, wheel-key)" >&2; exit 2 ;;
   esac
 done

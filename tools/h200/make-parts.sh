@@ -10,7 +10,8 @@
 #    cannot see ../shared: `lease.sh install` puts it at /tmp/qvdata, the jobs' data.offline_root);
 # 3. .devcache/jit-cache.tar.gz, when there, goes in as jit-cache.tar.gz: an earlier lease's JIT caches, joined from its
 #    $OUT (`cat /work/.device/NN/jit-cache.tar.gz* > .devcache/jit-cache.tar.gz`, NN the lease's last call), which
-#    `lease.sh install` restores into the cache root (FlashInfer's sampler then is not built again there);
+#    `lease.sh install` restores into the cache root (FlashInfer's sampler then is not built again there); only when
+#    its serve.key is the key of the serve wheels in this bundle (`lease.sh wheel-key`), else it stays out;
 # 4. the bundle is cut into parts of (62 MiB - the tree that travels), at most 48 MiB, in .devcache/NN/part.NN,
 #    with .devcache/00/bundle.sha256 to check the reassembled bundle there.
 #
@@ -26,8 +27,15 @@ cp -r --no-preserve=mode "$SHARED/data" "$D/w/data"
 jit="no JIT caches (no $D/jit-cache.tar.gz: the lease's first server builds FlashInfer's sampler, 76-123 s)"
 if [ -f "$D/jit-cache.tar.gz" ]; then
   tar tzf "$D/jit-cache.tar.gz" > /dev/null || { echo "make-parts: $D/jit-cache.tar.gz is not a whole gzip tar" >&2; exit 2; }
-  cp "$D/jit-cache.tar.gz" "$D/w/jit-cache.tar.gz"
-  jit="the JIT caches of $D/jit-cache.tar.gz ($(du -h "$D/jit-cache.tar.gz" | cut -f1), $(date -u -r "$D/jit-cache.tar.gz" +%F))"
+  # the key lease.sh's serve_key gives on the machine after the install: the .dist-info folders the serve wheels hold
+  key_here=$(QV_LEASE_ROOT="$D/lease-root" bash tools/h200/lease.sh wheel-key "$D/w/serve")
+  key_cache=$(tar xzOf "$D/jit-cache.tar.gz" ./serve.key 2>/dev/null || echo none)
+  if [ "$key_here" = "$key_cache" ]; then
+    cp "$D/jit-cache.tar.gz" "$D/w/jit-cache.tar.gz"
+    jit="the JIT caches of $D/jit-cache.tar.gz ($(du -h "$D/jit-cache.tar.gz" | cut -f1), $(date -u -r "$D/jit-cache.tar.gz" +%F), serve key $key_here)"
+  else
+    jit="no JIT caches: $D/jit-cache.tar.gz was built beside other serve packages (key $key_cache, this bundle's $key_here), left out"
+  fi
 fi
 # the working tree that travels with every call: tracked files and untracked ones git does not ignore
 tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r du -k 2>/dev/null | awk '{s += $1} END {print s + 0}')
