@@ -308,7 +308,7 @@ def test_a_jit_cache_built_with_other_serve_packages_is_not_restored(
     (site2 / "vllm-0.27.0.dist-info").mkdir(parents=True)
     cache2 = lease_root / "cache2"
     r = _install_bundle_with(tmp_path_factory, lease_root / "m2", site2, cache2, packed)
-    assert "built with other serve packages" in r.stdout and "left out" in r.stdout
+    assert "built beside other packages" in r.stdout and "left out" in r.stdout
     assert not (cache2 / "vllm" / "flashinfer").exists()
     # the same packages: restored
     r = _install_bundle_with(tmp_path_factory, lease_root / "m3", site, cache2, packed)
@@ -336,7 +336,7 @@ def test_collect_keeps_the_jit_cache_within_what_out_brings_back(lease_root: Pat
         (lease_root / "qvgpu" / f"s{i}").mkdir(parents=True)
     r = _lease(lease_root, "collect")
     assert r.returncode == 0, r.stderr
-    assert "JIT caches left out: 0 MiB in 1 piece(s), room for 0 file(s)" in r.stdout
+    assert "JIT caches left out: $OUT holds as many files as come back" in r.stdout
     assert not list((lease_root / "out").glob("jit-cache*"))
 
 
@@ -380,3 +380,53 @@ def test_the_key_made_here_from_the_wheels_is_the_one_the_machine_gives_the_inst
     with zipfile.ZipFile(wheels / "foo-1.1-py3-none-any.whl", "w") as z:
         z.writestr("foo-1.1.dist-info/METADATA", "Name: x\n")
     assert _lease(lease_root, "wheel-key", str(wheels)).stdout.strip() != machine_key
+
+
+def test_a_cache_from_another_image_is_not_restored(lease_root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # same serve packages, but built under another torch / CUDA / GPU (image.key): left out
+    site = lease_root / "site_serve"
+    (site / "vllm-0.26.0.dist-info").mkdir(parents=True)
+    (lease_root / "cache" / "vllm" / "flashinfer").mkdir(parents=True)
+    r = _lease(lease_root, "collect", QV_LEASE_SITE_SERVE=str(site))
+    assert "in 1 file(s)" in r.stdout, r.stdout + r.stderr
+    src = lease_root / "unpacked"
+    with tarfile.open(lease_root / "out" / "jit-cache.tar.gz") as tar:
+        tar.extractall(src, filter="tar")
+    (src / "image.key").write_text("0123456789abcdef\n")
+    other = lease_root / "other.tar.gz"
+    with tarfile.open(other, "w:gz") as tar:
+        tar.add(src, arcname=".")
+    r = _install_bundle_with(tmp_path_factory, lease_root / "m2", site, lease_root / "cache2", other.read_bytes())
+    assert "image key '0123456789abcdef'" in r.stdout and "left out" in r.stdout
+    assert not (lease_root / "cache2" / "vllm").exists()
+
+
+def test_collect_cuts_a_large_step_into_pieces_and_leaves_out_what_out_cannot_bring_back(lease_root: Path) -> None:
+    # a step whose server log alone is 20 MiB (incompressible) comes back in two pieces; of eight more small steps,
+    # the ones past the eight files $OUT brings back (lease.log kept) are left out and named
+    big = lease_root / "qvgpu" / "a-big"
+    big.mkdir(parents=True)
+    (big / "vllm_server.log").write_bytes(os.urandom(20 * 1024 * 1024))
+    for i in range(8):
+        (lease_root / "qvgpu" / f"s{i}").mkdir()
+    r = _lease(lease_root, "collect")
+    assert r.returncode == 0, r.stderr
+    out = lease_root / "out"
+    pieces = sorted(out.glob("a-big.tar.gz.*"))
+    assert [p.name for p in pieces] == ["a-big.tar.gz.00", "a-big.tar.gz.01"]
+    joined = lease_root / "joined.tar.gz"
+    joined.write_bytes(b"".join(p.read_bytes() for p in pieces))
+    with tarfile.open(joined) as tar:
+        assert "a-big/vllm_server.log" in tar.getnames()
+    # 8 files: the two pieces, s0-s4, lease.log; s5-s7 left out
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["a-big.tar.gz.00", "a-big.tar.gz.01", "lease.log"] + [f"s{i}.tar.gz" for i in range(5)]
+    )
+    for i in (5, 6, 7):
+        assert f"collect: step s{i} left out" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["jit-cache", "jit-cache.tar.gz", "lease"])
+def test_a_step_named_like_collects_own_files_is_refused(lease_root: Path, name: str) -> None:
+    r = _lease(lease_root, "queue", f"{name} 10 grid scheme=bf16")
+    assert r.returncode == 2 and "is collect's own" in r.stdout

@@ -21,12 +21,15 @@
 #          reached, then `collect`; keep S + the call's other work under the 600 s a call may run
 # wheel-key DIR  (here, for make-parts.sh) the key install gives the packages of the wheels in DIR
 # collect  $OUT/<NAME>.tar.gz per step folder (records, sidecars, result files, server logs; no checkpoints, which
-#          live in the cache root) and $OUT/lease.log; a lease that ends mid-step loses no finished job. Also
+#          live in the cache root; in pieces .00, .01 when over 15 MiB: join them with cat) and $OUT/lease.log, within
+#          what $OUT brings back (8 files, 64 MiB; a step past that is left out, and named); a lease that ends
+#          mid-step loses no finished job. Also
 #          $OUT/jit-cache.tar.gz (cut into .00, .01 pieces of 15 MiB when larger): <cache root>/vllm, vLLM's
 #          torch.compile cache and FlashInfer's and Triton's JIT builds. Joined here into .devcache/jit-cache.tar.gz,
 #          make-parts.sh puts it in the next bundle and install restores it, so that the next machine's first server
 #          skips FlashInfer's sampler build (nvcc, 76-123 s without the cache, 2 s with it on the twelfth lease). It
-#          carries serve.key (the installed serve packages) and is restored only beside the same ones; it is left out
+#          carries serve.key (the installed serve packages) and image.key (torch and its CUDA, the GPU) and is restored
+#          only beside the same ones; it is left out
 #          when it does not fit what $OUT brings back (torch.compile's artifacts are dropped first)
 #
 # The lease ends when the session's device time is spent, counted from the asking for the machine (before the
@@ -43,7 +46,7 @@ PY="${QV_LEASE_PYTHON:-python3}"
 STASH="$T/stash" L="$T/qvlease" RES="$T/qvgpu" DATA="$T/qvdata"
 SITE_SERVE="${QV_LEASE_SITE_SERVE:-/tmp/site_serve}"
 JIT="${QV_CACHE_ROOT:-$HOME/.cache/quantverdict}/vllm"  # the serve stage's VLLM_CACHE_ROOT (serving/server.py)
-JIT_PIECE=$(( 15 * 1024 * 1024 ))  # a file back from $OUT: at most 16 MiB
+PIECE=$(( 15 * 1024 * 1024 ))  # a file back from $OUT: at most 16 MiB
 OUT_FILES=8 OUT_BYTES=$(( 62 * 1024 * 1024 ))  # what comes back from $OUT: 8 files, 64 MiB together (2 MiB kept)
 mkdir -p "$L" "$RES"
 if [ -n "${QV_LEASE_END:-}" ]; then
@@ -91,32 +94,43 @@ serve_key() {  # the installed serve packages' names and versions (*.dist-info u
   { find "$SITE_SERVE" -maxdepth 1 -name '*.dist-info' -printf '%f\n' 2>/dev/null || true; } | LC_ALL=C sort | sha256sum | cut -c1-16
 }
 
+image_key() {  # what the machine's image brings to a JIT build: torch and the CUDA it was built for, the GPU; hashed
+  # (e.g. "2.11.0+cu130 13.0" and "NVIDIA H200, 9.0": lines one can write down from install.sh's output)
+  { python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null || echo "no torch"
+    nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null || true
+  } | sha256sum | cut -c1-16
+}
+
 wheel_key() {  # wheel_key DIR: serve_key's hash computed from the wheels in DIR (here, before they travel)
   local w
+  command -v unzip > /dev/null || { echo "lease.sh wheel-key: no unzip on PATH" >&2; return 2; }
   for w in "$1"/*.whl; do
     { unzip -Z1 "$w" || true; } | awk -F/ '/^[^\/]+\.dist-info\//{print $1; exit}'
   done | LC_ALL=C sort | sha256sum | cut -c1-16
 }
 
 restore_jit_cache() {  # restore_jit_cache TGZ: an earlier lease's <cache root>/vllm, brought in by the bundle
-  local tgz="$1" tmp="$JIT.restore" key
+  # the install itself always stands: a run without the cache only starts slower
+  local tgz="$1" tmp="$JIT.restore" key ikey
   if [ ! -f "$tgz" ]; then
     say "install: no JIT cache in the bundle (.devcache/jit-cache.tar.gz here): the first server builds FlashInfer's sampler"
     return 0
   fi
-  rm -rf "$tmp" && mkdir -p "$tmp"
-  if ! tar xzf "$tgz" -C "$tmp"; then  # the install itself stands: a run without the cache only starts slower
+  if ! { rm -rf "$tmp" && mkdir -p "$tmp" && tar xzf "$tgz" -C "$tmp"; }; then
     say "install: the bundle's JIT cache did not unpack whole: left out, the first server builds FlashInfer's sampler"
-    rm -rf "$tmp"; return 0
+    rm -rf "$tmp" || true; return 0
   fi
-  # a cache built against other serve packages (another vLLM, FlashInfer or torch) could load a stale library:
-  # pack_jit_cache stores the key of the packages it was built with, and only the same key is restored
-  key=$(serve_key)
-  if [ "$(cat "$tmp/serve.key" 2>/dev/null)" != "$key" ]; then
-    say "install: the bundle's JIT cache was built with other serve packages (key '$(cat "$tmp/serve.key" 2>/dev/null)', here '$key'): left out"
-    rm -rf "$tmp"; return 0
+  # a cache built against other serve packages (another vLLM or FlashInfer) or another image (torch, its CUDA, the GPU)
+  # could load a stale library: pack_jit_cache stores both keys, and only the same ones are restored
+  key=$(serve_key) ikey=$(image_key)
+  if [ "$(cat "$tmp/serve.key" 2>/dev/null)" != "$key" ] || [ "$(cat "$tmp/image.key" 2>/dev/null)" != "$ikey" ]; then
+    say "install: the bundle's JIT cache was built beside other packages (serve key '$(cat "$tmp/serve.key" 2>/dev/null)', image key '$(cat "$tmp/image.key" 2>/dev/null)'; here '$key', '$ikey'): left out"
+    rm -rf "$tmp" || true; return 0
   fi
-  mkdir -p "$JIT" && cp -a "$tmp"/. "$JIT"/ && rm -rf "$tmp"
+  if ! { rm -rf "$JIT" && mkdir -p "$(dirname "$JIT")" && mv "$tmp" "$JIT"; }; then
+    say "install: the bundle's JIT cache could not be moved into $JIT: left out"
+    rm -rf "$tmp" "$JIT" || true; return 0
+  fi
   # FlashInfer runs ninja before loading a kernel library, and ninja rebuilds an output older than one of its inputs
   # (on disk and in its build log). The inputs are FlashInfer's sources under $SITE_SERVE, which pip has just written
   # with today's time; the carried outputs keep the earlier lease's (to the nanosecond: pax headers, below). Dating the
@@ -129,11 +143,27 @@ restore_jit_cache() {  # restore_jit_cache TGZ: an earlier lease's <cache root>/
   fi
 }
 
-out_room() {  # out_room OUT: "FILES BYTES" still free under OUT for the JIT pieces, one file and 1 MiB kept for lease.log
+out_room() {  # out_room OUT: "FILES BYTES" still free under OUT, one file and 1 MiB kept for lease.log
   local n b
-  n=$(find "$1" -maxdepth 1 -type f ! -name 'jit-cache.tar.gz*' ! -name lease.log | wc -l)
-  b=$(find "$1" -maxdepth 1 -type f ! -name 'jit-cache.tar.gz*' ! -name lease.log -printf '%s\n' | awk '{s += $1} END {print s + 0}')
+  n=$(find "$1" -maxdepth 1 -type f ! -name lease.log | wc -l)
+  b=$(find "$1" -maxdepth 1 -type f ! -name lease.log -printf '%s\n' | awk '{s += $1} END {print s + 0}')
   echo "$(( OUT_FILES - 1 - n )) $(( OUT_BYTES - 1048576 - b ))"
+}
+
+place() {  # place FILE OUT NAME WHAT: FILE -> OUT/NAME, cut into OUT/NAME.00, .01 ... (15 MiB) when larger, if OUT has room
+  local f="$1" out="$2" name="$3" what="$4" size pieces files bytes
+  size=$(stat -c %s "$f")
+  pieces=$(( (size + PIECE - 1) / PIECE ))
+  read -r files bytes <<< "$(out_room "$out")"
+  if [ "$pieces" -gt "$files" ] || [ "$size" -gt "$bytes" ]; then
+    say "collect: $what left out: $(( size / 1048576 )) MiB in $pieces piece(s), \$OUT has room for $files file(s) and $(( bytes / 1048576 )) MiB"
+    rm -f "$f"; return 1
+  fi
+  if [ "$pieces" -gt 1 ]; then
+    split -b "$PIECE" -d -a 2 "$f" "$out/$name." && rm -f "$f"
+  else
+    mv "$f" "$out/$name"
+  fi
 }
 
 tar_jit() {  # tar_jit FILE [EXCLUDES...]: <cache root>/vllm -> FILE; status 0 only for a whole archive
@@ -149,33 +179,31 @@ tar_jit() {  # tar_jit FILE [EXCLUDES...]: <cache root>/vllm -> FILE; status 0 o
 }
 
 pack_jit_cache() {  # pack_jit_cache OUT: <cache root>/vllm -> OUT/jit-cache.tar.gz, or its pieces .00, .01, ...
-  local out="$1" size files bytes pieces
-  rm -f "$out"/jit-cache.tar.gz*
+  # packed outside OUT and moved in whole: a collect killed halfway leaves no cut archive to be carried
+  local out="$1" tmp="$T/jit-cache.tmp.tar.gz" size files bytes
+  rm -f "$out"/jit-cache.tar.gz* "$tmp"
   if [ ! -d "$JIT" ]; then say "collect: no JIT caches at $JIT (no server has run)"; return 0; fi
-  serve_key > "$JIT/serve.key"
-  if ! tar_jit "$out/jit-cache.tar.gz"; then
-    say "collect: JIT caches left out: tar failed twice (files changing under it: a server running?)"
-    rm -f "$out/jit-cache.tar.gz"; return 0
-  fi
-  size=$(stat -c %s "$out/jit-cache.tar.gz")
   read -r files bytes <<< "$(out_room "$out")"
-  if [ "$size" -gt $(( 2 * JIT_PIECE )) ] || [ "$size" -gt "$bytes" ] || [ $(( (size + JIT_PIECE - 1) / JIT_PIECE )) -gt "$files" ]; then
+  if [ "$files" -lt 1 ]; then say "collect: JIT caches left out: \$OUT holds as many files as come back"; return 0; fi
+  serve_key > "$JIT/serve.key"; image_key > "$JIT/image.key"
+  if ! tar_jit "$tmp"; then
+    say "collect: JIT caches left out: tar failed twice (files changing under it: a server running?)"
+    rm -f "$tmp"; return 0
+  fi
+  size=$(stat -c %s "$tmp")
+  if [ "$size" -gt $(( 2 * PIECE )) ] || [ "$size" -gt "$bytes" ] || [ $(( (size + PIECE - 1) / PIECE )) -gt "$files" ]; then
     # torch.compile's artifacts are keyed by checkpoint and grow with each one; FlashInfer's and Triton's builds are
     # what every later server shares: keep those
     say "collect: JIT caches $(( size / 1048576 )) MiB packed: too much to bring back, packed again without torch_compile_cache"
-    if ! tar_jit "$out/jit-cache.tar.gz" --exclude=./torch_compile_cache; then
-      say "collect: JIT caches left out: tar failed twice"; rm -f "$out/jit-cache.tar.gz"; return 0
+    if ! tar_jit "$tmp" --exclude=./torch_compile_cache; then
+      say "collect: JIT caches left out: tar failed twice"; rm -f "$tmp"; return 0
     fi
-    size=$(stat -c %s "$out/jit-cache.tar.gz")
+    size=$(stat -c %s "$tmp")
   fi
-  pieces=$(( (size + JIT_PIECE - 1) / JIT_PIECE ))
-  if [ "$size" -gt $(( 2 * JIT_PIECE )) ] || [ "$size" -gt "$bytes" ] || [ "$pieces" -gt "$files" ]; then
-    say "collect: JIT caches left out: $(( size / 1048576 )) MiB in $pieces piece(s), room for $files file(s) and $(( bytes / 1048576 )) MiB"
-    rm -f "$out/jit-cache.tar.gz"; return 0
+  if [ "$size" -gt $(( 2 * PIECE )) ]; then
+    say "collect: JIT caches left out: $(( size / 1048576 )) MiB packed, more than two pieces"; rm -f "$tmp"; return 0
   fi
-  if [ "$size" -gt "$JIT_PIECE" ]; then
-    split -b "$JIT_PIECE" -d -a 2 "$out/jit-cache.tar.gz" "$out/jit-cache.tar.gz." && rm "$out/jit-cache.tar.gz"
-  fi
+  place "$tmp" "$out" jit-cache.tar.gz "JIT caches" || return 0
   say "collect: JIT caches ($(du -sh "$JIT" | cut -f1), $(( size / 1048576 )) MiB packed) in $(ls "$out"/jit-cache.tar.gz* | wc -l) file(s)"
 }
 
@@ -183,6 +211,7 @@ queue() {
   local line="$1" name est kind
   read -r name est kind _ <<< "$line"
   [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || { say "queue: step name '$name' (letters, digits, . _ - only)"; exit 2; }
+  case "$name" in jit-cache*|lease|lease.*) say "queue: step name '$name' is collect's own (jit-cache*, lease): choose another"; exit 2 ;; esac
   [[ "$est" =~ ^[0-9]+$ ]] || { say "queue $name: EST_S '$est' is not a number of seconds"; exit 2; }
   case "$kind" in grid|fidelity) ;; *) say "queue $name: kind '$kind' (allowed: grid, fidelity)"; exit 2 ;; esac
   echo "$line" >> "$L/queue"
@@ -261,13 +290,13 @@ wait_for() {
   collect
 }
 
-pack() {  # pack OUT NAME [EXCLUDES...]: step folder NAME -> OUT/NAME.tar.gz, never failing the collect
+pack() {  # pack FILE NAME [EXCLUDES...]: step folder NAME -> FILE (a .tar.gz), never failing the collect
   # a step still running changes its files while tar reads them: tar exits 1 and its archive holds each file as it
   # was read, a file being written possibly cut short (seen on the fifth lease: `set -e` ended the collect there
   # and the other steps never came back); the next collect packs the step again
-  local out="$1" name="$2" rc=0
+  local f="$1" name="$2" rc=0
   shift 2
-  tar czf "$out/$name.tar.gz" --warning=no-file-changed -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' \
+  tar czf "$f" --warning=no-file-changed -C "$RES" --exclude='mlartifacts' --exclude='*.safetensors' \
     "$@" "$name" || rc=$?
   case "$rc" in
     0) ;;
@@ -277,18 +306,24 @@ pack() {  # pack OUT NAME [EXCLUDES...]: step folder NAME -> OUT/NAME.tar.gz, ne
 }
 
 collect() {
-  local out="${OUT:-$T/qvout}" d name
+  # what comes back from $OUT: 8 files of at most 16 MiB, 64 MiB together. The steps first, in order, each packed
+  # outside $OUT and moved in (cut into 15-MiB pieces, NAME.tar.gz.00, .01 ..., when still too large), then lease.log,
+  # then the JIT caches in what room is left, then lease.log again with what collect said
+  local out="${OUT:-$T/qvout}" d name f
   mkdir -p "$out"
+  rm -f "$out"/*.tar.gz "$out"/*.tar.gz.[0-9][0-9] "$out/lease.log"
   shopt -s nullglob
   for d in "$RES"/*/; do
-    name=$(basename "$d")
-    pack "$out" "$name"
-    if [ "$(stat -c %s "$out/$name.tar.gz" 2>/dev/null || echo 0)" -gt $(( 15 * 1024 * 1024 )) ]; then
-      # over what a call brings back (16 MiB a file): the per-request result files beyond c=1 stay there
-      pack "$out" "$name" --exclude='conc-[0-9][0-9]*_r[0-9].json' --exclude='rate-*_r[0-9].json'
+    name=$(basename "$d") f="$T/$name.tmp.tar.gz"
+    pack "$f" "$name"
+    if [ "$(stat -c %s "$f" 2>/dev/null || echo 0)" -gt "$PIECE" ]; then
+      # the per-request result files beyond c=1 stay there
+      pack "$f" "$name" --exclude='conc-[0-9][0-9]*_r[0-9].json' --exclude='rate-*_r[0-9].json'
       say "collect $name: result files beyond c=1 left out (over 15 MiB)"
     fi
+    [ -f "$f" ] && { place "$f" "$out" "$name.tar.gz" "step $name" || true; }
   done
+  cat "$L/lease.log" "$L/runner.log" > "$out/lease.log" 2>/dev/null || true
   pack_jit_cache "$out"
   cat "$L/lease.log" "$L/runner.log" > "$out/lease.log" 2>/dev/null || true
   ls -la "$out"
