@@ -197,6 +197,34 @@ def test_collect_goes_on_when_a_running_steps_files_change_under_tar(lease_root:
     assert (lease_root / "out" / "lease.log").is_file()
 
 
+def _install_bundle_with(
+    tmp_path_factory: pytest.TempPathFactory, machine: Path, site: Path, cache_root: Path, packed: bytes
+) -> subprocess.CompletedProcess[str]:
+    """A fresh machine (lease root `machine`) stashing and installing a one-part bundle that carries `packed`."""
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "tools" / "h200").mkdir(parents=True)
+    (repo / "tools" / "h200" / "lease.sh").write_bytes(LEASE.read_bytes())
+    w = tmp_path_factory.mktemp("w")
+    (w / "install.sh").write_text("echo installed\n")
+    (w / "data").mkdir()
+    (w / "jit-cache.tar.gz").write_bytes(packed)
+    bundle = tmp_path_factory.mktemp("b") / "bundle.tar"
+    with tarfile.open(bundle, "w") as tar:
+        tar.add(w, arcname=".")
+    _bundle(repo, {"00": bundle.read_bytes()}, hashlib.sha256(bundle.read_bytes()).hexdigest())
+    env = dict(os.environ, QV_LEASE_ROOT=str(machine), OUT=str(machine / "out"), QV_LEASE_SITE_SERVE=str(site),
+               QV_CACHE_ROOT=str(cache_root))  # fmt: skip
+    r = subprocess.run(
+        ["bash", str(repo / "tools/h200/lease.sh"), "stash"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run(
+        ["bash", str(repo / "tools/h200/lease.sh"), "install"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
 # a FlashInfer-shaped JIT build: sources in the installed package, objects and the library in the cache root's build
 # folder, one command per edge as FlashInfer's generated build.ninja has (`flashinfer/jit/core.py`, `run_ninja`)
 NINJA_BUILD = """rule cc
@@ -241,23 +269,7 @@ def test_the_jit_cache_one_lease_packs_spares_the_next_machine_the_build(
     time.sleep(0.05)
     src.write_text("kernel v1\n")
     py_mtime = py.stat().st_mtime
-    repo = tmp_path_factory.mktemp("repo")
-    (repo / "tools" / "h200").mkdir(parents=True)
-    (repo / "tools" / "h200" / "lease.sh").write_bytes(LEASE.read_bytes())
-    w = tmp_path_factory.mktemp("w")
-    (w / "install.sh").write_text("echo installed\n")  # the wheels were installed above (src)
-    (w / "data").mkdir()
-    (w / "jit-cache.tar.gz").write_bytes(packed)
-    bundle = tmp_path_factory.mktemp("b") / "bundle.tar"
-    with tarfile.open(bundle, "w") as tar:
-        tar.add(w, arcname=".")
-    _bundle(repo, {"00": bundle.read_bytes()}, hashlib.sha256(bundle.read_bytes()).hexdigest())
-    env = dict(os.environ, QV_LEASE_ROOT=str(lease_root / "m2"), OUT=str(lease_root / "out2"),
-               QV_LEASE_SITE_SERVE=str(site), QV_CACHE_ROOT=str(lease_root / "cache"))  # fmt: skip
-    script = str(repo / "tools" / "h200" / "lease.sh")
-    for verb in ("stash", "install"):
-        r = subprocess.run(["bash", script, verb], env=env, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr
+    r = _install_bundle_with(tmp_path_factory, lease_root / "m2", site, lease_root / "cache", packed)
     assert "install: JIT caches restored into" in r.stdout
     assert (build / "sampling.so").read_text() == "kernel v1\n"
     assert "no work to do" in _ninja(build)
@@ -265,30 +277,6 @@ def test_the_jit_cache_one_lease_packs_spares_the_next_machine_the_build(
     # and a source that really changed is still rebuilt
     src.write_text("kernel v2\n")
     assert "sampling.so" in _ninja(build) and (build / "sampling.so").read_text() == "kernel v2\n"
-
-
-def _install_bundle_with(
-    tmp_path_factory: pytest.TempPathFactory, machine: Path, site: Path, cache_root: Path, packed: bytes
-) -> subprocess.CompletedProcess[str]:
-    """A fresh machine (lease root `machine`) stashing and installing a one-part bundle that carries `packed`."""
-    repo = tmp_path_factory.mktemp("repo")
-    (repo / "tools" / "h200").mkdir(parents=True)
-    (repo / "tools" / "h200" / "lease.sh").write_bytes(LEASE.read_bytes())
-    w = tmp_path_factory.mktemp("w")
-    (w / "install.sh").write_text("echo installed\n")
-    (w / "data").mkdir()
-    (w / "jit-cache.tar.gz").write_bytes(packed)
-    bundle = tmp_path_factory.mktemp("b") / "bundle.tar"
-    with tarfile.open(bundle, "w") as tar:
-        tar.add(w, arcname=".")
-    _bundle(repo, {"00": bundle.read_bytes()}, hashlib.sha256(bundle.read_bytes()).hexdigest())
-    env = dict(os.environ, QV_LEASE_ROOT=str(machine), OUT=str(machine / "out"), QV_LEASE_SITE_SERVE=str(site),
-               QV_CACHE_ROOT=str(cache_root))  # fmt: skip
-    r = subprocess.run(["bash", str(repo / "tools/h200/lease.sh"), "stash"], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run(["bash", str(repo / "tools/h200/lease.sh"), "install"], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r
 
 
 def test_a_jit_cache_built_with_other_serve_packages_is_not_restored(
