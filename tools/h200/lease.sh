@@ -150,12 +150,18 @@ out_room() {  # out_room OUT: "FILES BYTES" still free under OUT, one file and 1
   echo "$(( OUT_FILES - 1 - n )) $(( OUT_BYTES - 1048576 - b ))"
 }
 
+fits() {  # fits SIZE OUT: status 0 when SIZE bytes, cut into 15-MiB pieces, fit the room left under OUT
+  local files bytes
+  read -r files bytes <<< "$(out_room "$2")"
+  [ $(( ($1 + PIECE - 1) / PIECE )) -le "$files" ] && [ "$1" -le "$bytes" ]
+}
+
 place() {  # place FILE OUT NAME WHAT: FILE -> OUT/NAME, cut into OUT/NAME.00, .01 ... (15 MiB) when larger, if OUT has room
   local f="$1" out="$2" name="$3" what="$4" size pieces files bytes
   size=$(stat -c %s "$f")
   pieces=$(( (size + PIECE - 1) / PIECE ))
-  read -r files bytes <<< "$(out_room "$out")"
-  if [ "$pieces" -gt "$files" ] || [ "$size" -gt "$bytes" ]; then
+  if ! fits "$size" "$out"; then
+    read -r files bytes <<< "$(out_room "$out")"
     say "collect: $what left out: $(( size / 1048576 )) MiB in $pieces piece(s), \$OUT has room for $files file(s) and $(( bytes / 1048576 )) MiB"
     rm -f "$f"; return 1
   fi
@@ -180,18 +186,17 @@ tar_jit() {  # tar_jit FILE [EXCLUDES...]: <cache root>/vllm -> FILE; status 0 o
 
 pack_jit_cache() {  # pack_jit_cache OUT: <cache root>/vllm -> OUT/jit-cache.tar.gz, or its pieces .00, .01, ...
   # packed outside OUT and moved in whole: a collect killed halfway leaves no cut archive to be carried
-  local out="$1" tmp="$T/jit-cache.tmp.tar.gz" size files bytes
+  local out="$1" tmp="$T/jit-cache.tmp.tar.gz" size
   rm -f "$out"/jit-cache.tar.gz* "$tmp"
   if [ ! -d "$JIT" ]; then say "collect: no JIT caches at $JIT (no server has run)"; return 0; fi
-  read -r files bytes <<< "$(out_room "$out")"
-  if [ "$files" -lt 1 ]; then say "collect: JIT caches left out: \$OUT holds as many files as come back"; return 0; fi
+  if ! fits 1 "$out"; then say "collect: JIT caches left out: \$OUT holds as many files as come back"; return 0; fi
   serve_key > "$JIT/serve.key"; image_key > "$JIT/image.key"
   if ! tar_jit "$tmp"; then
     say "collect: JIT caches left out: tar failed twice (files changing under it: a server running?)"
     rm -f "$tmp"; return 0
   fi
   size=$(stat -c %s "$tmp")
-  if [ "$size" -gt $(( 2 * PIECE )) ] || [ "$size" -gt "$bytes" ] || [ $(( (size + PIECE - 1) / PIECE )) -gt "$files" ]; then
+  if [ "$size" -gt $(( 2 * PIECE )) ] || ! fits "$size" "$out"; then
     # torch.compile's artifacts are keyed by checkpoint and grow with each one; FlashInfer's and Triton's builds are
     # what every later server shares: keep those
     say "collect: JIT caches $(( size / 1048576 )) MiB packed: too much to bring back, packed again without torch_compile_cache"
