@@ -129,7 +129,7 @@ def test_finished_records_reread_their_points_from_the_bench_folder(tmp_path: Pa
     assert rec2["speed"]["points"][0]["valid"] is False
 
 
-def test_benchmark_split_table_flags_overhead_over_ten_percent() -> None:
+def test_benchmark_split_table_flags_a_stage_over_ten_percent() -> None:
     from quantverdict.results.table import benchmark_split_table
 
     def rec(scheme: str, overhead: float, attempts: list[int]) -> dict:
@@ -144,9 +144,19 @@ def test_benchmark_split_table_flags_overhead_over_ten_percent() -> None:
 
     bf16 = rec("bf16", 50.0, [1, 1])
     bf16["speed"]["time_split"]["warmup_after_capture_s"] = 83.0  # gptq's split has none (an older record): "–"
+    bf16["speed"]["sweep_client"] = {"calibration_s": 30.4}  # its warm-up waves, part of the 50 s
     text = benchmark_split_table([bf16, rec("gptq", 126.0, [1, 2])])
-    assert "| m / bf16 | 100 | 20 / 4 / 83 (cache miss) | 400 (2 points) | 50 | 0 | 553 | 10.0% |" in text
-    assert "| m / gptq | 100 | 20 / 4 / – (cache miss) | 400 (2 points) | 126 | 1 | 629 | 25.2% **> 10%** |" in text
+    # the client's overhead is 50 / 500 = 10.0%, but the stage (553 s) is 53 s over start + windows: 10.6%, flagged
+    assert (
+        "| m / bf16 | 100 | 20 / 4 / 83 (cache miss) | 400 (2 points) | 50 (warm-up waves 30) | 3 | 0 | 553 | 10.0%"
+        " | 10.6% **> 10%** |"
+    ) in text
+    assert (
+        "| m / gptq | 100 | 20 / 4 / – (cache miss) | 400 (2 points) | 126 | 3 | 1 | 629 | 25.2% | 25.8% **> 10%** |"
+        in (text)
+    )
+    # within the target: 45 s of overhead and 3 s of stop make a stage of 548 s, 9.6% over start + windows
+    assert "| 45 | 3 | 0 | 548 | 9.0% | 9.6% |" in benchmark_split_table([rec("fp8", 45.0, [1])])
     assert benchmark_split_table([{"job": {}, "speed": {}}]) == ""
 
 
