@@ -11,8 +11,8 @@ committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.
 GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
 ``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
 ``gpu-cache-free/records`` and ``gpu-cache-free/<name>-grid/records`` (name: fp8, w8a8, prefill-gptq, fidelity,
-decode-gptq, decode-interrupted, prefill-fp8, prefill-w8a8), compared below their header block (everything from
-the first ``### `` heading on). Exit status 0 when every file is identical.
+decode-gptq, decode-interrupted, prefill-fp8, prefill-w8a8, decode-fp8), compared below their header block
+(everything from the first ``### `` heading on). Exit status 0 when every file is identical.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ GPU_TABLES = {  # records folder -> committed results folder
     / "decode-interrupted-grid",
     RESULTS / "gpu-cache-free" / "prefill-fp8-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-fp8-grid",
     RESULTS / "gpu-cache-free" / "prefill-w8a8-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-w8a8-grid",
+    RESULTS / "gpu-cache-free" / "decode-fp8-grid" / "records": RESULTS / "gpu-cache-free" / "decode-fp8-grid",
 }
 
 
