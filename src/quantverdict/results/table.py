@@ -298,11 +298,11 @@ def benchmark_split_table(records: list[dict[str, Any]]) -> str:
     """The benchmark stage of each job split (``speed.time_split``, :func:`quantverdict.measure.sweep.time_split`):
     server start (of which torch.compile, CUDA-graph capture and the warm-up after it: vLLM's sampler, JIT-compiling
     FlashInfer's kernels on a machine without their cache), the measured windows, the client's overhead (of it the
-    warm-up waves, ``speed.sweep_client.calibration_s``, where the record has them), the rest of the stage (server
-    stop, reading the results: stage wall - start - windows - overhead), and two fractions of start + windows: the
-    client's overhead, and the whole stage beyond start + windows, which is issue 16's target ("the benchmark stage
-    takes at most server start + the measured windows + 10%") and the one flagged above 10%. '' when no record has
-    a split.
+    warm-up waves, ``speed.sweep_client.calibration_s``, where the record has them), the rest of the stage (the HBM
+    copy probe, ``speed.hbm_copy``, and the server's stop: stage wall - start - windows - overhead), and two
+    fractions of start + windows: the client's overhead, and the whole stage beyond start + windows, which is issue
+    16's target ("the benchmark stage takes at most server start + the measured windows + 10%") and the one flagged
+    above 10%. '' when no record has a split.
 
     E.g. start 100 s, windows 400 s, overhead 50 s (warm-up waves 30 s), stage 553 s: rest 3 s, overhead 10.0%,
     stage 553 / 500 - 1 = 10.6%, flagged.
@@ -348,7 +348,7 @@ def benchmark_split_table(records: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     head = ["job", "server start", "compile / graph capture / warm-up", "measured windows", "client overhead",
-            "rest of the stage (server stop, results)", "points run twice (window short)", "benchmark stage",
+            "rest of the stage (HBM probe, server stop)", "points run twice (window short)", "benchmark stage",
             "overhead / (start + windows)", "stage / (start + windows) - 1 (target <= 10%)"]  # fmt: skip
     return "\n### Benchmark stage split (s)\n\n" + _md(head, rows)
 
