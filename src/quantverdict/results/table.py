@@ -319,12 +319,12 @@ def benchmark_split_table(records: list[dict[str, Any]]) -> str:
         if hit is not None:
             comp += " (cache hit)" if hit else " (cache miss)"
         frac = ts.get("overhead_fraction")
-        overhead = _f(ts.get("overhead_s"), ".0f")
+        start, windows, spent = (ts.get(k) for k in ("server_start_s", "windows_s", "overhead_s"))
+        overhead = _f(spent, ".0f")
         waves = ((r.get("speed") or {}).get("sweep_client") or {}).get("calibration_s")
         if isinstance(waves, (int, float)) and waves > 0:
             overhead += f" (warm-up waves {waves:.0f})"
         stage = ((r.get("stages") or {}).get("benchmark") or {}).get("wall_s")
-        start, windows, spent = (ts.get(k) for k in ("server_start_s", "windows_s", "overhead_s"))
         rest = stage_frac = None
         if isinstance(stage, (int, float)) and isinstance(start, (int, float)) and isinstance(windows, (int, float)):
             base = float(start) + float(windows)
@@ -334,9 +334,9 @@ def benchmark_split_table(records: list[dict[str, Any]]) -> str:
         rows.append(
             [
                 f"{j.get('model')} / {j.get('scheme')}",
-                _f(ts.get("server_start_s"), ".0f"),
+                _f(start, ".0f"),
                 comp,
-                f"{_f(ts.get('windows_s'), '.0f')} ({len(pts)} points)",
+                f"{_f(windows, '.0f')} ({len(pts)} points)",
                 overhead,
                 _f(rest, ".0f"),
                 str(sum(1 for p in pts if (p.get("attempts") or 1) > 1)),
