@@ -11,8 +11,8 @@ committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.
 GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
 ``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
 ``gpu-cache-free/records`` and ``gpu-cache-free/<name>-grid/records`` (name: fp8, w8a8, prefill-gptq, fidelity,
-decode-gptq, decode-interrupted, prefill-fp8, prefill-w8a8, decode-fp8), compared below their header block
-(everything from the first ``### `` heading on). Exit status 0 when every file is identical.
+decode-gptq, decode-interrupted, prefill-fp8, prefill-w8a8, decode-fp8, embedded-fp8-c256), compared below their
+header block (everything from the first ``### `` heading on). Exit status 0 when every file is identical.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-cache-free" / "prefill-fp8-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-fp8-grid",
     RESULTS / "gpu-cache-free" / "prefill-w8a8-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-w8a8-grid",
     RESULTS / "gpu-cache-free" / "decode-fp8-grid" / "records": RESULTS / "gpu-cache-free" / "decode-fp8-grid",
+    RESULTS / "gpu-cache-free" / "embedded-fp8-c256-grid" / "records": RESULTS
+    / "gpu-cache-free"
+    / "embedded-fp8-c256-grid",
 }
 
 
