@@ -37,8 +37,8 @@ def _paired(review: Any, metric: str) -> dict[str, Any]:
 
 def test_no_difference_is_established_at_256(review: Any) -> None:
     # output tok/s by repeat, FP8 / bf16: 16,707.9 / 16,865.9, 15,835.1 / 14,233.5, 17,429.9 / 13,039.0
-    # = 0.99063, 1.11252, 1.33675; logs -0.00941, 0.10663, 0.29025, mean 0.12916: geometric mean 1.1379;
-    # sample sd of the logs 0.15110, se 0.08724, t = 4.303 (2 degrees of freedom): exp(0.12916 -+ 0.37535)
+    # = 0.99063, 1.11253, 1.33676; logs -0.00941, 0.10664, 0.29025, mean 0.12916: geometric mean 1.1379;
+    # sample sd of the logs 0.15109, se 0.08723, t = 4.303 (2 degrees of freedom): exp(0.12916 -+ 0.37537)
     # = 0.782-1.656, which holds 1
     tok = _paired(review, "output_tok_s")
     assert tok["speedup"] == pytest.approx(1.1379, abs=2e-4) and tok["verdict"] == "no difference established"
