@@ -10,9 +10,9 @@ committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.
 ``generated_at`` aside, the JSON's floats to 12 significant digits (their last bit depends on the CPU).
 GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
 ``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
-``gpu-cache-free/records`` and ``gpu-cache-free/<name>-grid/records`` (name: fp8, w8a8, prefill-gptq, fidelity,
-decode-gptq, decode-interrupted, prefill-fp8, prefill-w8a8, decode-fp8, embedded-fp8-c256), compared below their
-header block (everything from the first ``### `` heading on). Exit status 0 when every file is identical.
+``gpu-cache-free/records`` and ``gpu-cache-free/<name>-grid/records`` (name: each of ``CACHE_FREE_GRIDS``),
+compared below their header block (everything from the first ``### `` heading on). Exit status 0 when every file
+is identical.
 """
 
 from __future__ import annotations
@@ -29,25 +29,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 CPU_RECORDS = RESULTS / "cpu-records" / "xeon-amx" / "smollm2-135m"
+# the cache-free grids of issue 16, one folder each: docs/results/gpu-cache-free/<name>-grid/{records,gpu-*.md}
+CACHE_FREE_GRIDS = (
+    "fp8",
+    "w8a8",
+    "prefill-gptq",
+    "fidelity",
+    "decode-gptq",
+    "decode-interrupted",
+    "prefill-fp8",
+    "prefill-w8a8",
+    "decode-fp8",
+    "embedded-fp8-c256",
+)
 GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-records": RESULTS,
     RESULTS / "gpu-c256-repeats" / "records": RESULTS / "gpu-c256-repeats",
     RESULTS / "gpu-eval-server" / "records": RESULTS / "gpu-eval-server",
     RESULTS / "gpu-cache-free" / "records": RESULTS / "gpu-cache-free",
-    RESULTS / "gpu-cache-free" / "fp8-grid" / "records": RESULTS / "gpu-cache-free" / "fp8-grid",
-    RESULTS / "gpu-cache-free" / "w8a8-grid" / "records": RESULTS / "gpu-cache-free" / "w8a8-grid",
-    RESULTS / "gpu-cache-free" / "prefill-gptq-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-gptq-grid",
-    RESULTS / "gpu-cache-free" / "fidelity-grid" / "records": RESULTS / "gpu-cache-free" / "fidelity-grid",
-    RESULTS / "gpu-cache-free" / "decode-gptq-grid" / "records": RESULTS / "gpu-cache-free" / "decode-gptq-grid",
-    RESULTS / "gpu-cache-free" / "decode-interrupted-grid" / "records": RESULTS
-    / "gpu-cache-free"
-    / "decode-interrupted-grid",
-    RESULTS / "gpu-cache-free" / "prefill-fp8-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-fp8-grid",
-    RESULTS / "gpu-cache-free" / "prefill-w8a8-grid" / "records": RESULTS / "gpu-cache-free" / "prefill-w8a8-grid",
-    RESULTS / "gpu-cache-free" / "decode-fp8-grid" / "records": RESULTS / "gpu-cache-free" / "decode-fp8-grid",
-    RESULTS / "gpu-cache-free" / "embedded-fp8-c256-grid" / "records": RESULTS
-    / "gpu-cache-free"
-    / "embedded-fp8-c256-grid",
+    **{
+        RESULTS / "gpu-cache-free" / f"{n}-grid" / "records": RESULTS / "gpu-cache-free" / f"{n}-grid"
+        for n in CACHE_FREE_GRIDS
+    },
 }
 
 
