@@ -41,6 +41,7 @@ CACHE_FREE_GRIDS = (
     "prefill-w8a8",
     "decode-fp8",
     "embedded-fp8-c256",
+    "decode-w8a8",
 )
 GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-records": RESULTS,
