@@ -8,37 +8,26 @@ lifetimes (issue #16). Expected values worked out from the per-run output tok/s 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from quantverdict.config.schema import ReviewConfig
-from quantverdict.review import build_review
-from quantverdict.review.sources import load_dir
-
-DECODE = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-cache-free" / "decode-gptq-grid" / "records"
+from committed_reviews import build, paired
 
 
 @pytest.fixture(scope="module")
 def review() -> Any:
-    records, _ = load_dir(DECODE)
-    return build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
-
-
-def _paired(review: Any, metric: str, load: int) -> dict[str, Any]:
-    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "gptq")
-    return next(p for p in row["paired"] if p["metric"] == metric and p["load"] == load)
+    return build("decode-gptq")
 
 
 def test_w4a16_pays_at_low_load_only(review: Any) -> None:
     # c=16 output tok/s by repeat: 3,501.9 / 2,804.0, 3,525.0 / 2,805.9, 3,525.6 / 2,803.3 = 1.2489, 1.2563,
     # 1.2577: geometric mean 1.2543
-    low = _paired(review, "output_tok_s", 16)
+    low = paired(review, "gptq", "output_tok_s", 16)
     assert low["speedup"] == pytest.approx(1.2543, abs=2e-4) and low["verdict"] == "faster"
     # c=256: 12,346.1 / 13,540.0, 11,460.3 / 14,758.1, 12,105.4 / 14,061.6 = 0.9118, 0.7765, 0.8609: 0.848, but
     # three pairs this far apart (t with 2 degrees of freedom) leave 1 inside the interval
-    sat = _paired(review, "output_tok_s", 256)
+    sat = paired(review, "gptq", "output_tok_s", 256)
     assert sat["speedup"] == pytest.approx(0.848, abs=1e-3) and sat["verdict"] == "no difference established"
 
 

@@ -9,30 +9,19 @@ and ``stages.benchmark.wall_s``.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from quantverdict.config.schema import ReviewConfig
+from committed_reviews import build, paired, records_dir
 from quantverdict.results.table import benchmark_split_table
-from quantverdict.review import build_review
-from quantverdict.review.sources import load_dir
 
-RECORDS = (
-    Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-cache-free" / "embedded-fp8-c256-grid" / "records"
-)
+RECORDS = records_dir("embedded-fp8-c256")
 
 
 @pytest.fixture(scope="module")
 def review() -> Any:
-    records, _ = load_dir(RECORDS)
-    return build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
-
-
-def _paired(review: Any, metric: str) -> dict[str, Any]:
-    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "fp8")
-    return next(p for p in row["paired"] if p["metric"] == metric and p["load"] == 256)
+    return build("embedded-fp8-c256")
 
 
 def test_no_difference_is_established_at_256(review: Any) -> None:
@@ -40,7 +29,7 @@ def test_no_difference_is_established_at_256(review: Any) -> None:
     # = 0.99063, 1.11253, 1.33676; logs -0.00941, 0.10664, 0.29025, mean 0.12916: geometric mean 1.1379;
     # sample sd of the logs 0.15109, se 0.08723, t = 4.303 (2 degrees of freedom): exp(0.12916 -+ 0.37537)
     # = 0.782-1.656, which holds 1
-    tok = _paired(review, "output_tok_s")
+    tok = paired(review, "fp8", "output_tok_s", 256)
     assert tok["speedup"] == pytest.approx(1.1379, abs=2e-4) and tok["verdict"] == "no difference established"
     assert (tok["speedup_low"], tok["speedup_high"]) == pytest.approx((0.782, 1.656), abs=1e-3)
     # bf16's repeats fall from run to run (16,866 -> 14,233 -> 13,039) and FP8's do not: the spread, not FP8, decides
