@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,10 +15,12 @@ from quantverdict.orchestrate.preflight import (
     GIB,
     MachineResources,
     check,
+    cpu_model_name,
     fit_problems,
     source_problems,
     synthetic_parameters,
 )
+from quantverdict.results.record import host_environment
 
 
 def closed_port() -> int:
@@ -108,3 +111,13 @@ def test_machine_resources_read_memavailable(tmp_path: Path) -> None:
     assert here.mem_available_bytes is not None
     assert abs(here.mem_available_bytes - kib * 1024) < 512 * 2**20
     assert here.disk_free_bytes is not None and here.disk_free_bytes > 0  # measured at the nearest existing folder
+
+
+def test_the_record_names_this_cpu() -> None:
+    # /proc/cpuinfo's model name, checked against lscpu's (util-linux reads the same field on x86), and
+    # environment.host carries it only when given (records from before 2026-12-03 have no cpu_model)
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    expected = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
+    assert cpu_model_name() == expected
+    assert host_environment(expected)["cpu_model"] == expected
+    assert "cpu_model" not in host_environment()

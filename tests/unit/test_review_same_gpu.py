@@ -188,6 +188,18 @@ def test_environment_lines_one_per_physical_gpu() -> None:
     assert short_uuid(UUID_B) == "GPU-9e0b2a77…" and short_uuid(None) == "?"
 
 
+def test_environment_lines_name_the_host_cpu_when_recorded() -> None:
+    # two leases on one kind of GPU with different hosts are two lines (a 135M model's server is host-bound)
+    recs = [_rec("bf16", [UUID_A], "2026-12-03T16:31:02+0000"), _rec("fp8", [UUID_B], "2026-12-03T16:35:58+0000")]
+    recs[0]["environment"]["host"] = {"hostname": "vm", "cpu_model": "AMD EPYC 9R14 96-Core Processor"}
+    recs[1]["environment"]["host"] = {"hostname": "vm"}  # a record from before 2026-12-03: no CPU named
+    assert environment_lines(recs) == [
+        "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…, "
+        "host CPU AMD EPYC 9R14 96-Core Processor)",
+        "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-9e0b2a77…)",
+    ]
+
+
 def test_pairable_only_within_one_grid_on_one_gpu() -> None:
     assert pairable(None)  # CPU jobs: the review pairs as before
     base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")

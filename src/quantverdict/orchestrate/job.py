@@ -67,7 +67,7 @@ class Job:
                 "finished_at": None,
             },
             config=config,
-            environment={"host": host_environment(), "device": str(cfg.env.device)},
+            environment={"host": host_environment(preflight.cpu_model_name()), "device": str(cfg.env.device)},
         )
         if cfg.model.baseline_note:
             self.record.notes.append(cfg.model.baseline_note)

@@ -51,6 +51,12 @@ def cpuinfo_identity() -> str:
     return f"{name}|{flags}"
 
 
+def cpu_model_name() -> str:
+    """This CPU's model name (``/proc/cpuinfo``'s first ``model name``, e.g. ``AMD EPYC 9R14 96-Core Processor``;
+    '' where unreadable)."""
+    return cpuinfo_identity().partition("|")[0]
+
+
 @dataclass(frozen=True)
 class MachineResources:
     """What this machine offers: memory available now (``psutil.virtual_memory().available``, the kernel's

@@ -101,13 +101,19 @@ def find_records(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob(RECORD_FILE) if not _NOT_JOB_DIRS & set(p.relative_to(root).parts))
 
 
-def host_environment() -> dict[str, Any]:
-    return {
+def host_environment(cpu_model: str = "") -> dict[str, Any]:
+    """This machine for ``environment.host``: hostname, platform, Python version, logical CPUs and, when given
+    (since 2026-12-03), ``cpu_model``, the CPU's model name from ``/proc/cpuinfo``: a GPU server of a small model
+    is bound by its host, so two runs on one kind of GPU are compared only with their hosts named."""
+    host: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
     }
+    if cpu_model:
+        host["cpu_model"] = cpu_model
+    return host
 
 
 def stopped_stage(rec: dict[str, Any]) -> str | None:

