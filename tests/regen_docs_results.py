@@ -42,6 +42,7 @@ CACHE_FREE_GRIDS = (
     "decode-fp8",
     "embedded-fp8-c256",
     "decode-w8a8",
+    "embedded-8bit",
 )
 GPU_TABLES = {  # records folder -> committed results folder
     RESULTS / "gpu-records": RESULTS,
