@@ -189,7 +189,7 @@ def test_environment_lines_one_per_physical_gpu() -> None:
 
 
 def test_environment_lines_name_the_host_cpu_when_recorded() -> None:
-    # two leases on one kind of GPU with different hosts are two lines (a 135M model's server is host-bound)
+    # two leases on one kind of GPU with different hosts are two lines (a 135M model's server may be host-bound)
     recs = [_rec("bf16", [UUID_A], "2026-12-03T16:31:02+0000"), _rec("fp8", [UUID_B], "2026-12-03T16:35:58+0000")]
     recs[0]["environment"]["host"] = {"hostname": "vm", "cpu_model": "AMD EPYC 9R14 96-Core Processor"}
     recs[1]["environment"]["host"] = {"hostname": "vm"}  # a record from before 2026-12-03: no CPU named

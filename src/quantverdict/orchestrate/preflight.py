@@ -52,8 +52,8 @@ def cpuinfo_identity() -> str:
 
 
 def cpu_model_name() -> str:
-    """This CPU's model name (``/proc/cpuinfo``'s first ``model name``, e.g. ``AMD EPYC 9R14 96-Core Processor``;
-    '' where unreadable)."""
+    """This CPU's model name (``/proc/cpuinfo``'s first ``model name``, e.g. ``AMD EPYC`` on a VM that hides the
+    exact part; '' where unreadable)."""
     return cpuinfo_identity().partition("|")[0]
 
 

@@ -104,7 +104,7 @@ def find_records(root: Path) -> list[Path]:
 def host_environment(cpu_model: str = "") -> dict[str, Any]:
     """This machine for ``environment.host``: hostname, platform, Python version, logical CPUs and, when given
     (since 2026-12-03), ``cpu_model``, the CPU's model name from ``/proc/cpuinfo``: a GPU server of a small model
-    is bound by its host, so two runs on one kind of GPU are compared only with their hosts named."""
+    may be bound by its host, so two runs on one kind of GPU need their hosts named to be told apart."""
     host: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
