@@ -288,6 +288,7 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     for rec in records:
         env = JobRecord.view(rec).environment
         cpu = env.cpu
+        host_cpu = (env.host or {}).get("cpu_model")  # recorded since 2026-12-03
         if isinstance(cpu, dict) and cpu.get("isa"):
             wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
             cpus[
@@ -305,7 +306,6 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
             bits += gpu_limits(g)
             if g.get("uuid"):  # one line per physical GPU: two of one kind are two lines
                 bits.append(short_uuid(str(g["uuid"])))
-            host_cpu = (env.host or {}).get("cpu_model")
             if host_cpu:  # the host a small model's server may be bound by
                 bits.append(f"host CPU {host_cpu}")
             gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
