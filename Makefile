@@ -1,11 +1,16 @@
 # The README's commands. `make run` and `make test` set up everything they need on a fresh machine:
 # the orchestrator venv (.venv) here, the quantize and serve stage environments under
 # $(QV_ENV_ROOT) (default ~/.cache/quantverdict/envs; created once, reused while their pins are unchanged).
+# Air-gapped hosts: WHEELHOUSE=DIR installs .venv offline from a wheelhouse (python -m
+# quantverdict.processes.wheelhouse --orchestrator ...), SYSTEM_SITE=1 lets it see the interpreter's packages, and
+# ARGS="env=gpu env.wheelhouse=DIR env.system_site_packages=true" does the same for the stage environments.
 PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
 SCHEMES ?= bf16,awq,gptq,int8,fp8,w8a8
 ARGS   ?=
+WHEELHOUSE ?=
+SYSTEM_SITE ?=
 # calibration for the CPU grid (AWQ/GPTQ/SmoothQuant): 16 x 256 WikiText-2 valid tokens keeps `make run`
 # near 30 minutes on 2 cores; the scheme files default to 64 x 512
 CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
@@ -13,14 +18,14 @@ CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 .PHONY: setup browser run test test-unit test-browser lint format-check clean-outputs bench-gpu
 
 $(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --disable-pip-version-check -r requirements/orchestrator.txt
+	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) requirements/orchestrator.txt \
+	  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(SYSTEM_SITE),--system-site-packages)
 	# this checkout's src/ and root on the venv's path (an editable install without build tools)
 	printf '%s\n%s\n' "$(CURDIR)/src" "$(CURDIR)" > "$$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/quantverdict.pth"
 	touch $@
 
 setup: $(VENV)/.ready
-	$(VPY) -m quantverdict.processes.envs
+	$(VPY) -m quantverdict.processes.envs $(ARGS)
 
 # headless Chromium renders review.html in the tests (Debian package; root installs it)
 browser:
@@ -32,12 +37,11 @@ run: setup
 test: setup browser
 	$(VPY) -m pytest tests -v --durations=15
 
-# On the H200 machine (no registry): the prebuilt stacks of ../shared/gpu/README.md under /tmp/site_*, the
-# machine's python3. The grids are plain `python -m pipelines.run -m ...` multiruns (hydra/launcher=ray spreads
-# them over the GPUs); this target writes the tables of finished runs: ARGS="--out RUN1 RUN2" -> docs/results/gpu-*.md
-GPU_OUT ?= /tmp/qvgpu
-bench-gpu:
-	PYTHONPATH=/tmp/site_orch:$(CURDIR)/src:$(CURDIR) python3 -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
+# The tables of finished GPU grids (plain `python -m pipelines.run -m ...` multiruns; hydra/launcher=ray spreads
+# them over the GPUs): ARGS="--out RUN1 RUN2" -> docs/results/gpu-*.md
+GPU_OUT ?= outputs/multirun
+bench-gpu: $(VENV)/.ready
+	$(VPY) -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
 
 # the unit tier: no stage child, no browser, no MLflow store, no cache (pyproject.toml: markers)
 test-unit: $(VENV)/.ready

@@ -1,11 +1,10 @@
 """The GPU results report: one Markdown file per model from the records of finished GPU grids.
 
 The grids themselves are ordinary Hydra multiruns; on a machine with several GPUs Ray runs their jobs at
-once, each on the GPUs it asks for (``hydra/launcher=ray``: ``conf/hydra/launcher/ray.yaml``), e.g. on the
-H200 machine (prebuilt stacks of ``../shared/gpu/README.md``)::
+once, each on the GPUs it asks for (``hydra/launcher=ray``: ``conf/hydra/launcher/ray.yaml``), e.g.::
 
-    python -m pipelines.run -m hydra/launcher=ray env=h200-prebuilt bench=gpu-concurrency eval=gpu \
-        bench.server.port=0 paths.output_root=/tmp/qvgpu/llama model=llama3.1-8b-shape scheme=bf16,gptq,fp8,w8a8
+    python -m pipelines.run -m hydra/launcher=ray env=gpu bench=gpu-concurrency eval=gpu \
+        paths.output_root=/tmp/qvgpu/llama model=llama3.1-8b-shape scheme=bf16,gptq,fp8,w8a8
     python -m pipelines.bench_gpu --out /tmp/qvgpu/llama /tmp/qvgpu/embedded --results docs/results
 
 Results: ``<results>/gpu-<model>.md`` (memory, accuracy, speed, roofline and stage-time tables from the
@@ -171,8 +170,8 @@ def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Pat
         head = (
             f"# GPU grid: {model} (`make bench-gpu`)\n\n"
             f"- Written {stamp} from {len(model_recs)} job record(s) under {', '.join(f'`{o}`' for o in outs)}.\n"
-            "- Written by `python -m pipelines.bench_gpu` (`make bench-gpu`) for runs on the H200 machine "
-            "(prebuilt stacks of ../shared/gpu/README.md, `env=h200-prebuilt`; random prompts, ignore_eos).\n"
+            "- Written by `python -m pipelines.bench_gpu` (`make bench-gpu`) from GPU grids "
+            "(random prompts, ignore_eos).\n"
             + "".join(f"- Settings (from the records): {line}.\n" for line in run_settings(model_recs))
             + "\n"
         )

@@ -24,6 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
+from quantverdict.config import device_pick
+from quantverdict.config.compose import CONF_DIR
 from quantverdict.config.overrides import check_command_line
 from quantverdict.config.schema import ConfigError
 from quantverdict.orchestrate.job import run_job, write_config_failure
@@ -68,8 +70,10 @@ def main(dcfg: DictConfig) -> None:
 def cli(argv: list[str] | None = None) -> None:
     """``python -m pipelines.run``: the overrides composed once before Hydra starts (bad input: a message in the
     project's form, exit code 2, no output folder), then the Hydra app :func:`main` on ``sys.argv``."""
+    # env=auto -> env=gpu or env=cpu, and the eval/bench profiles of its device unless given (Hydra reads sys.argv)
+    sys.argv[1:] = device_pick.expand(sys.argv[1:] if argv is None else list(argv), CONF_DIR)
     try:
-        check_command_line(sys.argv[1:] if argv is None else argv)
+        check_command_line(sys.argv[1:])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

@@ -167,7 +167,7 @@ def test_interrupted_job_is_recorded_interrupted_and_its_mlflow_run_killed(
 
     monkeypatch.setattr(hardware, "gpu_info", ctrl_c)  # Ctrl-C in the first stage of a cuda job
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = compose(["env=h200-prebuilt", "scheme=fp8", f"tracking.uri={uri}", f"paths.output_root={tmp_path}"])
+    cfg = compose(["env=gpu", "scheme=fp8", f"tracking.uri={uri}", f"paths.output_root={tmp_path}"])
     with pytest.raises(KeyboardInterrupt):
         run_job(cfg, tmp_path / "job")
     rec = json.loads((tmp_path / "job" / "record.json").read_text())

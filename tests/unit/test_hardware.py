@@ -293,7 +293,7 @@ def test_weights_over_the_gpu_budget_are_refused() -> None:
 
 def test_cuda_job_without_a_gpu_fails_before_any_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # hides every GPU, on any machine
-    cfg = compose(["env=h200-prebuilt", "scheme=awq", "tracking.enabled=false", f"paths.output_root={tmp_path}"])
+    cfg = compose(["env=gpu", "scheme=awq", "tracking.enabled=false", f"paths.output_root={tmp_path}"])
     with pytest.raises(ConfigError, match="env.device='cuda' but no GPU is visible"):
         run_job(cfg, tmp_path / "job")
     rec = json.loads((tmp_path / "job" / "record.json").read_text())
@@ -306,7 +306,7 @@ def test_fp8_job_on_an_a100_fails_before_any_stage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(hardware, "gpu_info", lambda cuda_visible_devices=None: [A100])
-    cfg = compose(["env=h200-prebuilt", "scheme=fp8", "tracking.enabled=false", f"paths.output_root={tmp_path}"])
+    cfg = compose(["env=gpu", "scheme=fp8", "tracking.enabled=false", f"paths.output_root={tmp_path}"])
     with caplog.at_level(logging.ERROR), pytest.raises(ConfigError, match="FP8 W8A8 needs compute capability >= 8.9"):
         run_job(cfg, tmp_path / "job")
     rec = json.loads((tmp_path / "job" / "record.json").read_text())

@@ -10,11 +10,14 @@
 #   bash tools/h200/lease.sh wait 560                # the next calls, back to back, until 'queue done'
 #
 # stash    copy the carried .devcache/NN/* into /tmp/stash; the first call of a lease notes its start (lease.t0)
-# install  check the reassembled bundle against bundle.sha256, unpack it, install the four /tmp/site_* targets
-#          (../shared/gpu/install-on-gpu.sh) and the offline data at /tmp/qvdata; once per machine
-# queue    "NAME EST_S KIND ARGS...": a step for the runner. KIND grid: `python -m pipelines.run -m env=h200-prebuilt
-#          data.offline_root=/tmp/qvdata paths.output_root=/tmp/qvgpu/NAME ARGS...`; KIND fidelity: `python -m
-#          pipelines.fidelity <record of job ARGS[0], the newest under /tmp/qvgpu> --out /tmp/qvgpu/NAME ARGS[1:]`.
+# install  check the reassembled bundle against bundle.sha256, unpack it, create the orchestrator venv (.venv) and the
+#          stage venvs (env=gpu, under /tmp/qvenvs) offline from its wheelhouse, seeing the image's CUDA torch
+#          (`make setup WHEELHOUSE=... SYSTEM_SITE=1 ARGS="env=gpu env.wheelhouse=... env.system_site_packages=true"`),
+#          and the offline data at /tmp/qvdata; once per machine
+# queue    "NAME EST_S KIND ARGS...": a step for the runner. KIND grid: `.venv/bin/python -m pipelines.run -m env=gpu
+#          env.wheelhouse=/tmp/b/wheelhouse env.system_site_packages=true data.offline_root=/tmp/qvdata
+#          paths.output_root=/tmp/qvgpu/NAME ARGS...`; KIND fidelity: `python -m pipelines.fidelity <record of job
+#          ARGS[0], the newest under /tmp/qvgpu> --out /tmp/qvgpu/NAME ARGS[1:]`.
 #          EST_S: the seconds the step needs; a step is skipped (and logged) when the lease has less left
 # go       start the runner (setsid: it outlives this call) unless it runs; it takes the steps in order
 # wait S   follow the runner's log for at most S seconds, until the queue is done or the lease's end (below) is
@@ -37,14 +40,17 @@
 # qvlease/lease.end for the later calls and the runner), by default t0 + 1800 - QV_LEASE_MARGIN_S (180). Best: the
 # first stash call's return time + the budget_left_s it reported - 60 (collect and the transfer back), e.g.
 # `QV_LEASE_END=$(( $(date -d 00:37:38 +%s) + 1727 - 60 ))` before the install call's command. Tests set QV_LEASE_ROOT
-# (default /tmp), QV_LEASE_PYTHON (default python3), QV_LEASE_SITE_SERVE (default /tmp/site_serve, where install.sh puts
-# vLLM) and QV_CACHE_ROOT (the project's cache root, as in conf/config.yaml; default ~/.cache/quantverdict).
+# (default /tmp), QV_LEASE_PYTHON (default the checkout's .venv/bin/python), QV_LEASE_SITE_SERVE (default the serve venv's
+# site-packages, where vLLM is installed), QV_LEASE_SETUP (a command run instead of the venvs' creation) and QV_CACHE_ROOT (the project's cache root, as in conf/config.yaml; default ~/.cache/quantverdict).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 T="${QV_LEASE_ROOT:-/tmp}"
-PY="${QV_LEASE_PYTHON:-python3}"
-STASH="$T/stash" L="$T/qvlease" RES="$T/qvgpu" DATA="$T/qvdata"
-SITE_SERVE="${QV_LEASE_SITE_SERVE:-/tmp/site_serve}"
+PY="${QV_LEASE_PYTHON:-$REPO/.venv/bin/python}"
+STASH="$T/stash" L="$T/qvlease" RES="$T/qvgpu" DATA="$T/qvdata" WH="$T/b/wheelhouse"
+export QV_ENV_ROOT="${QV_ENV_ROOT:-$T/qvenvs}"  # the stage venvs (conf/config.yaml env.root)
+SITE_SERVE="${QV_LEASE_SITE_SERVE:-$( (ls -d "$QV_ENV_ROOT"/serve-*/lib/python3*/site-packages 2>/dev/null || true) | head -1)}"
+SITE_SERVE="${SITE_SERVE:-$QV_ENV_ROOT/serve-not-installed}"
+GPU_ENV="env=gpu env.wheelhouse=$WH env.system_site_packages=true"
 JIT="${QV_CACHE_ROOT:-$HOME/.cache/quantverdict}/vllm"  # the serve stage's VLLM_CACHE_ROOT (serving/server.py)
 PIECE=$(( 15 * 1024 * 1024 ))  # a file back from $OUT: at most 16 MiB
 OUT_FILES=8 OUT_BYTES=$(( 62 * 1024 * 1024 ))  # what comes back from $OUT: 8 files, 64 MiB together (2 MiB kept)
@@ -76,7 +82,7 @@ stash() {
 }
 
 install() {
-  if [ -d "$SITE_SERVE/vllm" ] && [ -d "$DATA" ]; then say "install: already installed"; return; fi
+  if [ -f "$L/installed" ] && [ -d "$DATA" ]; then say "install: already installed"; return; fi
   [ -f "$STASH/bundle.sha256" ] || { say "install: no $STASH/bundle.sha256 (part 00 not stashed)"; exit 2; }
   cat "$STASH"/part.* > "$T/bundle.tar"
   if ! (cd "$T" && sha256sum -c --quiet "$STASH/bundle.sha256"); then
@@ -84,9 +90,21 @@ install() {
     exit 2
   fi
   rm -rf "$T/b" && mkdir -p "$T/b" && tar xf "$T/bundle.tar" -C "$T/b" && rm "$T/bundle.tar"
-  bash "$T/b/install.sh" 2>&1 | tee -a "$L/lease.log"
+  local t0; t0=$(date +%s)
+  # shellcheck disable=SC2086  # GPU_ENV is words
+  if [ -n "${QV_LEASE_SETUP:-}" ]; then  # tests: a stand-in for the venvs' creation
+    (cd "$REPO" && bash -c "$QV_LEASE_SETUP") 2>&1 | tee -a "$L/lease.log"
+  else
+    (cd "$REPO" && make setup PYTHON=python3 WHEELHOUSE="$WH" SYSTEM_SITE=1 ARGS="$GPU_ENV") 2>&1 | tee -a "$L/lease.log"
+  fi
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { say "install: creating the venvs failed"; exit 2; }
+  say "install: the orchestrator and stage venvs created offline in $(( $(date +%s) - t0 )) s (wheelhouse $(du -sh "$WH" 2>/dev/null | cut -f1))"
+  if [ -z "${QV_LEASE_SITE_SERVE:-}" ]; then
+    SITE_SERVE=$( (ls -d "$QV_ENV_ROOT"/serve-*/lib/python3*/site-packages 2>/dev/null || true) | head -1)
+  fi
   rm -rf "$DATA" && mv "$T/b/data" "$DATA"
   restore_jit_cache "$T/b/jit-cache.tar.gz"
+  touch "$L/installed"
   say "install: done; data at $DATA; $(nvidia-smi --query-gpu=name,uuid --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
 }
 
@@ -95,7 +113,7 @@ serve_key() {  # the installed serve packages' names and versions (*.dist-info u
 }
 
 image_key() {  # what the machine's image brings to a JIT build: torch and the CUDA it was built for, the GPU; hashed
-  # (e.g. "2.11.0+cu130 13.0" and "NVIDIA H200, 9.0": lines one can write down from install.sh's output)
+  # (e.g. "2.11.0+cu130 13.0" and "NVIDIA H200, 9.0": lines one can write down from the install's output)
   { python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null || echo "no torch"
     nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null || true
   } | sha256sum | cut -c1-16
@@ -239,7 +257,7 @@ newest_record() {  # the newest record.json of job $1 under $RES
 
 _run() {  # the runner: every queued step in order, each only if the lease has its EST_S left
   local i=0 line name est kind rest now left rc record
-  export PYTHONPATH="/tmp/site_orch:$REPO/src:$REPO" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+  export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
   cd "$REPO"
   set -f  # the overrides are split into words but never globbed: bench.concurrencies=[16,64,256] stays as written
   while true; do
@@ -258,7 +276,7 @@ _run() {  # the runner: every queued step in order, each only if the lease has i
     rc=0
     if [ "$kind" = grid ]; then
       # shellcheck disable=SC2086  # the overrides are words
-      "$PY" -m pipelines.run -m env=h200-prebuilt "data.offline_root=$DATA" "paths.output_root=$RES/$name" $rest \
+      "$PY" -m pipelines.run -m $GPU_ENV "data.offline_root=$DATA" "paths.output_root=$RES/$name" $rest \
         > "$RES/$name/step.log" 2>&1 || rc=$?
     else
       read -r job rest <<< "$rest"

@@ -4,14 +4,15 @@
 #
 #   bash tools/h200/make-parts.sh
 #
-# 1. ../shared/gpu/make-bundle.sh downloads the GPU stack into .devcache/w/ (serve, quant, orch, model, install.sh;
-#    git-ignored through .git/info/exclude; never commit it);
+# 1. the wheelhouse: `python -m quantverdict.processes.wheelhouse --env gpu --orchestrator --installed
+#    tools/h200/image-freeze.txt --python-version 3.12` (every wheel the stage venvs and the orchestrator need that the
+#    machine's image, whose `pip list --format=freeze` is tools/h200/image-freeze.txt, does not already have) into
+#    .devcache/wheelhouse (git-ignored through .git/info/exclude; never commit it), linked into the bundle;
 # 2. the offline data (../shared/data, read-only there) is copied into the bundle as data/ (the H200 machine
 #    cannot see ../shared: `lease.sh install` puts it at /tmp/qvdata, the jobs' data.offline_root);
 # 3. .devcache/jit-cache.tar.gz, when there, goes in as jit-cache.tar.gz: an earlier lease's JIT caches, joined from its
 #    $OUT (`cat /work/.device/NN/jit-cache.tar.gz* > .devcache/jit-cache.tar.gz`, NN the lease's last call), which
-#    `lease.sh install` restores into the cache root (FlashInfer's sampler then is not built again there); only when
-#    its serve.key is the key of the serve wheels in this bundle (`lease.sh wheel-key`), else it stays out;
+#    `lease.sh install` restores into the cache root when it was built beside the same serve packages and image;
 # 4. the bundle is cut into parts of (62 MiB - the tree that travels), at most 48 MiB, in .devcache/NN/part.NN,
 #    with .devcache/00/bundle.sha256 to check the reassembled bundle there.
 #
@@ -19,23 +20,21 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 SHARED="$(cd .. && pwd)/shared"
-[ -d "$SHARED/gpu" ] && [ -d "$SHARED/data" ] || { echo "make-parts: no $SHARED/gpu or $SHARED/data beside the checkout" >&2; exit 2; }
+[ -d "$SHARED/data" ] || { echo "make-parts: no $SHARED/data beside the checkout" >&2; exit 2; }
 D=.devcache
-bash "$SHARED/gpu/make-bundle.sh" >/dev/null
-rm -rf "$D"/[0-9][0-9] "$D/w/data" "$D/w/jit-cache.tar.gz"
+mkdir -p "$D"
+grep -qx '/.devcache/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.devcache/' >> .git/info/exclude; }
+[ -x .venv/bin/python ] || { echo "make-parts: no .venv here: run make setup first" >&2; exit 2; }
+.venv/bin/python -m quantverdict.processes.wheelhouse --out "$D/wheelhouse" --env gpu --orchestrator \
+  --installed tools/h200/image-freeze.txt --python-version 3.12
+rm -rf "$D"/[0-9][0-9] "$D/w" && mkdir -p "$D/w"
+cp -al "$D/wheelhouse" "$D/w/wheelhouse"
 cp -r --no-preserve=mode "$SHARED/data" "$D/w/data"
 jit="no JIT caches (no $D/jit-cache.tar.gz: the lease's first server builds FlashInfer's sampler, 76-123 s)"
 if [ -f "$D/jit-cache.tar.gz" ]; then
   tar tzf "$D/jit-cache.tar.gz" > /dev/null || { echo "make-parts: $D/jit-cache.tar.gz is not a whole gzip tar" >&2; exit 2; }
-  # the key lease.sh's serve_key gives on the machine after the install: the .dist-info folders the serve wheels hold
-  key_here=$(QV_LEASE_ROOT="$D/lease-root" bash tools/h200/lease.sh wheel-key "$D/w/serve")
-  key_cache=$(tar xzOf "$D/jit-cache.tar.gz" ./serve.key 2>/dev/null || echo none)
-  if [ "$key_here" = "$key_cache" ]; then
-    cp "$D/jit-cache.tar.gz" "$D/w/jit-cache.tar.gz"
-    jit="the JIT caches of $D/jit-cache.tar.gz ($(du -h "$D/jit-cache.tar.gz" | cut -f1), $(date -u -r "$D/jit-cache.tar.gz" +%F), serve key $key_here)"
-  else
-    jit="no JIT caches: $D/jit-cache.tar.gz was built beside other serve packages (key $key_cache, this bundle's $key_here), left out"
-  fi
+  cp "$D/jit-cache.tar.gz" "$D/w/jit-cache.tar.gz"
+  jit="the JIT caches of $D/jit-cache.tar.gz ($(du -h "$D/jit-cache.tar.gz" | cut -f1), $(date -u -r "$D/jit-cache.tar.gz" +%F)); install restores them beside the same serve packages only"
 fi
 # the working tree that travels with every call: tracked files and untracked ones git does not ignore
 tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r du -k 2>/dev/null | awk '{s += $1} END {print s + 0}')

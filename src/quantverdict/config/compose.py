@@ -18,6 +18,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from quantverdict.config import device_pick
 from quantverdict.config.schema import Config, ConfigError, ModelConfig, closest
 from quantverdict.config.schemes import scheme_errors
 from quantverdict.config.validate import choice_message, validate
@@ -73,7 +74,8 @@ def _schema_keys(path: str) -> list[str]:
 
 
 def compose(overrides: list[str] | None = None) -> Config:
-    """Compose ``conf/config.yaml`` with ``overrides`` outside a Hydra app (tests, tools).
+    """Compose ``conf/config.yaml`` with ``overrides`` outside a Hydra app (tests, tools); ``env=auto`` is resolved
+    first (:func:`quantverdict.config.device_pick.expand`).
 
     Raises:
         ConfigError: every problem in one message: values outside an Enum field's choices (:func:`enum_refusal`)
@@ -82,7 +84,7 @@ def compose(overrides: list[str] | None = None) -> Config:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    overrides = list(overrides or [])
+    overrides = device_pick.expand(list(overrides or []), CONF_DIR)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides)

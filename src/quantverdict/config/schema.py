@@ -60,10 +60,12 @@ class EnvKind(StrEnum):
 
 
 class Device(StrEnum):
-    """``env.device``."""
+    """``env.device`` (auto: only in ``conf/env/auto.yaml``, which :mod:`quantverdict.config.device_pick` replaces
+    by ``env=gpu`` or ``env=cpu`` before composing)."""
 
     cpu = "cpu"
     cuda = "cuda"
+    auto = "auto"
 
 
 class ComputeDtype(StrEnum):
@@ -336,6 +338,14 @@ class EnvConfig:
     device: Device = Device.cpu
     root: str = "${oc.env:QV_ENV_ROOT,${oc.env:HOME}/.cache/quantverdict/envs}"
     base_python: str = "python3"  # interpreter that creates the venvs
+    # a folder of wheels (python -m quantverdict.processes.wheelhouse): the venvs are created offline from it
+    # (pip --no-index --find-links), and the stages' own pip calls (the embedded model's package) use it too
+    wheelhouse: Optional[str] = None
+    # the venvs see the base interpreter's packages (a CUDA torch of an NGC container or a cluster module); pip
+    # installs only what they do not satisfy (quantverdict.processes.venv_build)
+    system_site_packages: bool = False
+    # how this env was chosen: "auto: ..." (env=auto, quantverdict.config.device_pick) or "given (...)"
+    picked_by: str = ""
     quantize: StageEnvConfig = field(default_factory=StageEnvConfig)
     serve: StageEnvConfig = field(default_factory=StageEnvConfig)
 

@@ -423,6 +423,16 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
     errors += bench_window_errors(cfg.bench)
     _choice(errors, "env.device", cfg.env.device, DEVICES)
+    if cfg.env.device == "auto":
+        errors.append(
+            "env=auto was not resolved: compose through quantverdict.config.compose.compose() or "
+            "python -m pipelines.run, which pick env=gpu or env=cpu for this host"
+        )
+    if cfg.env.wheelhouse is not None and not Path(cfg.env.wheelhouse).expanduser().is_dir():
+        errors.append(
+            f"env.wheelhouse={cfg.env.wheelhouse!r} is not a directory; make one with `python -m "
+            "quantverdict.processes.wheelhouse --out DIR` on a connected machine, or leave env.wheelhouse=null"
+        )
     for stage in ("quantize", "serve"):
         senv: StageEnvConfig = getattr(cfg.env, stage)
         _choice(errors, f"env.{stage}.kind", senv.kind, ENV_KINDS)

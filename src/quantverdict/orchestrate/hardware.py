@@ -400,3 +400,59 @@ def check_weights_fit(
                 f"(bench.server.tensor_parallel_size={tp * 2}), raise bench.server.gpu_memory_utilization, or "
                 "a GPU with more memory."
             )
+
+
+_CUDA_BANNER = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")
+
+
+def driver_cuda_version(nvidia_smi: str = "nvidia-smi") -> tuple[int, int] | None:
+    """The newest CUDA version this host's NVIDIA driver supports, from ``nvidia-smi``'s banner
+    (``| NVIDIA-SMI 580.159.04   Driver Version: 580.159.04   CUDA Version: 13.0 |``); None when unknown."""
+    try:
+        res = subprocess.run([nvidia_smi], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = _CUDA_BANNER.search(res.stdout) if res.returncode == 0 else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_torch_cuda(
+    stage: str,
+    build: dict[str, str | None],
+    driver_cuda: tuple[int, int] | None,
+    python: str = "",
+    env_name: str = "gpu",
+) -> None:
+    """Refuse a stage environment whose torch cannot use this host's GPU, before any work.
+
+    A CUDA runtime runs on a driver of the same major version or newer (NVIDIA's "CUDA Compatibility" guide:
+    minor version compatibility within a major release), so the check compares major versions.
+
+    Args:
+        stage: ``quantize`` or ``serve``.
+        build: :meth:`quantverdict.processes.envs.StageEnv.torch_build` (``torch`` version, ``cuda`` or None).
+        driver_cuda: :func:`driver_cuda_version`; None skips the driver comparison.
+        python: the environment's interpreter, named in the message.
+        env_name: the ``env`` config, named in the message.
+
+    Raises:
+        ConfigError: no torch, a CPU-only torch, or a torch built for a newer CUDA major than the driver runs.
+    """
+    where = f"the {stage} environment ({python})" if python else f"the {stage} environment"
+    if build.get("torch") is None:
+        raise ConfigError(f"env={env_name}: {where} has no torch; a GPU environment needs a CUDA build of torch")
+    cuda = build.get("cuda")
+    if cuda is None:
+        raise ConfigError(
+            f"env={env_name}: {where} has torch {build['torch']}, a CPU-only build; a GPU environment needs a CUDA "
+            f"build (requirements/gpu-{stage}.txt installs one from PyPI; with env.system_site_packages=true the "
+            "interpreter's own torch must be a CUDA build), or run on the CPU with env=cpu"
+        )
+    major = int(str(cuda).split(".")[0])
+    if driver_cuda is not None and major > driver_cuda[0]:
+        raise ConfigError(
+            f"env={env_name}: {where} has torch {build['torch']}, built for CUDA {cuda}, and this host's NVIDIA "
+            f"driver supports CUDA up to {driver_cuda[0]}.{driver_cuda[1]}: install a driver for CUDA {major} "
+            f"(nvidia-smi's banner shows the CUDA version a driver supports), or a torch built for CUDA "
+            f"{driver_cuda[0]} in that environment"
+        )

@@ -30,7 +30,7 @@ from quantverdict.orchestrate import caches, dummy, hardware, preflight, resume
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import Record, StageInfo, host_environment, now_iso
+from quantverdict.results.record import Record, StageInfo, git_state, host_environment, now_iso
 from quantverdict.results.tracking import Tracker
 from quantverdict.serving import lifecycle
 from quantverdict.serving.server import VLLMServer
@@ -67,8 +67,18 @@ class Job:
                 "finished_at": None,
             },
             config=config,
-            environment={"host": host_environment(preflight.cpu_model_name()), "device": str(cfg.env.device)},
+            environment={
+                "host": host_environment(preflight.cpu_model_name()),
+                "device": str(cfg.env.device),
+                "env": {
+                    "name": cfg.env.name,
+                    "picked_by": cfg.env.picked_by,
+                    "wheelhouse": cfg.env.wheelhouse,
+                    "system_site_packages": cfg.env.system_site_packages,
+                },
+            },
         )
+        self.record.tool.update(git_state(Path(cfg.paths.project_root)))
         if cfg.model.baseline_note:
             self.record.notes.append(cfg.model.baseline_note)
         if cfg.bench.server.load_format == "dummy":
@@ -192,7 +202,12 @@ def _run(job: Job) -> None:
         serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
         rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
         rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
+        rec.environment["pins"] = {"quantize": quant_env.freeze(), "serve": serve_env.freeze()}
         st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
+        if cfg.env.device == "cuda":  # a CUDA torch the driver can run, in both stage environments
+            driver_cuda = hardware.driver_cuda_version()
+            for env in (quant_env, serve_env):
+                hardware.check_torch_cuda(env.name, env.torch_build(), driver_cuda, env.python, cfg.env.name)
         if evaluates_through_server(cfg):
             found = serve_env.versions(*SERVER_EVAL_DISTS)
             missing = [d for d in SERVER_EVAL_DISTS if d not in found]

@@ -199,7 +199,7 @@ def fit_problems(
             f"model: {params / 1e9:.2f}B parameters need about {need_mem / GIB:.1f} GiB of memory on CPU (float32 "
             f"calibration and evaluation, {CPU_RAM_BYTES_PER_PARAM} B/param x {CPU_RAM_HEADROOM}), and this machine "
             f"has {resources.mem_available_bytes / GIB:.1f} GiB available; use a smaller model, a GPU environment "
-            "(env=h200-prebuilt or env.device=cuda), or the embedded model (model=smollm2-135m)"
+            "(env=gpu), or the embedded model (model=smollm2-135m)"
         )
     need_disk = params * (2 if materialized else DISK_BYTES_PER_PARAM)
     if resources.disk_free_bytes is not None and need_disk > resources.disk_free_bytes:

@@ -3,8 +3,9 @@
 llm-compressor (compressed-tensors 0.19.0) and vLLM (compressed-tensors 0.17.0) cannot share one
 environment, so each stage runs in its own: either a virtual environment this project creates from
 a pinned requirements file (``kind: venv``; idempotent, reused when its requirements are
-unchanged), or an existing interpreter plus ``PYTHONPATH`` (``kind: python``; e.g. the prebuilt
-targets on the GPU machine). The orchestrator never imports from them.
+unchanged; offline from ``env.wheelhouse``, seeing the interpreter's own packages with
+``env.system_site_packages``: :mod:`quantverdict.processes.venv_build`), or an existing interpreter
+plus ``PYTHONPATH`` (``kind: python``). The orchestrator never imports from them.
 
 Run ``python -m quantverdict.processes.envs`` to create both environments of the default ``env`` config.
 """
@@ -15,7 +16,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import EnvConfig, StageEnvConfig
+from quantverdict.processes import venv_build
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,31 @@ class StageEnv:
     def module(self, module: str, *args: str) -> list[str]:
         """Command line running ``python -m module args...`` in this environment."""
         return [self.python, "-m", module, *args]
+
+    def freeze(self) -> list[str]:
+        """Every distribution this environment's python sees, as ``name==version`` lines (``pip list
+        --format=freeze``; with ``env.system_site_packages`` the interpreter's own packages too)."""
+        out = subprocess.run(
+            [self.python, "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.env},
+        )
+        return sorted((ln.strip() for ln in out.stdout.splitlines() if "==" in ln), key=str.lower)
+
+    def torch_build(self) -> dict[str, str | None]:
+        """``{"torch": version, "cuda": the CUDA it was built for, or None for a CPU-only build}``; torch None when
+        this environment has no torch."""
+        code = (
+            "import json\ntry:\n import torch\n print(json.dumps({'torch': torch.__version__, "
+            "'cuda': torch.version.cuda}))\nexcept ImportError:\n print(json.dumps({'torch': None, 'cuda': None}))"
+        )
+        out = subprocess.run(
+            [self.python, "-c", code], capture_output=True, text=True, env={**os.environ, **self.env}, check=True
+        )
+        import json
+
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
     def versions(self, *dists: str) -> dict[str, str]:
         """Installed versions of ``dists`` in this environment (missing ones are left out)."""
@@ -64,13 +90,27 @@ def _pythonpath(extra: list[str]) -> str:
     return os.pathsep.join([str(SRC_DIR), *extra])
 
 
-def venv_dir(root: Path, stage: str, requirements: Path, base_python: str) -> Path:
-    """``root/<stage>-<hash>``: the hash covers the requirements text and the base interpreter version."""
+def venv_dir(
+    root: Path, stage: str, requirements: Path, base_python: str, wheelhouse: bool = False, system_site: bool = False
+) -> Path:
+    """``root/<stage>-<hash>``: the hash covers the requirements text, the base interpreter's version,
+    and whether the venv comes from a wheelhouse and sees the interpreter's own packages."""
     ver = subprocess.run(
         [base_python, "-c", "import sys;print(sys.version)"], capture_output=True, text=True, check=True
     ).stdout
-    digest = hashlib.sha256((requirements.read_text() + ver).encode()).hexdigest()[:10]
+    flags = f"wheelhouse={wheelhouse} system_site_packages={system_site}" if (wheelhouse or system_site) else ""
+    digest = hashlib.sha256((requirements.read_text() + ver + flags).encode()).hexdigest()[:10]
     return root / f"{stage}-{digest}"
+
+
+def stage_env_vars(cfg: StageEnvConfig, env_cfg: EnvConfig) -> dict[str, str]:
+    """The variables a stage's processes get: ``PYTHONPATH`` (this checkout's src), the stage's own, and with a
+    wheelhouse ``PIP_NO_INDEX``/``PIP_FIND_LINKS`` (a stage's own pip call, e.g. the embedded model's package,
+    then installs from it too)."""
+    extra = {"PYTHONPATH": _pythonpath(cfg.pythonpath), **cfg.env_vars}
+    if env_cfg.wheelhouse:
+        extra |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(Path(env_cfg.wheelhouse).expanduser().resolve())}
+    return extra
 
 
 def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Path) -> StageEnv:
@@ -82,39 +122,41 @@ def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Pa
     Raises:
         RuntimeError: the install failed; the message holds the tail of pip's output.
     """
-    extra = {"PYTHONPATH": _pythonpath(cfg.pythonpath), **cfg.env_vars}
+    extra = stage_env_vars(cfg, env_cfg)
     if cfg.kind == "python":
         return StageEnv(stage, cfg.python, extra)
     assert cfg.requirements is not None
     req = project_root / cfg.requirements
+    wheelhouse = str(Path(env_cfg.wheelhouse).expanduser().resolve()) if env_cfg.wheelhouse else None
+    if wheelhouse and not Path(wheelhouse, "wheelhouse.json").is_file() and not any(Path(wheelhouse).glob("*.whl")):
+        raise RuntimeError(
+            f"env.wheelhouse={env_cfg.wheelhouse!r} holds no wheels: make it on a connected machine with "
+            "`python -m quantverdict.processes.wheelhouse --out DIR` and give its folder"
+        )
     root = Path(env_cfg.root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    target = venv_dir(root, stage, req, env_cfg.base_python)
+    target = venv_dir(root, stage, req, env_cfg.base_python, bool(wheelhouse), env_cfg.system_site_packages)
     python = str(target / "bin" / "python")
-    ready = target / ".ready"
+    ready = target / venv_build.READY
     if ready.exists():
         return StageEnv(stage, python, extra)
     with open(root / f".{stage}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not ready.exists():
-            _build(stage, target, req, cfg.uninstall, env_cfg.base_python)
+            log.info("creating the %s environment in %s from %s (first time only; minutes)", stage, target, req)
+            try:
+                venv_build.build(
+                    target,
+                    [req],
+                    env_cfg.base_python,
+                    wheelhouse=wheelhouse,
+                    system_site_packages=env_cfg.system_site_packages,
+                    uninstall=cfg.uninstall,
+                    marker_text=req.read_text(),
+                )
+            except venv_build.VenvBuildError as exc:
+                raise RuntimeError(f"creating the {stage} environment failed: {exc}") from None
     return StageEnv(stage, python, extra)
-
-
-def _build(stage: str, target: Path, req: Path, uninstall: list[str], base_python: str) -> None:
-    log.info("creating the %s environment in %s from %s (first time only; minutes)", stage, target, req)
-    steps = [
-        [base_python, "-m", "venv", "--clear", str(target)],
-        [str(target / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "-r", str(req)],
-    ]
-    if uninstall:
-        steps.append([str(target / "bin" / "pip"), "uninstall", "-y", "-q", *uninstall])
-    for cmd in steps:
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-25:])
-            raise RuntimeError(f"creating the {stage} environment failed at `{shlex.join(cmd)}`:\n{tail}")
-    (target / ".ready").write_text(req.read_text())
 
 
 def main() -> None:

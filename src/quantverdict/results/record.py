@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -46,7 +47,8 @@ class Record:
     job: dict[str, Any]
     config: dict[str, Any]
     schema_version: int = RECORD_SCHEMA_VERSION
-    tool: dict[str, str] = field(default_factory=lambda: {"name": "quantverdict", "version": __version__})
+    # name, version, and the checkout's git commit and whether its tracked files differed from it (git_state)
+    tool: dict[str, Any] = field(default_factory=lambda: {"name": "quantverdict", "version": __version__})
     environment: dict[str, Any] = field(default_factory=dict)
     status: str = "running"  # running | ok | failed | interrupted (stopped from outside: Ctrl-C, SIGTERM)
     failed_stage: str | None = None
@@ -99,6 +101,28 @@ def find_records(root: Path) -> list[Path]:
     """All job ``record.json`` files under ``root`` (a run dir, a multirun dir or the output root),
     sorted; copies inside an MLflow artifact store are left out."""
     return sorted(p for p in root.rglob(RECORD_FILE) if not _NOT_JOB_DIRS & set(p.relative_to(root).parts))
+
+
+def git_state(root: Path) -> dict[str, Any]:
+    """``{"git_commit": sha or None, "git_dirty": bool or None}`` of the checkout at ``root``.
+
+    ``git_dirty`` is true when tracked files differ from the commit (untracked files do not count). A tree that is
+    not a git checkout (a copied release) reads ``QV_GIT_COMMIT`` for the commit it was copied from, dirty unknown.
+    """
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        if head.returncode == 0:
+            status = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+            return {"git_commit": head.stdout.strip(), "git_dirty": dirty}
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"git_commit": os.environ.get("QV_GIT_COMMIT") or None, "git_dirty": None}
 
 
 def host_environment(cpu_model: str = "") -> dict[str, Any]:

@@ -1,0 +1,106 @@
+"""env=auto, the GPU stack checks and the driver's CUDA version: values worked out from the rules and the captured
+output of nvidia-smi on an H200 host (driver 580.159.04)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from quantverdict.config import device_pick
+from quantverdict.config.compose import CONF_DIR, compose
+from quantverdict.config.schema import ConfigError
+from quantverdict.orchestrate.hardware import check_torch_cuda, driver_cuda_version
+
+pytestmark = pytest.mark.unit
+
+NO_GPU = "auto: no CUDA GPU visible (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)"
+H200_L = (
+    "GPU 0: NVIDIA H200 (UUID: GPU-a48f4c30-7fc2-21cd-c8c5-7adb7486b486)\n"
+    "GPU 1: NVIDIA H200 (UUID: GPU-4d8d8a84-cbed-9747-95cd-d830557304f2)\n"
+)
+# the banner of `nvidia-smi` on that host, as it printed it
+H200_BANNER = (
+    "Fri Dec  4 18:49:56 2026       \n"
+    "+-----------------------------------------------------------------------------------------+\n"
+    "| NVIDIA-SMI 580.159.04             Driver Version: 580.159.04     CUDA Version: 13.0     |\n"
+    "+-----------------------------------------+------------------------+----------------------+\n"
+)
+
+
+def _program(tmp_path: Path, text: str, name: str = "nvidia-smi") -> str:
+    """A stand-in program that prints ``text`` whatever its arguments."""
+    (tmp_path / "out.txt").write_text(text)
+    p = tmp_path / name
+    p.write_text(f"#!/bin/sh\ncat {tmp_path / 'out.txt'}\n")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(p)
+
+
+def test_auto_picks_cpu_without_a_gpu_and_the_profiles_follow() -> None:
+    out = device_pick.expand(["scheme=awq"], CONF_DIR, gpus=lambda: [])
+    assert out == ["scheme=awq", "env=cpu", f"env.picked_by='{NO_GPU}'", "eval=cpu", "bench=cpu"]
+
+
+def test_auto_picks_gpu_when_one_is_visible() -> None:
+    out = device_pick.expand(["-m", "scheme=bf16,fp8", "env=auto"], CONF_DIR, gpus=lambda: ["NVIDIA H200"] * 2)
+    assert out == [
+        "-m",
+        "scheme=bf16,fp8",
+        "env=gpu",
+        "env.picked_by='auto: 2 CUDA GPU(s) visible (NVIDIA H200)'",
+        "eval=gpu",
+        "bench=gpu",
+    ]
+
+
+def test_a_given_env_keeps_the_profiles_given_and_fills_the_rest() -> None:
+    out = device_pick.expand(["env=gpu", "eval=gpu-server"], CONF_DIR, gpus=lambda: [])
+    assert out == ["env=gpu", "eval=gpu-server", "env.picked_by='given (env=gpu)'", "bench=gpu"]
+    # a sweep over environments is the user's to spell out
+    assert device_pick.expand(["-m", "env=cpu,gpu"], CONF_DIR, gpus=lambda: ["x"]) == ["-m", "env=cpu,gpu"]
+
+
+def test_compose_on_this_host_resolves_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU on any host
+    cfg = compose(["tracking.enabled=false"])
+    assert (cfg.env.name, str(cfg.env.device), cfg.env.picked_by) == ("cpu", "cpu", NO_GPU)
+    assert (cfg.eval.name, cfg.bench.name) == ("cpu", "cpu")
+
+
+def test_visible_gpus_reads_nvidia_smi_and_cuda_visible_devices(tmp_path: Path) -> None:
+    smi = _program(tmp_path, H200_L)
+    assert device_pick.visible_gpus(smi, cuda_visible_devices="0,1") == ["NVIDIA H200", "NVIDIA H200"]
+    assert device_pick.visible_gpus(smi, cuda_visible_devices="1") == ["NVIDIA H200"]
+    assert device_pick.visible_gpus(smi, cuda_visible_devices="GPU-4d8d8a84-cbed-9747-95cd-d830557304f2") == [
+        "NVIDIA H200"
+    ]
+    assert device_pick.visible_gpus(smi, cuda_visible_devices="") == []
+    assert device_pick.visible_gpus(smi, cuda_visible_devices="-1") == []
+    assert device_pick.visible_gpus(str(tmp_path / "missing"), cuda_visible_devices="0") == []
+
+
+def test_the_drivers_cuda_version_from_the_banner(tmp_path: Path) -> None:
+    assert driver_cuda_version(_program(tmp_path, H200_BANNER)) == (13, 0)
+    assert driver_cuda_version(str(tmp_path / "missing")) is None
+
+
+def test_a_cpu_only_torch_in_a_gpu_env_is_refused() -> None:
+    with pytest.raises(
+        ConfigError, match=r"env=gpu: the serve environment \(/v/bin/python\) has torch 2.13.0\+cpu, a CPU-only build"
+    ):
+        check_torch_cuda("serve", {"torch": "2.13.0+cpu", "cuda": None}, (13, 0), "/v/bin/python")
+    with pytest.raises(ConfigError, match="has no torch"):
+        check_torch_cuda("quantize", {"torch": None, "cuda": None}, (13, 0))
+
+
+def test_a_driver_older_than_the_wheels_cuda_is_refused_and_minor_versions_pass() -> None:
+    with pytest.raises(
+        ConfigError, match=r"built for CUDA 13.0, and this host's NVIDIA driver supports CUDA up to 12.8"
+    ):
+        check_torch_cuda("serve", {"torch": "2.11.0", "cuda": "13.0"}, (12, 8))
+    check_torch_cuda("serve", {"torch": "2.11.0", "cuda": "13.0"}, (13, 0))
+    check_torch_cuda("serve", {"torch": "2.11.0", "cuda": "13.1"}, (13, 0))  # minor version compatibility
+    check_torch_cuda("serve", {"torch": "2.9.0", "cuda": "12.8"}, (13, 0))
+    check_torch_cuda("serve", {"torch": "2.11.0", "cuda": "13.0"}, None)  # driver not known: not judged
