@@ -11,14 +11,16 @@ SCHEMES ?= bf16,awq,gptq,int8,fp8,w8a8
 ARGS   ?=
 WHEELHOUSE ?=
 SYSTEM_SITE ?=
+# the orchestrator venv's requirements: what jobs and reviews run with, plus tests, lint and the grid launchers
+ORCH_REQS ?= requirements/orchestrator.txt requirements/dev.txt
 # calibration for the CPU grid (AWQ/GPTQ/SmoothQuant): 16 x 256 WikiText-2 valid tokens keeps `make run`
 # near 30 minutes on 2 cores; the scheme files default to 64 x 512
 CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 
 .PHONY: setup browser run test test-unit test-browser lint format-check clean-outputs bench-gpu
 
-$(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
-	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) requirements/orchestrator.txt \
+$(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
+	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) \
 	  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(SYSTEM_SITE),--system-site-packages)
 	# this checkout's src/ and root on the venv's path (an editable install without build tools)
 	printf '%s\n%s\n' "$(CURDIR)/src" "$(CURDIR)" > "$$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/quantverdict.pth"

@@ -104,3 +104,19 @@ def test_a_driver_older_than_the_wheels_cuda_is_refused_and_minor_versions_pass(
     check_torch_cuda("serve", {"torch": "2.11.0", "cuda": "13.1"}, (13, 0))  # minor version compatibility
     check_torch_cuda("serve", {"torch": "2.9.0", "cuda": "12.8"}, (13, 0))
     check_torch_cuda("serve", {"torch": "2.11.0", "cuda": "13.0"}, None)  # driver not known: not judged
+
+
+def test_a_wheelhouse_env_installs_offline_in_its_stages_too(tmp_path: Path) -> None:
+    from quantverdict.config.schema import EnvConfig, StageEnvConfig
+    from quantverdict.processes.envs import stage_env_vars, venv_dir
+
+    stage = StageEnvConfig(env_vars={"TOKENIZERS_PARALLELISM": "false"})
+    online = stage_env_vars(stage, EnvConfig(name="gpu"))
+    assert "PIP_NO_INDEX" not in online and online["TOKENIZERS_PARALLELISM"] == "false"
+    offline = stage_env_vars(stage, EnvConfig(name="gpu", wheelhouse=str(tmp_path)))
+    assert (offline["PIP_NO_INDEX"], offline["PIP_FIND_LINKS"]) == ("1", str(tmp_path.resolve()))
+    # a venv made offline, or one that sees the interpreter's packages, is another venv than the plain one
+    req = tmp_path / "r.txt"
+    req.write_text("six==1.17.0\n")
+    dirs = {venv_dir(tmp_path, "serve", req, "python3", w, s) for w in (False, True) for s in (False, True)}
+    assert len(dirs) == 4 and all(d.name.startswith("serve-") for d in dirs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from scipy import stats as scipy_stats  # test-only dependency (requirements/orchestrator.txt)
+from scipy import stats as scipy_stats  # test-only dependency (requirements/dev.txt)
 
 from quantverdict.review import stats
 

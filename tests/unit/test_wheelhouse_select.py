@@ -65,3 +65,16 @@ def test_an_installed_version_that_misses_a_specifier_is_not_left_out() -> None:
     sel = select(REPORT, TOP, {"torch": "2.10.0", "numpy": "1.25.0"}, Target("3.12"))
     assert {"torch", "nvidia-cublas", "filelock", "numpy"} <= set(sel.include)
     assert sel.installed == {}
+
+
+def test_the_resolving_pip_runs_on_the_targets_python() -> None:
+    import sys
+
+    from quantverdict.processes.wheelhouse import WheelhouseError, pip_python
+
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert pip_python(here) == sys.executable
+    with pytest.raises(WheelhouseError, match=rf"--pip-python {sys.executable}: it runs Python {here}, not 2.9"):
+        pip_python("2.9", sys.executable)
+    with pytest.raises(WheelhouseError, match="no Python 2.9 here to resolve with"):
+        pip_python("2.9")

@@ -12,7 +12,7 @@
 # stash    copy the carried .devcache/NN/* into /tmp/stash; the first call of a lease notes its start (lease.t0)
 # install  check the reassembled bundle against bundle.sha256, unpack it, create the orchestrator venv (.venv) and the
 #          stage venvs (env=gpu, under /tmp/qvenvs) offline from its wheelhouse, seeing the image's CUDA torch
-#          (`make setup WHEELHOUSE=... SYSTEM_SITE=1 ARGS="env=gpu env.wheelhouse=... env.system_site_packages=true"`),
+#          (as `make setup WHEELHOUSE=... SYSTEM_SITE=1 ARGS="env=gpu env.wheelhouse=... env.system_site_packages=true"`),
 #          and the offline data at /tmp/qvdata; once per machine
 # queue    "NAME EST_S KIND ARGS...": a step for the runner. KIND grid: `.venv/bin/python -m pipelines.run -m env=gpu
 #          env.wheelhouse=/tmp/b/wheelhouse env.system_site_packages=true data.offline_root=/tmp/qvdata
@@ -90,19 +90,24 @@ install() {
     exit 2
   fi
   rm -rf "$T/b" && mkdir -p "$T/b" && tar xf "$T/bundle.tar" -C "$T/b" && rm "$T/bundle.tar"
+  rm -rf "$DATA" && mv "$T/b/data" "$DATA"
   local t0; t0=$(date +%s)
-  # shellcheck disable=SC2086  # GPU_ENV is words
   if [ -n "${QV_LEASE_SETUP:-}" ]; then  # tests: a stand-in for the venvs' creation
     (cd "$REPO" && bash -c "$QV_LEASE_SETUP") 2>&1 | tee -a "$L/lease.log"
   else
-    (cd "$REPO" && make setup PYTHON=python3 WHEELHOUSE="$WH" SYSTEM_SITE=1 ARGS="$GPU_ENV") 2>&1 | tee -a "$L/lease.log"
+    # what `make setup WHEELHOUSE=$WH SYSTEM_SITE=1 ORCH_REQS=requirements/orchestrator.txt ARGS="$GPU_ENV"` does, without
+    # make (not promised on the image): the orchestrator venv, this checkout on its path, then the stage venvs
+    # shellcheck disable=SC2086  # GPU_ENV is words
+    (cd "$REPO" && python3 src/quantverdict/processes/venv_build.py .venv requirements/orchestrator.txt \
+        --wheelhouse "$WH" --system-site-packages \
+      && printf '%s\n%s\n' "$REPO/src" "$REPO" > "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/quantverdict.pth" \
+      && .venv/bin/python -m quantverdict.processes.envs $GPU_ENV "data.offline_root=$DATA") 2>&1 | tee -a "$L/lease.log"
   fi
   [ "${PIPESTATUS[0]}" -eq 0 ] || { say "install: creating the venvs failed"; exit 2; }
   say "install: the orchestrator and stage venvs created offline in $(( $(date +%s) - t0 )) s (wheelhouse $(du -sh "$WH" 2>/dev/null | cut -f1))"
   if [ -z "${QV_LEASE_SITE_SERVE:-}" ]; then
     SITE_SERVE=$( (ls -d "$QV_ENV_ROOT"/serve-*/lib/python3*/site-packages 2>/dev/null || true) | head -1)
   fi
-  rm -rf "$DATA" && mv "$T/b/data" "$DATA"
   restore_jit_cache "$T/b/jit-cache.tar.gz"
   touch "$L/installed"
   say "install: done; data at $DATA; $(nvidia-smi --query-gpu=name,uuid --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"

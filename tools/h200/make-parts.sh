@@ -5,7 +5,7 @@
 #   bash tools/h200/make-parts.sh
 #
 # 1. the wheelhouse: `python -m quantverdict.processes.wheelhouse --env gpu --orchestrator --installed
-#    tools/h200/image-freeze.txt --python-version 3.12` (every wheel the stage venvs and the orchestrator need that the
+#    tools/h200/image-freeze.txt --python-version 3.12 --pip-python <a python3.12 here, QV_PIP_PYTHON>` (every wheel the stage venvs and the orchestrator need that the
 #    machine's image, whose `pip list --format=freeze` is tools/h200/image-freeze.txt, does not already have) into
 #    .devcache/wheelhouse (git-ignored through .git/info/exclude; never commit it), linked into the bundle;
 # 2. the offline data (../shared/data, read-only there) is copied into the bundle as data/ (the H200 machine
@@ -25,10 +25,12 @@ D=.devcache
 mkdir -p "$D"
 grep -qx '/.devcache/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.devcache/' >> .git/info/exclude; }
 [ -x .venv/bin/python ] || { echo "make-parts: no .venv here: run make setup first" >&2; exit 2; }
+# pip reads environment markers for the interpreter it runs in: resolve with a Python 3.12, the machine's
+PY312="${QV_PIP_PYTHON:-$( (ls -d "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null || true) | tail -1)}"
 .venv/bin/python -m quantverdict.processes.wheelhouse --out "$D/wheelhouse" --env gpu --orchestrator \
-  --installed tools/h200/image-freeze.txt --python-version 3.12
+  --installed tools/h200/image-freeze.txt --python-version 3.12 ${PY312:+--pip-python "$PY312"}
 rm -rf "$D"/[0-9][0-9] "$D/w" && mkdir -p "$D/w"
-cp -al "$D/wheelhouse" "$D/w/wheelhouse"
+cp -al "$D/wheelhouse" "$D/w/wheelhouse" && rm -rf "$D/w/wheelhouse/.built" "$D/w/wheelhouse/.reports"
 cp -r --no-preserve=mode "$SHARED/data" "$D/w/data"
 jit="no JIT caches (no $D/jit-cache.tar.gz: the lease's first server builds FlashInfer's sampler, 76-123 s)"
 if [ -f "$D/jit-cache.tar.gz" ]; then
@@ -37,7 +39,7 @@ if [ -f "$D/jit-cache.tar.gz" ]; then
   jit="the JIT caches of $D/jit-cache.tar.gz ($(du -h "$D/jit-cache.tar.gz" | cut -f1), $(date -u -r "$D/jit-cache.tar.gz" +%F)); install restores them beside the same serve packages only"
 fi
 # the working tree that travels with every call: tracked files and untracked ones git does not ignore
-tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r du -k 2>/dev/null | awk '{s += $1} END {print s + 0}')
+tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | (xargs -0 -r du -k 2>/dev/null || true) | awk '{s += $1} END {print s + 0}')
 part_mib=$(( 62 - (tree_kib + 1023) / 1024 ))
 [ "$part_mib" -gt 48 ] && part_mib=48
 [ "$part_mib" -ge 8 ] || { echo "make-parts: the working tree takes $(( tree_kib / 1024 )) MiB: no room for a part" >&2; exit 2; }

@@ -1,7 +1,7 @@
 """Create a virtual environment from requirement files: from an index, or offline from a wheelhouse.
 
 Standard library only, so that it also builds the orchestrator's own venv before anything else is installed
-(``make setup``: ``python3 src/quantverdict/processes/venv_build.py .venv requirements/orchestrator.txt``).
+(``make setup``: ``python3 src/quantverdict/processes/venv_build.py .venv requirements/orchestrator.txt ...``).
 
 Two options matter on GPU hosts:
 

