@@ -70,7 +70,7 @@ def test_hub_model_materializes_offline_from_a_prefilled_cache(
 ) -> None:
     cache = tmp_path / "cache"
     snapshot = fill_hub_cache(cache / "hf", HF_ID, tiny_folder, COMMIT)
-    cfg = compose(["model=qwen3.5-9b", "model.name=tiny-hub", f"model.hf_id={HF_ID}", f"paths.cache_root={cache}"])
+    cfg = compose(["model=hub", f"model.hf_id={HF_ID}", f"paths.cache_root={cache}"])
     found = preflight.check(cfg)
     assert found.hub is not None and found.hub.commit == COMMIT and found.params == TINY_PARAMETERS
     st = StageInfo()
@@ -80,7 +80,7 @@ def test_hub_model_materializes_offline_from_a_prefilled_cache(
     assert model["architecture"] == "LlamaForCausalLM" and model["source"] == "hf"
     assert model["dims"]["hidden_size"] == 256 and model["dims"]["num_hidden_layers"] == 2
     assert model["num_parameters"] == TINY_PARAMETERS and model["dtype"] == "bfloat16"
-    entry = json.loads((cache / "models" / "tiny-hub" / MODEL_INFO).read_text())
+    entry = json.loads((cache / "models" / "tiny-llama" / MODEL_INFO).read_text())
     assert entry["model"]["commit"] == COMMIT and entry["commit"] == COMMIT
 
     again = StageInfo()
@@ -127,10 +127,8 @@ def test_hub_model_job_end_to_end_offline(
     snapshot = fill_hub_cache(cache / "hf", HF_ID, tiny_folder, COMMIT)
     proc = run_cli(
         tmp_path / "out",
-        "model=qwen3.5-9b",
-        "model.name=tiny-hub",
+        "model=hub",
         f"model.hf_id={HF_ID}",
-        "model.max_model_len=2048",
         "scheme=int8",
         f"paths.cache_root={cache}",
         "eval.enabled=false",

@@ -142,6 +142,21 @@ def test_a_hub_model_needs_its_id_in_hf_id() -> None:
     assert compose(["model=qwen3.5-9b", "model.revision=v1.0"]).model.revision == "v1.0"
 
 
+def test_any_hub_model_is_named_after_its_repo() -> None:
+    cfg = compose(["model=hub", "model.hf_id=meta-llama/Llama-3.1-8B-Instruct"])
+    assert (cfg.model.name, cfg.model.source, cfg.model.revision) == ("Llama-3.1-8B-Instruct", "hf", "main")
+    assert compose(["model=hub", "model.hf_id=org/x", "model.name=mine"]).model.name == "mine"
+    with pytest.raises(ConfigError, match="model.source=hf needs model.hf_id"):
+        compose(["model=hub"])
+    # the hub source over the default model would record the hub model as smollm2-135m: refused, naming model=hub
+    with pytest.raises(ConfigError) as err:
+        compose(["model.source=hf", "model.hf_id=org/x"])
+    msg = str(err.value)
+    assert "model.name='smollm2-135m' is the model config conf/model/smollm2-135m.yaml (model.source=pypi_gguf)" in msg
+    assert "model=hub model.hf_id=org/x" in msg
+    assert compose(["model.source=hf", "model.hf_id=org/x", "model.name=x"]).model.hf_id == "org/x"
+
+
 def test_eval_longer_than_the_context_is_refused() -> None:
     # smollm2-135m: model.max_model_len 2048; eval.max_length 4096 > 2048
     with pytest.raises(ConfigError) as err:
