@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import DATA_ROOT
-from quantverdict.config.compose import as_dict, compose
+from quantverdict.config.compose import PROJECT_ROOT, as_dict, compose
 from quantverdict.config.schema import (
     BenchMode,
     ComputeDtype,
@@ -100,7 +100,7 @@ def test_closest() -> None:
 @pytest.mark.parametrize("repo_id", ["Qwen/Qwen3.5-9B", "meta-llama/Llama-3.1-8B-Instruct", "gpt2", "a_b/c.d-e"])
 def test_valid_hf_ids_are_accepted(repo_id: str) -> None:
     assert hf_id_problem(repo_id) is None
-    assert compose(["model=qwen3.5-9b", f"model.path={repo_id}"]).model.path == repo_id
+    assert compose(["model=qwen3.5-9b", f"model.hf_id={repo_id}"]).model.hf_id == repo_id
 
 
 @pytest.mark.parametrize(
@@ -118,10 +118,43 @@ def test_valid_hf_ids_are_accepted(repo_id: str) -> None:
 def test_odd_hf_ids_are_refused_before_any_work(repo_id: str, problem: str) -> None:
     assert hf_id_problem(repo_id) == problem
     with pytest.raises(ConfigError) as err:
-        compose(["model=qwen3.5-9b", f"model.path='{repo_id}'"])  # quoted: Hydra's grammar takes any text
+        compose(["model=qwen3.5-9b", f"model.hf_id='{repo_id}'"])  # quoted: Hydra's grammar takes any text
     msg = str(err.value)
-    assert f"model.path={repo_id!r} is not a Hugging Face hub id ({problem})" in msg
+    assert f"model.hf_id={repo_id!r} is not a Hugging Face hub id ({problem})" in msg
     assert "for a folder on disk use model.source=local" in msg
+
+
+def test_a_hub_model_needs_its_id_in_hf_id() -> None:
+    # no id at all
+    with pytest.raises(ConfigError) as err:
+        compose(["model=qwen3.5-9b", "model.hf_id=null"])
+    assert "model.source=hf needs model.hf_id" in str(err.value) and "model.hf_id=Qwen/Qwen3.5-9B" in str(err.value)
+    # the id in model.path (read for local and gguf sources only): refused, naming the key to use
+    with pytest.raises(ConfigError) as err:
+        compose(["model=qwen3.5-9b", "model.hf_id=null", "model.path=Org/Name"])
+    assert "model.path='Org/Name' is not read for model.source=hf" in str(err.value)
+    assert "(model.hf_id=Org/Name)" in str(err.value)
+    with pytest.raises(ConfigError, match="model.revision='' must name a branch, tag or commit"):
+        compose(["model=qwen3.5-9b", "model.revision=''"])
+    # a hub model's config pointed at a local copy: hf_id is then unused
+    cfg = compose(["model=qwen3.5-9b", "model.source=local", f"model.path={PROJECT_ROOT}"])
+    assert cfg.model.source == "local" and cfg.model.hf_id == "Qwen/Qwen3.5-9B"
+    assert compose(["model=qwen3.5-9b", "model.revision=v1.0"]).model.revision == "v1.0"
+
+
+def test_any_hub_model_is_named_after_its_repo() -> None:
+    cfg = compose(["model=hub", "model.hf_id=meta-llama/Llama-3.1-8B-Instruct"])
+    assert (cfg.model.name, cfg.model.source, cfg.model.revision) == ("Llama-3.1-8B-Instruct", "hf", "main")
+    assert compose(["model=hub", "model.hf_id=org/x", "model.name=mine"]).model.name == "mine"
+    with pytest.raises(ConfigError, match="model.source=hf needs model.hf_id"):
+        compose(["model=hub"])
+    # the hub source over the default model would record the hub model as smollm2-135m: refused, naming model=hub
+    with pytest.raises(ConfigError) as err:
+        compose(["model.source=hf", "model.hf_id=org/x"])
+    msg = str(err.value)
+    assert "model.name='smollm2-135m' is the model config conf/model/smollm2-135m.yaml (model.source=pypi_gguf)" in msg
+    assert "model=hub model.hf_id=org/x" in msg
+    assert compose(["model.source=hf", "model.hf_id=org/x", "model.name=x"]).model.hf_id == "org/x"
 
 
 def test_eval_longer_than_the_context_is_refused() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from quantverdict.config.compose import compose
 from quantverdict.orchestrate.caches import exclusive_lock, materialize
+from quantverdict.orchestrate.hub import HubModel
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import StageError
@@ -26,8 +27,9 @@ def test_interrupted_carries_the_shell_exit_code() -> None:
 def test_a_model_that_could_not_be_materialized_leaves_no_lock_file(tmp_path: Path) -> None:
     # a stage interpreter that dies at once, as a hub download that cannot reach the hub fails
     cfg = compose(["model=qwen3.5-9b"]).model
+    found = HubModel("Qwen/Qwen3.5-9B", "main", "0" * 40, str(tmp_path / "hf"), offline=False)
     with pytest.raises(StageError):
-        materialize(cfg, StageEnv("quantize", "/bin/false"), tmp_path, tmp_path / "out", StageInfo())
+        materialize(cfg, StageEnv("quantize", "/bin/false"), tmp_path, tmp_path / "out", StageInfo(), hub=found)
     assert not list((tmp_path / "models").iterdir())  # neither the model nor .qwen3.5-9b.lock
 
 

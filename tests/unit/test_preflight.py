@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hub_cache import write_tiny_folder
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
 from quantverdict.orchestrate.preflight import (
@@ -32,34 +33,58 @@ def closed_port() -> int:
 def test_unreachable_hub_is_refused_fast_naming_the_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # a real request to an endpoint where nothing listens: refused at once, no retries
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for var in ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
     model = compose(["model=qwen3.5-9b"]).model
     t0 = time.perf_counter()
-    problems, params = source_problems(model, tmp_path)
+    problems, params, found = source_problems(model, tmp_path)
     assert time.perf_counter() - t0 < 10
-    assert params is None and len(problems) == 1
-    assert "model.path='Qwen/Qwen3.5-9B'" in problems[0] and "not reachable" in problems[0]
+    assert params is None and found is None and len(problems) == 1
+    assert "model.hf_id='Qwen/Qwen3.5-9B'" in problems[0] and "not reachable" in problems[0]
     assert "model.source=local" in problems[0] and "model=smollm2-135m" in problems[0]
 
 
 def test_offline_hub_is_refused_without_a_request(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    problems, _ = source_problems(compose(["model=qwen3.5-9b"]).model, tmp_path)
-    assert "HF_HUB_OFFLINE" in problems[0]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")  # a request would say 'not reachable'
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HOME", raising=False)
+    problems, _, _ = source_problems(compose(["model=qwen3.5-9b"]).model, tmp_path)
+    assert "HF_HUB_OFFLINE is set" in problems[0] and "not reachable" not in problems[0]
 
 
 def test_materialized_model_needs_no_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    entry = tmp_path / "models" / "qwen3.5-9b"
-    entry.mkdir(parents=True)
-    (entry / "quantverdict_model.json").write_text('{"num_parameters": 9000000000}')
-    assert source_problems(compose(["model=qwen3.5-9b"]).model, tmp_path) == ([], 9_000_000_000)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HOME", raising=False)
+    for name in ("smollm2-135m", "qwen3.5-9b"):
+        entry = tmp_path / "models" / name
+        entry.mkdir(parents=True)
+        (entry / "quantverdict_model.json").write_text('{"num_parameters": 9000000000}')
+    assert source_problems(compose([]).model, tmp_path) == ([], 9_000_000_000, None)
+    # a hub model's revision is resolved all the same (a branch may have moved): offline, from the hub cache
+    problems, _, _ = source_problems(compose(["model=qwen3.5-9b"]).model, tmp_path)
+    assert "HF_HUB_OFFLINE" in problems[0] and str(tmp_path / "hf") in problems[0]
 
 
-def test_local_folder_without_config(tmp_path: Path) -> None:
+def test_local_folder_without_config_or_weights(tmp_path: Path) -> None:
     model = compose(["model=qwen3.5-9b", "model.source=local", f"model.path={tmp_path}"]).model
-    problems, _ = source_problems(model, tmp_path / "cache")
+    problems, _, _ = source_problems(model, tmp_path / "cache")
     assert "no config.json" in problems[0] and "model.path=" in problems[0]
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 8)
+    problems, _, _ = source_problems(model, tmp_path / "cache")
+    assert "has no *.safetensors weights" in problems[0] and f"model.path={str(tmp_path)!r}" in problems[0]
+
+
+def test_local_folder_is_sized_from_its_weights(tmp_path: Path) -> None:
+    # hub_cache.write_tiny_folder: 520 bf16 elements = 1040 bytes of data (+ header): 16-bit, so about 520
+    folder = write_tiny_folder(tmp_path / "tiny")
+    model = compose(["model=qwen3.5-9b", "model.source=local", f"model.path={folder}"]).model
+    problems, params, found = source_problems(model, tmp_path / "cache")
+    assert problems == [] and found is None
+    header = (folder / "model.safetensors").stat().st_size - 1040
+    assert params == (1040 + header) // 2 and 520 <= params < 520 + header
 
 
 def test_synthetic_parameters_by_hand() -> None:
@@ -95,6 +120,8 @@ def test_fit_on_cpu(tmp_path: Path) -> None:
 
 def test_check_raises_one_error_with_every_problem(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HOME", raising=False)
     cfg = compose(["model=qwen3.5-9b", f"paths.cache_root={tmp_path}"])
     with pytest.raises(ConfigError, match="this machine cannot run the job"):
         check(cfg)

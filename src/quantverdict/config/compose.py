@@ -32,6 +32,8 @@ if not OmegaConf.has_resolver("qv_pid"):  # two grids started in the same second
     OmegaConf.register_new_resolver("qv_pid", lambda: str(os.getpid()), use_cache=True)
 if not OmegaConf.has_resolver("qv_job_gpus"):  # a launcher's GPU request per job (conf/hydra/launcher/*.yaml)
     OmegaConf.register_new_resolver("qv_job_gpus", lambda device, tp: int(tp) if str(device) == "cuda" else 0)
+if not OmegaConf.has_resolver("qv_hub_name"):  # conf/model/hub.yaml: a hub model named after its repo
+    OmegaConf.register_new_resolver("qv_hub_name", lambda hf_id: str(hf_id).rsplit("/", 1)[-1] if hf_id else "hub")
 ConfigStore.instance().store(name="base_config", node=Config)
 
 INVALID = "invalid configuration:\n  - "  # the head of a ConfigError listing problems, one per line

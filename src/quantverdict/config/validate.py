@@ -30,6 +30,7 @@ from quantverdict.config.schema import (
     Config,
     ConfigError,
     EvalConfig,
+    ModelConfig,
     ReviewConfig,
     StageEnvConfig,
     closest,
@@ -161,6 +162,50 @@ def hf_id_problem(repo_id: str) -> str | None:
     if len(parts[-1]) > 96:
         return f"name of {len(parts[-1])} characters, at most 96 allowed"
     return None
+
+
+def hub_model_errors(model: ModelConfig, model_conf_dir: Path | None = None) -> list[str]:
+    """Problems of a hub model's keys (``model.source=hf``): ``model.hf_id`` present and a valid hub id
+    (:func:`hf_id_problem`), ``model.revision`` a non-empty name without whitespace, ``model.path`` unset
+    (the id has its own key; a folder on disk is ``model.source=local``), and ``model.name`` not the name of
+    another source's model config in ``model_conf_dir`` (``model.source=hf`` over the default model would
+    record the hub model as ``smollm2-135m``, with its GGUF baseline note, and share its cache entries).
+    Other sources: none (a hub model's config may be pointed at a local copy with ``model.source=local
+    model.path=...``; ``hf_id`` is then unused).
+    """
+    if model.source != "hf":
+        return []
+    errors = []
+    conf = model_conf_dir / f"{model.name}.yaml" if model_conf_dir else None
+    if conf is not None and conf.is_file():
+        match = re.search(r"^source:\s*(\S+)", conf.read_text(), re.MULTILINE)
+        if match and match.group(1) != "hf":
+            errors.append(
+                f"model.name={model.name!r} is the model config conf/model/{conf.name} "
+                f"(model.source={match.group(1)}), not this hub model: use model=hub "
+                f"model.hf_id={model.hf_id or 'ORG/NAME'} (named after the repo), or give it its own model.name"
+            )
+    if not model.hf_id:
+        errors.append(
+            "model.source=hf needs model.hf_id: the hub id 'owner/name' (e.g. model.hf_id=Qwen/Qwen3.5-9B), and "
+            "optionally model.revision (a branch, tag or commit; default main)"
+        )
+    elif problem := hf_id_problem(model.hf_id):
+        errors.append(
+            f"model.hf_id={model.hf_id!r} is not a Hugging Face hub id ({problem}); expected 'owner/name' of "
+            "letters, digits, '-', '_', '.' (e.g. 'Qwen/Qwen3.5-9B'); for a folder on disk use model.source=local "
+            "model.path=/the/folder"
+        )
+    if model.path:
+        errors.append(
+            f"model.path={model.path!r} is not read for model.source=hf: the hub id goes in model.hf_id "
+            f"(model.hf_id={model.hf_id or model.path}); for a folder on disk use model.source=local"
+        )
+    if not model.revision or any(c.isspace() for c in model.revision):
+        errors.append(
+            f"model.revision={model.revision!r} must name a branch, tag or commit of model.hf_id (default main)"
+        )
+    return errors
 
 
 def _empty_file_problem(path: Path) -> str | None:
@@ -359,13 +404,9 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
             )
     elif cfg.model.synthetic is not None:
         errors.append(f"model.synthetic is set but model.source={str(cfg.model.source)!r}; use model.source=synthetic")
-    if cfg.model.source in ("hf", "local", "gguf") and not cfg.model.path:
+    errors += hub_model_errors(cfg.model, Path(cfg.paths.project_root) / "conf" / "model")
+    if cfg.model.source in ("local", "gguf") and not cfg.model.path:
         errors.append(f"model.source={cfg.model.source} needs model.path")
-    if cfg.model.source == "hf" and cfg.model.path and (problem := hf_id_problem(cfg.model.path)):
-        errors.append(
-            f"model.path={cfg.model.path!r} is not a Hugging Face hub id ({problem}); expected 'owner/name' of "
-            "letters, digits, '-', '_', '.' (e.g. 'Qwen/Qwen3.5-9B'); for a folder on disk use model.source=local"
-        )
     if cfg.model.source in ("local", "gguf") and cfg.model.path and not Path(cfg.model.path).exists():
         errors.append(f"model.path={cfg.model.path!r} does not exist")
     elif cfg.model.source == "gguf" and cfg.model.path:

@@ -25,6 +25,7 @@ from quantverdict.config.compose import as_dict
 from quantverdict.config.schema import Config, ModelConfig
 from quantverdict.measure.integrity import IntegrityError, check_checkpoint
 from quantverdict.orchestrate import preflight, resume
+from quantverdict.orchestrate.hub import HubModel
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import StageInfo
@@ -32,6 +33,17 @@ from quantverdict.results.record import StageInfo
 log = logging.getLogger(__name__)
 
 MODEL_SOURCE_KEYS = ("source", "path", "package", "gguf_file", "dtype", "synthetic")
+# a hub model's weights are those of one commit: the id and the resolved commit join its source keys (only
+# for model.source=hf, so that the keys of other models stay what they were); two revisions naming the same
+# commit share the entry
+HUB_SOURCE_KEYS = ("hf_id", "commit")
+
+
+def hub_keys(model: dict[str, Any]) -> dict[str, Any]:
+    """``{"hf_id", "commit"}`` of a hub model's dict (its config plus the resolved ``commit``), else ``{}``."""
+    return {k: model.get(k) for k in HUB_SOURCE_KEYS} if model.get("source") == "hf" else {}
+
+
 CPU_PROBE_VERSION = 3  # part of the probe cache key: bump when stages/cpu_probe.py measures something new
 
 
@@ -67,7 +79,13 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 
 
 def materialize(
-    model_cfg: ModelConfig, env: StageEnv, cache: Path, out: Path, st: StageInfo, extra: dict[str, Any] | None = None
+    model_cfg: ModelConfig,
+    env: StageEnv,
+    cache: Path,
+    out: Path,
+    st: StageInfo,
+    extra: dict[str, Any] | None = None,
+    hub: HubModel | None = None,
 ) -> dict[str, Any]:
     """The cached model folder of ``model_cfg``, materialized first if absent, damaged or from another source.
 
@@ -75,27 +93,45 @@ def materialize(
     cache entry (``cache/models/.<name>.lock``, :func:`exclusive_lock`): one builds it, the other then finds it
     complete. The lock file is removed when the lock is released, whether the model was built or not.
 
+    Args:
+        hub: ``model.source=hf``: the commit preflight resolved (:func:`quantverdict.orchestrate.hub.resolve`);
+            the child downloads that commit, and an entry of another commit is not reused.
+
     Returns:
-        The materialize stage's result (``path``, ``dims``, ``num_parameters``, ``model``, ...); ``st`` is
-        marked ``cached`` when the entry was reused.
+        The materialize stage's result (``path``, ``dims``, ``num_parameters``, ``model``, ...; a hub model's
+        ``hf_id``, ``revision`` and ``commit``); ``st`` is marked ``cached`` when the entry was reused.
+
+    Raises:
+        ValueError: ``model.source=hf`` without ``hub``.
     """
+    if model_cfg.source == "hf" and hub is None:
+        raise ValueError(f"model {model_cfg.name}: model.source=hf needs the revision resolved in preflight (hub)")
     (cache / "models").mkdir(parents=True, exist_ok=True)
     with exclusive_lock(cache / "models" / f".{model_cfg.name}.lock"):
-        return _materialize_locked(model_cfg, env, cache, out, st, extra)
+        return _materialize_locked(model_cfg, env, cache, out, st, extra, hub)
 
 
 def _materialize_locked(
-    model_cfg: ModelConfig, env: StageEnv, cache: Path, out: Path, st: StageInfo, extra: dict[str, Any] | None = None
+    model_cfg: ModelConfig,
+    env: StageEnv,
+    cache: Path,
+    out: Path,
+    st: StageInfo,
+    extra: dict[str, Any] | None,
+    hub: HubModel | None,
 ) -> dict[str, Any]:
     target = cache / "models" / model_cfg.name
     info = target / MODEL_INFO
     source = as_dict(model_cfg)
-    want = {k: source.get(k) for k in MODEL_SOURCE_KEYS}
+    if hub is not None:
+        source["commit"] = hub.commit
+    want = {**{k: source.get(k) for k in MODEL_SOURCE_KEYS}, **hub_keys(source)}
     if info.exists():
         cached = json.loads(info.read_text())
         try:
             check_checkpoint(Path(cached["path"]))
-            same = {k: cached.get("model", {}).get(k) for k in MODEL_SOURCE_KEYS} == want
+            was = cached.get("model", {})
+            same = {**{k: was.get(k) for k in MODEL_SOURCE_KEYS}, **hub_keys(was)} == want
         except IntegrityError as exc:
             log.warning("cached model is damaged (%s); materializing again", exc)
             same = False
@@ -103,7 +139,9 @@ def _materialize_locked(
             st.status, st.detail = "cached", str(target)
             return cached
         log.info("materializing %s again into %s", model_cfg.name, target)
-    spec = {"model": as_dict(model_cfg), "out_dir": str(target), "cache_root": str(cache), **(extra or {})}
+    spec = {"model": source, "out_dir": str(target), "cache_root": str(cache), **(extra or {})}
+    if hub is not None:
+        spec["hub"] = hub.spec()
     result = run_stage(env, "materialize", spec, out)
     return {k: v for k, v in result.items() if k not in ("status", "wall_s")}
 
@@ -140,7 +178,11 @@ def quantize(
     source = model.get("model", {})
     # "synthetic" joins the key only where set, so that keys of other models stay what they were
     model_key = json.dumps(
-        {k: source.get(k) for k in MODEL_SOURCE_KEYS if k != "synthetic" or source.get(k) is not None}, sort_keys=True
+        {
+            **{k: source.get(k) for k in MODEL_SOURCE_KEYS if k != "synthetic" or source.get(k) is not None},
+            **hub_keys(source),
+        },
+        sort_keys=True,
     )
     calib_key = calib_spec if method not in ("rtn",) else {}
     key = schemes.checkpoint_key(model_key, cfg.scheme.name, recipe, calib_key, versions)
@@ -222,7 +264,8 @@ def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: Any, served: bool) 
     perplexity is off.
 
     The entry's key is the sha256 (first 16 hex) of what makes the baseline's distributions what they are,
-    read from this job's config as the baseline's would be: the model's source keys, ``baseline_scheme``,
+    read from this job's config as the baseline's would be: the model's source keys (a hub model's with the
+    commit of its materialized entry), ``baseline_scheme``,
     the eval backend, device and compute dtype (``dtype``: the resolved eval dtype, or the server's dtype
     when ``served``), the token-perplexity windows, ``eval.kld.top_k`` and the serve environment's
     interpreter (its folder name carries the hash of its pins). The baseline job writes the entry with its
@@ -236,10 +279,16 @@ def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: Any, served: bool) 
         return None
     tp = cfg.eval.token_perplexity
     model = as_dict(cfg.model)
+    if cfg.model.source == "hf":  # the commit this job materialized (hub models only: other keys stay as they were)
+        try:
+            entry = json.loads((cache / "models" / cfg.model.name / MODEL_INFO).read_text())
+            model["commit"] = (entry.get("model") or {}).get("commit")
+        except (OSError, ValueError):
+            model["commit"] = None
     fields = {
         "version": KLD_CACHE_VERSION,
         "model": cfg.model.name,
-        "source": {k: model.get(k) for k in MODEL_SOURCE_KEYS},
+        "source": {**{k: model.get(k) for k in MODEL_SOURCE_KEYS}, **hub_keys(model)},
         "baseline_scheme": cfg.baseline_scheme,
         "backend": str(cfg.eval.backend),
         "device": str(cfg.env.device),

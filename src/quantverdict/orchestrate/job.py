@@ -26,7 +26,7 @@ from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict, model_config
 from quantverdict.config.schema import Config, ConfigError, SchemeMethod, evaluates_through_server
 from quantverdict.measure import memory
-from quantverdict.orchestrate import caches, dummy, hardware, preflight, resume
+from quantverdict.orchestrate import caches, dummy, hardware, hub, preflight, resume
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
@@ -194,8 +194,12 @@ def _run(job: Job) -> None:
             st.detail = ", ".join(f"{g['name']} (cc {g['compute_cap']})" for g in rec.environment["gpu"])
 
     with job.stage("preflight") as st:  # the source is reachable and, on CPU, the model fits this machine
-        params = preflight.check(cfg)
+        checked = preflight.check(cfg)
+        params = checked.params
         st.detail = f"{params / 1e9:.3f}B parameters" if params else "size not known before materializing"
+        if checked.hub is not None:
+            where = "hub cache (offline)" if checked.hub.offline else "hub"
+            st.detail += f"; {checked.hub.hf_id}@{checked.hub.revision} = {checked.hub.commit} ({where})"
 
     with job.stage("setup") as st:
         quant_env = envs.ensure("quantize", cfg.env.quantize, cfg.env, root)
@@ -247,12 +251,19 @@ def _run(job: Job) -> None:
         if cfg.model.source == "synthetic":
             assert cfg.model.synthetic is not None
             tok_model = model_config(root, cfg.model.synthetic.tokenizer_from)
-            extra["tokenizer_path"] = caches.materialize(tok_model, quant_env, cache, out, StageInfo())["path"]
+            tok_hub = (  # a hub model's tokenizer: its revision resolved as preflight resolves the model's
+                hub.resolve(tok_model.hf_id, tok_model.revision, cache)
+                if tok_model.source == "hf" and tok_model.hf_id
+                else None
+            )
+            extra["tokenizer_path"] = caches.materialize(tok_model, quant_env, cache, out, StageInfo(), hub=tok_hub)[
+                "path"
+            ]
         if dummy_weights:  # a shape: dims and parameters from the config, nothing of 140 GB on disk
             model = dummy.shape_model(cfg.model)
             st.detail = "shape only (bench.server.load_format=dummy): the folder is made in stage quantize"
         else:
-            model = caches.materialize(cfg.model, quant_env, cache, out, st, extra)
+            model = caches.materialize(cfg.model, quant_env, cache, out, st, extra, checked.hub)
         rec.model = {**model, "baseline_note": cfg.model.baseline_note}
 
     # scheme x model checks (group size divides the layers, ...) before any expensive work

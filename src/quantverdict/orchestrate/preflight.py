@@ -1,18 +1,15 @@
 """Before any work: can this machine run the job at all? The model source is reachable, and on CPU the
 model fits the memory and the disk the stages need.
 
-Orchestrator side, standard library and psutil only (``urllib`` for the one hub request). Each check returns the
-problems as messages that name the key and say what to do instead; :func:`check` raises them as one
-:class:`~quantverdict.config.schema.ConfigError`.
+Orchestrator side: the standard library, psutil, and huggingface_hub for a hub model's revision
+(:mod:`quantverdict.orchestrate.hub`). Each check returns the problems as messages that name the key and say
+what to do instead; :func:`check` raises them as one :class:`~quantverdict.config.schema.ConfigError`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +18,10 @@ import psutil
 
 from quantverdict.children.materialize import MODEL_INFO  # the cache entry's marker file (a constant, stdlib only)
 from quantverdict.config.schema import Config, ConfigError, ModelConfig
+from quantverdict.orchestrate import hub
+from quantverdict.orchestrate.hub import HUB_TIMEOUT_S, HubModel, HubUnavailable
 
 GIB = 2**30
-HUB_TIMEOUT_S = 5.0
 # bytes per parameter the CPU stages hold at once: calibration-based quantization and float32 evaluation
 # load the model in float32 (4 B/param); the headroom covers activations, the tokenizer and the runtime
 CPU_RAM_BYTES_PER_PARAM = 4
@@ -81,35 +79,6 @@ class MachineResources:
         return cls(mem, disk)
 
 
-def hub_model_info(repo_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict[str, Any]:
-    """One request to the hub's model API (``$HF_ENDPOINT/api/models/<id>``, default https://huggingface.co).
-
-    Raises:
-        ConfigError: the hub is not reachable within ``timeout_s`` or says no such model.
-    """
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ConfigError(
-            f"model.path={repo_id!r} (model.source=hf) needs the Hugging Face hub, and HF_HUB_OFFLINE is set; {INSTEAD}"
-        )
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    url = f"{endpoint}/api/models/{repo_id}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - fixed https/http endpoint
-            data: dict[str, Any] = json.loads(resp.read() or b"{}")
-            return data
-    except urllib.error.HTTPError as exc:
-        what = "no such model (or it is gated/private)" if exc.code in (401, 403, 404) else f"HTTP {exc.code}"
-        raise ConfigError(
-            f"model.path={repo_id!r} (model.source=hf): the hub answered {what} at {url}; check the id, or {INSTEAD}"
-        ) from exc
-    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ConfigError(
-            f"model.path={repo_id!r} (model.source=hf): the Hugging Face hub is not reachable from this "
-            f"machine ({endpoint}: {reason}); {INSTEAD}"
-        ) from exc
-
-
 def synthetic_parameters(config: dict[str, Any]) -> int | None:
     """Parameters of a decoder from its transformers config (``text_config`` of a VLM), or None if incomplete.
 
@@ -139,42 +108,58 @@ def local_weight_bytes(path: Path) -> int:
 
 def source_problems(
     model: ModelConfig, cache_root: Path, hub_timeout_s: float = HUB_TIMEOUT_S
-) -> tuple[list[str], int | None]:
-    """Whether the model's source can be read here, and its parameter count where known.
+) -> tuple[list[str], int | None, HubModel | None]:
+    """Whether the model's source can be read here, its parameter count where known, and a hub model's commit.
 
-    A model already materialized in the cache (``cache/models/<name>/quantverdict_model.json``) needs no
-    source. ``hf``: one request to the hub (:func:`hub_model_info`), whose ``safetensors.total`` gives the
-    parameters. ``local``: a folder with ``config.json``. ``synthetic``: :func:`synthetic_parameters`.
+    ``hf``: the revision resolved to its commit (:func:`quantverdict.orchestrate.hub.resolve`: one request to
+    the hub, or the hub cache alone when offline), whose safetensors give the parameters; always resolved,
+    since a branch may have moved since the model was materialized. Any other model already materialized in
+    the cache (``cache/models/<name>/quantverdict_model.json``) needs no source. ``local``: a folder with
+    ``config.json`` and ``*.safetensors``. ``synthetic``: :func:`synthetic_parameters`.
 
     Returns:
-        (messages naming ``model.*`` keys, parameters or None).
+        (messages naming ``model.*`` keys, parameters or None, the resolved hub model or None).
     """
+    if model.source == "hf" and model.hf_id:
+        try:
+            found = hub.resolve(model.hf_id, model.revision, cache_root, timeout_s=hub_timeout_s)
+        except HubUnavailable as exc:
+            return [f"{exc}; or {INSTEAD}"], None, None
+        except ConfigError as exc:
+            return [str(exc)], None, None
+        return [], found.num_parameters, found
     cached = cache_root / "models" / model.name / MODEL_INFO
     if cached.is_file():
         try:
-            return [], int(json.loads(cached.read_text()).get("num_parameters") or 0) or None
+            return [], int(json.loads(cached.read_text()).get("num_parameters") or 0) or None, None
         except (OSError, ValueError):
             pass
-    if model.source == "hf" and model.path:
-        try:
-            info = hub_model_info(model.path, hub_timeout_s)
-        except ConfigError as exc:
-            return [str(exc)], None
-        total = (info.get("safetensors") or {}).get("total")
-        return [], int(total) if total else None
     if model.source == "local" and model.path:
         folder = Path(model.path)
         if folder.is_dir() and not (folder / "config.json").is_file():
-            return [
-                f"model.path={model.path!r} (model.source=local) has no config.json: point it at a transformers "
-                "model folder (config.json, tokenizer and *.safetensors)"
-            ], None
+            return (
+                [
+                    f"model.path={model.path!r} (model.source=local) has no config.json: point it at a transformers "
+                    "model folder (config.json, tokenizer and *.safetensors)"
+                ],
+                None,
+                None,
+            )
+        if folder.is_dir() and not any(folder.glob("*.safetensors")):
+            return (
+                [
+                    f"model.path={model.path!r} (model.source=local) has no *.safetensors weights: this project reads "
+                    "safetensors checkpoints (convert .bin weights with transformers' save_pretrained)"
+                ],
+                None,
+                None,
+            )
         if folder.is_dir():
             n = local_weight_bytes(folder) // 2  # 16-bit weights on disk
-            return [], n or None
+            return [], n or None, None
     if model.source == "synthetic" and model.synthetic is not None:
-        return [], synthetic_parameters(dict(model.synthetic.config))
-    return [], None
+        return [], synthetic_parameters(dict(model.synthetic.config)), None
+    return [], None, None
 
 
 def fit_problems(
@@ -238,18 +223,29 @@ def gpu_disk_problems(
     ]
 
 
-def check(cfg: Config, resources: MachineResources | None = None) -> int | None:
+@dataclass(frozen=True)
+class Preflight:
+    """What preflight found: the model's parameters where known (recorded) and a hub model's resolved commit
+    (:class:`~quantverdict.orchestrate.hub.HubModel`, for the materialize stage)."""
+
+    params: int | None
+    hub: HubModel | None = None
+
+
+def check(cfg: Config, resources: MachineResources | None = None) -> Preflight:
     """Raise one ConfigError with every problem of :func:`source_problems` and :func:`fit_problems`.
 
     Returns:
-        The model's parameter count where known (recorded), else None.
+        The model's parameter count where known, and a hub model's resolved commit.
     """
     cache = Path(cfg.paths.cache_root)
     materialized = (cache / "models" / cfg.model.name / MODEL_INFO).is_file()
-    problems, params = source_problems(cfg.model, cache)
+    problems, params, found = source_problems(cfg.model, cache)
+    if found is not None:  # a hub model is read in place: on disk once its commit's snapshot is in the hub cache
+        materialized = (hub.repo_folder(Path(found.cache_dir), found.hf_id) / "snapshots" / found.commit).is_dir()
     here = resources or MachineResources.here(cache)
     problems += fit_problems(params, cfg.env.device, here, cache, materialized)
     problems += gpu_disk_problems(params, cfg, here, cache, materialized)
     if problems:
         raise ConfigError("this machine cannot run the job:\n  - " + "\n  - ".join(problems))
-    return params
+    return Preflight(params, found)
