@@ -431,9 +431,9 @@ class VLLMServer:
         log.info("starting vLLM server for %s on %s (log: %s)", self.served_model_name, self.base_url, self.log_path)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         t0 = time.monotonic()
-        self._proc = procs.start(self.command, self.log_path, env={**self.env.env, **self._extra_env}, echo=False)
-        self._pgid = self._proc.pid  # start_new_session: the child leads its own group
         try:
+            self._proc = procs.start(self.command, self.log_path, env={**self.env.env, **self._extra_env}, echo=False)
+            self._pgid = self._proc.pid  # start_new_session: the child leads its own group
             self._wait_healthy(t0)
             self._verify_ours()
         except PortTakenError:
