@@ -259,6 +259,9 @@ def test_config_hash_ignores_output_locations_but_not_results() -> None:
     base = config_hash(as_dict(compose(["paths.output_root=/tmp/a"])))
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "tracking.enabled=false"]))) == base
+    # the server's port neither (a job of another grid on the same host served on another one)
+    port = ["bench.server.port=9100", "bench.server.strict_port=true"]
+    assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", *port]))) == base
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "eval.limit=7"]))) != base
 
 

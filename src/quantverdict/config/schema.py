@@ -263,7 +263,12 @@ class EvalConfig:
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
+    # the server's TCP port (1-65535): this one if it is free when the server starts, else the next free one above
+    # it, so that jobs on one host (a parallel grid, two grids) never share one; 0: a free port the OS picks. The
+    # record's speed.server names the port used.
     port: int = 8765
+    # true: bench.server.port or fail (a port taken is an error, never another port); needs a port other than 0
+    strict_port: bool = False
     startup_timeout_s: float = 600.0
     enforce_eager: bool = False
     max_model_len: Optional[int] = None  # default: model.max_model_len

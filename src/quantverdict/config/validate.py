@@ -355,6 +355,20 @@ def bench_window_errors(bench: BenchConfig) -> list[str]:
     return errors
 
 
+def server_port_errors(cfg: Config) -> list[str]:
+    """``bench.server.port`` is a TCP port, 1-65535, or 0 (a free port the OS picks); ``bench.server.strict_port``
+    needs a port of its own to insist on."""
+    srv = cfg.bench.server
+    if not 0 <= srv.port <= 65535:
+        return [
+            f"bench.server.port={srv.port} is not a TCP port: use 1-65535 (the first port tried; the next free one "
+            "above it is taken when it is in use), or 0 for a free port the OS picks"
+        ]
+    if srv.strict_port and srv.port == 0:
+        return ["bench.server.strict_port=true needs a port to insist on: set bench.server.port to one of 1-65535"]
+    return []
+
+
 LOAD_FORMATS = ("auto", "dummy")  # bench.server.load_format: the vLLM --load-format values this project runs
 
 
@@ -495,5 +509,6 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 errors += eval_file_errors(cfg.eval, Path(root))
     errors += review_errors(cfg.review)
     errors += parallel_serving_errors(cfg)
+    errors += server_port_errors(cfg)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

@@ -1,7 +1,7 @@
 """Resume: a job whose identical config (same config hash) already finished is reused instead of rerun.
 
 The config hash (:func:`config_hash`) leaves out what does not change a result (output locations, ``resume``,
-the review's constraints); :func:`find_completed` looks for a finished record with that hash under
+the review's constraints, the server's port); :func:`find_completed` looks for a finished record with that hash under
 ``paths.output_root`` and :func:`reuse` copies it into the new job's folder, marked ``resumed_from``.
 """
 
@@ -20,9 +20,13 @@ log = logging.getLogger(__name__)
 
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the resolved config, minus what does not change a result: output
-    locations (``paths``, ``tracking``: its store sits under the output root), ``resume`` and ``review``
-    (first 12 hex)."""
+    locations (``paths``, ``tracking``: its store sits under the output root), ``resume``, ``review`` and the
+    server's port (``bench.server.port``, ``bench.server.strict_port``) (first 12 hex)."""
     cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review", "tracking")}
+    server = (cfg.get("bench") or {}).get("server")
+    if isinstance(server, dict):
+        server = {k: v for k, v in server.items() if k not in ("port", "strict_port")}
+        cfg["bench"] = {**cfg["bench"], "server": server}
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
