@@ -10,6 +10,11 @@ ARGS   ?=
 # near 30 minutes on 2 cores; the scheme files default to 64 x 512
 CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 
+# the offline data the tests read: QV_DATA_ROOT if set, else ../shared/data beside the checkout where it exists
+# (data.offline_root is null by default; a test that needs the folder skips without it)
+TEST_DATA ?= $(or $(QV_DATA_ROOT),$(wildcard $(CURDIR)/../shared/data))
+TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
+
 .PHONY: setup browser run test test-unit test-browser lint format-check clean-outputs bench-gpu
 
 $(VENV)/.ready: requirements/orchestrator.txt pyproject.toml
@@ -30,7 +35,7 @@ run: setup
 	$(VPY) -m pipelines.run -m scheme=$(SCHEMES) $(CPU_CALIB) $(ARGS)
 
 test: setup browser
-	$(VPY) -m pytest tests -v --durations=15
+	$(TEST_ENV) $(VPY) -m pytest tests -v --durations=15
 
 # On the H200 machine (no registry): the prebuilt stacks of ../shared/gpu/README.md under /tmp/site_*, the
 # machine's python3. The grids are plain `python -m pipelines.run -m ...` multiruns (hydra/launcher=ray spreads
@@ -41,10 +46,10 @@ bench-gpu:
 
 # the unit tier: no stage child, no browser, no MLflow store, no cache (pyproject.toml: markers)
 test-unit: $(VENV)/.ready
-	$(VPY) -m pytest tests -q -m "unit and not browser"
+	$(TEST_ENV) $(VPY) -m pytest tests -q -m "unit and not browser"
 
 test-browser: $(VENV)/.ready browser
-	$(VPY) -m pytest tests -q -m browser
+	$(TEST_ENV) $(VPY) -m pytest tests -q -m browser
 
 # lint rules, types on src/, import contracts: ruff, mypy and import-linter as pinned in
 # requirements/orchestrator.txt and configured in pyproject.toml
