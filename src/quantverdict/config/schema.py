@@ -93,7 +93,8 @@ class IntervalMethod(StrEnum):
 
 
 class Task(StrEnum):
-    """``eval.tasks``: the lm-eval tasks the project knows (offline files, headline metric)."""
+    """The lm-eval tasks the project knows: offline copies (``data.offline_root``) and a headline metric in
+    ``eval.headline``. ``eval.tasks`` takes these and any other lm-eval task or group name."""
 
     wikitext = "wikitext"
     arc_easy = "arc_easy"
@@ -230,7 +231,11 @@ class EvalConfig:
     # hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
     # server, which then also runs the speed sweep: one engine start per scheme; needs bench.enabled)
     backend: EvalBackend = EvalBackend.hf
-    tasks: list[Task] = field(default_factory=lambda: [Task.wikitext, Task.arc_easy, Task.piqa, Task.hellaswag])
+    # lm-eval task or group names: those of KNOWN_TASKS read the offline copies when data.offline_root is set;
+    # any other name is lm-eval's (its hub dataset) or one of eval.include_path, checked in the serve environment
+    tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
+    # a folder of your own lm-eval task YAMLs (lm-eval's TaskManager(include_path=...)); null: none
+    include_path: Optional[str] = None
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
     # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
     task_limits: dict[str, int] = field(default_factory=dict)
@@ -241,7 +246,8 @@ class EvalConfig:
     # the checkpoint's dtype
     dtype: ComputeDtype = ComputeDtype.bfloat16
     seed: int = 1234
-    # headline metric per task (both acc and acc_norm are always kept)
+    # headline metric per task (both acc and acc_norm are always kept); a task not listed here: the first metric
+    # of its lm-eval config's metric_list, higher or lower is better as lm-eval says (recorded per task)
     headline: dict[str, str] = field(
         default_factory=lambda: {
             "wikitext": "word_perplexity",
@@ -364,7 +370,8 @@ class EnvConfig:
 
 @dataclass
 class DataConfig:
-    # folder holding the offline files (wikitext-2-raw/, piqa/, ...); null: lm-eval's hub tasks
+    # folder holding the offline files (wikitext-2-raw/, piqa/, ...); null: lm-eval's hub tasks and the hub
+    # calibration dataset (conf/config.yaml: the environment variable QV_DATA_ROOT, else null)
     offline_root: Optional[str] = None
 
 

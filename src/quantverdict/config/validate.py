@@ -292,6 +292,46 @@ def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
     return errors
 
 
+# lm-eval task and group names (lm_eval/tasks/**/*.yaml): letters, digits and _ - . + ; they also name the
+# per-item file samples_<task>.jsonl
+TASK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+
+
+def eval_task_errors(ev: EvalConfig) -> list[str]:
+    """Problems of ``eval.tasks``, ``eval.task_limits`` and ``eval.include_path`` that need no lm-eval.
+
+    Whether lm-eval knows a name is checked in the serve environment (:mod:`quantverdict.children.task_check`),
+    before the model is materialized. A ``task_limits`` key that names no task of ``eval.tasks`` is ignored (the
+    eval profiles limit their own tasks), unless it is no known task either: then it is a typo.
+    """
+    errors = []
+    for i, task in enumerate(ev.tasks):
+        if not isinstance(task, str) or not TASK_NAME.match(task):
+            errors.append(
+                f"eval.tasks[{i}]={task!r} is not an lm-eval task name (letters, digits, '_', '-', '.', '+'; e.g. "
+                f"{', '.join(KNOWN_TASKS[:3])}, gsm8k, mmlu)"
+            )
+    dupes = sorted({t for t in ev.tasks if list(ev.tasks).count(t) > 1})
+    if dupes:
+        errors.append(f"eval.tasks lists {', '.join(map(repr, dupes))} more than once; list each task once")
+    for name in ev.task_limits:
+        if name not in ev.tasks and name not in KNOWN_TASKS:
+            errors.append(
+                f"eval.task_limits key {name!r} names no task of eval.tasks ({', '.join(map(str, ev.tasks))})"
+                f"{closest(name, [*ev.tasks, *KNOWN_TASKS])}"
+            )
+    if ev.include_path is not None:
+        folder = Path(ev.include_path).expanduser()
+        if not folder.is_dir():
+            errors.append(
+                f"eval.include_path={ev.include_path!r} is not a directory; point it at a folder of lm-eval task "
+                "YAMLs, or set eval.include_path=null"
+            )
+        elif not any(folder.rglob("*.yaml")):
+            errors.append(f"eval.include_path={ev.include_path!r} holds no *.yaml task file (lm-eval reads *.yaml)")
+    return errors
+
+
 def server_backend_errors(cfg: Config) -> list[str]:
     """Problems of a job that :func:`evaluates_through_server`.
 
@@ -435,12 +475,10 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
     _choice(errors, "eval.dtype", cfg.eval.dtype, COMPUTE_DTYPES)
     _choice(errors, "bench.server.dtype", cfg.bench.server.dtype, COMPUTE_DTYPES)
-    for i, task in enumerate(cfg.eval.tasks):
-        _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
+    errors += eval_task_errors(cfg.eval)
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         errors.append(f"eval.limit={cfg.eval.limit} must be >= 1 or null")
     for name, n in cfg.eval.task_limits.items():
-        _choice(errors, "eval.task_limits key", name, KNOWN_TASKS)
         if n < 1:
             errors.append(f"eval.task_limits.{name}={n} must be >= 1")
     tp = cfg.eval.token_perplexity
@@ -497,7 +535,12 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 errors.append(f"env.{stage}.requirements={senv.requirements!r} is not a file under the project root")
     root = cfg.data.offline_root
     if root is not None:
-        if not Path(root).is_dir():
+        if not str(root).strip():  # QV_DATA_ROOT set but empty would read the working directory
+            errors.append(
+                "data.offline_root is empty (QV_DATA_ROOT set to ''?); point it at the offline data folder or "
+                "leave it null (unset QV_DATA_ROOT) to use the hub"
+            )
+        elif not Path(root).is_dir():
             errors.append(
                 f"data.offline_root={root!r} is not a directory; point it at the offline data "
                 "(wikitext-2-raw/, piqa/, ...) or set data.offline_root=null to use the hub"

@@ -26,7 +26,7 @@ from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict, model_config
 from quantverdict.config.schema import Config, ConfigError, SchemeMethod, evaluates_through_server
 from quantverdict.measure import memory
-from quantverdict.orchestrate import caches, dummy, hardware, hub, preflight, resume
+from quantverdict.orchestrate import caches, data_access, dummy, hardware, hub, preflight, resume
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
@@ -222,6 +222,10 @@ def _run(job: Job) -> None:
                     "(requirements/serve.txt, or the GPU bundle) or use eval.backend=hf or eval.backend=vllm"
                 )
 
+    if data_access.names_to_check(cfg):  # eval.tasks the project does not know: lm-eval must (serve environment)
+        with job.stage("task_check") as st:
+            st.detail = data_access.check_task_names(cfg, serve_env, cache, out)
+
     cpu_plan = None
     if cfg.env.device == "cpu":  # dtypes and servability from the CPU, as the stage environments see it
         with job.stage("cpu_check") as st:
@@ -380,10 +384,16 @@ def _evaluate(
     cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path, dtype: str, server: VLLMServer | None = None
 ) -> dict[str, Any]:
     """Run the evaluate stage; ``dtype`` is the resolved eval dtype (``Job.dtypes["evaluate"]``)."""
+    include = cfg.eval.include_path
     spec: dict[str, Any] = {
         "model_path": model_path,
-        "eval": {**as_dict(cfg.eval), "dtype": dtype},
+        "eval": {
+            **as_dict(cfg.eval),
+            "dtype": dtype,
+            "include_path": str(Path(include).expanduser().resolve()) if include else None,
+        },
         "offline_root": cfg.data.offline_root,
+        "hub_offline": data_access.offline_env_var() is not None,
         "cache_dir": str(cache / "data"),
         "output_dir": str(out / "eval"),
         "device": cfg.env.device,

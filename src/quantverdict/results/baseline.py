@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import JobRecord, TaskResult
 
 # eval settings that must be identical for an accuracy delta to mean anything
 DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
@@ -51,21 +51,41 @@ def pct_change(value: float | None, base: float | None) -> float | None:
     return 100.0 * (value - base) / base
 
 
+def headline_of(task: str, headline: dict[str, str], result: TaskResult | None) -> tuple[str, bool]:
+    """A task's headline metric and whether a higher value is better.
+
+    The metric: ``eval.headline``'s for the task, else the one the record names (``headline_metric``: the first of
+    the lm-eval config's ``metric_list``), else ``acc``. The direction: the record's ``higher_is_better`` (lm-eval's)
+    when it is for that metric, else lower is better for a perplexity and higher for anything else.
+    """
+    recorded = result.metric("headline_metric") if result is not None else None
+    metric = str(headline.get(task) or recorded or "acc")
+    hib = result.metric("higher_is_better") if result is not None and metric == recorded else None
+    return metric, hib if isinstance(hib, bool) else "perplexity" not in metric
+
+
 def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -> dict[str, Any]:
-    """Per task: headline metric, its absolute delta and recovery % (100 * value / baseline); perplexity
-    kinds as % change. Refused (``{"refused": reason}``) when the eval settings differ."""
+    """Per task: headline metric (:func:`headline_of`), its absolute delta and recovery % (100 * value / baseline)
+    when higher is better; % change when lower is better (perplexities); ``higher_is_better`` says which.
+    Refused (``{"refused": reason}``) when the eval settings differ."""
     reason = eval_mismatch(rec, base)
     if reason:
         return {"refused": reason}
     out: dict[str, Any] = {}
     tasks, btasks = rec.accuracy.tasks, base.accuracy.tasks
     for task, metrics in tasks.items():
-        metric = headline.get(task, "acc")
+        metric, higher = headline_of(task, headline, metrics)
         v, b = metrics.metric(metric), (btasks[task].metric(metric) if task in btasks else None)
         if v is None or b is None:
             continue
-        if "perplexity" in metric:
-            out[task] = {"metric": metric, "value": v, "baseline": b, "delta_pct": pct_change(v, b)}
+        if not higher:
+            out[task] = {
+                "metric": metric,
+                "value": v,
+                "baseline": b,
+                "delta_pct": pct_change(v, b),
+                "higher_is_better": False,
+            }
         else:
             out[task] = {
                 "metric": metric,
@@ -73,6 +93,7 @@ def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -
                 "baseline": b,
                 "delta": v - b,
                 "recovery_pct": 100.0 * v / b if b else None,
+                "higher_is_better": True,
             }
     tp, btp = rec.accuracy.token_perplexity or {}, base.accuracy.token_perplexity or {}
     if tp.get("token_perplexity") and btp.get("token_perplexity"):

@@ -205,7 +205,11 @@ def _ppl_delta(
             td.interval, td.paired, td.n, td.note = _ppl_from_log_ratio(iv), True, len(num), note
             td.significant = stats.significant(td.interval)
             return td
-    td.note = "no per-document samples: no interval"
+    td.note = (
+        "no per-document samples: no interval"
+        if count or "perplexity" in metric
+        else "lower is better: % change, no paired interval for this metric"
+    )
     return td
 
 
@@ -269,7 +273,7 @@ def accuracy_section(
         if task == "token_perplexity":
             continue
         metric = d["metric"]
-        if "perplexity" in metric:
+        if d.get("higher_is_better") is False:  # perplexities, and any metric lm-eval says is better lower
             out.append(_ppl_delta(task, metric, d["value"], d["baseline"], rec, base, rc))
             for other in ("word_perplexity", "byte_perplexity"):
                 v, b = tasks[task].metric(other), (btasks[task].metric(other) if task in btasks else None)

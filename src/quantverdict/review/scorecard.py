@@ -25,7 +25,8 @@ class TaskDelta:
     """One accuracy comparison of a scheme against its baseline.
 
     ``kind`` is ``score`` (higher is better: ``delta`` is absolute, ``recovery_pct`` = 100·value/baseline)
-    or ``perplexity`` (lower is better: ``delta_pct`` = 100·(value/baseline - 1)).
+    or ``perplexity`` (lower is better: ``delta_pct`` = 100·(value/baseline - 1); a perplexity, or another metric
+    lm-eval says is better lower, which only ``review.perplexity_kinds`` names are judged on).
     """
 
     name: str  # task, or the perplexity kind for token_perplexity
