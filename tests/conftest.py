@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,12 @@ from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
 
 DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture
+def marker() -> str:
+    """A marker of this test alone, for the environment of the processes it starts (``clihelp.marked_pids``)."""
+    return uuid.uuid4().hex
 
 
 @pytest.fixture(scope="session")
