@@ -159,7 +159,8 @@ class ModelConfig:
     baseline_note: str = ""
     synthetic: Optional[SyntheticConfig] = None  # source=synthetic only
     # extra llm-compressor ignore patterns for this model (kept 16-bit whatever the scheme), e.g.
-    # hybrid models' linear-attention projections and vision towers
+    # hybrid models' linear-attention projections and vision towers; a plain module name means that module
+    # wherever it sits (as scheme.ignore), "re:<regex>" is passed as written
     quantize_ignore: list[str] = field(default_factory=list)
     # extra `vllm serve` arguments this model needs (e.g. --language-model-only for a VLM checkpoint)
     serve_args: list[str] = field(default_factory=list)
@@ -188,6 +189,9 @@ class SchemeConfig:
     group_size: str = "auto"
     group_size_candidates: list[int] = field(default_factory=lambda: [128, 64, 32])
     symmetric: bool = True
+    # modules kept 16-bit: a plain module name (lm_head) matches it wherever it sits (language_model.lm_head
+    # too; passed to llm-compressor as re:(?:.*\.)?lm_head$), "re:<regex>" as written, a class name (Linear)
+    # by class; after saving, the quantize stage fails naming any module meant here that was quantized
     ignore: list[str] = field(default_factory=lambda: ["lm_head"])
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     # llm-compressor recipe in its own stage -> modifiers shape; "auto"/"${...}" filled by the registry
