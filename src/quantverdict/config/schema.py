@@ -227,7 +227,8 @@ class EvalConfig:
     backend: EvalBackend = EvalBackend.hf
     tasks: list[Task] = field(default_factory=lambda: [Task.wikitext, Task.arc_easy, Task.piqa, Task.hellaswag])
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
-    # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
+    # per-task caps (e.g. wikitext: its documents are thousands of tokens each); a task runs on the smaller of
+    # `limit` and its cap, and the record names the key that set it (accuracy.tasks.<task>.limit_from)
     task_limits: dict[str, int] = field(default_factory=dict)
     batch_size: int = 8
     max_length: int = 2048

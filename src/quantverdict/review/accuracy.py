@@ -246,9 +246,13 @@ def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewC
 
 
 def accuracy_section(
-    rec: JobRecord, base: JobRecord | None, rc: ReviewConfig
+    rec: JobRecord, base: JobRecord | None, rc: ReviewConfig, no_base: str = ""
 ) -> tuple[list[TaskDelta], str | None, list[str]]:
     """Deltas of ``rec`` against ``base`` (headline metric per task + every perplexity kind).
+
+    Args:
+        no_base: why there is no baseline, said when ``base`` is None
+            (:func:`quantverdict.results.baseline.no_baseline_reason`).
 
     Returns:
         ``(deltas, refused_reason, missing)``; ``refused_reason`` is set when the eval settings differ
@@ -258,7 +262,11 @@ def accuracy_section(
     if not rec.accuracy.tasks and not rec.accuracy.token_perplexity:
         return [], None, ["no accuracy results"]
     if base is None:
-        return [], None, ["no baseline record with accuracy for this model: no deltas"]
+        return (
+            [],
+            None,
+            ["no baseline record with accuracy for this model: no deltas" + (f" ({no_base})" if no_base else "")],
+        )
     reason = eval_mismatch(rec, base)
     if reason:
         return [], reason, []
