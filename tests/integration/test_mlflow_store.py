@@ -83,7 +83,7 @@ def test_real_store_finished_and_failed_runs(tmp_path: Path) -> None:
     assert children[0].data.metrics["wall_s"] == 1.5
     # nothing left running
     assert all(r.info.status != "RUNNING" for r in runs.values())
-    assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["record.json"]
+    assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["config.yaml", "record.json"]
 
 
 def test_review_run_job_numbers_and_experiment_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,7 +25,7 @@ Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
                       | {"word_perplexity", "byte_perplexity", "bits_per_byte", "n", "n_words", "n_bytes",
                          "loglikelihood_sum"}
                       | {<every metric lm-eval reported, e.g. "exact_match", "exact_match_stderr">, "n"})
-                     + {"limit", "eval_s", "headline_metric", "higher_is_better", "output_type",
+                     + {"limit", "limit_from", "eval_s", "headline_metric", "higher_is_better", "output_type",
                         "data_source": {"kind", "description", "files": [{"path", "sha256"}], ...}}},
      "token_perplexity": {"token_perplexity", "nll_sum", "n_tokens", "n_windows", "seq_len", "stride",
                           "max_tokens", "text", "eval_s",
@@ -119,9 +119,22 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _limit_for(task: str, ev: dict[str, Any]) -> int | None:
-    limits = ev.get("task_limits") or {}
-    return limits[task] if task in limits else ev.get("limit")
+def task_limit(task: str, ev: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The documents ``task`` runs on, and the key that set it: the smaller of ``eval.limit`` and
+    ``eval.task_limits.<task>`` (a per-task limit caps the global one and never raises it).
+
+    Returns:
+        ``(limit, key)``: e.g. ``limit=20, task_limits={hellaswag: 30}`` -> ``(20, "eval.limit")`` for hellaswag;
+        ``limit=50`` -> ``(30, "eval.task_limits.hellaswag")``; neither set -> ``(None, None)`` (every document).
+        A tie names the per-task key.
+    """
+    per_task = (ev.get("task_limits") or {}).get(task)
+    limit = ev.get("limit")
+    if per_task is not None and (limit is None or per_task <= limit):
+        return int(per_task), f"eval.task_limits.{task}"
+    if limit is not None:
+        return int(limit), "eval.limit"
+    return None, None
 
 
 def _headline_problems(ev: dict[str, Any], infos: dict[str, dict[str, Any]]) -> list[str]:
@@ -315,9 +328,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     task_results: dict[str, Any] = {}
     sample_paths: dict[str, str] = {}
     for task in tasks:
-        limit = _limit_for(task, ev)
+        limit, limit_from = task_limit(task, ev)
         info = infos[task]
-        progress(f"lm-eval {task}: limit={limit}")
+        progress(f"lm-eval {task}: limit={limit} ({limit_from or 'no limit set'})")
         t0, c0 = time.perf_counter(), time.process_time()
         res = simple_evaluate(
             model=lm,
@@ -349,7 +362,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         sample_paths[task] = str(path)
         rolling = info.get("output_type") == "loglikelihood_rolling"
         metrics = task_metrics(task, res, rows, headline, rolling)
-        metrics["limit"] = limit
+        metrics["limit"], metrics["limit_from"] = limit, limit_from
         metrics["eval_s"] = round(time.perf_counter() - t0, 3)
         metrics["cpu_s"] = round(time.process_time() - c0, 3)  # all threads; > eval_s when cores are free
         metrics["headline_metric"] = headline

@@ -169,7 +169,8 @@ class ModelConfig:
     baseline_note: str = ""
     synthetic: Optional[SyntheticConfig] = None  # source=synthetic only
     # extra llm-compressor ignore patterns for this model (kept 16-bit whatever the scheme), e.g.
-    # hybrid models' linear-attention projections and vision towers
+    # hybrid models' linear-attention projections and vision towers; a plain module name means that module
+    # wherever it sits (as scheme.ignore), "re:<regex>" is passed as written
     quantize_ignore: list[str] = field(default_factory=list)
     # extra `vllm serve` arguments this model needs (e.g. --language-model-only for a VLM checkpoint)
     serve_args: list[str] = field(default_factory=list)
@@ -198,6 +199,9 @@ class SchemeConfig:
     group_size: str = "auto"
     group_size_candidates: list[int] = field(default_factory=lambda: [128, 64, 32])
     symmetric: bool = True
+    # modules kept 16-bit: a plain module name (lm_head) matches it wherever it sits (language_model.lm_head
+    # too; passed to llm-compressor as re:(?:.*\.)?lm_head$), "re:<regex>" as written, a class name (Linear)
+    # by class; after saving, the quantize stage fails naming any module meant here that was quantized
     ignore: list[str] = field(default_factory=lambda: ["lm_head"])
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     # llm-compressor recipe in its own stage -> modifiers shape; "auto"/"${...}" filled by the registry
@@ -237,7 +241,8 @@ class EvalConfig:
     # a folder of your own lm-eval task YAMLs (lm-eval's TaskManager(include_path=...)); null: none
     include_path: Optional[str] = None
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
-    # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
+    # per-task caps (e.g. wikitext: its documents are thousands of tokens each); a task runs on the smaller of
+    # `limit` and its cap, and the record names the key that set it (accuracy.tasks.<task>.limit_from)
     task_limits: dict[str, int] = field(default_factory=dict)
     batch_size: int = 8
     max_length: int = 2048

@@ -409,6 +409,55 @@ def server_port_errors(cfg: Config) -> list[str]:
     return []
 
 
+def count_errors(cfg: Config) -> list[str]:
+    """Counts, sizes and durations of ``bench``, ``eval``, ``model`` and the calibration outside their range, one
+    message per key naming the key, its value and the allowed range (``bench.num_prompts=0 must be >= 1``).
+
+    A sweep point of no request, a warm-up of -1 prompts, an evaluation batch of 0 or a window of 0 tokens would
+    otherwise start minutes of work that can only fail or measure nothing. The keys checked elsewhere in
+    :func:`validate` (``eval.limit``, ``eval.task_limits``, ``bench.repeats``, ``bench.concurrencies``,
+    ``bench.input_len`` / ``output_len``, ``bench.prompts_per_concurrency``, ...) are not repeated here. The
+    calibration counts are checked for the calibrated methods only (the others read no calibration data).
+    """
+    b, ev, srv, tp = cfg.bench, cfg.eval, cfg.bench.server, cfg.eval.token_perplexity
+    # (key, value, minimum, null allowed)
+    ints: list[tuple[str, int | None, int, bool]] = [
+        ("model.max_model_len", cfg.model.max_model_len, 1, False),
+        ("bench.num_prompts", b.num_prompts, 1, False),
+        ("bench.warmup_prompts", b.warmup_prompts, 0, False),
+        ("bench.server.max_model_len", srv.max_model_len, 1, True),
+        ("bench.server.max_num_seqs", srv.max_num_seqs, 1, True),
+        ("eval.batch_size", ev.batch_size, 1, False),
+        ("eval.max_length", ev.max_length, 1, False),
+        ("eval.num_fewshot", ev.num_fewshot, 0, False),
+        ("eval.token_perplexity.seq_len", tp.seq_len, 1, False),
+        ("eval.token_perplexity.max_tokens", tp.max_tokens, 1, True),
+    ]
+    if cfg.scheme.method not in ("none", "rtn"):
+        cal = cfg.scheme.calibration
+        ints += [
+            ("scheme.calibration.num_samples", cal.num_samples, 1, False),
+            ("scheme.calibration.seq_len", cal.seq_len, 1, False),
+        ]
+    errors = [
+        f"{key}={value} must be >= {low}" + (" or null" if nullable else "")
+        for key, value, low, nullable in ints
+        if value is not None and value < low
+    ]
+    # durations in seconds, > 0
+    for key, secs in (
+        ("bench.point_timeout_s", b.point_timeout_s),
+        ("bench.server.startup_timeout_s", srv.startup_timeout_s),
+    ):
+        if not secs > 0:
+            errors.append(f"{key}={secs} must be > 0 (seconds)")
+    if not 0 < srv.gpu_memory_utilization <= 1:
+        errors.append(f"bench.server.gpu_memory_utilization={srv.gpu_memory_utilization} must be in (0, 1], e.g. 0.9")
+    if srv.kv_cache_space_gib is not None and not srv.kv_cache_space_gib > 0:
+        errors.append(f"bench.server.kv_cache_space_gib={srv.kv_cache_space_gib} must be > 0 (GiB) or null")
+    return errors
+
+
 LOAD_FORMATS = ("auto", "dummy")  # bench.server.load_format: the vLLM --load-format values this project runs
 
 
@@ -515,6 +564,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     if cfg.bench.repeats < 1:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
     errors += bench_window_errors(cfg.bench)
+    errors += count_errors(cfg)
     _choice(errors, "env.device", cfg.env.device, DEVICES)
     if cfg.env.device == "auto":
         errors.append(

@@ -14,6 +14,7 @@ reuses are :mod:`~quantverdict.orchestrate.caches`, a finished identical job is 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import traceback
@@ -46,6 +47,7 @@ DUMMY_WEIGHTS_NOTE = (
 )
 # what lm-eval's local-completions model (eval.backend=server) imports besides lm-eval itself: its "api" extra
 SERVER_EVAL_DISTS = ("aiohttp", "requests", "tenacity")
+RECIPE_FILE = "recipe.json"  # the resolved llm-compressor recipe, in the job folder and its MLflow run
 
 
 class Job:
@@ -169,6 +171,7 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
         job.save()
         artifacts = [
             out_dir / "record.json",
+            out_dir / RECIPE_FILE,
             out_dir / "bench" / "sweep.jsonl",
             *sorted(out_dir.glob("*.log")),
             *sorted((out_dir / "eval").glob("samples_*.jsonl")),  # per-item results for paired tests
@@ -280,6 +283,7 @@ def _run(job: Job) -> None:
             f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
             f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
         )
+    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))  # what llm-compressor gets ({}: bf16); an artifact
     if not cfg.bench.enabled:
         unsupported = None
     elif cpu_plan is not None:

@@ -33,15 +33,51 @@ def eval_mismatch(rec: JobRecord, base: JobRecord) -> str | None:
     return "eval settings differ (" + "; ".join(diffs) + ")" if diffs else None
 
 
-def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The finished baseline record (``baseline_scheme``) of the same model, newest first."""
+def has_accuracy(rec: dict[str, Any]) -> bool:
+    """Whether a record holds accuracy results to compare with: an lm-eval task's metrics or a token perplexity
+    (not merely an ``accuracy`` section: settings alone, or why it was not applicable)."""
+    acc = rec.get("accuracy") or {}
+    tp = acc.get("token_perplexity") or {}
+    return bool(acc.get("tasks")) or tp.get("token_perplexity") is not None
+
+
+def baseline_candidates(rec: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``rec``'s model in its baseline scheme (``config.baseline_scheme``, default bf16), with or
+    without results: finished (status ok) ones first, then the newest (``job.finished_at``, else ``started_at``)."""
     want = rec.get("config", {}).get("baseline_scheme", "bf16")
-    cands = [
-        r
-        for r in records
-        if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want and r.get("accuracy")
-    ]
-    return max(cands, key=lambda r: r["job"].get("finished_at") or "", default=None)
+    cands = [r for r in records if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want]
+    return sorted(
+        cands,
+        key=lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or r["job"].get("started_at") or ""),
+        reverse=True,
+    )
+
+
+def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The baseline an accuracy delta of ``rec`` is taken against: of the records of the same model in the
+    baseline scheme that hold accuracy results (:func:`has_accuracy`), a finished one before an unfinished one,
+    then the newest; one without them (evaluation disabled, failed before it) is passed over however new. None
+    when there is none (:func:`no_baseline_reason` says why)."""
+    return next((r for r in baseline_candidates(rec, records) if has_accuracy(r)), None)
+
+
+def no_baseline_reason(rec: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """Why :func:`find_baseline` found no baseline for ``rec``: no record of the baseline scheme, or each
+    candidate (job id, status, when it finished) and what it lacks."""
+    want = rec.get("config", {}).get("baseline_scheme", "bf16")
+    model = rec["job"].get("model")
+    cands = baseline_candidates(rec, records)
+    if not cands:
+        return f"no {want} record of {model} among the records"
+    parts = []
+    for r in cands:
+        evaluate = (r.get("stages") or {}).get("evaluate") or {}
+        why = f"evaluate {evaluate.get('status')}" + (f" ({evaluate['detail']})" if evaluate.get("detail") else "")
+        parts.append(
+            f"{r['job'].get('id')} ({r.get('status')}, finished {r['job'].get('finished_at')}): no accuracy results"
+            + (f", {why}" if evaluate else "")
+        )
+    return f"no {want} record of {model} holds accuracy results; candidates: " + "; ".join(parts)
 
 
 def pct_change(value: float | None, base: float | None) -> float | None:

@@ -16,7 +16,7 @@ from quantverdict import __version__
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import kernels
-from quantverdict.results.baseline import find_baseline
+from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.record import JobRecord, now_iso, stopped_stage
 from quantverdict.results.tracking import (
@@ -58,7 +58,14 @@ REVIEW_SCHEMA_VERSION = 1
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 
 
-def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) -> Scorecard:
+def _card(
+    rec: dict[str, Any],
+    records: list[dict[str, Any]],
+    rc: ReviewConfig,
+    all_records: list[dict[str, Any]] | None = None,
+) -> Scorecard:
+    """The scorecard of ``rec`` among ``records`` (one per model and scheme); ``all_records``: every record read,
+    where its accuracy baseline is looked for (:func:`quantverdict.results.baseline.find_baseline`)."""
     r = JobRecord.view(rec)
     j = r.job
     sc = Scorecard(
@@ -77,14 +84,26 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
     sc.memory, miss = memory_summary(r, rc)
     sc.missing += miss
-    base = None if sc.is_baseline else find_baseline(rec, records)
+    # the model's baseline job in this review (one record per model and scheme): speed and dtype comparisons
+    base = None if sc.is_baseline else next((c for c in baseline_candidates(rec, records) if c.get("accuracy")), None)
     rbase = None if base is None else JobRecord.view(base)
+    # accuracy deltas: the baseline record that holds accuracy results, among every record read
+    acc_base = None if sc.is_baseline else find_baseline(rec, all_records if all_records is not None else records)
     sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
     sc.accuracy_not_applicable = accuracy_not_applicable(r)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
     elif not sc.is_baseline:
-        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, rbase, rc)
+        no_base = "" if acc_base is not None else no_baseline_reason(rec, all_records or records)
+        racc = None if acc_base is None else JobRecord.view(acc_base)
+        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, racc, rc, no_base)
+        shown = next(iter(baseline_candidates(rec, records)), None)
+        if acc_base is not None and shown is not None and acc_base is not shown:
+            sc.validity.append(
+                f"{sc.name}: accuracy deltas against {acc_base['job'].get('id')} (finished "
+                f"{acc_base['job'].get('finished_at')}), the newest {acc_base['job'].get('scheme')} record with "
+                f"accuracy results; {shown['job'].get('id')}, the one this review shows, holds none"
+            )
         sc.missing += miss
         if sc.accuracy_refused:
             sc.flags.append(
@@ -199,11 +218,12 @@ def build_review(
         quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
     """
     rc, how = constraints.resolve(rc, records, overrides)
+    all_records = list(records)
     records, notes = sources.dedupe(records)
     records.sort(
         key=lambda r: (str(r["job"].get("model")), SCHEME_ORDER.get(str(r["job"].get("scheme")), len(SCHEME_ORDER)))
     )
-    cards = [_card(r, records, rc) for r in records]
+    cards = [_card(r, records, rc, all_records) for r in records]
     review = Review(
         source,
         now_iso(),

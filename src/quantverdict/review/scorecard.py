@@ -46,6 +46,9 @@ class TaskDelta:
     paired: bool = False
     significant: bool | None = None  # None: no interval
     note: str = ""
+    # why the comparison cannot be made (the two runs did not score the same items: a doc_hash, prompt_hash
+    # or token window differs); the delta is then left unjudged, never failed or passed on its point value
+    refused: str = ""
 
 
 @dataclass
