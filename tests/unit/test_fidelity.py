@@ -47,7 +47,7 @@ def _record(
 ) -> Path:
     """A finished job's record.json: bench=cpu-concurrency (c = 1, 4) and its points' output tok/s (``seeds``:
     each point's seed, 100 + its index; ``repeats``: the prompt tokens that repeat inside each point)."""
-    cfg = compose(["bench=cpu-concurrency", *overrides])
+    cfg = compose(["env=cpu", "bench=cpu-concurrency", *overrides])  # env given: no GPU lookup under the fake run
     points = [
         {"point": name, "num_prompts": N, "output_tok_s": tok_s, "ttft_ms_p50": 20.0}
         | ({"seed": 100 + i} if seeds else {})
