@@ -17,6 +17,11 @@ ORCH_REQS ?= requirements/orchestrator.txt requirements/dev.txt
 # near 30 minutes on 2 cores; the scheme files default to 64 x 512
 CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 
+# the offline data the tests read: QV_DATA_ROOT if set, else ../shared/data beside the checkout where it exists
+# (data.offline_root is null by default; a test that needs the folder skips without it)
+TEST_DATA ?= $(or $(QV_DATA_ROOT),$(wildcard $(CURDIR)/../shared/data))
+TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
+
 .PHONY: setup browser run test test-unit test-browser lint format-check clean-outputs bench-gpu
 
 $(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
@@ -37,7 +42,7 @@ run: setup
 	$(VPY) -m pipelines.run -m scheme=$(SCHEMES) $(CPU_CALIB) $(ARGS)
 
 test: setup browser
-	$(VPY) -m pytest tests -v --durations=15
+	$(TEST_ENV) $(VPY) -m pytest tests -v --durations=15
 
 # The tables of finished GPU grids (plain `python -m pipelines.run -m ...` multiruns; hydra/launcher=ray spreads
 # them over the GPUs): ARGS="--out RUN1 RUN2" -> docs/results/gpu-*.md
@@ -47,10 +52,10 @@ bench-gpu: $(VENV)/.ready
 
 # the unit tier: no stage child, no browser, no MLflow store, no cache (pyproject.toml: markers)
 test-unit: $(VENV)/.ready
-	$(VPY) -m pytest tests -q -m "unit and not browser"
+	$(TEST_ENV) $(VPY) -m pytest tests -q -m "unit and not browser"
 
 test-browser: $(VENV)/.ready browser
-	$(VPY) -m pytest tests -q -m browser
+	$(TEST_ENV) $(VPY) -m pytest tests -q -m browser
 
 # lint rules, types on src/, import contracts: ruff, mypy and import-linter as pinned in
 # requirements/orchestrator.txt and configured in pyproject.toml

@@ -10,11 +10,15 @@ The constraints (schema: :class:`quantverdict.config.schema.ReviewConfig`) are `
 ``conf/review/gpu.yaml``, picked from where the records ran (``conf/review/default.yaml`` is ``name: auto``,
 :mod:`quantverdict.review.constraints`); ``review=cpu``/``review=gpu`` picks one by name and any
 ``review.KEY=VALUE`` overrides a key of the picked set. Writes ``review.md``, ``review.html``
-(self-contained) and ``review.json`` into ``<folder>/reviews/<label>`` for a folder,
-``<paths.output_root>/reviews/<experiment>/<label>_<time>`` for an MLflow experiment, or ``--out``, where
-``<label>`` is the set's name and the hash of its values (``cpu-3f9a01bc``), and logs them to an MLflow run
-named ``review/<label>``, tagged ``quantverdict.kind=review``. The grid's own review, run by itself at the
-end of every grid (:class:`quantverdict.orchestrate.hydra_callbacks.GridSummary`), is ``<grid>/review``.
+(self-contained) and ``review.json`` into ``--out``, by default a new folder
+``<paths.output_root>/reviews/<time>-<pid>_<label>`` of this checkout (``outputs/`` unless ``QV_OUTPUT_ROOT`` or
+``paths.output_root=...`` says otherwise), where ``<label>`` is the set's name and the hash of its values
+(``cpu-3f9a01bc``); nothing is written into the source folder. Logs them to an MLflow run named
+``review/<label>``, tagged ``quantverdict.kind=review``, in the store of this checkout's tracking config
+(``conf/tracking/sqlite.yaml``: ``<paths.output_root>/mlflow.db``; ``tracking=...`` and ``tracking.KEY=...``
+on the command line change it), never in the store that the records name (their grid's, maybe another
+checkout's). The grid's own review, run by itself at the end of every grid
+(:class:`quantverdict.orchestrate.hydra_callbacks.GridSummary`), is ``<grid>/review``.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=None,
-        help="output folder (default: <folder>/reviews/<set>-<hash>, or <output_root>/reviews/<experiment>/...)",
+        help="output folder (default: <paths.output_root>/reviews/<time>-<pid>_<set>-<hash> of this checkout)",
     )
     args = parser.parse_intermixed_args(argv)  # overrides may come before or after --out
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
@@ -130,14 +134,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"error: {args.source!r} is not a folder (for an MLflow experiment write mlflow:NAME)", file=sys.stderr
             )
             return 2
-    # a folder's records name the MLflow store their grid used; a tracking.* override or an
-    # experiment source uses the composed tracking config
-    use_conf_tracking = from_mlflow or any(o.lstrip("+").startswith("tracking") for o in args.overrides)
+    # the composed tracking config (this checkout's, with the command line's tracking overrides), never the store
+    # that a folder's records name: that is their grid's, maybe another checkout's or another machine's
     try:
         review, paths = run_review(
             source if from_mlflow else src_path,
             rc,
-            tracking if use_conf_tracking else None,
+            tracking,
             args.out,
             output_root,
             args.overrides,

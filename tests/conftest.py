@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,17 @@ from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
 
 DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" / "data"))
+# data.offline_root defaults to null (lm-eval's hub tasks); this machine's tests read the offline copies, so they
+# name the folder explicitly, for the configs they compose and the pipelines they start (the Makefile's test
+# targets set QV_DATA_ROOT too). Tests that need the folder skip where it is missing.
+if "QV_DATA_ROOT" not in os.environ and DATA_ROOT.is_dir():
+    os.environ["QV_DATA_ROOT"] = str(DATA_ROOT)
+
+
+@pytest.fixture
+def marker() -> str:
+    """A marker of this test alone, for the environment of the processes it starts (``clihelp.marked_pids``)."""
+    return uuid.uuid4().hex
 
 
 @pytest.fixture(scope="session")

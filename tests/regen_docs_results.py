@@ -5,9 +5,10 @@
 Reviews: each ``docs/results/*review*/`` folder is regenerated with ``python -m pipelines.review`` from the
 records it was made from (``gpu-review-<model>*`` from ``docs/results/gpu-records/<model>``,
 ``review-cpu-amx-*`` from ``docs/results/cpu-records/xeon-amx/smollm2-135m``) with the overrides its
-committed ``review.json`` names in ``constraints_how``; ``review.md``, ``review.html``, ``review.json`` and
-``plots/*.png`` are compared, the header line (``Source: ... · generated ...``) and the JSON's ``source`` and
-``generated_at`` aside, the JSON's floats to 12 significant digits (their last bit depends on the CPU).
+committed ``review.json`` names in ``constraints_how`` (and ``tracking.enabled=false``: not logged to MLflow);
+``review.md``, ``review.html``, ``review.json`` and ``plots/*.png`` are compared, the header line
+(``Source: ... · generated ...``) and the JSON's ``source`` and ``generated_at`` aside, the JSON's floats to 12
+significant digits (their last bit depends on the CPU).
 GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
 ``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
 ``gpu-cache-free/records`` and ``gpu-cache-free/<name>-grid/records`` (name: each of ``CACHE_FREE_GRIDS``),
@@ -140,7 +141,10 @@ def regenerate(work: Path) -> tuple[list[str], list[str]]:
             continue
         out = work / review_dir.name
         records = str(records_of(review_dir).relative_to(ROOT))
-        _run(["-m", "pipelines.review", records, *overrides_of(review_dir / "review.json"), "--out", str(out)])
+        overrides = overrides_of(review_dir / "review.json")
+        # tracking off: a regenerated review is compared, not logged (the records name their grid's MLflow store,
+        # which a review never writes; this checkout's store would only collect copies)
+        _run(["-m", "pipelines.review", records, *overrides, "tracking.enabled=false", "--out", str(out)])
         for name in ("review.md", "review.html", "review.json"):
             rel = f"{review_dir.relative_to(ROOT)}/{name}"
             compared.append(rel)

@@ -59,7 +59,12 @@ def build_store(tmp: Path) -> tuple[str, Path]:
             tr.stage(name, str(stage.get("status") or "ok"), stage.get("wall_s"))
         tr.finish(rec, out, [out / "record.json"])
     review = tmp / "review"
-    assert review_main([str(grid), "--out", str(review)]) == 0
+    tracking = [
+        f"tracking.uri={uri}",
+        "tracking.experiment=quantverdict",
+        f"tracking.artifact_location={tmp / 'artifacts'}",
+    ]
+    assert review_main([str(grid), *tracking, "--out", str(review)]) == 0
     return uri, review
 
 

@@ -1,13 +1,26 @@
-"""Helpers to run the real command line (``python -m pipelines.run``) from integration tests."""
+"""Helpers to run the real command line (``python -m pipelines.run``) from integration tests.
+
+A test acts only on processes it started. Every command a test starts carries a marker of its own in its
+environment (:data:`MARKER_VAR` = a fresh UUID, inherited by every stage child, vLLM server, engine worker,
+Ray worker and MLflow worker below it), and :func:`marked_pids` finds processes by that marker (read from
+``/proc/<pid>/environ``) and then by their whole command line. Another job on the same host, or another
+test, has another marker or none: it is never seen, waited for or signalled.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import psutil
+
 from quantverdict.config.compose import PROJECT_ROOT
+
+# the environment variable that marks every process a test started (and their descendants)
+MARKER_VAR = "QV_TEST_MARKER"
 
 # small enough for CI on 2 cores, large enough to exercise every stage for real
 TINY = [
@@ -35,30 +48,65 @@ def command(output_root: Path, *overrides: str, multirun: bool = False) -> list[
     return [*cmd, f"paths.output_root={output_root}", *overrides]
 
 
+def new_marker() -> str:
+    """A marker no other test or job holds (a random UUID, hex)."""
+    return uuid.uuid4().hex
+
+
+def marked_env(marker: str) -> dict[str, str]:
+    """This process's environment plus unbuffered Python output and ``QV_TEST_MARKER=marker``."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", MARKER_VAR: marker}
+
+
 def run_cli(
-    output_root: Path, *overrides: str, multirun: bool = False, timeout: float = 1800
+    output_root: Path,
+    *overrides: str,
+    multirun: bool = False,
+    timeout: float = 1800,
+    marker: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """Run the command line to its end; its processes carry ``marker`` (a fresh one when None)."""
     return subprocess.run(
         command(output_root, *overrides, multirun=multirun),
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=marked_env(marker or new_marker()),
     )
 
 
-def pids_matching(text: str) -> list[int]:
-    """Pids of live processes whose command line contains ``text``."""
+def start_cli(
+    output_root: Path, *overrides: str, marker: str, multirun: bool = False, split_stderr: bool = False
+) -> subprocess.Popen[str]:
+    """Start the command line, its processes carrying ``marker``; stdout piped, stderr piped apart with
+    ``split_stderr``, else merged into stdout."""
+    return subprocess.Popen(
+        command(output_root, *overrides, multirun=multirun),
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if split_stderr else subprocess.STDOUT,
+        text=True,
+        env=marked_env(marker),
+    )
+
+
+def marked_pids(marker: str, text: str = "") -> list[int]:
+    """Pids of live processes (zombies excluded) that carry ``marker`` and whose command line contains ``text``.
+
+    The marker is read from each process's environment (``/proc/<pid>/environ``, this user's processes; others
+    are unreadable and skipped); ``text`` is looked for in the whole command line, arguments joined by spaces,
+    whatever its length.
+    """
     out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+            if proc.environ().get(MARKER_VAR) != marker or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if text in " ".join(proc.cmdline()):
+                out.append(proc.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        if text in cmdline and state != "Z":
-            out.append(int(entry.name))
     return out

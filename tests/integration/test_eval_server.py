@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clihelp import command, pids_matching, run_cli
+from clihelp import marked_pids, new_marker, run_cli, start_cli
 from quantverdict.children.kld_baseline import META_FILE, load_baseline
-from quantverdict.config.compose import PROJECT_ROOT
 from quantverdict.measure.kld import topk_token_stats
 from quantverdict.results.record import find_records, load
 from quantverdict.serving.server import port_is_free
@@ -71,13 +70,15 @@ LL_TOL = 2e-3
 PPL_REL_TOL = 1e-3
 
 
-def _run(out: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float]:
+def _run(out: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], float, str]:
+    """Run one bf16 job; its output, record, wall seconds and the marker its processes carried."""
+    marker = new_marker()
     t0 = time.monotonic()
-    proc = run_cli(out, "scheme=bf16", *EVAL, *overrides, timeout=1500)
+    proc = run_cli(out, "scheme=bf16", *EVAL, *overrides, timeout=1500, marker=marker)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     (rec,) = [load(p) for p in find_records(out / "runs")]
-    return proc, rec, wall
+    return proc, rec, wall, marker
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def _samples(rec: dict[str, Any], task: str) -> dict[int, dict[str, Any]]:
 
 
 def test_one_server_serves_accuracy_and_speed(served: tuple) -> None:
-    proc, rec, wall = served
+    proc, rec, wall, marker = served
     print(f"served job: {wall:.0f} s wall; stages", {k: v["wall_s"] for k, v in rec["stages"].items()})
     out_dir = Path(rec["job"]["output_dir"])
     assert rec["status"] == "ok", rec.get("error")
@@ -125,12 +126,12 @@ def test_one_server_serves_accuracy_and_speed(served: tuple) -> None:
     (point,) = speed["points"]
     assert point["completed"] == 2 and point["failed"] == 0 and point["output_tokens_total"] == 2 * 8
     assert rec["memory"]["server"]["kv_cache_tokens"] > 0
-    assert not pids_matching("quantverdict.children") and port_is_free("127.0.0.1", PORT)
+    assert not marked_pids(marker) and port_is_free("127.0.0.1", PORT)
 
 
 def test_server_and_hf_backends_agree_on_the_same_items(served: tuple, hf: tuple) -> None:
-    _, srv, srv_wall = served
-    _, ref, hf_wall = hf
+    _, srv, srv_wall, _ = served
+    _, ref, hf_wall, _ = hf
     assert ref["accuracy"]["settings"]["backend"] == "hf" and ref["accuracy"]["settings"]["dtype"] == "float32"
     report: dict[str, Any] = {"wall_s": {"server job": round(srv_wall), "hf job": round(hf_wall)}}
     for task in TASKS:
@@ -171,8 +172,8 @@ def test_the_served_top_k_distributions_match_the_hf_ones(served: tuple, hf: tup
     """Both bf16 jobs are baselines: each stored its top-20 next-token distributions over the same 1,022 tokens
     (issue #17), the server's from vLLM's prompt_logprobs, hf's from the full vocabulary. Compared as if the
     served model were a scheme of the hf one, the KL divergence is the float32 kernels' difference only."""
-    _, srv, _ = served
-    _, ref, _ = hf
+    _, srv, _, _ = served
+    _, ref, _, _ = hf
     ka, kb = srv["accuracy"]["kld"], ref["accuracy"]["kld"]
     assert ka["role"] == kb["role"] == "baseline" and ka["top_k"] == kb["top_k"] == 20
     assert ka["stored_tokens"] == kb["stored_tokens"] == 1022
@@ -228,16 +229,15 @@ def test_a_served_scheme_is_compared_with_the_served_baseline(tmp_path: Path, st
 
 
 def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(
-    tmp_path: Path, stage_envs: dict, embedded_model: dict
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:
-    cmd = command(tmp_path, "scheme=bf16", *EVAL, "eval.backend=server", *BENCH)
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_cli(tmp_path, "scheme=bf16", *EVAL, "eval.backend=server", *BENCH, marker=marker)
     try:
         deadline = time.monotonic() + 600
-        while not (children := pids_matching(f"quantverdict.children.evaluate {tmp_path}")):
+        while not (children := marked_pids(marker, "quantverdict.children.evaluate")):
             assert time.monotonic() < deadline and proc.poll() is None, "the evaluate child never started"
             time.sleep(0.5)
-        assert pids_matching("quantverdict.children.vllm_cli serve")  # the server is up while evaluate runs
+        assert marked_pids(marker, "quantverdict.children.vllm_cli serve")  # the server is up while evaluate runs
         time.sleep(3)
         for pid in children:
             os.kill(pid, signal.SIGKILL)
@@ -254,7 +254,7 @@ def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(
     assert rec["speed"]["server_start_s"] > 0 and rec["memory"]["server"]["kv_cache_tokens"] > 0  # kept
     # no server left behind: its process group is gone and the port is free
     deadline = time.monotonic() + 30
-    while pids_matching("quantverdict.children.vllm_cli") and time.monotonic() < deadline:
+    while marked_pids(marker, "quantverdict.children.vllm_cli") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not pids_matching("quantverdict.children") and port_is_free("127.0.0.1", PORT)
+    assert not marked_pids(marker) and port_is_free("127.0.0.1", PORT)
     assert "vLLM server stopped" in output or "stopping the vLLM server" in output

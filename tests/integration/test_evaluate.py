@@ -8,6 +8,7 @@ result's own numbers (every perplexity comes from one summed log-likelihood).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -137,3 +138,21 @@ def test_token_perplexity(result: dict) -> None:
     assert 1.0 < tp["token_perplexity"] < 200.0
     assert tp["window_n_tokens"] == [511, 511]  # per window, in window order (issue #14's paired interval)
     assert sum(tp["window_nll"]) == pytest.approx(tp["nll_sum"], rel=1e-12)
+
+
+def test_data_source_and_headline(result: dict) -> None:
+    from quantverdict.children.offline_data import OFFLINE_TASKS
+
+    for task in LIMITS:
+        src = result["tasks"][task]["data_source"]
+        assert src["kind"] == "offline file" and src["split"] == OFFLINE_TASKS[task].split
+        files = [DATA_ROOT / rel for rel in OFFLINE_TASKS[task].files]
+        assert src["files"] == [{"path": str(f), "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f in files]
+    # this spec names no eval.headline: the first metric lm-eval reports, its direction lm-eval's
+    got = {t: (result["tasks"][t]["headline_metric"], result["tasks"][t]["higher_is_better"]) for t in LIMITS}
+    assert got == {
+        "wikitext": ("word_perplexity", False),
+        "arc_easy": ("acc", True),
+        "piqa": ("acc", True),
+        "hellaswag": ("acc", True),
+    }

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, command, pids_matching, run_cli
-from quantverdict.config.compose import PROJECT_ROOT
+from clihelp import TINY, marked_pids, run_cli, start_cli
 from quantverdict.results.record import find_records, load
 
 pytestmark = pytest.mark.integration
@@ -41,22 +39,23 @@ def mlflow_statuses(out: Path) -> dict[str, str]:
 
 
 def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
-    tmp_path: Path, stage_envs: dict, embedded_model: dict
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:
+    t_start = time.time()
     # a calibration size no other test uses, so that AWQ really runs (no cached checkpoint)
-    cmd = command(
+    proc = start_cli(
         tmp_path,
         "scheme=awq,int8",
         *FAST,
         "scheme.calibration.num_samples=13",
         "scheme.calibration.seq_len=128",
+        marker=marker,
         multirun=True,
     )
-    t_start = time.time()
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: pids_matching(f"quantverdict.children.quantize {tmp_path}"), 300, "the quantize child")
+    quantizer = "quantverdict.children.quantize"
+    wait_for(lambda: marked_pids(marker, quantizer), 300, "the quantize child")
     time.sleep(5)
-    for pid in pids_matching(f"quantverdict.children.quantize {tmp_path}"):
+    for pid in marked_pids(marker, quantizer):
         os.kill(pid, signal.SIGKILL)
     output, _ = proc.communicate(timeout=900)
     assert proc.returncode == 1, output[-3000:]
@@ -68,7 +67,7 @@ def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
     assert int8["status"] == "ok"  # the next job of the grid ran
     assert "FAILED smollm2-135m_awq" in output and "1 of 2 jobs failed" in output
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/awq": "FAILED", "smollm2-135m/int8": "FINISHED"}
-    assert not pids_matching(str(tmp_path))
+    assert not marked_pids(marker)
     # no half-written checkpoint where a later run would take it for a finished one
     cache = Path(os.environ.get("QV_CACHE_ROOT", Path.home() / ".cache/quantverdict")) / "checkpoints/smollm2-135m"
     assert not [
@@ -76,13 +75,13 @@ def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
     ]
 
 
-def test_sigterm_to_the_orchestrator_stops_everything(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
-    cmd = command(
-        tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"
-    )
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def test_sigterm_to_the_orchestrator_stops_everything(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
+) -> None:
+    sweep = ["eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"]
+    proc = start_cli(tmp_path, "scheme=bf16", *TINY, PORT, *sweep, marker=marker)
     wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
-    assert pids_matching("quantverdict.children.vllm_cli serve")
+    assert marked_pids(marker, "quantverdict.children.vllm_cli serve")
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143  # 128 + SIGTERM
@@ -91,14 +90,23 @@ def test_sigterm_to_the_orchestrator_stops_everything(tmp_path: Path, stage_envs
     assert rec["error"] == "interrupted by SIGTERM"
     assert len(rec["speed"]["points"]) >= 1  # finished sweep points are kept
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
-    wait_for(lambda: not pids_matching("quantverdict.children.vllm_cli"), 30, "the server and client to be gone")
+    wait_for(lambda: not marked_pids(marker), 30, "the server and client to be gone")
 
 
-def test_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+def test_ctrl_c_is_an_interruption_not_a_failure(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
+) -> None:
     port = "8793"
-    cmd = command(tmp_path, "scheme=bf16", *TINY, f"bench.server.port={port}", "eval.enabled=false")
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: pids_matching(f"--port {port}"), 600, "the vLLM server to start")  # in stage benchmark
+    proc = start_cli(
+        tmp_path,
+        "scheme=bf16",
+        *TINY,
+        f"bench.server.port={port}",
+        "eval.enabled=false",
+        marker=marker,
+        split_stderr=True,
+    )
+    wait_for(lambda: marked_pids(marker, f"--port {port}"), 600, "the vLLM server to start")  # in stage benchmark
     time.sleep(3)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
     out, err = proc.communicate(timeout=120)
@@ -110,16 +118,18 @@ def test_ctrl_c_is_an_interruption_not_a_failure(tmp_path: Path, stage_envs: dic
     assert rec["error"] == "interrupted by SIGINT" and rec["traceback"] is None
     assert rec["stages"]["benchmark"]["status"] == "interrupted" and rec["stages"]["quantize"]["status"] == "skipped"
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
-    wait_for(lambda: not pids_matching(f"--port {port}") and not pids_matching(str(tmp_path)), 30, "no child left")
+    wait_for(lambda: not marked_pids(marker), 30, "no child left")
 
 
-def test_server_killed_mid_sweep_keeps_finished_points(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
-    cmd = command(
-        tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"
-    )
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def test_server_killed_mid_sweep_keeps_finished_points(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
+) -> None:
+    sweep = ["eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"]
+    proc = start_cli(tmp_path, "scheme=bf16", *TINY, PORT, *sweep, marker=marker)
     wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
-    for pid in pids_matching("quantverdict.children.vllm_cli serve"):
+    servers = marked_pids(marker, "quantverdict.children.vllm_cli serve")  # this test's server, no other
+    assert servers
+    for pid in servers:
         os.killpg(os.getpgid(pid), signal.SIGKILL)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1, output[-2000:]
@@ -128,7 +138,7 @@ def test_server_killed_mid_sweep_keeps_finished_points(tmp_path: Path, stage_env
     assert 1 <= len(rec["speed"]["points"]) < 5
     assert rec["memory"]["server"]["kv_cache_tokens"] > 0  # what the server log said before it died
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "FAILED"}
-    assert not pids_matching("quantverdict.children.vllm_cli")
+    assert not marked_pids(marker, "quantverdict.children.vllm_cli")
 
 
 def test_truncated_cached_checkpoint_is_quantized_again(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:

@@ -83,7 +83,7 @@ def test_real_store_finished_and_failed_runs(tmp_path: Path) -> None:
     assert children[0].data.metrics["wall_s"] == 1.5
     # nothing left running
     assert all(r.info.status != "RUNNING" for r in runs.values())
-    assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["record.json"]
+    assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["config.yaml", "record.json"]
 
 
 def test_review_run_job_numbers_and_experiment_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,7 +108,8 @@ def test_review_run_job_numbers_and_experiment_source(tmp_path: Path, capsys: py
     client.set_terminated(old)
     gptq_run = next(r for r in client.search_runs([old_exp]) if r.data.tags.get("scheme") == "gptq").info.run_id
     client.set_tag(gptq_run, "mlflow.parentRunId", old)
-    assert main([str(src)]) == 0  # tracking from the records
+    # into the store it is given (the records name the same one here), written under paths.output_root
+    assert main([str(src), f"tracking.uri={uri}", "tracking.experiment=exp", f"paths.output_root={tmp_path}"]) == 0
     exp = client.get_experiment_by_name("exp")
     runs = client.search_runs([exp.experiment_id])
     reviews = [r for r in runs if r.data.tags.get("quantverdict.kind") == "review" and r.info.run_name != "review/old"]

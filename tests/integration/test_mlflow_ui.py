@@ -48,7 +48,8 @@ def _store(tmp: Path) -> tuple[str, Path]:
         tr.start(f"m/{scheme}", {"model": "m", "scheme": scheme, "config_hash": "x", "output_dir": str(d)})
         tr.stage("quantize", "ok", 1.0)
         tr.finish(rec, d, [d / "record.json"])
-    assert main([str(src), "review.memory_budget_gib=0.22"]) == 0
+    tracking = [f"tracking.uri={uri}", "tracking.experiment=exp", f"paths.output_root={tmp}"]
+    assert main([str(src), "review.memory_budget_gib=0.22", *tracking]) == 0
     return uri, src
 
 

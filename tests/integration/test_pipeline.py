@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, pids_matching, run_cli
+from clihelp import TINY, marked_pids, new_marker, run_cli
 from quantverdict.results.record import find_records, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -48,10 +48,13 @@ def expect_served(rec: dict) -> bool:
     return True
 
 
+GRID_MARKER = new_marker()  # carried by every process of the grid below
+
+
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> tuple[Path, object]:
     out = tmp_path_factory.mktemp("grid")
-    proc = run_cli(out, "scheme=bf16,fp8,gptq", *TINY, multirun=True)
+    proc = run_cli(out, "scheme=bf16,fp8,gptq", *TINY, multirun=True, marker=GRID_MARKER)
     return out, proc
 
 
@@ -108,7 +111,7 @@ def test_grid_runs_every_stage(grid: tuple[Path, object]) -> None:
     assert "### Memory" in proc.stdout and "### Speed" in proc.stdout
     assert "smollm2-135m / gptq (W4A16)" in proc.stdout and "smollm2-135m / fp8 (FP8_DYNAMIC)" in proc.stdout
     # no server or stage process left behind
-    assert not pids_matching("quantverdict.children")
+    assert not marked_pids(GRID_MARKER)
 
 
 def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:

@@ -13,8 +13,9 @@ What is checked, by hand-derived rules rather than printed values:
   after the other);
 * the two servers listened on different ports (each record's ``speed`` and server log);
 * both MLflow runs are on the tracking server, FINISHED, with ``record.json`` downloadable through it;
-* no process of the grid is left: every process started under this test carries a marker in its
-  environment (``QV_TEST_MARK``), inherited by Ray's GCS, raylet and workers and by vLLM; none may live on.
+* no process of the grid is left: every process the grid started carries the test's marker in its
+  environment (``QV_TEST_MARKER``, :mod:`clihelp`), inherited by Ray's GCS, raylet and workers and by vLLM;
+  none may live on. The MLflow server carries a marker of its own: it is the fixture's, stopped at teardown.
 """
 
 from __future__ import annotations
@@ -30,16 +31,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from clihelp import command
+from clihelp import command, marked_env, marked_pids, new_marker
 from quantverdict.config.compose import PROJECT_ROOT
 from quantverdict.results.record import find_records, load
 
@@ -63,25 +62,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _marked(mark: str) -> list[psutil.Process]:
-    """Live processes of this user whose environment holds ``QV_TEST_MARK=mark``."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("QV_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
-
-
 @pytest.fixture
-def mark() -> str:
-    return uuid.uuid4().hex
-
-
-@pytest.fixture
-def mlflow_server(tmp_path: Path, mark: str) -> Iterator[str]:
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
     """A real ``mlflow server`` on a free localhost port (sqlite store, served artifacts); its URI."""
     port = _free_port()
     store = tmp_path / "server"
@@ -107,7 +89,7 @@ def mlflow_server(tmp_path: Path, mark: str) -> Iterator[str]:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, "QV_TEST_MARK": mark},
+        env=marked_env(new_marker()),  # not the grid's marker: the server outlives the grid, until teardown
     )
     uri = f"http://127.0.0.1:{port}"
     try:
@@ -133,14 +115,14 @@ def mlflow_server(tmp_path: Path, mark: str) -> Iterator[str]:
         log.close()
 
 
-def _run(out: Path, mark: str, *overrides: str) -> subprocess.CompletedProcess[str]:
+def _run(out: Path, marker: str, *overrides: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         command(out, *overrides, multirun=True),
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
         timeout=1200,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "QV_TEST_MARK": mark},
+        env=marked_env(marker),
     )
 
 
@@ -158,7 +140,7 @@ def _t(stamp: str) -> float:
 
 
 def test_two_jobs_run_at_once_on_ray_tracked_to_a_server(
-    tmp_path: Path, stage_envs: dict, embedded_model: dict, mlflow_server: str, mark: str
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, mlflow_server: str, marker: str
 ) -> None:
     from mlflow import MlflowClient
 
@@ -170,7 +152,7 @@ def test_two_jobs_run_at_once_on_ray_tracked_to_a_server(
         f"+hydra.launcher.ray.init._temp_dir={ray_tmp}",
     ]
     t0 = time.monotonic()
-    proc = _run(tmp_path / "ray", mark, *ray, "scheme=bf16,w8a8", *CHEAP, *tracking)
+    proc = _run(tmp_path / "ray", marker, *ray, "scheme=bf16,w8a8", *CHEAP, *tracking)
     grid_wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     recs = {r["job"]["scheme"]: r for r in map(load, find_records(tmp_path / "ray" / "multirun"))}
@@ -205,16 +187,14 @@ def test_two_jobs_run_at_once_on_ray_tracked_to_a_server(
         assert json.loads(Path(path).read_text())["job"]["config_hash"] == recs[scheme]["job"]["config_hash"]
 
     # the plain launcher's record of the same job has the same shape
-    plain = _run(tmp_path / "plain", mark, "scheme=bf16", *CHEAP, *tracking)
+    plain = _run(tmp_path / "plain", marker, "scheme=bf16", *CHEAP, *tracking)
     assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-4000:]
     (plain_rec,) = map(load, find_records(tmp_path / "plain" / "multirun"))
     assert _shape(plain_rec) == _shape(recs["bf16"]), _shape(plain_rec) ^ _shape(recs["bf16"])
 
     # nothing of the grid lives on (Ray stops its local instance when the grid's process ends)
     deadline = time.monotonic() + 30
-    while _marked(mark) and time.monotonic() < deadline:
+    while marked_pids(marker) and time.monotonic() < deadline:
         time.sleep(1)
-    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in _marked(mark) if p.pid != os.getpid()]
-    left = [x for x in left if "mlflow" not in x[1]]  # the server is the fixture's, stopped at teardown
-    assert not left, left
+    assert not (left := marked_pids(marker)), left
     shutil.rmtree(ray_tmp, ignore_errors=True)

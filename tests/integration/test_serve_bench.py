@@ -59,10 +59,11 @@ def model_path(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("embedded_model")["path"])
 
 
-def _server_cfg(port: int, dtype: str = "auto") -> ServerConfig:
+def _server_cfg(port: int, dtype: str = "auto", strict_port: bool = False) -> ServerConfig:
     return ServerConfig(
         host="127.0.0.1",
         port=port,
+        strict_port=strict_port,
         startup_timeout_s=300,
         enforce_eager=True,
         max_num_seqs=8,
@@ -71,13 +72,14 @@ def _server_cfg(port: int, dtype: str = "auto") -> ServerConfig:
     )
 
 
-def test_occupied_port_fails_fast_with_the_config_key(tmp_path: Path) -> None:
+def test_occupied_strict_port_fails_fast_with_the_config_key(tmp_path: Path) -> None:
     port = _free_port()
     env = StageEnv("serve", "/nonexistent/python", {})  # never started: the check comes first
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", port))
         blocker.listen(1)
-        server = VLLMServer(env, "/nonexistent/model", "m", _server_cfg(port), 256, "cpu", tmp_path / "server.log")
+        cfg = _server_cfg(port, strict_port=True)  # this port or none (without: the next free one)
+        server = VLLMServer(env, "/nonexistent/model", "m", cfg, 256, "cpu", tmp_path / "server.log")
         t0 = time.monotonic()
         with pytest.raises(ServerError, match=rf"bench\.server\.port={port} is already in use") as err:
             with server:
@@ -113,7 +115,7 @@ def test_serve_and_sweep_two_rates(serve_env: StageEnv, model_path: str, served_
 
     # the group (API server, engine core, worker) is gone and the port is free again
     assert not procs.group_alive(pgid)
-    assert port_is_free("127.0.0.1", port)
+    assert port_is_free("127.0.0.1", server.port)
 
     assert [p["offered_rate_rps"] for p in points] == [2.0, "inf"]
     for p in points:

@@ -13,8 +13,8 @@ import pytest
 from quantverdict.config.compose import PROJECT_ROOT
 
 EVAL_KEYS = (
-    "backend, batch_invariance_check, batch_size, dtype, enabled, headline, kld, limit, max_length, name, num_fewshot, "
-    "seed, task_limits, tasks, token_perplexity, vllm_args"
+    "backend, batch_invariance_check, batch_size, dtype, enabled, headline, include_path, kld, limit, max_length, "
+    "name, num_fewshot, seed, task_limits, tasks, token_perplexity, vllm_args"
 )
 
 

@@ -4,6 +4,8 @@ source: tests/integration/test_mlflow_store.py)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -42,11 +44,14 @@ def test_compose_review_overrides_and_errors() -> None:
 
 def test_cli_on_a_folder_three_constraint_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = write_grid(tmp_path / "multirun", grid())
-    assert main([str(src), "review.log_to_mlflow=false"]) == 0
+    outputs = tmp_path / "outputs"  # this checkout's paths.output_root
+    assert main([str(src), "review.log_to_mlflow=false", f"paths.output_root={outputs}"]) == 0
     assert "Do not quantize: keep bf16 (BF16)." in capsys.readouterr().out
-    # no device in these records: the gpu set; the folder is named after it and its hash
-    (review_dir,) = (src / "reviews").iterdir()
-    assert review_dir.name.startswith("gpu-")
+    # no device in these records: the gpu set; a new folder under the output root, named after the time, this
+    # process and the set with its hash; nothing written next to the records
+    (review_dir,) = (outputs / "reviews").iterdir()
+    assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d-{os.getpid()}_gpu-[0-9a-f]{{8}}", review_dir.name)
+    assert sorted(p.name for p in src.iterdir()) == sorted(f"m_{r['job']['scheme']}" for r in grid())
     for name in (
         "review.md",
         "review.html",
@@ -97,20 +102,6 @@ def test_overrides_may_follow_out(tmp_path: Path) -> None:
     out = tmp_path / "rev"
     main([str(folder), "--out", str(out), "review.log_to_mlflow=false", "review.concurrent_requests=64"])
     assert "| review.concurrent_requests | 64 | **set** (gpu.yaml: 16) |" in (out / "review.md").read_text()
-
-
-def test_a_store_of_another_machine_is_not_written(tmp_path: Path) -> None:
-    from quantverdict.review.core import _store_is_here
-
-    # records copied from the H200 name its sqlite:////tmp/qvgpu/embedded/mlflow.db: a review here created
-    # that folder and a stray store before; now the review is not logged there
-    absent = tmp_path / "absent" / "mlflow.db"
-    folder = write_grid(tmp_path / "grid", grid(), uri=f"sqlite:///{absent}")
-    main([str(folder), "--out", str(tmp_path / "rev")])
-    assert not absent.parent.exists()
-    assert not _store_is_here(f"sqlite:///{absent}")
-    assert _store_is_here(f"sqlite:///{tmp_path}/mlflow.db")
-    assert _store_is_here("http://mlflow.example:5000")  # a tracking server is trusted
 
 
 def test_a_mapping_key_composes_with_or_without_plus() -> None:

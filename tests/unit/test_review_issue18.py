@@ -252,11 +252,14 @@ def test_make_run_grid_gets_a_verdict_and_the_readme_constraints_change_it(
     from test_review_cli import write_grid
 
     src = write_grid(tmp_path / "grid", avx2_grid())
-    assert main([str(src), "review.log_to_mlflow=false"]) == 0
+    assert main([str(src), "review.log_to_mlflow=false", f"paths.output_root={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "Do not quantize: keep bf16 (BF16)." in out  # the CPU set: TTFT p99 10 s, ITL p99 3 s at 0.5 req/s
     # bf16 served in float32 needs 0.5 GiB weights + 0.198 GiB KV = 0.698 GiB; w8a8 0.15 + 0.198 = 0.348
-    assert main([str(src), "review.log_to_mlflow=false", "review.memory_budget_gib=0.5"]) == 0
+    assert (
+        main([str(src), "review.log_to_mlflow=false", "review.memory_budget_gib=0.5", f"paths.output_root={tmp_path}"])
+        == 0
+    )
     assert "Deploy w8a8 (W8A8)." in capsys.readouterr().out
 
 
@@ -270,14 +273,19 @@ def test_reruns_with_other_constraints_do_not_overwrite(tmp_path: Path, capsys: 
     src = write_grid(tmp_path / "grid", grid())
     (src / "review").mkdir()
     (src / "review" / "review.md").write_text("the grid's own review")
-    assert main([str(src), "review.log_to_mlflow=false"]) == 0
-    assert main([str(src), "review.log_to_mlflow=false", "review.memory_budget_gib=0.22"]) == 0
+    outputs = tmp_path / "outputs"
+    assert main([str(src), "review.log_to_mlflow=false", f"paths.output_root={outputs}"]) == 0
+    assert (
+        main([str(src), "review.log_to_mlflow=false", "review.memory_budget_gib=0.22", f"paths.output_root={outputs}"])
+        == 0
+    )
     capsys.readouterr()
     assert (src / "review" / "review.md").read_text() == "the grid's own review"
-    folders = sorted(p.name for p in (src / "reviews").iterdir())
-    assert len(folders) == 2 and all(re.fullmatch(r"gpu-[0-9a-f]{8}", f) for f in folders)
-    names = {json.loads((src / "reviews" / f / "review.json").read_text())["constraints_label"] for f in folders}
-    assert names == set(folders)
+    folders = sorted(p.name for p in (outputs / "reviews").iterdir())  # <time>-<pid>_<label>
+    labels = [f.rsplit("_", 1)[1] for f in folders]
+    assert len(set(labels)) == 2 and all(re.fullmatch(r"gpu-[0-9a-f]{8}", label) for label in labels)
+    names = {json.loads((outputs / "reviews" / f / "review.json").read_text())["constraints_label"] for f in folders}
+    assert names == set(labels)
 
 
 # --- item 10: the README's Layout names every config group -------------------------------------------

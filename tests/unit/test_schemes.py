@@ -206,9 +206,9 @@ def test_shipped_schemes_resolve_for_smollm2(name: str, modifiers: list[str]) ->
     mods = out["quant_stage"]["quant_modifiers"]
     assert list(mods) == modifiers  # order matters: AWQ / SmoothQuant before the quantizer
     assert "auto" not in json.dumps(out)
-    # lm_head stays 16-bit; AWQModifier takes no `ignore` in llm-compressor 0.14.0.1
+    # lm_head stays 16-bit wherever it sits; AWQModifier takes no `ignore` in llm-compressor 0.14.0.1
     quantizer = mods[modifiers[-1]]
-    assert quantizer["ignore"] == ["lm_head"]
+    assert quantizer["ignore"] == ["re:(?:.*\\.)?lm_head$"]
     assert "ignore" not in mods.get("AWQModifier", {})
     if name in ("awq", "gptq"):
         weights = quantizer["config_groups"]["group_0"]["weights"]
@@ -255,7 +255,7 @@ def test_data_free_gptq_is_a_quantization_modifier_without_hessian_args() -> Non
         "quant_stage": {
             "quant_modifiers": {
                 "QuantizationModifier": {
-                    "ignore": ["lm_head"],
+                    "ignore": ["re:(?:.*\\.)?lm_head$"],
                     "config_groups": {
                         "group_0": {
                             "targets": ["Linear"],
@@ -294,7 +294,7 @@ def test_data_free_w8a8_drops_smoothquant_and_keeps_the_preset_scheme() -> None:
     assert out == {
         "quant_stage": {
             "quant_modifiers": {
-                "QuantizationModifier": {"ignore": ["lm_head"], "targets": ["Linear"], "scheme": "W8A8"}
+                "QuantizationModifier": {"ignore": ["re:(?:.*\\.)?lm_head$"], "targets": ["Linear"], "scheme": "W8A8"}
             }
         }
     }
@@ -321,19 +321,16 @@ def test_resolve_extra_ignore_appends_to_every_ignore_list() -> None:
     )
     extra = ["re:.*linear_attn.*", "re:.*visual.*"]
     out = resolve_recipe(scheme, SMOLLM2, extra_ignore=extra)
-    assert out["stage_a"]["mods"]["QuantizationModifier"]["ignore"] == [
-        "lm_head",
-        "re:.*linear_attn.*",
-        "re:.*visual.*",
-    ]
+    head = "re:(?:.*\\.)?lm_head$"  # the plain name in its match-anywhere form; regexes as written
+    assert out["stage_a"]["mods"]["QuantizationModifier"]["ignore"] == [head, "re:.*linear_attn.*", "re:.*visual.*"]
     # already-present patterns are not repeated
-    assert out["stage_b"]["mods"]["GPTQModifier"]["ignore"] == ["lm_head", "re:.*visual.*", "re:.*linear_attn.*"]
+    assert out["stage_b"]["mods"]["GPTQModifier"]["ignore"] == [head, "re:.*visual.*", "re:.*linear_attn.*"]
     assert "ignore" not in out["stage_b"]["mods"]["AWQModifier"]
     assert recipe["stage_a"]["mods"]["QuantizationModifier"]["ignore"] == ["lm_head"]  # the scheme is untouched
     # the shipped gptq scheme with Qwen3.5's model.quantize_ignore
     qwen = ["re:.*linear_attn.*", "re:.*visual.*", "re:.*embed_tokens$"]
     got = resolve_recipe(load_scheme("gptq"), SMOLLM2, extra_ignore=qwen)
-    assert got["quant_stage"]["quant_modifiers"]["GPTQModifier"]["ignore"] == ["lm_head", *qwen]
+    assert got["quant_stage"]["quant_modifiers"]["GPTQModifier"]["ignore"] == [head, *qwen]
 
 
 # --- fields the scheme's format fixes (issue 18, item 3) -----------------------------------------------

@@ -195,5 +195,6 @@ def test_port_zero_gives_each_server_a_free_port_that_vllm_is_told(tmp_path: Pat
     for server in (a, b):
         assert server.port > 0 and server.command[server.command.index("--port") + 1] == str(server.port)
         assert server.base_url.endswith(f":{server.port}")
-    fixed = VLLMServer(env, "/m", "m", compose([]).bench.server, 2048, "cpu", tmp_path / "c.log")
-    assert fixed.port == 8765
+    strict = compose(["bench.server.strict_port=true"]).bench.server
+    fixed = VLLMServer(env, "/m", "m", strict, 2048, "cpu", tmp_path / "c.log")
+    assert fixed.port == 8765  # a port insisted on is passed as it is (checked when the server starts)

@@ -9,6 +9,7 @@ Spec::
     {"model_path": str,             # a checkpoint directory (bf16 or compressed-tensors)
      "eval": {...},                 # EvalConfig as a dict (quantverdict.config.schema.EvalConfig)
      "offline_root": str | null,    # offline data folder; null: lm-eval's built-in hub tasks
+     "hub_offline": bool,           # the hub is not reachable (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE set): stay offline
      "cache_dir": str,              # converted offline data goes here
      "output_dir": str,             # samples_<task>.jsonl go here
      "device": "cpu" | "cuda",
@@ -20,9 +21,12 @@ Spec::
 
 Result (besides ``status`` and ``wall_s`` added by ``child_main``)::
 
-    {"tasks": {task: {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n", "limit", "eval_s"}
-               | {"word_perplexity", "byte_perplexity", "bits_per_byte", "n", "n_words", "n_bytes",
-                  "loglikelihood_sum", "limit", "eval_s"}},
+    {"tasks": {task: ({"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "n"}
+                      | {"word_perplexity", "byte_perplexity", "bits_per_byte", "n", "n_words", "n_bytes",
+                         "loglikelihood_sum"}
+                      | {<every metric lm-eval reported, e.g. "exact_match", "exact_match_stderr">, "n"})
+                     + {"limit", "limit_from", "eval_s", "headline_metric", "higher_is_better", "output_type",
+                        "data_source": {"kind", "description", "files": [{"path", "sha256"}], ...}}},
      "token_perplexity": {"token_perplexity", "nll_sum", "n_tokens", "n_windows", "seq_len", "stride",
                           "max_tokens", "text", "eval_s",
                           "window_nll": [nats per window], "window_n_tokens": [scored tokens per window]} | null,
@@ -37,9 +41,16 @@ With ``eval.backend=server`` the log-likelihoods come from the job's vLLM server
 ``local-completions`` model (token ids sent, prompt log-probabilities echoed back) and the token
 perplexity from the same server (:mod:`quantverdict.children.served_logprobs`); ``settings.server`` says how.
 
+Tasks: the offline copies of :data:`~quantverdict.children.offline_data.OFFLINE_TASKS` when ``offline_root`` is set;
+every other name is an lm-eval task or group, of ``eval.include_path`` or lm-eval's own, checked first
+(:mod:`quantverdict.children.task_check`: an unknown name fails before the model is loaded, with lm-eval's closest
+names). A task's headline metric is ``eval.headline``'s, else the first of its config's ``metric_list``; its
+direction is lm-eval's ``higher_is_better``.
+
 Per-item results (``samples_<task>.jsonl``, one JSON object a line) keep what a paired test between
 two schemes needs: ``doc_id``, ``acc``, ``acc_norm`` and the choice log-likelihoods for multiple
-choice; the document's log-likelihood, word and byte counts for ``wikitext``.
+choice; the document's log-likelihood, word and byte counts for ``wikitext``; the generated answer and its
+per-item metrics (``exact_match`` 0/1) for generated text, of the headline metric's filter only.
 
 The parts: :mod:`quantverdict.children.token_perplexity`, :mod:`quantverdict.children.batch_invariance`,
 :mod:`quantverdict.children.lmeval_adapter` (the lm-eval model and its results in the record's terms); this
@@ -62,12 +73,20 @@ from quantverdict.children.lmeval_adapter import (
     NORMALIZATION,
     PERPLEXITY_TASKS,
     build_lm,
+    headline_filter,
     sample_rows,
     server_lm_max_length,
     server_spec,
     task_metrics,
 )
-from quantverdict.children.offline_data import prepare
+from quantverdict.children.offline_data import OFFLINE_TASKS, prepare
+from quantverdict.children.task_check import (
+    TaskLookup,
+    check,
+    lmeval_data_source,
+    offline_data_source,
+    problems,
+)
 from quantverdict.children.token_perplexity import (
     TOKEN_PPL_TEXT,
     server_token_perplexity,
@@ -100,9 +119,78 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _limit_for(task: str, ev: dict[str, Any]) -> int | None:
-    limits = ev.get("task_limits") or {}
-    return limits[task] if task in limits else ev.get("limit")
+def task_limit(task: str, ev: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The documents ``task`` runs on, and the key that set it: the smaller of ``eval.limit`` and
+    ``eval.task_limits.<task>`` (a per-task limit caps the global one and never raises it).
+
+    Returns:
+        ``(limit, key)``: e.g. ``limit=20, task_limits={hellaswag: 30}`` -> ``(20, "eval.limit")`` for hellaswag;
+        ``limit=50`` -> ``(30, "eval.task_limits.hellaswag")``; neither set -> ``(None, None)`` (every document).
+        A tie names the per-task key.
+    """
+    per_task = (ev.get("task_limits") or {}).get(task)
+    limit = ev.get("limit")
+    if per_task is not None and (limit is None or per_task <= limit):
+        return int(per_task), f"eval.task_limits.{task}"
+    if limit is not None:
+        return int(limit), "eval.limit"
+    return None, None
+
+
+def _headline_problems(ev: dict[str, Any], infos: dict[str, dict[str, Any]]) -> list[str]:
+    """``eval.headline`` entries that name a metric a task's config does not list (known before the run)."""
+    out = []
+    for task, info in infos.items():
+        want = (ev.get("headline") or {}).get(task)
+        if want and info.get("metrics") and want not in info["metrics"]:
+            out.append(
+                f"eval.headline.{task}={want!r} is not a metric of lm-eval's {task}; its metrics: "
+                f"{', '.join(info['metrics'])}"
+            )
+    return out
+
+
+def _headline(task: str, ev: dict[str, Any], info: dict[str, Any], res: dict[str, Any]) -> str:
+    """The task's headline metric: ``eval.headline``'s, else the first its config lists, else the first lm-eval
+    reported.
+
+    Raises:
+        ValueError: lm-eval reported no metric for the task (a group without ``aggregate_metric_list``).
+    """
+    want = (ev.get("headline") or {}).get(task) or (info.get("metrics") or [None])[0]
+    if want:
+        return str(want)
+    reported = [k.split(",", 1)[0] for k in (res["results"].get(task) or {}) if "," in k and "_stderr," not in k]
+    if not reported:
+        raise ValueError(
+            f"eval.tasks: lm-eval reported no metric for {task!r} (a group without an aggregate_metric_list?); "
+            "name its tasks in eval.tasks"
+        )
+    return reported[0]
+
+
+def _higher_is_better(task: str, metric: str, info: dict[str, Any], res: dict[str, Any]) -> bool:
+    """Whether a higher ``metric`` is better: lm-eval's ``higher_is_better`` of the run, else of the task's config,
+    else False for a perplexity and True otherwise."""
+    value = (res.get("higher_is_better") or {}).get(task, {}).get(metric)
+    if value is None:
+        value = (info.get("higher_is_better") or {}).get(metric)
+    return bool(value) if value is not None else "perplexity" not in metric
+
+
+def _lmeval_source(task: str, info: dict[str, Any], res: dict[str, Any]) -> dict[str, Any]:
+    """The ``data_source`` of an lm-eval task (its config as lm-eval reports it), or of a group's tasks."""
+    configs = res.get("configs") or {}
+    if info.get("kind") != "group" and task in configs:
+        return lmeval_data_source(task, configs[task])
+    subs = {sub: lmeval_data_source(sub, cfg) for sub, cfg in sorted(configs.items())}
+    return {
+        "kind": "lm-eval group",
+        "description": f"lm-eval group {task} of {len(subs)} tasks: "
+        + "; ".join(s["description"] for s in subs.values()),
+        "task": task,
+        "tasks": subs,
+    }
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -114,26 +202,48 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     device = spec.get("device") or "cpu"
     srv = server_spec(spec) if ev["backend"] == "server" else None  # checked before any work
-    if offline_root:
+    tasks: list[str] = list(ev["tasks"])
+    offline_tasks = [t for t in tasks if offline_root and t in OFFLINE_TASKS]
+    lmeval_tasks = [t for t in tasks if t not in offline_tasks]
+    if spec.get("hub_offline") or (offline_root and not lmeval_tasks):
         os.environ["HF_DATASETS_OFFLINE"] = "1"
         os.environ["HF_HUB_OFFLINE"] = "1"
     else:  # lm-eval's hub tasks: an env profile made for offline machines must not block them
         os.environ.pop("HF_DATASETS_OFFLINE", None)
         os.environ.pop("HF_HUB_OFFLINE", None)
-    tasks: list[str] = list(ev["tasks"])
 
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    # first, before any model is loaded: every name lm-eval is to evaluate is a task or group it knows
+    lookup = TaskLookup(ev.get("include_path"))
+    checked = check(lmeval_tasks, lookup) if lmeval_tasks else {"tasks": {}}
+    bad = problems(checked, ev.get("include_path")) + _headline_problems(ev, checked["tasks"])
+    if bad:
+        raise ValueError("; ".join(bad))
+    infos: dict[str, dict[str, Any]] = dict(checked["tasks"])
+
     data_info: dict[str, Any] = {"offline_root": offline_root}
-    if offline_root:
-        prepared = prepare(tasks, offline_root, spec["cache_dir"])
-        task_manager = TaskManager(include_path=str(prepared.include_path), include_defaults=False)
-        data_info["tasks"] = prepared.info
+    offline_manager = None
+    prepared = None
+    if offline_tasks:
+        assert offline_root
+        prepared = prepare(offline_tasks, offline_root, spec["cache_dir"])
+        offline_manager = TaskManager(include_path=str(prepared.include_path), include_defaults=False)
+        data_info["tasks"] = dict(prepared.info)
         data_info["include_path"] = str(prepared.include_path)
+        for t in offline_tasks:
+            rolling = t in PERPLEXITY_TASKS
+            infos[t] = {"kind": "task", "output_type": "loglikelihood_rolling" if rolling else "multiple_choice"}
     else:
-        task_manager = TaskManager()
-        data_info["tasks"] = {t: {"source": "lm-eval built-in task (Hugging Face hub)"} for t in tasks}
+        data_info["tasks"] = {}
+    for t in lmeval_tasks:
+        own = infos[t].get("source") == "include_path"
+        data_info["tasks"][t] = {
+            "source": "lm-eval task of eval.include_path" if own else "lm-eval built-in task (Hugging Face hub)"
+        }
+    if ev.get("include_path"):
+        data_info["eval_include_path"] = ev["include_path"]
 
     tp_cfg = ev.get("token_perplexity") or {}
     want_tp = bool(tp_cfg.get("enabled", True))
@@ -218,13 +328,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     task_results: dict[str, Any] = {}
     sample_paths: dict[str, str] = {}
     for task in tasks:
-        limit = _limit_for(task, ev)
-        progress(f"lm-eval {task}: limit={limit}")
+        limit, limit_from = task_limit(task, ev)
+        info = infos[task]
+        progress(f"lm-eval {task}: limit={limit} ({limit_from or 'no limit set'})")
         t0, c0 = time.perf_counter(), time.process_time()
         res = simple_evaluate(
             model=lm,
             tasks=[task],
-            task_manager=task_manager,
+            task_manager=offline_manager if task in offline_tasks else lookup.manager_for(task),
             num_fewshot=ev.get("num_fewshot"),
             limit=limit,
             log_samples=True,
@@ -235,20 +346,39 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         )
         if res is None:
             raise RuntimeError(f"lm-eval returned no result for task {task!r}")
-        rows = sample_rows(task, res["samples"][task])
+        headline = _headline(task, ev, info, res)
+        if info.get("kind") == "group":  # its tasks' items, doc ids made unique as "<task>/<doc_id>"
+            rows = [
+                row
+                for sub in sorted(res["samples"])
+                for row in sample_rows(
+                    task, res["samples"][sub], headline_filter(res["results"].get(sub, {}), headline), f"{sub}/"
+                )
+            ]
+        else:
+            rows = sample_rows(task, res["samples"][task], headline_filter(res["results"][task], headline))
         path = out_dir / f"samples_{task}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         sample_paths[task] = str(path)
-        metrics = task_metrics(task, res, rows)
-        metrics["limit"] = limit
+        rolling = info.get("output_type") == "loglikelihood_rolling"
+        metrics = task_metrics(task, res, rows, headline, rolling)
+        metrics["limit"], metrics["limit_from"] = limit, limit_from
         metrics["eval_s"] = round(time.perf_counter() - t0, 3)
         metrics["cpu_s"] = round(time.process_time() - c0, 3)  # all threads; > eval_s when cores are free
+        metrics["headline_metric"] = headline
+        metrics["higher_is_better"] = _higher_is_better(task, headline, info, res)
+        metrics["output_type"] = info.get("output_type")
+        if task in offline_tasks:
+            assert prepared is not None and offline_root
+            metrics["data_source"] = offline_data_source(task, offline_root, prepared.info[task])
+        else:
+            metrics["data_source"] = _lmeval_source(task, info, res)
         task_results[task] = metrics
         if task in PERPLEXITY_TASKS and rows and metrics.get("n_words") and metrics.get("n_bytes"):
             checks["perplexity_family"] = family_check(
                 metrics["loglikelihood_sum"], metrics["n_words"], metrics["n_bytes"], metrics
             )
-        shown = {k: v for k, v in metrics.items() if k in ("acc", "acc_norm", "word_perplexity", "n")}
+        shown = {k: v for k, v in metrics.items() if k in ("acc", "acc_norm", "word_perplexity", headline, "n")}
         progress(f"lm-eval {task}: {shown} ({metrics['eval_s']:.1f} s)")
 
     settings = {

@@ -129,24 +129,58 @@ def server_lm_max_length(max_length: int, max_model_len: int) -> int:
     return min(max_length + 2, max_model_len)
 
 
-def sample_rows(task: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _is_loglikelihoods(resps: Any) -> bool:
+    """Whether a sample's ``filtered_resps`` are log-likelihood answers (``(ll, is_greedy)`` per request), as
+    multiple-choice and loglikelihood requests give; generated text (``generate_until``) is a string per request."""
+    return bool(resps) and all(
+        isinstance(r, (list, tuple)) and r and isinstance(r[0], (int, float)) and not isinstance(r[0], bool)
+        for r in resps
+    )
+
+
+def _response_text(resps: Any) -> str | None:
+    """The generated text of a ``generate_until`` sample (its first request's answer after the filter)."""
+    first = resps[0] if isinstance(resps, (list, tuple)) and resps else resps
+    while isinstance(first, (list, tuple)) and first:  # repeats > 1: a list of answers per request
+        first = first[0]
+    return first if isinstance(first, str) else None
+
+
+def sample_rows(
+    task: str, samples: list[dict[str, Any]], filter_key: str | None = None, prefix: str = ""
+) -> list[dict[str, Any]]:
     """lm-eval's logged samples of ``task`` as the rows of ``samples_<task>.jsonl``, sorted by ``doc_id``.
+
+    lm-eval logs one sample per document and filter (``lm_eval/evaluator.py``: ``"filter": filter_key``);
+    only the samples of ``filter_key`` are kept (None: all, for samples that name no filter), so each document
+    gives one row.
+
+    Args:
+        task: the name written into each row.
+        samples: ``res["samples"][task]`` of ``lm_eval.simple_evaluate``.
+        filter_key: the filter whose samples are kept (the headline metric's, :func:`headline_filter`).
+        prefix: put before each ``doc_id`` (``"<subtask>/"``: a group's rows, unique across its tasks).
 
     Returns:
         ``{"task", "doc_id", "loglikelihood", "n_words", "n_bytes"}`` for a rolling log-likelihood task
         (``wikitext``); ``{"task", "doc_id", "target", "acc", "acc_norm", "loglikelihoods"}`` (one per choice,
-        nats) for multiple choice; each with lm-eval's ``doc_hash`` and ``prompt_hash`` when it logged them
-        (the review pairs two runs on them, :func:`quantverdict.review.accuracy.pair_samples`).
+        nats) for multiple choice; ``{"task", "doc_id", "target", "response", <metric>: float}`` for generated
+        text (``generate_until``: e.g. ``exact_match`` 0/1 per item). Every row also holds the item's other
+        numeric per-item metrics lm-eval logged, lm-eval's ``doc_hash`` and ``prompt_hash`` when it logged them
+        (the review pairs two runs on them, :func:`quantverdict.review.accuracy.pair_samples`), and ``filter``
+        when it is not lm-eval's ``"none"``.
     """
     rows = []
-    for s in sorted(samples, key=lambda s: s["doc_id"]):
-        row: dict[str, Any] = {"task": task, "doc_id": s["doc_id"]}
+    kept = [s for s in samples if filter_key is None or s.get("filter", filter_key) == filter_key]
+    for s in sorted(kept, key=lambda s: s["doc_id"]):
+        doc_id = f"{prefix}{s['doc_id']}" if prefix else s["doc_id"]
+        row: dict[str, Any] = {"task": task, "doc_id": doc_id}
         row.update({k: s[k] for k in ("doc_hash", "prompt_hash") if s.get(k) is not None})
         if "word_perplexity" in s:  # loglikelihood_rolling: (loglikelihood, count) pairs
             ll, words = s["word_perplexity"]
             _, nbytes = s["byte_perplexity"]
             row.update(loglikelihood=float(ll), n_words=int(words), n_bytes=int(nbytes))
-        else:
+        elif _is_loglikelihoods(s.get("filtered_resps")):
             lls = [float(r[0]) for r in s["filtered_resps"]]
             row.update(
                 target=s.get("target"),
@@ -154,27 +188,61 @@ def sample_rows(task: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]
                 acc_norm=_fnum(s.get("acc_norm")),
                 loglikelihoods=lls,
             )
+        else:  # generated text: the answer after the task's filter, scored per item (exact_match 0/1, ...)
+            row.update(target=s.get("target"), response=_response_text(s.get("filtered_resps")))
+        for metric in s.get("metrics") or []:
+            value = s.get(metric)
+            if metric not in row and isinstance(value, (int, float)) and not isinstance(value, bool):
+                row[metric] = _fnum(value)
+        if s.get("filter") not in (None, "none"):
+            row["filter"] = s["filter"]
         rows.append(row)
     return rows
 
 
-def task_metrics(task: str, res: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+def headline_filter(raw: dict[str, Any], metric: str | None) -> str:
+    """The filter of ``metric`` in lm-eval's ``"metric,filter"`` result keys: the first one listed (lm-eval keeps
+    the order of the task's ``filter_list``, e.g. gsm8k's ``strict-match`` before ``flexible-extract``), else the
+    first filter of any metric, else ``"none"``."""
+    pairs = [key.split(",", 1) for key in raw if "," in key]
+    for name, flt in pairs:
+        if name == metric:
+            return flt
+    return pairs[0][1] if pairs else "none"
+
+
+def task_metrics(
+    task: str,
+    res: dict[str, Any],
+    rows: list[dict[str, Any]],
+    headline: str | None = None,
+    rolling: bool | None = None,
+) -> dict[str, Any]:
     """lm-eval's ``"metric,filter"`` keys of ``task`` mapped to plain names, with the item count.
+
+    The metrics of the headline's filter (:func:`headline_filter`) get plain names (``exact_match``); those of
+    another filter keep lm-eval's key (``exact_match,flexible-extract``).
+
+    Args:
+        headline: the task's headline metric (None: the first metric lm-eval reports).
+        rolling: a rolling log-likelihood task (None: :data:`PERPLEXITY_TASKS` decides).
 
     Returns:
         ``{"word_perplexity", "byte_perplexity", "bits_per_byte", "n", "n_words", "n_bytes", "loglikelihood_sum"}``
-        for :data:`PERPLEXITY_TASKS` (sums over ``rows``, nats); ``{"acc", "acc_stderr", "acc_norm",
-        "acc_norm_stderr", "n"}`` otherwise; a metric lm-eval gave as "N/A" or NaN is None.
+        for a rolling log-likelihood task (sums over ``rows``, nats); ``{"acc", "acc_stderr", "acc_norm",
+        "acc_norm_stderr", "n"}`` and every other metric lm-eval reported otherwise; a metric lm-eval gave as
+        "N/A" or NaN is None.
     """
     raw = res["results"][task]
+    keep = headline_filter(raw, headline)
     plain: dict[str, Any] = {}
     for key, value in raw.items():
         if "," not in key:
             continue
-        name, _filter = key.split(",", 1)
-        plain[name] = _fnum(value)
+        name, flt = key.split(",", 1)
+        plain[name if flt == keep else key] = _fnum(value)
     n = res.get("n-samples", {}).get(task, {}).get("effective", len(rows))
-    if task in PERPLEXITY_TASKS:
+    if rolling if rolling is not None else task in PERPLEXITY_TASKS:
         ll_sum = sum(r["loglikelihood"] for r in rows)
         return {
             "word_perplexity": plain.get("word_perplexity"),
@@ -185,6 +253,9 @@ def task_metrics(task: str, res: dict[str, Any], rows: list[dict[str, Any]]) -> 
             "n_bytes": sum(r["n_bytes"] for r in rows),
             "loglikelihood_sum": ll_sum,
         }
-    out = {k: plain.get(k) for k in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")}
+    out: dict[str, Any] = {}
+    if "acc" in plain or "acc_norm" in plain:  # multiple choice: both keys always there (None when not reported)
+        out = {k: plain.get(k) for k in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")}
+    out.update({k: v for k, v in plain.items() if k not in out})
     out["n"] = n
     return out

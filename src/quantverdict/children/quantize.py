@@ -19,10 +19,12 @@ Result (JSON, besides ``status``/``wall_s`` from :mod:`._child`)::
      "calibration": {...actually used...}, "logits_finite": true,
      "prompt_nll": {"source": float, "quantized": float}, "compute_dtype": str,
      "saved_dtype": str, "quantize_s": float, "save_s": float,
-     "verify_s": float, "memory": {...quantverdict.measure.memory.checkpoint_memory...}}
+     "verify_s": float, "memory": {...quantverdict.measure.memory.checkpoint_memory...},
+     "kept_16bit": {"patterns": [...], "kept_16bit": [module, ...], "quantized": []}}  # keep16.check_kept
 
 Imports only the standard library, the quantize environment's libraries, the stdlib-only
-:mod:`quantverdict.measure.memory` and :mod:`quantverdict.children.materialize` (same environment).
+:mod:`quantverdict.measure.memory` and :mod:`quantverdict.measure.keep16`, and
+:mod:`quantverdict.children.materialize` (same environment).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 
 from quantverdict.children._child import child_main, progress
 from quantverdict.children.materialize import model_class
+from quantverdict.measure.keep16 import check_kept, ignore_patterns
 from quantverdict.measure.memory import checkpoint_memory
 
 CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq")
@@ -236,7 +239,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     Raises:
         ValueError: unknown method, calibration method without data, or no module was quantized.
-        RuntimeError: the reloaded checkpoint produced non-finite logits.
+        RuntimeError: a module that a keep-16-bit pattern of the recipe matches was quantized (named), or the
+            reloaded checkpoint produced non-finite logits. Either way no checkpoint is left at ``out_dir``.
     """
     method = spec["method"]
     model_path, out_dir = Path(spec["model_path"]), Path(spec["out_dir"])
@@ -332,6 +336,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 f"no module was quantized: the checkpoint holds no packed/int8/fp8 weights "
                 f"(recipe targets matched nothing?); {in_memory} modules carried a scheme in memory"
             )
+        kept = check_kept(tmp, ignore_patterns(spec["recipe"]))
+        if kept["quantized"]:
+            raise RuntimeError(
+                f"modules meant to stay 16-bit were quantized: {', '.join(kept['quantized'])} "
+                f"(keep-16-bit patterns {kept['patterns']}; a plain name means the module wherever it sits)"
+            )
+        progress(f"kept 16-bit as meant: {', '.join(kept['kept_16bit']) or 'no stored module matched'}")
         progress(f"reloading the checkpoint ({memory['quantized_modules']} quantized modules) to check logits")
         reloaded = load_model(tmp, device, dtype="auto")
         reloaded.eval()
@@ -372,6 +383,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "save_s": round(save_s, 3),
         "verify_s": round(verify_s, 3),
         "memory": memory,
+        "kept_16bit": kept,
     }
 
 

@@ -93,7 +93,8 @@ class IntervalMethod(StrEnum):
 
 
 class Task(StrEnum):
-    """``eval.tasks``: the lm-eval tasks the project knows (offline files, headline metric)."""
+    """The lm-eval tasks the project knows: offline copies (``data.offline_root``) and a headline metric in
+    ``eval.headline``. ``eval.tasks`` takes these and any other lm-eval task or group name."""
 
     wikitext = "wikitext"
     arc_easy = "arc_easy"
@@ -168,7 +169,8 @@ class ModelConfig:
     baseline_note: str = ""
     synthetic: Optional[SyntheticConfig] = None  # source=synthetic only
     # extra llm-compressor ignore patterns for this model (kept 16-bit whatever the scheme), e.g.
-    # hybrid models' linear-attention projections and vision towers
+    # hybrid models' linear-attention projections and vision towers; a plain module name means that module
+    # wherever it sits (as scheme.ignore), "re:<regex>" is passed as written
     quantize_ignore: list[str] = field(default_factory=list)
     # extra `vllm serve` arguments this model needs (e.g. --language-model-only for a VLM checkpoint)
     serve_args: list[str] = field(default_factory=list)
@@ -197,6 +199,9 @@ class SchemeConfig:
     group_size: str = "auto"
     group_size_candidates: list[int] = field(default_factory=lambda: [128, 64, 32])
     symmetric: bool = True
+    # modules kept 16-bit: a plain module name (lm_head) matches it wherever it sits (language_model.lm_head
+    # too; passed to llm-compressor as re:(?:.*\.)?lm_head$), "re:<regex>" as written, a class name (Linear)
+    # by class; after saving, the quantize stage fails naming any module meant here that was quantized
     ignore: list[str] = field(default_factory=lambda: ["lm_head"])
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     # llm-compressor recipe in its own stage -> modifiers shape; "auto"/"${...}" filled by the registry
@@ -230,9 +235,14 @@ class EvalConfig:
     # hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
     # server, which then also runs the speed sweep: one engine start per scheme; needs bench.enabled)
     backend: EvalBackend = EvalBackend.hf
-    tasks: list[Task] = field(default_factory=lambda: [Task.wikitext, Task.arc_easy, Task.piqa, Task.hellaswag])
+    # lm-eval task or group names: those of KNOWN_TASKS read the offline copies when data.offline_root is set;
+    # any other name is lm-eval's (its hub dataset) or one of eval.include_path, checked in the serve environment
+    tasks: list[str] = field(default_factory=lambda: ["wikitext", "arc_easy", "piqa", "hellaswag"])
+    # a folder of your own lm-eval task YAMLs (lm-eval's TaskManager(include_path=...)); null: none
+    include_path: Optional[str] = None
     limit: Optional[int] = None  # documents per task; recorded, and part of the delta check
-    # per-task override of `limit` (e.g. wikitext: its documents are thousands of tokens each)
+    # per-task caps (e.g. wikitext: its documents are thousands of tokens each); a task runs on the smaller of
+    # `limit` and its cap, and the record names the key that set it (accuracy.tasks.<task>.limit_from)
     task_limits: dict[str, int] = field(default_factory=dict)
     batch_size: int = 8
     max_length: int = 2048
@@ -241,7 +251,8 @@ class EvalConfig:
     # the checkpoint's dtype
     dtype: ComputeDtype = ComputeDtype.bfloat16
     seed: int = 1234
-    # headline metric per task (both acc and acc_norm are always kept)
+    # headline metric per task (both acc and acc_norm are always kept); a task not listed here: the first metric
+    # of its lm-eval config's metric_list, higher or lower is better as lm-eval says (recorded per task)
     headline: dict[str, str] = field(
         default_factory=lambda: {
             "wikitext": "word_perplexity",
@@ -263,7 +274,12 @@ class EvalConfig:
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
+    # the server's TCP port (1-65535): this one if it is free when the server starts, else the next free one above
+    # it, so that jobs on one host (a parallel grid, two grids) never share one; 0: a free port the OS picks. The
+    # record's speed.server names the port used.
     port: int = 8765
+    # true: bench.server.port or fail (a port taken is an error, never another port); needs a port other than 0
+    strict_port: bool = False
     startup_timeout_s: float = 600.0
     enforce_eager: bool = False
     max_model_len: Optional[int] = None  # default: model.max_model_len
@@ -359,7 +375,8 @@ class EnvConfig:
 
 @dataclass
 class DataConfig:
-    # folder holding the offline files (wikitext-2-raw/, piqa/, ...); null: lm-eval's hub tasks
+    # folder holding the offline files (wikitext-2-raw/, piqa/, ...); null: lm-eval's hub tasks and the hub
+    # calibration dataset (conf/config.yaml: the environment variable QV_DATA_ROOT, else null)
     offline_root: Optional[str] = None
 
 

@@ -10,6 +10,9 @@ model and are filled here rather than copied per model:
   ``in_features`` axis, into groups of ``group_size`` columns with one scale (and zero point) each;
   a group size that does not divide ``in_features`` leaves a ragged last group that vLLM's kernels
   refuse.
+* the keep-16-bit patterns (``scheme.ignore``, ``model.quantize_ignore``) in every ``ignore`` list: a plain
+  module name becomes the regex that matches it wherever it sits (:func:`quantverdict.measure.keep16.anywhere`:
+  ``lm_head`` -> ``re:(?:.*\\.)?lm_head$``, which also keeps ``language_model.lm_head`` 16-bit).
 * the checkpoint cache key (:func:`checkpoint_key`): everything that changes the quantized weights.
 
 The orchestrator side imports this module; the quantize child receives the resolved recipe as JSON.
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ConfigError, SchemeConfig, closest
+from quantverdict.measure.keep16 import anywhere
 
 SCHEME_ORDER = {s: i for i, s in enumerate(("bf16", "int8", "fp8", "w8a8", "gptq", "awq"))}  # tables, reviews
 # config.json keys that describe a Llama-like decoder's Linear layers
@@ -376,6 +380,18 @@ def _add_ignore(node: Any, extra: list[str]) -> None:
             _add_ignore(value, extra)
 
 
+def _ignore_anywhere(node: Any) -> None:
+    """Every ``ignore`` list's plain module names in their match-anywhere form (:func:`anywhere`), in place."""
+    if isinstance(node, dict):
+        if isinstance(node.get("ignore"), list):
+            node["ignore"] = list(dict.fromkeys(anywhere(str(p)) for p in node["ignore"]))
+        for value in node.values():
+            _ignore_anywhere(value)
+    elif isinstance(node, list):
+        for value in node:
+            _ignore_anywhere(value)
+
+
 def data_free_equivalent(recipe: dict[str, Any]) -> dict[str, Any]:
     """The same checkpoint format by round-to-nearest: for models whose accuracy is not measured.
 
@@ -421,7 +437,10 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any], extra_ignore: lis
         scheme: the composed scheme config (``scheme.recipe`` already has ``${scheme.ignore}`` resolved).
         dims: model config.json values (:func:`read_dims`).
         extra_ignore: the model's own 16-bit patterns (``model.quantize_ignore``), appended to every
-            ``ignore`` list of the recipe.
+            ``ignore`` list of the recipe. Then every plain module name of an ``ignore`` list becomes
+            ``re:(?:.*\\.)?<name>$`` (:func:`quantverdict.measure.keep16.anywhere`): compressed-tensors
+            matches a plain name only when it equals the module's full name, so ``lm_head`` alone would
+            quantize a head that sits under a wrapper (``language_model.lm_head``).
 
     Returns:
         The recipe as plain dicts/lists, ready for ``llmcompressor.recipe.Recipe.from_dict``.
@@ -439,6 +458,7 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any], extra_ignore: lis
     _fill_group_sizes(recipe, resolved, quantized_in_features(dims), list(scheme.group_size_candidates))
     if extra_ignore:
         _add_ignore(recipe, list(extra_ignore))
+    _ignore_anywhere(recipe)
     return recipe
 
 

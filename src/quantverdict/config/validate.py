@@ -292,6 +292,46 @@ def eval_file_errors(ev: EvalConfig, offline_root: Path) -> list[str]:
     return errors
 
 
+# lm-eval task and group names (lm_eval/tasks/**/*.yaml): letters, digits and _ - . + ; they also name the
+# per-item file samples_<task>.jsonl
+TASK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+
+
+def eval_task_errors(ev: EvalConfig) -> list[str]:
+    """Problems of ``eval.tasks``, ``eval.task_limits`` and ``eval.include_path`` that need no lm-eval.
+
+    Whether lm-eval knows a name is checked in the serve environment (:mod:`quantverdict.children.task_check`),
+    before the model is materialized. A ``task_limits`` key that names no task of ``eval.tasks`` is ignored (the
+    eval profiles limit their own tasks), unless it is no known task either: then it is a typo.
+    """
+    errors = []
+    for i, task in enumerate(ev.tasks):
+        if not isinstance(task, str) or not TASK_NAME.match(task):
+            errors.append(
+                f"eval.tasks[{i}]={task!r} is not an lm-eval task name (letters, digits, '_', '-', '.', '+'; e.g. "
+                f"{', '.join(KNOWN_TASKS[:3])}, gsm8k, mmlu)"
+            )
+    dupes = sorted({t for t in ev.tasks if list(ev.tasks).count(t) > 1})
+    if dupes:
+        errors.append(f"eval.tasks lists {', '.join(map(repr, dupes))} more than once; list each task once")
+    for name in ev.task_limits:
+        if name not in ev.tasks and name not in KNOWN_TASKS:
+            errors.append(
+                f"eval.task_limits key {name!r} names no task of eval.tasks ({', '.join(map(str, ev.tasks))})"
+                f"{closest(name, [*ev.tasks, *KNOWN_TASKS])}"
+            )
+    if ev.include_path is not None:
+        folder = Path(ev.include_path).expanduser()
+        if not folder.is_dir():
+            errors.append(
+                f"eval.include_path={ev.include_path!r} is not a directory; point it at a folder of lm-eval task "
+                "YAMLs, or set eval.include_path=null"
+            )
+        elif not any(folder.rglob("*.yaml")):
+            errors.append(f"eval.include_path={ev.include_path!r} holds no *.yaml task file (lm-eval reads *.yaml)")
+    return errors
+
+
 def server_backend_errors(cfg: Config) -> list[str]:
     """Problems of a job that :func:`evaluates_through_server`.
 
@@ -352,6 +392,69 @@ def bench_window_errors(bench: BenchConfig) -> list[str]:
             f"bench.prefetch_prompts=true needs bench.warmup_prompts > 0 (got {bench.warmup_prompts}): the warm-up "
             "waves size every run before the sweep; set warmup_prompts (e.g. 8) or prefetch_prompts=false"
         )
+    return errors
+
+
+def server_port_errors(cfg: Config) -> list[str]:
+    """``bench.server.port`` is a TCP port, 1-65535, or 0 (a free port the OS picks); ``bench.server.strict_port``
+    needs a port of its own to insist on."""
+    srv = cfg.bench.server
+    if not 0 <= srv.port <= 65535:
+        return [
+            f"bench.server.port={srv.port} is not a TCP port: use 1-65535 (the first port tried; the next free one "
+            "above it is taken when it is in use), or 0 for a free port the OS picks"
+        ]
+    if srv.strict_port and srv.port == 0:
+        return ["bench.server.strict_port=true needs a port to insist on: set bench.server.port to one of 1-65535"]
+    return []
+
+
+def count_errors(cfg: Config) -> list[str]:
+    """Counts, sizes and durations of ``bench``, ``eval``, ``model`` and the calibration outside their range, one
+    message per key naming the key, its value and the allowed range (``bench.num_prompts=0 must be >= 1``).
+
+    A sweep point of no request, a warm-up of -1 prompts, an evaluation batch of 0 or a window of 0 tokens would
+    otherwise start minutes of work that can only fail or measure nothing. The keys checked elsewhere in
+    :func:`validate` (``eval.limit``, ``eval.task_limits``, ``bench.repeats``, ``bench.concurrencies``,
+    ``bench.input_len`` / ``output_len``, ``bench.prompts_per_concurrency``, ...) are not repeated here. The
+    calibration counts are checked for the calibrated methods only (the others read no calibration data).
+    """
+    b, ev, srv, tp = cfg.bench, cfg.eval, cfg.bench.server, cfg.eval.token_perplexity
+    # (key, value, minimum, null allowed)
+    ints: list[tuple[str, int | None, int, bool]] = [
+        ("model.max_model_len", cfg.model.max_model_len, 1, False),
+        ("bench.num_prompts", b.num_prompts, 1, False),
+        ("bench.warmup_prompts", b.warmup_prompts, 0, False),
+        ("bench.server.max_model_len", srv.max_model_len, 1, True),
+        ("bench.server.max_num_seqs", srv.max_num_seqs, 1, True),
+        ("eval.batch_size", ev.batch_size, 1, False),
+        ("eval.max_length", ev.max_length, 1, False),
+        ("eval.num_fewshot", ev.num_fewshot, 0, False),
+        ("eval.token_perplexity.seq_len", tp.seq_len, 1, False),
+        ("eval.token_perplexity.max_tokens", tp.max_tokens, 1, True),
+    ]
+    if cfg.scheme.method not in ("none", "rtn"):
+        cal = cfg.scheme.calibration
+        ints += [
+            ("scheme.calibration.num_samples", cal.num_samples, 1, False),
+            ("scheme.calibration.seq_len", cal.seq_len, 1, False),
+        ]
+    errors = [
+        f"{key}={value} must be >= {low}" + (" or null" if nullable else "")
+        for key, value, low, nullable in ints
+        if value is not None and value < low
+    ]
+    # durations in seconds, > 0
+    for key, secs in (
+        ("bench.point_timeout_s", b.point_timeout_s),
+        ("bench.server.startup_timeout_s", srv.startup_timeout_s),
+    ):
+        if not secs > 0:
+            errors.append(f"{key}={secs} must be > 0 (seconds)")
+    if not 0 < srv.gpu_memory_utilization <= 1:
+        errors.append(f"bench.server.gpu_memory_utilization={srv.gpu_memory_utilization} must be in (0, 1], e.g. 0.9")
+    if srv.kv_cache_space_gib is not None and not srv.kv_cache_space_gib > 0:
+        errors.append(f"bench.server.kv_cache_space_gib={srv.kv_cache_space_gib} must be > 0 (GiB) or null")
     return errors
 
 
@@ -421,12 +524,10 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
     _choice(errors, "eval.dtype", cfg.eval.dtype, COMPUTE_DTYPES)
     _choice(errors, "bench.server.dtype", cfg.bench.server.dtype, COMPUTE_DTYPES)
-    for i, task in enumerate(cfg.eval.tasks):
-        _choice(errors, f"eval.tasks[{i}]", task, KNOWN_TASKS)
+    errors += eval_task_errors(cfg.eval)
     if cfg.eval.limit is not None and cfg.eval.limit < 1:
         errors.append(f"eval.limit={cfg.eval.limit} must be >= 1 or null")
     for name, n in cfg.eval.task_limits.items():
-        _choice(errors, "eval.task_limits key", name, KNOWN_TASKS)
         if n < 1:
             errors.append(f"eval.task_limits.{name}={n} must be >= 1")
     tp = cfg.eval.token_perplexity
@@ -463,6 +564,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     if cfg.bench.repeats < 1:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
     errors += bench_window_errors(cfg.bench)
+    errors += count_errors(cfg)
     _choice(errors, "env.device", cfg.env.device, DEVICES)
     if cfg.env.device == "auto":
         errors.append(
@@ -483,7 +585,12 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 errors.append(f"env.{stage}.requirements={senv.requirements!r} is not a file under the project root")
     root = cfg.data.offline_root
     if root is not None:
-        if not Path(root).is_dir():
+        if not str(root).strip():  # QV_DATA_ROOT set but empty would read the working directory
+            errors.append(
+                "data.offline_root is empty (QV_DATA_ROOT set to ''?); point it at the offline data folder or "
+                "leave it null (unset QV_DATA_ROOT) to use the hub"
+            )
+        elif not Path(root).is_dir():
             errors.append(
                 f"data.offline_root={root!r} is not a directory; point it at the offline data "
                 "(wikitext-2-raw/, piqa/, ...) or set data.offline_root=null to use the hub"
@@ -495,5 +602,6 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 errors += eval_file_errors(cfg.eval, Path(root))
     errors += review_errors(cfg.review)
     errors += parallel_serving_errors(cfg)
+    errors += server_port_errors(cfg)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

@@ -37,10 +37,12 @@ class GridSummary(Callback):
 
 def refused_before_work(rec: dict[str, Any]) -> bool:
     """A job whose config was refused (stage ``config``) or that this machine cannot run (a ConfigError in
-    stage ``preflight`` or ``cpu_check``): bad input, nothing expensive ran."""
+    stage ``preflight``, ``task_check`` or ``cpu_check``): bad input, nothing expensive ran."""
     if rec.get("failed_stage") == "config":
         return True
-    return rec.get("failed_stage") in ("preflight", "cpu_check") and str(rec.get("error", "")).startswith("ConfigError")
+    return rec.get("failed_stage") in ("preflight", "task_check", "cpu_check") and str(rec.get("error", "")).startswith(
+        "ConfigError"
+    )
 
 
 def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:

@@ -14,6 +14,7 @@ reuses are :mod:`~quantverdict.orchestrate.caches`, a finished identical job is 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -27,7 +28,7 @@ from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict, model_config
 from quantverdict.config.schema import Config, ConfigError, SchemeMethod, evaluates_through_server
 from quantverdict.measure import memory
-from quantverdict.orchestrate import caches, dummy, hardware, hub, preflight, resume
+from quantverdict.orchestrate import caches, data_access, dummy, hardware, hub, preflight, resume
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
@@ -47,6 +48,7 @@ DUMMY_WEIGHTS_NOTE = (
 )
 # what lm-eval's local-completions model (eval.backend=server) imports besides lm-eval itself: its "api" extra
 SERVER_EVAL_DISTS = ("aiohttp", "requests", "tenacity")
+RECIPE_FILE = "recipe.json"  # the resolved llm-compressor recipe, in the job folder and its MLflow run
 
 
 class Job:
@@ -191,6 +193,7 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
         job.save()
         artifacts = [
             out_dir / "record.json",
+            out_dir / RECIPE_FILE,
             out_dir / "bench" / "sweep.jsonl",
             *sorted(out_dir.glob("*.log")),
             *sorted((out_dir / "eval").glob("samples_*.jsonl")),  # per-item results for paired tests
@@ -251,6 +254,10 @@ def _run(job: Job) -> None:
                     "(requirements/serve.txt, or the GPU bundle) or use eval.backend=hf or eval.backend=vllm"
                 )
 
+    if data_access.names_to_check(cfg):  # eval.tasks the project does not know: lm-eval must (serve environment)
+        with job.stage("task_check") as st:
+            st.detail = data_access.check_task_names(cfg, serve_env, cache, out)
+
     cpu_plan = None
     if cfg.env.device == "cpu":  # dtypes and servability from the CPU, as the stage environments see it
         with job.stage("cpu_check") as st:
@@ -305,6 +312,7 @@ def _run(job: Job) -> None:
             f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
             f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
         )
+    (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))  # what llm-compressor gets ({}: bf16); an artifact
     if not cfg.bench.enabled:
         unsupported = None
     elif cpu_plan is not None:
@@ -432,10 +440,16 @@ def _evaluate(
     cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path, dtype: str, server: VLLMServer | None = None
 ) -> dict[str, Any]:
     """Run the evaluate stage; ``dtype`` is the resolved eval dtype (``Job.dtypes["evaluate"]``)."""
+    include = cfg.eval.include_path
     spec: dict[str, Any] = {
         "model_path": model_path,
-        "eval": {**as_dict(cfg.eval), "dtype": dtype},
+        "eval": {
+            **as_dict(cfg.eval),
+            "dtype": dtype,
+            "include_path": str(Path(include).expanduser().resolve()) if include else None,
+        },
         "offline_root": cfg.data.offline_root,
+        "hub_offline": data_access.offline_env_var() is not None,
         "cache_dir": str(cache / "data"),
         "output_dir": str(out / "eval"),
         "device": cfg.env.device,

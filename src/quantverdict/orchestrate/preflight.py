@@ -18,7 +18,7 @@ import psutil
 
 from quantverdict.children.materialize import MODEL_INFO  # the cache entry's marker file (a constant, stdlib only)
 from quantverdict.config.schema import Config, ConfigError, ModelConfig
-from quantverdict.orchestrate import hub
+from quantverdict.orchestrate import data_access, hub
 from quantverdict.orchestrate.hub import HUB_TIMEOUT_S, HubModel, HubUnavailable
 
 GIB = 2**30
@@ -233,7 +233,8 @@ class Preflight:
 
 
 def check(cfg: Config, resources: MachineResources | None = None) -> Preflight:
-    """Raise one ConfigError with every problem of :func:`source_problems` and :func:`fit_problems`.
+    """Raise one ConfigError with every problem of :func:`source_problems`, :func:`fit_problems` and
+    :func:`quantverdict.orchestrate.data_access.problems` (data neither offline nor on a reachable hub).
 
     Returns:
         The model's parameter count where known, and a hub model's resolved commit.
@@ -246,6 +247,7 @@ def check(cfg: Config, resources: MachineResources | None = None) -> Preflight:
     here = resources or MachineResources.here(cache)
     problems += fit_problems(params, cfg.env.device, here, cache, materialized)
     problems += gpu_disk_problems(params, cfg, here, cache, materialized)
+    problems += data_access.problems(cfg)  # data the job reads: offline, or the hub reachable
     if problems:
         raise ConfigError("this machine cannot run the job:\n  - " + "\n  - ".join(problems))
     return Preflight(params, found)

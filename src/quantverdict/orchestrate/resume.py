@@ -3,7 +3,7 @@
 Two keys, both from content:
 
 * the **config hash** (:func:`config_hash`, the job's id): the resolved config minus what does not change a
-  result (output locations, ``resume``, the review's constraints);
+  result (output locations, ``resume``, the review's constraints, the server's port);
 * the **resume key** (:func:`resume_key`): the config hash, every distribution installed in each stage
   environment (``name==version`` lines, :func:`installed`) and the sha256 of the calibration text's content
   (:func:`calibration_sha256`). A job is reused only under an equal resume key, so a stage environment with
@@ -61,9 +61,13 @@ print(json.dumps(sorted(seen.values(), key=str.lower)))
 
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the resolved config, minus what does not change a result: output
-    locations (``paths``, ``tracking``: its store sits under the output root), ``resume`` and ``review``
-    (first 12 hex)."""
+    locations (``paths``, ``tracking``: its store sits under the output root), ``resume``, ``review`` and the
+    server's port (``bench.server.port``, ``bench.server.strict_port``) (first 12 hex)."""
     cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review", "tracking")}
+    server = (cfg.get("bench") or {}).get("server")
+    if isinstance(server, dict):
+        server = {k: v for k, v in server.items() if k not in ("port", "strict_port")}
+        cfg["bench"] = {**cfg["bench"], "server": server}
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

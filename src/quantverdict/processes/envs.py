@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantverdict.config.compose import compose
-from quantverdict.config.schema import EnvConfig, StageEnvConfig
+from quantverdict.config.schema import Config, EnvConfig, StageEnvConfig
 from quantverdict.processes import venv_build
 
 log = logging.getLogger(__name__)
@@ -159,11 +159,24 @@ def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Pa
     return StageEnv(stage, python, extra)
 
 
+def setup_config(overrides: list[str]) -> Config:
+    """The config whose stage environments ``make setup`` builds: ``overrides`` composed with no data folder.
+
+    Building environments reads no data, so the offline folder is neither needed nor checked: ``data.offline_root``
+    is null whatever ``QV_DATA_ROOT`` or an override says.
+
+    Raises:
+        ConfigError: another problem of the config (:func:`quantverdict.config.compose.compose`).
+    """
+    kept = [o for o in overrides if not o.lstrip("+~").startswith("data.offline_root")]
+    return compose([*kept, "data.offline_root=null"])
+
+
 def main() -> None:
     """Create the stage environments of the default config (``make setup``)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    cfg = compose(sys.argv[1:])
+    cfg = setup_config(sys.argv[1:])
     root = Path(cfg.paths.project_root)
     for stage in ("quantize", "serve"):
         env = ensure(stage, getattr(cfg.env, stage), cfg.env, root)

@@ -10,12 +10,12 @@ Run on a connected machine, carry the folder over, and create the environments t
 How the set is chosen: pip resolves each requirement file for the target (``pip install --dry-run --report``
 with ``--python-version``/``--platform``/``--only-binary=:all:``; the report's format is pip's "installation
 report", https://pip.pypa.io/en/stable/reference/installation-report/), run by an interpreter of the target's
-Python version (:func:`pip_python`: pip evaluates environment markers for the interpreter it runs in). A resolved distribution that the target
-already has in a version meeting every specifier that asks for it (``--installed``) is left out together with
-what only it needs: a host with its own CUDA torch gets no torch and no CUDA libraries. The rest is downloaded
-(``pip download --no-deps``). A dependency published only as a source archive is built into a wheel here first
-(it must build to a pure-Python ``py3-none-any`` wheel). ``wheelhouse.json`` in the folder lists what was
-included and left out, for which target.
+Python version (:func:`pip_python`: pip evaluates environment markers for the interpreter it runs in). A resolved
+distribution that the target already has in a version meeting every specifier that asks for it (``--installed``)
+is left out together with what only it needs: a host with its own CUDA torch gets no torch and no CUDA libraries.
+The rest is downloaded (``pip download --no-deps``). A dependency published only as a source archive is built into
+a wheel here first (it must build to a pure-Python ``py3-none-any`` wheel). ``wheelhouse.json`` in the folder lists
+what was included and left out, for which target.
 """
 
 from __future__ import annotations

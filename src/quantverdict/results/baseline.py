@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import JobRecord, TaskResult
 
 # eval settings that must be identical for an accuracy delta to mean anything
 DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
@@ -33,15 +33,51 @@ def eval_mismatch(rec: JobRecord, base: JobRecord) -> str | None:
     return "eval settings differ (" + "; ".join(diffs) + ")" if diffs else None
 
 
-def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The finished baseline record (``baseline_scheme``) of the same model, newest first."""
+def has_accuracy(rec: dict[str, Any]) -> bool:
+    """Whether a record holds accuracy results to compare with: an lm-eval task's metrics or a token perplexity
+    (not merely an ``accuracy`` section: settings alone, or why it was not applicable)."""
+    acc = rec.get("accuracy") or {}
+    tp = acc.get("token_perplexity") or {}
+    return bool(acc.get("tasks")) or tp.get("token_perplexity") is not None
+
+
+def baseline_candidates(rec: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``rec``'s model in its baseline scheme (``config.baseline_scheme``, default bf16), with or
+    without results: finished (status ok) ones first, then the newest (``job.finished_at``, else ``started_at``)."""
     want = rec.get("config", {}).get("baseline_scheme", "bf16")
-    cands = [
-        r
-        for r in records
-        if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want and r.get("accuracy")
-    ]
-    return max(cands, key=lambda r: r["job"].get("finished_at") or "", default=None)
+    cands = [r for r in records if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want]
+    return sorted(
+        cands,
+        key=lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or r["job"].get("started_at") or ""),
+        reverse=True,
+    )
+
+
+def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The baseline an accuracy delta of ``rec`` is taken against: of the records of the same model in the
+    baseline scheme that hold accuracy results (:func:`has_accuracy`), a finished one before an unfinished one,
+    then the newest; one without them (evaluation disabled, failed before it) is passed over however new. None
+    when there is none (:func:`no_baseline_reason` says why)."""
+    return next((r for r in baseline_candidates(rec, records) if has_accuracy(r)), None)
+
+
+def no_baseline_reason(rec: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """Why :func:`find_baseline` found no baseline for ``rec``: no record of the baseline scheme, or each
+    candidate (job id, status, when it finished) and what it lacks."""
+    want = rec.get("config", {}).get("baseline_scheme", "bf16")
+    model = rec["job"].get("model")
+    cands = baseline_candidates(rec, records)
+    if not cands:
+        return f"no {want} record of {model} among the records"
+    parts = []
+    for r in cands:
+        evaluate = (r.get("stages") or {}).get("evaluate") or {}
+        why = f"evaluate {evaluate.get('status')}" + (f" ({evaluate['detail']})" if evaluate.get("detail") else "")
+        parts.append(
+            f"{r['job'].get('id')} ({r.get('status')}, finished {r['job'].get('finished_at')}): no accuracy results"
+            + (f", {why}" if evaluate else "")
+        )
+    return f"no {want} record of {model} holds accuracy results; candidates: " + "; ".join(parts)
 
 
 def pct_change(value: float | None, base: float | None) -> float | None:
@@ -51,21 +87,41 @@ def pct_change(value: float | None, base: float | None) -> float | None:
     return 100.0 * (value - base) / base
 
 
+def headline_of(task: str, headline: dict[str, str], result: TaskResult | None) -> tuple[str, bool]:
+    """A task's headline metric and whether a higher value is better.
+
+    The metric: ``eval.headline``'s for the task, else the one the record names (``headline_metric``: the first of
+    the lm-eval config's ``metric_list``), else ``acc``. The direction: the record's ``higher_is_better`` (lm-eval's)
+    when it is for that metric, else lower is better for a perplexity and higher for anything else.
+    """
+    recorded = result.metric("headline_metric") if result is not None else None
+    metric = str(headline.get(task) or recorded or "acc")
+    hib = result.metric("higher_is_better") if result is not None and metric == recorded else None
+    return metric, hib if isinstance(hib, bool) else "perplexity" not in metric
+
+
 def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -> dict[str, Any]:
-    """Per task: headline metric, its absolute delta and recovery % (100 * value / baseline); perplexity
-    kinds as % change. Refused (``{"refused": reason}``) when the eval settings differ."""
+    """Per task: headline metric (:func:`headline_of`), its absolute delta and recovery % (100 * value / baseline)
+    when higher is better; % change when lower is better (perplexities); ``higher_is_better`` says which.
+    Refused (``{"refused": reason}``) when the eval settings differ."""
     reason = eval_mismatch(rec, base)
     if reason:
         return {"refused": reason}
     out: dict[str, Any] = {}
     tasks, btasks = rec.accuracy.tasks, base.accuracy.tasks
     for task, metrics in tasks.items():
-        metric = headline.get(task, "acc")
+        metric, higher = headline_of(task, headline, metrics)
         v, b = metrics.metric(metric), (btasks[task].metric(metric) if task in btasks else None)
         if v is None or b is None:
             continue
-        if "perplexity" in metric:
-            out[task] = {"metric": metric, "value": v, "baseline": b, "delta_pct": pct_change(v, b)}
+        if not higher:
+            out[task] = {
+                "metric": metric,
+                "value": v,
+                "baseline": b,
+                "delta_pct": pct_change(v, b),
+                "higher_is_better": False,
+            }
         else:
             out[task] = {
                 "metric": metric,
@@ -73,6 +129,7 @@ def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -
                 "baseline": b,
                 "delta": v - b,
                 "recovery_pct": 100.0 * v / b if b else None,
+                "higher_is_better": True,
             }
     tp, btp = rec.accuracy.token_perplexity or {}, base.accuracy.token_perplexity or {}
     if tp.get("token_perplexity") and btp.get("token_perplexity"):

@@ -458,6 +458,9 @@ class Speed(Section):
 
     mode: str | None = None
     served_model: str | None = None
+    # the server's address: host, port (the one it listened on), requested_port, strict_port, start_attempts
+    # (absent in older records; quantverdict.serving.server.VLLMServer.endpoint)
+    server: dict[str, Any] | None = None
     points: list[SweepPoint] = field(default_factory=list)
     summary: list[LoadLevel] = field(default_factory=list)
     kernel_check: dict[str, Any] | None = None

@@ -7,7 +7,7 @@ from typing import Any
 
 from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import capacity, server_metrics, sweep
-from quantverdict.results.baseline import accuracy_deltas, find_baseline
+from quantverdict.results.baseline import accuracy_deltas, find_baseline, headline_of
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import JobRecord
@@ -98,6 +98,16 @@ def _load(p: dict[str, Any]) -> str:
     return "inf" if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)) else f"{r:g}/s"
 
 
+def _task_headline(task: str, records: list[dict[str, Any]]) -> str:
+    """The headline metric of ``task`` in the first record that ran it (:func:`headline_of`)."""
+    for r in records:
+        rec = JobRecord.view(r)
+        if task in rec.accuracy.tasks:
+            headline = r.get("config", {}).get("eval", {}).get("headline", {})
+            return headline_of(task, headline, rec.accuracy.tasks[task])[0]
+    return "acc"
+
+
 def format_table(records: list[dict[str, Any]]) -> str:
     """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job."""
     records = sorted(
@@ -149,7 +159,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         row.append(_f(tp) + _delta(deltas.get("token_perplexity"), deltas))
         for t in tasks:
             m = (acc or {}).get("tasks", {}).get(t, {})
-            metric = headline.get(t, "acc")
+            metric, _ = headline_of(t, headline, JobRecord.view(r).accuracy.tasks.get(t))
             v = m.get(metric)
             row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.get(t), deltas))
         if acc is not None:
@@ -190,7 +200,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         )
     )
     out.append("\n### Accuracy (delta vs the baseline of the same model)\n")
-    heads = [f"{t} {records[0].get('config', {}).get('eval', {}).get('headline', {}).get(t, 'acc')}" for t in tasks]
+    heads = [f"{t} {_task_headline(t, records)}" for t in tasks]
     out.append(_md(["job", "token ppl"] + heads, acc_rows))
     out.append("\n### Speed (vLLM serving sweep)\n")
     if speed_rows:

@@ -1,14 +1,17 @@
 """MLflow tracking: one run per (model, scheme) job, a nested run per stage.
 
 Uses :class:`mlflow.MlflowClient` with explicit run ids (no global "active run"), so a failure can
-never leave another run active. Params are the flattened resolved config, metrics the flattened
-numeric results (names made valid for MLflow without collisions), artifacts the record itself,
-the sweep table and the stage logs.
+never leave another run active. Params are the flattened resolved config (a value longer than MLflow
+takes is cut with a marker naming the whole value's length and sha256, :func:`param_value`), metrics the
+flattened numeric results (names made valid for MLflow without collisions), artifacts the record itself,
+the whole resolved config (``config.yaml``), the resolved llm-compressor recipe (``recipe.json``, where
+the job got that far), the sweep table and the stage logs.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import math
 import re
@@ -21,6 +24,21 @@ from quantverdict.config.schema import TrackingConfig
 log = logging.getLogger(__name__)
 
 _INVALID = re.compile(r"[^A-Za-z0-9_\-. /]")
+# MLflow's limit on one param value, in characters (mlflow.utils.validation.MAX_PARAM_VAL_LENGTH)
+PARAM_VALUE_MAX = 6000
+CONFIG_ARTIFACT = "config.yaml"  # the job's whole resolved config, beside record.json
+
+
+def param_value(value: Any, limit: int = PARAM_VALUE_MAX) -> str:
+    """``str(value)`` as an MLflow param: whole when it fits in ``limit`` characters, else its start followed
+    by a marker that names the whole value, ``…[cut; sha256:<64 hex>; <n> chars]`` (sha256 of its UTF-8
+    bytes), the two together exactly ``limit`` characters. The whole value is in the run's ``config.yaml``.
+    """
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    marker = f"…[cut; sha256:{hashlib.sha256(text.encode()).hexdigest()}; {len(text)} chars]"
+    return text[: limit - len(marker)] + marker
 
 
 def metric_name(key: str) -> str:
@@ -240,7 +258,9 @@ class Tracker:
     def finish(self, record: dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
         """Log params, metrics and artifacts of the job, then end its run FINISHED, KILLED or FAILED.
 
-        The end status comes from :func:`run_status`.
+        The end status comes from :func:`run_status`. Params are the config's values (:func:`param_value`),
+        the recipe (``scheme.recipe``) and Hydra's own settings left out; the whole config is the artifact
+        :data:`CONFIG_ARTIFACT`.
 
         ``artifacts`` inside ``out_dir`` keep their sub-folder (``eval/samples_arc_easy.jsonl``).
         """
@@ -251,12 +271,13 @@ class Tracker:
         try:
             params = flatten(record["config"])
             plist = [
-                Param(metric_name(k)[:250], str(v)[:6000])
+                Param(metric_name(k)[:250], param_value(v))
                 for k, v in params.items()
                 if not k.startswith(("scheme.recipe", "hydra"))
             ]
             for i in range(0, len(plist), 100):
                 self.client.log_batch(self.run_id, params=plist[i : i + 100])
+            self.client.log_dict(self.run_id, record["config"], CONFIG_ARTIFACT)
             metrics = numeric_metrics(
                 {"memory": record["memory"], "accuracy": record["accuracy"], "speed": _speed_by_label(record["speed"])}
             )

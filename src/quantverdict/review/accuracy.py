@@ -4,8 +4,9 @@ Pairs the per-item samples of scheme and baseline (``accuracy.samples``) on thei
 intervals and tests with :mod:`quantverdict.review.stats`; without samples, an unpaired interval from the two
 stderrs. Pairing checks lm-eval's ``doc_hash`` and ``prompt_hash`` of each item (``lm_eval/evaluator.py``
 logs them per sample) and refuses the paired test on the first item whose hashes differ (two runs over
-different data files or prompts); samples without hashes are paired by ``doc_id`` alone, and the delta says
-so. Token perplexity is paired over its windows (``accuracy.token_perplexity.window_nll`` and
+different data files or prompts): that delta is marked ``refused`` and left unjudged by the accuracy check
+(:func:`quantverdict.review.verdict.accuracy_check`); samples without hashes are paired by ``doc_id`` alone, and
+the delta says so. Token perplexity is paired over its windows (``accuracy.token_perplexity.window_nll`` and
 ``window_n_tokens``) when the record holds them. Fewer than 2 items: no interval and never "significant".
 """
 
@@ -116,7 +117,7 @@ def _score_delta(
     if sa and sb:
         pairing = pair_samples(task, sa, sb, (metric,))
         if pairing.refused:
-            td.note = pairing.refused
+            td.note = td.refused = pairing.refused
             return td
         ra, rb, note = pairing.a, pairing.b, pairing.note
         if len(ra) == 1:  # one item is no sample: no interval, never "significant"
@@ -186,7 +187,7 @@ def _ppl_delta(
     if sa and sb and count:
         pairing = pair_samples(task, sa, sb, ("loglikelihood", count))
         if pairing.refused:
-            td.note = pairing.refused
+            td.note = td.refused = pairing.refused
             return td
         ra, rb, note = pairing.a, pairing.b, pairing.note
         if len(ra) == 1:  # one document is no sample: no interval, never "significant"
@@ -205,7 +206,11 @@ def _ppl_delta(
             td.interval, td.paired, td.n, td.note = _ppl_from_log_ratio(iv), True, len(num), note
             td.significant = stats.significant(td.interval)
             return td
-    td.note = "no per-document samples: no interval"
+    td.note = (
+        "no per-document samples: no interval"
+        if count or "perplexity" in metric
+        else "lower is better: % change, no paired interval for this metric"
+    )
     return td
 
 
@@ -220,7 +225,7 @@ def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewC
     (nll_a, tok_a), (nll_b, tok_b) = wa, wb
     if tok_a != tok_b:
         first = next((i for i, (x, y) in enumerate(zip(tok_a, tok_b)) if x != y), min(len(tok_a), len(tok_b)))
-        td.note = (
+        td.note = td.refused = (
             f"token_perplexity windows differ ({len(tok_a)} vs {len(tok_b)} windows; first difference at window "
             f"{first}): the two runs did not score the same tokens; paired test refused"
         )
@@ -245,9 +250,13 @@ def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewC
 
 
 def accuracy_section(
-    rec: JobRecord, base: JobRecord | None, rc: ReviewConfig
+    rec: JobRecord, base: JobRecord | None, rc: ReviewConfig, no_base: str = ""
 ) -> tuple[list[TaskDelta], str | None, list[str]]:
     """Deltas of ``rec`` against ``base`` (headline metric per task + every perplexity kind).
+
+    Args:
+        no_base: why there is no baseline, said when ``base`` is None
+            (:func:`quantverdict.results.baseline.no_baseline_reason`).
 
     Returns:
         ``(deltas, refused_reason, missing)``; ``refused_reason`` is set when the eval settings differ
@@ -257,7 +266,11 @@ def accuracy_section(
     if not rec.accuracy.tasks and not rec.accuracy.token_perplexity:
         return [], None, ["no accuracy results"]
     if base is None:
-        return [], None, ["no baseline record with accuracy for this model: no deltas"]
+        return (
+            [],
+            None,
+            ["no baseline record with accuracy for this model: no deltas" + (f" ({no_base})" if no_base else "")],
+        )
     reason = eval_mismatch(rec, base)
     if reason:
         return [], reason, []
@@ -269,7 +282,7 @@ def accuracy_section(
         if task == "token_perplexity":
             continue
         metric = d["metric"]
-        if "perplexity" in metric:
+        if d.get("higher_is_better") is False:  # perplexities, and any metric lm-eval says is better lower
             out.append(_ppl_delta(task, metric, d["value"], d["baseline"], rec, base, rc))
             for other in ("word_perplexity", "byte_perplexity"):
                 v, b = tasks[task].metric(other), (btasks[task].metric(other) if task in btasks else None)

@@ -6,7 +6,9 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from quantverdict import __version__
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import kernels
-from quantverdict.results.baseline import find_baseline
+from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.record import JobRecord, now_iso, stopped_stage
 from quantverdict.results.tracking import (
@@ -56,7 +58,14 @@ REVIEW_SCHEMA_VERSION = 1
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 
 
-def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) -> Scorecard:
+def _card(
+    rec: dict[str, Any],
+    records: list[dict[str, Any]],
+    rc: ReviewConfig,
+    all_records: list[dict[str, Any]] | None = None,
+) -> Scorecard:
+    """The scorecard of ``rec`` among ``records`` (one per model and scheme); ``all_records``: every record read,
+    where its accuracy baseline is looked for (:func:`quantverdict.results.baseline.find_baseline`)."""
     r = JobRecord.view(rec)
     j = r.job
     sc = Scorecard(
@@ -75,14 +84,26 @@ def _card(rec: dict[str, Any], records: list[dict[str, Any]], rc: ReviewConfig) 
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
     sc.memory, miss = memory_summary(r, rc)
     sc.missing += miss
-    base = None if sc.is_baseline else find_baseline(rec, records)
+    # the model's baseline job in this review (one record per model and scheme): speed and dtype comparisons
+    base = None if sc.is_baseline else next((c for c in baseline_candidates(rec, records) if c.get("accuracy")), None)
     rbase = None if base is None else JobRecord.view(base)
+    # accuracy deltas: the baseline record that holds accuracy results, among every record read
+    acc_base = None if sc.is_baseline else find_baseline(rec, all_records if all_records is not None else records)
     sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
     sc.accuracy_not_applicable = accuracy_not_applicable(r)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
     elif not sc.is_baseline:
-        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, rbase, rc)
+        no_base = "" if acc_base is not None else no_baseline_reason(rec, all_records or records)
+        racc = None if acc_base is None else JobRecord.view(acc_base)
+        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, racc, rc, no_base)
+        shown = next(iter(baseline_candidates(rec, records)), None)
+        if acc_base is not None and shown is not None and acc_base is not shown:
+            sc.validity.append(
+                f"{sc.name}: accuracy deltas against {acc_base['job'].get('id')} (finished "
+                f"{acc_base['job'].get('finished_at')}), the newest {acc_base['job'].get('scheme')} record with "
+                f"accuracy results; {shown['job'].get('id')}, the one this review shows, holds none"
+            )
         sc.missing += miss
         if sc.accuracy_refused:
             sc.flags.append(
@@ -197,11 +218,12 @@ def build_review(
         quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
     """
     rc, how = constraints.resolve(rc, records, overrides)
+    all_records = list(records)
     records, notes = sources.dedupe(records)
     records.sort(
         key=lambda r: (str(r["job"].get("model")), SCHEME_ORDER.get(str(r["job"].get("scheme")), len(SCHEME_ORDER)))
     )
-    cards = [_card(r, records, rc) for r in records]
+    cards = [_card(r, records, rc, all_records) for r in records]
     review = Review(
         source,
         now_iso(),
@@ -491,17 +513,12 @@ def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]
     return out
 
 
-def default_out_dir(source: str | Path, output_root: Path, label: str) -> Path:
-    """Where a review goes without ``--out``, named after its constraints (``label``, :func:`constraints.label`)
-    so that reviews under other constraints never overwrite each other, nor the grid's own ``<grid>/review``:
-    ``<folder>/reviews/<label>`` for a folder source, ``<output_root>/reviews/<experiment>/<label>_<time>``
-    for an MLflow experiment (whose runs may grow between reviews)."""
-    p = Path(source)
-    if p.is_dir():
-        return p / "reviews" / label
-    import time
-
-    return output_root / "reviews" / str(source) / f"{label}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+def default_out_dir(output_root: Path, label: str) -> Path:
+    """Where a review goes without ``--out``: ``<output_root>/reviews/<time>-<pid>_<label>``, a new folder for
+    every review, named after its constraints (``label``, :func:`constraints.label`) so that a person tells
+    reviews under other constraints apart; never inside the source folder, which may be a tracked one (committed
+    records) or another checkout's grid (the review's header and ``review.json`` name the source)."""
+    return output_root / "reviews" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}_{label}"
 
 
 def run_review(
@@ -515,7 +532,10 @@ def run_review(
     """Read the records of ``source`` (a run or multirun folder, or the name of an MLflow experiment at
     ``tracking.uri``), build the review (``rc`` named ``auto``: the records' device-class set, with the
     command line's ``overrides``), write it into ``out_dir`` (default: :func:`default_out_dir`) and
-    (``rc.log_to_mlflow``) log it to MLflow as the run ``review/<label>``.
+    (``rc.log_to_mlflow``) log it to MLflow as the run ``review/<label>`` in ``tracking``'s store. The store
+    that the records name (``config.tracking``, the store of the grid that wrote them, maybe another checkout's
+    or another machine's) is never written: with ``tracking`` None the review is not logged. Nothing is written
+    into ``source``.
 
     Raises:
         FileNotFoundError: ``source`` is a folder without any record.
@@ -539,48 +559,19 @@ def run_review(
                 raise FileNotFoundError(f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record")
         review = build_review(records, rc, str(source), overrides)
         review.notes = problems + review.notes
-        out = out_dir or default_out_dir(source, output_root or Path("outputs"), review.label)
+        out = out_dir or default_out_dir(output_root or Path("outputs"), review.label)
         paths = write_review(review, out)
-    if review.config.log_to_mlflow:
-        trk = tracking or _tracking_from_records(records)
-        if trk is not None and tracking is None and not _store_is_here(trk.uri):
-            log.warning(
-                "review not logged to MLflow: the records name the store %s, which is not on this machine (records "
-                "copied from another one?); pass tracking.uri=... to log it elsewhere, or review.log_to_mlflow=false",
-                trk.uri,
-            )
-            trk = None
-        if trk is not None:
-            try:
-                rid = log_review(review, paths, trk, job_runs)
-                if rid:
-                    log.info("review logged to MLflow run %s (%s)", rid, trk.uri)
-                    from mlflow import MlflowClient  # mlflow loads only when a review is logged
+    if review.config.log_to_mlflow and tracking is not None:
+        try:
+            rid = log_review(review, paths, tracking, job_runs)
+            if rid:
+                log.info("review logged to MLflow run %s (%s)", rid, tracking.uri)
+                from mlflow import MlflowClient  # mlflow loads only when a review is logged
 
-                    exp = MlflowClient(tracking_uri=trk.uri).get_run(rid).info.experiment_id
-                    log.info("MLflow runs: mlflow server --backend-store-uri %s, then open %s", trk.uri, runs_page(exp))
-            except Exception:  # the files are written; tracking must not lose them
-                log.exception("logging the review to MLflow failed")
+                exp = MlflowClient(tracking_uri=tracking.uri).get_run(rid).info.experiment_id
+                log.info(
+                    "MLflow runs: mlflow server --backend-store-uri %s, then open %s", tracking.uri, runs_page(exp)
+                )
+        except Exception:  # the files are written; tracking must not lose them
+            log.exception("logging the review to MLflow failed")
     return review, paths
-
-
-def _store_is_here(uri: str) -> bool:
-    """Whether a records' MLflow store can be this machine's: a ``sqlite:///`` or ``file:`` store whose
-    folder exists here (a server URI is trusted)."""
-    for prefix in ("sqlite:///", "file://", "file:"):
-        if uri.startswith(prefix):
-            return Path(uri[len(prefix) :]).parent.is_dir()
-    return "://" in uri or Path(uri).parent.is_dir()
-
-
-def _tracking_from_records(records: list[dict[str, Any]]) -> TrackingConfig | None:
-    for r in records:
-        t = r.get("config", {}).get("tracking") or {}
-        if t.get("enabled") and t.get("uri"):
-            return TrackingConfig(
-                name=t.get("name", "records"),
-                enabled=True,
-                uri=t["uri"],
-                experiment=t.get("experiment", "quantverdict"),
-            )
-    return None

@@ -40,6 +40,7 @@ from quantverdict.measure.decode_bytes import (
 )
 from quantverdict.measure.decode_fit import DecodeFit, fit_decode_step, in_flight
 from quantverdict.measure.memory import GIB
+from quantverdict.results.baseline import headline_of
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import JobRecord
 from quantverdict.review import sources, stats
@@ -321,7 +322,9 @@ def _scores(c: Candidate, cards: list[Scorecard]) -> None:
         return
     headline = c.record.cfg("eval").get("headline") or {}
     for task, res in c.record.accuracy.tasks.items():
-        metric = headline.get(task, "acc")
+        metric, higher = headline_of(task, headline, res)
+        if not higher and "perplexity" not in metric:
+            continue  # the ranking's scores are higher-is-better; lower-is-better metrics other than perplexity aside
         v = res.metric(metric)
         if isinstance(v, (int, float)):
             c.scores[task] = (metric, float(v), res.n)

@@ -140,12 +140,11 @@ def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> TaskDelta | None:
     """The delta the accuracy check cites as worst: the largest rise among the perplexity kinds of
     ``review.perplexity_kinds``; without one, the task with the lowest recovery. None for the baseline
     and when nothing was compared."""
-    ppls = [
-        d for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None
-    ]
+    judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
+    ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
     if ppls:
         return max(ppls, key=lambda d: d.delta_pct or 0.0)
-    scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None]
+    scores = [d for d in judged if d.kind == "score" and d.recovery_pct is not None]
     return min(scores, key=lambda d: d.recovery_pct or 0.0) if scores else None
 
 

@@ -25,7 +25,8 @@ class TaskDelta:
     """One accuracy comparison of a scheme against its baseline.
 
     ``kind`` is ``score`` (higher is better: ``delta`` is absolute, ``recovery_pct`` = 100·value/baseline)
-    or ``perplexity`` (lower is better: ``delta_pct`` = 100·(value/baseline - 1)).
+    or ``perplexity`` (lower is better: ``delta_pct`` = 100·(value/baseline - 1); a perplexity, or another metric
+    lm-eval says is better lower, which only ``review.perplexity_kinds`` names are judged on).
     """
 
     name: str  # task, or the perplexity kind for token_perplexity
@@ -45,6 +46,9 @@ class TaskDelta:
     paired: bool = False
     significant: bool | None = None  # None: no interval
     note: str = ""
+    # why the comparison cannot be made (the two runs did not score the same items: a doc_hash, prompt_hash
+    # or token window differs); the delta is then left unjudged, never failed or passed on its point value
+    refused: str = ""
 
 
 @dataclass

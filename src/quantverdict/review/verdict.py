@@ -155,12 +155,24 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return Check("accuracy", PASS if ok else FAIL, _reference_score(sc), cite="is the accuracy reference")
     if sc.accuracy_refused:
         return Check("accuracy", UNKNOWN, f"delta excluded: {sc.accuracy_refused}")
-    scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None]
-    ppls = [
-        d for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None
+    # a comparison that cannot be made (the two runs did not score the same items) is left unjudged: its point
+    # value neither fails nor passes the scheme, and the check cannot pass while one is unjudged
+    floored = [
+        d
+        for d in sc.accuracy
+        if (d.kind == "score" and rc.min_recovery_pct is not None)
+        or (d.kind == "perplexity" and d.metric in rc.perplexity_kinds and rc.max_perplexity_increase_pct is not None)
     ]
+    unjudged = [d for d in floored if d.refused]
+    scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None and not d.refused]
+    ppls = [
+        d
+        for d in sc.accuracy
+        if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None and not d.refused
+    ]
+    cannot = "; ".join(f"{d.name} {d.metric} cannot be checked ({d.refused})" for d in unjudged)
     if not scores and not ppls:
-        why = "; ".join(sc.missing) or "no comparable accuracy results"
+        why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
         return Check("accuracy", UNKNOWN, f"not checked: {why}")
     fails: list[tuple[float, str]] = []
     parts: list[str] = []
@@ -241,10 +253,19 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
                     )
                 )
     text, cite = "; ".join(parts), " and ".join(cites)
-    if not fails:
-        return Check("accuracy", PASS, text, cite=cite)
-    fails.sort(reverse=True)
-    return Check("accuracy", FAIL, text, shortfall="; ".join(f for _, f in fails), excess=fails[0][0], cite=cite)
+    if fails:
+        fails.sort(reverse=True)
+        text = _join_text(text, cannot)
+        return Check("accuracy", FAIL, text, shortfall="; ".join(f for _, f in fails), excess=fails[0][0], cite=cite)
+    if unjudged:
+        return Check(
+            "accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", cite=f"{cannot}; the rest: {cite}"
+        )
+    return Check("accuracy", PASS, text, cite=cite)
+
+
+def _join_text(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def _ci_pct(iv: Any) -> str:

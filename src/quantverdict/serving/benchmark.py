@@ -237,6 +237,8 @@ class SweepClient:
         points: the planned points, in run order.
         out_dir: where its files go; ``spec_path``, ``result_path``, ``log_path`` are its files there.
         gate: the file :func:`run_sweep` writes once the server is verified; the client starts the sweep then.
+        base_url: the server address the client was given (the server may start on another port, see
+            :meth:`quantverdict.serving.server.VLLMServer.start`).
     """
 
     proc: subprocess.Popen[bytes]
@@ -246,6 +248,7 @@ class SweepClient:
     result_path: Path
     log_path: Path
     gate: Path
+    base_url: str = ""
 
     def stop(self) -> None:
         """End the client and what is left of its process group: a server that never came up leaves the client
@@ -291,7 +294,7 @@ def start_client(
         env=serve_env.env,
         echo=False,
     )
-    return SweepClient(proc, points, out_dir, spec_path, result_path, client_log, gate)
+    return SweepClient(proc, points, out_dir, spec_path, result_path, client_log, gate, server.base_url)
 
 
 def run_sweep(
@@ -317,7 +320,8 @@ def run_sweep(
         tokenizer_path: the checkpoint directory (its tokenizer builds the random prompts).
         serve_env: the serve environment (the client is vLLM's own library).
         out_dir: where results go.
-        client: the client :func:`start_client` started while the server loaded; None: started now.
+        client: the client :func:`start_client` started while the server loaded; None, or one told another
+            address (the server started again on another port): started now.
 
     Returns:
         One dict per point, see :func:`quantverdict.measure.bench_result.parse_result` and
@@ -331,6 +335,10 @@ def run_sweep(
             root cause from its log).
     """
     server.check_alive()
+    if client is not None and client.base_url != server.base_url:  # told the port the server lost while it started
+        log.info("the server moved to %s: the sweep client is started again with that address", server.base_url)
+        client.stop()
+        client = None
     if client is None:
         client = start_client(server, bench_cfg, tokenizer_path, serve_env, out_dir)
     log.info(

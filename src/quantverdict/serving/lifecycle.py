@@ -44,8 +44,9 @@ def new_server(
 
     Args:
         cfg: the job's config (``bench.server``, ``model.serve_args``, ``env.device``).
-        rec: the job's record; ``speed`` is set to ``mode``, ``served_model``, ``points`` (empty), ``hbm_copy``
-            (cuda) and ``dtype`` (when ``serve_dtype`` is given).
+        rec: the job's record; ``speed`` is set to ``mode``, ``served_model``, ``server`` (the port to be tried
+            first, :meth:`VLLMServer.endpoint`), ``points`` (empty), ``hbm_copy`` (cuda) and ``dtype`` (when
+            ``serve_dtype`` is given).
         out: the job's output folder (``vllm_server.log``, the hbm stage's files).
         serve_dtype: the resolved ``--dtype`` and why (on CPU chosen from the CPU, see ``cpu_caps``), or None.
         env: the serve environment.
@@ -74,6 +75,7 @@ def new_server(
     rec.speed = {
         "mode": str(cfg.bench.mode),  # the config string, not its Enum member
         "served_model": served_name,
+        "server": server.endpoint(),
         "points": [],
         **({"hbm_copy": hbm} if hbm else {}),
     }
@@ -97,7 +99,8 @@ def serving(
     save: Callable[[], None],
     before_start: Callable[[VLLMServer], None] | None = None,
 ) -> Iterator[VLLMServer]:
-    """A started server (``speed.server_start_s``, ``memory.server`` from its log) for the ``with`` block.
+    """A started server (``speed.server_start_s``, ``speed.server`` with the port it listens on, ``memory.server``
+    from its log) for the ``with`` block.
 
     Arguments as :func:`new_server`, plus ``save``, which writes the record (called once the server is up), and
     ``before_start``, called with the built server just before it starts (see :func:`benchmark`).
@@ -117,10 +120,12 @@ def serving(
     try:
         with server:
             rec.speed["server_start_s"] = round(time.perf_counter() - t0, 3)
+            rec.speed["server"] = server.endpoint()
             rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
             save()
             yield server
     finally:
+        rec.speed["server"] = server.endpoint()  # a server that could not start: the port it tried last
         # a crash mid-sweep keeps the points that finished (appended to sweep.jsonl one by one)
         if not rec.speed["points"]:
             rec.speed["points"] = finished_points(bench_dir)
@@ -181,6 +186,8 @@ def sweep(
         RuntimeError: a sweep point completed no request (the points stay in the record, flagged).
         quantverdict.serving.server.ServerError: the server died (the message quotes the root cause from its log).
     """
+    # a client told a port the server lost while it started is started again by run_sweep, not with the server
+    with_server = client is not None and client.base_url == server.base_url
     t0 = time.perf_counter()
     rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
     rec.speed["sweep_wall_s"] = round(time.perf_counter() - t0, 3)
@@ -188,7 +195,7 @@ def sweep(
     result = out / "bench" / "sweep_client.result.json"
     done = json.loads(result.read_text()) if result.is_file() else {}
     rec.speed["sweep_client"] = {
-        "started_with_server": client is not None,
+        "started_with_server": with_server,
         "import_s": done.get("import_s"),
         "gate_wait_s": done.get("gate_wait_s"),
         # the warm-up waves run before the sweep with bench.prefetch_prompts (part of sweep_wall_s; None without)

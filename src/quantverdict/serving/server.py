@@ -12,10 +12,14 @@ Use it as a context manager::
         points = run_sweep(server, cfg.bench, tokenizer_path, env, run_dir / "bench")
     memory = server.log_info()
 
-Before starting, the port is checked; after ``/health`` answers, the server is checked to be
+The port: ``bench.server.port`` if it is free, else the next free one above it (the jobs of a grid, or of
+two grids, on one host never share one), unless ``bench.server.strict_port`` asks for that port or none
+(:func:`reserve_port`). The port is held by a socket of this process from before the server starts until it
+stops, so that no other job takes it meanwhile. After ``/health`` answers, the server is checked to be
 ours (the listening socket belongs to our process group and ``/v1/models`` names our model), so
-a stray server left on the port can never be measured by mistake. On exit (normal, exception,
-Ctrl-C) the whole group is stopped and the port checked free again.
+a stray server left on the port can never be measured by mistake; a port that another process took while
+the server started makes it start again on another port (:meth:`VLLMServer.start`). On exit (normal,
+exception, Ctrl-C) the whole group is stopped and the port checked free again.
 """
 
 from __future__ import annotations
@@ -47,8 +51,21 @@ CLI_MODULE = "quantverdict.children.vllm_cli"
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
+# ports tried above bench.server.port before the OS picks a free one (bench.server.strict_port=false)
+PORT_SCAN = 100
+# starts of a server whose port another process took while it started, before the job fails (strict_port=false)
+START_ATTEMPTS = 4
+# how a vLLM server that could not bind its port fails (socket.bind: EADDRINUSE)
+PORT_TAKEN_TEXT = ("Address already in use", "[Errno 98]")
+
+
 class ServerError(RuntimeError):
     """The vLLM server could not be started, verified or stopped. The message says why and where to look."""
+
+
+class PortTakenError(ServerError):
+    """Another process took the server's port while the server started: vLLM could not bind it (EADDRINUSE),
+    or another server answers on it."""
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -73,6 +90,84 @@ def free_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def hold_port(host: str, port: int, lenient: bool = False) -> socket.socket | None:
+    """A socket bound to TCP ``host:port`` that holds the port for a server about to start; None if it is taken.
+
+    The socket binds without ``SO_REUSEADDR``, so every socket already bound to the port refuses it: a listening
+    server, another job's hold, a vLLM server that is still loading (vLLM binds its port before it builds its
+    engine and listens only once the engine is up) and connections in TIME_WAIT. ``lenient``: with
+    ``SO_REUSEADDR``, as :func:`port_is_free` (only a listening socket, or one bound without ``SO_REUSEADDR``,
+    refuses it). ``SO_REUSEADDR`` is set on the held socket after its bind: vLLM, which binds with
+    ``SO_REUSEADDR`` (vLLM 0.32, ``vllm/entrypoints/launchers/launcher.py``, ``create_server_socket``), can bind
+    and listen on the port, while every bind without it, such as another job's :func:`hold_port`, is refused.
+    The socket never listens; close it when the server has stopped.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if lenient:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def reserve_port(
+    host: str, port: int, strict: bool = False, key: str = "bench.server.port"
+) -> tuple[socket.socket, int]:
+    """Hold a TCP port of ``host`` for a server (:func:`hold_port`): ``port`` itself if it is free, else (not
+    ``strict``) the first free one of the :data:`PORT_SCAN` ports above it, else one the OS picks.
+
+    Args:
+        host: the address the server binds (``bench.server.host``).
+        port: the port asked for, 1-65535; 0: one the OS picks (``strict`` then has no port to insist on).
+        strict: this port or none (``bench.server.strict_port``); the port counts as free when only connections
+            in TIME_WAIT hold it, as it does for vLLM.
+        key: the config key of ``port``, for the message (the strict flag is its sibling ``strict_port``).
+
+    Returns:
+        ``(socket, port)``: the socket that holds the port (close it once the server has stopped) and the port.
+
+    Raises:
+        ServerError: ``strict`` and ``port`` is taken; the message names the keys, the process that listens
+            there (when this user can see it) and the ways out.
+    """
+    if port == 0:
+        sock = hold_port(host, 0)
+        if sock is None:  # no port of this host at all: bind() says why
+            raise ServerError(f"no free TCP port on {host} for the vLLM server ({key}=0)")
+        return sock, int(sock.getsockname()[1])
+    if strict:
+        sock = hold_port(host, port, lenient=True)
+        if sock is None:
+            owners = listening_pids(port)
+            who = "; ".join(_describe_pid(p) for p in sorted(owners)) or "owner not visible to this user"
+            strict_key = f"{key.rpartition('.')[0]}.strict_port" if "." in key else "strict_port"
+            raise ServerError(
+                f"{key}={port} is already in use on {host} ({who}), and {strict_key}=true asks for this port or "
+                f"none. Stop that process, choose another port (e.g. {key}={min(port + 1, 65535)}), or set "
+                f"{strict_key}=false to take the next free port."
+            )
+        return sock, port
+    for candidate in range(port, min(port + PORT_SCAN, 65535) + 1):
+        sock = hold_port(host, candidate)
+        if sock is not None:
+            return sock, candidate
+    log.info("ports %d-%d of %s are all taken: the OS picks one", port, min(port + PORT_SCAN, 65535), host)
+    return reserve_port(host, 0, key=key)
+
+
+def pick_port(host: str, port: int, strict: bool = False, key: str = "bench.server.port") -> int:
+    """The port :func:`reserve_port` would hold now, not held: the address a client is told before the server
+    starts. Arguments and errors as :func:`reserve_port`."""
+    sock, picked = reserve_port(host, port, strict, key)
+    sock.close()
+    return picked
 
 
 def listening_pids(port: int) -> set[int]:
@@ -212,7 +307,10 @@ class VLLMServer:
 
     Attributes (after ``__enter__``):
         base_url: ``http://host:port``.
+        port: the port the server listens on (:meth:`endpoint`); before the start, the one it will try first.
         startup_s: seconds from process start to a verified, healthy server.
+        start_attempts: how many times the server was started (more than 1: another process took the port
+            while it started, see :meth:`start`).
         log_path: the server's log (stdout + stderr).
         command: the command line that was run.
     """
@@ -228,27 +326,53 @@ class VLLMServer:
         log_path: Path,
         compile_cache_dir: str | Path | None = None,
     ):
-        # port 0: a free port of this host, chosen now and passed to vLLM (jobs of a parallel grid on one node never
-        # share one; a port taken between this choice and the start is caught by _verify_ours)
-        cfg = server_cfg if server_cfg.port else dataclasses.replace(server_cfg, port=free_port(server_cfg.host))
+        # the port the client is told now and the server tries first: bench.server.port if free, else the next free
+        # one (0: one the OS picks); strict_port: that port, checked when the server starts. start() holds it, and
+        # moves on when another process took it meanwhile
+        strict = server_cfg.strict_port and server_cfg.port != 0
+        port = server_cfg.port if strict else pick_port(server_cfg.host, server_cfg.port)
+        cfg = dataclasses.replace(server_cfg, port=port)
         self.env = env
         self.model_path = str(model_path)
         self.served_model_name = served_name
+        self.requested_port = int(server_cfg.port)
         self.cfg = cfg
         self.max_model_len = max_model_len
         self.device = device
         self.log_path = Path(log_path)
         self.host = cfg.host
-        self.port = int(cfg.port)
-        connect_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        connect_host = "[::1]" if connect_host == "::" else connect_host
-        self.base_url = f"http://{connect_host}:{self.port}"
         self.command, self._extra_env = build_command(
             env, model_path, served_name, cfg, max_model_len, device, compile_cache_dir
         )
+        self._use_port(port)
         self.startup_s: float | None = None
+        self.start_attempts = 0
         self._proc: Any = None
         self._pgid: int | None = None
+        self._hold: socket.socket | None = None  # holds the port from before the start until stop()
+        self._log_offset = 0  # where the current attempt's output starts in the log
+
+    def _use_port(self, port: int) -> None:
+        """Point the server (its config, ``--port`` in its command, ``base_url``) at ``port``."""
+        self.cfg = dataclasses.replace(self.cfg, port=port)
+        self.port = int(port)
+        connect_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        connect_host = "[::1]" if connect_host == "::" else connect_host
+        self.base_url = f"http://{connect_host}:{self.port}"
+        if "--port" in self.command:
+            i = self.command.index("--port")
+            self.command = [*self.command[: i + 1], str(self.port), *self.command[i + 2 :]]
+
+    def endpoint(self) -> dict[str, Any]:
+        """The record's ``speed.server``: ``host``, ``port`` (the one the server listens on, or last tried),
+        ``requested_port`` (``bench.server.port``), ``strict_port`` and ``start_attempts``."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "requested_port": self.requested_port,
+            "strict_port": bool(self.cfg.strict_port),
+            "start_attempts": self.start_attempts,
+        }
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> VLLMServer:
@@ -261,34 +385,95 @@ class VLLMServer:
         self.stop(raise_errors=exc_type is None)
 
     def start(self) -> None:
-        """Check the port, start the server, wait for ``/health``, verify it is ours.
+        """Hold the port, start the server, wait for ``/health``, verify it is ours.
+
+        The port is held (:func:`reserve_port`) from before the start until :meth:`stop`: the port chosen
+        when the server was built if it is still free, else (``bench.server.strict_port=false``) the next free
+        one. Another process may still take it between that check and vLLM's own bind (one that binds with
+        ``SO_REUSEADDR``, as vLLM does): vLLM then dies with EADDRINUSE, or the other server answers
+        ``/health``. Without ``strict_port`` the server is then started again on the next free port, up to
+        :data:`START_ATTEMPTS` starts; each lost start's log is kept beside the log as
+        ``<log stem>.port<N><suffix>``.
 
         Raises:
-            ServerError: the port is taken, the process died, ``/health`` did not answer within
+            ServerError: the port is taken (``strict_port``), the process died, ``/health`` did not answer within
                 ``bench.server.startup_timeout_s``, or the answering server is not ours. The
                 message holds the tail of the server log.
+            PortTakenError: (a ServerError) another process took the port while the server started, with
+                ``strict_port``, or at every one of the :data:`START_ATTEMPTS` starts.
         """
-        self._check_port_free()
+        first = self.port
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self.start_attempts = attempt
+            self._hold, port = reserve_port(self.host, first, bool(self.cfg.strict_port) and first != 0)
+            if port != self.port:
+                log.info("port %d is taken: the vLLM server takes port %d", self.port, port)
+                self._use_port(port)
+            try:
+                self._launch()
+                return
+            except PortTakenError as exc:
+                self.stop(raise_errors=False, check_port=False)
+                if self.cfg.strict_port:
+                    raise PortTakenError(f"{exc}\n(bench.server.strict_port=true: no other port is tried)") from None
+                if attempt == START_ATTEMPTS:
+                    raise PortTakenError(
+                        f"{exc}\n(the port was taken while the server started, {START_ATTEMPTS} times in a row)"
+                    ) from None
+                lost = self.port
+                log.warning("port %d was taken while the vLLM server started; starting it on the next free port", lost)
+                self._set_aside_log(lost)
+                first = lost + 1 if lost < 65535 else 0
+
+    def _launch(self) -> None:
+        """One start on the held port: the process, ``/health``, :meth:`_verify_ours`. On an error other than
+        :class:`PortTakenError` the server is stopped; on that one the caller decides."""
         log.info("starting vLLM server for %s on %s (log: %s)", self.served_model_name, self.base_url, self.log_path)
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         t0 = time.monotonic()
-        self._proc = procs.start(self.command, self.log_path, env={**self.env.env, **self._extra_env}, echo=False)
-        self._pgid = self._proc.pid  # start_new_session: the child leads its own group
         try:
+            self._proc = procs.start(self.command, self.log_path, env={**self.env.env, **self._extra_env}, echo=False)
+            self._pgid = self._proc.pid  # start_new_session: the child leads its own group
             self._wait_healthy(t0)
             self._verify_ours()
+        except PortTakenError:
+            raise
         except BaseException:
             self.stop(raise_errors=False)
             raise
         self.startup_s = round(time.monotonic() - t0, 1)
         log.info("vLLM server ready in %.1f s (pid %d)", self.startup_s, self._proc.pid)
 
-    def stop(self, raise_errors: bool = True) -> None:
-        """Stop the server's process group (SIGTERM, then SIGKILL) and check the port is free.
+    def _set_aside_log(self, port: int) -> None:
+        """Move a lost start's log to ``<log stem>.port<port><suffix>``: the next start writes a fresh log, whose
+        memory and kernel lines (:func:`vllm_log.parse`) are then only the server's that ran."""
+        if self.log_path.exists():
+            self.log_path.replace(self.log_path.with_name(f"{self.log_path.stem}.port{port}{self.log_path.suffix}"))
+
+    def _attempt_log(self) -> str:
+        """The current start's part of the log."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, raise_errors: bool = True, check_port: bool = True) -> None:
+        """Stop the server's process group (SIGTERM, then SIGKILL), let go of the port and check it is free.
+
+        Args:
+            raise_errors: raise the problems below; False: log them.
+            check_port: wait up to 10 s for the port to be free (False: another process holds it, see
+                :meth:`start`).
 
         Raises:
             ServerError: (only with ``raise_errors``) a process of the group survived, or the port is
                 still taken 10 s after the group ended.
         """
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.close()
         if self._proc is None:
             return
         proc, self._proc = self._proc, None
@@ -297,9 +482,9 @@ class VLLMServer:
         if self._pgid is not None and procs.group_alive(self._pgid):
             problems.append(f"process group {self._pgid} is still alive")
         deadline = time.monotonic() + 10.0
-        while not port_is_free(self.host, self.port) and time.monotonic() < deadline:
+        while check_port and not port_is_free(self.host, self.port) and time.monotonic() < deadline:
             time.sleep(0.5)
-        if not port_is_free(self.host, self.port):
+        if check_port and not port_is_free(self.host, self.port):
             owners = listening_pids(self.port)
             who = "; ".join(_describe_pid(p) for p in sorted(owners)) or "owner unknown"
             problems.append(f"port {self.port} is still taken after the server stopped ({who})")
@@ -312,22 +497,16 @@ class VLLMServer:
             log.info("vLLM server stopped; port %d free", self.port)
 
     # -- checks ----------------------------------------------------------------------------
-    def _check_port_free(self) -> None:
-        if port_is_free(self.host, self.port):
-            return
-        owners = listening_pids(self.port)
-        who = "; ".join(_describe_pid(p) for p in sorted(owners)) or "owner not visible to this user"
-        raise ServerError(
-            f"bench.server.port={self.port} is already in use on {self.host} ({who}). Stop that process "
-            f"or choose another port, e.g. bench.server.port={self.port + 1}."
-        )
-
     def _wait_healthy(self, t0: float) -> None:
         timeout = float(self.cfg.startup_timeout_s)
         url = f"{self.base_url}/health"
         while True:
             rc = self._proc.poll()
             if rc is not None:
+                time.sleep(0.2)  # the log's last lines (the reader thread copies them after the exit)
+                text = self._attempt_log()
+                if any(t in text for t in PORT_TAKEN_TEXT):
+                    raise PortTakenError(self._death(rc, f" during start-up (port {self.port} was taken)"))
                 raise ServerError(self._death(rc, " during start-up"))
             if _http_ok(url):
                 return
@@ -350,7 +529,8 @@ class VLLMServer:
                 continue
         if not ours:
             who = "; ".join(_describe_pid(p) for p in sorted(owners)) or "owner not visible"
-            raise ServerError(
+            # another process we can see listens on the port: it took the port while ours started
+            raise (PortTakenError if owners else ServerError)(
                 f"a server answers on port {self.port}, but it is not the one we started (listening: {who}); "
                 f"our server log: {self.log_path}"
             )
