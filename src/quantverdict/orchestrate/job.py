@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 import traceback
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from quantverdict.orchestrate import caches, data_access, dummy, hardware, hub, 
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import Record, StageInfo, git_state, host_environment, now_iso
+from quantverdict.results.record import Record, StageInfo, git_state, host_environment, load, now_iso
 from quantverdict.results.tracking import Tracker
 from quantverdict.serving import lifecycle
 from quantverdict.serving.server import VLLMServer
@@ -88,6 +89,23 @@ class Job:
         self.tracker = Tracker(cfg.tracking)
         # the dtype the serve and evaluate stages use (config value, or chosen from the CPU): set in _run
         self.dtypes: dict[str, cpu_caps.DtypeChoice] = {}
+        # an interrupted or failed attempt with the same resume key whose finished stages this job reuses
+        self.earlier: Path | None = None
+
+    def set_resume_key(self, pins: dict[str, list[str]]) -> str:
+        """Put the resume key of these stage-environment pins (and its inputs) into the record; return it."""
+        inputs = resume.resume_inputs(self.cfg, pins)
+        self.record.job["resume_key"] = resume.resume_key(inputs)
+        self.record.job["resume_inputs"] = inputs
+        return str(self.record.job["resume_key"])
+
+    def mark_resumed(self, stage: str) -> None:
+        """Name ``stage`` in ``job.resumed_attempt`` as taken from the earlier attempt."""
+        assert self.earlier is not None
+        entry = self.record.job.setdefault(
+            "resumed_attempt", {"from": str(self.earlier.parent), "status": load(self.earlier).get("status")}
+        )
+        entry.setdefault("stages_reused", []).append(stage)
 
     def save(self) -> None:
         self.record.save(self.out_dir)
@@ -135,10 +153,14 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     """
     job = Job(cfg, out_dir)
     rec = job.record
-    if cfg.resume:
-        previous = resume.find_completed(Path(cfg.paths.output_root), rec.job["config_hash"], out_dir)
-        if previous is not None:
-            return resume.reuse(previous, out_dir)
+    pins = resume.ready_pins(cfg)  # None while a stage environment is not built: nothing can match then
+    if pins is not None:
+        key = job.set_resume_key(pins)
+        if cfg.resume:
+            previous = resume.find_completed(Path(cfg.paths.output_root), key, out_dir)
+            if previous is not None:
+                return resume.reuse(previous, out_dir)
+            job.earlier = resume.find_interrupted(Path(cfg.paths.output_root), key, out_dir)
     job.tracker.start(
         f"{cfg.model.name}/{cfg.scheme.name}",
         {
@@ -209,7 +231,14 @@ def _run(job: Job) -> None:
         serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
         rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
         rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
-        rec.environment["pins"] = {"quantize": quant_env.freeze(), "serve": serve_env.freeze()}
+        # every installed distribution (what `pip list --format=freeze` lists, read faster): the resume key's
+        # and the checkpoint key's environment part
+        rec.environment["pins"] = {"quantize": resume.installed(quant_env), "serve": resume.installed(serve_env)}
+        key = job.set_resume_key(rec.environment["pins"])
+        if cfg.resume and job.earlier is None:  # the environments were built just now, or rebuilt
+            job.earlier = resume.find_interrupted(Path(cfg.paths.output_root), key, out)
+        if job.earlier is not None:
+            log.info("resuming the attempt in %s: its finished stages are reused", job.earlier.parent)
         st.detail = f"quantize={quant_env.python} serve={serve_env.python}"
         if cfg.env.device == "cuda":  # a CUDA torch the driver can run, in both stage environments
             driver_cuda = hardware.driver_cuda_version()
@@ -334,9 +363,10 @@ def _run(job: Job) -> None:
                 cfg, quant_env, recipe, method, rec.environment["quantize"], extra["tokenizer_path"], cache, out, st
             )
         else:
-            rec.checkpoint = caches.quantize(
-                cfg, quant_env, model, recipe, method, rec.environment["quantize"], cache, out, st
-            )
+            versions = dict(line.split("==", 1) for line in rec.environment["pins"]["quantize"])
+            rec.checkpoint = caches.quantize(cfg, quant_env, model, recipe, method, versions, cache, out, st)
+            if job.earlier is not None and rec.checkpoint.get("cached"):
+                job.mark_resumed("quantize")
         if synthetic and rec.checkpoint.get("prompt_nll"):  # random weights: the check is finite logits only
             rec.checkpoint["prompt_nll"] = None
 
@@ -368,8 +398,11 @@ def _run(job: Job) -> None:
         rec.stages["evaluate"] = StageInfo(status="not_applicable", detail=NOT_APPLICABLE_SYNTHETIC)
         rec.accuracy = {"not_applicable": NOT_APPLICABLE_SYNTHETIC}
     elif cfg.eval.enabled:
-        with job.stage("evaluate"):
-            rec.accuracy = _evaluate(cfg, serve_env, rec.checkpoint["path"], cache, out, job.dtypes["evaluate"].dtype)
+        with job.stage("evaluate") as st:
+            if not _reuse_evaluation(job, st):
+                rec.accuracy = _evaluate(
+                    cfg, serve_env, rec.checkpoint["path"], cache, out, job.dtypes["evaluate"].dtype
+                )
     else:
         rec.stages["evaluate"] = StageInfo(status="skipped", detail="eval.enabled=false")
 
@@ -382,6 +415,25 @@ def _run(job: Job) -> None:
             _benchmark(job, serve_env, rec.checkpoint["path"])
     else:
         rec.stages["benchmark"] = StageInfo(status="skipped", detail="bench.enabled=false")
+
+
+def _reuse_evaluation(job: Job, st: StageInfo) -> bool:
+    """Take the evaluate result of the earlier attempt (``job.earlier``) when it finished that stage on the same
+    checkpoint content (:func:`quantverdict.orchestrate.resume.reusable_evaluation`): its accuracy and its
+    per-item files (``eval/``, for the review's paired tests); ``st`` is marked ``cached``."""
+    if job.earlier is None:
+        return False
+    previous = load(job.earlier)
+    if not resume.reusable_evaluation(previous, job.record.checkpoint, job.record.model):
+        return False
+    job.record.accuracy = previous["accuracy"]
+    source = job.earlier.parent / "eval"
+    if source.is_dir():
+        shutil.copytree(source, job.out_dir / "eval", dirs_exist_ok=True)
+    st.status, st.detail = "cached", f"reused from the {previous.get('status')} attempt in {job.earlier.parent}"
+    job.mark_resumed("evaluate")
+    log.info("evaluate: %s", st.detail)
+    return True
 
 
 def _evaluate(
@@ -432,17 +484,18 @@ def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cac
                 "evaluation and the speed sweep"
             )
         with job.stage("evaluate") as st:
-            try:
-                result = _evaluate(cfg, env, model_path, cache, out, job.dtypes["evaluate"].dtype, server=server)
-            except Exception:
-                server.check_alive(" during the evaluation", wait_s=15)  # a dead server is the cause, if it died
-                raise
-            rec.accuracy = {
-                **result,
-                "backend": "server",
-                "served_model": server.served_model_name,
-            }
-            st.detail = f"through the served engine ({server.served_model_name})"
+            if not _reuse_evaluation(job, st):
+                try:
+                    result = _evaluate(cfg, env, model_path, cache, out, job.dtypes["evaluate"].dtype, server=server)
+                except Exception:
+                    server.check_alive(" during the evaluation", wait_s=15)  # a dead server is the cause, if it died
+                    raise
+                rec.accuracy = {
+                    **result,
+                    "backend": "server",
+                    "served_model": server.served_model_name,
+                }
+                st.detail = f"through the served engine ({server.served_model_name})"
         with job.stage("benchmark") as st:
             st.detail = "on the server that served the evaluation (started once, in stage serve)"
             lifecycle.sweep(cfg, rec, server, env, model_path, out)
