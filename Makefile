@@ -11,8 +11,9 @@ SCHEMES ?= bf16,awq,gptq,int8,fp8,w8a8
 ARGS   ?=
 WHEELHOUSE ?=
 SYSTEM_SITE ?=
-# the orchestrator venv's requirements: what jobs and reviews run with, plus tests, lint and the grid launchers
-ORCH_REQS ?= requirements/orchestrator.txt requirements/dev.txt
+# the orchestrator venv's requirements: what jobs and reviews run with, plus tests, lint and the grid launchers; from
+# a wheelhouse (made with --orchestrator) what jobs and reviews run with and the grid launchers
+ORCH_REQS ?= requirements/orchestrator.txt $(if $(WHEELHOUSE),requirements/launchers.txt,requirements/dev.txt)
 # calibration for the CPU grid (AWQ/GPTQ/SmoothQuant): 16 x 256 WikiText-2 valid tokens keeps `make run`
 # near 30 minutes on 2 cores; the scheme files default to 64 x 512
 CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256

@@ -183,7 +183,7 @@ def test_fp8_is_not_served_where_its_gemm_is_impractically_slow() -> None:
 
 
 def test_advice_names_only_hardware_that_can_serve_it() -> None:
-    assert serving_unsupported(scheme("int8"), "cpu", AMX).endswith("Serve it on a GPU (env.device=cuda).")
+    assert serving_unsupported(scheme("int8"), "cpu", AMX).endswith("Serve it on a GPU (env=gpu).")
     assert serving_unsupported(scheme("gptq"), "cpu", AVX2).endswith("or an AVX512 CPU.")
 
 

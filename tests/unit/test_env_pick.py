@@ -115,8 +115,24 @@ def test_a_wheelhouse_env_installs_offline_in_its_stages_too(tmp_path: Path) -> 
     assert "PIP_NO_INDEX" not in online and online["TOKENIZERS_PARALLELISM"] == "false"
     offline = stage_env_vars(stage, EnvConfig(name="gpu", wheelhouse=str(tmp_path)))
     assert (offline["PIP_NO_INDEX"], offline["PIP_FIND_LINKS"]) == ("1", str(tmp_path.resolve()))
-    # a venv made offline, or one that sees the interpreter's packages, is another venv than the plain one
+    # a venv that sees the interpreter's packages is another venv; one made offline is the same venv (same pins)
     req = tmp_path / "r.txt"
     req.write_text("six==1.17.0\n")
-    dirs = {venv_dir(tmp_path, "serve", req, "python3", w, s) for w in (False, True) for s in (False, True)}
-    assert len(dirs) == 4 and all(d.name.startswith("serve-") for d in dirs)
+    plain, offline, system = (venv_dir(tmp_path, "serve", req, "python3", w, s) for w, s in ((0, 0), (1, 0), (0, 1)))
+    assert plain == offline != system and plain.name.startswith("serve-")
+
+
+def test_a_torch_that_does_not_import_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"importing torch in the serve environment failed:\nImportError: libcudart"):
+        check_torch_cuda("serve", {"torch": None, "cuda": None, "error": "ImportError: libcudart.so.13"}, (13, 0))
+
+
+def test_a_gpu_hosts_offline_keys_come_from_its_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QV_WHEELHOUSE", str(tmp_path))
+    monkeypatch.setenv("QV_SYSTEM_SITE_PACKAGES", "true")
+    cfg = compose(["env=gpu", "tracking.enabled=false"])
+    assert (cfg.env.wheelhouse, cfg.env.system_site_packages) == (str(tmp_path), True)
+    monkeypatch.delenv("QV_WHEELHOUSE")
+    monkeypatch.delenv("QV_SYSTEM_SITE_PACKAGES")
+    cfg = compose(["env=gpu", "tracking.enabled=false"])
+    assert (cfg.env.wheelhouse, cfg.env.system_site_packages) == (None, False)

@@ -153,7 +153,7 @@ def test_server_command_shards_and_loads_dummy_weights() -> None:
         (
             ["bench.server.tensor_parallel_size=2"],
             "bench.server.tensor_parallel_size=2 shards the server over GPUs; env.device=cpu has none: use 1, "
-            "or env.device=cuda",
+            "or env=gpu",
         ),
         (["bench.server.tensor_parallel_size=0"], "bench.server.tensor_parallel_size=0 must be >= 1"),
         (["bench.server.load_format=dumy"], "allowed: auto, dummy (did you mean 'dummy'?)"),

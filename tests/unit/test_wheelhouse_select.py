@@ -78,3 +78,13 @@ def test_the_resolving_pip_runs_on_the_targets_python() -> None:
         pip_python("2.9", sys.executable)
     with pytest.raises(WheelhouseError, match="no Python 2.9 here to resolve with"):
         pip_python("2.9")
+
+
+def test_the_download_asks_the_indexes_the_requirements_name(tmp_path) -> None:
+    from quantverdict.processes.wheelhouse import index_options
+
+    req = tmp_path / "r.txt"
+    req.write_text(
+        "# CPU torch\n--extra-index-url https://download.pytorch.org/whl/cpu\ntorch==2.13.0+cpu\n-r other.txt\n"
+    )
+    assert index_options(req) == ["--extra-index-url https://download.pytorch.org/whl/cpu"]

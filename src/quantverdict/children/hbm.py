@@ -20,7 +20,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("the HBM copy benchmark needs a CUDA GPU (env.device=cuda)")
+        raise RuntimeError("the HBM copy benchmark needs a CUDA GPU (env=gpu)")
     n = int(float(spec.get("gib", 4)) * GIB)
     iters = int(spec.get("iters", 20))
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)

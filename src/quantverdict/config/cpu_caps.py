@@ -166,7 +166,7 @@ def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities
         return (
             f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}): its only CPU kernel for FP8_DYNAMIC "
             f"(ChannelWiseTorchFP8ScaledMMLinearKernel) runs torch._scaled_mm, which fails here ({fp8['error']}). "
-            "The speed sweep is skipped; memory and accuracy are still measured. Serve it on a GPU (env.device=cuda)."
+            "The speed sweep is skipped; memory and accuracy are still measured. Serve it on a GPU (env=gpu)."
         )
     if scheme.label.startswith("FP8") and caps is not None and (fp8.get("slowdown") or 0) > FP8_MAX_SLOWDOWN:
         why = (
@@ -177,7 +177,7 @@ def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities
         )
         return (
             f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}) in practice: {why}. The speed sweep is "
-            "skipped; memory and accuracy are still measured. Serve it on a GPU (env.device=cuda) or a CPU whose "
+            "skipped; memory and accuracy are still measured. Serve it on a GPU (env=gpu) or a CPU whose "
             "FP8 GEMM is not this slow (the record's environment.cpu.fp8_gemm)."
         )
     if not is_weight_only(scheme):
@@ -193,7 +193,7 @@ def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities
         )
     else:
         return None
-    where = "a GPU (env.device=cuda)" if scheme.weight_bits == 8 else "a GPU (env.device=cuda) or an AVX512 CPU"
+    where = "a GPU (env=gpu)" if scheme.weight_bits == 8 else "a GPU (env=gpu) or an AVX512 CPU"
     return (
         f"vLLM on this CPU cannot serve {scheme.label} ({scheme.name}): {why}. The speed sweep is skipped; "
         f"memory and accuracy are still measured. Serve it on {where}."

@@ -475,7 +475,7 @@ def parallel_serving_errors(cfg: Config) -> list[str]:
     elif srv.tensor_parallel_size > 1 and cfg.env.device != "cuda":
         errors.append(
             f"bench.server.tensor_parallel_size={srv.tensor_parallel_size} shards the server over GPUs; "
-            f"env.device={cfg.env.device} has none: use 1, or env.device=cuda"
+            f"env.device={cfg.env.device} has none: use 1, or env=gpu"
         )
     if srv.load_format not in LOAD_FORMATS:
         errors.append(choice_message("bench.server.load_format", srv.load_format, LOAD_FORMATS))
@@ -568,8 +568,8 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     _choice(errors, "env.device", cfg.env.device, DEVICES)
     if cfg.env.device == "auto":
         errors.append(
-            "env=auto was not resolved: compose through quantverdict.config.compose.compose() or "
-            "python -m pipelines.run, which pick env=gpu or env=cpu for this host"
+            "env.device=auto: allowed env.device values are cpu and cuda; env=auto (conf/env/auto.yaml) is replaced "
+            "by env=gpu or env=cpu when python -m pipelines.run or compose() reads the command line"
         )
     if cfg.env.wheelhouse is not None and not Path(cfg.env.wheelhouse).expanduser().is_dir():
         errors.append(

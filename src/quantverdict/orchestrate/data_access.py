@@ -39,7 +39,7 @@ OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 HUB_PROBE_TIMEOUT_S = 5.0
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _TRUE = ("1", "true", "yes", "on")
-TASK_CHECK_TIMEOUT_S = 900.0  # lm-eval indexes ~14,000 task YAMLs; on 2 busy cores tens of seconds
+TASK_CHECK_TIMEOUT_S = 900.0  # lm-eval indexes ~14,000 task YAMLs before it answers: tens of seconds on a small host
 
 
 def offline_env_var() -> str | None:

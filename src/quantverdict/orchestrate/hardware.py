@@ -436,9 +436,12 @@ def check_torch_cuda(
         env_name: the ``env`` config, named in the message.
 
     Raises:
-        ConfigError: no torch, a CPU-only torch, or a torch built for a newer CUDA major than the driver runs.
+        ConfigError: torch does not import, no torch, a CPU-only torch, or a torch built for a newer CUDA major
+            than the driver runs.
     """
     where = f"the {stage} environment ({python})" if python else f"the {stage} environment"
+    if build.get("error"):
+        raise ConfigError(f"env={env_name}: importing torch in {where} failed:\n{build['error']}")
     if build.get("torch") is None:
         raise ConfigError(f"env={env_name}: {where} has no torch; a GPU environment needs a CUDA build of torch")
     cuda = build.get("cuda")

@@ -328,7 +328,7 @@ def _run(job: Job) -> None:
         unsupported = (
             f"vLLM on CPU here cannot serve {model['architecture']}: its model code imports torchvision, which "
             "the CPU serve environment removes (the PyPI build breaks model loading, see requirements/serve.txt). "
-            "The speed sweep is skipped; serve it on a GPU (env.device=cuda)."
+            "The speed sweep is skipped; serve it on a GPU (env=gpu)."
         )
     if unsupported and job.dtypes.pop("serve", None):  # nothing is served: no serve dtype to record
         rec.environment["dtypes"] = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}

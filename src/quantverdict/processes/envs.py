@@ -55,16 +55,17 @@ class StageEnv:
 
     def torch_build(self) -> dict[str, str | None]:
         """``{"torch": version, "cuda": the CUDA it was built for, or None for a CPU-only build}``; torch None when
-        this environment has no torch."""
+        this environment has no torch; ``error`` (the last lines it printed) when importing it fails."""
         code = (
             "import json\ntry:\n import torch\n print(json.dumps({'torch': torch.__version__, "
             "'cuda': torch.version.cuda}))\nexcept ImportError:\n print(json.dumps({'torch': None, 'cuda': None}))"
         )
-        out = subprocess.run(
-            [self.python, "-c", code], capture_output=True, text=True, env={**os.environ, **self.env}, check=True
-        )
+        out = subprocess.run([self.python, "-c", code], capture_output=True, text=True, env={**os.environ, **self.env})
         import json
 
+        if out.returncode != 0 or not out.stdout.strip():
+            tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-5:])
+            return {"torch": None, "cuda": None, "error": tail or f"exit {out.returncode}"}
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
     def versions(self, *dists: str) -> dict[str, str]:
@@ -93,12 +94,13 @@ def _pythonpath(extra: list[str]) -> str:
 def venv_dir(
     root: Path, stage: str, requirements: Path, base_python: str, wheelhouse: bool = False, system_site: bool = False
 ) -> Path:
-    """``root/<stage>-<hash>``: the hash covers the requirements text, the base interpreter's version,
-    and whether the venv comes from a wheelhouse and sees the interpreter's own packages."""
+    """``root/<stage>-<hash>``: the hash covers the requirements text, the base interpreter's version and whether the
+    venv sees the interpreter's own packages. Not where the wheels came from: the same pins make the same venv,
+    so a later job without ``env.wheelhouse`` reuses one made offline."""
     ver = subprocess.run(
         [base_python, "-c", "import sys;print(sys.version)"], capture_output=True, text=True, check=True
     ).stdout
-    flags = f"wheelhouse={wheelhouse} system_site_packages={system_site}" if (wheelhouse or system_site) else ""
+    flags = f"system_site_packages={system_site}" if system_site else ""
     digest = hashlib.sha256((requirements.read_text() + ver + flags).encode()).hexdigest()[:10]
     return root / f"{stage}-{digest}"
 

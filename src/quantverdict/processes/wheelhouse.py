@@ -267,8 +267,18 @@ def _build_sdist(name: str, built: Path, pip: Sequence[str]) -> None:
             )
 
 
-def download(pins: dict[str, str], out: Path, target: Target, built: Path, pip: Sequence[str]) -> None:
-    """``pip download --no-deps`` every ``name==version`` of ``pins`` into ``out`` (built wheels are copied).
+def index_options(path: Path) -> list[str]:
+    """The index options of a requirements file (``--extra-index-url URL``, ``--index-url``, ``--find-links``), as
+    lines for another requirements file: the download asks the indexes the resolution asked."""
+    keep = ("--extra-index-url", "--index-url", "--find-links", "-f ", "-i ")
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip().startswith(keep)]
+
+
+def download(
+    pins: dict[str, str], out: Path, target: Target, built: Path, pip: Sequence[str], options: Sequence[str] = ()
+) -> None:
+    """``pip download --no-deps`` every ``name==version`` of ``pins`` into ``out`` (built wheels are copied), from
+    the indexes of ``options`` (:func:`index_options`) besides pip's own.
 
     Raises:
         WheelhouseError: pip failed; the message holds its last lines.
@@ -280,7 +290,7 @@ def download(pins: dict[str, str], out: Path, target: Target, built: Path, pip: 
     if not pins:
         return
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+        f.write("".join(f"{o}\n" for o in options) + "".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
     cmd = [
         *pip, "download", "--no-deps", "--quiet", *target.pip_args(), "--find-links", str(built),
         "-d", str(out), "-r", f.name,
@@ -315,8 +325,9 @@ def requirement_files(env: str, orchestrator: bool) -> dict[str, Path]:
     }
     if not files:
         raise WheelhouseError(f"conf/env/{env}.yaml has no venv stage with a requirements file")
-    if orchestrator:
+    if orchestrator:  # what `make setup WHEELHOUSE=...` installs into .venv
         files["orchestrator"] = PROJECT_ROOT / "requirements" / "orchestrator.txt"
+        files["launchers"] = PROJECT_ROOT / "requirements" / "launchers.txt"
     return files
 
 
@@ -372,12 +383,13 @@ def make(
     for pin in extra_pins:
         name, _, version = pin.partition("==")
         wanted.add((canonicalize_name(name), version))
+    options = sorted({o for req in files.values() for o in index_options(req)})
     missing = wanted - {_wheel_key(w.name) for w in out.glob("*.whl")}
     while missing:  # one pip call per round of distinct names
         round_: dict[str, str] = {}
         for name, version in sorted(missing):
             round_.setdefault(name, version)
-        download(round_, out, target, built, pip)
+        download(round_, out, target, built, pip, options)
         missing -= set(round_.items())
     manifest["extra"] = list(extra_pins)
     manifest["wheels"] = sorted(w.name for w in out.glob("*.whl"))
@@ -430,7 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, required=True, help="the wheelhouse folder")
     ap.add_argument("--env", default="gpu", help="conf/env/<name>.yaml whose stage requirements to take (gpu)")
-    ap.add_argument("--orchestrator", action="store_true", help="also requirements/orchestrator.txt")
+    ap.add_argument(
+        "--orchestrator", action="store_true", help="also requirements/orchestrator.txt and launchers.txt (.venv)"
+    )
     ap.add_argument("--installed", type=Path, help="the target's `pip list --format=freeze`: what it has is left out")
     ap.add_argument("--python-version", default=Target.python_version, help="the target's Python, e.g. 3.12")
     ap.add_argument(
