@@ -340,8 +340,10 @@ class Memory(Section):
 
 @dataclass
 class TaskResult(Section):
-    """``accuracy.tasks.<task>``: one lm-eval task's metrics (``acc``, ``acc_norm``, ``word_perplexity`` ...,
-    with ``<metric>_stderr``), ``n`` items; every metric lives in ``extra`` under its lm-eval name."""
+    """``accuracy.tasks.<task>``: one lm-eval task's metrics (``acc``, ``acc_norm``, ``word_perplexity``,
+    ``exact_match`` ..., with ``<metric>_stderr``), ``n`` items; every metric lives in ``extra`` under its lm-eval
+    name, beside ``headline_metric``, ``higher_is_better``, ``output_type`` and ``data_source`` (where the task's
+    documents came from: offline files with their sha256, or the lm-eval task's dataset id and revision)."""
 
     n: int | None = None
     limit: int | None = None
