@@ -42,17 +42,6 @@ class StageEnv:
         """Command line running ``python -m module args...`` in this environment."""
         return [self.python, "-m", module, *args]
 
-    def freeze(self) -> list[str]:
-        """Every distribution this environment's python sees, as ``name==version`` lines (``pip list
-        --format=freeze``; with ``env.system_site_packages`` the interpreter's own packages too)."""
-        out = subprocess.run(
-            [self.python, "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **self.env},
-        )
-        return sorted((ln.strip() for ln in out.stdout.splitlines() if "==" in ln), key=str.lower)
-
     def torch_build(self) -> dict[str, str | None]:
         """``{"torch": version, "cuda": the CUDA it was built for, or None for a CPU-only build}``; torch None when
         this environment has no torch; ``error`` (the last lines it printed) when importing it fails."""
