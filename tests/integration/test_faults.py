@@ -160,10 +160,10 @@ def test_truncated_cached_checkpoint_is_quantized_again(tmp_path: Path, stage_en
 def test_bad_config_fails_before_any_work(tmp_path: Path) -> None:
     # values outside an Enum field's choices: refused while the command line is checked, before Hydra makes a
     # job folder; every problem in one message, with the closest allowed value
-    proc = run_cli(tmp_path, "scheme=gptq", "eval.tasks=[arc_esay]", "bench.mode=closed", timeout=120)
+    proc = run_cli(tmp_path, "scheme=gptq", "eval.backend=vlm", "bench.mode=closed", timeout=120)
     assert proc.returncode == 2
     err = proc.stdout + proc.stderr
-    assert "eval.tasks[0]='arc_esay'" in err and "did you mean 'arc_easy'" in err
+    assert "eval.backend='vlm'" in err and "did you mean 'vllm'" in err
     assert "bench.mode='closed'" in err and "allowed: rate, concurrency" in err
     assert not find_records(tmp_path / "runs") and not list(tmp_path.rglob("*.spec.json"))
     # a value only validate() can judge: the job is refused with a config failure record, no stage started
