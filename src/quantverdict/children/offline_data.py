@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantverdict.children.task_check import sha256_file
+
 __all__ = [
     "CONVERTER_VERSION",
     "OFFLINE_TASKS",
@@ -324,14 +326,6 @@ class OfflineTasks:
     info: dict[str, dict[str, Any]]  # task -> {"sources": {rel: sha256}, "n_docs", "split", "note"}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def prepare(tasks: Iterable[str], offline_root: str | Path, cache_dir: str | Path) -> OfflineTasks:
     """Convert the offline sources of ``tasks`` and write lm-eval task YAMLs that read them.
 
@@ -365,7 +359,7 @@ def prepare(tasks: Iterable[str], offline_root: str | Path, cache_dir: str | Pat
             p = root / rel
             if not p.is_file():
                 raise FileNotFoundError(f"offline source for task {task!r} not found: {p}")
-            sources[task][rel] = _sha256(p)
+            sources[task][rel] = sha256_file(p)
     templates = {t: (TEMPLATE_DIR / f"{t}.yaml.in").read_text() for t in tasks}
     utils_text = (TEMPLATE_DIR / "utils.py").read_text()
     key_src = json.dumps([CONVERTER_VERSION, str(root), sources, templates, utils_text], sort_keys=True)
