@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict import __version__
-from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.config.kv import combo_order
+from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.measure import kernels
 from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
