@@ -323,7 +323,8 @@ def _run(job: Job) -> None:
             f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
         )
     if cfg.kv.calibrated:  # calibrated K/V scales: the scheme's recipe also sets llm-compressor's kv_cache_scheme
-        recipe, method = kv.with_kv_cache_scheme(recipe, method, cfg.kv, cfg.scheme.ignore)
+        recipe, made_by = kv.with_kv_cache_scheme(recipe, str(method), cfg.kv, cfg.scheme.ignore)
+        method = SchemeMethod(made_by)
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))  # what llm-compressor gets ({}: bf16); an artifact
     if not cfg.bench.enabled:
         unsupported = None
@@ -536,7 +537,10 @@ def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=False, enum_to_str=True)
     assert isinstance(raw, dict)
     model = str(OmegaConf.select(dcfg, "model.name", default="?"))
-    scheme = str(OmegaConf.select(dcfg, "scheme.name", default="?"))
+    # the combination, as a valid job would be named: a refused bf16+kv-fp8 is not taken for the bf16 baseline
+    scheme = kv.combo_name(
+        str(OmegaConf.select(dcfg, "scheme.name", default="?")), str(OmegaConf.select(dcfg, "kv.name", default="auto"))
+    )
     rec = Record(
         job={
             "id": f"{model}_{scheme}_invalid",
