@@ -38,7 +38,7 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         (["bench.rates=[1,fast]"], "bench.rates=[1,fast]: bench.rates[1] must be a number (e.g. 0.5, inf)"),
         (
             ["schem=awq"],
-            "schem: no such key at the top level; keys: baseline_scheme, bench, data, env, eval, model, "
+            "schem: no such key at the top level; keys: baseline_scheme, bench, data, env, eval, kv, model, "
             "paths, resume, review, scheme, seed, tracking (did you mean 'scheme'?)",
         ),
     ],

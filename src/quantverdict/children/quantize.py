@@ -57,6 +57,13 @@ CHECK_PROMPTS = (
 )
 
 
+def _kv_scales_saved(folder: Path) -> bool:
+    """Whether a saved checkpoint's ``config.json`` carries a ``quantization_config.kv_cache_scheme`` (a checkpoint of
+    16-bit weights with calibrated K/V scales holds no quantized module, and is still what was asked for)."""
+    config = json.loads((folder / "config.json").read_text())
+    return bool((config.get("quantization_config") or {}).get("kv_cache_scheme"))
+
+
 def versions() -> dict[str, str]:
     """Installed versions of :data:`VERSION_DISTS` in this environment."""
     out = {}
@@ -234,6 +241,17 @@ def _count_scheme_modules(model: Any) -> int:
     return sum(1 for m in model.modules() if isinstance(m, torch.nn.Linear) and getattr(m, "quantization_scheme", None))
 
 
+def has_kv_cache_scheme(recipe: dict[str, Any]) -> bool:
+    """Whether a modifier of ``recipe`` (stage -> group -> modifier -> args) sets llm-compressor's ``kv_cache_scheme``
+    (calibrated KV-cache scales, conf/kv/fp8_calibrated.yaml), which always needs calibration data."""
+    return any(
+        isinstance(args, dict) and args.get("kv_cache_scheme")
+        for stage in recipe.values()
+        for group in (stage or {}).values()
+        for args in (group or {}).values()
+    )
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Quantize ``spec["model_path"]`` with ``spec["recipe"]`` into ``spec["out_dir"]`` (see module doc).
 
@@ -264,7 +282,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if not spec.get("recipe"):
         raise ValueError(f"method={method!r} needs a recipe; the spec's recipe is empty")
 
-    if cal_spec.get("text_path") or method not in CALIBRATED_METHODS:  # nothing to fetch: stay offline
+    kv_scales = has_kv_cache_scheme(spec["recipe"])  # calibrated K/V scales: calibration data for any method
+    calibrated = method in CALIBRATED_METHODS or kv_scales
+    if cal_spec.get("text_path") or not calibrated:  # nothing to fetch: stay offline
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     else:  # calibration text from the hub (data.offline_root=null)
@@ -295,7 +315,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     nll_source, _ = prompt_nll(model, tokenizer)
 
     dataset, cal_used = None, {"num_samples": 0, "seq_len": 0, "tokens": 0}
-    if method in CALIBRATED_METHODS:
+    if calibrated:
         dataset, cal_used = build_calibration(tokenizer, cal_spec, seed)
         progress(f"calibration: {cal_used['num_samples']} x {cal_used['seq_len']} tokens from {cal_used['source']}")
 
@@ -331,7 +351,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
         t2 = time.perf_counter()
         memory = checkpoint_memory(tmp)
-        if memory["quantized_modules"] == 0:
+        if memory["quantized_modules"] == 0 and not (kv_scales and _kv_scales_saved(tmp)):
             raise ValueError(
                 f"no module was quantized: the checkpoint holds no packed/int8/fp8 weights "
                 f"(recipe targets matched nothing?); {in_memory} modules carried a scheme in memory"

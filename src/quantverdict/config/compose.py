@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from quantverdict.config import device_pick
+from quantverdict.config.kv import kv_suffix
 from quantverdict.config.schema import Config, ConfigError, ModelConfig, closest
 from quantverdict.config.schemes import scheme_errors
 from quantverdict.config.validate import choice_message, validate
@@ -34,6 +35,8 @@ if not OmegaConf.has_resolver("qv_job_gpus"):  # a launcher's GPU request per jo
     OmegaConf.register_new_resolver("qv_job_gpus", lambda device, tp: int(tp) if str(device) == "cuda" else 0)
 if not OmegaConf.has_resolver("qv_hub_name"):  # conf/model/hub.yaml: a hub model named after its repo
     OmegaConf.register_new_resolver("qv_hub_name", lambda hf_id: str(hf_id).rsplit("/", 1)[-1] if hf_id else "hub")
+if not OmegaConf.has_resolver("qv_kv_suffix"):  # a job folder names its kv choice unless auto: _bf16_kv-fp8
+    OmegaConf.register_new_resolver("qv_kv_suffix", kv_suffix)
 ConfigStore.instance().store(name="base_config", node=Config)
 
 INVALID = "invalid configuration:\n  - "  # the head of a ConfigError listing problems, one per line

@@ -286,6 +286,7 @@ class ServerConfig:
     max_num_seqs: Optional[int] = None
     gpu_memory_utilization: float = 0.9
     kv_cache_space_gib: Optional[float] = None  # CPU backend: VLLM_CPU_KVCACHE_SPACE
+    # vLLM --kv-cache-dtype: set by the kv group (conf/config.yaml: ${kv.cache_dtype}); choose it with kv=NAME
     kv_cache_dtype: str = "auto"
     # activation/compute dtype of the server (--dtype): auto, bfloat16, float16, float32. "auto": on CPU
     # chosen from the CPU the job runs on (quantverdict.config.cpu_caps: bf16 with native bf16, else float32; W4A16
@@ -333,6 +334,21 @@ class BenchConfig:
     # cores from the server it measures (there each level warms up before its first repeat, later repeats sized
     # from the rate the first reached)
     prefetch_prompts: bool = False
+
+
+@dataclass
+class KvConfig:
+    """The KV cache's precision (``conf/kv/*.yaml``), an axis crossing every weight scheme: ``kv=auto,fp8``.
+
+    ``cache_dtype`` is what vLLM gets as ``--kv-cache-dtype`` (``bench.server.kv_cache_dtype`` follows it);
+    ``calibrated`` adds ``kv_cache_scheme`` (llm-compressor ``QuantizationArgs``) to the scheme's recipe, so that
+    the checkpoint carries calibrated K/V scales, which vLLM reads instead of 1.0.
+    """
+
+    name: str = "auto"
+    cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (E4M3)
+    calibrated: bool = False
+    kv_cache_scheme: Optional[dict[str, Any]] = None  # calibrated only
 
 
 @dataclass
@@ -469,6 +485,7 @@ class Config:
     eval: EvalConfig = MISSING
     bench: BenchConfig = MISSING
     tracking: TrackingConfig = MISSING
+    kv: KvConfig = field(default_factory=KvConfig)
     env: EnvConfig = MISSING
     data: DataConfig = field(default_factory=DataConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)

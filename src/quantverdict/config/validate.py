@@ -13,6 +13,7 @@ from pathlib import Path
 
 from quantverdict.children.offline_data import OFFLINE_TASKS, WIKITEXT_TEST
 from quantverdict.config.cpu_caps import serving_unsupported
+from quantverdict.config.kv import host_cpu_flags, kv_errors
 from quantverdict.config.schema import (
     BENCH_MODES,
     COMPUTE_DTYPES,
@@ -603,5 +604,6 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     errors += review_errors(cfg.review)
     errors += parallel_serving_errors(cfg)
     errors += server_port_errors(cfg)
+    errors += kv_errors(cfg, host_cpu_flags() if cfg.env.device == "cpu" else None)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

@@ -13,6 +13,11 @@ from typing import Any
 def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None:
     """KV-cache bytes per token: ``2 (K and V) × kv_layers × kv_heads × head_dim × dtype_bytes``.
 
+    vLLM allocates exactly this per token and layer (``AttentionSpec.page_size_bytes``: ``2 × block_size ×
+    num_kv_heads × head_size × dtype size``, vLLM v1 ``kv_cache_interface``); ``dtype_bytes`` is 1 for an FP8
+    cache (:func:`kv_element_bytes`), whose scales are per layer, not per token (:func:`kv_scale_bytes`).
+    Llama-3.1-8B (32 layers, 8 KV heads, head_dim 128): bf16 2 × 32 × 8 × 128 × 2 = 131,072 B; fp8 65,536 B.
+
     ``kv_layers`` is ``num_kv_layers`` (the layers that hold a KV cache: hybrid models such as
     Qwen3.5 keep a fixed-size recurrent state, not per-token K/V, in their linear-attention layers),
     else ``num_hidden_layers``. ``head_dim`` defaults to ``hidden_size / num_attention_heads``,
@@ -25,6 +30,63 @@ def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None
     if not layers or not kv_heads or not head_dim:
         return None
     return 2.0 * layers * kv_heads * head_dim * dtype_bytes
+
+
+# bytes per element of vLLM's --kv-cache-dtype (vllm.utils.torch_utils STR_DTYPE_TO_TORCH_DTYPE): the FP8 formats
+# are one byte; "auto" is the model's (served) dtype, looked up by its name
+KV_ELEMENT_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
+
+
+def kv_element_bytes(kv_cache_dtype: str, model_dtype: str = "bfloat16") -> float:
+    """Bytes of one K or V element in vLLM's KV cache: 1 for ``fp8`` (E4M3, also ``fp8_e4m3``/``fp8_e5m2``), else
+    the served dtype's (``auto``: ``model_dtype``; bf16 2, float32 4). Unknown names count 2 bytes."""
+    name = model_dtype if kv_cache_dtype in ("auto", "", None) else kv_cache_dtype
+    return float(KV_ELEMENT_BYTES.get(str(name), 2))
+
+
+def kv_scale_bytes(dims: dict[str, Any], kv_cache_dtype: str) -> int:
+    """Bytes vLLM keeps for the scales of a quantized KV cache, per model (not per token).
+
+    An FP8 cache has one K and one V scale per attention layer (``Attention._k_scale``, ``_v_scale``: float32
+    scalars, 1.0 uncalibrated, else the checkpoint's ``k_scale``/``v_scale``), outside the cache's blocks:
+    ``2 × 4 × kv_layers`` bytes (Llama-3.1-8B: 256 B). A token costs no scale bytes: bytes per token stay
+    :func:`kv_bytes_per_token` at one byte an element. 0 for a 16-bit cache.
+    """
+    if kv_element_bytes(kv_cache_dtype) != 1:
+        return 0
+    return 8 * int(dims.get("num_kv_layers") or dims.get("num_hidden_layers") or 0)
+
+
+def kv_capacity(
+    dims: dict[str, Any], kv_cache_dtype: str, model_dtype: str, kv_cache_bytes: float, request_tokens: int
+) -> dict[str, float] | None:
+    """KV tokens and maximum concurrency of a KV cache of ``kv_cache_bytes`` in ``kv_cache_dtype``.
+
+    ``tokens = floor((kv_cache_bytes - scale bytes) / bytes per token)``, bytes per token
+    ``= 2 × kv_layers × kv_heads × head_dim × bytes per element`` (:func:`kv_bytes_per_token`,
+    :func:`kv_element_bytes`, :func:`kv_scale_bytes`); ``max_concurrency = tokens / request_tokens``, as vLLM's
+    "Maximum concurrency for N tokens per request" line computes it (dense models; a hybrid's paging is
+    :func:`hybrid_paging`). Llama-3.1-8B (32 layers, 8 KV heads, head_dim 128) in 100 GiB: bf16 131,072 B a
+    token, 819,200 tokens, 25.0 requests of 32,768 tokens; fp8 65,536 B, 1,638,399 tokens (the 256 B of scales
+    take the last one), 49.99997 requests.
+
+    Returns:
+        ``{"bytes_per_token", "element_bytes", "scale_bytes", "tokens", "max_concurrency"}``; None when a
+        dimension is missing.
+    """
+    element = kv_element_bytes(kv_cache_dtype, model_dtype)
+    bpt = kv_bytes_per_token(dims, element)
+    if not bpt:
+        return None
+    scales = kv_scale_bytes(dims, kv_cache_dtype)
+    tokens = max(0, int((kv_cache_bytes - scales) // bpt))
+    return {
+        "bytes_per_token": bpt,
+        "element_bytes": element,
+        "scale_bytes": float(scales),
+        "tokens": float(tokens),
+        "max_concurrency": tokens / request_tokens if request_tokens else 0.0,
+    }
 
 
 def state_bytes_per_sequence(dims: dict[str, Any], dtype_bytes: float) -> float:

@@ -22,6 +22,7 @@ from typing import Any
 from quantverdict.children.materialize import MODEL_INFO
 from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict
+from quantverdict.config.kv import combo_name
 from quantverdict.config.schema import Config, ModelConfig
 from quantverdict.measure.integrity import IntegrityError, check_checkpoint
 from quantverdict.orchestrate import preflight, resume
@@ -163,7 +164,7 @@ def checkpoint_key(
     )
     # the calibration by content: the same text in another checkout shares the entry, an edited text does not
     calib_key: dict[str, Any] = {}
-    if method not in ("rtn",):
+    if method not in ("rtn",) or cfg.kv.calibrated:  # calibrated K/V scales come from the calibration text too
         text = resume.calibration_text(cfg)
         digest = resume.sha256_file(text) if text and text.is_file() else None
         calib_key = {**as_dict(cfg.scheme.calibration), "text_sha256": digest}
@@ -372,11 +373,13 @@ def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: Any, served: bool) 
     key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
     config_hash = resume.config_hash(as_dict(cfg))
     return {
-        "role": "baseline" if cfg.scheme.name == cfg.baseline_scheme else "scheme",
+        # the baseline is the baseline scheme with the model's own KV cache (kv=auto); bf16 weights with an FP8 cache
+        # are compared with it like any scheme
+        "role": "baseline" if cfg.scheme.name == cfg.baseline_scheme and cfg.kv.cache_dtype == "auto" else "scheme",
         "top_k": cfg.eval.kld.top_k,
         "dir": str(cache / "kld_baseline" / cfg.model.name / key),
         "key": key,
         "key_fields": fields,
         "config_hash": config_hash,
-        "job_id": f"{cfg.model.name}_{cfg.scheme.name}_{config_hash}",
+        "job_id": f"{cfg.model.name}_{combo_name(cfg.scheme.name, cfg.kv.name)}_{config_hash}",
     }

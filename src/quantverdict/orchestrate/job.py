@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantverdict.config import cpu_caps, schemes
+from quantverdict.config import cpu_caps, kv, schemes
 from quantverdict.config.compose import as_dict, model_config
 from quantverdict.config.schema import Config, ConfigError, SchemeMethod, evaluates_through_server
 from quantverdict.measure import memory
@@ -58,12 +58,16 @@ class Job:
         self.cfg = cfg
         self.out_dir = out_dir
         config = as_dict(cfg)
+        combo = kv.combo_name(cfg.scheme.name, cfg.kv.name)  # the scheme, or <scheme>+kv-<kv> (config.kv)
         self.record = Record(
             job={
-                "id": f"{cfg.model.name}_{cfg.scheme.name}_{resume.config_hash(config)}",
+                "id": f"{cfg.model.name}_{combo}_{resume.config_hash(config)}",
                 "model": cfg.model.name,
-                "scheme": cfg.scheme.name,
-                "scheme_label": cfg.scheme.label,
+                "scheme": combo,
+                "scheme_label": cfg.scheme.label + kv.kv_label(cfg.kv.name),
+                "weight_scheme": cfg.scheme.name,
+                "kv": cfg.kv.name,
+                "kv_cache_dtype": cfg.kv.cache_dtype,
                 "config_hash": resume.config_hash(config),
                 "output_dir": str(out_dir),
                 "started_at": now_iso(),
@@ -162,11 +166,12 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
                 return resume.reuse(previous, out_dir)
             job.earlier = resume.find_interrupted(Path(cfg.paths.output_root), key, out_dir)
     job.tracker.start(
-        f"{cfg.model.name}/{cfg.scheme.name}",
+        f"{cfg.model.name}/{rec.job['scheme']}",
         {
             "model": cfg.model.name,
-            "scheme": cfg.scheme.name,
-            "scheme_label": cfg.scheme.label,
+            "scheme": rec.job["scheme"],
+            "scheme_label": rec.job["scheme_label"],
+            "kv": cfg.kv.name,
             "config_hash": rec.job["config_hash"],
             "output_dir": str(out_dir),
         },
@@ -270,6 +275,11 @@ def _run(job: Job) -> None:
                 f"{caps.model_name}: {caps.isa}, vLLM library {caps.vllm_extension}, W4A16 activations "
                 f"{'/'.join(caps.wna16_dtypes) or 'none'}"
             )
+        if cfg.kv.cache_dtype != "auto" and not (caps.avx512 or caps.amx):  # torch's checks, as vLLM's CPU attention
+            raise ConfigError(
+                f"kv={cfg.kv.name} on env.device=cpu: vLLM's CPU attention holds an FP8 KV cache only on x86 with "
+                f"AVX-512 or AMX, and {caps.model_name} ({caps.isa}) has neither; allowed here: kv=auto"
+            )
         if cpu_plan.serve:
             job.dtypes["serve"] = cpu_plan.serve
         job.dtypes["evaluate"] = cpu_plan.evaluate
@@ -312,6 +322,9 @@ def _run(job: Job) -> None:
             f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
             f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
         )
+    if cfg.kv.calibrated:  # calibrated K/V scales: the scheme's recipe also sets llm-compressor's kv_cache_scheme
+        recipe, made_by = kv.with_kv_cache_scheme(recipe, str(method), cfg.kv, cfg.scheme.ignore)
+        method = SchemeMethod(made_by)
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))  # what llm-compressor gets ({}: bf16); an artifact
     if not cfg.bench.enabled:
         unsupported = None
@@ -463,8 +476,13 @@ def _evaluate(
             "max_model_len": server.max_model_len,
             "dtype": server.cfg.dtype,  # the server's compute dtype (bench.server.dtype); eval.dtype is not used
         }
+    if cfg.eval.backend == "vllm" and cfg.kv.cache_dtype != "auto":  # lm-eval's own engine quantizes the cache too
+        spec["eval"]["vllm_args"] = {**spec["eval"]["vllm_args"], "kv_cache_dtype": cfg.kv.cache_dtype}
     result = run_stage(env, "evaluate", spec, out)
-    return {k: v for k, v in result.items() if k != "status"}
+    accuracy = {k: v for k, v in result.items() if k != "status"}
+    if isinstance(accuracy.get("settings"), dict):  # the KV cache the scores were computed with (not a delta setting)
+        accuracy["settings"]["kv_cache_dtype"] = cfg.kv.cache_dtype if cfg.eval.backend != "hf" else "auto"
+    return accuracy
 
 
 def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cache: Path) -> None:
@@ -519,7 +537,10 @@ def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:
     raw = OmegaConf.to_container(dcfg, resolve=False, enum_to_str=True)
     assert isinstance(raw, dict)
     model = str(OmegaConf.select(dcfg, "model.name", default="?"))
-    scheme = str(OmegaConf.select(dcfg, "scheme.name", default="?"))
+    # the combination, as a valid job would be named: a refused bf16+kv-fp8 is not taken for the bf16 baseline
+    scheme = kv.combo_name(
+        str(OmegaConf.select(dcfg, "scheme.name", default="?")), str(OmegaConf.select(dcfg, "kv.name", default="auto"))
+    )
     rec = Record(
         job={
             "id": f"{model}_{scheme}_invalid",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from quantverdict.config.schemes import SCHEME_ORDER
+from quantverdict.config.kv import combo_order
 from quantverdict.measure import capacity, server_metrics, sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline, headline_of
 from quantverdict.results.format import gpu_limits
@@ -112,7 +112,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job."""
     records = sorted(
         records,
-        key=lambda r: (r["job"].get("model", ""), SCHEME_ORDER.get(r["job"].get("scheme", ""), len(SCHEME_ORDER))),
+        key=lambda r: (r["job"].get("model", ""), *combo_order(r["job"].get("scheme", ""))),
     )
     out: list[str] = []
     mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []

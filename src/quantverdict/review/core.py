@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict import __version__
+from quantverdict.config.kv import combo_order
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
-from quantverdict.config.schemes import SCHEME_ORDER
 from quantverdict.measure import kernels
 from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
@@ -80,9 +80,10 @@ def _card(
         is_baseline=is_baseline(r),
         gpus=gpus.job_gpus(rec),
     )
+    sc.memory, miss = memory_summary(r, rc)
+    sc.kv = str(sc.memory.get("kv") or "auto")
     if sc.status != "ok":
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
-    sc.memory, miss = memory_summary(r, rc)
     sc.missing += miss
     # the model's baseline job in this review (one record per model and scheme): speed and dtype comparisons
     base = None if sc.is_baseline else next((c for c in baseline_candidates(rec, records) if c.get("accuracy")), None)
@@ -220,9 +221,7 @@ def build_review(
     rc, how = constraints.resolve(rc, records, overrides)
     all_records = list(records)
     records, notes = sources.dedupe(records)
-    records.sort(
-        key=lambda r: (str(r["job"].get("model")), SCHEME_ORDER.get(str(r["job"].get("scheme")), len(SCHEME_ORDER)))
-    )
+    records.sort(key=lambda r: (str(r["job"].get("model")), *combo_order(str(r["job"].get("scheme")))))
     cards = [_card(r, records, rc, all_records) for r in records]
     review = Review(
         source,

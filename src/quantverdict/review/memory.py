@@ -13,6 +13,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.kv_cache import (
     hybrid_paging,
     kv_bytes_per_token,
+    kv_scale_bytes,
     paged_bytes_per_sequence,
     state_bytes_per_sequence,
 )
@@ -53,6 +54,16 @@ def served_kv_dtype(rec: JobRecord) -> tuple[str, str]:
     if kv != "auto":
         return str(kv), "bench.server.kv_cache_dtype"
     return served_compute_dtype(rec)
+
+
+def kv_choice(rec: JobRecord) -> str:
+    """The record's KV-cache choice (``kv=NAME``, conf/kv): ``config.kv.name``, else ``fp8`` where
+    ``bench.server.kv_cache_dtype`` was set to an FP8 format (records from before the kv axis), else ``auto``."""
+    name = (rec.config.get("kv") or {}).get("name")
+    if name:
+        return str(name)
+    served = (rec.cfg("bench").get("server") or {}).get("kv_cache_dtype") or "auto"
+    return "fp8" if str(served).startswith("fp8") else "auto"
 
 
 def _kv_dtype_bytes(rec: JobRecord, rc: ReviewConfig) -> tuple[float, str]:
@@ -182,6 +193,15 @@ def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], li
         out["need_gib"] = out["weights_gib"] + out["kv_needed_gib"] + out["state_needed_gib"] + rc.reserved_gib
     else:
         out["need_gib"] = None
+    # the KV lever: the same capacity in an FP8 cache (one byte an element), these weights kept
+    out["kv"] = kv_choice(rec)
+    out["kv_scale_bytes"] = kv_scale_bytes(dims, "fp8" if dtype_bytes == 1 else "auto")
+    bpt8 = kv_bytes_per_token(dims, 1.0)
+    out["kv_fp8_needed_gib"] = tokens * bpt8 / GIB if tokens and bpt8 and not paging else None
+    if out["kv_fp8_needed_gib"] is not None and out["need_gib"] is not None:
+        out["need_gib_kv_fp8"] = out["need_gib"] - out["kv_needed_gib"] + out["kv_fp8_needed_gib"]
+    else:
+        out["need_gib_kv_fp8"] = None
     out["budget_gib"] = rc.memory_budget_gib
     if rc.memory_budget_gib and out["weights_gib"] is not None and bpt:
         free = rc.memory_budget_gib - out["weights_gib"] - rc.reserved_gib

@@ -74,6 +74,7 @@ class Scorecard:
     missing: list[str] = field(default_factory=list)
     validity: list[str] = field(default_factory=list)  # what the numbers stand on (review's Validity section)
     gpus: int = 1  # GPUs the job's server used (tensor parallel size; review.gpus.job_gpus)
+    kv: str = "auto"  # the KV cache's precision (kv=NAME, conf/kv): auto, fp8, fp8_calibrated
 
     @property
     def name(self) -> str:

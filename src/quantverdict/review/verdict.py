@@ -76,6 +76,10 @@ class Verdict:
     # set when accuracy was not measured for this model (synthetic, random weights): the verdict rests
     # on memory and latency alone; the reason
     accuracy_not_measured: str = ""
+    # which lever the chosen combination pulls: "weights", "KV cache", "weights and KV cache" ("" unless quantize)
+    lever: str = ""
+    # the KV lever weighed (:func:`kv_lever`): what memory binds on, and what an FP8 cache would need
+    kv_lever: dict[str, Any] = field(default_factory=dict)
 
 
 def _n(v: float | None, fmt: str = ".2f") -> str:
@@ -392,14 +396,80 @@ def passes(cs: dict[str, Check]) -> bool:
 # --- ordering and the verdict -----------------------------------------------------------------------
 
 
-def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
-    """Least aggressive first: by weight tier (16, 8, 4 bits); within a tier, lowest E2E p50 at the
-    stated load, then highest sustained ceiling (req/s), then scheme name."""
+def kv_step(sc: Scorecard) -> int:
+    """1 for a quantized KV cache (kv other than auto), else 0."""
+    return 0 if sc.kv in ("auto", "") else 1
 
-    def key(sc: Scorecard) -> tuple[int, float, float, str]:
+
+def lever_of(sc: Scorecard) -> str:
+    """The lever a combination pulls: ``weights``, ``KV cache``, ``weights and KV cache``, or ``""`` (neither)."""
+    pulled = [name for name, on in (("weights", sc.tier > 0), ("KV cache", kv_step(sc) > 0)) if on]
+    return " and ".join(pulled)
+
+
+def kv_lever(base: Scorecard, cs: dict[str, Check], cards: list[Scorecard], rc: ReviewConfig) -> dict[str, Any]:
+    """The KV lever weighed on the baseline: what its memory check binds on, and what an FP8 KV cache would need.
+
+    Memory binds on the KV cache when the weights (+ recurrent state + reserve) fit the budget and the KV cache
+    for the needed capacity (``concurrent_requests`` x request length) does not; on the weights when they alone
+    (+ reserve) exceed it. ``fp8_need_gib`` is the baseline's need with the same capacity in an FP8 cache (one
+    byte an element, :func:`quantverdict.review.memory.memory_summary`'s ``need_gib_kv_fp8``).
+
+    Returns:
+        ``{"binds_on": "kv_cache" | "weights" | None, "need_gib", "budget_gib", "weights_gib", "kv_gib",
+        "fp8_need_gib", "fp8_fits": bool | None, "measured": [names of the quantized-cache combinations]}``.
+    """
+    m = base.memory
+    out: dict[str, Any] = {
+        "binds_on": None,
+        "need_gib": m.get("need_gib"),
+        "budget_gib": rc.memory_budget_gib,
+        "weights_gib": m.get("weights_gib"),
+        "kv_gib": m.get("kv_needed_gib"),
+        "fp8_need_gib": m.get("need_gib_kv_fp8"),
+        "fp8_fits": None,
+        "measured": [sc.scheme for sc in cards if kv_step(sc)],
+    }
+    budget = rc.memory_budget_gib
+    if budget is not None and out["fp8_need_gib"] is not None:
+        out["fp8_fits"] = out["fp8_need_gib"] <= budget
+    if cs["memory"].status != FAIL or budget is None or m.get("weights_gib") is None:
+        return out
+    fixed = m["weights_gib"] + (m.get("state_needed_gib") or 0.0) + rc.reserved_gib
+    out["binds_on"] = "weights" if fixed > budget else "kv_cache"
+    return out
+
+
+def kv_lever_sentence(lever: dict[str, Any], chosen: Scorecard | None) -> str:
+    """One sentence on the KV lever for the verdict (empty when memory does not bind)."""
+    if lever.get("binds_on") != "kv_cache":
+        return ""
+    head = (
+        f"Memory binds on the KV cache: the weights take {_gib(lever['weights_gib'])} of the "
+        f"{_gib(lever['budget_gib'])} budget, the cache for the needed capacity {_gib(lever['kv_gib'])}"
+    )
+    if lever.get("fp8_need_gib") is not None:
+        op = "<=" if lever["fp8_fits"] else ">"
+        head += f"; with 16-bit weights and an FP8 KV cache it needs {_gib(lever['fp8_need_gib'])} {op} budget"
+    if chosen is not None:
+        return head + f". Lever pulled: {lever_of(chosen) or 'none'} ({chosen.name})."
+    if not lever["measured"]:
+        return head + ". No KV-cache combination was measured: run the grid with kv=auto,fp8 to weigh it."
+    return head + "."
+
+
+def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
+    """Least aggressive first: by the number of levers pulled (one per 8-bit step of the weights, 16 -> 8 -> 4 bits,
+    and one for a quantized KV cache), then by weight tier (at an equal count, 16-bit weights with an FP8 cache
+    before 8-bit weights with a 16-bit cache: the cache is the lever that frees memory where the cache is what
+    binds, and it leaves every weight as it is); within that, lowest E2E p50 at the stated load, then highest
+    sustained ceiling (req/s), then name."""
+
+    def key(sc: Scorecard) -> tuple[int, int, float, float, str]:
         at = sc.speed.get("at_load") or {}
         e2e = at.get("e2e_ms_p50")
-        return (sc.tier, e2e if e2e is not None else math.inf, -(sc.speed.get("ceiling_rps") or 0.0), sc.scheme)
+        steps = sc.tier + kv_step(sc)  # levers pulled: one per 8-bit step of the weights, one for an FP8 cache
+        return (steps, sc.tier, e2e if e2e is not None else math.inf, -(sc.speed.get("ceiling_rps") or 0.0), sc.scheme)
 
     return sorted(cards, key=key)
 
@@ -464,6 +534,13 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
     v = Verdict(model, "", None, None, "", order=[sc.scheme for sc in order])
     v.accuracy_not_measured = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
     _decide(model, v, base, order, all_checks)
+    if base is not None:
+        v.kv_lever = kv_lever(base, all_checks[base.scheme], cards, rc)
+        chosen = next((sc for sc in cards if sc.scheme == v.scheme), None) if v.decision == "quantize" else None
+        v.lever = lever_of(chosen) if chosen is not None else ""
+        extra = kv_lever_sentence(v.kv_lever, chosen)
+        if extra:
+            v.sentence += " " + extra
     if v.accuracy_not_measured:
         v.sentence += (
             f" Accuracy not measured (not applicable: {v.accuracy_not_measured.split(':')[0]}): "
@@ -552,7 +629,11 @@ def _decide(
     same_tier = [
         sc for sc in order if sc.tier == chosen.tier and sc is not chosen and _eligible(sc, all_checks[sc.scheme])
     ]
-    why_tier = f"the least aggressive scheme that meets {three} ({TIER_NAMES.get(chosen.tier, chosen.tier)} tier"
+    tier_name = f"{TIER_NAMES.get(chosen.tier, chosen.tier)} tier"
+    if kv_step(chosen):  # a combination with a quantized cache: both levers named
+        weights = "16-bit" if chosen.tier == 0 else TIER_NAMES.get(chosen.tier, str(chosen.tier))
+        tier_name = f"{weights} weights with a quantized KV cache ({chosen.kv})"
+    why_tier = f"the least aggressive scheme that meets {three} ({tier_name}"
     if same_tier:
         e2e = (chosen.speed.get("at_load") or {}).get("e2e_ms_p50")
         why_tier += f"; E2E p50 {_n(e2e, ',.0f')} ms at the load, ahead of " + ", ".join(sc.scheme for sc in same_tier)
