@@ -63,13 +63,15 @@ def test_same_size_corruption_of_a_cached_checkpoint_is_quantized_again(tmp_path
     assert rec2["stages"]["quantize"]["status"] == "ok"  # not "cached"
     detail = rec2["stages"]["quantize"]["detail"]
     assert "re-quantized: cached checkpoint damaged" in detail and shard.name in detail and "checksums" in detail
-    assert list(ckpt.parent.glob(f"{ckpt.name}.damaged-*"))  # set aside, kept for inspection
-    aside = next(ckpt.parent.glob(f"{ckpt.name}.damaged-*"))
+    # set aside, kept for inspection, named in the record (this job's folder: the cache may hold older ones)
+    (aside,) = [Path(a["path"]) for a in rec2["checkpoint"]["set_aside"]]
+    assert aside.is_dir() and aside.name.startswith(f"{ckpt.name}.damaged-") and str(aside) in detail
     was, now = (json.loads((d / caches.CHECKSUMS).read_text()) for d in (aside, ckpt))
     assert was[shard.name] == now[shard.name]  # int8 round-to-nearest: the same weights as first made
     third = run_cli(tmp_path / "c", *FAST)
     (rec3,) = [load(p) for p in find_records(tmp_path / "c")]
     assert third.returncode == 0 and rec3["stages"]["quantize"]["status"] == "cached"
+    shutil.rmtree(aside)  # the folder this test set aside; nothing else
 
 
 def test_zero_or_nan_scales_with_matching_checksums_fail_the_sanity_check(

@@ -4,6 +4,7 @@ goes on, and finished results are kept. Real stages on the embedded model."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -218,6 +219,9 @@ def test_truncated_cached_checkpoint_is_quantized_again(tmp_path: Path, stage_en
     assert rec2["stages"]["quantize"]["status"] == "ok"  # not "cached"
     assert "re-quantized: cached checkpoint damaged" in rec2["stages"]["quantize"]["detail"]
     assert rec2["memory"]["checkpoint"]["total_weight_bytes"] == rec["memory"]["checkpoint"]["total_weight_bytes"]
+    (aside,) = rec2["checkpoint"]["set_aside"]  # kept for inspection, named in the record
+    assert Path(aside["path"]).name.startswith(f"{Path(rec['checkpoint']['path']).name}.damaged-")
+    shutil.rmtree(aside["path"])  # the folder this test set aside; nothing else
 
 
 def test_bad_config_fails_before_any_work(tmp_path: Path) -> None:
