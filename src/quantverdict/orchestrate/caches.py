@@ -317,8 +317,8 @@ def check_sanity(cfg: Config, env: StageEnv, model: dict[str, Any], folder: Path
     checksum manifest); a later reuse of the same bytes (:func:`recorded_sanity`) is judged from it without
     running the models again. A checkpoint made by the quantize stage gets that file at once (the stage ran the
     same comparison). Cost of a run, measured on the 2-core CPU with the embedded SmolLM2-135M and its int8
-    checkpoint: 15-30 s (2 s loading both models, the rest importing torch and transformers, decompressing the
-    checkpoint and three forward passes on cores shared with other work); a recorded verdict costs nothing.
+    checkpoint: 10.5 s on idle cores, 15-51 s while other jobs shared them
+    (:mod:`quantverdict.children.checkpoint_sanity`); a recorded verdict costs reading one small file.
 
     Returns:
         ``{"checked": "now" | "recorded", ...the child's result, "bounds"}``; ``{"checked": "disabled"}`` with
