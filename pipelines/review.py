@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import ConfigCompositionException
 
     import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
-    from quantverdict.review import run_review
+    from quantverdict.review import ReviewNotLogged, run_review
 
     try:
         rc, tracking, output_root = compose_review(args.overrides)
@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     # the composed tracking config (this checkout's, with the command line's tracking overrides), never the store
     # that a folder's records name: that is their grid's, maybe another checkout's or another machine's
+    not_logged: ReviewNotLogged | None = None
     try:
         review, paths = run_review(
             source if from_mlflow else src_path,
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             output_root,
             args.overrides,
         )
+    except ReviewNotLogged as exc:  # written, not logged: the verdict is shown, then the exit code says so
+        review, paths, not_logged = exc.review, exc.paths, exc
     except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  - {plain(f.message)}")
     print(f"constraints: {review.constraints_how} [{review.label}]")
     print(f"review: {paths['md']}\n        {paths['html']}\n        {paths['json']}")
+    if not_logged is not None:
+        print(f"error: {not_logged}", file=sys.stderr)
+        return 1
     return 0
 
 

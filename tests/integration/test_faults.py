@@ -4,6 +4,7 @@ goes on, and finished results are kept. Real stages on the embedded model."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -36,6 +37,16 @@ def mlflow_statuses(out: Path) -> dict[str, str]:
     return {
         r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id]) if "config_hash" in r.data.tags
     }
+
+
+def mlflow_run_statuses(out: Path) -> list[tuple[str, str]]:
+    """(run name, status) of every job run of the store under ``out``, sorted: runs of one name stay apart."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out}/mlflow.db")
+    exp = client.get_experiment_by_name("quantverdict")
+    runs = client.search_runs([exp.experiment_id])
+    return sorted((r.info.run_name, r.info.status) for r in runs if "config_hash" in r.data.tags)
 
 
 def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
@@ -91,6 +102,59 @@ def test_sigterm_to_the_orchestrator_stops_everything(
     assert len(rec["speed"]["points"]) >= 1  # finished sweep points are kept
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
     wait_for(lambda: not marked_pids(marker), 30, "the server and client to be gone")
+
+
+def test_a_job_stopped_in_its_benchmark_resumes_without_evaluating_again(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
+) -> None:
+    # one cheap task (arc_easy, 4 items) and a sweep of one point: the second run serves and sweeps for real
+    args = [
+        "scheme=bf16",
+        *TINY,
+        "eval.tasks=[arc_easy]",
+        "bench.rates=[inf]",
+        "bench.num_prompts=1",
+        "bench.warmup_prompts=0",
+        "bench.server.port=8797",
+    ]
+
+    def stage(name: str) -> str | None:
+        paths = find_records(tmp_path / "runs")
+        return (load(paths[0])["stages"].get(name) or {}).get("status") if paths else None
+
+    proc = start_cli(tmp_path, *args, marker=marker)
+    wait_for(lambda: stage("benchmark") == "running" or proc.poll() is not None, 600, "the benchmark stage")
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-3000:]
+    (first_path,) = find_records(tmp_path / "runs")
+    first = load(first_path)
+    assert first["status"] == "interrupted" and first["failed_stage"] == "benchmark"
+    assert first["stages"]["evaluate"]["status"] == "ok" and first["accuracy"]["tasks"]["arc_easy"]
+    wait_for(lambda: not marked_pids(marker), 30, "no child left")
+
+    second = run_cli(tmp_path, *args, timeout=900)  # the same command
+    assert second.returncode == 0, second.stderr[-3000:]
+    (rec,) = [load(p) for p in find_records(tmp_path / "runs") if p != first_path]
+    assert rec["status"] == "ok" and rec["job"]["resume_key"] == first["job"]["resume_key"]
+    assert rec["job"]["resumed_attempt"] == {
+        "from": str(first_path.parent),
+        "status": "interrupted",
+        "stages_reused": ["evaluate"],
+    }
+    assert rec["stages"]["evaluate"]["status"] == "cached"
+    assert str(first_path.parent) in rec["stages"]["evaluate"]["detail"]
+    out = Path(rec["job"]["output_dir"])
+    assert not (out / "evaluate.spec.json").exists() and not (out / "evaluate.log").exists()  # no evaluate child
+    # the per-item results the review's paired tests read came along, and the record names the copies
+    copied = out / "eval" / "samples_arc_easy.jsonl"
+    assert rec["accuracy"]["samples"] == {"arc_easy": str(copied)}
+    assert copied.read_text() == Path(first["accuracy"]["samples"]["arc_easy"]).read_text()
+    assert {k: v for k, v in rec["accuracy"].items() if k != "samples"} == {
+        k: v for k, v in first["accuracy"].items() if k != "samples"
+    }
+    assert rec["stages"]["benchmark"]["status"] == "ok" and len(rec["speed"]["points"]) == 1
+    assert mlflow_run_statuses(tmp_path) == [("smollm2-135m/bf16", "FINISHED"), ("smollm2-135m/bf16", "KILLED")]
 
 
 def test_ctrl_c_is_an_interruption_not_a_failure(
@@ -155,6 +219,9 @@ def test_truncated_cached_checkpoint_is_quantized_again(tmp_path: Path, stage_en
     assert rec2["stages"]["quantize"]["status"] == "ok"  # not "cached"
     assert "re-quantized: cached checkpoint damaged" in rec2["stages"]["quantize"]["detail"]
     assert rec2["memory"]["checkpoint"]["total_weight_bytes"] == rec["memory"]["checkpoint"]["total_weight_bytes"]
+    (aside,) = rec2["checkpoint"]["set_aside"]  # kept for inspection, named in the record
+    assert Path(aside["path"]).name.startswith(f"{Path(rec['checkpoint']['path']).name}.damaged-")
+    shutil.rmtree(aside["path"])  # the folder this test set aside; nothing else
 
 
 def test_bad_config_fails_before_any_work(tmp_path: Path) -> None:

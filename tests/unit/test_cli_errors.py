@@ -39,7 +39,7 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         (
             ["schem=awq"],
             "schem: no such key at the top level; keys: baseline_scheme, bench, data, env, eval, kv, model, "
-            "paths, resume, review, scheme, seed, tracking (did you mean 'scheme'?)",
+            "paths, quantize, resume, review, scheme, seed, tracking (did you mean 'scheme'?)",
         ),
     ],
 )

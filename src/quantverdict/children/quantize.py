@@ -9,7 +9,9 @@ Spec (JSON)::
      "calibration": {"text_path": str | null, "hf_dataset": str, "hf_subset": str, "hf_split": str,
                      "num_samples": int, "seq_len": int},
      "seed": int,
-     "compute_dtype": "auto" | "float32" | "bfloat16" | ...}   # optional; see _compute_dtype
+     "compute_dtype": "auto" | "float32" | "bfloat16" | ...,   # optional; see _compute_dtype
+     "sanity": {"max_ppl_ratio": float, "max_mean_kld": float, "finite_only": bool} | null}
+                                   # bounds of the check against the source model (quantverdict.measure.sanity)
 
 Result (JSON, besides ``status``/``wall_s`` from :mod:`._child`)::
 
@@ -18,13 +20,14 @@ Result (JSON, besides ``status``/``wall_s`` from :mod:`._child`)::
      "scheme_modules_in_memory": int,   # Linear modules llm-compressor attached a scheme to
      "calibration": {...actually used...}, "logits_finite": true,
      "prompt_nll": {"source": float, "quantized": float}, "compute_dtype": str,
+     "sanity": {...quantverdict.children.checkpoint_sanity.compare...},
      "saved_dtype": str, "quantize_s": float, "save_s": float,
      "verify_s": float, "memory": {...quantverdict.measure.memory.checkpoint_memory...},
      "kept_16bit": {"patterns": [...], "kept_16bit": [module, ...], "quantized": []}}  # keep16.check_kept
 
 Imports only the standard library, the quantize environment's libraries, the stdlib-only
-:mod:`quantverdict.measure.memory` and :mod:`quantverdict.measure.keep16`, and
-:mod:`quantverdict.children.materialize` (same environment).
+:mod:`quantverdict.measure.memory`, :mod:`quantverdict.measure.keep16` and :mod:`quantverdict.measure.sanity`, and
+:mod:`quantverdict.children.checkpoint_sanity` (same environment).
 """
 
 from __future__ import annotations
@@ -42,19 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.children._child import child_main, progress
-from quantverdict.children.materialize import model_class
+from quantverdict.children.checkpoint_sanity import compare, load_model, nll_of, window_logprobs
 from quantverdict.measure.keep16 import check_kept, ignore_patterns
 from quantverdict.measure.memory import checkpoint_memory
+from quantverdict.measure.sanity import judge
 
 CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq")
 DATA_FREE_METHODS = ("none", "rtn")
 VERSION_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
-# fixed prompts for the post-save check: finite logits and mean next-token NLL (nats) before/after
-CHECK_PROMPTS = (
-    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "Water boils at 100 degrees Celsius at sea level, but at higher altitudes it boils at a",
-)
 
 
 def _kv_scales_saved(folder: Path) -> bool:
@@ -180,32 +178,6 @@ def _smoothing_log() -> Iterator[dict[str, list[str]]]:
         logger.remove(sink_id)
 
 
-def load_model(path: Path, device: str, **kwargs: Any) -> Any:
-    """The checkpoint at ``path`` in its own class (:func:`~quantverdict.children.materialize.model_class`
-    of ``config.json``), on ``device``."""
-    cls = model_class(json.loads((path / "config.json").read_text()).get("architectures"))
-    if device != "cpu":
-        kwargs["device_map"] = device
-    return cls.from_pretrained(path, **kwargs)
-
-
-def prompt_nll(model: Any, tokenizer: Any) -> tuple[float, bool]:
-    """Mean next-token NLL (nats) over :data:`CHECK_PROMPTS` and whether every logit was finite."""
-    import torch
-
-    total, count, finite = 0.0, 0, True
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        for prompt in CHECK_PROMPTS:
-            ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
-            logits = model(input_ids=ids).logits.float()
-            finite = finite and bool(torch.isfinite(logits).all())
-            loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum")
-            total += float(loss.cpu())
-            count += ids.shape[1] - 1
-    return total / count, finite
-
-
 def _source_dtype(model_path: Path) -> str:
     """The model's stored floating dtype from config.json (``dtype``, else ``torch_dtype``; default bfloat16)."""
     cfg = json.loads((model_path / "config.json").read_text())
@@ -257,8 +229,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     Raises:
         ValueError: unknown method, calibration method without data, or no module was quantized.
-        RuntimeError: a module that a keep-16-bit pattern of the recipe matches was quantized (named), or the
-            reloaded checkpoint produced non-finite logits. Either way no checkpoint is left at ``out_dir``.
+        RuntimeError: a module that a keep-16-bit pattern of the recipe matches was quantized (named), the
+            reloaded checkpoint produced non-finite logits, or it failed its sanity check against the source
+            model (``spec["sanity"]``: then it is set aside in ``<out_dir>.damaged-<unix time>``, named). Either
+            way no checkpoint is left at ``out_dir``.
     """
     method = spec["method"]
     model_path, out_dir = Path(spec["model_path"]), Path(spec["out_dir"])
@@ -312,7 +286,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = load_model(model_path, device, dtype=getattr(torch, compute_dtype))
     model.eval()
-    nll_source, _ = prompt_nll(model, tokenizer)
+    source_windows = window_logprobs(model, tokenizer)  # the sanity check's reference, before oneshot
+    nll_source = nll_of(source_windows)
 
     dataset, cal_used = None, {"num_samples": 0, "seq_len": 0, "tokens": 0}
     if calibrated:
@@ -366,12 +341,23 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         progress(f"reloading the checkpoint ({memory['quantized_modules']} quantized modules) to check logits")
         reloaded = load_model(tmp, device, dtype="auto")
         reloaded.eval()
-        nll_quant, finite = prompt_nll(reloaded, tokenizer)
+        sanity = compare(source_windows, window_logprobs(reloaded, tokenizer))
         del reloaded
         verify_s = time.perf_counter() - t2
+        finite = sanity["finite"]
         if not finite:
             raise RuntimeError("the reloaded checkpoint gives non-finite logits on the check prompts")
+        nll_quant = float(sanity["nll_checkpoint"])
         progress(f"check prompts: NLL {nll_source:.3f} (source) -> {nll_quant:.3f} nats/token (quantized)")
+        bounds = spec.get("sanity")
+        reason = judge(sanity, **bounds) if bounds else None
+        if reason:  # kept aside for inspection, never where a later job would reuse it
+            aside = out_dir.with_name(f"{out_dir.name}.damaged-{int(time.time())}")
+            os.replace(tmp, aside)
+            raise RuntimeError(
+                f"the quantized checkpoint failed its sanity check against the source model: {reason}; "
+                f"set aside in {aside}"
+            )
         provenance = {
             "method": method,
             "recipe": spec["recipe"],
@@ -396,6 +382,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "calibration": cal_used,
         "logits_finite": finite,
         "prompt_nll": {"source": round(nll_source, 4), "quantized": round(nll_quant, 4)},
+        "sanity": sanity,
         "compute_dtype": compute_dtype,
         "smoothing": smoothing,
         "saved_dtype": source_dtype,

@@ -479,6 +479,21 @@ class TargetConfig:
 
 
 @dataclass
+class SanityConfig:
+    """Bounds of the quantized checkpoint's sanity check against its source model on fixed token windows
+    (quantverdict.children.checkpoint_sanity; the values and why they are what they are: conf/config.yaml)."""
+
+    enabled: bool = True
+    max_ppl_ratio: float = 10.0  # checkpoint's token perplexity / the source model's, same tokens
+    max_mean_kld: float = 2.0  # mean per-token KL(source || checkpoint), nats
+
+
+@dataclass
+class QuantizeConfig:
+    sanity: SanityConfig = field(default_factory=SanityConfig)
+
+
+@dataclass
 class Config:
     model: ModelConfig = MISSING
     scheme: SchemeConfig = MISSING
@@ -490,6 +505,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     review: ReviewConfig = field(default_factory=ReviewConfig)
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     baseline_scheme: str = "bf16"
     seed: int = 0
     # skip a job whose identical config (same hash) already finished under paths.output_root

@@ -459,6 +459,16 @@ def count_errors(cfg: Config) -> list[str]:
     return errors
 
 
+def sanity_errors(cfg: Config) -> list[str]:
+    """Problems of the checkpoint sanity bounds (``quantize.sanity``), one message per key."""
+    sanity, errors = cfg.quantize.sanity, []
+    if not sanity.max_ppl_ratio >= 1:  # a ratio below 1 would refuse the source model itself
+        errors.append(f"quantize.sanity.max_ppl_ratio={sanity.max_ppl_ratio} must be >= 1, e.g. 10")
+    if not sanity.max_mean_kld > 0:
+        errors.append(f"quantize.sanity.max_mean_kld={sanity.max_mean_kld} must be > 0 (nats), e.g. 2")
+    return errors
+
+
 LOAD_FORMATS = ("auto", "dummy")  # bench.server.load_format: the vLLM --load-format values this project runs
 
 
@@ -547,6 +557,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     if evaluates_through_server(cfg):
         errors += server_backend_errors(cfg)
     errors += kld_errors(cfg)
+    errors += sanity_errors(cfg)
     _choice(errors, "bench.mode", cfg.bench.mode, BENCH_MODES)
     if cfg.bench.mode == "rate" and (not cfg.bench.rates or any(r <= 0 for r in cfg.bench.rates)):
         errors.append(f"bench.rates={list(cfg.bench.rates)} must be a non-empty list of positive req/s (inf allowed)")

@@ -24,6 +24,7 @@ from quantverdict.config import cpu_caps, schemes
 from quantverdict.config.compose import as_dict
 from quantverdict.config.kv import combo_name
 from quantverdict.config.schema import Config, ModelConfig
+from quantverdict.measure import sanity
 from quantverdict.measure.integrity import IntegrityError, check_checkpoint
 from quantverdict.orchestrate import preflight, resume
 from quantverdict.orchestrate.hub import HubModel
@@ -187,13 +188,18 @@ def quantize(
     The key (:func:`quantverdict.config.schemes.checkpoint_key`) covers the model's source, the scheme, the
     resolved recipe, the calibration settings and the sha256 of the calibration text's content (not its path;
     neither for ``rtn``) and the quantize environment's ``versions`` (every installed distribution,
-    :func:`quantverdict.orchestrate.resume.installed`). A new checkpoint gets a checksum manifest
-    (:func:`write_checksums`); a cached one is reused only when its files match it (:func:`verify_checksums`)
-    and pass the structural check, otherwise it is moved aside (``<name>.damaged-<unix time>``) and rebuilt.
+    :func:`quantverdict.orchestrate.resume.installed`). A new checkpoint is checked against the source model in
+    the quantize stage (``quantize.sanity``; one beyond the bounds fails the job, set aside and named) and gets a
+    checksum manifest (:func:`write_checksums`). A cached one is reused only when its files match it
+    (:func:`verify_checksums`), pass the structural check and pass the sanity check (:func:`check_sanity`);
+    otherwise it is moved aside (``<name>.damaged-<unix time>``, named in the log and in the record's
+    ``checkpoint.set_aside``) and rebuilt.
 
     Returns:
         The record's ``checkpoint`` section: the quantize stage's result plus ``path``, ``key``, ``cached``,
-        ``quantized`` (``method="none"``: the model's own folder, ``st`` marked ``skipped``).
+        ``quantized``, ``sanity`` (:func:`check_sanity`'s dict), ``set_aside`` (``[{"path", "reason"}]``, where
+        a cached checkpoint was set aside) (``method="none"``: the model's own folder, ``st`` marked
+        ``skipped``).
     """
     if method == "none":
         st.status, st.detail = "skipped", "baseline: no quantization"
@@ -223,24 +229,29 @@ def _quantize_locked(
     st: StageInfo,
 ) -> dict[str, Any]:
     done = target / "quantverdict_quantize.json"
+    set_aside: list[dict[str, str]] = []
     if done.exists():
         try:
             check_checkpoint(target)
-            digest = verify_checksums(target)
-            st.status, st.detail = "cached", str(target)
+            verify_checksums(target)
+            checked = check_sanity(cfg, env, model, target, out)
+            digest = manifest_digest(target)  # after the check: a verdict reached now joined the manifest
+            st.status, st.detail = "cached", f"{target} (sanity check: {checked['checked']})"
             return {
                 **json.loads(done.read_text()),
                 "path": str(target),
                 "key": key,
                 "cached": True,
                 "sha256": digest,
+                "sanity": checked,
             }
         except IntegrityError as exc:
             # never reuse a damaged checkpoint: move it aside (kept for inspection) and quantize again
             aside = target.with_name(f"{target.name}.damaged-{int(time.time())}")
             target.rename(aside)
             log.warning("cached checkpoint failed its integrity check (%s); moved to %s, quantizing again", exc, aside)
-            st.detail = f"re-quantized: cached checkpoint damaged ({exc})"
+            st.detail = f"re-quantized: cached checkpoint damaged ({exc}); set aside in {aside}"
+            set_aside.append({"path": str(aside), "reason": str(exc)})
     spec = {
         "model_path": model["path"],
         "out_dir": str(target),
@@ -248,12 +259,93 @@ def _quantize_locked(
         "method": method,
         "calibration": calib_spec,
         "seed": cfg.seed,
+        "sanity": sanity_bounds(cfg),
     }
     result = run_stage(env, "quantize", spec, out)
     result = {k: v for k, v in result.items() if k != "status"}
     done.write_text(json.dumps(result, indent=2))
-    digest = write_checksums(target)
-    return {**result, "path": str(target), "key": key, "cached": False, "quantized": True, "sha256": digest}
+    verdict = {"checked": "when made", **result.get("sanity", {}), "bounds": spec["sanity"]}
+    digest = write_checksums(target, verdict)
+    return {
+        **result,
+        "path": str(target),
+        "key": key,
+        "cached": False,
+        "quantized": True,
+        "sha256": digest,
+        "sanity": verdict,
+        "set_aside": set_aside,
+    }
+
+
+SANITY = "quantverdict_sanity.json"
+
+
+def sanity_bounds(cfg: Config) -> dict[str, Any] | None:
+    """The bounds :func:`quantverdict.measure.sanity.judge` takes, from ``quantize.sanity`` (None when disabled);
+    a synthetic model (random weights) is judged on finite logits only."""
+    bounds = cfg.quantize.sanity
+    if not bounds.enabled:
+        return None
+    return {
+        "max_ppl_ratio": bounds.max_ppl_ratio,
+        "max_mean_kld": bounds.max_mean_kld,
+        "finite_only": cfg.model.source == "synthetic",
+    }
+
+
+def recorded_sanity(folder: Path) -> dict[str, Any] | None:
+    """The sanity result stored in ``folder/quantverdict_sanity.json`` when it still describes the folder's bytes:
+    the sha256 of every other file it lists equals that of the checksum manifest (already verified by
+    :func:`verify_checksums`), and no file was added or removed; else None."""
+    try:
+        stored = json.loads((folder / SANITY).read_text())
+        manifest = json.loads((folder / CHECKSUMS).read_text())
+    except (OSError, ValueError):
+        return None
+    others = {k: v for k, v in manifest.items() if k != SANITY}
+    return stored if stored.get("files") == others and isinstance(stored.get("result"), dict) else None
+
+
+def check_sanity(cfg: Config, env: StageEnv, model: dict[str, Any], folder: Path, out: Path) -> dict[str, Any]:
+    """Check a cached quantized checkpoint against its source model (``model["path"]``) before it is reused.
+
+    Its checksums prove the bytes are those written when it was made, not that what was written was right: a
+    zero or NaN ``weight_scale`` decodes to zero or NaN weights. The child
+    :mod:`quantverdict.children.checkpoint_sanity` scores both models on fixed token windows and
+    :func:`quantverdict.measure.sanity.judge` compares them with ``quantize.sanity``. The result is stored beside
+    the checkpoint (``quantverdict_sanity.json``, with the sha256 of every file it judged, then joined to the
+    checksum manifest); a later reuse of the same bytes (:func:`recorded_sanity`) is judged from it without
+    running the models again. A checkpoint made by the quantize stage gets that file at once (the stage ran the
+    same comparison). Cost of a run, measured on the 2-core CPU with the embedded SmolLM2-135M and its int8
+    checkpoint: 10.5 s on idle cores, 15-51 s while other jobs shared them
+    (:mod:`quantverdict.children.checkpoint_sanity`); a recorded verdict costs reading one small file.
+
+    Returns:
+        ``{"checked": "now" | "recorded", ...the child's result, "bounds"}``; ``{"checked": "disabled"}`` with
+        ``quantize.sanity.enabled=false``.
+
+    Raises:
+        IntegrityError: the checkpoint fails the check (the reason names the value and the bound).
+    """
+    bounds = sanity_bounds(cfg)
+    if bounds is None:
+        return {"checked": "disabled"}
+    stored = recorded_sanity(folder)
+    if stored is not None:
+        result, how = stored["result"], "recorded"
+    else:
+        spec = {"source_path": model["path"], "checkpoint_path": str(folder)}
+        result = run_stage(env, "checkpoint_sanity", spec, out)
+        result = {k: v for k, v in result.items() if k != "status"}
+        how = "now"
+    reason = sanity.judge(result, **bounds)
+    if reason:
+        raise IntegrityError(f"{folder.name} failed its sanity check against the source model: {reason}")
+    verdict = {"checked": how, **result, "bounds": bounds}
+    if how == "now":
+        write_checksums(folder, verdict)
+    return verdict
 
 
 CHECKSUMS = "quantverdict_checksums.json"
@@ -263,18 +355,28 @@ def _checksummed_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS)
 
 
-def write_checksums(folder: Path) -> str:
+def write_checksums(folder: Path, sanity_verdict: dict[str, Any] | None = None) -> str:
     """Write ``folder/quantverdict_checksums.json``: the sha256 of every file under ``folder`` (relative path ->
     hex digest), made when the checkpoint is made. Reading a checkpoint's bytes once costs about what reading it
     from disk costs (the embedded model's int8 checkpoint, 167 MB, verified in 0.19 s on a 2-core CPU).
+
+    Args:
+        sanity_verdict: the checkpoint's sanity result (:func:`check_sanity`): written first as
+            ``quantverdict_sanity.json`` with the sha256 of every other file (those it judged), then itself
+            checksummed.
 
     Returns:
         The manifest's digest: sha256 of its canonical JSON, the checkpoint's content identity
         (``checkpoint.sha256`` in the record).
     """
-    sums = {str(p.relative_to(folder)): resume.sha256_file(p) for p in _checksummed_files(folder)}
+    files = [p for p in _checksummed_files(folder) if not (sanity_verdict is not None and p.name == SANITY)]
+    sums = {str(p.relative_to(folder)): resume.sha256_file(p) for p in files}
+    if sanity_verdict is not None:
+        result = {k: v for k, v in sanity_verdict.items() if k not in ("checked", "bounds")}
+        (folder / SANITY).write_text(json.dumps({"files": sums, "result": result}, indent=2, sort_keys=True))
+        sums[SANITY] = resume.sha256_file(folder / SANITY)
     (folder / CHECKSUMS).write_text(json.dumps(sums, indent=2, sort_keys=True))
-    return hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest()
+    return manifest_digest(folder)
 
 
 def verify_checksums(folder: Path) -> str:
@@ -299,6 +401,13 @@ def verify_checksums(folder: Path) -> str:
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise IntegrityError(f"{folder}: content differs from its checksums (sha256) in {', '.join(bad[:5])}{more}")
+    return manifest_digest(folder)
+
+
+def manifest_digest(folder: Path) -> str:
+    """sha256 of the canonical JSON of ``folder``'s checksum manifest (read, not verified: see
+    :func:`verify_checksums`)."""
+    want = json.loads((folder / CHECKSUMS).read_text())
     return hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()
 
 

@@ -1,6 +1,6 @@
 """Hydra callback: after a multirun grid, print the per-scheme table, run the review, and fail if any
-job failed (or the review could not be written): exit code 2 when every job's config was refused (bad
-input, nothing ran), else 1."""
+job failed (or the review could not be written, or was written but not logged to MLflow): exit code 2 when
+every job's config was refused (bad input, nothing ran), else 1."""
 
 from __future__ import annotations
 
@@ -47,17 +47,23 @@ def refused_before_work(rec: dict[str, Any]) -> bool:
 
 def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
     """Review the grid in ``sweep_dir`` under ``config.review`` (written to ``<sweep_dir>/review``, logged to
-    MLflow under ``config.tracking``). Prints the verdict; returns False (and prints why) on an error."""
+    MLflow under ``config.tracking``). Prints the verdict; returns False (and prints why) on an error, and when
+    the review was written but not logged to MLflow."""
+    logged = True
     try:
         # imported here, inside the try: a review that cannot even be imported must not hide the table or exit code
-        from quantverdict.review import run_review
+        from quantverdict.review import ReviewNotLogged, run_review
 
         rc = OmegaConf.to_object(config.review) if "review" in config else ReviewConfig()
         tracking = OmegaConf.to_object(config.tracking) if "tracking" in config else None
         assert isinstance(rc, ReviewConfig) and (tracking is None or isinstance(tracking, TrackingConfig))
         # the grid's command line: its review.KEY=VALUE items go on top of the set picked for the device
         overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=None) or []]
-        review, paths = run_review(sweep_dir, rc, tracking, sweep_dir / "review", overrides=overrides)
+        try:
+            review, paths = run_review(sweep_dir, rc, tracking, sweep_dir / "review", overrides=overrides)
+        except ReviewNotLogged as exc:
+            review, paths, logged = exc.review, exc.paths, False
+            print(f"error: {exc}", file=sys.stderr)
     except Exception:  # noqa: BLE001  (a broken review must not hide the table or the exit code)
         print(f"the review of {sweep_dir} failed:\n{traceback.format_exc()}", file=sys.stderr)
         return False
@@ -65,4 +71,4 @@ def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
     for v in review.verdicts:
         print(v.sentence.replace("**", ""))
     print(f"\nreview: {paths['md']}\n        {paths['html']}")
-    return True
+    return logged

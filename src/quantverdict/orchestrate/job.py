@@ -433,16 +433,23 @@ def _run(job: Job) -> None:
 def _reuse_evaluation(job: Job, st: StageInfo) -> bool:
     """Take the evaluate result of the earlier attempt (``job.earlier``) when it finished that stage on the same
     checkpoint content (:func:`quantverdict.orchestrate.resume.reusable_evaluation`): its accuracy and its
-    per-item files (``eval/``, for the review's paired tests); ``st`` is marked ``cached``."""
+    per-item files (``eval/``, for the review's paired tests, copied; ``accuracy.samples`` names the copies);
+    ``st`` is marked ``cached``."""
     if job.earlier is None:
         return False
     previous = load(job.earlier)
     if not resume.reusable_evaluation(previous, job.record.checkpoint, job.record.model):
         return False
-    job.record.accuracy = previous["accuracy"]
-    source = job.earlier.parent / "eval"
+    accuracy = dict(previous["accuracy"])
+    source, copied = job.earlier.parent / "eval", job.out_dir / "eval"
     if source.is_dir():
-        shutil.copytree(source, job.out_dir / "eval", dirs_exist_ok=True)
+        shutil.copytree(source, copied, dirs_exist_ok=True)
+    if isinstance(accuracy.get("samples"), dict):  # this job's copies, not the earlier attempt's files
+        accuracy["samples"] = {
+            task: str(copied / Path(path).name) if (copied / Path(path).name).is_file() else path
+            for task, path in accuracy["samples"].items()
+        }
+    job.record.accuracy = accuracy
     st.status, st.detail = "cached", f"reused from the {previous.get('status')} attempt in {job.earlier.parent}"
     job.mark_resumed("evaluate")
     log.info("evaluate: %s", st.detail)

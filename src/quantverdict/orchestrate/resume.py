@@ -61,9 +61,10 @@ print(json.dumps(sorted(seen.values(), key=str.lower)))
 
 def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the resolved config, minus what does not change a result: output
-    locations (``paths``, ``tracking``: its store sits under the output root), ``resume``, ``review`` and the
-    server's port (``bench.server.port``, ``bench.server.strict_port``) (first 12 hex)."""
-    cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review", "tracking")}
+    locations (``paths``, ``tracking``: its store sits under the output root), ``resume``, ``review``, the
+    checkpoint's sanity bounds (``quantize.sanity``: they decide whether a checkpoint is used, not what it
+    measures) and the server's port (``bench.server.port``, ``bench.server.strict_port``) (first 12 hex)."""
+    cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review", "tracking", "quantize")}
     server = (cfg.get("bench") or {}).get("server")
     if isinstance(server, dict):
         server = {k: v for k, v in server.items() if k not in ("port", "strict_port")}

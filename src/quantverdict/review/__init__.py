@@ -14,6 +14,6 @@ baseline's distributions), :mod:`.gpus` (GPUs used and needed, throughput per GP
 GPU), :mod:`.plots`, :mod:`.render`, :mod:`.core` (build, write, log).
 """
 
-from quantverdict.review.core import Review, build_review, run_review, to_json, write_review
+from quantverdict.review.core import Review, ReviewNotLogged, build_review, run_review, to_json, write_review
 
-__all__ = ["Review", "build_review", "run_review", "to_json", "write_review"]
+__all__ = ["Review", "ReviewNotLogged", "build_review", "run_review", "to_json", "write_review"]

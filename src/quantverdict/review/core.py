@@ -25,6 +25,8 @@ from quantverdict.results.tracking import (
     experiment_id,
     log_figures,
     log_job_headline,
+    make_client,
+    param_value,
     runs_page,
 )
 from quantverdict.review import constraints, crossmodel, flags, gpus, sources
@@ -434,13 +436,18 @@ def log_review(
     metrics: per-scheme pass flags; artifacts: review.md, review.html, review.json, the plots as figures).
     Each reviewed job's run gets its three numbers under short names and the grid as a tag
     (:func:`_log_job_headlines`); job runs stay top-level (a parent would hide them in the runs table).
+
+    The store is opened as a job opens it (:func:`quantverdict.results.tracking.make_client`: a fresh sqlite
+    store is created under a lock, so reviews and jobs starting at once do not break each other's schema
+    migration; :func:`quantverdict.results.tracking.experiment_id`: the experiment is created once), and a param
+    longer than MLflow takes is cut with the jobs' marker (:func:`quantverdict.results.tracking.param_value`).
+
     Returns the run id, or None when tracking is disabled."""
     if not tracking.enabled:
         return None
-    from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
-    client = MlflowClient(tracking_uri=tracking.uri)
+    client = make_client(tracking.uri)
     exp_id = experiment_id(client, tracking)
     verdict_tag = "; ".join(
         f"{v.model}: {v.decision}" + (f" {v.scheme}" if v.decision == "quantize" else "") for v in review.verdicts
@@ -458,7 +465,7 @@ def log_review(
     rid = run.info.run_id
     status = "FAILED"
     try:
-        params = [Param(f"review.{k}", str(v)[:6000]) for k, v in dataclasses.asdict(review.config).items()]
+        params = [Param(f"review.{k}", param_value(v)) for k, v in dataclasses.asdict(review.config).items()]
         metrics = []
         ts = 0
         for model, per in review.checks.items():
@@ -512,6 +519,17 @@ def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]
     return out
 
 
+class ReviewNotLogged(RuntimeError):
+    """The review's files were written, but logging it to MLflow failed; ``review`` and ``paths`` are what
+    :func:`run_review` would have returned, ``uri`` the store it was not logged to."""
+
+    def __init__(self, uri: str, cause: BaseException, review: Review, paths: dict[str, Path]):
+        super().__init__(
+            f"the review was written ({paths['md']}) but NOT logged to MLflow at {uri}: {type(cause).__name__}: {cause}"
+        )
+        self.uri, self.review, self.paths = uri, review, paths
+
+
 def default_out_dir(output_root: Path, label: str) -> Path:
     """Where a review goes without ``--out``: ``<output_root>/reviews/<time>-<pid>_<label>``, a new folder for
     every review, named after its constraints (``label``, :func:`constraints.label`) so that a person tells
@@ -539,6 +557,8 @@ def run_review(
     Raises:
         FileNotFoundError: ``source`` is a folder without any record.
         ValueError: ``source`` is neither a folder nor an MLflow experiment.
+        ReviewNotLogged: the review was written but logging it to MLflow failed (it carries the review and its
+            paths; the traceback is logged).
     """
     problems: list[str] = []
     job_runs: dict[str, str] | None = None
@@ -565,12 +585,11 @@ def run_review(
             rid = log_review(review, paths, tracking, job_runs)
             if rid:
                 log.info("review logged to MLflow run %s (%s)", rid, tracking.uri)
-                from mlflow import MlflowClient  # mlflow loads only when a review is logged
-
-                exp = MlflowClient(tracking_uri=tracking.uri).get_run(rid).info.experiment_id
+                exp = make_client(tracking.uri).get_run(rid).info.experiment_id
                 log.info(
                     "MLflow runs: mlflow server --backend-store-uri %s, then open %s", tracking.uri, runs_page(exp)
                 )
-        except Exception:  # the files are written; tracking must not lose them
+        except Exception as exc:  # the files are written and kept; the caller says that it was not logged
             log.exception("logging the review to MLflow failed")
+            raise ReviewNotLogged(tracking.uri, exc, review, paths) from exc
     return review, paths
