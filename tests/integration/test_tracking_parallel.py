@@ -88,4 +88,6 @@ def test_parallel_jobs_share_one_experiment(tmp_path: Path) -> None:
     assert len(runs) == N_JOBS
     assert sorted(r.info.run_name for r in runs) == [f"job-{i}" for i in range(N_JOBS)]
     assert {r.info.status for r in runs} == {"FINISHED"}
-    assert all(sorted(a.path for a in client.list_artifacts(r.info.run_id)) == ["config.yaml", "record.json"] for r in runs)
+    assert all(
+        sorted(a.path for a in client.list_artifacts(r.info.run_id)) == ["config.yaml", "record.json"] for r in runs
+    )

@@ -5,7 +5,7 @@ Spec (JSON)::
     {"model_path": str,            # materialized 16-bit model folder (config.json, *.safetensors, tokenizer)
      "out_dir": str,               # final checkpoint folder; written only when complete
      "recipe": dict,               # resolved llm-compressor recipe (quantverdict.config.schemes.resolve_recipe)
-     "method": str,                # none | rtn | gptq | awq | smoothquant_gptq
+     "method": str,                # none | rtn | rtn_calibrated | gptq | awq | smoothquant_gptq
      "calibration": {"text_path": str | null, "hf_dataset": str, "hf_subset": str, "hf_split": str,
                      "num_samples": int, "seq_len": int},
      "seed": int,
@@ -46,7 +46,7 @@ from quantverdict.children.materialize import model_class
 from quantverdict.measure.keep16 import check_kept, ignore_patterns
 from quantverdict.measure.memory import checkpoint_memory
 
-CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq")
+CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq", "rtn_calibrated")
 DATA_FREE_METHODS = ("none", "rtn")
 VERSION_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 # fixed prompts for the post-save check: finite logits and mean next-token NLL (nats) before/after
