@@ -584,7 +584,8 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any], extra_ignore: lis
 
     Raises:
         ConfigError: the group size does not fit the model (see :func:`derive_group_size`), the format's fixed
-            group or block does not divide the model's layers (:func:`shape_errors`), or the recipe contradicts ``scheme.weight_bits`` / ``scheme.symmetric`` (:func:`check_recipe`).
+            group or block does not divide the model's layers (:func:`shape_errors`), or the recipe contradicts
+            ``scheme.weight_bits`` / ``scheme.symmetric`` (:func:`check_recipe`).
     """
     check_recipe(scheme)
     recipe = copy.deepcopy(_plain(scheme.recipe))

@@ -10,8 +10,8 @@ each ``*.weight_shape`` tensor.
 Tensor roles follow the compressed-tensors checkpoint layout that llm-compressor writes:
 
 * ``quantized_weights``: ``<module>.weight_packed`` (int4 packed eight to an int32,
-  ``pack-quantized``; FP4 packed two to a uint8, ``nvfp4-pack-quantized``) and ``<module>.weight`` stored as int8 / uint8 / fp8 (``int-quantized``,
-  ``float-quantized``, ``naive-quantized``).
+  ``pack-quantized``; FP4 packed two to a uint8, ``nvfp4-pack-quantized``) and ``<module>.weight``
+  stored as int8 / uint8 / fp8 (``int-quantized``, ``float-quantized``, ``naive-quantized``).
 * ``quant_params``: every other ``<module>.weight_*`` next to a quantized weight (``weight_scale``,
   ``weight_zero_point``, ``weight_g_idx``, ``weight_global_scale``, ``weight_shape``) and
   activation parameters (``input_scale``, ``input_zero_point``, ...).
