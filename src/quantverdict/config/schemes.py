@@ -478,7 +478,7 @@ def scheme_errors(scheme: SchemeConfig) -> list[str]:
             f"scheme.group_size={gs!r}: {scheme.label} has a fixed group size (compressed-tensors preset, the one vLLM "
             f"serves); allowed: {fmt.group_sizes[0]}"
         )
-    elif scheme.label != "BF16":
+    elif scheme.label != "BF16" and not fmt.block:
         if gs == "block":
             errors.append(f"scheme.group_size='block': {scheme.label} has no weight blocks; allowed: auto, channel")
         elif not fmt.group_sizes and gs != "channel":
