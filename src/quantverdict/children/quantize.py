@@ -227,6 +227,18 @@ def _compute_dtype(requested: str, method: str, source_dtype: str) -> str:
     return source_dtype
 
 
+def _cast_keeping_global_scales(model: Any, dtype: Any) -> None:
+    """Cast the model's floating-point parameters and buffers to ``dtype``, except NVFP4's per-tensor global
+    scales (``*_global_scale``), which compressed-tensors keeps in float32: rounded to bf16 (8 significant bits)
+    they would shift every FP8 group scale of the tensor."""
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, tensor in store.items():
+                if tensor is None or not tensor.is_floating_point() or name.endswith("global_scale"):
+                    continue
+                tensor.data = tensor.data.to(dtype)
+
+
 def _count_scheme_modules(model: Any) -> int:
     """Linear modules that llm-compressor attached a ``quantization_scheme`` to."""
     import torch
@@ -315,7 +327,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     quantize_s = time.perf_counter() - t0
     in_memory = _count_scheme_modules(model)
     if compute_dtype != source_dtype:  # store the checkpoint in the source dtype (scales included)
-        model.to(getattr(torch, source_dtype))
+        _cast_keeping_global_scales(model, getattr(torch, source_dtype))
     progress(f"oneshot done in {quantize_s:.1f} s; {in_memory} Linear modules carry a quantization scheme")
 
     # write next to out_dir, rename when verified: a killed run never leaves a half checkpoint there
