@@ -20,7 +20,7 @@ from quantverdict.measure.memory import (
     tensor_bytes,
 )
 
-DTYPE_BYTES = {"I64": 8, "I32": 4, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "F8_E4M3": 1}
+DTYPE_BYTES = {"I64": 8, "I32": 4, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1}
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes | None]]) -> None:

@@ -358,8 +358,8 @@ def test_bits_the_label_fixes_are_refused_before_any_work() -> None:
 def test_unknown_label_names_the_allowed_ones_and_the_closest() -> None:
     msg = _config_error("scheme=gptq", "scheme.label=W4A61")
     assert (
-        "scheme.label='W4A61' is not allowed; allowed: BF16, W4A16, W8A16, W8A8, FP8_DYNAMIC (did you mean 'W4A16'?)"
-        in msg
+        "scheme.label='W4A61' is not allowed; allowed: BF16, W4A16, W8A16, W8A8, FP8_DYNAMIC, FP8_BLOCK, W4AFP8, "
+        "NVFP4A16, NVFP4 (did you mean 'W4A16'?)" in msg
     )
 
 

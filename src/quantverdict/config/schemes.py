@@ -30,7 +30,10 @@ from typing import Any
 from quantverdict.config.schema import ConfigError, SchemeConfig, closest
 from quantverdict.measure.keep16 import anywhere
 
-SCHEME_ORDER = {s: i for i, s in enumerate(("bf16", "int8", "fp8", "w8a8", "gptq", "awq"))}  # tables, reviews
+SCHEME_ORDER = {  # tables, reviews: 16-bit, 8-bit, 4-bit weights; within each, weight-only first
+    s: i
+    for i, s in enumerate(("bf16", "int8", "fp8", "fp8_block", "w8a8", "gptq", "awq", "w4afp8", "nvfp4a16", "nvfp4"))
+}
 # config.json keys that describe a Llama-like decoder's Linear layers
 DIM_KEYS = (
     "hidden_size",
@@ -101,7 +104,7 @@ def derive_group_size(group_size: str, candidates: list[int], in_features: list[
             the value, the offending dimension and the allowed candidates.
     """
     allowed = sorted(set(candidates), reverse=True)
-    if group_size == "channel":
+    if group_size in ("channel", "block"):  # block: the format's 2-D blocks (Format.block), no 1-D group
         return None
     if group_size == "auto":
         for g in allowed:
@@ -129,6 +132,27 @@ def scheme_group_size(scheme: SchemeConfig, dims: dict[str, Any]) -> int | None:
     """``scheme.group_size`` resolved for a model: :func:`derive_group_size` over the model's quantized
     in_features (:func:`quantized_in_features`); None for per-channel. Raises ConfigError as they do."""
     return derive_group_size(str(scheme.group_size), list(scheme.group_size_candidates), quantized_in_features(dims))
+
+
+def weight_layout(scheme: SchemeConfig, dims: dict[str, Any]) -> dict[str, Any]:
+    """How the scheme stores its weights' scales for this model, for the memory formula
+    (:func:`quantverdict.measure.memory.check_against_prediction`).
+
+    Returns:
+        ``{"group_size"``: weights per scale (a fixed group; a block's ``rows * columns``, FP8_BLOCK: 16,384;
+        None: per-channel), ``"scale_bytes"``: bytes per scale where the format fixes them (NVFP4: 1), else
+        None (the checkpoint's dtype), ``"global_scale_bytes"``: per-module bytes of per-tensor scales (NVFP4: 4)}.
+
+    Raises:
+        ConfigError: as :func:`scheme_group_size`.
+    """
+    fmt = FORMATS.get(scheme.label)
+    per_scale = fmt.weights_per_scale if fmt else None
+    return {
+        "group_size": per_scale if per_scale is not None else scheme_group_size(scheme, dims),
+        "scale_bytes": fmt.scale_bytes if fmt else None,
+        "global_scale_bytes": fmt.global_scale_bytes if fmt else 0,
+    }
 
 
 def _fill_group_sizes(node: Any, resolved: int | None, check: list[int], allowed: list[int]) -> None:
@@ -179,6 +203,13 @@ class Format:
         strategies: compressed-tensors weight ``strategy`` values vLLM selects a kernel for.
         presets: compressed-tensors preset scheme names (``scheme: W8A8`` in a recipe) of this format,
             each with the ``symmetric`` it sets.
+        block: ``(rows, columns)`` of a 2-D weight block with one scale (``strategy: block``); None otherwise.
+        scale_bytes: bytes of one weight scale where the format fixes them (NVFP4: 1, FP8 E4M3); None: the
+            checkpoint's own dtype (bf16: 2).
+        global_scale_bytes: bytes of per-tensor scales stored once per quantized module besides the group
+            scales (NVFP4: a float32 ``weight_global_scale``, 4).
+        fixed_group: the group size is the format's own (``group_sizes`` holds the one value); the model's
+            in_features must be multiples of it, no other group size is served.
     """
 
     weight_bits: int
@@ -188,6 +219,17 @@ class Format:
     group_sizes: tuple[int, ...]
     strategies: tuple[str, ...]
     presets: tuple[tuple[str, bool], ...]
+    block: tuple[int, int] | None = None
+    scale_bytes: int | None = None
+    global_scale_bytes: int = 0
+    fixed_group: bool = False
+
+    @property
+    def weights_per_scale(self) -> int | None:
+        """Weights sharing one scale when the format fixes it: a block's ``rows * columns`` or the fixed group."""
+        if self.block:
+            return self.block[0] * self.block[1]
+        return self.group_sizes[0] if self.fixed_group else None
 
 
 # Sources: vLLM 0.32.0 (the serve environment), model_executor/layers/quantization/compressed_tensors/
@@ -199,13 +241,96 @@ class Format:
 # cpu.py (CPUWNA16: uint4 / uint4b8, even group sizes); the presets: compressed-tensors 0.19
 # quantization/quant_scheme.py (PRESET_SCHEMES; W8A8 and its alias INT8 are symmetric per-channel int8,
 # FP8_DYNAMIC symmetric per-channel float8) as llm-compressor 0.14 applies them.
+# The formats after FP8_DYNAMIC, from the same presets: FP8_BLOCK: float8 weights, strategy block,
+# block_structure [128, 128], dynamic float8 activations per 128-column group; W4AFP8: int4 weights, group 128,
+# symmetric, dynamic per-token float8 activations (vLLM's CompressedTensorsW4A8Fp8 raises unless group_size
+# == 128 and strategy group); NVFP4A16 / NVFP4: float4 (E2M1) weights, strategy tensor_group, group 16,
+# scale_dtype float8_e4m3fn, plus a float32 global scale per tensor (NVFP4: activations the same, their global
+# scale observed on calibration data, static_minmax).
 FORMATS: dict[str, Format] = {
     "BF16": Format(16, 16, None, False, (), (), ()),
     "W4A16": Format(4, 16, "int", False, (32, 64, 128), ("group", "channel"), (("W4A16", True), ("W4A16_ASYM", False))),
     "W8A16": Format(8, 16, "int", False, (32, 64, 128), ("group", "channel"), (("W8A16", True),)),
     "W8A8": Format(8, 8, "int", True, (), ("channel", "tensor"), (("W8A8", True), ("INT8", True))),
     "FP8_DYNAMIC": Format(8, 8, "float", True, (), ("channel", "tensor"), (("FP8_DYNAMIC", True),)),
+    "FP8_BLOCK": Format(8, 8, "float", True, (), ("block",), (("FP8_BLOCK", True),), block=(128, 128)),
+    "W4AFP8": Format(4, 8, "int", True, (128,), ("group",), (("W4AFP8", True),), fixed_group=True),
+    "NVFP4A16": Format(
+        4, 16, "float", True, (16,), ("tensor_group",), (("NVFP4A16", True),), None, 1, 4, fixed_group=True
+    ),
+    "NVFP4": Format(4, 4, "float", True, (16,), ("tensor_group",), (("NVFP4", True),), None, 1, 4, fixed_group=True),
 }
+
+
+def _layer_shapes(dims: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``{projection: (out_features, in_features)}`` of the Linear layers a scheme quantizes in a Llama-like
+    decoder layer (see :func:`quantized_in_features`); k_proj/v_proj have ``num_key_value_heads * head_dim``
+    outputs."""
+    hidden, inter = int(dims["hidden_size"]), int(dims["intermediate_size"])
+    heads = int(dims["num_attention_heads"])
+    head_dim = int(dims.get("head_dim") or hidden // heads)
+    kv = int(dims.get("num_key_value_heads") or heads) * head_dim
+    q = heads * head_dim
+    return {
+        "q_proj": (q, hidden),
+        "k_proj": (kv, hidden),
+        "v_proj": (kv, hidden),
+        "o_proj": (hidden, q),
+        "gate_proj": (inter, hidden),
+        "up_proj": (inter, hidden),
+        "down_proj": (hidden, inter),
+    }
+
+
+def shape_errors(scheme: SchemeConfig, dims: dict[str, Any]) -> list[str]:
+    """Why the model's layer shapes cannot take the scheme's fixed group or block, one message per dimension.
+
+    * A fixed group (W4AFP8: 128, NVFP4/NVFP4A16: 16) must divide every quantized ``in_features``:
+      llm-compressor 0.14 refuses other layers before quantizing (``validate_group_size_divisibility``:
+      "Group and tensor-group quantization require columns % group_size == 0"), and vLLM's W4A8 kernel takes
+      group 128 only (``CompressedTensorsW4A8Fp8``: "W4A8 kernels require group quantization with group size
+      128"), so a smaller group is another format, not this one.
+    * A block (FP8_BLOCK: 128 x 128) must divide every quantized ``in_features`` and ``out_features``:
+      llm-compressor stores ragged edge blocks, but compressed-tensors' forward (0.17 and 0.19) then fails
+      (``unflatten: Provided sizes [5, 128] don't multiply up to the size of dim 2 (576)``), and vLLM's
+      ``validate_fp8_block_shape`` refuses merged layers (q/k/v, gate/up) whose parts are not multiples of
+      the block ("Weight output_partition_size = 576 is not divisible by weight quantization block_n = 128").
+
+    Args:
+        scheme: the composed scheme.
+        dims: model config.json values (:func:`read_dims`).
+
+    Returns:
+        Messages naming the scheme, the size, the layers and the dimension with its remainder, and what would
+        work; [] when the shapes fit (or the format fixes no group or block).
+    """
+    fmt = FORMATS.get(scheme.label)
+    if fmt is None or fmt.weights_per_scale is None or "hidden_size" not in dims:
+        return []
+    shapes = _layer_shapes(dims)
+    checks: list[tuple[str, int, int]] = []  # (axis, size, dimension)
+    if fmt.block:
+        rows, cols = fmt.block
+        checks += [("in_features", cols, d) for d in sorted({s[1] for s in shapes.values()})]
+        checks += [("out_features", rows, d) for d in sorted({s[0] for s in shapes.values()})]
+        what = f"its {rows}x{cols} weight blocks"
+    else:
+        g = fmt.group_sizes[0]
+        checks += [("in_features", g, d) for d in sorted({s[1] for s in shapes.values()})]
+        what = f"its group_size {g} (the only one it has)"
+    errors = []
+    for axis, size, dim in checks:
+        if dim % size:
+            idx = 1 if axis == "in_features" else 0
+            layers = [name for name, shape in shapes.items() if shape[idx] == dim]
+            errors.append(
+                f"scheme {scheme.name} ({scheme.label}) cannot quantize this model: {what} do not divide "
+                f"{axis} {dim} of {', '.join(layers)} ({dim} % {size} = {dim % size}); {scheme.label} needs every "
+                f"quantized layer's {axis} to be a multiple of {size} (e.g. hidden_size 4096, intermediate_size "
+                "14336); for this model use a scheme whose group size fits (gptq/awq W4A16 and int8 take "
+                "group_size auto, fp8 FP8_DYNAMIC is per-channel)"
+            )
+    return errors
 
 
 def _activation_args(node: Any) -> list[dict[str, Any]]:
@@ -335,7 +460,7 @@ def scheme_errors(scheme: SchemeConfig) -> list[str]:
     if (scheme.method == "none") != (scheme.label == "BF16"):
         errors.append(
             f"scheme.method={str(scheme.method)!r} with scheme.label={scheme.label}: method none is the unquantized "
-            "BF16 baseline and only it; a quantized label needs rtn, gptq, awq or smoothquant_gptq"
+            "BF16 baseline and only it; a quantized label needs rtn, rtn_calibrated, gptq, awq or smoothquant_gptq"
         )
     if scheme.method == "none" and scheme.recipe:
         errors.append("scheme.method=none quantizes nothing, but scheme.recipe is not empty; set scheme.recipe={}")
@@ -343,9 +468,20 @@ def scheme_errors(scheme: SchemeConfig) -> list[str]:
         errors.append(
             f"scheme.symmetric=false: vLLM serves {scheme.label} weights only symmetric (no zero point); allowed: true"
         )
-    if scheme.label != "BF16":
-        gs = str(scheme.group_size)
-        if not fmt.group_sizes and gs != "channel":
+    gs = str(scheme.group_size)
+    if fmt.block and gs != "block":
+        errors.append(
+            f"scheme.group_size={gs!r}: {scheme.label} has {fmt.block[0]}x{fmt.block[1]} weight blocks; allowed: block"
+        )
+    elif fmt.fixed_group and gs != str(fmt.group_sizes[0]):
+        errors.append(
+            f"scheme.group_size={gs!r}: {scheme.label} has a fixed group size (compressed-tensors preset, the one vLLM "
+            f"serves); allowed: {fmt.group_sizes[0]}"
+        )
+    elif scheme.label != "BF16" and not fmt.block:
+        if gs == "block":
+            errors.append(f"scheme.group_size='block': {scheme.label} has no weight blocks; allowed: auto, channel")
+        elif not fmt.group_sizes and gs != "channel":
             errors.append(f"scheme.group_size={gs!r}: {scheme.label} has per-channel weight scales; allowed: channel")
         elif gs.isdigit() and int(gs) not in fmt.group_sizes:
             allowed = ", ".join(["auto", "channel", *map(str, fmt.group_sizes)])
@@ -447,13 +583,17 @@ def resolve_recipe(scheme: SchemeConfig, dims: dict[str, Any], extra_ignore: lis
         ``{}`` for a scheme without a recipe (bf16).
 
     Raises:
-        ConfigError: the group size does not fit the model (see :func:`derive_group_size`), or the
-            recipe contradicts ``scheme.weight_bits`` / ``scheme.symmetric`` (:func:`check_recipe`).
+        ConfigError: the group size does not fit the model (see :func:`derive_group_size`), the format's fixed
+            group or block does not divide the model's layers (:func:`shape_errors`), or the recipe contradicts
+            ``scheme.weight_bits`` / ``scheme.symmetric`` (:func:`check_recipe`).
     """
     check_recipe(scheme)
     recipe = copy.deepcopy(_plain(scheme.recipe))
     if not recipe:
         return {}
+    bad_shapes = shape_errors(scheme, dims)
+    if bad_shapes:
+        raise ConfigError("; ".join(bad_shapes))
     resolved = scheme_group_size(scheme, dims)
     _fill_group_sizes(recipe, resolved, quantized_in_features(dims), list(scheme.group_size_candidates))
     if extra_ignore:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from quantverdict.children.offline_data import OFFLINE_TASKS, WIKITEXT_TEST
-from quantverdict.config.cpu_caps import serving_unsupported
+from quantverdict.config.cpu_caps import NO_CPU_KERNEL, serving_unsupported
 from quantverdict.config.kv import host_cpu_flags, kv_errors
 from quantverdict.config.schema import (
     BENCH_MODES,
@@ -530,8 +530,8 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
             errors.append(f"model.path: {exc}")
     _choice(errors, "scheme.method", cfg.scheme.method, SCHEME_METHODS)
     gs = cfg.scheme.group_size
-    if gs not in ("auto", "channel") and not gs.isdigit():
-        errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel' or a positive integer")
+    if gs not in ("auto", "channel", "block") and not gs.isdigit():
+        errors.append(f"scheme.group_size={gs!r} must be 'auto', 'channel', 'block' or a positive integer")
     _choice(errors, "eval.backend", cfg.eval.backend, EVAL_BACKENDS)
     _choice(errors, "eval.dtype", cfg.eval.dtype, COMPUTE_DTYPES)
     _choice(errors, "bench.server.dtype", cfg.bench.server.dtype, COMPUTE_DTYPES)
@@ -612,6 +612,8 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 errors += calibration_file_errors(cfg.scheme.calibration, Path(root))
             if cfg.eval.enabled:
                 errors += eval_file_errors(cfg.eval, Path(root))
+    if cfg.env.device == "cpu" and cfg.bench.enabled and cfg.scheme.label in NO_CPU_KERNEL:
+        errors.append(str(serving_unsupported(cfg.scheme, "cpu")))  # no CPU kernel on any CPU: refused up front
     errors += review_errors(cfg.review)
     errors += parallel_serving_errors(cfg)
     errors += server_port_errors(cfg)

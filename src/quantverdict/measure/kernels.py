@@ -22,15 +22,29 @@ def kernel_check(label: str, server: dict[str, Any] | None, activation_quantized
         server: ``vllm_log.parse`` of the server log, or None.
         activation_quantized: whether the scheme quantizes activations.
 
+    A weight-only scheme whose format the GPU cannot compute in (``server["compute"] == "emulated"``: NVFP4A16
+    on Hopper, "Weight-only FP4 compression will be used leveraging the Marlin kernel") stays comparable, since a
+    weight-only kernel is its design, but is relabelled ``"<label> (weight-only fallback)"``: its speed is that of
+    smaller weights, not of FP4 arithmetic.
+
     Returns:
         ``{"scheme_label", "effective_label", "comparable_for_speed" (True/False, None when unknown),
-        "kernels" (["Kernel (method)"]), "reason"}``.
+        "kernels" (["Kernel (method)"]), "kernel" (the first kernel's name, None without one), "compute"
+        (``native``/``emulated``/None, :func:`quantverdict.measure.vllm_log.parse`), "compute_reason", "reason"}``.
     """
     kernels = [
         f"{k.get('kernel')} ({k.get('method')})" if isinstance(k, dict) else str(k)
         for k in (server or {}).get("kernels") or []
     ]
-    out = {"scheme_label": label, "effective_label": label, "kernels": kernels}
+    first = ((server or {}).get("kernels") or [None])[0]
+    out = {
+        "scheme_label": label,
+        "effective_label": label,
+        "kernels": kernels,
+        "kernel": first.get("kernel") if isinstance(first, dict) else first,
+        "compute": (server or {}).get("compute"),
+        "compute_reason": (server or {}).get("compute_reason"),
+    }
     if not server:
         return {**out, "comparable_for_speed": None, "reason": "no vLLM server log parsed: kernel unknown"}
     if server.get("fallback"):
@@ -47,4 +61,7 @@ def kernel_check(label: str, server: dict[str, Any] | None, activation_quantized
             "reason": "activation-quantized scheme, but the server log names no linear kernel: kernel unknown",
         }
     why = ", ".join(kernels) if kernels else "unquantized: vLLM's default GEMM"
+    if out["compute"] == "emulated":
+        out["effective_label"] = f"{label} (weight-only fallback)"
+        why = f"{out['compute_reason']} ({why})"
     return {**out, "comparable_for_speed": True, "reason": why}

@@ -10,8 +10,8 @@ each ``*.weight_shape`` tensor.
 Tensor roles follow the compressed-tensors checkpoint layout that llm-compressor writes:
 
 * ``quantized_weights``: ``<module>.weight_packed`` (int4 packed eight to an int32,
-  ``pack-quantized``) and ``<module>.weight`` stored as int8 / uint8 / fp8 (``int-quantized``,
-  ``float-quantized``, ``naive-quantized``).
+  ``pack-quantized``; FP4 packed two to a uint8, ``nvfp4-pack-quantized``) and ``<module>.weight``
+  stored as int8 / uint8 / fp8 (``int-quantized``, ``float-quantized``, ``naive-quantized``).
 * ``quant_params``: every other ``<module>.weight_*`` next to a quantized weight (``weight_scale``,
   ``weight_zero_point``, ``weight_g_idx``, ``weight_global_scale``, ``weight_shape``) and
   activation parameters (``input_scale``, ``input_zero_point``, ...).
@@ -48,6 +48,8 @@ DTYPE_BYTES = {
 # the dtypes compressed-tensors stores weight scales in
 SCALE_DTYPE_BYTES = {dtype: DTYPE_BYTES[dtype] for dtype in ("bfloat16", "float16", "float32")}
 G_IDX_BYTES = 4  # weight_g_idx is int32, one entry per input column
+# compressed-tensors' NVFP4PackedCompressor stores two FP4 (E2M1) values per uint8 and no weight_shape
+FP4_PER_BYTE = 2
 QUANT_STORAGE_DTYPES = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "I4", "U4"}
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 ACTIVATION_PARAM_SUFFIXES = (
@@ -160,10 +162,13 @@ def checkpoint_memory(path: str | Path) -> dict[str, Any]:
             q_bytes += size
             if name.endswith(".weight_packed"):
                 shape_name = f"{module}.weight_shape"
-                if shape_name not in entries:
+                if shape_name in entries:
+                    sf, sentry = entries[shape_name]
+                    shape = _read_ints(sf, sentry)
+                elif entry["dtype"] == "U8":  # FP4 E2M1 two to a byte (nvfp4-pack-quantized): [out, in / 2]
+                    shape = [*entry["shape"][:-1], entry["shape"][-1] * FP4_PER_BYTE]
+                else:
                     raise ValueError(f"{name} is packed but {shape_name} is missing; cannot count its elements")
-                sf, sentry = entries[shape_name]
-                shape = _read_ints(sf, sentry)
             else:
                 shape = list(entry["shape"])
             q_elements += math.prod(shape)
@@ -299,6 +304,7 @@ def predicted_weight_bytes(
     weight_bits: int = 16,
     group_size: int | None = None,
     symmetric: bool = True,
+    scale_bytes: int = 2,
 ) -> float:
     """Bytes of a model's weights under a scheme, predicted from its 16-bit source before quantizing.
 
@@ -306,9 +312,13 @@ def predicted_weight_bytes(
 
         P = n_params, L = min(linear_elements or P, P)
         16-bit:     2 * P
-        quantized:  expected_quantized_bytes(L, weight_bits, group_size, 2-byte scales,
+        quantized:  expected_quantized_bytes(L, weight_bits, group_size, scale_bytes,
                                              a zero point per group if not symmetric)
                     + 2 * (P - L)
+
+    ``scale_bytes`` is 2 for bf16 scales, 1 for NVFP4's FP8 E4M3 group scales (NVFP4's 4-byte per-tensor
+    global scales, one per module, are left out: a few KiB). FP8_BLOCK passes its block's 128 x 128 = 16,384
+    weights as ``group_size``.
 
     Args:
         n_params: parameters of the model (all floating-point elements).
@@ -317,6 +327,7 @@ def predicted_weight_bytes(
         weight_bits: bits per quantized weight; >= 16: nothing is quantized.
         group_size: weights per scale (per-channel: ``in_features``); needed when ``weight_bits < 16``.
         symmetric: no zero points stored.
+        scale_bytes: bytes per scale (2: bf16; 1: FP8 E4M3, NVFP4).
 
     Returns:
         Predicted bytes (float).
@@ -330,7 +341,6 @@ def predicted_weight_bytes(
     if group_size is None:
         raise ValueError(f"weight_bits={weight_bits} needs a group_size (weights per scale)")
     linear = min(linear_elements or n_params, n_params)
-    scale_bytes = DTYPE_BYTES["bfloat16"]
     quantized = expected_quantized_bytes(linear, weight_bits, group_size, scale_bytes, zero_point=not symmetric)
     return quantized + half * (n_params - linear)
 
@@ -355,6 +365,8 @@ def check_against_prediction(
     scheme: str = "the scheme",
     scale_dtype: str = "bfloat16",
     tolerance: float = 0.10,
+    scale_bytes: int | None = None,
+    global_scale_bytes: int = 0,
 ) -> dict[str, Any]:
     """Compare a checkpoint's quantized bytes with what its scheme predicts; raise when far apart.
 
@@ -367,10 +379,15 @@ def check_against_prediction(
         + groups * scale_bytes                            # one scale per group
         + groups * weight_bits / 8    if not symmetric    # one zero point per group
         + g_idx_elements * 4                              # int32 weight_g_idx, if stored (GPTQ actorder)
+        + quantized_modules * global_scale_bytes          # per-tensor global scales (NVFP4: float32, 4 B)
 
     Measured bytes: ``quantized_weight_bytes + quantized_metadata_bytes`` (``weight_shape`` is not
     counted). E.g. SmolLM2-135M W4A16 g64 symmetric: 106,168,320 weights -> 53,084,160 B of int4
-    + 1,658,880 groups * 2 B = 56,401,920 B, 4.25 bits/weight.
+    + 1,658,880 groups * 2 B = 56,401,920 B, 4.25 bits/weight. NVFP4 (compressed-tensors preset: FP4 E2M1
+    values, one FP8 E4M3 scale per 16 weights, a float32 global scale per module; NVIDIA's NVFP4 layout):
+    4 + 8/16 = 4.5 bits/weight plus 4 B per module. FP8_BLOCK (one bf16 scale per 128 x 128 block,
+    DeepSeek-V3's layout): ``group_size`` 16,384, 8 + 16/16,384 bits/weight; edge blocks of a dimension that
+    is not a multiple of 128 hold fewer weights, so the prediction is then a little low.
 
     Args:
         memory: :func:`checkpoint_memory` of the checkpoint.
@@ -381,6 +398,8 @@ def check_against_prediction(
         scale_dtype: dtype the scales are stored in (the checkpoint's saved dtype), one of
             :data:`SCALE_DTYPE_BYTES`.
         tolerance: largest allowed ``|measured - predicted| / predicted``.
+        scale_bytes: bytes per scale where the format fixes them (NVFP4: 1, FP8 E4M3); None: ``scale_dtype``'s.
+        global_scale_bytes: bytes of per-tensor scales stored once per quantized module (NVFP4: 4).
 
     Returns:
         ``{"scheme", "weight_bits", "group_size", "symmetric", "scale_bytes", "quantized_modules",
@@ -402,7 +421,8 @@ def check_against_prediction(
         raise ValueError(f"scale_dtype={scale_dtype!r}; allowed: {sorted(SCALE_DTYPE_BYTES)}")
     if tolerance <= 0:
         raise ValueError(f"tolerance={tolerance} must be > 0")
-    scale_bytes = SCALE_DTYPE_BYTES[scale_dtype]
+    if scale_bytes is None:
+        scale_bytes = SCALE_DTYPE_BYTES[scale_dtype]
     n = int(memory["quantized_weight_elements"])
     layout = f"weight_bits={weight_bits}, group_size={group_size or 'channel'}, " + (
         "symmetric" if symmetric else "asymmetric"
@@ -430,6 +450,7 @@ def check_against_prediction(
     if not symmetric:
         predicted += groups * weight_bits / 8
     predicted += G_IDX_BYTES * memory.get("g_idx_elements", 0)
+    predicted += global_scale_bytes * int(memory["quantized_modules"])
     measured = memory["quantized_weight_bytes"] + memory["quantized_metadata_bytes"]
     deviation = (measured - predicted) / predicted
     comparison.update(

@@ -16,6 +16,13 @@ The lines read here are vLLM's own INFO/WARNING lines; the format strings are in
     Selected %s for CompressedTensorsW8A8Int8                model_executor/kernels/linear/__init__.py
     Your GPU does not have native support for FP8 computation ... Weight-only FP8 compression will be
     used leveraging the Marlin kernel.                       quantization/utils/marlin_utils_fp8.py
+    Using %s for NVFP4 GEMM                                  model_executor/kernels/linear/__init__.py
+    Your GPU does not have native support for FP4 computation but FP4 quantization is being used.
+    Weight-only FP4 compression will be used leveraging the Marlin kernel. ...
+                                                             kernels/linear/nvfp4/marlin.py (a GPU below
+                                                             compute capability 10.0, e.g. Hopper)
+    NVFP4 linear falling back to the slow and unoptimized emulation backend ...
+                                                             model_executor/kernels/linear/__init__.py
     Failed to create oneDNN linear, fallback to torch linear. model_executor/layers/utils.py (CPU,
                                                              unquantized GEMM only)
     Graph capturing finished in %.0f secs, took %.2f GiB     v1/worker/gpu_model_runner.py (0.26.0)
@@ -60,6 +67,8 @@ _STAMP = re.compile(r"\b(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>
 _WARMUP_END = re.compile(r"Kernel JIT monitor activated|init engine \(profile, create kv cache, warmup model\) took")
 _ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) ")
 _KERNEL = re.compile(r"\b(?:Using|Selected) (?P<kernel>[A-Za-z_]\w*) for (?P<method>[A-Za-z_][\w .()/-]*?)\.?\s*$")
+# the GPU lacks the format's arithmetic: vLLM dequantizes the weights in a weight-only kernel (Marlin)
+_NO_NATIVE = re.compile(r"does not have native support for (?P<fmt>FP\d) computation")
 _ONEDNN_FALLBACK = re.compile(r"Failed to create oneDNN linear, fallback to torch linear")
 _FALLBACK = re.compile(
     r"weight-only|emulation|emulated|falling back|fallback|does not have native support|not natively supported",
@@ -153,6 +162,9 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         JIT-compiles FlashInfer's sampling kernels with nvcc when their cache is empty, 83 s on an H200),
         ``compile_cache_hit``
         (True when a compiled graph was loaded from vLLM's compile cache; None when nothing was compiled),
+        ``compute`` (``emulated``: the GPU lacks the format's arithmetic and vLLM said so, e.g. "does not have
+        native support for FP4 computation" with a Marlin weight-only kernel, or an emulation kernel ran;
+        ``native``: the kernels named are the format's own; None: no kernel line) with ``compute_reason``,
         and ``evidence`` (the exact line behind each value).
         Values that the log does not contain are None.
     """
@@ -180,6 +192,8 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
         "graph_capture_s": None,
         "warmup_after_capture_s": None,
         "compile_cache_hit": None,
+        "compute": None,
+        "compute_reason": None,
     }
     captured_at: datetime.datetime | None = None
     evidence: dict[str, str] = {}
@@ -258,6 +272,13 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
             if entry not in out["kernels"]:
                 out["kernels"].append(entry)
                 evidence.setdefault("kernels", line)
+        if (m := _NO_NATIVE.search(line)) and out["compute"] is None:
+            out["compute"] = "emulated"
+            out["compute_reason"] = (
+                f"weight-only fallback: {m['fmt']} weights dequantized to 16-bit by Marlin; the memory win, "
+                f"no {m['fmt']} compute"
+            )
+            evidence["compute"] = line[:300]
         if _ONEDNN_FALLBACK.search(line):
             out["unquantized_gemm_fallback"] = True
             evidence.setdefault("unquantized_gemm_fallback", line[:200])
@@ -275,6 +296,12 @@ def parse(text: str, activation_quantized: bool | None = None) -> dict[str, Any]
     if out["activation_quantized"] is None:
         out["activation_quantized"] = kernels_quantize_activations
     emulated_kernel = any("Emulation" in k["kernel"] for k in out["kernels"])
+    if out["compute"] is None and emulated_kernel:
+        names = ", ".join(k["kernel"] for k in out["kernels"] if "Emulation" in k["kernel"])
+        out["compute"], out["compute_reason"] = "emulated", f"emulation kernel ({names}): dequantized in PyTorch"
+    elif out["compute"] is None and out["kernels"]:
+        out["compute"] = "native"
+        out["compute_reason"] = "the format's own kernel: " + ", ".join(k["kernel"] for k in out["kernels"])
     marlin_fp8 = any("Marlin" in k["kernel"] and "fp8" in k["method"].lower() for k in out["kernels"])
     # the caller says activations are quantized, but every kernel vLLM chose is weight-only
     weight_only_path = kernels_quantize_activations is False

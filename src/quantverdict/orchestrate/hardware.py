@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from quantverdict.config.schema import DEVICES, ConfigError, SchemeConfig
-from quantverdict.config.schemes import scheme_group_size
+from quantverdict.config.schemes import weight_layout
 from quantverdict.measure import kv_cache, memory, tensor_parallel
 
 log = logging.getLogger(__name__)
@@ -269,8 +269,9 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
     (:func:`quantverdict.measure.memory.predicted_weight_bytes`; ``count_parameters`` and
     ``linear_weight_elements`` are in :mod:`quantverdict.measure.memory` too.)
 
-    ``g`` is the scheme's group size (``group_size: auto`` -> derive_group_size over the model's
-    in_features; per-channel: ``hidden_size``, one scale per row of hidden_size inputs, so the
+    ``g`` is the scheme's weights per scale (``group_size: auto`` -> derive_group_size over the model's
+    in_features; a format's fixed group or block, :func:`quantverdict.config.schemes.weight_layout`, with its
+    scale bytes: NVFP4 1; per-channel: ``hidden_size``, one scale per row of hidden_size inputs, so the
     scales are a rounding error). Checked against vLLM's "model weights" log line for a Llama-3-8B-
     shaped model on the H200 (../shared/gpu/README.md): bf16 13.49 GiB (predicted 13.49), W4A16
     g128 3.85 GiB (3.84), FP8_DYNAMIC 7.03 GiB (6.99). For the Qwen3.5-9B-shaped hybrid it gives the
@@ -291,13 +292,16 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
         return memory.predicted_weight_bytes(n_params)
     linear = memory.linear_weight_elements(dims, model.get("model_type"))
     group: int | None = None
+    scale_bytes = memory.DTYPE_BYTES["bfloat16"]
     if scheme.group_size != "channel" and dims.get("hidden_size"):
         try:
-            group = scheme_group_size(scheme, dims)
+            layout = weight_layout(scheme, dims)
         except ConfigError:
-            group = None  # refused with its own message by schemes.resolve_recipe
+            layout = {}  # refused with its own message by schemes.resolve_recipe
+        group = layout.get("group_size")
+        scale_bytes = layout.get("scale_bytes") or scale_bytes
     group = group or int(dims.get("hidden_size") or 4096)
-    return memory.predicted_weight_bytes(n_params, linear, scheme.weight_bits, group, scheme.symmetric)
+    return memory.predicted_weight_bytes(n_params, linear, scheme.weight_bits, group, scheme.symmetric, scale_bytes)
 
 
 def per_gpu_need_bytes(

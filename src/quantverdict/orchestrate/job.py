@@ -280,6 +280,8 @@ def _run(job: Job) -> None:
                 f"kv={cfg.kv.name} on env.device=cpu: vLLM's CPU attention holds an FP8 KV cache only on x86 with "
                 f"AVX-512 or AMX, and {caps.model_name} ({caps.isa}) has neither; allowed here: kv=auto"
             )
+        if cpu_plan.unsupported and cfg.scheme.label in cpu_caps.REFUSED_ON_CPU:  # e.g. FP8_BLOCK without AMX
+            raise ConfigError(cpu_plan.unsupported)
         if cpu_plan.serve:
             job.dtypes["serve"] = cpu_plan.serve
         job.dtypes["evaluate"] = cpu_plan.evaluate
@@ -394,14 +396,16 @@ def _run(job: Job) -> None:
         if (
             cfg.scheme.method != "none" and not dummy_weights
         ):  # a checkpoint far from its scheme's predicted size fails the job
-            group = schemes.scheme_group_size(cfg.scheme, model["dims"])
+            layout = schemes.weight_layout(cfg.scheme, model["dims"])
             rec.memory["prediction"] = memory.check_against_prediction(
                 rec.memory["checkpoint"],
                 cfg.scheme.weight_bits,
-                group,
+                layout["group_size"],
                 cfg.scheme.symmetric,
                 scheme=cfg.scheme.label,
                 scale_dtype=rec.checkpoint.get("saved_dtype") or "bfloat16",
+                scale_bytes=layout["scale_bytes"],
+                global_scale_bytes=layout["global_scale_bytes"],
             )
 
     if served_eval:  # one server: evaluate through it, then sweep it

@@ -146,6 +146,11 @@ def _card(
                 ),
             )
         )
+    if kc.get("compute"):  # records parsed before the compute field was read have none
+        sc.speed["kernel"], sc.speed["compute"] = kc.get("kernel"), kc.get("compute")
+        sc.speed["compute_reason"] = kc.get("compute_reason")
+    if kc.get("compute") == "emulated":  # the speed is never credited to the format's own arithmetic
+        sc.label = str(kc.get("effective_label") or sc.label)
     if kc.get("comparable_for_speed") is False:
         sc.label = str(kc.get("effective_label") or sc.label)
         sc.speed["comparable"] = False

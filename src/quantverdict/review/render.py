@@ -143,13 +143,15 @@ def _acc_row(sc: Scorecard, d: TaskDelta) -> list[str]:
 BASIS_WORDS = {"steady_window": "steady window", "whole_run": "whole run", "mixed": "steady and whole-run repeats"}
 
 
-def _speed_rows(cards: list[Scorecard], checks: dict[str, Any], name_basis: bool) -> list[list[str]]:
+def _speed_rows(
+    cards: list[Scorecard], checks: dict[str, Any], name_basis: bool, with_compute: bool = False
+) -> list[list[str]]:
     rows = []
     for sc in cards:
         sp = sc.speed
         c = checks.get(sc.scheme, {}).get("latency")
         if not sp.get("points"):
-            rows.append([sc.name] + ["–"] * 9 + [STATUS[c.status] if c else "–"])
+            rows.append([sc.name] + ["–"] * (10 if with_compute else 9) + [STATUS[c.status] if c else "–"])
             continue
         at = sp.get("at_load") or {}
         rows.append(
@@ -175,10 +177,20 @@ def _speed_rows(cards: list[Scorecard], checks: dict[str, Any], name_basis: bool
                 _f(at.get("ttft_ms_p99"), ",.0f"),
                 _f(at.get("itl_ms_p99"), ",.1f"),
                 _f(at.get("e2e_ms_p50"), ",.0f"),
+                *([_compute_cell(sp)] if with_compute else []),
                 STATUS[c.status] if c else "–",
             ]
         )
     return rows
+
+
+def _compute_cell(sp: dict[str, Any]) -> str:
+    """The kernel vLLM chose and whether it computes in the format: 'MarlinNvFp4LinearKernel, emulated (weight-only
+    fallback: ...)'; '–' without a parsed server log."""
+    if not sp.get("kernel") and not sp.get("compute"):
+        return "–"
+    cell = f"{sp.get('kernel') or 'default GEMM'}, {sp.get('compute') or 'compute unknown'}"
+    return cell + (f" ({sp['compute_reason']})" if sp.get("compute") == "emulated" and sp.get("compute_reason") else "")
 
 
 def _goodput_cell(sp: dict[str, Any]) -> str:
@@ -526,6 +538,7 @@ def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
     """One model's speed summary with what each column means."""
     out: list[Block] = []
     name_basis = ceilings_differ_in_basis(cards)
+    with_compute = any(sc.speed.get("compute") for sc in cards)  # a column where a server log said it
     out.append(("h3", "Speed (vLLM serving sweep)"))
     shape = workload_sentence(cards)
     if shape:
@@ -541,6 +554,12 @@ def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
                 "how many requests; '–' without per-request data (the cell says why). "
                 "A rate under 90% of the ceiling is never "
                 "called saturated: the server showed it keeps up. Every number: the median over valid repeats."
+                + (
+                    " Kernel, compute: the linear kernel vLLM chose and whether it computes in the scheme's format "
+                    "(native) or dequantizes it (emulated: its speed is never credited to the format's arithmetic)."
+                    if with_compute
+                    else ""
+                )
                 + (
                     " The ceilings below rest on different windows (each cell names its own): a steady window "
                     "excludes ramp-up and drain, a whole run includes them, so compare schemes at one load in "
@@ -565,9 +584,10 @@ def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
                 "TTFT p99 ms",
                 "ITL p99 ms",
                 "E2E p50 ms",
+                *(["kernel, compute"] if with_compute else []),
                 "latency",
             ],
-            _speed_rows(cards, checks, name_basis),
+            _speed_rows(cards, checks, name_basis, with_compute),
         )
     )
     return out
