@@ -12,6 +12,8 @@ import pytest
 
 from quantverdict.config.compose import PROJECT_ROOT
 
+# the shipped schemes (conf/scheme/*.yaml), in the order the error lists them
+SCHEMES = "awq, bf16, fp8, fp8_block, gptq, int8, nvfp4, nvfp4a16, w4afp8, w8a8"
 EVAL_KEYS = (
     "backend, batch_invariance_check, batch_size, dtype, enabled, headline, include_path, kld, limit, max_length, "
     "name, num_fewshot, seed, task_limits, tasks, token_perplexity, vllm_args"
@@ -32,7 +34,10 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["scheme=awk"], "scheme=awk: no such scheme; allowed: awq, bf16, fp8, gptq, int8, w8a8 (did you mean 'awq'?)"),
+        (
+            ["scheme=awk"],
+            f"scheme=awk: no such scheme; allowed: {SCHEMES} (did you mean 'awq'?)",
+        ),
         (["eval.limt=5"], f"eval.limt: no such key in eval; keys: {EVAL_KEYS} (did you mean 'limit'?)"),
         (["eval.limit=abc"], "eval.limit=abc: must be an integer or null"),
         (["bench.rates=[1,fast]"], "bench.rates=[1,fast]: bench.rates[1] must be a number (e.g. 0.5, inf)"),
@@ -54,10 +59,8 @@ def test_bad_override_is_answered_in_the_project_form(tmp_path: Path, args: list
 def test_multirun_checks_every_value_and_collects_all_errors(tmp_path: Path) -> None:
     proc = run(tmp_path, "-m", "scheme=bf16,awk,gtpq", "eval.enabled=maybe")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "scheme=awk: no such scheme; allowed: awq, bf16, fp8, gptq, int8, w8a8 (did you mean 'awq'?)" in proc.stderr
-    assert (
-        "scheme=gtpq: no such scheme; allowed: awq, bf16, fp8, gptq, int8, w8a8 (did you mean 'gptq'?)" in proc.stderr
-    )
+    assert f"scheme=awk: no such scheme; allowed: {SCHEMES} (did you mean 'awq'?)" in proc.stderr
+    assert f"scheme=gtpq: no such scheme; allowed: {SCHEMES} (did you mean 'gptq'?)" in proc.stderr
     assert "eval.enabled=maybe: must be true or false" in proc.stderr
     assert not (tmp_path / "out").exists()
 
