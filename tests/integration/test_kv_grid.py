@@ -57,11 +57,12 @@ def test_kv_grid_weighs_the_kv_lever(tmp_path: Path, stage_envs: dict, embedded_
     lever = verdict["kv_lever"]
     assert lever["binds_on"] == "kv_cache" and lever["fp8_fits"] is True
     assert lever["fp8_need_gib"] == pytest.approx(lever["weights_gib"] + 100_000 * 11_520 / 2**30, rel=1e-9)
-    assert lever["measured"] == ["bf16+kv-fp8"]
+    assert lever["measured"] == ([] if refused else ["bf16+kv-fp8"])  # a refused combination measured nothing
     if refused:
         assert (
             verdict["decision"] == "no scheme meets all three" and "Memory binds on the KV cache" in verdict["sentence"]
         )
+        assert "run the grid with kv=auto,fp8" in verdict["sentence"]  # the lever it could not measure here
         return
     assert fp8["config"]["bench"]["server"]["kv_cache_dtype"] == "fp8"
     assert fp8["accuracy"]["settings"]["kv_cache_dtype"] == "fp8" and fp8["accuracy"]["kld"]["role"] == "scheme"

@@ -136,3 +136,45 @@ def test_random_weights_get_round_to_nearest_in_the_same_format(
     assert rec["memory"]["checkpoint"]["quantized_modules"] == 14
     assert rec["memory"]["checkpoint"]["effective_bits_per_weight"] == pytest.approx(4.125)
     assert rec["accuracy"] == {"not_applicable": rec["stages"]["evaluate"]["detail"]}
+
+
+def test_the_128_wide_formats_and_nvfp4_on_a_shape_whose_layers_they_divide(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict
+) -> None:
+    """W4AFP8 and FP8_BLOCK need layers in multiples of 128 (the embedded model's 576 is not): tiny-llama-shape's
+    256/512 are. Expected by hand: 2 layers x 7 Linear = 14 modules of 2 x (256x256 + 2 x 256x128 + 256x256 +
+    3 x 256x512) = 1,179,648 weights.
+
+    * w4afp8: int4 packed eight to an int32 ``weight_packed`` (the pack-quantized format vLLM's W4A8 kernel
+      reads, not compressed-tensors' inferred int-quantized, one int8 a weight), a bf16 scale per 128:
+      4 + 16/128 = 4.125 bits per weight;
+    * fp8_block: FP8 E4M3 weights, one bf16 scale per 128x128 block: 8 + 16/16,384 bits; q_proj's scales 2x2;
+    * nvfp4: calibrated on text even on random weights (its activations' global scale is static), 4 + 8/16
+      bits plus one float32 global scale per module: 4.5 + 14 x 32 / 1,179,648 = 4.5003797...
+    """
+    proc = run_cli(
+        tmp_path,
+        "model=tiny-llama-shape",
+        "scheme=w4afp8,fp8_block,nvfp4",
+        "bench.enabled=false",
+        *CALIB,
+        multirun=True,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = {r["job"]["scheme"]: r for r in map(load, find_records(tmp_path / "multirun"))}
+    assert set(recs) == {"w4afp8", "fp8_block", "nvfp4"}
+    bits = {"w4afp8": 4.125, "fp8_block": 8 + 16 / 16384, "nvfp4": 4.5 + 14 * 32 / 1_179_648}
+    for scheme, rec in recs.items():
+        assert rec["status"] == "ok", (scheme, rec.get("error"))
+        assert rec["memory"]["checkpoint"]["quantized_modules"] == 14, scheme
+        assert rec["memory"]["checkpoint"]["effective_bits_per_weight"] == pytest.approx(bits[scheme], rel=1e-9)
+    w4 = _tensors(recs["w4afp8"]["checkpoint"]["path"])
+    q = "model.layers.0.self_attn.q_proj"
+    assert (w4[f"{q}.weight_packed"]["dtype"], w4[f"{q}.weight_packed"]["shape"]) == ("I32", [256, 32])
+    assert w4[f"{q}.weight_scale"]["shape"] == [256, 2]
+    cfg = json.loads(Path(recs["w4afp8"]["checkpoint"]["path"], "config.json").read_text())
+    assert cfg["quantization_config"]["format"] == "pack-quantized"
+    fb = _tensors(recs["fp8_block"]["checkpoint"]["path"])
+    assert (fb[f"{q}.weight"]["dtype"], fb[f"{q}.weight_scale"]["shape"]) == ("F8_E4M3", [2, 2])
+    assert not any("round-to-nearest" in n for n in recs["nvfp4"]["notes"])

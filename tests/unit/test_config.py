@@ -264,6 +264,13 @@ def test_config_hash_ignores_output_locations_but_not_results() -> None:
     port = ["bench.server.port=9100", "bench.server.strict_port=true"]
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", *port]))) == base
     assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "eval.limit=7"]))) != base
+    # the default KV cache is the config as it was before the kv group existed; a quantized cache is another job
+    without_kv = {k: v for k, v in as_dict(compose(["paths.output_root=/tmp/a"])).items() if k != "kv"}
+    assert config_hash(without_kv) == base
+    fp8_kv = as_dict(compose(["paths.output_root=/tmp/a", "kv=fp8", "eval.enabled=false", "env=gpu"]))
+    assert config_hash(fp8_kv) != config_hash(
+        as_dict(compose(["paths.output_root=/tmp/a", "eval.enabled=false", "env=gpu"]))
+    )
 
 
 # --- eval.backend=server: only where the job serves --------------------------------------------------

@@ -193,3 +193,12 @@ def test_weights_that_do_not_fit_bind_on_the_weights() -> None:
     rc = replace(rc, kv_cache_tokens=1_000)  # 1,000 x 11,520 B = 0.0107 GiB: fp8 + fp8 cache needs 0.1607
     v = build_review([kv_record("bf16", "auto"), kv_record("fp8", "fp8")], rc, "t").verdicts[0]
     assert (v.scheme, v.lever) == ("fp8+kv-fp8", "weights and KV cache")
+
+
+def test_a_refused_kv_combination_is_not_counted_as_measured() -> None:
+    refused = kv_record("bf16", "fp8")  # refused before any work, as on a CPU whose attention holds no FP8 cache
+    refused.update(status="failed", failed_stage="config", error="kv=fp8 on env.device=cpu: ...; allowed here: kv=auto")
+    review = build_review([kv_record("bf16", "auto"), refused], RC, "t")
+    v = review.verdicts[0]
+    assert v.kv_lever["binds_on"] == "kv_cache" and v.kv_lever["measured"] == []
+    assert "kv=auto,fp8" in v.sentence  # the hint to measure the lever stands

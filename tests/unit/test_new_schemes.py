@@ -13,7 +13,15 @@ import pytest
 from quantverdict.config import cpu_caps
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
-from quantverdict.config.schemes import FORMATS, SCHEME_ORDER, read_dims, resolve_recipe, shape_errors, weight_layout
+from quantverdict.config.schemes import (
+    FORMATS,
+    SCHEME_ORDER,
+    calibrates,
+    read_dims,
+    resolve_recipe,
+    shape_errors,
+    weight_layout,
+)
 from quantverdict.measure import kernels, vllm_log
 from quantverdict.measure.memory import check_against_prediction, checkpoint_memory, predicted_weight_bytes
 from tests.unit.test_cpu_caps import AMX, AVX2
@@ -205,3 +213,26 @@ def test_smollm2_dims_from_a_config(tmp_path: Path) -> None:
         '{"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}'
     )
     assert len(shape_errors(scheme("fp8_block"), read_dims(tmp_path))) == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["scheme=bf16"], False),  # the baseline: nothing made
+        (["scheme=int8"], False),  # round-to-nearest: weights only
+        (["scheme=gptq"], True),  # a Hessian from the text
+        (["scheme=gptq", "model=tiny-llama-shape"], False),  # random weights: rtn in the same format instead
+        (["scheme=nvfp4", "model=tiny-llama-shape"], True),  # NVFP4's static activation scale needs activations
+        (["scheme=int8", "kv=fp8_calibrated", "eval.enabled=false", "env=gpu"], True),  # K/V scales from the text
+        (["scheme=bf16", "kv=fp8", "eval.enabled=false", "env=gpu"], False),  # scales of 1.0: no text
+    ],
+)
+def test_which_jobs_feed_calibration_text(overrides: list[str], expected: bool) -> None:
+    assert calibrates(compose(["bench.enabled=false", *overrides])) is expected
+
+
+def test_w4afp8_is_saved_in_the_format_vllm_loads() -> None:
+    # compressed-tensors infers int-quantized (one int8 a weight) for int weights with activations; vLLM's
+    # CompressedTensorsW4A8Fp8 reads int4 packed eight to an int32 weight_packed
+    assert FORMATS["W4AFP8"].save_format == "pack-quantized"
+    assert all(f.save_format is None for label, f in FORMATS.items() if label != "W4AFP8")

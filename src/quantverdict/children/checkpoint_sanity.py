@@ -8,11 +8,11 @@ vocabulary. The verdict is :func:`quantverdict.measure.sanity.judge` with the bo
 (:mod:`quantverdict.children.quantize`); this child runs it on a cached checkpoint before it is reused
 (:func:`quantverdict.orchestrate.caches.quantize`).
 
-Cost, measured on the 2-core CPU with the embedded SmolLM2-135M and its int8 checkpoint: 10.5 s wall on idle
-cores (1.1 s loading both models, 3.1 s decompressing the checkpoint at its first forward pass and scoring the
-55 tokens twice, the rest starting the interpreter and importing torch, transformers and compressed-tensors);
-15-51 s in six runs while other jobs shared the cores. A larger model costs about the time to read the source
-model and the checkpoint from disk once more.
+Cost, with the embedded SmolLM2-135M and its int8 checkpoint on two idle cores of an AMD EPYC (AVX2): 10.5 s
+wall (1.1 s loading both models, 3.1 s decompressing the checkpoint at its first forward pass and scoring the
+55 tokens twice, the rest starting the interpreter and importing torch, transformers and compressed-tensors),
+more where other work shares the cores. A larger model costs about the time to read the source model and the
+checkpoint from disk once more.
 
 Spec (JSON): ``{"source_path": str, "checkpoint_path": str}``. Result: :func:`compare`'s keys plus
 ``load_s`` and ``score_s`` (seconds).

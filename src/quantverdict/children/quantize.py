@@ -10,7 +10,8 @@ Spec (JSON)::
                      "num_samples": int, "seq_len": int},
      "seed": int,
      "compute_dtype": "auto" | "float32" | "bfloat16" | ...,   # optional; see _compute_dtype
-     "sanity": {"max_ppl_ratio": float, "max_mean_kld": float, "finite_only": bool} | null}
+     "sanity": {"max_ppl_ratio": float, "max_mean_kld": float, "finite_only": bool} | null,
+     "save_format": str | null}    # compressed-tensors format to save in (quantverdict.config.schemes.Format)
                                    # bounds of the check against the source model (quantverdict.measure.sanity)
 
 Result (JSON, besides ``status``/``wall_s`` from :mod:`._child`)::
@@ -331,7 +332,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         t1 = time.perf_counter()
-        model.save_pretrained(tmp, save_compressed=True)
+        # the format vLLM loads, where compressed-tensors would infer another (W4AFP8: pack-quantized)
+        fmt = {"quantization_format": spec["save_format"]} if spec.get("save_format") else {}
+        model.save_pretrained(tmp, save_compressed=True, **fmt)
         tokenizer.save_pretrained(tmp)
         save_s = time.perf_counter() - t1
         del model

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantverdict.config.schema import ConfigError, SchemeConfig, closest
+from quantverdict.config.schema import Config, ConfigError, SchemeConfig, closest
 from quantverdict.measure.keep16 import anywhere
 
 SCHEME_ORDER = {  # tables, reviews: 16-bit, 8-bit, 4-bit weights; within each, weight-only first
@@ -210,6 +210,10 @@ class Format:
             scales (NVFP4: a float32 ``weight_global_scale``, 4).
         fixed_group: the group size is the format's own (``group_sizes`` holds the one value); the model's
             in_features must be multiples of it, no other group size is served.
+        save_format: the compressed-tensors format the checkpoint must be saved in where the one it infers is
+            not the one vLLM loads (W4AFP8: ``pack-quantized``, eight int4 in an int32 ``weight_packed``, as
+            vLLM's ``CompressedTensorsW4A8Fp8`` reads it; compressed-tensors 0.19's ``infer_module_format``
+            picks ``int-quantized``, one int8 a weight, for any int weights with activations); None: inferred.
     """
 
     weight_bits: int
@@ -223,6 +227,7 @@ class Format:
     scale_bytes: int | None = None
     global_scale_bytes: int = 0
     fixed_group: bool = False
+    save_format: str | None = None
 
     @property
     def weights_per_scale(self) -> int | None:
@@ -254,7 +259,9 @@ FORMATS: dict[str, Format] = {
     "W8A8": Format(8, 8, "int", True, (), ("channel", "tensor"), (("W8A8", True), ("INT8", True))),
     "FP8_DYNAMIC": Format(8, 8, "float", True, (), ("channel", "tensor"), (("FP8_DYNAMIC", True),)),
     "FP8_BLOCK": Format(8, 8, "float", True, (), ("block",), (("FP8_BLOCK", True),), block=(128, 128)),
-    "W4AFP8": Format(4, 8, "int", True, (128,), ("group",), (("W4AFP8", True),), fixed_group=True),
+    "W4AFP8": Format(
+        4, 8, "int", True, (128,), ("group",), (("W4AFP8", True),), fixed_group=True, save_format="pack-quantized"
+    ),
     "NVFP4A16": Format(
         4, 16, "float", True, (16,), ("tensor_group",), (("NVFP4A16", True),), None, 1, 4, fixed_group=True
     ),
@@ -640,3 +647,27 @@ def checkpoint_key(
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# methods that make the checkpoint without data (the quantize stage feeds no calibration text to them)
+DATA_FREE_METHODS = ("none", "rtn")
+
+
+def calibrates(cfg: Config) -> bool:
+    """Whether the job's quantize stage feeds calibration text to llm-compressor.
+
+    True for calibrated K/V scales (``kv.calibrated``: llm-compressor's ``kv_cache_scheme`` observes K and V on
+    the text) and for a method that calibrates (every method but ``none``/``rtn``). On random weights
+    (``model.source=synthetic``) a weight-calibrating method is replaced by round-to-nearest in the same format
+    unless ``model.synthetic.calibrate`` asks for it; ``rtn_calibrated`` is not: its format (NVFP4's static
+    activation global scale) cannot be made without observed activations, so it calibrates on any weights.
+    Read by the checks of the calibration counts and file, the hub-access check, the resume key and the job.
+    """
+    if cfg.kv.calibrated:
+        return True
+    method = str(cfg.scheme.method)
+    if method in DATA_FREE_METHODS:
+        return False
+    if cfg.model.source == "synthetic" and method != "rtn_calibrated":
+        return bool(cfg.model.synthetic and cfg.model.synthetic.calibrate)
+    return True

@@ -37,6 +37,7 @@ from quantverdict.config.schema import (
     closest,
     evaluates_through_server,
 )
+from quantverdict.config.schemes import calibrates
 from quantverdict.config.targets import target_errors
 from quantverdict.measure.integrity import IntegrityError, check_gguf
 
@@ -434,7 +435,7 @@ def count_errors(cfg: Config) -> list[str]:
         ("eval.token_perplexity.seq_len", tp.seq_len, 1, False),
         ("eval.token_perplexity.max_tokens", tp.max_tokens, 1, True),
     ]
-    if cfg.scheme.method not in ("none", "rtn"):
+    if calibrates(cfg):
         cal = cfg.scheme.calibration
         ints += [
             ("scheme.calibration.num_samples", cal.num_samples, 1, False),
@@ -608,7 +609,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
                 "(wikitext-2-raw/, piqa/, ...) or set data.offline_root=null to use the hub"
             )
         else:
-            if cfg.scheme.method not in ("none", "rtn") and cfg.scheme.calibration.text_file:
+            if calibrates(cfg) and cfg.scheme.calibration.text_file:
                 errors += calibration_file_errors(cfg.scheme.calibration, Path(root))
             if cfg.eval.enabled:
                 errors += eval_file_errors(cfg.eval, Path(root))

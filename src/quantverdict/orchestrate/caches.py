@@ -260,6 +260,7 @@ def _quantize_locked(
         "calibration": calib_spec,
         "seed": cfg.seed,
         "sanity": sanity_bounds(cfg),
+        "save_format": fmt.save_format if (fmt := schemes.FORMATS.get(cfg.scheme.label)) else None,
     }
     result = run_stage(env, "quantize", spec, out)
     result = {k: v for k, v in result.items() if k != "status"}
@@ -317,8 +318,8 @@ def check_sanity(cfg: Config, env: StageEnv, model: dict[str, Any], folder: Path
     the checkpoint (``quantverdict_sanity.json``, with the sha256 of every file it judged, then joined to the
     checksum manifest); a later reuse of the same bytes (:func:`recorded_sanity`) is judged from it without
     running the models again. A checkpoint made by the quantize stage gets that file at once (the stage ran the
-    same comparison). Cost of a run, measured on the 2-core CPU with the embedded SmolLM2-135M and its int8
-    checkpoint: 10.5 s on idle cores, 15-51 s while other jobs shared them
+    same comparison). Cost of a run with the embedded SmolLM2-135M and its int8 checkpoint on two idle cores
+    of an AMD EPYC (AVX2): 10.5 s, more where other work shares the cores
     (:mod:`quantverdict.children.checkpoint_sanity`); a recorded verdict costs reading one small file.
 
     Returns:

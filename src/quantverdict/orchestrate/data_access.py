@@ -29,6 +29,7 @@ import yaml
 
 from quantverdict.children import task_check
 from quantverdict.children.offline_data import OFFLINE_TASKS
+from quantverdict.config import schemes
 from quantverdict.config.schema import KNOWN_TASKS, Config, ConfigError
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
@@ -152,10 +153,7 @@ def hub_needs(cfg: Config) -> list[str]:
             needs.append(f"eval.tasks {', '.join(hub_tasks)} (lm-eval's hub datasets)")
         if cfg.eval.token_perplexity.enabled and not root:
             needs.append("eval.token_perplexity (the WikiText-2 test text)")
-    calibrates = cfg.scheme.method not in ("none", "rtn") and not (
-        synthetic and not (cfg.model.synthetic and cfg.model.synthetic.calibrate)
-    )
-    if calibrates and not (root and cfg.scheme.calibration.text_file):
+    if schemes.calibrates(cfg) and not (root and cfg.scheme.calibration.text_file):
         cal = cfg.scheme.calibration
         needs.append(f"scheme.calibration ({cal.hf_dataset} {cal.hf_subset} {cal.hf_split})")
     return needs

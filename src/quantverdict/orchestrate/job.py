@@ -318,7 +318,7 @@ def _run(job: Job) -> None:
     recipe = schemes.resolve_recipe(cfg.scheme, model["dims"], list(cfg.model.quantize_ignore))
     method = cfg.scheme.method
     synthetic = cfg.model.source == "synthetic"
-    if synthetic and method not in ("none", "rtn") and not (cfg.model.synthetic and cfg.model.synthetic.calibrate):
+    if synthetic and method not in schemes.DATA_FREE_METHODS and not schemes.calibrates(cfg):
         recipe, method = schemes.data_free_equivalent(recipe), SchemeMethod.rtn
         rec.notes.append(
             f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "

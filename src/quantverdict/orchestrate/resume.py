@@ -32,6 +32,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from quantverdict.config import schemes
 from quantverdict.config.compose import as_dict
 from quantverdict.config.schema import Config, EnvConfig, StageEnvConfig
 from quantverdict.processes import envs, venv_build
@@ -41,8 +42,6 @@ from quantverdict.results.record import find_records, load
 log = logging.getLogger(__name__)
 
 STAGES = ("quantize", "serve")
-# methods whose result depends on the calibration text (rtn and the baseline read none)
-UNCALIBRATED = ("none", "rtn")
 # what an interrupted or failed attempt may hand on; a record still "running" may be a live job
 UNFINISHED = ("interrupted", "failed")
 
@@ -63,8 +62,12 @@ def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the resolved config, minus what does not change a result: output
     locations (``paths``, ``tracking``: its store sits under the output root), ``resume``, ``review``, the
     checkpoint's sanity bounds (``quantize.sanity``: they decide whether a checkpoint is used, not what it
-    measures) and the server's port (``bench.server.port``, ``bench.server.strict_port``) (first 12 hex)."""
+    measures) and the server's port (``bench.server.port``, ``bench.server.strict_port``) (first 12 hex). The
+    default KV cache (``kv.name == "auto"``, the served dtype) is left out too, so that a config written before
+    the ``kv`` group existed hashes as the same config with ``kv=auto``."""
     cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review", "tracking", "quantize")}
+    if (cfg.get("kv") or {}).get("name") == "auto":
+        del cfg["kv"]
     server = (cfg.get("bench") or {}).get("server")
     if isinstance(server, dict):
         server = {k: v for k, v in server.items() if k not in ("port", "strict_port")}
@@ -147,7 +150,7 @@ def calibration_sha256(cfg: Config) -> str | None:
     """sha256 of the calibration text's content, for a method that calibrates and a text file that exists;
     None otherwise (no calibration, a hub dataset, or a missing file, which the quantize stage reports)."""
     path = calibration_text(cfg)
-    if str(cfg.scheme.method) in UNCALIBRATED or path is None or not path.is_file():
+    if not schemes.calibrates(cfg) or path is None or not path.is_file():
         return None
     return sha256_file(path)
 

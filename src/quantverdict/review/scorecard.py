@@ -88,8 +88,8 @@ def weight_tier(rec: JobRecord) -> int:
     """
     bits = rec.cfg("scheme").get("weight_bits")
     if bits is None:
-        label = rec.job.scheme_label or ""
-        m = re.match(r"W(\d+)", label)
+        label = (rec.job.scheme_label or "").split(" + KV")[0]  # a KV-cache choice does not change the weights
+        m = re.match(r"(?:W|NVFP)(\d+)", label)
         bits = int(m.group(1)) if m else (8 if "FP8" in label else 16)
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
 

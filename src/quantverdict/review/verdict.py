@@ -417,7 +417,8 @@ def kv_lever(base: Scorecard, cs: dict[str, Check], cards: list[Scorecard], rc: 
 
     Returns:
         ``{"binds_on": "kv_cache" | "weights" | None, "need_gib", "budget_gib", "weights_gib", "kv_gib",
-        "fp8_need_gib", "fp8_fits": bool | None, "measured": [names of the quantized-cache combinations]}``.
+        "fp8_need_gib", "fp8_fits": bool | None, "measured": [names of the quantized-cache combinations that
+        finished ok]}``.
     """
     m = base.memory
     out: dict[str, Any] = {
@@ -428,7 +429,7 @@ def kv_lever(base: Scorecard, cs: dict[str, Check], cards: list[Scorecard], rc: 
         "kv_gib": m.get("kv_needed_gib"),
         "fp8_need_gib": m.get("need_gib_kv_fp8"),
         "fp8_fits": None,
-        "measured": [sc.scheme for sc in cards if kv_step(sc)],
+        "measured": [sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
     }
     budget = rc.memory_budget_gib
     if budget is not None and out["fp8_need_gib"] is not None:
