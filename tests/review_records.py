@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from quantverdict import RECORD_SCHEMA_VERSION
+
 GIB = 1024**3
 DIMS = {
     "hidden_size": 576,
@@ -123,7 +125,7 @@ def record(
     label, wbits, abits = LABELS[scheme]
     w = WEIGHTS_GIB[scheme] if weights_gib is None else weights_gib
     return {
-        "schema_version": 1,
+        "schema_version": RECORD_SCHEMA_VERSION,
         "tool": {"name": "quantverdict", "version": "0.1.0"},
         "job": {
             "id": f"{model}_{scheme}_x",
@@ -303,7 +305,7 @@ def synthetic_record(scheme: str, *, model: str = SYN_MODEL, with_roofline: bool
         }
     kv_gib = 100.0
     return {
-        "schema_version": 1,
+        "schema_version": RECORD_SCHEMA_VERSION,
         "tool": {"name": "quantverdict", "version": "0.1.0"},
         "job": {
             "id": f"{model}_{scheme}_s",

@@ -65,7 +65,7 @@ def test_grid_runs_every_stage(grid: tuple[Path, object]) -> None:
     assert set(records) == {"bf16", "fp8", "gptq"}
     for scheme, rec in records.items():
         assert rec["status"] == "ok", rec.get("error")
-        assert rec["schema_version"] == 2  # RECORD_SCHEMA_VERSION
+        assert rec["schema_version"] == 3  # RECORD_SCHEMA_VERSION
         stages = {s: i["status"] for s, i in rec["stages"].items()}
         assert stages["preflight"] == stages["cpu_check"] == stages["evaluate"] == "ok", stages
         assert stages["materialize"] in ("ok", "cached"), stages

@@ -191,4 +191,4 @@ def test_the_record_reads_accuracy_kld_and_writes_it_back_unchanged() -> None:
     rec = JobRecord.from_dict(data)
     assert rec.accuracy.kld == {"mean_kld": 0.0102, "top_k": 20}
     assert rec.to_dict()["accuracy"] == data["accuracy"]
-    assert JobRecord.from_dict({**data, "accuracy": {}}).accuracy.kld is None  # a record made before #17
+    assert JobRecord.from_dict({**data, "accuracy": {}}).accuracy.kld is None  # a record without KL divergence

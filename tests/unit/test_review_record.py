@@ -1,4 +1,4 @@
-"""The typed record (quantverdict.results.record.JobRecord): versions 1 and 2 read, the dict given back."""
+"""The typed record (quantverdict.results.record.JobRecord): older versions read migrated, the dict given back."""
 
 from __future__ import annotations
 
@@ -8,24 +8,32 @@ from pathlib import Path
 import pytest
 
 from quantverdict import RECORD_SCHEMA_VERSION
-from quantverdict.results.record import READABLE_VERSIONS, JobRecord, Record, StageInfo, read
+from quantverdict.results.migrate import READABLE_VERSIONS
+from quantverdict.results.record import JobRecord, Record, StageInfo, read
 from tests.review_records import record, synthetic_record
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
-def test_schema_version_is_2() -> None:
-    assert RECORD_SCHEMA_VERSION == 2
+def test_schema_version_is_3() -> None:
+    assert RECORD_SCHEMA_VERSION == 3 and READABLE_VERSIONS == (1, 2, 3)
 
 
 @pytest.mark.parametrize("path", sorted(DOCS.rglob("record.json")), ids=lambda p: str(p.relative_to(DOCS)))
 def test_committed_records_round_trip(path: Path) -> None:
     # v1 records (before the typed record) and v2 ones (the H200 KLD grid, written since) are both committed
+    # every committed record is of an older version: read migrated, everything else as written
     data = json.loads(path.read_text())
-    assert data["schema_version"] in READABLE_VERSIONS
-    rec = read(path)
-    assert rec.to_dict() == data
-    assert json.dumps(rec.to_dict()) == json.dumps(data)  # same key order too
+    assert data["schema_version"] in (1, 2)
+    got = read(path).to_dict()
+    assert (got["schema_version"], got["migrated_from"]) == (3, data["schema_version"])
+    added_dtype = bool((data.get("speed") or {}).get("points")) and not (data.get("speed") or {}).get("dtype")
+    if added_dtype:
+        assert got["speed"]["dtype"]["value"] in ("bfloat16", "float16", "float32")
+        got["speed"].pop("dtype")
+    rest = {k: v for k, v in got.items() if k not in ("schema_version", "migrated_from")}
+    assert rest == {k: v for k, v in data.items() if k != "schema_version"}
+    assert list(rest) == [k for k in data if k != "schema_version"]  # same key order too
 
 
 def test_typed_fields_of_a_committed_gpu_record() -> None:
@@ -49,43 +57,50 @@ def test_task_metrics_and_missing_sections() -> None:
     assert rec.accuracy.tasks["arc_easy"].metric("acc_norm") == 0.42
     assert rec.accuracy.tasks["arc_easy"].n == 100
     assert rec.to_dict() == data
-    bare = JobRecord.from_dict({"schema_version": 1, "tool": {"name": "quantverdict"}})
+    bare = JobRecord.from_dict({"schema_version": 3, "tool": {"name": "quantverdict"}})
     assert bare.server.kv_cache_tokens is None and bare.checkpoint_memory.weights_gib is None
-    assert bare.to_dict() == {"schema_version": 1, "tool": {"name": "quantverdict"}}
+    assert bare.to_dict() == {"schema_version": 3, "tool": {"name": "quantverdict"}}
 
 
-def test_version_2_reads_like_version_1() -> None:
+def test_version_1_and_2_read_alike() -> None:
     data = synthetic_record("w8a8")
-    v2 = dict(data, schema_version=2)
-    assert JobRecord.from_dict(v2).to_dict() == v2
-    assert {k: v for k, v in JobRecord.from_dict(v2).to_dict().items() if k != "schema_version"} == {
-        k: v for k, v in data.items() if k != "schema_version"
-    }
+    v1, v2 = dict(data, schema_version=1), dict(data, schema_version=2)
+    one, two = JobRecord.from_dict(v1).to_dict(), JobRecord.from_dict(v2).to_dict()
+    assert (one.pop("migrated_from"), two.pop("migrated_from")) == (1, 2)
+    assert one == two and one["schema_version"] == 3
+    assert v2["schema_version"] == 2 and "migrated_from" not in v2  # the dict given is left as read
 
 
-@pytest.mark.parametrize("bad", [{"schema_version": 3, "tool": {"name": "quantverdict"}}, {"schema_version": 1}])
-def test_unreadable_records_are_refused(bad: dict) -> None:
-    with pytest.raises(ValueError, match="not a quantverdict record"):
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"schema_version": 4, "tool": {"name": "quantverdict"}}, "schema_version 4; this code reads 1, 2, 3 .*newer"),
+        ({"schema_version": 1}, "not a quantverdict record"),
+        ({"tool": {"name": "quantverdict"}}, "not a quantverdict record"),
+    ],
+)
+def test_unreadable_records_are_refused(bad: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
         JobRecord.from_dict(bad)
 
 
-def test_writer_writes_version_2_in_the_v1_layout(tmp_path: Path) -> None:
+def test_writer_writes_version_3_in_the_v1_layout(tmp_path: Path) -> None:
     rec = Record(job={"id": "j", "model": "m", "scheme": "bf16"}, config={"seed": 0})
     rec.stages["setup"] = StageInfo(status="ok", wall_s=0.5)
     path = rec.save(tmp_path)
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     v1_keys = ["job", "config", "schema_version", "tool", "environment", "status", "failed_stage", "error"]
     v1_keys += ["traceback", "stages", "model", "checkpoint", "memory", "accuracy", "speed", "notes"]
     assert list(data) == v1_keys
     assert data["stages"] == {"setup": {"status": "ok", "wall_s": 0.5, "detail": ""}}
     typed = read(tmp_path)
-    assert typed.schema_version == 2 and typed.stages is not None and typed.stages["setup"].wall_s == 0.5
+    assert typed.schema_version == 3 and typed.stages is not None and typed.stages["setup"].wall_s == 0.5
     assert typed.to_dict() == data
 
 
 def test_null_and_malformed_sections_are_kept_as_read() -> None:
-    data = {"schema_version": 1, "tool": {"name": "quantverdict"}, "memory": None, "stages": [], "accuracy": {}}
+    data = {"schema_version": 3, "tool": {"name": "quantverdict"}, "memory": None, "stages": [], "accuracy": {}}
     rec = JobRecord.from_dict(data)
     assert rec.server.kv_cache_tokens is None and rec.stages == {}  # empty sections to read from
     assert rec.memory.is_empty() and rec.accuracy.is_empty()

@@ -8,9 +8,9 @@ Two views of one layout: :class:`Record` is what a running job writes (sections 
 stages fill in); :class:`JobRecord` is the typed model a reader gets from :func:`read` / :meth:`JobRecord.from_dict`
 (section dataclasses: :class:`JobInfo`, :class:`Environment`, :class:`StageInfo`, :class:`CheckpointMemory`,
 :class:`ServerMemory`, :class:`Accuracy` with :class:`TaskResult`, :class:`Speed` with :class:`SweepPoint` and
-:class:`LoadLevel`). Schema versions: 1 and 2 have the same layout (2 marks records written by the typed
-code); :meth:`JobRecord.to_dict` gives back the dict it was read from, key for key, keys the model does not
-name included (each section keeps them in ``extra``).
+:class:`LoadLevel`). Records of older schema versions are read as the current one
+(:mod:`quantverdict.results.migrate`); :meth:`JobRecord.to_dict` gives back the dict it was read from, key for key,
+keys the model does not name included (each section keeps them in ``extra``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from quantverdict import RECORD_SCHEMA_VERSION, __version__
+from quantverdict.results import migrate
 
 RECORD_FILE = "record.json"
-READABLE_VERSIONS = (1, 2)  # the same layout; 2 is written since the typed record (JobRecord)
 
 
 def now_iso() -> str:
@@ -83,14 +83,10 @@ def load(path: Path) -> dict[str, Any]:
     """
     if path.is_dir():
         path = path / RECORD_FILE
-    data: dict[str, Any] = json.loads(path.read_text())
-    if data.get("tool", {}).get("name") != "quantverdict" or "schema_version" not in data:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
         raise ValueError(f"{path} is not a quantverdict record")
-    if data["schema_version"] > RECORD_SCHEMA_VERSION:
-        raise ValueError(
-            f"{path} has schema_version {data['schema_version']}; this code reads <= {RECORD_SCHEMA_VERSION}"
-        )
-    return data
+    return migrate.upgrade(data, str(path))
 
 
 # MLflow's artifact store (conf/tracking: <output_root>/mlartifacts) holds copies of logged records
@@ -163,7 +159,8 @@ def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The typed model a reader gets (JobRecord): one dataclass per section, read from a version 1 or 2 dict.
+# The typed model a reader gets (JobRecord): one dataclass per section, read from a record dict (older versions
+# migrated).
 
 _S = TypeVar("_S", bound="Section")
 
@@ -503,9 +500,9 @@ class Checkpoint(Section):
 
 @dataclass
 class JobRecord(Section):
-    """One job's record, typed (schema versions 1 and 2). ``config`` is the job's config snapshot (a dict);
-    ``status`` is ``running`` | ``ok`` | ``failed`` | ``interrupted`` with ``failed_stage``, ``error``,
-    ``traceback``."""
+    """One job's record, typed (the current schema version; older ones migrated on read). ``config`` is the job's
+    config snapshot (a dict); ``status`` is ``running`` | ``ok`` | ``failed`` | ``interrupted`` with
+    ``failed_stage``, ``error``, ``traceback``."""
 
     schema_version: int | None = None
     tool: dict[str, str] | None = None
@@ -536,17 +533,12 @@ class JobRecord(Section):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> JobRecord:
-        """The typed record of a version 1 or 2 record dict (the layout is the same).
+        """The typed record of a record dict of any readable version (:func:`quantverdict.results.migrate.upgrade`).
 
         Raises:
             ValueError: ``data`` is not a quantverdict record of a version this code reads.
         """
-        data = data if isinstance(data, dict) else {}
-        if (data.get("tool") or {}).get("name") != "quantverdict" or data.get(
-            "schema_version"
-        ) not in READABLE_VERSIONS:
-            raise ValueError(f"not a quantverdict record of schema version {' or '.join(map(str, READABLE_VERSIONS))}")
-        return cls.view(data)
+        return cls.view(migrate.upgrade(data if isinstance(data, dict) else {}))
 
     @classmethod
     def view(cls, data: dict[str, Any]) -> JobRecord:
@@ -575,7 +567,7 @@ class JobRecord(Section):
 
 
 def read(path: Path) -> JobRecord:
-    """The typed record of ``path`` (a ``record.json`` or the job folder holding it), version 1 or 2.
+    """The typed record of ``path`` (a ``record.json`` or the job folder holding it), any readable version.
 
     Raises:
         ValueError: the file is not a quantverdict record of a version this code reads.

@@ -10,15 +10,12 @@ from quantverdict.review.flags import Flag
 def served_dtype(rec: JobRecord) -> str | None:
     """The ``--dtype`` the record's vLLM server computed in, or None when nothing was served.
 
-    Newer records say it in ``speed.dtype.value`` (chosen from the CPU, by the kernel or by the config; see
-    :mod:`.cpu_caps`); older ones only have ``config.bench.server.dtype``. ``auto`` is vLLM's own
-    choice, the checkpoint's dtype: the model's ``dtype`` (``config.model.dtype``).
+    The record says it in ``speed.dtype.value`` (chosen from the CPU, by the kernel, by the config or the
+    checkpoint's; :mod:`quantverdict.config.cpu_caps`, and :mod:`quantverdict.results.migrate` for older records).
     """
     if not rec.speed.points:
         return None
-    value = (rec.speed.dtype or {}).get("value") or (rec.cfg("bench").get("server") or {}).get("dtype")
-    if not value or value == "auto":
-        value = rec.cfg("model").get("dtype") or None
+    value = (rec.speed.dtype or {}).get("value")
     return str(value) if value else None
 
 
