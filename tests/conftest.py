@@ -64,8 +64,11 @@ def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) 
     output tokens took 12.5 s). Needs a module-scoped ``serve_env`` fixture in the test module."""
     from quantverdict.config import cpu_caps
     from quantverdict.processes.runner import run_stage
+    from quantverdict.results.stage_results import CpuProbeResult
 
-    probe = run_stage(serve_env, "cpu_probe", {"vllm": True}, tmp_path_factory.mktemp("cpu_probe"))
+    probe = run_stage(
+        serve_env, "cpu_probe", {"vllm": True}, tmp_path_factory.mktemp("cpu_probe"), CpuProbeResult
+    ).model_dump()
     return cpu_caps.compute_dtype(cpu_caps.CpuCapabilities.from_probe(probe)).dtype
 
 

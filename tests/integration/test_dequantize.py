@@ -27,6 +27,7 @@ from quantverdict.config.schema import SchemeConfig
 from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
+from quantverdict.results.stage_results import QuantizeResult
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def int8_checkpoint(
         "calibration": None,
         "seed": 0,
     }
-    res = run_stage(stage_envs["quantize"], "quantize", spec, root / "work", timeout_s=900)
+    res = run_stage(stage_envs["quantize"], "quantize", spec, root / "work", QuantizeResult, timeout_s=900).model_dump()
     assert res["status"] == "ok", res
     return Path(res["path"]), model
 

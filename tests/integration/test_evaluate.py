@@ -19,6 +19,7 @@ import pytest
 
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
+from quantverdict.results.stage_results import EvaluateResult
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,7 @@ def result(stage_envs: dict[str, StageEnv], embedded_model: dict, tmp_path_facto
         "output_dir": str(work / "eval"),
         "device": "cpu",
     }
-    return run_stage(stage_envs["serve"], "evaluate", spec, work, timeout_s=900)
+    return run_stage(stage_envs["serve"], "evaluate", spec, work, EvaluateResult, timeout_s=900).model_dump()
 
 
 def _samples(result: dict, task: str) -> list[dict[str, Any]]:

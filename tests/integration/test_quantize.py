@@ -21,6 +21,7 @@ from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.measure.memory import check_against_prediction, checkpoint_memory, expected_bits
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
+from quantverdict.results.stage_results import QuantizeResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -91,7 +92,11 @@ def results(
                 "seed": 0,
             }
             work = root / "work" / name
-            self[name] = (run_stage(stage_envs["quantize"], "quantize", spec, work, timeout_s=900), scheme, model)
+            self[name] = (
+                run_stage(stage_envs["quantize"], "quantize", spec, work, QuantizeResult, timeout_s=900).model_dump(),
+                scheme,
+                model,
+            )
             return self[name]
 
     return Lazy()

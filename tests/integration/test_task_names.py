@@ -14,6 +14,7 @@ from quantverdict.config.schema import ConfigError
 from quantverdict.orchestrate import data_access
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
+from quantverdict.results.stage_results import TaskCheckResult
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,9 @@ metric_list:
 @pytest.fixture(scope="module")
 def checked(stage_envs: dict[str, StageEnv], tmp_path_factory: pytest.TempPathFactory) -> dict:
     spec = {"tasks": ["arc_esay", "gsm8k", "mmlu", "ai2_arc", "winogrande"], "include_path": None}
-    return run_stage(stage_envs["serve"], "task_check", spec, tmp_path_factory.mktemp("task_check"), timeout_s=900)
+    return run_stage(
+        stage_envs["serve"], "task_check", spec, tmp_path_factory.mktemp("task_check"), TaskCheckResult, timeout_s=900
+    ).model_dump()
 
 
 def test_known_tasks_and_groups(checked: dict) -> None:

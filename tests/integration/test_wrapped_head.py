@@ -23,6 +23,7 @@ from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.measure.memory import read_header
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import StageError, run_stage
+from quantverdict.results.stage_results import MaterializeResult, QuantizeResult
 from test_quantize import load_scheme
 
 pytestmark = pytest.mark.integration
@@ -74,7 +75,9 @@ def wrapped_model(
 ) -> Path:
     root = tmp_path_factory.mktemp("wrapped")
     spec = {"model": WRAPPED, "out_dir": str(root / "model"), "tokenizer_path": embedded_model["path"]}
-    result = run_stage(stage_envs["quantize"], "materialize", spec, root / "work", timeout_s=600)
+    result = run_stage(
+        stage_envs["quantize"], "materialize", spec, root / "work", MaterializeResult, timeout_s=600
+    ).model_dump()
     path = Path(result["path"])
     assert HEAD + ".weight" in read_header(next(path.glob("*.safetensors")))  # the head sits under the wrapper
     return path
@@ -82,7 +85,7 @@ def wrapped_model(
 
 def _quantize(env: StageEnv, model: Path, recipe: dict[str, Any], root: Path) -> dict[str, Any]:
     spec = {"model_path": str(model), "out_dir": str(root / "ckpt"), "recipe": recipe, "method": "rtn", "seed": 0}
-    return run_stage(env, "quantize", spec, root / "work", timeout_s=600)
+    return run_stage(env, "quantize", spec, root / "work", QuantizeResult, timeout_s=600).model_dump()
 
 
 def _tensors(ckpt: Path) -> dict[str, dict[str, Any]]:

@@ -13,6 +13,7 @@ from quantverdict.config.schema import ServerConfig
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import StageError, run_stage
+from quantverdict.results.stage_results import QuantizeResult
 from quantverdict.serving.server import ServerError, VLLMServer
 
 CAUSE = "NotImplementedError: \"cpu_gemm_wna16\" not implemented for 'Float'"
@@ -145,7 +146,7 @@ def test_child_stage_that_dies_without_a_result_names_the_cause(tmp_path: Path) 
 
     crash = CrashEnv("quantize", sys.executable)
     with pytest.raises(StageError) as err:
-        run_stage(crash, "quantize", {}, tmp_path)
+        run_stage(crash, "quantize", {}, tmp_path, QuantizeResult)
     msg = str(err.value)
     assert msg.startswith(
         "stage quantize failed: the child process died without a result (exit code 3): "

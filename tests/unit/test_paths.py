@@ -15,6 +15,7 @@ from quantverdict.config.compose import compose
 from quantverdict.processes import procs
 from quantverdict.processes.envs import SRC_DIR, StageEnv
 from quantverdict.processes.runner import StageError, run_stage
+from quantverdict.results.stage_results import MaterializeResult
 from quantverdict.results.tracking import sqlite_path
 
 
@@ -50,7 +51,14 @@ def test_stage_spec_and_result_cross_a_folder_with_spaces(tmp_path: Path) -> Non
     work = tmp_path / "out dir" / "my job"
     env = StageEnv("probe", sys.executable, {"PYTHONPATH": str(SRC_DIR)})
     with pytest.raises(StageError) as err:
-        run_stage(env, "materialize", {"model": {"path": str(tmp_path / "a model dir")}}, work, timeout_s=120)
+        run_stage(
+            env,
+            "materialize",
+            {"model": {"path": str(tmp_path / "a model dir")}},
+            work,
+            MaterializeResult,
+            timeout_s=120,
+        )
     assert "died without a result" not in str(err.value)
     result = json.loads((work / "materialize.result.json").read_text())
     assert result["status"] == "failed" and err.value.child_traceback == result["traceback"]

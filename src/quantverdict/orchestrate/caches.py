@@ -31,6 +31,12 @@ from quantverdict.orchestrate.hub import HubModel
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import StageInfo
+from quantverdict.results.stage_results import (
+    CpuProbeResult,
+    MaterializeResult,
+    QuantizeResult,
+    SanityResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +150,7 @@ def _materialize_locked(
     spec = {"model": source, "out_dir": str(target), "cache_root": str(cache), **(extra or {})}
     if hub is not None:
         spec["hub"] = hub.spec()
-    result = run_stage(env, "materialize", spec, out)
-    return {k: v for k, v in result.items() if k not in ("status", "wall_s")}
+    return run_stage(env, "materialize", spec, out, MaterializeResult).payload()
 
 
 def checkpoint_key(
@@ -262,8 +267,7 @@ def _quantize_locked(
         "sanity": sanity_bounds(cfg),
         "save_format": fmt.save_format if (fmt := schemes.FORMATS.get(cfg.scheme.label)) else None,
     }
-    result = run_stage(env, "quantize", spec, out)
-    result = {k: v for k, v in result.items() if k != "status"}
+    result = run_stage(env, "quantize", spec, out, QuantizeResult).model_dump(exclude={"status"}, exclude_unset=True)
     done.write_text(json.dumps(result, indent=2))
     verdict = {"checked": "when made", **result.get("sanity", {}), "bounds": spec["sanity"]}
     digest = write_checksums(target, verdict)
@@ -337,8 +341,7 @@ def check_sanity(cfg: Config, env: StageEnv, model: dict[str, Any], folder: Path
         result, how = stored["result"], "recorded"
     else:
         spec = {"source_path": model["path"], "checkpoint_path": str(folder)}
-        result = run_stage(env, "checkpoint_sanity", spec, out)
-        result = {k: v for k, v in result.items() if k != "status"}
+        result = run_stage(env, "checkpoint_sanity", spec, out, SanityResult).model_dump(exclude={"status"})
         how = "now"
     reason = sanity.judge(result, **bounds)
     if reason:
@@ -426,8 +429,8 @@ def cpu_capabilities(
     if path.is_file():
         cached = json.loads(path.read_text())
         return cpu_caps.CpuCapabilities.from_probe(cached["serve"]), cached["quantize"]["torch"]
-    serve = run_stage(serve_env, "cpu_probe", {"vllm": True}, out)
-    quant = run_stage(quant_env, "cpu_probe", {"vllm": False}, out / "quantize_env")
+    serve = run_stage(serve_env, "cpu_probe", {"vllm": True}, out, CpuProbeResult).model_dump()
+    quant = run_stage(quant_env, "cpu_probe", {"vllm": False}, out / "quantize_env", CpuProbeResult).model_dump()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"serve": serve, "quantize": quant}, indent=2))

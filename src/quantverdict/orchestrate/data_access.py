@@ -33,6 +33,7 @@ from quantverdict.config import schemes
 from quantverdict.config.schema import KNOWN_TASKS, Config, ConfigError
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
+from quantverdict.results.stage_results import TaskCheckResult
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,8 @@ def check_task_names(cfg: Config, env: StageEnv, cache: Path, out: Path) -> str:
     if key_file.is_file():
         result = json.loads(key_file.read_text())
     else:
-        result = run_stage(env, "task_check", {"tasks": names, "include_path": include}, out, TASK_CHECK_TIMEOUT_S)
+        spec = {"tasks": names, "include_path": include}
+        result = run_stage(env, "task_check", spec, out, TaskCheckResult, TASK_CHECK_TIMEOUT_S).model_dump()
     bad = task_check.problems(result, include)
     if bad:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(bad))

@@ -33,6 +33,7 @@ from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import Record, StageInfo, git_state, host_environment, load, now_iso
+from quantverdict.results.stage_results import EvaluateResult
 from quantverdict.results.tracking import Tracker
 from quantverdict.serving import lifecycle
 from quantverdict.serving.server import VLLMServer
@@ -489,8 +490,7 @@ def _evaluate(
         }
     if cfg.eval.backend == "vllm" and cfg.kv.cache_dtype != "auto":  # lm-eval's own engine quantizes the cache too
         spec["eval"]["vllm_args"] = {**spec["eval"]["vllm_args"], "kv_cache_dtype": cfg.kv.cache_dtype}
-    result = run_stage(env, "evaluate", spec, out)
-    accuracy = {k: v for k, v in result.items() if k != "status"}
+    accuracy = run_stage(env, "evaluate", spec, out, EvaluateResult).model_dump(exclude={"status"})
     if isinstance(accuracy.get("settings"), dict):  # the KV cache the scores were computed with (not a delta setting)
         accuracy["settings"]["kv_cache_dtype"] = cfg.kv.cache_dtype if cfg.eval.backend != "hf" else "auto"
     return accuracy

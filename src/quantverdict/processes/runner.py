@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
@@ -21,21 +23,27 @@ class StageError(RuntimeError):
         self.log_path = log_path
 
 
+R = TypeVar("R", bound=BaseModel)
+
+
 def run_stage(
     env: StageEnv,
     stage: str,
     spec: dict[str, Any],
     workdir: Path,
+    result_type: type[R],
     timeout_s: float | None = None,
-) -> dict[str, Any]:
-    """Run ``quantverdict.children.<stage>`` in ``env`` with ``spec``; return its result dict.
+) -> R:
+    """Run ``quantverdict.children.<stage>`` in ``env`` with ``spec``; return its result as ``result_type``
+    (a model of :mod:`quantverdict.results.stage_results`), validated where it crosses back.
 
     The child leads its own process group and is stopped with its group on timeout, Ctrl-C or
     SIGTERM. Files: ``workdir/<stage>.spec.json``, ``<stage>.result.json``, ``<stage>.log``.
 
     Raises:
         StageError: the child reported a failure (its exception line), or died without writing a result (the
-            root cause from its log, :func:`quantverdict.processes.procs.root_cause`, when there is one).
+            root cause from its log, :func:`quantverdict.processes.procs.root_cause`, when there is one), or
+            returned a result that does not match ``result_type`` (the keys named).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / f"{stage}.spec.json"
@@ -55,4 +63,10 @@ def run_stage(
     result: dict[str, Any] = json.loads(result_path.read_text())
     if result.get("status") != "ok":
         raise StageError(stage, str(result.get("error")), result.get("traceback"), log_path)
-    return result
+    try:
+        return result_type.model_validate(result)
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors()[:5])
+        raise StageError(
+            stage, f"its result ({result_path}) does not match {result_type.__name__}: {wrong}", log_path=log_path
+        ) from exc

@@ -25,6 +25,7 @@ from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import Record
+from quantverdict.results.stage_results import HbmResult
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
@@ -60,7 +61,7 @@ def new_server(
         server_cfg = dataclasses.replace(server_cfg, extra_args=[*server_cfg.extra_args, *cfg.model.serve_args])
     hbm = None
     if cfg.env.device == "cuda":  # the roofline's bandwidth, measured before the server takes the GPU
-        hbm = {k: v for k, v in run_stage(env, "hbm", {"gib": 4, "iters": 20}, out).items() if k != "status"}
+        hbm = run_stage(env, "hbm", {"gib": 4, "iters": 20}, out, HbmResult).model_dump(exclude={"status"})
         rec.speed["hbm_copy"] = hbm
     server = VLLMServer(
         env=env,

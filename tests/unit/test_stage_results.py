@@ -1,0 +1,55 @@
+"""A child stage's result is validated where its JSON crosses back (quantverdict.results.stage_results)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import StageError, run_stage
+from quantverdict.results.stage_results import HbmResult, SanityResult
+
+HBM = {"copy_bytes_per_s": 4.2e12, "copy_gbps": 4200.0, "buffer_bytes": 4 << 30, "iters": 20, "device": "H200"}
+
+
+def _child(tmp_path: Path, result: dict) -> StageEnv:
+    """A stage environment whose every stage writes ``result`` (a real child process, no stage code)."""
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    script = tmp_path / "child.py"  # called as: child.py SPEC_JSON RESULT_JSON
+    script.write_text(f"import shutil, sys\nshutil.copy({str(tmp_path / 'result.json')!r}, sys.argv[2])\n")
+
+    class Env(StageEnv):
+        def module(self, module: str, *args: str) -> list[str]:
+            return [sys.executable, str(script), *args]
+
+    return Env("serve", sys.executable)
+
+
+def test_a_result_that_matches_its_stage_is_returned_typed(tmp_path: Path) -> None:
+    env = _child(tmp_path, {"status": "ok", **HBM, "wall_s": 1.5})
+    got = run_stage(env, "hbm", {}, tmp_path / "work", HbmResult)
+    assert got.copy_gbps == 4200.0 and got.buffer_bytes == 4 * 1024**3 and got.wall_s == 1.5
+    assert got.payload() == HBM  # what the record keeps: no status, no wall_s
+
+
+@pytest.mark.parametrize(
+    ("result", "says"),
+    [
+        ({**HBM, "copy_gbs": 1.0}, "copy_gbs: Extra inputs are not permitted"),  # a key the model does not name
+        ({k: v for k, v in HBM.items() if k != "iters"}, "iters: Field required"),
+        ({**HBM, "iters": "twenty"}, "iters: Input should be a valid integer"),
+    ],
+)
+def test_a_result_that_does_not_match_fails_the_stage_naming_the_key(tmp_path: Path, result: dict, says: str) -> None:
+    env = _child(tmp_path, {"status": "ok", **result, "wall_s": 1.0})
+    with pytest.raises(StageError, match=f"stage hbm failed: its result .* does not match HbmResult: {says}"):
+        run_stage(env, "hbm", {}, tmp_path / "work", HbmResult)
+
+
+def test_a_failed_child_is_reported_before_its_result_is_typed(tmp_path: Path) -> None:
+    env = _child(tmp_path, {"status": "failed", "error": "ValueError: no such model", "traceback": "tb", "wall_s": 0.1})
+    with pytest.raises(StageError, match="stage checkpoint_sanity failed: ValueError: no such model"):
+        run_stage(env, "checkpoint_sanity", {}, tmp_path / "work", SanityResult)
