@@ -58,11 +58,12 @@ test-unit: $(VENV)/.ready
 test-browser: $(VENV)/.ready browser
 	$(TEST_ENV) $(VPY) -m pytest tests -q -m browser
 
-# lint rules, types on src/, import contracts: ruff, mypy and import-linter as pinned in
-# requirements/orchestrator.txt and configured in pyproject.toml
+# lint rules, types on src/ (strict on the record and the review), import contracts: ruff, mypy and import-linter
+# as pinned in requirements/dev.txt and configured in pyproject.toml
 lint: $(VENV)/.ready format-check
 	$(VPY) -m ruff check src pipelines tests
 	$(VPY) -m mypy src
+	$(VPY) -m mypy --strict src/quantverdict/results
 	$(VENV)/bin/lint-imports
 
 format-check: $(VENV)/.ready

@@ -144,7 +144,7 @@ def stopped_stage(rec: dict[str, Any]) -> str | None:
     stages = rec.get("stages") or {}
     running = [k for k, v in stages.items() if isinstance(v, dict) and v.get("status") == "running"]
     if running:
-        return running[0]
+        return str(running[0])
     return f"after {list(stages)[-1]}" if stages else None
 
 
