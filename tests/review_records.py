@@ -151,7 +151,7 @@ def record(
         },
         "model": {"dims": DIMS, "num_parameters": 134_515_008},
         "memory": {
-            "checkpoint": {"total_weight_bytes": int(w * GIB), "effective_bits_per_quantized_weight": float(wbits)},
+            "checkpoint": {"total_weight_bytes": int(w * GIB), "effective_bits_per_weight": float(wbits)},
             "server": {
                 "weights_gib": w,
                 "kv_cache_gib": 1.0,

@@ -125,8 +125,8 @@ def test_data_sources(tmp_path: Path) -> None:
 
 
 def test_headline_of_a_task() -> None:
-    em = TaskResult.from_dict({"exact_match": 0.5, "headline_metric": "exact_match", "higher_is_better": True})
-    ter = TaskResult.from_dict({"ter": 30.0, "bleu": 10.0, "headline_metric": "ter", "higher_is_better": False})
+    em = TaskResult.model_validate({"exact_match": 0.5, "headline_metric": "exact_match", "higher_is_better": True})
+    ter = TaskResult.model_validate({"ter": 30.0, "bleu": 10.0, "headline_metric": "ter", "higher_is_better": False})
     assert headline_of("qv_gen", {}, em) == ("exact_match", True)
     assert headline_of("qv_mt", {}, ter) == ("ter", False)
     assert headline_of("qv_mt", {"qv_mt": "bleu"}, ter) == ("bleu", True)  # eval.headline wins; its direction

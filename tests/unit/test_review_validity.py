@@ -187,8 +187,12 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
     (flag,) = dtype_flags(view(w4), view(base))
     assert flag.code == "dtype_mismatch" and "16-bit activations only" in flag.message
     assert dtype_flags(view(rec({"value": "float32", "chosen_by": "cpu", "why": ""})), view(base)) == []
-    # older records: the config's dtype, and "auto" is the checkpoint's (the model's dtype)
-    assert served_dtype(view(rec(None, "float32"))) == "float32" and served_dtype(view(rec(None))) == "bfloat16"
-    (older,) = dtype_flags(view(rec(None)), view(rec(None, "float32")))
-    assert older.code == "dtype_mismatch" and "bfloat16, its baseline in float32" in older.message
+
+    # older records (read migrated): the config's dtype, and "auto" is the checkpoint's (the model's dtype)
+    def older(config_dtype: str = "auto") -> JobRecord:
+        return JobRecord.from_dict({**rec(None, config_dtype), "schema_version": 2, "tool": {"name": "quantverdict"}})
+
+    assert served_dtype(older("float32")) == "float32" and served_dtype(older()) == "bfloat16"
+    (older_flag,) = dtype_flags(older(), older("float32"))
+    assert older_flag.code == "dtype_mismatch" and "bfloat16, its baseline in float32" in older_flag.message
     assert served_dtype(view({"speed": {"points": []}})) is None  # nothing served, nothing to compare

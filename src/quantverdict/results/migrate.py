@@ -9,7 +9,12 @@ other module branches on a record's version or on keys an older version lacked. 
   completed, :func:`quantverdict.measure.validity.point_valid`), ``saturated``
   (:func:`quantverdict.measure.validity.point_saturated`), and ``offered_rate_rps`` (``"inf"`` where older
   records wrote null for a closed loop or a burst); ``speed.dtype`` (the compute dtype the server ran in)
-  where older records only kept the configured ``bench.server.dtype``.
+  where older records only kept the configured ``bench.server.dtype`` (``auto``: the checkpoint's dtype,
+  ``config.model.dtype``); the checkpoint's ``effective_bits_per_weight`` under that name (early records wrote
+  ``effective_bits_per_quantized_weight``).
+
+The current version is validated against its model (:class:`quantverdict.results.record.JobRecord`) when
+written and when read: a key a section does not name is refused.
 
 A migrated record keeps the version it was written in as ``migrated_from``; a record of the current version is
 returned as read.
@@ -62,6 +67,10 @@ def upgrade(data: dict[str, Any], where: str = "record") -> dict[str, Any]:
 
 
 def _v2_to_v3(data: dict[str, Any]) -> None:
+    checkpoint = (data.get("memory") or {}).get("checkpoint")
+    if isinstance(checkpoint, dict) and "effective_bits_per_quantized_weight" in checkpoint:
+        bits = checkpoint.pop("effective_bits_per_quantized_weight")
+        checkpoint.setdefault("effective_bits_per_weight", bits)
     speed = data.get("speed")
     if not isinstance(speed, dict):
         return

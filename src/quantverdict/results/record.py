@@ -21,14 +21,19 @@ import platform
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from quantverdict import RECORD_SCHEMA_VERSION, __version__
 from quantverdict.results import migrate
 
 RECORD_FILE = "record.json"
+# the key a reader adds to a record dict it loaded: the folder the record.json was read from (a review finds the
+# job's eval/ samples and benchmark result files there)
+SOURCE_DIR_KEY = "_review_dir"
 
 
 def now_iso() -> str:
@@ -66,11 +71,18 @@ class Record:
         return asdict(self)
 
     def save(self, out_dir: Path) -> Path:
-        """Write ``out_dir/record.json`` atomically (temp file + rename)."""
+        """Write ``out_dir/record.json`` atomically (temp file + rename), validated against :class:`JobRecord`.
+
+        Raises:
+            pydantic.ValidationError: a key a section does not name or a value of the wrong type (nothing is
+                written; the record saved before stays).
+        """
+        data = json.loads(json.dumps(self.to_dict(), default=str, allow_nan=True))  # as a reader will see it
+        JobRecord.view(data)
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / RECORD_FILE
         tmp = path.with_name(f".{RECORD_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=str, allow_nan=True))
+        tmp.write_text(json.dumps(data, indent=2, allow_nan=True))
         tmp.replace(path)
         return path
 
@@ -79,14 +91,20 @@ def load(path: Path) -> dict[str, Any]:
     """Read a record (a ``record.json`` path or the job folder holding it) as a dict.
 
     Raises:
-        ValueError: the file is not a quantverdict record of a schema version this code reads.
+        ValueError: the file is not a quantverdict record of a schema version this code reads, or does not match
+            the record's model (:class:`JobRecord`: a key its section does not name, a value of the wrong type).
     """
     if path.is_dir():
         path = path / RECORD_FILE
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a quantverdict record")
-    return migrate.upgrade(data, str(path))
+    data = migrate.upgrade(data, str(path))
+    try:
+        JobRecord.view(data)
+    except ValidationError as exc:
+        raise ValueError(f"{path} does not match the record's model: {exc}") from exc
+    return data
 
 
 # MLflow's artifact store (conf/tracking: <output_root>/mlartifacts) holds copies of logged records
@@ -159,128 +177,86 @@ def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The typed model a reader gets (JobRecord): one dataclass per section, read from a record dict (older versions
-# migrated).
+# The typed model (JobRecord): one pydantic model per section. A key a section does not name is refused when a
+# record is written (Record.save) and when one is read (load, after migrate.upgrade); blocks a section keeps as
+# written (lm-eval's settings, a GPU's nvidia-smi fields, the resolved config) are typed as JSON objects.
 
-_S = TypeVar("_S", bound="Section")
+JsonObject = dict[str, Any]
 
 
-@dataclass
-class Section:
-    """A record section: the keys a reader names as typed fields, every other key in ``extra``.
+class Section(BaseModel):
+    """A record section: the keys it may hold, each typed; any other key is refused.
 
-    :meth:`from_dict` keeps the section's key order and which named keys were absent, so :meth:`to_dict`
-    gives back a dict equal to (and ordered like) the one read. Subclasses name nested sections in
-    ``NESTED`` (field -> section class) and lists of sections in ``NESTED_LISTS``.
+    :meth:`to_dict` gives back the keys the section was read with (``exclude_unset``), so a record read and
+    written again is the one read; :meth:`has` says whether a key was present, :meth:`is_empty` whether any was.
+    A section given as null reads as empty.
     """
 
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)
-    _keys: list[str] | None = field(default=None, repr=False, compare=False)  # None: not read from a dict
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    NESTED: ClassVar[dict[str, type[Section]]] = {}
-    NESTED_LISTS: ClassVar[dict[str, type[Section]]] = {}
-
+    @model_validator(mode="before")
     @classmethod
-    def _named(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name not in ("extra", "_keys")]
+    def _null_is_empty(cls, data: Any) -> Any:
+        return {} if data is None else data
 
-    @classmethod
-    def from_dict(cls: type[_S], data: dict[str, Any] | None) -> _S:
-        """The section read from its dict (None or a missing section: every field at its default)."""
-        data = data if isinstance(data, dict) else {}
-        named = set(cls._named())
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key not in named:
-                continue
-            if key in cls.NESTED:
-                if not isinstance(value, dict):  # null or malformed: kept as read, the field stays empty
-                    continue
-                value = cls.NESTED[key].from_dict(value)
-            elif key in cls.NESTED_LISTS:
-                if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                    continue
-                value = [cls.NESTED_LISTS[key].from_dict(v) for v in value]
-            kwargs[key] = value
-        section = cls(**kwargs)
-        section.extra = {k: v for k, v in data.items() if k not in named or k not in kwargs}
-        section._keys = list(data)
-        return section
-
-    def to_dict(self) -> dict[str, Any]:
-        """The section as the record's JSON holds it: the keys read, in their order (every field for a section
-        built, not read)."""
-        named = self._named()
-        keys = named if self._keys is None else self._keys
-        out: dict[str, Any] = {}
-        for key in keys:
-            if key in self.extra:
-                out[key] = self.extra[key]
-            elif key in named:
-                out[key] = _plain(getattr(self, key))
-        for key, value in self.extra.items():
-            out.setdefault(key, value)
-        return out
+    def to_dict(self) -> JsonObject:
+        """The section as the record's JSON holds it: the keys read (every field for a section built, not read)."""
+        return self.model_dump(mode="python", exclude_unset=True, by_alias=True)
 
     def is_empty(self) -> bool:
         """True for a section the record lacked, held as null, or held as ``{}``."""
-        return not self._keys
+        return not self.model_fields_set
 
     def has(self, key: str) -> bool:
         """Whether the record held ``key`` in this section (a field at its default was absent)."""
-        return self._keys is not None and key in self._keys
+        return key in self.model_fields_set
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Section):
-        return value.to_dict()
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+class Tool(Section):
+    """``tool``: the writer: ``name`` (always ``quantverdict``), its ``version``, the checkout's ``git_commit``
+    and whether tracked files differed from it (``git_dirty``; None when unknown)."""
+
+    name: str | None = None
+    version: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
 
 
-def _section_map(section: Section, name: str, kind: type[_S]) -> dict[str, _S]:
-    """``section.<name>``, a dict of dicts, as a dict of ``kind`` sections; anything else is kept as read (in
-    ``extra``) and the field is an empty dict."""
-    value = getattr(section, name)
-    if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
-        return {k: kind.from_dict(v) for k, v in value.items()}
-    if section.has(name):
-        section.extra[name] = value
-    return {}
-
-
-@dataclass
 class JobInfo(Section):
-    """``job``: which job this is and where it ran."""
+    """``job``: which job this is, where it ran, and what it resumed from."""
 
     id: str | None = None
     model: str | None = None
-    scheme: str | None = None
+    scheme: str | None = None  # the weight scheme, with "+kv-<kv>" when the KV cache is quantized
     scheme_label: str | None = None
+    weight_scheme: str | None = None
+    kv: str | None = None
+    kv_cache_dtype: str | None = None
     config_hash: str | None = None
     output_dir: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
     resumed_from: str | None = None
+    resumed_attempt: JsonObject | None = None  # {"from", "status", "stages_reused"}
+    resume_key: str | None = None
+    resume_inputs: JsonObject | None = None  # {"config_hash", "pins_sha256", "calibration_sha256"}
 
 
-@dataclass
 class Environment(Section):
     """``environment``: host, device (``cpu``/``cuda``), GPUs and each stage environment's package versions."""
 
-    host: dict[str, Any] | None = None
+    host: JsonObject | None = None  # hostname, platform, python, cpu_count, cpu_model
     device: str | None = None
-    gpu: list[dict[str, Any]] | None = None
-    cpu: dict[str, Any] | None = None  # the probed CPU (quantverdict.config.cpu_caps)
-    quantize: dict[str, Any] | None = None
-    serve: dict[str, Any] | None = None
+    env: JsonObject | None = None  # the env config chosen: name, picked_by, wheelhouse, system_site_packages
+    gpu: list[JsonObject] | None = None  # nvidia-smi fields per GPU (orchestrate/hardware.py)
+    cpu: JsonObject | None = None  # the probed CPU (quantverdict.config.cpu_caps)
+    dtypes: JsonObject | None = None  # {"serve"|"evaluate": {"dtype", "chosen_by", "why"}}
+    pins: JsonObject | None = None  # the stage environments' requirement pins
+    quantize: dict[str, str | None] | None = None
+    serve: dict[str, str | None] | None = None
     gpus_used: int | None = None  # cuda: GPUs the job's server shards over (bench.server.tensor_parallel_size)
 
 
-@dataclass
 class Stage(Section):
     """``stages.<name>``: a stage's status, wall time (s) and detail (the reader's view of :class:`StageInfo`)."""
 
@@ -289,20 +265,27 @@ class Stage(Section):
     detail: str | None = None
 
 
-@dataclass
 class CheckpointMemory(Section):
-    """``memory.checkpoint``: the checkpoint's bytes on disk (safetensors headers), by dtype and role."""
+    """``memory.checkpoint``: the checkpoint's bytes on disk (safetensors headers), by dtype and role
+    (:func:`quantverdict.measure.memory.checkpoint_memory`)."""
 
     total_weight_bytes: int | None = None
     weights_gib: float | None = None
     bytes_by_dtype: dict[str, int] | None = None
     bytes_by_role: dict[str, int] | None = None
     num_tensors: int | None = None
+    files: list[Any] | None = None
     quantized_modules: int | None = None
+    quantized_weight_bytes: int | None = None
+    quantized_weight_elements: int | None = None
+    quantized_weight_rows: int | None = None
+    quantized_metadata_bytes: int | None = None
+    g_idx_elements: int | None = None
     effective_bits_per_weight: float | None = None
+    predicted_weight_bytes: float | None = None
+    not_measured: str | None = None
 
 
-@dataclass
 class ServerMemory(Section):
     """``memory.server``: what vLLM's server log said (GiB, tokens, kernels; :mod:`quantverdict.measure.vllm_log`)."""
 
@@ -320,126 +303,203 @@ class ServerMemory(Section):
     max_concurrency_request_tokens: int | None = None
     kernels: list[Any] | None = None
     activation_quantized: bool | None = None
+    compute: str | None = None  # native | emulated (the kernel check)
+    compute_reason: str | None = None
     fallback: str | bool | None = None
     fallback_lines: list[str] | None = None
     unquantized_gemm_fallback: bool | None = None
+    weights_load_s: float | None = None
+    engine_init_s: float | None = None
+    compile_s: float | None = None
+    compile_cache_hit: bool | None = None
+    graph_capture_s: float | None = None
+    warmup_after_capture_s: float | None = None
+    evidence: JsonObject | None = None  # the log line behind each figure
 
 
-@dataclass
 class Memory(Section):
-    """``memory``: the checkpoint's and the server's."""
+    """``memory``: the checkpoint's, the server's, and the predicted weight bytes checked against the measured."""
 
-    checkpoint: CheckpointMemory = field(default_factory=CheckpointMemory)
-    server: ServerMemory = field(default_factory=ServerMemory)
+    checkpoint: CheckpointMemory = Field(default_factory=CheckpointMemory)
+    server: ServerMemory = Field(default_factory=ServerMemory)
+    prediction: JsonObject | None = None
 
-    NESTED: ClassVar[dict[str, type[Section]]] = {"checkpoint": CheckpointMemory, "server": ServerMemory}
 
-
-@dataclass
 class TaskResult(Section):
     """``accuracy.tasks.<task>``: one lm-eval task's metrics (``acc``, ``acc_norm``, ``word_perplexity``,
-    ``exact_match`` ..., with ``<metric>_stderr``), ``n`` items; every metric lives in ``extra`` under its lm-eval
-    name, beside ``headline_metric``, ``higher_is_better``, ``output_type`` and ``data_source`` (where the task's
-    documents came from: offline files with their sha256, or the lm-eval task's dataset id and revision)."""
+    ``exact_match`` ..., with ``<metric>_stderr``; any name a task reports, so this section takes keys it does not
+    name), ``n`` items, beside ``headline_metric``, ``higher_is_better``, ``output_type`` and ``data_source`` (where
+    the task's documents came from: offline files with their sha256, or the lm-eval task's dataset id and
+    revision)."""
+
+    model_config = ConfigDict(extra="allow")
 
     n: int | None = None
     limit: int | None = None
 
     def metric(self, name: str) -> Any:
         """The value lm-eval reported as ``name`` (None when absent)."""
-        return getattr(self, name) if name in ("n", "limit") else self.extra.get(name)
+        if name in ("n", "limit"):
+            return getattr(self, name)
+        return (self.model_extra or {}).get(name)
 
 
-@dataclass
 class TokenPerplexity(Section):
     """``accuracy.token_perplexity``: perplexity over fixed token windows of the WikiText-2 test text
     (:mod:`quantverdict.children.token_perplexity`). ``nll_sum`` in nats over ``n_tokens`` scored tokens in
     ``n_windows`` windows; ``window_nll`` (summed NLL in nats per window, window order) and ``window_n_tokens``
-    (scored tokens per window) when the job recorded them (issue #17), else None (older records)."""
+    (scored tokens per window) where the job recorded them."""
 
     token_perplexity: float | None = None
     nll_sum: float | None = None
     n_tokens: int | None = None
+    n_text_tokens: int | None = None
     n_windows: int | None = None
     seq_len: int | None = None
     stride: int | None = None
     max_tokens: int | None = None
+    text: str | None = None
     window_nll: list[float] | None = None
     window_n_tokens: list[int] | None = None
+    eval_s: float | None = None
+    cpu_s: float | None = None
 
     def windows(self) -> tuple[list[float], list[int]] | None:
         """``(window_nll, window_n_tokens)`` when both are lists of one length, else None (no per-window data)."""
         nll, tok = self.window_nll, self.window_n_tokens
-        if not isinstance(nll, list) or not isinstance(tok, list) or len(nll) != len(tok) or not nll:
+        if nll is None or tok is None or len(nll) != len(tok) or not nll:
             return None
         return [float(x) for x in nll], [int(t) for t in tok]
 
 
-@dataclass
 class Accuracy(Section):
     """``accuracy``: task results, token perplexity, settings and checks, or why it was not applicable."""
 
-    tasks: dict[str, TaskResult] = field(default_factory=dict)
-    token_perplexity: dict[str, Any] | None = None
-    settings: dict[str, Any] | None = None
-    checks: dict[str, Any] | None = None
+    tasks: dict[str, TaskResult] = Field(default_factory=dict)
+    token_perplexity: JsonObject | None = None
+    settings: JsonObject | None = None
+    checks: JsonObject | None = None
+    data: JsonObject | None = None  # where each task's documents came from
     samples: dict[str, str] | None = None
+    versions: dict[str, str | None] | None = None
     not_applicable: str | None = None
     # KL divergence to the baseline (children/kld_baseline.py): a scheme's summary, the baseline's stored entry,
     # or {"refused": reason}
-    kld: dict[str, Any] | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Accuracy:
-        acc = super().from_dict(data)
-        acc.tasks = _section_map(acc, "tasks", TaskResult)
-        return acc
+    kld: JsonObject | None = None
+    backend: str | None = None
+    served_model: str | None = None
+    load_s: float | None = None
+    eval_s: float | None = None
+    wall_s: float | None = None
 
     @property
     def token_perplexity_section(self) -> TokenPerplexity:
         """``token_perplexity`` typed (every field None when the record has none); the dict field stays as read."""
-        tp = self.token_perplexity
-        return TokenPerplexity.from_dict(tp if isinstance(tp, dict) else None)
+        return TokenPerplexity.model_validate(self.token_perplexity)
 
 
-@dataclass
 class SweepPoint(Section):
-    """``speed.points[i]``: one benchmark run at one load (times in ms, rates in req/s and tok/s)."""
+    """``speed.points[i]``: one benchmark run at one load (times in ms, rates in req/s and tok/s); the metric
+    families ``ttft``, ``itl``, ``tpot``, ``e2e`` each with ``_ms_mean``/``_p50``/``_p90``/``_p99``, recomputed
+    per request, and vLLM's own as ``vllm_<family>_ms_<stat>``."""
 
     point: str | None = None
-    offered_rate_rps: float | str | None = None  # "inf" for a closed-loop (concurrency) run
+    offered_rate_rps: float | str | None = None  # "inf" for a closed-loop (concurrency) run or a burst
     concurrency: int | None = None
     repeat: int | None = None
+    seed: int | None = None
+    num_prompts: int | None = None
+    warmup_requests: int | None = None
+    warmup_seed: int | None = None
+    attempts: int | None = None
     completed: int | None = None
     failed: int | None = None
+    duration_s: float | None = None
+    min_duration_s: float | None = None
+    window_met: bool | None = None
     achieved_rps: float | None = None
+    sent_rps: float | None = None
+    throughput_rps: float | None = None
+    throughput_tok_s: float | None = None
+    throughput_basis: str | None = None
     output_tok_s: float | None = None
+    total_tok_s: float | None = None
+    input_tokens_total: int | None = None
     output_tokens_total: int | None = None
     output_tokens_requested: int | None = None
+    output_valid: bool | None = None
+    short_requests: int | None = None
+    requests_in_result: int | None = None
+    peak_concurrent_requests: int | None = None
+    ttft_ms_mean: float | None = None
     ttft_ms_p50: float | None = None
+    ttft_ms_p90: float | None = None
     ttft_ms_p99: float | None = None
+    itl_ms_mean: float | None = None
     itl_ms_p50: float | None = None
+    itl_ms_p90: float | None = None
     itl_ms_p99: float | None = None
+    tpot_ms_mean: float | None = None
     tpot_ms_p50: float | None = None
+    tpot_ms_p90: float | None = None
+    tpot_ms_p99: float | None = None
+    e2e_ms_mean: float | None = None
+    e2e_ms_p50: float | None = None
+    e2e_ms_p90: float | None = None
     e2e_ms_p99: float | None = None
+    e2e_source: str | None = None
+    metrics_source: str | None = None
+    itl_per_token: bool | None = None
+    itl_sum_max_err_ms: float | None = None
+    vllm_ttft_ms_mean: float | None = None
+    vllm_ttft_ms_p50: float | None = None
+    vllm_ttft_ms_p90: float | None = None
+    vllm_ttft_ms_p99: float | None = None
+    vllm_itl_ms_mean: float | None = None
+    vllm_itl_ms_p50: float | None = None
+    vllm_itl_ms_p90: float | None = None
+    vllm_itl_ms_p99: float | None = None
+    vllm_tpot_ms_mean: float | None = None
+    vllm_tpot_ms_p50: float | None = None
+    vllm_tpot_ms_p90: float | None = None
+    vllm_tpot_ms_p99: float | None = None
+    vllm_e2e_ms_mean: float | None = None
+    vllm_e2e_ms_p50: float | None = None
+    vllm_e2e_ms_p90: float | None = None
+    vllm_e2e_ms_p99: float | None = None
+    vllm_max_rel_diff: float | None = None
+    steady_window_s: float | None = None
+    steady_rps: float | None = None
+    steady_arrival_rps: float | None = None
+    steady_arrivals: int | None = None
+    steady_completions: int | None = None
+    steady_output_tok_s: float | None = None
+    steady_reason: str | None = None
     saturated: bool | None = None
+    saturation_ratio: float | None = None
+    saturation_basis: str | None = None
     valid: bool | None = None
     invalid_reasons: list[str] | None = None
-    # issue 16 (absent in older records): the point's seed, the server's /metrics counters around it, the
-    # client's overhead (wall - measured window)
-    seed: int | None = None
+    # the server's /metrics counters around the point, and the point's own repeated prompts
     prefix_cache_hit_rate: float | None = None
-    # hits beyond the point's own repeated prompts / tokens looked up (the judged rate; measure/prompt_repeats.py)
-    prefix_cache_excess_hit_rate: float | None = None
+    prefix_cache_excess_hit_rate: float | None = None  # hits beyond the point's own repeated prompts (judged)
+    prefix_cache_hits: int | None = None
+    prefix_cache_queries: int | None = None
     prompt_repeat_rate: float | None = None
+    prompt_repeat_tokens: int | None = None
     server_prompt_tokens: int | None = None
     server_generation_tokens: int | None = None
+    server_preemptions: int | None = None
+    prompt_tokens_rel_diff: float | None = None
+    generation_tokens_rel_diff: float | None = None
+    client_wall_s: float | None = None
     client_overhead_s: float | None = None
+    request_times: dict[str, list[float]] | None = None  # {"start_s", "end_s"}, from the first request
+    result_file: str | None = None
 
 
-@dataclass
 class LoadLevel(Section):
-    """``speed.summary[i]``: the repeats of one load aggregated (``metrics``: key -> {median, min, max})."""
+    """``speed.summary[i]``: the repeats of one load aggregated (``metrics``: key -> {median, min, max, n})."""
 
     offered_rate_rps: float | str | None = None
     concurrency: int | None = None
@@ -448,109 +508,128 @@ class LoadLevel(Section):
     invalid_points: list[str] | None = None
     saturated_repeats: int | None = None
     saturated: bool | None = None
+    throughput_basis: str | None = None
     metrics: dict[str, dict[str, float] | None] | None = None
 
 
-@dataclass
 class Speed(Section):
     """``speed``: the serving sweep's points, their per-load summary, the kernel check and the roofline."""
 
     mode: str | None = None
     served_model: str | None = None
+    unsupported: str | None = None  # why this scheme was not served here
     # the server's address: host, port (the one it listened on), requested_port, strict_port, start_attempts
-    # (absent in older records; quantverdict.serving.server.VLLMServer.endpoint)
-    server: dict[str, Any] | None = None
-    points: list[SweepPoint] = field(default_factory=list)
-    summary: list[LoadLevel] = field(default_factory=list)
-    kernel_check: dict[str, Any] | None = None
-    roofline: dict[str, Any] | None = None
-    sustained_ceiling: dict[str, Any] | None = None
-    hbm_copy: dict[str, Any] | None = None
+    # (quantverdict.serving.server.VLLMServer.endpoint)
+    server: JsonObject | None = None
+    points: list[SweepPoint] = Field(default_factory=list)
+    summary: list[LoadLevel] = Field(default_factory=list)
+    kernel_check: JsonObject | None = None
+    roofline: JsonObject | None = None
+    sustained_ceiling: JsonObject | None = None
+    hbm_copy: JsonObject | None = None
     server_start_s: float | None = None
-    dtype: dict[str, Any] | None = None  # {"value", "chosen_by", "why"}: the compute dtype the pipeline chose
-    # issue 16 (absent in older records): start, compile, graph capture, windows, client overhead (seconds)
-    time_split: dict[str, Any] | None = None
+    sweep_wall_s: float | None = None
+    sweep_client: JsonObject | None = None  # the client process's import, calibration and gate times (s)
+    dtype: JsonObject | None = None  # {"value", "chosen_by", "why"}: the compute dtype the pipeline chose
+    time_split: JsonObject | None = None  # start, compile, graph capture, windows, client overhead (s)
 
-    NESTED_LISTS: ClassVar[dict[str, type[Section]]] = {"points": SweepPoint, "summary": LoadLevel}
 
-
-@dataclass
 class ModelInfo(Section):
-    """``model``: the model's path, architecture, dimensions (``dims``) and source."""
+    """``model``: the model's path, architecture, dimensions (``dims``), source and, for a hub model, the
+    commit its revision resolved to."""
 
     path: str | None = None
     architecture: str | None = None
     model_type: str | None = None
-    dims: dict[str, Any] | None = None
+    dims: JsonObject | None = None
     num_parameters: int | None = None
     dtype: str | None = None
     source: str | None = None
+    load_format: str | None = None
+    hf_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
     baseline_note: str | None = None
+    model: JsonObject | None = None  # the model config the job materialized (config.model)
 
 
-@dataclass
 class Checkpoint(Section):
-    """``checkpoint``: the checkpoint a job served (path, cache key, whether cached and quantized)."""
+    """``checkpoint``: the checkpoint a job served (path, cache key, whether cached and quantized) and what the
+    quantize stage reported of it (:class:`quantverdict.results.stage_results.QuantizeResult`)."""
 
     path: str | None = None
+    proxy_path: str | None = None
     key: str | None = None
     cached: bool | None = None
     quantized: bool | None = None
+    sha256: str | None = None
+    load_format: str | None = None
+    quantization_config: JsonObject | None = None
+    versions: dict[str, str | None] | None = None
+    quantized_modules: int | None = None
+    scheme_modules_in_memory: int | None = None
+    calibration: JsonObject | None = None
+    logits_finite: bool | None = None
+    prompt_nll: dict[str, float] | None = None
+    sanity: JsonObject | None = None
+    set_aside: list[JsonObject] | None = None
+    compute_dtype: str | None = None
+    smoothing: JsonObject | None = None
+    saved_dtype: str | None = None
+    kept_16bit: JsonObject | None = None
+    memory: JsonObject | None = None
+    quantize_s: float | None = None
+    save_s: float | None = None
+    verify_s: float | None = None
+    wall_s: float | None = None
 
 
-@dataclass
 class JobRecord(Section):
     """One job's record, typed (the current schema version; older ones migrated on read). ``config`` is the job's
-    config snapshot (a dict); ``status`` is ``running`` | ``ok`` | ``failed`` | ``interrupted`` with
-    ``failed_stage``, ``error``, ``traceback``."""
+    resolved config (a JSON object; :func:`quantverdict.config.compose.job_config` types it); ``status`` is
+    ``running`` | ``ok`` | ``failed`` | ``interrupted`` with ``failed_stage``, ``error``, ``traceback``."""
 
     schema_version: int | None = None
-    tool: dict[str, str] | None = None
-    job: JobInfo = field(default_factory=JobInfo)
-    config: dict[str, Any] = field(default_factory=dict)
-    environment: Environment = field(default_factory=Environment)
+    migrated_from: int | None = None  # the version an older record was written in (results/migrate.py)
+    tool: Tool = Field(default_factory=Tool)
+    job: JobInfo = Field(default_factory=JobInfo)
+    config: JsonObject = Field(default_factory=dict)
+    environment: Environment = Field(default_factory=Environment)
     status: str | None = None
     failed_stage: str | None = None
     error: str | None = None
     traceback: str | None = None
-    stages: dict[str, Stage] = field(default_factory=dict)
-    model: ModelInfo = field(default_factory=ModelInfo)
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
-    memory: Memory = field(default_factory=Memory)
-    accuracy: Accuracy = field(default_factory=Accuracy)
-    speed: Speed = field(default_factory=Speed)
+    stages: dict[str, Stage] = Field(default_factory=dict)
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    memory: Memory = Field(default_factory=Memory)
+    accuracy: Accuracy = Field(default_factory=Accuracy)
+    speed: Speed = Field(default_factory=Speed)
     notes: list[str] | None = None
-
-    NESTED: ClassVar[dict[str, type[Section]]] = {
-        "job": JobInfo,
-        "environment": Environment,
-        "model": ModelInfo,
-        "checkpoint": Checkpoint,
-        "memory": Memory,
-        "accuracy": Accuracy,
-        "speed": Speed,
-    }
+    # where a review read the record from (quantverdict.review.sources; not part of the written record)
+    source_dir: str | None = Field(default=None, alias="_review_dir")  # SOURCE_DIR_KEY
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> JobRecord:
+    def from_dict(cls, data: JsonObject | None) -> JobRecord:
         """The typed record of a record dict of any readable version (:func:`quantverdict.results.migrate.upgrade`).
 
         Raises:
-            ValueError: ``data`` is not a quantverdict record of a version this code reads.
+            ValueError: ``data`` is not a quantverdict record of a version this code reads, or holds a key its
+                section does not name (:class:`pydantic.ValidationError`, a ValueError).
         """
         return cls.view(migrate.upgrade(data if isinstance(data, dict) else {}))
 
     @classmethod
-    def view(cls, data: dict[str, Any]) -> JobRecord:
-        """The typed view of a record dict, version and tool unchecked (a partial or hand-built record:
-        every section it lacks is empty)."""
-        rec = super().from_dict(data)
-        rec.stages = _section_map(rec, "stages", Stage)
-        if not isinstance(rec.config, dict):
-            rec.extra["config"], rec.config = rec.config, {}
-        return rec
+    def view(cls, data: JsonObject) -> JobRecord:
+        """The typed view of a record dict, version and tool unchecked (a partial or hand-built record: every
+        section it lacks is empty).
 
-    def cfg(self, section: str) -> dict[str, Any]:
+        Raises:
+            pydantic.ValidationError: a key a section does not name, or a value of the wrong type.
+        """
+        return cls.model_validate(data)
+
+    def cfg(self, section: str) -> JsonObject:
         """``config.<section>`` of the config snapshot (``{}`` when absent or null)."""
         value = self.config.get(section)
         return value if isinstance(value, dict) else {}
@@ -570,6 +649,7 @@ def read(path: Path) -> JobRecord:
     """The typed record of ``path`` (a ``record.json`` or the job folder holding it), any readable version.
 
     Raises:
-        ValueError: the file is not a quantverdict record of a version this code reads.
+        ValueError: the file is not a quantverdict record of a version this code reads, or does not match the
+            record's model.
     """
     return JobRecord.from_dict(load(path))

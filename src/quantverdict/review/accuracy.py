@@ -23,7 +23,7 @@ from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_ch
 from quantverdict.results.record import JobRecord, TaskResult
 from quantverdict.review import stats
 from quantverdict.review.kld import kld_deltas
-from quantverdict.review.scorecard import SOURCE_DIR_KEY, TaskDelta
+from quantverdict.review.scorecard import TaskDelta
 from quantverdict.review.stats import Interval
 
 # lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
@@ -35,13 +35,13 @@ NO_WINDOWS = "no per-window data in this record: no interval"
 
 def read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
     """The per-item rows lm-eval wrote for ``task`` (``accuracy.samples``), found where the job wrote them or
-    beside the record it was read from (:data:`SOURCE_DIR_KEY`); None when there are none."""
+    beside the record it was read from (:attr:`JobRecord.source_dir`); None when there are none."""
     path = (rec.accuracy.samples or {}).get(task)
     if not path:
         return None
     p = Path(path)
     # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
-    source_dir = rec.extra.get(SOURCE_DIR_KEY)
+    source_dir = rec.source_dir
     candidates = [Path(source_dir) / "eval" / p.name, Path(source_dir) / p.name] if source_dir else []
     candidates.append(p)
     for c in candidates:

@@ -118,7 +118,7 @@ def _card(
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
             sc.flags.append(Flag(flags.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
-    elif not r.accuracy.tasks and not r.accuracy.extra.get("tasks"):
+    elif not r.accuracy.tasks:
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(r, rc)
     sc.speed["workload"] = workload(r)

@@ -130,12 +130,7 @@ def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], li
     ck, sv = rec.checkpoint_memory, rec.server
     out: dict[str, Any] = {
         "checkpoint_gib": ck.total_weight_bytes / GIB if ck.total_weight_bytes else None,
-        # stages.memory writes effective_bits_per_weight; the other name is that of early hand-built records
-        "bits_per_weight": (
-            ck.effective_bits_per_weight
-            if ck.has("effective_bits_per_weight")
-            else ck.extra.get("effective_bits_per_quantized_weight")
-        ),
+        "bits_per_weight": ck.effective_bits_per_weight,
         "server_weights_gib": sv.weights_gib,
         "server_kv_cache_gib": sv.kv_cache_gib,
         "server_kv_tokens": sv.kv_cache_tokens,

@@ -14,9 +14,6 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review.flags import Flag
 from quantverdict.review.stats import Interval
 
-# record key the loader adds: the folder the record.json was read from (to find eval/samples_*.jsonl)
-SOURCE_DIR_KEY = "_review_dir"
-
 TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
 
 

@@ -7,8 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quantverdict.results.record import RECORD_FILE, find_records, load
-from quantverdict.review.scorecard import SOURCE_DIR_KEY
+from quantverdict.results.record import RECORD_FILE, SOURCE_DIR_KEY, find_records, load
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from quantverdict.measure.goodput import goodput as request_goodput
 from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
-from quantverdict.review.scorecard import SOURCE_DIR_KEY
 
 NO_PER_REQUEST = "no per-request data in this record"
 
@@ -235,12 +234,12 @@ def slo_of(rc: ReviewConfig) -> Slo:
 
 def result_file(rec: JobRecord, p: dict[str, Any]) -> Path | None:
     """The ``--save-detailed`` result file of sweep point ``p``: where the job wrote it, else ``bench/<name>``
-    or ``<name>`` beside the record it was read from (:data:`SOURCE_DIR_KEY`); None when none is found."""
+    or ``<name>`` beside the record it was read from (:attr:`JobRecord.source_dir`); None when none is found."""
     name = p.get("result_file")
     if not name:
         return None
     # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
-    source_dir = rec.extra.get(SOURCE_DIR_KEY)
+    source_dir = rec.source_dir
     candidates = (
         [Path(source_dir) / "bench" / Path(name).name, Path(source_dir) / Path(name).name] if source_dir else []
     )
