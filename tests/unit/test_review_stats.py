@@ -209,3 +209,62 @@ def test_bootstrap_ratio_leaves_out_resamples_with_zero_denominator() -> None:
     assert iv.low == pytest.approx(10 / 3) and iv.high == pytest.approx(10.0)
     with pytest.raises(ValueError, match="denominators is 0"):
         stats.bootstrap_ratio([1, 1], [0, 0])
+
+
+# --- Student's t ----------------------------------------------------------------------------------------------
+
+
+def test_t_interval_by_hand() -> None:
+    # values 1 and 3: mean 2, s = sqrt(2), se = s / sqrt(2) = 1; t_{0.975, 1} = 12.706205 -> [-10.706205, 14.706205]
+    iv = stats.t_interval([1.0, 3.0])
+    assert iv.estimate == pytest.approx(2.0) and iv.n == 2
+    assert iv.low == pytest.approx(-10.706205, abs=1e-6) and iv.high == pytest.approx(14.706205, abs=1e-6)
+    # 90%: t_{0.95, 1} = 6.313752
+    assert stats.t_interval([1.0, 3.0], 0.90).high == pytest.approx(2 + 6.313752, abs=1e-6)
+    # 32 values alternating 0 and 1: mean 0.5, s^2 = 32 * 0.25 / 31 = 0.258065, s = 0.508001, se = 0.0898027;
+    # t_{0.975, 31} = 2.039513 (not the normal 1.96): half = 0.183154
+    iv32 = stats.t_interval([0.0, 1.0] * 16)
+    assert iv32.high - iv32.estimate == pytest.approx(0.183154, abs=1e-6)
+    # zero spread: the interval collapses to the mean
+    flat = stats.t_interval([0.5, 0.5, 0.5])
+    assert (flat.low, flat.high) == (0.5, 0.5)
+    with pytest.raises(stats.TooFewItems, match="n=1"):
+        stats.t_interval([1.0])
+
+
+# --- ratio to the baseline paired by repeat ----------------------------------------------------------------
+
+
+def _pts(values: list[float], conc: int = 256) -> list[dict]:
+    return [{"concurrency": conc, "repeat": r, "output_tok_s": v, "valid": True} for r, v in enumerate(values)]
+
+
+def test_paired_ratio_interval_by_hand() -> None:
+    # ratios 1.20, 1.25, 1.22: logs 0.18232, 0.22314, 0.19885; mean 0.20144, sd 0.020533;
+    # half-width t_{0.975, 2} 4.302653 x 0.020533 / sqrt(3) = 0.05101 -> exp(0.15043) = 1.1623, exp(0.25245) = 1.2872
+    (row,) = stats.paired_ratio(_pts([120, 125, 122]), _pts([100, 100, 100]))
+    assert row["pairs"] == 3 and row["ratios"] == [1.2, 1.25, 1.22]
+    assert row["low"] == pytest.approx(1.1623, abs=1e-4) and row["high"] == pytest.approx(1.2872, abs=1e-4)
+    assert row["ratio"] == pytest.approx(math.exp(0.20144), abs=1e-4) and row["verdict"] == "faster"
+
+
+def test_paired_ratio_no_difference_and_slower() -> None:
+    (row,) = stats.paired_ratio(_pts([95, 105, 100]), _pts([100, 100, 100]))
+    assert row["low"] < 1 < row["high"] and row["verdict"] == "no difference established"
+    (slow,) = stats.paired_ratio(_pts([80, 82, 81]), _pts([100, 100, 100]))
+    assert slow["verdict"] == "slower"
+    # a latency: lower is better, a ratio under 1 is faster
+    (lat,) = stats.paired_ratio(_pts([80, 82, 81]), _pts([100, 100, 100]), higher_is_better=False)
+    assert lat["verdict"] == "faster"
+    # zero spread (0.8 in every repeat): the interval collapses to the ratio
+    (same,) = stats.paired_ratio(_pts([80, 80, 80]), _pts([100, 100, 100]), higher_is_better=False)
+    assert same["low"] == pytest.approx(0.8) and same["high"] == pytest.approx(0.8) and same["verdict"] == "faster"
+
+
+def test_paired_ratio_pairs_by_repeat_and_skips_invalid() -> None:
+    mine = _pts([120, 125, 122])
+    mine[1]["valid"] = False  # a point with prefix-cache hits: not paired
+    (row,) = stats.paired_ratio(mine, _pts([100, 110, 100]))
+    assert row["pairs"] == 2 and row["ratios"] == [1.2, 1.22]
+    (one,) = stats.paired_ratio(_pts([120]), _pts([100]))
+    assert one["ratio"] == pytest.approx(1.2) and one["low"] is None and one["verdict"] == "no difference established"

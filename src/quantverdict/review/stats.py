@@ -13,7 +13,8 @@ independently. Two interval methods are offered:
 The exact McNemar test (McNemar 1947; exact binomial form, e.g. Fagerland et al. 2013) on the
 discordant pairs (``scipy.stats.binomtest``) is reported next to binary metrics. When per-item results
 are missing the review falls back to :func:`unpaired_interval` from the two standard errors (and says
-so).
+so). Speed ratios paired by repeat (:func:`paired_ratio`) get Student's t interval on the log ratios
+(:func:`t_interval`, quantiles from ``scipy.stats.t``).
 
 scipy.stats provides the quantiles, the bootstrap and the binomial test; what is written out here (the
 delta-method standard errors of a ratio, the standard error of a difference of independent estimates)
@@ -31,9 +32,13 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
+
+from quantverdict.measure.sweep_plan import load_of
+from quantverdict.measure.validity import point_valid
 
 
 def z_value(confidence: float) -> float:
@@ -426,6 +431,93 @@ def window_log_ratio_interval(
         iv = bootstrap_ratio(num, den, samples=samples, seed=seed, confidence=confidence, unit="window")
         name = "paired bootstrap of the log perplexity ratio (per-window NLL differences)"
     return Interval(iv.estimate, iv.low, iv.high, name, iv.n, "window")
+
+
+# --- Student's t: speed ratios paired by repeat -----------------------------------------------------------
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95, unit: str = "item") -> Interval:
+    """Student's t interval of the mean of ``values`` (Student, "The probable error of a mean", Biometrika 6,
+    1908): ``mean ± t_{(1+confidence)/2, n-1} · s / sqrt(n)`` with the sample standard deviation ``s`` (n - 1 in
+    the denominator), by ``scipy.stats.t.interval``; zero spread gives the zero-width interval at the mean.
+
+    E.g. values 1 and 3: mean 2, s = sqrt(2), se = 1, t_{0.975, 1} = 12.706205: [-10.706205, 14.706205].
+
+    Raises:
+        TooFewItems: fewer than 2 values.
+    """
+    if len(values) < MIN_ITEMS:
+        raise TooFewItems(len(values), unit)
+    mean, sd = _mean_sd(values)
+    n = len(values)
+    if sd == 0:
+        return Interval(mean, mean, mean, "Student's t", n, unit)
+    low, high = sps.t.interval(confidence, n - 1, loc=mean, scale=sd / math.sqrt(n))
+    return Interval(mean, float(low), float(high), "Student's t", n, unit)
+
+
+def paired_ratio(
+    points: list[dict[str, Any]],
+    baseline_points: list[dict[str, Any]],
+    metric: str = "output_tok_s",
+    mode: str = "concurrency",
+    higher_is_better: bool = True,
+    confidence: float = 0.95,
+) -> list[dict[str, Any]]:
+    """Per load level, the ratio of a scheme's ``metric`` to the baseline's, paired by repeat index, with a
+    Student's t interval and what it establishes.
+
+    Repeat ``r`` of a scheme is paired with repeat ``r`` of the baseline at the same load (same seed, same
+    machine, the same position in the sweep), valid points only (:func:`quantverdict.measure.validity.point_valid`).
+    On the log ratios ``d_r = ln(x_r / b_r)``: mean ``m``, sample standard deviation ``s``, ``n`` pairs; the
+    interval is ``exp(m -+ t_{(1+confidence)/2, n-1} s / sqrt(n))`` (:func:`t_interval` on the logs, so a ratio
+    and its inverse get mirrored intervals). One pair gives a ratio without an interval.
+
+    Args:
+        points: the scheme's parsed points (``repeat``, load keys, ``metric``).
+        baseline_points: the baseline's, from the same plan.
+        metric: a point key, e.g. ``output_tok_s`` or ``throughput_tok_s``.
+        mode: ``rate`` or ``concurrency`` (the load a level is keyed by).
+        higher_is_better: True for throughputs; False for latencies (a ratio below 1 is then "faster").
+        confidence: two-sided coverage of the interval.
+
+    Returns:
+        Sorted by load: ``{"load", "pairs", "ratios" (by repeat), "ratio" (geometric mean), "low", "high"
+        (None under 2 pairs), "verdict"}``; verdict ``faster``, ``slower`` or ``no difference established``
+        (the interval holds 1, or fewer than 2 pairs).
+
+    E.g. ratios 1.20, 1.25, 1.22 (n=3): m = 0.2014, s = 0.0205, t_{0.975, 2} = 4.3027: interval 1.162-1.287,
+    faster.
+    """
+
+    def by_key(ps: list[dict[str, Any]]) -> dict[tuple[float, int], float]:
+        out: dict[tuple[float, int], float] = {}
+        for p in ps:
+            v = p.get(metric)
+            if point_valid(p) and isinstance(v, (int, float)) and v > 0:
+                out[(load_of(p, mode), int(p.get("repeat") or 0))] = float(v)
+        return out
+
+    mine, base = by_key(points), by_key(baseline_points)
+    loads = sorted({k[0] for k in mine} | {k[0] for k in base})
+    result = []
+    for load in loads:
+        reps = sorted(r for (ld, r) in mine if ld == load and (ld, r) in base)
+        ratios = [mine[(load, r)] / base[(load, r)] for r in reps]
+        entry: dict[str, Any] = {"load": load, "pairs": len(ratios), "ratios": ratios, "ratio": None}
+        entry.update(low=None, high=None, verdict="no difference established")
+        logs = np.log(np.asarray(ratios, dtype=float))
+        if ratios:
+            entry["ratio"] = float(np.exp(logs.mean()))
+        if len(ratios) >= MIN_ITEMS:
+            iv = t_interval(logs.tolist(), confidence, unit="repeat")
+            low, high = float(np.exp(iv.low)), float(np.exp(iv.high))
+            entry.update(low=low, high=high)
+            better = low > 1 if higher_is_better else high < 1
+            worse = high < 1 if higher_is_better else low > 1
+            entry["verdict"] = "faster" if better else "slower" if worse else "no difference established"
+        result.append(entry)
+    return result
 
 
 def _check_pairs(x: Sequence[float], y: Sequence[float], unit: str = "item") -> None:
