@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from scipy import stats as scipy_stats  # test-only dependency (requirements/dev.txt)
 
 from quantverdict.review import stats
 
@@ -69,6 +68,8 @@ def test_mcnemar_exact_by_hand() -> None:
     assert stats.mcnemar_exact(x, y) == (1, 9, pytest.approx(22 / 1024))
     # b = 5, c = 0: p = 2 * (1/2)^5 = 0.0625 (five discordant items in one direction are not enough)
     assert stats.mcnemar_exact([1] * 5, [0] * 5)[2] == pytest.approx(0.0625)
+    # b = c = 2: P(X <= 2 | n=4) = (1 + 4 + 6) / 16 = 11/16 -> p = min(1, 22/16) = 1
+    assert stats.mcnemar_exact([1, 1, 0, 0], [0, 0, 1, 1]) == (2, 2, pytest.approx(1.0))
     # no discordant pair: p = 1
     assert stats.mcnemar_exact([1, 0], [1, 0]) == (0, 0, 1.0)
     with pytest.raises(ValueError, match="0/1 outcomes"):  # two items: the n check passes, the 0/1 check refuses
@@ -169,7 +170,7 @@ def test_window_log_ratio_by_hand() -> None:
         stats.window_log_ratio_interval([101.0], [100.0], [50])
 
 
-# --- cross-check against scipy (a well-kept implementation) ------------------------------------------------
+# --- 100 items by hand: McNemar, the normal interval and the bootstrap ----------------------------------------
 
 # 100 items: 60 both right, 20 both wrong, 15 baseline-only right, 5 scheme-only right
 # scheme accuracy 0.65, baseline 0.75 -> difference -0.10
@@ -179,31 +180,91 @@ SCHEME_100 = [1] * 60 + [0] * 20 + [0] * 15 + [1] * 5
 BASE_100 = [1] * 60 + [0] * 20 + [1] * 15 + [0] * 5
 
 
-def test_mcnemar_and_bootstrap_agree_with_scipy() -> None:
+def test_mcnemar_and_bootstrap_by_hand_on_100_items() -> None:
     b, c, p = stats.mcnemar_exact(SCHEME_100, BASE_100)
     assert (b, c) == (5, 15)
     assert p == pytest.approx(0.041389, abs=1e-6)
-    assert p == pytest.approx(scipy_stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
-
-    ours = stats.bootstrap_mean_diff(SCHEME_100, BASE_100, samples=20_000, seed=0)
-    assert ours.estimate == pytest.approx(-0.10) and ours.n == 100
-    res = scipy_stats.bootstrap(
-        (SCHEME_100, BASE_100),
-        lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis),
-        paired=True,
-        vectorized=True,
-        n_resamples=20_000,
-        confidence_level=0.95,
-        method="percentile",
-        random_state=1,
-    )
-    # the two percentile intervals are Monte Carlo estimates of the same quantiles: the paired differences
-    # take values -1, 0, 1 in steps of 1/100, so they agree to one step (0.01)
-    assert ours.low == pytest.approx(res.confidence_interval.low, abs=0.0101)
-    assert ours.high == pytest.approx(res.confidence_interval.high, abs=0.0101)
-    # and with the normal interval by hand: d has 5 (+1), 15 (-1), 80 (0); mean -0.1;
+    # the normal interval by hand: d has 5 (+1), 15 (-1), 80 (0); mean -0.1;
     # sum (d - mean)^2 = 5 * 1.21 + 15 * 0.81 + 80 * 0.01 = 6.05 + 12.15 + 0.8 = 19.0; sd = sqrt(19 / 99)
     # = 0.438086; se = 0.0438086; half = 1.959964 * 0.0438086 = 0.085863 -> [-0.185863, -0.014137]
     nv = stats.paired_normal_interval(SCHEME_100, BASE_100)
     assert nv.low == pytest.approx(-0.185863, abs=1e-5) and nv.high == pytest.approx(-0.014137, abs=1e-5)
-    assert ours.low == pytest.approx(nv.low, abs=0.02) and ours.high == pytest.approx(nv.high, abs=0.02)
+    # the percentile bootstrap estimates the same quantiles: within 0.02 of the normal interval, holding the
+    # difference -0.10 and excluding 0 (as McNemar's p < 0.05 says)
+    boot = stats.bootstrap_mean_diff(SCHEME_100, BASE_100, samples=20_000, seed=0)
+    assert boot.estimate == pytest.approx(-0.10) and boot.n == 100
+    assert boot.low == pytest.approx(nv.low, abs=0.02) and boot.high == pytest.approx(nv.high, abs=0.02)
+    assert boot.contains(-0.10) and boot.excludes_zero()
+    # X vs Y (b = 2, c = 1 of 10): the bootstrap interval holds 0, as McNemar's p = 1 says
+    assert stats.bootstrap_mean_diff(X, Y, samples=5000, seed=0).contains(0.0)
+
+
+def test_bootstrap_ratio_leaves_out_resamples_with_zero_denominator() -> None:
+    # x = ten 1s, y = one 1 (item 0) and nine 0s: a resample draws item 0 k ~ Binomial(10, 0.1) times and its
+    # ratio is 10 / k; k = 0 (probability 0.3487) is no ratio (10 / 0) and is left out. Given k >= 1:
+    # P(k = 1) = 0.3874 / 0.6513 = 0.595 > 2.5%, so the upper bound is 10 / 1 = 10;
+    # P(k >= 4) = 0.0128 / 0.6513 = 0.0197 < 2.5% <= P(k >= 3) = 0.1082, so the lower bound is 10 / 3
+    iv = stats.bootstrap_ratio([1] * 10, [1] + [0] * 9, samples=10_000, seed=0)
+    assert iv.estimate == pytest.approx(10.0)
+    assert iv.low == pytest.approx(10 / 3) and iv.high == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="denominators is 0"):
+        stats.bootstrap_ratio([1, 1], [0, 0])
+
+
+# --- Student's t ----------------------------------------------------------------------------------------------
+
+
+def test_t_interval_by_hand() -> None:
+    # values 1 and 3: mean 2, s = sqrt(2), se = s / sqrt(2) = 1; t_{0.975, 1} = 12.706205 -> [-10.706205, 14.706205]
+    iv = stats.t_interval([1.0, 3.0])
+    assert iv.estimate == pytest.approx(2.0) and iv.n == 2
+    assert iv.low == pytest.approx(-10.706205, abs=1e-6) and iv.high == pytest.approx(14.706205, abs=1e-6)
+    # 90%: t_{0.95, 1} = 6.313752
+    assert stats.t_interval([1.0, 3.0], 0.90).high == pytest.approx(2 + 6.313752, abs=1e-6)
+    # 32 values alternating 0 and 1: mean 0.5, s^2 = 32 * 0.25 / 31 = 0.258065, s = 0.508001, se = 0.0898027;
+    # t_{0.975, 31} = 2.039513 (not the normal 1.96): half = 0.183154
+    iv32 = stats.t_interval([0.0, 1.0] * 16)
+    assert iv32.high - iv32.estimate == pytest.approx(0.183154, abs=1e-6)
+    # zero spread: the interval collapses to the mean
+    flat = stats.t_interval([0.5, 0.5, 0.5])
+    assert (flat.low, flat.high) == (0.5, 0.5)
+    with pytest.raises(stats.TooFewItems, match="n=1"):
+        stats.t_interval([1.0])
+
+
+# --- ratio to the baseline paired by repeat ----------------------------------------------------------------
+
+
+def _pts(values: list[float], conc: int = 256) -> list[dict]:
+    return [{"concurrency": conc, "repeat": r, "output_tok_s": v, "valid": True} for r, v in enumerate(values)]
+
+
+def test_paired_ratio_interval_by_hand() -> None:
+    # ratios 1.20, 1.25, 1.22: logs 0.18232, 0.22314, 0.19885; mean 0.20144, sd 0.020533;
+    # half-width t_{0.975, 2} 4.302653 x 0.020533 / sqrt(3) = 0.05101 -> exp(0.15043) = 1.1623, exp(0.25245) = 1.2872
+    (row,) = stats.paired_ratio(_pts([120, 125, 122]), _pts([100, 100, 100]))
+    assert row["pairs"] == 3 and row["ratios"] == [1.2, 1.25, 1.22]
+    assert row["low"] == pytest.approx(1.1623, abs=1e-4) and row["high"] == pytest.approx(1.2872, abs=1e-4)
+    assert row["ratio"] == pytest.approx(math.exp(0.20144), abs=1e-4) and row["verdict"] == "faster"
+
+
+def test_paired_ratio_no_difference_and_slower() -> None:
+    (row,) = stats.paired_ratio(_pts([95, 105, 100]), _pts([100, 100, 100]))
+    assert row["low"] < 1 < row["high"] and row["verdict"] == "no difference established"
+    (slow,) = stats.paired_ratio(_pts([80, 82, 81]), _pts([100, 100, 100]))
+    assert slow["verdict"] == "slower"
+    # a latency: lower is better, a ratio under 1 is faster
+    (lat,) = stats.paired_ratio(_pts([80, 82, 81]), _pts([100, 100, 100]), higher_is_better=False)
+    assert lat["verdict"] == "faster"
+    # zero spread (0.8 in every repeat): the interval collapses to the ratio
+    (same,) = stats.paired_ratio(_pts([80, 80, 80]), _pts([100, 100, 100]), higher_is_better=False)
+    assert same["low"] == pytest.approx(0.8) and same["high"] == pytest.approx(0.8) and same["verdict"] == "faster"
+
+
+def test_paired_ratio_pairs_by_repeat_and_skips_invalid() -> None:
+    mine = _pts([120, 125, 122])
+    mine[1]["valid"] = False  # a point with prefix-cache hits: not paired
+    (row,) = stats.paired_ratio(mine, _pts([100, 110, 100]))
+    assert row["pairs"] == 2 and row["ratios"] == [1.2, 1.22]
+    (one,) = stats.paired_ratio(_pts([120]), _pts([100]))
+    assert one["ratio"] == pytest.approx(1.2) and one["low"] is None and one["verdict"] == "no difference established"

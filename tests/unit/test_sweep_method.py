@@ -1,11 +1,10 @@
 """Issue 16's pure parts: seeds per point, window sizing, the server's counters (prefix-cache hit rate, token
-counts), the client's sidecar, the paired ratio to the baseline, the stage's time split, compile-time parsing,
-and the server's dev-mode and compile-cache environment. Values worked out by hand in the comments."""
+counts), the client's sidecar, the stage's time split, compile-time parsing, and the server's dev-mode and
+compile-cache environment. Values worked out by hand in the comments."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -160,41 +159,6 @@ def test_old_points_without_the_new_keys_still_read() -> None:
     p = rec.speed.points[0]
     assert p.prefix_cache_hit_rate is None and p.client_overhead_s is None and p.valid
     assert rec.speed.time_split is None
-
-
-# --- ratio to the baseline paired by repeat ------------------------------------------------------------
-
-
-def _pts(values: list[float], conc: int = 256) -> list[dict]:
-    return [{"concurrency": conc, "repeat": r, "output_tok_s": v, "valid": True} for r, v in enumerate(values)]
-
-
-def test_paired_ratio_interval_by_hand() -> None:
-    # ratios 1.20, 1.25, 1.22: logs 0.18232, 0.22314, 0.19885; mean 0.20144, sd 0.020533;
-    # half-width 4.303 x 0.020533 / sqrt(3) = 0.05101 -> exp(0.15043) = 1.1623, exp(0.25245) = 1.2872
-    (row,) = sweep.paired_ratio(_pts([120, 125, 122]), _pts([100, 100, 100]))
-    assert row["pairs"] == 3 and row["ratios"] == [1.2, 1.25, 1.22]
-    assert row["low"] == pytest.approx(1.1623, abs=1e-4) and row["high"] == pytest.approx(1.2872, abs=1e-4)
-    assert row["ratio"] == pytest.approx(math.exp(0.20144), abs=1e-4) and row["verdict"] == "faster"
-
-
-def test_paired_ratio_no_difference_and_slower() -> None:
-    (row,) = sweep.paired_ratio(_pts([95, 105, 100]), _pts([100, 100, 100]))
-    assert row["low"] < 1 < row["high"] and row["verdict"] == "no difference established"
-    (slow,) = sweep.paired_ratio(_pts([80, 82, 81]), _pts([100, 100, 100]))
-    assert slow["verdict"] == "slower"
-    # a latency: lower is better, a ratio under 1 is faster
-    (lat,) = sweep.paired_ratio(_pts([80, 82, 81]), _pts([100, 100, 100]), higher_is_better=False)
-    assert lat["verdict"] == "faster"
-
-
-def test_paired_ratio_pairs_by_repeat_and_skips_invalid() -> None:
-    mine = _pts([120, 125, 122])
-    mine[1]["valid"] = False  # a point with prefix-cache hits: not paired
-    (row,) = sweep.paired_ratio(mine, _pts([100, 110, 100]))
-    assert row["pairs"] == 2 and row["ratios"] == [1.2, 1.22]
-    (one,) = sweep.paired_ratio(_pts([120]), _pts([100]))
-    assert one["ratio"] == pytest.approx(1.2) and one["low"] is None and one["verdict"] == "no difference established"
 
 
 # --- time split, compile time, server environment ------------------------------------------------------

@@ -7,12 +7,18 @@ independently. Two interval methods are offered:
 * ``normal``: the normal approximation of the paired difference, ``mean(d) ± z · sd(d)/sqrt(n)``,
   and the delta method for ratios (recovery %, perplexity ratio); worked out by hand in the tests;
 * ``bootstrap``: the paired percentile bootstrap (Efron & Tibshirani 1993, ch. 13) with a fixed
-  seed, resampling item indices with replacement (implemented as multinomial counts over the
-  distinct item rows, which has the same distribution and is much faster for 0/1 data).
+  seed: ``scipy.stats.bootstrap(paired=True, method="percentile")``, which resamples item indices
+  with replacement.
 
 The exact McNemar test (McNemar 1947; exact binomial form, e.g. Fagerland et al. 2013) on the
-discordant pairs is reported next to binary metrics. When per-item results are missing the review
-falls back to :func:`unpaired_interval` from the two standard errors (and says so).
+discordant pairs (``scipy.stats.binomtest``) is reported next to binary metrics. When per-item results
+are missing the review falls back to :func:`unpaired_interval` from the two standard errors (and says
+so). Speed ratios paired by repeat (:func:`paired_ratio`) get Student's t interval on the log ratios
+(:func:`t_interval`, quantiles from ``scipy.stats.t``).
+
+scipy.stats provides the quantiles, the bootstrap and the binomial test; what is written out here (the
+delta-method standard errors of a ratio, the standard error of a difference of independent estimates)
+names its source in its docstring.
 
 Never an interval from fewer than :data:`MIN_ITEMS` (2) independent items: every interval and test here
 raises :class:`TooFewItems` (a ``ValueError`` whose message says ``n`` and why, e.g. "n=1 document: no
@@ -23,22 +29,28 @@ that looks significant. Every :class:`Interval` carries its ``n``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
+from typing import Any
 
 import numpy as np
+from scipy import stats as sps
+
+from quantverdict.measure.sweep_plan import load_of
+from quantverdict.measure.validity import point_valid
 
 
 def z_value(confidence: float) -> float:
-    """Two-sided standard-normal quantile: 1.959964 for ``confidence=0.95``.
+    """Two-sided standard-normal quantile ``Φ⁻¹((1 + confidence) / 2)`` (``scipy.stats.norm.ppf``): 1.959964 for
+    ``confidence=0.95``.
 
     Raises:
         ValueError: ``confidence`` is not in (0, 1).
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence={confidence} must be in (0, 1)")
-    return NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    return float(sps.norm.ppf(0.5 + confidence / 2.0))
 
 
 MIN_ITEMS = 2  # fewer independent items: no interval and no significance test
@@ -99,18 +111,16 @@ def significant(iv: Interval | None) -> bool | None:
 
 
 def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var)
+    """Mean and sample standard deviation (n - 1 in the denominator) of at least 2 values."""
+    a = np.asarray(values, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1))
 
 
 def paired_normal_interval(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> Interval:
     """Interval of ``mean(x) - mean(y)`` from the paired differences ``d_i = x_i - y_i``.
 
-    ``se = sd(d) / sqrt(n)`` with the sample standard deviation (n - 1 in the denominator).
+    ``se = sd(d) / sqrt(n)`` with the sample standard deviation (n - 1 in the denominator), the interval
+    ``mean(d) ± z · se`` (:func:`z_value`).
 
     Args:
         x: per-item scores of the scheme, length n (e.g. 0/1 ``acc_norm``).
@@ -176,7 +186,9 @@ def unpaired_interval(
     confidence: float = 0.95,
     n: int | None = None,
 ) -> Interval:
-    """Interval of ``value - base`` from two independent standard errors: ``se = sqrt(se1² + se2²)``.
+    """Interval of ``value - base`` from two independent standard errors: ``se = sqrt(se1² + se2²)`` (the
+    variance of a difference of independent estimates is the sum of their variances; e.g. Wasserman, *All of
+    Statistics*, 2004, §3.3), ``delta ± z · se``.
 
     The fallback when per-item results are missing; wider than the paired interval when the two
     models agree on most items (it ignores their positive correlation). ``n``: the items each stderr
@@ -196,8 +208,9 @@ def unpaired_interval(
 def unpaired_ratio_interval(
     value: float, value_se: float, base: float, base_se: float, confidence: float = 0.95, n: int | None = None
 ) -> Interval:
-    """Interval of ``value / base`` from two independent standard errors (delta method):
-    ``se(R) = R · sqrt((se_v / v)² + (se_b / b)²)``.
+    """Interval of ``value / base`` from two independent standard errors, by the delta method (e.g. Casella &
+    Berger, *Statistical Inference*, 2002, §5.5.4): ``se(R) = |R| · sqrt((se_v / v)² + (se_b / b)²)``,
+    ``R ± z · se(R)``.
 
     Raises:
         TooFewItems: ``n`` is given and below 2.
@@ -214,13 +227,13 @@ def unpaired_ratio_interval(
 
 
 def mcnemar_exact(x: Sequence[float], y: Sequence[float]) -> tuple[int, int, float]:
-    """Exact McNemar test of paired 0/1 outcomes.
+    """Exact McNemar test of paired 0/1 outcomes (McNemar 1947; the exact conditional form, Fagerland,
+    Lydersen & Laake 2013, BMC Med Res Methodol 13:91).
 
     ``b`` = items the scheme gets right and the baseline wrong, ``c`` = the reverse. Under the null
-    hypothesis (same accuracy) ``b ~ Binomial(b + c, 1/2)``; the two-sided p-value is
-    ``min(1, 2 · P(X <= min(b, c)))``, and 1 when there is no discordant pair.
-
-    Cross-checked against ``scipy.stats.binomtest(b, b + c, 0.5)`` in the unit tests.
+    hypothesis (same accuracy) ``b ~ Binomial(b + c, 1/2)``; the p-value is the two-sided exact binomial
+    test's, ``scipy.stats.binomtest(b, b + c, 0.5).pvalue`` (for p = 1/2: ``min(1, 2 · P(X <= min(b, c)))``),
+    and 1 when there is no discordant pair.
 
     Returns:
         ``(b, c, p_value)``; the test's n is the number of pairs ``len(x)`` (``b + c`` of them discordant).
@@ -238,17 +251,19 @@ def mcnemar_exact(x: Sequence[float], y: Sequence[float]) -> tuple[int, int, flo
             b += 1
         elif a == 0 and r == 1:
             c += 1
-    n = b + c
-    if n == 0:
+    if b + c == 0:
         return b, c, 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return b, c, min(1.0, 2.0 * tail)
+    return b, c, float(sps.binomtest(b, b + c, 0.5).pvalue)
 
 
 # --- paired bootstrap -------------------------------------------------------------------------------
 
-StatFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+# scipy.stats.bootstrap's signature for a vectorized statistic: ``stat(*columns, axis=-1)``, each column of
+# shape (..., n) -> one value per leading index
+StatFn = Callable[..., np.ndarray]
+
+# resampled values held at once (per column): bounds the memory of scipy's index arrays for large n
+_BATCH_CELLS = 2_000_000
 
 
 def paired_bootstrap(
@@ -261,19 +276,20 @@ def paired_bootstrap(
     method: str = "paired bootstrap",
     unit: str = "item",
 ) -> Interval:
-    """Percentile bootstrap of a statistic of per-item rows, resampling whole items (rows).
+    """Percentile bootstrap of a statistic of per-item rows, resampling whole items (rows) with replacement
+    (Efron & Tibshirani 1993, ch. 13): ``scipy.stats.bootstrap(columns, stat, paired=True,
+    method="percentile")``.
 
-    The rows ``(columns[0][i], columns[1][i], ...)`` are resampled with replacement. Resampling n
-    indices uniformly equals drawing multinomial counts over the distinct rows with probabilities
-    ``count/n``, which is what is done (fast for 0/1 data: at most four distinct pairs).
+    A resample on which ``stat`` is not finite (a ratio whose resampled denominator is 0) is left out and the
+    percentiles are taken over the others (``numpy.quantile``, the same linear interpolation as scipy's).
 
     Args:
         columns: k columns of n values each (e.g. ``[x, y]``).
-        stat: ``stat(weights, rows) -> values``: ``weights`` is a (B, m) array of counts over the
-            m distinct rows ``rows`` (an (m, k) array); returns B statistic values. ``stat`` of
-            all-ones weights over the original rows must be the point estimate.
+        stat: ``stat(*columns, axis=-1) -> values``, vectorized over the leading axes (scipy's convention);
+            ``stat`` of the original columns is the point estimate.
         samples: number of bootstrap resamples B.
-        seed: seed of numpy's PCG64 generator; the same inputs and seed give the same interval.
+        seed: seed of numpy's default generator (PCG64) handed to scipy; the same inputs and seed give the
+            same interval.
         confidence: two-sided coverage.
         method: the name the interval carries.
         unit: what one row is (``item``, ``document``, ``window``), for the message and :meth:`Interval.describe`.
@@ -290,33 +306,39 @@ def paired_bootstrap(
         raise ValueError("bootstrap columns must be of equal length")
     if n < MIN_ITEMS:
         raise TooFewItems(n, unit)
-    data = np.asarray(columns, dtype=float).T  # (n, k)
-    rows, counts = np.unique(data, axis=0, return_counts=True)
-    estimate = float(stat(counts[None, :].astype(float), rows)[0])
-    rng = np.random.Generator(np.random.PCG64(seed))
-    probs = counts / n
-    chunk = max(1, min(samples, 4_000_000 // max(1, len(rows))))
-    values: list[np.ndarray] = []
-    done = 0
-    while done < samples:
-        size = min(chunk, samples - done)
-        weights = rng.multinomial(n, probs, size=size).astype(float)
-        values.append(stat(weights, rows))
-        done += size
-    allv = np.concatenate(values)
-    allv = allv[np.isfinite(allv)]
-    alpha = 1.0 - confidence
-    low, high = np.quantile(allv, [alpha / 2, 1 - alpha / 2])
+    data = tuple(np.asarray(c, dtype=float) for c in columns)
+    estimate = float(stat(*data, axis=-1))
+    # a non-finite resample (NaN percentile, inf in scipy's standard error) is handled below
+    with warnings.catch_warnings(), np.errstate(invalid="ignore"):
+        warnings.simplefilter("ignore", sps.DegenerateDataWarning)
+        res = sps.bootstrap(
+            data,
+            stat,
+            n_resamples=samples,
+            batch=max(1, min(samples, _BATCH_CELLS // n)),
+            vectorized=True,
+            paired=True,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    dist = np.asarray(res.bootstrap_distribution)
+    finite = np.isfinite(dist)
+    if finite.all():
+        low, high = res.confidence_interval.low, res.confidence_interval.high
+    else:
+        alpha = 1.0 - confidence
+        low, high = np.quantile(dist[finite], [alpha / 2, 1 - alpha / 2])
     return Interval(estimate, float(low), float(high), method, n, unit)
 
 
-def _mean_diff(w: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    return np.asarray((w @ (rows[:, 0] - rows[:, 1])) / w.sum(axis=1))
+def _mean(d: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.asarray(d.mean(axis=axis))
 
 
-def _ratio(w: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _ratio(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.asarray((w @ rows[:, 0]) / (w @ rows[:, 1]))
+        return np.asarray(x.sum(axis=axis) / y.sum(axis=axis))
 
 
 def bootstrap_mean_diff(
@@ -328,14 +350,15 @@ def bootstrap_mean_diff(
     confidence: float = 0.95,
     unit: str = "item",
 ) -> Interval:
-    """Paired bootstrap interval of ``mean(x) - mean(y)`` (see :func:`paired_bootstrap`); cross-checked against
-    ``scipy.stats.bootstrap(paired=True, method="percentile")`` in the unit tests.
+    """Paired bootstrap interval of ``mean(x) - mean(y)`` (see :func:`paired_bootstrap`): the paired differences
+    ``d_i = x_i - y_i`` are resampled, which is resampling the pairs.
 
     Raises:
         TooFewItems: fewer than 2 pairs.
     """
     _check_pairs(x, y, unit)
-    return paired_bootstrap([x, y], _mean_diff, samples=samples, seed=seed, confidence=confidence, unit=unit)
+    d = [float(a) - float(b) for a, b in zip(x, y)]
+    return paired_bootstrap([d], _mean, samples=samples, seed=seed, confidence=confidence, unit=unit)
 
 
 def bootstrap_ratio(
@@ -352,8 +375,11 @@ def bootstrap_ratio(
 
     Raises:
         TooFewItems: fewer than 2 pairs.
+        ValueError: lengths differ, or ``sum(y)`` is 0.
     """
     _check_pairs(x, y, unit)
+    if sum(y) == 0:
+        raise ValueError("sum of the denominators is 0: the ratio is undefined")
     return paired_bootstrap([x, y], _ratio, samples=samples, seed=seed, confidence=confidence, unit=unit)
 
 
@@ -405,6 +431,93 @@ def window_log_ratio_interval(
         iv = bootstrap_ratio(num, den, samples=samples, seed=seed, confidence=confidence, unit="window")
         name = "paired bootstrap of the log perplexity ratio (per-window NLL differences)"
     return Interval(iv.estimate, iv.low, iv.high, name, iv.n, "window")
+
+
+# --- Student's t: speed ratios paired by repeat -----------------------------------------------------------
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95, unit: str = "item") -> Interval:
+    """Student's t interval of the mean of ``values`` (Student, "The probable error of a mean", Biometrika 6,
+    1908): ``mean ± t_{(1+confidence)/2, n-1} · s / sqrt(n)`` with the sample standard deviation ``s`` (n - 1 in
+    the denominator), by ``scipy.stats.t.interval``; zero spread gives the zero-width interval at the mean.
+
+    E.g. values 1 and 3: mean 2, s = sqrt(2), se = 1, t_{0.975, 1} = 12.706205: [-10.706205, 14.706205].
+
+    Raises:
+        TooFewItems: fewer than 2 values.
+    """
+    if len(values) < MIN_ITEMS:
+        raise TooFewItems(len(values), unit)
+    mean, sd = _mean_sd(values)
+    n = len(values)
+    if sd == 0:
+        return Interval(mean, mean, mean, "Student's t", n, unit)
+    low, high = sps.t.interval(confidence, n - 1, loc=mean, scale=sd / math.sqrt(n))
+    return Interval(mean, float(low), float(high), "Student's t", n, unit)
+
+
+def paired_ratio(
+    points: list[dict[str, Any]],
+    baseline_points: list[dict[str, Any]],
+    metric: str = "output_tok_s",
+    mode: str = "concurrency",
+    higher_is_better: bool = True,
+    confidence: float = 0.95,
+) -> list[dict[str, Any]]:
+    """Per load level, the ratio of a scheme's ``metric`` to the baseline's, paired by repeat index, with a
+    Student's t interval and what it establishes.
+
+    Repeat ``r`` of a scheme is paired with repeat ``r`` of the baseline at the same load (same seed, same
+    machine, the same position in the sweep), valid points only (:func:`quantverdict.measure.validity.point_valid`).
+    On the log ratios ``d_r = ln(x_r / b_r)``: mean ``m``, sample standard deviation ``s``, ``n`` pairs; the
+    interval is ``exp(m -+ t_{(1+confidence)/2, n-1} s / sqrt(n))`` (:func:`t_interval` on the logs, so a ratio
+    and its inverse get mirrored intervals). One pair gives a ratio without an interval.
+
+    Args:
+        points: the scheme's parsed points (``repeat``, load keys, ``metric``).
+        baseline_points: the baseline's, from the same plan.
+        metric: a point key, e.g. ``output_tok_s`` or ``throughput_tok_s``.
+        mode: ``rate`` or ``concurrency`` (the load a level is keyed by).
+        higher_is_better: True for throughputs; False for latencies (a ratio below 1 is then "faster").
+        confidence: two-sided coverage of the interval.
+
+    Returns:
+        Sorted by load: ``{"load", "pairs", "ratios" (by repeat), "ratio" (geometric mean), "low", "high"
+        (None under 2 pairs), "verdict"}``; verdict ``faster``, ``slower`` or ``no difference established``
+        (the interval holds 1, or fewer than 2 pairs).
+
+    E.g. ratios 1.20, 1.25, 1.22 (n=3): m = 0.2014, s = 0.0205, t_{0.975, 2} = 4.3027: interval 1.162-1.287,
+    faster.
+    """
+
+    def by_key(ps: list[dict[str, Any]]) -> dict[tuple[float, int], float]:
+        out: dict[tuple[float, int], float] = {}
+        for p in ps:
+            v = p.get(metric)
+            if point_valid(p) and isinstance(v, (int, float)) and v > 0:
+                out[(load_of(p, mode), int(p.get("repeat") or 0))] = float(v)
+        return out
+
+    mine, base = by_key(points), by_key(baseline_points)
+    loads = sorted({k[0] for k in mine} | {k[0] for k in base})
+    result = []
+    for load in loads:
+        reps = sorted(r for (ld, r) in mine if ld == load and (ld, r) in base)
+        ratios = [mine[(load, r)] / base[(load, r)] for r in reps]
+        entry: dict[str, Any] = {"load": load, "pairs": len(ratios), "ratios": ratios, "ratio": None}
+        entry.update(low=None, high=None, verdict="no difference established")
+        logs = np.log(np.asarray(ratios, dtype=float))
+        if ratios:
+            entry["ratio"] = float(np.exp(logs.mean()))
+        if len(ratios) >= MIN_ITEMS:
+            iv = t_interval(logs.tolist(), confidence, unit="repeat")
+            low, high = float(np.exp(iv.low)), float(np.exp(iv.high))
+            entry.update(low=low, high=high)
+            better = low > 1 if higher_is_better else high < 1
+            worse = high < 1 if higher_is_better else low > 1
+            entry["verdict"] = "faster" if better else "slower" if worse else "no difference established"
+        result.append(entry)
+    return result
 
 
 def _check_pairs(x: Sequence[float], y: Sequence[float], unit: str = "item") -> None:

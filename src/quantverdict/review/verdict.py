@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.measure import sweep
 from quantverdict.results.format import number
+from quantverdict.review import stats
 from quantverdict.review.kld import with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
@@ -770,7 +770,7 @@ def paired_speedups(
     theirs: tuple[str, list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
     """Per metric of :data:`PAIRED_METRICS` and per load level, the scheme's ratio to its baseline paired by
-    repeat index (:func:`quantverdict.measure.sweep.paired_ratio`: Student's t on the per-repeat log ratios,
+    repeat index (:func:`quantverdict.review.stats.paired_ratio`: Student's t on the per-repeat log ratios,
     valid points only), and the same as a speedup (> 1 is faster).
 
     Args:
@@ -788,7 +788,7 @@ def paired_speedups(
         (fallback kernel) or the two sweeps differ in mode.
 
     E.g. output tok/s 120, 125, 122 against 100, 100, 100 at one load: ratio 1.223, 95% interval
-    1.162-1.287 (t = 4.303, n = 3), faster; ITL p50 40 ms against 50 ms in every repeat: ratio 0.8, speedup
+    1.162-1.287 (t = 4.3027, n = 3), faster; ITL p50 40 ms against 50 ms in every repeat: ratio 0.8, speedup
     1.25 (the interval collapses to it: zero spread), faster.
     """
     (mode, points), (base_mode, base_points) = mine, theirs
@@ -796,7 +796,7 @@ def paired_speedups(
         return []
     rows = []
     for metric, higher, name in PAIRED_METRICS:
-        for e in sweep.paired_ratio(points, base_points, metric, mode, higher):
+        for e in stats.paired_ratio(points, base_points, metric, mode, higher):
             if not e["pairs"]:
                 continue
             load = e["load"]
