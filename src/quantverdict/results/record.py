@@ -425,7 +425,12 @@ class SweepPoint(Section):
     itl_ms_p99: float | None = None
     tpot_ms_p50: float | None = None
     e2e_ms_p99: float | None = None
+    # decided once when the point was read (quantverdict.measure.validity.saturation): completion pace over arrival
+    # pace < 0.9; basis "arrival_pace", "estimated_pace", "too_few_requests", "burst" or "closed_loop". A point
+    # with another basis was recorded before that rule: read it through validity.point_saturation
     saturated: bool | None = None
+    saturation_ratio: float | None = None
+    saturation_basis: str | None = None
     valid: bool | None = None
     invalid_reasons: list[str] | None = None
     # issue 16 (absent in older records): the point's seed, the server's /metrics counters around it, the
