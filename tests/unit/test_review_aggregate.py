@@ -43,6 +43,7 @@ def test_median_point_and_ranges() -> None:
 
 def test_summarize_uses_the_same_levels() -> None:
     base = {"output_tokens_requested": 100, "output_tokens_total": 100, "completed": 4, "num_prompts": 4}
+    base["saturation_basis"] = "arrival_pace"  # each point's decision, stored when it was read
     pts = [
         {**base, "offered_rate_rps": 1.0, "repeat": 0, "output_tok_s": 10.0, "saturated": True},
         {**base, "offered_rate_rps": 1.0, "repeat": 1, "output_tok_s": 14.0, "saturated": False},

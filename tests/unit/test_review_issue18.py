@@ -139,12 +139,15 @@ def w8a8_cpu_speed() -> dict[str, Any]:
     return {"mode": "rate", "points": [low, burst]}
 
 
-def test_a_rate_below_the_ceiling_is_not_saturated() -> None:
+def test_a_short_run_shortfall_is_not_saturated() -> None:
     rec = record("w8a8", sp=w8a8_cpu_speed())
     sp, _, _ = speed_summary(view(rec), RC)
     assert sp["ceiling_rps"] == pytest.approx(2.20)
     low = sp["points"][0]
-    assert low["saturated"] is False and "2.20 req/s" in low["saturation_note"]
+    # its stored whole-run decision is of an older rule: derived again, (8 - 1) / (8 s - E2E p50 1.3 s) = 1.04 req/s
+    # against the offered 1 req/s: the server kept up
+    assert low["saturated"] is False and low["saturation_basis"] == "estimated_pace"
+    assert low["saturation_ratio"] == pytest.approx(7 / 6.7)
     review = build_review([record("bf16"), rec], RC, "t")
     assert not [v for v in review.validity if "w8a8" in v and "saturated: 1 req/s" in v]
 

@@ -272,16 +272,18 @@ def test_steady_state_excludes_ramp_up_and_drain() -> None:
     assert p["steady_output_tok_s"] == 8.0 and p["throughput_basis"] == "steady_window"
     # whole run: 8 / 4.5 s = 1.78 req/s = 0.89 x offered (ramp-up and drain counted): would read saturated
     assert p["achieved_rps"] == pytest.approx(8 / 4.5)
-    assert p["saturated"] is False and p["saturation_ratio"] == 1.0 and p["saturation_basis"] == "steady_window"
+    # saturation: completions 1.0 .. 4.5 (7 / 3.5 s = 2 req/s) at the pace of the sends 0 .. 3.5 (7 / 3.5 s): 1.0
+    assert p["saturated"] is False and p["saturation_ratio"] == 1.0 and p["saturation_basis"] == "arrival_pace"
 
 
 def test_saturated_open_loop_in_the_steady_window() -> None:
     # 16 requests at 2 req/s (sent 0 .. 7.5) into a server that finishes one per second (at 1, 2, ..., 16)
     res = _steady_run(16, 0.5, [1.0 + i for i in range(16)])
     p = bench_result.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=16, output_len=4)
-    # window (1, 7.5] = 6.5 s: 6 completions (2..7), 13 requests sent (1.5 .. 7.5): ratio 6 / 13 = 0.46
+    # window (1, 7.5] = 6.5 s: 6 completions (2..7), 13 requests sent (1.5 .. 7.5)
     assert p["steady_completions"] == 6 and p["steady_arrivals"] == 13
-    assert p["saturation_ratio"] == pytest.approx(6 / 13) and p["saturated"] is True
+    # completions 1 .. 16 (15 / 15 s = 1 req/s) against sends 0 .. 7.5 (15 / 7.5 s = 2 req/s): 0.5
+    assert p["saturation_ratio"] == pytest.approx(0.5) and p["saturated"] is True
     assert p["throughput_rps"] == pytest.approx(6 / 6.5)  # the server's rate, not the offered 2 req/s
 
 
@@ -313,13 +315,18 @@ def test_a_closed_loop_window_shorter_than_two_lifetimes_has_no_steady_rate() ->
 
 
 def test_saturation_without_a_window_burst_and_closed_loop() -> None:
-    # too few requests: every one sent before the first completes -> whole run: 4 / duration vs offered
+    # too few requests for a steady window: every one sent before the first completes; the paces still compare
     res = detailed(**{**FOUR, "starts": [0.0, 0.1, 0.2, 0.3]})
     p = bench_result.parse_result(res, SweepPoint(4.0, None, 0), num_prompts=4, output_len=4)
     assert p["steady_rps"] is None and "no steady state" in p["steady_reason"]
-    # completions .1+1.25=1.35, 1.25, .2+2=2.2, .3+1=1.3 -> duration 2.2 s: 4 / 2.2 = 1.82 req/s < 0.9 x 4
-    assert p["saturation_basis"] == "whole_run" and p["saturation_ratio"] == pytest.approx(4 / 2.2 / 4)
+    # completions 1.25, .1+1.25=1.35, .2+2=2.2, .3+1=1.3: 3 / (2.2 - 1.25) = 3.16 req/s against sends 3 / .3 s = 10
+    assert p["saturation_basis"] == "arrival_pace" and p["saturation_ratio"] == pytest.approx(3 / 0.95 / 10)
     assert p["saturated"] is True and p["throughput_rps"] == pytest.approx(4 / 2.2)
+    # without per-request lists: (4 - 1) / (duration 2.2 s - E2E p50 1.25 s) = 3.16 req/s against the offered 4
+    bare = {k: v for k, v in res.items() if k not in ("start_times", "ttfts", "itls", "latencies")}
+    q = bench_result.parse_result({**bare, "p50_e2el_ms": 1250.0}, SweepPoint(4.0, None, 0), 4, 4)
+    assert q["saturation_basis"] == "estimated_pace" and q["saturation_ratio"] == pytest.approx(3 / 0.95 / 4)
+    assert q["saturated"] is True
     burst = bench_result.parse_result(res, SweepPoint(INF, None, 0), 4, 4)
     assert burst["saturated"] is None and burst["saturation_basis"] == "burst"
     closed = bench_result.parse_result(res, SweepPoint(INF, 2, 0), 4, 4)
@@ -335,6 +342,7 @@ def _pt(rate, rep, tok, *, rps=1.0, sat=None, valid=True, conc=None, ttft99=100.
         "completed": 8,
         "valid": valid,
         "saturated": sat,
+        "saturation_basis": None if sat is None else "arrival_pace",  # decided under the current rule
         "output_tok_s": tok,
         "achieved_rps": rps,
         "throughput_tok_s": tok,
@@ -402,7 +410,22 @@ def test_points_of_older_records_without_validity_keys() -> None:
     }
     assert validity.point_valid(old) is False  # 200 / 256 = 78% < 90%
     assert validity.point_valid({**old, "output_tokens_total": 240}) is True  # 94%
-    assert validity.point_saturated(old) is True  # 1.0 < 0.9 x 2.0
+    # no duration or latency kept: saturation cannot be told
+    assert validity.point_saturation(old) == {
+        "saturated": None,
+        "saturation_ratio": None,
+        "saturation_basis": "too_few_requests",
+    }
+    # (8 - 1) / (8 s - E2E p50 1 s) = 1 req/s against 2 offered: 0.5, saturated (its stored whole-run basis ignored)
+    older = {**old, "duration_s": 8.0, "e2e_ms_p50": 1000.0, "saturated": False, "saturation_basis": "whole_run"}
+    assert validity.point_saturation(older) == {
+        "saturated": True,
+        "saturation_ratio": pytest.approx(0.5),
+        "saturation_basis": "estimated_pace",
+    }
+    # with the request times the record kept: sent 0, .5, .., 3.5 (2 req/s), done 2, 3, .., 9 (1 req/s): 0.5
+    times = {"start_s": [0.5 * i for i in range(8)], "end_s": [2.0 + i for i in range(8)]}
+    assert validity.point_saturation({**older, "request_times": times})["saturation_basis"] == "arrival_pace"
     assert validity.point_saturated({**old, "offered_rate_rps": None}) is None  # older records: None = unlimited
 
 

@@ -19,7 +19,9 @@ Validity of a point (:func:`parse_result`, from the per-request lists that ``--s
   ``ttft + sum(itl)`` must equal its E2E, else the point is invalid); E2E. Percentiles are numpy's
   default (linear interpolation, :func:`quantverdict.measure.sweep.percentile`). vLLM's own numbers are
   kept as ``vllm_*``.
-* **saturation** (open loop, finite rate): :func:`quantverdict.measure.validity.saturation`.
+* **saturation** (open loop, finite rate): :func:`quantverdict.measure.validity.saturation`, decided here once
+  per point (completion pace over arrival pace, from the per-request times) and stored in the point; every
+  reader takes that decision (:func:`quantverdict.measure.validity.point_saturation`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ from typing import Any
 from quantverdict.measure.server_metrics import server_checks
 from quantverdict.measure.sweep import percentile
 from quantverdict.measure.sweep_plan import METRICS, PERCENTILES, SweepPoint, format_rate
-from quantverdict.measure.validity import ITL_SUM_TOLERANCE_S, OUTPUT_VALID_FRACTION, saturation
+from quantverdict.measure.validity import (
+    ITL_SUM_TOLERANCE_S,
+    OUTPUT_VALID_FRACTION,
+    describe_saturation,
+    point_saturation,
+    saturation,
+)
 
 # vLLM's metric name -> ours (E2EL is vLLM's "end-to-end latency"; we call it E2E)
 _METRIC_KEYS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
@@ -360,7 +368,16 @@ def parse_result(
     out["throughput_rps"] = steady["steady_rps"] if use_steady else out["achieved_rps"]
     out["throughput_tok_s"] = steady["steady_output_tok_s"] if use_steady else out["output_tok_s"]
     out["throughput_basis"] = "steady_window" if use_steady else "whole_run"
-    out.update(saturation(point, out["achieved_rps"], steady))
+    out.update(
+        saturation(
+            point.offered_rate_rps,
+            point.concurrency,
+            request_times(result) if detailed else None,
+            completed=out["completed"],
+            duration_s=out["duration_s"],
+            e2e_ms_p50=out["e2e_ms_p50"],
+        )
+    )
     got, want = out["output_tokens_total"], out["output_tokens_requested"]
     out["output_valid"] = None if got is None else bool(got >= OUTPUT_VALID_FRACTION * want)
     if out["output_valid"] is False:
@@ -450,8 +467,9 @@ def summary_line(p: dict[str, Any], index: int, total: int) -> str:
         tags += f", prefix-cache hits {100 * p['prefix_cache_hit_rate']:.1f}%"
         if p.get("prompt_repeat_rate") is not None:
             tags += f" ({100 * p['prompt_repeat_rate']:.1f}% of prompt tokens repeat inside the point)"
-    if p.get("saturated"):
-        tags += " SATURATED"
+    sat = point_saturation(p)
+    if sat["saturated"]:
+        tags += f" SATURATED ({describe_saturation(sat)})"
     if p.get("valid") is False:
         tags += " INVALID (" + "; ".join(p.get("invalid_reasons") or []) + ")"
     return (

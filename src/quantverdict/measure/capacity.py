@@ -1,7 +1,8 @@
-"""The sustained throughput ceiling of a sweep, and the saturation labels it overrules.
+"""The sustained throughput ceiling of a sweep.
 
-Works on the per-load-level summaries of :func:`quantverdict.measure.sweep.summarize`. Pure (standard
-library only).
+Works on the per-load-level summaries of :func:`quantverdict.measure.sweep.summarize`, whose ``saturated`` is
+each level's stored point decisions (:func:`quantverdict.measure.validity.point_saturation`): the ceiling never
+judges saturation itself. Pure (standard library only).
 """
 
 from __future__ import annotations
@@ -9,44 +10,52 @@ from __future__ import annotations
 from typing import Any
 
 from quantverdict.measure.sweep_plan import is_inf_rate
-from quantverdict.measure.validity import SATURATION_FRACTION
 
 
 def _throughput(level: dict[str, Any], key: str, fallback: str) -> dict[str, Any] | None:
     return level["metrics"].get(key) or level["metrics"].get(fallback)
 
 
-def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict[str, Any]:
-    """The highest throughput the server sustained, with its spread over repeats.
+def _median(level: dict[str, Any], key: str) -> float:
+    return float((level["metrics"].get(key) or {}).get("median") or 0.0)
 
-    Definition. Open loop: among the load levels the server could not keep up with (``saturated``)
-    and the infinite-rate burst, the one with the highest median ``throughput_tok_s`` (steady-state
-    output tok/s when the level had a steady window, else whole-run); ``kind = "saturated"``. If no
-    level saturated and there was no burst, the ceiling is above the sweep: the highest valid level is
-    reported as ``kind = "lower_bound"``. Closed loop: the concurrency with the highest median
-    throughput, ``kind = "closed_loop_max"``. Invalid points never count.
+
+def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict[str, Any]:
+    """The highest throughput the server sustained, with its spread over repeats, and the level it was measured at.
+
+    Open loop (``mode="rate"``): the valid level with the highest median **achieved** req/s (completed requests
+    over the whole run, vLLM's ``request_throughput``: what goodput divides by too), and that level's whole-run
+    output tok/s; so the ceiling is never below a rate the scheme achieved at a valid level, and goodput at any
+    level (good requests over the same duration) never above it. ``kind = "saturated"`` when a valid level is
+    saturated (its points' stored decision, :func:`quantverdict.measure.validity.point_saturation`) or is the
+    infinite-rate burst: the sweep reached the server's limit, and the ceiling is the best it measured there or
+    below (a short saturated run can complete fewer requests per second than a lower rate did: its ramp-up and
+    drain weigh more); else ``kind = "lower_bound"``: the server kept up with every rate, its ceiling lies above.
+    Closed loop: the concurrency with the highest median ``throughput_tok_s`` (steady-state output tok/s when the
+    level had a steady window, else whole-run), ``kind = "closed_loop_max"``. Invalid points never count.
 
     Returns:
         ``{"kind", "offered_rate_rps", "concurrency", "rps", "rps_min", "rps_max", "output_tok_s",
         "output_tok_s_min", "output_tok_s_max", "repeats", "basis", "whole_run_tok_s", "whole_run_tok_s_min",
-        "whole_run_tok_s_max"}`` (``basis``: the level's ``throughput_basis``, ``"steady_window"``,
-        ``"whole_run"`` or ``"mixed"``; ``whole_run_tok_s``: the same level's whole-run output tok/s, median and
-        range over its repeats, whatever its basis, so that two ceilings of different bases can still be compared
-        run for run), or ``{"kind": "none", "reason"}``.
+        "whole_run_tok_s_max"}`` (``basis``: ``"whole_run"`` in an open loop; the level's ``throughput_basis``,
+        ``"steady_window"``, ``"whole_run"`` or ``"mixed"``, in a closed loop; ``whole_run_tok_s``: the same
+        level's whole-run output tok/s, median and range over its repeats, whatever its basis, so that two ceilings
+        of different bases can still be compared run for run), or ``{"kind": "none", "reason"}``.
     """
     valid = [lv for lv in summary if lv["valid_repeats"] > 0 and _throughput(lv, "throughput_tok_s", "output_tok_s")]
     if not valid:
         return {"kind": "none", "reason": "no valid sweep point"}
     if mode == "concurrency":
-        cands, kind = valid, "closed_loop_max"
+        best = max(valid, key=lambda lv: (_throughput(lv, "throughput_tok_s", "output_tok_s") or {})["median"])
+        kind, basis = "closed_loop_max", best.get("throughput_basis")
+        tok = _throughput(best, "throughput_tok_s", "output_tok_s") or {}
+        rps = _throughput(best, "throughput_rps", "achieved_rps") or {}
     else:
-        cands = [lv for lv in valid if lv["saturated"] or is_inf_rate(lv["offered_rate_rps"])]
-        kind = "saturated"
-        if not cands:
-            cands, kind = valid, "lower_bound"
-    best = max(cands, key=lambda lv: (_throughput(lv, "throughput_tok_s", "output_tok_s") or {})["median"])
-    tok = _throughput(best, "throughput_tok_s", "output_tok_s") or {}
-    rps = _throughput(best, "throughput_rps", "achieved_rps") or {}
+        reached = any(lv["saturated"] or is_inf_rate(lv["offered_rate_rps"]) for lv in valid)
+        kind, basis = ("saturated" if reached else "lower_bound"), "whole_run"
+        best = max(valid, key=lambda lv: (_median(lv, "achieved_rps"), _median(lv, "output_tok_s")))
+        tok = best["metrics"].get("output_tok_s") or {}
+        rps = best["metrics"].get("achieved_rps") or {}
     whole = best["metrics"].get("output_tok_s") or {}
     return {
         "kind": kind,
@@ -59,44 +68,8 @@ def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict
         "output_tok_s_min": tok.get("min"),
         "output_tok_s_max": tok.get("max"),
         "repeats": tok.get("n"),
-        "basis": best.get("throughput_basis"),
+        "basis": basis,
         "whole_run_tok_s": whole.get("median"),
         "whole_run_tok_s_min": whole.get("min"),
         "whole_run_tok_s_max": whole.get("max"),
     }
-
-
-def saturation_overruled(offered_rate_rps: Any, ceiling: dict[str, Any]) -> str | None:
-    """Why a finite offered rate cannot be saturated, given the server's sustained ceiling; None when it can.
-
-    A server that sustained ``ceiling["rps"]`` req/s (at the burst or a higher rate) keeps up with any
-    offered rate under ``SATURATION_FRACTION`` of it: an achieved rate under 90% of such a rate comes from
-    the run being short (ramp-up and drain inside the timed window, and the count of a few requests:
-    one completion of 8 is 12.5%), not from the server falling behind. Without this rule a review could
-    call w8a8 "saturated at 1 req/s (0.82 achieved)" next to a ceiling of 2.20 req/s.
-    """
-    rps = ceiling.get("rps")
-    if is_inf_rate(offered_rate_rps) or offered_rate_rps is None or not rps or ceiling.get("kind") != "saturated":
-        return None
-    if float(offered_rate_rps) >= SATURATION_FRACTION * float(rps):
-        return None
-    where = "the burst" if is_inf_rate(ceiling.get("offered_rate_rps")) else f"{ceiling.get('offered_rate_rps')} req/s"
-    return (
-        f"not saturated: the server sustained {float(rps):.2f} req/s at {where}, so its shortfall at "
-        f"{float(offered_rate_rps):g} req/s is the short run (ramp-up, drain, few requests), not a full server"
-    )
-
-
-def consistent_saturation(summary: list[dict[str, Any]], mode: str = "rate") -> list[dict[str, Any]]:
-    """``summary`` (:func:`quantverdict.measure.sweep.summarize`) with ``saturated`` cleared on levels whose
-    offered rate is under 90% of the sustained ceiling of the others (:func:`saturation_overruled`, reason in
-    ``saturation_note``). Closed loops are returned as they are. Use before :func:`sustained_ceiling` and any
-    "saturated" label."""
-    if mode != "rate":
-        return summary
-    ceiling = sustained_ceiling(summary, mode)
-    out = []
-    for lv in summary:
-        note = saturation_overruled(lv["offered_rate_rps"], ceiling) if lv["saturated"] else None
-        out.append({**lv, "saturated": False, "saturation_note": note} if note else lv)
-    return out

@@ -76,7 +76,8 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
     """One entry per load level: median and spread of each ``SUMMARY_METRICS`` over its valid repeats.
 
     Invalid points (:func:`point_valid`) are counted and named, never summarized. A level is
-    ``saturated`` when most of its valid repeats are (None when none can be: burst or closed loop).
+    ``saturated`` when most of its valid repeats are, by each point's stored decision
+    (:func:`quantverdict.measure.validity.point_saturation`; None when none can be: burst or closed loop).
 
     Args:
         points: parsed points (:func:`parse_result`), any order, repeats included.

@@ -475,6 +475,9 @@ class SweepPoint(Section):
     steady_completions: int | None = None
     steady_output_tok_s: float | None = None
     steady_reason: str | None = None
+    # decided once when the point was read (quantverdict.measure.validity.saturation): completion pace over arrival
+    # pace < 0.9; basis "arrival_pace", "estimated_pace", "too_few_requests", "burst" or "closed_loop". A point
+    # with another basis was recorded before that rule: read it through validity.point_saturation
     saturated: bool | None = None
     saturation_ratio: float | None = None
     saturation_basis: str | None = None

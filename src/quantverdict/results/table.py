@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from quantverdict.config.kv import combo_order
-from quantverdict.measure import capacity, server_metrics, sweep
+from quantverdict.measure import bench_result, server_metrics, sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline, headline_of
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.format import number as _f
@@ -22,13 +22,14 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
-    """One row per load level: medians over its valid repeats (:func:`quantverdict.measure.sweep.summarize`)."""
+    """One row per load level: medians over its valid repeats (:func:`quantverdict.measure.sweep.summarize` of the
+    record's points, so that a level's ``saturated`` is its points' stored decisions, derived the same way for a
+    record written before them; the record's own ``summary`` where it kept no points)."""
     speed = rec.get("speed", {})
     mode = speed.get("mode") or "rate"
     rows = []
-    levels = capacity.consistent_saturation(
-        speed.get("summary") or sweep.summarize(speed.get("points") or [], mode), mode
-    )
+    points = [bench_result.rebase_steady(p) for p in speed.get("points") or []]
+    levels = sweep.summarize(points, mode) if points else speed.get("summary") or []
     for lv in levels:
         m = lv["metrics"]
 
@@ -42,8 +43,6 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
         notes = []
         if lv["saturated"]:
             notes.append(f"saturated ({lv['saturated_repeats']}/{lv['valid_repeats']})")
-        elif lv.get("saturation_note"):
-            notes.append("not saturated (under 90% of the ceiling: a short-run shortfall)")
         if lv["invalid_points"]:
             notes.append("invalid: " + ", ".join(lv["invalid_points"]))
         rows.append(
@@ -206,8 +205,8 @@ def format_table(records: list[dict[str, Any]]) -> str:
     if speed_rows:
         out.append(
             "Medians over the valid repeats of each load (out tok/s range in brackets); invalid points "
-            "(output tokens < 90% of those requested) are left out; saturated: achieved < 90% of offered "
-            "at a rate not under 90% of the ceiling the server sustained.\n"
+            "(output tokens < 90% of those requested) are left out; saturated: requests completed at under 90% "
+            "of the pace they were sent (most valid repeats).\n"
         )
         out.append(
             _md(

@@ -262,9 +262,7 @@ def _points_rows(cards: list[Scorecard]) -> list[list[str]]:
                     f"{_f(p.get('completed'), 'g')}/{_f(p.get('failed'), 'g')}",
                     out_ok or "–",
                     f"{p.get('valid_repeats', 1)}/{p.get('repeats', 1)}",
-                    "no (short run, under 90% of the ceiling)"
-                    if p.get("saturation_note")
-                    else {True: "yes", False: "no", None: "–"}[p.get("saturated")],
+                    {True: "yes", False: "no", None: "–"}[p.get("saturated")],
                 ]
             )
     return rows
@@ -548,12 +546,13 @@ def _speed_table(cards: list[Scorecard], checks: dict[str, Any]) -> list[Block]:
             "p",
             (
                 "Single stream: the lowest measured load (ITL p50; tok/s = 1000 / TPOT p50 per request). "
-                "Ceiling: the sustained throughput of the saturated points and the burst (steady-state window "
-                "when there is one; '>=' when no point saturated). Goodput: requests meeting every objective (TTFT, "
-                "TPOT, E2E if set) per second at the stated load (vllm bench serve --goodput), with how many of "
-                "how many requests; '–' without per-request data (the cell says why). "
-                "A rate under 90% of the ceiling is never "
-                "called saturated: the server showed it keeps up. Every number: the median over valid repeats."
+                "Ceiling: open loop, the highest achieved rate over the valid loads (completed requests over the "
+                "whole run, so never under a rate achieved nor under the goodput; '>=' when no point saturated); "
+                "closed loop, the best concurrency (steady-state window when there is one). Goodput: requests "
+                "meeting every objective (TTFT, TPOT, E2E if set) per second at the stated load (vllm bench serve "
+                "--goodput), with how many of how many requests; '–' without per-request data (the cell says why). "
+                "Saturated: requests completed at under 90% of the pace they were sent, decided once per point "
+                "when it was measured. Every number: the median over valid repeats."
                 + (
                     " Kernel, compute: the linear kernel vLLM chose and whether it computes in the scheme's format "
                     "(native) or dequantizes it (emulated: its speed is never credited to the format's arithmetic)."
@@ -780,9 +779,9 @@ def _honesty_section(review: Review) -> list[Block]:
                 (
                     "What each number stands on. Speed: medians over the valid repeats of each load level; a point "
                     "whose output tokens fall under 90% of those requested is invalid and left out; an open-loop "
-                    "point whose achieved rate is under 90% of the offered rate is saturated, and the ceiling is "
-                    "taken from the saturated points and the burst. Accuracy: the same batch size, dtype and "
-                    "max length as the baseline, and a batch-invariance check of the log-likelihoods."
+                    "point whose requests completed at under 90% of the pace they were sent is saturated, and the "
+                    "ceiling is the highest achieved rate over the valid loads. Accuracy: the same batch size, "
+                    "dtype and max length as the baseline, and a batch-invariance check of the log-likelihoods."
                 ),
             )
         )

@@ -92,8 +92,8 @@ def speed_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     a wrong request count, ITL lists that are not gaps after the first token) are left out; a level
     with no valid repeat is left out. Each number is the **median** over the level's valid repeats;
     ``spread[metric] = [min, max]`` for ``SPREAD_KEYS``; ``load`` (req/s or concurrency, inf for an
-    unlimited rate), ``repeats``, ``valid_repeats`` and ``saturated`` (most valid repeats saturated)
-    are added.
+    unlimited rate), ``repeats``, ``valid_repeats`` and ``saturated`` (most valid repeats saturated, by each
+    point's stored decision: :func:`quantverdict.measure.validity.point_saturation`) are added.
     """
     mode, raw = raw_points(rec)
     out = []
@@ -103,7 +103,12 @@ def speed_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
             continue
         agg = aggregate.median_point(valid)
         agg["spread"] = aggregate.ranges(valid, SPREAD_KEYS)
-        agg["saturated"] = aggregate.majority(point_checks.point_saturated(q) for q in valid)
+        decisions = [point_checks.point_saturation(q) for q in valid]
+        agg["saturated"] = aggregate.majority(d["saturated"] for d in decisions)
+        ratios = [d["saturation_ratio"] for d in decisions if is_number(d["saturation_ratio"])]
+        agg["saturation_ratio"] = statistics.median(ratios) if ratios else None
+        bases = {d["saturation_basis"] for d in decisions}
+        agg["saturation_basis"] = bases.pop() if len(bases) == 1 else "mixed"
         agg["load"], agg["repeats"], agg["valid_repeats"] = level.load, len(level.points), len(valid)
         agg["label"] = load_label(agg, mode)
         out.append(agg)
@@ -323,13 +328,15 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
     """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
 
     * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
-    * ceiling: :func:`quantverdict.measure.capacity.sustained_ceiling` (saturated levels and the burst; median over
-      repeats with its min-max range; invalid points never count);
+    * ceiling: :func:`quantverdict.measure.capacity.sustained_ceiling` (open loop: the highest median achieved
+      req/s over the valid levels, so never under a rate achieved nor under the goodput; median over repeats with
+      its min-max range; invalid points never count);
     * goodput (``goodput_rps``, ``goodput_how``): requests meeting every objective per second at the stated
       load (:func:`goodput_at`; each level's in ``points[i]["goodput"]``), None without per-request data;
     * ``p99_slo_max_rps``: :func:`p99_slo_max_rps`, throughput at the highest load whose p99s meet the SLO
       (the number this review called "goodput" before issue #14);
-    * saturation: a rate under 90% of the ceiling is never saturated (:func:`capacity.saturation_overruled`).
+    * saturation: each point's stored decision (:func:`quantverdict.measure.validity.point_saturation`), as the
+      live log, the record and the grid table read it.
 
     Every number is a median over the valid repeats of its load level (:func:`speed_points`).
 
@@ -387,11 +394,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
         return {"mode": mode, "points": []}, found, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.get("tpot_ms_p50") or low.get("itl_ms_p50")
-    ceiling = capacity.sustained_ceiling(capacity.consistent_saturation(sweep.summarize(raw, mode), mode), mode)
-    for p in points:  # a rate the server keeps up with (below its ceiling) is not saturated
-        note = capacity.saturation_overruled(p["load"], ceiling) if p.get("saturated") and mode == "rate" else None
-        if note:
-            p["saturated"], p["saturation_note"] = False, note
+    ceiling = capacity.sustained_ceiling(sweep.summarize(raw, mode), mode)
     planned = planned_loads(rec)
     missing = missing_levels(planned, points)
     above = [load for load in missing if load > points[-1]["load"]]

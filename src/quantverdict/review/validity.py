@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from quantverdict.measure import bench_result, capacity, server_metrics, sweep, sweep_plan
+from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
-from quantverdict.measure.aggregate import is_number
 from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
 from quantverdict.review.flags import Flag
@@ -103,25 +102,12 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
     lines = []
     levels = sweep.summarize(raw, mode)
     invalid = [point_label(q, mode) for q in raw if not point_checks.point_valid(q)]
-    ceiling = {
-        "kind": speed.get("ceiling_kind"),
-        "rps": speed.get("ceiling_rps"),
-        "offered_rate_rps": "inf" if speed.get("saturation_label") == "unlimited rate" else None,
-    }
     sat_raw = [q for q in raw if point_checks.point_valid(q) and point_checks.point_saturated(q)]
-    overruled = [
-        q for q in sat_raw if mode == "rate" and capacity.saturation_overruled(q.get("offered_rate_rps"), ceiling)
-    ]
     saturated = [
-        f"{point_label(q, mode)} (achieved/offered {q['saturation_ratio']:.2f}, {q.get('saturation_basis', '?')})"
-        if is_number(q.get("saturation_ratio"))
-        else point_label(q, mode)
+        f"{point_label(q, mode)} ({point_checks.describe_saturation(point_checks.point_saturation(q))})"
         for q in sat_raw
-        if q not in overruled
     ]
     reps = sorted({lv["repeats"] for lv in levels})
-    if overruled:
-        text_over = ", ".join(point_label(q, mode) for q in overruled)
     text = (
         f"{sc_name}: {len(raw)} speed points over {len(levels)} load levels, "
         f"{'/'.join(str(r) for r in reps)} repeat(s) each; every number is a median over valid repeats"
@@ -138,11 +124,6 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
         if saturated
         else ("; no point saturated" if mode == "rate" else "; closed loop: saturation not defined")
     )
-    if overruled:
-        text += (
-            f"; {text_over}: achieved under 90% of the offered rate, but under 90% of the ceiling "
-            f"({speed.get('ceiling_rps'):.2f} req/s): a short-run shortfall, not saturation"
-        )
     kind = speed.get("ceiling_kind")
     if kind and kind != "none":
         rng = speed.get("ceiling_tok_s_range")
@@ -153,7 +134,7 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
         )
         stopped = speed.get("stopped_before") or []
         what = {
-            "saturated": "from the saturated/burst points",
+            "saturated": "the highest achieved rate over the valid loads, which reach a saturated rate or the burst",
             "lower_bound": (
                 f"a lower bound: the sweep has no valid point at {', '.join(stopped)}, so the server's ceiling may "
                 "lie above it"
