@@ -31,24 +31,33 @@ def v2_record() -> dict:
                     "output_tokens_requested": 40,
                     "output_tokens_total": 40,
                 },
-                # open loop at 4 req/s, 3.5 achieved: 3.5 < 0.9 x 4 = 3.6 -> saturated; 35 of 40 tokens (87.5%
-                # < 90%) -> invalid
+                # open loop at 4 req/s, no per-request times: completion pace estimated as (9 - 1) / (5 s - 1 s)
+                # = 2 req/s, 0.5 x the offered 4 < 0.9 -> saturated; 35 of 40 tokens (87.5% < 90%) -> invalid
                 {
                     "point": "rate-4_r0",
-                    "concurrency": None,
                     "offered_rate_rps": 4.0,
-                    "achieved_rps": 3.5,
-                    "completed": 5,
+                    "achieved_rps": 1.8,
+                    "completed": 9,
+                    "duration_s": 5.0,
+                    "e2e_ms_p50": 1000.0,
                     "output_tokens_requested": 40,
                     "output_tokens_total": 35,
                 },
-                # open loop at 2 req/s, 1.9 achieved (>= 1.8) -> not saturated; no request completed -> invalid
+                # open loop at 2 req/s: no request completed -> invalid, saturation not measurable
+                {"point": "rate-2_r0", "offered_rate_rps": 2.0, "achieved_rps": 1.9, "completed": 0},
+                # decided on the whole run (0.8 achieved of 1 offered: "saturated"); the pace rule says
+                # (9 - 1) / (9 s - 1 s) = 1 req/s, 1.0 x the offered rate -> not saturated
                 {
-                    "point": "rate-2_r0",
-                    "concurrency": None,
-                    "offered_rate_rps": 2.0,
-                    "achieved_rps": 1.9,
-                    "completed": 0,
+                    "point": "rate-1_r0",
+                    "offered_rate_rps": 1.0,
+                    "achieved_rps": 0.8,
+                    "completed": 9,
+                    "duration_s": 9.0,
+                    "e2e_ms_p50": 1000.0,
+                    "valid": True,
+                    "saturated": True,
+                    "saturation_ratio": 0.8,
+                    "saturation_basis": "whole_run",
                 },
             ],
             "summary": [{"concurrency": 4, "offered_rate_rps": None}],
@@ -60,10 +69,13 @@ def test_a_version_2_record_states_what_it_left_to_the_reader() -> None:
     old = v2_record()
     new = migrate.upgrade(old)
     assert (new["schema_version"], new["migrated_from"]) == (3, 2)
-    c4, r4, r2 = new["speed"]["points"]
+    c4, r4, r2, r1 = new["speed"]["points"]
     assert (c4["offered_rate_rps"], c4["valid"], c4["saturated"]) == ("inf", True, None)
+    assert c4["saturation_basis"] == "closed_loop"
     assert (r4["offered_rate_rps"], r4["valid"], r4["saturated"]) == (4.0, False, True)
-    assert (r2["valid"], r2["saturated"]) == (False, False)
+    assert (r4["saturation_ratio"], r4["saturation_basis"]) == (0.5, "estimated_pace")
+    assert (r2["valid"], r2["saturated"], r2["saturation_basis"]) == (False, None, "too_few_requests")
+    assert (r1["saturated"], r1["saturation_ratio"], r1["saturation_basis"]) == (False, 1.0, "estimated_pace")
     assert new["speed"]["summary"][0]["offered_rate_rps"] == "inf"
     # bench.server.dtype auto: vLLM serves the checkpoint's dtype, config.model.dtype
     assert new["speed"]["dtype"] == {"value": "bfloat16", "chosen_by": "checkpoint", "why": "vLLM's auto"}

@@ -7,7 +7,9 @@ other module branches on a record's version or on keys an older version lacked. 
 * **2 -> 3**: every sweep point and load level states what older records left to the reader:
   ``valid`` (a point without it: output tokens >= 90% of those requested and at least one request
   completed, :func:`quantverdict.measure.validity.point_valid`), ``saturated``
-  (:func:`quantverdict.measure.validity.point_saturated`), and ``offered_rate_rps`` (``"inf"`` where older
+  with its ratio and basis (completion pace over arrival pace, :func:`quantverdict.measure.validity.saturation`,
+  from what the point kept: :func:`quantverdict.measure.validity.older_point_saturation`; an older basis, the
+  whole-run or steady-window rate, is replaced), and ``offered_rate_rps`` (``"inf"`` where older
   records wrote null for a closed loop or a burst); ``speed.dtype`` (the compute dtype the server ran in)
   where older records only kept the configured ``bench.server.dtype`` (``auto``: the checkpoint's dtype,
   ``config.model.dtype``); the checkpoint's ``effective_bits_per_weight`` under that name (early records wrote
@@ -81,7 +83,8 @@ def _v2_to_v3(data: dict[str, Any]) -> None:
         if p.get("concurrency") is not None or is_inf_rate(p.get("offered_rate_rps")):
             p["offered_rate_rps"] = INF
         p.setdefault("valid", validity.point_valid(p))
-        p.setdefault("saturated", validity.point_saturated(p))
+        if p.get("saturation_basis") not in validity.RULE_BASES:  # decided on another basis, or not at all
+            p.update(validity.older_point_saturation(p))
     levels = speed.get("summary")
     for lv in levels if isinstance(levels, list) else []:
         if isinstance(lv, dict) and (lv.get("concurrency") is not None or is_inf_rate(lv.get("offered_rate_rps"))):
