@@ -23,7 +23,7 @@ CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 TEST_DATA ?= $(or $(QV_DATA_ROOT),$(wildcard $(CURDIR)/../shared/data))
 TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
 
-.PHONY: setup browser run test test-unit test-browser lint format-check clean-outputs bench-gpu
+.PHONY: setup browser run test test-unit test-browser lint format-check schema clean-outputs bench-gpu
 
 $(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
 	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) \
@@ -68,6 +68,11 @@ lint: $(VENV)/.ready format-check
 
 format-check: $(VENV)/.ready
 	$(VPY) -m ruff format --check src pipelines tests
+
+# the JSON schema of review.json (docs/schema/review.schema.json) from its typed model, quantverdict.review.document;
+# tests/unit/test_review_document.py holds the committed file equal to it
+schema: $(VENV)/.ready
+	$(VPY) -c 'from quantverdict.review.document import write_schema; print(write_schema())'
 
 clean-outputs:
 	rm -rf outputs/runs outputs/multirun

@@ -67,4 +67,4 @@ def test_kv_grid_weighs_the_kv_lever(tmp_path: Path, stage_envs: dict, embedded_
     assert fp8["config"]["bench"]["server"]["kv_cache_dtype"] == "fp8"
     assert fp8["accuracy"]["settings"]["kv_cache_dtype"] == "fp8" and fp8["accuracy"]["kld"]["role"] == "scheme"
     if verdict["decision"] == "quantize":
-        assert (verdict["scheme"], verdict["lever"]) == ("bf16+kv-fp8", "KV cache")
+        assert (verdict["chosen_scheme"], verdict["lever"]) == ("bf16+kv-fp8", "KV cache")

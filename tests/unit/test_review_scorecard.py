@@ -222,7 +222,7 @@ def test_review_json_is_strict(tmp_path: Path) -> None:
     assert data["verdicts"][0]["decision"] == "do not quantize"
     assert data["constraints"]["memory_budget_gib"] == 24.0
     card = next(c for c in data["scorecards"] if c["scheme"] == "gptq")
-    assert card["checks"]["memory"]["status"] == "pass"
+    assert card["checks"]["memory"]["outcome"] == "pass"
 
 
 QWEN35_9B_STATE = {

@@ -153,10 +153,10 @@ def test_written_review_json_and_plots(tmp_path: Path) -> None:
     assert "plots/accuracy.png" not in paths and "plots/memory.png" in paths
     data = json.loads(paths["json"].read_text())
     v = data["verdicts"][0]
-    assert v["decision"] == "quantize" and v["scheme"] == "fp8" and v["accuracy_not_measured"]
+    assert v["decision"] == "quantize" and v["chosen_scheme"] == "fp8" and v["accuracy_not_measured"]
     gptq = next(c for c in data["scorecards"] if c["scheme"] == "gptq")
-    assert gptq["accuracy"] == [] and gptq["accuracy_not_applicable"].startswith("synthetic model")
-    assert gptq["checks"]["accuracy"]["status"] == "not_applicable"
+    assert gptq["accuracy"]["deltas"] == [] and gptq["accuracy"]["not_applicable"].startswith("synthetic model")
+    assert gptq["checks"]["accuracy"]["outcome"] == "not_applicable"
     assert gptq["speed"]["roofline"]["efficiency"] == pytest.approx(0.5)  # 1.25 / 2.5
     md = paths["md"].read_text()
     assert "No accuracy plot: accuracy is not applicable to llama3.1-8b-shape" in md

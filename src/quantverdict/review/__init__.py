@@ -11,7 +11,8 @@ whether a scheme and its baseline ran on one GPU), :mod:`.dtypes` and :mod:`.fla
 :mod:`.headline` (the first screen's three numbers per scheme), :mod:`.kld` (the KL divergence against the
 baseline's distributions), :mod:`.gpus` (GPUs used and needed, throughput per GPU, the GPU-name match),
 :mod:`.cost` (USD per million output tokens from a GPU price), :mod:`.crossmodel` (models compared on one target
-GPU), :mod:`.plots`, :mod:`.render`, :mod:`.core` (build, write, log).
+GPU), :mod:`.plots`, :mod:`.render`, :mod:`.document` (``review.json``'s typed document and JSON schema) filled by
+:mod:`.export`, :mod:`.core` (build, write, log).
 """
 
 from quantverdict.review.core import Review, ReviewNotLogged, build_review, run_review, to_json, write_review

@@ -5,14 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from quantverdict import __version__
 from quantverdict.config.kv import combo_order
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.measure import kernels
@@ -29,10 +27,11 @@ from quantverdict.results.tracking import (
     param_value,
     runs_page,
 )
-from quantverdict.review import constraints, crossmodel, flags, gpus, sources
+from quantverdict.review import constraints, flags, gpus, sources
 from quantverdict.review.accuracy import accuracy_section
-from quantverdict.review.cost import cost_json
+from quantverdict.review.document import SCHEMA_VERSION
 from quantverdict.review.dtypes import dtype_flags
+from quantverdict.review.export import to_document
 from quantverdict.review.flags import Flag
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import memory_summary
@@ -56,7 +55,7 @@ from quantverdict.review.verdict import (
 
 log = logging.getLogger(__name__)
 
-REVIEW_SCHEMA_VERSION = 1
+REVIEW_SCHEMA_VERSION = SCHEMA_VERSION  # of review.json (quantverdict.review.document)
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 
 
@@ -359,48 +358,19 @@ def _activation_quantized(rec: JobRecord) -> bool:
 # --- JSON -------------------------------------------------------------------------------------------
 
 
-def _clean(obj: Any) -> Any:
-    """Dataclasses -> dicts, a flag -> its message; non-finite floats -> None (strict JSON)."""
-    if isinstance(obj, Flag):
-        return obj.message
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _clean(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def to_json(review: Review) -> dict[str, Any]:
-    """The machine-readable verdict: constraints, per-model verdict, per-scheme checks and scorecards, and
-    ``cost`` (USD per million output tokens per scheme, :func:`quantverdict.review.cost.cost_json`) when a
-    ``review.gpu_price_per_hour`` applies to the GPU the records ran on."""
-    cards = []
-    for sc in review.cards:
-        d = _clean(sc)
-        d["speed"].pop("points", None)
-        d["checks"] = _clean(review.checks.get(sc.model, {}).get(sc.scheme, {}))
-        cards.append(d)
-    return {
-        "schema_version": REVIEW_SCHEMA_VERSION,
-        "tool": {"name": "quantverdict", "version": __version__},
-        "source": review.source,
-        "generated_at": review.generated_at,
-        "constraints_label": review.label,
-        "constraints_how": review.constraints_how,
-        "constraints": _clean(review.config),
-        "verdicts": _clean(review.verdicts),
-        "scorecards": cards,
-        "regime": _clean(review.regime),
-        "flags": [f.message for f in review.flags],
-        "validity": review.validity,
-        "notes": review.notes,
-        **({"cost": cost} if (cost := cost_json(review)) is not None else {}),
-        **({"cross_model": _clean(cm)} if (cm := crossmodel.to_json(review)) is not None else {}),
-    }
+    """The machine-readable review, ``review.json``: the typed document
+    (:func:`quantverdict.review.export.to_document`, validated against
+    :class:`quantverdict.review.document.ReviewDocument`) as JSON values. It holds the constraints, per model the
+    decision (chosen scheme, binding constraints, schemes passed over and why), per scheme the three numbers and
+    each check's criteria, the regime claims, the flags with their codes, ``cost`` (USD per million output tokens
+    per scheme, :func:`quantverdict.review.cost.cost_json`) when a ``review.gpu_price_per_hour`` applies to the GPU
+    the records ran on, and ``cross_model`` when models are compared on a target GPU.
+
+    Raises:
+        ValueError: the review holds a value the document's schema refuses (:func:`to_document`).
+    """
+    return to_document(review).model_dump(mode="json")
 
 
 # --- writing and tracking ---------------------------------------------------------------------------
@@ -408,14 +378,18 @@ def to_json(review: Review) -> dict[str, Any]:
 
 def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     """Write ``review.md`` (PNG plots beside it in ``plots/``), ``review.html`` (plots embedded as
-    base64, no external resource) and ``review.json`` into ``out_dir``.
+    base64, no external resource) and ``review.json`` (:func:`to_json`) into ``out_dir``.
 
     Returns:
         ``{"md", "html", "json", "plots/<name>.png"...}`` -> path.
+
+    Raises:
+        ValueError: the review holds a value ``review.json``'s schema refuses (:func:`to_json`); nothing is written.
     """
     # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
 
+    document = to_json(review)  # validated before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = plots.make_plots(review)
     paths: dict[str, Path] = {}
@@ -430,7 +404,7 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     paths["html"] = out_dir / "review.html"
     paths["html"].write_text(render.to_html(blocks, f"quantverdict review: {review.source}", pngs))
     paths["json"] = out_dir / "review.json"
-    paths["json"].write_text(json.dumps(to_json(review), indent=2, allow_nan=False))
+    paths["json"].write_text(json.dumps(document, indent=2, allow_nan=False))
     return paths
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 # the codes a review raises (tests and tools match these, never the prose)
 DTYPE_MISMATCH = "dtype_mismatch"  # scheme and baseline served in different compute dtypes
@@ -24,12 +25,34 @@ WORKLOAD_MISMATCH = "workload_mismatch"  # scheme and baseline swept at differen
 SWEEP_INCOMPLETE = "sweep_incomplete"  # planned load levels without a valid point (a job stopped mid-sweep ...)
 
 
+class FlagCode(StrEnum):
+    """Every code above, as one type: ``review.json``'s flags carry one (its JSON schema lists them)."""
+
+    DTYPE_MISMATCH = DTYPE_MISMATCH
+    ACCURACY_REFUSED = ACCURACY_REFUSED
+    ACCURACY_NOTE = ACCURACY_NOTE
+    BATCH_VARIANCE = BATCH_VARIANCE
+    PERPLEXITY_FAMILY = PERPLEXITY_FAMILY
+    SPEED_POINT_SHORT = SPEED_POINT_SHORT
+    SPEED_POINT_INVALID = SPEED_POINT_INVALID
+    SPEED_POINT_SHORT_KEPT = SPEED_POINT_SHORT_KEPT
+    SPEED_POINT_FAILED = SPEED_POINT_FAILED
+    PERCENTILE_DISAGREEMENT = PERCENTILE_DISAGREEMENT
+    FALLBACK_KERNEL = FALLBACK_KERNEL
+    ONEDNN_FALLBACK = ONEDNN_FALLBACK
+    KV_BYTES_MISMATCH = KV_BYTES_MISMATCH
+    GGUF_BASELINE = GGUF_BASELINE
+    DIFFERENT_GPU = DIFFERENT_GPU
+    WORKLOAD_MISMATCH = WORKLOAD_MISMATCH
+    SWEEP_INCOMPLETE = SWEEP_INCOMPLETE
+
+
 @dataclass(frozen=True)
 class Flag:
     """One flag of a review.
 
     Attributes:
-        code: what kind of flag (one of this module's constants).
+        code: what kind of flag (one of this module's constants, a :class:`FlagCode`).
         scheme: the scorecard it is about (``"<scheme> (<label>)"`` or ``"<model>/<scheme> (<label>)"``, the
             scorecard's name); ``""`` while a helper has not yet attached it to one.
         message: the sentence the review renders, as rendered (it names the scheme itself).

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number
 from quantverdict.results.record import JobRecord
+from quantverdict.review.document import Criterion, CriterionMetric, Outcome
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 from quantverdict.review.stats import Interval
 
@@ -31,8 +32,14 @@ __all__ = ["KLD", "KldDelta", "kld_deltas", "kld_row", "with_kld_constraint"]
 KLD = "kld"  # TaskDelta.kind and .name of the KLD deltas
 MEAN, TOP1 = "mean_kld", "top1_agreement_pct"
 REFUSED = "refused"
-# review.verdict's check statuses (verdict calls this module, so it is not imported here: no cycle)
-PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
+# the check statuses, as review.verdict names them (verdict imports this module: its names are not imported here)
+PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = (
+    Outcome.PASS,
+    Outcome.FAIL,
+    Outcome.UNKNOWN,
+    Outcome.OFF,
+    Outcome.NOT_APPLICABLE,
+)
 
 
 class _CheckLike(Protocol):
@@ -43,6 +50,7 @@ class _CheckLike(Protocol):
     shortfall: str
     excess: float
     cite: str
+    criteria: list[Criterion]
 
 
 _C = TypeVar("_C", bound=_CheckLike)
@@ -132,13 +140,57 @@ def _kld_of(sc: Scorecard) -> list[KldDelta]:
     return [d for d in sc.accuracy if isinstance(d, KldDelta)]
 
 
+def _criterion(
+    d: KldDelta, rc: ReviewConfig, floor_test_of: FloorTest, judged: float, threshold: float, ok: bool
+) -> Criterion:
+    """The KLD limit (mean KLD) or floor (top-1 agreement) held against ``d``, as :func:`_verdict_parts` judged it."""
+    mean = d.metric == MEAN
+    iv = d.interval if mean else d.recovery_interval  # without one, the point estimate was judged
+    return Criterion(
+        metric=CriterionMetric.MEAN_KLD_NATS if mean else CriterionMetric.TOP1_AGREEMENT_PCT,
+        subject=d.metric,
+        limit="max_mean_kld" if mean else "min_top1_agreement_pct",
+        comparison="<=" if mean else ">=",
+        threshold=threshold,
+        observed=d.value,
+        judged=judged,
+        test="interval" if floor_test_of(d, rc) == "interval" and iv is not None else "point",
+        outcome=PASS if ok else FAIL,
+    )
+
+
+def _unmeasured(rc: ReviewConfig, why: str) -> list[Criterion]:
+    """The KLD limits that are set, each ``unknown``: no KL divergence to hold against them (``why``)."""
+    limits = (
+        (CriterionMetric.MEAN_KLD_NATS, MEAN, "max_mean_kld", "<=", rc.max_mean_kld),
+        (CriterionMetric.TOP1_AGREEMENT_PCT, TOP1, "min_top1_agreement_pct", ">=", rc.min_top1_agreement_pct),
+    )
+    return [
+        Criterion(
+            metric=metric,
+            subject=subject,
+            limit=limit,
+            comparison="<=" if op == "<=" else ">=",
+            threshold=threshold,
+            observed=None,
+            judged=None,
+            test="point",
+            outcome=UNKNOWN,
+            note=why,
+        )
+        for metric, subject, limit, op, threshold in limits
+        if threshold is not None
+    ]
+
+
 def _verdict_parts(
     ds: list[KldDelta], rc: ReviewConfig, floor_test_of: FloorTest
-) -> tuple[list[str], list[str], list[tuple[float, str]]]:
-    """(text parts, cite parts, fails as (excess, sentence)) of the KLD limits for one scheme's deltas."""
+) -> tuple[list[str], list[str], list[tuple[float, str]], list[Criterion]]:
+    """(text parts, cite parts, fails as (excess, sentence), criteria) of the KLD limits for one scheme's deltas."""
     parts: list[str] = []
     cites: list[str] = []
     fails: list[tuple[float, str]] = []
+    crits: list[Criterion] = []
     by = {d.metric: d for d in ds}
     limit = rc.max_mean_kld
     if limit is not None and MEAN in by:
@@ -148,6 +200,7 @@ def _verdict_parts(
         if floor_test_of(d, rc) == "interval" and d.interval is not None:
             judged, how = d.interval.low, f" (interval test: its interval starts at {d.interval.low:.4g})"
         ok = judged <= limit
+        crits.append(_criterion(d, rc, floor_test_of, judged, limit, ok))
         op = "<=" if ok else ">"
         parts.append(f"mean KLD {d.value:.4g} nats{how} {op} {limit:g}")
         cites.append(f"mean KLD {d.value:.4g} nats {op} {limit:g}")
@@ -164,6 +217,7 @@ def _verdict_parts(
             judged = d.recovery_interval.high
             how = f" (interval test: its interval reaches {d.recovery_interval.high:.2f}%)"
         ok = judged >= floor
+        crits.append(_criterion(d, rc, floor_test_of, judged, floor, ok))
         op = ">=" if ok else "<"
         parts.append(f"top-1 agreement {d.value:.2f}%{how} {op} {floor:g}%")
         cites.append(f"top-1 agreement {d.value:.2f}% {op} {floor:g}%")
@@ -172,7 +226,7 @@ def _verdict_parts(
             fails.append(
                 (gap / max(floor, 1e-12), f"top-1 agreement {d.value:.2f}% is {gap:.2f} points below {floor:g}%")
             )
-    return parts, cites, fails
+    return parts, cites, fails, crits
 
 
 def with_kld_constraint(check: _C, sc: Scorecard, rc: ReviewConfig, floor_test_of: FloorTest) -> _C:
@@ -212,13 +266,17 @@ def with_kld_constraint(check: _C, sc: Scorecard, rc: ReviewConfig, floor_test_o
             status=FAIL if status == FAIL else UNKNOWN,
             text="; ".join(t for t in (text, extra) if t),
             cite="; ".join(t for t in (cite, "KLD not measured") if t),
+            criteria=[*check.criteria, *_unmeasured(rc, refused)],
         )
-    parts, cites, fails = _verdict_parts(ds, rc, floor_test_of)
+    parts, cites, fails, crits = _verdict_parts(ds, rc, floor_test_of)
     text = "; ".join(t for t in (text, *parts) if t)
     cite = " and ".join(t for t in (cite, *cites) if t)
+    criteria = [*check.criteria, *crits]
     if not fails:
-        return dataclasses.replace(check, status=status, text=text, cite=cite)  # type: ignore[type-var]
+        return dataclasses.replace(check, status=status, text=text, cite=cite, criteria=criteria)  # type: ignore[type-var]
     fails.sort(reverse=True)
     shortfall = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
     excess = max(check.excess, fails[0][0])
-    return dataclasses.replace(check, status=FAIL, text=text, shortfall=shortfall, excess=excess, cite=cite)  # type: ignore[type-var]
+    return dataclasses.replace(  # type: ignore[type-var]
+        check, status=FAIL, text=text, shortfall=shortfall, excess=excess, cite=cite, criteria=criteria
+    )

@@ -27,16 +27,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.format import number
 from quantverdict.review import stats
+from quantverdict.review.document import (
+    ConstraintKind,
+    Criterion,
+    CriterionMetric,
+    Decision,
+    JobStatus,
+    Outcome,
+    PassedOver,
+    PassReason,
+)
 from quantverdict.review.kld import with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
 
-PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = "pass", "fail", "unknown", "off", "not_applicable"
+PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = (
+    Outcome.PASS,
+    Outcome.FAIL,
+    Outcome.UNKNOWN,
+    Outcome.OFF,
+    Outcome.NOT_APPLICABLE,
+)
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
 CONSTRAINTS = ("memory", "accuracy", "latency")
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
@@ -45,14 +61,16 @@ PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
 @dataclass
 class Check:
     """One constraint checked for one scheme. ``text`` cites the numbers; ``shortfall`` says by how
-    much a failing scheme misses; ``excess`` is that shortfall relative to the limit (for ranking)."""
+    much a failing scheme misses; ``excess`` is that shortfall relative to the limit (for ranking);
+    ``criteria``: each limit a number was held against, with its threshold, value and outcome."""
 
     constraint: str
-    status: str  # pass | fail | unknown | off | not_applicable
+    status: str  # pass | fail | unknown | off | not_applicable (an Outcome)
     text: str
     shortfall: str = ""
     excess: float = 0.0
     cite: str = ""  # the numbers alone, for the verdict sentence (default: ``text``)
+    criteria: list[Criterion] = field(default_factory=list)
 
     def short(self) -> str:
         return self.cite or self.text
@@ -69,8 +87,10 @@ class Verdict:
     label: str | None
     sentence: str  # the verdict, citing the three numbers
     binding: list[str] = field(default_factory=list)  # constraints the baseline fails (with by how much)
+    binding_constraints: list[str] = field(default_factory=list)  # the same, the constraint names alone
     evidence: list[str] = field(default_factory=list)  # the chosen scheme's (or the baseline's) full checks
     others: list[str] = field(default_factory=list)  # one sentence per other scheme
+    passed_over: list[PassedOver] = field(default_factory=list)  # the same, typed: why each was not chosen
     order: list[str] = field(default_factory=list)  # the order schemes were tried in
     regime: list[str] = field(default_factory=list)
     # set when accuracy was not measured for this model (synthetic, random weights): the verdict rests
@@ -95,14 +115,65 @@ def _gib(v: float | None) -> str:
 # --- the three checks -------------------------------------------------------------------------------
 
 
+def _criterion(
+    metric: CriterionMetric,
+    subject: str,
+    limit: str,
+    comparison: Literal["<=", ">="],
+    threshold: float,
+    observed: float | None,
+    *,
+    judged: float | None = None,
+    test: Literal["point", "interval"] = "point",
+    ok: bool | None = None,
+    note: str = "",
+) -> Criterion:
+    """``observed`` held against ``threshold`` (the ``review.<limit>`` value): ``judged`` is the value compared
+    (default ``observed``; under the interval test the interval's end nearest to passing); the outcome is ``ok``
+    where the caller decided it, else the comparison, ``unknown`` without a value."""
+    value = observed if judged is None else judged
+    if ok is None and value is not None:
+        ok = value <= threshold if comparison == "<=" else value >= threshold
+    return Criterion(
+        metric=metric,
+        subject=subject,
+        limit=limit,
+        comparison=comparison,
+        threshold=threshold,
+        observed=_finite(observed),
+        judged=_finite(value),
+        test=test,
+        outcome=UNKNOWN if ok is None or value is None else PASS if ok else FAIL,
+        note=note,
+    )
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def _test(d: TaskDelta, rc: ReviewConfig) -> Literal["point", "interval"]:
+    """The test that judged ``d``: :func:`floor_test_of`'s, where ``interval`` needs the delta's interval (the
+    recovery's for a score); without one the point estimate is judged (:func:`_score_ok`, :func:`_ppl_ok`)."""
+    iv = d.recovery_interval if d.kind == "score" else d.interval
+    return "interval" if floor_test_of(d, rc) == "interval" and iv is not None else "point"
+
+
+def _subject(d: TaskDelta) -> str:
+    """``arc_easy acc_norm``; a perplexity kind named once (``token_perplexity``)."""
+    return d.metric if d.name == d.metric else f"{d.name} {d.metric}"
+
+
 def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     m = sc.memory
     if rc.memory_budget_gib is None:
         return Check("memory", OFF, "no memory budget set")
     if m.get("need_gib") is None:
         why = "weight size" if m.get("weights_gib") is None else "KV-cache size (model dimensions or request length)"
-        return Check("memory", UNKNOWN, f"not checked: {why} unknown")
+        crit = _criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", rc.memory_budget_gib, None)
+        return Check("memory", UNKNOWN, f"not checked: {why} unknown", criteria=[crit])
     need, budget = m["need_gib"], rc.memory_budget_gib
+    crits = [_criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
     parts = f"weights {_gib(m['weights_gib'])} + KV {_gib(m['kv_needed_gib'])} for {m['kv_needed_tokens']:,} tokens"
     if m.get("kv_dtype"):
         parts += f" in {m['kv_dtype']}"
@@ -119,6 +190,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
             PASS,
             f"needs {_gib(need)} ({parts}) <= {_gib(budget)} budget",
             cite=f"needs {_gib(need)} <= {_gib(budget)} budget",
+            criteria=crits,
         )
     over = need - budget
     return Check(
@@ -128,6 +200,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         shortfall=f"{_gib(over)} ({100 * over / budget:.0f}%) over the {_gib(budget)} budget",
         excess=over / budget,
         cite=f"needs {_gib(need)} > {_gib(budget)} budget",
+        criteria=crits,
     )
 
 
@@ -175,9 +248,11 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None and not d.refused
     ]
     cannot = "; ".join(f"{d.name} {d.metric} cannot be checked ({d.refused})" for d in unjudged)
+    judged_ids = {id(d) for d in (*unjudged, *scores, *ppls)}
+    crits = [_accuracy_criterion(d, rc) for d in floored if id(d) in judged_ids]  # in the record's order
     if not scores and not ppls:
         why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
-        return Check("accuracy", UNKNOWN, f"not checked: {why}")
+        return Check("accuracy", UNKNOWN, f"not checked: {why}", criteria=crits)
     fails: list[tuple[float, str]] = []
     parts: list[str] = []
     cites: list[str] = []
@@ -260,12 +335,50 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if fails:
         fails.sort(reverse=True)
         text = _join_text(text, cannot)
-        return Check("accuracy", FAIL, text, shortfall="; ".join(f for _, f in fails), excess=fails[0][0], cite=cite)
+        shortfall = "; ".join(f for _, f in fails)
+        return Check("accuracy", FAIL, text, shortfall=shortfall, excess=fails[0][0], cite=cite, criteria=crits)
     if unjudged:
         return Check(
-            "accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", cite=f"{cannot}; the rest: {cite}"
+            "accuracy",
+            UNKNOWN,
+            f"not checked: {cannot}; the rest: {text}",
+            cite=f"{cannot}; the rest: {cite}",
+            criteria=crits,
         )
-    return Check("accuracy", PASS, text, cite=cite)
+    return Check("accuracy", PASS, text, cite=cite, criteria=crits)
+
+
+def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
+    """The recovery floor (a score) or the perplexity limit held against one delta, as :func:`_score_ok` and
+    :func:`_ppl_ok` judge it; a delta that cannot be compared (``refused``) is ``unknown``, its value shown."""
+    test = _test(d, rc)
+    op: Literal["<=", ">="]
+    if d.kind == "score":
+        threshold = float(rc.min_recovery_pct or 0.0)
+        iv = d.recovery_interval if test == "interval" else None  # judged on its upper end
+        metric, limit, op = CriterionMetric.RECOVERY_PCT, "min_recovery_pct", ">="
+        observed, judged = d.recovery_pct, iv.high if iv is not None else d.recovery_pct
+        ok = _score_ok(d, threshold, rc)
+    else:
+        threshold = float(rc.max_perplexity_increase_pct or 0.0)
+        iv = d.interval if test == "interval" else None  # judged on its lower end
+        metric, limit, op = CriterionMetric.PERPLEXITY_INCREASE_PCT, "max_perplexity_increase_pct", "<="
+        observed, judged = d.delta_pct, iv.low if iv is not None else d.delta_pct
+        ok = _ppl_ok(d, threshold, rc)
+    if d.refused:
+        return Criterion(
+            metric=metric,
+            subject=_subject(d),
+            limit=limit,
+            comparison=op,
+            threshold=threshold,
+            observed=_finite(observed),
+            judged=None,
+            test=test,
+            outcome=UNKNOWN,
+            note=f"cannot be checked: {d.refused}",
+        )
+    return _criterion(metric, _subject(d), limit, op, threshold, observed, judged=judged, test=test, ok=ok)
 
 
 def _join_text(*parts: str) -> str:
@@ -298,8 +411,11 @@ def _ppl_ok(d: TaskDelta, limit: float, rc: ReviewConfig) -> bool:
     return (d.delta_pct or 0.0) <= limit
 
 
-def _attainment(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> tuple[str, str, list[str], float]:
-    """The latency check on per-request goodput at the load: ``(text, cite, fails, excess)``."""
+Judged = tuple[str, str, list[str], float, list[Criterion]]  # (text, cite, fails, excess, criteria)
+
+
+def _attainment(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Judged:
+    """The latency check on per-request goodput at the load: ``(text, cite, fails, excess, criteria)``."""
     g = at["goodput"]
     need = rc.slo_attainment_pct
     pct = g["slo_attainment_pct"]
@@ -319,20 +435,24 @@ def _attainment(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> tup
             f"(requests over each objective: {missed or 'none'})"
         )
         excess = (need - pct) / need
-    return text, cite, fails, excess
+    crit = _criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at["label"], "slo_attainment_pct", ">=", need, pct)
+    return text, cite, fails, excess, [crit]
 
 
-def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> tuple[str, str, list[str], float] | None:
+def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Judged | None:
     """The latency check on the TTFT p99 and ITL p99 at the load (records without per-request data):
-    ``(text, cite, fails, excess)``, None when a p99 is missing or only the per-request E2E objective is set."""
+    ``(text, cite, fails, excess, criteria)``, None when a p99 is missing or only the per-request E2E objective
+    is set."""
     if (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return None
     parts, fails = [], []
+    crits = []
     excess = 0.0
     for key, name, limit in (("ttft_ms_p99", "TTFT p99", rc.ttft_ms_p99), ("itl_ms_p99", "ITL p99", rc.itl_ms_p99)):
         if limit is None:
             continue
         v = at[key]
+        crits.append(_criterion(CriterionMetric(key), at["label"], key, "<=", limit, v))
         parts.append(f"{name} {v:,.0f} ms {'<=' if v <= limit else '>'} {limit:,.0f} ms")
         if v > limit:
             fails.append(
@@ -351,7 +471,7 @@ def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> tuple[str
         ]
         text += f" (median of {at.get('valid_repeats')} repeats; range {', '.join(bits)})"
     text += f" ({NO_PER_REQUEST}: judged on the p99s, not per request)"
-    return text, cite, fails, excess
+    return text, cite, fails, excess, crits
 
 
 def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
@@ -364,22 +484,36 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if at is None:
         return Check("latency", UNKNOWN, f"not checked: {sp.get('load_how')}")
     if at.get("goodput"):
-        text, cite, fails, excess = _attainment(at, sp, rc)
+        text, cite, fails, excess, crits = _attainment(at, sp, rc)
     else:
         judged = _p99s(at, sp, rc)
         if judged is None:
             return Check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at['label']}")
-        text, cite, fails, excess = judged
+        text, cite, fails, excess, crits = judged
     if rc.load_rps is not None and sp.get("ceiling_rps") is not None:
         ceiling = sp["ceiling_rps"]
         lower_bound = ceiling_is_floor(sp)
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
-        if ceiling < rc.load_rps and not lower_bound:
+        below = ceiling < rc.load_rps and not lower_bound
+        if below:
             fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
             excess = max(excess, (rc.load_rps - ceiling) / rc.load_rps)
+        note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
+        crits.append(
+            _criterion(
+                CriterionMetric.CEILING_RPS,
+                sp.get("saturation_label") or "",
+                "load_rps",
+                ">=",
+                rc.load_rps,
+                ceiling,
+                ok=not below,
+                note=note,
+            )
+        )
     if fails:
-        return Check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite)
-    return Check("latency", PASS, text, cite=cite)
+        return Check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite, criteria=crits)
+    return Check("latency", PASS, text, cite=cite, criteria=crits)
 
 
 def checks(sc: Scorecard, rc: ReviewConfig) -> dict[str, Check]:
@@ -550,6 +684,36 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
     return v, all_checks
 
 
+def passed_over(sc: Scorecard, cs: dict[str, Check], if_eligible: PassReason, sentence: str) -> PassedOver:
+    """Why ``sc`` was not chosen, typed: its job did not finish ok, else it fails a check, else a check could not be
+    made, else ``if_eligible`` (it passes every check; the decision says why another was preferred). ``criteria``:
+    the limits of its failing and unknown checks that it does not pass."""
+    fails = [ConstraintKind(c.constraint) for c in cs.values() if c.status == FAIL]
+    unknown = [ConstraintKind(c.constraint) for c in cs.values() if c.status == UNKNOWN]
+    job = {"interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
+    if sc.status != "ok":
+        reason = job.get(sc.status, PassReason.JOB_FAILED)
+    else:
+        reason = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
+    return PassedOver(
+        scheme=sc.scheme,
+        label=sc.label,
+        reason=reason,
+        job_status=JobStatus(sc.status),
+        failed_stage=sc.failed_stage,
+        fails=fails,
+        not_checked=unknown,
+        criteria=[k for c in cs.values() if c.status in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS],
+        sentence=sentence,
+    )
+
+
+def _other(v: Verdict, sc: Scorecard, cs: dict[str, Check], if_eligible: PassReason, tail: str) -> None:
+    """``sc`` not chosen: its sentence (``<name>: <tail>``) in ``v.others``, its reason in ``v.passed_over``."""
+    v.others.append(f"{sc.name}: {tail}")
+    v.passed_over.append(passed_over(sc, cs, if_eligible, v.others[-1]))
+
+
 def _decide(
     model: str, v: Verdict, base: Scorecard | None, order: list[Scorecard], all_checks: dict[str, dict[str, Check]]
 ) -> None:
@@ -558,19 +722,20 @@ def _decide(
     alone = "On memory and speed alone: " if v.accuracy_not_measured else ""
     three = "both memory and latency" if v.accuracy_not_measured else "all three"
     if base is None:
-        v.decision = "no baseline"
+        v.decision = Decision.NO_BASELINE
         v.sentence = (
             f"**No verdict for {model}: its baseline did not run**, so no accuracy delta can be computed "
             "and 'do not quantize' cannot be weighed."
         )
         for sc in order:
-            v.others.append(f"{sc.name}: {_cite(all_checks[sc.scheme])}")
+            _other(v, sc, all_checks[sc.scheme], PassReason.NO_VERDICT, _cite(all_checks[sc.scheme]))
         return
     bc = all_checks[base.scheme]
     v.binding = [f"{base.name} fails {c.constraint}: {c.shortfall}" for c in bc.values() if c.status == FAIL]
+    v.binding_constraints = [c.constraint for c in bc.values() if c.status == FAIL]
     unverified = [c for c in bc.values() if c.status == UNKNOWN]
     if not v.binding and (unverified or base.status != "ok"):
-        v.decision = "baseline not checked"
+        v.decision = Decision.BASELINE_NOT_CHECKED
         hint = {"memory": "review.memory_budget_gib=null", "latency": "review.ttft_ms_p99=null review.itl_ms_p99=null"}
         offs = " ".join(hint[c.constraint] for c in unverified if c.constraint in hint)
         if unverified:
@@ -585,22 +750,22 @@ def _decide(
         )
         for sc in order:
             cs = all_checks[sc.scheme]
-            v.others.append(f"{sc.name}: " + (f"passes {three}" if _eligible(sc, cs) else _why_not(sc, cs)))
+            _other(v, sc, cs, PassReason.NO_VERDICT, f"passes {three}" if _eligible(sc, cs) else _why_not(sc, cs))
         return
     if not v.binding:
-        v.decision, v.scheme, v.label = "do not quantize", base.scheme, base.label
+        v.decision, v.scheme, v.label = Decision.DO_NOT_QUANTIZE, base.scheme, base.label
         head = f"{alone}do not quantize, keep {base.name}." if alone else f"Do not quantize: keep {base.name}."
         v.sentence = f"**{head}** No constraint binds: it {_three(bc)}."
         v.evidence = [f"{base.name} {c.constraint}: {c.text}" for c in bc.values()]
         for sc in order:
             cs = all_checks[sc.scheme]
             tail = f"would also pass {three}, but nothing needs it" if _eligible(sc, cs) else _why_not(sc, cs)
-            v.others.append(f"{sc.name}: {tail}")
+            _other(v, sc, cs, PassReason.NOT_NEEDED, tail)
         return
     chosen = next((sc for sc in order if _eligible(sc, all_checks[sc.scheme])), None)
     binding_names = ", ".join(c.constraint for c in bc.values() if c.status == FAIL)
     if chosen is None:
-        v.decision = "no scheme meets all three"
+        v.decision = Decision.NO_SCHEME
         ranked = sorted(
             order,
             key=lambda sc: (
@@ -623,10 +788,10 @@ def _decide(
         if closest is not None:
             v.evidence = [f"{closest.name} {c.constraint}: {c.text}" for c in all_checks[closest.scheme].values()]
         for sc in order:
-            v.others.append(f"{sc.name}: {_why_not(sc, all_checks[sc.scheme])}")
+            _other(v, sc, all_checks[sc.scheme], PassReason.NO_VERDICT, _why_not(sc, all_checks[sc.scheme]))
         return
     cc = all_checks[chosen.scheme]
-    v.decision, v.scheme, v.label = "quantize", chosen.scheme, chosen.label
+    v.decision, v.scheme, v.label = Decision.QUANTIZE, chosen.scheme, chosen.label
     same_tier = [
         sc for sc in order if sc.tier == chosen.tier and sc is not chosen and _eligible(sc, all_checks[sc.scheme])
     ]
@@ -649,11 +814,13 @@ def _decide(
         if sc is chosen:
             continue
         cs = all_checks[sc.scheme]
+        more = sc.tier > chosen.tier
+        why = PassReason.MORE_AGGRESSIVE if more else PassReason.SLOWER_SAME_TIER
         if _eligible(sc, cs):
-            more = "more aggressive" if sc.tier > chosen.tier else "same tier, slower at the load"
-            v.others.append(f"{sc.name}: passes {three} too, not chosen ({more})")
+            tail = f"passes {three} too, not chosen ({'more aggressive' if more else 'same tier, slower at the load'})"
+            _other(v, sc, cs, why, tail)
         else:
-            v.others.append(f"{sc.name}: {_why_not(sc, cs)}")
+            _other(v, sc, cs, why, _why_not(sc, cs))
     return
 
 

@@ -1,0 +1,841 @@
+"""``review.json``: the review as a typed document, and its JSON schema (``docs/schema/review.schema.json``).
+
+Every decision of a review is a field here, not a sentence: per model the decision (an enum), the chosen
+scheme, the binding constraints (kinds) and the schemes passed over with their reason; per scheme the three
+numbers with their units in the field names (GiB, %, nats, ms, tok/s, req/s) and their intervals where the
+review has them, and each check with the limits it held a number against (:class:`Criterion`: threshold,
+observed value, outcome); the regime claims (speedup, interval, rule, class); the flags with their codes
+(:class:`quantverdict.review.flags.FlagCode`). The sentences the renderers print stay beside them
+(``sentence``, ``text``), never instead of them.
+
+The models are strict (``extra="forbid"``, no NaN or infinity): a document with an unknown key or a wrong type is
+refused on write (:func:`quantverdict.review.export.to_document`) and on read (:meth:`ReviewDocument.model_validate`).
+``make schema`` writes the JSON schema (:func:`write_schema`); a unit test holds the committed file equal to
+:func:`schema_text`.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantverdict.config.schema import ReviewConfig
+from quantverdict.review.flags import FlagCode
+
+SCHEMA_VERSION: Final = 2
+SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
+
+# a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); "inf" for an unlimited rate
+Load = float | Literal["inf"]
+
+
+class _Strict(BaseModel):
+    """Unknown keys and non-finite floats are refused (strict JSON, RFC 8259)."""
+
+    model_config = ConfigDict(
+        extra="forbid", allow_inf_nan=False, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+
+# --- enums ------------------------------------------------------------------------------------------
+
+
+class ConstraintKind(StrEnum):
+    """The three constraints a scheme is checked against (:mod:`quantverdict.review.verdict`)."""
+
+    MEMORY = "memory"
+    ACCURACY = "accuracy"
+    LATENCY = "latency"
+
+
+class Outcome(StrEnum):
+    """How a check or one of its criteria came out.
+
+    ``pass`` / ``fail``: judged; ``unknown``: could not be judged (a number is missing or the comparison cannot be
+    made), which never lets a scheme be chosen; ``off``: no limit set for this constraint; ``not_applicable``:
+    accuracy of a model with random weights (never blocks).
+    """
+
+    PASS = "pass"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+    OFF = "off"
+    NOT_APPLICABLE = "not_applicable"
+
+
+class Decision(StrEnum):
+    """The verdict for one model (:func:`quantverdict.review.verdict.decide`)."""
+
+    DO_NOT_QUANTIZE = "do not quantize"  # the baseline meets every constraint
+    QUANTIZE = "quantize"  # the least aggressive scheme that meets all three
+    NO_SCHEME = "no scheme meets all three"  # the baseline fails one, and so does every scheme
+    NO_BASELINE = "no baseline"  # the baseline did not run: no delta, no verdict
+    BASELINE_NOT_CHECKED = "baseline not checked"  # the baseline's checks could not all be made
+
+
+class CriterionMetric(StrEnum):
+    """The number a criterion holds against a limit (the ``review.*`` key it comes from in brackets).
+
+    ``need_gib`` (``memory_budget_gib``): weights + KV cache + recurrent state + reserve, GiB;
+    ``recovery_pct`` (``min_recovery_pct``): ``100 · score / baseline``; ``perplexity_increase_pct``
+    (``max_perplexity_increase_pct``): ``100 · (ppl / baseline - 1)``; ``mean_kld_nats`` (``max_mean_kld``);
+    ``top1_agreement_pct`` (``min_top1_agreement_pct``); ``slo_attainment_pct`` (``slo_attainment_pct``): share of
+    requests meeting every latency objective at the stated load; ``ttft_ms_p99`` / ``itl_ms_p99`` (same keys):
+    p99s at the stated load, for records without per-request data; ``ceiling_rps`` (``load_rps``): the sustained
+    ceiling must reach the stated rate.
+    """
+
+    NEED_GIB = "need_gib"
+    RECOVERY_PCT = "recovery_pct"
+    PERPLEXITY_INCREASE_PCT = "perplexity_increase_pct"
+    MEAN_KLD_NATS = "mean_kld_nats"
+    TOP1_AGREEMENT_PCT = "top1_agreement_pct"
+    SLO_ATTAINMENT_PCT = "slo_attainment_pct"
+    TTFT_MS_P99 = "ttft_ms_p99"
+    ITL_MS_P99 = "itl_ms_p99"
+    CEILING_RPS = "ceiling_rps"
+
+
+class PassReason(StrEnum):
+    """Why a quantized scheme was not the one chosen.
+
+    ``job_failed`` / ``job_interrupted`` / ``job_not_finished``: its job did not finish ok; ``fails_constraint``: it
+    fails a check (``fails``); ``not_checked``: a check could not be made (``not_checked``); and for a scheme that
+    passes every check: ``not_needed`` (the baseline meets every constraint), ``more_aggressive`` (a less aggressive
+    scheme meets them), ``slower_same_tier`` (one of its tier with a lower E2E p50 at the load does), ``no_verdict``
+    (no verdict: the baseline is missing or was not checked).
+    """
+
+    JOB_FAILED = "job_failed"
+    JOB_INTERRUPTED = "job_interrupted"
+    JOB_NOT_FINISHED = "job_not_finished"
+    FAILS_CONSTRAINT = "fails_constraint"
+    NOT_CHECKED = "not_checked"
+    NOT_NEEDED = "not_needed"
+    MORE_AGGRESSIVE = "more_aggressive"
+    SLOWER_SAME_TIER = "slower_same_tier"
+    NO_VERDICT = "no_verdict"
+
+
+class Lever(StrEnum):
+    """What the chosen combination quantizes (``""``: nothing, the decision is not ``quantize``)."""
+
+    NONE = ""
+    WEIGHTS = "weights"
+    KV_CACHE = "KV cache"
+    BOTH = "weights and KV cache"
+
+
+class JobStatus(StrEnum):
+    """A job's status in its record (:class:`quantverdict.results.record.JobRecord`)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"  # stopped from outside (Ctrl-C, SIGTERM)
+    RUNNING = "running"  # read while running, or stopped without being marked
+
+
+class DeltaKind(StrEnum):
+    """An accuracy comparison: ``score`` (higher is better), ``perplexity`` (lower is better), ``kld`` (the KL
+    divergence to the baseline's next-token distributions, and top-1 agreement)."""
+
+    SCORE = "score"
+    PERPLEXITY = "perplexity"
+    KLD = "kld"
+
+
+class RegimeRule(StrEnum):
+    """What a regime claim rests on: a paired t test over repeats, the min-max range over repeats, one run."""
+
+    PAIRED_T = "paired t"
+    MIN_MAX_RANGE = "min-max range"
+    SINGLE_RUN = "single run"
+
+
+class RegimeClass(StrEnum):
+    """A claim's class: the speedup ``pays`` (>= 1.05x established), ``costs`` (<= 1 / 1.05x), else ``no change``."""
+
+    PAYS = "pays"
+    COSTS = "costs"
+    NO_CHANGE = "no change"
+
+
+class PairedVerdict(StrEnum):
+    """The paired test's verdict: the 95% interval of the speedup lies above 1, below 1, or contains it."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    NO_DIFFERENCE = "no difference established"
+
+
+# --- small parts -------------------------------------------------------------------------------------
+
+
+class Tool(_Strict):
+    name: str
+    version: str
+
+
+class MinMax(_Strict):
+    """The run-to-run range of a median: its smallest and largest value over the valid repeats."""
+
+    min: float
+    max: float
+
+
+class Interval(_Strict):
+    """A point estimate with a two-sided interval (:class:`quantverdict.review.stats.Interval`), in the unit of the
+    field that holds it."""
+
+    estimate: float
+    low: float
+    high: float
+    method: str
+    n: int | None
+    unit: str
+
+
+class Criterion(_Strict):
+    """One limit a check held one number against.
+
+    ``observed`` is the measured value; ``judged`` the value held against ``threshold`` (the observed value under
+    the point test; under the interval test the interval's end nearest to passing); ``comparison`` is what
+    ``judged`` must satisfy to pass (``<=`` or ``>=`` ``threshold``). ``observed`` and ``judged`` are None when the
+    number is missing (``outcome`` ``unknown``).
+    """
+
+    metric: CriterionMetric
+    subject: str = Field(description="what the number is of: the task and metric, or the load level; '' for memory")
+    limit: str = Field(description="the review.* key the threshold comes from")
+    comparison: Literal["<=", ">="]
+    threshold: float
+    observed: float | None
+    judged: float | None
+    test: Literal["point", "interval"]
+    outcome: Outcome
+    note: str = ""
+
+
+class Check(_Strict):
+    """One constraint checked for one scheme: its outcome, the criteria it rests on, and the sentences the
+    renderers print (``text``: with the numbers; ``shortfall``: by how much a failing scheme misses; ``cite``:
+    the numbers alone). ``excess`` is the worst shortfall relative to its limit (ranks the failing schemes)."""
+
+    constraint: ConstraintKind
+    outcome: Outcome
+    criteria: list[Criterion]
+    excess: float
+    text: str
+    shortfall: str
+    cite: str
+
+
+class Checks(_Strict):
+    memory: Check
+    accuracy: Check
+    latency: Check
+
+
+class Flag(_Strict):
+    """An honesty flag: what a reader must know before trusting a number. ``scheme`` is empty for a flag that is
+    about no single scheme."""
+
+    code: FlagCode
+    model: str
+    scheme: str
+    message: str
+
+
+# --- per model: the decision -------------------------------------------------------------------------
+
+
+class PassedOver(_Strict):
+    """A quantized scheme that was not chosen, and why (``criteria``: the limits it fails or could not be
+    held against, with threshold and observed value)."""
+
+    scheme: str
+    label: str
+    reason: PassReason
+    job_status: JobStatus
+    failed_stage: str | None
+    fails: list[ConstraintKind]
+    not_checked: list[ConstraintKind]
+    criteria: list[Criterion]
+    sentence: str
+
+
+class KvLever(_Strict):
+    """The KV-cache lever weighed on the baseline: what memory binds on, and what an FP8 KV cache would need."""
+
+    binds_on: Literal["kv_cache", "weights"] | None
+    need_gib: float | None
+    budget_gib: float | None
+    weights_gib: float | None
+    kv_gib: float | None
+    fp8_need_gib: float | None
+    fp8_fits: bool | None
+    measured: list[str] = Field(description="the quantized-cache combinations whose jobs finished ok")
+
+
+class ModelVerdict(_Strict):
+    """The decision for one model.
+
+    ``chosen_scheme`` is the scheme to deploy: the baseline for ``do not quantize``, the chosen scheme for
+    ``quantize``, None otherwise. ``binding``: the constraints the baseline fails. ``accuracy_not_measured``: why
+    accuracy was not measured (a model with random weights; the decision then rests on memory and latency alone),
+    ``""`` when it was.
+    """
+
+    model: str
+    decision: Decision
+    chosen_scheme: str | None
+    chosen_label: str | None
+    binding: list[ConstraintKind]
+    passed_over: list[PassedOver]
+    order: list[str] = Field(description="the quantized schemes in the order they were tried")
+    lever: Lever
+    kv_lever: KvLever | None = Field(description="None without a baseline")
+    accuracy_not_measured: str
+    sentence: str
+    binding_sentences: list[str]
+    evidence: list[str]
+    others: list[str]
+
+
+# --- per scheme: the three numbers ---------------------------------------------------------------------
+
+
+class HybridPaging(_Strict):
+    """How vLLM pages a hybrid model (:func:`quantverdict.measure.kv_cache.hybrid_paging`)."""
+
+    block_tokens: int
+    page_bytes: float
+    kv_layers: int
+    state_layers: int
+
+
+class Memory(_Strict):
+    """The memory the scheme needs for the stated capacity (GiB = 2^30 bytes) and what vLLM reported.
+
+    ``need_gib = weights_gib + kv_needed_gib + state_needed_gib + reserved_gib``
+    (:func:`quantverdict.review.memory.memory_summary`).
+    """
+
+    need_gib: float | None
+    budget_gib: float | None
+    weights_gib: float | None
+    weights_source: str | None
+    kv_needed_gib: float | None
+    kv_needed_tokens: int | None
+    kv_dtype: str | None
+    kv_dtype_bytes: float | None
+    kv_bytes_per_token: float | None
+    kv_bytes_per_token_measured: float | None
+    kv_bytes_per_token_paged: float | None
+    kv_scale_bytes: int | None
+    state_bytes_per_sequence: float | None
+    state_needed_gib: float | None
+    reserved_gib: float | None
+    request_len_tokens: int | None
+    kv_fp8_needed_gib: float | None
+    need_gib_kv_fp8: float | None
+    budget_kv_tokens: int | None
+    budget_max_concurrency: float | None
+    checkpoint_gib: float | None
+    bits_per_weight: float | None
+    served_dtype: str | None
+    hybrid_paging: HybridPaging | None
+    server_weights_gib: float | None
+    server_kv_cache_gib: float | None
+    server_kv_tokens: int | None
+    server_max_concurrency: float | None
+    kernels: list[str]
+    fallback: bool
+    fallback_lines: list[str]
+    unquantized_gemm_fallback: bool
+    quantization: str | None
+
+
+class KldFigures(_Strict):
+    """The record's KL divergence summary (:class:`quantverdict.measure.kld.KldSummary`); None where not recorded."""
+
+    mean_kld: float | None = None
+    median_kld: float | None = None
+    p99_kld: float | None = None
+    max_kld: float | None = None
+    top1_agreement_pct: float | None = None
+    rms_delta_p_pct: float | None = None
+    mean_delta_p_pct: float | None = None
+    n_tokens: int | None = None
+    n_windows: int | None = None
+    kld_exact: bool | None = None
+    top_k: int | None = None
+    confidence: float | None = None
+    mean_kld_ci_low: float | None = None
+    mean_kld_ci_high: float | None = None
+    top1_agreement_pct_ci_low: float | None = None
+    top1_agreement_pct_ci_high: float | None = None
+    interval_method: str | None = None
+    interval_note: str | None = None
+
+
+class AccuracyDelta(_Strict):
+    """One accuracy comparison against the baseline (:class:`quantverdict.review.scorecard.TaskDelta`).
+
+    ``score``: ``delta = value - baseline`` (absolute), ``recovery_pct = 100 · value / baseline``;
+    ``perplexity``: ``delta_pct = 100 · (value / baseline - 1)``; ``kld``: metric ``mean_kld`` (nats, baseline 0,
+    ``delta`` = the mean KLD) or ``top1_agreement_pct`` (baseline 100, ``recovery_pct`` = the agreement), or
+    ``refused`` (``value`` None, the reason in ``note``). ``interval`` is of ``delta`` (score, kld) or of
+    ``delta_pct`` (perplexity); ``recovery_interval`` in %. ``refused``: why the comparison cannot be made (it is
+    then left unjudged).
+    """
+
+    name: str
+    metric: str
+    kind: DeltaKind
+    value: float | None
+    baseline: float
+    delta: float | None
+    delta_pct: float | None
+    recovery_pct: float | None
+    interval: Interval | None
+    recovery_interval: Interval | None
+    mcnemar_b: int | None
+    mcnemar_c: int | None
+    mcnemar_p: float | None
+    n: int | None
+    paired: bool
+    significant: bool | None
+    note: str
+    refused: str
+    kld: KldFigures | None
+
+
+class Accuracy(_Strict):
+    """The scheme's accuracy against its baseline. ``not_applicable``: why accuracy cannot be measured (random
+    weights); ``refused``: why every delta was excluded (settings differ); None otherwise."""
+
+    not_applicable: str | None
+    refused: str | None
+    deltas: list[AccuracyDelta]
+
+
+class Workload(_Strict):
+    """The request shape the sweep ran (``bench.input_len`` / ``output_len`` tokens)."""
+
+    bench: str | None
+    input_len: int | None
+    output_len: int | None
+    text: str
+
+
+class LowLoad(_Strict):
+    """The lowest measured load: ITL p50 (ms) and one request's output tok/s (``1000 / TPOT p50``)."""
+
+    label: str | None
+    itl_ms_p50: float | None
+    itl_ms_p50_range: MinMax | None
+    output_tok_s_per_request: float | None
+
+
+class Ceiling(_Strict):
+    """The sustained ceiling (:func:`quantverdict.measure.capacity.sustained_ceiling`): req/s and output tok/s,
+    median over repeats with its range. ``lower_bound``: no point saturated, or the sweep stopped before its top
+    loads (the server's capacity is at least this). ``basis``: ``steady_window``, ``whole_run`` or ``mixed``."""
+
+    kind: str
+    label: str | None
+    rps: float | None
+    output_tok_s: float | None
+    output_tok_s_range: MinMax | None
+    whole_run_output_tok_s: float | None
+    whole_run_output_tok_s_range: MinMax | None
+    repeats: int | None
+    basis: str | None
+    lower_bound: bool
+
+
+class Goodput(_Strict):
+    """Per-request goodput at one load (as ``vllm bench serve --goodput``): requests meeting every objective."""
+
+    goodput_rps: float
+    slo_attainment_pct: float
+    good_requests: int
+    slo_requests: int
+    repeats: int
+    slo_missed: dict[str, int] = Field(description="requests over each objective (ttft, tpot, e2e)")
+
+
+class AtLoad(_Strict):
+    """The point at the stated load (``review.load_rps`` or ``load_concurrency``): medians over its valid
+    repeats, ``spread``: [min, max] per metric."""
+
+    label: str
+    load: Load
+    achieved_rps: float | None
+    output_tok_s: float | None
+    ttft_ms_p99: float | None
+    itl_ms_p99: float | None
+    e2e_ms_p50: float | None
+    e2e_ms_p99: float | None
+    valid_repeats: int | None
+    spread: dict[str, MinMax]
+    goodput: Goodput | None
+
+
+class Roofline(_Strict):
+    """Decode-step bytes against the GPU's measured copy bandwidth (the record's ``speed.roofline``)."""
+
+    decode_bytes: int | None = None
+    embedding_bytes: int | None = None
+    skipped_bytes: int | None = None
+    total_bytes: int | None = None
+    copy_bytes_per_s: float | None = None
+    ideal_ms_per_token: float | None = None
+    tpot_ms: float | None = None
+    efficiency: float | None = None
+    achieved_bytes_per_s: float | None = None
+    note: str | None = None
+
+
+class Speed(_Strict):
+    """The scheme's sweep as the review reads it (:func:`quantverdict.review.speed.speed_summary`). ``comparable``
+    False: kept out of speed comparisons (a fallback kernel, another request shape), ``excluded_why`` says why.
+    ``goodput_rps``: requests per second meeting every objective at the stated load; ``p99_slo_max_rps``: the
+    throughput at the highest load whose p99s meet the SLO."""
+
+    mode: str | None
+    workload: Workload | None
+    repeats: int | None
+    comparable: bool
+    excluded_why: str | None
+    kernel: str | None
+    compute: str | None
+    compute_reason: str | None
+    low_load: LowLoad | None
+    ceiling: Ceiling | None
+    at_load: AtLoad | None
+    load_how: str | None
+    goodput_rps: float | None
+    goodput_how: str | None
+    p99_slo_max_rps: float | None
+    p99_slo_max_how: str | None
+    missing_levels: list[str]
+    stopped_before: list[str]
+    roofline: Roofline | None
+
+
+class SpeedRatio(_Strict):
+    """The scheme's per-user output speed over the baseline's at one load level (``baseline TPOT p50 / scheme
+    TPOT p50``; > 1 is faster), with the run-to-run range (:class:`quantverdict.review.headline.Ratio`)."""
+
+    value: float
+    low: float | None
+    high: float | None
+    load: Load
+    label: str
+    repeats: int
+
+
+class HeadlineAccuracy(_Strict):
+    """The accuracy delta the check judges worst: ``delta`` in % (perplexity) or in points (score,
+    ``100 · (value - baseline)``), its interval in the same unit."""
+
+    name: str
+    metric: str
+    kind: DeltaKind
+    unit: Literal["%", "points"]
+    delta: float | None
+    low: float | None
+    high: float | None
+    n: int | None
+
+
+class Headline(_Strict):
+    """The first screen's three numbers (:mod:`quantverdict.review.headline`): GiB to serve the stated load, the
+    worst accuracy delta, and the speed ratio at concurrency 1 (or the lowest load) and at the stated load. None
+    for the baseline's accuracy and speed, and where not measured (``speed_note`` says why not compared)."""
+
+    memory_need_gib: float | None
+    accuracy: HeadlineAccuracy | None
+    speed_ratio_c1: SpeedRatio | None
+    speed_ratio_at_load: SpeedRatio | None
+    speed_note: str
+
+
+class Scheme(_Strict):
+    """One job of the review: identity, the three numbers, the checks, and what could not be computed.
+
+    ``weight_tier``: 0 for 16-bit weights, 1 for 8-bit, 2 for 4-bit or fewer; ``kv_cache``: the KV cache's
+    precision (``auto``, ``fp8``, ...); ``gpus``: the GPUs its server used.
+    """
+
+    job_id: str
+    model: str
+    scheme: str
+    label: str
+    weight_tier: int
+    kv_cache: str
+    is_baseline: bool
+    status: JobStatus
+    failed_stage: str | None
+    error: str | None
+    gpus: int
+    headline: Headline
+    memory: Memory
+    accuracy: Accuracy
+    speed: Speed
+    checks: Checks
+    missing: list[str]
+    validity: list[str]
+
+
+# --- regime --------------------------------------------------------------------------------------------
+
+
+class RegimeClaim(_Strict):
+    """One regime claim, at low load or at saturation (:func:`quantverdict.review.verdict.regime_side`).
+
+    ``speedup`` > 1 is faster; ``low``/``high``: its 95% interval (paired t) or min-max range (None for one run);
+    ``pairs``, ``load`` and ``metric`` for a paired test; ``word``: the verdict as said.
+    """
+
+    rule: RegimeRule
+    speedup: float
+    low: float | None
+    high: float | None
+    pairs: int | None
+    load: Load | None
+    metric: str | None
+    word: str
+    class_: RegimeClass = Field(validation_alias="class", serialization_alias="class")
+    note: str
+
+
+class PairedSpeedup(_Strict):
+    """One metric at one load, paired by repeat against the baseline
+    (:func:`quantverdict.review.verdict.paired_speedups`): the scheme / baseline ratio, its geometric mean and 95%
+    interval (None under 2 pairs), and the same as a speedup (> 1 is faster)."""
+
+    metric: str
+    name: str
+    load: Load
+    label: str
+    pairs: int
+    ratios: list[float]
+    ratio: float | None
+    low: float | None
+    high: float | None
+    speedup: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    verdict: PairedVerdict
+
+
+class Regime(_Strict):
+    """Where a scheme pays against its baseline: speedups at low load (baseline ITL p50 / the scheme's) and at
+    saturation (ceiling output tok/s over the baseline's), their claims, and why saturation was not compared
+    (``saturation_not_compared``, None when it was)."""
+
+    scheme: str
+    label: str
+    low_load_speedup: float | None
+    low_load_range: MinMax | None
+    saturation_speedup: float | None
+    saturation_range: MinMax | None
+    low_load_claim: RegimeClaim | None
+    saturation_claim: RegimeClaim | None
+    saturation_not_compared: str | None
+    paired: list[PairedSpeedup]
+    sentence: str
+
+
+# --- cost and cross-model ------------------------------------------------------------------------------
+
+
+class SchemeCost(_Strict):
+    """USD per million output tokens of one scheme (:func:`quantverdict.review.cost.cost_json`)."""
+
+    model: str
+    scheme: str
+    gpus: int
+    usd_per_mtok_at_load: float | None
+    at_load_tok_s: float | None
+    usd_per_mtok_ceiling: float | None
+    ceiling_tok_s: float | None
+    ceiling_lower_bound: bool
+
+
+class Cost(_Strict):
+    gpu: str
+    gpu_kind: str
+    usd_per_gpu_hour: float
+    price_source: str
+    schemes: list[SchemeCost]
+
+
+class Target(_Strict):
+    name: str
+    gpu: str
+    memory_gib: float
+    memory_fraction: float
+
+
+class TargetFit(_Strict):
+    """A candidate's memory on the target GPU (:mod:`quantverdict.review.crossmodel`)."""
+
+    kv_gib: float | None = None
+    kv_bytes_per_token: float | None = None
+    reserve_gib: float | None = None
+    reserve_how: str | None = None
+    max_len: int | None = None
+    kv_tokens: int | None = None
+    max_concurrency: float | None = None
+    req_len: int | None = None
+    req_concurrency: float | None = None
+    fits: bool | None = None
+    why: str = ""
+
+
+class BatchLimits(_Strict):
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    target: list[int] = Field(description="vLLM's defaults on the target GPU: max_num_seqs, max_num_batched_tokens")
+
+
+class VllmFigures(_Strict):
+    """vLLM's own KV-cache figures as the job was served, and the budget they were run at."""
+
+    kv_gib: float | None = None
+    kv_tokens: int | None = None
+    max_concurrency: float | None = None
+    served_kv_bytes: int | None = None
+    at_target: bool | None = None
+    how: str | None = None
+    batch: BatchLimits | None = None
+
+
+class DecodeFit(_Strict):
+    """A decode-step fit: ``fixed_us + per_seq_us · sequences in flight``, its R² over ``points`` points."""
+
+    fixed_us: float
+    per_seq_us: float
+    r2: float | None
+    points: int
+
+
+class TaskScore(_Strict):
+    metric: str
+    value: float
+    n: int | None
+
+
+class Candidate(_Strict):
+    name: str
+    model: str
+    scheme: str
+    weights_gib: float | None
+    weights_how: str
+    target: TargetFit
+    vllm: VllmFigures
+    ceiling_tok_s: float | None
+    step_bytes: float | None
+    decode_fit: DecodeFit | None
+    decode_fit_itl: DecodeFit | None
+    scores: dict[str, TaskScore]
+    eligible: bool
+    why_not: list[str]
+    flags: list[str]
+
+
+class CrossModel(_Strict):
+    """Models compared on one target GPU (:func:`quantverdict.review.crossmodel.to_json`): the chosen candidate's
+    name, the sentence, and each candidate's figures on the target."""
+
+    target: Target | None
+    chosen: str | None
+    sentence: str
+    ranking: str
+    comparisons: list[str]
+    reference: str | None
+    candidates: list[Candidate]
+
+
+class CrossModelError(_Strict):
+    error: str
+
+
+# --- the document --------------------------------------------------------------------------------------
+
+
+class ReviewDocument(_Strict):
+    """``review.json``: which scheme to deploy under the stated constraints, per model, defended with the three
+    numbers of every scheme.
+
+    ``constraints`` are the limits checked (:class:`quantverdict.config.schema.ReviewConfig`), ``constraints_label``
+    names the review (``<set>-<hash>``), ``constraints_how`` says how the set was picked. ``flags``: every
+    scheme's honesty flags, in scheme order; ``validity``: what each number stands on; ``notes``: the rest.
+    """
+
+    model_config = ConfigDict(title="quantverdict review")
+
+    schema_version: Literal[2]
+    tool: Tool
+    source: str
+    generated_at: str
+    constraints_label: str
+    constraints_how: str
+    constraints: ReviewConfig
+    verdicts: list[ModelVerdict]
+    scorecards: list[Scheme]
+    regime: dict[str, list[Regime]] = Field(description="model -> one row per quantized scheme")
+    flags: list[Flag]
+    validity: list[str]
+    notes: list[str]
+    cost: Cost | None
+    cross_model: CrossModel | CrossModelError | None
+
+    def verdict(self, model: str) -> ModelVerdict:
+        """The verdict of ``model``.
+
+        Raises:
+            KeyError: no verdict for ``model`` (the models reviewed are named).
+        """
+        for v in self.verdicts:
+            if v.model == model:
+                return v
+        raise KeyError(f"no verdict for {model!r}; models: {', '.join(v.model for v in self.verdicts)}")
+
+    def scheme(self, model: str, scheme: str) -> Scheme:
+        """The scorecard of ``scheme`` of ``model``.
+
+        Raises:
+            KeyError: no such scorecard.
+        """
+        for sc in self.scorecards:
+            if sc.model == model and sc.scheme == scheme:
+                return sc
+        have = ", ".join(sc.scheme for sc in self.scorecards if sc.model == model)
+        raise KeyError(f"no scheme {scheme!r} of {model!r}; schemes: {have}")
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of ``review.json``, as :class:`ReviewDocument` validates it."""
+    out = ReviewDocument.model_json_schema(mode="validation")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **out}
+
+
+def schema_text() -> str:
+    """:func:`json_schema` as the committed file holds it (2-space indent, trailing newline)."""
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def write_schema(path: Path = SCHEMA_PATH) -> Path:
+    """Write :func:`schema_text` to ``path`` (default: ``docs/schema/review.schema.json`` of this checkout)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(schema_text())
+    return path
