@@ -63,16 +63,17 @@ test-browser: $(VENV)/.ready browser
 lint: $(VENV)/.ready format-check
 	$(VPY) -m ruff check src pipelines tests
 	$(VPY) -m mypy src
-	$(VPY) -m mypy --strict src/quantverdict/results
+	$(VPY) -m mypy --strict src/quantverdict/results src/quantverdict/review
 	$(VENV)/bin/lint-imports
 
 format-check: $(VENV)/.ready
 	$(VPY) -m ruff format --check src pipelines tests
 
-# the JSON schema of review.json (docs/schema/review.schema.json) from its typed model, quantverdict.review.document;
-# tests/unit/test_review_document.py holds the committed file equal to it
+# the JSON schemas of review.json and record.json (docs/schema/) from their typed models,
+# quantverdict.review.document and quantverdict.results.record.JobRecord; unit tests hold the committed files equal
 schema: $(VENV)/.ready
 	$(VPY) -c 'from quantverdict.review.document import write_schema; print(write_schema())'
+	$(VPY) -c 'from quantverdict.results.record import write_record_schema; print(write_record_schema())'
 
 clean-outputs:
 	rm -rf outputs/runs outputs/multirun

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from quantverdict import RECORD_SCHEMA_VERSION
 from quantverdict.results.migrate import READABLE_VERSIONS
-from quantverdict.results.record import JobRecord, Record, StageInfo, read
+from quantverdict.results.record import RECORD_SCHEMA_PATH, JobRecord, Record, StageInfo, read, record_schema_text
 from tests.review_records import record, synthetic_record
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -132,3 +133,17 @@ def test_a_key_a_section_does_not_name_is_refused_on_read_and_on_write(
     with pytest.raises(ValueError, match=says):
         rec.save(tmp_path / "out")
     assert read(tmp_path / "out").job.scheme == "bf16"  # the record saved before stays
+
+
+def test_the_committed_record_schema_is_the_generated_one_and_a_written_record_meets_it(tmp_path: Path) -> None:
+    # `make schema` rewrites it from JobRecord; a model change without it fails here
+    assert RECORD_SCHEMA_PATH.read_text() == record_schema_text()
+    rec = Record(job={"id": "j", "model": "m", "scheme": "bf16"}, config={"seed": 0})
+    rec.stages["setup"] = StageInfo(status="ok", wall_s=0.5)
+    rec.speed = {"points": [{"point": "c1_r0", "concurrency": 1, "offered_rate_rps": "inf", "ttft_ms_p99": 12.5}]}
+    data = json.loads(rec.save(tmp_path).read_text())
+    validator = jsonschema.Draft202012Validator(json.loads(RECORD_SCHEMA_PATH.read_text()))
+    validator.validate(data)  # by jsonschema, not by the model that wrote it
+    data["speed"]["points"][0]["ttft_p99_ms"] = 12.5
+    with pytest.raises(jsonschema.ValidationError, match="ttft_p99_ms"):
+        validator.validate(data)

@@ -656,3 +656,20 @@ def read(path: Path) -> JobRecord:
             record's model.
     """
     return JobRecord.from_dict(load(path))
+
+
+RECORD_SCHEMA_PATH = Path(__file__).resolve().parents[3] / "docs" / "schema" / "record.schema.json"
+
+
+def record_schema_text() -> str:
+    """The JSON schema (draft 2020-12) of ``record.json`` as :class:`JobRecord` validates it, as the committed
+    ``docs/schema/record.schema.json`` holds it (2-space indent, trailing newline)."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **JobRecord.model_json_schema()}
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
+def write_record_schema(path: Path = RECORD_SCHEMA_PATH) -> Path:
+    """Write :func:`record_schema_text` to ``path`` (default: ``docs/schema/record.schema.json`` of this checkout)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(record_schema_text())
+    return path

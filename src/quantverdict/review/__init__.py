@@ -15,6 +15,7 @@ GPU), :mod:`.plots`, :mod:`.render`, :mod:`.document` (``review.json``'s typed d
 :mod:`.export`, :mod:`.core` (build, write, log).
 """
 
-from quantverdict.review.core import Review, ReviewNotLogged, build_review, run_review, to_json, write_review
+from quantverdict.review.core import ReviewNotLogged, build_review, run_review, to_json, write_review
+from quantverdict.review.model import Review
 
 __all__ = ["Review", "ReviewNotLogged", "build_review", "run_review", "to_json", "write_review"]

@@ -133,7 +133,8 @@ def low_load_point(sc: Scorecard) -> dict[str, Any] | None:
         return None
     if sc.speed.get("mode") == "concurrency":
         return _point_at(sc, 1.0)
-    return pts[0]
+    first: dict[str, Any] = pts[0]
+    return first
 
 
 def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> TaskDelta | None:

@@ -236,7 +236,7 @@ def _roofline_rows(cards: list[Scorecard]) -> list[list[str]]:
 
 def _check_cell(c: Any) -> str:
     if c.status == "not_applicable":
-        return c.text
+        return str(c.text)
     return f"{STATUS[c.status]}: {c.text}" + (f" — **{c.shortfall}**" if c.shortfall else "")
 
 
