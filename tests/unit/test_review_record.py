@@ -10,7 +10,15 @@ import pytest
 
 from quantverdict import RECORD_SCHEMA_VERSION
 from quantverdict.results.migrate import READABLE_VERSIONS
-from quantverdict.results.record import RECORD_SCHEMA_PATH, JobRecord, Record, StageInfo, read, record_schema_text
+from quantverdict.results.record import (
+    RECORD_SCHEMA_PATH,
+    JobRecord,
+    Record,
+    RecordInvalid,
+    StageInfo,
+    read,
+    record_schema_text,
+)
 from tests.review_records import record, synthetic_record
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -113,10 +121,10 @@ def test_null_sections_read_as_empty_and_malformed_ones_are_refused() -> None:
 @pytest.mark.parametrize(
     ("section", "says"),
     [
-        ({"speed": {"points": [{"ttft_ms_p99": 5.0, "ttft_p99_ms": 5.0}]}}, "speed.points.0.ttft_p99_ms\n  Extra"),
-        ({"memory": {"server": {"kv_cache_gb": 1.0}}}, "memory.server.kv_cache_gb\n  Extra inputs"),
-        ({"job": {"model": "m", "scheme": "awq", "schem": "awq"}}, "job.schem\n  Extra inputs"),
-        ({"speed": {"points": [{"concurrency": "many"}]}}, "speed.points.0.concurrency\n  Input should be a valid"),
+        ({"speed": {"points": [{"ttft_ms_p99": 5.0, "ttft_p99_ms": 5.0}]}}, "speed.points.0.ttft_p99_ms: Extra"),
+        ({"memory": {"server": {"kv_cache_gb": 1.0}}}, "memory.server.kv_cache_gb: Extra inputs"),
+        ({"job": {"model": "m", "scheme": "awq", "schem": "awq"}}, "job.schem: Extra inputs"),
+        ({"speed": {"points": [{"concurrency": "many"}]}}, "speed.points.0.concurrency: Input should be a valid"),
     ],
 )
 def test_a_key_a_section_does_not_name_is_refused_on_read_and_on_write(
@@ -147,3 +155,34 @@ def test_the_committed_record_schema_is_the_generated_one_and_a_written_record_m
     data["speed"]["points"][0]["ttft_p99_ms"] = 12.5
     with pytest.raises(jsonschema.ValidationError, match="ttft_p99_ms"):
         validator.validate(data)
+
+
+def test_a_point_with_failed_requests_is_saved_and_read_back(tmp_path: Path) -> None:
+    # vLLM's result for 4 requests, one refused: the point keeps up to three error samples, and the failed request's
+    # finish time is None in request_times
+    point = {
+        "point": "rate-4_r0",
+        "offered_rate_rps": 4.0,
+        "completed": 3,
+        "failed": 1,
+        "error_samples": ["ClientConnectorError: refused"],
+        "request_times": {"start_s": [0.0, 0.5, 1.0, 1.5], "end_s": [0.4, 0.9, 1.4, None]},
+    }
+    rec = Record(job={"id": "j", "model": "m", "scheme": "bf16"}, config={})
+    rec.speed = {"points": [point]}
+    got = read(rec.save(tmp_path)).speed.points[0]
+    assert got.error_samples == ["ClientConnectorError: refused"] and got.request_times is not None
+    assert got.request_times["end_s"] == [0.4, 0.9, 1.4, None]
+
+
+def test_a_failure_is_written_even_when_the_record_is_what_failed(tmp_path: Path) -> None:
+    rec = Record(job={"id": "j", "model": "m", "scheme": "bf16"}, config={})
+    rec.speed = {"points": [{"point": "c1_r0", "ttft_p99_ms": 5.0}]}
+    with pytest.raises(RecordInvalid, match="speed.points.0.ttft_p99_ms: Extra inputs are not permitted"):
+        rec.save(tmp_path)
+    assert not (tmp_path / "record.json").exists()
+    rec.status, rec.error = "failed", "RecordInvalid: ..."
+    written = json.loads(rec.save(tmp_path, validate=False).read_text())  # the path a failing job takes
+    assert written["status"] == "failed" and written["speed"]["points"][0]["ttft_p99_ms"] == 5.0
+    with pytest.raises(ValueError, match="record.json: the record does not match its model: speed.points.0"):
+        read(tmp_path)

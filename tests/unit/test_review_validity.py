@@ -196,3 +196,7 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
     (older_flag,) = dtype_flags(older(), older("float32"))
     assert older_flag.code == "dtype_mismatch" and "bfloat16, its baseline in float32" in older_flag.message
     assert served_dtype(view({"speed": {"points": []}})) is None  # nothing served, nothing to compare
+    # "auto" (vLLM's own choice, as GPU jobs record it) is the checkpoint's dtype: no mismatch with bfloat16
+    auto = rec({"value": "auto", "chosen_by": "config", "why": "bench.server.dtype"})
+    assert served_dtype(view(auto)) == "bfloat16"
+    assert dtype_flags(view(auto), view(rec({"value": "bfloat16", "chosen_by": "config", "why": ""}))) == []

@@ -152,3 +152,17 @@ def test_an_older_record_gets_the_decision_from_the_one_derivation(tmp_path: Pat
     assert s["speed"]["points"][0]["saturation_basis"] == "arrival_pace"
     assert s["speed"]["points"][0]["saturation_ratio"] == pytest.approx(1.0)
     assert s["ceiling"]["kind"] == "lower_bound" and s["ceiling"]["rps"] == pytest.approx(8 / 12)
+
+
+def test_a_rate_the_server_kept_pace_with_passes_the_load_check_whatever_its_whole_run_rate(tmp_path: Path) -> None:
+    # 8 requests sent 1 s apart, each answered in 3 s: completions at the arrival pace (ratio 1.0, not saturated),
+    # but the whole run (8 completions over 10 s) reads 0.80 req/s; 4 req/s saturates. At load_rps = 1 the ceiling
+    # (0.80 req/s, the highest whole-run rate) is under the load, yet the level at the load kept up with it: the
+    # latency check must pass, not fail on "ceiling below the load".
+    one = result([float(i) for i in range(8)], [3.0] * 8)
+    four = result([0.25 * i for i in range(8)], [3.0 + 1.25 * i for i in range(8)])
+    s = surfaces(measured(tmp_path, [(1.0, one), (4.0, four)]))
+    assert s["record"] == [False, True] and s["ceiling"]["rps"] == pytest.approx(0.8)
+    rc = ReviewConfig(log_to_mlflow=False, load_rps=1.0, ttft_ms_p99=10_000, itl_ms_p99=1_000, e2e_ms=None)
+    check = build_review([record("bf16"), s["rec"]], rc, "t").checks["m"]["gptq"]["latency"]
+    assert check.status == "pass" and "ceiling 0.80 req/s" in check.text and not check.shortfall

@@ -10,7 +10,7 @@ import pytest
 
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import StageError, run_stage
-from quantverdict.results.stage_results import HbmResult, SanityResult
+from quantverdict.results.stage_results import HbmResult, MaterializeResult, SanityResult
 
 HBM = {"copy_bytes_per_s": 4.2e12, "copy_gbps": 4200.0, "buffer_bytes": 4 << 30, "iters": 20, "device": "H200"}
 
@@ -53,3 +53,13 @@ def test_a_failed_child_is_reported_before_its_result_is_typed(tmp_path: Path) -
     env = _child(tmp_path, {"status": "failed", "error": "ValueError: no such model", "traceback": "tb", "wall_s": 0.1})
     with pytest.raises(StageError, match="stage checkpoint_sanity failed: ValueError: no such model"):
         run_stage(env, "checkpoint_sanity", {}, tmp_path / "work", SanityResult)
+
+
+def test_a_hub_model_keeps_its_id_revision_and_commit_and_a_local_one_has_none(tmp_path: Path) -> None:
+    local = {"path": "/m", "architecture": "LlamaForCausalLM", "model_type": "llama", "dims": {"hidden_size": 576}}
+    local |= {"num_parameters": 134_515_008, "dtype": "bfloat16", "source": "local"}
+    hub = {**local, "source": "hf", "hf_id": "org/m", "revision": "main", "commit": "0" * 40}
+    env = _child(tmp_path, {"status": "ok", **hub, "wall_s": 2.0})
+    assert run_stage(env, "materialize", {}, tmp_path / "hub", MaterializeResult).payload() == hub
+    env = _child(tmp_path, {"status": "ok", **local, "wall_s": 2.0})
+    assert run_stage(env, "materialize", {}, tmp_path / "local", MaterializeResult).payload() == local

@@ -20,7 +20,12 @@ from quantverdict.results.table import format_table
 class GridSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        records = [load(p) for p in find_records(sweep_dir)]
+        records = []
+        for path in find_records(sweep_dir):
+            try:
+                records.append(load(path))
+            except (ValueError, OSError) as exc:  # one unreadable record must not hide the others' table
+                print(f"not read: {exc}", file=sys.stderr)
         print(format_table(records))
         (sweep_dir / "table.md").write_text(format_table(records) + "\n")
         reviewed = run_grid_review(config, sweep_dir) if records else True

@@ -32,7 +32,7 @@ from quantverdict.orchestrate import caches, data_access, dummy, hardware, hub, 
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import Record, StageInfo, git_state, host_environment, load, now_iso
+from quantverdict.results.record import Record, RecordInvalid, StageInfo, git_state, host_environment, load, now_iso
 from quantverdict.results.stage_results import EvaluateResult
 from quantverdict.results.tracking import Tracker
 from quantverdict.serving import lifecycle
@@ -112,8 +112,16 @@ class Job:
         )
         entry.setdefault("stages_reused", []).append(stage)
 
-    def save(self) -> None:
-        self.record.save(self.out_dir)
+    def save(self, strict: bool = True) -> None:
+        """Save the record; ``strict=False`` where a failure is being recorded: a record that does not match its
+        model is then written as it is (the failure must reach the disk), and the mismatch logged."""
+        try:
+            self.record.save(self.out_dir)
+        except RecordInvalid as exc:
+            if strict:
+                raise
+            log.error("job %s: %s; written as it is", self.record.job.get("id"), exc)
+            self.record.save(self.out_dir, validate=False)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[StageInfo]:
@@ -129,7 +137,7 @@ class Job:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             info.status, info.wall_s = status, round(time.perf_counter() - t0, 3)
             self.record.failed_stage = name
-            self.save()
+            self.save(strict=False)
             self.tracker.stage(name, status, info.wall_s)
             raise
         if info.status == "running":
@@ -196,7 +204,12 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     finally:
         procs.stop_all()
         rec.job["finished_at"] = now_iso()
-        job.save()
+        invalid = None
+        try:
+            job.save(strict=rec.status == "ok")
+        except RecordInvalid as exc:  # the job's results are not what the record's model says: a failed job
+            invalid, rec.status, rec.error = exc, "failed", f"RecordInvalid: {exc}"
+            job.save(strict=False)
         artifacts = [
             out_dir / "record.json",
             out_dir / RECIPE_FILE,
@@ -208,6 +221,8 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
             job.tracker.finish(rec.to_dict(), out_dir, artifacts)
         except Exception:  # tracking must never hide the job's own outcome
             log.exception("MLflow tracking failed for %s", rec.job["id"])
+    if invalid is not None:
+        raise invalid
     return rec.to_dict()
 
 

@@ -181,8 +181,9 @@ def _newest(output_root: Path, key: str, exclude: Path, statuses: tuple[str, ...
             continue
         try:
             data = load(path)
-        except (ValueError, OSError, json.JSONDecodeError):
-            continue  # a truncated or foreign file is not a finished job
+        except (ValueError, OSError, json.JSONDecodeError) as exc:
+            log.warning("not reused: %s (%s)", path, exc)  # a truncated, foreign or invalid record: not a finished job
+            continue
         job = data.get("job", {})
         if data.get("status") in statuses and job.get("resume_key") == key and not job.get("resumed_from"):
             stamp = job.get("finished_at") or job.get("started_at") or ""

@@ -5,12 +5,11 @@ a crash loses no finished result. The review and the grid table read records, ne
 Keys carry their units (``_bytes``, ``_gib``, ``_ms``, ``_s``, ``_rps``, ``_tok_s``).
 
 Two views of one layout: :class:`Record` is what a running job writes (sections are plain dicts that the
-stages fill in); :class:`JobRecord` is the typed model a reader gets from :func:`read` / :meth:`JobRecord.from_dict`
-(section dataclasses: :class:`JobInfo`, :class:`Environment`, :class:`StageInfo`, :class:`CheckpointMemory`,
-:class:`ServerMemory`, :class:`Accuracy` with :class:`TaskResult`, :class:`Speed` with :class:`SweepPoint` and
-:class:`LoadLevel`). Records of older schema versions are read as the current one
-(:mod:`quantverdict.results.migrate`); :meth:`JobRecord.to_dict` gives back the dict it was read from, key for key,
-keys the model does not name included (each section keeps them in ``extra``).
+stages fill in); :class:`JobRecord` is the typed model (pydantic) of the same layout, which every write
+(:meth:`Record.save`) and every read (:func:`load`, :func:`read`) validates: a key a section does not name, or a
+value of the wrong type, is refused, naming it. Records of older schema versions are read as the current one
+(:mod:`quantverdict.results.migrate`). The layout's JSON schema: ``docs/schema/record.schema.json``
+(``make schema``).
 """
 
 from __future__ import annotations
@@ -34,6 +33,15 @@ RECORD_FILE = "record.json"
 # the key a reader adds to a record dict it loaded: the folder the record.json was read from (a review finds the
 # job's eval/ samples and benchmark result files there)
 SOURCE_DIR_KEY = "_review_dir"
+
+
+class RecordInvalid(ValueError):
+    """A record does not match its model (:class:`JobRecord`); the message names each key and what is wrong."""
+
+    def __init__(self, exc: ValidationError):
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+        super().__init__(f"the record does not match its model: {wrong}{more}")
 
 
 def now_iso() -> str:
@@ -70,15 +78,24 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def save(self, out_dir: Path) -> Path:
+    def save(self, out_dir: Path, validate: bool = True) -> Path:
         """Write ``out_dir/record.json`` atomically (temp file + rename), validated against :class:`JobRecord`.
 
+        Args:
+            out_dir: the job's folder.
+            validate: False only where a failure is being recorded: the record is written as it is, so that the
+                failure is on disk even when the record's data is what failed.
+
         Raises:
-            pydantic.ValidationError: a key a section does not name or a value of the wrong type (nothing is
-                written; the record saved before stays).
+            RecordInvalid: a key a section does not name or a value of the wrong type (nothing is written; the
+                record saved before stays).
         """
         data = json.loads(json.dumps(self.to_dict(), default=str, allow_nan=True))  # as a reader will see it
-        JobRecord.view(data)
+        if validate:
+            try:
+                JobRecord.view(data)
+            except ValidationError as exc:
+                raise RecordInvalid(exc) from exc
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / RECORD_FILE
         tmp = path.with_name(f".{RECORD_FILE}.{os.getpid()}.tmp")
@@ -103,7 +120,7 @@ def load(path: Path) -> dict[str, Any]:
     try:
         JobRecord.view(data)
     except ValidationError as exc:
-        raise ValueError(f"{path} does not match the record's model: {exc}") from exc
+        raise ValueError(f"{path}: {RecordInvalid(exc)}") from exc
     return data
 
 
@@ -483,6 +500,7 @@ class SweepPoint(Section):
     saturation_basis: str | None = None
     valid: bool | None = None
     invalid_reasons: list[str] | None = None
+    error_samples: list[str] | None = None  # up to three distinct errors of the point's failed requests
     # the server's /metrics counters around the point, and the point's own repeated prompts
     prefix_cache_hit_rate: float | None = None
     prefix_cache_excess_hit_rate: float | None = None  # hits beyond the point's own repeated prompts (judged)
@@ -497,7 +515,8 @@ class SweepPoint(Section):
     generation_tokens_rel_diff: float | None = None
     client_wall_s: float | None = None
     client_overhead_s: float | None = None
-    request_times: dict[str, list[float]] | None = None  # {"start_s", "end_s"}, from the first request
+    # {"start_s", "end_s"} from the first request sent; end None for a failed request
+    request_times: dict[str, list[float | None]] | None = None
     result_file: str | None = None
 
 

@@ -29,8 +29,9 @@ class StageResult(BaseModel):
     wall_s: float
 
     def payload(self) -> JsonObject:
-        """The stage's result without ``status`` and ``wall_s`` (what the record keeps of it), JSON-ready."""
-        return self.model_dump(mode="json", exclude={"status", "wall_s"})
+        """The stage's result without ``status`` and ``wall_s`` (what the record keeps of it), JSON-ready; an
+        optional key the child did not return stays absent."""
+        return self.model_dump(mode="json", exclude={"status", "wall_s"}, exclude_unset=True)
 
 
 class HbmResult(StageResult):
@@ -83,6 +84,10 @@ class MaterializeResult(StageResult):
     num_parameters: int
     dtype: str
     source: str
+    # model.source=hf: the hub id, the revision asked for and the commit it resolved to
+    hf_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
 
 
 class QuantizeResult(StageResult):

@@ -398,7 +398,7 @@ class AccuracyDelta(_Strict):
     metric: str
     kind: DeltaKind
     value: float | None
-    baseline: float
+    baseline: float | None
     delta: float | None
     delta_pct: float | None
     recovery_pct: float | None

@@ -12,10 +12,14 @@ def served_dtype(rec: JobRecord) -> str | None:
 
     The record says it in ``speed.dtype.value`` (chosen from the CPU, by the kernel, by the config or the
     checkpoint's; :mod:`quantverdict.config.cpu_caps`, and :mod:`quantverdict.results.migrate` for older records).
+    ``auto`` is vLLM's own choice, the checkpoint's dtype: what vLLM's log says it ran in, else the model's
+    ``dtype`` (``config.model.dtype``).
     """
     if not rec.speed.points:
         return None
     value = (rec.speed.dtype or {}).get("value")
+    if value == "auto":
+        value = rec.server.dtype or rec.cfg("model").get("dtype")
     return str(value) if value else None
 
 

@@ -195,7 +195,7 @@ def _delta(d: TaskDelta) -> doc.AccuracyDelta:
         metric=d.metric,
         kind=doc.DeltaKind(d.kind),
         value=_finite(d.value),
-        baseline=d.baseline,
+        baseline=_finite(d.baseline),
         delta=_finite(d.delta),
         delta_pct=_finite(d.delta_pct),
         recovery_pct=_finite(d.recovery_pct),
