@@ -32,7 +32,7 @@ __all__ = ["KLD", "KldDelta", "kld_deltas", "kld_row", "with_kld_constraint"]
 KLD = "kld"  # TaskDelta.kind and .name of the KLD deltas
 MEAN, TOP1 = "mean_kld", "top1_agreement_pct"
 REFUSED = "refused"
-# the check statuses, as review.verdict names them (verdict imports this module: its names are not imported here)
+# the check statuses by the short names the checks use (review.verdict imports them from here)
 PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = (
     Outcome.PASS,
     Outcome.FAIL,

@@ -38,21 +38,20 @@ from quantverdict.review.document import (
     CriterionMetric,
     Decision,
     JobStatus,
-    Outcome,
     PassedOver,
     PassReason,
 )
+
+# the check statuses by their short names, defined once in review.kld (re-exported: checks and tests read them here)
+from quantverdict.review.kld import FAIL as FAIL
+from quantverdict.review.kld import NOT_APPLICABLE as NOT_APPLICABLE
+from quantverdict.review.kld import OFF as OFF
+from quantverdict.review.kld import PASS as PASS
+from quantverdict.review.kld import UNKNOWN as UNKNOWN
 from quantverdict.review.kld import with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
 
-PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = (
-    Outcome.PASS,
-    Outcome.FAIL,
-    Outcome.UNKNOWN,
-    Outcome.OFF,
-    Outcome.NOT_APPLICABLE,
-)
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
 CONSTRAINTS = ("memory", "accuracy", "latency")
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
