@@ -25,7 +25,16 @@ from pathlib import Path
 
 from quantverdict.config.compose import job_config
 from quantverdict.measure import sweep, sweep_plan, vllm_log
-from quantverdict.results.record import find_records, load, mark_interrupted
+from quantverdict.results.record import (
+    HEAD_SECTIONS,
+    JobRecord,
+    ServerMemory,
+    SweepPoint,
+    TimeSplit,
+    find_records,
+    load,
+    mark_interrupted,
+)
 from quantverdict.results.table import format_table
 from quantverdict.review.sources import dedupe
 from quantverdict.serving.benchmark import finished_points, parse_point
@@ -34,32 +43,32 @@ from quantverdict.serving.speed import speed_validity
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def reparse_points(rec: dict, job_dir: Path) -> bool:
+def reparse_points(rec: JobRecord, job_dir: Path) -> bool:
     """Re-read each sweep point from its files in ``<job>/bench/`` (vLLM's ``<point>.json`` and the client's
     ``<point>.qv.json``, :func:`quantverdict.serving.benchmark.parse_point`) where both exist, so a fixed
     parser or a sidecar completed after the run (``quantverdict.children.recount_repeats``) applies; the
     recorded ``result_file`` path is kept. Returns whether any point was re-read."""
-    points = (rec.get("speed") or {}).get("points") or []
+    points = rec.speed.points
     bench_dir = job_dir / "bench"
     if not points or not bench_dir.is_dir():
         return False
     bench_cfg, by_name = None, {}
     reread = False
     for i, old in enumerate(points):
-        name = str(old.get("point"))
+        name = str(old.point)
         if not all((bench_dir / f"{name}{x}").is_file() for x in (".json", ".qv.json")):
             continue
         if bench_cfg is None:  # the job's config, composed once a point has its files
-            bench_cfg = job_config(rec).bench
+            bench_cfg = job_config({"config": rec.config}).bench
             by_name = {p.name: p for p in sweep_plan.plan(
                 bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats
             )}  # fmt: skip
-        point = by_name.get(name)
-        if point is None:
+        if name not in by_name:
             continue
-        new = parse_point(bench_dir, point, bench_cfg)
-        new["result_file"] = old.get("result_file", new["result_file"])
-        points[i] = new
+        new = parse_point(bench_dir, by_name[name], bench_cfg)
+        if old.has("result_file"):
+            new["result_file"] = old.result_file
+        points[i] = SweepPoint.model_validate(new)
         reread = True
     return reread
 
@@ -70,29 +79,28 @@ def rederive(rec: dict, job_dir: Path) -> dict:
     points it finished from ``bench/sweep.jsonl`` (:func:`quantverdict.serving.benchmark.finished_points`),
     then the sweep points from ``bench/`` (:func:`reparse_points`), then memory,
     kernels, the kernel check and the per-load summary from the vLLM server log, and the server-start parts of the
-    benchmark split (``speed.time_split``: compile, graph capture, the warm-up after it) from the same log."""
-    mark_interrupted(rec)  # the machine was given back mid-job: say so, keep what finished
-    speed = rec.get("speed")
-    if isinstance(speed, dict) and not speed.get("points"):
+    benchmark split (``speed.time_split``: compile, graph capture, the warm-up after it) from the same log.
+    Returns the record as its dict."""
+    typed = JobRecord.view(mark_interrupted(rec))  # the machine was given back mid-job: say so, keep what finished
+    speed = typed.speed
+    if not speed.is_empty() and not speed.points:
         # killed mid-sweep (no `finally` ran, so the record has no points): the points it finished
         done = finished_points(job_dir / "bench")
         if done:
-            speed["points"] = done
-    reread = reparse_points(rec, job_dir)
+            speed.points = [SweepPoint.model_validate(p) for p in done]
+    reread = reparse_points(typed, job_dir)
     log_path = job_dir / "vllm_server.log"
-    act = int((rec.get("config", {}).get("scheme") or {}).get("activation_bits", 16)) < 16
+    act = int(typed.cfg("scheme").get("activation_bits", 16)) < 16  # the job's config
     if log_path.is_file():
-        rec.setdefault("memory", {})["server"] = vllm_log.parse(log_path.read_text(errors="replace"), act)
-    if rec.get("speed", {}).get("points") and (reread or log_path.is_file()):
-        server = (rec.get("memory") or {}).get("server")
-        speed_validity(rec["speed"], rec.get("job", {}).get("scheme_label", ""), server, act)
-    ts = (rec.get("speed") or {}).get("time_split")
-    if isinstance(ts, dict) and log_path.is_file():
-        points = rec["speed"].get("points") or []
-        rec["speed"]["time_split"] = sweep.time_split(
-            ts.get("server_start_s"), rec["memory"]["server"], points, ts.get("sweep_wall_s")
+        typed.memory.server = ServerMemory.model_validate(vllm_log.parse(log_path.read_text(errors="replace"), act))
+    if speed.points and (reread or log_path.is_file()):
+        speed_validity(speed, typed.job.scheme_label or "", typed.memory.server, act)
+    if speed.time_split is not None and log_path.is_file():
+        ts = TimeSplit.of(speed.time_split)
+        speed.time_split = sweep.time_split(
+            ts.server_start_s, typed.memory.server.to_dict(), [p.to_dict() for p in speed.points], ts.sweep_wall_s
         )
-    return rec
+    return typed.to_dict()
 
 
 def supersede(recs: list[dict]) -> list[dict]:
@@ -115,7 +123,7 @@ def load_records(outs: list[Path]) -> list[dict]:
                 recs.append((load(path), path.parent))
             except ValueError as exc:  # a JSON file of the same name that is not a job record
                 print(f"skipped {path}: {exc}", file=sys.stderr)
-    return supersede([rederive(r, d) for r, d in recs if not r.get("job", {}).get("resumed_from")])
+    return supersede([rederive(r, d) for r, d in recs if not JobRecord.view(r, only=HEAD_SECTIONS).job.resumed_from])
 
 
 def export_records(recs: list[dict], dest: Path) -> list[Path]:
@@ -123,7 +131,8 @@ def export_records(recs: list[dict], dest: Path) -> list[Path]:
     ``python -m pipelines.review dest/<model>`` reads."""
     written = []
     for rec in recs:
-        target = dest / rec["job"]["model"] / rec["job"]["scheme"] / "record.json"
+        job = JobRecord.view(rec, only=HEAD_SECTIONS).job
+        target = dest / str(job.model) / str(job.scheme) / "record.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(rec, indent=1, default=str))
         written.append(target)
@@ -137,8 +146,8 @@ def run_settings(recs: list[dict]) -> list[str]:
     """
     lines: dict[str, list[str]] = {}
     for rec in recs:
-        cfg = rec.get("config") or {}
-        bench, ev = cfg.get("bench") or {}, cfg.get("eval") or {}
+        head = JobRecord.view(rec, only=HEAD_SECTIONS)
+        bench, ev = head.cfg("bench"), head.cfg("eval")  # the job's resolved config, as the record keeps it
         if bench.get("enabled", True):
             load = bench.get("concurrencies") if bench.get("mode") == "concurrency" else bench.get("rates")
             sweep = (
@@ -148,13 +157,13 @@ def run_settings(recs: list[dict]) -> list[str]:
             )
         else:
             sweep = "bench disabled"
-        if ((rec.get("stages") or {}).get("evaluate") or {}).get("status") == "not_applicable":
+        if head.stage("evaluate").status == "not_applicable":
             evaluation = "eval not applicable (random weights)"  # enabled in the config, skipped by the job
         elif ev.get("enabled"):
             evaluation = f"eval={ev.get('name', '?')} ({ev.get('backend', 'vllm')} backend)"
         else:
             evaluation = "eval disabled"
-        lines.setdefault(f"{sweep}; {evaluation}", []).append(rec["job"].get("scheme", "?"))
+        lines.setdefault(f"{sweep}; {evaluation}", []).append(head.job.scheme or "?")
     return [f"{key}: {', '.join(schemes)}" for key, schemes in lines.items()]
 
 
@@ -162,7 +171,7 @@ def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Pat
     """One Markdown file per model from ``recs`` (read from the run folders ``outs``); returns the files written."""
     by_model: dict[str, list[dict]] = {}
     for rec in recs:
-        by_model.setdefault(rec["job"].get("model", "?"), []).append(rec)
+        by_model.setdefault(JobRecord.view(rec, only=HEAD_SECTIONS).job.model or "?", []).append(rec)
     results.mkdir(parents=True, exist_ok=True)
     written = []
     for model, model_recs in sorted(by_model.items()):

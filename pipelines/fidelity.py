@@ -71,6 +71,7 @@ from quantverdict.config.schema import BenchConfig, ComputeDtype
 from quantverdict.measure import bench_result, server_metrics, sweep_plan
 from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
+from quantverdict.results.record import ChosenDtype, SweepPoint, read
 from quantverdict.serving.benchmark import bench_command, supported_optional_flags
 from quantverdict.serving.lifecycle import compile_cache_dir
 from quantverdict.serving.server import VLLMServer
@@ -456,7 +457,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def compare(
-    job_points: list[dict[str, Any]], by_hand: list[dict[str, Any]], tolerance: float = TOLERANCE
+    job_points: list[SweepPoint], by_hand: list[dict[str, Any]], tolerance: float = TOLERANCE
 ) -> list[dict[str, Any]]:
     """The job's points beside the by-hand ones, matched by point name.
 
@@ -469,16 +470,16 @@ def compare(
 
     E.g. job 102 tok/s, by hand 100: rel_diff 0.02, within 5%.
     """
-    mine = {p["point"]: p for p in job_points}
+    mine = {p.point: p for p in job_points}
     rows = []
     for hand in by_hand:
-        job = mine.get(hand["point"])
-        if job is None:
+        if hand["point"] not in mine:
             continue
+        job = mine[hand["point"]]
         row: dict[str, Any] = {"point": hand["point"]}
         for m in SHOWN:
-            row[f"job_{m}"], row[f"by_hand_{m}"] = job.get(m), hand.get(m)
-        a, b = job.get(JUDGED), hand.get(JUDGED)
+            row[f"job_{m}"], row[f"by_hand_{m}"] = getattr(job, m), hand.get(m)
+        a, b = getattr(job, JUDGED), hand.get(JUDGED)
         diff = abs(a - b) / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
         row.update(rel_diff=diff, within=diff is not None and diff <= tolerance)
         row["by_hand_hit_rate"] = hand.get("prefix_cache_hit_rate")
@@ -487,7 +488,7 @@ def compare(
     return rows
 
 
-def by_hand_excess_hit_rate(job: dict[str, Any], hand: dict[str, Any]) -> float | None:
+def by_hand_excess_hit_rate(job: SweepPoint, hand: dict[str, Any]) -> float | None:
     """The by-hand run's prefix-cache hits beyond the prompts that repeat inside the point, per token looked up.
 
     A by-hand point sent with the job's seed and request count sends the job's prompts, so the job's count of
@@ -514,15 +515,15 @@ def by_hand_excess_hit_rate(job: dict[str, Any], hand: dict[str, Any]) -> float 
         rate = hand.get("prefix_cache_excess_hit_rate")
         return rate if isinstance(rate, (int, float)) else None
     repeated, hits, queries = (
-        job.get("prompt_repeat_tokens"),
+        job.prompt_repeat_tokens,
         hand.get("prefix_cache_hits"),
         hand.get("prefix_cache_queries"),
     )
     if not isinstance(repeated, int) or not isinstance(hits, int) or not isinstance(queries, int):
         return None
-    if hand.get("seed") is not None and hand.get("seed") != job.get("seed"):
+    if hand.get("seed") is not None and hand.get("seed") != job.seed:
         return None
-    sent, ours = job.get("input_tokens_total"), hand.get("input_tokens_total")
+    sent, ours = job.input_tokens_total, hand.get("input_tokens_total")
     if sent is None or ours is None or int(sent) != int(ours):
         return None
     return server_metrics.hit_rate(server_metrics.excess_hits(hits, repeated), queries)
@@ -616,13 +617,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     path = args.record / "record.json" if args.record.is_dir() else args.record
-    record = json.loads(path.read_text())
-    cfg = job_config(record)
-    points = (record.get("speed") or {}).get("points") or []
+    record = read(path)
+    cfg = job_config({"config": record.config})
+    points = record.speed.points
     if not points:
         print(f"{path}: the record has no speed points", file=sys.stderr)
         return 2
-    ran = {p["point"] for p in points}
+    ran = {str(p.point) for p in points}
     repeats = set(args.repeat) if args.repeat else None
     concurrencies = set(args.concurrency) if args.concurrency else None
     rates = set(args.rate) if args.rate else None
@@ -633,31 +634,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [p.name for _, p in chosen]
     out = args.out or path.parent / "fidelity"
-    sent = {p["point"]: p["num_prompts"] for p in points}
+    sent = {str(p.point): int(p.num_prompts or 0) for p in points}
     if args.report_only:
         return _report_only(out, cfg.bench, chosen, points, sent, args.tolerance)
     env = envs.ensure("serve", cfg.env.serve, cfg.env, PROJECT_ROOT)
     server_cfg = cfg.bench.server
-    dtype = ((record.get("speed") or {}).get("dtype") or {}).get("value")
+    dtype = ChosenDtype.of(record.speed.dtype).value
     if dtype:
         server_cfg = dataclasses.replace(server_cfg, dtype=ComputeDtype(dtype))
     if cfg.model.serve_args:
         server_cfg = dataclasses.replace(server_cfg, extra_args=[*server_cfg.extra_args, *cfg.model.serve_args])
     if args.port:
         server_cfg = dataclasses.replace(server_cfg, port=args.port)
-    model_path = record["checkpoint"]["path"]
+    model_path = str(record.checkpoint.path)
     server = VLLMServer(
         env,
         model_path,
-        (record.get("speed") or {}).get("served_model") or f"{cfg.model.name}-{cfg.scheme.name}",
+        record.speed.served_model or f"{cfg.model.name}-{cfg.scheme.name}",
         server_cfg,
         cfg.bench.server.max_model_len or cfg.model.max_model_len,
         str(cfg.env.device),
         out / "vllm_server.log",
         compile_cache_dir=compile_cache_dir(cfg),
     )
-    seeds = {p["point"]: int(p["seed"]) for p in points if isinstance(p.get("seed"), int)}
-    repeated = {p["point"]: p["prompt_repeat_tokens"] for p in points if isinstance(p.get("prompt_repeat_tokens"), int)}
+    seeds = {str(p.point): p.seed for p in points if p.seed is not None}
+    repeated = {str(p.point): p.prompt_repeat_tokens for p in points if p.prompt_repeat_tokens is not None}
     if removed := clear_points(out, chosen):
         print(f"removed {removed} files of an earlier run of these points from {out}", file=sys.stderr)
     write_report(out, [], [], names)  # no earlier run's rows beside this run's files
@@ -702,7 +703,7 @@ def _report_only(
     out: Path,
     bench: BenchConfig,
     chosen: list[tuple[int, sweep_plan.SweepPoint]],
-    points: list[dict[str, Any]],
+    points: list[SweepPoint],
     sent: dict[str, int],
     tolerance: float,
 ) -> int:

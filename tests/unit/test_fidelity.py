@@ -19,8 +19,14 @@ from pipelines import fidelity
 from quantverdict.config.compose import as_dict, compose
 from quantverdict.measure import sweep_plan
 from quantverdict.processes.envs import StageEnv
+from quantverdict.results.record import SweepPoint
 
 IN_LEN, OUT_LEN, N = 256, 32, 8  # bench=cpu-concurrency: 256 in / 32 out, 8 prompts a point
+
+
+def point(data: dict[str, Any]) -> SweepPoint:
+    """A job's sweep point as its record types it."""
+    return SweepPoint.model_validate(data)
 
 
 def _result(out_tok_s: float, ttft_ms_p50: float = 20.0) -> dict[str, Any]:
@@ -55,6 +61,8 @@ def _record(
         for i, (name, tok_s) in enumerate(job_tok_s.items())
     ]
     record = {
+        "schema_version": 3,
+        "tool": {"name": "quantverdict"},
         "config": as_dict(cfg),
         "checkpoint": {"path": str(tmp_path / "ckpt")},
         "speed": {"points": points, "served_model": "m"},
@@ -501,24 +509,27 @@ def test_by_hand_hits_are_judged_beyond_the_jobs_repeated_prompts() -> None:
         "prefix_cache_hit_rate": 13856 / 608256,
         "input_tokens_total": 608256,
     }
-    (row,) = fidelity.compare([job], [hand])
+    (row,) = fidelity.compare([point(job)], [hand])
     assert row["by_hand_excess_hit_rate"] == 0.0
     assert "| 2.28% (0.00%) |" in fidelity.render([row])
     # 7,000 hits, 1,000 repeated tokens, 200,000 looked up: 6,000 beyond the repeats = 3%
     more = hand | {"prefix_cache_hits": 7000, "prefix_cache_queries": 200000, "input_tokens_total": 200000}
     assert (
-        fidelity.by_hand_excess_hit_rate(job | {"prompt_repeat_tokens": 1000, "input_tokens_total": 200000}, more)
+        fidelity.by_hand_excess_hit_rate(
+            point(job | {"prompt_repeat_tokens": 1000, "input_tokens_total": 200000}), more
+        )
         == 0.03
     )
     # the same with the seeds kept (10 both); the figure of checks that counted the repeats themselves is taken
-    assert fidelity.by_hand_excess_hit_rate(job | {"seed": 10}, hand | {"seed": 10}) == 0.0
+    assert fidelity.by_hand_excess_hit_rate(point(job | {"seed": 10}), hand | {"seed": 10}) == 0.0
     counted = hand | {"prompt_repeat_tokens": 14848, "prefix_cache_excess_hit_rate": 0.0}
-    assert fidelity.by_hand_excess_hit_rate({}, counted) == 0.0
+    assert fidelity.by_hand_excess_hit_rate(point({}), counted) == 0.0
     # other prompts went out (another seed, the totals differ), or the job never counted its repeats: nothing said
-    assert fidelity.by_hand_excess_hit_rate(job | {"seed": 10}, hand | {"seed": 11}) is None
-    assert fidelity.by_hand_excess_hit_rate(job, hand | {"input_tokens_total": 608000}) is None
-    assert fidelity.by_hand_excess_hit_rate({k: v for k, v in job.items() if k != "prompt_repeat_tokens"}, hand) is None
-    (old,) = fidelity.compare([{"point": "conc-256_r0", "output_tok_s": 8240.9}], [hand])
+    assert fidelity.by_hand_excess_hit_rate(point(job | {"seed": 10}), hand | {"seed": 11}) is None
+    assert fidelity.by_hand_excess_hit_rate(point(job), hand | {"input_tokens_total": 608000}) is None
+    unknown = point({k: v for k, v in job.items() if k != "prompt_repeat_tokens"})
+    assert fidelity.by_hand_excess_hit_rate(unknown, hand) is None
+    (old,) = fidelity.compare([point({"point": "conc-256_r0", "output_tok_s": 8240.9})], [hand])
     assert "| 2.28% |" in fidelity.render([old])
 
 

@@ -13,6 +13,7 @@ from quantverdict.config.compose import as_dict, compose
 from quantverdict.measure import bench_result, server_metrics
 from quantverdict.measure.prompt_repeats import expected_repeats, prompt_repeats
 from quantverdict.measure.sweep_plan import SweepPoint
+from quantverdict.results.record import JobRecord
 
 BEFORE = {
     "vllm:prefix_cache_queries": 0.0,
@@ -114,19 +115,19 @@ def test_finished_records_reread_their_points_from_the_bench_folder(tmp_path: Pa
     old = bench_result.parse_result(RESULT, point, 4, 16)
     bench_result.add_client_side(old, _side(240, None))
     old["result_file"] = "/gpu/machine/bench/conc-1_r0.json"
-    rec = {"config": cfg, "speed": {"points": [old]}}
-    assert not rec["speed"]["points"][0]["valid"]
+    rec = JobRecord.view({"config": cfg, "speed": {"points": [old]}})
+    assert not rec.speed.points[0].valid
     # the sidecar gains the recount (quantverdict.children.recount_repeats), the record is re-derived
     side = _side(240, {"requests": 4, "prompt_tokens": 1024, "repeated_requests": 1, "repeated_tokens": 256})
     (bench / f"{point.name}.qv.json").write_text(json.dumps(side))
     reparse_points(rec, tmp_path)
-    (new,) = rec["speed"]["points"]
-    assert new["valid"] and new["prompt_repeat_rate"] == 0.25
-    assert new["result_file"] == "/gpu/machine/bench/conc-1_r0.json"  # where it was written, kept
+    (new,) = rec.speed.points
+    assert new.valid and new.prompt_repeat_rate == 0.25
+    assert new.result_file == "/gpu/machine/bench/conc-1_r0.json"  # where it was written, kept
     # a record whose job folder has no bench/ files keeps its points as they are
-    rec2 = {"config": cfg, "speed": {"points": [dict(old)]}}
+    rec2 = JobRecord.view({"config": cfg, "speed": {"points": [dict(old)]}})
     reparse_points(rec2, tmp_path / "elsewhere")
-    assert rec2["speed"]["points"][0]["valid"] is False
+    assert rec2.speed.points[0].valid is False
 
 
 def test_benchmark_split_table_flags_a_stage_over_ten_percent() -> None:

@@ -18,7 +18,7 @@ from quantverdict.config.schema import Config
 from quantverdict.measure.integrity import IntegrityError
 from quantverdict.orchestrate import caches, resume
 from quantverdict.orchestrate.job import run_job
-from quantverdict.results.record import Record, load
+from quantverdict.results.record import Checkpoint, JobRecord, ModelInfo, Record, load
 
 WIKITEXT_VALID = "wikitext-2/valid.txt"
 
@@ -157,10 +157,12 @@ def test_an_evaluation_is_reused_only_for_the_same_checkpoint_content() -> None:
         "checkpoint": {"key": "k", "quantized": True, "sha256": "aa"},
     }
     same = {"key": "k", "quantized": False, "cached": True, "sha256": "aa"}
-    assert resume.reusable_evaluation(earlier, same, {})
-    assert not resume.reusable_evaluation(earlier, {**same, "sha256": "bb"}, {})  # requantized: other bytes
+    none = ModelInfo()
+    assert resume.reusable_evaluation(JobRecord.view(earlier), Checkpoint.model_validate(same), none)
+    requantized = Checkpoint.model_validate({**same, "sha256": "bb"})  # other bytes
+    assert not resume.reusable_evaluation(JobRecord.view(earlier), requantized, none)
     unfinished = {**earlier, "stages": {"evaluate": {"status": "interrupted"}}}
-    assert not resume.reusable_evaluation(unfinished, same, {})
+    assert not resume.reusable_evaluation(JobRecord.view(unfinished), Checkpoint.model_validate(same), none)
 
 
 def test_find_interrupted_takes_the_newest_unfinished_attempt(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import bench_result
 from quantverdict.measure.sweep_plan import INF, SweepPoint
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import JobRecord, Speed
 from quantverdict.results.table import format_table
 from quantverdict.review import build_review
 from quantverdict.review.speed import speed_summary
@@ -68,8 +68,9 @@ def surfaces(points: list[dict[str, Any]]) -> dict[str, Any]:
     """What each reader says of every point: the live log's tag, the record's per-load summary, the grid table's
     validity cell and the review's point; and the ceiling the record and the review report."""
     logs = [bench_result.summary_line(p, i + 1, len(points)) for i, p in enumerate(points)]
-    speed = {"mode": "rate", "points": points}
-    speed_validity(speed, "W4A16", None, False)  # what the job writes into its record
+    typed = Speed.model_validate({"mode": "rate", "points": points})
+    speed_validity(typed, "W4A16", None, False)  # what the job writes into its record
+    speed = typed.to_dict()
     rec = record("gptq", sp=speed)
     table = format_table([rec]).split("### Speed", 1)[1].split("\n### ", 1)[0]
     cells = [row.rsplit("|", 2)[1].strip() for row in table.splitlines() if row.startswith("| m / gptq")]

@@ -18,6 +18,7 @@ from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
 from quantverdict.measure.sweep_plan import SweepPoint
 from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import JobRecord
+from quantverdict.results.record import SweepPoint as RecordPoint
 from quantverdict.serving.benchmark import parse_point
 from quantverdict.serving.server import build_command
 
@@ -297,7 +298,7 @@ def test_fidelity_compare_flags_points_outside_five_percent() -> None:
     job += [{"point": "conc-16_r0", "output_tok_s": 1060.0, "ttft_ms_p50": 40.0}]
     hand = [{"point": "conc-1_r0", "output_tok_s": 100.0, "ttft_ms_p50": 21.0, "prefix_cache_hit_rate": 0.0}]
     hand += [{"point": "conc-16_r0", "output_tok_s": 1000.0, "ttft_ms_p50": 41.0, "prefix_cache_hit_rate": 0.0}]
-    rows = fidelity.compare(job, hand)
+    rows = fidelity.compare([RecordPoint.model_validate(p) for p in job], hand)
     assert [r["within"] for r in rows] == [True, False]  # 2% in, 6% out
     assert rows[0]["rel_diff"] == pytest.approx(0.02) and rows[1]["rel_diff"] == pytest.approx(0.06)
     text = fidelity.render(rows)

@@ -27,7 +27,7 @@ from quantverdict.children.materialize import DIM_KEYS
 from quantverdict.config.schema import Config, ConfigError, ModelConfig
 from quantverdict.orchestrate import caches, preflight
 from quantverdict.processes.envs import StageEnv
-from quantverdict.results.record import StageInfo
+from quantverdict.results.record import Checkpoint, StageInfo
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def shape_checkpoint(
     cache: Path,
     out: Path,
     st: StageInfo,
-) -> dict[str, Any]:
+) -> Checkpoint:
     """The shape folder of ``cfg.model`` in ``cfg.scheme`` (``cache/shapes/<model>/<scheme>-<key>``), made once.
 
     The proxy (:func:`proxy_config`) is materialized and quantized with ``recipe`` (resolved for the real
@@ -127,29 +127,32 @@ def shape_checkpoint(
         synthetic=dataclasses.replace(cfg.model.synthetic, config=proxy_config(config)),
     )
     proxy = caches.materialize(proxy_model, env, cache, out, StageInfo(), {"tokenizer_path": tokenizer_path})
-    ck = caches.quantize(
-        dataclasses.replace(cfg, model=proxy_model), env, proxy, recipe, method, versions, cache, out, StageInfo()
+    ck = Checkpoint.model_validate(
+        caches.quantize(
+            dataclasses.replace(cfg, model=proxy_model), env, proxy, recipe, method, versions, cache, out, StageInfo()
+        )
     )
-    src = Path(ck["path"])
-    quantized = ck.get("key") is not None  # a cached checkpoint's dict has no "quantized"; the baseline no key
+    src = Path(str(ck.path))
+    quantized = ck.key is not None  # a cached checkpoint has no "quantized"; the baseline no key
     qconfig = json.loads((src / "config.json").read_text()).get("quantization_config") if quantized else None
-    target = cache / "shapes" / cfg.model.name / f"{cfg.scheme.name}-{ck['key'] or 'unquantized'}"
-    result = {
-        "path": str(target),
-        "key": ck["key"],
-        "quantized": quantized,
-        "load_format": "dummy",
-        "proxy_path": str(src),
-        "quantization_config": qconfig,
-    }
+    target = cache / "shapes" / cfg.model.name / f"{cfg.scheme.name}-{ck.key or 'unquantized'}"
+    result = Checkpoint(
+        path=str(target),
+        key=ck.key,
+        quantized=quantized,
+        load_format="dummy",
+        proxy_path=str(src),
+        quantization_config=qconfig,
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     with caches.exclusive_lock(target.with_name(f".{target.name}.lock")):  # jobs of a parallel grid: one builds
-        if (target / SHAPE_INFO).is_file():
+        result.cached = (target / SHAPE_INFO).is_file()
+        if result.cached:
             st.status, st.detail = "cached", f"shape {target} (dummy weights)"
-            return {**result, "cached": True}
-        _write_shape(target, Path(proxy["path"]), src, config, qconfig, result)
+            return result
+        _write_shape(target, Path(proxy["path"]), src, config, qconfig, result.to_dict())
     st.detail = f"shape {target}: config.json {'with the quantization_config of ' + str(src) if qconfig else ''}"
-    return {**result, "cached": False}
+    return result
 
 
 def _write_shape(

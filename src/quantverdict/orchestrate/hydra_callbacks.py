@@ -13,7 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
-from quantverdict.results.record import find_records, load
+from quantverdict.results.record import JobRecord, find_records, read
 from quantverdict.results.table import format_table
 
 
@@ -23,15 +23,15 @@ class GridSummary(Callback):
         records = []
         for path in find_records(sweep_dir):
             try:
-                records.append(load(path))
+                records.append(read(path))
             except (ValueError, OSError) as exc:  # one unreadable record must not hide the others' table
                 print(f"not read: {exc}", file=sys.stderr)
         print(format_table(records))
         (sweep_dir / "table.md").write_text(format_table(records) + "\n")
         reviewed = run_grid_review(config, sweep_dir) if records else True
-        failed = [r for r in records if r.get("status") != "ok"]
+        failed = [r for r in records if r.status != "ok"]
         for r in failed:
-            print(f"FAILED {r['job']['id']} in stage {r.get('failed_stage')}: {r.get('error')}", file=sys.stderr)
+            print(f"FAILED {r.job.id} in stage {r.failed_stage}: {r.error}", file=sys.stderr)
         if failed:
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
         if failed and all(refused_before_work(r) for r in records):
@@ -40,14 +40,12 @@ class GridSummary(Callback):
             sys.exit(1)
 
 
-def refused_before_work(rec: dict[str, Any]) -> bool:
+def refused_before_work(rec: JobRecord) -> bool:
     """A job whose config was refused (stage ``config``) or that this machine cannot run (a ConfigError in
     stage ``preflight``, ``task_check`` or ``cpu_check``): bad input, nothing expensive ran."""
-    if rec.get("failed_stage") == "config":
+    if rec.failed_stage == "config":
         return True
-    return rec.get("failed_stage") in ("preflight", "task_check", "cpu_check") and str(rec.get("error", "")).startswith(
-        "ConfigError"
-    )
+    return rec.failed_stage in ("preflight", "task_check", "cpu_check") and (rec.error or "").startswith("ConfigError")
 
 
 def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:

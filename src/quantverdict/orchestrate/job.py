@@ -32,7 +32,23 @@ from quantverdict.orchestrate import caches, data_access, dummy, hardware, hub, 
 from quantverdict.processes import envs, procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import Record, RecordInvalid, StageInfo, git_state, host_environment, load, now_iso
+from quantverdict.results.record import (
+    Accuracy,
+    Checkpoint,
+    CheckpointMemory,
+    Environment,
+    JobInfo,
+    JobRecord,
+    ModelInfo,
+    Record,
+    RecordInvalid,
+    Speed,
+    StageInfo,
+    git_state,
+    host_environment,
+    now_iso,
+    read,
+)
 from quantverdict.results.stage_results import EvaluateResult
 from quantverdict.results.tracking import Tracker
 from quantverdict.serving import lifecycle
@@ -61,32 +77,33 @@ class Job:
         config = as_dict(cfg)
         combo = kv.combo_name(cfg.scheme.name, cfg.kv.name)  # the scheme, or <scheme>+kv-<kv> (config.kv)
         self.record = Record(
-            job={
-                "id": f"{cfg.model.name}_{combo}_{resume.config_hash(config)}",
-                "model": cfg.model.name,
-                "scheme": combo,
-                "scheme_label": cfg.scheme.label + kv.kv_label(cfg.kv.name),
-                "weight_scheme": cfg.scheme.name,
-                "kv": cfg.kv.name,
-                "kv_cache_dtype": cfg.kv.cache_dtype,
-                "config_hash": resume.config_hash(config),
-                "output_dir": str(out_dir),
-                "started_at": now_iso(),
-                "finished_at": None,
-            },
+            job=JobInfo(
+                id=f"{cfg.model.name}_{combo}_{resume.config_hash(config)}",
+                model=cfg.model.name,
+                scheme=combo,
+                scheme_label=cfg.scheme.label + kv.kv_label(cfg.kv.name),
+                weight_scheme=cfg.scheme.name,
+                kv=cfg.kv.name,
+                kv_cache_dtype=cfg.kv.cache_dtype,
+                config_hash=resume.config_hash(config),
+                output_dir=str(out_dir),
+                started_at=now_iso(),
+                finished_at=None,
+            ),
             config=config,
-            environment={
-                "host": host_environment(preflight.cpu_model_name()),
-                "device": str(cfg.env.device),
-                "env": {
+            environment=Environment(
+                host=host_environment(preflight.cpu_model_name()),
+                device=str(cfg.env.device),
+                env={
                     "name": cfg.env.name,
                     "picked_by": cfg.env.picked_by,
                     "wheelhouse": cfg.env.wheelhouse,
                     "system_site_packages": cfg.env.system_site_packages,
                 },
-            },
+            ),
         )
-        self.record.tool.update(git_state(Path(cfg.paths.project_root)))
+        git = git_state(Path(cfg.paths.project_root))
+        self.record.tool.git_commit, self.record.tool.git_dirty = git["git_commit"], git["git_dirty"]
         if cfg.model.baseline_note:
             self.record.notes.append(cfg.model.baseline_note)
         if cfg.bench.server.load_format == "dummy":
@@ -100,17 +117,17 @@ class Job:
     def set_resume_key(self, pins: dict[str, list[str]]) -> str:
         """Put the resume key of these stage-environment pins (and its inputs) into the record; return it."""
         inputs = resume.resume_inputs(self.cfg, pins)
-        self.record.job["resume_key"] = resume.resume_key(inputs)
-        self.record.job["resume_inputs"] = inputs
-        return str(self.record.job["resume_key"])
+        key = resume.resume_key(inputs)
+        self.record.job.resume_key, self.record.job.resume_inputs = key, inputs
+        return key
 
     def mark_resumed(self, stage: str) -> None:
         """Name ``stage`` in ``job.resumed_attempt`` as taken from the earlier attempt."""
         assert self.earlier is not None
-        entry = self.record.job.setdefault(
-            "resumed_attempt", {"from": str(self.earlier.parent), "status": load(self.earlier).get("status")}
-        )
-        entry.setdefault("stages_reused", []).append(stage)
+        job = self.record.job
+        if job.resumed_attempt is None:
+            job.resumed_attempt = {"from": str(self.earlier.parent), "status": read(self.earlier).status}
+        job.resumed_attempt.setdefault("stages_reused", []).append(stage)
 
     def save(self, strict: bool = True) -> None:
         """Save the record; ``strict=False`` where a failure is being recorded: a record that does not match its
@@ -120,7 +137,7 @@ class Job:
         except RecordInvalid as exc:
             if strict:
                 raise
-            log.error("job %s: %s; written as it is", self.record.job.get("id"), exc)
+            log.error("job %s: %s; written as it is", self.record.job.id, exc)
             self.record.save(self.out_dir, validate=False)
 
     @contextmanager
@@ -148,10 +165,12 @@ class Job:
 
 
 def _stage_metrics(record: Record, name: str) -> dict[str, Any]:
-    section = {"evaluate": "accuracy", "benchmark": "speed", "memory": "memory"}.get(name)
-    if section == "speed":
-        return {}
-    return {section: getattr(record, section)} if section else {}
+    """What MLflow logs of a finished stage: the memory or accuracy section as the record holds it."""
+    if name == "memory":
+        return {"memory": record.memory.to_dict()}
+    if name == "evaluate":
+        return {"accuracy": record.accuracy.to_dict()}
+    return {}
 
 
 def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
@@ -175,13 +194,13 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
                 return resume.reuse(previous, out_dir)
             job.earlier = resume.find_interrupted(Path(cfg.paths.output_root), key, out_dir)
     job.tracker.start(
-        f"{cfg.model.name}/{rec.job['scheme']}",
+        f"{cfg.model.name}/{rec.job.scheme}",
         {
             "model": cfg.model.name,
-            "scheme": rec.job["scheme"],
-            "scheme_label": rec.job["scheme_label"],
+            "scheme": str(rec.job.scheme),
+            "scheme_label": str(rec.job.scheme_label),
             "kv": cfg.kv.name,
-            "config_hash": rec.job["config_hash"],
+            "config_hash": str(rec.job.config_hash),
             "output_dir": str(out_dir),
         },
     )
@@ -192,18 +211,18 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     except KeyboardInterrupt as exc:  # stopped from outside (Ctrl-C, SIGTERM): not a failure of the job
         rec.status = "interrupted"
         rec.error = f"interrupted by {procs.interrupt_signal(exc)}"
-        log.warning("job %s %s in stage %s; its processes are stopped", rec.job["id"], rec.error, rec.failed_stage)
+        log.warning("job %s %s in stage %s; its processes are stopped", rec.job.id, rec.error, rec.failed_stage)
         raise
     except BaseException as exc:
         rec.status = "failed"
         rec.error = f"{type(exc).__name__}: {exc}"
         child_tb = getattr(exc, "child_traceback", None)
         rec.traceback = (child_tb + "\n--- orchestrator ---\n" if child_tb else "") + traceback.format_exc()
-        log.error("job %s failed in stage %s: %s", rec.job["id"], rec.failed_stage, rec.error)
+        log.error("job %s failed in stage %s: %s", rec.job.id, rec.failed_stage, rec.error)
         raise
     finally:
         procs.stop_all()
-        rec.job["finished_at"] = now_iso()
+        rec.job.finished_at = now_iso()
         invalid = None
         try:
             job.save(strict=rec.status == "ok")
@@ -218,9 +237,13 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
             *sorted((out_dir / "eval").glob("samples_*.jsonl")),  # per-item results for paired tests
         ]
         try:
-            job.tracker.finish(rec.to_dict(), out_dir, artifacts)
+            try:
+                typed = rec.typed()
+            except RecordInvalid:  # its results do not match their model: the run gets its config, status, error
+                typed = JobRecord.view(rec.to_dict(), only=("job", "config", "status", "failed_stage", "error"))
+            job.tracker.finish(typed, out_dir, artifacts)
         except Exception:  # tracking must never hide the job's own outcome
-            log.exception("MLflow tracking failed for %s", rec.job["id"])
+            log.exception("MLflow tracking failed for %s", rec.job.id)
     if invalid is not None:
         raise invalid
     return rec.to_dict()
@@ -233,11 +256,12 @@ def _run(job: Job) -> None:
 
     if cfg.env.device == "cuda":  # the GPU can run the scheme at all: known before any work
         with job.stage("gpu_check") as st:
-            rec.environment["gpu"] = hardware.gpu_info(cfg.env.serve.env_vars.get("CUDA_VISIBLE_DEVICES"))
-            hardware.check_scheme_on_gpu(cfg.scheme, rec.environment["gpu"])
-            rec.environment["gpus_used"] = cfg.bench.server.tensor_parallel_size  # the server's TP shards
-            hardware.check_gpu_count(rec.environment["gpu"], cfg.bench.server.tensor_parallel_size)
-            st.detail = ", ".join(f"{g['name']} (cc {g['compute_cap']})" for g in rec.environment["gpu"])
+            gpus = hardware.gpu_info(cfg.env.serve.env_vars.get("CUDA_VISIBLE_DEVICES"))
+            rec.environment.gpu = gpus
+            hardware.check_scheme_on_gpu(cfg.scheme, gpus)
+            rec.environment.gpus_used = cfg.bench.server.tensor_parallel_size  # the server's TP shards
+            hardware.check_gpu_count(gpus, cfg.bench.server.tensor_parallel_size)
+            st.detail = ", ".join(f"{g['name']} (cc {g['compute_cap']})" for g in gpus)
 
     with job.stage("preflight") as st:  # the source is reachable and, on CPU, the model fits this machine
         checked = preflight.check(cfg)
@@ -250,12 +274,14 @@ def _run(job: Job) -> None:
     with job.stage("setup") as st:
         quant_env = envs.ensure("quantize", cfg.env.quantize, cfg.env, root)
         serve_env = envs.ensure("serve", cfg.env.serve, cfg.env, root)
-        rec.environment["quantize"] = quant_env.versions(*QUANT_DISTS)
-        rec.environment["serve"] = serve_env.versions(*SERVE_DISTS)
+        quant_versions = quant_env.versions(*QUANT_DISTS)
+        rec.environment.quantize = dict[str, str | None](quant_versions)
+        rec.environment.serve = dict[str, str | None](serve_env.versions(*SERVE_DISTS))
         # every installed distribution (what `pip list --format=freeze` lists, read faster): the resume key's
         # and the checkpoint key's environment part
-        rec.environment["pins"] = {"quantize": resume.installed(quant_env), "serve": resume.installed(serve_env)}
-        key = job.set_resume_key(rec.environment["pins"])
+        pins = {"quantize": resume.installed(quant_env), "serve": resume.installed(serve_env)}
+        rec.environment.pins = pins
+        key = job.set_resume_key(pins)
         if cfg.resume and job.earlier is None:  # the environments were built just now, or rebuilt
             job.earlier = resume.find_interrupted(Path(cfg.paths.output_root), key, out)
         if job.earlier is not None:
@@ -283,7 +309,7 @@ def _run(job: Job) -> None:
     if cfg.env.device == "cpu":  # dtypes and servability from the CPU, as the stage environments see it
         with job.stage("cpu_check") as st:
             caps, quant_torch = caches.cpu_capabilities(serve_env, quant_env, cache, out)
-            rec.environment["cpu"] = {**caps.to_record(), "quantize_env_torch": quant_torch}
+            rec.environment.cpu = {**caps.to_record(), "quantize_env_torch": quant_torch}
             cpu_plan = cpu_caps.plan(
                 caps, cfg.scheme, str(cfg.bench.server.dtype), str(cfg.eval.dtype), cfg.eval.backend, cfg.bench.enabled
             )
@@ -307,7 +333,7 @@ def _run(job: Job) -> None:
             srv, "checkpoint" if srv == "auto" else "config", "bench.server.dtype"
         )
         job.dtypes["evaluate"] = cpu_caps.DtypeChoice(ev, "checkpoint" if ev == "auto" else "config", "eval.dtype")
-    rec.environment["dtypes"] = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
+    rec.environment.dtypes = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
 
     dummy_weights = cfg.bench.server.load_format == "dummy"
     with job.stage("materialize") as st:
@@ -328,7 +354,7 @@ def _run(job: Job) -> None:
             st.detail = "shape only (bench.server.load_format=dummy): the folder is made in stage quantize"
         else:
             model = caches.materialize(cfg.model, quant_env, cache, out, st, extra, checked.hub)
-        rec.model = {**model, "baseline_note": cfg.model.baseline_note}
+        rec.model = ModelInfo.model_validate({**model, "baseline_note": cfg.model.baseline_note})
 
     # scheme x model checks (group size divides the layers, ...) before any expensive work
     recipe = schemes.resolve_recipe(cfg.scheme, model["dims"], list(cfg.model.quantize_ignore))
@@ -362,7 +388,7 @@ def _run(job: Job) -> None:
             "The speed sweep is skipped; serve it on a GPU (env=gpu)."
         )
     if unsupported and job.dtypes.pop("serve", None):  # nothing is served: no serve dtype to record
-        rec.environment["dtypes"] = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
+        rec.environment.dtypes = {k: dataclasses.asdict(v) for k, v in job.dtypes.items()}
     served_eval = evaluates_through_server(cfg)
     if served_eval and unsupported:  # config validation saw the scheme; the model class is known only now
         raise ConfigError(
@@ -385,67 +411,69 @@ def _run(job: Job) -> None:
             )
             st.detail += f"; per GPU of {tp}: {need['total_bytes'] / 2**30:.2f} GiB (weights / TP + KV of one sequence)"
             hardware.check_weights_fit(
-                predicted, rec.environment["gpu"], share, cfg.scheme.name, cfg.model.name, tp, need["kv_bytes"]
+                predicted, rec.environment.gpu or [], share, cfg.scheme.name, cfg.model.name, tp, need["kv_bytes"]
             )
 
     with job.stage("quantize") as st:
         if dummy_weights:  # config.json (+ the scheme's quantization_config) and tokenizer, no weights
             rec.checkpoint = dummy.shape_checkpoint(
-                cfg, quant_env, recipe, method, rec.environment["quantize"], extra["tokenizer_path"], cache, out, st
+                cfg, quant_env, recipe, method, quant_versions, extra["tokenizer_path"], cache, out, st
             )
         else:
-            versions = dict(line.split("==", 1) for line in rec.environment["pins"]["quantize"])
-            rec.checkpoint = caches.quantize(cfg, quant_env, model, recipe, method, versions, cache, out, st)
-            if job.earlier is not None and rec.checkpoint.get("cached"):
+            versions = dict(line.split("==", 1) for line in pins["quantize"])
+            made = caches.quantize(cfg, quant_env, model, recipe, method, versions, cache, out, st)
+            rec.checkpoint = Checkpoint.model_validate(made)
+            if job.earlier is not None and rec.checkpoint.cached:
                 job.mark_resumed("quantize")
-        if synthetic and rec.checkpoint.get("prompt_nll"):  # random weights: the check is finite logits only
-            rec.checkpoint["prompt_nll"] = None
+        if synthetic and rec.checkpoint.prompt_nll:  # random weights: the check is finite logits only
+            rec.checkpoint.prompt_nll = None
+    model_path = str(rec.checkpoint.path)
 
     with job.stage("memory"):
         if dummy_weights:  # no files to measure: the prediction, and vLLM's log once it serves
-            rec.memory["checkpoint"] = {
-                "not_measured": dummy.NOT_MEASURED,
-                "predicted_weight_bytes": hardware.predict_weight_bytes(cfg.scheme, model),
-            }
+            rec.memory.checkpoint = CheckpointMemory(
+                not_measured=dummy.NOT_MEASURED,
+                predicted_weight_bytes=hardware.predict_weight_bytes(cfg.scheme, model),
+            )
+            measured = None
         else:
-            rec.memory["checkpoint"] = memory.checkpoint_memory(Path(rec.checkpoint["path"]))
+            measured = memory.checkpoint_memory(Path(model_path))
+            rec.memory.checkpoint = CheckpointMemory.model_validate(measured)
         if (
-            cfg.scheme.method != "none" and not dummy_weights
+            cfg.scheme.method != "none" and measured is not None
         ):  # a checkpoint far from its scheme's predicted size fails the job
             layout = schemes.weight_layout(cfg.scheme, model["dims"])
-            rec.memory["prediction"] = memory.check_against_prediction(
-                rec.memory["checkpoint"],
+            rec.memory.prediction = memory.check_against_prediction(
+                measured,
                 cfg.scheme.weight_bits,
                 layout["group_size"],
                 cfg.scheme.symmetric,
                 scheme=cfg.scheme.label,
-                scale_dtype=rec.checkpoint.get("saved_dtype") or "bfloat16",
+                scale_dtype=rec.checkpoint.saved_dtype or "bfloat16",
                 scale_bytes=layout["scale_bytes"],
                 global_scale_bytes=layout["global_scale_bytes"],
             )
 
     if served_eval:  # one server: evaluate through it, then sweep it
-        _evaluate_and_benchmark_served(job, serve_env, rec.checkpoint["path"], cache)
+        _evaluate_and_benchmark_served(job, serve_env, model_path, cache)
         return
     if synthetic:
         rec.stages["evaluate"] = StageInfo(status="not_applicable", detail=NOT_APPLICABLE_SYNTHETIC)
-        rec.accuracy = {"not_applicable": NOT_APPLICABLE_SYNTHETIC}
+        rec.accuracy = Accuracy(not_applicable=NOT_APPLICABLE_SYNTHETIC)
     elif cfg.eval.enabled:
         with job.stage("evaluate") as st:
             if not _reuse_evaluation(job, st):
-                rec.accuracy = _evaluate(
-                    cfg, serve_env, rec.checkpoint["path"], cache, out, job.dtypes["evaluate"].dtype
-                )
+                rec.accuracy = _evaluate(cfg, serve_env, model_path, cache, out, job.dtypes["evaluate"].dtype)
     else:
         rec.stages["evaluate"] = StageInfo(status="skipped", detail="eval.enabled=false")
 
     if unsupported:
         rec.stages["benchmark"] = StageInfo(status="skipped", detail=unsupported)
-        rec.speed = {"unsupported": unsupported, "points": []}
+        rec.speed = Speed(unsupported=unsupported, points=[])
         rec.notes.append(f"{cfg.scheme.name}: {unsupported}")
     elif cfg.bench.enabled:
         with job.stage("benchmark"):
-            _benchmark(job, serve_env, rec.checkpoint["path"])
+            _benchmark(job, serve_env, model_path)
     else:
         rec.stages["benchmark"] = StageInfo(status="skipped", detail="bench.enabled=false")
 
@@ -457,20 +485,20 @@ def _reuse_evaluation(job: Job, st: StageInfo) -> bool:
     ``st`` is marked ``cached``."""
     if job.earlier is None:
         return False
-    previous = load(job.earlier)
+    previous = read(job.earlier)
     if not resume.reusable_evaluation(previous, job.record.checkpoint, job.record.model):
         return False
-    accuracy = dict(previous["accuracy"])
+    accuracy = previous.accuracy.model_copy(deep=True)
     source, copied = job.earlier.parent / "eval", job.out_dir / "eval"
     if source.is_dir():
         shutil.copytree(source, copied, dirs_exist_ok=True)
-    if isinstance(accuracy.get("samples"), dict):  # this job's copies, not the earlier attempt's files
-        accuracy["samples"] = {
+    if accuracy.samples is not None:  # this job's copies, not the earlier attempt's files
+        accuracy.samples = {
             task: str(copied / Path(path).name) if (copied / Path(path).name).is_file() else path
-            for task, path in accuracy["samples"].items()
+            for task, path in accuracy.samples.items()
         }
     job.record.accuracy = accuracy
-    st.status, st.detail = "cached", f"reused from the {previous.get('status')} attempt in {job.earlier.parent}"
+    st.status, st.detail = "cached", f"reused from the {previous.status} attempt in {job.earlier.parent}"
     job.mark_resumed("evaluate")
     log.info("evaluate: %s", st.detail)
     return True
@@ -478,7 +506,7 @@ def _reuse_evaluation(job: Job, st: StageInfo) -> bool:
 
 def _evaluate(
     cfg: Config, env: StageEnv, model_path: str, cache: Path, out: Path, dtype: str, server: VLLMServer | None = None
-) -> dict[str, Any]:
+) -> Accuracy:
     """Run the evaluate stage; ``dtype`` is the resolved eval dtype (``Job.dtypes["evaluate"]``)."""
     include = cfg.eval.include_path
     spec: dict[str, Any] = {
@@ -505,9 +533,10 @@ def _evaluate(
         }
     if cfg.eval.backend == "vllm" and cfg.kv.cache_dtype != "auto":  # lm-eval's own engine quantizes the cache too
         spec["eval"]["vllm_args"] = {**spec["eval"]["vllm_args"], "kv_cache_dtype": cfg.kv.cache_dtype}
-    accuracy = run_stage(env, "evaluate", spec, out, EvaluateResult).model_dump(exclude={"status"})
-    if isinstance(accuracy.get("settings"), dict):  # the KV cache the scores were computed with (not a delta setting)
-        accuracy["settings"]["kv_cache_dtype"] = cfg.kv.cache_dtype if cfg.eval.backend != "hf" else "auto"
+    result = run_stage(env, "evaluate", spec, out, EvaluateResult)
+    accuracy = Accuracy.model_validate(result.model_dump(exclude={"status"}))
+    if accuracy.settings is not None:  # the KV cache the scores were computed with (not a delta setting)
+        accuracy.settings["kv_cache_dtype"] = cfg.kv.cache_dtype if cfg.eval.backend != "hf" else "auto"
     return accuracy
 
 
@@ -524,7 +553,7 @@ def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cac
         with job.stage("serve") as st:
             server = stack.enter_context(_serving(job, env, model_path))
             st.detail = (
-                f"{server.served_model_name} ready in {rec.speed['server_start_s']} s; one server for the "
+                f"{server.served_model_name} ready in {rec.speed.server_start_s} s; one server for the "
                 "evaluation and the speed sweep"
             )
         with job.stage("evaluate") as st:
@@ -534,11 +563,8 @@ def _evaluate_and_benchmark_served(job: Job, env: StageEnv, model_path: str, cac
                 except Exception:
                     server.check_alive(" during the evaluation", wait_s=15)  # a dead server is the cause, if it died
                     raise
-                rec.accuracy = {
-                    **result,
-                    "backend": "server",
-                    "served_model": server.served_model_name,
-                }
+                result.backend, result.served_model = "server", server.served_model_name
+                rec.accuracy = result
                 st.detail = f"through the served engine ({server.served_model_name})"
         with job.stage("benchmark") as st:
             st.detail = "on the server that served the evaluation (started once, in stage serve)"
@@ -568,14 +594,14 @@ def write_config_failure(dcfg: Any, out_dir: Path, exc: Exception) -> None:
         str(OmegaConf.select(dcfg, "scheme.name", default="?")), str(OmegaConf.select(dcfg, "kv.name", default="auto"))
     )
     rec = Record(
-        job={
-            "id": f"{model}_{scheme}_invalid",
-            "model": model,
-            "scheme": scheme,
-            "output_dir": str(out_dir),
-            "started_at": now_iso(),
-            "finished_at": now_iso(),
-        },
+        job=JobInfo(
+            id=f"{model}_{scheme}_invalid",
+            model=model,
+            scheme=scheme,
+            output_dir=str(out_dir),
+            started_at=now_iso(),
+            finished_at=now_iso(),
+        ),
         config={str(k): v for k, v in raw.items()},
         status="failed",
         failed_stage="config",

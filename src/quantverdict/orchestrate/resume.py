@@ -37,7 +37,7 @@ from quantverdict.config.compose import as_dict
 from quantverdict.config.schema import Config, EnvConfig, StageEnvConfig
 from quantverdict.processes import envs, venv_build
 from quantverdict.processes.envs import StageEnv
-from quantverdict.results.record import find_records, load
+from quantverdict.results.record import Checkpoint, JobRecord, ModelInfo, find_records, read
 
 log = logging.getLogger(__name__)
 
@@ -180,13 +180,13 @@ def _newest(output_root: Path, key: str, exclude: Path, statuses: tuple[str, ...
         if path.parent == exclude:
             continue
         try:
-            data = load(path)
+            rec = read(path)
         except (ValueError, OSError, json.JSONDecodeError) as exc:
             log.warning("not reused: %s (%s)", path, exc)  # a truncated, foreign or invalid record: not a finished job
             continue
-        job = data.get("job", {})
-        if data.get("status") in statuses and job.get("resume_key") == key and not job.get("resumed_from"):
-            stamp = job.get("finished_at") or job.get("started_at") or ""
+        job = rec.job
+        if rec.status in statuses and job.resume_key == key and not job.resumed_from:
+            stamp = job.finished_at or job.started_at or ""
             if best is None or stamp > best[0]:
                 best = (stamp, path)
     return best[1] if best else None
@@ -205,29 +205,30 @@ def find_interrupted(output_root: Path, key: str, exclude: Path) -> Path | None:
 
 def reuse(previous: Path, out_dir: Path) -> dict[str, Any]:
     """Copy a finished job's record into ``out_dir`` (marked ``resumed_from``) instead of rerunning it."""
-    data = load(previous)
-    data["job"]["resumed_from"] = str(previous.parent)
-    data["job"]["output_dir"] = str(out_dir)
-    data["notes"] = [
-        *data.get("notes", []),
+    rec = read(previous)
+    rec.job.resumed_from = str(previous.parent)
+    rec.job.output_dir = str(out_dir)
+    rec.notes = [
+        *(rec.notes or []),
         f"reused the finished job in {previous.parent} (same resume key: config, stage environments, calibration)",
     ]
+    data = rec.to_dict()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "record.json").write_text(json.dumps(data, indent=2, default=str))
-    log.info("skipping %s: identical job finished in %s (resume=false reruns it)", data["job"]["id"], previous.parent)
+    log.info("skipping %s: identical job finished in %s (resume=false reruns it)", rec.job.id, previous.parent)
     return data
 
 
-def reusable_evaluation(previous: dict[str, Any], checkpoint: dict[str, Any], model: dict[str, Any]) -> bool:
+def reusable_evaluation(previous: JobRecord, checkpoint: Checkpoint, model: ModelInfo) -> bool:
     """Whether an earlier attempt's evaluate result holds for this job: that stage finished (``ok`` or reused),
     its accuracy is there, and it evaluated the same checkpoint content (``checkpoint.sha256``, the checksum
     manifest's digest of :func:`quantverdict.orchestrate.caches.write_checksums`; for the unquantized baseline
     the same materialized model and hub commit)."""
-    stage = (previous.get("stages") or {}).get("evaluate") or {}
-    if stage.get("status") not in ("ok", "cached") or not previous.get("accuracy"):
+    stage = previous.stages.get("evaluate")
+    if stage is None or stage.status not in ("ok", "cached") or previous.accuracy.is_empty():
         return False
-    was = previous.get("checkpoint") or {}
-    if checkpoint.get("quantized") or was.get("quantized") or checkpoint.get("key"):
-        return bool(checkpoint.get("sha256")) and was.get("sha256") == checkpoint.get("sha256")
-    before = previous.get("model") or {}
-    return before.get("path") == model.get("path") and before.get("commit") == model.get("commit")
+    was = previous.checkpoint
+    if checkpoint.quantized or was.quantized or checkpoint.key:
+        return bool(checkpoint.sha256) and was.sha256 == checkpoint.sha256
+    before = previous.model
+    return before.path == model.path and before.commit == model.commit

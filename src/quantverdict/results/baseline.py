@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
-from quantverdict.results.record import JobRecord, TaskResult
+from quantverdict.results.record import HEAD_SECTIONS, JobRecord, TaskResult
 
 # eval settings that must be identical for an accuracy delta to mean anything
 DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
@@ -25,57 +26,70 @@ def eval_mismatch(rec: JobRecord, base: JobRecord) -> str | None:
         diffs += [
             f"server.{k}: {sa.get(k)!r} vs baseline {sb.get(k)!r}" for k in SERVER_SETTINGS if sa.get(k) != sb.get(k)
         ]
-    ta = rec.accuracy.token_perplexity or {}
-    tb = base.accuracy.token_perplexity or {}
+    ta, tb = rec.accuracy.token_perplexity_section, base.accuracy.token_perplexity_section
     diffs += [
-        f"token_perplexity.{k}: {ta.get(k)!r} vs {tb.get(k)!r}" for k in TOKEN_PPL_SETTINGS if ta.get(k) != tb.get(k)
+        f"token_perplexity.{k}: {getattr(ta, k)!r} vs {getattr(tb, k)!r}"
+        for k in TOKEN_PPL_SETTINGS
+        if getattr(ta, k) != getattr(tb, k)
     ]
     return "eval settings differ (" + "; ".join(diffs) + ")" if diffs else None
 
 
-def has_accuracy(rec: dict[str, Any]) -> bool:
+# a record as a caller holds it: typed, or the dict :func:`quantverdict.results.record.load` gives
+AnyRecord = TypeVar("AnyRecord", JobRecord, dict[str, Any])
+
+
+def typed(rec: JobRecord | dict[str, Any]) -> JobRecord:
+    """``rec`` typed: a record dict read through :class:`JobRecord` (its job, status, stages and accuracy:
+    :data:`quantverdict.results.record.HEAD_SECTIONS`), a typed record as it is."""
+    return rec if isinstance(rec, JobRecord) else JobRecord.view(rec, only=HEAD_SECTIONS)
+
+
+def has_accuracy(rec: JobRecord) -> bool:
     """Whether a record holds accuracy results to compare with: an lm-eval task's metrics or a token perplexity
     (not merely an ``accuracy`` section: settings alone, or why it was not applicable)."""
-    acc = rec.get("accuracy") or {}
-    tp = acc.get("token_perplexity") or {}
-    return bool(acc.get("tasks")) or tp.get("token_perplexity") is not None
+    return bool(rec.accuracy.tasks) or rec.accuracy.token_perplexity_section.token_perplexity is not None
 
 
-def baseline_candidates(rec: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of ``rec``'s model in its baseline scheme (``config.baseline_scheme``, default bf16), with or
-    without results: finished (status ok) ones first, then the newest (``job.finished_at``, else ``started_at``)."""
-    want = rec.get("config", {}).get("baseline_scheme", "bf16")
-    cands = [r for r in records if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want]
-    return sorted(
-        cands,
-        key=lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or r["job"].get("started_at") or ""),
-        reverse=True,
-    )
+def baseline_scheme(rec: JobRecord) -> str:
+    """The scheme ``rec``'s accuracy and speed are compared with: ``config.baseline_scheme``, default bf16."""
+    return str(rec.config["baseline_scheme"]) if "baseline_scheme" in rec.config else "bf16"
 
 
-def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def baseline_candidates(rec: AnyRecord, records: Sequence[AnyRecord]) -> list[AnyRecord]:
+    """The records of ``rec``'s model in its baseline scheme (:func:`baseline_scheme`), with or without results:
+    finished (status ok) ones first, then the newest (``job.finished_at``, else ``started_at``). Records are given
+    and returned typed or as dicts, alike."""
+    this = typed(rec)
+    want = baseline_scheme(this)
+    cands = [(r, t) for r in records for t in [typed(r)] if t.job.model == this.job.model and t.job.scheme == want]
+    cands.sort(key=lambda rt: (rt[1].status == "ok", rt[1].job.finished_at or rt[1].job.started_at or ""), reverse=True)
+    return [r for r, _ in cands]
+
+
+def find_baseline(rec: AnyRecord, records: Sequence[AnyRecord]) -> AnyRecord | None:
     """The baseline an accuracy delta of ``rec`` is taken against: of the records of the same model in the
     baseline scheme that hold accuracy results (:func:`has_accuracy`), a finished one before an unfinished one,
     then the newest; one without them (evaluation disabled, failed before it) is passed over however new. None
     when there is none (:func:`no_baseline_reason` says why)."""
-    return next((r for r in baseline_candidates(rec, records) if has_accuracy(r)), None)
+    return next((r for r in baseline_candidates(rec, records) if has_accuracy(typed(r))), None)
 
 
-def no_baseline_reason(rec: dict[str, Any], records: list[dict[str, Any]]) -> str:
+def no_baseline_reason(rec: AnyRecord, records: Sequence[AnyRecord]) -> str:
     """Why :func:`find_baseline` found no baseline for ``rec``: no record of the baseline scheme, or each
     candidate (job id, status, when it finished) and what it lacks."""
-    want = rec.get("config", {}).get("baseline_scheme", "bf16")
-    model = rec["job"].get("model")
-    cands = baseline_candidates(rec, records)
+    this = typed(rec)
+    want, model = baseline_scheme(this), this.job.model
+    cands = [typed(r) for r in baseline_candidates(rec, records)]
     if not cands:
         return f"no {want} record of {model} among the records"
     parts = []
     for r in cands:
-        evaluate = (r.get("stages") or {}).get("evaluate") or {}
-        why = f"evaluate {evaluate.get('status')}" + (f" ({evaluate['detail']})" if evaluate.get("detail") else "")
+        evaluate = r.stage("evaluate")
+        why = f"evaluate {evaluate.status}" + (f" ({evaluate.detail})" if evaluate.detail else "")
         parts.append(
-            f"{r['job'].get('id')} ({r.get('status')}, finished {r['job'].get('finished_at')}): no accuracy results"
-            + (f", {why}" if evaluate else "")
+            f"{r.job.id} ({r.status}, finished {r.job.finished_at}): no accuracy results"
+            + (f", {why}" if "evaluate" in r.stages else "")
         )
     return f"no {want} record of {model} holds accuracy results; candidates: " + "; ".join(parts)
 
@@ -131,12 +145,13 @@ def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -
                 "recovery_pct": 100.0 * v / b if b else None,
                 "higher_is_better": True,
             }
-    tp, btp = rec.accuracy.token_perplexity or {}, base.accuracy.token_perplexity or {}
-    if tp.get("token_perplexity") and btp.get("token_perplexity"):
+    tp = rec.accuracy.token_perplexity_section.token_perplexity
+    btp = base.accuracy.token_perplexity_section.token_perplexity
+    if tp and btp:
         out["token_perplexity"] = {
             "metric": "token_perplexity",
-            "value": tp["token_perplexity"],
-            "baseline": btp["token_perplexity"],
-            "delta_pct": pct_change(tp["token_perplexity"], btp["token_perplexity"]),
+            "value": tp,
+            "baseline": btp,
+            "delta_pct": pct_change(tp, btp),
         }
     return out

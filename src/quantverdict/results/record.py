@@ -4,10 +4,10 @@ One JSON file per job (``<job output dir>/record.json``), rewritten atomically a
 a crash loses no finished result. The review and the grid table read records, never MLflow internals.
 Keys carry their units (``_bytes``, ``_gib``, ``_ms``, ``_s``, ``_rps``, ``_tok_s``).
 
-Two views of one layout: :class:`Record` is what a running job writes (sections are plain dicts that the
-stages fill in); :class:`JobRecord` is the typed model (pydantic) of the same layout, which every write
-(:meth:`Record.save`) and every read (:func:`load`, :func:`read`) validates: a key a section does not name, or a
-value of the wrong type, is refused, naming it. Records of older schema versions are read as the current one
+One model of one layout: :class:`JobRecord`, one pydantic model per section. A running job fills in
+:class:`Record`, whose sections are those models; every write (:meth:`Record.save`) and every read (:func:`load`,
+:func:`read`) validates the whole record: a key a section does not name, or a value of the wrong type, is refused,
+naming it. Records of older schema versions are read as the current one
 (:mod:`quantverdict.results.migrate`). The layout's JSON schema: ``docs/schema/record.schema.json``
 (``make schema``).
 """
@@ -20,9 +20,9 @@ import platform
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -53,55 +53,6 @@ class StageInfo:
     status: str = "pending"  # pending | running | ok | failed | interrupted | skipped | cached
     wall_s: float | None = None
     detail: str = ""
-
-
-@dataclass
-class Record:
-    job: dict[str, Any]
-    config: dict[str, Any]
-    schema_version: int = RECORD_SCHEMA_VERSION
-    # name, version, and the checkout's git commit and whether its tracked files differed from it (git_state)
-    tool: dict[str, Any] = field(default_factory=lambda: {"name": "quantverdict", "version": __version__})
-    environment: dict[str, Any] = field(default_factory=dict)
-    status: str = "running"  # running | ok | failed | interrupted (stopped from outside: Ctrl-C, SIGTERM)
-    failed_stage: str | None = None
-    error: str | None = None
-    traceback: str | None = None
-    stages: dict[str, StageInfo] = field(default_factory=dict)
-    model: dict[str, Any] = field(default_factory=dict)
-    checkpoint: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
-    accuracy: dict[str, Any] = field(default_factory=dict)
-    speed: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def save(self, out_dir: Path, validate: bool = True) -> Path:
-        """Write ``out_dir/record.json`` atomically (temp file + rename), validated against :class:`JobRecord`.
-
-        Args:
-            out_dir: the job's folder.
-            validate: False only where a failure is being recorded: the record is written as it is, so that the
-                failure is on disk even when the record's data is what failed.
-
-        Raises:
-            RecordInvalid: a key a section does not name or a value of the wrong type (nothing is written; the
-                record saved before stays).
-        """
-        data = json.loads(json.dumps(self.to_dict(), default=str, allow_nan=True))  # as a reader will see it
-        if validate:
-            try:
-                JobRecord.view(data)
-            except ValidationError as exc:
-                raise RecordInvalid(exc) from exc
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / RECORD_FILE
-        tmp = path.with_name(f".{RECORD_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2, allow_nan=True))
-        tmp.replace(path)
-        return path
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -171,23 +122,23 @@ def host_environment(cpu_model: str = "") -> dict[str, Any]:
     return host
 
 
-def stopped_stage(rec: dict[str, Any]) -> str | None:
-    """Where an unfinished record stopped: its ``failed_stage``, else the stage still marked running, else
-    ``"after <last stage>"`` (cut between two stages); None for a record with no stages."""
-    if rec.get("failed_stage"):
-        return str(rec["failed_stage"])
-    stages = rec.get("stages") or {}
-    running = [k for k, v in stages.items() if isinstance(v, dict) and v.get("status") == "running"]
+def stopped_stage(rec: JobRecord | dict[str, Any]) -> str | None:
+    """Where an unfinished record (typed, or as its dict) stopped: its ``failed_stage``, else the stage still marked
+    running, else ``"after <last stage>"`` (cut between two stages); None for a record with no stages."""
+    typed = rec if isinstance(rec, JobRecord) else JobRecord.view(rec)
+    if typed.failed_stage:
+        return typed.failed_stage
+    running = [name for name, st in typed.stages.items() if st.status == "running"]
     if running:
-        return str(running[0])
-    return f"after {list(stages)[-1]}" if stages else None
+        return running[0]
+    return f"after {list(typed.stages)[-1]}" if typed.stages else None
 
 
 def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
-    """A record left ``running`` by a process stopped from outside (a GPU machine given back, a kill):
+    """A record dict left ``running`` by a process stopped from outside (a GPU machine given back, a kill):
     status ``interrupted``, ``failed_stage`` where it stopped (:func:`stopped_stage`). Use only on
     records whose job is known to be over (a finished grid, copied results)."""
-    if rec.get("status") == "running":
+    if JobRecord.view(rec).status == "running":
         rec["status"] = "interrupted"
         rec["failed_stage"] = stopped_stage(rec)
     return rec
@@ -227,6 +178,96 @@ class Section(BaseModel):
     def has(self, key: str) -> bool:
         """Whether the record held ``key`` in this section (a field at its default was absent)."""
         return key in self.model_fields_set
+
+
+_S = TypeVar("_S", bound=Section)
+
+
+class Block(BaseModel):
+    """A JSON object a record keeps as written (its section types it as a JSON object: the measure function or the
+    tool that made it owns its keys), read through the keys a reader needs; the others pass unread."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def of(cls, data: JsonObject | None) -> Self:
+        """The block of ``data`` (every named key None when ``data`` is None or lacks it)."""
+        return cls.model_validate(data or {})
+
+
+class KernelCheck(Block):
+    """``speed.kernel_check`` (:func:`quantverdict.measure.kernels.kernel_check`): the kernel vLLM ran and whether
+    the scheme's speed can be compared (False: it ran as ``effective_label``)."""
+
+    kernel: str | None = None
+    comparable_for_speed: bool | None = None
+    effective_label: str | None = None
+
+
+class Roofline(Block):
+    """``speed.roofline`` (:func:`quantverdict.serving.speed.add_roofline`): bytes read per decode step, the
+    measured copy bandwidth (bytes/s), the ideal and measured time per token (ms), the bandwidth achieved
+    (bytes/s) and the efficiency (ideal / measured)."""
+
+    decode_bytes: float | None = None
+    copy_bytes_per_s: float | None = None
+    ideal_ms_per_token: float | None = None
+    tpot_ms: float | None = None
+    achieved_bytes_per_s: float | None = None
+    efficiency: float | None = None
+
+
+class TimeSplit(Block):
+    """``speed.time_split`` (:func:`quantverdict.measure.sweep.time_split`): the benchmark stage's parts in s, and
+    the client's overhead as a fraction of start + windows."""
+
+    server_start_s: float | None = None
+    compile_s: float | None = None
+    graph_capture_s: float | None = None
+    warmup_after_capture_s: float | None = None
+    compile_cache_hit: bool | None = None
+    windows_s: float | None = None
+    overhead_s: float | None = None
+    sweep_wall_s: float | None = None
+    overhead_fraction: float | None = None
+
+
+class SweepClient(Block):
+    """``speed.sweep_client``: the sweep client's import, gate-wait and warm-up-wave times (s)."""
+
+    started_with_server: bool | None = None
+    import_s: float | None = None
+    gate_wait_s: float | None = None
+    calibration_s: float | None = None
+
+
+class ChosenDtype(Block):
+    """``environment.dtypes.<stage>`` and ``speed.dtype``: the compute dtype a stage used (``dtype``; ``value`` in
+    ``speed.dtype``), what chose it and why."""
+
+    dtype: str | None = None
+    value: str | None = None
+    chosen_by: str | None = None
+    why: str | None = None
+
+
+class GpuInfo(Block):
+    """``environment.gpu[i]``: one GPU's nvidia-smi fields (:func:`quantverdict.orchestrate.hardware.gpu_info`)."""
+
+    index: int | None = None
+    name: str | None = None
+    driver_version: str | None = None
+    compute_cap: str | None = None
+    memory_total_mib: float | None = None
+
+
+class CpuInfo(Block):
+    """``environment.cpu``: the probed CPU (:mod:`quantverdict.config.cpu_caps`): model name, ISA, and the vLLM
+    CPU library it can load."""
+
+    model_name: str | None = None
+    isa: str | None = None
+    vllm_extension: str | None = None
 
 
 class Tool(Section):
@@ -642,14 +683,25 @@ class JobRecord(Section):
         return cls.view(migrate.upgrade(data if isinstance(data, dict) else {}))
 
     @classmethod
-    def view(cls, data: JsonObject) -> JobRecord:
+    def view(cls, data: JsonObject, only: tuple[str, ...] | None = None) -> JobRecord:
         """The typed view of a record dict, version and tool unchecked (a partial or hand-built record: every
         section it lacks is empty).
+
+        Args:
+            data: the record as its JSON holds it.
+            only: the top-level keys to read (the others read as empty), e.g. :data:`HEAD_SECTIONS` where the
+                sweep's points are not needed; None reads all.
 
         Raises:
             pydantic.ValidationError: a key a section does not name, or a value of the wrong type.
         """
+        if only is not None:
+            data = {k: v for k, v in data.items() if k in only}
         return cls.model_validate(data)
+
+    def stage(self, name: str) -> Stage:
+        """``stages.<name>`` (an empty :class:`Stage`, status None, when the record has no such stage)."""
+        return self.stages[name] if name in self.stages else Stage()
 
     def cfg(self, section: str) -> JsonObject:
         """``config.<section>`` of the config snapshot (``{}`` when absent or null)."""
@@ -665,6 +717,106 @@ class JobRecord(Section):
     def checkpoint_memory(self) -> CheckpointMemory:
         """``memory.checkpoint`` (empty when not measured)."""
         return self.memory.checkpoint
+
+
+def _plain(value: Any) -> Any:
+    """A record value as its JSON holds it: a section model dumped (:meth:`Section.to_dict`), a stage's
+    :class:`StageInfo` as its fields, containers walked; a plain value as it is (a dict set in place of a section is
+    kept, for :meth:`Record.save` to refuse by name)."""
+    if isinstance(value, Section):
+        return value.to_dict()
+    if isinstance(value, StageInfo):
+        return asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _section(kind: type[_S], value: Any) -> Any:
+    """``value`` as a ``kind`` section: a dict given to :class:`Record` is validated into one."""
+    return kind.model_validate(value) if isinstance(value, dict) else value
+
+
+@dataclass
+class Record:
+    """The record a running job writes: its sections are the typed models of :class:`JobRecord`, filled in by the
+    stages (a dict given for a section when the record is made is validated into its model), saved after every
+    stage. The JSON keys are in the order the first layout had them."""
+
+    job: JobInfo
+    config: dict[str, Any]
+    schema_version: int = RECORD_SCHEMA_VERSION
+    # name, version, and the checkout's git commit and whether its tracked files differed from it (git_state)
+    tool: Tool = field(default_factory=lambda: Tool(name="quantverdict", version=__version__))
+    environment: Environment = field(default_factory=Environment)
+    status: str = "running"  # running | ok | failed | interrupted (stopped from outside: Ctrl-C, SIGTERM)
+    failed_stage: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    stages: dict[str, StageInfo] = field(default_factory=dict)
+    model: ModelInfo = field(default_factory=ModelInfo)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    memory: Memory = field(default_factory=Memory)
+    accuracy: Accuracy = field(default_factory=Accuracy)
+    speed: Speed = field(default_factory=Speed)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.job = _section(JobInfo, self.job)
+        self.tool = _section(Tool, self.tool)
+        self.environment = _section(Environment, self.environment)
+        self.model = _section(ModelInfo, self.model)
+        self.checkpoint = _section(Checkpoint, self.checkpoint)
+        self.memory = _section(Memory, self.memory)
+        self.accuracy = _section(Accuracy, self.accuracy)
+        self.speed = _section(Speed, self.speed)
+        self.stages = {k: StageInfo(**v) if isinstance(v, dict) else v for k, v in self.stages.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as its JSON holds it (each section with the keys it was given)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+    def typed(self) -> JobRecord:
+        """The record as its reader sees it (:class:`JobRecord`, validated).
+
+        Raises:
+            RecordInvalid: a key a section does not name or a value of the wrong type.
+        """
+        try:
+            return JobRecord.view(json.loads(json.dumps(self.to_dict(), default=str, allow_nan=True)))
+        except ValidationError as exc:
+            raise RecordInvalid(exc) from exc
+
+    def save(self, out_dir: Path, validate: bool = True) -> Path:
+        """Write ``out_dir/record.json`` atomically (temp file + rename), validated against :class:`JobRecord`.
+
+        Args:
+            out_dir: the job's folder.
+            validate: False only where a failure is being recorded: the record is written as it is, so that the
+                failure is on disk even when the record's data is what failed.
+
+        Raises:
+            RecordInvalid: a key a section does not name or a value of the wrong type (nothing is written; the
+                record saved before stays).
+        """
+        data = json.loads(json.dumps(self.to_dict(), default=str, allow_nan=True))  # as a reader will see it
+        if validate:
+            try:
+                JobRecord.view(data)
+            except ValidationError as exc:
+                raise RecordInvalid(exc) from exc
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / RECORD_FILE
+        tmp = path.with_name(f".{RECORD_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, allow_nan=True))
+        tmp.replace(path)
+        return path
+
+
+# what a job is, how it ended and its accuracy: the sections a reader that needs no sweep points types
+HEAD_SECTIONS = ("schema_version", "tool", "job", "config", "status", "failed_stage", "error", "stages", "accuracy")
 
 
 def read(path: Path) -> JobRecord:

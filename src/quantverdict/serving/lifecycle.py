@@ -24,7 +24,7 @@ from quantverdict.measure import vllm_log
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import Record
+from quantverdict.results.record import Record, ServerMemory, Speed, SweepPoint
 from quantverdict.results.stage_results import HbmResult
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
@@ -62,7 +62,6 @@ def new_server(
     hbm = None
     if cfg.env.device == "cuda":  # the roofline's bandwidth, measured before the server takes the GPU
         hbm = run_stage(env, "hbm", {"gib": 4, "iters": 20}, out, HbmResult).model_dump(exclude={"status"})
-        rec.speed["hbm_copy"] = hbm
     server = VLLMServer(
         env=env,
         model_path=model_path,
@@ -73,19 +72,16 @@ def new_server(
         log_path=out / "vllm_server.log",
         compile_cache_dir=compile_cache_dir(cfg),
     )
-    rec.speed = {
-        "mode": str(cfg.bench.mode),  # the config string, not its Enum member
-        "served_model": served_name,
-        "server": server.endpoint(),
-        "points": [],
-        **({"hbm_copy": hbm} if hbm else {}),
-    }
+    rec.speed = Speed(
+        mode=str(cfg.bench.mode),  # the config string, not its Enum member
+        served_model=served_name,
+        server=server.endpoint(),
+        points=[],
+    )
+    if hbm:
+        rec.speed.hbm_copy = hbm
     if serve_dtype is not None:
-        rec.speed["dtype"] = {
-            "value": str(server_cfg.dtype),
-            "chosen_by": serve_dtype.chosen_by,
-            "why": serve_dtype.why,
-        }
+        rec.speed.dtype = {"value": str(server_cfg.dtype), "chosen_by": serve_dtype.chosen_by, "why": serve_dtype.why}
     return server
 
 
@@ -112,7 +108,7 @@ def serving(
     compile cache is :func:`compile_cache_dir`.
     """
     server = new_server(cfg, rec, out, serve_dtype, env, model_path)
-    hbm = rec.speed.get("hbm_copy")
+    hbm = rec.speed.hbm_copy
     activation_quantized = cfg.scheme.activation_bits < 16
     bench_dir = out / "bench"
     if before_start is not None:
@@ -120,24 +116,29 @@ def serving(
     t0 = time.perf_counter()
     try:
         with server:
-            rec.speed["server_start_s"] = round(time.perf_counter() - t0, 3)
-            rec.speed["server"] = server.endpoint()
-            rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
+            rec.speed.server_start_s = round(time.perf_counter() - t0, 3)
+            rec.speed.server = server.endpoint()
+            rec.memory.server = ServerMemory.model_validate(
+                vllm_log.parse(server.log_path.read_text(), activation_quantized)
+            )
             save()
             yield server
     finally:
-        rec.speed["server"] = server.endpoint()  # a server that could not start: the port it tried last
+        rec.speed.server = server.endpoint()  # a server that could not start: the port it tried last
         # a crash mid-sweep keeps the points that finished (appended to sweep.jsonl one by one)
-        if not rec.speed["points"]:
-            rec.speed["points"] = finished_points(bench_dir)
+        if not rec.speed.points:
+            rec.speed.points = [SweepPoint.model_validate(p) for p in finished_points(bench_dir)]
         if server.log_path.exists():
-            rec.memory["server"] = vllm_log.parse(server.log_path.read_text(), activation_quantized)
-        speed_validity(rec.speed, cfg.scheme.label, rec.memory.get("server"), activation_quantized)
-        rec.speed["time_split"] = sweep_math.time_split(
-            rec.speed.get("server_start_s"),
-            rec.memory.get("server"),
-            rec.speed["points"],
-            rec.speed.get("sweep_wall_s"),
+            rec.memory.server = ServerMemory.model_validate(
+                vllm_log.parse(server.log_path.read_text(), activation_quantized)
+            )
+        speed_validity(rec.speed, cfg.scheme.label, rec.memory.server, activation_quantized)
+        server_log = rec.memory.server
+        rec.speed.time_split = sweep_math.time_split(
+            rec.speed.server_start_s,
+            None if server_log.is_empty() else server_log.to_dict(),
+            [p.to_dict() for p in rec.speed.points],
+            rec.speed.sweep_wall_s,
         )
         if hbm:
             add_roofline(rec.speed, rec.model, model_path, hbm)
@@ -190,19 +191,20 @@ def sweep(
     # a client told a port the server lost while it started is started again by run_sweep, not with the server
     with_server = client is not None and client.base_url == server.base_url
     t0 = time.perf_counter()
-    rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
-    rec.speed["sweep_wall_s"] = round(time.perf_counter() - t0, 3)
+    points = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
+    rec.speed.points = [SweepPoint.model_validate(p) for p in points]
+    rec.speed.sweep_wall_s = round(time.perf_counter() - t0, 3)
     # the client's own start: with the server (its import overlapped the start-up, outside sweep_wall_s) or not
     result = out / "bench" / "sweep_client.result.json"
     done = json.loads(result.read_text()) if result.is_file() else {}
-    rec.speed["sweep_client"] = {
+    rec.speed.sweep_client = {
         "started_with_server": with_server,
         "import_s": done.get("import_s"),
         "gate_wait_s": done.get("gate_wait_s"),
         # the warm-up waves run before the sweep with bench.prefetch_prompts (part of sweep_wall_s; None without)
         "calibration_s": done.get("calibration_s"),
     }
-    dead = [p["point"] for p in rec.speed["points"] if not p.get("completed")]
+    dead = [str(p.point) for p in rec.speed.points if not p.completed]
     if dead:
         server.check_alive(" during the sweep", wait_s=15)  # a server that died under load says so, and why
         cause = procs.log_root_cause(server.log_path)
