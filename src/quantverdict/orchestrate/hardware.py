@@ -33,6 +33,7 @@ from typing import Any
 from quantverdict.config.schema import DEVICES, ConfigError, SchemeConfig
 from quantverdict.config.schemes import weight_layout
 from quantverdict.measure import kv_cache, memory, tensor_parallel
+from quantverdict.results.record import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ def check_scheme_on_gpu(scheme: SchemeConfig, gpus: Sequence[dict[str, Any]]) ->
     )
 
 
-def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
+def predict_weight_bytes(scheme: SchemeConfig, model: ModelInfo | dict[str, Any]) -> float:
     """Bytes of the served model's weights, predicted from the 16-bit source before quantizing.
 
     Formula (compressed-tensors layout, lm_head and embeddings kept 16-bit)::
@@ -281,16 +282,18 @@ def predict_weight_bytes(scheme: SchemeConfig, model: dict[str, Any]) -> float:
 
     Args:
         scheme: the composed scheme.
-        model: the materialize result (``path``, ``dims``, ``num_parameters``).
+        model: the record's ``model`` section (``path``, ``dims``, ``num_parameters``, ``model_type``), or the
+            materialize result as its dict.
 
     Returns:
         Predicted bytes (float).
     """
-    dims = model.get("dims") or {}
-    n_params = int(model.get("num_parameters") or memory.count_parameters(model["path"]))
+    info = model if isinstance(model, ModelInfo) else ModelInfo.model_validate(model)
+    dims = info.dims or {}
+    n_params = int(info.num_parameters or memory.count_parameters(str(info.path)))
     if scheme.method == "none" or scheme.weight_bits >= 16:
         return memory.predicted_weight_bytes(n_params)
-    linear = memory.linear_weight_elements(dims, model.get("model_type"))
+    linear = memory.linear_weight_elements(dims, info.model_type)
     group: int | None = None
     scale_bytes = memory.DTYPE_BYTES["bfloat16"]
     if scheme.group_size != "channel" and dims.get("hidden_size"):

@@ -355,9 +355,10 @@ def _run(job: Job) -> None:
         else:
             model = caches.materialize(cfg.model, quant_env, cache, out, st, extra, checked.hub)
         rec.model = ModelInfo.model_validate({**model, "baseline_note": cfg.model.baseline_note})
+    dims = rec.model.dims or {}  # the model's dimensions (its config.json's)
 
     # scheme x model checks (group size divides the layers, ...) before any expensive work
-    recipe = schemes.resolve_recipe(cfg.scheme, model["dims"], list(cfg.model.quantize_ignore))
+    recipe = schemes.resolve_recipe(cfg.scheme, dims, list(cfg.model.quantize_ignore))
     method = cfg.scheme.method
     synthetic = cfg.model.source == "synthetic"
     if synthetic and method not in schemes.DATA_FREE_METHODS and not schemes.calibrates(cfg):
@@ -380,10 +381,10 @@ def _run(job: Job) -> None:
         cfg.bench.enabled
         and not unsupported
         and cfg.env.device == "cpu"
-        and model["architecture"].endswith("ForConditionalGeneration")
+        and str(rec.model.architecture).endswith("ForConditionalGeneration")
     ):
         unsupported = (
-            f"vLLM on CPU here cannot serve {model['architecture']}: its model code imports torchvision, which "
+            f"vLLM on CPU here cannot serve {rec.model.architecture}: its model code imports torchvision, which "
             "the CPU serve environment removes (the PyPI build breaks model loading, see requirements/serve.txt). "
             "The speed sweep is skipped; serve it on a GPU (env=gpu)."
         )
@@ -399,7 +400,7 @@ def _run(job: Job) -> None:
         log.warning("%s", unsupported)
     if cfg.env.device == "cuda":  # the quantized weights fit one GPU's budget (needs the model's dims)
         with job.stage("gpu_fit") as st:
-            predicted = hardware.predict_weight_bytes(cfg.scheme, model)
+            predicted = hardware.predict_weight_bytes(cfg.scheme, rec.model)
             st.detail = f"predicted weights {predicted / 2**30:.2f} GiB"
             share = cfg.bench.server.gpu_memory_utilization
             if cfg.eval.enabled and cfg.eval.backend == "vllm" and not synthetic:  # lm-eval starts its own engine
@@ -407,7 +408,7 @@ def _run(job: Job) -> None:
             tp = cfg.bench.server.tensor_parallel_size
             kv_bytes = 1.0 if cfg.bench.server.kv_cache_dtype.startswith("fp8") else 2.0
             need = hardware.per_gpu_need_bytes(  # vLLM must hold one sequence of max_model_len per GPU
-                predicted, model["dims"], cfg.bench.server.max_model_len or cfg.model.max_model_len, kv_bytes, tp
+                predicted, dims, cfg.bench.server.max_model_len or cfg.model.max_model_len, kv_bytes, tp
             )
             st.detail += f"; per GPU of {tp}: {need['total_bytes'] / 2**30:.2f} GiB (weights / TP + KV of one sequence)"
             hardware.check_weights_fit(
@@ -433,7 +434,7 @@ def _run(job: Job) -> None:
         if dummy_weights:  # no files to measure: the prediction, and vLLM's log once it serves
             rec.memory.checkpoint = CheckpointMemory(
                 not_measured=dummy.NOT_MEASURED,
-                predicted_weight_bytes=hardware.predict_weight_bytes(cfg.scheme, model),
+                predicted_weight_bytes=hardware.predict_weight_bytes(cfg.scheme, rec.model),
             )
             measured = None
         else:
@@ -442,7 +443,7 @@ def _run(job: Job) -> None:
         if (
             cfg.scheme.method != "none" and measured is not None
         ):  # a checkpoint far from its scheme's predicted size fails the job
-            layout = schemes.weight_layout(cfg.scheme, model["dims"])
+            layout = schemes.weight_layout(cfg.scheme, dims)
             rec.memory.prediction = memory.check_against_prediction(
                 measured,
                 cfg.scheme.weight_bits,

@@ -224,8 +224,7 @@ def reusable_evaluation(previous: JobRecord, checkpoint: Checkpoint, model: Mode
     its accuracy is there, and it evaluated the same checkpoint content (``checkpoint.sha256``, the checksum
     manifest's digest of :func:`quantverdict.orchestrate.caches.write_checksums`; for the unquantized baseline
     the same materialized model and hub commit)."""
-    stage = previous.stages.get("evaluate")
-    if stage is None or stage.status not in ("ok", "cached") or previous.accuracy.is_empty():
+    if previous.stage("evaluate").status not in ("ok", "cached") or previous.accuracy.is_empty():
         return False
     was = previous.checkpoint
     if checkpoint.quantized or was.quantized or checkpoint.key:

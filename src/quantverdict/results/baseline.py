@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from quantverdict.results.record import HEAD_SECTIONS, JobRecord, TaskResult
+from quantverdict.results.record import HEAD_SECTIONS, EvalSettings, JobRecord, TaskResult
 
 # eval settings that must be identical for an accuracy delta to mean anything
 DELTA_SETTINGS = ("backend", "batch_size", "max_length", "num_fewshot", "limit", "task_limits", "dtype")
@@ -17,14 +17,20 @@ SERVER_SETTINGS = ("lm_eval_max_length",)
 
 def eval_mismatch(rec: JobRecord, base: JobRecord) -> str | None:
     """None when ``rec`` and ``base`` ran the same eval settings, else the reason a delta is refused."""
-    a, b = rec.accuracy.settings, base.accuracy.settings
-    if not a or not b:
-        return "accuracy missing in " + ("this job" if not a else "the baseline")
-    diffs = [f"{k}: {a.get(k)!r} vs baseline {b.get(k)!r}" for k in DELTA_SETTINGS if a.get(k) != b.get(k)]
-    if a.get("backend") == "server" and b.get("backend") == "server":  # what the served engine computed with
-        sa, sb = a.get("server") or {}, b.get("server") or {}
+    if not rec.accuracy.settings or not base.accuracy.settings:
+        return "accuracy missing in " + ("this job" if not rec.accuracy.settings else "the baseline")
+    a, b = EvalSettings.of(rec.accuracy.settings), EvalSettings.of(base.accuracy.settings)
+    diffs = [
+        f"{k}: {getattr(a, k)!r} vs baseline {getattr(b, k)!r}"
+        for k in DELTA_SETTINGS
+        if getattr(a, k) != getattr(b, k)
+    ]
+    if a.backend == "server" and b.backend == "server":  # what the served engine computed with
+        sa, sb = a.served, b.served
         diffs += [
-            f"server.{k}: {sa.get(k)!r} vs baseline {sb.get(k)!r}" for k in SERVER_SETTINGS if sa.get(k) != sb.get(k)
+            f"server.{k}: {getattr(sa, k)!r} vs baseline {getattr(sb, k)!r}"
+            for k in SERVER_SETTINGS
+            if getattr(sa, k) != getattr(sb, k)
         ]
     ta, tb = rec.accuracy.token_perplexity_section, base.accuracy.token_perplexity_section
     diffs += [

@@ -241,6 +241,36 @@ class SweepClient(Block):
     calibration_s: float | None = None
 
 
+class EvalServer(Block):
+    """``accuracy.settings.server`` (``eval.backend=server``): the served model and the length lm-eval used."""
+
+    served_model: str | None = None
+    max_model_len: int | None = None
+    lm_eval_max_length: Any = None
+
+
+class EvalSettings(Block):
+    """``accuracy.settings`` (``children/evaluate.py``): what the scores were computed with; the keys an accuracy
+    delta needs equal (:data:`quantverdict.results.baseline.DELTA_SETTINGS`) are typed loosely (lm-eval takes
+    ``batch_size`` as a number or ``auto``, ``limit`` as a count or a fraction)."""
+
+    backend: str | None = None
+    device: str | None = None
+    batch_size: Any = None
+    max_length: Any = None
+    num_fewshot: Any = None
+    limit: Any = None
+    task_limits: Any = None
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    server: JsonObject | None = None
+
+    @property
+    def served(self) -> EvalServer:
+        """``server`` read as :class:`EvalServer` (every key None without it)."""
+        return EvalServer.of(self.server)
+
+
 class ChosenDtype(Block):
     """``environment.dtypes.<stage>`` and ``speed.dtype``: the compute dtype a stage used (``dtype``; ``value`` in
     ``speed.dtype``), what chose it and why."""
