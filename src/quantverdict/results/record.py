@@ -602,7 +602,7 @@ class LoadLevel(Section):
     saturated_repeats: int | None = None
     saturated: bool | None = None
     throughput_basis: str | None = None
-    metrics: dict[str, dict[str, float] | None] | None = None
+    metrics: dict[str, dict[str, float | int] | None] | None = None  # n (the repeats) an int
 
 
 class Speed(Section):
