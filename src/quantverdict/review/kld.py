@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure.stats import Interval
 from quantverdict.results.format import number
 from quantverdict.results.record import JobRecord
 from quantverdict.review.document import Criterion, CriterionMetric, Outcome
 from quantverdict.review.scorecard import Scorecard, TaskDelta
-from quantverdict.review.stats import Interval
 
 __all__ = ["KLD", "KldDelta", "kld_deltas", "kld_row", "with_kld_constraint"]
 

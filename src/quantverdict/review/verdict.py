@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure import stats
 from quantverdict.results.format import number
-from quantverdict.review import stats
 from quantverdict.review.document import (
     ConstraintKind,
     Criterion,
@@ -945,7 +945,7 @@ def paired_speedups(
     theirs: tuple[str, list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
     """Per metric of :data:`PAIRED_METRICS` and per load level, the scheme's ratio to its baseline paired by
-    repeat index (:func:`quantverdict.review.stats.paired_ratio`: Student's t on the per-repeat log ratios,
+    repeat index (:func:`quantverdict.measure.stats.paired_ratio`: Student's t on the per-repeat log ratios,
     valid points only), and the same as a speedup (> 1 is faster).
 
     Args:
