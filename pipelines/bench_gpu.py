@@ -25,7 +25,7 @@ from pathlib import Path
 
 from quantverdict.config.compose import job_config
 from quantverdict.measure import sweep, sweep_plan, vllm_log
-from quantverdict.results.record import find_records, load, mark_interrupted
+from quantverdict.results.record import JobRecord, find_records, load, mark_interrupted
 from quantverdict.results.table import format_table
 from quantverdict.review.sources import dedupe
 from quantverdict.serving.benchmark import finished_points, parse_point
@@ -99,8 +99,9 @@ def supersede(recs: list[dict]) -> list[dict]:
     """One job per model and scheme where runs overlap, in the order found, by the review's rule
     (:func:`quantverdict.review.sources.dedupe`: a finished job before an unfinished one, then the newest):
     the run that completed a cut-short grid replaces its interrupted jobs, a repeated grid its older jobs."""
-    kept = {id(r) for r in dedupe(recs)[0]}
-    return [r for r in recs if id(r) in kept]
+    views = [JobRecord.view(r) for r in recs]
+    kept = {id(v) for v in dedupe(views)[0]}
+    return [r for r, v in zip(recs, views) if id(v) in kept]
 
 
 def load_records(outs: list[Path]) -> list[dict]:

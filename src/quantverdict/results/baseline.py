@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from quantverdict.results.record import JobRecord, TaskResult
@@ -33,50 +34,47 @@ def eval_mismatch(rec: JobRecord, base: JobRecord) -> str | None:
     return "eval settings differ (" + "; ".join(diffs) + ")" if diffs else None
 
 
-def has_accuracy(rec: dict[str, Any]) -> bool:
+def has_accuracy(rec: JobRecord) -> bool:
     """Whether a record holds accuracy results to compare with: an lm-eval task's metrics or a token perplexity
     (not merely an ``accuracy`` section: settings alone, or why it was not applicable)."""
-    acc = rec.get("accuracy") or {}
-    tp = acc.get("token_perplexity") or {}
-    return bool(acc.get("tasks")) or tp.get("token_perplexity") is not None
+    return bool(rec.accuracy.tasks) or rec.accuracy.token_perplexity_section.token_perplexity is not None
 
 
-def baseline_candidates(rec: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of ``rec``'s model in its baseline scheme (``config.baseline_scheme``, default bf16), with or
-    without results: finished (status ok) ones first, then the newest (``job.finished_at``, else ``started_at``)."""
-    want = rec.get("config", {}).get("baseline_scheme", "bf16")
-    cands = [r for r in records if r["job"].get("model") == rec["job"].get("model") and r["job"].get("scheme") == want]
-    return sorted(
-        cands,
-        key=lambda r: (r.get("status") == "ok", r["job"].get("finished_at") or r["job"].get("started_at") or ""),
-        reverse=True,
-    )
+def baseline_scheme(rec: JobRecord) -> Any:
+    """The scheme ``rec``'s model is compared with: ``config.baseline_scheme``, default ``bf16``."""
+    return rec.config.get("baseline_scheme", "bf16")
 
 
-def find_baseline(rec: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The baseline an accuracy delta of ``rec`` is taken against: of the records of the same model in the
-    baseline scheme that hold accuracy results (:func:`has_accuracy`), a finished one before an unfinished one,
-    then the newest; one without them (evaluation disabled, failed before it) is passed over however new. None
-    when there is none (:func:`no_baseline_reason` says why)."""
+def _newest_finished(r: JobRecord) -> tuple[bool, str]:
+    return r.status == "ok", r.job.finished_at or r.job.started_at or ""
+
+
+def baseline_candidates(rec: JobRecord, records: Sequence[JobRecord]) -> list[JobRecord]:
+    """The records of ``rec``'s model in its baseline scheme (:func:`baseline_scheme`), with or without results:
+    finished (status ok) ones first, then the newest (``job.finished_at``, else ``started_at``)."""
+    want = baseline_scheme(rec)
+    cands = [r for r in records if r.job.model == rec.job.model and r.job.scheme == want]
+    return sorted(cands, key=_newest_finished, reverse=True)
+
+
+def find_baseline(rec: JobRecord, records: Sequence[JobRecord]) -> JobRecord | None:
+    """The baseline an accuracy delta of ``rec`` is taken against: the first of :func:`baseline_candidates` that
+    holds accuracy results (:func:`has_accuracy`); None when there is none (:func:`no_baseline_reason` says why)."""
     return next((r for r in baseline_candidates(rec, records) if has_accuracy(r)), None)
 
 
-def no_baseline_reason(rec: dict[str, Any], records: list[dict[str, Any]]) -> str:
+def no_baseline_reason(rec: JobRecord, records: Sequence[JobRecord]) -> str:
     """Why :func:`find_baseline` found no baseline for ``rec``: no record of the baseline scheme, or each
     candidate (job id, status, when it finished) and what it lacks."""
-    want = rec.get("config", {}).get("baseline_scheme", "bf16")
-    model = rec["job"].get("model")
+    want, model = baseline_scheme(rec), rec.job.model
     cands = baseline_candidates(rec, records)
     if not cands:
         return f"no {want} record of {model} among the records"
     parts = []
     for r in cands:
-        evaluate = (r.get("stages") or {}).get("evaluate") or {}
-        why = f"evaluate {evaluate.get('status')}" + (f" ({evaluate['detail']})" if evaluate.get("detail") else "")
-        parts.append(
-            f"{r['job'].get('id')} ({r.get('status')}, finished {r['job'].get('finished_at')}): no accuracy results"
-            + (f", {why}" if evaluate else "")
-        )
+        ev = r.stages.get("evaluate")
+        why = "" if ev is None else f", evaluate {ev.status}" + (f" ({ev.detail})" if ev.detail else "")
+        parts.append(f"{r.job.id} ({r.status}, finished {r.job.finished_at}): no accuracy results{why}")
     return f"no {want} record of {model} holds accuracy results; candidates: " + "; ".join(parts)
 
 

@@ -171,16 +171,15 @@ def host_environment(cpu_model: str = "") -> dict[str, Any]:
     return host
 
 
-def stopped_stage(rec: dict[str, Any]) -> str | None:
+def stopped_stage(rec: JobRecord) -> str | None:
     """Where an unfinished record stopped: its ``failed_stage``, else the stage still marked running, else
     ``"after <last stage>"`` (cut between two stages); None for a record with no stages."""
-    if rec.get("failed_stage"):
-        return str(rec["failed_stage"])
-    stages = rec.get("stages") or {}
-    running = [k for k, v in stages.items() if isinstance(v, dict) and v.get("status") == "running"]
+    if rec.failed_stage:
+        return rec.failed_stage
+    running = [k for k, v in rec.stages.items() if v.status == "running"]
     if running:
-        return str(running[0])
-    return f"after {list(stages)[-1]}" if stages else None
+        return running[0]
+    return f"after {list(rec.stages)[-1]}" if rec.stages else None
 
 
 def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +188,7 @@ def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
     records whose job is known to be over (a finished grid, copied results)."""
     if rec.get("status") == "running":
         rec["status"] = "interrupted"
-        rec["failed_stage"] = stopped_stage(rec)
+        rec["failed_stage"] = stopped_stage(JobRecord.view(rec))
     return rec
 
 

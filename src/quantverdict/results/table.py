@@ -113,6 +113,8 @@ def format_table(records: list[dict[str, Any]]) -> str:
         records,
         key=lambda r: (r["job"].get("model", ""), *combo_order(r["job"].get("scheme", ""))),
     )
+    views = [JobRecord.view(r) for r in records]
+    bases = {id(r): _baseline_of(v, records, views) for r, v in zip(records, views)}
     out: list[str] = []
     mem_rows, acc_rows, speed_rows, stage_rows, roof_rows = [], [], [], [], []
     tasks: list[str] = []
@@ -147,7 +149,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
             ]
         )
         acc = r.get("accuracy", {})
-        base = find_baseline(r, records)
+        base = bases[id(r)]
         headline = r.get("config", {}).get("eval", {}).get("headline", {})
         deltas = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), headline) if base and base is not r else {}
         row = [name]
@@ -297,7 +299,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     if split:
         out.append(split)
     notes = sorted({n for r in records for n in r.get("notes", [])})
-    refused = sorted({d for r in records for d in [_refusal(r, records)] if d})
+    refused = sorted({d for r in records for d in [_refusal(r, bases[id(r)])] if d})
     if notes or refused:
         out.append("\nNotes:\n" + "\n".join(f"- {n}" for n in notes + refused))
     return "\n".join(out)
@@ -398,8 +400,13 @@ def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
     return f" ({_f(d.get('delta'), '+.3f')})"
 
 
-def _refusal(r: dict[str, Any], records: list[dict[str, Any]]) -> str | None:
-    base = find_baseline(r, records)
+def _baseline_of(rec: JobRecord, records: list[dict[str, Any]], views: list[JobRecord]) -> dict[str, Any] | None:
+    """The record dict of ``rec``'s accuracy baseline (:func:`find_baseline` over ``views``, the typed ``records``)."""
+    found = find_baseline(rec, views)
+    return next((r for r, v in zip(records, views) if v is found), None)
+
+
+def _refusal(r: dict[str, Any], base: dict[str, Any] | None) -> str | None:
     if not base or base is r or (r.get("accuracy") or {}).get("not_applicable"):
         return None  # a synthetic model's accuracy is not applicable, not refused
     d = accuracy_deltas(JobRecord.view(r), JobRecord.view(base), {})

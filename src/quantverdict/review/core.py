@@ -8,6 +8,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +60,9 @@ REVIEW_SCHEMA_VERSION = SCHEMA_VERSION  # of review.json (quantverdict.review.do
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 
 
-def _card(
-    rec: dict[str, Any],
-    records: list[dict[str, Any]],
-    rc: ReviewConfig,
-    all_records: list[dict[str, Any]] | None = None,
-) -> Scorecard:
-    """The scorecard of ``rec`` among ``records`` (one per model and scheme); ``all_records``: every record read,
+def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> Scorecard:
+    """The scorecard of ``r`` among ``records`` (one per model and scheme); ``all_records``: every record read,
     where its accuracy baseline is looked for (:func:`quantverdict.results.baseline.find_baseline`)."""
-    r = JobRecord.view(rec)
     j = r.job
     sc = Scorecard(
         job_id=str(j.id),
@@ -76,10 +71,10 @@ def _card(
         label=str(j.scheme_label or r.cfg("scheme").get("label") or "?"),
         tier=weight_tier(r),
         status=str(r.status),
-        failed_stage=stopped_stage(rec) if r.status != "ok" else None,
+        failed_stage=stopped_stage(r) if r.status != "ok" else None,
         error=r.error,
         is_baseline=is_baseline(r),
-        gpus=gpus.job_gpus(rec),
+        gpus=gpus.job_gpus(r),
     )
     sc.memory, miss = memory_summary(r, rc)
     sc.kv = str(sc.memory.get("kv") or "auto")
@@ -87,24 +82,23 @@ def _card(
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
     sc.missing += miss
     # the model's baseline job in this review (one record per model and scheme): speed and dtype comparisons
-    base = None if sc.is_baseline else next((c for c in baseline_candidates(rec, records) if c.get("accuracy")), None)
-    rbase = None if base is None else JobRecord.view(base)
+    cands = [] if sc.is_baseline else baseline_candidates(r, records)
+    rbase = next((c for c in cands if not c.accuracy.is_empty()), None)
     # accuracy deltas: the baseline record that holds accuracy results, among every record read
-    acc_base = None if sc.is_baseline else find_baseline(rec, all_records if all_records is not None else records)
+    acc_base = None if sc.is_baseline else find_baseline(r, all_records)
     sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
     sc.accuracy_not_applicable = accuracy_not_applicable(r)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
     elif not sc.is_baseline:
-        no_base = "" if acc_base is not None else no_baseline_reason(rec, all_records or records)
-        racc = None if acc_base is None else JobRecord.view(acc_base)
-        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, racc, rc, no_base)
-        shown = next(iter(baseline_candidates(rec, records)), None)
+        no_base = "" if acc_base is not None else no_baseline_reason(r, all_records)
+        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, acc_base, rc, no_base)
+        shown = next(iter(baseline_candidates(r, records)), None)
         if acc_base is not None and shown is not None and acc_base is not shown:
             sc.validity.append(
-                f"{sc.name}: accuracy deltas against {acc_base['job'].get('id')} (finished "
-                f"{acc_base['job'].get('finished_at')}), the newest {acc_base['job'].get('scheme')} record with "
-                f"accuracy results; {shown['job'].get('id')}, the one this review shows, holds none"
+                f"{sc.name}: accuracy deltas against {acc_base.job.id} (finished "
+                f"{acc_base.job.finished_at}), the newest {acc_base.job.scheme} record with "
+                f"accuracy results; {shown.job.id}, the one this review shows, holds none"
             )
         sc.missing += miss
         if sc.accuracy_refused:
@@ -213,7 +207,7 @@ def _card(
 
 
 def build_review(
-    records: list[dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
+    records: Sequence[JobRecord | dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
 ) -> Review:
     """Scorecards, checks, verdicts and regime analysis of ``records`` (one or more models).
 
@@ -224,11 +218,11 @@ def build_review(
     Raises:
         quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
     """
-    rc, how = constraints.resolve(rc, records, overrides)
-    all_records = list(records)
-    records, notes = sources.dedupe(records)
-    records.sort(key=lambda r: (str(r["job"].get("model")), *combo_order(str(r["job"].get("scheme")))))
-    cards = [_card(r, records, rc, all_records) for r in records]
+    all_records = [r if isinstance(r, JobRecord) else JobRecord.view(r) for r in records]
+    rc, how = constraints.resolve(rc, all_records, overrides)
+    recs, notes = sources.dedupe(all_records)
+    recs.sort(key=lambda r: (str(r.job.model), *combo_order(str(r.job.scheme))))
+    cards = [_card(r, recs, rc, all_records) for r in recs]
     review = Review(
         source,
         now_iso(),
@@ -238,17 +232,17 @@ def build_review(
         [],
         {},
         notes=notes,
-        job_dirs=[str(r["job"].get("output_dir")) for r in records],
-        environment=environment_lines(records),
+        job_dirs=[str(r.job.output_dir) for r in recs],
+        environment=environment_lines(recs),
         constraints_how=how,
     )
     # each job's sweep points as recorded (repeats apart), for the regime's ratios paired by repeat
-    raw = {id(sc): raw_points(JobRecord.view(r)) for sc, r in zip(cards, records)}
-    by_card = {id(sc): r for sc, r in zip(cards, records)}
+    raw = {id(sc): raw_points(r) for sc, r in zip(cards, recs)}
+    by_card = {id(sc): r for sc, r in zip(cards, recs)}
     for model in dict.fromkeys(c.model for c in cards):
         mine = review.cards_of(model)
         verdict, checks = decide(model, mine, rc)
-        verdict.evidence += gpus.verdict_lines(mine, records, rc)  # GPU records: GPUs needed, tok/s per GPU
+        verdict.evidence += gpus.verdict_lines(mine, recs, rc)  # GPU records: GPUs needed, tok/s per GPU
         base = next((c for c in mine if c.is_baseline), None)
         rows = []
         for sc in mine:
@@ -294,11 +288,11 @@ def build_review(
         review.flags += sc.flags
         review.validity += sc.validity
     flagged = "\n".join(f.message for f in review.flags)
-    review.notes += sorted({n for r in records for n in r.get("notes", []) if n.strip() not in flagged})
+    review.notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
     return review
 
 
-def environment_lines(records: list[dict[str, Any]]) -> list[str]:
+def environment_lines(records: list[JobRecord]) -> list[str]:
     """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
 
     From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total_mib", "compute_cap", "uuid"}`` and,
@@ -313,7 +307,7 @@ def environment_lines(records: list[dict[str, Any]]) -> list[str]:
     cpus: dict[str, None] = {}
     vllm: dict[str, None] = {}
     for rec in records:
-        env = JobRecord.view(rec).environment
+        env = rec.environment
         cpu = env.cpu
         host_cpu = (env.host or {}).get("cpu_model")  # recorded since 2026-12-03
         if isinstance(cpu, dict) and cpu.get("isa"):

@@ -136,7 +136,7 @@ def _records_by_id(review: Review) -> dict[str, JobRecord]:
     if not src.is_dir():  # an MLflow source: the downloaded records are gone by now; cards only
         return {}
     records, _ = sources.load_dir(src)
-    return {str(r["job"].get("id")): JobRecord.view(r) for r in records}
+    return {str(r.job.id): r for r in records}
 
 
 def _max_model_len(rec: JobRecord | None) -> int | None:

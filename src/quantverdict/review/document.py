@@ -188,7 +188,7 @@ class MinMax(_Strict):
 
 
 class Interval(_Strict):
-    """A point estimate with a two-sided interval (:class:`quantverdict.measure.stats.Interval`), in the unit of the
+    """A point estimate with a two-sided interval (:class:`quantverdict.review.stats.Interval`), in the unit of the
     field that holds it."""
 
     estimate: float

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any
 
 from quantverdict.results.record import JobRecord
 from quantverdict.review import flags
@@ -53,21 +52,11 @@ class GpuMatch:
     hours_apart: float | None
 
 
-def _view(rec: dict[str, Any] | JobRecord) -> tuple[JobRecord, dict[str, Any]]:
-    if isinstance(rec, JobRecord):
-        return rec, rec.to_dict()
-    return JobRecord.view(rec), rec
-
-
-def used_gpu_uuids(rec: dict[str, Any] | JobRecord) -> tuple[str | None, ...]:
+def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
     """The uuids (``GPU-<uuid>``) of the GPUs a job's server used, in order; None for a GPU without one; ``()``
     for a CPU-only record (``environment.gpu`` empty or missing)."""
-    return _uuids(*_view(rec))
-
-
-def _uuids(view: JobRecord, data: dict[str, Any]) -> tuple[str | None, ...]:
-    listed = [g for g in view.environment.gpu or [] if isinstance(g, dict)]
-    return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(data)])
+    listed = [g for g in rec.environment.gpu or [] if isinstance(g, dict)]
+    return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(rec)])
 
 
 def _started(view: JobRecord) -> datetime | None:
@@ -77,12 +66,8 @@ def _started(view: JobRecord) -> datetime | None:
         return None
 
 
-def same_gpu(rec: dict[str, Any] | JobRecord, base: dict[str, Any] | JobRecord) -> GpuMatch | None:
+def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
     """Whether ``rec`` (a scheme's record) and ``base`` (its baseline's) measured speed on the same GPU.
-
-    Args:
-        rec: the scheme's record, a dict or its :class:`JobRecord` view.
-        base: the baseline's record, likewise.
 
     Returns:
         None when either record lists no GPU (a CPU job: not applicable); else a :class:`GpuMatch` whose
@@ -90,17 +75,16 @@ def same_gpu(rec: dict[str, Any] | JobRecord, base: dict[str, Any] | JobRecord) 
         lists are equal (same GPUs, same order), :data:`DIFFERENT` otherwise (e.g. tensor parallel over
         2 GPUs against 1).
     """
-    (rv, rd), (bv, bd) = _view(rec), _view(base)
-    mine, theirs = _uuids(rv, rd), _uuids(bv, bd)
+    mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
     if not mine or not theirs:
         return None
     if None in mine or None in theirs:
         state = NOT_RECORDED
     else:
         state = SAME if mine == theirs else DIFFERENT
-    a, b = grid_of(rv.job.output_dir), grid_of(bv.job.output_dir)
+    a, b = grid_of(rec.job.output_dir), grid_of(base.job.output_dir)
     same_grid = a == b if a and b else None
-    t, tb = _started(rv), _started(bv)
+    t, tb = _started(rec), _started(base)
     try:
         hours = abs((t - tb).total_seconds()) / 3600 if t and tb else None
     except TypeError:  # one time with a UTC offset, the other without
