@@ -1,18 +1,9 @@
 """Whether a scheme's speed and its baseline's were measured on the same physical GPU, and in one grid.
 
-A speed ratio between two GPU jobs (:mod:`quantverdict.review.speed`, the regime's ratios paired by repeat)
-means "scheme vs baseline" only when both ran on the same GPU: two GPUs of one kind can differ (clocks, power
-limits, cooling), and a ratio across them carries that difference. The GPU's
-identity is ``environment.gpu[i]["uuid"]``, nvidia-smi's ``GPU-<uuid>``, fixed for a physical GPU
-(:func:`quantverdict.orchestrate.hardware.parse_nvidia_smi`); records written before 2026-12-01 lack it.
-The GPUs a job's speed was measured on are the first :func:`quantverdict.review.gpus.job_gpus` entries of
-``environment.gpu`` (the server runs on the first visible GPU, or shards over the first
-``tensor_parallel_size`` of them). The grid is the Hydra multirun folder of ``job.output_dir``
-(``<output_root>/multirun/<timestamp>/<job>``: one session); a single run (``<output_root>/runs/<job>``) is a
-grid of its own, so two single runs are never "in one grid".
-
-Pure functions of two records: :func:`same_gpu` compares, :func:`same_gpu_line` words the Validity line,
-:func:`same_gpu_flag` raises a flag when the GPUs differ, :func:`pairable` says whether repeats may be paired.
+A speed ratio of two GPU jobs means "scheme vs baseline" only on one GPU: two GPUs of one kind differ in clocks,
+power and cooling. A GPU is known by ``environment.gpu[i].uuid`` (nvidia-smi's ``GPU-<uuid>``; older records lack
+it); a job used the first :func:`quantverdict.review.gpus.job_gpus` of them. The grid is the Hydra multirun folder
+of ``job.output_dir``; a single run is a grid of its own.
 """
 
 from __future__ import annotations
@@ -22,8 +13,7 @@ from datetime import datetime
 from pathlib import PurePosixPath
 
 from quantverdict.results.record import JobRecord
-from quantverdict.review import flags
-from quantverdict.review.flags import Flag
+from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.gpus import job_gpus
 
 SAME = "same GPU"  # every GPU uuid of the scheme's job equals the baseline's, in the same order
@@ -34,16 +24,9 @@ UUID_SINCE = "2026-12-01"  # the first records with environment.gpu[].uuid (comm
 
 @dataclass(frozen=True)
 class GpuMatch:
-    """How a scheme's speed measurement relates to its baseline's, GPU- and session-wise.
-
-    Attributes:
-        state: :data:`SAME`, :data:`DIFFERENT` or :data:`NOT_RECORDED`.
-        gpus: the uuids of the GPUs the scheme's job used, in order (None where not recorded).
-        baseline_gpus: the same for the baseline's job.
-        same_grid: both jobs ran in one Hydra multirun folder (:func:`grid_of`); None when either record
-            lacks ``job.output_dir``.
-        hours_apart: ``|started_at - baseline started_at|`` in hours; None when either is missing or unreadable.
-    """
+    """How a scheme's speed measurement relates to its baseline's: ``state`` (:data:`SAME`, :data:`DIFFERENT`,
+    :data:`NOT_RECORDED`), the uuids of each job's GPUs (None where not recorded), ``same_grid`` (None: unknown) and
+    ``hours_apart`` of their starts (None: unknown)."""
 
     state: str
     gpus: tuple[str | None, ...]
@@ -53,8 +36,7 @@ class GpuMatch:
 
 
 def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
-    """The uuids (``GPU-<uuid>``) of the GPUs a job's server used, in order; None for a GPU without one; ``()``
-    for a CPU-only record (``environment.gpu`` empty or missing)."""
+    """The uuids of the GPUs a job's server used, in order (None for one without); ``()`` for a CPU record."""
     listed = [g for g in rec.environment.gpu or [] if isinstance(g, dict)]
     return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(rec)])
 
@@ -67,14 +49,8 @@ def _started(view: JobRecord) -> datetime | None:
 
 
 def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
-    """Whether ``rec`` (a scheme's record) and ``base`` (its baseline's) measured speed on the same GPU.
-
-    Returns:
-        None when either record lists no GPU (a CPU job: not applicable); else a :class:`GpuMatch` whose
-        state is :data:`NOT_RECORDED` if any GPU either job used lacks a uuid, :data:`SAME` if the uuid
-        lists are equal (same GPUs, same order), :data:`DIFFERENT` otherwise (e.g. tensor parallel over
-        2 GPUs against 1).
-    """
+    """Whether ``rec`` (a scheme's record) and ``base`` (its baseline's) measured speed on the same GPUs (same
+    uuids, same order); None when either lists no GPU."""
     mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
     if not mine or not theirs:
         return None
@@ -93,15 +69,13 @@ def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
 
 
 def pairable(m: GpuMatch | None) -> bool:
-    """Whether a scheme's repeats may be paired with its baseline's by index (the review's paired test,
-    :func:`quantverdict.review.verdict.paired_speedups`): not when they ran on different GPUs or not in one grid
-    (repeat r of two sessions shares no drift); yes for CPU jobs (None) and where it is not known."""
+    """Whether repeats may be paired by index: not on different GPUs or across grids; yes for CPU jobs and
+    where unknown."""
     return m is None or (m.state != DIFFERENT and m.same_grid is not False)
 
 
 def grid_of(output_dir: str | None) -> str | None:
-    """The grid a job ran in: its Hydra multirun folder (the parent of ``output_dir`` when that sits in a
-    ``multirun`` folder), else ``output_dir`` itself (a single run); None without a folder."""
+    """The grid of a job folder: its multirun folder, else the folder itself; None without one."""
     if not output_dir:
         return None
     path = PurePosixPath(output_dir)
@@ -149,13 +123,13 @@ def same_gpu_line(what: str, m: GpuMatch) -> str:
 
 
 def same_gpu_flag(m: GpuMatch, baseline: str) -> Flag | None:
-    """A :data:`quantverdict.review.flags.DIFFERENT_GPU` flag (not yet attached to a scorecard: :meth:`Flag.of`)
+    """A :data:`quantverdict.review.FlagCode.DIFFERENT_GPU` flag (not yet attached to a scorecard: :meth:`Flag.of`)
     when ``m`` says :data:`DIFFERENT`; None otherwise (``NOT_RECORDED`` is a Validity line only)."""
     if m.state != DIFFERENT:
         return None
     full = _names(m.gpus) == _names(m.baseline_gpus)
     return Flag(
-        flags.DIFFERENT_GPU,
+        FlagCode.DIFFERENT_GPU,
         "",
         f"speed measured on another GPU than the baseline {baseline}'s ({_names(m.gpus, full)} vs "
         f"{_names(m.baseline_gpus, full)}): its speed ratios include any difference between the two GPUs",
