@@ -296,5 +296,5 @@ def accuracy_section(
     if "token_perplexity" in deltas:
         d = deltas["token_perplexity"]
         out.append(_ppl_delta("token_perplexity", "token_perplexity", d["value"], d["baseline"], rec, base, rc))
-    out += kld_deltas(rec)  # issue #17: mean KLD and top-1 agreement, beside the token perplexity delta
+    out += kld_deltas(rec)  # mean KLD and top-1 agreement, beside the token perplexity delta
     return out, None, missing

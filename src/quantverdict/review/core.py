@@ -301,7 +301,7 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
     for rec in records:
         env = rec.environment
         cpu = env.cpu
-        host_cpu = (env.host or {}).get("cpu_model")  # recorded since 2026-12-03
+        host_cpu = (env.host or {}).get("cpu_model")  # older records lack it
         if isinstance(cpu, dict) and cpu.get("isa"):
             wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
             cpus[

@@ -1,14 +1,9 @@
 """GPUs in the review: throughput per GPU, and how many GPUs each scheme needs for the memory budget.
 
-``review.memory_budget_gib`` is read as the budget of one GPU. A scheme needs the fewest GPUs ``n`` (1, 2,
-4, 8) with ``weights / n + KV cache x its per-GPU share + reserved <= budget``
-(:func:`quantverdict.measure.tensor_parallel.gpus_needed`), where the weights are the whole model's and the
-KV cache the one the review's memory check needs for the stated capacity
-(:func:`quantverdict.review.memory.memory_summary`).
-vLLM logs the weights *one GPU* loaded, so a job served with ``tensor_parallel_size`` = ``tp`` > 1 has
-``tp x`` the logged figure in all. The lines read e.g. "BF16 on two GPUs or W4A16/FP8_DYNAMIC on one".
-Throughput per GPU is the sustained output tok/s (the sweep's ceiling, else its highest point) divided by
-the GPUs the job used (``environment.gpus_used``, else ``bench.server.tensor_parallel_size``, else 1).
+``review.memory_budget_gib`` is one GPU's budget; a scheme needs the fewest GPUs ``n`` (1, 2, 4, 8) with ``weights
+/ n + its share of the KV cache + reserved <= budget`` (:func:`quantverdict.measure.tensor_parallel.gpus_needed`).
+vLLM logs the weights one GPU loaded: ``tp`` times that is the whole model. Throughput per GPU is the sustained
+output tok/s over the GPUs the job used (:func:`job_gpus`).
 """
 
 from __future__ import annotations

@@ -512,7 +512,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
 
 def checks(sc: Scorecard, rc: ReviewConfig) -> dict[str, Check]:
     """The three checks of one scheme, keyed by constraint."""
-    accuracy = with_kld_constraint(accuracy_check(sc, rc), sc, rc, floor_test_of)  # issue #17: KLD limits
+    accuracy = with_kld_constraint(accuracy_check(sc, rc), sc, rc, floor_test_of)
     return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
 
 
