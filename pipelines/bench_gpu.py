@@ -107,8 +107,9 @@ def supersede(recs: list[dict]) -> list[dict]:
     """One job per model and scheme where runs overlap, in the order found, by the review's rule
     (:func:`quantverdict.review.sources.dedupe`: a finished job before an unfinished one, then the newest):
     the run that completed a cut-short grid replaces its interrupted jobs, a repeated grid its older jobs."""
-    kept = {id(r) for r in dedupe(recs)[0]}
-    return [r for r in recs if id(r) in kept]
+    views = [JobRecord.view(r) for r in recs]
+    kept = {id(v) for v in dedupe(views)[0]}
+    return [r for r, v in zip(recs, views) if id(v) in kept]
 
 
 def load_records(outs: list[Path]) -> list[dict]:

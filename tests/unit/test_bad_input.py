@@ -12,6 +12,7 @@ from quantverdict.children.evaluate import task_limit
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError, ReviewConfig
 from quantverdict.results.baseline import find_baseline, no_baseline_reason
+from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
 from review_records import record
 
@@ -88,7 +89,8 @@ def test_the_newest_baseline_with_accuracy_is_taken(settings_only: bool) -> None
     newer = _without_accuracy(record("bf16"), "2026-01-01T03:00:00", settings_only=settings_only)
     int8 = record("int8", acc_norm=0.45)
     records = [measured, newer, int8]
-    assert find_baseline(int8, records) is measured
+    views = [JobRecord.view(r) for r in records]
+    assert find_baseline(views[2], views) is views[0]
     review = build_review(records, ReviewConfig(log_to_mlflow=False, floor_test="point"), "test")
     card = next(c for c in review.cards if c.scheme == "int8")
     arc = next(d for d in card.accuracy if d.name == "arc_easy")
@@ -101,13 +103,14 @@ def test_no_baseline_with_accuracy_lists_the_candidates() -> None:
     failed = _without_accuracy(record("bf16"), "2026-01-01T02:00:00", settings_only=False)
     failed["status"], failed["stages"] = "failed", {"evaluate": {"status": "failed", "detail": "RuntimeError: boom"}}
     int8 = record("int8")
-    assert find_baseline(int8, [newer, failed, int8]) is None
-    assert no_baseline_reason(int8, [newer, failed, int8]) == (
+    views = [JobRecord.view(r) for r in (newer, failed, int8)]
+    assert find_baseline(views[2], views) is None
+    assert no_baseline_reason(views[2], views) == (
         "no bf16 record of m holds accuracy results; candidates: "
         "m_bf16_03 (ok, finished 2026-01-01T03:00:00): no accuracy results, evaluate skipped (eval.enabled=false); "
         "m_bf16_02 (failed, finished 2026-01-01T02:00:00): no accuracy results, evaluate failed (RuntimeError: boom)"
     )
-    assert no_baseline_reason(int8, [int8]) == "no bf16 record of m among the records"
+    assert no_baseline_reason(views[2], views[2:]) == "no bf16 record of m among the records"
     review = build_review([newer, failed, int8], ReviewConfig(log_to_mlflow=False), "test")
     card = next(c for c in review.cards if c.scheme == "int8")
     assert any(

@@ -43,11 +43,11 @@ def test_finished_job_supersedes_the_interrupted_one() -> None:
 
 
 def test_an_unfinished_record_says_where_it_stopped() -> None:
-    from quantverdict.results.record import mark_interrupted, stopped_stage
+    from quantverdict.results.record import JobRecord, mark_interrupted, stopped_stage
 
     stages = {"materialize": {"status": "ok"}, "quantize": {"status": "ok"}}
     # cut between two stages: no stage is running
-    assert stopped_stage({"status": "running", "stages": stages}) == "after quantize"
+    assert stopped_stage(JobRecord.view({"status": "running", "stages": stages})) == "after quantize"
     rec = mark_interrupted({"status": "running", "stages": {**stages, "benchmark": {"status": "running"}}})
     assert rec["status"] == "interrupted" and rec["failed_stage"] == "benchmark"
     done = mark_interrupted({"status": "ok", "stages": stages})

@@ -62,6 +62,7 @@ def test_find_baseline_same_model_only() -> None:
     base, other = rec("bf16", 0.5, 20.0, 40.0), rec("bf16", 0.6, 20.0, 40.0)
     other["job"]["model"] = "other"
     q = rec("awq", 0.45, 21.0, 42.0)
+    other, base, q = view(other), view(base), view(q)
     assert find_baseline(q, [other, base, q]) is base
     assert find_baseline(q, [other, q]) is None
 

@@ -13,7 +13,6 @@ output tok/s at 270 / 32 = 8.4375 req/s (the unlimited rate); per-user speed 40 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 from pydantic import ValidationError
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.review import build_review, flags, to_json, write_review
+from quantverdict.review import build_review, to_json, write_review
 from quantverdict.review.document import SCHEMA_PATH, SCHEMA_VERSION, ReviewDocument, schema_text
 from quantverdict.review.flags import Flag, FlagCode
 from review_records import grid, record, speed
@@ -130,17 +129,14 @@ def test_flags_carry_their_code_and_scheme() -> None:
     recs[2] = record("fp8", fallback=True, acc_norm=0.49, wppl=20.2, tppl=40.2, sp=speed(150.0, 100.0, e2e50=5000))
     data = to_json(build_review(recs, RC, "test"))
     validate(data)
-    fallback = [f for f in data["flags"] if f["code"] == flags.FALLBACK_KERNEL]
+    fallback = [f for f in data["flags"] if f["code"] == FlagCode.FALLBACK_KERNEL]
     assert [(f["model"], f["scheme"]) for f in fallback] == [("m", "fp8")]
     assert fallback[0]["message"].startswith("fp8 (FP8_DYNAMIC): the vLLM server log shows a fallback kernel")
 
 
 def test_every_flag_code_is_in_the_schema() -> None:
-    # a code added to review/flags.py must be added to FlagCode (and `make schema` run), or review.json refuses it
-    source = (Path(flags.__file__)).read_text()
-    constants = set(re.findall(r'^[A-Z_0-9]+ = "([a-z_0-9]+)"', source, re.M))
-    assert constants == {c.value for c in FlagCode}
-    assert set(schema()["$defs"]["FlagCode"]["enum"]) == constants
+    # a code added to FlagCode needs `make schema`, or the committed schema refuses the review.json that carries it
+    assert set(schema()["$defs"]["FlagCode"]["enum"]) == {c.value for c in FlagCode}
 
 
 def test_an_unknown_key_is_refused(tmp_path: Path) -> None:

@@ -207,6 +207,7 @@ def test_constraint_set_follows_the_device() -> None:
     gpu = grid()
     for r in gpu:
         r["environment"] = {"gpu": [{"name": "NVIDIA H200"}]}
+    cpu, gpu = [JobRecord.view(r) for r in cpu], [JobRecord.view(r) for r in gpu]
     assert device_class(cpu) == "cpu" and device_class(gpu) == "gpu"
     rc, how = resolve(ReviewConfig(), cpu, [])
     assert rc.name == "cpu" and rc.itl_ms_p99 == 3000 and "cpu" in how
@@ -337,7 +338,7 @@ def test_review_name_override_picks_that_sets_values() -> None:
     from quantverdict.config.schema import ConfigError
     from quantverdict.review.constraints import load_set, resolve
 
-    gpu_records = [record("bf16")]
+    gpu_records = [JobRecord.view(record("bf16"))]
     # review.name=cpu on a command line: the cpu file's values (16 GiB, ITL p99 3 s), not the schema's GPU ones
     rc, how = resolve(ReviewConfig(name="cpu"), gpu_records, ["review.name=cpu"])
     assert (rc.memory_budget_gib, rc.itl_ms_p99) == (16.0, 3000.0) and how == "constraint set cpu (named)"
@@ -354,7 +355,7 @@ def test_a_named_set_lists_the_overrides_on_top_so_the_review_can_be_redone() ->
     from quantverdict.review.constraints import load_set, resolve
 
     rc = replace(load_set("gpu"), target="a10g")
-    out, how = resolve(rc, [record("bf16")], ["review=gpu", "review.target=a10g"])
+    out, how = resolve(rc, [JobRecord.view(record("bf16"))], ["review=gpu", "review.target=a10g"])
     # and the per-model memory check is the target's: 22.48828125 GiB (23,028 MiB) x 0.9 = 20.2395 GiB
     assert how == (
         "constraint set gpu (named), with review.target=a10g; memory budget 20.2395 GiB = the target's "
@@ -363,5 +364,7 @@ def test_a_named_set_lists_the_overrides_on_top_so_the_review_can_be_redone() ->
     assert out.memory_budget_gib == 20.2395
     # a budget the user gives wins over the target's
     rc16 = replace(rc, memory_budget_gib=16.0)
-    out16, how16 = resolve(rc16, [record("bf16")], ["review=gpu", "review.target=a10g", "review.memory_budget_gib=16"])
+    out16, how16 = resolve(
+        rc16, [JobRecord.view(record("bf16"))], ["review=gpu", "review.target=a10g", "review.memory_budget_gib=16"]
+    )
     assert out16.memory_budget_gib == 16.0 and "memory budget" not in how16

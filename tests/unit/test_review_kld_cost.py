@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, constraints, gpus
 from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
@@ -153,9 +154,9 @@ def test_a_tensor_parallel_job_pays_for_every_gpu_it_used() -> None:
     assert scheme_cost(two, 3.5)["at_load"] == pytest.approx(1.94444, abs=1e-5)
     assert scheme_cost(two, 3.5)["ceiling"] == pytest.approx(1.94444, abs=1e-5)
     # the card takes the GPUs from the record: environment.gpus_used, else bench.server.tensor_parallel_size
-    assert gpus.job_gpus({"environment": {"gpus_used": 2}}) == 2
-    assert gpus.job_gpus({"config": {"bench": {"server": {"tensor_parallel_size": 4}}}}) == 4
-    assert gpus.job_gpus({}) == 1
+    assert gpus.job_gpus(JobRecord.view({"environment": {"gpus_used": 2}})) == 2
+    assert gpus.job_gpus(JobRecord.view({"config": {"bench": {"server": {"tensor_parallel_size": 4}}}})) == 4
+    assert gpus.job_gpus(JobRecord.view({})) == 1
     # through the review: bf16 served with TP=2 at the same 2,491.5 tok/s -> 2 x $0.3902 = $0.7804/Mtok
     recs = synthetic_grid()
     bf16 = next(r for r in recs if r["job"]["scheme"] == "bf16")

@@ -96,8 +96,8 @@ def test_unpaired_ceilings_of_different_windows_are_compared_on_whole_runs() -> 
     # 2,094.28 = 1.4170; range [2,965.17 / 2,098.08, 3,002.08 / 2,090.60] = [1.4133, 1.4360]
     records, _ = load_dir(GRIDS / "prefill-fp8-grid" / "records")
     for rec in records:
-        if rec["job"]["scheme"] == "fp8":
-            rec["environment"]["gpu"][0]["uuid"] = "GPU-00000000-1111-2222-3333-444455556666"
+        if rec.job.scheme == "fp8":
+            (rec.environment.gpu or [])[0]["uuid"] = "GPU-00000000-1111-2222-3333-444455556666"
     review = build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
     row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "fp8")
     assert row["paired"] == [] and row["sat_claim"]["rule"] == "min-max range"

@@ -17,6 +17,7 @@ from quantverdict.review.same_gpu import (
     DIFFERENT,
     NOT_RECORDED,
     SAME,
+    GpuMatch,
     pairable,
     same_gpu,
     same_gpu_flag,
@@ -38,6 +39,14 @@ def _gpu(uuid: str | None, index: int = 0) -> dict[str, Any]:
     return g
 
 
+def _same(rec: dict[str, Any], base: dict[str, Any]) -> GpuMatch | None:
+    return same_gpu(JobRecord.view(rec), JobRecord.view(base))
+
+
+def _env(recs: list[dict[str, Any]]) -> list[str]:
+    return environment_lines([JobRecord.view(r) for r in recs])
+
+
 def _rec(scheme: str, uuids: list[str | None], started: str, grid: str = GRID, used: int | None = None) -> dict:  # type: ignore[type-arg]
     """A minimal GPU record: job identity and times, the GPUs it could see."""
     env: dict[str, Any] = {"device": "cuda", "gpu": [_gpu(u, i) for i, u in enumerate(uuids)]}
@@ -57,12 +66,11 @@ def _rec(scheme: str, uuids: list[str | None], started: str, grid: str = GRID, u
 def test_same_uuid_in_one_grid() -> None:
     base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")
     fp8 = _rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000")
-    m = same_gpu(fp8, base)
+    m = _same(fp8, base)
     assert m is not None
     # 13:30:38 - 13:12:38 = 18 min = 0.3 h
     assert (m.state, m.same_grid, m.gpus, m.baseline_gpus) == (SAME, True, (UUID_A,), (UUID_A,))
     assert m.hours_apart == pytest.approx(0.3)
-    assert same_gpu(JobRecord.view(fp8), JobRecord.view(base)) == m  # typed views give the same answer
     assert (
         same_gpu_line("llama3.1-8b-shape / fp8 vs bf16", m)
         == "llama3.1-8b-shape / fp8 vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid"
@@ -70,14 +78,14 @@ def test_same_uuid_in_one_grid() -> None:
     assert same_gpu_flag(m, "bf16") is None
     # two single runs share the runs/ folder but are not one grid (a single run is a grid of its own)
     single = [_rec(s, [UUID_A], "2026-12-01T13:12:38+0000", grid="/tmp/out/runs") for s in ("bf16", "fp8")]
-    single_m = same_gpu(single[1], single[0])
+    single_m = _same(single[1], single[0])
     assert single_m is not None and (single_m.state, single_m.same_grid) == (SAME, False)
 
 
 def test_different_uuids_give_a_line_and_a_flag() -> None:
     base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")
     fp8 = _rec("fp8", [UUID_B], "2026-12-02T01:12:38+0000", grid="/tmp/qvgpu/llama/multirun/2026-12-02_01-12-38-7")
-    m = same_gpu(fp8, base)
+    m = _same(fp8, base)
     assert m is not None
     # 2026-12-02 01:12:38 - 2026-12-01 13:12:38 = 12 h
     assert (m.state, m.same_grid) == (DIFFERENT, False) and m.hours_apart == pytest.approx(12.0)
@@ -94,7 +102,7 @@ def test_missing_uuid_is_not_recorded_with_the_hour_gap() -> None:
     # 2 h 38 min 14 s = 9494 s = 2.637 h -> "2.6 h"
     base = _rec("bf16", [None], "2026-12-01T10:34:24+0000", grid="/tmp/qvgpu/llama/multirun/2026-12-01_10-34-24-971")
     gptq = _rec("gptq", [None], "2026-12-01T13:12:38+0000")
-    m = same_gpu(gptq, base)
+    m = _same(gptq, base)
     assert m is not None
     assert (m.state, m.same_grid, m.gpus) == (NOT_RECORDED, False, (None,))
     assert m.hours_apart == pytest.approx(9494 / 3600)
@@ -104,23 +112,23 @@ def test_missing_uuid_is_not_recorded_with_the_hour_gap() -> None:
     )
     assert same_gpu_flag(m, "bf16") is None
     # one side recorded is not enough
-    half = same_gpu(_rec("gptq", [UUID_A], "2026-12-01T13:12:38+0000"), base)
+    half = _same(_rec("gptq", [UUID_A], "2026-12-01T13:12:38+0000"), base)
     assert half is not None and half.state == NOT_RECORDED
 
 
 def test_only_the_gpus_the_server_used_are_compared() -> None:
     base = _rec("bf16", [UUID_A, UUID_B], "2026-12-01T13:12:38+0000", used=1)
     one = _rec("fp8", [UUID_A], "2026-12-01T13:12:38+0000", used=1)
-    m = same_gpu(one, base)  # the baseline's second visible GPU was idle
+    m = _same(one, base)  # the baseline's second visible GPU was idle
     assert m is not None and m.state == SAME and m.baseline_gpus == (UUID_A,)
-    tp2 = same_gpu(_rec("fp8", [UUID_A, UUID_B], "2026-12-01T13:12:38+0000", used=2), base)
+    tp2 = _same(_rec("fp8", [UUID_A, UUID_B], "2026-12-01T13:12:38+0000", used=2), base)
     assert tp2 is not None and tp2.state == DIFFERENT  # two GPUs against one
 
 
 def test_cpu_records_are_not_applicable() -> None:
     cpu = {"job": {"scheme": "bf16", "output_dir": f"{GRID}/m_bf16"}, "environment": {"device": "cpu", "gpu": []}}
     bare = {"job": {"scheme": "w8a8", "output_dir": f"{GRID}/m_w8a8"}}
-    assert same_gpu(bare, cpu) is None and same_gpu(cpu, cpu) is None
+    assert _same(bare, cpu) is None and _same(cpu, cpu) is None
     review = build_review(grid(), RC, "t")  # hand-built CPU records: no environment at all
     assert not [v for v in review.validity if "same GPU" in v or "different GPUs" in v]
     assert "different_gpu" not in {f.code for f in review.flags}
@@ -175,11 +183,11 @@ def test_review_without_uuids_says_not_recorded_and_flags_nothing() -> None:
 
 def test_environment_lines_one_per_physical_gpu() -> None:
     recs = [_rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000"), _rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000")]
-    assert environment_lines(recs) == ["GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…)"]
+    assert _env(recs) == ["GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…)"]
     # with the power cap and top SM clock kept since 2026-12-02; one GPU capped at 600 W is a line of its own
     for r, cap in zip(recs, (700.0, 600.0), strict=True):
         r["environment"]["gpu"][0] |= {"enforced_power_limit_w": cap, "clocks_max_sm_mhz": 1980.0}
-    assert environment_lines(recs) == [
+    assert _env(recs) == [
         "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, power limit 700 W, max SM clock 1980 MHz, "
         "GPU-3cc7d5f1…)",
         "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, power limit 600 W, max SM clock 1980 MHz, "
@@ -193,7 +201,7 @@ def test_environment_lines_name_the_host_cpu_when_recorded() -> None:
     recs = [_rec("bf16", [UUID_A], "2026-12-03T16:31:02+0000"), _rec("fp8", [UUID_B], "2026-12-03T16:35:58+0000")]
     recs[0]["environment"]["host"] = {"hostname": "vm", "cpu_model": "AMD EPYC 9R14 96-Core Processor"}
     recs[1]["environment"]["host"] = {"hostname": "vm"}  # a record from before 2026-12-03: no CPU named
-    assert environment_lines(recs) == [
+    assert _env(recs) == [
         "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…, "
         "host CPU AMD EPYC 9R14 96-Core Processor)",
         "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-9e0b2a77…)",
@@ -203,11 +211,11 @@ def test_environment_lines_name_the_host_cpu_when_recorded() -> None:
 def test_pairable_only_within_one_grid_on_one_gpu() -> None:
     assert pairable(None)  # CPU jobs: the review pairs as before
     base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")
-    assert pairable(same_gpu(_rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000"), base))
-    assert not pairable(same_gpu(_rec("fp8", [UUID_B], "2026-12-01T13:30:38+0000"), base))  # another GPU
+    assert pairable(_same(_rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000"), base))
+    assert not pairable(_same(_rec("fp8", [UUID_B], "2026-12-01T13:30:38+0000"), base))  # another GPU
     other_grid = "/tmp/qvgpu/llama/multirun/2026-12-01_16-00-00-000"
-    assert not pairable(same_gpu(_rec("fp8", [None], "2026-12-01T16:00:00+0000", grid=other_grid), base))
-    assert pairable(same_gpu(_rec("fp8", [None], "2026-12-01T13:30:38+0000"), base))  # not recorded, one grid
+    assert not pairable(_same(_rec("fp8", [None], "2026-12-01T16:00:00+0000", grid=other_grid), base))
+    assert pairable(_same(_rec("fp8", [None], "2026-12-01T13:30:38+0000"), base))  # not recorded, one grid
 
 
 def _two_repeats(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:

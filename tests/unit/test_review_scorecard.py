@@ -207,6 +207,7 @@ def test_repeats_are_averaged_and_concurrency_loads() -> None:
 def test_dedupe_prefers_finished_then_newest() -> None:
     old, new, failed = record("int8"), record("int8"), record("int8", status="failed")
     old["job"]["finished_at"], new["job"]["finished_at"], failed["job"]["finished_at"] = "1", "2", "3"
+    old, new, failed = JobRecord.view(old), JobRecord.view(new), JobRecord.view(failed)
     kept, notes = sources.dedupe([old, failed, new])
     assert kept == [new] and len(notes) == 2
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from quantverdict.review import stats
+from quantverdict.measure import stats
 
 # ten items; the scheme (x) and the baseline (y) disagree on items 0, 1 (scheme right) and 9 (baseline right)
 X = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]

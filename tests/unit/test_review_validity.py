@@ -173,7 +173,7 @@ def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
 
 
 def test_mixed_serving_dtypes_are_flagged() -> None:
-    from quantverdict.review.dtypes import dtype_flags, served_dtype
+    from quantverdict.review.memory import dtype_flags, served_dtype
 
     def rec(dtype: dict | None, config_dtype: str = "auto") -> dict:
         speed = {"points": [{"point": "rate-inf_r0"}], **({"dtype": dtype} if dtype else {})}

@@ -23,6 +23,7 @@ from quantverdict.config.validate import parallel_serving_errors
 from quantverdict.measure import tensor_parallel as tpm
 from quantverdict.orchestrate import dummy, hardware, preflight
 from quantverdict.processes.envs import StageEnv
+from quantverdict.results.record import JobRecord
 from quantverdict.review import gpus
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.serving.server import VLLMServer, build_command
@@ -118,7 +119,7 @@ def test_review_says_how_many_gpus_each_scheme_needs_and_tok_s_per_gpu() -> None
         _card("fp8", "FP8_DYNAMIC", 66.0, "vLLM log", 2100.0),
     ]
     recs = [_rec("bf16", 2), _rec("gptq", 1), _rec("fp8", 1)]
-    lines = gpus.verdict_lines(cards, recs, ReviewConfig(memory_budget_gib=80.0))
+    lines = gpus.verdict_lines(cards, [JobRecord.view(r) for r in recs], ReviewConfig(memory_budget_gib=80.0))
     assert lines[0] == (
         "GPUs needed at 80 GiB per GPU (whole weights / GPUs + the KV cache for 16 requests, per GPU): "
         "BF16 on two GPUs or W4A16/FP8_DYNAMIC on one."
@@ -127,7 +128,7 @@ def test_review_says_how_many_gpus_each_scheme_needs_and_tok_s_per_gpu() -> None
         "Throughput per GPU (sustained output tok/s / GPUs used): bf16 2,400 tok/s on 2 GPUs = 1,200 per GPU; "
         "gptq 1,500 tok/s on 1 GPU = 1,500 per GPU; fp8 2,100 tok/s on 1 GPU = 2,100 per GPU."
     )
-    cpu = [{**r, "environment": {"device": "cpu"}} for r in recs]
+    cpu = [JobRecord.view({**r, "environment": {"device": "cpu"}}) for r in recs]
     assert gpus.verdict_lines(cards, cpu, ReviewConfig(memory_budget_gib=80.0)) == []
 
 

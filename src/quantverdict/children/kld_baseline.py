@@ -2,8 +2,8 @@
 distributions, a scheme job reads them back and compares its own (issue #17).
 
 Same text, tokenization and windows as the token perplexity (:mod:`quantverdict.children.token_perplexity`);
-the math is :mod:`quantverdict.measure.kld`. Imports the standard library, numpy and stdlib/numpy-only project
-modules (the serve environment has numpy).
+the math is :mod:`quantverdict.measure.kld`. Imports the standard library, numpy and scipy (the serve environment
+has both, scipy through lm-eval's scikit-learn) and project modules that need no more.
 
 What is stored (one cache entry per baseline, the folder the orchestrator names in ``spec["kld"]["dir"]``,
 :func:`quantverdict.orchestrate.caches.kld_spec`): the baseline's top-k form (:class:`quantverdict.measure.kld.TopK`)

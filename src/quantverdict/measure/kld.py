@@ -39,6 +39,8 @@ from typing import Final
 
 import numpy as np
 
+from quantverdict.measure import stats
+
 __all__ = [
     "KldSummary",
     "TokenStats",
@@ -552,15 +554,11 @@ def summarize(
     interpolation); ``top1_agreement_pct = 100 · agreeing / n_tokens``; ``rms_delta_p_pct =
     100 · sqrt(sum Δp² / n_tokens)``.
 
-    Interval: paired percentile bootstrap over windows (Efron & Tibshirani 1993, ch. 13). The per-token
-    KLD is already a paired quantity (both models on the same token), and tokens of one window share
-    context, so whole windows are resampled with replacement (multinomial counts over the windows,
-    numpy PCG64 with ``seed``: the same inputs give the same interval); each resample's statistic is
-    the token-weighted ratio ``sum_w c_w S_w / sum_w c_w n_w`` (S_w the window's KLD sum or agreeing
-    count, n_w its tokens); the interval is the ``(1-confidence)/2`` and ``(1+confidence)/2`` quantiles
-    (``numpy.quantile``, linear). With fewer than 2 windows there is nothing to resample: the interval
-    fields are None and ``interval_note`` says so. With few windows (< ~10) a bootstrap interval is too
-    narrow; the count is in ``n_windows`` for the reader.
+    Interval: paired percentile bootstrap over windows (:func:`quantverdict.measure.stats.bootstrap_ratio`):
+    tokens of one window share context, so whole windows are resampled, each resample's statistic the
+    token-weighted ratio ``sum S_w / sum n_w`` (S_w the window's KLD sum or agreeing count, n_w its tokens). Under 2
+    windows the interval fields are None and ``interval_note`` says so; with few windows (< ~10) the interval is
+    too narrow (``n_windows`` says how many).
 
     Args:
         windows: one :class:`TokenStats` per window, all of the same form (full or top-k with the same k).
@@ -607,14 +605,14 @@ def summarize(
     if len(ws) < 2:
         note = f"{len(ws)} window: no interval over windows (needs >= 2)"
     else:
-        rng = np.random.Generator(np.random.PCG64(seed))
-        counts = rng.multinomial(len(ws), np.full(len(ws), 1.0 / len(ws)), size=samples).astype(np.float64)
-        tokens = counts @ n_w
-        q = [(1.0 - confidence) / 2.0, (1.0 + confidence) / 2.0]
-        lo, hi = np.quantile(counts @ kld_w / tokens, q)
-        ci_kld = (float(lo), float(hi))
-        lo, hi = np.quantile(100.0 * (counts @ agree_w) / tokens, q)
-        ci_agree = (float(lo), float(hi))
+
+        def interval(sums: np.ndarray) -> tuple[float | None, float | None]:
+            iv = stats.bootstrap_ratio(
+                sums.tolist(), n_w.tolist(), samples=samples, seed=seed, confidence=confidence, unit="window"
+            )
+            return iv.low, iv.high
+
+        ci_kld, ci_agree = interval(kld_w), interval(100.0 * agree_w)
         method = f"paired percentile bootstrap over {len(ws)} windows ({samples} resamples, seed {seed})"
 
     return KldSummary(

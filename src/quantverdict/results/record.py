@@ -140,7 +140,7 @@ def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
     records whose job is known to be over (a finished grid, copied results)."""
     if JobRecord.view(rec).status == "running":
         rec["status"] = "interrupted"
-        rec["failed_stage"] = stopped_stage(rec)
+        rec["failed_stage"] = stopped_stage(JobRecord.view(rec))
     return rec
 
 

@@ -6,7 +6,7 @@ baseline of the same model, checks memory, accuracy and latency constraints
 and ``review.json``. Modules: :mod:`.sources` (records from a folder or MLflow), :mod:`.constraints` (the
 constraint set), :mod:`.scorecard` (the per-scheme dataclasses) filled by :mod:`.memory`, :mod:`.accuracy` (paired
 deltas, :mod:`.stats`), :mod:`.speed` and :mod:`.validity` (what each number stands on; :mod:`.same_gpu`:
-whether a scheme and its baseline ran on one GPU), :mod:`.dtypes` and :mod:`.flags` (honesty flags),
+whether a scheme and its baseline ran on one GPU), :mod:`.flags` (honesty flags),
 :mod:`.verdict` (checks and decision), :mod:`.model` (the Review),
 :mod:`.headline` (the first screen's three numbers per scheme), :mod:`.kld` (the KL divergence against the
 baseline's distributions), :mod:`.gpus` (GPUs used and needed, throughput per GPU, the GPU-name match),

@@ -1,7 +1,7 @@
 """The accuracy number of a scorecard: each metric's delta against the baseline with its paired interval.
 
 Pairs the per-item samples of scheme and baseline (``accuracy.samples``) on their doc ids and computes
-intervals and tests with :mod:`quantverdict.review.stats`; without samples, an unpaired interval from the two
+intervals and tests with :mod:`quantverdict.measure.stats`; without samples, an unpaired interval from the two
 stderrs. Pairing checks lm-eval's ``doc_hash`` and ``prompt_hash`` of each item (``lm_eval/evaluator.py``
 logs them per sample) and refuses the paired test on the first item whose hashes differ (two runs over
 different data files or prompts): that delta is marked ``refused`` and left unjudged by the accuracy check
@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure import stats
+from quantverdict.measure.stats import Interval
 from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
 from quantverdict.results.record import JobRecord, TaskResult
-from quantverdict.review import stats
 from quantverdict.review.kld import kld_deltas
 from quantverdict.review.scorecard import TaskDelta
-from quantverdict.review.stats import Interval
 
 # lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
 HASH_KEYS = ("doc_hash", "prompt_hash")
@@ -216,7 +216,7 @@ def _ppl_delta(
 
 def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewConfig) -> TaskDelta:
     """Token perplexity's delta with a paired interval over the evaluation windows
-    (:func:`quantverdict.review.stats.window_log_ratio_interval`), when both records hold per-window NLLs."""
+    (:func:`quantverdict.measure.stats.window_log_ratio_interval`), when both records hold per-window NLLs."""
     ta, tb = rec.accuracy.token_perplexity_section, base.accuracy.token_perplexity_section
     wa, wb = ta.windows(), tb.windows()
     if wa is None or wb is None:
@@ -296,5 +296,5 @@ def accuracy_section(
     if "token_perplexity" in deltas:
         d = deltas["token_perplexity"]
         out.append(_ppl_delta("token_perplexity", "token_perplexity", d["value"], d["baseline"], rec, base, rc))
-    out += kld_deltas(rec)  # issue #17: mean KLD and top-1 agreement, beside the token perplexity delta
+    out += kld_deltas(rec)  # mean KLD and top-1 agreement, beside the token perplexity delta
     return out, None, missing

@@ -13,7 +13,6 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -60,10 +59,10 @@ def record_device(rec: JobRecord) -> str | None:
     return None
 
 
-def device_class(records: list[dict[str, Any]]) -> str | None:
+def device_class(records: list[JobRecord]) -> str | None:
     """The device class most records ran on (``cpu`` or ``gpu``; a tie goes to ``gpu``), None when no
     record says."""
-    seen = Counter(d for d in (record_device(JobRecord.view(r)) for r in records) if d)
+    seen = Counter(d for d in map(record_device, records) if d)
     if not seen:
         return None
     return max(DEVICE_SETS, key=lambda d: (seen[d], d == "gpu"))
@@ -110,7 +109,7 @@ def _user_set(rc: ReviewConfig) -> list[str]:
     ]
 
 
-def resolve(rc: ReviewConfig, records: list[dict[str, Any]], overrides: list[str] | None) -> tuple[ReviewConfig, str]:
+def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | None) -> tuple[ReviewConfig, str]:
     """The constraint set to review ``records`` under.
 
     A set named other than ``auto`` is kept as it is. ``auto``: ``conf/review/<device class>.yaml``

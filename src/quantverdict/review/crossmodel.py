@@ -31,6 +31,7 @@ from typing import Any
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
 from quantverdict.config.targets import load_target, vllm_batch_defaults
+from quantverdict.measure import stats
 from quantverdict.measure.cost import usd_per_mtok
 from quantverdict.measure.decode_bytes import (
     decode_step_bytes,
@@ -43,7 +44,7 @@ from quantverdict.measure.memory import GIB
 from quantverdict.results.baseline import headline_of
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import JobRecord
-from quantverdict.review import sources, stats
+from quantverdict.review import sources
 from quantverdict.review.accuracy import pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
@@ -135,7 +136,7 @@ def _records_by_id(review: Review) -> dict[str, JobRecord]:
     if not src.is_dir():  # an MLflow source: the downloaded records are gone by now; cards only
         return {}
     records, _ = sources.load_dir(src)
-    return {str(r["job"].get("id")): JobRecord.view(r) for r in records}
+    return {str(r.job.id): r for r in records}
 
 
 def _max_model_len(rec: JobRecord | None) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from quantverdict import __version__
+from quantverdict.measure.stats import Interval
 from quantverdict.review import crossmodel
 from quantverdict.review import document as doc
 from quantverdict.review.cost import cost_json
@@ -24,7 +25,6 @@ from quantverdict.review.kld import KldDelta
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 from quantverdict.review.speed import ceiling_is_floor
-from quantverdict.review.stats import Interval
 from quantverdict.review.verdict import Check, Verdict
 
 

@@ -5,58 +5,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-# the codes a review raises (tests and tools match these, never the prose)
-DTYPE_MISMATCH = "dtype_mismatch"  # scheme and baseline served in different compute dtypes
-ACCURACY_REFUSED = "accuracy_refused"  # accuracy deltas excluded (settings differ, no baseline ...)
-ACCURACY_NOTE = "accuracy_note"  # a delta computed the weaker way (no per-item data ...)
-BATCH_VARIANCE = "batch_variance"  # batching changed a request's log-likelihood beyond tolerance
-PERPLEXITY_FAMILY = "perplexity_family"  # lm-eval's word/byte perplexity disagree with the summed log-likelihood
-SPEED_POINT_SHORT = "speed_point_short"  # a point's requests ended early: invalid
-SPEED_POINT_INVALID = "speed_point_invalid"  # a point invalid for another reason
-SPEED_POINT_SHORT_KEPT = "speed_point_short_kept"  # some requests ended early, kept (>= 90%)
-SPEED_POINT_FAILED = "speed_point_failed"  # failed requests at a point
-PERCENTILE_DISAGREEMENT = "percentile_disagreement"  # recomputed latency percentiles differ from vLLM's
-FALLBACK_KERNEL = "fallback_kernel"  # the server log shows a fallback kernel
-ONEDNN_FALLBACK = "onednn_fallback"  # vLLM CPU fell back from oneDNN to torch linear
-KV_BYTES_MISMATCH = "kv_bytes_mismatch"  # vLLM's KV bytes/token differ from the model's
-GGUF_BASELINE = "gguf_baseline"  # the baseline is a dequantized GGUF model
-DIFFERENT_GPU = "different_gpu"  # scheme and baseline speed measured on different physical GPUs (uuid)
-WORKLOAD_MISMATCH = "workload_mismatch"  # scheme and baseline swept at different request shapes (in / out tokens)
-SWEEP_INCOMPLETE = "sweep_incomplete"  # planned load levels without a valid point (a job stopped mid-sweep ...)
-
 
 class FlagCode(StrEnum):
-    """Every code above, as one type: ``review.json``'s flags carry one (its JSON schema lists them)."""
+    """What a flag is about (tests and tools match these, never the prose; ``review.json``'s schema lists them)."""
 
-    DTYPE_MISMATCH = DTYPE_MISMATCH
-    ACCURACY_REFUSED = ACCURACY_REFUSED
-    ACCURACY_NOTE = ACCURACY_NOTE
-    BATCH_VARIANCE = BATCH_VARIANCE
-    PERPLEXITY_FAMILY = PERPLEXITY_FAMILY
-    SPEED_POINT_SHORT = SPEED_POINT_SHORT
-    SPEED_POINT_INVALID = SPEED_POINT_INVALID
-    SPEED_POINT_SHORT_KEPT = SPEED_POINT_SHORT_KEPT
-    SPEED_POINT_FAILED = SPEED_POINT_FAILED
-    PERCENTILE_DISAGREEMENT = PERCENTILE_DISAGREEMENT
-    FALLBACK_KERNEL = FALLBACK_KERNEL
-    ONEDNN_FALLBACK = ONEDNN_FALLBACK
-    KV_BYTES_MISMATCH = KV_BYTES_MISMATCH
-    GGUF_BASELINE = GGUF_BASELINE
-    DIFFERENT_GPU = DIFFERENT_GPU
-    WORKLOAD_MISMATCH = WORKLOAD_MISMATCH
-    SWEEP_INCOMPLETE = SWEEP_INCOMPLETE
+    DTYPE_MISMATCH = "dtype_mismatch"  # scheme and baseline served in different compute dtypes
+    ACCURACY_REFUSED = "accuracy_refused"  # accuracy deltas excluded (settings differ, no baseline ...)
+    ACCURACY_NOTE = "accuracy_note"  # a delta computed the weaker way (no per-item data ...)
+    BATCH_VARIANCE = "batch_variance"  # batching changed a request's log-likelihood beyond tolerance
+    PERPLEXITY_FAMILY = "perplexity_family"  # lm-eval's word/byte perplexity disagree with the summed log-likelihood
+    SPEED_POINT_SHORT = "speed_point_short"  # a point's requests ended early: invalid
+    SPEED_POINT_INVALID = "speed_point_invalid"  # a point invalid for another reason
+    SPEED_POINT_SHORT_KEPT = "speed_point_short_kept"  # some requests ended early, kept (>= 90%)
+    SPEED_POINT_FAILED = "speed_point_failed"  # failed requests at a point
+    PERCENTILE_DISAGREEMENT = "percentile_disagreement"  # recomputed latency percentiles differ from vLLM's
+    FALLBACK_KERNEL = "fallback_kernel"  # the server log shows a fallback kernel
+    ONEDNN_FALLBACK = "onednn_fallback"  # vLLM CPU fell back from oneDNN to torch linear
+    KV_BYTES_MISMATCH = "kv_bytes_mismatch"  # vLLM's KV bytes/token differ from the model's
+    GGUF_BASELINE = "gguf_baseline"  # the baseline is a dequantized GGUF model
+    DIFFERENT_GPU = "different_gpu"  # scheme and baseline speed measured on different physical GPUs (uuid)
+    WORKLOAD_MISMATCH = "workload_mismatch"  # scheme and baseline swept at different request shapes (in / out tokens)
+    SWEEP_INCOMPLETE = "sweep_incomplete"  # planned load levels without a valid point (a job stopped mid-sweep ...)
 
 
 @dataclass(frozen=True)
 class Flag:
-    """One flag of a review.
-
-    Attributes:
-        code: what kind of flag (one of this module's constants, a :class:`FlagCode`).
-        scheme: the scorecard it is about (``"<scheme> (<label>)"`` or ``"<model>/<scheme> (<label>)"``, the
-            scorecard's name); ``""`` while a helper has not yet attached it to one.
-        message: the sentence the review renders, as rendered (it names the scheme itself).
-    """
+    """One flag: its ``code`` (a :class:`FlagCode`), the scorecard it is about (``scheme``: the card's name, ``""``
+    until :meth:`of` attaches it) and the ``message`` as rendered (naming the scheme itself)."""
 
     code: str
     scheme: str

@@ -1,14 +1,9 @@
 """GPUs in the review: throughput per GPU, and how many GPUs each scheme needs for the memory budget.
 
-``review.memory_budget_gib`` is read as the budget of one GPU. A scheme needs the fewest GPUs ``n`` (1, 2,
-4, 8) with ``weights / n + KV cache x its per-GPU share + reserved <= budget``
-(:func:`quantverdict.measure.tensor_parallel.gpus_needed`), where the weights are the whole model's and the
-KV cache the one the review's memory check needs for the stated capacity
-(:func:`quantverdict.review.memory.memory_summary`).
-vLLM logs the weights *one GPU* loaded, so a job served with ``tensor_parallel_size`` = ``tp`` > 1 has
-``tp x`` the logged figure in all. The lines read e.g. "BF16 on two GPUs or W4A16/FP8_DYNAMIC on one".
-Throughput per GPU is the sustained output tok/s (the sweep's ceiling, else its highest point) divided by
-the GPUs the job used (``environment.gpus_used``, else ``bench.server.tensor_parallel_size``, else 1).
+``review.memory_budget_gib`` is one GPU's budget; a scheme needs the fewest GPUs ``n`` (1, 2, 4, 8) with ``weights
+/ n + its share of the KV cache + reserved <= budget`` (:func:`quantverdict.measure.tensor_parallel.gpus_needed`).
+vLLM logs the weights one GPU loaded: ``tp`` times that is the whole model. Throughput per GPU is the sustained
+output tok/s over the GPUs the job used (:func:`job_gpus`).
 """
 
 from __future__ import annotations
@@ -18,19 +13,18 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
+from quantverdict.results.record import JobRecord
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor
 
 WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
 
-def job_gpus(rec: dict[str, Any]) -> int:
+def job_gpus(rec: JobRecord) -> int:
     """GPUs a job's server used: ``environment.gpus_used``, else its ``bench.server.tensor_parallel_size``, else 1."""
-    used = (rec.get("environment") or {}).get("gpus_used")
-    if used:
-        return int(used)
-    server = ((rec.get("config") or {}).get("bench") or {}).get("server") or {}
-    return int(server.get("tensor_parallel_size") or 1)
+    if rec.environment.gpus_used:
+        return rec.environment.gpus_used
+    return int((rec.cfg("bench").get("server") or {}).get("tensor_parallel_size") or 1)
 
 
 def gpu_kind_matches(kind: str, name: str) -> bool:
@@ -46,10 +40,9 @@ def gpu_kind_matches(kind: str, name: str) -> bool:
     )
 
 
-def on_gpu(rec: dict[str, Any]) -> bool:
+def on_gpu(rec: JobRecord) -> bool:
     """Whether the job ran on a GPU (``environment.device`` or ``config.env.device`` is cuda)."""
-    env = rec.get("environment") or {}
-    return (env.get("device") or ((rec.get("config") or {}).get("env") or {}).get("device")) == "cuda"
+    return (rec.environment.device or rec.cfg("env").get("device")) == "cuda"
 
 
 def whole_weights_gib(memory: dict[str, Any], gpus: int) -> float | None:
@@ -60,14 +53,14 @@ def whole_weights_gib(memory: dict[str, Any], gpus: int) -> float | None:
     return float(w) * gpus if memory.get("weights_source") == "vLLM log" and gpus > 1 else float(w)
 
 
-def scheme_gpus(sc: Scorecard, rec: dict[str, Any], rc: ReviewConfig) -> dict[str, Any]:
+def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, Any]:
     """One scheme's GPU figures: ``gpus_used``, ``weights_gib`` (whole model), ``kv_gib`` (KV cache plus
     recurrent states needed), ``gpus_needed`` (None: not within 8 GPUs or not computable),
     ``tok_s`` (sustained output tok/s) and ``tok_s_per_gpu``."""
     m, used = sc.memory, job_gpus(rec)
     weights = whole_weights_gib(m, used)
     kv = None if m.get("kv_needed_gib") is None else float(m["kv_needed_gib"]) + float(m.get("state_needed_gib") or 0)
-    heads = int(((rec.get("model") or {}).get("dims") or {}).get("num_key_value_heads") or 1)
+    heads = int((rec.model.dims or {}).get("num_key_value_heads") or 1)
     needed = None
     if weights is not None and kv is not None and rc.memory_budget_gib:
         needed = gpus_needed(weights, kv, heads, rc.memory_budget_gib, rc.reserved_gib, TP_SIZES)
@@ -83,16 +76,15 @@ def scheme_gpus(sc: Scorecard, rec: dict[str, Any], rc: ReviewConfig) -> dict[st
     }
 
 
-def verdict_lines(cards: list[Scorecard], records: list[dict[str, Any]], rc: ReviewConfig) -> list[str]:
+def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig) -> list[str]:
     """The GPU lines of one model's verdict: GPUs needed per scheme for the budget, and throughput per GPU.
 
     Empty unless the model's records ran on a GPU. Schemes are grouped by the GPUs they need, most first:
     "GPUs needed at 80 GiB per GPU (...): BF16 on two GPUs or W4A16/FP8_DYNAMIC on one."
     """
-    by_dir = {str(r["job"].get("output_dir")): r for r in records}
     rows = []
     for sc in cards:
-        rec = next((r for r in records if str(r["job"].get("id")) == sc.job_id), None) or by_dir.get(sc.job_id)
+        rec = next((r for r in records if str(r.job.id) == sc.job_id), None)
         if rec is None or not on_gpu(rec) or sc.status != "ok":
             continue
         rows.append((sc, scheme_gpus(sc, rec, rc)))

@@ -1,16 +1,10 @@
-"""The KL divergence to the baseline in the review: rows beside the perplexity delta, and its constraint.
+"""The KL divergence to the baseline in the review: deltas beside the perplexity delta, and its limits.
 
-A scheme's record holds ``accuracy.kld`` (the evaluate child's :class:`quantverdict.measure.kld.KldSummary`
-fields, or ``{"refused": reason}``; :mod:`quantverdict.children.kld_baseline`). :func:`kld_deltas` turns it
-into two :class:`KldDelta` of the scorecard's accuracy list (mean KLD, top-1 agreement), after the token
-perplexity delta; :func:`kld_row` renders them in the accuracy table; :func:`with_kld_constraint` adds
-``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` to the accuracy check.
-
-Judged like the other accuracy floors (:func:`quantverdict.review.verdict.floor_test_of`): on the point
-estimate, or with ``floor_test: interval`` (or ``auto`` and fewer than ``interval_test_below_n`` scored tokens)
-on the paired interval over windows: a scheme fails only when the whole interval misses the limit. The
-recorded KLD of the top-k form is a lower bound of the true one, so a scheme that fails ``max_mean_kld`` on it
-fails on the true value too, while a pass is the bound's pass (the review says which form was measured).
+``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary` fields, or ``{"refused": reason}``) becomes two
+:class:`KldDelta` (mean KLD, top-1 agreement; :func:`kld_deltas`); :func:`with_kld_constraint` adds
+``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` to the accuracy check, judged like the other floors
+(:func:`quantverdict.review.verdict.floor_test_of`). A top-k KLD is a lower bound of the true one: failing on it is
+failing, passing is the bound's pass.
 """
 
 from __future__ import annotations
@@ -21,11 +15,11 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure.stats import Interval
 from quantverdict.results.format import number
 from quantverdict.results.record import JobRecord
 from quantverdict.review.document import Criterion, CriterionMetric, Outcome
 from quantverdict.review.scorecard import Scorecard, TaskDelta
-from quantverdict.review.stats import Interval
 
 __all__ = ["KLD", "KldDelta", "kld_deltas", "kld_row", "with_kld_constraint"]
 
@@ -230,21 +224,9 @@ def _verdict_parts(
 
 
 def with_kld_constraint(check: _C, sc: Scorecard, rc: ReviewConfig, floor_test_of: FloorTest) -> _C:
-    """``check`` (the accuracy check) with ``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` added.
-
-    Unchanged when neither is set, for a not-applicable accuracy, and when the deltas were refused. The baseline
-    is the reference (KLD 0, agreement 100% by definition). A scheme without a KLD (refused, or a record
-    without one) cannot pass these limits: its check becomes ``unknown`` unless it already fails.
-
-    Args:
-        check: :func:`quantverdict.review.verdict.accuracy_check` of ``sc``.
-        sc: the scheme's scorecard (its :class:`KldDelta` from :func:`kld_deltas`).
-        rc: the review config.
-        floor_test_of: :func:`quantverdict.review.verdict.floor_test_of` (``point`` or ``interval`` per delta).
-
-    Returns:
-        A new check (``dataclasses.replace`` of ``check``).
-    """
+    """``check`` (the accuracy check of ``sc``) with the KLD limits added: unchanged when neither is
+    set, accuracy is not applicable or the deltas were refused; the baseline is the reference; a scheme without a KLD
+    becomes ``unknown`` unless it already fails. Returns a new check."""
     if rc.max_mean_kld is None and rc.min_top1_agreement_pct is None:
         return check
     if check.status == NOT_APPLICABLE or sc.accuracy_refused:

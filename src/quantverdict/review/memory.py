@@ -1,6 +1,7 @@
 """The memory number of a scorecard: weights, KV cache needed for the stated capacity, and the budget left (GiB).
 
-Reads the record's ``memory`` section and the served dtypes; the arithmetic of KV bytes and hybrid paging is
+Reads the record's ``memory`` section and the served dtypes (and flags a scheme served in another dtype than its
+baseline); the arithmetic of KV bytes and hybrid paging is
 :mod:`quantverdict.measure.kv_cache`.
 """
 
@@ -19,6 +20,7 @@ from quantverdict.measure.kv_cache import (
 )
 from quantverdict.measure.memory import DTYPE_BYTES, GIB
 from quantverdict.results.record import JobRecord
+from quantverdict.review.flags import Flag, FlagCode
 
 
 def served_compute_dtype(rec: JobRecord) -> tuple[str, str]:
@@ -41,6 +43,31 @@ def served_compute_dtype(rec: JobRecord) -> tuple[str, str]:
     if configured and configured != "auto":
         return str(configured), "bench.server.dtype"
     return str(rec.cfg("model").get("dtype") or "bfloat16"), "model dtype"
+
+
+def served_dtype(rec: JobRecord) -> str | None:
+    """The ``--dtype`` the record's vLLM server computed in (None when nothing was served): ``speed.dtype.value``
+    (chosen by :mod:`quantverdict.config.cpu_caps`, the kernel, the config or the checkpoint); its ``auto`` is the
+    checkpoint's dtype, read from vLLM's log, else from ``config.model.dtype``."""
+    if not rec.speed.points:
+        return None
+    value = (rec.speed.dtype or {}).get("value")
+    if value == "auto":
+        value = rec.server.dtype or rec.cfg("model").get("dtype")
+    return str(value) if value else None
+
+
+def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
+    """A flag when ``rec`` and its baseline were served in different compute dtypes (the speed ratio then measures
+    the dtype as much as the scheme), with the recorded reason; [] otherwise."""
+    if base is None or base is rec:
+        return []
+    mine, theirs = served_dtype(rec), served_dtype(base)
+    if not mine or not theirs or mine == theirs:
+        return []
+    why = (rec.speed.dtype or {}).get("why")
+    message = f"served in {mine}, its baseline in {theirs}: the speed ratio mixes compute dtypes"
+    return [Flag(FlagCode.DTYPE_MISMATCH, "", message + (f" ({why})" if why else ""))]
 
 
 def served_kv_dtype(rec: JobRecord) -> tuple[str, str]:

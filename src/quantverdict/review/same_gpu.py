@@ -1,18 +1,9 @@
 """Whether a scheme's speed and its baseline's were measured on the same physical GPU, and in one grid.
 
-A speed ratio between two GPU jobs (:mod:`quantverdict.review.speed`, the regime's ratios paired by repeat)
-means "scheme vs baseline" only when both ran on the same GPU: two GPUs of one kind can differ (clocks, power
-limits, cooling), and a ratio across them carries that difference. The GPU's
-identity is ``environment.gpu[i]["uuid"]``, nvidia-smi's ``GPU-<uuid>``, fixed for a physical GPU
-(:func:`quantverdict.orchestrate.hardware.parse_nvidia_smi`); records written before 2026-12-01 lack it.
-The GPUs a job's speed was measured on are the first :func:`quantverdict.review.gpus.job_gpus` entries of
-``environment.gpu`` (the server runs on the first visible GPU, or shards over the first
-``tensor_parallel_size`` of them). The grid is the Hydra multirun folder of ``job.output_dir``
-(``<output_root>/multirun/<timestamp>/<job>``: one session); a single run (``<output_root>/runs/<job>``) is a
-grid of its own, so two single runs are never "in one grid".
-
-Pure functions of two records: :func:`same_gpu` compares, :func:`same_gpu_line` words the Validity line,
-:func:`same_gpu_flag` raises a flag when the GPUs differ, :func:`pairable` says whether repeats may be paired.
+A speed ratio of two GPU jobs means "scheme vs baseline" only on one GPU: two GPUs of one kind differ in clocks,
+power and cooling. A GPU is known by ``environment.gpu[i].uuid`` (nvidia-smi's ``GPU-<uuid>``; older records lack
+it); a job used the first :func:`quantverdict.review.gpus.job_gpus` of them. The grid is the Hydra multirun folder
+of ``job.output_dir``; a single run is a grid of its own.
 """
 
 from __future__ import annotations
@@ -20,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any
 
 from quantverdict.results.record import JobRecord
-from quantverdict.review import flags
-from quantverdict.review.flags import Flag
+from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.gpus import job_gpus
 
 SAME = "same GPU"  # every GPU uuid of the scheme's job equals the baseline's, in the same order
@@ -35,16 +24,9 @@ UUID_SINCE = "2026-12-01"  # the first records with environment.gpu[].uuid (comm
 
 @dataclass(frozen=True)
 class GpuMatch:
-    """How a scheme's speed measurement relates to its baseline's, GPU- and session-wise.
-
-    Attributes:
-        state: :data:`SAME`, :data:`DIFFERENT` or :data:`NOT_RECORDED`.
-        gpus: the uuids of the GPUs the scheme's job used, in order (None where not recorded).
-        baseline_gpus: the same for the baseline's job.
-        same_grid: both jobs ran in one Hydra multirun folder (:func:`grid_of`); None when either record
-            lacks ``job.output_dir``.
-        hours_apart: ``|started_at - baseline started_at|`` in hours; None when either is missing or unreadable.
-    """
+    """How a scheme's speed measurement relates to its baseline's: ``state`` (:data:`SAME`, :data:`DIFFERENT`,
+    :data:`NOT_RECORDED`), the uuids of each job's GPUs (None where not recorded), ``same_grid`` (None: unknown) and
+    ``hours_apart`` of their starts (None: unknown)."""
 
     state: str
     gpus: tuple[str | None, ...]
@@ -53,21 +35,10 @@ class GpuMatch:
     hours_apart: float | None
 
 
-def _view(rec: dict[str, Any] | JobRecord) -> tuple[JobRecord, dict[str, Any]]:
-    if isinstance(rec, JobRecord):
-        return rec, rec.to_dict()
-    return JobRecord.view(rec), rec
-
-
-def used_gpu_uuids(rec: dict[str, Any] | JobRecord) -> tuple[str | None, ...]:
-    """The uuids (``GPU-<uuid>``) of the GPUs a job's server used, in order; None for a GPU without one; ``()``
-    for a CPU-only record (``environment.gpu`` empty or missing)."""
-    return _uuids(*_view(rec))
-
-
-def _uuids(view: JobRecord, data: dict[str, Any]) -> tuple[str | None, ...]:
-    listed = [g for g in view.environment.gpu or [] if isinstance(g, dict)]
-    return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(data)])
+def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
+    """The uuids of the GPUs a job's server used, in order (None for one without); ``()`` for a CPU record."""
+    listed = [g for g in rec.environment.gpu or [] if isinstance(g, dict)]
+    return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(rec)])
 
 
 def _started(view: JobRecord) -> datetime | None:
@@ -77,30 +48,19 @@ def _started(view: JobRecord) -> datetime | None:
         return None
 
 
-def same_gpu(rec: dict[str, Any] | JobRecord, base: dict[str, Any] | JobRecord) -> GpuMatch | None:
-    """Whether ``rec`` (a scheme's record) and ``base`` (its baseline's) measured speed on the same GPU.
-
-    Args:
-        rec: the scheme's record, a dict or its :class:`JobRecord` view.
-        base: the baseline's record, likewise.
-
-    Returns:
-        None when either record lists no GPU (a CPU job: not applicable); else a :class:`GpuMatch` whose
-        state is :data:`NOT_RECORDED` if any GPU either job used lacks a uuid, :data:`SAME` if the uuid
-        lists are equal (same GPUs, same order), :data:`DIFFERENT` otherwise (e.g. tensor parallel over
-        2 GPUs against 1).
-    """
-    (rv, rd), (bv, bd) = _view(rec), _view(base)
-    mine, theirs = _uuids(rv, rd), _uuids(bv, bd)
+def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
+    """Whether ``rec`` (a scheme's record) and ``base`` (its baseline's) measured speed on the same GPUs (same
+    uuids, same order); None when either lists no GPU."""
+    mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
     if not mine or not theirs:
         return None
     if None in mine or None in theirs:
         state = NOT_RECORDED
     else:
         state = SAME if mine == theirs else DIFFERENT
-    a, b = grid_of(rv.job.output_dir), grid_of(bv.job.output_dir)
+    a, b = grid_of(rec.job.output_dir), grid_of(base.job.output_dir)
     same_grid = a == b if a and b else None
-    t, tb = _started(rv), _started(bv)
+    t, tb = _started(rec), _started(base)
     try:
         hours = abs((t - tb).total_seconds()) / 3600 if t and tb else None
     except TypeError:  # one time with a UTC offset, the other without
@@ -109,15 +69,13 @@ def same_gpu(rec: dict[str, Any] | JobRecord, base: dict[str, Any] | JobRecord) 
 
 
 def pairable(m: GpuMatch | None) -> bool:
-    """Whether a scheme's repeats may be paired with its baseline's by index (the review's paired test,
-    :func:`quantverdict.review.verdict.paired_speedups`): not when they ran on different GPUs or not in one grid
-    (repeat r of two sessions shares no drift); yes for CPU jobs (None) and where it is not known."""
+    """Whether repeats may be paired by index: not on different GPUs or across grids; yes for CPU jobs and
+    where unknown."""
     return m is None or (m.state != DIFFERENT and m.same_grid is not False)
 
 
 def grid_of(output_dir: str | None) -> str | None:
-    """The grid a job ran in: its Hydra multirun folder (the parent of ``output_dir`` when that sits in a
-    ``multirun`` folder), else ``output_dir`` itself (a single run); None without a folder."""
+    """The grid of a job folder: its multirun folder, else the folder itself; None without one."""
     if not output_dir:
         return None
     path = PurePosixPath(output_dir)
@@ -165,13 +123,13 @@ def same_gpu_line(what: str, m: GpuMatch) -> str:
 
 
 def same_gpu_flag(m: GpuMatch, baseline: str) -> Flag | None:
-    """A :data:`quantverdict.review.flags.DIFFERENT_GPU` flag (not yet attached to a scorecard: :meth:`Flag.of`)
+    """A :data:`quantverdict.review.FlagCode.DIFFERENT_GPU` flag (not yet attached to a scorecard: :meth:`Flag.of`)
     when ``m`` says :data:`DIFFERENT`; None otherwise (``NOT_RECORDED`` is a Validity line only)."""
     if m.state != DIFFERENT:
         return None
     full = _names(m.gpus) == _names(m.baseline_gpus)
     return Flag(
-        flags.DIFFERENT_GPU,
+        FlagCode.DIFFERENT_GPU,
         "",
         f"speed measured on another GPU than the baseline {baseline}'s ({_names(m.gpus, full)} vs "
         f"{_names(m.baseline_gpus, full)}): its speed ratios include any difference between the two GPUs",

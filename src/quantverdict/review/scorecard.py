@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantverdict.measure.stats import Interval
 from quantverdict.results.record import JobRecord
 from quantverdict.review.flags import Flag
-from quantverdict.review.stats import Interval
 
 TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
 

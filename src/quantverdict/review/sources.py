@@ -7,32 +7,36 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from quantverdict.results.record import RECORD_FILE, SOURCE_DIR_KEY, find_records, load
+from quantverdict.results.record import RECORD_FILE, JobRecord, find_records, load
 
 log = logging.getLogger(__name__)
 
 JOB_TAG = "config_hash"  # set on every job run by quantverdict.results.tracking.Tracker.start
 
 
-def load_dir(root: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every readable record under ``root``; unreadable ones are reported, not fatal.
+def _read(path: Path) -> JobRecord:
+    """The typed record at ``path``, its :attr:`~JobRecord.source_dir` the folder it was read from."""
+    rec = JobRecord.view(load(path))
+    rec.source_dir = str(path.parent)
+    return rec
+
+
+def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
+    """Every readable record under ``root`` (:func:`_read`); unreadable ones are reported, not fatal.
 
     Returns:
-        ``(records, problems)``; each record gets ``_review_dir`` (the folder it was read from).
+        ``(records, problems)``.
     """
     records, problems = [], []
     for path in find_records(root):
         try:
-            rec = load(path)
+            records.append(_read(path))
         except (ValueError, json.JSONDecodeError, OSError) as exc:
             problems.append(f"{path}: not read ({exc})")
-            continue
-        rec[SOURCE_DIR_KEY] = str(path.parent)
-        records.append(rec)
     return records, problems
 
 
-def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[dict[str, Any]], list[str], dict[str, str]]:
+def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord], list[str], dict[str, str]]:
     """Download the ``record.json`` artifact (and ``eval/`` samples, if logged) of every job run of an
     MLflow experiment into ``dest/<run_id>/``.
 
@@ -64,13 +68,12 @@ def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[dict[str, A
         if "eval" in artifacts:
             client.download_artifacts(rid, "eval", str(target))
         try:
-            rec = load(target / RECORD_FILE)
+            rec = _read(target / RECORD_FILE)
         except ValueError as exc:
             problems.append(f"run {rid}: {exc}")
             continue
-        rec[SOURCE_DIR_KEY] = str(target)
         records.append(rec)
-        run_ids[str(rec["job"].get("output_dir"))] = rid
+        run_ids[str(rec.job.output_dir)] = rid
     return records, problems, run_ids
 
 
@@ -86,30 +89,29 @@ def job_runs(client: Any, experiment_id: str) -> list[Any]:
             return runs
 
 
-def _rank(rec: dict[str, Any]) -> tuple[bool, str]:
+def _rank(rec: JobRecord) -> tuple[bool, str]:
     """Which of two records of one model/scheme to keep: a finished one, then the newer (ISO timestamps)."""
-    return rec.get("status") == "ok", rec["job"].get("finished_at") or rec["job"].get("started_at") or ""
+    return rec.status == "ok", rec.job.finished_at or rec.job.started_at or ""
 
 
-def dedupe(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def dedupe(records: list[JobRecord]) -> tuple[list[JobRecord], list[str]]:
     """One record per (model, scheme): a finished one before an unfinished one, then the newest
     (``job.finished_at``, else ``job.started_at`` for records that never finished).
 
     Returns:
         ``(kept, notes)``; a note names each record left out.
     """
-    best: dict[tuple[str, str], dict[str, Any]] = {}
+    best: dict[tuple[str, str], JobRecord] = {}
     notes: list[str] = []
     for rec in records:
-        key = (str(rec["job"].get("model")), str(rec["job"].get("scheme")))
-        cur = best.get(key)
-        if cur is None:
-            best[key] = rec
+        key = (str(rec.job.model), str(rec.job.scheme))
+        cur = best.setdefault(key, rec)
+        if cur is rec:
             continue
         keep, drop = (rec, cur) if _rank(rec) > _rank(cur) else (cur, rec)
         best[key] = keep
         notes.append(
-            f"{drop['job'].get('id')} ({drop.get('status')}, {drop['job'].get('finished_at')}) left out: "
+            f"{drop.job.id} ({drop.status}, {drop.job.finished_at}) left out: "
             f"a newer or finished record of {key[0]}/{key[1]} is used"
         )
     return list(best.values()), notes

@@ -1,9 +1,9 @@
-"""The speed number of a scorecard: sweep points per load level (median over valid repeats), ceiling, goodput
-(per request, :mod:`quantverdict.measure.goodput`) and latency at the stated load.
+"""The speed number of a scorecard: sweep points per load level (median over valid repeats), ceiling, goodput and
+latency at the stated load.
 
-Goodput is read from each sweep point's ``vllm bench serve --save-detailed`` result file (the record's
-``speed.points[i].result_file``, or the file of that name in ``bench/`` beside the record); a record whose
-files are not there has no per-request data, and the review says so instead of estimating it.
+Goodput is counted per request (:mod:`quantverdict.measure.goodput`) from each point's ``--save-detailed`` result
+file (``speed.points[i].result_file``, or that name in ``bench/`` beside the record); without it the review says
+so rather than estimate it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from quantverdict.measure.aggregate import is_number
 from quantverdict.measure.goodput import Slo
 from quantverdict.measure.goodput import goodput as request_goodput
 from quantverdict.results.record import JobRecord
-from quantverdict.review import flags
-from quantverdict.review.flags import Flag
+from quantverdict.review.flags import Flag, FlagCode
 
 NO_PER_REQUEST = "no per-request data in this record"
 
@@ -51,10 +50,8 @@ def load_label(p: dict[str, Any], mode: str) -> str:
 
 
 def workload(rec: JobRecord) -> dict[str, Any]:
-    """The request shape a record's sweep ran: ``{"bench", "input_len", "output_len", "text"}`` from its
-    ``config.bench`` (tokens per request; ``text`` e.g. ``"2,048 in / 128 out tokens per request
-    (bench=gpu-concurrency-prefill)"``). Speedups hold for one shape only: the prefill share of the work moves
-    the crossover (issue #16), so a scheme is compared only with a baseline swept at the same shape."""
+    """The request shape of a record's sweep from ``config.bench``: ``{"bench", "input_len", "output_len", "text"}``
+    (tokens per request). A speedup holds for one shape: schemes are compared only with a baseline of the same shape."""
     bench = rec.cfg("bench")
     name, n_in, n_out = bench.get("name"), bench.get("input_len"), bench.get("output_len")
     if is_number(n_in) and is_number(n_out):
@@ -65,8 +62,7 @@ def workload(rec: JobRecord) -> dict[str, Any]:
 
 
 def shape_of(speed: dict[str, Any]) -> tuple[Any, Any] | None:
-    """``(input_len, output_len)`` of a scorecard's ``speed.workload`` (:func:`workload`); None when the sweep
-    has no points or its shape was not recorded (no shape to compare)."""
+    """``(input_len, output_len)`` of a scorecard's speed; None without points or a recorded shape."""
     w = speed.get("workload") or {}
     if not speed.get("points") or w.get("input_len") is None or w.get("output_len") is None:
         return None
@@ -74,27 +70,21 @@ def shape_of(speed: dict[str, Any]) -> tuple[Any, Any] | None:
 
 
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
-    """The sweep's mode (``rate`` unless the record says ``concurrency``) and its points as the record holds
-    them (dicts, for :mod:`quantverdict.measure.sweep`), a steady window too short to trust set aside in records
-    measured before that rule (:func:`quantverdict.measure.bench_result.rebase_steady`)."""
+    """The sweep's mode and its points as recorded (dicts, repeats apart), a too-short steady window set aside
+    (:func:`quantverdict.measure.bench_result.rebase_steady`)."""
     return sweep_mode(rec), [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
 
 
 def sweep_mode(rec: JobRecord) -> str:
-    """``speed.mode``, else the config's ``bench.mode`` (records that did not write it), else ``rate``."""
+    """``speed.mode``, else ``config.bench.mode``, else ``rate``."""
     return str(rec.speed.mode or rec.cfg("bench").get("mode") or "rate")
 
 
 def speed_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
-    """The sweep points of a record, one per load level, sorted by load.
-
-    Invalid points (:func:`quantverdict.measure.point_checks.point_valid`: output tokens under 90% of those requested,
-    a wrong request count, ITL lists that are not gaps after the first token) are left out; a level
-    with no valid repeat is left out. Each number is the **median** over the level's valid repeats;
-    ``spread[metric] = [min, max]`` for ``SPREAD_KEYS``; ``load`` (req/s or concurrency, inf for an
-    unlimited rate), ``repeats``, ``valid_repeats`` and ``saturated`` (most valid repeats saturated, by each
-    point's stored decision: :func:`quantverdict.measure.validity.point_saturation`) are added.
-    """
+    """One point per load level, by load: the median of each number over the level's valid repeats
+    (:func:`quantverdict.measure.validity.point_valid`), ``spread[metric] = [min, max]`` for :data:`SPREAD_KEYS`, and
+    ``load``, ``label``, ``repeats``, ``valid_repeats``, ``saturated`` (most valid repeats' stored decision,
+    :func:`quantverdict.measure.validity.point_saturation`), ``saturation_ratio``, ``saturation_basis``."""
     mode, raw = raw_points(rec)
     out = []
     for level in aggregate.levels(raw, lambda p: sweep_plan.load_of(p, mode), point_checks.point_valid):
@@ -116,9 +106,8 @@ def speed_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
 
 
 def planned_loads(rec: JobRecord) -> list[float]:
-    """The load levels the job's config planned (``bench.concurrencies`` in closed loop, ``bench.rates`` in open
-    loop, ``inf`` for an unlimited rate), ascending, as :func:`quantverdict.measure.sweep_plan.load_of` keys them;
-    ``[]`` when the record keeps no sweep plan (older or hand-made records: nothing is called missing)."""
+    """The load levels the config planned (``bench.concurrencies`` or ``bench.rates``; inf unlimited),
+    ascending; [] without a plan."""
     mode = sweep_mode(rec)
     bench = rec.cfg("bench")
     try:
@@ -131,20 +120,18 @@ def planned_loads(rec: JobRecord) -> list[float]:
 
 
 def missing_levels(planned: list[float], points: list[dict[str, Any]]) -> list[float]:
-    """The planned load levels (:func:`planned_loads`) with no valid point among ``points`` (one per level, from
-    :func:`speed_points`): a job stopped mid-sweep, or levels whose every repeat was invalid. Ascending."""
+    """The planned loads without a valid point among ``points`` (one per level), ascending."""
     have = {float(p["load"]) for p in points}
     return [load for load in planned if load not in have]
 
 
 def ceiling_is_floor(speed: dict[str, Any]) -> bool:
-    """Whether a scorecard's ceiling (:func:`speed_summary`) is a lower bound: no point saturated, or the sweep
-    stopped before its planned top loads; its cost at the ceiling is then an upper bound."""
+    """Whether a scorecard's ceiling is a lower bound (no point saturated, or the sweep stopped early)."""
     return speed.get("ceiling_kind") == "lower_bound"
 
 
 def _stopped_why(rec: JobRecord) -> str:
-    """`` (job interrupted in stage benchmark)`` for a record that did not finish, else ``""``."""
+    """`` (job interrupted in stage benchmark)`` for an unfinished record, else ``""``."""
     status, stage = rec.status, rec.failed_stage
     if status in (None, "ok"):
         return ""
@@ -152,7 +139,7 @@ def _stopped_why(rec: JobRecord) -> str:
 
 
 def slo_ok(p: dict[str, Any], rc: ReviewConfig) -> bool | None:
-    """True when the point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
+    """Whether a point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
     ok = True
     for key, limit in (("ttft_ms_p99", rc.ttft_ms_p99), ("itl_ms_p99", rc.itl_ms_p99)):
         if limit is None:
@@ -164,13 +151,9 @@ def slo_ok(p: dict[str, Any], rc: ReviewConfig) -> bool | None:
 
 
 def load_point(mode: str, points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[dict[str, Any] | None, str]:
-    """The sweep point that stands for the stated load, and how it was chosen.
-
-    Rate sweep, ``load_rps``: the smallest measured finite rate >= the load; if none, the unlimited-rate
-    point (conservative: latency only grows with load). Concurrency sweep, ``load_rps``: the smallest
-    concurrency whose achieved req/s reaches the load. Concurrency sweep, ``load_concurrency``: the
-    smallest measured concurrency >= it. No load stated: the lowest measured load.
-    """
+    """The point that stands for the stated load, and how it was chosen: rate sweep, the smallest rate >=
+    ``load_rps`` (else the unlimited rate); concurrency sweep, the smallest concurrency reaching ``load_rps`` req/s
+    or >= ``load_concurrency``; no load stated, the lowest load."""
     if not points:
         return None, "no speed points"
     if rc.load_rps is None and rc.load_concurrency is None:
@@ -201,21 +184,9 @@ def load_point(mode: str, points: list[dict[str, Any]], rc: ReviewConfig) -> tup
 
 
 def p99_slo_max_rps(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[float | None, str]:
-    """Throughput at the highest sustained load whose p99s meet the SLO: the achieved req/s at the highest
-    load whose TTFT p99 and ITL p99 (each computed over all its requests) meet the limits, every lower load
-    meeting them too. Not goodput (a per-request count, :func:`level_goodput`): the p99s are separate
-    percentiles, so a request can miss one objective and another request the other.
-
-    Only sustained loads count: finite offered rates (open loop) or concurrencies (closed loop). The
-    unlimited-rate burst is not a load the server holds: its requests all arrive at t=0 and its
-    latency is that of one batch of ``num_prompts`` requests, which can meet the SLO when 1 req/s does
-    not (prefills of new arrivals stall the decode steps of the others). Latency grows with load, so
-    the first load that fails ends the search (a higher one that passes is noise).
-
-    Returns:
-        ``(req/s, how)``: 0.0 when the lowest sustained load already fails; None with no SLO set or no
-        sustained load measured.
-    """
+    """Achieved req/s at the highest sustained load (finite rate or concurrency) whose TTFT p99 and ITL p99
+    meet the SLO, every lower load meeting them too; 0.0 when the lowest fails, None without an SLO or a sustained load.
+    Not goodput: the p99s are separate percentiles."""
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
         return None, "no latency SLO set"
     held = [p for p in points if math.isfinite(p["load"])]
@@ -232,14 +203,13 @@ def p99_slo_max_rps(points: list[dict[str, Any]], rc: ReviewConfig) -> tuple[flo
 
 
 def slo_of(rc: ReviewConfig) -> Slo:
-    """The per-request objectives: TTFT <= ``ttft_ms_p99``, TPOT (a request's mean ITL) <= ``itl_ms_p99``,
-    E2E <= ``e2e_ms`` (each only when set)."""
+    """The per-request objectives: TTFT <= ``ttft_ms_p99``, TPOT <= ``itl_ms_p99``, E2E <= ``e2e_ms`` (those set)."""
     return Slo(ttft_ms=rc.ttft_ms_p99, tpot_ms=rc.itl_ms_p99, e2e_ms=rc.e2e_ms)
 
 
 def result_file(rec: JobRecord, p: dict[str, Any]) -> Path | None:
-    """The ``--save-detailed`` result file of sweep point ``p``: where the job wrote it, else ``bench/<name>``
-    or ``<name>`` beside the record it was read from (:attr:`JobRecord.source_dir`); None when none is found."""
+    """The ``--save-detailed`` result file of point ``p``: beside the record first (``bench/<name>``, ``<name>``),
+    else where the job wrote it; None when none exists."""
     name = p.get("result_file")
     if not name:
         return None
@@ -253,8 +223,8 @@ def result_file(rec: JobRecord, p: dict[str, Any]) -> Path | None:
 
 
 def point_goodput(rec: JobRecord, p: dict[str, Any], slo: Slo) -> dict[str, Any] | None:
-    """:meth:`quantverdict.measure.goodput.Goodput.to_dict` of one sweep point, or None without per-request data
-    (no result file, or one without the ``--save-detailed`` lists)."""
+    """Goodput of one point (:meth:`quantverdict.measure.goodput.Goodput.to_dict`); None without per-request
+    data."""
     path = result_file(rec, p)
     if path is None:
         return None
@@ -265,12 +235,8 @@ def point_goodput(rec: JobRecord, p: dict[str, Any], slo: Slo) -> dict[str, Any]
 
 
 def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, dict[str, Any]]:
-    """Per-request goodput of each load level with per-request data in every valid repeat.
-
-    Returns:
-        ``{load: {"goodput_rps", "slo_attainment_pct" (medians over the valid repeats), "good_requests",
-        "slo_requests" (sums), "repeats", "slo_missed" ({objective: sum})}}``; a level missing data is absent.
-    """
+    """Per load level with per-request data in every valid repeat: ``{"goodput_rps", "slo_attainment_pct"
+    (medians), "good_requests", "slo_requests" (sums), "repeats", "slo_missed" ({objective: sum})}``."""
     slo = slo_of(rc)
     if not slo.objectives():
         return {}
@@ -297,12 +263,8 @@ def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, di
 
 
 def goodput_at(at: dict[str, Any] | None, rc: ReviewConfig) -> tuple[float | None, str]:
-    """Goodput at the stated load's point (its ``goodput`` from :func:`level_goodput`), and how it was counted.
-
-    Returns:
-        ``(req/s, how)``: e.g. ``(0.4, "at 1 req/s: 4 of 8 requests met the SLO (50.0%)")``; None with no
-        SLO set, no load point, or no per-request data (``how`` says which).
-    """
+    """Goodput at the stated load's point (req/s) and how it was counted; None without an SLO, a point or
+    per-request data."""
     slo = slo_of(rc)
     if not slo.objectives():
         return None, "no latency SLO set"
@@ -319,26 +281,15 @@ def goodput_at(at: dict[str, Any] | None, rc: ReviewConfig) -> tuple[float | Non
 
 
 def point_label(p: dict[str, Any], mode: str) -> str:
-    """One raw sweep point's load as text, with its repeat after the first: ``1 req/s (repeat 1)``."""
+    """A raw point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
     lbl = load_label({**p, "load": sweep_plan.load_of(p, mode)}, mode)
     return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
 
 
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], list[Flag], list[str]]:
-    """Single-stream speed, sustained ceiling, goodput under the SLO, and latency at the stated load.
-
-    * single stream: the lowest-load point; ITL p50 and ``1000 / TPOT p50`` tok/s per request;
-    * ceiling: :func:`quantverdict.measure.capacity.sustained_ceiling` (open loop: the highest median achieved
-      req/s over the valid levels, so never under a rate achieved nor under the goodput; median over repeats with
-      its min-max range; invalid points never count);
-    * goodput (``goodput_rps``, ``goodput_how``): requests meeting every objective per second at the stated
-      load (:func:`goodput_at`; each level's in ``points[i]["goodput"]``), None without per-request data;
-    * ``p99_slo_max_rps``: :func:`p99_slo_max_rps`, throughput at the highest load whose p99s meet the SLO
-      (the number this review called "goodput" before issue #14);
-    * saturation: each point's stored decision (:func:`quantverdict.measure.validity.point_saturation`), as the
-      live log, the record and the grid table read it.
-
-    Every number is a median over the valid repeats of its load level (:func:`speed_points`).
+    """Single-stream speed (lowest load: ITL p50, ``1000 / TPOT p50`` tok/s), sustained ceiling
+    (:func:`quantverdict.measure.capacity.sustained_ceiling`), goodput at the load, ``p99_slo_max_rps``, and latency at
+    the load; every number a median over the valid repeats of its level (:func:`speed_points`).
 
     Returns:
         ``(summary, flags, missing)``.
@@ -346,25 +297,25 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
     mode, points = speed_points(rec)
     found: list[Flag] = []
     _, raw = raw_points(rec)
-    for q in raw:
+    for sp, q in zip(rec.speed.points, raw):
         label = point_label(q, mode)
-        want, got = q.get("output_tokens_requested"), q.get("output_tokens_total")
+        want, got = sp.output_tokens_requested, sp.output_tokens_total
         if not point_checks.point_valid(q):
             if want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want:
                 found.append(
                     Flag(
-                        flags.SPEED_POINT_SHORT,
+                        FlagCode.SPEED_POINT_SHORT,
                         "",
                         f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
                         f"({100 * got / want:.0f}%): requests ended early; invalid, left out of every speed number",
                     )
                 )
-            others = [r for r in q.get("invalid_reasons") or [] if "requested output tokens" not in r]
+            others = [r for r in sp.invalid_reasons or [] if "requested output tokens" not in r]
             if others or not (want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want):
                 why = "; ".join(others) or "marked invalid"
                 found.append(
                     Flag(
-                        flags.SPEED_POINT_INVALID,
+                        FlagCode.SPEED_POINT_INVALID,
                         "",
                         f"speed point {label}: invalid ({why}); left out of every speed number",
                     )
@@ -372,19 +323,19 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
         elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
             found.append(
                 Flag(
-                    flags.SPEED_POINT_SHORT_KEPT,
+                    FlagCode.SPEED_POINT_SHORT_KEPT,
                     "",
                     f"speed point {label}: {got:,.0f} of {want:,.0f} requested output tokens "
                     f"({100 * got / want:.0f}%): some requests ended early; kept (>= 90%), tok/s slightly low",
                 )
             )
-        if q.get("failed"):
-            found.append(Flag(flags.SPEED_POINT_FAILED, "", f"speed point {label}: {q['failed']:g} failed requests"))
-        diff = q.get("vllm_max_rel_diff")
+        if sp.failed:
+            found.append(Flag(FlagCode.SPEED_POINT_FAILED, "", f"speed point {label}: {sp.failed:g} failed requests"))
+        diff = sp.vllm_max_rel_diff
         if diff is not None and diff > point_checks.VLLM_AGREEMENT_TOLERANCE:
             found.append(
                 Flag(
-                    flags.PERCENTILE_DISAGREEMENT,
+                    FlagCode.PERCENTILE_DISAGREEMENT,
                     "",
                     f"speed point {label}: latency percentiles recomputed from the per-request data differ from "
                     f"vLLM's own by up to {100 * diff:.1f}%: the recomputed ones are reported",
@@ -409,7 +360,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[dict[str, Any], lis
     if missing:
         found.append(
             Flag(
-                flags.SWEEP_INCOMPLETE,
+                FlagCode.SWEEP_INCOMPLETE,
                 "",
                 f"speed: no valid point at {', '.join(labels(missing))} of the planned sweep "
                 f"({', '.join(labels(planned))})"

@@ -9,8 +9,7 @@ from typing import Any
 from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
 from quantverdict.results.record import JobRecord
-from quantverdict.review import flags
-from quantverdict.review.flags import Flag
+from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.speed import load_label, point_label, raw_points
 
 
@@ -42,7 +41,7 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
         elif bi.get("ok") is False:
             out.append(
                 Flag(
-                    flags.BATCH_VARIANCE,
+                    FlagCode.BATCH_VARIANCE,
                     sc_name,
                     f"{sc_name}: batching changed a request's log-likelihood by up to "
                     f"{bi.get('max_abs_diff'):.3g} (batch size {bi.get('batch_sizes')}, > {bi.get('tolerance'):g}): "
@@ -60,7 +59,7 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
         if fam.get("ok") is False:
             out.append(
                 Flag(
-                    flags.PERPLEXITY_FAMILY,
+                    FlagCode.PERPLEXITY_FAMILY,
                     sc_name,
                     f"{sc_name}: lm-eval's word/byte perplexity differ from exp(-loglikelihood_sum / count) by up to "
                     f"{100 * (fam.get('max_rel_diff') or 0):.2g}%",

@@ -1,26 +1,17 @@
-"""Constraints, the binding constraint and the verdict: quantize just enough.
-
-Each scheme is checked against three constraints (:class:`~quantverdict.config.schema.ReviewConfig`):
+"""Checks and the verdict: score each scheme, check three constraints, choose the least aggressive scheme that
+passes.
 
 * **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB);
-* **accuracy**: every task's recovery ``100 · score / baseline >= min_recovery_pct`` and every
-  perplexity kind in ``perplexity_kinds`` rises by at most ``max_perplexity_increase_pct``
-  (``floor_test: interval`` fails a scheme only when its whole interval misses the floor; the default
-  ``auto`` tests that way a delta measured on fewer than ``interval_test_below_n`` items, and on the
-  point estimate otherwise);
-* **latency**: at the stated load, at least ``slo_attainment_pct`` % of the requests meet every
-  objective (TTFT, TPOT = a request's mean ITL, E2E if set: per-request goodput as ``vllm bench serve
-  --goodput`` counts it, :mod:`quantverdict.measure.goodput`), and the sweep's ceiling reaches that load.
-  A record without per-request data is judged on its TTFT p99 and ITL p99 instead, and the check says so.
+* **accuracy**: every task's recovery ``100 · score / baseline >= min_recovery_pct``, every perplexity kind in
+  ``perplexity_kinds`` up by at most ``max_perplexity_increase_pct`` (:func:`floor_test_of`: point estimate or
+  interval), and the KL divergence limits (:func:`quantverdict.review.kld.with_kld_constraint`);
+* **latency**: at the stated load, ``slo_attainment_pct`` % of the requests meet every objective (per-request
+  goodput, :mod:`quantverdict.measure.goodput`; a record without per-request data: its TTFT p99 and ITL p99), and
+  the sweep's ceiling reaches the load.
 
-The verdict: if the baseline passes all three, do not quantize. Otherwise the constraints it fails
-are binding, and the chosen scheme is the least aggressive one that passes all three: 8-bit tier
-(W8A16, FP8_DYNAMIC, W8A8) before 4-bit (W4A16); within a tier the lowest E2E p50 at the stated
-load (then the highest ceiling). A check that cannot be made (missing data) never passes.
-
-A synthetic model (random weights with a real model's dimensions, ``model.source=synthetic``) has no
-meaningful accuracy: its accuracy check is **not applicable**, never blocks, and the verdict is decided
-on memory and latency alone and says so (accuracy must be measured on the real model before deploying).
+The baseline passing all three: do not quantize. Otherwise the constraints it fails bind, and the chosen scheme is
+the first of :func:`candidate_order` that finished and passes all three. A check that cannot be made never passes;
+a not-applicable accuracy (synthetic model, random weights) never blocks, and the verdict says so.
 """
 
 from __future__ import annotations
@@ -30,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure import stats
 from quantverdict.results.format import number
-from quantverdict.review import stats
 from quantverdict.review.document import (
     ConstraintKind,
     Criterion,
@@ -53,15 +44,14 @@ from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_l
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # statuses that let a scheme be chosen
-CONSTRAINTS = ("memory", "accuracy", "latency")
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
 
 
 @dataclass
 class Check:
-    """One constraint checked for one scheme. ``text`` cites the numbers; ``shortfall`` says by how
-    much a failing scheme misses; ``excess`` is that shortfall relative to the limit (for ranking);
-    ``criteria``: each limit a number was held against, with its threshold, value and outcome."""
+    """One constraint checked for one scheme: ``text`` cites the numbers, ``shortfall`` says by how much a failing
+    scheme misses, ``excess`` is that relative to the limit (for ranking), ``criteria`` each limit held against a
+    number."""
 
     constraint: str
     status: str  # pass | fail | unknown | off | not_applicable (an Outcome)
@@ -77,7 +67,7 @@ class Check:
 
 @dataclass
 class Verdict:
-    """The decision for one model."""
+    """The decision for one model (``decision`` a :class:`~quantverdict.review.document.Decision`)."""
 
     model: str
     # "do not quantize" | "quantize" | "no scheme meets all three" | "no baseline" | "baseline not checked"
@@ -127,9 +117,9 @@ def _criterion(
     ok: bool | None = None,
     note: str = "",
 ) -> Criterion:
-    """``observed`` held against ``threshold`` (the ``review.<limit>`` value): ``judged`` is the value compared
-    (default ``observed``; under the interval test the interval's end nearest to passing); the outcome is ``ok``
-    where the caller decided it, else the comparison, ``unknown`` without a value."""
+    """``observed`` held against ``threshold`` (the ``review.<limit>`` value); ``judged`` is the value compared
+    (default ``observed``); the outcome is ``ok`` where given, else the comparison, ``unknown`` without a finite
+    value."""
     value = observed if judged is None else judged
     if value is not None and not math.isfinite(value):  # NaN or inf: nothing to judge
         value = None
@@ -154,14 +144,13 @@ def _finite(v: float | None) -> float | None:
 
 
 def _test(d: TaskDelta, rc: ReviewConfig) -> Literal["point", "interval"]:
-    """The test that judged ``d``: :func:`floor_test_of`'s, where ``interval`` needs the delta's interval (the
-    recovery's for a score); without one the point estimate is judged (:func:`_score_ok`, :func:`_ppl_ok`)."""
+    """The test that judged ``d``: :func:`floor_test_of`'s, ``point`` when the delta has no interval."""
     iv = d.recovery_interval if d.kind == "score" else d.interval
     return "interval" if floor_test_of(d, rc) == "interval" and iv is not None else "point"
 
 
 def _subject(d: TaskDelta) -> str:
-    """``arc_easy acc_norm``; a perplexity kind named once (``token_perplexity``)."""
+    """``arc_easy acc_norm``; a perplexity kind named once."""
     return d.metric if d.name == d.metric else f"{d.name} {d.metric}"
 
 
@@ -350,8 +339,8 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
 
 
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
-    """The recovery floor (a score) or the perplexity limit held against one delta, as :func:`_score_ok` and
-    :func:`_ppl_ok` judge it; a delta that cannot be compared (``refused``) is ``unknown``, its value shown."""
+    """The floor held against one delta, as :func:`_score_ok` / :func:`_ppl_ok` judge it; ``unknown``
+    for a delta that cannot be compared."""
     test = _test(d, rc)
     op: Literal["<=", ">="]
     if d.kind == "score":
@@ -391,10 +380,8 @@ def _ci_pct(iv: Any) -> str:
 
 
 def floor_test_of(d: TaskDelta, rc: ReviewConfig) -> str:
-    """The test that judges ``d`` against the floor: ``review.floor_test``, where ``auto`` means
-    ``interval`` for a delta measured on fewer than ``review.interval_test_below_n`` items (one item of 30
-    moves a recovery by 100 / (30 × baseline score) points: 8.3 at a 0.400 baseline, more than the 5-point
-    margin of a 95% floor) and ``point`` otherwise, or when the delta has no item count."""
+    """``review.floor_test``; ``auto`` is ``interval`` for a delta over fewer than ``review.interval_test_below_n``
+    items (one item of 30 moves a recovery by 100 / (30 × baseline) points: 8.3 at a 0.400 baseline), else ``point``."""
     if rc.floor_test != "auto":
         return rc.floor_test
     return "interval" if d.n is not None and d.n < rc.interval_test_below_n else "point"
@@ -441,9 +428,8 @@ def _attainment(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Jud
 
 
 def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Judged | None:
-    """The latency check on the TTFT p99 and ITL p99 at the load (records without per-request data):
-    ``(text, cite, fails, excess, criteria)``, None when a p99 is missing or only the per-request E2E objective
-    is set."""
+    """The latency check on the TTFT p99 and ITL p99 at the load (no per-request data); None when a needed p99 is
+    missing or only the E2E objective is set."""
     if (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return None
     parts, fails = [], []
@@ -526,12 +512,12 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
 
 def checks(sc: Scorecard, rc: ReviewConfig) -> dict[str, Check]:
     """The three checks of one scheme, keyed by constraint."""
-    accuracy = with_kld_constraint(accuracy_check(sc, rc), sc, rc, floor_test_of)  # issue #17: KLD limits
+    accuracy = with_kld_constraint(accuracy_check(sc, rc), sc, rc, floor_test_of)
     return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
 
 
 def passes(cs: dict[str, Check]) -> bool:
-    """No check fails or is unknown (a not-applicable accuracy does not block)."""
+    """No check fails or is unknown."""
     return all(c.status in NON_BLOCKING for c in cs.values())
 
 
@@ -539,28 +525,24 @@ def passes(cs: dict[str, Check]) -> bool:
 
 
 def kv_step(sc: Scorecard) -> int:
-    """1 for a quantized KV cache (kv other than auto), else 0."""
+    """1 for a quantized KV cache, else 0."""
     return 0 if sc.kv in ("auto", "") else 1
 
 
 def lever_of(sc: Scorecard) -> str:
-    """The lever a combination pulls: ``weights``, ``KV cache``, ``weights and KV cache``, or ``""`` (neither)."""
+    """``weights``, ``KV cache``, ``weights and KV cache``, or ``""``."""
     pulled = [name for name, on in (("weights", sc.tier > 0), ("KV cache", kv_step(sc) > 0)) if on]
     return " and ".join(pulled)
 
 
 def kv_lever(base: Scorecard, cs: dict[str, Check], cards: list[Scorecard], rc: ReviewConfig) -> dict[str, Any]:
-    """The KV lever weighed on the baseline: what its memory check binds on, and what an FP8 KV cache would need.
-
-    Memory binds on the KV cache when the weights (+ recurrent state + reserve) fit the budget and the KV cache
-    for the needed capacity (``concurrent_requests`` x request length) does not; on the weights when they alone
-    (+ reserve) exceed it. ``fp8_need_gib`` is the baseline's need with the same capacity in an FP8 cache (one
-    byte an element, :func:`quantverdict.review.memory.memory_summary`'s ``need_gib_kv_fp8``).
+    """The KV lever weighed on the baseline: whether its failing memory check binds on the weights (they alone,
+    with recurrent state and reserve, exceed the budget) or on the KV cache, and its need with an FP8 cache
+    (``need_gib_kv_fp8`` of :func:`quantverdict.review.memory.memory_summary`).
 
     Returns:
         ``{"binds_on": "kv_cache" | "weights" | None, "need_gib", "budget_gib", "weights_gib", "kv_gib",
-        "fp8_need_gib", "fp8_fits": bool | None, "measured": [names of the quantized-cache combinations that
-        finished ok]}``.
+        "fp8_need_gib", "fp8_fits", "measured" (quantized-cache schemes that finished ok)}``.
     """
     m = base.memory
     out: dict[str, Any] = {
@@ -584,7 +566,7 @@ def kv_lever(base: Scorecard, cs: dict[str, Check], cards: list[Scorecard], rc: 
 
 
 def kv_lever_sentence(lever: dict[str, Any], chosen: Scorecard | None) -> str:
-    """One sentence on the KV lever for the verdict (empty when memory does not bind)."""
+    """One sentence on the KV lever for the verdict (empty unless memory binds on the KV cache)."""
     if lever.get("binds_on") != "kv_cache":
         return ""
     head = (
@@ -602,11 +584,9 @@ def kv_lever_sentence(lever: dict[str, Any], chosen: Scorecard | None) -> str:
 
 
 def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
-    """Least aggressive first: by the number of levers pulled (one per 8-bit step of the weights, 16 -> 8 -> 4 bits,
-    and one for a quantized KV cache), then by weight tier (at an equal count, 16-bit weights with an FP8 cache
-    before 8-bit weights with a 16-bit cache: the cache is the lever that frees memory where the cache is what
-    binds, and it leaves every weight as it is); within that, lowest E2E p50 at the stated load, then highest
-    sustained ceiling (req/s), then name."""
+    """Least aggressive first: levers pulled (one per 8-bit step of the weights, one for a quantized KV
+    cache), then weight tier (16-bit weights with an FP8 cache before 8-bit weights), then lowest E2E p50 at the load,
+    highest ceiling (req/s), name."""
 
     def key(sc: Scorecard) -> tuple[int, int, float, float, str]:
         at = sc.speed.get("at_load") or {}
@@ -618,7 +598,7 @@ def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
 
 
 def _three(cs: dict[str, Check]) -> str:
-    """'needs X GiB <= Y GiB budget, keeps ..., and holds ...': the three numbers of one scheme."""
+    """The three numbers of one scheme as the verdict cites them."""
     m, a, lat = cs["memory"], cs["accuracy"], cs["latency"]
     mem = "has no memory budget to meet" if m.status == OFF else m.short()
     if a.status == OFF:
@@ -645,8 +625,7 @@ def short_error(error: str | None, limit: int = 160) -> str:
 
 
 def _eligible(sc: Scorecard, cs: dict[str, Check]) -> bool:
-    """Passes all three and its job finished (a scheme whose serving or evaluation failed is not deployable
-    as measured, whatever its other numbers say)."""
+    """Passes all three and its job finished ok."""
     return sc.status == "ok" and passes(cs)
 
 
@@ -665,11 +644,7 @@ def _why_not(sc: Scorecard, cs: dict[str, Check]) -> str:
 
 
 def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdict, dict[str, dict[str, Check]]]:
-    """The verdict for one model's scorecards (its baseline among them, when it ran).
-
-    Returns:
-        The verdict and the checks of every scheme (keyed by scheme name).
-    """
+    """The verdict for one model's scorecards, and every scheme's checks (keyed by scheme)."""
     all_checks = {sc.scheme: checks(sc, rc) for sc in cards}
     base = next((sc for sc in cards if sc.is_baseline), None)
     quantized = [sc for sc in cards if not sc.is_baseline]
@@ -693,9 +668,8 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
 
 
 def passed_over(sc: Scorecard, cs: dict[str, Check], if_eligible: PassReason, sentence: str) -> PassedOver:
-    """Why ``sc`` was not chosen, typed: its job did not finish ok, else it fails a check, else a check could not be
-    made, else ``if_eligible`` (it passes every check; the decision says why another was preferred). ``criteria``:
-    the limits of its failing and unknown checks that it does not pass."""
+    """Why ``sc`` was not chosen, typed: job not ok, else a failing check, else an unknown one, else
+    ``if_eligible``."""
     fails = [ConstraintKind(c.constraint) for c in cs.values() if c.status == FAIL]
     unknown = [ConstraintKind(c.constraint) for c in cs.values() if c.status == UNKNOWN]
     job = {"interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
@@ -717,7 +691,7 @@ def passed_over(sc: Scorecard, cs: dict[str, Check], if_eligible: PassReason, se
 
 
 def _other(v: Verdict, sc: Scorecard, cs: dict[str, Check], if_eligible: PassReason, tail: str) -> None:
-    """``sc`` not chosen: its sentence (``<name>: <tail>``) in ``v.others``, its reason in ``v.passed_over``."""
+    """``sc`` not chosen: its sentence in ``v.others``, its reason in ``v.passed_over``."""
     v.others.append(f"{sc.name}: {tail}")
     v.passed_over.append(passed_over(sc, cs, if_eligible, v.others[-1]))
 
@@ -725,8 +699,7 @@ def _other(v: Verdict, sc: Scorecard, cs: dict[str, Check], if_eligible: PassRea
 def _decide(
     model: str, v: Verdict, base: Scorecard | None, order: list[Scorecard], all_checks: dict[str, dict[str, Check]]
 ) -> None:
-    """Fill ``v`` (decision, sentence, evidence, others). With ``v.accuracy_not_measured`` the
-    decision is "on memory and speed alone" and a scheme must meet both memory and latency."""
+    """Fill ``v``: decision, sentence, evidence, others (memory and latency alone where accuracy was not measured)."""
     alone = "On memory and speed alone: " if v.accuracy_not_measured else ""
     three = "both memory and latency" if v.accuracy_not_measured else "all three"
     if base is None:
@@ -846,22 +819,16 @@ PAIRED_WORDS = {"faster": "pays", "slower": "costs"}  # a paired verdict -> the 
 
 
 def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
-    """Whether the schemes' ceilings rest on different windows: one on its steady-state window, another on the
-    whole run (``speed.ceiling_basis``; a closed loop whose steady window is shorter than two request lifetimes
-    has only the whole run, :func:`quantverdict.measure.bench_result.steady_too_short`), or one level mixes them
-    over its repeats. The speed table then names each ceiling's basis, and :func:`speedups` compares two such
-    ceilings on their whole runs."""
+    """Whether the ceilings rest on different windows (``speed.ceiling_basis``: steady window,
+    whole run, or mixed over repeats); :func:`speedups` then compares whole runs."""
     bases = {sc.speed.get("ceiling_basis") for sc in cards if sc.speed.get("ceiling_tok_s")} - {None}
     return len(bases) > 1 or "mixed" in bases
 
 
 def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
-    """(low-load, saturation) speedup of ``sc`` over ``base``: baseline ITL p50 over the scheme's at the
-    lowest load both measured (:func:`_low_itl`), and the scheme's sustained-ceiling output tok/s over the
-    baseline's (medians over repeats; both on one window, :func:`_ceilings`). > 1 means faster. None when
-    either is missing, or either is not comparable for speed (a scheme that ran on a weight-only fallback
-    kernel, see :func:`quantverdict.measure.kernels.kernel_check`, or was swept at another request shape than
-    its baseline, ``speed.excluded_why``)."""
+    """(low-load, saturation) speedup of ``sc`` over ``base`` (> 1 is faster): baseline ITL p50 over the scheme's
+    at the lowest load both measured (:func:`_low_itl`), and ceiling output tok/s over the baseline's
+    (:func:`_ceilings`); None where missing or not comparable for speed."""
     if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
         return None, None
     (a, _), (b, _) = _low_itl(sc, base)
@@ -872,16 +839,8 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
 
 
 def _ceilings(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
-    """``((ceiling output tok/s, its [min, max]) of the scheme, the same of the baseline)``, both on one window.
-
-    A ceiling is a steady-window rate where its level had one and a whole-run rate where the window was too
-    short (``speed.ceiling_basis``, :func:`quantverdict.measure.sweep.basis_of`); a steady rate excludes ramp-up
-    and drain, so it can sit under or over the whole run's. When the two ceilings rest on different bases (or
-    either on a mix over its repeats, :func:`ceilings_differ_in_basis`), both are read from their levels' whole runs
-    (``speed.ceiling_whole_run_tok_s``), which every point has, as the ratios paired by repeat read them. E.g.
-    the eighth H200 lease (2,048 in / 128 out, c=256): FP8_DYNAMIC steady 2,912.6 over bf16 whole-run 2,094.3 is
-    1.39x, both whole runs 2,967.7 / 2,094.3 = 1.417x (paired by repeat: 1.422x). Scorecards without the
-    whole-run figure (hand-made, or records before it) keep their ceilings."""
+    """``((ceiling output tok/s, [min, max]) of the scheme, the same of the baseline)`` on one window: the whole
+    runs (``ceiling_whole_run_tok_s``) when the bases differ (:func:`ceilings_differ_in_basis`), else the ceilings."""
     mine = (sc.speed.get("ceiling_tok_s"), sc.speed.get("ceiling_tok_s_range"))
     theirs = (base.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s_range"))
     whole = (sc.speed.get("ceiling_whole_run_tok_s"), base.speed.get("ceiling_whole_run_tok_s"))
@@ -892,10 +851,8 @@ def _ceilings(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[An
 
 
 def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
-    """``((ITL p50, its [min, max]) of the scheme, the same of the baseline)`` at the lowest load both sweeps
-    measured, so that the low-load speedup never sets one load against another (a scheme whose concurrency-1
-    repeats were all invalid has its lowest point at 16). Scorecards without points (hand-made) use their
-    ``single_itl_ms_p50``; no load in common gives Nones."""
+    """``((ITL p50, [min, max]) of the scheme, the same of the baseline)`` at the lowest load both measured
+    (``single_itl_ms_p50`` for cards without points; Nones without a common load)."""
     mine = {p["load"]: p for p in sc.speed.get("points") or [] if "load" in p}
     theirs = {p["load"]: p for p in base.speed.get("points") or [] if "load" in p}
     if not mine or not theirs:
@@ -914,10 +871,8 @@ def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any
 
 
 def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """The run-to-run range of each speedup of :func:`speedups`: from the min/max over repeats of both
-    schemes (low load: ``[b_min / a_max, b_max / a_min]`` of ITL p50; saturation: ``[c_min / d_max,
-    c_max / d_min]`` of ceiling tok/s, on the window :func:`_ceilings` chose). None when a range is missing or
-    the speedup is."""
+    """The min-max range over repeats of each speedup of :func:`speedups` (``[b_min / a_max, b_max /
+    a_min]``); None where a range or the speedup is missing."""
     low, sat = speedups(sc, base)
 
     def iv(num: Any, den: Any, invert: bool) -> tuple[float, float] | None:
@@ -944,27 +899,17 @@ def paired_speedups(
     mine: tuple[str, list[dict[str, Any]]],
     theirs: tuple[str, list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
-    """Per metric of :data:`PAIRED_METRICS` and per load level, the scheme's ratio to its baseline paired by
-    repeat index (:func:`quantverdict.review.stats.paired_ratio`: Student's t on the per-repeat log ratios,
-    valid points only), and the same as a speedup (> 1 is faster).
+    """Per metric of :data:`PAIRED_METRICS` and per load, the scheme's ratio to its baseline paired by repeat
+    (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (the inverse for a latency).
 
     Args:
-        sc: the scheme's scorecard; ``base``: its baseline's (same model).
-        mine: the scheme's sweep ``(mode, raw points)`` (:func:`quantverdict.review.speed.raw_points`, repeats
-            not aggregated); ``theirs``: the baseline's.
+        mine, theirs: ``(mode, raw points)`` of the scheme and of the baseline
+            (:func:`quantverdict.review.speed.raw_points`).
 
     Returns:
-        One row per (metric, load) with at least one pair, metrics in :data:`PAIRED_METRICS` order, loads
-        ascending: ``{"metric", "name", "load" (req/s or concurrency; "inf" for an unlimited rate), "label",
-        "pairs", "ratios" (scheme / baseline by repeat), "ratio" (geometric mean), "low", "high" (its 95%
-        interval, None under 2 pairs), "speedup", "speedup_low", "speedup_high" (the ratio for a throughput,
-        its inverse baseline / scheme for a latency, interval ends swapped), "verdict"}`` (``faster``,
-        ``slower`` or ``no difference established``). Empty when either scheme is not comparable for speed
-        (fallback kernel) or the two sweeps differ in mode.
-
-    E.g. output tok/s 120, 125, 122 against 100, 100, 100 at one load: ratio 1.223, 95% interval
-    1.162-1.287 (t = 4.3027, n = 3), faster; ITL p50 40 ms against 50 ms in every repeat: ratio 0.8, speedup
-    1.25 (the interval collapses to it: zero spread), faster.
+        Rows with >= 1 pair: ``{"metric", "name", "load" ("inf" unlimited), "label", "pairs", "ratios", "ratio",
+        "low", "high", "speedup", "speedup_low", "speedup_high", "verdict"}``; [] when either is not comparable for
+        speed or the modes differ.
     """
     (mode, points), (base_mode, base_points) = mine, theirs
     if sc.speed.get("comparable") is False or base.speed.get("comparable") is False or mode != base_mode:
@@ -1001,10 +946,8 @@ def paired_speedups(
 
 
 def regime_tests(paired: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The paired rows (:func:`paired_speedups`) the regime claims rest on: at low load, the lowest load's
-    ITL p50 (TPOT p50 where no ITL p50 was paired); at saturation, the highest load's output tok/s. A row
-    counts only with >= 2 pairs (one pair has no interval); None otherwise, and the claim falls back to
-    :func:`speedups` with the 1.05x rule."""
+    """The paired rows the regime claims rest on: at low load the lowest load's ITL p50 (else TPOT p50), at
+    saturation the highest load's output tok/s; None under 2 pairs."""
 
     def pick(metrics: tuple[str, ...], highest: bool) -> dict[str, Any] | None:
         for metric in metrics:
@@ -1024,19 +967,13 @@ def _load_key(row: dict[str, Any]) -> float:
 def regime_side(
     median: float | None, rng: tuple[float, float] | None, test: dict[str, Any] | None
 ) -> dict[str, Any] | None:
-    """One regime claim (low load or saturation) and the rule it rests on.
-
-    With a paired test (``test``, >= 2 pairs): the paired speedup, its 95% interval and its verdict
-    (``faster`` when the interval lies above 1, ``slower`` below, else ``no difference established``); an
-    established difference whose speedup is inside (1 / 1.05, 1.05) is classed ``no change`` (", under 1.05x").
-    Otherwise today's rule on the median speedup (``median``) and its min-max range over repeats
-    (``rng``; a single run has none): ``pays`` when the whole range is >= :data:`PAYS` (1.05x), ``costs``
-    when it is <= 1 / 1.05, else ``no change``.
+    """One regime claim and its rule: with a paired test (>= 2 pairs) its speedup, 95% interval and verdict
+    (an established difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range
+    (``pays`` when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`).
 
     Returns:
-        ``{"rule": "paired t" | "min-max range" | "single run", "speedup", "low", "high", "pairs", "load",
-        "metric", "word" (the verdict as said), "class" ("pays" | "costs" | "no change"), "note"}``; None
-        when ``median`` is None and no test was made.
+        ``{"rule", "speedup", "low", "high", "pairs", "load", "metric", "word", "class", "note"}``; None without a
+        median or a test.
     """
     if test is not None and test["pairs"] >= 2:
         v = test["verdict"]
@@ -1088,18 +1025,8 @@ def regime_side(
 
 
 def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
-    """Why no speedup at saturation can be claimed for ``sc`` against ``base``; None when it can.
-
-    The saturation claim compares the tops of two sweeps (the highest load both measured, or the two
-    ceilings). It stands only when both sweeps reached the same highest load level and neither has a planned
-    level above it without a valid point (``speed.stopped_before``, :func:`quantverdict.review.speed.missing_levels`);
-    nor when the sweeps share a single load level, which is then the low-load claim as well.
-
-    E.g. W4A16 interrupted after concurrency 16 of a 16 / 64 / 256 plan, its baseline complete: the only
-    load both measured is 16 and W4A16's best level is a floor, so ``"gptq's sweep has no valid point at
-    concurrency 64, concurrency 256"``; without this rule the review read its 1.27x at concurrency 16 as
-    "keeps paying from low load to saturation".
-    """
+    """Why no saturation speedup can be claimed (a sweep with planned levels left unmeasured, sweeps ending at
+    different loads, one load in common); None when it can."""
     mine, theirs = sc.speed.get("points") or [], base.speed.get("points") or []
     if not mine or not theirs or sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
         return None  # speed missing or not compared: regime_sentence says so
@@ -1118,23 +1045,8 @@ def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
 def regime_sentence(
     sc: Scorecard, lo_side: dict[str, Any] | None, sat_side: dict[str, Any] | None, sat_gap: str | None = None
 ) -> str:
-    """Where the scheme pays, from its two claims (:func:`regime_side` at low load and at saturation), each
-    saying the rule it rests on.
-
-    A claim with a paired test (from :func:`regime_tests`, >= 2 repeats paired by index at the same load)
-    says ``faster``, ``slower`` or ``no difference established`` from the 95% interval of the paired ratio.
-    Without one (a single run, or repeats that do not pair) the claim uses the median speedup: it ``pays``
-    (or ``costs``) only when its whole min-max range over repeats is >= 1.05x (<= 1 / 1.05x), else
-    ``no change``.
-
-    E.g. ``w8a8 (W8A8): 1.22x at low load (1 req/s, ITL p50; faster: paired t over n=3 repeats, 95% CI
-    [1.16, 1.29]), 1.21x at saturation (single run, no interval; 1.05x rule: pays) -> keeps paying from low
-    load to saturation``.
-
-    With ``sat_gap`` (:func:`saturation_gap`) no saturation claim is made and the sentence says why: ``gptq
-    (W4A16): 1.28x at low load (...); saturation not compared: gptq's sweep has no valid point at concurrency 64,
-    concurrency 256 -> pays at low load; saturation not measured``.
-    """
+    """Where the scheme pays, from its two claims (:func:`regime_side`), or why no saturation claim is made
+    (``sat_gap``)."""
     if sc.speed.get("comparable") is False:
         return (
             f"{sc.name}: no speedup -> excluded from speed comparisons: "
