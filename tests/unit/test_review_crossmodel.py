@@ -32,15 +32,15 @@ from quantverdict.review.crossmodel import (
     ROOFLINE_BYTES,
     Candidate,
     CrossModel,
-    _ratio_blocks,
     cross_model,
     parse_kv_cache_memory_bytes,
-    section,
+    speed_vs_bytes,
     target_price,
     vllm_int_arg,
 )
+from quantverdict.review.export import to_document
 from quantverdict.review.model import Review
-from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.render import markdown
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.sources import load_dir
 from review_records import record, synthetic_grid, write_samples
@@ -95,8 +95,8 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     assert line.startswith("qwen3.5-9b-shape gptq (W4A16) vs llama3.1-8b-shape bf16 (BF16): ")
     assert "memory: qwen3.5-9b-shape (57 vs 7 concurrent max-length requests on a10g)" in line
     assert "accuracy: not compared" in line and "speed: llama3.1-8b-shape (ceiling 1220 vs 9710" in line
-    md = to_markdown(section(_review(tmp_path, target="a10g")))
-    assert "## Across models on NVIDIA A10G" in md and "not for where the jobs ran (GPU: NVIDIA H200" in md
+    assert cm.target is not None and cm.target.gpu == "NVIDIA A10G"
+    assert "not for where the jobs ran (GPU: NVIDIA H200" in cm.target_note
     # review.json carries the same result: the target, the chosen candidate and each candidate's A10G figures
     cmj = to_json(_review(tmp_path, target="a10g"))["cross_model"]
     assert cmj["target"]["gpu"] == "NVIDIA A10G" and cmj["chosen"] == cm.chosen.name  # type: ignore[union-attr]
@@ -104,7 +104,7 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     assert by_name["qwen3.5-9b-shape gptq (W4A16)"]["target"]["max_concurrency"] == 57.0
     assert cmj["comparisons"] == cm.comparisons
     # the first screen opens on the question asked: the cross-model verdict before the per-model ones
-    full = to_markdown(blocks(_review(tmp_path, target="a10g"), {}))
+    full = markdown(to_document(_review(tmp_path, target="a10g")))
     assert full.startswith("# quantverdict review\n\n> Across models, on NVIDIA A10G: deploy **")
     assert full.index("> Across models") < full.index("## llama3.1-8b-shape")
 
@@ -205,21 +205,25 @@ def test_absolute_accuracy_paired_across_models(tmp_path: Path) -> None:
     cm = cross_model(build_review(records, rc, str(tmp_path / "grid"), []))
     assert cm is not None and cm.target is None
     (row,) = cm.paired
-    assert row[0] == "big awq (W4A16) vs small bf16 (BF16)" and row[1] == "arc_easy" and row[4] == "10"
-    assert row[3].startswith("+0.1000 [-0.2518,") and row[5] == "bigger (not significant)"
+    assert (row.bigger, row.smaller, row.task, row.n) == ("big awq (W4A16)", "small bf16 (BF16)", "arc_easy", 10)
+    assert row.difference == pytest.approx(0.1) and round(row.low or 0.0, 4) == -0.2518 and not row.significant
     (line,) = cm.comparisons
     assert "memory: big (weights 0.60 vs 1.00 GiB)" in line
     assert "accuracy: neither (no significant difference) (0 of 1 tasks" in line
     # the absolute scores, with each model's own quantization delta beside: big awq 0.4 - 0.45 = -0.05
-    md = to_markdown(section(build_review(records, rc, str(tmp_path / "grid"), [])))
-    assert "| big awq (W4A16) | arc_easy | acc_norm | 0.4000 | 100 | -0.0500" in md
-    assert "| small bf16 (BF16) | arc_easy | acc_norm | 0.3000 | 100 | baseline |" in md
+    doc = to_document(build_review(records, rc, str(tmp_path / "grid"), []))
+    assert doc.cross_model is not None and not hasattr(doc.cross_model, "error")
+    by = {c.name: c.scores["arc_easy"] for c in doc.cross_model.candidates}  # type: ignore[union-attr]
+    big, small = by["big awq (W4A16)"], by["small bf16 (BF16)"]
+    assert (big.metric, big.value, big.n, big.own_delta_kind) == ("acc_norm", 0.4, 100, "score")
+    assert big.own_delta == pytest.approx(-0.05)
+    assert (small.value, small.n, small.own_delta) == (0.3, 100, None)  # the baseline: no own delta
 
 
 def test_one_model_without_a_target_has_no_section() -> None:
     rc = ReviewConfig(log_to_mlflow=False)
     rv = build_review([record("bf16"), record("awq")], rc, "one-model", [])
-    assert cross_model(rv) is None and section(rv) == []
+    assert cross_model(rv) is None and to_document(rv).cross_model is None
 
 
 def test_decode_fit_and_byte_ratio_of_a_synthetic_grid() -> None:
@@ -239,9 +243,13 @@ def test_decode_fit_and_byte_ratio_of_a_synthetic_grid() -> None:
     # 16 / 5 = 3.2x bf16 (reference: the only model's baseline)
     assert cm.reference is bf16 and bf16.step_bytes == 16.0e9
     gptq = next(c for c in cm.candidates if c.card.scheme == "gptq")
-    md = to_markdown(section(build_review(synthetic_grid(), rc, "synthetic", [])))
+    assert gptq.ceiling_tok_s is not None and bf16.ceiling_tok_s is not None
     measured = gptq.ceiling_tok_s / bf16.ceiling_tok_s
-    assert f"| {measured:.2f} | 3.20 (1 / 0.31) | {measured / 3.2:.2f} |" in md
+    r = speed_vs_bytes(cm, gptq)
+    assert r is not None and r["predicted_ratio"] == pytest.approx(3.2) and r["bytes_vs_reference"] == 5 / 16
+    assert r["measured_ratio"] == pytest.approx(measured) and r["measured_over_predicted"] == pytest.approx(
+        measured / 3.2
+    )
 
 
 def test_seed_ratio_rendered() -> None:
@@ -253,19 +261,15 @@ def test_seed_ratio_rendered() -> None:
 
     four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
     cm = CrossModel(None, "", [four, nine], None, "", "", reference=four)
-    (_, _, (_, _, rows)) = _ratio_blocks(cm)
-    assert rows[1] == [
-        "9b awq (AWQ)",
-        "821",
-        "11.21 GB (weights GiB)",
-        "0.75",
-        "0.77 (1 / 1.30)",
-        "0.98",
-        "(the column before)",
+    r = speed_vs_bytes(cm, nine)
+    assert r is not None
+    assert [round(r[k] or 0.0, 2) for k in ("measured_ratio", "predicted_ratio", "bytes_vs_reference")] == [
+        0.75,
+        0.77,
+        1.3,
     ]
-    nine.ceiling_lower_bound = True  # its sweep stopped before its top loads: the 821 is a floor
-    (_, _, (_, _, rows)) = _ratio_blocks(cm)
-    assert rows[1][1] == ">= 821" and rows[0][1] == "1092"
+    assert round(r["measured_over_predicted"] or 0.0, 2) == 0.98
+    assert r["by_weights_ratio"] is None and r["usd_per_mtok_ceiling"] is None  # bytes are the weights; no price
 
 
 def test_roofline_bytes_beside_the_all_weights_prediction() -> None:
@@ -279,8 +283,12 @@ def test_roofline_bytes_beside_the_all_weights_prediction() -> None:
         )
 
     four, nine = cand("4b", "bf16", 5427, 8.0, 7.94), cand("9b", "awq", 4216, 7.6, 9.49)
-    (_, _, (_, _, rows)) = _ratio_blocks(CrossModel(None, "", [four, nine], None, "", "", reference=four))
-    assert rows[1][3:] == ["0.78", "1.05 (1 / 0.95)", "0.74", "0.84 (1 / 1.20); measured / that 0.93"]
+    r = speed_vs_bytes(CrossModel(None, "", [four, nine], None, "", "", reference=four), nine)
+    assert r is not None
+    keys = ("measured_ratio", "predicted_ratio", "bytes_vs_reference", "measured_over_predicted")
+    assert [round(r[k] or 0.0, 2) for k in keys] == [0.78, 1.05, 0.95, 0.74]
+    keys = ("by_weights_ratio", "weights_vs_reference", "measured_over_by_weights")
+    assert [round(r[k] or 0.0, 2) for k in keys] == [0.84, 1.2, 0.93]
 
 
 def test_price_per_hour_gives_cost_per_million_tokens() -> None:
@@ -291,16 +299,13 @@ def test_price_per_hour_gives_cost_per_million_tokens() -> None:
 
     target = TargetConfig(name="a10g", gpu="NVIDIA A10G", memory_gib=22.48828125, price_per_hour=1.006)
     four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
-    (_, _, (_, head, rows)) = _ratio_blocks(
-        CrossModel(target, "", [four, nine], None, "", "", reference=four, price=1.006)
-    )
-    assert head[-1] == "$ per 1M output tokens" and rows[0][-1] == "$0.256" and rows[1][-1] == "$0.340"
+    cm = CrossModel(target, "", [four, nine], None, "", "", reference=four, price=1.006)
+    usd = [(speed_vs_bytes(cm, c) or {})["usd_per_mtok_ceiling"] for c in (four, nine)]
+    assert usd == [pytest.approx(1.006 / (1092 * 3600) * 1e6), pytest.approx(1.006 / (821 * 3600) * 1e6)]
+    assert [round(u or 0.0, 3) for u in usd] == [0.256, 0.340]
     # the 9b served with TP=2 holds two GPUs at the same 821 tok/s: 2 x $0.3404 = $0.681
     nine.card.gpus = 2
-    (_, _, (_, _, rows)) = _ratio_blocks(
-        CrossModel(target, "", [four, nine], None, "", "", reference=four, price=1.006)
-    )
-    assert rows[1][-1] == "$0.681"
+    assert round((speed_vs_bytes(cm, nine) or {})["usd_per_mtok_ceiling"] or 0.0, 3) == 0.681
 
 
 def test_the_target_price_applies_only_where_the_records_ran_on_the_target_gpu() -> None:
@@ -361,17 +366,25 @@ def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> Non
     )
     assert cm is not None
     (row,) = cm.paired
-    assert row[3] == "+0.2500 [-0.2400, +0.7400]" and row[4] == "4"
+    assert row.difference == pytest.approx(0.25) and row.n == 4
+    assert (round(row.low or 0.0, 4), round(row.high or 0.0, 4)) == (-0.24, 0.74)
 
 
 def test_cross_model_flags_reach_the_honesty_section_and_the_target_budget_is_labelled(tmp_path: Path) -> None:
     # llama3.1-8b-shape bf16 holds 6.74 max-length requests on the A10G, fewer than the 16 asked: flagged in
     # "Across models" and, so that the honesty section does not say "nothing flagged", there too
-    md = to_markdown(blocks(_review(_grid(tmp_path), target="a10g", memory_budget_gib=20.2395), {}))
+    doc = to_document(_review(_grid(tmp_path), target="a10g", memory_budget_gib=20.2395))
+    md = markdown(doc)
     honesty = md[md.index("## Honesty checks") :]
     assert "llama3.1-8b-shape bf16 (BF16), across models: fits the stated load, but its 3.37 GiB" in honesty
     # 20.2395 GiB = 22.48828125 x 0.9 rounded to 4 places: the target's, not a value the user set
-    assert "| review.memory_budget_gib | 20.2395 | from review.target (gpu.yaml: 24.0) |" in md
+    (budget,) = [s for s in doc.constraint_settings if s.key == "review.memory_budget_gib"]
+    assert (budget.value, budget.source, budget.set_file, budget.set_file_value) == (
+        20.2395,
+        "target",
+        "gpu.yaml",
+        24.0,
+    )
 
 
 @pytest.mark.parametrize(

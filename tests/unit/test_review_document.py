@@ -50,7 +50,7 @@ def test_a_program_reads_the_decision_and_the_three_numbers(tmp_path: Path) -> N
     paths = write_review(build_review(grid(), RC, "test"), tmp_path)
     data = json.loads(paths["json"].read_text())
     validate(data)
-    assert data["schema_version"] == SCHEMA_VERSION == 2
+    assert data["schema_version"] == SCHEMA_VERSION == 3
 
     # the decision, from fields
     (v,) = data["verdicts"]
@@ -110,6 +110,39 @@ def test_a_program_reads_the_decision_and_the_three_numbers(tmp_path: Path) -> N
     assert doc.verdict("m").chosen_scheme == "gptq" and doc.scheme("m", "gptq").memory.need_gib == pytest.approx(
         0.10 + KV_GIB
     )
+
+
+def test_what_the_pages_show_is_in_the_document(tmp_path: Path) -> None:
+    # the pages read only the document: the job counts, where each constraint comes from, the sweep points, the
+    # floor tests and the plots written beside review.md
+    paths = write_review(build_review(grid(), RC, "test"), tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert data["jobs"] == {"total": 6, "finished": 6, "failed": 0, "interrupted": 0}
+    settings = {s["key"]: s for s in data["constraint_settings"]}
+    # RC sets log_to_mlflow=False and the 0.22 GiB budget; the default set (gpu.yaml) says True and 24.0
+    assert (settings["review.memory_budget_gib"]["value"], settings["review.memory_budget_gib"]["source"]) == (
+        0.22,
+        "override",
+    )
+    assert settings["review.log_to_mlflow"]["set_file_value"] is True
+    assert settings["review.load_rps"] == {
+        "key": "review.load_rps",
+        "value": 1.0,
+        "source": "set file",
+        "set_file": settings["review.load_rps"]["set_file"],
+        "set_file_value": 1.0,
+    }
+    ft = data["floor_tests"]
+    assert ft["mode"] == "point" and "arc_easy" in ft["point"] and ft["interval"] == {}
+    gptq = next(c for c in data["scorecards"] if c["scheme"] == "gptq")
+    one = next(p for p in gptq["speed"]["points"] if p["label"] == "1 req/s")
+    assert (one["load"], one["output_tok_s"], one["ttft_ms_p99"], one["valid_repeats"]) == (1.0, 30.0, 300.0, 1)
+    assert gptq["speed"]["points"][-1]["load"] == "inf"  # the unlimited rate, strict JSON
+    assert [p["file"] for p in data["plots"]] == [f"plots/{p['name']}.png" for p in data["plots"]]
+    assert {p["name"] for p in data["plots"]} >= {"memory", "accuracy"}
+    assert all((tmp_path / p["file"]).is_file() for p in data["plots"])
+    md = paths["md"].read_text()  # the page says what the fields say
+    assert "| review.memory_budget_gib | 0.22 | **set** (" in md and "| gptq (W4A16) | 1 req/s |" in md
 
 
 def test_regime_claims_are_fields() -> None:

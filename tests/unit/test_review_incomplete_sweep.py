@@ -17,7 +17,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
-from quantverdict.review.cost import cost_blocks
+from quantverdict.review.export import to_document
 from quantverdict.review.sources import load_dir
 from review_records import SYN_CONCURRENCIES, record, speed, synthetic_grid
 
@@ -63,11 +63,14 @@ def test_the_interrupted_decode_lease_claims_low_load_only() -> None:
         "speedup at saturation is claimed against it or from it"
     ]
     # $3.5 per GPU-hour / (3,825.3 tok/s x 3,600 s) x 1e6 = $0.254 per million tokens: at most that
-    lines = [b for b in cost_blocks(review, review.verdicts[0]) if b[0] == "ul"][0][1]
-    assert lines[1].endswith("at most $0.254/Mtok at the ceiling (>= 3,825 tok/s, a lower bound)")
+    bf16, gptq = to_document(review).cost.schemes  # type: ignore[union-attr]
+    assert gptq.ceiling_lower_bound and round(gptq.ceiling_tok_s or 0.0) == 3825
+    assert gptq.usd_per_mtok_ceiling == pytest.approx(3.5 / (gptq.ceiling_tok_s * 3600) * 1e6)  # type: ignore[operator]
+    assert round(gptq.usd_per_mtok_ceiling or 0.0, 3) == 0.254
     # bf16's sweep is complete; its c=256 steady windows (15.9-16.1 s) are shorter than two lifetimes (E2E p50
     # 15.2-15.3 s), so its ceiling is the whole run's median, 15,662 tok/s: $3.5 / (15,662 x 3,600) x 1e6 = $0.062
-    assert lines[0].endswith("$0.062/Mtok at the ceiling (15,662 tok/s)")
+    assert not bf16.ceiling_lower_bound and round(bf16.ceiling_tok_s or 0.0) == 15662
+    assert round(bf16.usd_per_mtok_ceiling or 0.0, 3) == 0.062
 
 
 def _planned(rec: dict[str, Any], concurrencies: tuple[int, ...] = SYN_CONCURRENCIES) -> dict[str, Any]:

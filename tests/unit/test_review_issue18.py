@@ -20,8 +20,8 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
+from quantverdict.review.export import to_document
 from quantverdict.review.memory import memory_summary
-from quantverdict.review.render import blocks, to_markdown
 from quantverdict.review.speed import speed_summary
 from review_records import GIB, grid, point, record, write_samples
 
@@ -116,8 +116,8 @@ def test_small_n_uses_the_interval_test_by_default(tmp_path: Path) -> None:
     acc = review.checks["m"]["w8a8"]["accuracy"]
     assert acc.status == "pass"
     assert "interval" in acc.cite  # says the interval decided, not a 91.7% >= 95% claim
-    md = to_markdown(blocks(review, {}))
-    assert "interval test for a delta on fewer than 200 items" in md
+    ft = to_document(review).floor_tests
+    assert ft is not None and (ft.mode, ft.interval_test_below_n) == ("auto", 200) and ft.interval
 
 
 def test_point_test_names_the_setting_that_would_change_it(tmp_path: Path) -> None:

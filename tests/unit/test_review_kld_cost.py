@@ -12,7 +12,8 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, constraints, gpus
 from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
-from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.export import to_document
+from quantverdict.review.render import markdown
 from quantverdict.review.scorecard import Scorecard
 from review_records import grid, synthetic_grid
 
@@ -62,7 +63,7 @@ def _review(records: list[dict[str, Any]], **kw: Any) -> Any:
 
 def test_kld_rows_stand_beside_the_perplexity_delta() -> None:
     review, _, _ = _review(kld_grid())
-    md = to_markdown(blocks(review, {}))
+    md = markdown(to_document(review))
     lines = md.splitlines()
     at = lines.index(next(x for x in lines if x.startswith("| int8 (W8A16) | token_perplexity | token_perplexity |")))
     mean, top1 = lines[at + 1], lines[at + 2]  # the next two rows of the accuracy table
@@ -114,7 +115,7 @@ def test_min_top1_agreement_and_the_interval_test() -> None:
 def test_the_verdict_in_usd_per_million_output_tokens() -> None:
     rc = {"load_rps": None, "load_concurrency": 16, "memory_budget_gib": 12.0}
     review, v, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour={"H200": 3.5})
-    md = to_markdown(blocks(review, {}))
+    md = markdown(to_document(review))
     # fp8 at concurrency 16: E2E p50 45 + 127 x 4 = 553 ms -> 16 / 0.553 s x 128 = 3,703.4 output tok/s;
     # $3.50 / (3,703.4 x 3,600 tok/h) x 1e6 = $0.2625 per million output tokens
     assert v.scheme == "w8a8" or v.scheme == "fp8"
@@ -130,7 +131,7 @@ def test_the_verdict_in_usd_per_million_output_tokens() -> None:
     # no price, or a price for another GPU kind: no cost line
     for prices in ({}, {"A100": 1.5}, {"H20": 1.0}):
         review, _, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour=prices)
-        assert "**Cost**" not in to_markdown(blocks(review, {}))
+        assert "**Cost**" not in markdown(to_document(review))
 
 
 def test_unset_kld_limits_and_prices_keep_the_label() -> None:
@@ -164,7 +165,7 @@ def test_a_tensor_parallel_job_pays_for_every_gpu_it_used() -> None:
     review, _, _ = _review(
         recs, load_rps=None, load_concurrency=16, memory_budget_gib=12.0, gpu_price_per_hour={"H200": 3.5}
     )
-    md = to_markdown(blocks(review, {}))
+    md = markdown(to_document(review))
     assert any(
         line.startswith("- bf16 (BF16) on 2 GPUs: $0.780/Mtok at the stated load (2,491 tok/s)")
         for line in md.splitlines()

@@ -16,7 +16,8 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, to_json
-from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.export import to_document
+from quantverdict.review.render import markdown
 from review_records import point, record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
@@ -136,9 +137,11 @@ def test_a_single_run_falls_back_to_the_105_rule_and_says_so() -> None:
         "(single run, no interval; 1.05x rule: no change) -> pays at low load only (memory-bound decode); "
         "stops paying at saturation (compute-bound)"
     )
-    md = to_markdown(blocks(review, {}))
-    assert "| w8a8 (W8A8) | 1.05x (single run) | 1.03x (single run) |" in md
-    assert "No load level has >= 2 repeats of a scheme and its baseline to pair" in md
+    (d,) = to_document(review).regime["m"]
+    assert d.low_load_claim is not None and d.saturation_claim is not None
+    assert (d.low_load_claim.rule, round(d.low_load_claim.speedup, 2)) == ("single run", 1.05)
+    assert (d.saturation_claim.rule, round(d.saturation_claim.speedup, 2)) == ("single run", 1.03)
+    assert all(p.pairs < 2 for p in d.paired)  # no paired interval: the page says the 1.05x rule decides
 
 
 def test_repeats_that_do_not_pair_fall_back_to_the_min_max_range() -> None:
@@ -168,11 +171,17 @@ def test_paired_rows_in_review_json_and_the_table() -> None:
     assert {(p["metric"], p["load"]) for p in row["paired"]} == {
         (m, ld) for m in ("output_tok_s", "itl_ms_p50", "tpot_ms_p50") for ld in (1.0, "inf")
     }
-    md = to_markdown(blocks(review, {}))
-    assert "| scheme | load | metric | speedup | 95% CI | n pairs | verdict |" in md
+    (d,) = to_document(review).regime["m"]
+    by = {(p.metric, p.load): p for p in d.paired}
+    tok, itl = by[("output_tok_s", "inf")], by[("itl_ms_p50", 1.0)]
+    assert [round(v or 0.0, 3) for v in (tok.speedup, tok.speedup_low, tok.speedup_high)] == [1.223, 1.162, 1.287]
+    assert (tok.pairs, tok.verdict) == (3, "faster")
+    assert [round(v or 0.0, 3) for v in (itl.speedup, itl.speedup_low, itl.speedup_high)] == [1.037, 0.854, 1.259]
+    assert (itl.pairs, itl.verdict) == (3, "no difference established")
+    assert d.low_load_claim is not None and d.saturation_claim is not None
+    assert (d.low_load_claim.rule, d.low_load_claim.pairs, d.saturation_claim.rule) == ("paired t", 3, "paired t")
+    md = markdown(to_document(review))  # one rendered row of the paired table
     assert "| w8a8 (W8A8) | unlimited rate | output tok/s | 1.223x | 1.162-1.287 | 3 | faster |" in md
-    assert "| w8a8 (W8A8) | 1 req/s | ITL p50 | 1.037x | 0.854-1.259 | 3 | no difference established |" in md
-    assert "| w8a8 (W8A8) | 1.04x [0.85-1.26] (95% CI, paired, n=3) | 1.22x [1.16-1.29] (95% CI, paired, n=3) |" in md
 
 
 def test_a_fallback_kernel_scheme_gets_no_paired_ratio() -> None:

@@ -12,7 +12,8 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
 from quantverdict.review.core import environment_lines
-from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.export import to_document
+from quantverdict.review.render import markdown
 from quantverdict.review.same_gpu import (
     DIFFERENT,
     NOT_RECORDED,
@@ -159,7 +160,7 @@ def test_review_flags_a_scheme_measured_on_another_gpu() -> None:
         "llama3.1-8b-shape / gptq vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid",
         "llama3.1-8b-shape / w8a8 vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid",
     ]
-    md = to_markdown(blocks(review, {}))
+    md = markdown(to_document(review))
     honesty = md.split("## Honesty checks", 1)[1]
     assert f"- {flagged[0].message}" in honesty.split("### Validity", 1)[0]
     # two physical H200s: two environment lines, told apart by their uuids

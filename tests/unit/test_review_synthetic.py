@@ -25,7 +25,8 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, write_review
-from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.export import to_document
+from quantverdict.review.render import markdown
 from review_records import grid, synthetic_grid, synthetic_record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
@@ -38,7 +39,7 @@ def review(records: list[dict] | None = None, **kw: object):  # type: ignore[no-
 
 
 def md_of(rv) -> str:  # type: ignore[no-untyped-def]
-    return to_markdown(blocks(rv, {}))
+    return markdown(to_document(rv))
 
 
 def table_rows(md: str, heading: str) -> list[list[str]]:

@@ -14,7 +14,8 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, to_json
-from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.export import to_document
+from quantverdict.review.render import markdown
 from quantverdict.review.speed import speed_points, speed_summary
 from review_records import grid, point, record
 
@@ -101,7 +102,7 @@ def test_saturated_points_and_ceiling_in_the_validity_section() -> None:
     line = next(v for v in review.validity if v.startswith("bf16 (BF16): 2 speed points"))
     assert "saturated: 10 req/s" in line and "no invalid point" in line
     assert "ceiling 300.0 out tok/s (one run: no spread) at unlimited rate" in line
-    md = to_markdown(blocks(review, {}))
+    md = markdown(to_document(review))
     assert "### Validity" in md and "saturated: 10 req/s" in md
     assert to_json(review)["validity"] == review.validity
 

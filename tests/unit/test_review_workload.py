@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
-from quantverdict.review.render import blocks, to_markdown
+from quantverdict.review.export import to_document
+from quantverdict.review.render import markdown
 from review_records import synthetic_grid, synthetic_record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)
@@ -20,7 +21,7 @@ def test_one_shape_is_stated_in_the_speed_and_regime_sections() -> None:
     assert {sc.speed["workload"]["text"] for sc in review.cards} == {
         "1,024 in / 128 out tokens per request (bench=gpu-concurrency)"
     }
-    md = to_markdown(blocks(review, {}))
+    md = markdown(to_document(review))
     sentence = "Request shape: 1,024 in / 128 out tokens per request (bench=gpu-concurrency). Every speedup here"
     speed_part = md.split("### Speed (vLLM serving sweep)", 1)[1].split("###", 1)[0]
     regime_part = md.split("### Regime: where quantization pays", 1)[1].split("##", 1)[0]
@@ -46,8 +47,9 @@ def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
     assert plain["gptq"]["sat"] is not None  # compared when the shapes agree
     for other in ("fp8", "w8a8"):  # the others compare with bf16 as before
         assert (rows[other]["low"], rows[other]["sat"]) == (plain[other]["low"], plain[other]["sat"])
-    md = to_markdown(blocks(review, {}))
-    assert "Request shapes differ (bf16 (BF16): 1,024 in / 128 out tokens per request;" in md
+    (v,) = to_document(review).verdicts
+    assert v.request_shape is None  # the shapes differ: each scheme's is named
+    assert v.request_shapes["bf16 (BF16)"].startswith("1,024 in / 128 out tokens per request")
 
 
 def test_cross_model_candidates_at_different_shapes_are_flagged() -> None:
@@ -77,4 +79,4 @@ def test_no_shape_sentence_without_sweep_points() -> None:
     for r in recs:
         r["speed"]["points"] = []
     review = build_review(recs, RC, "t")
-    assert "Request shape" not in to_markdown(blocks(review, {}))
+    assert "Request shape" not in markdown(to_document(review))

@@ -366,22 +366,21 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
 
-    document = to_json(review)  # validated before anything is written
-    out_dir.mkdir(parents=True, exist_ok=True)
     pngs = plots.make_plots(review)
+    document = to_document(review, {name: plots.ALT.get(name, name) for name in pngs})  # validated before writing
+    out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     (out_dir / "plots").mkdir(exist_ok=True)
     for name, data in pngs.items():
         p = out_dir / "plots" / f"{name}.png"
         p.write_bytes(data)
         paths[f"plots/{name}.png"] = p
-    blocks = render.blocks(review, pngs)
     paths["md"] = out_dir / "review.md"
-    paths["md"].write_text(render.to_markdown(blocks))
+    paths["md"].write_text(render.markdown(document))
     paths["html"] = out_dir / "review.html"
-    paths["html"].write_text(render.to_html(blocks, f"quantverdict review: {review.source}", pngs))
+    paths["html"].write_text(render.html(document, pngs))
     paths["json"] = out_dir / "review.json"
-    paths["json"].write_text(json.dumps(document, indent=2, allow_nan=False))
+    paths["json"].write_text(json.dumps(document.model_dump(mode="json"), indent=2, allow_nan=False))
     return paths
 
 

@@ -13,9 +13,8 @@ from quantverdict.review.gpus import gpu_kind_matches
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor
-from quantverdict.review.verdict import Verdict
 
-__all__ = ["cost_blocks", "cost_json", "gpu_price", "scheme_cost"]
+__all__ = ["cost_json", "gpu_price", "scheme_cost"]
 
 GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
 
@@ -51,7 +50,7 @@ def scheme_cost(sc: Scorecard, price: float) -> dict[str, Any]:
 
 
 def cost_json(review: Review) -> dict[str, Any] | None:
-    """review.json's ``cost``, or None without a price for the GPU the records ran on (as :func:`cost_blocks`).
+    """review.json's ``cost``, or None without a price for the GPU the records ran on (the pages then show no cost).
 
     Returns:
         ``{"gpu": name, "gpu_kind": kind, "usd_per_gpu_hour": price, "price_source":
@@ -87,56 +86,3 @@ def cost_json(review: Review) -> dict[str, Any] | None:
         "price_source": f"review.gpu_price_per_hour.{kind}",
         "schemes": schemes,
     }
-
-
-def _usd(v: float | None) -> str:
-    return "–" if v is None else f"${v:,.3f}" if v < 1 else f"${v:,.2f}"
-
-
-def cost_blocks(review: Review, v: Verdict) -> list[tuple[Any, ...]]:
-    """The verdict's line in USD per million output tokens (a ``p`` and a ``ul`` block), [] without a price."""
-    found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
-    if found is None:
-        return []
-    name, kind, price = found
-    cards = review.cards_of(v.model)
-    chosen = next((sc for sc in cards if sc.scheme == v.scheme), None)
-    load = review.config.load_rps
-    stated = f"{load:g} req/s" if load is not None else f"concurrency {review.config.load_concurrency}"
-    head = f"**Cost** ({name} at ${price:g} per GPU-hour (review.gpu_price_per_hour.{kind}) per GPU used"
-    if chosen is not None:
-        c = scheme_cost(chosen, price)
-        head += (
-            f"): {chosen.name} on {_gpus(c['gpus'])} costs **{_usd(c['at_load'])} per million output tokens at the "
-            f"stated load** "
-            f"({stated}, {_f(c['at_load_tok_s'])} output tok/s), "
-            + _at_ceiling(chosen, c, "output tok/s", where="its sustained ceiling")
-            + "."
-        )
-    else:
-        head += "): no scheme chosen; each scheme's cost:"
-    rows = []
-    for sc in cards:
-        c = scheme_cost(sc, price)
-        rows.append(
-            f"{sc.name} on {_gpus(c['gpus'])}: {_usd(c['at_load'])}/Mtok at the stated load "
-            f"({_f(c['at_load_tok_s'])} tok/s), " + _at_ceiling(sc, c, "tok/s", "/Mtok")
-        )
-    return [("p", head), ("ul", rows)]
-
-
-def _at_ceiling(sc: Scorecard, c: dict[str, Any], unit: str, per: str = "", where: str = "the ceiling") -> str:
-    """``$0.057/Mtok at the ceiling (17,153 tok/s)``; a ceiling that is a lower bound (no point saturated, or a
-    sweep that stopped before its top loads) makes the cost an upper bound: ``at most $0.254/Mtok at the
-    ceiling (>= 3,825 tok/s, a lower bound)``."""
-    if ceiling_is_floor(sc.speed) and c["ceiling"] is not None:
-        return f"at most {_usd(c['ceiling'])}{per} at {where} (>= {_f(c['ceiling_tok_s'])} {unit}, a lower bound)"
-    return f"{_usd(c['ceiling'])}{per} at {where} ({_f(c['ceiling_tok_s'])} {unit})"
-
-
-def _f(v: float | None) -> str:
-    return "–" if v is None else f"{v:,.0f}"
-
-
-def _gpus(n: int) -> str:
-    return f"{n} GPU{'s' if n > 1 else ''}"

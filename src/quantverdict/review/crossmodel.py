@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
+from quantverdict.config.schema import ReviewConfig, TargetConfig
 from quantverdict.config.targets import load_target, vllm_batch_defaults
 from quantverdict.measure import stats
 from quantverdict.measure.cost import usd_per_mtok
@@ -47,13 +47,13 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import sources
 from quantverdict.review.accuracy import pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
+from quantverdict.review.document import PairedAcross
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor, shape_of
 from quantverdict.review.verdict import NON_BLOCKING
 
-Block = tuple[Any, ...]
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
@@ -99,7 +99,7 @@ class CrossModel:
     sentence: str
     ranking: str
     comparisons: list[str] = field(default_factory=list)  # bigger quantized vs smaller unquantized
-    paired: list[list[str]] = field(default_factory=list)  # rows of the paired accuracy table
+    paired: list[PairedAcross] = field(default_factory=list)  # the paired accuracy table
     reference: Candidate | None = None  # of the speed ratios
     # USD per GPU-hour of the $ column (None: no price), or why there is none ("not comparable: ran on ...")
     price: float | None = None
@@ -609,16 +609,18 @@ def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
                 for t in tasks:
                     d, iv, n = _paired_diff(big, small, t, rc)
                     sig = iv is not None and iv.excludes_zero()
-                    ci = f" [{iv.low:+.4f}, {iv.high:+.4f}]" if iv is not None else " (unpaired)"
                     cm.paired.append(
-                        [
-                            f"{big.name} vs {small.name}",
-                            t,
-                            big.scores[t][0],
-                            f"{d:+.4f}{ci}",
-                            str(n) if n else "n/a",
-                            ("bigger" if d > 0 else "smaller") + (" (significant)" if sig else " (not significant)"),
-                        ]
+                        PairedAcross(
+                            bigger=big.name,
+                            smaller=small.name,
+                            task=t,
+                            metric=big.scores[t][0],
+                            difference=d,
+                            low=None if iv is None else iv.low,
+                            high=None if iv is None else iv.high,
+                            n=n,
+                            significant=sig,
+                        )
                     )
                     diffs.append((d, sig))
                 wins = {
@@ -646,290 +648,36 @@ def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
             cm.comparisons.append(f"{big.name} vs {small.name}: " + "; ".join(parts))
 
 
-# --- rendering --------------------------------------------------------------------------------------
+def speed_vs_bytes(cm: CrossModel, c: Candidate) -> dict[str, float | None] | None:
+    """The candidate's ceiling against the reference's and the ratio predicted from bytes per decode step
+    (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`), the fields of
+    :class:`quantverdict.review.document.SpeedVsBytes`; None without a ceiling and bytes per step for both.
+    ``by_weights_ratio`` predicts from every weight byte (embeddings included) where the bytes per step are the
+    roofline's; the cost is at the candidate's ceiling on the GPUs its job used (None without a price)."""
+    ref = cm.reference
+    if ref is None or not ref.ceiling_tok_s or not ref.step_bytes or not c.ceiling_tok_s or not c.step_bytes:
+        return None
+    measured = c.ceiling_tok_s / ref.ceiling_tok_s
+    predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
+    by_weights = None
+    if c.weights_gib and ref.weights_gib and c.step_bytes_how == ROOFLINE_BYTES:
+        by_weights = predicted_speed_ratio(c.weights_gib, ref.weights_gib)
+    return {
+        "measured_ratio": measured,
+        "predicted_ratio": predicted,
+        "bytes_vs_reference": 1 / predicted,
+        "measured_over_predicted": measured / predicted,
+        "by_weights_ratio": by_weights,
+        "weights_vs_reference": None if by_weights is None else 1 / by_weights,
+        "measured_over_by_weights": None if by_weights is None else measured / by_weights,
+        "usd_per_mtok_ceiling": None if cm.price is None else usd_per_mtok(cm.price, c.card.gpus, c.ceiling_tok_s),
+    }
 
 
-def _n(v: Any, fmt: str = ".2f") -> str:
-    return _f(v, fmt, missing="–")
-
-
-def section(review: Review) -> list[Block]:
-    """The review's "Across models" section (Markdown/HTML blocks, :mod:`quantverdict.review.render`);
-    empty with a single model and no target."""
-    try:
-        cm = cross_model(review)
-    except ConfigError as exc:  # validated when composed; a review built by hand may still name a bad target
-        return [("h2", "Across models"), ("p", f"not computed: {exc}")]
-    if cm is None:
-        return []
-    out: list[Block] = [
-        ("h2", "Across models" + (f" on {cm.target.gpu}" if cm.target else "")),
-        ("verdict", cm.sentence),
-    ]
-    out.append(
-        (
-            "p",
-            "Every (model, scheme) job is a candidate. Eligible: memory (on the target when one is set), the "
-            f"accuracy floor (against its own model's baseline) and the latency SLO. Ranked by: {cm.ranking}.",
-        )
-    )
-    if cm.target_note:
-        out.append(("p", cm.target_note))
-    if cm.comparisons:
-        out.append(("h3", "Bigger quantized vs smaller unquantized"))
-        out.append(("ul", cm.comparisons))
-    why = [f"{c.name}: not eligible: {'; '.join(c.why_not)}" for c in cm.candidates if c.why_not]
-    why += [f"{c.name}: flagged: {'; '.join(c.flags)}" for c in cm.candidates if c.flags]
-    if why:
-        out.append(("ul", why))
-    out += _memory_blocks(cm)
-    out += _accuracy_blocks(cm)
-    out += _sweep_blocks(cm)
-    out += _ratio_blocks(cm)
-    out += _fit_blocks(cm)
-    return out
-
-
-def _memory_blocks(cm: CrossModel) -> list[Block]:
-    head = [
-        "candidate",
-        "weights GiB",
-        "reserve GiB",
-        "KV cache GiB",
-        "KV tokens",
-        "max concurrency",
-        "fits",
-        "vLLM (as served)",
-    ]
-    rows = []
-    for c in cm.candidates:
-        t, v = c.target, c.vllm
-        vl = "–"
-        if v:
-            vl = (
-                f"{_n(v['kv_gib'])} GiB, {_n(v['kv_tokens'], ',.0f')} tokens, "
-                f"{_n(v['max_concurrency'], '.1f')}x ({v['how']})"
-            )
-        conc = f"{t['max_concurrency']:.1f} x {t['max_len']:,} tokens" if t.get("max_concurrency") is not None else "–"
-        fits = {True: "yes", False: f"no: {t.get('why')}", None: "n/a"}[t.get("fits")] if cm.target else "–"
-        reserve = f"{t['reserve_gib']:.2f} ({t['reserve_how']})" if t.get("reserve_gib") is not None else "–"
-        rows.append(
-            [
-                c.name,
-                f"{_n(c.weights_gib)} ({c.weights_how})",
-                reserve,
-                _n(t.get("kv_gib")),
-                _n(t.get("kv_tokens"), ",.0f"),
-                conc,
-                fits,
-                vl,
-            ]
-        )
-    title = f"Memory on {cm.target.gpu}" if cm.target else "Memory (no target: review.target=NAME)"
-    return [("h3", title), ("table", head, rows)]
-
-
-def _accuracy_blocks(cm: CrossModel) -> list[Block]:
-    rows = []
-    for c in cm.candidates:
-        own = {d.name: d for d in c.card.accuracy}
-        for task, (metric, value, n) in sorted(c.scores.items()):
-            d = own.get(task)
-            delta = "baseline" if c.card.is_baseline else "–"
-            if d is not None and d.kind == "score" and d.delta is not None:
-                ci = f" [{d.interval.low:+.4f}, {d.interval.high:+.4f}]" if d.interval else ""
-                delta = f"{d.delta:+.4f}{ci}"
-            elif d is not None and d.delta_pct is not None:
-                ci = f" [{d.interval.low:+.1f}%, {d.interval.high:+.1f}%]" if d.interval else ""
-                delta = f"{d.delta_pct:+.1f}%{ci}"
-            rows.append([c.name, task, metric, f"{value:.4f}", str(n or "?"), delta])
-    if not rows:
-        na = sorted({c.card.model for c in cm.candidates if c.card.accuracy_not_applicable})
-        return [
-            ("h3", "Accuracy across models"),
-            ("p", "not measured" + (f" ({', '.join(na)}: random weights)" if na else "")),
-        ]
-    out: list[Block] = [
-        ("h3", "Accuracy across models (absolute, same tasks)"),
-        ("table", ["candidate", "task", "metric", "score", "items", "own quantization delta (95% CI)"], rows),
-    ]
-    if cm.paired:
-        out.append(("p", "Paired across models on the items both ran (doc_id); interval as the review's."))
-        out.append(("table", ["pair", "task", "metric", "bigger - smaller", "items", "higher"], cm.paired))
-    return out
-
-
-def _sweep_blocks(cm: CrossModel) -> list[Block]:
+def sweep_loads(cm: CrossModel) -> list[str]:
+    """The load labels any candidate measured, ordered by load (the columns of the rate-sweep table)."""
     loads: dict[str, float] = {}
-    cells: dict[tuple[str, str], str] = {}
     for c in cm.candidates:
         for p in c.card.speed.get("points") or []:
-            label = str(p.get("label"))
-            loads[label] = float(p.get("load") or 0)
-            cells[(c.name, label)] = (
-                f"{_n(p.get('output_tok_s'), '.0f')} tok/s, TPOT {_n(p.get('tpot_ms_p50'), '.1f')} ms"
-            )
-    if not loads:
-        return []
-    order = sorted(loads, key=lambda k: loads[k])
-    rows = [[c.name] + [cells.get((c.name, k), "–") for k in order] for c in cm.candidates]
-    return [("h3", "Rate sweep, every candidate at the same offered loads"), ("table", ["candidate", *order], rows)]
-
-
-def _ratio_blocks(cm: CrossModel) -> list[Block]:
-    ref = cm.reference
-    if ref is None or not ref.ceiling_tok_s or not ref.step_bytes:
-        return []
-    rows = []
-    price = cm.price
-    for c in cm.candidates:
-        if not c.ceiling_tok_s or not c.step_bytes:
-            continue
-        measured = c.ceiling_tok_s / ref.ceiling_tok_s
-        predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
-        bound = "<= " if c.ceiling_lower_bound else ""
-        cost = [f"{bound}${usd_per_mtok(price, c.card.gpus, c.ceiling_tok_s):.3f}"] if price else []
-        by_weights = "–"  # the seed's method: every weight byte, embeddings included, read once per step
-        if c.weights_gib and ref.weights_gib and c.step_bytes_how == ROOFLINE_BYTES:
-            w = predicted_speed_ratio(c.weights_gib, ref.weights_gib)
-            by_weights = f"{w:.2f} (1 / {1 / w:.2f}); measured / that {measured / w:.2f}"
-        elif c.step_bytes_how != ROOFLINE_BYTES:
-            by_weights = "(the column before)"
-        rows.append(
-            [
-                c.name,
-                f"{'>= ' if c.ceiling_lower_bound else ''}{c.ceiling_tok_s:.0f}",
-                f"{c.step_bytes / 1e9:.2f} GB ({c.step_bytes_how})",
-                f"{measured:.2f}",
-                f"{predicted:.2f} (1 / {1 / predicted:.2f})",
-                f"{measured / predicted:.2f}",
-                by_weights,
-                *cost,
-            ]
-        )
-    return [
-        ("h3", f"Ceiling ratio against bytes per decode step (reference: {ref.name})"),
-        (
-            "p",
-            "Predicted ratio = bytes per step of the reference / the candidate's (decode is memory-bound; "
-            "KV-cache reads left out). Bytes per step: the tensors one decode step streams (roofline: the "
-            "input embedding table is looked up, not read) where every candidate has them, else the weights. The "
-            "last column predicts from all the weights, as the seed did. Absolute tok/s are those of the GPU the "
-            "jobs ran on; the ratios carry over.",
-        ),
-        (
-            "table",
-            [
-                "candidate",
-                "ceiling out tok/s",
-                "bytes per step",
-                "measured ratio",
-                "predicted",
-                "measured / predicted",
-                "predicted from all weights",
-            ]
-            + (["$ per 1M output tokens"] if price else []),
-            rows,
-        ),
-        *([("p", f"$ per 1M output tokens: {cm.price_note}.")] if price is None and cm.price_note else []),
-    ]
-
-
-def _r2(f: DecodeFit) -> str:
-    if f.r2 is None:
-        return "n/a (no variance)"
-    return f"{f.r2:.3f}" + (" (2 points: a line through both)" if f.n == 2 else "")
-
-
-def _fit_blocks(cm: CrossModel) -> list[Block]:
-    rows = []
-    for c in cm.candidates:
-        f, g = c.fit, c.fit_itl
-        if f is None:
-            rows.append([c.name, "–", "–", "–", "–", "–", "–", c.fit_note])
-            continue
-        itl = [f"{g.fixed_us:,.0f}", f"{g.per_seq_us:,.1f}", _r2(g)] if g else ["–", "–", "–"]
-        rows.append(
-            [
-                c.name,
-                f"{f.fixed_us:,.0f}",
-                f"{f.per_seq_us:,.1f}",
-                _r2(f),
-                *itl,
-                f"{f.n} ({f.concurrency_range[0]:.1f}-{f.concurrency_range[1]:.1f} seqs)",
-                c.fit_note,
-            ]
-        )
-    return [
-        ("h3", "Decode step: TPOT = fixed + per-sequence cost x sequences in flight"),
-        (
-            "p",
-            "Least squares over the load levels (sequences in flight: the concurrency, or achieved req/s x mean "
-            "E2E by Little's law for a rate sweep); TPOT p50 and ITL p50 per level. Under an open-loop rate sweep "
-            "a request's TPOT also holds the steps that waited on prefills of arriving requests (chunked prefill "
-            "shares the batch), so the TPOT line's per-sequence cost mixes prefill interference with the decode "
-            "step; the ITL p50 line (the typical gap between tokens) is closer to the decode step itself. A "
-            "closed-loop sweep (bench=gpu-concurrency-decode: 128 in / 1,024 out) separates them better.",
-        ),
-        (
-            "table",
-            ["candidate", "TPOT: fixed µs", "µs/seq", "R²", "ITL p50: fixed µs", "µs/seq", "R²", "points", "fitted on"],
-            rows,
-        ),
-    ]
-
-
-def to_json(review: Review) -> dict[str, Any] | None:
-    """The cross-model result for ``review.json`` (``cross_model``), None when the review has one model and no
-    target: the target, the chosen candidate and the verdict sentence, the bigger-quantized vs
-    smaller-unquantized lines, and per candidate its memory on the target (GiB, KV tokens, max concurrency),
-    vLLM's own figures as served, the ceiling (output tok/s), bytes per decode step, the decode-step fit (µs),
-    eligibility and flags; ``{"error": ...}`` when the target cannot be loaded (as :func:`section` says)."""
-    try:
-        cm = cross_model(review)
-    except ConfigError as exc:
-        return {"error": f"not computed: {exc}"}
-    if cm is None:
-        return None
-
-    def cand(c: Candidate) -> dict[str, Any]:
-        fit = c.fit
-        return {
-            "name": c.name,
-            "model": c.card.model,
-            "scheme": c.card.scheme,
-            "weights_gib": c.weights_gib,
-            "weights_how": c.weights_how,
-            "target": dict(c.target),
-            "vllm": dict(c.vllm),
-            "ceiling_tok_s": c.ceiling_tok_s,
-            "step_bytes": c.step_bytes,
-            "decode_fit": None
-            if fit is None
-            else {"fixed_us": fit.fixed_us, "per_seq_us": fit.per_seq_us, "r2": fit.r2, "points": fit.n},
-            "decode_fit_itl": None
-            if c.fit_itl is None
-            else {
-                "fixed_us": c.fit_itl.fixed_us,
-                "per_seq_us": c.fit_itl.per_seq_us,
-                "r2": c.fit_itl.r2,
-                "points": c.fit_itl.n,
-            },
-            "scores": {t: {"metric": m, "value": v, "n": n} for t, (m, v, n) in c.scores.items()},
-            "eligible": c.eligible,
-            "why_not": list(c.why_not),
-            "flags": list(c.flags),
-        }
-
-    t = cm.target
-    return {
-        "target": None
-        if t is None
-        else {"name": t.name, "gpu": t.gpu, "memory_gib": t.memory_gib, "memory_fraction": t.memory_fraction},
-        "chosen": cm.chosen.name if cm.chosen else None,
-        "sentence": cm.sentence,
-        "ranking": cm.ranking,
-        "comparisons": list(cm.comparisons),
-        "reference": cm.reference.name if cm.reference else None,
-        "candidates": [cand(c) for c in cm.candidates],
-    }
+            loads[str(p.get("label"))] = float(p.get("load") or 0)
+    return sorted(loads, key=lambda k: loads[k])

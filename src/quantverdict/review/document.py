@@ -5,8 +5,9 @@ scheme, the binding constraints (kinds) and the schemes passed over with their r
 numbers with their units in the field names (GiB, %, nats, ms, tok/s, req/s) and their intervals where the
 review has them, and each check with the limits it held a number against (:class:`Criterion`: threshold,
 observed value, outcome); the regime claims (speedup, interval, rule, class); the flags with their codes
-(:class:`quantverdict.review.flags.FlagCode`). The sentences the renderers print stay beside them
-(``sentence``, ``text``), never instead of them.
+(:class:`quantverdict.review.flags.FlagCode`). The sentences the review prints stay beside them
+(``sentence``, ``text``), never instead of them. Everything ``review.md`` and ``review.html`` show is here: the
+templates (:mod:`quantverdict.review.render`) read this document alone and compute nothing.
 
 The models are strict (``extra="forbid"``, no NaN or infinity): a document with an unknown key or a wrong type is
 refused on write (:func:`quantverdict.review.export.to_document`) and on read (:meth:`ReviewDocument.model_validate`).
@@ -21,12 +22,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from quantverdict.config.schema import ReviewConfig
+from quantverdict.config.schema import FloorTest, ReviewConfig
 from quantverdict.review.flags import FlagCode
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
 
 # a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); "inf" for an unlimited rate
@@ -188,7 +189,7 @@ class MinMax(_Strict):
 
 
 class Interval(_Strict):
-    """A point estimate with a two-sided interval (:class:`quantverdict.review.stats.Interval`), in the unit of the
+    """A point estimate with a two-sided interval (:class:`quantverdict.measure.stats.Interval`), in the unit of the
     field that holds it."""
 
     estimate: float
@@ -300,6 +301,11 @@ class ModelVerdict(_Strict):
     lever: Lever
     kv_lever: KvLever | None = Field(description="None without a baseline")
     accuracy_not_measured: str
+    baseline_scheme: str | None
+    request_shape: str | None = Field(description="the request shape every sweep of the model ran; None if they differ")
+    request_shapes: dict[str, str] = Field(description="scheme name -> request shape, for the schemes with points")
+    ceilings_differ_in_basis: bool = Field(description="the schemes' ceilings rest on different windows")
+    compute_reported: bool = Field(description="a server log said whether some scheme computes in its format")
     sentence: str
     binding_sentences: list[str]
     evidence: list[str]
@@ -502,6 +508,30 @@ class Roofline(_Strict):
     note: str | None = None
 
 
+class SpeedPoint(_Strict):
+    """One load level of a sweep (:func:`quantverdict.review.speed.speed_points`): medians over its valid repeats
+    (ms, req/s, output tok/s); ``completed``/``failed``: requests; ``saturated``: most valid repeats saturated
+    (None where not decided, e.g. a closed-loop or unlimited-rate point)."""
+
+    label: str
+    load: Load
+    achieved_rps: float | None
+    output_tok_s: float | None
+    ttft_ms_p50: float | None
+    ttft_ms_p99: float | None
+    itl_ms_p50: float | None
+    itl_ms_p99: float | None
+    tpot_ms_p50: float | None
+    e2e_ms_p99: float | None
+    completed: float | None
+    failed: float | None
+    output_tokens_total: float | None
+    output_tokens_requested: float | None
+    valid_repeats: int
+    repeats: int
+    saturated: bool | None
+
+
 class Speed(_Strict):
     """The scheme's sweep as the review reads it (:func:`quantverdict.review.speed.speed_summary`). ``comparable``
     False: kept out of speed comparisons (a fallback kernel, another request shape), ``excluded_why`` says why.
@@ -527,6 +557,7 @@ class Speed(_Strict):
     missing_levels: list[str]
     stopped_before: list[str]
     roofline: Roofline | None
+    points: list[SpeedPoint]
 
 
 class SpeedRatio(_Strict):
@@ -578,6 +609,7 @@ class Scheme(_Strict):
     model: str
     scheme: str
     label: str
+    name: str = Field(description="how the review names it: '<scheme> (<label>)'")
     weight_tier: int
     kv_cache: str
     is_baseline: bool
@@ -720,18 +752,46 @@ class VllmFigures(_Strict):
 
 
 class DecodeFit(_Strict):
-    """A decode-step fit: ``fixed_us + per_seq_us · sequences in flight``, its R² over ``points`` points."""
+    """A decode-step fit: ``fixed_us + per_seq_us · sequences in flight``, its R² over ``points`` points whose
+    sequences in flight span ``seqs_min`` to ``seqs_max``."""
 
     fixed_us: float
     per_seq_us: float
     r2: float | None
     points: int
+    seqs_min: float | None = None
+    seqs_max: float | None = None
+
+
+class SpeedVsBytes(_Strict):
+    """A candidate's ceiling against the reference's, and the ratio predicted from bytes per decode step
+    (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode is memory-bound).
+
+    ``measured_ratio`` = ceiling / the reference's; ``predicted_ratio`` = the reference's bytes per step / the
+    candidate's (``bytes_vs_reference`` its inverse); ``by_weights_ratio``: the same from all the weights (None
+    where the bytes per step already are the weights)."""
+
+    measured_ratio: float
+    predicted_ratio: float
+    bytes_vs_reference: float
+    measured_over_predicted: float
+    by_weights_ratio: float | None
+    weights_vs_reference: float | None
+    measured_over_by_weights: float | None
+    usd_per_mtok_ceiling: float | None
 
 
 class TaskScore(_Strict):
+    """A candidate's absolute score on one task, and its own quantization delta against its model's baseline
+    (``own_delta``: a score's absolute change, a perplexity's change in %; its interval in the same unit)."""
+
     metric: str
     value: float
     n: int | None
+    own_delta_kind: DeltaKind | None = None
+    own_delta: float | None = None
+    own_delta_low: float | None = None
+    own_delta_high: float | None = None
 
 
 class Candidate(_Strict):
@@ -743,30 +803,102 @@ class Candidate(_Strict):
     target: TargetFit
     vllm: VllmFigures
     ceiling_tok_s: float | None
+    ceiling_lower_bound: bool
     step_bytes: float | None
+    step_bytes_how: str
+    speed_vs_bytes: SpeedVsBytes | None = Field(description="None for the reference's missing figures")
     decode_fit: DecodeFit | None
     decode_fit_itl: DecodeFit | None
+    fit_note: str
     scores: dict[str, TaskScore]
     eligible: bool
     why_not: list[str]
     flags: list[str]
 
 
+class PairedAcross(_Strict):
+    """One task's score difference between a bigger and a smaller model (bigger - smaller), paired on the items
+    both ran with the review's interval; ``low``/``high`` None when unpaired (no per-item samples)."""
+
+    bigger: str
+    smaller: str
+    task: str
+    metric: str
+    difference: float
+    low: float | None
+    high: float | None
+    n: int
+    significant: bool
+
+
 class CrossModel(_Strict):
-    """Models compared on one target GPU (:func:`quantverdict.review.crossmodel.to_json`): the chosen candidate's
-    name, the sentence, and each candidate's figures on the target."""
+    """Models compared on one target GPU (:mod:`quantverdict.review.crossmodel`): the chosen candidate's name,
+    the sentence, and each candidate's figures on the target. ``sweep_loads``: the load labels any candidate
+    measured, by load; ``price_usd_per_gpu_hour``: the price of the ratio table's cost column (None: no price,
+    ``price_note`` says why)."""
 
     target: Target | None
+    target_note: str
     chosen: str | None
     sentence: str
     ranking: str
     comparisons: list[str]
+    paired: list[PairedAcross]
     reference: str | None
+    price_usd_per_gpu_hour: float | None
+    price_note: str
+    sweep_loads: list[str]
     candidates: list[Candidate]
 
 
 class CrossModelError(_Strict):
     error: str
+
+
+# --- what the pages show besides the decision ------------------------------------------------------------
+
+
+class JobCounts(_Strict):
+    total: int
+    finished: int
+    failed: int
+    interrupted: int
+
+
+class SettingSource(StrEnum):
+    """Where a constraint's value comes from: the set's file (or the schema's default for a set built in code),
+    an override, or the budget derived from ``review.target``."""
+
+    SET_FILE = "set file"
+    OVERRIDE = "override"
+    TARGET = "target"
+
+
+class ConstraintSetting(_Strict):
+    """One ``review.*`` key: its value, where it comes from, and the set file's value (``set_file``: the file's
+    name, or ``default`` for the schema's defaults)."""
+
+    key: str
+    value: JsonValue
+    source: SettingSource
+    set_file: str
+    set_file_value: JsonValue
+
+
+class FloorTests(_Strict):
+    """Which test judged each accuracy delta against its floor (``review.floor_test``): task or metric -> its
+    item count, by test."""
+
+    mode: FloorTest
+    interval_test_below_n: int
+    interval: dict[str, int | None]
+    point: dict[str, int | None]
+
+
+class Plot(_Strict):
+    name: str
+    file: str = Field(description="beside review.md: plots/<name>.png")
+    alt: str
 
 
 # --- the document --------------------------------------------------------------------------------------
@@ -777,19 +909,24 @@ class ReviewDocument(_Strict):
     numbers of every scheme.
 
     ``constraints`` are the limits checked (:class:`quantverdict.config.schema.ReviewConfig`), ``constraints_label``
-    names the review (``<set>-<hash>``), ``constraints_how`` says how the set was picked. ``flags``: every
-    scheme's honesty flags, in scheme order; ``validity``: what each number stands on; ``notes``: the rest.
+    names the review (``<set>-<hash>``), ``constraints_how`` says how the set was picked, ``constraint_settings``
+    where each value comes from. ``flags``: every scheme's honesty flags, in scheme order; ``validity``: what each
+    number stands on; ``notes``: the rest.
     """
 
     model_config = ConfigDict(title="quantverdict review")
 
-    schema_version: Literal[2]
+    schema_version: Literal[3]
     tool: Tool
     source: str
     generated_at: str
     constraints_label: str
     constraints_how: str
     constraints: ReviewConfig
+    constraint_settings: list[ConstraintSetting]
+    floor_tests: FloorTests | None
+    jobs: JobCounts
+    environment: list[str] = Field(description="where the records ran: one line per CPU, GPU and serving stack")
     verdicts: list[ModelVerdict]
     scorecards: list[Scheme]
     regime: dict[str, list[Regime]] = Field(description="model -> one row per quantized scheme")
@@ -798,6 +935,7 @@ class ReviewDocument(_Strict):
     notes: list[str]
     cost: Cost | None
     cross_model: CrossModel | CrossModelError | None
+    plots: list[Plot] = Field(description="the plots written beside review.md; empty when none was made")
 
     def verdict(self, model: str) -> ModelVerdict:
         """The verdict of ``model``.

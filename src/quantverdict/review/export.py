@@ -1,13 +1,17 @@
 """The review as its typed document (:class:`quantverdict.review.document.ReviewDocument`): ``review.json``.
 
 :func:`to_document` reads what :func:`quantverdict.review.core.build_review` computed (scorecards, checks,
-verdicts, regime rows, flags) field by field into the document's models, which validate it: a value of the wrong
-type or an unknown code is refused here, before anything is written. Non-finite floats (a refused KLD's NaN) become
-None and an unlimited rate's load ``"inf"``, so the file is strict JSON.
+verdicts, regime rows, flags, the cross-model comparison) field by field into the document's models, which
+validate it: a value of the wrong type or an unknown code is refused here, before anything is written. What the
+pages show beyond the decision (where each constraint's value comes from, which test judged each floor, the
+sweep points) is worked out here too, so that the templates (:mod:`quantverdict.review.render`) only format.
+Non-finite floats (a refused KLD's NaN) become None and an unlimited rate's load ``"inf"``, so the file is strict
+JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,9 +19,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from quantverdict import __version__
+from quantverdict.config.schema import ConfigError, ReviewConfig
 from quantverdict.measure.stats import Interval
 from quantverdict.review import crossmodel
 from quantverdict.review import document as doc
+from quantverdict.review.constraints import load_set, target_budget_gib
 from quantverdict.review.cost import cost_json
 from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import Headline, Ratio, headlines
@@ -25,11 +31,15 @@ from quantverdict.review.kld import KldDelta
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 from quantverdict.review.speed import ceiling_is_floor
-from quantverdict.review.verdict import Check, Verdict
+from quantverdict.review.verdict import Check, Verdict, ceilings_differ_in_basis, floor_test_of
 
 
-def to_document(review: Review) -> doc.ReviewDocument:
+def to_document(review: Review, plots: Mapping[str, str] | None = None) -> doc.ReviewDocument:
     """``review`` as the typed ``review.json`` document.
+
+    Args:
+        review: the computed review.
+        plots: the plots written beside ``review.md``, name -> alt text, in reading order (none when omitted).
 
     Raises:
         ValueError: a value the document's schema refuses (a flag code, decision or check status outside its
@@ -37,7 +47,8 @@ def to_document(review: Review) -> doc.ReviewDocument:
     """
     heads = {(h.model, h.scheme): h for m in dict.fromkeys(c.model for c in review.cards) for h in headlines(review, m)}
     cost = cost_json(review)
-    cm = crossmodel.to_json(review)
+    n_ok = sum(sc.status == "ok" for sc in review.cards)
+    n_cut = sum(sc.status == "interrupted" for sc in review.cards)
     return doc.ReviewDocument(
         schema_version=doc.SCHEMA_VERSION,
         tool=doc.Tool(name="quantverdict", version=__version__),
@@ -46,14 +57,21 @@ def to_document(review: Review) -> doc.ReviewDocument:
         constraints_label=review.label,
         constraints_how=review.constraints_how,
         constraints=review.config,
-        verdicts=[_verdict(v) for v in review.verdicts],
+        constraint_settings=_settings(review.config),
+        floor_tests=_floor_tests(review),
+        jobs=doc.JobCounts(
+            total=len(review.cards), finished=n_ok, failed=len(review.cards) - n_ok - n_cut, interrupted=n_cut
+        ),
+        environment=list(review.environment),
+        verdicts=[_verdict(v, review.cards_of(v.model)) for v in review.verdicts],
         scorecards=[_scheme(review, sc, heads[(sc.model, sc.scheme)]) for sc in review.cards],
         regime={model: [_regime(row) for row in rows] for model, rows in review.regime.items()},
         flags=_flags(review),
         validity=list(review.validity),
         notes=list(review.notes),
         cost=None if cost is None else doc.Cost.model_validate(_finite_tree(cost)),
-        cross_model=_cross_model(cm),
+        cross_model=_cross_model(review),
+        plots=[doc.Plot(name=n, file=f"plots/{n}.png", alt=alt) for n, alt in (plots or {}).items()],
     )
 
 
@@ -115,7 +133,9 @@ def _known(model: type[BaseModel], d: Mapping[str, Any] | None) -> dict[str, Any
 # --- per model -----------------------------------------------------------------------------------------
 
 
-def _verdict(v: Verdict) -> doc.ModelVerdict:
+def _verdict(v: Verdict, cards: list[Scorecard]) -> doc.ModelVerdict:
+    swept = [sc for sc in cards if sc.speed.get("points") and sc.speed.get("workload")]
+    shapes = {sc.name: str(sc.speed["workload"]["text"]) for sc in swept}
     return doc.ModelVerdict(
         model=v.model,
         decision=doc.Decision(v.decision),
@@ -127,6 +147,11 @@ def _verdict(v: Verdict) -> doc.ModelVerdict:
         lever=doc.Lever(v.lever),
         kv_lever=doc.KvLever.model_validate(_finite_tree(v.kv_lever)) if v.kv_lever else None,
         accuracy_not_measured=v.accuracy_not_measured,
+        baseline_scheme=next((sc.scheme for sc in cards if sc.is_baseline), None),
+        request_shape=next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None,
+        request_shapes=shapes,
+        ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
+        compute_reported=any(sc.speed.get("compute") for sc in cards),
         sentence=v.sentence,
         binding_sentences=list(v.binding),
         evidence=list(v.evidence),
@@ -156,6 +181,7 @@ def _scheme(review: Review, sc: Scorecard, head: Headline) -> doc.Scheme:
         model=sc.model,
         scheme=sc.scheme,
         label=sc.label,
+        name=sc.name,
         weight_tier=sc.tier,
         kv_cache=sc.kv,
         is_baseline=sc.is_baseline,
@@ -257,7 +283,21 @@ def _speed(sp: dict[str, Any]) -> doc.Speed:
         missing_levels=list(sp.get("missing_levels") or []),
         stopped_before=list(sp.get("stopped_before") or []),
         roofline=doc.Roofline.model_validate(_known(doc.Roofline, roof)) if isinstance(roof, dict) and roof else None,
+        points=[_point(p) for p in sp.get("points") or []],
     )
+
+
+def _point(p: dict[str, Any]) -> doc.SpeedPoint:
+    known = _known(doc.SpeedPoint, p)
+    fields = {k: known.get(k) for k in doc.SpeedPoint.model_fields}
+    fields.update(
+        label=str(p["label"]),
+        load=_load(p["load"]),
+        valid_repeats=int(p.get("valid_repeats", 1)),
+        repeats=int(p.get("repeats", 1)),
+        saturated=p.get("saturated"),
+    )
+    return doc.SpeedPoint.model_validate(fields)
 
 
 def _at_load(at: dict[str, Any]) -> doc.AtLoad:
@@ -362,9 +402,125 @@ def _flags(review: Review) -> list[doc.Flag]:
     return out
 
 
-def _cross_model(cm: dict[str, Any] | None) -> doc.CrossModel | doc.CrossModelError | None:
+def _cross_model(review: Review) -> doc.CrossModel | doc.CrossModelError | None:
+    """The cross-model comparison (:func:`quantverdict.review.crossmodel.cross_model`); None with one model and no
+    target, the error when the target cannot be loaded."""
+    try:
+        cm = crossmodel.cross_model(review)
+    except ConfigError as exc:  # validated when composed; a review built by hand may still name a bad target
+        return doc.CrossModelError(error=f"not computed: {exc}")
     if cm is None:
         return None
-    if "error" in cm:
-        return doc.CrossModelError(error=str(cm["error"]))
-    return doc.CrossModel.model_validate(_finite_tree(cm))
+    t = cm.target
+    return doc.CrossModel(
+        target=None
+        if t is None
+        else doc.Target(name=t.name, gpu=t.gpu, memory_gib=t.memory_gib, memory_fraction=t.memory_fraction),
+        target_note=cm.target_note,
+        chosen=cm.chosen.name if cm.chosen else None,
+        sentence=cm.sentence,
+        ranking=cm.ranking,
+        comparisons=list(cm.comparisons),
+        paired=list(cm.paired),
+        reference=cm.reference.name if cm.reference else None,
+        price_usd_per_gpu_hour=cm.price,
+        price_note=cm.price_note,
+        sweep_loads=crossmodel.sweep_loads(cm),
+        candidates=[_candidate(cm, c) for c in cm.candidates],
+    )
+
+
+def _fit(f: Any) -> doc.DecodeFit | None:
+    if f is None:
+        return None
+    lo, hi = f.concurrency_range
+    return doc.DecodeFit(
+        fixed_us=f.fixed_us, per_seq_us=f.per_seq_us, r2=_finite(f.r2), points=f.n, seqs_min=lo, seqs_max=hi
+    )
+
+
+def _candidate(cm: crossmodel.CrossModel, c: crossmodel.Candidate) -> doc.Candidate:
+    own = {d.name: d for d in c.card.accuracy}  # by task name; the last delta of a task stands for it
+    scores = {}
+    for task, (metric, value, n) in c.scores.items():
+        d = own.get(task)
+        row: dict[str, Any] = {"metric": metric, "value": value, "n": n}
+        if d is not None and d.kind == "score" and d.delta is not None:
+            row.update(own_delta_kind="score", own_delta=d.delta)
+        elif d is not None and d.delta_pct is not None:
+            row.update(own_delta_kind=d.kind, own_delta=d.delta_pct)
+        if "own_delta" in row and d is not None and d.interval is not None:
+            row.update(own_delta_low=d.interval.low, own_delta_high=d.interval.high)
+        scores[task] = doc.TaskScore.model_validate(_finite_tree(row))
+    ratio = crossmodel.speed_vs_bytes(cm, c)
+    return doc.Candidate(
+        name=c.name,
+        model=c.card.model,
+        scheme=c.card.scheme,
+        weights_gib=_finite(c.weights_gib),
+        weights_how=c.weights_how,
+        target=doc.TargetFit.model_validate(_finite_tree(c.target)),
+        vllm=doc.VllmFigures.model_validate(_finite_tree(c.vllm)),
+        ceiling_tok_s=_finite(c.ceiling_tok_s),
+        ceiling_lower_bound=c.ceiling_lower_bound,
+        step_bytes=_finite(c.step_bytes),
+        step_bytes_how=c.step_bytes_how,
+        speed_vs_bytes=None if ratio is None else doc.SpeedVsBytes.model_validate(_finite_tree(ratio)),
+        decode_fit=_fit(c.fit),
+        decode_fit_itl=_fit(c.fit_itl),
+        fit_note=c.fit_note,
+        scores=dict(sorted(scores.items())),
+        eligible=c.eligible,
+        why_not=list(c.why_not),
+        flags=list(c.flags),
+    )
+
+
+# --- the constraints' settings and floor tests ------------------------------------------------------------
+
+
+def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
+    """Every ``review.*`` key with its value and where it comes from: the set's file (``conf/review/<name>.yaml``;
+    the schema's defaults for a set built in code), an override, or ``review.target``'s derived budget
+    (:func:`quantverdict.review.constraints.target_budget_gib`)."""
+    try:
+        default, where = load_set(rc.name), f"{rc.name}.yaml"
+    except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
+        default, where = ReviewConfig(), "default"
+    derived = target_budget_gib(rc)
+    out = []
+    for f in dataclasses.fields(ReviewConfig):
+        v, d = getattr(rc, f.name), getattr(default, f.name)
+        source = doc.SettingSource.SET_FILE if v == d else doc.SettingSource.OVERRIDE
+        if f.name == "memory_budget_gib" and v != d and derived is not None and v == derived:
+            source = doc.SettingSource.TARGET
+        out.append(
+            doc.ConstraintSetting(
+                key=f"review.{f.name}", value=_json(v), source=source, set_file=where, set_file_value=_json(d)
+            )
+        )
+    return out
+
+
+def _json(v: Any) -> Any:
+    """A config value as JSON: tuples as lists, mappings with string keys."""
+    if isinstance(v, Mapping):
+        return {str(k): _json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json(x) for x in v]
+    return v
+
+
+def _floor_tests(review: Review) -> doc.FloorTests | None:
+    """Which test judged each delta against its floor (:func:`quantverdict.review.verdict.floor_test_of`), with
+    its item count; None without any delta."""
+    rc = review.config
+    by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
+    for sc in review.cards:
+        for d in sc.accuracy:
+            by[floor_test_of(d, rc)].setdefault(d.name if d.kind == "score" else d.metric, d.n)
+    if not by["interval"] and not by["point"]:
+        return None
+    return doc.FloorTests(
+        mode=rc.floor_test, interval_test_below_n=rc.interval_test_below_n, interval=by["interval"], point=by["point"]
+    )

@@ -8,8 +8,9 @@
   (:func:`speed_ratio`), at concurrency 1 (the lowest measured load of a rate sweep) and at the stated load,
   with the run-to-run range over repeats.
 
-Pure functions of the :class:`~quantverdict.review.model.Review`; rendered by :mod:`.render` (the first
-screen), :mod:`.plots` (the speed-ratio curve) and logged to MLflow under short names (:func:`mlflow_metrics`).
+Pure functions of the :class:`~quantverdict.review.model.Review`; exported to the document's ``headline`` (the
+pages' first screen), plotted by :mod:`.plots` (the speed-ratio curve) and logged to MLflow under short names
+(:func:`mlflow_metrics`).
 """
 
 from __future__ import annotations
@@ -43,12 +44,6 @@ class Ratio:
     load: float  # req/s (inf: unlimited) or concurrency
     label: str  # "concurrency 1", "1 req/s"
     repeats: int  # the fewer valid repeats of the two points
-
-    def text(self) -> str:
-        """``1.67x [1.52-1.80] at concurrency 1 (3 repeats)`` or ``1.67x at concurrency 1 (1 run)``."""
-        rng = f" [{self.low:.2f}-{self.high:.2f}]" if self.low is not None and self.high is not None else ""
-        runs = f"{self.repeats} repeats" if self.repeats > 1 else "1 run"
-        return f"{self.value:.2f}x{rng} at {self.label} ({runs})"
 
 
 @dataclass(frozen=True)
@@ -149,28 +144,6 @@ def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> TaskDelta | None:
     return min(scores, key=lambda d: d.recovery_pct or 0.0) if scores else None
 
 
-def accuracy_text(d: TaskDelta | None, sc: Scorecard) -> str:
-    """``word_perplexity +5.00% [+3.10, +6.90] (n=62)``, ``arc_easy acc_norm -2.0 points [-5.0, +1.0] (n=100)``,
-    ``word_perplexity +1.47% (no interval, n=1)``; the reference, not applicable or missing otherwise."""
-    if sc.is_baseline:
-        return "the reference"
-    if sc.accuracy_not_applicable:
-        return "not measured (random weights)" if "random weights" in sc.accuracy_not_applicable else "not measured"
-    if sc.accuracy_refused:
-        return "excluded: " + sc.accuracy_refused
-    if d is None:
-        return "not compared"
-    n = f"n={d.n}" if d.n is not None else "n unknown"
-    iv = d.interval
-    if d.kind == "perplexity":
-        head = f"{d.metric} {d.delta_pct:+.2f}%"
-        rng = f" [{iv.low:+.2f}, {iv.high:+.2f}]" if iv else ""
-    else:
-        head = f"{d.name} {d.metric} {100 * (d.delta or 0.0):+.1f} points"
-        rng = f" [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]" if iv else ""
-    return f"{head}{rng} ({n})" if iv else f"{head} (no interval, {n})"
-
-
 def headlines(review: Review, model: str) -> list[Headline]:
     """One :class:`Headline` per scheme of ``model``, in review order (baseline first)."""
     rc = review.config
@@ -210,15 +183,6 @@ def memory_load_text(rc: ReviewConfig) -> str:
     if rc.kv_cache_tokens:
         return f"{rc.kv_cache_tokens:,} KV tokens"
     return f"{rc.concurrent_requests} concurrent requests"
-
-
-def load_text(rc: ReviewConfig) -> str:
-    """The stated load: ``0.5 req/s``, ``concurrency 64`` or ``the lowest measured load``."""
-    if rc.load_rps is not None:
-        return f"{rc.load_rps:g} req/s"
-    if rc.load_concurrency is not None:
-        return f"concurrency {rc.load_concurrency}"
-    return "the lowest measured load"
 
 
 def mlflow_metrics(h: Headline) -> dict[str, float]:

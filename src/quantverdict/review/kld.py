@@ -16,12 +16,11 @@ from typing import Any, Protocol, TypeVar
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.stats import Interval
-from quantverdict.results.format import number
 from quantverdict.results.record import JobRecord
 from quantverdict.review.document import Criterion, CriterionMetric, Outcome
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 
-__all__ = ["KLD", "KldDelta", "kld_deltas", "kld_row", "with_kld_constraint"]
+__all__ = ["KLD", "KldDelta", "kld_deltas", "with_kld_constraint"]
 
 KLD = "kld"  # TaskDelta.kind and .name of the KLD deltas
 MEAN, TOP1 = "mean_kld", "top1_agreement_pct"
@@ -96,38 +95,6 @@ def kld_deltas(rec: JobRecord) -> list[TaskDelta]:
         summary=s,
     )
     return [mean, top1]
-
-
-def _form(s: dict[str, Any]) -> str:
-    # the record's mean_kld_upper (hf backend) is left out here: at k = 20 it is several nats, no information
-    return "full vocabulary (exact)" if s.get("kld_exact") else f"top-{s.get('top_k')} lower bound"
-
-
-def kld_row(scheme: str, d: TaskDelta) -> list[str] | None:
-    """The accuracy-table row of a KLD delta (the table's ten columns), None for any other delta."""
-    if not isinstance(d, KldDelta):
-        return None
-    s = d.summary
-    count = f"{s.get('n_tokens', '–')} tokens / {s.get('n_windows', '–')} windows"
-    method = d.interval.method if d.interval else (s.get("interval_note") or "no interval")
-    if d.metric == REFUSED:
-        return [scheme, KLD, "mean KLD", "–", "–", "–", "–", "–", "–", d.note]
-    if d.metric == MEAN:
-        iv = d.interval
-        ci = f" [{iv.low:.4g}, {iv.high:.4g}]" if iv else ""
-        value = (
-            f"{d.value:.4g} nats (median {number(s.get('median_kld'), '.3g')}, p99 {number(s.get('p99_kld'), '.3g')}, "
-            f"max {number(s.get('max_kld'), '.3g')}; {_form(s)})"
-        )
-        return [scheme, KLD, "mean KLD (nats)", value, f"{d.value:+.4g}{ci}", "–", "–", count, "–", method]
-    ri = d.recovery_interval
-    ci = f" [{ri.low - 100:+.2f}, {ri.high - 100:+.2f}]" if ri else ""
-    value = (
-        f"{d.value:.2f}% vs 100% (RMS Δp {number(s.get('rms_delta_p_pct'), '.2f')}%, "
-        f"mean Δp {number(s.get('mean_delta_p_pct'), '+.2f')}%)"
-    )
-    rec = f"{d.value:.2f}%" + (f" [{ri.low:.2f}, {ri.high:.2f}]" if ri else "")
-    return [scheme, KLD, "top-1 agreement", value, f"{d.delta:+.2f} pts{ci}", rec, "–", count, "–", method]
 
 
 def _kld_of(sc: Scorecard) -> list[KldDelta]:

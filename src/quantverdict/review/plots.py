@@ -346,6 +346,18 @@ def make_figures(review: Review) -> dict[str, Any]:
     return {name: fig for name, fn in FIGURES if (fig := fn(review)) is not None}
 
 
+# each plot's alt text (review.json's ``plots``; the pages' captions)
+ALT = {
+    "speed_ratio": "per-user output speed of each scheme over the baseline's against the load (log2 axis), "
+    "with the range over repeats",
+    "pareto": "total output tok/s against per-user tok/s (1000 / TPOT p50), one curve per scheme, "
+    "and the Pareto frontier",
+    "memory": "weights + KV cache to serve the stated load, per scheme, against the memory budget",
+    "accuracy": "accuracy deltas and perplexity changes with their intervals",
+    "latency": "TTFT p99 and per-request TPOT p99 (else ITL p99) against the load (log2 axis), with the objectives",
+}
+
+
 def make_plots(review: Review) -> dict[str, bytes]:
     """Every plot that has data, name -> PNG bytes, in reading order."""
     return {name: _png(fig) for name, fig in make_figures(review).items()}
