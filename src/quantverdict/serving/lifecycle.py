@@ -26,6 +26,7 @@ from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import Record
 from quantverdict.results.stage_results import HbmResult
+from quantverdict.serving import gpu_sampling
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
@@ -190,8 +191,12 @@ def sweep(
     # a client told a port the server lost while it started is started again by run_sweep, not with the server
     with_server = client is not None and client.base_url == server.base_url
     t0 = time.perf_counter()
-    rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
+    with gpu_sampling.sampling(cfg, env, out / "bench") as sampled:  # NVML on cuda; on cpu, why not
+        rec.speed["points"] = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
     rec.speed["sweep_wall_s"] = round(time.perf_counter() - t0, 3)
+    for p in rec.speed["points"]:
+        p["server_start"] = 1  # the job's own start (quantverdict.orchestrate.starts runs the others)
+    gpu_sampling.annotate(rec.speed, sampled)
     # the client's own start: with the server (its import overlapped the start-up, outside sweep_wall_s) or not
     result = out / "bench" / "sweep_client.result.json"
     done = json.loads(result.read_text()) if result.is_file() else {}
