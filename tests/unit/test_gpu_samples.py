@@ -22,21 +22,21 @@ QUERY_TEXT = """\
 
 # `nvidia-smi dmon -s puc` (power and temperatures, utilization, clocks): names line, units line, one line a second
 DMON_TEXT = """\
-# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk 
-# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz 
-    0     76     31     40      0      0      0      0      0      0   3201    345 
-    0    688     44     52    100     38      0      0      0      0   3201   1755 
-# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk 
-# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz 
-    0    702     46      -     97     35      0      0      0      0   3201   1740 
+# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk
+# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz
+    0     76     31     40      0      0      0      0      0      0   3201    345
+    0    688     44     52    100     38      0      0      0      0   3201   1755
+# gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk
+# Idx      W      C      C      %      %      %      %      %      %    MHz    MHz
+    0    702     46      -     97     35      0      0      0      0   3201   1740
 """
 
 # the same with `-o DT`: date and time first
 DMON_DT_TEXT = """\
-#Date       Time        gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk 
-#YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %      %      %    MHz    MHz 
- 20261204   10:15:02      0     76     31     40      0      0      0      0      0      0   3201    345 
- 20261204   10:15:03      0    688     44     52    100     38      0      0      0      0   3201   1755 
+#Date       Time        gpu    pwr  gtemp  mtemp     sm    mem    enc    dec    jpg    ofa   mclk   pclk
+#YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %      %      %    MHz    MHz
+ 20261204   10:15:02      0     76     31     40      0      0      0      0      0      0   3201    345
+ 20261204   10:15:03      0    688     44     52    100     38      0      0      0      0   3201   1755
 """
 
 
