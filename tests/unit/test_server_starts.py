@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from quantverdict.config.compose import compose
+from quantverdict.config.schema import ConfigError
 from quantverdict.measure import starts
 from quantverdict.review.verdict import PAYS
 
@@ -183,3 +185,32 @@ def test_decide_levels_settles_a_clear_level_and_keeps_an_unclear_one_going() ->
 def test_gpu_time_saved() -> None:
     assert starts.gpu_time_saved_s([100.0, 120.0], 2, 5) == pytest.approx(330.0)  # 3 x 110
     assert starts.gpu_time_saved_s([100.0], 5, 5) == 0.0
+
+
+# --- the config keys ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["bench.server_starts=0"], "bench.server_starts=0 must be >= 1"),
+        (["bench.server_starts=3", "bench.max_server_starts=2"], "bench.max_server_starts=2 must be null"),
+        (["bench.start_confidence=1.0"], r"bench.start_confidence=1.0 must be in \(0, 1\)"),
+        (["bench.gpu_sample_interval_ms=5"], r"bench.gpu_sample_interval_ms=5 must be 0 \(not sampled\) or >= 10"),
+        (["bench.start_order=shuffled"], "bench.start_order.*interleaved.*random"),
+    ],
+)
+def test_bad_start_settings_are_refused_naming_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        compose(overrides)
+
+
+def test_cpu_profiles_run_one_start_and_gpu_profiles_three() -> None:
+    assert compose([]).bench.server_starts == 1  # cpu: the job's own start only
+    for bench in ("gpu", "gpu-concurrency", "gpu-concurrency-decode", "gpu-concurrency-prefill", "gpu-long-context"):
+        cfg = compose(["env=gpu", f"bench={bench}"])
+        assert (cfg.bench.server_starts, cfg.bench.max_server_starts, str(cfg.bench.start_order)) == (
+            3,
+            None,
+            "interleaved",
+        ), bench
