@@ -28,8 +28,10 @@ from quantverdict.config import device_pick
 from quantverdict.config.compose import CONF_DIR
 from quantverdict.config.overrides import check_command_line
 from quantverdict.config.schema import ConfigError
+from quantverdict.orchestrate import starts
 from quantverdict.orchestrate.job import run_job, write_config_failure
 from quantverdict.processes import procs
+from quantverdict.results.record import load
 from quantverdict.results.table import format_table
 
 log = logging.getLogger("quantverdict")
@@ -63,6 +65,15 @@ def main(dcfg: DictConfig) -> None:
         if not multirun:
             sys.exit(1)
         return  # the grid goes on; GridSummary reports failed jobs and sets the exit code
+    if not multirun and starts.wants_starts(cfg) and record.get("status") == "ok":
+        # a single job runs its further server starts back to back (a grid interleaves them: GridSummary)
+        outcome = starts.run_starts([out_dir], "single_job")
+        record = load(out_dir)
+        for _job, start, error in outcome.failed:
+            log.error("server start %d failed: %s", start, error)
+        if not outcome.ok:
+            print(format_table([record]))
+            sys.exit(1)
     if not multirun:
         print(format_table([record]))
 

@@ -188,6 +188,29 @@ def cli_args(spec: dict[str, Any], point: dict[str, Any], num_prompts: int, seed
     return args
 
 
+def sampling_of(argv: list[str]) -> dict[str, Any]:
+    """The sampling parameters a ``vllm bench serve`` command line sends with every request: ``temperature``,
+    ``top_p``, ``top_k`` (None: the flag was not given, the server's default, e.g. the checkpoint's
+    ``generation_config.json``), ``seed`` (the prompts' and arrivals' seed), ``ignore_eos`` and ``max_tokens``
+    (``--random-output-len``: vLLM's random dataset asks each request for that many tokens)."""
+
+    def value(flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+
+    def num(flag: str, kind: type[float] | type[int]) -> float | int | None:
+        v = value(flag)
+        return kind(v) if v is not None else None
+
+    return {
+        "temperature": num("--temperature", float),
+        "top_p": num("--top-p", float),
+        "top_k": num("--top-k", int),
+        "seed": num("--seed", int),
+        "ignore_eos": "--ignore-eos" in argv,
+        "max_tokens": num("--random-output-len", int),
+    }
+
+
 def _drop_flags(args: list[str], flags: list[str]) -> list[str]:
     """``args`` without each of ``flags`` and its value (every one of them takes exactly one)."""
     out, skip = [], False
@@ -559,6 +582,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 m0 = time.perf_counter()
                 sampled.clear()
                 result = call(point, n, seed, save=True)
+                end_unix_s = time.time()  # the window's end on the wall clock the GPU sampler stamps its samples with
                 measured = float(result.get("duration") or 0.0)
                 after = settled_counters(base_url)
                 attempt: dict[str, Any] = {
@@ -566,6 +590,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     "num_prompts": n,
                     "duration_s": measured,
                     "call_s": round(time.perf_counter() - m0, 3),
+                    "end_unix_s": round(end_unix_s, 3),
                 }
                 if sampled:
                     attempt["sample_s"] = sampled[-1]["sample_s"]
@@ -619,6 +644,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 elif measured > 0 and result.get("completed"):
                     level_rps[level] = float(result["completed"]) / measured
             side.update(
+                sampling=sampling_of(vllm_args(spec, point, n, seed, True, missing)),
                 counters_before=before,
                 counters_after=after,
                 attempts=attempts,

@@ -55,6 +55,14 @@ class BenchMode(StrEnum):
     concurrency = "concurrency"
 
 
+class StartOrder(StrEnum):
+    """``bench.start_order``: how a grid's server starts follow each other in time: every round in the grid's order
+    (baseline, A, B, baseline, A, B, ...) or in a seeded random order per round (``bench.seed``)."""
+
+    interleaved = "interleaved"
+    random = "random"
+
+
 class EnvKind(StrEnum):
     """``env.<stage>.kind``: a venv built from a requirements file, or an existing interpreter."""
 
@@ -339,6 +347,19 @@ class BenchConfig:
     # cores from the server it measures (there each level warms up before its first repeat, later repeats sized
     # from the rate the first reached)
     prefetch_prompts: bool = False
+    # independent server starts per job, each a whole sweep (every level, every repeat): the job runs start 1; in a
+    # grid, starts 2.. run after every job finished, round by round over the grid's schemes (bench.start_order), so
+    # that a drift of the machine lands on all of them; a single job runs them back to back
+    server_starts: int = 1
+    # more starts while a scheme's ratio to the baseline is unsettled at some load level (its interval over starts
+    # straddles a line of the review's 1.05x band), up to this many; null: exactly server_starts
+    max_server_starts: Optional[int] = None
+    start_order: StartOrder = StartOrder.interleaved
+    # coverage of the start-level interval over all looks of the stopping rule (each look at a Bonferroni share)
+    start_confidence: float = 0.95
+    # the GPU sampled during the sweep (NVML: power, clocks, temperature, utilization, energy) every this many ms;
+    # 0: not sampled. Fine enough that sub-second idle gaps show
+    gpu_sample_interval_ms: int = 100
 
 
 @dataclass

@@ -397,6 +397,28 @@ def bench_window_errors(bench: BenchConfig) -> list[str]:
     return errors
 
 
+def server_start_errors(bench: BenchConfig) -> list[str]:
+    """``bench.server_starts`` >= 1; ``bench.max_server_starts`` null or >= ``server_starts``;
+    ``bench.start_confidence`` in (0, 1); ``bench.gpu_sample_interval_ms`` 0 (off) or >= 10 (NVML's power reading
+    is refreshed every 20-100 ms: finer asks the same value again)."""
+    errors = []
+    if bench.server_starts < 1:
+        errors.append(f"bench.server_starts={bench.server_starts} must be >= 1 (1: the job's own start only)")
+    if bench.max_server_starts is not None and bench.max_server_starts < max(1, bench.server_starts):
+        errors.append(
+            f"bench.max_server_starts={bench.max_server_starts} must be null (exactly bench.server_starts) or >= "
+            f"bench.server_starts={bench.server_starts}"
+        )
+    c = bench.start_confidence
+    if not isinstance(c, (int, float)) or not 0 < c < 1:
+        errors.append(f"bench.start_confidence={c!r} must be in (0, 1), e.g. 0.95")
+    if bench.gpu_sample_interval_ms != 0 and bench.gpu_sample_interval_ms < 10:
+        errors.append(
+            f"bench.gpu_sample_interval_ms={bench.gpu_sample_interval_ms} must be 0 (not sampled) or >= 10 (e.g. 100)"
+        )
+    return errors
+
+
 def server_port_errors(cfg: Config) -> list[str]:
     """``bench.server.port`` is a TCP port, 1-65535, or 0 (a free port the OS picks); ``bench.server.strict_port``
     needs a port of its own to insist on."""
@@ -577,6 +599,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     if cfg.bench.repeats < 1:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
     errors += bench_window_errors(cfg.bench)
+    errors += server_start_errors(cfg.bench)
     errors += count_errors(cfg)
     _choice(errors, "env.device", cfg.env.device, DEVICES)
     if cfg.env.device == "auto":

@@ -1,4 +1,5 @@
-"""Hydra callback: after a multirun grid, print the per-scheme table, run the review, and fail if any
+"""Hydra callback: after a multirun grid, run the jobs' further server starts (``bench.server_starts``,
+:mod:`quantverdict.orchestrate.starts`), print the per-scheme table, run the review, and fail if any
 job failed (or the review could not be written, or was written but not logged to MLflow): exit code 2 when
 every job's config was refused (bad input, nothing ran), else 1."""
 
@@ -13,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
+from quantverdict.orchestrate.starts import grid_starts
 from quantverdict.results.record import JobRecord, find_records, read
 from quantverdict.results.table import format_table
 
@@ -20,6 +22,8 @@ from quantverdict.results.table import format_table
 class GridSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        # bench.server_starts > 1: starts 2.. of every finished job, interleaved round by round (before the table)
+        starts_ok = grid_starts(sweep_dir)
         records = []
         for path in find_records(sweep_dir):
             try:
@@ -36,7 +40,7 @@ class GridSummary(Callback):
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
         if failed and all(refused_before_work(r) for r in records):
             sys.exit(2)  # bad input, nothing ran: every job was refused before any work
-        if failed or not reviewed:
+        if failed or not reviewed or not starts_ok:
             sys.exit(1)
 
 

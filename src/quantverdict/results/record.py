@@ -486,6 +486,51 @@ class Accuracy(Section):
         return TokenPerplexity.model_validate(self.token_perplexity)
 
 
+class SamplingParams(Section):
+    """``speed.points[i].sampling``: what every request of the point was sent with (``vllm bench serve``'s flags):
+    ``temperature``, ``top_p``, ``top_k`` (None: not sent, the server's default), ``seed`` (prompts and arrivals),
+    ``ignore_eos``, ``max_tokens`` (:func:`quantverdict.children.sweep_client.sampling_of`)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    max_tokens: int | None = None
+
+
+class GpuWindow(Section):
+    """``speed.points[i].gpu``: what the GPU did in the point's measured window (NVML samples,
+    :func:`quantverdict.measure.gpu_samples.window_summary`): energy (J) and its source, energy per output token (J),
+    output tokens per joule, power (W), SM and memory clocks (MHz), temperature (C), utilization (%), the share of
+    samples with no kernel running and the longest idle run (s), clocks-event reasons, and the throttled and
+    drifting flags."""
+
+    window_unix_s: list[float] | None = None
+    samples: int | None = None
+    interval_ms: float | None = None
+    energy_j: float | None = None
+    energy_source: str | None = None  # energy_counter | power_integral
+    energy_per_output_token_j: float | None = None
+    output_tok_per_j: float | None = None
+    power_w_mean: float | None = None
+    power_w_max: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    sm_clock_mhz_min: float | None = None
+    sm_clock_busy_mhz_median: float | None = None
+    mem_clock_mhz_mean: float | None = None
+    temperature_c_max: float | None = None
+    util_pct_mean: float | None = None
+    idle_fraction: float | None = None
+    idle_longest_s: float | None = None
+    throttle_reasons: list[str] | None = None
+    limited_fraction: float | None = None
+    throttled: bool | None = None
+    sm_clock_drift_rel: float | None = None
+    drifting: bool | None = None
+    not_measured: str | None = None
+
+
 class SweepPoint(Section):
     """``speed.points[i]``: one benchmark run at one load (times in ms, rates in req/s and tok/s); the metric
     families ``ttft``, ``itl``, ``tpot``, ``e2e`` each with ``_ms_mean``/``_p50``/``_p90``/``_p99``, recomputed
@@ -589,6 +634,13 @@ class SweepPoint(Section):
     # {"start_s", "end_s"} from the first request sent; end None for a failed request
     request_times: dict[str, list[float | None]] | None = None
     result_file: str | None = None
+    # the server start the point came from (1: the job's own; absent in records written before starts were
+    # counted: read as 1, quantverdict.measure.starts.start_index) and that start's place in the time order of the
+    # grid's starts (speed.start_plan.sequence, 1-based)
+    server_start: int | None = None
+    start_order: int | None = None
+    sampling: SamplingParams | None = None
+    gpu: GpuWindow | None = None
 
 
 class LoadLevel(Section):
@@ -603,6 +655,75 @@ class LoadLevel(Section):
     saturated: bool | None = None
     throughput_basis: str | None = None
     metrics: dict[str, dict[str, float | int] | None] | None = None  # n (the repeats) an int
+
+
+class GpuSampling(Section):
+    """``speed.gpu_sampling``: how the GPU was sampled during the sweep (``source`` ``nvml`` or ``nvidia-smi``,
+    ``interval_ms``, ``devices``, ``samples``, the samples' ``file``), or why it was not (``not_measured``)."""
+
+    source: str | None = None
+    interval_ms: int | None = None
+    devices: list[str] | None = None
+    samples: int | None = None
+    file: str | None = None
+    not_measured: str | None = None
+
+
+class ServerStartInfo(Section):
+    """``speed.starts[i]``: one server start of the job and its whole sweep: ``index`` (1: the job's own),
+    ``order`` (its place in ``speed.start_plan.sequence``), ``status`` (``ok`` | ``failed``), ``error``, wall times
+    (s), the server's address, the points it added and where its files are."""
+
+    index: int | None = None
+    order: int | None = None
+    status: str | None = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    wall_s: float | None = None
+    server_start_s: float | None = None
+    sweep_wall_s: float | None = None
+    points: int | None = None
+    server: JsonObject | None = None
+    output_dir: str | None = None
+
+
+class LevelEnding(Section):
+    """``speed.start_plan.levels[i]``: what ended the starts of this scheme against the baseline at one load level
+    (:func:`quantverdict.measure.starts.settle`): ``ended_by`` ``settled_above`` | ``settled_below`` |
+    ``settled_inside`` | ``max_reached``, after ``starts`` starts, on the interval ``[low, high]`` of ``ratio`` at
+    ``confidence``."""
+
+    load: float | None = None
+    ended_by: str | None = None
+    starts: int | None = None
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    confidence: float | None = None
+
+
+class StartPlan(Section):
+    """``speed.start_plan``: the server starts that ran and in what order. ``how``: ``grid`` (the schemes' starts
+    interleaved round by round), ``single_job`` (back to back), or ``one_start`` (a record written before
+    ``bench.server_starts`` existed, read as one start); ``order`` ``interleaved`` | ``random`` (``seed``);
+    ``sequence``: every start of the grid in time order as ``<job id>#<start>``; the stopping rule's ``metric``,
+    ``confidence``, ``look_confidence``, baseline job and per-level endings; ``gpu_time_saved_s`` against
+    ``max_server_starts`` starts."""
+
+    how: str | None = None
+    server_starts: int | None = None
+    max_server_starts: int | None = None
+    order: str | None = None
+    seed: int | None = None
+    sequence: list[str] | None = None
+    metric: str | None = None
+    confidence: float | None = None
+    look_confidence: float | None = None
+    baseline_job: str | None = None
+    levels: list[LevelEnding] | None = None
+    gpu_time_saved_s: float | None = None
+    note: str | None = None
 
 
 class Speed(Section):
@@ -625,6 +746,9 @@ class Speed(Section):
     sweep_client: JsonObject | None = None  # the client process's import, calibration and gate times (s)
     dtype: JsonObject | None = None  # {"value", "chosen_by", "why"}: the compute dtype the pipeline chose
     time_split: JsonObject | None = None  # start, compile, graph capture, windows, client overhead (s)
+    gpu_sampling: GpuSampling | None = None
+    starts: list[ServerStartInfo] | None = None  # absent: one start (records written before starts were counted)
+    start_plan: StartPlan | None = None
 
 
 class ModelInfo(Section):

@@ -194,6 +194,8 @@ def parse_point(out_dir: Path, point: sweep_plan.SweepPoint, bench_cfg: BenchCon
     )
     bench_result.add_client_side(parsed, side, bench_cfg.min_duration_s)
     parsed["request_times"] = bench_result.request_times(json.loads(result_file.read_text()))
+    if isinstance(side.get("sampling"), dict):  # what every request of the point was sent with
+        parsed["sampling"] = side["sampling"]
     parsed["result_file"] = str(result_file)
     return parsed
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from quantverdict.config.cpu_caps import DtypeChoice
 from quantverdict.config.schema import ComputeDtype, Config
@@ -24,8 +25,9 @@ from quantverdict.measure import vllm_log
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import Record, ServerMemory, Speed, SweepPoint
+from quantverdict.results.record import GpuSampling, Record, ServerMemory, Speed, SweepPoint
 from quantverdict.results.stage_results import HbmResult
+from quantverdict.serving import gpu_sampling
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
@@ -191,9 +193,16 @@ def sweep(
     # a client told a port the server lost while it started is started again by run_sweep, not with the server
     with_server = client is not None and client.base_url == server.base_url
     t0 = time.perf_counter()
-    points = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
-    rec.speed.points = [SweepPoint.model_validate(p) for p in points]
+    with gpu_sampling.sampling(cfg, env, out / "bench") as sampled:  # NVML on cuda; on cpu, why not
+        points = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
     rec.speed.sweep_wall_s = round(time.perf_counter() - t0, 3)
+    for p in points:
+        p["server_start"] = 1  # the job's own start (quantverdict.orchestrate.starts runs the others)
+    part: dict[str, Any] = {"points": points}
+    gpu_sampling.annotate(part, sampled)
+    rec.speed.points = [SweepPoint.model_validate(p) for p in part["points"]]
+    if "gpu_sampling" in part:
+        rec.speed.gpu_sampling = GpuSampling.model_validate(part["gpu_sampling"])
     # the client's own start: with the server (its import overlapped the start-up, outside sweep_wall_s) or not
     result = out / "bench" / "sweep_client.result.json"
     done = json.loads(result.read_text()) if result.is_file() else {}

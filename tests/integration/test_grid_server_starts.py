@@ -1,0 +1,98 @@
+"""A two-scheme CPU grid with two server starts per scheme (``bench.server_starts=2``): the second starts run after
+both jobs, interleaved in time (bf16, W8A8, bf16, W8A8), each point records the start it came from, and no server is
+left behind.
+
+Expected by hand: one load level (c = 1) and one repeat per start, so each record holds two points: start 1 with
+repeat 0, start 2 with repeat 1 (repeat indices after the earlier starts'); the grid's plan in time order is
+``bf16#1, w8a8#1, bf16#2, w8a8#2`` (the jobs' order, round by round), so the points' ``start_order`` is 1 and 3 for
+bf16, 2 and 4 for w8a8; bf16's second start begins after the w8a8 job finished. Every point was sent greedy
+(temperature 0), ``ignore_eos``, 8 tokens; energy is not measured on CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clihelp import marked_pids, new_marker, run_cli
+from quantverdict.measure.starts import settle
+from quantverdict.orchestrate.starts import run_starts
+from quantverdict.results.record import find_records, load
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FAST = [
+    "scheme=bf16,w8a8",
+    "scheme.calibration.num_samples=16",
+    "scheme.calibration.seq_len=128",
+    "resume=false",
+    "eval.enabled=false",
+    "bench.mode=concurrency",
+    "bench.concurrencies=[1]",
+    "bench.num_prompts=2",
+    "bench.warmup_prompts=1",
+    "bench.min_duration_s=0",
+    "bench.input_len=32",
+    "bench.output_len=8",
+    "bench.server_starts=2",
+    "bench.server.port=8815",
+]
+
+
+def test_two_starts_interleaved_over_a_grid(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
+    marker = new_marker()
+    proc = run_cli(tmp_path, *FAST, multirun=True, timeout=1500, marker=marker)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert marked_pids(marker, "vllm_cli") == []  # every server of every start stopped
+    recs = {r["job"]["weight_scheme"]: r for r in map(load, find_records(tmp_path / "multirun"))}
+    assert set(recs) == {"bf16", "w8a8"}
+    ids = {k: r["job"]["id"] for k, r in recs.items()}
+    sequence = [f"{ids['bf16']}#1", f"{ids['w8a8']}#1", f"{ids['bf16']}#2", f"{ids['w8a8']}#2"]
+    for scheme, rec in recs.items():
+        assert rec["status"] == "ok", rec.get("error")
+        speed = rec["speed"]
+        points = sorted(speed["points"], key=lambda p: p["server_start"])
+        assert [(p["server_start"], p["repeat"], p["concurrency"]) for p in points] == [(1, 0, 1), (2, 1, 1)]
+        first = sequence.index(f"{ids[scheme]}#1") + 1
+        assert [p["start_order"] for p in points] == [first, first + 2]
+        for p in points:
+            assert p["sampling"] == {
+                "temperature": 0.0,
+                "top_p": None,
+                "top_k": None,
+                "seed": p["seed"],
+                "ignore_eos": True,
+                "max_tokens": 8,
+            }
+            assert "gpu" not in p
+        plan = speed["start_plan"]
+        assert (plan["how"], plan["order"], plan["server_starts"], plan["max_server_starts"]) == (
+            "grid",
+            "interleaved",
+            2,
+            2,
+        )
+        assert plan["sequence"] == sequence
+        assert [(s["index"], s["status"], s["order"]) for s in speed["starts"]] == [
+            (1, "ok", first),
+            (2, "ok", first + 2),
+        ]
+        assert "device cpu" in speed["gpu_sampling"]["not_measured"]
+        # the second start's own folder: its server log and sweep files
+        start2 = Path(speed["starts"][1]["output_dir"])
+        assert (start2 / "vllm_server.log").is_file() and (start2 / "bench" / "sweep.jsonl").is_file()
+        assert speed["summary"][0]["repeats"] == 2  # the per-load summary over both starts
+    # in time: bf16's second start began after the w8a8 job (its first start) had finished
+    assert recs["bf16"]["speed"]["starts"][1]["started_at"] >= recs["w8a8"]["job"]["finished_at"]
+    # the stopping rule's record for w8a8 against the bf16 baseline at c = 1, consistent with its interval
+    (level,) = recs["w8a8"]["speed"]["start_plan"]["levels"]
+    assert recs["w8a8"]["speed"]["start_plan"]["baseline_job"] == ids["bf16"]
+    assert level["load"] == 1.0 and level["starts"] == 2
+    assert level["ended_by"] == settle(level["low"], level["high"], 2, 2, 2)
+    assert recs["bf16"]["speed"]["start_plan"]["levels"] is None  # the baseline is compared with no one
+    # resumable: the grid step run again finds every start in the records and starts no server
+    ran: list[str] = []
+    again = run_starts([Path(r["job"]["output_dir"]) for r in recs.values()], "grid", on_start=ran.append)
+    assert ran == [] and again.ok and again.sequence == sequence
+    assert all(len(load(Path(r["job"]["output_dir"]))["speed"]["points"]) == 2 for r in recs.values())
