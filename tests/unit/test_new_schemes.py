@@ -166,15 +166,24 @@ def test_nvfp4_is_evaluated_in_bfloat16_on_cpu() -> None:
         cpu_caps.plan(AVX2, scheme("nvfp4"), "auto", "float32", "hf", serving=False)
 
 
-# vLLM's lines for an NVFP4 checkpoint on an H200 (compute capability 9.0): the kernel choice, logged by
-# init_nvfp4_linear_kernel ("Using %s for NVFP4 GEMM"), and MarlinNvFp4LinearKernel.process_weights_after_loading's
-# warning; prefixes as vllm serve prints them
+# vLLM 0.26.0's lines for an NVFP4A16 checkpoint of the 8B shape on an H200 (compute capability 9.0), as its server
+# log holds them: the kernel choice (init_nvfp4_linear_kernel, "Using %s for NVFP4 GEMM") and
+# MarlinNvFp4LinearKernel.process_weights_after_loading's warning
 HOPPER_NVFP4 = """\
-(EngineCore pid=2211) INFO 12-04 10:01:02 [__init__.py:1240] Using MarlinNvFp4LinearKernel for NVFP4 GEMM
-(EngineCore pid=2211) WARNING 12-04 10:01:09 [marlin.py:34] Your GPU does not have native support for FP4 \
+(EngineCore pid=5473) INFO 12-05 06:03:11 [__init__.py:933] Using MarlinNvFp4LinearKernel for NVFP4 GEMM
+(EngineCore pid=5473) WARNING 12-05 06:03:14 [marlin.py:34] Your GPU does not have native support for FP4 \
 computation but FP4 quantization is being used. Weight-only FP4 compression will be used leveraging the Marlin \
 kernel. This may degrade performance for compute-heavy workloads.
 """
+# the same server's lines for the W4AFP8 and FP8_BLOCK checkpoints of that shape
+HOPPER_W4AFP8 = (
+    "(EngineCore pid=4245) INFO 12-05 05:59:47 [compressed_tensors_w4a8_fp8.py:103] "
+    "Using CutlassW4A8LinearKernel for CompressedTensorsW4A8Fp8\n"
+)
+HOPPER_FP8_BLOCK = (
+    "(EngineCore pid=6658) INFO 12-05 06:07:04 [__init__.py:604] "
+    "Selected FlashInferFp8DeepGEMMDynamicBlockScaledKernel for CompressedTensorsW8A8Fp8\n"
+)
 # the same checkpoint on a B200 (compute capability 10.0): a native FP4 GEMM
 BLACKWELL_NVFP4 = (
     "(EngineCore pid=90) INFO 12-04 10:01:02 [__init__.py:1240] "
@@ -198,6 +207,21 @@ def test_fp4_on_hopper_is_a_weight_only_fallback() -> None:
     kc = kernels.kernel_check("NVFP4A16", server, activation_quantized=False)
     assert kc["comparable_for_speed"] is True and kc["effective_label"] == "NVFP4A16 (weight-only fallback)"
     assert kc["reason"].startswith("weight-only fallback: FP4 weights dequantized")
+
+
+@pytest.mark.parametrize(
+    ("text", "label", "kernel", "method"),
+    [
+        (HOPPER_W4AFP8, "W4AFP8", "CutlassW4A8LinearKernel", "CompressedTensorsW4A8Fp8"),
+        (HOPPER_FP8_BLOCK, "FP8_BLOCK", "FlashInferFp8DeepGEMMDynamicBlockScaledKernel", "CompressedTensorsW8A8Fp8"),
+    ],
+)
+def test_w4afp8_and_fp8_block_run_their_own_kernels_on_hopper(text: str, label: str, kernel: str, method: str) -> None:
+    server = vllm_log.parse(text, activation_quantized=True)
+    assert server["kernels"] == [{"kernel": kernel, "method": method}]
+    assert server["fallback"] is False and server["compute"] == "native"
+    kc = kernels.kernel_check(label, server, activation_quantized=True)
+    assert (kc["kernel"], kc["effective_label"], kc["comparable_for_speed"]) == (kernel, label, True)
 
 
 def test_fp4_on_blackwell_is_native() -> None:
