@@ -66,8 +66,10 @@ def reparse_points(rec: JobRecord, job_dir: Path) -> bool:
         if name not in by_name:
             continue
         new = parse_point(bench_dir, by_name[name], bench_cfg)
-        if old.has("result_file"):
-            new["result_file"] = old.result_file
+        # what the sweep added beside the client's files: kept as recorded
+        for key in ("result_file", "gpu", "server_start", "start_order", "sampling"):
+            if old.has(key):
+                new[key] = old.to_dict()[key]
         points[i] = SweepPoint.model_validate(new)
         reread = True
     return reread

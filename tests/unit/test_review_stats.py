@@ -268,3 +268,21 @@ def test_paired_ratio_pairs_by_repeat_and_skips_invalid() -> None:
     assert row["pairs"] == 2 and row["ratios"] == [1.2, 1.22]
     (one,) = stats.paired_ratio(_pts([120]), _pts([100]))
     assert one["ratio"] == pytest.approx(1.2) and one["low"] is None and one["verdict"] == "no difference established"
+
+
+def test_paired_ratio_pairs_server_starts_not_repeats() -> None:
+    # three server starts of three repeats each (repeat numbered (start - 1) x 3 + r, as the extra starts record
+    # them): the scheme at 106, 108, 110 +- 0.5 per start, the baseline at 100 throughout. By start: means 106, 108,
+    # 110 -> logs 0.058269, 0.076961, 0.095310; mean 0.076847, sd 0.018521; half-width t_{0.975, 2} 4.302653 x
+    # 0.018521 / sqrt(3) = 0.046008 -> [exp(0.030839), exp(0.122855)] = [1.03132, 1.13073]. Pooling the nine
+    # repeats as pairs would give about [1.066, 1.094]: too narrow, the repeats of one start share its effect.
+    def started(means: list[float], spread: float) -> list[dict]:
+        return [
+            {"concurrency": 256, "repeat": 3 * s + r, "server_start": s + 1, "output_tok_s": m + d, "valid": True}
+            for s, m in enumerate(means)
+            for r, d in enumerate((-spread, 0.0, spread))
+        ]
+
+    (row,) = stats.paired_ratio(started([106, 108, 110], 0.5), started([100, 100, 100], 0.0))
+    assert row["pairs"] == 3 and row["ratios"] == pytest.approx([1.06, 1.08, 1.10])
+    assert row["low"] == pytest.approx(1.03132, abs=1e-4) and row["high"] == pytest.approx(1.13073, abs=1e-4)

@@ -390,6 +390,11 @@ def paired_ratio(
     points only, :func:`quantverdict.measure.validity.point_valid`): the geometric mean ratio and
     ``exp(`` :func:`t_interval` ``)`` of the log ratios.
 
+    Points from more than one server start (``server_start`` > 1 on either side) are paired by start instead: each
+    start's mean over its valid repeats, start ``s`` with the baseline's start ``s``, so the interval holds the
+    between-start variance (analysis of summary measures, Matthews et al. 1990, BMJ 300:230; the unit is then
+    ``server start``, as :func:`quantverdict.measure.starts.start_ratios`).
+
     Args:
         points, baseline_points: sweep points as recorded (``repeat``, load keys, ``metric``).
         metric: a point key, e.g. ``output_tok_s``.
@@ -401,13 +406,17 @@ def paired_ratio(
         ``faster``, ``slower`` or ``no difference established``.
     """
 
+    by_start = any(int(p.get("server_start") or 1) > 1 for p in [*points, *baseline_points])
+    unit = "server start" if by_start else "repeat"
+
     def by_key(ps: list[dict[str, Any]]) -> dict[tuple[float, int], float]:
-        out: dict[tuple[float, int], float] = {}
+        groups: dict[tuple[float, int], list[float]] = {}
         for p in ps:
             v = p.get(metric)
             if point_valid(p) and isinstance(v, (int, float)) and v > 0:
-                out[(load_of(p, mode), int(p.get("repeat") or 0))] = float(v)
-        return out
+                key = int(p.get("server_start") or 1) if by_start else int(p.get("repeat") or 0)
+                groups.setdefault((load_of(p, mode), key), []).append(float(v))
+        return {k: math.fsum(vs) / len(vs) for k, vs in groups.items()}
 
     mine, base = by_key(points), by_key(baseline_points)
     result = []
@@ -420,7 +429,7 @@ def paired_ratio(
         if ratios:
             entry["ratio"] = float(np.exp(logs.mean()))
         if len(ratios) >= MIN_ITEMS:
-            iv = t_interval(logs.tolist(), confidence, unit="repeat")
+            iv = t_interval(logs.tolist(), confidence, unit=unit)
             low, high = float(np.exp(iv.low)), float(np.exp(iv.high))
             entry.update(low=low, high=high)
             better = low > 1 if higher_is_better else high < 1

@@ -22,6 +22,7 @@ runs again the next time. The plan that ran is ``speed.start_plan`` of every rec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from quantverdict.config.cpu_caps import DtypeChoice
 from quantverdict.config.schema import Config
 from quantverdict.measure import starts as start_math
 from quantverdict.measure.starts import LevelDecision
+from quantverdict.measure.sweep_plan import load_of
 from quantverdict.processes import envs
 from quantverdict.results.record import (
     RECORD_FILE,
@@ -251,6 +253,14 @@ def _decisions(jobs: list[GridJob], lo: int, hi: int, confidence: float, mode: s
     return out
 
 
+def _planned_loads(jobs: list[GridJob], job_id: str, mode: str) -> set[float]:
+    """The load levels of ``job_id``'s points and of its baseline's: the levels the stopping rule must settle."""
+    job = next(j for j in jobs if j.id == job_id)
+    base = baseline_of(job, jobs)
+    points = [*job.record["speed"].get("points", []), *(base.record["speed"].get("points", []) if base else [])]
+    return {load_of(p, mode) for p in points}
+
+
 def run_starts(job_dirs: list[Path], how: How = "grid", on_start: Callable[[str], None] | None = None) -> StartsOutcome:
     """Run server starts 2.. of the finished jobs in ``job_dirs`` (see the module docstring).
 
@@ -287,6 +297,10 @@ def run_starts(job_dirs: list[Path], how: How = "grid", on_start: Callable[[str]
                         ended.setdefault(job_id, {}).setdefault(d.load, d)
                     elif d.load not in ended.get(job_id, {}):
                         unsettled = True
+                # a planned load with no pair to decide on (no valid point on one side) is not settled either
+                decided = {d.load for d in decisions} | set(ended.get(job_id, {}))
+                if _planned_loads(jobs, job_id, mode) - decided:
+                    unsettled = True
             if not unsettled:
                 outcome.stopped_early = s - 1 < hi
                 break
@@ -307,10 +321,11 @@ def run_starts(job_dirs: list[Path], how: How = "grid", on_start: Callable[[str]
                 outcome.failed.append((job_id, s, str(entry.get("error"))))
         starts_run = s
     else:
-        if paired:  # the last look, at the maximum
+        if paired:  # the last look, at the maximum: what is still open there ended by the maximum
             for job_id, decisions in _decisions(jobs, lo, hi, confidence, mode).items():
                 for d in decisions:
-                    ended.setdefault(job_id, {}).setdefault(d.load, d)
+                    last = dataclasses.replace(d, ended_by="max_reached") if d.ended_by == "continue" else d
+                    ended.setdefault(job_id, {}).setdefault(d.load, last)
     _write_plans(jobs, how, lo, hi, order, seed, confidence, outcome, ended, starts_run, paired)
     return outcome
 

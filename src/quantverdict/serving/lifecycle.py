@@ -193,16 +193,24 @@ def sweep(
     # a client told a port the server lost while it started is started again by run_sweep, not with the server
     with_server = client is not None and client.base_url == server.base_url
     t0 = time.perf_counter()
-    with gpu_sampling.sampling(cfg, env, out / "bench") as sampled:  # NVML on cuda; on cpu, why not
-        points = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
-    rec.speed.sweep_wall_s = round(time.perf_counter() - t0, 3)
-    for p in points:
-        p["server_start"] = 1  # the job's own start (quantverdict.orchestrate.starts runs the others)
-    part: dict[str, Any] = {"points": points}
-    gpu_sampling.annotate(part, sampled)
-    rec.speed.points = [SweepPoint.model_validate(p) for p in part["points"]]
-    if "gpu_sampling" in part:
-        rec.speed.gpu_sampling = GpuSampling.model_validate(part["gpu_sampling"])
+    points: list[dict[str, Any]] | None = None
+    sampled: gpu_sampling.Sampling | None = None
+    try:
+        with gpu_sampling.sampling(cfg, env, out / "bench") as sampled:  # NVML on cuda; on cpu, why not
+            points = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
+    finally:
+        # a sweep that failed part-way keeps the points that finished, with their GPU windows
+        if points is None:
+            points = finished_points(out / "bench")
+        rec.speed.sweep_wall_s = round(time.perf_counter() - t0, 3)
+        for p in points:
+            p["server_start"] = 1  # the job's own start (quantverdict.orchestrate.starts runs the others)
+        part: dict[str, Any] = {"points": points}
+        if sampled is not None:
+            gpu_sampling.annotate(part, sampled)
+        rec.speed.points = [SweepPoint.model_validate(p) for p in part["points"]]
+        if "gpu_sampling" in part:
+            rec.speed.gpu_sampling = GpuSampling.model_validate(part["gpu_sampling"])
     # the client's own start: with the server (its import overlapped the start-up, outside sweep_wall_s) or not
     result = out / "bench" / "sweep_client.result.json"
     done = json.loads(result.read_text()) if result.is_file() else {}
