@@ -186,6 +186,7 @@ def run_one_start(job: GridJob, start: int, order: int) -> dict[str, Any]:
             server_start_s=scratch.speed.server_start_s,
             sweep_wall_s=scratch.speed.sweep_wall_s,
             server=scratch.speed.server,
+            gpu_sampling=scratch.speed.gpu_sampling.to_dict() if scratch.speed.gpu_sampling else None,
         )
         points = [p.to_dict() for p in scratch.speed.points] if entry.get("status") == "ok" else []
         entry["points"] = len(points)
@@ -353,7 +354,12 @@ def _write_plans(
         for p in speed.get("points") or []:
             p["start_order"] = position.get(f"{job.id}#{start_math.start_index(p)}")
         base = baseline_of(job, jobs)
-        walls = [float(s["wall_s"]) for s in speed["starts"] if s.get("status") == "ok" and s.get("wall_s")]
+        # server start-up + sweep of every start alike (start 1's wall_s holds only these; the later ones' more)
+        walls = [
+            float(s["server_start_s"]) + float(s["sweep_wall_s"])
+            for s in speed["starts"]
+            if s.get("status") == "ok" and s.get("server_start_s") is not None and s.get("sweep_wall_s") is not None
+        ]
         plan: dict[str, Any] = {
             "how": how,
             "server_starts": lo,

@@ -672,7 +672,7 @@ class GpuSampling(Section):
 class ServerStartInfo(Section):
     """``speed.starts[i]``: one server start of the job and its whole sweep: ``index`` (1: the job's own),
     ``order`` (its place in ``speed.start_plan.sequence``), ``status`` (``ok`` | ``failed``), ``error``, wall times
-    (s), the server's address, the points it added and where its files are."""
+    (s), the server's address, the points it added, where its files are and how its GPU was sampled."""
 
     index: int | None = None
     order: int | None = None
@@ -686,6 +686,7 @@ class ServerStartInfo(Section):
     points: int | None = None
     server: JsonObject | None = None
     output_dir: str | None = None
+    gpu_sampling: GpuSampling | None = None  # this start's sampler: source, interval, file, or why not measured
 
 
 class LevelEnding(Section):
