@@ -20,6 +20,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
+from quantverdict.review.document import RegimeReading
 from review_records import grid, record, speed
 
 # the point test throughout (these records' tasks have 100 items: floor_test auto would test them on the
@@ -218,9 +219,9 @@ def test_regime_analysis() -> None:
     rows = {r["scheme"]: r for r in review.regime["m"]}
     # gptq: 40 / 25 = 1.6x at low load; 270 / 300 = 0.9x at saturation
     assert rows["gptq"]["low"] == pytest.approx(1.6) and rows["gptq"]["sat"] == pytest.approx(0.9)
-    assert "pays at low load only" in rows["gptq"]["text"]
+    assert rows["gptq"]["reading"] == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
     # w8a8: 40 / 33 = 1.21x and 400 / 300 = 1.33x
-    assert "keeps paying" in rows["w8a8"]["text"]
+    assert rows["w8a8"]["reading"] == RegimeReading.KEEPS_PAYING
 
 
 def test_a_baseline_without_results_gives_no_verdict() -> None:

@@ -381,7 +381,7 @@ def _regime(row: dict[str, Any]) -> doc.Regime:
         saturation_claim=_claim(row.get("sat_claim")),
         saturation_not_compared=row.get("sat_gap"),
         paired=paired,
-        sentence=row["text"],
+        reading=doc.RegimeReading(row["reading"]),
     )
 
 
