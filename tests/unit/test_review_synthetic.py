@@ -61,7 +61,8 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
     v = rv.verdicts[0]
     assert v.decision == "quantize" and v.scheme == "fp8"
     assert v.sentence.startswith("**On memory and speed alone: deploy fp8 (FP8_DYNAMIC).**")
-    assert v.binding == ["bf16 (BF16) fails memory: 5.250 GiB (44%) over the 12.0 GiB budget"]
+    assert v.binding_constraints == ["memory"]
+    assert rv.checks[v.model]["bf16"]["memory"].shortfall == "5.250 GiB (44%) over the 12.0 GiB budget"
     assert "needs 10.8 GiB <= 12.0 GiB budget" in v.sentence
     assert "accuracy not measured (not applicable: random weights)" in v.sentence
     assert "meets both memory and latency (8-bit tier; E2E p50 396 ms at the load, ahead of w8a8)" in v.sentence

@@ -321,7 +321,6 @@ class ModelVerdict(_Strict):
     ceilings_differ_in_basis: bool = Field(description="the schemes' ceilings rest on different windows")
     compute_reported: bool = Field(description="a server log said whether some scheme computes in its format")
     sentence: str
-    binding_sentences: list[str]
     evidence: list[str]
     others: list[str]
 

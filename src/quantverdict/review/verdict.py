@@ -76,8 +76,7 @@ class Verdict:
     scheme: str | None
     label: str | None
     sentence: str  # the verdict, citing the three numbers
-    binding: list[str] = field(default_factory=list)  # constraints the baseline fails (with by how much)
-    binding_constraints: list[str] = field(default_factory=list)  # the same, the constraint names alone
+    binding_constraints: list[str] = field(default_factory=list)  # the constraints the baseline fails
     evidence: list[str] = field(default_factory=list)  # the chosen scheme's (or the baseline's) full checks
     others: list[str] = field(default_factory=list)  # one sentence per other scheme
     passed_over: list[PassedOver] = field(default_factory=list)  # the same, typed: why each was not chosen
@@ -686,10 +685,9 @@ def _decide(
             _other(v, sc, all_checks[sc.scheme], PassReason.NO_VERDICT, _cite(all_checks[sc.scheme]))
         return
     bc = all_checks[base.scheme]
-    v.binding = [f"{base.name} fails {c.constraint}: {c.shortfall}" for c in bc.values() if c.status == FAIL]
     v.binding_constraints = [c.constraint for c in bc.values() if c.status == FAIL]
     unverified = [c for c in bc.values() if c.status == UNKNOWN]
-    if not v.binding and (unverified or base.status != "ok"):
+    if not v.binding_constraints and (unverified or base.status != "ok"):
         v.decision = Decision.BASELINE_NOT_CHECKED
         hint = {"memory": "review.memory_budget_gib=null", "latency": "review.ttft_ms_p99=null review.itl_ms_p99=null"}
         offs = " ".join(hint[c.constraint] for c in unverified if c.constraint in hint)
@@ -707,7 +705,7 @@ def _decide(
             cs = all_checks[sc.scheme]
             _other(v, sc, cs, PassReason.NO_VERDICT, f"passes {three}" if _eligible(sc, cs) else _why_not(sc, cs))
         return
-    if not v.binding:
+    if not v.binding_constraints:
         v.decision, v.scheme, v.label = Decision.DO_NOT_QUANTIZE, base.scheme, base.label
         head = f"{alone}do not quantize, keep {base.name}." if alone else f"Do not quantize: keep {base.name}."
         v.sentence = f"**{head}** No constraint binds: it {_three(bc)}."
