@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
     from quantverdict.review import ReviewNotLogged, run_review
+    from quantverdict.review.export import to_document
+    from quantverdict.review.render import console
 
     try:
         rc, tracking, output_root = compose_review(args.overrides)
@@ -151,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for v in review.verdicts:
-        print(plain(v.sentence))
-        for b in v.binding:
-            print(f"  binding: {plain(b)}")
+    print(plain(console(to_document(review))), end="")
     if review.flags:
         print(f"{len(review.flags)} honesty flags (see the review):")
         for f in review.flags:

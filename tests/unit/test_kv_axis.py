@@ -21,7 +21,9 @@ from quantverdict.config.schemes import checkpoint_key
 from quantverdict.measure.kv_cache import kv_bytes_per_token, kv_capacity, kv_element_bytes, kv_scale_bytes
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
+from quantverdict.review.export import to_document
 from quantverdict.review.memory import memory_summary
+from quantverdict.review.render import markdown
 from review_records import GIB, record
 
 pytestmark = pytest.mark.unit
@@ -181,7 +183,8 @@ def test_review_weighs_the_kv_lever_without_kv_combinations() -> None:
     assert v.decision == "no scheme meets all three" and v.lever == ""
     assert v.kv_lever["binds_on"] == "kv_cache" and v.kv_lever["measured"] == []
     assert v.kv_lever["fp8_need_gib"] == pytest.approx(1.322884, abs=1e-6) and v.kv_lever["fp8_fits"] is True
-    assert "kv=auto,fp8" in v.sentence
+    md = markdown(to_document(review))  # the verdict names the lever it could not weigh
+    assert "No KV-cache combination was measured: run the grid with kv=auto,fp8 to weigh it." in md
 
 
 def test_weights_that_do_not_fit_bind_on_the_weights() -> None:
@@ -201,4 +204,3 @@ def test_a_refused_kv_combination_is_not_counted_as_measured() -> None:
     review = build_review([kv_record("bf16", "auto"), refused], RC, "t")
     v = review.verdicts[0]
     assert v.kv_lever["binds_on"] == "kv_cache" and v.kv_lever["measured"] == []
-    assert "kv=auto,fp8" in v.sentence  # the hint to measure the lever stands

@@ -50,7 +50,7 @@ def test_a_program_reads_the_decision_and_the_three_numbers(tmp_path: Path) -> N
     paths = write_review(build_review(grid(), RC, "test"), tmp_path)
     data = json.loads(paths["json"].read_text())
     validate(data)
-    assert data["schema_version"] == SCHEMA_VERSION == 3
+    assert data["schema_version"] == SCHEMA_VERSION == 4
 
     # the decision, from fields
     (v,) = data["verdicts"]
@@ -155,6 +155,7 @@ def test_regime_claims_are_fields() -> None:
     assert (low["rule"], low["class"], sat["rule"], sat["class"]) == ("single run", "pays", "single run", "pays")
     assert low["speedup"] == pytest.approx(40 / 33) and sat["speedup"] == pytest.approx(400 / 300)
     assert w8a8["saturation_not_compared"] is None and low["low"] is None
+    assert w8a8["reading"] == "keeps_paying"
 
 
 def test_flags_carry_their_code_and_scheme() -> None:

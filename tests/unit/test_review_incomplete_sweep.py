@@ -17,6 +17,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
+from quantverdict.review.document import RegimeReading
 from quantverdict.review.export import to_document
 from quantverdict.review.sources import load_dir
 from review_records import SYN_CONCURRENCIES, record, speed, synthetic_grid
@@ -50,7 +51,7 @@ def test_the_interrupted_decode_lease_claims_low_load_only() -> None:
     assert row["sat"] is None and row["sat_claim"] is None and row["sat_range"] is None
     # the low-load claim stands: ITL p50 at concurrency 16, three repeats paired on one GPU
     assert row["low_claim"]["rule"] == "paired t" and row["low_claim"]["class"] == "pays"
-    assert row["text"].endswith(f"saturation not compared: {STOPPED} -> pays at low load; saturation not measured")
+    assert row["reading"] == RegimeReading.SATURATION_NOT_MEASURED
     # output tok/s at concurrency 16, gptq / bf16 by repeat: 3,574.1 / 2,823.2, 3,579.1 / 2,824.1, 3,582.7 /
     # 2,819.3 = 1.2660, 1.2673, 1.2708; geometric mean 1.2680
     tok = next(p for p in row["paired"] if p["metric"] == "output_tok_s")
@@ -130,7 +131,7 @@ def test_one_common_level_is_not_a_saturation_claim() -> None:
     review = build_review(recs, RC, "t")
     row = _row(review, "gptq")
     assert row["sat_gap"] == "one load level measured by both (concurrency 1): its speedup is the low-load claim"
-    assert "saturation not measured" in row["text"] and "at saturation (" not in row["text"]
+    assert row["reading"] == RegimeReading.SATURATION_NOT_MEASURED and row["sat_claim"] is None
     assert not [f for f in review.flags if f.code == "sweep_incomplete"]  # nothing planned is missing
 
 
@@ -157,7 +158,7 @@ def test_sweeps_sharing_only_their_top_compare_there() -> None:
     row = _row(build_review(recs, RC, "t"), "gptq")
     assert row["low"] == pytest.approx(20.0 / 30.0)  # at 256, the one load both measured: slower
     assert row["sat_gap"] == "one load level measured by both (concurrency 256): its speedup is the low-load claim"
-    assert "costs at low load; saturation not measured" in row["text"]
+    assert row["reading"] == RegimeReading.SATURATION_NOT_MEASURED and row["low_claim"]["class"] == "costs"
 
 
 def test_a_scheme_excluded_from_speed_has_no_saturation_gap() -> None:
@@ -166,7 +167,7 @@ def test_a_scheme_excluded_from_speed_has_no_saturation_gap() -> None:
     gptq["memory"]["server"]["fallback"] = True  # a weight-only fallback kernel: not compared for speed
     gptq["speed"]["points"] = gptq["speed"]["points"][:2]
     row = _row(build_review(recs, RC, "t"), "gptq")
-    assert row["sat_gap"] is None and "excluded from speed comparisons" in row["text"]
+    assert row["sat_gap"] is None and row["reading"] == RegimeReading.EXCLUDED
 
 
 def test_the_lower_bound_reaches_the_gpu_lines_and_the_cost_json() -> None:

@@ -61,11 +61,13 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
     v = rv.verdicts[0]
     assert v.decision == "quantize" and v.scheme == "fp8"
     assert v.sentence.startswith("**On memory and speed alone: deploy fp8 (FP8_DYNAMIC).**")
-    assert v.binding == ["bf16 (BF16) fails memory: 5.250 GiB (44%) over the 12.0 GiB budget"]
+    assert v.binding_constraints == ["memory"]
+    assert rv.checks[v.model]["bf16"]["memory"].shortfall == "5.250 GiB (44%) over the 12.0 GiB budget"
     assert "needs 10.8 GiB <= 12.0 GiB budget" in v.sentence
     assert "accuracy not measured (not applicable: random weights)" in v.sentence
     assert "meets both memory and latency (8-bit tier; E2E p50 396 ms at the load, ahead of w8a8)" in v.sentence
-    assert v.sentence.endswith(TAIL)
+    line = next(line for line in markdown(to_document(rv)).splitlines() if v.sentence in line)  # the verdict as shown
+    assert line.endswith(f" Accuracy not measured (not applicable: synthetic model with random weights): {TAIL}")
     assert v.accuracy_not_measured.startswith("synthetic model with random weights")
     assert "gptq (W4A16): passes both memory and latency too, not chosen (more aggressive)" in v.others
     assert {cs["accuracy"].status for cs in rv.checks[v.model].values()} == {"not_applicable"}
@@ -93,7 +95,7 @@ def test_nothing_binds_keeps_bf16_and_still_says_accuracy_was_not_measured() -> 
     v = review().verdicts[0]  # 24 GiB >= 17.25
     assert v.decision == "do not quantize"
     assert v.sentence.startswith("**On memory and speed alone: do not quantize, keep bf16 (BF16).**")
-    assert "not measured" in v.sentence and v.sentence.endswith(TAIL)
+    assert "not measured" in v.sentence and v.accuracy_not_measured.startswith("synthetic model with random weights")
     assert "fp8 (FP8_DYNAMIC): would also pass both memory and latency, but nothing needs it" in v.others
 
 
@@ -173,7 +175,7 @@ def test_mixed_grid_real_model_keeps_its_accuracy_check() -> None:
     # 0.22 GiB is far below the synthetic model's needs: no scheme meets memory, said on memory/speed alone
     assert syn.decision == "no scheme meets all three"
     assert syn.sentence.startswith("**No scheme meets both memory and latency constraints for llama3.1-8b-shape.**")
-    assert syn.sentence.endswith(TAIL)
+    assert syn.accuracy_not_measured and f"{syn.sentence} Accuracy not measured" in markdown(to_document(rv))
 
 
 def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing() -> None:
@@ -189,7 +191,7 @@ def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing
     assert rv.checks["llama3.1-8b-shape"]["gptq"]["accuracy"].status == "not_applicable"
     v = rv.verdicts[0]
     assert v.decision == "no scheme meets all three"
-    assert "its job failed in stage quantize" in v.sentence and v.sentence.endswith(TAIL)
+    assert "its job failed in stage quantize" in v.sentence and v.accuracy_not_measured
 
 
 @pytest.mark.browser

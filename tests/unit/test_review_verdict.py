@@ -20,6 +20,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
+from quantverdict.review.document import RegimeReading
 from review_records import grid, record, speed
 
 # the point test throughout (these records' tasks have 100 items: floor_test auto would test them on the
@@ -37,7 +38,7 @@ def test_no_constraint_binding_means_do_not_quantize() -> None:
     # defaults: 24 GiB budget, 95% recovery, +5% perplexity, TTFT p99 2 s / ITL p99 200 ms at 1 req/s
     _, v = verdict(grid())
     assert v.decision == "do not quantize" and v.scheme == "bf16"
-    assert not v.binding
+    assert not v.binding_constraints
     # the sentence cites the three numbers: memory 0.348877 GiB of 24 GiB, the accuracy reference, the latency
     assert "0.349 GiB" in v.sentence and "24.0 GiB budget" in v.sentence
     assert "accuracy reference" in v.sentence
@@ -64,7 +65,8 @@ def test_budget_only_4bit_meets() -> None:
     # gptq (E2E p50 900 ms) beats awq (950 ms) at the load
     review, v = verdict(grid(), memory_budget_gib=0.22)
     assert v.decision == "quantize" and v.scheme == "gptq"
-    assert v.binding == ["bf16 (BF16) fails memory: 0.129 GiB (59%) over the 0.220 GiB budget"]
+    assert v.binding_constraints == ["memory"]
+    assert review.checks["m"]["bf16"]["memory"].shortfall == "0.129 GiB (59%) over the 0.220 GiB budget"
     assert "needs 0.199 GiB" in v.sentence and "<= 0.220 GiB budget" in v.sentence
     assert "worst recovery 96.0%" in v.sentence  # 100 * 0.48 / 0.50
     assert "ITL p99 38 ms <= 200 ms" in v.sentence  # 1.5 * 25 = 37.5
@@ -115,8 +117,9 @@ def test_accuracy_floor_only_bf16_meets() -> None:
 
 def test_latency_slo_binding_picks_a_faster_scheme() -> None:
     # ITL p99 <= 55 ms: bf16 has 60 (5 ms over); int8 51 and w8a8 49.5 pass; w8a8 is faster at the load
-    _, v = verdict(grid(), itl_ms_p99=55.0)
-    assert v.binding == ["bf16 (BF16) fails latency: ITL p99 60 ms is 5 ms (9%) over the 55 ms SLO"]
+    review, v = verdict(grid(), itl_ms_p99=55.0)
+    assert v.binding_constraints == ["latency"]
+    assert review.checks["m"]["bf16"]["latency"].shortfall == "ITL p99 60 ms is 5 ms (9%) over the 55 ms SLO"
     assert v.scheme == "w8a8"
 
 
@@ -218,9 +221,9 @@ def test_regime_analysis() -> None:
     rows = {r["scheme"]: r for r in review.regime["m"]}
     # gptq: 40 / 25 = 1.6x at low load; 270 / 300 = 0.9x at saturation
     assert rows["gptq"]["low"] == pytest.approx(1.6) and rows["gptq"]["sat"] == pytest.approx(0.9)
-    assert "pays at low load only" in rows["gptq"]["text"]
+    assert rows["gptq"]["reading"] == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
     # w8a8: 40 / 33 = 1.21x and 400 / 300 = 1.33x
-    assert "keeps paying" in rows["w8a8"]["text"]
+    assert rows["w8a8"]["reading"] == RegimeReading.KEEPS_PAYING
 
 
 def test_a_baseline_without_results_gives_no_verdict() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
+from quantverdict.review.document import RegimeReading
 from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from review_records import synthetic_grid, synthetic_record
@@ -42,7 +43,7 @@ def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
     assert flagged[0].message == f"gptq (W4A16): {why}: kept out of speed comparisons"
     rows = {r["scheme"]: r for r in review.regime["llama3.1-8b-shape"]}
     assert rows["gptq"]["low"] is None and rows["gptq"]["sat"] is None  # no ratio across shapes
-    assert rows["gptq"]["text"] == f"gptq (W4A16): no speedup -> excluded from speed comparisons: {why}"
+    assert rows["gptq"]["reading"] == RegimeReading.EXCLUDED
     plain = {r["scheme"]: r for r in build_review(synthetic_grid(), RC, "t").regime["llama3.1-8b-shape"]}
     assert plain["gptq"]["sat"] is not None  # compared when the shapes agree
     for other in ("fp8", "w8a8"):  # the others compare with bf16 as before

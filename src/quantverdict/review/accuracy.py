@@ -1,13 +1,8 @@
-"""The accuracy number of a scorecard: each metric's delta against the baseline with its paired interval.
+"""Accuracy deltas of a scheme against its baseline, with intervals from :mod:`quantverdict.measure.stats`.
 
-Pairs the per-item samples of scheme and baseline (``accuracy.samples``) on their doc ids and computes
-intervals and tests with :mod:`quantverdict.measure.stats`; without samples, an unpaired interval from the two
-stderrs. Pairing checks lm-eval's ``doc_hash`` and ``prompt_hash`` of each item (``lm_eval/evaluator.py``
-logs them per sample) and refuses the paired test on the first item whose hashes differ (two runs over
-different data files or prompts): that delta is marked ``refused`` and left unjudged by the accuracy check
-(:func:`quantverdict.review.verdict.accuracy_check`); samples without hashes are paired by ``doc_id`` alone, and
-the delta says so. Token perplexity is paired over its windows (``accuracy.token_perplexity.window_nll`` and
-``window_n_tokens``) when the record holds them. Fewer than 2 items: no interval and never "significant".
+Per-item samples (``accuracy.samples``) are paired on ``doc_id``; lm-eval's per-sample ``doc_hash`` and
+``prompt_hash`` must agree, else the delta is ``refused``. Token perplexity pairs over its windows. Without
+samples: an unpaired interval from the two stderrs; under 2 items: no interval.
 """
 
 from __future__ import annotations
@@ -72,10 +67,7 @@ def _short(h: Any) -> str:
 def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]) -> Pairing:
     """Pair the per-item rows of scheme (``a``) and baseline (``b``) of ``task`` on ``doc_id``.
 
-    Rows lacking any of ``keys`` are left out. For each common doc id (in sorted order), every hash of
-    :data:`HASH_KEYS` present in both rows must be equal; the first that differs refuses the pairing:
-    ``"arc_easy doc_id 3: doc_hash differs (1a2b... vs 9f8e...): the two runs did not score the same item;
-    paired test refused"``.
+    Rows lacking any of ``keys`` are left out; the first common doc id whose :data:`HASH_KEYS` differ refuses it.
     """
     ia = {r["doc_id"]: r for r in a if all(r.get(k) is not None for k in keys)}
     ib = {r["doc_id"]: r for r in b if all(r.get(k) is not None for k in keys)}

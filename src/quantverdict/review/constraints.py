@@ -1,10 +1,5 @@
-"""Which constraint set a review uses, and the label that names a review after its constraints.
-
-``conf/review/default.yaml`` is ``name: auto``: the set is picked from where the records ran,
-``conf/review/cpu.yaml`` or ``conf/review/gpu.yaml`` (a latency SLO met on a GPU is missed by every
-scheme on most CPUs, and the other way round a CPU's SLO says nothing on a GPU). ``review=cpu`` /
-``review=gpu`` picks one by name; ``review.KEY=VALUE`` overrides apply on top of the picked set.
-"""
+"""The constraint set a review uses (``auto``: ``conf/review/cpu.yaml`` or ``gpu.yaml`` by where the records ran,
+``review.KEY=VALUE`` overrides on top) and the label that names a review after it."""
 
 from __future__ import annotations
 
@@ -112,10 +107,9 @@ def _user_set(rc: ReviewConfig) -> list[str]:
 def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | None) -> tuple[ReviewConfig, str]:
     """The constraint set to review ``records`` under.
 
-    A set named other than ``auto`` is kept as it is. ``auto``: ``conf/review/<device class>.yaml``
-    (:func:`device_class`; ``gpu`` when no record says), with the user's values on top: the
-    ``review.KEY=VALUE`` items of ``overrides`` (a command line), and every other field where ``rc``
-    differs from the ``auto`` file (set some other way, or by a caller without a command line).
+    ``auto``: ``conf/review/<device class>.yaml`` (:func:`device_class`; ``gpu`` when no record says) with the
+    ``review.KEY=VALUE`` items of ``overrides`` and every field where ``rc`` differs from the ``auto`` file on top;
+    any other name is kept as it is.
 
     Returns:
         ``(config, how)``: how the set was picked, for the review's header.

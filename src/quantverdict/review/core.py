@@ -44,7 +44,7 @@ from quantverdict.review.verdict import (
     NOT_APPLICABLE,
     decide,
     paired_speedups,
-    regime_sentence,
+    regime_reading,
     regime_side,
     regime_tests,
     saturation_gap,
@@ -263,7 +263,6 @@ def build_review(
             if gap is not None:  # the sweeps' tops do not meet: no saturation number on either rule
                 sat, sat_iv, sat_test = None, None, None
             low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
-            text = regime_sentence(sc, low_claim, sat_claim, gap)
             rows.append(
                 {
                     "scheme": sc.scheme,
@@ -276,10 +275,9 @@ def build_review(
                     "sat_claim": sat_claim,
                     "sat_gap": gap,
                     "paired": paired,
-                    "text": text,
+                    "reading": regime_reading(sc, low_claim, sat_claim, gap),
                 }
             )
-            verdict.regime.append(text)
         review.verdicts.append(verdict)
         review.checks[model] = checks
         review.regime[model] = rows

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from quantverdict.config.schema import FloorTest, ReviewConfig
 from quantverdict.review.flags import FlagCode
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
 
 # a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); "inf" for an unlimited rate
@@ -163,6 +163,20 @@ class RegimeClass(StrEnum):
     PAYS = "pays"
     COSTS = "costs"
     NO_CHANGE = "no change"
+
+
+class RegimeReading(StrEnum):
+    """Where a scheme pays, read from the classes of its two regime claims: ``excluded`` (kept out of speed
+    comparisons), ``speed_missing`` (no claim for it or its baseline), ``saturation_not_measured`` (the low-load
+    claim alone: ``saturation_not_compared`` says why), else the four combinations of the two claims paying."""
+
+    EXCLUDED = "excluded"
+    SPEED_MISSING = "speed_missing"
+    SATURATION_NOT_MEASURED = "saturation_not_measured"
+    PAYS_AT_LOW_LOAD_ONLY = "pays_at_low_load_only"
+    KEEPS_PAYING = "keeps_paying"
+    PAYS_AT_SATURATION_ONLY = "pays_at_saturation_only"
+    DOES_NOT_PAY = "does_not_pay"
 
 
 class PairedVerdict(StrEnum):
@@ -307,7 +321,6 @@ class ModelVerdict(_Strict):
     ceilings_differ_in_basis: bool = Field(description="the schemes' ceilings rest on different windows")
     compute_reported: bool = Field(description="a server log said whether some scheme computes in its format")
     sentence: str
-    binding_sentences: list[str]
     evidence: list[str]
     others: list[str]
 
@@ -683,7 +696,7 @@ class Regime(_Strict):
     saturation_claim: RegimeClaim | None
     saturation_not_compared: str | None
     paired: list[PairedSpeedup]
-    sentence: str
+    reading: RegimeReading
 
 
 # --- cost and cross-model ------------------------------------------------------------------------------
@@ -916,7 +929,7 @@ class ReviewDocument(_Strict):
 
     model_config = ConfigDict(title="quantverdict review")
 
-    schema_version: Literal[3]
+    schema_version: Literal[4]
     tool: Tool
     source: str
     generated_at: str

@@ -153,7 +153,6 @@ def _verdict(v: Verdict, cards: list[Scorecard]) -> doc.ModelVerdict:
         ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
         compute_reported=any(sc.speed.get("compute") for sc in cards),
         sentence=v.sentence,
-        binding_sentences=list(v.binding),
         evidence=list(v.evidence),
         others=list(v.others),
     )
@@ -381,7 +380,7 @@ def _regime(row: dict[str, Any]) -> doc.Regime:
         saturation_claim=_claim(row.get("sat_claim")),
         saturation_not_compared=row.get("sat_gap"),
         paired=paired,
-        sentence=row["text"],
+        reading=doc.RegimeReading(row["reading"]),
     )
 
 

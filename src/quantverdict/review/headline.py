@@ -1,16 +1,6 @@
-"""The review's first screen: per scheme, the three numbers that answer "which scheme do I deploy".
-
-* **memory**: GiB to serve the stated load (:mod:`.memory`'s ``need_gib``: weights + KV cache for
-  ``review.concurrent_requests`` requests of the job's request length (or ``review.kv_cache_tokens``) +
-  recurrent state + reserve);
-* **accuracy**: the delta the accuracy check judges worst (:func:`accuracy_headline`), with its interval and n;
-* **speed**: the ratio of the scheme's per-user output speed to the baseline's at the same load level
-  (:func:`speed_ratio`), at concurrency 1 (the lowest measured load of a rate sweep) and at the stated load,
-  with the run-to-run range over repeats.
-
-Pure functions of the :class:`~quantverdict.review.model.Review`; exported to the document's ``headline`` (the
-pages' first screen), plotted by :mod:`.plots` (the speed-ratio curve) and logged to MLflow under short names
-(:func:`mlflow_metrics`).
+"""Per scheme, the three headline numbers: memory (GiB to serve the stated load, :mod:`.memory`'s ``need_gib``),
+accuracy (the delta the accuracy check judges worst, :func:`accuracy_headline`) and speed (per-user output speed over
+the baseline's at concurrency 1 and at the stated load, :func:`speed_ratio`); logged by :func:`mlflow_metrics`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The memory number of a scorecard: weights, KV cache needed for the stated capacity, and the budget left (GiB).
-
-Reads the record's ``memory`` section and the served dtypes (and flags a scheme served in another dtype than its
-baseline); the arithmetic of KV bytes and hybrid paging is
-:mod:`quantverdict.measure.kv_cache`.
-"""
+"""Memory of a scheme in GiB: weights, KV cache for the stated capacity, and the budget left (KV bytes and hybrid
+paging: :mod:`quantverdict.measure.kv_cache`)."""
 
 from __future__ import annotations
 
@@ -103,11 +99,8 @@ def _kv_dtype_bytes(rec: JobRecord, rc: ReviewConfig) -> tuple[float, str]:
 def served_weights_bytes(rec: JobRecord) -> tuple[float | None, str]:
     """Bytes the weights take in the server's memory when vLLM logs no figure of its own (CPU).
 
-    The checkpoint's weight bytes (``memory.checkpoint.total_weight_bytes``), with its 16-bit tensors
-    (``bytes_by_role.kept_16bit``: embeddings, norms, unquantized layers) converted to the served
-    compute dtype: vLLM builds the model in ``--dtype`` and copies the checkpoint into it, so a bf16
-    tensor served in float32 takes twice its file size; quantized weights and their scales keep their
-    format. SmolLM2-135M bf16 served in float32: 0.25 GiB on disk, 0.5 GiB in memory.
+    ``memory.checkpoint.total_weight_bytes`` with its 16-bit tensors (``bytes_by_role.kept_16bit``) scaled to the
+    served compute dtype (vLLM copies the checkpoint into ``--dtype``); quantized weights keep their format.
 
     Returns:
         ``(bytes, how)``; bytes None without a checkpoint size.

@@ -23,7 +23,7 @@ class Review:
     cards: list[Scorecard]
     checks: dict[str, dict[str, dict[str, Check]]]  # model -> scheme -> constraint -> check
     verdicts: list[Verdict]
-    regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, text}]
+    regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, reading, ...}]
     flags: list[Flag] = field(default_factory=list)  # every scorecard's, in card order
     validity: list[str] = field(default_factory=list)  # what each number stands on (repeats, checks, kernels)
     notes: list[str] = field(default_factory=list)

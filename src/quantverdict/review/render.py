@@ -102,6 +102,12 @@ def markdown(document: ReviewDocument) -> str:
     return environment("md").get_template("review.md.j2").render(doc=document, images={}).rstrip("\n") + "\n"
 
 
+def console(document: ReviewDocument) -> str:
+    """The verdicts for the terminal: each model's verdict sentence, then one ``binding:`` line per constraint its
+    baseline fails (Markdown emphasis kept)."""
+    return environment("md").get_template("console.j2").render(doc=document)
+
+
 def html(document: ReviewDocument, pngs: Mapping[str, bytes]) -> str:
     """``review.html``: one self-contained page, inline CSS, plots as ``data:image/png;base64`` images, no script."""
     images = {name: base64.b64encode(data).decode("ascii") for name, data in pngs.items()}

@@ -1,8 +1,4 @@
-"""The scorecard: the review's view of one job (identity and the three numbers) and of one accuracy comparison.
-
-Filled by :func:`quantverdict.review.core.build_review` from :mod:`.memory`, :mod:`.accuracy`, :mod:`.speed`
-and :mod:`.validity`; identity helpers (weight tier, baseline, accuracy not applicable) read the record here.
-"""
+"""The scorecard: the review's view of one job (identity and the three numbers) and of one accuracy comparison."""
 
 from __future__ import annotations
 
@@ -97,10 +93,8 @@ NOT_APPLICABLE_DEFAULT = "synthetic model with random weights: accuracy is not a
 def accuracy_not_applicable(rec: JobRecord) -> str | None:
     """Why the record's accuracy cannot be measured, or None when it can.
 
-    A synthetic model (``config.model.source == "synthetic"``: random weights with a real model's
-    dimensions) has no meaningful accuracy; the pipeline writes ``accuracy = {"not_applicable": reason}``
-    and ``stages.evaluate.status = "not_applicable"``. The reason is taken from the first of those two,
-    else (a job that failed before the evaluate stage) from the config's model source.
+    Source, in order: ``accuracy.not_applicable``, ``stages.evaluate`` marked ``not_applicable``, else
+    ``config.model.source == "synthetic"`` (random weights; a job that failed before evaluate).
     """
     if rec.accuracy.not_applicable:
         return str(rec.accuracy.not_applicable)

@@ -31,6 +31,7 @@ from quantverdict.review.document import (
     JobStatus,
     PassedOver,
     PassReason,
+    RegimeReading,
 )
 
 # the check statuses by their short names, defined once in review.kld (re-exported: checks and tests read them here)
@@ -75,13 +76,11 @@ class Verdict:
     scheme: str | None
     label: str | None
     sentence: str  # the verdict, citing the three numbers
-    binding: list[str] = field(default_factory=list)  # constraints the baseline fails (with by how much)
-    binding_constraints: list[str] = field(default_factory=list)  # the same, the constraint names alone
+    binding_constraints: list[str] = field(default_factory=list)  # the constraints the baseline fails
     evidence: list[str] = field(default_factory=list)  # the chosen scheme's (or the baseline's) full checks
     others: list[str] = field(default_factory=list)  # one sentence per other scheme
     passed_over: list[PassedOver] = field(default_factory=list)  # the same, typed: why each was not chosen
     order: list[str] = field(default_factory=list)  # the order schemes were tried in
-    regime: list[str] = field(default_factory=list)
     # set when accuracy was not measured for this model (synthetic, random weights): the verdict rests
     # on memory and latency alone; the reason
     accuracy_not_measured: str = ""
@@ -565,24 +564,6 @@ def kv_lever(base: Scorecard, cs: dict[str, Check], cards: list[Scorecard], rc: 
     return out
 
 
-def kv_lever_sentence(lever: dict[str, Any], chosen: Scorecard | None) -> str:
-    """One sentence on the KV lever for the verdict (empty unless memory binds on the KV cache)."""
-    if lever.get("binds_on") != "kv_cache":
-        return ""
-    head = (
-        f"Memory binds on the KV cache: the weights take {_gib(lever['weights_gib'])} of the "
-        f"{_gib(lever['budget_gib'])} budget, the cache for the needed capacity {_gib(lever['kv_gib'])}"
-    )
-    if lever.get("fp8_need_gib") is not None:
-        op = "<=" if lever["fp8_fits"] else ">"
-        head += f"; with 16-bit weights and an FP8 KV cache it needs {_gib(lever['fp8_need_gib'])} {op} budget"
-    if chosen is not None:
-        return head + f". Lever pulled: {lever_of(chosen) or 'none'} ({chosen.name})."
-    if not lever["measured"]:
-        return head + ". No KV-cache combination was measured: run the grid with kv=auto,fp8 to weigh it."
-    return head + "."
-
-
 def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
     """Least aggressive first: levers pulled (one per 8-bit step of the weights, one for a quantized KV
     cache), then weight tier (16-bit weights with an FP8 cache before 8-bit weights), then lowest E2E p50 at the load,
@@ -656,14 +637,6 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         v.kv_lever = kv_lever(base, all_checks[base.scheme], cards, rc)
         chosen = next((sc for sc in cards if sc.scheme == v.scheme), None) if v.decision == "quantize" else None
         v.lever = lever_of(chosen) if chosen is not None else ""
-        extra = kv_lever_sentence(v.kv_lever, chosen)
-        if extra:
-            v.sentence += " " + extra
-    if v.accuracy_not_measured:
-        v.sentence += (
-            f" Accuracy not measured (not applicable: {v.accuracy_not_measured.split(':')[0]}): "
-            "accuracy must be measured on the real model before deploying."
-        )
     return v, all_checks
 
 
@@ -712,10 +685,9 @@ def _decide(
             _other(v, sc, all_checks[sc.scheme], PassReason.NO_VERDICT, _cite(all_checks[sc.scheme]))
         return
     bc = all_checks[base.scheme]
-    v.binding = [f"{base.name} fails {c.constraint}: {c.shortfall}" for c in bc.values() if c.status == FAIL]
     v.binding_constraints = [c.constraint for c in bc.values() if c.status == FAIL]
     unverified = [c for c in bc.values() if c.status == UNKNOWN]
-    if not v.binding and (unverified or base.status != "ok"):
+    if not v.binding_constraints and (unverified or base.status != "ok"):
         v.decision = Decision.BASELINE_NOT_CHECKED
         hint = {"memory": "review.memory_budget_gib=null", "latency": "review.ttft_ms_p99=null review.itl_ms_p99=null"}
         offs = " ".join(hint[c.constraint] for c in unverified if c.constraint in hint)
@@ -733,7 +705,7 @@ def _decide(
             cs = all_checks[sc.scheme]
             _other(v, sc, cs, PassReason.NO_VERDICT, f"passes {three}" if _eligible(sc, cs) else _why_not(sc, cs))
         return
-    if not v.binding:
+    if not v.binding_constraints:
         v.decision, v.scheme, v.label = Decision.DO_NOT_QUANTIZE, base.scheme, base.label
         head = f"{alone}do not quantize, keep {base.name}." if alone else f"Do not quantize: keep {base.name}."
         v.sentence = f"**{head}** No constraint binds: it {_three(bc)}."
@@ -1029,7 +1001,7 @@ def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
     different loads, one load in common); None when it can."""
     mine, theirs = sc.speed.get("points") or [], base.speed.get("points") or []
     if not mine or not theirs or sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
-        return None  # speed missing or not compared: regime_sentence says so
+        return None  # speed missing or not compared: regime_reading says so
     if sc.speed.get("stopped_before"):
         return f"{sc.scheme}'s sweep has no valid point at {', '.join(sc.speed['stopped_before'])}"
     if base.speed.get("stopped_before"):
@@ -1042,37 +1014,18 @@ def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
     return None
 
 
-def regime_sentence(
+def regime_reading(
     sc: Scorecard, lo_side: dict[str, Any] | None, sat_side: dict[str, Any] | None, sat_gap: str | None = None
-) -> str:
-    """Where the scheme pays, from its two claims (:func:`regime_side`), or why no saturation claim is made
-    (``sat_gap``)."""
+) -> RegimeReading:
+    """Where the scheme pays, from the classes of its two claims (:func:`regime_side`); ``saturation_not_measured``
+    when ``sat_gap`` says why no saturation claim is made."""
     if sc.speed.get("comparable") is False:
-        return (
-            f"{sc.name}: no speedup -> excluded from speed comparisons: "
-            f"{sc.speed.get('excluded_why') or sc.speed.get('kernel_reason') or 'fallback kernel'}"
-        )
-
-    def show(side: dict[str, Any], where: str) -> str:
-        rng = f" [{side['low']:.2f}-{side['high']:.2f}]" if side["rule"] == "min-max range" else ""
-        return f"{side['speedup']:.2f}x{rng} at {where} ({side['note']})"
-
+        return RegimeReading.EXCLUDED
     if lo_side is not None and sat_gap is not None:
-        lw = lo_side["class"]
-        said = {"pays": "pays at low load", "costs": "costs at low load"}.get(lw, f"{lo_side['word']} at low load")
-        return (
-            f"{sc.name}: {show(lo_side, 'low load')}; saturation not compared: {sat_gap} -> {said}; "
-            "saturation not measured"
-        )
+        return RegimeReading.SATURATION_NOT_MEASURED
     if lo_side is None or sat_side is None:
-        return f"{sc.name}: speed missing for it or its baseline"
-
-    head = f"{sc.name}: {show(lo_side, 'low load')}, {show(sat_side, 'saturation')}"
-    lw, sw = lo_side["class"], sat_side["class"]
-    if lw == "pays" and sw != "pays":
-        return head + " -> pays at low load only (memory-bound decode); stops paying at saturation (compute-bound)"
-    if lw == "pays" and sw == "pays":
-        return head + " -> keeps paying from low load to saturation"
-    if lw != "pays" and sw == "pays":
-        return head + " -> pays only at saturation (throughput, not single-stream latency)"
-    return head + f" -> does not pay here ({lo_side['word']} at low load, {sat_side['word']} at saturation)"
+        return RegimeReading.SPEED_MISSING
+    low, sat = lo_side["class"] == "pays", sat_side["class"] == "pays"
+    if low:
+        return RegimeReading.KEEPS_PAYING if sat else RegimeReading.PAYS_AT_LOW_LOAD_ONLY
+    return RegimeReading.PAYS_AT_SATURATION_ONLY if sat else RegimeReading.DOES_NOT_PAY
