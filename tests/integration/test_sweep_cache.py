@@ -25,6 +25,7 @@ from pipelines import fidelity
 from quantverdict.config.schema import BenchConfig, ComputeDtype, ServerConfig
 from quantverdict.measure import server_metrics, sweep_plan
 from quantverdict.processes.envs import SRC_DIR, StageEnv
+from quantverdict.results.record import SweepPoint
 from quantverdict.serving.benchmark import bench_command, run_sweep, start_client, supported_optional_flags
 from quantverdict.serving.server import VLLMServer
 
@@ -167,7 +168,7 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
     assert [r["point"] for r in by_hand] == ["conc-1_r0", "conc-4_r0"]
     for row in by_hand:
         assert row["prefix_cache_hit_rate"] <= server_metrics.MAX_PREFIX_HIT_RATE
-    table = fidelity.compare(new, by_hand, tolerance=fidelity.CPU_TOLERANCE)
+    table = fidelity.compare([SweepPoint.model_validate(p) for p in new], by_hand, tolerance=fidelity.CPU_TOLERANCE)
     print(fidelity.render(table))
     assert all(r["within"] for r in table), table
     # the same prompts went out by hand (equal prompt-token totals), so the job's repeat counts judge its hits
