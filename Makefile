@@ -23,7 +23,7 @@ CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 TEST_DATA ?= $(or $(QV_DATA_ROOT),$(wildcard $(CURDIR)/../shared/data))
 TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
 
-.PHONY: setup browser run test test-unit test-browser lint format-check schema clean-outputs bench-gpu
+.PHONY: setup browser run test test-unit test-browser lint format-check schema clean-outputs bench-gpu results
 
 $(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
 	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) \
@@ -68,6 +68,11 @@ lint: $(VENV)/.ready format-check
 
 format-check: $(VENV)/.ready
 	$(VPY) -m ruff format --check src pipelines tests
+
+# the study pages of docs/results (index.md, <study>.md and <study>.png) from the committed records: each study's
+# records reviewed afresh, the tables and plots written from the review's document; `--check` compares instead
+results: $(VENV)/.ready
+	MPLBACKEND=Agg $(VPY) tools/results/make_results.py $(ARGS)
 
 # the JSON schemas of review.json and record.json (docs/schema/) from their typed models,
 # quantverdict.review.document and quantverdict.results.record.JobRecord; unit tests hold the committed files equal

