@@ -1,8 +1,10 @@
-"""The reviews of the committed cache-free GPU grids (issue 16), for the tests that check them by hand.
+"""The reviews of the committed cache-free GPU grids (the regime-crossover page's), for the tests that check them
+by hand.
 
 Each grid's records sit in ``docs/results/gpu-cache-free/<name>-grid/records`` (the names of
-``regen_docs_results.CACHE_FREE_GRIDS``); a test builds its grid's review once per module and reads the paired
-ratio of one scheme over bf16 at one load from ``review.regime``.
+``regen_docs_results.CACHE_FREE_GRIDS``; the balanced W4A16 grid in ``docs/results/gpu-cache-free/records``); a
+test builds its grid's review once per module and reads the paired ratio of one scheme over bf16 at one load from
+``review.regime``. The records keep each point's summary figures, not its per-request times or result files.
 """
 
 from __future__ import annotations

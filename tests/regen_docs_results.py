@@ -1,19 +1,14 @@
-"""Regenerate every review and GPU table in docs/results from its records and compare with the committed files.
+"""Regenerate every review committed in docs/results from its records and compare with the committed files.
 
-    PYTHONPATH=src:. python tests/regen_docs_results.py [--keep /tmp/regen]
+    PYTHONPATH=src:. python tests/regen_docs_results.py [--keep /tmp/regen] [--write]
 
-Reviews: each ``docs/results/*review*/`` folder is regenerated with ``python -m pipelines.review`` from the
-records it was made from (``gpu-review-<model>*`` from ``docs/results/gpu-records/<model>``,
-``review-cpu-amx-*`` from ``docs/results/cpu-records/xeon-amx/smollm2-135m``) with the overrides its
-committed ``review.json`` names in ``constraints_how`` (and ``tracking.enabled=false``: not logged to MLflow);
-``review.md``, ``review.html``, ``review.json`` and ``plots/*.png`` are compared, the header line
-(``Source: ... · generated ...``) and the JSON's ``source`` and ``generated_at`` aside, the JSON's floats to 12
-significant digits (their last bit depends on the CPU).
-GPU tables: ``python -m pipelines.bench_gpu --report-only`` over
-``docs/results/gpu-records``, ``gpu-c256-repeats/records``, ``gpu-eval-server/records``,
-``gpu-cache-free/records`` and ``gpu-cache-free/<name>-grid/records`` (name: each of ``CACHE_FREE_GRIDS``),
-compared below their header block (everything from the first ``### `` heading on). Exit status 0 when every file
-is identical.
+A committed review is a folder of docs/results holding ``review.json`` (``gpu-hopper-schemes/review``); it is
+regenerated with ``python -m pipelines.review`` from the records its ``review.json`` names in ``source``, with the
+overrides it names in ``constraints_how`` (and ``tracking.enabled=false``: not logged to MLflow); ``review.md``,
+``review.html``, ``review.json`` and ``plots/*.png`` are compared, the header line (``Source: ... · generated
+...``) and the JSON's ``source`` and ``generated_at`` aside, the JSON's floats to 12 significant digits (their last
+bit depends on the CPU). Exit status 0 when every file is identical. The study pages beside them are checked by
+``tools/results/make_results.py --check``.
 """
 
 from __future__ import annotations
@@ -29,32 +24,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-CPU_RECORDS = RESULTS / "cpu-records" / "xeon-amx" / "smollm2-135m"
-# the cache-free grids of issue 16, one folder each: docs/results/gpu-cache-free/<name>-grid/{records,gpu-*.md}
+# the cache-free grids of the regime-crossover page, one folder each: docs/results/gpu-cache-free/<name>-grid/records
 CACHE_FREE_GRIDS = (
     "fp8",
     "w8a8",
     "prefill-gptq",
-    "fidelity",
-    "decode-gptq",
-    "decode-interrupted",
     "prefill-fp8",
     "prefill-w8a8",
+    "decode-gptq",
     "decode-fp8",
-    "embedded-fp8-c256",
     "decode-w8a8",
-    "embedded-8bit",
 )
-GPU_TABLES = {  # records folder -> committed results folder
-    RESULTS / "gpu-records": RESULTS,
-    RESULTS / "gpu-c256-repeats" / "records": RESULTS / "gpu-c256-repeats",
-    RESULTS / "gpu-eval-server" / "records": RESULTS / "gpu-eval-server",
-    RESULTS / "gpu-cache-free" / "records": RESULTS / "gpu-cache-free",
-    **{
-        RESULTS / "gpu-cache-free" / f"{n}-grid" / "records": RESULTS / "gpu-cache-free" / f"{n}-grid"
-        for n in CACHE_FREE_GRIDS
-    },
-}
+
+
+def committed_reviews() -> list[Path]:
+    """The folders of docs/results that hold a committed review (``review.json``), sorted."""
+    return sorted(p.parent for p in RESULTS.rglob("review.json"))
 
 
 def overrides_of(review_json: Path) -> list[str]:
@@ -65,10 +50,13 @@ def overrides_of(review_json: Path) -> list[str]:
     return ([f"review={named}"] if named else []) + ([o.strip() for o in tail.split(", ")] if sep else [])
 
 
+def work_dir(work: Path, review_dir: Path) -> Path:
+    """Where ``review_dir`` is regenerated inside ``work`` (its path under docs/results, flattened)."""
+    return work / review_dir.relative_to(RESULTS).as_posix().replace("/", "_")
+
+
 def records_of(review_dir: Path) -> Path:
-    """The records folder a committed review in ``docs/results`` was made from."""
-    if review_dir.name.startswith("review-cpu-amx"):
-        return CPU_RECORDS
+    """The records folder a committed review in ``docs/results`` was made from (its ``review.json``'s ``source``)."""
     source = json.loads((review_dir / "review.json").read_text())["source"]
     return ROOT / source
 
@@ -109,23 +97,6 @@ def _review_text(path: Path) -> str:
     return "\n".join("<header line>" if any(h in line for h in header) else line for line in lines)
 
 
-# the committed GPU tables predate the present wording of the saturation sentence (the tables are reports of
-# records, written once): the committed text is brought up to date for this one sentence, nothing else
-CURRENT_TABLE_PROSE = "saturated: requests completed at under 90% of the pace they were sent (most valid repeats)."
-STALE_TABLE_PROSE = (
-    "saturated: achieved < 90% of offered.",
-    "saturated: achieved < 90% of offered at a rate not under 90% of the ceiling the server sustained.",
-)
-
-
-def _table_text(path: Path, committed: bool = False) -> str:
-    text = path.read_text()
-    if committed:
-        for stale in STALE_TABLE_PROSE:
-            text = text.replace(stale, CURRENT_TABLE_PROSE)
-    return text[text.index("\n### ") :]
-
-
 def _compare(label: str, old: str, new: str, problems: list[str]) -> None:
     if old != new:
         diff = "".join(
@@ -138,10 +109,8 @@ def regenerate(work: Path) -> tuple[list[str], list[str]]:
     """Regenerate everything into ``work``; returns (files compared, problems)."""
     compared: list[str] = []
     problems: list[str] = []
-    for review_dir in sorted(RESULTS.glob("*review*")):
-        if not (review_dir / "review.json").is_file():
-            continue
-        out = work / review_dir.name
+    for review_dir in committed_reviews():
+        out = work_dir(work, review_dir)
         records = str(records_of(review_dir).relative_to(ROOT))
         overrides = overrides_of(review_dir / "review.json")
         # tracking off: a regenerated review is compared, not logged (the records name their grid's MLflow store,
@@ -157,17 +126,6 @@ def regenerate(work: Path) -> tuple[list[str], list[str]]:
             new = out / "plots" / png.name
             if not new.is_file() or new.read_bytes() != png.read_bytes():
                 problems.append(f"{rel} differs (bytes)")
-    for records, committed in GPU_TABLES.items():
-        out = work / "tables" / committed.relative_to(RESULTS).as_posix().replace("/", "_")
-        _run(["-m", "pipelines.bench_gpu", "--report-only", "--out", str(records), "--results", str(out)])
-        for new in sorted(out.glob("gpu-*.md")):
-            old = committed / new.name
-            rel = str(old.relative_to(ROOT))
-            compared.append(rel)
-            if not old.is_file():
-                problems.append(f"{rel}: not committed")
-                continue
-            _compare(rel, _table_text(old, committed=True), _table_text(new), problems)
     return compared, problems
 
 
@@ -183,8 +141,8 @@ def main() -> int:
     if args.write:
         with tempfile.TemporaryDirectory() as tmp:
             compared, problems = regenerate(Path(tmp))
-            for review_dir in sorted(RESULTS.glob("*review*")):
-                out = Path(tmp) / review_dir.name
+            for review_dir in committed_reviews():
+                out = work_dir(Path(tmp), review_dir)
                 if not (out / "review.json").is_file():
                     continue
                 for name in ("review.md", "review.html", "review.json"):  # only what differs beyond the header
