@@ -109,6 +109,15 @@ def machine(records: str) -> Machine:
     return Machine(" and ".join(gpus), cpu, stack, _span(starts[0], (ends or starts)[-1]) if starts else "undated")
 
 
+def _server_starts(records: str) -> int:
+    """The most server starts any job under ``docs/results/<records>`` swept over (1 for a record without the
+    field)."""
+    from quantverdict.results.record import find_records, read
+
+    recs = [read(p) for p in find_records(RESULTS / records)]
+    return max((p.server_start or 1 for r in recs for p in r.speed.points), default=1)
+
+
 def _gpu_text(gpu: dict[str, Any]) -> str:
     """``NVIDIA H200 (GPU-8c1570df), driver 580.159.04`` from an ``environment.gpu`` entry (nvidia-smi fields)."""
     uuid = str(gpu.get("uuid") or "")[:12] or "UUID not recorded"
@@ -266,6 +275,14 @@ def regime_crossover(out: Path) -> Page:
         )
     answer += "."
 
+    most = max(_server_starts(f) for fs in SHAPES.values() for f in fs)
+    starts = (
+        "Each scheme ran on one server start, so an interval holds the variance between repeats, not between "
+        "server starts."
+        if most == 1
+        else f"Up to {most} server starts per scheme: repeats are paired by start (the interval holds the variance "
+        "between starts)."
+    )
     lines = [
         "# Regime crossover by traffic shape: llama3.1-8b-shape on one H200",
         "",
@@ -276,6 +293,7 @@ def regime_crossover(out: Path) -> Page:
         "repeated with a fresh seed per repeat and the prefix cache reset between points. A cell is the scheme's "
         "output tok/s over bf16's at that concurrency: the geometric mean of the per-repeat ratios with a Student-t "
         "95% interval, n = the repeats paired (the review's `regime` section). Over 1 is faster than bf16. "
+        f"{starts} "
         "W4A16 is GPTQ (int4 weights, 16-bit activations), FP8 is FP8_DYNAMIC, W8A8 is int8 weights and activations.",
         "",
         "## Output tok/s over bf16, by concurrency",
