@@ -343,7 +343,7 @@ class BenchConfig:
     reset_prefix_cache: bool = True
     # run every load level's warm-up wave before the sweep, size every repeat from it, and make every run's
     # prompts in two worker processes while the client measures (vLLM's random dataset decodes and re-encodes
-    # every prompt: 1.1-6.5 s a point at c >= 16 on the H200 machine); off on CPU, where the workers would take
+    # every prompt: 1.1-6.5 s a point at c >= 16 on an H200 host); off on CPU, where the workers would take
     # cores from the server it measures (there each level warms up before its first repeat, later repeats sized
     # from the rate the first reached)
     prefetch_prompts: bool = False
