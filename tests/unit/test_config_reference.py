@@ -27,8 +27,12 @@ def test_committed_reference_is_what_the_script_writes() -> None:
 
 def test_rows_read_from_the_schema() -> None:
     lines = reference_module().render().splitlines()
-    # BenchConfig.repeats: int, default 1, no comment; ReviewConfig.floor_test: the FloorTest enum, default auto
-    assert "| `bench.repeats` | int | `1` |  |" in lines
+    # BenchConfig.repeats: int, default 1, its comment beside it; ReviewConfig.floor_test: the FloorTest enum, default
+    # auto, its comment above it
+    assert (
+        "| `bench.repeats` | int | `1` | measured runs per load level (paired by repeat against the baseline) |"
+        in lines
+    )
     assert any(
         line.startswith("| `review.floor_test` | one of `auto`, `point`, `interval` | `auto` | point: ")
         for line in lines
