@@ -140,6 +140,9 @@ def key_rows(cls: type, prefix: str, comments: dict[tuple[str, str], str]) -> li
                 rows.append(f"| `{key}` | section | | {cell(note.strip())} |")
             rows.extend(key_rows(nested, key, comments))
             continue
+        if not meaning and isinstance(inner[0], type) and issubclass(inner[0], enum.Enum) and inner[0].__doc__:
+            # the enum's docstring says what the choice is (less the key it opens with)
+            meaning = re.sub(r"^``[^`]+``:\s*", "", " ".join(inner[0].__doc__.split()))
         rows.append(f"| `{key}` | {cell(type_words(tp))} | {cell(default_words(f))} | {cell(meaning)} |")
     return rows
 
