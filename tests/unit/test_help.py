@@ -55,3 +55,13 @@ def test_help_fits_a_screen_and_lists_every_group() -> None:
     assert "docs/reference/config.md" in text
     # not Hydra's config dump: no key of the composed config is printed
     assert "baseline_note" not in text and "gpu_memory_utilization" not in text
+
+
+def test_hydra_help_is_passed_to_hydra_as_typed() -> None:
+    """Hydra's own --hydra-help composes a config without the app's groups: an env= override there is an error
+    ("Could not override 'env'"), so env=auto is not expanded for it; an ordinary command line still is."""
+    from quantverdict.config.compose import CONF_DIR
+    from quantverdict.config.device_pick import expand
+
+    assert expand(["--hydra-help"], CONF_DIR, gpus=lambda: []) == ["--hydra-help"]
+    assert expand(["--help"], CONF_DIR, gpus=lambda: [])[:2] == ["--help", "env=cpu"]
