@@ -23,7 +23,7 @@ CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 TEST_DATA ?= $(or $(QV_DATA_ROOT),$(wildcard $(CURDIR)/../shared/data))
 TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
 
-.PHONY: setup browser run test test-unit test-browser lint format-check schema docs metrics clean-outputs bench-gpu
+.PHONY: setup browser run test test-unit test-browser lint format-check schema clean-outputs bench-gpu
 
 $(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
 	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) \
@@ -74,6 +74,8 @@ format-check: $(VENV)/.ready
 schema: $(VENV)/.ready
 	$(VPY) -c 'from quantverdict.review.document import write_schema; print(write_schema())'
 	$(VPY) -c 'from quantverdict.results.record import write_record_schema; print(write_record_schema())'
+
+.PHONY: docs metrics
 
 # the documentation site: the configuration reference written from the config schema and conf/, then MkDocs with the
 # Material theme (requirements/docs.txt, installed into .venv once) built strict into site/: a broken link, a
