@@ -80,5 +80,23 @@ schema: $(VENV)/.ready
 	$(VPY) -c 'from quantverdict.review.document import write_schema; print(write_schema())'
 	$(VPY) -c 'from quantverdict.results.record import write_record_schema; print(write_record_schema())'
 
+.PHONY: docs metrics
+
+# the documentation site: the configuration reference written from the config schema and conf/, then MkDocs with the
+# Material theme (requirements/docs.txt, installed into .venv once) built strict into site/: a broken link, a
+# missing anchor or a nav entry without its page fails it
+$(VENV)/.docs-ready: $(VENV)/.ready requirements/docs.txt
+	$(VPY) -m pip install -q $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE)) -r requirements/docs.txt
+	touch $@
+
+docs: $(VENV)/.docs-ready
+	$(VPY) tools/docs/config_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
+
+# sizes and counts of what a user reads (README bytes, docs/results, timeless-text grep, review/ lines; unit and CI
+# times when given: ARGS="--unit-seconds S --ci-seconds S")
+metrics: $(VENV)/.ready
+	$(VPY) tools/docs_metrics.py $(ARGS)
+
 clean-outputs:
 	rm -rf outputs/runs outputs/multirun

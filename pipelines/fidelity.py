@@ -30,8 +30,9 @@ job's full plan, so it sends the prompts the job's run of it sent. A value that 
 (alone, or with the other flags) stops the check before any server starts, naming the flag and the levels the
 job ran (each with its repeats when they differ).
 
-Each point costs a warm-up and a measured CLI run (each a process that imports vLLM, ~20 s of it), so a GPU
-lease can end mid-run. What a finished point leaves in ``--out`` (default ``<job>/fidelity``) is kept: the
+Each point costs a warm-up and a measured CLI run (each a process that imports vLLM, ~20 s of it), so a run on a
+machine held for a limited time can end mid-run. What a finished point leaves in ``--out`` (default
+``<job>/fidelity``) is kept: the
 CLI's ``<point>.json``, the server's checks ``<point>.checks.json`` (prefix-cache hit rate, token counts:
 :func:`quantverdict.measure.server_metrics.server_checks`) and ``fidelity.json``, rewritten after every point
 with the rows compared so far: ``{"rows": ..., "by_hand": ..., "chosen": [point names], "complete": ...}``,
@@ -76,10 +77,10 @@ from quantverdict.serving.benchmark import bench_command, supported_optional_fla
 from quantverdict.serving.lifecycle import compile_cache_dir
 from quantverdict.serving.server import VLLMServer
 
-TOLERANCE = 0.05  # issue 16: every point within +-5% of the job's
+TOLERANCE = 0.05  # the job's own sweep is trusted when every point is within +-5% of a by-hand run's
 # Two CPU runs of 8 requests (15-25-s windows) on a shared 2-core machine, where server and client take turns on
-# the cores (tests/integration/test_sweep_cache.py, AVX2 EPYC): by hand vs job 8.7% / 6.5% (2026-12-01, bf16
-# emulated), 6.0% / 22.5% and 13.0% / 14.1% (2026-12-02, float32), at c = 1 / 4, in both directions. 15% failed CI
+# the cores (tests/integration/test_sweep_cache.py, AVX2 EPYC): by hand vs job 8.7% / 6.5% (bf16
+# emulated), 6.0% / 22.5% and 13.0% / 14.1% (float32), at c = 1 / 4, in both directions. 15% failed CI
 # once; the check there shows the plumbing (seeds, request counts, no cache hits) and catches a gross gap (emulated
 # bf16 instead of float32 here: several times slower)
 CPU_TOLERANCE = 0.30
@@ -496,8 +497,8 @@ def by_hand_excess_hit_rate(job: SweepPoint, hand: dict[str, Any]) -> float | No
     same hits there (vLLM's CLI returns no prompts to count them in). :func:`run_by_hand` subtracts them in the
     point's checks (``prompt_repeat_tokens`` set): that figure is returned. For a checks file written before it
     did, the rate is worked out here when the seed the by-hand run kept equals the job's and the prompt-token
-    totals agree (with fixed lengths that is the request count); a file without a seed (before 2026-12-02) is
-    taken at the request count alone: :func:`main` has always sent the job's seeds.
+    totals agree (with fixed lengths that is the request count); a file without a seed (written before seeds were
+    kept) is taken at the request count alone: :func:`main` has always sent the job's seeds.
 
     Args:
         job: the job's point (``prompt_repeat_tokens``, ``seed``, ``input_tokens_total``).

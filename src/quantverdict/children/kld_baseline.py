@@ -1,5 +1,5 @@
 """KL divergence to the baseline inside the evaluate child: the baseline job stores its next-token
-distributions, a scheme job reads them back and compares its own (issue #17).
+distributions, a scheme job reads them back and compares its own.
 
 Same text, tokenization and windows as the token perplexity (:mod:`quantverdict.children.token_perplexity`);
 the math is :mod:`quantverdict.measure.kld`. Imports the standard library, numpy and scipy (the serve environment

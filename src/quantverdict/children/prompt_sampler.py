@@ -6,7 +6,7 @@ waves before the sweep and of every measured run (each sized before the sweep) a
 function ``vllm bench serve`` itself calls (``vllm.benchmarks.serve.get_samples``, with the tokenizer
 ``main_async`` would load) while the client measures. Sampling is not
 cheap: vLLM's random dataset decodes and re-encodes every prompt (``gen_prompt_decode_to_target_len``),
-1.9-6.5 s for 742-2,577 prompts of 256 tokens on the H200 machine (2026-12-01), up to 39 s of client
+1.9-6.5 s for 742-2,577 prompts of 256 tokens on an H200 host, up to 39 s of client
 overhead per 8B scheme.
 
 The requests are the ones ``get_samples`` returns for the same arguments in the client (seeded: the same

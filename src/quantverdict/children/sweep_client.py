@@ -31,7 +31,7 @@ The client is started while the server loads and waits for the orchestrator's ga
 its imports are not part of the sweep. With ``prefetch_prompts`` a pool of :data:`PROMPT_WORKERS` worker
 processes (:mod:`quantverdict.children.prompt_sampler`) makes prompts with vLLM's own ``get_samples`` ahead of
 the client, which takes them instead of sampling (vLLM's random dataset decodes and re-encodes every prompt:
-2.2 ms per 256-token prompt on the H200 machine, 1.1-6.5 s a point at c = 16-256; presumably ~8x that a prompt
+2.2 ms per 256-token prompt on an H200 host, 1.1-6.5 s a point at c = 16-256; presumably ~8x that a prompt
 with 2,048 tokens, not measured): the calibration waves' prompts while the server starts (their sizes follow
 from the plan), then, once the calibration has sized every run, every measured run's prompts in plan order
 while the client measures. A second attempt after a short window samples its prompts in the client, and so
@@ -88,7 +88,7 @@ RESET_TRIES = 20  # /reset_prefix_cache answers success=false while blocks are s
 # a level, at its calibration wave's rate, so that all sizes are known before the sweep): n Poisson arrivals at
 # rate r span (n - 1) / r on average with a spread of sqrt(n) / r, so at the margin of 1.0 half the open-loop
 # points would fall short (e.g. 16 req/s, 30 s: 528 requests, mean 33 s, sd 1.4 s: short about 2% of the time)
-# Measured on the H200 (8B shape, c=256, 2026-12-01): the warm-up's estimates were 67.2-68.2 req/s before
+# Measured on an H200 (8B shape, c=256): the warm-up's estimates were 67.2-68.2 req/s before
 # runs that went at 69-78, and 1.1 fell short twice in 24 points (29.0 s of 30), each point then taking ~36 s
 # more for its second attempt
 FIRST_WINDOW_MARGIN = 1.2
@@ -279,8 +279,8 @@ def publish(path: Path, text: str) -> None:
 
     The orchestrator polls for each point's ``<point>.qv.json`` while this client runs and parses it as soon as it
     exists (:func:`quantverdict.serving.benchmark.run_sweep`); a plain ``write_text`` creates the file before it
-    writes it, and on 2 CPU cores the orchestrator once read it empty (``JSONDecodeError: Expecting value: line 1
-    column 1``, a CI rehearsal of 2026-12-02, ``tests/integration/test_dummy_shape.py``).
+    writes it, and on 2 CPU cores the orchestrator can read it empty (``JSONDecodeError: Expecting value: line 1
+    column 1``, seen in ``tests/integration/test_dummy_shape.py``).
     """
     part = path.with_name(path.name + ".part")
     part.write_text(text)

@@ -85,9 +85,11 @@ def expand(overrides: list[str], conf_dir: Path, gpus: Callable[[], list[str]] =
     Returns:
         A new list: ``env=auto`` (given, or the default when no ``env=`` is given) replaced by ``env=gpu`` or
         ``env=cpu`` plus ``env.picked_by='...'``; ``eval=``/``bench=`` appended for the env's device where
-        not given. A sweep over envs (``env=cpu,gpu``) is left as typed.
+        not given. A sweep over envs (``env=cpu,gpu``) and ``--hydra-help`` are left as typed.
     """
     out = list(overrides)
+    if "--hydra-help" in out:  # Hydra's own help composes its own config, which has no env group to override
+        return out
     found = _value(out, "env")
     env = found[1] if found else AUTO
     if "," in env:  # a sweep over environments: each job's profiles are the user's to give

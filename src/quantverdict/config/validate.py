@@ -97,7 +97,7 @@ def review_errors(rc: ReviewConfig) -> list[str]:
 
 
 def kld_cost_review_errors(rc: ReviewConfig) -> list[str]:
-    """Problems of the KLD constraints and GPU prices of a review config (issue #17)."""
+    """Problems of the KLD constraints and GPU prices of a review config."""
     errors: list[str] = []
     if rc.max_mean_kld is not None and rc.max_mean_kld < 0:
         errors.append(f"review.max_mean_kld={rc.max_mean_kld} must be >= 0 (nats) or null")
@@ -114,7 +114,7 @@ VLLM_DEFAULT_MAX_LOGPROBS = 20
 
 
 def kld_errors(cfg: Config) -> list[str]:
-    """Problems of ``eval.kld`` (issue #17): k in range, and within what the server returns."""
+    """Problems of ``eval.kld`` : k in range, and within what the server returns."""
     kc = cfg.eval.kld
     if not kc.enabled:
         return []

@@ -46,8 +46,8 @@ _METRIC_KEYS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 STEADY_MIN_COMPLETIONS = 3  # fewer completions inside the steady window: no steady-state rate
 # a steady window shorter than this many request lifetimes (the median E2E) gives no steady-state rate: a closed
 # loop of requests of one length started together finishes them together, so its completions come in waves and a
-# short window sees a wave's phase, not a rate. Measured on the H200 (8B shape, 128 in / 1,024 out, c=256, 512
-# requests = two waves, 2026-12-02): bf16 windows of 0.7-1.2 s (0.04-0.07 lifetimes of 17-19 s) counted 255
+# short window sees a wave's phase, not a rate. Measured on an H200 (8B shape, 128 in / 1,024 out, c=256, 512
+# requests = two waves): bf16 windows of 0.7-1.2 s (0.04-0.07 lifetimes of 17-19 s) counted 255
 # completions each, 216-350 req/s against a whole-run 13.7 req/s; W4A16's of 20-27 s (1.0-1.6 lifetimes) gave
 # 10,371-13,814 output tok/s, a 33% spread, where its whole-run repeats spread 8%. Windows of >= 2.87 lifetimes
 # (every other GPU point) agree with the whole run within the ramp-up and drain it leaves out (e.g. 2,048 in /

@@ -152,7 +152,7 @@ def server_checks(
 
 def cache_summary(points: list[dict[str, Any]]) -> str | None:
     """One sentence on the prefix-cache hits of a sweep's points (parsed, with :func:`server_checks`' keys), or
-    None when no point has the server's counters (records before issue 16).
+    None when no point has the server's counters (records from before the counters were kept).
 
     E.g. hits of 1.5% and 2.8% with 1.6% and 3.0% of the prompt tokens repeated inside their points and none
     beyond: "prefix-cache hits at most 2.8% of the prompt tokens looked up per point; at most 3.0% of a

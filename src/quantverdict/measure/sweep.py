@@ -149,8 +149,8 @@ def time_split(
         ``{"server_start_s", "compile_s", "graph_capture_s", "warmup_after_capture_s", "compile_cache_hit",
         "windows_s", "overhead_s",
         "sweep_wall_s", "overhead_fraction"}``: ``overhead_fraction`` = overhead / (start + windows), the client's
-        share; None where a part is unknown. Issue 16's target (<= 0.10) is the whole benchmark stage's excess over
-        start + windows, which also holds the HBM probe and the server's stop
+        share; None where a part is unknown. The target (<= 0.10: the stage costs at most 10% beyond what it measures)
+        is the whole benchmark stage's excess over start + windows, which also holds the HBM probe and the server's stop
         (:func:`quantverdict.results.table.benchmark_split_table`).
 
     E.g. start 226 s, windows 120 s, sweep wall 131 s: overhead 11 s, fraction 11 / 346 = 0.032.

@@ -35,8 +35,8 @@ def prompts_for(num_prompts: int, prompts_per_concurrency: int | None, concurren
 def whole_waves(n: int, wave: int | None) -> int:
     """``n`` rounded up to a multiple of ``wave`` (a closed loop's concurrency; None or 0: ``n``). Requests of one
     length started together finish together, so a part wave at the end of a closed-loop point would run its last
-    requests at a lower concurrency than the point names (measured on the H200, 128 in / 1,024 out at c=256,
-    2026-12-02: 519 requests, two waves and 7, ran those 7 alone for the last 4.1 s of 43.0-46.4 s, the whole-run
+    requests at a lower concurrency than the point names (measured on an H200, 128 in / 1,024 out at c=256:
+    519 requests, two waves and 7, ran those 7 alone for the last 4.1 s of 43.0-46.4 s, the whole-run
     output tok/s 7.6-8.3% under that of the two waves)."""
     return -(-n // wave) * wave if wave and wave > 0 else n
 

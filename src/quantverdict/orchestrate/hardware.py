@@ -16,7 +16,7 @@ FP8 W8A8              8.9   ``CompressedTensorsW8A8Fp8`` (Ada/Hopper FP8 tensor 
                             does not fail: it silently serves the checkpoint with the weight-only
                             ``CompressedTensorsW8A16Fp8`` (FP8 Marlin), i.e. another scheme's speed.
 int8 W8A8             7.5   ``CompressedTensorsW8A8Int8`` (Turing int8 tensor cores).
-W4A16 / W8A16         7.5   ``CompressedTensorsWNA16`` (Marlin; Turing since vLLM PR #31000, 2025-12;
+W4A16 / W8A16         7.5   ``CompressedTensorsWNA16`` (Marlin; Turing since vLLM PR #31000;
                             8.0 before).
 ====================  ====  ==========================================================================
 """
@@ -89,11 +89,11 @@ def parse_limits(text: str) -> dict[int, dict[str, float | None]]:
         ``{index: {"power_limit_w": W, "enforced_power_limit_w": W, "clocks_max_sm_mhz": MHz,
         "clocks_max_memory_mhz": MHz}}``; a value nvidia-smi prints as ``[N/A]`` (or anything not a number) is
         None. The enforced power cap is what two GPUs of one name can be configured apart in: the same bf16
-        job, leased on four H200s one at a time, saturated 9.8% lower (median of three) on one of them than
-        on the other three (2026-12-02), and a record that keeps the cap says whether a lower one explains such
+        job, run on four H200s one at a time, saturated 9.8% lower (median of three) on one of them than
+        on the other three, and a record that keeps the cap says whether a lower one explains such
         a gap. The top clocks are the hardware's (alike on every GPU of a model); a clock locked lower or
-        throttled under load is not seen here (that needs sampling during the sweep). E.g. an H200 of the
-        device machine: ``0, 700.00, 700.00, 1980, 3201`` (2026-12-02).
+        throttled under load is not seen here (that needs sampling during the sweep). E.g. an H200:
+        ``0, 700.00, 700.00, 1980, 3201``.
     """
     out: dict[int, dict[str, float | None]] = {}
     for line in text.splitlines():
@@ -116,7 +116,7 @@ def visible(gpus: list[dict[str, Any]], cuda_visible_devices: str | None) -> lis
     ``None`` (unset): all. A comma-separated list of integer indices or ``GPU-<uuid>`` names (a unique
     prefix is enough, as in CUDA): those GPUs in that order; as in CUDA, enumeration stops at the first
     token that names no GPU (CUDA C Programming Guide, "CUDA Environment Variables"), and a repeated GPU
-    hides every GPU. Measured with torch on the one-GPU H200 machine (``torch.cuda.device_count()``): unset 1,
+    hides every GPU. Measured with torch on a one-GPU H200 host (``torch.cuda.device_count()``): unset 1,
     ``""`` 0, ``"0"`` 1, ``"-1"`` 0, ``"0,7"`` 1, ``"7,0"`` 0, ``"0,0"`` 0; ``nvidia-smi`` itself lists the GPU
     under every value. Any other form (``MIG-...``) is not mapped here: all GPUs are returned, their ``uuid``
     set to None (which one the job used is not known, so no review calls two jobs "same GPU").

@@ -21,7 +21,7 @@ def number(v: Any, fmt: str = ".2f", suffix: str = "", missing: str = DASH) -> s
 
 def gpu_limits(gpu: dict[str, Any]) -> list[str]:
     """The power cap and top SM clock a record keeps for a GPU (``enforced_power_limit_w``, ``clocks_max_sm_mhz``
-    of :func:`quantverdict.orchestrate.hardware.gpu_info`, since 2026-12-02), as words for a hardware line; the
+    of :func:`quantverdict.orchestrate.hardware.gpu_info`; older records lack them), as words for a hardware line; the
     parts not recorded are left out.
 
     >>> gpu_limits({"enforced_power_limit_w": 700.0, "clocks_max_sm_mhz": 1980.0}), gpu_limits({"name": "T4"})

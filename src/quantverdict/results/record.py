@@ -109,8 +109,8 @@ def git_state(root: Path) -> dict[str, Any]:
 
 def host_environment(cpu_model: str = "") -> dict[str, Any]:
     """This machine for ``environment.host``: hostname, platform, Python version, logical CPUs and, when given
-    (since 2026-12-03), ``cpu_model``, the CPU's model name from ``/proc/cpuinfo``: a GPU server of a small model
-    may be bound by its host, so two runs on one kind of GPU need their hosts named to be told apart."""
+    (older records lack it), ``cpu_model``, the CPU's model name from ``/proc/cpuinfo``: a GPU server of a small
+    model may be bound by its host, so two runs on one kind of GPU need their hosts named to be told apart."""
     host: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

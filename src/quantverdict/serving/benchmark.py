@@ -87,7 +87,7 @@ def bench_command(
     (``--temperature 0``) so that runs are repeatable.
 
     Args:
-        seed: ``--seed``; None: ``bench.seed + repeat``, the method before issue 16, which gives every load
+        seed: ``--seed``; None: ``bench.seed + repeat``, the older method, which gives every load
             level the same prompts (the prefix cache then serves them; kept for the test that shows it).
         num_prompts: ``--num-prompts``; None: :func:`quantverdict.measure.sweep_plan.prompts_for`.
         warmups: pass ``--num-warmups bench.warmup_prompts`` (vLLM sends the first measured prompt that
@@ -232,7 +232,7 @@ GATE = "sweep_client.go"
 @dataclasses.dataclass
 class SweepClient:
     """The sweep's client process, started before the server is ready: it imports vLLM's benchmark library
-    (17.7 s on the H200 machine, 2026-12-01) while the server loads, then waits for :attr:`gate` to exist.
+    (17.7 s on an H200 host) while the server loads, then waits for :attr:`gate` to exist.
 
     Attributes:
         proc: the client process (its own process group).
