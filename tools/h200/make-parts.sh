@@ -53,7 +53,7 @@ echo "bundle: $(du -sh "$D/w" | cut -f1) (data included) in $n_parts parts of ${
 echo "bundle: $jit"
 echo "the lease, one call after another (the machine goes back 30 s after a call returns):"
 # the first call names the kind: a run that names none starts an H100 (since 2026-12-02); nvidia-h200 may still
-# give an H100, which `date +%s; nvidia-smi -L` shows (docs/results/gpu-summary.md, "Which card")
+# give an H100, which `date +%s; nvidia-smi -L` shows
 first=1
 for p in "$D"/[0-9][0-9]; do
   if [ "$first" = 1 ]; then

@@ -12,8 +12,8 @@ seed, so this is the prompt set the server saw, as long as the tokenizer and vLL
 the same (``--tokenizer``: a copy of the checkpoint's tokenizer where the recorded path does not exist
 here). Checked where the point's result file is present: the request count must equal the run's
 ``num_prompts`` and, when every request completed, the prompt tokens its ``total_input_tokens`` (a weak
-check: a tokenizer with another vocabulary but the same special tokens passes it; the server's hits against
-240 tokens per repeat, in docs/results/gpu-summary.md, are the cross-check). The
+check: a tokenizer with another vocabulary but the same special tokens passes it; the server's prefix-cache hits
+per repeated prompt are the cross-check). The
 sidecar gains ``prompt_repeats`` and ``prompt_repeats_source`` (vLLM version, tokenizer); rerun
 the record's derivation (``python -m pipelines.bench_gpu --report-only``) to apply it.
 """

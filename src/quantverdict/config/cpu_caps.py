@@ -44,7 +44,7 @@ from quantverdict.config.schema import ConfigError, SchemeConfig
 ISA_LEVELS = ("AVX2", "AVX512", "AVX512_BF16", "AMX")
 # FP8_DYNAMIC is not served where torch's FP8 GEMM (vLLM's only CPU kernel for it) is this many times slower than
 # the float32 matmul of the same shape: measured 1,302x on a Xeon with AMX/AVX512_FP16, where vLLM's first engine
-# step outlived its 300 s RPC timeout; an AVX2 CPU served FP8 at ~1/5 of float32's speed (docs/results/cpu-grid.md)
+# step outlived its 300 s RPC timeout; an AVX2 CPU served FP8 at ~1/5 of float32's speed
 FP8_MAX_SLOWDOWN = 100.0
 # override: an explicit config value; cpu: chosen from the CPU; kernel: forced by the scheme's kernel;
 # config: the config's value used as is (not on CPU); checkpoint: vLLM's/transformers' "auto"
