@@ -378,6 +378,12 @@ class Memory(_Strict):
     unquantized_gemm_fallback: bool
     quantization: str | None
 
+    @classmethod
+    def unknown(cls) -> Memory:
+        """Every figure None (a scorecard before its memory is computed)."""
+        flags = {"kernels": [], "fallback": False, "fallback_lines": [], "unquantized_gemm_fallback": False}
+        return cls.model_validate({**dict.fromkeys(cls.model_fields), **flags})
+
 
 class KldFigures(_Strict):
     """The record's KL divergence summary (:class:`quantverdict.measure.kld.KldSummary`); None where not recorded."""
