@@ -27,7 +27,6 @@ from quantverdict.review.constraints import load_set, target_budget_gib
 from quantverdict.review.cost import cost_json
 from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import Headline, Ratio, headlines
-from quantverdict.review.kld import KldDelta
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 from quantverdict.review.speed import ceiling_is_floor
@@ -222,7 +221,7 @@ def _delta(d: TaskDelta) -> doc.AccuracyDelta:
         significant=d.significant,
         note=d.note,
         refused=d.refused,
-        kld=doc.KldFigures.model_validate(_known(doc.KldFigures, d.summary)) if isinstance(d, KldDelta) else None,
+        kld=d.kld,
     )
 
 
