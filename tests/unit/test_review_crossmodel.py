@@ -89,22 +89,37 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     assert by["qwen3.5-9b-shape gptq"].vllm.kv_gib == 115.14 and not by["qwen3.5-9b-shape gptq"].vllm.at_target
     # the bigger model quantized (9B W4A16) against the smaller unquantized (8B bf16): memory and speed each
     # named, accuracy not measured (random weights); 57 vs 6.7 -> "57 vs 7"
-    (line,) = cm.comparisons
-    assert line.startswith("qwen3.5-9b-shape gptq (W4A16) vs llama3.1-8b-shape bf16 (BF16): ")
-    assert "memory: qwen3.5-9b-shape (57 vs 7 concurrent max-length requests on a10g)" in line
-    assert "accuracy: not compared" in line and "speed: llama3.1-8b-shape (ceiling 1220 vs 9710" in line
-    assert cm.target is not None and cm.target.gpu == "NVIDIA A10G"
-    assert "not for where the jobs ran (GPU: NVIDIA H200" in cm.target_note
+    (c,) = cm.comparisons
+    assert (c.bigger, c.smaller) == ("qwen3.5-9b-shape gptq (W4A16)", "llama3.1-8b-shape bf16 (BF16)")
+    assert (c.memory_basis, c.memory_winner, c.memory_bigger) == ("concurrency", "qwen3.5-9b-shape", 57.0)
+    assert c.memory_smaller == pytest.approx(27_592 / 4096)
+    assert (c.tasks, c.speed_winner) == (0, "llama3.1-8b-shape")
+    assert (round(c.speed_bigger or 0), round(c.speed_smaller or 0)) == (1220, 9710)
+    assert (
+        cm.target is not None
+        and cm.target.gpu == "NVIDIA A10G"
+        and cm.target.budget_gib == pytest.approx(20.2395, 1e-5)
+    )
+    assert not cm.ran_on_target and any(line.startswith("GPU: NVIDIA H200") for line in cm.ran)
     # review.json carries the same result: the target, the chosen candidate and each candidate's A10G figures
     cmj = to_json(_review(tmp_path, target="a10g"))["cross_model"]
     assert cmj["target"]["gpu"] == "NVIDIA A10G" and cmj["chosen"] == cm.chosen
     by_name = {c["name"]: c for c in cmj["candidates"]}
     assert by_name["qwen3.5-9b-shape gptq (W4A16)"]["target"]["max_concurrency"] == 57.0
-    assert cmj["comparisons"] == cm.comparisons
+    assert cmj["comparisons"] == [c.model_dump(mode="json") for c in cm.comparisons]
     # the first screen opens on the question asked: the cross-model verdict before the per-model ones
     full = markdown(to_document(_review(tmp_path, target="a10g")))
     assert full.startswith("# quantverdict review\n\n> Across models, on NVIDIA A10G: deploy **")
     assert full.index("> Across models") < full.index("## llama3.1-8b-shape")
+    # the comparison and the target note in words (crossmodel_text.j2)
+    assert (
+        "- qwen3.5-9b-shape gptq (W4A16) vs llama3.1-8b-shape bf16 (BF16): memory: qwen3.5-9b-shape (57 vs 7 "
+        "concurrent max-length requests on a10g); accuracy: not compared (not measured on both); speed: "
+        "llama3.1-8b-shape (ceiling 1220 vs 9710 output tok/s)\n"
+    ) in full
+    assert (
+        "GiB x vLLM memory fraction 0.9 = 20.24 GiB" in full and "not for where the jobs ran (GPU: NVIDIA H200" in full
+    )
 
 
 def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path: Path) -> None:
@@ -210,12 +225,17 @@ def test_absolute_accuracy_paired_across_models(tmp_path: Path) -> None:
     (row,) = cm.paired
     assert (row.bigger, row.smaller, row.task, row.n) == ("big awq (W4A16)", "small bf16 (BF16)", "arc_easy", 10)
     assert row.difference == pytest.approx(0.1) and round(row.low or 0.0, 4) == -0.2518 and not row.significant
-    (line,) = cm.comparisons
-    assert "memory: big (weights 0.60 vs 1.00 GiB)" in line
-    assert "accuracy: neither (no significant difference) (0 of 1 tasks" in line
+    (c,) = cm.comparisons
+    assert (c.memory_basis, c.memory_winner) == ("weights", "big")
+    assert (c.memory_bigger, c.memory_smaller) == (pytest.approx(0.6), pytest.approx(1.0))
+    assert (c.tasks, c.accuracy_winner, c.wins_bigger, c.wins_smaller) == (1, None, 0, 0)
     # the absolute scores, with each model's own quantization delta beside: big awq 0.4 - 0.45 = -0.05
     doc = to_document(build_review(records, rc, str(tmp_path / "grid"), []))
     assert doc.cross_model is not None and not hasattr(doc.cross_model, "error")
+    assert (
+        "big awq (W4A16) vs small bf16 (BF16): memory: big (weights 0.60 vs 1.00 GiB); accuracy: neither (no "
+        "significant difference) (0 of 1 tasks significantly better for the bigger, 0 for the smaller)"
+    ) in markdown(doc)
     by = {c.name: c.scores["arc_easy"] for c in doc.cross_model.candidates}  # type: ignore[union-attr]
     big, small = by["big awq (W4A16)"], by["small bf16 (BF16)"]
     assert (big.metric, big.value, big.n, big.own_delta_kind) == ("acc_norm", 0.4, 100, "score")
@@ -347,7 +367,8 @@ def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp
     cm = cross_model(build_review(records, rc, str(tmp_path), []))
     assert cm is not None and cm.chosen is not None
     assert cm.chosen == "m bf16 (BF16)", [(c.name, c.why_not) for c in cm.candidates]
-    assert "mean score 0.5000" in cm.sentence
+    chosen = next(c for c in cm.candidates if c.name == cm.chosen)
+    assert cm.score_tasks == ["arc_easy"] and chosen.mean_score == pytest.approx(0.5)
 
 
 def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> None:

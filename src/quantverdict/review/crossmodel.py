@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
 from quantverdict.config.targets import load_target, vllm_batch_defaults
@@ -37,7 +37,6 @@ from quantverdict.measure.decode_bytes import (
 from quantverdict.measure.decode_fit import fit_decode_step, in_flight
 from quantverdict.measure.memory import GIB
 from quantverdict.results.baseline import headline_of
-from quantverdict.results.format import number as _f
 from quantverdict.results.record import GpuInfo, JobRecord, Roofline
 from quantverdict.review import document as doc
 from quantverdict.review import sources
@@ -479,26 +478,11 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
     target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
     records = _records_by_id(review)
     ran = sorted({line for line in review.environment if line.startswith(("GPU", "CPU"))})
-    note, price, price_how = "", None, ""
+    price: float | None = None
+    ran_gpu, price_how = [], ""
     if target is not None:
         ran_gpu = [line for line in ran if line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
-        note = (
-            f"Memory is computed for the target, **{target.gpu}** ({target.memory_gib:g} GiB x vLLM memory fraction "
-            f"{target.memory_fraction:g} = {target.memory_gib * target.memory_fraction:.2f} GiB, minus the weights "
-            "and a reserve for activations, CUDA graphs and non-torch memory: review.reserved_gib when set, else "
-            "what vLLM kept for them where the job ran, or for a job that started no server the largest such figure of "
-            "the other candidates)"
-            + ("" if ran_gpu else f", not for where the jobs ran ({'; '.join(ran) or 'not recorded'})")
-            + ". Speed and accuracy are those measured where the jobs ran."
-        )
         price, price_how = target_price(review, target, ran_gpu)
-        if price is not None:
-            note += (
-                f" Price: ${price:g} per GPU-hour ({price_how}; cost per million output tokens in the ratio table, "
-                "at each candidate's measured ceiling, on the GPUs its job used)."
-            )
-        elif price_how:
-            note += f" Cost per million output tokens: {price_how}."
     cards = [(sc, records.get(sc.job_id)) for sc in review.cards if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
@@ -553,32 +537,9 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
         speed = (j.out.ceiling_tok_s or 0.0, j.out.target.max_concurrency or 0.0)
         return (score(j), -j.card.tier, *speed) if scored else (0.0, 0, *speed)
 
-    ranking = (
-        f"highest mean score on {', '.join(score_tasks)} (absolute; a scheme whose own deltas are all inside "
-        "their interval scores as its baseline), then the less aggressive scheme, then the ceiling output tok/s"
-        if scored
-        else "accuracy not measured on every candidate: the ceiling output tok/s, then max concurrency (target)"
-    )
     chosen = max(eligible, key=key).out if eligible else None
-    where = f"on {target.gpu}" if target else "under the review's constraints"
-    if chosen is not None:
-        bits = [f"weights {_f(chosen.weights_gib)} GiB"]
-        t = chosen.target
-        if t.max_concurrency is not None:
-            bits.append(
-                f"KV cache {_f(t.kv_gib)} GiB = {t.kv_tokens:,} tokens, "
-                f"{t.max_concurrency:.0f} concurrent {t.max_len:,}-token requests"
-            )
-        if scored:
-            bits.append(f"mean score {_f(_mean_score(chosen, score_tasks), '.4f')}")
-        bits.append(
-            f"ceiling {'>= ' if chosen.ceiling_lower_bound else ''}{_f(chosen.ceiling_tok_s, '.0f')} output tok/s"
-        )
-        sentence = f"Across models, {where}: deploy **{chosen.name}** ({'; '.join(bits)})."
-        if not scored:
-            sentence += " Decided on memory and speed alone: measure accuracy on the real models before deploying."
-    else:
-        sentence = f"Across models, {where}: **no candidate meets the constraints**."
+    for c in cands:
+        c.mean_score = _mean_score(c, score_tasks) if scored else None
     comparisons, paired, reference = _compare(jobs, target, rc)
     for c, j in zip(cands, jobs):
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
@@ -590,12 +551,16 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
         target=None
         if target is None
         else doc.Target(
-            name=target.name, gpu=target.gpu, memory_gib=target.memory_gib, memory_fraction=target.memory_fraction
+            name=target.name,
+            gpu=target.gpu,
+            memory_gib=target.memory_gib,
+            memory_fraction=target.memory_fraction,
+            budget_gib=target.memory_gib * target.memory_fraction,
         ),
-        target_note=note,
+        ran_on_target=bool(ran_gpu),
+        ran=ran,
         chosen=chosen.name if chosen else None,
-        sentence=sentence,
-        ranking=ranking,
+        score_tasks=score_tasks if scored else [],
         comparisons=comparisons,
         paired=paired,
         reference=reference.name if reference else None,
@@ -608,67 +573,68 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
 
 def _compare(
     jobs: list[_Job], target: TargetConfig | None, rc: ReviewConfig
-) -> tuple[list[str], list[doc.PairedAcross], doc.Candidate | None]:
-    """Bigger quantized vs smaller unquantized: which wins on memory, accuracy and speed; the paired accuracy rows;
-    the reference of the speed ratios (the smallest model's baseline)."""
+) -> tuple[list[doc.Comparison], list[doc.PairedAcross], doc.Candidate | None]:
+    """Each bigger model quantized against each smaller one unquantized (sizes: :func:`_model_size`) on memory,
+    accuracy (paired per task, :func:`_paired_diff`) and speed; the paired accuracy rows; the reference of the speed
+    ratios (the smallest model's baseline)."""
     sizes = {m: _model_size(jobs, m) for m in dict.fromkeys(j.card.model for j in jobs)}
     bases = [j for j in jobs if j.card.is_baseline]
     ref = min(bases, key=lambda j: sizes[j.card.model]) if bases else (jobs[0] if jobs else None)
-    comparisons: list[str] = []
+    comparisons: list[doc.Comparison] = []
     paired: list[doc.PairedAcross] = []
     for small in bases:
         for big in jobs:
             if sizes[big.card.model] <= sizes[small.card.model] or big.card.tier == 0:
                 continue
             b, s = big.out, small.out
-            parts = []
-            if target is not None:
-                x, y = b.target.max_concurrency, s.target.max_concurrency
-                if x is not None and y is not None:
-                    w = b.model if x > y else s.model if y > x else "tie"
-                    parts.append(f"memory: {w} ({x:.0f} vs {y:.0f} concurrent max-length requests on {target.name})")
-            elif b.weights_gib is not None and s.weights_gib is not None:
-                x, y = b.weights_gib, s.weights_gib
-                parts.append(f"memory: {b.model if x < y else s.model} (weights {x:.2f} vs {y:.2f} GiB)")
+            basis: Literal["concurrency", "weights"] = "concurrency" if target is not None else "weights"
+            mb, ms = (b.target.max_concurrency, s.target.max_concurrency) if target else (b.weights_gib, s.weights_gib)
+            mem = None
+            if mb is not None and ms is not None and target is not None:
+                mem = b.model if mb > ms else s.model if ms > mb else "tie"
+            elif mb is not None and ms is not None:
+                mem = b.model if mb < ms else s.model
             # score tasks (higher is better); word perplexity stays in the absolute table
             tasks = sorted(t for t in set(b.scores) & set(s.scores) if "perplexity" not in b.scores[t].metric)
             wins_big = wins_small = 0
             for task in tasks:
                 d, iv, n = _paired_diff(big, small, task, rc)
                 sig = iv is not None and iv.excludes_zero()
+                low, high = (None, None) if iv is None else (iv.low, iv.high)
+                metric = b.scores[task].metric
                 paired.append(
                     doc.PairedAcross(
                         bigger=b.name,
                         smaller=s.name,
                         task=task,
-                        metric=b.scores[task].metric,
+                        metric=metric,
                         difference=d,
-                        low=None if iv is None else iv.low,
-                        high=None if iv is None else iv.high,
+                        low=low,
+                        high=high,
                         n=n,
                         significant=sig,
-                    )
+                    )  # fmt: skip
                 )
                 wins_big += sig and d > 0
                 wins_small += sig and d < 0
-            if tasks:
-                acc = (
-                    b.model
-                    if wins_big > wins_small
-                    else s.model
-                    if wins_small > wins_big
-                    else "neither (no significant difference)"
-                )
-                parts.append(
-                    f"accuracy: {acc} ({wins_big} of {len(tasks)} tasks significantly better for the bigger, "
-                    f"{wins_small} for the smaller)"
-                )
-            else:
-                parts.append("accuracy: not compared (not measured on both)")
             x, y = b.ceiling_tok_s or 0.0, s.ceiling_tok_s or 0.0
-            if x and y:
-                parts.append(f"speed: {b.model if x > y else s.model} (ceiling {x:.0f} vs {y:.0f} output tok/s)")
-            comparisons.append(f"{b.name} vs {s.name}: " + "; ".join(parts))
+            comparisons.append(
+                doc.Comparison(
+                    bigger=b.name,
+                    smaller=s.name,
+                    memory_winner=mem,
+                    memory_basis=None if mem is None else basis,
+                    memory_bigger=mb,
+                    memory_smaller=ms,
+                    tasks=len(tasks),
+                    accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None,
+                    wins_bigger=wins_big,
+                    wins_smaller=wins_small,
+                    speed_winner=(b.model if x > y else s.model) if x and y else None,
+                    speed_bigger=b.ceiling_tok_s,
+                    speed_smaller=s.ceiling_tok_s,
+                )
+            )
     return comparisons, paired, None if ref is None else ref.out
 
 
