@@ -292,7 +292,7 @@ def _cand(name: str, tok_s: float, gb: float, how: str, weights_gib: float | Non
         speed_vs_bytes=None,
         decode_fit=None,
         decode_fit_itl=None,
-        fit_note="",
+        fit_levels=0,
         scores={},
         eligible=True,
         why_not=[],

@@ -296,9 +296,10 @@ def _scores(card: Scorecard, rec: JobRecord | None, cards: list[Scorecard]) -> d
     return out
 
 
-def _decode_fits(speed: dict[str, Any]) -> tuple[doc.DecodeFit | None, doc.DecodeFit | None, str]:
+def _decode_fits(speed: dict[str, Any]) -> tuple[doc.DecodeFit | None, doc.DecodeFit | None, int]:
     """The decode-step fits of TPOT p50 and ITL p50 against sequences in flight
-    (:func:`quantverdict.measure.decode_fit.in_flight`) over the unsaturated load levels, and the note."""
+    (:func:`quantverdict.measure.decode_fit.in_flight`) over the unsaturated load levels, and how many levels have
+    both (a line needs 2 distinct)."""
     mode = speed.get("mode") or "rate"
     pts = [p for p in speed.get("points") or [] if p.get("tpot_ms_p50")]
     # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
@@ -314,11 +315,7 @@ def _decode_fits(speed: dict[str, Any]) -> tuple[doc.DecodeFit | None, doc.Decod
         return doc.DecodeFit(fixed_us=f.fixed_us, per_seq_us=f.per_seq_us, r2=r2, points=f.n, seqs_min=lo, seqs_max=hi)
 
     tpot = fit("tpot_ms_p50")
-    if tpot is None:
-        n = sum(1 for p in unsat if in_flight(p, mode))
-        return None, None, f"{n} unsaturated load level(s) with a TPOT: a line needs 2"
-    negative = "; a negative per-sequence cost: TPOT does not grow with the batch here (not memory-bound, or noise)"
-    return tpot, fit("itl_ms_p50"), "unsaturated loads" + (negative if tpot.per_seq_us < 0 else "")
+    return tpot, fit("itl_ms_p50") if tpot else None, sum(1 for p in unsat if in_flight(p, mode))
 
 
 def _candidate(
@@ -344,7 +341,7 @@ def _candidate(
         step_bytes, step_how = float(decode_bytes), ROOFLINE_BYTES
     elif w := weights or card.memory.weights_gib:
         step_bytes, step_how = decode_step_bytes(w * GIB), "weights GiB"
-    tpot, itl, fit_note = _decode_fits(sp)
+    tpot, itl, fit_levels = _decode_fits(sp)
     why_not = []
     if target is not None and not fit.fits:
         why_not.append(f"memory on {target.name} {'fails' if fit.fits is False else 'not checked'}: {fit.why}")
@@ -368,7 +365,7 @@ def _candidate(
         speed_vs_bytes=None,
         decode_fit=tpot,
         decode_fit_itl=itl,
-        fit_note=fit_note,
+        fit_levels=fit_levels,
         scores=_scores(card, rec, review.cards),
         eligible=not why_not,
         why_not=why_not,

@@ -836,7 +836,7 @@ class Candidate(_Strict):
     speed_vs_bytes: SpeedVsBytes | None = Field(description="None for the reference's missing figures")
     decode_fit: DecodeFit | None
     decode_fit_itl: DecodeFit | None
-    fit_note: str
+    fit_levels: int = Field(description="unsaturated load levels with a TPOT p50 and sequences in flight")
     scores: dict[str, TaskScore]
     eligible: bool
     why_not: list[str]
