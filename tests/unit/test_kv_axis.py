@@ -22,7 +22,7 @@ from quantverdict.measure.kv_cache import kv_bytes_per_token, kv_capacity, kv_el
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
 from quantverdict.review.export import to_document
-from quantverdict.review.memory import memory_summary
+from quantverdict.review.memory import kv_choice, memory_summary
 from quantverdict.review.render import markdown
 from review_records import GIB, record
 
@@ -154,13 +154,15 @@ RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, kv_cache_tokens=1
 
 
 def test_memory_per_kv_choice() -> None:
-    mem, _ = memory_summary(JobRecord.view(kv_record("bf16", "fp8")), RC)
-    assert (mem["kv"], mem["kv_bytes_per_token"], mem["kv_scale_bytes"]) == ("fp8", 11_520, 240)
-    assert mem["kv_needed_gib"] == pytest.approx(1.072884, abs=1e-6)
-    base, _ = memory_summary(JobRecord.view(kv_record("bf16", "auto")), RC)
-    assert (base["kv"], base["kv_bytes_per_token"]) == ("auto", 23_040)
-    assert base["need_gib"] == pytest.approx(2.395768, abs=1e-6)
-    assert base["need_gib_kv_fp8"] == pytest.approx(1.322884, abs=1e-6)
+    fp8 = JobRecord.view(kv_record("bf16", "fp8"))
+    mem, _ = memory_summary(fp8, RC)
+    assert (kv_choice(fp8), mem.kv_bytes_per_token, mem.kv_scale_bytes) == ("fp8", 11_520, 240)
+    assert mem.kv_needed_gib == pytest.approx(1.072884, abs=1e-6)
+    auto = JobRecord.view(kv_record("bf16", "auto"))
+    base, _ = memory_summary(auto, RC)
+    assert (kv_choice(auto), base.kv_bytes_per_token) == ("auto", 23_040)
+    assert base.need_gib == pytest.approx(2.395768, abs=1e-6)
+    assert base.need_gib_kv_fp8 == pytest.approx(1.322884, abs=1e-6)
 
 
 def test_review_pulls_the_kv_lever_when_the_cache_binds() -> None:

@@ -30,18 +30,16 @@ from quantverdict.review import build_review, gpus, to_json
 from quantverdict.review.constraints import load_set
 from quantverdict.review.crossmodel import (
     ROOFLINE_BYTES,
-    Candidate,
-    CrossModel,
     cross_model,
     parse_kv_cache_memory_bytes,
     speed_vs_bytes,
     target_price,
     vllm_int_arg,
 )
+from quantverdict.review.document import Candidate, TargetFit, VllmFigures
 from quantverdict.review.export import to_document
 from quantverdict.review.model import Review
 from quantverdict.review.render import markdown
-from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.sources import load_dir
 from review_records import record, synthetic_grid, write_samples
 
@@ -69,44 +67,59 @@ def _review(src: Path, **kw: object):  # type: ignore[no-untyped-def]
 def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     cm = cross_model(_review(_grid(tmp_path), target="a10g"))
     assert cm is not None and cm.target is not None and cm.target.gpu == "NVIDIA A10G"
-    by = {f"{c.card.model} {c.card.scheme}": c for c in cm.candidates}
+    by = {f"{c.model} {c.scheme}": c for c in cm.candidates}
     bf16, gptq, llama = (
         by["qwen3.5-9b-shape bf16"].target,
         by["qwen3.5-9b-shape gptq"].target,
         by["llama3.1-8b-shape bf16"].target,
     )
-    assert bf16["reserve_gib"] == pytest.approx(1.81123046875) and gptq["reserve_gib"] == pytest.approx(1.81123046875)
-    assert llama["reserve_gib"] == pytest.approx(1.87123046875)
-    assert bf16["kv_gib"] == pytest.approx(1.71822265625)
-    assert (bf16["kv_tokens"], bf16["max_concurrency"]) == (40_960, 10.0)
-    assert gptq["kv_gib"] == pytest.approx(9.01822265625)
-    assert (gptq["kv_tokens"], gptq["max_concurrency"]) == (233_472, 57.0)
-    assert llama["kv_gib"] == pytest.approx(3.36822265625)
-    assert llama["kv_tokens"] == 27_592 and llama["max_concurrency"] == pytest.approx(27_592 / 4096)
+    assert bf16.reserve_gib == pytest.approx(1.81123046875) and gptq.reserve_gib == pytest.approx(1.81123046875)
+    assert llama.reserve_gib == pytest.approx(1.87123046875)
+    assert bf16.kv_gib == pytest.approx(1.71822265625)
+    assert (bf16.kv_tokens, bf16.max_concurrency) == (40_960, 10.0)
+    assert gptq.kv_gib == pytest.approx(9.01822265625)
+    assert (gptq.kv_tokens, gptq.max_concurrency) == (233_472, 57.0)
+    assert llama.kv_gib == pytest.approx(3.36822265625)
+    assert llama.kv_tokens == 27_592 and llama.max_concurrency == pytest.approx(27_592 / 4096)
     assert (
         by["llama3.1-8b-shape bf16"].flags
         and "6.7 max-length (4,096-token) requests" in by["llama3.1-8b-shape bf16"].flags[0]
     )
     # vLLM's figures are those of the H200's own budget, said so
-    assert by["qwen3.5-9b-shape gptq"].vllm["kv_gib"] == 115.14 and not by["qwen3.5-9b-shape gptq"].vllm["at_target"]
+    assert by["qwen3.5-9b-shape gptq"].vllm.kv_gib == 115.14 and not by["qwen3.5-9b-shape gptq"].vllm.at_target
     # the bigger model quantized (9B W4A16) against the smaller unquantized (8B bf16): memory and speed each
     # named, accuracy not measured (random weights); 57 vs 6.7 -> "57 vs 7"
-    (line,) = cm.comparisons
-    assert line.startswith("qwen3.5-9b-shape gptq (W4A16) vs llama3.1-8b-shape bf16 (BF16): ")
-    assert "memory: qwen3.5-9b-shape (57 vs 7 concurrent max-length requests on a10g)" in line
-    assert "accuracy: not compared" in line and "speed: llama3.1-8b-shape (ceiling 1220 vs 9710" in line
-    assert cm.target is not None and cm.target.gpu == "NVIDIA A10G"
-    assert "not for where the jobs ran (GPU: NVIDIA H200" in cm.target_note
+    (c,) = cm.comparisons
+    assert (c.bigger, c.smaller) == ("qwen3.5-9b-shape gptq (W4A16)", "llama3.1-8b-shape bf16 (BF16)")
+    assert (c.memory_basis, c.memory_winner, c.memory_bigger) == ("concurrency", "qwen3.5-9b-shape", 57.0)
+    assert c.memory_smaller == pytest.approx(27_592 / 4096)
+    assert (c.tasks, c.speed_winner) == (0, "llama3.1-8b-shape")
+    assert (round(c.speed_bigger or 0), round(c.speed_smaller or 0)) == (1220, 9710)
+    assert (
+        cm.target is not None
+        and cm.target.gpu == "NVIDIA A10G"
+        and cm.target.budget_gib == pytest.approx(20.2395, 1e-5)
+    )
+    assert not cm.ran_on_target and any(line.startswith("GPU: NVIDIA H200") for line in cm.ran)
     # review.json carries the same result: the target, the chosen candidate and each candidate's A10G figures
     cmj = to_json(_review(tmp_path, target="a10g"))["cross_model"]
-    assert cmj["target"]["gpu"] == "NVIDIA A10G" and cmj["chosen"] == cm.chosen.name  # type: ignore[union-attr]
+    assert cmj["target"]["gpu"] == "NVIDIA A10G" and cmj["chosen"] == cm.chosen
     by_name = {c["name"]: c for c in cmj["candidates"]}
     assert by_name["qwen3.5-9b-shape gptq (W4A16)"]["target"]["max_concurrency"] == 57.0
-    assert cmj["comparisons"] == cm.comparisons
+    assert cmj["comparisons"] == [c.model_dump(mode="json") for c in cm.comparisons]
     # the first screen opens on the question asked: the cross-model verdict before the per-model ones
     full = markdown(to_document(_review(tmp_path, target="a10g")))
     assert full.startswith("# quantverdict review\n\n> Across models, on NVIDIA A10G: deploy **")
     assert full.index("> Across models") < full.index("## llama3.1-8b-shape")
+    # the comparison and the target note in words (crossmodel_text.j2)
+    assert (
+        "- qwen3.5-9b-shape gptq (W4A16) vs llama3.1-8b-shape bf16 (BF16): memory: qwen3.5-9b-shape (57 vs 7 "
+        "concurrent max-length requests on a10g); accuracy: not compared (not measured on both); speed: "
+        "llama3.1-8b-shape (ceiling 1220 vs 9710 output tok/s)\n"
+    ) in full
+    assert (
+        "GiB x vLLM memory fraction 0.9 = 20.24 GiB" in full and "not for where the jobs ran (GPU: NVIDIA H200" in full
+    )
 
 
 def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path: Path) -> None:
@@ -115,24 +128,25 @@ def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path:
     src = _grid(tmp_path, {"qwen3.5-9b-shape/gptq": {"gpu_memory_utilization": 0.144154}})
     cm = cross_model(_review(src, target="a10g"))
     assert cm is not None
-    gptq = next(c for c in cm.candidates if c.card.scheme == "gptq")
-    assert gptq.vllm["at_target"] and gptq.vllm["how"].startswith("the target's budget: memory fraction")
+    gptq = next(c for c in cm.candidates if c.scheme == "gptq")
+    assert gptq.vllm.at_target and gptq.vllm.how.startswith("the target's budget: memory fraction")
     # a fixed KV cache (--kv-cache-memory-bytes) 9.01822265625 GiB = 9,683,... bytes; the reserve then comes
     # from review.reserved_gib (vLLM's own overhead is not in the log), here the measured 1.81123046875
     kv = int(9.01822265625 * 2**30)
     src2 = _grid(tmp_path / "b", {"qwen3.5-9b-shape/gptq": {"extra_args": ["--kv-cache-memory-bytes", str(kv)]}})
     cm2 = cross_model(_review(src2, target="a10g", reserved_gib=1.81123046875))
     assert cm2 is not None
-    g2 = next(c for c in cm2.candidates if c.card.scheme == "gptq")
-    assert g2.vllm["served_kv_bytes"] == kv and g2.vllm["at_target"]
+    g2 = next(c for c in cm2.candidates if c.scheme == "gptq")
+    assert g2.vllm.served_kv_bytes == kv and g2.vllm.at_target
 
 
 def test_emulating_the_a10g_on_the_h200_flags_the_h200s_batch_limits(tmp_path: Path) -> None:
     # served at the A10G's budget but with vLLM's H200 defaults (1024 sequences, 8,192 batched tokens: 143,771 MiB
     # >= 70 GiB and not an A100); on the A10G (22.49 GiB) vLLM picks 256 and 2,048
     src = _grid(tmp_path, {"qwen3.5-9b-shape/gptq": {"gpu_memory_utilization": 0.144154, "max_num_seqs": None}})
-    gptq = next(c for c in cross_model(_review(src, target="a10g")).candidates if c.card.scheme == "gptq")  # type: ignore[union-attr]
-    assert gptq.vllm["batch"] == {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "target": [256, 2048]}
+    gptq = next(c for c in cross_model(_review(src, target="a10g")).candidates if c.scheme == "gptq")  # type: ignore[union-attr]
+    assert gptq.vllm.batch is not None
+    assert gptq.vllm.batch.model_dump() == {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "target": [256, 2048]}
     assert any("max_num_seqs 1024, max_num_batched_tokens 8,192" in f and "picks 256, 2,048" in f for f in gptq.flags)
     # the same job with the A10G's limits set: no flag
     src2 = _grid(
@@ -145,8 +159,12 @@ def test_emulating_the_a10g_on_the_h200_flags_the_h200s_batch_limits(tmp_path: P
             }
         },
     )
-    g2 = next(c for c in cross_model(_review(src2, target="a10g")).candidates if c.card.scheme == "gptq")  # type: ignore[union-attr]
-    assert g2.vllm["batch"]["max_num_seqs"] == 256 and not any("max_num_seqs" in f for f in g2.flags)
+    g2 = next(c for c in cross_model(_review(src2, target="a10g")).candidates if c.scheme == "gptq")  # type: ignore[union-attr]
+    assert (
+        g2.vllm.batch is not None
+        and g2.vllm.batch.max_num_seqs == 256
+        and not any("max_num_seqs" in f for f in g2.flags)
+    )
 
 
 def test_a_job_without_a_server_borrows_the_largest_measured_reserve(tmp_path: Path) -> None:
@@ -159,9 +177,9 @@ def test_a_job_without_a_server_borrows_the_largest_measured_reserve(tmp_path: P
     p.write_text(json.dumps(rec))
     cm = cross_model(_review(src, target="a10g"))
     assert cm is not None
-    bf16 = next(c for c in cm.candidates if c.card.model == "qwen3.5-9b-shape" and c.card.scheme == "bf16")
-    assert bf16.target["reserve_gib"] == pytest.approx(1.87123046875)
-    assert bf16.target["reserve_how"] == "no server ran: vLLM's overhead measured for llama3.1-8b-shape bf16 (BF16)"
+    bf16 = next(c for c in cm.candidates if c.model == "qwen3.5-9b-shape" and c.scheme == "bf16")
+    assert bf16.target.reserve_gib == pytest.approx(1.87123046875)
+    assert bf16.target.reserve_how == "no server ran: vLLM's overhead measured for llama3.1-8b-shape bf16 (BF16)"
 
 
 @pytest.mark.parametrize(
@@ -207,12 +225,17 @@ def test_absolute_accuracy_paired_across_models(tmp_path: Path) -> None:
     (row,) = cm.paired
     assert (row.bigger, row.smaller, row.task, row.n) == ("big awq (W4A16)", "small bf16 (BF16)", "arc_easy", 10)
     assert row.difference == pytest.approx(0.1) and round(row.low or 0.0, 4) == -0.2518 and not row.significant
-    (line,) = cm.comparisons
-    assert "memory: big (weights 0.60 vs 1.00 GiB)" in line
-    assert "accuracy: neither (no significant difference) (0 of 1 tasks" in line
+    (c,) = cm.comparisons
+    assert (c.memory_basis, c.memory_winner) == ("weights", "big")
+    assert (c.memory_bigger, c.memory_smaller) == (pytest.approx(0.6), pytest.approx(1.0))
+    assert (c.tasks, c.accuracy_winner, c.wins_bigger, c.wins_smaller) == (1, None, 0, 0)
     # the absolute scores, with each model's own quantization delta beside: big awq 0.4 - 0.45 = -0.05
     doc = to_document(build_review(records, rc, str(tmp_path / "grid"), []))
     assert doc.cross_model is not None and not hasattr(doc.cross_model, "error")
+    assert (
+        "big awq (W4A16) vs small bf16 (BF16): memory: big (weights 0.60 vs 1.00 GiB); accuracy: neither (no "
+        "significant difference) (0 of 1 tasks significantly better for the bigger, 0 for the smaller)"
+    ) in markdown(doc)
     by = {c.name: c.scores["arc_easy"] for c in doc.cross_model.candidates}  # type: ignore[union-attr]
     big, small = by["big awq (W4A16)"], by["small bf16 (BF16)"]
     assert (big.metric, big.value, big.n, big.own_delta_kind) == ("acc_norm", 0.4, 100, "score")
@@ -234,78 +257,83 @@ def test_decode_fit_and_byte_ratio_of_a_synthetic_grid() -> None:
     rc = replace(load_set("gpu"), log_to_mlflow=False, target="h100")
     cm = cross_model(build_review(synthetic_grid(), rc, "synthetic", []))
     assert cm is not None
-    bf16 = next(c for c in cm.candidates if c.card.scheme == "bf16")
-    assert bf16.fit is not None and bf16.fit.n == 4
-    assert bf16.fit.per_seq_us == pytest.approx(1000 * 2427 / 41496.75)
-    assert bf16.fit.fixed_us == pytest.approx(1000 * (10 - 84.25 * 2427 / 41496.75))
-    assert bf16.fit.r2 == pytest.approx(2427**2 / (41496.75 * 142))
+    bf16 = next(c for c in cm.candidates if c.scheme == "bf16")
+    fit = bf16.decode_fit
+    assert fit is not None and fit.points == 4
+    assert fit.per_seq_us == pytest.approx(1000 * 2427 / 41496.75)
+    assert fit.fixed_us == pytest.approx(1000 * (10 - 84.25 * 2427 / 41496.75))
+    assert fit.r2 == pytest.approx(2427**2 / (41496.75 * 142))
     # bytes per step from the roofline (every candidate has it): bf16 16.0e9, gptq 5.0e9 -> gptq predicted
     # 16 / 5 = 3.2x bf16 (reference: the only model's baseline)
-    assert cm.reference is bf16 and bf16.step_bytes == 16.0e9
-    gptq = next(c for c in cm.candidates if c.card.scheme == "gptq")
+    assert cm.reference == bf16.name and bf16.step_bytes == 16.0e9
+    gptq = next(c for c in cm.candidates if c.scheme == "gptq")
     assert gptq.ceiling_tok_s is not None and bf16.ceiling_tok_s is not None
     measured = gptq.ceiling_tok_s / bf16.ceiling_tok_s
-    r = speed_vs_bytes(cm, gptq)
-    assert r is not None and r["predicted_ratio"] == pytest.approx(3.2) and r["bytes_vs_reference"] == 5 / 16
-    assert r["measured_ratio"] == pytest.approx(measured) and r["measured_over_predicted"] == pytest.approx(
-        measured / 3.2
+    r = gptq.speed_vs_bytes
+    assert r is not None and r.predicted_ratio == pytest.approx(3.2) and r.bytes_vs_reference == 5 / 16
+    assert r.measured_ratio == pytest.approx(measured) and r.measured_over_predicted == pytest.approx(measured / 3.2)
+
+
+def _cand(name: str, tok_s: float, gb: float, how: str, weights_gib: float | None = None) -> Candidate:
+    """A candidate with a ceiling and bytes per decode step, nothing else."""
+    model, scheme = name.split()
+    return Candidate(
+        name=name,
+        model=model,
+        scheme=scheme,
+        weights_gib=weights_gib,
+        weights_how="",
+        target=TargetFit(),
+        vllm=VllmFigures(),
+        ceiling_tok_s=tok_s,
+        ceiling_lower_bound=False,
+        step_bytes=gb * 1e9,
+        step_bytes_how=how,
+        speed_vs_bytes=None,
+        decode_fit=None,
+        decode_fit_itl=None,
+        fit_levels=0,
+        scores={},
+        eligible=True,
+        why_not=[],
+        flags=[],
     )
 
 
 def test_seed_ratio_rendered() -> None:
     # the seed: 4B fp16 (8.61 GB/step, 1,092 tok/s) as reference, 9B AWQ (11.21 GB/step, 821 tok/s):
     # measured 821 / 1092 = 0.75, predicted 8.61 / 11.21 = 0.77 = 1 / 1.30, measured / predicted = 0.98
-    def cand(model: str, scheme: str, tok_s: float, gb: float) -> Candidate:
-        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
-        return Candidate(sc, None, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how="weights GiB")
-
-    four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
-    cm = CrossModel(None, "", [four, nine], None, "", "", reference=four)
-    r = speed_vs_bytes(cm, nine)
+    four, nine = _cand("4b bf16", 1092, 8.61, "weights GiB"), _cand("9b awq", 821, 11.21, "weights GiB")
+    r = speed_vs_bytes(four, nine, 1, None)
     assert r is not None
-    assert [round(r[k] or 0.0, 2) for k in ("measured_ratio", "predicted_ratio", "bytes_vs_reference")] == [
-        0.75,
-        0.77,
-        1.3,
-    ]
-    assert round(r["measured_over_predicted"] or 0.0, 2) == 0.98
-    assert r["by_weights_ratio"] is None and r["usd_per_mtok_ceiling"] is None  # bytes are the weights; no price
+    assert [round(v, 2) for v in (r.measured_ratio, r.predicted_ratio, r.bytes_vs_reference)] == [0.75, 0.77, 1.3]
+    assert round(r.measured_over_predicted, 2) == 0.98
+    assert r.by_weights_ratio is None and r.usd_per_mtok_ceiling is None  # bytes are the weights; no price
 
 
 def test_roofline_bytes_beside_the_all_weights_prediction() -> None:
     # bytes a step streams (roofline: embeddings looked up, not read): 4B 8.0 GB, 9B AWQ 7.6 GB -> predicted
     # 8.0 / 7.6 = 1.05; measured 4,216 / 5,427 = 0.78 -> 0.74 of it. All weights (the seed's method): 7.94 / 9.49
     # = 0.84 = 1 / 1.20 -> measured / that 0.78 / 0.837 = 0.93
-    def cand(model: str, scheme: str, tok_s: float, gb: float, gib: float) -> Candidate:
-        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
-        return Candidate(
-            sc, None, weights_gib=gib, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how=ROOFLINE_BYTES
-        )
-
-    four, nine = cand("4b", "bf16", 5427, 8.0, 7.94), cand("9b", "awq", 4216, 7.6, 9.49)
-    r = speed_vs_bytes(CrossModel(None, "", [four, nine], None, "", "", reference=four), nine)
+    four = _cand("4b bf16", 5427, 8.0, ROOFLINE_BYTES, weights_gib=7.94)
+    nine = _cand("9b awq", 4216, 7.6, ROOFLINE_BYTES, weights_gib=9.49)
+    r = speed_vs_bytes(four, nine, 1, None)
     assert r is not None
-    keys = ("measured_ratio", "predicted_ratio", "bytes_vs_reference", "measured_over_predicted")
-    assert [round(r[k] or 0.0, 2) for k in keys] == [0.78, 1.05, 0.95, 0.74]
-    keys = ("by_weights_ratio", "weights_vs_reference", "measured_over_by_weights")
-    assert [round(r[k] or 0.0, 2) for k in keys] == [0.84, 1.2, 0.93]
+    ratios = (r.measured_ratio, r.predicted_ratio, r.bytes_vs_reference, r.measured_over_predicted)
+    assert [round(v, 2) for v in ratios] == [0.78, 1.05, 0.95, 0.74]
+    by_weights = (r.by_weights_ratio, r.weights_vs_reference, r.measured_over_by_weights)
+    assert [round(v or 0.0, 2) for v in by_weights] == [0.84, 1.2, 0.93]
 
 
 def test_price_per_hour_gives_cost_per_million_tokens() -> None:
     # $1.006 per GPU-hour: 1.006 / (1,092 tok/s x 3,600 s) x 1e6 = $0.2559; at 821 tok/s $0.3404
-    def cand(model: str, scheme: str, tok_s: float, gb: float) -> Candidate:
-        sc = Scorecard(f"{model}_{scheme}", model, scheme, scheme.upper(), 0, "ok", None, None, scheme == "bf16")
-        return Candidate(sc, None, ceiling_tok_s=tok_s, step_bytes=gb * 1e9, step_bytes_how="weights GiB")
-
-    target = TargetConfig(name="a10g", gpu="NVIDIA A10G", memory_gib=22.48828125, price_per_hour=1.006)
-    four, nine = cand("4b", "bf16", 1092, 8.61), cand("9b", "awq", 821, 11.21)
-    cm = CrossModel(target, "", [four, nine], None, "", "", reference=four, price=1.006)
-    usd = [(speed_vs_bytes(cm, c) or {})["usd_per_mtok_ceiling"] for c in (four, nine)]
+    four, nine = _cand("4b bf16", 1092, 8.61, "weights GiB"), _cand("9b awq", 821, 11.21, "weights GiB")
+    usd = [r.usd_per_mtok_ceiling if (r := speed_vs_bytes(four, c, 1, 1.006)) else None for c in (four, nine)]
     assert usd == [pytest.approx(1.006 / (1092 * 3600) * 1e6), pytest.approx(1.006 / (821 * 3600) * 1e6)]
     assert [round(u or 0.0, 3) for u in usd] == [0.256, 0.340]
     # the 9b served with TP=2 holds two GPUs at the same 821 tok/s: 2 x $0.3404 = $0.681
-    nine.card.gpus = 2
-    assert round((speed_vs_bytes(cm, nine) or {})["usd_per_mtok_ceiling"] or 0.0, 3) == 0.681
+    r = speed_vs_bytes(four, nine, 2, 1.006)
+    assert r is not None and round(r.usd_per_mtok_ceiling or 0.0, 3) == 0.681
 
 
 def test_the_target_price_applies_only_where_the_records_ran_on_the_target_gpu() -> None:
@@ -338,8 +366,9 @@ def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp
     records, _ = load_dir(tmp_path)
     cm = cross_model(build_review(records, rc, str(tmp_path), []))
     assert cm is not None and cm.chosen is not None
-    assert cm.chosen.name == "m bf16 (BF16)", [(c.name, c.why_not) for c in cm.candidates]
-    assert "mean score 0.5000" in cm.sentence
+    assert cm.chosen == "m bf16 (BF16)", [(c.name, c.why_not) for c in cm.candidates]
+    chosen = next(c for c in cm.candidates if c.name == cm.chosen)
+    assert cm.score_tasks == ["arc_easy"] and chosen.mean_score == pytest.approx(0.5)
 
 
 def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> None:

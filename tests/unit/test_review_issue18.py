@@ -63,12 +63,12 @@ def cpu_record(scheme: str, *, server_dtype: str = "float32", new: bool = False,
 def test_kv_check_uses_the_served_dtype(new: bool) -> None:
     rec = cpu_record("bf16", new=new)  # the model is bf16, the server ran float32
     mem, _ = memory_summary(view(rec), RC)
-    assert mem["kv_bytes_per_token"] == 46080
-    assert mem["kv_dtype"] == "float32"
+    assert mem.kv_bytes_per_token == 46080
+    assert mem.kv_dtype == "float32"
     # 16 requests x 288 tokens = 4,608 tokens x 46,080 B = 212,336,640 B = 0.197754 GiB
-    assert mem["kv_needed_gib"] == pytest.approx(4608 * 46080 / GIB)
+    assert mem.kv_needed_gib == pytest.approx(4608 * 46080 / GIB)
     # vLLM's figure (2^30 / 23,296 = 46,091 B) agrees within block rounding: no mismatch flag
-    assert mem["kv_bytes_per_token_measured"] == pytest.approx(46091.3, abs=0.1)
+    assert mem.kv_bytes_per_token_measured == pytest.approx(46091.3, abs=0.1)
     review = build_review([rec, cpu_record("w8a8", new=new)], RC, "t")
     assert not [f for f in review.flags if f.code == "kv_bytes_mismatch"]
 
@@ -77,7 +77,7 @@ def test_kv_cache_dtype_wins_over_the_served_dtype() -> None:
     rec = cpu_record("bf16")
     rec["config"]["bench"]["server"]["kv_cache_dtype"] = "fp8"
     mem, _ = memory_summary(view(rec), RC)
-    assert mem["kv_bytes_per_token"] == 11520 and mem["kv_dtype"] == "fp8"
+    assert mem.kv_bytes_per_token == 11520 and mem.kv_dtype == "fp8"
 
 
 def test_weights_in_memory_at_the_served_dtype() -> None:
@@ -86,12 +86,12 @@ def test_weights_in_memory_at_the_served_dtype() -> None:
     rec = cpu_record("bf16")
     rec["memory"]["checkpoint"]["bytes_by_role"] = {"kept_16bit": int(0.25 * GIB), "quantized_weights": 0}
     mem, _ = memory_summary(view(rec), RC)
-    assert mem["weights_gib"] == pytest.approx(0.5)
+    assert mem.weights_gib == pytest.approx(0.5)
     q = cpu_record("w8a8")
     q["memory"]["checkpoint"]["total_weight_bytes"] = int(0.15 * GIB)
     q["memory"]["checkpoint"]["bytes_by_role"] = {"kept_16bit": int(0.05 * GIB), "quantized_weights": int(0.1 * GIB)}
     mem, _ = memory_summary(view(q), RC)
-    assert mem["weights_gib"] == pytest.approx(0.2, abs=1e-9)
+    assert mem.weights_gib == pytest.approx(0.2, abs=1e-9)
 
 
 # --- item 5: a drop on few items -------------------------------------------------------------------

@@ -61,36 +61,36 @@ def test_memory_of_a_hybrid_model_uses_the_kv_layers() -> None:
     rec["model"]["dims"] = QWEN35_9B
     m, _ = memory_summary(view(rec), replace(RC, memory_budget_gib=24.0))
     # 16 requests * 288 tokens = 4,608 tokens * 32,768 B = 150,994,944 B = 0.140625 GiB (4608 / 32768)
-    assert m["kv_bytes_per_token"] == 32768
-    assert m["kv_needed_gib"] == pytest.approx(0.140625)
-    assert m["need_gib"] == pytest.approx(17.140625)
+    assert m.kv_bytes_per_token == 32768
+    assert m.kv_needed_gib == pytest.approx(0.140625)
+    assert m.need_gib == pytest.approx(17.140625)
     # tokens that fit in the 7 GiB left: 7 * 2^30 / 32,768 = 229,376
-    assert m["budget_kv_tokens"] == 229376
+    assert m.budget_kv_tokens == 229376
 
 
 def test_memory_need_and_what_fits_the_budget() -> None:
     m, missing = memory_summary(view(record("gptq")), replace(RC, memory_budget_gib=0.22))
     assert not missing
     # 16 requests * (256 + 32) tokens = 4,608 tokens * 23,040 B = 106,168,320 B = 0.098877 GiB
-    assert m["kv_needed_tokens"] == 4608
-    assert m["kv_needed_gib"] == pytest.approx(KV_GIB_16x288) == pytest.approx(0.098877, abs=1e-6)
-    assert m["need_gib"] == pytest.approx(0.10 + 0.098877, abs=1e-6)
+    assert m.kv_needed_tokens == 4608
+    assert m.kv_needed_gib == pytest.approx(KV_GIB_16x288) == pytest.approx(0.098877, abs=1e-6)
+    assert m.need_gib == pytest.approx(0.10 + 0.098877, abs=1e-6)
     # (0.22 - 0.10) GiB = 128,849,018.9 B / 23,040 B = 5,592.4 -> 5,592 tokens; / 288 = 19.4 requests
-    assert m["budget_kv_tokens"] == 5592
-    assert m["budget_max_concurrency"] == pytest.approx(5592 / 288)
+    assert m.budget_kv_tokens == 5592
+    assert m.budget_max_concurrency == pytest.approx(5592 / 288)
     # stated capacity, fp8 KV cache (1 byte) and a reserve: 10,000 * 11,520 B = 0.107288 GiB; + 0.5 GiB reserve
     m, _ = memory_summary(
         view(record("gptq")), replace(RC, kv_cache_tokens=10000, kv_cache_dtype_bytes=1, reserved_gib=0.5)
     )
-    assert m["kv_needed_gib"] == pytest.approx(10000 * 11520 / GIB)
-    assert m["need_gib"] == pytest.approx(0.10 + 10000 * 11520 / GIB + 0.5)
+    assert m.kv_needed_gib == pytest.approx(10000 * 11520 / GIB)
+    assert m.need_gib == pytest.approx(0.10 + 10000 * 11520 / GIB + 0.5)
 
 
 def test_memory_falls_back_to_checkpoint_bytes() -> None:
     rec = record("int8")
     rec["memory"]["server"] = {}
     m, missing = memory_summary(view(rec), RC)
-    assert m["weights_source"] == "checkpoint bytes" and m["weights_gib"] == pytest.approx(0.15, abs=1e-9)
+    assert m.weights_source == "checkpoint bytes" and m.weights_gib == pytest.approx(0.15, abs=1e-9)
     assert any("no vLLM server memory" in s for s in missing)
 
 
@@ -248,12 +248,12 @@ def test_hybrid_recurrent_state_is_counted_per_sequence() -> None:
     m, _ = memory_summary(view(rec), replace(RC, memory_budget_gib=24.0))
     # vLLM pages it: 272-token blocks (see test_hybrid_paging_matches_vllm_on_the_h200), a 288-token request
     # takes 2 blocks = 544 token slots in each of the 8 KV layers: 16 requests * 544 * 32,768 B = 0.265625 GiB
-    assert m["kv_needed_tokens"] == 16 * 544 and m["kv_needed_gib"] == pytest.approx(0.265625)
+    assert m.kv_needed_tokens == 16 * 544 and m.kv_needed_gib == pytest.approx(0.265625)
     # each state padded to a 1,114,112 B page: 16 * 24 * 1,114,112 B = 427,819,008 B = 0.3984375 GiB
-    assert m["state_needed_gib"] == pytest.approx(0.3984375)
-    assert m["need_gib"] == pytest.approx(17.0 + 0.265625 + 0.3984375)
+    assert m.state_needed_gib == pytest.approx(0.3984375)
+    assert m.need_gib == pytest.approx(17.0 + 0.265625 + 0.3984375)
     # 7 GiB left / ((2 * 8 + 24) pages * 1,114,112 B = 44,564,480 B a sequence) = 168.66 -> 168 sequences
-    assert m["budget_max_concurrency"] == 168 and m["budget_kv_tokens"] == 168 * 288
+    assert m.budget_max_concurrency == 168 and m.budget_kv_tokens == 168 * 288
 
 
 def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
@@ -284,10 +284,10 @@ def test_hybrid_paging_matches_vllm_on_the_h200() -> None:
     m, missing = memory_summary(
         view(rec), replace(RC, memory_budget_gib=16.71 + 107.84, request_len_tokens=4096, reserved_gib=0.0)
     )
-    assert m["budget_max_concurrency"] == 683
+    assert m.budget_max_concurrency == 683
     # vLLM's bytes per "KV token" include the states: 107.84 GiB / 2,800,370 = 41,349 B; paged model:
     # 169,345,024 / 4,096 = 41,344 B (0.01% apart), while the per-layer K/V alone is 32,768 B (26% off)
-    assert m["kv_bytes_per_token_measured"] == pytest.approx(41_349, abs=1)
-    assert m["kv_bytes_per_token_paged"] == pytest.approx(41_344, abs=1)
+    assert m.kv_bytes_per_token_measured == pytest.approx(41_349, abs=1)
+    assert m.kv_bytes_per_token_paged == pytest.approx(41_344, abs=1)
     assert not missing
     assert hybrid_paging(QWEN35_9B, 2, 2) is None  # no linear-attention sizes: no paging model

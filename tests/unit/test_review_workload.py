@@ -69,9 +69,7 @@ def test_cross_model_candidates_at_different_shapes_are_flagged() -> None:
         "swept at 2,048 in / 128 out tokens per request, other candidates at 1,024 in / 128 out tokens per request: "
         "its speed figures and ratios here compare different request shapes"
     )
-    assert [n for n, f in flagged.items() if want in f] == [
-        c.name for c in cm.candidates if c.card.model == "small-shape"
-    ]
+    assert [n for n, f in flagged.items() if want in f] == [c.name for c in cm.candidates if c.model == "small-shape"]
     assert all(flagged[c.name] for c in cm.candidates)  # the big model's candidates flagged the other way round
 
 

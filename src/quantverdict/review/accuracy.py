@@ -16,7 +16,7 @@ from typing import Any
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import stats
 from quantverdict.measure.stats import Interval
-from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, pct_change
+from quantverdict.results.baseline import eval_mismatch, headline_of, pct_change
 from quantverdict.results.record import JobRecord, TaskResult
 from quantverdict.review.kld import kld_deltas
 from quantverdict.review.scorecard import TaskDelta
@@ -31,10 +31,10 @@ NO_WINDOWS = "no per-window data in this record: no interval"
 def read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
     """The per-item rows lm-eval wrote for ``task`` (``accuracy.samples``), found where the job wrote them or
     beside the record it was read from (:attr:`JobRecord.source_dir`); None when there are none."""
-    path = (rec.accuracy.samples or {}).get(task)
-    if not path:
+    samples = rec.accuracy.samples or {}
+    if not samples.get(task):
         return None
-    p = Path(path)
+    p = Path(samples[task])
     # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
     source_dir = rec.source_dir
     candidates = [Path(source_dir) / "eval" / p.name, Path(source_dir) / p.name] if source_dir else []
@@ -137,7 +137,8 @@ def _score_delta(
             # point values from the pairs (equal to the record's when every item paired)
             td.significant = stats.significant(td.interval)
             return td
-    ma, mb = rec.accuracy.tasks.get(task) or TaskResult(), base.accuracy.tasks.get(task) or TaskResult()
+    ma = rec.accuracy.tasks[task] if task in rec.accuracy.tasks else TaskResult()
+    mb = base.accuracy.tasks[task] if task in base.accuracy.tasks else TaskResult()
     sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
     td.n = ma.n
     why = "no per-item samples" if not (sa and sb) else "no common items"
@@ -266,27 +267,25 @@ def accuracy_section(
     reason = eval_mismatch(rec, base)
     if reason:
         return [], reason, []
-    headline = rec.cfg("eval").get("headline") or {}
-    deltas = accuracy_deltas(rec, base, headline)
+    headline = rec.cfg("eval").get("headline")  # a config section without a typed model in the record
     out: list[TaskDelta] = []
-    tasks, btasks = rec.accuracy.tasks, base.accuracy.tasks
-    for task, d in deltas.items():
-        if task == "token_perplexity":
-            continue
-        metric = d["metric"]
-        if d.get("higher_is_better") is False:  # perplexities, and any metric lm-eval says is better lower
-            out.append(_ppl_delta(task, metric, d["value"], d["baseline"], rec, base, rc))
-            for other in ("word_perplexity", "byte_perplexity"):
-                v, b = tasks[task].metric(other), (btasks[task].metric(other) if task in btasks else None)
-                if other != metric and v is not None and b is not None:
-                    out.append(_ppl_delta(task, other, v, b, rec, base, rc))
-        else:
-            out.append(_score_delta(task, metric, d["value"], d["baseline"], rec, base, rc))
-    for task in tasks:
-        if task not in deltas:
+    btasks = base.accuracy.tasks
+    for task, res in rec.accuracy.tasks.items():
+        metric, higher = headline_of(task, headline if isinstance(headline, dict) else {}, res)
+        v, b = res.metric(metric), (btasks[task].metric(metric) if task in btasks else None)
+        if v is None or b is None:
             missing.append(f"{task}: no baseline value of the headline metric")
-    if "token_perplexity" in deltas:
-        d = deltas["token_perplexity"]
-        out.append(_ppl_delta("token_perplexity", "token_perplexity", d["value"], d["baseline"], rec, base, rc))
+        elif higher:
+            out.append(_score_delta(task, metric, v, b, rec, base, rc))
+        else:  # perplexities, and any metric lm-eval says is better lower
+            out.append(_ppl_delta(task, metric, v, b, rec, base, rc))
+            for other in ("word_perplexity", "byte_perplexity"):
+                vo, bo = res.metric(other), (btasks[task].metric(other) if task in btasks else None)
+                if other != metric and vo is not None and bo is not None:
+                    out.append(_ppl_delta(task, other, vo, bo, rec, base, rc))
+    tp = rec.accuracy.token_perplexity_section.token_perplexity
+    btp = base.accuracy.token_perplexity_section.token_perplexity
+    if tp and btp:
+        out.append(_ppl_delta("token_perplexity", "token_perplexity", tp, btp, rec, base, rc))
     out += kld_deltas(rec)  # mean KLD and top-1 agreement, beside the token perplexity delta
     return out, None, missing

@@ -34,7 +34,7 @@ from quantverdict.review.document import SCHEMA_VERSION
 from quantverdict.review.export import to_document
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
-from quantverdict.review.memory import dtype_flags, memory_summary
+from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
@@ -76,7 +76,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         gpus=gpus.job_gpus(r),
     )
     sc.memory, miss = memory_summary(r, rc)
-    sc.kv = str(sc.memory.get("kv") or "auto")
+    sc.kv = kv_choice(r)
     if sc.status != "ok":
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
     sc.missing += miss
@@ -123,8 +123,8 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     kc = r.speed.kernel_check or kernels.kernel_check(
         sc.label, r.memory.to_dict().get("server"), _activation_quantized(r)
     )
-    if m.get("fallback"):
-        why = "; ".join(m.get("fallback_lines") or []) or ", ".join(m["kernels"]) or "unnamed"
+    if m.fallback:
+        why = "; ".join(m.fallback_lines) or ", ".join(m.kernels) or "unnamed"
         sc.flags.append(
             Flag(
                 FlagCode.FALLBACK_KERNEL,
@@ -167,7 +167,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines
-    if m.get("unquantized_gemm_fallback"):
+    if m.unquantized_gemm_fallback:
         sc.flags.append(
             Flag(
                 FlagCode.ONEDNN_FALLBACK,
@@ -176,12 +176,12 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
                 '("Failed to create oneDNN linear")',
             )
         )
-    meas = m.get("kv_bytes_per_token_measured")
+    meas = m.kv_bytes_per_token_measured
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
     calc, model = (
-        (m["kv_bytes_per_token_paged"], "vLLM's hybrid paging")
-        if m.get("kv_bytes_per_token_paged")
-        else (m.get("kv_bytes_per_token"), "the dims formula")
+        (m.kv_bytes_per_token_paged, "vLLM's hybrid paging")
+        if m.kv_bytes_per_token_paged
+        else (m.kv_bytes_per_token, "the dims formula")
     )
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         sc.flags.append(

@@ -1,35 +1,30 @@
-"""Candidates across models: which (model, scheme) to deploy on a target GPU, and the seed's tables.
+"""Candidates across models: which (model, scheme) to deploy on a target GPU (``review.target``,
+:mod:`quantverdict.config.targets`), computed into :class:`quantverdict.review.document.CrossModel`.
 
-The per-model verdict (:mod:`quantverdict.review.verdict`) compares each scheme with the baseline of its own
-model. This section answers the question across models: every (model, scheme) job of the reviewed grids is a
-candidate, each is checked on the deployment target (``review.target``, :mod:`quantverdict.config.targets`)
-even when the jobs ran on another device, and the best candidate that meets the constraints is named. When a
-bigger model quantized competes with a smaller one unquantized, the section says which wins on each of the
-three numbers. Tables, side by side:
+Every finished (model, scheme) job is a candidate, checked on the target even when it ran on another device;
+the best candidate that meets the constraints is chosen, and each bigger model quantized is compared with each
+smaller one unquantized on the three numbers. Formulas:
 
-* memory on the target: weights, KV cache GiB (``memory_gib x memory_fraction - weights - reserved_gib``,
-  :func:`quantverdict.measure.decode_bytes.target_kv_budget_bytes`), KV tokens and maximum concurrency of
-  max-length requests (:func:`quantverdict.measure.decode_bytes.kv_capacity`), with vLLM's own figures beside
-  them when the job was served with the target's budget (``--kv-cache-memory-bytes`` in
-  ``bench.server.extra_args``);
-* accuracy in absolute terms on the same tasks and items (paired on ``doc_id`` across models), each model's
-  own quantization delta beside it;
-* the rate sweep of every candidate at the same offered loads;
-* the ceiling ratio against the prediction from bytes per decode step
-  (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`), measured / predicted;
+* KV cache on the target: ``memory_gib x memory_fraction - weights - reserve``
+  (:func:`quantverdict.measure.decode_bytes.target_kv_budget_bytes`), its KV tokens and max concurrency
+  (:func:`quantverdict.measure.decode_bytes.kv_capacity`);
+* the ceiling ratio against bytes per decode step (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`);
 * the decode-step fit, TPOT = fixed + per-sequence cost x sequences in flight
-  (:func:`quantverdict.measure.decode_fit.fit_decode_step`), with its R^2.
+  (:func:`quantverdict.measure.decode_fit.fit_decode_step`).
+
+Config sections without a typed model in the record (``config.bench.server``, ``config.model``, ``config.eval``)
+are read as the JSON objects :meth:`quantverdict.results.record.JobRecord.cfg` returns.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from quantverdict.config.schema import ReviewConfig, TargetConfig
+from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
 from quantverdict.config.targets import load_target, vllm_batch_defaults
 from quantverdict.measure import stats
 from quantverdict.measure.cost import usd_per_mtok
@@ -39,15 +34,14 @@ from quantverdict.measure.decode_bytes import (
     predicted_speed_ratio,
     target_kv_budget_bytes,
 )
-from quantverdict.measure.decode_fit import DecodeFit, fit_decode_step, in_flight
+from quantverdict.measure.decode_fit import fit_decode_step, in_flight
 from quantverdict.measure.memory import GIB
 from quantverdict.results.baseline import headline_of
-from quantverdict.results.format import number as _f
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import GpuInfo, JobRecord, Roofline
+from quantverdict.review import document as doc
 from quantverdict.review import sources
 from quantverdict.review.accuracy import pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
-from quantverdict.review.document import PairedAcross
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
@@ -62,55 +56,18 @@ _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 @dataclass
-class Candidate:
-    """One (model, scheme) job seen from the target."""
+class _Job:
+    """A candidate being computed: its scorecard, its record (None from an MLflow source) and its document entry."""
 
     card: Scorecard
     record: JobRecord | None
-    weights_gib: float | None = None
-    weights_how: str = ""
-    target: dict[str, Any] = field(default_factory=dict)  # kv_gib, kv_tokens, max_concurrency, fits, why
-    vllm: dict[str, Any] = field(default_factory=dict)  # vLLM's own figures and the budget they were run at
-    ceiling_tok_s: float | None = None
-    ceiling_lower_bound: bool = False  # no point saturated, or the sweep stopped before its top loads
-    step_bytes: float | None = None
-    step_bytes_how: str = ""
-    fit: DecodeFit | None = None  # TPOT p50 against sequences in flight
-    fit_itl: DecodeFit | None = None  # ITL p50 against the same: the decode step without the prefill stalls
-    fit_note: str = ""
-    scores: dict[str, tuple[str, float, int | None]] = field(default_factory=dict)  # task -> (metric, value, n)
-    eligible: bool = False
-    why_not: list[str] = field(default_factory=list)
-    flags: list[str] = field(default_factory=list)  # met the constraints, with a caveat
-
-    @property
-    def name(self) -> str:
-        return f"{self.card.model} {self.card.scheme} ({self.card.label})"
-
-
-@dataclass
-class CrossModel:
-    """The cross-model section's findings."""
-
-    target: TargetConfig | None
-    target_note: str
-    candidates: list[Candidate]
-    chosen: Candidate | None
-    sentence: str
-    ranking: str
-    comparisons: list[str] = field(default_factory=list)  # bigger quantized vs smaller unquantized
-    paired: list[PairedAcross] = field(default_factory=list)  # the paired accuracy table
-    reference: Candidate | None = None  # of the speed ratios
-    # USD per GPU-hour of the $ column (None: no price), or why there is none ("not comparable: ran on ...")
-    price: float | None = None
-    price_note: str = ""
+    out: doc.Candidate
 
 
 def vllm_int_arg(args: list[Any], flag: str) -> int | None:
     """The integer value of ``flag`` in vLLM server arguments (``flag N`` or ``flag=N``), read as vLLM's
-    ``human_readable_int`` reads it: plain, or with ``k``/``m``/``g``/``t`` (x1000, decimals allowed) or
-    ``K``/``M``/``G``/``T`` (x1024, integers only); None when absent or unreadable (what vLLM would refuse).
-    E.g. ``2k`` = 2,000, ``2K`` = 2,048, ``25.6k`` = 25,600."""
+    ``human_readable_int`` reads it: plain, ``k``/``m``/``g``/``t`` (x1000, decimals allowed) or ``K``/``M``/``G``/``T``
+    (x1024, integers only); None when absent or unreadable. E.g. ``2k`` = 2,000, ``2K`` = 2,048, ``25.6k`` = 25,600."""
     items = [str(a) for a in args or []]
     for i, a in enumerate(items):
         if a != flag and not a.startswith(flag + "="):
@@ -131,6 +88,296 @@ def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
     return vllm_int_arg(args, "--kv-cache-memory-bytes")
 
 
+def _server(rec: JobRecord) -> dict[str, Any]:
+    server = rec.cfg("bench").get("server")
+    return server if isinstance(server, dict) else {}
+
+
+def _serve_args(rec: JobRecord) -> list[Any]:
+    """``bench.server.extra_args`` and ``model.serve_args``."""
+    extra, model = _server(rec).get("extra_args"), rec.cfg("model").get("serve_args")
+    return [*(extra if isinstance(extra, list) else []), *(model if isinstance(model, list) else [])]
+
+
+def _gpus(rec: JobRecord | None) -> list[GpuInfo]:
+    """The GPUs the record ran on whose memory is recorded."""
+    gpus = [GpuInfo.of(g) for g in (rec.environment.gpu if rec else None) or []]
+    return [g for g in gpus if g.memory_total_mib]
+
+
+def _run_budget_gib(rec: JobRecord) -> float | None:
+    """``gpu_memory_utilization x GPU memory`` (GiB) where the job ran; None when not recorded."""
+    gpus, util = _gpus(rec), _server(rec).get("gpu_memory_utilization")
+    return float(util) * float(gpus[0].memory_total_mib or 0) / 1024 if gpus and util else None
+
+
+def _served_kv_bytes(rec: JobRecord) -> int | None:
+    return parse_kv_cache_memory_bytes(_serve_args(rec))
+
+
+def measured_overhead_gib(card: Scorecard, rec: JobRecord | None) -> float | None:
+    """The memory vLLM kept for neither weights nor KV cache where the job ran (activation peak, CUDA graphs,
+    non-torch allocations), GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache``. E.g.
+    qwen3.5-9b-shape bf16 on the H200: 0.9 x 140.401 - 16.71 - 107.84 = 1.81 GiB. None when a figure is missing,
+    the difference is negative, or the job fixed its KV cache (``--kv-cache-memory-bytes``)."""
+    m = card.memory
+    if rec is None or not m.server_weights_gib or not m.server_kv_cache_gib or _served_kv_bytes(rec):
+        return None
+    budget = _run_budget_gib(rec)
+    if budget is None:
+        return None
+    left = budget - float(m.server_weights_gib) - float(m.server_kv_cache_gib)
+    return left if left >= 0 else None
+
+
+def _target_fit(
+    card: Scorecard, rec: JobRecord | None, target: TargetConfig, rc: ReviewConfig, borrowed: tuple[float, str] | None
+) -> tuple[float | None, str, doc.TargetFit, list[str]]:
+    """Weights, how they were read, the KV cache and its capacity on the target, and the flags.
+
+    Weights: vLLM's logged figure (one GPU's share, times the GPUs used), else the checkpoint's bytes (a GPU serves
+    the checkpoint's dtype, whatever a CPU served in). KV elements in ``review.kv_cache_dtype_bytes``, else the
+    served KV dtype (at most 2 bytes off a GPU). Reserve: ``review.reserved_gib`` when > 0, else the overhead
+    vLLM measured where the job ran (:func:`measured_overhead_gib`), else ``borrowed`` (GiB and the candidate it
+    was measured on) for a job that started no server, else 0.
+    """
+    m = card.memory
+    vllm_log = m.weights_source == "vLLM log"
+    weights, how = None, ""
+    if vllm_log:
+        weights = whole_weights_gib(m, card.gpus)
+        how = "vLLM log" + (f" x {card.gpus} GPUs" if card.gpus > 1 else "")
+    elif m.checkpoint_gib:
+        weights, how = m.checkpoint_gib, "checkpoint bytes"
+    bpt, kvb = m.kv_bytes_per_token, m.kv_dtype_bytes or 2
+    if weights is None or not bpt:
+        return weights, how, doc.TargetFit(fits=None, why="no weight size or no model dimensions"), []
+    s = (rc.kv_cache_dtype_bytes or (kvb if vllm_log else min(kvb, 2))) / kvb
+    hp = m.hybrid_paging
+    paging = {**hp.model_dump(), "page_bytes": hp.page_bytes * s} if hp else None
+    state = (m.state_bytes_per_sequence or 0.0) * s
+    measured = measured_overhead_gib(card, rec)
+    reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
+    if rc.reserved_gib <= 0 and measured is not None:
+        reserve, reserve_how = measured, "vLLM's overhead where the job ran"
+    elif rc.reserved_gib <= 0 and borrowed is not None and not m.server_weights_gib and not m.server_kv_cache_gib:
+        reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
+    budget = target_kv_budget_bytes(target.memory_gib, target.memory_fraction, weights * GIB, reserve * GIB)
+    max_len = _max_model_len(rec)
+    fit = doc.TargetFit(
+        kv_gib=budget / GIB, kv_bytes_per_token=bpt * s, reserve_gib=reserve, reserve_how=reserve_how, max_len=max_len
+    )
+    if max_len:
+        cap = kv_capacity(budget, bpt * s, max_len, paging, state)
+        fit.kv_tokens, fit.max_concurrency = int(cap["kv_tokens"]), cap["max_concurrency"]
+    req = m.request_len_tokens
+    if budget <= 0:
+        fit.fits = False
+        fit.why = (
+            f"weights {weights:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
+            f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
+        )
+    elif req:
+        cap = kv_capacity(budget, bpt * s, req, paging, state)
+        fit.req_len, fit.req_concurrency = req, cap["max_concurrency"]
+        if rc.kv_cache_tokens:
+            fit.fits = cap["kv_tokens"] >= rc.kv_cache_tokens
+            need = f"{rc.kv_cache_tokens:,} KV tokens"
+        else:
+            fit.fits = cap["max_concurrency"] >= rc.concurrent_requests
+            need = f"{rc.concurrent_requests} concurrent {req}-token requests"
+        fit.why = "" if fit.fits else f"holds {cap['max_concurrency']:.1f} {req}-token requests, needs {need}"
+    else:
+        fit.why = "no request length (bench.input_len + output_len)"
+    flags = []
+    if fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests:
+        flags.append(
+            f"fits the stated load, but its {fit.kv_gib:.2f} GiB of KV cache hold only "
+            f"{fit.max_concurrency:.1f} max-length ({max_len:,}-token) requests"
+        )
+    return weights, how, fit, flags
+
+
+def _max_model_len(rec: JobRecord | None) -> int | None:
+    if rec is None:
+        return None
+    n = _server(rec).get("max_model_len") or rec.cfg("model").get("max_model_len")
+    return int(n) if n else None
+
+
+def _vllm_figures(
+    card: Scorecard, rec: JobRecord | None, target: TargetConfig | None, kv_target: float | None
+) -> tuple[doc.VllmFigures, list[str]]:
+    """vLLM's own KV figures, and whether the job was served with the target's budget: its KV cache fixed
+    (``--kv-cache-memory-bytes``) within 5% of ``kv_target`` (GiB), or ``gpu_memory_utilization x GPU memory``
+    within 2% of the target's ``memory_gib x memory_fraction`` (vLLM then profiles the reserve as on the target)."""
+    m = card.memory
+    if rec is None or not (m.server_kv_cache_gib or m.server_kv_tokens):
+        return doc.VllmFigures(), []
+    served = _served_kv_bytes(rec)
+    run_budget = _run_budget_gib(rec)
+    how, at_target = "the budget where the job ran", False
+    if served is not None:
+        at_target = bool(kv_target and kv_target > 0 and abs(served / GIB - kv_target) / kv_target <= SAME_BUDGET)
+        how = f"--kv-cache-memory-bytes {served:,} = {served / GIB:.2f} GiB"
+    elif target is not None and run_budget is not None:
+        want = target.memory_gib * target.memory_fraction
+        at_target = abs(run_budget - want) / want <= 0.02
+        if at_target:
+            how = f"memory fraction x GPU memory = {run_budget:.2f} GiB"
+    batch, flags = _batch_limits(rec, target) if target is not None and at_target else (None, [])
+    figures = doc.VllmFigures(
+        kv_gib=m.server_kv_cache_gib or (served / GIB if served else None),
+        kv_tokens=m.server_kv_tokens,
+        max_concurrency=m.server_max_concurrency,
+        served_kv_bytes=served,
+        at_target=at_target,
+        how=("the target's budget: " if at_target else "") + how,
+        batch=batch,
+    )
+    return figures, flags
+
+
+def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits | None, list[str]]:
+    """The job's ``max_num_seqs`` / ``max_num_batched_tokens`` as served (set, else vLLM's default on the GPU it
+    ran on, :func:`~quantverdict.config.targets.vllm_batch_defaults`) beside vLLM's defaults on the target, and a
+    flag when they differ (emulating a small card on a big one keeps the big card's batch limits)."""
+    gpus = _gpus(rec)
+    if not gpus:
+        return None, []
+    args = _serve_args(rec)
+    ran = vllm_batch_defaults(str(gpus[0].name or ""), float(gpus[0].memory_total_mib or 0) / 1024)
+    seqs = int(_server(rec).get("max_num_seqs") or vllm_int_arg(args, "--max-num-seqs") or ran[0])
+    tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
+    want = vllm_batch_defaults(target.gpu, target.memory_gib)
+    batch = doc.BatchLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, target=list(want))
+    if (seqs, tokens) == want:
+        return batch, []
+    return batch, [
+        f"served with max_num_seqs {seqs}, max_num_batched_tokens {tokens:,}; vLLM on the {target.gpu} "
+        f"picks {want[0]}, {want[1]:,} by default: its speed at high load is not the "
+        f"target's (bench.server.max_num_seqs={want[0]} and --max-num-batched-tokens {want[1]} added to "
+        "bench.server.extra_args match it)"
+    ]
+
+
+def _scores(card: Scorecard, rec: JobRecord | None, cards: list[Scorecard]) -> dict[str, doc.TaskScore]:
+    """Absolute task scores (the record's headline metric per task; without the record, an MLflow source, the
+    scorecards' deltas: a scheme's own value, a baseline's from a sibling's comparison), each with the scheme's own
+    delta against its baseline (a score's absolute change, a perplexity's in %), by task."""
+    if card.accuracy_not_applicable:
+        return {}
+    found: dict[str, tuple[str, float, int | None]] = {}
+    if rec is None:
+        for sc in [card] if not card.is_baseline else [x for x in cards if x.model == card.model]:
+            for d in sc.accuracy:
+                if d.kind == "score" and d.name not in found:
+                    found[d.name] = (d.metric, d.baseline if card.is_baseline else d.value, d.n)
+    else:
+        headline = rec.cfg("eval").get("headline")
+        for task, res in rec.accuracy.tasks.items():
+            metric, higher = headline_of(task, headline if isinstance(headline, dict) else {}, res)
+            v = res.metric(metric)
+            # the ranking's scores are higher-is-better; lower-is-better metrics other than perplexity aside
+            if (higher or "perplexity" in metric) and isinstance(v, (int, float)):
+                found[task] = (metric, float(v), res.n)
+    own = {d.name: d for d in card.accuracy}  # by task name; the last delta of a task stands for it
+    out = {}
+    for task, (metric, value, n) in sorted(found.items()):
+        s = out[task] = doc.TaskScore(metric=metric, value=value, n=n)
+        if (od := own.get(task)) is None:
+            continue
+        if od.kind == "score" and od.delta is not None:
+            s.own_delta_kind, s.own_delta = doc.DeltaKind.SCORE, od.delta
+        elif od.delta_pct is not None:
+            s.own_delta_kind, s.own_delta = doc.DeltaKind(od.kind), od.delta_pct
+        if s.own_delta is not None and od.interval is not None:
+            s.own_delta_low, s.own_delta_high = od.interval.low, od.interval.high
+    return out
+
+
+def _decode_fits(speed: dict[str, Any]) -> tuple[doc.DecodeFit | None, doc.DecodeFit | None, int]:
+    """The decode-step fits of TPOT p50 and ITL p50 against sequences in flight
+    (:func:`quantverdict.measure.decode_fit.in_flight`) over the unsaturated load levels, and how many levels have
+    both (a line needs 2 distinct)."""
+    mode = speed.get("mode") or "rate"
+    pts = [p for p in speed.get("points") or [] if p.get("tpot_ms_p50")]
+    # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
+    unsat = [p for p in pts if not p.get("saturated") and not (mode == "rate" and math.isinf(p.get("load", 0)))]
+
+    def fit(metric: str) -> doc.DecodeFit | None:
+        xy = [(x, float(p[metric])) for p in unsat if p.get(metric) and (x := in_flight(p, mode))]
+        if len({x for x, _ in xy}) < 2:
+            return None
+        f = fit_decode_step([x for x, _ in xy], [y for _, y in xy])
+        r2 = f.r2 if f.r2 is None or math.isfinite(f.r2) else None
+        lo, hi = f.concurrency_range
+        return doc.DecodeFit(fixed_us=f.fixed_us, per_seq_us=f.per_seq_us, r2=r2, points=f.n, seqs_min=lo, seqs_max=hi)
+
+    tpot = fit("tpot_ms_p50")
+    return tpot, fit("itl_ms_p50") if tpot else None, sum(1 for p in unsat if in_flight(p, mode))
+
+
+def _candidate(
+    review: Review,
+    card: Scorecard,
+    rec: JobRecord | None,
+    target: TargetConfig | None,
+    borrowed: tuple[float, str] | None,
+) -> _Job:
+    """One candidate's figures, eligibility and flags (a constraint that fails or was not checked: not eligible)."""
+    rc = review.config
+    flags: list[str] = []
+    fit = doc.TargetFit()
+    if target is not None:
+        weights, how, fit, flags = _target_fit(card, rec, target, rc, borrowed)
+    else:
+        weights, how = card.memory.weights_gib, card.memory.weights_source or ""
+    vllm, batch_flags = _vllm_figures(card, rec, target, fit.kv_gib)
+    sp = card.speed
+    step_bytes, step_how = None, ""
+    decode_bytes = Roofline.of(sp.get("roofline")).decode_bytes
+    if decode_bytes:
+        step_bytes, step_how = float(decode_bytes), ROOFLINE_BYTES
+    elif w := weights or card.memory.weights_gib:
+        step_bytes, step_how = decode_step_bytes(w * GIB), "weights GiB"
+    tpot, itl, fit_levels = _decode_fits(sp)
+    why_not = []
+    if target is not None and not fit.fits:
+        why_not.append(f"memory on {target.name} {'fails' if fit.fits is False else 'not checked'}: {fit.why}")
+    checks = review.checks.get(card.model, {}).get(card.scheme, {})
+    for name in ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency"):
+        check = checks.get(name)
+        if check is None or check.status not in NON_BLOCKING:
+            why_not.append(f"{name}: {check.short() if check else 'not checked'}")
+    out = doc.Candidate(
+        name=f"{card.model} {card.scheme} ({card.label})",
+        model=card.model,
+        scheme=card.scheme,
+        weights_gib=weights,
+        weights_how=how,
+        target=fit,
+        vllm=vllm,
+        ceiling_tok_s=_finite(sp.get("ceiling_tok_s")),
+        ceiling_lower_bound=ceiling_is_floor(sp),
+        step_bytes=step_bytes,
+        step_bytes_how=step_how,
+        speed_vs_bytes=None,
+        decode_fit=tpot,
+        decode_fit_itl=itl,
+        fit_levels=fit_levels,
+        scores=_scores(card, rec, review.cards),
+        eligible=not why_not,
+        why_not=why_not,
+        flags=flags + batch_flags,
+    )
+    return _Job(card, rec, out)
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is None or math.isfinite(v) else None
+
+
 def _records_by_id(review: Review) -> dict[str, JobRecord]:
     src = Path(review.source)
     if not src.is_dir():  # an MLflow source: the downloaded records are gone by now; cards only
@@ -139,257 +386,27 @@ def _records_by_id(review: Review) -> dict[str, JobRecord]:
     return {str(r.job.id): r for r in records}
 
 
-def _max_model_len(rec: JobRecord | None) -> int | None:
-    if rec is None:
-        return None
-    n = (rec.cfg("bench").get("server") or {}).get("max_model_len") or rec.cfg("model").get("max_model_len")
-    return int(n) if n else None
-
-
-def _weights_from_vllm_log(sc: Scorecard) -> bool:
-    """Whether the card's weights are vLLM's logged figure, which vLLM logs on a GPU only (on CPU they are the
-    checkpoint's bytes). The card, not :func:`quantverdict.review.gpus.on_gpu`: an MLflow source has no records."""
-    return sc.memory.get("weights_source") == "vLLM log"
-
-
-def measured_overhead_gib(c: Candidate) -> float | None:
-    """The memory vLLM kept for neither weights nor KV cache where the job ran (activation peak, CUDA graphs,
-    non-torch allocations), GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache`` from the
-    record (``environment.gpu[0].memory_total_mib``, ``bench.server.gpu_memory_utilization``, vLLM's log).
-    E.g. qwen3.5-9b-shape bf16 on the H200: 0.9 x 140.401 - 16.71 - 107.84 = 1.81 GiB. None when a figure is
-    missing or the job fixed its KV cache (``--kv-cache-memory-bytes``)."""
-    rec, m = c.record, c.card.memory
-    if rec is None or not m.get("server_weights_gib") or not m.get("server_kv_cache_gib") or _served_kv_bytes(rec):
-        return None
-    budget = _run_budget_gib(rec)
-    if budget is None:
-        return None
-    left = budget - float(m["server_weights_gib"]) - float(m["server_kv_cache_gib"])
-    return left if left >= 0 else None
-
-
-def _target_memory(
-    c: Candidate, target: TargetConfig, rc: ReviewConfig, borrowed: tuple[float, str] | None = None
-) -> None:
-    """Weights + KV cache at the target's budget -> KV tokens and max concurrency (see the module doc).
-
-    The reserve is ``review.reserved_gib`` when set (> 0), else the overhead vLLM measured where the job ran
-    (:func:`measured_overhead_gib`), else ``borrowed`` (the largest overhead measured on another candidate, GiB,
-    and its name: a job that started no server), else 0."""
-    m = c.card.memory
-    if _weights_from_vllm_log(c.card):  # vLLM logs one GPU's share under tensor parallelism: x the GPUs used
-        c.weights_gib = whole_weights_gib(m, c.card.gpus)
-        c.weights_how = "vLLM log" + (f" x {c.card.gpus} GPUs" if c.card.gpus > 1 else "")
-    elif m.get("checkpoint_gib"):  # a GPU serves the checkpoint's own dtype, whatever the CPU served in
-        c.weights_gib, c.weights_how = m["checkpoint_gib"], "checkpoint bytes"
-    bpt, kvb = m.get("kv_bytes_per_token"), m.get("kv_dtype_bytes") or 2
-    if c.weights_gib is None or not bpt:
-        c.target = {"fits": None, "why": "no weight size or no model dimensions"}
-        return
-    # a CPU that served float32 holds 4-byte KV elements; the target GPU holds the model's 16-bit ones
-    target_bytes = rc.kv_cache_dtype_bytes or (kvb if _weights_from_vllm_log(c.card) else min(kvb, 2))
-    s = target_bytes / kvb
-    paging = m.get("hybrid_paging")
-    paging = {**paging, "page_bytes": paging["page_bytes"] * s} if paging else None
-    state = (m.get("state_bytes_per_sequence") or 0.0) * s
-    measured = measured_overhead_gib(c)
-    reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
-    no_server = not m.get("server_weights_gib") and not m.get("server_kv_cache_gib")
-    if rc.reserved_gib <= 0 and measured is not None:
-        reserve, reserve_how = measured, "vLLM's overhead where the job ran"
-    elif rc.reserved_gib <= 0 and borrowed is not None and no_server:
-        reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
-    budget = target_kv_budget_bytes(target.memory_gib, target.memory_fraction, c.weights_gib * GIB, reserve * GIB)
-    out: dict[str, Any] = {"kv_gib": budget / GIB, "kv_bytes_per_token": bpt * s}
-    out["reserve_gib"], out["reserve_how"] = reserve, reserve_how
-    max_len, req = _max_model_len(c.record), m.get("request_len_tokens")
-    out["max_len"] = max_len
-    if max_len:
-        cap = kv_capacity(budget, bpt * s, max_len, paging, state)
-        out["kv_tokens"], out["max_concurrency"] = cap["kv_tokens"], cap["max_concurrency"]
-    if budget <= 0:
-        out["fits"], out["why"] = (
-            False,
-            (
-                f"weights {c.weights_gib:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
-                f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
-            ),
-        )
-    elif req:
-        cap = kv_capacity(budget, bpt * s, int(req), paging, state)
-        out["req_len"], out["req_concurrency"] = int(req), cap["max_concurrency"]
-        if rc.kv_cache_tokens:
-            out["fits"] = cap["kv_tokens"] >= rc.kv_cache_tokens
-            need = f"{rc.kv_cache_tokens:,} KV tokens"
-        else:
-            out["fits"] = cap["max_concurrency"] >= rc.concurrent_requests
-            need = f"{rc.concurrent_requests} concurrent {int(req)}-token requests"
-        out["why"] = (
-            "" if out["fits"] else f"holds {cap['max_concurrency']:.1f} {int(req)}-token requests, needs {need}"
-        )
-    else:
-        out["fits"], out["why"] = None, "no request length (bench.input_len + output_len)"
-    if out.get("fits") and max_len and out.get("max_concurrency", 0) < rc.concurrent_requests:
-        c.flags.append(
-            f"fits the stated load, but its {out['kv_gib']:.2f} GiB of KV cache hold only "
-            f"{out['max_concurrency']:.1f} max-length ({max_len:,}-token) requests"
-        )
-    c.target = out
-
-
-def _run_budget_gib(rec: JobRecord) -> float | None:
-    """``gpu_memory_utilization x GPU memory`` (GiB) of the GPU a job ran on, None when not recorded."""
-    gpus = [g for g in rec.environment.gpu or [] if isinstance(g, dict) and g.get("memory_total_mib")]
-    util = (rec.cfg("bench").get("server") or {}).get("gpu_memory_utilization")
-    return float(util) * float(gpus[0]["memory_total_mib"]) / 1024 if gpus and util else None
-
-
-def _served_kv_bytes(rec: JobRecord) -> int | None:
-    server = rec.cfg("bench").get("server") or {}
-    return parse_kv_cache_memory_bytes([*(server.get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])])
-
-
-def _vllm_figures(c: Candidate, target: TargetConfig | None) -> None:
-    """vLLM's own KV figures, and whether the job was served with the target's budget: its KV cache fixed
-    (``--kv-cache-memory-bytes``) within 5% of the KV budget computed for the target, or its memory fraction
-    set so that ``gpu_memory_utilization x GPU memory`` is the target's ``memory_gib x memory_fraction`` within
-    2% (vLLM then profiles the reserve itself, as it would on the target)."""
-    m, rec = c.card.memory, c.record
-    if rec is None or not (m.get("server_kv_cache_gib") or m.get("server_kv_tokens")):
-        return
-    served = _served_kv_bytes(rec)
-    run_budget = _run_budget_gib(rec)
-    kv = c.target.get("kv_gib")
-    how = "the budget where the job ran"
-    at_target = False
-    if served is not None:
-        at_target = bool(kv and kv > 0 and abs(served / GIB - kv) / kv <= SAME_BUDGET)
-        how = f"--kv-cache-memory-bytes {served:,} = {served / GIB:.2f} GiB"
-    elif target is not None and run_budget is not None:
-        want = target.memory_gib * target.memory_fraction
-        at_target = abs(run_budget - want) / want <= 0.02
-        if at_target:
-            how = f"memory fraction x GPU memory = {run_budget:.2f} GiB"
-    c.vllm = {
-        "kv_gib": m.get("server_kv_cache_gib") or (served / GIB if served else None),
-        "kv_tokens": m.get("server_kv_tokens"),
-        "max_concurrency": m.get("server_max_concurrency"),
-        "served_kv_bytes": served,
-        "at_target": at_target,
-        "how": ("the target's budget: " if at_target else "") + how,
-    }
-    if target is not None and at_target:
-        _batch_limits(c, target)
-
-
-def _batch_limits(c: Candidate, target: TargetConfig) -> None:
-    """The job's ``max_num_seqs`` / ``max_num_batched_tokens`` as served (set, else vLLM's default on the GPU it
-    ran on, :func:`~quantverdict.config.targets.vllm_batch_defaults`) beside what vLLM would pick on the target.
-    Emulating a small card on a big one with the memory fraction keeps the big card's batch limits: the review
-    says so (a flag: the speed at high load is not the target's), and names the overrides that match it."""
-    rec = c.record
-    gpus = [
-        g for g in (rec.environment.gpu if rec else None) or [] if isinstance(g, dict) and g.get("memory_total_mib")
-    ]
-    if rec is None or not gpus:
-        return
-    server = rec.cfg("bench").get("server") or {}
-    args = [*(server.get("extra_args") or []), *(rec.cfg("model").get("serve_args") or [])]
-    ran = vllm_batch_defaults(str(gpus[0].get("name") or ""), float(gpus[0]["memory_total_mib"]) / 1024)
-    seqs = server.get("max_num_seqs") or vllm_int_arg(args, "--max-num-seqs") or ran[0]
-    tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
-    want = vllm_batch_defaults(target.gpu, target.memory_gib)
-    c.vllm["batch"] = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "target": list(want)}
-    if (seqs, tokens) != want:
-        c.flags.append(
-            f"served with max_num_seqs {seqs}, max_num_batched_tokens {tokens:,}; vLLM on the {target.gpu} "
-            f"picks {want[0]}, {want[1]:,} by default: its speed at high load is not the "
-            f"target's (bench.server.max_num_seqs={want[0]} and --max-num-batched-tokens {want[1]} added to "
-            "bench.server.extra_args match it)"
-        )
-
-
-def _scores(c: Candidate, cards: list[Scorecard]) -> None:
-    """Absolute task scores: the record's headline metric per task; without the record (an MLflow source), the
-    scorecards' deltas (a scheme's own value; a baseline's from a sibling scheme's comparison)."""
-    if c.card.accuracy_not_applicable:
-        return
-    if c.record is None:
-        sources_ = [c.card] if not c.card.is_baseline else [x for x in cards if x.model == c.card.model]
-        for sc in sources_:
-            for d in sc.accuracy:
-                if d.kind == "score" and d.name not in c.scores:
-                    c.scores[d.name] = (d.metric, d.baseline if c.card.is_baseline else d.value, d.n)
-        return
-    headline = c.record.cfg("eval").get("headline") or {}
-    for task, res in c.record.accuracy.tasks.items():
-        metric, higher = headline_of(task, headline, res)
-        if not higher and "perplexity" not in metric:
-            continue  # the ranking's scores are higher-is-better; lower-is-better metrics other than perplexity aside
-        v = res.metric(metric)
-        if isinstance(v, (int, float)):
-            c.scores[task] = (metric, float(v), res.n)
-
-
-def _speed(c: Candidate) -> None:
-    sp = c.card.speed
-    c.ceiling_tok_s = sp.get("ceiling_tok_s")
-    c.ceiling_lower_bound = ceiling_is_floor(sp)
-    roof = sp.get("roofline") or {}
-    if roof.get("decode_bytes"):
-        c.step_bytes, c.step_bytes_how = float(roof["decode_bytes"]), ROOFLINE_BYTES
-    elif c.weights_gib or c.card.memory.get("weights_gib"):
-        w = c.weights_gib or c.card.memory["weights_gib"]
-        c.step_bytes, c.step_bytes_how = decode_step_bytes(w * GIB), "weights GiB"
-    mode = sp.get("mode") or "rate"
-    pts = [p for p in sp.get("points") or [] if p.get("tpot_ms_p50")]
-    unsat = [p for p in pts if not p.get("saturated") and not (mode == "rate" and math.isinf(p.get("load", 0)))]
-    # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
-    xy: list[tuple[float, float]] = []
-    for p in unsat:
-        x = in_flight(p, mode)
-        if x:
-            xy.append((x, float(p["tpot_ms_p50"])))
-    if len({x for x, _ in xy}) < 2:
-        c.fit_note = f"{len(xy)} unsaturated load level(s) with a TPOT: a line needs 2"
-        return
-    c.fit = fit_decode_step([x for x, _ in xy], [y for _, y in xy])
-    itl = [(x, float(p["itl_ms_p50"])) for p in unsat if p.get("itl_ms_p50") and (x := in_flight(p, mode))]
-    if len({x for x, _ in itl}) >= 2:
-        c.fit_itl = fit_decode_step([x for x, _ in itl], [y for _, y in itl])
-    c.fit_note = "unsaturated loads" + (
-        "; a negative per-sequence cost: TPOT does not grow with the batch here (not memory-bound, or noise)"
-        if c.fit.per_seq_us < 0
-        else ""
-    )
-
-
-def _check_status(review: Review, c: Candidate, name: str) -> str:
-    check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
-    return check.status if check is not None else "unknown"
-
-
-def _mean_score(c: Candidate, tasks: list[str]) -> float | None:
+def _mean_score(c: doc.Candidate, tasks: list[str]) -> float | None:
     """Mean of the candidate's scores (higher is better) on ``tasks``; None unless it has each of them."""
     if not tasks or any(t not in c.scores for t in tasks):
         return None
-    return sum(c.scores[t][1] for t in tasks) / len(tasks)
+    return sum(c.scores[t].value for t in tasks) / len(tasks)
 
 
-def _model_size(cands: list[Candidate], model: str) -> float:
+def _model_size(jobs: list[_Job], model: str) -> float:
     """A model's 16-bit size (GiB): its baseline's checkpoint, else the largest checkpoint scaled to 16 bits."""
-    mine = [c for c in cands if c.card.model == model]
-    for c in mine:
-        if c.card.is_baseline and c.card.memory.get("checkpoint_gib"):
-            return float(c.card.memory["checkpoint_gib"])
-    return max((c.card.memory.get("checkpoint_gib") or 0.0) * (4.0 if c.card.tier == 2 else 2.0) for c in mine)
+    mine = [j.card for j in jobs if j.card.model == model]
+    for sc in mine:
+        if sc.is_baseline and sc.memory.checkpoint_gib:
+            return float(sc.memory.checkpoint_gib)
+    return max((sc.memory.checkpoint_gib or 0.0) * (4.0 if sc.tier == 2 else 2.0) for sc in mine)
 
 
-def _paired_diff(a: Candidate, b: Candidate, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
+def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
     """Mean of a's score minus b's on the items both ran (paired by lm-eval's ``doc_hash`` when every row has
     one, else by ``doc_id``), with the review's interval; unpaired (point difference, no interval) without
     per-item samples."""
-    metric = a.scores[task][0]
+    metric = a.out.scores[task].metric
     sa = read_samples(a.record, task) if a.record else None
     sb = read_samples(b.record, task) if b.record else None
     if sa and sb:
@@ -405,17 +422,16 @@ def _paired_diff(a: Candidate, b: Candidate, task: str, rc: ReviewConfig) -> tup
                 else stats.paired_normal_interval(x, y, rc.confidence)
             )
             return sum(x) / len(x) - sum(y) / len(y), iv, len(x)
-    return a.scores[task][1] - b.scores[task][1], None, 0
+    return a.out.scores[task].value - b.out.scores[task].value, None, 0
 
 
 def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tuple[float | None, str]:
     """The USD per GPU-hour of the cross-model $ column and where it comes from, or ``(None, why)``.
 
-    The throughput is the one measured where the jobs ran, so a price applies only when every GPU the records
-    ran on is the target's (:func:`quantverdict.review.gpus.gpu_kind_matches` of ``target.gpu``); else the
-    reason is "not comparable: ran on <GPU>". Among prices, ``review.gpu_price_per_hour[kind]`` for the GPU
-    they ran on (:func:`quantverdict.review.cost.gpu_price`) first, else the target's ``price_per_hour``;
-    ``(None, "")`` when neither is set.
+    A price applies only when every GPU the records ran on is the target's (the throughput is the one measured
+    there; else "not comparable: ran on <GPU>"): ``review.gpu_price_per_hour[kind]`` for that GPU
+    (:func:`quantverdict.review.cost.gpu_price`), else the target's ``price_per_hour``; ``(None, "")`` when
+    neither is set.
 
     Args:
         review: the review (its config's prices and the environment lines the records ran on).
@@ -439,75 +455,46 @@ def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tu
     return None, ""
 
 
-def cross_model(review: Review) -> CrossModel | None:
-    """The cross-model comparison of a review's cards; None with a single model and no ``review.target``.
-    Computed once per review (the first screen, the section, the honesty list and review.json read it) and
-    kept in ``review.derived``.
-
-    Raises:
-        quantverdict.config.schema.ConfigError: ``review.target`` names no shipped target (validated before).
-    """
+def cross_model(review: Review) -> doc.CrossModel | doc.CrossModelError | None:
+    """The cross-model comparison of a review's cards; None with a single model and no ``review.target``; the
+    error when ``review.target`` names no shipped target (validated when composed; a review built by hand may
+    still name one). Computed once per review and kept in ``review.derived``."""
     if "cross_model" not in review.derived:
-        review.derived["cross_model"] = _cross_model(review)
-    cm: CrossModel | None = review.derived["cross_model"]
+        try:
+            review.derived["cross_model"] = _cross_model(review)
+        except ConfigError as exc:
+            review.derived["cross_model"] = doc.CrossModelError(error=f"not computed: {exc}")
+    cm: doc.CrossModel | doc.CrossModelError | None = review.derived["cross_model"]
     return cm
 
 
-def _cross_model(review: Review) -> CrossModel | None:
+def _cross_model(review: Review) -> doc.CrossModel | None:
     rc = review.config
-    models = list(dict.fromkeys(sc.model for sc in review.cards))
-    if len(models) < 2 and not rc.target:
+    if len({sc.model for sc in review.cards}) < 2 and not rc.target:
         return None
     target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
     records = _records_by_id(review)
-    cands = [Candidate(sc, records.get(sc.job_id)) for sc in review.cards if sc.status == "ok"]
     ran = sorted({line for line in review.environment if line.startswith(("GPU", "CPU"))})
-    note, price, price_how = "", None, ""
+    price: float | None = None
+    ran_gpu, price_how = [], ""
     if target is not None:
         ran_gpu = [line for line in ran if line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
-        note = (
-            f"Memory is computed for the target, **{target.gpu}** ({target.memory_gib:g} GiB x vLLM memory fraction "
-            f"{target.memory_fraction:g} = {target.memory_gib * target.memory_fraction:.2f} GiB, minus the weights "
-            "and a reserve for activations, CUDA graphs and non-torch memory: review.reserved_gib when set, else "
-            "what vLLM kept for them where the job ran, or for a job that started no server the largest such figure of "
-            "the other candidates)"
-            + ("" if ran_gpu else f", not for where the jobs ran ({'; '.join(ran) or 'not recorded'})")
-            + ". Speed and accuracy are those measured where the jobs ran."
-        )
         price, price_how = target_price(review, target, ran_gpu)
-        if price is not None:
-            note += (
-                f" Price: ${price:g} per GPU-hour ({price_how}; cost per million output tokens in the ratio table, "
-                "at each candidate's measured ceiling, on the GPUs its job used)."
-            )
-        elif price_how:
-            note += f" Cost per million output tokens: {price_how}."
+    cards = [(sc, records.get(sc.job_id)) for sc in review.cards if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
-    # measured on another candidate on the same kind of GPU, rather than 0 (which would overstate its KV cache)
+    # measured on another candidate, rather than 0 (which would overstate its KV cache)
     borrowed = max(
-        ((o, c.name) for c in cands if (o := measured_overhead_gib(c)) is not None),
+        (
+            (o, f"{sc.model} {sc.scheme} ({sc.label})")
+            for sc, rec in cards
+            if (o := measured_overhead_gib(sc, rec)) is not None
+        ),
         default=None,
     )
-    for c in cands:
-        if target is not None:
-            _target_memory(c, target, rc, borrowed)
-        else:
-            c.weights_gib, c.weights_how = c.card.memory.get("weights_gib"), c.card.memory.get("weights_source") or ""
-        _vllm_figures(c, target)
-        _scores(c, review.cards)
-        _speed(c)
-        # as the per-model verdict: a constraint fails or could not be checked -> not eligible
-        names = ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency")
-        if target is not None and not c.target.get("fits"):
-            state = "fails" if c.target.get("fits") is False else "not checked"
-            c.why_not.append(f"memory on {target.name} {state}: {c.target.get('why')}")
-        for name in names:
-            if _check_status(review, c, name) not in NON_BLOCKING:
-                check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
-                c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
-        c.eligible = not c.why_not
+    jobs = [_candidate(review, sc, rec, target, borrowed) for sc, rec in cards]
+    cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
-    shapes = {c.name: str(c.card.speed["workload"]["text"]) for c in cands if shape_of(c.card.speed)}
+    shapes = {j.out.name: str(j.card.speed["workload"]["text"]) for j in jobs if shape_of(j.card.speed)}
     if len(set(shapes.values())) > 1:
         for c in cands:
             if c.name in shapes:
@@ -519,165 +506,155 @@ def _cross_model(review: Review) -> CrossModel | None:
     # one source of bytes per step for every candidate in the ratio table (those with a ceiling): the checkpoint
     # tensors a step reads (speed.roofline, a GPU sweep with c=1) when each of them has it, else the weights GiB
     if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands if c.ceiling_tok_s):
-        for c in cands:
-            w = c.weights_gib or c.card.memory.get("weights_gib")
-            c.step_bytes, c.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
-    eligible = [c for c in cands if c.eligible]
+        for j in jobs:
+            w = j.out.weights_gib or j.card.memory.weights_gib
+            j.out.step_bytes, j.out.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
+    eligible = [j for j in jobs if j.out.eligible]
     # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
     common = (
-        set.intersection(*(set(c.scores) for c in eligible)) if eligible and all(c.scores for c in eligible) else set()
+        set.intersection(*(set(j.out.scores) for j in eligible))
+        if eligible and all(j.out.scores for j in eligible)
+        else set()
     )
-    score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].scores[t][0])
-    scored = bool(score_tasks) and all(_mean_score(c, score_tasks) is not None for c in eligible)
-
+    score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].out.scores[t].metric)
+    scored = bool(score_tasks) and all(_mean_score(j.out, score_tasks) is not None for j in eligible)
     base_score = {
-        c.card.model: _mean_score(c, score_tasks) for c in cands if c.card.is_baseline and c.scores and scored
+        j.card.model: _mean_score(j.out, score_tasks) for j in jobs if j.card.is_baseline and j.out.scores and scored
     }
 
-    def score(c: Candidate) -> float:
+    def score(j: _Job) -> float:
         """Mean absolute score; a scheme none of whose own deltas is significant scores as its baseline (a
         difference inside the interval is noise), so that the less aggressive scheme of a model wins the tie."""
-        own = [d for d in c.card.accuracy if d.kind == "score" and d.name in score_tasks]
-        if not c.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(c.card.model):
-            return float(base_score[c.card.model] or 0.0)
-        return _mean_score(c, score_tasks) or 0.0
+        own = [d for d in j.card.accuracy if d.kind == "score" and d.name in score_tasks]
+        if not j.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(j.card.model):
+            return float(base_score[j.card.model] or 0.0)
+        return _mean_score(j.out, score_tasks) or 0.0
 
-    def key(c: Candidate) -> tuple[float, int, float, float]:
-        speed = (c.ceiling_tok_s or 0.0, c.target.get("max_concurrency") or 0.0)
-        return (score(c), -c.card.tier, *speed) if scored else (0.0, 0, *speed)
+    def key(j: _Job) -> tuple[float, int, float, float]:
+        speed = (j.out.ceiling_tok_s or 0.0, j.out.target.max_concurrency or 0.0)
+        return (score(j), -j.card.tier, *speed) if scored else (0.0, 0, *speed)
 
-    ranking = (
-        f"highest mean score on {', '.join(score_tasks)} (absolute; a scheme whose own deltas are all inside "
-        "their interval scores as its baseline), then the less aggressive scheme, then the ceiling output tok/s"
-        if scored
-        else "accuracy not measured on every candidate: the ceiling output tok/s, then max concurrency (target)"
+    chosen = max(eligible, key=key).out if eligible else None
+    for c in cands:
+        c.mean_score = _mean_score(c, score_tasks) if scored else None
+    comparisons, paired, reference = _compare(jobs, target, rc)
+    for c, j in zip(cands, jobs):
+        c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
+    loads: dict[str, float] = {}
+    for j in jobs:
+        for p in j.card.speed.get("points") or []:
+            loads[str(p.get("label"))] = float(p.get("load") or 0)
+    return doc.CrossModel(
+        target=None
+        if target is None
+        else doc.Target(
+            name=target.name,
+            gpu=target.gpu,
+            memory_gib=target.memory_gib,
+            memory_fraction=target.memory_fraction,
+            budget_gib=target.memory_gib * target.memory_fraction,
+        ),
+        ran_on_target=bool(ran_gpu),
+        ran=ran,
+        chosen=chosen.name if chosen else None,
+        score_tasks=score_tasks if scored else [],
+        comparisons=comparisons,
+        paired=paired,
+        reference=reference.name if reference else None,
+        price_usd_per_gpu_hour=price,
+        price_note=price_how,
+        sweep_loads=sorted(loads, key=lambda k: loads[k]),
+        candidates=cands,
     )
-    chosen = max(eligible, key=key) if eligible else None
-    where = f"on {target.gpu}" if target else "under the review's constraints"
-    if chosen is not None:
-        bits = [f"weights {_f(chosen.weights_gib)} GiB"]
-        if chosen.target.get("max_concurrency") is not None:
-            bits.append(
-                f"KV cache {_f(chosen.target['kv_gib'])} GiB = {chosen.target['kv_tokens']:,} tokens, "
-                f"{chosen.target['max_concurrency']:.0f} concurrent {chosen.target['max_len']:,}-token requests"
-            )
-        if scored:
-            bits.append(f"mean score {_f(_mean_score(chosen, score_tasks), '.4f')}")
-        bits.append(
-            f"ceiling {'>= ' if chosen.ceiling_lower_bound else ''}{_f(chosen.ceiling_tok_s, '.0f')} output tok/s"
-        )
-        sentence = f"Across models, {where}: deploy **{chosen.name}** ({'; '.join(bits)})."
-        if not scored:
-            sentence += " Decided on memory and speed alone: measure accuracy on the real models before deploying."
-    else:
-        sentence = f"Across models, {where}: **no candidate meets the constraints**."
-    cm = CrossModel(target, note, cands, chosen, sentence, ranking, price=price, price_note=price_how)
-    _compare(cm, rc)
-    return cm
 
 
-def _compare(cm: CrossModel, rc: ReviewConfig) -> None:
-    """Bigger quantized vs smaller unquantized: which wins on memory, accuracy and speed."""
-    cands = cm.candidates
-    models = list(dict.fromkeys(c.card.model for c in cands))
-    sizes = {m: _model_size(cands, m) for m in models}
-    bases = [c for c in cands if c.card.is_baseline]
-    cm.reference = min(bases, key=lambda c: sizes[c.card.model]) if bases else (cands[0] if cands else None)
+def _compare(
+    jobs: list[_Job], target: TargetConfig | None, rc: ReviewConfig
+) -> tuple[list[doc.Comparison], list[doc.PairedAcross], doc.Candidate | None]:
+    """Each bigger model quantized against each smaller one unquantized (sizes: :func:`_model_size`) on memory,
+    accuracy (paired per task, :func:`_paired_diff`) and speed; the paired accuracy rows; the reference of the speed
+    ratios (the smallest model's baseline)."""
+    sizes = {m: _model_size(jobs, m) for m in dict.fromkeys(j.card.model for j in jobs)}
+    bases = [j for j in jobs if j.card.is_baseline]
+    ref = min(bases, key=lambda j: sizes[j.card.model]) if bases else (jobs[0] if jobs else None)
+    comparisons: list[doc.Comparison] = []
+    paired: list[doc.PairedAcross] = []
     for small in bases:
-        for big in cands:
+        for big in jobs:
             if sizes[big.card.model] <= sizes[small.card.model] or big.card.tier == 0:
                 continue
-            parts = []
-            if cm.target is not None:
-                a, b = big.target.get("max_concurrency"), small.target.get("max_concurrency")
-                if a is not None and b is not None:
-                    w = big if a > b else small if b > a else None
-                    parts.append(
-                        f"memory: {w.card.model if w else 'tie'} ({a:.0f} vs {b:.0f} concurrent max-length "
-                        f"requests on {cm.target.name})"
-                    )
-            else:
-                a, b = big.weights_gib, small.weights_gib
-                if a is not None and b is not None:
-                    parts.append(
-                        f"memory: {big.card.model if a < b else small.card.model} (weights {a:.2f} vs {b:.2f} GiB)"
-                    )
+            b, s = big.out, small.out
+            basis: Literal["concurrency", "weights"] = "concurrency" if target is not None else "weights"
+            mb, ms = (b.target.max_concurrency, s.target.max_concurrency) if target else (b.weights_gib, s.weights_gib)
+            mem = None
+            if mb is not None and ms is not None and target is not None:
+                mem = b.model if mb > ms else s.model if ms > mb else "tie"
+            elif mb is not None and ms is not None:
+                mem = b.model if mb < ms else s.model
             # score tasks (higher is better); word perplexity stays in the absolute table
-            tasks = sorted(t for t in set(big.scores) & set(small.scores) if "perplexity" not in big.scores[t][0])
-            if tasks:
-                diffs = []
-                for t in tasks:
-                    d, iv, n = _paired_diff(big, small, t, rc)
-                    sig = iv is not None and iv.excludes_zero()
-                    cm.paired.append(
-                        PairedAcross(
-                            bigger=big.name,
-                            smaller=small.name,
-                            task=t,
-                            metric=big.scores[t][0],
-                            difference=d,
-                            low=None if iv is None else iv.low,
-                            high=None if iv is None else iv.high,
-                            n=n,
-                            significant=sig,
-                        )
-                    )
-                    diffs.append((d, sig))
-                wins = {
-                    "big": sum(1 for d, s in diffs if s and d > 0),
-                    "small": sum(1 for d, s in diffs if s and d < 0),
-                }
-                acc = (
-                    big.card.model
-                    if wins["big"] > wins["small"]
-                    else small.card.model
-                    if wins["small"] > wins["big"]
-                    else "neither (no significant difference)"
+            tasks = sorted(t for t in set(b.scores) & set(s.scores) if "perplexity" not in b.scores[t].metric)
+            wins_big = wins_small = 0
+            for task in tasks:
+                d, iv, n = _paired_diff(big, small, task, rc)
+                sig = iv is not None and iv.excludes_zero()
+                low, high = (None, None) if iv is None else (iv.low, iv.high)
+                metric = b.scores[task].metric
+                paired.append(
+                    doc.PairedAcross(
+                        bigger=b.name,
+                        smaller=s.name,
+                        task=task,
+                        metric=metric,
+                        difference=d,
+                        low=low,
+                        high=high,
+                        n=n,
+                        significant=sig,
+                    )  # fmt: skip
                 )
-                parts.append(
-                    f"accuracy: {acc} ({wins['big']} of {len(tasks)} tasks significantly better for the bigger, "
-                    f"{wins['small']} for the smaller)"
+                wins_big += sig and d > 0
+                wins_small += sig and d < 0
+            x, y = b.ceiling_tok_s or 0.0, s.ceiling_tok_s or 0.0
+            comparisons.append(
+                doc.Comparison(
+                    bigger=b.name,
+                    smaller=s.name,
+                    memory_winner=mem,
+                    memory_basis=None if mem is None else basis,
+                    memory_bigger=mb,
+                    memory_smaller=ms,
+                    tasks=len(tasks),
+                    accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None,
+                    wins_bigger=wins_big,
+                    wins_smaller=wins_small,
+                    speed_winner=(b.model if x > y else s.model) if x and y else None,
+                    speed_bigger=b.ceiling_tok_s,
+                    speed_smaller=s.ceiling_tok_s,
                 )
-            else:
-                parts.append("accuracy: not compared (not measured on both)")
-            a, b = big.ceiling_tok_s, small.ceiling_tok_s
-            if a and b:
-                parts.append(
-                    f"speed: {big.card.model if a > b else small.card.model} (ceiling {a:.0f} vs {b:.0f} output tok/s)"
-                )
-            cm.comparisons.append(f"{big.name} vs {small.name}: " + "; ".join(parts))
+            )
+    return comparisons, paired, None if ref is None else ref.out
 
 
-def speed_vs_bytes(cm: CrossModel, c: Candidate) -> dict[str, float | None] | None:
-    """The candidate's ceiling against the reference's and the ratio predicted from bytes per decode step
-    (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`), the fields of
-    :class:`quantverdict.review.document.SpeedVsBytes`; None without a ceiling and bytes per step for both.
-    ``by_weights_ratio`` predicts from every weight byte (embeddings included) where the bytes per step are the
-    roofline's; the cost is at the candidate's ceiling on the GPUs its job used (None without a price)."""
-    ref = cm.reference
-    if ref is None or not ref.ceiling_tok_s or not ref.step_bytes or not c.ceiling_tok_s or not c.step_bytes:
+def speed_vs_bytes(ref: doc.Candidate, c: doc.Candidate, gpus: int, price: float | None) -> doc.SpeedVsBytes | None:
+    """``c``'s ceiling against the reference's and the ratio predicted from bytes per decode step
+    (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`); None without a ceiling and bytes per step for
+    both. ``by_weights_ratio`` predicts from every weight byte where the bytes per step are the roofline's; the cost
+    (:func:`quantverdict.measure.cost.usd_per_mtok`) is at ``c``'s ceiling on its job's ``gpus`` (None without a
+    ``price``, USD per GPU-hour)."""
+    if not ref.ceiling_tok_s or not ref.step_bytes or not c.ceiling_tok_s or not c.step_bytes:
         return None
     measured = c.ceiling_tok_s / ref.ceiling_tok_s
     predicted = predicted_speed_ratio(c.step_bytes, ref.step_bytes)
     by_weights = None
     if c.weights_gib and ref.weights_gib and c.step_bytes_how == ROOFLINE_BYTES:
         by_weights = predicted_speed_ratio(c.weights_gib, ref.weights_gib)
-    return {
-        "measured_ratio": measured,
-        "predicted_ratio": predicted,
-        "bytes_vs_reference": 1 / predicted,
-        "measured_over_predicted": measured / predicted,
-        "by_weights_ratio": by_weights,
-        "weights_vs_reference": None if by_weights is None else 1 / by_weights,
-        "measured_over_by_weights": None if by_weights is None else measured / by_weights,
-        "usd_per_mtok_ceiling": None if cm.price is None else usd_per_mtok(cm.price, c.card.gpus, c.ceiling_tok_s),
-    }
-
-
-def sweep_loads(cm: CrossModel) -> list[str]:
-    """The load labels any candidate measured, ordered by load (the columns of the rate-sweep table)."""
-    loads: dict[str, float] = {}
-    for c in cm.candidates:
-        for p in c.card.speed.get("points") or []:
-            loads[str(p.get("label"))] = float(p.get("load") or 0)
-    return sorted(loads, key=lambda k: loads[k])
+    return doc.SpeedVsBytes(
+        measured_ratio=measured,
+        predicted_ratio=predicted,
+        bytes_vs_reference=1 / predicted,
+        measured_over_predicted=measured / predicted,
+        by_weights_ratio=by_weights,
+        weights_vs_reference=None if by_weights is None else 1 / by_weights,
+        measured_over_by_weights=None if by_weights is None else measured / by_weights,
+        usd_per_mtok_ceiling=None if price is None else usd_per_mtok(price, gpus, c.ceiling_tok_s),
+    )

@@ -378,6 +378,12 @@ class Memory(_Strict):
     unquantized_gemm_fallback: bool
     quantization: str | None
 
+    @classmethod
+    def unknown(cls) -> Memory:
+        """Every figure None (a scorecard before its memory is computed)."""
+        flags = {"kernels": [], "fallback": False, "fallback_lines": [], "unquantized_gemm_fallback": False}
+        return cls.model_validate({**dict.fromkeys(cls.model_fields), **flags})
+
 
 class KldFigures(_Strict):
     """The record's KL divergence summary (:class:`quantverdict.measure.kld.KldSummary`); None where not recorded."""
@@ -724,10 +730,14 @@ class Cost(_Strict):
 
 
 class Target(_Strict):
+    """The deployment target (``conf/target``): its GPU, memory and vLLM's share of it (``budget_gib`` =
+    ``memory_gib x memory_fraction``)."""
+
     name: str
     gpu: str
     memory_gib: float
     memory_fraction: float
+    budget_gib: float
 
 
 class TargetFit(_Strict):
@@ -808,9 +818,13 @@ class TaskScore(_Strict):
 
 
 class Candidate(_Strict):
+    """One (model, scheme) job seen from the target. ``mean_score``: its mean absolute score on the ranking's tasks
+    (:attr:`CrossModel.score_tasks`), None when the ranking is not by accuracy."""
+
     name: str
     model: str
     scheme: str
+    mean_score: float | None = None
     weights_gib: float | None
     weights_how: str
     target: TargetFit
@@ -822,7 +836,7 @@ class Candidate(_Strict):
     speed_vs_bytes: SpeedVsBytes | None = Field(description="None for the reference's missing figures")
     decode_fit: DecodeFit | None
     decode_fit_itl: DecodeFit | None
-    fit_note: str
+    fit_levels: int = Field(description="unsaturated load levels with a TPOT p50 and sequences in flight")
     scores: dict[str, TaskScore]
     eligible: bool
     why_not: list[str]
@@ -844,18 +858,41 @@ class PairedAcross(_Strict):
     significant: bool
 
 
+class Comparison(_Strict):
+    """A bigger model quantized against a smaller one unquantized (candidate names), and the model that wins each
+    number: memory by max concurrency on the target (``basis`` ``concurrency``; ``tie`` when equal) or by weights GiB
+    (``weights``), None when not compared; accuracy by the tasks on which each is significantly better
+    (:class:`PairedAcross`), over ``tasks`` (0: not measured on both); speed by the ceiling output tok/s."""
+
+    bigger: str
+    smaller: str
+    memory_winner: str | None
+    memory_basis: Literal["concurrency", "weights"] | None
+    memory_bigger: float | None
+    memory_smaller: float | None
+    tasks: int
+    accuracy_winner: str | None = Field(description="None: no significant difference either way")
+    wins_bigger: int
+    wins_smaller: int
+    speed_winner: str | None
+    speed_bigger: float | None
+    speed_smaller: float | None
+
+
 class CrossModel(_Strict):
-    """Models compared on one target GPU (:mod:`quantverdict.review.crossmodel`): the chosen candidate's name,
-    the sentence, and each candidate's figures on the target. ``sweep_loads``: the load labels any candidate
+    """Models compared on one target GPU (:mod:`quantverdict.review.crossmodel`): the chosen candidate's name and
+    each candidate's figures on the target. ``ran_on_target``: every GPU the jobs ran on is the target's, else
+    ``ran`` lists where they ran; ``score_tasks``: the tasks the ranking's mean score is over (empty: ranked on
+    speed alone, accuracy not measured on every eligible candidate); ``sweep_loads``: the load labels any candidate
     measured, by load; ``price_usd_per_gpu_hour``: the price of the ratio table's cost column (None: no price,
     ``price_note`` says why)."""
 
     target: Target | None
-    target_note: str
+    ran_on_target: bool
+    ran: list[str]
     chosen: str | None
-    sentence: str
-    ranking: str
-    comparisons: list[str]
+    score_tasks: list[str]
+    comparisons: list[Comparison]
     paired: list[PairedAcross]
     reference: str | None
     price_usd_per_gpu_hour: float | None

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from quantverdict import __version__
-from quantverdict.config.schema import ConfigError, ReviewConfig
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.stats import Interval
 from quantverdict.review import crossmodel
 from quantverdict.review import document as doc
@@ -27,7 +27,6 @@ from quantverdict.review.constraints import load_set, target_budget_gib
 from quantverdict.review.cost import cost_json
 from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import Headline, Ratio, headlines
-from quantverdict.review.kld import KldDelta
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 from quantverdict.review.speed import ceiling_is_floor
@@ -70,7 +69,7 @@ def to_document(review: Review, plots: Mapping[str, str] | None = None) -> doc.R
         validity=list(review.validity),
         notes=list(review.notes),
         cost=None if cost is None else doc.Cost.model_validate(_finite_tree(cost)),
-        cross_model=_cross_model(review),
+        cross_model=crossmodel.cross_model(review),
         plots=[doc.Plot(name=n, file=f"plots/{n}.png", alt=alt) for n, alt in (plots or {}).items()],
     )
 
@@ -189,7 +188,7 @@ def _scheme(review: Review, sc: Scorecard, head: Headline) -> doc.Scheme:
         error=sc.error,
         gpus=sc.gpus,
         headline=_headline(head),
-        memory=_memory(sc.memory),
+        memory=sc.memory,
         accuracy=doc.Accuracy(
             not_applicable=sc.accuracy_not_applicable,
             refused=sc.accuracy_refused,
@@ -200,18 +199,6 @@ def _scheme(review: Review, sc: Scorecard, head: Headline) -> doc.Scheme:
         missing=list(sc.missing),
         validity=list(sc.validity),
     )
-
-
-def _memory(m: dict[str, Any]) -> doc.Memory:
-    known = _known(doc.Memory, m)
-    fields = {k: known.get(k) for k in doc.Memory.model_fields}
-    fields.update(
-        kernels=[str(k) for k in m.get("kernels") or []],
-        fallback=bool(m.get("fallback")),
-        fallback_lines=[str(line) for line in m.get("fallback_lines") or []],
-        unquantized_gemm_fallback=bool(m.get("unquantized_gemm_fallback")),
-    )
-    return doc.Memory.model_validate(fields)
 
 
 def _delta(d: TaskDelta) -> doc.AccuracyDelta:
@@ -234,7 +221,7 @@ def _delta(d: TaskDelta) -> doc.AccuracyDelta:
         significant=d.significant,
         note=d.note,
         refused=d.refused,
-        kld=doc.KldFigures.model_validate(_known(doc.KldFigures, d.summary)) if isinstance(d, KldDelta) else None,
+        kld=d.kld,
     )
 
 
@@ -352,7 +339,7 @@ def _headline(h: Headline) -> doc.Headline:
     )
 
 
-# --- regime, flags, cross-model ------------------------------------------------------------------------
+# --- regime and flags ------------------------------------------------------------------------
 
 
 def _claim(c: dict[str, Any] | None) -> doc.RegimeClaim | None:
@@ -399,80 +386,6 @@ def _flags(review: Review) -> list[doc.Flag]:
             )
         )
     return out
-
-
-def _cross_model(review: Review) -> doc.CrossModel | doc.CrossModelError | None:
-    """The cross-model comparison (:func:`quantverdict.review.crossmodel.cross_model`); None with one model and no
-    target, the error when the target cannot be loaded."""
-    try:
-        cm = crossmodel.cross_model(review)
-    except ConfigError as exc:  # validated when composed; a review built by hand may still name a bad target
-        return doc.CrossModelError(error=f"not computed: {exc}")
-    if cm is None:
-        return None
-    t = cm.target
-    return doc.CrossModel(
-        target=None
-        if t is None
-        else doc.Target(name=t.name, gpu=t.gpu, memory_gib=t.memory_gib, memory_fraction=t.memory_fraction),
-        target_note=cm.target_note,
-        chosen=cm.chosen.name if cm.chosen else None,
-        sentence=cm.sentence,
-        ranking=cm.ranking,
-        comparisons=list(cm.comparisons),
-        paired=list(cm.paired),
-        reference=cm.reference.name if cm.reference else None,
-        price_usd_per_gpu_hour=cm.price,
-        price_note=cm.price_note,
-        sweep_loads=crossmodel.sweep_loads(cm),
-        candidates=[_candidate(cm, c) for c in cm.candidates],
-    )
-
-
-def _fit(f: Any) -> doc.DecodeFit | None:
-    if f is None:
-        return None
-    lo, hi = f.concurrency_range
-    return doc.DecodeFit(
-        fixed_us=f.fixed_us, per_seq_us=f.per_seq_us, r2=_finite(f.r2), points=f.n, seqs_min=lo, seqs_max=hi
-    )
-
-
-def _candidate(cm: crossmodel.CrossModel, c: crossmodel.Candidate) -> doc.Candidate:
-    own = {d.name: d for d in c.card.accuracy}  # by task name; the last delta of a task stands for it
-    scores = {}
-    for task, (metric, value, n) in c.scores.items():
-        d = own.get(task)
-        row: dict[str, Any] = {"metric": metric, "value": value, "n": n}
-        if d is not None and d.kind == "score" and d.delta is not None:
-            row.update(own_delta_kind="score", own_delta=d.delta)
-        elif d is not None and d.delta_pct is not None:
-            row.update(own_delta_kind=d.kind, own_delta=d.delta_pct)
-        if "own_delta" in row and d is not None and d.interval is not None:
-            row.update(own_delta_low=d.interval.low, own_delta_high=d.interval.high)
-        scores[task] = doc.TaskScore.model_validate(_finite_tree(row))
-    ratio = crossmodel.speed_vs_bytes(cm, c)
-    return doc.Candidate(
-        name=c.name,
-        model=c.card.model,
-        scheme=c.card.scheme,
-        weights_gib=_finite(c.weights_gib),
-        weights_how=c.weights_how,
-        target=doc.TargetFit.model_validate(_finite_tree(c.target)),
-        vllm=doc.VllmFigures.model_validate(_finite_tree(c.vllm)),
-        ceiling_tok_s=_finite(c.ceiling_tok_s),
-        ceiling_lower_bound=c.ceiling_lower_bound,
-        step_bytes=_finite(c.step_bytes),
-        step_bytes_how=c.step_bytes_how,
-        speed_vs_bytes=None if ratio is None else doc.SpeedVsBytes.model_validate(_finite_tree(ratio)),
-        decode_fit=_fit(c.fit),
-        decode_fit_itl=_fit(c.fit_itl),
-        fit_note=c.fit_note,
-        scores=dict(sorted(scores.items())),
-        eligible=c.eligible,
-        why_not=list(c.why_not),
-        flags=list(c.flags),
-    )
 
 
 # --- the constraints' settings and floor tests ------------------------------------------------------------

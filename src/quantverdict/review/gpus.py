@@ -14,6 +14,7 @@ from typing import Any
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
 from quantverdict.results.record import JobRecord
+from quantverdict.review.document import Memory
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor
 
@@ -45,12 +46,12 @@ def on_gpu(rec: JobRecord) -> bool:
     return (rec.environment.device or rec.cfg("env").get("device")) == "cuda"
 
 
-def whole_weights_gib(memory: dict[str, Any], gpus: int) -> float | None:
+def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
     """The whole model's weights (GiB) from a scorecard's memory summary: vLLM's logged figure is one GPU's."""
-    w = memory.get("weights_gib")
+    w = memory.weights_gib
     if w is None:
         return None
-    return float(w) * gpus if memory.get("weights_source") == "vLLM log" and gpus > 1 else float(w)
+    return float(w) * gpus if memory.weights_source == "vLLM log" and gpus > 1 else float(w)
 
 
 def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, An
     ``tok_s`` (sustained output tok/s) and ``tok_s_per_gpu``."""
     m, used = sc.memory, job_gpus(rec)
     weights = whole_weights_gib(m, used)
-    kv = None if m.get("kv_needed_gib") is None else float(m["kv_needed_gib"]) + float(m.get("state_needed_gib") or 0)
+    kv = None if m.kv_needed_gib is None else float(m.kv_needed_gib) + float(m.state_needed_gib or 0)
     heads = int((rec.model.dims or {}).get("num_key_value_heads") or 1)
     needed = None
     if weights is not None and kv is not None and rc.memory_budget_gib:

@@ -158,7 +158,7 @@ def headlines(review: Review, model: str) -> list[Headline]:
                 scheme=sc.scheme,
                 name=sc.name,
                 is_baseline=sc.is_baseline,
-                mem_gib=sc.memory.get("need_gib"),
+                mem_gib=sc.memory.need_gib,
                 accuracy=None if sc.is_baseline else accuracy_headline(sc, rc),
                 speed_c1=c1,
                 speed_load=at,

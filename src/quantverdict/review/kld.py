@@ -1,10 +1,10 @@
 """The KL divergence to the baseline in the review: deltas beside the perplexity delta, and its limits.
 
-``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary` fields, or ``{"refused": reason}``) becomes two
-:class:`KldDelta` (mean KLD, top-1 agreement; :func:`kld_deltas`); :func:`with_kld_constraint` adds
-``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` to the accuracy check, judged like the other floors
-(:func:`quantverdict.review.verdict.floor_test_of`). A top-k KLD is a lower bound of the true one: failing on it is
-failing, passing is the bound's pass.
+``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary` fields, the baseline's stored entry, or
+``{"refused": reason}``) becomes two :class:`TaskDelta` of kind ``kld`` (mean KLD, top-1 agreement;
+:func:`kld_deltas`); :func:`with_kld_constraint` adds ``review.max_mean_kld`` and ``review.min_top1_agreement_pct``
+to the accuracy check, judged like the other floors (:func:`quantverdict.review.verdict.floor_test_of`). A top-k KLD
+is a lower bound of the true one: failing on it is failing, passing is the bound's pass.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.stats import Interval
-from quantverdict.results.record import JobRecord
-from quantverdict.review.document import Criterion, CriterionMetric, Outcome
+from quantverdict.results.record import Block, JobRecord
+from quantverdict.review.document import Criterion, CriterionMetric, KldFigures, Outcome
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 
-__all__ = ["KLD", "KldDelta", "kld_deltas", "with_kld_constraint"]
+__all__ = ["KLD", "kld_deltas", "with_kld_constraint"]
 
 KLD = "kld"  # TaskDelta.kind and .name of the KLD deltas
 MEAN, TOP1 = "mean_kld", "top1_agreement_pct"
@@ -50,38 +50,55 @@ _C = TypeVar("_C", bound=_CheckLike)
 FloorTest = Callable[[TaskDelta, ReviewConfig], str]
 
 
-@dataclasses.dataclass
-class KldDelta(TaskDelta):
-    """A :class:`TaskDelta` of kind ``kld`` carrying the record's whole ``accuracy.kld`` summary."""
+class _KldEntry(Block):
+    """``accuracy.kld`` as the job wrote it: ``role`` ``baseline`` on the baseline's stored entry, ``refused`` the
+    reason a scheme could not compare."""
 
-    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    role: str | None = None
+    refused: str | None = None
 
 
-def _interval(s: dict[str, Any], key: str, method: str | None) -> Interval | None:
-    lo, hi = s.get(f"{key}_ci_low"), s.get(f"{key}_ci_high")
-    if lo is None or hi is None:
+def _figures(entry: _KldEntry) -> KldFigures:
+    """The summary's figures (non-finite ones None; the entry's other keys are the job's bookkeeping)."""
+    known = {k: v for k, v in entry.model_dump().items() if k in KldFigures.model_fields}
+    return KldFigures.model_validate(
+        {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in known.items()}
+    )
+
+
+def _interval(estimate: float, low: float | None, high: float | None, method: str | None) -> Interval | None:
+    if low is None or high is None:
         return None
-    return Interval(float(s[key]), float(lo), float(hi), method or "paired bootstrap over windows")
+    return Interval(estimate, float(low), float(high), method or "paired bootstrap over windows")
 
 
 def kld_deltas(rec: JobRecord) -> list[TaskDelta]:
-    """The KLD deltas of one scheme's record: mean KLD (nats, baseline 0) and top-1 agreement (%, baseline
-    100), each carrying the whole summary; one ``refused`` delta (value NaN, the reason in ``note``) when the
-    job could not compare; [] when the record has no KLD (made before #17, or eval.kld.enabled=false)."""
-    s = rec.accuracy.kld
-    if not isinstance(s, dict) or s.get("role") == "baseline":
+    """The KLD deltas of one scheme's record: mean KLD (nats, baseline 0) and top-1 agreement (%, baseline 100),
+    each with the record's figures (``kld``); one ``refused`` delta (value NaN, the reason in ``note``) when the
+    job could not compare; [] for the baseline and for a record without a KLD (``eval.kld.enabled=false``)."""
+    if rec.accuracy.kld is None:
         return []
-    if REFUSED in s or s.get(MEAN) is None:
-        why = str(s.get(REFUSED) or "no mean KLD in the record")
-        return [KldDelta(KLD, REFUSED, KLD, math.nan, 0.0, note=f"KL divergence not compared: {why}", summary=s)]
-    method = s.get("interval_method")
-    n = s.get("n_tokens")
-    mean = KldDelta(
-        KLD, MEAN, KLD, float(s[MEAN]), 0.0, delta=float(s[MEAN]), interval=_interval(s, MEAN, method), n=n, summary=s
+    entry = _KldEntry.of(rec.accuracy.kld)
+    if entry.role == "baseline":
+        return []
+    f = _figures(entry)
+    if entry.refused is not None or f.mean_kld is None:
+        why = entry.refused or "no mean KLD in the record"
+        return [TaskDelta(KLD, REFUSED, KLD, math.nan, 0.0, note=f"KL divergence not compared: {why}", kld=f)]
+    method, n, agree = f.interval_method, f.n_tokens, float(f.top1_agreement_pct or 0.0)
+    mean = TaskDelta(
+        KLD,
+        MEAN,
+        KLD,
+        f.mean_kld,
+        0.0,
+        delta=f.mean_kld,
+        interval=_interval(f.mean_kld, f.mean_kld_ci_low, f.mean_kld_ci_high, method),
+        n=n,
+        kld=f,
     )
-    agree = float(s[TOP1])
-    iv = _interval(s, TOP1, method)
-    top1 = KldDelta(
+    iv = _interval(agree, f.top1_agreement_pct_ci_low, f.top1_agreement_pct_ci_high, method)
+    top1 = TaskDelta(
         KLD,
         TOP1,
         KLD,
@@ -92,17 +109,17 @@ def kld_deltas(rec: JobRecord) -> list[TaskDelta]:
         recovery_pct=agree,
         recovery_interval=iv,
         n=n,
-        summary=s,
+        kld=f,
     )
     return [mean, top1]
 
 
-def _kld_of(sc: Scorecard) -> list[KldDelta]:
-    return [d for d in sc.accuracy if isinstance(d, KldDelta)]
+def _kld_of(sc: Scorecard) -> list[TaskDelta]:
+    return [d for d in sc.accuracy if d.kind == KLD]
 
 
 def _criterion(
-    d: KldDelta, rc: ReviewConfig, floor_test_of: FloorTest, judged: float, threshold: float, ok: bool
+    d: TaskDelta, rc: ReviewConfig, floor_test_of: FloorTest, judged: float, threshold: float, ok: bool
 ) -> Criterion:
     """The KLD limit (mean KLD) or floor (top-1 agreement) held against ``d``, as :func:`_verdict_parts` judged it."""
     mean = d.metric == MEAN
@@ -145,7 +162,7 @@ def _unmeasured(rc: ReviewConfig, why: str) -> list[Criterion]:
 
 
 def _verdict_parts(
-    ds: list[KldDelta], rc: ReviewConfig, floor_test_of: FloorTest
+    ds: list[TaskDelta], rc: ReviewConfig, floor_test_of: FloorTest
 ) -> tuple[list[str], list[str], list[tuple[float, str]], list[Criterion]]:
     """(text parts, cite parts, fails as (excess, sentence), criteria) of the KLD limits for one scheme's deltas."""
     parts: list[str] = []

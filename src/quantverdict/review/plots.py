@@ -182,7 +182,7 @@ def memory_figure(review: Review) -> Any:
     """Stacked bars per scheme: weights, KV cache for the stated capacity, recurrent state, reserve (GiB),
     with the need written on each bar and the budget as a line; a budget far above every need (over 3x) is
     named in the legend and the title instead of squashing the bars. None without weights."""
-    cards = [sc for sc in review.cards if sc.memory.get("weights_gib") is not None]
+    cards = [sc for sc in review.cards if sc.memory.weights_gib is not None]
     if not cards:
         return None
     rc = review.config
@@ -197,7 +197,7 @@ def memory_figure(review: Review) -> Any:
         ("state_needed_gib", "recurrent state", "#937860"),
     )
     for key, label, color in parts:
-        vals = [float(sc.memory.get(key) or 0.0) for sc in cards]
+        vals = [float(getattr(sc.memory, key) or 0.0) for sc in cards]
         if any(vals):
             ax.bar(x, vals, bottom=bottom, color=color, label=label, width=0.6)
             bottom = [b + v for b, v in zip(bottom, vals)]

@@ -8,6 +8,7 @@ from typing import Any
 
 from quantverdict.measure.stats import Interval
 from quantverdict.results.record import JobRecord
+from quantverdict.review.document import KldFigures, Memory
 from quantverdict.review.flags import Flag
 
 TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
@@ -42,6 +43,7 @@ class TaskDelta:
     # why the comparison cannot be made (the two runs did not score the same items: a doc_hash, prompt_hash
     # or token window differs); the delta is then left unjudged, never failed or passed on its point value
     refused: str = ""
+    kld: KldFigures | None = None  # the record's KL divergence summary (kind kld)
 
 
 @dataclass
@@ -57,7 +59,7 @@ class Scorecard:
     failed_stage: str | None
     error: str | None
     is_baseline: bool
-    memory: dict[str, Any] = field(default_factory=dict)
+    memory: Memory = field(default_factory=Memory.unknown)
     accuracy: list[TaskDelta] = field(default_factory=list)
     accuracy_refused: str | None = None
     # why accuracy cannot be measured at all (synthetic model, random weights); None for a real model

@@ -157,20 +157,20 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     m = sc.memory
     if rc.memory_budget_gib is None:
         return Check("memory", OFF, "no memory budget set")
-    if m.get("need_gib") is None:
-        why = "weight size" if m.get("weights_gib") is None else "KV-cache size (model dimensions or request length)"
+    if m.need_gib is None:
+        why = "weight size" if m.weights_gib is None else "KV-cache size (model dimensions or request length)"
         crit = _criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", rc.memory_budget_gib, None)
         return Check("memory", UNKNOWN, f"not checked: {why} unknown", criteria=[crit])
-    need, budget = m["need_gib"], rc.memory_budget_gib
+    need, budget = m.need_gib, rc.memory_budget_gib
     crits = [_criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
-    parts = f"weights {_gib(m['weights_gib'])} + KV {_gib(m['kv_needed_gib'])} for {m['kv_needed_tokens']:,} tokens"
-    if m.get("kv_dtype"):
-        parts += f" in {m['kv_dtype']}"
-    paging = m.get("hybrid_paging")
+    parts = f"weights {_gib(m.weights_gib)} + KV {_gib(m.kv_needed_gib)} for {m.kv_needed_tokens:,} tokens"
+    if m.kv_dtype:
+        parts += f" in {m.kv_dtype}"
+    paging = m.hybrid_paging
     if paging and not rc.kv_cache_tokens:
-        parts += f" (whole {int(paging['block_tokens'])}-token blocks)"
-    if m.get("state_needed_gib"):  # a hybrid model's recurrent (Gated DeltaNet) state, one per request
-        parts += f" + recurrent state {_gib(m['state_needed_gib'])} for {rc.concurrent_requests:,} requests"
+        parts += f" (whole {int(paging.block_tokens)}-token blocks)"
+    if m.state_needed_gib:  # a hybrid model's recurrent (Gated DeltaNet) state, one per request
+        parts += f" + recurrent state {_gib(m.state_needed_gib)} for {rc.concurrent_requests:,} requests"
     if rc.reserved_gib:
         parts += f" + reserve {_gib(rc.reserved_gib)}"
     if need <= budget:
@@ -546,20 +546,20 @@ def kv_lever(base: Scorecard, cs: dict[str, Check], cards: list[Scorecard], rc: 
     m = base.memory
     out: dict[str, Any] = {
         "binds_on": None,
-        "need_gib": m.get("need_gib"),
+        "need_gib": m.need_gib,
         "budget_gib": rc.memory_budget_gib,
-        "weights_gib": m.get("weights_gib"),
-        "kv_gib": m.get("kv_needed_gib"),
-        "fp8_need_gib": m.get("need_gib_kv_fp8"),
+        "weights_gib": m.weights_gib,
+        "kv_gib": m.kv_needed_gib,
+        "fp8_need_gib": m.need_gib_kv_fp8,
         "fp8_fits": None,
         "measured": [sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
     }
     budget = rc.memory_budget_gib
     if budget is not None and out["fp8_need_gib"] is not None:
         out["fp8_fits"] = out["fp8_need_gib"] <= budget
-    if cs["memory"].status != FAIL or budget is None or m.get("weights_gib") is None:
+    if cs["memory"].status != FAIL or budget is None or m.weights_gib is None:
         return out
-    fixed = m["weights_gib"] + (m.get("state_needed_gib") or 0.0) + rc.reserved_gib
+    fixed = m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib
     out["binds_on"] = "weights" if fixed > budget else "kv_cache"
     return out
 
