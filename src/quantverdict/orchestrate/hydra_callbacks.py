@@ -1,10 +1,11 @@
 """Hydra callback: after a multirun grid, run the jobs' further server starts (``bench.server_starts``,
-:mod:`quantverdict.orchestrate.starts`), print the per-scheme table, run the review, and fail if any
-job failed (or the review could not be written, or was written but not logged to MLflow): exit code 2 when
-every job's config was refused (bad input, nothing ran), else 1."""
+:mod:`quantverdict.orchestrate.starts`), print the per-scheme table, run the review, print where its MLflow runs
+table is, and fail if any job failed (or the review could not be written, or was written but not logged to MLflow):
+exit code 2 when every job was refused as bad input (nothing ran; the grid's folder is removed), else 1."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -14,8 +15,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
+from quantverdict.orchestrate.job import refused_before_work
 from quantverdict.orchestrate.starts import grid_starts
-from quantverdict.results.record import JobRecord, find_records, read
+from quantverdict.results.record import find_records, read
 from quantverdict.results.table import format_table
 
 
@@ -39,17 +41,43 @@ class GridSummary(Callback):
         if failed:
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
         if failed and all(refused_before_work(r) for r in records):
-            sys.exit(2)  # bad input, nothing ran: every job was refused before any work
+            # bad input, nothing ran: every job was refused before any work, and the messages above say why
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+            sys.exit(2)
+        if records and reviewed:
+            print_runs_page(config)
         if failed or not reviewed or not starts_ok:
             sys.exit(1)
 
 
-def refused_before_work(rec: JobRecord) -> bool:
-    """A job whose config was refused (stage ``config``) or that this machine cannot run (a ConfigError in
-    stage ``preflight``, ``task_check`` or ``cpu_check``): bad input, nothing expensive ran."""
-    if rec.failed_stage == "config":
-        return True
-    return rec.failed_stage in ("preflight", "task_check", "cpu_check") and (rec.error or "").startswith("ConfigError")
+def print_runs_page(config: DictConfig) -> None:
+    """Print how to open the grid's MLflow runs table (:func:`quantverdict.results.tracking.runs_page`), when the
+    grid was tracked."""
+    if "tracking" not in config:
+        return
+    tracking = OmegaConf.to_object(config.tracking)
+    assert isinstance(tracking, TrackingConfig)
+    line = runs_table_line(tracking)
+    if line:
+        print(line)
+
+
+def runs_table_line(tracking: TrackingConfig) -> str:
+    """``MLflow runs: mlflow ui --backend-store-uri <uri>, then open <address>`` for a tracked experiment; for a
+    tracking server, its own address. '' when tracking is off or the experiment cannot be read."""
+    if not tracking.enabled:
+        return ""
+    from quantverdict.results.tracking import make_client, runs_page
+
+    try:
+        exp = make_client(tracking.uri).get_experiment_by_name(tracking.experiment)
+    except Exception:  # noqa: BLE001  (a link must not fail the grid)
+        return ""
+    if exp is None:
+        return ""
+    if tracking.uri.startswith(("http://", "https://")):
+        return f"MLflow runs: {runs_page(str(exp.experiment_id), tracking.uri)}"
+    return f"MLflow runs: mlflow ui --backend-store-uri {tracking.uri}, then open {runs_page(str(exp.experiment_id))}"
 
 
 def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
