@@ -32,18 +32,25 @@ class GridSummary(Callback):
                 records.append(read(path))
             except (ValueError, OSError) as exc:  # one unreadable record must not hide the others' table
                 print(f"not read: {exc}", file=sys.stderr)
+        failed = [r for r in records if r.status != "ok"]
+        if failed and all(refused_before_work(r) for r in records):
+            # bad input, nothing ran: every job was refused before any work; say why, leave nothing behind
+            for r in failed:
+                print(f"REFUSED {r.job.id} in stage {r.failed_stage}: {r.error}", file=sys.stderr)
+            print(f"all {len(records)} jobs refused before any work; nothing ran", file=sys.stderr)
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+            try:
+                sweep_dir.parent.rmdir()  # multirun/, when this grid was its only one
+            except OSError:
+                pass
+            sys.exit(2)
         print(format_table(records))
         (sweep_dir / "table.md").write_text(format_table(records) + "\n")
         reviewed = run_grid_review(config, sweep_dir) if records else True
-        failed = [r for r in records if r.status != "ok"]
         for r in failed:
             print(f"FAILED {r.job.id} in stage {r.failed_stage}: {r.error}", file=sys.stderr)
         if failed:
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
-        if failed and all(refused_before_work(r) for r in records):
-            # bad input, nothing ran: every job was refused before any work, and the messages above say why
-            shutil.rmtree(sweep_dir, ignore_errors=True)
-            sys.exit(2)
         if records and reviewed:
             print_runs_page(config)
         if failed or not reviewed or not starts_ok:
