@@ -182,8 +182,8 @@ def runs_page(exp_id: str, server: str = "http://127.0.0.1:5000") -> str:
 
 
 # The runs table's columns in the view runs_page opens: the job's status (interrupted is not failed, though MLflow
-# draws KILLED and FAILED with the same icon), the three numbers under their short names, the job's own numbers
-# and the review's verdict. MLflow's column keys are "<metrics|params|tags|attributes>.`<name>`"; a shared view is
+# draws KILLED and FAILED with the same icon), the three numbers under their short names, two of the job's own
+# numbers (what a job without a review shows) and the verdict. The table orders them by kind (metrics, then tags). MLflow's column keys are "<metrics|params|tags|attributes>.`<name>`"; a shared view is
 # the experiment tag "mlflow.sharedViewState.<key>" holding the UI state as JSON (read from MLflow 3.17.2's UI
 # bundle, mlflow/server/js/build: the share key's tag prefix and its parse of a plain JSON value).
 TABLE_VIEW_KEY = "quantverdict-runs"
@@ -196,9 +196,7 @@ TABLE_COLUMNS = (
     "metrics.`speed_ratio_c1`",
     "metrics.`speed_ratio_load`",
     "metrics.`weights_gib`",
-    "metrics.`user_tok_s_low`",
     "metrics.`out_tok_s_max`",
-    "tags.`acc_delta_metric`",
     "tags.`verdict`",
 )
 
