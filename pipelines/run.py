@@ -46,9 +46,15 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 MAX_GRID_CHECKS = 64  # a grid of more jobs has each of its values checked once, not every combination
 # what a single job cannot say on its own: every verdict compares a scheme with the baseline of the same model
 WITHOUT_BASELINE = (
-    "This job alone gives {model}'s {scheme} numbers (memory, accuracy, speed) but no verdict: accuracy loss and "
-    "speedup are measured against the {baseline} baseline of the same model on the same machine.\n"
-    "For a verdict run a grid with it: python -m pipelines.run -m scheme={baseline},{scheme} (finished jobs are reused)"
+    "Alone, this job gives {scheme}'s own numbers for {model} (weights, accuracy scores, speed where served), not a "
+    "verdict: accuracy loss and speedup are measured against the {baseline} baseline of the same model and machine.\n"
+    "For the verdict: python -m pipelines.run -m scheme={baseline},{scheme} with the same other overrides (an "
+    "identical finished job is reused, not rerun)."
+)
+BASELINE_ALONE = (
+    "Alone, the {baseline} baseline gives {model}'s reference numbers, not a verdict: a verdict compares schemes with "
+    "it.\nFor one: python -m pipelines.run -m scheme={baseline},<schemes> with the same other overrides (an identical "
+    "finished job is reused, not rerun)."
 )
 
 
@@ -98,8 +104,9 @@ def main(dcfg: DictConfig) -> None:
             sys.exit(1)
     print(format_table([record]))
     print(f"\nrecord: {out_dir / 'record.json'}")
-    if cfg.scheme.name != cfg.baseline_scheme:
-        print(WITHOUT_BASELINE.format(model=cfg.model.name, scheme=cfg.scheme.name, baseline=cfg.baseline_scheme))
+    is_baseline = cfg.scheme.name == cfg.baseline_scheme and cfg.kv.name == "auto"
+    alone = BASELINE_ALONE if is_baseline else WITHOUT_BASELINE
+    print(alone.format(model=cfg.model.name, scheme=cfg.scheme.name, baseline=cfg.baseline_scheme))
     line = runs_table_line(cfg.tracking)
     if line:
         print(line)
