@@ -183,9 +183,10 @@ def runs_page(exp_id: str, server: str = "http://127.0.0.1:5000") -> str:
 
 # The runs table's columns in the view runs_page opens: the job's status (interrupted is not failed, though MLflow
 # draws KILLED and FAILED with the same icon), the three numbers under their short names, two of the job's own
-# numbers (what a job without a review shows) and the verdict. The table orders them by kind (metrics, then tags). MLflow's column keys are "<metrics|params|tags|attributes>.`<name>`"; a shared view is
-# the experiment tag "mlflow.sharedViewState.<key>" holding the UI state as JSON (read from MLflow 3.17.2's UI
-# bundle, mlflow/server/js/build: the share key's tag prefix and its parse of a plain JSON value).
+# numbers (what a job without a review shows) and the verdict. The table orders them by kind (metrics, then tags).
+# MLflow's column keys are "<metrics|params|tags|attributes>.`<name>`"; a shared view is the experiment tag
+# "mlflow.sharedViewState.<key>" holding the UI state as JSON (read from MLflow 3.17.2's UI bundle,
+# mlflow/server/js/build: the share key's tag prefix and its parse of a plain JSON value).
 TABLE_VIEW_KEY = "quantverdict-runs"
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 STATUS_TAG = "quantverdict.status"  # ok, failed, interrupted: the job's own word for its end
