@@ -233,10 +233,9 @@ def test_bad_config_fails_before_any_work(tmp_path: Path) -> None:
     assert "eval.backend='vlm'" in err and "did you mean 'vllm'" in err
     assert "bench.mode='closed'" in err and "allowed: rate, concurrency" in err
     assert not find_records(tmp_path / "runs") and not list(tmp_path.rglob("*.spec.json"))
-    # a value only validate() can judge: the job is refused with a config failure record, no stage started
+    # a value only validate() can judge: refused before Hydra too, no folder and no record left
     proc = run_cli(tmp_path, "scheme=gptq", "eval.limit=0", timeout=120)
     assert proc.returncode == 2
     assert "eval.limit=0 must be >= 1 or null" in proc.stdout + proc.stderr
-    (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
-    assert rec["status"] == "failed" and rec["failed_stage"] == "config"
+    assert not find_records(tmp_path) and not (tmp_path / "runs").exists()
     assert not list(tmp_path.rglob("*.spec.json"))  # no stage was started

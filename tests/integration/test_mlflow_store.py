@@ -1,7 +1,8 @@
-"""Real sqlite MLflow stores (written under tmp_path): job runs finished and failed with their stage runs,
-and the review logged as its own run (the job runs stay top-level, tagged with the grid and given the three
-numbers under short names) and read back from the experiment. Needs only the
-orchestrator environment, no stage child. Also: a job interrupted by Ctrl-C ends its MLflow runs KILLED."""
+"""Real sqlite MLflow stores (written under tmp_path): one run per job, finished and failed, its stages as tags and
+metrics of that run, and the review logged as its own run with the verdict as tags (the job runs stay top-level,
+tagged with the grid and the verdict and given the three numbers under short names) and read back from the
+experiment. Needs only the orchestrator environment, no stage child. Also: a job interrupted by Ctrl-C ends its one
+MLflow run KILLED, a failed one FAILED, and a job refused before any work makes no run at all."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mlflow import MlflowClient
 
 from pipelines.review import main
 from quantverdict.config.compose import compose
-from quantverdict.config.schema import ReviewConfig, TrackingConfig
+from quantverdict.config.schema import ConfigError, ReviewConfig, TrackingConfig
 from quantverdict.orchestrate import hardware
 from quantverdict.orchestrate.job import run_job
 from quantverdict.processes import procs
@@ -41,16 +42,17 @@ def write_grid(root: Path, records: list[dict], uri: str) -> Path:
 def _record(status: str) -> dict:
     return {
         "config": {"model": {"name": "m"}, "scheme": {"name": "s", "recipe": {"x": 1}}},
-        "memory": {"checkpoint": {"total_weight_bytes": 1000}},
-        "accuracy": {"tasks": {"arc_easy": {"acc": 0.5, "acc_norm": 0.55}}},
+        "memory": {"checkpoint": {"total_weight_bytes": 3 * 2**29}},  # 1.5 GiB
+        "accuracy": {"tasks": {"arc_easy": {"acc": 0.5, "acc_norm": 0.55, "headline_metric": "acc_norm"}}},
         "speed": {
             "mode": "rate",
-            "points": [
-                {"offered_rate_rps": 1.0, "output_tok_s": 10.0},
-                {"offered_rate_rps": None, "output_tok_s": 30.0},
+            "points": [  # listed unlimited rate first: the lowest load is found by its rate, not its place
+                {"offered_rate_rps": None, "output_tok_s": 30.0, "tpot_ms_p50": 50.0},
+                {"offered_rate_rps": 1.0, "output_tok_s": 10.0, "tpot_ms_p50": 25.0},
             ],
         },
         "status": status,
+        "failed_stage": None if status == "ok" else "quantize",
         "error": None if status == "ok" else "RuntimeError: boom",
     }
 
@@ -63,26 +65,46 @@ def test_real_store_finished_and_failed_runs(tmp_path: Path) -> None:
     for status in ("ok", "failed"):
         tr = Tracker(cfg)
         tr.start(f"m/{status}", {"scheme": status})
-        tr.stage("quantize", "ok", 1.5, {"memory": {"x": 2}})
+        tr.stage("preflight", "ok", 0.25)  # before the run is open: kept, logged when it opens
+        tr.open()
+        tr.stage("quantize", "ok" if status == "ok" else "failed", 1.5)
         tr.finish(_record(status), tmp_path, [artifact])
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("exp")
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"m/ok", "m/failed"}  # one run per job: no stage runs
     assert runs["m/ok"].info.status == "FINISHED"
     assert runs["m/failed"].info.status == "FAILED"
-    assert runs["m/failed"].data.tags["quantverdict.error"] == "RuntimeError: boom"
+    failed = runs["m/failed"].data.tags
+    assert failed["quantverdict.error"] == "RuntimeError: boom" and failed["quantverdict.status"] == "failed"
+    assert failed["mlflow.note.content"] == "failed in stage quantize: RuntimeError: boom"
+    assert failed["stage.quantize"] == "failed"
     ok = runs["m/ok"].data
-    assert ok.metrics["memory.checkpoint.total_weight_bytes"] == 1000
+    assert ok.tags["quantverdict.status"] == "ok" and "mlflow.note.content" not in ok.tags
+    assert ok.metrics["memory.checkpoint.total_weight_bytes"] == 3 * 2**29
     assert ok.metrics["accuracy.tasks.arc_easy.acc_norm"] == 0.55
     assert ok.metrics["speed.rate_1.output_tok_s"] == 10.0
     assert ok.metrics["speed.rate_inf.output_tok_s"] == 30.0
+    # the stages: status as a tag, wall time (s) as a metric of the job's run
+    assert (ok.tags["stage.preflight"], ok.tags["stage.quantize"]) == ("ok", "ok")
+    assert (ok.metrics["stage.preflight.wall_s"], ok.metrics["stage.quantize.wall_s"]) == (0.25, 1.5)
+    # the job's own numbers under short names: 3 * 2**29 bytes = 1.5 GiB; arc_easy's headline acc_norm; the
+    # highest output tok/s of the two points (30); one user at the lowest load, 1 req/s: 1000 / 25 ms = 40 tok/s
+    assert ok.metrics["weights_gib"] == 1.5
+    assert ok.metrics["arc_easy.acc_norm"] == 0.55
+    assert ok.metrics["out_tok_s_max"] == 30.0
+    assert ok.metrics["user_tok_s_low"] == 40.0
     assert ok.params["model.name"] == "m" and "scheme.recipe.x" not in ok.params
-    # nested stage runs point at their parent
-    children = [r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == runs["m/ok"].info.run_id]
-    assert [c.info.run_name for c in children] == ["quantize"]
-    assert children[0].data.metrics["wall_s"] == 1.5
     # nothing left running
     assert all(r.info.status != "RUNNING" for r in runs.values())
+    # the runs table of runs_page shows the status and the three numbers (a shared view stored on the experiment)
+    view = json.loads(exp.tags["mlflow.sharedViewState.quantverdict-runs"])
+    assert view["selectedColumns"][:4] == [
+        "tags.`quantverdict.status`",
+        "metrics.`mem_gib`",
+        "metrics.`acc_delta`",
+        "metrics.`speed_ratio_c1`",
+    ]
     assert [a.path for a in client.list_artifacts(runs["m/ok"].info.run_id)] == ["config.yaml", "record.json"]
 
 
@@ -138,6 +160,12 @@ def test_review_run_job_numbers_and_experiment_source(tmp_path: Path, capsys: py
     assert g.metrics["acc_delta"] == pytest.approx(5.0)
     assert g.tags["acc_delta_metric"] == "word_perplexity change (%)"
     assert g.metrics["speed_ratio_c1"] == pytest.approx(1.6) and g.metrics["speed_ratio_load"] == pytest.approx(1.6)
+    # the verdict: on the review's run (memory budget 24 GiB: every scheme fits, bf16 is kept), and on each job's
+    review_tags = reviews[0].data.tags
+    assert review_tags["verdict"] == "m: do not quantize" and review_tags["verdict.m"] == "do not quantize"
+    assert review_tags["verdict.m.scheme"] == "bf16" and review_tags["verdict.m.sentence"]
+    assert {s: r.data.tags["verdict.chosen"] for s, r in jobs.items()} == {"bf16": "yes", "int8": "no", "gptq": "no"}
+    assert all(r.data.tags["verdict"] == "do not quantize" for r in jobs.values())
     b = jobs["bf16"].data
     assert b.metrics["mem_gib"] == pytest.approx(0.25 + KV_GIB_16x288) and "acc_delta" not in b.metrics
     capsys.readouterr()
@@ -177,8 +205,36 @@ def test_interrupted_job_is_recorded_interrupted_and_its_mlflow_run_killed(
     assert rec["stages"]["gpu_check"]["status"] == "interrupted"
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    runs = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
-    assert runs == {"smollm2-135m/fp8": "KILLED", "gpu_check": "KILLED"}  # the job's run and its stage's
+    (run,) = client.search_runs([exp.experiment_id])  # the job's one run
+    assert (run.info.run_name, run.info.status) == ("smollm2-135m/fp8", "KILLED")
+    # MLflow draws KILLED with FAILED's icon: the status tag and the description tell them apart
+    assert run.data.tags["quantverdict.status"] == "interrupted" and run.data.tags["stage.gpu_check"] == "interrupted"
+    assert run.data.tags["mlflow.note.content"].startswith("interrupted by SIGINT in stage gpu_check: stopped from")
+
+
+@pytest.mark.parametrize(
+    ("error", "run_status"),
+    [(ConfigError("this machine cannot run the job"), None), (RuntimeError("nvidia-smi crashed"), "FAILED")],
+)
+def test_a_job_refused_before_any_work_makes_no_run_and_a_failed_one_a_failed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, run_status: str | None
+) -> None:
+    def fails(cuda_visible_devices: str | None = None) -> list:
+        raise error
+
+    monkeypatch.setattr(hardware, "gpu_info", fails)  # in the first stage of a cuda job, gpu_check
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = compose(["env=gpu", "scheme=fp8", f"tracking.uri={uri}", f"paths.output_root={tmp_path}"])
+    with pytest.raises(type(error)):
+        run_job(cfg, tmp_path / "job")
+    rec = json.loads((tmp_path / "job" / "record.json").read_text())
+    assert (rec["status"], rec["failed_stage"]) == ("failed", "gpu_check")
+    if run_status is None:  # bad input for this machine: the store is not even made
+        assert not (tmp_path / "mlflow.db").exists()
+        return
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    assert run.info.status == run_status and run.data.tags["stage.gpu_check"] == "failed"
 
 
 def test_mlflow_run_is_named_after_the_constraints(tmp_path: Path) -> None:

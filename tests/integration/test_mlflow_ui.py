@@ -1,7 +1,8 @@
-"""MLflow's UI as a person sees it: a real ``mlflow server`` on a real sqlite store holding six job runs (each
-with a stage run) and the grid's review, read by headless Chromium (MLflow's UI is a JavaScript app: the DOM is
-dumped after its scripts ran). Asserts on the page's text: the runs page lists every job run at the top level
-and the review run, and the experiment is a model-training one. Leaves no process behind.
+"""MLflow's UI as a person sees it: a real ``mlflow server`` on a real sqlite store holding six job runs (one run
+each, its stages as tags) and the grid's review, read by headless Chromium (MLflow's UI is a JavaScript app: the DOM
+is dumped after its scripts ran). Asserts on the page's text: the runs page lists every job run and the review run,
+nothing else, with the status, the three numbers and the verdict as columns, and the experiment is a model-training
+one. Leaves no process behind.
 
 MLflow 3.17.2's UI picks an experiment's page from a switch of the whole UI (GenAI / Model training), not from
 the experiment's ``mlflow.experimentKind`` tag: :func:`quantverdict.results.tracking.runs_page` is the address
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from browser import mlflow_server, rendered_text, screenshot
+from browser import chromium, mlflow_server, rendered_text, screenshot, visible_text
 from pipelines.review import main
 from quantverdict.config.schema import TrackingConfig
 from quantverdict.results.tracking import Tracker, runs_page
@@ -32,8 +33,8 @@ UI_WAIT_MS = 20_000  # virtual time for the UI's scripts to fetch and render the
 
 
 def _store(tmp: Path) -> tuple[str, Path]:
-    """A sqlite store with the six jobs of review_records.grid (runs m/<scheme>, each with a 'quantize' stage
-    run) and their review logged by ``python -m pipelines.review``. Returns (uri, grid folder)."""
+    """A sqlite store with the six jobs of review_records.grid (runs m/<scheme>, each with its 'quantize' stage as
+    a tag) and their review logged by ``python -m pipelines.review``. Returns (uri, grid folder)."""
     uri = f"sqlite:///{tmp}/mlflow.db"
     MlflowClient(tracking_uri=uri).create_experiment("exp", artifact_location=(tmp / "artifacts").as_uri())
     src = tmp / "multirun"
@@ -67,14 +68,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
 def test_runs_page_lists_every_job_run(server: tuple[str, str], tmp_path: Path) -> None:
     address, exp_id = server
     url = runs_page(exp_id, address)
-    text = rendered_text(url, tmp_path, UI_WAIT_MS)
+    # wide enough for every column of the view: the table draws only the columns inside the window
+    text = visible_text(
+        chromium([f"--virtual-time-budget={UI_WAIT_MS}", "--dump-dom", url], tmp_path, (2400, 1200)).stdout
+    )
     assert f"Runs - Experiment {exp_id} - MLflow" in text  # the page's title: the runs table opened
     assert "Traces 0" not in text  # not the GenAI overview the experiment used to open on
-    # each job a top-level row (a stage run shows only when its job's row is expanded; none is)
+    # one row per job and one for the review: no stage rows
     for scheme in SCHEMES:
         assert f"m/{scheme}" in text, scheme
-    assert "quantize" not in text
     assert "review/gpu-" in text
+    assert "quantize" not in text.replace("do not quantize", "").replace("quantize gptq", "")
+    # the columns of the stored view: the job's status, the three numbers, the verdict (budget 0.22 GiB: gptq)
+    for column in ("quantverdict.status", "mem_gib", "acc_delta", "speed_ratio_c1", "speed_ratio_load", "verdict"):
+        assert column in text, column
+    assert "m: quantize gptq (W4A16)" in text
     screenshot(url, tmp_path / "mlflow-runs.png", tmp_path, (1400, 800), UI_WAIT_MS)
 
 

@@ -133,12 +133,17 @@ def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:
         assert "accuracy.tasks.arc_easy.acc_norm" in run.data.metrics
         arts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert "record.json" in arts and "eval" in arts
-        stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
-        assert {s.info.run_name for s in stages} >= {"materialize", "evaluate"} | (
-            {"benchmark"} if served[name] else set()
-        )
-        assert all(s.info.status == "FINISHED" for s in stages)
+        # one run per job: its stages are tags (status) and metrics (wall time) of it
+        stages = {k.removeprefix("stage."): v for k, v in run.data.tags.items() if k.startswith("stage.")}
+        assert set(stages) >= {"materialize", "evaluate"} | ({"benchmark"} if served[name] else set())
+        assert set(stages.values()) <= {"ok", "cached"}
+        assert run.data.metrics["stage.evaluate.wall_s"] > 0
+        assert run.data.tags["quantverdict.status"] == "ok"
     assert all(r.info.status != "RUNNING" for r in runs)
+    assert not [r for r in runs if "mlflow.parentRunId" in r.data.tags]  # no nested stage runs
+    assert {r.info.run_name for r in runs} - set(jobs) <= {
+        r.info.run_name for r in runs if r.info.run_name.startswith("review/")
+    }
 
 
 def test_rerun_resumes_without_recomputing(grid: tuple[Path, object]) -> None:

@@ -2,7 +2,8 @@
 fresh sqlite store each).
 
 A Hydra grid with a parallel launcher starts several jobs at once; each calls
-:func:`quantverdict.results.tracking.experiment_id` through :class:`~quantverdict.results.tracking.Tracker`. Here N
+:func:`quantverdict.results.tracking.experiment_id` through :class:`~quantverdict.results.tracking.Tracker` when it
+opens its run. Here N
 separate processes are released at the same instant (a file barrier, after their imports) against
 a store that does not exist yet, so they race both to create the database and the experiment.
 Needs only the orchestrator environment.
@@ -26,10 +27,12 @@ pytestmark = pytest.mark.integration
 
 N_JOBS = 4
 
-# one job's tracking: import, build the tracker, wait for "go", then start and finish one run
+# one job's tracking: import (MLflow too: the tracker touches no store before its run opens), build the tracker,
+# wait for "go", then open and finish the job's one run
 JOB = r"""
 import json, sys, time
 from pathlib import Path
+import mlflow
 from quantverdict.config.schema import TrackingConfig
 from quantverdict.results.tracking import Tracker
 
@@ -41,6 +44,7 @@ tracker = Tracker(cfg)
 while not (root / "go").exists():
     time.sleep(0.005)
 tracker.start(f"job-{i}", {"job": str(i)})
+tracker.open()
 out = root / f"out-{i}"
 out.mkdir()
 record = {"config": {"job": i}, "memory": {}, "accuracy": {}, "speed": {}, "status": "ok"}

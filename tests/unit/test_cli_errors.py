@@ -95,4 +95,5 @@ def test_review_answers_in_the_same_form(tmp_path: Path, capsys: pytest.CaptureF
 def test_a_grid_whose_every_job_is_refused_is_exit_code_2(tmp_path: Path) -> None:
     proc = run(tmp_path, "-m", "scheme=bf16,awq", "eval.limit=0", "tracking.enabled=false")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "2 of 2 jobs failed" in proc.stderr
+    assert "eval.limit=0 must be >= 1 or null" in proc.stderr
+    assert not (tmp_path / "out").exists()  # refused before Hydra made the grid's folder

@@ -1,12 +1,18 @@
-"""Process groups: a stopped job leaves no process behind, grandchildren included."""
+"""Process groups: a stopped job leaves no process behind, grandchildren included. A child's output goes to its log
+file; the console shows at most its latest line, in place, on a terminal."""
 
 from __future__ import annotations
 
+import io
+import logging
 import os
+import re
 import socket
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from quantverdict.processes import procs
 from quantverdict.serving.server import listening_pids, port_is_free
@@ -82,3 +88,51 @@ def test_a_sweep_client_that_died_alone_takes_its_worker_with_it(tmp_path: Path)
     client = SweepClient(proc, [], tmp_path, tmp_path / "s", tmp_path / "r", tmp_path / "c.log", tmp_path / "go")
     client.stop()
     assert not procs.group_alive(proc.pid)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_status_line_shows_the_latest_redraw_of_a_progress_bar_in_place() -> None:
+    # tqdm redraws its bar with "\r" and ends the line with "\n" once: one line read holds every redraw
+    bar = "\r  0%|          | 0/3 [00:00<?, ?it/s]\r 33%|###3      | 1/3\r100%|##########| 3/3 [00:01<00:00]\n"
+    term = _Terminal()
+    status = procs.StatusLine("evaluate", term)
+    status.show(bar)
+    status.show("\x1b[32mINFO\x1b[0m model loaded\n")
+    status.clear()
+    # each drawing starts at the line's beginning and erases it ("\r" + ESC[2K); only the latest redraw is drawn
+    assert term.getvalue() == (
+        "\r\x1b[2K[evaluate] 100%|##########| 3/3 [00:01<00:00]" + "\r\x1b[2K[evaluate] INFO model loaded" + "\r\x1b[2K"
+    )
+
+
+def test_status_line_draws_nothing_off_a_terminal() -> None:
+    out = io.StringIO()  # a file or a pipe: isatty() is False
+    status = procs.StatusLine("quantize", out)
+    status.show("100%|##########| 3/3\n")
+    status.clear()
+    assert out.getvalue() == ""
+
+
+def test_child_output_goes_to_its_log_not_to_the_console(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # 50 lines and a progress bar of 20 redraws: all in the log file, none logged (the console shows no child line)
+    code = (
+        "import sys\n"
+        "for i in range(50): print(f'line {i}', flush=True)\n"
+        "for i in range(20): sys.stdout.write(f'\\r{i * 5}%|bar|'); sys.stdout.flush()\n"
+        "print()\n"
+    )
+    caplog.set_level(logging.DEBUG)
+    proc = procs.start([sys.executable, "-c", code], tmp_path / "child.log")
+    assert procs.wait(proc) == 0
+    deadline = time.monotonic() + 10
+    while "95%|bar|" not in (tmp_path / "child.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = (tmp_path / "child.log").read_text()
+    assert [f"line {i}" for i in range(50)] == [ln for ln in text.splitlines() if ln.startswith("line ")]
+    # every redraw (the "\r" read back as a line break), 0% .. 95%
+    assert [ln for ln in text.splitlines() if re.fullmatch(r"\d+%\|bar\|", ln)] == [f"{i * 5}%|bar|" for i in range(20)]
+    assert not [r for r in caplog.records if "line " in r.getMessage() or "bar|" in r.getMessage()]

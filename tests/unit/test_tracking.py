@@ -44,7 +44,9 @@ def test_sqlite_path_of_tracking_uris() -> None:
 
 
 def test_runs_page_opens_the_model_training_layout() -> None:
-    # MLflow 3.17.2's UI takes the page from its GenAI / Model training switch (the workflowType parameter)
-    assert runs_page("7") == "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
-    assert runs_page("7", "http://h:8080/") == "http://h:8080/#/experiments/7/runs?workflowType=machine_learning"
+    # MLflow 3.17.2's UI takes the page from its GenAI / Model training switch (the workflowType parameter); the
+    # shared view names the table's columns
+    view = "&viewStateShareKey=quantverdict-runs"
+    assert runs_page("7") == "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning" + view
+    assert runs_page("7", "http://h:8080/") == "http://h:8080/#/experiments/7/runs?workflowType=machine_learning" + view
     assert (EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND) == ("mlflow.experimentKind", "custom_model_development")

@@ -1,10 +1,11 @@
 """Hydra callback: after a multirun grid, run the jobs' further server starts (``bench.server_starts``,
-:mod:`quantverdict.orchestrate.starts`), print the per-scheme table, run the review, and fail if any
-job failed (or the review could not be written, or was written but not logged to MLflow): exit code 2 when
-every job's config was refused (bad input, nothing ran), else 1."""
+:mod:`quantverdict.orchestrate.starts`), print the per-scheme table, run the review, print where its MLflow runs
+table is, and fail if any job failed (or the review could not be written, or was written but not logged to MLflow):
+exit code 2 when every job was refused as bad input (nothing ran; the grid's folder is removed), else 1."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -14,8 +15,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
+from quantverdict.orchestrate.job import refused_before_work
 from quantverdict.orchestrate.starts import grid_starts
-from quantverdict.results.record import JobRecord, find_records, read
+from quantverdict.results.record import find_records, read
 from quantverdict.results.table import format_table
 
 
@@ -30,26 +32,59 @@ class GridSummary(Callback):
                 records.append(read(path))
             except (ValueError, OSError) as exc:  # one unreadable record must not hide the others' table
                 print(f"not read: {exc}", file=sys.stderr)
+        failed = [r for r in records if r.status != "ok"]
+        if failed and all(refused_before_work(r) for r in records):
+            # bad input, nothing ran: every job was refused before any work; say why, leave nothing behind
+            for r in failed:
+                print(f"REFUSED {r.job.id} in stage {r.failed_stage}: {r.error}", file=sys.stderr)
+            print(f"all {len(records)} jobs refused before any work; nothing ran", file=sys.stderr)
+            shutil.rmtree(sweep_dir, ignore_errors=True)
+            try:
+                sweep_dir.parent.rmdir()  # multirun/, when this grid was its only one
+            except OSError:
+                pass
+            sys.exit(2)
         print(format_table(records))
         (sweep_dir / "table.md").write_text(format_table(records) + "\n")
         reviewed = run_grid_review(config, sweep_dir) if records else True
-        failed = [r for r in records if r.status != "ok"]
         for r in failed:
             print(f"FAILED {r.job.id} in stage {r.failed_stage}: {r.error}", file=sys.stderr)
         if failed:
             print(f"{len(failed)} of {len(records)} jobs failed; records under {sweep_dir}", file=sys.stderr)
-        if failed and all(refused_before_work(r) for r in records):
-            sys.exit(2)  # bad input, nothing ran: every job was refused before any work
+        if records and reviewed:
+            print_runs_page(config)
         if failed or not reviewed or not starts_ok:
             sys.exit(1)
 
 
-def refused_before_work(rec: JobRecord) -> bool:
-    """A job whose config was refused (stage ``config``) or that this machine cannot run (a ConfigError in
-    stage ``preflight``, ``task_check`` or ``cpu_check``): bad input, nothing expensive ran."""
-    if rec.failed_stage == "config":
-        return True
-    return rec.failed_stage in ("preflight", "task_check", "cpu_check") and (rec.error or "").startswith("ConfigError")
+def print_runs_page(config: DictConfig) -> None:
+    """Print how to open the grid's MLflow runs table (:func:`quantverdict.results.tracking.runs_page`), when the
+    grid was tracked."""
+    if "tracking" not in config:
+        return
+    tracking = OmegaConf.to_object(config.tracking)
+    assert isinstance(tracking, TrackingConfig)
+    line = runs_table_line(tracking)
+    if line:
+        print(line)
+
+
+def runs_table_line(tracking: TrackingConfig) -> str:
+    """``MLflow runs: mlflow ui --backend-store-uri <uri>, then open <address>`` for a tracked experiment; for a
+    tracking server, its own address. '' when tracking is off or the experiment cannot be read."""
+    if not tracking.enabled:
+        return ""
+    from quantverdict.results.tracking import make_client, runs_page
+
+    try:
+        exp = make_client(tracking.uri).get_experiment_by_name(tracking.experiment)
+    except Exception:  # noqa: BLE001  (a link must not fail the grid)
+        return ""
+    if exp is None:
+        return ""
+    if tracking.uri.startswith(("http://", "https://")):
+        return f"MLflow runs: {runs_page(str(exp.experiment_id), tracking.uri)}"
+    return f"MLflow runs: mlflow ui --backend-store-uri {tracking.uri}, then open {runs_page(str(exp.experiment_id))}"
 
 
 def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:

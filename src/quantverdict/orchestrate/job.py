@@ -66,6 +66,9 @@ DUMMY_WEIGHTS_NOTE = (
 # what lm-eval's local-completions model (eval.backend=server) imports besides lm-eval itself: its "api" extra
 SERVER_EVAL_DISTS = ("aiohttp", "requests", "tenacity")
 RECIPE_FILE = "recipe.json"  # the resolved llm-compressor recipe, in the job folder and its MLflow run
+# the checks a job runs before any expensive work: a ConfigError in one of them refuses the job as bad input for
+# this machine (no MLflow run is made for it; a single job's folder is removed, exit code 2)
+CHECK_STAGES = ("gpu_check", "preflight", "setup", "task_check", "cpu_check")
 
 
 class Job:
@@ -142,10 +145,13 @@ class Job:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[StageInfo]:
-        """Time a stage, keep its status in the record (saved at once) and in MLflow as a nested run."""
+        """Time a stage, keep its status in the record (saved at once) and on the job's MLflow run (opened by the
+        first stage after :data:`CHECK_STAGES`)."""
         info = StageInfo(status="running")
         self.record.stages[name] = info
         self.save()
+        if name not in CHECK_STAGES:
+            self.tracker.open()
         log.info("== stage %s: %s / %s", name, self.cfg.model.name, self.cfg.scheme.name)
         t0 = time.perf_counter()
         try:
@@ -161,16 +167,17 @@ class Job:
             info.status = "ok"
         info.wall_s = round(time.perf_counter() - t0, 3)
         self.save()
-        self.tracker.stage(name, info.status, info.wall_s, _stage_metrics(self.record, name))
+        self.tracker.stage(name, info.status, info.wall_s)
 
 
-def _stage_metrics(record: Record, name: str) -> dict[str, Any]:
-    """What MLflow logs of a finished stage: the memory or accuracy section as the record holds it."""
-    if name == "memory":
-        return {"memory": record.memory.to_dict()}
-    if name == "evaluate":
-        return {"accuracy": record.accuracy.to_dict()}
-    return {}
+def refused_before_work(rec: Record | JobRecord) -> bool:
+    """A job refused as bad input before any expensive work: its config refused (stage ``config``), or a
+    :class:`~quantverdict.config.schema.ConfigError` in one of :data:`CHECK_STAGES` (this machine cannot run it)."""
+    if rec.status != "failed":
+        return False
+    if rec.failed_stage == "config":
+        return True
+    return rec.failed_stage in CHECK_STAGES and (rec.error or "").startswith("ConfigError")
 
 
 def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
@@ -241,7 +248,7 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
                 typed = rec.typed()
             except RecordInvalid:  # its results do not match their model: the run gets its config, status, error
                 typed = JobRecord.view(rec.to_dict(), only=("job", "config", "status", "failed_stage", "error"))
-            job.tracker.finish(typed, out_dir, artifacts)
+            job.tracker.finish(typed, out_dir, artifacts, refused=refused_before_work(rec))
         except Exception:  # tracking must never hide the job's own outcome
             log.exception("MLflow tracking failed for %s", rec.job.id)
     if invalid is not None:

@@ -3,6 +3,10 @@
 Every external program a job starts (stage children, ``vllm serve``, ``vllm bench serve``) goes
 through :func:`start` so that it leads its own process group; :func:`stop_group` then ends the
 whole group (vLLM forks engine workers, MLflow forks gunicorn workers) with SIGTERM, then SIGKILL.
+
+A child's whole output goes to its log file only. The console gets at most one line for it: on a terminal,
+:class:`StatusLine` shows the child's latest line (a progress bar's latest state: tqdm redraws with ``\r``) in
+place, and clears it when the child ends; elsewhere (a file, a pipe, CI) nothing.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -36,8 +42,9 @@ def start(
 ) -> subprocess.Popen[bytes]:
     """Start ``cmd`` as the leader of a new process group, its stdout+stderr appended to ``log_path``.
 
-    With ``echo`` the lines are also logged (progress of long stages) by a reader thread.
-    The process is registered so that :func:`stop_all` can end it on SIGTERM / Ctrl-C.
+    With ``echo`` its latest line is shown on the console's status line (:class:`StatusLine`, a terminal only)
+    by the reader thread that writes the log. The process is registered so that :func:`stop_all` can end it on
+    SIGTERM / Ctrl-C.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
@@ -54,20 +61,61 @@ def start(
         _LIVE.add(proc)
     fh = open(log_path, "ab")  # noqa: SIM115 - closed by the reader thread
     fh.write(f"$ {shlex.join(cmd)}\n".encode())  # quoted: a path with a space can be pasted into a shell
-    threading.Thread(target=_pump, args=(proc, fh, echo, log_path.stem), daemon=True).start()
+    status = StatusLine(log_path.stem) if echo else None
+    threading.Thread(target=_pump, args=(proc, fh, status), daemon=True).start()
     return proc
 
 
-def _pump(proc: subprocess.Popen[bytes], fh: IO[bytes], echo: bool, tag: str) -> None:
+def _pump(proc: subprocess.Popen[bytes], fh: IO[bytes], status: StatusLine | None) -> None:
     assert proc.stdout is not None
     with fh:
         for line in iter(proc.stdout.readline, b""):
             fh.write(line)
             fh.flush()
-            if echo:
-                text = line.decode(errors="replace").rstrip()
-                if text:
-                    log.info("[%s] %s", tag, text)
+            if status is not None:
+                status.show(line.decode(errors="replace"))
+    if status is not None:
+        status.clear()
+
+
+class StatusLine:
+    """One console line for a child's output: its latest line, redrawn in place on a terminal (``stream.isatty()``),
+    nothing elsewhere. A progress bar's line holds its redraws separated by ``\r``; the last one is shown.
+
+    Args:
+        tag: the child's name, shown before its line (``[evaluate] ...``).
+        stream: where to draw (default ``sys.stderr``).
+    """
+
+    def __init__(self, tag: str, stream: IO[str] | None = None):
+        self.tag = tag
+        self.stream = stream if stream is not None else sys.stderr
+        try:
+            self.active = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.active = False
+        self.shown = False
+
+    @staticmethod
+    def latest(raw: str) -> str:
+        """The text a terminal would show for ``raw``: after its last ``\r``, colour codes removed, stripped."""
+        parts = [p for p in _ANSI.sub("", raw).rstrip("\r\n").split("\r") if p.strip()]
+        return parts[-1].strip() if parts else ""
+
+    def show(self, raw: str) -> None:
+        text = self.latest(raw)
+        if not self.active or not text:
+            return
+        width = max(20, shutil.get_terminal_size((100, 20)).columns - 1)
+        self.stream.write("\r\x1b[2K" + f"[{self.tag}] {text}"[:width])
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.active and self.shown:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+            self.shown = False
 
 
 def wait(proc: subprocess.Popen[bytes], timeout_s: float | None = None) -> int:

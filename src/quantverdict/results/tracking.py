@@ -1,4 +1,9 @@
-"""MLflow tracking: one run per (model, scheme) job, a nested run per stage.
+"""MLflow tracking: one run per (model, scheme) job; its stages are tags and metrics of that run, not runs.
+
+A stage's status is the tag ``stage.<name>`` (``ok``, ``cached``, ``failed``, ``interrupted``, ...) and its wall time
+the metric ``stage.<name>.wall_s``. The job's own numbers also go under short names (:func:`job_metrics`:
+``weights_gib``, ``<task>.<metric>``, ``token_perplexity``, ``out_tok_s_max``, ``user_tok_s_low``); a review adds the
+comparisons with the baseline (``mem_gib``, ``acc_delta``, ``speed_ratio_c1``, ``speed_ratio_load``).
 
 Uses :class:`mlflow.MlflowClient` with explicit run ids (no global "active run"), so a failure can
 never leave another run active. Params are the flattened resolved config (a value longer than MLflow
@@ -141,6 +146,8 @@ def experiment_id(client: Any, cfg: TrackingConfig) -> str:
     if exp is not None:
         if exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # an experiment made before the tag, or by someone else
             mark_model_training(client, str(exp.experiment_id))
+        if SHARED_VIEW_PREFIX + TABLE_VIEW_KEY not in exp.tags:
+            set_table_view(client, str(exp.experiment_id))
         return str(exp.experiment_id)
     loc = cfg.artifact_location
     uri = Path(loc).resolve().as_uri() if loc and "://" not in loc else loc
@@ -155,17 +162,55 @@ def experiment_id(client: Any, cfg: TrackingConfig) -> str:
         if exp is None:
             raise
         return str(exp.experiment_id)
+    set_table_view(client, exp_id)
     return exp_id
 
 
 def runs_page(exp_id: str, server: str = "http://127.0.0.1:5000") -> str:
-    """The address of the experiment's runs table in MLflow's UI, in its "Model training" layout.
+    """The address of the experiment's runs table in MLflow's UI, in its "Model training" layout, with the columns
+    of :data:`TABLE_COLUMNS` shown (the view :func:`set_table_view` stores on the experiment).
 
     MLflow 3.17.2's UI picks the page of an experiment from a switch of the whole UI (GenAI / Model training:
     the ``workflowType`` query parameter, else the browser's last choice, GenAI on a first visit), not from
     the experiment's kind tag: ``?workflowType=machine_learning`` opens the runs table on any browser.
+    ``viewStateShareKey`` names a shared view of the table (MLflow's "Share" button stores one the same way).
     """
-    return f"{server.rstrip('/')}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+    return (
+        f"{server.rstrip('/')}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+        f"&viewStateShareKey={TABLE_VIEW_KEY}"
+    )
+
+
+# The runs table's columns in the view runs_page opens: the job's status (interrupted is not failed, though MLflow
+# draws KILLED and FAILED with the same icon), the three numbers under their short names, two of the job's own
+# numbers (what a job without a review shows) and the verdict. The table orders them by kind (metrics, then tags).
+# MLflow's column keys are "<metrics|params|tags|attributes>.`<name>`"; a shared view is the experiment tag
+# "mlflow.sharedViewState.<key>" holding the UI state as JSON (read from MLflow 3.17.2's UI bundle,
+# mlflow/server/js/build: the share key's tag prefix and its parse of a plain JSON value).
+TABLE_VIEW_KEY = "quantverdict-runs"
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
+STATUS_TAG = "quantverdict.status"  # ok, failed, interrupted: the job's own word for its end
+TABLE_COLUMNS = (
+    f"tags.`{STATUS_TAG}`",
+    "metrics.`mem_gib`",
+    "metrics.`acc_delta`",
+    "metrics.`speed_ratio_c1`",
+    "metrics.`speed_ratio_load`",
+    "metrics.`weights_gib`",
+    "metrics.`out_tok_s_max`",
+    "tags.`verdict`",
+)
+
+
+def set_table_view(client: Any, exp_id: str) -> None:
+    """Store the runs table's view of :data:`TABLE_COLUMNS` on the experiment, under :data:`TABLE_VIEW_KEY`."""
+    import json
+
+    view = {"selectedColumns": list(TABLE_COLUMNS)}
+    value = json.dumps(view)
+    exp = client.get_experiment(exp_id)
+    if exp.tags.get(SHARED_VIEW_PREFIX + TABLE_VIEW_KEY) != value:
+        client.set_experiment_tag(exp_id, SHARED_VIEW_PREFIX + TABLE_VIEW_KEY, value)
 
 
 def mark_model_training(client: Any, exp_id: str) -> None:
@@ -221,53 +266,72 @@ def run_status(status: str) -> str:
 
 
 class Tracker:
-    """The MLflow side of one job. Every method is a no-op when tracking is disabled."""
+    """The MLflow side of one job: one run, opened by :meth:`open` (or by :meth:`finish`), never for a job refused
+    before any work. Every method is a no-op when tracking is disabled; no store is touched before :meth:`open`."""
 
     def __init__(self, cfg: TrackingConfig):
         self.cfg = cfg
         self.client: Any = None
         self.run_id: str | None = None
         self.experiment_id: str | None = None
-        if cfg.enabled:
-            self.client = make_client(cfg.uri)
+        self._name = ""
+        self._tags: dict[str, str] = {}
+        self._stages: list[tuple[str, str, float | None]] = []  # (name, status, wall_s) not yet logged
 
     def start(self, run_name: str, tags: dict[str, str]) -> None:
-        if not self.client:
+        """Name the job's run and its tags; the run itself is created by :meth:`open`."""
+        self._name, self._tags = run_name, dict(tags)
+
+    def open(self) -> None:
+        """Create the job's run (RUNNING) if it is not open yet, with the stages recorded so far."""
+        if not self.cfg.enabled or self.run_id is not None:
             return
+        self.client = make_client(self.cfg.uri)
         self.experiment_id = experiment_id(self.client, self.cfg)
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=self._name or None, tags=self._tags)
         self.run_id = run.info.run_id
-        log.info("MLflow run %s (%s) in %s", run_name, self.run_id, self.cfg.uri)
+        log.info("MLflow run %s (%s) in %s", self._name, self.run_id, self.cfg.uri)
+        self._log_stages()
 
-    def stage(self, name: str, status: str, wall_s: float | None, metrics: dict[str, Any] | None = None) -> None:
-        """Record a finished (or failed) stage as a nested run under the job's run."""
-        if not self.client or not self.run_id:
+    def stage(self, name: str, status: str, wall_s: float | None) -> None:
+        """A finished (or failed) stage: tag ``stage.<name>`` = its status, metric ``stage.<name>.wall_s`` (seconds)
+        on the job's run; kept until the run is open."""
+        if not self.cfg.enabled:
             return
-        child = self.client.create_run(
-            self.experiment_id, run_name=name, tags={"mlflow.parentRunId": self.run_id, "quantverdict.stage": name}
-        )
-        cid = child.info.run_id
-        vals = numeric_metrics(metrics or {})
-        if wall_s is not None:
-            vals["wall_s"] = wall_s
+        self._stages.append((name, status, wall_s))
+        if self.run_id is not None:
+            self._log_stages()
+
+    def _log_stages(self) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        assert self.run_id is not None
         ts = int(time.time() * 1000)
-        from mlflow.entities import Metric
+        tags = [RunTag(f"stage.{n}", st) for n, st, _ in self._stages]
+        metrics = [Metric(f"stage.{n}.wall_s", float(w), ts, 0) for n, _, w in self._stages if w is not None]
+        if tags:
+            self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
+        self._stages = []
 
-        self.client.log_batch(cid, metrics=[Metric(k, v, ts, 0) for k, v in vals.items()])
-        self.client.set_terminated(cid, run_status(status))
-
-    def finish(self, record: JobRecord | dict[str, Any], out_dir: Path, artifacts: list[Path]) -> None:
+    def finish(
+        self, record: JobRecord | dict[str, Any], out_dir: Path, artifacts: list[Path], refused: bool = False
+    ) -> None:
         """Log params, metrics and artifacts of the job (its record, typed or as its dict), then end its run
-        FINISHED, KILLED or FAILED.
+        FINISHED, KILLED or FAILED. ``refused``: the job's config was refused before any work; a run not opened
+        yet is then never made (bad input leaves no run).
 
-        The end status comes from :func:`run_status`. Params are the config's values (:func:`param_value`),
-        the recipe (``scheme.recipe``) and Hydra's own settings left out; the whole config is the artifact
-        :data:`CONFIG_ARTIFACT`.
+        The end status comes from :func:`run_status`; the tag :data:`STATUS_TAG` holds the record's own word (``ok``,
+        ``failed``, ``interrupted``) and the run's description (``mlflow.note.content``) says where it stopped.
+        Params are the config's values (:func:`param_value`), the recipe (``scheme.recipe``) and Hydra's own
+        settings left out; the whole config is the artifact :data:`CONFIG_ARTIFACT`. Metrics: the record's
+        sections flattened, and the job's own numbers under short names (:func:`job_metrics`).
 
         ``artifacts`` inside ``out_dir`` keep their sub-folder (``eval/samples_arc_easy.jsonl``).
         """
-        if not self.client or not self.run_id:
+        if not self.cfg.enabled or (refused and self.run_id is None):
             return
+        self.open()
+        assert self.run_id is not None
         from mlflow.entities import Metric, Param
 
         rec = record if isinstance(record, JobRecord) else JobRecord.view(record)
@@ -288,11 +352,15 @@ class Tracker:
                     "speed": _speed_by_label(rec.speed),
                 }
             )
+            metrics.update(job_metrics(rec))
             ts = int(time.time() * 1000)
             mlist = [Metric(k, v, ts, 0) for k, v in metrics.items()]
             for i in range(0, len(mlist), 500):
                 self.client.log_batch(self.run_id, metrics=mlist[i : i + 500])
-            self.client.set_tag(self.run_id, "quantverdict.status", str(rec.status))
+            self.client.set_tag(self.run_id, STATUS_TAG, str(rec.status))
+            note = end_note(rec)
+            if note:
+                self.client.set_tag(self.run_id, "mlflow.note.content", note)
             if rec.error:
                 self.client.set_tag(self.run_id, "quantverdict.error", rec.error[:5000])
             for path in artifacts:
@@ -301,6 +369,65 @@ class Tracker:
                     self.client.log_artifact(self.run_id, str(path), sub if sub and sub != "." else None)
         finally:
             self.client.set_terminated(self.run_id, run_status(str(rec.status)))
+
+
+def end_note(rec: JobRecord) -> str:
+    """The run's description for a job that did not finish: ``interrupted by SIGINT in stage evaluate; ...`` (the
+    same command resumes it) or ``failed in stage quantize: <error>``; '' for a finished job."""
+    if rec.status == "interrupted":
+        return (
+            f"{rec.error or 'interrupted'} in stage {rec.failed_stage}: stopped from outside, not a failure; the "
+            "same command resumes it (finished stages are reused)"
+        )
+    if rec.status != "ok":
+        return f"failed in stage {rec.failed_stage}: {rec.error or 'no error recorded'}"[:5000]
+    return ""
+
+
+def job_metrics(rec: JobRecord) -> dict[str, float]:
+    """What one job knows of itself without a baseline, under short names for the runs table.
+
+    ``weights_gib``: the checkpoint's weight bytes / 2**30; ``<task>.<metric>``: each task's headline metric
+    (``headline_metric``, else the config's ``eval.headline``) as lm-eval reported it (``arc_easy.acc_norm``,
+    ``wikitext.word_perplexity``); ``token_perplexity``; ``out_tok_s_max``: the highest output tok/s of the
+    sweep's points (all users together); ``user_tok_s_low``: one user's output tok/s at the sweep's lowest load,
+    ``1000 / TPOT p50`` (ms). Missing numbers are left out.
+    """
+    out: dict[str, float] = {}
+
+    def put(name: str, value: Any) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = float(value)
+
+    ck = rec.memory.checkpoint
+    if ck.total_weight_bytes:
+        put("weights_gib", ck.total_weight_bytes / 2**30)
+    headline = (rec.config.get("eval") or {}).get("headline") or {}  # the config's pick, where the record names none
+    for task, res in rec.accuracy.tasks.items():
+        metric = res.metric("headline_metric") or headline.get(task)
+        if isinstance(metric, str):
+            put(metric_name(f"{task}.{metric}"), res.metric(metric))
+    put("token_perplexity", (rec.accuracy.token_perplexity or {}).get("token_perplexity"))
+    points = [p for p in rec.speed.points if p.output_tok_s is not None]
+    if points:
+        put("out_tok_s_max", max(float(p.output_tok_s or 0.0) for p in points))
+    low = _lowest_load(rec.speed)
+    tpot = getattr(low, "tpot_ms_p50", None) if low is not None else None
+    if isinstance(tpot, (int, float)) and tpot > 0:
+        put("user_tok_s_low", 1000.0 / tpot)
+    return out
+
+
+def _lowest_load(speed: Speed) -> Any:
+    """The sweep point of the lowest load (concurrency, or offered rate with unlimited last), first repeat."""
+
+    def load(p: Any) -> float:
+        if speed.mode == "concurrency" and p.concurrency is not None:
+            return float(p.concurrency)
+        r = p.offered_rate_rps
+        return math.inf if r is None or isinstance(r, str) else float(r)
+
+    return min(speed.points, key=load) if speed.points else None
 
 
 def _speed_by_label(speed: Speed) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from quantverdict.results.tracking import (
     log_figures,
     log_job_headline,
     make_client,
+    metric_name,
     param_value,
     runs_page,
 )
@@ -386,17 +387,15 @@ def log_review(
     review: Review, paths: dict[str, Path], tracking: TrackingConfig, job_runs: dict[str, str] | None = None
 ) -> str | None:
     """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints; metrics:
-    per-scheme pass flags; artifacts: the files, plots as figures), and each reviewed job's three numbers on its own
-    run (:func:`_log_job_headlines`). Returns the run id, None when tracking is disabled."""
+    per-scheme pass flags; tags: the verdict, :func:`verdict_tags`; artifacts: the files, plots as figures), and each
+    reviewed job's three numbers and its model's verdict on its own run (:func:`_log_job_headlines`). Returns the run
+    id, None when tracking is disabled."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
 
     client = make_client(tracking.uri)
     exp_id = experiment_id(client, tracking)
-    verdict_tag = "; ".join(
-        f"{v.model}: {v.decision}" + (f" {v.scheme}" if v.decision == "quantize" else "") for v in review.verdicts
-    )
     run = client.create_run(
         exp_id,
         run_name=f"review/{review.label}",
@@ -404,7 +403,7 @@ def log_review(
             "quantverdict.kind": "review",
             "quantverdict.constraints": review.label,
             "quantverdict.source": review.source[:5000],
-            "quantverdict.verdict": verdict_tag[:5000],
+            **verdict_tags(review),
         },
     )
     rid = run.info.run_id
@@ -435,8 +434,34 @@ def log_review(
     return str(rid)
 
 
+def _verdict_text(decision: str, scheme: str | None, label: str | None) -> str:
+    """``quantize gptq (W4A16)``, ``do not quantize``, ``no scheme meets all three``."""
+    if decision == "quantize" and scheme:
+        return f"quantize {scheme}" + (f" ({label})" if label and label != scheme else "")
+    return decision
+
+
+def verdict_tags(review: Review) -> dict[str, str]:
+    """The review run's verdict as tags: ``verdict`` (every model's, ``<model>: <verdict>`` joined by ``; ``; the
+    runs table's column), and per model ``verdict.<model>`` (the verdict), ``verdict.<model>.scheme`` (the scheme
+    to deploy, or the baseline's when no quantized scheme is chosen) and ``verdict.<model>.sentence`` (the verdict's
+    sentence citing the three numbers). ``quantverdict.verdict`` keeps the joined form for older readers."""
+    joined = "; ".join(f"{v.model}: {_verdict_text(v.decision, v.scheme, v.label)}" for v in review.verdicts)
+    tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
+    for v in review.verdicts:
+        key = f"verdict.{metric_name(v.model)}"
+        tags[key] = _verdict_text(v.decision, v.scheme, v.label)
+        if v.scheme:
+            tags[f"{key}.scheme"] = v.scheme
+        if v.sentence:
+            tags[f"{key}.sentence"] = v.sentence[:5000]
+    return tags
+
+
 def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs: dict[str, str]) -> None:
-    """Each reviewed job's three numbers and the grid tag on its own run (``runs``: output_dir -> run id)."""
+    """Each reviewed job's three numbers, the grid tag and its model's verdict on its own run (``runs``: output_dir
+    -> run id): tag ``verdict`` (the model's, as :func:`verdict_tags` words it) and ``verdict.chosen`` (``yes`` on the
+    run of the scheme the verdict names, else ``no``)."""
     reviews = {
         r.info.run_id
         for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
@@ -444,23 +469,30 @@ def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs:
     by_scheme = {
         (h.model, h.scheme): h for m in dict.fromkeys(c.model for c in review.cards) for h in headlines(review, m)
     }
+    verdicts = {v.model: v for v in review.verdicts}
     for sc, job_dir in zip(review.cards, review.job_dirs):
         run_id = runs.get(job_dir)
         h = by_scheme.get((sc.model, sc.scheme))
         if run_id is None or h is None:
             continue
         tags = {GRID_TAG: review.source, REVIEW_TAG: rid, "acc_delta_metric": accuracy_metric_tag(h)}
+        v = verdicts.get(sc.model)
+        if v is not None:
+            tags["verdict"] = _verdict_text(v.decision, v.scheme, v.label)
+            tags["verdict.chosen"] = "yes" if v.scheme == sc.scheme else "no"
         log_job_headline(client, run_id, mlflow_metrics(h), tags, reviews)
 
 
 def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]:
+    """The job runs of ``review``'s records (their ``output_dir`` tag among ``review.job_dirs``): output_dir -> run id;
+    of several runs of one folder (a job run again into it), the newest."""
     dirs = set(review.job_dirs)
-    out: dict[str, str] = {}
+    out: dict[str, tuple[int, str]] = {}
     for run in sources.job_runs(client, exp_id):
         od = run.data.tags.get("output_dir")
-        if od and od in dirs:
-            out[od] = run.info.run_id
-    return out
+        if od and od in dirs and (od not in out or run.info.start_time > out[od][0]):
+            out[od] = (run.info.start_time, run.info.run_id)
+    return {od: rid for od, (_, rid) in out.items()}
 
 
 class ReviewNotLogged(RuntimeError):
