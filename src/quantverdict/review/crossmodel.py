@@ -333,17 +333,25 @@ def _scores(c: Candidate, cards: list[Scorecard]) -> None:
 
 def _speed(c: Candidate) -> None:
     sp = c.card.speed
-    c.ceiling_tok_s = sp.get("ceiling_tok_s")
+    c.ceiling_tok_s = sp.ceiling.output_tok_s if sp.ceiling else None
     c.ceiling_lower_bound = ceiling_is_floor(sp)
-    roof = sp.get("roofline") or {}
-    if roof.get("decode_bytes"):
-        c.step_bytes, c.step_bytes_how = float(roof["decode_bytes"]), ROOFLINE_BYTES
+    if sp.roofline and sp.roofline.decode_bytes:
+        c.step_bytes, c.step_bytes_how = float(sp.roofline.decode_bytes), ROOFLINE_BYTES
     elif c.weights_gib or c.card.memory.get("weights_gib"):
         w = c.weights_gib or c.card.memory["weights_gib"]
         c.step_bytes, c.step_bytes_how = decode_step_bytes(w * GIB), "weights GiB"
-    mode = sp.get("mode") or "rate"
-    pts = [p for p in sp.get("points") or [] if p.get("tpot_ms_p50")]
-    unsat = [p for p in pts if not p.get("saturated") and not (mode == "rate" and math.isinf(p.get("load", 0)))]
+    mode = sp.mode or "rate"
+    unsat: list[dict[str, Any]] = [
+        {
+            "concurrency": p.load,
+            "achieved_rps": p.achieved_rps,
+            "e2e_ms_mean": p.e2e_ms_mean,
+            "e2e_ms_p50": p.e2e_ms_p50,
+        }
+        | {"tpot_ms_p50": p.tpot_ms_p50, "itl_ms_p50": p.itl_ms_p50}
+        for p in sp.points
+        if p.tpot_ms_p50 and not p.saturated and not (mode == "rate" and math.isinf(p.load))
+    ]
     # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
     xy: list[tuple[float, float]] = []
     for p in unsat:
@@ -507,7 +515,7 @@ def _cross_model(review: Review) -> CrossModel | None:
                 c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
         c.eligible = not c.why_not
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
-    shapes = {c.name: str(c.card.speed["workload"]["text"]) for c in cands if shape_of(c.card.speed)}
+    shapes = {c.name: c.card.speed.workload.text for c in cands if shape_of(c.card.speed) and c.card.speed.workload}
     if len(set(shapes.values())) > 1:
         for c in cands:
             if c.name in shapes:
@@ -678,6 +686,6 @@ def sweep_loads(cm: CrossModel) -> list[str]:
     """The load labels any candidate measured, ordered by load (the columns of the rate-sweep table)."""
     loads: dict[str, float] = {}
     for c in cm.candidates:
-        for p in c.card.speed.get("points") or []:
-            loads[str(p.get("label"))] = float(p.get("load") or 0)
+        for p in c.card.speed.points:
+            loads[p.label] = p.load
     return sorted(loads, key=lambda k: loads[k])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
 
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.gpus import job_gpus
 
@@ -37,8 +37,8 @@ class GpuMatch:
 
 def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
     """The uuids of the GPUs a job's server used, in order (None for one without); ``()`` for a CPU record."""
-    listed = [g for g in rec.environment.gpu or [] if isinstance(g, dict)]
-    return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(rec)])
+    listed = [GpuInfo.of(g) for g in rec.environment.gpu or []]
+    return tuple(g.uuid or None for g in listed[: job_gpus(rec)])
 
 
 def _started(view: JobRecord) -> datetime | None:
