@@ -39,15 +39,12 @@ COLORS = {
     "awq": "#ff7f0e",
 }
 MARKERS = {"bf16": "s", "int8": "o", "fp8": "^", "w8a8": "v", "gptq": "D", "awq": "P"}
+ABOVE = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
 
-def _color(sc: Scorecard, i: int) -> str:
-    return COLORS.get(sc.scheme, f"C{i % 10}")
-
-
 def _style(sc: Scorecard, i: int) -> dict[str, Any]:
-    return {"color": _color(sc, i), "marker": MARKERS.get(sc.scheme, "o")}
+    return {"color": COLORS.get(sc.scheme, f"C{i % 10}"), "marker": MARKERS.get(sc.scheme, "o")}
 
 
 def _png(fig: Any) -> bytes:
@@ -212,9 +209,7 @@ def memory_figure(review: Review) -> Any:
         ax.bar(x, [rc.reserved_gib] * len(cards), bottom=bottom, color="#8172b3", label="reserve", width=0.6)
         bottom = [b + rc.reserved_gib for b in bottom]
     for xi, u in zip(x, bottom):
-        ax.annotate(
-            f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points"
-        )
+        ax.annotate(f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, **ABOVE)
     top = max(bottom)
     title = f"memory to serve {headline.memory_load_text(rc)} (GiB, need written on each bar)"
     if budget is not None and budget <= 3 * top:
@@ -273,12 +268,9 @@ def accuracy_figure(review: Review) -> Any:
             ax.plot([], [], ls="none", marker="o", mfc="white", mec="grey", label="hollow: no interval")
         ax.set_xticks(range(len(names)), names, rotation=15, ha="right", fontsize=8)
         ax.set_ylabel("score delta (percentage points)" if kind == "score" else "perplexity change (%)")
-        ax.set_title(
-            f"task score vs baseline, {review.config.confidence:.0%} interval"
-            if kind == "score"
-            else f"perplexity vs baseline, {review.config.confidence:.0%} interval (lower is better)",
-            fontsize=10,
-        )
+        what = "task score vs baseline" if kind == "score" else "perplexity vs baseline"
+        lower = "" if kind == "score" else " (lower is better)"
+        ax.set_title(f"{what}, {review.config.confidence:.0%} interval{lower}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0][-1].legend(**OUTSIDE)
     fig.tight_layout()
