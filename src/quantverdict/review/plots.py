@@ -39,7 +39,7 @@ COLORS = {
     "awq": "#ff7f0e",
 }
 MARKERS = {"bf16": "s", "int8": "o", "fp8": "^", "w8a8": "v", "gptq": "D", "awq": "P"}
-ABOVE = {"xytext": (0, 2), "textcoords": "offset points"}
+ABOVE: dict[str, Any] = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
 
