@@ -18,8 +18,8 @@ from quantverdict.review.gpus import job_gpus
 
 SAME = "same GPU"  # every GPU uuid of the scheme's job equals the baseline's, in the same order
 DIFFERENT = "different GPUs"  # both jobs recorded their GPUs' uuids, and they differ
-NOT_RECORDED = "not recorded"  # a GPU of either job has no uuid (records before 2026-12-01)
-UUID_SINCE = "2026-12-01"  # the first records with environment.gpu[].uuid (commit 2434712)
+NOT_RECORDED = "not recorded"  # a GPU of either job has no uuid (a record older than UUID_SINCE)
+UUID_SINCE = "2026-12-01"  # the date of the first records with environment.gpu[].uuid (named in the Validity line)
 
 
 @dataclass(frozen=True)
