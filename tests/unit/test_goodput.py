@@ -90,10 +90,10 @@ def _card(rec: dict[str, Any], rc: ReviewConfig = RC) -> Scorecard:
 def test_latency_check_counts_requests(tmp_path: Path) -> None:
     sc = _card(_rec(tmp_path, [RESULT]))
     # RESULT: 2 of 5 requests good over 10 s -> 0.2 req/s, 40%; the point's p99s are those review_records wrote
-    assert sc.speed["goodput_rps"] == pytest.approx(0.2)
-    assert sc.speed["goodput_how"] == "at 1 req/s: 2 of 5 requests met the SLO (40.0%)"
+    assert sc.speed.goodput_rps == pytest.approx(0.2)
+    assert sc.speed.goodput_how == "at 1 req/s: 2 of 5 requests met the SLO (40.0%)"
     # the old number, renamed: the 1 req/s point's p99s (TTFT 300, ITL 60 ms) meet the SLO -> its 0.95 req/s
-    assert sc.speed["p99_slo_max_rps"] == pytest.approx(0.95)
+    assert sc.speed.p99_slo_max_rps == pytest.approx(0.95)
     c = latency_check(sc, RC)
     assert c.status == FAIL
     assert c.text.startswith(
@@ -110,15 +110,15 @@ def test_latency_check_counts_requests(tmp_path: Path) -> None:
 
 def test_latency_check_passes_and_repeats_take_the_median(tmp_path: Path) -> None:
     sc = _card(_rec(tmp_path, [ALL_GOOD]))
-    assert sc.speed["goodput_rps"] == pytest.approx(1.0)
+    assert sc.speed.goodput_rps == pytest.approx(1.0)
     assert latency_check(sc, RC).status == PASS
     # two repeats: 40% and 100% -> median 70%, goodput median (0.2 + 1.0) / 2 = 0.6; 6 of 9 requests good
     sc = _card(_rec(tmp_path, [RESULT, ALL_GOOD]))
-    assert sc.speed["goodput_rps"] == pytest.approx(0.6)
-    assert sc.speed["goodput_how"].endswith("6 of 9 requests met the SLO (70.0%, median of 2 repeats)")
+    assert sc.speed.goodput_rps == pytest.approx(0.6)
+    assert sc.speed.goodput_how.endswith("6 of 9 requests met the SLO (70.0%, median of 2 repeats)")
     # an E2E objective of 3500 ms: ALL_GOOD's requests take 3600 ms -> none good
     sc = _card(_rec(tmp_path, [ALL_GOOD]), replace(RC, e2e_ms=3500.0))
-    assert sc.speed["goodput_rps"] == 0.0
+    assert sc.speed.goodput_rps == 0.0
     assert latency_check(sc, replace(RC, e2e_ms=3500.0)).status == FAIL
 
 
@@ -127,12 +127,12 @@ def test_result_file_found_beside_a_moved_record(tmp_path: Path) -> None:
     (tmp_path / "job" / "bench").mkdir(parents=True)
     Path(rec["speed"]["points"][0]["result_file"]).rename(tmp_path / "job" / "bench" / "rate-1_r0.json")
     rec["_review_dir"] = str(tmp_path / "job")
-    assert _card(rec).speed["goodput_rps"] == pytest.approx(1.0)
+    assert _card(rec).speed.goodput_rps == pytest.approx(1.0)
 
 
 def test_no_per_request_data_is_said_not_invented() -> None:
     sc = _card(record("bf16"))  # review_records' points have no result file
-    assert sc.speed["goodput_rps"] is None and sc.speed["goodput_how"].startswith(NO_PER_REQUEST)
+    assert sc.speed.goodput_rps is None and sc.speed.goodput_how.startswith(NO_PER_REQUEST)
     c = latency_check(sc, RC)
     assert c.status == PASS and c.text.endswith(
         f"({NO_PER_REQUEST}: judged on the p99s, not per request); ceiling 9.38 req/s"

@@ -213,31 +213,48 @@ def test_first_screen_speed_at_the_load_and_intervals() -> None:
     rc = replace(ReviewConfig(log_to_mlflow=False), memory_budget_gib=12.0, load_rps=None, load_concurrency=64)
     review = build_review(synthetic_grid(), rc, "t")
     hs = {h.scheme: h for h in headlines(review, review.cards[0].model)}
-    assert hs["fp8"].speed_c1.value == pytest.approx(5.0 / 3.0)
-    assert hs["gptq"].speed_c1.value == pytest.approx(2.0)
-    assert hs["fp8"].speed_load.value == pytest.approx(9.0 / 6.5) and hs["fp8"].speed_load.label == "concurrency 64"
-    assert hs["gptq"].speed_load.value == pytest.approx(0.9)
-    assert hs["gptq"].speed_load.repeats == 1
-    assert hs["bf16"].speed_c1 is None and hs["gptq"].mem_gib == pytest.approx(7.75)
+    c1 = {s: h.numbers.speed_ratio_c1 for s, h in hs.items()}
+    at = {s: h.numbers.speed_ratio_at_load for s, h in hs.items()}
+    assert c1["fp8"].value == pytest.approx(5.0 / 3.0)
+    assert c1["gptq"].value == pytest.approx(2.0)
+    assert at["fp8"].value == pytest.approx(9.0 / 6.5) and at["fp8"].label == "concurrency 64"
+    assert at["gptq"].value == pytest.approx(0.9)
+    assert at["gptq"].repeats == 1
+    assert c1["bf16"] is None and hs["gptq"].numbers.memory_need_gib == pytest.approx(7.75)
 
 
 def test_speed_ratio_interval_over_repeats() -> None:
     """Baseline TPOT p50 40 ms (repeats 38-42), scheme 25 ms (24-26), 3 repeats each: 40 / 25 = 1.60x,
     range [38 / 26, 42 / 24] = [1.46, 1.75]."""
+    from quantverdict.review import document as doc
     from quantverdict.review.headline import mlflow_metrics, speed_ratio
 
-    def pt(t: float, lo: float, hi: float) -> dict:
-        return {"tpot_ms_p50": t, "spread": {"tpot_ms_p50": [lo, hi]}, "valid_repeats": 3, "load": 1.0, "label": "c=1"}
+    def pt(t: float, lo: float, hi: float, reps: int = 3) -> doc.SpeedPoint:
+        need = dict.fromkeys(k for k, f in doc.SpeedPoint.model_fields.items() if f.is_required())
+        spread = {"tpot_ms_p50": doc.MinMax(min=lo, max=hi)}
+        fields = {
+            "tpot_ms_p50": t,
+            "spread": spread,
+            "valid_repeats": reps,
+            "repeats": reps,
+            "load": 1.0,
+            "label": "c=1",
+        }
+        return doc.SpeedPoint.model_validate(need | fields)
 
     r = speed_ratio(pt(25.0, 24.0, 26.0), pt(40.0, 38.0, 42.0))
     assert r is not None
     assert (r.value, r.low, r.high) == pytest.approx((1.6, 38 / 26, 1.75))
     assert (r.label, r.repeats) == ("c=1", 3)
-    one = speed_ratio({**pt(25.0, 24.0, 26.0), "valid_repeats": 1}, pt(40.0, 38.0, 42.0))
+    one = speed_ratio(pt(25.0, 24.0, 26.0, reps=1), pt(40.0, 38.0, 42.0))
     assert one is not None and one.low is None and one.high is None and one.repeats == 1
     from quantverdict.review.headline import Headline
 
-    h = Headline("m", "gptq", "gptq (W4A16)", False, 0.2, None, r, None)
+    h = Headline(
+        "m",
+        "gptq",
+        doc.Headline(memory_need_gib=0.2, accuracy=None, speed_ratio_c1=r, speed_ratio_at_load=None, speed_note=""),
+    )
     assert mlflow_metrics(h) == pytest.approx(
         {"mem_gib": 0.2, "speed_ratio_c1": 1.6, "speed_ratio_c1_low": 38 / 26, "speed_ratio_c1_high": 1.75}
     )

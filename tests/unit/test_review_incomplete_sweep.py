@@ -43,9 +43,9 @@ def test_the_interrupted_decode_lease_claims_low_load_only() -> None:
         records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200, gpu_price_per_hour={"H200": 3.5}), "t"
     )
     gptq, bf16 = _card(review, "gptq"), _card(review, "bf16")
-    assert gptq.speed["stopped_before"] == ["concurrency 64", "concurrency 256"]
-    assert gptq.speed["ceiling_kind"] == "lower_bound"  # its best level (16) is a floor
-    assert bf16.speed["stopped_before"] == [] and bf16.speed["ceiling_kind"] == "closed_loop_max"
+    assert gptq.speed.stopped_before == ["concurrency 64", "concurrency 256"]
+    assert gptq.speed.ceiling.kind == "lower_bound"  # its best level (16) is a floor
+    assert bf16.speed.stopped_before == [] and bf16.speed.ceiling.kind == "closed_loop_max"
     row = _row(review, "gptq")
     assert row["sat_gap"] == STOPPED
     assert row["sat"] is None and row["sat_claim"] is None and row["sat_range"] is None
@@ -88,12 +88,12 @@ def test_a_stopped_sweep_against_a_complete_one() -> None:
     review = build_review(recs, RC, "t")
     row = _row(review, "gptq")
     assert row["sat_gap"] == STOPPED and row["sat_claim"] is None
-    assert _card(review, "gptq").speed["ceiling_kind"] == "lower_bound"
+    assert _card(review, "gptq").speed.ceiling.kind == "lower_bound"
     # the complete sweeps keep their saturation claims (at concurrency 256)
     for scheme in ("fp8", "w8a8"):
         r = _row(review, scheme)
         assert r["sat_gap"] is None and r["sat_claim"] is not None
-        assert _card(review, scheme).speed["ceiling_kind"] == "closed_loop_max"
+        assert _card(review, scheme).speed.ceiling.kind == "closed_loop_max"
 
 
 def test_a_stopped_baseline_stops_every_saturation_claim() -> None:
@@ -117,7 +117,7 @@ def test_sweeps_that_end_apart_without_a_plan() -> None:
     fp8 = next(r for r in recs if r["job"]["scheme"] == "fp8")
     fp8["speed"]["points"] = fp8["speed"]["points"][:3]
     review = build_review(recs, RC, "t")
-    assert _card(review, "fp8").speed["ceiling_kind"] == "closed_loop_max"  # no plan: no lower bound
+    assert _card(review, "fp8").speed.ceiling.kind == "closed_loop_max"  # no plan: no lower bound
     assert _row(review, "fp8")["sat_gap"] == (
         "the sweeps end at different loads (concurrency 64; the baseline's concurrency 256)"
     )
@@ -182,7 +182,9 @@ def test_the_lower_bound_reaches_the_gpu_lines_and_the_cost_json() -> None:
     assert "bf16 >= " in line and "fp8 >= " not in line
     from quantverdict.review.cost import cost_json
 
-    bounds = {c["scheme"]: c["ceiling_lower_bound"] for c in (cost_json(review) or {})["schemes"]}
+    cost = cost_json(review)
+    assert cost is not None
+    bounds = {c.scheme: c.ceiling_lower_bound for c in cost.schemes}
     assert bounds == {"bf16": True, "fp8": False, "gptq": False, "w8a8": False}
 
 
@@ -201,7 +203,7 @@ def test_an_open_loop_sweep_that_saturated_before_it_stopped() -> None:
     recs[1]["speed"]["points"] = recs[1]["speed"]["points"][:2]
     recs[1]["status"], recs[1]["failed_stage"] = "interrupted", "benchmark"
     review = build_review(recs, RC, "t")
-    assert _card(review, "gptq").speed["ceiling_kind"] == "saturated"
+    assert _card(review, "gptq").speed.ceiling.kind == "saturated"
     assert [f.message for f in review.flags if f.code == "sweep_incomplete"] == [
         "gptq (W4A16): speed: no valid point at unlimited rate of the planned sweep (1 req/s, 4 req/s, unlimited "
         "rate) (job interrupted in stage benchmark): no speedup at saturation is claimed against it or from it"
@@ -215,4 +217,4 @@ def test_a_record_without_speed_mode_reads_the_config_mode() -> None:
         del r["speed"]["mode"]  # older records: the mode only in config.bench
     review = build_review(recs, RC, "t")
     assert not [f for f in review.flags if f.code == "sweep_incomplete"]
-    assert _card(review, "bf16").speed["ceiling_kind"] == "closed_loop_max"
+    assert _card(review, "bf16").speed.ceiling.kind == "closed_loop_max"

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure.validity import point_saturation
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
 from quantverdict.review.export import to_document
 from quantverdict.review.memory import memory_summary
-from quantverdict.review.speed import speed_summary
+from quantverdict.review.speed import raw_points, speed_summary
 from review_records import GIB, grid, point, record, write_samples
 
 view = JobRecord.view  # the typed record the review reads
@@ -142,12 +143,13 @@ def w8a8_cpu_speed() -> dict[str, Any]:
 def test_a_short_run_shortfall_is_not_saturated() -> None:
     rec = record("w8a8", sp=w8a8_cpu_speed())
     sp, _, _ = speed_summary(view(rec), RC)
-    assert sp["ceiling_rps"] == pytest.approx(2.20)
-    low = sp["points"][0]
+    assert sp.ceiling.rps == pytest.approx(2.20)
+    low = sp.points[0]
     # its stored whole-run decision is of an older rule: derived again, (8 - 1) / (8 s - E2E p50 1.3 s) = 1.04 req/s
     # against the offered 1 req/s: the server kept up
-    assert low["saturated"] is False and low["saturation_basis"] == "estimated_pace"
-    assert low["saturation_ratio"] == pytest.approx(7 / 6.7)
+    decision = point_saturation(raw_points(view(rec))[1][0])
+    assert low.saturated is False and decision["saturation_basis"] == "estimated_pace"
+    assert decision["saturation_ratio"] == pytest.approx(7 / 6.7)
     review = build_review([record("bf16"), rec], RC, "t")
     assert not [v for v in review.validity if "w8a8" in v and "saturated: 1 req/s" in v]
 
@@ -155,7 +157,7 @@ def test_a_short_run_shortfall_is_not_saturated() -> None:
 def test_goodput_counts_sustained_rates_only() -> None:
     # the burst meets the SLO only because it is 8 requests; the 1 req/s load fails it: goodput 0, not 2.20
     sp, _, _ = speed_summary(view(record("w8a8", sp=w8a8_cpu_speed())), RC)
-    assert sp["p99_slo_max_rps"] == 0.0
+    assert sp.p99_slo_max_rps == 0.0
     # rates 0.5 (pass), 1 (fail), 2 (pass by noise): goodput stops at the first rate that fails: 0.48
     pts = [
         point(0.5, achieved=0.48, tok_s=15, ttft99=300, itl50=30, itl99=100, e2e50=1000),
@@ -163,7 +165,7 @@ def test_goodput_counts_sustained_rates_only() -> None:
         point(2.0, achieved=1.9, tok_s=60, ttft99=300, itl50=30, itl99=150, e2e50=1000),
     ]
     sp, _, _ = speed_summary(view(record("w8a8", sp={"mode": "rate", "points": pts})), RC)
-    assert sp["p99_slo_max_rps"] == pytest.approx(0.48)
+    assert sp.p99_slo_max_rps == pytest.approx(0.48)
 
 
 def test_grid_table_cpu_weights_and_no_empty_speed_table() -> None:
@@ -193,8 +195,8 @@ def test_latency_plot_labels_both_slo_lines() -> None:
     # the check judges each request's TPOT: the right panel plots the points' per-request TPOT p99, not ITL p99
     assert fig.axes[1].get_ylabel() == "TPOT p99 per request (ms)"
     review = build_review(grid(), RC, "t")
-    first = next(sc for sc in review.cards if sc.speed.get("points"))
-    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [p["tpot_ms_p99"] for p in first.speed["points"]]
+    first = next(sc for sc in review.cards if sc.speed.points)
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [p.tpot_ms_p99 for p in first.speed.points]
 
 
 # --- item 4: a constraint set per device class --------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, constraints, gpus
+from quantverdict.review import document as doc
 from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
 from quantverdict.review.export import to_document
@@ -148,12 +149,15 @@ def test_unset_kld_limits_and_prices_keep_the_label() -> None:
 def test_a_tensor_parallel_job_pays_for_every_gpu_it_used() -> None:
     # hand-worked: $3.5 per GPU-hour, 1000 output tok/s -> 3.5 / (1000 x 3600) x 1e6 = 3.5 / 3.6 = $0.9722/Mtok
     # on one GPU; a TP=2 server at the same tok/s holds two GPUs -> $1.9444/Mtok
-    speed = {"at_load": {"output_tok_s": 1000.0}, "ceiling_tok_s": 1000.0}
+    at = doc.AtLoad.model_validate(dict.fromkeys(doc.AtLoad.model_fields) | {"label": "c=4", "load": 4, "spread": {}})
+    top = doc.Ceiling.model_validate(dict.fromkeys(doc.Ceiling.model_fields) | {"kind": "saturated", "lower_bound": 0})
+    at.output_tok_s = top.output_tok_s = 1000.0
+    speed = doc.Speed.unmeasured("concurrency").model_copy(update={"at_load": at, "ceiling": top})
     one = Scorecard("a", "m", "bf16", "BF16", 0, "ok", None, None, True, speed=speed)
     two = replace(one, job_id="b", gpus=2)
-    assert scheme_cost(one, 3.5)["at_load"] == pytest.approx(0.97222, abs=1e-5)
-    assert scheme_cost(two, 3.5)["at_load"] == pytest.approx(1.94444, abs=1e-5)
-    assert scheme_cost(two, 3.5)["ceiling"] == pytest.approx(1.94444, abs=1e-5)
+    assert scheme_cost(one, 3.5).usd_per_mtok_at_load == pytest.approx(0.97222, abs=1e-5)
+    assert scheme_cost(two, 3.5).usd_per_mtok_at_load == pytest.approx(1.94444, abs=1e-5)
+    assert scheme_cost(two, 3.5).usd_per_mtok_ceiling == pytest.approx(1.94444, abs=1e-5)
     # the card takes the GPUs from the record: environment.gpus_used, else bench.server.tensor_parallel_size
     assert gpus.job_gpus(JobRecord.view({"environment": {"gpus_used": 2}})) == 2
     assert gpus.job_gpus(JobRecord.view({"config": {"bench": {"server": {"tensor_parallel_size": 4}}}})) == 4

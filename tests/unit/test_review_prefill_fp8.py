@@ -45,9 +45,9 @@ def test_the_ceilings_name_their_windows_when_they_differ(review: Any) -> None:
     # bf16 at c=256: steady windows 29.3-29.6 s against 2 x E2E p50 (15.5-16.5 s) = 31.0-32.9 s: too short, so the
     # whole runs stand, 2,098.08 / 2,094.28 / 2,090.60 -> median 2,094.28
     bf16, fp8 = cards["bf16"].speed, cards["fp8"].speed
-    assert bf16["ceiling_basis"] == "whole_run" and bf16["ceiling_tok_s"] == pytest.approx(2094.28, abs=0.01)
+    assert bf16.ceiling.basis == "whole_run" and bf16.ceiling.output_tok_s == pytest.approx(2094.28, abs=0.01)
     # FP8 at c=256: windows 31.4-31.7 s against 2 x 10.8-11.1 s: steady, 2,912.61 / 2,953.15 / 2,837.97 -> 2,912.61
-    assert fp8["ceiling_basis"] == "steady_window" and fp8["ceiling_tok_s"] == pytest.approx(2912.61, abs=0.01)
+    assert fp8.ceiling.basis == "steady_window" and fp8.ceiling.output_tok_s == pytest.approx(2912.61, abs=0.01)
     doc = to_document(review)
     assert doc.verdicts[0].ceilings_differ_in_basis  # the page names each ceiling's window
     c16, c8 = (
@@ -92,10 +92,10 @@ def test_w8a8_pays_at_saturation_and_its_ceiling_is_steady() -> None:
     cards = {c.scheme: c for c in review.cards}
     # bf16: windows 29.9-30.4 s against 2 x E2E p50 15.9-16.1 s = 31.8-32.2 s: whole runs, median 2,042.38;
     # W8A8: 31.3-31.9 s against 2 x 10.8-10.9 s: steady, 2,875.51 / 2,973.90 / 2,812.47 -> 2,875.51
-    assert cards["bf16"].speed["ceiling_basis"] == "whole_run"
-    assert cards["bf16"].speed["ceiling_tok_s"] == pytest.approx(2042.38, abs=0.01)
-    assert cards["w8a8"].speed["ceiling_basis"] == "steady_window"
-    assert cards["w8a8"].speed["ceiling_tok_s"] == pytest.approx(2875.51, abs=0.01)
+    assert cards["bf16"].speed.ceiling.basis == "whole_run"
+    assert cards["bf16"].speed.ceiling.output_tok_s == pytest.approx(2042.38, abs=0.01)
+    assert cards["w8a8"].speed.ceiling.basis == "steady_window"
+    assert cards["w8a8"].speed.ceiling.output_tok_s == pytest.approx(2875.51, abs=0.01)
 
 
 def test_unpaired_ceilings_of_different_windows_are_compared_on_whole_runs() -> None:

@@ -168,14 +168,15 @@ def test_unpaired_fallback_is_said() -> None:
 def test_speed_summary_and_goodput() -> None:
     sp, flags, missing = speed_summary(view(next(r for r in grid() if r["job"]["scheme"] == "gptq")), RC)
     assert not flags and not missing
-    assert sp["single_itl_ms_p50"] == 25.0 and sp["single_tok_s"] == pytest.approx(40.0)  # 1000 / 25 ms
-    assert sp["ceiling_tok_s"] == 270.0 and sp["ceiling_rps"] == pytest.approx(270 / 32)
+    assert sp.low_load is not None and sp.ceiling is not None
+    assert sp.low_load.itl_ms_p50 == 25.0 and sp.low_load.output_tok_s_per_request == pytest.approx(40.0)  # 1000 / 25
+    assert sp.ceiling.output_tok_s == 270.0 and sp.ceiling.rps == pytest.approx(270 / 32)
     # both points meet TTFT p99 <= 2000 and ITL p99 <= 200 (37.5 and 150 ms), but the unlimited-rate burst
     # is not a sustained load: goodput = the achieved req/s at 1 req/s
-    assert sp["p99_slo_max_rps"] == pytest.approx(0.95) and sp["p99_slo_max_how"] == "at 1 req/s"
+    assert sp.p99_slo_max_rps == pytest.approx(0.95) and sp.p99_slo_max_how == "at 1 req/s"
     sp, _, _ = speed_summary(view(grid()[0]), RC)  # bf16: 240 ms ITL p99 unlimited -> only the 1 req/s point
-    assert sp["p99_slo_max_rps"] == pytest.approx(0.95)
-    assert sp["at_load"]["label"] == "1 req/s"
+    assert sp.p99_slo_max_rps == pytest.approx(0.95)
+    assert sp.at_load is not None and sp.at_load.label == "1 req/s"
 
 
 def test_repeats_are_averaged_and_concurrency_loads() -> None:
@@ -193,13 +194,13 @@ def test_repeats_are_averaged_and_concurrency_loads() -> None:
         ],
     }
     mode, pts = speed_points(view(rec))
-    assert mode == "concurrency" and [p["load"] for p in pts] == [1.0, 8.0]
-    assert pts[0]["achieved_rps"] == pytest.approx(0.6) and pts[0]["repeats"] == 2  # (0.5 + 0.7) / 2
+    assert mode == "concurrency" and [p.load for p in pts] == [1.0, 8.0]
+    assert pts[0].achieved_rps == pytest.approx(0.6) and pts[0].repeats == 2  # (0.5 + 0.7) / 2
     # 2 req/s: the lowest concurrency whose achieved req/s reaches it is 8
     p, how = load_point(mode, pts, replace(RC, load_rps=2.0))
-    assert p is not None and p["load"] == 8.0 and "lowest concurrency reaching 2 req/s" in how
+    assert p is not None and p.load == 8.0 and "lowest concurrency reaching 2 req/s" in how
     p, _ = load_point(mode, pts, replace(RC, load_rps=None, load_concurrency=4))
-    assert p is not None and p["load"] == 8.0
+    assert p is not None and p.load == 8.0
     p, how = load_point("rate", pts, replace(RC, load_rps=None, load_concurrency=4))
     assert p is None and "open-loop" in how
 

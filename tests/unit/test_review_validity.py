@@ -14,7 +14,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, to_json
-from quantverdict.review.document import RegimeReading
+from quantverdict.review.document import MinMax, RegimeReading
 from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from quantverdict.review.speed import speed_points, speed_summary
@@ -39,7 +39,7 @@ def test_a_repeat_with_short_outputs_is_left_out_not_averaged() -> None:
     rec["speed"] = {"mode": "rate", "points": [good, short]}
     _, pts = speed_points(view(rec))
     # 100 of 256 tokens (39% < 90%): invalid; the level's tok/s is the valid repeat's 30
-    assert pts[0]["output_tok_s"] == 30.0 and pts[0]["valid_repeats"] == 1 and pts[0]["repeats"] == 2
+    assert pts[0].output_tok_s == 30.0 and pts[0].valid_repeats == 1 and pts[0].repeats == 2
     _, flags, _ = speed_summary(view(rec), RC)
     (flag,) = flags
     assert flag.code == "speed_point_short" and "1 req/s (repeat 1): 100 of 256" in flag.message
@@ -62,9 +62,10 @@ def test_repeats_give_a_median_and_a_range() -> None:
         ],
     }
     sp, _, _ = speed_summary(view(rec), RC)
-    assert sp["ceiling_tok_s"] == 300.0 and sp["ceiling_tok_s_range"] == [280.0, 340.0]
-    assert sp["single_itl_ms_p50"] == 40.0 and sp["single_itl_ms_p50_range"] == [38.0, 44.0]
-    assert sp["ceiling_kind"] == "saturated" and sp["repeats"] == 3
+    assert sp.ceiling is not None and sp.low_load is not None
+    assert sp.ceiling.output_tok_s == 300.0 and sp.ceiling.output_tok_s_range == MinMax(min=280.0, max=340.0)
+    assert sp.low_load.itl_ms_p50 == 40.0 and sp.low_load.itl_ms_p50_range == MinMax(min=38.0, max=44.0)
+    assert sp.ceiling.kind == "saturated" and sp.repeats == 3
 
 
 def test_regime_uses_the_interval_not_one_run() -> None:
@@ -127,7 +128,7 @@ def test_fallback_scheme_is_relabelled_and_kept_out_of_speed_comparisons() -> No
     )
     review = build_review(recs, RC, "t")
     card = next(c for c in review.cards if c.scheme == "fp8")
-    assert card.label == "FP8_DYNAMIC (weight-only fallback)" and card.speed["comparable"] is False
+    assert card.label == "FP8_DYNAMIC (weight-only fallback)" and card.speed.comparable is False
     row = next(r for r in review.regime["m"] if r["scheme"] == "fp8")
     assert row["low"] is None and row["sat"] is None
     assert row["reading"] == RegimeReading.EXCLUDED

@@ -19,7 +19,7 @@ def test_one_shape_is_stated_in_the_speed_and_regime_sections() -> None:
     for r in recs:
         r["config"]["bench"]["name"] = "gpu-concurrency"
     review = build_review(recs, RC, "t")
-    assert {sc.speed["workload"]["text"] for sc in review.cards} == {
+    assert {sc.speed.workload.text for sc in review.cards} == {
         "1,024 in / 128 out tokens per request (bench=gpu-concurrency)"
     }
     md = markdown(to_document(review))

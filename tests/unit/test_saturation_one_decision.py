@@ -18,10 +18,11 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import bench_result
 from quantverdict.measure.sweep_plan import INF, SweepPoint
+from quantverdict.measure.validity import point_saturation
 from quantverdict.results.record import JobRecord, Speed
 from quantverdict.results.table import format_table
 from quantverdict.review import build_review
-from quantverdict.review.speed import speed_summary
+from quantverdict.review.speed import raw_points, speed_summary
 from quantverdict.serving.speed import speed_validity
 from review_records import record
 
@@ -80,7 +81,7 @@ def surfaces(points: list[dict[str, Any]]) -> dict[str, Any]:
         "log_lines": logs,
         "record": [lv["saturated"] for lv in speed["summary"]],
         "table": [c.startswith("saturated") for c in cells],
-        "review": [p["saturated"] for p in review["points"]],
+        "review": [p.saturated for p in review.points],
         "ceiling": speed["sustained_ceiling"],
         "speed": review,
         "rec": rec,
@@ -106,12 +107,12 @@ def test_the_issue_sweep_one_decision_and_a_ceiling_over_the_goodput(tmp_path: P
     assert c["kind"] == "saturated" and c["offered_rate_rps"] == 1.0
     assert c["rps"] == pytest.approx(0.8) and c["output_tok_s"] == pytest.approx(3.2)
     sp = s["speed"]
-    assert sp["ceiling_rps"] == pytest.approx(0.8) and sp["saturation_label"] == "1 req/s"
+    assert sp.ceiling.rps == pytest.approx(0.8) and sp.ceiling.label == "1 req/s"
     # goodput at the load: all 8 requests of the 1 req/s point met the SLO over its 10 s: 0.80 req/s, not over
     # the ceiling; and no load's achieved rate is over it either
-    assert sp["goodput_rps"] == pytest.approx(0.8)
-    assert sp["ceiling_rps"] >= sp["goodput_rps"]
-    assert all(sp["ceiling_rps"] >= p["achieved_rps"] for p in sp["points"])
+    assert sp.goodput_rps == pytest.approx(0.8)
+    assert sp.ceiling.rps >= sp.goodput_rps
+    assert all(sp.ceiling.rps >= (p.achieved_rps or 0) for p in sp.points)
     review = build_review([record("bf16"), s["rec"]], RC, "t")
     text = review.checks["m"]["gptq"]["latency"].text
     assert "goodput 0.80 req/s; ceiling 0.80 req/s" in text
@@ -150,8 +151,8 @@ def test_an_older_record_gets_the_decision_from_the_one_derivation(tmp_path: Pat
     s = surfaces([p])
     for where in ("log", "record", "table", "review"):
         assert s[where] == [False], where
-    assert s["speed"]["points"][0]["saturation_basis"] == "arrival_pace"
-    assert s["speed"]["points"][0]["saturation_ratio"] == pytest.approx(1.0)
+    derived = point_saturation(raw_points(JobRecord.view(s["rec"]))[1][0])  # the decision the review's point holds
+    assert derived["saturation_basis"] == "arrival_pace" and derived["saturation_ratio"] == pytest.approx(1.0)
     assert s["ceiling"]["kind"] == "lower_bound" and s["ceiling"]["rps"] == pytest.approx(8 / 12)
 
 

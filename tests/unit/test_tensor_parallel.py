@@ -25,7 +25,7 @@ from quantverdict.orchestrate import dummy, hardware, preflight
 from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import JobRecord
 from quantverdict.review import gpus
-from quantverdict.review.document import Memory
+from quantverdict.review.document import Ceiling, Memory
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.serving.server import VLLMServer, build_command
 
@@ -102,7 +102,8 @@ def _card(scheme: str, label: str, weights_gib: float, source: str, tok_s: float
     sc.memory = Memory.unknown().model_copy(
         update={"weights_gib": weights_gib, "weights_source": source, "kv_needed_gib": 10.0, "state_needed_gib": 0.0}
     )
-    sc.speed = {"ceiling_tok_s": tok_s, "points": []}
+    top = {"kind": "saturated", "output_tok_s": tok_s, "lower_bound": False}
+    sc.speed.ceiling = Ceiling.model_validate(dict.fromkeys(Ceiling.model_fields) | top)
     return sc
 
 

@@ -289,6 +289,7 @@ class GpuInfo(Block):
     driver_version: str | None = None
     compute_cap: str | None = None
     memory_total_mib: float | None = None
+    uuid: str | None = None  # nvidia-smi's GPU-<uuid>: which physical GPU
 
 
 class CpuInfo(Block):

@@ -39,7 +39,7 @@ from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
 from quantverdict.review.model import Review
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
-from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload
+from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import (
     NOT_APPLICABLE,
@@ -114,12 +114,8 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     elif not r.accuracy.tasks:
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(r, rc)
-    sc.speed["workload"] = workload(r)
     sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
-    roof = r.speed.roofline
-    if isinstance(roof, dict) and roof:
-        sc.speed["roofline"] = roof
     m = sc.memory
     kc = r.speed.kernel_check or kernels.kernel_check(
         sc.label, r.memory.to_dict().get("server"), _activation_quantized(r)
@@ -140,25 +136,25 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
             )
         )
     if kc.get("compute"):  # records parsed before the compute field was read have none
-        sc.speed["kernel"], sc.speed["compute"] = kc.get("kernel"), kc.get("compute")
-        sc.speed["compute_reason"] = kc.get("compute_reason")
+        sc.speed.kernel, sc.speed.compute = kc.get("kernel"), kc.get("compute")
+        sc.speed.compute_reason = kc.get("compute_reason")
     if kc.get("compute") == "emulated":  # the speed is never credited to the format's own arithmetic
         sc.label = str(kc.get("effective_label") or sc.label)
     if kc.get("comparable_for_speed") is False:
         sc.label = str(kc.get("effective_label") or sc.label)
-        sc.speed["comparable"] = False
-        sc.speed["kernel_reason"] = f"ran as {sc.label} ({kc.get('reason')})"
+        sc.speed.comparable = False
+        sc.speed.excluded_why = f"ran as {sc.label} ({kc.get('reason')})"
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     if rbase is not None and raw_points(r)[1] and raw_points(rbase)[1]:  # both measured speed
         base_workload = workload(rbase)
-        shape, base_shape = shape_of(sc.speed), shape_of({"points": raw_points(rbase)[1], "workload": base_workload})
+        shape, base_shape = shape_of(sc.speed), workload_shape(base_workload)
         if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
-            why = f"swept at {sc.speed['workload']['text']}, its baseline {rbase.job.scheme} at {base_workload['text']}"
+            why = f"swept at {workload(r).text}, its baseline {rbase.job.scheme} at {base_workload.text}"
             sc.flags.append(
                 Flag(FlagCode.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons")
             )
-            sc.speed["comparable"] = False
-            sc.speed["excluded_why"] = "; ".join(x for x in (sc.speed.get("kernel_reason"), why) if x)
+            sc.speed.comparable = False
+            sc.speed.excluded_why = "; ".join(x for x in (sc.speed.excluded_why, why) if x)
         match = same_gpu(r, rbase)
         if match is not None:  # GPU jobs only
             sc.validity.append(same_gpu_line(f"{sc.model} / {sc.scheme} vs {rbase.job.scheme}", match))

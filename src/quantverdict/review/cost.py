@@ -6,13 +6,11 @@ job used (``Scorecard.gpus``). No price for the GPU (or a CPU grid): no cost.
 
 from __future__ import annotations
 
-from typing import Any
-
 from quantverdict.measure.cost import usd_per_mtok_or_none
+from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import ceiling_is_floor
 
 __all__ = ["cost_json", "gpu_price", "scheme_cost"]
 
@@ -34,55 +32,36 @@ def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, st
     return None
 
 
-def scheme_cost(sc: Scorecard, price: float) -> dict[str, Any]:
-    """``{"at_load": USD/Mtok | None, "at_load_tok_s", "ceiling": USD/Mtok | None, "ceiling_tok_s", "gpus"}`` of
-    one scheme at ``price`` USD per GPU-hour on the ``sc.gpus`` GPUs its server used (None where the sweep
-    measured no throughput)."""
-    at = (sc.speed.get("at_load") or {}).get("output_tok_s")
-    ceil = sc.speed.get("ceiling_tok_s")
-    return {
-        "at_load": usd_per_mtok_or_none(price, sc.gpus, at) if at else None,
-        "at_load_tok_s": at,
-        "ceiling": usd_per_mtok_or_none(price, sc.gpus, ceil) if ceil else None,
-        "ceiling_tok_s": ceil,
-        "gpus": sc.gpus,
-    }
+def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
+    """One scheme's USD per million output tokens at ``price`` USD per GPU-hour on the ``sc.gpus`` GPUs its server
+    used, at the stated load and at the ceiling (None where the sweep measured no throughput; with
+    ``ceiling_lower_bound`` the ceiling is a floor and its cost a ceiling)."""
+    at = sc.speed.at_load.output_tok_s if sc.speed.at_load else None
+    ceiling = sc.speed.ceiling
+    top = ceiling.output_tok_s if ceiling else None
+    return doc.SchemeCost(
+        model=sc.model,
+        scheme=sc.scheme,
+        gpus=sc.gpus,
+        usd_per_mtok_at_load=usd_per_mtok_or_none(price, sc.gpus, at) if at else None,
+        at_load_tok_s=at,
+        usd_per_mtok_ceiling=usd_per_mtok_or_none(price, sc.gpus, top) if top else None,
+        ceiling_tok_s=top,
+        ceiling_lower_bound=bool(ceiling and ceiling.lower_bound),
+    )
 
 
-def cost_json(review: Review) -> dict[str, Any] | None:
-    """review.json's ``cost``, or None without a price for the GPU the records ran on (the pages then show no cost).
-
-    Returns:
-        ``{"gpu": name, "gpu_kind": kind, "usd_per_gpu_hour": price, "price_source":
-        "review.gpu_price_per_hour.<kind>", "schemes": [{"model", "scheme", "gpus", "usd_per_mtok_at_load",
-        "at_load_tok_s", "usd_per_mtok_ceiling", "ceiling_tok_s", "ceiling_lower_bound"}]}`` (USD per million
-        output tokens; None where the sweep measured no throughput; with ``ceiling_lower_bound`` the ceiling is a
-        floor and its cost a ceiling).
-    """
+def cost_json(review: Review) -> doc.Cost | None:
+    """review.json's ``cost``, or None without a price for the GPU the records ran on (the pages then show no
+    cost); ``price_source``: the ``review.gpu_price_per_hour`` key of the price."""
     found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
     if found is None:
         return None
     name, kind, price = found
-    schemes = []
-    for sc in review.cards:
-        c = scheme_cost(sc, price)
-        schemes.append(
-            {
-                "model": sc.model,
-                "scheme": sc.scheme,
-                "gpus": c["gpus"],
-                "usd_per_mtok_at_load": c["at_load"],
-                "at_load_tok_s": c["at_load_tok_s"],
-                "usd_per_mtok_ceiling": c["ceiling"],
-                "ceiling_tok_s": c["ceiling_tok_s"],
-                # the ceiling a lower bound (no point saturated, or the sweep stopped early): the cost an upper bound
-                "ceiling_lower_bound": ceiling_is_floor(sc.speed),
-            }
-        )
-    return {
-        "gpu": name,
-        "gpu_kind": kind,
-        "usd_per_gpu_hour": price,
-        "price_source": f"review.gpu_price_per_hour.{kind}",
-        "schemes": schemes,
-    }
+    return doc.Cost(
+        gpu=name,
+        gpu_kind=kind,
+        usd_per_gpu_hour=price,
+        price_source=f"review.gpu_price_per_hour.{kind}",
+        schemes=[scheme_cost(sc, price) for sc in review.cards],
+    )

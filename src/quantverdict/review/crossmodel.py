@@ -37,7 +37,7 @@ from quantverdict.measure.decode_bytes import (
 from quantverdict.measure.decode_fit import fit_decode_step, in_flight
 from quantverdict.measure.memory import GIB
 from quantverdict.results.baseline import headline_of
-from quantverdict.results.record import GpuInfo, JobRecord, Roofline
+from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review import sources
 from quantverdict.review.accuracy import pair_samples, read_samples
@@ -296,14 +296,24 @@ def _scores(card: Scorecard, rec: JobRecord | None, cards: list[Scorecard]) -> d
     return out
 
 
-def _decode_fits(speed: dict[str, Any]) -> tuple[doc.DecodeFit | None, doc.DecodeFit | None, int]:
+def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit | None, int]:
     """The decode-step fits of TPOT p50 and ITL p50 against sequences in flight
     (:func:`quantverdict.measure.decode_fit.in_flight`) over the unsaturated load levels, and how many levels have
     both (a line needs 2 distinct)."""
-    mode = speed.get("mode") or "rate"
-    pts = [p for p in speed.get("points") or [] if p.get("tpot_ms_p50")]
+    mode = speed.mode or "rate"
     # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
-    unsat = [p for p in pts if not p.get("saturated") and not (mode == "rate" and math.isinf(p.get("load", 0)))]
+    unsat: list[dict[str, Any]] = [
+        {
+            "concurrency": p.load,
+            "achieved_rps": p.achieved_rps,
+            "e2e_ms_mean": p.e2e_ms_mean,
+            "e2e_ms_p50": p.e2e_ms_p50,
+            "tpot_ms_p50": p.tpot_ms_p50,
+            "itl_ms_p50": p.itl_ms_p50,
+        }
+        for p in speed.points
+        if p.tpot_ms_p50 and not p.saturated and not (mode == "rate" and math.isinf(p.load))
+    ]
 
     def fit(metric: str) -> doc.DecodeFit | None:
         xy = [(x, float(p[metric])) for p in unsat if p.get(metric) and (x := in_flight(p, mode))]
@@ -336,7 +346,7 @@ def _candidate(
     vllm, batch_flags = _vllm_figures(card, rec, target, fit.kv_gib)
     sp = card.speed
     step_bytes, step_how = None, ""
-    decode_bytes = Roofline.of(sp.get("roofline")).decode_bytes
+    decode_bytes = sp.roofline.decode_bytes if sp.roofline else None
     if decode_bytes:
         step_bytes, step_how = float(decode_bytes), ROOFLINE_BYTES
     elif w := weights or card.memory.weights_gib:
@@ -358,7 +368,7 @@ def _candidate(
         weights_how=how,
         target=fit,
         vllm=vllm,
-        ceiling_tok_s=_finite(sp.get("ceiling_tok_s")),
+        ceiling_tok_s=_finite(sp.ceiling.output_tok_s if sp.ceiling else None),
         ceiling_lower_bound=ceiling_is_floor(sp),
         step_bytes=step_bytes,
         step_bytes_how=step_how,
@@ -494,7 +504,7 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
     jobs = [_candidate(review, sc, rec, target, borrowed) for sc, rec in cards]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
-    shapes = {j.out.name: str(j.card.speed["workload"]["text"]) for j in jobs if shape_of(j.card.speed)}
+    shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
     if len(set(shapes.values())) > 1:
         for c in cands:
             if c.name in shapes:
@@ -542,8 +552,8 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
     loads: dict[str, float] = {}
     for j in jobs:
-        for p in j.card.speed.get("points") or []:
-            loads[str(p.get("label"))] = float(p.get("load") or 0)
+        for p in j.card.speed.points:
+            loads[p.label] = p.load
     return doc.CrossModel(
         target=None
         if target is None

@@ -18,11 +18,22 @@ refused on write (:func:`quantverdict.review.export.to_document`) and on read (:
 from __future__ import annotations
 
 import json
+import math
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainSerializer,
+    WithJsonSchema,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from quantverdict.config.schema import FloorTest, ReviewConfig
 from quantverdict.review.flags import FlagCode
@@ -32,6 +43,23 @@ SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "
 
 # a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); "inf" for an unlimited rate
 Load = float | Literal["inf"]
+
+
+def _not_nan(v: float) -> float:
+    if math.isnan(v):
+        raise ValueError("a load level is a number or inf")
+    return v
+
+
+# a load level the review computes with: a float, math.inf for an unlimited rate, written "inf" (strict JSON)
+LoadLevel = Annotated[
+    float,
+    Field(allow_inf_nan=True),
+    AfterValidator(_not_nan),
+    BeforeValidator(lambda v: math.inf if v == "inf" else v),
+    PlainSerializer(lambda v: "inf" if math.isinf(v) else v),
+    WithJsonSchema({"anyOf": [{"type": "number"}, {"const": "inf", "type": "string"}]}),
+]
 
 
 class _Strict(BaseModel):
@@ -500,7 +528,7 @@ class AtLoad(_Strict):
     repeats, ``spread``: [min, max] per metric."""
 
     label: str
-    load: Load
+    load: LoadLevel
     achieved_rps: float | None
     output_tok_s: float | None
     ttft_ms_p99: float | None
@@ -533,7 +561,7 @@ class SpeedPoint(_Strict):
     (None where not decided, e.g. a closed-loop or unlimited-rate point)."""
 
     label: str
-    load: Load
+    load: LoadLevel
     achieved_rps: float | None
     output_tok_s: float | None
     ttft_ms_p50: float | None
@@ -549,6 +577,14 @@ class SpeedPoint(_Strict):
     valid_repeats: int
     repeats: int
     saturated: bool | None
+    model_config = ConfigDict(validate_assignment=True)
+
+    # the review's working data, not written: more medians, [min, max] over the valid repeats, per-request goodput
+    tpot_ms_p99: SkipJsonSchema[float | None] = Field(default=None, exclude=True)
+    e2e_ms_p50: SkipJsonSchema[float | None] = Field(default=None, exclude=True)
+    e2e_ms_mean: SkipJsonSchema[float | None] = Field(default=None, exclude=True)
+    spread: SkipJsonSchema[dict[str, MinMax]] = Field(default_factory=dict, exclude=True)
+    goodput: SkipJsonSchema[Goodput | None] = Field(default=None, exclude=True)
 
 
 class Speed(_Strict):
@@ -556,6 +592,8 @@ class Speed(_Strict):
     False: kept out of speed comparisons (a fallback kernel, another request shape), ``excluded_why`` says why.
     ``goodput_rps``: requests per second meeting every objective at the stated load; ``p99_slo_max_rps``: the
     throughput at the highest load whose p99s meet the SLO."""
+
+    model_config = ConfigDict(validate_assignment=True)
 
     mode: str | None
     workload: Workload | None
@@ -578,15 +616,21 @@ class Speed(_Strict):
     roofline: Roofline | None
     points: list[SpeedPoint]
 
+    @classmethod
+    def unmeasured(cls, mode: str | None = None) -> Speed:
+        """A sweep without points: every number None, comparable (until a kernel or request shape says not)."""
+        lists: dict[str, list[Any]] = {"missing_levels": [], "stopped_before": [], "points": []}
+        return cls.model_validate(dict.fromkeys(cls.model_fields) | lists | {"mode": mode, "comparable": True})
+
 
 class SpeedRatio(_Strict):
     """The scheme's per-user output speed over the baseline's at one load level (``baseline TPOT p50 / scheme
-    TPOT p50``; > 1 is faster), with the run-to-run range (:class:`quantverdict.review.headline.Ratio`)."""
+    TPOT p50``; > 1 is faster), with the run-to-run range (:func:`quantverdict.review.headline.speed_ratio`)."""
 
     value: float
     low: float | None
     high: float | None
-    load: Load
+    load: LoadLevel
     label: str
     repeats: int
 

@@ -26,10 +26,9 @@ from quantverdict.review import document as doc
 from quantverdict.review.constraints import load_set, target_budget_gib
 from quantverdict.review.cost import cost_json
 from quantverdict.review.flags import FlagCode
-from quantverdict.review.headline import Headline, Ratio, headlines
+from quantverdict.review.headline import Headline, headlines
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta
-from quantverdict.review.speed import ceiling_is_floor
 from quantverdict.review.verdict import Check, Verdict, ceilings_differ_in_basis, floor_test_of
 
 
@@ -45,7 +44,6 @@ def to_document(review: Review, plots: Mapping[str, str] | None = None) -> doc.R
             enum; a ``pydantic.ValidationError`` for a field of the wrong type).
     """
     heads = {(h.model, h.scheme): h for m in dict.fromkeys(c.model for c in review.cards) for h in headlines(review, m)}
-    cost = cost_json(review)
     n_ok = sum(sc.status == "ok" for sc in review.cards)
     n_cut = sum(sc.status == "interrupted" for sc in review.cards)
     return doc.ReviewDocument(
@@ -68,7 +66,7 @@ def to_document(review: Review, plots: Mapping[str, str] | None = None) -> doc.R
         flags=_flags(review),
         validity=list(review.validity),
         notes=list(review.notes),
-        cost=None if cost is None else doc.Cost.model_validate(_finite_tree(cost)),
+        cost=cost_json(review),
         cross_model=crossmodel.cross_model(review),
         plots=[doc.Plot(name=n, file=f"plots/{n}.png", alt=alt) for n, alt in (plots or {}).items()],
     )
@@ -83,10 +81,6 @@ def _finite(v: Any) -> float | None:
         return None
     f = float(v)
     return f if math.isfinite(f) else None
-
-
-def _int(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 def _load(v: Any) -> doc.Load:
@@ -133,8 +127,7 @@ def _known(model: type[BaseModel], d: Mapping[str, Any] | None) -> dict[str, Any
 
 
 def _verdict(v: Verdict, cards: list[Scorecard]) -> doc.ModelVerdict:
-    swept = [sc for sc in cards if sc.speed.get("points") and sc.speed.get("workload")]
-    shapes = {sc.name: str(sc.speed["workload"]["text"]) for sc in swept}
+    shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
     return doc.ModelVerdict(
         model=v.model,
         decision=doc.Decision(v.decision),
@@ -150,7 +143,7 @@ def _verdict(v: Verdict, cards: list[Scorecard]) -> doc.ModelVerdict:
         request_shape=next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None,
         request_shapes=shapes,
         ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
-        compute_reported=any(sc.speed.get("compute") for sc in cards),
+        compute_reported=any(sc.speed.compute for sc in cards),
         sentence=v.sentence,
         evidence=list(v.evidence),
         others=list(v.others),
@@ -187,14 +180,14 @@ def _scheme(review: Review, sc: Scorecard, head: Headline) -> doc.Scheme:
         failed_stage=sc.failed_stage,
         error=sc.error,
         gpus=sc.gpus,
-        headline=_headline(head),
+        headline=head.numbers,
         memory=sc.memory,
         accuracy=doc.Accuracy(
             not_applicable=sc.accuracy_not_applicable,
             refused=sc.accuracy_refused,
             deltas=[_delta(d) for d in sc.accuracy],
         ),
-        speed=_speed(sc.speed),
+        speed=sc.speed,
         checks=doc.Checks(memory=_check(cs["memory"]), accuracy=_check(cs["accuracy"]), latency=_check(cs["latency"])),
         missing=list(sc.missing),
         validity=list(sc.validity),
@@ -225,121 +218,7 @@ def _delta(d: TaskDelta) -> doc.AccuracyDelta:
     )
 
 
-def _speed(sp: dict[str, Any]) -> doc.Speed:
-    at = sp.get("at_load")
-    roof = sp.get("roofline")
-    workload = sp.get("workload")
-    return doc.Speed(
-        mode=sp.get("mode"),
-        workload=None if not workload else doc.Workload.model_validate(_known(doc.Workload, workload)),
-        repeats=_int(sp.get("repeats")),
-        comparable=sp.get("comparable") is not False,
-        excluded_why=sp.get("excluded_why") or sp.get("kernel_reason"),
-        kernel=sp.get("kernel"),
-        compute=sp.get("compute"),
-        compute_reason=sp.get("compute_reason"),
-        low_load=None
-        if sp.get("low_label") is None
-        else doc.LowLoad(
-            label=sp["low_label"],
-            itl_ms_p50=_finite(sp.get("single_itl_ms_p50")),
-            itl_ms_p50_range=_minmax(sp.get("single_itl_ms_p50_range")),
-            output_tok_s_per_request=_finite(sp.get("single_tok_s")),
-        ),
-        ceiling=None
-        if sp.get("ceiling_kind") is None
-        else doc.Ceiling(
-            kind=sp["ceiling_kind"],
-            label=sp.get("saturation_label"),
-            rps=_finite(sp.get("ceiling_rps")),
-            output_tok_s=_finite(sp.get("ceiling_tok_s")),
-            output_tok_s_range=_minmax(sp.get("ceiling_tok_s_range")),
-            whole_run_output_tok_s=_finite(sp.get("ceiling_whole_run_tok_s")),
-            whole_run_output_tok_s_range=_minmax(sp.get("ceiling_whole_run_tok_s_range")),
-            repeats=_int(sp.get("ceiling_repeats")),
-            basis=sp.get("ceiling_basis"),
-            lower_bound=ceiling_is_floor(sp),
-        ),
-        at_load=None if not at else _at_load(at),
-        load_how=sp.get("load_how"),
-        goodput_rps=_finite(sp.get("goodput_rps")),
-        goodput_how=sp.get("goodput_how"),
-        p99_slo_max_rps=_finite(sp.get("p99_slo_max_rps")),
-        p99_slo_max_how=sp.get("p99_slo_max_how"),
-        missing_levels=list(sp.get("missing_levels") or []),
-        stopped_before=list(sp.get("stopped_before") or []),
-        roofline=doc.Roofline.model_validate(_known(doc.Roofline, roof)) if isinstance(roof, dict) and roof else None,
-        points=[_point(p) for p in sp.get("points") or []],
-    )
-
-
-def _point(p: dict[str, Any]) -> doc.SpeedPoint:
-    known = _known(doc.SpeedPoint, p)
-    fields = {k: known.get(k) for k in doc.SpeedPoint.model_fields}
-    fields.update(
-        label=str(p["label"]),
-        load=_load(p["load"]),
-        valid_repeats=int(p.get("valid_repeats", 1)),
-        repeats=int(p.get("repeats", 1)),
-        saturated=p.get("saturated"),
-    )
-    return doc.SpeedPoint.model_validate(fields)
-
-
-def _at_load(at: dict[str, Any]) -> doc.AtLoad:
-    spread = {k: r for k, v in (at.get("spread") or {}).items() if (r := _minmax(v)) is not None}
-    g = at.get("goodput")
-    return doc.AtLoad(
-        label=str(at["label"]),
-        load=_load(at["load"]),
-        achieved_rps=_finite(at.get("achieved_rps")),
-        output_tok_s=_finite(at.get("output_tok_s")),
-        ttft_ms_p99=_finite(at.get("ttft_ms_p99")),
-        itl_ms_p99=_finite(at.get("itl_ms_p99")),
-        e2e_ms_p50=_finite(at.get("e2e_ms_p50")),
-        e2e_ms_p99=_finite(at.get("e2e_ms_p99")),
-        valid_repeats=_int(at.get("valid_repeats")),
-        spread=spread,
-        goodput=None if not g else doc.Goodput.model_validate(_finite_tree(g)),
-    )
-
-
-def _ratio(r: Ratio | None) -> doc.SpeedRatio | None:
-    if r is None or _finite(r.value) is None:
-        return None
-    return doc.SpeedRatio(
-        value=r.value, low=_finite(r.low), high=_finite(r.high), load=_load(r.load), label=r.label, repeats=r.repeats
-    )
-
-
-def _headline(h: Headline) -> doc.Headline:
-    d = h.accuracy
-    acc = None
-    if d is not None:
-        pct = d.kind == "perplexity"  # a perplexity's change in %, a score's in points (as mlflow_metrics logs them)
-        k = 1.0 if pct else 100.0
-        v = d.delta_pct if pct else d.delta
-        iv = d.interval
-        acc = doc.HeadlineAccuracy(
-            name=d.name,
-            metric=d.metric,
-            kind=doc.DeltaKind(d.kind),
-            unit="%" if pct else "points",
-            delta=None if v is None else _finite(k * v),
-            low=None if iv is None else _finite(k * iv.low),
-            high=None if iv is None else _finite(k * iv.high),
-            n=d.n,
-        )
-    return doc.Headline(
-        memory_need_gib=_finite(h.mem_gib),
-        accuracy=acc,
-        speed_ratio_c1=_ratio(h.speed_c1),
-        speed_ratio_at_load=_ratio(h.speed_load),
-        speed_note=h.speed_note,
-    )
-
-
-# --- regime and flags ------------------------------------------------------------------------
+# --- regime, flags, cross-model ------------------------------------------------------------------------
 
 
 def _claim(c: dict[str, Any] | None) -> doc.RegimeClaim | None:

@@ -65,8 +65,8 @@ def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, An
     needed = None
     if weights is not None and kv is not None and rc.memory_budget_gib:
         needed = gpus_needed(weights, kv, heads, rc.memory_budget_gib, rc.reserved_gib, TP_SIZES)
-    points = [p.get("output_tok_s") for p in sc.speed.get("points") or [] if p.get("output_tok_s")]
-    tok_s = sc.speed.get("ceiling_tok_s") or (max(points) if points else None)
+    ceiling = sc.speed.ceiling.output_tok_s if sc.speed.ceiling else None
+    tok_s = ceiling or max((p.output_tok_s for p in sc.speed.points if p.output_tok_s), default=None)
     return {
         "gpus_used": used,
         "weights_gib": weights,
@@ -118,5 +118,5 @@ def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewCo
 
 def _ge(sc: Scorecard) -> str:
     """``">= "`` before a ceiling that is a lower bound (no point saturated, or a sweep stopped before its top
-    loads: ``speed.ceiling_kind``), else ``""``."""
+    loads), else ``""``."""
     return ">= " if ceiling_is_floor(sc.speed) else ""

@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from quantverdict.review import headline
+from quantverdict.review.document import SpeedPoint
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 
@@ -38,15 +39,12 @@ COLORS = {
     "awq": "#ff7f0e",
 }
 MARKERS = {"bf16": "s", "int8": "o", "fp8": "^", "w8a8": "v", "gptq": "D", "awq": "P"}
+ABOVE: dict[str, Any] = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
 
-def _color(sc: Scorecard, i: int) -> str:
-    return COLORS.get(sc.scheme, f"C{i % 10}")
-
-
 def _style(sc: Scorecard, i: int) -> dict[str, Any]:
-    return {"color": _color(sc, i), "marker": MARKERS.get(sc.scheme, "o")}
+    return {"color": COLORS.get(sc.scheme, f"C{i % 10}"), "marker": MARKERS.get(sc.scheme, "o")}
 
 
 def _png(fig: Any) -> bytes:
@@ -64,29 +62,40 @@ def _models(review: Review) -> list[str]:
     return list(dict.fromkeys(sc.model for sc in review.cards))
 
 
-def log2_positions(cards: list[Scorecard]) -> tuple[dict[float, float], list[float], list[str], str]:
-    """Each measured load's x position on a log2 axis: a finite load as it is, an unlimited rate one
-    doubling past the largest finite one (tick label ``unlimited``). Returns (position by load, ticks,
-    tick labels, axis label with its unit)."""
-    loads = sorted({p["load"] for sc in cards for p in sc.speed.get("points", [])})
-    mode = next((sc.speed.get("mode") for sc in cards if sc.speed.get("points")), "rate")
+def _positions(cards: list[Scorecard]) -> dict[float, float]:
+    """Each measured load's x position on a log2 axis: a finite load as it is, an unlimited rate one doubling past
+    the largest finite one."""
+    loads = sorted({p.load for sc in cards for p in sc.speed.points})
     finite = [v for v in loads if math.isfinite(v) and v > 0]
-    top = max(finite) if finite else 1.0
-    pos = {v: (v if math.isfinite(v) and v > 0 else 2.0 ** (math.floor(math.log2(top)) + 1)) for v in loads}
-    labels = [f"{v:g}" if math.isfinite(v) else "unlimited" for v in loads]
-    xlabel = (
-        "concurrency (requests in flight, log2 axis)" if mode == "concurrency" else "offered rate (req/s, log2 axis)"
-    )
-    return pos, [pos[v] for v in loads], labels, xlabel
+    beyond = 2.0 ** (math.floor(math.log2(max(finite) if finite else 1.0)) + 1)
+    return {v: v if math.isfinite(v) and v > 0 else beyond for v in loads}
 
 
-def _log2_axis(ax: Any, ticks: list[float], labels: list[str], xlabel: str) -> None:
+def _load_axis(ax: Any, pos: dict[float, float], cards: list[Scorecard]) -> None:
+    """The x axis of the load (log2, one tick per measured load of :func:`_positions`, ``unlimited`` last),
+    named by the sweeps' mode."""
+    mode = next((sc.speed.mode for sc in cards if sc.speed.points), "rate")
+    ticks = list(pos.values())
     ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, labels)
+    ax.set_xticks(ticks, [f"{v:g}" if math.isfinite(v) else "unlimited" for v in pos])
     ax.minorticks_off()
-    ax.set_xlabel(xlabel)
+    what = "concurrency (requests in flight" if mode == "concurrency" else "offered rate (req/s"
+    ax.set_xlabel(f"{what}, log2 axis)")
     if len(ticks) == 1:  # one load: a little room either side
         ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
+
+
+def _stacked(n: int, height: float) -> tuple[Any, list[Any]]:
+    """A figure of ``n`` panels, one per model, one above the other."""
+    fig, axes = plt.subplots(n, 1, figsize=(8.5, height * n), squeeze=False)
+    return fig, list(axes[:, 0])
+
+
+def _finish(ax: Any, title: str, model: str | None, **grid: Any) -> None:
+    """Title (``<model>: `` first when the figure has a panel per model), grid, legend outside the data."""
+    ax.set_title(f"{model}: {title}" if model else title, fontsize=10)
+    ax.grid(alpha=0.3, **grid)
+    ax.legend(**OUTSIDE)
 
 
 def speed_ratio_figure(review: Review) -> Any:
@@ -97,17 +106,14 @@ def speed_ratio_figure(review: Review) -> Any:
     for model in _models(review):
         cards = review.cards_of(model)
         base = next((c for c in cards if c.is_baseline), None)
-        if base is None:
-            continue
-        curves = [(sc, headline.ratio_curve(sc, base)) for sc in cards if not sc.is_baseline]
-        curves = [(sc, c) for sc, c in curves if c]
-        if curves:
+        curves = [(sc, c) for sc in cards if base and not sc.is_baseline and (c := headline.ratio_curve(sc, base))]
+        if base is not None and curves:
             panels.append((model, base, curves))
     if not panels:
         return None
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.2 * len(panels)), squeeze=False)
-    for ax, (model, base, curves) in zip(axes[:, 0], panels):
-        pos, ticks, labels, xlabel = log2_positions([base] + [sc for sc, _ in curves])
+    fig, axes = _stacked(len(panels), 4.2)
+    for ax, (model, base, curves) in zip(axes, panels):
+        pos = _positions([base] + [sc for sc, _ in curves])
         for i, (sc, curve) in enumerate(curves):
             xs = [pos[r.load] for r in curve]
             ys = [r.value for r in curve]
@@ -115,12 +121,10 @@ def speed_ratio_figure(review: Review) -> Any:
             hi = [r.high - r.value if r.high is not None else 0.0 for r in curve]
             ax.errorbar(xs, ys, yerr=[lo, hi], capsize=4, lw=1.6, label=sc.name, **_style(sc, i))
         ax.axhline(1.0, color="black", lw=1, ls="--", label=f"1x = {base.name}")
-        _log2_axis(ax, ticks, labels, xlabel)
+        _load_axis(ax, pos, [base] + [sc for sc, _ in curves])
         ax.set_ylabel(f"per-user output speed / {base.scheme}'s (x)")
         title = f"speed vs {base.name} (1000 / TPOT p50 ratio; bars: range over repeats)"
-        ax.set_title(f"{model}: {title}" if len(panels) > 1 else title, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(**OUTSIDE)
+        _finish(ax, title, model if len(panels) > 1 else None)
     fig.tight_layout()
     return fig
 
@@ -135,32 +139,34 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
     return sorted(set(front))
 
 
+def _pareto_points(sc: Scorecard) -> list[tuple[float, float, str]]:
+    """``(per-user tok/s, total output tok/s, short load label)`` of each load level that has both."""
+    out = []
+    for p in sc.speed.points:
+        x = headline.per_user_tok_s(p)
+        if x and p.output_tok_s:
+            out.append(
+                (x, p.output_tok_s, p.label.replace("concurrency ", "c=").replace("unlimited rate", "unlimited"))
+            )
+    return out
+
+
 def pareto_figure(review: Review) -> Any:
     """Per model, total output tok/s against per-user interactivity (1000 / TPOT p50, tok/s per user), one
     curve per scheme through its load levels (each point labelled with its load), and the frontier over all
     schemes. None without TPOT data."""
-    panels = []
-    for model in _models(review):
-        cards = [
-            sc
-            for sc in review.cards_of(model)
-            if any(headline.per_user_tok_s(p) and p.get("output_tok_s") for p in sc.speed.get("points", []))
-        ]
-        if cards:
-            panels.append((model, cards))
+    panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in review.cards_of(m) if _pareto_points(sc)])]
     if not panels:
         return None
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.6 * len(panels)), squeeze=False)
-    for ax, (model, cards) in zip(axes[:, 0], panels):
+    fig, axes = _stacked(len(panels), 4.6)
+    for ax, (model, cards) in zip(axes, panels):
         everything: list[tuple[float, float]] = []
         for i, sc in enumerate(cards):
-            pts = [p for p in sc.speed["points"] if headline.per_user_tok_s(p) and p.get("output_tok_s")]
-            xs = [float(headline.per_user_tok_s(p) or 0.0) for p in pts]
-            ys = [float(p["output_tok_s"]) for p in pts]
+            pts = _pareto_points(sc)
+            xs, ys = [x for x, _, _ in pts], [y for _, y, _ in pts]
             everything += list(zip(xs, ys))
             ax.plot(xs, ys, lw=1.4, ms=6, label=sc.name, **_style(sc, i))
-            for x, y, p in zip(xs, ys, pts):
-                short = p["label"].replace("concurrency ", "c=").replace("unlimited rate", "unlimited")
+            for x, y, short in pts:
                 ax.annotate(short, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color="#444")
         front = pareto_front(everything)
         if len(front) > 1:
@@ -171,9 +177,7 @@ def pareto_figure(review: Review) -> Any:
         ax.set_xlabel("interactivity: output tok/s per user (1000 / TPOT p50)")
         ax.set_ylabel("total output throughput (tok/s)")
         title = "throughput vs interactivity, one point per load level (up and right is better)"
-        ax.set_title(f"{model}: {title}" if len(panels) > 1 else title, fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(**OUTSIDE)
+        _finish(ax, title, model if len(panels) > 1 else None, which="both")
     fig.tight_layout()
     return fig
 
@@ -205,9 +209,7 @@ def memory_figure(review: Review) -> Any:
         ax.bar(x, [rc.reserved_gib] * len(cards), bottom=bottom, color="#8172b3", label="reserve", width=0.6)
         bottom = [b + rc.reserved_gib for b in bottom]
     for xi, u in zip(x, bottom):
-        ax.annotate(
-            f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points"
-        )
+        ax.annotate(f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, **ABOVE)
     top = max(bottom)
     title = f"memory to serve {headline.memory_load_text(rc)} (GiB, need written on each bar)"
     if budget is not None and budget <= 3 * top:
@@ -266,16 +268,17 @@ def accuracy_figure(review: Review) -> Any:
             ax.plot([], [], ls="none", marker="o", mfc="white", mec="grey", label="hollow: no interval")
         ax.set_xticks(range(len(names)), names, rotation=15, ha="right", fontsize=8)
         ax.set_ylabel("score delta (percentage points)" if kind == "score" else "perplexity change (%)")
-        ax.set_title(
-            f"task score vs baseline, {review.config.confidence:.0%} interval"
-            if kind == "score"
-            else f"perplexity vs baseline, {review.config.confidence:.0%} interval (lower is better)",
-            fontsize=10,
-        )
+        what = "task score vs baseline" if kind == "score" else "perplexity vs baseline"
+        lower = "" if kind == "score" else " (lower is better)"
+        ax.set_title(f"{what}, {review.config.confidence:.0%} interval{lower}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0][-1].legend(**OUTSIDE)
     fig.tight_layout()
     return fig
+
+
+def _tpot_p99(p: SpeedPoint) -> float | None:
+    return p.itl_ms_p99 if p.tpot_ms_p99 is None else p.tpot_ms_p99
 
 
 def latency_figure(review: Review) -> Any:
@@ -286,15 +289,15 @@ def latency_figure(review: Review) -> Any:
     The latency check judges each request's TPOT (its mean ITL) against ``itl_ms_p99``, so the right panel
     plots the p99 of the per-request TPOTs (``tpot_ms_p99``, from ``vllm bench serve``); a point without it
     (an older record) falls back to ITL p99 (``itl_ms_p99``, over all token gaps), and the axis says so."""
-    cards = [sc for sc in review.cards if sc.speed.get("points")]
+    cards = [sc for sc in review.cards if sc.speed.points]
     if not cards:
         return None
     many = len({sc.model for sc in cards}) > 1
-    pos, ticks, labels, xlabel = log2_positions(cards)
+    pos = _positions(cards)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     rc = review.config
-    every = [p for sc in cards for p in sc.speed["points"]]
-    has_tpot = [p.get("tpot_ms_p99") is not None for p in every if p.get("tpot_ms_p99") or p.get("itl_ms_p99")]
+    every = [p for sc in cards for p in sc.speed.points]
+    has_tpot = [p.tpot_ms_p99 is not None for p in every if p.tpot_ms_p99 or p.itl_ms_p99]
     right = (
         "TPOT p99 per request (ms)"
         if has_tpot and all(has_tpot)
@@ -302,15 +305,13 @@ def latency_figure(review: Review) -> Any:
         if not any(has_tpot)
         else "TPOT p99 per request, else ITL p99 (ms)"
     )
-    for ax, keys, title, slo, slo_name in (
-        (axes[0], ("ttft_ms_p99",), "TTFT p99 (ms)", rc.ttft_ms_p99, "TTFT objective"),
-        (axes[1], ("tpot_ms_p99", "itl_ms_p99"), right, rc.itl_ms_p99, "TPOT objective (per request)"),
+    for ax, right_panel, title, slo, slo_name in (
+        (axes[0], False, "TTFT p99 (ms)", rc.ttft_ms_p99, "TTFT objective"),
+        (axes[1], True, right, rc.itl_ms_p99, "TPOT objective (per request)"),
     ):
         for i, sc in enumerate(cards):
-            pts = [
-                (p, v) for p in sc.speed["points"] if (v := next((p[k] for k in keys if p.get(k) is not None), None))
-            ]
-            ax.plot([pos[p["load"]] for p, _ in pts], [v for _, v in pts], label=_name(sc, many), **_style(sc, i))
+            pts = [(p.load, v) for p in sc.speed.points if (v := _tpot_p99(p) if right_panel else p.ttft_ms_p99)]
+            ax.plot([pos[x] for x, _ in pts], [v for _, v in pts], label=_name(sc, many), **_style(sc, i))
         if slo is not None:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"{slo_name} {slo:g} ms")
             ax.annotate(
@@ -321,7 +322,7 @@ def latency_figure(review: Review) -> Any:
                 fontsize=8,
                 va="bottom",
             )
-        _log2_axis(ax, ticks, labels, xlabel)
+        _load_axis(ax, pos, cards)
         ax.set_ylabel(title)
         ax.set_title(f"{title} against the load", fontsize=10)
         ax.set_yscale("log")

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
 
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.gpus import job_gpus
 
 SAME = "same GPU"  # every GPU uuid of the scheme's job equals the baseline's, in the same order
 DIFFERENT = "different GPUs"  # both jobs recorded their GPUs' uuids, and they differ
-NOT_RECORDED = "not recorded"  # a GPU of either job has no uuid (records before 2026-12-01)
-UUID_SINCE = "2026-12-01"  # the first records with environment.gpu[].uuid (commit 2434712)
+NOT_RECORDED = "not recorded"  # a GPU of either job has no uuid (a record older than UUID_SINCE)
+UUID_SINCE = "2026-12-01"  # the date of the first records with environment.gpu[].uuid (named in the Validity line)
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class GpuMatch:
 
 def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
     """The uuids of the GPUs a job's server used, in order (None for one without); ``()`` for a CPU record."""
-    listed = [g for g in rec.environment.gpu or [] if isinstance(g, dict)]
-    return tuple(str(g["uuid"]) if g.get("uuid") else None for g in listed[: job_gpus(rec)])
+    listed = [GpuInfo.of(g) for g in rec.environment.gpu or []]
+    return tuple(g.uuid or None for g in listed[: job_gpus(rec)])
 
 
 def _started(view: JobRecord) -> datetime | None:

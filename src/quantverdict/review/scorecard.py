@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from quantverdict.measure.stats import Interval
 from quantverdict.results.record import JobRecord
+from quantverdict.review import document as doc
 from quantverdict.review.document import KldFigures, Memory
 from quantverdict.review.flags import Flag
 
@@ -64,7 +64,7 @@ class Scorecard:
     accuracy_refused: str | None = None
     # why accuracy cannot be measured at all (synthetic model, random weights); None for a real model
     accuracy_not_applicable: str | None = None
-    speed: dict[str, Any] = field(default_factory=dict)
+    speed: doc.Speed = field(default_factory=doc.Speed.unmeasured)
     flags: list[Flag] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     validity: list[str] = field(default_factory=list)  # what the numbers stand on (review's Validity section)

@@ -4,11 +4,11 @@ failed checks."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
 from quantverdict.results.record import JobRecord
+from quantverdict.review.document import Speed
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.speed import load_label, point_label, raw_points
 
@@ -90,7 +90,7 @@ def _range_s(values: Iterable[float]) -> str:
     return f"{v[0]:.3g} s" if f"{v[0]:.3g}" == f"{v[-1]:.3g}" else f"{v[0]:.3g}-{v[-1]:.3g} s"
 
 
-def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) -> list[str]:
+def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str]:
     """Lines for the review's Validity section: what each speed number stands on (repeats, spread,
     saturated and invalid points, points whose measured window stayed under ``bench.min_duration_s``
     (``window_met`` false), the ceiling's definition, the kernel check). Not to be confused with
@@ -123,15 +123,16 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
         if saturated
         else ("; no point saturated" if mode == "rate" else "; closed loop: saturation not defined")
     )
-    kind = speed.get("ceiling_kind")
-    if kind and kind != "none":
-        rng = speed.get("ceiling_tok_s_range")
+    ceiling = speed.ceiling
+    kind = ceiling.kind if ceiling else None
+    if ceiling and kind and kind != "none":
+        rng = ceiling.output_tok_s_range
         spread_txt = (
-            f" [{rng[0]:.1f}-{rng[1]:.1f}] over {speed.get('ceiling_repeats')} repeats"
-            if rng and speed.get("ceiling_repeats", 1) > 1
+            f" [{rng.min:.1f}-{rng.max:.1f}] over {ceiling.repeats} repeats"
+            if rng and (ceiling.repeats or 1) > 1
             else " (one run: no spread)"
         )
-        stopped = speed.get("stopped_before") or []
+        stopped = speed.stopped_before
         what = {
             "saturated": "the highest achieved rate over the valid loads, which reach a saturated rate or the burst",
             "lower_bound": (
@@ -142,10 +143,7 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: dict[str, Any]) ->
             ),
             "closed_loop_max": "the best concurrency",
         }[kind]
-        text += (
-            f"; ceiling {speed.get('ceiling_tok_s'):.1f} out tok/s{spread_txt} at {speed.get('saturation_label')} "
-            f"({what})"
-        )
+        text += f"; ceiling {ceiling.output_tok_s:.1f} out tok/s{spread_txt} at {ceiling.label} ({what})"
     lines.append(text)
     short = [q for q in raw if point_checks.point_valid(q) and bench_result.recorded_window_too_short(q)]
     if short:

@@ -24,14 +24,19 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import stats
 from quantverdict.results.format import number
 from quantverdict.review.document import (
+    AtLoad,
+    Ceiling,
     ConstraintKind,
     Criterion,
     CriterionMetric,
     Decision,
+    Goodput,
     JobStatus,
+    MinMax,
     PassedOver,
     PassReason,
     RegimeReading,
+    Speed,
 )
 
 # the check statuses by their short names, defined once in review.kld (re-exported: checks and tests read them here)
@@ -401,32 +406,31 @@ def _ppl_ok(d: TaskDelta, limit: float, rc: ReviewConfig) -> bool:
 Judged = tuple[str, str, list[str], float, list[Criterion]]  # (text, cite, fails, excess, criteria)
 
 
-def _attainment(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Judged:
+def _attainment(at: AtLoad, g: Goodput, sp: Speed, rc: ReviewConfig) -> Judged:
     """The latency check on per-request goodput at the load: ``(text, cite, fails, excess, criteria)``."""
-    g = at["goodput"]
     need = rc.slo_attainment_pct
-    pct = g["slo_attainment_pct"]
+    pct = g.slo_attainment_pct
     slo = slo_of(rc).describe()
     op = ">=" if pct >= need else "<"
-    reps = f", median of {g['repeats']} repeats" if g["repeats"] > 1 else ""
-    cite = f"{slo} for {pct:.1f}% of requests ({op} {need:g}%) at {at['label']}"
+    reps = f", median of {g.repeats} repeats" if g.repeats > 1 else ""
+    cite = f"{slo} for {pct:.1f}% of requests ({op} {need:g}%) at {at.label}"
     text = (
-        f"{g['good_requests']} of {g['slo_requests']} requests ({pct:.1f}%{reps}) met {slo} ({op} {need:g}% "
-        f"needed) at {sp['load_how']}: goodput {g['goodput_rps']:.2f} req/s"
+        f"{g.good_requests} of {g.slo_requests} requests ({pct:.1f}%{reps}) met {slo} ({op} {need:g}% "
+        f"needed) at {sp.load_how}: goodput {g.goodput_rps:.2f} req/s"
     )
     fails, excess = [], 0.0
     if pct < need:
-        missed = ", ".join(f"{k.upper()} {v}" for k, v in g["slo_missed"].items() if v)
+        missed = ", ".join(f"{k.upper()} {v}" for k, v in g.slo_missed.items() if v)
         fails.append(
             f"only {pct:.1f}% of requests met every objective, {need - pct:.1f} points under {need:g}% "
             f"(requests over each objective: {missed or 'none'})"
         )
         excess = (need - pct) / need
-    crit = _criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at["label"], "slo_attainment_pct", ">=", need, pct)
+    crit = _criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct)
     return text, cite, fails, excess, [crit]
 
 
-def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Judged | None:
+def _p99s(at: AtLoad, sp: Speed, rc: ReviewConfig) -> Judged | None:
     """The latency check on the TTFT p99 and ITL p99 at the load (no per-request data); None when a needed p99 is
     missing or only the E2E objective is set."""
     if (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
@@ -434,11 +438,13 @@ def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Judged | 
     parts, fails = [], []
     crits = []
     excess = 0.0
-    for key, name, limit in (("ttft_ms_p99", "TTFT p99", rc.ttft_ms_p99), ("itl_ms_p99", "ITL p99", rc.itl_ms_p99)):
-        if limit is None:
+    for key, name, limit, v in (
+        ("ttft_ms_p99", "TTFT p99", rc.ttft_ms_p99, at.ttft_ms_p99),
+        ("itl_ms_p99", "ITL p99", rc.itl_ms_p99, at.itl_ms_p99),
+    ):
+        if limit is None or v is None:  # a missing p99 with its limit set: slo_ok said None above
             continue
-        v = at[key]
-        crits.append(_criterion(CriterionMetric(key), at["label"], key, "<=", limit, v))
+        crits.append(_criterion(CriterionMetric(key), at.label, key, "<=", limit, v))
         parts.append(f"{name} {v:,.0f} ms {'<=' if v <= limit else '>'} {limit:,.0f} ms")
         if v > limit:
             fails.append(
@@ -446,16 +452,16 @@ def _p99s(at: dict[str, Any], sp: dict[str, Any], rc: ReviewConfig) -> Judged | 
                 f"the {limit:,.0f} ms SLO"
             )
             excess = max(excess, (v - limit) / limit)
-    text = ", ".join(parts) + f" at {sp['load_how']}"
-    cite = " and ".join(parts) + f" at {at['label']}"
-    if (sp.get("repeats") or 1) > 1 and at.get("spread"):
-        rng = at["spread"]
+    text = ", ".join(parts) + f" at {sp.load_how}"
+    cite = " and ".join(parts) + f" at {at.label}"
+    if (sp.repeats or 1) > 1 and at.spread:
+        rng = at.spread
         bits = [
-            f"{name} {rng[k][0]:,.0f}-{rng[k][1]:,.0f} ms"
+            f"{name} {rng[k].min:,.0f}-{rng[k].max:,.0f} ms"
             for k, name in (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
             if k in rng
         ]
-        text += f" (median of {at.get('valid_repeats')} repeats; range {', '.join(bits)})"
+        text += f" (median of {at.valid_repeats} repeats; range {', '.join(bits)})"
     text += f" ({NO_PER_REQUEST}: judged on the p99s, not per request)"
     return text, cite, fails, excess, crits
 
@@ -464,28 +470,28 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None and rc.e2e_ms is None:
         return Check("latency", OFF, "no latency SLO set")
     sp = sc.speed
-    if not sp.get("points"):
+    if not sp.points:
         return Check("latency", UNKNOWN, "not checked: no speed results")
-    at = sp.get("at_load")
+    at = sp.at_load
     if at is None:
-        return Check("latency", UNKNOWN, f"not checked: {sp.get('load_how')}")
-    if at.get("goodput"):
-        text, cite, fails, excess, crits = _attainment(at, sp, rc)
+        return Check("latency", UNKNOWN, f"not checked: {sp.load_how}")
+    if at.goodput:
+        text, cite, fails, excess, crits = _attainment(at, at.goodput, sp, rc)
     else:
         judged = _p99s(at, sp, rc)
         if judged is None:
-            return Check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at['label']}")
+            return Check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
         text, cite, fails, excess, crits = judged
-    if rc.load_rps is not None and sp.get("ceiling_rps") is not None:
-        ceiling = sp["ceiling_rps"]
+    if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
+        ceiling = sp.ceiling.rps
         lower_bound = ceiling_is_floor(sp)
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
         # a rate sweep's level at the load that kept pace with it (not saturated) sustained the load, whatever
         # its whole-run rate (ramp-up and drain read low on a short run)
         kept_up = (
-            sp.get("mode") == "rate"
-            and (at.get("load") or 0) >= rc.load_rps
-            and any(lv.get("load") == at.get("load") and lv.get("saturated") is False for lv in sp["points"])
+            sp.mode == "rate"
+            and at.load >= rc.load_rps
+            and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
         )
         below = ceiling < rc.load_rps and not lower_bound and not kept_up
         if below:
@@ -495,7 +501,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         crits.append(
             _criterion(
                 CriterionMetric.CEILING_RPS,
-                sp.get("saturation_label") or "",
+                sp.ceiling.label or "",
                 "load_rps",
                 ">=",
                 rc.load_rps,
@@ -570,10 +576,11 @@ def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
     highest ceiling (req/s), name."""
 
     def key(sc: Scorecard) -> tuple[int, int, float, float, str]:
-        at = sc.speed.get("at_load") or {}
-        e2e = at.get("e2e_ms_p50")
+        sp = sc.speed
+        e2e = sp.at_load.e2e_ms_p50 if sp.at_load else None
         steps = sc.tier + kv_step(sc)  # levers pulled: one per 8-bit step of the weights, one for an FP8 cache
-        return (steps, sc.tier, e2e if e2e is not None else math.inf, -(sc.speed.get("ceiling_rps") or 0.0), sc.scheme)
+        top = sp.ceiling.rps if sp.ceiling else None
+        return (steps, sc.tier, e2e if e2e is not None else math.inf, -(top or 0.0), sc.scheme)
 
     return sorted(cards, key=key)
 
@@ -754,7 +761,7 @@ def _decide(
         tier_name = f"{weights} weights with a quantized KV cache ({chosen.kv})"
     why_tier = f"the least aggressive scheme that meets {three} ({tier_name}"
     if same_tier:
-        e2e = (chosen.speed.get("at_load") or {}).get("e2e_ms_p50")
+        e2e = chosen.speed.at_load.e2e_ms_p50 if chosen.speed.at_load else None
         why_tier += f"; E2E p50 {_n(e2e, ',.0f')} ms at the load, ahead of " + ", ".join(sc.scheme for sc in same_tier)
     why_tier += ")"
     v.sentence = (
@@ -793,7 +800,7 @@ PAIRED_WORDS = {"faster": "pays", "slower": "costs"}  # a paired verdict -> the 
 def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
     """Whether the ceilings rest on different windows (``speed.ceiling_basis``: steady window,
     whole run, or mixed over repeats); :func:`speedups` then compares whole runs."""
-    bases = {sc.speed.get("ceiling_basis") for sc in cards if sc.speed.get("ceiling_tok_s")} - {None}
+    bases = {c.basis for sc in cards if (c := sc.speed.ceiling) and c.output_tok_s} - {None}
     return len(bases) > 1 or "mixed" in bases
 
 
@@ -801,7 +808,7 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
     """(low-load, saturation) speedup of ``sc`` over ``base`` (> 1 is faster): baseline ITL p50 over the scheme's
     at the lowest load both measured (:func:`_low_itl`), and ceiling output tok/s over the baseline's
     (:func:`_ceilings`); None where missing or not comparable for speed."""
-    if sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
+    if not sc.speed.comparable or not base.speed.comparable:
         return None, None
     (a, _), (b, _) = _low_itl(sc, base)
     low = b / a if a and b else None
@@ -813,32 +820,34 @@ def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None
 def _ceilings(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
     """``((ceiling output tok/s, [min, max]) of the scheme, the same of the baseline)`` on one window: the whole
     runs (``ceiling_whole_run_tok_s``) when the bases differ (:func:`ceilings_differ_in_basis`), else the ceilings."""
-    mine = (sc.speed.get("ceiling_tok_s"), sc.speed.get("ceiling_tok_s_range"))
-    theirs = (base.speed.get("ceiling_tok_s"), base.speed.get("ceiling_tok_s_range"))
-    whole = (sc.speed.get("ceiling_whole_run_tok_s"), base.speed.get("ceiling_whole_run_tok_s"))
-    if ceilings_differ_in_basis([sc, base]) and all(whole):
-        mine = (whole[0], sc.speed.get("ceiling_whole_run_tok_s_range"))
-        theirs = (whole[1], base.speed.get("ceiling_whole_run_tok_s_range"))
-    return mine, theirs
+    a, b = sc.speed.ceiling or _NO_CEILING, base.speed.ceiling or _NO_CEILING
+    if ceilings_differ_in_basis([sc, base]) and a.whole_run_output_tok_s and b.whole_run_output_tok_s:
+        return (
+            (a.whole_run_output_tok_s, _pair(a.whole_run_output_tok_s_range)),
+            (b.whole_run_output_tok_s, _pair(b.whole_run_output_tok_s_range)),
+        )
+    return (a.output_tok_s, _pair(a.output_tok_s_range)), (b.output_tok_s, _pair(b.output_tok_s_range))
+
+
+_NO_CEILING = Ceiling.model_validate(dict.fromkeys(Ceiling.model_fields) | {"kind": "none", "lower_bound": False})
+
+
+def _pair(r: MinMax | None) -> tuple[float, float] | None:
+    return None if r is None else (r.min, r.max)
 
 
 def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
     """``((ITL p50, [min, max]) of the scheme, the same of the baseline)`` at the lowest load both measured
     (``single_itl_ms_p50`` for cards without points; Nones without a common load)."""
-    mine = {p["load"]: p for p in sc.speed.get("points") or [] if "load" in p}
-    theirs = {p["load"]: p for p in base.speed.get("points") or [] if "load" in p}
-    if not mine or not theirs:
-        return (
-            (sc.speed.get("single_itl_ms_p50"), sc.speed.get("single_itl_ms_p50_range")),
-            (base.speed.get("single_itl_ms_p50"), base.speed.get("single_itl_ms_p50_range")),
-        )
+    mine = {p.load: p for p in sc.speed.points}
+    theirs = {p.load: p for p in base.speed.points}
     common = sorted(set(mine) & set(theirs))
-    if not common:
+    if not common:  # (points without a low load have none either)
         return (None, None), (None, None)
     a, b = mine[common[0]], theirs[common[0]]
     return (
-        (a.get("itl_ms_p50"), (a.get("spread") or {}).get("itl_ms_p50")),
-        (b.get("itl_ms_p50"), (b.get("spread") or {}).get("itl_ms_p50")),
+        (a.itl_ms_p50, _pair(a.spread.get("itl_ms_p50"))),
+        (b.itl_ms_p50, _pair(b.spread.get("itl_ms_p50"))),
     )
 
 
@@ -884,7 +893,7 @@ def paired_speedups(
         speed or the modes differ.
     """
     (mode, points), (base_mode, base_points) = mine, theirs
-    if sc.speed.get("comparable") is False or base.speed.get("comparable") is False or mode != base_mode:
+    if not sc.speed.comparable or not base.speed.comparable or mode != base_mode:
         return []
     rows = []
     for metric, higher, name in PAIRED_METRICS:
@@ -999,18 +1008,18 @@ def regime_side(
 def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
     """Why no saturation speedup can be claimed (a sweep with planned levels left unmeasured, sweeps ending at
     different loads, one load in common); None when it can."""
-    mine, theirs = sc.speed.get("points") or [], base.speed.get("points") or []
-    if not mine or not theirs or sc.speed.get("comparable") is False or base.speed.get("comparable") is False:
+    mine, theirs = sc.speed.points, base.speed.points
+    if not mine or not theirs or not sc.speed.comparable or not base.speed.comparable:
         return None  # speed missing or not compared: regime_reading says so
-    if sc.speed.get("stopped_before"):
-        return f"{sc.scheme}'s sweep has no valid point at {', '.join(sc.speed['stopped_before'])}"
-    if base.speed.get("stopped_before"):
-        return f"the baseline's sweep has no valid point at {', '.join(base.speed['stopped_before'])}"
-    if mine[-1]["load"] != theirs[-1]["load"]:
-        return f"the sweeps end at different loads ({mine[-1]['label']}; the baseline's {theirs[-1]['label']})"
-    common = {p["load"] for p in mine} & {p["load"] for p in theirs}
+    if sc.speed.stopped_before:
+        return f"{sc.scheme}'s sweep has no valid point at {', '.join(sc.speed.stopped_before)}"
+    if base.speed.stopped_before:
+        return f"the baseline's sweep has no valid point at {', '.join(base.speed.stopped_before)}"
+    if mine[-1].load != theirs[-1].load:
+        return f"the sweeps end at different loads ({mine[-1].label}; the baseline's {theirs[-1].label})"
+    common = {p.load for p in mine} & {p.load for p in theirs}
     if len(common) == 1:
-        return f"one load level measured by both ({mine[-1]['label']}): its speedup is the low-load claim"
+        return f"one load level measured by both ({mine[-1].label}): its speedup is the low-load claim"
     return None
 
 
@@ -1019,7 +1028,7 @@ def regime_reading(
 ) -> RegimeReading:
     """Where the scheme pays, from the classes of its two claims (:func:`regime_side`); ``saturation_not_measured``
     when ``sat_gap`` says why no saturation claim is made."""
-    if sc.speed.get("comparable") is False:
+    if not sc.speed.comparable:
         return RegimeReading.EXCLUDED
     if lo_side is not None and sat_gap is not None:
         return RegimeReading.SATURATION_NOT_MEASURED
