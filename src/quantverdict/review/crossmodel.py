@@ -366,7 +366,7 @@ def _speed(c: Candidate) -> None:
 
 def _check_status(review: Review, c: Candidate, name: str) -> str:
     check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
-    return check.status if check is not None else "unknown"
+    return check.outcome if check is not None else "unknown"
 
 
 def _mean_score(c: Candidate, tasks: list[str]) -> float | None:
@@ -504,7 +504,7 @@ def _cross_model(review: Review) -> CrossModel | None:
         for name in names:
             if _check_status(review, c, name) not in NON_BLOCKING:
                 check = review.checks.get(c.card.model, {}).get(c.card.scheme, {}).get(name)
-                c.why_not.append(f"{name}: {check.short() if check else 'not checked'}")
+                c.why_not.append(f"{name}: {(check.cite or check.text) if check else 'not checked'}")
         c.eligible = not c.why_not
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {c.name: str(c.card.speed["workload"]["text"]) for c in cands if shape_of(c.card.speed)}
