@@ -14,6 +14,7 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
+from quantverdict.review.document import PairedSpeedup
 from quantverdict.review.sources import load_dir
 
 CACHE_FREE = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-cache-free"
@@ -31,8 +32,8 @@ def build(grid: str) -> Any:
     return build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
 
 
-def paired(review: Any, scheme: str, metric: str, load: int) -> dict[str, Any]:
-    """The paired-by-repeat row of ``scheme`` over the baseline for ``metric`` at concurrency ``load`` (keys:
-    speedup, speedup_low, speedup_high, verdict, ...). StopIteration when the review has no such row."""
-    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == scheme)
-    return next(p for p in row["paired"] if p["metric"] == metric and p["load"] == load)
+def paired(review: Any, scheme: str, metric: str, load: int) -> PairedSpeedup:
+    """The paired-by-repeat row of ``scheme`` over the baseline for ``metric`` at concurrency ``load``.
+    StopIteration when the review has no such row."""
+    row = next(r for r in next(iter(review.regime.values())) if r.scheme == scheme)
+    return next(p for p in row.paired if p.metric == metric and p.load == load)

@@ -95,7 +95,7 @@ def test_latency_check_counts_requests(tmp_path: Path) -> None:
     # the old number, renamed: the 1 req/s point's p99s (TTFT 300, ITL 60 ms) meet the SLO -> its 0.95 req/s
     assert sc.speed.p99_slo_max_rps == pytest.approx(0.95)
     c = latency_check(sc, RC)
-    assert c.status == FAIL
+    assert c.outcome == FAIL
     assert c.text.startswith(
         "2 of 5 requests (40.0%) met TTFT <= 1,000 ms and TPOT <= 150 ms (< 99% needed) at 1 req/s"
     )
@@ -105,13 +105,13 @@ def test_latency_check_counts_requests(tmp_path: Path) -> None:
         "(requests over each objective: TTFT 1, TPOT 1)"
     )
     assert c.excess == pytest.approx(59 / 99)
-    assert latency_check(sc, replace(RC, slo_attainment_pct=40.0)).status == PASS  # 40% >= 40%
+    assert latency_check(sc, replace(RC, slo_attainment_pct=40.0)).outcome == PASS  # 40% >= 40%
 
 
 def test_latency_check_passes_and_repeats_take_the_median(tmp_path: Path) -> None:
     sc = _card(_rec(tmp_path, [ALL_GOOD]))
     assert sc.speed.goodput_rps == pytest.approx(1.0)
-    assert latency_check(sc, RC).status == PASS
+    assert latency_check(sc, RC).outcome == PASS
     # two repeats: 40% and 100% -> median 70%, goodput median (0.2 + 1.0) / 2 = 0.6; 6 of 9 requests good
     sc = _card(_rec(tmp_path, [RESULT, ALL_GOOD]))
     assert sc.speed.goodput_rps == pytest.approx(0.6)
@@ -119,7 +119,7 @@ def test_latency_check_passes_and_repeats_take_the_median(tmp_path: Path) -> Non
     # an E2E objective of 3500 ms: ALL_GOOD's requests take 3600 ms -> none good
     sc = _card(_rec(tmp_path, [ALL_GOOD]), replace(RC, e2e_ms=3500.0))
     assert sc.speed.goodput_rps == 0.0
-    assert latency_check(sc, replace(RC, e2e_ms=3500.0)).status == FAIL
+    assert latency_check(sc, replace(RC, e2e_ms=3500.0)).outcome == FAIL
 
 
 def test_result_file_found_beside_a_moved_record(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_no_per_request_data_is_said_not_invented() -> None:
     sc = _card(record("bf16"))  # review_records' points have no result file
     assert sc.speed.goodput_rps is None and sc.speed.goodput_how.startswith(NO_PER_REQUEST)
     c = latency_check(sc, RC)
-    assert c.status == PASS and c.text.endswith(
+    assert c.outcome == PASS and c.text.endswith(
         f"({NO_PER_REQUEST}: judged on the p99s, not per request); ceiling 9.38 req/s"
     )
 

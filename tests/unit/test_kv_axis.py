@@ -169,13 +169,13 @@ def test_review_pulls_the_kv_lever_when_the_cache_binds() -> None:
     records = [kv_record(s, k) for s in ("bf16", "fp8") for k in ("auto", "fp8")]
     review = build_review(records, RC, "t")
     v = review.verdicts[0]
-    assert v.decision == "quantize" and v.scheme == "bf16+kv-fp8" and v.lever == "KV cache"
-    assert v.kv_lever["binds_on"] == "kv_cache" and v.kv_lever["fp8_fits"] is True
-    assert v.kv_lever["measured"] == ["bf16+kv-fp8", "fp8+kv-fp8"]
+    assert v.decision == "quantize" and v.chosen_scheme == "bf16+kv-fp8" and v.lever == "KV cache"
+    assert v.kv_lever.binds_on == "kv_cache" and v.kv_lever.fp8_fits is True
+    assert v.kv_lever.measured == ["bf16+kv-fp8", "fp8+kv-fp8"]
     assert v.order == ["bf16+kv-fp8", "fp8", "fp8+kv-fp8"]  # one lever before two; the cache before the weights
     checks = review.checks["m"]
-    assert checks["bf16"]["memory"].status == "fail" and checks["fp8"]["memory"].status == "fail"
-    assert checks["bf16+kv-fp8"]["memory"].status == "pass"
+    assert checks["bf16"]["memory"].outcome == "fail" and checks["fp8"]["memory"].outcome == "fail"
+    assert checks["bf16+kv-fp8"]["memory"].outcome == "pass"
     assert [c.is_baseline for c in review.cards] == [True, False, False, False]  # only bf16 with kv=auto
 
 
@@ -183,8 +183,8 @@ def test_review_weighs_the_kv_lever_without_kv_combinations() -> None:
     review = build_review([kv_record("bf16", "auto"), kv_record("fp8", "auto")], RC, "t")
     v = review.verdicts[0]
     assert v.decision == "no scheme meets all three" and v.lever == ""
-    assert v.kv_lever["binds_on"] == "kv_cache" and v.kv_lever["measured"] == []
-    assert v.kv_lever["fp8_need_gib"] == pytest.approx(1.322884, abs=1e-6) and v.kv_lever["fp8_fits"] is True
+    assert v.kv_lever.binds_on == "kv_cache" and v.kv_lever.measured == []
+    assert v.kv_lever.fp8_need_gib == pytest.approx(1.322884, abs=1e-6) and v.kv_lever.fp8_fits is True
     md = markdown(to_document(review))  # the verdict names the lever it could not weigh
     assert "No KV-cache combination was measured: run the grid with kv=auto,fp8 to weigh it." in md
 
@@ -193,11 +193,11 @@ def test_weights_that_do_not_fit_bind_on_the_weights() -> None:
     rc = replace(RC, memory_budget_gib=0.2)  # bf16 weights 0.25 GiB alone exceed it; fp8 weights 0.15 fit
     review = build_review([kv_record("bf16", "auto"), kv_record("fp8", "fp8")], rc, "t")
     v = review.verdicts[0]
-    assert v.kv_lever["binds_on"] == "weights"
+    assert v.kv_lever.binds_on == "weights"
     assert v.decision == "no scheme meets all three"  # fp8 + fp8 cache: 0.15 + 1.0729 > 0.2
     rc = replace(rc, kv_cache_tokens=1_000)  # 1,000 x 11,520 B = 0.0107 GiB: fp8 + fp8 cache needs 0.1607
     v = build_review([kv_record("bf16", "auto"), kv_record("fp8", "fp8")], rc, "t").verdicts[0]
-    assert (v.scheme, v.lever) == ("fp8+kv-fp8", "weights and KV cache")
+    assert (v.chosen_scheme, v.lever) == ("fp8+kv-fp8", "weights and KV cache")
 
 
 def test_a_refused_kv_combination_is_not_counted_as_measured() -> None:
@@ -205,4 +205,4 @@ def test_a_refused_kv_combination_is_not_counted_as_measured() -> None:
     refused.update(status="failed", failed_stage="config", error="kv=fp8 on env.device=cpu: ...; allowed here: kv=auto")
     review = build_review([kv_record("bf16", "auto"), refused], RC, "t")
     v = review.verdicts[0]
-    assert v.kv_lever["binds_on"] == "kv_cache" and v.kv_lever["measured"] == []
+    assert v.kv_lever.binds_on == "kv_cache" and v.kv_lever.measured == []

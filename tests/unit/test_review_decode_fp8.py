@@ -28,15 +28,15 @@ def test_fp8_pays_at_16_and_64_and_no_difference_is_established_at_256(review: A
     # c=16 output tok/s by repeat: 4,044.6 / 2,957.9, 4,013.0 / 2,954.8, 4,058.1 / 2,963.1 = 1.3674, 1.3581, 1.3695:
     # geometric mean 1.3650, interval 1.350-1.380 (t = 4.303 with 2 degrees of freedom)
     low = paired(review, "fp8", "output_tok_s", 16)
-    assert low["speedup"] == pytest.approx(1.3650, abs=2e-4) and low["verdict"] == "faster"
+    assert low.speedup == pytest.approx(1.3650, abs=2e-4) and low.verdict == "faster"
     # c=64: 11,545.6 / 8,928.1, 11,629.2 / 8,933.4, 11,634.7 / 8,933.4 = 1.2932, 1.3018, 1.3024: 1.2991
     mid = paired(review, "fp8", "output_tok_s", 64)
-    assert mid["speedup"] == pytest.approx(1.2991, abs=2e-4) and mid["verdict"] == "faster"
+    assert mid.speedup == pytest.approx(1.2991, abs=2e-4) and mid.verdict == "faster"
     # c=256: 13,738.1 / 12,506.6, 12,678.0 / 13,927.0, 13,927.3 / 13,441.8 = 1.0985, 0.9103, 1.0361: 1.0119, and the
     # interval 0.797-1.285 holds 1
     sat = paired(review, "fp8", "output_tok_s", 256)
-    assert sat["speedup"] == pytest.approx(1.0119, abs=2e-4) and sat["verdict"] == "no difference established"
-    assert (sat["speedup_low"], sat["speedup_high"]) == pytest.approx((0.797, 1.285), abs=1e-3)
+    assert sat.speedup == pytest.approx(1.0119, abs=2e-4) and sat.verdict == "no difference established"
+    assert (sat.speedup_low, sat.speedup_high) == pytest.approx((0.797, 1.285), abs=1e-3)
 
 
 def test_the_ceilings_are_whole_runs(review: Any) -> None:

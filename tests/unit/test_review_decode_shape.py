@@ -24,11 +24,11 @@ def test_w4a16_pays_at_low_load_only(review: Any) -> None:
     # c=16 output tok/s by repeat: 3,501.9 / 2,804.0, 3,525.0 / 2,805.9, 3,525.6 / 2,803.3 = 1.2489, 1.2563,
     # 1.2577: geometric mean 1.2543
     low = paired(review, "gptq", "output_tok_s", 16)
-    assert low["speedup"] == pytest.approx(1.2543, abs=2e-4) and low["verdict"] == "faster"
+    assert low.speedup == pytest.approx(1.2543, abs=2e-4) and low.verdict == "faster"
     # c=256: 12,346.1 / 13,540.0, 11,460.3 / 14,758.1, 12,105.4 / 14,061.6 = 0.9118, 0.7765, 0.8609: 0.848, but
     # three pairs this far apart (t with 2 degrees of freedom) leave 1 inside the interval
     sat = paired(review, "gptq", "output_tok_s", 256)
-    assert sat["speedup"] == pytest.approx(0.848, abs=1e-3) and sat["verdict"] == "no difference established"
+    assert sat.speedup == pytest.approx(0.848, abs=1e-3) and sat.verdict == "no difference established"
 
 
 def test_the_ceiling_is_the_whole_run_where_the_window_is_a_wave(review: Any) -> None:

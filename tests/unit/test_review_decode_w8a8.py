@@ -28,18 +28,18 @@ def test_w8a8_pays_at_16_and_64_and_no_difference_is_established_at_256(review: 
     # c=16 output tok/s by repeat: 3,703.6 / 2,969.9, 3,675.5 / 2,975.7, 3,677.5 / 2,966.1 = 1.2470, 1.2352, 1.2399:
     # geometric mean 1.2407, interval 1.226-1.256 (t = 4.303 with 2 degrees of freedom)
     low = paired(review, "w8a8", "output_tok_s", 16)
-    assert low["speedup"] == pytest.approx(1.2407, abs=2e-4) and low["verdict"] == "faster"
-    assert (low["speedup_low"], low["speedup_high"]) == pytest.approx((1.226, 1.256), abs=1e-3)
+    assert low.speedup == pytest.approx(1.2407, abs=2e-4) and low.verdict == "faster"
+    assert (low.speedup_low, low.speedup_high) == pytest.approx((1.226, 1.256), abs=1e-3)
     # c=64: 11,079.2 / 9,067.7, 10,327.2 / 9,079.9, 11,379.6 / 9,095.5 = 1.2218, 1.1374, 1.2511: 1.2025; W8A8's r1 dip
     # widens the interval to 1.063-1.360, which still excludes 1
     mid = paired(review, "w8a8", "output_tok_s", 64)
-    assert mid["speedup"] == pytest.approx(1.2025, abs=2e-4) and mid["verdict"] == "faster"
-    assert (mid["speedup_low"], mid["speedup_high"]) == pytest.approx((1.063, 1.360), abs=1e-3)
+    assert mid.speedup == pytest.approx(1.2025, abs=2e-4) and mid.verdict == "faster"
+    assert (mid.speedup_low, mid.speedup_high) == pytest.approx((1.063, 1.360), abs=1e-3)
     # c=256: 14,714.0 / 15,142.3, 15,773.5 / 13,557.9, 14,825.4 / 12,590.5 = 0.9717, 1.1634, 1.1775: 1.1001, and the
     # interval 0.842-1.437 holds 1 (bf16's runs fell one after another, W8A8's did not)
     sat = paired(review, "w8a8", "output_tok_s", 256)
-    assert sat["speedup"] == pytest.approx(1.1001, abs=2e-4) and sat["verdict"] == "no difference established"
-    assert (sat["speedup_low"], sat["speedup_high"]) == pytest.approx((0.842, 1.437), abs=1e-3)
+    assert sat.speedup == pytest.approx(1.1001, abs=2e-4) and sat.verdict == "no difference established"
+    assert (sat.speedup_low, sat.speedup_high) == pytest.approx((0.842, 1.437), abs=1e-3)
 
 
 def test_the_ceilings_are_whole_runs(review: Any) -> None:

@@ -29,20 +29,20 @@ def test_int8_is_slower_at_16_and_64_and_not_established_at_1_or_256(review: Any
     # c=16 output tok/s by repeat, int8 / bf16: 4,376.5 / 4,904.5, 4,186.1 / 5,017.8, 4,073.5 / 4,687.6 = 0.8923,
     # 0.8343, 0.8690; mean log -0.14518, sd 0.03391: geometric mean 0.8649, interval 0.795-0.941, under 1
     c16 = paired(review, "int8", "output_tok_s", 16)
-    assert c16["speedup"] == pytest.approx(0.8649, abs=2e-4) and c16["verdict"] == "slower"
-    assert (c16["speedup_low"], c16["speedup_high"]) == pytest.approx((0.795, 0.941), abs=1e-3)
+    assert c16.speedup == pytest.approx(0.8649, abs=2e-4) and c16.verdict == "slower"
+    assert (c16.speedup_low, c16.speedup_high) == pytest.approx((0.795, 0.941), abs=1e-3)
     # c=64: 10,581.0 / 11,428.4, 10,896.3 / 11,458.7, 11,743.7 / 12,165.4 = 0.9259, 0.9509, 0.9653: 0.9472, interval
     # 0.899-0.998, its top just under 1
     c64 = paired(review, "int8", "output_tok_s", 64)
-    assert c64["speedup"] == pytest.approx(0.9472, abs=2e-4) and c64["verdict"] == "slower"
-    assert (c64["speedup_low"], c64["speedup_high"]) == pytest.approx((0.899, 0.998), abs=1e-3)
+    assert c64.speedup == pytest.approx(0.9472, abs=2e-4) and c64.verdict == "slower"
+    assert (c64.speedup_low, c64.speedup_high) == pytest.approx((0.899, 0.998), abs=1e-3)
     # c=1: 347.9 / 473.4, 341.0 / 467.2, 354.5 / 383.7 = 0.7349, 0.7299, 0.9239 (bf16's third run was slow):
     # 0.7913, 0.567-1.104 (1.105 from the records' unrounded figures) holds 1; c=256: 10,217.4 / 11,104.9,
     # 9,598.0 / 12,657.5, 9,420.7 / 12,265.3 = 0.9201, 0.7583, 0.7681: 0.8122, 0.621-1.063 holds 1
     for load, gm, low, high in ((1, 0.7913, 0.567, 1.104), (256, 0.8122, 0.621, 1.063)):
         row = paired(review, "int8", "output_tok_s", load)
-        assert row["speedup"] == pytest.approx(gm, abs=2e-4) and row["verdict"] == "no difference established"
-        assert (row["speedup_low"], row["speedup_high"]) == pytest.approx((low, high), abs=1e-3)
+        assert row.speedup == pytest.approx(gm, abs=2e-4) and row.verdict == "no difference established"
+        assert (row.speedup_low, row.speedup_high) == pytest.approx((low, high), abs=1e-3)
 
 
 def test_fp8_and_w8a8_establish_nothing_in_tok_s(review: Any) -> None:
@@ -61,17 +61,17 @@ def test_fp8_and_w8a8_establish_nothing_in_tok_s(review: Any) -> None:
     }
     for (scheme, load), (gm, low, high) in expected.items():
         row = paired(review, scheme, "output_tok_s", load)
-        assert row["speedup"] == pytest.approx(gm, abs=2e-4), (scheme, load)
-        assert (row["speedup_low"], row["speedup_high"]) == pytest.approx((low, high), abs=1e-3), (scheme, load)
-        assert row["verdict"] == "no difference established", (scheme, load)
+        assert row.speedup == pytest.approx(gm, abs=2e-4), (scheme, load)
+        assert (row.speedup_low, row.speedup_high) == pytest.approx((low, high), abs=1e-3), (scheme, load)
+        assert row.verdict == "no difference established", (scheme, load)
 
 
 def test_w8a8_itl_is_slower_at_64(review: Any) -> None:
     # ITL p50 at c=64 (ms), bf16 / W8A8 (a latency: baseline over scheme): 4.0664 / 4.3171, 4.1172 / 4.5503,
     # 4.0921 / 4.5592 = 0.9419, 0.9048, 0.8975: 0.9146, interval 0.858-0.975, under 1, while its tok/s holds 1
     row = paired(review, "w8a8", "itl_ms_p50", 64)
-    assert row["speedup"] == pytest.approx(0.9146, abs=2e-4) and row["verdict"] == "slower"
-    assert (row["speedup_low"], row["speedup_high"]) == pytest.approx((0.858, 0.975), abs=1e-3)
+    assert row.speedup == pytest.approx(0.9146, abs=2e-4) and row.verdict == "slower"
+    assert (row.speedup_low, row.speedup_high) == pytest.approx((0.858, 0.975), abs=1e-3)
 
 
 def test_the_split_shows_one_job_of_four_within_ten_percent() -> None:

@@ -30,10 +30,10 @@ def test_no_difference_is_established_at_256(review: Any) -> None:
     # sample sd of the logs 0.15109, se 0.08723, t = 4.303 (2 degrees of freedom): exp(0.12916 -+ 0.37537)
     # = 0.782-1.656, which holds 1
     tok = paired(review, "fp8", "output_tok_s", 256)
-    assert tok["speedup"] == pytest.approx(1.1379, abs=2e-4) and tok["verdict"] == "no difference established"
-    assert (tok["speedup_low"], tok["speedup_high"]) == pytest.approx((0.782, 1.656), abs=1e-3)
+    assert tok.speedup == pytest.approx(1.1379, abs=2e-4) and tok.verdict == "no difference established"
+    assert (tok.speedup_low, tok.speedup_high) == pytest.approx((0.782, 1.656), abs=1e-3)
     # bf16's repeats fall from run to run (16,866 -> 14,233 -> 13,039) and FP8's do not: the spread, not FP8, decides
-    assert 1.0 < tok["speedup_high"] and tok["speedup_low"] < 1.0
+    assert 1.0 < tok.speedup_high and tok.speedup_low < 1.0
 
 
 def test_both_jobs_take_more_than_start_plus_windows_plus_ten_percent() -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
-from quantverdict.review.document import RegimeReading
+from quantverdict.review.document import Regime, RegimeReading
 from quantverdict.review.export import to_document
 from quantverdict.review.sources import load_dir
 from review_records import SYN_CONCURRENCIES, record, speed, synthetic_grid
@@ -28,9 +28,9 @@ RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)
 STOPPED = "gptq's sweep has no valid point at concurrency 64, concurrency 256"
 
 
-def _row(review: Any, scheme: str) -> dict[str, Any]:
+def _row(review: Any, scheme: str) -> Regime:
     model = next(iter(review.regime))
-    return next(r for r in review.regime[model] if r["scheme"] == scheme)
+    return next(r for r in review.regime[model] if r.scheme == scheme)
 
 
 def _card(review: Any, scheme: str) -> Any:
@@ -47,16 +47,16 @@ def test_the_interrupted_decode_lease_claims_low_load_only() -> None:
     assert gptq.speed.ceiling.kind == "lower_bound"  # its best level (16) is a floor
     assert bf16.speed.stopped_before == [] and bf16.speed.ceiling.kind == "closed_loop_max"
     row = _row(review, "gptq")
-    assert row["sat_gap"] == STOPPED
-    assert row["sat"] is None and row["sat_claim"] is None and row["sat_range"] is None
+    assert row.saturation_not_compared == STOPPED
+    assert row.saturation_speedup is None and row.saturation_claim is None and row.saturation_range is None
     # the low-load claim stands: ITL p50 at concurrency 16, three repeats paired on one GPU
-    assert row["low_claim"]["rule"] == "paired t" and row["low_claim"]["class"] == "pays"
-    assert row["reading"] == RegimeReading.SATURATION_NOT_MEASURED
+    assert row.low_load_claim.rule == "paired t" and row.low_load_claim.class_ == "pays"
+    assert row.reading == RegimeReading.SATURATION_NOT_MEASURED
     # output tok/s at concurrency 16, gptq / bf16 by repeat: 3,574.1 / 2,823.2, 3,579.1 / 2,824.1, 3,582.7 /
     # 2,819.3 = 1.2660, 1.2673, 1.2708; geometric mean 1.2680
-    tok = next(p for p in row["paired"] if p["metric"] == "output_tok_s")
-    assert (tok["load"], tok["pairs"], tok["verdict"]) == (16, 3, "faster")
-    assert tok["speedup"] == pytest.approx(1.2680, abs=2e-4)
+    tok = next(p for p in row.paired if p.metric == "output_tok_s")
+    assert (tok.load, tok.pairs, tok.verdict) == (16, 3, "faster")
+    assert tok.speedup == pytest.approx(1.2680, abs=2e-4)
     flagged = [f.message for f in review.flags if f.code == "sweep_incomplete"]
     assert flagged == [
         "gptq (W4A16): speed: no valid point at concurrency 64, concurrency 256 of the planned sweep (concurrency 16, "
@@ -87,12 +87,12 @@ def test_a_stopped_sweep_against_a_complete_one() -> None:
     gptq["status"], gptq["failed_stage"] = "interrupted", "benchmark"
     review = build_review(recs, RC, "t")
     row = _row(review, "gptq")
-    assert row["sat_gap"] == STOPPED and row["sat_claim"] is None
+    assert row.saturation_not_compared == STOPPED and row.saturation_claim is None
     assert _card(review, "gptq").speed.ceiling.kind == "lower_bound"
     # the complete sweeps keep their saturation claims (at concurrency 256)
     for scheme in ("fp8", "w8a8"):
         r = _row(review, scheme)
-        assert r["sat_gap"] is None and r["sat_claim"] is not None
+        assert r.saturation_not_compared is None and r.saturation_claim is not None
         assert _card(review, scheme).speed.ceiling.kind == "closed_loop_max"
 
 
@@ -102,7 +102,9 @@ def test_a_stopped_baseline_stops_every_saturation_claim() -> None:
     base["speed"]["points"] = base["speed"]["points"][:3]  # no concurrency 256
     review = build_review(recs, RC, "t")
     for scheme in ("fp8", "gptq", "w8a8"):
-        assert _row(review, scheme)["sat_gap"] == "the baseline's sweep has no valid point at concurrency 256"
+        assert (
+            _row(review, scheme).saturation_not_compared == "the baseline's sweep has no valid point at concurrency 256"
+        )
     # a job that finished but lost its top level to invalid points: flagged without "(job ...)"
     assert [f.message for f in review.flags if f.code == "sweep_incomplete"] == [
         "bf16 (BF16): speed: no valid point at concurrency 256 of the planned sweep (concurrency 1, concurrency 16, "
@@ -118,7 +120,7 @@ def test_sweeps_that_end_apart_without_a_plan() -> None:
     fp8["speed"]["points"] = fp8["speed"]["points"][:3]
     review = build_review(recs, RC, "t")
     assert _card(review, "fp8").speed.ceiling.kind == "closed_loop_max"  # no plan: no lower bound
-    assert _row(review, "fp8")["sat_gap"] == (
+    assert _row(review, "fp8").saturation_not_compared == (
         "the sweeps end at different loads (concurrency 64; the baseline's concurrency 256)"
     )
     assert not [f for f in review.flags if f.code == "sweep_incomplete"]
@@ -130,8 +132,11 @@ def test_one_common_level_is_not_a_saturation_claim() -> None:
         r["speed"]["points"] = r["speed"]["points"][:1]  # concurrency 1 only, as planned
     review = build_review(recs, RC, "t")
     row = _row(review, "gptq")
-    assert row["sat_gap"] == "one load level measured by both (concurrency 1): its speedup is the low-load claim"
-    assert row["reading"] == RegimeReading.SATURATION_NOT_MEASURED and row["sat_claim"] is None
+    assert (
+        row.saturation_not_compared
+        == "one load level measured by both (concurrency 1): its speedup is the low-load claim"
+    )
+    assert row.reading == RegimeReading.SATURATION_NOT_MEASURED and row.saturation_claim is None
     assert not [f for f in review.flags if f.code == "sweep_incomplete"]  # nothing planned is missing
 
 
@@ -145,8 +150,8 @@ def test_low_load_is_the_lowest_load_both_measured() -> None:
     gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
     gptq["speed"]["points"][0]["valid"] = False  # its concurrency-1 point invalid: its lowest valid load is 16
     row = _row(build_review(recs, RC, "t"), "gptq")
-    assert row["low"] == pytest.approx(6.0 / 4.0)  # bf16's 6 ms over gptq's 4 ms at 16, not 5 ms (c=1) over 4
-    assert row["sat_gap"] is None  # both reached 256
+    assert row.low_load_speedup == pytest.approx(6.0 / 4.0)  # bf16's 6 ms over gptq's 4 ms at 16, not 5 ms (c=1) over 4
+    assert row.saturation_not_compared is None  # both reached 256
 
 
 def test_sweeps_sharing_only_their_top_compare_there() -> None:
@@ -156,9 +161,12 @@ def test_sweeps_sharing_only_their_top_compare_there() -> None:
     gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
     gptq["speed"]["points"] = [gptq["speed"]["points"][0], gptq["speed"]["points"][3]]  # gptq at 1 and 256
     row = _row(build_review(recs, RC, "t"), "gptq")
-    assert row["low"] == pytest.approx(20.0 / 30.0)  # at 256, the one load both measured: slower
-    assert row["sat_gap"] == "one load level measured by both (concurrency 256): its speedup is the low-load claim"
-    assert row["reading"] == RegimeReading.SATURATION_NOT_MEASURED and row["low_claim"]["class"] == "costs"
+    assert row.low_load_speedup == pytest.approx(20.0 / 30.0)  # at 256, the one load both measured: slower
+    assert (
+        row.saturation_not_compared
+        == "one load level measured by both (concurrency 256): its speedup is the low-load claim"
+    )
+    assert row.reading == RegimeReading.SATURATION_NOT_MEASURED and row.low_load_claim.class_ == "costs"
 
 
 def test_a_scheme_excluded_from_speed_has_no_saturation_gap() -> None:
@@ -167,7 +175,7 @@ def test_a_scheme_excluded_from_speed_has_no_saturation_gap() -> None:
     gptq["memory"]["server"]["fallback"] = True  # a weight-only fallback kernel: not compared for speed
     gptq["speed"]["points"] = gptq["speed"]["points"][:2]
     row = _row(build_review(recs, RC, "t"), "gptq")
-    assert row["sat_gap"] is None and row["reading"] == RegimeReading.EXCLUDED
+    assert row.saturation_not_compared is None and row.reading == RegimeReading.EXCLUDED
 
 
 def test_the_lower_bound_reaches_the_gpu_lines_and_the_cost_json() -> None:
@@ -208,7 +216,7 @@ def test_an_open_loop_sweep_that_saturated_before_it_stopped() -> None:
         "gptq (W4A16): speed: no valid point at unlimited rate of the planned sweep (1 req/s, 4 req/s, unlimited "
         "rate) (job interrupted in stage benchmark): no speedup at saturation is claimed against it or from it"
     ]
-    assert _row(review, "gptq")["sat_gap"] == "gptq's sweep has no valid point at unlimited rate"
+    assert _row(review, "gptq").saturation_not_compared == "gptq's sweep has no valid point at unlimited rate"
 
 
 def test_a_record_without_speed_mode_reads_the_config_mode() -> None:

@@ -115,7 +115,7 @@ def test_small_n_uses_the_interval_test_by_default(tmp_path: Path) -> None:
     assert ReviewConfig().floor_test == "auto"
     review = build_review(small_n_grid(tmp_path), replace(RC, max_perplexity_increase_pct=None), "t")
     acc = review.checks["m"]["w8a8"]["accuracy"]
-    assert acc.status == "pass"
+    assert acc.outcome == "pass"
     assert "interval" in acc.cite  # says the interval decided, not a 91.7% >= 95% claim
     ft = to_document(review).floor_tests
     assert ft is not None and (ft.mode, ft.interval_test_below_n) == ("auto", 200) and ft.interval
@@ -124,7 +124,7 @@ def test_small_n_uses_the_interval_test_by_default(tmp_path: Path) -> None:
 def test_point_test_names_the_setting_that_would_change_it(tmp_path: Path) -> None:
     rc = replace(RC, max_perplexity_increase_pct=None, floor_test="point")
     acc = build_review(small_n_grid(tmp_path), rc, "t").checks["m"]["w8a8"]["accuracy"]
-    assert acc.status == "fail"
+    assert acc.outcome == "fail"
     assert "not significant" in acc.shortfall and "review.floor_test=interval would pass it" in acc.shortfall
 
 
@@ -310,7 +310,7 @@ def test_interval_judged_check_text_never_claims_the_estimate_meets_the_floor(tm
         "accuracy"
     ]
     # 91.7% is below 95%: the PASS rests on the interval reaching 100%, and the text says so (not "91.7% >= 95%")
-    assert acc.status == "pass" and "91.7%" in acc.text
+    assert acc.outcome == "pass" and "91.7%" in acc.text
     assert ">= 95%" not in acc.text and "does not rule out the 95% floor" in acc.text and "n=30" in acc.text
 
 

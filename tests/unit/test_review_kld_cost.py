@@ -81,21 +81,23 @@ def test_no_kld_limit_leaves_the_checks_as_they_were() -> None:
     _, v_plain, c_plain = _review(grid())
     _, v_kld, c_kld = _review(kld_grid())
     assert v_plain.sentence == v_kld.sentence
-    assert {s: c["accuracy"].status for s, c in c_plain.items()} == {s: c["accuracy"].status for s, c in c_kld.items()}
+    assert {s: c["accuracy"].outcome for s, c in c_plain.items()} == {
+        s: c["accuracy"].outcome for s, c in c_kld.items()
+    }
 
 
 def test_max_mean_kld_fails_the_scheme_over_it() -> None:
     _, v, checks = _review(kld_grid(), max_mean_kld=0.05)
-    assert checks["int8"]["accuracy"].status == "pass"
+    assert checks["int8"]["accuracy"].outcome == "pass"
     assert "mean KLD 0.002 nats <= 0.05" in checks["int8"]["accuracy"].text
     gptq = checks["gptq"]["accuracy"]
-    assert gptq.status == "fail" and "mean KLD 0.08 nats is over the 0.05 limit" in gptq.shortfall
+    assert gptq.outcome == "fail" and "mean KLD 0.08 nats is over the 0.05 limit" in gptq.shortfall
     assert gptq.excess == pytest.approx((0.08 - 0.05) / 0.05)
     # a scheme without a KLD cannot pass the limit: unknown, with why
-    assert checks["fp8"]["accuracy"].status == "unknown"
+    assert checks["fp8"]["accuracy"].outcome == "unknown"
     assert "no KL divergence in the record" in checks["fp8"]["accuracy"].text
-    assert checks["awq"]["accuracy"].status == "unknown" and "no stored baseline" in checks["awq"]["accuracy"].text
-    assert checks["bf16"]["accuracy"].status == "pass"  # the reference
+    assert checks["awq"]["accuracy"].outcome == "unknown" and "no stored baseline" in checks["awq"]["accuracy"].text
+    assert checks["bf16"]["accuracy"].outcome == "pass"  # the reference
     assert v.decision == "do not quantize"
     assert any(o.startswith("gptq") and "mean KLD 0.08 nats is over the 0.05 limit" in o for o in v.others)
 
@@ -103,14 +105,14 @@ def test_max_mean_kld_fails_the_scheme_over_it() -> None:
 def test_min_top1_agreement_and_the_interval_test() -> None:
     _, _, checks = _review(kld_grid(), min_top1_agreement_pct=90.0)
     gptq = checks["gptq"]["accuracy"]
-    assert gptq.status == "fail" and "top-1 agreement 85.00% is 5.00 points below 90%" in gptq.shortfall
-    assert checks["int8"]["accuracy"].status == "pass"
+    assert gptq.outcome == "fail" and "top-1 agreement 85.00% is 5.00 points below 90%" in gptq.shortfall
+    assert checks["int8"]["accuracy"].outcome == "pass"
     # interval test: gptq's mean KLD interval [0.06, 0.10] lies over 0.05 (fails) but reaches under 0.07 (passes)
     _, _, over = _review(kld_grid(), max_mean_kld=0.05, floor_test="interval")
-    assert over["gptq"]["accuracy"].status == "fail"
+    assert over["gptq"]["accuracy"].outcome == "fail"
     _, _, under = _review(kld_grid(), max_mean_kld=0.07, floor_test="interval")
     assert "mean KLD 0.08 nats (interval test: its interval starts at 0.06) <= 0.07" in under["gptq"]["accuracy"].text
-    assert under["gptq"]["accuracy"].status == "pass"
+    assert under["gptq"]["accuracy"].outcome == "pass"
 
 
 def test_the_verdict_in_usd_per_million_output_tokens() -> None:
@@ -119,7 +121,7 @@ def test_the_verdict_in_usd_per_million_output_tokens() -> None:
     md = markdown(to_document(review))
     # fp8 at concurrency 16: E2E p50 45 + 127 x 4 = 553 ms -> 16 / 0.553 s x 128 = 3,703.4 output tok/s;
     # $3.50 / (3,703.4 x 3,600 tok/h) x 1e6 = $0.2625 per million output tokens
-    assert v.scheme == "w8a8" or v.scheme == "fp8"
+    assert v.chosen_scheme == "w8a8" or v.chosen_scheme == "fp8"
     line = next(line for line in md.splitlines() if line.startswith("**Cost**"))
     assert "NVIDIA H200 at $3.5 per GPU-hour" in line
     fp8 = next(line for line in md.splitlines() if line.startswith("- fp8 (FP8_DYNAMIC) on 1 GPU: $"))

@@ -30,14 +30,14 @@ def review() -> Any:
 
 
 def test_fp8_pays_at_saturation_paired_by_repeat(review: Any) -> None:
-    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "fp8")
-    sat = next(p for p in row["paired"] if p["metric"] == "output_tok_s" and p["load"] == 256)
+    row = next(r for r in next(iter(review.regime.values())) if r.scheme == "fp8")
+    sat = next(p for p in row.paired if p.metric == "output_tok_s" and p.load == 256)
     # c=256 output tok/s by repeat: 3,002.08 / 2,098.08, 2,967.67 / 2,094.28, 2,965.17 / 2,090.60 = 1.43087,
     # 1.41704, 1.41833; logs 0.35829, 0.34855, 0.34946, mean 0.35210 -> 1.4221; sd 0.005381, se 0.003107,
     # t(2) 4.303: exp(0.35210 -+ 0.01337) = [1.4032, 1.4412]
-    assert sat["speedup"] == pytest.approx(1.4221, abs=2e-4) and sat["verdict"] == "faster"
-    assert sat["speedup_low"] == pytest.approx(1.4032, abs=5e-4)
-    assert sat["speedup_high"] == pytest.approx(1.4412, abs=5e-4)
+    assert sat.speedup == pytest.approx(1.4221, abs=2e-4) and sat.verdict == "faster"
+    assert sat.speedup_low == pytest.approx(1.4032, abs=5e-4)
+    assert sat.speedup_high == pytest.approx(1.4412, abs=5e-4)
 
 
 def test_the_ceilings_name_their_windows_when_they_differ(review: Any) -> None:
@@ -81,14 +81,14 @@ def test_w8a8_pays_at_saturation_and_its_ceiling_is_steady() -> None:
     # the ninth lease: W8A8 beside its own bf16 in the same shape, on another H200
     records, _ = load_dir(GRIDS / "prefill-w8a8-grid" / "records")
     review = build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
-    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "w8a8")
-    sat = next(p for p in row["paired"] if p["metric"] == "output_tok_s" and p["load"] == 256)
+    row = next(r for r in next(iter(review.regime.values())) if r.scheme == "w8a8")
+    sat = next(p for p in row.paired if p.metric == "output_tok_s" and p.load == 256)
     # c=256 output tok/s by repeat: 3,008.29 / 2,045.62, 2,981.38 / 2,042.38, 2,991.67 / 2,039.87 = 1.47060,
     # 1.45976, 1.46660; logs 0.38567, 0.37827, 0.38295, mean 0.38230 -> 1.4656; sd 0.003743, se 0.002161,
     # t(2) 4.303: exp(0.38230 -+ 0.00930) = [1.4521, 1.4793]
-    assert sat["speedup"] == pytest.approx(1.4656, abs=2e-4) and sat["verdict"] == "faster"
-    assert sat["speedup_low"] == pytest.approx(1.4521, abs=5e-4)
-    assert sat["speedup_high"] == pytest.approx(1.4793, abs=5e-4)
+    assert sat.speedup == pytest.approx(1.4656, abs=2e-4) and sat.verdict == "faster"
+    assert sat.speedup_low == pytest.approx(1.4521, abs=5e-4)
+    assert sat.speedup_high == pytest.approx(1.4793, abs=5e-4)
     cards = {c.scheme: c for c in review.cards}
     # bf16: windows 29.9-30.4 s against 2 x E2E p50 15.9-16.1 s = 31.8-32.2 s: whole runs, median 2,042.38;
     # W8A8: 31.3-31.9 s against 2 x 10.8-10.9 s: steady, 2,875.51 / 2,973.90 / 2,812.47 -> 2,875.51
@@ -108,8 +108,8 @@ def test_unpaired_ceilings_of_different_windows_are_compared_on_whole_runs() -> 
         if rec.job.scheme == "fp8":
             (rec.environment.gpu or [])[0]["uuid"] = "GPU-00000000-1111-2222-3333-444455556666"
     review = build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
-    row = next(r for r in next(iter(review.regime.values())) if r["scheme"] == "fp8")
-    assert row["paired"] == [] and row["sat_claim"]["rule"] == "min-max range"
-    assert row["sat"] == pytest.approx(1.4170, abs=2e-4)
-    assert row["sat_range"] == pytest.approx((1.4133, 1.4360), abs=2e-4)
-    assert row["sat_claim"]["class"] == "pays"
+    row = next(r for r in next(iter(review.regime.values())) if r.scheme == "fp8")
+    assert row.paired == [] and row.saturation_claim.rule == "min-max range"
+    assert row.saturation_speedup == pytest.approx(1.4170, abs=2e-4)
+    assert (row.saturation_range.min, row.saturation_range.max) == pytest.approx((1.4133, 1.4360), abs=2e-4)
+    assert row.saturation_claim.class_ == "pays"

@@ -16,7 +16,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, to_json
-from quantverdict.review.document import RegimeReading
+from quantverdict.review.document import PairedSpeedup, Regime, RegimeReading
 from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from review_records import point, record
@@ -35,13 +35,13 @@ def sweep(itl: list[float], tok: list[float], invalid: tuple[int, ...] = ()) -> 
     return {"mode": "rate", "server_start_s": 30.0, "points": pts}
 
 
-def rows(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def rows(records: list[dict[str, Any]]) -> dict[str, Regime]:
     review = build_review(records, RC, "t")
-    return {r["scheme"]: r for r in review.regime["m"]}
+    return {r.scheme: r for r in review.regime["m"]}
 
 
-def paired_row(row: dict[str, Any], metric: str, load: Any) -> dict[str, Any]:
-    return next(p for p in row["paired"] if p["metric"] == metric and p["load"] == load)
+def paired_row(row: Regime, metric: str, load: Any) -> PairedSpeedup:
+    return next(p for p in row.paired if p.metric == metric and p.load == load)
 
 
 def test_three_paired_repeats_faster_slower_and_no_difference() -> None:
@@ -62,44 +62,44 @@ def test_three_paired_repeats_faster_slower_and_no_difference() -> None:
     by = rows([base, w8a8, gptq])
 
     sat = paired_row(by["w8a8"], "output_tok_s", "inf")
-    assert sat["pairs"] == 3 and sat["label"] == "unlimited rate" and sat["verdict"] == "faster"
-    assert sat["ratios"] == pytest.approx([1.20, 1.25, 1.22])
-    assert sat["speedup"] == pytest.approx(1.2232, abs=1e-4)
-    assert (sat["speedup_low"], sat["speedup_high"]) == (
+    assert sat.pairs == 3 and sat.label == "unlimited rate" and sat.verdict == "faster"
+    assert sat.ratios == pytest.approx([1.20, 1.25, 1.22])
+    assert sat.speedup == pytest.approx(1.2232, abs=1e-4)
+    assert (sat.speedup_low, sat.speedup_high) == (
         pytest.approx(1.1623, abs=1e-4),
         pytest.approx(1.2872, abs=1e-4),
     )
     low = paired_row(by["w8a8"], "itl_ms_p50", 1.0)
-    assert low["ratio"] == pytest.approx(1 / 1.0366, abs=1e-4) and low["speedup"] == pytest.approx(1.0366, abs=1e-4)
-    assert (low["speedup_low"], low["speedup_high"]) == (
+    assert low.ratio == pytest.approx(1 / 1.0366, abs=1e-4) and low.speedup == pytest.approx(1.0366, abs=1e-4)
+    assert (low.speedup_low, low.speedup_high) == (
         pytest.approx(0.8536, abs=1e-4),
         pytest.approx(1.2589, abs=1e-4),
     )
-    assert low["verdict"] == "no difference established"
+    assert low.verdict == "no difference established"
     # the claims rest on those two rows and say so
     w = by["w8a8"]
-    assert w["low_claim"]["rule"] == "paired t" and w["sat_claim"]["rule"] == "paired t"
-    lo, sat = w["low_claim"], w["sat_claim"]
-    assert (lo["load"], lo["metric"], lo["word"], lo["pairs"]) == (1.0, "itl_ms_p50", "no difference established", 3)
-    assert (lo["low"], lo["high"]) == (pytest.approx(0.8536, abs=1e-4), pytest.approx(1.2589, abs=1e-4))
-    assert (sat["load"], sat["metric"], sat["word"], sat["pairs"]) == ("inf", "output_tok_s", "faster", 3)
-    assert [round(v, 2) for v in (sat["speedup"], sat["low"], sat["high"])] == [1.22, 1.16, 1.29]
-    assert w["reading"] == RegimeReading.PAYS_AT_SATURATION_ONLY
+    assert w.low_load_claim.rule == "paired t" and w.saturation_claim.rule == "paired t"
+    lo, sat = w.low_load_claim, w.saturation_claim
+    assert (lo.load, lo.metric, lo.word, lo.pairs) == (1.0, "itl_ms_p50", "no difference established", 3)
+    assert (lo.low, lo.high) == (pytest.approx(0.8536, abs=1e-4), pytest.approx(1.2589, abs=1e-4))
+    assert (sat.load, sat.metric, sat.word, sat.pairs) == ("inf", "output_tok_s", "faster", 3)
+    assert [round(v, 2) for v in (sat.speedup, sat.low, sat.high)] == [1.22, 1.16, 1.29]
+    assert w.reading == RegimeReading.PAYS_AT_SATURATION_ONLY
     # the old rule would have said "pays" at low load on the median (50 / 47.5 = 1.053 >= 1.05) were it a single run
-    assert w["low"] == pytest.approx(50 / 47.5)
+    assert w.low_load_speedup == pytest.approx(50 / 47.5)
 
     g = by["gptq"]
-    assert g["low_claim"]["speedup"] == pytest.approx(1.2503, abs=1e-4) and g["low_claim"]["word"] == "faster"
-    assert (g["low_claim"]["low"], g["low_claim"]["high"]) == (
+    assert g.low_load_claim.speedup == pytest.approx(1.2503, abs=1e-4) and g.low_load_claim.word == "faster"
+    assert (g.low_load_claim.low, g.low_load_claim.high) == (
         pytest.approx(1.1750, abs=1e-4),
         pytest.approx(1.3304, abs=1e-4),
     )
-    assert g["sat_claim"]["speedup"] == pytest.approx(0.80998, abs=1e-4) and g["sat_claim"]["word"] == "slower"
-    assert (g["sat_claim"]["low"], g["sat_claim"]["high"]) == (
+    assert g.saturation_claim.speedup == pytest.approx(0.80998, abs=1e-4) and g.saturation_claim.word == "slower"
+    assert (g.saturation_claim.low, g.saturation_claim.high) == (
         pytest.approx(0.78551, abs=1e-4),
         pytest.approx(0.83519, abs=1e-4),
     )
-    assert g["reading"] == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
+    assert g.reading == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
 
 
 def test_pairing_establishes_what_the_min_max_range_cannot() -> None:
@@ -110,14 +110,14 @@ def test_pairing_establishes_what_the_min_max_range_cannot() -> None:
     base = record("bf16", sp=sweep([50, 50, 50], [100, 130, 115]))
     w8a8 = record("w8a8", sp=sweep([40, 40, 40], [106, 137, 121]))
     w = rows([base, w8a8])["w8a8"]
-    assert w["sat_range"] == pytest.approx((106 / 130, 137 / 100))
-    sat = w["sat_claim"]
-    assert sat["rule"] == "paired t" and sat["word"] == "faster" and sat["class"] == "pays"
-    assert sat["speedup"] == pytest.approx(1.05533, abs=1e-5)
-    assert (sat["low"], sat["high"]) == (pytest.approx(1.04515, abs=1e-5), pytest.approx(1.06561, abs=1e-5))
+    assert (w.saturation_range.min, w.saturation_range.max) == pytest.approx((106 / 130, 137 / 100))
+    sat = w.saturation_claim
+    assert sat.rule == "paired t" and sat.word == "faster" and sat.class_ == "pays"
+    assert sat.speedup == pytest.approx(1.05533, abs=1e-5)
+    assert (sat.low, sat.high) == (pytest.approx(1.04515, abs=1e-5), pytest.approx(1.06561, abs=1e-5))
     # ITL 50 / 40 in every repeat: no spread, the interval collapses to 1.25 (faster)
-    assert w["low_claim"]["speedup"] == pytest.approx(1.25) and w["low_claim"]["word"] == "faster"
-    assert w["reading"] == RegimeReading.KEEPS_PAYING
+    assert w.low_load_claim.speedup == pytest.approx(1.25) and w.low_load_claim.word == "faster"
+    assert w.reading == RegimeReading.KEEPS_PAYING
 
 
 def test_a_single_run_falls_back_to_the_105_rule_and_says_so() -> None:
@@ -126,10 +126,10 @@ def test_a_single_run_falls_back_to_the_105_rule_and_says_so() -> None:
     w8a8 = record("w8a8", sp=sweep([47.5], [103]))
     review = build_review([base, w8a8], RC, "t")
     (w,) = review.regime["m"]
-    assert w["low_claim"]["rule"] == "single run" and w["sat_claim"]["rule"] == "single run"
-    assert w["paired"] and all(p["pairs"] == 1 and p["low"] is None for p in w["paired"])
-    assert (w["low_claim"]["class"], w["sat_claim"]["class"]) == ("pays", "no change")
-    assert w["reading"] == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
+    assert w.low_load_claim.rule == "single run" and w.saturation_claim.rule == "single run"
+    assert w.paired and all(p.pairs == 1 and p.low is None for p in w.paired)
+    assert (w.low_load_claim.class_, w.saturation_claim.class_) == ("pays", "no change")
+    assert w.reading == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
     (d,) = to_document(review).regime["m"]
     assert d.low_load_claim is not None and d.saturation_claim is not None
     assert (d.low_load_claim.rule, round(d.low_load_claim.speedup, 2)) == ("single run", 1.05)
@@ -144,11 +144,11 @@ def test_repeats_that_do_not_pair_fall_back_to_the_min_max_range() -> None:
     base = record("bf16", sp=sweep([50, 50], [300, 310], invalid=(1,)))
     w8a8 = record("w8a8", sp=sweep([40, 40], [400, 330]))
     w = rows([base, w8a8])["w8a8"]
-    assert paired_row(w, "output_tok_s", "inf")["pairs"] == 1
-    sat = w["sat_claim"]
-    assert sat["rule"] == "min-max range" and sat["class"] == "pays" and sat["speedup"] == pytest.approx(365 / 300)
-    assert (sat["low"], sat["high"]) == (pytest.approx(1.10), pytest.approx(400 / 300))
-    assert w["low_claim"]["rule"] == "paired t" and w["low_claim"]["pairs"] == 2
+    assert paired_row(w, "output_tok_s", "inf").pairs == 1
+    sat = w.saturation_claim
+    assert sat.rule == "min-max range" and sat.class_ == "pays" and sat.speedup == pytest.approx(365 / 300)
+    assert (sat.low, sat.high) == (pytest.approx(1.10), pytest.approx(400 / 300))
+    assert w.low_load_claim.rule == "paired t" and w.low_load_claim.pairs == 2
 
 
 def test_paired_rows_in_review_json_and_the_table() -> None:
@@ -182,7 +182,7 @@ def test_a_fallback_kernel_scheme_gets_no_paired_ratio() -> None:
         kernels=[{"kernel": "MarlinFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
     )
     f = rows([base, fp8])["fp8"]
-    assert f["paired"] == [] and f["low_claim"] is None and f["reading"] == RegimeReading.EXCLUDED
+    assert f.paired == [] and f.low_load_claim is None and f.reading == RegimeReading.EXCLUDED
 
 
 def test_an_established_but_small_speedup_neither_pays_nor_costs() -> None:
@@ -190,6 +190,6 @@ def test_an_established_but_small_speedup_neither_pays_nor_costs() -> None:
     # 1.02, above 1: "faster" is established, but 1.02x is under the 1.05x that "pays" needs
     base = record("bf16", sp=sweep([50, 50, 50], [100, 130, 115]))
     w8a8 = record("w8a8", sp=sweep([40, 40, 40], [102, 132.6, 117.3]))
-    sat = rows([base, w8a8])["w8a8"]["sat_claim"]
-    assert sat["speedup"] == pytest.approx(1.02) and sat["class"] == "no change"
-    assert sat["word"] == "faster, under 1.05x" and "faster but under 1.05x: paired t over n=3" in sat["note"]
+    sat = rows([base, w8a8])["w8a8"].saturation_claim
+    assert sat.speedup == pytest.approx(1.02) and sat.class_ == "no change"
+    assert sat.word == "faster, under 1.05x" and "faster but under 1.05x: paired t over n=3" in sat.note

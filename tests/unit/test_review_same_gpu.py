@@ -233,13 +233,13 @@ def _two_repeats(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_repeats_are_paired_only_within_one_grid() -> None:
     recs = _two_repeats(_synthetic(dict.fromkeys(("bf16", "fp8", "gptq", "w8a8"), UUID_A)))
     one = build_review(recs, RC, "t")
-    assert all(row["paired"] for row in one.regime["llama3.1-8b-shape"])  # one grid, one GPU: paired tests
+    assert all(row.paired for row in one.regime["llama3.1-8b-shape"])  # one grid, one GPU: paired tests
     later = "/tmp/qvgpu/llama/multirun/2026-12-02_09-00-00-000"
     for r in recs:
         if r["job"]["scheme"] == "fp8":  # fp8 from another session on the same GPU
             r["job"]["output_dir"] = f"{later}/llama3.1-8b-shape_fp8"
     two = build_review(recs, RC, "t")
-    rows = {row["scheme"]: row["paired"] for row in two.regime["llama3.1-8b-shape"]}
+    rows = {row.scheme: row.paired for row in two.regime["llama3.1-8b-shape"]}
     assert rows["fp8"] == [] and rows["gptq"] and rows["w8a8"]
     assert (
         "llama3.1-8b-shape / fp8 vs bf16: repeats not paired (not one grid on one GPU): the regime claims rest on "

@@ -59,9 +59,9 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
     # load (1 req/s, reached at c=1) fp8's E2E p50 396 ms beats w8a8's 411.875 ms
     rv = review(memory_budget_gib=12.0)
     v = rv.verdicts[0]
-    assert v.decision == "quantize" and v.scheme == "fp8"
+    assert v.decision == "quantize" and v.chosen_scheme == "fp8"
     assert v.sentence.startswith("**On memory and speed alone: deploy fp8 (FP8_DYNAMIC).**")
-    assert v.binding_constraints == ["memory"]
+    assert v.binding == ["memory"]
     assert rv.checks[v.model]["bf16"]["memory"].shortfall == "5.250 GiB (44%) over the 12.0 GiB budget"
     assert "needs 10.8 GiB <= 12.0 GiB budget" in v.sentence
     assert "accuracy not measured (not applicable: random weights)" in v.sentence
@@ -70,7 +70,7 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
     assert line.endswith(f" Accuracy not measured (not applicable: synthetic model with random weights): {TAIL}")
     assert v.accuracy_not_measured.startswith("synthetic model with random weights")
     assert "gptq (W4A16): passes both memory and latency too, not chosen (more aggressive)" in v.others
-    assert {cs["accuracy"].status for cs in rv.checks[v.model].values()} == {"not_applicable"}
+    assert {cs["accuracy"].outcome for cs in rv.checks[v.model].values()} == {"not_applicable"}
     # nothing is missing: not applicable is not missing
     assert all(sc.missing == [] for sc in rv.cards)
 
@@ -78,7 +78,7 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
 def test_load_at_concurrency_16_picks_w8a8() -> None:
     # at c=16 w8a8's E2E p50 540.3 ms beats fp8's 553 ms; the load is named "concurrency 16", not "16.0"
     v = review(memory_budget_gib=12.0, load_rps=None, load_concurrency=16).verdicts[0]
-    assert v.scheme == "w8a8"
+    assert v.chosen_scheme == "w8a8"
     assert "ITL p99 6 ms <= 200 ms at concurrency 16:" in v.sentence  # 1.5 x 3.9 = 5.85
     assert "E2E p50 540 ms at the load, ahead of fp8" in v.sentence
 
@@ -86,7 +86,7 @@ def test_load_at_concurrency_16_picks_w8a8() -> None:
 def test_budget_only_4bit_meets() -> None:
     # 9 GiB: 8-bit needs 10.75 (1.75 over = 19.4% -> 19%), gptq 7.75 fits
     v = review(memory_budget_gib=9.0).verdicts[0]
-    assert v.scheme == "gptq"
+    assert v.chosen_scheme == "gptq"
     assert v.sentence.startswith("**On memory and speed alone: deploy gptq (W4A16).**")
     assert "fp8 (FP8_DYNAMIC): fails memory: 1.750 GiB (19%) over the 9.000 GiB budget" in v.others
 
@@ -108,9 +108,9 @@ def test_nothing_binds_keeps_bf16_and_still_says_accuracy_was_not_measured() -> 
 )
 def test_accuracy_floor_is_not_applicable_and_never_blocks(floor: dict) -> None:
     rv = review(memory_budget_gib=12.0, **floor)
-    assert rv.verdicts[0].scheme == "fp8"
+    assert rv.verdicts[0].chosen_scheme == "fp8"
     check = rv.checks["llama3.1-8b-shape"]["fp8"]["accuracy"]
-    assert check.status == "not_applicable" and check.text.startswith(NA)
+    assert check.outcome == "not_applicable" and check.text.startswith(NA)
     md = md_of(rv)
     if floor["min_recovery_pct"] is not None:
         assert "The accuracy floor is **not applicable** to llama3.1-8b-shape" in md
@@ -188,7 +188,7 @@ def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing
     sc = next(c for c in rv.cards if c.scheme == "gptq")
     assert sc.accuracy_not_applicable
     assert not any("accuracy" in m for m in sc.missing)
-    assert rv.checks["llama3.1-8b-shape"]["gptq"]["accuracy"].status == "not_applicable"
+    assert rv.checks["llama3.1-8b-shape"]["gptq"]["accuracy"].outcome == "not_applicable"
     v = rv.verdicts[0]
     assert v.decision == "no scheme meets all three"
     assert "its job failed in stage quantize" in v.sentence and v.accuracy_not_measured

@@ -33,13 +33,13 @@ def _checks(tmp_path: Path, baseline_hashes: list[str], wppl: float = 20.2) -> d
 
 def test_the_same_items_are_judged_on_their_recovery(tmp_path: Path) -> None:
     acc = _checks(tmp_path, HASHES)["accuracy"]
-    assert acc.status == "fail"
+    assert acc.outcome == "fail"
     assert "arc_easy recovery 80.0% is 15.0 points below the 95% floor" in acc.shortfall
 
 
 def test_a_refused_comparison_is_neither_failed_nor_passed(tmp_path: Path) -> None:
     acc = _checks(tmp_path, OTHER)["accuracy"]
-    assert acc.status == "unknown"  # blocks the scheme like any check that cannot be made; never "fail"
+    assert acc.outcome == "unknown"  # blocks the scheme like any check that cannot be made; never "fail"
     assert acc.text.startswith(f"not checked: arc_easy acc_norm cannot be checked ({REFUSAL}); the rest: ")
     assert "word_perplexity +1.0%" in acc.text and "recovery 80.0%" not in acc.text
     assert not acc.shortfall
@@ -48,6 +48,6 @@ def test_a_refused_comparison_is_neither_failed_nor_passed(tmp_path: Path) -> No
 def test_a_refused_task_does_not_hide_another_failure(tmp_path: Path) -> None:
     # word perplexity 22.0 against 20.0: +10.0%, 5.0 points over the +5% limit: the scheme fails on that alone
     acc = _checks(tmp_path, OTHER, wppl=22.0)["accuracy"]
-    assert acc.status == "fail"
+    assert acc.outcome == "fail"
     assert acc.shortfall == "word_perplexity rises +10.0%, 5.0 points over the +5% limit"
     assert f"arc_easy acc_norm cannot be checked ({REFUSAL})" in acc.text

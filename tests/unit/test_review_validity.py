@@ -73,24 +73,24 @@ def test_regime_uses_the_interval_not_one_run() -> None:
     bf16, w8a8 = recs[0], next(r for r in recs if r["job"]["scheme"] == "w8a8")
     # one run each: w8a8 400 / 300 = 1.33x at saturation -> "keeps paying"
     review = build_review(recs, RC, "t")
-    assert next(r for r in review.regime["m"] if r["scheme"] == "w8a8")["reading"] == RegimeReading.KEEPS_PAYING
+    assert next(r for r in review.regime["m"] if r.scheme == "w8a8").reading == RegimeReading.KEEPS_PAYING
     # now two repeats each, with run-to-run spread: bf16 saturation 300 and 420 tok/s, w8a8 400 and 410.
     # medians 360 and 405 -> 1.125x, but the range [400/420, 410/300] = [0.95, 1.37] straddles 1.05
     for rec, other in ((bf16, 420.0), (w8a8, 410.0)):
         sat = rec["speed"]["points"][1]
         rec["speed"]["points"].append(_rep(sat, 1, output_tok_s=other))
     review = build_review(recs, RC, "t")
-    row = next(r for r in review.regime["m"] if r["scheme"] == "w8a8")
-    assert row["sat"] == pytest.approx(405 / 360)
-    assert row["sat_range"] == pytest.approx((400 / 420, 410 / 300))
+    row = next(r for r in review.regime["m"] if r.scheme == "w8a8")
+    assert row.saturation_speedup == pytest.approx(405 / 360)
+    assert (row.saturation_range.min, row.saturation_range.max) == pytest.approx((400 / 420, 410 / 300))
     # the two repeats pair by index: ratios 400 / 300 = 1.3333 and 410 / 420 = 0.9762, logs 0.28768 and
     # -0.02410, mean 0.13179 (geometric mean 1.1409), sd 0.22046, t(1) = 12.706: half-width 12.706 x 0.22046 /
     # sqrt(2) = 1.98075 -> 95% CI exp(-1.84896) = 0.157 to exp(2.11254) = 8.27: no difference established
-    sat = row["sat_claim"]
-    assert sat["rule"] == "paired t" and sat["pairs"] == 2 and sat["word"] == "no difference established"
-    assert sat["speedup"] == pytest.approx(1.1409, abs=1e-4)
-    assert (sat["low"], sat["high"]) == (pytest.approx(0.1574, abs=1e-3), pytest.approx(8.269, abs=1e-2))
-    assert row["reading"] == RegimeReading.PAYS_AT_LOW_LOAD_ONLY  # an interval over 1 does not pay at saturation
+    sat = row.saturation_claim
+    assert sat.rule == "paired t" and sat.pairs == 2 and sat.word == "no difference established"
+    assert sat.speedup == pytest.approx(1.1409, abs=1e-4)
+    assert (sat.low, sat.high) == (pytest.approx(0.1574, abs=1e-3), pytest.approx(8.269, abs=1e-2))
+    assert row.reading == RegimeReading.PAYS_AT_LOW_LOAD_ONLY  # an interval over 1 does not pay at saturation
 
 
 def test_saturated_points_and_ceiling_in_the_validity_section() -> None:
@@ -129,9 +129,9 @@ def test_fallback_scheme_is_relabelled_and_kept_out_of_speed_comparisons() -> No
     review = build_review(recs, RC, "t")
     card = next(c for c in review.cards if c.scheme == "fp8")
     assert card.label == "FP8_DYNAMIC (weight-only fallback)" and card.speed.comparable is False
-    row = next(r for r in review.regime["m"] if r["scheme"] == "fp8")
-    assert row["low"] is None and row["sat"] is None
-    assert row["reading"] == RegimeReading.EXCLUDED
+    row = next(r for r in review.regime["m"] if r.scheme == "fp8")
+    assert row.low_load_speedup is None and row.saturation_speedup is None
+    assert row.reading == RegimeReading.EXCLUDED
     why = to_document(review).scheme("m", "fp8").speed.excluded_why
     assert why is not None and why.startswith("ran as FP8_DYNAMIC (weight-only fallback)")
     (fallback,) = [f for f in review.flags if f.code == "fallback_kernel"]

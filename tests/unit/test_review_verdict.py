@@ -37,8 +37,8 @@ def verdict(records: list[dict], **kw: object):  # type: ignore[no-untyped-def]
 def test_no_constraint_binding_means_do_not_quantize() -> None:
     # defaults: 24 GiB budget, 95% recovery, +5% perplexity, TTFT p99 2 s / ITL p99 200 ms at 1 req/s
     _, v = verdict(grid())
-    assert v.decision == "do not quantize" and v.scheme == "bf16"
-    assert not v.binding_constraints
+    assert v.decision == "do not quantize" and v.chosen_scheme == "bf16"
+    assert not v.binding
     # the sentence cites the three numbers: memory 0.348877 GiB of 24 GiB, the accuracy reference, the latency
     assert "0.349 GiB" in v.sentence and "24.0 GiB budget" in v.sentence
     assert "accuracy reference" in v.sentence
@@ -64,8 +64,8 @@ def test_budget_only_4bit_meets() -> None:
     # 0.22 GiB: bf16 needs 0.348877 (0.128877 over = 59%), 8-bit 0.248877 (0.028877 over), 4-bit 0.198877 fits;
     # gptq (E2E p50 900 ms) beats awq (950 ms) at the load
     review, v = verdict(grid(), memory_budget_gib=0.22)
-    assert v.decision == "quantize" and v.scheme == "gptq"
-    assert v.binding_constraints == ["memory"]
+    assert v.decision == "quantize" and v.chosen_scheme == "gptq"
+    assert v.binding == ["memory"]
     assert review.checks["m"]["bf16"]["memory"].shortfall == "0.129 GiB (59%) over the 0.220 GiB budget"
     assert "needs 0.199 GiB" in v.sentence and "<= 0.220 GiB budget" in v.sentence
     assert "worst recovery 96.0%" in v.sentence  # 100 * 0.48 / 0.50
@@ -73,14 +73,14 @@ def test_budget_only_4bit_meets() -> None:
     assert "ahead of awq" in v.sentence
     assert any(o.startswith("int8 (W8A16): fails memory: 0.029 GiB (13%) over") for o in v.others)
     checks = review.checks["m"]
-    assert checks["gptq"]["memory"].status == "pass" and checks["int8"]["memory"].status == "fail"
+    assert checks["gptq"]["memory"].outcome == "pass" and checks["int8"]["memory"].outcome == "fail"
 
 
 def test_budget_that_8bit_meets_prefers_8bit_over_4bit() -> None:
     # 0.30 GiB: 8-bit needs 0.248877 and fits; fp8 fails latency (ITL p99 225 ms); w8a8 (E2E 1100 ms) beats
     # int8 (1200 ms); the 4-bit schemes fit too but are more aggressive
     _, v = verdict(grid(), memory_budget_gib=0.30)
-    assert v.scheme == "w8a8"
+    assert v.chosen_scheme == "w8a8"
     assert (
         "least aggressive scheme that meets all three (8-bit tier; E2E p50 1,100 ms at the load, ahead of int8)"
         in v.sentence
@@ -93,7 +93,7 @@ def test_strict_recovery_floor_moves_to_the_lossless_8bit_scheme() -> None:
     # 0.30 GiB: w8a8 wins the 8-bit tier on speed; with recovery >= 99.5% only int8 (0.500 / 0.500 = 100%)
     # is left in it (w8a8 and fp8 recover 0.49 / 0.50 = 98%), ahead of the 4-bit schemes (96%, 97%)
     _, v = verdict(grid(), memory_budget_gib=0.30, min_recovery_pct=99.5)
-    assert v.scheme == "int8"
+    assert v.chosen_scheme == "int8"
     assert any(
         o.startswith("w8a8 (W8A8): fails accuracy: arc_easy recovery 98.0% is 1.5 points below the 99.5% floor")
         for o in v.others
@@ -106,21 +106,21 @@ def test_accuracy_floor_only_bf16_meets() -> None:
     review, v = verdict(grid(), min_recovery_pct=99.5, max_perplexity_increase_pct=0.1)
     assert v.decision == "do not quantize"
     for scheme in ("int8", "fp8", "w8a8", "gptq", "awq"):
-        assert review.checks["m"][scheme]["accuracy"].status == "fail"
+        assert review.checks["m"][scheme]["accuracy"].outcome == "fail"
     int8 = review.checks["m"]["int8"]["accuracy"]
     assert "word_perplexity rises +0.5%, 0.4 points over the +0.1% limit" in int8.shortfall
     # with a memory budget that bf16 misses, nothing is left
     _, v = verdict(grid(), min_recovery_pct=99.5, max_perplexity_increase_pct=0.1, memory_budget_gib=0.30)
-    assert v.decision == "no scheme meets all three" and v.scheme is None
+    assert v.decision == "no scheme meets all three" and v.chosen_scheme is None
     assert "bf16 (BF16) fails memory" in v.sentence and "the closest is int8 (W8A16): fails accuracy" in v.sentence
 
 
 def test_latency_slo_binding_picks_a_faster_scheme() -> None:
     # ITL p99 <= 55 ms: bf16 has 60 (5 ms over); int8 51 and w8a8 49.5 pass; w8a8 is faster at the load
     review, v = verdict(grid(), itl_ms_p99=55.0)
-    assert v.binding_constraints == ["latency"]
+    assert v.binding == ["latency"]
     assert review.checks["m"]["bf16"]["latency"].shortfall == "ITL p99 60 ms is 5 ms (9%) over the 55 ms SLO"
-    assert v.scheme == "w8a8"
+    assert v.chosen_scheme == "w8a8"
 
 
 def test_load_beyond_the_ceiling_fails() -> None:
@@ -128,7 +128,7 @@ def test_load_beyond_the_ceiling_fails() -> None:
     # TTFT p99 there is 5 * 300 = 1500 ms, ITL p99 4 * 60 = 240 ms > 200 -> bf16 fails latency at that load
     review, _v = verdict(grid(), load_rps=9.0)
     bf16 = review.checks["m"]["bf16"]["latency"]
-    assert bf16.status == "fail" and "ITL p99 240 ms" in bf16.text
+    assert bf16.outcome == "fail" and "ITL p99 240 ms" in bf16.text
     assert "nearest measured rate above 9 req/s" in bf16.text
     # 20 req/s is beyond every ceiling: fails with the ceiling cited
     review, _ = verdict(grid(), load_rps=20.0)
@@ -140,9 +140,9 @@ def test_interval_floor_gives_the_benefit_of_the_doubt() -> None:
     # (stderr 0.05 each) reaches well above 99% -> passes with floor_test=interval
     review, _ = verdict(grid(), min_recovery_pct=99.0, max_perplexity_increase_pct=None)
     fp8 = review.checks["m"]["fp8"]["accuracy"]
-    assert fp8.status == "fail" and "not significant" in fp8.shortfall
+    assert fp8.outcome == "fail" and "not significant" in fp8.shortfall
     review, _ = verdict(grid(), min_recovery_pct=99.0, max_perplexity_increase_pct=None, floor_test="interval")
-    assert review.checks["m"]["fp8"]["accuracy"].status == "pass"
+    assert review.checks["m"]["fp8"]["accuracy"].outcome == "pass"
     # the citation must not claim the 98% estimate is >= 99%: it names the interval that reaches the floor
     cite = review.checks["m"]["fp8"]["accuracy"].cite
     assert "98.0% >= 99%" not in cite and "interval, up to" in cite and "does not rule out the 99% floor" in cite
@@ -153,7 +153,7 @@ def test_partial_records_never_win_and_say_why() -> None:
     gptq = next(r for r in recs if r["job"]["scheme"] == "gptq")
     gptq.update(status="failed", failed_stage="benchmark", error="RuntimeError: server died", speed={})
     review, v = verdict(recs, memory_budget_gib=0.22)
-    assert v.scheme == "awq"  # gptq would have won but its latency could not be checked
+    assert v.chosen_scheme == "awq"  # gptq would have won but its latency could not be checked
     assert any(
         o.startswith(
             "gptq (W4A16): its job failed in stage benchmark (RuntimeError: server died); cannot be checked "
@@ -173,7 +173,7 @@ def test_missing_everything_does_not_crash() -> None:
     review, v = verdict([record("bf16"), bare], memory_budget_gib=0.22)
     assert v.decision == "no scheme meets all three"
     checks = review.checks["m"]["awq"]
-    assert {c.status for c in checks.values()} == {"unknown"}
+    assert {c.outcome for c in checks.values()} == {"unknown"}
 
 
 def test_mismatched_eval_settings_are_excluded() -> None:
@@ -181,7 +181,7 @@ def test_mismatched_eval_settings_are_excluded() -> None:
     next(r for r in recs if r["job"]["scheme"] == "awq")["accuracy"]["settings"]["limit"] = 50
     review, _v = verdict(recs, memory_budget_gib=0.22)
     awq = review.checks["m"]["awq"]["accuracy"]
-    assert awq.status == "unknown" and "limit: 50 vs baseline 100" in awq.text
+    assert awq.outcome == "unknown" and "limit: 50 vs baseline 100" in awq.text
     assert ("accuracy_refused", "awq (W4A16)") in {(f.code, f.scheme) for f in review.flags}
 
 
@@ -213,24 +213,24 @@ def test_two_models_two_verdicts() -> None:
     b = [record(s, model="other", sp=speed(40.0, 300.0)) for s in ("bf16", "int8")]
     review = build_review(a + b, replace(RC, memory_budget_gib=0.30), "test")
     by_model = {v.model: v for v in review.verdicts}
-    assert by_model["m"].scheme == "w8a8" and by_model["other"].scheme == "int8"
+    assert by_model["m"].chosen_scheme == "w8a8" and by_model["other"].chosen_scheme == "int8"
 
 
 def test_regime_analysis() -> None:
     review, _v = verdict(grid())
-    rows = {r["scheme"]: r for r in review.regime["m"]}
+    rows = {r.scheme: r for r in review.regime["m"]}
     # gptq: 40 / 25 = 1.6x at low load; 270 / 300 = 0.9x at saturation
-    assert rows["gptq"]["low"] == pytest.approx(1.6) and rows["gptq"]["sat"] == pytest.approx(0.9)
-    assert rows["gptq"]["reading"] == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
+    assert rows["gptq"].low_load_speedup == pytest.approx(1.6) and rows["gptq"].saturation_speedup == pytest.approx(0.9)
+    assert rows["gptq"].reading == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
     # w8a8: 40 / 33 = 1.21x and 400 / 300 = 1.33x
-    assert rows["w8a8"]["reading"] == RegimeReading.KEEPS_PAYING
+    assert rows["w8a8"].reading == RegimeReading.KEEPS_PAYING
 
 
 def test_a_baseline_without_results_gives_no_verdict() -> None:
     recs = grid()
     recs[0].update(speed={})  # e.g. bench.enabled=false
     _, v = verdict(recs)
-    assert v.decision == "baseline not checked" and v.scheme is None
+    assert v.decision == "baseline not checked" and v.chosen_scheme is None
     assert "bf16 (BF16) could not be checked on latency" in v.sentence
     assert "review.ttft_ms_p99=null review.itl_ms_p99=null" in v.sentence
     # with the SLO off, the verdict is back

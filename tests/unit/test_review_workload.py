@@ -28,7 +28,9 @@ def test_one_shape_is_stated_in_the_speed_and_regime_sections() -> None:
     regime_part = md.split("### Regime: where quantization pays", 1)[1].split("##", 1)[0]
     assert sentence in speed_part and sentence in regime_part
     assert "workload_mismatch" not in {f.code for f in review.flags}
-    assert all(r["sat"] and r["low"] for r in review.regime["llama3.1-8b-shape"])  # compared as before
+    assert all(
+        r.saturation_speedup and r.low_load_speedup for r in review.regime["llama3.1-8b-shape"]
+    )  # compared as before
 
 
 def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
@@ -41,13 +43,16 @@ def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
     why = "swept at 2,048 in / 128 out tokens per request (bench=gpu-concurrency-prefill), its baseline bf16 at " \
           "1,024 in / 128 out tokens per request"  # fmt: skip
     assert flagged[0].message == f"gptq (W4A16): {why}: kept out of speed comparisons"
-    rows = {r["scheme"]: r for r in review.regime["llama3.1-8b-shape"]}
-    assert rows["gptq"]["low"] is None and rows["gptq"]["sat"] is None  # no ratio across shapes
-    assert rows["gptq"]["reading"] == RegimeReading.EXCLUDED
-    plain = {r["scheme"]: r for r in build_review(synthetic_grid(), RC, "t").regime["llama3.1-8b-shape"]}
-    assert plain["gptq"]["sat"] is not None  # compared when the shapes agree
+    rows = {r.scheme: r for r in review.regime["llama3.1-8b-shape"]}
+    assert rows["gptq"].low_load_speedup is None and rows["gptq"].saturation_speedup is None  # no ratio across shapes
+    assert rows["gptq"].reading == RegimeReading.EXCLUDED
+    plain = {r.scheme: r for r in build_review(synthetic_grid(), RC, "t").regime["llama3.1-8b-shape"]}
+    assert plain["gptq"].saturation_speedup is not None  # compared when the shapes agree
     for other in ("fp8", "w8a8"):  # the others compare with bf16 as before
-        assert (rows[other]["low"], rows[other]["sat"]) == (plain[other]["low"], plain[other]["sat"])
+        assert (rows[other].low_load_speedup, rows[other].saturation_speedup) == (
+            plain[other].low_load_speedup,
+            plain[other].saturation_speedup,
+        )
     (v,) = to_document(review).verdicts
     assert v.request_shape is None  # the shapes differ: each scheme's is named
     assert v.request_shapes["bf16 (BF16)"].startswith("1,024 in / 128 out tokens per request")

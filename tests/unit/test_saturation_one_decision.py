@@ -167,4 +167,4 @@ def test_a_rate_the_server_kept_pace_with_passes_the_load_check_whatever_its_who
     assert s["record"] == [False, True] and s["ceiling"]["rps"] == pytest.approx(0.8)
     rc = ReviewConfig(log_to_mlflow=False, load_rps=1.0, ttft_ms_p99=10_000, itl_ms_p99=1_000, e2e_ms=None)
     check = build_review([record("bf16"), s["rec"]], rc, "t").checks["m"]["gptq"]["latency"]
-    assert check.status == "pass" and "ceiling 0.80 req/s" in check.text and not check.shortfall
+    assert check.outcome == "pass" and "ceiling 0.80 req/s" in check.text and not check.shortfall

@@ -20,8 +20,8 @@ AUTO = "auto"
 DEVICE_SETS = ("cpu", "gpu")
 # keys that do not change the verdict: left out of the label's hash
 NOT_CONSTRAINTS = ("name", "log_to_mlflow")
-# keys added after labels were first published (issues #14, #17, #19), with their defaults: left out of the hash
-# while at that default, so a review that does not set them keeps its label and folder
+# keys added after labels were first published, with their defaults: left out of the hash while at that default,
+# so a review that does not set them keeps its label and folder
 UNSET_KEEPS_HASH: dict[str, object] = {
     "max_mean_kld": None,
     "min_top1_agreement_pct": None,
@@ -41,9 +41,8 @@ def _conf_dir() -> Path:
 
 
 def record_device(rec: JobRecord) -> str | None:
-    """``gpu`` or ``cpu`` for one record, from (first that says) ``environment.gpu`` (a GPU was seen),
-    ``config.env.device`` (``cuda``/``cpu``) and the vLLM log's ``memory.server.device``; None when none
-    says."""
+    """``gpu`` or ``cpu``, from the first that says: ``environment.gpu``, ``config.env.device``, the vLLM log's
+    ``memory.server.device``."""
     if rec.environment.gpu:
         return "gpu"
     for dev in (rec.cfg("env").get("device"), rec.server.device):
@@ -55,8 +54,7 @@ def record_device(rec: JobRecord) -> str | None:
 
 
 def device_class(records: list[JobRecord]) -> str | None:
-    """The device class most records ran on (``cpu`` or ``gpu``; a tie goes to ``gpu``), None when no
-    record says."""
+    """The device class most records ran on (a tie goes to ``gpu``), None when no record says."""
     seen = Counter(d for d in map(record_device, records) if d)
     if not seen:
         return None
@@ -83,8 +81,7 @@ def load_set(name: str) -> ReviewConfig:
 
 
 def review_overrides(overrides: list[str]) -> list[str]:
-    """The ``review.KEY=VALUE`` overrides of a command line, as ``KEY=VALUE`` (``+``/``++`` dropped;
-    ``review=NAME`` and other groups left out)."""
+    """The ``review.KEY=VALUE`` overrides of a command line, as ``KEY=VALUE``."""
     out = []
     for o in overrides:
         o = o.lstrip("+")
@@ -94,8 +91,7 @@ def review_overrides(overrides: list[str]) -> list[str]:
 
 
 def _user_set(rc: ReviewConfig) -> list[str]:
-    """``KEY=VALUE`` for every field of an ``auto`` config that differs from the ``auto`` file: the user's
-    overrides, when the command line is not at hand."""
+    """``KEY=VALUE`` for every field that differs from the ``auto`` file: the user's overrides."""
     auto = load_set("default")
     return [
         f"{f.name}={json.dumps(getattr(rc, f.name))}"
@@ -149,8 +145,8 @@ def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | N
 
 
 def target_budget_gib(rc: ReviewConfig) -> float | None:
-    """The target's memory budget (GiB, memory x vLLM's memory fraction, rounded to 4 places as
-    :func:`resolve` sets it), None without ``review.target`` or with one that cannot be loaded."""
+    """The target's memory budget (GiB: memory x vLLM's memory fraction, to 4 places), None without a loadable
+    ``review.target``."""
     if rc.target is None:
         return None
     try:
@@ -164,9 +160,8 @@ def _budget_of(t: TargetConfig) -> float:
 
 
 def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewConfig, str]:
-    """With ``review.target`` set and no ``review.memory_budget_gib`` given, the per-model memory check uses the
-    target's budget (memory x vLLM's memory fraction, :func:`quantverdict.config.targets.load_target`): the
-    verdict is for that GPU, not for the set's default budget. ``how`` says so."""
+    """With ``review.target`` and no ``review.memory_budget_gib`` given, the memory check uses the target's budget;
+    ``how`` says so."""
     if rc.target is None or any(u.split("=", 1)[0] == "memory_budget_gib" for u in user):
         return rc, how
     t = load_target(rc.target, rc.target_memory_fraction)
@@ -176,9 +171,8 @@ def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewC
 
 
 def constraints_hash(rc: ReviewConfig) -> str:
-    """8 hex digits of the SHA-256 of the constraint values (every field but ``name`` and
-    ``log_to_mlflow``, and :data:`UNSET_KEEPS_HASH` keys while at their default, as sorted JSON): equal
-    constraints, equal hash."""
+    """8 hex digits of the SHA-256 of the constraint values as sorted JSON (:data:`NOT_CONSTRAINTS` and
+    :data:`UNSET_KEEPS_HASH` keys at their default left out)."""
     values = {
         k: v
         for k, v in dataclasses.asdict(rc).items()

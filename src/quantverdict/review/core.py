@@ -41,18 +41,7 @@ from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
-from quantverdict.review.verdict import (
-    NOT_APPLICABLE,
-    decide,
-    paired_speedups,
-    regime_reading,
-    regime_side,
-    regime_tests,
-    saturation_gap,
-    short_error,
-    speedup_intervals,
-    speedups,
-)
+from quantverdict.review.verdict import NOT_APPLICABLE, decide, regime, short_error
 
 log = logging.getLogger(__name__)
 
@@ -240,41 +229,11 @@ def build_review(
         verdict, checks = decide(model, mine, rc)
         verdict.evidence += gpus.verdict_lines(mine, recs, rc)  # GPU records: GPUs needed, tok/s per GPU
         base = next((c for c in mine if c.is_baseline), None)
-        rows = []
-        for sc in mine:
-            if base is None or sc.is_baseline:
-                continue
-            low, sat = speedups(sc, base)
-            low_iv, sat_iv = speedup_intervals(sc, base)
-            # by repeat, per load; only within one grid on one GPU (repeat r of two sessions is not a pair)
-            paired = paired_speedups(sc, base, raw[id(sc)], raw[id(base)])
-            if not pairable(same_gpu(by_card[id(sc)], by_card[id(base)])):
-                if any(row["pairs"] >= 2 for row in paired):  # a paired test was possible: say why it is not made
-                    sc.validity.append(
-                        f"{sc.model} / {sc.scheme} vs {base.scheme}: repeats not paired (not one grid on one GPU): "
-                        "the regime claims rest on medians and ranges"
-                    )
-                paired = []
-            low_test, sat_test = regime_tests(paired)
-            gap = saturation_gap(sc, base)
-            if gap is not None:  # the sweeps' tops do not meet: no saturation number on either rule
-                sat, sat_iv, sat_test = None, None, None
-            low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
-            rows.append(
-                {
-                    "scheme": sc.scheme,
-                    "label": sc.label,
-                    "low": low,
-                    "sat": sat,
-                    "low_range": low_iv,
-                    "sat_range": sat_iv,
-                    "low_claim": low_claim,
-                    "sat_claim": sat_claim,
-                    "sat_gap": gap,
-                    "paired": paired,
-                    "reading": regime_reading(sc, low_claim, sat_claim, gap),
-                }
-            )
+        rows = [
+            regime(sc, base, raw[id(sc)], raw[id(base)], pairable(same_gpu(by_card[id(sc)], by_card[id(base)])))
+            for sc in mine
+            if base is not None and not sc.is_baseline
+        ]
         review.verdicts.append(verdict)
         review.checks[model] = checks
         review.regime[model] = rows
@@ -411,9 +370,9 @@ def log_review(
         for model, per in review.checks.items():
             for scheme, cs in per.items():
                 for name, c in cs.items():
-                    if c.status == NOT_APPLICABLE:  # no pass flag for what was not measured
+                    if c.outcome == NOT_APPLICABLE:  # no pass flag for what was not measured
                         continue
-                    metrics.append(Metric(f"{model}.{scheme}.{name}_pass", float(c.status in ("pass", "off")), ts, 0))
+                    metrics.append(Metric(f"{model}.{scheme}.{name}_pass", float(c.outcome in ("pass", "off")), ts, 0))
         client.log_batch(rid, params=params, metrics=metrics)
         for key, path in paths.items():
             if not key.startswith("plots/"):  # review.md, review.html, review.json; the plots as figures below
@@ -442,13 +401,15 @@ def verdict_tags(review: Review) -> dict[str, str]:
     runs table's column), and per model ``verdict.<model>`` (the verdict), ``verdict.<model>.scheme`` (the scheme
     to deploy, or the baseline's when no quantized scheme is chosen) and ``verdict.<model>.sentence`` (the verdict's
     sentence citing the three numbers). ``quantverdict.verdict`` keeps the joined form for older readers."""
-    joined = "; ".join(f"{v.model}: {_verdict_text(v.decision, v.scheme, v.label)}" for v in review.verdicts)
+    joined = "; ".join(
+        f"{v.model}: {_verdict_text(v.decision, v.chosen_scheme, v.chosen_label)}" for v in review.verdicts
+    )
     tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
     for v in review.verdicts:
         key = f"verdict.{metric_name(v.model)}"
-        tags[key] = _verdict_text(v.decision, v.scheme, v.label)
-        if v.scheme:
-            tags[f"{key}.scheme"] = v.scheme
+        tags[key] = _verdict_text(v.decision, v.chosen_scheme, v.chosen_label)
+        if v.chosen_scheme:
+            tags[f"{key}.scheme"] = v.chosen_scheme
         if v.sentence:
             tags[f"{key}.sentence"] = v.sentence[:5000]
     return tags
@@ -474,8 +435,8 @@ def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs:
         tags = {GRID_TAG: review.source, REVIEW_TAG: rid, "acc_delta_metric": accuracy_metric_tag(h)}
         v = verdicts.get(sc.model)
         if v is not None:
-            tags["verdict"] = _verdict_text(v.decision, v.scheme, v.label)
-            tags["verdict.chosen"] = "yes" if v.scheme == sc.scheme else "no"
+            tags["verdict"] = _verdict_text(v.decision, v.chosen_scheme, v.chosen_label)
+            tags["verdict.chosen"] = "yes" if v.chosen_scheme == sc.scheme else "no"
         log_job_headline(client, run_id, mlflow_metrics(h), tags, reviews)
 
 

@@ -358,8 +358,8 @@ def _candidate(
     checks = review.checks.get(card.model, {}).get(card.scheme, {})
     for name in ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency"):
         check = checks.get(name)
-        if check is None or check.status not in NON_BLOCKING:
-            why_not.append(f"{name}: {check.short() if check else 'not checked'}")
+        if check is None or check.outcome not in NON_BLOCKING:
+            why_not.append(f"{name}: {(check.cite or check.text) if check else 'not checked'}")
     out = doc.Candidate(
         name=f"{card.model} {card.scheme} ({card.label})",
         model=card.model,

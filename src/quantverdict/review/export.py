@@ -29,7 +29,7 @@ from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import Headline, headlines
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta
-from quantverdict.review.verdict import Check, Verdict, ceilings_differ_in_basis, floor_test_of
+from quantverdict.review.verdict import floor_test_of
 
 
 def to_document(review: Review, plots: Mapping[str, str] | None = None) -> doc.ReviewDocument:
@@ -60,9 +60,9 @@ def to_document(review: Review, plots: Mapping[str, str] | None = None) -> doc.R
             total=len(review.cards), finished=n_ok, failed=len(review.cards) - n_ok - n_cut, interrupted=n_cut
         ),
         environment=list(review.environment),
-        verdicts=[_verdict(v, review.cards_of(v.model)) for v in review.verdicts],
+        verdicts=list(review.verdicts),
         scorecards=[_scheme(review, sc, heads[(sc.model, sc.scheme)]) for sc in review.cards],
-        regime={model: [_regime(row) for row in rows] for model, rows in review.regime.items()},
+        regime={model: list(rows) for model, rows in review.regime.items()},
         flags=_flags(review),
         validity=list(review.validity),
         notes=list(review.notes),
@@ -123,45 +123,6 @@ def _known(model: type[BaseModel], d: Mapping[str, Any] | None) -> dict[str, Any
     return {k: v for k, v in _finite_tree(d or {}).items() if k in model.model_fields}
 
 
-# --- per model -----------------------------------------------------------------------------------------
-
-
-def _verdict(v: Verdict, cards: list[Scorecard]) -> doc.ModelVerdict:
-    shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
-    return doc.ModelVerdict(
-        model=v.model,
-        decision=doc.Decision(v.decision),
-        chosen_scheme=v.scheme,
-        chosen_label=v.label,
-        binding=[doc.ConstraintKind(c) for c in v.binding_constraints],
-        passed_over=list(v.passed_over),
-        order=list(v.order),
-        lever=doc.Lever(v.lever),
-        kv_lever=doc.KvLever.model_validate(_finite_tree(v.kv_lever)) if v.kv_lever else None,
-        accuracy_not_measured=v.accuracy_not_measured,
-        baseline_scheme=next((sc.scheme for sc in cards if sc.is_baseline), None),
-        request_shape=next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None,
-        request_shapes=shapes,
-        ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
-        compute_reported=any(sc.speed.compute for sc in cards),
-        sentence=v.sentence,
-        evidence=list(v.evidence),
-        others=list(v.others),
-    )
-
-
-def _check(c: Check) -> doc.Check:
-    return doc.Check(
-        constraint=doc.ConstraintKind(c.constraint),
-        outcome=doc.Outcome(c.status),
-        criteria=list(c.criteria),
-        excess=c.excess,
-        text=c.text,
-        shortfall=c.shortfall,
-        cite=c.cite,
-    )
-
-
 # --- per scheme ----------------------------------------------------------------------------------------
 
 
@@ -188,7 +149,7 @@ def _scheme(review: Review, sc: Scorecard, head: Headline) -> doc.Scheme:
             deltas=[_delta(d) for d in sc.accuracy],
         ),
         speed=sc.speed,
-        checks=doc.Checks(memory=_check(cs["memory"]), accuracy=_check(cs["accuracy"]), latency=_check(cs["latency"])),
+        checks=doc.Checks(memory=cs["memory"], accuracy=cs["accuracy"], latency=cs["latency"]),
         missing=list(sc.missing),
         validity=list(sc.validity),
     )
@@ -219,35 +180,6 @@ def _delta(d: TaskDelta) -> doc.AccuracyDelta:
 
 
 # --- regime, flags, cross-model ------------------------------------------------------------------------
-
-
-def _claim(c: dict[str, Any] | None) -> doc.RegimeClaim | None:
-    if c is None:
-        return None
-    c = _finite_tree(c)
-    if c.get("load") is not None:
-        c["load"] = _load(c["load"])
-    return doc.RegimeClaim.model_validate(c)
-
-
-def _regime(row: dict[str, Any]) -> doc.Regime:
-    paired = []
-    for p in row.get("paired") or []:
-        p = _finite_tree(p)
-        paired.append(doc.PairedSpeedup.model_validate({**p, "load": _load(p["load"])}))
-    return doc.Regime(
-        scheme=row["scheme"],
-        label=row["label"],
-        low_load_speedup=_finite(row.get("low")),
-        low_load_range=_minmax(row.get("low_range")),
-        saturation_speedup=_finite(row.get("sat")),
-        saturation_range=_minmax(row.get("sat_range")),
-        low_load_claim=_claim(row.get("low_claim")),
-        saturation_claim=_claim(row.get("sat_claim")),
-        saturation_not_compared=row.get("sat_gap"),
-        paired=paired,
-        reading=doc.RegimeReading(row["reading"]),
-    )
 
 
 def _flags(review: Review) -> list[doc.Flag]:

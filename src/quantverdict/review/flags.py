@@ -30,8 +30,7 @@ class FlagCode(StrEnum):
 
 @dataclass(frozen=True)
 class Flag:
-    """One flag: its ``code`` (a :class:`FlagCode`), the scorecard it is about (``scheme``: the card's name, ``""``
-    until :meth:`of` attaches it) and the ``message`` as rendered (naming the scheme itself)."""
+    """One flag: its :class:`FlagCode`, the scorecard's name (``""`` until :meth:`of` attaches it), the message."""
 
     code: str
     scheme: str

@@ -9,15 +9,13 @@ is a lower bound of the true one: failing on it is failing, passing is the bound
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
-from typing import Protocol, TypeVar
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.stats import Interval
 from quantverdict.results.record import Block, JobRecord
-from quantverdict.review.document import Criterion, CriterionMetric, KldFigures, Outcome
+from quantverdict.review.document import Check, Criterion, CriterionMetric, KldFigures, Outcome
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 
 __all__ = ["KLD", "kld_deltas", "with_kld_constraint"]
@@ -35,18 +33,6 @@ PASS, FAIL, UNKNOWN, OFF, NOT_APPLICABLE = (
 )
 
 
-class _CheckLike(Protocol):
-    """What :func:`with_kld_constraint` reads of :class:`quantverdict.review.verdict.Check`."""
-
-    status: str
-    text: str
-    shortfall: str
-    excess: float
-    cite: str
-    criteria: list[Criterion]
-
-
-_C = TypeVar("_C", bound=_CheckLike)
 FloorTest = Callable[[TaskDelta, ReviewConfig], str]
 
 
@@ -207,42 +193,42 @@ def _verdict_parts(
     return parts, cites, fails, crits
 
 
-def with_kld_constraint(check: _C, sc: Scorecard, rc: ReviewConfig, floor_test_of: FloorTest) -> _C:
+def with_kld_constraint(check: Check, sc: Scorecard, rc: ReviewConfig, floor_test_of: FloorTest) -> Check:
     """``check`` (the accuracy check of ``sc``) with the KLD limits added: unchanged when neither is
     set, accuracy is not applicable or the deltas were refused; the baseline is the reference; a scheme without a KLD
     becomes ``unknown`` unless it already fails. Returns a new check."""
     if rc.max_mean_kld is None and rc.min_top1_agreement_pct is None:
         return check
-    if check.status == NOT_APPLICABLE or sc.accuracy_refused:
+    if check.outcome == NOT_APPLICABLE or sc.accuracy_refused:
         return check
     if sc.is_baseline:
-        if check.status == OFF:
+        if check.outcome == OFF:
             reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
-            return dataclasses.replace(check, status=PASS, text=reference, cite="is the accuracy reference")  # type: ignore[type-var]
+            return check.model_copy(update={"outcome": PASS, "text": reference, "cite": "is the accuracy reference"})
         return check
     ds = [d for d in _kld_of(sc) if d.metric != REFUSED]
-    status = PASS if check.status == OFF else check.status
-    text = "" if check.status == OFF else check.text
-    cite = "" if check.status == OFF else check.cite
+    status = PASS if check.outcome == OFF else check.outcome
+    text = "" if check.outcome == OFF else check.text
+    cite = "" if check.outcome == OFF else check.cite
     if not ds:
         refused = next((d.note for d in _kld_of(sc) if d.metric == REFUSED), "no KL divergence in the record")
         extra = f"KLD limits not checked: {refused}"
-        return dataclasses.replace(  # type: ignore[type-var]
-            check,
-            status=FAIL if status == FAIL else UNKNOWN,
-            text="; ".join(t for t in (text, extra) if t),
-            cite="; ".join(t for t in (cite, "KLD not measured") if t),
-            criteria=[*check.criteria, *_unmeasured(rc, refused)],
+        return check.model_copy(
+            update={
+                "outcome": FAIL if status == FAIL else UNKNOWN,
+                "text": "; ".join(t for t in (text, extra) if t),
+                "cite": "; ".join(t for t in (cite, "KLD not measured") if t),
+                "criteria": [*check.criteria, *_unmeasured(rc, refused)],
+            }
         )
     parts, cites, fails, crits = _verdict_parts(ds, rc, floor_test_of)
     text = "; ".join(t for t in (text, *parts) if t)
     cite = " and ".join(t for t in (cite, *cites) if t)
     criteria = [*check.criteria, *crits]
     if not fails:
-        return dataclasses.replace(check, status=status, text=text, cite=cite, criteria=criteria)  # type: ignore[type-var]
+        return check.model_copy(update={"outcome": status, "text": text, "cite": cite, "criteria": criteria})
     fails.sort(reverse=True)
     shortfall = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
     excess = max(check.excess, fails[0][0])
-    return dataclasses.replace(  # type: ignore[type-var]
-        check, status=FAIL, text=text, shortfall=shortfall, excess=excess, cite=cite, criteria=criteria
-    )
+    update = {"outcome": FAIL, "text": text, "shortfall": shortfall, "excess": excess, "cite": cite}
+    return check.model_copy(update={**update, "criteria": criteria})

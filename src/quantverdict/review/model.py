@@ -7,6 +7,7 @@ from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import constraints
+from quantverdict.review.document import Regime
 from quantverdict.review.flags import Flag
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.verdict import Check, Verdict
@@ -23,7 +24,7 @@ class Review:
     cards: list[Scorecard]
     checks: dict[str, dict[str, dict[str, Check]]]  # model -> scheme -> constraint -> check
     verdicts: list[Verdict]
-    regime: dict[str, list[dict[str, Any]]]  # model -> [{scheme, low, sat, reading, ...}]
+    regime: dict[str, list[Regime]]  # model -> one row per quantized scheme
     flags: list[Flag] = field(default_factory=list)  # every scorecard's, in card order
     validity: list[str] = field(default_factory=list)  # what each number stands on (repeats, checks, kernels)
     notes: list[str] = field(default_factory=list)
