@@ -74,6 +74,10 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         is_baseline=is_baseline(r),
         gpus=gpus.job_gpus(r),
     )
+
+    def flag(code: FlagCode, message: str) -> None:
+        sc.flags.append(Flag(code, sc.name, message))
+
     sc.memory, miss = memory_summary(r, rc)
     sc.kv = kv_choice(r)
     if sc.status != "ok":
@@ -100,15 +104,13 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
             )
         sc.missing += miss
         if sc.accuracy_refused:
-            sc.flags.append(
-                Flag(FlagCode.ACCURACY_REFUSED, sc.name, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
-            )
+            flag(FlagCode.ACCURACY_REFUSED, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
         by_note: dict[str, list[str]] = {}
         for d in sc.accuracy:
             if d.note and d.name != "token_perplexity":  # token perplexity never has per-window data
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
-            sc.flags.append(Flag(FlagCode.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
+            flag(FlagCode.ACCURACY_NOTE, f"{sc.name} {', '.join(what)}: {note}")
     elif not r.accuracy.tasks:
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(r, rc)
@@ -124,13 +126,10 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     if m.fallback:
         why = "; ".join(m.fallback_lines) or ", ".join(m.kernels) or "unnamed"
         relabelled = f"; relabelled {kc.effective_label} and kept out of speed comparisons"
-        sc.flags.append(
-            Flag(
-                FlagCode.FALLBACK_KERNEL,
-                sc.name,
-                f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
-                "the scheme's fast path" + (relabelled if kc.comparable_for_speed is False else ""),
-            )
+        flag(
+            FlagCode.FALLBACK_KERNEL,
+            f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
+            "the scheme's fast path" + (relabelled if kc.comparable_for_speed is False else ""),
         )
     if kc.compute:  # records parsed before the compute field was read have none
         sc.speed["kernel"], sc.speed["compute"], sc.speed["compute_reason"] = kc.kernel, kc.compute, kc.compute_reason
@@ -145,9 +144,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         shape, base_shape = shape_of(sc.speed), shape_of({"points": raw_points(rbase)[1], "workload": base_workload})
         if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
             why = f"swept at {sc.speed['workload']['text']}, its baseline {rbase.job.scheme} at {base_workload['text']}"
-            sc.flags.append(
-                Flag(FlagCode.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons")
-            )
+            flag(FlagCode.WORKLOAD_MISMATCH, f"{sc.name}: {why}: kept out of speed comparisons")
             sc.speed["comparable"] = False
             sc.speed["excluded_why"] = "; ".join(x for x in (sc.speed.get("kernel_reason"), why) if x)
         match = same_gpu(r, rbase)
@@ -160,13 +157,10 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     sc.flags += acc_flags
     sc.validity += acc_lines
     if m.unquantized_gemm_fallback:
-        sc.flags.append(
-            Flag(
-                FlagCode.ONEDNN_FALLBACK,
-                sc.name,
-                f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
-                '("Failed to create oneDNN linear")',
-            )
+        flag(
+            FlagCode.ONEDNN_FALLBACK,
+            f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
+            '("Failed to create oneDNN linear")',
         )
     meas = m.kv_bytes_per_token_measured
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
@@ -176,25 +170,19 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         else (m.kv_bytes_per_token, "the dims formula")
     )
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
-        sc.flags.append(
-            Flag(
-                FlagCode.KV_BYTES_MISMATCH,
-                sc.name,
-                f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
-                "the memory check uses the latter",
-            )
+        flag(
+            FlagCode.KV_BYTES_MISMATCH,
+            f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
+            "the memory check uses the latter",
         )
     if sc.is_baseline:
         model_cfg = r.cfg("model")
         note = r.model.baseline_note or model_cfg.get("baseline_note") or ""
         if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
-            sc.flags.append(
-                Flag(
-                    FlagCode.GGUF_BASELINE,
-                    sc.name,
-                    f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
-                    f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
-                )
+            flag(
+                FlagCode.GGUF_BASELINE,
+                f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
+                f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
             )
     return sc
 
