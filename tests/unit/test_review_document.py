@@ -112,6 +112,50 @@ def test_a_program_reads_the_decision_and_the_three_numbers(tmp_path: Path) -> N
     )
 
 
+def test_a_program_reads_the_chosen_scheme_by_following_fields(tmp_path: Path) -> None:
+    # what a program outside this package does: load the file, follow the verdict to the chosen scheme's card, read
+    # its three headline numbers; the schema makes every key on that path required (present, maybe null)
+    paths = write_review(build_review(grid(), RC, "test"), tmp_path)
+    data = json.loads(paths["json"].read_text())
+    validate(data)
+    defs = schema()["$defs"]
+    assert {"schema_version", "verdicts", "scorecards"} <= set(schema()["required"])
+    assert {"model", "decision", "chosen_scheme", "binding", "passed_over"} <= set(defs["ModelVerdict"]["required"])
+    assert {"model", "scheme", "headline", "checks"} <= set(defs["Scheme"]["required"])
+    assert {"memory_need_gib", "accuracy", "speed_ratio_c1", "speed_ratio_at_load"} <= set(defs["Headline"]["required"])
+    assert defs["ConstraintKind"]["enum"] == ["memory", "accuracy", "latency"]
+
+    (v,) = data["verdicts"]
+    chosen = next(c for c in data["scorecards"] if (c["model"], c["scheme"]) == (v["model"], v["chosen_scheme"]))
+    assert (chosen["scheme"], chosen["label"], v["binding"]) == ("gptq", "W4A16", ["memory"])
+    head = chosen["headline"]
+    assert head["memory_need_gib"] == pytest.approx(0.10 + KV_GIB)  # 0.198877 GiB <= the 0.22 GiB budget
+    acc = head["accuracy"]  # the worse of word perplexity (+5.0%) and token perplexity (+4.0%)
+    assert (acc["metric"], acc["unit"], acc["delta"], acc["kind"]) == (
+        "word_perplexity",
+        "%",
+        pytest.approx(5.0),
+        "perplexity",
+    )
+    for key in ("speed_ratio_c1", "speed_ratio_at_load"):  # ITL p50 40 / 25 ms at 1 req/s, the lowest load too
+        ratio = head[key]
+        assert (ratio["value"], ratio["load"], ratio["label"], ratio["repeats"]) == (
+            pytest.approx(1.6),
+            1.0,
+            "1 req/s",
+            1,
+        )
+
+    # the typed model reads the same file back to the same JSON
+    doc = ReviewDocument.model_validate_json(paths["json"].read_text())
+    assert doc.model_dump(mode="json") == data
+    assert doc.scheme("m", doc.verdict("m").chosen_scheme or "").headline.speed_ratio_at_load is not None
+    with pytest.raises(KeyError, match="models: m"):
+        doc.verdict("other")
+    with pytest.raises(KeyError, match="schemes: bf16, int8, fp8, w8a8, gptq, awq"):
+        doc.scheme("m", "nvfp4")
+
+
 def test_what_the_pages_show_is_in_the_document(tmp_path: Path) -> None:
     # the pages read only the document: the job counts, where each constraint comes from, the sweep points, the
     # floor tests and the plots written beside review.md

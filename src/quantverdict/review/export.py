@@ -1,12 +1,7 @@
-"""The review as its typed document (:class:`quantverdict.review.document.ReviewDocument`): ``review.json``.
-
-:func:`to_document` reads what :func:`quantverdict.review.core.build_review` computed (scorecards, checks,
-verdicts, regime rows, flags, the cross-model comparison) field by field into the document's models, which
-validate it: a value of the wrong type or an unknown code is refused here, before anything is written. What the
-pages show beyond the decision (where each constraint's value comes from, which test judged each floor, the
-sweep points) is worked out here too, so that the templates (:mod:`quantverdict.review.render`) only format.
-Non-finite floats (a refused KLD's NaN) become None and an unlimited rate's load ``"inf"``, so the file is strict
-JSON.
+"""``review.json``: :func:`to_document` assembles what :func:`quantverdict.review.core.build_review` computed into
+the typed document (:class:`quantverdict.review.document.ReviewDocument`), one function per part, and the models
+validate it before anything is written. Non-finite floats become None and an unlimited rate's load ``"inf"``, so
+the file is strict JSON.
 """
 
 from __future__ import annotations
@@ -76,18 +71,13 @@ def to_document(review: Review, plots: Mapping[str, str] | None = None) -> doc.R
 
 
 def _finite(v: Any) -> float | None:
-    """A finite number as float; None for None, NaN and infinity."""
-    if v is None or isinstance(v, bool):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
+    """A finite number as float; None for None, a bool, NaN and infinity."""
+    return None if v is None or isinstance(v, bool) or not math.isfinite(float(v)) else float(v)
 
 
 def _load(v: Any) -> doc.Load:
     """A load level: req/s or concurrency; ``"inf"`` for an unlimited rate."""
-    if v == "inf" or (isinstance(v, float) and math.isinf(v)):
-        return "inf"
-    return float(v)
+    return "inf" if v == "inf" or (isinstance(v, float) and math.isinf(v)) else float(v)
 
 
 def _minmax(v: Sequence[Any] | None) -> doc.MinMax | None:
@@ -99,10 +89,9 @@ def _minmax(v: Sequence[Any] | None) -> doc.MinMax | None:
 
 
 def _interval(iv: Interval | None) -> doc.Interval | None:
-    if iv is None:
-        return None
-    est, lo, hi = _finite(iv.estimate), _finite(iv.low), _finite(iv.high)
-    if est is None or lo is None or hi is None:
+    """``iv`` as the document's interval; None when any of its three numbers is missing or not finite."""
+    est, lo, hi = (None, None, None) if iv is None else (_finite(iv.estimate), _finite(iv.low), _finite(iv.high))
+    if iv is None or est is None or lo is None or hi is None:
         return None
     return doc.Interval(estimate=est, low=lo, high=hi, method=iv.method, n=iv.n, unit=iv.unit)
 
@@ -227,11 +216,7 @@ def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
 
 def _json(v: Any) -> Any:
     """A config value as JSON: tuples as lists, mappings with string keys."""
-    if isinstance(v, Mapping):
-        return {str(k): _json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json(x) for x in v]
-    return v
+    return _finite_tree(v)
 
 
 def _floor_tests(review: Review) -> doc.FloorTests | None:

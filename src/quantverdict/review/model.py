@@ -15,8 +15,8 @@ from quantverdict.review.verdict import Check, Verdict
 
 @dataclass
 class Review:
-    """Everything the review found; built by :func:`quantverdict.review.core.build_review`, rendered by
-    :mod:`quantverdict.review.render` and :mod:`quantverdict.review.plots`."""
+    """What :func:`~quantverdict.review.core.build_review` computed; the plots read it, and
+    :func:`~quantverdict.review.export.to_document` assembles it into ``review.json``'s document."""
 
     source: str
     generated_at: str

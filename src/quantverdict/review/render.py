@@ -1,10 +1,8 @@
 """``review.md`` and ``review.html`` from the typed document (:class:`quantverdict.review.document.ReviewDocument`).
 
-Both pages are one Jinja2 template body (``templates/body.j2``) written against a small set of block macros
-(headings, paragraphs, lists, tables, images): ``templates/md.j2`` writes them as Markdown, ``templates/html.j2``
-as HTML (autoescaped; the HTML embeds each plot as a base64 PNG and loads nothing from outside). Text may hold
-``**bold**`` and ```code```, which the HTML macros turn into tags. The templates read the document alone: every
-number they print is a field, and the filters here only format (no arithmetic on the review's numbers).
+One template body (``templates/body.j2``) is written against block macros (headings, paragraphs, lists, tables,
+images) that ``templates/md.j2`` writes as Markdown and ``templates/html.j2`` as autoescaped HTML (plots embedded as
+base64 PNGs, nothing loaded from outside). The filters here only format: every number printed is a document field.
 """
 
 from __future__ import annotations
@@ -23,12 +21,6 @@ from quantverdict.results.format import DASH, number
 from quantverdict.review.document import ReviewDocument
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-
-
-def num(v: object, fmt: str = ".2f", suffix: str = "", missing: str = DASH) -> str:
-    """``v`` in format ``fmt`` with ``suffix``; ``missing`` for None and non-finite numbers
-    (:func:`quantverdict.results.format.number`)."""
-    return number(v, fmt, suffix, missing)
 
 
 def usd(v: float | None) -> str:
@@ -67,10 +59,8 @@ def oneline(s: object) -> str:
 
 
 def inline(text: object) -> Markup:
-    """HTML of one line of review text: escaped, ``**bold**`` and ```code``` as tags, PASS and FAIL coloured.
-
-    Text a macro already rendered (``Markup``: the template's own words beside escaped fields) is unescaped first, so
-    that every character is escaped exactly once."""
+    """HTML of one line of review text: escaped once (a macro's ``Markup`` is unescaped first), ``**bold**`` and
+    ```code``` as tags, PASS and FAIL coloured."""
     s = str(escape(text.unescape() if isinstance(text, Markup) else text))
     s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
     s = re.sub(r"`(.+?)`", r"<code>\1</code>", s)
@@ -90,7 +80,7 @@ def environment(fmt: str) -> Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(
-        num=num, usd=usd, scaled=scaled, interval=interval, value=value, md_cell=md_cell, oneline=oneline
+        num=number, usd=usd, scaled=scaled, interval=interval, value=value, md_cell=md_cell, oneline=oneline
     )
     env.filters["inline"] = inline if fmt == "html" else str
     env.globals["fmt"] = fmt

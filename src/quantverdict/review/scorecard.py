@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from quantverdict.measure.stats import Interval
+from quantverdict.results.baseline import baseline_scheme
 from quantverdict.results.record import JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review.document import KldFigures, Memory
@@ -100,9 +101,8 @@ def accuracy_not_applicable(rec: JobRecord) -> str | None:
     """
     if rec.accuracy.not_applicable:
         return str(rec.accuracy.not_applicable)
-    ev = rec.stages.get("evaluate")
-    if ev is not None and ev.status == "not_applicable":
-        return str(ev.detail or NOT_APPLICABLE_DEFAULT)
+    if rec.stage("evaluate").status == "not_applicable":
+        return str(rec.stage("evaluate").detail or NOT_APPLICABLE_DEFAULT)
     if rec.cfg("model").get("source") == "synthetic":
         return NOT_APPLICABLE_DEFAULT
     return None
@@ -115,4 +115,4 @@ def na_label(reason: str | None) -> str:
 
 def is_baseline(rec: JobRecord) -> bool:
     """True for the job of the model's baseline scheme (``config.baseline_scheme``, default ``bf16``)."""
-    return bool(rec.job.scheme == rec.config.get("baseline_scheme", "bf16"))
+    return rec.job.scheme == baseline_scheme(rec)

@@ -22,11 +22,7 @@ def _read(path: Path) -> JobRecord:
 
 
 def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
-    """Every readable record under ``root`` (:func:`_read`); unreadable ones are reported, not fatal.
-
-    Returns:
-        ``(records, problems)``.
-    """
+    """``(records, problems)``: every readable record under ``root``; an unreadable one is a problem, not fatal."""
     records, problems = [], []
     for path in find_records(root):
         try:
@@ -38,10 +34,8 @@ def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
 
 def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord], list[str], dict[str, str]]:
     """Download the ``record.json`` artifact (and ``eval/`` samples, if logged) of every job run of an
-    MLflow experiment into ``dest/<run_id>/``.
-
-    Returns:
-        ``(records, problems, run_ids)``; ``run_ids`` maps each record's ``job.output_dir`` to its run.
+    MLflow experiment into ``dest/<run_id>/``; returns ``(records, problems, run_ids)``, ``run_ids`` mapping each
+    record's ``job.output_dir`` to its run.
 
     Raises:
         ValueError: the experiment does not exist.
@@ -90,17 +84,12 @@ def job_runs(client: Any, experiment_id: str) -> list[Any]:
 
 
 def _rank(rec: JobRecord) -> tuple[bool, str]:
-    """Which of two records of one model/scheme to keep: a finished one, then the newer (ISO timestamps)."""
-    return rec.status == "ok", rec.job.finished_at or rec.job.started_at or ""
+    return rec.status == "ok", rec.job.finished_at or rec.job.started_at or ""  # ISO timestamps sort by time
 
 
 def dedupe(records: list[JobRecord]) -> tuple[list[JobRecord], list[str]]:
-    """One record per (model, scheme): a finished one before an unfinished one, then the newest
-    (``job.finished_at``, else ``job.started_at`` for records that never finished).
-
-    Returns:
-        ``(kept, notes)``; a note names each record left out.
-    """
+    """``(kept, notes)``: one record per (model, scheme), a finished one before an unfinished one, then the newest
+    (``job.finished_at``, else ``job.started_at``); a note names each record left out."""
     best: dict[tuple[str, str], JobRecord] = {}
     notes: list[str] = []
     for rec in records:
