@@ -1,4 +1,4 @@
-"""The reviews of the committed cache-free GPU grids (issue 16), for the tests that check them by hand.
+"""The reviews of the committed cache-free GPU grids, for the tests that check them by hand.
 
 Each grid's records sit in ``docs/results/gpu-cache-free/<name>-grid/records`` (the names of
 ``regen_docs_results.CACHE_FREE_GRIDS``); a test builds its grid's review once per module and reads the paired

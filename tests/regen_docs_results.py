@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 CPU_RECORDS = RESULTS / "cpu-records" / "xeon-amx" / "smollm2-135m"
-# the cache-free grids of issue 16, one folder each: docs/results/gpu-cache-free/<name>-grid/{records,gpu-*.md}
+# the cache-free grids, one folder each: docs/results/gpu-cache-free/<name>-grid/{records,gpu-*.md}
 CACHE_FREE_GRIDS = (
     "fp8",
     "w8a8",

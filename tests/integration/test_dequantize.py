@@ -1,4 +1,4 @@
-"""A quantized weight dequantizes back within half a quantization step of the original (issue #4).
+"""A quantized weight dequantizes back within half a quantization step of the original.
 
 Round to nearest on a uniform grid of step ``scale`` moves a value by at most ``scale / 2``; values
 outside the grid's range are clamped, but min/max scales (compressed-tensors ``calculate_qparams``)

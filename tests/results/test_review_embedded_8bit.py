@@ -1,8 +1,8 @@
-"""The embedded model's 8-bit schemes on the H200 (seventeenth lease, 2026-12-03, 256 in / 128 out, concurrency 1,
+"""The embedded model's 8-bit schemes on the H200 (256 in / 128 out, concurrency 1,
 16, 64 and 256, three repeats of >= 10 s (one of 9.71 s), bf16, int8 (W8A16), FP8_DYNAMIC and W8A8 on one GPU, the
 JIT caches carried): no 8-bit scheme is faster than bf16 at any load, int8 is slower at 16 and 64, and the rest
-establishes nothing; the benchmark split shows which jobs miss issue 16's 10% and the points run twice. Expected
-values worked out from the per-run output tok/s in
+establishes nothing; the benchmark split shows which jobs take more than server start + windows + 10% and the
+points run twice. Expected values worked out from the per-run output tok/s in
 ``docs/results/gpu-cache-free/embedded-8bit-grid/gpu-smollm2-135m.md``, the records' ITL p50s, ``speed.time_split``
 and ``stages.benchmark.wall_s``. Intervals: Student's t with 2 degrees of freedom, t = 4.3027, on the log ratios.
 """

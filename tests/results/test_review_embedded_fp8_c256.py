@@ -1,5 +1,5 @@
-"""The embedded model on the H200 at 256 concurrent requests, bf16 and FP8_DYNAMIC on one GPU (fifteenth lease,
-2026-12-03, 256 in / 128 out, three repeats of >= 10 s, the JIT caches carried): the repeats spread too far for the
+"""The embedded model on the H200 at 256 concurrent requests, bf16 and FP8_DYNAMIC on one GPU (256 in / 128
+out, three repeats of >= 10 s, the JIT caches carried): the repeats spread too far for the
 paired ratio to establish a difference, although FP8's median is 17% higher; and both jobs, three points each, take
 more than server start + windows + 10%. Expected values worked out from the per-run output tok/s in
 ``docs/results/gpu-cache-free/embedded-fp8-c256-grid/gpu-smollm2-135m.md`` and the records' ``speed.time_split``

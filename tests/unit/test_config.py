@@ -96,7 +96,7 @@ def test_closest() -> None:
     assert closest("zzzz", ["bf16", "gptq"]) == ""
 
 
-# --- issue 5: bad input refused before any work ------------------------------------------------------
+# --- bad input refused before any work -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("repo_id", ["Qwen/Qwen3.5-9B", "meta-llama/Llama-3.1-8B-Instruct", "gpt2", "a_b/c.d-e"])
