@@ -14,13 +14,18 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
 from quantverdict.config.compose import PROJECT_ROOT, compose
-from quantverdict.config.schema import Config
+from quantverdict.config.schema import Config, SchemeConfig
+from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import run_stage
+from quantverdict.results.stage_results import QuantizeResult
 
 DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" / "data"))
 # data.offline_root defaults to null (lm-eval's hub tasks); the integration tier reads the real offline copies, so it
@@ -73,6 +78,67 @@ def embedded_model(
 
     out = tmp_path_factory.mktemp("materialize")
     return materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
+
+
+# small calibration: the tests check the pipeline, format and sizes, not the accuracy of the scales.
+# CPU time is dominated by GPTQ's per-column solve (fixed, ~90 s per scheme) and AWQ's grid search
+# (proportional to calibration tokens), so fewer samples mostly shorten AWQ.
+TEST_CALIBRATION = {"num_samples": 8, "seq_len": 128}
+
+
+def load_scheme(name: str) -> SchemeConfig:
+    """``conf/scheme/<name>.yaml`` as its typed config (``${scheme.ignore}`` resolved)."""
+    path = PROJECT_ROOT / "conf" / "scheme" / f"{name}.yaml"
+    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(path))
+    scheme = OmegaConf.to_object(OmegaConf.create({"scheme": node}).scheme)
+    assert isinstance(scheme, SchemeConfig)
+    return scheme
+
+
+@pytest.fixture(scope="session")
+def quantized(
+    tmp_path_factory: pytest.TempPathFactory,
+    stage_envs: dict[str, StageEnv],
+    embedded_model: dict[str, Any],
+    default_cfg: Config,
+) -> dict[str, Any]:
+    """The embedded model quantized by the real quantize stage, each scheme once a session and only when first
+    asked for: ``quantized[name]`` -> (stage result, scheme config, model path). A method that calibrates (all but
+    ``none`` and ``rtn``, :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
+    model = Path(embedded_model["path"])
+    root = tmp_path_factory.mktemp("quantize")
+
+    class Lazy(dict):  # type: ignore[type-arg]
+        def __missing__(self, name: str) -> Any:
+            scheme = load_scheme(name)
+            cal = scheme.calibration
+            if scheme.method not in ("none", "rtn") and cal.text_file and default_cfg.data.offline_root is None:
+                pytest.skip(f"data.offline_root is null: no offline calibration text for {name}")
+            root_dir = default_cfg.data.offline_root
+            text = Path(root_dir) / cal.text_file if cal.text_file and root_dir else None
+            spec = {
+                "model_path": str(model),
+                "out_dir": str(root / "ckpt" / name),
+                "recipe": resolve_recipe(scheme, read_dims(model)),
+                "method": scheme.method,
+                "calibration": {
+                    "text_path": str(text) if text else None,
+                    "hf_dataset": cal.hf_dataset,
+                    "hf_subset": cal.hf_subset,
+                    "hf_split": cal.hf_split,
+                    **TEST_CALIBRATION,
+                },
+                "seed": 0,
+            }
+            work = root / "work" / name
+            self[name] = (
+                run_stage(stage_envs["quantize"], "quantize", spec, work, QuantizeResult, timeout_s=900).model_dump(),
+                scheme,
+                model,
+            )
+            return self[name]
+
+    return Lazy()
 
 
 @pytest.fixture(scope="module")
