@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from composed import composed
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
 from quantverdict.measure.memory import count_parameters, linear_weight_elements
@@ -77,7 +78,7 @@ LLAMA8B_PARAMS = 6_979_321_856 + 262_144_000 + 266_240
 
 
 def scheme(name: str):  # noqa: ANN201
-    return compose([f"scheme={name}"]).scheme
+    return composed(f"scheme={name}").scheme
 
 
 def test_parse_nvidia_smi_real_output() -> None:
