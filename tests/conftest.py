@@ -35,11 +35,11 @@ DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" /
 if "QV_DATA_ROOT" not in os.environ and DATA_ROOT.is_dir():
     os.environ["QV_DATA_ROOT"] = str(DATA_ROOT)
 
-# what a unit test must never read: the real offline data (wherever QV_DATA_ROOT points, and ../shared beside the
-# checkout) and the committed results (another tier checks those; they change when a study is redone)
 UNIT_DIR = Path(__file__).parent / "unit"
 # the unit tier's offline data: a few made-up items a file, in the real folder's layout and formats
 SYNTHETIC_DATA = Path(__file__).parent / "fixtures" / "offline_data"
+# what a unit test must never read: the real offline data (wherever QV_DATA_ROOT points, and ../shared beside the
+# checkout) and the committed results (another tier checks those; they change when a study is redone)
 OUTSIDE_UNIT = tuple(
     os.path.realpath(p)
     for p in {DATA_ROOT, PROJECT_ROOT.parent / "shared", PROJECT_ROOT / "docs" / "results"}
