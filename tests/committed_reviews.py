@@ -1,5 +1,4 @@
-"""The reviews of the committed cache-free GPU grids (the regime-crossover page's), for the tests that check them
-by hand.
+"""The reviews of the committed cache-free GPU grids, for the tests that check them by hand.
 
 Each grid's records sit in ``docs/results/gpu-cache-free/<name>-grid/records`` (the names of
 ``regen_docs_results.CACHE_FREE_GRIDS``; the balanced W4A16 grid in ``docs/results/gpu-cache-free/records``); a

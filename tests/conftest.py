@@ -1,24 +1,50 @@
-"""Shared fixtures. Integration fixtures build the real stage environments and the embedded model once."""
+"""Shared fixtures and the tiers. Integration fixtures build the real stage environments and the embedded model once.
+
+Tiers by folder: tests/unit -> ``unit`` (self-contained: the synthetic offline data of tests/fixtures, no real data
+folder, no committed results, no browser, no stage environment, no MLflow store), tests/integration ->
+``integration`` (real llm-compressor, lm-eval, vLLM, MLflow, Chromium and the offline data), tests/results ->
+``results`` (the committed results regenerate). A test marked ``browser`` starts Chromium: it is integration
+wherever it sits.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
 from quantverdict.config.compose import PROJECT_ROOT, compose
-from quantverdict.config.schema import Config
+from quantverdict.config.schema import Config, SchemeConfig
+from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import run_stage
+from quantverdict.results.stage_results import QuantizeResult
 
 DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" / "data"))
-# data.offline_root defaults to null (lm-eval's hub tasks); this machine's tests read the offline copies, so they
-# name the folder explicitly, for the configs they compose and the pipelines they start (the Makefile's test
-# targets set QV_DATA_ROOT too). Tests that need the folder skip where it is missing.
+# data.offline_root defaults to null (lm-eval's hub tasks); the integration tier reads the real offline copies, so it
+# names the folder explicitly, for the configs it composes and the pipelines it starts (the Makefile's integration
+# target sets QV_DATA_ROOT too). Tests that need the folder skip where it is missing. A unit test runs with
+# QV_DATA_ROOT at the synthetic copy instead (pytest_runtest_protocol below).
 if "QV_DATA_ROOT" not in os.environ and DATA_ROOT.is_dir():
     os.environ["QV_DATA_ROOT"] = str(DATA_ROOT)
+
+UNIT_DIR = Path(__file__).parent / "unit"
+# the unit tier's offline data: a few made-up items a file, in the real folder's layout and formats
+SYNTHETIC_DATA = Path(__file__).parent / "fixtures" / "offline_data"
+# what a unit test must never read: the real offline data (wherever QV_DATA_ROOT points, and ../shared beside the
+# checkout) and the committed results (another tier checks those; they change when a study is redone)
+OUTSIDE_UNIT = tuple(
+    os.path.realpath(p)
+    for p in {DATA_ROOT, PROJECT_ROOT.parent / "shared", PROJECT_ROOT / "docs" / "results"}
+    if os.path.realpath(p) != os.path.realpath(SYNTHETIC_DATA)
+)
 
 
 @pytest.fixture
@@ -54,6 +80,67 @@ def embedded_model(
     return materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
 
 
+# small calibration: the tests check the pipeline, format and sizes, not the accuracy of the scales.
+# CPU time is dominated by GPTQ's per-column solve (fixed, ~90 s per scheme) and AWQ's grid search
+# (proportional to calibration tokens), so fewer samples mostly shorten AWQ.
+TEST_CALIBRATION = {"num_samples": 8, "seq_len": 128}
+
+
+def load_scheme(name: str) -> SchemeConfig:
+    """``conf/scheme/<name>.yaml`` as its typed config (``${scheme.ignore}`` resolved)."""
+    path = PROJECT_ROOT / "conf" / "scheme" / f"{name}.yaml"
+    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(path))
+    scheme = OmegaConf.to_object(OmegaConf.create({"scheme": node}).scheme)
+    assert isinstance(scheme, SchemeConfig)
+    return scheme
+
+
+@pytest.fixture(scope="session")
+def quantized(
+    tmp_path_factory: pytest.TempPathFactory,
+    stage_envs: dict[str, StageEnv],
+    embedded_model: dict[str, Any],
+    default_cfg: Config,
+) -> dict[str, Any]:
+    """The embedded model quantized by the real quantize stage, each scheme once a session and only when first
+    asked for: ``quantized[name]`` -> (stage result, scheme config, model path). A method that calibrates (all but
+    ``none`` and ``rtn``, :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
+    model = Path(embedded_model["path"])
+    root = tmp_path_factory.mktemp("quantize")
+
+    class Lazy(dict):  # type: ignore[type-arg]
+        def __missing__(self, name: str) -> Any:
+            scheme = load_scheme(name)
+            cal = scheme.calibration
+            if scheme.method not in ("none", "rtn") and cal.text_file and default_cfg.data.offline_root is None:
+                pytest.skip(f"data.offline_root is null: no offline calibration text for {name}")
+            root_dir = default_cfg.data.offline_root
+            text = Path(root_dir) / cal.text_file if cal.text_file and root_dir else None
+            spec = {
+                "model_path": str(model),
+                "out_dir": str(root / "ckpt" / name),
+                "recipe": resolve_recipe(scheme, read_dims(model)),
+                "method": scheme.method,
+                "calibration": {
+                    "text_path": str(text) if text else None,
+                    "hf_dataset": cal.hf_dataset,
+                    "hf_subset": cal.hf_subset,
+                    "hf_split": cal.hf_split,
+                    **TEST_CALIBRATION,
+                },
+                "seed": 0,
+            }
+            work = root / "work" / name
+            self[name] = (
+                run_stage(stage_envs["quantize"], "quantize", spec, work, QuantizeResult, timeout_s=900).model_dump(),
+                scheme,
+                model,
+            )
+            return self[name]
+
+    return Lazy()
+
+
 @pytest.fixture(scope="module")
 def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The ``--dtype`` a job serves the embedded bf16 model with on this CPU, decided as the pipeline decides:
@@ -72,14 +159,102 @@ def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) 
     return cpu_caps.compute_dtype(cpu_caps.CpuCapabilities.from_probe(probe)).dtype
 
 
+class _UnitGuard:
+    """Fails a unit test (or the import of a unit test module) that opens or lists a path of :data:`OUTSIDE_UNIT`.
+
+    A Python audit hook (:func:`sys.addaudithook`) sees every ``open``, ``os.listdir`` and ``os.scandir`` of this
+    process; while ``active``, one under a forbidden folder raises :class:`PermissionError` at the call and is
+    remembered, so that a test which swallows the error still fails. Child processes are not watched: the unit tier
+    gives them the synthetic data through QV_DATA_ROOT.
+    """
+
+    EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
+
+    def __init__(self) -> None:
+        self.active = False
+        self.seen: list[str] = []
+        sys.addaudithook(self.audit)
+
+    def audit(self, event: str, args: tuple) -> None:
+        if not self.active or event not in self.EVENTS or not args:
+            return
+        target = args[0]
+        if target is None or isinstance(target, int):
+            return
+        try:
+            path = os.path.realpath(os.fsdecode(target))
+        except (TypeError, ValueError):
+            return
+        for root in OUTSIDE_UNIT:
+            if path == root or path.startswith(root + os.sep):
+                self.seen.append(f"{event} {path}")
+                raise PermissionError(f"a unit test read {path} (under {root}): use a fixture under tests/fixtures")
+
+
+UNIT_GUARD = _UnitGuard()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> object:
+    """Importing a unit test module is watched too (a parametrization that globs a folder runs then)."""
+    watched = isinstance(collector, pytest.Module) and UNIT_DIR in collector.path.parents
+    UNIT_GUARD.active, UNIT_GUARD.seen = watched, []
+    try:
+        outcome = yield
+    finally:
+        UNIT_GUARD.active = False
+    report = outcome.get_result()
+    if watched and UNIT_GUARD.seen and report.passed:
+        report.outcome, report.longrepr = (
+            "failed",
+            "a unit test module read outside its tier: " + "; ".join(UNIT_GUARD.seen),
+        )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A unit test (its fixtures included) runs with QV_DATA_ROOT at the synthetic offline data and watched by
+    :data:`UNIT_GUARD`."""
+    unit = item.get_closest_marker("unit") is not None
+    saved = os.environ.get("QV_DATA_ROOT")
+    if unit:
+        os.environ["QV_DATA_ROOT"] = str(SYNTHETIC_DATA)
+    UNIT_GUARD.active, UNIT_GUARD.seen = unit, []
+    try:
+        yield
+    finally:
+        UNIT_GUARD.active = False
+        if saved is None:
+            os.environ.pop("QV_DATA_ROOT", None)
+        else:
+            os.environ["QV_DATA_ROOT"] = saved
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A unit test that read outside its tier fails, even where it caught the guard's error."""
+    outcome = yield
+    report = outcome.get_result()
+    if UNIT_GUARD.seen and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = "a unit test read outside its tier: " + "; ".join(UNIT_GUARD.seen)
+    UNIT_GUARD.seen = []  # reported once, in the phase that read
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration
-    (whether or not its file says so); browser and slow are marked where they apply."""
+    """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration,
+    tests/results -> results (whether or not its file says so); a test marked browser (Chromium) is integration
+    wherever it sits; slow is marked where it applies."""
+    here = Path(__file__).parent
     tiers = {
-        Path(__file__).parent / "unit": pytest.mark.unit,
-        Path(__file__).parent / "integration": pytest.mark.integration,
+        here / "unit": pytest.mark.unit,
+        here / "integration": pytest.mark.integration,
+        here / "results": pytest.mark.results,
     }
     for item in items:
+        if item.get_closest_marker("browser") is not None:
+            item.add_marker(pytest.mark.integration)
+            continue
         for folder, mark in tiers.items():
             if folder in item.path.parents:
                 item.add_marker(mark)

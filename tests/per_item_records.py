@@ -1,5 +1,6 @@
 """Builders of per-item data for the review tests: lm-eval sample rows with hashes, token-perplexity windows
-(the keys issue #17 adds to ``accuracy.token_perplexity``) and ``vllm bench serve --save-detailed`` results."""
+(the per-window keys of ``accuracy.token_perplexity`` that the paired interval reads) and ``vllm bench serve
+--save-detailed`` results."""
 
 from __future__ import annotations
 

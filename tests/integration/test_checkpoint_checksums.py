@@ -1,7 +1,7 @@
-"""A cached checkpoint is reused only with the bytes it was made with: same-size corruption of its scales is
-caught by its sha256 checksums, set aside and quantized again. Bytes that match their checksums are reused only
-when they pass the sanity check against the source model: zero or NaN scales checksummed again are caught by it.
-Real int8 (data-free) on the embedded model."""
+"""A cached checkpoint is reused only with the bytes it was made with: same-size corruption of its scales and a
+truncated shard are caught by its sha256 checksums, set aside and quantized again. Bytes that match their checksums
+are reused only when they pass the sanity check against the source model: zero or NaN scales checksummed again are
+caught by it. Real int8 (data-free) on the embedded model."""
 
 from __future__ import annotations
 
@@ -42,10 +42,24 @@ def zero_scales(shard: Path, count: int | None, fill: bytes = b"\x00\x00") -> li
     return names
 
 
-def test_same_size_corruption_of_a_cached_checkpoint_is_quantized_again(tmp_path: Path, embedded_model: dict) -> None:
-    first = run_cli(tmp_path / "a", *FAST)
-    assert first.returncode == 0, first.stderr[-3000:]
-    (rec,) = [load(p) for p in find_records(tmp_path / "a")]
+def _job(out: Path) -> tuple[dict, str]:
+    """One int8 job (no evaluation, no sweep) under ``out``: its record and its log."""
+    proc = run_cli(out, *FAST)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rec,) = [load(p) for p in find_records(out)]
+    return rec, proc.stdout + proc.stderr
+
+
+def test_damaged_cached_checkpoints_are_set_aside_and_quantized_again(
+    tmp_path: Path, stage_envs: dict, embedded_model: dict
+) -> None:
+    """One cached int8 checkpoint damaged three ways in turn, each followed by the same job: same-size corruption of
+    its scales (caught by the checksums), zero scales checksummed again (caught by the sanity check), a truncated
+    shard (caught by the checksums); after each the job sets the damaged folder aside and quantizes again. The jobs
+    run one after the other on the one cache entry, so each damage starts from the checkpoint the job before made
+    or reused (five jobs, where a job per damage and a cached one before each would take seven)."""
+    # --- same-size corruption of 30 scales: the checksums catch it ---
+    rec, _ = _job(tmp_path / "a")
     ckpt = Path(rec["checkpoint"]["path"])
     assert (ckpt / caches.CHECKSUMS).is_file() and rec["checkpoint"]["sha256"]
     t0 = time.perf_counter()
@@ -57,9 +71,7 @@ def test_same_size_corruption_of_a_cached_checkpoint_is_quantized_again(tmp_path
     assert len(zero_scales(shard, 30)) == 30
     assert shard.stat().st_size == size
 
-    second = run_cli(tmp_path / "b", *FAST)
-    assert second.returncode == 0, second.stderr[-3000:]
-    (rec2,) = [load(p) for p in find_records(tmp_path / "b")]
+    rec2, _ = _job(tmp_path / "b")
     assert rec2["stages"]["quantize"]["status"] == "ok"  # not "cached"
     detail = rec2["stages"]["quantize"]["detail"]
     assert "re-quantized: cached checkpoint damaged" in detail and shard.name in detail and "checksums" in detail
@@ -68,39 +80,28 @@ def test_same_size_corruption_of_a_cached_checkpoint_is_quantized_again(tmp_path
     assert aside.is_dir() and aside.name.startswith(f"{ckpt.name}.damaged-") and str(aside) in detail
     was, now = (json.loads((d / caches.CHECKSUMS).read_text()) for d in (aside, ckpt))
     assert was[shard.name] == now[shard.name]  # int8 round-to-nearest: the same weights as first made
-    third = run_cli(tmp_path / "c", *FAST)
-    (rec3,) = [load(p) for p in find_records(tmp_path / "c")]
-    assert third.returncode == 0 and rec3["stages"]["quantize"]["status"] == "cached"
     shutil.rmtree(aside)  # the folder this test set aside; nothing else
 
-
-def test_zero_or_nan_scales_with_matching_checksums_fail_the_sanity_check(
-    tmp_path: Path, stage_envs: dict, embedded_model: dict
-) -> None:
-    first = run_cli(tmp_path / "a", *FAST)
-    assert first.returncode == 0, first.stderr[-3000:]
-    (rec,) = [load(p) for p in find_records(tmp_path / "a")]
-    assert rec["checkpoint"]["sanity"]["finite"] and rec["checkpoint"]["sanity"]["ppl_ratio"] < 1.1
-    ckpt = Path(rec["checkpoint"]["path"])
-    shard = next(ckpt.glob("*.safetensors"))
+    # --- the checkpoint made again is reused; zero scales checksummed again: the sanity check catches them ---
+    rec3, _ = _job(tmp_path / "c")
+    assert rec3["stages"]["quantize"]["status"] == "cached"
+    assert rec3["checkpoint"]["sanity"]["finite"] and rec3["checkpoint"]["sanity"]["ppl_ratio"] < 1.1
     assert len(zero_scales(shard, None)) == 30 * 7  # 30 layers x (q, k, v, o, gate, up, down); lm_head is 16-bit
     caches.write_checksums(ckpt)  # the zeroed bytes get checksums of their own: they now verify
     caches.verify_checksums(ckpt)
 
-    second = run_cli(tmp_path / "b", *FAST)
-    assert second.returncode == 0, second.stderr[-3000:]
-    (rec2,) = [load(p) for p in find_records(tmp_path / "b")]
-    quantize = rec2["stages"]["quantize"]
+    rec4, log = _job(tmp_path / "d")
+    quantize = rec4["stages"]["quantize"]
     assert quantize["status"] == "ok"  # quantized again, not "cached"
     assert "failed its sanity check against the source model" in quantize["detail"]
     assert "quantize.sanity.max_ppl_ratio=10.0" in quantize["detail"]
-    (aside,) = rec2["checkpoint"]["set_aside"]
-    assert Path(aside["path"]).is_dir() and Path(aside["path"]).name.startswith(f"{ckpt.name}.damaged-")
-    assert "sanity check" in aside["reason"]
-    assert aside["path"] in second.stdout + second.stderr  # named in the log too
-    made = rec2["checkpoint"]["sanity"]
+    (aside4,) = rec4["checkpoint"]["set_aside"]
+    assert Path(aside4["path"]).is_dir() and Path(aside4["path"]).name.startswith(f"{ckpt.name}.damaged-")
+    assert "sanity check" in aside4["reason"]
+    assert aside4["path"] in log  # named in the log too
+    made = rec4["checkpoint"]["sanity"]
     assert made["checked"] == "when made" and made["finite"] and made["ppl_ratio"] < 1.1  # int8 RTN: 1.005
-    shutil.rmtree(aside["path"])  # the folder this test set aside; nothing else
+    shutil.rmtree(aside4["path"])
 
     # NaN scales, checksummed again, on a copy: the check a reuse runs refuses it, naming it
     copy = tmp_path / "nan" / ckpt.name
@@ -111,3 +112,14 @@ def test_zero_or_nan_scales_with_matching_checksums_fail_the_sanity_check(
     cfg = compose(["scheme=int8"])
     with pytest.raises(IntegrityError, match=f"{ckpt.name} failed its sanity check.*non-finite logits"):
         caches.check_sanity(cfg, stage_envs["quantize"], embedded_model, copy, tmp_path / "nan_check")
+
+    # --- a shard cut to half its size: the checksums catch it; the checkpoint made again has the same bytes ---
+    with open(shard, "r+b") as fh:
+        fh.truncate(shard.stat().st_size // 2)
+    rec5, _ = _job(tmp_path / "e")
+    assert rec5["stages"]["quantize"]["status"] == "ok"  # not "cached"
+    assert "re-quantized: cached checkpoint damaged" in rec5["stages"]["quantize"]["detail"]
+    assert rec5["memory"]["checkpoint"]["total_weight_bytes"] == rec["memory"]["checkpoint"]["total_weight_bytes"]
+    (aside5,) = rec5["checkpoint"]["set_aside"]  # kept for inspection, named in the record
+    assert Path(aside5["path"]).name.startswith(f"{ckpt.name}.damaged-")
+    shutil.rmtree(aside5["path"])

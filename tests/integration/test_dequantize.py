@@ -1,4 +1,4 @@
-"""A quantized weight dequantizes back within half a quantization step of the original (issue #4).
+"""A quantized weight dequantizes back within half a quantization step of the original.
 
 Round to nearest on a uniform grid of step ``scale`` moves a value by at most ``scale / 2``; values
 outside the grid's range are clamped, but min/max scales (compressed-tensors ``calculate_qparams``)
@@ -21,13 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
-from quantverdict.config.schema import SchemeConfig
-from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.processes.envs import StageEnv
-from quantverdict.processes.runner import run_stage
-from quantverdict.results.stage_results import QuantizeResult
 
 pytestmark = pytest.mark.integration
 
@@ -49,25 +44,12 @@ LAYER0 = [
 
 
 @pytest.fixture(scope="module")
-def int8_checkpoint(
-    tmp_path_factory: pytest.TempPathFactory, stage_envs: dict[str, StageEnv], embedded_model: dict[str, Any]
-) -> tuple[Path, Path]:
+def int8_checkpoint(quantized: dict[str, Any]) -> tuple[Path, Path]:
     """SmolLM2-135M quantized by the real quantize stage with ``conf/scheme/int8.yaml`` (W8A16: int8
-    per-channel, pack-quantized, round to nearest; data-free, ~1 min on 2 cores) and its bf16 source."""
-    model = Path(embedded_model["path"])
-    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(ROOT / "conf" / "scheme" / "int8.yaml"))
-    scheme = OmegaConf.to_object(OmegaConf.create({"scheme": node}).scheme)  # resolves ${scheme.ignore}
-    assert isinstance(scheme, SchemeConfig) and scheme.method == "rtn" and scheme.weight_bits == 8
-    root = tmp_path_factory.mktemp("int8")
-    spec = {
-        "model_path": str(model),
-        "out_dir": str(root / "ckpt"),
-        "recipe": resolve_recipe(scheme, read_dims(model)),
-        "method": scheme.method,
-        "calibration": None,
-        "seed": 0,
-    }
-    res = run_stage(stage_envs["quantize"], "quantize", spec, root / "work", QuantizeResult, timeout_s=900).model_dump()
+    per-channel, pack-quantized, round to nearest; data-free, ~1 min on 2 cores) and its bf16 source: the session's
+    int8 checkpoint, the one tests/integration/test_quantize.py checks."""
+    res, scheme, model = quantized["int8"]
+    assert scheme.method == "rtn" and scheme.weight_bits == 8
     assert res["status"] == "ok", res
     return Path(res["path"]), model
 

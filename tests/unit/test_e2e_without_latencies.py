@@ -1,6 +1,6 @@
 """vLLM 0.26's ``--save-detailed`` result has ``ttfts`` and ``itls`` but no ``latencies``: E2E = TTFT + sum(ITL).
 
-Found on the H200 (2026-12-01): every per-request figure of the one-process sweep (goodput, steady-state window,
+Found on the H200: every per-request figure of the one-process sweep (goodput, steady-state window,
 request times) was missing for vLLM 0.26 results, because they all required the ``latencies`` list.
 """
 

@@ -1,4 +1,4 @@
-"""A failing stage says why: the root-cause line of the child's log, without shutdown noise (issue 18, item 1)."""
+"""A failing stage says why: the root-cause line of the child's log, without shutdown noise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fidelity check's command (``pipelines.fidelity``, issue 16) without a GPU: which points a level filter
+"""The fidelity check's command (``pipelines.fidelity``) without a GPU: which points a level filter
 chooses (and the seed each keeps; only points the job ran), ``--report-only`` on hand-made result files
 (unreadable ones skipped, an earlier error kept), the comparison written after every point, an earlier run's
 files of the chosen points removed, exit code 3 for a run stopped on an error. Only the server and the CLI
@@ -498,7 +498,7 @@ def test_json_goes_through_a_temporary_file_of_this_process(tmp_path: Path, monk
 
 
 def test_by_hand_hits_are_judged_beyond_the_jobs_repeated_prompts() -> None:
-    # the H200 run of 2026-12-02, c=256 r0: 2,376 requests x 256 tokens = 608,256 looked up by hand, 13,856 hits
+    # an H200 run, c=256 r0: 2,376 requests x 256 tokens = 608,256 looked up by hand, 13,856 hits
     # (2.28%); the job's run of the same prompts (seed 10) counted 14,848 repeated tokens: nothing beyond them
     job = {"point": "conc-256_r0", "output_tok_s": 8240.9, "prompt_repeat_tokens": 14848, "input_tokens_total": 608256}
     hand = {

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from composed import composed
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
 from quantverdict.measure.memory import count_parameters, linear_weight_elements
@@ -24,7 +25,7 @@ from quantverdict.orchestrate.hardware import (
 from quantverdict.orchestrate.job import run_job
 
 # what the H200 machine printed for nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap
-# --format=csv,noheader,nounits (2026-11-30); the uuid and PCI bus id (queried since 2026-12-01) are made up in
+# --format=csv,noheader,nounits; the uuid and PCI bus id are made up in
 # nvidia-smi's form
 H200_SMI = "0, NVIDIA H200, 580.159.04, 143771, 9.0, GPU-0a1b2c3d-4e5f-6789-abcd-ef0123456789, 00000000:18:00.0\n"
 A100 = {
@@ -77,7 +78,7 @@ LLAMA8B_PARAMS = 6_979_321_856 + 262_144_000 + 266_240
 
 
 def scheme(name: str):  # noqa: ANN201
-    return compose([f"scheme={name}"]).scheme
+    return composed(f"scheme={name}").scheme
 
 
 def test_parse_nvidia_smi_real_output() -> None:
@@ -125,7 +126,7 @@ def test_gpu_info_without_nvidia_smi_is_empty() -> None:
 
 
 # what the H200 machine printed for nvidia-smi --query-gpu=index,power.limit,enforced.power.limit,clocks.max.sm,
-# clocks.max.memory --format=csv,noheader,nounits (2026-12-02)
+# clocks.max.memory --format=csv,noheader,nounits
 H200_LIMITS = "0, 700.00, 700.00, 1980, 3201\n"
 
 

@@ -1,4 +1,4 @@
-"""Ctrl-C is an interruption, not a failure; no lock file is left behind (issue 18, item 9)."""
+"""Ctrl-C is an interruption, not a failure; no lock file is left behind."""
 
 from __future__ import annotations
 

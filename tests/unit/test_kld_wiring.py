@@ -1,4 +1,4 @@
-"""The KL divergence's wiring (issue #17): the server's top-k answer, the baseline cache (store, reuse, refuse),
+"""The KL divergence's wiring: the server's top-k answer, the baseline cache (store, reuse, refuse),
 the evaluate spec's key, the config checks. The math itself is tests/unit/test_kld.py."""
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from composed import composed
 from quantverdict.config import cpu_caps
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
@@ -33,7 +34,7 @@ NEW = ("fp8_block", "w4afp8", "nvfp4a16", "nvfp4")
 
 
 def scheme(name: str, *more: str):  # noqa: ANN201 - SchemeConfig
-    return compose([f"scheme={name}", "bench.enabled=false", *more]).scheme
+    return composed(f"scheme={name}", "bench.enabled=false", *more).scheme
 
 
 def test_formats_and_order() -> None:

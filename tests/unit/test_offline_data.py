@@ -1,20 +1,17 @@
-"""Offline source conversion: small hand-made inputs, plus counts on the real files when present."""
+"""Offline source conversion on small hand-made inputs and the synthetic offline folder of tests/fixtures (the real
+files: tests/integration/test_offline_files.py)."""
 
 from __future__ import annotations
 
 import bz2
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
+from conftest import SYNTHETIC_DATA
 from quantverdict.children import offline_data as od
-
-DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
-needs_data = pytest.mark.skipif(not (DATA_ROOT / "SOURCES.md").is_file(), reason=f"no offline data at {DATA_ROOT}")
-
 
 # -- WikiText -------------------------------------------------------------------------------------
 
@@ -150,7 +147,7 @@ def test_boolq_string_labels(tmp_path: Path) -> None:
     assert [d["label"] for d in od.boolq_docs(p)] == [1, 0]
 
 
-# -- prepare + real files ---------------------------------------------------------------------------
+# -- prepare: the synthetic folder --------------------------------------------------------------
 
 
 def test_prepare_unknown_task(tmp_path: Path) -> None:
@@ -158,37 +155,32 @@ def test_prepare_unknown_task(tmp_path: Path) -> None:
         od.prepare(["mmlu"], tmp_path, tmp_path)
 
 
-@needs_data
-def test_prepare_real_files(tmp_path: Path) -> None:
+def test_prepare_synthetic_files(tmp_path: Path) -> None:
     tasks = ["wikitext", "arc_easy", "arc_challenge", "piqa", "hellaswag", "boolq"]
-    out = od.prepare(tasks, DATA_ROOT, tmp_path)
-    # item counts from SOURCES.md; 62 WikiText-2 test articles as in EleutherAI/wikitext_document_level
-    expected = {
-        "wikitext": 62,
-        "arc_easy": 2376,
-        "arc_challenge": 1170,
-        "piqa": 1838,
-        "hellaswag": 10042,
-        "boolq": 3270,
-    }
-    assert {t: out.info[t]["n_docs"] for t in tasks} == expected
+    out = od.prepare(tasks, SYNTHETIC_DATA, tmp_path)
+    # two made-up items a file (tests/fixtures/offline_data/SOURCES.md); wiki.test.raw: two " = Title = " articles
+    assert {t: out.info[t]["n_docs"] for t in tasks} == dict.fromkeys(tasks, 2)
     for t in tasks:
         yaml = (out.include_path / f"{t}.yaml").read_text()
         assert f"task: {t}\n" in yaml and str(out.data_files[t]) in yaml and "${" not in yaml
         assert Path(out.data_files[t]).is_absolute()
     assert (out.include_path / "utils.py").is_file()
     # the same inputs reuse the same directory
-    assert od.prepare(tasks, DATA_ROOT, tmp_path).include_path == out.include_path
+    assert od.prepare(tasks, SYNTHETIC_DATA, tmp_path).include_path == out.include_path
+    # the first article with its blank lines restored; the sub-heading stays inside it
     first = json.loads(out.data_files["wikitext"].read_text().splitlines()[0])["page"]
-    assert first.startswith(" = Robert Boulter = \n \n Robert Boulter is an English film")
+    assert first == (
+        " = Copper kettle = \n \n Copper kettles heat water on a stove . \n \n = = Use = = \n \n"
+        " A kettle boils water for tea . \n \n "
+    )
+    # HellaSwag: ctx_b capitalized ("she" -> "She"), gold label 1
+    hs = json.loads(out.data_files["hellaswag"].read_text().splitlines()[0])
+    assert hs["query"] == "Baking: A woman mixes flour and water in a bowl. She" and hs["label"] == 1
 
 
-@needs_data
-def test_wikitext_valid_layout_reconstruction() -> None:
-    # The tokenized WikiText-2 valid file still has its blank lines: removing them and restoring
-    # them must give back 58 of its 60 articles byte for byte (measured when the rule was written).
-    lines = (DATA_ROOT / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").split("\n")
+def test_wikitext_valid_layout_reconstruction_synthetic() -> None:
+    # the tokenized file keeps its blank lines: removing them and restoring them gives back both articles
+    lines = (SYNTHETIC_DATA / "wikitext-2" / "valid.txt").read_text(encoding="utf-8").split("\n")
     original = od.wikitext_pages(lines)
-    rebuilt = od.wikitext_pages(od.restore_wikitext_lines(lines))
-    assert len(original) == len(rebuilt) == 60
-    assert sum(a == b for a, b in zip(original, rebuilt)) == 58
+    assert len(original) == 2
+    assert od.wikitext_pages(od.restore_wikitext_lines([line for line in lines if line.strip()])) == original

@@ -142,7 +142,7 @@ def test_machine_resources_read_memavailable(tmp_path: Path) -> None:
 
 def test_the_record_names_this_cpu() -> None:
     # /proc/cpuinfo's model name, checked against lscpu's (util-linux reads the same field on x86), and
-    # environment.host carries it only when given (records from before 2026-12-03 have no cpu_model)
+    # environment.host carries it only when given (older records have no cpu_model)
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     expected = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
     assert cpu_model_name() == expected

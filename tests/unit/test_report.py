@@ -41,7 +41,7 @@ def test_synthetic_roofline_table_and_hardware_line() -> None:
         "| llama3.1-8b-shape / gptq (W4A16) | 5.00 | 4,000 | 1.25 | 2.50 | 2,000 | 50% |",
     ]
     assert "Hardware and serving stack: NVIDIA H200 (driver 570.124.06); vLLM 0.11.0" in md
-    # with the power cap and top SM clock a record has kept since 2026-12-02 (hardware.gpu_info)
+    # with the power cap and top SM clock a record keeps (hardware.gpu_info)
     grid = synthetic_grid()
     for r in grid:
         for g in r["environment"]["gpu"]:

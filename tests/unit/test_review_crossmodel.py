@@ -1,8 +1,8 @@
 """Candidates across models on a deployment target: figures a person worked out from the records.
 
-H200 records of docs/results/gpu-records (vLLM 0.26, bench.server.gpu_memory_utilization 0.9, H200 143,771 MiB =
-140.4013671875 GiB, so vLLM's budget there is 126.36123046875 GiB), reviewed for the A10G (23,028 MiB =
-22.48828125 GiB x 0.9 = 20.239453125 GiB):
+H200 records of the GPU study, copied to tests/fixtures/gpu-records (vLLM 0.26, bench.server.gpu_memory_utilization
+0.9, H200 143,771 MiB = 140.4013671875 GiB, so vLLM's budget there is 126.36123046875 GiB), reviewed for the A10G
+(23,028 MiB = 22.48828125 GiB x 0.9 = 20.239453125 GiB):
 
 | job | vLLM weights | vLLM KV | reserve = 126.36123 - w - KV | A10G KV = 20.239453 - w - reserve |
 |---|---|---|---|---|
@@ -43,7 +43,8 @@ from quantverdict.review.render import markdown
 from quantverdict.review.sources import load_dir
 from review_records import record, synthetic_grid, write_samples
 
-RECORDS = Path(__file__).resolve().parents[2] / "docs" / "results" / "gpu-records"
+# three H200 records of the committed GPU study, copied: the unit tier reads no committed results
+RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-records"
 JOBS = ("qwen3.5-9b-shape/bf16", "qwen3.5-9b-shape/gptq", "llama3.1-8b-shape/bf16")
 
 

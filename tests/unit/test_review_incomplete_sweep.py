@@ -1,11 +1,12 @@
 """A sweep that stopped before its planned top loads (a job interrupted mid-benchmark, a level whose every repeat
 was invalid) has no saturation number: its best level is a floor under the server's capacity, so the review marks
 its ceiling as a lower bound, makes the cost at that ceiling an upper bound, flags the missing levels, and makes
-no speedup claim at saturation; nor does it when two sweeps share one load level only (issue #16).
+no speedup claim at saturation; nor does it when two sweeps share one load level only: a claim at saturation needs
+both sweeps' top loads.
 
-The first test reads the records of the sixth H200 lease (2026-12-02, decode shape 128 in / 1,024 out): bf16
-measured concurrency 16, 64 and 256, three repeats each; the machine was taken back while W4A16 (GPTQ, Machete)
-ran, after its three repeats at concurrency 16.
+The first test reads the records of an interrupted H200 grid (tests/fixtures/decode-interrupted-grid, decode shape
+128 in / 1,024 out): bf16 measured concurrency 16, 64 and 256, three repeats each; the machine was lost while W4A16
+(GPTQ, Machete) ran, after its three repeats at concurrency 16.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from quantverdict.review.sources import load_dir
 from review_records import SYN_CONCURRENCIES, record, speed, synthetic_grid
 
 ROOT = Path(__file__).resolve().parents[2]
-DECODE = ROOT / "docs" / "results" / "gpu-cache-free" / "decode-interrupted-grid" / "records"
+DECODE = ROOT / "tests" / "fixtures" / "decode-interrupted-grid" / "records"
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)
 STOPPED = "gptq's sweep has no valid point at concurrency 64, concurrency 256"
 
@@ -37,7 +38,7 @@ def _card(review: Any, scheme: str) -> Any:
     return next(c for c in review.cards if c.scheme == scheme)
 
 
-def test_the_interrupted_decode_lease_claims_low_load_only() -> None:
+def test_the_interrupted_decode_grid_claims_low_load_only() -> None:
     records, _ = load_dir(DECODE)
     review = build_review(
         records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200, gpu_price_per_hour={"H200": 3.5}), "t"

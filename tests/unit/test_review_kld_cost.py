@@ -1,4 +1,4 @@
-"""The KL divergence and the cost in the review (issue #17), on hand-built records (tests/review_records.py)."""
+"""The KL divergence and the cost in the review, on hand-built records (tests/review_records.py)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _kld(mean: float, lo: float, hi: float, top1: float, t_lo: float, t_hi: floa
 
 def kld_grid() -> list[dict[str, Any]]:
     """grid() with KLDs: int8 0.002 nats / 98.5 %, gptq 0.08 [0.06, 0.10] / 85 % [83, 87], awq refused,
-    the others without a KLD (records made before #17); bf16 stored the baseline."""
+    the others without a KLD (records made before jobs measured it); bf16 stored the baseline."""
     recs = grid()
     by = {r["job"]["scheme"]: r for r in recs}
     by["bf16"]["accuracy"]["kld"] = {"role": "baseline", "top_k": 20, "stored_tokens": 4094}
@@ -138,7 +138,8 @@ def test_the_verdict_in_usd_per_million_output_tokens() -> None:
 
 
 def test_unset_kld_limits_and_prices_keep_the_label() -> None:
-    # the committed review docs/results/gpu-review-llama3.1-8b-shape is labelled gpu-98355e53 (made before #17)
+    # the committed review docs/results/gpu-review-llama3.1-8b-shape is labelled gpu-98355e53 (made before jobs
+    # measured the KL divergence)
     rc = constraints.load_set("gpu")
     made = replace(
         rc, memory_budget_gib=80.0, concurrent_requests=64, load_rps=None, load_concurrency=64, log_to_mlflow=False

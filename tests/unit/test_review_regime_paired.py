@@ -1,4 +1,4 @@
-"""The review's regime claims rest on the ratio to the baseline paired by repeat (issue #16): Student's t on the
+"""The review's regime claims rest on the ratio to the baseline paired by repeat: Student's t on the
 per-repeat log ratios at the same load, 95% CI; "faster" / "slower" when the interval excludes 1, "no difference
 established" when it holds 1. A single run, or repeats that do not pair, fall back to the 1.05x rule on the median
 and its min-max range, and the text says which rule was used.

@@ -185,7 +185,7 @@ def test_review_without_uuids_says_not_recorded_and_flags_nothing() -> None:
 def test_environment_lines_one_per_physical_gpu() -> None:
     recs = [_rec("bf16", [UUID_A], "2026-12-01T13:12:38+0000"), _rec("fp8", [UUID_A], "2026-12-01T13:30:38+0000")]
     assert _env(recs) == ["GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…)"]
-    # with the power cap and top SM clock kept since 2026-12-02; one GPU capped at 600 W is a line of its own
+    # with the power cap and top SM clock a record keeps; one GPU capped at 600 W is a line of its own
     for r, cap in zip(recs, (700.0, 600.0), strict=True):
         r["environment"]["gpu"][0] |= {"enforced_power_limit_w": cap, "clocks_max_sm_mhz": 1980.0}
     assert _env(recs) == [
@@ -198,10 +198,10 @@ def test_environment_lines_one_per_physical_gpu() -> None:
 
 
 def test_environment_lines_name_the_host_cpu_when_recorded() -> None:
-    # two leases on one kind of GPU with different hosts are two lines (a 135M model's server may be host-bound)
+    # two machines with one kind of GPU and different hosts are two lines (a 135M model's server may be host-bound)
     recs = [_rec("bf16", [UUID_A], "2026-12-03T16:31:02+0000"), _rec("fp8", [UUID_B], "2026-12-03T16:35:58+0000")]
     recs[0]["environment"]["host"] = {"hostname": "vm", "cpu_model": "AMD EPYC 9R14 96-Core Processor"}
-    recs[1]["environment"]["host"] = {"hostname": "vm"}  # a record from before 2026-12-03: no CPU named
+    recs[1]["environment"]["host"] = {"hostname": "vm"}  # an older record: no CPU named
     assert _env(recs) == [
         "GPU: NVIDIA H200 (driver 580.159.04, compute capability 9.0, GPU-3cc7d5f1…, "
         "host CPU AMD EPYC 9R14 96-Core Processor)",

@@ -128,7 +128,7 @@ def test_pairs_must_match() -> None:
         stats.paired_normal_interval([], [])
 
 
-# --- never an interval from fewer than 2 items; every interval states n (issue #14) -------------------------
+# --- never an interval from fewer than 2 items; every interval states n ---------------------------------
 
 
 def test_one_item_gives_no_interval_and_no_test() -> None:

@@ -1,4 +1,4 @@
-"""The request shape in the review (issue #16): every speedup holds for the shape it was swept at (bench.input_len,
+"""The request shape in the review: every speedup holds for the shape it was swept at (bench.input_len,
 bench.output_len), the review says which, and a scheme swept at another shape than its baseline's is flagged and
 kept out of the speed comparisons instead of being divided by it."""
 

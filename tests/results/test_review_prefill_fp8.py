@@ -1,7 +1,7 @@
-"""The prefill-heavy shape on the H200 (eighth and ninth leases, 2026-12-02, 2,048 in / 128 out, concurrency 1, 16,
+"""The prefill-heavy shape on the H200 (two machines, 2,048 in / 128 out, concurrency 1, 16,
 64 and 256, three repeats, bf16 beside FP8_DYNAMIC, then beside W8A8, each pair on one GPU): both 8-bit W8A8 schemes
 pay at every load, and at concurrency 256 the two ceilings rest on different windows, which the speed table says
-(issue #16). Expected values worked out from the records' per-run ``output_tok_s``, ``steady_output_tok_s``,
+Expected values worked out from the records' per-run ``output_tok_s``, ``steady_output_tok_s``,
 ``steady_window_s`` and ``e2e_ms_p50`` (``docs/results/gpu-cache-free/prefill-fp8-grid/records`` and
 ``prefill-w8a8-grid/records``).
 """
@@ -63,7 +63,7 @@ def test_the_ceilings_name_their_windows_when_they_differ(review: Any) -> None:
 
 
 def test_one_window_for_all_ceilings_is_not_named() -> None:
-    # the decode pair (seventh lease): both ceilings at c=256 are whole runs (windows under two lifetimes)
+    # the decode pair (bf16 and W4A16): both ceilings at c=256 are whole runs (windows under two lifetimes)
     records, _ = load_dir(GRIDS / "decode-gptq-grid" / "records")
     doc = to_document(build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t"))
     assert not doc.verdicts[0].ceilings_differ_in_basis
@@ -78,7 +78,7 @@ def test_basis_of_repeats() -> None:
 
 
 def test_w8a8_pays_at_saturation_and_its_ceiling_is_steady() -> None:
-    # the ninth lease: W8A8 beside its own bf16 in the same shape, on another H200
+    # the second machine: W8A8 beside its own bf16 in the same shape, on another H200
     records, _ = load_dir(GRIDS / "prefill-w8a8-grid" / "records")
     review = build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
     row = next(r for r in next(iter(review.regime.values())) if r.scheme == "w8a8")
@@ -99,7 +99,7 @@ def test_w8a8_pays_at_saturation_and_its_ceiling_is_steady() -> None:
 
 
 def test_unpaired_ceilings_of_different_windows_are_compared_on_whole_runs() -> None:
-    # the eighth lease's pair, as if FP8 had run on another GPU: no ratio paired by repeat, so the saturation claim
+    # the first machine's pair, as if FP8 had run on another GPU: no ratio paired by repeat, so the saturation claim
     # rests on the ceilings; bf16's is a whole run (2,094.28), FP8's a steady window (2,912.61), which would give
     # 2,912.61 / 2,094.28 = 1.3907. Both whole runs instead: FP8 3,002.08 / 2,967.67 / 2,965.17 -> 2,967.67 over
     # 2,094.28 = 1.4170; range [2,965.17 / 2,098.08, 3,002.08 / 2,090.60] = [1.4133, 1.4360]

@@ -1,5 +1,5 @@
 """Bad input on the command line: the project's form (key, allowed values or form, closest match), exit code 2,
-nothing run and no output folder made (issue 18, item 2). Real ``python -m pipelines.run`` processes."""
+nothing run and no output folder made. Real ``python -m pipelines.run`` processes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The decode-heavy shape on the H200 (seventh lease, 2026-12-02, 128 in / 1,024 out, concurrency 16, 64 and 256,
+"""The decode-heavy shape on the H200 (128 in / 1,024 out, concurrency 16, 64 and 256,
 three repeats, bf16 and W4A16 (GPTQ, Machete) on one GPU): W4A16 pays at low load and stops paying at
 concurrency 256, and at 256 the review reads the whole run, not a steady window shorter than two request
-lifetimes (issue #16). Expected values worked out from the per-run output tok/s in
+lifetimes. Expected values worked out from the per-run output tok/s in
 ``docs/results/gpu-cache-free/decode-gptq-grid/gpu-llama3.1-8b-shape.md`` and the records' ``steady_window_s`` /
 ``e2e_ms_p50``.
 """
