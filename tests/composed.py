@@ -11,9 +11,14 @@ from __future__ import annotations
 import copy
 import functools
 import os
+from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from quantverdict.config.compose import compose
-from quantverdict.config.schema import Config
+from quantverdict.config.schema import Config, SchemeConfig
+
+SCHEMES = Path(__file__).resolve().parents[1] / "conf" / "scheme"
 
 
 @functools.cache
@@ -24,3 +29,11 @@ def _composed(overrides: tuple[str, ...], data_root: str | None) -> Config:
 def composed(*overrides: str) -> Config:
     """``compose(list(overrides))``, composed once per overrides (and QV_DATA_ROOT) and copied for each caller."""
     return copy.deepcopy(_composed(overrides, os.environ.get("QV_DATA_ROOT")))
+
+
+def load_scheme(name: str) -> SchemeConfig:
+    """conf/scheme/<name>.yaml against the SchemeConfig schema alone (no compose), ``${scheme.ignore}`` resolved."""
+    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(SCHEMES / f"{name}.yaml"))
+    scheme = OmegaConf.to_object(OmegaConf.create({"scheme": node}).scheme)
+    assert isinstance(scheme, SchemeConfig)
+    return scheme

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from composed import load_scheme
 from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.measure.memory import read_header
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import StageError, run_stage
 from quantverdict.results.stage_results import MaterializeResult, QuantizeResult
-from test_quantize import load_scheme
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from composed import load_scheme
 from quantverdict.config.schemes import resolve_recipe
 from quantverdict.measure.keep16 import anywhere, check_kept, ignore_patterns
 from test_memory import write_safetensors
-from test_schemes import SMOLLM2, load_scheme
+from test_schemes import SMOLLM2
 
 LM_HEADS = ["lm_head", "language_model.lm_head", "model.language_model.lm_head"]  # plain, Llama-4, deeper
 NOT_HEADS = ["my_lm_head", "lm_head.proj", "model.layers.0.mlp.down_proj"]

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from composed import load_scheme
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError, SchemeConfig
 from quantverdict.config.schemes import (
@@ -29,15 +29,6 @@ SMOLLM2 = {
     "head_dim": 64,
     "num_hidden_layers": 30,
 }
-
-
-def load_scheme(name: str) -> SchemeConfig:
-    """conf/scheme/<name>.yaml against the SchemeConfig schema, ``${scheme.ignore}`` resolved."""
-    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(CONF / f"{name}.yaml"))
-    root = OmegaConf.create({"scheme": node})
-    scheme = OmegaConf.to_object(root.scheme)
-    assert isinstance(scheme, SchemeConfig)
-    return scheme
 
 
 # --- quantized_in_features ---------------------------------------------------------------------
