@@ -31,7 +31,7 @@ from quantverdict.review.kld import NOT_APPLICABLE as NOT_APPLICABLE
 from quantverdict.review.kld import OFF as OFF
 from quantverdict.review.kld import PASS as PASS
 from quantverdict.review.kld import UNKNOWN as UNKNOWN
-from quantverdict.review.kld import with_kld_constraint
+from quantverdict.review.kld import _criterion, _finite, with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
 from quantverdict.review.words import say
@@ -63,42 +63,6 @@ def _check(
     )
 
 
-def _finite(v: float | None) -> float | None:
-    return None if v is None or not math.isfinite(v) else float(v)
-
-
-def _criterion(
-    metric: CriterionMetric,
-    subject: str,
-    limit: str,
-    comparison: Literal["<=", ">="],
-    threshold: float,
-    observed: float | None,
-    *,
-    judged: float | None = None,
-    test: Literal["point", "interval"] = "point",
-    ok: bool | None = None,
-    note: str = "",
-) -> Criterion:
-    """``judged`` (default ``observed``) held against ``threshold``; the outcome is ``ok`` where given, else the
-    comparison; ``unknown`` without a finite value."""
-    value = _finite(observed if judged is None else judged)
-    if ok is None and value is not None:
-        ok = value <= threshold if comparison == "<=" else value >= threshold
-    return Criterion(
-        metric=metric,
-        subject=subject,
-        limit=limit,
-        comparison=comparison,
-        threshold=threshold,
-        observed=_finite(observed),
-        judged=value,
-        test=test,
-        outcome=UNKNOWN if ok is None or value is None else PASS if ok else FAIL,
-        note=note,
-    )
-
-
 # --- memory ---------------------------------------------------------------------------------------------
 
 
@@ -113,18 +77,8 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
             "memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=[crit]
         )
     paging = m.hybrid_paging
-    args: dict[str, Any] = dict(
-        need=need,
-        budget=budget,
-        weights=m.weights_gib,
-        kv=m.kv_needed_gib,
-        tokens=m.kv_needed_tokens,
-        kv_dtype=m.kv_dtype,
-        block_tokens=int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None,
-        state=m.state_needed_gib,
-        requests=rc.concurrent_requests,
-        reserve=rc.reserved_gib,
-    )
+    block_tokens = int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None
+    args: dict[str, Any] = dict(need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
     text, cite = say("memory", **args, full=True), say("memory", **args, full=False)
     if need <= budget:
         return _check("memory", PASS, text, cite=cite, criteria=[crit])
