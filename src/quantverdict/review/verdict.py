@@ -24,43 +24,23 @@ from quantverdict.measure import stats
 from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
-
-# the check outcomes by their short names, defined once in review.kld (re-exported: checks and tests read them here)
-from quantverdict.review.kld import FAIL as FAIL
-from quantverdict.review.kld import NOT_APPLICABLE as NOT_APPLICABLE
-from quantverdict.review.kld import OFF as OFF
-from quantverdict.review.kld import PASS as PASS
-from quantverdict.review.kld import UNKNOWN as UNKNOWN
-from quantverdict.review.kld import _criterion, _finite, with_kld_constraint
+from quantverdict.review.kld import FAIL, NOT_APPLICABLE, OFF, PASS, UNKNOWN, _criterion, _finite, with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
-__all__ = ["Check", "Verdict"]
+# the check outcomes are defined once in review.kld; re-exported: checks and tests read them here
+__all__ = ["FAIL", "NOT_APPLICABLE", "OFF", "PASS", "UNKNOWN", "Check", "Verdict"]
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # outcomes that let a scheme be chosen
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
 Checks = dict[str, Check]  # constraint -> check
 
 
-def _check(
-    kind: str,
-    outcome: doc.Outcome,
-    text: str,
-    shortfall: str = "",
-    excess: float = 0.0,
-    cite: str = "",
-    criteria: list[Criterion] | None = None,
-) -> Check:
-    return Check(
-        constraint=ConstraintKind(kind),
-        outcome=outcome,
-        criteria=criteria or [],
-        excess=excess,
-        text=text,
-        shortfall=shortfall,
-        cite=cite,
-    )
+def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
+    """A check; ``kw``: its ``shortfall``, ``excess``, ``cite`` and ``criteria`` where set."""
+    blank: dict[str, Any] = {"shortfall": "", "excess": 0.0, "cite": "", "criteria": []}
+    return Check(constraint=ConstraintKind(kind), outcome=outcome, text=text, **(blank | kw))
 
 
 # --- memory ---------------------------------------------------------------------------------------------
@@ -84,7 +64,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return _check("memory", PASS, text, cite=cite, criteria=[crit])
     over = need - budget
     shortfall = say("memory_over", over=over, pct=100 * over / budget, budget=budget)
-    return _check("memory", FAIL, text, shortfall, over / budget, cite, [crit])
+    return _check("memory", FAIL, text, shortfall=shortfall, excess=over / budget, cite=cite, criteria=[crit])
 
 
 # --- accuracy -------------------------------------------------------------------------------------------
@@ -104,27 +84,25 @@ def _interval_test(d: TaskDelta, rc: ReviewConfig) -> bool:
     return floor_test_of(d, rc) == "interval" and iv is not None
 
 
-def _score_ok(d: TaskDelta, floor: float, rc: ReviewConfig) -> bool:
-    if _interval_test(d, rc) and d.recovery_interval is not None:
-        return d.recovery_interval.high >= floor
-    return (d.recovery_pct or 0.0) >= floor
-
-
-def _ppl_ok(d: TaskDelta, limit: float, rc: ReviewConfig) -> bool:
-    if _interval_test(d, rc) and d.interval is not None:
-        return d.interval.low <= limit
-    return (d.delta_pct or 0.0) <= limit
+def _ok(d: TaskDelta, threshold: float, rc: ReviewConfig) -> bool:
+    """A score's recovery >= the floor, a perplexity's increase <= the limit (under the interval test: the interval's
+    end nearest to passing)."""
+    score = d.kind == "score"
+    iv = d.recovery_interval if score else d.interval
+    if floor_test_of(d, rc) == "interval" and iv is not None:
+        return iv.high >= threshold if score else iv.low <= threshold
+    return (d.recovery_pct or 0.0) >= threshold if score else (d.delta_pct or 0.0) <= threshold
 
 
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
-    """The floor held against one delta as :func:`_score_ok` / :func:`_ppl_ok` judge it."""
+    """The floor held against one delta as :func:`_ok` judges it."""
     test: Literal["point", "interval"] = "interval" if _interval_test(d, rc) else "point"
     score = d.kind == "score"
     threshold = float((rc.min_recovery_pct if score else rc.max_perplexity_increase_pct) or 0.0)
     observed = d.recovery_pct if score else d.delta_pct
     iv = (d.recovery_interval if score else d.interval) if test == "interval" else None
     judged = observed if iv is None else iv.high if score else iv.low  # the interval's end nearest to passing
-    ok = _score_ok(d, threshold, rc) if score else _ppl_ok(d, threshold, rc)
+    ok = _ok(d, threshold, rc)
     metric = CriterionMetric.RECOVERY_PCT if score else CriterionMetric.PERPLEXITY_INCREASE_PCT
     limit = "min_recovery_pct" if score else "max_perplexity_increase_pct"
     subject = d.metric if d.name == d.metric else f"{d.name} {d.metric}"
@@ -176,24 +154,24 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     cites: list[str] = []
     if floor is not None and scores:
         worst = min(scores, key=lambda d: d.recovery_pct or 0.0)
-        ok = _score_ok(worst, floor, rc)
+        ok = _ok(worst, floor, rc)
         by_interval = _interval_test(worst, rc) and (worst.recovery_pct or 0.0) < floor
         args: dict[str, Any] = dict(d=worst, floor=floor, ok=ok, by_interval=by_interval)
         parts.append(say("worst_score", **args, full=True))
         cites.append(say("worst_score", **args, full=False))
         for d in scores:
-            if not _score_ok(d, floor, rc):
+            if not _ok(d, floor, rc):
                 gap = floor - (d.recovery_pct or 0.0)
                 fails.append((gap / floor, say("score_fails", d=d, floor=floor, gap=gap)))
     if limit is not None and ppls:
         worst = max(ppls, key=lambda d: d.delta_pct or 0.0)
-        ok = _ppl_ok(worst, limit, rc)
+        ok = _ok(worst, limit, rc)
         by_interval = _interval_test(worst, rc) and (worst.delta_pct or 0.0) > limit
         args = dict(d=worst, limit=limit, ok=ok, by_interval=by_interval)
         parts.append(say("worst_ppl", **args, full=True))
         cites.append(say("worst_ppl", **args, full=False))
         for d in ppls:
-            if not _ppl_ok(d, limit, rc):
+            if not _ok(d, limit, rc):
                 gap = (d.delta_pct or 0.0) - limit
                 fails.append((gap / max(limit, 1e-9), say("ppl_fails", d=d, limit=limit, gap=gap)))
     text, cite = "; ".join(parts), " and ".join(cites)
@@ -201,7 +179,7 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         fails.sort(reverse=True)
         text = "; ".join(p for p in (text, cannot) if p)
         shortfall = "; ".join(f for _, f in fails)
-        return _check("accuracy", FAIL, text, shortfall, fails[0][0], cite, crits)
+        return _check("accuracy", FAIL, text, shortfall=shortfall, excess=fails[0][0], cite=cite, criteria=crits)
     if unjudged:
         return _check(
             "accuracy",
@@ -284,7 +262,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
             )
         )
     if fails:
-        return _check("latency", FAIL, text, "; ".join(fails), excess, cite, crits)
+        return _check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite, criteria=crits)
     return _check("latency", PASS, text, cite=cite, criteria=crits)
 
 
@@ -545,34 +523,13 @@ def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[Pair, Pair]:
     return (a.itl_ms_p50, _pair(a.spread.get("itl_ms_p50"))), (b.itl_ms_p50, _pair(b.spread.get("itl_ms_p50")))
 
 
-def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
-    """(low-load, saturation) speedup of ``sc`` over ``base`` (> 1 is faster): baseline ITL p50 over the scheme's
-    at the lowest load both measured, and ceiling output tok/s over the baseline's; None where missing or not
-    comparable for speed."""
-    if not _comparable(sc, base):
+def _speedup(mine: Pair, theirs: Pair, invert: bool) -> tuple[float | None, tuple[float, float] | None]:
+    """Scheme over baseline (``invert``: baseline over scheme, for a latency; > 1 is faster) and its min-max range over
+    repeats (``[num_min / den_max, num_max / den_min]``); Nones where a value or a range is missing."""
+    (a, ra), (b, rb) = (theirs, mine) if invert else (mine, theirs)
+    if not a or not b:
         return None, None
-    (a, _), (b, _) = _low_itl(sc, base)
-    (c, _), (d, _) = _ceilings(sc, base)
-    return (b / a if a and b else None), (c / d if c and d else None)
-
-
-def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """The min-max range over repeats of each speedup of :func:`speedups` (``[b_min / a_max, b_max / a_min]``);
-    None where a range or the speedup is missing."""
-    low, sat = speedups(sc, base)
-
-    def iv(num: Any, den: Any, invert: bool) -> tuple[float, float] | None:
-        if not num or not den or min(num[0], den[0]) <= 0:
-            return None
-        if invert:  # baseline / scheme
-            return den[0] / num[1], den[1] / num[0]
-        return num[0] / den[1], num[1] / den[0]
-
-    (_, mine), (_, theirs) = _low_itl(sc, base)
-    lo = iv(mine, theirs, True)
-    (_, mine), (_, theirs) = _ceilings(sc, base)
-    sa = iv(mine, theirs, False)
-    return (lo if low is not None else None), (sa if sat is not None else None)
+    return a / b, None if not ra or not rb or min(ra[0], rb[0]) <= 0 else (ra[0] / rb[1], ra[1] / rb[0])
 
 
 def _inverse(v: float | None) -> float | None:
@@ -588,12 +545,8 @@ def paired_speedups(
 ) -> list[doc.PairedSpeedup]:
     """Per metric of :data:`PAIRED_METRICS` and per load with >= 1 pair, the scheme's ratio to its baseline paired by
     repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (the inverse for a latency); [] when
-    either is not comparable for speed or the modes differ.
-
-    Args:
-        mine, theirs: ``(mode, raw points)`` of the scheme and of the baseline
-            (:func:`quantverdict.review.speed.raw_points`).
-    """
+    either is not comparable for speed or the modes differ. ``mine``, ``theirs``: ``(mode, raw points)`` of the
+    scheme and of the baseline (:func:`quantverdict.review.speed.raw_points`)."""
     (mode, points), (base_mode, base_points) = mine, theirs
     if not _comparable(sc, base) or mode != base_mode:
         return []
@@ -602,27 +555,13 @@ def paired_speedups(
         for e in stats.paired_ratio(points, base_points, metric, mode, higher):
             if not e["pairs"]:
                 continue
-            if higher:
-                sp, sp_low, sp_high = e["ratio"], e["low"], e["high"]
-            else:
-                sp, sp_low, sp_high = _inverse(e["ratio"]), _inverse(e["high"]), _inverse(e["low"])
-            rows.append(
-                doc.PairedSpeedup(
-                    metric=metric,
-                    name=name,
-                    load=_load(e["load"]),
-                    label=load_label({"load": e["load"], "concurrency": e["load"]}, mode),
-                    pairs=e["pairs"],
-                    ratios=e["ratios"],
-                    ratio=_finite(e["ratio"]),
-                    low=_finite(e["low"]),
-                    high=_finite(e["high"]),
-                    speedup=_finite(sp),
-                    speedup_low=_finite(sp_low),
-                    speedup_high=_finite(sp_high),
-                    verdict=doc.PairedVerdict(e["verdict"]),
-                )
-            )
+            sp = (e["ratio"], e["low"], e["high"]) if higher else map(_inverse, (e["ratio"], e["high"], e["low"]))
+            row: dict[str, Any] = dict(metric=metric, name=name, load=_load(e["load"]), pairs=e["pairs"])
+            row |= {k: _finite(e[k]) for k in ("ratio", "low", "high")}
+            row |= dict(zip(("speedup", "speedup_low", "speedup_high"), map(_finite, sp), strict=True))
+            label = load_label({"load": e["load"], "concurrency": e["load"]}, mode)
+            row |= dict(label=label, ratios=e["ratios"], verdict=doc.PairedVerdict(e["verdict"]))
+            rows.append(doc.PairedSpeedup.model_validate(row))
     return rows
 
 
@@ -647,41 +586,27 @@ def regime_side(
     """One regime claim: with a paired test (>= 2 pairs) its speedup, 95% interval and verdict (an established
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
+    R, C = doc.RegimeRule, doc.RegimeClass
     if test is not None and test.pairs >= 2 and test.speedup is not None:
-        cls = PAIRED_WORDS.get(test.verdict, doc.RegimeClass.NO_CHANGE)
+        cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
         # established is not the same as large: a significant 1.01x neither pays nor costs
-        small = cls != doc.RegimeClass.NO_CHANGE and 1 / PAYS < test.speedup < PAYS
-        if small:
-            cls = doc.RegimeClass.NO_CHANGE
-        return doc.RegimeClaim(
-            rule=doc.RegimeRule.PAIRED_T,
-            speedup=test.speedup,
-            low=test.speedup_low,
-            high=test.speedup_high,
-            pairs=test.pairs,
-            load=test.load,
-            metric=test.metric,
-            word=say("claim_word", test=test, small=small, pays=PAYS),
-            class_=cls,
-            note=say("claim_note", test=test, small=small, ranged=False, cls=cls, pays=PAYS),
+        small, ranged = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS, False
+        cls = C.NO_CHANGE if small else cls
+        claim: dict[str, Any] = dict(
+            rule=R.PAIRED_T, speedup=test.speedup, low=test.speedup_low, high=test.speedup_high
         )
-    if median is None:
+        claim |= dict(pairs=test.pairs, load=test.load, metric=test.metric)
+        claim["word"] = say("claim_word", test=test, small=small, pays=PAYS)
+    elif median is None:
         return None
-    ranged = bool(rng and rng[0] != rng[1])
-    lo, hi = rng if rng and ranged else (median, median)
-    cls = doc.RegimeClass.PAYS if lo >= PAYS else doc.RegimeClass.COSTS if hi <= 1 / PAYS else doc.RegimeClass.NO_CHANGE
-    return doc.RegimeClaim(
-        rule=doc.RegimeRule.MIN_MAX_RANGE if ranged else doc.RegimeRule.SINGLE_RUN,
-        speedup=median,
-        low=lo if ranged else None,
-        high=hi if ranged else None,
-        pairs=None,
-        load=None,
-        metric=None,
-        word=cls.value,
-        class_=cls,
-        note=say("claim_note", test=None, small=False, ranged=ranged, cls=cls, pays=PAYS),
-    )
+    else:
+        test, small, ranged = None, False, bool(rng and rng[0] != rng[1])
+        lo, hi = rng if rng and ranged else (median, median)
+        cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
+        claim = dict(rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN, speedup=median, word=cls.value)
+        claim |= dict(low=lo if ranged else None, high=hi if ranged else None, pairs=None, load=None, metric=None)
+    note = say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS)
+    return doc.RegimeClaim.model_validate(claim | {"class_": cls, "note": note})
 
 
 def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
@@ -727,8 +652,9 @@ def regime(
     """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
     ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
     ranges (and ``sc.validity`` says so where a paired test was possible)."""
-    low, sat = speedups(sc, base)
-    low_iv, sat_iv = speedup_intervals(sc, base)
+    none: tuple[float | None, tuple[float, float] | None] = (None, None)
+    low, low_iv = _speedup(*_low_itl(sc, base), invert=True) if _comparable(sc, base) else none
+    sat, sat_iv = _speedup(*_ceilings(sc, base), invert=False) if _comparable(sc, base) else none
     paired = paired_speedups(sc, base, mine, theirs)
     if not pairable:
         if any(row.pairs >= 2 for row in paired):
