@@ -108,19 +108,9 @@ def kld_deltas(rec: JobRecord) -> list[TaskDelta]:
     mean_iv = _interval(f.mean_kld, f.mean_kld_ci_low, f.mean_kld_ci_high, method)
     mean = TaskDelta(KLD, MEAN, KLD, f.mean_kld, 0.0, delta=f.mean_kld, interval=mean_iv, n=n, kld=f)
     iv = _interval(agree, f.top1_agreement_pct_ci_low, f.top1_agreement_pct_ci_high, method)
-    top1 = TaskDelta(
-        KLD,
-        TOP1,
-        KLD,
-        agree,
-        100.0,
-        delta=agree - 100.0,
-        interval=None if iv is None else Interval(iv.estimate - 100.0, iv.low - 100.0, iv.high - 100.0, iv.method),
-        recovery_pct=agree,
-        recovery_interval=iv,
-        n=n,
-        kld=f,
-    )
+    top1_iv = None if iv is None else Interval(iv.estimate - 100.0, iv.low - 100.0, iv.high - 100.0, iv.method)
+    top1 = TaskDelta(KLD, TOP1, KLD, agree, 100.0, delta=agree - 100.0, interval=top1_iv, n=n, kld=f)
+    top1.recovery_pct, top1.recovery_interval = agree, iv  # the agreement is its own recovery (baseline 100%)
     return [mean, top1]
 
 

@@ -209,9 +209,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     g = at.goodput
     if g:  # per-request goodput at the load
         need, pct = rc.slo_attainment_pct, g.slo_attainment_pct
-        args: dict[str, Any] = dict(
-            g=g, label=at.label, load_how=sp.load_how, need=need, pct=pct, slo=slo_of(rc).describe()
-        )
+        args: dict[str, Any] = dict(g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo_of(rc).describe())
         text, cite = say("attainment", **args, full=True), say("attainment", **args, full=False)
         if pct < need:
             fails.append(say("attainment_fails", g=g, need=need, pct=pct, under=need - pct))
@@ -231,14 +229,8 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
                 if v > lim:
                     fails.append(say("p99_fails", name=name, v=v, lim=lim, over=v - lim, pct=100 * (v - lim) / lim))
                     excess = max(excess, (v - lim) / lim)
-        args = dict(
-            p99s=p99s,
-            label=at.label,
-            load_how=sp.load_how,
-            spread={k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None,
-            valid_repeats=at.valid_repeats,
-            no_per_request=NO_PER_REQUEST,
-        )
+        spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
+        args = dict(p99s=p99s, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
         text, cite = say("p99s", **args, full=True), say("p99s", **args, full=False)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, ceiling_is_floor(sp)
@@ -448,12 +440,8 @@ def _words(
     )
     if shown is not None:
         v.evidence = [f"{shown.name} {c.constraint}: {c.text}" for c in all_checks[shown.scheme].values()]
-    reasons = {
-        Decision.NO_BASELINE: PassReason.NO_VERDICT,
-        Decision.BASELINE_NOT_CHECKED: PassReason.NO_VERDICT,
-        Decision.NO_SCHEME: PassReason.NO_VERDICT,
-        Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED,
-    }
+    no_verdict = (Decision.NO_BASELINE, Decision.BASELINE_NOT_CHECKED, Decision.NO_SCHEME)
+    reasons = dict.fromkeys(no_verdict, PassReason.NO_VERDICT) | {Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED}
     for sc in order:
         if sc is chosen:
             continue
