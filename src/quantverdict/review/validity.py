@@ -102,18 +102,7 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     if not raw:
         return []
     valid = [q for q in raw if point_checks.point_valid(q)]
-    top = speed.ceiling
-    ceiling = None
-    if top is not None and top.kind and top.kind != "none":
-        rng, repeats = top.output_tok_s_range, top.repeats or 1
-        ceiling = dict(
-            kind=top.kind,
-            tok_s=top.output_tok_s,
-            range=(rng.min, rng.max) if rng and repeats > 1 else None,
-            repeats=repeats,
-            label=top.label,
-            stopped=speed.stopped_before,
-        )
+    top = speed.ceiling if speed.ceiling and speed.ceiling.kind not in (None, "", "none") else None
     # the sweep client runs a short window once more (children.sweep_client); one still short is kept, and named
     missed = [q for q in raw if q.get("window_met") is False]
     lines = [
@@ -131,7 +120,8 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
                 if point_checks.point_saturated(q)
             ],
             mode=mode,
-            ceiling=ceiling,
+            top=top,
+            stopped=speed.stopped_before,
         )
     ]
     short = [q for q in valid if bench_result.recorded_window_too_short(q)]
