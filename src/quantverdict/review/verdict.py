@@ -53,9 +53,8 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     need = m.need_gib
     crit = _criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)
     if need is None:
-        return _check(
-            "memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=[crit]
-        )
+        unknown = say("memory_unknown", weights_known=m.weights_gib is not None)
+        return _check("memory", UNKNOWN, unknown, criteria=[crit])
     paging = m.hybrid_paging
     block_tokens = int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None
     args: dict[str, Any] = dict(need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
@@ -181,13 +180,8 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         shortfall = "; ".join(f for _, f in fails)
         return _check("accuracy", FAIL, text, shortfall=shortfall, excess=fails[0][0], cite=cite, criteria=crits)
     if unjudged:
-        return _check(
-            "accuracy",
-            UNKNOWN,
-            f"not checked: {cannot}; the rest: {text}",
-            cite=f"{cannot}; the rest: {cite}",
-            criteria=crits,
-        )
+        rest = dict(cite=f"{cannot}; the rest: {cite}", criteria=crits)
+        return _check("accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", **rest)
     return _check("accuracy", PASS, text, cite=cite, criteria=crits)
 
 
@@ -237,22 +231,15 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
         # a rate sweep's level at the load that kept pace with it (not saturated) sustained the load, whatever
         # its whole-run rate (ramp-up and drain read low on a short run)
-        kept_up = (
-            sp.mode == "rate"
-            and at.load >= rc.load_rps
-            and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
-        )
+        kept_up = sp.mode == "rate" and at.load >= rc.load_rps
+        kept_up = kept_up and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
         below = ceiling < rc.load_rps and not lower_bound and not kept_up
         if below:
             fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
             excess = max(excess, (rc.load_rps - ceiling) / rc.load_rps)
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
-        subject = sp.ceiling.label or ""
-        crits.append(
-            _criterion(
-                CriterionMetric.CEILING_RPS, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note
-            )
-        )
+        metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
+        crits.append(_criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
     if fails:
         return _check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite, criteria=crits)
     return _check("latency", PASS, text, cite=cite, criteria=crits)
@@ -292,16 +279,11 @@ def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConf
     if cs["memory"].outcome == FAIL and budget is not None and m.weights_gib is not None:
         fixed = m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib
         binds_on = "weights" if fixed > budget else "kv_cache"
-    return doc.KvLever(
-        binds_on=binds_on,
-        need_gib=_finite(m.need_gib),
-        budget_gib=budget,
-        weights_gib=_finite(m.weights_gib),
-        kv_gib=_finite(m.kv_needed_gib),
-        fp8_need_gib=fp8,
-        fp8_fits=None if budget is None or fp8 is None else fp8 <= budget,
-        measured=[sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
-    )
+    gib = dict(need_gib=m.need_gib, weights_gib=m.weights_gib, kv_gib=m.kv_needed_gib)
+    lever: dict[str, Any] = {k: _finite(g) for k, g in gib.items()} | dict(binds_on=binds_on, budget_gib=budget)
+    lever |= dict(fp8_need_gib=fp8, fp8_fits=None if budget is None or fp8 is None else fp8 <= budget)
+    lever["measured"] = [sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"]  # refused/failed: not measured
+    return doc.KvLever.model_validate(lever)
 
 
 def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
@@ -309,11 +291,9 @@ def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
     cache), then weight tier, then lowest E2E p50 at the load, highest ceiling (req/s), name."""
 
     def key(sc: Scorecard) -> tuple[int, int, float, float, str]:
-        sp = sc.speed
-        e2e = sp.at_load.e2e_ms_p50 if sp.at_load else None
-        e2e = e2e if e2e is not None else math.inf
-        top = sp.ceiling.rps if sp.ceiling else None
-        return (sc.tier + kv_step(sc), sc.tier, e2e, -(top or 0.0), sc.scheme)
+        at, top = sc.speed.at_load, sc.speed.ceiling
+        e2e = at.e2e_ms_p50 if at and at.e2e_ms_p50 is not None else math.inf
+        return (sc.tier + kv_step(sc), sc.tier, e2e, -((top.rps if top else None) or 0.0), sc.scheme)
 
     return sorted(cards, key=key)
 
@@ -337,16 +317,11 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: s
         reason = job.get(sc.status, PassReason.JOB_FAILED)
     else:
         reason = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
-    return doc.PassedOver(
-        scheme=sc.scheme,
-        label=sc.label,
-        reason=reason,
-        job_status=doc.JobStatus(sc.status),
-        failed_stage=sc.failed_stage,
-        fails=fails,
-        not_checked=unknown,
-        criteria=[k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS],
-        sentence=sentence,
+    crits = [k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
+    job_status, stage = doc.JobStatus(sc.status), sc.failed_stage
+    return doc.PassedOver.model_validate(
+        dict(scheme=sc.scheme, label=sc.label, reason=reason, job_status=job_status, failed_stage=stage, fails=fails)
+        | dict(not_checked=unknown, criteria=crits, sentence=sentence)
     )
 
 
@@ -371,26 +346,15 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         chosen = None
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
     na = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
-    v = Verdict(
-        model=model,
-        decision=decision,
-        chosen_scheme=chosen.scheme if chosen else None,
-        chosen_label=chosen.label if chosen else None,
-        binding=binding,
-        passed_over=[],
-        order=[sc.scheme for sc in order],
-        lever=lever_of(chosen) if chosen is not None and decision == Decision.QUANTIZE else doc.Lever.NONE,
-        kv_lever=None if base is None else kv_lever(base, bc, cards, rc),
-        accuracy_not_measured=na,
-        baseline_scheme=base.scheme if base else None,
-        request_shape=next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None,
-        request_shapes=shapes,
-        ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
-        compute_reported=any(sc.speed.compute for sc in cards),
-        sentence="",
-        evidence=[],
-        others=[],
-    )
+    lever = lever_of(chosen) if chosen is not None and decision == Decision.QUANTIZE else doc.Lever.NONE
+    fields: dict[str, Any] = dict(model=model, decision=decision, binding=binding, lever=lever, request_shapes=shapes)
+    fields |= dict(chosen_scheme=chosen.scheme if chosen else None, chosen_label=chosen.label if chosen else None)
+    fields |= dict(order=[sc.scheme for sc in order], kv_lever=None if base is None else kv_lever(base, bc, cards, rc))
+    fields |= dict(accuracy_not_measured=na, baseline_scheme=base.scheme if base else None)
+    fields["request_shape"] = next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None
+    fields |= dict(ceilings_differ_in_basis=ceilings_differ_in_basis(cards))
+    fields |= dict(compute_reported=any(sc.speed.compute for sc in cards), sentence="")
+    v = Verdict.model_validate(fields | dict(passed_over=[], evidence=[], others=[]))
     _words(v, base, chosen, order, all_checks)
     return v, all_checks
 
@@ -423,21 +387,11 @@ def _words(
     if chosen is not None:
         kv = chosen.kv if kv_step(chosen) else ""
         tier_name = say("tier", name=TIER_NAMES.get(chosen.tier, chosen.tier), tier=chosen.tier, kv=kv)
-    v.sentence = say(
-        "verdict",
-        v=v,
-        base=base,
-        chosen=chosen,
-        bc=bc,
-        cc=all_checks[chosen.scheme] if chosen else {},
-        closest=closest,
-        closest_why=_why_not(closest, all_checks[closest.scheme]) if closest else "",
-        three_of=three,
-        same_tier=same_tier,
-        e2e=chosen.speed.at_load.e2e_ms_p50 if chosen and chosen.speed.at_load else None,
-        tier_name=tier_name,
-        base_error=short_error(base.error) if base else "",
-    )
+    words: dict[str, Any] = dict(v=v, base=base, chosen=chosen, bc=bc, closest=closest, three_of=three)
+    words |= dict(cc=all_checks[chosen.scheme] if chosen else {}, same_tier=same_tier, tier_name=tier_name)
+    words["closest_why"] = _why_not(closest, all_checks[closest.scheme]) if closest else ""
+    words["e2e"] = chosen.speed.at_load.e2e_ms_p50 if chosen and chosen.speed.at_load else None
+    v.sentence = say("verdict", **words, base_error=short_error(base.error) if base else "")
     if shown is not None:
         v.evidence = [f"{shown.name} {c.constraint}: {c.text}" for c in all_checks[shown.scheme].values()]
     no_verdict = (Decision.NO_BASELINE, Decision.BASELINE_NOT_CHECKED, Decision.NO_SCHEME)
@@ -658,19 +612,9 @@ def regime(
     low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
 
     def minmax(v: tuple[float, float] | None) -> doc.MinMax | None:
-        lo, hi = (None, None) if v is None else (_finite(v[0]), _finite(v[1]))
-        return None if lo is None or hi is None else doc.MinMax(min=lo, max=hi)
+        return None if v is None or not all(map(math.isfinite, v)) else doc.MinMax(min=v[0], max=v[1])
 
-    return doc.Regime(
-        scheme=sc.scheme,
-        label=sc.label,
-        low_load_speedup=_finite(low),
-        low_load_range=minmax(low_iv),
-        saturation_speedup=_finite(sat),
-        saturation_range=minmax(sat_iv),
-        low_load_claim=low_claim,
-        saturation_claim=sat_claim,
-        saturation_not_compared=gap,
-        paired=paired,
-        reading=regime_reading(sc, low_claim, sat_claim, gap),
-    )
+    row: dict[str, Any] = dict(scheme=sc.scheme, label=sc.label, low_load_claim=low_claim, saturation_claim=sat_claim)
+    row |= dict(low_load_speedup=_finite(low), low_load_range=minmax(low_iv), saturation_not_compared=gap)
+    row |= dict(saturation_speedup=_finite(sat), saturation_range=minmax(sat_iv), paired=paired)
+    return doc.Regime.model_validate(row | {"reading": regime_reading(sc, low_claim, sat_claim, gap)})
