@@ -105,22 +105,19 @@ def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | N
         user = review_overrides(overrides or [])  # already applied by the composition; named so it can be redone
         how = f"constraint set {rc.name} (named)" + (f", with {', '.join('review.' + u for u in user)}" if user else "")
         return _target_budget(rc, user, how)
-    device = device_class(records)
-    if named and named[-1] != AUTO:  # review.name=NAME picks that set's values, not only its name
-        name, device = named[-1], None
-    else:
-        name = device or "gpu"
+    # review.name=NAME picks that set's values, not only its name
+    picked = named[-1] if named and named[-1] != AUTO else None
+    device = None if picked else device_class(records)
+    name = picked or device or "gpu"
     base = load_set(name)
     user = [u for u in review_overrides(overrides or []) if not u.startswith("name=")]
     given = {u.split("=", 1)[0] for u in user}
     user += [u for u in _user_set(rc) if u.split("=", 1)[0] not in given]
-    merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(user))
-    out = OmegaConf.to_object(merged)
+    out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(user)))
     assert isinstance(out, ReviewConfig)
-    errors = review_errors(out)
-    if errors:
+    if errors := review_errors(out):
         raise ConfigError("invalid review configuration:\n  - " + "\n  - ".join(errors))
-    if named and named[-1] != AUTO:
+    if picked:
         how = f"constraint set {name} (named)"
     else:
         where = f"the records ran on a {name.upper()}" if device else "no record names its device"

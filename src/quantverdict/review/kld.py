@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.stats import Interval
@@ -176,24 +176,17 @@ def with_kld_constraint(check: Check, sc: Scorecard, rc: ReviewConfig, floor_tes
     text = "" if check.outcome == OFF else check.text
     cite = "" if check.outcome == OFF else check.cite
     if not ds:
-        refused = next((d.note for d in _kld_of(sc) if d.metric == REFUSED), "no KL divergence in the record")
-        extra = f"KLD limits not checked: {refused}"
-        return check.model_copy(
-            update={
-                "outcome": FAIL if status == FAIL else UNKNOWN,
-                "text": "; ".join(t for t in (text, extra) if t),
-                "cite": "; ".join(t for t in (cite, "KLD not measured") if t),
-                "criteria": [*check.criteria, *_unmeasured(rc, refused)],
-            }
-        )
+        why = next((d.note for d in _kld_of(sc) if d.metric == REFUSED), "no KL divergence in the record")
+        text = "; ".join(t for t in (text, f"KLD limits not checked: {why}") if t)
+        cite = "; ".join(t for t in (cite, "KLD not measured") if t)
+        outcome, criteria = FAIL if status == FAIL else UNKNOWN, [*check.criteria, *_unmeasured(rc, why)]
+        return check.model_copy(update={"outcome": outcome, "text": text, "cite": cite, "criteria": criteria})
     parts, cites, fails, crits = _verdict_parts(ds, rc, floor_test_of)
     text = "; ".join(t for t in (text, *parts) if t)
     cite = " and ".join(t for t in (cite, *cites) if t)
-    criteria = [*check.criteria, *crits]
-    if not fails:
-        return check.model_copy(update={"outcome": status, "text": text, "cite": cite, "criteria": criteria})
-    fails.sort(reverse=True)
-    shortfall = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
-    excess = max(check.excess, fails[0][0])
-    update = {"outcome": FAIL, "text": text, "shortfall": shortfall, "excess": excess, "cite": cite}
-    return check.model_copy(update={**update, "criteria": criteria})
+    update: dict[str, Any] = {"outcome": status, "text": text, "cite": cite, "criteria": [*check.criteria, *crits]}
+    if fails:
+        fails.sort(reverse=True)
+        update |= {"outcome": FAIL, "excess": max(check.excess, fails[0][0])}
+        update["shortfall"] = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
+    return check.model_copy(update=update)

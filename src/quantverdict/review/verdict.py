@@ -423,7 +423,7 @@ Pair = tuple[float | None, Any]  # (median, [min, max] over repeats or None)
 
 def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
     """Whether the ceilings rest on different windows (``speed.ceiling_basis``: steady window, whole run, or mixed
-    over repeats); :func:`speedups` then compares whole runs."""
+    over repeats); :func:`_ceilings` then compares whole runs."""
     bases = {c.basis for sc in cards if (c := sc.speed.ceiling) and c.output_tok_s} - {None}
     return len(bases) > 1 or "mixed" in bases
 
@@ -454,12 +454,9 @@ def _pair(r: doc.MinMax | None) -> tuple[float, float] | None:
 
 
 def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[Pair, Pair]:
-    """ITL p50 of the scheme and of the baseline at the lowest load both measured (``single_itl_ms_p50`` for cards
-    without points; Nones without a common load)."""
-    mine = {p.load: p for p in sc.speed.points}
-    theirs = {p.load: p for p in base.speed.points}
-    common = sorted(set(mine) & set(theirs))
-    if not common:  # (points without a low load have none either)
+    """ITL p50 of the scheme and of the baseline at the lowest load both measured (Nones without a common load)."""
+    mine, theirs = ({p.load: p for p in card.speed.points} for card in (sc, base))
+    if not (common := sorted(set(mine) & set(theirs))):
         return (None, None), (None, None)
     a, b = mine[common[0]], theirs[common[0]]
     return (a.itl_ms_p50, _pair(a.spread.get("itl_ms_p50"))), (b.itl_ms_p50, _pair(b.spread.get("itl_ms_p50")))
