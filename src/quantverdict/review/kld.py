@@ -1,11 +1,9 @@
-"""The KL divergence to the baseline in the review: deltas beside the perplexity delta, and its limits.
-
-``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary` fields, the baseline's stored entry, or
-``{"refused": reason}``) becomes two :class:`TaskDelta` of kind ``kld`` (mean KLD, top-1 agreement;
-:func:`kld_deltas`); :func:`with_kld_constraint` adds ``review.max_mean_kld`` and ``review.min_top1_agreement_pct``
-to the accuracy check, judged like the other floors (:func:`quantverdict.review.verdict.floor_test_of`). A top-k KLD
-is a lower bound of the true one: failing on it is failing, passing is the bound's pass.
-"""
+"""The KL divergence to the baseline in the review: ``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary`
+fields, the baseline's stored entry, or ``{"refused": reason}``) becomes two :class:`TaskDelta` of kind ``kld`` (mean
+KLD, top-1 agreement; :func:`kld_deltas`); :func:`with_kld_constraint` adds ``review.max_mean_kld`` and
+``review.min_top1_agreement_pct`` to the accuracy check, judged like the other floors
+(:func:`quantverdict.review.verdict.floor_test_of`). A top-k KLD is a lower bound of the true one: failing on it is
+failing, passing is the bound's pass."""
 
 from __future__ import annotations
 
@@ -129,10 +127,8 @@ def _verdict_parts(
     ds: list[TaskDelta], rc: ReviewConfig, floor_test_of: FloorTest
 ) -> tuple[list[str], list[str], list[tuple[float, str]], list[Criterion]]:
     """(text parts, cite parts, fails as (excess, sentence), criteria) of the KLD limits for one scheme's deltas."""
-    parts: list[str] = []
-    cites: list[str] = []
+    parts, cites, crits = list[str](), list[str](), list[Criterion]()
     fails: list[tuple[float, str]] = []
-    crits: list[Criterion] = []
     by = {d.metric: d for d in ds}
     for subject, metric, key, op in _LIMITS:
         threshold, d = getattr(rc, key), by.get(subject)

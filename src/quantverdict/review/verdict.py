@@ -1,17 +1,12 @@
 """Checks and the verdict: score each scheme, check three constraints, choose the least aggressive scheme that
-passes.
-
-* **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB);
-* **accuracy**: every task's recovery ``100 · score / baseline >= min_recovery_pct``, every perplexity kind in
-  ``perplexity_kinds`` up by at most ``max_perplexity_increase_pct`` (:func:`floor_test_of`: point estimate or
-  interval), and the KL divergence limits (:func:`quantverdict.review.kld.with_kld_constraint`);
-* **latency**: at the stated load, ``slo_attainment_pct`` % of the requests meet every objective (per-request
-  goodput, :mod:`quantverdict.measure.goodput`; a record without per-request data: its TTFT p99 and ITL p99), and
-  the sweep's ceiling reaches the load.
-
-The baseline passing all three: do not quantize. Otherwise the constraints it fails bind, and the chosen scheme is
-the first of :func:`candidate_order` that finished and passes all three. A check that cannot be made never passes;
-a not-applicable accuracy (synthetic model, random weights) never blocks.
+passes. **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB); **accuracy**: every
+task's recovery ``100 · score / baseline >= min_recovery_pct``, every kind in ``perplexity_kinds`` up by at most
+``max_perplexity_increase_pct`` (:func:`floor_test_of`: point estimate or interval), and the KL divergence limits
+(:mod:`quantverdict.review.kld`); **latency**: at the stated load ``slo_attainment_pct`` % of the requests meet every
+objective (per-request goodput, :mod:`quantverdict.measure.goodput`; without per-request data, the TTFT and ITL
+p99s), and the sweep's ceiling reaches the load. The baseline passing all three: do not quantize. Otherwise the
+constraints it fails bind, and the chosen scheme is the first of :func:`candidate_order` that finished and passes
+all three. A check that cannot be made never passes; a not-applicable accuracy (random weights) never blocks.
 """
 
 from __future__ import annotations
@@ -129,19 +124,11 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return _check("accuracy", UNKNOWN, f"delta excluded: {sc.accuracy_refused}")
     # a comparison that cannot be made (the two runs did not score the same items) is left unjudged: its point
     # value neither fails nor passes the scheme, and the check cannot pass while one is unjudged
-    floored = [
-        d
-        for d in sc.accuracy
-        if (d.kind == "score" and floor is not None)
-        or (d.kind == "perplexity" and d.metric in rc.perplexity_kinds and limit is not None)
-    ]
+    ppl = {id(d) for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds}  # judged kinds
+    floored = [d for d in sc.accuracy if (floor if d.kind == "score" else limit if id(d) in ppl else None) is not None]
     unjudged = [d for d in floored if d.refused]
     scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None and not d.refused]
-    ppls = [
-        d
-        for d in sc.accuracy
-        if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None and not d.refused
-    ]
+    ppls = [d for d in sc.accuracy if id(d) in ppl and d.delta_pct is not None and not d.refused]
     judged = {id(d) for d in (*unjudged, *scores, *ppls)}
     crits = [_accuracy_criterion(d, rc) for d in floored if id(d) in judged]  # in the record's order
     cannot = say("cannot", unjudged=unjudged)
@@ -149,8 +136,7 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
         return _check("accuracy", UNKNOWN, f"not checked: {why}", criteria=crits)
     fails: list[tuple[float, str]] = []
-    parts: list[str] = []
-    cites: list[str] = []
+    parts, cites = list[str](), list[str]()
     if floor is not None and scores:
         worst = min(scores, key=lambda d: d.recovery_pct or 0.0)
         ok = _ok(worst, floor, rc)
@@ -198,8 +184,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if at is None:
         return _check("latency", UNKNOWN, f"not checked: {sp.load_how}")
     fails: list[str] = []
-    excess = 0.0
-    crits: list[Criterion] = []
+    excess, crits = 0.0, list[Criterion]()
     g = at.goodput
     if g:  # per-request goodput at the load
         need, pct = rc.slo_attainment_pct, g.slo_attainment_pct
@@ -312,11 +297,9 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: s
     """Why ``sc`` was not chosen: job not ok, else a failing check, else an unknown one, else ``if_eligible``."""
     fails = [c.constraint for c in cs.values() if c.outcome == FAIL]
     unknown = [c.constraint for c in cs.values() if c.outcome == UNKNOWN]
-    job = {"interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
-    if sc.status != "ok":
-        reason = job.get(sc.status, PassReason.JOB_FAILED)
-    else:
-        reason = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
+    checked = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
+    job = {"ok": checked, "interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
+    reason = job.get(sc.status, PassReason.JOB_FAILED)
     crits = [k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
     job_status, stage = doc.JobStatus(sc.status), sc.failed_stage
     return doc.PassedOver.model_validate(
@@ -510,8 +493,7 @@ def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | N
 
     def pick(metrics: tuple[str, ...], highest: bool) -> doc.PairedSpeedup | None:
         for metric in metrics:
-            rows = [r for r in paired if r.metric == metric]
-            if rows:
+            if rows := [r for r in paired if r.metric == metric]:
                 row = (max if highest else min)(rows, key=lambda r: math.inf if r.load == "inf" else r.load)
                 return row if row.pairs >= 2 else None
         return None
