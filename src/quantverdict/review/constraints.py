@@ -22,15 +22,9 @@ DEVICE_SETS = ("cpu", "gpu")
 NOT_CONSTRAINTS = ("name", "log_to_mlflow")
 # keys added after labels were first published, with their defaults: left out of the hash while at that default,
 # so a review that does not set them keeps its label and folder
-UNSET_KEEPS_HASH: dict[str, object] = {
-    "max_mean_kld": None,
-    "min_top1_agreement_pct": None,
-    "gpu_price_per_hour": {},
-    "e2e_ms": None,
-    "slo_attainment_pct": 99.0,
-    "target": None,
-    "target_memory_fraction": None,
-}
+UNSET_KEEPS_HASH: dict[str, object] = {"gpu_price_per_hour": {}, "slo_attainment_pct": 99.0} | dict.fromkeys(
+    ("max_mean_kld", "min_top1_agreement_pct", "e2e_ms", "target", "target_memory_fraction")
+)
 
 
 def _conf_dir() -> Path:
@@ -56,9 +50,7 @@ def record_device(rec: JobRecord) -> str | None:
 def device_class(records: list[JobRecord]) -> str | None:
     """The device class most records ran on (a tie goes to ``gpu``), None when no record says."""
     seen = Counter(d for d in map(record_device, records) if d)
-    if not seen:
-        return None
-    return max(DEVICE_SETS, key=lambda d: (seen[d], d == "gpu"))
+    return max(DEVICE_SETS, key=lambda d: (seen[d], d == "gpu")) if seen else None
 
 
 def load_set(name: str) -> ReviewConfig:
@@ -82,12 +74,9 @@ def load_set(name: str) -> ReviewConfig:
 
 def review_overrides(overrides: list[str]) -> list[str]:
     """The ``review.KEY=VALUE`` overrides of a command line, as ``KEY=VALUE``."""
-    out = []
-    for o in overrides:
-        o = o.lstrip("+")
-        if o.startswith("review.") and "=" in o:
-            out.append(o.removeprefix("review."))
-    return out
+    return [
+        o.lstrip("+").removeprefix("review.") for o in overrides if o.lstrip("+").startswith("review.") and "=" in o
+    ]
 
 
 def _user_set(rc: ReviewConfig) -> list[str]:
@@ -101,14 +90,11 @@ def _user_set(rc: ReviewConfig) -> list[str]:
 
 
 def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | None) -> tuple[ReviewConfig, str]:
-    """The constraint set to review ``records`` under.
+    """``(config, how)``: the constraint set to review ``records`` under and how it was picked (for the header).
 
     ``auto``: ``conf/review/<device class>.yaml`` (:func:`device_class`; ``gpu`` when no record says) with the
     ``review.KEY=VALUE`` items of ``overrides`` and every field where ``rc`` differs from the ``auto`` file on top;
     any other name is kept as it is.
-
-    Returns:
-        ``(config, how)``: how the set was picked, for the review's header.
 
     Raises:
         ConfigError: an override that makes the picked set invalid.
@@ -119,22 +105,19 @@ def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | N
         user = review_overrides(overrides or [])  # already applied by the composition; named so it can be redone
         how = f"constraint set {rc.name} (named)" + (f", with {', '.join('review.' + u for u in user)}" if user else "")
         return _target_budget(rc, user, how)
-    device = device_class(records)
-    if named and named[-1] != AUTO:  # review.name=NAME picks that set's values, not only its name
-        name, device = named[-1], None
-    else:
-        name = device or "gpu"
+    # review.name=NAME picks that set's values, not only its name
+    picked = named[-1] if named and named[-1] != AUTO else None
+    device = None if picked else device_class(records)
+    name = picked or device or "gpu"
     base = load_set(name)
     user = [u for u in review_overrides(overrides or []) if not u.startswith("name=")]
     given = {u.split("=", 1)[0] for u in user}
     user += [u for u in _user_set(rc) if u.split("=", 1)[0] not in given]
-    merged = OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(user))
-    out = OmegaConf.to_object(merged)
+    out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(user)))
     assert isinstance(out, ReviewConfig)
-    errors = review_errors(out)
-    if errors:
+    if errors := review_errors(out):
         raise ConfigError("invalid review configuration:\n  - " + "\n  - ".join(errors))
-    if named and named[-1] != AUTO:
+    if picked:
         how = f"constraint set {name} (named)"
     else:
         where = f"the records ran on a {name.upper()}" if device else "no record names its device"

@@ -102,53 +102,24 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     if not raw:
         return []
     valid = [q for q in raw if point_checks.point_valid(q)]
-    top = speed.ceiling
-    ceiling = None
-    if top is not None and top.kind and top.kind != "none":
-        rng, repeats = top.output_tok_s_range, top.repeats or 1
-        ceiling = dict(
-            kind=top.kind,
-            tok_s=top.output_tok_s,
-            range=(rng.min, rng.max) if rng and repeats > 1 else None,
-            repeats=repeats,
-            label=top.label,
-            stopped=speed.stopped_before,
-        )
+    top = speed.ceiling if speed.ceiling and speed.ceiling.kind not in (None, "", "none") else None
+    levels = sweep.summarize(raw, mode)
     # the sweep client runs a short window once more (children.sweep_client); one still short is kept, and named
-    missed = [q for q in raw if q.get("window_met") is False]
-    lines = [
-        _say(
-            "speed",
-            name=sc_name,
-            n_points=len(raw),
-            n_levels=len(levels := sweep.summarize(raw, mode)),
-            reps=sorted({lv["repeats"] for lv in levels}),
-            invalid=[point_label(q, mode) for q in raw if not point_checks.point_valid(q)],
-            missed=[(point_label(q, mode), float(q["duration_s"]), float(q["min_duration_s"])) for q in missed],
-            saturated=[
-                f"{point_label(q, mode)} ({point_checks.describe_saturation(point_checks.point_saturation(q))})"
-                for q in valid
-                if point_checks.point_saturated(q)
-            ],
-            mode=mode,
-            ceiling=ceiling,
-        )
-    ]
-    short = [q for q in valid if bench_result.recorded_window_too_short(q)]
-    if short:
-        lines.append(
-            _say(
-                "steady_short",
-                name=sc_name,
-                levels=list(dict.fromkeys(load_label({**q, "load": sweep_plan.load_of(q, mode)}, mode) for q in short)),
-                n=len(short),
-                windows=sorted(q["steady_window_s"] for q in short),
-                lifetimes=bench_result.STEADY_MIN_LIFETIMES,
-                e2e=sorted(q["e2e_ms_p50"] / 1000 for q in short),
-            )
-        )
-    cache = server_metrics.cache_summary(raw)
-    if cache:
+    missed = [(point_label(q, mode), q["duration_s"], q["min_duration_s"]) for q in raw if q.get("window_met") is False]
+    sat = [(q, point_checks.point_saturation(q)) for q in valid if point_checks.point_saturated(q)]
+    words: dict[str, Any] = dict(name=sc_name, n_points=len(raw), n_levels=len(levels), mode=mode, top=top)
+    words |= dict(reps=sorted({lv["repeats"] for lv in levels}), stopped=speed.stopped_before)
+    words["invalid"] = [point_label(q, mode) for q in raw if not point_checks.point_valid(q)]
+    words["missed"] = [(label, float(d), float(need)) for label, d, need in missed]
+    words["saturated"] = [f"{point_label(q, mode)} ({point_checks.describe_saturation(why)})" for q, why in sat]
+    lines = [_say("speed", **words)]
+    if short := [q for q in valid if bench_result.recorded_window_too_short(q)]:
+        labels = dict.fromkeys(load_label({**q, "load": sweep_plan.load_of(q, mode)}, mode) for q in short)
+        windows, e2e = sorted(q["steady_window_s"] for q in short), sorted(q["e2e_ms_p50"] / 1000 for q in short)
+        lifetimes = bench_result.STEADY_MIN_LIFETIMES
+        words = dict(name=sc_name, levels=list(labels), n=len(short), windows=windows, lifetimes=lifetimes, e2e=e2e)
+        lines.append(_say("steady_short", **words))
+    if cache := server_metrics.cache_summary(raw):
         lines.append(f"{sc_name}: {cache}")
     if rec.speed.kernel_check:
         lines.append(_say("kernel", name=sc_name, kc=KernelCheck.of(rec.speed.kernel_check)))

@@ -1,17 +1,12 @@
 """Checks and the verdict: score each scheme, check three constraints, choose the least aggressive scheme that
-passes.
-
-* **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB);
-* **accuracy**: every task's recovery ``100 · score / baseline >= min_recovery_pct``, every perplexity kind in
-  ``perplexity_kinds`` up by at most ``max_perplexity_increase_pct`` (:func:`floor_test_of`: point estimate or
-  interval), and the KL divergence limits (:func:`quantverdict.review.kld.with_kld_constraint`);
-* **latency**: at the stated load, ``slo_attainment_pct`` % of the requests meet every objective (per-request
-  goodput, :mod:`quantverdict.measure.goodput`; a record without per-request data: its TTFT p99 and ITL p99), and
-  the sweep's ceiling reaches the load.
-
-The baseline passing all three: do not quantize. Otherwise the constraints it fails bind, and the chosen scheme is
-the first of :func:`candidate_order` that finished and passes all three. A check that cannot be made never passes;
-a not-applicable accuracy (synthetic model, random weights) never blocks.
+passes. **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB); **accuracy**: every
+task's recovery ``100 · score / baseline >= min_recovery_pct``, every kind in ``perplexity_kinds`` up by at most
+``max_perplexity_increase_pct`` (:func:`floor_test_of`: point estimate or interval), and the KL divergence limits
+(:mod:`quantverdict.review.kld`); **latency**: at the stated load ``slo_attainment_pct`` % of the requests meet every
+objective (per-request goodput, :mod:`quantverdict.measure.goodput`; without per-request data, the TTFT and ITL
+p99s), and the sweep's ceiling reaches the load. The baseline passing all three: do not quantize. Otherwise the
+constraints it fails bind, and the chosen scheme is the first of :func:`candidate_order` that finished and passes
+all three. A check that cannot be made never passes; a not-applicable accuracy (random weights) never blocks.
 """
 
 from __future__ import annotations
@@ -24,79 +19,23 @@ from quantverdict.measure import stats
 from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
-
-# the check outcomes by their short names, defined once in review.kld (re-exported: checks and tests read them here)
-from quantverdict.review.kld import FAIL as FAIL
-from quantverdict.review.kld import NOT_APPLICABLE as NOT_APPLICABLE
-from quantverdict.review.kld import OFF as OFF
-from quantverdict.review.kld import PASS as PASS
-from quantverdict.review.kld import UNKNOWN as UNKNOWN
-from quantverdict.review.kld import with_kld_constraint
+from quantverdict.review.kld import FAIL, NOT_APPLICABLE, OFF, PASS, UNKNOWN, _criterion, _finite, with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
-__all__ = ["Check", "Verdict"]
+# the check outcomes are defined once in review.kld; re-exported: checks and tests read them here
+__all__ = ["FAIL", "NOT_APPLICABLE", "OFF", "PASS", "UNKNOWN", "Check", "Verdict"]
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # outcomes that let a scheme be chosen
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
 Checks = dict[str, Check]  # constraint -> check
 
 
-def _check(
-    kind: str,
-    outcome: doc.Outcome,
-    text: str,
-    shortfall: str = "",
-    excess: float = 0.0,
-    cite: str = "",
-    criteria: list[Criterion] | None = None,
-) -> Check:
-    return Check(
-        constraint=ConstraintKind(kind),
-        outcome=outcome,
-        criteria=criteria or [],
-        excess=excess,
-        text=text,
-        shortfall=shortfall,
-        cite=cite,
-    )
-
-
-def _finite(v: float | None) -> float | None:
-    return None if v is None or not math.isfinite(v) else float(v)
-
-
-def _criterion(
-    metric: CriterionMetric,
-    subject: str,
-    limit: str,
-    comparison: Literal["<=", ">="],
-    threshold: float,
-    observed: float | None,
-    *,
-    judged: float | None = None,
-    test: Literal["point", "interval"] = "point",
-    ok: bool | None = None,
-    note: str = "",
-) -> Criterion:
-    """``judged`` (default ``observed``) held against ``threshold``; the outcome is ``ok`` where given, else the
-    comparison; ``unknown`` without a finite value."""
-    value = _finite(observed if judged is None else judged)
-    if ok is None and value is not None:
-        ok = value <= threshold if comparison == "<=" else value >= threshold
-    return Criterion(
-        metric=metric,
-        subject=subject,
-        limit=limit,
-        comparison=comparison,
-        threshold=threshold,
-        observed=_finite(observed),
-        judged=value,
-        test=test,
-        outcome=UNKNOWN if ok is None or value is None else PASS if ok else FAIL,
-        note=note,
-    )
+def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
+    """A check; ``kw``: its ``shortfall``, ``excess``, ``cite`` and ``criteria`` where set."""
+    blank: dict[str, Any] = {"shortfall": "", "excess": 0.0, "cite": "", "criteria": []}
+    return Check(constraint=ConstraintKind(kind), outcome=outcome, text=text, **(blank | kw))
 
 
 # --- memory ---------------------------------------------------------------------------------------------
@@ -109,28 +48,17 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     need = m.need_gib
     crit = _criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)
     if need is None:
-        return _check(
-            "memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=[crit]
-        )
+        unknown = say("memory_unknown", weights_known=m.weights_gib is not None)
+        return _check("memory", UNKNOWN, unknown, criteria=[crit])
     paging = m.hybrid_paging
-    args: dict[str, Any] = dict(
-        need=need,
-        budget=budget,
-        weights=m.weights_gib,
-        kv=m.kv_needed_gib,
-        tokens=m.kv_needed_tokens,
-        kv_dtype=m.kv_dtype,
-        block_tokens=int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None,
-        state=m.state_needed_gib,
-        requests=rc.concurrent_requests,
-        reserve=rc.reserved_gib,
-    )
+    block_tokens = int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None
+    args: dict[str, Any] = dict(need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
     text, cite = say("memory", **args, full=True), say("memory", **args, full=False)
     if need <= budget:
         return _check("memory", PASS, text, cite=cite, criteria=[crit])
     over = need - budget
     shortfall = say("memory_over", over=over, pct=100 * over / budget, budget=budget)
-    return _check("memory", FAIL, text, shortfall, over / budget, cite, [crit])
+    return _check("memory", FAIL, text, shortfall=shortfall, excess=over / budget, cite=cite, criteria=[crit])
 
 
 # --- accuracy -------------------------------------------------------------------------------------------
@@ -150,27 +78,25 @@ def _interval_test(d: TaskDelta, rc: ReviewConfig) -> bool:
     return floor_test_of(d, rc) == "interval" and iv is not None
 
 
-def _score_ok(d: TaskDelta, floor: float, rc: ReviewConfig) -> bool:
-    if _interval_test(d, rc) and d.recovery_interval is not None:
-        return d.recovery_interval.high >= floor
-    return (d.recovery_pct or 0.0) >= floor
-
-
-def _ppl_ok(d: TaskDelta, limit: float, rc: ReviewConfig) -> bool:
-    if _interval_test(d, rc) and d.interval is not None:
-        return d.interval.low <= limit
-    return (d.delta_pct or 0.0) <= limit
+def _ok(d: TaskDelta, threshold: float, rc: ReviewConfig) -> bool:
+    """A score's recovery >= the floor, a perplexity's increase <= the limit (under the interval test: the interval's
+    end nearest to passing)."""
+    score = d.kind == "score"
+    iv = d.recovery_interval if score else d.interval
+    if floor_test_of(d, rc) == "interval" and iv is not None:
+        return iv.high >= threshold if score else iv.low <= threshold
+    return (d.recovery_pct or 0.0) >= threshold if score else (d.delta_pct or 0.0) <= threshold
 
 
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
-    """The floor held against one delta as :func:`_score_ok` / :func:`_ppl_ok` judge it."""
+    """The floor held against one delta as :func:`_ok` judges it."""
     test: Literal["point", "interval"] = "interval" if _interval_test(d, rc) else "point"
     score = d.kind == "score"
     threshold = float((rc.min_recovery_pct if score else rc.max_perplexity_increase_pct) or 0.0)
     observed = d.recovery_pct if score else d.delta_pct
     iv = (d.recovery_interval if score else d.interval) if test == "interval" else None
     judged = observed if iv is None else iv.high if score else iv.low  # the interval's end nearest to passing
-    ok = _score_ok(d, threshold, rc) if score else _ppl_ok(d, threshold, rc)
+    ok = _ok(d, threshold, rc)
     metric = CriterionMetric.RECOVERY_PCT if score else CriterionMetric.PERPLEXITY_INCREASE_PCT
     limit = "min_recovery_pct" if score else "max_perplexity_increase_pct"
     subject = d.metric if d.name == d.metric else f"{d.name} {d.metric}"
@@ -198,19 +124,11 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return _check("accuracy", UNKNOWN, f"delta excluded: {sc.accuracy_refused}")
     # a comparison that cannot be made (the two runs did not score the same items) is left unjudged: its point
     # value neither fails nor passes the scheme, and the check cannot pass while one is unjudged
-    floored = [
-        d
-        for d in sc.accuracy
-        if (d.kind == "score" and floor is not None)
-        or (d.kind == "perplexity" and d.metric in rc.perplexity_kinds and limit is not None)
-    ]
+    ppl = {id(d) for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds}  # judged kinds
+    floored = [d for d in sc.accuracy if (floor if d.kind == "score" else limit if id(d) in ppl else None) is not None]
     unjudged = [d for d in floored if d.refused]
     scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None and not d.refused]
-    ppls = [
-        d
-        for d in sc.accuracy
-        if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None and not d.refused
-    ]
+    ppls = [d for d in sc.accuracy if id(d) in ppl and d.delta_pct is not None and not d.refused]
     judged = {id(d) for d in (*unjudged, *scores, *ppls)}
     crits = [_accuracy_criterion(d, rc) for d in floored if id(d) in judged]  # in the record's order
     cannot = say("cannot", unjudged=unjudged)
@@ -218,28 +136,27 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
         return _check("accuracy", UNKNOWN, f"not checked: {why}", criteria=crits)
     fails: list[tuple[float, str]] = []
-    parts: list[str] = []
-    cites: list[str] = []
+    parts, cites = list[str](), list[str]()
     if floor is not None and scores:
         worst = min(scores, key=lambda d: d.recovery_pct or 0.0)
-        ok = _score_ok(worst, floor, rc)
+        ok = _ok(worst, floor, rc)
         by_interval = _interval_test(worst, rc) and (worst.recovery_pct or 0.0) < floor
         args: dict[str, Any] = dict(d=worst, floor=floor, ok=ok, by_interval=by_interval)
         parts.append(say("worst_score", **args, full=True))
         cites.append(say("worst_score", **args, full=False))
         for d in scores:
-            if not _score_ok(d, floor, rc):
+            if not _ok(d, floor, rc):
                 gap = floor - (d.recovery_pct or 0.0)
                 fails.append((gap / floor, say("score_fails", d=d, floor=floor, gap=gap)))
     if limit is not None and ppls:
         worst = max(ppls, key=lambda d: d.delta_pct or 0.0)
-        ok = _ppl_ok(worst, limit, rc)
+        ok = _ok(worst, limit, rc)
         by_interval = _interval_test(worst, rc) and (worst.delta_pct or 0.0) > limit
         args = dict(d=worst, limit=limit, ok=ok, by_interval=by_interval)
         parts.append(say("worst_ppl", **args, full=True))
         cites.append(say("worst_ppl", **args, full=False))
         for d in ppls:
-            if not _ppl_ok(d, limit, rc):
+            if not _ok(d, limit, rc):
                 gap = (d.delta_pct or 0.0) - limit
                 fails.append((gap / max(limit, 1e-9), say("ppl_fails", d=d, limit=limit, gap=gap)))
     text, cite = "; ".join(parts), " and ".join(cites)
@@ -247,15 +164,10 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         fails.sort(reverse=True)
         text = "; ".join(p for p in (text, cannot) if p)
         shortfall = "; ".join(f for _, f in fails)
-        return _check("accuracy", FAIL, text, shortfall, fails[0][0], cite, crits)
+        return _check("accuracy", FAIL, text, shortfall=shortfall, excess=fails[0][0], cite=cite, criteria=crits)
     if unjudged:
-        return _check(
-            "accuracy",
-            UNKNOWN,
-            f"not checked: {cannot}; the rest: {text}",
-            cite=f"{cannot}; the rest: {cite}",
-            criteria=crits,
-        )
+        rest = dict(cite=f"{cannot}; the rest: {cite}", criteria=crits)
+        return _check("accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", **rest)
     return _check("accuracy", PASS, text, cite=cite, criteria=crits)
 
 
@@ -272,14 +184,11 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if at is None:
         return _check("latency", UNKNOWN, f"not checked: {sp.load_how}")
     fails: list[str] = []
-    excess = 0.0
-    crits: list[Criterion] = []
+    excess, crits = 0.0, list[Criterion]()
     g = at.goodput
     if g:  # per-request goodput at the load
         need, pct = rc.slo_attainment_pct, g.slo_attainment_pct
-        args: dict[str, Any] = dict(
-            g=g, label=at.label, load_how=sp.load_how, need=need, pct=pct, slo=slo_of(rc).describe()
-        )
+        args: dict[str, Any] = dict(g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo_of(rc).describe())
         text, cite = say("attainment", **args, full=True), say("attainment", **args, full=False)
         if pct < need:
             fails.append(say("attainment_fails", g=g, need=need, pct=pct, under=need - pct))
@@ -299,38 +208,25 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
                 if v > lim:
                     fails.append(say("p99_fails", name=name, v=v, lim=lim, over=v - lim, pct=100 * (v - lim) / lim))
                     excess = max(excess, (v - lim) / lim)
-        args = dict(
-            p99s=p99s,
-            label=at.label,
-            load_how=sp.load_how,
-            spread={k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None,
-            valid_repeats=at.valid_repeats,
-            no_per_request=NO_PER_REQUEST,
-        )
+        spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
+        args = dict(p99s=p99s, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
         text, cite = say("p99s", **args, full=True), say("p99s", **args, full=False)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, ceiling_is_floor(sp)
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
         # a rate sweep's level at the load that kept pace with it (not saturated) sustained the load, whatever
         # its whole-run rate (ramp-up and drain read low on a short run)
-        kept_up = (
-            sp.mode == "rate"
-            and at.load >= rc.load_rps
-            and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
-        )
+        kept_up = sp.mode == "rate" and at.load >= rc.load_rps
+        kept_up = kept_up and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
         below = ceiling < rc.load_rps and not lower_bound and not kept_up
         if below:
             fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
             excess = max(excess, (rc.load_rps - ceiling) / rc.load_rps)
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
-        subject = sp.ceiling.label or ""
-        crits.append(
-            _criterion(
-                CriterionMetric.CEILING_RPS, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note
-            )
-        )
+        metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
+        crits.append(_criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
     if fails:
-        return _check("latency", FAIL, text, "; ".join(fails), excess, cite, crits)
+        return _check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite, criteria=crits)
     return _check("latency", PASS, text, cite=cite, criteria=crits)
 
 
@@ -368,16 +264,11 @@ def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConf
     if cs["memory"].outcome == FAIL and budget is not None and m.weights_gib is not None:
         fixed = m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib
         binds_on = "weights" if fixed > budget else "kv_cache"
-    return doc.KvLever(
-        binds_on=binds_on,
-        need_gib=_finite(m.need_gib),
-        budget_gib=budget,
-        weights_gib=_finite(m.weights_gib),
-        kv_gib=_finite(m.kv_needed_gib),
-        fp8_need_gib=fp8,
-        fp8_fits=None if budget is None or fp8 is None else fp8 <= budget,
-        measured=[sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
-    )
+    gib = dict(need_gib=m.need_gib, weights_gib=m.weights_gib, kv_gib=m.kv_needed_gib)
+    lever: dict[str, Any] = {k: _finite(g) for k, g in gib.items()} | dict(binds_on=binds_on, budget_gib=budget)
+    lever |= dict(fp8_need_gib=fp8, fp8_fits=None if budget is None or fp8 is None else fp8 <= budget)
+    lever["measured"] = [sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"]  # refused/failed: not measured
+    return doc.KvLever.model_validate(lever)
 
 
 def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
@@ -385,11 +276,9 @@ def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
     cache), then weight tier, then lowest E2E p50 at the load, highest ceiling (req/s), name."""
 
     def key(sc: Scorecard) -> tuple[int, int, float, float, str]:
-        sp = sc.speed
-        e2e = sp.at_load.e2e_ms_p50 if sp.at_load else None
-        e2e = e2e if e2e is not None else math.inf
-        top = sp.ceiling.rps if sp.ceiling else None
-        return (sc.tier + kv_step(sc), sc.tier, e2e, -(top or 0.0), sc.scheme)
+        at, top = sc.speed.at_load, sc.speed.ceiling
+        e2e = at.e2e_ms_p50 if at and at.e2e_ms_p50 is not None else math.inf
+        return (sc.tier + kv_step(sc), sc.tier, e2e, -((top.rps if top else None) or 0.0), sc.scheme)
 
     return sorted(cards, key=key)
 
@@ -408,21 +297,14 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: s
     """Why ``sc`` was not chosen: job not ok, else a failing check, else an unknown one, else ``if_eligible``."""
     fails = [c.constraint for c in cs.values() if c.outcome == FAIL]
     unknown = [c.constraint for c in cs.values() if c.outcome == UNKNOWN]
-    job = {"interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
-    if sc.status != "ok":
-        reason = job.get(sc.status, PassReason.JOB_FAILED)
-    else:
-        reason = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
-    return doc.PassedOver(
-        scheme=sc.scheme,
-        label=sc.label,
-        reason=reason,
-        job_status=doc.JobStatus(sc.status),
-        failed_stage=sc.failed_stage,
-        fails=fails,
-        not_checked=unknown,
-        criteria=[k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS],
-        sentence=sentence,
+    checked = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
+    job = {"ok": checked, "interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
+    reason = job.get(sc.status, PassReason.JOB_FAILED)
+    crits = [k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
+    job_status, stage = doc.JobStatus(sc.status), sc.failed_stage
+    return doc.PassedOver.model_validate(
+        dict(scheme=sc.scheme, label=sc.label, reason=reason, job_status=job_status, failed_stage=stage, fails=fails)
+        | dict(not_checked=unknown, criteria=crits, sentence=sentence)
     )
 
 
@@ -447,26 +329,15 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         chosen = None
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
     na = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
-    v = Verdict(
-        model=model,
-        decision=decision,
-        chosen_scheme=chosen.scheme if chosen else None,
-        chosen_label=chosen.label if chosen else None,
-        binding=binding,
-        passed_over=[],
-        order=[sc.scheme for sc in order],
-        lever=lever_of(chosen) if chosen is not None and decision == Decision.QUANTIZE else doc.Lever.NONE,
-        kv_lever=None if base is None else kv_lever(base, bc, cards, rc),
-        accuracy_not_measured=na,
-        baseline_scheme=base.scheme if base else None,
-        request_shape=next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None,
-        request_shapes=shapes,
-        ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
-        compute_reported=any(sc.speed.compute for sc in cards),
-        sentence="",
-        evidence=[],
-        others=[],
-    )
+    lever = lever_of(chosen) if chosen is not None and decision == Decision.QUANTIZE else doc.Lever.NONE
+    fields: dict[str, Any] = dict(model=model, decision=decision, binding=binding, lever=lever, request_shapes=shapes)
+    fields |= dict(chosen_scheme=chosen.scheme if chosen else None, chosen_label=chosen.label if chosen else None)
+    fields |= dict(order=[sc.scheme for sc in order], kv_lever=None if base is None else kv_lever(base, bc, cards, rc))
+    fields |= dict(accuracy_not_measured=na, baseline_scheme=base.scheme if base else None)
+    fields["request_shape"] = next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None
+    fields |= dict(ceilings_differ_in_basis=ceilings_differ_in_basis(cards))
+    fields |= dict(compute_reported=any(sc.speed.compute for sc in cards), sentence="")
+    v = Verdict.model_validate(fields | dict(passed_over=[], evidence=[], others=[]))
     _words(v, base, chosen, order, all_checks)
     return v, all_checks
 
@@ -499,29 +370,15 @@ def _words(
     if chosen is not None:
         kv = chosen.kv if kv_step(chosen) else ""
         tier_name = say("tier", name=TIER_NAMES.get(chosen.tier, chosen.tier), tier=chosen.tier, kv=kv)
-    v.sentence = say(
-        "verdict",
-        v=v,
-        base=base,
-        chosen=chosen,
-        bc=bc,
-        cc=all_checks[chosen.scheme] if chosen else {},
-        closest=closest,
-        closest_why=_why_not(closest, all_checks[closest.scheme]) if closest else "",
-        three_of=three,
-        same_tier=same_tier,
-        e2e=chosen.speed.at_load.e2e_ms_p50 if chosen and chosen.speed.at_load else None,
-        tier_name=tier_name,
-        base_error=short_error(base.error) if base else "",
-    )
+    words: dict[str, Any] = dict(v=v, base=base, chosen=chosen, bc=bc, closest=closest, three_of=three)
+    words |= dict(cc=all_checks[chosen.scheme] if chosen else {}, same_tier=same_tier, tier_name=tier_name)
+    words["closest_why"] = _why_not(closest, all_checks[closest.scheme]) if closest else ""
+    words["e2e"] = chosen.speed.at_load.e2e_ms_p50 if chosen and chosen.speed.at_load else None
+    v.sentence = say("verdict", **words, base_error=short_error(base.error) if base else "")
     if shown is not None:
         v.evidence = [f"{shown.name} {c.constraint}: {c.text}" for c in all_checks[shown.scheme].values()]
-    reasons = {
-        Decision.NO_BASELINE: PassReason.NO_VERDICT,
-        Decision.BASELINE_NOT_CHECKED: PassReason.NO_VERDICT,
-        Decision.NO_SCHEME: PassReason.NO_VERDICT,
-        Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED,
-    }
+    no_verdict = (Decision.NO_BASELINE, Decision.BASELINE_NOT_CHECKED, Decision.NO_SCHEME)
+    reasons = dict.fromkeys(no_verdict, PassReason.NO_VERDICT) | {Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED}
     for sc in order:
         if sc is chosen:
             continue
@@ -549,7 +406,7 @@ Pair = tuple[float | None, Any]  # (median, [min, max] over repeats or None)
 
 def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
     """Whether the ceilings rest on different windows (``speed.ceiling_basis``: steady window, whole run, or mixed
-    over repeats); :func:`speedups` then compares whole runs."""
+    over repeats); :func:`_ceilings` then compares whole runs."""
     bases = {c.basis for sc in cards if (c := sc.speed.ceiling) and c.output_tok_s} - {None}
     return len(bases) > 1 or "mixed" in bases
 
@@ -580,45 +437,21 @@ def _pair(r: doc.MinMax | None) -> tuple[float, float] | None:
 
 
 def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[Pair, Pair]:
-    """ITL p50 of the scheme and of the baseline at the lowest load both measured (``single_itl_ms_p50`` for cards
-    without points; Nones without a common load)."""
-    mine = {p.load: p for p in sc.speed.points}
-    theirs = {p.load: p for p in base.speed.points}
-    common = sorted(set(mine) & set(theirs))
-    if not common:  # (points without a low load have none either)
+    """ITL p50 of the scheme and of the baseline at the lowest load both measured (Nones without a common load)."""
+    mine, theirs = ({p.load: p for p in card.speed.points} for card in (sc, base))
+    if not (common := sorted(set(mine) & set(theirs))):
         return (None, None), (None, None)
     a, b = mine[common[0]], theirs[common[0]]
     return (a.itl_ms_p50, _pair(a.spread.get("itl_ms_p50"))), (b.itl_ms_p50, _pair(b.spread.get("itl_ms_p50")))
 
 
-def speedups(sc: Scorecard, base: Scorecard) -> tuple[float | None, float | None]:
-    """(low-load, saturation) speedup of ``sc`` over ``base`` (> 1 is faster): baseline ITL p50 over the scheme's
-    at the lowest load both measured, and ceiling output tok/s over the baseline's; None where missing or not
-    comparable for speed."""
-    if not _comparable(sc, base):
+def _speedup(mine: Pair, theirs: Pair, invert: bool) -> tuple[float | None, tuple[float, float] | None]:
+    """Scheme over baseline (``invert``: baseline over scheme, for a latency; > 1 is faster) and its min-max range over
+    repeats (``[num_min / den_max, num_max / den_min]``); Nones where a value or a range is missing."""
+    (a, ra), (b, rb) = (theirs, mine) if invert else (mine, theirs)
+    if not a or not b:
         return None, None
-    (a, _), (b, _) = _low_itl(sc, base)
-    (c, _), (d, _) = _ceilings(sc, base)
-    return (b / a if a and b else None), (c / d if c and d else None)
-
-
-def speedup_intervals(sc: Scorecard, base: Scorecard) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """The min-max range over repeats of each speedup of :func:`speedups` (``[b_min / a_max, b_max / a_min]``);
-    None where a range or the speedup is missing."""
-    low, sat = speedups(sc, base)
-
-    def iv(num: Any, den: Any, invert: bool) -> tuple[float, float] | None:
-        if not num or not den or min(num[0], den[0]) <= 0:
-            return None
-        if invert:  # baseline / scheme
-            return den[0] / num[1], den[1] / num[0]
-        return num[0] / den[1], num[1] / den[0]
-
-    (_, mine), (_, theirs) = _low_itl(sc, base)
-    lo = iv(mine, theirs, True)
-    (_, mine), (_, theirs) = _ceilings(sc, base)
-    sa = iv(mine, theirs, False)
-    return (lo if low is not None else None), (sa if sat is not None else None)
+    return a / b, None if not ra or not rb or min(ra[0], rb[0]) <= 0 else (ra[0] / rb[1], ra[1] / rb[0])
 
 
 def _inverse(v: float | None) -> float | None:
@@ -634,12 +467,8 @@ def paired_speedups(
 ) -> list[doc.PairedSpeedup]:
     """Per metric of :data:`PAIRED_METRICS` and per load with >= 1 pair, the scheme's ratio to its baseline paired by
     repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (the inverse for a latency); [] when
-    either is not comparable for speed or the modes differ.
-
-    Args:
-        mine, theirs: ``(mode, raw points)`` of the scheme and of the baseline
-            (:func:`quantverdict.review.speed.raw_points`).
-    """
+    either is not comparable for speed or the modes differ. ``mine``, ``theirs``: ``(mode, raw points)`` of the
+    scheme and of the baseline (:func:`quantverdict.review.speed.raw_points`)."""
     (mode, points), (base_mode, base_points) = mine, theirs
     if not _comparable(sc, base) or mode != base_mode:
         return []
@@ -648,27 +477,13 @@ def paired_speedups(
         for e in stats.paired_ratio(points, base_points, metric, mode, higher):
             if not e["pairs"]:
                 continue
-            if higher:
-                sp, sp_low, sp_high = e["ratio"], e["low"], e["high"]
-            else:
-                sp, sp_low, sp_high = _inverse(e["ratio"]), _inverse(e["high"]), _inverse(e["low"])
-            rows.append(
-                doc.PairedSpeedup(
-                    metric=metric,
-                    name=name,
-                    load=_load(e["load"]),
-                    label=load_label({"load": e["load"], "concurrency": e["load"]}, mode),
-                    pairs=e["pairs"],
-                    ratios=e["ratios"],
-                    ratio=_finite(e["ratio"]),
-                    low=_finite(e["low"]),
-                    high=_finite(e["high"]),
-                    speedup=_finite(sp),
-                    speedup_low=_finite(sp_low),
-                    speedup_high=_finite(sp_high),
-                    verdict=doc.PairedVerdict(e["verdict"]),
-                )
-            )
+            sp = (e["ratio"], e["low"], e["high"]) if higher else map(_inverse, (e["ratio"], e["high"], e["low"]))
+            row: dict[str, Any] = dict(metric=metric, name=name, load=_load(e["load"]), pairs=e["pairs"])
+            row |= {k: _finite(e[k]) for k in ("ratio", "low", "high")}
+            row |= dict(zip(("speedup", "speedup_low", "speedup_high"), map(_finite, sp), strict=True))
+            label = load_label({"load": e["load"], "concurrency": e["load"]}, mode)
+            row |= dict(label=label, ratios=e["ratios"], verdict=doc.PairedVerdict(e["verdict"]))
+            rows.append(doc.PairedSpeedup.model_validate(row))
     return rows
 
 
@@ -678,8 +493,7 @@ def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | N
 
     def pick(metrics: tuple[str, ...], highest: bool) -> doc.PairedSpeedup | None:
         for metric in metrics:
-            rows = [r for r in paired if r.metric == metric]
-            if rows:
+            if rows := [r for r in paired if r.metric == metric]:
                 row = (max if highest else min)(rows, key=lambda r: math.inf if r.load == "inf" else r.load)
                 return row if row.pairs >= 2 else None
         return None
@@ -693,41 +507,27 @@ def regime_side(
     """One regime claim: with a paired test (>= 2 pairs) its speedup, 95% interval and verdict (an established
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
+    R, C = doc.RegimeRule, doc.RegimeClass
     if test is not None and test.pairs >= 2 and test.speedup is not None:
-        cls = PAIRED_WORDS.get(test.verdict, doc.RegimeClass.NO_CHANGE)
+        cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
         # established is not the same as large: a significant 1.01x neither pays nor costs
-        small = cls != doc.RegimeClass.NO_CHANGE and 1 / PAYS < test.speedup < PAYS
-        if small:
-            cls = doc.RegimeClass.NO_CHANGE
-        return doc.RegimeClaim(
-            rule=doc.RegimeRule.PAIRED_T,
-            speedup=test.speedup,
-            low=test.speedup_low,
-            high=test.speedup_high,
-            pairs=test.pairs,
-            load=test.load,
-            metric=test.metric,
-            word=say("claim_word", test=test, small=small, pays=PAYS),
-            class_=cls,
-            note=say("claim_note", test=test, small=small, ranged=False, cls=cls, pays=PAYS),
+        small, ranged = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS, False
+        cls = C.NO_CHANGE if small else cls
+        claim: dict[str, Any] = dict(
+            rule=R.PAIRED_T, speedup=test.speedup, low=test.speedup_low, high=test.speedup_high
         )
-    if median is None:
+        claim |= dict(pairs=test.pairs, load=test.load, metric=test.metric)
+        claim["word"] = say("claim_word", test=test, small=small, pays=PAYS)
+    elif median is None:
         return None
-    ranged = bool(rng and rng[0] != rng[1])
-    lo, hi = rng if rng and ranged else (median, median)
-    cls = doc.RegimeClass.PAYS if lo >= PAYS else doc.RegimeClass.COSTS if hi <= 1 / PAYS else doc.RegimeClass.NO_CHANGE
-    return doc.RegimeClaim(
-        rule=doc.RegimeRule.MIN_MAX_RANGE if ranged else doc.RegimeRule.SINGLE_RUN,
-        speedup=median,
-        low=lo if ranged else None,
-        high=hi if ranged else None,
-        pairs=None,
-        load=None,
-        metric=None,
-        word=cls.value,
-        class_=cls,
-        note=say("claim_note", test=None, small=False, ranged=ranged, cls=cls, pays=PAYS),
-    )
+    else:
+        test, small, ranged = None, False, bool(rng and rng[0] != rng[1])
+        lo, hi = rng if rng and ranged else (median, median)
+        cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
+        claim = dict(rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN, speedup=median, word=cls.value)
+        claim |= dict(low=lo if ranged else None, high=hi if ranged else None, pairs=None, load=None, metric=None)
+    note = say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS)
+    return doc.RegimeClaim.model_validate(claim | {"class_": cls, "note": note})
 
 
 def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
@@ -773,8 +573,9 @@ def regime(
     """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
     ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
     ranges (and ``sc.validity`` says so where a paired test was possible)."""
-    low, sat = speedups(sc, base)
-    low_iv, sat_iv = speedup_intervals(sc, base)
+    none: tuple[float | None, tuple[float, float] | None] = (None, None)
+    low, low_iv = _speedup(*_low_itl(sc, base), invert=True) if _comparable(sc, base) else none
+    sat, sat_iv = _speedup(*_ceilings(sc, base), invert=False) if _comparable(sc, base) else none
     paired = paired_speedups(sc, base, mine, theirs)
     if not pairable:
         if any(row.pairs >= 2 for row in paired):
@@ -790,19 +591,9 @@ def regime(
     low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
 
     def minmax(v: tuple[float, float] | None) -> doc.MinMax | None:
-        lo, hi = (None, None) if v is None else (_finite(v[0]), _finite(v[1]))
-        return None if lo is None or hi is None else doc.MinMax(min=lo, max=hi)
+        return None if v is None or not all(map(math.isfinite, v)) else doc.MinMax(min=v[0], max=v[1])
 
-    return doc.Regime(
-        scheme=sc.scheme,
-        label=sc.label,
-        low_load_speedup=_finite(low),
-        low_load_range=minmax(low_iv),
-        saturation_speedup=_finite(sat),
-        saturation_range=minmax(sat_iv),
-        low_load_claim=low_claim,
-        saturation_claim=sat_claim,
-        saturation_not_compared=gap,
-        paired=paired,
-        reading=regime_reading(sc, low_claim, sat_claim, gap),
-    )
+    row: dict[str, Any] = dict(scheme=sc.scheme, label=sc.label, low_load_claim=low_claim, saturation_claim=sat_claim)
+    row |= dict(low_load_speedup=_finite(low), low_load_range=minmax(low_iv), saturation_not_compared=gap)
+    row |= dict(saturation_speedup=_finite(sat), saturation_range=minmax(sat_iv), paired=paired)
+    return doc.Regime.model_validate(row | {"reading": regime_reading(sc, low_claim, sat_claim, gap)})
