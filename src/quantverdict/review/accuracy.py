@@ -88,42 +88,48 @@ def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
 
 
+def _pairs(
+    td: TaskDelta, task: str, sa: list[dict[str, Any]], sb: list[dict[str, Any]], keys: tuple[str, ...], unit: str
+) -> Pairing | None:
+    """The pairing when it has 2+ common items, else None; ``td`` marked when refused or on one item."""
+    pairing = pair_samples(task, sa, sb, keys)
+    if pairing.refused:
+        td.note = td.refused = pairing.refused
+    elif len(pairing.a) == 1:  # one item is no sample: no interval, never "significant"
+        td.paired, td.n, td.note = True, 1, _join(pairing.note, stats.too_few(1, unit) or "")
+    elif pairing.a:
+        td.paired, td.n, td.note = True, len(pairing.a), pairing.note
+        return pairing
+    return None
+
+
 def _score_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> TaskDelta:
     td = TaskDelta(task, metric, "score", v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
     sa, sb = read_samples(rec, task), read_samples(base, task)
-    if sa and sb:
-        pairing = pair_samples(task, sa, sb, (metric,))
-        if pairing.refused:
-            td.note = td.refused = pairing.refused
-            return td
-        ra, rb, note = pairing.a, pairing.b, pairing.note
-        if len(ra) == 1:  # one item is no sample: no interval, never "significant"
-            td.paired, td.n, td.note = True, 1, _join(note, stats.too_few(1) or "")
-            return td
-        if ra:
-            x = [float(r[metric]) for r in ra]
-            y = [float(r[metric]) for r in rb]
-            td.paired, td.n, td.note = True, len(x), note
-            if rc.interval == "bootstrap":
-                td.interval = stats.bootstrap_mean_diff(
-                    x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
-                )
-                if sum(y):
-                    r = stats.bootstrap_ratio(
-                        x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
-                    )
-                    td.recovery_interval = _scale(r, 100.0)
-            else:
-                td.interval = stats.paired_normal_interval(x, y, rc.confidence)
-                if sum(y):
-                    td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
-            if all(t in (0.0, 1.0) for t in x + y):
-                td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
-            # point values from the pairs (equal to the record's when every item paired)
-            td.significant = stats.significant(td.interval)
-            return td
+    pairing = _pairs(td, task, sa, sb, (metric,), "item") if sa and sb else None
+    if pairing:
+        x = [float(r[metric]) for r in pairing.a]
+        y = [float(r[metric]) for r in pairing.b]
+        if rc.interval == "bootstrap":
+            td.interval = stats.bootstrap_mean_diff(
+                x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
+            )
+            if sum(y):
+                r = stats.bootstrap_ratio(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
+                td.recovery_interval = _scale(r, 100.0)
+        else:
+            td.interval = stats.paired_normal_interval(x, y, rc.confidence)
+            if sum(y):
+                td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
+        if all(t in (0.0, 1.0) for t in x + y):
+            td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
+        # point values from the pairs (equal to the record's when every item paired)
+        td.significant = stats.significant(td.interval)
+        return td
+    if td.refused or td.paired:
+        return td
     ma = rec.accuracy.tasks[task] if task in rec.accuracy.tasks else TaskResult()
     mb = base.accuracy.tasks[task] if task in base.accuracy.tasks else TaskResult()
     sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
@@ -159,30 +165,25 @@ def _ppl_delta(
     td = TaskDelta(metric if task == metric else task, metric, "perplexity", v, b, delta_pct=pct_change(v, b))
     if task == "token_perplexity":
         return _token_ppl_delta(td, rec, base, rc)
-    count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric)
+    count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric, "")
     sa, sb = (read_samples(rec, task), read_samples(base, task)) if count else (None, None)
-    if sa and sb and count:
-        pairing = pair_samples(task, sa, sb, ("loglikelihood", count))
-        if pairing.refused:
-            td.note = td.refused = pairing.refused
-            return td
-        ra, rb, note = pairing.a, pairing.b, pairing.note
-        if len(ra) == 1:  # one document is no sample: no interval, never "significant"
-            td.paired, td.n, td.note = True, 1, _join(note, stats.too_few(1, "document") or "")
-            return td
-        if ra:
-            # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents
-            num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]
-            den = [float(p[count]) for p in ra]
-            if rc.interval == "bootstrap":
-                iv = stats.bootstrap_ratio(
-                    num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence, unit="document"
-                )
-            else:
-                iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
-            td.interval, td.paired, td.n, td.note = _ppl_from_log_ratio(iv), True, len(num), note
-            td.significant = stats.significant(td.interval)
-            return td
+    pairing = _pairs(td, task, sa, sb, ("loglikelihood", count), "document") if sa and sb and count else None
+    if pairing:
+        ra, rb = pairing.a, pairing.b
+        # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents
+        num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]
+        den = [float(p[count]) for p in ra]
+        if rc.interval == "bootstrap":
+            iv = stats.bootstrap_ratio(
+                num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence, unit="document"
+            )
+        else:
+            iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
+        td.interval = _ppl_from_log_ratio(iv)
+        td.significant = stats.significant(td.interval)
+        return td
+    if td.refused or td.paired:
+        return td
     td.note = (
         "no per-document samples: no interval"
         if count or "perplexity" in metric
