@@ -33,6 +33,7 @@ from quantverdict.review import sources
 from quantverdict.review.accuracy import pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
+from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor, shape_of
@@ -45,6 +46,7 @@ _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
+_Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
 _TARGET = ("name", "gpu", "memory_gib", "memory_fraction")
 
 
@@ -78,11 +80,6 @@ def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
     return vllm_int_arg(args, "--kv-cache-memory-bytes")
 
 
-def _server(rec: JobRecord) -> dict[str, Any]:
-    server = rec.cfg("bench").get("server")
-    return server if isinstance(server, dict) else {}
-
-
 def _serve_args(rec: JobRecord) -> list[Any]:
     extra, model = _server(rec).get("extra_args"), rec.cfg("model").get("serve_args")
     return [*(extra if isinstance(extra, list) else []), *(model if isinstance(model, list) else [])]
@@ -111,7 +108,7 @@ def measured_overhead_gib(card: Scorecard, rec: JobRecord | None) -> float | Non
 
 
 def _target_fit(
-    card: Scorecard, rec: JobRecord | None, target: TargetConfig, rc: ReviewConfig, borrowed: tuple[float, str] | None
+    card: Scorecard, rec: JobRecord | None, target: TargetConfig, rc: ReviewConfig, borrowed: _Borrowed
 ) -> tuple[float | None, str, doc.TargetFit, list[str]]:
     """Weights GiB (vLLM's x GPUs, else the checkpoint's), how read, the target fit and its flags. Reserve:
     ``review.reserved_gib``, else :func:`measured_overhead_gib`, else ``borrowed`` for a job without a server."""
@@ -290,11 +287,7 @@ def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit 
 
 
 def _candidate(
-    review: Review,
-    card: Scorecard,
-    rec: JobRecord | None,
-    target: TargetConfig | None,
-    borrowed: tuple[float, str] | None,
+    review: Review, card: Scorecard, rec: JobRecord | None, target: TargetConfig | None, borrowed: _Borrowed
 ) -> _Job:
     rc = review.config
     flags: list[str] = []

@@ -14,12 +14,12 @@ from quantverdict.measure.kv_cache import (
     state_bytes_per_sequence,
 )
 from quantverdict.measure.memory import DTYPE_BYTES, GIB
-from quantverdict.results.record import ChosenDtype, JobRecord
+from quantverdict.results.record import ChosenDtype, JobRecord, JsonObject
 from quantverdict.review.document import HybridPaging, Memory
 from quantverdict.review.flags import Flag, FlagCode
 
 
-def _server_cfg(rec: JobRecord) -> dict[str, object]:
+def server_cfg(rec: JobRecord) -> JsonObject:
     """``config.bench.server``: config sections have no typed model in the record."""
     server = rec.cfg("bench").get("server")
     return server if isinstance(server, dict) else {}
@@ -28,15 +28,9 @@ def _server_cfg(rec: JobRecord) -> dict[str, object]:
 def served_compute_dtype(rec: JobRecord) -> str:
     """The served compute dtype: vLLM's log, ``speed.dtype.value``, ``bench.server.dtype`` unless ``auto``, the
     model's dtype, else ``bfloat16``."""
-    if rec.server.dtype:
-        return rec.server.dtype
-    chosen = ChosenDtype.of(rec.speed.dtype).value
-    if chosen:
-        return chosen
-    configured = _server_cfg(rec).get("dtype")
-    if configured and configured != "auto":
-        return str(configured)
-    return str(rec.cfg("model").get("dtype") or "bfloat16")
+    configured = server_cfg(rec).get("dtype")
+    chosen = rec.server.dtype or ChosenDtype.of(rec.speed.dtype).value or (configured if configured != "auto" else None)
+    return str(chosen or rec.cfg("model").get("dtype") or "bfloat16")
 
 
 def served_dtype(rec: JobRecord) -> str | None:
@@ -63,17 +57,15 @@ def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
 
 def kv_choice(rec: JobRecord) -> str:
     """``kv=NAME``: ``config.kv.name``, else ``fp8`` for an FP8 ``bench.server.kv_cache_dtype``, else ``auto``."""
-    name = rec.cfg("kv").get("name")
-    if name:
-        return str(name)
-    return "fp8" if str(_server_cfg(rec).get("kv_cache_dtype") or "auto").startswith("fp8") else "auto"
+    fp8 = str(server_cfg(rec).get("kv_cache_dtype") or "auto").startswith("fp8")
+    return str(rec.cfg("kv").get("name") or ("fp8" if fp8 else "auto"))
 
 
 def _kv_dtype(rec: JobRecord, rc: ReviewConfig) -> tuple[float, str]:
     """Bytes per KV element and their source: the review's, the served KV dtype, else the compute dtype."""
     if rc.kv_cache_dtype_bytes:
         return rc.kv_cache_dtype_bytes, f"{rc.kv_cache_dtype_bytes:g} bytes (review.kv_cache_dtype_bytes)"
-    kv = str(_server_cfg(rec).get("kv_cache_dtype") or "auto")
+    kv = str(server_cfg(rec).get("kv_cache_dtype") or "auto")
     name = kv if kv != "auto" else served_compute_dtype(rec)
     return DTYPE_BYTES.get(name, 2), name
 
@@ -99,12 +91,8 @@ def _weights(rec: JobRecord) -> tuple[float | None, str | None, list[str]]:
 
 
 def _request_len(rec: JobRecord, rc: ReviewConfig) -> int | None:
-    if rc.request_len_tokens:
-        return rc.request_len_tokens
-    bench = rec.cfg("bench")
-    if bench.get("input_len") and bench.get("output_len"):
-        return int(str(bench["input_len"])) + int(str(bench["output_len"]))
-    return None
+    n_in, n_out = rec.cfg("bench").get("input_len"), rec.cfg("bench").get("output_len")
+    return rc.request_len_tokens or (int(str(n_in)) + int(str(n_out)) if n_in and n_out else None)
 
 
 def _kernel_name(k: object) -> str:
