@@ -1,9 +1,5 @@
-"""Accuracy deltas of a scheme against its baseline, with intervals from :mod:`quantverdict.measure.stats`.
-
-Per-item samples (``accuracy.samples``) are paired on ``doc_id``; lm-eval's per-sample ``doc_hash`` and
-``prompt_hash`` must agree, else the delta is ``refused``. Token perplexity pairs over its windows. Without
-samples: an unpaired interval from the two stderrs; under 2 items: no interval.
-"""
+"""Accuracy deltas against the baseline (:mod:`quantverdict.measure.stats`): paired on ``doc_id`` (refused when
+lm-eval's ``doc_hash``/``prompt_hash`` differ), token perplexity over its windows, else unpaired from the stderrs."""
 
 from __future__ import annotations
 
@@ -29,10 +25,9 @@ NO_WINDOWS = "no per-window data in this record: no interval"
 
 
 def read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
-    """The per-item rows lm-eval wrote for ``task`` (``accuracy.samples``), found where the job wrote them or
-    beside the record it was read from (:attr:`JobRecord.source_dir`); None when there are none."""
+    """lm-eval's per-item rows of ``task``, beside the record (:attr:`JobRecord.source_dir`) or where written."""
     samples = rec.accuracy.samples or {}
-    if not samples.get(task):
+    if task not in samples or not samples[task]:
         return None
     p = Path(samples[task])
     # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
@@ -47,12 +42,7 @@ def read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
 
 @dataclass
 class Pairing:
-    """Rows of both runs on the same doc ids (sorted), or why the paired test is refused.
-
-    ``refused``: the first common item whose ``doc_hash`` or ``prompt_hash`` differs (``task``, ``doc_id``,
-    which hash); the rows are empty then. ``note``: what the pairing rests on (item sets that differ, doc ids
-    only), "" when every common item's hashes were checked and agree.
-    """
+    """Rows of both runs on the same doc ids, what the pairing rests on, or why it is refused (rows empty)."""
 
     a: list[dict[str, Any]]
     b: list[dict[str, Any]]
@@ -65,10 +55,7 @@ def _short(h: Any) -> str:
 
 
 def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]) -> Pairing:
-    """Pair the per-item rows of scheme (``a``) and baseline (``b``) of ``task`` on ``doc_id``.
-
-    Rows lacking any of ``keys`` are left out; the first common doc id whose :data:`HASH_KEYS` differ refuses it.
-    """
+    """Pair scheme (``a``) and baseline (``b``) rows with every one of ``keys`` on ``doc_id``."""
     ia = {r["doc_id"]: r for r in a if all(r.get(k) is not None for k in keys)}
     ib = {r["doc_id"]: r for r in b if all(r.get(k) is not None for k in keys)}
     common = sorted(set(ia) & set(ib), key=lambda d: (isinstance(d, str), d))
@@ -101,42 +88,48 @@ def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
 
 
+def _pairs(
+    td: TaskDelta, task: str, sa: list[dict[str, Any]], sb: list[dict[str, Any]], keys: tuple[str, ...], unit: str
+) -> Pairing | None:
+    """The pairing when it has 2+ common items, else None; ``td`` marked when refused or on one item."""
+    pairing = pair_samples(task, sa, sb, keys)
+    if pairing.refused:
+        td.note = td.refused = pairing.refused
+    elif len(pairing.a) == 1:  # one item is no sample: no interval, never "significant"
+        td.paired, td.n, td.note = True, 1, _join(pairing.note, stats.too_few(1, unit) or "")
+    elif pairing.a:
+        td.paired, td.n, td.note = True, len(pairing.a), pairing.note
+        return pairing
+    return None
+
+
 def _score_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> TaskDelta:
     td = TaskDelta(task, metric, "score", v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
     sa, sb = read_samples(rec, task), read_samples(base, task)
-    if sa and sb:
-        pairing = pair_samples(task, sa, sb, (metric,))
-        if pairing.refused:
-            td.note = td.refused = pairing.refused
-            return td
-        ra, rb, note = pairing.a, pairing.b, pairing.note
-        if len(ra) == 1:  # one item is no sample: no interval, never "significant"
-            td.paired, td.n, td.note = True, 1, _join(note, stats.too_few(1) or "")
-            return td
-        if ra:
-            x = [float(r[metric]) for r in ra]
-            y = [float(r[metric]) for r in rb]
-            td.paired, td.n, td.note = True, len(x), note
-            if rc.interval == "bootstrap":
-                td.interval = stats.bootstrap_mean_diff(
-                    x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
-                )
-                if sum(y):
-                    r = stats.bootstrap_ratio(
-                        x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
-                    )
-                    td.recovery_interval = _scale(r, 100.0)
-            else:
-                td.interval = stats.paired_normal_interval(x, y, rc.confidence)
-                if sum(y):
-                    td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
-            if all(t in (0.0, 1.0) for t in x + y):
-                td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
-            # point values from the pairs (equal to the record's when every item paired)
-            td.significant = stats.significant(td.interval)
-            return td
+    pairing = _pairs(td, task, sa, sb, (metric,), "item") if sa and sb else None
+    if pairing:
+        x = [float(r[metric]) for r in pairing.a]
+        y = [float(r[metric]) for r in pairing.b]
+        if rc.interval == "bootstrap":
+            td.interval = stats.bootstrap_mean_diff(
+                x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
+            )
+            if sum(y):
+                r = stats.bootstrap_ratio(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
+                td.recovery_interval = _scale(r, 100.0)
+        else:
+            td.interval = stats.paired_normal_interval(x, y, rc.confidence)
+            if sum(y):
+                td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
+        if all(t in (0.0, 1.0) for t in x + y):
+            td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
+        # point values from the pairs (equal to the record's when every item paired)
+        td.significant = stats.significant(td.interval)
+        return td
+    if td.refused or td.paired:
+        return td
     ma = rec.accuracy.tasks[task] if task in rec.accuracy.tasks else TaskResult()
     mb = base.accuracy.tasks[task] if task in base.accuracy.tasks else TaskResult()
     sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
@@ -162,11 +155,8 @@ def _scale(iv: Interval, k: float) -> Interval:
 
 def _ppl_from_log_ratio(iv: Interval) -> Interval:
     """log(ppl ratio) interval -> % change interval: 100·(exp(L) - 1)."""
-
-    def f(v: float) -> float:
-        return 100.0 * math.expm1(v)
-
-    return Interval(f(iv.estimate), f(iv.low), f(iv.high), iv.method, iv.n, iv.unit)
+    est, low, high = (100.0 * math.expm1(v) for v in (iv.estimate, iv.low, iv.high))
+    return Interval(est, low, high, iv.method, iv.n, iv.unit)
 
 
 def _ppl_delta(
@@ -175,30 +165,25 @@ def _ppl_delta(
     td = TaskDelta(metric if task == metric else task, metric, "perplexity", v, b, delta_pct=pct_change(v, b))
     if task == "token_perplexity":
         return _token_ppl_delta(td, rec, base, rc)
-    count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric)
+    count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric, "")
     sa, sb = (read_samples(rec, task), read_samples(base, task)) if count else (None, None)
-    if sa and sb and count:
-        pairing = pair_samples(task, sa, sb, ("loglikelihood", count))
-        if pairing.refused:
-            td.note = td.refused = pairing.refused
-            return td
-        ra, rb, note = pairing.a, pairing.b, pairing.note
-        if len(ra) == 1:  # one document is no sample: no interval, never "significant"
-            td.paired, td.n, td.note = True, 1, _join(note, stats.too_few(1, "document") or "")
-            return td
-        if ra:
-            # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents
-            num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]
-            den = [float(p[count]) for p in ra]
-            if rc.interval == "bootstrap":
-                iv = stats.bootstrap_ratio(
-                    num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence, unit="document"
-                )
-            else:
-                iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
-            td.interval, td.paired, td.n, td.note = _ppl_from_log_ratio(iv), True, len(num), note
-            td.significant = stats.significant(td.interval)
-            return td
+    pairing = _pairs(td, task, sa, sb, ("loglikelihood", count), "document") if sa and sb and count else None
+    if pairing:
+        ra, rb = pairing.a, pairing.b
+        # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents
+        num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]
+        den = [float(p[count]) for p in ra]
+        if rc.interval == "bootstrap":
+            iv = stats.bootstrap_ratio(
+                num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence, unit="document"
+            )
+        else:
+            iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
+        td.interval = _ppl_from_log_ratio(iv)
+        td.significant = stats.significant(td.interval)
+        return td
+    if td.refused or td.paired:
+        return td
     td.note = (
         "no per-document samples: no interval"
         if count or "perplexity" in metric
@@ -208,8 +193,7 @@ def _ppl_delta(
 
 
 def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewConfig) -> TaskDelta:
-    """Token perplexity's delta with a paired interval over the evaluation windows
-    (:func:`quantverdict.measure.stats.window_log_ratio_interval`), when both records hold per-window NLLs."""
+    """Token perplexity's delta, paired over windows (:func:`quantverdict.measure.stats.window_log_ratio_interval`)."""
     ta, tb = rec.accuracy.token_perplexity_section, base.accuracy.token_perplexity_section
     wa, wb = ta.windows(), tb.windows()
     if wa is None or wb is None:
@@ -245,16 +229,9 @@ def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewC
 def accuracy_section(
     rec: JobRecord, base: JobRecord | None, rc: ReviewConfig, no_base: str = ""
 ) -> tuple[list[TaskDelta], str | None, list[str]]:
-    """Deltas of ``rec`` against ``base`` (headline metric per task + every perplexity kind).
-
-    Args:
-        no_base: why there is no baseline, said when ``base`` is None
-            (:func:`quantverdict.results.baseline.no_baseline_reason`).
-
-    Returns:
-        ``(deltas, refused_reason, missing)``; ``refused_reason`` is set when the eval settings differ
-        (no delta is reported then, see :func:`quantverdict.results.baseline.eval_mismatch`).
-    """
+    """``(deltas, refused_reason, missing)`` of ``rec`` against ``base`` (headline metric per task, perplexities);
+    ``refused_reason`` when the eval settings differ (:func:`~quantverdict.results.baseline.eval_mismatch`),
+    ``no_base`` said when ``base`` is None."""
     missing: list[str] = []
     if not rec.accuracy.tasks and not rec.accuracy.token_perplexity:
         return [], None, ["no accuracy results"]

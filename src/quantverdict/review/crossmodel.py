@@ -1,19 +1,9 @@
-"""Candidates across models: which (model, scheme) to deploy on a target GPU (``review.target``,
-:mod:`quantverdict.config.targets`), computed into :class:`quantverdict.review.document.CrossModel`.
-
-Every finished (model, scheme) job is a candidate, checked on the target even when it ran on another device;
-the best candidate that meets the constraints is chosen, and each bigger model quantized is compared with each
-smaller one unquantized on the three numbers. Formulas:
-
-* KV cache on the target: ``memory_gib x memory_fraction - weights - reserve``
-  (:func:`quantverdict.measure.decode_bytes.target_kv_budget_bytes`), its KV tokens and max concurrency
-  (:func:`quantverdict.measure.decode_bytes.kv_capacity`);
-* the ceiling ratio against bytes per decode step (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`);
-* the decode-step fit, TPOT = fixed + per-sequence cost x sequences in flight
-  (:func:`quantverdict.measure.decode_fit.fit_decode_step`).
-
-Config sections without a typed model in the record (``config.bench.server``, ``config.model``, ``config.eval``)
-are read as the JSON objects :meth:`quantverdict.results.record.JobRecord.cfg` returns.
+"""Candidates across models on a target GPU (``review.target``), computed into
+:class:`quantverdict.review.document.CrossModel`: the best (model, scheme) that meets the constraints, and each bigger
+model quantized against each smaller one unquantized. KV budget: :func:`~quantverdict.measure.decode_bytes.
+target_kv_budget_bytes`; ceiling ratio: :func:`~quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode step:
+:func:`~quantverdict.measure.decode_fit.fit_decode_step`. ``config.bench.server``, ``config.model`` and
+``config.eval`` have no typed model in the record: read through :meth:`JobRecord.cfg`.
 """
 
 from __future__ import annotations
@@ -43,6 +33,7 @@ from quantverdict.review import sources
 from quantverdict.review.accuracy import pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
+from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor, shape_of
@@ -55,19 +46,20 @@ _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
+_Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
+_TARGET = ("name", "gpu", "memory_gib", "memory_fraction")
+
+
 @dataclass
 class _Job:
-    """A candidate being computed: its scorecard, its record (None from an MLflow source) and its document entry."""
-
     card: Scorecard
     record: JobRecord | None
     out: doc.Candidate
 
 
 def vllm_int_arg(args: list[Any], flag: str) -> int | None:
-    """The integer value of ``flag`` in vLLM server arguments (``flag N`` or ``flag=N``), read as vLLM's
-    ``human_readable_int`` reads it: plain, ``k``/``m``/``g``/``t`` (x1000, decimals allowed) or ``K``/``M``/``G``/``T``
-    (x1024, integers only); None when absent or unreadable. E.g. ``2k`` = 2,000, ``2K`` = 2,048, ``25.6k`` = 25,600."""
+    """``flag N`` or ``flag=N`` in vLLM server arguments as vLLM's ``human_readable_int`` reads it (``2k`` = 2,000,
+    ``2K`` = 2,048, ``25.6k`` = 25,600); None when absent or unreadable."""
     items = [str(a) for a in args or []]
     for i, a in enumerate(items):
         if a != flag and not a.startswith(flag + "="):
@@ -88,59 +80,38 @@ def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
     return vllm_int_arg(args, "--kv-cache-memory-bytes")
 
 
-def _server(rec: JobRecord) -> dict[str, Any]:
-    server = rec.cfg("bench").get("server")
-    return server if isinstance(server, dict) else {}
-
-
 def _serve_args(rec: JobRecord) -> list[Any]:
-    """``bench.server.extra_args`` and ``model.serve_args``."""
     extra, model = _server(rec).get("extra_args"), rec.cfg("model").get("serve_args")
     return [*(extra if isinstance(extra, list) else []), *(model if isinstance(model, list) else [])]
 
 
 def _gpus(rec: JobRecord | None) -> list[GpuInfo]:
-    """The GPUs the record ran on whose memory is recorded."""
     gpus = [GpuInfo.of(g) for g in (rec.environment.gpu if rec else None) or []]
     return [g for g in gpus if g.memory_total_mib]
 
 
 def _run_budget_gib(rec: JobRecord) -> float | None:
-    """``gpu_memory_utilization x GPU memory`` (GiB) where the job ran; None when not recorded."""
+    """``gpu_memory_utilization x GPU memory`` (GiB) where the job ran."""
     gpus, util = _gpus(rec), _server(rec).get("gpu_memory_utilization")
     return float(util) * float(gpus[0].memory_total_mib or 0) / 1024 if gpus and util else None
 
 
-def _served_kv_bytes(rec: JobRecord) -> int | None:
-    return parse_kv_cache_memory_bytes(_serve_args(rec))
-
-
 def measured_overhead_gib(card: Scorecard, rec: JobRecord | None) -> float | None:
-    """The memory vLLM kept for neither weights nor KV cache where the job ran (activation peak, CUDA graphs,
-    non-torch allocations), GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache``. E.g.
-    qwen3.5-9b-shape bf16 on the H200: 0.9 x 140.401 - 16.71 - 107.84 = 1.81 GiB. None when a figure is missing,
-    the difference is negative, or the job fixed its KV cache (``--kv-cache-memory-bytes``)."""
+    """vLLM's reserve where the job ran, GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache``; None when
+    a figure is missing, it is negative, or the KV cache was fixed (``--kv-cache-memory-bytes``)."""
     m = card.memory
-    if rec is None or not m.server_weights_gib or not m.server_kv_cache_gib or _served_kv_bytes(rec):
-        return None
-    budget = _run_budget_gib(rec)
-    if budget is None:
+    budget = None if rec is None or parse_kv_cache_memory_bytes(_serve_args(rec)) else _run_budget_gib(rec)
+    if budget is None or not m.server_weights_gib or not m.server_kv_cache_gib:
         return None
     left = budget - float(m.server_weights_gib) - float(m.server_kv_cache_gib)
     return left if left >= 0 else None
 
 
 def _target_fit(
-    card: Scorecard, rec: JobRecord | None, target: TargetConfig, rc: ReviewConfig, borrowed: tuple[float, str] | None
+    card: Scorecard, rec: JobRecord | None, target: TargetConfig, rc: ReviewConfig, borrowed: _Borrowed
 ) -> tuple[float | None, str, doc.TargetFit, list[str]]:
-    """Weights, how they were read, the KV cache and its capacity on the target, and the flags.
-
-    Weights: vLLM's logged figure (one GPU's share, times the GPUs used), else the checkpoint's bytes (a GPU serves
-    the checkpoint's dtype, whatever a CPU served in). KV elements in ``review.kv_cache_dtype_bytes``, else the
-    served KV dtype (at most 2 bytes off a GPU). Reserve: ``review.reserved_gib`` when > 0, else the overhead
-    vLLM measured where the job ran (:func:`measured_overhead_gib`), else ``borrowed`` (GiB and the candidate it
-    was measured on) for a job that started no server, else 0.
-    """
+    """Weights GiB (vLLM's x GPUs, else the checkpoint's), how read, the target fit and its flags. Reserve:
+    ``review.reserved_gib``, else :func:`measured_overhead_gib`, else ``borrowed`` for a job without a server."""
     m = card.memory
     vllm_log = m.weights_source == "vLLM log"
     weights, how = None, ""
@@ -199,22 +170,19 @@ def _target_fit(
 
 
 def _max_model_len(rec: JobRecord | None) -> int | None:
-    if rec is None:
-        return None
-    n = _server(rec).get("max_model_len") or rec.cfg("model").get("max_model_len")
+    n = rec and (_server(rec).get("max_model_len") or rec.cfg("model").get("max_model_len"))
     return int(n) if n else None
 
 
 def _vllm_figures(
     card: Scorecard, rec: JobRecord | None, target: TargetConfig | None, kv_target: float | None
 ) -> tuple[doc.VllmFigures, list[str]]:
-    """vLLM's own KV figures, and whether the job was served with the target's budget: its KV cache fixed
-    (``--kv-cache-memory-bytes``) within 5% of ``kv_target`` (GiB), or ``gpu_memory_utilization x GPU memory``
-    within 2% of the target's ``memory_gib x memory_fraction`` (vLLM then profiles the reserve as on the target)."""
+    """vLLM's KV figures; at the target's budget: a fixed KV cache within 5% of ``kv_target`` GiB, or
+    ``gpu_memory_utilization x GPU memory`` within 2% of the target's ``memory_gib x memory_fraction``."""
     m = card.memory
     if rec is None or not (m.server_kv_cache_gib or m.server_kv_tokens):
         return doc.VllmFigures(), []
-    served = _served_kv_bytes(rec)
+    served = parse_kv_cache_memory_bytes(_serve_args(rec))
     run_budget = _run_budget_gib(rec)
     how, at_target = "the budget where the job ran", False
     if served is not None:
@@ -239,9 +207,8 @@ def _vllm_figures(
 
 
 def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits | None, list[str]]:
-    """The job's ``max_num_seqs`` / ``max_num_batched_tokens`` as served (set, else vLLM's default on the GPU it
-    ran on, :func:`~quantverdict.config.targets.vllm_batch_defaults`) beside vLLM's defaults on the target, and a
-    flag when they differ (emulating a small card on a big one keeps the big card's batch limits)."""
+    """The served ``max_num_seqs`` / ``max_num_batched_tokens`` beside vLLM's defaults on the target; a flag if they
+    differ."""
     gpus = _gpus(rec)
     if not gpus:
         return None, []
@@ -262,9 +229,8 @@ def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits
 
 
 def _scores(card: Scorecard, rec: JobRecord | None, cards: list[Scorecard]) -> dict[str, doc.TaskScore]:
-    """Absolute task scores (the record's headline metric per task; without the record, an MLflow source, the
-    scorecards' deltas: a scheme's own value, a baseline's from a sibling's comparison), each with the scheme's own
-    delta against its baseline (a score's absolute change, a perplexity's in %), by task."""
+    """Absolute headline scores by task (without a record: from the scorecards' deltas), each with the scheme's own
+    delta against its baseline."""
     if card.accuracy_not_applicable:
         return {}
     found: dict[str, tuple[str, float, int | None]] = {}
@@ -297,26 +263,18 @@ def _scores(card: Scorecard, rec: JobRecord | None, cards: list[Scorecard]) -> d
 
 
 def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit | None, int]:
-    """The decode-step fits of TPOT p50 and ITL p50 against sequences in flight
-    (:func:`quantverdict.measure.decode_fit.in_flight`) over the unsaturated load levels, and how many levels have
-    both (a line needs 2 distinct)."""
+    """TPOT p50 and ITL p50 fits against sequences in flight over the unsaturated levels, and the levels usable."""
     mode = speed.mode or "rate"
     # saturated levels and the unlimited-rate burst queue requests: their in-flight count is not the batch
+    keys = ("achieved_rps", "e2e_ms_mean", "e2e_ms_p50", "tpot_ms_p50", "itl_ms_p50")
     unsat: list[dict[str, Any]] = [
-        {
-            "concurrency": p.load,
-            "achieved_rps": p.achieved_rps,
-            "e2e_ms_mean": p.e2e_ms_mean,
-            "e2e_ms_p50": p.e2e_ms_p50,
-            "tpot_ms_p50": p.tpot_ms_p50,
-            "itl_ms_p50": p.itl_ms_p50,
-        }
+        {"concurrency": p.load, **{k: getattr(p, k) for k in keys}}
         for p in speed.points
         if p.tpot_ms_p50 and not p.saturated and not (mode == "rate" and math.isinf(p.load))
     ]
 
     def fit(metric: str) -> doc.DecodeFit | None:
-        xy = [(x, float(p[metric])) for p in unsat if p.get(metric) and (x := in_flight(p, mode))]
+        xy = [(x, float(p[metric])) for p in unsat if p[metric] and (x := in_flight(p, mode))]
         if len({x for x, _ in xy}) < 2:
             return None
         f = fit_decode_step([x for x, _ in xy], [y for _, y in xy])
@@ -329,13 +287,8 @@ def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit 
 
 
 def _candidate(
-    review: Review,
-    card: Scorecard,
-    rec: JobRecord | None,
-    target: TargetConfig | None,
-    borrowed: tuple[float, str] | None,
+    review: Review, card: Scorecard, rec: JobRecord | None, target: TargetConfig | None, borrowed: _Borrowed
 ) -> _Job:
-    """One candidate's figures, eligibility and flags (a constraint that fails or was not checked: not eligible)."""
     rc = review.config
     flags: list[str] = []
     fit = doc.TargetFit()
@@ -397,14 +350,13 @@ def _records_by_id(review: Review) -> dict[str, JobRecord]:
 
 
 def _mean_score(c: doc.Candidate, tasks: list[str]) -> float | None:
-    """Mean of the candidate's scores (higher is better) on ``tasks``; None unless it has each of them."""
     if not tasks or any(t not in c.scores for t in tasks):
         return None
     return sum(c.scores[t].value for t in tasks) / len(tasks)
 
 
 def _model_size(jobs: list[_Job], model: str) -> float:
-    """A model's 16-bit size (GiB): its baseline's checkpoint, else the largest checkpoint scaled to 16 bits."""
+    """16-bit size GiB: the baseline's checkpoint, else the largest checkpoint scaled to 16 bits."""
     mine = [j.card for j in jobs if j.card.model == model]
     for sc in mine:
         if sc.is_baseline and sc.memory.checkpoint_gib:
@@ -413,9 +365,7 @@ def _model_size(jobs: list[_Job], model: str) -> float:
 
 
 def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
-    """Mean of a's score minus b's on the items both ran (paired by lm-eval's ``doc_hash`` when every row has
-    one, else by ``doc_id``), with the review's interval; unpaired (point difference, no interval) without
-    per-item samples."""
+    """a's mean score minus b's on the items both ran (by ``doc_hash``, else ``doc_id``), interval, items."""
     metric = a.out.scores[task].metric
     sa = read_samples(a.record, task) if a.record else None
     sb = read_samples(b.record, task) if b.record else None
@@ -436,18 +386,8 @@ def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, 
 
 
 def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tuple[float | None, str]:
-    """The USD per GPU-hour of the cross-model $ column and where it comes from, or ``(None, why)``.
-
-    A price applies only when every GPU the records ran on is the target's (the throughput is the one measured
-    there; else "not comparable: ran on <GPU>"): ``review.gpu_price_per_hour[kind]`` for that GPU
-    (:func:`quantverdict.review.cost.gpu_price`), else the target's ``price_per_hour``; ``(None, "")`` when
-    neither is set.
-
-    Args:
-        review: the review (its config's prices and the environment lines the records ran on).
-        target: the deployment target.
-        ran_gpu: the review's ``GPU: ...`` environment lines that match the target's GPU.
-    """
+    """USD per GPU-hour and its source, or ``(None, why)``: only when every GPU ran on is the target's (``ran_gpu``:
+    the matching ``GPU: ...`` lines); ``review.gpu_price_per_hour``, else the target's ``price_per_hour``."""
     prices = dict(review.config.gpu_price_per_hour or {})
     if not prices and not target.price_per_hour:
         return None, ""
@@ -466,9 +406,7 @@ def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tu
 
 
 def cross_model(review: Review) -> doc.CrossModel | doc.CrossModelError | None:
-    """The cross-model comparison of a review's cards; None with a single model and no ``review.target``; the
-    error when ``review.target`` names no shipped target (validated when composed; a review built by hand may
-    still name one). Computed once per review and kept in ``review.derived``."""
+    """The review's cross-model comparison, cached in ``review.derived``; None with one model and no target."""
     if "cross_model" not in review.derived:
         try:
             review.derived["cross_model"] = _cross_model(review)
@@ -485,34 +423,24 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
     target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
     records = _records_by_id(review)
     ran = sorted({line for line in review.environment if line.startswith(("GPU", "CPU"))})
-    price: float | None = None
-    ran_gpu, price_how = [], ""
-    if target is not None:
-        ran_gpu = [line for line in ran if line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
-        price, price_how = target_price(review, target, ran_gpu)
+    ran_gpu = [line for line in ran if target and line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
+    price, price_how = target_price(review, target, ran_gpu) if target is not None else (None, "")
     cards = [(sc, records.get(sc.job_id)) for sc in review.cards if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
-    borrowed = max(
-        (
-            (o, f"{sc.model} {sc.scheme} ({sc.label})")
-            for sc, rec in cards
-            if (o := measured_overhead_gib(sc, rec)) is not None
-        ),
-        default=None,
-    )
+    overheads = [(o, sc) for sc, r in cards if (o := measured_overhead_gib(sc, r)) is not None]
+    borrowed = max(((o, f"{sc.model} {sc.scheme} ({sc.label})") for o, sc in overheads), default=None)
     jobs = [_candidate(review, sc, rec, target, borrowed) for sc, rec in cards]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
-    if len(set(shapes.values())) > 1:
-        for c in cands:
-            if c.name in shapes:
-                others = sorted({t for n, t in shapes.items() if t != shapes[c.name]})
-                c.flags.append(
-                    f"swept at {shapes[c.name]}, other candidates at {'; '.join(others)}: its speed figures and "
-                    "ratios here compare different request shapes"
-                )
+    mixed = len(set(shapes.values())) > 1
+    for c in [c for c in cands if mixed and c.name in shapes]:
+        others = "; ".join(sorted({t for t in shapes.values() if t != shapes[c.name]}))
+        c.flags.append(
+            f"swept at {shapes[c.name]}, other candidates at {others}: its speed figures and ratios here "
+            "compare different request shapes"
+        )
     # one source of bytes per step for every candidate in the ratio table (those with a ceiling): the checkpoint
     # tensors a step reads (speed.roofline, a GPU sweep with c=1) when each of them has it, else the weights GiB
     if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands if c.ceiling_tok_s):
@@ -521,11 +449,7 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
             j.out.step_bytes, j.out.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
     eligible = [j for j in jobs if j.out.eligible]
     # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
-    common = (
-        set.intersection(*(set(j.out.scores) for j in eligible))
-        if eligible and all(j.out.scores for j in eligible)
-        else set()
-    )
+    common = set.intersection(*(set(j.out.scores) for j in eligible)) if eligible else set()
     score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].out.scores[t].metric)
     scored = bool(score_tasks) and all(_mean_score(j.out, score_tasks) is not None for j in eligible)
     base_score = {
@@ -533,8 +457,7 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
     }
 
     def score(j: _Job) -> float:
-        """Mean absolute score; a scheme none of whose own deltas is significant scores as its baseline (a
-        difference inside the interval is noise), so that the less aggressive scheme of a model wins the tie."""
+        """Mean score; a scheme with no significant own delta scores as its baseline (the tie goes to the milder)."""
         own = [d for d in j.card.accuracy if d.kind == "score" and d.name in score_tasks]
         if not j.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(j.card.model):
             return float(base_score[j.card.model] or 0.0)
@@ -554,16 +477,11 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
     for j in jobs:
         for p in j.card.speed.points:
             loads[p.label] = p.load
+    t = target
     return doc.CrossModel(
         target=None
-        if target is None
-        else doc.Target(
-            name=target.name,
-            gpu=target.gpu,
-            memory_gib=target.memory_gib,
-            memory_fraction=target.memory_fraction,
-            budget_gib=target.memory_gib * target.memory_fraction,
-        ),
+        if t is None
+        else doc.Target(**{k: getattr(t, k) for k in _TARGET}, budget_gib=t.memory_gib * t.memory_fraction),
         ran_on_target=bool(ran_gpu),
         ran=ran,
         chosen=chosen.name if chosen else None,
@@ -581,9 +499,7 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
 def _compare(
     jobs: list[_Job], target: TargetConfig | None, rc: ReviewConfig
 ) -> tuple[list[doc.Comparison], list[doc.PairedAcross], doc.Candidate | None]:
-    """Each bigger model quantized against each smaller one unquantized (sizes: :func:`_model_size`) on memory,
-    accuracy (paired per task, :func:`_paired_diff`) and speed; the paired accuracy rows; the reference of the speed
-    ratios (the smallest model's baseline)."""
+    """Bigger quantized vs smaller unquantized on the three numbers, the paired rows, and the ratio reference."""
     sizes = {m: _model_size(jobs, m) for m in dict.fromkeys(j.card.model for j in jobs)}
     bases = [j for j in jobs if j.card.is_baseline]
     ref = min(bases, key=lambda j: sizes[j.card.model]) if bases else (jobs[0] if jobs else None)
@@ -601,29 +517,10 @@ def _compare(
                 mem = b.model if mb > ms else s.model if ms > mb else "tie"
             elif mb is not None and ms is not None:
                 mem = b.model if mb < ms else s.model
-            # score tasks (higher is better); word perplexity stays in the absolute table
-            tasks = sorted(t for t in set(b.scores) & set(s.scores) if "perplexity" not in b.scores[t].metric)
-            wins_big = wins_small = 0
-            for task in tasks:
-                d, iv, n = _paired_diff(big, small, task, rc)
-                sig = iv is not None and iv.excludes_zero()
-                low, high = (None, None) if iv is None else (iv.low, iv.high)
-                metric = b.scores[task].metric
-                paired.append(
-                    doc.PairedAcross(
-                        bigger=b.name,
-                        smaller=s.name,
-                        task=task,
-                        metric=metric,
-                        difference=d,
-                        low=low,
-                        high=high,
-                        n=n,
-                        significant=sig,
-                    )  # fmt: skip
-                )
-                wins_big += sig and d > 0
-                wins_small += sig and d < 0
+            rows = _paired_rows(big, small, rc)
+            paired += rows
+            wins_big = sum(r.significant and r.difference > 0 for r in rows)
+            wins_small = sum(r.significant and r.difference < 0 for r in rows)
             x, y = b.ceiling_tok_s or 0.0, s.ceiling_tok_s or 0.0
             comparisons.append(
                 doc.Comparison(
@@ -633,7 +530,7 @@ def _compare(
                     memory_basis=None if mem is None else basis,
                     memory_bigger=mb,
                     memory_smaller=ms,
-                    tasks=len(tasks),
+                    tasks=len(rows),
                     accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None,
                     wins_bigger=wins_big,
                     wins_smaller=wins_small,
@@ -645,12 +542,22 @@ def _compare(
     return comparisons, paired, None if ref is None else ref.out
 
 
+def _paired_rows(big: _Job, small: _Job, rc: ReviewConfig) -> list[doc.PairedAcross]:
+    """The paired rows of the score tasks (higher is better) both measured; word perplexity stays absolute."""
+    b, s, rows = big.out, small.out, []
+    for t in sorted(t for t in set(b.scores) & set(s.scores) if "perplexity" not in b.scores[t].metric):
+        (d, iv, n), m = _paired_diff(big, small, t, rc), b.scores[t].metric
+        lo, hi, sig = (None, None, False) if iv is None else (iv.low, iv.high, iv.excludes_zero())
+        row = doc.PairedAcross(
+            bigger=b.name, smaller=s.name, task=t, metric=m, difference=d, low=lo, high=hi, n=n, significant=sig
+        )
+        rows.append(row)
+    return rows
+
+
 def speed_vs_bytes(ref: doc.Candidate, c: doc.Candidate, gpus: int, price: float | None) -> doc.SpeedVsBytes | None:
-    """``c``'s ceiling against the reference's and the ratio predicted from bytes per decode step
-    (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`); None without a ceiling and bytes per step for
-    both. ``by_weights_ratio`` predicts from every weight byte where the bytes per step are the roofline's; the cost
-    (:func:`quantverdict.measure.cost.usd_per_mtok`) is at ``c``'s ceiling on its job's ``gpus`` (None without a
-    ``price``, USD per GPU-hour)."""
+    """``c``'s ceiling over the reference's beside the bytes-per-step prediction, and its cost at ``price`` USD per
+    GPU-hour on ``gpus``; None without a ceiling and bytes per step for both."""
     if not ref.ceiling_tok_s or not ref.step_bytes or not c.ceiling_tok_s or not c.step_bytes:
         return None
     measured = c.ceiling_tok_s / ref.ceiling_tok_s

@@ -14,38 +14,27 @@ from quantverdict.measure.kv_cache import (
     state_bytes_per_sequence,
 )
 from quantverdict.measure.memory import DTYPE_BYTES, GIB
-from quantverdict.results.record import ChosenDtype, JobRecord
+from quantverdict.results.record import ChosenDtype, JobRecord, JsonObject
 from quantverdict.review.document import HybridPaging, Memory
 from quantverdict.review.flags import Flag, FlagCode
 
 
-def _server_cfg(rec: JobRecord) -> dict[str, object]:
-    """``config.bench.server`` (a config section without a typed model in the record)."""
+def server_cfg(rec: JobRecord) -> JsonObject:
+    """``config.bench.server``: config sections have no typed model in the record."""
     server = rec.cfg("bench").get("server")
     return server if isinstance(server, dict) else {}
 
 
 def served_compute_dtype(rec: JobRecord) -> str:
-    """The compute dtype the record's vLLM server ran (or would run) in.
-
-    In order: vLLM's engine line (``memory.server.dtype``), ``speed.dtype.value`` (chosen by the pipeline,
-    :mod:`quantverdict.config.cpu_caps`), ``config.bench.server.dtype`` unless ``auto``, else the model's dtype
-    (vLLM's ``auto`` is the checkpoint's), ``bfloat16`` when none is recorded.
-    """
-    if rec.server.dtype:
-        return rec.server.dtype
-    chosen = ChosenDtype.of(rec.speed.dtype).value
-    if chosen:
-        return chosen
-    configured = _server_cfg(rec).get("dtype")
-    if configured and configured != "auto":
-        return str(configured)
-    return str(rec.cfg("model").get("dtype") or "bfloat16")
+    """The served compute dtype: vLLM's log, ``speed.dtype.value``, ``bench.server.dtype`` unless ``auto``, the
+    model's dtype, else ``bfloat16``."""
+    configured = server_cfg(rec).get("dtype")
+    chosen = rec.server.dtype or ChosenDtype.of(rec.speed.dtype).value or (configured if configured != "auto" else None)
+    return str(chosen or rec.cfg("model").get("dtype") or "bfloat16")
 
 
 def served_dtype(rec: JobRecord) -> str | None:
-    """The ``--dtype`` the server computed in (``speed.dtype.value``, its ``auto`` read from vLLM's log, else
-    ``config.model.dtype``); None when nothing was served."""
+    """The ``--dtype`` served (``auto`` resolved from vLLM's log or ``config.model.dtype``); None if not served."""
     if not rec.speed.points:
         return None
     value = ChosenDtype.of(rec.speed.dtype).value
@@ -55,8 +44,7 @@ def served_dtype(rec: JobRecord) -> str | None:
 
 
 def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
-    """A flag when ``rec`` and its baseline were served in different compute dtypes (the speed ratio then measures
-    the dtype as much as the scheme), with the recorded reason; [] otherwise."""
+    """A flag when ``rec`` and its baseline were served in different compute dtypes."""
     if base is None or base is rec:
         return []
     mine, theirs = served_dtype(rec), served_dtype(base)
@@ -68,34 +56,30 @@ def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
 
 
 def kv_choice(rec: JobRecord) -> str:
-    """The record's KV-cache choice (``kv=NAME``, conf/kv): ``config.kv.name``, else ``fp8`` where
-    ``bench.server.kv_cache_dtype`` is an FP8 format, else ``auto``."""
-    name = rec.cfg("kv").get("name")
-    if name:
-        return str(name)
-    return "fp8" if str(_server_cfg(rec).get("kv_cache_dtype") or "auto").startswith("fp8") else "auto"
+    """``kv=NAME``: ``config.kv.name``, else ``fp8`` for an FP8 ``bench.server.kv_cache_dtype``, else ``auto``."""
+    fp8 = str(server_cfg(rec).get("kv_cache_dtype") or "auto").startswith("fp8")
+    return str(rec.cfg("kv").get("name") or ("fp8" if fp8 else "auto"))
 
 
 def _kv_dtype(rec: JobRecord, rc: ReviewConfig) -> tuple[float, str]:
-    """Bytes per KV element and how they were chosen: ``review.kv_cache_dtype_bytes``, else the dtype of
-    ``bench.server.kv_cache_dtype`` unless ``auto``, else the served compute dtype."""
+    """Bytes per KV element and their source: the review's, the served KV dtype, else the compute dtype."""
     if rc.kv_cache_dtype_bytes:
         return rc.kv_cache_dtype_bytes, f"{rc.kv_cache_dtype_bytes:g} bytes (review.kv_cache_dtype_bytes)"
-    kv = str(_server_cfg(rec).get("kv_cache_dtype") or "auto")
+    kv = str(server_cfg(rec).get("kv_cache_dtype") or "auto")
     name = kv if kv != "auto" else served_compute_dtype(rec)
     return DTYPE_BYTES.get(name, 2), name
 
 
 def _weights(rec: JobRecord) -> tuple[float | None, str | None, list[str]]:
-    """Weights GiB, their source and what is missing: vLLM's log (GPU), else the checkpoint's weight bytes with its
-    16-bit tensors (``bytes_by_role.kept_16bit``) scaled to the served dtype (vLLM copies them into ``--dtype``)."""
+    """Weights GiB, source, missing: vLLM's log, else the checkpoint's bytes, 16-bit tensors in the served dtype."""
     ck, sv = rec.checkpoint_memory, rec.server
     if sv.weights_gib:
         return float(sv.weights_gib), "vLLM log", []
     if not ck.total_weight_bytes:
         return None, None, ["no weight size (neither vLLM log nor checkpoint)"]
     dtype = served_compute_dtype(rec)
-    kept = (ck.bytes_by_role or {}).get("kept_16bit")
+    roles = ck.bytes_by_role or {}
+    kept = roles["kept_16bit"] if "kept_16bit" in roles else None
     factor = DTYPE_BYTES.get(dtype, 2) / 2
     if factor == 1 or kept is None:
         total, how = float(ck.total_weight_bytes), "checkpoint bytes"
@@ -107,34 +91,20 @@ def _weights(rec: JobRecord) -> tuple[float | None, str | None, list[str]]:
 
 
 def _request_len(rec: JobRecord, rc: ReviewConfig) -> int | None:
-    """``review.request_len_tokens``, else ``bench.input_len + bench.output_len``."""
-    if rc.request_len_tokens:
-        return rc.request_len_tokens
-    bench = rec.cfg("bench")
-    if bench.get("input_len") and bench.get("output_len"):
-        return int(str(bench["input_len"])) + int(str(bench["output_len"]))
-    return None
+    n_in, n_out = rec.cfg("bench").get("input_len"), rec.cfg("bench").get("output_len")
+    return rc.request_len_tokens or (int(str(n_in)) + int(str(n_out)) if n_in and n_out else None)
 
 
 def _kernel_name(k: object) -> str:
-    """A kernel of the vLLM log parse (``{"kernel", "method"}`` or a plain string) as text."""
     if isinstance(k, dict):
         return f"{k.get('kernel')} ({k.get('method')})" if k.get("method") else str(k.get("kernel"))
     return str(k)
 
 
 def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[Memory, list[str]]:
-    """Weights, KV cache needed for the stated capacity, and what is left of the budget (GiB = 2^30 bytes).
-
-    ``need_gib = weights_gib + kv_needed_tokens × kv_bytes_per_token / 2^30 + concurrent_requests ×
-    state_bytes_per_sequence / 2^30 + reserved_gib``. KV bytes per token in the KV cache's dtype (a CPU server in
-    float32 holds 4 bytes an element). The state term is 0 except for hybrid models, counted as vLLM pages them
-    (:func:`quantverdict.measure.kv_cache.hybrid_paging`): each request's tokens rounded up to whole attention
-    blocks, each state padded to a page; the budget's max concurrency is then ``free // paged_bytes_per_sequence``.
-
-    Returns:
-        ``(memory, missing)``: the figures, and what could not be computed.
-    """
+    """``(memory, missing)``: GiB (2^30 bytes), ``need = weights + kv_tokens x kv_bytes_per_token +
+    concurrent_requests x state_bytes_per_sequence + reserved``; hybrid models paged as vLLM pages them
+    (:func:`quantverdict.measure.kv_cache.hybrid_paging`)."""
     ck, sv = rec.checkpoint_memory, rec.server
     weights, weights_source, missing = _weights(rec)
     dims = rec.model.dims or {}
