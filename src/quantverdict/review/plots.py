@@ -19,15 +19,8 @@ from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 
 DPI = 110
-COLORS = {
-    "bf16": "#222222",
-    "int8": "#1f77b4",
-    "fp8": "#2ca02c",
-    "w8a8": "#17becf",
-    "gptq": "#d62728",
-    "awq": "#ff7f0e",
-}
-MARKERS = {"bf16": "s", "int8": "o", "fp8": "^", "w8a8": "v", "gptq": "D", "awq": "P"}
+COLORS = dict(bf16="#222222", int8="#1f77b4", fp8="#2ca02c", w8a8="#17becf", gptq="#d62728", awq="#ff7f0e")
+MARKERS = dict(bf16="s", int8="o", fp8="^", w8a8="v", gptq="D", awq="P")
 ABOVE: dict[str, Any] = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
@@ -125,11 +118,9 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 def _pareto_points(sc: Scorecard) -> list[tuple[float, float, str]]:
     """``(per-user tok/s, total output tok/s, short load label)`` of each load level that has both."""
-    short = {
-        p.label: p.label.replace("concurrency ", "c=").replace("unlimited rate", "unlimited") for p in sc.speed.points
-    }
     xs = ((headline.per_user_tok_s(p), p) for p in sc.speed.points)
-    return [(x, p.output_tok_s, short[p.label]) for x, p in xs if x and p.output_tok_s]
+    short = ((x, p, p.label.replace("concurrency ", "c=").replace("unlimited rate", "unlimited")) for x, p in xs)
+    return [(x, p.output_tok_s, label) for x, p, label in short if x and p.output_tok_s]
 
 
 def pareto_figure(review: Review) -> Any:

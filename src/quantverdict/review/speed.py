@@ -35,13 +35,6 @@ MEDIANS = tuple(
 )
 
 Point = doc.SpeedPoint | doc.AtLoad
-POINT_FLAGS = {  # a speed point's flag -> its kind in templates/speed.j2's point_flag
-    FlagCode.SPEED_POINT_SHORT: "short",
-    FlagCode.SPEED_POINT_INVALID: "invalid",
-    FlagCode.SPEED_POINT_SHORT_KEPT: "short_kept",
-    FlagCode.SPEED_POINT_FAILED: "failed",
-    FlagCode.PERCENTILE_DISAGREEMENT: "percentiles",
-}
 
 
 def _finite(v: Any) -> float | None:
@@ -120,8 +113,7 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
 
 def planned_loads(rec: JobRecord) -> list[float]:
     """The load levels ``config.bench`` planned, ascending (inf: unlimited); [] without a plan."""
-    mode = sweep_mode(rec)
-    bench = rec.cfg("bench")
+    mode, bench = sweep_mode(rec), rec.cfg("bench")
     try:
         plan = sweep_plan.plan(mode, list(bench.get("rates") or []), list(bench.get("concurrencies") or []), 1)
     except (TypeError, ValueError):
@@ -144,14 +136,8 @@ def _stopped_why(rec: JobRecord) -> str:
 
 def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
     """Whether a point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
-    ok = True
-    for v, limit in ((p.ttft_ms_p99, rc.ttft_ms_p99), (p.itl_ms_p99, rc.itl_ms_p99)):
-        if limit is None:
-            continue
-        if v is None:
-            return None
-        ok = ok and v <= limit
-    return ok
+    pairs = [(v, lim) for v, lim in ((p.ttft_ms_p99, rc.ttft_ms_p99), (p.itl_ms_p99, rc.itl_ms_p99)) if lim is not None]
+    return None if any(v is None for v, _ in pairs) else all(v is not None and v <= lim for v, lim in pairs)
 
 
 def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[doc.SpeedPoint | None, str]:
@@ -234,10 +220,9 @@ def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, do
     with_g = [{**q, "_goodput": point_goodput(rec, sp, slo)} for sp, q in zip(rec.speed.points, raw)]
     out: dict[float, doc.Goodput] = {}
     for level in _levels(with_g, mode):
-        gs: list[Goodput | None] = [q["_goodput"] for q in level.valid]
-        if any(g is None for g in gs):
+        got = [q["_goodput"] for q in level.valid]
+        if any(g is None for g in got):
             continue
-        got = [g for g in gs if g is not None]
         missed: Counter[str] = Counter()
         for g in got:
             missed.update(g.missed)
@@ -294,18 +279,14 @@ def _point_flags(sp: SweepPoint, q: dict[str, Any], mode: str) -> list[Flag]:
         kinds.append(FlagCode.PERCENTILE_DISAGREEMENT)
     values = {"label": point_label(sp, mode), "got": got or 0, "want": want or 0, "pct": pct or 0}
     values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * (diff or 0)}
-    return [Flag(code, "", say("point_flag", "speed.j2", kind=POINT_FLAGS[code], **values)) for code in kinds]
+    return [Flag(code, "", say("point_flag", "speed.j2", kind=code, **values)) for code in kinds]
 
 
 def _roofline(rec: JobRecord) -> doc.Roofline | None:
     """``speed.roofline``, non-finite numbers as None."""
-    roof = rec.speed.roofline or {}
+    roof = {k: v for k, v in (rec.speed.roofline or {}).items() if k in doc.Roofline.model_fields}
     finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in roof.items()}
-    return (
-        doc.Roofline.model_validate({k: v for k, v in finite.items() if k in doc.Roofline.model_fields})
-        if roof
-        else None
-    )
+    return doc.Roofline.model_validate(finite) if rec.speed.roofline else None
 
 
 def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling:
@@ -358,13 +339,13 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     speed.missing_levels = [level_label(x, mode) for x in missing]  # planned levels without a valid point
     speed.stopped_before = [level_label(x, mode) for x in above]  # ... and those above the last one measured
     if missing:
+        why = {"stopped": _stopped_why(rec) if above else None, "lower_bound": speed.ceiling.lower_bound}
         msg = say(
             "sweep_incomplete",
             "speed.j2",
             missing=speed.missing_levels,
             planned=[level_label(x, mode) for x in planned],
-            stopped=_stopped_why(rec) if above else None,
-            lower_bound=speed.ceiling.lower_bound,
+            **why,
         )
         found.append(Flag(FlagCode.SWEEP_INCOMPLETE, "", msg))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
