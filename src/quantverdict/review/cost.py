@@ -30,8 +30,7 @@ def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, st
 
 
 def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
-    """One scheme's USD per million output tokens at ``price`` USD per GPU-hour on ``sc.gpus`` GPUs (None without
-    throughput)."""
+    """One scheme's USD per million output tokens at ``price`` USD per GPU-hour (None without throughput)."""
     at = sc.speed.at_load.output_tok_s if sc.speed.at_load else None
     ceiling = sc.speed.ceiling
     top = ceiling.output_tok_s if ceiling else None

@@ -1,5 +1,4 @@
-"""GPUs in the review: throughput per GPU, and the GPUs each scheme needs for the per-GPU memory budget
-(:func:`quantverdict.measure.tensor_parallel.gpus_needed`)."""
+"""GPUs in the review: throughput per GPU, and the GPUs each scheme needs for the memory budget."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ def job_gpus(rec: JobRecord) -> int:
 
 
 def gpu_kind_matches(kind: str, name: str) -> bool:
-    """Whether every word of ``kind`` is a whole word of the GPU ``name`` (case-insensitive; ``H20`` does not
-    match ``NVIDIA H200``)."""
+    """Whether every word of ``kind`` is a whole word of the GPU ``name`` (case-insensitive)."""
     words = str(kind).split()
     return bool(words) and all(
         re.search(rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])", name, flags=re.IGNORECASE) for w in words
@@ -47,8 +45,7 @@ def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
 
 
 def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, Any]:
-    """One scheme's GPUs used and needed (None: not within 8 or not computable), whole weights and KV (GiB),
-    sustained output tok/s and per GPU."""
+    """One scheme's GPUs used and needed, whole weights and KV (GiB), output tok/s and per GPU."""
     m, used = sc.memory, job_gpus(rec)
     weights = whole_weights_gib(m, used)
     kv = None if m.kv_needed_gib is None else float(m.kv_needed_gib) + float(m.state_needed_gib or 0)
@@ -69,8 +66,7 @@ def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, An
 
 
 def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig) -> list[str]:
-    """One model's verdict lines of GPUs needed (schemes grouped, most GPUs first) and throughput per GPU; empty
-    unless its records ran on a GPU."""
+    """One model's verdict lines of GPUs needed and throughput per GPU; empty off GPU."""
     rows = []
     for sc in cards:
         rec = next((r for r in records if str(r.job.id) == sc.job_id), None)

@@ -1,5 +1,4 @@
-"""Per scheme, the three headline numbers (:class:`quantverdict.review.document.Headline`): memory need (GiB),
-worst accuracy delta, speed ratio at concurrency 1 and at the stated load; logged by :func:`mlflow_metrics`."""
+"""Per scheme, the three headline numbers (:class:`quantverdict.review.document.Headline`)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def per_user_tok_s(p: doc.SpeedPoint) -> float | None:
 
 
 def speed_ratio(p: doc.SpeedPoint, base: doc.SpeedPoint) -> doc.SpeedRatio | None:
-    """``baseline TPOT p50 / scheme TPOT p50`` at one load (> 1: faster), range ``[b_min / s_max, b_max / s_min]``
-    over the valid repeats (None with one run each); None where either TPOT is missing."""
+    """``baseline TPOT p50 / scheme TPOT p50`` at one load, range ``[b_min / s_max, b_max / s_min]``."""
     a, b = p.tpot_ms_p50, base.tpot_ms_p50
     if a is None or b is None or a <= 0 or b <= 0:
         return None
@@ -74,8 +72,7 @@ def low_load_point(sc: Scorecard) -> doc.SpeedPoint | None:
 
 
 def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> TaskDelta | None:
-    """The worst delta: the largest rise among ``review.perplexity_kinds``, else the lowest task recovery; None
-    when nothing was compared."""
+    """The worst delta: largest rise of ``review.perplexity_kinds``, else lowest task recovery."""
     judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
     ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
     if ppls:
@@ -105,8 +102,7 @@ def headline_accuracy(d: TaskDelta) -> doc.HeadlineAccuracy:
 
 
 def headlines(review: Review, model: str) -> list[Headline]:
-    """One :class:`Headline` per scheme of ``model``, baseline first; speed ratios None for the baseline, a scheme
-    not comparable (``speed_note``) and a missing TPOT."""
+    """One :class:`Headline` per scheme of ``model``, baseline first (its speed ratios None)."""
     cards = review.cards_of(model)
     base = next((c for c in cards if c.is_baseline), None)
     out = []

@@ -78,8 +78,7 @@ def _finish(ax: Any, title: str, model: str | None, **grid: Any) -> None:
 
 
 def speed_ratio_figure(review: Review) -> Any:
-    """Per model, each scheme's speed ratio over its baseline against the load, repeat range as error bars; None
-    when no scheme has a ratio."""
+    """Per model, each scheme's speed ratio over its baseline against the load; None without ratios."""
     panels = []
     for model in _models(review):
         cards = review.cards_of(model)
@@ -124,8 +123,7 @@ def _pareto_points(sc: Scorecard) -> list[tuple[float, float, str]]:
 
 
 def pareto_figure(review: Review) -> Any:
-    """Per model, total output tok/s against per-user tok/s (1000 / TPOT p50), one labelled curve per scheme, and
-    the frontier over all schemes; None without TPOT data."""
+    """Per model, total output tok/s against per-user tok/s and the frontier; None without TPOT data."""
     panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in review.cards_of(m) if _pareto_points(sc)])]
     if not panels:
         return None
@@ -154,8 +152,7 @@ def pareto_figure(review: Review) -> Any:
 
 
 def memory_figure(review: Review) -> Any:
-    """Stacked bars per scheme (GiB): weights, KV cache, recurrent state, reserve, the need on each bar and the
-    budget as a line (over 3x every need: named in legend and title instead); None without weights."""
+    """Stacked bars per scheme (GiB): weights, KV cache, state, reserve, and the budget; None without weights."""
     cards = [sc for sc in review.cards if sc.memory.weights_gib is not None]
     if not cards:
         return None
@@ -197,8 +194,7 @@ def memory_figure(review: Review) -> Any:
 
 
 def accuracy_figure(review: Review) -> Any:
-    """Score deltas (points) and perplexity changes (%) with their intervals (hollow marker: none) and the
-    perplexity limit; None without deltas."""
+    """Score deltas (points) and perplexity changes (%) with intervals; None without deltas."""
     cards = [sc for sc in review.cards if sc.accuracy]
     if not cards:
         return None
@@ -245,8 +241,7 @@ def accuracy_figure(review: Review) -> Any:
 
 
 def latency_figure(review: Review) -> Any:
-    """TTFT p99 and per-request TPOT p99 (else ITL p99, the axis says which) in ms, log axis, against the load,
-    one curve per scheme, each panel's objective dashed; None without speed points."""
+    """TTFT p99 and per-request TPOT p99 (else ITL p99) against the load; None without speed points."""
     cards = [sc for sc in review.cards if sc.speed.points]
     if not cards:
         return None

@@ -20,8 +20,7 @@ UUID_SINCE = "2026-12-01"  # the date of the first records with environment.gpu[
 
 @dataclass(frozen=True)
 class GpuMatch:
-    """A scheme's speed measurement against its baseline's: ``state``, each job's GPU uuids, ``same_grid`` and
-    ``hours_apart`` of their starts (None: unknown)."""
+    """A scheme's speed measurement against its baseline's (None: unknown)."""
 
     state: str
     gpus: tuple[str | None, ...]

@@ -96,8 +96,7 @@ def _levels(raw: list[dict[str, Any]], mode: str) -> list[aggregate.Level]:
 
 
 def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
-    """The sweep's mode and one point per load level, by load: medians of :data:`MEDIANS` over the valid repeats,
-    ``spread`` of :data:`SPREAD_KEYS`, ``saturated`` by majority of the repeats' stored decision."""
+    """The sweep's mode and one point per load level: medians, spread and majority ``saturated``."""
     mode, raw = raw_points(rec)
     out = []
     for level in _levels(raw, mode):
@@ -141,8 +140,7 @@ def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
 
 
 def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[doc.SpeedPoint | None, str]:
-    """The point standing for the stated load and how it was chosen: the smallest rate >= ``load_rps``, the smallest
-    concurrency >= ``load_concurrency`` or reaching ``load_rps``; no load stated, the lowest load."""
+    """The point standing for the stated load (rate, concurrency or lowest) and how it was chosen."""
     if not points:
         return None, "no speed points"
     if rc.load_rps is None and rc.load_concurrency is None:
@@ -169,8 +167,7 @@ def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tup
 
 
 def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[float | None, str]:
-    """Achieved req/s at the highest finite load whose TTFT p99 and ITL p99 meet the SLO, every lower one too;
-    0.0 when the lowest fails, None without an SLO or a sustained load. Not goodput (separate percentiles)."""
+    """Achieved req/s at the highest finite load meeting the p99 SLO, every lower one too (not goodput)."""
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
         return None, "no latency SLO set"
     held = [p for p in points if math.isfinite(p.load)]
@@ -192,8 +189,7 @@ def slo_of(rc: ReviewConfig) -> Slo:
 
 
 def result_file(rec: JobRecord, p: SweepPoint) -> Path | None:
-    """Point ``p``'s ``--save-detailed`` file: beside the record first (``bench/<name>``, ``<name>``), else where the
-    job wrote it; None when none exists."""
+    """Point ``p``'s ``--save-detailed`` file, beside the record first; None when none exists."""
     if not p.result_file:
         return None
     name, here = Path(p.result_file), rec.source_dir
@@ -211,8 +207,7 @@ def point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
 
 
 def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, doc.Goodput]:
-    """Per load level with per-request data in every valid repeat: median goodput (req/s) and SLO attainment (%),
-    summed request counts."""
+    """Per load level with per-request data in every valid repeat: median goodput, summed counts."""
     slo = slo_of(rc)
     if not slo.objectives():
         return {}
@@ -290,8 +285,7 @@ def _roofline(rec: JobRecord) -> doc.Roofline | None:
 
 
 def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling:
-    """The sustained ceiling (:func:`quantverdict.measure.capacity.sustained_ceiling`); a lower bound for a
-    concurrency sweep that ``stopped`` before its highest levels."""
+    """The sustained ceiling; a lower bound for a concurrency sweep ``stopped`` before its top levels."""
     c = capacity.sustained_ceiling(sweep.summarize(raw, mode), mode)
     kind = "lower_bound" if stopped and c["kind"] == "closed_loop_max" else str(c["kind"])
     tok, whole = c.get("output_tok_s"), c.get("whole_run_tok_s")
