@@ -1,8 +1,5 @@
-"""The verdict in cost per token: USD per million output tokens at the stated load and at the ceiling
-(:func:`quantverdict.measure.cost.usd_per_mtok`), from ``review.gpu_price_per_hour`` (``{H200: 3.5}``, per GPU-hour)
-for the GPU the records ran on (:func:`quantverdict.review.gpus.gpu_kind_matches`). A scheme pays for the GPUs its
-job used (``Scorecard.gpus``). No price for the GPU (or a CPU grid): no cost.
-"""
+"""USD per million output tokens at the stated load and at the ceiling, from ``review.gpu_price_per_hour`` (per
+GPU-hour) for the GPU the records ran on, times the GPUs each job used."""
 
 from __future__ import annotations
 
@@ -18,8 +15,8 @@ GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
 
 
 def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, str, float] | None:
-    """``(gpu name, kind, USD per GPU-hour)`` for the one GPU kind the records ran on, or None: no price
-    given, no GPU, or records on several GPU kinds (one price line would misstate some of them)."""
+    """``(gpu name, kind, USD per GPU-hour)`` for the one GPU kind the records ran on; None without a price, a GPU,
+    or with several GPU kinds."""
     if not prices:
         return None
     names = {line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in environment if line.startswith(GPU_LINE)}
@@ -33,9 +30,7 @@ def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, st
 
 
 def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
-    """One scheme's USD per million output tokens at ``price`` USD per GPU-hour on the ``sc.gpus`` GPUs its server
-    used, at the stated load and at the ceiling (None where the sweep measured no throughput; with
-    ``ceiling_lower_bound`` the ceiling is a floor and its cost a ceiling)."""
+    """One scheme's USD per million output tokens at ``price`` USD per GPU-hour (None without throughput)."""
     at = sc.speed.at_load.output_tok_s if sc.speed.at_load else None
     ceiling = sc.speed.ceiling
     top = ceiling.output_tok_s if ceiling else None
@@ -52,8 +47,7 @@ def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
 
 
 def cost_json(review: Review) -> doc.Cost | None:
-    """review.json's ``cost``, or None without a price for the GPU the records ran on (the pages then show no
-    cost); ``price_source``: the ``review.gpu_price_per_hour`` key of the price."""
+    """review.json's ``cost``; None without a price for the GPU the records ran on."""
     found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
     if found is None:
         return None

@@ -1,10 +1,4 @@
-"""GPUs in the review: throughput per GPU, and how many GPUs each scheme needs for the memory budget.
-
-``review.memory_budget_gib`` is one GPU's budget; a scheme needs the fewest GPUs ``n`` (1, 2, 4, 8) with ``weights
-/ n + its share of the KV cache + reserved <= budget`` (:func:`quantverdict.measure.tensor_parallel.gpus_needed`).
-vLLM logs the weights one GPU loaded: ``tp`` times that is the whole model. Throughput per GPU is the sustained
-output tok/s over the GPUs the job used (:func:`job_gpus`).
-"""
+"""GPUs in the review: throughput per GPU, and the GPUs each scheme needs for the memory budget."""
 
 from __future__ import annotations
 
@@ -17,6 +11,7 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review.document import Memory
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor
+from quantverdict.review.words import say
 
 WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
@@ -29,12 +24,7 @@ def job_gpus(rec: JobRecord) -> int:
 
 
 def gpu_kind_matches(kind: str, name: str) -> bool:
-    """Whether a GPU kind names the GPU ``name`` (as nvidia-smi gives it): every word of ``kind`` is a whole
-    word of ``name``, case-insensitively, words bounded by anything but letters and digits.
-
-    The one GPU-name match of the review (prices in :mod:`.cost`, the target in :mod:`.crossmodel`).
-    ``H200`` matches ``NVIDIA H200`` but ``H20`` does not; ``NVIDIA A100 80GB`` matches
-    ``NVIDIA A100-SXM4-80GB`` but not ``NVIDIA H100 80GB HBM3`` (its ``A100`` is missing)."""
+    """Whether every word of ``kind`` is a whole word of the GPU ``name`` (case-insensitive)."""
     words = str(kind).split()
     return bool(words) and all(
         re.search(rf"(?<![A-Za-z0-9]){re.escape(w)}(?![A-Za-z0-9])", name, flags=re.IGNORECASE) for w in words
@@ -47,7 +37,7 @@ def on_gpu(rec: JobRecord) -> bool:
 
 
 def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
-    """The whole model's weights (GiB) from a scorecard's memory summary: vLLM's logged figure is one GPU's."""
+    """The whole model's weights (GiB): vLLM's logged figure is one GPU's."""
     w = memory.weights_gib
     if w is None:
         return None
@@ -55,9 +45,7 @@ def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
 
 
 def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, Any]:
-    """One scheme's GPU figures: ``gpus_used``, ``weights_gib`` (whole model), ``kv_gib`` (KV cache plus
-    recurrent states needed), ``gpus_needed`` (None: not within 8 GPUs or not computable),
-    ``tok_s`` (sustained output tok/s) and ``tok_s_per_gpu``."""
+    """One scheme's GPUs used and needed, whole weights and KV (GiB), output tok/s and per GPU."""
     m, used = sc.memory, job_gpus(rec)
     weights = whole_weights_gib(m, used)
     kv = None if m.kv_needed_gib is None else float(m.kv_needed_gib) + float(m.state_needed_gib or 0)
@@ -78,11 +66,7 @@ def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, An
 
 
 def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig) -> list[str]:
-    """The GPU lines of one model's verdict: GPUs needed per scheme for the budget, and throughput per GPU.
-
-    Empty unless the model's records ran on a GPU. Schemes are grouped by the GPUs they need, most first:
-    "GPUs needed at 80 GiB per GPU (...): BF16 on two GPUs or W4A16/FP8_DYNAMIC on one."
-    """
+    """One model's verdict lines of GPUs needed and throughput per GPU; empty off GPU."""
     rows = []
     for sc in cards:
         rec = next((r for r in records if str(r.job.id) == sc.job_id), None)
@@ -101,22 +85,7 @@ def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewCo
     parts = [parts[0], *(p.rsplit(" GPU", 1)[0] for p in parts[1:])] if len(parts) > 1 else parts
     if None in groups:
         parts.append(f"{'/'.join(groups[None])} on none of {TP_SIZES[-1]} or fewer")
-    out = [
-        f"GPUs needed at {rc.memory_budget_gib:g} GiB per GPU (whole weights / GPUs + the KV cache for "
-        f"{rc.concurrent_requests} requests, per GPU): {' or '.join(parts)}."
-    ]
-    speeds = [
-        f"{sc.scheme} {_ge(sc)}{g['tok_s']:,.0f} tok/s on {g['gpus_used']} GPU{'s' if g['gpus_used'] > 1 else ''} = "
-        f"{_ge(sc)}{g['tok_s_per_gpu']:,.0f} per GPU"
-        for sc, g in rows
-        if g["tok_s"]
-    ]
-    if speeds:
-        out.append(f"Throughput per GPU (sustained output tok/s / GPUs used): {'; '.join(speeds)}.")
-    return out
-
-
-def _ge(sc: Scorecard) -> str:
-    """``">= "`` before a ceiling that is a lower bound (no point saturated, or a sweep stopped before its top
-    loads), else ``""``."""
-    return ">= " if ceiling_is_floor(sc.speed) else ""
+    ge = {id(sc): ">= " if ceiling_is_floor(sc.speed) else "" for sc, _ in rows}
+    speeds = [(sc.scheme, ge[id(sc)], g["tok_s"], g["gpus_used"], g["tok_s_per_gpu"]) for sc, g in rows if g["tok_s"]]
+    budget, requests = rc.memory_budget_gib, rc.concurrent_requests
+    return say("gpu_lines", "speed.j2", budget=budget, requests=requests, parts=parts, rows=speeds).split("\n")

@@ -1,8 +1,4 @@
-"""Per scheme, the three headline numbers (:class:`quantverdict.review.document.Headline`): memory (GiB to serve the
-stated load, :mod:`.memory`'s ``need_gib``), accuracy (the delta the accuracy check judges worst,
-:func:`accuracy_headline`) and speed (per-user output speed over the baseline's at concurrency 1 and at the stated
-load, :func:`speed_ratio`); logged by :func:`mlflow_metrics`.
-"""
+"""Per scheme, the three headline numbers (:class:`quantverdict.review.document.Headline`)."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ SPEED_LOAD = "speed_ratio_load"
 
 @dataclass(frozen=True)
 class Headline:
-    """One scheme's three numbers on the first screen, named by model and scheme."""
+    """One scheme's three numbers, named by model and scheme."""
 
     model: str
     scheme: str
@@ -30,16 +26,13 @@ class Headline:
 
 
 def per_user_tok_s(p: doc.SpeedPoint) -> float | None:
-    """Per-user interactivity of a speed point: ``1000 / TPOT p50`` output tok/s per user (vLLM's sweep
-    plots and public inference benchmarks plot throughput against it); None without a TPOT."""
+    """Per-user output tok/s of a speed point: ``1000 / TPOT p50``; None without a TPOT."""
     t = p.tpot_ms_p50
     return 1000.0 / t if t is not None and t > 0 else None
 
 
 def speed_ratio(p: doc.SpeedPoint, base: doc.SpeedPoint) -> doc.SpeedRatio | None:
-    """The scheme's per-user output speed over the baseline's at the same load level: ``baseline TPOT p50 / scheme
-    TPOT p50`` (> 1: faster), ``low``/``high`` from the min/max over the valid repeats of both (``[b_min / s_max,
-    b_max / s_min]``, None with one run each); None where either TPOT is missing."""
+    """``baseline TPOT p50 / scheme TPOT p50`` at one load, range ``[b_min / s_max, b_max / s_min]``."""
     a, b = p.tpot_ms_p50, base.tpot_ms_p50
     if a is None or b is None or a <= 0 or b <= 0:
         return None
@@ -56,8 +49,7 @@ def _point_at(sc: Scorecard, load: float) -> doc.SpeedPoint | None:
 
 
 def comparable(sc: Scorecard, base: Scorecard) -> str:
-    """'' when the two may be compared for speed, else why not (``speed.excluded_why``: a fallback kernel, or a
-    request shape other than the baseline's)."""
+    """'' when the two may be compared for speed, else why not."""
     for who in (sc, base):
         if not who.speed.comparable:
             return f"{who.name} {who.speed.excluded_why or 'ran on a fallback kernel'}: not compared"
@@ -73,17 +65,14 @@ def ratio_curve(sc: Scorecard, base: Scorecard) -> list[doc.SpeedRatio]:
 
 
 def low_load_point(sc: Scorecard) -> doc.SpeedPoint | None:
-    """The point standing for concurrency 1: concurrency 1 in a concurrency sweep, else the lowest
-    measured load (a rate sweep has no concurrency 1; its lowest rate is the closest to a single user)."""
+    """Concurrency 1 in a concurrency sweep, else the lowest measured load."""
     if sc.speed.mode == "concurrency":
         return _point_at(sc, 1.0)
     return sc.speed.points[0] if sc.speed.points else None
 
 
 def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> TaskDelta | None:
-    """The delta the accuracy check cites as worst: the largest rise among the perplexity kinds of
-    ``review.perplexity_kinds``; without one, the task with the lowest recovery. None for the baseline
-    and when nothing was compared."""
+    """The worst delta: largest rise of ``review.perplexity_kinds``, else lowest task recovery."""
     judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
     ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
     if ppls:
@@ -97,7 +86,7 @@ def _finite(v: float | None) -> float | None:
 
 
 def headline_accuracy(d: TaskDelta) -> doc.HeadlineAccuracy:
-    """A delta as the first screen shows it: a perplexity's change in %, a score's in points (``100 · delta``)."""
+    """A perplexity's change in %, a score's in points (``100 · delta``)."""
     pct = d.kind == "perplexity"
     k, v, iv = (1.0 if pct else 100.0), (d.delta_pct if pct else d.delta), d.interval
     return doc.HeadlineAccuracy(
@@ -113,9 +102,7 @@ def headline_accuracy(d: TaskDelta) -> doc.HeadlineAccuracy:
 
 
 def headlines(review: Review, model: str) -> list[Headline]:
-    """One :class:`Headline` per scheme of ``model``, in review order (baseline first). Speed ratios are None for
-    the baseline itself, for a scheme not comparable for speed (``speed_note`` says why) and where either TPOT is
-    missing."""
+    """One :class:`Headline` per scheme of ``model``, baseline first (its speed ratios None)."""
     cards = review.cards_of(model)
     base = next((c for c in cards if c.is_baseline), None)
     out = []
@@ -141,16 +128,14 @@ def headlines(review: Review, model: str) -> list[Headline]:
 
 
 def memory_load_text(rc: ReviewConfig) -> str:
-    """What the memory number serves: ``16 requests`` or ``4,608 KV tokens`` (``review.kv_cache_tokens``)."""
+    """What the memory number serves: ``16 concurrent requests`` or ``4,608 KV tokens``."""
     if rc.kv_cache_tokens:
         return f"{rc.kv_cache_tokens:,} KV tokens"
     return f"{rc.concurrent_requests} concurrent requests"
 
 
 def mlflow_metrics(h: Headline) -> dict[str, float]:
-    """The three numbers under short names for a job's MLflow run: ``mem_gib``, ``acc_delta`` (% change of a
-    perplexity, or points of a task score; ``acc_delta_low``/``_high``: its interval), ``speed_ratio_c1`` and
-    ``speed_ratio_load`` (``_low``/``_high``: the range over repeats). Missing numbers are left out."""
+    """The three numbers under short MLflow names (``_low``/``_high``: interval or repeat range); missing left out."""
     n = h.numbers
     pairs: list[tuple[str, float | None, float | None, float | None]] = [(MEM_GIB, n.memory_need_gib, None, None)]
     if n.accuracy is not None:
@@ -168,7 +153,7 @@ def mlflow_metrics(h: Headline) -> dict[str, float]:
 
 
 def accuracy_metric_tag(h: Headline) -> str:
-    """What ``acc_delta`` measures for this run: ``word_perplexity change (%)``, ``arc_easy acc_norm (points)``."""
+    """What ``acc_delta`` measures: ``word_perplexity change (%)``, ``arc_easy acc_norm (points)``."""
     a = h.numbers.accuracy
     if a is None:
         return ""

@@ -1,16 +1,6 @@
-"""The review's plots (matplotlib, Agg backend), returned as figures or PNG bytes; made to be read in print:
-every axis names its quantity and unit, legends sit outside the data.
-
-* ``speed_ratio``: each scheme's per-user output speed over its baseline's (baseline TPOT p50 / scheme TPOT
-  p50, :func:`quantverdict.review.headline.speed_ratio`) against the load on a log2 axis, with the range over
-  repeats: where quantization stops paying as concurrency grows;
-* ``pareto``: total output tok/s against per-user interactivity (1000 / TPOT p50, tok/s per user), one curve
-  per scheme through its load levels, and the frontier no point beats on both (vLLM's sweep plots' view);
-* ``memory``: weights + KV cache (+ recurrent state, reserve) to serve the stated load, per scheme, against
-  the budget;
-* ``accuracy``: each task's score delta (points) and each perplexity kind's change (%) with their intervals;
-* ``latency``: TTFT p99 and per-request TPOT p99 (ITL p99 for a point without TPOT) against the load (log2
-  axis) with the objectives.
+"""The review's plots (matplotlib, Agg backend) as figures or PNG bytes: ``speed_ratio``, ``pareto``, ``memory``,
+``accuracy``, ``latency`` (:data:`ALT` says what each shows); every axis names its quantity and unit, legends sit
+outside the data.
 """
 
 from __future__ import annotations
@@ -25,20 +15,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from quantverdict.review import headline
-from quantverdict.review.document import SpeedPoint
 from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 
 DPI = 110
-COLORS = {
-    "bf16": "#222222",
-    "int8": "#1f77b4",
-    "fp8": "#2ca02c",
-    "w8a8": "#17becf",
-    "gptq": "#d62728",
-    "awq": "#ff7f0e",
-}
-MARKERS = {"bf16": "s", "int8": "o", "fp8": "^", "w8a8": "v", "gptq": "D", "awq": "P"}
+COLORS = dict(bf16="#222222", int8="#1f77b4", fp8="#2ca02c", w8a8="#17becf", gptq="#d62728", awq="#ff7f0e")
+MARKERS = dict(bf16="s", int8="o", fp8="^", w8a8="v", gptq="D", awq="P")
 ABOVE: dict[str, Any] = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
@@ -63,8 +45,7 @@ def _models(review: Review) -> list[str]:
 
 
 def _positions(cards: list[Scorecard]) -> dict[float, float]:
-    """Each measured load's x position on a log2 axis: a finite load as it is, an unlimited rate one doubling past
-    the largest finite one."""
+    """Each load's x on a log2 axis; an unlimited rate one doubling past the largest finite load."""
     loads = sorted({p.load for sc in cards for p in sc.speed.points})
     finite = [v for v in loads if math.isfinite(v) and v > 0]
     beyond = 2.0 ** (math.floor(math.log2(max(finite) if finite else 1.0)) + 1)
@@ -72,8 +53,7 @@ def _positions(cards: list[Scorecard]) -> dict[float, float]:
 
 
 def _load_axis(ax: Any, pos: dict[float, float], cards: list[Scorecard]) -> None:
-    """The x axis of the load (log2, one tick per measured load of :func:`_positions`, ``unlimited`` last),
-    named by the sweeps' mode."""
+    """The load axis: log2, one tick per measured load, named by the sweeps' mode."""
     mode = next((sc.speed.mode for sc in cards if sc.speed.points), "rate")
     ticks = list(pos.values())
     ax.set_xscale("log", base=2)
@@ -86,22 +66,19 @@ def _load_axis(ax: Any, pos: dict[float, float], cards: list[Scorecard]) -> None
 
 
 def _stacked(n: int, height: float) -> tuple[Any, list[Any]]:
-    """A figure of ``n`` panels, one per model, one above the other."""
     fig, axes = plt.subplots(n, 1, figsize=(8.5, height * n), squeeze=False)
     return fig, list(axes[:, 0])
 
 
 def _finish(ax: Any, title: str, model: str | None, **grid: Any) -> None:
-    """Title (``<model>: `` first when the figure has a panel per model), grid, legend outside the data."""
+    """Title (``<model>: `` first in a figure of a panel per model), grid, legend outside the data."""
     ax.set_title(f"{model}: {title}" if model else title, fontsize=10)
     ax.grid(alpha=0.3, **grid)
     ax.legend(**OUTSIDE)
 
 
 def speed_ratio_figure(review: Review) -> Any:
-    """Per model, each quantized scheme's speed ratio over its baseline at every load both measured
-    (:func:`quantverdict.review.headline.ratio_curve`), with the repeat range as error bars, and the
-    line ``1x = the baseline``. None when no scheme has a ratio."""
+    """Per model, each scheme's speed ratio over its baseline against the load; None without ratios."""
     panels = []
     for model in _models(review):
         cards = review.cards_of(model)
@@ -115,10 +92,9 @@ def speed_ratio_figure(review: Review) -> Any:
     for ax, (model, base, curves) in zip(axes, panels):
         pos = _positions([base] + [sc for sc, _ in curves])
         for i, (sc, curve) in enumerate(curves):
-            xs = [pos[r.load] for r in curve]
-            ys = [r.value for r in curve]
             lo = [r.value - r.low if r.low is not None else 0.0 for r in curve]
             hi = [r.high - r.value if r.high is not None else 0.0 for r in curve]
+            xs, ys = [pos[r.load] for r in curve], [r.value for r in curve]
             ax.errorbar(xs, ys, yerr=[lo, hi], capsize=4, lw=1.6, label=sc.name, **_style(sc, i))
         ax.axhline(1.0, color="black", lw=1, ls="--", label=f"1x = {base.name}")
         _load_axis(ax, pos, [base] + [sc for sc, _ in curves])
@@ -141,20 +117,13 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 def _pareto_points(sc: Scorecard) -> list[tuple[float, float, str]]:
     """``(per-user tok/s, total output tok/s, short load label)`` of each load level that has both."""
-    out = []
-    for p in sc.speed.points:
-        x = headline.per_user_tok_s(p)
-        if x and p.output_tok_s:
-            out.append(
-                (x, p.output_tok_s, p.label.replace("concurrency ", "c=").replace("unlimited rate", "unlimited"))
-            )
-    return out
+    xs = ((headline.per_user_tok_s(p), p) for p in sc.speed.points)
+    short = ((x, p, p.label.replace("concurrency ", "c=").replace("unlimited rate", "unlimited")) for x, p in xs)
+    return [(x, p.output_tok_s, label) for x, p, label in short if x and p.output_tok_s]
 
 
 def pareto_figure(review: Review) -> Any:
-    """Per model, total output tok/s against per-user interactivity (1000 / TPOT p50, tok/s per user), one
-    curve per scheme through its load levels (each point labelled with its load), and the frontier over all
-    schemes. None without TPOT data."""
+    """Per model, total output tok/s against per-user tok/s and the frontier; None without TPOT data."""
     panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in review.cards_of(m) if _pareto_points(sc)])]
     if not panels:
         return None
@@ -183,9 +152,7 @@ def pareto_figure(review: Review) -> Any:
 
 
 def memory_figure(review: Review) -> Any:
-    """Stacked bars per scheme: weights, KV cache for the stated capacity, recurrent state, reserve (GiB),
-    with the need written on each bar and the budget as a line; a budget far above every need (over 3x) is
-    named in the legend and the title instead of squashing the bars. None without weights."""
+    """Stacked bars per scheme (GiB): weights, KV cache, state, reserve, and the budget; None without weights."""
     cards = [sc for sc in review.cards if sc.memory.weights_gib is not None]
     if not cards:
         return None
@@ -221,17 +188,13 @@ def memory_figure(review: Review) -> Any:
     ax.set_ylim(0, top * 1.15)
     ax.set_xticks(x, [_name(sc, many) for sc in cards], rotation=20, ha="right")
     ax.set_ylabel("GiB (2^30 bytes)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(**OUTSIDE)
+    _finish(ax, title, None, axis="y")
     fig.tight_layout()
     return fig
 
 
 def accuracy_figure(review: Review) -> Any:
-    """Each task's score delta (percentage points) and each perplexity kind's change (%) against the
-    baseline, with their intervals; a delta without an interval (too few items, or none recorded) is a hollow marker.
-    The perplexity limit is drawn. None without deltas."""
+    """Score deltas (points) and perplexity changes (%) with intervals; None without deltas."""
     cards = [sc for sc in review.cards if sc.accuracy]
     if not cards:
         return None
@@ -277,18 +240,8 @@ def accuracy_figure(review: Review) -> Any:
     return fig
 
 
-def _tpot_p99(p: SpeedPoint) -> float | None:
-    return p.itl_ms_p99 if p.tpot_ms_p99 is None else p.tpot_ms_p99
-
-
 def latency_figure(review: Review) -> Any:
-    """TTFT p99 and TPOT p99 (ms, log axis) against the load (log2 axis), one curve per scheme; each panel's
-    objective as a dashed line, named in that panel's legend (below it) and written on the line. None without
-    speed points.
-
-    The latency check judges each request's TPOT (its mean ITL) against ``itl_ms_p99``, so the right panel
-    plots the p99 of the per-request TPOTs (``tpot_ms_p99``, from ``vllm bench serve``); a point without it
-    (an older record) falls back to ITL p99 (``itl_ms_p99``, over all token gaps), and the axis says so."""
+    """TTFT p99 and per-request TPOT p99 (else ITL p99) against the load; None without speed points."""
     cards = [sc for sc in review.cards if sc.speed.points]
     if not cards:
         return None
@@ -310,18 +263,16 @@ def latency_figure(review: Review) -> Any:
         (axes[1], True, right, rc.itl_ms_p99, "TPOT objective (per request)"),
     ):
         for i, sc in enumerate(cards):
-            pts = [(p.load, v) for p in sc.speed.points if (v := _tpot_p99(p) if right_panel else p.ttft_ms_p99)]
+            pts = [
+                (p.load, v)
+                for p in sc.speed.points
+                if (v := (p.itl_ms_p99 if p.tpot_ms_p99 is None else p.tpot_ms_p99) if right_panel else p.ttft_ms_p99)
+            ]
             ax.plot([pos[x] for x, _ in pts], [v for _, v in pts], label=_name(sc, many), **_style(sc, i))
         if slo is not None:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"{slo_name} {slo:g} ms")
-            ax.annotate(
-                f"{slo_name} {slo:g} ms",
-                (0.01, slo),
-                xycoords=("axes fraction", "data"),
-                color="red",
-                fontsize=8,
-                va="bottom",
-            )
+            where = {"xycoords": ("axes fraction", "data"), "color": "red", "fontsize": 8, "va": "bottom"}
+            ax.annotate(f"{slo_name} {slo:g} ms", (0.01, slo), **where)
         _load_axis(ax, pos, cards)
         ax.set_ylabel(title)
         ax.set_title(f"{title} against the load", fontsize=10)
@@ -342,8 +293,7 @@ FIGURES = (
 
 
 def make_figures(review: Review) -> dict[str, Any]:
-    """Every figure that has data, name -> matplotlib figure (the caller closes them; :func:`make_plots`
-    does)."""
+    """Every figure that has data, name -> matplotlib figure (the caller closes them)."""
     return {name: fig for name, fn in FIGURES if (fig := fn(review)) is not None}
 
 

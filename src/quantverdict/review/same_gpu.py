@@ -1,10 +1,5 @@
-"""Whether a scheme's speed and its baseline's were measured on the same physical GPU, and in one grid.
-
-A speed ratio of two GPU jobs means "scheme vs baseline" only on one GPU: two GPUs of one kind differ in clocks,
-power and cooling. A GPU is known by ``environment.gpu[i].uuid`` (nvidia-smi's ``GPU-<uuid>``; older records lack
-it); a job used the first :func:`quantverdict.review.gpus.job_gpus` of them. The grid is the Hydra multirun folder
-of ``job.output_dir``; a single run is a grid of its own.
-"""
+"""Whether a scheme's speed and its baseline's were measured on the same physical GPU (``environment.gpu[i].uuid``)
+and in one grid (the Hydra multirun folder of ``job.output_dir``): two GPUs of one kind differ in clocks and power."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ from pathlib import PurePosixPath
 from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.gpus import job_gpus
+from quantverdict.review.words import say
 
 SAME = "same GPU"  # every GPU uuid of the scheme's job equals the baseline's, in the same order
 DIFFERENT = "different GPUs"  # both jobs recorded their GPUs' uuids, and they differ
@@ -24,9 +20,7 @@ UUID_SINCE = "2026-12-01"  # the date of the first records with environment.gpu[
 
 @dataclass(frozen=True)
 class GpuMatch:
-    """How a scheme's speed measurement relates to its baseline's: ``state`` (:data:`SAME`, :data:`DIFFERENT`,
-    :data:`NOT_RECORDED`), the uuids of each job's GPUs (None where not recorded), ``same_grid`` (None: unknown) and
-    ``hours_apart`` of their starts (None: unknown)."""
+    """A scheme's speed measurement against its baseline's (None: unknown)."""
 
     state: str
     gpus: tuple[str | None, ...]
@@ -36,7 +30,7 @@ class GpuMatch:
 
 
 def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
-    """The uuids of the GPUs a job's server used, in order (None for one without); ``()`` for a CPU record."""
+    """The uuids of the GPUs a job's server used, in order; ``()`` for a CPU record."""
     listed = [GpuInfo.of(g) for g in rec.environment.gpu or []]
     return tuple(g.uuid or None for g in listed[: job_gpus(rec)])
 
@@ -49,8 +43,7 @@ def _started(view: JobRecord) -> datetime | None:
 
 
 def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
-    """Whether ``rec`` (a scheme's record) and ``base`` (its baseline's) measured speed on the same GPUs (same
-    uuids, same order); None when either lists no GPU."""
+    """How ``rec`` and its baseline ``base`` measured speed; None when either lists no GPU."""
     mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
     if not mine or not theirs:
         return None
@@ -69,8 +62,7 @@ def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
 
 
 def pairable(m: GpuMatch | None) -> bool:
-    """Whether repeats may be paired by index: not on different GPUs or across grids; yes for CPU jobs and
-    where unknown."""
+    """Whether repeats may be paired by index: not on different GPUs or across grids."""
     return m is None or (m.state != DIFFERENT and m.same_grid is not False)
 
 
@@ -102,35 +94,19 @@ def _when(m: GpuMatch) -> str:
     return f"the jobs started {m.hours_apart:.1f} h apart{grid}"
 
 
+def _shown(m: GpuMatch) -> dict[str, str]:
+    """Both jobs' uuids as shown: whole where different GPUs' abbreviations are alike."""
+    full = m.state == DIFFERENT and _names(m.gpus) == _names(m.baseline_gpus)
+    return {"gpus": _names(m.gpus, full), "base": _names(m.baseline_gpus, full)}
+
+
 def same_gpu_line(what: str, m: GpuMatch) -> str:
-    """The Validity line of ``m`` for ``what`` (e.g. ``"llama3.1-8b-shape / fp8 vs bf16"``), e.g.
-    ``"...: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid"``."""
-    when = _when(m)
-    if m.state == SAME:
-        gpu = "GPU" if len(m.gpus) == 1 else "GPUs"
-        rest = " in one grid" if m.same_grid else (f"; {when}" if when else "")
-        return f"{what}: speed measured on the same {gpu} ({_names(m.gpus)}){rest}"
-    if m.state == DIFFERENT:
-        full = _names(m.gpus) == _names(m.baseline_gpus)  # abbreviations alike: show whole uuids
-        return (
-            f"{what}: speed measured on different GPUs ({_names(m.gpus, full)} vs {_names(m.baseline_gpus, full)}): "
-            "the speed ratios include GPU-to-GPU variation" + (f"; {when}" if when else "")
-        )
-    return (
-        f"{what}: whether speed was measured on the same GPU is not recorded (the GPU's uuid is recorded since "
-        f"{UUID_SINCE})" + (f"; {when}" if when else "")
-    )
+    """The Validity line of ``m`` for ``what`` (``"<model> / fp8 vs bf16"``)."""
+    return say("same_gpu_line", "speed.j2", what=what, m=m, when=_when(m), since=UUID_SINCE, **_shown(m))
 
 
 def same_gpu_flag(m: GpuMatch, baseline: str) -> Flag | None:
-    """A :data:`quantverdict.review.FlagCode.DIFFERENT_GPU` flag (not yet attached to a scorecard: :meth:`Flag.of`)
-    when ``m`` says :data:`DIFFERENT`; None otherwise (``NOT_RECORDED`` is a Validity line only)."""
+    """A ``DIFFERENT_GPU`` flag (unattached) when ``m`` says :data:`DIFFERENT`, else None."""
     if m.state != DIFFERENT:
         return None
-    full = _names(m.gpus) == _names(m.baseline_gpus)
-    return Flag(
-        FlagCode.DIFFERENT_GPU,
-        "",
-        f"speed measured on another GPU than the baseline {baseline}'s ({_names(m.gpus, full)} vs "
-        f"{_names(m.baseline_gpus, full)}): its speed ratios include any difference between the two GPUs",
-    )
+    return Flag(FlagCode.DIFFERENT_GPU, "", say("different_gpu_flag", "speed.j2", baseline=baseline, **_shown(m)))

@@ -1,16 +1,12 @@
-"""The speed number of a scorecard (:class:`quantverdict.review.document.Speed`): sweep points per load level
-(median over valid repeats), ceiling, goodput and latency at the stated load.
-
-Goodput is counted per request (:mod:`quantverdict.measure.goodput`) from each point's ``--save-detailed`` result
-file (``speed.points[i].result_file``, or that name in ``bench/`` beside the record); without it the review says
-so rather than estimate it.
-"""
+"""A scorecard's speed (:class:`quantverdict.review.document.Speed`): per load level the median over valid repeats,
+ceiling, goodput (per request, from each point's ``--save-detailed`` file) and latency at the stated load."""
 
 from __future__ import annotations
 
 import json
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +14,21 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import aggregate, bench_result, capacity, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
 from quantverdict.measure.aggregate import is_number
-from quantverdict.measure.goodput import Slo
+from quantverdict.measure.goodput import Goodput, Slo
 from quantverdict.measure.goodput import goodput as request_goodput
 from quantverdict.results.record import JobRecord, SweepPoint
 from quantverdict.review import document as doc
 from quantverdict.review.flags import Flag, FlagCode
+from quantverdict.review.words import say
 
 NO_PER_REQUEST = "no per-request data in this record"
 
 SHORT_OUTPUT_TOLERANCE = 0.99  # a speed point whose output tokens are < 99% of those requested is flagged
-
-# metrics whose min/max over the valid repeats of a load level are kept next to the median (``tpot_ms_p50``: the
-# first screen's speed ratio and its repeat range)
+# metrics whose min/max over a level's valid repeats are kept next to the median
 SPREAD_KEYS = tuple(
     "achieved_rps output_tok_s throughput_rps throughput_tok_s ttft_ms_p99 itl_ms_p50 itl_ms_p99 e2e_ms_p50 "
     "tpot_ms_p50".split()
 )
-# the medians a review point keeps (:class:`quantverdict.review.document.SpeedPoint`)
 MEDIANS = tuple(
     "achieved_rps output_tok_s ttft_ms_p50 ttft_ms_p99 itl_ms_p50 itl_ms_p99 tpot_ms_p50 tpot_ms_p99 e2e_ms_p50 "
     "e2e_ms_p99 e2e_ms_mean completed failed output_tokens_total output_tokens_requested".split()
@@ -44,7 +38,6 @@ Point = doc.SpeedPoint | doc.AtLoad
 
 
 def _finite(v: Any) -> float | None:
-    """A finite number as float; None for anything else (None, NaN, infinity, a bool)."""
     return float(v) if is_number(v) and math.isfinite(v) else None
 
 
@@ -61,13 +54,12 @@ def level_label(load: float, mode: str) -> str:
 
 
 def load_label(p: dict[str, Any], mode: str) -> str:
-    """:func:`level_label` of a point given as a dict (its ``load``, else its concurrency or offered rate)."""
+    """:func:`level_label` of a point dict (its ``load``, else its concurrency or offered rate)."""
     return level_label(float(p["load"]) if "load" in p else sweep_plan.load_of(p, mode), mode)
 
 
 def workload(rec: JobRecord) -> doc.Workload:
-    """The request shape of a record's sweep, from ``config.bench`` (a JSON object: the record keeps the resolved
-    config untyped). A speedup holds for one shape: schemes are compared only with a baseline of the same shape."""
+    """The request shape of a record's sweep, from ``config.bench`` (untyped config)."""
     bench = rec.cfg("bench")
     name, n_in, n_out = bench.get("name"), bench.get("input_len"), bench.get("output_len")
     if is_number(n_in) and is_number(n_out):
@@ -89,8 +81,7 @@ def shape_of(speed: doc.Speed) -> tuple[int, int] | None:
 
 
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
-    """The sweep's mode and its points as recorded (dicts, repeats apart), a too-short steady window set aside
-    (:func:`quantverdict.measure.bench_result.rebase_steady`)."""
+    """The sweep's mode and its points as dicts (the measure functions' input), steady window rebased."""
     return sweep_mode(rec), [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
 
 
@@ -100,16 +91,12 @@ def sweep_mode(rec: JobRecord) -> str:
 
 
 def _levels(raw: list[dict[str, Any]], mode: str) -> list[aggregate.Level]:
-    """The load levels with a valid repeat, by load."""
     levels = aggregate.levels(raw, lambda p: sweep_plan.load_of(p, mode), point_checks.point_valid)
     return [level for level in levels if level.valid]
 
 
 def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
-    """The sweep's mode and one point per load level, by load: the median of each of :data:`MEDIANS` over the
-    level's valid repeats (:func:`quantverdict.measure.validity.point_valid`), ``spread`` ([min, max]) of
-    :data:`SPREAD_KEYS`, and ``saturated``: most valid repeats' stored decision
-    (:func:`quantverdict.measure.validity.point_saturation`)."""
+    """The sweep's mode and one point per load level: medians, spread and majority ``saturated``."""
     mode, raw = raw_points(rec)
     out = []
     for level in _levels(raw, mode):
@@ -124,10 +111,8 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
 
 
 def planned_loads(rec: JobRecord) -> list[float]:
-    """The load levels the config planned (``bench.concurrencies`` or ``bench.rates``; inf unlimited),
-    ascending; [] without a plan."""
-    mode = sweep_mode(rec)
-    bench = rec.cfg("bench")
+    """The load levels ``config.bench`` planned, ascending (inf: unlimited); [] without a plan."""
+    mode, bench = sweep_mode(rec), rec.cfg("bench")
     try:
         plan = sweep_plan.plan(mode, list(bench.get("rates") or []), list(bench.get("concurrencies") or []), 1)
     except (TypeError, ValueError):
@@ -143,29 +128,19 @@ def ceiling_is_floor(speed: doc.Speed) -> bool:
 
 
 def _stopped_why(rec: JobRecord) -> str:
-    """`` (job interrupted in stage benchmark)`` for an unfinished record, else ``""``."""
-    status, stage = rec.status, rec.failed_stage
-    if status in (None, "ok"):
+    if rec.status in (None, "ok"):
         return ""
-    return f" (job {status}" + (f" in stage {stage})" if stage else ")")
+    return f" (job {rec.status}" + (f" in stage {rec.failed_stage})" if rec.failed_stage else ")")
 
 
 def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
     """Whether a point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
-    ok = True
-    for v, limit in ((p.ttft_ms_p99, rc.ttft_ms_p99), (p.itl_ms_p99, rc.itl_ms_p99)):
-        if limit is None:
-            continue
-        if v is None:
-            return None
-        ok = ok and v <= limit
-    return ok
+    pairs = [(v, lim) for v, lim in ((p.ttft_ms_p99, rc.ttft_ms_p99), (p.itl_ms_p99, rc.itl_ms_p99)) if lim is not None]
+    return None if any(v is None for v, _ in pairs) else all(v is not None and v <= lim for v, lim in pairs)
 
 
 def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[doc.SpeedPoint | None, str]:
-    """The point that stands for the stated load, and how it was chosen: rate sweep, the smallest rate >=
-    ``load_rps`` (else the unlimited rate); concurrency sweep, the smallest concurrency reaching ``load_rps`` req/s
-    or >= ``load_concurrency``; no load stated, the lowest load."""
+    """The point standing for the stated load (rate, concurrency or lowest) and how it was chosen."""
     if not points:
         return None, "no speed points"
     if rc.load_rps is None and rc.load_concurrency is None:
@@ -192,9 +167,7 @@ def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tup
 
 
 def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[float | None, str]:
-    """Achieved req/s at the highest sustained load (finite rate or concurrency) whose TTFT p99 and ITL p99
-    meet the SLO, every lower load meeting them too; 0.0 when the lowest fails, None without an SLO or a sustained
-    load. Not goodput: the p99s are separate percentiles."""
+    """Achieved req/s at the highest finite load meeting the p99 SLO, every lower one too (not goodput)."""
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
         return None, "no latency SLO set"
     held = [p for p in points if math.isfinite(p.load)]
@@ -216,9 +189,7 @@ def slo_of(rc: ReviewConfig) -> Slo:
 
 
 def result_file(rec: JobRecord, p: SweepPoint) -> Path | None:
-    """The ``--save-detailed`` result file of point ``p``: beside the record first (``bench/<name>``, ``<name>``:
-    a copied record reads its own copy, not a path of another machine), else where the job wrote it; None when
-    none exists."""
+    """Point ``p``'s ``--save-detailed`` file, beside the record first; None when none exists."""
     if not p.result_file:
         return None
     name, here = Path(p.result_file), rec.source_dir
@@ -226,21 +197,17 @@ def result_file(rec: JobRecord, p: SweepPoint) -> Path | None:
     return next((c for c in [*candidates, name] if c.is_file()), None)
 
 
-def point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> dict[str, Any] | None:
-    """Goodput of one point (:meth:`quantverdict.measure.goodput.Goodput.to_dict`); None without per-request
-    data."""
+def point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
+    """Goodput of one point; None without per-request data."""
     path = result_file(rec, p)
-    if path is None:
-        return None
     try:
-        return request_goodput(json.loads(path.read_text()), slo).to_dict()
+        return None if path is None else request_goodput(json.loads(path.read_text()), slo)
     except (OSError, ValueError, KeyError):
         return None
 
 
 def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, doc.Goodput]:
-    """Per load level with per-request data in every valid repeat: the medians of goodput (req/s) and SLO
-    attainment (%), the sums of good and judged requests and of the requests over each objective."""
+    """Per load level with per-request data in every valid repeat: median goodput, summed counts."""
     slo = slo_of(rc)
     if not slo.objectives():
         return {}
@@ -248,27 +215,25 @@ def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, do
     with_g = [{**q, "_goodput": point_goodput(rec, sp, slo)} for sp, q in zip(rec.speed.points, raw)]
     out: dict[float, doc.Goodput] = {}
     for level in _levels(with_g, mode):
-        gs = [q["_goodput"] for q in level.valid]
-        if any(g is None for g in gs):
+        got = [q["_goodput"] for q in level.valid]
+        if any(g is None for g in got):
             continue
-        missed: dict[str, int] = {}
-        for g in gs:
-            for k, v in g["slo_missed"].items():
-                missed[k] = missed.get(k, 0) + v
+        missed: Counter[str] = Counter()
+        for g in got:
+            missed.update(g.missed)
         out[level.load] = doc.Goodput(
-            goodput_rps=statistics.median(g["goodput_rps"] for g in gs),
-            slo_attainment_pct=statistics.median(g["slo_attainment_pct"] for g in gs),
-            good_requests=sum(g["good_requests"] for g in gs),
-            slo_requests=sum(g["slo_requests"] for g in gs),
-            repeats=len(gs),
-            slo_missed=missed,
+            goodput_rps=statistics.median(g.goodput_rps for g in got),
+            slo_attainment_pct=statistics.median(g.attainment_pct for g in got),
+            good_requests=sum(g.good for g in got),
+            slo_requests=sum(g.sent for g in got),
+            repeats=len(got),
+            slo_missed=dict(missed),
         )
     return out
 
 
 def goodput_at(at: doc.SpeedPoint | None, rc: ReviewConfig) -> tuple[float | None, str]:
-    """Goodput at the stated load's point (req/s) and how it was counted; None without an SLO, a point or
-    per-request data."""
+    """Goodput at the stated load's point (req/s) and how it was counted; None without an SLO, point or data."""
     if not slo_of(rc).objectives():
         return None, "no latency SLO set"
     if at is None:
@@ -282,59 +247,45 @@ def goodput_at(at: doc.SpeedPoint | None, rc: ReviewConfig) -> tuple[float | Non
     )
 
 
-def point_label(p: dict[str, Any], mode: str) -> str:
-    """A raw point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
-    lbl = level_label(sweep_plan.load_of(p, mode), mode)
-    return f"{lbl} (repeat {p['repeat']})" if p.get("repeat") else lbl
+def point_label(p: dict[str, Any] | SweepPoint, mode: str) -> str:
+    """A recorded point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
+    sp = p if isinstance(p, SweepPoint) else SweepPoint.model_validate(p)
+    lbl = level_label(
+        sweep_plan.load_of({"concurrency": sp.concurrency, "offered_rate_rps": sp.offered_rate_rps}, mode), mode
+    )
+    return f"{lbl} (repeat {sp.repeat})" if sp.repeat else lbl
 
 
 def _point_flags(sp: SweepPoint, q: dict[str, Any], mode: str) -> list[Flag]:
-    """The honesty flags of one recorded point ``sp`` (``q``: the same as a dict, its steady window rebased)."""
-    label = point_label(q, mode)
+    """The honesty flags of one recorded point ``sp`` (``q``: the same as a rebased dict)."""
     want, got = sp.output_tokens_requested, sp.output_tokens_total
     pct = 100 * got / want if want and got is not None else None
-    tokens = f"speed point {label}: {got or 0:,.0f} of {want or 0:,.0f} requested output tokens ({pct or 0:.0f}%)"
     short = bool(want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want)
-    out = []
-    if not point_checks.point_valid(q):
-        if short:
-            msg = f"{tokens}: requests ended early; invalid, left out of every speed number"
-            out.append(Flag(FlagCode.SPEED_POINT_SHORT, "", msg))
-        others = [r for r in sp.invalid_reasons or [] if "requested output tokens" not in r]
-        if others or not short:
-            why = "; ".join(others) or "marked invalid"
-            msg = f"speed point {label}: invalid ({why}); left out of every speed number"
-            out.append(Flag(FlagCode.SPEED_POINT_INVALID, "", msg))
-    elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
-        msg = f"{tokens}: some requests ended early; kept (>= 90%), tok/s slightly low"
-        out.append(Flag(FlagCode.SPEED_POINT_SHORT_KEPT, "", msg))
-    if sp.failed:
-        out.append(Flag(FlagCode.SPEED_POINT_FAILED, "", f"speed point {label}: {sp.failed:g} failed requests"))
+    others = [r for r in sp.invalid_reasons or [] if "requested output tokens" not in r]
     diff = sp.vllm_max_rel_diff
+    kinds = []
+    if not point_checks.point_valid(q):
+        kinds += [FlagCode.SPEED_POINT_SHORT] if short else []
+        kinds += [FlagCode.SPEED_POINT_INVALID] if others or not short else []
+    elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
+        kinds.append(FlagCode.SPEED_POINT_SHORT_KEPT)
+    kinds += [FlagCode.SPEED_POINT_FAILED] if sp.failed else []
     if diff is not None and diff > point_checks.VLLM_AGREEMENT_TOLERANCE:
-        msg = (
-            f"speed point {label}: latency percentiles recomputed from the per-request data differ from vLLM's own "
-            f"by up to {100 * diff:.1f}%: the recomputed ones are reported"
-        )
-        out.append(Flag(FlagCode.PERCENTILE_DISAGREEMENT, "", msg))
-    return out
+        kinds.append(FlagCode.PERCENTILE_DISAGREEMENT)
+    values = {"label": point_label(sp, mode), "got": got or 0, "want": want or 0, "pct": pct or 0}
+    values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * (diff or 0)}
+    return [Flag(code, "", say("point_flag", "speed.j2", kind=code, **values)) for code in kinds]
 
 
 def _roofline(rec: JobRecord) -> doc.Roofline | None:
-    """The record's ``speed.roofline`` (a JSON object its measure function owns), non-finite numbers as None."""
-    roof = rec.speed.roofline or {}
+    """``speed.roofline``, non-finite numbers as None."""
+    roof = {k: v for k, v in (rec.speed.roofline or {}).items() if k in doc.Roofline.model_fields}
     finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in roof.items()}
-    return (
-        doc.Roofline.model_validate({k: v for k, v in finite.items() if k in doc.Roofline.model_fields})
-        if roof
-        else None
-    )
+    return doc.Roofline.model_validate(finite) if rec.speed.roofline else None
 
 
 def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling:
-    """The sustained ceiling (:func:`quantverdict.measure.capacity.sustained_ceiling`); a concurrency sweep that
-    ``stopped`` before its highest levels (a job interrupted mid-sweep) has a floor under the server's capacity,
-    not its ceiling."""
+    """The sustained ceiling; a lower bound for a concurrency sweep ``stopped`` before its top levels."""
     c = capacity.sustained_ceiling(sweep.summarize(raw, mode), mode)
     kind = "lower_bound" if stopped and c["kind"] == "closed_loop_max" else str(c["kind"])
     tok, whole = c.get("output_tok_s"), c.get("whole_run_tok_s")
@@ -353,10 +304,8 @@ def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling
 
 
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Flag], list[str]]:
-    """Single-stream speed (lowest load: ITL p50, ``1000 / TPOT p50`` tok/s), sustained ceiling
-    (:func:`quantverdict.measure.capacity.sustained_ceiling`), goodput at the load, ``p99_slo_max_rps``, and latency at
-    the load; every number a median over the valid repeats of its level (:func:`speed_points`). The kernel and the
-    comparability with the baseline are left to the caller (``comparable`` True, no kernel).
+    """Single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps`` and latency at the load,
+    each a median over its level's valid repeats; kernel and comparability left to the caller.
 
     Returns:
         ``(speed, flags, missing)``.
@@ -384,15 +333,14 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     speed.missing_levels = [level_label(x, mode) for x in missing]  # planned levels without a valid point
     speed.stopped_before = [level_label(x, mode) for x in above]  # ... and those above the last one measured
     if missing:
-        why = (
-            f"{_stopped_why(rec)}: "
-            + ("its ceiling is a lower bound, and " if speed.ceiling.lower_bound else "")
-            + "no speedup at saturation is claimed against it or from it"
-            if above
-            else ""
+        why = {"stopped": _stopped_why(rec) if above else None, "lower_bound": speed.ceiling.lower_bound}
+        msg = say(
+            "sweep_incomplete",
+            "speed.j2",
+            missing=speed.missing_levels,
+            planned=[level_label(x, mode) for x in planned],
+            **why,
         )
-        plan = ", ".join(level_label(x, mode) for x in planned)
-        msg = f"speed: no valid point at {', '.join(speed.missing_levels)} of the planned sweep ({plan}){why}"
         found.append(Flag(FlagCode.SWEEP_INCOMPLETE, "", msg))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
     by_load = level_goodput(rec, mode, rc)
