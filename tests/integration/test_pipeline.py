@@ -135,8 +135,9 @@ def test_grid_is_in_mlflow(grid: tuple[Path, object]) -> None:
         assert "record.json" in arts and "eval" in arts
         # one run per job: its stages are tags (status) and metrics (wall time) of it
         stages = {k.removeprefix("stage."): v for k, v in run.data.tags.items() if k.startswith("stage.")}
-        assert set(stages) >= {"materialize", "evaluate"} | ({"benchmark"} if served[name] else set())
-        assert set(stages.values()) <= {"ok", "cached"}
+        needed = {"materialize", "evaluate"} | ({"benchmark"} if served[name] else set())
+        assert all(stages.get(s) in ("ok", "cached") for s in needed), stages
+        assert set(stages.values()) <= {"ok", "cached", "skipped"}, stages  # bf16's quantize: skipped
         assert run.data.metrics["stage.evaluate.wall_s"] > 0
         assert run.data.tags["quantverdict.status"] == "ok"
     assert all(r.info.status != "RUNNING" for r in runs)
