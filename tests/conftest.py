@@ -102,7 +102,7 @@ def quantized(
     embedded_model: dict[str, Any],
     default_cfg: Config,
 ) -> dict[str, Any]:
-    """The embedded model quantized by the real quantize stage, each scheme once a session and only when first
+    """The embedded model quantized by the real quantize stage, each scheme once per test run and only when first
     asked for: ``quantized[name]`` -> (stage result, scheme config, model path). A method that calibrates (all but
     ``none`` and ``rtn``, :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
     model = Path(embedded_model["path"])

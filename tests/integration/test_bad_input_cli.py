@@ -4,27 +4,19 @@ no MLflow run, not even the store. Real processes, a real sqlite store path unde
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from quantverdict.config.compose import PROJECT_ROOT
+from clihelp import run_cli
 
 pytestmark = pytest.mark.integration
 
 
 def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.run", *args, f"paths.output_root={tmp_path / 'out'}"],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    overrides = [a for a in args if a != "-m"]
+    return run_cli(tmp_path / "out", *overrides, multirun="-m" in args, timeout=180)
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ LAYER0 = [
 @pytest.fixture(scope="module")
 def int8_checkpoint(quantized: dict[str, Any]) -> tuple[Path, Path]:
     """SmolLM2-135M quantized by the real quantize stage with ``conf/scheme/int8.yaml`` (W8A16: int8
-    per-channel, pack-quantized, round to nearest; data-free, ~1 min on 2 cores) and its bf16 source: the session's
+    per-channel, pack-quantized, round to nearest; data-free, ~1 min on 2 cores) and its bf16 source: the test run's
     int8 checkpoint, the one tests/integration/test_quantize.py checks."""
     res, scheme, model = quantized["int8"]
     assert scheme.method == "rtn" and scheme.weight_bits == 8

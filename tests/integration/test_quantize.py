@@ -42,7 +42,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def results(quantized: dict[str, Any]) -> dict[str, Any]:
-    """Each scheme quantized once a session (tests/conftest.py): ``results[name]`` -> (stage result,
+    """Each scheme quantized once per test run (tests/conftest.py): ``results[name]`` -> (stage result,
     scheme config, model path)."""
     return quantized
 
