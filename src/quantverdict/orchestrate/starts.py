@@ -15,9 +15,10 @@ Each start is :func:`quantverdict.serving.lifecycle.benchmark` in ``<job>/starts
 sweep files and GPU samples); its points are appended to the job's record with ``server_start = s`` and repeat
 indices after the earlier starts' (``(s - 1) x bench.repeats + r``, so that repeat ``r`` of start ``s`` pairs with
 the baseline's repeat of the same start), the per-load summary recomputed, and the record saved before the next
-start. Resumable: a start already in the record (a point with its index) is not run again. A start that fails is
-recorded (``speed.starts``, status ``failed``) without its points, its server stopped, and the rounds go on; it
-runs again the next time. The plan that ran is ``speed.start_plan`` of every record.
+start. Every record is read and written as its model (:class:`quantverdict.results.record.JobRecord`).
+Resumable: a start already in the record (a point with its index) is not run again. A start that fails is recorded
+(``speed.starts``, status ``failed``) without its points, its server stopped, and the rounds go on; it runs again
+the next time. The plan that ran is ``speed.start_plan`` of every record.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Literal, cast
+
+from pydantic import ValidationError
 
 from quantverdict.config.compose import job_config
 from quantverdict.config.cpu_caps import DtypeChoice
@@ -46,10 +49,11 @@ from quantverdict.results.record import (
     JobRecord,
     Record,
     RecordInvalid,
-    ServerMemory,
-    Speed,
-    load,
+    ServerStartInfo,
+    StartPlan,
+    SweepPoint,
     now_iso,
+    read,
 )
 from quantverdict.serving import lifecycle
 from quantverdict.serving.speed import speed_validity
@@ -61,21 +65,31 @@ START_DIR = "starts"
 METRIC = "output_tok_s"  # the throughput the review's speed claims rest on
 
 
+def start_of(p: SweepPoint) -> int:
+    """The server start a recorded point came from (:func:`quantverdict.measure.starts.start_index`)."""
+    return start_math.start_index(p.to_dict())
+
+
+def _point_dicts(rec: JobRecord) -> list[dict[str, object]]:
+    """The record's sweep points as the measure functions take them (plain dicts, the keys the record holds)."""
+    return [p.to_dict() for p in rec.speed.points]
+
+
 @dataclass
 class GridJob:
-    """One finished job of the grid: its folder, record (dict, as read), config and name in the plan."""
+    """One finished job of the grid: its folder, record (typed, as read), config and name in the plan."""
 
     out_dir: Path
-    record: dict[str, Any]
+    record: JobRecord
     cfg: Config
 
     @property
     def id(self) -> str:
-        return str(self.record["job"]["id"])
+        return str(self.record.job.id)
 
     def done_starts(self) -> set[int]:
         """Start indices with points in the record."""
-        return {start_math.start_index(p) for p in self.record["speed"].get("points") or []}
+        return {start_of(p) for p in self.record.speed.points}
 
 
 @dataclass
@@ -92,14 +106,14 @@ class StartsOutcome:
         return not self.failed
 
 
-def save_record(out_dir: Path, data: dict[str, Any]) -> None:
-    """Write a record dict to ``out_dir/record.json`` atomically, validated against :class:`JobRecord`.
+def save_record(out_dir: Path, rec: JobRecord) -> None:
+    """Write ``rec`` to ``out_dir/record.json`` atomically (the keys it was read with and those set since),
+    validated as a reader will read it.
 
     Raises:
         RecordInvalid: the record does not match its model (nothing written).
     """
-    from pydantic import ValidationError
-
+    data = json.loads(json.dumps(rec.to_dict(), default=str, allow_nan=True))
     try:
         JobRecord.view(data)
     except ValidationError as exc:
@@ -127,119 +141,106 @@ def finished_jobs(job_dirs: list[Path]) -> list[GridJob]:
     jobs = []
     for d in job_dirs:
         try:
-            rec = load(d)
+            rec = read(d)
         except (ValueError, OSError) as exc:
             log.warning("server starts: %s not read: %s", d, exc)
             continue
-        speed = rec.get("speed") or {}
-        if rec.get("status") != "ok" or not speed.get("points") or speed.get("unsupported"):
+        if rec.status != "ok" or not rec.speed.points or rec.speed.unsupported:
             continue
-        bench = (rec.get("config") or {}).get("bench") or {}
-        if max(int(bench.get("server_starts") or 1), int(bench.get("max_server_starts") or 1)) <= 1:
-            continue  # one start asked for (or a record written before bench.server_starts): nothing to add
         try:
-            cfg = job_config(rec)
+            cfg = job_config({"config": rec.config})
         except Exception as exc:  # noqa: BLE001 - a config this code cannot type: that job gets no more starts
             log.warning("server starts: the config of %s could not be read: %s", d, exc)
             continue
+        if settings(cfg)[1] <= 1:
+            continue  # one start asked for (or a record written before bench.server_starts): nothing to add
         jobs.append(GridJob(d, rec, cfg))
-    return sorted(jobs, key=lambda j: (str(j.record["job"].get("started_at") or ""), j.out_dir.name))
+    return sorted(jobs, key=lambda j: (str(j.record.job.started_at or ""), j.out_dir.name))
 
 
 def baseline_of(job: GridJob, jobs: list[GridJob]) -> GridJob | None:
     """The grid's baseline for ``job``: the job of the same model and KV cache whose weight scheme is
     ``baseline_scheme``; None for the baseline itself or when the grid has none."""
-    j = job.record["job"]
+    j = job.record.job
     for other in jobs:
-        o = other.record["job"]
-        if other is not job and o.get("model") == j.get("model") and o.get("kv") == j.get("kv"):
-            if o.get("weight_scheme") == job.cfg.baseline_scheme:
-                return other
+        o = other.record.job
+        if other is not job and o.model == j.model and o.kv == j.kv and o.weight_scheme == job.cfg.baseline_scheme:
+            return other
     return None
 
 
-def run_one_start(job: GridJob, start: int, order: int) -> dict[str, Any]:
+def run_one_start(job: GridJob, start: int, order: int) -> ServerStartInfo:
     """Start ``job``'s server once more, sweep it into ``<job>/starts/start-<start>/``, append its points to the
     record and save it; return the start's ``speed.starts`` entry (status ``failed`` with the error when it failed:
     its server is stopped and no point of it is kept). KeyboardInterrupt is re-raised after the record is saved."""
     cfg, rec = job.cfg, job.record
     out = job.out_dir / START_DIR / f"start-{start}"
     scratch = Record(job=JobInfo(), config={})
-    dtypes = (rec.get("environment") or {}).get("dtypes") or {}
-    serve_dtype = DtypeChoice(**dtypes["serve"]) if isinstance(dtypes.get("serve"), dict) else None
-    entry: dict[str, Any] = {"index": start, "order": order, "started_at": now_iso(), "output_dir": str(out)}
+    chosen = rec.environment.dtype_of("serve")
+    serve_dtype = DtypeChoice(**chosen) if chosen is not None else None
+    entry = ServerStartInfo(index=start, order=order, started_at=now_iso(), output_dir=str(out))
     t0 = time.perf_counter()
     try:
         env = envs.ensure("serve", cfg.env.serve, cfg.env, Path(cfg.paths.project_root))
-        lifecycle.benchmark(cfg, scratch, out, serve_dtype, env, rec["checkpoint"]["path"], save=lambda: None)
-        entry["status"] = "ok"
+        lifecycle.benchmark(cfg, scratch, out, serve_dtype, env, str(rec.checkpoint.path), save=lambda: None)
+        entry.status = "ok"
     except Exception as exc:  # noqa: BLE001 - one start's failure is recorded; the finished starts stay
-        entry.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        log.error("server start %d of %s failed: %s", start, job.id, entry["error"])
+        entry.status, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+        log.error("server start %d of %s failed: %s", start, job.id, entry.error)
     except KeyboardInterrupt:
-        entry.update(status="failed", error="interrupted")
+        entry.status, entry.error = "failed", "interrupted"
         raise
     finally:
-        entry.update(
-            finished_at=now_iso(),
-            wall_s=round(time.perf_counter() - t0, 3),
-            server_start_s=scratch.speed.server_start_s,
-            sweep_wall_s=scratch.speed.sweep_wall_s,
-            server=scratch.speed.server,
-            gpu_sampling=scratch.speed.gpu_sampling.to_dict() if scratch.speed.gpu_sampling else None,
-        )
-        points = [p.to_dict() for p in scratch.speed.points] if entry.get("status") == "ok" else []
-        entry["points"] = len(points)
+        entry.finished_at = now_iso()
+        entry.wall_s = round(time.perf_counter() - t0, 3)
+        entry.server_start_s = scratch.speed.server_start_s
+        entry.sweep_wall_s = scratch.speed.sweep_wall_s
+        entry.server = scratch.speed.server
+        entry.gpu_sampling = scratch.speed.gpu_sampling
+        points = list(scratch.speed.points) if entry.status == "ok" else []
+        entry.points = len(points)
         _append(job, start, entry, points)
     return entry
 
 
-def _append(job: GridJob, start: int, entry: dict[str, Any], points: list[dict[str, Any]]) -> None:
-    cfg, speed = job.cfg, job.record["speed"]
+def _append(job: GridJob, start: int, entry: ServerStartInfo, points: list[SweepPoint]) -> None:
+    cfg, speed = job.cfg, job.record.speed
     repeats = max(1, cfg.bench.repeats)
     for p in points:
-        p["server_start"] = start
-        p["repeat"] = (start - 1) * repeats + int(p.get("repeat") or 0)
-        p["point"] = f"{p.get('point')}_s{start}"
-    speed["points"] = [*speed.get("points", []), *points]
-    speed["starts"] = [*_starts_of(job), entry]
+        p.server_start = start
+        p.repeat = (start - 1) * repeats + int(p.repeat or 0)
+        p.point = f"{p.point}_s{start}"
+    speed.points = [*speed.points, *points]
+    speed.starts = [*_starts_of(job), entry]
     if points:  # the per-load summary and the sustained ceiling over every start's repeats
-        typed = Speed.model_validate(speed)
-        server = job.record["memory"].get("server")
-        speed_validity(
-            typed,
-            cfg.scheme.label,
-            ServerMemory.model_validate(server) if server else None,
-            cfg.scheme.activation_bits < 16,
-        )
-        speed.update(typed.to_dict())
+        server = job.record.memory.server
+        speed_validity(speed, cfg.scheme.label, server, cfg.scheme.activation_bits < 16)
     save_record(job.out_dir, job.record)
 
 
-def _starts_of(job: GridJob) -> list[dict[str, Any]]:
+def _starts_of(job: GridJob) -> list[ServerStartInfo]:
     """``speed.starts`` as recorded, with start 1 (the job's own) described from the record when absent."""
-    speed, rec = job.record["speed"], job.record
-    have = list(speed.get("starts") or [])
-    if not any(s.get("index") == 1 for s in have):
-        ones = [p for p in speed.get("points") or [] if start_math.start_index(p) == 1]
-        first = {
-            "index": 1,
-            "status": "ok",
-            "started_at": rec["job"].get("started_at"),
-            "server_start_s": speed.get("server_start_s"),
-            "sweep_wall_s": speed.get("sweep_wall_s"),
-            "points": len(ones),
-            "server": speed.get("server"),
-            "output_dir": str(job.out_dir),
-        }
-        up, swept = speed.get("server_start_s"), speed.get("sweep_wall_s")
-        if isinstance(up, (int, float)) and isinstance(swept, (int, float)):
-            first["wall_s"] = round(float(up) + float(swept), 3)
+    speed, rec = job.record.speed, job.record
+    have = list(speed.starts or [])
+    if not any(s.index == 1 for s in have):
+        first = ServerStartInfo(
+            index=1,
+            status="ok",
+            started_at=rec.job.started_at,
+            server_start_s=speed.server_start_s,
+            sweep_wall_s=speed.sweep_wall_s,
+            points=sum(1 for p in speed.points if start_of(p) == 1),
+            server=speed.server,
+            output_dir=str(job.out_dir),
+        )
+        up, swept = speed.server_start_s, speed.sweep_wall_s
+        if up is not None and swept is not None:
+            first.wall_s = round(float(up) + float(swept), 3)
         have.insert(0, first)
     # a start that failed and later ran: its last entry counts
-    last: dict[int, dict[str, Any]] = {}
+    last: dict[int, ServerStartInfo] = {}
     for s in have:
-        last[int(s["index"])] = s
+        last[int(s.index or 0)] = s
     return [last[i] for i in sorted(last)]
 
 
@@ -249,7 +250,7 @@ def _decisions(jobs: list[GridJob], lo: int, hi: int, confidence: float, mode: s
         base = baseline_of(job, jobs)
         if base is not None:
             out[job.id] = start_math.decide_levels(
-                job.record["speed"]["points"], base.record["speed"]["points"], lo, hi, confidence, METRIC, mode
+                _point_dicts(job.record), _point_dicts(base.record), lo, hi, confidence, METRIC, mode
             )
     return out
 
@@ -258,7 +259,7 @@ def _planned_loads(jobs: list[GridJob], job_id: str, mode: str) -> set[float]:
     """The load levels of ``job_id``'s points and of its baseline's: the levels the stopping rule must settle."""
     job = next(j for j in jobs if j.id == job_id)
     base = baseline_of(job, jobs)
-    points = [*job.record["speed"].get("points", []), *(base.record["speed"].get("points", []) if base else [])]
+    points = [*_point_dicts(job.record), *(_point_dicts(base.record) if base else [])]
     return {load_of(p, mode) for p in points}
 
 
@@ -281,7 +282,7 @@ def run_starts(job_dirs: list[Path], how: How = "grid", on_start: Callable[[str]
     lo, hi = settings(cfg0)
     order = str(cfg0.bench.start_order)
     seed = cfg0.bench.seed
-    mode = str(jobs[0].record["speed"].get("mode") or cfg0.bench.mode)
+    mode = str(jobs[0].record.speed.mode or cfg0.bench.mode)
     paired = how == "grid" and any(baseline_of(j, jobs) for j in jobs)
     if not paired:
         hi = lo  # nothing to settle: the fixed count
@@ -318,8 +319,8 @@ def run_starts(job_dirs: list[Path], how: How = "grid", on_start: Callable[[str]
             if on_start is not None:
                 on_start(key)
             entry = run_one_start(job, s, len(outcome.sequence))
-            if entry["status"] != "ok":
-                outcome.failed.append((job_id, s, str(entry.get("error"))))
+            if entry.status != "ok":
+                outcome.failed.append((job_id, s, str(entry.error)))
         starts_run = s
     else:
         if paired:  # the last look, at the maximum: what is still open there ended by the maximum
@@ -347,40 +348,45 @@ def _write_plans(
     """Every record's ``speed.start_plan`` and each point's ``start_order``, saved."""
     position = {key: i + 1 for i, key in enumerate(outcome.sequence)}
     for job in jobs:
-        speed = job.record["speed"]
-        speed["starts"] = _starts_of(job)
-        for st in speed["starts"]:
-            st["order"] = position.get(f"{job.id}#{st['index']}", st.get("order"))
-        for p in speed.get("points") or []:
-            p["start_order"] = position.get(f"{job.id}#{start_math.start_index(p)}")
+        speed = job.record.speed
+        speed.starts = _starts_of(job)
+        for st in speed.starts:
+            key = f"{job.id}#{st.index}"
+            st.order = position[key] if key in position else st.order
+        for p in speed.points:
+            key = f"{job.id}#{start_of(p)}"
+            p.start_order = position[key] if key in position else None
         base = baseline_of(job, jobs)
         # server start-up + sweep of every start alike (start 1's wall_s holds only these; the later ones' more)
         walls = [
-            float(s["server_start_s"]) + float(s["sweep_wall_s"])
-            for s in speed["starts"]
-            if s.get("status") == "ok" and s.get("server_start_s") is not None and s.get("sweep_wall_s") is not None
+            float(s.server_start_s) + float(s.sweep_wall_s)
+            for s in speed.starts
+            if s.status == "ok" and s.server_start_s is not None and s.sweep_wall_s is not None
         ]
-        plan: dict[str, Any] = {
-            "how": how,
-            "server_starts": lo,
-            "max_server_starts": hi,
-            "order": "back_to_back" if how == "single_job" else order,
-            "seed": seed if order == "random" and how == "grid" else None,
-            "sequence": outcome.sequence,
-            "metric": METRIC,
-            "confidence": confidence,
-            "look_confidence": start_math.look_confidence(confidence, lo, hi) if paired else None,
-            "baseline_job": base.id if base is not None else None,
-            "levels": [d.to_dict() for _, d in sorted(ended.get(job.id, {}).items())] or None,
-            "gpu_time_saved_s": round(start_math.gpu_time_saved_s(walls, starts_run, hi), 1),
-        }
+        levels = ended[job.id] if job.id in ended else {}
+        plan = StartPlan.model_validate(
+            {
+                "how": how,
+                "server_starts": lo,
+                "max_server_starts": hi,
+                "order": "back_to_back" if how == "single_job" else order,
+                "seed": seed if order == "random" and how == "grid" else None,
+                "sequence": outcome.sequence,
+                "metric": METRIC,
+                "confidence": confidence,
+                "look_confidence": start_math.look_confidence(confidence, lo, hi) if paired else None,
+                "baseline_job": base.id if base is not None else None,
+                "levels": [d.to_dict() for _, d in sorted(levels.items())] or None,
+                "gpu_time_saved_s": round(start_math.gpu_time_saved_s(walls, starts_run, hi), 1),
+            }
+        )
         if how == "single_job":
-            plan["note"] = "a single job: its starts ran back to back, a fixed count (no baseline to settle against)"
+            plan.note = "a single job: its starts ran back to back, a fixed count (no baseline to settle against)"
         elif not paired:
-            plan["note"] = "no baseline in the grid: a fixed count of starts"
+            plan.note = "no baseline in the grid: a fixed count of starts"
         elif outcome.stopped_early:
-            plan["note"] = f"every scheme's ratio settled after {starts_run} of at most {hi} starts"
-        speed["start_plan"] = plan
+            plan.note = f"every scheme's ratio settled after {starts_run} of at most {hi} starts"
+        speed.start_plan = plan
         save_record(job.out_dir, job.record)
 
 

@@ -355,6 +355,11 @@ class Environment(Section):
     serve: dict[str, str | None] | None = None
     gpus_used: int | None = None  # cuda: GPUs the job's server shards over (bench.server.tensor_parallel_size)
 
+    def dtype_of(self, stage: str) -> JsonObject | None:
+        """``dtypes.<stage>`` (``{"dtype", "chosen_by", "why"}``), or None when the record names none."""
+        value = self.dtypes[stage] if self.dtypes and stage in self.dtypes else None
+        return value if isinstance(value, dict) else None
+
 
 class Stage(Section):
     """``stages.<name>``: a stage's status, wall time (s) and detail (the reader's view of :class:`StageInfo`)."""
