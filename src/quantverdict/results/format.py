@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantverdict.results.record import GpuInfo
+
 DASH = "–"  # a table cell with no value
 
 
@@ -19,7 +21,7 @@ def number(v: Any, fmt: str = ".2f", suffix: str = "", missing: str = DASH) -> s
     return f"{v:{fmt}}{suffix}"
 
 
-def gpu_limits(gpu: dict[str, Any]) -> list[str]:
+def gpu_limits(gpu: GpuInfo | dict[str, Any]) -> list[str]:
     """The power cap and top SM clock a record keeps for a GPU (``enforced_power_limit_w``, ``clocks_max_sm_mhz``
     of :func:`quantverdict.orchestrate.hardware.gpu_info`; older records lack them), as words for a hardware line; the
     parts not recorded are left out.
@@ -27,9 +29,10 @@ def gpu_limits(gpu: dict[str, Any]) -> list[str]:
     >>> gpu_limits({"enforced_power_limit_w": 700.0, "clocks_max_sm_mhz": 1980.0}), gpu_limits({"name": "T4"})
     (['power limit 700 W', 'max SM clock 1980 MHz'], [])
     """
+    typed = gpu if isinstance(gpu, GpuInfo) else GpuInfo.of(gpu)
     parts = []
-    if isinstance(gpu.get("enforced_power_limit_w"), (int, float)):
-        parts.append(f"power limit {gpu['enforced_power_limit_w']:g} W")
-    if isinstance(gpu.get("clocks_max_sm_mhz"), (int, float)):
-        parts.append(f"max SM clock {gpu['clocks_max_sm_mhz']:g} MHz")
+    if typed.enforced_power_limit_w is not None:
+        parts.append(f"power limit {typed.enforced_power_limit_w:g} W")
+    if typed.clocks_max_sm_mhz is not None:
+        parts.append(f"max SM clock {typed.clocks_max_sm_mhz:g} MHz")
     return parts

@@ -293,6 +293,21 @@ class GpuInfo(Block):
     compute_cap: str | None = None
     memory_total_mib: float | None = None
     uuid: str | None = None  # nvidia-smi's GPU-<uuid>: which physical GPU
+    enforced_power_limit_w: float | None = None  # the power cap in force (W); older records lack it
+    clocks_max_sm_mhz: float | None = None  # the top SM clock (MHz); older records lack it
+
+
+class ModelDims(Block):
+    """``model.dims``: the model's dimensions from its ``config.json`` (:mod:`quantverdict.children.materialize`),
+    read through the keys a reader needs."""
+
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    num_kv_layers: int | None = None
+    tie_word_embeddings: bool | None = None
 
 
 class CpuInfo(Block):
@@ -878,6 +893,11 @@ class JobRecord(Section):
         """``config.<section>`` of the config snapshot (``{}`` when absent or null)."""
         value = self.config.get(section)
         return value if isinstance(value, dict) else {}
+
+    def headline(self) -> dict[str, str]:
+        """``config.eval.headline``: the metric the config picked per task (``{}`` where it picks none)."""
+        picked = self.cfg("eval").get("headline")
+        return {str(k): str(v) for k, v in picked.items()} if isinstance(picked, dict) else {}
 
     @property
     def server(self) -> ServerMemory:

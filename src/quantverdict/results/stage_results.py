@@ -137,3 +137,53 @@ class CpuProbeResult(StageResult):
     flags: list[str]
     torch: JsonObject
     vllm: JsonObject | None
+
+
+class _ChildFile(BaseModel):
+    """A file a child writes beside its result for the orchestrator: the keys read here typed, the others kept as
+    written (the child owns them)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class SweepClientTimes(_ChildFile):
+    """``bench/sweep_client.result.json`` (``children/sweep_client.py``): the client process's import time, how long
+    it waited for the server's gate and the warm-up waves before the sweep (s; None where it did not say)."""
+
+    import_s: float | None = None
+    gate_wait_s: float | None = None
+    calibration_s: float | None = None
+
+
+class SweepAttempt(_ChildFile):
+    """One run of a sweep point (a short window runs again, longer): its measured window ``duration_s`` and the
+    Unix time it ended (``end_unix_s``, the wall clock the GPU sampler stamps its samples with)."""
+
+    duration_s: float | None = None
+    end_unix_s: float | None = None
+
+
+class PointSidecar(_ChildFile):
+    """``<point>.qv.json`` beside a sweep point's result (``children/sweep_client.py``): its attempts, last one
+    measured, and what every request was sent with (``sampling``); the counters and seeds are read by
+    :func:`quantverdict.measure.bench_result.add_client_side`."""
+
+    attempts: list[SweepAttempt] | None = None
+    sampling: JsonObject | None = None
+
+    def window_unix_s(self) -> tuple[float, float] | None:
+        """The last attempt's measured window ``(start, end)`` in Unix s; None without a positive one."""
+        last = self.attempts[-1] if self.attempts else SweepAttempt()
+        if last.end_unix_s is None or last.duration_s is None or last.duration_s <= 0:
+            return None
+        return last.end_unix_s - last.duration_s, last.end_unix_s
+
+
+class GpuSamplerHeader(_ChildFile):
+    """The first line of a GPU sampler's file (``children/gpu_sampler.py``): ``source`` (``nvml``,
+    ``nvidia-smi``, or None with the ``error`` that stopped it), ``interval_ms`` and the sampled ``devices``."""
+
+    source: str | None = None
+    interval_ms: int | None = None
+    devices: list[str] | None = None
+    error: str | None = None

@@ -120,17 +120,11 @@ def _load(level: LoadLevel) -> str:
     return "inf" if r is None or isinstance(r, str) or math.isinf(r) else f"{r:g}/s"
 
 
-def _headline(rec: JobRecord) -> dict[str, str]:
-    """``config.eval.headline``: the metric shown per task where the config names one."""
-    headline = rec.cfg("eval").get("headline")
-    return {str(k): str(v) for k, v in headline.items()} if isinstance(headline, dict) else {}
-
-
 def _task_headline(task: str, records: list[JobRecord]) -> str:
     """The headline metric of ``task`` in the first record that ran it (:func:`headline_of`)."""
     for rec in records:
         if task in rec.accuracy.tasks:
-            return headline_of(task, _headline(rec), rec.accuracy.tasks[task])[0]
+            return headline_of(task, rec.headline(), rec.accuracy.tasks[task])[0]
     return "acc"
 
 
@@ -177,7 +171,7 @@ def format_table(records: Sequence[JobRecord | dict[str, Any]]) -> str:
             ]
         )
         base = find_baseline(r, recs)
-        headline = _headline(r)
+        headline = r.headline()
         deltas = accuracy_deltas(r, base, headline) if base is not None and base is not r else {}
         row = [name]
         applicable = not r.accuracy.not_applicable
@@ -291,7 +285,7 @@ def format_table(records: Sequence[JobRecord | dict[str, Any]]) -> str:
         )
     gpus = sorted(
         {
-            f"{gpu.name} (driver {gpu.driver_version}{''.join(f', {b}' for b in gpu_limits(g))})"
+            f"{gpu.name} (driver {gpu.driver_version}{''.join(f', {b}' for b in gpu_limits(gpu))})"
             for r in recs
             for g in r.environment.gpu or []
             for gpu in [GpuInfo.of(g)]

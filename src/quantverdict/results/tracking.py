@@ -402,12 +402,12 @@ def job_metrics(rec: JobRecord) -> dict[str, float]:
     ck = rec.memory.checkpoint
     if ck.total_weight_bytes:
         put("weights_gib", ck.total_weight_bytes / 2**30)
-    headline = (rec.config.get("eval") or {}).get("headline") or {}  # the config's pick, where the record names none
+    headline = rec.headline()  # the config's pick, where the record names none
     for task, res in rec.accuracy.tasks.items():
-        metric = res.metric("headline_metric") or headline.get(task)
+        metric = res.metric("headline_metric") or (headline[task] if task in headline else None)
         if isinstance(metric, str):
             put(metric_name(f"{task}.{metric}"), res.metric(metric))
-    put("token_perplexity", (rec.accuracy.token_perplexity or {}).get("token_perplexity"))
+    put("token_perplexity", rec.accuracy.token_perplexity_section.token_perplexity)
     points = [p for p in rec.speed.points if p.output_tok_s is not None]
     if points:
         put("out_tok_s_max", max(float(p.output_tok_s or 0.0) for p in points))

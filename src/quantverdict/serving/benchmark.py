@@ -27,6 +27,7 @@ from quantverdict.config.schema import BenchConfig
 from quantverdict.measure import bench_result, sweep_plan
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
+from quantverdict.results.stage_results import PointSidecar
 from quantverdict.serving.server import CLI_MODULE, VLLMServer
 
 log = logging.getLogger(__name__)
@@ -194,8 +195,9 @@ def parse_point(out_dir: Path, point: sweep_plan.SweepPoint, bench_cfg: BenchCon
     )
     bench_result.add_client_side(parsed, side, bench_cfg.min_duration_s)
     parsed["request_times"] = bench_result.request_times(json.loads(result_file.read_text()))
-    if isinstance(side.get("sampling"), dict):  # what every request of the point was sent with
-        parsed["sampling"] = side["sampling"]
+    sampling = PointSidecar.model_validate(side).sampling
+    if sampling is not None:  # what every request of the point was sent with
+        parsed["sampling"] = sampling
     parsed["result_file"] = str(result_file)
     return parsed
 

@@ -11,18 +11,18 @@ result file, is a few ms to a fraction of a second and lies outside it).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from quantverdict.config.schema import Config
 from quantverdict.measure import gpu_samples
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
+from quantverdict.results.record import GpuSampling, GpuWindow, Speed, SweepPoint
+from quantverdict.results.stage_results import GpuSamplerHeader, PointSidecar
 
 log = logging.getLogger(__name__)
 
@@ -70,42 +70,37 @@ def sampling(cfg: Config, env: StageEnv, out_dir: Path) -> Iterator[Sampling]:
         procs.stop_group(proc, grace_s=5.0)
 
 
-def _window(point: dict[str, Any]) -> tuple[float, float] | None:
+def _window(point: SweepPoint) -> tuple[float, float] | None:
     """The point's measured window in Unix s, from its sidecar (``<point>.qv.json``: the last attempt's
     ``end_unix_s`` and ``duration_s``); None for a point recorded without it."""
-    result = point.get("result_file")
-    if not result:
+    if not point.result_file:
         return None
-    side_path = Path(str(result)).with_suffix(".qv.json")
+    side_path = Path(point.result_file).with_suffix(".qv.json")
     if not side_path.is_file():
         return None
-    attempts = json.loads(side_path.read_text()).get("attempts") or []
-    last = attempts[-1] if attempts else {}
-    end, dur = last.get("end_unix_s"), last.get("duration_s")
-    if not isinstance(end, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
-        return None
-    return float(end) - float(dur), float(end)
+    return PointSidecar.model_validate_json(side_path.read_text()).window_unix_s()
 
 
-def annotate(speed: dict[str, Any], sampled: Sampling) -> None:
-    """Give ``speed`` its ``gpu_sampling`` and each of ``speed["points"]`` its ``gpu`` window summary
+def annotate(speed: Speed, sampled: Sampling) -> None:
+    """Give ``speed`` its ``gpu_sampling`` and each of its points its ``gpu`` window summary
     (:func:`quantverdict.measure.gpu_samples.window_summary`); never raises (a summary must not fail a sweep)."""
     try:
         if sampled.path is None:
-            speed["gpu_sampling"] = {"not_measured": sampled.not_measured}
+            speed.gpu_sampling = GpuSampling(not_measured=sampled.not_measured)
             return
-        header, samples = gpu_samples.read_samples(sampled.path)
-        speed["gpu_sampling"] = {
-            "source": header.get("source"),
-            "interval_ms": header.get("interval_ms"),
-            "devices": header.get("devices"),
-            "samples": len(samples),
-            "file": str(sampled.path),
-            **({"not_measured": header["error"]} if header.get("error") else {}),
-        }
-        for p in speed.get("points") or []:
+        raw, samples = gpu_samples.read_samples(sampled.path)
+        header = GpuSamplerHeader.model_validate(raw)
+        speed.gpu_sampling = GpuSampling(
+            source=header.source,
+            interval_ms=header.interval_ms,
+            devices=header.devices,
+            samples=len(samples),
+            file=str(sampled.path),
+            **({"not_measured": header.error} if header.error else {}),
+        )
+        for p in speed.points:
             window = _window(p)
             if window is not None and samples:
-                p["gpu"] = gpu_samples.window_summary(samples, *window, p.get("output_tokens_total"))
+                p.gpu = GpuWindow.model_validate(gpu_samples.window_summary(samples, *window, p.output_tokens_total))
     except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
         log.exception("could not summarize the GPU samples")

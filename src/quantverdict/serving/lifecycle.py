@@ -11,7 +11,6 @@ roofline's), before the server takes the GPU.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,8 +24,8 @@ from quantverdict.measure import vllm_log
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import GpuSampling, Record, ServerMemory, Speed, SweepPoint
-from quantverdict.results.stage_results import HbmResult
+from quantverdict.results.record import Record, ServerMemory, Speed, SweepPoint
+from quantverdict.results.stage_results import HbmResult, SweepClientTimes
 from quantverdict.serving import gpu_sampling
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
@@ -205,21 +204,18 @@ def sweep(
         rec.speed.sweep_wall_s = round(time.perf_counter() - t0, 3)
         for p in points:
             p["server_start"] = 1  # the job's own start (quantverdict.orchestrate.starts runs the others)
-        part: dict[str, Any] = {"points": points}
+        rec.speed.points = [SweepPoint.model_validate(p) for p in points]
         if sampled is not None:
-            gpu_sampling.annotate(part, sampled)
-        rec.speed.points = [SweepPoint.model_validate(p) for p in part["points"]]
-        if "gpu_sampling" in part:
-            rec.speed.gpu_sampling = GpuSampling.model_validate(part["gpu_sampling"])
+            gpu_sampling.annotate(rec.speed, sampled)
     # the client's own start: with the server (its import overlapped the start-up, outside sweep_wall_s) or not
     result = out / "bench" / "sweep_client.result.json"
-    done = json.loads(result.read_text()) if result.is_file() else {}
+    done = SweepClientTimes.model_validate_json(result.read_text()) if result.is_file() else SweepClientTimes()
     rec.speed.sweep_client = {
         "started_with_server": with_server,
-        "import_s": done.get("import_s"),
-        "gate_wait_s": done.get("gate_wait_s"),
+        "import_s": done.import_s,
+        "gate_wait_s": done.gate_wait_s,
         # the warm-up waves run before the sweep with bench.prefetch_prompts (part of sweep_wall_s; None without)
-        "calibration_s": done.get("calibration_s"),
+        "calibration_s": done.calibration_s,
     }
     dead = [str(p.point) for p in rec.speed.points if not p.completed]
     if dead:

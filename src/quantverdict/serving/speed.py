@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from quantverdict.measure import bench_result, capacity, kernels, roofline, sweep
-from quantverdict.results.record import LoadLevel, ModelInfo, ServerMemory, Speed, SweepPoint
+from quantverdict.results.record import LoadLevel, ModelDims, ModelInfo, ServerMemory, Speed, SweepPoint
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def add_roofline(speed: Speed, model: ModelInfo, model_path: str, hbm: dict[str,
             second).
     """
     try:
-        tied = bool((model.dims or {}).get("tie_word_embeddings"))
+        tied = bool(ModelDims.of(model.dims).tie_word_embeddings)
         read = roofline.decode_read_bytes(model_path, tied)
         tpot = roofline.c1_tpot_ms([lv.to_dict() for lv in speed.summary], [p.to_dict() for p in speed.points])
         out: dict[str, Any] = {**read, "copy_bytes_per_s": hbm["copy_bytes_per_s"]}

@@ -1,0 +1,122 @@
+"""Record data is read through its models, not with ``dict.get``: a grep of ``src/quantverdict`` for ``.get(``.
+
+A job's record (:class:`quantverdict.results.record.JobRecord` and its sections), its sweep points and summaries, the
+sidecars beside them and what a child stage returns once validated
+(:mod:`quantverdict.results.stage_results`) are read as typed fields. ``.get(`` stays only where the data is not
+(yet) a record's: the files and folders below, each with its reason. A folder or file listed without a count may
+use ``.get(`` freely; a file listed with a count holds exactly that many (a new one fails; one removed asks for the
+count to go down). Any other file holds none.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "quantverdict"
+GET = re.compile(r"\.get\(")
+
+# folders not checked (relative to src/quantverdict, with a trailing slash); empty it to check every folder
+NOT_CHECKED: tuple[str, ...] = ("review/",)
+
+# where ``.get(`` is the right read: the data there is not a record's (any number of uses)
+NOT_RECORD_DATA: dict[str, str] = {
+    "children/": "third-party output (lm-eval, vLLM, transformers, safetensors) parsed in a stage environment, "
+    "before the orchestrator validates what the child returns",
+    "config/": "YAML config, OmegaConf containers, scheme tables, the CPU probe's output and os.environ",
+    "processes/": "pip reports, wheelhouse metadata and os.environ",
+    "results/migrate.py": "the one module that reads older record layouts",
+    "orchestrate/hub.py": "os.environ and huggingface_hub's settings",
+    "orchestrate/data_access.py": "os.environ and lm-eval's task YAML",
+    "orchestrate/preflight.py": "a model's config.json from the hub, before any record exists",
+    "orchestrate/dummy.py": "a model's config.json, read to build a small stand-in model",
+    "orchestrate/resume.py": "the resolved config snapshot (Hydra's dict), compared key by key",
+    "serving/server.py": "vLLM's HTTP responses (/v1/models, /reset_prefix_cache)",
+    "serving/benchmark.py": "vLLM's benchmark result JSON, before it is parsed into a point",
+    "serving/gpu_sampling.py": "the config's env_vars (CUDA_VISIBLE_DEVICES)",
+    "results/tracking.py": "MLflow's experiment and run tags",
+}
+
+# measure/ runs in every stage environment and sits below results/: it may not import the record model (import
+# contract "children"), so it takes record data as the plain dicts its callers dump from the typed sections
+LAYER_BELOW = "measure/ takes plain dicts (it may not import the record model)"
+
+# files that keep an exact number of ``.get(``, each with what it reads
+COUNTED: dict[str, tuple[int, str]] = {
+    "orchestrate/starts.py": (2, "the stopping rule's decisions per job, a table built in run_starts"),
+    "orchestrate/job.py": (4, "the config's env_vars and vllm_args, and the job's own dtype choices"),
+    "orchestrate/hardware.py": (
+        18,
+        "nvidia-smi's parsed fields, a model config's dimensions and the torch-build probe, checked before a job "
+        "starts",
+    ),
+    "orchestrate/caches.py": (15, "cache entries' files and the model config's keys that make up a cache key"),
+    "results/record.py": (
+        4,
+        "the model's own accessors of the JSON objects it keeps as written (config, task metrics) and os.environ",
+    ),
+    "results/table.py": (3, "the accuracy deltas results.baseline computes for the table"),
+    "results/baseline.py": (1, "config.eval.headline, a task -> metric mapping"),
+    "measure/aggregate.py": (2, f"{LAYER_BELOW}: sweep points"),
+    "measure/bench_result.py": (36, "vLLM's benchmark result JSON and the sweep client's sidecar, parsed into a point"),
+    "measure/capacity.py": (18, f"{LAYER_BELOW}: the per-load summaries measure.sweep builds"),
+    "measure/decode_fit.py": (4, f"{LAYER_BELOW}: sweep points"),
+    "measure/gpu_samples.py": (12, "the GPU sampler's NVML / nvidia-smi samples"),
+    "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
+    "measure/kernels.py": (10, f"{LAYER_BELOW}: the server log's parsed fields (memory.server)"),
+    "measure/kv_cache.py": (16, "a model config's dimensions (config.json keys, optional by architecture)"),
+    "measure/memory.py": (7, "safetensors headers and a model config's dimensions"),
+    "measure/perplexity.py": (1, "lm-eval's reported metrics"),
+    "measure/roofline.py": (5, f"{LAYER_BELOW}: sweep points and per-load summaries"),
+    "measure/sanity.py": (2, "the checkpoint sanity check's result, before it is typed"),
+    "measure/server_metrics.py": (5, f"vLLM's /metrics counters; {LAYER_BELOW}: sweep points"),
+    "measure/starts.py": (2, f"{LAYER_BELOW}: sweep points"),
+    "measure/stats.py": (4, f"{LAYER_BELOW}: sweep points"),
+    "measure/sweep.py": (11, f"{LAYER_BELOW}: sweep points and the server log's fields"),
+    "measure/sweep_plan.py": (2, f"{LAYER_BELOW}: sweep points"),
+    "measure/validity.py": (15, f"{LAYER_BELOW}: sweep points, older records' included"),
+}
+
+
+def _uses() -> dict[str, int]:
+    """``.get(`` per Python file under src/quantverdict (path relative to it), folders in NOT_CHECKED left out."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(NOT_CHECKED):
+            continue
+        n = len(GET.findall(path.read_text()))
+        if n:
+            out[rel] = n
+    return out
+
+
+def _free(rel: str) -> bool:
+    return any(rel == key or (key.endswith("/") and rel.startswith(key)) for key in NOT_RECORD_DATA)
+
+
+def test_no_file_reads_record_data_with_get() -> None:
+    unlisted = {rel: n for rel, n in _uses().items() if not _free(rel) and rel not in COUNTED}
+    assert not unlisted, (
+        f"`.get(` in {unlisted}: read record data through its model (quantverdict.results.record / stage_results); "
+        "data that is not a record's goes in this test's NOT_RECORD_DATA or COUNTED, with its reason"
+    )
+
+
+@pytest.mark.parametrize("rel", sorted(COUNTED))
+def test_a_counted_file_keeps_its_count(rel: str) -> None:
+    want, why = COUNTED[rel]
+    got = _uses().get(rel, 0)
+    assert got == want, (
+        f"{rel}: {got} `.get(` where {want} are allowed ({why}); a new one reads through a model, "
+        "and a count that fell is lowered here"
+    )
+
+
+def test_every_listed_path_exists() -> None:
+    for key in [*NOT_RECORD_DATA, *COUNTED]:
+        assert (PACKAGE / key).exists(), f"{key} is listed in test_record_reads but is not in src/quantverdict"
