@@ -54,7 +54,7 @@ COUNTED: dict[str, tuple[int, str]] = {
         "nvidia-smi's parsed fields, a model config's dimensions and the torch-build probe, checked before a job "
         "starts",
     ),
-    "orchestrate/caches.py": (15, "cache entries' files and the model config's keys that make up a cache key"),
+    "orchestrate/caches.py": (14, "cache entries' files and the model config's keys that make up a cache key"),
     "results/record.py": (
         4,
         "the model's own accessors of the JSON objects it keeps as written (config, task metrics) and os.environ",

@@ -267,9 +267,10 @@ def _quantize_locked(
         "sanity": sanity_bounds(cfg),
         "save_format": fmt.save_format if (fmt := schemes.FORMATS.get(cfg.scheme.label)) else None,
     }
-    result = run_stage(env, "quantize", spec, out, QuantizeResult).model_dump(exclude={"status"}, exclude_unset=True)
+    quantized = run_stage(env, "quantize", spec, out, QuantizeResult)
+    result = quantized.model_dump(exclude={"status"}, exclude_unset=True)
     done.write_text(json.dumps(result, indent=2))
-    verdict = {"checked": "when made", **result.get("sanity", {}), "bounds": spec["sanity"]}
+    verdict = {"checked": "when made", **(quantized.sanity or {}), "bounds": spec["sanity"]}
     digest = write_checksums(target, verdict)
     return {
         **result,
