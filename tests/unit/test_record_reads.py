@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from quantverdict.results.record import Environment, JobRecord
+from quantverdict.results.stage_results import PointSidecar
+
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "quantverdict"
@@ -36,9 +39,6 @@ NOT_RECORD_DATA: dict[str, str] = {
     "orchestrate/dummy.py": "a model's config.json, read to build a small stand-in model",
     "orchestrate/resume.py": "the resolved config snapshot (Hydra's dict), compared key by key",
     "serving/server.py": "vLLM's HTTP responses (/v1/models, /reset_prefix_cache)",
-    "serving/benchmark.py": "vLLM's benchmark result JSON, before it is parsed into a point",
-    "serving/gpu_sampling.py": "the config's env_vars (CUDA_VISIBLE_DEVICES)",
-    "results/tracking.py": "MLflow's experiment and run tags",
 }
 
 # measure/ runs in every stage environment and sits below results/: it may not import the record model (import
@@ -59,6 +59,9 @@ COUNTED: dict[str, tuple[int, str]] = {
         4,
         "the model's own accessors of the JSON objects it keeps as written (config, task metrics) and os.environ",
     ),
+    "results/tracking.py": (4, "MLflow's experiment and run tags"),
+    "serving/benchmark.py": (1, "vLLM's benchmark result JSON, before it is parsed into a point"),
+    "serving/gpu_sampling.py": (1, "the config's env_vars (CUDA_VISIBLE_DEVICES)"),
     "results/table.py": (3, "the accuracy deltas results.baseline computes for the table"),
     "results/baseline.py": (1, "config.eval.headline, a task -> metric mapping"),
     "measure/aggregate.py": (2, f"{LAYER_BELOW}: sweep points"),
@@ -120,3 +123,32 @@ def test_a_counted_file_keeps_its_count(rel: str) -> None:
 def test_every_listed_path_exists() -> None:
     for key in [*NOT_RECORD_DATA, *COUNTED]:
         assert (PACKAGE / key).exists(), f"{key} is listed in test_record_reads but is not in src/quantverdict"
+
+
+def test_a_sidecar_gives_the_last_attempts_window() -> None:
+    # a short first window (0.4 s) ran again with more requests: the second attempt, ended at 1005.5 after 2.5 s
+    side = PointSidecar.model_validate(
+        {
+            "seed": 3,
+            "attempts": [
+                {"end_unix_s": 1001.0, "duration_s": 0.4, "seed": 3},
+                {"end_unix_s": 1005.5, "duration_s": 2.5},
+            ],
+        }
+    )
+    assert side.window_unix_s() == (1003.0, 1005.5)
+    assert (
+        PointSidecar.model_validate({"attempts": [{"end_unix_s": 1001.0, "duration_s": 0.0}]}).window_unix_s() is None
+    )
+    assert PointSidecar.model_validate({"seed": 3}).window_unix_s() is None
+
+
+def test_the_serve_dtype_and_the_headline_read_from_the_record() -> None:
+    serve = {"dtype": "bfloat16", "chosen_by": "cpu", "why": "AVX-512 BF16"}
+    env = Environment.model_validate({"dtypes": {"serve": serve}})
+    assert env.dtype_of("serve") == serve
+    assert env.dtype_of("evaluate") is None
+    assert Environment().dtype_of("serve") is None
+    rec = JobRecord.view({"config": {"eval": {"headline": {"wikitext": "word_perplexity"}}}})
+    assert rec.headline() == {"wikitext": "word_perplexity"}
+    assert JobRecord.view({"config": {"eval": {}}}).headline() == {}
