@@ -17,7 +17,6 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, to_json
 from quantverdict.review.document import PairedSpeedup, Regime, RegimeReading
-from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from review_records import point, record
 
@@ -130,7 +129,7 @@ def test_a_single_run_falls_back_to_the_105_rule_and_says_so() -> None:
     assert w.paired and all(p.pairs == 1 and p.low is None for p in w.paired)
     assert (w.low_load_claim.class_, w.saturation_claim.class_) == ("pays", "no change")
     assert w.reading == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
-    (d,) = to_document(review).regime["m"]
+    (d,) = review.regime["m"]
     assert d.low_load_claim is not None and d.saturation_claim is not None
     assert (d.low_load_claim.rule, round(d.low_load_claim.speedup, 2)) == ("single run", 1.05)
     assert (d.saturation_claim.rule, round(d.saturation_claim.speedup, 2)) == ("single run", 1.03)
@@ -160,7 +159,7 @@ def test_paired_rows_in_review_json_and_the_table() -> None:
     assert {(p["metric"], p["load"]) for p in row["paired"]} == {
         (m, ld) for m in ("output_tok_s", "itl_ms_p50", "tpot_ms_p50") for ld in (1.0, "inf")
     }
-    (d,) = to_document(review).regime["m"]
+    (d,) = review.regime["m"]
     by = {(p.metric, p.load): p for p in d.paired}
     tok, itl = by[("output_tok_s", "inf")], by[("itl_ms_p50", 1.0)]
     assert [round(v or 0.0, 3) for v in (tok.speedup, tok.speedup_low, tok.speedup_high)] == [1.223, 1.162, 1.287]
@@ -169,7 +168,7 @@ def test_paired_rows_in_review_json_and_the_table() -> None:
     assert (itl.pairs, itl.verdict) == (3, "no difference established")
     assert d.low_load_claim is not None and d.saturation_claim is not None
     assert (d.low_load_claim.rule, d.low_load_claim.pairs, d.saturation_claim.rule) == ("paired t", 3, "paired t")
-    md = markdown(to_document(review))  # one rendered row of the paired table
+    md = markdown(review)  # one rendered row of the paired table
     assert "| w8a8 (W8A8) | unlimited rate | output tok/s | 1.223x | 1.162-1.287 | 3 | faster |" in md
 
 

@@ -985,7 +985,7 @@ class Plot(_Strict):
 # --- the document --------------------------------------------------------------------------------------
 
 
-class ReviewDocument(_Strict):
+class Review(_Strict):
     """``review.json``: which scheme to deploy under the stated constraints, per model, defended with the three
     numbers of every scheme."""
 
@@ -1029,9 +1029,9 @@ class ReviewDocument(_Strict):
 
 
 def schema_text() -> str:
-    """The JSON schema (draft 2020-12) of ``review.json`` as :class:`ReviewDocument` validates it, as the committed
+    """The JSON schema (draft 2020-12) of ``review.json`` as :class:`Review` validates it, as the committed
     file holds it (2-space indent, trailing newline)."""
-    schema = ReviewDocument.model_json_schema(mode="validation")
+    schema = Review.model_json_schema(mode="validation")
     return (
         json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}, indent=2, ensure_ascii=False)
         + "\n"
