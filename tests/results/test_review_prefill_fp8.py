@@ -47,17 +47,16 @@ def test_the_ceilings_name_their_windows_when_they_differ(review: Any) -> None:
     assert bf16.ceiling.basis == "whole_run" and bf16.ceiling.output_tok_s == pytest.approx(2094.28, abs=0.01)
     # FP8 at c=256: windows 31.4-31.7 s against 2 x 10.8-11.1 s: steady, 2,912.61 / 2,953.15 / 2,837.97 -> 2,912.61
     assert fp8.ceiling.basis == "steady_window" and fp8.ceiling.output_tok_s == pytest.approx(2912.61, abs=0.01)
-    doc = review
-    assert doc.verdicts[0].ceilings_differ_in_basis  # the page names each ceiling's window
+    assert review.verdicts[0].ceilings_differ_in_basis  # the page names each ceiling's window
     c16, c8 = (
-        doc.scheme(bf16_model := cards["bf16"].model, "bf16").speed.ceiling,
-        doc.scheme(bf16_model, "fp8").speed.ceiling,
+        review.scheme(bf16_model := cards["bf16"].model, "bf16").speed.ceiling,
+        review.scheme(bf16_model, "fp8").speed.ceiling,
     )
     assert c16 is not None and c16.basis == "whole_run" and c16.output_tok_s_range is not None
     assert (round(c16.output_tok_s_range.min, 1), round(c16.output_tok_s_range.max, 1)) == (2090.6, 2098.1)
     assert c8 is not None and c8.basis == "steady_window" and c8.output_tok_s_range is not None
     assert (round(c8.output_tok_s_range.min, 1), round(c8.output_tok_s_range.max, 1)) == (2838.0, 2953.2)
-    md = markdown(doc)  # one rendered check: the window named in the cell
+    md = markdown(review)  # one rendered check: the window named in the cell
     assert "2094.3 [2090.6-2098.1] (whole run) |" in md and "2912.6 [2838.0-2953.2] (steady window) |" in md
 
 

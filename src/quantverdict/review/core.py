@@ -285,27 +285,11 @@ def _interval(iv: Interval | None) -> doc.Interval | None:
 
 
 def _delta(d: TaskDelta) -> doc.AccuracyDelta:
-    return doc.AccuracyDelta(
-        name=d.name,
-        metric=d.metric,
-        kind=doc.DeltaKind(d.kind),
-        value=_finite(d.value),
-        baseline=_finite(d.baseline),
-        delta=_finite(d.delta),
-        delta_pct=_finite(d.delta_pct),
-        recovery_pct=_finite(d.recovery_pct),
-        interval=_interval(d.interval),
-        recovery_interval=_interval(d.recovery_interval),
-        mcnemar_b=d.mcnemar_b,
-        mcnemar_c=d.mcnemar_c,
-        mcnemar_p=_finite(d.mcnemar_p),
-        n=d.n,
-        paired=d.paired,
-        significant=d.significant,
-        note=d.note,
-        refused=d.refused,
-        kld=d.kld,
-    )
+    """``d`` with its non-finite numbers None and its intervals as the document's."""
+    fields = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
+    fields |= {k: _finite(fields[k]) for k in ("value", "baseline", "delta", "delta_pct", "recovery_pct", "mcnemar_p")}
+    fields |= {k: _interval(fields[k]) for k in ("interval", "recovery_interval")}
+    return doc.AccuracyDelta.model_validate(fields)
 
 
 def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:

@@ -1,10 +1,11 @@
-"""``review.json``: the review as a typed document, and its JSON schema (``docs/schema/review.schema.json``).
+"""``review.json``: the review as a typed document (:class:`Review`, what
+:func:`quantverdict.review.core.build_review` returns), and its JSON schema (``docs/schema/review.schema.json``).
 
 Every decision is a field (enums, kinds, thresholds, outcomes), the three numbers carry their units in their names,
-and the sentences the review prints sit beside the fields, never instead of them. ``review.md`` and ``review.html``
-are rendered from this document alone (:mod:`quantverdict.review.render`). The models refuse unknown keys and
-non-finite floats, on write (:func:`quantverdict.review.export.to_document`) and on read; ``make schema`` writes
-the schema (:func:`write_schema`), which a unit test holds equal to :func:`schema_text`.
+and the sentences the review prints sit beside the fields, never instead of them. ``review.md``, ``review.html``,
+the plots and the MLflow run are made from this document alone (:mod:`quantverdict.review.render`). The models
+refuse unknown keys and non-finite floats; ``make schema`` writes the schema (:func:`write_schema`), which a unit
+test holds equal to :func:`schema_text`.
 """
 
 from __future__ import annotations
