@@ -59,7 +59,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         job_id=str(j.id),
         model=str(j.model),
         scheme=str(j.scheme),
-        label=str(j.scheme_label or r.cfg("scheme").get("label") or "?"),
+        label=str(j.scheme_label or "?"),  # job.py writes it for every job
         tier=weight_tier(r),
         status=str(r.status),
         failed_stage=stopped_stage(r) if r.status != "ok" else None,

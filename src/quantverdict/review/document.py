@@ -34,9 +34,6 @@ from quantverdict.review.flags import FlagCode
 SCHEMA_VERSION: Final = 4
 SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
 
-# a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); "inf" for an unlimited rate
-Load = float | Literal["inf"]
-
 
 def _not_nan(v: float) -> float:
     if math.isnan(v):
@@ -44,8 +41,9 @@ def _not_nan(v: float) -> float:
     return v
 
 
-# a load level the review computes with: a float, math.inf for an unlimited rate, written "inf" (strict JSON)
-LoadLevel = Annotated[
+# a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); math.inf for an unlimited rate, written
+# "inf" (strict JSON)
+Load = Annotated[
     float,
     Field(allow_inf_nan=True),
     AfterValidator(_not_nan),
@@ -520,7 +518,7 @@ class AtLoad(_Strict):
     repeats, ``spread``: [min, max] per metric."""
 
     label: str
-    load: LoadLevel
+    load: Load
     achieved_rps: float | None
     output_tok_s: float | None
     ttft_ms_p99: float | None
@@ -553,7 +551,7 @@ class SpeedPoint(_Strict):
     (None where not decided, e.g. a closed-loop or unlimited-rate point)."""
 
     label: str
-    load: LoadLevel
+    load: Load
     achieved_rps: float | None
     output_tok_s: float | None
     ttft_ms_p50: float | None
@@ -622,7 +620,7 @@ class SpeedRatio(_Strict):
     value: float
     low: float | None
     high: float | None
-    load: LoadLevel
+    load: Load
     label: str
     repeats: int
 
