@@ -118,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
     from quantverdict.review import ReviewNotLogged, run_review
-    from quantverdict.review.export import to_document
     from quantverdict.review.render import console
 
     try:
@@ -153,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(plain(console(to_document(review))), end="")
+    print(plain(console(review)), end="")
     if review.flags:
         print(f"{len(review.flags)} honesty flags (see the review):")
         for f in review.flags:
             print(f"  - {plain(f.message)}")
-    print(f"constraints: {review.constraints_how} [{review.label}]")
+    print(f"constraints: {review.constraints_how} [{review.constraints_label}]")
     print(f"review: {paths['md']}\n        {paths['html']}\n        {paths['json']}")
     if not_logged is not None:
         print(f"error: {not_logged}", file=sys.stderr)

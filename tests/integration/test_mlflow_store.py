@@ -20,6 +20,7 @@ from quantverdict.config.schema import ConfigError, ReviewConfig, TrackingConfig
 from quantverdict.orchestrate import hardware
 from quantverdict.orchestrate.job import run_job
 from quantverdict.processes import procs
+from quantverdict.results.record import JobRecord
 from quantverdict.results.tracking import Tracker
 from quantverdict.review import build_review
 from quantverdict.review.core import log_review, write_review
@@ -247,6 +248,7 @@ def test_mlflow_run_is_named_after_the_constraints(tmp_path: Path) -> None:
         review = build_review(
             grid(), ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, memory_budget_gib=budget, name="gpu"), "t"
         )
-        rid = log_review(review, write_review(review, tmp_path / str(budget)), trk, {})
+        records = [JobRecord.view(r) for r in grid()]
+        rid = log_review(review, write_review(review, tmp_path / str(budget)), trk, records, {})
         names.add(MlflowClient(tracking_uri=uri).get_run(rid).info.run_name)
     assert len(names) == 2 and all(re.fullmatch(r"review/gpu-[0-9a-f]{8}", n) for n in names)

@@ -41,7 +41,7 @@ def test_fp8_pays_at_16_and_64_and_no_difference_is_established_at_256(review: A
 
 
 def test_the_ceilings_are_whole_runs(review: Any) -> None:
-    cards = {c.scheme: c for c in review.cards}
+    cards = {c.scheme: c for c in review.scorecards}
     # c=256 steady windows (bf16 16.9-24.1 s, FP8 0.88-1.51 s) are under two request lifetimes (E2E p50 17.4-20.2 s):
     # the whole runs stand, medians 13,441.8 (of 12,506.6 / 13,927.0 / 13,441.8) and 13,738.1 (of 13,738.1 /
     # 12,678.0 / 13,927.3)

@@ -32,7 +32,7 @@ def test_w4a16_pays_at_low_load_only(review: Any) -> None:
 
 
 def test_the_ceiling_is_the_whole_run_where_the_window_is_a_wave(review: Any) -> None:
-    cards = {c.scheme: c for c in review.cards}
+    cards = {c.scheme: c for c in review.scorecards}
     # bf16 at c=256: steady windows of 0.73-1.18 s against an E2E p50 of 16.8-18.9 s (two waves of 256); the whole
     # runs made 13,540.0, 14,758.1 and 14,061.6 tok/s: median 14,061.6, where the windows read 10,166-15,613
     assert cards["bf16"].speed.ceiling.output_tok_s == pytest.approx(14061.6, abs=0.1)

@@ -43,7 +43,7 @@ def test_w8a8_pays_at_16_and_64_and_no_difference_is_established_at_256(review: 
 
 
 def test_the_ceilings_are_whole_runs(review: Any) -> None:
-    cards = {c.scheme: c for c in review.cards}
+    cards = {c.scheme: c for c in review.scorecards}
     # c=256 steady windows (bf16 17.3-22.3 s, W8A8 1.0-1.6 s) are under two request lifetimes (E2E p50 16.0-21.2 s):
     # the whole runs stand, medians 13,557.9 (of 15,142.3 / 13,557.9 / 12,590.5) and 14,825.4 (of 14,714.0 /
     # 15,773.5 / 14,825.4)

@@ -16,7 +16,6 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.sweep import basis_of
 from quantverdict.review import build_review
-from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from quantverdict.review.sources import load_dir
 
@@ -41,31 +40,30 @@ def test_fp8_pays_at_saturation_paired_by_repeat(review: Any) -> None:
 
 
 def test_the_ceilings_name_their_windows_when_they_differ(review: Any) -> None:
-    cards = {c.scheme: c for c in review.cards}
+    cards = {c.scheme: c for c in review.scorecards}
     # bf16 at c=256: steady windows 29.3-29.6 s against 2 x E2E p50 (15.5-16.5 s) = 31.0-32.9 s: too short, so the
     # whole runs stand, 2,098.08 / 2,094.28 / 2,090.60 -> median 2,094.28
     bf16, fp8 = cards["bf16"].speed, cards["fp8"].speed
     assert bf16.ceiling.basis == "whole_run" and bf16.ceiling.output_tok_s == pytest.approx(2094.28, abs=0.01)
     # FP8 at c=256: windows 31.4-31.7 s against 2 x 10.8-11.1 s: steady, 2,912.61 / 2,953.15 / 2,837.97 -> 2,912.61
     assert fp8.ceiling.basis == "steady_window" and fp8.ceiling.output_tok_s == pytest.approx(2912.61, abs=0.01)
-    doc = to_document(review)
-    assert doc.verdicts[0].ceilings_differ_in_basis  # the page names each ceiling's window
+    assert review.verdicts[0].ceilings_differ_in_basis  # the page names each ceiling's window
     c16, c8 = (
-        doc.scheme(bf16_model := cards["bf16"].model, "bf16").speed.ceiling,
-        doc.scheme(bf16_model, "fp8").speed.ceiling,
+        review.scheme(bf16_model := cards["bf16"].model, "bf16").speed.ceiling,
+        review.scheme(bf16_model, "fp8").speed.ceiling,
     )
     assert c16 is not None and c16.basis == "whole_run" and c16.output_tok_s_range is not None
     assert (round(c16.output_tok_s_range.min, 1), round(c16.output_tok_s_range.max, 1)) == (2090.6, 2098.1)
     assert c8 is not None and c8.basis == "steady_window" and c8.output_tok_s_range is not None
     assert (round(c8.output_tok_s_range.min, 1), round(c8.output_tok_s_range.max, 1)) == (2838.0, 2953.2)
-    md = markdown(doc)  # one rendered check: the window named in the cell
+    md = markdown(review)  # one rendered check: the window named in the cell
     assert "2094.3 [2090.6-2098.1] (whole run) |" in md and "2912.6 [2838.0-2953.2] (steady window) |" in md
 
 
 def test_one_window_for_all_ceilings_is_not_named() -> None:
     # the decode pair (bf16 and W4A16): both ceilings at c=256 are whole runs (windows under two lifetimes)
     records, _ = load_dir(GRIDS / "decode-gptq-grid" / "records")
-    doc = to_document(build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t"))
+    doc = build_review(records, ReviewConfig(log_to_mlflow=False, bootstrap_samples=200), "t")
     assert not doc.verdicts[0].ceilings_differ_in_basis
 
 
@@ -89,7 +87,7 @@ def test_w8a8_pays_at_saturation_and_its_ceiling_is_steady() -> None:
     assert sat.speedup == pytest.approx(1.4656, abs=2e-4) and sat.verdict == "faster"
     assert sat.speedup_low == pytest.approx(1.4521, abs=5e-4)
     assert sat.speedup_high == pytest.approx(1.4793, abs=5e-4)
-    cards = {c.scheme: c for c in review.cards}
+    cards = {c.scheme: c for c in review.scorecards}
     # bf16: windows 29.9-30.4 s against 2 x E2E p50 15.9-16.1 s = 31.8-32.2 s: whole runs, median 2,042.38;
     # W8A8: 31.3-31.9 s against 2 x 10.8-10.9 s: steady, 2,875.51 / 2,973.90 / 2,812.47 -> 2,875.51
     assert cards["bf16"].speed.ceiling.basis == "whole_run"

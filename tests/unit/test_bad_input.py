@@ -83,8 +83,8 @@ def test_the_newest_baseline_with_accuracy_is_taken(settings_only: bool) -> None
     views = [JobRecord.view(r) for r in records]
     assert find_baseline(views[2], views) is views[0]
     review = build_review(records, ReviewConfig(log_to_mlflow=False, floor_test="point"), "test")
-    card = next(c for c in review.cards if c.scheme == "int8")
-    arc = next(d for d in card.accuracy if d.name == "arc_easy")
+    card = next(c for c in review.scorecards if c.scheme == "int8")
+    arc = next(d for d in card.accuracy.deltas if d.name == "arc_easy")
     assert arc.baseline == 0.50 and arc.recovery_pct == pytest.approx(90.0)  # 100 * 0.45 / 0.50
     assert not any("no baseline" in m for m in card.missing)
 
@@ -103,7 +103,7 @@ def test_no_baseline_with_accuracy_lists_the_candidates() -> None:
     )
     assert no_baseline_reason(views[2], views[2:]) == "no bf16 record of m among the records"
     review = build_review([newer, failed, int8], ReviewConfig(log_to_mlflow=False), "test")
-    card = next(c for c in review.cards if c.scheme == "int8")
+    card = next(c for c in review.scorecards if c.scheme == "int8")
     assert any(
         m.startswith("no baseline record with accuracy for this model: no deltas (no bf16 record") for m in card.missing
     )

@@ -21,7 +21,6 @@ from quantverdict.config.schemes import checkpoint_key
 from quantverdict.measure.kv_cache import kv_bytes_per_token, kv_capacity, kv_element_bytes, kv_scale_bytes
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
-from quantverdict.review.export import to_document
 from quantverdict.review.memory import kv_choice, memory_summary
 from quantverdict.review.render import markdown
 from review_records import GIB, record
@@ -173,10 +172,9 @@ def test_review_pulls_the_kv_lever_when_the_cache_binds() -> None:
     assert v.kv_lever.binds_on == "kv_cache" and v.kv_lever.fp8_fits is True
     assert v.kv_lever.measured == ["bf16+kv-fp8", "fp8+kv-fp8"]
     assert v.order == ["bf16+kv-fp8", "fp8", "fp8+kv-fp8"]  # one lever before two; the cache before the weights
-    checks = review.checks["m"]
-    assert checks["bf16"]["memory"].outcome == "fail" and checks["fp8"]["memory"].outcome == "fail"
-    assert checks["bf16+kv-fp8"]["memory"].outcome == "pass"
-    assert [c.is_baseline for c in review.cards] == [True, False, False, False]  # only bf16 with kv=auto
+    memory = {sc.scheme: sc.checks.memory.outcome for sc in review.scorecards}
+    assert memory["bf16"] == "fail" and memory["fp8"] == "fail" and memory["bf16+kv-fp8"] == "pass"
+    assert [c.is_baseline for c in review.scorecards] == [True, False, False, False]  # only bf16 with kv=auto
 
 
 def test_review_weighs_the_kv_lever_without_kv_combinations() -> None:
@@ -185,7 +183,7 @@ def test_review_weighs_the_kv_lever_without_kv_combinations() -> None:
     assert v.decision == "no scheme meets all three" and v.lever == ""
     assert v.kv_lever.binds_on == "kv_cache" and v.kv_lever.measured == []
     assert v.kv_lever.fp8_need_gib == pytest.approx(1.322884, abs=1e-6) and v.kv_lever.fp8_fits is True
-    md = markdown(to_document(review))  # the verdict names the lever it could not weigh
+    md = markdown(review)  # the verdict names the lever it could not weigh
     assert "No KV-cache combination was measured: run the grid with kv=auto,fp8 to weigh it." in md
 
 

@@ -21,7 +21,6 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.validity import point_saturation
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
-from quantverdict.review.export import to_document
 from quantverdict.review.memory import memory_summary
 from quantverdict.review.speed import raw_points, speed_summary
 from review_records import GIB, grid, point, record, write_samples
@@ -114,16 +113,16 @@ def small_n_grid(tmp_path: Path) -> list[dict[str, Any]]:
 def test_small_n_uses_the_interval_test_by_default(tmp_path: Path) -> None:
     assert ReviewConfig().floor_test == "auto"
     review = build_review(small_n_grid(tmp_path), replace(RC, max_perplexity_increase_pct=None), "t")
-    acc = review.checks["m"]["w8a8"]["accuracy"]
+    acc = review.scheme("m", "w8a8").checks.accuracy
     assert acc.outcome == "pass"
     assert "interval" in acc.cite  # says the interval decided, not a 91.7% >= 95% claim
-    ft = to_document(review).floor_tests
+    ft = review.floor_tests
     assert ft is not None and (ft.mode, ft.interval_test_below_n) == ("auto", 200) and ft.interval
 
 
 def test_point_test_names_the_setting_that_would_change_it(tmp_path: Path) -> None:
     rc = replace(RC, max_perplexity_increase_pct=None, floor_test="point")
-    acc = build_review(small_n_grid(tmp_path), rc, "t").checks["m"]["w8a8"]["accuracy"]
+    acc = build_review(small_n_grid(tmp_path), rc, "t").scheme("m", "w8a8").checks.accuracy
     assert acc.outcome == "fail"
     assert "not significant" in acc.shortfall and "review.floor_test=interval would pass it" in acc.shortfall
 
@@ -195,7 +194,7 @@ def test_latency_plot_labels_both_slo_lines() -> None:
     # the check judges each request's TPOT: the right panel plots the points' per-request TPOT p99, not ITL p99
     assert fig.axes[1].get_ylabel() == "TPOT p99 per request (ms)"
     review = build_review(grid(), RC, "t")
-    first = next(sc for sc in review.cards if sc.speed.points)
+    first = next(sc for sc in review.scorecards if sc.speed.points)
     assert list(fig.axes[1].get_lines()[0].get_ydata()) == [p.tpot_ms_p99 for p in first.speed.points]
 
 
@@ -306,9 +305,8 @@ def test_readme_layout_names_every_config_group() -> None:
 
 
 def test_interval_judged_check_text_never_claims_the_estimate_meets_the_floor(tmp_path: Path) -> None:
-    acc = build_review(small_n_grid(tmp_path), replace(RC, max_perplexity_increase_pct=None), "t").checks["m"]["w8a8"][
-        "accuracy"
-    ]
+    review = build_review(small_n_grid(tmp_path), replace(RC, max_perplexity_increase_pct=None), "t")
+    acc = review.scheme("m", "w8a8").checks.accuracy
     # 91.7% is below 95%: the PASS rests on the interval reaching 100%, and the text says so (not "91.7% >= 95%")
     assert acc.outcome == "pass" and "91.7%" in acc.text
     assert ">= 95%" not in acc.text and "does not rule out the 95% floor" in acc.text and "n=30" in acc.text

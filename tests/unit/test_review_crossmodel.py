@@ -30,15 +30,12 @@ from quantverdict.review import build_review, gpus, to_json
 from quantverdict.review.constraints import load_set
 from quantverdict.review.crossmodel import (
     ROOFLINE_BYTES,
-    cross_model,
     parse_kv_cache_memory_bytes,
     speed_vs_bytes,
     target_price,
     vllm_int_arg,
 )
 from quantverdict.review.document import Candidate, TargetFit, VllmFigures
-from quantverdict.review.export import to_document
-from quantverdict.review.model import Review
 from quantverdict.review.render import markdown
 from quantverdict.review.sources import load_dir
 from review_records import record, synthetic_grid, write_samples
@@ -66,7 +63,7 @@ def _review(src: Path, **kw: object):  # type: ignore[no-untyped-def]
 
 
 def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
-    cm = cross_model(_review(_grid(tmp_path), target="a10g"))
+    cm = _review(_grid(tmp_path), target="a10g").cross_model
     assert cm is not None and cm.target is not None and cm.target.gpu == "NVIDIA A10G"
     by = {f"{c.model} {c.scheme}": c for c in cm.candidates}
     bf16, gptq, llama = (
@@ -109,7 +106,7 @@ def test_memory_on_the_a10g_from_h200_records(tmp_path: Path) -> None:
     assert by_name["qwen3.5-9b-shape gptq (W4A16)"]["target"]["max_concurrency"] == 57.0
     assert cmj["comparisons"] == [c.model_dump(mode="json") for c in cm.comparisons]
     # the first screen opens on the question asked: the cross-model verdict before the per-model ones
-    full = markdown(to_document(_review(tmp_path, target="a10g")))
+    full = markdown(_review(tmp_path, target="a10g"))
     assert full.startswith("# quantverdict review\n\n> Across models, on NVIDIA A10G: deploy **")
     assert full.index("> Across models") < full.index("## llama3.1-8b-shape")
     # the comparison and the target note in words (crossmodel_text.j2)
@@ -127,7 +124,7 @@ def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path:
     # the 9B gptq served on the H200 with gpu_memory_utilization = 20.239453125 / 140.4013671875 = 0.144154:
     # vLLM's budget is the A10G's (the record's KV figures are left as they are; only the budget is judged)
     src = _grid(tmp_path, {"qwen3.5-9b-shape/gptq": {"gpu_memory_utilization": 0.144154}})
-    cm = cross_model(_review(src, target="a10g"))
+    cm = _review(src, target="a10g").cross_model
     assert cm is not None
     gptq = next(c for c in cm.candidates if c.scheme == "gptq")
     assert gptq.vllm.at_target and gptq.vllm.how.startswith("the target's budget: memory fraction")
@@ -135,7 +132,7 @@ def test_a_job_served_at_the_targets_budget_shows_vllms_figures_beside(tmp_path:
     # from review.reserved_gib (vLLM's own overhead is not in the log), here the measured 1.81123046875
     kv = int(9.01822265625 * 2**30)
     src2 = _grid(tmp_path / "b", {"qwen3.5-9b-shape/gptq": {"extra_args": ["--kv-cache-memory-bytes", str(kv)]}})
-    cm2 = cross_model(_review(src2, target="a10g", reserved_gib=1.81123046875))
+    cm2 = _review(src2, target="a10g", reserved_gib=1.81123046875).cross_model
     assert cm2 is not None
     g2 = next(c for c in cm2.candidates if c.scheme == "gptq")
     assert g2.vllm.served_kv_bytes == kv and g2.vllm.at_target
@@ -145,7 +142,7 @@ def test_emulating_the_a10g_on_the_h200_flags_the_h200s_batch_limits(tmp_path: P
     # served at the A10G's budget but with vLLM's H200 defaults (1024 sequences, 8,192 batched tokens: 143,771 MiB
     # >= 70 GiB and not an A100); on the A10G (22.49 GiB) vLLM picks 256 and 2,048
     src = _grid(tmp_path, {"qwen3.5-9b-shape/gptq": {"gpu_memory_utilization": 0.144154, "max_num_seqs": None}})
-    gptq = next(c for c in cross_model(_review(src, target="a10g")).candidates if c.scheme == "gptq")  # type: ignore[union-attr]
+    gptq = next(c for c in _review(src, target="a10g").cross_model.candidates if c.scheme == "gptq")  # type: ignore[union-attr]
     assert gptq.vllm.batch is not None
     assert gptq.vllm.batch.model_dump() == {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "target": [256, 2048]}
     assert any("max_num_seqs 1024, max_num_batched_tokens 8,192" in f and "picks 256, 2,048" in f for f in gptq.flags)
@@ -160,7 +157,7 @@ def test_emulating_the_a10g_on_the_h200_flags_the_h200s_batch_limits(tmp_path: P
             }
         },
     )
-    g2 = next(c for c in cross_model(_review(src2, target="a10g")).candidates if c.scheme == "gptq")  # type: ignore[union-attr]
+    g2 = next(c for c in _review(src2, target="a10g").cross_model.candidates if c.scheme == "gptq")  # type: ignore[union-attr]
     assert (
         g2.vllm.batch is not None
         and g2.vllm.batch.max_num_seqs == 256
@@ -176,7 +173,7 @@ def test_a_job_without_a_server_borrows_the_largest_measured_reserve(tmp_path: P
     rec = json.loads(p.read_text())
     rec["memory"]["server"] = None
     p.write_text(json.dumps(rec))
-    cm = cross_model(_review(src, target="a10g"))
+    cm = _review(src, target="a10g").cross_model
     assert cm is not None
     bf16 = next(c for c in cm.candidates if c.model == "qwen3.5-9b-shape" and c.scheme == "bf16")
     assert bf16.target.reserve_gib == pytest.approx(1.87123046875)
@@ -221,7 +218,7 @@ def test_absolute_accuracy_paired_across_models(tmp_path: Path) -> None:
         (d / "record.json").write_text(json.dumps(rec))
     records, _ = load_dir(tmp_path / "grid")
     rc = ReviewConfig(log_to_mlflow=False, interval="normal", memory_budget_gib=24.0)
-    cm = cross_model(build_review(records, rc, str(tmp_path / "grid"), []))
+    cm = build_review(records, rc, str(tmp_path / "grid"), []).cross_model
     assert cm is not None and cm.target is None
     (row,) = cm.paired
     assert (row.bigger, row.smaller, row.task, row.n) == ("big awq (W4A16)", "small bf16 (BF16)", "arc_easy", 10)
@@ -231,7 +228,7 @@ def test_absolute_accuracy_paired_across_models(tmp_path: Path) -> None:
     assert (c.memory_bigger, c.memory_smaller) == (pytest.approx(0.6), pytest.approx(1.0))
     assert (c.tasks, c.accuracy_winner, c.wins_bigger, c.wins_smaller) == (1, None, 0, 0)
     # the absolute scores, with each model's own quantization delta beside: big awq 0.4 - 0.45 = -0.05
-    doc = to_document(build_review(records, rc, str(tmp_path / "grid"), []))
+    doc = build_review(records, rc, str(tmp_path / "grid"), [])
     assert doc.cross_model is not None and not hasattr(doc.cross_model, "error")
     assert (
         "big awq (W4A16) vs small bf16 (BF16): memory: big (weights 0.60 vs 1.00 GiB); accuracy: neither (no "
@@ -247,7 +244,7 @@ def test_absolute_accuracy_paired_across_models(tmp_path: Path) -> None:
 def test_one_model_without_a_target_has_no_section() -> None:
     rc = ReviewConfig(log_to_mlflow=False)
     rv = build_review([record("bf16"), record("awq")], rc, "one-model", [])
-    assert cross_model(rv) is None and to_document(rv).cross_model is None
+    assert rv.cross_model is None and to_json(rv)["cross_model"] is None
 
 
 def test_decode_fit_and_byte_ratio_of_a_synthetic_grid() -> None:
@@ -256,7 +253,7 @@ def test_decode_fit_and_byte_ratio_of_a_synthetic_grid() -> None:
     # -> 2,427 / 41,496.75 = 0.0584864 ms/seq = 58.49 µs/seq, fixed 10 - 0.0584864 x 84.25 = 5.07253 ms,
     # R^2 = 2,427^2 / (41,496.75 x 142) = 0.999625
     rc = replace(load_set("gpu"), log_to_mlflow=False, target="h100")
-    cm = cross_model(build_review(synthetic_grid(), rc, "synthetic", []))
+    cm = build_review(synthetic_grid(), rc, "synthetic", []).cross_model
     assert cm is not None
     bf16 = next(c for c in cm.candidates if c.scheme == "bf16")
     fit = bf16.decode_fit
@@ -341,18 +338,17 @@ def test_the_target_price_applies_only_where_the_records_ran_on_the_target_gpu()
     a10g = TargetConfig(name="a10g", gpu="NVIDIA A10G", memory_gib=22.48828125, price_per_hour=1.006)
     a100 = TargetConfig(name="a100-80gb", gpu="NVIDIA A100 80GB", memory_gib=80.0, price_per_hour=1.5)
 
-    def review(env: list[str], **prices: float) -> Review:
-        rc = ReviewConfig(log_to_mlflow=False, gpu_price_per_hour=prices)
-        return Review("x", "now", rc, [], {}, [], {}, environment=env)
+    def price(env: list[str], target: TargetConfig, ran: list[str], **prices: float) -> tuple[float | None, str]:
+        return target_price(ReviewConfig(log_to_mlflow=False, gpu_price_per_hour=prices), env, target, ran)
 
     h100 = ["GPU: NVIDIA H100 80GB HBM3 (x1)", "CPU: x"]
     # A100 80GB's "80GB" alone does not make an H100 80GB HBM3 the target's GPU
     assert not gpus.gpu_kind_matches(a100.gpu, h100[0]) and gpus.gpu_kind_matches(a100.gpu, "NVIDIA A100-SXM4-80GB")
-    assert target_price(review(h100), a100, []) == (None, "not comparable: ran on NVIDIA H100 80GB HBM3")
+    assert price(h100, a100, []) == (None, "not comparable: ran on NVIDIA H100 80GB HBM3")
     on = ["GPU: NVIDIA A10G (x1)"]
-    assert target_price(review(on), a10g, on) == (1.006, "target a10g price_per_hour")
-    assert target_price(review(on, A10G=1.2), a10g, on) == (1.2, "review.gpu_price_per_hour.A10G")
-    assert target_price(review(on), replace(a10g, price_per_hour=None), on) == (None, "")
+    assert price(on, a10g, on) == (1.006, "target a10g price_per_hour")
+    assert price(on, a10g, on, A10G=1.2) == (1.2, "review.gpu_price_per_hour.A10G")
+    assert price(on, replace(a10g, price_per_hour=None), on) == (None, "")
 
 
 def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp_path: Path) -> None:
@@ -365,7 +361,7 @@ def test_a_difference_inside_the_interval_goes_to_the_less_aggressive_scheme(tmp
         (tmp_path / rec["job"]["id"]).mkdir()
         (tmp_path / rec["job"]["id"] / "record.json").write_text(json.dumps(rec))
     records, _ = load_dir(tmp_path)
-    cm = cross_model(build_review(records, rc, str(tmp_path), []))
+    cm = build_review(records, rc, str(tmp_path), []).cross_model
     assert cm is not None and cm.chosen is not None
     assert cm.chosen == "m bf16 (BF16)", [(c.name, c.why_not) for c in cm.candidates]
     chosen = next(c for c in cm.candidates if c.name == cm.chosen)
@@ -391,9 +387,9 @@ def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> Non
         d.mkdir(parents=True)
         (d / "record.json").write_text(json.dumps(rec))
     records, _ = load_dir(tmp_path / "grid")
-    cm = cross_model(
+    cm = (
         build_review(records, ReviewConfig(log_to_mlflow=False, interval="normal"), str(tmp_path / "grid"), [])
-    )
+    ).cross_model
     assert cm is not None
     (row,) = cm.paired
     assert row.difference == pytest.approx(0.25) and row.n == 4
@@ -403,7 +399,7 @@ def test_pairing_across_models_uses_doc_hash_when_present(tmp_path: Path) -> Non
 def test_cross_model_flags_reach_the_honesty_section_and_the_target_budget_is_labelled(tmp_path: Path) -> None:
     # llama3.1-8b-shape bf16 holds 6.74 max-length requests on the A10G, fewer than the 16 asked: flagged in
     # "Across models" and, so that the honesty section does not say "nothing flagged", there too
-    doc = to_document(_review(_grid(tmp_path), target="a10g", memory_budget_gib=20.2395))
+    doc = _review(_grid(tmp_path), target="a10g", memory_budget_gib=20.2395)
     md = markdown(doc)
     honesty = md[md.index("## Honesty checks") :]
     assert "llama3.1-8b-shape bf16 (BF16), across models: fits the stated load, but its 3.37 GiB" in honesty

@@ -207,20 +207,19 @@ def test_first_screen_lines_hand_worked(tmp_path: Path) -> None:
 def test_first_screen_speed_at_the_load_and_intervals() -> None:
     """The synthetic Llama-3.1-8B-shape grid (review_records.SYN) at concurrency 64: c=1 fp8 TPOT 5.0 / 3.0 =
     1.67x, gptq 5.0 / 2.5 = 2.00x; at c=64 fp8 9.0 / 6.5 = 1.38x, gptq 9.0 / 10.0 = 0.90x (the crossover)."""
-    from quantverdict.review.headline import headlines
     from review_records import synthetic_grid
 
     rc = replace(ReviewConfig(log_to_mlflow=False), memory_budget_gib=12.0, load_rps=None, load_concurrency=64)
     review = build_review(synthetic_grid(), rc, "t")
-    hs = {h.scheme: h for h in headlines(review, review.cards[0].model)}
-    c1 = {s: h.numbers.speed_ratio_c1 for s, h in hs.items()}
-    at = {s: h.numbers.speed_ratio_at_load for s, h in hs.items()}
+    hs = {sc.scheme: sc.headline for sc in review.scorecards}
+    c1 = {s: h.speed_ratio_c1 for s, h in hs.items()}
+    at = {s: h.speed_ratio_at_load for s, h in hs.items()}
     assert c1["fp8"].value == pytest.approx(5.0 / 3.0)
     assert c1["gptq"].value == pytest.approx(2.0)
     assert at["fp8"].value == pytest.approx(9.0 / 6.5) and at["fp8"].label == "concurrency 64"
     assert at["gptq"].value == pytest.approx(0.9)
     assert at["gptq"].repeats == 1
-    assert c1["bf16"] is None and hs["gptq"].numbers.memory_need_gib == pytest.approx(7.75)
+    assert c1["bf16"] is None and hs["gptq"].memory_need_gib == pytest.approx(7.75)
 
 
 def test_speed_ratio_interval_over_repeats() -> None:
@@ -248,13 +247,7 @@ def test_speed_ratio_interval_over_repeats() -> None:
     assert (r.label, r.repeats) == ("c=1", 3)
     one = speed_ratio(pt(25.0, 24.0, 26.0, reps=1), pt(40.0, 38.0, 42.0))
     assert one is not None and one.low is None and one.high is None and one.repeats == 1
-    from quantverdict.review.headline import Headline
-
-    h = Headline(
-        "m",
-        "gptq",
-        doc.Headline(memory_need_gib=0.2, accuracy=None, speed_ratio_c1=r, speed_ratio_at_load=None, speed_note=""),
-    )
+    h = doc.Headline(memory_need_gib=0.2, accuracy=None, speed_ratio_c1=r, speed_ratio_at_load=None, speed_note="")
     assert mlflow_metrics(h) == pytest.approx(
         {"mem_gib": 0.2, "speed_ratio_c1": 1.6, "speed_ratio_c1_low": 38 / 26, "speed_ratio_c1_high": 1.75}
     )

@@ -19,7 +19,6 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.document import Regime, RegimeReading
-from quantverdict.review.export import to_document
 from quantverdict.review.sources import load_dir
 from review_records import SYN_CONCURRENCIES, record, speed, synthetic_grid
 
@@ -35,7 +34,7 @@ def _row(review: Any, scheme: str) -> Regime:
 
 
 def _card(review: Any, scheme: str) -> Any:
-    return next(c for c in review.cards if c.scheme == scheme)
+    return next(c for c in review.scorecards if c.scheme == scheme)
 
 
 def test_the_interrupted_decode_grid_claims_low_load_only() -> None:
@@ -65,7 +64,7 @@ def test_the_interrupted_decode_grid_claims_low_load_only() -> None:
         "speedup at saturation is claimed against it or from it"
     ]
     # $3.5 per GPU-hour / (3,825.3 tok/s x 3,600 s) x 1e6 = $0.254 per million tokens: at most that
-    bf16, gptq = to_document(review).cost.schemes  # type: ignore[union-attr]
+    bf16, gptq = review.cost.schemes  # type: ignore[union-attr]
     assert gptq.ceiling_lower_bound and round(gptq.ceiling_tok_s or 0.0) == 3825
     assert gptq.usd_per_mtok_ceiling == pytest.approx(3.5 / (gptq.ceiling_tok_s * 3600) * 1e6)  # type: ignore[operator]
     assert round(gptq.usd_per_mtok_ceiling or 0.0, 3) == 0.254
@@ -189,9 +188,7 @@ def test_the_lower_bound_reaches_the_gpu_lines_and_the_cost_json() -> None:
     review = build_review(recs, rc, "t")
     line = next(e for v in review.verdicts for e in v.evidence if e.startswith("Throughput per GPU"))
     assert "bf16 >= " in line and "fp8 >= " not in line
-    from quantverdict.review.cost import cost_json
-
-    cost = cost_json(review)
+    cost = review.cost
     assert cost is not None
     bounds = {c.scheme: c.ceiling_lower_bound for c in cost.schemes}
     assert bounds == {"bf16": True, "fp8": False, "gptq": False, "w8a8": False}

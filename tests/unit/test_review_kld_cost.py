@@ -13,7 +13,6 @@ from quantverdict.review import build_review, constraints, gpus
 from quantverdict.review import document as doc
 from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
-from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from quantverdict.review.scorecard import Scorecard
 from review_records import grid, synthetic_grid
@@ -59,12 +58,12 @@ def kld_grid() -> list[dict[str, Any]]:
 
 def _review(records: list[dict[str, Any]], **kw: Any) -> Any:
     review = build_review(records, replace(RC, **kw), "test")
-    return review, review.verdicts[0], review.checks[review.verdicts[0].model]
+    return review, review.verdicts[0], {sc.scheme: sc.checks for sc in review.scorecards}
 
 
 def test_kld_rows_stand_beside_the_perplexity_delta() -> None:
     review, _, _ = _review(kld_grid())
-    md = markdown(to_document(review))
+    md = markdown(review)
     lines = md.splitlines()
     at = lines.index(next(x for x in lines if x.startswith("| int8 (W8A16) | token_perplexity | token_perplexity |")))
     mean, top1 = lines[at + 1], lines[at + 2]  # the next two rows of the accuracy table
@@ -81,44 +80,42 @@ def test_no_kld_limit_leaves_the_checks_as_they_were() -> None:
     _, v_plain, c_plain = _review(grid())
     _, v_kld, c_kld = _review(kld_grid())
     assert v_plain.sentence == v_kld.sentence
-    assert {s: c["accuracy"].outcome for s, c in c_plain.items()} == {
-        s: c["accuracy"].outcome for s, c in c_kld.items()
-    }
+    assert {s: c.accuracy.outcome for s, c in c_plain.items()} == {s: c.accuracy.outcome for s, c in c_kld.items()}
 
 
 def test_max_mean_kld_fails_the_scheme_over_it() -> None:
     _, v, checks = _review(kld_grid(), max_mean_kld=0.05)
-    assert checks["int8"]["accuracy"].outcome == "pass"
-    assert "mean KLD 0.002 nats <= 0.05" in checks["int8"]["accuracy"].text
-    gptq = checks["gptq"]["accuracy"]
+    assert checks["int8"].accuracy.outcome == "pass"
+    assert "mean KLD 0.002 nats <= 0.05" in checks["int8"].accuracy.text
+    gptq = checks["gptq"].accuracy
     assert gptq.outcome == "fail" and "mean KLD 0.08 nats is over the 0.05 limit" in gptq.shortfall
     assert gptq.excess == pytest.approx((0.08 - 0.05) / 0.05)
     # a scheme without a KLD cannot pass the limit: unknown, with why
-    assert checks["fp8"]["accuracy"].outcome == "unknown"
-    assert "no KL divergence in the record" in checks["fp8"]["accuracy"].text
-    assert checks["awq"]["accuracy"].outcome == "unknown" and "no stored baseline" in checks["awq"]["accuracy"].text
-    assert checks["bf16"]["accuracy"].outcome == "pass"  # the reference
+    assert checks["fp8"].accuracy.outcome == "unknown"
+    assert "no KL divergence in the record" in checks["fp8"].accuracy.text
+    assert checks["awq"].accuracy.outcome == "unknown" and "no stored baseline" in checks["awq"].accuracy.text
+    assert checks["bf16"].accuracy.outcome == "pass"  # the reference
     assert v.decision == "do not quantize"
     assert any(o.startswith("gptq") and "mean KLD 0.08 nats is over the 0.05 limit" in o for o in v.others)
 
 
 def test_min_top1_agreement_and_the_interval_test() -> None:
     _, _, checks = _review(kld_grid(), min_top1_agreement_pct=90.0)
-    gptq = checks["gptq"]["accuracy"]
+    gptq = checks["gptq"].accuracy
     assert gptq.outcome == "fail" and "top-1 agreement 85.00% is 5.00 points below 90%" in gptq.shortfall
-    assert checks["int8"]["accuracy"].outcome == "pass"
+    assert checks["int8"].accuracy.outcome == "pass"
     # interval test: gptq's mean KLD interval [0.06, 0.10] lies over 0.05 (fails) but reaches under 0.07 (passes)
     _, _, over = _review(kld_grid(), max_mean_kld=0.05, floor_test="interval")
-    assert over["gptq"]["accuracy"].outcome == "fail"
+    assert over["gptq"].accuracy.outcome == "fail"
     _, _, under = _review(kld_grid(), max_mean_kld=0.07, floor_test="interval")
-    assert "mean KLD 0.08 nats (interval test: its interval starts at 0.06) <= 0.07" in under["gptq"]["accuracy"].text
-    assert under["gptq"]["accuracy"].outcome == "pass"
+    assert "mean KLD 0.08 nats (interval test: its interval starts at 0.06) <= 0.07" in under["gptq"].accuracy.text
+    assert under["gptq"].accuracy.outcome == "pass"
 
 
 def test_the_verdict_in_usd_per_million_output_tokens() -> None:
     rc = {"load_rps": None, "load_concurrency": 16, "memory_budget_gib": 12.0}
     review, v, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour={"H200": 3.5})
-    md = markdown(to_document(review))
+    md = markdown(review)
     # fp8 at concurrency 16: E2E p50 45 + 127 x 4 = 553 ms -> 16 / 0.553 s x 128 = 3,703.4 output tok/s;
     # $3.50 / (3,703.4 x 3,600 tok/h) x 1e6 = $0.2625 per million output tokens
     assert v.chosen_scheme == "w8a8" or v.chosen_scheme == "fp8"
@@ -134,7 +131,7 @@ def test_the_verdict_in_usd_per_million_output_tokens() -> None:
     # no price, or a price for another GPU kind: no cost line
     for prices in ({}, {"A100": 1.5}, {"H20": 1.0}):
         review, _, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour=prices)
-        assert "**Cost**" not in markdown(to_document(review))
+        assert "**Cost**" not in markdown(review)
 
 
 def test_unset_kld_limits_and_prices_keep_the_label() -> None:
@@ -172,7 +169,7 @@ def test_a_tensor_parallel_job_pays_for_every_gpu_it_used() -> None:
     review, _, _ = _review(
         recs, load_rps=None, load_concurrency=16, memory_budget_gib=12.0, gpu_price_per_hour={"H200": 3.5}
     )
-    md = markdown(to_document(review))
+    md = markdown(review)
     assert any(
         line.startswith("- bf16 (BF16) on 2 GPUs: $0.780/Mtok at the stated load (2,491 tok/s)")
         for line in md.splitlines()

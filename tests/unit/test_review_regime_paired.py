@@ -10,6 +10,7 @@ baseline). t(0.975) is 4.303 for 2 degrees of freedom (3 pairs) and 12.706 for 1
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -17,7 +18,6 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, to_json
 from quantverdict.review.document import PairedSpeedup, Regime, RegimeReading
-from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from review_records import point, record
 
@@ -61,7 +61,7 @@ def test_three_paired_repeats_faster_slower_and_no_difference() -> None:
     gptq = record("gptq", sp=sweep([40, 41, 39], [80, 82, 81]))
     by = rows([base, w8a8, gptq])
 
-    sat = paired_row(by["w8a8"], "output_tok_s", "inf")
+    sat = paired_row(by["w8a8"], "output_tok_s", math.inf)
     assert sat.pairs == 3 and sat.label == "unlimited rate" and sat.verdict == "faster"
     assert sat.ratios == pytest.approx([1.20, 1.25, 1.22])
     assert sat.speedup == pytest.approx(1.2232, abs=1e-4)
@@ -82,7 +82,7 @@ def test_three_paired_repeats_faster_slower_and_no_difference() -> None:
     lo, sat = w.low_load_claim, w.saturation_claim
     assert (lo.load, lo.metric, lo.word, lo.pairs) == (1.0, "itl_ms_p50", "no difference established", 3)
     assert (lo.low, lo.high) == (pytest.approx(0.8536, abs=1e-4), pytest.approx(1.2589, abs=1e-4))
-    assert (sat.load, sat.metric, sat.word, sat.pairs) == ("inf", "output_tok_s", "faster", 3)
+    assert (sat.load, sat.metric, sat.word, sat.pairs) == (math.inf, "output_tok_s", "faster", 3)
     assert [round(v, 2) for v in (sat.speedup, sat.low, sat.high)] == [1.22, 1.16, 1.29]
     assert w.reading == RegimeReading.PAYS_AT_SATURATION_ONLY
     # the old rule would have said "pays" at low load on the median (50 / 47.5 = 1.053 >= 1.05) were it a single run
@@ -130,7 +130,7 @@ def test_a_single_run_falls_back_to_the_105_rule_and_says_so() -> None:
     assert w.paired and all(p.pairs == 1 and p.low is None for p in w.paired)
     assert (w.low_load_claim.class_, w.saturation_claim.class_) == ("pays", "no change")
     assert w.reading == RegimeReading.PAYS_AT_LOW_LOAD_ONLY
-    (d,) = to_document(review).regime["m"]
+    (d,) = review.regime["m"]
     assert d.low_load_claim is not None and d.saturation_claim is not None
     assert (d.low_load_claim.rule, round(d.low_load_claim.speedup, 2)) == ("single run", 1.05)
     assert (d.saturation_claim.rule, round(d.saturation_claim.speedup, 2)) == ("single run", 1.03)
@@ -144,7 +144,7 @@ def test_repeats_that_do_not_pair_fall_back_to_the_min_max_range() -> None:
     base = record("bf16", sp=sweep([50, 50], [300, 310], invalid=(1,)))
     w8a8 = record("w8a8", sp=sweep([40, 40], [400, 330]))
     w = rows([base, w8a8])["w8a8"]
-    assert paired_row(w, "output_tok_s", "inf").pairs == 1
+    assert paired_row(w, "output_tok_s", math.inf).pairs == 1
     sat = w.saturation_claim
     assert sat.rule == "min-max range" and sat.class_ == "pays" and sat.speedup == pytest.approx(365 / 300)
     assert (sat.low, sat.high) == (pytest.approx(1.10), pytest.approx(400 / 300))
@@ -160,16 +160,16 @@ def test_paired_rows_in_review_json_and_the_table() -> None:
     assert {(p["metric"], p["load"]) for p in row["paired"]} == {
         (m, ld) for m in ("output_tok_s", "itl_ms_p50", "tpot_ms_p50") for ld in (1.0, "inf")
     }
-    (d,) = to_document(review).regime["m"]
+    (d,) = review.regime["m"]
     by = {(p.metric, p.load): p for p in d.paired}
-    tok, itl = by[("output_tok_s", "inf")], by[("itl_ms_p50", 1.0)]
+    tok, itl = by[("output_tok_s", math.inf)], by[("itl_ms_p50", 1.0)]
     assert [round(v or 0.0, 3) for v in (tok.speedup, tok.speedup_low, tok.speedup_high)] == [1.223, 1.162, 1.287]
     assert (tok.pairs, tok.verdict) == (3, "faster")
     assert [round(v or 0.0, 3) for v in (itl.speedup, itl.speedup_low, itl.speedup_high)] == [1.037, 0.854, 1.259]
     assert (itl.pairs, itl.verdict) == (3, "no difference established")
     assert d.low_load_claim is not None and d.saturation_claim is not None
     assert (d.low_load_claim.rule, d.low_load_claim.pairs, d.saturation_claim.rule) == ("paired t", 3, "paired t")
-    md = markdown(to_document(review))  # one rendered row of the paired table
+    md = markdown(review)  # one rendered row of the paired table
     assert "| w8a8 (W8A8) | unlimited rate | output tok/s | 1.223x | 1.162-1.287 | 3 | faster |" in md
 
 

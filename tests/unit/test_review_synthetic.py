@@ -25,7 +25,6 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, write_review
-from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from review_records import grid, synthetic_grid, synthetic_record
 
@@ -39,7 +38,7 @@ def review(records: list[dict] | None = None, **kw: object):  # type: ignore[no-
 
 
 def md_of(rv) -> str:  # type: ignore[no-untyped-def]
-    return markdown(to_document(rv))
+    return markdown(rv)
 
 
 def table_rows(md: str, heading: str) -> list[list[str]]:
@@ -62,17 +61,17 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
     assert v.decision == "quantize" and v.chosen_scheme == "fp8"
     assert v.sentence.startswith("**On memory and speed alone: deploy fp8 (FP8_DYNAMIC).**")
     assert v.binding == ["memory"]
-    assert rv.checks[v.model]["bf16"]["memory"].shortfall == "5.250 GiB (44%) over the 12.0 GiB budget"
+    assert rv.scheme(v.model, "bf16").checks.memory.shortfall == "5.250 GiB (44%) over the 12.0 GiB budget"
     assert "needs 10.8 GiB <= 12.0 GiB budget" in v.sentence
     assert "accuracy not measured (not applicable: random weights)" in v.sentence
     assert "meets both memory and latency (8-bit tier; E2E p50 396 ms at the load, ahead of w8a8)" in v.sentence
-    line = next(line for line in markdown(to_document(rv)).splitlines() if v.sentence in line)  # the verdict as shown
+    line = next(line for line in markdown(rv).splitlines() if v.sentence in line)  # the verdict as shown
     assert line.endswith(f" Accuracy not measured (not applicable: synthetic model with random weights): {TAIL}")
     assert v.accuracy_not_measured.startswith("synthetic model with random weights")
     assert "gptq (W4A16): passes both memory and latency too, not chosen (more aggressive)" in v.others
-    assert {cs["accuracy"].outcome for cs in rv.checks[v.model].values()} == {"not_applicable"}
+    assert {sc.checks.accuracy.outcome for sc in rv.scorecards} == {"not_applicable"}
     # nothing is missing: not applicable is not missing
-    assert all(sc.missing == [] for sc in rv.cards)
+    assert all(sc.missing == [] for sc in rv.scorecards)
 
 
 def test_load_at_concurrency_16_picks_w8a8() -> None:
@@ -109,7 +108,7 @@ def test_nothing_binds_keeps_bf16_and_still_says_accuracy_was_not_measured() -> 
 def test_accuracy_floor_is_not_applicable_and_never_blocks(floor: dict) -> None:
     rv = review(memory_budget_gib=12.0, **floor)
     assert rv.verdicts[0].chosen_scheme == "fp8"
-    check = rv.checks["llama3.1-8b-shape"]["fp8"]["accuracy"]
+    check = rv.scheme("llama3.1-8b-shape", "fp8").checks.accuracy
     assert check.outcome == "not_applicable" and check.text.startswith(NA)
     md = md_of(rv)
     if floor["min_recovery_pct"] is not None:
@@ -175,7 +174,7 @@ def test_mixed_grid_real_model_keeps_its_accuracy_check() -> None:
     # 0.22 GiB is far below the synthetic model's needs: no scheme meets memory, said on memory/speed alone
     assert syn.decision == "no scheme meets all three"
     assert syn.sentence.startswith("**No scheme meets both memory and latency constraints for llama3.1-8b-shape.**")
-    assert syn.accuracy_not_measured and f"{syn.sentence} Accuracy not measured" in markdown(to_document(rv))
+    assert syn.accuracy_not_measured and f"{syn.sentence} Accuracy not measured" in markdown(rv)
 
 
 def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing() -> None:
@@ -185,10 +184,10 @@ def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing
     failed.update(status="failed", failed_stage="quantize", error="RuntimeError: boom", accuracy={}, speed={})
     del failed["stages"]["evaluate"]
     rv = review([synthetic_record("bf16"), failed], memory_budget_gib=9.0)
-    sc = next(c for c in rv.cards if c.scheme == "gptq")
-    assert sc.accuracy_not_applicable
+    sc = next(c for c in rv.scorecards if c.scheme == "gptq")
+    assert sc.accuracy.not_applicable
     assert not any("accuracy" in m for m in sc.missing)
-    assert rv.checks["llama3.1-8b-shape"]["gptq"]["accuracy"].outcome == "not_applicable"
+    assert rv.scheme("llama3.1-8b-shape", "gptq").checks.accuracy.outcome == "not_applicable"
     v = rv.verdicts[0]
     assert v.decision == "no scheme meets all three"
     assert "its job failed in stage quantize" in v.sentence and v.accuracy_not_measured

@@ -28,17 +28,17 @@ def _checks(tmp_path: Path, baseline_hashes: list[str], wppl: float = 20.2) -> d
     write_samples(fp8, tmp_path, "arc_easy", mc_rows([1] * 4 + [0] * 6, doc_hashes=HASHES, prompt_hashes=HASHES))
     write_samples(base, tmp_path, "arc_easy", mc_rows([1] * 5 + [0] * 5, doc_hashes=baseline_hashes))
     review = build_review([base, fp8], RC, "test")
-    return review.checks["m"]["fp8"]
+    return review.scheme("m", "fp8").checks
 
 
 def test_the_same_items_are_judged_on_their_recovery(tmp_path: Path) -> None:
-    acc = _checks(tmp_path, HASHES)["accuracy"]
+    acc = _checks(tmp_path, HASHES).accuracy
     assert acc.outcome == "fail"
     assert "arc_easy recovery 80.0% is 15.0 points below the 95% floor" in acc.shortfall
 
 
 def test_a_refused_comparison_is_neither_failed_nor_passed(tmp_path: Path) -> None:
-    acc = _checks(tmp_path, OTHER)["accuracy"]
+    acc = _checks(tmp_path, OTHER).accuracy
     assert acc.outcome == "unknown"  # blocks the scheme like any check that cannot be made; never "fail"
     assert acc.text.startswith(f"not checked: arc_easy acc_norm cannot be checked ({REFUSAL}); the rest: ")
     assert "word_perplexity +1.0%" in acc.text and "recovery 80.0%" not in acc.text
@@ -47,7 +47,7 @@ def test_a_refused_comparison_is_neither_failed_nor_passed(tmp_path: Path) -> No
 
 def test_a_refused_task_does_not_hide_another_failure(tmp_path: Path) -> None:
     # word perplexity 22.0 against 20.0: +10.0%, 5.0 points over the +5% limit: the scheme fails on that alone
-    acc = _checks(tmp_path, OTHER, wppl=22.0)["accuracy"]
+    acc = _checks(tmp_path, OTHER, wppl=22.0).accuracy
     assert acc.outcome == "fail"
     assert acc.shortfall == "word_perplexity rises +10.0%, 5.0 points over the +5% limit"
     assert f"arc_easy acc_norm cannot be checked ({REFUSAL})" in acc.text

@@ -15,7 +15,6 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, to_json
 from quantverdict.review.document import MinMax, RegimeReading
-from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from quantverdict.review.speed import speed_points, speed_summary
 from review_records import grid, point, record
@@ -103,7 +102,7 @@ def test_saturated_points_and_ceiling_in_the_validity_section() -> None:
     line = next(v for v in review.validity if v.startswith("bf16 (BF16): 2 speed points"))
     assert "saturated: 10 req/s" in line and "no invalid point" in line
     assert "ceiling 300.0 out tok/s (one run: no spread) at unlimited rate" in line
-    md = markdown(to_document(review))
+    md = markdown(review)
     assert "### Validity" in md and "saturated: 10 req/s" in md
     assert to_json(review)["validity"] == review.validity
 
@@ -114,7 +113,7 @@ def test_a_lower_bound_ceiling_does_not_fail_the_load() -> None:
     for r in recs:
         r["speed"]["points"] = r["speed"]["points"][:1]  # the 1 req/s point only (0.95 achieved: kept up)
     review = build_review(recs, replace(RC, load_rps=1.0), "t")
-    c = review.checks["m"]["bf16"]["latency"]
+    c = review.scheme("m", "bf16").checks.latency
     assert "ceiling >= 0.95 req/s" in c.text and "below" not in c.shortfall
 
 
@@ -127,17 +126,15 @@ def test_fallback_scheme_is_relabelled_and_kept_out_of_speed_comparisons() -> No
         kernels=[{"kernel": "MarlinFP8ScaledMMLinearKernel", "method": "CompressedTensorsW8A8Fp8"}],
     )
     review = build_review(recs, RC, "t")
-    card = next(c for c in review.cards if c.scheme == "fp8")
+    card = next(c for c in review.scorecards if c.scheme == "fp8")
     assert card.label == "FP8_DYNAMIC (weight-only fallback)" and card.speed.comparable is False
     row = next(r for r in review.regime["m"] if r.scheme == "fp8")
     assert row.low_load_speedup is None and row.saturation_speedup is None
     assert row.reading == RegimeReading.EXCLUDED
-    why = to_document(review).scheme("m", "fp8").speed.excluded_why
+    why = review.scheme("m", "fp8").speed.excluded_why
     assert why is not None and why.startswith("ran as FP8_DYNAMIC (weight-only fallback)")
     (fallback,) = [f for f in review.flags if f.code == "fallback_kernel"]
-    assert (
-        fallback.scheme == "fp8 (FP8_DYNAMIC)" and "relabelled FP8_DYNAMIC (weight-only fallback)" in fallback.message
-    )
+    assert fallback.scheme == "fp8" and "relabelled FP8_DYNAMIC (weight-only fallback)" in fallback.message
 
 
 def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
@@ -166,7 +163,7 @@ def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
     }
     review = build_review(recs, RC, "t")
     (bi,) = [f for f in review.flags if f.code == "batch_variance"]
-    assert bi.scheme == "int8 (W8A16)" and "by up to 0.003" in bi.message  # max_abs_diff 3e-3 > 1e-4
+    assert bi.scheme == "int8" and "by up to 0.003" in bi.message  # max_abs_diff 3e-3 > 1e-4
     assert any("bf16 (BF16): batch invariance ok: max |delta log-likelihood| 2e-06" in v for v in review.validity)
     assert any("int8 (W8A16): eval batch_size 8, dtype float32, max_length 2048" in v for v in review.validity)
     # mismatched settings are still refused and flagged

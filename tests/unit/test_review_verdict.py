@@ -66,14 +66,14 @@ def test_budget_only_4bit_meets() -> None:
     review, v = verdict(grid(), memory_budget_gib=0.22)
     assert v.decision == "quantize" and v.chosen_scheme == "gptq"
     assert v.binding == ["memory"]
-    assert review.checks["m"]["bf16"]["memory"].shortfall == "0.129 GiB (59%) over the 0.220 GiB budget"
+    assert review.scheme("m", "bf16").checks.memory.shortfall == "0.129 GiB (59%) over the 0.220 GiB budget"
     assert "needs 0.199 GiB" in v.sentence and "<= 0.220 GiB budget" in v.sentence
     assert "worst recovery 96.0%" in v.sentence  # 100 * 0.48 / 0.50
     assert "ITL p99 38 ms <= 200 ms" in v.sentence  # 1.5 * 25 = 37.5
     assert "ahead of awq" in v.sentence
     assert any(o.startswith("int8 (W8A16): fails memory: 0.029 GiB (13%) over") for o in v.others)
-    checks = review.checks["m"]
-    assert checks["gptq"]["memory"].outcome == "pass" and checks["int8"]["memory"].outcome == "fail"
+    assert review.scheme("m", "gptq").checks.memory.outcome == "pass"
+    assert review.scheme("m", "int8").checks.memory.outcome == "fail"
 
 
 def test_budget_that_8bit_meets_prefers_8bit_over_4bit() -> None:
@@ -106,8 +106,8 @@ def test_accuracy_floor_only_bf16_meets() -> None:
     review, v = verdict(grid(), min_recovery_pct=99.5, max_perplexity_increase_pct=0.1)
     assert v.decision == "do not quantize"
     for scheme in ("int8", "fp8", "w8a8", "gptq", "awq"):
-        assert review.checks["m"][scheme]["accuracy"].outcome == "fail"
-    int8 = review.checks["m"]["int8"]["accuracy"]
+        assert review.scheme("m", scheme).checks.accuracy.outcome == "fail"
+    int8 = review.scheme("m", "int8").checks.accuracy
     assert "word_perplexity rises +0.5%, 0.4 points over the +0.1% limit" in int8.shortfall
     # with a memory budget that bf16 misses, nothing is left
     _, v = verdict(grid(), min_recovery_pct=99.5, max_perplexity_increase_pct=0.1, memory_budget_gib=0.30)
@@ -119,7 +119,7 @@ def test_latency_slo_binding_picks_a_faster_scheme() -> None:
     # ITL p99 <= 55 ms: bf16 has 60 (5 ms over); int8 51 and w8a8 49.5 pass; w8a8 is faster at the load
     review, v = verdict(grid(), itl_ms_p99=55.0)
     assert v.binding == ["latency"]
-    assert review.checks["m"]["bf16"]["latency"].shortfall == "ITL p99 60 ms is 5 ms (9%) over the 55 ms SLO"
+    assert review.scheme("m", "bf16").checks.latency.shortfall == "ITL p99 60 ms is 5 ms (9%) over the 55 ms SLO"
     assert v.chosen_scheme == "w8a8"
 
 
@@ -127,24 +127,24 @@ def test_load_beyond_the_ceiling_fails() -> None:
     # 9 req/s: the unlimited-rate point stands for it; bf16's ceiling is 300 / 32 = 9.375 req/s (holds),
     # TTFT p99 there is 5 * 300 = 1500 ms, ITL p99 4 * 60 = 240 ms > 200 -> bf16 fails latency at that load
     review, _v = verdict(grid(), load_rps=9.0)
-    bf16 = review.checks["m"]["bf16"]["latency"]
+    bf16 = review.scheme("m", "bf16").checks.latency
     assert bf16.outcome == "fail" and "ITL p99 240 ms" in bf16.text
     assert "nearest measured rate above 9 req/s" in bf16.text
     # 20 req/s is beyond every ceiling: fails with the ceiling cited
     review, _ = verdict(grid(), load_rps=20.0)
-    assert "ceiling 9.38 req/s is below the 20 req/s load" in review.checks["m"]["bf16"]["latency"].shortfall
+    assert "ceiling 9.38 req/s is below the 20 req/s load" in review.scheme("m", "bf16").checks.latency.shortfall
 
 
 def test_interval_floor_gives_the_benefit_of_the_doubt() -> None:
     # fp8 recovers 98% of acc_norm; floor 99%: fails on the point estimate, but its unpaired 95% interval
     # (stderr 0.05 each) reaches well above 99% -> passes with floor_test=interval
     review, _ = verdict(grid(), min_recovery_pct=99.0, max_perplexity_increase_pct=None)
-    fp8 = review.checks["m"]["fp8"]["accuracy"]
+    fp8 = review.scheme("m", "fp8").checks.accuracy
     assert fp8.outcome == "fail" and "not significant" in fp8.shortfall
     review, _ = verdict(grid(), min_recovery_pct=99.0, max_perplexity_increase_pct=None, floor_test="interval")
-    assert review.checks["m"]["fp8"]["accuracy"].outcome == "pass"
+    assert review.scheme("m", "fp8").checks.accuracy.outcome == "pass"
     # the citation must not claim the 98% estimate is >= 99%: it names the interval that reaches the floor
-    cite = review.checks["m"]["fp8"]["accuracy"].cite
+    cite = review.scheme("m", "fp8").checks.accuracy.cite
     assert "98.0% >= 99%" not in cite and "interval, up to" in cite and "does not rule out the 99% floor" in cite
 
 
@@ -161,7 +161,7 @@ def test_partial_records_never_win_and_say_why() -> None:
         )
         for o in v.others
     )
-    card = next(c for c in review.cards if c.scheme == "gptq")
+    card = next(c for c in review.scorecards if c.scheme == "gptq")
     assert any("job failed in stage benchmark: RuntimeError: server died" in m for m in card.missing)
 
 
@@ -172,17 +172,17 @@ def test_missing_everything_does_not_crash() -> None:
     bare["status"] = "failed"
     review, v = verdict([record("bf16"), bare], memory_budget_gib=0.22)
     assert v.decision == "no scheme meets all three"
-    checks = review.checks["m"]["awq"]
-    assert {c.outcome for c in checks.values()} == {"unknown"}
+    checks = review.scheme("m", "awq").checks
+    assert {c.outcome for c in (checks.memory, checks.accuracy, checks.latency)} == {"unknown"}
 
 
 def test_mismatched_eval_settings_are_excluded() -> None:
     recs = grid()
     next(r for r in recs if r["job"]["scheme"] == "awq")["accuracy"]["settings"]["limit"] = 50
     review, _v = verdict(recs, memory_budget_gib=0.22)
-    awq = review.checks["m"]["awq"]["accuracy"]
+    awq = review.scheme("m", "awq").checks.accuracy
     assert awq.outcome == "unknown" and "limit: 50 vs baseline 100" in awq.text
-    assert ("accuracy_refused", "awq (W4A16)") in {(f.code, f.scheme) for f in review.flags}
+    assert ("accuracy_refused", "awq") in {(f.code, f.scheme) for f in review.flags}
 
 
 def test_no_baseline_no_verdict() -> None:
@@ -200,11 +200,11 @@ def test_honesty_flags() -> None:
     fp8["speed"]["points"][1]["output_tokens_total"] = 200  # of 256 requested
     review, _ = verdict(recs)
     raised = {(f.code, f.scheme) for f in review.flags}
-    assert ("gguf_baseline", "bf16 (BF16)") in raised
-    assert ("fallback_kernel", "fp8 (FP8_DYNAMIC)") in raised
+    assert ("gguf_baseline", "bf16") in raised
+    assert ("fallback_kernel", "fp8") in raised
     # 200 of 256 output tokens is 78% < 90%: the point is invalid, not merely short
     (short,) = [f for f in review.flags if f.code == "speed_point_short"]
-    assert short.scheme == "fp8 (FP8_DYNAMIC)" and "200 of 256" in short.message
+    assert short.scheme == "fp8" and "200 of 256" in short.message
     assert not [f for f in review.flags if f.code == "speed_point_short_kept"]
 
 

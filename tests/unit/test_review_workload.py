@@ -7,7 +7,6 @@ from __future__ import annotations
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.document import RegimeReading
-from quantverdict.review.export import to_document
 from quantverdict.review.render import markdown
 from review_records import synthetic_grid, synthetic_record
 
@@ -19,10 +18,10 @@ def test_one_shape_is_stated_in_the_speed_and_regime_sections() -> None:
     for r in recs:
         r["config"]["bench"]["name"] = "gpu-concurrency"
     review = build_review(recs, RC, "t")
-    assert {sc.speed.workload.text for sc in review.cards} == {
+    assert {sc.speed.workload.text for sc in review.scorecards} == {
         "1,024 in / 128 out tokens per request (bench=gpu-concurrency)"
     }
-    md = markdown(to_document(review))
+    md = markdown(review)
     sentence = "Request shape: 1,024 in / 128 out tokens per request (bench=gpu-concurrency). Every speedup here"
     speed_part = md.split("### Speed (vLLM serving sweep)", 1)[1].split("###", 1)[0]
     regime_part = md.split("### Regime: where quantization pays", 1)[1].split("##", 1)[0]
@@ -39,7 +38,7 @@ def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
     gptq["config"]["bench"].update(name="gpu-concurrency-prefill", input_len=2048)
     review = build_review(recs, RC, "t")
     flagged = [f for f in review.flags if f.code == "workload_mismatch"]
-    assert [f.scheme for f in flagged] == ["gptq (W4A16)"]
+    assert [f.scheme for f in flagged] == ["gptq"]
     why = "swept at 2,048 in / 128 out tokens per request (bench=gpu-concurrency-prefill), its baseline bf16 at " \
           "1,024 in / 128 out tokens per request"  # fmt: skip
     assert flagged[0].message == f"gptq (W4A16): {why}: kept out of speed comparisons"
@@ -53,13 +52,12 @@ def test_a_scheme_swept_at_another_shape_is_not_compared() -> None:
             plain[other].low_load_speedup,
             plain[other].saturation_speedup,
         )
-    (v,) = to_document(review).verdicts
+    (v,) = review.verdicts
     assert v.request_shape is None  # the shapes differ: each scheme's is named
     assert v.request_shapes["bf16 (BF16)"].startswith("1,024 in / 128 out tokens per request")
 
 
 def test_cross_model_candidates_at_different_shapes_are_flagged() -> None:
-    from quantverdict.review.crossmodel import cross_model
 
     small = [synthetic_record(s, model="small-shape") for s in ("bf16", "gptq")]
     big = [synthetic_record(s) for s in ("bf16", "gptq")]
@@ -67,7 +65,7 @@ def test_cross_model_candidates_at_different_shapes_are_flagged() -> None:
         r["config"]["bench"]["input_len"] = 2048  # the small model swept prefill-heavy, the big one 1,024 in
     review = build_review(small + big, RC, "t")
     assert "workload_mismatch" not in {f.code for f in review.flags}  # each model against its own baseline: same
-    cm = cross_model(review)
+    cm = review.cross_model
     assert cm is not None
     flagged = {c.name: c.flags for c in cm.candidates}
     want = (
@@ -83,4 +81,4 @@ def test_no_shape_sentence_without_sweep_points() -> None:
     for r in recs:
         r["speed"]["points"] = []
     review = build_review(recs, RC, "t")
-    assert "Request shape" not in markdown(to_document(review))
+    assert "Request shape" not in markdown(review)

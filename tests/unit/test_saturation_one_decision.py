@@ -114,7 +114,7 @@ def test_the_issue_sweep_one_decision_and_a_ceiling_over_the_goodput(tmp_path: P
     assert sp.ceiling.rps >= sp.goodput_rps
     assert all(sp.ceiling.rps >= (p.achieved_rps or 0) for p in sp.points)
     review = build_review([record("bf16"), s["rec"]], RC, "t")
-    text = review.checks["m"]["gptq"]["latency"].text
+    text = review.scheme("m", "gptq").checks.latency.text
     assert "goodput 0.80 req/s; ceiling 0.80 req/s" in text
     # what the decisions rest on, stored in each point and shown by the log
     assert [p["saturation_ratio"] for p in pts] == [pytest.approx(1.0), pytest.approx(1 / 6)]
@@ -166,5 +166,5 @@ def test_a_rate_the_server_kept_pace_with_passes_the_load_check_whatever_its_who
     s = surfaces(measured(tmp_path, [(1.0, one), (4.0, four)]))
     assert s["record"] == [False, True] and s["ceiling"]["rps"] == pytest.approx(0.8)
     rc = ReviewConfig(log_to_mlflow=False, load_rps=1.0, ttft_ms_p99=10_000, itl_ms_p99=1_000, e2e_ms=None)
-    check = build_review([record("bf16"), s["rec"]], rc, "t").checks["m"]["gptq"]["latency"]
+    check = build_review([record("bf16"), s["rec"]], rc, "t").scheme("m", "gptq").checks.latency
     assert check.outcome == "pass" and "ceiling 0.80 req/s" in check.text and not check.shortfall

@@ -109,10 +109,9 @@ def run_grid_review(config: DictConfig, sweep_dir: Path) -> bool:
     except Exception:  # noqa: BLE001  (a broken review must not hide the table or the exit code)
         print(f"the review of {sweep_dir} failed:\n{traceback.format_exc()}", file=sys.stderr)
         return False
-    from quantverdict.review.export import to_document
     from quantverdict.review.render import console
 
     print(f"\n## Verdict ({review.constraints_how})\n")
-    print(console(to_document(review)).replace("**", ""), end="")  # the verdicts as the review command prints them
+    print(console(review).replace("**", ""), end="")  # the verdicts as the review command prints them
     print(f"\nreview: {paths['md']}\n        {paths['html']}")
     return logged

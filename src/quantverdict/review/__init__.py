@@ -7,6 +7,6 @@ model's baseline, checks them against :class:`~quantverdict.config.schema.Review
 """
 
 from quantverdict.review.core import ReviewNotLogged, build_review, run_review, to_json, write_review
-from quantverdict.review.model import Review
+from quantverdict.review.document import Review
 
 __all__ = ["Review", "ReviewNotLogged", "build_review", "run_review", "to_json", "write_review"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -12,9 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from quantverdict import __version__
 from quantverdict.config.kv import combo_order
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.measure import kernels
+from quantverdict.measure.stats import Interval
 from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.record import CpuInfo, GpuInfo, HostInfo, JobRecord, KernelCheck, now_iso, stopped_stage
@@ -29,18 +32,19 @@ from quantverdict.results.tracking import (
     param_value,
     runs_page,
 )
-from quantverdict.review import constraints, gpus, sources
+from quantverdict.review import constraints, crossmodel, gpus, sources
+from quantverdict.review import document as doc
 from quantverdict.review.accuracy import accuracy_section
-from quantverdict.review.export import to_document
+from quantverdict.review.cost import cost_json
+from quantverdict.review.document import Review
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
-from quantverdict.review.model import Review
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
-from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
+from quantverdict.review.scorecard import Scorecard, TaskDelta, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
-from quantverdict.review.verdict import NOT_APPLICABLE, decide, regime, short_error
+from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime, short_error
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         job_id=str(j.id),
         model=str(j.model),
         scheme=str(j.scheme),
-        label=str(j.scheme_label or r.cfg("scheme").get("label") or "?"),
+        label=str(j.scheme_label or "?"),  # job.py writes it for every job
         tier=weight_tier(r),
         status=str(r.status),
         failed_stage=stopped_stage(r) if r.status != "ok" else None,
@@ -176,53 +180,162 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
 def build_review(
     records: Sequence[JobRecord | dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
 ) -> Review:
-    """Scorecards, checks, verdicts and regime analysis of ``records`` (dicts are read as :class:`JobRecord`
-    once, here). ``rc`` named ``auto`` becomes the records' device-class set with ``overrides`` on top
-    (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
+    """The review of ``records`` (dicts are read as :class:`JobRecord` once, here): scorecards, checks, verdicts,
+    regime, flags, cost and the cross-model comparison, as ``review.json``'s document (no plots yet:
+    :func:`write_review` adds them). ``rc`` named ``auto`` becomes the records' device-class set with ``overrides``
+    on top (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
 
     Raises:
         quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
+        ValueError: a value the document's schema refuses (``pydantic.ValidationError``).
     """
     all_records = [r if isinstance(r, JobRecord) else JobRecord.view(r) for r in records]
     rc, how = constraints.resolve(rc, all_records, overrides)
     recs, notes = sources.dedupe(all_records)
     recs.sort(key=lambda r: (str(r.job.model), *combo_order(str(r.job.scheme))))
     cards = [_card(r, recs, rc, all_records) for r in recs]
-    review = Review(
-        source,
-        now_iso(),
-        rc,
-        cards,
-        {},
-        [],
-        {},
-        notes=notes,
-        job_dirs=[str(r.job.output_dir) for r in recs],
-        environment=environment_lines(recs),
-        constraints_how=how,
-    )
-    # each job's sweep points as recorded (repeats apart), for the regime's ratios paired by repeat
-    raw = {id(sc): raw_points(r) for sc, r in zip(cards, recs)}
-    by_card = {id(sc): r for sc, r in zip(cards, recs)}
+    env = environment_lines(recs)
+    checks: dict[str, dict[str, Checks]] = {}
+    verdicts: list[doc.ModelVerdict] = []
+    regimes: dict[str, list[doc.Regime]] = {}
+    heads: list[doc.Headline] = []
     for model in dict.fromkeys(c.model for c in cards):
-        mine = review.cards_of(model)
-        verdict, checks = decide(model, mine, rc)
-        verdict.evidence += gpus.verdict_lines(mine, recs, rc)  # GPU records: GPUs needed, tok/s per GPU
-        base = next((c for c in mine if c.is_baseline), None)
-        rows = [
-            regime(sc, base, raw[id(sc)], raw[id(base)], pairable(same_gpu(by_card[id(sc)], by_card[id(base)])))
-            for sc in mine
+        mine = [(sc, r) for sc, r in zip(cards, recs) if sc.model == model]
+        verdict, checks[model] = decide(model, [sc for sc, _ in mine], rc)
+        verdict.evidence += gpus.verdict_lines([sc for sc, _ in mine], recs, rc)  # GPUs needed, tok/s per GPU
+        verdicts.append(verdict)
+        base = next(((sc, r) for sc, r in mine if sc.is_baseline), None)
+        # the regime's ratios pair each job's sweep points by repeat
+        regimes[model] = [
+            regime(sc, base[0], raw_points(r), raw_points(base[1]), pairable(same_gpu(r, base[1])))
+            for sc, r in mine
             if base is not None and not sc.is_baseline
         ]
-        review.verdicts.append(verdict)
-        review.checks[model] = checks
-        review.regime[model] = rows
+        heads += headlines([sc for sc, _ in mine], rc)
+    flags = [
+        doc.Flag(code=FlagCode(f.code), model=sc.model, scheme=sc.scheme, message=f.message)
+        for sc in cards
+        for f in sc.flags
+    ]
+    flagged = "\n".join(f.message for f in flags)
+    notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
+    n_ok = sum(sc.status == "ok" for sc in cards)
+    n_cut = sum(sc.status == "interrupted" for sc in cards)
+    return Review(
+        schema_version=doc.SCHEMA_VERSION,
+        tool=doc.Tool(name="quantverdict", version=__version__),
+        source=source,
+        generated_at=now_iso(),
+        constraints_label=constraints.label(rc),
+        constraints_how=how,
+        constraints=rc,
+        constraint_settings=_settings(rc),
+        floor_tests=_floor_tests(cards, rc),
+        jobs=doc.JobCounts(total=len(cards), finished=n_ok, failed=len(cards) - n_ok - n_cut, interrupted=n_cut),
+        environment=env,
+        verdicts=verdicts,
+        scorecards=[_scheme(sc, checks[sc.model][sc.scheme], h) for sc, h in zip(cards, heads)],
+        regime=regimes,
+        flags=flags,
+        validity=[line for sc in cards for line in sc.validity],
+        notes=notes,
+        cost=cost_json(cards, rc, env),
+        cross_model=crossmodel.cross_model(cards, checks, rc, env, source),
+        plots=[],
+    )
+
+
+def _scheme(sc: Scorecard, cs: Checks, head: doc.Headline) -> doc.Scheme:
+    return doc.Scheme(
+        job_id=sc.job_id,
+        model=sc.model,
+        scheme=sc.scheme,
+        label=sc.label,
+        name=sc.name,
+        weight_tier=sc.tier,
+        kv_cache=sc.kv,
+        is_baseline=sc.is_baseline,
+        status=doc.JobStatus(sc.status),
+        failed_stage=sc.failed_stage,
+        error=sc.error,
+        gpus=sc.gpus,
+        headline=head,
+        memory=sc.memory,
+        accuracy=doc.Accuracy(
+            not_applicable=sc.accuracy_not_applicable,
+            refused=sc.accuracy_refused,
+            deltas=[_delta(d) for d in sc.accuracy],
+        ),
+        speed=sc.speed,
+        checks=doc.Checks(memory=cs["memory"], accuracy=cs["accuracy"], latency=cs["latency"]),
+        missing=sc.missing,
+        validity=sc.validity,
+    )
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else v
+
+
+def _interval(iv: Interval | None) -> doc.Interval | None:
+    """None when any of its three numbers is missing or not finite."""
+    if iv is None or any(_finite(v) is None for v in (iv.estimate, iv.low, iv.high)):
+        return None
+    return doc.Interval(estimate=iv.estimate, low=iv.low, high=iv.high, method=iv.method, n=iv.n, unit=iv.unit)
+
+
+def _delta(d: TaskDelta) -> doc.AccuracyDelta:
+    """``d`` with its non-finite numbers None and its intervals as the document's."""
+    fields = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
+    fields |= {k: _finite(fields[k]) for k in ("value", "baseline", "delta", "delta_pct", "recovery_pct", "mcnemar_p")}
+    fields |= {k: _interval(fields[k]) for k in ("interval", "recovery_interval")}
+    return doc.AccuracyDelta.model_validate(fields)
+
+
+def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
+    """Every ``review.*`` key with its value and where it comes from: the set's file (``conf/review/<name>.yaml``;
+    the schema's defaults for a set built in code), an override, or ``review.target``'s derived budget
+    (:func:`quantverdict.review.constraints.target_budget_gib`)."""
+    try:
+        default, where = constraints.load_set(rc.name), f"{rc.name}.yaml"
+    except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
+        default, where = ReviewConfig(), "default"
+    derived = constraints.target_budget_gib(rc)
+    out = []
+    for f in dataclasses.fields(ReviewConfig):
+        v, d = getattr(rc, f.name), getattr(default, f.name)
+        source = doc.SettingSource.SET_FILE if v == d else doc.SettingSource.OVERRIDE
+        if f.name == "memory_budget_gib" and v != d and derived is not None and v == derived:
+            source = doc.SettingSource.TARGET
+        out.append(
+            doc.ConstraintSetting(
+                key=f"review.{f.name}", value=_json(v), source=source, set_file=where, set_file_value=_json(d)
+            )
+        )
+    return out
+
+
+def _json(v: Any) -> Any:
+    """A config value as JSON: tuples as lists, non-finite floats as None."""
+    if isinstance(v, dict):
+        return {str(k): _json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json(x) for x in v]
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | None:
+    """Which test judged each delta against its floor (:func:`quantverdict.review.verdict.floor_test_of`), with
+    its item count; None without any delta."""
+    by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
     for sc in cards:
-        review.flags += sc.flags
-        review.validity += sc.validity
-    flagged = "\n".join(f.message for f in review.flags)
-    review.notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
-    return review
+        for d in sc.accuracy:
+            by[floor_test_of(d, rc)].setdefault(d.name if d.kind == "score" else d.metric, d.n)
+    if not by["interval"] and not by["point"]:
+        return None
+    return doc.FloorTests(
+        mode=rc.floor_test, interval_test_below_n=rc.interval_test_below_n, interval=by["interval"], point=by["point"]
+    )
 
 
 def environment_lines(records: list[JobRecord]) -> list[str]:
@@ -266,31 +379,24 @@ def _activation_quantized(rec: JobRecord) -> bool:
 
 
 def to_json(review: Review) -> dict[str, Any]:
-    """``review.json``'s JSON values (:func:`quantverdict.review.export.to_document`).
-
-    Raises:
-        ValueError: a value the document's schema refuses.
-    """
-    return to_document(review).model_dump(mode="json")
+    """``review.json``'s JSON values."""
+    return review.model_dump(mode="json")
 
 
 def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     """Write ``review.md`` (PNG plots in ``plots/``), ``review.html`` (plots embedded) and ``review.json`` into
-    ``out_dir``; returns ``{"md", "html", "json", "plots/<name>.png"...}`` -> path.
-
-    Raises:
-        ValueError: a value ``review.json``'s schema refuses (nothing is written).
-    """
+    ``out_dir``, the plots listed in ``review.plots``; returns ``{"md", "html", "json", "plots/<name>.png"...}`` ->
+    path."""
     # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
 
     pngs = plots.make_plots(review)
-    document = to_document(review, {name: plots.ALT.get(name, name) for name in pngs})  # validated before writing
+    review.plots = [doc.Plot(name=n, file=f"plots/{n}.png", alt=plots.ALT[n]) for n in pngs]
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
     texts = {
-        "md": ("review.md", render.markdown(document)),
-        "html": ("review.html", render.html(document, pngs)),
-        "json": ("review.json", json.dumps(document.model_dump(mode="json"), indent=2, allow_nan=False)),
+        "md": ("review.md", render.markdown(review)),
+        "html": ("review.html", render.html(review, pngs)),
+        "json": ("review.json", json.dumps(to_json(review), indent=2, allow_nan=False)),
     }
     paths = {f"plots/{name}.png": out_dir / "plots" / f"{name}.png" for name in pngs}
     for name, data in pngs.items():
@@ -302,12 +408,17 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
 
 
 def log_review(
-    review: Review, paths: dict[str, Path], tracking: TrackingConfig, job_runs: dict[str, str] | None = None
+    review: Review,
+    paths: dict[str, Path],
+    tracking: TrackingConfig,
+    records: list[JobRecord],
+    job_runs: dict[str, str] | None = None,
 ) -> str | None:
     """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints; metrics:
     per-scheme pass flags; tags: the verdict, :func:`verdict_tags`; artifacts: the files, plots as figures), and each
-    reviewed job's three numbers and its model's verdict on its own run (:func:`_log_job_headlines`). Returns the run
-    id, None when tracking is disabled."""
+    reviewed job's three numbers and its model's verdict on its own run (:func:`_log_job_headlines`; ``records``: the
+    records reviewed, ``job_runs``: output_dir -> run id, else looked up). Returns the run id, None when tracking is
+    disabled."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
@@ -316,10 +427,10 @@ def log_review(
     exp_id = experiment_id(client, tracking)
     run = client.create_run(
         exp_id,
-        run_name=f"review/{review.label}",
+        run_name=f"review/{review.constraints_label}",
         tags={
             "quantverdict.kind": "review",
-            "quantverdict.constraints": review.label,
+            "quantverdict.constraints": review.constraints_label,
             "quantverdict.source": review.source[:5000],
             **verdict_tags(review),
         },
@@ -327,15 +438,13 @@ def log_review(
     rid = run.info.run_id
     status = "FAILED"
     try:
-        params = [Param(f"review.{k}", param_value(v)) for k, v in dataclasses.asdict(review.config).items()]
-        metrics = []
-        ts = 0
-        for model, per in review.checks.items():
-            for scheme, cs in per.items():
-                for name, c in cs.items():
-                    if c.outcome == NOT_APPLICABLE:  # no pass flag for what was not measured
-                        continue
-                    metrics.append(Metric(f"{model}.{scheme}.{name}_pass", float(c.outcome in ("pass", "off")), ts, 0))
+        params = [Param(f"review.{k}", param_value(v)) for k, v in dataclasses.asdict(review.constraints).items()]
+        metrics = [
+            Metric(f"{sc.model}.{sc.scheme}.{c.constraint}_pass", float(c.outcome in (PASS, OFF)), 0, 0)
+            for sc in review.scorecards
+            for c in (sc.checks.memory, sc.checks.accuracy, sc.checks.latency)
+            if c.outcome != NOT_APPLICABLE  # no pass flag for what was not measured
+        ]
         client.log_batch(rid, params=params, metrics=metrics)
         for key, path in paths.items():
             if not key.startswith("plots/"):  # review.md, review.html, review.json; the plots as figures below
@@ -343,8 +452,9 @@ def log_review(
         from quantverdict.review import plots  # matplotlib loads only when a review is logged
 
         log_figures(client, rid, plots.make_figures(review))
-        _log_job_headlines(client, exp_id, rid, review, job_runs or _job_runs_by_dir(client, exp_id, review))
-        want = {sc.job_id for sc in review.cards}
+        dirs = {(str(r.job.model), str(r.job.scheme)): str(r.job.output_dir) for r in sources.dedupe(records)[0]}
+        _log_job_headlines(client, exp_id, rid, review, dirs, job_runs or _job_runs_by_dir(client, exp_id, dirs))
+        want = {sc.job_id for sc in review.scorecards}
         client.set_tag(rid, "quantverdict.jobs", ",".join(sorted(want))[:5000])
         status = "FINISHED"
     finally:
@@ -352,11 +462,12 @@ def log_review(
     return str(rid)
 
 
-def _verdict_text(decision: str, scheme: str | None, label: str | None) -> str:
+def _verdict_text(v: doc.ModelVerdict) -> str:
     """``quantize gptq (W4A16)``, ``do not quantize``, ``no scheme meets all three``."""
-    if decision == "quantize" and scheme:
-        return f"quantize {scheme}" + (f" ({label})" if label and label != scheme else "")
-    return decision
+    if v.decision == doc.Decision.QUANTIZE and v.chosen_scheme:
+        label = v.chosen_label
+        return f"quantize {v.chosen_scheme}" + (f" ({label})" if label and label != v.chosen_scheme else "")
+    return str(v.decision)
 
 
 def verdict_tags(review: Review) -> dict[str, str]:
@@ -364,13 +475,11 @@ def verdict_tags(review: Review) -> dict[str, str]:
     runs table's column), and per model ``verdict.<model>`` (the verdict), ``verdict.<model>.scheme`` (the scheme
     to deploy, or the baseline's when no quantized scheme is chosen) and ``verdict.<model>.sentence`` (the verdict's
     sentence citing the three numbers). ``quantverdict.verdict`` keeps the joined form for older readers."""
-    joined = "; ".join(
-        f"{v.model}: {_verdict_text(v.decision, v.chosen_scheme, v.chosen_label)}" for v in review.verdicts
-    )
+    joined = "; ".join(f"{v.model}: {_verdict_text(v)}" for v in review.verdicts)
     tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
     for v in review.verdicts:
         key = f"verdict.{metric_name(v.model)}"
-        tags[key] = _verdict_text(v.decision, v.chosen_scheme, v.chosen_label)
+        tags[key] = _verdict_text(v)
         if v.chosen_scheme:
             tags[f"{key}.scheme"] = v.chosen_scheme
         if v.sentence:
@@ -378,39 +487,34 @@ def verdict_tags(review: Review) -> dict[str, str]:
     return tags
 
 
-def _log_job_headlines(client: Any, exp_id: str, rid: str, review: Review, runs: dict[str, str]) -> None:
-    """Each reviewed job's three numbers, the grid tag and its model's verdict on its own run (``runs``: output_dir
-    -> run id): tag ``verdict`` (the model's, as :func:`verdict_tags` words it) and ``verdict.chosen`` (``yes`` on the
-    run of the scheme the verdict names, else ``no``)."""
+def _log_job_headlines(
+    client: Any, exp_id: str, rid: str, review: Review, dirs: dict[tuple[str, str], str], runs: dict[str, str]
+) -> None:
+    """Each reviewed job's three numbers, the grid tag and its model's verdict on its own run (``dirs``: (model,
+    scheme) -> output_dir; ``runs``: output_dir -> run id): tag ``verdict`` (the model's, as :func:`verdict_tags`
+    words it) and ``verdict.chosen`` (``yes`` on the run of the scheme the verdict names, else ``no``)."""
     reviews = {
         r.info.run_id
         for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
     }
-    by_scheme = {
-        (h.model, h.scheme): h for m in dict.fromkeys(c.model for c in review.cards) for h in headlines(review, m)
-    }
-    verdicts = {v.model: v for v in review.verdicts}
-    for sc, job_dir in zip(review.cards, review.job_dirs):
-        run_id = runs.get(job_dir)
-        h = by_scheme.get((sc.model, sc.scheme))
-        if run_id is None or h is None:
+    for sc in review.scorecards:
+        job_dir = dirs[(sc.model, sc.scheme)] if (sc.model, sc.scheme) in dirs else ""
+        if job_dir not in runs:
             continue
-        tags = {GRID_TAG: review.source, REVIEW_TAG: rid, "acc_delta_metric": accuracy_metric_tag(h)}
-        v = verdicts.get(sc.model)
-        if v is not None:
-            tags["verdict"] = _verdict_text(v.decision, v.chosen_scheme, v.chosen_label)
-            tags["verdict.chosen"] = "yes" if v.chosen_scheme == sc.scheme else "no"
-        log_job_headline(client, run_id, mlflow_metrics(h), tags, reviews)
+        v = review.verdict(sc.model)
+        tags = {GRID_TAG: review.source, REVIEW_TAG: rid, "acc_delta_metric": accuracy_metric_tag(sc.headline)}
+        tags |= {"verdict": _verdict_text(v), "verdict.chosen": "yes" if v.chosen_scheme == sc.scheme else "no"}
+        log_job_headline(client, runs[job_dir], mlflow_metrics(sc.headline), tags, reviews)
 
 
-def _job_runs_by_dir(client: Any, exp_id: str, review: Review) -> dict[str, str]:
-    """The job runs of ``review``'s records (their ``output_dir`` tag among ``review.job_dirs``): output_dir -> run id;
+def _job_runs_by_dir(client: Any, exp_id: str, dirs: dict[tuple[str, str], str]) -> dict[str, str]:
+    """The job runs of the reviewed records (their ``output_dir`` tag among ``dirs``' values): output_dir -> run id;
     of several runs of one folder (a job run again into it), the newest."""
-    dirs = set(review.job_dirs)
+    wanted = set(dirs.values())
     out: dict[str, tuple[int, str]] = {}
     for run in sources.job_runs(client, exp_id):
-        od = run.data.tags.get("output_dir")
-        if od and od in dirs and (od not in out or run.info.start_time > out[od][0]):
+        od = run.data.tags.get("output_dir")  # MLflow run tags
+        if od in wanted and (od not in out or run.info.start_time > out[od][0]):
             out[od] = (run.info.start_time, run.info.run_id)
     return {od: rid for od, (_, rid) in out.items()}
 
@@ -466,11 +570,11 @@ def run_review(
                 raise FileNotFoundError(f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record")
         review = build_review(records, rc, str(source), overrides)
         review.notes = problems + review.notes
-        out = out_dir or default_out_dir(output_root or Path("outputs"), review.label)
+        out = out_dir or default_out_dir(output_root or Path("outputs"), review.constraints_label)
         paths = write_review(review, out)
-    if review.config.log_to_mlflow and tracking is not None:
+    if review.constraints.log_to_mlflow and tracking is not None:
         try:
-            rid = log_review(review, paths, tracking, job_runs)
+            rid = log_review(review, paths, tracking, records, job_runs)
             if rid:
                 log.info("review logged to MLflow run %s (%s)", rid, tracking.uri)
                 exp = make_client(tracking.uri).get_run(rid).info.experiment_id

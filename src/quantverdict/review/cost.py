@@ -3,10 +3,10 @@ GPU-hour) for the GPU the records ran on, times the GPUs each job used."""
 
 from __future__ import annotations
 
+from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.cost import usd_per_mtok_or_none
 from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
-from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 
 __all__ = ["cost_json", "gpu_price", "scheme_cost"]
@@ -46,9 +46,9 @@ def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
     )
 
 
-def cost_json(review: Review) -> doc.Cost | None:
-    """review.json's ``cost``; None without a price for the GPU the records ran on."""
-    found = gpu_price(review.environment, dict(review.config.gpu_price_per_hour or {}))
+def cost_json(cards: list[Scorecard], rc: ReviewConfig, environment: list[str]) -> doc.Cost | None:
+    """review.json's ``cost``; None without a price for the GPU the records ran on (``environment``'s lines)."""
+    found = gpu_price(environment, dict(rc.gpu_price_per_hour or {}))
     if found is None:
         return None
     name, kind, price = found
@@ -57,5 +57,5 @@ def cost_json(review: Review) -> doc.Cost | None:
         gpu_kind=kind,
         usd_per_gpu_hour=price,
         price_source=f"review.gpu_price_per_hour.{kind}",
-        schemes=[scheme_cost(sc, price) for sc in review.cards],
+        schemes=[scheme_cost(sc, price) for sc in cards],
     )

@@ -34,10 +34,9 @@ from quantverdict.review.accuracy import pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.memory import server_cfg as _server
-from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor, shape_of
-from quantverdict.review.verdict import NON_BLOCKING
+from quantverdict.review.verdict import NON_BLOCKING, Checks
 
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
@@ -287,9 +286,14 @@ def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit 
 
 
 def _candidate(
-    review: Review, card: Scorecard, rec: JobRecord | None, target: TargetConfig | None, borrowed: _Borrowed
+    card: Scorecard,
+    rec: JobRecord | None,
+    target: TargetConfig | None,
+    borrowed: _Borrowed,
+    rc: ReviewConfig,
+    cards: list[Scorecard],
+    checks: Checks,
 ) -> _Job:
-    rc = review.config
     flags: list[str] = []
     fit = doc.TargetFit()
     if target is not None:
@@ -308,7 +312,6 @@ def _candidate(
     why_not = []
     if target is not None and not fit.fits:
         why_not.append(f"memory on {target.name} {'fails' if fit.fits is False else 'not checked'}: {fit.why}")
-    checks = review.checks.get(card.model, {}).get(card.scheme, {})
     for name in ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency"):
         check = checks.get(name)
         if check is None or check.outcome not in NON_BLOCKING:
@@ -329,7 +332,7 @@ def _candidate(
         decode_fit=tpot,
         decode_fit_itl=itl,
         fit_levels=fit_levels,
-        scores=_scores(card, rec, review.cards),
+        scores=_scores(card, rec, cards),
         eligible=not why_not,
         why_not=why_not,
         flags=flags + batch_flags,
@@ -341,8 +344,8 @@ def _finite(v: float | None) -> float | None:
     return v if v is None or math.isfinite(v) else None
 
 
-def _records_by_id(review: Review) -> dict[str, JobRecord]:
-    src = Path(review.source)
+def _records_by_id(source: str) -> dict[str, JobRecord]:
+    src = Path(source)
     if not src.is_dir():  # an MLflow source: the downloaded records are gone by now; cards only
         return {}
     records, _ = sources.load_dir(src)
@@ -385,19 +388,21 @@ def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, 
     return a.out.scores[task].value - b.out.scores[task].value, None, 0
 
 
-def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tuple[float | None, str]:
+def target_price(
+    rc: ReviewConfig, environment: list[str], target: TargetConfig, ran_gpu: list[str]
+) -> tuple[float | None, str]:
     """USD per GPU-hour and its source, or ``(None, why)``: only when every GPU ran on is the target's (``ran_gpu``:
     the matching ``GPU: ...`` lines); ``review.gpu_price_per_hour``, else the target's ``price_per_hour``."""
-    prices = dict(review.config.gpu_price_per_hour or {})
+    prices = dict(rc.gpu_price_per_hour or {})
     if not prices and not target.price_per_hour:
         return None, ""
-    gpus_ran = [line for line in review.environment if line.startswith(GPU_LINE)]
+    gpus_ran = [line for line in environment if line.startswith(GPU_LINE)]
     if not ran_gpu or len(ran_gpu) != len(gpus_ran):
         where = [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in gpus_ran] or [
-            line for line in review.environment if line.startswith("CPU")
+            line for line in environment if line.startswith("CPU")
         ]
         return None, f"not comparable: ran on {', '.join(where) or 'a device not recorded'}"
-    found = gpu_price(review.environment, prices)
+    found = gpu_price(environment, prices)
     if found is not None:
         return found[2], f"review.gpu_price_per_hour.{found[1]}"
     if target.price_per_hour:
@@ -405,32 +410,37 @@ def target_price(review: Review, target: TargetConfig, ran_gpu: list[str]) -> tu
     return None, ""
 
 
-def cross_model(review: Review) -> doc.CrossModel | doc.CrossModelError | None:
-    """The review's cross-model comparison, cached in ``review.derived``; None with one model and no target."""
-    if "cross_model" not in review.derived:
-        try:
-            review.derived["cross_model"] = _cross_model(review)
-        except ConfigError as exc:
-            review.derived["cross_model"] = doc.CrossModelError(error=f"not computed: {exc}")
-    cm: doc.CrossModel | doc.CrossModelError | None = review.derived["cross_model"]
-    return cm
+def cross_model(
+    cards: list[Scorecard], checks: dict[str, dict[str, Checks]], rc: ReviewConfig, environment: list[str], source: str
+) -> doc.CrossModel | doc.CrossModelError | None:
+    """The review's cross-model comparison (``checks``: model -> scheme -> its checks; ``environment``: the
+    review's; ``source``: the folder whose records it reads again); None with one model and no target."""
+    try:
+        return _cross_model(cards, checks, rc, environment, source)
+    except ConfigError as exc:
+        return doc.CrossModelError(error=f"not computed: {exc}")
 
 
-def _cross_model(review: Review) -> doc.CrossModel | None:
-    rc = review.config
-    if len({sc.model for sc in review.cards}) < 2 and not rc.target:
+def _cross_model(
+    all_cards: list[Scorecard],
+    checks: dict[str, dict[str, Checks]],
+    rc: ReviewConfig,
+    environment: list[str],
+    source: str,
+) -> doc.CrossModel | None:
+    if len({sc.model for sc in all_cards}) < 2 and not rc.target:
         return None
     target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
-    records = _records_by_id(review)
-    ran = sorted({line for line in review.environment if line.startswith(("GPU", "CPU"))})
+    records = _records_by_id(source)
+    ran = sorted({line for line in environment if line.startswith(("GPU", "CPU"))})
     ran_gpu = [line for line in ran if target and line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
-    price, price_how = target_price(review, target, ran_gpu) if target is not None else (None, "")
-    cards = [(sc, records.get(sc.job_id)) for sc in review.cards if sc.status == "ok"]
+    price, price_how = target_price(rc, environment, target, ran_gpu) if target is not None else (None, "")
+    cards = [(sc, records.get(sc.job_id)) for sc in all_cards if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
     overheads = [(o, sc) for sc, r in cards if (o := measured_overhead_gib(sc, r)) is not None]
     borrowed = max(((o, f"{sc.model} {sc.scheme} ({sc.label})") for o, sc in overheads), default=None)
-    jobs = [_candidate(review, sc, rec, target, borrowed) for sc, rec in cards]
+    jobs = [_candidate(sc, rec, target, borrowed, rc, all_cards, checks[sc.model][sc.scheme]) for sc, rec in cards]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}

@@ -1,10 +1,11 @@
-"""``review.json``: the review as a typed document, and its JSON schema (``docs/schema/review.schema.json``).
+"""``review.json``: the review as a typed document (:class:`Review`, what
+:func:`quantverdict.review.core.build_review` returns), and its JSON schema (``docs/schema/review.schema.json``).
 
 Every decision is a field (enums, kinds, thresholds, outcomes), the three numbers carry their units in their names,
-and the sentences the review prints sit beside the fields, never instead of them. ``review.md`` and ``review.html``
-are rendered from this document alone (:mod:`quantverdict.review.render`). The models refuse unknown keys and
-non-finite floats, on write (:func:`quantverdict.review.export.to_document`) and on read; ``make schema`` writes
-the schema (:func:`write_schema`), which a unit test holds equal to :func:`schema_text`.
+and the sentences the review prints sit beside the fields, never instead of them. ``review.md``, ``review.html``,
+the plots and the MLflow run are made from this document alone (:mod:`quantverdict.review.render`). The models
+refuse unknown keys and non-finite floats; ``make schema`` writes the schema (:func:`write_schema`), which a unit
+test holds equal to :func:`schema_text`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,6 @@ from quantverdict.review.flags import FlagCode
 SCHEMA_VERSION: Final = 4
 SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
 
-# a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); "inf" for an unlimited rate
-Load = float | Literal["inf"]
-
 
 def _not_nan(v: float) -> float:
     if math.isnan(v):
@@ -43,8 +41,9 @@ def _not_nan(v: float) -> float:
     return v
 
 
-# a load level the review computes with: a float, math.inf for an unlimited rate, written "inf" (strict JSON)
-LoadLevel = Annotated[
+# a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); math.inf for an unlimited rate, written
+# "inf" (strict JSON)
+Load = Annotated[
     float,
     Field(allow_inf_nan=True),
     AfterValidator(_not_nan),
@@ -519,7 +518,7 @@ class AtLoad(_Strict):
     repeats, ``spread``: [min, max] per metric."""
 
     label: str
-    load: LoadLevel
+    load: Load
     achieved_rps: float | None
     output_tok_s: float | None
     ttft_ms_p99: float | None
@@ -552,7 +551,7 @@ class SpeedPoint(_Strict):
     (None where not decided, e.g. a closed-loop or unlimited-rate point)."""
 
     label: str
-    load: LoadLevel
+    load: Load
     achieved_rps: float | None
     output_tok_s: float | None
     ttft_ms_p50: float | None
@@ -621,7 +620,7 @@ class SpeedRatio(_Strict):
     value: float
     low: float | None
     high: float | None
-    load: LoadLevel
+    load: Load
     label: str
     repeats: int
 
@@ -985,7 +984,7 @@ class Plot(_Strict):
 # --- the document --------------------------------------------------------------------------------------
 
 
-class ReviewDocument(_Strict):
+class Review(_Strict):
     """``review.json``: which scheme to deploy under the stated constraints, per model, defended with the three
     numbers of every scheme."""
 
@@ -1029,9 +1028,9 @@ class ReviewDocument(_Strict):
 
 
 def schema_text() -> str:
-    """The JSON schema (draft 2020-12) of ``review.json`` as :class:`ReviewDocument` validates it, as the committed
+    """The JSON schema (draft 2020-12) of ``review.json`` as :class:`Review` validates it, as the committed
     file holds it (2-space indent, trailing newline)."""
-    schema = ReviewDocument.model_json_schema(mode="validation")
+    schema = Review.model_json_schema(mode="validation")
     return (
         json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}, indent=2, ensure_ascii=False)
         + "\n"

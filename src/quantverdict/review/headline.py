@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import document as doc
-from quantverdict.review.model import Review
 from quantverdict.review.scorecard import Scorecard, TaskDelta
 
 # short MLflow metric names of the three numbers (the runs table's and compare view's columns)
@@ -14,15 +11,6 @@ MEM_GIB = "mem_gib"
 ACC_DELTA = "acc_delta"
 SPEED_C1 = "speed_ratio_c1"
 SPEED_LOAD = "speed_ratio_load"
-
-
-@dataclass(frozen=True)
-class Headline:
-    """One scheme's three numbers, named by model and scheme."""
-
-    model: str
-    scheme: str
-    numbers: doc.Headline
 
 
 def per_user_tok_s(p: doc.SpeedPoint) -> float | None:
@@ -101,9 +89,8 @@ def headline_accuracy(d: TaskDelta) -> doc.HeadlineAccuracy:
     )
 
 
-def headlines(review: Review, model: str) -> list[Headline]:
-    """One :class:`Headline` per scheme of ``model``, baseline first (its speed ratios None)."""
-    cards = review.cards_of(model)
+def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
+    """The three numbers of each of one model's scorecards, in their order (the baseline's speed ratios None)."""
     base = next((c for c in cards if c.is_baseline), None)
     out = []
     for sc in cards:
@@ -115,15 +102,16 @@ def headlines(review: Review, model: str) -> list[Headline]:
             here = sc.speed.at_load
             full, q = (_point_at(sc, here.load), _point_at(base, here.load)) if here else (None, None)
             at = speed_ratio(full, q) if full and q else None
-        d = None if sc.is_baseline else accuracy_headline(sc, review.config)
-        numbers = doc.Headline(
-            memory_need_gib=_finite(sc.memory.need_gib),
-            accuracy=None if d is None else headline_accuracy(d),
-            speed_ratio_c1=c1,
-            speed_ratio_at_load=at,
-            speed_note=note,
+        d = None if sc.is_baseline else accuracy_headline(sc, rc)
+        out.append(
+            doc.Headline(
+                memory_need_gib=_finite(sc.memory.need_gib),
+                accuracy=None if d is None else headline_accuracy(d),
+                speed_ratio_c1=c1,
+                speed_ratio_at_load=at,
+                speed_note=note,
+            )
         )
-        out.append(Headline(sc.model, sc.scheme, numbers))
     return out
 
 
@@ -134,9 +122,8 @@ def memory_load_text(rc: ReviewConfig) -> str:
     return f"{rc.concurrent_requests} concurrent requests"
 
 
-def mlflow_metrics(h: Headline) -> dict[str, float]:
+def mlflow_metrics(n: doc.Headline) -> dict[str, float]:
     """The three numbers under short MLflow names (``_low``/``_high``: interval or repeat range); missing left out."""
-    n = h.numbers
     pairs: list[tuple[str, float | None, float | None, float | None]] = [(MEM_GIB, n.memory_need_gib, None, None)]
     if n.accuracy is not None:
         pairs.append((ACC_DELTA, n.accuracy.delta, n.accuracy.low, n.accuracy.high))
@@ -152,9 +139,9 @@ def mlflow_metrics(h: Headline) -> dict[str, float]:
     return out
 
 
-def accuracy_metric_tag(h: Headline) -> str:
+def accuracy_metric_tag(h: doc.Headline) -> str:
     """What ``acc_delta`` measures: ``word_perplexity change (%)``, ``arc_easy acc_norm (points)``."""
-    a = h.numbers.accuracy
+    a = h.accuracy
     if a is None:
         return ""
     return f"{a.metric} change (%)" if a.kind == "perplexity" else f"{a.name} {a.metric} (points)"

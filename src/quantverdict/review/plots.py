@@ -15,8 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from quantverdict.review import headline
-from quantverdict.review.model import Review
-from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.document import Review, Scheme, SpeedRatio
 
 DPI = 110
 COLORS = dict(bf16="#222222", int8="#1f77b4", fp8="#2ca02c", w8a8="#17becf", gptq="#d62728", awq="#ff7f0e")
@@ -25,7 +24,7 @@ ABOVE: dict[str, Any] = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
 
-def _style(sc: Scorecard, i: int) -> dict[str, Any]:
+def _style(sc: Scheme, i: int) -> dict[str, Any]:
     return {"color": COLORS.get(sc.scheme, f"C{i % 10}"), "marker": MARKERS.get(sc.scheme, "o")}
 
 
@@ -36,15 +35,26 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _name(sc: Scorecard, many_models: bool) -> str:
+def _name(sc: Scheme, many_models: bool) -> str:
     return f"{sc.model}/{sc.name}" if many_models else sc.name
 
 
 def _models(review: Review) -> list[str]:
-    return list(dict.fromkeys(sc.model for sc in review.cards))
+    return list(dict.fromkeys(sc.model for sc in review.scorecards))
 
 
-def _positions(cards: list[Scorecard]) -> dict[float, float]:
+def _of(review: Review, model: str) -> list[Scheme]:
+    return [sc for sc in review.scorecards if sc.model == model]
+
+
+def _ratio_curve(sc: Scheme, base: Scheme) -> list[SpeedRatio]:
+    """The speed ratio at every load level both measured, by load; empty when not compared (``speed_note``)."""
+    theirs = {p.load: p for p in base.speed.points}
+    pairs = [(p, theirs[p.load]) for p in sc.speed.points if p.load in theirs and not sc.headline.speed_note]
+    return [r for p, q in pairs if (r := headline.speed_ratio(p, q)) is not None]
+
+
+def _positions(cards: list[Scheme]) -> dict[float, float]:
     """Each load's x on a log2 axis; an unlimited rate one doubling past the largest finite load."""
     loads = sorted({p.load for sc in cards for p in sc.speed.points})
     finite = [v for v in loads if math.isfinite(v) and v > 0]
@@ -52,7 +62,7 @@ def _positions(cards: list[Scorecard]) -> dict[float, float]:
     return {v: v if math.isfinite(v) and v > 0 else beyond for v in loads}
 
 
-def _load_axis(ax: Any, pos: dict[float, float], cards: list[Scorecard]) -> None:
+def _load_axis(ax: Any, pos: dict[float, float], cards: list[Scheme]) -> None:
     """The load axis: log2, one tick per measured load, named by the sweeps' mode."""
     mode = next((sc.speed.mode for sc in cards if sc.speed.points), "rate")
     ticks = list(pos.values())
@@ -81,9 +91,9 @@ def speed_ratio_figure(review: Review) -> Any:
     """Per model, each scheme's speed ratio over its baseline against the load; None without ratios."""
     panels = []
     for model in _models(review):
-        cards = review.cards_of(model)
+        cards = _of(review, model)
         base = next((c for c in cards if c.is_baseline), None)
-        curves = [(sc, c) for sc in cards if base and not sc.is_baseline and (c := headline.ratio_curve(sc, base))]
+        curves = [(sc, c) for sc in cards if base and not sc.is_baseline and (c := _ratio_curve(sc, base))]
         if base is not None and curves:
             panels.append((model, base, curves))
     if not panels:
@@ -115,7 +125,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
     return sorted(set(front))
 
 
-def _pareto_points(sc: Scorecard) -> list[tuple[float, float, str]]:
+def _pareto_points(sc: Scheme) -> list[tuple[float, float, str]]:
     """``(per-user tok/s, total output tok/s, short load label)`` of each load level that has both."""
     xs = ((headline.per_user_tok_s(p), p) for p in sc.speed.points)
     short = ((x, p, p.label.replace("concurrency ", "c=").replace("unlimited rate", "unlimited")) for x, p in xs)
@@ -124,7 +134,7 @@ def _pareto_points(sc: Scorecard) -> list[tuple[float, float, str]]:
 
 def pareto_figure(review: Review) -> Any:
     """Per model, total output tok/s against per-user tok/s and the frontier; None without TPOT data."""
-    panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in review.cards_of(m) if _pareto_points(sc)])]
+    panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in _of(review, m) if _pareto_points(sc)])]
     if not panels:
         return None
     fig, axes = _stacked(len(panels), 4.6)
@@ -153,10 +163,10 @@ def pareto_figure(review: Review) -> Any:
 
 def memory_figure(review: Review) -> Any:
     """Stacked bars per scheme (GiB): weights, KV cache, state, reserve, and the budget; None without weights."""
-    cards = [sc for sc in review.cards if sc.memory.weights_gib is not None]
+    cards = [sc for sc in review.scorecards if sc.memory.weights_gib is not None]
     if not cards:
         return None
-    rc = review.config
+    rc = review.constraints
     many = len({sc.model for sc in cards}) > 1
     budget = rc.memory_budget_gib
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cards) + 4), 4.4))
@@ -195,19 +205,25 @@ def memory_figure(review: Review) -> Any:
 
 def accuracy_figure(review: Review) -> Any:
     """Score deltas (points) and perplexity changes (%) with intervals; None without deltas."""
-    cards = [sc for sc in review.cards if sc.accuracy]
+    cards = [sc for sc in review.scorecards if sc.accuracy.deltas]
     if not cards:
         return None
     many = len({sc.model for sc in cards}) > 1
-    score_names = list(dict.fromkeys(f"{d.name} {d.metric}" for sc in cards for d in sc.accuracy if d.kind == "score"))
-    ppl_names = list(dict.fromkeys(d.metric for sc in cards for d in sc.accuracy if d.kind == "perplexity"))
+    score_names = list(
+        dict.fromkeys(f"{d.name} {d.metric}" for sc in cards for d in sc.accuracy.deltas if d.kind == "score")
+    )
+    ppl_names = list(dict.fromkeys(d.metric for sc in cards for d in sc.accuracy.deltas if d.kind == "perplexity"))
     panels = [p for p in (("score", score_names), ("perplexity", ppl_names)) if p[1]]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels) + 2.5, 4.4), squeeze=False)
     width = 0.8 / max(1, len(cards))
     hollow_seen = False
     for ax, (kind, names) in zip(axes[0], panels):
         for i, sc in enumerate(cards):
-            ds = {(f"{d.name} {d.metric}" if kind == "score" else d.metric): d for d in sc.accuracy if d.kind == kind}
+            ds = {
+                (f"{d.name} {d.metric}" if kind == "score" else d.metric): d
+                for d in sc.accuracy.deltas
+                if d.kind == kind
+            }
             k = 100.0 if kind == "score" else 1.0
             for j, name in enumerate(names):
                 d = ds.get(name)
@@ -224,7 +240,7 @@ def accuracy_figure(review: Review) -> Any:
                     ax.errorbar([x], [y], yerr=[[lo], [hi]], fmt=style["marker"], color=style["color"], capsize=3)
             ax.plot([], [], ls="none", label=_name(sc, many), **_style(sc, i))  # one legend entry per scheme
         ax.axhline(0, color="black", lw=0.8)
-        limit = review.config.max_perplexity_increase_pct
+        limit = review.constraints.max_perplexity_increase_pct
         if kind == "perplexity" and limit is not None:
             ax.axhline(limit, color="red", ls="--", lw=1, label=f"limit +{limit:g}%")
         if hollow_seen and ax is axes[0][-1]:
@@ -233,7 +249,7 @@ def accuracy_figure(review: Review) -> Any:
         ax.set_ylabel("score delta (percentage points)" if kind == "score" else "perplexity change (%)")
         what = "task score vs baseline" if kind == "score" else "perplexity vs baseline"
         lower = "" if kind == "score" else " (lower is better)"
-        ax.set_title(f"{what}, {review.config.confidence:.0%} interval{lower}", fontsize=10)
+        ax.set_title(f"{what}, {review.constraints.confidence:.0%} interval{lower}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0][-1].legend(**OUTSIDE)
     fig.tight_layout()
@@ -242,13 +258,13 @@ def accuracy_figure(review: Review) -> Any:
 
 def latency_figure(review: Review) -> Any:
     """TTFT p99 and per-request TPOT p99 (else ITL p99) against the load; None without speed points."""
-    cards = [sc for sc in review.cards if sc.speed.points]
+    cards = [sc for sc in review.scorecards if sc.speed.points]
     if not cards:
         return None
     many = len({sc.model for sc in cards}) > 1
     pos = _positions(cards)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    rc = review.config
+    rc = review.constraints
     every = [p for sc in cards for p in sc.speed.points]
     has_tpot = [p.tpot_ms_p99 is not None for p in every if p.tpot_ms_p99 or p.itl_ms_p99]
     right = (

@@ -1,4 +1,4 @@
-"""``review.md`` and ``review.html`` from the typed document (:class:`quantverdict.review.document.ReviewDocument`).
+"""``review.md`` and ``review.html`` from the typed document (:class:`quantverdict.review.document.Review`).
 
 One template body (``templates/body.j2``) is written against block macros (headings, paragraphs, lists, tables,
 images) that ``templates/md.j2`` writes as Markdown and ``templates/html.j2`` as autoescaped HTML (plots embedded as
@@ -18,7 +18,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from quantverdict.results.format import DASH, number
-from quantverdict.review.document import ReviewDocument
+from quantverdict.review.document import Review
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -87,18 +87,18 @@ def environment(fmt: str) -> Environment:
     return env
 
 
-def markdown(document: ReviewDocument) -> str:
+def markdown(document: Review) -> str:
     """``review.md``: Markdown; images refer to ``plots/<name>.png`` beside the file."""
     return environment("md").get_template("review.md.j2").render(doc=document, images={}).rstrip("\n") + "\n"
 
 
-def console(document: ReviewDocument) -> str:
+def console(document: Review) -> str:
     """The verdicts for the terminal: each model's verdict sentence, then one ``binding:`` line per constraint its
     baseline fails (Markdown emphasis kept)."""
     return environment("md").get_template("console.j2").render(doc=document)
 
 
-def html(document: ReviewDocument, pngs: Mapping[str, bytes]) -> str:
+def html(document: Review, pngs: Mapping[str, bytes]) -> str:
     """``review.html``: one self-contained page, inline CSS, plots as ``data:image/png;base64`` images, no script."""
     images = {name: base64.b64encode(data).decode("ascii") for name, data in pngs.items()}
     return environment("html").get_template("review.html.j2").render(doc=document, images=images)

@@ -458,8 +458,8 @@ def _inverse(v: float | None) -> float | None:
     return None if v is None else 1.0 / v
 
 
-def _load(v: Any) -> doc.Load:
-    return "inf" if v == "inf" or math.isinf(float(v)) else float(v)
+def _load(v: Any) -> float:
+    return math.inf if v == "inf" else float(v)
 
 
 def paired_speedups(
@@ -494,7 +494,7 @@ def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | N
     def pick(metrics: tuple[str, ...], highest: bool) -> doc.PairedSpeedup | None:
         for metric in metrics:
             if rows := [r for r in paired if r.metric == metric]:
-                row = (max if highest else min)(rows, key=lambda r: math.inf if r.load == "inf" else r.load)
+                row = (max if highest else min)(rows, key=lambda r: r.load)
                 return row if row.pairs >= 2 else None
         return None
 
