@@ -103,6 +103,13 @@ def _pairs(
     return None
 
 
+def diff_interval(x: list[float], y: list[float], rc: ReviewConfig) -> Interval:
+    """The interval of ``mean(x) - mean(y)`` over paired items, by ``review.interval``."""
+    if rc.interval == "bootstrap":
+        return stats.bootstrap_mean_diff(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
+    return stats.paired_normal_interval(x, y, rc.confidence)
+
+
 def _score_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> TaskDelta:
@@ -112,17 +119,12 @@ def _score_delta(
     if pairing:
         x = [float(r[metric]) for r in pairing.a]
         y = [float(r[metric]) for r in pairing.b]
-        if rc.interval == "bootstrap":
-            td.interval = stats.bootstrap_mean_diff(
-                x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
-            )
-            if sum(y):
-                r = stats.bootstrap_ratio(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
-                td.recovery_interval = _scale(r, 100.0)
-        else:
-            td.interval = stats.paired_normal_interval(x, y, rc.confidence)
-            if sum(y):
-                td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
+        td.interval = diff_interval(x, y, rc)
+        if sum(y) and rc.interval == "bootstrap":
+            r = stats.bootstrap_ratio(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
+            td.recovery_interval = _scale(r, 100.0)
+        elif sum(y):
+            td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
         if all(t in (0.0, 1.0) for t in x + y):
             td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
         # point values from the pairs (equal to the record's when every item paired)

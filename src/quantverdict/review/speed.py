@@ -37,12 +37,13 @@ MEDIANS = tuple(
 Point = doc.SpeedPoint | doc.AtLoad
 
 
-def _finite(v: Any) -> float | None:
+def finite(v: Any) -> float | None:
+    """``v`` as a float; None unless a finite number."""
     return float(v) if is_number(v) and math.isfinite(v) else None
 
 
 def _minmax(lo: Any, hi: Any) -> doc.MinMax | None:
-    a, b = _finite(lo), _finite(hi)
+    a, b = finite(lo), finite(hi)
     return None if a is None or b is None else doc.MinMax(min=a, max=b)
 
 
@@ -102,7 +103,7 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
     for level in _levels(raw, mode):
         agg = aggregate.median_point(level.valid)
         spread = {k: r for k, v in aggregate.ranges(level.valid, SPREAD_KEYS).items() if (r := _minmax(*v))}
-        fields: dict[str, Any] = {k: _finite(agg[k]) if k in agg else None for k in MEDIANS}
+        fields: dict[str, Any] = {k: finite(agg[k]) if k in agg else None for k in MEDIANS}
         votes = (point_checks.point_saturation(q)["saturated"] for q in level.valid)
         fields |= {"label": level_label(level.load, mode), "load": level.load, "saturated": aggregate.majority(votes)}
         fields |= {"valid_repeats": len(level.valid), "repeats": len(level.points), "spread": spread}
@@ -292,10 +293,10 @@ def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling
     return doc.Ceiling(
         kind=kind,
         label=None if kind == "none" else level_label(sweep_plan.load_of(c, mode), mode),
-        rps=_finite(c.get("rps")),
-        output_tok_s=_finite(tok),
+        rps=finite(c.get("rps")),
+        output_tok_s=finite(tok),
         output_tok_s_range=_minmax(c["output_tok_s_min"], c["output_tok_s_max"]) if tok else None,
-        whole_run_output_tok_s=_finite(whole),
+        whole_run_output_tok_s=finite(whole),
         whole_run_output_tok_s_range=_minmax(c["whole_run_tok_s_min"], c["whole_run_tok_s_max"]) if whole else None,
         repeats=c.get("repeats"),
         basis=c.get("basis"),  # steady_window | whole_run | mixed (over its repeats) | None
