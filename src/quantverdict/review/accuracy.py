@@ -50,10 +50,6 @@ class Pairing:
     refused: str | None = None
 
 
-def _short(h: Any) -> str:
-    return str(h)[:12]
-
-
 def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]) -> Pairing:
     """Pair scheme (``a``) and baseline (``b``) rows with every one of ``keys`` on ``doc_id``."""
     ia = {r["doc_id"]: r for r in a if all(r.get(k) is not None for k in keys)}
@@ -70,22 +66,14 @@ def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], ke
                 unchecked = unchecked or h == "doc_hash"
                 continue
             if ra[h] != rb[h]:
+                why = f"{task} doc_id {d}: {h} differs ({str(ra[h])[:12]}... vs {str(rb[h])[:12]}... in the baseline)"
                 what = "document" if h == "doc_hash" else "prompt"
                 return Pairing(
-                    [],
-                    [],
-                    refused=(
-                        f"{task} doc_id {d}: {h} differs ({_short(ra[h])}... vs {_short(rb[h])}... in the baseline): "
-                        f"the two runs did not score the same {what}; paired test refused"
-                    ),
+                    [], [], refused=f"{why}: the two runs did not score the same {what}; paired test refused"
                 )
     if unchecked and common:
         notes.append(NO_HASHES)
     return Pairing([ia[d] for d in common], [ib[d] for d in common], "; ".join(notes))
-
-
-def _join(*notes: str) -> str:
-    return "; ".join(n for n in notes if n)
 
 
 def _pairs(
@@ -96,7 +84,7 @@ def _pairs(
     if pairing.refused:
         td.note = td.refused = pairing.refused
     elif len(pairing.a) == 1:  # one item is no sample: no interval, never "significant"
-        td.paired, td.n, td.note = True, 1, _join(pairing.note, stats.too_few(1, unit) or "")
+        td.paired, td.n, td.note = True, 1, "; ".join(n for n in (pairing.note, stats.too_few(1, unit)) if n)
     elif pairing.a:
         td.paired, td.n, td.note = True, len(pairing.a), pairing.note
         return pairing
@@ -238,11 +226,8 @@ def accuracy_section(
     if not rec.accuracy.tasks and not rec.accuracy.token_perplexity:
         return [], None, ["no accuracy results"]
     if base is None:
-        return (
-            [],
-            None,
-            ["no baseline record with accuracy for this model: no deltas" + (f" ({no_base})" if no_base else "")],
-        )
+        why = f" ({no_base})" if no_base else ""
+        return [], None, [f"no baseline record with accuracy for this model: no deltas{why}"]
     reason = eval_mismatch(rec, base)
     if reason:
         return [], reason, []

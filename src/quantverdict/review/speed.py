@@ -128,12 +128,6 @@ def ceiling_is_floor(speed: doc.Speed) -> bool:
     return speed.ceiling is not None and speed.ceiling.lower_bound
 
 
-def _stopped_why(rec: JobRecord) -> str:
-    if rec.status in (None, "ok"):
-        return ""
-    return f" (job {rec.status}" + (f" in stage {rec.failed_stage})" if rec.failed_stage else ")")
-
-
 def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
     """Whether a point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
     pairs = [(v, lim) for v, lim in ((p.ttft_ms_p99, rc.ttft_ms_p99), (p.itl_ms_p99, rc.itl_ms_p99)) if lim is not None]
@@ -146,25 +140,23 @@ def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tup
         return None, "no speed points"
     if rc.load_rps is None and rc.load_concurrency is None:
         return points[0], f"no load stated: lowest measured load ({points[0].label})"
-    if mode == "rate":
-        if rc.load_rps is None:
-            return None, "the sweep is open-loop (rates); a concurrency load needs bench.mode=concurrency"
-        above = [p for p in points if p.load >= rc.load_rps - 1e-9]
-        if not above:
-            return None, f"no measured rate >= {rc.load_rps:g} req/s"
-        p = above[0]
-        nearest = f" (nearest measured rate above {rc.load_rps:g} req/s)"
-        return p, p.label + ("" if p.load == rc.load_rps else nearest)
+    if mode == "rate" and rc.load_rps is None:
+        return None, "the sweep is open-loop (rates); a concurrency load needs bench.mode=concurrency"
+    if mode == "rate" and rc.load_rps is not None:
+        p = next((p for p in points if p.load >= rc.load_rps - 1e-9), None)
+        nearest = "" if p is None or p.load == rc.load_rps else f" (nearest measured rate above {rc.load_rps:g} req/s)"
+        return p, f"no measured rate >= {rc.load_rps:g} req/s" if p is None else p.label + nearest
     if rc.load_concurrency is not None:
-        above = [p for p in points if p.load >= rc.load_concurrency]
-        if not above:
-            return None, f"no measured concurrency >= {rc.load_concurrency}"
-        return above[0], above[0].label
+        p = next((p for p in points if p.load >= rc.load_concurrency), None)
+        return p, f"no measured concurrency >= {rc.load_concurrency}" if p is None else p.label
     rps = rc.load_rps or 0.0
-    reach = [p for p in points if (p.achieved_rps or 0) >= rps]
-    if not reach:
-        return None, f"no measured concurrency reaches {rps:g} req/s"
-    return reach[0], f"{reach[0].label} (the lowest concurrency reaching {rps:g} req/s)"
+    p = next((p for p in points if (p.achieved_rps or 0) >= rps), None)
+    return (
+        p,
+        f"no measured concurrency reaches {rps:g} req/s"
+        if p is None
+        else f"{p.label} (the lowest concurrency reaching {rps:g} req/s)",
+    )
 
 
 def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[float | None, str]:
@@ -334,14 +326,9 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     speed.missing_levels = [level_label(x, mode) for x in missing]  # planned levels without a valid point
     speed.stopped_before = [level_label(x, mode) for x in above]  # ... and those above the last one measured
     if missing:
-        why = {"stopped": _stopped_why(rec) if above else None, "lower_bound": speed.ceiling.lower_bound}
-        msg = say(
-            "sweep_incomplete",
-            "speed.j2",
-            missing=speed.missing_levels,
-            planned=[level_label(x, mode) for x in planned],
-            **why,
-        )
+        words = dict(missing=speed.missing_levels, planned=[level_label(x, mode) for x in planned], stopped=bool(above))
+        words |= dict(status=rec.status, failed_stage=rec.failed_stage, lower_bound=speed.ceiling.lower_bound)
+        msg = say("sweep_incomplete", "speed.j2", **words)
         found.append(Flag(FlagCode.SWEEP_INCOMPLETE, "", msg))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
     by_load = level_goodput(rec, mode, rc)
