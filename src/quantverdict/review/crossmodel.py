@@ -39,6 +39,7 @@ SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_TARGET = ("name", "gpu", "memory_gib", "memory_fraction")
 _Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
 
 
@@ -280,28 +281,12 @@ def _candidate(
         if check is None or check.outcome not in NON_BLOCKING:
             why_not.append(f"{name}: {(check.cite or check.text) if check else 'not checked'}")
     tpot, itl, fit_levels = _decode_fits(sp)
-    out = doc.Candidate(
-        name=f"{card.model} {card.scheme} ({card.label})",
-        model=card.model,
-        scheme=card.scheme,
-        weights_gib=weights,
-        weights_how=how,
-        target=fit,
-        vllm=vllm,
-        ceiling_tok_s=finite(sp.ceiling.output_tok_s if sp.ceiling else None),
-        ceiling_lower_bound=ceiling_is_floor(sp),
-        step_bytes=step_bytes,
-        step_bytes_how=step_how,
-        speed_vs_bytes=None,
-        decode_fit=tpot,
-        decode_fit_itl=itl,
-        fit_levels=fit_levels,
-        scores=_scores(card, rec, review.cards),
-        eligible=not why_not,
-        why_not=why_not,
-        flags=flags + batch_flags,
-    )
-    return _Job(card, rec, out)
+    v: dict[str, Any] = dict(name=f"{card.model} {card.scheme} ({card.label})", model=card.model, scheme=card.scheme)
+    v |= dict(weights_gib=weights, weights_how=how, target=fit, vllm=vllm, ceiling_lower_bound=ceiling_is_floor(sp))
+    v |= dict(ceiling_tok_s=finite(sp.ceiling.output_tok_s if sp.ceiling else None), speed_vs_bytes=None)
+    v |= dict(step_bytes=step_bytes, step_bytes_how=step_how, decode_fit=tpot, decode_fit_itl=itl)
+    v |= dict(fit_levels=fit_levels, scores=_scores(card, rec, review.cards), flags=flags + batch_flags)
+    return _Job(card, rec, doc.Candidate.model_validate(v | dict(eligible=not why_not, why_not=why_not)))
 
 
 def _records_by_id(review: Review) -> dict[str, JobRecord]:
@@ -427,25 +412,12 @@ def _cross_model(review: Review) -> doc.CrossModel | None:
     for c, j in zip(cands, jobs):
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
     loads = {p.label: p.load for j in jobs for p in j.card.speed.points}
-    t, budget = target, target.memory_gib * target.memory_fraction if target else 0.0
-    return doc.CrossModel(
-        target=None
-        if t is None
-        else doc.Target(
-            name=t.name, gpu=t.gpu, memory_gib=t.memory_gib, memory_fraction=t.memory_fraction, budget_gib=budget
-        ),
-        ran_on_target=bool(ran_gpu),
-        ran=ran,
-        chosen=chosen.name if chosen else None,
-        score_tasks=score_tasks if scored else [],
-        comparisons=comparisons,
-        paired=paired,
-        reference=reference.name if reference else None,
-        price_usd_per_gpu_hour=price,
-        price_note=price_how,
-        sweep_loads=sorted(loads, key=lambda k: loads[k]),
-        candidates=cands,
-    )
+    v: dict[str, Any] = dict(target=None, ran_on_target=bool(ran_gpu), ran=ran, chosen=chosen.name if chosen else None)
+    if (t := target) is not None:
+        v["target"] = {k: getattr(t, k) for k in _TARGET} | dict(budget_gib=t.memory_gib * t.memory_fraction)
+    v |= dict(score_tasks=score_tasks if scored else [], comparisons=comparisons, paired=paired, candidates=cands)
+    v |= dict(reference=reference.name if reference else None, price_usd_per_gpu_hour=price, price_note=price_how)
+    return doc.CrossModel.model_validate(v | dict(sweep_loads=sorted(loads, key=lambda k: loads[k])))
 
 
 def _compare(
@@ -470,23 +442,13 @@ def _compare(
         wins_big = sum(r.significant and r.difference > 0 for r in rows)
         wins_small = sum(r.significant and r.difference < 0 for r in rows)
         x, y = b.ceiling_tok_s or 0.0, s.ceiling_tok_s or 0.0
-        comparisons.append(
-            doc.Comparison(
-                bigger=b.name,
-                smaller=s.name,
-                memory_winner=mem,
-                memory_basis=None if mem is None else "concurrency" if target is not None else "weights",
-                memory_bigger=mb,
-                memory_smaller=ms,
-                tasks=len(rows),
-                accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None,
-                wins_bigger=wins_big,
-                wins_smaller=wins_small,
-                speed_winner=(b.model if x > y else s.model) if x and y else None,
-                speed_bigger=b.ceiling_tok_s,
-                speed_smaller=s.ceiling_tok_s,
-            )
-        )
+        basis = None if mem is None else "concurrency" if target is not None else "weights"
+        v: dict[str, Any] = dict(bigger=b.name, smaller=s.name, memory_winner=mem, memory_basis=basis)
+        v |= dict(memory_bigger=mb, memory_smaller=ms, tasks=len(rows), wins_bigger=wins_big, wins_smaller=wins_small)
+        v |= dict(accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None)
+        v |= dict(speed_bigger=b.ceiling_tok_s, speed_smaller=s.ceiling_tok_s)
+        v["speed_winner"] = (b.model if x > y else s.model) if x and y else None
+        comparisons.append(doc.Comparison.model_validate(v))
     return comparisons, paired, None if ref is None else ref.out
 
 
