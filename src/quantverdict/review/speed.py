@@ -3,6 +3,7 @@ ceiling, goodput (per request, from each point's ``--save-detailed`` file) and l
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -150,13 +151,9 @@ def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tup
         p = next((p for p in points if p.load >= rc.load_concurrency), None)
         return p, f"no measured concurrency >= {rc.load_concurrency}" if p is None else p.label
     rps = rc.load_rps or 0.0
-    p = next((p for p in points if (p.achieved_rps or 0) >= rps), None)
-    return (
-        p,
-        f"no measured concurrency reaches {rps:g} req/s"
-        if p is None
-        else f"{p.label} (the lowest concurrency reaching {rps:g} req/s)",
-    )
+    if (p := next((p for p in points if (p.achieved_rps or 0) >= rps), None)) is None:
+        return None, f"no measured concurrency reaches {rps:g} req/s"
+    return p, f"{p.label} (the lowest concurrency reaching {rps:g} req/s)"
 
 
 def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[float | None, str]:
@@ -166,14 +163,9 @@ def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[flo
     held = [p for p in points if math.isfinite(p.load)]
     if not held:
         return None, "no sustained load measured (only the unlimited-rate burst)"
-    best: doc.SpeedPoint | None = None
-    for p in held:
-        if not slo_ok(p, rc):
-            break
-        best = p
-    if best is None:
+    if not (ok := list(itertools.takewhile(lambda p: slo_ok(p, rc), held))):
         return 0.0, f"the SLO fails at the lowest load ({held[0].label})"
-    return float(best.achieved_rps or 0.0), f"at {best.label}"
+    return float(ok[-1].achieved_rps or 0.0), f"at {ok[-1].label}"
 
 
 def slo_of(rc: ReviewConfig) -> Slo:
@@ -214,14 +206,10 @@ def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, do
         missed: Counter[str] = Counter()
         for g in got:
             missed.update(g.missed)
-        out[level.load] = doc.Goodput(
-            goodput_rps=statistics.median(g.goodput_rps for g in got),
-            slo_attainment_pct=statistics.median(g.attainment_pct for g in got),
-            good_requests=sum(g.good for g in got),
-            slo_requests=sum(g.sent for g in got),
-            repeats=len(got),
-            slo_missed=dict(missed),
-        )
+        rps, pct = statistics.median(g.goodput_rps for g in got), statistics.median(g.attainment_pct for g in got)
+        v: dict[str, Any] = dict(goodput_rps=rps, slo_attainment_pct=pct, good_requests=sum(g.good for g in got))
+        v |= dict(slo_requests=sum(g.sent for g in got), repeats=len(got), slo_missed=dict(missed))
+        out[level.load] = doc.Goodput.model_validate(v)
     return out
 
 
@@ -272,9 +260,10 @@ def _point_flags(sp: SweepPoint, q: dict[str, Any], mode: str) -> list[Flag]:
 
 def _roofline(rec: JobRecord) -> doc.Roofline | None:
     """``speed.roofline``, non-finite numbers as None."""
-    roof = {k: v for k, v in (rec.speed.roofline or {}).items() if k in doc.Roofline.model_fields}
-    finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in roof.items()}
-    return doc.Roofline.model_validate(finite) if rec.speed.roofline else None
+    if not (roof := rec.speed.roofline):
+        return None
+    known = {k: v for k, v in roof.items() if k in doc.Roofline.model_fields}
+    return doc.Roofline.model_validate({k: finite(v) if isinstance(v, float) else v for k, v in known.items()})
 
 
 def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling:
@@ -282,18 +271,13 @@ def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling
     c = capacity.sustained_ceiling(sweep.summarize(raw, mode), mode)
     kind = "lower_bound" if stopped and c["kind"] == "closed_loop_max" else str(c["kind"])
     tok, whole = c.get("output_tok_s"), c.get("whole_run_tok_s")
-    return doc.Ceiling(
-        kind=kind,
-        label=None if kind == "none" else level_label(sweep_plan.load_of(c, mode), mode),
-        rps=finite(c.get("rps")),
-        output_tok_s=finite(tok),
-        output_tok_s_range=_minmax(c["output_tok_s_min"], c["output_tok_s_max"]) if tok else None,
-        whole_run_output_tok_s=finite(whole),
-        whole_run_output_tok_s_range=_minmax(c["whole_run_tok_s_min"], c["whole_run_tok_s_max"]) if whole else None,
-        repeats=c.get("repeats"),
-        basis=c.get("basis"),  # steady_window | whole_run | mixed (over its repeats) | None
-        lower_bound=kind == "lower_bound",
-    )
+    label = None if kind == "none" else level_label(sweep_plan.load_of(c, mode), mode)
+    v: dict[str, Any] = dict(kind=kind, label=label, rps=finite(c.get("rps")), repeats=c.get("repeats"))
+    v |= dict(output_tok_s=finite(tok), whole_run_output_tok_s=finite(whole), lower_bound=kind == "lower_bound")
+    v["output_tok_s_range"] = _minmax(c["output_tok_s_min"], c["output_tok_s_max"]) if tok else None
+    v["whole_run_output_tok_s_range"] = _minmax(c["whole_run_tok_s_min"], c["whole_run_tok_s_max"]) if whole else None
+    v["basis"] = c.get("basis")  # steady_window | whole_run | mixed (over its repeats) | None
+    return doc.Ceiling.model_validate(v)
 
 
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Flag], list[str]]:
@@ -313,12 +297,9 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
         return speed, found, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.tpot_ms_p50 or low.itl_ms_p50
-    speed.low_load = doc.LowLoad(
-        label=low.label,
-        itl_ms_p50=low.itl_ms_p50,
-        itl_ms_p50_range=low.spread.get("itl_ms_p50"),
-        output_tok_s_per_request=1000.0 / tpot if tpot else None,
-    )
+    spread = low.spread["itl_ms_p50"] if "itl_ms_p50" in low.spread else None
+    v: dict[str, Any] = dict(label=low.label, itl_ms_p50=low.itl_ms_p50, itl_ms_p50_range=spread)
+    speed.low_load = doc.LowLoad.model_validate(v | dict(output_tok_s_per_request=1000.0 / tpot if tpot else None))
     planned = planned_loads(rec)
     missing = [load for load in planned if load not in {p.load for p in points}]
     above = [load for load in missing if load > points[-1].load]
