@@ -91,10 +91,14 @@ def _pairs(
     return None
 
 
+def _boot(rc: ReviewConfig) -> dict[str, Any]:
+    return {"samples": rc.bootstrap_samples, "seed": rc.seed, "confidence": rc.confidence}
+
+
 def diff_interval(x: list[float], y: list[float], rc: ReviewConfig) -> Interval:
     """The interval of ``mean(x) - mean(y)`` over paired items, by ``review.interval``."""
     if rc.interval == "bootstrap":
-        return stats.bootstrap_mean_diff(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
+        return stats.bootstrap_mean_diff(x, y, **_boot(rc))
     return stats.paired_normal_interval(x, y, rc.confidence)
 
 
@@ -109,8 +113,7 @@ def _score_delta(
         y = [float(r[metric]) for r in pairing.b]
         td.interval = diff_interval(x, y, rc)
         if sum(y) and rc.interval == "bootstrap":
-            r = stats.bootstrap_ratio(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
-            td.recovery_interval = _scale(r, 100.0)
+            td.recovery_interval = _scale(stats.bootstrap_ratio(x, y, **_boot(rc)), 100.0)
         elif sum(y):
             td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
         if all(t in (0.0, 1.0) for t in x + y):
@@ -125,8 +128,7 @@ def _score_delta(
     sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
     td.n = ma.n
     why = "no per-item samples" if not (sa and sb) else "no common items"
-    few = stats.too_few(td.n) if isinstance(td.n, int) else None
-    if few:
+    if few := stats.too_few(td.n) if isinstance(td.n, int) else None:
         td.note = f"{why}; {few}"
     elif sea is not None and seb is not None:
         td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence, n=td.n)
@@ -164,9 +166,7 @@ def _ppl_delta(
         num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]
         den = [float(p[count]) for p in ra]
         if rc.interval == "bootstrap":
-            iv = stats.bootstrap_ratio(
-                num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence, unit="document"
-            )
+            iv = stats.bootstrap_ratio(num, den, **_boot(rc), unit="document")
         else:
             iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
         td.interval = _ppl_from_log_ratio(iv)
@@ -174,18 +174,14 @@ def _ppl_delta(
         return td
     if td.refused or td.paired:
         return td
-    td.note = (
-        "no per-document samples: no interval"
-        if count or "perplexity" in metric
-        else "lower is better: % change, no paired interval for this metric"
-    )
+    lower = "lower is better: % change, no paired interval for this metric"
+    td.note = "no per-document samples: no interval" if count or "perplexity" in metric else lower
     return td
 
 
 def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewConfig) -> TaskDelta:
     """Token perplexity's delta, paired over windows (:func:`quantverdict.measure.stats.window_log_ratio_interval`)."""
-    ta, tb = rec.accuracy.token_perplexity_section, base.accuracy.token_perplexity_section
-    wa, wb = ta.windows(), tb.windows()
+    wa, wb = rec.accuracy.token_perplexity_section.windows(), base.accuracy.token_perplexity_section.windows()
     if wa is None or wb is None:
         td.note = NO_WINDOWS
         return td
@@ -198,19 +194,10 @@ def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewC
         )
         return td
     td.paired, td.n = True, len(tok_a)
-    few = stats.too_few(td.n, "window")
-    if few:
+    if few := stats.too_few(td.n, "window"):
         td.note = few
         return td
-    iv = stats.window_log_ratio_interval(
-        nll_a,
-        nll_b,
-        tok_a,
-        method=str(rc.interval),
-        samples=rc.bootstrap_samples,
-        seed=rc.seed,
-        confidence=rc.confidence,
-    )
+    iv = stats.window_log_ratio_interval(nll_a, nll_b, tok_a, method=str(rc.interval), **_boot(rc))
     td.interval = _ppl_from_log_ratio(iv)
     td.significant = stats.significant(td.interval)
     return td
