@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
@@ -16,6 +15,7 @@ from quantverdict.results.baseline import eval_mismatch, headline_of, pct_change
 from quantverdict.results.record import JobRecord, TaskResult
 from quantverdict.review.kld import kld_deltas
 from quantverdict.review.scorecard import TaskDelta
+from quantverdict.review.speed import beside
 
 # lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
 HASH_KEYS = ("doc_hash", "prompt_hash")
@@ -27,17 +27,9 @@ NO_WINDOWS = "no per-window data in this record: no interval"
 def read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
     """lm-eval's per-item rows of ``task``, beside the record (:attr:`JobRecord.source_dir`) or where written."""
     samples = rec.accuracy.samples or {}
-    if task not in samples or not samples[task]:
+    if (path := beside(rec, samples[task] if task in samples else None, "eval")) is None:
         return None
-    p = Path(samples[task])
-    # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
-    source_dir = rec.source_dir
-    candidates = [Path(source_dir) / "eval" / p.name, Path(source_dir) / p.name] if source_dir else []
-    candidates.append(p)
-    for c in candidates:
-        if c.is_file():
-            return [json.loads(line) for line in c.read_text().splitlines() if line.strip()]
-    return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @dataclass

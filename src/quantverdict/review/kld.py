@@ -44,18 +44,10 @@ def _criterion(
     value = finite(observed if judged is None else judged)
     if ok is None and value is not None:
         ok = value <= threshold if comparison == "<=" else value >= threshold
-    return Criterion(
-        metric=metric,
-        subject=subject,
-        limit=limit,
-        comparison=comparison,
-        threshold=threshold,
-        observed=finite(observed),
-        judged=value,
-        test=test,
-        outcome=UNKNOWN if ok is None or value is None else PASS if ok else FAIL,
-        note=note,
-    )
+    outcome = UNKNOWN if ok is None or value is None else PASS if ok else FAIL
+    v: dict[str, Any] = dict(metric=metric, subject=subject, limit=limit, comparison=comparison, threshold=threshold)
+    v |= dict(observed=finite(observed), judged=value, test=test, outcome=outcome, note=note)
+    return Criterion.model_validate(v)
 
 
 FloorTest = Callable[[TaskDelta, ReviewConfig], str]

@@ -173,18 +173,19 @@ def slo_of(rc: ReviewConfig) -> Slo:
     return Slo(ttft_ms=rc.ttft_ms_p99, tpot_ms=rc.itl_ms_p99, e2e_ms=rc.e2e_ms)
 
 
-def result_file(rec: JobRecord, p: SweepPoint) -> Path | None:
-    """Point ``p``'s ``--save-detailed`` file, beside the record first; None when none exists."""
-    if not p.result_file:
+def beside(rec: JobRecord, written: str | None, folder: str) -> Path | None:
+    """A file the job wrote (``written``) beside the record, in ``folder`` or not, else where written; None when none
+    exists. A copied record (docs/results) reads its own copy, not a path of another machine."""
+    if not written:
         return None
-    name, here = Path(p.result_file), rec.source_dir
-    candidates = [Path(here) / "bench" / name.name, Path(here) / name.name] if here else []
+    name, here = Path(written), rec.source_dir
+    candidates = [Path(here) / folder / name.name, Path(here) / name.name] if here else []
     return next((c for c in [*candidates, name] if c.is_file()), None)
 
 
 def point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
-    """Goodput of one point; None without per-request data."""
-    path = result_file(rec, p)
+    """Goodput of one point from its ``--save-detailed`` file; None without per-request data."""
+    path = beside(rec, p.result_file, "bench")
     try:
         return None if path is None else request_goodput(json.loads(path.read_text()), slo)
     except (OSError, ValueError, KeyError):
