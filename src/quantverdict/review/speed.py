@@ -64,10 +64,9 @@ def workload(rec: JobRecord) -> doc.Workload:
     """The request shape of a record's sweep, from ``config.bench`` (untyped config)."""
     bench = rec.cfg("bench")
     name, n_in, n_out = bench.get("name"), bench.get("input_len"), bench.get("output_len")
+    shape = "request shape not recorded"
     if is_number(n_in) and is_number(n_out):
         shape = f"{int(float(n_in)):,} in / {int(float(n_out)):,} out tokens per request"
-    else:
-        shape = "request shape not recorded"
     text = shape + (f" (bench={name})" if name else "")
     return doc.Workload.model_validate({"bench": name, "input_len": n_in, "output_len": n_out, "text": text})
 
@@ -271,13 +270,13 @@ def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling
     """The sustained ceiling; a lower bound for a concurrency sweep ``stopped`` before its top levels."""
     c = capacity.sustained_ceiling(sweep.summarize(raw, mode), mode)
     kind = "lower_bound" if stopped and c["kind"] == "closed_loop_max" else str(c["kind"])
-    tok, whole = c.get("output_tok_s"), c.get("whole_run_tok_s")
+    # basis: steady_window | whole_run | mixed (over its repeats) | None
+    tok, whole, rps, repeats, basis = map(c.get, ("output_tok_s", "whole_run_tok_s", "rps", "repeats", "basis"))
     label = None if kind == "none" else level_label(sweep_plan.load_of(c, mode), mode)
-    v: dict[str, Any] = dict(kind=kind, label=label, rps=finite(c.get("rps")), repeats=c.get("repeats"))
+    v: dict[str, Any] = dict(kind=kind, label=label, rps=finite(rps), repeats=repeats, basis=basis)
     v |= dict(output_tok_s=finite(tok), whole_run_output_tok_s=finite(whole), lower_bound=kind == "lower_bound")
     v["output_tok_s_range"] = _minmax(c["output_tok_s_min"], c["output_tok_s_max"]) if tok else None
     v["whole_run_output_tok_s_range"] = _minmax(c["whole_run_tok_s_min"], c["whole_run_tok_s_max"]) if whole else None
-    v["basis"] = c.get("basis")  # steady_window | whole_run | mixed (over its repeats) | None
     return doc.Ceiling.model_validate(v)
 
 
