@@ -181,8 +181,7 @@ def _vllm_figures(
 
 
 def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits | None, list[str]]:
-    """The served ``max_num_seqs`` / ``max_num_batched_tokens`` beside vLLM's defaults on the target; a flag if they
-    differ."""
+    """The served ``max_num_seqs``/``max_num_batched_tokens`` beside vLLM's defaults on the target; a flag if unlike."""
     gpus, args = _gpus(rec), _serve_args(rec)
     if not gpus:
         return None, []

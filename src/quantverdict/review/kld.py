@@ -54,8 +54,7 @@ FloorTest = Callable[[TaskDelta, ReviewConfig], str]
 
 
 class _KldEntry(Block):
-    """``accuracy.kld`` as written: ``role`` ``baseline`` on the baseline's entry, ``refused`` why a scheme could not
-    compare."""
+    """``accuracy.kld``: ``role`` ``baseline`` on the baseline's entry, ``refused`` why a scheme could not compare."""
 
     role: str | None = None
     refused: str | None = None

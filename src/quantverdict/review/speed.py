@@ -281,12 +281,8 @@ def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling
 
 
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Flag], list[str]]:
-    """Single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps`` and latency at the load,
-    each a median over its level's valid repeats; kernel and comparability left to the caller.
-
-    Returns:
-        ``(speed, flags, missing)``.
-    """
+    """``(speed, flags, missing)``: single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps``
+    and latency at the load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
     mode, points = speed_points(rec)
     _, raw = raw_points(rec)
     found = [f for sp, q in zip(rec.speed.points, raw) for f in _point_flags(sp, q, mode)]
