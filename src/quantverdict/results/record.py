@@ -200,11 +200,27 @@ class KernelCheck(Block):
     the scheme's speed can be compared (False: it ran as ``effective_label``)."""
 
     kernel: str | None = None
+    kernels: list[str] | None = None  # "Kernel (method)" of each kernel the log names
     comparable_for_speed: bool | None = None
     effective_label: str | None = None
     compute: str | None = None  # native | emulated (the server log's parse), None when it does not say
     compute_reason: str | None = None
     reason: str | None = None
+
+
+class Kernel(Block):
+    """``memory.server.kernels[i]`` (:func:`quantverdict.measure.vllm_log.parse`): a linear kernel vLLM picked and
+    the quantization method it serves."""
+
+    kernel: str | None = None
+    method: str | None = None
+
+
+class ModelDims(Block):
+    """``model.dims``, the keys read by name (the others go whole to :mod:`quantverdict.measure.kv_cache`)."""
+
+    layer_types: list[Any] | None = None  # per layer: full_attention | linear_attention | ...
+    num_kv_layers: int | None = None
 
 
 class Roofline(Block):
@@ -266,12 +282,40 @@ class EvalSettings(Block):
     task_limits: Any = None
     dtype: str | None = None
     kv_cache_dtype: str | None = None
+    normalization: str | None = None  # how acc_norm was normalised, as the evaluate stage states it
     server: JsonObject | None = None
 
     @property
     def served(self) -> EvalServer:
         """``server`` read as :class:`EvalServer` (every key None without it)."""
         return EvalServer.of(self.server)
+
+
+class BatchInvariance(Block):
+    """``accuracy.checks.batch_invariance``: the largest change of a request's log-likelihood between batch sizes."""
+
+    skipped: str | None = None
+    ok: bool | None = None
+    max_abs_diff: float | None = None
+    batch_sizes: Any = None
+    tolerance: float | None = None
+    note: str | None = None
+    dtype: str | None = None
+    n_requests: int | None = None
+
+
+class PerplexityFamily(Block):
+    """``accuracy.checks.perplexity_family``: lm-eval's word/byte perplexity against the summed log-likelihood's."""
+
+    ok: bool | None = None
+    max_rel_diff: float | None = None
+
+
+class AccuracyChecks(Block):
+    """``accuracy.checks``: the evaluate stage's own checks (absent: not made)."""
+
+    batch_invariance: BatchInvariance | None = None
+    perplexity_family: PerplexityFamily | None = None
 
 
 class ChosenDtype(Block):

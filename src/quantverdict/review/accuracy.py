@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
@@ -16,6 +15,7 @@ from quantverdict.results.baseline import eval_mismatch, headline_of, pct_change
 from quantverdict.results.record import JobRecord, TaskResult
 from quantverdict.review.kld import kld_deltas
 from quantverdict.review.scorecard import TaskDelta
+from quantverdict.review.speed import beside
 
 # lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
 HASH_KEYS = ("doc_hash", "prompt_hash")
@@ -27,17 +27,9 @@ NO_WINDOWS = "no per-window data in this record: no interval"
 def read_samples(rec: JobRecord, task: str) -> list[dict[str, Any]] | None:
     """lm-eval's per-item rows of ``task``, beside the record (:attr:`JobRecord.source_dir`) or where written."""
     samples = rec.accuracy.samples or {}
-    if task not in samples or not samples[task]:
+    if (path := beside(rec, samples[task] if task in samples else None, "eval")) is None:
         return None
-    p = Path(samples[task])
-    # beside the record first: a copied record (docs/results) reads its own copy, not a path of another machine
-    source_dir = rec.source_dir
-    candidates = [Path(source_dir) / "eval" / p.name, Path(source_dir) / p.name] if source_dir else []
-    candidates.append(p)
-    for c in candidates:
-        if c.is_file():
-            return [json.loads(line) for line in c.read_text().splitlines() if line.strip()]
-    return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @dataclass
@@ -48,10 +40,6 @@ class Pairing:
     b: list[dict[str, Any]]
     note: str = ""
     refused: str | None = None
-
-
-def _short(h: Any) -> str:
-    return str(h)[:12]
 
 
 def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]) -> Pairing:
@@ -70,22 +58,14 @@ def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], ke
                 unchecked = unchecked or h == "doc_hash"
                 continue
             if ra[h] != rb[h]:
+                why = f"{task} doc_id {d}: {h} differs ({str(ra[h])[:12]}... vs {str(rb[h])[:12]}... in the baseline)"
                 what = "document" if h == "doc_hash" else "prompt"
                 return Pairing(
-                    [],
-                    [],
-                    refused=(
-                        f"{task} doc_id {d}: {h} differs ({_short(ra[h])}... vs {_short(rb[h])}... in the baseline): "
-                        f"the two runs did not score the same {what}; paired test refused"
-                    ),
+                    [], [], refused=f"{why}: the two runs did not score the same {what}; paired test refused"
                 )
     if unchecked and common:
         notes.append(NO_HASHES)
     return Pairing([ia[d] for d in common], [ib[d] for d in common], "; ".join(notes))
-
-
-def _join(*notes: str) -> str:
-    return "; ".join(n for n in notes if n)
 
 
 def _pairs(
@@ -96,11 +76,22 @@ def _pairs(
     if pairing.refused:
         td.note = td.refused = pairing.refused
     elif len(pairing.a) == 1:  # one item is no sample: no interval, never "significant"
-        td.paired, td.n, td.note = True, 1, _join(pairing.note, stats.too_few(1, unit) or "")
+        td.paired, td.n, td.note = True, 1, "; ".join(n for n in (pairing.note, stats.too_few(1, unit)) if n)
     elif pairing.a:
         td.paired, td.n, td.note = True, len(pairing.a), pairing.note
         return pairing
     return None
+
+
+def _boot(rc: ReviewConfig) -> dict[str, Any]:
+    return {"samples": rc.bootstrap_samples, "seed": rc.seed, "confidence": rc.confidence}
+
+
+def diff_interval(x: list[float], y: list[float], rc: ReviewConfig) -> Interval:
+    """The interval of ``mean(x) - mean(y)`` over paired items, by ``review.interval``."""
+    if rc.interval == "bootstrap":
+        return stats.bootstrap_mean_diff(x, y, **_boot(rc))
+    return stats.paired_normal_interval(x, y, rc.confidence)
 
 
 def _score_delta(
@@ -112,17 +103,11 @@ def _score_delta(
     if pairing:
         x = [float(r[metric]) for r in pairing.a]
         y = [float(r[metric]) for r in pairing.b]
-        if rc.interval == "bootstrap":
-            td.interval = stats.bootstrap_mean_diff(
-                x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence
-            )
-            if sum(y):
-                r = stats.bootstrap_ratio(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
-                td.recovery_interval = _scale(r, 100.0)
-        else:
-            td.interval = stats.paired_normal_interval(x, y, rc.confidence)
-            if sum(y):
-                td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
+        td.interval = diff_interval(x, y, rc)
+        if sum(y) and rc.interval == "bootstrap":
+            td.recovery_interval = _scale(stats.bootstrap_ratio(x, y, **_boot(rc)), 100.0)
+        elif sum(y):
+            td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
         if all(t in (0.0, 1.0) for t in x + y):
             td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
         # point values from the pairs (equal to the record's when every item paired)
@@ -135,8 +120,7 @@ def _score_delta(
     sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
     td.n = ma.n
     why = "no per-item samples" if not (sa and sb) else "no common items"
-    few = stats.too_few(td.n) if isinstance(td.n, int) else None
-    if few:
+    if few := stats.too_few(td.n) if isinstance(td.n, int) else None:
         td.note = f"{why}; {few}"
     elif sea is not None and seb is not None:
         td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence, n=td.n)
@@ -174,9 +158,7 @@ def _ppl_delta(
         num = [float(q["loglikelihood"]) - float(p["loglikelihood"]) for p, q in zip(ra, rb)]
         den = [float(p[count]) for p in ra]
         if rc.interval == "bootstrap":
-            iv = stats.bootstrap_ratio(
-                num, den, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence, unit="document"
-            )
+            iv = stats.bootstrap_ratio(num, den, **_boot(rc), unit="document")
         else:
             iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
         td.interval = _ppl_from_log_ratio(iv)
@@ -184,18 +166,14 @@ def _ppl_delta(
         return td
     if td.refused or td.paired:
         return td
-    td.note = (
-        "no per-document samples: no interval"
-        if count or "perplexity" in metric
-        else "lower is better: % change, no paired interval for this metric"
-    )
+    lower = "lower is better: % change, no paired interval for this metric"
+    td.note = "no per-document samples: no interval" if count or "perplexity" in metric else lower
     return td
 
 
 def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewConfig) -> TaskDelta:
     """Token perplexity's delta, paired over windows (:func:`quantverdict.measure.stats.window_log_ratio_interval`)."""
-    ta, tb = rec.accuracy.token_perplexity_section, base.accuracy.token_perplexity_section
-    wa, wb = ta.windows(), tb.windows()
+    wa, wb = rec.accuracy.token_perplexity_section.windows(), base.accuracy.token_perplexity_section.windows()
     if wa is None or wb is None:
         td.note = NO_WINDOWS
         return td
@@ -208,19 +186,10 @@ def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewC
         )
         return td
     td.paired, td.n = True, len(tok_a)
-    few = stats.too_few(td.n, "window")
-    if few:
+    if few := stats.too_few(td.n, "window"):
         td.note = few
         return td
-    iv = stats.window_log_ratio_interval(
-        nll_a,
-        nll_b,
-        tok_a,
-        method=str(rc.interval),
-        samples=rc.bootstrap_samples,
-        seed=rc.seed,
-        confidence=rc.confidence,
-    )
+    iv = stats.window_log_ratio_interval(nll_a, nll_b, tok_a, method=str(rc.interval), **_boot(rc))
     td.interval = _ppl_from_log_ratio(iv)
     td.significant = stats.significant(td.interval)
     return td
@@ -236,11 +205,8 @@ def accuracy_section(
     if not rec.accuracy.tasks and not rec.accuracy.token_perplexity:
         return [], None, ["no accuracy results"]
     if base is None:
-        return (
-            [],
-            None,
-            ["no baseline record with accuracy for this model: no deltas" + (f" ({no_base})" if no_base else "")],
-        )
+        why = f" ({no_base})" if no_base else ""
+        return [], None, [f"no baseline record with accuracy for this model: no deltas{why}"]
     reason = eval_mismatch(rec, base)
     if reason:
         return [], reason, []

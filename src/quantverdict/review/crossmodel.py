@@ -1,10 +1,9 @@
-"""Candidates across models on a target GPU (``review.target``), computed into
-:class:`quantverdict.review.document.CrossModel`: the best (model, scheme) that meets the constraints, and each bigger
-model quantized against each smaller one unquantized. KV budget: :func:`~quantverdict.measure.decode_bytes.
-target_kv_budget_bytes`; ceiling ratio: :func:`~quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode step:
-:func:`~quantverdict.measure.decode_fit.fit_decode_step`. ``config.bench.server``, ``config.model`` and
-``config.eval`` have no typed model in the record: read through :meth:`JobRecord.cfg`.
-"""
+"""Candidates across models on a target GPU (``review.target``): the best (model, scheme) that meets the constraints,
+and each bigger model quantized against each smaller one unquantized. KV budget:
+:func:`~quantverdict.measure.decode_bytes.target_kv_budget_bytes`; ceiling ratio:
+:func:`~quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode step:
+:func:`~quantverdict.measure.decode_fit.fit_decode_step`. ``config.bench.server``, ``config.model`` and ``config.eval``
+have no typed model in the record: read through :meth:`JobRecord.cfg`."""
 
 from __future__ import annotations
 
@@ -12,30 +11,26 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
 from quantverdict.config.targets import load_target, vllm_batch_defaults
 from quantverdict.measure import stats
 from quantverdict.measure.cost import usd_per_mtok
-from quantverdict.measure.decode_bytes import (
-    decode_step_bytes,
-    kv_capacity,
-    predicted_speed_ratio,
-    target_kv_budget_bytes,
-)
+from quantverdict.measure.decode_bytes import decode_step_bytes, kv_capacity, predicted_speed_ratio
+from quantverdict.measure.decode_bytes import target_kv_budget_bytes as kv_budget
 from quantverdict.measure.decode_fit import fit_decode_step, in_flight
 from quantverdict.measure.memory import GIB
 from quantverdict.results.baseline import headline_of
 from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review import sources
-from quantverdict.review.accuracy import pair_samples, read_samples
+from quantverdict.review.accuracy import diff_interval, pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import ceiling_is_floor, shape_of
+from quantverdict.review.speed import ceiling_is_floor, finite, shape_of
 from quantverdict.review.verdict import NON_BLOCKING, Checks
 
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
@@ -43,10 +38,8 @@ SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-_Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
 _TARGET = ("name", "gpu", "memory_gib", "memory_fraction")
+_Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
 
 
 @dataclass
@@ -75,7 +68,7 @@ def vllm_int_arg(args: list[Any], flag: str) -> int | None:
 
 
 def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
-    """The value of ``--kv-cache-memory-bytes`` in vLLM server arguments (:func:`vllm_int_arg`)."""
+    """``--kv-cache-memory-bytes`` in vLLM server arguments (:func:`vllm_int_arg`)."""
     return vllm_int_arg(args, "--kv-cache-memory-bytes")
 
 
@@ -84,9 +77,8 @@ def _serve_args(rec: JobRecord) -> list[Any]:
     return [*(extra if isinstance(extra, list) else []), *(model if isinstance(model, list) else [])]
 
 
-def _gpus(rec: JobRecord | None) -> list[GpuInfo]:
-    gpus = [GpuInfo.of(g) for g in (rec.environment.gpu if rec else None) or []]
-    return [g for g in gpus if g.memory_total_mib]
+def _gpus(rec: JobRecord) -> list[GpuInfo]:
+    return [g for g in map(GpuInfo.of, rec.environment.gpu or []) if g.memory_total_mib]
 
 
 def _run_budget_gib(rec: JobRecord) -> float | None:
@@ -102,7 +94,7 @@ def measured_overhead_gib(card: Scorecard, rec: JobRecord | None) -> float | Non
     budget = None if rec is None or parse_kv_cache_memory_bytes(_serve_args(rec)) else _run_budget_gib(rec)
     if budget is None or not m.server_weights_gib or not m.server_kv_cache_gib:
         return None
-    left = budget - float(m.server_weights_gib) - float(m.server_kv_cache_gib)
+    left = budget - m.server_weights_gib - m.server_kv_cache_gib
     return left if left >= 0 else None
 
 
@@ -113,12 +105,9 @@ def _target_fit(
     ``review.reserved_gib``, else :func:`measured_overhead_gib`, else ``borrowed`` for a job without a server."""
     m = card.memory
     vllm_log = m.weights_source == "vLLM log"
-    weights, how = None, ""
+    weights, how = (m.checkpoint_gib, "checkpoint bytes") if m.checkpoint_gib else (None, "")
     if vllm_log:
-        weights = whole_weights_gib(m, card.gpus)
-        how = "vLLM log" + (f" x {card.gpus} GPUs" if card.gpus > 1 else "")
-    elif m.checkpoint_gib:
-        weights, how = m.checkpoint_gib, "checkpoint bytes"
+        weights, how = whole_weights_gib(m, card.gpus), "vLLM log" + (f" x {card.gpus} GPUs" if card.gpus > 1 else "")
     bpt, kvb = m.kv_bytes_per_token, m.kv_dtype_bytes or 2
     if weights is None or not bpt:
         return weights, how, doc.TargetFit(fits=None, why="no weight size or no model dimensions"), []
@@ -132,40 +121,32 @@ def _target_fit(
         reserve, reserve_how = measured, "vLLM's overhead where the job ran"
     elif rc.reserved_gib <= 0 and borrowed is not None and not m.server_weights_gib and not m.server_kv_cache_gib:
         reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
-    budget = target_kv_budget_bytes(target.memory_gib, target.memory_fraction, weights * GIB, reserve * GIB)
-    max_len = _max_model_len(rec)
+    budget = kv_budget(target.memory_gib, target.memory_fraction, weights * GIB, reserve * GIB)
+    max_len, req = _max_model_len(rec), m.request_len_tokens
     fit = doc.TargetFit(
         kv_gib=budget / GIB, kv_bytes_per_token=bpt * s, reserve_gib=reserve, reserve_how=reserve_how, max_len=max_len
     )
     if max_len:
         cap = kv_capacity(budget, bpt * s, max_len, paging, state)
         fit.kv_tokens, fit.max_concurrency = int(cap["kv_tokens"]), cap["max_concurrency"]
-    req = m.request_len_tokens
     if budget <= 0:
-        fit.fits = False
-        fit.why = (
-            f"weights {weights:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
-            f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
-        )
+        fit.fits, fit.why = False, f"weights {weights:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
+        fit.why += f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
     elif req:
         cap = kv_capacity(budget, bpt * s, req, paging, state)
         fit.req_len, fit.req_concurrency = req, cap["max_concurrency"]
         if rc.kv_cache_tokens:
-            fit.fits = cap["kv_tokens"] >= rc.kv_cache_tokens
-            need = f"{rc.kv_cache_tokens:,} KV tokens"
+            fit.fits, need = cap["kv_tokens"] >= rc.kv_cache_tokens, f"{rc.kv_cache_tokens:,} KV tokens"
         else:
             fit.fits = cap["max_concurrency"] >= rc.concurrent_requests
             need = f"{rc.concurrent_requests} concurrent {req}-token requests"
         fit.why = "" if fit.fits else f"holds {cap['max_concurrency']:.1f} {req}-token requests, needs {need}"
     else:
         fit.why = "no request length (bench.input_len + output_len)"
-    flags = []
-    if fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests:
-        flags.append(
-            f"fits the stated load, but its {fit.kv_gib:.2f} GiB of KV cache hold only "
-            f"{fit.max_concurrency:.1f} max-length ({max_len:,}-token) requests"
-        )
-    return weights, how, fit, flags
+    if not (fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests):
+        return weights, how, fit, []
+    flag = f"fits the stated load, but its {fit.kv_gib:.2f} GiB of KV cache hold only {fit.max_concurrency:.1f} "
+    return weights, how, fit, [flag + f"max-length ({max_len:,}-token) requests"]
 
 
 def _max_model_len(rec: JobRecord | None) -> int | None:
@@ -181,8 +162,7 @@ def _vllm_figures(
     m = card.memory
     if rec is None or not (m.server_kv_cache_gib or m.server_kv_tokens):
         return doc.VllmFigures(), []
-    served = parse_kv_cache_memory_bytes(_serve_args(rec))
-    run_budget = _run_budget_gib(rec)
+    served, run_budget = parse_kv_cache_memory_bytes(_serve_args(rec)), _run_budget_gib(rec)
     how, at_target = "the budget where the job ran", False
     if served is not None:
         at_target = bool(kv_target and kv_target > 0 and abs(served / GIB - kv_target) / kv_target <= SAME_BUDGET)
@@ -190,28 +170,20 @@ def _vllm_figures(
     elif target is not None and run_budget is not None:
         want = target.memory_gib * target.memory_fraction
         at_target = abs(run_budget - want) / want <= 0.02
-        if at_target:
-            how = f"memory fraction x GPU memory = {run_budget:.2f} GiB"
+        how = f"memory fraction x GPU memory = {run_budget:.2f} GiB" if at_target else how
     batch, flags = _batch_limits(rec, target) if target is not None and at_target else (None, [])
-    figures = doc.VllmFigures(
-        kv_gib=m.server_kv_cache_gib or (served / GIB if served else None),
-        kv_tokens=m.server_kv_tokens,
-        max_concurrency=m.server_max_concurrency,
-        served_kv_bytes=served,
-        at_target=at_target,
-        how=("the target's budget: " if at_target else "") + how,
-        batch=batch,
-    )
+    kv_gib = m.server_kv_cache_gib or (served / GIB if served else None)
+    how = ("the target's budget: " if at_target else "") + how
+    figures = doc.VllmFigures(kv_gib=kv_gib, kv_tokens=m.server_kv_tokens, max_concurrency=m.server_max_concurrency)
+    figures.served_kv_bytes, figures.at_target, figures.how, figures.batch = served, at_target, how, batch
     return figures, flags
 
 
 def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits | None, list[str]]:
-    """The served ``max_num_seqs`` / ``max_num_batched_tokens`` beside vLLM's defaults on the target; a flag if they
-    differ."""
-    gpus = _gpus(rec)
+    """The served ``max_num_seqs``/``max_num_batched_tokens`` beside vLLM's defaults on the target; a flag if unlike."""
+    gpus, args = _gpus(rec), _serve_args(rec)
     if not gpus:
         return None, []
-    args = _serve_args(rec)
     ran = vllm_batch_defaults(str(gpus[0].name or ""), float(gpus[0].memory_total_mib or 0) / 1024)
     seqs = int(_server(rec).get("max_num_seqs") or vllm_int_arg(args, "--max-num-seqs") or ran[0])
     tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
@@ -250,13 +222,12 @@ def _scores(card: Scorecard, rec: JobRecord | None, cards: list[Scorecard]) -> d
     out = {}
     for task, (metric, value, n) in sorted(found.items()):
         s = out[task] = doc.TaskScore(metric=metric, value=value, n=n)
-        if (od := own.get(task)) is None:
-            continue
-        if od.kind == "score" and od.delta is not None:
+        od = own[task] if task in own else None
+        if od is not None and od.kind == "score" and od.delta is not None:
             s.own_delta_kind, s.own_delta = doc.DeltaKind.SCORE, od.delta
-        elif od.delta_pct is not None:
+        elif od is not None and od.delta_pct is not None:
             s.own_delta_kind, s.own_delta = doc.DeltaKind(od.kind), od.delta_pct
-        if s.own_delta is not None and od.interval is not None:
+        if od is not None and s.own_delta is not None and od.interval is not None:
             s.own_delta_low, s.own_delta_high = od.interval.low, od.interval.high
     return out
 
@@ -295,20 +266,16 @@ def _candidate(
     checks: Checks,
 ) -> _Job:
     flags: list[str] = []
-    fit = doc.TargetFit()
+    weights, how, fit = card.memory.weights_gib, card.memory.weights_source or "", doc.TargetFit()
     if target is not None:
         weights, how, fit, flags = _target_fit(card, rec, target, rc, borrowed)
-    else:
-        weights, how = card.memory.weights_gib, card.memory.weights_source or ""
     vllm, batch_flags = _vllm_figures(card, rec, target, fit.kv_gib)
     sp = card.speed
     step_bytes, step_how = None, ""
-    decode_bytes = sp.roofline.decode_bytes if sp.roofline else None
-    if decode_bytes:
+    if decode_bytes := sp.roofline.decode_bytes if sp.roofline else None:
         step_bytes, step_how = float(decode_bytes), ROOFLINE_BYTES
     elif w := weights or card.memory.weights_gib:
         step_bytes, step_how = decode_step_bytes(w * GIB), "weights GiB"
-    tpot, itl, fit_levels = _decode_fits(sp)
     why_not = []
     if target is not None and not fit.fits:
         why_not.append(f"memory on {target.name} {'fails' if fit.fits is False else 'not checked'}: {fit.why}")
@@ -316,6 +283,7 @@ def _candidate(
         check = checks.get(name)
         if check is None or check.outcome not in NON_BLOCKING:
             why_not.append(f"{name}: {(check.cite or check.text) if check else 'not checked'}")
+    tpot, itl, fit_levels = _decode_fits(sp)
     out = doc.Candidate(
         name=f"{card.model} {card.scheme} ({card.label})",
         model=card.model,
@@ -324,7 +292,7 @@ def _candidate(
         weights_how=how,
         target=fit,
         vllm=vllm,
-        ceiling_tok_s=_finite(sp.ceiling.output_tok_s if sp.ceiling else None),
+        ceiling_tok_s=finite(sp.ceiling.output_tok_s if sp.ceiling else None),
         ceiling_lower_bound=ceiling_is_floor(sp),
         step_bytes=step_bytes,
         step_bytes_how=step_how,
@@ -340,16 +308,11 @@ def _candidate(
     return _Job(card, rec, out)
 
 
-def _finite(v: float | None) -> float | None:
-    return v if v is None or math.isfinite(v) else None
-
-
 def _records_by_id(source: str) -> dict[str, JobRecord]:
     src = Path(source)
     if not src.is_dir():  # an MLflow source: the downloaded records are gone by now; cards only
         return {}
-    records, _ = sources.load_dir(src)
-    return {str(r.job.id): r for r in records}
+    return {str(r.job.id): r for r in sources.load_dir(src)[0]}
 
 
 def _mean_score(c: doc.Candidate, tasks: list[str]) -> float | None:
@@ -361,10 +324,8 @@ def _mean_score(c: doc.Candidate, tasks: list[str]) -> float | None:
 def _model_size(jobs: list[_Job], model: str) -> float:
     """16-bit size GiB: the baseline's checkpoint, else the largest checkpoint scaled to 16 bits."""
     mine = [j.card for j in jobs if j.card.model == model]
-    for sc in mine:
-        if sc.is_baseline and sc.memory.checkpoint_gib:
-            return float(sc.memory.checkpoint_gib)
-    return max((sc.memory.checkpoint_gib or 0.0) * (4.0 if sc.tier == 2 else 2.0) for sc in mine)
+    base = [float(sc.memory.checkpoint_gib) for sc in mine if sc.is_baseline and sc.memory.checkpoint_gib]
+    return base[0] if base else max((sc.memory.checkpoint_gib or 0.0) * (4.0 if sc.tier == 2 else 2.0) for sc in mine)
 
 
 def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
@@ -376,15 +337,9 @@ def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, 
         if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
             sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
         pairing = pair_samples(task, sa, sb, (metric,))  # refuses (no rows) when a doc_hash/prompt_hash differs
-        ra, rb = pairing.a, pairing.b
-        if len(ra) >= 2:
-            x, y = [float(r[metric]) for r in ra], [float(r[metric]) for r in rb]
-            iv = (
-                stats.bootstrap_mean_diff(x, y, samples=rc.bootstrap_samples, seed=rc.seed, confidence=rc.confidence)
-                if rc.interval == "bootstrap"
-                else stats.paired_normal_interval(x, y, rc.confidence)
-            )
-            return sum(x) / len(x) - sum(y) / len(y), iv, len(x)
+        if len(pairing.a) >= 2:
+            x, y = [float(r[metric]) for r in pairing.a], [float(r[metric]) for r in pairing.b]
+            return sum(x) / len(x) - sum(y) / len(y), diff_interval(x, y, rc), len(x)
     return a.out.scores[task].value - b.out.scores[task].value, None, 0
 
 
@@ -398,12 +353,10 @@ def target_price(
         return None, ""
     gpus_ran = [line for line in environment if line.startswith(GPU_LINE)]
     if not ran_gpu or len(ran_gpu) != len(gpus_ran):
-        where = [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in gpus_ran] or [
-            line for line in environment if line.startswith("CPU")
-        ]
+        where = [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in gpus_ran]
+        where = where or [line for line in environment if line.startswith("CPU")]
         return None, f"not comparable: ran on {', '.join(where) or 'a device not recorded'}"
-    found = gpu_price(environment, prices)
-    if found is not None:
+    if (found := gpu_price(environment, prices)) is not None:
         return found[2], f"review.gpu_price_per_hour.{found[1]}"
     if target.price_per_hour:
         return float(target.price_per_hour), f"target {target.name} price_per_hour"
@@ -444,8 +397,7 @@ def _cross_model(
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
-    mixed = len(set(shapes.values())) > 1
-    for c in [c for c in cands if mixed and c.name in shapes]:
+    for c in [c for c in cands if len(set(shapes.values())) > 1 and c.name in shapes]:
         others = "; ".join(sorted({t for t in shapes.values() if t != shapes[c.name]}))
         c.flags.append(
             f"swept at {shapes[c.name]}, other candidates at {others}: its speed figures and ratios here "
@@ -462,20 +414,19 @@ def _cross_model(
     common = set.intersection(*(set(j.out.scores) for j in eligible)) if eligible else set()
     score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].out.scores[t].metric)
     scored = bool(score_tasks) and all(_mean_score(j.out, score_tasks) is not None for j in eligible)
-    base_score = {
-        j.card.model: _mean_score(j.out, score_tasks) for j in jobs if j.card.is_baseline and j.out.scores and scored
-    }
-
-    def score(j: _Job) -> float:
-        """Mean score; a scheme with no significant own delta scores as its baseline (the tie goes to the milder)."""
-        own = [d for d in j.card.accuracy if d.kind == "score" and d.name in score_tasks]
-        if not j.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(j.card.model):
-            return float(base_score[j.card.model] or 0.0)
-        return _mean_score(j.out, score_tasks) or 0.0
+    base_score = {j.card.model: _mean_score(j.out, score_tasks) for j in jobs if j.card.is_baseline and scored}
 
     def key(j: _Job) -> tuple[float, int, float, float]:
+        """Mean score (a scheme with no significant own delta scores as its baseline: the tie goes to the milder),
+        the milder scheme, the ceiling and max concurrency."""
         speed = (j.out.ceiling_tok_s or 0.0, j.out.target.max_concurrency or 0.0)
-        return (score(j), -j.card.tier, *speed) if scored else (0.0, 0, *speed)
+        if not scored:
+            return (0.0, 0, *speed)
+        own = [d for d in j.card.accuracy if d.kind == "score" and d.name in score_tasks]
+        mine = _mean_score(j.out, score_tasks) or 0.0
+        if not j.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(j.card.model):
+            mine = float(base_score[j.card.model] or 0.0)
+        return (mine, -j.card.tier, *speed)
 
     chosen = max(eligible, key=key).out if eligible else None
     for c in cands:
@@ -483,27 +434,13 @@ def _cross_model(
     comparisons, paired, reference = _compare(jobs, target, rc)
     for c, j in zip(cands, jobs):
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
-    loads: dict[str, float] = {}
-    for j in jobs:
-        for p in j.card.speed.points:
-            loads[p.label] = p.load
-    t = target
-    return doc.CrossModel(
-        target=None
-        if t is None
-        else doc.Target(**{k: getattr(t, k) for k in _TARGET}, budget_gib=t.memory_gib * t.memory_fraction),
-        ran_on_target=bool(ran_gpu),
-        ran=ran,
-        chosen=chosen.name if chosen else None,
-        score_tasks=score_tasks if scored else [],
-        comparisons=comparisons,
-        paired=paired,
-        reference=reference.name if reference else None,
-        price_usd_per_gpu_hour=price,
-        price_note=price_how,
-        sweep_loads=sorted(loads, key=lambda k: loads[k]),
-        candidates=cands,
-    )
+    loads = {p.label: p.load for j in jobs for p in j.card.speed.points}
+    v: dict[str, Any] = dict(target=None, ran_on_target=bool(ran_gpu), ran=ran, chosen=chosen.name if chosen else None)
+    if (t := target) is not None:
+        v["target"] = {k: getattr(t, k) for k in _TARGET} | dict(budget_gib=t.memory_gib * t.memory_fraction)
+    v |= dict(score_tasks=score_tasks if scored else [], comparisons=comparisons, paired=paired, candidates=cands)
+    v |= dict(reference=reference.name if reference else None, price_usd_per_gpu_hour=price, price_note=price_how)
+    return doc.CrossModel.model_validate(v | dict(sweep_loads=sorted(loads, key=lambda k: loads[k])))
 
 
 def _compare(
@@ -515,40 +452,26 @@ def _compare(
     ref = min(bases, key=lambda j: sizes[j.card.model]) if bases else (jobs[0] if jobs else None)
     comparisons: list[doc.Comparison] = []
     paired: list[doc.PairedAcross] = []
-    for small in bases:
-        for big in jobs:
-            if sizes[big.card.model] <= sizes[small.card.model] or big.card.tier == 0:
-                continue
-            b, s = big.out, small.out
-            basis: Literal["concurrency", "weights"] = "concurrency" if target is not None else "weights"
-            mb, ms = (b.target.max_concurrency, s.target.max_concurrency) if target else (b.weights_gib, s.weights_gib)
-            mem = None
-            if mb is not None and ms is not None and target is not None:
-                mem = b.model if mb > ms else s.model if ms > mb else "tie"
-            elif mb is not None and ms is not None:
-                mem = b.model if mb < ms else s.model
-            rows = _paired_rows(big, small, rc)
-            paired += rows
-            wins_big = sum(r.significant and r.difference > 0 for r in rows)
-            wins_small = sum(r.significant and r.difference < 0 for r in rows)
-            x, y = b.ceiling_tok_s or 0.0, s.ceiling_tok_s or 0.0
-            comparisons.append(
-                doc.Comparison(
-                    bigger=b.name,
-                    smaller=s.name,
-                    memory_winner=mem,
-                    memory_basis=None if mem is None else basis,
-                    memory_bigger=mb,
-                    memory_smaller=ms,
-                    tasks=len(rows),
-                    accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None,
-                    wins_bigger=wins_big,
-                    wins_smaller=wins_small,
-                    speed_winner=(b.model if x > y else s.model) if x and y else None,
-                    speed_bigger=b.ceiling_tok_s,
-                    speed_smaller=s.ceiling_tok_s,
-                )
-            )
+    for small, big in [(s, b) for s in bases for b in jobs]:
+        if sizes[big.card.model] <= sizes[small.card.model] or big.card.tier == 0:
+            continue
+        b, s = big.out, small.out
+        mb, ms = (b.target.max_concurrency, s.target.max_concurrency) if target else (b.weights_gib, s.weights_gib)
+        mem = None
+        if mb is not None and ms is not None:  # the most requests on the target, else the smallest weights
+            mem = (b.model if mb > ms else s.model if ms > mb else "tie") if target else b.model if mb < ms else s.model
+        rows = _paired_rows(big, small, rc)
+        paired += rows
+        wins_big = sum(r.significant and r.difference > 0 for r in rows)
+        wins_small = sum(r.significant and r.difference < 0 for r in rows)
+        x, y = b.ceiling_tok_s or 0.0, s.ceiling_tok_s or 0.0
+        basis = None if mem is None else "concurrency" if target is not None else "weights"
+        v: dict[str, Any] = dict(bigger=b.name, smaller=s.name, memory_winner=mem, memory_basis=basis)
+        v |= dict(memory_bigger=mb, memory_smaller=ms, tasks=len(rows), wins_bigger=wins_big, wins_smaller=wins_small)
+        v |= dict(accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None)
+        v |= dict(speed_bigger=b.ceiling_tok_s, speed_smaller=s.ceiling_tok_s)
+        v["speed_winner"] = (b.model if x > y else s.model) if x and y else None
+        comparisons.append(doc.Comparison.model_validate(v))
     return comparisons, paired, None if ref is None else ref.out
 
 
@@ -556,12 +479,14 @@ def _paired_rows(big: _Job, small: _Job, rc: ReviewConfig) -> list[doc.PairedAcr
     """The paired rows of the score tasks (higher is better) both measured; word perplexity stays absolute."""
     b, s, rows = big.out, small.out, []
     for t in sorted(t for t in set(b.scores) & set(s.scores) if "perplexity" not in b.scores[t].metric):
-        (d, iv, n), m = _paired_diff(big, small, t, rc), b.scores[t].metric
+        d, iv, n = _paired_diff(big, small, t, rc)
         lo, hi, sig = (None, None, False) if iv is None else (iv.low, iv.high, iv.excludes_zero())
-        row = doc.PairedAcross(
-            bigger=b.name, smaller=s.name, task=t, metric=m, difference=d, low=lo, high=hi, n=n, significant=sig
+        m = b.scores[t].metric
+        rows.append(
+            doc.PairedAcross(
+                bigger=b.name, smaller=s.name, task=t, metric=m, difference=d, low=lo, high=hi, n=n, significant=sig
+            )
         )
-        rows.append(row)
     return rows
 
 

@@ -1,9 +1,7 @@
-"""The KL divergence to the baseline in the review: ``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary`
-fields, the baseline's stored entry, or ``{"refused": reason}``) becomes two :class:`TaskDelta` of kind ``kld`` (mean
-KLD, top-1 agreement; :func:`kld_deltas`); :func:`with_kld_constraint` adds ``review.max_mean_kld`` and
-``review.min_top1_agreement_pct`` to the accuracy check, judged like the other floors
-(:func:`quantverdict.review.verdict.floor_test_of`). A top-k KLD is a lower bound of the true one: failing on it is
-failing, passing is the bound's pass."""
+"""The KL divergence to the baseline: ``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary` fields, the
+baseline's entry, or ``{"refused": reason}``) becomes :class:`TaskDelta` of kind ``kld``; ``review.max_mean_kld`` and
+``review.min_top1_agreement_pct`` join the accuracy check, judged like the other floors. A top-k KLD is a lower bound
+of the true one: failing on it is failing, passing is the bound's pass."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ from quantverdict.measure.stats import Interval
 from quantverdict.results.record import Block, JobRecord
 from quantverdict.review.document import Check, Criterion, CriterionMetric, KldFigures, Outcome
 from quantverdict.review.scorecard import Scorecard, TaskDelta
+from quantverdict.review.speed import finite
 from quantverdict.review.words import say
-
-__all__ = ["KLD", "kld_deltas", "with_kld_constraint"]
 
 KLD = "kld"  # TaskDelta.kind and .name of the KLD deltas
 MEAN, TOP1 = "mean_kld", "top1_agreement_pct"
@@ -26,10 +23,7 @@ REFUSED = "refused"
 # the check statuses by the short names the checks use (review.verdict imports them from here)
 PASS, FAIL, UNKNOWN, OFF = Outcome.PASS, Outcome.FAIL, Outcome.UNKNOWN, Outcome.OFF
 NOT_APPLICABLE = Outcome.NOT_APPLICABLE
-
-
-def _finite(v: float | None) -> float | None:
-    return None if v is None or not math.isfinite(v) else float(v)
+_finite = finite  # the name review.verdict imports
 
 
 def _criterion(
@@ -47,40 +41,23 @@ def _criterion(
 ) -> Criterion:
     """``judged`` (default ``observed``) held against ``threshold``; the outcome is ``ok`` where given, else the
     comparison; ``unknown`` without a finite value."""
-    value = _finite(observed if judged is None else judged)
+    value = finite(observed if judged is None else judged)
     if ok is None and value is not None:
         ok = value <= threshold if comparison == "<=" else value >= threshold
-    return Criterion(
-        metric=metric,
-        subject=subject,
-        limit=limit,
-        comparison=comparison,
-        threshold=threshold,
-        observed=_finite(observed),
-        judged=value,
-        test=test,
-        outcome=UNKNOWN if ok is None or value is None else PASS if ok else FAIL,
-        note=note,
-    )
+    outcome = UNKNOWN if ok is None or value is None else PASS if ok else FAIL
+    v: dict[str, Any] = dict(metric=metric, subject=subject, limit=limit, comparison=comparison, threshold=threshold)
+    v |= dict(observed=finite(observed), judged=value, test=test, outcome=outcome, note=note)
+    return Criterion.model_validate(v)
 
 
 FloorTest = Callable[[TaskDelta, ReviewConfig], str]
 
 
 class _KldEntry(Block):
-    """``accuracy.kld`` as written: ``role`` ``baseline`` on the baseline's entry, ``refused`` why a scheme could not
-    compare."""
+    """``accuracy.kld``: ``role`` ``baseline`` on the baseline's entry, ``refused`` why a scheme could not compare."""
 
     role: str | None = None
     refused: str | None = None
-
-
-def _figures(entry: _KldEntry) -> KldFigures:
-    """The summary's figures (non-finite ones None; the entry's other keys are the job's bookkeeping)."""
-    known = {k: v for k, v in entry.model_dump().items() if k in KldFigures.model_fields}
-    return KldFigures.model_validate(
-        {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in known.items()}
-    )
 
 
 def _interval(estimate: float, low: float | None, high: float | None, method: str | None) -> Interval | None:
@@ -98,7 +75,11 @@ def kld_deltas(rec: JobRecord) -> list[TaskDelta]:
     entry = _KldEntry.of(rec.accuracy.kld)
     if entry.role == "baseline":
         return []
-    f = _figures(entry)
+    # the summary's figures, non-finite ones None (the entry's other keys are the job's bookkeeping)
+    known = {k: v for k, v in entry.model_dump().items() if k in KldFigures.model_fields}
+    f = KldFigures.model_validate(
+        {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in known.items()}
+    )
     if entry.refused is not None or f.mean_kld is None:
         why = entry.refused or "no mean KLD in the record"
         return [TaskDelta(KLD, REFUSED, KLD, math.nan, 0.0, note=f"KL divergence not compared: {why}", kld=f)]

@@ -1,9 +1,11 @@
 """Memory of a scheme in GiB: weights, KV cache for the stated capacity, and the budget left (KV bytes and hybrid
-paging: :mod:`quantverdict.measure.kv_cache`)."""
+paging: :mod:`quantverdict.measure.kv_cache`). ``config.bench``, ``config.model`` and ``config.kv`` have no typed
+model in the record: read through :meth:`JobRecord.cfg`."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.kv_cache import (
@@ -14,13 +16,13 @@ from quantverdict.measure.kv_cache import (
     state_bytes_per_sequence,
 )
 from quantverdict.measure.memory import DTYPE_BYTES, GIB
-from quantverdict.results.record import ChosenDtype, JobRecord, JsonObject
-from quantverdict.review.document import HybridPaging, Memory
+from quantverdict.results.record import ChosenDtype, JobRecord, JsonObject, Kernel, ModelDims
+from quantverdict.review.document import Memory
 from quantverdict.review.flags import Flag, FlagCode
 
 
 def server_cfg(rec: JobRecord) -> JsonObject:
-    """``config.bench.server``: config sections have no typed model in the record."""
+    """``config.bench.server``."""
     server = rec.cfg("bench").get("server")
     return server if isinstance(server, dict) else {}
 
@@ -45,9 +47,7 @@ def served_dtype(rec: JobRecord) -> str | None:
 
 def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
     """A flag when ``rec`` and its baseline were served in different compute dtypes."""
-    if base is None or base is rec:
-        return []
-    mine, theirs = served_dtype(rec), served_dtype(base)
+    mine, theirs = (served_dtype(rec), served_dtype(base)) if base is not None and base is not rec else (None, None)
     if not mine or not theirs or mine == theirs:
         return []
     why = ChosenDtype.of(rec.speed.dtype).why
@@ -77,15 +77,11 @@ def _weights(rec: JobRecord) -> tuple[float | None, str | None, list[str]]:
         return float(sv.weights_gib), "vLLM log", []
     if not ck.total_weight_bytes:
         return None, None, ["no weight size (neither vLLM log nor checkpoint)"]
-    dtype = served_compute_dtype(rec)
-    roles = ck.bytes_by_role or {}
-    kept = roles["kept_16bit"] if "kept_16bit" in roles else None
+    dtype, roles = served_compute_dtype(rec), ck.bytes_by_role or {}
     factor = DTYPE_BYTES.get(dtype, 2) / 2
-    if factor == 1 or kept is None:
-        total, how = float(ck.total_weight_bytes), "checkpoint bytes"
-    else:
-        total = float(ck.total_weight_bytes) + (factor - 1) * float(kept)
-        how = f"checkpoint bytes, 16-bit tensors in {dtype}"
+    total, how = float(ck.total_weight_bytes), "checkpoint bytes"
+    if factor != 1 and "kept_16bit" in roles:
+        total, how = total + (factor - 1) * float(roles["kept_16bit"]), f"checkpoint bytes, 16-bit tensors in {dtype}"
     missing = ["no vLLM server memory (server log): weights = the checkpoint's weight bytes"] if sv.is_empty() else []
     return total / GIB, how, missing
 
@@ -95,10 +91,12 @@ def _request_len(rec: JobRecord, rc: ReviewConfig) -> int | None:
     return rc.request_len_tokens or (int(str(n_in)) + int(str(n_out)) if n_in and n_out else None)
 
 
-def _kernel_name(k: object) -> str:
-    if isinstance(k, dict):
-        return f"{k.get('kernel')} ({k.get('method')})" if k.get("method") else str(k.get("kernel"))
-    return str(k)
+def _kernel_name(k: Any) -> str:
+    """``Kernel (method)`` of a ``memory.server.kernels`` entry."""
+    if not isinstance(k, dict):
+        return str(k)
+    kernel = Kernel.of(k)
+    return f"{kernel.kernel} ({kernel.method})" if kernel.method else str(kernel.kernel)
 
 
 def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[Memory, list[str]]:
@@ -113,8 +111,8 @@ def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[Memory, list[str]]
     bpt = kv_bytes_per_token(dims, dtype_bytes)
     if bpt is None:
         missing.append("no model dimensions: KV-cache bytes per token unknown")
-    layer_types = dims.get("layer_types")
-    if "linear_attention" in (layer_types if isinstance(layer_types, list) else []) and not dims.get("num_kv_layers"):
+    named = ModelDims.of(dims)
+    if "linear_attention" in (named.layer_types or []) and not named.num_kv_layers:
         missing.append("hybrid model without num_kv_layers: the KV cache is counted in every layer (too much)")
     rlen = _request_len(rec, rc)
     # vLLM keeps a hybrid model's recurrent state in the served dtype (mamba_ssm_cache_dtype auto)
@@ -144,44 +142,25 @@ def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[Memory, list[str]]
         else:
             budget_tokens = max(0, int(free * GIB // bpt))
             budget_seqs = budget_tokens / rlen if rlen else None
-    memory = Memory(
-        need_gib=need,
-        budget_gib=rc.memory_budget_gib,
-        weights_gib=weights,
-        weights_source=weights_source,
-        kv_needed_gib=kv_gib,
-        kv_needed_tokens=tokens,
-        kv_dtype=kv_dtype,
-        kv_dtype_bytes=dtype_bytes,
-        kv_bytes_per_token=bpt,
-        kv_bytes_per_token_measured=sv.kv_cache_gib * GIB / sv.kv_cache_tokens
-        if sv.kv_cache_gib and sv.kv_cache_tokens
-        else None,
-        # vLLM's KV tokens = max concurrency x request length: its bytes per token include the states
-        kv_bytes_per_token_paged=paged_bytes_per_sequence(paging, int(req)) / int(req) if paging and req else None,
-        kv_scale_bytes=kv_scale_bytes(dims, "fp8" if dtype_bytes == 1 else "auto"),
-        state_bytes_per_sequence=state,
-        state_needed_gib=state_gib,
-        reserved_gib=rc.reserved_gib,
-        request_len_tokens=rlen,
-        kv_fp8_needed_gib=kv_fp8_gib,
-        need_gib_kv_fp8=need - kv_gib + kv_fp8_gib
-        if kv_fp8_gib is not None and need is not None and kv_gib is not None
-        else None,
-        budget_kv_tokens=budget_tokens,
-        budget_max_concurrency=budget_seqs,
-        checkpoint_gib=ck.total_weight_bytes / GIB if ck.total_weight_bytes else None,
-        bits_per_weight=ck.effective_bits_per_weight,
-        served_dtype=served,
-        hybrid_paging=None if paging is None else HybridPaging.model_validate(paging),
-        server_weights_gib=sv.weights_gib,
-        server_kv_cache_gib=sv.kv_cache_gib,
-        server_kv_tokens=sv.kv_cache_tokens,
-        server_max_concurrency=sv.max_concurrency,
-        kernels=[_kernel_name(k) for k in sv.kernels or []],
-        fallback=bool(sv.fallback),
-        fallback_lines=list(sv.fallback_lines or []),
-        unquantized_gemm_fallback=bool(sv.unquantized_gemm_fallback),
-        quantization=sv.quantization,
+    measured = sv.kv_cache_gib * GIB / sv.kv_cache_tokens if sv.kv_cache_gib and sv.kv_cache_tokens else None
+    # vLLM's KV tokens = max concurrency x request length: its bytes per token include the states
+    paged = paged_bytes_per_sequence(paging, int(req)) / int(req) if paging and req else None
+    fp8_need = (
+        need - kv_gib + kv_fp8_gib if kv_fp8_gib is not None and need is not None and kv_gib is not None else None
     )
-    return memory, missing
+    scale, ck_gib = kv_scale_bytes(dims, "fp8" if dtype_bytes == 1 else "auto"), ck.total_weight_bytes
+    v: dict[str, Any] = dict(need_gib=need, budget_gib=rc.memory_budget_gib, weights_gib=weights)
+    v |= dict(weights_source=weights_source, kv_needed_gib=kv_gib, kv_needed_tokens=tokens, kv_dtype=kv_dtype)
+    v |= dict(kv_dtype_bytes=dtype_bytes, kv_bytes_per_token=bpt, kv_bytes_per_token_measured=measured)
+    v |= dict(kv_bytes_per_token_paged=paged, kv_scale_bytes=scale, state_bytes_per_sequence=state)
+    v |= dict(state_needed_gib=state_gib, reserved_gib=rc.reserved_gib, request_len_tokens=rlen)
+    v |= dict(kv_fp8_needed_gib=kv_fp8_gib, need_gib_kv_fp8=fp8_need, budget_kv_tokens=budget_tokens)
+    v |= dict(budget_max_concurrency=budget_seqs, checkpoint_gib=ck_gib / GIB if ck_gib else None)
+    v |= dict(bits_per_weight=ck.effective_bits_per_weight, served_dtype=served, hybrid_paging=paging)
+    v |= dict(
+        server_weights_gib=sv.weights_gib, server_kv_cache_gib=sv.kv_cache_gib, server_kv_tokens=sv.kv_cache_tokens
+    )
+    v |= dict(server_max_concurrency=sv.max_concurrency, kernels=[_kernel_name(k) for k in sv.kernels or []])
+    v |= dict(fallback=bool(sv.fallback), fallback_lines=list(sv.fallback_lines or []), quantization=sv.quantization)
+    v |= dict(unquantized_gemm_fallback=bool(sv.unquantized_gemm_fallback))
+    return Memory.model_validate(v), missing

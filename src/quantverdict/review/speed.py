@@ -3,6 +3,7 @@ ceiling, goodput (per request, from each point's ``--save-detailed`` file) and l
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -37,12 +38,13 @@ MEDIANS = tuple(
 Point = doc.SpeedPoint | doc.AtLoad
 
 
-def _finite(v: Any) -> float | None:
+def finite(v: Any) -> float | None:
+    """``v`` as a float; None unless a finite number."""
     return float(v) if is_number(v) and math.isfinite(v) else None
 
 
 def _minmax(lo: Any, hi: Any) -> doc.MinMax | None:
-    a, b = _finite(lo), _finite(hi)
+    a, b = finite(lo), finite(hi)
     return None if a is None or b is None else doc.MinMax(min=a, max=b)
 
 
@@ -62,10 +64,9 @@ def workload(rec: JobRecord) -> doc.Workload:
     """The request shape of a record's sweep, from ``config.bench`` (untyped config)."""
     bench = rec.cfg("bench")
     name, n_in, n_out = bench.get("name"), bench.get("input_len"), bench.get("output_len")
+    shape = "request shape not recorded"
     if is_number(n_in) and is_number(n_out):
         shape = f"{int(float(n_in)):,} in / {int(float(n_out)):,} out tokens per request"
-    else:
-        shape = "request shape not recorded"
     text = shape + (f" (bench={name})" if name else "")
     return doc.Workload.model_validate({"bench": name, "input_len": n_in, "output_len": n_out, "text": text})
 
@@ -102,7 +103,7 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
     for level in _levels(raw, mode):
         agg = aggregate.median_point(level.valid)
         spread = {k: r for k, v in aggregate.ranges(level.valid, SPREAD_KEYS).items() if (r := _minmax(*v))}
-        fields: dict[str, Any] = {k: _finite(agg[k]) if k in agg else None for k in MEDIANS}
+        fields: dict[str, Any] = {k: finite(agg[k]) if k in agg else None for k in MEDIANS}
         votes = (point_checks.point_saturation(q)["saturated"] for q in level.valid)
         fields |= {"label": level_label(level.load, mode), "load": level.load, "saturated": aggregate.majority(votes)}
         fields |= {"valid_repeats": len(level.valid), "repeats": len(level.points), "spread": spread}
@@ -127,12 +128,6 @@ def ceiling_is_floor(speed: doc.Speed) -> bool:
     return speed.ceiling is not None and speed.ceiling.lower_bound
 
 
-def _stopped_why(rec: JobRecord) -> str:
-    if rec.status in (None, "ok"):
-        return ""
-    return f" (job {rec.status}" + (f" in stage {rec.failed_stage})" if rec.failed_stage else ")")
-
-
 def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
     """Whether a point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
     pairs = [(v, lim) for v, lim in ((p.ttft_ms_p99, rc.ttft_ms_p99), (p.itl_ms_p99, rc.itl_ms_p99)) if lim is not None]
@@ -145,25 +140,19 @@ def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tup
         return None, "no speed points"
     if rc.load_rps is None and rc.load_concurrency is None:
         return points[0], f"no load stated: lowest measured load ({points[0].label})"
-    if mode == "rate":
-        if rc.load_rps is None:
-            return None, "the sweep is open-loop (rates); a concurrency load needs bench.mode=concurrency"
-        above = [p for p in points if p.load >= rc.load_rps - 1e-9]
-        if not above:
-            return None, f"no measured rate >= {rc.load_rps:g} req/s"
-        p = above[0]
-        nearest = f" (nearest measured rate above {rc.load_rps:g} req/s)"
-        return p, p.label + ("" if p.load == rc.load_rps else nearest)
+    if mode == "rate" and rc.load_rps is None:
+        return None, "the sweep is open-loop (rates); a concurrency load needs bench.mode=concurrency"
+    if mode == "rate" and rc.load_rps is not None:
+        p = next((p for p in points if p.load >= rc.load_rps - 1e-9), None)
+        nearest = "" if p is None or p.load == rc.load_rps else f" (nearest measured rate above {rc.load_rps:g} req/s)"
+        return p, f"no measured rate >= {rc.load_rps:g} req/s" if p is None else p.label + nearest
     if rc.load_concurrency is not None:
-        above = [p for p in points if p.load >= rc.load_concurrency]
-        if not above:
-            return None, f"no measured concurrency >= {rc.load_concurrency}"
-        return above[0], above[0].label
+        p = next((p for p in points if p.load >= rc.load_concurrency), None)
+        return p, f"no measured concurrency >= {rc.load_concurrency}" if p is None else p.label
     rps = rc.load_rps or 0.0
-    reach = [p for p in points if (p.achieved_rps or 0) >= rps]
-    if not reach:
+    if (p := next((p for p in points if (p.achieved_rps or 0) >= rps), None)) is None:
         return None, f"no measured concurrency reaches {rps:g} req/s"
-    return reach[0], f"{reach[0].label} (the lowest concurrency reaching {rps:g} req/s)"
+    return p, f"{p.label} (the lowest concurrency reaching {rps:g} req/s)"
 
 
 def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[float | None, str]:
@@ -173,14 +162,9 @@ def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[flo
     held = [p for p in points if math.isfinite(p.load)]
     if not held:
         return None, "no sustained load measured (only the unlimited-rate burst)"
-    best: doc.SpeedPoint | None = None
-    for p in held:
-        if not slo_ok(p, rc):
-            break
-        best = p
-    if best is None:
+    if not (ok := list(itertools.takewhile(lambda p: slo_ok(p, rc), held))):
         return 0.0, f"the SLO fails at the lowest load ({held[0].label})"
-    return float(best.achieved_rps or 0.0), f"at {best.label}"
+    return float(ok[-1].achieved_rps or 0.0), f"at {ok[-1].label}"
 
 
 def slo_of(rc: ReviewConfig) -> Slo:
@@ -188,18 +172,19 @@ def slo_of(rc: ReviewConfig) -> Slo:
     return Slo(ttft_ms=rc.ttft_ms_p99, tpot_ms=rc.itl_ms_p99, e2e_ms=rc.e2e_ms)
 
 
-def result_file(rec: JobRecord, p: SweepPoint) -> Path | None:
-    """Point ``p``'s ``--save-detailed`` file, beside the record first; None when none exists."""
-    if not p.result_file:
+def beside(rec: JobRecord, written: str | None, folder: str) -> Path | None:
+    """A file the job wrote (``written``) beside the record, in ``folder`` or not, else where written; None when none
+    exists. A copied record (docs/results) reads its own copy, not a path of another machine."""
+    if not written:
         return None
-    name, here = Path(p.result_file), rec.source_dir
-    candidates = [Path(here) / "bench" / name.name, Path(here) / name.name] if here else []
+    name, here = Path(written), rec.source_dir
+    candidates = [Path(here) / folder / name.name, Path(here) / name.name] if here else []
     return next((c for c in [*candidates, name] if c.is_file()), None)
 
 
 def point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
-    """Goodput of one point; None without per-request data."""
-    path = result_file(rec, p)
+    """Goodput of one point from its ``--save-detailed`` file; None without per-request data."""
+    path = beside(rec, p.result_file, "bench")
     try:
         return None if path is None else request_goodput(json.loads(path.read_text()), slo)
     except (OSError, ValueError, KeyError):
@@ -221,14 +206,10 @@ def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, do
         missed: Counter[str] = Counter()
         for g in got:
             missed.update(g.missed)
-        out[level.load] = doc.Goodput(
-            goodput_rps=statistics.median(g.goodput_rps for g in got),
-            slo_attainment_pct=statistics.median(g.attainment_pct for g in got),
-            good_requests=sum(g.good for g in got),
-            slo_requests=sum(g.sent for g in got),
-            repeats=len(got),
-            slo_missed=dict(missed),
-        )
+        rps, pct = statistics.median(g.goodput_rps for g in got), statistics.median(g.attainment_pct for g in got)
+        v: dict[str, Any] = dict(goodput_rps=rps, slo_attainment_pct=pct, good_requests=sum(g.good for g in got))
+        v |= dict(slo_requests=sum(g.sent for g in got), repeats=len(got), slo_missed=dict(missed))
+        out[level.load] = doc.Goodput.model_validate(v)
     return out
 
 
@@ -279,37 +260,29 @@ def _point_flags(sp: SweepPoint, q: dict[str, Any], mode: str) -> list[Flag]:
 
 def _roofline(rec: JobRecord) -> doc.Roofline | None:
     """``speed.roofline``, non-finite numbers as None."""
-    roof = {k: v for k, v in (rec.speed.roofline or {}).items() if k in doc.Roofline.model_fields}
-    finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in roof.items()}
-    return doc.Roofline.model_validate(finite) if rec.speed.roofline else None
+    if not (roof := rec.speed.roofline):
+        return None
+    known = {k: v for k, v in roof.items() if k in doc.Roofline.model_fields}
+    return doc.Roofline.model_validate({k: finite(v) if isinstance(v, float) else v for k, v in known.items()})
 
 
 def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling:
     """The sustained ceiling; a lower bound for a concurrency sweep ``stopped`` before its top levels."""
     c = capacity.sustained_ceiling(sweep.summarize(raw, mode), mode)
     kind = "lower_bound" if stopped and c["kind"] == "closed_loop_max" else str(c["kind"])
-    tok, whole = c.get("output_tok_s"), c.get("whole_run_tok_s")
-    return doc.Ceiling(
-        kind=kind,
-        label=None if kind == "none" else level_label(sweep_plan.load_of(c, mode), mode),
-        rps=_finite(c.get("rps")),
-        output_tok_s=_finite(tok),
-        output_tok_s_range=_minmax(c["output_tok_s_min"], c["output_tok_s_max"]) if tok else None,
-        whole_run_output_tok_s=_finite(whole),
-        whole_run_output_tok_s_range=_minmax(c["whole_run_tok_s_min"], c["whole_run_tok_s_max"]) if whole else None,
-        repeats=c.get("repeats"),
-        basis=c.get("basis"),  # steady_window | whole_run | mixed (over its repeats) | None
-        lower_bound=kind == "lower_bound",
-    )
+    # basis: steady_window | whole_run | mixed (over its repeats) | None
+    tok, whole, rps, repeats, basis = map(c.get, ("output_tok_s", "whole_run_tok_s", "rps", "repeats", "basis"))
+    label = None if kind == "none" else level_label(sweep_plan.load_of(c, mode), mode)
+    v: dict[str, Any] = dict(kind=kind, label=label, rps=finite(rps), repeats=repeats, basis=basis)
+    v |= dict(output_tok_s=finite(tok), whole_run_output_tok_s=finite(whole), lower_bound=kind == "lower_bound")
+    v["output_tok_s_range"] = _minmax(c["output_tok_s_min"], c["output_tok_s_max"]) if tok else None
+    v["whole_run_output_tok_s_range"] = _minmax(c["whole_run_tok_s_min"], c["whole_run_tok_s_max"]) if whole else None
+    return doc.Ceiling.model_validate(v)
 
 
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Flag], list[str]]:
-    """Single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps`` and latency at the load,
-    each a median over its level's valid repeats; kernel and comparability left to the caller.
-
-    Returns:
-        ``(speed, flags, missing)``.
-    """
+    """``(speed, flags, missing)``: single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps``
+    and latency at the load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
     mode, points = speed_points(rec)
     _, raw = raw_points(rec)
     found = [f for sp, q in zip(rec.speed.points, raw) for f in _point_flags(sp, q, mode)]
@@ -320,12 +293,9 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
         return speed, found, ["no valid speed results" if raw else "no speed results"]
     low = points[0]
     tpot = low.tpot_ms_p50 or low.itl_ms_p50
-    speed.low_load = doc.LowLoad(
-        label=low.label,
-        itl_ms_p50=low.itl_ms_p50,
-        itl_ms_p50_range=low.spread.get("itl_ms_p50"),
-        output_tok_s_per_request=1000.0 / tpot if tpot else None,
-    )
+    spread = low.spread["itl_ms_p50"] if "itl_ms_p50" in low.spread else None
+    v: dict[str, Any] = dict(label=low.label, itl_ms_p50=low.itl_ms_p50, itl_ms_p50_range=spread)
+    speed.low_load = doc.LowLoad.model_validate(v | dict(output_tok_s_per_request=1000.0 / tpot if tpot else None))
     planned = planned_loads(rec)
     missing = [load for load in planned if load not in {p.load for p in points}]
     above = [load for load in missing if load > points[-1].load]
@@ -333,14 +303,9 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     speed.missing_levels = [level_label(x, mode) for x in missing]  # planned levels without a valid point
     speed.stopped_before = [level_label(x, mode) for x in above]  # ... and those above the last one measured
     if missing:
-        why = {"stopped": _stopped_why(rec) if above else None, "lower_bound": speed.ceiling.lower_bound}
-        msg = say(
-            "sweep_incomplete",
-            "speed.j2",
-            missing=speed.missing_levels,
-            planned=[level_label(x, mode) for x in planned],
-            **why,
-        )
+        words = dict(missing=speed.missing_levels, planned=[level_label(x, mode) for x in planned], stopped=bool(above))
+        words |= dict(status=rec.status, failed_stage=rec.failed_stage, lower_bound=speed.ceiling.lower_bound)
+        msg = say("sweep_incomplete", "speed.j2", **words)
         found.append(Flag(FlagCode.SWEEP_INCOMPLETE, "", msg))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
     by_load = level_goodput(rec, mode, rc)

@@ -7,56 +7,11 @@ from typing import Any
 
 from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
-from quantverdict.results.record import Block, JobRecord
+from quantverdict.results.record import AccuracyChecks, EvalSettings, JobRecord, KernelCheck
 from quantverdict.review.document import Speed
 from quantverdict.review.flags import Flag, FlagCode
 from quantverdict.review.speed import load_label, point_label, raw_points
 from quantverdict.review.words import say
-
-
-class EvalSettings(Block):
-    """``accuracy.settings``: what the scores were computed with (:mod:`quantverdict.children.evaluate`)."""
-
-    batch_size: Any = None
-    dtype: str | None = None
-    max_length: Any = None
-    backend: str | None = None
-    normalization: str | None = None
-
-
-class BatchInvariance(Block):
-    """``accuracy.checks.batch_invariance``: the largest change of a request's log-likelihood between batch sizes."""
-
-    skipped: str | None = None
-    ok: bool | None = None
-    max_abs_diff: float | None = None
-    batch_sizes: Any = None
-    tolerance: float | None = None
-    note: str | None = None
-    dtype: str | None = None
-    n_requests: int | None = None
-
-
-class PerplexityFamily(Block):
-    """``accuracy.checks.perplexity_family``: lm-eval's word/byte perplexity against the summed log-likelihood's."""
-
-    ok: bool | None = None
-    max_rel_diff: float | None = None
-
-
-class AccuracyChecks(Block):
-    """``accuracy.checks``: the evaluate stage's own checks (absent: not made)."""
-
-    batch_invariance: BatchInvariance | None = None
-    perplexity_family: PerplexityFamily | None = None
-
-
-class KernelCheck(Block):
-    """``speed.kernel_check`` (:func:`quantverdict.measure.kernels.kernel_check`) as the Validity line reads it."""
-
-    kernels: list[str] | None = None
-    comparable_for_speed: bool | None = None
-    reason: str | None = None
 
 
 def _say(macro: str, **values: Any) -> str:
@@ -101,17 +56,19 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     mode, raw = raw_points(rec)
     if not raw:
         return []
-    valid = [q for q in raw if point_checks.point_valid(q)]
+    points = list(zip(rec.speed.points, raw))
+    ok = [(p, q) for p, q in points if point_checks.point_valid(q)]
+    valid = [q for _, q in ok]
     top = speed.ceiling if speed.ceiling and speed.ceiling.kind not in (None, "", "none") else None
     levels = sweep.summarize(raw, mode)
-    # the sweep client runs a short window once more (children.sweep_client); one still short is kept, and named
-    missed = [(point_label(q, mode), q["duration_s"], q["min_duration_s"]) for q in raw if q.get("window_met") is False]
-    sat = [(q, point_checks.point_saturation(q)) for q in valid if point_checks.point_saturated(q)]
+    sat = [(p, point_checks.point_saturation(q)) for p, q in ok if point_checks.point_saturated(q)]
     words: dict[str, Any] = dict(name=sc_name, n_points=len(raw), n_levels=len(levels), mode=mode, top=top)
     words |= dict(reps=sorted({lv["repeats"] for lv in levels}), stopped=speed.stopped_before)
-    words["invalid"] = [point_label(q, mode) for q in raw if not point_checks.point_valid(q)]
-    words["missed"] = [(label, float(d), float(need)) for label, d, need in missed]
-    words["saturated"] = [f"{point_label(q, mode)} ({point_checks.describe_saturation(why)})" for q, why in sat]
+    words["invalid"] = [point_label(p, mode) for p, q in points if not point_checks.point_valid(q)]
+    # the sweep client runs a short window once more (children.sweep_client); one still short is kept, and named
+    missed = [p for p, _ in points if p.window_met is False]
+    words["missed"] = [(point_label(p, mode), float(p.duration_s or 0), float(p.min_duration_s or 0)) for p in missed]
+    words["saturated"] = [f"{point_label(p, mode)} ({point_checks.describe_saturation(why)})" for p, why in sat]
     lines = [_say("speed", **words)]
     if short := [q for q in valid if bench_result.recorded_window_too_short(q)]:
         labels = dict.fromkeys(load_label({**q, "load": sweep_plan.load_of(q, mode)}, mode) for q in short)
