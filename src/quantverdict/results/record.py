@@ -216,13 +216,6 @@ class Kernel(Block):
     method: str | None = None
 
 
-class ModelDims(Block):
-    """``model.dims``, the keys read by name (the others go whole to :mod:`quantverdict.measure.kv_cache`)."""
-
-    layer_types: list[Any] | None = None  # per layer: full_attention | linear_attention | ...
-    num_kv_layers: int | None = None
-
-
 class Roofline(Block):
     """``speed.roofline`` (:func:`quantverdict.serving.speed.add_roofline`): bytes read per decode step, the
     measured copy bandwidth (bytes/s), the ideal and measured time per token (ms), the bandwidth achieved
@@ -352,6 +345,7 @@ class ModelDims(Block):
     head_dim: int | None = None
     num_kv_layers: int | None = None
     tie_word_embeddings: bool | None = None
+    layer_types: list[Any] | None = None  # per layer: full_attention | linear_attention | ...
 
 
 class CpuInfo(Block):
