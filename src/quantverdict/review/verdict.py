@@ -39,6 +39,19 @@ def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
     return Check(constraint=ConstraintKind(kind), outcome=outcome, text=text, **(blank | kw))
 
 
+def _judged(kind: str, text: str, cite: str, fails: list[tuple[float, str]], crits: list[Criterion]) -> Check:
+    """PASS, or FAIL with the shortfalls ``fails`` (excess relative to the limit, sentence) in their order."""
+    if not fails:
+        return _check(kind, PASS, text, cite=cite, criteria=crits)
+    shortfall, excess = "; ".join(f for _, f in fails), max(e for e, _ in fails)
+    return _check(kind, FAIL, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
+
+
+def _said(macro: str, **values: Any) -> tuple[str, str]:
+    """The sentence of ``macro`` in full (``text``) and the numbers alone (``cite``)."""
+    return say(macro, **values, full=True), say(macro, **values, full=False)
+
+
 def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     m, budget, need = sc.memory, rc.memory_budget_gib, sc.memory.need_gib
     if budget is None:
@@ -48,13 +61,10 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
     paging = m.hybrid_paging
     block_tokens = int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None
-    args: dict[str, Any] = dict(need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
-    text, cite = say("memory", **args, full=True), say("memory", **args, full=False)
-    if need <= budget:
-        return _check("memory", PASS, text, cite=cite, criteria=crit)
+    text, cite = _said("memory", need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
     over = need - budget
-    shortfall = say("memory_over", over=over, pct=100 * over / budget, budget=budget)
-    return _check("memory", FAIL, text, shortfall=shortfall, excess=over / budget, cite=cite, criteria=crit)
+    fails = [(over / budget, say("memory_over", over=over, pct=100 * over / budget, budget=budget))] if over > 0 else []
+    return _judged("memory", text, cite, fails, crit)
 
 
 def floor_test_of(d: TaskDelta, rc: ReviewConfig) -> str:
@@ -132,29 +142,24 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if not scores and not ppls:
         why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
         return _check("accuracy", UNKNOWN, f"not checked: {why}", criteria=crits)
-    fails: list[tuple[float, str]] = []
-    parts, cites = list[str](), list[str]()
+    fails, parts, cites = list[tuple[float, str]](), list[str](), list[str]()
     for ds, lim, name in ((scores, floor, "score"), (ppls, limit, "ppl")):
         if lim is None or not ds:
             continue
         worst = min(ds, key=lambda d: (d.recovery_pct or 0.0) if d.kind == "score" else -(d.delta_pct or 0.0))
         ok, by_interval = _ok(worst, lim, rc), _judged_iv(worst, rc) is not None and _gap(worst, lim) > 0
-        args: dict[str, Any] = dict(d=worst, lim=lim, ok=ok, by_interval=by_interval)
-        parts.append(say(f"worst_{name}", **args, full=True))
-        cites.append(say(f"worst_{name}", **args, full=False))
+        part, short = _said(f"worst_{name}", d=worst, lim=lim, ok=ok, by_interval=by_interval)
+        parts, cites = [*parts, part], [*cites, short]
         for d in ds:
             if not _ok(d, lim, rc):
                 fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
     text, cite = "; ".join(parts), " and ".join(cites)
     if fails:
-        fails.sort(reverse=True)
-        text = "; ".join(p for p in (text, cannot) if p)
-        shortfall = "; ".join(f for _, f in fails)
-        return _check("accuracy", FAIL, text, shortfall=shortfall, excess=fails[0][0], cite=cite, criteria=crits)
+        return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
     if unjudged:
         rest = dict(cite=f"{cannot}; the rest: {cite}", criteria=crits)
         return _check("accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", **rest)
-    return _check("accuracy", PASS, text, cite=cite, criteria=crits)
+    return _judged("accuracy", text, cite, [], crits)
 
 
 def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
@@ -165,36 +170,28 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return _check("latency", UNKNOWN, "not checked: no speed results")
     if at is None:
         return _check("latency", UNKNOWN, f"not checked: {sp.load_how}")
-    fails, excess, crits = list[str](), 0.0, list[Criterion]()
+    fails, crits = list[tuple[float, str]](), list[Criterion]()
     if g := at.goodput:  # per-request goodput at the load
-        need, pct = rc.slo_attainment_pct, g.slo_attainment_pct
-        args: dict[str, Any] = dict(g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo_of(rc).describe())
-        text, cite = say("attainment", **args, full=True), say("attainment", **args, full=False)
+        need, pct, slo = rc.slo_attainment_pct, g.slo_attainment_pct, slo_of(rc).describe()
+        text, cite = _said("attainment", g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo)
         if pct < need:
-            fails.append(say("attainment_fails", g=g, need=need, pct=pct, under=need - pct))
-            excess = (need - pct) / need
+            fails.append(((need - pct) / need, say("attainment_fails", g=g, need=need, pct=pct, under=need - pct)))
         crits.append(_criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
     else:  # no per-request data: the p99s at the load (slo_ok said None above if one with its limit set is missing)
         p99s = [
-            (key, name, v, lim)
-            for key, name, lim, v in (
-                ("ttft_ms_p99", "TTFT p99", rc.ttft_ms_p99, at.ttft_ms_p99),
-                ("itl_ms_p99", "ITL p99", rc.itl_ms_p99, at.itl_ms_p99),
-            )
-            if lim is not None and v is not None
+            (k, name, getattr(at, k), getattr(rc, k))
+            for k, name in (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
         ]
+        p99s = [p for p in p99s if p[2] is not None and p[3] is not None]
         for key, name, v, lim in p99s:
             crits.append(_criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
-            if v > lim:
-                fails.append(say("p99_fails", name=name, v=v, lim=lim, over=v - lim, pct=100 * (v - lim) / lim))
-                excess = max(excess, (v - lim) / lim)
+            if (over := v - lim) > 0:
+                fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
-        args = dict(
-            p99s=[p[1:] for p in p99s], at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST
-        )
-        text, cite = say("p99s", **args, full=True), say("p99s", **args, full=False)
+        rows = [p[1:] for p in p99s]
+        text, cite = _said("p99s", p99s=rows, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, ceiling_is_floor(sp)
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
@@ -203,15 +200,12 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         kept_up = sp.mode == "rate" and at.load >= rc.load_rps
         kept_up = kept_up and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
         below = ceiling < rc.load_rps and not lower_bound and not kept_up
-        if below:
-            fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
-            excess = max(excess, (rc.load_rps - ceiling) / rc.load_rps)
+        short = f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load"
+        fails += [((rc.load_rps - ceiling) / rc.load_rps, short)] if below else []
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
         metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
         crits.append(_criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
-    if fails:
-        return _check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite, criteria=crits)
-    return _check("latency", PASS, text, cite=cite, criteria=crits)
+    return _judged("latency", text, cite, fails, crits)
 
 
 def checks(sc: Scorecard, rc: ReviewConfig) -> Checks:
