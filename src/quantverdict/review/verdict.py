@@ -318,25 +318,19 @@ def _words(
 ) -> None:
     """``v``'s sentence, evidence, and one sentence and reason per scheme passed over."""
     three = "both memory and latency" if v.accuracy_not_measured else "all three"
-    closest, same_tier, tier_name = None, list[Scorecard](), ""
-    if v.decision == Decision.NO_SCHEME and order:  # fewest blocking checks, then smallest summed excess
-        cs_of = {sc.scheme: all_checks[sc.scheme].values() for sc in order}
-        closest = min(
-            order,
-            key=lambda sc: (
-                sum(c.outcome not in NON_BLOCKING for c in cs_of[sc.scheme]),
-                sum(c.excess for c in cs_of[sc.scheme]),
-            ),
-        )
+    same_tier, tier_name = list[Scorecard](), ""
+
+    def rank(sc: Scorecard) -> tuple[int, float]:  # the closest: fewest blocking checks, then smallest summed excess
+        cs = all_checks[sc.scheme].values()
+        return sum(c.outcome not in NON_BLOCKING for c in cs), sum(c.excess for c in cs)
+
+    closest = min(order, key=rank) if v.decision == Decision.NO_SCHEME and order else None
     if chosen is not None:
         kv = chosen.kv if kv_step(chosen) else ""
         tier_name = say("tier", name=TIER_NAMES.get(chosen.tier, chosen.tier), tier=chosen.tier, kv=kv)
         if v.decision == Decision.QUANTIZE:
-            same_tier = [
-                sc
-                for sc in order
-                if sc.tier == chosen.tier and sc is not chosen and _eligible(sc, all_checks[sc.scheme])
-            ]
+            same = [sc for sc in order if sc.tier == chosen.tier and sc is not chosen]
+            same_tier = [sc for sc in same if _eligible(sc, all_checks[sc.scheme])]
     words: dict[str, Any] = dict(v=v, base=base, chosen=chosen, closest=closest, three_of=three, same_tier=same_tier)
     words |= dict(bc=all_checks[base.scheme] if base else {}, cc=all_checks[chosen.scheme] if chosen else {})
     words |= dict(closest_why=_why_not(closest, all_checks[closest.scheme]) if closest else "", tier_name=tier_name)
@@ -364,8 +358,9 @@ PAIRED_METRICS = (
     ("tpot_ms_p50", False, "TPOT p50"),
 )
 PAIRED_WORDS = {"faster": doc.RegimeClass.PAYS, "slower": doc.RegimeClass.COSTS}  # a paired verdict -> its class
-Range = tuple[float, float] | None  # [min, max] over repeats
-Pair = tuple[float | None, Range]  # (median, its range)
+Raw = tuple[str, list[dict[str, Any]]]  # a sweep's mode and raw points (quantverdict.review.speed.raw_points)
+# a ratio's numerator and its min-max range over repeats, then its denominator and range
+Ratio = tuple[float | None, doc.MinMax | None, float | None, doc.MinMax | None]
 
 
 def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
@@ -379,45 +374,40 @@ def _comparable(*cards: Scorecard) -> bool:
     return all(sc.speed.comparable for sc in cards)
 
 
-def _range(r: doc.MinMax | None) -> Range:
-    return None if r is None else (r.min, r.max)
-
-
-def _ceilings(sc: Scorecard, base: Scorecard) -> tuple[Pair, Pair]:
-    """Ceiling output tok/s of the scheme and of the baseline on one window: the whole runs when the bases differ
+def _ceilings(sc: Scorecard, base: Scorecard) -> Ratio:
+    """Ceiling output tok/s of the scheme over the baseline's on one window: the whole runs when the bases differ
     (:func:`ceilings_differ_in_basis`), else the ceilings."""
     a, b = sc.speed.ceiling, base.speed.ceiling
     if a is None or b is None:
-        return (None, None), (None, None)
-    if ceilings_differ_in_basis([sc, base]) and a.whole_run_output_tok_s and b.whole_run_output_tok_s:
-        return (
-            (a.whole_run_output_tok_s, _range(a.whole_run_output_tok_s_range)),
-            (b.whole_run_output_tok_s, _range(b.whole_run_output_tok_s_range)),
-        )
-    return (a.output_tok_s, _range(a.output_tok_s_range)), (b.output_tok_s, _range(b.output_tok_s_range))
+        return None, None, None, None
+    whole = ceilings_differ_in_basis([sc, base]) and a.whole_run_output_tok_s and b.whole_run_output_tok_s
+    k = "whole_run_output_tok_s" if whole else "output_tok_s"
+    return getattr(a, k), getattr(a, k + "_range"), getattr(b, k), getattr(b, k + "_range")
 
 
-def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[Pair, Pair]:
-    """ITL p50 of the scheme and of the baseline at the lowest load both measured (Nones without a common load)."""
+def _low_itl(sc: Scorecard, base: Scorecard) -> Ratio:
+    """The baseline's ITL p50 over the scheme's at the lowest load both measured (Nones without a common load)."""
     mine, theirs = ({p.load: p for p in card.speed.points} for card in (sc, base))
     if not (common := sorted(set(mine) & set(theirs))):
-        return (None, None), (None, None)
-    a, b = mine[common[0]], theirs[common[0]]
-    return (a.itl_ms_p50, _range(a.spread.get("itl_ms_p50"))), (b.itl_ms_p50, _range(b.spread.get("itl_ms_p50")))
+        return None, None, None, None
+    a, b = theirs[common[0]], mine[common[0]]
+    return a.itl_ms_p50, a.spread.get("itl_ms_p50"), b.itl_ms_p50, b.spread.get("itl_ms_p50")
 
 
-def _speedup(mine: Pair, theirs: Pair, invert: bool) -> tuple[float | None, Range]:
-    """Scheme over baseline (``invert``: baseline over scheme, for a latency; > 1 is faster) and its min-max range over
-    repeats (``[num_min / den_max, num_max / den_min]``); Nones where a value or a range is missing."""
-    (a, ra), (b, rb) = (theirs, mine) if invert else (mine, theirs)
+def _speedup(
+    a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.MinMax | None
+) -> tuple[float | None, doc.MinMax | None]:
+    """``a / b`` and its min-max range over repeats ``[a_min / b_max, a_max / b_min]``; None where a value or a range
+    is missing or not finite."""
     if not a or not b:
         return None, None
-    return a / b, None if not ra or not rb or min(ra[0], rb[0]) <= 0 else (ra[0] / rb[1], ra[1] / rb[0])
+    if not ra or not rb or min(ra.min, rb.min) <= 0:
+        return _finite(a / b), None
+    lo, hi = ra.min / rb.max, ra.max / rb.min
+    return _finite(a / b), doc.MinMax(min=lo, max=hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
-def paired_speedups(
-    sc: Scorecard, base: Scorecard, mine: tuple[str, list[dict[str, Any]]], theirs: tuple[str, list[dict[str, Any]]]
-) -> list[doc.PairedSpeedup]:
+def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
     """Per metric of :data:`PAIRED_METRICS` and per load with >= 1 pair, the scheme's ratio to its baseline paired by
     repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (the inverse for a latency); [] when
     either is not comparable for speed or the modes differ. ``mine``, ``theirs``: ``(mode, raw points)`` of the
@@ -430,11 +420,8 @@ def paired_speedups(
         for e in stats.paired_ratio(points, base_points, metric, mode, higher):
             if not e["pairs"]:
                 continue
-            sp = (
-                (e["ratio"], e["low"], e["high"])
-                if higher
-                else [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
-            )
+            inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
+            sp = (e["ratio"], e["low"], e["high"]) if higher else inverse
             load = "inf" if e["load"] == "inf" or math.isinf(float(e["load"])) else float(e["load"])
             row: dict[str, Any] = dict(metric=metric, name=name, load=load, pairs=e["pairs"], ratios=e["ratios"])
             row |= {k: _finite(e[k]) for k in ("ratio", "low", "high")}
@@ -458,7 +445,7 @@ def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | N
     return pick(("itl_ms_p50", "tpot_ms_p50"), False), pick(("output_tok_s",), True)
 
 
-def regime_side(median: float | None, rng: Range, test: doc.PairedSpeedup | None) -> doc.RegimeClaim | None:
+def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSpeedup | None) -> doc.RegimeClaim | None:
     """One regime claim: with a paired test (>= 2 pairs) its speedup, 95% interval and verdict (an established
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
@@ -468,16 +455,14 @@ def regime_side(median: float | None, rng: Range, test: doc.PairedSpeedup | None
         # established is not the same as large: a significant 1.01x neither pays nor costs
         small, ranged = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS, False
         cls = C.NO_CHANGE if small else cls
-        claim: dict[str, Any] = dict(
-            rule=R.PAIRED_T, speedup=test.speedup, low=test.speedup_low, high=test.speedup_high
-        )
-        claim |= dict(pairs=test.pairs, load=test.load, metric=test.metric)
+        claim: dict[str, Any] = dict(rule=R.PAIRED_T, speedup=test.speedup, pairs=test.pairs, load=test.load)
+        claim |= dict(low=test.speedup_low, high=test.speedup_high, metric=test.metric)
         claim["word"] = say("claim_word", test=test, small=small, pays=PAYS)
     elif median is None:
         return None
     else:
-        test, small, ranged = None, False, bool(rng and rng[0] != rng[1])
-        lo, hi = rng if rng and ranged else (median, median)
+        test, small, ranged = None, False, bool(rng and rng.min != rng.max)
+        lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
         cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
         claim = dict(rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN, speedup=median, word=cls.value)
         claim |= dict(low=lo if ranged else None, high=hi if ranged else None, pairs=None, load=None, metric=None)
@@ -518,19 +503,13 @@ def regime_reading(
     return R.PAYS_AT_SATURATION_ONLY if high else R.DOES_NOT_PAY
 
 
-def regime(
-    sc: Scorecard,
-    base: Scorecard,
-    mine: tuple[str, list[dict[str, Any]]],
-    theirs: tuple[str, list[dict[str, Any]]],
-    pairable: bool,
-) -> doc.Regime:
+def regime(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw, pairable: bool) -> doc.Regime:
     """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
     ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
     ranges (and ``sc.validity`` says so where a paired test was possible)."""
     comparable = _comparable(sc, base)
-    low, low_iv = _speedup(*_low_itl(sc, base), invert=True) if comparable else (None, None)
-    sat, sat_iv = _speedup(*_ceilings(sc, base), invert=False) if comparable else (None, None)
+    low, low_iv = _speedup(*_low_itl(sc, base)) if comparable else (None, None)
+    sat, sat_iv = _speedup(*_ceilings(sc, base)) if comparable else (None, None)
     paired = paired_speedups(sc, base, mine, theirs)
     if not pairable:
         if any(row.pairs >= 2 for row in paired):
@@ -543,11 +522,7 @@ def regime(
     if (gap := saturation_gap(sc, base)) is not None:  # the sweeps' tops do not meet: no saturation number
         sat, sat_iv, sat_test = None, None, None
     low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
-
-    def minmax(v: Range) -> doc.MinMax | None:
-        return None if v is None or not all(map(math.isfinite, v)) else doc.MinMax(min=v[0], max=v[1])
-
     row: dict[str, Any] = dict(scheme=sc.scheme, label=sc.label, low_load_claim=low_claim, saturation_claim=sat_claim)
-    row |= dict(low_load_speedup=_finite(low), low_load_range=minmax(low_iv), saturation_not_compared=gap)
-    row |= dict(saturation_speedup=_finite(sat), saturation_range=minmax(sat_iv), paired=paired)
+    row |= dict(low_load_speedup=low, low_load_range=low_iv, saturation_not_compared=gap)
+    row |= dict(saturation_speedup=sat, saturation_range=sat_iv, paired=paired)
     return doc.Regime.model_validate(row | {"reading": regime_reading(sc, low_claim, sat_claim, gap)})
