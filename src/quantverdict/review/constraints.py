@@ -35,16 +35,9 @@ def _conf_dir() -> Path:
 
 
 def record_device(rec: JobRecord) -> str | None:
-    """``gpu`` or ``cpu``, from the first that says: ``environment.gpu``, ``config.env.device``, the vLLM log's
-    ``memory.server.device``."""
-    if rec.environment.gpu:
-        return "gpu"
-    for dev in (rec.cfg("env").get("device"), rec.server.device):
-        if dev in ("cuda", "gpu"):
-            return "gpu"
-        if dev == "cpu":
-            return "cpu"
-    return None
+    """``gpu`` when ``environment.gpu`` lists one, else ``config.env.device`` (untyped config) as ``gpu`` or ``cpu``."""
+    device = "gpu" if rec.environment.gpu else str(rec.cfg("env").get("device"))
+    return {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu"}.get(device)
 
 
 def device_class(records: list[JobRecord]) -> str | None:

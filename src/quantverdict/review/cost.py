@@ -3,6 +3,8 @@ GPU-hour) for the GPU the records ran on, times the GPUs each job used."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from quantverdict.measure.cost import usd_per_mtok_or_none
 from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
@@ -26,18 +28,12 @@ def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, st
 
 def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
     """One scheme's USD per million output tokens at ``price`` USD per GPU-hour (None without throughput)."""
-    at = sc.speed.at_load.output_tok_s if sc.speed.at_load else None
-    top = sc.speed.ceiling.output_tok_s if sc.speed.ceiling else None
-    return doc.SchemeCost(
-        model=sc.model,
-        scheme=sc.scheme,
-        gpus=sc.gpus,
-        usd_per_mtok_at_load=usd_per_mtok_or_none(price, sc.gpus, at) if at else None,
-        at_load_tok_s=at,
-        usd_per_mtok_ceiling=usd_per_mtok_or_none(price, sc.gpus, top) if top else None,
-        ceiling_tok_s=top,
-        ceiling_lower_bound=bool(sc.speed.ceiling and sc.speed.ceiling.lower_bound),
-    )
+    c = sc.speed.ceiling
+    at, top = sc.speed.at_load.output_tok_s if sc.speed.at_load else None, c.output_tok_s if c else None
+    row: dict[str, Any] = dict(model=sc.model, scheme=sc.scheme, gpus=sc.gpus, at_load_tok_s=at, ceiling_tok_s=top)
+    for key, tok_s in (("usd_per_mtok_at_load", at), ("usd_per_mtok_ceiling", top)):
+        row[key] = usd_per_mtok_or_none(price, sc.gpus, tok_s) if tok_s else None
+    return doc.SchemeCost.model_validate(row | {"ceiling_lower_bound": bool(c and c.lower_bound)})
 
 
 def cost_json(review: Review) -> doc.Cost | None:
@@ -46,10 +42,5 @@ def cost_json(review: Review) -> doc.Cost | None:
         return None
     name, kind, price = found
     schemes = [scheme_cost(sc, price) for sc in review.cards]
-    return doc.Cost(
-        gpu=name,
-        gpu_kind=kind,
-        usd_per_gpu_hour=price,
-        price_source=f"review.gpu_price_per_hour.{kind}",
-        schemes=schemes,
-    )
+    source = f"review.gpu_price_per_hour.{kind}"
+    return doc.Cost(gpu=name, gpu_kind=kind, usd_per_gpu_hour=price, price_source=source, schemes=schemes)

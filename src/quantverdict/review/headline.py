@@ -108,9 +108,9 @@ def headlines(review: Review, model: str) -> list[Headline]:
 
 def memory_load_text(rc: ReviewConfig) -> str:
     """What the memory number serves: ``16 concurrent requests`` or ``4,608 KV tokens``."""
-    return (
-        f"{rc.kv_cache_tokens:,} KV tokens" if rc.kv_cache_tokens else f"{rc.concurrent_requests} concurrent requests"
-    )
+    if rc.kv_cache_tokens:
+        return f"{rc.kv_cache_tokens:,} KV tokens"
+    return f"{rc.concurrent_requests} concurrent requests"
 
 
 def mlflow_metrics(h: Headline) -> dict[str, float]:
@@ -131,7 +131,6 @@ def mlflow_metrics(h: Headline) -> dict[str, float]:
 
 def accuracy_metric_tag(h: Headline) -> str:
     """What ``acc_delta`` measures: ``word_perplexity change (%)``, ``arc_easy acc_norm (points)``."""
-    a = h.numbers.accuracy
-    if a is None:
+    if (a := h.numbers.accuracy) is None:
         return ""
     return f"{a.metric} change (%)" if a.kind == "perplexity" else f"{a.name} {a.metric} (points)"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from quantverdict.measure.stats import Interval
@@ -73,12 +72,9 @@ class Scorecard:
 
 
 def weight_tier(rec: JobRecord) -> int:
-    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer: from
-    ``config.scheme.weight_bits`` (untyped config), else the digits after ``W`` or ``NVFP`` in the scheme label."""
-    label = (rec.job.scheme_label or "").split(" + KV")[0]  # a KV-cache choice does not change the weights
-    m = re.match(r"(?:W|NVFP)(\d+)", label)
-    if (bits := rec.cfg("scheme").get("weight_bits")) is None:
-        bits = int(m.group(1)) if m else 8 if "FP8" in label else 16
+    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer, from
+    ``config.scheme.weight_bits`` (untyped config; the scheme schema's default is 16)."""
+    bits = int(rec.cfg("scheme").get("weight_bits") or 16)
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
 
 

@@ -296,14 +296,11 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
     fields |= dict(chosen_scheme=chosen.scheme if chosen else None, chosen_label=chosen.label if chosen else None)
     fields["lever"] = doc.Lever(" and ".join(pulled)) if decision == Decision.QUANTIZE else doc.Lever.NONE
     fields["kv_lever"] = None if base is None else kv_lever(base, bc, cards, rc)
-    fields["accuracy_not_measured"] = next(
-        (sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), ""
-    )
-    fields |= dict(baseline_scheme=base.scheme if base else None, request_shapes=shapes)
+    na = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
+    fields |= dict(accuracy_not_measured=na, baseline_scheme=base.scheme if base else None, request_shapes=shapes)
     fields["request_shape"] = next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None
-    fields |= dict(
-        ceilings_differ_in_basis=ceilings_differ_in_basis(cards), compute_reported=any(sc.speed.compute for sc in cards)
-    )
+    compute = any(sc.speed.compute for sc in cards)
+    fields |= dict(ceilings_differ_in_basis=ceilings_differ_in_basis(cards), compute_reported=compute)
     v = Verdict.model_validate(fields | dict(sentence="", passed_over=[], evidence=[], others=[]))
     _words(v, base, chosen, order, all_checks)
     return v, all_checks
