@@ -37,7 +37,7 @@ def _conf_dir() -> Path:
 def record_device(rec: JobRecord) -> str | None:
     """``gpu`` when ``environment.gpu`` lists one, else ``config.env.device`` (untyped config) as ``gpu`` or ``cpu``."""
     device = "gpu" if rec.environment.gpu else str(rec.cfg("env").get("device"))
-    return {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu"}.get(device)
+    return "gpu" if device in ("cuda", "gpu") else "cpu" if device == "cpu" else None
 
 
 def device_class(records: list[JobRecord]) -> str | None:
@@ -127,20 +127,16 @@ def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewC
     if rc.target is None or any(u.split("=", 1)[0] == "memory_budget_gib" for u in user):
         return rc, how
     t = load_target(rc.target, rc.target_memory_fraction)
-    how += (
-        f"; memory budget {_budget_of(t):g} GiB = the target's {t.memory_gib:g} GiB x {t.memory_fraction:g} ({t.gpu})"
-    )
-    return dataclasses.replace(rc, memory_budget_gib=_budget_of(t)), how
+    budget = _budget_of(t)
+    how += f"; memory budget {budget:g} GiB = the target's {t.memory_gib:g} GiB x {t.memory_fraction:g} ({t.gpu})"
+    return dataclasses.replace(rc, memory_budget_gib=budget), how
 
 
 def constraints_hash(rc: ReviewConfig) -> str:
     """8 hex digits of the SHA-256 of the constraint values as sorted JSON (:data:`NOT_CONSTRAINTS` and
     :data:`UNSET_KEEPS_HASH` keys at their default left out)."""
-    values = {
-        k: v
-        for k, v in dataclasses.asdict(rc).items()
-        if k not in NOT_CONSTRAINTS and not (k in UNSET_KEEPS_HASH and v == UNSET_KEEPS_HASH[k])
-    }
+    skip = {k for k, default in UNSET_KEEPS_HASH.items() if getattr(rc, k) == default} | set(NOT_CONSTRAINTS)
+    values = {k: v for k, v in dataclasses.asdict(rc).items() if k not in skip}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
 
 
