@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import stats
-from quantverdict.measure.stats import Interval
 from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
@@ -75,43 +74,42 @@ def floor_test_of(d: TaskDelta, rc: ReviewConfig) -> str:
     return "interval" if d.n is not None and d.n < rc.interval_test_below_n else "point"
 
 
-def _judged_iv(d: TaskDelta, rc: ReviewConfig) -> Interval | None:
-    """The interval ``d`` is judged on (of the recovery or of the perplexity change); None: on its point value."""
-    iv = d.recovery_interval if d.kind == "score" else d.interval
-    return iv if floor_test_of(d, rc) == "interval" else None
+def _end(d: TaskDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
+    """The value ``d`` is judged on, a score's recovery or a perplexity's increase (%) or under the interval test
+    the end of its interval nearest to passing, and whether it is that end."""
+    score = d.kind == "score"
+    iv = d.recovery_interval if score else d.interval
+    if floor_test_of(d, rc) != "interval" or iv is None:
+        return d.recovery_pct if score else d.delta_pct, False
+    return iv.high if score else iv.low, True
 
 
-def _ok(d: TaskDelta, threshold: float, rc: ReviewConfig) -> bool:
-    """A score's recovery >= the floor, a perplexity's increase <= the limit (under the interval test: the interval's
-    end nearest to passing)."""
-    iv = _judged_iv(d, rc)
-    if d.kind == "score":
-        return (d.recovery_pct or 0.0) >= threshold if iv is None else iv.high >= threshold
-    return (d.delta_pct or 0.0) <= threshold if iv is None else iv.low <= threshold
+def _gap(d: TaskDelta, lim: float, rc: ReviewConfig | None = None) -> float:
+    """How far ``d``'s point value (with ``rc``: the value it is judged on) is under the floor (a score) or over the
+    limit (a perplexity); > 0 fails."""
+    v = (_end(d, rc)[0] if rc else d.recovery_pct if d.kind == "score" else d.delta_pct) or 0.0
+    return lim - v if d.kind == "score" else v - lim
+
+
+def _ok(d: TaskDelta, lim: float, rc: ReviewConfig) -> bool:
+    return _gap(d, lim, rc) <= 0
 
 
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
     """The floor held against one delta as :func:`_ok` judges it; a refused delta is left unjudged."""
-    score, iv = d.kind == "score", _judged_iv(d, rc)
+    score, (judged, on_interval) = d.kind == "score", _end(d, rc)
     threshold = float((rc.min_recovery_pct if score else rc.max_perplexity_increase_pct) or 0.0)
-    observed = d.recovery_pct if score else d.delta_pct
-    judged = observed if iv is None else iv.high if score else iv.low  # the interval's end nearest to passing
     metric = CriterionMetric.RECOVERY_PCT if score else CriterionMetric.PERPLEXITY_INCREASE_PCT
     limit = "min_recovery_pct" if score else "max_perplexity_increase_pct"
     subject = d.metric if d.name == d.metric else f"{d.name} {d.metric}"
-    test: Literal["point", "interval"] = "point" if iv is None else "interval"
-    ok = _ok(d, threshold, rc)
+    test: Literal["point", "interval"] = "interval" if on_interval else "point"
+    observed, ok = d.recovery_pct if score else d.delta_pct, _ok(d, threshold, rc)
     crit = _criterion(
         metric, subject, limit, ">=" if score else "<=", threshold, observed, judged=judged, test=test, ok=ok
     )
     if d.refused:
         return crit.model_copy(update={"judged": None, "outcome": UNKNOWN, "note": f"cannot be checked: {d.refused}"})
     return crit
-
-
-def _gap(d: TaskDelta, lim: float) -> float:
-    """How far a score's recovery is under the floor, a perplexity's increase over the limit (> 0: fails on it)."""
-    return lim - (d.recovery_pct or 0.0) if d.kind == "score" else (d.delta_pct or 0.0) - lim
 
 
 def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
@@ -147,7 +145,7 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         if lim is None or not ds:
             continue
         worst = min(ds, key=lambda d: (d.recovery_pct or 0.0) if d.kind == "score" else -(d.delta_pct or 0.0))
-        ok, by_interval = _ok(worst, lim, rc), _judged_iv(worst, rc) is not None and _gap(worst, lim) > 0
+        ok, by_interval = _ok(worst, lim, rc), _end(worst, rc)[1] and _gap(worst, lim) > 0
         part, short = _said(f"worst_{name}", d=worst, lim=lim, ok=ok, by_interval=by_interval)
         parts, cites = [*parts, part], [*cites, short]
         for d in ds:
