@@ -107,8 +107,8 @@ def test_missing_uuid_is_not_recorded_with_the_hour_gap() -> None:
     assert (m.state, m.same_grid, m.gpus) == (NOT_RECORDED, False, (None,))
     assert m.hours_apart == pytest.approx(9494 / 3600)
     assert same_gpu_line("llama3.1-8b-shape / gptq vs bf16", m) == (
-        "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (the GPU's "
-        "uuid is recorded since 2026-12-01); the jobs started 2.6 h apart, not in one grid"
+        "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (a record "
+        "has no environment.gpu[].uuid); the jobs started 2.6 h apart, not in one grid"
     )
     assert same_gpu_flag(m, "bf16") is None
     # one side recorded is not enough
@@ -173,8 +173,8 @@ def test_review_without_uuids_says_not_recorded_and_flags_nothing() -> None:
     review = build_review(_synthetic(dict.fromkeys(("bf16", "fp8", "gptq", "w8a8"))), RC, "t")
     assert "different_gpu" not in {f.code for f in review.flags}
     assert (
-        "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (the GPU's "
-        "uuid is recorded since 2026-12-01); the jobs started 0.0 h apart in one grid"
+        "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (a record "
+        "has no environment.gpu[].uuid); the jobs started 0.0 h apart in one grid"
     ) in review.validity
     assert [line for line in review.environment if line.startswith("GPU")] == [
         "GPU: NVIDIA H200 (driver 570.124.06, memory 140.4 GiB, compute capability 9.0)"

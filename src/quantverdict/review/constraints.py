@@ -8,6 +8,7 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -17,7 +18,6 @@ from quantverdict.config.validate import review_errors
 from quantverdict.results.record import JobRecord
 
 AUTO = "auto"
-DEVICE_SETS = ("cpu", "gpu")
 # keys that do not change the verdict: left out of the label's hash
 NOT_CONSTRAINTS = ("name", "log_to_mlflow")
 # keys added after labels were first published, with their defaults: left out of the hash while at that default,
@@ -35,48 +35,35 @@ def _conf_dir() -> Path:
 
 
 def record_device(rec: JobRecord) -> str | None:
-    """``gpu`` or ``cpu``, from the first that says: ``environment.gpu``, ``config.env.device``, the vLLM log's
-    ``memory.server.device``."""
-    if rec.environment.gpu:
-        return "gpu"
-    for dev in (rec.cfg("env").get("device"), rec.server.device):
-        if dev in ("cuda", "gpu"):
-            return "gpu"
-        if dev == "cpu":
-            return "cpu"
-    return None
+    """``gpu`` when ``environment.gpu`` lists one, else ``config.env.device`` (untyped config) as ``gpu`` or ``cpu``."""
+    device = "gpu" if rec.environment.gpu else str(rec.cfg("env").get("device"))
+    return "gpu" if device in ("cuda", "gpu") else "cpu" if device == "cpu" else None
 
 
 def device_class(records: list[JobRecord]) -> str | None:
     """The device class most records ran on (a tie goes to ``gpu``), None when no record says."""
     seen = Counter(d for d in map(record_device, records) if d)
-    return max(DEVICE_SETS, key=lambda d: (seen[d], d == "gpu")) if seen else None
+    return max(("cpu", "gpu"), key=lambda d: (seen[d], d == "gpu")) if seen else None
 
 
 def load_set(name: str) -> ReviewConfig:
-    """``conf/review/<name>.yaml`` merged onto the :class:`ReviewConfig` schema.
-
-    Raises:
-        ConfigError: no such file.
-    """
-    path = _conf_dir() / f"{name}.yaml"
-    if not path.is_file():
+    """``conf/review/<name>.yaml`` merged onto the :class:`ReviewConfig` schema. Raises ConfigError: no such file."""
+    if not (path := _conf_dir() / f"{name}.yaml").is_file():
         have = sorted(p.stem for p in _conf_dir().glob("*.yaml"))
-        raise ConfigError(
-            f"review.name={name!r}: no constraint set {name!r} in {_conf_dir()}; sets: {', '.join(have)}"
-            f"{closest(name, have)}"
-        )
-    merged = OmegaConf.merge(OmegaConf.structured(ReviewConfig), OmegaConf.load(path))
-    rc = OmegaConf.to_object(merged)
+        msg = f"review.name={name!r}: no constraint set {name!r} in {_conf_dir()}; sets: {', '.join(have)}"
+        raise ConfigError(msg + closest(name, have))
+    return _merged(OmegaConf.structured(ReviewConfig), OmegaConf.load(path))
+
+
+def _merged(*parts: Any) -> ReviewConfig:
+    rc = OmegaConf.to_object(OmegaConf.merge(*parts))
     assert isinstance(rc, ReviewConfig)
     return rc
 
 
 def review_overrides(overrides: list[str]) -> list[str]:
     """The ``review.KEY=VALUE`` overrides of a command line, as ``KEY=VALUE``."""
-    return [
-        o.lstrip("+").removeprefix("review.") for o in overrides if o.lstrip("+").startswith("review.") and "=" in o
-    ]
+    return [o.lstrip("+")[7:] for o in overrides if o.lstrip("+").startswith("review.") and "=" in o]
 
 
 def _user_set(rc: ReviewConfig) -> list[str]:
@@ -91,30 +78,23 @@ def _user_set(rc: ReviewConfig) -> list[str]:
 
 def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | None) -> tuple[ReviewConfig, str]:
     """``(config, how)``: the constraint set to review ``records`` under and how it was picked (for the header).
-
     ``auto``: ``conf/review/<device class>.yaml`` (:func:`device_class`; ``gpu`` when no record says) with the
     ``review.KEY=VALUE`` items of ``overrides`` and every field where ``rc`` differs from the ``auto`` file on top;
-    any other name is kept as it is.
-
-    Raises:
-        ConfigError: an override that makes the picked set invalid.
-    """
-    named = [u.split("=", 1)[1] for u in review_overrides(overrides or []) if u.startswith("name=")]
-    if rc.name != AUTO and not named:  # review=NAME: that file's values, already composed
+    any other name is kept as it is. Raises ConfigError: an override that makes the picked set invalid."""
+    given = review_overrides(overrides or [])
+    named = [u.split("=", 1)[1] for u in given if u.startswith("name=")]
+    if rc.name != AUTO and not named:  # review=NAME: that file's values and the overrides, already composed
         load_set(rc.name)  # an unknown set is refused with the sets there are
-        user = review_overrides(overrides or [])  # already applied by the composition; named so it can be redone
-        how = f"constraint set {rc.name} (named)" + (f", with {', '.join('review.' + u for u in user)}" if user else "")
-        return _target_budget(rc, user, how)
+        return _target_budget(rc, given, f"constraint set {rc.name} (named)" + _with(given))
     # review.name=NAME picks that set's values, not only its name
     picked = named[-1] if named and named[-1] != AUTO else None
     device = None if picked else device_class(records)
     name = picked or device or "gpu"
     base = load_set(name)
-    user = [u for u in review_overrides(overrides or []) if not u.startswith("name=")]
-    given = {u.split("=", 1)[0] for u in user}
-    user += [u for u in _user_set(rc) if u.split("=", 1)[0] not in given]
-    out = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(base), OmegaConf.from_dotlist(user)))
-    assert isinstance(out, ReviewConfig)
+    user = [u for u in given if not u.startswith("name=")]
+    keys = {u.split("=", 1)[0] for u in user}
+    user += [u for u in _user_set(rc) if u.split("=", 1)[0] not in keys]
+    out = _merged(OmegaConf.structured(base), OmegaConf.from_dotlist(user))
     if errors := review_errors(out):
         raise ConfigError("invalid review configuration:\n  - " + "\n  - ".join(errors))
     if picked:
@@ -122,18 +102,18 @@ def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | N
     else:
         where = f"the records ran on a {name.upper()}" if device else "no record names its device"
         how = f"constraint set {name} (picked: {where}; review={'gpu' if name == 'cpu' else 'cpu'} for the other)"
-    if user:
-        how += f", with {', '.join('review.' + u for u in user)}"
-    return _target_budget(out, user, how)
+    return _target_budget(out, user, how + _with(user))
+
+
+def _with(user: list[str]) -> str:
+    return f", with {', '.join('review.' + u for u in user)}" if user else ""
 
 
 def target_budget_gib(rc: ReviewConfig) -> float | None:
     """The target's memory budget (GiB: memory x vLLM's memory fraction, to 4 places), None without a loadable
     ``review.target``."""
-    if rc.target is None:
-        return None
     try:
-        return _budget_of(load_target(rc.target, rc.target_memory_fraction))
+        return None if rc.target is None else _budget_of(load_target(rc.target, rc.target_memory_fraction))
     except ConfigError:
         return None
 
@@ -143,8 +123,7 @@ def _budget_of(t: TargetConfig) -> float:
 
 
 def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewConfig, str]:
-    """With ``review.target`` and no ``review.memory_budget_gib`` given, the memory check uses the target's budget;
-    ``how`` says so."""
+    """With ``review.target`` and no ``review.memory_budget_gib`` given, the memory check uses the target's budget."""
     if rc.target is None or any(u.split("=", 1)[0] == "memory_budget_gib" for u in user):
         return rc, how
     t = load_target(rc.target, rc.target_memory_fraction)
@@ -156,11 +135,8 @@ def _target_budget(rc: ReviewConfig, user: list[str], how: str) -> tuple[ReviewC
 def constraints_hash(rc: ReviewConfig) -> str:
     """8 hex digits of the SHA-256 of the constraint values as sorted JSON (:data:`NOT_CONSTRAINTS` and
     :data:`UNSET_KEEPS_HASH` keys at their default left out)."""
-    values = {
-        k: v
-        for k, v in dataclasses.asdict(rc).items()
-        if k not in NOT_CONSTRAINTS and not (k in UNSET_KEEPS_HASH and v == UNSET_KEEPS_HASH[k])
-    }
+    skip = {k for k, default in UNSET_KEEPS_HASH.items() if getattr(rc, k) == default} | set(NOT_CONSTRAINTS)
+    values = {k: v for k, v in dataclasses.asdict(rc).items() if k not in skip}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
 
 

@@ -17,23 +17,17 @@ GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
 def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, str, float] | None:
     """``(gpu name, kind, USD per GPU-hour)`` for the one GPU kind the records ran on; None without a price, a GPU,
     or with several GPU kinds."""
-    if not prices:
-        return None
     names = {line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in environment if line.startswith(GPU_LINE)}
-    if len(names) != 1:
+    if not prices or len(names) != 1:
         return None
     (name,) = names
-    for kind, price in prices.items():
-        if gpu_kind_matches(str(kind), name):
-            return name, str(kind), float(price)
-    return None
+    return next(((name, str(k), float(p)) for k, p in prices.items() if gpu_kind_matches(str(k), name)), None)
 
 
 def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
     """One scheme's USD per million output tokens at ``price`` USD per GPU-hour (None without throughput)."""
-    at = sc.speed.at_load.output_tok_s if sc.speed.at_load else None
-    ceiling = sc.speed.ceiling
-    top = ceiling.output_tok_s if ceiling else None
+    c = sc.speed.ceiling
+    at, top = sc.speed.at_load.output_tok_s if sc.speed.at_load else None, c.output_tok_s if c else None
     return doc.SchemeCost(
         model=sc.model,
         scheme=sc.scheme,
@@ -42,20 +36,15 @@ def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
         at_load_tok_s=at,
         usd_per_mtok_ceiling=usd_per_mtok_or_none(price, sc.gpus, top) if top else None,
         ceiling_tok_s=top,
-        ceiling_lower_bound=bool(ceiling and ceiling.lower_bound),
+        ceiling_lower_bound=bool(c and c.lower_bound),
     )
 
 
 def cost_json(cards: list[Scorecard], rc: ReviewConfig, environment: list[str]) -> doc.Cost | None:
     """review.json's ``cost``; None without a price for the GPU the records ran on (``environment``'s lines)."""
-    found = gpu_price(environment, dict(rc.gpu_price_per_hour or {}))
-    if found is None:
+    if (found := gpu_price(environment, dict(rc.gpu_price_per_hour or {}))) is None:
         return None
     name, kind, price = found
-    return doc.Cost(
-        gpu=name,
-        gpu_kind=kind,
-        usd_per_gpu_hour=price,
-        price_source=f"review.gpu_price_per_hour.{kind}",
-        schemes=[scheme_cost(sc, price) for sc in cards],
-    )
+    schemes = [scheme_cost(sc, price) for sc in cards]
+    source = f"review.gpu_price_per_hour.{kind}"
+    return doc.Cost(gpu=name, gpu_kind=kind, usd_per_gpu_hour=price, price_source=source, schemes=schemes)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
@@ -39,53 +38,37 @@ def on_gpu(rec: JobRecord) -> bool:
 def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
     """The whole model's weights (GiB): vLLM's logged figure is one GPU's."""
     w = memory.weights_gib
-    if w is None:
-        return None
-    return float(w) * gpus if memory.weights_source == "vLLM log" and gpus > 1 else float(w)
-
-
-def scheme_gpus(sc: Scorecard, rec: JobRecord, rc: ReviewConfig) -> dict[str, Any]:
-    """One scheme's GPUs used and needed, whole weights and KV (GiB), output tok/s and per GPU."""
-    m, used = sc.memory, job_gpus(rec)
-    weights = whole_weights_gib(m, used)
-    kv = None if m.kv_needed_gib is None else float(m.kv_needed_gib) + float(m.state_needed_gib or 0)
-    heads = int((rec.model.dims or {}).get("num_key_value_heads") or 1)
-    needed = None
-    if weights is not None and kv is not None and rc.memory_budget_gib:
-        needed = gpus_needed(weights, kv, heads, rc.memory_budget_gib, rc.reserved_gib, TP_SIZES)
-    ceiling = sc.speed.ceiling.output_tok_s if sc.speed.ceiling else None
-    tok_s = ceiling or max((p.output_tok_s for p in sc.speed.points if p.output_tok_s), default=None)
-    return {
-        "gpus_used": used,
-        "weights_gib": weights,
-        "kv_gib": kv,
-        "gpus_needed": needed,
-        "tok_s": tok_s,
-        "tok_s_per_gpu": tok_s / used if tok_s else None,
-    }
+    return None if w is None else float(w) * gpus if memory.weights_source == "vLLM log" and gpus > 1 else float(w)
 
 
 def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig) -> list[str]:
-    """One model's verdict lines of GPUs needed and throughput per GPU; empty off GPU."""
-    rows = []
+    """One model's verdict lines: the schemes grouped by the GPUs they need for the memory budget
+    (:func:`quantverdict.measure.tensor_parallel.gpus_needed` of the whole weights and the KV cache), and each one's
+    sustained output tok/s per GPU used; empty off GPU."""
+    groups: dict[int | None, list[str]] = {}  # GPUs needed (None: more than the largest) -> scheme labels
+    speeds = []  # (scheme, ">= " for a lower bound, tok/s, GPUs used, tok/s per GPU)
     for sc in cards:
         rec = next((r for r in records if str(r.job.id) == sc.job_id), None)
         if rec is None or not on_gpu(rec) or sc.status != "ok":
             continue
-        rows.append((sc, scheme_gpus(sc, rec, rc)))
-    if not rows:
-        return []
-    groups: dict[int | None, list[str]] = {}
-    for sc, g in rows:
-        names = groups.setdefault(g["gpus_needed"], [])
-        if sc.label not in names:
+        m, used = sc.memory, job_gpus(rec)
+        weights = whole_weights_gib(m, used)
+        kv = None if m.kv_needed_gib is None else float(m.kv_needed_gib) + float(m.state_needed_gib or 0)
+        heads = int((rec.model.dims or {}).get("num_key_value_heads") or 1)  # model.dims is untyped (config.json)
+        needed = None
+        if weights is not None and kv is not None and rc.memory_budget_gib:
+            needed = gpus_needed(weights, kv, heads, rc.memory_budget_gib, rc.reserved_gib, TP_SIZES)
+        if sc.label not in (names := groups.setdefault(needed, [])):
             names.append(sc.label)
+        ceiling = sc.speed.ceiling.output_tok_s if sc.speed.ceiling else None
+        if tok_s := ceiling or max((p.output_tok_s for p in sc.speed.points if p.output_tok_s), default=None):
+            speeds.append((sc.scheme, ">= " if ceiling_is_floor(sc.speed) else "", tok_s, used, tok_s / used))
+    if not groups:
+        return []
     fits = sorted((n for n in groups if n is not None), reverse=True)
     parts = [f"{'/'.join(groups[n])} on {WORDS.get(n, str(n))} GPU{'s' if n > 1 else ''}" for n in fits]
     parts = [parts[0], *(p.rsplit(" GPU", 1)[0] for p in parts[1:])] if len(parts) > 1 else parts
     if None in groups:
         parts.append(f"{'/'.join(groups[None])} on none of {TP_SIZES[-1]} or fewer")
-    ge = {id(sc): ">= " if ceiling_is_floor(sc.speed) else "" for sc, _ in rows}
-    speeds = [(sc.scheme, ge[id(sc)], g["tok_s"], g["gpus_used"], g["tok_s_per_gpu"]) for sc, g in rows if g["tok_s"]]
     budget, requests = rc.memory_budget_gib, rc.concurrent_requests
     return say("gpu_lines", "speed.j2", budget=budget, requests=requests, parts=parts, rows=speeds).split("\n")

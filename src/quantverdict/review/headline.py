@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import document as doc
+from quantverdict.review.kld import _finite
 from quantverdict.review.scorecard import Scorecard, TaskDelta
-
-# short MLflow metric names of the three numbers (the runs table's and compare view's columns)
-MEM_GIB = "mem_gib"
-ACC_DELTA = "acc_delta"
-SPEED_C1 = "speed_ratio_c1"
-SPEED_LOAD = "speed_ratio_load"
 
 
 def per_user_tok_s(p: doc.SpeedPoint) -> float | None:
@@ -25,8 +22,7 @@ def speed_ratio(p: doc.SpeedPoint, base: doc.SpeedPoint) -> doc.SpeedRatio | Non
     if a is None or b is None or a <= 0 or b <= 0:
         return None
     sa, sb = p.spread.get("tpot_ms_p50"), base.spread.get("tpot_ms_p50")
-    reps = min(p.valid_repeats, base.valid_repeats)
-    low = high = None
+    reps, low, high = min(p.valid_repeats, base.valid_repeats), None, None
     if sa and sb and reps > 1 and min(sa.min, sb.min) > 0:
         low, high = sb.min / sa.max, sb.max / sa.min
     return doc.SpeedRatio(value=b / a, low=low, high=high, load=p.load, label=p.label, repeats=reps)
@@ -59,34 +55,22 @@ def low_load_point(sc: Scorecard) -> doc.SpeedPoint | None:
     return sc.speed.points[0] if sc.speed.points else None
 
 
-def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> TaskDelta | None:
-    """The worst delta: largest rise of ``review.perplexity_kinds``, else lowest task recovery."""
+def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> doc.HeadlineAccuracy | None:
+    """The worst judged delta: largest rise of ``review.perplexity_kinds``, else lowest task recovery; a perplexity's
+    change in %, a score's in points (``100 · delta``)."""
     judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
     ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
-    if ppls:
-        return max(ppls, key=lambda d: d.delta_pct or 0.0)
     scores = [d for d in judged if d.kind == "score" and d.recovery_pct is not None]
-    return min(scores, key=lambda d: d.recovery_pct or 0.0) if scores else None
-
-
-def _finite(v: float | None) -> float | None:
-    return v if v is not None and abs(v) < float("inf") else None
-
-
-def headline_accuracy(d: TaskDelta) -> doc.HeadlineAccuracy:
-    """A perplexity's change in %, a score's in points (``100 · delta``)."""
-    pct = d.kind == "perplexity"
-    k, v, iv = (1.0 if pct else 100.0), (d.delta_pct if pct else d.delta), d.interval
-    return doc.HeadlineAccuracy(
-        name=d.name,
-        metric=d.metric,
-        kind=doc.DeltaKind(d.kind),
-        unit="%" if pct else "points",
-        delta=None if v is None else _finite(k * v),
-        low=None if iv is None else _finite(k * iv.low),
-        high=None if iv is None else _finite(k * iv.high),
-        n=d.n,
-    )
+    d: TaskDelta | None = max(ppls, key=lambda d: d.delta_pct or 0.0) if ppls else None
+    d = d or (min(scores, key=lambda d: d.recovery_pct or 0.0) if scores else None)
+    if d is None:
+        return None
+    pct, iv = d.kind == "perplexity", d.interval
+    k, v = (1.0, d.delta_pct) if pct else (100.0, d.delta)
+    acc: dict[str, Any] = dict(name=d.name, metric=d.metric, kind=d.kind, unit="%" if pct else "points", n=d.n)
+    acc["delta"] = None if v is None else _finite(k * v)
+    acc |= dict(low=None, high=None) if iv is None else dict(low=_finite(k * iv.low), high=_finite(k * iv.high))
+    return doc.HeadlineAccuracy.model_validate(acc)
 
 
 def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
@@ -99,14 +83,14 @@ def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
         if base is not None and not sc.is_baseline and not note:
             p, q = low_load_point(sc), low_load_point(base)
             c1 = speed_ratio(p, q) if p and q and p.load == q.load else None
-            here = sc.speed.at_load
-            full, q = (_point_at(sc, here.load), _point_at(base, here.load)) if here else (None, None)
-            at = speed_ratio(full, q) if full and q else None
-        d = None if sc.is_baseline else accuracy_headline(sc, rc)
+            if here := sc.speed.at_load:
+                p, q = _point_at(sc, here.load), _point_at(base, here.load)
+                at = speed_ratio(p, q) if p and q else None
+        acc = None if sc.is_baseline else accuracy_headline(sc, rc)
         out.append(
             doc.Headline(
                 memory_need_gib=_finite(sc.memory.need_gib),
-                accuracy=None if d is None else headline_accuracy(d),
+                accuracy=acc,
                 speed_ratio_c1=c1,
                 speed_ratio_at_load=at,
                 speed_note=note,
@@ -124,24 +108,22 @@ def memory_load_text(rc: ReviewConfig) -> str:
 
 def mlflow_metrics(n: doc.Headline) -> dict[str, float]:
     """The three numbers under short MLflow names (``_low``/``_high``: interval or repeat range); missing left out."""
-    pairs: list[tuple[str, float | None, float | None, float | None]] = [(MEM_GIB, n.memory_need_gib, None, None)]
-    if n.accuracy is not None:
-        pairs.append((ACC_DELTA, n.accuracy.delta, n.accuracy.low, n.accuracy.high))
-    for name, r in ((SPEED_C1, n.speed_ratio_c1), (SPEED_LOAD, n.speed_ratio_at_load)):
-        if r is not None:
-            pairs.append((name, r.value, r.low, r.high))
-    out: dict[str, float] = {}
-    for name, v, low, high in pairs:
-        if v is not None:
+    out = dict[str, float]()
+    if n.memory_need_gib is not None:
+        out["mem_gib"] = n.memory_need_gib
+    ranged: list[tuple[str, doc.HeadlineAccuracy | doc.SpeedRatio | None]] = [("acc_delta", n.accuracy)]
+    ranged += [("speed_ratio_c1", n.speed_ratio_c1), ("speed_ratio_load", n.speed_ratio_at_load)]
+    for name, x in ranged:
+        v = x.delta if isinstance(x, doc.HeadlineAccuracy) else x.value if x else None
+        if x is not None and v is not None:
             out[name] = v
-            if low is not None and high is not None:
-                out[name + "_low"], out[name + "_high"] = low, high
+            if x.low is not None and x.high is not None:
+                out[name + "_low"], out[name + "_high"] = x.low, x.high
     return out
 
 
 def accuracy_metric_tag(h: doc.Headline) -> str:
     """What ``acc_delta`` measures: ``word_perplexity change (%)``, ``arc_easy acc_norm (points)``."""
-    a = h.accuracy
-    if a is None:
+    if (a := h.accuracy) is None:
         return ""
     return f"{a.metric} change (%)" if a.kind == "perplexity" else f"{a.name} {a.metric} (points)"

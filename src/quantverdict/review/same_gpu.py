@@ -14,8 +14,7 @@ from quantverdict.review.words import say
 
 SAME = "same GPU"  # every GPU uuid of the scheme's job equals the baseline's, in the same order
 DIFFERENT = "different GPUs"  # both jobs recorded their GPUs' uuids, and they differ
-NOT_RECORDED = "not recorded"  # a GPU of either job has no uuid (a record older than UUID_SINCE)
-UUID_SINCE = "2026-12-01"  # the date of the first records with environment.gpu[].uuid (named in the Validity line)
+NOT_RECORDED = "not recorded"  # a GPU of either job has no ``environment.gpu[i].uuid`` in its record
 
 
 @dataclass(frozen=True)
@@ -31,13 +30,12 @@ class GpuMatch:
 
 def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
     """The uuids of the GPUs a job's server used, in order; ``()`` for a CPU record."""
-    listed = [GpuInfo.of(g) for g in rec.environment.gpu or []]
-    return tuple(g.uuid or None for g in listed[: job_gpus(rec)])
+    return tuple(GpuInfo.of(g).uuid or None for g in (rec.environment.gpu or [])[: job_gpus(rec)])
 
 
-def _started(view: JobRecord) -> datetime | None:
+def _started(rec: JobRecord) -> datetime | None:
     try:
-        return datetime.fromisoformat(str(view.job.started_at)) if view.job.started_at else None
+        return datetime.fromisoformat(str(rec.job.started_at)) if rec.job.started_at else None
     except ValueError:
         return None
 
@@ -47,18 +45,14 @@ def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
     mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
     if not mine or not theirs:
         return None
-    if None in mine or None in theirs:
-        state = NOT_RECORDED
-    else:
-        state = SAME if mine == theirs else DIFFERENT
+    state = NOT_RECORDED if None in mine or None in theirs else SAME if mine == theirs else DIFFERENT
     a, b = grid_of(rec.job.output_dir), grid_of(base.job.output_dir)
-    same_grid = a == b if a and b else None
     t, tb = _started(rec), _started(base)
     try:
         hours = abs((t - tb).total_seconds()) / 3600 if t and tb else None
     except TypeError:  # one time with a UTC offset, the other without
         hours = None
-    return GpuMatch(state, mine, theirs, same_grid, hours)
+    return GpuMatch(state, mine, theirs, a == b if a and b else None, hours)
 
 
 def pairable(m: GpuMatch | None) -> bool:
@@ -78,31 +72,24 @@ def short_uuid(uuid: str | None) -> str:
     """``GPU-3cc7d5f1-...`` -> ``GPU-3cc7d5f1…`` (its first group); ``?`` for None."""
     if not uuid:
         return "?"
-    head = uuid.split("-")[:2] if uuid.startswith("GPU-") else [uuid[:12]]
-    short = "-".join(head)
+    short = "-".join(uuid.split("-")[:2] if uuid.startswith("GPU-") else [uuid[:12]])
     return short if short == uuid else f"{short}…"
-
-
-def _names(uuids: tuple[str | None, ...], full: bool = False) -> str:
-    return ", ".join(str(u) if full else short_uuid(u) for u in uuids)
-
-
-def _when(m: GpuMatch) -> str:
-    grid = {True: " in one grid", False: ", not in one grid", None: ""}[m.same_grid]
-    if m.hours_apart is None:
-        return f"the jobs ran{grid.lstrip(',')}" if grid else ""
-    return f"the jobs started {m.hours_apart:.1f} h apart{grid}"
 
 
 def _shown(m: GpuMatch) -> dict[str, str]:
     """Both jobs' uuids as shown: whole where different GPUs' abbreviations are alike."""
-    full = m.state == DIFFERENT and _names(m.gpus) == _names(m.baseline_gpus)
-    return {"gpus": _names(m.gpus, full), "base": _names(m.baseline_gpus, full)}
+    mine, theirs = (", ".join(map(short_uuid, u)) for u in (m.gpus, m.baseline_gpus))
+    if m.state == DIFFERENT and mine == theirs:
+        mine, theirs = (", ".join(map(str, u)) for u in (m.gpus, m.baseline_gpus))
+    return {"gpus": mine, "base": theirs}
 
 
 def same_gpu_line(what: str, m: GpuMatch) -> str:
     """The Validity line of ``m`` for ``what`` (``"<model> / fp8 vs bf16"``)."""
-    return say("same_gpu_line", "speed.j2", what=what, m=m, when=_when(m), since=UUID_SINCE, **_shown(m))
+    grid = {True: " in one grid", False: ", not in one grid", None: ""}[m.same_grid]
+    when = f"the jobs started {m.hours_apart:.1f} h apart{grid}" if m.hours_apart is not None else ""
+    when = when or (f"the jobs ran{grid.lstrip(',')}" if grid else "")
+    return say("same_gpu_line", "speed.j2", what=what, m=m, when=when, **_shown(m))
 
 
 def same_gpu_flag(m: GpuMatch, baseline: str) -> Flag | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from quantverdict.measure.stats import Interval
@@ -17,12 +16,9 @@ TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
 
 @dataclass
 class TaskDelta:
-    """One accuracy comparison of a scheme against its baseline.
-
-    ``kind`` is ``score`` (higher is better: ``delta`` is absolute, ``recovery_pct`` = 100·value/baseline)
-    or ``perplexity`` (lower is better: ``delta_pct`` = 100·(value/baseline - 1); a perplexity, or another metric
-    lm-eval says is better lower, which only ``review.perplexity_kinds`` names are judged on).
-    """
+    """One accuracy comparison of a scheme against its baseline: ``kind`` ``score`` (higher is better: ``delta``
+    absolute, ``recovery_pct = 100 · value / baseline``) or ``perplexity`` (lower is better, judged only for the
+    kinds in ``review.perplexity_kinds``: ``delta_pct = 100 · (value / baseline - 1)``)."""
 
     name: str  # task, or the perplexity kind for token_perplexity
     metric: str
@@ -41,9 +37,7 @@ class TaskDelta:
     paired: bool = False
     significant: bool | None = None  # None: no interval
     note: str = ""
-    # why the comparison cannot be made (the two runs did not score the same items: a doc_hash, prompt_hash
-    # or token window differs); the delta is then left unjudged, never failed or passed on its point value
-    refused: str = ""
+    refused: str = ""  # why it cannot be made (not the same items scored): left unjudged, never failed or passed
     kld: KldFigures | None = None  # the record's KL divergence summary (kind kld)
 
 
@@ -78,15 +72,9 @@ class Scorecard:
 
 
 def weight_tier(rec: JobRecord) -> int:
-    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer.
-
-    From ``config.scheme.weight_bits``, else the digits after ``W`` in the scheme label.
-    """
-    bits = rec.cfg("scheme").get("weight_bits")
-    if bits is None:
-        label = (rec.job.scheme_label or "").split(" + KV")[0]  # a KV-cache choice does not change the weights
-        m = re.match(r"(?:W|NVFP)(\d+)", label)
-        bits = int(m.group(1)) if m else (8 if "FP8" in label else 16)
+    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer, from
+    ``config.scheme.weight_bits`` (untyped config; the scheme schema's default is 16)."""
+    bits = int(rec.cfg("scheme").get("weight_bits") or 16)
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
 
 
@@ -94,11 +82,8 @@ NOT_APPLICABLE_DEFAULT = "synthetic model with random weights: accuracy is not a
 
 
 def accuracy_not_applicable(rec: JobRecord) -> str | None:
-    """Why the record's accuracy cannot be measured, or None when it can.
-
-    Source, in order: ``accuracy.not_applicable``, ``stages.evaluate`` marked ``not_applicable``, else
-    ``config.model.source == "synthetic"`` (random weights; a job that failed before evaluate).
-    """
+    """Why the record's accuracy cannot be measured (None: it can), from ``accuracy.not_applicable``, else
+    ``stages.evaluate`` marked ``not_applicable``, else ``config.model.source == "synthetic"`` (random weights)."""
     if rec.accuracy.not_applicable:
         return str(rec.accuracy.not_applicable)
     if rec.stage("evaluate").status == "not_applicable":

@@ -38,30 +38,32 @@ def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
     return Check(constraint=ConstraintKind(kind), outcome=outcome, text=text, **(blank | kw))
 
 
-# --- memory ---------------------------------------------------------------------------------------------
+def _judged(kind: str, text: str, cite: str, fails: list[tuple[float, str]], crits: list[Criterion]) -> Check:
+    """PASS, or FAIL with the shortfalls ``fails`` (excess relative to the limit, sentence) in their order."""
+    if not fails:
+        return _check(kind, PASS, text, cite=cite, criteria=crits)
+    shortfall, excess = "; ".join(f for _, f in fails), max(e for e, _ in fails)
+    return _check(kind, FAIL, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
+
+
+def _said(macro: str, **values: Any) -> tuple[str, str]:
+    """The sentence of ``macro`` in full (``text``) and the numbers alone (``cite``)."""
+    return say(macro, **values, full=True), say(macro, **values, full=False)
 
 
 def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
-    m, budget = sc.memory, rc.memory_budget_gib
+    m, budget, need = sc.memory, rc.memory_budget_gib, sc.memory.need_gib
     if budget is None:
         return _check("memory", OFF, "no memory budget set")
-    need = m.need_gib
-    crit = _criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)
+    crit = [_criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
     if need is None:
-        unknown = say("memory_unknown", weights_known=m.weights_gib is not None)
-        return _check("memory", UNKNOWN, unknown, criteria=[crit])
+        return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
     paging = m.hybrid_paging
     block_tokens = int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None
-    args: dict[str, Any] = dict(need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
-    text, cite = say("memory", **args, full=True), say("memory", **args, full=False)
-    if need <= budget:
-        return _check("memory", PASS, text, cite=cite, criteria=[crit])
+    text, cite = _said("memory", need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
     over = need - budget
-    shortfall = say("memory_over", over=over, pct=100 * over / budget, budget=budget)
-    return _check("memory", FAIL, text, shortfall=shortfall, excess=over / budget, cite=cite, criteria=[crit])
-
-
-# --- accuracy -------------------------------------------------------------------------------------------
+    fails = [(over / budget, say("memory_over", over=over, pct=100 * over / budget, budget=budget))] if over > 0 else []
+    return _judged("memory", text, cite, fails, crit)
 
 
 def floor_test_of(d: TaskDelta, rc: ReviewConfig) -> str:
@@ -72,38 +74,40 @@ def floor_test_of(d: TaskDelta, rc: ReviewConfig) -> str:
     return "interval" if d.n is not None and d.n < rc.interval_test_below_n else "point"
 
 
-def _interval_test(d: TaskDelta, rc: ReviewConfig) -> bool:
-    """Judged on its interval: the interval test applies and the delta has one."""
-    iv = d.recovery_interval if d.kind == "score" else d.interval
-    return floor_test_of(d, rc) == "interval" and iv is not None
-
-
-def _ok(d: TaskDelta, threshold: float, rc: ReviewConfig) -> bool:
-    """A score's recovery >= the floor, a perplexity's increase <= the limit (under the interval test: the interval's
-    end nearest to passing)."""
+def _end(d: TaskDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
+    """The value ``d`` is judged on, a score's recovery or a perplexity's increase (%) or under the interval test
+    the end of its interval nearest to passing, and whether it is that end."""
     score = d.kind == "score"
     iv = d.recovery_interval if score else d.interval
-    if floor_test_of(d, rc) == "interval" and iv is not None:
-        return iv.high >= threshold if score else iv.low <= threshold
-    return (d.recovery_pct or 0.0) >= threshold if score else (d.delta_pct or 0.0) <= threshold
+    if floor_test_of(d, rc) != "interval" or iv is None:
+        return d.recovery_pct if score else d.delta_pct, False
+    return iv.high if score else iv.low, True
+
+
+def _gap(d: TaskDelta, lim: float, rc: ReviewConfig | None = None) -> float:
+    """How far ``d``'s point value (with ``rc``: the value it is judged on) is under the floor (a score) or over the
+    limit (a perplexity); > 0 fails."""
+    v = (_end(d, rc)[0] if rc else d.recovery_pct if d.kind == "score" else d.delta_pct) or 0.0
+    return lim - v if d.kind == "score" else v - lim
+
+
+def _ok(d: TaskDelta, lim: float, rc: ReviewConfig) -> bool:
+    return _gap(d, lim, rc) <= 0
 
 
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
-    """The floor held against one delta as :func:`_ok` judges it."""
-    test: Literal["point", "interval"] = "interval" if _interval_test(d, rc) else "point"
-    score = d.kind == "score"
+    """The floor held against one delta as :func:`_ok` judges it; a refused delta is left unjudged."""
+    score, (judged, on_interval) = d.kind == "score", _end(d, rc)
     threshold = float((rc.min_recovery_pct if score else rc.max_perplexity_increase_pct) or 0.0)
-    observed = d.recovery_pct if score else d.delta_pct
-    iv = (d.recovery_interval if score else d.interval) if test == "interval" else None
-    judged = observed if iv is None else iv.high if score else iv.low  # the interval's end nearest to passing
-    ok = _ok(d, threshold, rc)
     metric = CriterionMetric.RECOVERY_PCT if score else CriterionMetric.PERPLEXITY_INCREASE_PCT
     limit = "min_recovery_pct" if score else "max_perplexity_increase_pct"
     subject = d.metric if d.name == d.metric else f"{d.name} {d.metric}"
+    test: Literal["point", "interval"] = "interval" if on_interval else "point"
+    observed, ok = d.recovery_pct if score else d.delta_pct, _ok(d, threshold, rc)
     crit = _criterion(
         metric, subject, limit, ">=" if score else "<=", threshold, observed, judged=judged, test=test, ok=ok
     )
-    if d.refused:  # left unjudged
+    if d.refused:
         return crit.model_copy(update={"judged": None, "outcome": UNKNOWN, "note": f"cannot be checked: {d.refused}"})
     return crit
 
@@ -124,93 +128,68 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         return _check("accuracy", UNKNOWN, f"delta excluded: {sc.accuracy_refused}")
     # a comparison that cannot be made (the two runs did not score the same items) is left unjudged: its point
     # value neither fails nor passes the scheme, and the check cannot pass while one is unjudged
-    ppl = {id(d) for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds}  # judged kinds
-    floored = [d for d in sc.accuracy if (floor if d.kind == "score" else limit if id(d) in ppl else None) is not None]
+    judged_ppl = [d for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
+    floored = [
+        d for d in sc.accuracy if (floor if d.kind == "score" else limit if d in judged_ppl else None) is not None
+    ]
     unjudged = [d for d in floored if d.refused]
     scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None and not d.refused]
-    ppls = [d for d in sc.accuracy if id(d) in ppl and d.delta_pct is not None and not d.refused]
-    judged = {id(d) for d in (*unjudged, *scores, *ppls)}
-    crits = [_accuracy_criterion(d, rc) for d in floored if id(d) in judged]  # in the record's order
+    ppls = [d for d in judged_ppl if d.delta_pct is not None and not d.refused]
+    crits = [_accuracy_criterion(d, rc) for d in floored if d.refused or d in scores or d in ppls]  # record's order
     cannot = say("cannot", unjudged=unjudged)
     if not scores and not ppls:
         why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
         return _check("accuracy", UNKNOWN, f"not checked: {why}", criteria=crits)
-    fails: list[tuple[float, str]] = []
-    parts, cites = list[str](), list[str]()
-    if floor is not None and scores:
-        worst = min(scores, key=lambda d: d.recovery_pct or 0.0)
-        ok = _ok(worst, floor, rc)
-        by_interval = _interval_test(worst, rc) and (worst.recovery_pct or 0.0) < floor
-        args: dict[str, Any] = dict(d=worst, floor=floor, ok=ok, by_interval=by_interval)
-        parts.append(say("worst_score", **args, full=True))
-        cites.append(say("worst_score", **args, full=False))
-        for d in scores:
-            if not _ok(d, floor, rc):
-                gap = floor - (d.recovery_pct or 0.0)
-                fails.append((gap / floor, say("score_fails", d=d, floor=floor, gap=gap)))
-    if limit is not None and ppls:
-        worst = max(ppls, key=lambda d: d.delta_pct or 0.0)
-        ok = _ok(worst, limit, rc)
-        by_interval = _interval_test(worst, rc) and (worst.delta_pct or 0.0) > limit
-        args = dict(d=worst, limit=limit, ok=ok, by_interval=by_interval)
-        parts.append(say("worst_ppl", **args, full=True))
-        cites.append(say("worst_ppl", **args, full=False))
-        for d in ppls:
-            if not _ok(d, limit, rc):
-                gap = (d.delta_pct or 0.0) - limit
-                fails.append((gap / max(limit, 1e-9), say("ppl_fails", d=d, limit=limit, gap=gap)))
+    fails, parts, cites = list[tuple[float, str]](), list[str](), list[str]()
+    for ds, lim, name in ((scores, floor, "score"), (ppls, limit, "ppl")):
+        if lim is None or not ds:
+            continue
+        worst = min(ds, key=lambda d: (d.recovery_pct or 0.0) if d.kind == "score" else -(d.delta_pct or 0.0))
+        ok, by_interval = _ok(worst, lim, rc), _end(worst, rc)[1] and _gap(worst, lim) > 0
+        part, short = _said(f"worst_{name}", d=worst, lim=lim, ok=ok, by_interval=by_interval)
+        parts, cites = [*parts, part], [*cites, short]
+        for d in ds:
+            if not _ok(d, lim, rc):
+                fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
     text, cite = "; ".join(parts), " and ".join(cites)
     if fails:
-        fails.sort(reverse=True)
-        text = "; ".join(p for p in (text, cannot) if p)
-        shortfall = "; ".join(f for _, f in fails)
-        return _check("accuracy", FAIL, text, shortfall=shortfall, excess=fails[0][0], cite=cite, criteria=crits)
+        return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
     if unjudged:
         rest = dict(cite=f"{cannot}; the rest: {cite}", criteria=crits)
         return _check("accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", **rest)
-    return _check("accuracy", PASS, text, cite=cite, criteria=crits)
-
-
-# --- latency --------------------------------------------------------------------------------------------
+    return _judged("accuracy", text, cite, [], crits)
 
 
 def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None and rc.e2e_ms is None:
         return _check("latency", OFF, "no latency SLO set")
-    sp = sc.speed
+    sp, at = sc.speed, sc.speed.at_load
     if not sp.points:
         return _check("latency", UNKNOWN, "not checked: no speed results")
-    at = sp.at_load
     if at is None:
         return _check("latency", UNKNOWN, f"not checked: {sp.load_how}")
-    fails: list[str] = []
-    excess, crits = 0.0, list[Criterion]()
-    g = at.goodput
-    if g:  # per-request goodput at the load
-        need, pct = rc.slo_attainment_pct, g.slo_attainment_pct
-        args: dict[str, Any] = dict(g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo_of(rc).describe())
-        text, cite = say("attainment", **args, full=True), say("attainment", **args, full=False)
+    fails, crits = list[tuple[float, str]](), list[Criterion]()
+    if g := at.goodput:  # per-request goodput at the load
+        need, pct, slo = rc.slo_attainment_pct, g.slo_attainment_pct, slo_of(rc).describe()
+        text, cite = _said("attainment", g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo)
         if pct < need:
-            fails.append(say("attainment_fails", g=g, need=need, pct=pct, under=need - pct))
-            excess = (need - pct) / need
+            fails.append(((need - pct) / need, say("attainment_fails", g=g, need=need, pct=pct, under=need - pct)))
         crits.append(_criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
-    else:  # no per-request data: the p99s at the load
-        p99s = []
-        for key, name, lim, v in (
-            ("ttft_ms_p99", "TTFT p99", rc.ttft_ms_p99, at.ttft_ms_p99),
-            ("itl_ms_p99", "ITL p99", rc.itl_ms_p99, at.itl_ms_p99),
-        ):
-            if lim is not None and v is not None:  # a missing p99 with its limit set: slo_ok said None above
-                p99s.append((name, v, lim))
-                crits.append(_criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
-                if v > lim:
-                    fails.append(say("p99_fails", name=name, v=v, lim=lim, over=v - lim, pct=100 * (v - lim) / lim))
-                    excess = max(excess, (v - lim) / lim)
+    else:  # no per-request data: the p99s at the load (slo_ok said None above if one with its limit set is missing)
+        p99s = [
+            (k, name, getattr(at, k), getattr(rc, k))
+            for k, name in (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
+        ]
+        p99s = [p for p in p99s if p[2] is not None and p[3] is not None]
+        for key, name, v, lim in p99s:
+            crits.append(_criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
+            if (over := v - lim) > 0:
+                fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
-        args = dict(p99s=p99s, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
-        text, cite = say("p99s", **args, full=True), say("p99s", **args, full=False)
+        rows = [p[1:] for p in p99s]
+        text, cite = _said("p99s", p99s=rows, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, ceiling_is_floor(sp)
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
@@ -219,15 +198,12 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         kept_up = sp.mode == "rate" and at.load >= rc.load_rps
         kept_up = kept_up and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
         below = ceiling < rc.load_rps and not lower_bound and not kept_up
-        if below:
-            fails.append(f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load")
-            excess = max(excess, (rc.load_rps - ceiling) / rc.load_rps)
+        short = f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load"
+        fails += [((rc.load_rps - ceiling) / rc.load_rps, short)] if below else []
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
         metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
         crits.append(_criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
-    if fails:
-        return _check("latency", FAIL, text, shortfall="; ".join(fails), excess=excess, cite=cite, criteria=crits)
-    return _check("latency", PASS, text, cite=cite, criteria=crits)
+    return _judged("latency", text, cite, fails, crits)
 
 
 def checks(sc: Scorecard, rc: ReviewConfig) -> Checks:
@@ -241,7 +217,8 @@ def passes(cs: Checks) -> bool:
     return all(c.outcome in NON_BLOCKING for c in cs.values())
 
 
-# --- ordering and the verdict -----------------------------------------------------------------------
+def _eligible(sc: Scorecard, cs: Checks) -> bool:
+    return sc.status == "ok" and passes(cs)
 
 
 def kv_step(sc: Scorecard) -> int:
@@ -249,24 +226,16 @@ def kv_step(sc: Scorecard) -> int:
     return 0 if sc.kv in ("auto", "") else 1
 
 
-def lever_of(sc: Scorecard) -> doc.Lever:
-    pulled = [name for name, on in (("weights", sc.tier > 0), ("KV cache", kv_step(sc) > 0)) if on]
-    return doc.Lever(" and ".join(pulled))
-
-
 def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConfig) -> doc.KvLever:
     """The KV lever weighed on the baseline: whether its failing memory check binds on the weights (they alone,
-    with recurrent state and reserve, exceed the budget) or on the KV cache, and its need with an FP8 cache
-    (``need_gib_kv_fp8`` of :func:`quantverdict.review.memory.memory_summary`)."""
-    m, budget = base.memory, rc.memory_budget_gib
-    fp8 = _finite(m.need_gib_kv_fp8)
+    with recurrent state and reserve, exceed the budget) or on the KV cache, and its need with an FP8 cache."""
+    m, budget, fp8 = base.memory, rc.memory_budget_gib, _finite(base.memory.need_gib_kv_fp8)
     binds_on: Literal["kv_cache", "weights"] | None = None
     if cs["memory"].outcome == FAIL and budget is not None and m.weights_gib is not None:
-        fixed = m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib
-        binds_on = "weights" if fixed > budget else "kv_cache"
-    gib = dict(need_gib=m.need_gib, weights_gib=m.weights_gib, kv_gib=m.kv_needed_gib)
+        binds_on = "weights" if m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib > budget else "kv_cache"
+    gib = dict(need_gib=m.need_gib, weights_gib=m.weights_gib, kv_gib=m.kv_needed_gib, fp8_need_gib=fp8)
     lever: dict[str, Any] = {k: _finite(g) for k, g in gib.items()} | dict(binds_on=binds_on, budget_gib=budget)
-    lever |= dict(fp8_need_gib=fp8, fp8_fits=None if budget is None or fp8 is None else fp8 <= budget)
+    lever["fp8_fits"] = None if budget is None or fp8 is None else fp8 <= budget
     lever["measured"] = [sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"]  # refused/failed: not measured
     return doc.KvLever.model_validate(lever)
 
@@ -285,12 +254,8 @@ def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
 
 def short_error(error: str | None, limit: int = 160) -> str:
     """The first line of an error message, cut to ``limit`` characters."""
-    line = (error or "no error message").strip().splitlines()[0] if (error or "").strip() else "no error message"
+    line = error.strip().splitlines()[0] if error and error.strip() else "no error message"
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _eligible(sc: Scorecard, cs: Checks) -> bool:
-    return sc.status == "ok" and passes(cs)
 
 
 def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: str) -> doc.PassedOver:
@@ -299,13 +264,10 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: s
     unknown = [c.constraint for c in cs.values() if c.outcome == UNKNOWN]
     checked = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
     job = {"ok": checked, "interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
-    reason = job.get(sc.status, PassReason.JOB_FAILED)
     crits = [k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
-    job_status, stage = doc.JobStatus(sc.status), sc.failed_stage
-    return doc.PassedOver.model_validate(
-        dict(scheme=sc.scheme, label=sc.label, reason=reason, job_status=job_status, failed_stage=stage, fails=fails)
-        | dict(not_checked=unknown, criteria=crits, sentence=sentence)
-    )
+    row: dict[str, Any] = dict(scheme=sc.scheme, label=sc.label, reason=job.get(sc.status, PassReason.JOB_FAILED))
+    row |= dict(job_status=sc.status, failed_stage=sc.failed_stage, fails=fails, not_checked=unknown, criteria=crits)
+    return doc.PassedOver.model_validate(row | {"sentence": sentence})
 
 
 def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdict, dict[str, Checks]]:
@@ -315,11 +277,10 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
     order = candidate_order([sc for sc in cards if not sc.is_baseline])
     bc = all_checks[base.scheme] if base is not None else {}
     binding = [c.constraint for c in bc.values() if c.outcome == FAIL]
-    unverified = [c for c in bc.values() if c.outcome == UNKNOWN]
     chosen = next((sc for sc in order if _eligible(sc, all_checks[sc.scheme])), None)
     if base is None:
         decision = Decision.NO_BASELINE
-    elif not binding and (unverified or base.status != "ok"):
+    elif not binding and (any(c.outcome == UNKNOWN for c in bc.values()) or base.status != "ok"):
         decision = Decision.BASELINE_NOT_CHECKED
     elif not binding:
         decision, chosen = Decision.DO_NOT_QUANTIZE, base
@@ -328,16 +289,17 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
     if decision not in (Decision.QUANTIZE, Decision.DO_NOT_QUANTIZE):
         chosen = None
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
-    na = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
-    lever = lever_of(chosen) if chosen is not None and decision == Decision.QUANTIZE else doc.Lever.NONE
-    fields: dict[str, Any] = dict(model=model, decision=decision, binding=binding, lever=lever, request_shapes=shapes)
+    pulled = [n for n, on in (("weights", chosen and chosen.tier > 0), ("KV cache", chosen and kv_step(chosen))) if on]
+    fields: dict[str, Any] = dict(model=model, decision=decision, binding=binding, order=[sc.scheme for sc in order])
     fields |= dict(chosen_scheme=chosen.scheme if chosen else None, chosen_label=chosen.label if chosen else None)
-    fields |= dict(order=[sc.scheme for sc in order], kv_lever=None if base is None else kv_lever(base, bc, cards, rc))
-    fields |= dict(accuracy_not_measured=na, baseline_scheme=base.scheme if base else None)
+    fields["lever"] = doc.Lever(" and ".join(pulled)) if decision == Decision.QUANTIZE else doc.Lever.NONE
+    fields["kv_lever"] = None if base is None else kv_lever(base, bc, cards, rc)
+    na = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
+    fields |= dict(accuracy_not_measured=na, baseline_scheme=base.scheme if base else None, request_shapes=shapes)
     fields["request_shape"] = next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None
-    fields |= dict(ceilings_differ_in_basis=ceilings_differ_in_basis(cards))
-    fields |= dict(compute_reported=any(sc.speed.compute for sc in cards), sentence="")
-    v = Verdict.model_validate(fields | dict(passed_over=[], evidence=[], others=[]))
+    compute = any(sc.speed.compute for sc in cards)
+    fields |= dict(ceilings_differ_in_basis=ceilings_differ_in_basis(cards), compute_reported=compute)
+    v = Verdict.model_validate(fields | dict(sentence="", passed_over=[], evidence=[], others=[]))
     _words(v, base, chosen, order, all_checks)
     return v, all_checks
 
@@ -351,37 +313,29 @@ def _words(
 ) -> None:
     """``v``'s sentence, evidence, and one sentence and reason per scheme passed over."""
     three = "both memory and latency" if v.accuracy_not_measured else "all three"
-    bc = all_checks[base.scheme] if base is not None else {}
-    closest = None
-    same_tier: list[Scorecard] = []
-    if v.decision == Decision.NO_SCHEME:
-        rank = {
-            sc.scheme: (sum(c.outcome not in NON_BLOCKING for c in cs.values()), sum(c.excess for c in cs.values()))
-            for sc in order
-            for cs in (all_checks[sc.scheme],)
-        }
-        closest = min(order, key=lambda sc: rank[sc.scheme]) if order else None
-    if v.decision == Decision.QUANTIZE and chosen is not None:
-        same_tier = [
-            sc for sc in order if sc.tier == chosen.tier and sc is not chosen and _eligible(sc, all_checks[sc.scheme])
-        ]
-    shown = chosen if v.decision != Decision.NO_SCHEME else closest
-    tier_name = ""
+    same_tier, tier_name = list[Scorecard](), ""
+
+    def rank(sc: Scorecard) -> tuple[int, float]:  # the closest: fewest blocking checks, then smallest summed excess
+        cs = all_checks[sc.scheme].values()
+        return sum(c.outcome not in NON_BLOCKING for c in cs), sum(c.excess for c in cs)
+
+    closest = min(order, key=rank) if v.decision == Decision.NO_SCHEME and order else None
     if chosen is not None:
         kv = chosen.kv if kv_step(chosen) else ""
         tier_name = say("tier", name=TIER_NAMES.get(chosen.tier, chosen.tier), tier=chosen.tier, kv=kv)
-    words: dict[str, Any] = dict(v=v, base=base, chosen=chosen, bc=bc, closest=closest, three_of=three)
-    words |= dict(cc=all_checks[chosen.scheme] if chosen else {}, same_tier=same_tier, tier_name=tier_name)
-    words["closest_why"] = _why_not(closest, all_checks[closest.scheme]) if closest else ""
+        if v.decision == Decision.QUANTIZE:
+            same = [sc for sc in order if sc.tier == chosen.tier and sc is not chosen]
+            same_tier = [sc for sc in same if _eligible(sc, all_checks[sc.scheme])]
+    words: dict[str, Any] = dict(v=v, base=base, chosen=chosen, closest=closest, three_of=three, same_tier=same_tier)
+    words |= dict(bc=all_checks[base.scheme] if base else {}, cc=all_checks[chosen.scheme] if chosen else {})
+    words |= dict(closest_why=_why_not(closest, all_checks[closest.scheme]) if closest else "", tier_name=tier_name)
     words["e2e"] = chosen.speed.at_load.e2e_ms_p50 if chosen and chosen.speed.at_load else None
     v.sentence = say("verdict", **words, base_error=short_error(base.error) if base else "")
-    if shown is not None:
+    if shown := chosen if v.decision != Decision.NO_SCHEME else closest:
         v.evidence = [f"{shown.name} {c.constraint}: {c.text}" for c in all_checks[shown.scheme].values()]
     no_verdict = (Decision.NO_BASELINE, Decision.BASELINE_NOT_CHECKED, Decision.NO_SCHEME)
     reasons = dict.fromkeys(no_verdict, PassReason.NO_VERDICT) | {Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED}
-    for sc in order:
-        if sc is chosen:
-            continue
+    for sc in (sc for sc in order if sc is not chosen):
         cs = all_checks[sc.scheme]
         more = chosen is not None and sc.tier > chosen.tier
         reason = reasons.get(v.decision) or (PassReason.MORE_AGGRESSIVE if more else PassReason.SLOWER_SAME_TIER)
@@ -390,7 +344,7 @@ def _words(
         v.passed_over.append(_passed_over(sc, cs, reason, v.others[-1]))
 
 
-# --- regime -----------------------------------------------------------------------------------------
+# --- regime: where a scheme pays against its baseline, at low load and at saturation ---------------------
 
 # the metrics paired by repeat against the baseline, per load level: (point key, higher is better, name)
 PAIRED_METRICS = (
@@ -398,10 +352,10 @@ PAIRED_METRICS = (
     ("itl_ms_p50", False, "ITL p50"),
     ("tpot_ms_p50", False, "TPOT p50"),
 )
-LOW_LOAD_METRICS = ("itl_ms_p50", "tpot_ms_p50")  # the low-load claim: ITL p50, else TPOT p50
-SATURATION_METRIC = "output_tok_s"  # the saturation claim: output tok/s at the highest load both sweeps measured
 PAIRED_WORDS = {"faster": doc.RegimeClass.PAYS, "slower": doc.RegimeClass.COSTS}  # a paired verdict -> its class
-Pair = tuple[float | None, Any]  # (median, [min, max] over repeats or None)
+Raw = tuple[str, list[dict[str, Any]]]  # a sweep's mode and raw points (quantverdict.review.speed.raw_points)
+# a ratio's numerator and its min-max range over repeats, then its denominator and range
+Ratio = tuple[float | None, doc.MinMax | None, float | None, doc.MinMax | None]
 
 
 def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
@@ -415,56 +369,40 @@ def _comparable(*cards: Scorecard) -> bool:
     return all(sc.speed.comparable for sc in cards)
 
 
-def _ceilings(sc: Scorecard, base: Scorecard) -> tuple[Pair, Pair]:
-    """Ceiling output tok/s of the scheme and of the baseline on one window: the whole runs when the bases differ
+def _ceilings(sc: Scorecard, base: Scorecard) -> Ratio:
+    """Ceiling output tok/s of the scheme over the baseline's on one window: the whole runs when the bases differ
     (:func:`ceilings_differ_in_basis`), else the ceilings."""
-    a, b = sc.speed.ceiling or _NO_CEILING, base.speed.ceiling or _NO_CEILING
-    if ceilings_differ_in_basis([sc, base]) and a.whole_run_output_tok_s and b.whole_run_output_tok_s:
-        return (
-            (a.whole_run_output_tok_s, _pair(a.whole_run_output_tok_s_range)),
-            (b.whole_run_output_tok_s, _pair(b.whole_run_output_tok_s_range)),
-        )
-    return (a.output_tok_s, _pair(a.output_tok_s_range)), (b.output_tok_s, _pair(b.output_tok_s_range))
+    a, b = sc.speed.ceiling, base.speed.ceiling
+    if a is None or b is None:
+        return None, None, None, None
+    whole = ceilings_differ_in_basis([sc, base]) and a.whole_run_output_tok_s and b.whole_run_output_tok_s
+    k = "whole_run_output_tok_s" if whole else "output_tok_s"
+    return getattr(a, k), getattr(a, k + "_range"), getattr(b, k), getattr(b, k + "_range")
 
 
-_NO_CEILING = doc.Ceiling.model_validate(
-    dict.fromkeys(doc.Ceiling.model_fields) | {"kind": "none", "lower_bound": False}
-)
-
-
-def _pair(r: doc.MinMax | None) -> tuple[float, float] | None:
-    return None if r is None else (r.min, r.max)
-
-
-def _low_itl(sc: Scorecard, base: Scorecard) -> tuple[Pair, Pair]:
-    """ITL p50 of the scheme and of the baseline at the lowest load both measured (Nones without a common load)."""
+def _low_itl(sc: Scorecard, base: Scorecard) -> Ratio:
+    """The baseline's ITL p50 over the scheme's at the lowest load both measured (Nones without a common load)."""
     mine, theirs = ({p.load: p for p in card.speed.points} for card in (sc, base))
     if not (common := sorted(set(mine) & set(theirs))):
-        return (None, None), (None, None)
-    a, b = mine[common[0]], theirs[common[0]]
-    return (a.itl_ms_p50, _pair(a.spread.get("itl_ms_p50"))), (b.itl_ms_p50, _pair(b.spread.get("itl_ms_p50")))
+        return None, None, None, None
+    a, b = theirs[common[0]], mine[common[0]]
+    return a.itl_ms_p50, a.spread.get("itl_ms_p50"), b.itl_ms_p50, b.spread.get("itl_ms_p50")
 
 
-def _speedup(mine: Pair, theirs: Pair, invert: bool) -> tuple[float | None, tuple[float, float] | None]:
-    """Scheme over baseline (``invert``: baseline over scheme, for a latency; > 1 is faster) and its min-max range over
-    repeats (``[num_min / den_max, num_max / den_min]``); Nones where a value or a range is missing."""
-    (a, ra), (b, rb) = (theirs, mine) if invert else (mine, theirs)
+def _speedup(
+    a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.MinMax | None
+) -> tuple[float | None, doc.MinMax | None]:
+    """``a / b`` and its min-max range over repeats ``[a_min / b_max, a_max / b_min]``; None where a value or a range
+    is missing or not finite."""
     if not a or not b:
         return None, None
-    return a / b, None if not ra or not rb or min(ra[0], rb[0]) <= 0 else (ra[0] / rb[1], ra[1] / rb[0])
+    if not ra or not rb or min(ra.min, rb.min) <= 0:
+        return _finite(a / b), None
+    lo, hi = ra.min / rb.max, ra.max / rb.min
+    return _finite(a / b), doc.MinMax(min=lo, max=hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
-def _inverse(v: float | None) -> float | None:
-    return None if v is None else 1.0 / v
-
-
-def _load(v: Any) -> float:
-    return math.inf if v == "inf" else float(v)
-
-
-def paired_speedups(
-    sc: Scorecard, base: Scorecard, mine: tuple[str, list[dict[str, Any]]], theirs: tuple[str, list[dict[str, Any]]]
-) -> list[doc.PairedSpeedup]:
+def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
     """Per metric of :data:`PAIRED_METRICS` and per load with >= 1 pair, the scheme's ratio to its baseline paired by
     repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (the inverse for a latency); [] when
     either is not comparable for speed or the modes differ. ``mine``, ``theirs``: ``(mode, raw points)`` of the
@@ -477,12 +415,13 @@ def paired_speedups(
         for e in stats.paired_ratio(points, base_points, metric, mode, higher):
             if not e["pairs"]:
                 continue
-            sp = (e["ratio"], e["low"], e["high"]) if higher else map(_inverse, (e["ratio"], e["high"], e["low"]))
-            row: dict[str, Any] = dict(metric=metric, name=name, load=_load(e["load"]), pairs=e["pairs"])
+            inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
+            sp = (e["ratio"], e["low"], e["high"]) if higher else inverse
+            load = math.inf if e["load"] == "inf" else float(e["load"])
+            row: dict[str, Any] = dict(metric=metric, name=name, load=load, pairs=e["pairs"], ratios=e["ratios"])
             row |= {k: _finite(e[k]) for k in ("ratio", "low", "high")}
             row |= dict(zip(("speedup", "speedup_low", "speedup_high"), map(_finite, sp), strict=True))
-            label = load_label({"load": e["load"], "concurrency": e["load"]}, mode)
-            row |= dict(label=label, ratios=e["ratios"], verdict=doc.PairedVerdict(e["verdict"]))
+            row |= dict(label=load_label({"load": e["load"], "concurrency": e["load"]}, mode), verdict=e["verdict"])
             rows.append(doc.PairedSpeedup.model_validate(row))
     return rows
 
@@ -498,12 +437,10 @@ def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | N
                 return row if row.pairs >= 2 else None
         return None
 
-    return pick(LOW_LOAD_METRICS, False), pick((SATURATION_METRIC,), True)
+    return pick(("itl_ms_p50", "tpot_ms_p50"), False), pick(("output_tok_s",), True)
 
 
-def regime_side(
-    median: float | None, rng: tuple[float, float] | None, test: doc.PairedSpeedup | None
-) -> doc.RegimeClaim | None:
+def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSpeedup | None) -> doc.RegimeClaim | None:
     """One regime claim: with a paired test (>= 2 pairs) its speedup, 95% interval and verdict (an established
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
@@ -513,21 +450,19 @@ def regime_side(
         # established is not the same as large: a significant 1.01x neither pays nor costs
         small, ranged = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS, False
         cls = C.NO_CHANGE if small else cls
-        claim: dict[str, Any] = dict(
-            rule=R.PAIRED_T, speedup=test.speedup, low=test.speedup_low, high=test.speedup_high
-        )
-        claim |= dict(pairs=test.pairs, load=test.load, metric=test.metric)
+        claim: dict[str, Any] = dict(rule=R.PAIRED_T, speedup=test.speedup, pairs=test.pairs, load=test.load)
+        claim |= dict(low=test.speedup_low, high=test.speedup_high, metric=test.metric)
         claim["word"] = say("claim_word", test=test, small=small, pays=PAYS)
     elif median is None:
         return None
     else:
-        test, small, ranged = None, False, bool(rng and rng[0] != rng[1])
-        lo, hi = rng if rng and ranged else (median, median)
+        test, small, ranged = None, False, bool(rng and rng.min != rng.max)
+        lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
         cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
         claim = dict(rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN, speedup=median, word=cls.value)
         claim |= dict(low=lo if ranged else None, high=hi if ranged else None, pairs=None, load=None, metric=None)
     note = say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS)
-    return doc.RegimeClaim.model_validate(claim | {"class_": cls, "note": note})
+    return doc.RegimeClaim.model_validate(claim | {"class": cls, "note": note})
 
 
 def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
@@ -563,19 +498,13 @@ def regime_reading(
     return R.PAYS_AT_SATURATION_ONLY if high else R.DOES_NOT_PAY
 
 
-def regime(
-    sc: Scorecard,
-    base: Scorecard,
-    mine: tuple[str, list[dict[str, Any]]],
-    theirs: tuple[str, list[dict[str, Any]]],
-    pairable: bool,
-) -> doc.Regime:
+def regime(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw, pairable: bool) -> doc.Regime:
     """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
     ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
     ranges (and ``sc.validity`` says so where a paired test was possible)."""
-    none: tuple[float | None, tuple[float, float] | None] = (None, None)
-    low, low_iv = _speedup(*_low_itl(sc, base), invert=True) if _comparable(sc, base) else none
-    sat, sat_iv = _speedup(*_ceilings(sc, base), invert=False) if _comparable(sc, base) else none
+    comparable = _comparable(sc, base)
+    low, low_iv = _speedup(*_low_itl(sc, base)) if comparable else (None, None)
+    sat, sat_iv = _speedup(*_ceilings(sc, base)) if comparable else (None, None)
     paired = paired_speedups(sc, base, mine, theirs)
     if not pairable:
         if any(row.pairs >= 2 for row in paired):
@@ -585,15 +514,10 @@ def regime(
             )
         paired = []
     low_test, sat_test = regime_tests(paired)
-    gap = saturation_gap(sc, base)
-    if gap is not None:  # the sweeps' tops do not meet: no saturation number on either rule
+    if (gap := saturation_gap(sc, base)) is not None:  # the sweeps' tops do not meet: no saturation number
         sat, sat_iv, sat_test = None, None, None
     low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
-
-    def minmax(v: tuple[float, float] | None) -> doc.MinMax | None:
-        return None if v is None or not all(map(math.isfinite, v)) else doc.MinMax(min=v[0], max=v[1])
-
     row: dict[str, Any] = dict(scheme=sc.scheme, label=sc.label, low_load_claim=low_claim, saturation_claim=sat_claim)
-    row |= dict(low_load_speedup=_finite(low), low_load_range=minmax(low_iv), saturation_not_compared=gap)
-    row |= dict(saturation_speedup=_finite(sat), saturation_range=minmax(sat_iv), paired=paired)
+    row |= dict(low_load_speedup=low, low_load_range=low_iv, saturation_not_compared=gap)
+    row |= dict(saturation_speedup=sat, saturation_range=sat_iv, paired=paired)
     return doc.Regime.model_validate(row | {"reading": regime_reading(sc, low_claim, sat_claim, gap)})
