@@ -36,9 +36,6 @@ class Flag:
     scheme: str
     message: str
 
-    def __str__(self) -> str:
-        return self.message
-
-    def of(self, name: str, sep: str = ": ") -> Flag:
-        """This flag attached to the scorecard ``name``, its message prefixed with ``name`` and ``sep``."""
-        return Flag(self.code, name, f"{name}{sep}{self.message}")
+    def of(self, name: str) -> Flag:
+        """This flag attached to the scorecard ``name``, its message prefixed with ``name: ``."""
+        return Flag(self.code, name, f"{name}: {self.message}")

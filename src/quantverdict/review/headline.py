@@ -40,14 +40,6 @@ def comparable(sc: Scorecard, base: Scorecard) -> str:
     return ""
 
 
-def ratio_curve(sc: Scorecard, base: Scorecard) -> list[doc.SpeedRatio]:
-    """The speed ratio at every load level both measured, by load; empty when not comparable."""
-    if comparable(sc, base):
-        return []
-    pairs = ((p, _point_at(base, p.load)) for p in sc.speed.points)
-    return [r for p, q in pairs if q is not None and (r := speed_ratio(p, q)) is not None]
-
-
 def low_load_point(sc: Scorecard) -> doc.SpeedPoint | None:
     """Concurrency 1 in a concurrency sweep, else the lowest measured load."""
     if sc.speed.mode == "concurrency":

@@ -233,11 +233,16 @@ def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConf
     binds_on: Literal["kv_cache", "weights"] | None = None
     if cs["memory"].outcome == FAIL and budget is not None and m.weights_gib is not None:
         binds_on = "weights" if m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib > budget else "kv_cache"
-    gib = dict(need_gib=m.need_gib, weights_gib=m.weights_gib, kv_gib=m.kv_needed_gib, fp8_need_gib=fp8)
-    lever: dict[str, Any] = {k: _finite(g) for k, g in gib.items()} | dict(binds_on=binds_on, budget_gib=budget)
-    lever["fp8_fits"] = None if budget is None or fp8 is None else fp8 <= budget
-    lever["measured"] = [sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"]  # refused/failed: not measured
-    return doc.KvLever.model_validate(lever)
+    return doc.KvLever(
+        binds_on=binds_on,
+        need_gib=_finite(m.need_gib),
+        budget_gib=budget,
+        weights_gib=_finite(m.weights_gib),
+        kv_gib=_finite(m.kv_needed_gib),
+        fp8_need_gib=fp8,
+        fp8_fits=None if budget is None or fp8 is None else fp8 <= budget,
+        measured=[sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
+    )
 
 
 def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
@@ -265,9 +270,17 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: s
     checked = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
     job = {"ok": checked, "interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
     crits = [k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
-    row: dict[str, Any] = dict(scheme=sc.scheme, label=sc.label, reason=job.get(sc.status, PassReason.JOB_FAILED))
-    row |= dict(job_status=sc.status, failed_stage=sc.failed_stage, fails=fails, not_checked=unknown, criteria=crits)
-    return doc.PassedOver.model_validate(row | {"sentence": sentence})
+    return doc.PassedOver(
+        scheme=sc.scheme,
+        label=sc.label,
+        reason=job.get(sc.status, PassReason.JOB_FAILED),
+        job_status=doc.JobStatus(sc.status),
+        failed_stage=sc.failed_stage,
+        fails=fails,
+        not_checked=unknown,
+        criteria=crits,
+        sentence=sentence,
+    )
 
 
 def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdict, dict[str, Checks]]:
@@ -290,16 +303,26 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         chosen = None
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
     pulled = [n for n, on in (("weights", chosen and chosen.tier > 0), ("KV cache", chosen and kv_step(chosen))) if on]
-    fields: dict[str, Any] = dict(model=model, decision=decision, binding=binding, order=[sc.scheme for sc in order])
-    fields |= dict(chosen_scheme=chosen.scheme if chosen else None, chosen_label=chosen.label if chosen else None)
-    fields["lever"] = doc.Lever(" and ".join(pulled)) if decision == Decision.QUANTIZE else doc.Lever.NONE
-    fields["kv_lever"] = None if base is None else kv_lever(base, bc, cards, rc)
-    na = next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), "")
-    fields |= dict(accuracy_not_measured=na, baseline_scheme=base.scheme if base else None, request_shapes=shapes)
-    fields["request_shape"] = next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None
-    compute = any(sc.speed.compute for sc in cards)
-    fields |= dict(ceilings_differ_in_basis=ceilings_differ_in_basis(cards), compute_reported=compute)
-    v = Verdict.model_validate(fields | dict(sentence="", passed_over=[], evidence=[], others=[]))
+    v = Verdict(
+        model=model,
+        decision=decision,
+        chosen_scheme=chosen.scheme if chosen else None,
+        chosen_label=chosen.label if chosen else None,
+        binding=binding,
+        passed_over=[],
+        order=[sc.scheme for sc in order],
+        lever=doc.Lever(" and ".join(pulled)) if decision == Decision.QUANTIZE else doc.Lever.NONE,
+        kv_lever=None if base is None else kv_lever(base, bc, cards, rc),
+        accuracy_not_measured=next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), ""),
+        baseline_scheme=base.scheme if base else None,
+        request_shape=next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None,
+        request_shapes=shapes,
+        ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
+        compute_reported=any(sc.speed.compute for sc in cards),
+        sentence="",
+        evidence=[],
+        others=[],
+    )
     _words(v, base, chosen, order, all_checks)
     return v, all_checks
 
