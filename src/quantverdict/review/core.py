@@ -42,7 +42,7 @@ from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, TaskDelta, accuracy_not_applicable, is_baseline, weight_tier
-from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
+from quantverdict.review.speed import finite, raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime, short_error
 
@@ -273,13 +273,9 @@ def _scheme(sc: Scorecard, cs: Checks, head: doc.Headline) -> doc.Scheme:
     )
 
 
-def _finite(v: float | None) -> float | None:
-    return None if v is None or not math.isfinite(v) else v
-
-
 def _interval(iv: Interval | None) -> doc.Interval | None:
     """None when any of its three numbers is missing or not finite."""
-    if iv is None or any(_finite(v) is None for v in (iv.estimate, iv.low, iv.high)):
+    if iv is None or any(finite(v) is None for v in (iv.estimate, iv.low, iv.high)):
         return None
     return doc.Interval(estimate=iv.estimate, low=iv.low, high=iv.high, method=iv.method, n=iv.n, unit=iv.unit)
 
@@ -287,7 +283,7 @@ def _interval(iv: Interval | None) -> doc.Interval | None:
 def _delta(d: TaskDelta) -> doc.AccuracyDelta:
     """``d`` with its non-finite numbers None and its intervals as the document's."""
     fields = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
-    fields |= {k: _finite(fields[k]) for k in ("value", "baseline", "delta", "delta_pct", "recovery_pct", "mcnemar_p")}
+    fields |= {k: finite(fields[k]) for k in ("value", "baseline", "delta", "delta_pct", "recovery_pct", "mcnemar_p")}
     fields |= {k: _interval(fields[k]) for k in ("interval", "recovery_interval")}
     return doc.AccuracyDelta.model_validate(fields)
 
