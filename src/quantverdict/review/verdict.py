@@ -439,13 +439,24 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
             if not e["pairs"]:
                 continue
             inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
-            sp = (e["ratio"], e["low"], e["high"]) if higher else inverse
-            load = math.inf if e["load"] == "inf" else float(e["load"])
-            row: dict[str, Any] = dict(metric=metric, name=name, load=load, pairs=e["pairs"], ratios=e["ratios"])
-            row |= {k: _finite(e[k]) for k in ("ratio", "low", "high")}
-            row |= dict(zip(("speedup", "speedup_low", "speedup_high"), map(_finite, sp), strict=True))
-            row |= dict(label=load_label({"load": e["load"], "concurrency": e["load"]}, mode), verdict=e["verdict"])
-            rows.append(doc.PairedSpeedup.model_validate(row))
+            speedup, speedup_low, speedup_high = map(_finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
+            rows.append(
+                doc.PairedSpeedup(
+                    metric=metric,
+                    name=name,
+                    load=math.inf if e["load"] == "inf" else float(e["load"]),
+                    label=load_label({"load": e["load"], "concurrency": e["load"]}, mode),
+                    pairs=e["pairs"],
+                    ratios=e["ratios"],
+                    ratio=_finite(e["ratio"]),
+                    low=_finite(e["low"]),
+                    high=_finite(e["high"]),
+                    speedup=speedup,
+                    speedup_low=speedup_low,
+                    speedup_high=speedup_high,
+                    verdict=e["verdict"],
+                )
+            )
     return rows
 
 
@@ -540,7 +551,16 @@ def regime(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw, pairable: boo
     if (gap := saturation_gap(sc, base)) is not None:  # the sweeps' tops do not meet: no saturation number
         sat, sat_iv, sat_test = None, None, None
     low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
-    row: dict[str, Any] = dict(scheme=sc.scheme, label=sc.label, low_load_claim=low_claim, saturation_claim=sat_claim)
-    row |= dict(low_load_speedup=low, low_load_range=low_iv, saturation_not_compared=gap)
-    row |= dict(saturation_speedup=sat, saturation_range=sat_iv, paired=paired)
-    return doc.Regime.model_validate(row | {"reading": regime_reading(sc, low_claim, sat_claim, gap)})
+    return doc.Regime(
+        scheme=sc.scheme,
+        label=sc.label,
+        low_load_speedup=low,
+        low_load_range=low_iv,
+        saturation_speedup=sat,
+        saturation_range=sat_iv,
+        low_load_claim=low_claim,
+        saturation_claim=sat_claim,
+        saturation_not_compared=gap,
+        paired=paired,
+        reading=regime_reading(sc, low_claim, sat_claim, gap),
+    )
