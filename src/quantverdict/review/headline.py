@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import document as doc
 from quantverdict.review.kld import _finite
@@ -59,10 +57,16 @@ def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> doc.HeadlineAccuracy |
         return None
     pct, iv = d.kind == "perplexity", d.interval
     k, v = (1.0, d.delta_pct) if pct else (100.0, d.delta)
-    acc: dict[str, Any] = dict(name=d.name, metric=d.metric, kind=d.kind, unit="%" if pct else "points", n=d.n)
-    acc["delta"] = None if v is None else _finite(k * v)
-    acc |= dict(low=None, high=None) if iv is None else dict(low=_finite(k * iv.low), high=_finite(k * iv.high))
-    return doc.HeadlineAccuracy.model_validate(acc)
+    return doc.HeadlineAccuracy(
+        name=d.name,
+        metric=d.metric,
+        kind=doc.DeltaKind(d.kind),
+        unit="%" if pct else "points",
+        delta=None if v is None else _finite(k * v),
+        low=None if iv is None else _finite(k * iv.low),
+        high=None if iv is None else _finite(k * iv.high),
+        n=d.n,
+    )
 
 
 def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:

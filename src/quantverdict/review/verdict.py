@@ -482,21 +482,37 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
     if test is not None and test.pairs >= 2 and test.speedup is not None:
         cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
         # established is not the same as large: a significant 1.01x neither pays nor costs
-        small, ranged = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS, False
+        small = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS
         cls = C.NO_CHANGE if small else cls
-        claim: dict[str, Any] = dict(rule=R.PAIRED_T, speedup=test.speedup, pairs=test.pairs, load=test.load)
-        claim |= dict(low=test.speedup_low, high=test.speedup_high, metric=test.metric)
-        claim["word"] = say("claim_word", test=test, small=small, pays=PAYS)
-    elif median is None:
+        return doc.RegimeClaim(
+            rule=R.PAIRED_T,
+            speedup=test.speedup,
+            low=test.speedup_low,
+            high=test.speedup_high,
+            pairs=test.pairs,
+            load=test.load,
+            metric=test.metric,
+            word=say("claim_word", test=test, small=small, pays=PAYS),
+            class_=cls,
+            note=say("claim_note", test=test, small=small, ranged=False, cls=cls, pays=PAYS),
+        )
+    if median is None:
         return None
-    else:
-        test, small, ranged = None, False, bool(rng and rng.min != rng.max)
-        lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
-        cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
-        claim = dict(rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN, speedup=median, word=cls.value)
-        claim |= dict(low=lo if ranged else None, high=hi if ranged else None, pairs=None, load=None, metric=None)
-    note = say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS)
-    return doc.RegimeClaim.model_validate(claim | {"class": cls, "note": note})
+    ranged = bool(rng and rng.min != rng.max)
+    lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
+    cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
+    return doc.RegimeClaim(
+        rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN,
+        speedup=median,
+        low=lo if ranged else None,
+        high=hi if ranged else None,
+        pairs=None,
+        load=None,
+        metric=None,
+        word=cls.value,
+        class_=cls,
+        note=say("claim_note", test=None, small=False, ranged=ranged, cls=cls, pays=PAYS),
+    )
 
 
 def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
