@@ -108,7 +108,7 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     missed = [(point_label(q, mode), q["duration_s"], q["min_duration_s"]) for q in raw if q.get("window_met") is False]
     sat = [(q, point_checks.point_saturation(q)) for q in valid if point_checks.point_saturated(q)]
     words: dict[str, Any] = dict(name=sc_name, n_points=len(raw), n_levels=len(levels), mode=mode, top=top)
-    words |= dict(reps=sorted({lv["repeats"] for lv in levels}), stopped=speed.stopped_before)
+    words |= dict(reps=sorted({lv.repeats or 0 for lv in levels}), stopped=speed.stopped_before)
     words["invalid"] = [point_label(q, mode) for q in raw if not point_checks.point_valid(q)]
     words["missed"] = [(label, float(d), float(need)) for label, d, need in missed]
     words["saturated"] = [f"{point_label(q, mode)} ({point_checks.describe_saturation(why)})" for q, why in sat]
