@@ -67,7 +67,6 @@ COUNTED: dict[str, tuple[int, str]] = {
     "results/baseline.py": (1, "config.eval.headline, a task -> metric mapping"),
     "measure/aggregate.py": (2, f"{LAYER_BELOW}: sweep points"),
     "measure/bench_result.py": (36, "vLLM's benchmark result JSON and the sweep client's sidecar, parsed into a point"),
-    "measure/decode_fit.py": (4, f"{LAYER_BELOW}: sweep points"),
     "measure/gpu_samples.py": (12, "the GPU sampler's NVML / nvidia-smi samples"),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
     "measure/kernels.py": (10, f"{LAYER_BELOW}: the server log's parsed fields (memory.server)"),
@@ -75,10 +74,7 @@ COUNTED: dict[str, tuple[int, str]] = {
     "measure/memory.py": (7, "safetensors headers and a model config's dimensions"),
     "measure/perplexity.py": (1, "lm-eval's reported metrics"),
     "measure/sanity.py": (2, "the checkpoint sanity check's result, before it is typed"),
-    "measure/server_metrics.py": (5, f"vLLM's /metrics counters; {LAYER_BELOW}: sweep points"),
-    "measure/starts.py": (2, f"{LAYER_BELOW}: sweep points"),
-    "measure/stats.py": (4, f"{LAYER_BELOW}: sweep points"),
-    "measure/sweep_plan.py": (2, f"{LAYER_BELOW}: sweep points"),
+    "measure/server_metrics.py": (2, "vLLM's /metrics counters, before and after a point"),
 }
 
 

@@ -15,9 +15,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from quantverdict.measure.sweep_plan import is_inf_rate
-
 JsonObject = dict[str, Any]
+
+INF = "inf"  # how an infinite offered rate is written everywhere (vLLM's own result JSON does the same)
+
+
+def is_inf_rate(rate: Any) -> bool:
+    """True for an infinite offered rate (``"inf"``, ``float("inf")``, or None as older records wrote it)."""
+    return rate is None or rate == INF or (isinstance(rate, float) and math.isinf(rate))
 
 
 class Section(BaseModel):
@@ -203,6 +208,12 @@ class SweepPoint(Section):
     start_order: int | None = None
     sampling: SamplingParams | None = None
     gpu: GpuWindow | None = None
+
+    def number(self, key: str) -> float | None:
+        """The point's ``key`` (a field, e.g. ``output_tok_s``) where it holds a number, as a float; None where the
+        point lacks it, holds None or a bool, or names no such field."""
+        value = getattr(self, key, None) if key in type(self).model_fields else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     def load(self, mode: str) -> float:
         """The point's load level: its concurrency (``mode="concurrency"``, 0 when unset) or offered req/s (inf for a

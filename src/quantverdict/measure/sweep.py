@@ -74,12 +74,6 @@ def spread(values: Sequence[float]) -> Spread | None:
     return Spread(median=statistics.median(vals), min=min(vals), max=max(vals), n=len(vals))
 
 
-def _number(p: SweepPoint, metric: str) -> float | None:
-    """The point's ``metric`` (a :data:`SUMMARY_METRICS` field) where it holds a number, else None."""
-    value = getattr(p, metric)
-    return float(value) if isinstance(value, (int, float)) else None
-
-
 def summarize(points: Sequence[SweepPoint | Mapping[str, Any]], mode: str = "rate") -> list[LoadLevel]:
     """One entry per load level: median and spread of each ``SUMMARY_METRICS`` over its valid repeats.
 
@@ -113,7 +107,7 @@ def summarize(points: Sequence[SweepPoint | Mapping[str, Any]], mode: str = "rat
                 saturated_repeats=sum(1 for s in sat if s),
                 saturated=aggregate.majority(sat),
                 throughput_basis=basis_of(valid),
-                metrics={m: spread([v for p in valid if (v := _number(p, m)) is not None]) for m in SUMMARY_METRICS},
+                metrics={m: spread([v for p in valid if (v := p.number(m)) is not None]) for m in SUMMARY_METRICS},
             )
         )
     return out
@@ -165,7 +159,7 @@ def time_split(
     E.g. start 226 s, windows 120 s, sweep wall 131 s: overhead 11 s, fraction 11 / 346 = 0.032.
     """
     srv = ServerStartTimes.model_validate(server or {})
-    windows = sum(d for p in points if (d := _number(as_point(p), "duration_s")) is not None)
+    windows = sum(d for p in points if (d := as_point(p).number("duration_s")) is not None)
     overhead = None if sweep_wall_s is None else round(float(sweep_wall_s) - windows, 3)
     base = None if server_start_s is None else float(server_start_s) + windows
     return {
