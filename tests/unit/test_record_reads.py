@@ -69,7 +69,6 @@ COUNTED: dict[str, tuple[int, str]] = {
     "measure/bench_result.py": (36, "vLLM's benchmark result JSON and the sweep client's sidecar, parsed into a point"),
     "measure/gpu_samples.py": (12, "the GPU sampler's NVML / nvidia-smi samples"),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
-    "measure/kernels.py": (10, f"{LAYER_BELOW}: the server log's parsed fields (memory.server)"),
     "measure/kv_cache.py": (16, "a model config's dimensions (config.json keys, optional by architecture)"),
     "measure/memory.py": (7, "safetensors headers and a model config's dimensions"),
     "measure/perplexity.py": (1, "lm-eval's reported metrics"),

@@ -248,17 +248,55 @@ class LoadLevel(Section):
     metrics: dict[str, Spread | None] | None = None
 
 
-class ServerStartTimes(BaseModel):
-    """What a server start spent before it served, as the parsed server log gives it
-    (:func:`quantverdict.measure.vllm_log.parse`, the record's ``memory.server``): torch.compile, CUDA-graph capture
-    and the warm-up after it (s), and whether the compile cache was hit; the log's other fields are not read here."""
+class ServerMemory(Section):
+    """``memory.server``: what vLLM's server log said (GiB, tokens, kernels; :mod:`quantverdict.measure.vllm_log`)."""
+
+    vllm_version: str | None = None
+    device: str | None = None
+    quantization: str | None = None
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    weights_gib: float | None = None
+    checkpoint_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_source: str | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_request_tokens: int | None = None
+    kernels: list[Any] | None = None
+    activation_quantized: bool | None = None
+    compute: str | None = None  # native | emulated (the kernel check)
+    compute_reason: str | None = None
+    fallback: str | bool | None = None
+    fallback_lines: list[str] | None = None
+    unquantized_gemm_fallback: bool | None = None
+    weights_load_s: float | None = None
+    engine_init_s: float | None = None
+    compile_s: float | None = None
+    compile_cache_hit: bool | None = None
+    graph_capture_s: float | None = None
+    warmup_after_capture_s: float | None = None
+    evidence: JsonObject | None = None  # the log line behind each figure
+
+
+class LinearKernel(BaseModel):
+    """One entry of ``memory.server.kernels`` (:func:`quantverdict.measure.vllm_log.parse`): the linear kernel vLLM
+    chose and the quantization method it serves."""
 
     model_config = ConfigDict(extra="ignore")
 
-    compile_s: float | None = None
-    graph_capture_s: float | None = None
-    warmup_after_capture_s: float | None = None
-    compile_cache_hit: bool | None = None
+    kernel: str | None = None
+    method: str | None = None
+
+
+def as_server(server: ServerMemory | Mapping[str, Any] | None) -> ServerMemory:
+    """``server`` as a typed server-log parse: a :class:`ServerMemory` as it is, a parse as its JSON holds it
+    (:func:`quantverdict.measure.vllm_log.parse`) validated, None as an empty one.
+
+    Raises:
+        pydantic.ValidationError: a key the server log's parse does not name, or a value of the wrong type.
+    """
+    return server if isinstance(server, ServerMemory) else ServerMemory.model_validate(server or {})
 
 
 def as_point(p: SweepPoint | Mapping[str, Any]) -> SweepPoint:

@@ -171,8 +171,8 @@ def t_interval_logs(logs: Sequence[float], confidence: float) -> tuple[float, fl
 
 
 def start_ratios(
-    points: Iterable[dict[str, Any]],
-    baseline_points: Iterable[dict[str, Any]],
+    points: Iterable[RecordedPoint | Mapping[str, Any]],
+    baseline_points: Iterable[RecordedPoint | Mapping[str, Any]],
     metric: str = "output_tok_s",
     mode: str = "concurrency",
     confidence: float = 0.95,
@@ -253,7 +253,7 @@ class StartSpread:
 
 
 def start_spread(
-    points: Iterable[dict[str, Any]], metric: str = "output_tok_s", mode: str = "concurrency"
+    points: Iterable[RecordedPoint | Mapping[str, Any]], metric: str = "output_tok_s", mode: str = "concurrency"
 ) -> list[StartSpread]:
     """Per load level, the spread of one scheme's ``metric`` between and within server starts (:class:`StartSpread`).
 
@@ -364,8 +364,8 @@ class LevelDecision:
 
 
 def decide_levels(
-    points: Iterable[dict[str, Any]],
-    baseline_points: Iterable[dict[str, Any]],
+    points: Iterable[RecordedPoint | Mapping[str, Any]],
+    baseline_points: Iterable[RecordedPoint | Mapping[str, Any]],
     min_starts: int,
     max_starts: int,
     confidence: float,

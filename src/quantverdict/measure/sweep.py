@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from quantverdict.measure import aggregate
-from quantverdict.measure.points import LoadLevel, ServerStartTimes, Spread, SweepPoint, as_point
+from quantverdict.measure.points import LoadLevel, ServerMemory, Spread, SweepPoint, as_point, as_server
 from quantverdict.measure.sweep_plan import INF
 from quantverdict.measure.validity import point_saturated, point_valid
 
@@ -132,7 +132,7 @@ def basis_of(points: Sequence[SweepPoint | Mapping[str, Any]]) -> str | None:
 
 def time_split(
     server_start_s: float | None,
-    server: Mapping[str, Any] | None,
+    server: ServerMemory | Mapping[str, Any] | None,
     points: Sequence[SweepPoint | Mapping[str, Any]],
     sweep_wall_s: float | None,
 ) -> dict[str, Any]:
@@ -158,7 +158,7 @@ def time_split(
 
     E.g. start 226 s, windows 120 s, sweep wall 131 s: overhead 11 s, fraction 11 / 346 = 0.032.
     """
-    srv = ServerStartTimes.model_validate(server or {})
+    srv = as_server(server)
     windows = sum(d for p in points if (d := as_point(p).number("duration_s")) is not None)
     overhead = None if sweep_wall_s is None else round(float(sweep_wall_s) - windows, 3)
     base = None if server_start_s is None else float(server_start_s) + windows

@@ -32,6 +32,7 @@ from quantverdict.measure.points import JsonObject as JsonObject
 from quantverdict.measure.points import LoadLevel as LoadLevel
 from quantverdict.measure.points import SamplingParams as SamplingParams
 from quantverdict.measure.points import Section as Section
+from quantverdict.measure.points import ServerMemory as ServerMemory
 from quantverdict.measure.points import Spread as Spread
 from quantverdict.measure.points import SweepPoint as SweepPoint
 from quantverdict.results import migrate
@@ -380,37 +381,6 @@ class CheckpointMemory(Section):
     effective_bits_per_weight: float | None = None
     predicted_weight_bytes: float | None = None
     not_measured: str | None = None
-
-
-class ServerMemory(Section):
-    """``memory.server``: what vLLM's server log said (GiB, tokens, kernels; :mod:`quantverdict.measure.vllm_log`)."""
-
-    vllm_version: str | None = None
-    device: str | None = None
-    quantization: str | None = None
-    dtype: str | None = None
-    kv_cache_dtype: str | None = None
-    weights_gib: float | None = None
-    checkpoint_gib: float | None = None
-    kv_cache_gib: float | None = None
-    kv_cache_source: str | None = None
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    max_concurrency_request_tokens: int | None = None
-    kernels: list[Any] | None = None
-    activation_quantized: bool | None = None
-    compute: str | None = None  # native | emulated (the kernel check)
-    compute_reason: str | None = None
-    fallback: str | bool | None = None
-    fallback_lines: list[str] | None = None
-    unquantized_gemm_fallback: bool | None = None
-    weights_load_s: float | None = None
-    engine_init_s: float | None = None
-    compile_s: float | None = None
-    compile_cache_hit: bool | None = None
-    graph_capture_s: float | None = None
-    warmup_after_capture_s: float | None = None
-    evidence: JsonObject | None = None  # the log line behind each figure
 
 
 class Memory(Section):

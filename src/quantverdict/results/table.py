@@ -249,10 +249,7 @@ def format_table(records: Sequence[JobRecord | dict[str, Any]]) -> str:
             )
         )
         cache = [
-            f"- {_job_name(r)}: {line}"
-            for r in recs
-            for line in [server_metrics.cache_summary([p.to_dict() for p in r.speed.points])]
-            if line
+            f"- {_job_name(r)}: {line}" for r in recs for line in [server_metrics.cache_summary(r.speed.points)] if line
         ]
         if cache:
             out.append(

@@ -33,9 +33,8 @@ def speed_validity(speed: Speed, label: str, server: ServerMemory | None, act_qu
         act_quant: the scheme quantizes activations (``activation_bits < 16``).
     """
     try:
-        parsed = None if server is None or server.is_empty() else server.to_dict()
         mode = speed.mode or "rate"
-        speed.kernel_check = kernels.kernel_check(label, parsed, act_quant)
+        speed.kernel_check = kernels.kernel_check(label, server, act_quant)
         points = [bench_result.rebase_steady(p.to_dict()) for p in speed.points]
         speed.points = [SweepPoint.model_validate(p) for p in points]
         speed.summary = sweep.summarize(speed.points, mode)
