@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -51,6 +51,38 @@ class Section(BaseModel):
     def has(self, key: str) -> bool:
         """Whether the record held ``key`` in this section (a field at its default was absent)."""
         return key in self.model_fields_set
+
+
+class Block(BaseModel):
+    """A JSON object a record keeps as written (its section types it as a JSON object: the measure function or the
+    tool that made it owns its keys), read through the keys a reader needs; the others pass unread."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @classmethod
+    def of(cls, data: Self | Mapping[str, Any] | None) -> Self:
+        """The block of ``data`` (itself when already one; every named key None when ``data`` is None or lacks it)."""
+        return data if isinstance(data, cls) else cls.model_validate(data or {})
+
+
+class ModelDims(Block):
+    """``model.dims``: the model's dimensions from its ``config.json`` (:mod:`quantverdict.children.materialize`),
+    read through the keys a reader needs; ``num_kv_layers`` (the layers with a KV cache) and the ``linear_*`` keys
+    (the linear-attention layers' heads, head sizes and conv kernel) only for a hybrid model."""
+
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    num_kv_layers: int | None = None
+    tie_word_embeddings: bool | None = None
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int | None = None
 
 
 class SamplingParams(Section):

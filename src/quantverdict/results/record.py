@@ -22,14 +22,16 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from quantverdict import RECORD_SCHEMA_VERSION, __version__
+from quantverdict.measure.points import Block as Block
 from quantverdict.measure.points import GpuWindow as GpuWindow
 from quantverdict.measure.points import JsonObject as JsonObject
 from quantverdict.measure.points import LoadLevel as LoadLevel
+from quantverdict.measure.points import ModelDims as ModelDims
 from quantverdict.measure.points import SamplingParams as SamplingParams
 from quantverdict.measure.points import Section as Section
 from quantverdict.measure.points import ServerMemory as ServerMemory
@@ -161,18 +163,6 @@ def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
 _S = TypeVar("_S", bound=Section)
 
 
-class Block(BaseModel):
-    """A JSON object a record keeps as written (its section types it as a JSON object: the measure function or the
-    tool that made it owns its keys), read through the keys a reader needs; the others pass unread."""
-
-    model_config = ConfigDict(extra="allow")
-
-    @classmethod
-    def of(cls, data: JsonObject | None) -> Self:
-        """The block of ``data`` (every named key None when ``data`` is None or lacks it)."""
-        return cls.model_validate(data or {})
-
-
 class KernelCheck(Block):
     """``speed.kernel_check`` (:func:`quantverdict.measure.kernels.kernel_check`): the kernel vLLM ran and whether
     the scheme's speed can be compared (False: it ran as ``effective_label``)."""
@@ -273,19 +263,6 @@ class GpuInfo(Block):
     uuid: str | None = None  # nvidia-smi's GPU-<uuid>: which physical GPU
     enforced_power_limit_w: float | None = None  # the power cap in force (W); older records lack it
     clocks_max_sm_mhz: float | None = None  # the top SM clock (MHz); older records lack it
-
-
-class ModelDims(Block):
-    """``model.dims``: the model's dimensions from its ``config.json`` (:mod:`quantverdict.children.materialize`),
-    read through the keys a reader needs."""
-
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    num_kv_layers: int | None = None
-    tie_word_embeddings: bool | None = None
 
 
 class CpuInfo(Block):
