@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LEASE = ROOT / "tools" / "h200" / "lease.sh"
 
 # a stand-in for the H200 machine's python3: `-m pipelines.run -m ... paths.output_root=R ...` writes two jobs of a
