@@ -50,7 +50,7 @@ test: test-unit test-integration test-results
 # them over the GPUs): ARGS="--out RUN1 RUN2" -> docs/results/gpu-*.md
 GPU_OUT ?= outputs/multirun
 bench-gpu: $(VENV)/.ready
-	$(VPY) -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
+	$(VPY) -m tools.bench.bench_gpu --out $(GPU_OUT) $(ARGS)
 
 # the unit tier: self-contained (the synthetic offline data of tests/fixtures; no real data folder, no committed
 # results, no browser, no stage child, no MLflow store); tests/conftest.py fails a unit test that reads outside it.

@@ -3,7 +3,7 @@ ceiling) and, where the copy bandwidth was measured, the roofline efficiency at 
 
 Both functions complete the record's typed ``speed`` section in place and never raise: a bug in a summary must not
 turn a finished sweep into a failure, nor hide the sweep's own error. The measure functions they call take plain
-dicts (:mod:`quantverdict.measure` runs in every environment and knows no record model). ``pipelines.bench_gpu``
+dicts (:mod:`quantverdict.measure` runs in every environment and knows no record model). ``tools.bench.bench_gpu``
 also runs :func:`speed_validity` on finished records after re-parsing their server logs.
 """
 
