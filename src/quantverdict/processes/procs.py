@@ -136,13 +136,15 @@ class StatusLine:
 
 
 def wait(proc: subprocess.Popen[bytes], timeout_s: float | None = None) -> int:
-    """Wait for ``proc``; on timeout or interruption stop its group and re-raise."""
+    """Wait for ``proc``, then for its log to hold what it printed (:func:`log_written`); on timeout or
+    interruption stop its group and re-raise."""
     try:
         rc = proc.wait(timeout=timeout_s)
     except BaseException:
         stop_group(proc)
         raise
     _forget(proc)
+    log_written(proc)
     return rc
 
 
