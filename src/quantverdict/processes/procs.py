@@ -78,7 +78,7 @@ def log_written(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
     still holds the output open keeps the end away). A process that has ended may otherwise have its last lines,
     the cause of its death among them, still in the pipe when its log is read."""
     with _LOCK:
-        reader = _READERS.get(proc)
+        reader = _READERS[proc] if proc in _READERS else None
     if reader is not None:
         reader.join(timeout_s)
 
