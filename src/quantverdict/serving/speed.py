@@ -4,7 +4,7 @@ ceiling) and, where the copy bandwidth was measured, the roofline efficiency at 
 Both functions complete the record's typed ``speed`` section in place and never raise: a bug in a summary must not
 turn a finished sweep into a failure, nor hide the sweep's own error. The measure functions they call take the
 sweep's typed points and summaries (:mod:`quantverdict.measure.points`, the models the record's ``speed`` section
-uses). ``pipelines.bench_gpu``
+uses). ``tools.bench.bench_gpu``
 also runs :func:`speed_validity` on finished records after re-parsing their server logs.
 """
 
