@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,6 +158,19 @@ def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) 
         serve_env, "cpu_probe", {"vllm": True}, tmp_path_factory.mktemp("cpu_probe"), CpuProbeResult
     ).model_dump()
     return cpu_caps.compute_dtype(cpu_caps.CpuCapabilities.from_probe(probe)).dtype
+
+
+@pytest.fixture(scope="session")
+def served_grid(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> Any:
+    """The grid of ``clihelp.SERVED_GRID`` (bf16 and W8A8 on the embedded model, two server starts each, evaluated
+    through the served engine), run once for the integration files that read it: a :class:`clihelp.ServedGrid`."""
+    from clihelp import SERVED_GRID, ServedGrid, new_marker, run_cli
+
+    out = tmp_path_factory.mktemp("served_grid")
+    marker = new_marker()
+    t0 = time.monotonic()
+    proc = run_cli(out, *SERVED_GRID, multirun=True, timeout=1800, marker=marker)
+    return ServedGrid(out, proc, marker, time.monotonic() - t0)
 
 
 class _UnitGuard:
