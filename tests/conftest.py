@@ -258,7 +258,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration,
     tests/results -> results (whether or not its file says so); a test marked browser (Chromium) is integration
-    wherever it sits; slow is marked where it applies."""
+    wherever it sits; slow is marked where it applies. Tests not marked slow run first (a broken environment, command
+    line or store shows within minutes under ``pytest -x``), each group in its collection order."""
     here = Path(__file__).parent
     tiers = {
         here / "unit": pytest.mark.unit,
@@ -272,3 +273,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, mark in tiers.items():
             if folder in item.path.parents:
                 item.add_marker(mark)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: fast first, then slow
