@@ -216,9 +216,9 @@ def test_a_served_scheme_is_compared_with_the_served_baseline(served_grid: Serve
     assert k["role"] == "scheme" and k["entry"] == base["entry"] and k["text_key"] == base["text_key"]
     assert k["baseline_config_hash"] == recs["bf16"]["job"]["config_hash"]
     assert (k["n_tokens"], k["n_windows"], k["top_k"], k["kld_exact"]) == (1022, 2, 20, False)
-    # measured on these 1,022 tokens: w8a8 0.0116 nats, top-1 92.2 %; the served-vs-hf kernel difference of one
-    # model is 7.4e-6 nats (above) and the 4-bit schemes are at 0.12-0.23 nats (CPU grid): an 8-bit scheme lies
-    # far from both
+    # measured on these 1,022 tokens: w8a8 0.012-0.016 nats, top-1 89.5-92.2 % over runs; the served-vs-hf kernel
+    # difference of one model is 7.4e-6 nats (above) and the 4-bit schemes are at 0.12-0.23 nats (CPU grid): an
+    # 8-bit scheme lies far from both
     assert 2e-3 < k["mean_kld"] < 0.05
     assert 85.0 < k["top1_agreement_pct"] < 99.0
     assert k["median_kld"] < k["mean_kld"] < k["p99_kld"] <= k["max_kld"]
