@@ -240,7 +240,7 @@ def build_review(
         validity=[line for sc in cards for line in sc.validity],
         notes=notes,
         cost=cost_json(cards, rc, env),
-        cross_model=crossmodel.cross_model(cards, checks, rc, env, source),
+        cross_model=crossmodel.cross_model(cards, recs, checks, rc, env),
         plots=[],
     )
 

@@ -1,16 +1,13 @@
 """Candidates across models on a target GPU (``review.target``): the best (model, scheme) that meets the constraints,
-and each bigger model quantized against each smaller one unquantized. KV budget:
-:func:`~quantverdict.measure.decode_bytes.target_kv_budget_bytes`; ceiling ratio:
-:func:`~quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode step:
-:func:`~quantverdict.measure.decode_fit.fit_decode_step`. ``config.bench.server``, ``config.model`` and ``config.eval``
-have no typed model in the record: read through :meth:`JobRecord.cfg`."""
+and each bigger model quantized against each smaller one unquantized. ``config.bench.server``, ``config.model`` and
+``config.eval`` have no typed model in the record: read through :meth:`JobRecord.cfg`."""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
@@ -24,7 +21,6 @@ from quantverdict.measure.memory import GIB
 from quantverdict.results.baseline import headline_of
 from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review import document as doc
-from quantverdict.review import sources
 from quantverdict.review.accuracy import diff_interval, pair_samples, read_samples
 from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
@@ -38,14 +34,13 @@ SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_TARGET = ("name", "gpu", "memory_gib", "memory_fraction")
 _Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
 
 
 @dataclass
 class _Job:
     card: Scorecard
-    record: JobRecord | None
+    record: JobRecord
     out: doc.Candidate
 
 
@@ -87,11 +82,11 @@ def _run_budget_gib(rec: JobRecord) -> float | None:
     return float(util) * float(gpus[0].memory_total_mib or 0) / 1024 if gpus and util else None
 
 
-def measured_overhead_gib(card: Scorecard, rec: JobRecord | None) -> float | None:
+def _overhead_gib(card: Scorecard, rec: JobRecord) -> float | None:
     """vLLM's reserve where the job ran, GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache``; None when
     a figure is missing, it is negative, or the KV cache was fixed (``--kv-cache-memory-bytes``)."""
     m = card.memory
-    budget = None if rec is None or parse_kv_cache_memory_bytes(_serve_args(rec)) else _run_budget_gib(rec)
+    budget = None if parse_kv_cache_memory_bytes(_serve_args(rec)) else _run_budget_gib(rec)
     if budget is None or not m.server_weights_gib or not m.server_kv_cache_gib:
         return None
     left = budget - m.server_weights_gib - m.server_kv_cache_gib
@@ -99,10 +94,10 @@ def measured_overhead_gib(card: Scorecard, rec: JobRecord | None) -> float | Non
 
 
 def _target_fit(
-    card: Scorecard, rec: JobRecord | None, target: TargetConfig, rc: ReviewConfig, borrowed: _Borrowed
+    card: Scorecard, rec: JobRecord, target: TargetConfig, rc: ReviewConfig, borrowed: _Borrowed
 ) -> tuple[float | None, str, doc.TargetFit, list[str]]:
     """Weights GiB (vLLM's x GPUs, else the checkpoint's), how read, the target fit and its flags. Reserve:
-    ``review.reserved_gib``, else :func:`measured_overhead_gib`, else ``borrowed`` for a job without a server."""
+    ``review.reserved_gib``, else :func:`_overhead_gib`, else ``borrowed`` for a job without a server."""
     m = card.memory
     vllm_log = m.weights_source == "vLLM log"
     weights, how = (m.checkpoint_gib, "checkpoint bytes") if m.checkpoint_gib else (None, "")
@@ -115,7 +110,7 @@ def _target_fit(
     hp = m.hybrid_paging
     paging = {**hp.model_dump(), "page_bytes": hp.page_bytes * s} if hp else None
     state = (m.state_bytes_per_sequence or 0.0) * s
-    measured = measured_overhead_gib(card, rec)
+    measured = _overhead_gib(card, rec)
     reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
     if rc.reserved_gib <= 0 and measured is not None:
         reserve, reserve_how = measured, "vLLM's overhead where the job ran"
@@ -149,18 +144,18 @@ def _target_fit(
     return weights, how, fit, [flag + f"max-length ({max_len:,}-token) requests"]
 
 
-def _max_model_len(rec: JobRecord | None) -> int | None:
-    n = rec and (_server(rec).get("max_model_len") or rec.cfg("model").get("max_model_len"))
+def _max_model_len(rec: JobRecord) -> int | None:
+    n = _server(rec).get("max_model_len") or rec.cfg("model").get("max_model_len")
     return int(n) if n else None
 
 
 def _vllm_figures(
-    card: Scorecard, rec: JobRecord | None, target: TargetConfig | None, kv_target: float | None
+    card: Scorecard, rec: JobRecord, target: TargetConfig | None, kv_target: float | None
 ) -> tuple[doc.VllmFigures, list[str]]:
     """vLLM's KV figures; at the target's budget: a fixed KV cache within 5% of ``kv_target`` GiB, or
     ``gpu_memory_utilization x GPU memory`` within 2% of the target's ``memory_gib x memory_fraction``."""
     m = card.memory
-    if rec is None or not (m.server_kv_cache_gib or m.server_kv_tokens):
+    if not (m.server_kv_cache_gib or m.server_kv_tokens):
         return doc.VllmFigures(), []
     served, run_budget = parse_kv_cache_memory_bytes(_serve_args(rec)), _run_budget_gib(rec)
     how, at_target = "the budget where the job ran", False
@@ -199,25 +194,18 @@ def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits
     ]
 
 
-def _scores(card: Scorecard, rec: JobRecord | None, cards: list[Scorecard]) -> dict[str, doc.TaskScore]:
-    """Absolute headline scores by task (without a record: from the scorecards' deltas), each with the scheme's own
-    delta against its baseline."""
+def _scores(card: Scorecard, rec: JobRecord) -> dict[str, doc.TaskScore]:
+    """Absolute headline scores by task, each with the scheme's own delta against its baseline."""
     if card.accuracy_not_applicable:
         return {}
     found: dict[str, tuple[str, float, int | None]] = {}
-    if rec is None:
-        for sc in [card] if not card.is_baseline else [x for x in cards if x.model == card.model]:
-            for d in sc.accuracy:
-                if d.kind == "score" and d.name not in found:
-                    found[d.name] = (d.metric, d.baseline if card.is_baseline else d.value, d.n)
-    else:
-        headline = rec.cfg("eval").get("headline")
-        for task, res in rec.accuracy.tasks.items():
-            metric, higher = headline_of(task, headline if isinstance(headline, dict) else {}, res)
-            v = res.metric(metric)
-            # the ranking's scores are higher-is-better; lower-is-better metrics other than perplexity aside
-            if (higher or "perplexity" in metric) and isinstance(v, (int, float)):
-                found[task] = (metric, float(v), res.n)
+    headline = rec.cfg("eval").get("headline")
+    for task, res in rec.accuracy.tasks.items():
+        metric, higher = headline_of(task, headline if isinstance(headline, dict) else {}, res)
+        v = res.metric(metric)
+        # the ranking's scores are higher-is-better; lower-is-better metrics other than perplexity aside
+        if (higher or "perplexity" in metric) and isinstance(v, (int, float)):
+            found[task] = (metric, float(v), res.n)
     own = {d.name: d for d in card.accuracy}  # by task name; the last delta of a task stands for it
     out = {}
     for task, (metric, value, n) in sorted(found.items()):
@@ -257,13 +245,7 @@ def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit 
 
 
 def _candidate(
-    card: Scorecard,
-    rec: JobRecord | None,
-    target: TargetConfig | None,
-    borrowed: _Borrowed,
-    rc: ReviewConfig,
-    cards: list[Scorecard],
-    checks: Checks,
+    card: Scorecard, rec: JobRecord, target: TargetConfig | None, borrowed: _Borrowed, rc: ReviewConfig, checks: Checks
 ) -> _Job:
     flags: list[str] = []
     weights, how, fit = card.memory.weights_gib, card.memory.weights_source or "", doc.TargetFit()
@@ -300,19 +282,12 @@ def _candidate(
         decode_fit=tpot,
         decode_fit_itl=itl,
         fit_levels=fit_levels,
-        scores=_scores(card, rec, cards),
+        scores=_scores(card, rec),
         eligible=not why_not,
         why_not=why_not,
         flags=flags + batch_flags,
     )
     return _Job(card, rec, out)
-
-
-def _records_by_id(source: str) -> dict[str, JobRecord]:
-    src = Path(source)
-    if not src.is_dir():  # an MLflow source: the downloaded records are gone by now; cards only
-        return {}
-    return {str(r.job.id): r for r in sources.load_dir(src)[0]}
 
 
 def _mean_score(c: doc.Candidate, tasks: list[str]) -> float | None:
@@ -331,8 +306,7 @@ def _model_size(jobs: list[_Job], model: str) -> float:
 def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
     """a's mean score minus b's on the items both ran (by ``doc_hash``, else ``doc_id``), interval, items."""
     metric = a.out.scores[task].metric
-    sa = read_samples(a.record, task) if a.record else None
-    sb = read_samples(b.record, task) if b.record else None
+    sa, sb = read_samples(a.record, task), read_samples(b.record, task)
     if sa and sb:
         if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
             sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
@@ -364,36 +338,39 @@ def target_price(
 
 
 def cross_model(
-    cards: list[Scorecard], checks: dict[str, dict[str, Checks]], rc: ReviewConfig, environment: list[str], source: str
+    cards: list[Scorecard],
+    records: Sequence[JobRecord],
+    checks: dict[str, dict[str, Checks]],
+    rc: ReviewConfig,
+    environment: list[str],
 ) -> doc.CrossModel | doc.CrossModelError | None:
-    """The review's cross-model comparison (``checks``: model -> scheme -> its checks; ``environment``: the
-    review's; ``source``: the folder whose records it reads again); None with one model and no target."""
+    """The review's cross-model comparison (``records``: each card's record, in the cards' order; ``checks``: model
+    -> scheme -> its checks; ``environment``: the review's); None with one model and no target."""
     try:
-        return _cross_model(cards, checks, rc, environment, source)
+        return _cross_model(cards, records, checks, rc, environment)
     except ConfigError as exc:
         return doc.CrossModelError(error=f"not computed: {exc}")
 
 
 def _cross_model(
     all_cards: list[Scorecard],
+    records: Sequence[JobRecord],
     checks: dict[str, dict[str, Checks]],
     rc: ReviewConfig,
     environment: list[str],
-    source: str,
 ) -> doc.CrossModel | None:
     if len({sc.model for sc in all_cards}) < 2 and not rc.target:
         return None
     target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
-    records = _records_by_id(source)
     ran = sorted({line for line in environment if line.startswith(("GPU", "CPU"))})
     ran_gpu = [line for line in ran if target and line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
     price, price_how = target_price(rc, environment, target, ran_gpu) if target is not None else (None, "")
-    cards = [(sc, records.get(sc.job_id)) for sc in all_cards if sc.status == "ok"]
+    cards = [(sc, rec) for sc, rec in zip(all_cards, records, strict=True) if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
-    overheads = [(o, sc) for sc, r in cards if (o := measured_overhead_gib(sc, r)) is not None]
+    overheads = [(o, sc) for sc, r in cards if (o := _overhead_gib(sc, r)) is not None]
     borrowed = max(((o, f"{sc.model} {sc.scheme} ({sc.label})") for o, sc in overheads), default=None)
-    jobs = [_candidate(sc, rec, target, borrowed, rc, all_cards, checks[sc.model][sc.scheme]) for sc, rec in cards]
+    jobs = [_candidate(sc, rec, target, borrowed, rc, checks[sc.model][sc.scheme]) for sc, rec in cards]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
@@ -435,12 +412,29 @@ def _cross_model(
     for c, j in zip(cands, jobs):
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
     loads = {p.label: p.load for j in jobs for p in j.card.speed.points}
-    v: dict[str, Any] = dict(target=None, ran_on_target=bool(ran_gpu), ran=ran, chosen=chosen.name if chosen else None)
-    if (t := target) is not None:
-        v["target"] = {k: getattr(t, k) for k in _TARGET} | dict(budget_gib=t.memory_gib * t.memory_fraction)
-    v |= dict(score_tasks=score_tasks if scored else [], comparisons=comparisons, paired=paired, candidates=cands)
-    v |= dict(reference=reference.name if reference else None, price_usd_per_gpu_hour=price, price_note=price_how)
-    return doc.CrossModel.model_validate(v | dict(sweep_loads=sorted(loads, key=lambda k: loads[k])))
+    t = target
+    return doc.CrossModel(
+        target=None
+        if t is None
+        else doc.Target(
+            name=t.name,
+            gpu=t.gpu,
+            memory_gib=t.memory_gib,
+            memory_fraction=t.memory_fraction,
+            budget_gib=t.memory_gib * t.memory_fraction,
+        ),
+        ran_on_target=bool(ran_gpu),
+        ran=ran,
+        chosen=chosen.name if chosen else None,
+        score_tasks=score_tasks if scored else [],
+        comparisons=comparisons,
+        paired=paired,
+        reference=reference.name if reference else None,
+        price_usd_per_gpu_hour=price,
+        price_note=price_how,
+        sweep_loads=sorted(loads, key=lambda k: loads[k]),
+        candidates=cands,
+    )
 
 
 def _compare(
@@ -465,13 +459,23 @@ def _compare(
         wins_big = sum(r.significant and r.difference > 0 for r in rows)
         wins_small = sum(r.significant and r.difference < 0 for r in rows)
         x, y = b.ceiling_tok_s or 0.0, s.ceiling_tok_s or 0.0
-        basis = None if mem is None else "concurrency" if target is not None else "weights"
-        v: dict[str, Any] = dict(bigger=b.name, smaller=s.name, memory_winner=mem, memory_basis=basis)
-        v |= dict(memory_bigger=mb, memory_smaller=ms, tasks=len(rows), wins_bigger=wins_big, wins_smaller=wins_small)
-        v |= dict(accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None)
-        v |= dict(speed_bigger=b.ceiling_tok_s, speed_smaller=s.ceiling_tok_s)
-        v["speed_winner"] = (b.model if x > y else s.model) if x and y else None
-        comparisons.append(doc.Comparison.model_validate(v))
+        comparisons.append(
+            doc.Comparison(
+                bigger=b.name,
+                smaller=s.name,
+                memory_winner=mem,
+                memory_basis=None if mem is None else "concurrency" if target is not None else "weights",
+                memory_bigger=mb,
+                memory_smaller=ms,
+                tasks=len(rows),
+                accuracy_winner=b.model if wins_big > wins_small else s.model if wins_small > wins_big else None,
+                wins_bigger=wins_big,
+                wins_smaller=wins_small,
+                speed_winner=(b.model if x > y else s.model) if x and y else None,
+                speed_bigger=b.ceiling_tok_s,
+                speed_smaller=s.ceiling_tok_s,
+            )
+        )
     return comparisons, paired, None if ref is None else ref.out
 
 

@@ -56,8 +56,8 @@ def level_label(load: float, mode: str) -> str:
 
 
 def load_label(p: dict[str, Any], mode: str) -> str:
-    """:func:`level_label` of a point dict (its ``load``, else its concurrency or offered rate)."""
-    return level_label(float(p["load"]) if "load" in p else sweep_plan.load_of(p, mode), mode)
+    """:func:`level_label` of a point dict's ``load``."""
+    return level_label(float(p["load"]), mode)
 
 
 def workload(rec: JobRecord) -> doc.Workload:
@@ -82,13 +82,10 @@ def shape_of(speed: doc.Speed) -> tuple[int, int] | None:
 
 
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
-    """The sweep's mode and its points as dicts (the measure functions' input), steady window rebased."""
-    return sweep_mode(rec), [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
-
-
-def sweep_mode(rec: JobRecord) -> str:
-    """``speed.mode``, else ``config.bench.mode``, else ``rate``."""
-    return str(rec.speed.mode or rec.cfg("bench").get("mode") or "rate")
+    """The sweep's mode (``speed.mode``, else ``config.bench.mode``, else ``rate``) and its points as dicts (the
+    measure functions' input), steady window rebased."""
+    mode = str(rec.speed.mode or rec.cfg("bench").get("mode") or "rate")
+    return mode, [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
 
 
 def _levels(raw: list[dict[str, Any]], mode: str) -> list[aggregate.Level]:
@@ -111,9 +108,9 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
     return mode, out
 
 
-def planned_loads(rec: JobRecord) -> list[float]:
+def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
     """The load levels ``config.bench`` planned, ascending (inf: unlimited); [] without a plan."""
-    mode, bench = sweep_mode(rec), rec.cfg("bench")
+    bench = rec.cfg("bench")
     try:
         plan = sweep_plan.plan(mode, list(bench.get("rates") or []), list(bench.get("concurrencies") or []), 1)
     except (TypeError, ValueError):
@@ -182,7 +179,7 @@ def beside(rec: JobRecord, written: str | None, folder: str) -> Path | None:
     return next((c for c in [*candidates, name] if c.is_file()), None)
 
 
-def point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
+def _point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
     """Goodput of one point from its ``--save-detailed`` file; None without per-request data."""
     path = beside(rec, p.result_file, "bench")
     try:
@@ -191,31 +188,31 @@ def point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
         return None
 
 
-def level_goodput(rec: JobRecord, mode: str, rc: ReviewConfig) -> dict[float, doc.Goodput]:
+def _level_goodput(rec: JobRecord, raw: list[dict[str, Any]], mode: str, slo: Slo) -> dict[float, doc.Goodput]:
     """Per load level with per-request data in every valid repeat: median goodput, summed counts."""
-    slo = slo_of(rc)
-    if not slo.objectives():
-        return {}
-    _, raw = raw_points(rec)
-    with_g = [{**q, "_goodput": point_goodput(rec, sp, slo)} for sp, q in zip(rec.speed.points, raw)]
+    with_g = [{**q, "_goodput": _point_goodput(rec, sp, slo)} for sp, q in zip(rec.speed.points, raw)]
     out: dict[float, doc.Goodput] = {}
     for level in _levels(with_g, mode):
-        got = [q["_goodput"] for q in level.valid]
+        got: list[Goodput] = [q["_goodput"] for q in level.valid]
         if any(g is None for g in got):
             continue
         missed: Counter[str] = Counter()
         for g in got:
             missed.update(g.missed)
-        rps, pct = statistics.median(g.goodput_rps for g in got), statistics.median(g.attainment_pct for g in got)
-        v: dict[str, Any] = dict(goodput_rps=rps, slo_attainment_pct=pct, good_requests=sum(g.good for g in got))
-        v |= dict(slo_requests=sum(g.sent for g in got), repeats=len(got), slo_missed=dict(missed))
-        out[level.load] = doc.Goodput.model_validate(v)
+        out[level.load] = doc.Goodput(
+            goodput_rps=statistics.median(g.goodput_rps for g in got),
+            slo_attainment_pct=statistics.median(g.attainment_pct for g in got),
+            good_requests=sum(g.good for g in got),
+            slo_requests=sum(g.sent for g in got),
+            repeats=len(got),
+            slo_missed=dict(missed),
+        )
     return out
 
 
-def goodput_at(at: doc.SpeedPoint | None, rc: ReviewConfig) -> tuple[float | None, str]:
+def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, str]:
     """Goodput at the stated load's point (req/s) and how it was counted; None without an SLO, point or data."""
-    if not slo_of(rc).objectives():
+    if not slo.objectives():
         return None, "no latency SLO set"
     if at is None:
         return None, "no point at the stated load"
@@ -228,9 +225,8 @@ def goodput_at(at: doc.SpeedPoint | None, rc: ReviewConfig) -> tuple[float | Non
     )
 
 
-def point_label(p: dict[str, Any] | SweepPoint, mode: str) -> str:
+def point_label(sp: SweepPoint, mode: str) -> str:
     """A recorded point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
-    sp = p if isinstance(p, SweepPoint) else SweepPoint.model_validate(p)
     lbl = level_label(
         sweep_plan.load_of({"concurrency": sp.concurrency, "offered_rate_rps": sp.offered_rate_rps}, mode), mode
     )
@@ -296,7 +292,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     spread = low.spread["itl_ms_p50"] if "itl_ms_p50" in low.spread else None
     v: dict[str, Any] = dict(label=low.label, itl_ms_p50=low.itl_ms_p50, itl_ms_p50_range=spread)
     speed.low_load = doc.LowLoad.model_validate(v | dict(output_tok_s_per_request=1000.0 / tpot if tpot else None))
-    planned = planned_loads(rec)
+    planned = _planned_loads(rec, mode)
     missing = [load for load in planned if load not in {p.load for p in points}]
     above = [load for load in missing if load > points[-1].load]
     speed.ceiling = _ceiling(raw, mode, bool(above))
@@ -308,11 +304,12 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
         msg = say("sweep_incomplete", "speed.j2", **words)
         found.append(Flag(FlagCode.SWEEP_INCOMPLETE, "", msg))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
-    by_load = level_goodput(rec, mode, rc)
+    slo = slo_of(rc)
+    by_load = _level_goodput(rec, raw, mode, slo) if slo.objectives() else {}
     for p in points:
         p.goodput = by_load.get(p.load)
     at, speed.load_how = load_point(mode, points, rc)
-    speed.goodput_rps, speed.goodput_how = goodput_at(at, rc)
+    speed.goodput_rps, speed.goodput_how = _goodput_at(at, slo)
     if at is not None:
         speed.at_load = doc.AtLoad.model_validate({k: getattr(at, k) for k in doc.AtLoad.model_fields})
     return speed, found, []

@@ -10,7 +10,7 @@ from quantverdict.measure import validity as point_checks
 from quantverdict.results.record import AccuracyChecks, EvalSettings, JobRecord, KernelCheck
 from quantverdict.review.document import Speed
 from quantverdict.review.flags import Flag, FlagCode
-from quantverdict.review.speed import load_label, point_label, raw_points
+from quantverdict.review.speed import level_label, point_label, raw_points
 from quantverdict.review.words import say
 
 
@@ -71,7 +71,7 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     words["saturated"] = [f"{point_label(p, mode)} ({point_checks.describe_saturation(why)})" for p, why in sat]
     lines = [_say("speed", **words)]
     if short := [q for q in valid if bench_result.recorded_window_too_short(q)]:
-        labels = dict.fromkeys(load_label({**q, "load": sweep_plan.load_of(q, mode)}, mode) for q in short)
+        labels = dict.fromkeys(level_label(sweep_plan.load_of(q, mode), mode) for q in short)
         windows, e2e = sorted(q["steady_window_s"] for q in short), sorted(q["e2e_ms_p50"] / 1000 for q in short)
         lifetimes = bench_result.STEADY_MIN_LIFETIMES
         words = dict(name=sc_name, levels=list(labels), n=len(short), windows=windows, lifetimes=lifetimes, e2e=e2e)
