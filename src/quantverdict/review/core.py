@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from quantverdict import __version__
 from quantverdict.config.kv import combo_order
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
@@ -317,11 +319,7 @@ def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
 
 def _json(v: Any) -> Any:
     """A config value as JSON: tuples as lists, non-finite floats as None."""
-    if isinstance(v, dict):
-        return {str(k): _json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json(x) for x in v]
-    return None if isinstance(v, float) and not math.isfinite(v) else v
+    return to_jsonable_python(v, inf_nan_mode="null")
 
 
 def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | None:
@@ -393,16 +391,16 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     pngs = plots.make_plots(review)
     review.plots = [doc.Plot(name=n, file=f"plots/{n}.png", alt=plots.ALT[n]) for n in pngs]
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
-    texts = {
-        "md": ("review.md", render.markdown(review)),
-        "html": ("review.html", render.html(review, pngs)),
-        "json": ("review.json", json.dumps(to_json(review), indent=2, allow_nan=False)),
-    }
-    paths = {f"plots/{name}.png": out_dir / "plots" / f"{name}.png" for name in pngs}
+    paths: dict[str, Path] = {}
     for name, data in pngs.items():
+        paths[f"plots/{name}.png"] = out_dir / "plots" / f"{name}.png"
         paths[f"plots/{name}.png"].write_bytes(data)
-    for key, (file, text) in texts.items():
-        paths[key] = out_dir / file
+    for key, text in (
+        ("md", render.markdown(review)),
+        ("html", render.html(review, pngs)),
+        ("json", json.dumps(to_json(review), indent=2, allow_nan=False)),
+    ):
+        paths[key] = out_dir / f"review.{key}"
         paths[key].write_text(text)
     return paths
 
