@@ -55,7 +55,7 @@ KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formu
 
 def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> Scorecard:
     """The scorecard of ``r`` among ``records`` (one per model and scheme); its accuracy baseline is looked for
-    among ``all_records`` (:func:`quantverdict.results.baseline.find_baseline`)."""
+    among ``all_records``."""
     j = r.job
     sc = Scorecard(
         job_id=str(j.id),
@@ -182,10 +182,9 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
 def build_review(
     records: Sequence[JobRecord | dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
 ) -> Review:
-    """The review of ``records`` (dicts are read as :class:`JobRecord` once, here): scorecards, checks, verdicts,
-    regime, flags, cost and the cross-model comparison, as ``review.json``'s document (no plots yet:
-    :func:`write_review` adds them). ``rc`` named ``auto`` becomes the records' device-class set with ``overrides``
-    on top (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
+    """The review of ``records`` as ``review.json``'s document (no plots yet: :func:`write_review` adds them); ``rc``
+    named ``auto`` becomes the records' device-class set with ``overrides`` on top
+    (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
 
     Raises:
         quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
@@ -296,8 +295,7 @@ def _delta(d: TaskDelta) -> doc.AccuracyDelta:
 
 def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
     """Every ``review.*`` key with its value and where it comes from: the set's file (``conf/review/<name>.yaml``;
-    the schema's defaults for a set built in code), an override, or ``review.target``'s derived budget
-    (:func:`quantverdict.review.constraints.target_budget_gib`)."""
+    the schema's defaults for a set built in code), an override, or ``review.target``'s derived budget."""
     try:
         default, where = constraints.load_set(rc.name), f"{rc.name}.yaml"
     except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
@@ -323,8 +321,7 @@ def _json(v: Any) -> Any:
 
 
 def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | None:
-    """Which test judged each delta against its floor (:func:`quantverdict.review.verdict.floor_test_of`), with
-    its item count; None without any delta."""
+    """Which test judged each delta against its floor, with its item count; None without any delta."""
     by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
     for sc in cards:
         for d in sc.accuracy:
@@ -413,10 +410,9 @@ def log_review(
     job_runs: dict[str, str] | None = None,
 ) -> str | None:
     """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints; metrics:
-    per-scheme pass flags; tags: the verdict, :func:`verdict_tags`; artifacts: the files, plots as figures), and each
-    reviewed job's three numbers and its model's verdict on its own run (:func:`_log_job_headlines`; ``records``: the
-    records reviewed, ``job_runs``: output_dir -> run id, else looked up). Returns the run id, None when tracking is
-    disabled."""
+    per-scheme pass flags; tags: :func:`verdict_tags`; artifacts: the files, plots as figures), and each reviewed
+    job's three numbers and verdict on its own run (``job_runs``: output_dir -> run id, else looked up). Returns the
+    run id, None when tracking is disabled."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
@@ -469,10 +465,9 @@ def _verdict_text(v: doc.ModelVerdict) -> str:
 
 
 def verdict_tags(review: Review) -> dict[str, str]:
-    """The review run's verdict as tags: ``verdict`` (every model's, ``<model>: <verdict>`` joined by ``; ``; the
-    runs table's column), and per model ``verdict.<model>`` (the verdict), ``verdict.<model>.scheme`` (the scheme
-    to deploy, or the baseline's when no quantized scheme is chosen) and ``verdict.<model>.sentence`` (the verdict's
-    sentence citing the three numbers). ``quantverdict.verdict`` keeps the joined form for older readers."""
+    """The review run's verdict as tags: ``verdict`` and ``quantverdict.verdict`` (``<model>: <verdict>`` joined by
+    ``; ``), and per model ``verdict.<model>``, ``verdict.<model>.scheme`` (the scheme to deploy) and
+    ``verdict.<model>.sentence``."""
     joined = "; ".join(f"{v.model}: {_verdict_text(v)}" for v in review.verdicts)
     tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
     for v in review.verdicts:
@@ -488,15 +483,14 @@ def verdict_tags(review: Review) -> dict[str, str]:
 def _log_job_headlines(
     client: Any, exp_id: str, rid: str, review: Review, dirs: dict[tuple[str, str], str], runs: dict[str, str]
 ) -> None:
-    """Each reviewed job's three numbers, the grid tag and its model's verdict on its own run (``dirs``: (model,
-    scheme) -> output_dir; ``runs``: output_dir -> run id): tag ``verdict`` (the model's, as :func:`verdict_tags`
-    words it) and ``verdict.chosen`` (``yes`` on the run of the scheme the verdict names, else ``no``)."""
+    """Each reviewed job's three numbers, the grid tag and its model's verdict (tags ``verdict``, ``verdict.chosen``:
+    ``yes``/``no``) on its own run (``dirs``: (model, scheme) -> output_dir; ``runs``: output_dir -> run id)."""
     reviews = {
         r.info.run_id
         for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
     }
     for sc in review.scorecards:
-        job_dir = dirs[(sc.model, sc.scheme)] if (sc.model, sc.scheme) in dirs else ""
+        job_dir = dirs.get((sc.model, sc.scheme), "")
         if job_dir not in runs:
             continue
         v = review.verdict(sc.model)
@@ -506,8 +500,7 @@ def _log_job_headlines(
 
 
 def _job_runs_by_dir(client: Any, exp_id: str, dirs: dict[tuple[str, str], str]) -> dict[str, str]:
-    """The job runs of the reviewed records (their ``output_dir`` tag among ``dirs``' values): output_dir -> run id;
-    of several runs of one folder (a job run again into it), the newest."""
+    """output_dir -> run id of the reviewed records' job runs; of several runs of one folder, the newest."""
     wanted = set(dirs.values())
     out: dict[str, tuple[int, str]] = {}
     for run in sources.job_runs(client, exp_id):
@@ -542,8 +535,8 @@ def run_review(
     overrides: list[str] | None = None,
 ) -> tuple[Review, dict[str, Path]]:
     """Read the records of ``source`` (a folder, or an MLflow experiment at ``tracking.uri``), build the review,
-    write it into ``out_dir`` (default :func:`default_out_dir`) and, with ``rc.log_to_mlflow`` and ``tracking``, log it.
-    The records' own store and ``source`` are never written.
+    write it into ``out_dir`` (default :func:`default_out_dir`) and, with ``rc.log_to_mlflow`` and ``tracking``, log
+    it; ``source`` is never written.
 
     Raises:
         FileNotFoundError: no record in ``source``.
