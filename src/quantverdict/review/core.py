@@ -304,20 +304,12 @@ def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
     out = []
     for f in dataclasses.fields(ReviewConfig):
         v, d = getattr(rc, f.name), getattr(default, f.name)
-        source = doc.SettingSource.SET_FILE if v == d else doc.SettingSource.OVERRIDE
+        src = doc.SettingSource.SET_FILE if v == d else doc.SettingSource.OVERRIDE
         if f.name == "memory_budget_gib" and v != d and derived is not None and v == derived:
-            source = doc.SettingSource.TARGET
-        out.append(
-            doc.ConstraintSetting(
-                key=f"review.{f.name}", value=_json(v), source=source, set_file=where, set_file_value=_json(d)
-            )
-        )
+            src = doc.SettingSource.TARGET
+        v, d = (to_jsonable_python(x, inf_nan_mode="null") for x in (v, d))  # tuples as lists, inf as None
+        out.append(doc.ConstraintSetting(key=f"review.{f.name}", value=v, source=src, set_file=where, set_file_value=d))
     return out
-
-
-def _json(v: Any) -> Any:
-    """A config value as JSON: tuples as lists, non-finite floats as None."""
-    return to_jsonable_python(v, inf_nan_mode="null")
 
 
 def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | None:
@@ -490,7 +482,7 @@ def _log_job_headlines(
         for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
     }
     for sc in review.scorecards:
-        job_dir = dirs.get((sc.model, sc.scheme), "")
+        job_dir = dirs[(sc.model, sc.scheme)] if (sc.model, sc.scheme) in dirs else ""
         if job_dir not in runs:
             continue
         v = review.verdict(sc.model)
