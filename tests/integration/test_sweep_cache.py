@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import fidelity
 from quantverdict.config.schema import BenchConfig, ComputeDtype, ServerConfig
 from quantverdict.measure import server_metrics, sweep_plan
 from quantverdict.processes.envs import SRC_DIR, StageEnv
 from quantverdict.results.record import SweepPoint
 from quantverdict.serving.benchmark import bench_command, run_sweep, start_client, supported_optional_flags
 from quantverdict.serving.server import VLLMServer
+from tools.bench import fidelity
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
         new = run_sweep(server, bench_new, model_path, serve_env, tmp_path / "new", client=client)
         # the fidelity check's by-hand CLI run on the same server: seed per point, no warm-up, cache reset
         sent = {p["point"]: p["num_prompts"] for p in new}  # the job's request counts, sized by its windows
-        # (the first repeat of each level: pipelines.fidelity --repeat 0)
+        # (the first repeat of each level: tools.bench.fidelity --repeat 0)
         by_hand = fidelity.run_by_hand(server, bench, model_path, serve_env, tmp_path / "by_hand", sent, {0})
 
     hits = sum(r["prefix_cache_hits"] for r in old)

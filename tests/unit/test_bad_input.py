@@ -14,7 +14,7 @@ from quantverdict.config.schema import ConfigError, ReviewConfig
 from quantverdict.results.baseline import find_baseline, no_baseline_reason
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
-from review_records import record
+from review_records import record, stamp
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -76,8 +76,8 @@ def _without_accuracy(rec: dict, finished_at: str, *, settings_only: bool) -> di
 @pytest.mark.parametrize("settings_only", [False, True])
 def test_the_newest_baseline_with_accuracy_is_taken(settings_only: bool) -> None:
     measured = record("bf16", acc_norm=0.50)
-    measured["job"]["id"], measured["job"]["finished_at"] = "m_bf16_01", "2026-01-01T01:00:00"
-    newer = _without_accuracy(record("bf16"), "2026-01-01T03:00:00", settings_only=settings_only)
+    measured["job"]["id"], measured["job"]["finished_at"] = "m_bf16_01", stamp(1)
+    newer = _without_accuracy(record("bf16"), stamp(3), settings_only=settings_only)
     int8 = record("int8", acc_norm=0.45)
     records = [measured, newer, int8]
     views = [JobRecord.view(r) for r in records]
@@ -90,16 +90,16 @@ def test_the_newest_baseline_with_accuracy_is_taken(settings_only: bool) -> None
 
 
 def test_no_baseline_with_accuracy_lists_the_candidates() -> None:
-    newer = _without_accuracy(record("bf16"), "2026-01-01T03:00:00", settings_only=True)
-    failed = _without_accuracy(record("bf16"), "2026-01-01T02:00:00", settings_only=False)
+    newer = _without_accuracy(record("bf16"), stamp(3), settings_only=True)
+    failed = _without_accuracy(record("bf16"), stamp(2), settings_only=False)
     failed["status"], failed["stages"] = "failed", {"evaluate": {"status": "failed", "detail": "RuntimeError: boom"}}
     int8 = record("int8")
     views = [JobRecord.view(r) for r in (newer, failed, int8)]
     assert find_baseline(views[2], views) is None
     assert no_baseline_reason(views[2], views) == (
         "no bf16 record of m holds accuracy results; candidates: "
-        "m_bf16_03 (ok, finished 2026-01-01T03:00:00): no accuracy results, evaluate skipped (eval.enabled=false); "
-        "m_bf16_02 (failed, finished 2026-01-01T02:00:00): no accuracy results, evaluate failed (RuntimeError: boom)"
+        f"m_bf16_03 (ok, finished {stamp(3)}): no accuracy results, evaluate skipped (eval.enabled=false); "
+        f"m_bf16_02 (failed, finished {stamp(2)}): no accuracy results, evaluate failed (RuntimeError: boom)"
     )
     assert no_baseline_reason(views[2], views[2:]) == "no bf16 record of m among the records"
     review = build_review([newer, failed, int8], ReviewConfig(log_to_mlflow=False), "test")

@@ -112,43 +112,41 @@ def _window_samples(with_energy: bool = True) -> list[dict[str, Any]]:
 
 def test_window_energy_per_token_idle_share_and_flags_by_hand() -> None:
     w = gpu_samples.window_summary(_window_samples(), 1000.0, 1001.0, output_tokens=1000)
-    assert w["samples"] == 11 and w["interval_ms"] == pytest.approx(100.0)
+    assert w.samples == 11 and w.interval_ms == pytest.approx(100.0)
     # energy counter: 1,500,000 - 1,000,000 mJ = 500 J over the window; 1,000 tokens: 0.5 J/token, 2 tokens/J
-    assert (w["energy_j"], w["energy_source"]) == (pytest.approx(500.0), "energy_counter")
-    assert w["energy_per_output_token_j"] == pytest.approx(0.5) and w["output_tok_per_j"] == pytest.approx(2.0)
+    assert (w.energy_j, w.energy_source) == (pytest.approx(500.0), "energy_counter")
+    assert w.energy_per_output_token_j == pytest.approx(0.5) and w.output_tok_per_j == pytest.approx(2.0)
     # 3 of 11 samples idle; the longest idle run is 3 samples x 100 ms
-    assert w["idle_fraction"] == pytest.approx(3 / 11) and w["idle_longest_s"] == pytest.approx(0.3)
+    assert w.idle_fraction == pytest.approx(3 / 11) and w.idle_longest_s == pytest.approx(0.3)
     # SM clock: mean (4 x 1980 + 7 x 1755) / 11 = 1836.818; min 1755; busy median (8 busy: 4 x 1980, 4 x 1755) 1867.5
-    assert w["sm_clock_mhz_mean"] == pytest.approx(1836.818, abs=1e-3) and w["sm_clock_mhz_min"] == 1755.0
-    assert w["sm_clock_busy_mhz_median"] == pytest.approx(1867.5)
+    assert w.sm_clock_mhz_mean == pytest.approx(1836.818, abs=1e-3) and w.sm_clock_mhz_min == 1755.0
+    assert w.sm_clock_busy_mhz_median == pytest.approx(1867.5)
     # power cap on 4 of 8 busy samples: limited share 0.5 >= 0.1: throttled
-    assert w["limited_fraction"] == pytest.approx(0.5) and w["throttled"] is True
-    assert w["throttle_reasons"] == ["sw_power_cap"]
+    assert w.limited_fraction == pytest.approx(0.5) and w.throttled is True
+    assert w.throttle_reasons == ["sw_power_cap"]
     # first third (t < 1000.333: busy k = 0..3) 1980 MHz, last third (t >= 1000.667: k = 7..10) 1755: 1755/1980 - 1
-    assert w["sm_clock_drift_rel"] == pytest.approx(1755 / 1980 - 1) and w["drifting"] is True
-    assert (
-        w["temperature_c_max"] == 50.0 and w["power_w_mean"] == 500.0 and w["util_pct_mean"] == pytest.approx(800 / 11)
-    )
+    assert w.sm_clock_drift_rel == pytest.approx(1755 / 1980 - 1) and w.drifting is True
+    assert w.temperature_c_max == 50.0 and w.power_w_mean == 500.0 and w.util_pct_mean == pytest.approx(800 / 11)
 
 
 def test_window_energy_scaled_from_the_samples_inside_it() -> None:
     # window 1000.05-1000.95: samples at 1000.1 .. 1000.9 (9), the counter grows 400 J over their 0.8 s; the window
     # is 0.9 s: 400 x 0.9 / 0.8 = 450 J
     w = gpu_samples.window_summary(_window_samples(), 1000.05, 1000.95, output_tokens=900)
-    assert w["samples"] == 9 and w["energy_j"] == pytest.approx(450.0)
-    assert w["energy_per_output_token_j"] == pytest.approx(0.5)
+    assert w.samples == 9 and w.energy_j == pytest.approx(450.0)
+    assert w.energy_per_output_token_j == pytest.approx(0.5)
 
 
 def test_window_energy_from_power_without_a_counter() -> None:
     # 500 W for 1.0 s by the trapezoid rule: 500 J
     w = gpu_samples.window_summary(_window_samples(with_energy=False), 1000.0, 1001.0, output_tokens=250)
-    assert (w["energy_j"], w["energy_source"]) == (pytest.approx(500.0), "power_integral")
-    assert w["energy_per_output_token_j"] == pytest.approx(2.0)
+    assert (w.energy_j, w.energy_source) == (pytest.approx(500.0), "power_integral")
+    assert w.energy_per_output_token_j == pytest.approx(2.0)
 
 
 def test_a_window_without_samples_says_so() -> None:
     w = gpu_samples.window_summary(_window_samples(), 2000.0, 2001.0, output_tokens=10)
-    assert w["samples"] == 0 and "no GPU sample" in w["not_measured"]
+    assert w.samples == 0 and "no GPU sample" in (w.not_measured or "")
 
 
 def test_every_point_records_the_sampling_it_sent() -> None:

@@ -1,19 +1,14 @@
 """Repeated prompts inside one sweep point (vLLM's random dataset) are not cache reuse from the method:
-counted by hand, subtracted from the judged hit rate, re-read into finished records."""
+counted by hand, subtracted from the judged hit rate (re-reading them into finished records:
+tools/bench/tests/test_bench_gpu.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from pipelines.bench_gpu import reparse_points
-from quantverdict.config.compose import as_dict, compose
 from quantverdict.measure import bench_result, server_metrics
 from quantverdict.measure.prompt_repeats import expected_repeats, prompt_repeats
 from quantverdict.measure.sweep_plan import SweepPoint
-from quantverdict.results.record import JobRecord
 
 BEFORE = {
     "vllm:prefix_cache_queries": 0.0,
@@ -102,32 +97,6 @@ def test_client_side_subtracts_the_sidecars_repeats() -> None:
     q = bench_result.parse_result(RESULT, SweepPoint(1.0, None, 0), 4, 16)
     bench_result.add_client_side(q, _side(240, None))
     assert not q["valid"] and q["prefix_cache_excess_hit_rate"] == pytest.approx(240 / 1024)
-
-
-def test_finished_records_reread_their_points_from_the_bench_folder(tmp_path: Path) -> None:
-    point = SweepPoint("inf", 1, 0)
-    bench = tmp_path / "bench"
-    bench.mkdir()
-    (bench / f"{point.name}.json").write_text(json.dumps(RESULT))
-    (bench / f"{point.name}.qv.json").write_text(json.dumps(_side(240, None)))
-    bench_keys = ["bench.concurrencies=[1]", "bench.repeats=1", "bench.output_len=16", "bench.warmup_prompts=0"]
-    cfg = as_dict(compose(["bench=cpu-concurrency", *bench_keys]))
-    old = bench_result.parse_result(RESULT, point, 4, 16)
-    bench_result.add_client_side(old, _side(240, None))
-    old["result_file"] = "/gpu/machine/bench/conc-1_r0.json"
-    rec = JobRecord.view({"config": cfg, "speed": {"points": [old]}})
-    assert not rec.speed.points[0].valid
-    # the sidecar gains the recount (quantverdict.children.recount_repeats), the record is re-derived
-    side = _side(240, {"requests": 4, "prompt_tokens": 1024, "repeated_requests": 1, "repeated_tokens": 256})
-    (bench / f"{point.name}.qv.json").write_text(json.dumps(side))
-    reparse_points(rec, tmp_path)
-    (new,) = rec.speed.points
-    assert new.valid and new.prompt_repeat_rate == 0.25
-    assert new.result_file == "/gpu/machine/bench/conc-1_r0.json"  # where it was written, kept
-    # a record whose job folder has no bench/ files keeps its points as they are
-    rec2 = JobRecord.view({"config": cfg, "speed": {"points": [dict(old)]}})
-    reparse_points(rec2, tmp_path / "elsewhere")
-    assert rec2.speed.points[0].valid is False
 
 
 def test_benchmark_split_table_flags_a_stage_over_ten_percent() -> None:

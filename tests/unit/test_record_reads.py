@@ -41,9 +41,10 @@ NOT_RECORD_DATA: dict[str, str] = {
     "serving/server.py": "vLLM's HTTP responses (/v1/models, /reset_prefix_cache)",
 }
 
-# measure/ runs in every stage environment and sits below results/: it may not import the record model (import
-# contract "children"), so it takes record data as the plain dicts its callers dump from the typed sections
-LAYER_BELOW = "measure/ takes plain dicts (it may not import the record model)"
+# measure/ runs in every stage environment and sits below results/ (import contract "children"): the shapes it
+# computes over are its own models (quantverdict.measure.points, which the record uses); what it still takes as a
+# plain dict is counted here
+LAYER_BELOW = "measure/ reads this as a plain dict (not typed by quantverdict.measure.points)"
 
 # files that keep an exact number of ``.get(``, each with what it reads
 COUNTED: dict[str, tuple[int, str]] = {
@@ -66,22 +67,13 @@ COUNTED: dict[str, tuple[int, str]] = {
     "results/baseline.py": (1, "config.eval.headline, a task -> metric mapping"),
     "measure/aggregate.py": (2, f"{LAYER_BELOW}: sweep points"),
     "measure/bench_result.py": (36, "vLLM's benchmark result JSON and the sweep client's sidecar, parsed into a point"),
-    "measure/capacity.py": (18, f"{LAYER_BELOW}: the per-load summaries measure.sweep builds"),
-    "measure/decode_fit.py": (4, f"{LAYER_BELOW}: sweep points"),
-    "measure/gpu_samples.py": (12, "the GPU sampler's NVML / nvidia-smi samples"),
+    "measure/gpu_samples.py": (2, "nvidia-smi's column names, mapped to the sample's keys"),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
-    "measure/kernels.py": (10, f"{LAYER_BELOW}: the server log's parsed fields (memory.server)"),
-    "measure/kv_cache.py": (16, "a model config's dimensions (config.json keys, optional by architecture)"),
-    "measure/memory.py": (7, "safetensors headers and a model config's dimensions"),
+    "measure/kv_cache.py": (1, "vLLM's table of KV-cache element sizes by dtype name (a constant)"),
+    "measure/memory.py": (4, "safetensors headers and the checkpoint size check's measured memory (a dict)"),
     "measure/perplexity.py": (1, "lm-eval's reported metrics"),
-    "measure/roofline.py": (5, f"{LAYER_BELOW}: sweep points and per-load summaries"),
     "measure/sanity.py": (2, "the checkpoint sanity check's result, before it is typed"),
-    "measure/server_metrics.py": (5, f"vLLM's /metrics counters; {LAYER_BELOW}: sweep points"),
-    "measure/starts.py": (2, f"{LAYER_BELOW}: sweep points"),
-    "measure/stats.py": (4, f"{LAYER_BELOW}: sweep points"),
-    "measure/sweep.py": (11, f"{LAYER_BELOW}: sweep points and the server log's fields"),
-    "measure/sweep_plan.py": (2, f"{LAYER_BELOW}: sweep points"),
-    "measure/validity.py": (15, f"{LAYER_BELOW}: sweep points, older records' included"),
+    "measure/server_metrics.py": (2, "vLLM's /metrics counters, before and after a point"),
 }
 
 

@@ -21,6 +21,7 @@ from quantverdict.results.record import (
     stopped_stage,
 )
 from quantverdict.serving.speed import speed_validity
+from review_records import stamp
 
 pytestmark = pytest.mark.unit
 
@@ -91,9 +92,9 @@ def record(scheme: str, status: str, finished: str, tasks: dict | None = None) -
 
 
 def test_the_baseline_is_found_among_typed_records_and_among_dicts_alike() -> None:
-    scheme = record("gptq", "ok", "2020-01-03")
-    old = record("bf16", "ok", "2020-01-01", {"arc_easy": {"acc": 0.5}})
-    newer_without_results = record("bf16", "ok", "2020-01-02")
+    scheme = record("gptq", "ok", stamp(days=2))
+    old = record("bf16", "ok", stamp(), {"arc_easy": {"acc": 0.5}})
+    newer_without_results = record("bf16", "ok", stamp(days=1))
     dicts = [scheme, old, newer_without_results]
     # the newest first among the candidates; the baseline is the newest one with accuracy results
     assert baseline_candidates(scheme, dicts) == [newer_without_results, old]
@@ -101,7 +102,8 @@ def test_the_baseline_is_found_among_typed_records_and_among_dicts_alike() -> No
     typed = [JobRecord.view(r) for r in dicts]
     assert find_baseline(typed[0], typed) is typed[1]
     assert no_baseline_reason(scheme, [scheme, newer_without_results]) == (
-        "no bf16 record of m holds accuracy results; candidates: m_bf16_2020-01-02 (ok, finished 2020-01-02): "
+        f"no bf16 record of m holds accuracy results; candidates: m_bf16_{stamp(days=1)} (ok, finished "
+        f"{stamp(days=1)}): "
         "no accuracy results, evaluate skipped (eval.enabled=false)"
     )
 

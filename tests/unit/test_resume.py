@@ -19,6 +19,7 @@ from quantverdict.measure.integrity import IntegrityError
 from quantverdict.orchestrate import caches, resume
 from quantverdict.orchestrate.job import run_job
 from quantverdict.results.record import Checkpoint, JobRecord, ModelInfo, Record, load
+from review_records import stamp
 
 WIKITEXT_VALID = "wikitext-2/valid.txt"
 
@@ -62,7 +63,7 @@ def write_text(root: Path, text: str) -> None:
 
 
 def finished_record(folder: Path, key: str, status: str = "ok", **extra: object) -> Path:
-    job = {"id": "smollm2-135m_awq_x", "resume_key": key, "finished_at": "2020-01-01T00:00:00"}
+    job = {"id": "smollm2-135m_awq_x", "resume_key": key, "finished_at": stamp()}
     return Record(job=job, config={}, status=status, **extra).save(folder)  # type: ignore[arg-type]
 
 
@@ -170,7 +171,7 @@ def test_find_interrupted_takes_the_newest_unfinished_attempt(tmp_path: Path) ->
     finished_record(root / "old", "k", status="interrupted")
     newer = finished_record(root / "new", "k", status="failed")
     rec = load(newer)
-    rec["job"]["finished_at"] = "2021-01-01T00:00:00"
+    rec["job"]["finished_at"] = stamp(days=1)  # after the others' stamp()
     newer.write_text(json.dumps(rec))
     finished_record(root / "other", "x", status="interrupted")
     finished_record(root / "live", "k", status="running")

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from quantverdict.measure import aggregate, sweep
+from quantverdict.measure.points import Spread
 
 
 def test_levels_group_sort_and_pick_valid() -> None:
@@ -50,6 +51,6 @@ def test_summarize_uses_the_same_levels() -> None:
         {**base, "offered_rate_rps": 1.0, "repeat": 2, "output_tok_s": 12.0, "saturated": True},
     ]
     (level,) = sweep.summarize(pts, "rate")
-    assert level["repeats"] == 3 and level["valid_repeats"] == 3
-    assert level["saturated_repeats"] == 2 and level["saturated"] is True  # 2 of 3
-    assert level["metrics"]["output_tok_s"] == {"median": 12.0, "min": 10.0, "max": 14.0, "n": 3}
+    assert level.repeats == 3 and level.valid_repeats == 3
+    assert level.saturated_repeats == 2 and level.saturated is True  # 2 of 3
+    assert (level.metrics or {})["output_tok_s"] == Spread(median=12.0, min=10.0, max=14.0, n=3)

@@ -31,6 +31,12 @@ RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, floor_test="point
 KV_GIB = 4608 * 23040 / 2**30  # 0.098876953125
 
 
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The review of :func:`review_records.grid` under :data:`RC`, written once for the tests that read its files."""
+    return write_review(build_review(grid(), RC, "test"), tmp_path_factory.mktemp("review"))
+
+
 def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text())
 
@@ -46,8 +52,8 @@ def test_the_committed_schema_is_the_generated_one() -> None:
     jsonschema.Draft202012Validator.check_schema(schema())
 
 
-def test_a_program_reads_the_decision_and_the_three_numbers(tmp_path: Path) -> None:
-    paths = write_review(build_review(grid(), RC, "test"), tmp_path)
+def test_a_program_reads_the_decision_and_the_three_numbers(written: dict[str, Path]) -> None:
+    paths = written
     data = json.loads(paths["json"].read_text())
     validate(data)
     assert data["schema_version"] == SCHEMA_VERSION == 4
@@ -112,10 +118,10 @@ def test_a_program_reads_the_decision_and_the_three_numbers(tmp_path: Path) -> N
     )
 
 
-def test_a_program_reads_the_chosen_scheme_by_following_fields(tmp_path: Path) -> None:
+def test_a_program_reads_the_chosen_scheme_by_following_fields(written: dict[str, Path]) -> None:
     # what a program outside this package does: load the file, follow the verdict to the chosen scheme's card, read
     # its three headline numbers; the schema makes every key on that path required (present, maybe null)
-    paths = write_review(build_review(grid(), RC, "test"), tmp_path)
+    paths = written
     data = json.loads(paths["json"].read_text())
     validate(data)
     defs = schema()["$defs"]
@@ -156,10 +162,10 @@ def test_a_program_reads_the_chosen_scheme_by_following_fields(tmp_path: Path) -
         doc.scheme("m", "nvfp4")
 
 
-def test_what_the_pages_show_is_in_the_document(tmp_path: Path) -> None:
+def test_what_the_pages_show_is_in_the_document(written: dict[str, Path]) -> None:
     # the pages read only the document: the job counts, where each constraint comes from, the sweep points, the
     # floor tests and the plots written beside review.md
-    paths = write_review(build_review(grid(), RC, "test"), tmp_path)
+    paths = written
     data = json.loads(paths["json"].read_text())
     assert data["jobs"] == {"total": 6, "finished": 6, "failed": 0, "interrupted": 0}
     settings = {s["key"]: s for s in data["constraint_settings"]}
@@ -184,7 +190,7 @@ def test_what_the_pages_show_is_in_the_document(tmp_path: Path) -> None:
     assert gptq["speed"]["points"][-1]["load"] == "inf"  # the unlimited rate, strict JSON
     assert [p["file"] for p in data["plots"]] == [f"plots/{p['name']}.png" for p in data["plots"]]
     assert {p["name"] for p in data["plots"]} >= {"memory", "accuracy"}
-    assert all((tmp_path / p["file"]).is_file() for p in data["plots"])
+    assert all((paths["json"].parent / p["file"]).is_file() for p in data["plots"])
     md = paths["md"].read_text()  # the page says what the fields say
     assert "| review.memory_budget_gib | 0.22 | **set** (" in md and "| gptq (W4A16) | 1 req/s |" in md
 

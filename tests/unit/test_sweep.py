@@ -8,6 +8,7 @@ import pytest
 
 from quantverdict.config.compose import compose
 from quantverdict.measure import bench_result, capacity, kernels, sweep, sweep_plan, validity
+from quantverdict.measure.points import Spread
 from quantverdict.measure.sweep_plan import INF, SweepPoint
 
 # A hand-written result in the shape `vllm bench serve --save-result --save-detailed` writes
@@ -362,14 +363,15 @@ def test_summarize_median_spread_and_invalid_points_left_out() -> None:
         _pt(INF, 1, 50.0),
     ]
     s = sweep.summarize(pts, "rate")
-    assert [lv["offered_rate_rps"] for lv in s] == [1.0, INF]  # inf sorts last
+    assert [lv.offered_rate_rps for lv in s] == [1.0, INF]  # inf sorts last
     one = s[0]
-    assert one["repeats"] == 4 and one["valid_repeats"] == 3 and one["invalid_points"] == ["p1.0-None-3"]
+    assert one.repeats == 4 and one.valid_repeats == 3 and one.invalid_points == ["p1.0-None-3"]
     # median of 10, 30, 20 = 20 (the invalid 5 would make it 15); spread 10..30
-    assert one["metrics"]["output_tok_s"] == {"median": 20.0, "min": 10.0, "max": 30.0, "n": 3}
-    assert one["saturated_repeats"] == 1 and one["saturated"] is False  # 1 of 3: not most
+    assert (one.metrics or {})["output_tok_s"] == Spread(median=20.0, min=10.0, max=30.0, n=3)
+    assert one.saturated_repeats == 1 and one.saturated is False  # 1 of 3: not most
     # even count: the mean of the middle two, (40 + 50) / 2
-    assert s[1]["metrics"]["output_tok_s"]["median"] == 45.0 and s[1]["saturated"] is None
+    assert (s[1].metrics or {})["output_tok_s"] == Spread(median=45.0, min=40.0, max=50.0, n=2)
+    assert s[1].saturated is None
 
 
 def test_sustained_ceiling_from_saturated_points() -> None:
@@ -394,7 +396,7 @@ def test_sustained_ceiling_from_saturated_points() -> None:
 def test_concurrency_sweep_points_and_ceiling() -> None:
     pts = [_pt(INF, 0, 16.0, conc=1), _pt(INF, 0, 60.0, conc=4), _pt(INF, 0, 58.0, conc=16)]
     s = sweep.summarize(pts, "concurrency")
-    assert [lv["concurrency"] for lv in s] == [1, 4, 16] and all(lv["saturated"] is None for lv in s)
+    assert [lv.concurrency for lv in s] == [1, 4, 16] and all(lv.saturated is None for lv in s)
     c = capacity.sustained_ceiling(s, "concurrency")
     assert c["kind"] == "closed_loop_max" and c["concurrency"] == 4 and c["output_tok_s"] == 60.0
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import fidelity
 from quantverdict.children.sweep_client import _drop_flags
 from quantverdict.config.compose import as_dict, compose, job_config
 from quantverdict.config.schema import BenchConfig, ConfigError, ServerConfig
@@ -18,7 +17,6 @@ from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
 from quantverdict.measure.sweep_plan import SweepPoint
 from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import JobRecord
-from quantverdict.results.record import SweepPoint as RecordPoint
 from quantverdict.serving.benchmark import parse_point
 from quantverdict.serving.server import build_command
 
@@ -288,21 +286,6 @@ def test_prefetch_without_warmup_waves_is_refused_before_any_work() -> None:
     cfg.bench.warmup_prompts = 0  # nothing would size the runs before the sweep
     with pytest.raises(ConfigError, match=r"bench\.prefetch_prompts=true needs bench\.warmup_prompts > 0 \(got 0\)"):
         validate(cfg)
-
-
-# --- the fidelity check's comparison ----------------------------------------------------------------------
-
-
-def test_fidelity_compare_flags_points_outside_five_percent() -> None:
-    job = [{"point": "conc-1_r0", "output_tok_s": 102.0, "ttft_ms_p50": 20.0}]
-    job += [{"point": "conc-16_r0", "output_tok_s": 1060.0, "ttft_ms_p50": 40.0}]
-    hand = [{"point": "conc-1_r0", "output_tok_s": 100.0, "ttft_ms_p50": 21.0, "prefix_cache_hit_rate": 0.0}]
-    hand += [{"point": "conc-16_r0", "output_tok_s": 1000.0, "ttft_ms_p50": 41.0, "prefix_cache_hit_rate": 0.0}]
-    rows = fidelity.compare([RecordPoint.model_validate(p) for p in job], hand)
-    assert [r["within"] for r in rows] == [True, False]  # 2% in, 6% out
-    assert rows[0]["rel_diff"] == pytest.approx(0.02) and rows[1]["rel_diff"] == pytest.approx(0.06)
-    text = fidelity.render(rows)
-    assert "6.0% **> 5%**" in text and "| conc-1_r0 | 102.0 | 100.0 | 2.0% |" in text
 
 
 @pytest.mark.parametrize(("shape", "lens"), [("prefill", (2048, 128)), ("decode", (128, 1024))])

@@ -16,7 +16,7 @@
 #          and the offline data at /tmp/qvdata; once per machine
 # queue    "NAME EST_S KIND ARGS...": a step for the runner. KIND grid: `.venv/bin/python -m pipelines.run -m env=gpu
 #          env.wheelhouse=/tmp/b/wheelhouse env.system_site_packages=true data.offline_root=/tmp/qvdata
-#          paths.output_root=/tmp/qvgpu/NAME ARGS...`; KIND fidelity: `python -m pipelines.fidelity <record of job
+#          paths.output_root=/tmp/qvgpu/NAME ARGS...`; KIND fidelity: `python -m tools.bench.fidelity <record of job
 #          ARGS[0], the newest under /tmp/qvgpu> --out /tmp/qvgpu/NAME ARGS[1:]`.
 #          EST_S: the seconds the step needs; a step is skipped (and logged) when the lease has less left
 # go       start the runner (setsid: it outlives this call) unless it runs; it takes the steps in order
@@ -290,7 +290,7 @@ _run() {  # the runner: every queued step in order, each only if the lease has i
         say "step $name: no record of job $job under $RES"; rc=2
       else
         # shellcheck disable=SC2086
-        "$PY" -m pipelines.fidelity "$record" --out "$RES/$name" $rest > "$RES/$name/step.log" 2>&1 || rc=$?
+        "$PY" -m tools.bench.fidelity "$record" --out "$RES/$name" $rest > "$RES/$name/step.log" 2>&1 || rc=$?
       fi
     fi
     say "step $name: exit $rc after $(( $(date +%s) - now )) s"

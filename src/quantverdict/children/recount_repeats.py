@@ -15,7 +15,7 @@ here). Checked where the point's result file is present: the request count must 
 check: a tokenizer with another vocabulary but the same special tokens passes it; the server's prefix-cache hits
 per repeated prompt are the cross-check). The
 sidecar gains ``prompt_repeats`` and ``prompt_repeats_source`` (vLLM version, tokenizer); rerun
-the record's derivation (``python -m pipelines.bench_gpu --report-only``) to apply it.
+the record's derivation (``python -m tools.bench.bench_gpu --report-only``) to apply it.
 """
 
 from __future__ import annotations

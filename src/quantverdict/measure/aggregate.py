@@ -10,7 +10,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, Generic, TypeGuard
+
+from typing_extensions import TypeVar
+
+# a point of a level: a typed sweep point (quantverdict.measure.points.SweepPoint) or, by default, a point as the
+# record's JSON holds it
+P = TypeVar("P", default=dict[str, Any])
 
 
 def is_number(x: Any) -> TypeGuard[int | float]:
@@ -19,7 +25,7 @@ def is_number(x: Any) -> TypeGuard[int | float]:
 
 
 @dataclass
-class Level:
+class Level(Generic[P]):
     """One load level of a sweep: every repeat measured at it, and those that are valid.
 
     Attributes:
@@ -29,17 +35,13 @@ class Level:
     """
 
     load: float
-    points: list[dict[str, Any]]
-    valid: list[dict[str, Any]]
+    points: list[P]
+    valid: list[P]
 
 
-def levels(
-    points: Iterable[dict[str, Any]],
-    load_of: Callable[[dict[str, Any]], float],
-    valid: Callable[[dict[str, Any]], bool],
-) -> list[Level]:
+def levels(points: Iterable[P], load_of: Callable[[P], float], valid: Callable[[P], bool]) -> list[Level[P]]:
     """The points grouped by ``load_of(point)``, sorted by load, each group's valid repeats picked by ``valid``."""
-    groups: dict[float, list[dict[str, Any]]] = {}
+    groups: dict[float, list[P]] = {}
     for p in points:
         groups.setdefault(load_of(p), []).append(p)
     return [Level(load, ps, [p for p in ps if valid(p)]) for load, ps in sorted(groups.items())]

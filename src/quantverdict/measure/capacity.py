@@ -2,25 +2,40 @@
 
 Works on the per-load-level summaries of :func:`quantverdict.measure.sweep.summarize`, whose ``saturated`` is
 each level's stored point decisions (:func:`quantverdict.measure.validity.point_saturation`): the ceiling never
-judges saturation itself. Pure (standard library only).
+judges saturation itself. Pure (standard library; the summaries are typed by :mod:`quantverdict.measure.points`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from quantverdict.measure.points import LoadLevel, Spread
 from quantverdict.measure.sweep_plan import is_inf_rate
 
 
-def _throughput(level: dict[str, Any], key: str, fallback: str) -> dict[str, Any] | None:
-    return level["metrics"].get(key) or level["metrics"].get(fallback)
+def _metric(level: LoadLevel, key: str) -> Spread | None:
+    """The level's spread of ``key`` over its valid repeats; None where it has none."""
+    metrics = level.metrics or {}
+    return metrics[key] if key in metrics else None
 
 
-def _median(level: dict[str, Any], key: str) -> float:
-    return float((level["metrics"].get(key) or {}).get("median") or 0.0)
+def _throughput(level: LoadLevel, key: str, fallback: str) -> Spread | None:
+    return _metric(level, key) or _metric(level, fallback)
 
 
-def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict[str, Any]:
+def _median(level: LoadLevel, key: str) -> float:
+    spread = _metric(level, key)
+    return float(spread.median if spread else 0.0)
+
+
+def _steady_median(level: LoadLevel) -> float:
+    """The level's median ``throughput_tok_s`` (its steady window where it had one), else whole-run ``output_tok_s``."""
+    spread = _throughput(level, "throughput_tok_s", "output_tok_s")
+    return spread.median if spread else 0.0
+
+
+def sustained_ceiling(summary: Sequence[LoadLevel], mode: str = "rate") -> dict[str, Any]:
     """The highest throughput the server sustained, with its spread over repeats, and the level it was measured at.
 
     Open loop (``mode="rate"``): the valid level with the highest median **achieved** req/s (completed requests
@@ -42,34 +57,34 @@ def sustained_ceiling(summary: list[dict[str, Any]], mode: str = "rate") -> dict
         level's whole-run output tok/s, median and range over its repeats, whatever its basis, so that two ceilings
         of different bases can still be compared run for run), or ``{"kind": "none", "reason"}``.
     """
-    valid = [lv for lv in summary if lv["valid_repeats"] > 0 and _throughput(lv, "throughput_tok_s", "output_tok_s")]
+    valid = [lv for lv in summary if lv.valid_repeats and _throughput(lv, "throughput_tok_s", "output_tok_s")]
     if not valid:
         return {"kind": "none", "reason": "no valid sweep point"}
     if mode == "concurrency":
-        best = max(valid, key=lambda lv: (_throughput(lv, "throughput_tok_s", "output_tok_s") or {})["median"])
-        kind, basis = "closed_loop_max", best.get("throughput_basis")
-        tok = _throughput(best, "throughput_tok_s", "output_tok_s") or {}
-        rps = _throughput(best, "throughput_rps", "achieved_rps") or {}
+        best = max(valid, key=_steady_median)
+        kind, basis = "closed_loop_max", best.throughput_basis
+        tok = _throughput(best, "throughput_tok_s", "output_tok_s")
+        rps = _throughput(best, "throughput_rps", "achieved_rps")
     else:
-        reached = any(lv["saturated"] or is_inf_rate(lv["offered_rate_rps"]) for lv in valid)
+        reached = any(lv.saturated or is_inf_rate(lv.offered_rate_rps) for lv in valid)
         kind, basis = ("saturated" if reached else "lower_bound"), "whole_run"
         best = max(valid, key=lambda lv: (_median(lv, "achieved_rps"), _median(lv, "output_tok_s")))
-        tok = best["metrics"].get("output_tok_s") or {}
-        rps = best["metrics"].get("achieved_rps") or {}
-    whole = best["metrics"].get("output_tok_s") or {}
+        tok = _metric(best, "output_tok_s")
+        rps = _metric(best, "achieved_rps")
+    whole = _metric(best, "output_tok_s")
     return {
         "kind": kind,
-        "offered_rate_rps": best["offered_rate_rps"],
-        "concurrency": best["concurrency"],
-        "rps": rps.get("median"),
-        "rps_min": rps.get("min"),
-        "rps_max": rps.get("max"),
-        "output_tok_s": tok.get("median"),
-        "output_tok_s_min": tok.get("min"),
-        "output_tok_s_max": tok.get("max"),
-        "repeats": tok.get("n"),
+        "offered_rate_rps": best.offered_rate_rps,
+        "concurrency": best.concurrency,
+        "rps": rps.median if rps else None,
+        "rps_min": rps.min if rps else None,
+        "rps_max": rps.max if rps else None,
+        "output_tok_s": tok.median if tok else None,
+        "output_tok_s_min": tok.min if tok else None,
+        "output_tok_s_max": tok.max if tok else None,
+        "repeats": tok.n if tok else None,
         "basis": basis,
-        "whole_run_tok_s": whole.get("median"),
-        "whole_run_tok_s_min": whole.get("min"),
-        "whole_run_tok_s_max": whole.get("max"),
+        "whole_run_tok_s": whole.median if whole else None,
+        "whole_run_tok_s_min": whole.min if whole else None,
+        "whole_run_tok_s_max": whole.max if whole else None,
     }

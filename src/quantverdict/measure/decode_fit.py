@@ -15,10 +15,13 @@ fitted by ordinary least squares (:func:`numpy.polyfit`, degree 1), with the coe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from quantverdict.measure.points import SweepPoint, as_point
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ def fit_decode_step(concurrency: list[float], tpot_ms: list[float]) -> DecodeFit
     return DecodeFit(float(intercept), float(slope), r2, len(x), (float(x.min()), float(x.max())))
 
 
-def in_flight(point: dict[str, Any], mode: str) -> float | None:
+def in_flight(point: SweepPoint | Mapping[str, Any], mode: str) -> float | None:
     """Sequences in flight at one sweep point.
 
     A concurrency sweep: the point's ``concurrency`` (the client keeps that many requests open). A rate
@@ -79,10 +82,11 @@ def in_flight(point: dict[str, Any], mode: str) -> float | None:
     requests in the server over the run (it includes requests waiting for their first token, so a
     saturated point overstates the decode batch). None when the point lacks the numbers.
     """
+    pt = as_point(point)
     if mode == "concurrency":
-        c = point.get("concurrency")
-        return float(c) if isinstance(c, (int, float)) and c > 0 else None
-    rps, e2e = point.get("achieved_rps"), point.get("e2e_ms_mean") or point.get("e2e_ms_p50")
-    if not isinstance(rps, (int, float)) or not isinstance(e2e, (int, float)) or rps <= 0 or e2e <= 0:
+        c = pt.number("concurrency")
+        return c if c is not None and c > 0 else None
+    rps, e2e = pt.achieved_rps, pt.e2e_ms_mean or pt.e2e_ms_p50
+    if rps is None or e2e is None or rps <= 0 or e2e <= 0:
         return None
     return float(rps) * float(e2e) / 1000.0

@@ -25,9 +25,13 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from quantverdict.measure.points import GpuWindow
 
 # nvidia-smi --query-gpu fields, in the order :func:`query_command` asks for them
 QUERY_FIELDS = (
@@ -213,6 +217,22 @@ def read_samples(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return header, samples
 
 
+class GpuSample(BaseModel):
+    """One sample (the module's keys): a value the source lacks is None; other keys a source adds are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    t: float | None = None
+    gpu: int | None = None
+    power_w: float | None = None
+    energy_mj: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    temperature_c: float | None = None
+    util_pct: float | None = None
+    throttle_reasons: int | None = None
+
+
 def _mean(xs: Sequence[float]) -> float | None:
     return math.fsum(xs) / len(xs) if xs else None
 
@@ -237,58 +257,59 @@ def _power_integral(series: list[tuple[float, float]], t0: float, t1: float) -> 
 
 
 def window_summary(
-    samples: Iterable[dict[str, Any]], t0: float, t1: float, output_tokens: int | None
-) -> dict[str, Any]:
+    samples: Iterable[GpuSample | Mapping[str, Any]], t0: float, t1: float, output_tokens: int | None
+) -> GpuWindow:
     """What the GPU(s) did in the measured window ``[t0, t1]`` (Unix s) of one point.
 
     Args:
-        samples: every sample of the sweep (the module's keys), any order, any devices.
+        samples: every sample of the sweep (:class:`GpuSample`, or its keys as :func:`read_samples` gives them), any
+            order, any devices.
         t0, t1: the window's start and end.
         output_tokens: the point's generated tokens (``output_tokens_total``), for the energy per token.
 
     Returns:
-        ``window_unix_s`` ``[t0, t1]``, ``samples`` (in the window, all devices), ``interval_ms`` (median spacing of
-        one device's samples), ``energy_j`` (summed over devices: NVML's energy counter where every device has one,
-        ``energy_source`` ``"energy_counter"``, else the trapezoid integral of power, ``"power_integral"``),
-        ``energy_per_output_token_j``, ``output_tok_per_j``, ``power_w_mean`` / ``power_w_max`` (over the samples of
-        every device, not summed across devices), ``sm_clock_mhz_mean`` /
-        ``sm_clock_mhz_min`` and ``sm_clock_busy_mhz_median`` (samples with utilization > 0), ``mem_clock_mhz_mean``,
-        ``temperature_c_max``, ``util_pct_mean``, ``idle_fraction`` (share of samples with utilization 0: no kernel
-        ran in the sample period), ``idle_longest_s`` (the longest run of consecutive idle samples of one device,
-        times the interval), ``throttle_reasons`` (every reason seen, :func:`reason_names`), ``limited_fraction``
-        (busy samples with a :data:`LIMITING_REASONS` bit), ``throttled`` (``limited_fraction >=``
+        The record's :class:`~quantverdict.measure.points.GpuWindow`: ``window_unix_s`` ``[t0, t1]``, ``samples`` (in
+        the window, all devices), ``interval_ms`` (median spacing of one device's samples), ``energy_j`` (summed over
+        devices: NVML's energy counter where every device has one, ``energy_source`` ``"energy_counter"``, else the
+        trapezoid integral of power, ``"power_integral"``), ``energy_per_output_token_j``, ``output_tok_per_j``,
+        ``power_w_mean`` / ``power_w_max`` (over the samples of every device, not summed across devices),
+        ``sm_clock_mhz_mean`` / ``sm_clock_mhz_min`` and ``sm_clock_busy_mhz_median`` (samples with utilization > 0),
+        ``mem_clock_mhz_mean``, ``temperature_c_max``, ``util_pct_mean``, ``idle_fraction`` (share of samples with
+        utilization 0: no kernel ran in the sample period), ``idle_longest_s`` (the longest run of consecutive idle
+        samples of one device, times the interval), ``throttle_reasons`` (every reason seen, :func:`reason_names`),
+        ``limited_fraction`` (busy samples with a :data:`LIMITING_REASONS` bit), ``throttled`` (``limited_fraction >=``
         :data:`THROTTLED_SHARE`), ``sm_clock_drift_rel`` and ``drifting`` (median busy SM clock of the window's last
-        third against its first third, beyond :data:`DRIFT_REL`). Values without samples are None; with no sample
-        in the window at all, ``samples`` is 0 and ``not_measured`` says so.
+        third against its first third, beyond :data:`DRIFT_REL`). Values without samples are None; with no sample in the
+        window at all, ``samples`` is 0 and ``not_measured`` says so.
     """
-    inside = sorted(
-        (s for s in samples if isinstance(s.get("t"), (int, float)) and t0 <= s["t"] <= t1),
-        key=lambda s: (s.get("gpu") or 0, s["t"]),
+    typed = [s if isinstance(s, GpuSample) else GpuSample.model_validate(s) for s in samples]
+    timed = sorted(
+        ((s.t, s) for s in typed if s.t is not None and t0 <= s.t <= t1), key=lambda ts: (ts[1].gpu or 0, ts[0])
     )
+    inside = [s for _, s in timed]
     out: dict[str, Any] = {"window_unix_s": [t0, t1], "samples": len(inside)}
     if not inside:
         out["not_measured"] = "no GPU sample in the measured window"
-        return out
-    by_gpu: dict[int, list[dict[str, Any]]] = {}
-    for s in inside:
-        by_gpu.setdefault(int(s.get("gpu") or 0), []).append(s)
-    steps = [b["t"] - a["t"] for ss in by_gpu.values() for a, b in zip(ss, ss[1:])]
+        return GpuWindow.model_validate(out)
+    by_gpu: dict[int, list[tuple[float, GpuSample]]] = {}
+    for t, s in timed:
+        by_gpu.setdefault(s.gpu or 0, []).append((t, s))
+    steps = [b[0] - a[0] for ss in by_gpu.values() for a, b in zip(ss, ss[1:])]
     interval = statistics.median(steps) if steps else None
     out["interval_ms"] = round(interval * 1000, 1) if interval else None
 
-    def vals(key: str, among: Iterable[dict[str, Any]] = inside) -> list[float]:
-        return [float(s[key]) for s in among if isinstance(s.get(key), (int, float))]
+    def vals(key: str, among: Iterable[GpuSample] = inside) -> list[float]:
+        return [float(v) for s in among if isinstance(v := getattr(s, key), (int, float))]
 
     energies = []
     for ss in by_gpu.values():
-        e = _counter_delta([(s["t"], float(s["energy_mj"])) for s in ss if s.get("energy_mj") is not None], t0, t1)
+        e = _counter_delta([(t, s.energy_mj) for t, s in ss if s.energy_mj is not None], t0, t1)
         energies.append(e / 1000 if e is not None else None)
     if energies and all(e is not None for e in energies):
         out["energy_j"], out["energy_source"] = math.fsum(e for e in energies if e is not None), "energy_counter"
     else:
         integrals = [
-            _power_integral([(s["t"], float(s["power_w"])) for s in ss if s.get("power_w") is not None], t0, t1)
-            for ss in by_gpu.values()
+            _power_integral([(t, s.power_w) for t, s in ss if s.power_w is not None], t0, t1) for ss in by_gpu.values()
         ]
         ok = [j for j in integrals if j is not None]
         out["energy_j"] = math.fsum(ok) if ok and len(ok) == len(integrals) else None
@@ -299,7 +320,7 @@ def window_summary(
     power, sm, util = vals("power_w"), vals("sm_clock_mhz"), vals("util_pct")
     out["power_w_mean"], out["power_w_max"] = _mean(power), max(power) if power else None
     out["sm_clock_mhz_mean"], out["sm_clock_mhz_min"] = _mean(sm), min(sm) if sm else None
-    busy = [s for s in inside if isinstance(s.get("util_pct"), (int, float)) and s["util_pct"] > 0]
+    busy = [s for s in inside if s.util_pct is not None and s.util_pct > 0]
     busy_sm = vals("sm_clock_mhz", busy)
     out["sm_clock_busy_mhz_median"] = statistics.median(busy_sm) if busy_sm else None
     out["mem_clock_mhz_mean"] = _mean(vals("mem_clock_mhz"))
@@ -310,16 +331,16 @@ def window_summary(
     longest = 0
     for ss in by_gpu.values():
         run = 0
-        for s in ss:
-            run = run + 1 if s.get("util_pct") == 0 else 0
+        for _, s in ss:
+            run = run + 1 if s.util_pct == 0 else 0
             longest = max(longest, run)
     out["idle_longest_s"] = round(longest * interval, 3) if interval is not None and util else None
-    masks = [int(s["throttle_reasons"]) for s in inside if isinstance(s.get("throttle_reasons"), int)]
+    masks = [s.throttle_reasons for s in inside if s.throttle_reasons is not None]
     seen = 0
     for m in masks:
         seen |= m
     out["throttle_reasons"] = reason_names(seen) if masks else None
-    busy_masks = [int(s["throttle_reasons"]) for s in busy if isinstance(s.get("throttle_reasons"), int)]
+    busy_masks = [s.throttle_reasons for s in busy if s.throttle_reasons is not None]
     out["limited_fraction"] = (
         sum(1 for m in busy_masks if m & LIMITING_REASONS) / len(busy_masks) if busy_masks else None
     )
@@ -327,10 +348,10 @@ def window_summary(
     drift = None
     if len(busy) >= 6:
         third = (t1 - t0) / 3
-        first = vals("sm_clock_mhz", [s for s in busy if s["t"] < t0 + third])
-        last = vals("sm_clock_mhz", [s for s in busy if s["t"] >= t1 - third])
+        first = vals("sm_clock_mhz", [s for s in busy if s.t is not None and s.t < t0 + third])
+        last = vals("sm_clock_mhz", [s for s in busy if s.t is not None and s.t >= t1 - third])
         if first and last:
             drift = statistics.median(last) / statistics.median(first) - 1
     out["sm_clock_drift_rel"] = drift
     out["drifting"] = abs(drift) > DRIFT_REL if drift is not None else None
-    return out
+    return GpuWindow.model_validate(out)

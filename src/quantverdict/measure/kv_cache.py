@@ -7,10 +7,15 @@ Pure (standard library only): the review's memory check (:mod:`quantverdict.revi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
+from quantverdict.measure.points import ModelDims
 
-def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None:
+Dims = ModelDims | Mapping[str, Any]  # a model's dimensions, typed or as config.json / ``model.dims`` holds them
+
+
+def kv_bytes_per_token(dims: Dims, dtype_bytes: float) -> float | None:
     """KV-cache bytes per token: ``2 (K and V) × kv_layers × kv_heads × head_dim × dtype_bytes``.
 
     vLLM allocates exactly this per token and layer (``AttentionSpec.page_size_bytes``: ``2 × block_size ×
@@ -24,9 +29,10 @@ def kv_bytes_per_token(dims: dict[str, Any], dtype_bytes: float) -> float | None
     ``num_key_value_heads`` to ``num_attention_heads`` (multi-head attention). None when a
     dimension is missing.
     """
-    layers, heads = dims.get("num_kv_layers") or dims.get("num_hidden_layers"), dims.get("num_attention_heads")
-    kv_heads = dims.get("num_key_value_heads") or heads
-    head_dim = dims.get("head_dim") or (dims["hidden_size"] / heads if dims.get("hidden_size") and heads else None)
+    d = ModelDims.of(dims)
+    layers, heads = d.num_kv_layers or d.num_hidden_layers, d.num_attention_heads
+    kv_heads = d.num_key_value_heads or heads
+    head_dim = d.head_dim or (d.hidden_size / heads if d.hidden_size and heads else None)
     if not layers or not kv_heads or not head_dim:
         return None
     return 2.0 * layers * kv_heads * head_dim * dtype_bytes
@@ -44,7 +50,7 @@ def kv_element_bytes(kv_cache_dtype: str, model_dtype: str = "bfloat16") -> floa
     return float(KV_ELEMENT_BYTES.get(str(name), 2))
 
 
-def kv_scale_bytes(dims: dict[str, Any], kv_cache_dtype: str) -> int:
+def kv_scale_bytes(dims: Dims, kv_cache_dtype: str) -> int:
     """Bytes vLLM keeps for the scales of a quantized KV cache, per model (not per token).
 
     An FP8 cache has one K and one V scale per attention layer (``Attention._k_scale``, ``_v_scale``: float32
@@ -54,11 +60,12 @@ def kv_scale_bytes(dims: dict[str, Any], kv_cache_dtype: str) -> int:
     """
     if kv_element_bytes(kv_cache_dtype) != 1:
         return 0
-    return 8 * int(dims.get("num_kv_layers") or dims.get("num_hidden_layers") or 0)
+    d = ModelDims.of(dims)
+    return 8 * int(d.num_kv_layers or d.num_hidden_layers or 0)
 
 
 def kv_capacity(
-    dims: dict[str, Any], kv_cache_dtype: str, model_dtype: str, kv_cache_bytes: float, request_tokens: int
+    dims: Dims, kv_cache_dtype: str, model_dtype: str, kv_cache_bytes: float, request_tokens: int
 ) -> dict[str, float] | None:
     """KV tokens and maximum concurrency of a KV cache of ``kv_cache_bytes`` in ``kv_cache_dtype``.
 
@@ -89,7 +96,7 @@ def kv_capacity(
     }
 
 
-def state_bytes_per_sequence(dims: dict[str, Any], dtype_bytes: float) -> float:
+def state_bytes_per_sequence(dims: Dims, dtype_bytes: float) -> float:
     """Fixed-size recurrent state a hybrid model keeps per sequence in its linear-attention layers (bytes).
 
     Gated DeltaNet, as vLLM allocates it (``MambaStateShapeCalculator.gated_delta_net_state_shape``,
@@ -99,16 +106,17 @@ def state_bytes_per_sequence(dims: dict[str, Any], dtype_bytes: float) -> float:
     (3 × 8,192 + 524,288) × 2 = 1,097,728 B a layer, × 24 layers = 26,345,472 B (25.1 MiB) a sequence.
     0 for models without linear-attention layers.
     """
-    layers = (dims.get("num_hidden_layers") or 0) - (dims.get("num_kv_layers") or dims.get("num_hidden_layers") or 0)
-    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
-    if layers <= 0 or not all(dims.get(k) for k in keys):
+    d = ModelDims.of(dims)
+    layers = (d.num_hidden_layers or 0) - (d.num_kv_layers or d.num_hidden_layers or 0)
+    nk, nv = d.linear_num_key_heads, d.linear_num_value_heads
+    dk, dv = d.linear_key_head_dim, d.linear_value_head_dim
+    if layers <= 0 or not nk or not nv or not dk or not dv:
         return 0.0
-    nk, nv, dk, dv = (int(dims[k]) for k in keys)
-    conv = (int(dims.get("linear_conv_kernel_dim") or 4) - 1) * (2 * nk * dk + nv * dv)
+    conv = ((d.linear_conv_kernel_dim or 4) - 1) * (2 * nk * dk + nv * dv)
     return float(layers * (conv + nv * dv * dk) * dtype_bytes)
 
 
-def hybrid_paging(dims: dict[str, Any], kv_dtype_bytes: float, state_dtype_bytes: float) -> dict[str, float] | None:
+def hybrid_paging(dims: Dims, kv_dtype_bytes: float, state_dtype_bytes: float) -> dict[str, float] | None:
     """How vLLM pages a hybrid model's memory: one page size shared by attention blocks and recurrent states.
 
     vLLM 0.26 (``HybridAttentionMambaModelConfig``, which logs "Setting attention block size to N tokens
@@ -124,8 +132,9 @@ def hybrid_paging(dims: dict[str, Any], kv_dtype_bytes: float, state_dtype_bytes
     """
     state = state_bytes_per_sequence(dims, state_dtype_bytes)
     bpt = kv_bytes_per_token(dims, kv_dtype_bytes)
-    kv_layers = dims.get("num_kv_layers") or 0
-    state_layers = (dims.get("num_hidden_layers") or 0) - kv_layers
+    d = ModelDims.of(dims)
+    kv_layers = d.num_kv_layers or 0
+    state_layers = (d.num_hidden_layers or 0) - kv_layers
     if not state or not bpt or kv_layers <= 0 or state_layers <= 0:
         return None
     per_layer_token = bpt / kv_layers  # 2 × kv_heads × head_dim × kv_dtype_bytes

@@ -27,8 +27,11 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from quantverdict.measure.points import ModelDims
 
 GIB = 2**30  # bytes in a GiB (binary, as vLLM logs it)
 MIB = 2**20  # bytes in a MiB (nvidia-smi's memory.total unit)
@@ -268,7 +271,7 @@ def count_parameters(model_dir: str | Path) -> int:
 GATED_ATTENTION_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 
 
-def linear_weight_elements(dims: dict[str, Any], model_type: str | None = None) -> int | None:
+def linear_weight_elements(dims: ModelDims | Mapping[str, Any], model_type: str | None = None) -> int | None:
     """Weight elements of the Linear layers a scheme quantizes in a Llama-like decoder (``lm_head`` excluded).
 
     Per attention layer: ``q_proj`` hidden x (heads * head_dim) (twice that for the gated attention of
@@ -285,16 +288,15 @@ def linear_weight_elements(dims: dict[str, Any], model_type: str | None = None) 
         The count, or None when ``dims`` lacks ``hidden_size``, ``intermediate_size``,
         ``num_attention_heads`` or ``num_hidden_layers``.
     """
-    try:
-        hidden, inter = int(dims["hidden_size"]), int(dims["intermediate_size"])
-        heads, layers = int(dims["num_attention_heads"]), int(dims["num_hidden_layers"])
-    except (KeyError, TypeError):
+    d = ModelDims.of(dims)
+    hidden, inter, heads, layers = d.hidden_size, d.intermediate_size, d.num_attention_heads, d.num_hidden_layers
+    if hidden is None or inter is None or heads is None or layers is None:
         return None
-    kv = int(dims.get("num_key_value_heads") or heads)
-    head_dim = int(dims.get("head_dim") or hidden // heads)
+    kv = d.num_key_value_heads or heads
+    head_dim = d.head_dim or hidden // heads
     q_out = heads * head_dim * (2 if model_type in GATED_ATTENTION_MODEL_TYPES else 1)
     attention = hidden * q_out + 2 * hidden * kv * head_dim + heads * head_dim * hidden
-    attention_layers = int(dims.get("num_kv_layers") or layers)  # materialize: all layers unless hybrid
+    attention_layers = d.num_kv_layers or layers  # materialize: all layers unless hybrid
     return attention_layers * attention + layers * 3 * hidden * inter
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from quantverdict.measure import validity
 from quantverdict.measure.memory import read_header, tensor_bytes
+from quantverdict.measure.points import LoadLevel, SweepPoint, as_point
 
 # tensors a text decode step does not read in full: the vision tower of a VLM checkpoint (text-only
 # serving), multi-token-prediction heads, and the input embedding table (one row per token)
@@ -90,17 +92,19 @@ def efficiency(decode_bytes: float, copy_bytes_per_s: float, tpot_ms: float) -> 
     }
 
 
-def c1_tpot_ms(summary: list[dict[str, Any]], points: list[dict[str, Any]]) -> float | None:
+def c1_tpot_ms(summary: Sequence[LoadLevel], points: Sequence[SweepPoint | Mapping[str, Any]]) -> float | None:
     """Median TPOT (ms) at concurrency 1: the summary row of load 1 in a concurrency sweep, else the
     median over the valid points (:func:`quantverdict.measure.validity.point_valid`) with ``concurrency == 1``;
     None when the sweep has no such load."""
     for row in summary or []:
-        tpot = (row.get("metrics") or {}).get("tpot_ms_p50")
-        if row.get("concurrency") == 1 and tpot:
-            return float(tpot["median"])
+        metrics = row.metrics or {}
+        tpot = metrics["tpot_ms_p50"] if "tpot_ms_p50" in metrics else None
+        if row.concurrency == 1 and tpot:
+            return float(tpot.median)
+    typed = [as_point(p) for p in points or []]
     vals = [
-        float(p["tpot_ms_p50"])
-        for p in points or []
-        if p.get("concurrency") == 1 and p.get("tpot_ms_p50") is not None and validity.point_valid(p)
+        float(p.tpot_ms_p50)
+        for p in typed
+        if p.concurrency == 1 and p.tpot_ms_p50 is not None and validity.point_valid(p)
     ]
     return statistics.median(vals) if vals else None  # of an even count: mean of the middle two

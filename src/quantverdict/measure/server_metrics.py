@@ -26,7 +26,10 @@ Pure (standard library only).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from quantverdict.measure.points import SweepPoint, as_point
 
 MAX_PREFIX_HIT_RATE = 0.01
 MAX_TOKEN_REL_DIFF = 0.05
@@ -150,7 +153,7 @@ def server_checks(
     return out
 
 
-def cache_summary(points: list[dict[str, Any]]) -> str | None:
+def cache_summary(points: Sequence[SweepPoint | Mapping[str, Any]]) -> str | None:
     """One sentence on the prefix-cache hits of a sweep's points (parsed, with :func:`server_checks`' keys), or
     None when no point has the server's counters (records from before the counters were kept).
 
@@ -159,16 +162,13 @@ def cache_summary(points: list[dict[str, Any]]) -> str | None:
     point's prompt tokens repeat inside it (vLLM's random dataset), and the hits beyond those repeats are at
     most 0.00% (limit 1%)".
     """
-    rates = [p["prefix_cache_hit_rate"] for p in points if isinstance(p.get("prefix_cache_hit_rate"), (int, float))]
+    typed = [as_point(p) for p in points]
+    rates = [v for p in typed if (v := p.number("prefix_cache_hit_rate")) is not None]
     if not rates:
         return None
     text = f"prefix-cache hits at most {100 * max(rates):.1f}% of the prompt tokens looked up per point"
-    repeats = [p["prompt_repeat_rate"] for p in points if isinstance(p.get("prompt_repeat_rate"), (int, float))]
-    excess = [
-        p["prefix_cache_excess_hit_rate"]
-        for p in points
-        if isinstance(p.get("prefix_cache_excess_hit_rate"), (int, float))
-    ]
+    repeats = [v for p in typed if (v := p.number("prompt_repeat_rate")) is not None]
+    excess = [v for p in typed if (v := p.number("prefix_cache_excess_hit_rate")) is not None]
     limit = f"limit {100 * MAX_PREFIX_HIT_RATE:g}%"
     if repeats and len(repeats) == len(rates):
         text += (

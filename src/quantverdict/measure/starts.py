@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from quantverdict.measure.sweep_plan import load_of
+from quantverdict.measure.points import SweepPoint as RecordedPoint
+from quantverdict.measure.points import as_point
 from quantverdict.measure.validity import point_valid
 
 # The review's decision band (quantverdict.review.verdict.PAYS): a speedup >= 1.05 pays, <= 1 / 1.05 costs, between:
@@ -43,10 +44,11 @@ StartOrder = Literal["interleaved", "random"]
 Ending = Literal["settled_above", "settled_below", "settled_inside", "max_reached", "continue"]
 
 
-def start_index(point: dict[str, Any]) -> int:
-    """The server start a point came from (1-based); a point recorded before starts were counted: 1."""
-    s = point.get("server_start")
-    return int(s) if isinstance(s, int) and not isinstance(s, bool) and s >= 1 else 1
+def start_index(point: RecordedPoint | Mapping[str, Any]) -> int:
+    """The server start a point came from (1-based); a point recorded before starts were counted: 1. ``point``
+    typed or as the record's JSON holds it."""
+    s = as_point(point).server_start
+    return s if s is not None and s >= 1 else 1
 
 
 def round_order(jobs: Sequence[str], start: int, order: StartOrder = "interleaved", seed: int = 0) -> list[str]:
@@ -94,7 +96,9 @@ class StartMean:
     values: tuple[float, ...]
 
 
-def start_means(points: Iterable[dict[str, Any]], metric: str, mode: str) -> dict[float, dict[int, StartMean]]:
+def start_means(
+    points: Iterable[RecordedPoint | Mapping[str, Any]], metric: str, mode: str
+) -> dict[float, dict[int, StartMean]]:
     """Per load level (:func:`quantverdict.measure.sweep_plan.load_of`), per start index (:func:`start_index`), the
     mean of ``metric`` over the start's valid repeats (:func:`quantverdict.measure.validity.point_valid`) where the
     metric is a positive number.
@@ -103,11 +107,11 @@ def start_means(points: Iterable[dict[str, Any]], metric: str, mode: str) -> dic
         ``{load: {start: StartMean}}``; a start with no usable repeat at a load is absent there.
     """
     groups: dict[float, dict[int, list[float]]] = {}
-    for p in points:
-        v = p.get(metric)
-        if not point_valid(p) or isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+    for p in map(as_point, points):
+        v = p.number(metric)
+        if not point_valid(p) or v is None or not v > 0:
             continue
-        groups.setdefault(load_of(p, mode), {}).setdefault(start_index(p), []).append(float(v))
+        groups.setdefault(p.load(mode), {}).setdefault(start_index(p), []).append(v)
     return {
         load: {s: StartMean(s, math.fsum(vs) / len(vs), len(vs), tuple(vs)) for s, vs in sorted(by.items())}
         for load, by in sorted(groups.items())
@@ -167,8 +171,8 @@ def t_interval_logs(logs: Sequence[float], confidence: float) -> tuple[float, fl
 
 
 def start_ratios(
-    points: Iterable[dict[str, Any]],
-    baseline_points: Iterable[dict[str, Any]],
+    points: Iterable[RecordedPoint | Mapping[str, Any]],
+    baseline_points: Iterable[RecordedPoint | Mapping[str, Any]],
     metric: str = "output_tok_s",
     mode: str = "concurrency",
     confidence: float = 0.95,
@@ -249,7 +253,7 @@ class StartSpread:
 
 
 def start_spread(
-    points: Iterable[dict[str, Any]], metric: str = "output_tok_s", mode: str = "concurrency"
+    points: Iterable[RecordedPoint | Mapping[str, Any]], metric: str = "output_tok_s", mode: str = "concurrency"
 ) -> list[StartSpread]:
     """Per load level, the spread of one scheme's ``metric`` between and within server starts (:class:`StartSpread`).
 
@@ -360,8 +364,8 @@ class LevelDecision:
 
 
 def decide_levels(
-    points: Iterable[dict[str, Any]],
-    baseline_points: Iterable[dict[str, Any]],
+    points: Iterable[RecordedPoint | Mapping[str, Any]],
+    baseline_points: Iterable[RecordedPoint | Mapping[str, Any]],
     min_starts: int,
     max_starts: int,
     confidence: float,

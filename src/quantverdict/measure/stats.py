@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from scipy import stats as sps
 
-from quantverdict.measure.sweep_plan import load_of
+from quantverdict.measure.points import SweepPoint, as_point
 from quantverdict.measure.validity import point_valid
 
 MIN_ITEMS = 2  # fewer independent items: no interval and no significance test
@@ -379,8 +379,8 @@ def t_interval(values: Sequence[float], confidence: float = 0.95, unit: str = "i
 
 
 def paired_ratio(
-    points: list[dict[str, Any]],
-    baseline_points: list[dict[str, Any]],
+    points: Sequence[SweepPoint | Mapping[str, Any]],
+    baseline_points: Sequence[SweepPoint | Mapping[str, Any]],
     metric: str = "output_tok_s",
     mode: str = "concurrency",
     higher_is_better: bool = True,
@@ -406,19 +406,20 @@ def paired_ratio(
         ``faster``, ``slower`` or ``no difference established``.
     """
 
-    by_start = any(int(p.get("server_start") or 1) > 1 for p in [*points, *baseline_points])
+    mine_pts, base_pts = [as_point(p) for p in points], [as_point(p) for p in baseline_points]
+    by_start = any((p.server_start or 1) > 1 for p in [*mine_pts, *base_pts])
     unit = "server start" if by_start else "repeat"
 
-    def by_key(ps: list[dict[str, Any]]) -> dict[tuple[float, int], float]:
+    def by_key(ps: list[SweepPoint]) -> dict[tuple[float, int], float]:
         groups: dict[tuple[float, int], list[float]] = {}
         for p in ps:
-            v = p.get(metric)
-            if point_valid(p) and isinstance(v, (int, float)) and v > 0:
-                key = int(p.get("server_start") or 1) if by_start else int(p.get("repeat") or 0)
-                groups.setdefault((load_of(p, mode), key), []).append(float(v))
+            v = p.number(metric)
+            if point_valid(p) and v is not None and v > 0:
+                key = (p.server_start or 1) if by_start else (p.repeat or 0)
+                groups.setdefault((p.load(mode), key), []).append(v)
         return {k: math.fsum(vs) / len(vs) for k, vs in groups.items()}
 
-    mine, base = by_key(points), by_key(baseline_points)
+    mine, base = by_key(mine_pts), by_key(base_pts)
     result = []
     for load in sorted({k[0] for k in mine} | {k[0] for k in base}):
         reps = sorted(r for (ld, r) in mine if ld == load and (ld, r) in base)

@@ -1,21 +1,23 @@
 """Repeat aggregation of sweep points: one summary per load level (median and spread over the valid
 repeats), and the percentile that latencies are computed with.
 
-Pure (standard library and numpy). What a point is and how it is read: :mod:`quantverdict.measure.sweep_plan`,
-:mod:`quantverdict.measure.bench_result`, :mod:`quantverdict.measure.validity`.
+Pure (standard library and numpy). What a point is and how it is read: :mod:`quantverdict.measure.points`,
+:mod:`quantverdict.measure.sweep_plan`, :mod:`quantverdict.measure.bench_result`,
+:mod:`quantverdict.measure.validity`.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from quantverdict.measure import aggregate
-from quantverdict.measure.sweep_plan import INF, load_of
+from quantverdict.measure.points import LoadLevel, ServerMemory, Spread, SweepPoint, as_point, as_server
+from quantverdict.measure.sweep_plan import INF
 from quantverdict.measure.validity import point_saturated, point_valid
 
 # per load level: median and spread (min, max) over the valid repeats
@@ -63,16 +65,16 @@ def percentile(values: Sequence[float], q: float) -> float:
 # --- summaries over repeats ------------------------------------------------------------------------
 
 
-def spread(values: Sequence[float]) -> dict[str, Any] | None:
-    """``{"median", "min", "max", "n"}`` of the values (median of an even count: mean of the middle two);
+def spread(values: Sequence[float]) -> Spread | None:
+    """The median, min, max and count ``n`` of the values (median of an even count: mean of the middle two);
     None for an empty list."""
     vals = [float(v) for v in values]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    return Spread(median=statistics.median(vals), min=min(vals), max=max(vals), n=len(vals))
 
 
-def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str, Any]]:
+def summarize(points: Sequence[SweepPoint | Mapping[str, Any]], mode: str = "rate") -> list[LoadLevel]:
     """One entry per load level: median and spread of each ``SUMMARY_METRICS`` over its valid repeats.
 
     Invalid points (:func:`point_valid`) are counted and named, never summarized. A level is
@@ -80,37 +82,38 @@ def summarize(points: list[dict[str, Any]], mode: str = "rate") -> list[dict[str
     (:func:`quantverdict.measure.validity.point_saturation`; None when none can be: burst or closed loop).
 
     Args:
-        points: parsed points (:func:`parse_result`), any order, repeats included.
+        points: parsed points (:func:`quantverdict.measure.bench_result.parse_result`), typed or as the record's
+            JSON holds them, any order, repeats included.
         mode: ``rate`` or ``concurrency`` (the load a level is keyed by).
 
     Returns:
-        Sorted by load: ``{"offered_rate_rps", "concurrency", "repeats", "valid_repeats",
-        "invalid_points", "saturated_repeats", "saturated", "throughput_basis", "metrics": {metric: spread or
-        None}}``; ``throughput_basis`` is what the valid repeats' ``throughput_*`` rest on (:func:`basis_of`).
+        Sorted by load, one :class:`~quantverdict.measure.points.LoadLevel` each: ``offered_rate_rps``,
+        ``concurrency``, ``repeats``, ``valid_repeats``, ``invalid_points``, ``saturated_repeats``, ``saturated``,
+        ``throughput_basis`` (what the valid repeats' ``throughput_*`` rest on, :func:`basis_of`) and ``metrics``
+        (metric -> :class:`~quantverdict.measure.points.Spread` or None).
     """
     out = []
-    for level in aggregate.levels(points, lambda p: load_of(p, mode), point_valid):
+    typed = [as_point(p) for p in points]
+    for level in aggregate.levels(typed, lambda p: p.load(mode), point_valid):
         load, ps, valid = level.load, level.points, level.valid
         sat = [point_saturated(p) for p in valid]
         out.append(
-            {
-                "offered_rate_rps": INF if math.isinf(load) else ps[0].get("offered_rate_rps"),
-                "concurrency": ps[0].get("concurrency"),
-                "repeats": len(ps),
-                "valid_repeats": len(valid),
-                "invalid_points": [str(p.get("point", f"r{p.get('repeat')}")) for p in ps if not point_valid(p)],
-                "saturated_repeats": sum(1 for s in sat if s),
-                "saturated": aggregate.majority(sat),
-                "throughput_basis": basis_of(valid),
-                "metrics": {
-                    m: spread([p[m] for p in valid if isinstance(p.get(m), (int, float))]) for m in SUMMARY_METRICS
-                },
-            }
+            LoadLevel(
+                offered_rate_rps=INF if math.isinf(load) else ps[0].offered_rate_rps,
+                concurrency=ps[0].concurrency,
+                repeats=len(ps),
+                valid_repeats=len(valid),
+                invalid_points=[str(p.point if p.has("point") else f"r{p.repeat}") for p in ps if not point_valid(p)],
+                saturated_repeats=sum(1 for s in sat if s),
+                saturated=aggregate.majority(sat),
+                throughput_basis=basis_of(valid),
+                metrics={m: spread([v for p in valid if (v := p.number(m)) is not None]) for m in SUMMARY_METRICS},
+            )
         )
     return out
 
 
-def basis_of(points: Sequence[dict[str, Any]]) -> str | None:
+def basis_of(points: Sequence[SweepPoint | Mapping[str, Any]]) -> str | None:
     """What the points' ``throughput_rps`` / ``throughput_tok_s`` rest on (each point's ``throughput_basis``,
     :func:`quantverdict.measure.bench_result.parse_result`): ``"steady_window"`` or ``"whole_run"`` when every
     point says the same, ``"mixed"`` when they differ, None when none says.
@@ -118,7 +121,7 @@ def basis_of(points: Sequence[dict[str, Any]]) -> str | None:
     E.g. three repeats of a closed loop whose steady windows were all shorter than two request lifetimes:
     ``"whole_run"``; two of them long enough: ``"mixed"``.
     """
-    bases = {p["throughput_basis"] for p in points if p.get("throughput_basis")}
+    bases = {basis for p in points if (basis := as_point(p).throughput_basis)}
     if len(bases) > 1:
         return "mixed"
     return next(iter(bases), None)
@@ -129,8 +132,8 @@ def basis_of(points: Sequence[dict[str, Any]]) -> str | None:
 
 def time_split(
     server_start_s: float | None,
-    server: dict[str, Any] | None,
-    points: list[dict[str, Any]],
+    server: ServerMemory | Mapping[str, Any] | None,
+    points: Sequence[SweepPoint | Mapping[str, Any]],
     sweep_wall_s: float | None,
 ) -> dict[str, Any]:
     """The benchmark stage's time, split: server start (of which torch.compile, graph capture and the warm-up after
@@ -155,16 +158,16 @@ def time_split(
 
     E.g. start 226 s, windows 120 s, sweep wall 131 s: overhead 11 s, fraction 11 / 346 = 0.032.
     """
-    srv = server or {}
-    windows = sum(float(p["duration_s"]) for p in points if isinstance(p.get("duration_s"), (int, float)))
+    srv = as_server(server)
+    windows = sum(d for p in points if (d := as_point(p).number("duration_s")) is not None)
     overhead = None if sweep_wall_s is None else round(float(sweep_wall_s) - windows, 3)
     base = None if server_start_s is None else float(server_start_s) + windows
     return {
         "server_start_s": server_start_s,
-        "compile_s": srv.get("compile_s"),
-        "graph_capture_s": srv.get("graph_capture_s"),
-        "warmup_after_capture_s": srv.get("warmup_after_capture_s"),
-        "compile_cache_hit": srv.get("compile_cache_hit"),
+        "compile_s": srv.compile_s,
+        "graph_capture_s": srv.graph_capture_s,
+        "warmup_after_capture_s": srv.warmup_after_capture_s,
+        "compile_cache_hit": srv.compile_cache_hit,
         "windows_s": round(windows, 3),
         "overhead_s": overhead,
         "sweep_wall_s": sweep_wall_s,

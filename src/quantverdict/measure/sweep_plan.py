@@ -8,10 +8,15 @@ index. Pure (standard library only), so the orchestrator, the review and the tes
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-INF = "inf"  # how an infinite offered rate is written everywhere (vLLM's own result JSON does the same)
+from quantverdict.measure.points import INF as INF
+from quantverdict.measure.points import SweepPoint as RecordedPoint
+from quantverdict.measure.points import as_point
+from quantverdict.measure.points import is_inf_rate as is_inf_rate
+
 METRICS = ("ttft", "tpot", "itl", "e2el")  # passed to --percentile-metrics
 PERCENTILES = (50, 90, 99)  # passed to --metric-percentiles
 
@@ -111,17 +116,10 @@ def plan(mode: str, rates: list[float], concurrencies: list[int], repeats: int) 
     raise ValueError(f"bench.mode={mode!r} is not allowed; allowed: rate, concurrency")
 
 
-def is_inf_rate(rate: Any) -> bool:
-    """True for an infinite offered rate (``"inf"``, ``float("inf")``, or None as older records wrote it)."""
-    return rate is None or rate == INF or (isinstance(rate, float) and math.isinf(rate))
-
-
-def load_of(p: dict[str, Any], mode: str) -> float:
-    """Sort key of a point's load level: its concurrency (closed loop) or offered req/s (inf last)."""
-    if mode == "concurrency":
-        return float(p.get("concurrency") or 0)
-    r = p.get("offered_rate_rps")
-    return math.inf if r is None or is_inf_rate(r) else float(r)
+def load_of(p: RecordedPoint | Mapping[str, Any], mode: str) -> float:
+    """Sort key of a point's load level: its concurrency (closed loop) or offered req/s (inf last); ``p`` a recorded
+    point, typed or as its JSON holds it (:meth:`quantverdict.measure.points.SweepPoint.load`)."""
+    return as_point(p).load(mode)
 
 
 # --- seeds and windows (no prefix-cache reuse; windows long enough to trust) ---------------------------

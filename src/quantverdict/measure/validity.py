@@ -12,13 +12,15 @@ offered rate (saturated), also for records written before those keys existed.
   :func:`older_point_saturation`, the one place that derives it. An infinite rate (a burst: a capacity
   probe) and a closed loop (no offered rate) are never marked saturated.
 
-Pure (standard library only).
+Pure (standard library; a point is typed by :mod:`quantverdict.measure.points`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
+from quantverdict.measure.points import SweepPoint, as_point
 from quantverdict.measure.sweep_plan import is_inf_rate
 
 SATURATION_FRACTION = 0.9  # completion pace < 0.9 x arrival pace: the server did not keep up (saturation)
@@ -35,6 +37,16 @@ ESTIMATED_PACE = "estimated_pace"  # no per-request times: the whole run less on
 RULE_BASES = (ARRIVAL_PACE, ESTIMATED_PACE, "too_few_requests", "burst", "closed_loop")
 
 
+class Saturation(TypedDict):
+    """A point's saturation decision (:func:`saturation`), as the point stores it: ``saturated`` (None where it
+    cannot be decided), ``saturation_ratio`` (completion pace over arrival pace, None without one) and
+    ``saturation_basis`` (one of ``RULE_BASES``, or an older record's basis)."""
+
+    saturated: bool | None
+    saturation_ratio: float | None
+    saturation_basis: str | None
+
+
 def _pace(times: list[float]) -> float | None:
     """Events per second between the first and the last of ``times``: ``(n - 1) / (last - first)``; None for
     fewer than two events or no time between them."""
@@ -46,12 +58,12 @@ def _pace(times: list[float]) -> float | None:
 def saturation(
     offered_rate_rps: float | str | None,
     concurrency: int | None,
-    request_times: dict[str, list[float | None]] | None,
+    request_times: Mapping[str, Sequence[float | None]] | None,
     *,
     completed: int | None,
     duration_s: float | None,
     e2e_ms_p50: float | None,
-) -> dict[str, Any]:
+) -> Saturation:
     """Did the server keep up with an open-loop point's offered rate? The one saturation rule of the package.
 
     Rule: ``saturation_ratio`` = the pace at which requests completed over the pace at which they were sent;
@@ -98,75 +110,89 @@ def saturation(
     E.g. 8 requests sent at 0, .25, ..., 1.75 s (arrival pace 4 req/s) finishing at 3, 4.5, ..., 13.5 s
     (completion pace 7 / 10.5 s = 0.667 req/s): ratio 0.167, saturated.
     """
-    none = {"saturated": None, "saturation_ratio": None}
     if concurrency is not None:
-        return {**none, "saturation_basis": "closed_loop"}
+        return Saturation(saturated=None, saturation_ratio=None, saturation_basis="closed_loop")
     if offered_rate_rps is None or is_inf_rate(offered_rate_rps):
-        return {**none, "saturation_basis": "burst"}
-    ratio, basis = None, ARRIVAL_PACE
+        return Saturation(saturated=None, saturation_ratio=None, saturation_basis="burst")
+    ratio: float | None = None
+    basis = ARRIVAL_PACE
     if request_times:
-        sent = _pace([float(t) for t in request_times.get("start_s") or [] if t is not None])
-        done = _pace([float(t) for t in request_times.get("end_s") or [] if t is not None])
+        sent = _pace(_known(request_times, "start_s"))
+        done = _pace(_known(request_times, "end_s"))
         ratio = done / sent if sent and done else None
     if ratio is None and completed and duration_s and e2e_ms_p50 is not None:
         span = float(duration_s) - float(e2e_ms_p50) / 1000.0
         if completed >= 2 and span > 0:
             ratio, basis = (completed - 1) / span / float(offered_rate_rps), ESTIMATED_PACE
     if ratio is None:
-        return {**none, "saturation_basis": "too_few_requests"}
-    return {"saturated": ratio < SATURATION_FRACTION, "saturation_ratio": ratio, "saturation_basis": basis}
+        return Saturation(saturated=None, saturation_ratio=None, saturation_basis="too_few_requests")
+    return Saturation(saturated=ratio < SATURATION_FRACTION, saturation_ratio=ratio, saturation_basis=basis)
 
 
-def describe_saturation(decision: dict[str, Any]) -> str:
+def _known(request_times: Mapping[str, Sequence[float | None]], key: str) -> list[float]:
+    """The times of ``request_times[key]`` (``start_s`` or ``end_s``) that are known (a failed request's end is
+    None); [] where the key is missing."""
+    return [float(t) for t in request_times[key] if t is not None] if key in request_times else []
+
+
+def describe_saturation(decision: Saturation) -> str:
     """A point's decision (:func:`point_saturation`) in words, for the live log and the review: ``completions at
     0.17x the arrival pace`` (basis ``arrival_pace``), ``completions at 0.50x the offered rate (estimated: no
     per-request times)`` (``estimated_pace``); ``""`` without a ratio."""
-    ratio = decision.get("saturation_ratio")
+    ratio = decision["saturation_ratio"]
     if not isinstance(ratio, (int, float)):
         return ""
-    if decision.get("saturation_basis") == ESTIMATED_PACE:
+    if decision["saturation_basis"] == ESTIMATED_PACE:
         return f"completions at {ratio:.2f}x the offered rate (estimated: no per-request times)"
     return f"completions at {ratio:.2f}x the arrival pace"
 
 
-def point_valid(p: dict[str, Any]) -> bool:
+def point_valid(p: SweepPoint | Mapping[str, Any]) -> bool:
     """A parsed point's ``valid``; for older records (no key): output tokens >= 90% of those requested
-    and at least one request completed."""
-    if "valid" in p:
-        return bool(p["valid"])
-    want, got = p.get("output_tokens_requested"), p.get("output_tokens_total")
+    and at least one request completed.
+
+    Args:
+        p: the point, typed or as the record's JSON holds it (:func:`quantverdict.measure.points.as_point`).
+    """
+    pt = as_point(p)
+    if pt.has("valid"):
+        return bool(pt.valid)
+    want, got = pt.output_tokens_requested, pt.output_tokens_total
     if want and got is not None and got < OUTPUT_VALID_FRACTION * want:
         return False
-    return p.get("completed") != 0
+    return pt.completed != 0
 
 
-def point_saturation(p: dict[str, Any]) -> dict[str, Any]:
+def point_saturation(p: SweepPoint | Mapping[str, Any]) -> Saturation:
     """A recorded point's saturation decision, as :func:`saturation` stored it when the point was read
     (``{"saturated", "saturation_ratio", "saturation_basis"}``); a point recorded before that rule (its basis not
     in ``RULE_BASES``) gets it from :func:`older_point_saturation`. What every reader of a point's saturation
     calls: the live log, the per-load summary and the ceiling, the grid table, the review."""
-    if p.get("saturation_basis") in RULE_BASES and "saturated" in p:
-        return {k: p.get(k) for k in ("saturated", "saturation_ratio", "saturation_basis")}
-    return older_point_saturation(p)
+    pt = as_point(p)
+    if pt.saturation_basis in RULE_BASES and pt.has("saturated"):
+        return Saturation(
+            saturated=pt.saturated, saturation_ratio=pt.saturation_ratio, saturation_basis=pt.saturation_basis
+        )
+    return older_point_saturation(pt)
 
 
-def point_saturated(p: dict[str, Any]) -> bool | None:
+def point_saturated(p: SweepPoint | Mapping[str, Any]) -> bool | None:
     """:func:`point_saturation`'s ``saturated``: True, False, or None (burst, closed loop, not measurable)."""
     return point_saturation(p)["saturated"]
 
 
-def older_point_saturation(p: dict[str, Any]) -> dict[str, Any]:
+def older_point_saturation(p: SweepPoint | Mapping[str, Any]) -> Saturation:
     """The saturation decision of a point recorded before :func:`saturation` was the rule: the same rule on the
     numbers the record keeps (``request_times`` where it saved them, else ``completed``, ``duration_s`` and
     ``e2e_ms_p50``). Its stored ``saturated`` (whole-run achieved / offered, or completions over arrivals in the
     steady window) is not read: it rests on another basis. The one function that derives the decision for older
     records."""
-    times = p.get("request_times")
+    pt = as_point(p)
     return saturation(
-        p.get("offered_rate_rps"),
-        p.get("concurrency"),
-        times if isinstance(times, dict) else None,
-        completed=p.get("completed"),
-        duration_s=p.get("duration_s"),
-        e2e_ms_p50=p.get("e2e_ms_p50"),
+        pt.offered_rate_rps,
+        pt.concurrency,
+        pt.request_times,
+        completed=pt.completed,
+        duration_s=pt.duration_s,
+        e2e_ms_p50=pt.e2e_ms_p50,
     )

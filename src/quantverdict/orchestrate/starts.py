@@ -67,12 +67,7 @@ METRIC = "output_tok_s"  # the throughput the review's speed claims rest on
 
 def start_of(p: SweepPoint) -> int:
     """The server start a recorded point came from (:func:`quantverdict.measure.starts.start_index`)."""
-    return start_math.start_index(p.to_dict())
-
-
-def _point_dicts(rec: JobRecord) -> list[dict[str, object]]:
-    """The record's sweep points as the measure functions take them (plain dicts, the keys the record holds)."""
-    return [p.to_dict() for p in rec.speed.points]
+    return start_math.start_index(p)
 
 
 @dataclass
@@ -250,7 +245,7 @@ def _decisions(jobs: list[GridJob], lo: int, hi: int, confidence: float, mode: s
         base = baseline_of(job, jobs)
         if base is not None:
             out[job.id] = start_math.decide_levels(
-                _point_dicts(job.record), _point_dicts(base.record), lo, hi, confidence, METRIC, mode
+                job.record.speed.points, base.record.speed.points, lo, hi, confidence, METRIC, mode
             )
     return out
 
@@ -259,7 +254,7 @@ def _planned_loads(jobs: list[GridJob], job_id: str, mode: str) -> set[float]:
     """The load levels of ``job_id``'s points and of its baseline's: the levels the stopping rule must settle."""
     job = next(j for j in jobs if j.id == job_id)
     base = baseline_of(job, jobs)
-    points = [*_point_dicts(job.record), *(_point_dicts(base.record) if base else [])]
+    points = [*job.record.speed.points, *(base.record.speed.points if base else [])]
     return {load_of(p, mode) for p in points}
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
 _LOCK = threading.Lock()
+# each started process's reader thread (the one that writes its log), for :func:`log_written`
+_READERS: weakref.WeakKeyDictionary[subprocess.Popen[bytes], threading.Thread] = weakref.WeakKeyDictionary()
 
 
 def start(
@@ -62,8 +65,22 @@ def start(
     fh = open(log_path, "ab")  # noqa: SIM115 - closed by the reader thread
     fh.write(f"$ {shlex.join(cmd)}\n".encode())  # quoted: a path with a space can be pasted into a shell
     status = StatusLine(log_path.stem) if echo else None
-    threading.Thread(target=_pump, args=(proc, fh, status), daemon=True).start()
+    reader = threading.Thread(target=_pump, args=(proc, fh, status), daemon=True)
+    reader.start()
+    with _LOCK:
+        _READERS[proc] = reader
     return proc
+
+
+def log_written(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+    """Wait until the log of ``proc`` (started by :func:`start`) holds everything it printed: its reader thread
+    reaches the end of the output, which follows the process's exit; at most ``timeout_s`` (a child of it that
+    still holds the output open keeps the end away). A process that has ended may otherwise have its last lines,
+    the cause of its death among them, still in the pipe when its log is read."""
+    with _LOCK:
+        reader = _READERS[proc] if proc in _READERS else None
+    if reader is not None:
+        reader.join(timeout_s)
 
 
 def _pump(proc: subprocess.Popen[bytes], fh: IO[bytes], status: StatusLine | None) -> None:
@@ -119,13 +136,15 @@ class StatusLine:
 
 
 def wait(proc: subprocess.Popen[bytes], timeout_s: float | None = None) -> int:
-    """Wait for ``proc``; on timeout or interruption stop its group and re-raise."""
+    """Wait for ``proc``, then for its log to hold what it printed (:func:`log_written`); on timeout or
+    interruption stop its group and re-raise."""
     try:
         rc = proc.wait(timeout=timeout_s)
     except BaseException:
         stop_group(proc)
         raise
     _forget(proc)
+    log_written(proc)
     return rc
 
 

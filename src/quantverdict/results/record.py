@@ -22,11 +22,21 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError
 
 from quantverdict import RECORD_SCHEMA_VERSION, __version__
+from quantverdict.measure.points import Block as Block
+from quantverdict.measure.points import GpuWindow as GpuWindow
+from quantverdict.measure.points import JsonObject as JsonObject
+from quantverdict.measure.points import LoadLevel as LoadLevel
+from quantverdict.measure.points import ModelDims as ModelDims
+from quantverdict.measure.points import SamplingParams as SamplingParams
+from quantverdict.measure.points import Section as Section
+from quantverdict.measure.points import ServerMemory as ServerMemory
+from quantverdict.measure.points import Spread as Spread
+from quantverdict.measure.points import SweepPoint as SweepPoint
 from quantverdict.results import migrate
 
 RECORD_FILE = "record.json"
@@ -147,52 +157,10 @@ def mark_interrupted(rec: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------
 # The typed model (JobRecord): one pydantic model per section. A key a section does not name is refused when a
 # record is written (Record.save) and when one is read (load, after migrate.upgrade); blocks a section keeps as
-# written (lm-eval's settings, a GPU's nvidia-smi fields, the resolved config) are typed as JSON objects.
-
-JsonObject = dict[str, Any]
-
-
-class Section(BaseModel):
-    """A record section: the keys it may hold, each typed; any other key is refused.
-
-    :meth:`to_dict` gives back the keys the section was read with (``exclude_unset``), so a record read and
-    written again is the one read; :meth:`has` says whether a key was present, :meth:`is_empty` whether any was.
-    A section given as null reads as empty.
-    """
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_empty(cls, data: Any) -> Any:
-        return {} if data is None else data
-
-    def to_dict(self) -> JsonObject:
-        """The section as the record's JSON holds it: the keys read (every field for a section built, not read)."""
-        return self.model_dump(mode="python", exclude_unset=True, by_alias=True)
-
-    def is_empty(self) -> bool:
-        """True for a section the record lacked, held as null, or held as ``{}``."""
-        return not self.model_fields_set
-
-    def has(self, key: str) -> bool:
-        """Whether the record held ``key`` in this section (a field at its default was absent)."""
-        return key in self.model_fields_set
-
+# written (lm-eval's settings, a GPU's nvidia-smi fields, the resolved config) are typed as JSON objects. The base
+# Section and the sweep's shapes (points, their GPU window, the per-load summary) are quantverdict.measure.points'.
 
 _S = TypeVar("_S", bound=Section)
-
-
-class Block(BaseModel):
-    """A JSON object a record keeps as written (its section types it as a JSON object: the measure function or the
-    tool that made it owns its keys), read through the keys a reader needs; the others pass unread."""
-
-    model_config = ConfigDict(extra="allow")
-
-    @classmethod
-    def of(cls, data: JsonObject | None) -> Self:
-        """The block of ``data`` (every named key None when ``data`` is None or lacks it)."""
-        return cls.model_validate(data or {})
 
 
 class KernelCheck(Block):
@@ -334,20 +302,6 @@ class GpuInfo(Block):
     clocks_max_sm_mhz: float | None = None  # the top SM clock (MHz); older records lack it
 
 
-class ModelDims(Block):
-    """``model.dims``: the model's dimensions from its ``config.json`` (:mod:`quantverdict.children.materialize`),
-    read through the keys a reader needs."""
-
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    num_kv_layers: int | None = None
-    tie_word_embeddings: bool | None = None
-    layer_types: list[Any] | None = None  # per layer: full_attention | linear_attention | ...
-
-
 class CpuInfo(Block):
     """``environment.cpu``: the probed CPU (:mod:`quantverdict.config.cpu_caps`): model name, ISA, and the vLLM
     CPU library it can load."""
@@ -443,37 +397,6 @@ class CheckpointMemory(Section):
     not_measured: str | None = None
 
 
-class ServerMemory(Section):
-    """``memory.server``: what vLLM's server log said (GiB, tokens, kernels; :mod:`quantverdict.measure.vllm_log`)."""
-
-    vllm_version: str | None = None
-    device: str | None = None
-    quantization: str | None = None
-    dtype: str | None = None
-    kv_cache_dtype: str | None = None
-    weights_gib: float | None = None
-    checkpoint_gib: float | None = None
-    kv_cache_gib: float | None = None
-    kv_cache_source: str | None = None
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    max_concurrency_request_tokens: int | None = None
-    kernels: list[Any] | None = None
-    activation_quantized: bool | None = None
-    compute: str | None = None  # native | emulated (the kernel check)
-    compute_reason: str | None = None
-    fallback: str | bool | None = None
-    fallback_lines: list[str] | None = None
-    unquantized_gemm_fallback: bool | None = None
-    weights_load_s: float | None = None
-    engine_init_s: float | None = None
-    compile_s: float | None = None
-    compile_cache_hit: bool | None = None
-    graph_capture_s: float | None = None
-    warmup_after_capture_s: float | None = None
-    evidence: JsonObject | None = None  # the log line behind each figure
-
-
 class Memory(Section):
     """``memory``: the checkpoint's, the server's, and the predicted weight bytes checked against the measured."""
 
@@ -553,177 +476,6 @@ class Accuracy(Section):
     def token_perplexity_section(self) -> TokenPerplexity:
         """``token_perplexity`` typed (every field None when the record has none); the dict field stays as read."""
         return TokenPerplexity.model_validate(self.token_perplexity)
-
-
-class SamplingParams(Section):
-    """``speed.points[i].sampling``: what every request of the point was sent with (``vllm bench serve``'s flags):
-    ``temperature``, ``top_p``, ``top_k`` (None: not sent, the server's default), ``seed`` (prompts and arrivals),
-    ``ignore_eos``, ``max_tokens`` (:func:`quantverdict.children.sweep_client.sampling_of`)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    ignore_eos: bool | None = None
-    max_tokens: int | None = None
-
-
-class GpuWindow(Section):
-    """``speed.points[i].gpu``: what the GPU did in the point's measured window (NVML samples,
-    :func:`quantverdict.measure.gpu_samples.window_summary`): energy (J) and its source, energy per output token (J),
-    output tokens per joule, power (W), SM and memory clocks (MHz), temperature (C), utilization (%), the share of
-    samples with no kernel running and the longest idle run (s), clocks-event reasons, and the throttled and
-    drifting flags."""
-
-    window_unix_s: list[float] | None = None
-    samples: int | None = None
-    interval_ms: float | None = None
-    energy_j: float | None = None
-    energy_source: str | None = None  # energy_counter | power_integral
-    energy_per_output_token_j: float | None = None
-    output_tok_per_j: float | None = None
-    power_w_mean: float | None = None
-    power_w_max: float | None = None
-    sm_clock_mhz_mean: float | None = None
-    sm_clock_mhz_min: float | None = None
-    sm_clock_busy_mhz_median: float | None = None
-    mem_clock_mhz_mean: float | None = None
-    temperature_c_max: float | None = None
-    util_pct_mean: float | None = None
-    idle_fraction: float | None = None
-    idle_longest_s: float | None = None
-    throttle_reasons: list[str] | None = None
-    limited_fraction: float | None = None
-    throttled: bool | None = None
-    sm_clock_drift_rel: float | None = None
-    drifting: bool | None = None
-    not_measured: str | None = None
-
-
-class SweepPoint(Section):
-    """``speed.points[i]``: one benchmark run at one load (times in ms, rates in req/s and tok/s); the metric
-    families ``ttft``, ``itl``, ``tpot``, ``e2e`` each with ``_ms_mean``/``_p50``/``_p90``/``_p99``, recomputed
-    per request, and vLLM's own as ``vllm_<family>_ms_<stat>``."""
-
-    point: str | None = None
-    offered_rate_rps: float | str | None = None  # "inf" for a closed-loop (concurrency) run or a burst
-    concurrency: int | None = None
-    repeat: int | None = None
-    seed: int | None = None
-    num_prompts: int | None = None
-    warmup_requests: int | None = None
-    warmup_seed: int | None = None
-    attempts: int | None = None
-    completed: int | None = None
-    failed: int | None = None
-    duration_s: float | None = None
-    min_duration_s: float | None = None
-    window_met: bool | None = None
-    achieved_rps: float | None = None
-    sent_rps: float | None = None
-    throughput_rps: float | None = None
-    throughput_tok_s: float | None = None
-    throughput_basis: str | None = None
-    output_tok_s: float | None = None
-    total_tok_s: float | None = None
-    input_tokens_total: int | None = None
-    output_tokens_total: int | None = None
-    output_tokens_requested: int | None = None
-    output_valid: bool | None = None
-    short_requests: int | None = None
-    requests_in_result: int | None = None
-    peak_concurrent_requests: int | None = None
-    ttft_ms_mean: float | None = None
-    ttft_ms_p50: float | None = None
-    ttft_ms_p90: float | None = None
-    ttft_ms_p99: float | None = None
-    itl_ms_mean: float | None = None
-    itl_ms_p50: float | None = None
-    itl_ms_p90: float | None = None
-    itl_ms_p99: float | None = None
-    tpot_ms_mean: float | None = None
-    tpot_ms_p50: float | None = None
-    tpot_ms_p90: float | None = None
-    tpot_ms_p99: float | None = None
-    e2e_ms_mean: float | None = None
-    e2e_ms_p50: float | None = None
-    e2e_ms_p90: float | None = None
-    e2e_ms_p99: float | None = None
-    e2e_source: str | None = None
-    metrics_source: str | None = None
-    itl_per_token: bool | None = None
-    itl_sum_max_err_ms: float | None = None
-    vllm_ttft_ms_mean: float | None = None
-    vllm_ttft_ms_p50: float | None = None
-    vllm_ttft_ms_p90: float | None = None
-    vllm_ttft_ms_p99: float | None = None
-    vllm_itl_ms_mean: float | None = None
-    vllm_itl_ms_p50: float | None = None
-    vllm_itl_ms_p90: float | None = None
-    vllm_itl_ms_p99: float | None = None
-    vllm_tpot_ms_mean: float | None = None
-    vllm_tpot_ms_p50: float | None = None
-    vllm_tpot_ms_p90: float | None = None
-    vllm_tpot_ms_p99: float | None = None
-    vllm_e2e_ms_mean: float | None = None
-    vllm_e2e_ms_p50: float | None = None
-    vllm_e2e_ms_p90: float | None = None
-    vllm_e2e_ms_p99: float | None = None
-    vllm_max_rel_diff: float | None = None
-    steady_window_s: float | None = None
-    steady_rps: float | None = None
-    steady_arrival_rps: float | None = None
-    steady_arrivals: int | None = None
-    steady_completions: int | None = None
-    steady_output_tok_s: float | None = None
-    steady_reason: str | None = None
-    # decided once when the point was read (quantverdict.measure.validity.saturation): completion pace over arrival
-    # pace < 0.9; basis "arrival_pace", "estimated_pace", "too_few_requests", "burst" or "closed_loop". A point
-    # with another basis was recorded before that rule: read it through validity.point_saturation
-    saturated: bool | None = None
-    saturation_ratio: float | None = None
-    saturation_basis: str | None = None
-    valid: bool | None = None
-    invalid_reasons: list[str] | None = None
-    error_samples: list[str] | None = None  # up to three distinct errors of the point's failed requests
-    # the server's /metrics counters around the point, and the point's own repeated prompts
-    prefix_cache_hit_rate: float | None = None
-    prefix_cache_excess_hit_rate: float | None = None  # hits beyond the point's own repeated prompts (judged)
-    prefix_cache_hits: int | None = None
-    prefix_cache_queries: int | None = None
-    prompt_repeat_rate: float | None = None
-    prompt_repeat_tokens: int | None = None
-    server_prompt_tokens: int | None = None
-    server_generation_tokens: int | None = None
-    server_preemptions: int | None = None
-    prompt_tokens_rel_diff: float | None = None
-    generation_tokens_rel_diff: float | None = None
-    client_wall_s: float | None = None
-    client_overhead_s: float | None = None
-    # {"start_s", "end_s"} from the first request sent; end None for a failed request
-    request_times: dict[str, list[float | None]] | None = None
-    result_file: str | None = None
-    # the server start the point came from (1: the job's own; absent in records written before starts were
-    # counted: read as 1, quantverdict.measure.starts.start_index) and that start's place in the time order of the
-    # grid's starts (speed.start_plan.sequence, 1-based)
-    server_start: int | None = None
-    start_order: int | None = None
-    sampling: SamplingParams | None = None
-    gpu: GpuWindow | None = None
-
-
-class LoadLevel(Section):
-    """``speed.summary[i]``: the repeats of one load aggregated (``metrics``: key -> {median, min, max, n})."""
-
-    offered_rate_rps: float | str | None = None
-    concurrency: int | None = None
-    repeats: int | None = None
-    valid_repeats: int | None = None
-    invalid_points: list[str] | None = None
-    saturated_repeats: int | None = None
-    saturated: bool | None = None
-    throughput_basis: str | None = None
-    metrics: dict[str, dict[str, float | int] | None] | None = None  # n (the repeats) an int
 
 
 class GpuSampling(Section):

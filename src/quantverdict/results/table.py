@@ -38,7 +38,7 @@ def _stat(level: LoadLevel, key: str, stat: str = "median") -> float | None:
     """``metrics.<key>.<stat>`` of a load level (None where the level has no such metric)."""
     metrics = level.metrics or {}
     spread = metrics[key] if key in metrics else None
-    return spread[stat] if spread and stat in spread else None
+    return float(getattr(spread, stat)) if spread else None
 
 
 def _levels(rec: JobRecord) -> list[LoadLevel]:
@@ -48,7 +48,7 @@ def _levels(rec: JobRecord) -> list[LoadLevel]:
     if not rec.speed.points:
         return rec.speed.summary
     points = [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
-    return [LoadLevel.model_validate(lv) for lv in sweep.summarize(points, rec.speed.mode or "rate")]
+    return sweep.summarize(points, rec.speed.mode or "rate")
 
 
 def _speed_rows(rec: JobRecord, name: str) -> list[list[str]]:
@@ -249,10 +249,7 @@ def format_table(records: Sequence[JobRecord | dict[str, Any]]) -> str:
             )
         )
         cache = [
-            f"- {_job_name(r)}: {line}"
-            for r in recs
-            for line in [server_metrics.cache_summary([p.to_dict() for p in r.speed.points])]
-            if line
+            f"- {_job_name(r)}: {line}" for r in recs for line in [server_metrics.cache_summary(r.speed.points)] if line
         ]
         if cache:
             out.append(

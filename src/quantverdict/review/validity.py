@@ -63,7 +63,7 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     levels = sweep.summarize(raw, mode)
     sat = [(p, point_checks.point_saturation(q)) for p, q in ok if point_checks.point_saturated(q)]
     words: dict[str, Any] = dict(name=sc_name, n_points=len(raw), n_levels=len(levels), mode=mode, top=top)
-    words |= dict(reps=sorted({lv["repeats"] for lv in levels}), stopped=speed.stopped_before)
+    words |= dict(reps=sorted({lv.repeats or 0 for lv in levels}), stopped=speed.stopped_before)
     words["invalid"] = [point_label(p, mode) for p, q in points if not point_checks.point_valid(q)]
     # the sweep client runs a short window once more (children.sweep_client); one still short is kept, and named
     missed = [p for p, _ in points if p.window_met is False]

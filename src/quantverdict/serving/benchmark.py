@@ -8,7 +8,7 @@ parsed and appended to ``out_dir/sweep.jsonl`` as soon as its files appear, so a
 points already measured. Parsing lives in :mod:`quantverdict.measure.bench_result`.
 
 :func:`bench_command` is the equivalent ``vllm bench serve`` command line of one point, a CLI process per
-point as before: ``pipelines.fidelity`` runs it by hand to check the sweep against the tool people use.
+point as before: ``tools.bench.fidelity`` runs it by hand to check the sweep against the tool people use.
 """
 
 from __future__ import annotations

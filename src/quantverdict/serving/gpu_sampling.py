@@ -21,7 +21,7 @@ from quantverdict.config.schema import Config
 from quantverdict.measure import gpu_samples
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
-from quantverdict.results.record import GpuSampling, GpuWindow, Speed, SweepPoint
+from quantverdict.results.record import GpuSampling, Speed, SweepPoint
 from quantverdict.results.stage_results import GpuSamplerHeader, PointSidecar
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,6 @@ def annotate(speed: Speed, sampled: Sampling) -> None:
         for p in speed.points:
             window = _window(p)
             if window is not None and samples:
-                p.gpu = GpuWindow.model_validate(gpu_samples.window_summary(samples, *window, p.output_tokens_total))
+                p.gpu = gpu_samples.window_summary(samples, *window, p.output_tokens_total)
     except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
         log.exception("could not summarize the GPU samples")

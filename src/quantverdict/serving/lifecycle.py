@@ -134,12 +134,8 @@ def serving(
                 vllm_log.parse(server.log_path.read_text(), activation_quantized)
             )
         speed_validity(rec.speed, cfg.scheme.label, rec.memory.server, activation_quantized)
-        server_log = rec.memory.server
         rec.speed.time_split = sweep_math.time_split(
-            rec.speed.server_start_s,
-            None if server_log.is_empty() else server_log.to_dict(),
-            [p.to_dict() for p in rec.speed.points],
-            rec.speed.sweep_wall_s,
+            rec.speed.server_start_s, rec.memory.server, rec.speed.points, rec.speed.sweep_wall_s
         )
         if hbm:
             add_roofline(rec.speed, rec.model, model_path, hbm)

@@ -570,6 +570,8 @@ class VLLMServer:
 
     def _death(self, rc: int, when: str) -> str:
         """The message for a server process that ended by itself with return code ``rc``."""
+        if self._proc is not None:
+            procs.log_written(self._proc)  # its last lines, the cause among them, may still be in the pipe
         cause = procs.log_root_cause(self.log_path)
         if rc < 0:
             how = f"killed by signal {-rc}"

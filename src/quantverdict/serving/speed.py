@@ -2,8 +2,9 @@
 ceiling) and, where the copy bandwidth was measured, the roofline efficiency at concurrency 1.
 
 Both functions complete the record's typed ``speed`` section in place and never raise: a bug in a summary must not
-turn a finished sweep into a failure, nor hide the sweep's own error. The measure functions they call take plain
-dicts (:mod:`quantverdict.measure` runs in every environment and knows no record model). ``pipelines.bench_gpu``
+turn a finished sweep into a failure, nor hide the sweep's own error. The measure functions they call take the
+sweep's typed points and summaries (:mod:`quantverdict.measure.points`, the models the record's ``speed`` section
+uses). ``tools.bench.bench_gpu``
 also runs :func:`speed_validity` on finished records after re-parsing their server logs.
 """
 
@@ -13,7 +14,7 @@ import logging
 from typing import Any
 
 from quantverdict.measure import bench_result, capacity, kernels, roofline, sweep
-from quantverdict.results.record import LoadLevel, ModelDims, ModelInfo, ServerMemory, Speed, SweepPoint
+from quantverdict.results.record import ModelDims, ModelInfo, ServerMemory, Speed, SweepPoint
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +33,12 @@ def speed_validity(speed: Speed, label: str, server: ServerMemory | None, act_qu
         act_quant: the scheme quantizes activations (``activation_bits < 16``).
     """
     try:
-        parsed = None if server is None or server.is_empty() else server.to_dict()
         mode = speed.mode or "rate"
-        speed.kernel_check = kernels.kernel_check(label, parsed, act_quant)
+        speed.kernel_check = kernels.kernel_check(label, server, act_quant)
         points = [bench_result.rebase_steady(p.to_dict()) for p in speed.points]
-        summary = sweep.summarize(points, mode)
         speed.points = [SweepPoint.model_validate(p) for p in points]
-        speed.summary = [LoadLevel.model_validate(level) for level in summary]
-        speed.sustained_ceiling = capacity.sustained_ceiling(summary, mode)
+        speed.summary = sweep.summarize(speed.points, mode)
+        speed.sustained_ceiling = capacity.sustained_ceiling(speed.summary, mode)
     except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure
         log.exception("could not summarize the speed sweep")
 
@@ -58,7 +57,7 @@ def add_roofline(speed: Speed, model: ModelInfo, model_path: str, hbm: dict[str,
     try:
         tied = bool(ModelDims.of(model.dims).tie_word_embeddings)
         read = roofline.decode_read_bytes(model_path, tied)
-        tpot = roofline.c1_tpot_ms([lv.to_dict() for lv in speed.summary], [p.to_dict() for p in speed.points])
+        tpot = roofline.c1_tpot_ms(speed.summary, speed.points)
         out: dict[str, Any] = {**read, "copy_bytes_per_s": hbm["copy_bytes_per_s"]}
         if tpot:
             out.update(roofline.efficiency(read["decode_bytes"], hbm["copy_bytes_per_s"], tpot))

@@ -1,11 +1,7 @@
-"""``python -m pipelines.bench_gpu --report-only`` as a command: what it cannot read is refused with an exit code and a
-line naming it, and nothing is written. Real processes (the table logic itself: tests/unit/test_bench_gpu.py)."""
+"""``python -m tools.bench.bench_gpu --report-only`` as a command: what it cannot read is refused with an exit code
+and a line naming it, and nothing is written. Real processes (the table logic itself: test_bench_gpu.py beside it)."""
 
 from __future__ import annotations
-
-import pytest
-
-pytestmark = pytest.mark.integration
 
 
 def test_report_only_refuses_what_it_cannot_read(tmp_path) -> None:
@@ -14,7 +10,7 @@ def test_report_only_refuses_what_it_cannot_read(tmp_path) -> None:
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "pipelines.bench_gpu", "--report-only", *args, "--results", str(tmp_path / "res")],
+            [sys.executable, "-m", "tools.bench.bench_gpu", "--report-only", *args, "--results", str(tmp_path / "res")],
             capture_output=True,
             text=True,
         )

@@ -1,4 +1,4 @@
-"""The fidelity check's command (``pipelines.fidelity``) without a GPU: which points a level filter
+"""The fidelity check's command (``tools.bench.fidelity``) without a GPU: which points a level filter
 chooses (and the seed each keeps; only points the job ran), ``--report-only`` on hand-made result files
 (unreadable ones skipped, an earlier error kept), the comparison written after every point, an earlier run's
 files of the chosen points removed, exit code 3 for a run stopped on an error. Only the server and the CLI
@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from pipelines import fidelity
 from quantverdict.config.compose import as_dict, compose
 from quantverdict.measure import sweep_plan
 from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import SweepPoint
+from tools.bench import fidelity
 
 IN_LEN, OUT_LEN, N = 256, 32, 8  # bench=cpu-concurrency: 256 in / 32 out, 8 prompts a point
 
@@ -559,3 +559,15 @@ def test_a_run_with_the_jobs_seeds_counts_the_jobs_repeats_in_its_checks(
     assert "prefix-cache hit rate 12.5% > 1%" in checks["server_invalid_reasons"][0]
     doc = json.loads((out / "fidelity.json").read_text())
     assert [r["by_hand_excess_hit_rate"] for r in doc["rows"]] == [None, None]
+
+
+def test_fidelity_compare_flags_points_outside_five_percent() -> None:
+    job = [{"point": "conc-1_r0", "output_tok_s": 102.0, "ttft_ms_p50": 20.0}]
+    job += [{"point": "conc-16_r0", "output_tok_s": 1060.0, "ttft_ms_p50": 40.0}]
+    hand = [{"point": "conc-1_r0", "output_tok_s": 100.0, "ttft_ms_p50": 21.0, "prefix_cache_hit_rate": 0.0}]
+    hand += [{"point": "conc-16_r0", "output_tok_s": 1000.0, "ttft_ms_p50": 41.0, "prefix_cache_hit_rate": 0.0}]
+    rows = fidelity.compare([SweepPoint.model_validate(p) for p in job], hand)
+    assert [r["within"] for r in rows] == [True, False]  # 2% in, 6% out
+    assert rows[0]["rel_diff"] == pytest.approx(0.02) and rows[1]["rel_diff"] == pytest.approx(0.06)
+    text = fidelity.render(rows)
+    assert "6.0% **> 5%**" in text and "| conc-1_r0 | 102.0 | 100.0 | 2.0% |" in text

@@ -1,8 +1,16 @@
-"""``pipelines.bench_gpu``: the report over finished runs, joining runs (no GPU needed)."""
+"""``tools.bench.bench_gpu``: the report over finished runs, joining runs, re-reading finished records' sweep points
+from their files (no GPU needed)."""
 
 from __future__ import annotations
 
-from pipelines.bench_gpu import run_settings, supersede
+import json
+from pathlib import Path
+
+from quantverdict.config.compose import as_dict, compose
+from quantverdict.measure import bench_result
+from quantverdict.measure.sweep_plan import SweepPoint
+from quantverdict.results.record import JobRecord
+from tools.bench.bench_gpu import reparse_points, run_settings, supersede
 
 
 def _rec(scheme: str, status: str, started: str, finished: str | None = None) -> dict:
@@ -89,7 +97,7 @@ def test_results_header_states_the_settings_the_records_ran_with() -> None:
 
 
 def test_rederive_fills_the_warmup_after_capture_from_the_server_log(tmp_path) -> None:
-    from pipelines.bench_gpu import rederive
+    from tools.bench.bench_gpu import rederive
 
     # a record written before the warm-up was parsed: its split has start 151 s, windows 30 + 30 s, sweep wall 70 s
     split = {"server_start_s": 151.0, "compile_s": 5.0, "graph_capture_s": 3.0, "sweep_wall_s": 70.0}
@@ -110,7 +118,7 @@ def test_rederive_keeps_the_points_a_killed_job_finished(tmp_path) -> None:
     points, but `bench/sweep.jsonl` holds one line per finished point, the last maybe cut mid-write."""
     import json
 
-    from pipelines.bench_gpu import rederive
+    from tools.bench.bench_gpu import rederive
 
     stages = {"quantize": {"status": "ok"}, "benchmark": {"status": "running"}}
     rec = {"status": "running", "stages": stages, "config": {"scheme": {"activation_bits": 16}},
@@ -126,3 +134,60 @@ def test_rederive_keeps_the_points_a_killed_job_finished(tmp_path) -> None:
     # a record that has its points keeps them, whatever sweep.jsonl holds
     kept = {"status": "ok", "config": rec["config"], "speed": {"points": [{"point": "conc-16_r0"}]}}
     assert rederive(kept, tmp_path)["speed"]["points"] == [{"point": "conc-16_r0"}]
+
+
+BEFORE = {
+    "vllm:prefix_cache_queries": 0.0,
+    "vllm:prefix_cache_hits": 0.0,
+    "vllm:prompt_tokens": 0.0,
+    "vllm:generation_tokens": 0.0,
+    "vllm:num_preemptions": 0.0,
+}
+
+
+def _after(queries: int, hits: int, gen: int) -> dict[str, float]:
+    return {**BEFORE, "vllm:prefix_cache_queries": queries, "vllm:prefix_cache_hits": hits,
+            "vllm:prompt_tokens": queries, "vllm:generation_tokens": gen}  # fmt: skip
+
+
+RESULT = {
+    "duration": 4.0, "completed": 4, "num_prompts": 4, "total_input_tokens": 1024, "total_output_tokens": 64,
+    "request_throughput": 1.0, "output_throughput": 16.0, "total_token_throughput": 272.0,
+    "input_lens": [256] * 4, "output_lens": [16] * 4, "ttfts": [0.1] * 4, "itls": [[0.05] * 15] * 4,
+    "latencies": [0.85] * 4, "start_times": [0.0, 1.0, 2.0, 3.0], "errors": [""] * 4,
+    "mean_ttft_ms": 100.0, "median_ttft_ms": 100.0, "p99_ttft_ms": 100.0,
+}  # fmt: skip
+
+
+def _side(hits: int, repeats: dict | None) -> dict:
+    side = {"seed": 3, "wall_s": 5.5, "num_prompts": 4, "attempts": [{"num_prompts": 4, "duration_s": 4.0}],
+            "counters_before": BEFORE, "counters_after": _after(1024, hits, 64)}  # fmt: skip
+    if repeats is not None:
+        side["prompt_repeats"] = repeats
+    return side
+
+
+def test_finished_records_reread_their_points_from_the_bench_folder(tmp_path: Path) -> None:
+    point = SweepPoint("inf", 1, 0)
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / f"{point.name}.json").write_text(json.dumps(RESULT))
+    (bench / f"{point.name}.qv.json").write_text(json.dumps(_side(240, None)))
+    bench_keys = ["bench.concurrencies=[1]", "bench.repeats=1", "bench.output_len=16", "bench.warmup_prompts=0"]
+    cfg = as_dict(compose(["bench=cpu-concurrency", *bench_keys]))
+    old = bench_result.parse_result(RESULT, point, 4, 16)
+    bench_result.add_client_side(old, _side(240, None))
+    old["result_file"] = "/gpu/machine/bench/conc-1_r0.json"
+    rec = JobRecord.view({"config": cfg, "speed": {"points": [old]}})
+    assert not rec.speed.points[0].valid
+    # the sidecar gains the recount (quantverdict.children.recount_repeats), the record is re-derived
+    side = _side(240, {"requests": 4, "prompt_tokens": 1024, "repeated_requests": 1, "repeated_tokens": 256})
+    (bench / f"{point.name}.qv.json").write_text(json.dumps(side))
+    reparse_points(rec, tmp_path)
+    (new,) = rec.speed.points
+    assert new.valid and new.prompt_repeat_rate == 0.25
+    assert new.result_file == "/gpu/machine/bench/conc-1_r0.json"  # where it was written, kept
+    # a record whose job folder has no bench/ files keeps its points as they are
+    rec2 = JobRecord.view({"config": cfg, "speed": {"points": [dict(old)]}})
+    reparse_points(rec2, tmp_path / "elsewhere")
+    assert rec2.speed.points[0].valid is False

@@ -5,7 +5,7 @@ once, each on the GPUs it asks for (``hydra/launcher=ray``: ``conf/hydra/launche
 
     python -m pipelines.run -m hydra/launcher=ray env=gpu bench=gpu-concurrency eval=gpu \
         paths.output_root=/tmp/qvgpu/llama model=llama3.1-8b-shape scheme=bf16,gptq,fp8,w8a8
-    python -m pipelines.bench_gpu --out /tmp/qvgpu/llama /tmp/qvgpu/embedded --results docs/results
+    python -m tools.bench.bench_gpu --out /tmp/qvgpu/llama /tmp/qvgpu/embedded --results docs/results
 
 Results: ``<results>/gpu-<model>.md`` (memory, accuracy, speed, roofline and stage-time tables from the
 records, :func:`quantverdict.results.table.format_table`); each grid also writes its review into its own
@@ -40,7 +40,7 @@ from quantverdict.review.sources import dedupe
 from quantverdict.serving.benchmark import finished_points, parse_point
 from quantverdict.serving.speed import speed_validity
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def reparse_points(rec: JobRecord, job_dir: Path) -> bool:
@@ -182,7 +182,7 @@ def write_results(recs: list[dict], outs: list[Path], results: Path) -> list[Pat
         head = (
             f"# GPU grid: {model} (`make bench-gpu`)\n\n"
             f"- Written {stamp} from {len(model_recs)} job record(s) under {', '.join(f'`{o}`' for o in outs)}.\n"
-            "- Written by `python -m pipelines.bench_gpu` (`make bench-gpu`) from GPU grids "
+            "- Written by `python -m tools.bench.bench_gpu` (`make bench-gpu`) from GPU grids "
             "(random prompts, ignore_eos).\n"
             + "".join(f"- Settings (from the records): {line}.\n" for line in run_settings(model_recs))
             + "\n"

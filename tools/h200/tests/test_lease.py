@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LEASE = ROOT / "tools" / "h200" / "lease.sh"
 
 # a stand-in for the H200 machine's python3: `-m pipelines.run -m ... paths.output_root=R ...` writes two jobs of a
-# grid (an older one first) with a checkpoint that must not come back; `-m pipelines.fidelity RECORD --out D` writes
+# grid (an older one first) with a checkpoint that must not come back; `-m tools.bench.fidelity RECORD --out D` writes
 # which record it was given
 FAKE_PY = r"""#!/usr/bin/env bash
 echo "$*" >> "$QV_LEASE_ROOT/calls"
@@ -36,7 +36,7 @@ if [ "$2" = pipelines.run ]; then
   done
   exit 0
 fi
-if [ "$2" = pipelines.fidelity ]; then
+if [ "$2" = tools.bench.fidelity ]; then
   shift 2; rec="$1"; shift
   [ "$1" = --out ] && mkdir -p "$2" && echo "$rec" > "$2/record_used" && exit 0
 fi

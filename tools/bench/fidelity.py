@@ -1,13 +1,13 @@
 """The fidelity check: ``vllm bench serve`` by hand (the CLI, one process per point) on a fresh server against
 a finished job's checkpoint, the prefix cache reset around each point, printed beside the job's own sweep numbers.
 
-    python -m pipelines.fidelity runs/.../<job>/record.json               # the job's config, a fresh server
-    python -m pipelines.fidelity runs/.../<job>/record.json --port 8799 --tolerance 0.05
-    python -m pipelines.fidelity runs/.../<job>/record.json --repeat 0    # one run per load level
-    python -m pipelines.fidelity runs/.../<job>/record.json --repeat 0 --concurrency 64 --concurrency 256
-    python -m pipelines.fidelity runs/.../<job>/record.json --rate 4 --rate inf   # levels of a rate sweep
-    python -m pipelines.fidelity runs/.../<job>/record.json --report-only # no server: re-read <job>/fidelity
-    python -m pipelines.fidelity runs/.../<job>/record.json --report-only --out DIR --repeat 0  # a run's files
+    python -m tools.bench.fidelity runs/.../<job>/record.json               # the job's config, a fresh server
+    python -m tools.bench.fidelity runs/.../<job>/record.json --port 8799 --tolerance 0.05
+    python -m tools.bench.fidelity runs/.../<job>/record.json --repeat 0    # one run per load level
+    python -m tools.bench.fidelity runs/.../<job>/record.json --repeat 0 --concurrency 64 --concurrency 256
+    python -m tools.bench.fidelity runs/.../<job>/record.json --rate 4 --rate inf   # levels of a rate sweep
+    python -m tools.bench.fidelity runs/.../<job>/record.json --report-only # no server: re-read <job>/fidelity
+    python -m tools.bench.fidelity runs/.../<job>/record.json --report-only --out DIR --repeat 0  # a run's files
 
 The by-hand run uses the points the job ran (its record's ``speed.points``; a job cut short ran part of its
 plan), in the job's order, each with the job's seed (:func:`quantverdict.measure.sweep_plan.point_seed`) and
@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         KeyboardInterrupt: re-raised (as is ``SystemExit``) once ``fidelity.json`` is written as for code 3.
     """
-    ap = argparse.ArgumentParser(prog="python -m pipelines.fidelity", description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.fidelity", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("record", type=Path, help="a finished job's record.json (or its folder)")
     ap.add_argument("--port", type=int, default=None, help="server port (default: the job's bench.server.port)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE, help="allowed |job - by hand| / by hand")
