@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from quantverdict import __version__
 from quantverdict.config.kv import combo_order
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
@@ -53,7 +55,7 @@ KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formu
 
 def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> Scorecard:
     """The scorecard of ``r`` among ``records`` (one per model and scheme); its accuracy baseline is looked for
-    among ``all_records`` (:func:`quantverdict.results.baseline.find_baseline`)."""
+    among ``all_records``."""
     j = r.job
     sc = Scorecard(
         job_id=str(j.id),
@@ -180,10 +182,9 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
 def build_review(
     records: Sequence[JobRecord | dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
 ) -> Review:
-    """The review of ``records`` (dicts are read as :class:`JobRecord` once, here): scorecards, checks, verdicts,
-    regime, flags, cost and the cross-model comparison, as ``review.json``'s document (no plots yet:
-    :func:`write_review` adds them). ``rc`` named ``auto`` becomes the records' device-class set with ``overrides``
-    on top (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
+    """The review of ``records`` as ``review.json``'s document (no plots yet: :func:`write_review` adds them); ``rc``
+    named ``auto`` becomes the records' device-class set with ``overrides`` on top
+    (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
 
     Raises:
         quantverdict.config.schema.ConfigError: an override that makes the picked set invalid.
@@ -290,8 +291,7 @@ def _delta(d: TaskDelta) -> doc.AccuracyDelta:
 
 def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
     """Every ``review.*`` key with its value and where it comes from: the set's file (``conf/review/<name>.yaml``;
-    the schema's defaults for a set built in code), an override, or ``review.target``'s derived budget
-    (:func:`quantverdict.review.constraints.target_budget_gib`)."""
+    the schema's defaults for a set built in code), an override, or ``review.target``'s derived budget."""
     try:
         default, where = constraints.load_set(rc.name), f"{rc.name}.yaml"
     except Exception:  # noqa: BLE001  (a set built in code: compare with the schema's defaults)
@@ -300,29 +300,16 @@ def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
     out = []
     for f in dataclasses.fields(ReviewConfig):
         v, d = getattr(rc, f.name), getattr(default, f.name)
-        source = doc.SettingSource.SET_FILE if v == d else doc.SettingSource.OVERRIDE
+        src = doc.SettingSource.SET_FILE if v == d else doc.SettingSource.OVERRIDE
         if f.name == "memory_budget_gib" and v != d and derived is not None and v == derived:
-            source = doc.SettingSource.TARGET
-        out.append(
-            doc.ConstraintSetting(
-                key=f"review.{f.name}", value=_json(v), source=source, set_file=where, set_file_value=_json(d)
-            )
-        )
+            src = doc.SettingSource.TARGET
+        v, d = (to_jsonable_python(x, inf_nan_mode="null") for x in (v, d))  # tuples as lists, inf as None
+        out.append(doc.ConstraintSetting(key=f"review.{f.name}", value=v, source=src, set_file=where, set_file_value=d))
     return out
 
 
-def _json(v: Any) -> Any:
-    """A config value as JSON: tuples as lists, non-finite floats as None."""
-    if isinstance(v, dict):
-        return {str(k): _json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json(x) for x in v]
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
 def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | None:
-    """Which test judged each delta against its floor (:func:`quantverdict.review.verdict.floor_test_of`), with
-    its item count; None without any delta."""
+    """Which test judged each delta against its floor, with its item count; None without any delta."""
     by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
     for sc in cards:
         for d in sc.accuracy:
@@ -389,16 +376,16 @@ def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     pngs = plots.make_plots(review)
     review.plots = [doc.Plot(name=n, file=f"plots/{n}.png", alt=plots.ALT[n]) for n in pngs]
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
-    texts = {
-        "md": ("review.md", render.markdown(review)),
-        "html": ("review.html", render.html(review, pngs)),
-        "json": ("review.json", json.dumps(to_json(review), indent=2, allow_nan=False)),
-    }
-    paths = {f"plots/{name}.png": out_dir / "plots" / f"{name}.png" for name in pngs}
+    paths: dict[str, Path] = {}
     for name, data in pngs.items():
+        paths[f"plots/{name}.png"] = out_dir / "plots" / f"{name}.png"
         paths[f"plots/{name}.png"].write_bytes(data)
-    for key, (file, text) in texts.items():
-        paths[key] = out_dir / file
+    for key, text in (
+        ("md", render.markdown(review)),
+        ("html", render.html(review, pngs)),
+        ("json", json.dumps(to_json(review), indent=2, allow_nan=False)),
+    ):
+        paths[key] = out_dir / f"review.{key}"
         paths[key].write_text(text)
     return paths
 
@@ -411,10 +398,9 @@ def log_review(
     job_runs: dict[str, str] | None = None,
 ) -> str | None:
     """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints; metrics:
-    per-scheme pass flags; tags: the verdict, :func:`verdict_tags`; artifacts: the files, plots as figures), and each
-    reviewed job's three numbers and its model's verdict on its own run (:func:`_log_job_headlines`; ``records``: the
-    records reviewed, ``job_runs``: output_dir -> run id, else looked up). Returns the run id, None when tracking is
-    disabled."""
+    per-scheme pass flags; tags: :func:`verdict_tags`; artifacts: the files, plots as figures), and each reviewed
+    job's three numbers and verdict on its own run (``job_runs``: output_dir -> run id, else looked up). Returns the
+    run id, None when tracking is disabled."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
@@ -467,10 +453,9 @@ def _verdict_text(v: doc.ModelVerdict) -> str:
 
 
 def verdict_tags(review: Review) -> dict[str, str]:
-    """The review run's verdict as tags: ``verdict`` (every model's, ``<model>: <verdict>`` joined by ``; ``; the
-    runs table's column), and per model ``verdict.<model>`` (the verdict), ``verdict.<model>.scheme`` (the scheme
-    to deploy, or the baseline's when no quantized scheme is chosen) and ``verdict.<model>.sentence`` (the verdict's
-    sentence citing the three numbers). ``quantverdict.verdict`` keeps the joined form for older readers."""
+    """The review run's verdict as tags: ``verdict`` and ``quantverdict.verdict`` (``<model>: <verdict>`` joined by
+    ``; ``), and per model ``verdict.<model>``, ``verdict.<model>.scheme`` (the scheme to deploy) and
+    ``verdict.<model>.sentence``."""
     joined = "; ".join(f"{v.model}: {_verdict_text(v)}" for v in review.verdicts)
     tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
     for v in review.verdicts:
@@ -486,9 +471,8 @@ def verdict_tags(review: Review) -> dict[str, str]:
 def _log_job_headlines(
     client: Any, exp_id: str, rid: str, review: Review, dirs: dict[tuple[str, str], str], runs: dict[str, str]
 ) -> None:
-    """Each reviewed job's three numbers, the grid tag and its model's verdict on its own run (``dirs``: (model,
-    scheme) -> output_dir; ``runs``: output_dir -> run id): tag ``verdict`` (the model's, as :func:`verdict_tags`
-    words it) and ``verdict.chosen`` (``yes`` on the run of the scheme the verdict names, else ``no``)."""
+    """Each reviewed job's three numbers, the grid tag and its model's verdict (tags ``verdict``, ``verdict.chosen``:
+    ``yes``/``no``) on its own run (``dirs``: (model, scheme) -> output_dir; ``runs``: output_dir -> run id)."""
     reviews = {
         r.info.run_id
         for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
@@ -504,8 +488,7 @@ def _log_job_headlines(
 
 
 def _job_runs_by_dir(client: Any, exp_id: str, dirs: dict[tuple[str, str], str]) -> dict[str, str]:
-    """The job runs of the reviewed records (their ``output_dir`` tag among ``dirs``' values): output_dir -> run id;
-    of several runs of one folder (a job run again into it), the newest."""
+    """output_dir -> run id of the reviewed records' job runs; of several runs of one folder, the newest."""
     wanted = set(dirs.values())
     out: dict[str, tuple[int, str]] = {}
     for run in sources.job_runs(client, exp_id):
@@ -540,8 +523,8 @@ def run_review(
     overrides: list[str] | None = None,
 ) -> tuple[Review, dict[str, Path]]:
     """Read the records of ``source`` (a folder, or an MLflow experiment at ``tracking.uri``), build the review,
-    write it into ``out_dir`` (default :func:`default_out_dir`) and, with ``rc.log_to_mlflow`` and ``tracking``, log it.
-    The records' own store and ``source`` are never written.
+    write it into ``out_dir`` (default :func:`default_out_dir`) and, with ``rc.log_to_mlflow`` and ``tracking``, log
+    it; ``source`` is never written.
 
     Raises:
         FileNotFoundError: no record in ``source``.

@@ -1,11 +1,6 @@
 """``review.json``: the review as a typed document (:class:`Review`, what
-:func:`quantverdict.review.core.build_review` returns), and its JSON schema (``docs/schema/review.schema.json``).
-
-Every decision is a field (enums, kinds, thresholds, outcomes), the three numbers carry their units in their names,
-and the sentences the review prints sit beside the fields, never instead of them. ``review.md``, ``review.html``,
-the plots and the MLflow run are made from this document alone (:mod:`quantverdict.review.render`). The models
-refuse unknown keys and non-finite floats; ``make schema`` writes the schema (:func:`write_schema`), which a unit
-test holds equal to :func:`schema_text`.
+:func:`quantverdict.review.core.build_review` returns), and its JSON schema (``docs/schema/review.schema.json``,
+written by ``make schema``). Every decision is a field; the sentences the review prints sit beside the fields.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -35,18 +29,14 @@ SCHEMA_VERSION: Final = 4
 SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
 
 
-def _not_nan(v: float) -> float:
-    if math.isnan(v):
-        raise ValueError("a load level is a number or inf")
-    return v
+def _gb(v: float | None) -> float | None:
+    return None if v is None else v / 1e9
 
 
-# a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); math.inf for an unlimited rate, written
-# "inf" (strict JSON)
+# a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); math.inf (JSON "inf") for an unlimited rate
 Load = Annotated[
     float,
     Field(allow_inf_nan=True),
-    AfterValidator(_not_nan),
     BeforeValidator(lambda v: math.inf if v == "inf" else v),
     PlainSerializer(lambda v: "inf" if math.isinf(v) else v),
     WithJsonSchema({"anyOf": [{"type": "number"}, {"const": "inf", "type": "string"}]}),
@@ -61,9 +51,6 @@ class _Strict(BaseModel):
     )
 
 
-# --- enums ------------------------------------------------------------------------------------------
-
-
 class ConstraintKind(StrEnum):
     """The three constraints a scheme is checked against (:mod:`quantverdict.review.verdict`)."""
 
@@ -73,12 +60,9 @@ class ConstraintKind(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How a check or one of its criteria came out.
-
-    ``pass`` / ``fail``: judged; ``unknown``: could not be judged (a number is missing or the comparison cannot be
-    made), which never lets a scheme be chosen; ``off``: no limit set for this constraint; ``not_applicable``:
-    accuracy of a model with random weights (never blocks).
-    """
+    """How a check or one of its criteria came out: ``pass`` / ``fail``: judged; ``unknown``: could not be judged (a
+    number is missing or the comparison cannot be made), which never lets a scheme be chosen; ``off``: no limit set for
+    this constraint; ``not_applicable``: accuracy of a model with random weights (never blocks)."""
 
     PASS = "pass"
     FAIL = "fail"
@@ -98,15 +82,13 @@ class Decision(StrEnum):
 
 
 class CriterionMetric(StrEnum):
-    """The number a criterion holds against a limit (the ``review.*`` key it comes from in brackets).
-
-    ``need_gib`` (``memory_budget_gib``): weights + KV cache + recurrent state + reserve, GiB;
-    ``recovery_pct`` (``min_recovery_pct``): ``100 · score / baseline``; ``perplexity_increase_pct``
-    (``max_perplexity_increase_pct``): ``100 · (ppl / baseline - 1)``; ``mean_kld_nats`` (``max_mean_kld``);
-    ``top1_agreement_pct`` (``min_top1_agreement_pct``); ``slo_attainment_pct`` (``slo_attainment_pct``): share of
-    requests meeting every latency objective at the stated load; ``ttft_ms_p99`` / ``itl_ms_p99`` (same keys):
-    p99s at the stated load, for records without per-request data; ``ceiling_rps`` (``load_rps``): the sustained
-    ceiling must reach the stated rate.
+    """The number a criterion holds against a limit (the ``review.*`` key it comes from in brackets): ``need_gib``
+    (``memory_budget_gib``): weights + KV cache + recurrent state + reserve, GiB; ``recovery_pct``
+    (``min_recovery_pct``): ``100 · score / baseline``; ``perplexity_increase_pct`` (``max_perplexity_increase_pct``):
+    ``100 · (ppl / baseline - 1)``; ``mean_kld_nats`` (``max_mean_kld``); ``top1_agreement_pct``
+    (``min_top1_agreement_pct``); ``slo_attainment_pct`` (``slo_attainment_pct``): share of requests meeting every
+    latency objective at the stated load; ``ttft_ms_p99`` / ``itl_ms_p99`` (same keys): p99s at the stated load, for
+    records without per-request data; ``ceiling_rps`` (``load_rps``): the sustained ceiling must reach the stated rate.
     """
 
     NEED_GIB = "need_gib"
@@ -121,14 +103,11 @@ class CriterionMetric(StrEnum):
 
 
 class PassReason(StrEnum):
-    """Why a quantized scheme was not the one chosen.
-
-    ``job_failed`` / ``job_interrupted`` / ``job_not_finished``: its job did not finish ok; ``fails_constraint``: it
-    fails a check (``fails``); ``not_checked``: a check could not be made (``not_checked``); and for a scheme that
-    passes every check: ``not_needed`` (the baseline meets every constraint), ``more_aggressive`` (a less aggressive
-    scheme meets them), ``slower_same_tier`` (one of its tier with a lower E2E p50 at the load does), ``no_verdict``
-    (no verdict: the baseline is missing or was not checked).
-    """
+    """Why a quantized scheme was not the one chosen: ``job_failed`` / ``job_interrupted`` / ``job_not_finished``: its
+    job did not finish ok; ``fails_constraint``: it fails a check (``fails``); ``not_checked``: a check could not be
+    made (``not_checked``); and for a scheme that passes every check: ``not_needed`` (the baseline meets every
+    constraint), ``more_aggressive`` (a less aggressive scheme meets them), ``slower_same_tier`` (one of its tier with a
+    lower E2E p50 at the load does), ``no_verdict`` (no verdict: the baseline is missing or was not checked)."""
 
     JOB_FAILED = "job_failed"
     JOB_INTERRUPTED = "job_interrupted"
@@ -206,9 +185,6 @@ class PairedVerdict(StrEnum):
     NO_DIFFERENCE = "no difference established"
 
 
-# --- small parts -------------------------------------------------------------------------------------
-
-
 class Tool(_Strict):
     name: str
     version: str
@@ -233,13 +209,8 @@ class Interval(_Strict):
 
 
 class Criterion(_Strict):
-    """One limit a check held one number against.
-
-    ``observed`` is the measured value; ``judged`` the value held against ``threshold`` (the observed value under
-    the point test; under the interval test the interval's end nearest to passing); ``comparison`` is what
-    ``judged`` must satisfy to pass (``<=`` or ``>=`` ``threshold``). ``observed`` and ``judged`` are None when the
-    number is missing (``outcome`` ``unknown``).
-    """
+    """One limit a check held one number against: ``judged`` (``observed`` under the point test, the interval's end
+    nearest to passing under the interval test) must satisfy ``comparison`` ``threshold``; both None when missing."""
 
     metric: CriterionMetric
     subject: str = Field(description="what the number is of: the task and metric, or the load level; '' for memory")
@@ -283,9 +254,6 @@ class Flag(_Strict):
     message: str
 
 
-# --- per model: the decision -------------------------------------------------------------------------
-
-
 class PassedOver(_Strict):
     """A quantized scheme that was not chosen, and why (``criteria``: the limits it fails or could not be
     held against, with threshold and observed value)."""
@@ -315,13 +283,9 @@ class KvLever(_Strict):
 
 
 class ModelVerdict(_Strict):
-    """The decision for one model.
-
-    ``chosen_scheme`` is the scheme to deploy: the baseline for ``do not quantize``, the chosen scheme for
-    ``quantize``, None otherwise. ``binding``: the constraints the baseline fails. ``accuracy_not_measured``: why
-    accuracy was not measured (a model with random weights; the decision then rests on memory and latency alone),
-    ``""`` when it was.
-    """
+    """The decision for one model. ``chosen_scheme``: the scheme to deploy (the baseline for ``do not quantize``),
+    None unless ``quantize`` or ``do not quantize``; ``binding``: the constraints the baseline fails;
+    ``accuracy_not_measured``: why accuracy was not measured (random weights), ``""`` when it was."""
 
     model: str
     decision: Decision
@@ -343,9 +307,6 @@ class ModelVerdict(_Strict):
     others: list[str]
 
 
-# --- per scheme: the three numbers ---------------------------------------------------------------------
-
-
 class HybridPaging(_Strict):
     """How vLLM pages a hybrid model (:func:`quantverdict.measure.kv_cache.hybrid_paging`)."""
 
@@ -356,10 +317,8 @@ class HybridPaging(_Strict):
 
 
 class Memory(_Strict):
-    """The memory the scheme needs for the stated capacity (GiB = 2^30 bytes) and what vLLM reported.
-
-    ``need_gib = weights_gib + kv_needed_gib + state_needed_gib + reserved_gib``
-    (:func:`quantverdict.review.memory.memory_summary`).
+    """The memory the scheme needs for the stated capacity (GiB = 2^30 bytes) and what vLLM reported:
+    ``need_gib = weights_gib + kv_needed_gib + state_needed_gib + reserved_gib`` (:mod:`quantverdict.review.memory`).
     """
 
     need_gib: float | None
@@ -428,7 +387,6 @@ class KldFigures(_Strict):
 
 class AccuracyDelta(_Strict):
     """One accuracy comparison against the baseline (:class:`quantverdict.review.scorecard.TaskDelta`).
-
     ``score``: ``delta = value - baseline`` (absolute), ``recovery_pct = 100 · value / baseline``;
     ``perplexity``: ``delta_pct = 100 · (value / baseline - 1)``; ``kld``: metric ``mean_kld`` (nats, baseline 0,
     ``delta`` = the mean KLD) or ``top1_agreement_pct`` (baseline 100, ``recovery_pct`` = the agreement), or
@@ -543,6 +501,18 @@ class Roofline(_Strict):
     efficiency: float | None = None
     achieved_bytes_per_s: float | None = None
     note: str | None = None
+
+    @property
+    def decode_gb(self) -> float | None:
+        return _gb(self.decode_bytes)
+
+    @property
+    def copy_gb_per_s(self) -> float | None:
+        return _gb(self.copy_bytes_per_s)
+
+    @property
+    def achieved_gb_per_s(self) -> float | None:
+        return _gb(self.achieved_bytes_per_s)
 
 
 class SpeedPoint(_Strict):
@@ -675,15 +645,9 @@ class Scheme(_Strict):
     validity: list[str]
 
 
-# --- regime --------------------------------------------------------------------------------------------
-
-
 class RegimeClaim(_Strict):
-    """One regime claim, at low load or at saturation (:func:`quantverdict.review.verdict.regime_side`).
-
-    ``speedup`` > 1 is faster; ``low``/``high``: its 95% interval (paired t) or min-max range (None for one run);
-    ``pairs``, ``load`` and ``metric`` for a paired test; ``word``: the verdict as said.
-    """
+    """One regime claim, at low load or at saturation (:func:`quantverdict.review.verdict.regime_side`): ``speedup``
+    > 1 is faster; ``low``/``high``: its 95% interval (paired t) or min-max range (None for one run)."""
 
     rule: RegimeRule
     speedup: float
@@ -733,9 +697,6 @@ class Regime(_Strict):
     saturation_not_compared: str | None
     paired: list[PairedSpeedup]
     reading: RegimeReading
-
-
-# --- cost and cross-model ------------------------------------------------------------------------------
 
 
 class SchemeCost(_Strict):
@@ -818,11 +779,10 @@ class DecodeFit(_Strict):
 
 class SpeedVsBytes(_Strict):
     """A candidate's ceiling against the reference's, and the ratio predicted from bytes per decode step
-    (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode is memory-bound).
-
-    ``measured_ratio`` = ceiling / the reference's; ``predicted_ratio`` = the reference's bytes per step / the
-    candidate's (``bytes_vs_reference`` its inverse); ``by_weights_ratio``: the same from all the weights (None
-    where the bytes per step already are the weights)."""
+    (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode is memory-bound): ``measured_ratio`` =
+    ceiling / the reference's; ``predicted_ratio`` = the reference's bytes per step / the candidate's
+    (``bytes_vs_reference`` its inverse); ``by_weights_ratio``: the same from all the weights (None where the bytes per
+    step already are the weights)."""
 
     measured_ratio: float
     predicted_ratio: float
@@ -871,6 +831,10 @@ class Candidate(_Strict):
     eligible: bool
     why_not: list[str]
     flags: list[str]
+
+    @property
+    def step_gb(self) -> float | None:
+        return _gb(self.step_bytes)
 
 
 class PairedAcross(_Strict):
@@ -935,9 +899,6 @@ class CrossModelError(_Strict):
     error: str
 
 
-# --- what the pages show besides the decision ------------------------------------------------------------
-
-
 class JobCounts(_Strict):
     total: int
     finished: int
@@ -979,9 +940,6 @@ class Plot(_Strict):
     name: str
     file: str = Field(description="beside review.md: plots/<name>.png")
     alt: str
-
-
-# --- the document --------------------------------------------------------------------------------------
 
 
 class Review(_Strict):

@@ -75,11 +75,6 @@ def _load_axis(ax: Any, pos: dict[float, float], cards: list[Scheme]) -> None:
         ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
 
 
-def _stacked(n: int, height: float) -> tuple[Any, list[Any]]:
-    fig, axes = plt.subplots(n, 1, figsize=(8.5, height * n), squeeze=False)
-    return fig, list(axes[:, 0])
-
-
 def _finish(ax: Any, title: str, model: str | None, **grid: Any) -> None:
     """Title (``<model>: `` first in a figure of a panel per model), grid, legend outside the data."""
     ax.set_title(f"{model}: {title}" if model else title, fontsize=10)
@@ -98,8 +93,8 @@ def speed_ratio_figure(review: Review) -> Any:
             panels.append((model, base, curves))
     if not panels:
         return None
-    fig, axes = _stacked(len(panels), 4.2)
-    for ax, (model, base, curves) in zip(axes, panels):
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.2 * len(panels)), squeeze=False)
+    for ax, (model, base, curves) in zip(axes[:, 0], panels):
         pos = _positions([base] + [sc for sc, _ in curves])
         for i, (sc, curve) in enumerate(curves):
             lo = [r.value - r.low if r.low is not None else 0.0 for r in curve]
@@ -137,8 +132,8 @@ def pareto_figure(review: Review) -> Any:
     panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in _of(review, m) if _pareto_points(sc)])]
     if not panels:
         return None
-    fig, axes = _stacked(len(panels), 4.6)
-    for ax, (model, cards) in zip(axes, panels):
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.6 * len(panels)), squeeze=False)
+    for ax, (model, cards) in zip(axes[:, 0], panels):
         everything: list[tuple[float, float]] = []
         for i, sc in enumerate(cards):
             pts = _pareto_points(sc)

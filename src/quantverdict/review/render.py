@@ -8,7 +8,6 @@ base64 PNGs, nothing loaded from outside). The filters here only format: every n
 from __future__ import annotations
 
 import base64
-import math
 import re
 from collections.abc import Mapping
 from functools import cache
@@ -26,13 +25,6 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 def usd(v: float | None) -> str:
     """``$0.057`` under a dollar, ``$1.25`` from one; ``–`` for None."""
     return DASH if v is None else f"${v:,.3f}" if v < 1 else f"${v:,.2f}"
-
-
-def scaled(v: float | None, by: float, fmt: str = ".2f", suffix: str = "") -> str:
-    """``v / by`` in ``fmt``: a unit change for display (bytes as GB: ``by=1e9``; a fraction as %: ``by=0.01``)."""
-    if v is None or not math.isfinite(v):
-        return DASH
-    return f"{v / by:{fmt}}{suffix}"
 
 
 def interval(low: float | None, high: float | None, fmt: str = "+.3f", sep: str = ", ") -> str:
@@ -79,9 +71,7 @@ def environment(fmt: str) -> Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(
-        num=number, usd=usd, scaled=scaled, interval=interval, value=value, md_cell=md_cell, oneline=oneline
-    )
+    env.filters.update(num=number, usd=usd, interval=interval, value=value, md_cell=md_cell, oneline=oneline)
     env.filters["inline"] = inline if fmt == "html" else str
     env.globals["fmt"] = fmt
     return env
