@@ -56,10 +56,7 @@ COUNTED: dict[str, tuple[int, str]] = {
         "starts",
     ),
     "orchestrate/caches.py": (14, "cache entries' files and the model config's keys that make up a cache key"),
-    "results/record.py": (
-        4,
-        "the model's own accessors of the JSON objects it keeps as written (config, task metrics) and os.environ",
-    ),
+    "results/record.py": (2, "a task's metrics by lm-eval's name (TaskResult.metric) and os.environ"),
     "results/tracking.py": (4, "MLflow's experiment and run tags"),
     "serving/benchmark.py": (1, "vLLM's benchmark result JSON, before it is parsed into a point"),
     "serving/gpu_sampling.py": (1, "the config's env_vars (CUDA_VISIBLE_DEVICES)"),

@@ -92,7 +92,7 @@ def rederive(rec: dict, job_dir: Path) -> dict:
             speed.points = [SweepPoint.model_validate(p) for p in done]
     reread = reparse_points(typed, job_dir)
     log_path = job_dir / "vllm_server.log"
-    act = int(typed.cfg("scheme").get("activation_bits", 16)) < 16  # the job's config
+    act = (typed.cfg.scheme.activation_bits or 16) < 16  # the job's config
     if log_path.is_file():
         typed.memory.server = ServerMemory.model_validate(vllm_log.parse(log_path.read_text(errors="replace"), act))
     if speed.points and (reread or log_path.is_file()):
@@ -150,20 +150,20 @@ def run_settings(recs: list[dict]) -> list[str]:
     lines: dict[str, list[str]] = {}
     for rec in recs:
         head = JobRecord.view(rec, only=HEAD_SECTIONS)
-        bench, ev = head.cfg("bench"), head.cfg("eval")  # the job's resolved config, as the record keeps it
-        if bench.get("enabled", True):
-            load = bench.get("concurrencies") if bench.get("mode") == "concurrency" else bench.get("rates")
+        bench, ev = head.cfg.bench, head.cfg.eval  # the job's resolved config, as the record keeps it
+        if bench.enabled is not False:
+            load = bench.concurrencies if bench.mode == "concurrency" else bench.rates
             sweep = (
-                f"bench={bench.get('name', '?')}: {bench.get('mode', '?')} {', '.join(map(str, load or []))}, "
-                f"repeats {bench.get('repeats', 1)}, "
-                f"{bench.get('input_len', '?')} in / {bench.get('output_len', '?')} out"
+                f"bench={bench.name or '?'}: {bench.mode or '?'} {', '.join(map(str, load or []))}, "
+                f"repeats {bench.repeats or 1}, "
+                f"{bench.input_len or '?'} in / {bench.output_len or '?'} out"
             )
         else:
             sweep = "bench disabled"
         if head.stage("evaluate").status == "not_applicable":
             evaluation = "eval not applicable (random weights)"  # enabled in the config, skipped by the job
-        elif ev.get("enabled"):
-            evaluation = f"eval={ev.get('name', '?')} ({ev.get('backend', 'vllm')} backend)"
+        elif ev.enabled:
+            evaluation = f"eval={ev.name or '?'} ({ev.backend or 'vllm'} backend)"
         else:
             evaluation = "eval disabled"
         lines.setdefault(f"{sweep}; {evaluation}", []).append(head.job.scheme or "?")

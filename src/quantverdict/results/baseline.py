@@ -59,7 +59,7 @@ def has_accuracy(rec: JobRecord) -> bool:
 
 def baseline_scheme(rec: JobRecord) -> str:
     """The scheme ``rec``'s accuracy and speed are compared with: ``config.baseline_scheme``, default bf16."""
-    return str(rec.config["baseline_scheme"]) if "baseline_scheme" in rec.config else "bf16"
+    return rec.cfg.baseline_scheme or "bf16"
 
 
 def baseline_candidates(rec: AnyRecord, records: Sequence[AnyRecord]) -> list[AnyRecord]:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from quantverdict import RECORD_SCHEMA_VERSION, __version__
 from quantverdict.measure.points import Block as Block
@@ -623,6 +623,97 @@ class Checkpoint(Section):
     wall_s: float | None = None
 
 
+class SnapshotBlock(Block):
+    """A section of ``config``, the job's resolved config as the record keeps it (a snapshot of
+    :class:`quantverdict.config.schema.Config`), read-only, through the keys the readers use; a key an older
+    config lacks reads None, a key it holds that this view does not name passes unread. Null reads as empty."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_empty(cls, data: Any) -> Any:
+        return {} if data is None else data
+
+
+class ServerSnapshot(SnapshotBlock):
+    """``config.bench.server``: the vLLM server's settings (:class:`quantverdict.config.schema.ServerConfig`)."""
+
+    dtype: str | None = None  # --dtype: auto | bfloat16 | float16 | float32
+    kv_cache_dtype: str | None = None  # auto | fp8 ...
+    tensor_parallel_size: int | None = None
+    gpu_memory_utilization: float | None = None  # share of GPU memory vLLM may use, 0..1
+    max_model_len: int | None = None  # tokens; None: config.model.max_model_len
+    max_num_seqs: int | None = None
+    extra_args: list[str | int | float] | None = None  # more `vllm serve` arguments, as written
+
+
+class BenchSnapshot(SnapshotBlock):
+    """``config.bench``: the speed sweep's settings (:class:`quantverdict.config.schema.BenchConfig`)."""
+
+    name: str | None = None
+    enabled: bool | None = None
+    mode: str | None = None  # rate | concurrency
+    rates: list[int | float] | None = None  # offered req/s as written (inf: unlimited)
+    concurrencies: list[int] | None = None  # requests in flight
+    repeats: int | None = None
+    input_len: int | None = None  # prompt tokens per request
+    output_len: int | None = None  # generated tokens per request
+    server: ServerSnapshot = Field(default_factory=ServerSnapshot)
+
+
+class ModelSnapshot(SnapshotBlock):
+    """``config.model`` (:class:`quantverdict.config.schema.ModelConfig`)."""
+
+    name: str | None = None
+    source: str | None = None  # hf | local | gguf | pypi_gguf | synthetic
+    dtype: str | None = None
+    max_model_len: int | None = None  # tokens
+    baseline_note: str | None = None
+    serve_args: list[str | int | float] | None = None  # `vllm serve` arguments the model needs, as written
+
+
+class SchemeSnapshot(SnapshotBlock):
+    """``config.scheme`` (:class:`quantverdict.config.schema.SchemeConfig`)."""
+
+    name: str | None = None
+    weight_bits: int | None = None
+    activation_bits: int | None = None
+
+
+class EvalSnapshot(SnapshotBlock):
+    """``config.eval`` (:class:`quantverdict.config.schema.EvalConfig`); ``headline``: task -> metric."""
+
+    name: str | None = None
+    enabled: bool | None = None
+    backend: str | None = None  # hf | vllm
+    headline: dict[str, str] | None = None
+
+
+class KvSnapshot(SnapshotBlock):
+    """``config.kv`` (:class:`quantverdict.config.schema.KvConfig`)."""
+
+    name: str | None = None  # auto | fp8 | fp8-calibrated ...
+
+
+class EnvSnapshot(SnapshotBlock):
+    """``config.env`` (:class:`quantverdict.config.schema.EnvConfig`)."""
+
+    device: str | None = None  # cpu | cuda
+
+
+class ConfigSnapshot(SnapshotBlock):
+    """``config``: the job's resolved config, typed where the readers read it (:attr:`JobRecord.cfg`)."""
+
+    baseline_scheme: str | None = None
+    model: ModelSnapshot = Field(default_factory=ModelSnapshot)
+    scheme: SchemeSnapshot = Field(default_factory=SchemeSnapshot)
+    eval: EvalSnapshot = Field(default_factory=EvalSnapshot)
+    bench: BenchSnapshot = Field(default_factory=BenchSnapshot)
+    kv: KvSnapshot = Field(default_factory=KvSnapshot)
+    env: EnvSnapshot = Field(default_factory=EnvSnapshot)
+
+
 class JobRecord(Section):
     """One job's record, typed (the current schema version; older ones migrated on read). ``config`` is the job's
     resolved config (a JSON object; :func:`quantverdict.config.compose.job_config` types it); ``status`` is
@@ -679,15 +770,18 @@ class JobRecord(Section):
         """``stages.<name>`` (an empty :class:`Stage`, status None, when the record has no such stage)."""
         return self.stages[name] if name in self.stages else Stage()
 
-    def cfg(self, section: str) -> JsonObject:
-        """``config.<section>`` of the config snapshot (``{}`` when absent or null)."""
-        value = self.config.get(section)
-        return value if isinstance(value, dict) else {}
+    @property
+    def cfg(self) -> ConfigSnapshot:
+        """``config`` typed, read-only (:class:`ConfigSnapshot`; the record keeps the JSON object as written).
+
+        Raises:
+            pydantic.ValidationError: a key the view names holds a value of the wrong type.
+        """
+        return ConfigSnapshot.model_validate(self.config)
 
     def headline(self) -> dict[str, str]:
         """``config.eval.headline``: the metric the config picked per task (``{}`` where it picks none)."""
-        picked = self.cfg("eval").get("headline")
-        return {str(k): str(v) for k, v in picked.items()} if isinstance(picked, dict) else {}
+        return dict(self.cfg.eval.headline or {})
 
     @property
     def server(self) -> ServerMemory:

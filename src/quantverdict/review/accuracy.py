@@ -210,11 +210,11 @@ def accuracy_section(
     reason = eval_mismatch(rec, base)
     if reason:
         return [], reason, []
-    headline = rec.cfg("eval").get("headline")  # a config section without a typed model in the record
+    headline = rec.headline()
     out: list[TaskDelta] = []
     btasks = base.accuracy.tasks
     for task, res in rec.accuracy.tasks.items():
-        metric, higher = headline_of(task, headline if isinstance(headline, dict) else {}, res)
+        metric, higher = headline_of(task, headline, res)
         v, b = res.metric(metric), (btasks[task].metric(metric) if task in btasks else None)
         if v is None or b is None:
             missing.append(f"{task}: no baseline value of the headline metric")

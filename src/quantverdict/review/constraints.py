@@ -35,8 +35,8 @@ def _conf_dir() -> Path:
 
 
 def record_device(rec: JobRecord) -> str | None:
-    """``gpu`` when ``environment.gpu`` lists one, else ``config.env.device`` (untyped config) as ``gpu`` or ``cpu``."""
-    device = "gpu" if rec.environment.gpu else str(rec.cfg("env").get("device"))
+    """``gpu`` when ``environment.gpu`` lists one, else ``config.env.device`` as ``gpu`` or ``cpu``."""
+    device = "gpu" if rec.environment.gpu else str(rec.cfg.env.device)
     return "gpu" if device in ("cuda", "gpu") else "cpu" if device == "cpu" else None
 
 

@@ -167,9 +167,9 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
             "the memory check uses the latter",
         )
     if sc.is_baseline:
-        model_cfg = r.cfg("model")
-        note = r.model.baseline_note or model_cfg.get("baseline_note") or ""
-        if model_cfg.get("source") in ("gguf", "pypi_gguf") or "gguf" in note.lower():
+        model_cfg = r.cfg.model
+        note = r.model.baseline_note or model_cfg.baseline_note or ""
+        if model_cfg.source in ("gguf", "pypi_gguf") or "gguf" in note.lower():
             flag(
                 FlagCode.GGUF_BASELINE,
                 f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
@@ -355,9 +355,9 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
 
 def _activation_quantized(rec: JobRecord) -> bool:
     """From ``config.scheme.activation_bits`` (< 16), else the scheme label (``A8``, ``FP8``)."""
-    bits = rec.cfg("scheme").get("activation_bits")
+    bits = rec.cfg.scheme.activation_bits
     label = str(rec.job.scheme_label or "").upper()
-    return int(bits) < 16 if bits is not None else "FP8" in label or "A8" in label
+    return bits < 16 if bits is not None else "FP8" in label or "A8" in label
 
 
 def to_json(review: Review) -> dict[str, Any]:

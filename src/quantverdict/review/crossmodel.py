@@ -68,8 +68,7 @@ def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
 
 
 def _serve_args(rec: JobRecord) -> list[Any]:
-    extra, model = _server(rec).get("extra_args"), rec.cfg("model").get("serve_args")
-    return [*(extra if isinstance(extra, list) else []), *(model if isinstance(model, list) else [])]
+    return [*(_server(rec).extra_args or []), *(rec.cfg.model.serve_args or [])]
 
 
 def _gpus(rec: JobRecord) -> list[GpuInfo]:
@@ -78,7 +77,7 @@ def _gpus(rec: JobRecord) -> list[GpuInfo]:
 
 def _run_budget_gib(rec: JobRecord) -> float | None:
     """``gpu_memory_utilization x GPU memory`` (GiB) where the job ran."""
-    gpus, util = _gpus(rec), _server(rec).get("gpu_memory_utilization")
+    gpus, util = _gpus(rec), _server(rec).gpu_memory_utilization
     return float(util) * float(gpus[0].memory_total_mib or 0) / 1024 if gpus and util else None
 
 
@@ -145,7 +144,7 @@ def _target_fit(
 
 
 def _max_model_len(rec: JobRecord) -> int | None:
-    n = _server(rec).get("max_model_len") or rec.cfg("model").get("max_model_len")
+    n = _server(rec).max_model_len or rec.cfg.model.max_model_len
     return int(n) if n else None
 
 
@@ -180,7 +179,7 @@ def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits
     if not gpus:
         return None, []
     ran = vllm_batch_defaults(str(gpus[0].name or ""), float(gpus[0].memory_total_mib or 0) / 1024)
-    seqs = int(_server(rec).get("max_num_seqs") or vllm_int_arg(args, "--max-num-seqs") or ran[0])
+    seqs = int(_server(rec).max_num_seqs or vllm_int_arg(args, "--max-num-seqs") or ran[0])
     tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
     want = vllm_batch_defaults(target.gpu, target.memory_gib)
     batch = doc.BatchLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, target=list(want))
@@ -199,9 +198,9 @@ def _scores(card: Scorecard, rec: JobRecord) -> dict[str, doc.TaskScore]:
     if card.accuracy_not_applicable:
         return {}
     found: dict[str, tuple[str, float, int | None]] = {}
-    headline = rec.cfg("eval").get("headline")
+    headline = rec.headline()
     for task, res in rec.accuracy.tasks.items():
-        metric, higher = headline_of(task, headline if isinstance(headline, dict) else {}, res)
+        metric, higher = headline_of(task, headline, res)
         v = res.metric(metric)
         # the ranking's scores are higher-is-better; lower-is-better metrics other than perplexity aside
         if (higher or "perplexity" in metric) and isinstance(v, (int, float)):

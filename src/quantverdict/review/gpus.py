@@ -6,7 +6,7 @@ import re
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
-from quantverdict.results.record import JobRecord
+from quantverdict.results.record import JobRecord, ModelDims
 from quantverdict.review.document import Memory
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor
@@ -19,7 +19,7 @@ def job_gpus(rec: JobRecord) -> int:
     """GPUs a job's server used: ``environment.gpus_used``, else its ``bench.server.tensor_parallel_size``, else 1."""
     if rec.environment.gpus_used:
         return rec.environment.gpus_used
-    return int((rec.cfg("bench").get("server") or {}).get("tensor_parallel_size") or 1)
+    return int(rec.cfg.bench.server.tensor_parallel_size or 1)
 
 
 def gpu_kind_matches(kind: str, name: str) -> bool:
@@ -32,7 +32,7 @@ def gpu_kind_matches(kind: str, name: str) -> bool:
 
 def on_gpu(rec: JobRecord) -> bool:
     """Whether the job ran on a GPU (``environment.device`` or ``config.env.device`` is cuda)."""
-    return (rec.environment.device or rec.cfg("env").get("device")) == "cuda"
+    return (rec.environment.device or rec.cfg.env.device) == "cuda"
 
 
 def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
@@ -54,7 +54,7 @@ def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewCo
         m, used = sc.memory, job_gpus(rec)
         weights = whole_weights_gib(m, used)
         kv = None if m.kv_needed_gib is None else float(m.kv_needed_gib) + float(m.state_needed_gib or 0)
-        heads = int((rec.model.dims or {}).get("num_key_value_heads") or 1)  # model.dims is untyped (config.json)
+        heads = int(ModelDims.of(rec.model.dims).num_key_value_heads or 1)
         needed = None
         if weights is not None and kv is not None and rc.memory_budget_gib:
             needed = gpus_needed(weights, kv, heads, rc.memory_budget_gib, rc.reserved_gib, TP_SIZES)

@@ -1,6 +1,6 @@
 """Memory of a scheme in GiB: weights, KV cache for the stated capacity, and the budget left (KV bytes and hybrid
-paging: :mod:`quantverdict.measure.kv_cache`). ``config.bench``, ``config.model`` and ``config.kv`` have no typed
-model in the record: read through :meth:`JobRecord.cfg`."""
+paging: :mod:`quantverdict.measure.kv_cache`). ``config.bench``, ``config.model`` and ``config.kv`` read through
+:attr:`JobRecord.cfg`."""
 
 from __future__ import annotations
 
@@ -16,23 +16,22 @@ from quantverdict.measure.kv_cache import (
     state_bytes_per_sequence,
 )
 from quantverdict.measure.memory import DTYPE_BYTES, GIB
-from quantverdict.results.record import ChosenDtype, JobRecord, JsonObject, Kernel, ModelDims
+from quantverdict.results.record import ChosenDtype, JobRecord, Kernel, ModelDims, ServerSnapshot
 from quantverdict.review.document import Memory
 from quantverdict.review.flags import Flag, FlagCode
 
 
-def server_cfg(rec: JobRecord) -> JsonObject:
+def server_cfg(rec: JobRecord) -> ServerSnapshot:
     """``config.bench.server``."""
-    server = rec.cfg("bench").get("server")
-    return server if isinstance(server, dict) else {}
+    return rec.cfg.bench.server
 
 
 def served_compute_dtype(rec: JobRecord) -> str:
     """The served compute dtype: vLLM's log, ``speed.dtype.value``, ``bench.server.dtype`` unless ``auto``, the
     model's dtype, else ``bfloat16``."""
-    configured = server_cfg(rec).get("dtype")
+    configured = server_cfg(rec).dtype
     chosen = rec.server.dtype or ChosenDtype.of(rec.speed.dtype).value or (configured if configured != "auto" else None)
-    return str(chosen or rec.cfg("model").get("dtype") or "bfloat16")
+    return str(chosen or rec.cfg.model.dtype or "bfloat16")
 
 
 def served_dtype(rec: JobRecord) -> str | None:
@@ -41,7 +40,7 @@ def served_dtype(rec: JobRecord) -> str | None:
         return None
     value = ChosenDtype.of(rec.speed.dtype).value
     if value == "auto":
-        value = rec.server.dtype or rec.cfg("model").get("dtype")
+        value = rec.server.dtype or rec.cfg.model.dtype
     return str(value) if value else None
 
 
@@ -57,15 +56,15 @@ def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
 
 def kv_choice(rec: JobRecord) -> str:
     """``kv=NAME``: ``config.kv.name``, else ``fp8`` for an FP8 ``bench.server.kv_cache_dtype``, else ``auto``."""
-    fp8 = str(server_cfg(rec).get("kv_cache_dtype") or "auto").startswith("fp8")
-    return str(rec.cfg("kv").get("name") or ("fp8" if fp8 else "auto"))
+    fp8 = str(server_cfg(rec).kv_cache_dtype or "auto").startswith("fp8")
+    return str(rec.cfg.kv.name or ("fp8" if fp8 else "auto"))
 
 
 def _kv_dtype(rec: JobRecord, rc: ReviewConfig) -> tuple[float, str]:
     """Bytes per KV element and their source: the review's, the served KV dtype, else the compute dtype."""
     if rc.kv_cache_dtype_bytes:
         return rc.kv_cache_dtype_bytes, f"{rc.kv_cache_dtype_bytes:g} bytes (review.kv_cache_dtype_bytes)"
-    kv = str(server_cfg(rec).get("kv_cache_dtype") or "auto")
+    kv = str(server_cfg(rec).kv_cache_dtype or "auto")
     name = kv if kv != "auto" else served_compute_dtype(rec)
     return DTYPE_BYTES.get(name, 2), name
 
@@ -87,8 +86,8 @@ def _weights(rec: JobRecord) -> tuple[float | None, str | None, list[str]]:
 
 
 def _request_len(rec: JobRecord, rc: ReviewConfig) -> int | None:
-    n_in, n_out = rec.cfg("bench").get("input_len"), rec.cfg("bench").get("output_len")
-    return rc.request_len_tokens or (int(str(n_in)) + int(str(n_out)) if n_in and n_out else None)
+    n_in, n_out = rec.cfg.bench.input_len, rec.cfg.bench.output_len
+    return rc.request_len_tokens or (n_in + n_out if n_in and n_out else None)
 
 
 def _kernel_name(k: Any) -> str:

@@ -73,8 +73,8 @@ class Scorecard:
 
 def weight_tier(rec: JobRecord) -> int:
     """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer, from
-    ``config.scheme.weight_bits`` (untyped config; the scheme schema's default is 16)."""
-    bits = int(rec.cfg("scheme").get("weight_bits") or 16)
+    ``config.scheme.weight_bits`` (the scheme schema's default is 16)."""
+    bits = int(rec.cfg.scheme.weight_bits or 16)
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
 
 
@@ -88,7 +88,7 @@ def accuracy_not_applicable(rec: JobRecord) -> str | None:
         return str(rec.accuracy.not_applicable)
     if rec.stage("evaluate").status == "not_applicable":
         return str(rec.stage("evaluate").detail or NOT_APPLICABLE_DEFAULT)
-    if rec.cfg("model").get("source") == "synthetic":
+    if rec.cfg.model.source == "synthetic":
         return NOT_APPLICABLE_DEFAULT
     return None
 

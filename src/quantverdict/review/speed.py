@@ -61,12 +61,12 @@ def load_label(p: dict[str, Any], mode: str) -> str:
 
 
 def workload(rec: JobRecord) -> doc.Workload:
-    """The request shape of a record's sweep, from ``config.bench`` (untyped config)."""
-    bench = rec.cfg("bench")
-    name, n_in, n_out = bench.get("name"), bench.get("input_len"), bench.get("output_len")
+    """The request shape of a record's sweep, from ``config.bench``."""
+    bench = rec.cfg.bench
+    name, n_in, n_out = bench.name, bench.input_len, bench.output_len
     shape = "request shape not recorded"
-    if is_number(n_in) and is_number(n_out):
-        shape = f"{int(float(n_in)):,} in / {int(float(n_out)):,} out tokens per request"
+    if n_in is not None and n_out is not None:
+        shape = f"{n_in:,} in / {n_out:,} out tokens per request"
     text = shape + (f" (bench={name})" if name else "")
     return doc.Workload.model_validate({"bench": name, "input_len": n_in, "output_len": n_out, "text": text})
 
@@ -84,7 +84,7 @@ def shape_of(speed: doc.Speed) -> tuple[int, int] | None:
 def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     """The sweep's mode (``speed.mode``, else ``config.bench.mode``, else ``rate``) and its points as dicts (the
     measure functions' input), steady window rebased."""
-    mode = str(rec.speed.mode or rec.cfg("bench").get("mode") or "rate")
+    mode = str(rec.speed.mode or rec.cfg.bench.mode or "rate")
     return mode, [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
 
 
@@ -110,9 +110,9 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
 
 def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
     """The load levels ``config.bench`` planned, ascending (inf: unlimited); [] without a plan."""
-    bench = rec.cfg("bench")
+    bench = rec.cfg.bench
     try:
-        plan = sweep_plan.plan(mode, list(bench.get("rates") or []), list(bench.get("concurrencies") or []), 1)
+        plan = sweep_plan.plan(mode, list(bench.rates or []), list(bench.concurrencies or []), 1)
     except (TypeError, ValueError):
         return []
     return sorted(
