@@ -1,8 +1,10 @@
 """One sweep point read from ``vllm bench serve --save-result --save-detailed`` JSON: recomputed latencies,
 steady-state rates, saturation and validity.
 
-No I/O and no third-party imports, so that it is unit-tested on hand-written results. The parsed form
-keeps units in key names (``ttft_ms_p99``, ``output_tok_s``).
+No I/O, so that it is unit-tested on hand-written results. vLLM's JSON is validated where it is read
+(:class:`VllmBenchResult`, the sweep client's sidecar :class:`ClientSidecar`); a point comes back as the record's
+typed point (:class:`quantverdict.measure.points.SweepPoint`), units in its field names (``ttft_ms_p99``,
+``output_tok_s``).
 
 Validity of a point (:func:`parse_result`, from the per-request lists that ``--save-detailed`` writes:
 ``start_times``, ``ttfts``, ``itls``, ``latencies``, ``output_lens``, ``errors``):
@@ -27,12 +29,16 @@ Validity of a point (:func:`parse_result`, from the per-request lists that ``--s
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import Field
+
+from quantverdict.measure.points import Block, SweepPoint, as_point
 from quantverdict.measure.server_metrics import server_checks
 from quantverdict.measure.sweep import percentile
-from quantverdict.measure.sweep_plan import METRICS, PERCENTILES, SweepPoint, format_rate
+from quantverdict.measure.sweep_plan import METRICS, PERCENTILES, format_rate
+from quantverdict.measure.sweep_plan import SweepPoint as PlannedPoint
 from quantverdict.measure.validity import (
     ITL_SUM_TOLERANCE_S,
     OUTPUT_VALID_FRACTION,
@@ -55,8 +61,76 @@ STEADY_MIN_COMPLETIONS = 3  # fewer completions inside the steady window: no ste
 STEADY_MIN_LIFETIMES = 2.0
 
 
-def _num(value: Any) -> float | None:
-    return None if value is None else float(value)
+class VllmBenchResult(Block):
+    """``vllm bench serve --save-result --save-detailed`` JSON (``vllm/benchmarks/serve.py``): the keys read here
+    typed, the others kept as written. Totals and rates over the run (``duration`` s, ``request_throughput`` req/s,
+    ``*_throughput`` tok/s), vLLM's latency statistics ``<stat>_<metric>_ms`` (``mean``, ``p50``/``p90``/``p99`` of
+    ``ttft``, ``tpot``, ``itl``, ``e2el``), and per request (``--save-detailed``; seconds): ``start_times``,
+    ``ttfts``, ``itls`` (gaps between streamed chunks), ``latencies`` (vLLM 0.32; 0.26 saves none),
+    ``output_lens``, ``errors`` (empty for a completed request)."""
+
+    completed: int | None = None
+    duration: float | None = None
+    failed: int | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+    max_concurrent_requests: int | None = None
+    start_times: list[float] | None = None
+    ttfts: list[float | None] | None = None
+    itls: list[list[float] | None] | None = None
+    latencies: list[float | None] | None = None
+    output_lens: list[int] | None = None
+    errors: list[str | None] | None = None
+
+    def has_failed(self) -> bool:
+        """Whether the result holds ``failed`` (vLLM's count of failed requests; older results lack it)."""
+        return "failed" in self.model_fields_set
+
+    def stat_ms(self, stat: str, metric: str) -> float | None:
+        """vLLM's ``<stat>_<metric>_ms`` (``stat`` ``mean`` or ``p50``..., ``metric`` one of ``METRICS``), None
+        where the result lacks it."""
+        value = getattr(self, f"{stat}_{metric}_ms", None)
+        return None if value is None else float(value)
+
+    def detailed(self) -> list[list[Any]] | None:
+        """The per-request lists ``has_detailed`` checks, or None where one the result holds is not a list."""
+        keys = (*_DETAILED, "latencies") if "latencies" in self.model_fields_set else _DETAILED
+        lists = [v for v in (getattr(self, k) for k in keys) if isinstance(v, list)]
+        return lists if len(lists) == len(keys) else None
+
+
+class ClientWarmup(Block):
+    """``warmup`` of a sidecar: the unmeasured requests the client sent before the point (0: a later repeat)."""
+
+    requests: int | None = None
+
+
+class PromptRepeats(Block):
+    """``prompt_repeats`` of a sidecar: the point's own repeated prompt tokens (the prefix cache may serve them)."""
+
+    repeated_tokens: int | None = None
+
+
+class ClientSidecar(Block):
+    """``<point>.qv.json``, written by the one-process sweep client (``children/sweep_client.py``) beside vLLM's
+    result: seeds, the warm-up wave, attempts, its wall time for the point (s), vLLM's ``/metrics`` counters before
+    and after (name -> value) and the point's repeated prompt tokens."""
+
+    seed: int | None = None
+    warmup_seed: int | None = None
+    warmup: ClientWarmup | None = None
+    attempts: list[Any] = Field(default_factory=list)
+    wall_s: float | None = None
+    counters_before: dict[str, float] | None = None
+    counters_after: dict[str, float] | None = None
+    prompt_repeats: PromptRepeats | None = None
+
+
+# a vLLM result typed, or its JSON as read (validated by the function it is given to: pydantic.ValidationError)
+VllmResult = VllmBenchResult | Mapping[str, Any]
 
 
 def _dist_ms(values_s: Sequence[float]) -> dict[str, float | None]:
@@ -74,41 +148,41 @@ def _dist_ms(values_s: Sequence[float]) -> dict[str, float | None]:
 _DETAILED = ("start_times", "ttfts", "itls", "output_lens")
 
 
-def has_detailed(result: dict[str, Any]) -> bool:
+def has_detailed(result: VllmResult) -> bool:
     """True when ``result`` holds the per-request lists of ``--save-detailed``, all of one length (``latencies``
     too where it is there: vLLM 0.26 does not save it, see :func:`e2e_s`)."""
-    keys = (*_DETAILED, "latencies") if "latencies" in result else _DETAILED
-    lists = [v for v in (result.get(k) for k in keys) if isinstance(v, list)]
-    return len(lists) == len(keys) and len({len(v) for v in lists}) == 1
+    lists = VllmBenchResult.of(result).detailed()
+    return lists is not None and len({len(v) for v in lists}) == 1
 
 
-def e2e_s(result: dict[str, Any]) -> list[float]:
+def e2e_s(result: VllmResult) -> list[float]:
     """Each request's E2E latency (s), in the result's order: vLLM's ``latencies`` list where the result has it
     (vLLM 0.32 saves it with ``--save-detailed``), else TTFT + the sum of its ITL gaps (vLLM 0.26 saves ``ttfts``
     and ``itls`` but no ``latencies``). The two are one quantity: in ``endpoint_request_func.py`` the TTFT is the
     first chunk's time after sending, each ITL the gap to the next chunk, and the latency the last chunk's time
     after sending (:func:`parse_result` checks that they agree where both are saved, ``itl_sum_max_err_ms``).
     A failed request (no chunk) gets 0.0, as vLLM records it."""
-    lats = result.get("latencies")
-    if isinstance(lats, list) and len(lats) == len(result["ttfts"]):
+    r = VllmBenchResult.of(result)
+    ttfts, lats = r.ttfts or [], r.latencies
+    if lats is not None and len(lats) == len(ttfts):
         return [float(x or 0.0) for x in lats]
-    return [float(t or 0.0) + sum(float(x) for x in gaps or []) for t, gaps in zip(result["ttfts"], result["itls"])]
+    return [float(t or 0.0) + sum(float(x) for x in gaps or []) for t, gaps in zip(ttfts, r.itls or [])]
 
 
-def completed_requests(result: dict[str, Any]) -> list[int]:
+def completed_requests(result: VllmResult) -> list[int]:
     """Indices of the requests vLLM counted as completed (its ``success`` flag), from ``--save-detailed`` lists:
     the one failed-request rule of the package (percentiles here, goodput in :mod:`.goodput`).
 
     A request failed when its ``errors`` entry is non-empty (vLLM gives a failed one 0 tokens and an error
     string), or, without an ``errors`` list of the requests' length, when it has no output token."""
-    n = len(result["ttfts"])
-    errors = result.get("errors")
-    if isinstance(errors, list) and len(errors) == n:
+    r = VllmBenchResult.of(result)
+    n, errors, lens = len(r.ttfts or []), r.errors, r.output_lens or []
+    if errors is not None and len(errors) == n:
         return [i for i in range(n) if not errors[i]]
-    return [i for i in range(n) if result["output_lens"][i]]
+    return [i for i in range(n) if lens[i]]
 
 
-def latency_samples(result: dict[str, Any]) -> dict[str, list[float]]:
+def latency_samples(result: VllmResult) -> dict[str, list[float]]:
     """The latency samples (seconds) of the completed requests, pooled per metric for its percentiles, from
     ``--save-detailed`` lists (one request at a time: :func:`quantverdict.measure.goodput.request_latencies`).
 
@@ -120,13 +194,15 @@ def latency_samples(result: dict[str, Any]) -> dict[str, list[float]]:
     Returns:
         ``{"ttft": [...], "tpot": [...], "itl": [...] (all requests' gaps, flattened), "e2e": [...]}``.
     """
-    ok = completed_requests(result)
-    ttfts, lats, lens, itls = result["ttfts"], e2e_s(result), result["output_lens"], result["itls"]
+    r = VllmBenchResult.of(result)
+    ok = completed_requests(r)
+    ttfts = [float(t or 0.0) for t in r.ttfts or []]
+    lats, lens, itls = e2e_s(r), r.output_lens or [], r.itls or []
     return {
-        "ttft": [float(ttfts[i]) for i in ok],
-        "tpot": [(float(lats[i]) - float(ttfts[i])) / (int(lens[i]) - 1) for i in ok if int(lens[i]) > 1],
-        "itl": [float(x) for i in ok for x in itls[i]],
-        "e2e": [float(lats[i]) for i in ok],
+        "ttft": [ttfts[i] for i in ok],
+        "tpot": [(lats[i] - ttfts[i]) / (lens[i] - 1) for i in ok if lens[i] > 1],
+        "itl": [float(x) for i in ok for x in itls[i] or []],
+        "e2e": [lats[i] for i in ok],
     }
 
 
@@ -150,7 +226,7 @@ _STEADY_NONE: dict[str, Any] = {
 }
 
 
-def steady_state(result: dict[str, Any], closed_loop: bool = False) -> dict[str, Any]:
+def steady_state(result: VllmResult, closed_loop: bool = False) -> dict[str, Any]:
     """Rates in the steady-state window, ramp-up and drain excluded.
 
     Window ``(c1, aN]``: from the first completion ``c1`` (before it the server was still filling:
@@ -171,8 +247,9 @@ def steady_state(result: dict[str, Any], closed_loop: bool = False) -> dict[str,
         request lifetimes, or holds fewer than ``STEADY_MIN_COMPLETIONS`` completions.
     """
     none = dict(_STEADY_NONE)
-    ok = completed_requests(result)
-    starts, lats = result["start_times"], e2e_s(result)
+    r = VllmBenchResult.of(result)
+    ok = completed_requests(r)
+    starts, lats, ttfts, itls, lens = r.start_times or [], e2e_s(r), r.ttfts or [], r.itls or [], r.output_lens or []
     if not ok or not starts:
         return {**none, "steady_reason": "no completed request"}
     c1 = min(float(starts[i]) + float(lats[i]) for i in ok)
@@ -188,8 +265,8 @@ def steady_state(result: dict[str, Any], closed_loop: bool = False) -> dict[str,
     arrs = sum(1 for s in starts if c1 < float(s) <= a_last)
     tokens = 0.0
     for i in ok:
-        times = _token_times(float(starts[i]), float(result["ttfts"][i]), result["itls"][i])
-        per_chunk = int(result["output_lens"][i]) / len(times)
+        times = _token_times(float(starts[i]), float(ttfts[i] or 0.0), itls[i] or [])
+        per_chunk = lens[i] / len(times)
         tokens += per_chunk * sum(1 for t in times if c1 < t <= a_last)
     out = {**none, "steady_window_s": width, "steady_completions": comps, "steady_arrivals": arrs}
     short = steady_too_short(width, statistics.median(float(lats[i]) for i in ok)) if closed_loop else None
@@ -217,32 +294,33 @@ def steady_too_short(window_s: float, e2e_p50_s: float | None) -> str | None:
     )
 
 
-def recorded_window_too_short(point: dict[str, Any]) -> str | None:
+def recorded_window_too_short(point: SweepPoint | Mapping[str, Any]) -> str | None:
     """:func:`steady_too_short` for a recorded point: a closed-loop point's stored ``steady_window_s`` against its
     ``e2e_ms_p50``; None for an open-loop point, a point without a window, or one whose window is long enough."""
-    window, e2e = point.get("steady_window_s"), point.get("e2e_ms_p50")
-    if point.get("concurrency") is None or window is None or e2e is None:
+    pt = as_point(point)
+    window, e2e = pt.steady_window_s, pt.e2e_ms_p50
+    if pt.concurrency is None or window is None or e2e is None:
         return None
-    return steady_too_short(float(window), float(e2e) / 1000.0)
+    return steady_too_short(window, e2e / 1000.0)
 
 
-def rebase_steady(point: dict[str, Any]) -> dict[str, Any]:
+def rebase_steady(point: SweepPoint) -> SweepPoint:
     """A recorded point with :func:`recorded_window_too_short` applied, for records measured before the rule:
     when it holds, the steady rates become None, ``steady_reason`` says why (checked first, as
     :func:`steady_state` does) and ``throughput_rps`` / ``throughput_tok_s`` are the whole-run ``achieved_rps`` /
-    ``output_tok_s`` (``throughput_basis`` ``whole_run``). Any other point is returned as it is (the same dict)."""
+    ``output_tok_s`` (``throughput_basis`` ``whole_run``): a copy. Any other point is returned as it is (the same
+    object)."""
     short = recorded_window_too_short(point)
     if short is None:
         return point
-    out = {**point, "steady_rps": None, "steady_arrival_rps": None, "steady_output_tok_s": None}
-    out.update(steady_reason=short, throughput_rps=point.get("achieved_rps"), throughput_basis="whole_run")
-    out["throughput_tok_s"] = point.get("output_tok_s")
-    return out
+    steady = {"steady_rps": None, "steady_arrival_rps": None, "steady_output_tok_s": None, "steady_reason": short}
+    whole = {"throughput_rps": point.achieved_rps, "throughput_tok_s": point.output_tok_s}
+    return point.model_copy(update=steady | whole | {"throughput_basis": "whole_run"})
 
 
-def _sent_rps(result: dict[str, Any]) -> float | None:
+def _sent_rps(result: VllmBenchResult) -> float | None:
     """Realized arrival rate: (requests - 1) / (last sent - first sent); None for a burst."""
-    starts = [float(s) for s in result["start_times"]]
+    starts = result.start_times or []
     span = max(starts) - min(starts) if starts else 0.0
     return (len(starts) - 1) / span if len(starts) > 1 and span > 0 else None
 
@@ -251,12 +329,12 @@ def _sent_rps(result: dict[str, Any]) -> float | None:
 
 
 def parse_result(
-    result: dict[str, Any],
-    point: SweepPoint,
+    result: VllmResult,
+    point: PlannedPoint,
     num_prompts: int,
     output_len: int,
     warmup_requests: int = 0,
-) -> dict[str, Any]:
+) -> SweepPoint:
     """One point's numbers and validity from ``vllm bench serve --save-result --save-detailed`` JSON.
 
     Source of the definitions: ``vllm/benchmarks/serve.py`` (``calculate_metrics``): TTFT is the
@@ -269,14 +347,15 @@ def parse_result(
     ``vllm_<metric>_ms_<stat>``; without them vLLM's values are used.
 
     Args:
-        result: the parsed result JSON.
+        result: the result JSON, as read or typed.
         point: the point it was run for.
         num_prompts: requests sent (``--num-prompts``).
         output_len: output tokens asked per request (``--random-output-len``; exact with ``--ignore-eos``).
         warmup_requests: ``--num-warmups`` passed to the client (recorded; vLLM excludes them).
 
     Returns:
-        Flat dict: offered_rate_rps (float or ``"inf"``), concurrency, repeat, completed, failed,
+        The point (the record's :class:`~quantverdict.measure.points.SweepPoint`): offered_rate_rps (float or
+        ``"inf"``), concurrency, repeat, completed, failed,
         duration_s, achieved_rps, output_tok_s, total_tok_s, input_tokens_total, output_tokens_total,
         output_tokens_requested, peak_concurrent_requests, warmup_requests; for each of
         ttft/tpot/itl/e2e ``<m>_ms_mean`` and ``<m>_ms_p50/p90/p99`` (None when absent) and
@@ -293,7 +372,11 @@ def parse_result(
 
     Raises:
         KeyError: the JSON lacks ``completed`` or ``duration`` (not a vLLM bench result).
+        pydantic.ValidationError: a value of the wrong type (:class:`VllmBenchResult`).
     """
+    r = VllmBenchResult.of(result)
+    if r.completed is None or r.duration is None:
+        raise KeyError("completed" if r.completed is None else "duration")
     out: dict[str, Any] = {
         "point": point.name,
         "offered_rate_rps": point.offered_rate_rps,
@@ -301,27 +384,27 @@ def parse_result(
         "repeat": point.repeat,
         "num_prompts": num_prompts,
         "warmup_requests": warmup_requests,
-        "completed": int(result["completed"]),
-        "failed": int(result.get("failed", num_prompts - int(result["completed"]))),
-        "duration_s": float(result["duration"]),
-        "achieved_rps": _num(result.get("request_throughput")),
-        "output_tok_s": _num(result.get("output_throughput")),
-        "total_tok_s": _num(result.get("total_token_throughput")),
-        "input_tokens_total": result.get("total_input_tokens"),
-        "output_tokens_total": result.get("total_output_tokens"),
+        "completed": r.completed,
+        "failed": r.failed if r.has_failed() else num_prompts - r.completed,
+        "duration_s": r.duration,
+        "achieved_rps": r.request_throughput,
+        "output_tok_s": r.output_throughput,
+        "total_tok_s": r.total_token_throughput,
+        "input_tokens_total": r.total_input_tokens,
+        "output_tokens_total": r.total_output_tokens,
         "output_tokens_requested": num_prompts * output_len,
-        "peak_concurrent_requests": result.get("max_concurrent_requests"),
+        "peak_concurrent_requests": r.max_concurrent_requests,
     }
     for metric in METRICS:
         key = _METRIC_KEYS[metric]
-        out[f"vllm_{key}_ms_mean"] = _num(result.get(f"mean_{metric}_ms"))
+        out[f"vllm_{key}_ms_mean"] = r.stat_ms("mean", metric)
         for p in PERCENTILES:
-            out[f"vllm_{key}_ms_p{p}"] = _num(result.get(f"p{p}_{metric}_ms"))
+            out[f"vllm_{key}_ms_p{p}"] = r.stat_ms(f"p{p}", metric)
     reasons: list[str] = []
-    detailed = has_detailed(result)
+    detailed = has_detailed(r)
     if detailed:
         out["metrics_source"] = "recomputed"
-        lat = latency_samples(result)
+        lat = latency_samples(r)
         diffs = []
         for metric in METRICS:
             key = _METRIC_KEYS[metric]
@@ -331,22 +414,18 @@ def parse_result(
                 if v is not None and theirs is not None and max(abs(v), abs(theirs)) > 0:
                     diffs.append(abs(v - theirs) / max(abs(v), abs(theirs)))
         out["vllm_max_rel_diff"] = max(diffs) if diffs else None
-        ok = completed_requests(result)
-        lens = [int(x) for x in result["output_lens"]]
+        ok = completed_requests(r)
+        lens, ttfts, itls = r.output_lens or [], r.ttfts or [], r.itls or []
         out["requests_in_result"] = len(lens)
         out["short_requests"] = sum(1 for n in lens if n < output_len)
-        saved = "latencies" in result  # else E2E is TTFT + sum(ITL) by construction (e2e_s): nothing to check
-        lats = e2e_s(result)
-        errs = (
-            [abs(float(result["ttfts"][i]) + sum(float(x) for x in result["itls"][i]) - lats[i]) for i in ok]
-            if saved
-            else []
-        )
+        saved = "latencies" in r.model_fields_set  # else E2E is TTFT + sum(ITL) by construction (e2e_s)
+        lats = e2e_s(r)
+        errs = [abs(float(ttfts[i] or 0.0) + sum(itls[i] or []) - lats[i]) for i in ok] if saved else []
         out["itl_sum_max_err_ms"] = max(errs) * 1000.0 if errs else None
         out["e2e_source"] = "vllm latencies" if saved else "ttft + sum(itl) (no latencies in the result)"
-        out["itl_per_token"] = all(len(result["itls"][i]) == lens[i] - 1 for i in ok)
-        out["sent_rps"] = _sent_rps(result)
-        steady = steady_state(result, closed_loop=point.concurrency is not None)
+        out["itl_per_token"] = all(len(itls[i] or []) == lens[i] - 1 for i in ok)
+        out["sent_rps"] = _sent_rps(r)
+        steady = steady_state(r, closed_loop=point.concurrency is not None)
         if len(lens) != num_prompts:
             reasons.append(f"{len(lens)} requests in the result, {num_prompts} sent (warm-up requests mixed in?)")
         if errs and max(errs) > ITL_SUM_TOLERANCE_S:
@@ -364,7 +443,7 @@ def parse_result(
         out.update(itl_sum_max_err_ms=None, itl_per_token=None, sent_rps=None)
         steady = {**_STEADY_NONE, "steady_reason": "no per-request data (--save-detailed)"}
     out.update(steady)
-    use_steady = steady.get("steady_rps") is not None
+    use_steady = steady["steady_rps"] is not None
     out["throughput_rps"] = steady["steady_rps"] if use_steady else out["achieved_rps"]
     out["throughput_tok_s"] = steady["steady_output_tok_s"] if use_steady else out["output_tok_s"]
     out["throughput_basis"] = "steady_window" if use_steady else "whole_run"
@@ -372,7 +451,7 @@ def parse_result(
         saturation(
             point.offered_rate_rps,
             point.concurrency,
-            request_times(result) if detailed else None,
+            request_times(r) if detailed else None,
             completed=out["completed"],
             duration_s=out["duration_s"],
             e2e_ms_p50=out["e2e_ms_p50"],
@@ -389,29 +468,32 @@ def parse_result(
         reasons.append("no request completed")
     out["valid"] = not reasons
     out["invalid_reasons"] = reasons
-    errors = [e for e in result.get("errors") or [] if e]
+    errors = [e for e in r.errors or [] if e]
     if errors:
         out["error_samples"] = sorted(set(errors))[:3]
-    return out
+    return SweepPoint.model_validate(out)
 
 
-def request_times(result: dict[str, Any]) -> dict[str, list[float | None]] | None:
+def request_times(result: VllmResult) -> dict[str, list[float | None]] | None:
     """Per-request send and finish times in seconds from the first request sent, rounded to 0.1 ms:
     ``{"start_s": [...], "end_s": [...]}`` (end = start + E2E; None for a failed request), in the result's
     order; None without ``--save-detailed`` lists."""
-    if not has_detailed(result):
+    r = VllmBenchResult.of(result)
+    if not has_detailed(r):
         return None
-    starts = [float(s) for s in result["start_times"]]
+    starts = r.start_times or []
     t0 = min(starts) if starts else 0.0
-    ok = set(completed_requests(result))
-    lats = e2e_s(result)
+    ok = set(completed_requests(r))
+    lats = e2e_s(r)
     return {
         "start_s": [round(s - t0, 4) for s in starts],
         "end_s": [round(s - t0 + lats[i], 4) if i in ok else None for i, s in enumerate(starts)],
     }
 
 
-def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: float = 0.0) -> dict[str, Any]:
+def add_client_side(
+    out: SweepPoint, side: ClientSidecar | Mapping[str, Any], min_duration_s: float = 0.0
+) -> SweepPoint:
     """Complete a parsed point (:func:`parse_result`) with what the one-process sweep client recorded beside
     vLLM's result (``<point>.qv.json``, :mod:`quantverdict.children.sweep_client`); updates ``out`` in place.
 
@@ -428,53 +510,56 @@ def add_client_side(out: dict[str, Any], side: dict[str, Any], min_duration_s: f
 
     Args:
         out: the parsed point; needs ``duration_s``, ``input_tokens_total``, ``output_tokens_total``.
-        side: the sidecar: ``seed``, ``counters_before``, ``counters_after``, ``wall_s``, ``attempts``, ...
+        side: the sidecar (:class:`ClientSidecar`, or its JSON as read).
         min_duration_s: the configured minimum window (``bench.min_duration_s``).
+
+    Raises:
+        pydantic.ValidationError: a sidecar value of the wrong type.
     """
-    out["seed"] = side.get("seed")
-    out["warmup_seed"] = side.get("warmup_seed")
-    warm = side.get("warmup")
-    if isinstance(warm, dict) and isinstance(warm.get("requests"), int):
-        out["warmup_requests"] = warm["requests"]  # sent by the client before the point (0: a later repeat)
-    out["attempts"] = len(side.get("attempts") or []) or None
-    wall = side.get("wall_s")
-    out["client_wall_s"] = wall
-    out["client_overhead_s"] = None if wall is None else round(float(wall) - float(out["duration_s"]), 3)
-    out["min_duration_s"] = min_duration_s
-    out["window_met"] = float(out["duration_s"]) >= min_duration_s
-    before, after = side.get("counters_before"), side.get("counters_after")
-    repeats = side.get("prompt_repeats")
-    repeated = repeats.get("repeated_tokens") if isinstance(repeats, dict) else None
-    if isinstance(before, dict) and isinstance(after, dict):
-        checks = server_checks(before, after, out.get("input_tokens_total"), out.get("output_tokens_total"), repeated)
+    sc = ClientSidecar.of(side)
+    duration = float(out.duration_s or 0.0)
+    out.seed, out.warmup_seed = sc.seed, sc.warmup_seed
+    if sc.warmup is not None and sc.warmup.requests is not None:
+        out.warmup_requests = sc.warmup.requests  # sent by the client before the point (0: a later repeat)
+    out.attempts = len(sc.attempts) or None
+    out.client_wall_s = sc.wall_s
+    out.client_overhead_s = None if sc.wall_s is None else round(sc.wall_s - duration, 3)
+    out.min_duration_s = min_duration_s
+    out.window_met = duration >= min_duration_s
+    repeated = sc.prompt_repeats.repeated_tokens if sc.prompt_repeats is not None else None
+    if sc.counters_before is not None and sc.counters_after is not None:
+        checks = server_checks(
+            sc.counters_before, sc.counters_after, out.input_tokens_total, out.output_tokens_total, repeated
+        )
         reasons = checks.pop("server_invalid_reasons")
-        out.update(checks)
+        for key, value in checks.items():
+            setattr(out, key, value)
         if reasons:
-            out["invalid_reasons"] = [*out.get("invalid_reasons", []), *reasons]
-            out["valid"] = False
+            out.invalid_reasons = [*(out.invalid_reasons or []), *reasons]
+            out.valid = False
     return out
 
 
-def summary_line(p: dict[str, Any], index: int, total: int) -> str:
+def summary_line(p: SweepPoint, index: int, total: int) -> str:
     """One progress line for a finished point (values rounded for reading, not for records)."""
 
-    def f(v: Any, nd: int = 1) -> str:
+    def f(v: float | None, nd: int = 1) -> str:
         return "-" if v is None else f"{v:.{nd}f}"
 
-    load = f"C={p['concurrency']}" if p["concurrency"] is not None else f"rate={format_rate(p['offered_rate_rps'])}"
+    load = f"C={p.concurrency}" if p.concurrency is not None else f"rate={format_rate(p.load('rate'))}"
     tags = ""
-    if p.get("prefix_cache_hit_rate") is not None:
-        tags += f", prefix-cache hits {100 * p['prefix_cache_hit_rate']:.1f}%"
-        if p.get("prompt_repeat_rate") is not None:
-            tags += f" ({100 * p['prompt_repeat_rate']:.1f}% of prompt tokens repeat inside the point)"
+    if p.prefix_cache_hit_rate is not None:
+        tags += f", prefix-cache hits {100 * p.prefix_cache_hit_rate:.1f}%"
+        if p.prompt_repeat_rate is not None:
+            tags += f" ({100 * p.prompt_repeat_rate:.1f}% of prompt tokens repeat inside the point)"
     sat = point_saturation(p)
     if sat["saturated"]:
         tags += f" SATURATED ({describe_saturation(sat)})"
-    if p.get("valid") is False:
-        tags += " INVALID (" + "; ".join(p.get("invalid_reasons") or []) + ")"
+    if p.valid is False:
+        tags += " INVALID (" + "; ".join(p.invalid_reasons or []) + ")"
     return (
-        f"point {index}/{total} {load} r{p['repeat']}: {p['completed']}/{p['num_prompts']} ok, "
-        f"{f(p['achieved_rps'], 2)} req/s, {f(p['output_tok_s'])} out tok/s, "
-        f"TTFT p50 {f(p['ttft_ms_p50'], 0)} ms, TPOT p50 {f(p['tpot_ms_p50'], 1)} ms, "
-        f"E2E p99 {f(p['e2e_ms_p99'], 0)} ms ({f(p['duration_s'])} s){tags}"
+        f"point {index}/{total} {load} r{p.repeat}: {p.completed}/{p.num_prompts} ok, "
+        f"{f(p.achieved_rps, 2)} req/s, {f(p.output_tok_s)} out tok/s, "
+        f"TTFT p50 {f(p.ttft_ms_p50, 0)} ms, TPOT p50 {f(p.tpot_ms_p50, 1)} ms, "
+        f"E2E p99 {f(p.e2e_ms_p99, 0)} ms ({f(p.duration_s)} s){tags}"
     )

@@ -47,7 +47,7 @@ def _levels(rec: JobRecord) -> list[LoadLevel]:
     record's own ``summary`` where it kept no points."""
     if not rec.speed.points:
         return rec.speed.summary
-    points = [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
+    points = [bench_result.rebase_steady(p).to_dict() for p in rec.speed.points]
     return sweep.summarize(points, rec.speed.mode or "rate")
 
 

@@ -85,7 +85,7 @@ def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
     """The sweep's mode (``speed.mode``, else ``config.bench.mode``, else ``rate``) and its points as dicts (the
     measure functions' input), steady window rebased."""
     mode = str(rec.speed.mode or rec.cfg.bench.mode or "rate")
-    return mode, [bench_result.rebase_steady(p.to_dict()) for p in rec.speed.points]
+    return mode, [bench_result.rebase_steady(p).to_dict() for p in rec.speed.points]
 
 
 def _levels(raw: list[dict[str, Any]], mode: str) -> list[aggregate.Level]:

@@ -25,6 +25,8 @@ from typing import Any
 
 from quantverdict.config.schema import BenchConfig
 from quantverdict.measure import bench_result, sweep_plan
+from quantverdict.measure.points import SamplingParams
+from quantverdict.measure.points import SweepPoint as RecordedPoint
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.results.stage_results import PointSidecar
@@ -180,25 +182,26 @@ def sweep_spec(
     }
 
 
-def parse_point(out_dir: Path, point: sweep_plan.SweepPoint, bench_cfg: BenchConfig) -> dict[str, Any]:
+def parse_point(out_dir: Path, point: sweep_plan.SweepPoint, bench_cfg: BenchConfig) -> RecordedPoint:
     """One finished point from its two files: vLLM's ``<point>.json`` and the client's ``<point>.qv.json``
     (:func:`quantverdict.measure.bench_result.parse_result`, then
     :func:`~quantverdict.measure.bench_result.add_client_side`)."""
     side = json.loads((out_dir / f"{point.name}.qv.json").read_text())
     result_file = out_dir / f"{point.name}.json"
+    result = bench_result.VllmBenchResult.model_validate_json(result_file.read_text())
     parsed = bench_result.parse_result(
-        json.loads(result_file.read_text()),
+        result,
         point,
         int(side["num_prompts"]),
         bench_cfg.output_len,
         bench_cfg.warmup_prompts,
     )
     bench_result.add_client_side(parsed, side, bench_cfg.min_duration_s)
-    parsed["request_times"] = bench_result.request_times(json.loads(result_file.read_text()))
+    parsed.request_times = bench_result.request_times(result)
     sampling = PointSidecar.model_validate(side).sampling
     if sampling is not None:  # what every request of the point was sent with
-        parsed["sampling"] = sampling
-    parsed["result_file"] = str(result_file)
+        parsed.sampling = SamplingParams.model_validate(sampling)
+    parsed.result_file = str(result_file)
     return parsed
 
 
@@ -366,8 +369,8 @@ def run_sweep(
             while len(results) < len(points) and (out_dir / f"{points[len(results)].name}.qv.json").is_file():
                 point = points[len(results)]
                 parsed = parse_point(out_dir, point, bench_cfg)
-                _append(jsonl, parsed)
-                results.append(parsed)
+                _append(jsonl, parsed.to_dict())
+                results.append(parsed.to_dict())
                 last = time.monotonic()
                 log.info(bench_result.summary_line(parsed, len(results), len(points)))
             if rc is not None:

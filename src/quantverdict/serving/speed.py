@@ -35,7 +35,7 @@ def speed_validity(speed: Speed, label: str, server: ServerMemory | None, act_qu
     try:
         mode = speed.mode or "rate"
         speed.kernel_check = kernels.kernel_check(label, server, act_quant)
-        points = [bench_result.rebase_steady(p.to_dict()) for p in speed.points]
+        points = [bench_result.rebase_steady(p).to_dict() for p in speed.points]
         speed.points = [SweepPoint.model_validate(p) for p in points]
         speed.summary = sweep.summarize(speed.points, mode)
         speed.sustained_ceiling = capacity.sustained_ceiling(speed.summary, mode)
