@@ -92,11 +92,11 @@ def test_client_side_subtracts_the_sidecars_repeats() -> None:
     rep = {"requests": 4, "prompt_tokens": 1024, "repeated_requests": 1, "repeated_tokens": 256}
     p = bench_result.parse_result(RESULT, SweepPoint(1.0, None, 0), 4, 16)
     bench_result.add_client_side(p, _side(240, rep))  # one repeat, 15 blocks of 16 served: 240 of 1,024
-    assert p["valid"] and p["prompt_repeat_rate"] == 0.25 and p["prefix_cache_excess_hit_rate"] == 0.0
+    assert p.valid and p.prompt_repeat_rate == 0.25 and p.prefix_cache_excess_hit_rate == 0.0
     assert "(25.0% of prompt tokens repeat inside the point)" in bench_result.summary_line(p, 1, 1)
     q = bench_result.parse_result(RESULT, SweepPoint(1.0, None, 0), 4, 16)
     bench_result.add_client_side(q, _side(240, None))
-    assert not q["valid"] and q["prefix_cache_excess_hit_rate"] == pytest.approx(240 / 1024)
+    assert not q.valid and q.prefix_cache_excess_hit_rate == pytest.approx(240 / 1024)
 
 
 def test_benchmark_split_table_flags_a_stage_over_ten_percent() -> None:

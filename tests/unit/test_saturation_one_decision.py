@@ -17,6 +17,7 @@ import pytest
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import bench_result
+from quantverdict.measure.points import as_point
 from quantverdict.measure.sweep_plan import INF, SweepPoint
 from quantverdict.measure.validity import point_saturation
 from quantverdict.results.record import JobRecord, Speed
@@ -60,15 +61,15 @@ def measured(tmp: Path, runs: list[tuple[float | str, dict[str, Any]]]) -> list[
         p = bench_result.parse_result(res, SweepPoint(rate, None, 0), num_prompts=8, output_len=4)
         path = tmp / f"rate-{rate}.json"
         path.write_text(json.dumps(res))
-        p.update(request_times=bench_result.request_times(res), result_file=str(path))
-        out.append(p)
+        p.request_times, p.result_file = bench_result.request_times(res), str(path)
+        out.append(p.to_dict())
     return out
 
 
 def surfaces(points: list[dict[str, Any]]) -> dict[str, Any]:
     """What each reader says of every point: the live log's tag, the record's per-load summary, the grid table's
     validity cell and the review's point; and the ceiling the record and the review report."""
-    logs = [bench_result.summary_line(p, i + 1, len(points)) for i, p in enumerate(points)]
+    logs = [bench_result.summary_line(as_point(p), i + 1, len(points)) for i, p in enumerate(points)]
     typed = Speed.model_validate({"mode": "rate", "points": points})
     speed_validity(typed, "W4A16", None, False)  # what the job writes into its record
     speed = typed.to_dict()

@@ -99,33 +99,33 @@ def test_normalize_rate():
 def test_parse_result_hand_values():
     point = SweepPoint(2.0, None, 0)
     p = bench_result.parse_result(RESULT, point, num_prompts=4, output_len=16)
-    assert p["point"] == "rate-2_r0"
-    assert p["offered_rate_rps"] == 2.0 and p["concurrency"] is None and p["repeat"] == 0
-    assert p["completed"] == 3 and p["failed"] == 1
-    assert p["duration_s"] == 2.0
-    assert p["achieved_rps"] == 1.5  # 3 completed / 2.0 s
-    assert p["output_tok_s"] == 24.0  # 48 tokens / 2.0 s
-    assert p["total_tok_s"] == 120.0  # (192 + 48) / 2.0 s
-    assert p["output_tokens_total"] == 48  # 3 x 16
-    assert p["output_tokens_requested"] == 64  # 4 prompts x 16 tokens: 16 missing = the failed request
-    assert p["input_tokens_total"] == 192
+    assert p.point == "rate-2_r0"
+    assert p.offered_rate_rps == 2.0 and p.concurrency is None and p.repeat == 0
+    assert p.completed == 3 and p.failed == 1
+    assert p.duration_s == 2.0
+    assert p.achieved_rps == 1.5  # 3 completed / 2.0 s
+    assert p.output_tok_s == 24.0  # 48 tokens / 2.0 s
+    assert p.total_tok_s == 120.0  # (192 + 48) / 2.0 s
+    assert p.output_tokens_total == 48  # 3 x 16
+    assert p.output_tokens_requested == 64  # 4 prompts x 16 tokens: 16 missing = the failed request
+    assert p.input_tokens_total == 192
     # vLLM's names -> ours: p99_ttft_ms -> ttft_ms_p99, e2el -> e2e
-    assert (p["ttft_ms_p50"], p["ttft_ms_p90"], p["ttft_ms_p99"]) == (100.0, 150.0, 159.0)
-    assert (p["tpot_ms_p50"], p["tpot_ms_p99"]) == (20.0, 25.0)
-    assert (p["itl_ms_p50"], p["itl_ms_p99"]) == (19.0, 41.0)
-    assert (p["e2e_ms_p50"], p["e2e_ms_p99"], p["e2e_ms_mean"]) == (400.0, 509.0, 410.0)
-    assert p["peak_concurrent_requests"] == 2
-    assert p["error_samples"] == ["ClientConnectorError: refused"]
+    assert (p.ttft_ms_p50, p.ttft_ms_p90, p.ttft_ms_p99) == (100.0, 150.0, 159.0)
+    assert (p.tpot_ms_p50, p.tpot_ms_p99) == (20.0, 25.0)
+    assert (p.itl_ms_p50, p.itl_ms_p99) == (19.0, 41.0)
+    assert (p.e2e_ms_p50, p.e2e_ms_p99, p.e2e_ms_mean) == (400.0, 509.0, 410.0)
+    assert p.peak_concurrent_requests == 2
+    assert p.error_samples == ["ClientConnectorError: refused"]
 
 
 def test_parse_result_without_percentiles_gives_none():
     minimal = {"completed": 2, "duration": 4.0}
     p = bench_result.parse_result(minimal, SweepPoint(INF, 8, 1), num_prompts=2, output_len=10)
-    assert p["failed"] == 0  # 2 sent - 2 completed
-    assert p["offered_rate_rps"] == "inf" and p["concurrency"] == 8
-    assert p["ttft_ms_p99"] is None and p["achieved_rps"] is None
-    assert p["output_tokens_requested"] == 20  # 2 x 10
-    assert "error_samples" not in p
+    assert p.failed == 0  # 2 sent - 2 completed
+    assert p.offered_rate_rps == "inf" and p.concurrency == 8
+    assert p.ttft_ms_p99 is None and p.achieved_rps is None
+    assert p.output_tokens_requested == 20  # 2 x 10
+    assert not p.has("error_samples")
 
 
 def test_summary_line():
@@ -201,24 +201,24 @@ def test_percentile_equals_numpy_on_fixed_lists() -> None:
 def test_recomputed_latencies_by_hand_and_itl_excludes_ttft() -> None:
     res = detailed(**FOUR, p99_itl_ms=500.0, p50_ttft_ms=375.0)
     p = bench_result.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
-    assert p["metrics_source"] == "recomputed"
+    assert p.metrics_source == "recomputed"
     # TTFT sorted .25 .25 .5 .75: p50 rank 1.5 -> .375 s; p90 rank 2.7 -> .5 + .7 * .25 = .675 s; mean 1.75 / 4
-    assert p["ttft_ms_p50"] == pytest.approx(375.0) and p["ttft_ms_p90"] == pytest.approx(675.0)
-    assert p["ttft_ms_mean"] == pytest.approx(437.5)
+    assert p.ttft_ms_p50 == pytest.approx(375.0) and p.ttft_ms_p90 == pytest.approx(675.0)
+    assert p.ttft_ms_mean == pytest.approx(437.5)
     # ITL: the 12 gaps after the first token: nine .25 and three .5 (no TTFT among them).
     # p50 rank 5.5 -> .25; p90 rank 9.9 -> .5; mean (9 * .25 + 3 * .5) / 12 = .3125 s
-    assert p["itl_ms_p50"] == pytest.approx(250.0) and p["itl_ms_p99"] == pytest.approx(500.0)
-    assert p["itl_ms_mean"] == pytest.approx(312.5)
+    assert p.itl_ms_p50 == pytest.approx(250.0) and p.itl_ms_p99 == pytest.approx(500.0)
+    assert p.itl_ms_mean == pytest.approx(312.5)
     # TPOT = (E2E - TTFT) / (n - 1): .75/3 = .25, 1/3, 1.25/3, .75/3 = .25 -> sorted .25 .25 .3333 .4167
     # p50 rank 1.5 -> (.25 + .3333) / 2 = .291667 s
-    assert p["tpot_ms_p50"] == pytest.approx(1000 * (0.25 + 1 / 3) / 2)
+    assert p.tpot_ms_p50 == pytest.approx(1000 * (0.25 + 1 / 3) / 2)
     # E2E sorted 1.0 1.25 1.25 2.0: p90 rank 2.7 -> 1.25 + .7 * .75 = 1.775 s
-    assert p["e2e_ms_p90"] == pytest.approx(1775.0)
+    assert p.e2e_ms_p90 == pytest.approx(1775.0)
     # vLLM's own numbers are kept apart; where given they agree with ours
-    assert p["vllm_itl_ms_p99"] == 500.0 and p["vllm_ttft_ms_p50"] == 375.0
-    assert p["vllm_max_rel_diff"] == pytest.approx(0.0, abs=1e-12)
-    assert p["itl_sum_max_err_ms"] == pytest.approx(0.0) and p["itl_per_token"] is True
-    assert p["valid"] is True and p["short_requests"] == 0 and p["output_valid"] is True
+    assert p.vllm_itl_ms_p99 == 500.0 and p.vllm_ttft_ms_p50 == 375.0
+    assert p.vllm_max_rel_diff == pytest.approx(0.0, abs=1e-12)
+    assert p.itl_sum_max_err_ms == pytest.approx(0.0) and p.itl_per_token is True
+    assert p.valid is True and p.short_requests == 0 and p.output_valid is True
 
 
 def test_itl_lists_that_include_the_ttft_make_the_point_invalid() -> None:
@@ -227,22 +227,22 @@ def test_itl_lists_that_include_the_ttft_make_the_point_invalid() -> None:
     res["itls"] = [[t, *i] for t, i in zip(res["ttfts"], res["itls"])]
     p = bench_result.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
     # TTFT + sum(ITL) - E2E = the TTFT itself: worst 0.75 s
-    assert p["itl_sum_max_err_ms"] == pytest.approx(750.0)
-    assert p["valid"] is False and "not the gaps after the first token" in p["invalid_reasons"][0]
-    assert p["itl_per_token"] is False  # 4 gaps for 4 tokens
+    assert p.itl_sum_max_err_ms == pytest.approx(750.0)
+    assert p.valid is False and "not the gaps after the first token" in p.invalid_reasons[0]
+    assert p.itl_per_token is False  # 4 gaps for 4 tokens
 
 
 def test_short_outputs_make_a_point_invalid() -> None:
     # 4 requests asked 4 tokens: r2 stopped after 2, r3 failed (0 tokens): 10 of 16 = 62.5% < 90%
     res = detailed(**{**FOUR, "lens": [4, 4, 2, 0]}, errors=["", "", "", "ReadTimeout"])
     p = bench_result.parse_result(res, SweepPoint(1.0, None, 0), num_prompts=4, output_len=4)
-    assert p["output_tokens_total"] == 10 and p["output_tokens_requested"] == 16
-    assert p["short_requests"] == 2  # the short one and the failed one
-    assert p["output_valid"] is False and p["valid"] is False
-    assert "10 of 16 requested output tokens (62%" in p["invalid_reasons"][0]
+    assert p.output_tokens_total == 10 and p.output_tokens_requested == 16
+    assert p.short_requests == 2  # the short one and the failed one
+    assert p.output_valid is False and p.valid is False
+    assert "10 of 16 requested output tokens (62%" in p.invalid_reasons[0]
     # 15 of 16 (93.75% >= 90%): valid, one short request counted
     ok = bench_result.parse_result(detailed(**{**FOUR, "lens": [4, 4, 3, 4]}), SweepPoint(1.0, None, 0), 4, 4)
-    assert ok["valid"] is True and ok["short_requests"] == 1
+    assert ok.valid is True and ok.short_requests == 1
 
 
 def test_warmup_requests_in_the_result_make_it_invalid() -> None:
@@ -250,8 +250,8 @@ def test_warmup_requests_in_the_result_make_it_invalid() -> None:
     p = bench_result.parse_result(
         detailed(**FOUR), SweepPoint(1.0, None, 0), num_prompts=3, output_len=4, warmup_requests=1
     )
-    assert p["valid"] is False and "4 requests in the result, 3 sent" in p["invalid_reasons"][0]
-    assert p["warmup_requests"] == 1
+    assert p.valid is False and "4 requests in the result, 3 sent" in p.invalid_reasons[0]
+    assert p.warmup_requests == 1
 
 
 def _steady_run(n: int, gap: float, done: list[float]) -> dict:  # type: ignore[type-arg]
@@ -267,14 +267,14 @@ def test_steady_state_excludes_ramp_up_and_drain() -> None:
     p = bench_result.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=8, output_len=4)
     # window (first completion 1.0, last sent 3.5] = 2.5 s: completions 1.5 2 2.5 3 3.5 -> 5 / 2.5 = 2 req/s;
     # requests sent in it: 1.5 .. 3.5 -> 5 -> 2 req/s
-    assert p["steady_window_s"] == 2.5 and p["steady_completions"] == 5
-    assert p["steady_rps"] == 2.0 and p["steady_arrival_rps"] == 2.0
+    assert p.steady_window_s == 2.5 and p.steady_completions == 5
+    assert p.steady_rps == 2.0 and p.steady_arrival_rps == 2.0
     # tokens streamed at s + .25, .5, .75, 1.0 inside (1.0, 3.5]: 0+2+4+4+4+4+2+0 = 20 -> 8 tok/s
-    assert p["steady_output_tok_s"] == 8.0 and p["throughput_basis"] == "steady_window"
+    assert p.steady_output_tok_s == 8.0 and p.throughput_basis == "steady_window"
     # whole run: 8 / 4.5 s = 1.78 req/s = 0.89 x offered (ramp-up and drain counted): would read saturated
-    assert p["achieved_rps"] == pytest.approx(8 / 4.5)
+    assert p.achieved_rps == pytest.approx(8 / 4.5)
     # saturation: completions 1.0 .. 4.5 (7 / 3.5 s = 2 req/s) at the pace of the sends 0 .. 3.5 (7 / 3.5 s): 1.0
-    assert p["saturated"] is False and p["saturation_ratio"] == 1.0 and p["saturation_basis"] == "arrival_pace"
+    assert p.saturated is False and p.saturation_ratio == 1.0 and p.saturation_basis == "arrival_pace"
 
 
 def test_saturated_open_loop_in_the_steady_window() -> None:
@@ -282,10 +282,10 @@ def test_saturated_open_loop_in_the_steady_window() -> None:
     res = _steady_run(16, 0.5, [1.0 + i for i in range(16)])
     p = bench_result.parse_result(res, SweepPoint(2.0, None, 0), num_prompts=16, output_len=4)
     # window (1, 7.5] = 6.5 s: 6 completions (2..7), 13 requests sent (1.5 .. 7.5)
-    assert p["steady_completions"] == 6 and p["steady_arrivals"] == 13
+    assert p.steady_completions == 6 and p.steady_arrivals == 13
     # completions 1 .. 16 (15 / 15 s = 1 req/s) against sends 0 .. 7.5 (15 / 7.5 s = 2 req/s): 0.5
-    assert p["saturation_ratio"] == pytest.approx(0.5) and p["saturated"] is True
-    assert p["throughput_rps"] == pytest.approx(6 / 6.5)  # the server's rate, not the offered 2 req/s
+    assert p.saturation_ratio == pytest.approx(0.5) and p.saturated is True
+    assert p.throughput_rps == pytest.approx(6 / 6.5)  # the server's rate, not the offered 2 req/s
 
 
 def test_a_closed_loop_window_shorter_than_two_lifetimes_has_no_steady_rate() -> None:
@@ -296,42 +296,44 @@ def test_a_closed_loop_window_shorter_than_two_lifetimes_has_no_steady_rate() ->
     closed = bench_result.parse_result(res, SweepPoint(INF, 4, 0), num_prompts=8, output_len=4)
     # window (10.0, 10.3] = 0.3 s, 3 completions (10.1 .. 10.3): 10 req/s by the old rule, against a whole run of
     # 8 / 20.3 s = 0.39 req/s; 0.3 s < 2 x the median E2E of 10 s: no steady rate, the whole run stands
-    assert closed["steady_window_s"] == pytest.approx(0.3) and closed["steady_completions"] == 3
-    assert closed["steady_rps"] is None and closed["steady_output_tok_s"] is None
-    assert "shorter than 2 request lifetimes (E2E p50 10 s)" in closed["steady_reason"]
-    assert closed["throughput_basis"] == "whole_run" and closed["throughput_rps"] == pytest.approx(8 / 20.3)
+    assert closed.steady_window_s == pytest.approx(0.3) and closed.steady_completions == 3
+    assert closed.steady_rps is None and closed.steady_output_tok_s is None
+    assert "shorter than 2 request lifetimes (E2E p50 10 s)" in closed.steady_reason
+    assert closed.throughput_basis == "whole_run" and closed.throughput_rps == pytest.approx(8 / 20.3)
     # a record written before the rule: its stored steady window is set aside the same way when read
-    old = {**closed, "steady_rps": 10.0, "steady_output_tok_s": 40.0, "throughput_rps": 10.0}
-    old.update(throughput_tok_s=40.0, throughput_basis="steady_window")
+    old = closed.model_copy(update={"steady_rps": 10.0, "steady_output_tok_s": 40.0, "throughput_rps": 10.0})
+    old = old.model_copy(update={"throughput_tok_s": 40.0, "throughput_basis": "steady_window"})
     again = bench_result.rebase_steady(old)
-    assert again["throughput_rps"] == pytest.approx(8 / 20.3) and again["throughput_basis"] == "whole_run"
-    assert again["throughput_tok_s"] == closed["output_tok_s"] and again["steady_rps"] is None
+    assert again.throughput_rps == pytest.approx(8 / 20.3) and again.throughput_basis == "whole_run"
+    assert again.throughput_tok_s == closed.output_tok_s and again.steady_rps is None
     # the rule comes first, as at measurement: a stored point whose window also held too few completions says so
-    few = bench_result.rebase_steady({**closed, "steady_reason": "only 2 completion(s) in the steady window"})
-    assert few["steady_reason"] == closed["steady_reason"]
+    few = bench_result.rebase_steady(
+        closed.model_copy(update={"steady_reason": "only 2 completion(s) in the steady window"})
+    )
+    assert few.steady_reason == closed.steady_reason
     # the same timings in an open loop keep their window: its completions are not waves of one start
-    assert bench_result.parse_result(res, SweepPoint(4.0, None, 0), 8, 4)["steady_rps"] == pytest.approx(10.0)
-    open_loop = {**old, "concurrency": None}
-    assert bench_result.rebase_steady(open_loop) is open_loop and open_loop["throughput_rps"] == 10.0
+    assert bench_result.parse_result(res, SweepPoint(4.0, None, 0), 8, 4).steady_rps == pytest.approx(10.0)
+    open_loop = old.model_copy(update={"concurrency": None})
+    assert bench_result.rebase_steady(open_loop) is open_loop and open_loop.throughput_rps == 10.0
 
 
 def test_saturation_without_a_window_burst_and_closed_loop() -> None:
     # too few requests for a steady window: every one sent before the first completes; the paces still compare
     res = detailed(**{**FOUR, "starts": [0.0, 0.1, 0.2, 0.3]})
     p = bench_result.parse_result(res, SweepPoint(4.0, None, 0), num_prompts=4, output_len=4)
-    assert p["steady_rps"] is None and "no steady state" in p["steady_reason"]
+    assert p.steady_rps is None and "no steady state" in p.steady_reason
     # completions 1.25, .1+1.25=1.35, .2+2=2.2, .3+1=1.3: 3 / (2.2 - 1.25) = 3.16 req/s against sends 3 / .3 s = 10
-    assert p["saturation_basis"] == "arrival_pace" and p["saturation_ratio"] == pytest.approx(3 / 0.95 / 10)
-    assert p["saturated"] is True and p["throughput_rps"] == pytest.approx(4 / 2.2)
+    assert p.saturation_basis == "arrival_pace" and p.saturation_ratio == pytest.approx(3 / 0.95 / 10)
+    assert p.saturated is True and p.throughput_rps == pytest.approx(4 / 2.2)
     # without per-request lists: (4 - 1) / (duration 2.2 s - E2E p50 1.25 s) = 3.16 req/s against the offered 4
     bare = {k: v for k, v in res.items() if k not in ("start_times", "ttfts", "itls", "latencies")}
     q = bench_result.parse_result({**bare, "p50_e2el_ms": 1250.0}, SweepPoint(4.0, None, 0), 4, 4)
-    assert q["saturation_basis"] == "estimated_pace" and q["saturation_ratio"] == pytest.approx(3 / 0.95 / 4)
-    assert q["saturated"] is True
+    assert q.saturation_basis == "estimated_pace" and q.saturation_ratio == pytest.approx(3 / 0.95 / 4)
+    assert q.saturated is True
     burst = bench_result.parse_result(res, SweepPoint(INF, None, 0), 4, 4)
-    assert burst["saturated"] is None and burst["saturation_basis"] == "burst"
+    assert burst.saturated is None and burst.saturation_basis == "burst"
     closed = bench_result.parse_result(res, SweepPoint(INF, 2, 0), 4, 4)
-    assert closed["saturated"] is None and closed["saturation_basis"] == "closed_loop"
+    assert closed.saturated is None and closed.saturation_basis == "closed_loop"
 
 
 def _pt(rate, rep, tok, *, rps=1.0, sat=None, valid=True, conc=None, ttft99=100.0):  # type: ignore[no-untyped-def]

@@ -135,15 +135,15 @@ def _side(hits: float) -> dict:
 
 def test_client_side_adds_overhead_window_and_server_validity() -> None:
     p = bench_result.parse_result(RESULT, SweepPoint(1.0, None, 0), 4, 16)
-    assert p["valid"]
+    assert p.valid
     bench_result.add_client_side(p, _side(0), min_duration_s=3.0)
-    assert p["client_overhead_s"] == 1.5  # 5.5 s wall - 4.0 s window
-    assert p["window_met"] and p["seed"] == 3 and p["attempts"] == 1
-    assert p["prefix_cache_hit_rate"] == 0.0 and p["server_prompt_tokens"] == 1024 and p["valid"]
+    assert p.client_overhead_s == 1.5  # 5.5 s wall - 4.0 s window
+    assert p.window_met and p.seed == 3 and p.attempts == 1
+    assert p.prefix_cache_hit_rate == 0.0 and p.server_prompt_tokens == 1024 and p.valid
     cached = bench_result.parse_result(RESULT, SweepPoint(1.0, None, 0), 4, 16)
     bench_result.add_client_side(cached, _side(512), min_duration_s=5.0)  # 512/1024 hit, 4 s < 5 s
-    assert not cached["valid"] and cached["prefix_cache_hit_rate"] == 0.5 and cached["window_met"] is False
-    assert any("prefix-cache hit rate 50.0%" in r for r in cached["invalid_reasons"])
+    assert not cached.valid and cached.prefix_cache_hit_rate == 0.5 and cached.window_met is False
+    assert any("prefix-cache hit rate 50.0%" in r for r in cached.invalid_reasons)
 
 
 def test_request_times_are_relative_to_the_first_request() -> None:
@@ -307,10 +307,10 @@ def test_parse_point_reads_vllms_file_and_the_clients_sidecar(tmp_path: Path) ->
     (tmp_path / f"{point.name}.qv.json").write_text(json.dumps(_side(0)))
     bench = BenchConfig(name="t", output_len=16, warmup_prompts=2, min_duration_s=2.0)
     p = parse_point(tmp_path, point, bench)
-    assert p["num_prompts"] == 4 and p["output_tokens_requested"] == 64  # the sidecar's count x 16
-    assert p["valid"] and p["prefix_cache_hit_rate"] == 0.0 and p["client_overhead_s"] == 1.5
-    assert p["request_times"]["end_s"] == [1.0, 2.0, 3.0, 4.0]
-    assert p["result_file"] == str(tmp_path / "rate-1_r0.json")
+    assert p.num_prompts == 4 and p.output_tokens_requested == 64  # the sidecar's count x 16
+    assert p.valid and p.prefix_cache_hit_rate == 0.0 and p.client_overhead_s == 1.5
+    assert p.request_times is not None and p.request_times["end_s"] == [1.0, 2.0, 3.0, 4.0]
+    assert p.result_file == str(tmp_path / "rate-1_r0.json")
 
 
 def test_token_mismatch_with_preemptions_says_so() -> None:

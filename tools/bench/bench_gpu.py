@@ -69,8 +69,8 @@ def reparse_points(rec: JobRecord, job_dir: Path) -> bool:
         # what the sweep added beside the client's files: kept as recorded
         for key in ("result_file", "gpu", "server_start", "start_order", "sampling"):
             if old.has(key):
-                new[key] = old.to_dict()[key]
-        points[i] = SweepPoint.model_validate(new)
+                setattr(new, key, getattr(old, key))
+        points[i] = new
         reread = True
     return reread
 

@@ -316,7 +316,7 @@ def run_by_hand(
         time.sleep(COUNTER_SETTLE_S)  # the API server updates its counters after the last response
         after = server.counters()
         res = json.loads((out / f"{point.name}.json").read_text())
-        row = bench_result.parse_result(res, point, n, bench.output_len, 0)
+        row = bench_result.parse_result(res, point, n, bench.output_len, 0).to_dict()
         jobs_prompts = point.name in (seeds or {}) and point.name in (num_prompts or {})
         repeated = (repeated_tokens or {}).get(point.name) if jobs_prompts else None
         checks = server_metrics.server_checks(
@@ -361,7 +361,7 @@ def read_by_hand(
             continue
         n = _requests(bench, point, num_prompts)
         try:
-            row = bench_result.parse_result(json.loads(path.read_text()), point, n, bench.output_len, 0)
+            row = bench_result.parse_result(json.loads(path.read_text()), point, n, bench.output_len, 0).to_dict()
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             skipped[path] = f"{path}: not a vLLM bench result ({type(exc).__name__}: {exc})"
             continue

@@ -177,8 +177,8 @@ def test_finished_records_reread_their_points_from_the_bench_folder(tmp_path: Pa
     cfg = as_dict(compose(["bench=cpu-concurrency", *bench_keys]))
     old = bench_result.parse_result(RESULT, point, 4, 16)
     bench_result.add_client_side(old, _side(240, None))
-    old["result_file"] = "/gpu/machine/bench/conc-1_r0.json"
-    rec = JobRecord.view({"config": cfg, "speed": {"points": [old]}})
+    old.result_file = "/gpu/machine/bench/conc-1_r0.json"
+    rec = JobRecord.view({"config": cfg, "speed": {"points": [old.to_dict()]}})
     assert not rec.speed.points[0].valid
     # the sidecar gains the recount (quantverdict.children.recount_repeats), the record is re-derived
     side = _side(240, {"requests": 4, "prompt_tokens": 1024, "repeated_requests": 1, "repeated_tokens": 256})
@@ -188,6 +188,6 @@ def test_finished_records_reread_their_points_from_the_bench_folder(tmp_path: Pa
     assert new.valid and new.prompt_repeat_rate == 0.25
     assert new.result_file == "/gpu/machine/bench/conc-1_r0.json"  # where it was written, kept
     # a record whose job folder has no bench/ files keeps its points as they are
-    rec2 = JobRecord.view({"config": cfg, "speed": {"points": [dict(old)]}})
+    rec2 = JobRecord.view({"config": cfg, "speed": {"points": [old.to_dict()]}})
     reparse_points(rec2, tmp_path / "elsewhere")
     assert rec2.speed.points[0].valid is False
