@@ -65,7 +65,6 @@ COUNTED: dict[str, tuple[int, str]] = {
     "results/table.py": (3, "the accuracy deltas results.baseline computes for the table"),
     "results/baseline.py": (1, "config.eval.headline, a task -> metric mapping"),
     "measure/aggregate.py": (2, f"{LAYER_BELOW}: sweep points"),
-    "measure/bench_result.py": (36, "vLLM's benchmark result JSON and the sweep client's sidecar, parsed into a point"),
     "measure/gpu_samples.py": (2, "nvidia-smi's column names, mapped to the sample's keys"),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
     "measure/kv_cache.py": (1, "vLLM's table of KV-cache element sizes by dtype name (a constant)"),
