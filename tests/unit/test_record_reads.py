@@ -68,7 +68,7 @@ COUNTED: dict[str, tuple[int, str]] = {
     "measure/gpu_samples.py": (2, "nvidia-smi's column names, mapped to the sample's keys"),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
     "measure/kv_cache.py": (1, "vLLM's table of KV-cache element sizes by dtype name (a constant)"),
-    "measure/memory.py": (4, "safetensors headers and the checkpoint size check's measured memory (a dict)"),
+    "measure/memory.py": (1, "the bytes per dtype it sums over a checkpoint's safetensors headers"),
     "measure/perplexity.py": (1, "lm-eval's reported metrics"),
     "measure/sanity.py": (2, "the checkpoint sanity check's result, before it is typed"),
     "measure/server_metrics.py": (2, "vLLM's /metrics counters, before and after a point"),

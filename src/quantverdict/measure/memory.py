@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from quantverdict.measure.points import ModelDims
+from quantverdict.measure.points import CheckpointMemory, ModelDims
 
 GIB = 2**30  # bytes in a GiB (binary, as vLLM logs it)
 MIB = 2**20  # bytes in a MiB (nvidia-smi's memory.total unit)
@@ -359,7 +359,7 @@ class CheckpointSizeError(ValueError):
 
 
 def check_against_prediction(
-    memory: dict[str, Any],
+    memory: CheckpointMemory | Mapping[str, Any],
     weight_bits: int,
     group_size: int | None,
     symmetric: bool,
@@ -392,7 +392,7 @@ def check_against_prediction(
     is not a multiple of 128 hold fewer weights, so the prediction is then a little low.
 
     Args:
-        memory: :func:`checkpoint_memory` of the checkpoint.
+        memory: :func:`checkpoint_memory` of the checkpoint, typed or as the dict it returns.
         weight_bits: ``scheme.weight_bits`` (1..8).
         group_size: the resolved group size; ``None`` for per-channel.
         symmetric: ``scheme.symmetric``; asymmetric schemes store a zero point per group.
@@ -425,7 +425,8 @@ def check_against_prediction(
         raise ValueError(f"tolerance={tolerance} must be > 0")
     if scale_bytes is None:
         scale_bytes = SCALE_DTYPE_BYTES[scale_dtype]
-    n = int(memory["quantized_weight_elements"])
+    ck = memory if isinstance(memory, CheckpointMemory) else CheckpointMemory.model_validate(memory)
+    n, modules = int(ck.quantized_weight_elements or 0), int(ck.quantized_modules or 0)
     layout = f"weight_bits={weight_bits}, group_size={group_size or 'channel'}, " + (
         "symmetric" if symmetric else "asymmetric"
     )
@@ -435,25 +436,25 @@ def check_against_prediction(
         "group_size": group_size,
         "symmetric": symmetric,
         "scale_bytes": scale_bytes,
-        "quantized_modules": int(memory["quantized_modules"]),
+        "quantized_modules": modules,
         "quantized_weight_elements": n,
         "tolerance": tolerance,
     }
-    if memory["quantized_modules"] == 0 or n == 0:
+    if modules == 0 or n == 0:
         comparison.update(ok=False, measured_bytes=0, predicted_bytes=None, relative_deviation=None)
         raise CheckpointSizeError(
             f"{scheme} ({layout}) should quantize weights, but the checkpoint has no quantized module "
-            f"(no *.weight_packed and no int8/fp8 *.weight among its {memory.get('num_tensors', '?')} tensors "
-            f"in {', '.join(memory.get('files', [])) or '?'}); it looks unquantized",
+            f"(no *.weight_packed and no int8/fp8 *.weight among its {ck.num_tensors or '?'} tensors "
+            f"in {', '.join(ck.files or []) or '?'}); it looks unquantized",
             comparison,
         )
-    groups = memory["quantized_weight_rows"] if group_size is None else n / group_size
+    groups = int(ck.quantized_weight_rows or 0) if group_size is None else n / group_size
     predicted = n * weight_bits / 8 + groups * scale_bytes
     if not symmetric:
         predicted += groups * weight_bits / 8
-    predicted += G_IDX_BYTES * memory.get("g_idx_elements", 0)
-    predicted += global_scale_bytes * int(memory["quantized_modules"])
-    measured = memory["quantized_weight_bytes"] + memory["quantized_metadata_bytes"]
+    predicted += G_IDX_BYTES * (ck.g_idx_elements or 0)
+    predicted += global_scale_bytes * modules
+    measured = int(ck.quantized_weight_bytes or 0) + int(ck.quantized_metadata_bytes or 0)
     deviation = (measured - predicted) / predicted
     comparison.update(
         predicted_bytes=predicted,
@@ -467,7 +468,7 @@ def check_against_prediction(
         raise CheckpointSizeError(
             f"checkpoint size does not match {scheme} ({layout}, {scale_dtype} scales): predicted "
             f"{predicted:,.0f} B ({8 * predicted / n:.3f} bits/weight) for {n:,} quantized weights in "
-            f"{memory['quantized_modules']} modules, measured {measured:,} B ({8 * measured / n:.3f} "
+            f"{modules} modules, measured {measured:,} B ({8 * measured / n:.3f} "
             f"bits/weight), {deviation:+.1%} (tolerance ±{tolerance:.0%}); the checkpoint is not stored "
             "the way the scheme says, so its memory and speed would be reported under the wrong label",
             comparison,

@@ -281,6 +281,27 @@ class LoadLevel(Section):
     metrics: dict[str, Spread | None] | None = None
 
 
+class CheckpointMemory(Section):
+    """``memory.checkpoint``: the checkpoint's bytes on disk (safetensors headers), by dtype and role
+    (:func:`quantverdict.measure.memory.checkpoint_memory`)."""
+
+    total_weight_bytes: int | None = None
+    weights_gib: float | None = None
+    bytes_by_dtype: dict[str, int] | None = None
+    bytes_by_role: dict[str, int] | None = None
+    num_tensors: int | None = None
+    files: list[Any] | None = None
+    quantized_modules: int | None = None
+    quantized_weight_bytes: int | None = None
+    quantized_weight_elements: int | None = None
+    quantized_weight_rows: int | None = None
+    quantized_metadata_bytes: int | None = None
+    g_idx_elements: int | None = None
+    effective_bits_per_weight: float | None = None
+    predicted_weight_bytes: float | None = None
+    not_measured: str | None = None
+
+
 class ServerMemory(Section):
     """``memory.server``: what vLLM's server log said (GiB, tokens, kernels; :mod:`quantverdict.measure.vllm_log`)."""
 

@@ -28,6 +28,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from quantverdict import RECORD_SCHEMA_VERSION, __version__
 from quantverdict.measure.points import Block as Block
+from quantverdict.measure.points import CheckpointMemory as CheckpointMemory
 from quantverdict.measure.points import GpuWindow as GpuWindow
 from quantverdict.measure.points import JsonObject as JsonObject
 from quantverdict.measure.points import LoadLevel as LoadLevel
@@ -374,27 +375,6 @@ class Stage(Section):
     status: str | None = None
     wall_s: float | None = None
     detail: str | None = None
-
-
-class CheckpointMemory(Section):
-    """``memory.checkpoint``: the checkpoint's bytes on disk (safetensors headers), by dtype and role
-    (:func:`quantverdict.measure.memory.checkpoint_memory`)."""
-
-    total_weight_bytes: int | None = None
-    weights_gib: float | None = None
-    bytes_by_dtype: dict[str, int] | None = None
-    bytes_by_role: dict[str, int] | None = None
-    num_tensors: int | None = None
-    files: list[Any] | None = None
-    quantized_modules: int | None = None
-    quantized_weight_bytes: int | None = None
-    quantized_weight_elements: int | None = None
-    quantized_weight_rows: int | None = None
-    quantized_metadata_bytes: int | None = None
-    g_idx_elements: int | None = None
-    effective_bits_per_weight: float | None = None
-    predicted_weight_bytes: float | None = None
-    not_measured: str | None = None
 
 
 class Memory(Section):
