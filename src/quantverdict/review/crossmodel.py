@@ -1,6 +1,6 @@
 """Candidates across models on a target GPU (``review.target``): the best (model, scheme) that meets the constraints,
 and each bigger model quantized against each smaller one unquantized. ``config.bench.server``, ``config.model`` and
-``config.eval`` have no typed model in the record: read through :meth:`JobRecord.cfg`."""
+``config.eval`` read through :attr:`JobRecord.cfg`."""
 
 from __future__ import annotations
 
