@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from quantverdict.config.schema import FloorTest, ReviewConfig
+from quantverdict.measure import stats
 from quantverdict.review.flags import FlagCode
 
 SCHEMA_VERSION: Final = 4
@@ -31,6 +32,10 @@ SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "
 
 def _gb(v: float | None) -> float | None:
     return None if v is None else v / 1e9
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is None or math.isfinite(v) else None
 
 
 # a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); math.inf (JSON "inf") for an unlimited rate
@@ -206,6 +211,13 @@ class Interval(_Strict):
     method: str
     n: int | None
     unit: str
+
+    @classmethod
+    def of(cls, iv: stats.Interval | None) -> Interval | None:
+        """``iv`` as the document holds it; None when missing or any of its three numbers is not finite."""
+        if iv is None or not all(math.isfinite(v) for v in (iv.estimate, iv.low, iv.high)):
+            return None
+        return cls(estimate=iv.estimate, low=iv.low, high=iv.high, method=iv.method, n=iv.n, unit=iv.unit)
 
 
 class Criterion(_Strict):
@@ -386,14 +398,12 @@ class KldFigures(_Strict):
 
 
 class AccuracyDelta(_Strict):
-    """One accuracy comparison against the baseline (:class:`quantverdict.review.scorecard.TaskDelta`).
-    ``score``: ``delta = value - baseline`` (absolute), ``recovery_pct = 100 · value / baseline``;
-    ``perplexity``: ``delta_pct = 100 · (value / baseline - 1)``; ``kld``: metric ``mean_kld`` (nats, baseline 0,
-    ``delta`` = the mean KLD) or ``top1_agreement_pct`` (baseline 100, ``recovery_pct`` = the agreement), or
-    ``refused`` (``value`` None, the reason in ``note``). ``interval`` is of ``delta`` (score, kld) or of
-    ``delta_pct`` (perplexity); ``recovery_interval`` in %. ``refused``: why the comparison cannot be made (it is
-    then left unjudged).
-    """
+    """One accuracy comparison against the baseline (:mod:`quantverdict.review.accuracy`).
+    ``score`` (higher is better): ``delta = value - baseline``, ``recovery_pct = 100 · value / baseline``;
+    ``perplexity`` (lower is better): ``delta_pct = 100 · (value / baseline - 1)``; ``kld``: metric ``mean_kld``
+    (nats, baseline 0, ``delta`` = the mean KLD), ``top1_agreement_pct`` (baseline 100, ``recovery_pct`` = the
+    agreement) or ``refused``. ``interval`` is of ``delta`` (score, kld) or ``delta_pct`` (perplexity),
+    ``recovery_interval`` in %; ``refused``: why the comparison cannot be made (it is then left unjudged)."""
 
     name: str
     metric: str
@@ -414,6 +424,15 @@ class AccuracyDelta(_Strict):
     note: str
     refused: str
     kld: KldFigures | None
+
+    @classmethod
+    def new(
+        cls, name: str, metric: str, kind: DeltaKind, value: float, baseline: float, **figures: Any
+    ) -> AccuracyDelta:
+        """A comparison with the ``figures`` given, the others unset; numbers that are not finite become None."""
+        blank: dict[str, Any] = dict.fromkeys(cls.model_fields) | {"paired": False, "note": "", "refused": ""}
+        given = blank | figures | {"name": name, "metric": metric, "kind": kind, "value": value, "baseline": baseline}
+        return cls.model_validate({k: _finite(v) if isinstance(v, float) else v for k, v in given.items()})
 
 
 class Accuracy(_Strict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import document as doc
 from quantverdict.review.kld import _finite
-from quantverdict.review.scorecard import Scorecard, TaskDelta
+from quantverdict.review.scorecard import Scorecard
 
 
 def per_user_tok_s(p: doc.SpeedPoint) -> float | None:
@@ -51,7 +51,7 @@ def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> doc.HeadlineAccuracy |
     judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
     ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
     scores = [d for d in judged if d.kind == "score" and d.recovery_pct is not None]
-    d: TaskDelta | None = max(ppls, key=lambda d: d.delta_pct or 0.0) if ppls else None
+    d: doc.AccuracyDelta | None = max(ppls, key=lambda d: d.delta_pct or 0.0) if ppls else None
     d = d or (min(scores, key=lambda d: d.recovery_pct or 0.0) if scores else None)
     if d is None:
         return None

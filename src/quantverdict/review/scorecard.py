@@ -4,41 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from quantverdict.measure.stats import Interval
 from quantverdict.results.baseline import baseline_scheme
 from quantverdict.results.record import JobRecord
 from quantverdict.review import document as doc
-from quantverdict.review.document import KldFigures, Memory
+from quantverdict.review.document import Memory
 from quantverdict.review.flags import Flag
 
 TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
 
 
-@dataclass
-class TaskDelta:
-    """One accuracy comparison of a scheme against its baseline: ``kind`` ``score`` (higher is better: ``delta``
-    absolute, ``recovery_pct = 100 · value / baseline``) or ``perplexity`` (lower is better, judged only for the
-    kinds in ``review.perplexity_kinds``: ``delta_pct = 100 · (value / baseline - 1)``)."""
-
-    name: str  # task, or the perplexity kind for token_perplexity
-    metric: str
-    kind: str
-    value: float
-    baseline: float
-    delta: float | None = None
-    delta_pct: float | None = None
-    recovery_pct: float | None = None
-    interval: Interval | None = None  # of delta (score) or of delta_pct (perplexity)
-    recovery_interval: Interval | None = None  # in %
-    mcnemar_b: int | None = None
-    mcnemar_c: int | None = None
-    mcnemar_p: float | None = None
-    n: int | None = None
-    paired: bool = False
-    significant: bool | None = None  # None: no interval
-    note: str = ""
-    refused: str = ""  # why it cannot be made (not the same items scored): left unjudged, never failed or passed
-    kld: KldFigures | None = None  # the record's KL divergence summary (kind kld)
+TaskDelta = doc.AccuracyDelta  # one accuracy comparison: the document's model is the one the review computes
 
 
 @dataclass
