@@ -261,12 +261,10 @@ def _scheme(sc: Scorecard, cs: Checks, head: doc.Headline) -> doc.Scheme:
         headline=head,
         memory=sc.memory,
         accuracy=doc.Accuracy(
-            not_applicable=sc.accuracy_not_applicable,
-            refused=sc.accuracy_refused,
-            deltas=sc.accuracy,
+            not_applicable=sc.accuracy_not_applicable, refused=sc.accuracy_refused, deltas=sc.accuracy
         ),
         speed=sc.speed,
-        checks=doc.Checks(memory=cs["memory"], accuracy=cs["accuracy"], latency=cs["latency"]),
+        checks=doc.Checks(**cs),
         missing=sc.missing,
         validity=sc.validity,
     )

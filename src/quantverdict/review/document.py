@@ -11,15 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    JsonValue,
-    PlainSerializer,
-    WithJsonSchema,
-)
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
 from quantverdict.config.schema import FloorTest, ReviewConfig
@@ -42,7 +34,6 @@ def _finite(v: float | None) -> float | None:
 Load = Annotated[
     float,
     Field(allow_inf_nan=True),
-    BeforeValidator(lambda v: math.inf if v == "inf" else v),
     PlainSerializer(lambda v: "inf" if math.isinf(v) else v),
     WithJsonSchema({"anyOf": [{"type": "number"}, {"const": "inf", "type": "string"}]}),
 ]
@@ -51,9 +42,7 @@ Load = Annotated[
 class _Strict(BaseModel):
     """Unknown keys and non-finite floats are refused (strict JSON, RFC 8259)."""
 
-    model_config = ConfigDict(
-        extra="forbid", allow_inf_nan=False, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
-    )
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_by_name=True, serialize_by_alias=True)
 
 
 class ConstraintKind(StrEnum):

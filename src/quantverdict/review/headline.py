@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import document as doc
-from quantverdict.review.kld import _finite
 from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.speed import finite as _finite
+from quantverdict.review.words import say
 
 
 def per_user_tok_s(p: doc.SpeedPoint) -> float | None:
@@ -96,10 +97,8 @@ def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
 
 
 def memory_load_text(rc: ReviewConfig) -> str:
-    """What the memory number serves: ``16 concurrent requests`` or ``4,608 KV tokens``."""
-    if rc.kv_cache_tokens:
-        return f"{rc.kv_cache_tokens:,} KV tokens"
-    return f"{rc.concurrent_requests} concurrent requests"
+    """What the memory number serves: ``16 concurrent requests`` or ``4,608 KV tokens`` (``text.j2``'s macro)."""
+    return say("memory_load_text", "text.j2", rc=rc)
 
 
 def mlflow_metrics(n: doc.Headline) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The scorecard: the review's view of one job (identity and the three numbers) and of one accuracy comparison."""
+"""The scorecard: the review's working view of one job (identity and the three numbers)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from quantverdict.review.document import Memory
 from quantverdict.review.flags import Flag
 
 TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
-
-
-TaskDelta = doc.AccuracyDelta  # one accuracy comparison: the document's model is the one the review computes
+TaskDelta = doc.AccuracyDelta  # one accuracy comparison, as computed and as written
 
 
 @dataclass
@@ -32,13 +30,12 @@ class Scorecard:
     memory: Memory = field(default_factory=Memory.unknown)
     accuracy: list[TaskDelta] = field(default_factory=list)
     accuracy_refused: str | None = None
-    # why accuracy cannot be measured at all (synthetic model, random weights); None for a real model
-    accuracy_not_applicable: str | None = None
+    accuracy_not_applicable: str | None = None  # why accuracy cannot be measured (random weights)
     speed: doc.Speed = field(default_factory=doc.Speed.unmeasured)
     flags: list[Flag] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    validity: list[str] = field(default_factory=list)  # what the numbers stand on (review's Validity section)
-    gpus: int = 1  # GPUs the job's server used (tensor parallel size; review.gpus.job_gpus)
+    validity: list[str] = field(default_factory=list)
+    gpus: int = 1  # tensor parallel size (review.gpus.job_gpus)
     kv: str = "auto"  # the KV cache's precision (kv=NAME, conf/kv): auto, fp8, fp8_calibrated
 
     @property
