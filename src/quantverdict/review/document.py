@@ -225,6 +225,30 @@ class Criterion(_Strict):
     note: str = ""
 
 
+def criterion(
+    metric: CriterionMetric,
+    subject: str,
+    limit: str,
+    comparison: Literal["<=", ">="],
+    threshold: float,
+    observed: float | None,
+    *,
+    judged: float | None = None,
+    test: Literal["point", "interval"] = "point",
+    ok: bool | None = None,
+    note: str = "",
+) -> Criterion:
+    """``judged`` (default ``observed``) held against ``threshold``; the outcome is ``ok`` where given, else the
+    comparison; ``unknown`` without a finite value."""
+    value = _finite(observed if judged is None else judged)
+    if ok is None and value is not None:
+        ok = value <= threshold if comparison == "<=" else value >= threshold
+    outcome = Outcome.UNKNOWN if ok is None or value is None else Outcome.PASS if ok else Outcome.FAIL
+    v: dict[str, Any] = dict(metric=metric, subject=subject, limit=limit, comparison=comparison, threshold=threshold)
+    v |= dict(observed=_finite(observed), judged=value, test=test, outcome=outcome, note=note)
+    return Criterion.model_validate(v)
+
+
 class Check(_Strict):
     """One constraint checked for one scheme: its outcome, the criteria it rests on, and the sentences the
     renderers print (``text``: with the numbers; ``shortfall``: by how much a failing scheme misses; ``cite``:

@@ -31,9 +31,9 @@ def _point_at(sc: Scorecard, load: float) -> doc.SpeedPoint | None:
     return next((p for p in sc.speed.points if p.load == load), None)
 
 
-def comparable(sc: Scorecard, base: Scorecard) -> str:
-    """'' when the two may be compared for speed, else why not."""
-    for who in (sc, base):
+def not_comparable(*cards: Scorecard) -> str:
+    """Why ``cards`` (a scheme and its baseline) may not be compared for speed; '' when they may."""
+    for who in cards:
         if not who.speed.comparable:
             return f"{who.name} {who.speed.excluded_why or 'ran on a fallback kernel'}: not compared"
     return ""
@@ -76,7 +76,7 @@ def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
     out = []
     for sc in cards:
         c1 = at = None
-        note = "" if base is None or sc.is_baseline else comparable(sc, base)
+        note = "" if base is None or sc.is_baseline else not_comparable(sc, base)
         if base is not None and not sc.is_baseline and not note:
             p, q = low_load_point(sc), low_load_point(base)
             c1 = speed_ratio(p, q) if p and q and p.load == q.load else None

@@ -1,65 +1,20 @@
 """The KL divergence to the baseline: ``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary` fields, the
-baseline's entry, or ``{"refused": reason}``) becomes :class:`AccuracyDelta` of kind ``kld``; ``review.max_mean_kld``
-and ``review.min_top1_agreement_pct`` join the accuracy check. A top-k KLD is a lower bound of the true one: failing
-on it is failing, passing is the bound's pass."""
+baseline's entry, or ``{"refused": reason}``) becomes :class:`AccuracyDelta` of kind ``kld``, which the accuracy check
+holds against ``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` (:mod:`quantverdict.review.verdict`). A
+top-k KLD is a lower bound of the true one: failing on it is failing, passing is the bound's pass."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, Literal
 
-from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.stats import Interval
 from quantverdict.results.record import Block, JobRecord
-from quantverdict.review.document import (
-    AccuracyDelta,
-    Check,
-    Criterion,
-    CriterionMetric,
-    DeltaKind,
-    KldFigures,
-    Outcome,
-)
+from quantverdict.review.document import AccuracyDelta, DeltaKind, KldFigures
 from quantverdict.review.document import Interval as DocInterval
-from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import finite
-from quantverdict.review.words import say
 
 KLD = DeltaKind.KLD  # the kind and name of the KLD deltas
-MEAN, TOP1 = "mean_kld", "top1_agreement_pct"
-REFUSED = "refused"
-# the check statuses by the short names the checks use (review.verdict imports them from here)
-PASS, FAIL, UNKNOWN, OFF = Outcome.PASS, Outcome.FAIL, Outcome.UNKNOWN, Outcome.OFF
-NOT_APPLICABLE = Outcome.NOT_APPLICABLE
-_finite = finite  # the name review.verdict imports
-
-
-def _criterion(
-    metric: CriterionMetric,
-    subject: str,
-    limit: str,
-    comparison: Literal["<=", ">="],
-    threshold: float,
-    observed: float | None,
-    *,
-    judged: float | None = None,
-    test: Literal["point", "interval"] = "point",
-    ok: bool | None = None,
-    note: str = "",
-) -> Criterion:
-    """``judged`` (default ``observed``) held against ``threshold``; the outcome is ``ok`` where given, else the
-    comparison; ``unknown`` without a finite value."""
-    value = finite(observed if judged is None else judged)
-    if ok is None and value is not None:
-        ok = value <= threshold if comparison == "<=" else value >= threshold
-    outcome = UNKNOWN if ok is None or value is None else PASS if ok else FAIL
-    v: dict[str, Any] = dict(metric=metric, subject=subject, limit=limit, comparison=comparison, threshold=threshold)
-    v |= dict(observed=finite(observed), judged=value, test=test, outcome=outcome, note=note)
-    return Criterion.model_validate(v)
-
-
-FloorTest = Callable[[AccuracyDelta, ReviewConfig], str]
+MEAN, TOP1, REFUSED = "mean_kld", "top1_agreement_pct", "refused"
 
 
 class _KldEntry(Block):
@@ -105,58 +60,3 @@ def kld_deltas(rec: JobRecord) -> list[AccuracyDelta]:
             recovery_interval=_interval(f, agree, lo, hi),
         ),
     ]
-
-
-# the KLD limits: (delta metric, criterion metric, review key, comparison)
-_LIMITS: tuple[tuple[str, CriterionMetric, str, Literal["<=", ">="]], ...] = (
-    (MEAN, CriterionMetric.MEAN_KLD_NATS, "max_mean_kld", "<="),
-    (TOP1, CriterionMetric.TOP1_AGREEMENT_PCT, "min_top1_agreement_pct", ">="),
-)
-
-
-def with_kld_constraint(check: Check, sc: Scorecard, rc: ReviewConfig, floor_test_of: FloorTest) -> Check:
-    """``check`` (the accuracy check of ``sc``) with the KLD limits added as criteria, each judged on the delta's
-    value or, under the interval test, its interval's end nearest to passing. Unchanged when neither limit is set,
-    accuracy is not applicable or the deltas were refused; the baseline is the reference; a scheme without a KLD
-    becomes ``unknown`` unless it already fails."""
-    if rc.max_mean_kld is None and rc.min_top1_agreement_pct is None:
-        return check
-    if check.outcome == NOT_APPLICABLE or sc.accuracy_refused or (sc.is_baseline and check.outcome != OFF):
-        return check
-    if sc.is_baseline:
-        reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
-        return check.model_copy(update={"outcome": PASS, "text": reference, "cite": "is the accuracy reference"})
-    off = check.outcome == OFF
-    texts, cites = ([], []) if off else ([check.text], [check.cite])
-    kld = [d for d in sc.accuracy if d.kind == KLD]
-    by = {d.metric: d for d in kld if d.metric != REFUSED}
-    limits = [(s, m, key, op, t) for s, m, key, op in _LIMITS if (t := getattr(rc, key)) is not None]
-    if not by:
-        why = next((d.note for d in kld), "no KL divergence in the record")
-        unmeasured = [_criterion(m, s, key, op, t, None, note=why) for s, m, key, op, t in limits]
-        update: dict[str, Any] = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
-        update["text"] = "; ".join(t for t in (*texts, f"KLD limits not checked: {why}") if t)
-        update["cite"] = "; ".join(c for c in (*cites, "KLD not measured") if c)
-        return check.model_copy(update=update | {"criteria": [*check.criteria, *unmeasured]})
-    crits, fails = [], list[tuple[float, str]]()
-    for subject, metric, key, op, threshold in limits:
-        if (d := by.get(subject)) is None or d.value is None:
-            continue
-        iv = d.interval if subject == MEAN else d.recovery_interval
-        end = None if floor_test_of(d, rc) != "interval" or iv is None else iv.low if op == "<=" else iv.high
-        test: Literal["point", "interval"] = "point" if end is None else "interval"
-        crit = _criterion(metric, subject, key, op, threshold, d.value, judged=end, test=test)
-        ok = crit.outcome == PASS
-        crits.append(crit)
-        texts.append(say("kld_limit", d=d, threshold=threshold, ok=ok, end=end))
-        cites.append(say("kld_limit", d=d, threshold=threshold, ok=ok, end=None))
-        if not ok:
-            gap = d.value - threshold if op == "<=" else threshold - d.value
-            fails.append((gap / max(threshold, 1e-12), say("kld_fails", d=d, threshold=threshold, gap=gap)))
-    update = {"text": "; ".join(t for t in texts if t), "cite": " and ".join(c for c in cites if c)}
-    update |= {"outcome": PASS if off else check.outcome, "criteria": [*check.criteria, *crits]}
-    if fails:
-        fails.sort(reverse=True)
-        update |= {"outcome": FAIL, "excess": max(check.excess, fails[0][0])}
-        update["shortfall"] = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
-    return check.model_copy(update=update)
