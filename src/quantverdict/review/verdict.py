@@ -17,16 +17,7 @@ from typing import Any, Literal
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import stats
 from quantverdict.review import document as doc
-from quantverdict.review.document import (
-    Check,
-    ConstraintKind,
-    Criterion,
-    CriterionMetric,
-    Decision,
-    Outcome,
-    PassReason,
-    criterion,
-)
+from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
@@ -35,8 +26,8 @@ from quantverdict.review.speed import finite as _finite
 from quantverdict.review.words import say
 
 # the check outcomes by the short names the checks, and tests, read here
-PASS, FAIL, UNKNOWN, OFF = Outcome.PASS, Outcome.FAIL, Outcome.UNKNOWN, Outcome.OFF
-NOT_APPLICABLE = Outcome.NOT_APPLICABLE
+PASS, FAIL, UNKNOWN, OFF = doc.Outcome.PASS, doc.Outcome.FAIL, doc.Outcome.UNKNOWN, doc.Outcome.OFF
+NOT_APPLICABLE = doc.Outcome.NOT_APPLICABLE
 __all__ = ["FAIL", "NOT_APPLICABLE", "OFF", "PASS", "UNKNOWN", "Check", "Verdict"]
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # outcomes that let a scheme be chosen
@@ -67,7 +58,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     m, budget, need = sc.memory, rc.memory_budget_gib, sc.memory.need_gib
     if budget is None:
         return _check("memory", OFF, "no memory budget set")
-    crit = [criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
+    crit = [doc.criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
     if need is None:
         return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
     paging = m.hybrid_paging
@@ -130,7 +121,7 @@ def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
     subject = d.metric if d.name == d.metric or d.kind == "kld" else f"{d.name} {d.metric}"
     test: Literal["point", "interval"] = "interval" if on_interval else "point"
     observed, ok = getattr(d, value), _ok(d, threshold, rc)
-    crit = criterion(
+    crit = doc.criterion(
         CriterionMetric(metric), subject, limit, comparison, threshold, observed, judged=judged, test=test, ok=ok
     )
     if d.refused:
@@ -195,21 +186,18 @@ def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
     if not limits or check.outcome == NOT_APPLICABLE or sc.accuracy_refused:
         return check
     if sc.is_baseline:
-        reference = {"outcome": PASS, "text": "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"}
-        return (
-            check
-            if check.outcome != OFF
-            else check.model_copy(update=reference | {"cite": "is the accuracy reference"})
-        )
+        reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
+        update: dict[str, Any] = {"outcome": PASS, "text": reference, "cite": "is the accuracy reference"}
+        return check if check.outcome != OFF else check.model_copy(update=update)
     off, kld = check.outcome == OFF, [d for d in sc.accuracy if d.kind == "kld"]
     texts, cites = ([], []) if off else ([check.text], [check.cite])
     if not (by := {d.metric: d for d in kld if d.metric in FLOORS}):
         why = next((d.note for d in kld), "no KL divergence in the record")
         unmeasured = [
-            criterion(CriterionMetric(f[4]), m, f[2], f[3], getattr(rc, f[2]), None, note=why)
+            doc.criterion(CriterionMetric(f[4]), m, f[2], f[3], getattr(rc, f[2]), None, note=why)
             for m, f in limits.items()
         ]
-        update: dict[str, Any] = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
+        update = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
         update["text"] = "; ".join(t for t in (*texts, f"KLD limits not checked: {why}") if t)
         update["cite"] = "; ".join(c for c in (*cites, "KLD not measured") if c)
         return check.model_copy(update=update | {"criteria": [*check.criteria, *unmeasured]})
@@ -244,7 +232,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         text, cite = _said("attainment", g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo)
         if pct < need:
             fails.append(((need - pct) / need, say("attainment_fails", g=g, need=need, pct=pct, under=need - pct)))
-        crits.append(criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
+        crits.append(doc.criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
     else:  # no per-request data: the p99s at the load (slo_ok said None above if one with its limit set is missing)
@@ -254,7 +242,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         ]
         p99s = [p for p in p99s if p[2] is not None and p[3] is not None]
         for key, name, v, lim in p99s:
-            crits.append(criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
+            crits.append(doc.criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
             if (over := v - lim) > 0:
                 fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
@@ -272,7 +260,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         fails += [((rc.load_rps - ceiling) / rc.load_rps, short)] if below else []
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
         metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
-        crits.append(criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
+        crits.append(doc.criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
     return _judged("latency", text, cite, fails, crits)
 
 
