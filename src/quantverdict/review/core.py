@@ -37,7 +37,7 @@ from quantverdict.review import document as doc
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.cost import cost_json
 from quantverdict.review.document import Review
-from quantverdict.review.flags import Flag, FlagCode
+from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
@@ -69,7 +69,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     )
 
     def flag(code: FlagCode, message: str) -> None:
-        sc.flags.append(Flag(code, sc.name, message))
+        sc.flags.append(doc.Flag.new(code, message))
 
     sc.memory, miss = memory_summary(r, rc)
     sc.kv = kv_choice(r)
@@ -211,11 +211,7 @@ def build_review(
             if base is not None and not sc.is_baseline
         ]
         heads += headlines([sc for sc, _ in mine], rc)
-    flags = [
-        doc.Flag(code=FlagCode(f.code), model=sc.model, scheme=sc.scheme, message=f.message)
-        for sc in cards
-        for f in sc.flags
-    ]
+    flags = [f.model_copy(update={"model": sc.model, "scheme": sc.scheme}) for sc in cards for f in sc.flags]
     flagged = "\n".join(f.message for f in flags)
     notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
     n_ok = sum(sc.status == "ok" for sc in cards)

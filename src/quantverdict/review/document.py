@@ -278,6 +278,15 @@ class Flag(_Strict):
     scheme: str
     message: str
 
+    @classmethod
+    def new(cls, code: FlagCode, message: str) -> Flag:
+        """A flag about no scheme yet (the review sets ``model`` and ``scheme`` when it lists its scorecard's)."""
+        return cls(code=code, model="", scheme="", message=message)
+
+    def of(self, name: str) -> Flag:
+        """This flag with its message prefixed ``name: `` (the scorecard's name)."""
+        return self.model_copy(update={"message": f"{name}: {self.message}"})
+
 
 class PassedOver(_Strict):
     """A quantized scheme that was not chosen, and why (``criteria``: the limits it fails or could not be

@@ -8,7 +8,6 @@ from quantverdict.results.baseline import baseline_scheme
 from quantverdict.results.record import JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review.document import Memory
-from quantverdict.review.flags import Flag
 
 TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
 TaskDelta = doc.AccuracyDelta  # one accuracy comparison, as computed and as written
@@ -32,7 +31,7 @@ class Scorecard:
     accuracy_refused: str | None = None
     accuracy_not_applicable: str | None = None  # why accuracy cannot be measured (random weights)
     speed: doc.Speed = field(default_factory=doc.Speed.unmeasured)
-    flags: list[Flag] = field(default_factory=list)
+    flags: list[doc.Flag] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     validity: list[str] = field(default_factory=list)
     gpus: int = 1  # tensor parallel size (review.gpus.job_gpus)
