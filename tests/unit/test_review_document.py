@@ -13,6 +13,7 @@ output tok/s at 270 / 32 = 8.4375 req/s (the unlimited rate); per-user speed 40 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,17 @@ import pytest
 from pydantic import ValidationError
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure import stats
 from quantverdict.review import build_review, to_json, write_review
-from quantverdict.review.document import SCHEMA_PATH, SCHEMA_VERSION, Review, schema_text
+from quantverdict.review.document import (
+    SCHEMA_PATH,
+    SCHEMA_VERSION,
+    AccuracyDelta,
+    DeltaKind,
+    Interval,
+    Review,
+    schema_text,
+)
 from quantverdict.review.flags import FlagCode
 from review_records import grid, record, speed
 
@@ -236,6 +246,29 @@ def test_an_unknown_key_is_refused(tmp_path: Path) -> None:
         Review.model_validate(nested)
     with pytest.raises(jsonschema.ValidationError, match="margin_gib"):
         validate(nested)
+
+
+def test_the_json_reads_back_as_the_same_document() -> None:
+    review = build_review(grid(), RC, "test")
+    back = Review.model_validate(json.loads(json.dumps(to_json(review))))
+    assert math.isinf(back.scheme("m", "gptq").speed.points[-1].load)  # written "inf", read back as infinity
+    assert to_json(back) == to_json(review)
+
+
+def test_a_number_that_is_not_finite_is_written_as_null() -> None:
+    assert Interval.of(stats.Interval(0.5, math.nan, 1.0, "paired bootstrap")) is None and Interval.of(None) is None
+    iv = Interval.of(stats.Interval(0.5, 0.25, 1.0, "paired bootstrap", n=40))
+    assert iv is not None and (iv.estimate, iv.low, iv.high, iv.n, iv.unit) == (0.5, 0.25, 1.0, 40, "item")
+    d = AccuracyDelta.new("kld", "refused", DeltaKind.KLD, math.nan, 0.0, delta_pct=math.inf, n=3)
+    assert (d.value, d.baseline, d.delta_pct, d.n, d.interval, d.paired, d.note) == (
+        None,
+        0.0,
+        None,
+        3,
+        None,
+        False,
+        "",
+    )
 
 
 def test_a_value_outside_the_schema_is_refused() -> None:

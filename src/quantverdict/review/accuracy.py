@@ -13,8 +13,9 @@ from quantverdict.measure import stats
 from quantverdict.measure.stats import Interval
 from quantverdict.results.baseline import eval_mismatch, headline_of, pct_change
 from quantverdict.results.record import JobRecord, TaskResult
+from quantverdict.review.document import AccuracyDelta, DeltaKind
+from quantverdict.review.document import Interval as DocInterval
 from quantverdict.review.kld import kld_deltas
-from quantverdict.review.scorecard import TaskDelta
 from quantverdict.review.speed import beside
 
 # lm-eval's per-sample hashes (lm_eval/evaluator.py: sha256 of the doc as JSON and of the first request's prompt)
@@ -69,7 +70,7 @@ def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], ke
 
 
 def _pairs(
-    td: TaskDelta, task: str, sa: list[dict[str, Any]], sb: list[dict[str, Any]], keys: tuple[str, ...], unit: str
+    td: AccuracyDelta, task: str, sa: list[dict[str, Any]], sb: list[dict[str, Any]], keys: tuple[str, ...], unit: str
 ) -> Pairing | None:
     """The pairing when it has 2+ common items, else None; ``td`` marked when refused or on one item."""
     pairing = pair_samples(task, sa, sb, keys)
@@ -94,24 +95,27 @@ def diff_interval(x: list[float], y: list[float], rc: ReviewConfig) -> Interval:
     return stats.paired_normal_interval(x, y, rc.confidence)
 
 
+def _judged(td: AccuracyDelta, iv: Interval) -> None:
+    """``td``'s interval set to ``iv``, and whether it excludes 0."""
+    td.interval, td.significant = DocInterval.of(iv), stats.significant(iv)
+
+
 def _score_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
-) -> TaskDelta:
-    td = TaskDelta(task, metric, "score", v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
+) -> AccuracyDelta:
+    td = AccuracyDelta.new(task, metric, DeltaKind.SCORE, v, b, delta=v - b, recovery_pct=100.0 * v / b if b else None)
     sa, sb = read_samples(rec, task), read_samples(base, task)
     pairing = _pairs(td, task, sa, sb, (metric,), "item") if sa and sb else None
     if pairing:
         x = [float(r[metric]) for r in pairing.a]
         y = [float(r[metric]) for r in pairing.b]
-        td.interval = diff_interval(x, y, rc)
+        _judged(td, diff_interval(x, y, rc))
         if sum(y) and rc.interval == "bootstrap":
             td.recovery_interval = _scale(stats.bootstrap_ratio(x, y, **_boot(rc)), 100.0)
         elif sum(y):
             td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
         if all(t in (0.0, 1.0) for t in x + y):
             td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
-        # point values from the pairs (equal to the record's when every item paired)
-        td.significant = stats.significant(td.interval)
         return td
     if td.refused or td.paired:
         return td
@@ -123,18 +127,17 @@ def _score_delta(
     if few := stats.too_few(td.n) if isinstance(td.n, int) else None:
         td.note = f"{why}; {few}"
     elif sea is not None and seb is not None:
-        td.interval = stats.unpaired_interval(v, sea, b, seb, rc.confidence, n=td.n)
+        _judged(td, stats.unpaired_interval(v, sea, b, seb, rc.confidence, n=td.n))
         if v and b:
             td.recovery_interval = _scale(stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence, n=td.n), 100.0)
-        td.significant = stats.significant(td.interval)
         td.note = f"{why}: unpaired interval from the two stderrs (wider than a paired one)"
     else:
         td.note = f"{why} and no stderr: no interval"
     return td
 
 
-def _scale(iv: Interval, k: float) -> Interval:
-    return Interval(iv.estimate * k, iv.low * k, iv.high * k, iv.method, iv.n, iv.unit)
+def _scale(iv: Interval, k: float) -> DocInterval | None:
+    return DocInterval.of(Interval(iv.estimate * k, iv.low * k, iv.high * k, iv.method, iv.n, iv.unit))
 
 
 def _ppl_from_log_ratio(iv: Interval) -> Interval:
@@ -145,8 +148,9 @@ def _ppl_from_log_ratio(iv: Interval) -> Interval:
 
 def _ppl_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
-) -> TaskDelta:
-    td = TaskDelta(metric if task == metric else task, metric, "perplexity", v, b, delta_pct=pct_change(v, b))
+) -> AccuracyDelta:
+    name = metric if task == metric else task
+    td = AccuracyDelta.new(name, metric, DeltaKind.PERPLEXITY, v, b, delta_pct=pct_change(v, b))
     if task == "token_perplexity":
         return _token_ppl_delta(td, rec, base, rc)
     count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric, "")
@@ -161,8 +165,7 @@ def _ppl_delta(
             iv = stats.bootstrap_ratio(num, den, **_boot(rc), unit="document")
         else:
             iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
-        td.interval = _ppl_from_log_ratio(iv)
-        td.significant = stats.significant(td.interval)
+        _judged(td, _ppl_from_log_ratio(iv))
         return td
     if td.refused or td.paired:
         return td
@@ -171,7 +174,7 @@ def _ppl_delta(
     return td
 
 
-def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewConfig) -> TaskDelta:
+def _token_ppl_delta(td: AccuracyDelta, rec: JobRecord, base: JobRecord, rc: ReviewConfig) -> AccuracyDelta:
     """Token perplexity's delta, paired over windows (:func:`quantverdict.measure.stats.window_log_ratio_interval`)."""
     wa, wb = rec.accuracy.token_perplexity_section.windows(), base.accuracy.token_perplexity_section.windows()
     if wa is None or wb is None:
@@ -190,14 +193,13 @@ def _token_ppl_delta(td: TaskDelta, rec: JobRecord, base: JobRecord, rc: ReviewC
         td.note = few
         return td
     iv = stats.window_log_ratio_interval(nll_a, nll_b, tok_a, method=str(rc.interval), **_boot(rc))
-    td.interval = _ppl_from_log_ratio(iv)
-    td.significant = stats.significant(td.interval)
+    _judged(td, _ppl_from_log_ratio(iv))
     return td
 
 
 def accuracy_section(
     rec: JobRecord, base: JobRecord | None, rc: ReviewConfig, no_base: str = ""
-) -> tuple[list[TaskDelta], str | None, list[str]]:
+) -> tuple[list[AccuracyDelta], str | None, list[str]]:
     """``(deltas, refused_reason, missing)`` of ``rec`` against ``base`` (headline metric per task, perplexities);
     ``refused_reason`` when the eval settings differ (:func:`~quantverdict.results.baseline.eval_mismatch`),
     ``no_base`` said when ``base`` is None."""
@@ -211,7 +213,7 @@ def accuracy_section(
     if reason:
         return [], reason, []
     headline = rec.headline()
-    out: list[TaskDelta] = []
+    out: list[AccuracyDelta] = []
     btasks = base.accuracy.tasks
     for task, res in rec.accuracy.tasks.items():
         metric, higher = headline_of(task, headline, res)

@@ -18,7 +18,6 @@ from quantverdict import __version__
 from quantverdict.config.kv import combo_order
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.measure import kernels
-from quantverdict.measure.stats import Interval
 from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.record import CpuInfo, GpuInfo, HostInfo, JobRecord, KernelCheck, now_iso, stopped_stage
@@ -38,12 +37,12 @@ from quantverdict.review import document as doc
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.cost import cost_json
 from quantverdict.review.document import Review
-from quantverdict.review.flags import Flag, FlagCode
+from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
-from quantverdict.review.scorecard import Scorecard, TaskDelta, accuracy_not_applicable, is_baseline, weight_tier
-from quantverdict.review.speed import finite, raw_points, shape_of, speed_summary, workload, workload_shape
+from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
+from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime, short_error
 
@@ -70,7 +69,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     )
 
     def flag(code: FlagCode, message: str) -> None:
-        sc.flags.append(Flag(code, sc.name, message))
+        sc.flags.append(doc.Flag.new(code, message))
 
     sc.memory, miss = memory_summary(r, rc)
     sc.kv = kv_choice(r)
@@ -212,11 +211,7 @@ def build_review(
             if base is not None and not sc.is_baseline
         ]
         heads += headlines([sc for sc, _ in mine], rc)
-    flags = [
-        doc.Flag(code=FlagCode(f.code), model=sc.model, scheme=sc.scheme, message=f.message)
-        for sc in cards
-        for f in sc.flags
-    ]
+    flags = [f.model_copy(update={"model": sc.model, "scheme": sc.scheme}) for sc in cards for f in sc.flags]
     flagged = "\n".join(f.message for f in flags)
     notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
     n_ok = sum(sc.status == "ok" for sc in cards)
@@ -262,30 +257,13 @@ def _scheme(sc: Scorecard, cs: Checks, head: doc.Headline) -> doc.Scheme:
         headline=head,
         memory=sc.memory,
         accuracy=doc.Accuracy(
-            not_applicable=sc.accuracy_not_applicable,
-            refused=sc.accuracy_refused,
-            deltas=[_delta(d) for d in sc.accuracy],
+            not_applicable=sc.accuracy_not_applicable, refused=sc.accuracy_refused, deltas=sc.accuracy
         ),
         speed=sc.speed,
-        checks=doc.Checks(memory=cs["memory"], accuracy=cs["accuracy"], latency=cs["latency"]),
+        checks=doc.Checks(**cs),
         missing=sc.missing,
         validity=sc.validity,
     )
-
-
-def _interval(iv: Interval | None) -> doc.Interval | None:
-    """None when any of its three numbers is missing or not finite."""
-    if iv is None or any(finite(v) is None for v in (iv.estimate, iv.low, iv.high)):
-        return None
-    return doc.Interval(estimate=iv.estimate, low=iv.low, high=iv.high, method=iv.method, n=iv.n, unit=iv.unit)
-
-
-def _delta(d: TaskDelta) -> doc.AccuracyDelta:
-    """``d`` with its non-finite numbers None and its intervals as the document's."""
-    fields = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
-    fields |= {k: finite(fields[k]) for k in ("value", "baseline", "delta", "delta_pct", "recovery_pct", "mcnemar_p")}
-    fields |= {k: _interval(fields[k]) for k in ("interval", "recovery_interval")}
-    return doc.AccuracyDelta.model_validate(fields)
 
 
 def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:

@@ -11,18 +11,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    JsonValue,
-    PlainSerializer,
-    WithJsonSchema,
-)
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
 from quantverdict.config.schema import FloorTest, ReviewConfig
+from quantverdict.measure import stats
 from quantverdict.review.flags import FlagCode
 
 SCHEMA_VERSION: Final = 4
@@ -33,11 +26,14 @@ def _gb(v: float | None) -> float | None:
     return None if v is None else v / 1e9
 
 
+def _finite(v: float | None) -> float | None:
+    return v if v is None or math.isfinite(v) else None
+
+
 # a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); math.inf (JSON "inf") for an unlimited rate
 Load = Annotated[
     float,
     Field(allow_inf_nan=True),
-    BeforeValidator(lambda v: math.inf if v == "inf" else v),
     PlainSerializer(lambda v: "inf" if math.isinf(v) else v),
     WithJsonSchema({"anyOf": [{"type": "number"}, {"const": "inf", "type": "string"}]}),
 ]
@@ -46,9 +42,7 @@ Load = Annotated[
 class _Strict(BaseModel):
     """Unknown keys and non-finite floats are refused (strict JSON, RFC 8259)."""
 
-    model_config = ConfigDict(
-        extra="forbid", allow_inf_nan=False, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
-    )
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_by_name=True, serialize_by_alias=True)
 
 
 class ConstraintKind(StrEnum):
@@ -207,6 +201,13 @@ class Interval(_Strict):
     n: int | None
     unit: str
 
+    @classmethod
+    def of(cls, iv: stats.Interval | None) -> Interval | None:
+        """``iv`` as the document holds it; None when missing or any of its three numbers is not finite."""
+        if iv is None or not all(math.isfinite(v) for v in (iv.estimate, iv.low, iv.high)):
+            return None
+        return cls(estimate=iv.estimate, low=iv.low, high=iv.high, method=iv.method, n=iv.n, unit=iv.unit)
+
 
 class Criterion(_Strict):
     """One limit a check held one number against: ``judged`` (``observed`` under the point test, the interval's end
@@ -222,6 +223,30 @@ class Criterion(_Strict):
     test: Literal["point", "interval"]
     outcome: Outcome
     note: str = ""
+
+
+def criterion(
+    metric: CriterionMetric,
+    subject: str,
+    limit: str,
+    comparison: Literal["<=", ">="],
+    threshold: float,
+    observed: float | None,
+    *,
+    judged: float | None = None,
+    test: Literal["point", "interval"] = "point",
+    ok: bool | None = None,
+    note: str = "",
+) -> Criterion:
+    """``judged`` (default ``observed``) held against ``threshold``; the outcome is ``ok`` where given, else the
+    comparison; ``unknown`` without a finite value."""
+    value = _finite(observed if judged is None else judged)
+    if ok is None and value is not None:
+        ok = value <= threshold if comparison == "<=" else value >= threshold
+    outcome = Outcome.UNKNOWN if ok is None or value is None else Outcome.PASS if ok else Outcome.FAIL
+    v: dict[str, Any] = dict(metric=metric, subject=subject, limit=limit, comparison=comparison, threshold=threshold)
+    v |= dict(observed=_finite(observed), judged=value, test=test, outcome=outcome, note=note)
+    return Criterion.model_validate(v)
 
 
 class Check(_Strict):
@@ -252,6 +277,15 @@ class Flag(_Strict):
     model: str
     scheme: str
     message: str
+
+    @classmethod
+    def new(cls, code: FlagCode, message: str) -> Flag:
+        """A flag about no scheme yet (the review sets ``model`` and ``scheme`` when it lists its scorecard's)."""
+        return cls(code=code, model="", scheme="", message=message)
+
+    def of(self, name: str) -> Flag:
+        """This flag with its message prefixed ``name: `` (the scorecard's name)."""
+        return self.model_copy(update={"message": f"{name}: {self.message}"})
 
 
 class PassedOver(_Strict):
@@ -386,14 +420,12 @@ class KldFigures(_Strict):
 
 
 class AccuracyDelta(_Strict):
-    """One accuracy comparison against the baseline (:class:`quantverdict.review.scorecard.TaskDelta`).
-    ``score``: ``delta = value - baseline`` (absolute), ``recovery_pct = 100 · value / baseline``;
-    ``perplexity``: ``delta_pct = 100 · (value / baseline - 1)``; ``kld``: metric ``mean_kld`` (nats, baseline 0,
-    ``delta`` = the mean KLD) or ``top1_agreement_pct`` (baseline 100, ``recovery_pct`` = the agreement), or
-    ``refused`` (``value`` None, the reason in ``note``). ``interval`` is of ``delta`` (score, kld) or of
-    ``delta_pct`` (perplexity); ``recovery_interval`` in %. ``refused``: why the comparison cannot be made (it is
-    then left unjudged).
-    """
+    """One accuracy comparison against the baseline (:mod:`quantverdict.review.accuracy`).
+    ``score`` (higher is better): ``delta = value - baseline``, ``recovery_pct = 100 · value / baseline``;
+    ``perplexity`` (lower is better): ``delta_pct = 100 · (value / baseline - 1)``; ``kld``: metric ``mean_kld``
+    (nats, baseline 0, ``delta`` = the mean KLD), ``top1_agreement_pct`` (baseline 100, ``recovery_pct`` = the
+    agreement) or ``refused``. ``interval`` is of ``delta`` (score, kld) or ``delta_pct`` (perplexity),
+    ``recovery_interval`` in %; ``refused``: why the comparison cannot be made (it is then left unjudged)."""
 
     name: str
     metric: str
@@ -414,6 +446,15 @@ class AccuracyDelta(_Strict):
     note: str
     refused: str
     kld: KldFigures | None
+
+    @classmethod
+    def new(
+        cls, name: str, metric: str, kind: DeltaKind, value: float, baseline: float, **figures: Any
+    ) -> AccuracyDelta:
+        """A comparison with the ``figures`` given, the others unset; numbers that are not finite become None."""
+        blank: dict[str, Any] = dict.fromkeys(cls.model_fields) | {"paired": False, "note": "", "refused": ""}
+        given = blank | figures | {"name": name, "metric": metric, "kind": kind, "value": value, "baseline": baseline}
+        return cls.model_validate({k: _finite(v) if isinstance(v, float) else v for k, v in given.items()})
 
 
 class Accuracy(_Strict):

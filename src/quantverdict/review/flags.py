@@ -1,8 +1,8 @@
-"""Honesty flags: what a review says a reader must know before trusting a number, typed by a stable code."""
+"""Honesty flags (:class:`quantverdict.review.document.Flag`): what a review says a reader must know before trusting a
+number, typed by a stable code."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -26,16 +26,3 @@ class FlagCode(StrEnum):
     DIFFERENT_GPU = "different_gpu"  # scheme and baseline speed measured on different physical GPUs (uuid)
     WORKLOAD_MISMATCH = "workload_mismatch"  # scheme and baseline swept at different request shapes (in / out tokens)
     SWEEP_INCOMPLETE = "sweep_incomplete"  # planned load levels without a valid point (a job stopped mid-sweep ...)
-
-
-@dataclass(frozen=True)
-class Flag:
-    """One flag: its :class:`FlagCode`, the scorecard's name (``""`` until :meth:`of` attaches it), the message."""
-
-    code: str
-    scheme: str
-    message: str
-
-    def of(self, name: str) -> Flag:
-        """This flag attached to the scorecard ``name``, its message prefixed with ``name: ``."""
-        return Flag(self.code, name, f"{name}: {self.message}")

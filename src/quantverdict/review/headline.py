@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import document as doc
-from quantverdict.review.kld import _finite
-from quantverdict.review.scorecard import Scorecard, TaskDelta
+from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.speed import finite as _finite
+from quantverdict.review.words import say
 
 
 def per_user_tok_s(p: doc.SpeedPoint) -> float | None:
@@ -30,9 +31,9 @@ def _point_at(sc: Scorecard, load: float) -> doc.SpeedPoint | None:
     return next((p for p in sc.speed.points if p.load == load), None)
 
 
-def comparable(sc: Scorecard, base: Scorecard) -> str:
-    """'' when the two may be compared for speed, else why not."""
-    for who in (sc, base):
+def not_comparable(*cards: Scorecard) -> str:
+    """Why ``cards`` (a scheme and its baseline) may not be compared for speed; '' when they may."""
+    for who in cards:
         if not who.speed.comparable:
             return f"{who.name} {who.speed.excluded_why or 'ran on a fallback kernel'}: not compared"
     return ""
@@ -51,7 +52,7 @@ def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> doc.HeadlineAccuracy |
     judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
     ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
     scores = [d for d in judged if d.kind == "score" and d.recovery_pct is not None]
-    d: TaskDelta | None = max(ppls, key=lambda d: d.delta_pct or 0.0) if ppls else None
+    d: doc.AccuracyDelta | None = max(ppls, key=lambda d: d.delta_pct or 0.0) if ppls else None
     d = d or (min(scores, key=lambda d: d.recovery_pct or 0.0) if scores else None)
     if d is None:
         return None
@@ -75,7 +76,7 @@ def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
     out = []
     for sc in cards:
         c1 = at = None
-        note = "" if base is None or sc.is_baseline else comparable(sc, base)
+        note = "" if base is None or sc.is_baseline else not_comparable(sc, base)
         if base is not None and not sc.is_baseline and not note:
             p, q = low_load_point(sc), low_load_point(base)
             c1 = speed_ratio(p, q) if p and q and p.load == q.load else None
@@ -96,10 +97,8 @@ def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
 
 
 def memory_load_text(rc: ReviewConfig) -> str:
-    """What the memory number serves: ``16 concurrent requests`` or ``4,608 KV tokens``."""
-    if rc.kv_cache_tokens:
-        return f"{rc.kv_cache_tokens:,} KV tokens"
-    return f"{rc.concurrent_requests} concurrent requests"
+    """What the memory number serves: ``16 concurrent requests`` or ``4,608 KV tokens`` (``text.j2``'s macro)."""
+    return say("memory_load_text", "text.j2", rc=rc)
 
 
 def mlflow_metrics(n: doc.Headline) -> dict[str, float]:

@@ -17,8 +17,8 @@ from quantverdict.measure.kv_cache import (
 )
 from quantverdict.measure.memory import DTYPE_BYTES, GIB
 from quantverdict.results.record import ChosenDtype, JobRecord, Kernel, ModelDims, ServerSnapshot
-from quantverdict.review.document import Memory
-from quantverdict.review.flags import Flag, FlagCode
+from quantverdict.review.document import Flag, Memory
+from quantverdict.review.flags import FlagCode
 
 
 def server_cfg(rec: JobRecord) -> ServerSnapshot:
@@ -51,7 +51,7 @@ def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
         return []
     why = ChosenDtype.of(rec.speed.dtype).why
     message = f"served in {mine}, its baseline in {theirs}: the speed ratio mixes compute dtypes"
-    return [Flag(FlagCode.DTYPE_MISMATCH, "", message + (f" ({why})" if why else ""))]
+    return [Flag.new(FlagCode.DTYPE_MISMATCH, message + (f" ({why})" if why else ""))]
 
 
 def kv_choice(rec: JobRecord) -> str:

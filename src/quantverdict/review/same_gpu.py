@@ -8,7 +8,8 @@ from datetime import datetime
 from pathlib import PurePosixPath
 
 from quantverdict.results.record import GpuInfo, JobRecord
-from quantverdict.review.flags import Flag, FlagCode
+from quantverdict.review.document import Flag
+from quantverdict.review.flags import FlagCode
 from quantverdict.review.gpus import job_gpus
 from quantverdict.review.words import say
 
@@ -96,4 +97,4 @@ def same_gpu_flag(m: GpuMatch, baseline: str) -> Flag | None:
     """A ``DIFFERENT_GPU`` flag (unattached) when ``m`` says :data:`DIFFERENT`, else None."""
     if m.state != DIFFERENT:
         return None
-    return Flag(FlagCode.DIFFERENT_GPU, "", say("different_gpu_flag", "speed.j2", baseline=baseline, **_shown(m)))
+    return Flag.new(FlagCode.DIFFERENT_GPU, say("different_gpu_flag", "speed.j2", baseline=baseline, **_shown(m)))

@@ -1,44 +1,16 @@
-"""The scorecard: the review's view of one job (identity and the three numbers) and of one accuracy comparison."""
+"""The scorecard: the review's working view of one job (identity and the three numbers)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from quantverdict.measure.stats import Interval
 from quantverdict.results.baseline import baseline_scheme
 from quantverdict.results.record import JobRecord
 from quantverdict.review import document as doc
-from quantverdict.review.document import KldFigures, Memory
-from quantverdict.review.flags import Flag
+from quantverdict.review.document import Memory
 
 TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
-
-
-@dataclass
-class TaskDelta:
-    """One accuracy comparison of a scheme against its baseline: ``kind`` ``score`` (higher is better: ``delta``
-    absolute, ``recovery_pct = 100 · value / baseline``) or ``perplexity`` (lower is better, judged only for the
-    kinds in ``review.perplexity_kinds``: ``delta_pct = 100 · (value / baseline - 1)``)."""
-
-    name: str  # task, or the perplexity kind for token_perplexity
-    metric: str
-    kind: str
-    value: float
-    baseline: float
-    delta: float | None = None
-    delta_pct: float | None = None
-    recovery_pct: float | None = None
-    interval: Interval | None = None  # of delta (score) or of delta_pct (perplexity)
-    recovery_interval: Interval | None = None  # in %
-    mcnemar_b: int | None = None
-    mcnemar_c: int | None = None
-    mcnemar_p: float | None = None
-    n: int | None = None
-    paired: bool = False
-    significant: bool | None = None  # None: no interval
-    note: str = ""
-    refused: str = ""  # why it cannot be made (not the same items scored): left unjudged, never failed or passed
-    kld: KldFigures | None = None  # the record's KL divergence summary (kind kld)
+TaskDelta = doc.AccuracyDelta  # one accuracy comparison, as computed and as written
 
 
 @dataclass
@@ -57,13 +29,12 @@ class Scorecard:
     memory: Memory = field(default_factory=Memory.unknown)
     accuracy: list[TaskDelta] = field(default_factory=list)
     accuracy_refused: str | None = None
-    # why accuracy cannot be measured at all (synthetic model, random weights); None for a real model
-    accuracy_not_applicable: str | None = None
+    accuracy_not_applicable: str | None = None  # why accuracy cannot be measured (random weights)
     speed: doc.Speed = field(default_factory=doc.Speed.unmeasured)
-    flags: list[Flag] = field(default_factory=list)
+    flags: list[doc.Flag] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    validity: list[str] = field(default_factory=list)  # what the numbers stand on (review's Validity section)
-    gpus: int = 1  # GPUs the job's server used (tensor parallel size; review.gpus.job_gpus)
+    validity: list[str] = field(default_factory=list)
+    gpus: int = 1  # tensor parallel size (review.gpus.job_gpus)
     kv: str = "auto"  # the KV cache's precision (kv=NAME, conf/kv): auto, fp8, fp8_calibrated
 
     @property

@@ -19,7 +19,8 @@ from quantverdict.measure.goodput import Goodput, Slo
 from quantverdict.measure.goodput import goodput as request_goodput
 from quantverdict.results.record import JobRecord, SweepPoint
 from quantverdict.review import document as doc
-from quantverdict.review.flags import Flag, FlagCode
+from quantverdict.review.document import Flag
+from quantverdict.review.flags import FlagCode
 from quantverdict.review.words import say
 
 NO_PER_REQUEST = "no per-request data in this record"
@@ -251,7 +252,7 @@ def _point_flags(sp: SweepPoint, q: dict[str, Any], mode: str) -> list[Flag]:
         kinds.append(FlagCode.PERCENTILE_DISAGREEMENT)
     values = {"label": point_label(sp, mode), "got": got or 0, "want": want or 0, "pct": pct or 0}
     values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * (diff or 0)}
-    return [Flag(code, "", say("point_flag", "speed.j2", kind=code, **values)) for code in kinds]
+    return [Flag.new(code, say("point_flag", "speed.j2", kind=code, **values)) for code in kinds]
 
 
 def _roofline(rec: JobRecord) -> doc.Roofline | None:
@@ -302,7 +303,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
         words = dict(missing=speed.missing_levels, planned=[level_label(x, mode) for x in planned], stopped=bool(above))
         words |= dict(status=rec.status, failed_stage=rec.failed_stage, lower_bound=speed.ceiling.lower_bound)
         msg = say("sweep_incomplete", "speed.j2", **words)
-        found.append(Flag(FlagCode.SWEEP_INCOMPLETE, "", msg))
+        found.append(Flag.new(FlagCode.SWEEP_INCOMPLETE, msg))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
     slo = slo_of(rc)
     by_load = _level_goodput(rec, raw, mode, slo) if slo.objectives() else {}

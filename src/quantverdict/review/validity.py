@@ -8,8 +8,8 @@ from typing import Any
 from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
 from quantverdict.results.record import AccuracyChecks, EvalSettings, JobRecord, KernelCheck
-from quantverdict.review.document import Speed
-from quantverdict.review.flags import Flag, FlagCode
+from quantverdict.review.document import Flag, Speed
+from quantverdict.review.flags import FlagCode
 from quantverdict.review.speed import level_label, point_label, raw_points
 from quantverdict.review.words import say
 
@@ -33,13 +33,13 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
     if bi := checks.batch_invariance:
         text = _say("batch_invariance", name=sc_name, bi=bi)
         if not bi.skipped and bi.ok is False:
-            flags.append(Flag(FlagCode.BATCH_VARIANCE, sc_name, text))
+            flags.append(Flag.new(FlagCode.BATCH_VARIANCE, text))
         else:
             lines.append(text)
     if fam := checks.perplexity_family:
         text = _say("perplexity_family", name=sc_name, ok=fam.ok, pct=100 * (fam.max_rel_diff or 0))
         if fam.ok is False:
-            flags.append(Flag(FlagCode.PERPLEXITY_FAMILY, sc_name, text))
+            flags.append(Flag.new(FlagCode.PERPLEXITY_FAMILY, text))
         elif fam.ok:
             lines.append(text)
     if acc.token_perplexity:

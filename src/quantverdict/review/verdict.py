@@ -19,12 +19,15 @@ from quantverdict.measure import stats
 from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
-from quantverdict.review.kld import FAIL, NOT_APPLICABLE, OFF, PASS, UNKNOWN, _criterion, _finite, with_kld_constraint
+from quantverdict.review.headline import not_comparable
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
+from quantverdict.review.speed import finite as _finite
 from quantverdict.review.words import say
 
-# the check outcomes are defined once in review.kld; re-exported: checks and tests read them here
+# the check outcomes by the short names the checks, and tests, read here
+PASS, FAIL, UNKNOWN, OFF = doc.Outcome.PASS, doc.Outcome.FAIL, doc.Outcome.UNKNOWN, doc.Outcome.OFF
+NOT_APPLICABLE = doc.Outcome.NOT_APPLICABLE
 __all__ = ["FAIL", "NOT_APPLICABLE", "OFF", "PASS", "UNKNOWN", "Check", "Verdict"]
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # outcomes that let a scheme be chosen
@@ -55,7 +58,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     m, budget, need = sc.memory, rc.memory_budget_gib, sc.memory.need_gib
     if budget is None:
         return _check("memory", OFF, "no memory budget set")
-    crit = [_criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
+    crit = [doc.criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
     if need is None:
         return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
     paging = m.hybrid_paging
@@ -74,21 +77,37 @@ def floor_test_of(d: TaskDelta, rc: ReviewConfig) -> str:
     return "interval" if d.n is not None and d.n < rc.interval_test_below_n else "point"
 
 
+# the limit on a delta, by its kind (a KLD delta: by its metric): (the delta's value judged, its interval, the review
+# key, the comparison, the criterion's metric)
+Floor = tuple[str, str, str, Literal["<=", ">="], str]
+FLOORS: dict[str, Floor] = {
+    "score": ("recovery_pct", "recovery_interval", "min_recovery_pct", ">=", "recovery_pct"),
+    "perplexity": ("delta_pct", "interval", "max_perplexity_increase_pct", "<=", "perplexity_increase_pct"),
+    "mean_kld": ("delta", "interval", "max_mean_kld", "<=", "mean_kld_nats"),
+    "top1_agreement_pct": ("recovery_pct", "recovery_interval", "min_top1_agreement_pct", ">=", "top1_agreement_pct"),
+}
+
+
+def _floor(d: TaskDelta) -> Floor:
+    return FLOORS[d.metric if d.kind == "kld" else d.kind]
+
+
 def _end(d: TaskDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
-    """The value ``d`` is judged on, a score's recovery or a perplexity's increase (%) or under the interval test
-    the end of its interval nearest to passing, and whether it is that end."""
-    score = d.kind == "score"
-    iv = d.recovery_interval if score else d.interval
+    """The value ``d`` is judged on (a score's recovery, a perplexity's increase in %, the mean KLD, the top-1
+    agreement) or under the interval test the end of its interval nearest to passing, and whether it is that end."""
+    value, interval, _, comparison, _ = _floor(d)
+    iv = getattr(d, interval)
     if floor_test_of(d, rc) != "interval" or iv is None:
-        return d.recovery_pct if score else d.delta_pct, False
-    return iv.high if score else iv.low, True
+        return getattr(d, value), False
+    return iv.high if comparison == ">=" else iv.low, True
 
 
 def _gap(d: TaskDelta, lim: float, rc: ReviewConfig | None = None) -> float:
-    """How far ``d``'s point value (with ``rc``: the value it is judged on) is under the floor (a score) or over the
-    limit (a perplexity); > 0 fails."""
-    v = (_end(d, rc)[0] if rc else d.recovery_pct if d.kind == "score" else d.delta_pct) or 0.0
-    return lim - v if d.kind == "score" else v - lim
+    """How far ``d``'s point value (with ``rc``: the value it is judged on) is under a floor (``>=``) or over a limit
+    (``<=``); > 0 fails."""
+    value, _, _, comparison, _ = _floor(d)
+    v = (_end(d, rc)[0] if rc else getattr(d, value)) or 0.0
+    return lim - v if comparison == ">=" else v - lim
 
 
 def _ok(d: TaskDelta, lim: float, rc: ReviewConfig) -> bool:
@@ -96,16 +115,14 @@ def _ok(d: TaskDelta, lim: float, rc: ReviewConfig) -> bool:
 
 
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
-    """The floor held against one delta as :func:`_ok` judges it; a refused delta is left unjudged."""
-    score, (judged, on_interval) = d.kind == "score", _end(d, rc)
-    threshold = float((rc.min_recovery_pct if score else rc.max_perplexity_increase_pct) or 0.0)
-    metric = CriterionMetric.RECOVERY_PCT if score else CriterionMetric.PERPLEXITY_INCREASE_PCT
-    limit = "min_recovery_pct" if score else "max_perplexity_increase_pct"
-    subject = d.metric if d.name == d.metric else f"{d.name} {d.metric}"
+    """The limit held against one delta as :func:`_ok` judges it; a refused delta is left unjudged."""
+    (value, _, limit, comparison, metric), (judged, on_interval) = _floor(d), _end(d, rc)
+    threshold = float(getattr(rc, limit) or 0.0)
+    subject = d.metric if d.name == d.metric or d.kind == "kld" else f"{d.name} {d.metric}"
     test: Literal["point", "interval"] = "interval" if on_interval else "point"
-    observed, ok = d.recovery_pct if score else d.delta_pct, _ok(d, threshold, rc)
-    crit = _criterion(
-        metric, subject, limit, ">=" if score else "<=", threshold, observed, judged=judged, test=test, ok=ok
+    observed, ok = getattr(d, value), _ok(d, threshold, rc)
+    crit = doc.criterion(
+        CriterionMetric(metric), subject, limit, comparison, threshold, observed, judged=judged, test=test, ok=ok
     )
     if d.refused:
         return crit.model_copy(update={"judged": None, "outcome": UNKNOWN, "note": f"cannot be checked: {d.refused}"})
@@ -160,6 +177,47 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     return _judged("accuracy", text, cite, [], crits)
 
 
+def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
+    """``check`` (the accuracy check of ``sc``) with the KLD limits (``max_mean_kld``, ``min_top1_agreement_pct``)
+    added as criteria, each judged as :func:`_accuracy_criterion` judges a floor. Unchanged when neither limit is set,
+    accuracy is not applicable or the deltas were refused; the baseline is the reference; a scheme without a KLD
+    becomes ``unknown`` unless it already fails."""
+    limits = {m: FLOORS[m] for m in ("mean_kld", "top1_agreement_pct") if getattr(rc, FLOORS[m][2]) is not None}
+    if not limits or check.outcome == NOT_APPLICABLE or sc.accuracy_refused:
+        return check
+    if sc.is_baseline:
+        reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
+        update: dict[str, Any] = {"outcome": PASS, "text": reference, "cite": "is the accuracy reference"}
+        return check if check.outcome != OFF else check.model_copy(update=update)
+    off, kld = check.outcome == OFF, [d for d in sc.accuracy if d.kind == "kld"]
+    texts, cites = ([], []) if off else ([check.text], [check.cite])
+    if not (by := {d.metric: d for d in kld if d.metric in FLOORS}):
+        why = next((d.note for d in kld), "no KL divergence in the record")
+        unmeasured = [
+            doc.criterion(CriterionMetric(f[4]), m, f[2], f[3], getattr(rc, f[2]), None, note=why)
+            for m, f in limits.items()
+        ]
+        update = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
+        update["text"] = "; ".join(t for t in (*texts, f"KLD limits not checked: {why}") if t)
+        update["cite"] = "; ".join(c for c in (*cites, "KLD not measured") if c)
+        return check.model_copy(update=update | {"criteria": [*check.criteria, *unmeasured]})
+    crits, fails = [_accuracy_criterion(by[m], rc) for m in limits if m in by], list[tuple[float, str]]()
+    for crit, d in ((c, by[c.subject]) for c in crits):  # a KLD criterion's subject is its delta's metric
+        ok, end, on_interval = crit.outcome == PASS, *_end(d, rc)
+        texts.append(say("kld_limit", d=d, threshold=crit.threshold, ok=ok, end=end if on_interval else None))
+        cites.append(say("kld_limit", d=d, threshold=crit.threshold, ok=ok, end=None))
+        if not ok:
+            gap = _gap(d, crit.threshold)
+            fails.append((gap / max(crit.threshold, 1e-12), say("kld_fails", d=d, threshold=crit.threshold, gap=gap)))
+    update = {"text": "; ".join(t for t in texts if t), "cite": " and ".join(c for c in cites if c)}
+    update |= {"outcome": PASS if off else check.outcome, "criteria": [*check.criteria, *crits]}
+    if fails:
+        fails.sort(reverse=True)
+        update |= {"outcome": FAIL, "excess": max(check.excess, fails[0][0])}
+        update["shortfall"] = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
+    return check.model_copy(update=update)
+
+
 def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None and rc.e2e_ms is None:
         return _check("latency", OFF, "no latency SLO set")
@@ -174,7 +232,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         text, cite = _said("attainment", g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo)
         if pct < need:
             fails.append(((need - pct) / need, say("attainment_fails", g=g, need=need, pct=pct, under=need - pct)))
-        crits.append(_criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
+        crits.append(doc.criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
     else:  # no per-request data: the p99s at the load (slo_ok said None above if one with its limit set is missing)
@@ -184,7 +242,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         ]
         p99s = [p for p in p99s if p[2] is not None and p[3] is not None]
         for key, name, v, lim in p99s:
-            crits.append(_criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
+            crits.append(doc.criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
             if (over := v - lim) > 0:
                 fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
@@ -202,13 +260,13 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         fails += [((rc.load_rps - ceiling) / rc.load_rps, short)] if below else []
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
         metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
-        crits.append(_criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
+        crits.append(doc.criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
     return _judged("latency", text, cite, fails, crits)
 
 
 def checks(sc: Scorecard, rc: ReviewConfig) -> Checks:
     """The three checks of one scheme, keyed by constraint."""
-    accuracy = with_kld_constraint(accuracy_check(sc, rc), sc, rc, floor_test_of)
+    accuracy = with_kld_limits(accuracy_check(sc, rc), sc, rc)
     return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
 
 
@@ -388,10 +446,6 @@ def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
     return len(bases) > 1 or "mixed" in bases
 
 
-def _comparable(*cards: Scorecard) -> bool:
-    return all(sc.speed.comparable for sc in cards)
-
-
 def _ceilings(sc: Scorecard, base: Scorecard) -> Ratio:
     """Ceiling output tok/s of the scheme over the baseline's on one window: the whole runs when the bases differ
     (:func:`ceilings_differ_in_basis`), else the ceilings."""
@@ -431,7 +485,7 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
     either is not comparable for speed or the modes differ. ``mine``, ``theirs``: ``(mode, raw points)`` of the
     scheme and of the baseline (:func:`quantverdict.review.speed.raw_points`)."""
     (mode, points), (base_mode, base_points) = mine, theirs
-    if not _comparable(sc, base) or mode != base_mode:
+    if not_comparable(sc, base) or mode != base_mode:
         return []
     rows = []
     for metric, higher, name in PAIRED_METRICS:
@@ -519,7 +573,7 @@ def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
     """Why no saturation speedup can be claimed (a sweep with planned levels left unmeasured, sweeps ending at
     different loads, one load in common); None when it can."""
     mine, theirs = sc.speed.points, base.speed.points
-    if not mine or not theirs or not _comparable(sc, base):
+    if not mine or not theirs or not_comparable(sc, base):
         return None  # speed missing or not compared: regime_reading says so
     for card, whose in ((sc, f"{sc.scheme}'s"), (base, "the baseline's")):
         if card.speed.stopped_before:
@@ -536,7 +590,7 @@ def regime_reading(
 ) -> doc.RegimeReading:
     """Where the scheme pays, from the classes of its two claims."""
     R = doc.RegimeReading
-    if not _comparable(sc):
+    if not_comparable(sc):
         return R.EXCLUDED
     if lo is not None and gap is not None:
         return R.SATURATION_NOT_MEASURED
@@ -552,7 +606,7 @@ def regime(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw, pairable: boo
     """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
     ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
     ranges (and ``sc.validity`` says so where a paired test was possible)."""
-    comparable = _comparable(sc, base)
+    comparable = not not_comparable(sc, base)
     low, low_iv = _speedup(*_low_itl(sc, base)) if comparable else (None, None)
     sat, sat_iv = _speedup(*_ceilings(sc, base)) if comparable else (None, None)
     paired = paired_speedups(sc, base, mine, theirs)
