@@ -77,7 +77,6 @@ COUNTED: dict[str, tuple[int, str]] = {
     "review/crossmodel.py": (3, "lm-eval's per-sample rows, and checks and baseline scores the review computed"),
     "review/gpus.py": (1, "a GPU count -> word table (a constant)"),
     "review/headline.py": (2, "a speed point's spread by metric, computed by the review"),
-    "review/kld.py": (1, "a scheme's deltas by metric, computed by the review"),
     "review/memory.py": (3, "bytes per element by dtype name (measure.memory.DTYPE_BYTES, a constant)"),
     "review/plots.py": (3, "colours and markers by scheme (constants) and deltas by name, computed by the review"),
     "review/speed.py": (1, "goodput by load level, computed by the review"),
