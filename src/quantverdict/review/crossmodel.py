@@ -28,6 +28,7 @@ from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import ceiling_is_floor, finite, shape_of
 from quantverdict.review.verdict import NON_BLOCKING, Checks
+from quantverdict.review.words import say
 
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
@@ -125,23 +126,19 @@ def _target_fit(
         cap = kv_capacity(budget, bpt * s, max_len, paging, state)
         fit.kv_tokens, fit.max_concurrency = int(cap["kv_tokens"]), cap["max_concurrency"]
     if budget <= 0:
-        fit.fits, fit.why = False, f"weights {weights:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
-        fit.why += f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
+        fit.fits = False
     elif req:
         cap = kv_capacity(budget, bpt * s, req, paging, state)
         fit.req_len, fit.req_concurrency = req, cap["max_concurrency"]
-        if rc.kv_cache_tokens:
-            fit.fits, need = cap["kv_tokens"] >= rc.kv_cache_tokens, f"{rc.kv_cache_tokens:,} KV tokens"
-        else:
-            fit.fits = cap["max_concurrency"] >= rc.concurrent_requests
-            need = f"{rc.concurrent_requests} concurrent {req}-token requests"
-        fit.why = "" if fit.fits else f"holds {cap['max_concurrency']:.1f} {req}-token requests, needs {need}"
-    else:
-        fit.why = "no request length (bench.input_len + output_len)"
-    if not (fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests):
-        return weights, how, fit, []
-    flag = f"fits the stated load, but its {fit.kv_gib:.2f} GiB of KV cache hold only {fit.max_concurrency:.1f} "
-    return weights, how, fit, [flag + f"max-length ({max_len:,}-token) requests"]
+        enough = cap["kv_tokens"] >= rc.kv_cache_tokens if rc.kv_cache_tokens else None
+        fit.fits = cap["max_concurrency"] >= rc.concurrent_requests if enough is None else enough
+    fit.why = _say("fit_why", fit=fit, weights=weights, target=target, rc=rc)
+    short = fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests
+    return weights, how, fit, [_say("max_length_flag", fit=fit)] if short else []
+
+
+def _say(macro: str, **values: Any) -> str:
+    return say(macro, "crossmodel_text.j2", **values)
 
 
 def _max_model_len(rec: JobRecord) -> int | None:
@@ -184,14 +181,7 @@ def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits
     tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
     want = vllm_batch_defaults(target.gpu, target.memory_gib)
     batch = doc.BatchLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, target=list(want))
-    if (seqs, tokens) == want:
-        return batch, []
-    return batch, [
-        f"served with max_num_seqs {seqs}, max_num_batched_tokens {tokens:,}; vLLM on the {target.gpu} "
-        f"picks {want[0]}, {want[1]:,} by default: its speed at high load is not the "
-        f"target's (bench.server.max_num_seqs={want[0]} and --max-num-batched-tokens {want[1]} added to "
-        "bench.server.extra_args match it)"
-    ]
+    return batch, [] if (seqs, tokens) == want else [_say("batch_flag", batch=batch, gpu=target.gpu)]
 
 
 def _scores(card: Scorecard, rec: JobRecord) -> dict[str, doc.TaskScore]:
@@ -375,11 +365,8 @@ def _cross_model(
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
     for c in [c for c in cands if len(set(shapes.values())) > 1 and c.name in shapes]:
-        others = "; ".join(sorted({t for t in shapes.values() if t != shapes[c.name]}))
-        c.flags.append(
-            f"swept at {shapes[c.name]}, other candidates at {others}: its speed figures and ratios here "
-            "compare different request shapes"
-        )
+        others = sorted({t for t in shapes.values() if t != shapes[c.name]})
+        c.flags.append(_say("shape_flag", shape=shapes[c.name], others=others))
     # one source of bytes per step for every candidate in the ratio table (those with a ceiling): the checkpoint
     # tensors a step reads (speed.roofline, a GPU sweep with c=1) when each of them has it, else the weights GiB
     if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands if c.ceiling_tok_s):
@@ -412,17 +399,11 @@ def _cross_model(
     for c, j in zip(cands, jobs):
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
     loads = {p.label: p.load for j in jobs for p in j.card.speed.points}
-    t = target
+    keep = ("name", "gpu", "memory_gib", "memory_fraction")
+    budget = None if target is None else target.memory_gib * target.memory_fraction
+    tg = None if target is None else doc.Target(budget_gib=budget, **{k: getattr(target, k) for k in keep})
     return doc.CrossModel(
-        target=None
-        if t is None
-        else doc.Target(
-            name=t.name,
-            gpu=t.gpu,
-            memory_gib=t.memory_gib,
-            memory_fraction=t.memory_fraction,
-            budget_gib=t.memory_gib * t.memory_fraction,
-        ),
+        target=tg,
         ran_on_target=bool(ran_gpu),
         ran=ran,
         chosen=chosen.name if chosen else None,
