@@ -26,11 +26,12 @@ from quantverdict.review.cost import GPU_LINE, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import ceiling_is_floor, finite, shape_of
+from quantverdict.review.speed import finite, shape_of
 from quantverdict.review.verdict import NON_BLOCKING, Checks
 from quantverdict.review.words import say
 
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
+KV_BYTES = "--kv-cache-memory-bytes"  # a fixed KV cache (bytes) in vLLM server arguments
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -63,11 +64,6 @@ def vllm_int_arg(args: list[Any], flag: str) -> int | None:
     return None
 
 
-def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
-    """``--kv-cache-memory-bytes`` in vLLM server arguments (:func:`vllm_int_arg`)."""
-    return vllm_int_arg(args, "--kv-cache-memory-bytes")
-
-
 def _serve_args(rec: JobRecord) -> list[Any]:
     extra, model = _server(rec).get("extra_args"), rec.cfg("model").get("serve_args")
     return [*(extra if isinstance(extra, list) else []), *(model if isinstance(model, list) else [])]
@@ -87,7 +83,7 @@ def _overhead_gib(card: Scorecard, rec: JobRecord) -> float | None:
     """vLLM's reserve where the job ran, GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache``; None when
     a figure is missing, it is negative, or the KV cache was fixed (``--kv-cache-memory-bytes``)."""
     m = card.memory
-    budget = None if parse_kv_cache_memory_bytes(_serve_args(rec)) else _run_budget_gib(rec)
+    budget = None if vllm_int_arg(_serve_args(rec), KV_BYTES) else _run_budget_gib(rec)
     if budget is None or not m.server_weights_gib or not m.server_kv_cache_gib:
         return None
     left = budget - m.server_weights_gib - m.server_kv_cache_gib
@@ -154,7 +150,7 @@ def _vllm_figures(
     m = card.memory
     if not (m.server_kv_cache_gib or m.server_kv_tokens):
         return doc.VllmFigures(), []
-    served, run_budget = parse_kv_cache_memory_bytes(_serve_args(rec)), _run_budget_gib(rec)
+    served, run_budget = vllm_int_arg(_serve_args(rec), KV_BYTES), _run_budget_gib(rec)
     how, at_target = "the budget where the job ran", False
     if served is not None:
         at_target = bool(kv_target and kv_target > 0 and abs(served / GIB - kv_target) / kv_target <= SAME_BUDGET)
@@ -265,7 +261,7 @@ def _candidate(
         target=fit,
         vllm=vllm,
         ceiling_tok_s=finite(sp.ceiling.output_tok_s if sp.ceiling else None),
-        ceiling_lower_bound=ceiling_is_floor(sp),
+        ceiling_lower_bound=bool(sp.ceiling and sp.ceiling.lower_bound),
         step_bytes=step_bytes,
         step_bytes_how=step_how,
         speed_vs_bytes=None,
@@ -400,8 +396,8 @@ def _cross_model(
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
     loads = {p.label: p.load for j in jobs for p in j.card.speed.points}
     keep = ("name", "gpu", "memory_gib", "memory_fraction")
-    budget = None if target is None else target.memory_gib * target.memory_fraction
-    tg = None if target is None else doc.Target(budget_gib=budget, **{k: getattr(target, k) for k in keep})
+    t = None if target is None else {k: getattr(target, k) for k in keep}
+    tg = None if t is None else doc.Target(budget_gib=t["memory_gib"] * t["memory_fraction"], **t)
     return doc.CrossModel(
         target=tg,
         ran_on_target=bool(ran_gpu),

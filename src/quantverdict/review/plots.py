@@ -210,8 +210,8 @@ def accuracy_figure(review: Review) -> Any:
     if not cards:
         return None
     label_of, deltas = _namer(cards), [d for sc in cards for d in sc.accuracy.deltas]
-    names = {k: list(dict.fromkeys(_delta_name(d) for d in deltas if d.kind == k)) for k in ("score", "perplexity")}
-    panels = [(k, ns) for k, ns in names.items() if ns]
+    by_kind = {k: list(dict.fromkeys(_delta_name(d) for d in deltas if d.kind == k)) for k in ("score", "perplexity")}
+    panels = [(k, ns) for k, ns in by_kind.items() if ns]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels) + 2.5, 4.4), squeeze=False)
     width = 0.8 / max(1, len(cards))
     hollow_seen = False

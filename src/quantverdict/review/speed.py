@@ -55,11 +55,6 @@ def level_label(load: float, mode: str) -> str:
     return "unlimited rate" if math.isinf(load) else f"{load:g} req/s"
 
 
-def load_label(p: dict[str, Any], mode: str) -> str:
-    """:func:`level_label` of a point dict's ``load``."""
-    return level_label(float(p["load"]), mode)
-
-
 def workload(rec: JobRecord) -> doc.Workload:
     """The request shape of a record's sweep, from ``config.bench`` (untyped config)."""
     bench = rec.cfg("bench")
@@ -118,11 +113,6 @@ def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
     return sorted(
         {sweep_plan.load_of({"concurrency": q.concurrency, "offered_rate_rps": q.offered_rate_rps}, mode) for q in plan}
     )
-
-
-def ceiling_is_floor(speed: doc.Speed) -> bool:
-    """Whether a scorecard's ceiling is a lower bound (no point saturated, or the sweep stopped early)."""
-    return speed.ceiling is not None and speed.ceiling.lower_bound
 
 
 def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:

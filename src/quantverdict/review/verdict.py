@@ -21,7 +21,7 @@ from quantverdict.review.document import Check, ConstraintKind, Criterion, Crite
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.kld import FAIL, NOT_APPLICABLE, OFF, PASS, UNKNOWN, _criterion, _finite, with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
-from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
+from quantverdict.review.speed import NO_PER_REQUEST, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
 # the check outcomes are defined once in review.kld; re-exported: checks and tests read them here
@@ -91,19 +91,15 @@ def _gap(d: TaskDelta, lim: float, rc: ReviewConfig | None = None) -> float:
     return lim - v if d.kind == "score" else v - lim
 
 
-def _ok(d: TaskDelta, lim: float, rc: ReviewConfig) -> bool:
-    return _gap(d, lim, rc) <= 0
-
-
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
-    """The floor held against one delta as :func:`_ok` judges it; a refused delta is left unjudged."""
+    """The floor held against one delta as :func:`_gap` judges it; a refused delta is left unjudged."""
     score, (judged, on_interval) = d.kind == "score", _end(d, rc)
     threshold = float((rc.min_recovery_pct if score else rc.max_perplexity_increase_pct) or 0.0)
     metric = CriterionMetric.RECOVERY_PCT if score else CriterionMetric.PERPLEXITY_INCREASE_PCT
     limit = "min_recovery_pct" if score else "max_perplexity_increase_pct"
     subject = d.metric if d.name == d.metric else f"{d.name} {d.metric}"
     test: Literal["point", "interval"] = "interval" if on_interval else "point"
-    observed, ok = d.recovery_pct if score else d.delta_pct, _ok(d, threshold, rc)
+    observed, ok = d.recovery_pct if score else d.delta_pct, _gap(d, threshold, rc) <= 0
     crit = _criterion(
         metric, subject, limit, ">=" if score else "<=", threshold, observed, judged=judged, test=test, ok=ok
     )
@@ -145,12 +141,11 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         if lim is None or not ds:
             continue
         worst = min(ds, key=lambda d: (d.recovery_pct or 0.0) if d.kind == "score" else -(d.delta_pct or 0.0))
-        ok, by_interval = _ok(worst, lim, rc), _end(worst, rc)[1] and _gap(worst, lim) > 0
+        ok, by_interval = _gap(worst, lim, rc) <= 0, _end(worst, rc)[1] and _gap(worst, lim) > 0
         part, short = _said(f"worst_{name}", d=worst, lim=lim, ok=ok, by_interval=by_interval)
         parts, cites = [*parts, part], [*cites, short]
-        for d in ds:
-            if not _ok(d, lim, rc):
-                fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
+        for d in (d for d in ds if _gap(d, lim, rc) > 0):
+            fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
     text, cite = "; ".join(parts), " and ".join(cites)
     if fails:
         return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
@@ -191,7 +186,7 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         rows = [p[1:] for p in p99s]
         text, cite = _said("p99s", p99s=rows, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
-        ceiling, lower_bound = sp.ceiling.rps, ceiling_is_floor(sp)
+        ceiling, lower_bound = sp.ceiling.rps, sp.ceiling.lower_bound
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
         # a rate sweep's level at the load that kept pace with it (not saturated) sustained the load, whatever
         # its whole-run rate (ramp-up and drain read low on a short run)
@@ -440,12 +435,13 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
                 continue
             inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
             speedup, speedup_low, speedup_high = map(_finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
+            load = float(e["load"])  # "inf": the unlimited rate
             rows.append(
                 doc.PairedSpeedup(
                     metric=metric,
                     name=name,
-                    load=math.inf if e["load"] == "inf" else float(e["load"]),
-                    label=load_label({"load": e["load"], "concurrency": e["load"]}, mode),
+                    load=load,
+                    label=level_label(load, mode),
                     pairs=e["pairs"],
                     ratios=e["ratios"],
                     ratio=_finite(e["ratio"]),
@@ -479,39 +475,31 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
     R, C = doc.RegimeRule, doc.RegimeClass
+    ranged, small = bool(rng and rng.min != rng.max), False
     if test is not None and test.pairs >= 2 and test.speedup is not None:
-        cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
+        cls, ranged = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE), False
         # established is not the same as large: a significant 1.01x neither pays nor costs
         small = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS
-        cls = C.NO_CHANGE if small else cls
-        return doc.RegimeClaim(
-            rule=R.PAIRED_T,
-            speedup=test.speedup,
-            low=test.speedup_low,
-            high=test.speedup_high,
-            pairs=test.pairs,
-            load=test.load,
-            metric=test.metric,
-            word=say("claim_word", test=test, small=small, pays=PAYS),
-            class_=cls,
-            note=say("claim_note", test=test, small=small, ranged=False, cls=cls, pays=PAYS),
-        )
-    if median is None:
+        rule, cls, speedup = R.PAIRED_T, C.NO_CHANGE if small else cls, test.speedup
+        low, high = test.speedup_low, test.speedup_high
+    elif median is None:
         return None
-    ranged = bool(rng and rng.min != rng.max)
-    lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
-    cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
+    else:
+        test, speedup = None, median
+        lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
+        cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
+        rule, low, high = (R.MIN_MAX_RANGE, lo, hi) if ranged else (R.SINGLE_RUN, None, None)
     return doc.RegimeClaim(
-        rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN,
-        speedup=median,
-        low=lo if ranged else None,
-        high=hi if ranged else None,
-        pairs=None,
-        load=None,
-        metric=None,
-        word=cls.value,
+        rule=rule,
+        speedup=speedup,
+        low=low,
+        high=high,
+        pairs=test.pairs if test else None,
+        load=test.load if test else None,
+        metric=test.metric if test else None,
+        word=say("claim_word", test=test, small=small, pays=PAYS, cls=cls),
         class_=cls,
-        note=say("claim_note", test=None, small=False, ranged=ranged, cls=cls, pays=PAYS),
+        note=say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS),
     )
 
 
