@@ -209,10 +209,7 @@ def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, str]
     g = at.goodput
     if g is None:
         return None, f"{NO_PER_REQUEST} (no --save-detailed result file beside it): not counted per request"
-    reps = f", median of {g.repeats} repeats" if g.repeats > 1 else ""
-    return g.goodput_rps, (
-        f"at {at.label}: {g.good_requests} of {g.slo_requests} requests met the SLO ({g.slo_attainment_pct:.1f}%{reps})"
-    )
+    return g.goodput_rps, say("goodput_how", "speed.j2", at=at, g=g)
 
 
 def point_label(sp: SweepPoint, mode: str) -> str:
