@@ -22,7 +22,7 @@ from quantverdict.results.baseline import headline_of
 from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review.accuracy import diff_interval, pair_samples, read_samples
-from quantverdict.review.cost import GPU_LINE, gpu_price
+from quantverdict.review.cost import gpu_names, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.scorecard import Scorecard
@@ -311,9 +311,8 @@ def target_price(
     prices = dict(rc.gpu_price_per_hour or {})
     if not prices and not target.price_per_hour:
         return None, ""
-    gpus_ran = [line for line in environment if line.startswith(GPU_LINE)]
-    if not ran_gpu or len(ran_gpu) != len(gpus_ran):
-        where = [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in gpus_ran]
+    where = gpu_names(environment)
+    if not ran_gpu or len(ran_gpu) != len(where):
         where = where or [line for line in environment if line.startswith("CPU")]
         return None, f"not comparable: ran on {', '.join(where) or 'a device not recorded'}"
     if (found := gpu_price(environment, prices)) is not None:

@@ -19,7 +19,6 @@ from quantverdict.review.document import AccuracyDelta, Review, Scheme, SpeedRat
 DPI = 110
 COLORS = dict(bf16="#222222", int8="#1f77b4", fp8="#2ca02c", w8a8="#17becf", gptq="#d62728", awq="#ff7f0e")
 MARKERS = dict(bf16="s", int8="o", fp8="^", w8a8="v", gptq="D", awq="P")
-ABOVE: dict[str, Any] = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
 
@@ -183,7 +182,9 @@ def memory_figure(review: Review) -> Any:
         ax.bar(x, [rc.reserved_gib] * len(cards), bottom=bottom, color="#8172b3", label="reserve", width=0.6)
         bottom = [b + rc.reserved_gib for b in bottom]
     for xi, u in zip(x, bottom):
-        ax.annotate(f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, **ABOVE)
+        ax.annotate(
+            f"{u:.3g}", (xi, u), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8
+        )
     top = max(bottom)
     title = f"memory to serve {headline.memory_load_text(rc)} (GiB, need written on each bar)"
     if budget is not None and budget <= 3 * top:
@@ -220,9 +221,7 @@ def accuracy_figure(review: Review) -> Any:
             ds = {_delta_name(d): d for d in sc.accuracy.deltas if d.kind == kind}
             k = 100.0 if kind == "score" else 1.0
             for j, name in enumerate(names):
-                d = ds.get(name)
-                v = None if d is None else (d.delta if kind == "score" else d.delta_pct)
-                if d is None or v is None:
+                if (d := ds.get(name)) is None or (v := d.delta if kind == "score" else d.delta_pct) is None:
                     continue
                 x, y = j - 0.4 + width * (i + 0.5), k * v
                 style = _style(sc, i)

@@ -207,13 +207,9 @@ def checks(sc: Scorecard, rc: ReviewConfig) -> Checks:
     return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
 
 
-def passes(cs: Checks) -> bool:
-    """No check fails or is unknown."""
-    return all(c.outcome in NON_BLOCKING for c in cs.values())
-
-
 def _eligible(sc: Scorecard, cs: Checks) -> bool:
-    return sc.status == "ok" and passes(cs)
+    """The job finished and no check fails or is unknown."""
+    return sc.status == "ok" and all(c.outcome in NON_BLOCKING for c in cs.values())
 
 
 def kv_step(sc: Scorecard) -> int:
