@@ -19,9 +19,9 @@ from quantverdict.measure import stats
 from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
-from quantverdict.review.kld import FAIL, NOT_APPLICABLE, OFF, PASS, UNKNOWN, _criterion, _finite, with_kld_constraint
+from quantverdict.review.kld import FAIL, NOT_APPLICABLE, OFF, PASS, UNKNOWN, _criterion, with_kld_constraint
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
-from quantverdict.review.speed import NO_PER_REQUEST, level_label, slo_of, slo_ok
+from quantverdict.review.speed import NO_PER_REQUEST, finite, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
 # the check outcomes are defined once in review.kld; re-exported: checks and tests read them here
@@ -220,16 +220,16 @@ def kv_step(sc: Scorecard) -> int:
 def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConfig) -> doc.KvLever:
     """The KV lever weighed on the baseline: whether its failing memory check binds on the weights (they alone,
     with recurrent state and reserve, exceed the budget) or on the KV cache, and its need with an FP8 cache."""
-    m, budget, fp8 = base.memory, rc.memory_budget_gib, _finite(base.memory.need_gib_kv_fp8)
+    m, budget, fp8 = base.memory, rc.memory_budget_gib, finite(base.memory.need_gib_kv_fp8)
     binds_on: Literal["kv_cache", "weights"] | None = None
     if cs["memory"].outcome == FAIL and budget is not None and m.weights_gib is not None:
         binds_on = "weights" if m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib > budget else "kv_cache"
     return doc.KvLever(
         binds_on=binds_on,
-        need_gib=_finite(m.need_gib),
+        need_gib=finite(m.need_gib),
         budget_gib=budget,
-        weights_gib=_finite(m.weights_gib),
-        kv_gib=_finite(m.kv_needed_gib),
+        weights_gib=finite(m.weights_gib),
+        kv_gib=finite(m.kv_needed_gib),
         fp8_need_gib=fp8,
         fp8_fits=None if budget is None or fp8 is None else fp8 <= budget,
         measured=[sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
@@ -411,9 +411,9 @@ def _speedup(
     if not a or not b:
         return None, None
     if not ra or not rb or min(ra.min, rb.min) <= 0:
-        return _finite(a / b), None
+        return finite(a / b), None
     lo, hi = ra.min / rb.max, ra.max / rb.min
-    return _finite(a / b), doc.MinMax(min=lo, max=hi) if math.isfinite(lo) and math.isfinite(hi) else None
+    return finite(a / b), doc.MinMax(min=lo, max=hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
 def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
@@ -430,7 +430,7 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
             if not e["pairs"]:
                 continue
             inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
-            speedup, speedup_low, speedup_high = map(_finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
+            speedup, speedup_low, speedup_high = map(finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
             load = float(e["load"])  # "inf": the unlimited rate
             rows.append(
                 doc.PairedSpeedup(
@@ -440,9 +440,9 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
                     label=level_label(load, mode),
                     pairs=e["pairs"],
                     ratios=e["ratios"],
-                    ratio=_finite(e["ratio"]),
-                    low=_finite(e["low"]),
-                    high=_finite(e["high"]),
+                    ratio=finite(e["ratio"]),
+                    low=finite(e["low"]),
+                    high=finite(e["high"]),
                     speedup=speedup,
                     speedup_low=speedup_low,
                     speedup_high=speedup_high,
