@@ -151,17 +151,15 @@ def _vllm_figures(
     if not (m.server_kv_cache_gib or m.server_kv_tokens):
         return doc.VllmFigures(), []
     served, run_budget = vllm_int_arg(_serve_args(rec), KV_BYTES), _run_budget_gib(rec)
-    how, at_target = "the budget where the job ran", False
-    if served is not None:
-        at_target = bool(kv_target and kv_target > 0 and abs(served / GIB - kv_target) / kv_target <= SAME_BUDGET)
-        how = f"--kv-cache-memory-bytes {served:,} = {served / GIB:.2f} GiB"
+    at_target, served_gib = False, None if served is None else served / GIB
+    if served_gib is not None:
+        at_target = bool(kv_target and kv_target > 0 and abs(served_gib - kv_target) / kv_target <= SAME_BUDGET)
     elif target is not None and run_budget is not None:
         want = target.memory_gib * target.memory_fraction
         at_target = abs(run_budget - want) / want <= 0.02
-        how = f"memory fraction x GPU memory = {run_budget:.2f} GiB" if at_target else how
     batch, flags = _batch_limits(rec, target) if target is not None and at_target else (None, [])
-    kv_gib = m.server_kv_cache_gib or (served / GIB if served else None)
-    how = ("the target's budget: " if at_target else "") + how
+    how = _say("vllm_how", served=served, served_gib=served_gib, run_budget=run_budget, at_target=at_target)
+    kv_gib = m.server_kv_cache_gib or served_gib or None
     figures = doc.VllmFigures(kv_gib=kv_gib, kv_tokens=m.server_kv_tokens, max_concurrency=m.server_max_concurrency)
     figures.served_kv_bytes, figures.at_target, figures.how, figures.batch = served, at_target, how, batch
     return figures, flags

@@ -173,18 +173,15 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
     else:  # no per-request data: the p99s at the load (slo_ok said None above if one with its limit set is missing)
-        p99s = [
-            (k, name, getattr(at, k), getattr(rc, k))
-            for k, name in (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
-        ]
+        named = (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
+        p99s = [(k, n, getattr(at, k), getattr(rc, k)) for k, n in named]
         p99s = [p for p in p99s if p[2] is not None and p[3] is not None]
         for key, name, v, lim in p99s:
             crits.append(_criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
             if (over := v - lim) > 0:
                 fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
-        rows = [p[1:] for p in p99s]
-        text, cite = _said("p99s", p99s=rows, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
+        text, cite = _said("p99s", p99s=p99s, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, sp.ceiling.lower_bound
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
