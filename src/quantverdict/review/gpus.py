@@ -64,10 +64,6 @@ def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewCo
             speeds.append((sc.scheme, ">= " if top and top.lower_bound else "", tok_s, used, tok_s / used))
     if not groups:
         return []
-    fits = sorted((n for n in groups if n is not None), reverse=True)
-    parts = [f"{'/'.join(groups[n])} on {WORDS.get(n, str(n))} GPU{'s' if n > 1 else ''}" for n in fits]
-    parts = [parts[0], *(p.rsplit(" GPU", 1)[0] for p in parts[1:])] if len(parts) > 1 else parts
-    if None in groups:
-        parts.append(f"{'/'.join(groups[None])} on none of {TP_SIZES[-1]} or fewer")
-    budget, requests = rc.memory_budget_gib, rc.concurrent_requests
-    return say("gpu_lines", "speed.j2", budget=budget, requests=requests, parts=parts, rows=speeds).split("\n")
+    fits = [(WORDS.get(n, str(n)), n, groups[n]) for n in sorted((n for n in groups if n is not None), reverse=True)]
+    words = dict(budget=rc.memory_budget_gib, requests=rc.concurrent_requests, fits=fits, rows=speeds)
+    return say("gpu_lines", "speed.j2", **words, fit_none=groups.get(None), largest=TP_SIZES[-1]).split("\n")
