@@ -88,9 +88,8 @@ def _levels(raw: list[dict[str, Any]], mode: str) -> list[aggregate.Level]:
     return [level for level in levels if level.valid]
 
 
-def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
-    """The sweep's mode and one point per load level: medians, spread and majority ``saturated``."""
-    mode, raw = raw_points(rec)
+def speed_points(mode: str, raw: list[dict[str, Any]]) -> list[doc.SpeedPoint]:
+    """One point per load level of the raw points (:func:`raw_points`): medians, spread and majority ``saturated``."""
     out = []
     for level in _levels(raw, mode):
         agg = aggregate.median_point(level.valid)
@@ -100,7 +99,12 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
         fields |= {"label": level_label(level.load, mode), "load": level.load, "saturated": aggregate.majority(votes)}
         fields |= {"valid_repeats": len(level.valid), "repeats": len(level.points), "spread": spread}
         out.append(doc.SpeedPoint.model_validate(fields))
-    return mode, out
+    return out
+
+
+def _load_of(q: SweepPoint | sweep_plan.SweepPoint, mode: str) -> float:
+    """The load level of a recorded or planned point (:func:`quantverdict.measure.sweep_plan.load_of`)."""
+    return sweep_plan.load_of({"concurrency": q.concurrency, "offered_rate_rps": q.offered_rate_rps}, mode)
 
 
 def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
@@ -110,9 +114,7 @@ def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
         plan = sweep_plan.plan(mode, list(bench.get("rates") or []), list(bench.get("concurrencies") or []), 1)
     except (TypeError, ValueError):
         return []
-    return sorted(
-        {sweep_plan.load_of({"concurrency": q.concurrency, "offered_rate_rps": q.offered_rate_rps}, mode) for q in plan}
-    )
+    return sorted({_load_of(q, mode) for q in plan})
 
 
 def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
@@ -214,9 +216,7 @@ def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, str]
 
 def point_label(sp: SweepPoint, mode: str) -> str:
     """A recorded point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
-    lbl = level_label(
-        sweep_plan.load_of({"concurrency": sp.concurrency, "offered_rate_rps": sp.offered_rate_rps}, mode), mode
-    )
+    lbl = level_label(_load_of(sp, mode), mode)
     return f"{lbl} (repeat {sp.repeat})" if sp.repeat else lbl
 
 
@@ -266,8 +266,8 @@ def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Flag], list[str]]:
     """``(speed, flags, missing)``: single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps``
     and latency at the load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
-    mode, points = speed_points(rec)
-    _, raw = raw_points(rec)
+    mode, raw = raw_points(rec)
+    points = speed_points(mode, raw)
     found = [f for sp, q in zip(rec.speed.points, raw) for f in _point_flags(sp, q, mode)]
     speed = doc.Speed.unmeasured(mode)
     speed.workload, speed.roofline, speed.points = workload(rec), _roofline(rec), points
