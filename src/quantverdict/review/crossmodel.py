@@ -251,7 +251,7 @@ def _candidate(
             why_not.append(f"{name}: {(check.cite or check.text) if check else 'not checked'}")
     tpot, itl, fit_levels = _decode_fits(sp)
     out = doc.Candidate(
-        name=_name(card),
+        name=f"{card.model} {card.scheme} ({card.label})",
         model=card.model,
         scheme=card.scheme,
         weights_gib=weights,
@@ -272,11 +272,6 @@ def _candidate(
         flags=flags + batch_flags,
     )
     return _Job(card, rec, out)
-
-
-def _name(sc: Scorecard) -> str:
-    """A candidate's name: ``<model> <scheme> (<label>)``."""
-    return f"{sc.model} {sc.scheme} ({sc.label})"
 
 
 def _mean_score(c: doc.Candidate, tasks: list[str]) -> float | None:
@@ -357,7 +352,7 @@ def _cross_model(
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
     overheads = [(o, sc) for sc, r in cards if (o := _overhead_gib(sc, r)) is not None]
-    borrowed = max(((o, _name(sc)) for o, sc in overheads), default=None)
+    borrowed = max(((o, f"{sc.model} {sc.scheme} ({sc.label})") for o, sc in overheads), default=None)
     jobs = [_candidate(sc, rec, target, borrowed, rc, checks[sc.model][sc.scheme]) for sc, rec in cards]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
