@@ -30,7 +30,6 @@ from quantverdict.review import build_review, gpus, to_json
 from quantverdict.review.constraints import load_set
 from quantverdict.review.crossmodel import (
     ROOFLINE_BYTES,
-    parse_kv_cache_memory_bytes,
     speed_vs_bytes,
     target_price,
     vllm_int_arg,
@@ -194,7 +193,7 @@ def test_a_job_without_a_server_borrows_the_largest_measured_reserve(tmp_path: P
     ],
 )
 def test_parse_kv_cache_memory_bytes(args: list[str], want: int | None) -> None:
-    assert parse_kv_cache_memory_bytes(args) == want
+    assert vllm_int_arg(args, "--kv-cache-memory-bytes") == want
 
 
 def _rows(values: list[int]) -> list[dict]:

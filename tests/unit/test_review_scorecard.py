@@ -19,7 +19,7 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, sources
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.memory import memory_summary
-from quantverdict.review.speed import load_point, speed_points, speed_summary
+from quantverdict.review.speed import load_point, raw_points, speed_points, speed_summary
 from review_records import DIMS, KV_GIB_16x288, grid, point, record, write_samples
 
 view = JobRecord.view  # the typed record the review reads
@@ -193,7 +193,8 @@ def test_repeats_are_averaged_and_concurrency_loads() -> None:
             {**point(None, achieved=3.0, tok_s=96, ttft99=400, itl50=40, itl99=80, e2e50=1500), "concurrency": 8},
         ],
     }
-    mode, pts = speed_points(view(rec))
+    mode, raw = raw_points(view(rec))
+    pts = speed_points(mode, raw)
     assert mode == "concurrency" and [p.load for p in pts] == [1.0, 8.0]
     assert pts[0].achieved_rps == pytest.approx(0.6) and pts[0].repeats == 2  # (0.5 + 0.7) / 2
     # 2 req/s: the lowest concurrency whose achieved req/s reaches it is 8

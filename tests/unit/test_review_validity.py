@@ -16,7 +16,7 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, to_json
 from quantverdict.review.document import MinMax, RegimeReading
 from quantverdict.review.render import markdown
-from quantverdict.review.speed import speed_points, speed_summary
+from quantverdict.review.speed import raw_points, speed_points, speed_summary
 from review_records import grid, point, record
 
 view = JobRecord.view  # the typed record the review reads
@@ -36,7 +36,7 @@ def test_a_repeat_with_short_outputs_is_left_out_not_averaged() -> None:
         point(1.0, achieved=0.95, tok_s=12.0, ttft99=300, itl50=40, itl99=60, e2e50=1400, out_total=100, out_req=256), 1
     )
     rec["speed"] = {"mode": "rate", "points": [good, short]}
-    _, pts = speed_points(view(rec))
+    pts = speed_points(*raw_points(view(rec)))
     # 100 of 256 tokens (39% < 90%): invalid; the level's tok/s is the valid repeat's 30
     assert pts[0].output_tok_s == 30.0 and pts[0].valid_repeats == 1 and pts[0].repeats == 2
     _, flags, _ = speed_summary(view(rec), RC)

@@ -9,15 +9,20 @@ from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
 from quantverdict.review.scorecard import Scorecard
 
-__all__ = ["cost_json", "gpu_price", "scheme_cost"]
+__all__ = ["cost_json", "gpu_names", "gpu_price", "scheme_cost"]
 
 GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
+
+
+def gpu_names(environment: list[str]) -> list[str]:
+    """The GPU name of each ``GPU: <name> (...)`` line of ``environment``."""
+    return [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in environment if line.startswith(GPU_LINE)]
 
 
 def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, str, float] | None:
     """``(gpu name, kind, USD per GPU-hour)`` for the one GPU kind the records ran on; None without a price, a GPU,
     or with several GPU kinds."""
-    names = {line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in environment if line.startswith(GPU_LINE)}
+    names = set(gpu_names(environment))
     if not prices or len(names) != 1:
         return None
     (name,) = names

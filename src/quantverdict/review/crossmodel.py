@@ -22,14 +22,16 @@ from quantverdict.results.baseline import headline_of
 from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review.accuracy import diff_interval, pair_samples, read_samples
-from quantverdict.review.cost import GPU_LINE, gpu_price
+from quantverdict.review.cost import gpu_names, gpu_price
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import ceiling_is_floor, finite, shape_of
+from quantverdict.review.speed import finite, shape_of
 from quantverdict.review.verdict import NON_BLOCKING, Checks
+from quantverdict.review.words import say
 
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
+KV_BYTES = "--kv-cache-memory-bytes"  # a fixed KV cache (bytes) in vLLM server arguments
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -62,11 +64,6 @@ def vllm_int_arg(args: list[Any], flag: str) -> int | None:
     return None
 
 
-def parse_kv_cache_memory_bytes(args: list[Any]) -> int | None:
-    """``--kv-cache-memory-bytes`` in vLLM server arguments (:func:`vllm_int_arg`)."""
-    return vllm_int_arg(args, "--kv-cache-memory-bytes")
-
-
 def _serve_args(rec: JobRecord) -> list[Any]:
     return [*(_server(rec).extra_args or []), *(rec.cfg.model.serve_args or [])]
 
@@ -85,7 +82,7 @@ def _overhead_gib(card: Scorecard, rec: JobRecord) -> float | None:
     """vLLM's reserve where the job ran, GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache``; None when
     a figure is missing, it is negative, or the KV cache was fixed (``--kv-cache-memory-bytes``)."""
     m = card.memory
-    budget = None if parse_kv_cache_memory_bytes(_serve_args(rec)) else _run_budget_gib(rec)
+    budget = None if vllm_int_arg(_serve_args(rec), KV_BYTES) else _run_budget_gib(rec)
     if budget is None or not m.server_weights_gib or not m.server_kv_cache_gib:
         return None
     left = budget - m.server_weights_gib - m.server_kv_cache_gib
@@ -124,23 +121,19 @@ def _target_fit(
         cap = kv_capacity(budget, bpt * s, max_len, paging, state)
         fit.kv_tokens, fit.max_concurrency = int(cap["kv_tokens"]), cap["max_concurrency"]
     if budget <= 0:
-        fit.fits, fit.why = False, f"weights {weights:.2f} GiB + reserve {reserve:.2f} GiB leave no KV cache in "
-        fit.why += f"{target.memory_gib:g} GiB x {target.memory_fraction:g}"
+        fit.fits = False
     elif req:
         cap = kv_capacity(budget, bpt * s, req, paging, state)
         fit.req_len, fit.req_concurrency = req, cap["max_concurrency"]
-        if rc.kv_cache_tokens:
-            fit.fits, need = cap["kv_tokens"] >= rc.kv_cache_tokens, f"{rc.kv_cache_tokens:,} KV tokens"
-        else:
-            fit.fits = cap["max_concurrency"] >= rc.concurrent_requests
-            need = f"{rc.concurrent_requests} concurrent {req}-token requests"
-        fit.why = "" if fit.fits else f"holds {cap['max_concurrency']:.1f} {req}-token requests, needs {need}"
-    else:
-        fit.why = "no request length (bench.input_len + output_len)"
-    if not (fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests):
-        return weights, how, fit, []
-    flag = f"fits the stated load, but its {fit.kv_gib:.2f} GiB of KV cache hold only {fit.max_concurrency:.1f} "
-    return weights, how, fit, [flag + f"max-length ({max_len:,}-token) requests"]
+        enough = cap["kv_tokens"] >= rc.kv_cache_tokens if rc.kv_cache_tokens else None
+        fit.fits = cap["max_concurrency"] >= rc.concurrent_requests if enough is None else enough
+    fit.why = _say("fit_why", fit=fit, weights=weights, target=target, rc=rc)
+    short = fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests
+    return weights, how, fit, [_say("max_length_flag", fit=fit)] if short else []
+
+
+def _say(macro: str, **values: Any) -> str:
+    return say(macro, "crossmodel_text.j2", **values)
 
 
 def _max_model_len(rec: JobRecord) -> int | None:
@@ -156,18 +149,16 @@ def _vllm_figures(
     m = card.memory
     if not (m.server_kv_cache_gib or m.server_kv_tokens):
         return doc.VllmFigures(), []
-    served, run_budget = parse_kv_cache_memory_bytes(_serve_args(rec)), _run_budget_gib(rec)
-    how, at_target = "the budget where the job ran", False
-    if served is not None:
-        at_target = bool(kv_target and kv_target > 0 and abs(served / GIB - kv_target) / kv_target <= SAME_BUDGET)
-        how = f"--kv-cache-memory-bytes {served:,} = {served / GIB:.2f} GiB"
+    served, run_budget = vllm_int_arg(_serve_args(rec), KV_BYTES), _run_budget_gib(rec)
+    at_target, served_gib = False, None if served is None else served / GIB
+    if served_gib is not None:
+        at_target = bool(kv_target and kv_target > 0 and abs(served_gib - kv_target) / kv_target <= SAME_BUDGET)
     elif target is not None and run_budget is not None:
         want = target.memory_gib * target.memory_fraction
         at_target = abs(run_budget - want) / want <= 0.02
-        how = f"memory fraction x GPU memory = {run_budget:.2f} GiB" if at_target else how
     batch, flags = _batch_limits(rec, target) if target is not None and at_target else (None, [])
-    kv_gib = m.server_kv_cache_gib or (served / GIB if served else None)
-    how = ("the target's budget: " if at_target else "") + how
+    how = _say("vllm_how", served=served, served_gib=served_gib, run_budget=run_budget, at_target=at_target)
+    kv_gib = m.server_kv_cache_gib or served_gib or None
     figures = doc.VllmFigures(kv_gib=kv_gib, kv_tokens=m.server_kv_tokens, max_concurrency=m.server_max_concurrency)
     figures.served_kv_bytes, figures.at_target, figures.how, figures.batch = served, at_target, how, batch
     return figures, flags
@@ -183,14 +174,7 @@ def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits
     tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
     want = vllm_batch_defaults(target.gpu, target.memory_gib)
     batch = doc.BatchLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, target=list(want))
-    if (seqs, tokens) == want:
-        return batch, []
-    return batch, [
-        f"served with max_num_seqs {seqs}, max_num_batched_tokens {tokens:,}; vLLM on the {target.gpu} "
-        f"picks {want[0]}, {want[1]:,} by default: its speed at high load is not the "
-        f"target's (bench.server.max_num_seqs={want[0]} and --max-num-batched-tokens {want[1]} added to "
-        "bench.server.extra_args match it)"
-    ]
+    return batch, [] if (seqs, tokens) == want else [_say("batch_flag", batch=batch, gpu=target.gpu)]
 
 
 def _scores(card: Scorecard, rec: JobRecord) -> dict[str, doc.TaskScore]:
@@ -274,7 +258,7 @@ def _candidate(
         target=fit,
         vllm=vllm,
         ceiling_tok_s=finite(sp.ceiling.output_tok_s if sp.ceiling else None),
-        ceiling_lower_bound=ceiling_is_floor(sp),
+        ceiling_lower_bound=bool(sp.ceiling and sp.ceiling.lower_bound),
         step_bytes=step_bytes,
         step_bytes_how=step_how,
         speed_vs_bytes=None,
@@ -324,9 +308,8 @@ def target_price(
     prices = dict(rc.gpu_price_per_hour or {})
     if not prices and not target.price_per_hour:
         return None, ""
-    gpus_ran = [line for line in environment if line.startswith(GPU_LINE)]
-    if not ran_gpu or len(ran_gpu) != len(gpus_ran):
-        where = [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in gpus_ran]
+    where = gpu_names(environment)
+    if not ran_gpu or len(ran_gpu) != len(where):
         where = where or [line for line in environment if line.startswith("CPU")]
         return None, f"not comparable: ran on {', '.join(where) or 'a device not recorded'}"
     if (found := gpu_price(environment, prices)) is not None:
@@ -374,11 +357,8 @@ def _cross_model(
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
     for c in [c for c in cands if len(set(shapes.values())) > 1 and c.name in shapes]:
-        others = "; ".join(sorted({t for t in shapes.values() if t != shapes[c.name]}))
-        c.flags.append(
-            f"swept at {shapes[c.name]}, other candidates at {others}: its speed figures and ratios here "
-            "compare different request shapes"
-        )
+        others = sorted({t for t in shapes.values() if t != shapes[c.name]})
+        c.flags.append(_say("shape_flag", shape=shapes[c.name], others=others))
     # one source of bytes per step for every candidate in the ratio table (those with a ceiling): the checkpoint
     # tensors a step reads (speed.roofline, a GPU sweep with c=1) when each of them has it, else the weights GiB
     if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands if c.ceiling_tok_s):
@@ -411,17 +391,11 @@ def _cross_model(
     for c, j in zip(cands, jobs):
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
     loads = {p.label: p.load for j in jobs for p in j.card.speed.points}
-    t = target
+    keep = ("name", "gpu", "memory_gib", "memory_fraction")
+    t = None if target is None else {k: getattr(target, k) for k in keep}
+    tg = None if t is None else doc.Target(budget_gib=t["memory_gib"] * t["memory_fraction"], **t)
     return doc.CrossModel(
-        target=None
-        if t is None
-        else doc.Target(
-            name=t.name,
-            gpu=t.gpu,
-            memory_gib=t.memory_gib,
-            memory_fraction=t.memory_fraction,
-            budget_gib=t.memory_gib * t.memory_fraction,
-        ),
+        target=tg,
         ran_on_target=bool(ran_gpu),
         ran=ran,
         chosen=chosen.name if chosen else None,

@@ -9,7 +9,6 @@ from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
 from quantverdict.results.record import JobRecord, ModelDims
 from quantverdict.review.document import Memory
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import ceiling_is_floor
 from quantverdict.review.words import say
 
 WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
@@ -60,15 +59,11 @@ def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewCo
             needed = gpus_needed(weights, kv, heads, rc.memory_budget_gib, rc.reserved_gib, TP_SIZES)
         if sc.label not in (names := groups.setdefault(needed, [])):
             names.append(sc.label)
-        ceiling = sc.speed.ceiling.output_tok_s if sc.speed.ceiling else None
-        if tok_s := ceiling or max((p.output_tok_s for p in sc.speed.points if p.output_tok_s), default=None):
-            speeds.append((sc.scheme, ">= " if ceiling_is_floor(sc.speed) else "", tok_s, used, tok_s / used))
+        top, tops = sc.speed.ceiling, [p.output_tok_s for p in sc.speed.points if p.output_tok_s]
+        if tok_s := (top.output_tok_s if top else None) or max(tops, default=None):
+            speeds.append((sc.scheme, ">= " if top and top.lower_bound else "", tok_s, used, tok_s / used))
     if not groups:
         return []
-    fits = sorted((n for n in groups if n is not None), reverse=True)
-    parts = [f"{'/'.join(groups[n])} on {WORDS.get(n, str(n))} GPU{'s' if n > 1 else ''}" for n in fits]
-    parts = [parts[0], *(p.rsplit(" GPU", 1)[0] for p in parts[1:])] if len(parts) > 1 else parts
-    if None in groups:
-        parts.append(f"{'/'.join(groups[None])} on none of {TP_SIZES[-1]} or fewer")
-    budget, requests = rc.memory_budget_gib, rc.concurrent_requests
-    return say("gpu_lines", "speed.j2", budget=budget, requests=requests, parts=parts, rows=speeds).split("\n")
+    fits = [(WORDS.get(n, str(n)), n, groups[n]) for n in sorted((n for n in groups if n is not None), reverse=True)]
+    words = dict(budget=rc.memory_budget_gib, requests=rc.concurrent_requests, fits=fits, rows=speeds)
+    return say("gpu_lines", "speed.j2", **words, fit_none=groups.get(None), largest=TP_SIZES[-1]).split("\n")

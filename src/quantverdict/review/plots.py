@@ -1,12 +1,11 @@
-"""The review's plots (matplotlib, Agg backend) as figures or PNG bytes: ``speed_ratio``, ``pareto``, ``memory``,
-``accuracy``, ``latency`` (:data:`ALT` says what each shows); every axis names its quantity and unit, legends sit
-outside the data.
-"""
+"""The review's plots (matplotlib, Agg) as figures or PNG bytes (:data:`ALT` says what each shows); every axis names
+its quantity and unit, legends sit outside the data."""
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 import matplotlib
@@ -15,12 +14,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from quantverdict.review import headline
-from quantverdict.review.document import Review, Scheme, SpeedRatio
+from quantverdict.review.document import AccuracyDelta, Review, Scheme, SpeedRatio
 
 DPI = 110
 COLORS = dict(bf16="#222222", int8="#1f77b4", fp8="#2ca02c", w8a8="#17becf", gptq="#d62728", awq="#ff7f0e")
 MARKERS = dict(bf16="s", int8="o", fp8="^", w8a8="v", gptq="D", awq="P")
-ABOVE: dict[str, Any] = {"xytext": (0, 2), "textcoords": "offset points"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
 
 
@@ -35,8 +33,16 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _name(sc: Scheme, many_models: bool) -> str:
-    return f"{sc.model}/{sc.name}" if many_models else sc.name
+def _namer(cards: list[Scheme]) -> Callable[[Scheme], str]:
+    """A scheme's legend name: ``model/scheme`` in a figure of several models."""
+    many = len({sc.model for sc in cards}) > 1
+    return lambda sc: f"{sc.model}/{sc.name}" if many else sc.name
+
+
+def _column(n: int, height: float) -> tuple[Any, Any]:
+    """A figure of ``n`` panels one above the other, ``height`` inches each."""
+    fig, axes = plt.subplots(n, 1, figsize=(8.5, height * n), squeeze=False)
+    return fig, axes[:, 0]
 
 
 def _models(review: Review) -> list[str]:
@@ -93,8 +99,8 @@ def speed_ratio_figure(review: Review) -> Any:
             panels.append((model, base, curves))
     if not panels:
         return None
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.2 * len(panels)), squeeze=False)
-    for ax, (model, base, curves) in zip(axes[:, 0], panels):
+    fig, axes = _column(len(panels), 4.2)
+    for ax, (model, base, curves) in zip(axes, panels):
         pos = _positions([base] + [sc for sc, _ in curves])
         for i, (sc, curve) in enumerate(curves):
             lo = [r.value - r.low if r.low is not None else 0.0 for r in curve]
@@ -111,11 +117,7 @@ def speed_ratio_figure(review: Review) -> Any:
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The points no other point beats on both coordinates (higher x and higher y), sorted by x.
-
-    >>> pareto_front([(1, 10), (2, 5), (1.5, 4), (3, 1)])
-    [(1, 10), (2, 5), (3, 1)]
-    """
+    """The points no other point beats on both coordinates (higher x and higher y), sorted by x."""
     front = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points)]
     return sorted(set(front))
 
@@ -132,8 +134,8 @@ def pareto_figure(review: Review) -> Any:
     panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in _of(review, m) if _pareto_points(sc)])]
     if not panels:
         return None
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.6 * len(panels)), squeeze=False)
-    for ax, (model, cards) in zip(axes[:, 0], panels):
+    fig, axes = _column(len(panels), 4.6)
+    for ax, (model, cards) in zip(axes, panels):
         everything: list[tuple[float, float]] = []
         for i, sc in enumerate(cards):
             pts = _pareto_points(sc)
@@ -161,8 +163,7 @@ def memory_figure(review: Review) -> Any:
     cards = [sc for sc in review.scorecards if sc.memory.weights_gib is not None]
     if not cards:
         return None
-    rc = review.constraints
-    many = len({sc.model for sc in cards}) > 1
+    rc, label_of = review.constraints, _namer(cards)
     budget = rc.memory_budget_gib
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cards) + 4), 4.4))
     x = list(range(len(cards)))
@@ -181,7 +182,9 @@ def memory_figure(review: Review) -> Any:
         ax.bar(x, [rc.reserved_gib] * len(cards), bottom=bottom, color="#8172b3", label="reserve", width=0.6)
         bottom = [b + rc.reserved_gib for b in bottom]
     for xi, u in zip(x, bottom):
-        ax.annotate(f"{u:.3g}", (xi, u), ha="center", va="bottom", fontsize=8, **ABOVE)
+        ax.annotate(
+            f"{u:.3g}", (xi, u), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8
+        )
     top = max(bottom)
     title = f"memory to serve {headline.memory_load_text(rc)} (GiB, need written on each bar)"
     if budget is not None and budget <= 3 * top:
@@ -191,11 +194,15 @@ def memory_figure(review: Review) -> Any:
         ax.plot([], [], color="red", ls="--", lw=1.4, label=f"budget {budget:g} GiB (above the axis)")
         title += f"; budget {budget:g} GiB"
     ax.set_ylim(0, top * 1.15)
-    ax.set_xticks(x, [_name(sc, many) for sc in cards], rotation=20, ha="right")
+    ax.set_xticks(x, [label_of(sc) for sc in cards], rotation=20, ha="right")
     ax.set_ylabel("GiB (2^30 bytes)")
     _finish(ax, title, None, axis="y")
     fig.tight_layout()
     return fig
+
+
+def _delta_name(d: AccuracyDelta) -> str:
+    return f"{d.name} {d.metric}" if d.kind == "score" else str(d.metric)
 
 
 def accuracy_figure(review: Review) -> Any:
@@ -203,27 +210,18 @@ def accuracy_figure(review: Review) -> Any:
     cards = [sc for sc in review.scorecards if sc.accuracy.deltas]
     if not cards:
         return None
-    many = len({sc.model for sc in cards}) > 1
-    score_names = list(
-        dict.fromkeys(f"{d.name} {d.metric}" for sc in cards for d in sc.accuracy.deltas if d.kind == "score")
-    )
-    ppl_names = list(dict.fromkeys(d.metric for sc in cards for d in sc.accuracy.deltas if d.kind == "perplexity"))
-    panels = [p for p in (("score", score_names), ("perplexity", ppl_names)) if p[1]]
+    label_of, deltas = _namer(cards), [d for sc in cards for d in sc.accuracy.deltas]
+    by_kind = {k: list(dict.fromkeys(_delta_name(d) for d in deltas if d.kind == k)) for k in ("score", "perplexity")}
+    panels = [(k, ns) for k, ns in by_kind.items() if ns]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels) + 2.5, 4.4), squeeze=False)
     width = 0.8 / max(1, len(cards))
     hollow_seen = False
     for ax, (kind, names) in zip(axes[0], panels):
         for i, sc in enumerate(cards):
-            ds = {
-                (f"{d.name} {d.metric}" if kind == "score" else d.metric): d
-                for d in sc.accuracy.deltas
-                if d.kind == kind
-            }
+            ds = {_delta_name(d): d for d in sc.accuracy.deltas if d.kind == kind}
             k = 100.0 if kind == "score" else 1.0
             for j, name in enumerate(names):
-                d = ds.get(name)
-                v = None if d is None else (d.delta if kind == "score" else d.delta_pct)
-                if d is None or v is None:
+                if (d := ds.get(name)) is None or (v := d.delta if kind == "score" else d.delta_pct) is None:
                     continue
                 x, y = j - 0.4 + width * (i + 0.5), k * v
                 style = _style(sc, i)
@@ -233,7 +231,7 @@ def accuracy_figure(review: Review) -> Any:
                 else:
                     lo, hi = max(0.0, y - k * d.interval.low), max(0.0, k * d.interval.high - y)
                     ax.errorbar([x], [y], yerr=[[lo], [hi]], fmt=style["marker"], color=style["color"], capsize=3)
-            ax.plot([], [], ls="none", label=_name(sc, many), **_style(sc, i))  # one legend entry per scheme
+            ax.plot([], [], ls="none", label=label_of(sc), **_style(sc, i))  # one legend entry per scheme
         ax.axhline(0, color="black", lw=0.8)
         limit = review.constraints.max_perplexity_increase_pct
         if kind == "perplexity" and limit is not None:
@@ -256,19 +254,16 @@ def latency_figure(review: Review) -> Any:
     cards = [sc for sc in review.scorecards if sc.speed.points]
     if not cards:
         return None
-    many = len({sc.model for sc in cards}) > 1
-    pos = _positions(cards)
+    label_of, pos = _namer(cards), _positions(cards)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     rc = review.constraints
     every = [p for sc in cards for p in sc.speed.points]
     has_tpot = [p.tpot_ms_p99 is not None for p in every if p.tpot_ms_p99 or p.itl_ms_p99]
-    right = (
-        "TPOT p99 per request (ms)"
-        if has_tpot and all(has_tpot)
-        else "ITL p99 (ms)"
-        if not any(has_tpot)
-        else "TPOT p99 per request, else ITL p99 (ms)"
-    )
+    right = "TPOT p99 per request, else ITL p99 (ms)"
+    if not any(has_tpot):
+        right = "ITL p99 (ms)"
+    elif all(has_tpot):
+        right = "TPOT p99 per request (ms)"
     for ax, right_panel, title, slo, slo_name in (
         (axes[0], False, "TTFT p99 (ms)", rc.ttft_ms_p99, "TTFT objective"),
         (axes[1], True, right, rc.itl_ms_p99, "TPOT objective (per request)"),
@@ -279,7 +274,7 @@ def latency_figure(review: Review) -> Any:
                 for p in sc.speed.points
                 if (v := (p.itl_ms_p99 if p.tpot_ms_p99 is None else p.tpot_ms_p99) if right_panel else p.ttft_ms_p99)
             ]
-            ax.plot([pos[x] for x, _ in pts], [v for _, v in pts], label=_name(sc, many), **_style(sc, i))
+            ax.plot([pos[x] for x, _ in pts], [v for _, v in pts], label=label_of(sc), **_style(sc, i))
         if slo is not None:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"{slo_name} {slo:g} ms")
             where = {"xycoords": ("axes fraction", "data"), "color": "red", "fontsize": 8, "va": "bottom"}

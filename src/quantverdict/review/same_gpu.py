@@ -34,10 +34,12 @@ def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
     return tuple(GpuInfo.of(g).uuid or None for g in (rec.environment.gpu or [])[: job_gpus(rec)])
 
 
-def _started(rec: JobRecord) -> datetime | None:
+def _hours_apart(a: JobRecord, b: JobRecord) -> float | None:
+    """Hours between the jobs' starts; None when a start is missing or unreadable, or only one has a UTC offset."""
     try:
-        return datetime.fromisoformat(str(rec.job.started_at)) if rec.job.started_at else None
-    except ValueError:
+        t, tb = (datetime.fromisoformat(str(r.job.started_at or "")) for r in (a, b))
+        return abs((t - tb).total_seconds()) / 3600
+    except (TypeError, ValueError):
         return None
 
 
@@ -48,12 +50,7 @@ def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
         return None
     state = NOT_RECORDED if None in mine or None in theirs else SAME if mine == theirs else DIFFERENT
     a, b = grid_of(rec.job.output_dir), grid_of(base.job.output_dir)
-    t, tb = _started(rec), _started(base)
-    try:
-        hours = abs((t - tb).total_seconds()) / 3600 if t and tb else None
-    except TypeError:  # one time with a UTC offset, the other without
-        hours = None
-    return GpuMatch(state, mine, theirs, a == b if a and b else None, hours)
+    return GpuMatch(state, mine, theirs, a == b if a and b else None, _hours_apart(rec, base))
 
 
 def pairable(m: GpuMatch | None) -> bool:

@@ -56,11 +56,6 @@ def level_label(load: float, mode: str) -> str:
     return "unlimited rate" if math.isinf(load) else f"{load:g} req/s"
 
 
-def load_label(p: dict[str, Any], mode: str) -> str:
-    """:func:`level_label` of a point dict's ``load``."""
-    return level_label(float(p["load"]), mode)
-
-
 def workload(rec: JobRecord) -> doc.Workload:
     """The request shape of a record's sweep, from ``config.bench``."""
     bench = rec.cfg.bench
@@ -94,9 +89,8 @@ def _levels(raw: list[dict[str, Any]], mode: str) -> list[aggregate.Level]:
     return [level for level in levels if level.valid]
 
 
-def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
-    """The sweep's mode and one point per load level: medians, spread and majority ``saturated``."""
-    mode, raw = raw_points(rec)
+def speed_points(mode: str, raw: list[dict[str, Any]]) -> list[doc.SpeedPoint]:
+    """One point per load level of the raw points (:func:`raw_points`): medians, spread and majority ``saturated``."""
     out = []
     for level in _levels(raw, mode):
         agg = aggregate.median_point(level.valid)
@@ -106,7 +100,12 @@ def speed_points(rec: JobRecord) -> tuple[str, list[doc.SpeedPoint]]:
         fields |= {"label": level_label(level.load, mode), "load": level.load, "saturated": aggregate.majority(votes)}
         fields |= {"valid_repeats": len(level.valid), "repeats": len(level.points), "spread": spread}
         out.append(doc.SpeedPoint.model_validate(fields))
-    return mode, out
+    return out
+
+
+def _load_of(q: SweepPoint | sweep_plan.SweepPoint, mode: str) -> float:
+    """The load level of a recorded or planned point (:func:`quantverdict.measure.sweep_plan.load_of`)."""
+    return sweep_plan.load_of({"concurrency": q.concurrency, "offered_rate_rps": q.offered_rate_rps}, mode)
 
 
 def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
@@ -116,14 +115,7 @@ def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
         plan = sweep_plan.plan(mode, list(bench.rates or []), list(bench.concurrencies or []), 1)
     except (TypeError, ValueError):
         return []
-    return sorted(
-        {sweep_plan.load_of({"concurrency": q.concurrency, "offered_rate_rps": q.offered_rate_rps}, mode) for q in plan}
-    )
-
-
-def ceiling_is_floor(speed: doc.Speed) -> bool:
-    """Whether a scorecard's ceiling is a lower bound (no point saturated, or the sweep stopped early)."""
-    return speed.ceiling is not None and speed.ceiling.lower_bound
+    return sorted({_load_of(q, mode) for q in plan})
 
 
 def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
@@ -220,17 +212,12 @@ def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, str]
     g = at.goodput
     if g is None:
         return None, f"{NO_PER_REQUEST} (no --save-detailed result file beside it): not counted per request"
-    reps = f", median of {g.repeats} repeats" if g.repeats > 1 else ""
-    return g.goodput_rps, (
-        f"at {at.label}: {g.good_requests} of {g.slo_requests} requests met the SLO ({g.slo_attainment_pct:.1f}%{reps})"
-    )
+    return g.goodput_rps, say("goodput_how", "speed.j2", at=at, g=g)
 
 
 def point_label(sp: SweepPoint, mode: str) -> str:
     """A recorded point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
-    lbl = level_label(
-        sweep_plan.load_of({"concurrency": sp.concurrency, "offered_rate_rps": sp.offered_rate_rps}, mode), mode
-    )
+    lbl = level_label(_load_of(sp, mode), mode)
     return f"{lbl} (repeat {sp.repeat})" if sp.repeat else lbl
 
 
@@ -280,8 +267,8 @@ def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Flag], list[str]]:
     """``(speed, flags, missing)``: single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps``
     and latency at the load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
-    mode, points = speed_points(rec)
-    _, raw = raw_points(rec)
+    mode, raw = raw_points(rec)
+    points = speed_points(mode, raw)
     found = [f for sp, q in zip(rec.speed.points, raw) for f in _point_flags(sp, q, mode)]
     speed = doc.Speed.unmeasured(mode)
     speed.workload, speed.roofline, speed.points = workload(rec), _roofline(rec), points

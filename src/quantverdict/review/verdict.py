@@ -21,8 +21,7 @@ from quantverdict.review.document import Check, ConstraintKind, Criterion, Crite
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
-from quantverdict.review.speed import NO_PER_REQUEST, ceiling_is_floor, load_label, slo_of, slo_ok
-from quantverdict.review.speed import finite as _finite
+from quantverdict.review.speed import NO_PER_REQUEST, finite, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
 # the check outcomes by the short names the checks, and tests, read here
@@ -110,17 +109,13 @@ def _gap(d: TaskDelta, lim: float, rc: ReviewConfig | None = None) -> float:
     return lim - v if comparison == ">=" else v - lim
 
 
-def _ok(d: TaskDelta, lim: float, rc: ReviewConfig) -> bool:
-    return _gap(d, lim, rc) <= 0
-
-
 def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
-    """The limit held against one delta as :func:`_ok` judges it; a refused delta is left unjudged."""
+    """The limit held against one delta as :func:`_gap` judges it; a refused delta is left unjudged."""
     (value, _, limit, comparison, metric), (judged, on_interval) = _floor(d), _end(d, rc)
     threshold = float(getattr(rc, limit) or 0.0)
     subject = d.metric if d.name == d.metric or d.kind == "kld" else f"{d.name} {d.metric}"
     test: Literal["point", "interval"] = "interval" if on_interval else "point"
-    observed, ok = getattr(d, value), _ok(d, threshold, rc)
+    observed, ok = getattr(d, value), _gap(d, threshold, rc) <= 0
     crit = doc.criterion(
         CriterionMetric(metric), subject, limit, comparison, threshold, observed, judged=judged, test=test, ok=ok
     )
@@ -162,12 +157,11 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         if lim is None or not ds:
             continue
         worst = min(ds, key=lambda d: (d.recovery_pct or 0.0) if d.kind == "score" else -(d.delta_pct or 0.0))
-        ok, by_interval = _ok(worst, lim, rc), _end(worst, rc)[1] and _gap(worst, lim) > 0
+        ok, by_interval = _gap(worst, lim, rc) <= 0, _end(worst, rc)[1] and _gap(worst, lim) > 0
         part, short = _said(f"worst_{name}", d=worst, lim=lim, ok=ok, by_interval=by_interval)
         parts, cites = [*parts, part], [*cites, short]
-        for d in ds:
-            if not _ok(d, lim, rc):
-                fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
+        for d in (d for d in ds if _gap(d, lim, rc) > 0):
+            fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
     text, cite = "; ".join(parts), " and ".join(cites)
     if fails:
         return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
@@ -236,20 +230,17 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
     else:  # no per-request data: the p99s at the load (slo_ok said None above if one with its limit set is missing)
-        p99s = [
-            (k, name, getattr(at, k), getattr(rc, k))
-            for k, name in (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
-        ]
+        named = (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
+        p99s = [(k, n, getattr(at, k), getattr(rc, k)) for k, n in named]
         p99s = [p for p in p99s if p[2] is not None and p[3] is not None]
         for key, name, v, lim in p99s:
             crits.append(doc.criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
             if (over := v - lim) > 0:
                 fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
-        rows = [p[1:] for p in p99s]
-        text, cite = _said("p99s", p99s=rows, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
+        text, cite = _said("p99s", p99s=p99s, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
-        ceiling, lower_bound = sp.ceiling.rps, ceiling_is_floor(sp)
+        ceiling, lower_bound = sp.ceiling.rps, sp.ceiling.lower_bound
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
         # a rate sweep's level at the load that kept pace with it (not saturated) sustained the load, whatever
         # its whole-run rate (ramp-up and drain read low on a short run)
@@ -270,13 +261,9 @@ def checks(sc: Scorecard, rc: ReviewConfig) -> Checks:
     return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
 
 
-def passes(cs: Checks) -> bool:
-    """No check fails or is unknown."""
-    return all(c.outcome in NON_BLOCKING for c in cs.values())
-
-
 def _eligible(sc: Scorecard, cs: Checks) -> bool:
-    return sc.status == "ok" and passes(cs)
+    """The job finished and no check fails or is unknown."""
+    return sc.status == "ok" and all(c.outcome in NON_BLOCKING for c in cs.values())
 
 
 def kv_step(sc: Scorecard) -> int:
@@ -287,16 +274,16 @@ def kv_step(sc: Scorecard) -> int:
 def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConfig) -> doc.KvLever:
     """The KV lever weighed on the baseline: whether its failing memory check binds on the weights (they alone,
     with recurrent state and reserve, exceed the budget) or on the KV cache, and its need with an FP8 cache."""
-    m, budget, fp8 = base.memory, rc.memory_budget_gib, _finite(base.memory.need_gib_kv_fp8)
+    m, budget, fp8 = base.memory, rc.memory_budget_gib, finite(base.memory.need_gib_kv_fp8)
     binds_on: Literal["kv_cache", "weights"] | None = None
     if cs["memory"].outcome == FAIL and budget is not None and m.weights_gib is not None:
         binds_on = "weights" if m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib > budget else "kv_cache"
     return doc.KvLever(
         binds_on=binds_on,
-        need_gib=_finite(m.need_gib),
+        need_gib=finite(m.need_gib),
         budget_gib=budget,
-        weights_gib=_finite(m.weights_gib),
-        kv_gib=_finite(m.kv_needed_gib),
+        weights_gib=finite(m.weights_gib),
+        kv_gib=finite(m.kv_needed_gib),
         fp8_need_gib=fp8,
         fp8_fits=None if budget is None or fp8 is None else fp8 <= budget,
         measured=[sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
@@ -474,9 +461,9 @@ def _speedup(
     if not a or not b:
         return None, None
     if not ra or not rb or min(ra.min, rb.min) <= 0:
-        return _finite(a / b), None
+        return finite(a / b), None
     lo, hi = ra.min / rb.max, ra.max / rb.min
-    return _finite(a / b), doc.MinMax(min=lo, max=hi) if math.isfinite(lo) and math.isfinite(hi) else None
+    return finite(a / b), doc.MinMax(min=lo, max=hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
 def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
@@ -493,18 +480,19 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
             if not e["pairs"]:
                 continue
             inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
-            speedup, speedup_low, speedup_high = map(_finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
+            speedup, speedup_low, speedup_high = map(finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
+            load = float(e["load"])  # "inf": the unlimited rate
             rows.append(
                 doc.PairedSpeedup(
                     metric=metric,
                     name=name,
-                    load=math.inf if e["load"] == "inf" else float(e["load"]),
-                    label=load_label({"load": e["load"], "concurrency": e["load"]}, mode),
+                    load=load,
+                    label=level_label(load, mode),
                     pairs=e["pairs"],
                     ratios=e["ratios"],
-                    ratio=_finite(e["ratio"]),
-                    low=_finite(e["low"]),
-                    high=_finite(e["high"]),
+                    ratio=finite(e["ratio"]),
+                    low=finite(e["low"]),
+                    high=finite(e["high"]),
                     speedup=speedup,
                     speedup_low=speedup_low,
                     speedup_high=speedup_high,
@@ -533,39 +521,31 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
     R, C = doc.RegimeRule, doc.RegimeClass
+    ranged, small = bool(rng and rng.min != rng.max), False
     if test is not None and test.pairs >= 2 and test.speedup is not None:
-        cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
+        cls, ranged = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE), False
         # established is not the same as large: a significant 1.01x neither pays nor costs
         small = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS
-        cls = C.NO_CHANGE if small else cls
-        return doc.RegimeClaim(
-            rule=R.PAIRED_T,
-            speedup=test.speedup,
-            low=test.speedup_low,
-            high=test.speedup_high,
-            pairs=test.pairs,
-            load=test.load,
-            metric=test.metric,
-            word=say("claim_word", test=test, small=small, pays=PAYS),
-            class_=cls,
-            note=say("claim_note", test=test, small=small, ranged=False, cls=cls, pays=PAYS),
-        )
-    if median is None:
+        rule, cls, speedup = R.PAIRED_T, C.NO_CHANGE if small else cls, test.speedup
+        low, high = test.speedup_low, test.speedup_high
+    elif median is None:
         return None
-    ranged = bool(rng and rng.min != rng.max)
-    lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
-    cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
+    else:
+        test, speedup = None, median
+        lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
+        cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
+        rule, low, high = (R.MIN_MAX_RANGE, lo, hi) if ranged else (R.SINGLE_RUN, None, None)
     return doc.RegimeClaim(
-        rule=R.MIN_MAX_RANGE if ranged else R.SINGLE_RUN,
-        speedup=median,
-        low=lo if ranged else None,
-        high=hi if ranged else None,
-        pairs=None,
-        load=None,
-        metric=None,
-        word=cls.value,
+        rule=rule,
+        speedup=speedup,
+        low=low,
+        high=high,
+        pairs=test.pairs if test else None,
+        load=test.load if test else None,
+        metric=test.metric if test else None,
+        word=say("claim_word", test=test, small=small, pays=PAYS, cls=cls),
         class_=cls,
-        note=say("claim_note", test=None, small=False, ranged=ranged, cls=cls, pays=PAYS),
+        note=say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS),
     )
 
 
