@@ -255,11 +255,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     UNIT_GUARD.seen = []  # reported once, in the phase that read
 
 
+# pytest-xdist's ``--dist loadgroup`` (the Makefile's integration target) runs every test of one group in one worker, so
+# that a module- or session-scoped fixture is built once: a file is a group of its own, and files that read the same
+# session fixture share one (``served_grid``; the ``quantized`` checkpoints).
+XDIST_GROUPS = {
+    "test_grid_server_starts.py": "served_grid",
+    "test_eval_server.py": "served_grid",
+    "test_quantize.py": "quantized",
+    "test_dequantize.py": "quantized",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration,
     tests/results -> results (whether or not its file says so); a test marked browser (Chromium) is integration
-    wherever it sits; slow is marked where it applies. Tests not marked slow run first (a broken environment, command
-    line or store shows within minutes under ``pytest -x``), each group in its collection order."""
+    wherever it sits; slow is marked where it applies; an integration test gets its ``xdist_group``
+    (:data:`XDIST_GROUPS`). Tests not marked slow run first (a broken environment, command line or store shows
+    within minutes under ``pytest -x``), each group in its collection order."""
     here = Path(__file__).parent
     tiers = {
         here / "unit": pytest.mark.unit,
@@ -269,8 +281,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("browser") is not None:
             item.add_marker(pytest.mark.integration)
-            continue
-        for folder, mark in tiers.items():
-            if folder in item.path.parents:
-                item.add_marker(mark)
+        else:
+            for folder, mark in tiers.items():
+                if folder in item.path.parents:
+                    item.add_marker(mark)
+        if item.get_closest_marker("integration") is not None:
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(item.path.name, item.path.stem)))
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: fast first, then slow
