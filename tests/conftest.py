@@ -105,8 +105,8 @@ def quantized(
     asked for: ``quantized[name]`` -> (stage result, scheme config, model path). A scheme that quantizes goes through
     a job's checkpoint cache (:func:`quantverdict.orchestrate.caches.quantize`, with the key a job of the command-line
     tests computes for it): a checkpoint made here is the one such a job reuses, and one such a job made is reused
-    here, after its checksums and its sanity check against the source model; the stage result is the one stored
-    with it. bf16 runs the stage itself (it measures the source model). A method that calibrates (all but ``none``
+    here, after its checksums and its sanity check against the source model (two test processes asking at once: one
+    makes it, the other waits on the cache entry's lock); the stage result is the one stored with it. bf16 runs the stage itself (it measures the source model). A method that calibrates (all but ``none``
     and ``rtn``, :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
     from quantverdict.orchestrate import caches, resume
     from quantverdict.results.record import StageInfo
@@ -181,7 +181,8 @@ def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="session")
 def served_grid(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> Any:
     """The grid of ``clihelp.SERVED_GRID`` (bf16 and W8A8 on the embedded model, two server starts each, evaluated
-    through the served engine), run once for the integration files that read it: a :class:`clihelp.ServedGrid`."""
+    through the served engine), run once for the tests that read it: a :class:`clihelp.ServedGrid`. Its readers sit in
+    one file (tests/integration/test_served_grid.py), which one pytest-xdist worker runs whole (``--dist loadfile``)."""
     from clihelp import SERVED_GRID, ServedGrid, new_marker, run_cli
 
     out = tmp_path_factory.mktemp("served_grid")
@@ -273,23 +274,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     UNIT_GUARD.seen = []  # reported once, in the phase that read
 
 
-# pytest-xdist's ``--dist loadgroup`` (the Makefile's integration target) runs every test of one group in one worker, so
-# that a module- or session-scoped fixture is built once: a file is a group of its own, and files that read the same
-# session fixture share one (``served_grid``; the ``quantized`` checkpoints).
-XDIST_GROUPS = {
-    "test_grid_server_starts.py": "served_grid",
-    "test_eval_server.py": "served_grid",
-    "test_quantize.py": "quantized",
-    "test_dequantize.py": "quantized",
-}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration,
     tests/results -> results (whether or not its file says so); a test marked browser (Chromium) is integration
-    wherever it sits; slow is marked where it applies; an integration test gets its ``xdist_group``
-    (:data:`XDIST_GROUPS`). Tests not marked slow run first (a broken environment, command line or store shows
-    within minutes under ``pytest -x``), each group in its collection order."""
+    wherever it sits; slow is marked where it applies. Tests not marked slow run first (a broken environment, command
+    line or store shows within minutes under ``pytest -x``), each group in its collection order."""
     here = Path(__file__).parent
     tiers = {
         here / "unit": pytest.mark.unit,
@@ -299,10 +288,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("browser") is not None:
             item.add_marker(pytest.mark.integration)
-        else:
-            for folder, mark in tiers.items():
-                if folder in item.path.parents:
-                    item.add_marker(mark)
-        if item.get_closest_marker("integration") is not None:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS.get(item.path.name, item.path.stem)))
+            continue
+        for folder, mark in tiers.items():
+            if folder in item.path.parents:
+                item.add_marker(mark)
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: fast first, then slow
