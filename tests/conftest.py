@@ -106,8 +106,9 @@ def quantized(
     a job's checkpoint cache (:func:`quantverdict.orchestrate.caches.quantize`, with the key a job of the command-line
     tests computes for it): a checkpoint made here is the one such a job reuses, and one such a job made is reused
     here, after its checksums and its sanity check against the source model (two test processes asking at once: one
-    makes it, the other waits on the cache entry's lock); the stage result is the one stored with it. bf16 runs the stage itself (it measures the source model). A method that calibrates (all but ``none``
-    and ``rtn``, :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
+    makes it, the other waits on the cache entry's lock); the stage result is the one stored with it. bf16 runs the
+    stage itself (it measures the source model). A method that calibrates (all but ``none`` and ``rtn``,
+    :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
     from quantverdict.orchestrate import caches, resume
     from quantverdict.results.record import StageInfo
 
