@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from omegaconf import OmegaConf
 
 from quantverdict.config.compose import PROJECT_ROOT, compose
-from quantverdict.config.schema import Config
-from quantverdict.config.schemes import resolve_recipe
+from quantverdict.config.schema import Config, SchemeConfig
+from quantverdict.config.schemes import read_dims, resolve_recipe
 from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
@@ -82,16 +83,17 @@ def embedded_model(
 
 # small calibration: the tests check the pipeline, format and sizes, not the accuracy of the scales.
 # CPU time is dominated by GPTQ's per-column solve (fixed, ~90 s per scheme) and AWQ's grid search
-# (proportional to calibration tokens). 16 x 128 tokens is the calibration of the command-line tests
-# (clihelp.TINY, clihelp.SERVED_GRID): their GPTQ and W8A8 jobs and the ``quantized`` fixture ask the checkpoint
-# cache for one entry. AWQ, which no command-line test finishes, takes half the tokens.
-TEST_CALIBRATION = {"num_samples": 16, "seq_len": 128}
-AWQ_CALIBRATION = {"num_samples": 8, "seq_len": 128}
+# (proportional to calibration tokens), so fewer samples mostly shorten AWQ.
+TEST_CALIBRATION = {"num_samples": 8, "seq_len": 128}
 
 
-def calibration_of(name: str) -> dict[str, int]:
-    """The calibration size the ``quantized`` fixture gives scheme ``name``: num_samples, seq_len."""
-    return AWQ_CALIBRATION if name == "awq" else TEST_CALIBRATION
+def load_scheme(name: str) -> SchemeConfig:
+    """``conf/scheme/<name>.yaml`` as its typed config (``${scheme.ignore}`` resolved)."""
+    path = PROJECT_ROOT / "conf" / "scheme" / f"{name}.yaml"
+    node = OmegaConf.merge(OmegaConf.structured(SchemeConfig), OmegaConf.load(path))
+    scheme = OmegaConf.to_object(OmegaConf.create({"scheme": node}).scheme)
+    assert isinstance(scheme, SchemeConfig)
+    return scheme
 
 
 @pytest.fixture(scope="session")
@@ -102,60 +104,39 @@ def quantized(
     default_cfg: Config,
 ) -> dict[str, Any]:
     """The embedded model quantized by the real quantize stage, each scheme once per test run and only when first
-    asked for: ``quantized[name]`` -> (stage result, scheme config, model path). A scheme that quantizes goes through
-    a job's checkpoint cache (:func:`quantverdict.orchestrate.caches.quantize`, with the key a job of the command-line
-    tests computes for it): a checkpoint made here is the one such a job reuses, and one such a job made is reused
-    here, after its checksums and its sanity check against the source model (two test processes asking at once: one
-    makes it, the other waits on the cache entry's lock); the stage result is the one stored with it. bf16 runs the
-    stage itself (it measures the source model). A method that calibrates (all but ``none`` and ``rtn``,
-    :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
-    from quantverdict.orchestrate import caches, resume
-    from quantverdict.results.record import StageInfo
-
+    asked for: ``quantized[name]`` -> (stage result, scheme config, model path). A method that calibrates (all but
+    ``none`` and ``rtn``, :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
     model = Path(embedded_model["path"])
     root = tmp_path_factory.mktemp("quantize")
-    versions = dict(line.split("==", 1) for line in resume.installed(stage_envs["quantize"]))
 
     class Lazy(dict):  # type: ignore[type-arg]
         def __missing__(self, name: str) -> Any:
-            calibration = calibration_of(name)
-            cfg = compose([f"scheme={name}", *(f"scheme.calibration.{k}={v}" for k, v in calibration.items())])
-            scheme, cal = cfg.scheme, cfg.scheme.calibration
-            if scheme.method not in ("none", "rtn") and cal.text_file and cfg.data.offline_root is None:
+            scheme = load_scheme(name)
+            cal = scheme.calibration
+            if scheme.method not in ("none", "rtn") and cal.text_file and default_cfg.data.offline_root is None:
                 pytest.skip(f"data.offline_root is null: no offline calibration text for {name}")
-            # the recipe as a job resolves it (pipelines.run: orchestrate.job)
-            recipe = resolve_recipe(scheme, embedded_model.get("dims") or {}, list(cfg.model.quantize_ignore))
+            root_dir = default_cfg.data.offline_root
+            text = Path(root_dir) / cal.text_file if cal.text_file and root_dir else None
+            spec = {
+                "model_path": str(model),
+                "out_dir": str(root / "ckpt" / name),
+                "recipe": resolve_recipe(scheme, read_dims(model)),
+                "method": scheme.method,
+                "calibration": {
+                    "text_path": str(text) if text else None,
+                    "hf_dataset": cal.hf_dataset,
+                    "hf_subset": cal.hf_subset,
+                    "hf_split": cal.hf_split,
+                    **TEST_CALIBRATION,
+                },
+                "seed": 0,
+            }
             work = root / "work" / name
-            if scheme.method == "none":
-                spec = {
-                    "model_path": str(model),
-                    "out_dir": str(root / "ckpt" / name),
-                    "recipe": recipe,
-                    "method": scheme.method,
-                    "calibration": {
-                        "text_path": None,
-                        "hf_dataset": cal.hf_dataset,
-                        "hf_subset": cal.hf_subset,
-                        "hf_split": cal.hf_split,
-                        **calibration,
-                    },
-                    "seed": 0,
-                }
-                result = run_stage(stage_envs["quantize"], "quantize", spec, work, QuantizeResult, timeout_s=900)
-                self[name] = (result.model_dump(), scheme, model)
-            else:
-                made = caches.quantize(
-                    cfg,
-                    stage_envs["quantize"],
-                    embedded_model,
-                    recipe,
-                    scheme.method,
-                    versions,
-                    Path(cfg.paths.cache_root),
-                    work,
-                    StageInfo(),
-                )
-                self[name] = ({"status": "ok", **made}, scheme, model)
+            self[name] = (
+                run_stage(stage_envs["quantize"], "quantize", spec, work, QuantizeResult, timeout_s=900).model_dump(),
+                scheme,
+                model,
+            )
             return self[name]
 
     return Lazy()

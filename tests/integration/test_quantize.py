@@ -1,8 +1,7 @@
 """Quantize the embedded model with every shipped scheme (real llm-compressor, CPU) and check the checkpoints.
 
-Each scheme runs once (the session's ``quantized`` fixture, through a job's checkpoint cache: the GPTQ and W8A8
-checkpoints are the ones the command-line tests' jobs reuse) with a small calibration (16 samples x 128 tokens of
-WikiText-2 valid; AWQ 8) and is then checked for: the stage result, the number of quantized Linear layers
+Each scheme runs once (module-scoped fixture) with a small calibration (8 samples x 128 tokens of
+WikiText-2 valid) and is then checked for: the stage result, the number of quantized Linear layers
 (SmolLM2-135M: 30 layers x 7 = 210; lm_head stays 16-bit), effective bits per weight against the
 formula of :func:`quantverdict.measure.memory.expected_bits`, total bytes, and the
 ``quantization_config`` that vLLM reads from config.json.
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import calibration_of
+from conftest import TEST_CALIBRATION
 from quantverdict.measure.memory import check_against_prediction, checkpoint_memory, expected_bits
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -66,8 +65,8 @@ def test_scheme_checkpoint(results: dict[str, Any], name: str) -> None:
     assert res["quantized_modules"] == 210
     assert res["versions"]["llmcompressor"]
     if scheme.method in ("gptq", "awq", "smoothquant_gptq"):
-        assert res["calibration"]["num_samples"] == calibration_of(name)["num_samples"]
-        assert res["calibration"]["seq_len"] == calibration_of(name)["seq_len"]
+        assert res["calibration"]["num_samples"] == TEST_CALIBRATION["num_samples"]
+        assert res["calibration"]["seq_len"] == TEST_CALIBRATION["seq_len"]
     else:
         assert res["calibration"]["num_samples"] == 0
     # a 4-bit or 8-bit checkpoint must not lose the model: check-prompt NLL within 1 nat of the source
