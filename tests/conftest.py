@@ -163,7 +163,8 @@ def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="session")
 def served_grid(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> Any:
     """The grid of ``clihelp.SERVED_GRID`` (bf16 and W8A8 on the embedded model, two server starts each, evaluated
-    through the served engine), run once for the integration files that read it: a :class:`clihelp.ServedGrid`."""
+    through the served engine), run once for the tests that read it: a :class:`clihelp.ServedGrid`. Its readers sit in
+    one file (tests/integration/test_served_grid.py), which one pytest-xdist worker runs whole (``--dist loadfile``)."""
     from clihelp import SERVED_GRID, ServedGrid, new_marker, run_cli
 
     out = tmp_path_factory.mktemp("served_grid")

