@@ -26,7 +26,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, write_review
 from quantverdict.review.render import markdown
-from review_records import grid, synthetic_grid, synthetic_record
+from review_records import grid, others, synthetic_grid, synthetic_record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 NA = "not applicable (random weights)"
@@ -68,7 +68,7 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
     line = next(line for line in markdown(rv).splitlines() if v.sentence in line)  # the verdict as shown
     assert line.endswith(f" Accuracy not measured (not applicable: synthetic model with random weights): {TAIL}")
     assert v.accuracy_not_measured.startswith("synthetic model with random weights")
-    assert "gptq (W4A16): passes both memory and latency too, not chosen (more aggressive)" in v.others
+    assert "gptq (W4A16): passes both memory and latency too, not chosen (more aggressive)" in others(rv, v)
     assert {sc.checks.accuracy.outcome for sc in rv.scorecards} == {"not_applicable"}
     # nothing is missing: not applicable is not missing
     assert all(sc.missing == [] for sc in rv.scorecards)
@@ -84,18 +84,20 @@ def test_load_at_concurrency_16_picks_w8a8() -> None:
 
 def test_budget_only_4bit_meets() -> None:
     # 9 GiB: 8-bit needs 10.75 (1.75 over = 19.4% -> 19%), gptq 7.75 fits
-    v = review(memory_budget_gib=9.0).verdicts[0]
+    rv = review(memory_budget_gib=9.0)
+    v = rv.verdicts[0]
     assert v.chosen_scheme == "gptq"
     assert v.sentence.startswith("**On memory and speed alone: deploy gptq (W4A16).**")
-    assert "fp8 (FP8_DYNAMIC): fails memory: 1.750 GiB (19%) over the 9.000 GiB budget" in v.others
+    assert "fp8 (FP8_DYNAMIC): fails memory: 1.750 GiB (19%) over the 9.000 GiB budget" in others(rv, v)
 
 
 def test_nothing_binds_keeps_bf16_and_still_says_accuracy_was_not_measured() -> None:
-    v = review().verdicts[0]  # 24 GiB >= 17.25
+    rv = review()  # 24 GiB >= 17.25
+    v = rv.verdicts[0]
     assert v.decision == "do not quantize"
     assert v.sentence.startswith("**On memory and speed alone: do not quantize, keep bf16 (BF16).**")
     assert "not measured" in v.sentence and v.accuracy_not_measured.startswith("synthetic model with random weights")
-    assert "fp8 (FP8_DYNAMIC): would also pass both memory and latency, but nothing needs it" in v.others
+    assert "fp8 (FP8_DYNAMIC): would also pass both memory and latency, but nothing needs it" in others(rv, v)
 
 
 @pytest.mark.parametrize(

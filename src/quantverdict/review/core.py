@@ -40,11 +40,12 @@ from quantverdict.review.document import Review
 from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
+from quantverdict.review.render import short_error
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
-from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime, short_error
+from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime
 
 log = logging.getLogger(__name__)
 

@@ -300,7 +300,6 @@ class PassedOver(_Strict):
     fails: list[ConstraintKind]
     not_checked: list[ConstraintKind]
     criteria: list[Criterion]
-    sentence: str
 
 
 class KvLever(_Strict):
@@ -338,7 +337,6 @@ class ModelVerdict(_Strict):
     compute_reported: bool = Field(description="a server log said whether some scheme computes in its format")
     sentence: str
     evidence: list[str]
-    others: list[str]
 
 
 class HybridPaging(_Strict):

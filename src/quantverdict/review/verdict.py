@@ -20,6 +20,7 @@ from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
+from quantverdict.review.render import short_error
 from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, finite, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
@@ -302,13 +303,7 @@ def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
     return sorted(cards, key=key)
 
 
-def short_error(error: str | None, limit: int = 160) -> str:
-    """The first line of an error message, cut to ``limit`` characters."""
-    line = error.strip().splitlines()[0] if error and error.strip() else "no error message"
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: str) -> doc.PassedOver:
+def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason) -> doc.PassedOver:
     """Why ``sc`` was not chosen: job not ok, else a failing check, else an unknown one, else ``if_eligible``."""
     fails = [c.constraint for c in cs.values() if c.outcome == FAIL]
     unknown = [c.constraint for c in cs.values() if c.outcome == UNKNOWN]
@@ -324,7 +319,6 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: s
         fails=fails,
         not_checked=unknown,
         criteria=crits,
-        sentence=sentence,
     )
 
 
@@ -366,7 +360,6 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         compute_reported=any(sc.speed.compute for sc in cards),
         sentence="",
         evidence=[],
-        others=[],
     )
     _words(v, base, chosen, order, all_checks)
     return v, all_checks
@@ -379,7 +372,7 @@ def _why_not(sc: Scorecard, cs: Checks) -> str:
 def _words(
     v: Verdict, base: Scorecard | None, chosen: Scorecard | None, order: list[Scorecard], all_checks: dict[str, Checks]
 ) -> None:
-    """``v``'s sentence, evidence, and one sentence and reason per scheme passed over."""
+    """``v``'s sentence and evidence, and the reason each scheme was passed over."""
     three = "both memory and latency" if v.accuracy_not_measured else "all three"
     same_tier, tier_name = list[Scorecard](), ""
 
@@ -407,9 +400,7 @@ def _words(
         cs = all_checks[sc.scheme]
         more = chosen is not None and sc.tier > chosen.tier
         reason = reasons.get(v.decision) or (PassReason.MORE_AGGRESSIVE if more else PassReason.SLOWER_SAME_TIER)
-        tail = say("other", v=v, cs=cs, eligible=_eligible(sc, cs), more=more, three_of=three, why=_why_not(sc, cs))
-        v.others.append(f"{sc.name}: {tail}")
-        v.passed_over.append(_passed_over(sc, cs, reason, v.others[-1]))
+        v.passed_over.append(_passed_over(sc, cs, reason))
 
 
 # --- regime: where a scheme pays against its baseline, at low load and at saturation ---------------------
