@@ -390,3 +390,8 @@ def synthetic_grid() -> list[dict[str, Any]]:
 def others(review: Review, v: ModelVerdict) -> list[str]:
     """The review's "Other schemes" lines of ``v``: each scheme passed over, with why (the Markdown's words)."""
     return [say("passed_over", v=v, p=p, doc=review) for p in v.passed_over]
+
+
+def sentence(review: Review, v: ModelVerdict) -> str:
+    """The verdict sentence the review writes for ``v`` (Markdown emphasis kept)."""
+    return say("verdict", v=v, doc=review)

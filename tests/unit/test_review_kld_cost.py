@@ -15,7 +15,7 @@ from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
 from quantverdict.review.render import markdown
 from quantverdict.review.scorecard import Scorecard
-from review_records import grid, others, synthetic_grid
+from review_records import grid, others, sentence, synthetic_grid
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, floor_test="point")
 
@@ -77,9 +77,9 @@ def test_kld_rows_stand_beside_the_perplexity_delta() -> None:
 
 
 def test_no_kld_limit_leaves_the_checks_as_they_were() -> None:
-    _, v_plain, c_plain = _review(grid())
-    _, v_kld, c_kld = _review(kld_grid())
-    assert v_plain.sentence == v_kld.sentence
+    r_plain, v_plain, c_plain = _review(grid())
+    r_kld, v_kld, c_kld = _review(kld_grid())
+    assert sentence(r_plain, v_plain) == sentence(r_kld, v_kld)
     assert {s: c.accuracy.outcome for s, c in c_plain.items()} == {s: c.accuracy.outcome for s, c in c_kld.items()}
 
 

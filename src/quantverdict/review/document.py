@@ -315,6 +315,35 @@ class KvLever(_Strict):
     measured: list[str] = Field(description="the quantized-cache combinations whose jobs finished ok")
 
 
+class GpuFit(_Strict):
+    """The scheme labels that need ``gpus`` GPUs for the memory budget."""
+
+    gpus: int
+    labels: list[str]
+
+
+class GpuSpeed(_Strict):
+    """One scheme's sustained output tok/s (``lower_bound``: its ceiling is a lower bound), the GPUs its server
+    used, and the tok/s per GPU."""
+
+    scheme: str
+    output_tok_s: float
+    lower_bound: bool
+    gpus: int
+    output_tok_s_per_gpu: float
+
+
+class GpuNeeds(_Strict):
+    """One model's schemes by the GPUs they need for the memory budget (:func:`quantverdict.review.gpus.gpu_needs`):
+    ``fits`` most GPUs first, ``fit_none`` the labels that fit on none of ``largest`` GPUs or fewer; and each
+    finished scheme's throughput per GPU used."""
+
+    fits: list[GpuFit]
+    fit_none: list[str]
+    largest: int
+    speeds: list[GpuSpeed]
+
+
 class ModelVerdict(_Strict):
     """The decision for one model. ``chosen_scheme``: the scheme to deploy (the baseline for ``do not quantize``),
     None unless ``quantize`` or ``do not quantize``; ``binding``: the constraints the baseline fails;
@@ -335,8 +364,10 @@ class ModelVerdict(_Strict):
     request_shapes: dict[str, str] = Field(description="scheme name -> request shape, for the schemes with points")
     ceilings_differ_in_basis: bool = Field(description="the schemes' ceilings rest on different windows")
     compute_reported: bool = Field(description="a server log said whether some scheme computes in its format")
-    sentence: str
-    evidence: list[str]
+    closest_scheme: str | None = Field(
+        description="no scheme meets all three: the one closest to (fewest blocking checks, then least excess)"
+    )
+    gpus: GpuNeeds | None = Field(description="None where no scheme of the model ran on a GPU")
 
 
 class HybridPaging(_Strict):

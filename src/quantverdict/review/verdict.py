@@ -20,8 +20,7 @@ from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
-from quantverdict.review.render import short_error
-from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
+from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, finite, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
@@ -358,42 +357,22 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         request_shapes=shapes,
         ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
         compute_reported=any(sc.speed.compute for sc in cards),
-        sentence="",
-        evidence=[],
+        closest_scheme=None,
+        gpus=None,
     )
-    _words(v, base, chosen, order, all_checks)
+    _words(v, chosen, order, all_checks)
     return v, all_checks
 
 
-def _why_not(sc: Scorecard, cs: Checks) -> str:
-    return say("why_not", sc=sc, cs=list(cs.values()), error=short_error(sc.error))
-
-
-def _words(
-    v: Verdict, base: Scorecard | None, chosen: Scorecard | None, order: list[Scorecard], all_checks: dict[str, Checks]
-) -> None:
-    """``v``'s sentence and evidence, and the reason each scheme was passed over."""
-    three = "both memory and latency" if v.accuracy_not_measured else "all three"
-    same_tier, tier_name = list[Scorecard](), ""
+def _words(v: Verdict, chosen: Scorecard | None, order: list[Scorecard], all_checks: dict[str, Checks]) -> None:
+    """``v``'s closest scheme (no scheme meets all three), and the reason each scheme was passed over."""
 
     def rank(sc: Scorecard) -> tuple[int, float]:  # the closest: fewest blocking checks, then smallest summed excess
         cs = all_checks[sc.scheme].values()
         return sum(c.outcome not in NON_BLOCKING for c in cs), sum(c.excess for c in cs)
 
     closest = min(order, key=rank) if v.decision == Decision.NO_SCHEME and order else None
-    if chosen is not None:
-        kv = chosen.kv if kv_step(chosen) else ""
-        tier_name = say("tier", name=TIER_NAMES.get(chosen.tier, chosen.tier), tier=chosen.tier, kv=kv)
-        if v.decision == Decision.QUANTIZE:
-            same = [sc for sc in order if sc.tier == chosen.tier and sc is not chosen]
-            same_tier = [sc for sc in same if _eligible(sc, all_checks[sc.scheme])]
-    words: dict[str, Any] = dict(v=v, base=base, chosen=chosen, closest=closest, three_of=three, same_tier=same_tier)
-    words |= dict(bc=all_checks[base.scheme] if base else {}, cc=all_checks[chosen.scheme] if chosen else {})
-    words |= dict(closest_why=_why_not(closest, all_checks[closest.scheme]) if closest else "", tier_name=tier_name)
-    words["e2e"] = chosen.speed.at_load.e2e_ms_p50 if chosen and chosen.speed.at_load else None
-    v.sentence = say("verdict", **words, base_error=short_error(base.error) if base else "")
-    if shown := chosen if v.decision != Decision.NO_SCHEME else closest:
-        v.evidence = [f"{shown.name} {c.constraint}: {c.text}" for c in all_checks[shown.scheme].values()]
+    v.closest_scheme = closest.scheme if closest else None
     no_verdict = (Decision.NO_BASELINE, Decision.BASELINE_NOT_CHECKED, Decision.NO_SCHEME)
     reasons = dict.fromkeys(no_verdict, PassReason.NO_VERDICT) | {Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED}
     for sc in (sc for sc in order if sc is not chosen):
