@@ -717,7 +717,8 @@ class Scheme(_Strict):
 
 class RegimeClaim(_Strict):
     """One regime claim, at low load or at saturation (:func:`quantverdict.review.verdict.regime_side`): ``speedup``
-    > 1 is faster; ``low``/``high``: its 95% interval (paired t) or min-max range (None for one run)."""
+    > 1 is faster; ``low``/``high``: its 95% interval (paired t) or min-max range (None for one run). A paired
+    ``faster`` or ``slower`` whose class is ``no change`` is established but inside 1 / 1.05 to 1.05."""
 
     rule: RegimeRule
     speedup: float
@@ -726,9 +727,8 @@ class RegimeClaim(_Strict):
     pairs: int | None
     load: Load | None
     metric: str | None
-    word: str
+    verdict: PairedVerdict | None = Field(description="the paired test's verdict; None without a paired test")
     class_: RegimeClass = Field(validation_alias="class", serialization_alias="class")
-    note: str
 
 
 class PairedSpeedup(_Strict):

@@ -491,12 +491,11 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
     R, C = doc.RegimeRule, doc.RegimeClass
-    ranged, small = bool(rng and rng.min != rng.max), False
+    ranged = bool(rng and rng.min != rng.max)
     if test is not None and test.pairs >= 2 and test.speedup is not None:
-        cls, ranged = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE), False
+        cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
         # established is not the same as large: a significant 1.01x neither pays nor costs
-        small = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS
-        rule, cls, speedup = R.PAIRED_T, C.NO_CHANGE if small else cls, test.speedup
+        rule, cls, speedup = R.PAIRED_T, C.NO_CHANGE if 1 / PAYS < test.speedup < PAYS else cls, test.speedup
         low, high = test.speedup_low, test.speedup_high
     elif median is None:
         return None
@@ -513,9 +512,8 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
         pairs=test.pairs if test else None,
         load=test.load if test else None,
         metric=test.metric if test else None,
-        word=say("claim_word", test=test, small=small, pays=PAYS, cls=cls),
+        verdict=test.verdict if test else None,
         class_=cls,
-        note=say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS),
     )
 
 
