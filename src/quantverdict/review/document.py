@@ -171,6 +171,15 @@ class RegimeReading(StrEnum):
     DOES_NOT_PAY = "does_not_pay"
 
 
+class GoodputMissing(StrEnum):
+    """Why a sweep has no goodput at the stated load: no latency SLO set, no point at the load, or no per-request
+    data (no ``--save-detailed`` result file beside the record)."""
+
+    NO_SLO = "no_slo"
+    NO_POINT = "no_point"
+    NO_PER_REQUEST = "no_per_request"
+
+
 class PairedVerdict(StrEnum):
     """The paired test's verdict: the 95% interval of the speedup lies above 1, below 1, or contains it."""
 
@@ -638,7 +647,7 @@ class Speed(_Strict):
     at_load: AtLoad | None
     load_how: str | None
     goodput_rps: float | None
-    goodput_how: str | None
+    goodput_missing: GoodputMissing | None = Field(description="why goodput_rps is None; None when counted")
     p99_slo_max_rps: float | None
     p99_slo_max_how: str | None
     missing_levels: list[str]
