@@ -58,16 +58,8 @@ def gpu_needs(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig
             names.append(sc.label)
         top, tops = sc.speed.ceiling, [p.output_tok_s for p in sc.speed.points if p.output_tok_s]
         if tok_s := (top.output_tok_s if top else None) or max(tops, default=None):
-            bound = bool(top and top.lower_bound)
-            speeds.append(
-                GpuSpeed(
-                    scheme=sc.scheme,
-                    output_tok_s=tok_s,
-                    lower_bound=bound,
-                    gpus=used,
-                    output_tok_s_per_gpu=tok_s / used,
-                )
-            )
+            per = {"scheme": sc.scheme, "output_tok_s": tok_s, "lower_bound": bool(top and top.lower_bound)}
+            speeds.append(GpuSpeed.model_validate(per | {"gpus": used, "output_tok_s_per_gpu": tok_s / used}))
     if not groups:
         return None
     fits = [GpuFit(gpus=n, labels=groups[n]) for n in sorted((n for n in groups if n is not None), reverse=True)]
