@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict import RECORD_SCHEMA_VERSION
+from quantverdict.review.document import ModelVerdict, Review
+from quantverdict.review.words import say
 
 GIB = 1024**3
 # the made-up records' clock: any fixed instant would do, the review reads only the order of the times and how far
@@ -383,3 +385,13 @@ def synthetic_record(scheme: str, *, model: str = SYN_MODEL, with_roofline: bool
 def synthetic_grid() -> list[dict[str, Any]]:
     """bf16, fp8, gptq W4A16 and w8a8 of the synthetic Llama-3.1-8B shape (numbers in the table above)."""
     return [synthetic_record(s) for s in ("bf16", "fp8", "gptq", "w8a8")]
+
+
+def others(review: Review, v: ModelVerdict) -> list[str]:
+    """The review's "Other schemes" lines of ``v``: each scheme passed over, with why (the Markdown's words)."""
+    return [say("passed_over", v=v, p=p, doc=review) for p in v.passed_over]
+
+
+def sentence(review: Review, v: ModelVerdict) -> str:
+    """The verdict sentence the review writes for ``v`` (Markdown emphasis kept)."""
+    return say("verdict", v=v, doc=review)

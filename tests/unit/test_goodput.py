@@ -17,6 +17,7 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review.scorecard import Scorecard
 from quantverdict.review.speed import NO_PER_REQUEST, speed_summary
 from quantverdict.review.verdict import FAIL, PASS, latency_check
+from quantverdict.review.words import say
 from review_records import record
 
 # five requests sent over a 10 s benchmark, (TTFT s, E2E s, output tokens):
@@ -91,7 +92,7 @@ def test_latency_check_counts_requests(tmp_path: Path) -> None:
     sc = _card(_rec(tmp_path, [RESULT]))
     # RESULT: 2 of 5 requests good over 10 s -> 0.2 req/s, 40%; the point's p99s are those review_records wrote
     assert sc.speed.goodput_rps == pytest.approx(0.2)
-    assert sc.speed.goodput_how == "at 1 req/s: 2 of 5 requests met the SLO (40.0%)"
+    assert say("goodput_how", "speed.j2", sp=sc.speed) == "at 1 req/s: 2 of 5 requests met the SLO (40.0%)"
     # the old number, renamed: the 1 req/s point's p99s (TTFT 300, ITL 60 ms) meet the SLO -> its 0.95 req/s
     assert sc.speed.p99_slo_max_rps == pytest.approx(0.95)
     c = latency_check(sc, RC)
@@ -115,7 +116,9 @@ def test_latency_check_passes_and_repeats_take_the_median(tmp_path: Path) -> Non
     # two repeats: 40% and 100% -> median 70%, goodput median (0.2 + 1.0) / 2 = 0.6; 6 of 9 requests good
     sc = _card(_rec(tmp_path, [RESULT, ALL_GOOD]))
     assert sc.speed.goodput_rps == pytest.approx(0.6)
-    assert sc.speed.goodput_how.endswith("6 of 9 requests met the SLO (70.0%, median of 2 repeats)")
+    assert say("goodput_how", "speed.j2", sp=sc.speed).endswith(
+        "6 of 9 requests met the SLO (70.0%, median of 2 repeats)"
+    )
     # an E2E objective of 3500 ms: ALL_GOOD's requests take 3600 ms -> none good
     sc = _card(_rec(tmp_path, [ALL_GOOD]), replace(RC, e2e_ms=3500.0))
     assert sc.speed.goodput_rps == 0.0
@@ -132,7 +135,7 @@ def test_result_file_found_beside_a_moved_record(tmp_path: Path) -> None:
 
 def test_no_per_request_data_is_said_not_invented() -> None:
     sc = _card(record("bf16"))  # review_records' points have no result file
-    assert sc.speed.goodput_rps is None and sc.speed.goodput_how.startswith(NO_PER_REQUEST)
+    assert sc.speed.goodput_rps is None and sc.speed.goodput_missing == "no_per_request"
     c = latency_check(sc, RC)
     assert c.outcome == PASS and c.text.endswith(
         f"({NO_PER_REQUEST}: judged on the p99s, not per request); ceiling 9.38 req/s"

@@ -19,6 +19,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.document import Regime, RegimeReading
+from quantverdict.review.render import markdown
 from quantverdict.review.sources import load_dir
 from review_records import SYN_CONCURRENCIES, record, speed, synthetic_grid
 
@@ -186,7 +187,9 @@ def test_the_lower_bound_reaches_the_gpu_lines_and_the_cost_json() -> None:
         r["environment"]["device"] = "cuda"
     rc = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200, gpu_price_per_hour={"H200": 3.5})
     review = build_review(recs, rc, "t")
-    line = next(e for v in review.verdicts for e in v.evidence if e.startswith("Throughput per GPU"))
+    (v,) = review.verdicts
+    assert v.gpus is not None and {r.scheme: r.lower_bound for r in v.gpus.speeds}["bf16"]
+    line = next(e for e in markdown(review).splitlines() if e.startswith("- Throughput per GPU"))
     assert "bf16 >= " in line and "fp8 >= " not in line
     cost = review.cost
     assert cost is not None

@@ -15,7 +15,7 @@ from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
 from quantverdict.review.render import markdown
 from quantverdict.review.scorecard import Scorecard
-from review_records import grid, synthetic_grid
+from review_records import grid, others, sentence, synthetic_grid
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, floor_test="point")
 
@@ -77,14 +77,14 @@ def test_kld_rows_stand_beside_the_perplexity_delta() -> None:
 
 
 def test_no_kld_limit_leaves_the_checks_as_they_were() -> None:
-    _, v_plain, c_plain = _review(grid())
-    _, v_kld, c_kld = _review(kld_grid())
-    assert v_plain.sentence == v_kld.sentence
+    r_plain, v_plain, c_plain = _review(grid())
+    r_kld, v_kld, c_kld = _review(kld_grid())
+    assert sentence(r_plain, v_plain) == sentence(r_kld, v_kld)
     assert {s: c.accuracy.outcome for s, c in c_plain.items()} == {s: c.accuracy.outcome for s, c in c_kld.items()}
 
 
 def test_max_mean_kld_fails_the_scheme_over_it() -> None:
-    _, v, checks = _review(kld_grid(), max_mean_kld=0.05)
+    review, v, checks = _review(kld_grid(), max_mean_kld=0.05)
     assert checks["int8"].accuracy.outcome == "pass"
     assert "mean KLD 0.002 nats <= 0.05" in checks["int8"].accuracy.text
     gptq = checks["gptq"].accuracy
@@ -96,7 +96,7 @@ def test_max_mean_kld_fails_the_scheme_over_it() -> None:
     assert checks["awq"].accuracy.outcome == "unknown" and "no stored baseline" in checks["awq"].accuracy.text
     assert checks["bf16"].accuracy.outcome == "pass"  # the reference
     assert v.decision == "do not quantize"
-    assert any(o.startswith("gptq") and "mean KLD 0.08 nats is over the 0.05 limit" in o for o in v.others)
+    assert any(o.startswith("gptq") and "mean KLD 0.08 nats is over the 0.05 limit" in o for o in others(review, v))
 
 
 def test_min_top1_agreement_and_the_interval_test() -> None:

@@ -19,6 +19,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, to_json
 from quantverdict.review.document import PairedSpeedup, Regime, RegimeReading
 from quantverdict.review.render import markdown
+from quantverdict.review.words import say
 from review_records import point, record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
@@ -80,21 +81,21 @@ def test_three_paired_repeats_faster_slower_and_no_difference() -> None:
     w = by["w8a8"]
     assert w.low_load_claim.rule == "paired t" and w.saturation_claim.rule == "paired t"
     lo, sat = w.low_load_claim, w.saturation_claim
-    assert (lo.load, lo.metric, lo.word, lo.pairs) == (1.0, "itl_ms_p50", "no difference established", 3)
+    assert (lo.load, lo.metric, lo.verdict, lo.pairs) == (1.0, "itl_ms_p50", "no difference established", 3)
     assert (lo.low, lo.high) == (pytest.approx(0.8536, abs=1e-4), pytest.approx(1.2589, abs=1e-4))
-    assert (sat.load, sat.metric, sat.word, sat.pairs) == (math.inf, "output_tok_s", "faster", 3)
+    assert (sat.load, sat.metric, sat.verdict, sat.pairs) == (math.inf, "output_tok_s", "faster", 3)
     assert [round(v, 2) for v in (sat.speedup, sat.low, sat.high)] == [1.22, 1.16, 1.29]
     assert w.reading == RegimeReading.PAYS_AT_SATURATION_ONLY
     # the old rule would have said "pays" at low load on the median (50 / 47.5 = 1.053 >= 1.05) were it a single run
     assert w.low_load_speedup == pytest.approx(50 / 47.5)
 
     g = by["gptq"]
-    assert g.low_load_claim.speedup == pytest.approx(1.2503, abs=1e-4) and g.low_load_claim.word == "faster"
+    assert g.low_load_claim.speedup == pytest.approx(1.2503, abs=1e-4) and g.low_load_claim.verdict == "faster"
     assert (g.low_load_claim.low, g.low_load_claim.high) == (
         pytest.approx(1.1750, abs=1e-4),
         pytest.approx(1.3304, abs=1e-4),
     )
-    assert g.saturation_claim.speedup == pytest.approx(0.80998, abs=1e-4) and g.saturation_claim.word == "slower"
+    assert g.saturation_claim.speedup == pytest.approx(0.80998, abs=1e-4) and g.saturation_claim.verdict == "slower"
     assert (g.saturation_claim.low, g.saturation_claim.high) == (
         pytest.approx(0.78551, abs=1e-4),
         pytest.approx(0.83519, abs=1e-4),
@@ -112,11 +113,11 @@ def test_pairing_establishes_what_the_min_max_range_cannot() -> None:
     w = rows([base, w8a8])["w8a8"]
     assert (w.saturation_range.min, w.saturation_range.max) == pytest.approx((106 / 130, 137 / 100))
     sat = w.saturation_claim
-    assert sat.rule == "paired t" and sat.word == "faster" and sat.class_ == "pays"
+    assert sat.rule == "paired t" and sat.verdict == "faster" and sat.class_ == "pays"
     assert sat.speedup == pytest.approx(1.05533, abs=1e-5)
     assert (sat.low, sat.high) == (pytest.approx(1.04515, abs=1e-5), pytest.approx(1.06561, abs=1e-5))
     # ITL 50 / 40 in every repeat: no spread, the interval collapses to 1.25 (faster)
-    assert w.low_load_claim.speedup == pytest.approx(1.25) and w.low_load_claim.word == "faster"
+    assert w.low_load_claim.speedup == pytest.approx(1.25) and w.low_load_claim.verdict == "faster"
     assert w.reading == RegimeReading.KEEPS_PAYING
 
 
@@ -192,4 +193,5 @@ def test_an_established_but_small_speedup_neither_pays_nor_costs() -> None:
     w8a8 = record("w8a8", sp=sweep([40, 40, 40], [102, 132.6, 117.3]))
     sat = rows([base, w8a8])["w8a8"].saturation_claim
     assert sat.speedup == pytest.approx(1.02) and sat.class_ == "no change"
-    assert sat.word == "faster, under 1.05x" and "faster but under 1.05x: paired t over n=3" in sat.note
+    assert (sat.rule, sat.verdict, sat.pairs) == ("paired t", "faster", 3)
+    assert say("claim_word", "sentences.j2", c=sat) == "faster, under 1.05x"

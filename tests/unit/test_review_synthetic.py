@@ -26,7 +26,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review, write_review
 from quantverdict.review.render import markdown
-from review_records import grid, synthetic_grid, synthetic_record
+from review_records import grid, others, sentence, synthetic_grid, synthetic_record
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000)
 NA = "not applicable (random weights)"
@@ -59,16 +59,16 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
     rv = review(memory_budget_gib=12.0)
     v = rv.verdicts[0]
     assert v.decision == "quantize" and v.chosen_scheme == "fp8"
-    assert v.sentence.startswith("**On memory and speed alone: deploy fp8 (FP8_DYNAMIC).**")
+    assert sentence(rv, v).startswith("**On memory and speed alone: deploy fp8 (FP8_DYNAMIC).**")
     assert v.binding == ["memory"]
     assert rv.scheme(v.model, "bf16").checks.memory.shortfall == "5.250 GiB (44%) over the 12.0 GiB budget"
-    assert "needs 10.8 GiB <= 12.0 GiB budget" in v.sentence
-    assert "accuracy not measured (not applicable: random weights)" in v.sentence
-    assert "meets both memory and latency (8-bit tier; E2E p50 396 ms at the load, ahead of w8a8)" in v.sentence
-    line = next(line for line in markdown(rv).splitlines() if v.sentence in line)  # the verdict as shown
+    assert "needs 10.8 GiB <= 12.0 GiB budget" in sentence(rv, v)
+    assert "accuracy not measured (not applicable: random weights)" in sentence(rv, v)
+    assert "meets both memory and latency (8-bit tier; E2E p50 396 ms at the load, ahead of w8a8)" in sentence(rv, v)
+    line = next(line for line in markdown(rv).splitlines() if sentence(rv, v) in line)  # the verdict as shown
     assert line.endswith(f" Accuracy not measured (not applicable: synthetic model with random weights): {TAIL}")
     assert v.accuracy_not_measured.startswith("synthetic model with random weights")
-    assert "gptq (W4A16): passes both memory and latency too, not chosen (more aggressive)" in v.others
+    assert "gptq (W4A16): passes both memory and latency too, not chosen (more aggressive)" in others(rv, v)
     assert {sc.checks.accuracy.outcome for sc in rv.scorecards} == {"not_applicable"}
     # nothing is missing: not applicable is not missing
     assert all(sc.missing == [] for sc in rv.scorecards)
@@ -76,26 +76,31 @@ def test_budget_that_8bit_meets_deploys_8bit_on_memory_and_speed_alone() -> None
 
 def test_load_at_concurrency_16_picks_w8a8() -> None:
     # at c=16 w8a8's E2E p50 540.3 ms beats fp8's 553 ms; the load is named "concurrency 16", not "16.0"
-    v = review(memory_budget_gib=12.0, load_rps=None, load_concurrency=16).verdicts[0]
+    rv = review(memory_budget_gib=12.0, load_rps=None, load_concurrency=16)
+    v = rv.verdicts[0]
     assert v.chosen_scheme == "w8a8"
-    assert "ITL p99 6 ms <= 200 ms at concurrency 16:" in v.sentence  # 1.5 x 3.9 = 5.85
-    assert "E2E p50 540 ms at the load, ahead of fp8" in v.sentence
+    assert "ITL p99 6 ms <= 200 ms at concurrency 16:" in sentence(rv, v)  # 1.5 x 3.9 = 5.85
+    assert "E2E p50 540 ms at the load, ahead of fp8" in sentence(rv, v)
 
 
 def test_budget_only_4bit_meets() -> None:
     # 9 GiB: 8-bit needs 10.75 (1.75 over = 19.4% -> 19%), gptq 7.75 fits
-    v = review(memory_budget_gib=9.0).verdicts[0]
+    rv = review(memory_budget_gib=9.0)
+    v = rv.verdicts[0]
     assert v.chosen_scheme == "gptq"
-    assert v.sentence.startswith("**On memory and speed alone: deploy gptq (W4A16).**")
-    assert "fp8 (FP8_DYNAMIC): fails memory: 1.750 GiB (19%) over the 9.000 GiB budget" in v.others
+    assert sentence(rv, v).startswith("**On memory and speed alone: deploy gptq (W4A16).**")
+    assert "fp8 (FP8_DYNAMIC): fails memory: 1.750 GiB (19%) over the 9.000 GiB budget" in others(rv, v)
 
 
 def test_nothing_binds_keeps_bf16_and_still_says_accuracy_was_not_measured() -> None:
-    v = review().verdicts[0]  # 24 GiB >= 17.25
+    rv = review()  # 24 GiB >= 17.25
+    v = rv.verdicts[0]
     assert v.decision == "do not quantize"
-    assert v.sentence.startswith("**On memory and speed alone: do not quantize, keep bf16 (BF16).**")
-    assert "not measured" in v.sentence and v.accuracy_not_measured.startswith("synthetic model with random weights")
-    assert "fp8 (FP8_DYNAMIC): would also pass both memory and latency, but nothing needs it" in v.others
+    assert sentence(rv, v).startswith("**On memory and speed alone: do not quantize, keep bf16 (BF16).**")
+    assert "not measured" in sentence(rv, v) and v.accuracy_not_measured.startswith(
+        "synthetic model with random weights"
+    )
+    assert "fp8 (FP8_DYNAMIC): would also pass both memory and latency, but nothing needs it" in others(rv, v)
 
 
 @pytest.mark.parametrize(
@@ -169,12 +174,14 @@ def test_mixed_grid_real_model_keeps_its_accuracy_check() -> None:
     rv = review(grid() + synthetic_grid(), memory_budget_gib=0.22)
     by_model = {v.model: v for v in rv.verdicts}
     real, syn = by_model["m"], by_model["llama3.1-8b-shape"]
-    assert real.sentence.startswith("**Deploy gptq (W4A16).**") and "worst recovery 96.0%" in real.sentence
-    assert not real.accuracy_not_measured and "not measured" not in real.sentence
+    assert sentence(rv, real).startswith("**Deploy gptq (W4A16).**") and "worst recovery 96.0%" in sentence(rv, real)
+    assert not real.accuracy_not_measured and "not measured" not in sentence(rv, real)
     # 0.22 GiB is far below the synthetic model's needs: no scheme meets memory, said on memory/speed alone
     assert syn.decision == "no scheme meets all three"
-    assert syn.sentence.startswith("**No scheme meets both memory and latency constraints for llama3.1-8b-shape.**")
-    assert syn.accuracy_not_measured and f"{syn.sentence} Accuracy not measured" in markdown(rv)
+    assert sentence(rv, syn).startswith(
+        "**No scheme meets both memory and latency constraints for llama3.1-8b-shape.**"
+    )
+    assert syn.accuracy_not_measured and f"{sentence(rv, syn)} Accuracy not measured" in markdown(rv)
 
 
 def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing() -> None:
@@ -190,7 +197,7 @@ def test_synthetic_job_that_failed_before_evaluate_is_not_applicable_not_missing
     assert rv.scheme("llama3.1-8b-shape", "gptq").checks.accuracy.outcome == "not_applicable"
     v = rv.verdicts[0]
     assert v.decision == "no scheme meets all three"
-    assert "its job failed in stage quantize" in v.sentence and v.accuracy_not_measured
+    assert "its job failed in stage quantize" in sentence(rv, v) and v.accuracy_not_measured
 
 
 @pytest.mark.browser

@@ -86,7 +86,7 @@ def test_regime_uses_the_interval_not_one_run() -> None:
     # -0.02410, mean 0.13179 (geometric mean 1.1409), sd 0.22046, t(1) = 12.706: half-width 12.706 x 0.22046 /
     # sqrt(2) = 1.98075 -> 95% CI exp(-1.84896) = 0.157 to exp(2.11254) = 8.27: no difference established
     sat = row.saturation_claim
-    assert sat.rule == "paired t" and sat.pairs == 2 and sat.word == "no difference established"
+    assert sat.rule == "paired t" and sat.pairs == 2 and sat.verdict == "no difference established"
     assert sat.speedup == pytest.approx(1.1409, abs=1e-4)
     assert (sat.low, sat.high) == (pytest.approx(0.1574, abs=1e-3), pytest.approx(8.269, abs=1e-2))
     assert row.reading == RegimeReading.PAYS_AT_LOW_LOAD_ONLY  # an interval over 1 does not pay at saturation

@@ -21,7 +21,7 @@ import pytest
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import build_review
 from quantverdict.review.document import RegimeReading
-from review_records import grid, record, speed
+from review_records import grid, others, record, sentence, speed
 
 # the point test throughout (these records' tasks have 100 items: floor_test auto would test them on the
 # interval); the interval and auto tests are named where used
@@ -36,16 +36,16 @@ def verdict(records: list[dict], **kw: object):  # type: ignore[no-untyped-def]
 
 def test_no_constraint_binding_means_do_not_quantize() -> None:
     # defaults: 24 GiB budget, 95% recovery, +5% perplexity, TTFT p99 2 s / ITL p99 200 ms at 1 req/s
-    _, v = verdict(grid())
+    review, v = verdict(grid())
     assert v.decision == "do not quantize" and v.chosen_scheme == "bf16"
     assert not v.binding
     # the sentence cites the three numbers: memory 0.348877 GiB of 24 GiB, the accuracy reference, the latency
-    assert "0.349 GiB" in v.sentence and "24.0 GiB budget" in v.sentence
-    assert "accuracy reference" in v.sentence
-    assert "TTFT p99 300 ms <= 2,000 ms" in v.sentence and "ITL p99 60 ms <= 200 ms" in v.sentence
-    assert any(o.startswith("int8 (W8A16): would also pass") for o in v.others)
+    assert "0.349 GiB" in sentence(review, v) and "24.0 GiB budget" in sentence(review, v)
+    assert "accuracy reference" in sentence(review, v)
+    assert "TTFT p99 300 ms <= 2,000 ms" in sentence(review, v) and "ITL p99 60 ms <= 200 ms" in sentence(review, v)
+    assert any(o.startswith("int8 (W8A16): would also pass") for o in others(review, v))
     # fp8's ITL p99 at 1 req/s is 1.5 * 150 = 225 ms: 25 ms (12%) over the 200 ms SLO
-    assert any("fp8" in o and "ITL p99 225 ms is 25 ms (12%) over the 200 ms SLO" in o for o in v.others)
+    assert any("fp8" in o and "ITL p99 225 ms is 25 ms (12%) over the 200 ms SLO" in o for o in others(review, v))
 
 
 def test_all_constraints_off_means_do_not_quantize() -> None:
@@ -67,11 +67,11 @@ def test_budget_only_4bit_meets() -> None:
     assert v.decision == "quantize" and v.chosen_scheme == "gptq"
     assert v.binding == ["memory"]
     assert review.scheme("m", "bf16").checks.memory.shortfall == "0.129 GiB (59%) over the 0.220 GiB budget"
-    assert "needs 0.199 GiB" in v.sentence and "<= 0.220 GiB budget" in v.sentence
-    assert "worst recovery 96.0%" in v.sentence  # 100 * 0.48 / 0.50
-    assert "ITL p99 38 ms <= 200 ms" in v.sentence  # 1.5 * 25 = 37.5
-    assert "ahead of awq" in v.sentence
-    assert any(o.startswith("int8 (W8A16): fails memory: 0.029 GiB (13%) over") for o in v.others)
+    assert "needs 0.199 GiB" in sentence(review, v) and "<= 0.220 GiB budget" in sentence(review, v)
+    assert "worst recovery 96.0%" in sentence(review, v)  # 100 * 0.48 / 0.50
+    assert "ITL p99 38 ms <= 200 ms" in sentence(review, v)  # 1.5 * 25 = 37.5
+    assert "ahead of awq" in sentence(review, v)
+    assert any(o.startswith("int8 (W8A16): fails memory: 0.029 GiB (13%) over") for o in others(review, v))
     assert review.scheme("m", "gptq").checks.memory.outcome == "pass"
     assert review.scheme("m", "int8").checks.memory.outcome == "fail"
 
@@ -79,24 +79,26 @@ def test_budget_only_4bit_meets() -> None:
 def test_budget_that_8bit_meets_prefers_8bit_over_4bit() -> None:
     # 0.30 GiB: 8-bit needs 0.248877 and fits; fp8 fails latency (ITL p99 225 ms); w8a8 (E2E 1100 ms) beats
     # int8 (1200 ms); the 4-bit schemes fit too but are more aggressive
-    _, v = verdict(grid(), memory_budget_gib=0.30)
+    review, v = verdict(grid(), memory_budget_gib=0.30)
     assert v.chosen_scheme == "w8a8"
     assert (
         "least aggressive scheme that meets all three (8-bit tier; E2E p50 1,100 ms at the load, ahead of int8)"
-        in v.sentence
+        in sentence(review, v)
     )
-    assert any(o.startswith("gptq (W4A16): passes all three too, not chosen (more aggressive)") for o in v.others)
-    assert any(o.startswith("int8 (W8A16): passes all three too, not chosen (same tier") for o in v.others)
+    assert any(
+        o.startswith("gptq (W4A16): passes all three too, not chosen (more aggressive)") for o in others(review, v)
+    )
+    assert any(o.startswith("int8 (W8A16): passes all three too, not chosen (same tier") for o in others(review, v))
 
 
 def test_strict_recovery_floor_moves_to_the_lossless_8bit_scheme() -> None:
     # 0.30 GiB: w8a8 wins the 8-bit tier on speed; with recovery >= 99.5% only int8 (0.500 / 0.500 = 100%)
     # is left in it (w8a8 and fp8 recover 0.49 / 0.50 = 98%), ahead of the 4-bit schemes (96%, 97%)
-    _, v = verdict(grid(), memory_budget_gib=0.30, min_recovery_pct=99.5)
+    review, v = verdict(grid(), memory_budget_gib=0.30, min_recovery_pct=99.5)
     assert v.chosen_scheme == "int8"
     assert any(
         o.startswith("w8a8 (W8A8): fails accuracy: arc_easy recovery 98.0% is 1.5 points below the 99.5% floor")
-        for o in v.others
+        for o in others(review, v)
     )
 
 
@@ -110,9 +112,11 @@ def test_accuracy_floor_only_bf16_meets() -> None:
     int8 = review.scheme("m", "int8").checks.accuracy
     assert "word_perplexity rises +0.5%, 0.4 points over the +0.1% limit" in int8.shortfall
     # with a memory budget that bf16 misses, nothing is left
-    _, v = verdict(grid(), min_recovery_pct=99.5, max_perplexity_increase_pct=0.1, memory_budget_gib=0.30)
+    review, v = verdict(grid(), min_recovery_pct=99.5, max_perplexity_increase_pct=0.1, memory_budget_gib=0.30)
     assert v.decision == "no scheme meets all three" and v.chosen_scheme is None
-    assert "bf16 (BF16) fails memory" in v.sentence and "the closest is int8 (W8A16): fails accuracy" in v.sentence
+    assert "bf16 (BF16) fails memory" in sentence(
+        review, v
+    ) and "the closest is int8 (W8A16): fails accuracy" in sentence(review, v)
 
 
 def test_latency_slo_binding_picks_a_faster_scheme() -> None:
@@ -159,7 +163,7 @@ def test_partial_records_never_win_and_say_why() -> None:
             "gptq (W4A16): its job failed in stage benchmark (RuntimeError: server died); cannot be checked "
             "on latency (no speed results)"
         )
-        for o in v.others
+        for o in others(review, v)
     )
     card = next(c for c in review.scorecards if c.scheme == "gptq")
     assert any("job failed in stage benchmark: RuntimeError: server died" in m for m in card.missing)
@@ -229,12 +233,12 @@ def test_regime_analysis() -> None:
 def test_a_baseline_without_results_gives_no_verdict() -> None:
     recs = grid()
     recs[0].update(speed={})  # e.g. bench.enabled=false
-    _, v = verdict(recs)
+    review, v = verdict(recs)
     assert v.decision == "baseline not checked" and v.chosen_scheme is None
-    assert "bf16 (BF16) could not be checked on latency" in v.sentence
-    assert "review.ttft_ms_p99=null review.itl_ms_p99=null" in v.sentence
+    assert "bf16 (BF16) could not be checked on latency" in sentence(review, v)
+    assert "review.ttft_ms_p99=null review.itl_ms_p99=null" in sentence(review, v)
     # with the SLO off, the verdict is back
-    _, v = verdict(recs, ttft_ms_p99=None, itl_ms_p99=None)
+    review, v = verdict(recs, ttft_ms_p99=None, itl_ms_p99=None)
     assert v.decision == "do not quantize"
 
 
@@ -244,16 +248,17 @@ def test_a_failed_job_is_never_chosen() -> None:
     int8 = next(r for r in recs if r["job"]["scheme"] == "int8")
     int8.update(status="failed", failed_stage="benchmark", error="ServerError: no WNA16 kernel for uint8b128")
     # (0.30 GiB and a 99.5% recovery floor: int8 is the only scheme that would pass, see above)
-    _, v = verdict(recs, memory_budget_gib=0.30, itl_ms_p99=None, ttft_ms_p99=None, min_recovery_pct=99.5)
+    review, v = verdict(recs, memory_budget_gib=0.30, itl_ms_p99=None, ttft_ms_p99=None, min_recovery_pct=99.5)
     assert v.decision == "no scheme meets all three"
     assert any(
-        o.startswith("int8 (W8A16): its job failed in stage benchmark (ServerError: no WNA16 kernel") for o in v.others
+        o.startswith("int8 (W8A16): its job failed in stage benchmark (ServerError: no WNA16 kernel")
+        for o in others(review, v)
     )
     # a baseline that did not finish gives no verdict, even when its numbers pass
     recs = grid()
     recs[0].update(status="failed", failed_stage="benchmark", error="ServerError: boom")
-    _, v = verdict(recs)
-    assert v.decision == "baseline not checked" and "did not finish" in v.sentence
+    review, v = verdict(recs)
+    assert v.decision == "baseline not checked" and "did not finish" in sentence(review, v)
 
 
 def test_an_interrupted_job_is_said_so_and_never_chosen() -> None:
@@ -261,6 +266,6 @@ def test_an_interrupted_job_is_said_so_and_never_chosen() -> None:
     recs = grid()
     int8 = next(r for r in recs if r["job"]["scheme"] == "int8")
     int8.update(status="interrupted", failed_stage="benchmark")
-    _, v = verdict(recs, memory_budget_gib=0.30, itl_ms_p99=None, ttft_ms_p99=None, min_recovery_pct=99.5)
+    review, v = verdict(recs, memory_budget_gib=0.30, itl_ms_p99=None, ttft_ms_p99=None, min_recovery_pct=99.5)
     assert v.decision == "no scheme meets all three"
-    assert any(o.startswith("int8 (W8A16): its job was interrupted in stage benchmark") for o in v.others)
+    assert any(o.startswith("int8 (W8A16): its job was interrupted in stage benchmark") for o in others(review, v))

@@ -27,6 +27,7 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import gpus
 from quantverdict.review.document import Ceiling, Memory
 from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.words import say
 from quantverdict.serving.server import VLLMServer, build_command
 
 GIB = 2**30
@@ -123,7 +124,16 @@ def test_review_says_how_many_gpus_each_scheme_needs_and_tok_s_per_gpu() -> None
         _card("fp8", "FP8_DYNAMIC", 66.0, "vLLM log", 2100.0),
     ]
     recs = [_rec("bf16", 2), _rec("gptq", 1), _rec("fp8", 1)]
-    lines = gpus.verdict_lines(cards, [JobRecord.view(r) for r in recs], ReviewConfig(memory_budget_gib=80.0))
+    needs = gpus.gpu_needs(cards, [JobRecord.view(r) for r in recs], ReviewConfig(memory_budget_gib=80.0))
+    assert needs is not None
+    # bf16's whole weights 2 x 65.707 = 131.4 GiB need two 80 GiB GPUs; gptq (37) and fp8 (66) fit on one
+    assert [(f.gpus, f.labels) for f in needs.fits] == [(2, ["BF16"]), (1, ["W4A16", "FP8_DYNAMIC"])]
+    assert [(r.scheme, r.gpus, r.output_tok_s_per_gpu) for r in needs.speeds] == [
+        ("bf16", 2, 1200.0),  # 2,400 / 2
+        ("gptq", 1, 1500.0),
+        ("fp8", 1, 2100.0),
+    ]
+    lines = say("gpu_lines", "speed.j2", g=needs, budget=80.0, requests=16).split("\n")
     assert lines[0] == (
         "GPUs needed at 80 GiB per GPU (whole weights / GPUs + the KV cache for 16 requests, per GPU): "
         "BF16 on two GPUs or W4A16/FP8_DYNAMIC on one."
@@ -133,7 +143,7 @@ def test_review_says_how_many_gpus_each_scheme_needs_and_tok_s_per_gpu() -> None
         "gptq 1,500 tok/s on 1 GPU = 1,500 per GPU; fp8 2,100 tok/s on 1 GPU = 2,100 per GPU."
     )
     cpu = [JobRecord.view({**r, "environment": {"device": "cpu"}}) for r in recs]
-    assert gpus.verdict_lines(cards, cpu, ReviewConfig(memory_budget_gib=80.0)) == []
+    assert gpus.gpu_needs(cards, cpu, ReviewConfig(memory_budget_gib=80.0)) is None
 
 
 def test_server_command_shards_and_loads_dummy_weights() -> None:

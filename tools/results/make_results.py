@@ -75,6 +75,16 @@ def review(grid: Grid) -> Doc:
     return _REVIEWS[grid]
 
 
+def verdict_sentence(document: Doc) -> str:
+    """The verdict sentence of a one-model ``review.json`` document, as the review writes it."""
+    from quantverdict.review.document import Review
+    from quantverdict.review.words import say
+
+    rv = Review.model_validate(document)
+    (v,) = rv.verdicts
+    return say("verdict", v=v, doc=rv)
+
+
 @dataclass(frozen=True)
 class Machine:
     """Where and when a folder's jobs ran, from their records."""
@@ -656,10 +666,7 @@ CPU_BUDGET = Grid(CPU.records, ("review=cpu", "review.memory_budget_gib=0.3"))
 def cpu_grid(out: Path) -> Page:
     """The embedded model's six schemes on a 2-core CPU: memory, accuracy, speed and the review's verdict."""
     doc = review(CPU)
-    (verdict,) = doc["verdicts"]
-    answer = verdict["sentence"].replace("**", "")
-    (tight,) = review(CPU_BUDGET)["verdicts"]
-    answer_tight = tight["sentence"].replace("**", "")
+    answer, answer_tight = (verdict_sentence(review(grid)).replace("**", "") for grid in (CPU, CPU_BUDGET))
     mach = machine(CPU.records)
     rows = {r["scheme"]: r for r in _rows_of(doc)}
     loads = sorted({ld for r in rows.values() for ld in _paired(r)})

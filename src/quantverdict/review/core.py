@@ -40,11 +40,13 @@ from quantverdict.review.document import Review
 from quantverdict.review.flags import FlagCode
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
+from quantverdict.review.render import short_error
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
-from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime, short_error
+from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime
+from quantverdict.review.words import say
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +203,7 @@ def build_review(
     for model in dict.fromkeys(c.model for c in cards):
         mine = [(sc, r) for sc, r in zip(cards, recs) if sc.model == model]
         verdict, checks[model] = decide(model, [sc for sc, _ in mine], rc)
-        verdict.evidence += gpus.verdict_lines([sc for sc, _ in mine], recs, rc)  # GPUs needed, tok/s per GPU
+        verdict.gpus = gpus.gpu_needs([sc for sc, _ in mine], recs, rc)  # GPUs needed, tok/s per GPU
         verdicts.append(verdict)
         base = next(((sc, r) for sc, r in mine if sc.is_baseline), None)
         # the regime's ratios pair each job's sweep points by repeat
@@ -440,8 +442,7 @@ def verdict_tags(review: Review) -> dict[str, str]:
         tags[key] = _verdict_text(v)
         if v.chosen_scheme:
             tags[f"{key}.scheme"] = v.chosen_scheme
-        if v.sentence:
-            tags[f"{key}.sentence"] = v.sentence[:5000]
+        tags[f"{key}.sentence"] = say("verdict", v=v, doc=review)[:5000]
     return tags
 
 

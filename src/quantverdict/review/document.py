@@ -171,6 +171,15 @@ class RegimeReading(StrEnum):
     DOES_NOT_PAY = "does_not_pay"
 
 
+class GoodputMissing(StrEnum):
+    """Why a sweep has no goodput at the stated load: no latency SLO set, no point at the load, or no per-request
+    data (no ``--save-detailed`` result file beside the record)."""
+
+    NO_SLO = "no_slo"
+    NO_POINT = "no_point"
+    NO_PER_REQUEST = "no_per_request"
+
+
 class PairedVerdict(StrEnum):
     """The paired test's verdict: the 95% interval of the speedup lies above 1, below 1, or contains it."""
 
@@ -300,7 +309,6 @@ class PassedOver(_Strict):
     fails: list[ConstraintKind]
     not_checked: list[ConstraintKind]
     criteria: list[Criterion]
-    sentence: str
 
 
 class KvLever(_Strict):
@@ -314,6 +322,35 @@ class KvLever(_Strict):
     fp8_need_gib: float | None
     fp8_fits: bool | None
     measured: list[str] = Field(description="the quantized-cache combinations whose jobs finished ok")
+
+
+class GpuFit(_Strict):
+    """The scheme labels that need ``gpus`` GPUs for the memory budget."""
+
+    gpus: int
+    labels: list[str]
+
+
+class GpuSpeed(_Strict):
+    """One scheme's sustained output tok/s (``lower_bound``: its ceiling is a lower bound), the GPUs its server
+    used, and the tok/s per GPU."""
+
+    scheme: str
+    output_tok_s: float
+    lower_bound: bool
+    gpus: int
+    output_tok_s_per_gpu: float
+
+
+class GpuNeeds(_Strict):
+    """One model's schemes by the GPUs they need for the memory budget (:func:`quantverdict.review.gpus.gpu_needs`):
+    ``fits`` most GPUs first, ``fit_none`` the labels that fit on none of ``largest`` GPUs or fewer; and each
+    finished scheme's throughput per GPU used."""
+
+    fits: list[GpuFit]
+    fit_none: list[str]
+    largest: int
+    speeds: list[GpuSpeed]
 
 
 class ModelVerdict(_Strict):
@@ -336,9 +373,10 @@ class ModelVerdict(_Strict):
     request_shapes: dict[str, str] = Field(description="scheme name -> request shape, for the schemes with points")
     ceilings_differ_in_basis: bool = Field(description="the schemes' ceilings rest on different windows")
     compute_reported: bool = Field(description="a server log said whether some scheme computes in its format")
-    sentence: str
-    evidence: list[str]
-    others: list[str]
+    closest_scheme: str | None = Field(
+        description="no scheme meets all three: the one closest to (fewest blocking checks, then least excess)"
+    )
+    gpus: GpuNeeds | None = Field(description="None where no scheme of the model ran on a GPU")
 
 
 class HybridPaging(_Strict):
@@ -609,7 +647,7 @@ class Speed(_Strict):
     at_load: AtLoad | None
     load_how: str | None
     goodput_rps: float | None
-    goodput_how: str | None
+    goodput_missing: GoodputMissing | None = Field(description="why goodput_rps is None; None when counted")
     p99_slo_max_rps: float | None
     p99_slo_max_how: str | None
     missing_levels: list[str]
@@ -688,7 +726,8 @@ class Scheme(_Strict):
 
 class RegimeClaim(_Strict):
     """One regime claim, at low load or at saturation (:func:`quantverdict.review.verdict.regime_side`): ``speedup``
-    > 1 is faster; ``low``/``high``: its 95% interval (paired t) or min-max range (None for one run)."""
+    > 1 is faster; ``low``/``high``: its 95% interval (paired t) or min-max range (None for one run). A paired
+    ``faster`` or ``slower`` whose class is ``no change`` is established but inside 1 / 1.05 to 1.05."""
 
     rule: RegimeRule
     speedup: float
@@ -697,9 +736,8 @@ class RegimeClaim(_Strict):
     pairs: int | None
     load: Load | None
     metric: str | None
-    word: str
+    verdict: PairedVerdict | None = Field(description="the paired test's verdict; None without a paired test")
     class_: RegimeClass = Field(validation_alias="class", serialization_alias="class")
-    note: str
 
 
 class PairedSpeedup(_Strict):

@@ -7,11 +7,8 @@ import re
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
 from quantverdict.results.record import JobRecord, ModelDims
-from quantverdict.review.document import Memory
+from quantverdict.review.document import GpuFit, GpuNeeds, GpuSpeed, Memory
 from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.words import say
-
-WORDS = {1: "one", 2: "two", 4: "four", 8: "eight"}
 
 
 def job_gpus(rec: JobRecord) -> int:
@@ -40,12 +37,12 @@ def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
     return None if w is None else float(w) * gpus if memory.weights_source == "vLLM log" and gpus > 1 else float(w)
 
 
-def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig) -> list[str]:
-    """One model's verdict lines: the schemes grouped by the GPUs they need for the memory budget
+def gpu_needs(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig) -> GpuNeeds | None:
+    """One model's schemes grouped by the GPUs they need for the memory budget
     (:func:`quantverdict.measure.tensor_parallel.gpus_needed` of the whole weights and the KV cache), and each one's
-    sustained output tok/s per GPU used; empty off GPU."""
+    sustained output tok/s per GPU used; None off GPU."""
     groups: dict[int | None, list[str]] = {}  # GPUs needed (None: more than the largest) -> scheme labels
-    speeds = []  # (scheme, ">= " for a lower bound, tok/s, GPUs used, tok/s per GPU)
+    speeds = []
     for sc in cards:
         rec = next((r for r in records if str(r.job.id) == sc.job_id), None)
         if rec is None or not on_gpu(rec) or sc.status != "ok":
@@ -61,9 +58,9 @@ def verdict_lines(cards: list[Scorecard], records: list[JobRecord], rc: ReviewCo
             names.append(sc.label)
         top, tops = sc.speed.ceiling, [p.output_tok_s for p in sc.speed.points if p.output_tok_s]
         if tok_s := (top.output_tok_s if top else None) or max(tops, default=None):
-            speeds.append((sc.scheme, ">= " if top and top.lower_bound else "", tok_s, used, tok_s / used))
+            per = {"scheme": sc.scheme, "output_tok_s": tok_s, "lower_bound": bool(top and top.lower_bound)}
+            speeds.append(GpuSpeed.model_validate(per | {"gpus": used, "output_tok_s_per_gpu": tok_s / used}))
     if not groups:
-        return []
-    fits = [(WORDS.get(n, str(n)), n, groups[n]) for n in sorted((n for n in groups if n is not None), reverse=True)]
-    words = dict(budget=rc.memory_budget_gib, requests=rc.concurrent_requests, fits=fits, rows=speeds)
-    return say("gpu_lines", "speed.j2", **words, fit_none=groups.get(None), largest=TP_SIZES[-1]).split("\n")
+        return None
+    fits = [GpuFit(gpus=n, labels=groups[n]) for n in sorted((n for n in groups if n is not None), reverse=True)]
+    return GpuNeeds(fits=fits, fit_none=groups.get(None) or [], largest=TP_SIZES[-1], speeds=speeds)

@@ -39,6 +39,12 @@ def value(v: object) -> str:
     return "null" if v is None else str(v)
 
 
+def short_error(error: str | None, limit: int = 160) -> str:
+    """The first line of an error message, cut to ``limit`` characters."""
+    line = error.strip().splitlines()[0] if error and error.strip() else "no error message"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def md_cell(s: object) -> str:
     """Text for a Markdown table cell: pipes escaped, newlines as spaces."""
     return str(s).replace("|", "\\|").replace("\n", " ")
@@ -72,6 +78,7 @@ def environment(fmt: str) -> Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(num=number, usd=usd, interval=interval, value=value, md_cell=md_cell, oneline=oneline)
+    env.filters["short_error"] = short_error
     env.filters["inline"] = inline if fmt == "html" else str
     env.globals["fmt"] = fmt
     return env

@@ -9,7 +9,6 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review.document import Memory
 
-TIER_NAMES = {0: "16-bit (no quantization)", 1: "8-bit", 2: "4-bit"}
 TaskDelta = doc.AccuracyDelta  # one accuracy comparison, as computed and as written
 
 

@@ -203,16 +203,14 @@ def _level_goodput(rec: JobRecord, raw: list[dict[str, Any]], mode: str, slo: Sl
     return out
 
 
-def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, str]:
-    """Goodput at the stated load's point (req/s) and how it was counted; None without an SLO, point or data."""
+def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, doc.GoodputMissing | None]:
+    """Goodput at the stated load's point (req/s), or None and why not (no SLO, no point, no per-request data)."""
+    M = doc.GoodputMissing
     if not slo.objectives():
-        return None, "no latency SLO set"
+        return None, M.NO_SLO
     if at is None:
-        return None, "no point at the stated load"
-    g = at.goodput
-    if g is None:
-        return None, f"{NO_PER_REQUEST} (no --save-detailed result file beside it): not counted per request"
-    return g.goodput_rps, say("goodput_how", "speed.j2", at=at, g=g)
+        return None, M.NO_POINT
+    return (at.goodput.goodput_rps, None) if at.goodput else (None, M.NO_PER_REQUEST)
 
 
 def point_label(sp: SweepPoint, mode: str) -> str:
@@ -297,7 +295,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     for p in points:
         p.goodput = by_load.get(p.load)
     at, speed.load_how = load_point(mode, points, rc)
-    speed.goodput_rps, speed.goodput_how = _goodput_at(at, slo)
+    speed.goodput_rps, speed.goodput_missing = _goodput_at(at, slo)
     if at is not None:
         speed.at_load = doc.AtLoad.model_validate({k: getattr(at, k) for k in doc.AtLoad.model_fields})
     return speed, found, []

@@ -20,7 +20,7 @@ from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
-from quantverdict.review.scorecard import TIER_NAMES, Scorecard, TaskDelta, na_label
+from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, finite, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
@@ -302,13 +302,7 @@ def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
     return sorted(cards, key=key)
 
 
-def short_error(error: str | None, limit: int = 160) -> str:
-    """The first line of an error message, cut to ``limit`` characters."""
-    line = error.strip().splitlines()[0] if error and error.strip() else "no error message"
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: str) -> doc.PassedOver:
+def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason) -> doc.PassedOver:
     """Why ``sc`` was not chosen: job not ok, else a failing check, else an unknown one, else ``if_eligible``."""
     fails = [c.constraint for c in cs.values() if c.outcome == FAIL]
     unknown = [c.constraint for c in cs.values() if c.outcome == UNKNOWN]
@@ -324,7 +318,6 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason, sentence: s
         fails=fails,
         not_checked=unknown,
         criteria=crits,
-        sentence=sentence,
     )
 
 
@@ -364,52 +357,29 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         request_shapes=shapes,
         ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
         compute_reported=any(sc.speed.compute for sc in cards),
-        sentence="",
-        evidence=[],
-        others=[],
+        closest_scheme=None,
+        gpus=None,
     )
-    _words(v, base, chosen, order, all_checks)
+    _words(v, chosen, order, all_checks)
     return v, all_checks
 
 
-def _why_not(sc: Scorecard, cs: Checks) -> str:
-    return say("why_not", sc=sc, cs=list(cs.values()), error=short_error(sc.error))
-
-
-def _words(
-    v: Verdict, base: Scorecard | None, chosen: Scorecard | None, order: list[Scorecard], all_checks: dict[str, Checks]
-) -> None:
-    """``v``'s sentence, evidence, and one sentence and reason per scheme passed over."""
-    three = "both memory and latency" if v.accuracy_not_measured else "all three"
-    same_tier, tier_name = list[Scorecard](), ""
+def _words(v: Verdict, chosen: Scorecard | None, order: list[Scorecard], all_checks: dict[str, Checks]) -> None:
+    """``v``'s closest scheme (no scheme meets all three), and the reason each scheme was passed over."""
 
     def rank(sc: Scorecard) -> tuple[int, float]:  # the closest: fewest blocking checks, then smallest summed excess
         cs = all_checks[sc.scheme].values()
         return sum(c.outcome not in NON_BLOCKING for c in cs), sum(c.excess for c in cs)
 
     closest = min(order, key=rank) if v.decision == Decision.NO_SCHEME and order else None
-    if chosen is not None:
-        kv = chosen.kv if kv_step(chosen) else ""
-        tier_name = say("tier", name=TIER_NAMES.get(chosen.tier, chosen.tier), tier=chosen.tier, kv=kv)
-        if v.decision == Decision.QUANTIZE:
-            same = [sc for sc in order if sc.tier == chosen.tier and sc is not chosen]
-            same_tier = [sc for sc in same if _eligible(sc, all_checks[sc.scheme])]
-    words: dict[str, Any] = dict(v=v, base=base, chosen=chosen, closest=closest, three_of=three, same_tier=same_tier)
-    words |= dict(bc=all_checks[base.scheme] if base else {}, cc=all_checks[chosen.scheme] if chosen else {})
-    words |= dict(closest_why=_why_not(closest, all_checks[closest.scheme]) if closest else "", tier_name=tier_name)
-    words["e2e"] = chosen.speed.at_load.e2e_ms_p50 if chosen and chosen.speed.at_load else None
-    v.sentence = say("verdict", **words, base_error=short_error(base.error) if base else "")
-    if shown := chosen if v.decision != Decision.NO_SCHEME else closest:
-        v.evidence = [f"{shown.name} {c.constraint}: {c.text}" for c in all_checks[shown.scheme].values()]
+    v.closest_scheme = closest.scheme if closest else None
     no_verdict = (Decision.NO_BASELINE, Decision.BASELINE_NOT_CHECKED, Decision.NO_SCHEME)
     reasons = dict.fromkeys(no_verdict, PassReason.NO_VERDICT) | {Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED}
     for sc in (sc for sc in order if sc is not chosen):
         cs = all_checks[sc.scheme]
         more = chosen is not None and sc.tier > chosen.tier
         reason = reasons.get(v.decision) or (PassReason.MORE_AGGRESSIVE if more else PassReason.SLOWER_SAME_TIER)
-        tail = say("other", v=v, cs=cs, eligible=_eligible(sc, cs), more=more, three_of=three, why=_why_not(sc, cs))
-        v.others.append(f"{sc.name}: {tail}")
-        v.passed_over.append(_passed_over(sc, cs, reason, v.others[-1]))
+        v.passed_over.append(_passed_over(sc, cs, reason))
 
 
 # --- regime: where a scheme pays against its baseline, at low load and at saturation ---------------------
@@ -521,12 +491,11 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
     difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
     when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
     R, C = doc.RegimeRule, doc.RegimeClass
-    ranged, small = bool(rng and rng.min != rng.max), False
+    ranged = bool(rng and rng.min != rng.max)
     if test is not None and test.pairs >= 2 and test.speedup is not None:
-        cls, ranged = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE), False
+        cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
         # established is not the same as large: a significant 1.01x neither pays nor costs
-        small = cls != C.NO_CHANGE and 1 / PAYS < test.speedup < PAYS
-        rule, cls, speedup = R.PAIRED_T, C.NO_CHANGE if small else cls, test.speedup
+        rule, cls, speedup = R.PAIRED_T, C.NO_CHANGE if 1 / PAYS < test.speedup < PAYS else cls, test.speedup
         low, high = test.speedup_low, test.speedup_high
     elif median is None:
         return None
@@ -543,9 +512,8 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
         pairs=test.pairs if test else None,
         load=test.load if test else None,
         metric=test.metric if test else None,
-        word=say("claim_word", test=test, small=small, pays=PAYS, cls=cls),
+        verdict=test.verdict if test else None,
         class_=cls,
-        note=say("claim_note", test=test, small=small, ranged=ranged, cls=cls, pays=PAYS),
     )
 
 
