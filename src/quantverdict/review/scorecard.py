@@ -9,8 +9,6 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review.document import Memory
 
-TaskDelta = doc.AccuracyDelta  # one accuracy comparison, as computed and as written
-
 
 @dataclass
 class Scorecard:
@@ -26,7 +24,7 @@ class Scorecard:
     error: str | None
     is_baseline: bool
     memory: Memory = field(default_factory=Memory.unknown)
-    accuracy: list[TaskDelta] = field(default_factory=list)
+    accuracy: list[doc.AccuracyDelta] = field(default_factory=list)
     accuracy_refused: str | None = None
     accuracy_not_applicable: str | None = None  # why accuracy cannot be measured (random weights)
     speed: doc.Speed = field(default_factory=doc.Speed.unmeasured)

@@ -20,7 +20,7 @@ from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
-from quantverdict.review.scorecard import Scorecard, TaskDelta, na_label
+from quantverdict.review.scorecard import Scorecard, na_label
 from quantverdict.review.speed import NO_PER_REQUEST, finite, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
@@ -68,7 +68,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     return _judged("memory", text, cite, fails, crit)
 
 
-def floor_test_of(d: TaskDelta, rc: ReviewConfig) -> str:
+def floor_test_of(d: doc.AccuracyDelta, rc: ReviewConfig) -> str:
     """``review.floor_test``; ``auto`` is ``interval`` for a delta over fewer than ``review.interval_test_below_n``
     items (one item of 30 moves a recovery by 100 / (30 × baseline) points: 8.3 at a 0.400 baseline), else ``point``."""
     if rc.floor_test != "auto":
@@ -87,11 +87,11 @@ FLOORS: dict[str, Floor] = {
 }
 
 
-def _floor(d: TaskDelta) -> Floor:
+def _floor(d: doc.AccuracyDelta) -> Floor:
     return FLOORS[d.metric if d.kind == "kld" else d.kind]
 
 
-def _end(d: TaskDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
+def _end(d: doc.AccuracyDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
     """The value ``d`` is judged on (a score's recovery, a perplexity's increase in %, the mean KLD, the top-1
     agreement) or under the interval test the end of its interval nearest to passing, and whether it is that end."""
     value, interval, _, comparison, _ = _floor(d)
@@ -101,7 +101,7 @@ def _end(d: TaskDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
     return iv.high if comparison == ">=" else iv.low, True
 
 
-def _gap(d: TaskDelta, lim: float, rc: ReviewConfig | None = None) -> float:
+def _gap(d: doc.AccuracyDelta, lim: float, rc: ReviewConfig | None = None) -> float:
     """How far ``d``'s point value (with ``rc``: the value it is judged on) is under a floor (``>=``) or over a limit
     (``<=``); > 0 fails."""
     value, _, _, comparison, _ = _floor(d)
@@ -109,7 +109,7 @@ def _gap(d: TaskDelta, lim: float, rc: ReviewConfig | None = None) -> float:
     return lim - v if comparison == ">=" else v - lim
 
 
-def _accuracy_criterion(d: TaskDelta, rc: ReviewConfig) -> Criterion:
+def _accuracy_criterion(d: doc.AccuracyDelta, rc: ReviewConfig) -> Criterion:
     """The limit held against one delta as :func:`_gap` judges it; a refused delta is left unjudged."""
     (value, _, limit, comparison, metric), (judged, on_interval) = _floor(d), _end(d, rc)
     threshold = float(getattr(rc, limit) or 0.0)
