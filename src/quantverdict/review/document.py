@@ -1,7 +1,5 @@
-"""``review.json``: the review as a typed document (:class:`Review`, what
-:func:`quantverdict.review.core.build_review` returns), and its JSON schema (``docs/schema/review.schema.json``,
-written by ``make schema``). Every decision is a field; the sentences the review prints sit beside the fields.
-"""
+"""``review.json`` as a typed document (:class:`Review`, returned by :func:`quantverdict.review.core.build_review`)
+and its JSON schema (``docs/schema/review.schema.json``, written by ``make schema``)."""
 
 from __future__ import annotations
 
@@ -26,7 +24,8 @@ def _gb(v: float | None) -> float | None:
     return None if v is None else v / 1e9
 
 
-def _finite(v: float | None) -> float | None:
+def finite(v: float | None) -> float | None:
+    """``v``, None when it is not finite."""
     return v if v is None or math.isfinite(v) else None
 
 
@@ -54,9 +53,9 @@ class ConstraintKind(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How a check or one of its criteria came out: ``pass`` / ``fail``: judged; ``unknown``: could not be judged (a
-    number is missing or the comparison cannot be made), which never lets a scheme be chosen; ``off``: no limit set for
-    this constraint; ``not_applicable``: accuracy of a model with random weights (never blocks)."""
+    """How a check or one of its criteria came out: ``unknown``: not judged (a number missing, no comparison
+    possible), never lets a scheme be chosen; ``off``: no limit set; ``not_applicable``: accuracy of a model with
+    random weights (never blocks)."""
 
     PASS = "pass"
     FAIL = "fail"
@@ -76,14 +75,11 @@ class Decision(StrEnum):
 
 
 class CriterionMetric(StrEnum):
-    """The number a criterion holds against a limit (the ``review.*`` key it comes from in brackets): ``need_gib``
-    (``memory_budget_gib``): weights + KV cache + recurrent state + reserve, GiB; ``recovery_pct``
-    (``min_recovery_pct``): ``100 · score / baseline``; ``perplexity_increase_pct`` (``max_perplexity_increase_pct``):
-    ``100 · (ppl / baseline - 1)``; ``mean_kld_nats`` (``max_mean_kld``); ``top1_agreement_pct``
-    (``min_top1_agreement_pct``); ``slo_attainment_pct`` (``slo_attainment_pct``): share of requests meeting every
-    latency objective at the stated load; ``ttft_ms_p99`` / ``itl_ms_p99`` (same keys): p99s at the stated load, for
-    records without per-request data; ``ceiling_rps`` (``load_rps``): the sustained ceiling must reach the stated rate.
-    """
+    """The number a criterion holds against its limit (``Criterion.limit``): ``need_gib``: weights + KV cache +
+    recurrent state + reserve, GiB; ``recovery_pct``: ``100 · score / baseline``; ``perplexity_increase_pct``:
+    ``100 · (ppl / baseline - 1)``; ``slo_attainment_pct``: % of requests meeting every latency objective at the stated
+    load; ``ttft_ms_p99`` / ``itl_ms_p99``: p99s at the stated load, for records without per-request data;
+    ``ceiling_rps``: the sustained ceiling, which must reach ``review.load_rps``."""
 
     NEED_GIB = "need_gib"
     RECOVERY_PCT = "recovery_pct"
@@ -97,11 +93,10 @@ class CriterionMetric(StrEnum):
 
 
 class PassReason(StrEnum):
-    """Why a quantized scheme was not the one chosen: ``job_failed`` / ``job_interrupted`` / ``job_not_finished``: its
-    job did not finish ok; ``fails_constraint``: it fails a check (``fails``); ``not_checked``: a check could not be
-    made (``not_checked``); and for a scheme that passes every check: ``not_needed`` (the baseline meets every
-    constraint), ``more_aggressive`` (a less aggressive scheme meets them), ``slower_same_tier`` (one of its tier with a
-    lower E2E p50 at the load does), ``no_verdict`` (no verdict: the baseline is missing or was not checked)."""
+    """Why a quantized scheme was not the one chosen: ``job_*``: its job did not finish ok; ``fails_constraint`` /
+    ``not_checked``: see ``PassedOver.fails`` / ``not_checked``; and for a scheme that passes every check:
+    ``not_needed`` (the baseline meets every constraint), ``more_aggressive`` (a less aggressive scheme meets them),
+    ``slower_same_tier`` (one of its tier with a lower E2E p50 at the load does), ``no_verdict`` (no verdict)."""
 
     JOB_FAILED = "job_failed"
     JOB_INTERRUPTED = "job_interrupted"
@@ -158,9 +153,9 @@ class RegimeClass(StrEnum):
 
 
 class RegimeReading(StrEnum):
-    """Where a scheme pays, read from the classes of its two regime claims: ``excluded`` (kept out of speed
-    comparisons), ``speed_missing`` (no claim for it or its baseline), ``saturation_not_measured`` (the low-load
-    claim alone: ``saturation_not_compared`` says why), else the four combinations of the two claims paying."""
+    """Where a scheme pays, from the classes of its two regime claims: ``excluded`` (kept out of speed comparisons),
+    ``speed_missing`` (no claim for it or its baseline), ``saturation_not_measured`` (the low-load claim alone), else
+    the four combinations of the two claims paying."""
 
     EXCLUDED = "excluded"
     SPEED_MISSING = "speed_missing"
@@ -172,8 +167,8 @@ class RegimeReading(StrEnum):
 
 
 class GoodputMissing(StrEnum):
-    """Why a sweep has no goodput at the stated load: no latency SLO set, no point at the load, or no per-request
-    data (no ``--save-detailed`` result file beside the record)."""
+    """Why a sweep has no goodput at the stated load: no latency SLO, no point at the load, or no per-request data
+    (no ``--save-detailed`` result file beside the record)."""
 
     NO_SLO = "no_slo"
     NO_POINT = "no_point"
@@ -249,12 +244,12 @@ def criterion(
 ) -> Criterion:
     """``judged`` (default ``observed``) held against ``threshold``; the outcome is ``ok`` where given, else the
     comparison; ``unknown`` without a finite value."""
-    value = _finite(observed if judged is None else judged)
+    value = finite(observed if judged is None else judged)
     if ok is None and value is not None:
         ok = value <= threshold if comparison == "<=" else value >= threshold
     outcome = Outcome.UNKNOWN if ok is None or value is None else Outcome.PASS if ok else Outcome.FAIL
     v: dict[str, Any] = dict(metric=metric, subject=subject, limit=limit, comparison=comparison, threshold=threshold)
-    v |= dict(observed=_finite(observed), judged=value, test=test, outcome=outcome, note=note)
+    v |= dict(observed=finite(observed), judged=value, test=test, outcome=outcome, note=note)
     return Criterion.model_validate(v)
 
 
@@ -279,8 +274,7 @@ class Checks(_Strict):
 
 
 class Flag(_Strict):
-    """An honesty flag: what a reader must know before trusting a number. ``scheme`` is empty for a flag that is
-    about no single scheme."""
+    """An honesty flag: what a reader must know before trusting a number (``scheme`` "": about no single scheme)."""
 
     code: FlagCode
     model: str
@@ -298,8 +292,7 @@ class Flag(_Strict):
 
 
 class PassedOver(_Strict):
-    """A quantized scheme that was not chosen, and why (``criteria``: the limits it fails or could not be
-    held against, with threshold and observed value)."""
+    """A quantized scheme not chosen, and why (``criteria``: the limits it fails or could not be held against)."""
 
     scheme: str
     label: str
@@ -332,8 +325,7 @@ class GpuFit(_Strict):
 
 
 class GpuSpeed(_Strict):
-    """One scheme's sustained output tok/s (``lower_bound``: its ceiling is a lower bound), the GPUs its server
-    used, and the tok/s per GPU."""
+    """One scheme's sustained output tok/s and per GPU its server used (``lower_bound``: of its ceiling)."""
 
     scheme: str
     output_tok_s: float
@@ -343,9 +335,8 @@ class GpuSpeed(_Strict):
 
 
 class GpuNeeds(_Strict):
-    """One model's schemes by the GPUs they need for the memory budget (:func:`quantverdict.review.gpus.gpu_needs`):
-    ``fits`` most GPUs first, ``fit_none`` the labels that fit on none of ``largest`` GPUs or fewer; and each
-    finished scheme's throughput per GPU used."""
+    """One model's schemes by the GPUs they need for the memory budget (:func:`quantverdict.review.gpus.gpu_needs`),
+    ``fits`` most GPUs first, ``fit_none`` on none of ``largest`` GPUs or fewer; each one's tok/s per GPU."""
 
     fits: list[GpuFit]
     fit_none: list[str]
@@ -389,9 +380,8 @@ class HybridPaging(_Strict):
 
 
 class Memory(_Strict):
-    """The memory the scheme needs for the stated capacity (GiB = 2^30 bytes) and what vLLM reported:
-    ``need_gib = weights_gib + kv_needed_gib + state_needed_gib + reserved_gib`` (:mod:`quantverdict.review.memory`).
-    """
+    """The memory the scheme needs for the stated capacity (GiB = 2^30 bytes) and what vLLM reported (``server_*``):
+    ``need_gib = weights_gib + kv_needed_gib + state_needed_gib + reserved_gib`` (:mod:`quantverdict.review.memory`)."""
 
     need_gib: float | None
     budget_gib: float | None
@@ -492,12 +482,12 @@ class AccuracyDelta(_Strict):
         """A comparison with the ``figures`` given, the others unset; numbers that are not finite become None."""
         blank: dict[str, Any] = dict.fromkeys(cls.model_fields) | {"paired": False, "note": "", "refused": ""}
         given = blank | figures | {"name": name, "metric": metric, "kind": kind, "value": value, "baseline": baseline}
-        return cls.model_validate({k: _finite(v) if isinstance(v, float) else v for k, v in given.items()})
+        return cls.model_validate({k: finite(v) if isinstance(v, float) else v for k, v in given.items()})
 
 
 class Accuracy(_Strict):
-    """The scheme's accuracy against its baseline. ``not_applicable``: why accuracy cannot be measured (random
-    weights); ``refused``: why every delta was excluded (settings differ); None otherwise."""
+    """``not_applicable``: why accuracy cannot be measured (random weights); ``refused``: why every delta was
+    excluded (settings differ)."""
 
     not_applicable: str | None
     refused: str | None
@@ -523,9 +513,9 @@ class LowLoad(_Strict):
 
 
 class Ceiling(_Strict):
-    """The sustained ceiling (:func:`quantverdict.measure.capacity.sustained_ceiling`): req/s and output tok/s,
-    median over repeats with its range. ``lower_bound``: no point saturated, or the sweep stopped before its top
-    loads (the server's capacity is at least this). ``basis``: ``steady_window``, ``whole_run`` or ``mixed``."""
+    """The sustained ceiling (:func:`quantverdict.measure.capacity.sustained_ceiling`), medians over repeats.
+    ``lower_bound``: no point saturated, or the sweep stopped before its top loads (the capacity is at least this).
+    ``basis``: ``steady_window``, ``whole_run`` or ``mixed``."""
 
     kind: str
     label: str | None
@@ -551,8 +541,7 @@ class Goodput(_Strict):
 
 
 class AtLoad(_Strict):
-    """The point at the stated load (``review.load_rps`` or ``load_concurrency``): medians over its valid
-    repeats, ``spread``: [min, max] per metric."""
+    """The point at the stated load: medians over its valid repeats, [min, max] per metric in ``spread``."""
 
     label: str
     load: Load
@@ -595,9 +584,8 @@ class Roofline(_Strict):
 
 
 class SpeedPoint(_Strict):
-    """One load level of a sweep (:func:`quantverdict.review.speed.speed_points`): medians over its valid repeats
-    (ms, req/s, output tok/s); ``completed``/``failed``: requests; ``saturated``: most valid repeats saturated
-    (None where not decided, e.g. a closed-loop or unlimited-rate point)."""
+    """One load level of a sweep (:func:`quantverdict.review.speed.speed_points`): medians over its valid repeats;
+    ``saturated``: most valid repeats saturated (None where not decided: a closed-loop or unlimited-rate point)."""
 
     label: str
     load: Load
@@ -627,10 +615,9 @@ class SpeedPoint(_Strict):
 
 
 class Speed(_Strict):
-    """The scheme's sweep as the review reads it (:func:`quantverdict.review.speed.speed_summary`). ``comparable``
-    False: kept out of speed comparisons (a fallback kernel, another request shape), ``excluded_why`` says why.
-    ``goodput_rps``: requests per second meeting every objective at the stated load; ``p99_slo_max_rps``: the
-    throughput at the highest load whose p99s meet the SLO."""
+    """The scheme's sweep (:func:`quantverdict.review.speed.speed_summary`). ``comparable`` False: kept out of speed
+    comparisons (``excluded_why``); ``goodput_rps``: req/s meeting every objective at the stated load;
+    ``p99_slo_max_rps``: the throughput at the highest load whose p99s meet the SLO."""
 
     model_config = ConfigDict(validate_assignment=True)
 
@@ -689,9 +676,8 @@ class HeadlineAccuracy(_Strict):
 
 
 class Headline(_Strict):
-    """The first screen's three numbers (:mod:`quantverdict.review.headline`): GiB to serve the stated load, the
-    worst accuracy delta, and the speed ratio at concurrency 1 (or the lowest load) and at the stated load. None
-    for the baseline's accuracy and speed, and where not measured (``speed_note`` says why not compared)."""
+    """The first screen's three numbers (:mod:`quantverdict.review.headline`); the speed ratio at concurrency 1 (or
+    the lowest load) and at the stated load. None for the baseline and where not measured (``speed_note``: why)."""
 
     memory_need_gib: float | None
     accuracy: HeadlineAccuracy | None
@@ -701,7 +687,7 @@ class Headline(_Strict):
 
 
 class Scheme(_Strict):
-    """One job of the review: identity, the three numbers, the checks, and what could not be computed."""
+    """One job of the review."""
 
     job_id: str
     model: str
@@ -762,8 +748,7 @@ class PairedSpeedup(_Strict):
 
 class Regime(_Strict):
     """Where a scheme pays against its baseline: speedups at low load (baseline ITL p50 / the scheme's) and at
-    saturation (ceiling output tok/s over the baseline's), their claims, and why saturation was not compared
-    (``saturation_not_compared``, None when it was)."""
+    saturation (ceiling output tok/s / the baseline's), and their claims."""
 
     scheme: str
     label: str
@@ -779,7 +764,7 @@ class Regime(_Strict):
 
 
 class SchemeCost(_Strict):
-    """USD per million output tokens of one scheme (:func:`quantverdict.review.cost.cost_json`)."""
+    """USD per million output tokens (:func:`quantverdict.review.cost.cost_json`)."""
 
     model: str
     scheme: str
@@ -811,7 +796,7 @@ class Target(_Strict):
 
 
 class TargetFit(_Strict):
-    """A candidate's memory on the target GPU (:mod:`quantverdict.review.crossmodel`)."""
+    """A candidate's memory on the target GPU."""
 
     kv_gib: float | None = None
     kv_bytes_per_token: float | None = None
@@ -887,8 +872,7 @@ class TaskScore(_Strict):
 
 
 class Candidate(_Strict):
-    """One (model, scheme) job seen from the target. ``mean_score``: its mean absolute score on the ranking's tasks
-    (:attr:`CrossModel.score_tasks`), None when the ranking is not by accuracy."""
+    """One (model, scheme) job seen from the target; ``mean_score`` over :attr:`CrossModel.score_tasks`."""
 
     name: str
     model: str
@@ -953,12 +937,10 @@ class Comparison(_Strict):
 
 
 class CrossModel(_Strict):
-    """Models compared on one target GPU (:mod:`quantverdict.review.crossmodel`): the chosen candidate's name and
-    each candidate's figures on the target. ``ran_on_target``: every GPU the jobs ran on is the target's, else
-    ``ran`` lists where they ran; ``score_tasks``: the tasks the ranking's mean score is over (empty: ranked on
-    speed alone, accuracy not measured on every eligible candidate); ``sweep_loads``: the load labels any candidate
-    measured, by load; ``price_usd_per_gpu_hour``: the price of the ratio table's cost column (None: no price,
-    ``price_note`` says why)."""
+    """Models compared on one target GPU (:mod:`quantverdict.review.crossmodel`). ``ran_on_target``: every GPU the
+    jobs ran on is the target's, else ``ran`` lists where they ran; ``score_tasks``: the tasks the ranking's mean
+    score is over (empty: ranked on speed alone); ``sweep_loads``: the load labels any candidate measured, by load;
+    ``price_usd_per_gpu_hour``: of the ratio table's cost column (None: ``price_note`` says why)."""
 
     target: Target | None
     ran_on_target: bool
@@ -1022,8 +1004,7 @@ class Plot(_Strict):
 
 
 class Review(_Strict):
-    """``review.json``: which scheme to deploy under the stated constraints, per model, defended with the three
-    numbers of every scheme."""
+    """``review.json``: which scheme to deploy under the stated constraints, per model."""
 
     model_config = ConfigDict(title="quantverdict review")
 
@@ -1065,8 +1046,7 @@ class Review(_Strict):
 
 
 def schema_text() -> str:
-    """The JSON schema (draft 2020-12) of ``review.json`` as :class:`Review` validates it, as the committed
-    file holds it (2-space indent, trailing newline)."""
+    """The JSON schema (draft 2020-12) of ``review.json``, as the committed file holds it."""
     schema = Review.model_json_schema(mode="validation")
     return (
         json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}, indent=2, ensure_ascii=False)

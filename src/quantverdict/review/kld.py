@@ -6,15 +6,14 @@ top-k KLD is a lower bound of the true one: failing on it is failing, passing is
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from quantverdict.measure.stats import Interval
 from quantverdict.results.record import Block, JobRecord
-from quantverdict.review.document import AccuracyDelta, DeltaKind, KldFigures
+from quantverdict.review.document import AccuracyDelta, DeltaKind, KldFigures, finite
 from quantverdict.review.document import Interval as DocInterval
-from quantverdict.review.speed import finite
 
 KLD = DeltaKind.KLD  # the kind and name of the KLD deltas
-MEAN, TOP1, REFUSED = "mean_kld", "top1_agreement_pct", "refused"
 
 
 class _KldEntry(Block):
@@ -40,23 +39,15 @@ def kld_deltas(rec: JobRecord) -> list[AccuracyDelta]:
     f = KldFigures.model_validate({k: finite(v) if isinstance(v, float) else v for k, v in known.items()})
     if entry.refused is not None or f.mean_kld is None:
         why = f"KL divergence not compared: {entry.refused or 'no mean KLD in the record'}"
-        return [AccuracyDelta.new(KLD, REFUSED, KLD, math.nan, 0.0, note=why, kld=f)]
+        return [AccuracyDelta.new(KLD, "refused", KLD, math.nan, 0.0, note=why, kld=f)]
     agree, lo, hi = float(f.top1_agreement_pct or 0.0), f.top1_agreement_pct_ci_low, f.top1_agreement_pct_ci_high
+    figures: dict[str, Any] = {"n": f.n_tokens, "kld": f}
     mean_iv = _interval(f, f.mean_kld, f.mean_kld_ci_low, f.mean_kld_ci_high)
     top1_iv = None if lo is None or hi is None else _interval(f, agree - 100.0, lo - 100.0, hi - 100.0)
+    top1 = {"delta": agree - 100.0, "interval": top1_iv, "recovery_pct": agree} | figures
     return [
-        AccuracyDelta.new(KLD, MEAN, KLD, f.mean_kld, 0.0, delta=f.mean_kld, interval=mean_iv, n=f.n_tokens, kld=f),
+        AccuracyDelta.new(KLD, "mean_kld", KLD, f.mean_kld, 0.0, delta=f.mean_kld, interval=mean_iv, **figures),
         AccuracyDelta.new(
-            KLD,
-            TOP1,
-            KLD,
-            agree,
-            100.0,
-            delta=agree - 100.0,
-            interval=top1_iv,
-            n=f.n_tokens,
-            kld=f,
-            recovery_pct=agree,
-            recovery_interval=_interval(f, agree, lo, hi),
+            KLD, "top1_agreement_pct", KLD, agree, 100.0, recovery_interval=_interval(f, agree, lo, hi), **top1
         ),
     ]
