@@ -9,8 +9,6 @@ from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
 from quantverdict.review.scorecard import Scorecard
 
-__all__ = ["cost_json", "gpu_names", "gpu_price", "scheme_cost"]
-
 GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
 
 

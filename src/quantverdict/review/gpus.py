@@ -13,9 +13,7 @@ from quantverdict.review.scorecard import Scorecard
 
 def job_gpus(rec: JobRecord) -> int:
     """GPUs a job's server used: ``environment.gpus_used``, else its ``bench.server.tensor_parallel_size``, else 1."""
-    if rec.environment.gpus_used:
-        return rec.environment.gpus_used
-    return int(rec.cfg.bench.server.tensor_parallel_size or 1)
+    return rec.environment.gpus_used or int(rec.cfg.bench.server.tensor_parallel_size or 1)
 
 
 def gpu_kind_matches(kind: str, name: str) -> bool:

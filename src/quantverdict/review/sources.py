@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 from quantverdict.results.record import RECORD_FILE, JobRecord, find_records, load
-
-log = logging.getLogger(__name__)
 
 JOB_TAG = "config_hash"  # set on every job run by quantverdict.results.tracking.Tracker.start
 
@@ -33,9 +30,8 @@ def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
 
 
 def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord], list[str], dict[str, str]]:
-    """Download the ``record.json`` artifact (and ``eval/`` samples, if logged) of every job run of an
-    MLflow experiment into ``dest/<run_id>/``; returns ``(records, problems, run_ids)``, ``run_ids`` mapping each
-    record's ``job.output_dir`` to its run.
+    """Download the ``record.json`` artifact (and ``eval/`` samples, if logged) of every job run of an MLflow
+    experiment into ``dest/<run_id>/``: ``(records, problems, run_ids)``, ``run_ids`` by ``job.output_dir``.
 
     Raises:
         ValueError: the experiment does not exist.
