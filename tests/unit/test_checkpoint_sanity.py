@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
-from quantverdict.measure.sanity import judge
+from quantverdict.measure.sanity import SanityNumbers, judge
 from quantverdict.orchestrate import caches
 
 BOUNDS = {"max_ppl_ratio": 10.0, "max_mean_kld": 2.0}
@@ -25,32 +26,66 @@ def result(nll_source: float, nll_checkpoint: float | None, kld: float | None, f
 
 def test_an_honest_4bit_checkpoint_passes() -> None:
     # SmolLM2-135M W4A16 GPTQ on the check prompts: NLL 1.954 -> 2.608 nats/token (ratio 1.92), KLD 0.43 nats
-    assert judge(result(1.954, 2.608, 0.43), **BOUNDS) is None
+    assert judge(SanityNumbers.of(result(1.954, 2.608, 0.43)), **BOUNDS) is None
 
 
 def test_zeroed_scales_fail_on_the_perplexity_ratio() -> None:
     # every weight_scale zeroed: NLL 106.56 nats/token, exp(104.606) = 10^45.43 = 2.69e45 times the source's perplexity
-    reason = judge(result(1.954, 106.56, 106.46), **BOUNDS)
+    reason = judge(SanityNumbers.of(result(1.954, 106.56, 106.46)), **BOUNDS)
     assert reason is not None and "2.69e+45x" in reason and "quantize.sanity.max_ppl_ratio=10.0" in reason
 
 
 def test_a_perplexity_past_float_range_fails() -> None:
-    reason = judge({**result(1.954, 700.0, 699.0), "ppl_ratio": None, "nll_checkpoint": 1000.0}, **BOUNDS)  # e^998
+    numbers = SanityNumbers.of({**result(1.954, 700.0, 699.0), "ppl_ratio": None, "nll_checkpoint": 1000.0})  # e^998
+    reason = judge(numbers, **BOUNDS)
     assert reason is not None and "infx" in reason and "vs 7.057" in reason  # exp(1.954) = 7.057
 
 
 def test_kl_divergence_alone_can_fail() -> None:
     # perplexity within 10x (e^2.0 = 7.4x) but the distributions far apart: 2.5 nats/token
-    reason = judge(result(2.0, 4.0, 2.5), **BOUNDS)
+    reason = judge(SanityNumbers.of(result(2.0, 4.0, 2.5)), **BOUNDS)
     assert reason is not None and "2.5 nats/token" in reason and "max_mean_kld=2.0" in reason
 
 
 def test_non_finite_logits_fail_even_where_only_finiteness_is_judged() -> None:
-    nan = result(1.954, None, None, finite=False)
+    nan = SanityNumbers.of(result(1.954, None, None, finite=False))
     assert "non-finite" in (judge(nan, **BOUNDS) or "")
     assert "non-finite" in (judge(nan, **BOUNDS, finite_only=True) or "")
     # a synthetic model's random weights: a large ratio says nothing, finite logits pass
-    assert judge(result(10.8, 20.0, 9.0), **BOUNDS, finite_only=True) is None
+    assert judge(SanityNumbers.of(result(10.8, 20.0, 9.0)), **BOUNDS, finite_only=True) is None
+
+
+def test_a_checkpoint_past_float_range_names_an_infinite_perplexity() -> None:
+    # NLL 800 nats/token: ratio and checkpoint NLL past float range, written as null; the source's exp(1.954) = 7.057
+    numbers = SanityNumbers.of({**result(1.954, None, None), "n_tokens": 55})
+    reason = judge(numbers, **BOUNDS)
+    assert reason is not None and "infx" in reason and "(inf vs 7.057;" in reason
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"mean_kld": ...}, "the sanity result lacks mean_kld"),
+        ({"finite": "yes"}, "the sanity result's finite is 'yes', not true or false"),
+        ({"ppl_ratio": "1.9"}, "the sanity result's ppl_ratio is '1.9', not a number or null"),
+        ({"nll_source": True}, "the sanity result's nll_source is True, not a number or null"),
+    ],
+)
+def test_a_sanity_result_of_the_wrong_shape_is_refused_naming_the_key(change: dict, says: str) -> None:
+    bad = {k: v for k, v in {**result(1.954, 2.608, 0.43), **change}.items() if v is not ...}
+    with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
+        SanityNumbers.of(bad)
+
+
+def test_a_stored_verdict_judge_cannot_read_is_checked_again(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(bytes(1024))
+    verdict = {"checked": "now", **result(1.954, 1.958, 0.0066), "bounds": {**BOUNDS, "finite_only": False}}
+    del verdict["mean_kld"]  # a verdict file without the KL divergence: not a result judge reads
+    caches.write_checksums(ckpt, verdict)
+    caches.verify_checksums(ckpt)
+    assert caches.recorded_sanity(ckpt) is None
 
 
 def test_bounds_are_validated_naming_the_key() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantverdict.results.baseline import accuracy_deltas, eval_mismatch, find_baseline, pct_change
+from quantverdict.results.baseline import AccuracyDeltas, accuracy_deltas, eval_mismatch, find_baseline, pct_change
 from quantverdict.results.record import JobRecord
 
 view = JobRecord.view  # the typed record the joins read
@@ -39,17 +39,23 @@ HEADLINE = {"arc_easy": "acc_norm", "wikitext": "word_perplexity"}
 def test_deltas_by_hand() -> None:
     base, q = rec("bf16", 0.50, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0)
     d = accuracy_deltas(view(q), view(base), HEADLINE)
-    assert d["arc_easy"]["delta"] == pytest.approx(-0.05)  # 0.45 - 0.50
-    assert d["arc_easy"]["recovery_pct"] == pytest.approx(90.0)  # 100 * 0.45 / 0.50
-    assert d["wikitext"]["delta_pct"] == pytest.approx(5.0)  # 100 * (21 - 20) / 20
-    assert d["token_perplexity"]["delta_pct"] == pytest.approx(5.0)  # 100 * (42 - 40) / 40
+    arc, wiki, tp = d.of("arc_easy"), d.of("wikitext"), d.token_perplexity
+    assert arc is not None and wiki is not None and tp is not None and d.refused is None
+    assert (arc.metric, arc.higher_is_better, arc.delta_pct) == ("acc_norm", True, None)
+    assert arc.delta == pytest.approx(-0.05)  # 0.45 - 0.50
+    assert arc.recovery_pct == pytest.approx(90.0)  # 100 * 0.45 / 0.50
+    assert (wiki.metric, wiki.higher_is_better, wiki.delta) == ("word_perplexity", False, None)
+    assert wiki.delta_pct == pytest.approx(5.0)  # 100 * (21 - 20) / 20
+    assert (tp.value, tp.baseline, tp.higher_is_better) == (42.0, 40.0, False)
+    assert tp.delta_pct == pytest.approx(5.0)  # 100 * (42 - 40) / 40
+    assert d.of("hellaswag") is None
 
 
 def test_mismatched_settings_refuse_the_delta() -> None:
     base, q = rec("bf16", 0.5, 20.0, 40.0), rec("awq", 0.45, 21.0, 42.0, limit=50, batch_size=1)
     reason = eval_mismatch(view(q), view(base))
     assert reason is not None and "limit: 50 vs baseline 100" in reason and "batch_size: 1 vs baseline 8" in reason
-    assert accuracy_deltas(view(q), view(base), HEADLINE) == {"refused": reason}
+    assert accuracy_deltas(view(q), view(base), HEADLINE) == AccuracyDeltas(refused=reason)
 
 
 def test_token_window_mismatch_refuses() -> None:

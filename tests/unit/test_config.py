@@ -25,7 +25,7 @@ from quantverdict.config.schema import (
     closest,
 )
 from quantverdict.config.validate import hf_id_problem
-from quantverdict.orchestrate.resume import config_hash
+from quantverdict.orchestrate.resume import config_hash, hashed_config
 
 SCHEMES = ["bf16", "awq", "gptq", "int8", "fp8", "w8a8"]
 
@@ -255,20 +255,20 @@ def test_empty_token_perplexity_text_is_refused(offline_root: Path) -> None:
 def test_config_hash_ignores_output_locations_but_not_results() -> None:
     # moving the outputs (paths.*, the MLflow store under them) or switching tracking off must not make a
     # finished job look new; changing what is measured must
-    base = config_hash(as_dict(compose(["paths.output_root=/tmp/a"])))
-    assert config_hash(as_dict(compose(["paths.output_root=/tmp/b"]))) == base
-    assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "tracking.enabled=false"]))) == base
+    base = config_hash(compose(["paths.output_root=/tmp/a"]))
+    assert config_hash(compose(["paths.output_root=/tmp/b"])) == base
+    assert config_hash(compose(["paths.output_root=/tmp/a", "tracking.enabled=false"])) == base
     # the server's port neither (a job of another grid on the same host served on another one)
     port = ["bench.server.port=9100", "bench.server.strict_port=true"]
-    assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", *port]))) == base
-    assert config_hash(as_dict(compose(["paths.output_root=/tmp/a", "eval.limit=7"]))) != base
+    assert config_hash(compose(["paths.output_root=/tmp/a", *port])) == base
+    assert config_hash(compose(["paths.output_root=/tmp/a", "eval.limit=7"])) != base
     # the default KV cache is the config as it was before the kv group existed; a quantized cache is another job
-    without_kv = {k: v for k, v in as_dict(compose(["paths.output_root=/tmp/a"])).items() if k != "kv"}
-    assert config_hash(without_kv) == base
-    fp8_kv = as_dict(compose(["paths.output_root=/tmp/a", "kv=fp8", "eval.enabled=false", "env=gpu"]))
-    assert config_hash(fp8_kv) != config_hash(
-        as_dict(compose(["paths.output_root=/tmp/a", "eval.enabled=false", "env=gpu"]))
-    )
+    auto = compose(["paths.output_root=/tmp/a"])
+    assert "kv" not in hashed_config(auto) and "kv" in as_dict(auto)
+    assert {"port", "strict_port"}.isdisjoint(hashed_config(auto)["bench"]["server"])
+    fp8_kv = compose(["paths.output_root=/tmp/a", "kv=fp8", "eval.enabled=false", "env=gpu"])
+    assert hashed_config(fp8_kv)["kv"]["name"] == "fp8"
+    assert config_hash(fp8_kv) != config_hash(compose(["paths.output_root=/tmp/a", "eval.enabled=false", "env=gpu"]))
 
 
 # --- eval.backend=server: only where the job serves --------------------------------------------------

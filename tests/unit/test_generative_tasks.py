@@ -166,14 +166,9 @@ def test_lower_is_better_metric_is_a_percent_change(tmp_path: Path) -> None:
     mt = {"headline_metric": "ter", "higher_is_better": False}
     base = _with_task(record("bf16"), "qv_mt", {**mt, "ter": 25.0})
     q = _with_task(record("int8"), "qv_mt", {**mt, "ter": 30.0})
-    d = accuracy_deltas(JobRecord.view(q), JobRecord.view(base), {})["qv_mt"]
-    assert d == {
-        "metric": "ter",
-        "value": 30.0,
-        "baseline": 25.0,
-        "delta_pct": pytest.approx(20.0),
-        "higher_is_better": False,
-    }
+    d = accuracy_deltas(JobRecord.view(q), JobRecord.view(base), {}).of("qv_mt")
+    assert d is not None and (d.metric, d.value, d.baseline, d.higher_is_better) == ("ter", 30.0, 25.0, False)
+    assert d.delta_pct == pytest.approx(20.0) and d.delta is None and d.recovery_pct is None  # 100 * (30 - 25) / 25
     deltas, _, _ = accuracy_section(JobRecord.view(q), JobRecord.view(base), RC)
     (td,) = [x for x in deltas if x.name == "qv_mt"]
     assert (td.kind, td.delta_pct, td.interval) == ("perplexity", pytest.approx(20.0), None)

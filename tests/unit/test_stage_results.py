@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from quantverdict.processes.envs import StageEnv
-from quantverdict.processes.runner import StageError, run_stage
+from quantverdict.processes.runner import ChildFailed, ChildOk, StageError, read_outcome, run_stage
 from quantverdict.results.stage_results import HbmResult, MaterializeResult, SanityResult
 
 HBM = {"copy_bytes_per_s": 4.2e12, "copy_gbps": 4200.0, "buffer_bytes": 4 << 30, "iters": 20, "device": "H200"}
@@ -53,6 +54,40 @@ def test_a_failed_child_is_reported_before_its_result_is_typed(tmp_path: Path) -
     env = _child(tmp_path, {"status": "failed", "error": "ValueError: no such model", "traceback": "tb", "wall_s": 0.1})
     with pytest.raises(StageError, match="stage checkpoint_sanity failed: ValueError: no such model"):
         run_stage(env, "checkpoint_sanity", {}, tmp_path / "work", SanityResult)
+
+
+@pytest.mark.parametrize(
+    ("result", "says"),
+    [
+        ({"status": "done", **HBM}, "(top): Input tag 'done' found using 'status' does not match any of the expected"),
+        ({"status": "failed", "traceback": "tb", "wall_s": 0.1}, "failed.error: Field required"),
+        ({"status": "failed", "error": None}, "failed.error: Input should be a valid string"),
+        ({**HBM}, "(top): Unable to extract tag using discriminator 'status'"),
+    ],
+)
+def test_a_file_that_is_not_a_childs_result_fails_the_stage_naming_the_key(
+    tmp_path: Path, result: dict, says: str
+) -> None:
+    env = _child(tmp_path, result)
+    with pytest.raises(StageError, match=f"stage hbm failed: its result .* is not a child's result: {re.escape(says)}"):
+        run_stage(env, "hbm", {}, tmp_path / "work", HbmResult)
+
+
+def test_a_result_file_that_is_not_json_fails_the_stage(tmp_path: Path) -> None:
+    env = _child(tmp_path, {})
+    (tmp_path / "result.json").write_text('{"status": "ok", "copy_gbps": ')  # cut off mid-write
+    with pytest.raises(StageError, match=r"stage hbm failed: its result .* is not JSON: Expecting value"):
+        run_stage(env, "hbm", {}, tmp_path / "work", HbmResult)
+
+
+def test_the_sweep_clients_error_line_is_read_from_its_result(tmp_path: Path) -> None:
+    path = tmp_path / "sweep_client.result.json"
+    path.write_text(json.dumps({"status": "failed", "error": "ConnectionError: refused", "traceback": "tb"}))
+    outcome, _ = read_outcome(path)
+    assert isinstance(outcome, ChildFailed) and outcome.error == "ConnectionError: refused"
+    path.write_text(json.dumps({"status": "ok", "points": 3, "wall_s": 9.0}))
+    outcome, data = read_outcome(path)
+    assert isinstance(outcome, ChildOk) and data["points"] == 3  # the stage's own keys pass to its model
 
 
 def test_a_hub_model_keeps_its_id_revision_and_commit_and_a_local_one_has_none(tmp_path: Path) -> None:

@@ -321,12 +321,12 @@ def test_token_mismatch_with_preemptions_says_so() -> None:
 
 def test_fidelity_rebuilds_the_jobs_config_from_its_record() -> None:
     cfg = compose(["bench=gpu-concurrency", "bench.seed=7"])
-    back = job_config({"config": as_dict(cfg)})
+    back = job_config(as_dict(cfg))
     assert back.bench.seed == 7 and list(back.bench.concurrencies) == [1, 16, 64, 256]
     assert back.bench.min_duration_s == 30.0 and back.bench.server.port == cfg.bench.server.port
     old = as_dict(cfg)
     del old["bench"]["min_duration_s"], old["bench"]["reset_prefix_cache"]  # an older record
-    assert job_config({"config": old}).bench.min_duration_s == 0.0
+    assert job_config(old).bench.min_duration_s == 0.0
 
 
 def test_sweep_client_drops_flags_an_older_vllm_lacks() -> None:

@@ -59,7 +59,7 @@ def reparse_points(rec: JobRecord, job_dir: Path) -> bool:
         if not all((bench_dir / f"{name}{x}").is_file() for x in (".json", ".qv.json")):
             continue
         if bench_cfg is None:  # the job's config, composed once a point has its files
-            bench_cfg = job_config({"config": rec.config}).bench
+            bench_cfg = job_config(rec.config).bench
             by_name = {p.name: p for p in sweep_plan.plan(
                 bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats
             )}  # fmt: skip

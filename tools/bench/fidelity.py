@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     path = args.record / "record.json" if args.record.is_dir() else args.record
     record = read(path)
-    cfg = job_config({"config": record.config})
+    cfg = job_config(record.config)
     points = record.speed.points
     if not points:
         print(f"{path}: the record has no speed points", file=sys.stderr)

@@ -49,7 +49,7 @@ from quantverdict.children._child import child_main, progress
 from quantverdict.children.checkpoint_sanity import compare, load_model, nll_of, window_logprobs
 from quantverdict.measure.keep16 import check_kept, ignore_patterns
 from quantverdict.measure.memory import checkpoint_memory
-from quantverdict.measure.sanity import judge
+from quantverdict.measure.sanity import SanityNumbers, judge
 
 CALIBRATED_METHODS = ("gptq", "awq", "smoothquant_gptq", "rtn_calibrated")
 DATA_FREE_METHODS = ("none", "rtn")
@@ -365,7 +365,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         nll_quant = float(sanity["nll_checkpoint"])
         progress(f"check prompts: NLL {nll_source:.3f} (source) -> {nll_quant:.3f} nats/token (quantized)")
         bounds = spec.get("sanity")
-        reason = judge(sanity, **bounds) if bounds else None
+        reason = judge(SanityNumbers.of(sanity), **bounds) if bounds else None
         if reason:  # kept aside for inspection, never where a later job would reuse it
             aside = out_dir.with_name(f"{out_dir.name}.damaged-{int(time.time())}")
             os.replace(tmp, aside)

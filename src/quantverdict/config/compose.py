@@ -62,10 +62,10 @@ def to_config(cfg: DictConfig) -> Config:
     return obj
 
 
-def job_config(record: dict[str, Any]) -> Config:
-    """A finished job's :class:`Config` from its record's config snapshot (``record["config"]``), the schema's
-    defaults for keys it lacks (records written before a key existed)."""
-    merged = OmegaConf.merge(OmegaConf.structured(Config), record.get("config") or {})
+def job_config(config: dict[str, Any]) -> Config:
+    """A finished job's :class:`Config` from its record's config snapshot (``JobRecord.config``, the resolved config
+    as written), the schema's defaults for keys it lacks (records written before a key existed)."""
+    merged = OmegaConf.merge(OmegaConf.structured(Config), config)
     return cast(Config, OmegaConf.to_object(merged))
 
 

@@ -303,14 +303,23 @@ def sanity_bounds(cfg: Config) -> dict[str, Any] | None:
 def recorded_sanity(folder: Path) -> dict[str, Any] | None:
     """The sanity result stored in ``folder/quantverdict_sanity.json`` when it still describes the folder's bytes:
     the sha256 of every other file it lists equals that of the checksum manifest (already verified by
-    :func:`verify_checksums`), and no file was added or removed; else None."""
+    :func:`verify_checksums`), no file was added or removed, and its result holds what
+    :func:`quantverdict.measure.sanity.judge` reads (:class:`~quantverdict.measure.sanity.SanityNumbers`); else
+    None."""
     try:
         stored = json.loads((folder / SANITY).read_text())
         manifest = json.loads((folder / CHECKSUMS).read_text())
     except (OSError, ValueError):
         return None
     others = {k: v for k, v in manifest.items() if k != SANITY}
-    return stored if stored.get("files") == others and isinstance(stored.get("result"), dict) else None
+    if stored.get("files") != others or not isinstance(stored.get("result"), dict):
+        return None
+    try:
+        sanity.SanityNumbers.of(stored["result"])
+    except ValueError as exc:  # not a sanity result this code judges: the check runs again
+        log.info("%s: the stored sanity result is not read (%s); checked again", folder, exc)
+        return None
+    return stored
 
 
 def check_sanity(cfg: Config, env: StageEnv, model: dict[str, Any], folder: Path, out: Path) -> dict[str, Any]:
@@ -344,7 +353,7 @@ def check_sanity(cfg: Config, env: StageEnv, model: dict[str, Any], folder: Path
         spec = {"source_path": model["path"], "checkpoint_path": str(folder)}
         result = run_stage(env, "checkpoint_sanity", spec, out, SanityResult).model_dump(exclude={"status"})
         how = "now"
-    reason = sanity.judge(result, **bounds)
+    reason = sanity.judge(sanity.SanityNumbers.of(result), **bounds)
     if reason:
         raise IntegrityError(f"{folder.name} failed its sanity check against the source model: {reason}")
     verdict = {"checked": how, **result, "bounds": bounds}
@@ -485,7 +494,7 @@ def kld_spec(cfg: Config, env: StageEnv, cache: Path, dtype: Any, served: bool) 
         "served": served,
     }
     key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    config_hash = resume.config_hash(as_dict(cfg))
+    config_hash = resume.config_hash(cfg)
     return {
         # the baseline is the baseline scheme with the model's own KV cache (kv=auto); bf16 weights with an FP8 cache
         # are compared with it like any scheme

@@ -77,18 +77,18 @@ class Job:
     def __init__(self, cfg: Config, out_dir: Path):
         self.cfg = cfg
         self.out_dir = out_dir
-        config = as_dict(cfg)
+        config, config_hash = as_dict(cfg), resume.config_hash(cfg)
         combo = kv.combo_name(cfg.scheme.name, cfg.kv.name)  # the scheme, or <scheme>+kv-<kv> (config.kv)
         self.record = Record(
             job=JobInfo(
-                id=f"{cfg.model.name}_{combo}_{resume.config_hash(config)}",
+                id=f"{cfg.model.name}_{combo}_{config_hash}",
                 model=cfg.model.name,
                 scheme=combo,
                 scheme_label=cfg.scheme.label + kv.kv_label(cfg.kv.name),
                 weight_scheme=cfg.scheme.name,
                 kv=cfg.kv.name,
                 kv_cache_dtype=cfg.kv.cache_dtype,
-                config_hash=resume.config_hash(config),
+                config_hash=config_hash,
                 output_dir=str(out_dir),
                 started_at=now_iso(),
                 finished_at=None,

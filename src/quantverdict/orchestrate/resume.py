@@ -58,21 +58,31 @@ print(json.dumps(sorted(seen.values(), key=str.lower)))
 """
 
 
-def config_hash(config: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the resolved config, minus what does not change a result: output
-    locations (``paths``, ``tracking``: its store sits under the output root), ``resume``, ``review``, the
-    checkpoint's sanity bounds (``quantize.sanity``: they decide whether a checkpoint is used, not what it
-    measures) and the server's port (``bench.server.port``, ``bench.server.strict_port``) (first 12 hex). The
-    default KV cache (``kv.name == "auto"``, the served dtype) is left out too, so that a config written before
-    the ``kv`` group existed hashes as the same config with ``kv=auto``."""
-    cfg = {k: v for k, v in config.items() if k not in ("paths", "resume", "review", "tracking", "quantize")}
-    if (cfg.get("kv") or {}).get("name") == "auto":
-        del cfg["kv"]
-    server = (cfg.get("bench") or {}).get("server")
-    if isinstance(server, dict):
-        server = {k: v for k, v in server.items() if k not in ("port", "strict_port")}
-        cfg["bench"] = {**cfg["bench"], "server": server}
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+# config groups that do not change a result: output locations (``tracking``'s store sits under the output root),
+# ``resume``, the review's constraints and the checkpoint's sanity bounds (``quantize.sanity``: they decide whether
+# a checkpoint is used, not what it measures)
+UNHASHED = ("paths", "resume", "review", "tracking", "quantize")
+# the server's port (``bench.server.port``, ``bench.server.strict_port``): jobs on one host serve on distinct ones
+UNHASHED_SERVER = ("port", "strict_port")
+
+
+def hashed_config(cfg: Config) -> dict[str, Any]:
+    """The part of the resolved config that :func:`config_hash` hashes: every group but :data:`UNHASHED`, the
+    server's settings without :data:`UNHASHED_SERVER`, and no ``kv`` group for the default KV cache
+    (``kv.name == "auto"``, the served dtype), so that a config written before the ``kv`` group existed hashes as
+    the same config with ``kv=auto``."""
+    kept = {k: v for k, v in as_dict(cfg).items() if k not in UNHASHED}
+    if cfg.kv.name == "auto":
+        del kept["kv"]
+    server = {k: v for k, v in kept["bench"]["server"].items() if k not in UNHASHED_SERVER}
+    kept["bench"] = {**kept["bench"], "server": server}
+    return kept
+
+
+def config_hash(cfg: Config) -> str:
+    """sha256 of the canonical JSON of :func:`hashed_config` (first 12 hex): the job's id, equal for two configs
+    that measure the same."""
+    return hashlib.sha256(json.dumps(hashed_config(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def installed(env: StageEnv) -> list[str]:
@@ -163,7 +173,7 @@ def pins_digest(lines: list[str]) -> str:
 def resume_inputs(cfg: Config, pins: dict[str, list[str]]) -> dict[str, Any]:
     """What the resume key is made of: ``{"config_hash", "pins_sha256": {stage: digest}, "calibration_sha256"}``."""
     return {
-        "config_hash": config_hash(as_dict(cfg)),
+        "config_hash": config_hash(cfg),
         "pins_sha256": {stage: pins_digest(pins[stage]) for stage in sorted(pins)},
         "calibration_sha256": calibration_sha256(cfg),
     }

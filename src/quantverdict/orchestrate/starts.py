@@ -143,7 +143,7 @@ def finished_jobs(job_dirs: list[Path]) -> list[GridJob]:
         if rec.status != "ok" or not rec.speed.points or rec.speed.unsupported:
             continue
         try:
-            cfg = job_config({"config": rec.config})
+            cfg = job_config(rec.config)
         except Exception as exc:  # noqa: BLE001 - a config this code cannot type: that job gets no more starts
             log.warning("server starts: the config of %s could not be read: %s", d, exc)
             continue

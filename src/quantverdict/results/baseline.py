@@ -6,6 +6,9 @@ import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantverdict.measure.aggregate import is_number
 from quantverdict.results.record import HEAD_SECTIONS, EvalSettings, JobRecord, TaskResult
 
 # eval settings that must be identical for an accuracy delta to mean anything
@@ -120,44 +123,64 @@ def headline_of(task: str, headline: dict[str, str], result: TaskResult | None) 
     return metric, hib if isinstance(hib, bool) else "perplexity" not in metric
 
 
-def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -> dict[str, Any]:
-    """Per task: headline metric (:func:`headline_of`), its absolute delta and recovery % (100 * value / baseline)
-    when higher is better; % change when lower is better (perplexities); ``higher_is_better`` says which.
-    Refused (``{"refused": reason}``) when the eval settings differ."""
+class MetricDelta(BaseModel):
+    """One headline metric of a job against its baseline (:func:`accuracy_deltas`): ``value`` and ``baseline``;
+    higher is better: ``delta = value - baseline`` and ``recovery_pct = 100 * value / baseline`` (None for a
+    baseline of 0); lower is better (perplexities): ``delta_pct = 100 * (value - baseline) / baseline``
+    (:func:`pct_change`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: str
+    value: float
+    baseline: float
+    higher_is_better: bool
+    delta: float | None = None
+    delta_pct: float | None = None
+    recovery_pct: float | None = None
+
+
+class AccuracyDeltas(BaseModel):
+    """A job's accuracy against its baseline: ``tasks`` (task -> :class:`MetricDelta`, where both hold the task's
+    headline metric) and ``token_perplexity``; or ``refused``, why no delta is taken (:func:`eval_mismatch`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    refused: str | None = None
+    tasks: dict[str, MetricDelta] = Field(default_factory=dict)
+    token_perplexity: MetricDelta | None = None
+
+    def of(self, task: str) -> MetricDelta | None:
+        """``tasks.<task>``, None where the task has no delta."""
+        return self.tasks[task] if task in self.tasks else None
+
+
+def _delta(metric: str, value: float, base: float, higher: bool) -> MetricDelta:
+    if higher:
+        recovery = 100.0 * value / base if base else None
+        return MetricDelta(
+            metric=metric, value=value, baseline=base, higher_is_better=True, delta=value - base, recovery_pct=recovery
+        )
+    return MetricDelta(
+        metric=metric, value=value, baseline=base, higher_is_better=False, delta_pct=pct_change(value, base)
+    )
+
+
+def accuracy_deltas(rec: JobRecord, base: JobRecord, headline: dict[str, str]) -> AccuracyDeltas:
+    """Per task: headline metric (:func:`headline_of`), its absolute delta and recovery % when higher is better,
+    % change when lower is better (perplexities); the token perplexity's % change. Refused (``refused`` set, no
+    deltas) when the eval settings differ; a task whose headline value is not a number in both is left out."""
     reason = eval_mismatch(rec, base)
     if reason:
-        return {"refused": reason}
-    out: dict[str, Any] = {}
-    tasks, btasks = rec.accuracy.tasks, base.accuracy.tasks
-    for task, metrics in tasks.items():
+        return AccuracyDeltas(refused=reason)
+    tasks: dict[str, MetricDelta] = {}
+    btasks = base.accuracy.tasks
+    for task, metrics in rec.accuracy.tasks.items():
         metric, higher = headline_of(task, headline, metrics)
         v, b = metrics.metric(metric), (btasks[task].metric(metric) if task in btasks else None)
-        if v is None or b is None:
-            continue
-        if not higher:
-            out[task] = {
-                "metric": metric,
-                "value": v,
-                "baseline": b,
-                "delta_pct": pct_change(v, b),
-                "higher_is_better": False,
-            }
-        else:
-            out[task] = {
-                "metric": metric,
-                "value": v,
-                "baseline": b,
-                "delta": v - b,
-                "recovery_pct": 100.0 * v / b if b else None,
-                "higher_is_better": True,
-            }
+        if is_number(v) and is_number(b):
+            tasks[task] = _delta(metric, float(v), float(b), higher)
     tp = rec.accuracy.token_perplexity_section.token_perplexity
     btp = base.accuracy.token_perplexity_section.token_perplexity
-    if tp and btp:
-        out["token_perplexity"] = {
-            "metric": "token_perplexity",
-            "value": tp,
-            "baseline": btp,
-            "delta_pct": pct_change(tp, btp),
-        }
-    return out
+    token = _delta("token_perplexity", tp, btp, higher=False) if tp and btp else None
+    return AccuracyDeltas(tasks=tasks, token_perplexity=token)

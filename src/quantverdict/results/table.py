@@ -8,7 +8,7 @@ from typing import Any
 
 from quantverdict.config.kv import combo_order
 from quantverdict.measure import bench_result, server_metrics, sweep
-from quantverdict.results.baseline import accuracy_deltas, find_baseline, headline_of
+from quantverdict.results.baseline import AccuracyDeltas, MetricDelta, accuracy_deltas, find_baseline, headline_of
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.format import number as _f
 from quantverdict.results.record import (
@@ -172,18 +172,18 @@ def format_table(records: Sequence[JobRecord | dict[str, Any]]) -> str:
         )
         base = find_baseline(r, recs)
         headline = r.headline()
-        deltas = accuracy_deltas(r, base, headline) if base is not None and base is not r else {}
+        deltas = accuracy_deltas(r, base, headline) if base is not None and base is not r else AccuracyDeltas()
         row = [name]
         applicable = not r.accuracy.not_applicable
         if not applicable:
             acc_rows.append(row + ["n/a (random weights)"] + ["n/a"] * len(tasks))
         tp = r.accuracy.token_perplexity_section.token_perplexity if applicable else None
-        row.append(_f(tp) + _delta(deltas.get("token_perplexity"), deltas))
+        row.append(_f(tp) + _delta(deltas.token_perplexity, deltas))
         for t in tasks:
             result = r.accuracy.tasks[t] if applicable and t in r.accuracy.tasks else None
             metric, _ = headline_of(t, headline, r.accuracy.tasks[t] if t in r.accuracy.tasks else None)
             v = result.metric(metric) if result is not None else None
-            row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.get(t), deltas))
+            row.append(_f(v, ".2f" if "perplexity" in metric else ".3f") + _delta(deltas.of(t), deltas))
         if applicable:
             acc_rows.append(row)
         rl = Roofline.of(r.speed.roofline)
@@ -404,19 +404,19 @@ def _kernel_name(kernel: Any) -> str:
     return str(kernel)
 
 
-def _delta(d: dict[str, Any] | None, deltas: dict[str, Any]) -> str:
-    if "refused" in deltas:
+def _delta(d: MetricDelta | None, deltas: AccuracyDeltas) -> str:
+    if deltas.refused is not None:
         return " (Δ refused)"
-    if not d:
+    if d is None:
         return ""
-    if "delta_pct" in d:
-        return f" ({_f(d['delta_pct'], '+.1f')}%)"
-    return f" ({_f(d.get('delta'), '+.3f')})"
+    if not d.higher_is_better:
+        return f" ({_f(d.delta_pct, '+.1f')}%)"
+    return f" ({_f(d.delta, '+.3f')})"
 
 
 def _refusal(r: JobRecord, records: list[JobRecord]) -> str | None:
     base = find_baseline(r, records)
     if base is None or base is r or r.accuracy.not_applicable:
         return None  # a synthetic model's accuracy is not applicable, not refused
-    d = accuracy_deltas(r, base, {})
-    return f"{r.job.id}: accuracy delta refused: {d['refused']}" if "refused" in d else None
+    refused = accuracy_deltas(r, base, {}).refused
+    return f"{r.job.id}: accuracy delta refused: {refused}" if refused is not None else None

@@ -29,6 +29,7 @@ from quantverdict.measure.points import SamplingParams
 from quantverdict.measure.points import SweepPoint as RecordedPoint
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
+from quantverdict.processes.runner import ChildFailed, read_outcome
 from quantverdict.results.stage_results import PointSidecar
 from quantverdict.serving.server import CLI_MODULE, VLLMServer
 
@@ -392,6 +393,11 @@ def run_sweep(
         name = points[len(results)].name if len(results) < len(points) else "(after the last point)"
         err = None
         if result_path.is_file():
-            err = json.loads(result_path.read_text()).get("error")
+            try:
+                outcome, _ = read_outcome(result_path)
+            except ValueError as exc:  # not JSON, or not a child's result: the client's log names the cause
+                log.warning("the sweep client's result %s is unreadable: %s", result_path, exc)
+            else:
+                err = outcome.error if isinstance(outcome, ChildFailed) else None
         raise BenchmarkError(client_failure(server, name, rc, client_log, err))
     return results
