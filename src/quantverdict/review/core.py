@@ -154,28 +154,22 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
             f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
             '("Failed to create oneDNN linear")',
         )
-    meas = m.kv_bytes_per_token_measured
+    meas, paged = m.kv_bytes_per_token_measured, m.kv_bytes_per_token_paged
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
-    calc, model = (
-        (m.kv_bytes_per_token_paged, "vLLM's hybrid paging")
-        if m.kv_bytes_per_token_paged
-        else (m.kv_bytes_per_token, "the dims formula")
-    )
+    calc, model = (paged, "vLLM's hybrid paging") if paged else (m.kv_bytes_per_token, "the dims formula")
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         flag(
             FlagCode.KV_BYTES_MISMATCH,
             f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
             "the memory check uses the latter",
         )
-    if sc.is_baseline:
-        model_cfg = r.cfg.model
-        note = r.model.baseline_note or model_cfg.baseline_note or ""
-        if model_cfg.source in ("gguf", "pypi_gguf") or "gguf" in note.lower():
-            flag(
-                FlagCode.GGUF_BASELINE,
-                f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
-                f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
-            )
+    note = r.model.baseline_note or r.cfg.model.baseline_note or ""
+    if sc.is_baseline and (r.cfg.model.source in ("gguf", "pypi_gguf") or "gguf" in note.lower()):
+        flag(
+            FlagCode.GGUF_BASELINE,
+            f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
+            f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
+        )
     return sc
 
 
@@ -279,11 +273,9 @@ def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | N
     for sc in cards:
         for d in sc.accuracy:
             by[floor_test_of(d, rc)].setdefault(d.name if d.kind == "score" else d.metric, d.n)
-    if not by["interval"] and not by["point"]:
+    if not any(by.values()):
         return None
-    return doc.FloorTests(
-        mode=rc.floor_test, interval_test_below_n=rc.interval_test_below_n, interval=by["interval"], point=by["point"]
-    )
+    return doc.FloorTests(mode=rc.floor_test, interval_test_below_n=rc.interval_test_below_n, **by)
 
 
 def environment_lines(records: list[JobRecord]) -> list[str]:
