@@ -324,9 +324,8 @@ def to_json(review: Review) -> dict[str, Any]:
 
 
 def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
-    """Write ``review.md`` (PNG plots in ``plots/``), ``review.html`` (plots embedded) and ``review.json`` into
-    ``out_dir``, the plots listed in ``review.plots``; returns ``{"md", "html", "json", "plots/<name>.png"...}`` ->
-    path."""
+    """Write ``review.md`` (PNG plots in ``plots/``, listed in ``review.plots``), ``review.html`` (plots embedded) and
+    ``review.json`` into ``out_dir``; returns ``{"md" | "html" | "json" | "plots/<name>.png": path}``."""
     # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
 
