@@ -72,7 +72,6 @@ COUNTED: dict[str, tuple[int, str]] = {
     "measure/perplexity.py": (1, "lm-eval's reported metrics"),
     "measure/server_metrics.py": (2, "vLLM's /metrics counters, before and after a point"),
     "review/accuracy.py": (5, "lm-eval's per-sample rows (samples_*.jsonl) and a metric -> count-key table"),
-    "review/core.py": (1, "MLflow's run tags"),
     "review/crossmodel.py": (3, "lm-eval's per-sample rows, and checks and baseline scores the review computed"),
     "review/gpus.py": (1, "the groups by GPU count the review built"),
     "review/headline.py": (2, "a speed point's spread by metric, computed by the review"),

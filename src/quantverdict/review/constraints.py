@@ -34,15 +34,11 @@ def _conf_dir() -> Path:
     return Path(CONF_DIR) / "review"
 
 
-def record_device(rec: JobRecord) -> str | None:
-    """``gpu`` when ``environment.gpu`` lists one, else ``config.env.device`` as ``gpu`` or ``cpu``."""
-    device = "gpu" if rec.environment.gpu else str(rec.cfg.env.device)
-    return "gpu" if device in ("cuda", "gpu") else "cpu" if device == "cpu" else None
-
-
 def device_class(records: list[JobRecord]) -> str | None:
-    """The device class most records ran on (a tie goes to ``gpu``), None when no record says."""
-    seen = Counter(d for d in map(record_device, records) if d)
+    """The device class most records ran on (``gpu`` when ``environment.gpu`` lists one, else ``config.env.device``
+    with ``cuda`` as ``gpu``; a tie goes to ``gpu``), None when no record says."""
+    devices = ["gpu" if r.environment.gpu else str(r.cfg.env.device).replace("cuda", "gpu") for r in records]
+    seen = Counter(d for d in devices if d in ("cpu", "gpu"))
     return max(("cpu", "gpu"), key=lambda d: (seen[d], d == "gpu")) if seen else None
 
 

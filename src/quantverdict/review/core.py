@@ -154,28 +154,22 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
             f"{sc.name}: vLLM fell back from oneDNN to torch linear for unquantized GEMMs "
             '("Failed to create oneDNN linear")',
         )
-    meas = m.kv_bytes_per_token_measured
+    meas, paged = m.kv_bytes_per_token_measured, m.kv_bytes_per_token_paged
     # a hybrid model's KV tokens in vLLM's log are max concurrency x request length: compare like with like
-    calc, model = (
-        (m.kv_bytes_per_token_paged, "vLLM's hybrid paging")
-        if m.kv_bytes_per_token_paged
-        else (m.kv_bytes_per_token, "the dims formula")
-    )
+    calc, model = (paged, "vLLM's hybrid paging") if paged else (m.kv_bytes_per_token, "the dims formula")
     if meas and calc and abs(meas - calc) / calc > KV_MISMATCH:
         flag(
             FlagCode.KV_BYTES_MISMATCH,
             f"{sc.name}: vLLM's KV cache holds {meas:,.0f} bytes/token, {model} says {calc:,.0f}; "
             "the memory check uses the latter",
         )
-    if sc.is_baseline:
-        model_cfg = r.cfg.model
-        note = r.model.baseline_note or model_cfg.baseline_note or ""
-        if model_cfg.source in ("gguf", "pypi_gguf") or "gguf" in note.lower():
-            flag(
-                FlagCode.GGUF_BASELINE,
-                f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
-                f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
-            )
+    note = r.model.baseline_note or r.cfg.model.baseline_note or ""
+    if sc.is_baseline and (r.cfg.model.source in ("gguf", "pypi_gguf") or "gguf" in note.lower()):
+        flag(
+            FlagCode.GGUF_BASELINE,
+            f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
+            f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
+        )
     return sc
 
 
@@ -242,30 +236,16 @@ def build_review(
     )
 
 
+# the fields a scorecard and the document's scheme share, by name
+_SAME = (
+    "job_id model scheme label name is_baseline status failed_stage error gpus memory speed missing validity".split()
+)
+
+
 def _scheme(sc: Scorecard, cs: Checks, head: doc.Headline) -> doc.Scheme:
-    return doc.Scheme(
-        job_id=sc.job_id,
-        model=sc.model,
-        scheme=sc.scheme,
-        label=sc.label,
-        name=sc.name,
-        weight_tier=sc.tier,
-        kv_cache=sc.kv,
-        is_baseline=sc.is_baseline,
-        status=doc.JobStatus(sc.status),
-        failed_stage=sc.failed_stage,
-        error=sc.error,
-        gpus=sc.gpus,
-        headline=head,
-        memory=sc.memory,
-        accuracy=doc.Accuracy(
-            not_applicable=sc.accuracy_not_applicable, refused=sc.accuracy_refused, deltas=sc.accuracy
-        ),
-        speed=sc.speed,
-        checks=doc.Checks(**cs),
-        missing=sc.missing,
-        validity=sc.validity,
-    )
+    acc = doc.Accuracy(not_applicable=sc.accuracy_not_applicable, refused=sc.accuracy_refused, deltas=sc.accuracy)
+    same = {k: getattr(sc, k) for k in _SAME}
+    return doc.Scheme(**same, weight_tier=sc.tier, kv_cache=sc.kv, headline=head, accuracy=acc, checks=doc.Checks(**cs))
 
 
 def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
@@ -293,11 +273,9 @@ def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | N
     for sc in cards:
         for d in sc.accuracy:
             by[floor_test_of(d, rc)].setdefault(d.name if d.kind == "score" else d.metric, d.n)
-    if not by["interval"] and not by["point"]:
+    if not any(by.values()):
         return None
-    return doc.FloorTests(
-        mode=rc.floor_test, interval_test_below_n=rc.interval_test_below_n, interval=by["interval"], point=by["point"]
-    )
+    return doc.FloorTests(mode=rc.floor_test, interval_test_below_n=rc.interval_test_below_n, **by)
 
 
 def environment_lines(records: list[JobRecord]) -> list[str]:
@@ -346,26 +324,20 @@ def to_json(review: Review) -> dict[str, Any]:
 
 
 def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
-    """Write ``review.md`` (PNG plots in ``plots/``), ``review.html`` (plots embedded) and ``review.json`` into
-    ``out_dir``, the plots listed in ``review.plots``; returns ``{"md", "html", "json", "plots/<name>.png"...}`` ->
-    path."""
+    """Write ``review.md`` (PNG plots in ``plots/``, listed in ``review.plots``), ``review.html`` (plots embedded) and
+    ``review.json`` into ``out_dir``; returns ``{"md" | "html" | "json" | "plots/<name>.png": path}``."""
     # matplotlib (plots) loads only when a review is written, not for every import of the review package
     from quantverdict.review import plots, render
 
     pngs = plots.make_plots(review)
     review.plots = [doc.Plot(name=n, file=f"plots/{n}.png", alt=plots.ALT[n]) for n in pngs]
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {}
-    for name, data in pngs.items():
-        paths[f"plots/{name}.png"] = out_dir / "plots" / f"{name}.png"
-        paths[f"plots/{name}.png"].write_bytes(data)
-    for key, text in (
-        ("md", render.markdown(review)),
-        ("html", render.html(review, pngs)),
-        ("json", json.dumps(to_json(review), indent=2, allow_nan=False)),
-    ):
-        paths[key] = out_dir / f"review.{key}"
-        paths[key].write_text(text)
+    texts = {"md": render.markdown(review), "html": render.html(review, pngs)}
+    texts["json"] = json.dumps(to_json(review), indent=2, allow_nan=False)
+    files = {f"plots/{n}.png": png for n, png in pngs.items()} | {k: t.encode() for k, t in texts.items()}
+    paths = {k: out_dir / (k if k.startswith("plots/") else f"review.{k}") for k in files}
+    for k, data in files.items():
+        paths[k].write_bytes(data)
     return paths
 
 
@@ -384,19 +356,18 @@ def log_review(
         return None
     from mlflow.entities import Metric, Param
 
+    from quantverdict.review import plots  # matplotlib loads only when a review is logged
+
     client = make_client(tracking.uri)
     exp_id = experiment_id(client, tracking)
-    run = client.create_run(
-        exp_id,
-        run_name=f"review/{review.constraints_label}",
-        tags={
-            "quantverdict.kind": "review",
-            "quantverdict.constraints": review.constraints_label,
-            "quantverdict.source": review.source[:5000],
-            **verdict_tags(review),
-        },
-    )
-    rid = run.info.run_id
+    tags = {
+        "quantverdict.kind": "review",
+        "quantverdict.constraints": review.constraints_label,
+        "quantverdict.source": review.source[:5000],
+        "quantverdict.jobs": ",".join(sorted({sc.job_id for sc in review.scorecards}))[:5000],
+    }
+    run = client.create_run(exp_id, run_name=f"review/{review.constraints_label}", tags=tags | verdict_tags(review))
+    rid = str(run.info.run_id)
     status = "FAILED"
     try:
         params = [Param(f"review.{k}", param_value(v)) for k, v in dataclasses.asdict(review.constraints).items()]
@@ -410,17 +381,14 @@ def log_review(
         for key, path in paths.items():
             if not key.startswith("plots/"):  # review.md, review.html, review.json; the plots as figures below
                 client.log_artifact(rid, str(path))
-        from quantverdict.review import plots  # matplotlib loads only when a review is logged
-
         log_figures(client, rid, plots.make_figures(review))
-        dirs = {(str(r.job.model), str(r.job.scheme)): str(r.job.output_dir) for r in sources.dedupe(records)[0]}
-        _log_job_headlines(client, exp_id, rid, review, dirs, job_runs or _job_runs_by_dir(client, exp_id, dirs))
-        want = {sc.job_id for sc in review.scorecards}
-        client.set_tag(rid, "quantverdict.jobs", ",".join(sorted(want))[:5000])
+        _log_job_headlines(client, exp_id, rid, review, records, job_runs)
         status = "FINISHED"
     finally:
         client.set_terminated(rid, status)
-    return str(rid)
+    log.info("review logged to MLflow run %s (%s)", rid, tracking.uri)
+    log.info("MLflow runs: mlflow server --backend-store-uri %s, then open %s", tracking.uri, runs_page(exp_id))
+    return rid
 
 
 def _verdict_text(v: doc.ModelVerdict) -> str:
@@ -447,14 +415,16 @@ def verdict_tags(review: Review) -> dict[str, str]:
 
 
 def _log_job_headlines(
-    client: Any, exp_id: str, rid: str, review: Review, dirs: dict[tuple[str, str], str], runs: dict[str, str]
+    client: Any, exp_id: str, rid: str, review: Review, records: list[JobRecord], runs: dict[str, str] | None
 ) -> None:
     """Each reviewed job's three numbers, the grid tag and its model's verdict (tags ``verdict``, ``verdict.chosen``:
-    ``yes``/``no``) on its own run (``dirs``: (model, scheme) -> output_dir; ``runs``: output_dir -> run id)."""
-    reviews = {
-        r.info.run_id
-        for r in client.search_runs([exp_id], filter_string="tags.`quantverdict.kind` = 'review'", max_results=1000)
-    }
+    ``yes``/``no``) on its own run (``runs``: output_dir -> run id; None: the newest job run of each folder)."""
+    dirs = {(str(r.job.model), str(r.job.scheme)): str(r.job.output_dir) for r in sources.dedupe(records)[0]}
+    if runs is None:
+        by_start = sorted(sources.job_runs(client, exp_id), key=lambda run: run.info.start_time)
+        runs = {r.data.tags["output_dir"]: r.info.run_id for r in by_start if "output_dir" in r.data.tags}
+    review_filter = "tags.`quantverdict.kind` = 'review'"
+    reviews = {r.info.run_id for r in client.search_runs([exp_id], filter_string=review_filter, max_results=1000)}
     for sc in review.scorecards:
         job_dir = dirs[(sc.model, sc.scheme)] if (sc.model, sc.scheme) in dirs else ""
         if job_dir not in runs:
@@ -463,17 +433,6 @@ def _log_job_headlines(
         tags = {GRID_TAG: review.source, REVIEW_TAG: rid, "acc_delta_metric": accuracy_metric_tag(sc.headline)}
         tags |= {"verdict": _verdict_text(v), "verdict.chosen": "yes" if v.chosen_scheme == sc.scheme else "no"}
         log_job_headline(client, runs[job_dir], mlflow_metrics(sc.headline), tags, reviews)
-
-
-def _job_runs_by_dir(client: Any, exp_id: str, dirs: dict[tuple[str, str], str]) -> dict[str, str]:
-    """output_dir -> run id of the reviewed records' job runs; of several runs of one folder, the newest."""
-    wanted = set(dirs.values())
-    out: dict[str, tuple[int, str]] = {}
-    for run in sources.job_runs(client, exp_id):
-        od = run.data.tags.get("output_dir")  # MLflow run tags
-        if od in wanted and (od not in out or run.info.start_time > out[od][0]):
-            out[od] = (run.info.start_time, run.info.run_id)
-    return {od: rid for od, (_, rid) in out.items()}
 
 
 class ReviewNotLogged(RuntimeError):
@@ -486,12 +445,6 @@ class ReviewNotLogged(RuntimeError):
         self.uri, self.review, self.paths = uri, review, paths
 
 
-def default_out_dir(output_root: Path, label: str) -> Path:
-    """``<output_root>/reviews/<time>-<pid>_<label>``: a new folder per review, named after its constraints,
-    never inside the source folder."""
-    return output_root / "reviews" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}_{label}"
-
-
 def run_review(
     source: str | Path,
     rc: ReviewConfig,
@@ -501,15 +454,14 @@ def run_review(
     overrides: list[str] | None = None,
 ) -> tuple[Review, dict[str, Path]]:
     """Read the records of ``source`` (a folder, or an MLflow experiment at ``tracking.uri``), build the review,
-    write it into ``out_dir`` (default :func:`default_out_dir`) and, with ``rc.log_to_mlflow`` and ``tracking``, log
-    it; ``source`` is never written.
+    write it into ``out_dir`` (default ``<output_root>/reviews/<time>-<pid>_<constraints label>``, a new folder) and,
+    with ``rc.log_to_mlflow`` and ``tracking``, log it; ``source`` is never written.
 
     Raises:
         FileNotFoundError: no record in ``source``.
         ValueError: ``source`` is neither a folder nor an MLflow experiment.
         ReviewNotLogged: written, but not logged.
     """
-    problems: list[str] = []
     job_runs: dict[str, str] | None = None
     src = Path(source)
     with tempfile.TemporaryDirectory(prefix="qv-review-") as tmp:
@@ -527,17 +479,11 @@ def run_review(
                 raise FileNotFoundError(f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record")
         review = build_review(records, rc, str(source), overrides)
         review.notes = problems + review.notes
-        out = out_dir or default_out_dir(output_root or Path("outputs"), review.constraints_label)
-        paths = write_review(review, out)
+        stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}_{review.constraints_label}"
+        paths = write_review(review, out_dir or (output_root or Path("outputs")) / "reviews" / stamp)
     if review.constraints.log_to_mlflow and tracking is not None:
         try:
-            rid = log_review(review, paths, tracking, records, job_runs)
-            if rid:
-                log.info("review logged to MLflow run %s (%s)", rid, tracking.uri)
-                exp = make_client(tracking.uri).get_run(rid).info.experiment_id
-                log.info(
-                    "MLflow runs: mlflow server --backend-store-uri %s, then open %s", tracking.uri, runs_page(exp)
-                )
+            log_review(review, paths, tracking, records, job_runs)
         except Exception as exc:  # the files are written and kept; the caller says that it was not logged
             log.exception("logging the review to MLflow failed")
             raise ReviewNotLogged(tracking.uri, exc, review, paths) from exc

@@ -52,8 +52,8 @@ def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> doc.HeadlineAccuracy |
     judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
     ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
     scores = [d for d in judged if d.kind == "score" and d.recovery_pct is not None]
-    d: doc.AccuracyDelta | None = max(ppls, key=lambda d: d.delta_pct or 0.0) if ppls else None
-    d = d or (min(scores, key=lambda d: d.recovery_pct or 0.0) if scores else None)
+    worst = max(ppls, key=lambda d: d.delta_pct or 0.0, default=None)
+    d = worst or min(scores, key=lambda d: d.recovery_pct or 0.0, default=None)
     if d is None:
         return None
     pct, iv = d.kind == "perplexity", d.interval

@@ -1,6 +1,5 @@
 """Memory of a scheme in GiB: weights, KV cache for the stated capacity, and the budget left (KV bytes and hybrid
-paging: :mod:`quantverdict.measure.kv_cache`). ``config.bench``, ``config.model`` and ``config.kv`` read through
-:attr:`JobRecord.cfg`."""
+paging: :mod:`quantverdict.measure.kv_cache`)."""
 
 from __future__ import annotations
 
@@ -85,11 +84,6 @@ def _weights(rec: JobRecord) -> tuple[float | None, str | None, list[str]]:
     return total / GIB, how, missing
 
 
-def _request_len(rec: JobRecord, rc: ReviewConfig) -> int | None:
-    n_in, n_out = rec.cfg.bench.input_len, rec.cfg.bench.output_len
-    return rc.request_len_tokens or (n_in + n_out if n_in and n_out else None)
-
-
 def _kernel_name(k: Any) -> str:
     """``Kernel (method)`` of a ``memory.server.kernels`` entry."""
     if not isinstance(k, dict):
@@ -113,7 +107,8 @@ def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[Memory, list[str]]
     named = ModelDims.of(dims)
     if "linear_attention" in (named.layer_types or []) and not named.num_kv_layers:
         missing.append("hybrid model without num_kv_layers: the KV cache is counted in every layer (too much)")
-    rlen = _request_len(rec, rc)
+    n_in, n_out = rec.cfg.bench.input_len, rec.cfg.bench.output_len
+    rlen = rc.request_len_tokens or (n_in + n_out if n_in and n_out else None)
     # vLLM keeps a hybrid model's recurrent state in the served dtype (mamba_ssm_cache_dtype auto)
     state_dtype = DTYPE_BYTES.get(served, 2)
     paging = hybrid_paging(dims, dtype_bytes, state_dtype)

@@ -27,11 +27,9 @@ def usd(v: float | None) -> str:
     return DASH if v is None else f"${v:,.3f}" if v < 1 else f"${v:,.2f}"
 
 
-def interval(low: float | None, high: float | None, fmt: str = "+.3f", sep: str = ", ") -> str:
+def interval(low: float | None, high: float | None, fmt: str = "+.3f") -> str:
     """``[low, high]`` in ``fmt``; ``''`` when either end is missing."""
-    if low is None or high is None:
-        return ""
-    return f"[{low:{fmt}}{sep}{high:{fmt}}]"
+    return "" if low is None or high is None else f"[{low:{fmt}}, {high:{fmt}}]"
 
 
 def value(v: object) -> str:
@@ -78,8 +76,7 @@ def environment(fmt: str) -> Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(num=number, usd=usd, interval=interval, value=value, md_cell=md_cell, oneline=oneline)
-    env.filters["short_error"] = short_error
-    env.filters["inline"] = inline if fmt == "html" else str
+    env.filters.update(short_error=short_error, inline=inline if fmt == "html" else str)
     env.globals["fmt"] = fmt
     return env
 
