@@ -101,18 +101,15 @@ def _target_fit(
     if weights is None or not bpt:
         return weights, how, doc.TargetFit(fits=None, why="no weight size or no model dimensions"), []
     s = (rc.kv_cache_dtype_bytes or (kvb if vllm_log else min(kvb, 2))) / kvb
-    hp = m.hybrid_paging
-    paging = {**hp.model_dump(), "page_bytes": hp.page_bytes * s} if hp else None
+    paging = {**hp.model_dump(), "page_bytes": hp.page_bytes * s} if (hp := m.hybrid_paging) else None
     state = (m.state_bytes_per_sequence or 0.0) * s
-    measured = _overhead_gib(card, rec)
     reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
-    if rc.reserved_gib <= 0 and measured is not None:
+    if rc.reserved_gib <= 0 and (measured := _overhead_gib(card, rec)) is not None:
         reserve, reserve_how = measured, "vLLM's overhead where the job ran"
     elif rc.reserved_gib <= 0 and borrowed is not None and not m.server_weights_gib and not m.server_kv_cache_gib:
         reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
     budget = kv_budget(target.memory_gib, target.memory_fraction, weights * GIB, reserve * GIB)
     max_len = int(n) if (n := _server(rec).max_model_len or rec.cfg.model.max_model_len) else None
-    req = m.request_len_tokens
     fit = doc.TargetFit(
         kv_gib=budget / GIB, kv_bytes_per_token=bpt * s, reserve_gib=reserve, reserve_how=reserve_how, max_len=max_len
     )
@@ -121,7 +118,7 @@ def _target_fit(
         fit.kv_tokens, fit.max_concurrency = int(cap["kv_tokens"]), cap["max_concurrency"]
     if budget <= 0:
         fit.fits = False
-    elif req:
+    elif req := m.request_len_tokens:
         cap = kv_capacity(budget, bpt * s, req, paging, state)
         fit.req_len, fit.req_concurrency = req, cap["max_concurrency"]
         enough = cap["kv_tokens"] >= rc.kv_cache_tokens if rc.kv_cache_tokens else None
@@ -291,7 +288,7 @@ def target_price(
 
 
 def cross_model(
-    all_cards: list[Scorecard],
+    cards: list[Scorecard],
     records: Sequence[JobRecord],
     checks: dict[str, dict[str, Checks]],
     rc: ReviewConfig,
@@ -299,7 +296,7 @@ def cross_model(
 ) -> doc.CrossModel | doc.CrossModelError | None:
     """The review's cross-model comparison (``records``: each card's record, in the cards' order; ``checks``: model
     -> scheme -> its checks; ``environment``: the review's); None with one model and no target."""
-    if len({sc.model for sc in all_cards}) < 2 and not rc.target:
+    if len({sc.model for sc in cards}) < 2 and not rc.target:
         return None
     try:
         target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
@@ -308,12 +305,12 @@ def cross_model(
     ran = sorted({line for line in environment if line.startswith(("GPU", "CPU"))})
     ran_gpu = [line for line in ran if target and line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
     price, price_how = target_price(rc, environment, target, ran_gpu) if target is not None else (None, "")
-    cards = [(sc, rec) for sc, rec in zip(all_cards, records, strict=True) if sc.status == "ok"]
+    finished = [(sc, rec) for sc, rec in zip(cards, records, strict=True) if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
-    named = [(_overhead_gib(sc, r), f"{sc.model} {sc.scheme} ({sc.label})") for sc, r in cards]
+    named = [(_overhead_gib(sc, r), f"{sc.model} {sc.scheme} ({sc.label})") for sc, r in finished]
     borrowed = max(((o, n) for o, n in named if o is not None), default=None)
-    jobs = [_candidate(sc, rec, target, borrowed, rc, checks[sc.model][sc.scheme]) for sc, rec in cards]
+    jobs = [_candidate(sc, rec, target, borrowed, rc, checks[sc.model][sc.scheme]) for sc, rec in finished]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}

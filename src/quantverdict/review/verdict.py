@@ -58,8 +58,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     crit = [doc.criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
     if need is None:
         return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
-    paging = m.hybrid_paging
-    block_tokens = int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None
+    block_tokens = int(m.hybrid_paging.block_tokens) if m.hybrid_paging and not rc.kv_cache_tokens else None
     text, cite = _said("memory", need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
     over = need - budget
     fails = [(over / budget, say("memory_over", over=over, pct=100 * over / budget, budget=budget))] if over > 0 else []
@@ -100,8 +99,7 @@ def _end(d: doc.AccuracyDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
 
 
 def _gap(d: doc.AccuracyDelta, lim: float, rc: ReviewConfig | None = None) -> float:
-    """How far ``d``'s point value (with ``rc``: the value it is judged on) is under a floor (``>=``) or over a limit
-    (``<=``); > 0 fails."""
+    """How far ``d`` misses ``lim`` (> 0 fails): its point value, or with ``rc`` the value :func:`_end` judges."""
     value, _, _, comparison, _ = _floor(d)
     v = (_end(d, rc)[0] if rc else getattr(d, value)) or 0.0
     return lim - v if comparison == ">=" else v - lim
@@ -158,12 +156,10 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         for d in (d for d in ds if _gap(d, lim, rc) > 0):
             fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
     text, cite = "; ".join(parts), " and ".join(cites)
-    if fails:
-        return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
-    if unjudged:
+    if unjudged and not fails:
         rest = dict(cite=f"{cannot}; the rest: {cite}", criteria=crits)
         return _check("accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", **rest)
-    return _judged("accuracy", text, cite, [], crits)
+    return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
 
 
 def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
@@ -176,8 +172,7 @@ def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
         return check
     if sc.is_baseline:
         reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
-        update: dict[str, Any] = {"outcome": PASS, "text": reference, "cite": "is the accuracy reference"}
-        return check if check.outcome != OFF else check.model_copy(update=update)
+        return check if check.outcome != OFF else _check("accuracy", PASS, reference, cite="is the accuracy reference")
     off, kld = check.outcome == OFF, [d for d in sc.accuracy if d.kind == "kld"]
     texts, cites = ([], []) if off else ([check.text], [check.cite])
     if not (by := {d.metric: d for d in kld if d.metric in FLOORS}):
@@ -186,7 +181,7 @@ def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
             doc.criterion(CriterionMetric(f[4]), m, f[2], f[3], getattr(rc, f[2]), None, note=why)
             for m, f in limits.items()
         ]
-        update = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
+        update: dict[str, Any] = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
         update["text"] = "; ".join(t for t in (*texts, f"KLD limits not checked: {why}") if t)
         update["cite"] = "; ".join(c for c in (*cites, "KLD not measured") if c)
         return check.model_copy(update=update | {"criteria": [*check.criteria, *unmeasured]})
@@ -401,8 +396,7 @@ def _low_itl(sc: Scorecard, base: Scorecard) -> Speedup:
 
 
 def _speedup(a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.MinMax | None) -> Speedup:
-    """``a / b`` and its min-max range over repeats ``[a_min / b_max, a_max / b_min]``; None where a value or a range
-    is missing or not finite."""
+    """``a / b`` and its min-max range ``[a_min / b_max, a_max / b_min]``; None where missing or not finite."""
     if not a or not b:
         return None, None
     if not ra or not rb or min(ra.min, rb.min) <= 0:
@@ -412,10 +406,9 @@ def _speedup(a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.Mi
 
 
 def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
-    """Per metric of :data:`PAIRED_METRICS` and per load with >= 1 pair, the scheme's ratio to its baseline paired by
-    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (the inverse for a latency); [] when
-    either is not comparable for speed or the modes differ. ``mine``, ``theirs``: ``(mode, raw points)`` of the
-    scheme and of the baseline (:func:`quantverdict.review.speed.raw_points`)."""
+    """Per metric of :data:`PAIRED_METRICS` and load with >= 1 pair, the scheme's ratio to its baseline paired by
+    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (a latency's inverse); [] when either is
+    not comparable for speed or the modes differ. ``mine``, ``theirs``: :func:`quantverdict.review.speed.raw_points`."""
     (mode, points), (base_mode, base_points) = mine, theirs
     if not_comparable(sc, base) or mode != base_mode:
         return []
@@ -424,41 +417,22 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
         for e in stats.paired_ratio(points, base_points, metric, mode, higher):
             if not e["pairs"]:
                 continue
-            inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
-            speedup, speedup_low, speedup_high = map(finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
             load = float(e["load"])  # "inf": the unlimited rate
-            rows.append(
-                doc.PairedSpeedup(
-                    metric=metric,
-                    name=name,
-                    load=load,
-                    label=level_label(load, mode),
-                    pairs=e["pairs"],
-                    ratios=e["ratios"],
-                    ratio=finite(e["ratio"]),
-                    low=finite(e["low"]),
-                    high=finite(e["high"]),
-                    speedup=speedup,
-                    speedup_low=speedup_low,
-                    speedup_high=speedup_high,
-                    verdict=e["verdict"],
-                )
-            )
+            ratio = [e["ratio"], e["low"], e["high"]]
+            speedup = ratio if higher else [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
+            row = e | dict(zip(("ratio", "low", "high"), map(finite, ratio)))
+            row |= dict(zip(("speedup", "speedup_low", "speedup_high"), map(finite, speedup)))
+            row |= {"metric": metric, "name": name, "load": load, "label": level_label(load, mode)}
+            rows.append(doc.PairedSpeedup.model_validate(row))
     return rows
 
 
 def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | None, doc.PairedSpeedup | None]:
-    """The paired rows the regime claims rest on: at low load the lowest load's ITL p50 (else TPOT p50), at
-    saturation the highest load's output tok/s; None under 2 pairs."""
-
-    def pick(metrics: tuple[str, ...], highest: bool) -> doc.PairedSpeedup | None:
-        for metric in metrics:
-            if rows := [r for r in paired if r.metric == metric]:
-                row = (max if highest else min)(rows, key=lambda r: r.load)
-                return row if row.pairs >= 2 else None
-        return None
-
-    return pick(("itl_ms_p50", "tpot_ms_p50"), False), pick(("output_tok_s",), True)
+    """The paired rows (:func:`paired_speedups`: by metric, then load) the regime claims rest on: at low load the
+    lowest load's ITL p50 (else TPOT p50), at saturation the highest load's output tok/s; None under 2 pairs."""
+    low = next((r for m in ("itl_ms_p50", "tpot_ms_p50") for r in paired if r.metric == m), None)
+    sat = next((r for r in reversed(paired) if r.metric == "output_tok_s"), None)
+    return (low if low and low.pairs >= 2 else None), (sat if sat and sat.pairs >= 2 else None)
 
 
 def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSpeedup | None) -> doc.RegimeClaim | None:
