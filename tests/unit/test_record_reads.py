@@ -72,17 +72,13 @@ COUNTED: dict[str, tuple[int, str]] = {
     "measure/perplexity.py": (1, "lm-eval's reported metrics"),
     "measure/server_metrics.py": (2, "vLLM's /metrics counters, before and after a point"),
     "review/accuracy.py": (5, "lm-eval's per-sample rows (samples_*.jsonl) and a metric -> count-key table"),
-    "review/crossmodel.py": (3, "lm-eval's per-sample rows, and checks and baseline scores the review computed"),
+    "review/crossmodel.py": (2, "lm-eval's per-sample rows, and baseline scores the review computed"),
     "review/gpus.py": (1, "the groups by GPU count the review built"),
     "review/headline.py": (2, "a speed point's spread by metric, computed by the review"),
     "review/memory.py": (3, "bytes per element by dtype name (measure.memory.DTYPE_BYTES, a constant)"),
     "review/plots.py": (3, "colours and markers by scheme (constants) and deltas by name, computed by the review"),
     "review/speed.py": (1, "goodput by load level, computed by the review"),
-    "review/verdict.py": (
-        5,
-        "word and reason tables (constants), a speed point's spread by metric and verdicts by decision, computed by "
-        "the review",
-    ),
+    "review/verdict.py": (4, "word and reason tables (constants) and a speed point's spread by metric (the review's)"),
 }
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
 from quantverdict.config.targets import load_target, vllm_batch_defaults
-from quantverdict.measure import stats
 from quantverdict.measure.cost import usd_per_mtok
 from quantverdict.measure.decode_bytes import decode_step_bytes, kv_capacity, predicted_speed_ratio
 from quantverdict.measure.decode_bytes import target_kv_budget_bytes as kv_budget
@@ -34,8 +33,7 @@ ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 KV_BYTES = "--kv-cache-memory-bytes"  # a fixed KV cache (bytes) in vLLM server arguments
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
 
 
@@ -57,10 +55,10 @@ def vllm_int_arg(args: list[Any], flag: str) -> int | None:
         if raw.isdigit():
             return int(raw)
         m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", raw)
-        if m and m.group(2) in _DECIMAL:
-            return int(float(m.group(1)) * _DECIMAL[m.group(2)])
+        if m and m.group(2).islower():
+            return int(float(m.group(1)) * _SUFFIX[m.group(2)])
         if m and m.group(1).isdigit():
-            return int(m.group(1)) * _BINARY[m.group(2)]
+            return int(m.group(1)) * _SUFFIX[m.group(2)]
     return None
 
 
@@ -103,17 +101,15 @@ def _target_fit(
     if weights is None or not bpt:
         return weights, how, doc.TargetFit(fits=None, why="no weight size or no model dimensions"), []
     s = (rc.kv_cache_dtype_bytes or (kvb if vllm_log else min(kvb, 2))) / kvb
-    hp = m.hybrid_paging
-    paging = {**hp.model_dump(), "page_bytes": hp.page_bytes * s} if hp else None
+    paging = {**hp.model_dump(), "page_bytes": hp.page_bytes * s} if (hp := m.hybrid_paging) else None
     state = (m.state_bytes_per_sequence or 0.0) * s
-    measured = _overhead_gib(card, rec)
     reserve, reserve_how = rc.reserved_gib, "review.reserved_gib"
-    if rc.reserved_gib <= 0 and measured is not None:
+    if rc.reserved_gib <= 0 and (measured := _overhead_gib(card, rec)) is not None:
         reserve, reserve_how = measured, "vLLM's overhead where the job ran"
     elif rc.reserved_gib <= 0 and borrowed is not None and not m.server_weights_gib and not m.server_kv_cache_gib:
         reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
     budget = kv_budget(target.memory_gib, target.memory_fraction, weights * GIB, reserve * GIB)
-    max_len, req = _max_model_len(rec), m.request_len_tokens
+    max_len = int(n) if (n := _server(rec).max_model_len or rec.cfg.model.max_model_len) else None
     fit = doc.TargetFit(
         kv_gib=budget / GIB, kv_bytes_per_token=bpt * s, reserve_gib=reserve, reserve_how=reserve_how, max_len=max_len
     )
@@ -122,7 +118,7 @@ def _target_fit(
         fit.kv_tokens, fit.max_concurrency = int(cap["kv_tokens"]), cap["max_concurrency"]
     if budget <= 0:
         fit.fits = False
-    elif req:
+    elif req := m.request_len_tokens:
         cap = kv_capacity(budget, bpt * s, req, paging, state)
         fit.req_len, fit.req_concurrency = req, cap["max_concurrency"]
         enough = cap["kv_tokens"] >= rc.kv_cache_tokens if rc.kv_cache_tokens else None
@@ -134,11 +130,6 @@ def _target_fit(
 
 def _say(macro: str, **values: Any) -> str:
     return say(macro, "crossmodel_text.j2", **values)
-
-
-def _max_model_len(rec: JobRecord) -> int | None:
-    n = _server(rec).max_model_len or rec.cfg.model.max_model_len
-    return int(n) if n else None
 
 
 def _vllm_figures(
@@ -181,18 +172,15 @@ def _scores(card: Scorecard, rec: JobRecord) -> dict[str, doc.TaskScore]:
     """Absolute headline scores by task, each with the scheme's own delta against its baseline."""
     if card.accuracy_not_applicable:
         return {}
-    found: dict[str, tuple[str, float, int | None]] = {}
-    headline = rec.headline()
-    for task, res in rec.accuracy.tasks.items():
+    own = {d.name: d for d in card.accuracy}  # by task name; the last delta of a task stands for it
+    out, headline = {}, rec.headline()
+    for task, res in sorted(rec.accuracy.tasks.items()):
         metric, higher = headline_of(task, headline, res)
         v = res.metric(metric)
         # the ranking's scores are higher-is-better; lower-is-better metrics other than perplexity aside
-        if (higher or "perplexity" in metric) and isinstance(v, (int, float)):
-            found[task] = (metric, float(v), res.n)
-    own = {d.name: d for d in card.accuracy}  # by task name; the last delta of a task stands for it
-    out = {}
-    for task, (metric, value, n) in sorted(found.items()):
-        s = out[task] = doc.TaskScore(metric=metric, value=value, n=n)
+        if not (higher or "perplexity" in metric) or not isinstance(v, (int, float)):
+            continue
+        s = out[task] = doc.TaskScore(metric=metric, value=float(v), n=res.n)
         od = own[task] if task in own else None
         if od is not None and od.kind == "score" and od.delta is not None:
             s.own_delta_kind, s.own_delta = doc.DeltaKind.SCORE, od.delta
@@ -219,8 +207,7 @@ def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit 
         if len({x for x, _ in xy}) < 2:
             return None
         f = fit_decode_step([x for x, _ in xy], [y for _, y in xy])
-        r2 = f.r2 if f.r2 is None or math.isfinite(f.r2) else None
-        lo, hi = f.concurrency_range
+        (lo, hi), r2 = f.concurrency_range, finite(f.r2)
         return doc.DecodeFit(fixed_us=f.fixed_us, per_seq_us=f.per_seq_us, r2=r2, points=f.n, seqs_min=lo, seqs_max=hi)
 
     tpot = fit("tpot_ms_p50")
@@ -236,18 +223,13 @@ def _candidate(
         weights, how, fit, flags = _target_fit(card, rec, target, rc, borrowed)
     vllm, batch_flags = _vllm_figures(card, rec, target, fit.kv_gib)
     sp = card.speed
-    step_bytes, step_how = None, ""
-    if decode_bytes := sp.roofline.decode_bytes if sp.roofline else None:
-        step_bytes, step_how = float(decode_bytes), ROOFLINE_BYTES
-    elif w := weights or card.memory.weights_gib:
-        step_bytes, step_how = decode_step_bytes(w * GIB), "weights GiB"
+    decode_bytes = sp.roofline.decode_bytes if sp.roofline else None  # else the weights (cross_model)
     why_not = []
     if target is not None and not fit.fits:
         why_not.append(f"memory on {target.name} {'fails' if fit.fits is False else 'not checked'}: {fit.why}")
     for name in ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency"):
-        check = checks.get(name)
-        if check is None or check.outcome not in NON_BLOCKING:
-            why_not.append(f"{name}: {(check.cite or check.text) if check else 'not checked'}")
+        if (check := checks[name]).outcome not in NON_BLOCKING:
+            why_not.append(f"{name}: {check.cite or check.text}")
     tpot, itl, fit_levels = _decode_fits(sp)
     out = doc.Candidate(
         name=f"{card.model} {card.scheme} ({card.label})",
@@ -259,8 +241,8 @@ def _candidate(
         vllm=vllm,
         ceiling_tok_s=finite(sp.ceiling.output_tok_s if sp.ceiling else None),
         ceiling_lower_bound=bool(sp.ceiling and sp.ceiling.lower_bound),
-        step_bytes=step_bytes,
-        step_bytes_how=step_how,
+        step_bytes=float(decode_bytes) if decode_bytes else None,
+        step_bytes_how=ROOFLINE_BYTES if decode_bytes else "",
         speed_vs_bytes=None,
         decode_fit=tpot,
         decode_fit_itl=itl,
@@ -284,20 +266,6 @@ def _model_size(jobs: list[_Job], model: str) -> float:
     mine = [j.card for j in jobs if j.card.model == model]
     base = [float(sc.memory.checkpoint_gib) for sc in mine if sc.is_baseline and sc.memory.checkpoint_gib]
     return base[0] if base else max((sc.memory.checkpoint_gib or 0.0) * (4.0 if sc.tier == 2 else 2.0) for sc in mine)
-
-
-def _paired_diff(a: _Job, b: _Job, task: str, rc: ReviewConfig) -> tuple[float, stats.Interval | None, int]:
-    """a's mean score minus b's on the items both ran (by ``doc_hash``, else ``doc_id``), interval, items."""
-    metric = a.out.scores[task].metric
-    sa, sb = read_samples(a.record, task), read_samples(b.record, task)
-    if sa and sb:
-        if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
-            sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
-        pairing = pair_samples(task, sa, sb, (metric,))  # refuses (no rows) when a doc_hash/prompt_hash differs
-        if len(pairing.a) >= 2:
-            x, y = [float(r[metric]) for r in pairing.a], [float(r[metric]) for r in pairing.b]
-            return sum(x) / len(x) - sum(y) / len(y), diff_interval(x, y, rc), len(x)
-    return a.out.scores[task].value - b.out.scores[task].value, None, 0
 
 
 def target_price(
@@ -328,31 +296,21 @@ def cross_model(
 ) -> doc.CrossModel | doc.CrossModelError | None:
     """The review's cross-model comparison (``records``: each card's record, in the cards' order; ``checks``: model
     -> scheme -> its checks; ``environment``: the review's); None with one model and no target."""
+    if len({sc.model for sc in cards}) < 2 and not rc.target:
+        return None
     try:
-        return _cross_model(cards, records, checks, rc, environment)
+        target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
     except ConfigError as exc:
         return doc.CrossModelError(error=f"not computed: {exc}")
-
-
-def _cross_model(
-    all_cards: list[Scorecard],
-    records: Sequence[JobRecord],
-    checks: dict[str, dict[str, Checks]],
-    rc: ReviewConfig,
-    environment: list[str],
-) -> doc.CrossModel | None:
-    if len({sc.model for sc in all_cards}) < 2 and not rc.target:
-        return None
-    target = load_target(rc.target, rc.target_memory_fraction) if rc.target else None
     ran = sorted({line for line in environment if line.startswith(("GPU", "CPU"))})
     ran_gpu = [line for line in ran if target and line.startswith("GPU") and gpu_kind_matches(target.gpu, line)]
     price, price_how = target_price(rc, environment, target, ran_gpu) if target is not None else (None, "")
-    cards = [(sc, rec) for sc, rec in zip(all_cards, records, strict=True) if sc.status == "ok"]
+    finished = [(sc, rec) for sc, rec in zip(cards, records, strict=True) if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
-    overheads = [(o, sc) for sc, r in cards if (o := _overhead_gib(sc, r)) is not None]
-    borrowed = max(((o, f"{sc.model} {sc.scheme} ({sc.label})") for o, sc in overheads), default=None)
-    jobs = [_candidate(sc, rec, target, borrowed, rc, checks[sc.model][sc.scheme]) for sc, rec in cards]
+    named = [(_overhead_gib(sc, r), f"{sc.model} {sc.scheme} ({sc.label})") for sc, r in finished]
+    borrowed = max(((o, n) for o, n in named if o is not None), default=None)
+    jobs = [_candidate(sc, rec, target, borrowed, rc, checks[sc.model][sc.scheme]) for sc, rec in finished]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
@@ -361,45 +319,39 @@ def _cross_model(
         c.flags.append(_say("shape_flag", shape=shapes[c.name], others=others))
     # one source of bytes per step for every candidate in the ratio table (those with a ceiling): the checkpoint
     # tensors a step reads (speed.roofline, a GPU sweep with c=1) when each of them has it, else the weights GiB
-    if any(c.step_bytes_how != ROOFLINE_BYTES for c in cands if c.ceiling_tok_s):
-        for j in jobs:
-            w = j.out.weights_gib or j.card.memory.weights_gib
-            j.out.step_bytes, j.out.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
+    roofline = all(c.step_bytes_how == ROOFLINE_BYTES for c in cands if c.ceiling_tok_s)
+    for j in (j for j in jobs if not roofline or j.out.step_bytes_how != ROOFLINE_BYTES):
+        w = j.out.weights_gib or j.card.memory.weights_gib
+        j.out.step_bytes, j.out.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
     eligible = [j for j in jobs if j.out.eligible]
     # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
     common = set.intersection(*(set(j.out.scores) for j in eligible)) if eligible else set()
     score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].out.scores[t].metric)
-    scored = bool(score_tasks) and all(_mean_score(j.out, score_tasks) is not None for j in eligible)
-    base_score = {j.card.model: _mean_score(j.out, score_tasks) for j in jobs if j.card.is_baseline and scored}
+    for c in cands:
+        c.mean_score = _mean_score(c, score_tasks)
+    base_score = {j.card.model: j.out.mean_score for j in jobs if j.card.is_baseline}
 
     def key(j: _Job) -> tuple[float, int, float, float]:
         """Mean score (a scheme with no significant own delta scores as its baseline: the tie goes to the milder),
-        the milder scheme, the ceiling and max concurrency."""
-        speed = (j.out.ceiling_tok_s or 0.0, j.out.target.max_concurrency or 0.0)
-        if not scored:
-            return (0.0, 0, *speed)
+        the milder scheme, the ceiling and max concurrency; without score tasks, the ceiling and max concurrency."""
         own = [d for d in j.card.accuracy if d.kind == "score" and d.name in score_tasks]
-        mine = _mean_score(j.out, score_tasks) or 0.0
-        if not j.card.is_baseline and own and not any(d.significant for d in own) and base_score.get(j.card.model):
-            mine = float(base_score[j.card.model] or 0.0)
-        return (mine, -j.card.tier, *speed)
+        mine = j.out.mean_score or 0.0
+        if not j.card.is_baseline and own and not any(d.significant for d in own):
+            mine = base_score.get(j.card.model) or mine
+        return mine, -j.card.tier if score_tasks else 0, j.out.ceiling_tok_s or 0.0, j.out.target.max_concurrency or 0.0
 
     chosen = max(eligible, key=key).out if eligible else None
-    for c in cands:
-        c.mean_score = _mean_score(c, score_tasks) if scored else None
     comparisons, paired, reference = _compare(jobs, target, rc)
     for c, j in zip(cands, jobs):
         c.speed_vs_bytes = None if reference is None else speed_vs_bytes(reference, c, j.card.gpus, price)
     loads = {p.label: p.load for j in jobs for p in j.card.speed.points}
-    keep = ("name", "gpu", "memory_gib", "memory_fraction")
-    t = None if target is None else {k: getattr(target, k) for k in keep}
-    tg = None if t is None else doc.Target(budget_gib=t["memory_gib"] * t["memory_fraction"], **t)
+    t = {k: getattr(target, k) for k in ("name", "gpu", "memory_gib", "memory_fraction")} if target else None
     return doc.CrossModel(
-        target=tg,
+        target=None if t is None else doc.Target(budget_gib=t["memory_gib"] * t["memory_fraction"], **t),
         ran_on_target=bool(ran_gpu),
         ran=ran,
         chosen=chosen.name if chosen else None,
-        score_tasks=score_tasks if scored else [],
+        score_tasks=score_tasks,
         comparisons=comparisons,
         paired=paired,
         reference=reference.name if reference else None,
@@ -453,12 +405,20 @@ def _compare(
 
 
 def _paired_rows(big: _Job, small: _Job, rc: ReviewConfig) -> list[doc.PairedAcross]:
-    """The paired rows of the score tasks (higher is better) both measured; word perplexity stays absolute."""
+    """Per score task (higher is better) both measured, bigger minus smaller on the items both ran (by ``doc_hash``,
+    else ``doc_id``) with its interval, else the scores' difference unpaired; word perplexity stays absolute."""
     b, s, rows = big.out, small.out, []
     for t in sorted(t for t in set(b.scores) & set(s.scores) if "perplexity" not in b.scores[t].metric):
-        d, iv, n = _paired_diff(big, small, t, rc)
-        lo, hi, sig = (None, None, False) if iv is None else (iv.low, iv.high, iv.excludes_zero())
         m = b.scores[t].metric
+        d, iv, n = b.scores[t].value - s.scores[t].value, None, 0
+        if (sa := read_samples(big.record, t)) and (sb := read_samples(small.record, t)):
+            if all(r.get("doc_hash") for r in sa + sb):  # lm-eval's hash of the document: the same item in any order
+                sa, sb = [{**r, "doc_id": r["doc_hash"]} for r in sa], [{**r, "doc_id": r["doc_hash"]} for r in sb]
+            pairing = pair_samples(t, sa, sb, (m,))  # refuses (no rows) when a doc_hash/prompt_hash differs
+            if len(pairing.a) >= 2:
+                x, y = [float(r[m]) for r in pairing.a], [float(r[m]) for r in pairing.b]
+                d, iv, n = sum(x) / len(x) - sum(y) / len(y), diff_interval(x, y, rc), len(x)
+        lo, hi, sig = (None, None, False) if iv is None else (iv.low, iv.high, iv.excludes_zero())
         rows.append(
             doc.PairedAcross(
                 bigger=b.name, smaller=s.name, task=t, metric=m, difference=d, low=lo, high=hi, n=n, significant=sig

@@ -42,10 +42,8 @@ def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
 
 def _judged(kind: str, text: str, cite: str, fails: list[tuple[float, str]], crits: list[Criterion]) -> Check:
     """PASS, or FAIL with the shortfalls ``fails`` (excess relative to the limit, sentence) in their order."""
-    if not fails:
-        return _check(kind, PASS, text, cite=cite, criteria=crits)
-    shortfall, excess = "; ".join(f for _, f in fails), max(e for e, _ in fails)
-    return _check(kind, FAIL, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
+    shortfall, excess = "; ".join(f for _, f in fails), max((e for e, _ in fails), default=0.0)
+    return _check(kind, FAIL if fails else PASS, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
 
 
 def _said(macro: str, **values: Any) -> tuple[str, str]:
@@ -60,8 +58,7 @@ def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     crit = [doc.criterion(CriterionMetric.NEED_GIB, "", "memory_budget_gib", "<=", budget, need)]
     if need is None:
         return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
-    paging = m.hybrid_paging
-    block_tokens = int(paging.block_tokens) if paging and not rc.kv_cache_tokens else None
+    block_tokens = int(m.hybrid_paging.block_tokens) if m.hybrid_paging and not rc.kv_cache_tokens else None
     text, cite = _said("memory", need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
     over = need - budget
     fails = [(over / budget, say("memory_over", over=over, pct=100 * over / budget, budget=budget))] if over > 0 else []
@@ -102,23 +99,19 @@ def _end(d: doc.AccuracyDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
 
 
 def _gap(d: doc.AccuracyDelta, lim: float, rc: ReviewConfig | None = None) -> float:
-    """How far ``d``'s point value (with ``rc``: the value it is judged on) is under a floor (``>=``) or over a limit
-    (``<=``); > 0 fails."""
+    """How far ``d`` misses ``lim`` (> 0 fails): its point value, or with ``rc`` the value :func:`_end` judges."""
     value, _, _, comparison, _ = _floor(d)
     v = (_end(d, rc)[0] if rc else getattr(d, value)) or 0.0
     return lim - v if comparison == ">=" else v - lim
 
 
 def _accuracy_criterion(d: doc.AccuracyDelta, rc: ReviewConfig) -> Criterion:
-    """The limit held against one delta as :func:`_gap` judges it; a refused delta is left unjudged."""
+    """The limit held against one delta's judged value (:func:`_end`); a refused delta is left unjudged."""
     (value, _, limit, comparison, metric), (judged, on_interval) = _floor(d), _end(d, rc)
     threshold = float(getattr(rc, limit) or 0.0)
     subject = d.metric if d.name == d.metric or d.kind == "kld" else f"{d.name} {d.metric}"
-    test: Literal["point", "interval"] = "interval" if on_interval else "point"
-    observed, ok = getattr(d, value), _gap(d, threshold, rc) <= 0
-    crit = doc.criterion(
-        CriterionMetric(metric), subject, limit, comparison, threshold, observed, judged=judged, test=test, ok=ok
-    )
+    args = (CriterionMetric(metric), subject, limit, comparison, threshold, getattr(d, value))
+    crit = doc.criterion(*args, judged=judged, test="interval" if on_interval else "point")
     if d.refused:
         return crit.model_copy(update={"judged": None, "outcome": UNKNOWN, "note": f"cannot be checked: {d.refused}"})
     return crit
@@ -163,12 +156,10 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         for d in (d for d in ds if _gap(d, lim, rc) > 0):
             fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
     text, cite = "; ".join(parts), " and ".join(cites)
-    if fails:
-        return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
-    if unjudged:
+    if unjudged and not fails:
         rest = dict(cite=f"{cannot}; the rest: {cite}", criteria=crits)
         return _check("accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", **rest)
-    return _judged("accuracy", text, cite, [], crits)
+    return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
 
 
 def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
@@ -181,8 +172,7 @@ def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
         return check
     if sc.is_baseline:
         reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
-        update: dict[str, Any] = {"outcome": PASS, "text": reference, "cite": "is the accuracy reference"}
-        return check if check.outcome != OFF else check.model_copy(update=update)
+        return check if check.outcome != OFF else _check("accuracy", PASS, reference, cite="is the accuracy reference")
     off, kld = check.outcome == OFF, [d for d in sc.accuracy if d.kind == "kld"]
     texts, cites = ([], []) if off else ([check.text], [check.cite])
     if not (by := {d.metric: d for d in kld if d.metric in FLOORS}):
@@ -191,7 +181,7 @@ def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
             doc.criterion(CriterionMetric(f[4]), m, f[2], f[3], getattr(rc, f[2]), None, note=why)
             for m, f in limits.items()
         ]
-        update = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
+        update: dict[str, Any] = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
         update["text"] = "; ".join(t for t in (*texts, f"KLD limits not checked: {why}") if t)
         update["cite"] = "; ".join(c for c in (*cites, "KLD not measured") if c)
         return check.model_copy(update=update | {"criteria": [*check.criteria, *unmeasured]})
@@ -229,10 +219,9 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         crits.append(doc.criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
-    else:  # no per-request data: the p99s at the load (slo_ok said None above if one with its limit set is missing)
+    else:  # no per-request data: the p99s with a limit at the load (slo_ok said None above if one is missing)
         named = (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
-        p99s = [(k, n, getattr(at, k), getattr(rc, k)) for k, n in named]
-        p99s = [p for p in p99s if p[2] is not None and p[3] is not None]
+        p99s = [(k, n, getattr(at, k), getattr(rc, k)) for k, n in named if getattr(rc, k) is not None]
         for key, name, v, lim in p99s:
             crits.append(doc.criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
             if (over := v - lim) > 0:
@@ -259,11 +248,6 @@ def checks(sc: Scorecard, rc: ReviewConfig) -> Checks:
     """The three checks of one scheme, keyed by constraint."""
     accuracy = with_kld_limits(accuracy_check(sc, rc), sc, rc)
     return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
-
-
-def _eligible(sc: Scorecard, cs: Checks) -> bool:
-    """The job finished and no check fails or is unknown."""
-    return sc.status == "ok" and all(c.outcome in NON_BLOCKING for c in cs.values())
 
 
 def kv_step(sc: Scorecard) -> int:
@@ -328,17 +312,25 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
     order = candidate_order([sc for sc in cards if not sc.is_baseline])
     bc = all_checks[base.scheme] if base is not None else {}
     binding = [c.constraint for c in bc.values() if c.outcome == FAIL]
-    chosen = next((sc for sc in order if _eligible(sc, all_checks[sc.scheme])), None)
-    if base is None:
-        decision = Decision.NO_BASELINE
-    elif not binding and (any(c.outcome == UNKNOWN for c in bc.values()) or base.status != "ok"):
-        decision = Decision.BASELINE_NOT_CHECKED
-    elif not binding:
-        decision, chosen = Decision.DO_NOT_QUANTIZE, base
-    else:
+
+    def rank(sc: Scorecard) -> tuple[int, float]:  # its blocking checks, then their summed excess
+        cs = all_checks[sc.scheme].values()
+        return sum(c.outcome not in NON_BLOCKING for c in cs), sum(c.excess for c in cs)
+
+    chosen = next((sc for sc in order if sc.status == "ok" and rank(sc)[0] == 0), None)
+    if binding:
         decision = Decision.QUANTIZE if chosen is not None else Decision.NO_SCHEME
-    if decision not in (Decision.QUANTIZE, Decision.DO_NOT_QUANTIZE):
-        chosen = None
+    elif base is None or base.status != "ok" or any(c.outcome == UNKNOWN for c in bc.values()):
+        decision, chosen = Decision.NO_BASELINE if base is None else Decision.BASELINE_NOT_CHECKED, None
+    else:
+        decision, chosen = Decision.DO_NOT_QUANTIZE, base
+
+    def passes(sc: Scorecard) -> PassReason:  # why a scheme that passes was not chosen
+        if decision == Decision.QUANTIZE:
+            return PassReason.MORE_AGGRESSIVE if chosen and sc.tier > chosen.tier else PassReason.SLOWER_SAME_TIER
+        return PassReason.NOT_NEEDED if decision == Decision.DO_NOT_QUANTIZE else PassReason.NO_VERDICT
+
+    closest = min(order, key=rank) if decision == Decision.NO_SCHEME and order else None  # no scheme passes
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
     pulled = [n for n, on in (("weights", chosen and chosen.tier > 0), ("KV cache", chosen and kv_step(chosen))) if on]
     v = Verdict(
@@ -347,7 +339,7 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         chosen_scheme=chosen.scheme if chosen else None,
         chosen_label=chosen.label if chosen else None,
         binding=binding,
-        passed_over=[],
+        passed_over=[_passed_over(sc, all_checks[sc.scheme], passes(sc)) for sc in order if sc is not chosen],
         order=[sc.scheme for sc in order],
         lever=doc.Lever(" and ".join(pulled)) if decision == Decision.QUANTIZE else doc.Lever.NONE,
         kv_lever=None if base is None else kv_lever(base, bc, cards, rc),
@@ -357,29 +349,10 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         request_shapes=shapes,
         ceilings_differ_in_basis=ceilings_differ_in_basis(cards),
         compute_reported=any(sc.speed.compute for sc in cards),
-        closest_scheme=None,
+        closest_scheme=closest.scheme if closest else None,
         gpus=None,
     )
-    _words(v, chosen, order, all_checks)
     return v, all_checks
-
-
-def _words(v: Verdict, chosen: Scorecard | None, order: list[Scorecard], all_checks: dict[str, Checks]) -> None:
-    """``v``'s closest scheme (no scheme meets all three), and the reason each scheme was passed over."""
-
-    def rank(sc: Scorecard) -> tuple[int, float]:  # the closest: fewest blocking checks, then smallest summed excess
-        cs = all_checks[sc.scheme].values()
-        return sum(c.outcome not in NON_BLOCKING for c in cs), sum(c.excess for c in cs)
-
-    closest = min(order, key=rank) if v.decision == Decision.NO_SCHEME and order else None
-    v.closest_scheme = closest.scheme if closest else None
-    no_verdict = (Decision.NO_BASELINE, Decision.BASELINE_NOT_CHECKED, Decision.NO_SCHEME)
-    reasons = dict.fromkeys(no_verdict, PassReason.NO_VERDICT) | {Decision.DO_NOT_QUANTIZE: PassReason.NOT_NEEDED}
-    for sc in (sc for sc in order if sc is not chosen):
-        cs = all_checks[sc.scheme]
-        more = chosen is not None and sc.tier > chosen.tier
-        reason = reasons.get(v.decision) or (PassReason.MORE_AGGRESSIVE if more else PassReason.SLOWER_SAME_TIER)
-        v.passed_over.append(_passed_over(sc, cs, reason))
 
 
 # --- regime: where a scheme pays against its baseline, at low load and at saturation ---------------------
@@ -392,8 +365,7 @@ PAIRED_METRICS = (
 )
 PAIRED_WORDS = {"faster": doc.RegimeClass.PAYS, "slower": doc.RegimeClass.COSTS}  # a paired verdict -> its class
 Raw = tuple[str, list[dict[str, Any]]]  # a sweep's mode and raw points (quantverdict.review.speed.raw_points)
-# a ratio's numerator and its min-max range over repeats, then its denominator and range
-Ratio = tuple[float | None, doc.MinMax | None, float | None, doc.MinMax | None]
+Speedup = tuple[float | None, doc.MinMax | None]  # a speedup and its min-max range over repeats
 
 
 def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
@@ -403,31 +375,28 @@ def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
     return len(bases) > 1 or "mixed" in bases
 
 
-def _ceilings(sc: Scorecard, base: Scorecard) -> Ratio:
+def _ceilings(sc: Scorecard, base: Scorecard) -> Speedup:
     """Ceiling output tok/s of the scheme over the baseline's on one window: the whole runs when the bases differ
     (:func:`ceilings_differ_in_basis`), else the ceilings."""
     a, b = sc.speed.ceiling, base.speed.ceiling
     if a is None or b is None:
-        return None, None, None, None
+        return None, None
     whole = ceilings_differ_in_basis([sc, base]) and a.whole_run_output_tok_s and b.whole_run_output_tok_s
     k = "whole_run_output_tok_s" if whole else "output_tok_s"
-    return getattr(a, k), getattr(a, k + "_range"), getattr(b, k), getattr(b, k + "_range")
+    return _speedup(getattr(a, k), getattr(a, k + "_range"), getattr(b, k), getattr(b, k + "_range"))
 
 
-def _low_itl(sc: Scorecard, base: Scorecard) -> Ratio:
+def _low_itl(sc: Scorecard, base: Scorecard) -> Speedup:
     """The baseline's ITL p50 over the scheme's at the lowest load both measured (Nones without a common load)."""
     mine, theirs = ({p.load: p for p in card.speed.points} for card in (sc, base))
     if not (common := sorted(set(mine) & set(theirs))):
-        return None, None, None, None
+        return None, None
     a, b = theirs[common[0]], mine[common[0]]
-    return a.itl_ms_p50, a.spread.get("itl_ms_p50"), b.itl_ms_p50, b.spread.get("itl_ms_p50")
+    return _speedup(a.itl_ms_p50, a.spread.get("itl_ms_p50"), b.itl_ms_p50, b.spread.get("itl_ms_p50"))
 
 
-def _speedup(
-    a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.MinMax | None
-) -> tuple[float | None, doc.MinMax | None]:
-    """``a / b`` and its min-max range over repeats ``[a_min / b_max, a_max / b_min]``; None where a value or a range
-    is missing or not finite."""
+def _speedup(a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.MinMax | None) -> Speedup:
+    """``a / b`` and its min-max range ``[a_min / b_max, a_max / b_min]``; None where missing or not finite."""
     if not a or not b:
         return None, None
     if not ra or not rb or min(ra.min, rb.min) <= 0:
@@ -437,10 +406,9 @@ def _speedup(
 
 
 def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
-    """Per metric of :data:`PAIRED_METRICS` and per load with >= 1 pair, the scheme's ratio to its baseline paired by
-    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (the inverse for a latency); [] when
-    either is not comparable for speed or the modes differ. ``mine``, ``theirs``: ``(mode, raw points)`` of the
-    scheme and of the baseline (:func:`quantverdict.review.speed.raw_points`)."""
+    """Per metric of :data:`PAIRED_METRICS` and load with >= 1 pair, the scheme's ratio to its baseline paired by
+    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (a latency's inverse); [] when either is
+    not comparable for speed or the modes differ. ``mine``, ``theirs``: :func:`quantverdict.review.speed.raw_points`."""
     (mode, points), (base_mode, base_points) = mine, theirs
     if not_comparable(sc, base) or mode != base_mode:
         return []
@@ -449,72 +417,42 @@ def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> l
         for e in stats.paired_ratio(points, base_points, metric, mode, higher):
             if not e["pairs"]:
                 continue
-            inverse = [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
-            speedup, speedup_low, speedup_high = map(finite, (e["ratio"], e["low"], e["high"]) if higher else inverse)
             load = float(e["load"])  # "inf": the unlimited rate
-            rows.append(
-                doc.PairedSpeedup(
-                    metric=metric,
-                    name=name,
-                    load=load,
-                    label=level_label(load, mode),
-                    pairs=e["pairs"],
-                    ratios=e["ratios"],
-                    ratio=finite(e["ratio"]),
-                    low=finite(e["low"]),
-                    high=finite(e["high"]),
-                    speedup=speedup,
-                    speedup_low=speedup_low,
-                    speedup_high=speedup_high,
-                    verdict=e["verdict"],
-                )
-            )
+            ratio = [e["ratio"], e["low"], e["high"]]
+            speedup = ratio if higher else [None if x is None else 1.0 / x for x in (e["ratio"], e["high"], e["low"])]
+            row = e | dict(zip(("ratio", "low", "high"), map(finite, ratio)))
+            row |= dict(zip(("speedup", "speedup_low", "speedup_high"), map(finite, speedup)))
+            row |= {"metric": metric, "name": name, "load": load, "label": level_label(load, mode)}
+            rows.append(doc.PairedSpeedup.model_validate(row))
     return rows
 
 
 def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | None, doc.PairedSpeedup | None]:
-    """The paired rows the regime claims rest on: at low load the lowest load's ITL p50 (else TPOT p50), at
-    saturation the highest load's output tok/s; None under 2 pairs."""
-
-    def pick(metrics: tuple[str, ...], highest: bool) -> doc.PairedSpeedup | None:
-        for metric in metrics:
-            if rows := [r for r in paired if r.metric == metric]:
-                row = (max if highest else min)(rows, key=lambda r: r.load)
-                return row if row.pairs >= 2 else None
-        return None
-
-    return pick(("itl_ms_p50", "tpot_ms_p50"), False), pick(("output_tok_s",), True)
+    """The paired rows (:func:`paired_speedups`: by metric, then load) the regime claims rest on: at low load the
+    lowest load's ITL p50 (else TPOT p50), at saturation the highest load's output tok/s; None under 2 pairs."""
+    low = next((r for m in ("itl_ms_p50", "tpot_ms_p50") for r in paired if r.metric == m), None)
+    sat = next((r for r in reversed(paired) if r.metric == "output_tok_s"), None)
+    return (low if low and low.pairs >= 2 else None), (sat if sat and sat.pairs >= 2 else None)
 
 
 def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSpeedup | None) -> doc.RegimeClaim | None:
-    """One regime claim: with a paired test (>= 2 pairs) its speedup, 95% interval and verdict (an established
-    difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range (``pays``
-    when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
+    """One regime claim: with a paired test (:func:`regime_tests`) its speedup, 95% interval and verdict (an
+    established difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range
+    (``pays`` when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
     R, C = doc.RegimeRule, doc.RegimeClass
-    ranged = bool(rng and rng.min != rng.max)
-    if test is not None and test.pairs >= 2 and test.speedup is not None:
-        cls = PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
+    if test is not None and test.speedup is not None:
         # established is not the same as large: a significant 1.01x neither pays nor costs
-        rule, cls, speedup = R.PAIRED_T, C.NO_CHANGE if 1 / PAYS < test.speedup < PAYS else cls, test.speedup
-        low, high = test.speedup_low, test.speedup_high
+        cls = C.NO_CHANGE if 1 / PAYS < test.speedup < PAYS else PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
+        rule, speedup, low, high = R.PAIRED_T, test.speedup, test.speedup_low, test.speedup_high
     elif median is None:
         return None
     else:
-        test, speedup = None, median
+        test, speedup, ranged = None, median, bool(rng and rng.min != rng.max)
         lo, hi = (rng.min, rng.max) if rng and ranged else (median, median)
         cls = C.PAYS if lo >= PAYS else C.COSTS if hi <= 1 / PAYS else C.NO_CHANGE
         rule, low, high = (R.MIN_MAX_RANGE, lo, hi) if ranged else (R.SINGLE_RUN, None, None)
-    return doc.RegimeClaim(
-        rule=rule,
-        speedup=speedup,
-        low=low,
-        high=high,
-        pairs=test.pairs if test else None,
-        load=test.load if test else None,
-        metric=test.metric if test else None,
-        verdict=test.verdict if test else None,
-        class_=cls,
-    )
+    of_test = {k: getattr(test, k) if test else None for k in ("pairs", "load", "metric", "verdict")}
+    return doc.RegimeClaim(rule=rule, speedup=speedup, low=low, high=high, class_=cls, **of_test)
 
 
 def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
@@ -534,7 +472,7 @@ def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
 
 
 def regime_reading(
-    sc: Scorecard, lo: doc.RegimeClaim | None, sat: doc.RegimeClaim | None, gap: str | None = None
+    sc: Scorecard, lo: doc.RegimeClaim | None, sat: doc.RegimeClaim | None, gap: str | None
 ) -> doc.RegimeReading:
     """Where the scheme pays, from the classes of its two claims."""
     R = doc.RegimeReading
@@ -555,8 +493,8 @@ def regime(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw, pairable: boo
     ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
     ranges (and ``sc.validity`` says so where a paired test was possible)."""
     comparable = not not_comparable(sc, base)
-    low, low_iv = _speedup(*_low_itl(sc, base)) if comparable else (None, None)
-    sat, sat_iv = _speedup(*_ceilings(sc, base)) if comparable else (None, None)
+    low, low_iv = _low_itl(sc, base) if comparable else (None, None)
+    sat, sat_iv = _ceilings(sc, base) if comparable else (None, None)
     paired = paired_speedups(sc, base, mine, theirs)
     if not pairable:
         if any(row.pairs >= 2 for row in paired):
