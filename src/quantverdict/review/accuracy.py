@@ -3,6 +3,7 @@ lm-eval's ``doc_hash``/``prompt_hash`` differ), token perplexity over its window
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import stats
 from quantverdict.measure.stats import Interval
 from quantverdict.results.baseline import eval_mismatch, headline_of, pct_change
-from quantverdict.results.record import JobRecord, TaskResult
+from quantverdict.results.record import JobRecord
 from quantverdict.review.document import AccuracyDelta, DeltaKind
 from quantverdict.review.document import Interval as DocInterval
 from quantverdict.review.kld import kld_deltas
@@ -52,19 +53,14 @@ def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], ke
     if len(common) != len(ia) or len(common) != len(ib):
         notes.append(f"paired on the {len(common)} items both ran ({len(ia)} vs {len(ib)} rows)")
     unchecked = False
-    for d in common:
-        ra, rb = ia[d], ib[d]
-        for h in HASH_KEYS:
-            if ra.get(h) is None or rb.get(h) is None:
-                unchecked = unchecked or h == "doc_hash"
-                continue
-            if ra[h] != rb[h]:
-                why = f"{task} doc_id {d}: {h} differs ({str(ra[h])[:12]}... vs {str(rb[h])[:12]}... in the baseline)"
-                what = "document" if h == "doc_hash" else "prompt"
-                return Pairing(
-                    [], [], refused=f"{why}: the two runs did not score the same {what}; paired test refused"
-                )
-    if unchecked and common:
+    for d, h in itertools.product(common, HASH_KEYS):
+        x, y = ia[d].get(h), ib[d].get(h)
+        unchecked = unchecked or (h == "doc_hash" and (x is None or y is None))
+        if x is not None and y is not None and x != y:
+            why = f"{task} doc_id {d}: {h} differs ({str(x)[:12]}... vs {str(y)[:12]}... in the baseline)"
+            what = "document" if h == "doc_hash" else "prompt"
+            return Pairing([], [], refused=f"{why}: the two runs did not score the same {what}; paired test refused")
+    if unchecked:
         notes.append(NO_HASHES)
     return Pairing([ia[d] for d in common], [ib[d] for d in common], "; ".join(notes))
 
@@ -119,8 +115,7 @@ def _score_delta(
         return td
     if td.refused or td.paired:
         return td
-    ma = rec.accuracy.tasks[task] if task in rec.accuracy.tasks else TaskResult()
-    mb = base.accuracy.tasks[task] if task in base.accuracy.tasks else TaskResult()
+    ma, mb = rec.accuracy.tasks[task], base.accuracy.tasks[task]
     sea, seb = ma.metric(f"{metric}_stderr"), mb.metric(f"{metric}_stderr")
     td.n = ma.n
     why = "no per-item samples" if not (sa and sb) else "no common items"
@@ -149,8 +144,7 @@ def _ppl_from_log_ratio(iv: Interval) -> Interval:
 def _ppl_delta(
     task: str, metric: str, v: float, b: float, rec: JobRecord, base: JobRecord, rc: ReviewConfig
 ) -> AccuracyDelta:
-    name = metric if task == metric else task
-    td = AccuracyDelta.new(name, metric, DeltaKind.PERPLEXITY, v, b, delta_pct=pct_change(v, b))
+    td = AccuracyDelta.new(task, metric, DeltaKind.PERPLEXITY, v, b, delta_pct=pct_change(v, b))
     if task == "token_perplexity":
         return _token_ppl_delta(td, rec, base, rc)
     count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric, "")
@@ -209,8 +203,7 @@ def accuracy_section(
     if base is None:
         why = f" ({no_base})" if no_base else ""
         return [], None, [f"no baseline record with accuracy for this model: no deltas{why}"]
-    reason = eval_mismatch(rec, base)
-    if reason:
+    if reason := eval_mismatch(rec, base):
         return [], reason, []
     headline = rec.headline()
     out: list[AccuracyDelta] = []

@@ -39,18 +39,10 @@ def _namer(cards: list[Scheme]) -> Callable[[Scheme], str]:
     return lambda sc: f"{sc.model}/{sc.name}" if many else sc.name
 
 
-def _column(n: int, height: float) -> tuple[Any, Any]:
-    """A figure of ``n`` panels one above the other, ``height`` inches each."""
-    fig, axes = plt.subplots(n, 1, figsize=(8.5, height * n), squeeze=False)
-    return fig, axes[:, 0]
-
-
-def _models(review: Review) -> list[str]:
-    return list(dict.fromkeys(sc.model for sc in review.scorecards))
-
-
-def _of(review: Review, model: str) -> list[Scheme]:
-    return [sc for sc in review.scorecards if sc.model == model]
+def _by_model(review: Review) -> dict[str, list[Scheme]]:
+    """Each model's scorecards, in the review's order."""
+    models = dict.fromkeys(sc.model for sc in review.scorecards)
+    return {m: [sc for sc in review.scorecards if sc.model == m] for m in models}
 
 
 def _ratio_curve(sc: Scheme, base: Scheme) -> list[SpeedRatio]:
@@ -91,16 +83,15 @@ def _finish(ax: Any, title: str, model: str | None, **grid: Any) -> None:
 def speed_ratio_figure(review: Review) -> Any:
     """Per model, each scheme's speed ratio over its baseline against the load; None without ratios."""
     panels = []
-    for model in _models(review):
-        cards = _of(review, model)
+    for model, cards in _by_model(review).items():
         base = next((c for c in cards if c.is_baseline), None)
         curves = [(sc, c) for sc in cards if base and not sc.is_baseline and (c := _ratio_curve(sc, base))]
         if base is not None and curves:
             panels.append((model, base, curves))
     if not panels:
         return None
-    fig, axes = _column(len(panels), 4.2)
-    for ax, (model, base, curves) in zip(axes, panels):
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.2 * len(panels)), squeeze=False)
+    for ax, (model, base, curves) in zip(axes[:, 0], panels):
         pos = _positions([base] + [sc for sc, _ in curves])
         for i, (sc, curve) in enumerate(curves):
             lo = [r.value - r.low if r.low is not None else 0.0 for r in curve]
@@ -112,7 +103,6 @@ def speed_ratio_figure(review: Review) -> Any:
         ax.set_ylabel(f"per-user output speed / {base.scheme}'s (x)")
         title = f"speed vs {base.name} (1000 / TPOT p50 ratio; bars: range over repeats)"
         _finish(ax, title, model if len(panels) > 1 else None)
-    fig.tight_layout()
     return fig
 
 
@@ -131,11 +121,11 @@ def _pareto_points(sc: Scheme) -> list[tuple[float, float, str]]:
 
 def pareto_figure(review: Review) -> Any:
     """Per model, total output tok/s against per-user tok/s and the frontier; None without TPOT data."""
-    panels = [(m, cards) for m in _models(review) if (cards := [sc for sc in _of(review, m) if _pareto_points(sc)])]
+    panels = [(m, cards) for m, scs in _by_model(review).items() if (cards := [sc for sc in scs if _pareto_points(sc)])]
     if not panels:
         return None
-    fig, axes = _column(len(panels), 4.6)
-    for ax, (model, cards) in zip(axes, panels):
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.6 * len(panels)), squeeze=False)
+    for ax, (model, cards) in zip(axes[:, 0], panels):
         everything: list[tuple[float, float]] = []
         for i, sc in enumerate(cards):
             pts = _pareto_points(sc)
@@ -154,7 +144,6 @@ def pareto_figure(review: Review) -> Any:
         ax.set_ylabel("total output throughput (tok/s)")
         title = "throughput vs interactivity, one point per load level (up and right is better)"
         _finish(ax, title, model if len(panels) > 1 else None, which="both")
-    fig.tight_layout()
     return fig
 
 
@@ -168,19 +157,16 @@ def memory_figure(review: Review) -> Any:
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cards) + 4), 4.4))
     x = list(range(len(cards)))
     bottom = [0.0] * len(cards)
-    parts = (
-        ("weights_gib", "weights", "#4c72b0"),
-        ("kv_needed_gib", f"KV cache for {headline.memory_load_text(rc)}", "#dd8452"),
-        ("state_needed_gib", "recurrent state", "#937860"),
-    )
-    for key, label, color in parts:
-        vals = [float(getattr(sc.memory, key) or 0.0) for sc in cards]
-        if any(vals):
+    parts: dict[str, tuple[list[float | None], str]] = {
+        "weights": ([sc.memory.weights_gib for sc in cards], "#4c72b0"),
+        f"KV cache for {headline.memory_load_text(rc)}": ([sc.memory.kv_needed_gib for sc in cards], "#dd8452"),
+        "recurrent state": ([sc.memory.state_needed_gib for sc in cards], "#937860"),
+        "reserve": ([rc.reserved_gib for _ in cards], "#8172b3"),
+    }
+    for label, (gib, color) in parts.items():
+        if any(vals := [float(v or 0.0) for v in gib]):
             ax.bar(x, vals, bottom=bottom, color=color, label=label, width=0.6)
             bottom = [b + v for b, v in zip(bottom, vals)]
-    if rc.reserved_gib:
-        ax.bar(x, [rc.reserved_gib] * len(cards), bottom=bottom, color="#8172b3", label="reserve", width=0.6)
-        bottom = [b + rc.reserved_gib for b in bottom]
     for xi, u in zip(x, bottom):
         ax.annotate(
             f"{u:.3g}", (xi, u), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8
@@ -197,7 +183,6 @@ def memory_figure(review: Review) -> Any:
     ax.set_xticks(x, [label_of(sc) for sc in cards], rotation=20, ha="right")
     ax.set_ylabel("GiB (2^30 bytes)")
     _finish(ax, title, None, axis="y")
-    fig.tight_layout()
     return fig
 
 
@@ -212,7 +197,7 @@ def accuracy_figure(review: Review) -> Any:
         return None
     label_of, deltas = _namer(cards), [d for sc in cards for d in sc.accuracy.deltas]
     by_kind = {k: list(dict.fromkeys(_delta_name(d) for d in deltas if d.kind == k)) for k in ("score", "perplexity")}
-    panels = [(k, ns) for k, ns in by_kind.items() if ns]
+    panels = [(k, names) for k, names in by_kind.items() if names]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels) + 2.5, 4.4), squeeze=False)
     width = 0.8 / max(1, len(cards))
     hollow_seen = False
@@ -245,7 +230,6 @@ def accuracy_figure(review: Review) -> Any:
         ax.set_title(f"{what}, {review.constraints.confidence:.0%} interval{lower}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0][-1].legend(**OUTSIDE)
-    fig.tight_layout()
     return fig
 
 
@@ -257,24 +241,18 @@ def latency_figure(review: Review) -> Any:
     label_of, pos = _namer(cards), _positions(cards)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     rc = review.constraints
-    every = [p for sc in cards for p in sc.speed.points]
-    has_tpot = [p.tpot_ms_p99 is not None for p in every if p.tpot_ms_p99 or p.itl_ms_p99]
-    right = "TPOT p99 per request, else ITL p99 (ms)"
-    if not any(has_tpot):
-        right = "ITL p99 (ms)"
-    elif all(has_tpot):
-        right = "TPOT p99 per request (ms)"
-    for ax, right_panel, title, slo, slo_name in (
-        (axes[0], False, "TTFT p99 (ms)", rc.ttft_ms_p99, "TTFT objective"),
-        (axes[1], True, right, rc.itl_ms_p99, "TPOT objective (per request)"),
+    has_tpot = [p.tpot_ms_p99 is not None for sc in cards for p in sc.speed.points if p.tpot_ms_p99 or p.itl_ms_p99]
+    tpot = "TPOT p99 per request" if all(has_tpot) else "TPOT p99 per request, else ITL p99"
+    right = f"{tpot if any(has_tpot) else 'ITL p99'} (ms)"
+    ttfts = [[p.ttft_ms_p99 for p in sc.speed.points] for sc in cards]
+    tpots = [[p.itl_ms_p99 if p.tpot_ms_p99 is None else p.tpot_ms_p99 for p in sc.speed.points] for sc in cards]
+    for ax, values, title, slo, slo_name in (
+        (axes[0], ttfts, "TTFT p99 (ms)", rc.ttft_ms_p99, "TTFT objective"),
+        (axes[1], tpots, right, rc.itl_ms_p99, "TPOT objective (per request)"),
     ):
-        for i, sc in enumerate(cards):
-            pts = [
-                (p.load, v)
-                for p in sc.speed.points
-                if (v := (p.itl_ms_p99 if p.tpot_ms_p99 is None else p.tpot_ms_p99) if right_panel else p.ttft_ms_p99)
-            ]
-            ax.plot([pos[x] for x, _ in pts], [v for _, v in pts], label=label_of(sc), **_style(sc, i))
+        for i, (sc, vs) in enumerate(zip(cards, values)):
+            pts = [(pos[p.load], v) for p, v in zip(sc.speed.points, vs) if v]
+            ax.plot([x for x, _ in pts], [v for _, v in pts], label=label_of(sc), **_style(sc, i))
         if slo is not None:
             ax.axhline(slo, ls="--", color="red", lw=1, label=f"{slo_name} {slo:g} ms")
             where = {"xycoords": ("axes fraction", "data"), "color": "red", "fontsize": 8, "va": "bottom"}
@@ -285,7 +263,6 @@ def latency_figure(review: Review) -> Any:
         ax.set_yscale("log")
         ax.grid(alpha=0.3, which="both")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -299,8 +276,11 @@ FIGURES = (
 
 
 def make_figures(review: Review) -> dict[str, Any]:
-    """Every figure that has data, name -> matplotlib figure (the caller closes them)."""
-    return {name: fig for name, fn in FIGURES if (fig := fn(review)) is not None}
+    """Every figure that has data, name -> matplotlib figure, laid out (the caller closes them)."""
+    figures = {name: fig for name, fn in FIGURES if (fig := fn(review)) is not None}
+    for fig in figures.values():
+        fig.tight_layout()
+    return figures
 
 
 # each plot's alt text (review.json's ``plots``; the pages' captions)

@@ -36,8 +36,6 @@ MEDIANS = tuple(
     "e2e_ms_p99 e2e_ms_mean completed failed output_tokens_total output_tokens_requested".split()
 )
 
-Point = doc.SpeedPoint | doc.AtLoad
-
 
 def finite(v: Any) -> float | None:
     """``v`` as a float; None unless a finite number."""
@@ -58,13 +56,12 @@ def level_label(load: float, mode: str) -> str:
 
 def workload(rec: JobRecord) -> doc.Workload:
     """The request shape of a record's sweep, from ``config.bench``."""
-    bench = rec.cfg.bench
-    name, n_in, n_out = bench.name, bench.input_len, bench.output_len
+    b = rec.cfg.bench
     shape = "request shape not recorded"
-    if n_in is not None and n_out is not None:
-        shape = f"{n_in:,} in / {n_out:,} out tokens per request"
-    text = shape + (f" (bench={name})" if name else "")
-    return doc.Workload.model_validate({"bench": name, "input_len": n_in, "output_len": n_out, "text": text})
+    if b.input_len is not None and b.output_len is not None:
+        shape = f"{b.input_len:,} in / {b.output_len:,} out tokens per request"
+    text = shape + (f" (bench={b.name})" if b.name else "")
+    return doc.Workload(bench=b.name, input_len=b.input_len, output_len=b.output_len, text=text)
 
 
 def workload_shape(w: doc.Workload | None) -> tuple[int, int] | None:
@@ -103,11 +100,6 @@ def speed_points(mode: str, raw: list[dict[str, Any]]) -> list[doc.SpeedPoint]:
     return out
 
 
-def _load_of(q: SweepPoint | sweep_plan.SweepPoint, mode: str) -> float:
-    """The load level of a recorded or planned point (:func:`quantverdict.measure.sweep_plan.load_of`)."""
-    return sweep_plan.load_of({"concurrency": q.concurrency, "offered_rate_rps": q.offered_rate_rps}, mode)
-
-
 def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
     """The load levels ``config.bench`` planned, ascending (inf: unlimited); [] without a plan."""
     bench = rec.cfg.bench
@@ -115,10 +107,10 @@ def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
         plan = sweep_plan.plan(mode, list(bench.rates or []), list(bench.concurrencies or []), 1)
     except (TypeError, ValueError):
         return []
-    return sorted({_load_of(q, mode) for q in plan})
+    return sorted({sweep_plan.load_of(vars(q), mode) for q in plan})
 
 
-def slo_ok(p: Point, rc: ReviewConfig) -> bool | None:
+def slo_ok(p: doc.SpeedPoint | doc.AtLoad, rc: ReviewConfig) -> bool | None:
     """Whether a point's TTFT p99 and ITL p99 meet the SLO; None when a needed value is missing."""
     pairs = [(v, lim) for v, lim in ((p.ttft_ms_p99, rc.ttft_ms_p99), (p.itl_ms_p99, rc.itl_ms_p99)) if lim is not None]
     return None if any(v is None for v, _ in pairs) else all(v is not None and v <= lim for v, lim in pairs)
@@ -215,7 +207,7 @@ def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, doc.
 
 def point_label(sp: SweepPoint, mode: str) -> str:
     """A recorded point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
-    lbl = level_label(_load_of(sp, mode), mode)
+    lbl = level_label(sp.load(mode), mode)
     return f"{lbl} (repeat {sp.repeat})" if sp.repeat else lbl
 
 
@@ -287,8 +279,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     if missing:
         words = dict(missing=speed.missing_levels, planned=[level_label(x, mode) for x in planned], stopped=bool(above))
         words |= dict(status=rec.status, failed_stage=rec.failed_stage, lower_bound=speed.ceiling.lower_bound)
-        msg = say("sweep_incomplete", "speed.j2", **words)
-        found.append(Flag.new(FlagCode.SWEEP_INCOMPLETE, msg))
+        found.append(Flag.new(FlagCode.SWEEP_INCOMPLETE, say("sweep_incomplete", "speed.j2", **words)))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
     slo = slo_of(rc)
     by_load = _level_goodput(rec, raw, mode, slo) if slo.objectives() else {}
