@@ -90,6 +90,9 @@ def load_scheme(name: str) -> SchemeConfig:
     return scheme
 
 
+AWQ_CALIBRATION = ["scheme.calibration.num_samples=8", "scheme.calibration.seq_len=128"]
+
+
 @pytest.fixture(scope="session")
 def quantized(
     tmp_path_factory: pytest.TempPathFactory,
@@ -100,7 +103,8 @@ def quantized(
     asked for: ``quantized[name]`` -> (checkpoint, scheme config, model path).
 
     A scheme that quantizes is quantized as a job of the tier quantizes it (the calibration of
-    ``clihelp.CALIBRATION``): the job's recipe and method (:func:`quantverdict.orchestrate.job.quantize_plan`)
+    ``clihelp.CALIBRATION``; AWQ, which no job of the tier finishes, half its tokens: AWQ's grid search costs in
+    proportion to them): the job's recipe and method (:func:`quantverdict.orchestrate.job.quantize_plan`)
     through the job's checkpoint cache (:func:`quantverdict.orchestrate.caches.quantize`: its key, entry and lock
     under ``paths.cache_root``), so a checkpoint made here is the one such a job reuses and the other way round. The
     checkpoint is what a job records of it: the quantize stage's result stored with the entry plus ``path``,
@@ -117,7 +121,8 @@ def quantized(
 
     class Lazy(dict):  # type: ignore[type-arg]
         def __missing__(self, name: str) -> Any:
-            cfg = compose([f"scheme={name}", *CALIBRATION])
+            calibration = AWQ_CALIBRATION if name == "awq" else CALIBRATION
+            cfg = compose([f"scheme={name}", *calibration])
             cal, work = cfg.scheme.calibration, root / "work" / name
             if calibrates(cfg) and cal.text_file and cfg.data.offline_root is None:
                 pytest.skip(f"data.offline_root is null: no offline calibration text for {name}")
