@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from quantverdict.config.compose import PROJECT_ROOT, compose
+from quantverdict.config.compose import PROJECT_ROOT, as_dict, compose
 from quantverdict.config.schema import Config, SchemeConfig
-from quantverdict.config.schemes import read_dims, resolve_recipe
+from quantverdict.config.schemes import calibrates
 from quantverdict.processes import envs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
@@ -81,12 +81,6 @@ def embedded_model(
     return materialize(default_cfg.model, stage_envs["quantize"], Path(default_cfg.paths.cache_root), out, StageInfo())
 
 
-# small calibration: the tests check the pipeline, format and sizes, not the accuracy of the scales.
-# CPU time is dominated by GPTQ's per-column solve (fixed, ~90 s per scheme) and AWQ's grid search
-# (proportional to calibration tokens), so fewer samples mostly shorten AWQ.
-TEST_CALIBRATION = {"num_samples": 8, "seq_len": 128}
-
-
 def load_scheme(name: str) -> SchemeConfig:
     """``conf/scheme/<name>.yaml`` as its typed config (``${scheme.ignore}`` resolved)."""
     path = PROJECT_ROOT / "conf" / "scheme" / f"{name}.yaml"
@@ -96,47 +90,58 @@ def load_scheme(name: str) -> SchemeConfig:
     return scheme
 
 
+AWQ_CALIBRATION = ["scheme.calibration.num_samples=8", "scheme.calibration.seq_len=128"]
+
+
 @pytest.fixture(scope="session")
 def quantized(
     tmp_path_factory: pytest.TempPathFactory,
     stage_envs: dict[str, StageEnv],
     embedded_model: dict[str, Any],
-    default_cfg: Config,
 ) -> dict[str, Any]:
     """The embedded model quantized by the real quantize stage, each scheme once per test run and only when first
-    asked for: ``quantized[name]`` -> (stage result, scheme config, model path). A method that calibrates (all but
-    ``none`` and ``rtn``, :func:`quantverdict.config.schemes.calibrates`) skips without the offline data."""
+    asked for: ``quantized[name]`` -> (checkpoint, scheme config, model path).
+
+    A scheme that quantizes is quantized as a job of the tier quantizes it (the calibration of
+    ``clihelp.CALIBRATION``; AWQ, which no job of the tier finishes, half its tokens: AWQ's grid search costs in
+    proportion to them): the job's recipe and method (:func:`quantverdict.orchestrate.job.quantize_plan`)
+    through the job's checkpoint cache (:func:`quantverdict.orchestrate.caches.quantize`: its key, entry and lock
+    under ``paths.cache_root``), so a checkpoint made here is the one such a job reuses and the other way round. The
+    checkpoint is what a job records of it: the quantize stage's result stored with the entry plus ``path``,
+    ``key``, ``cached`` and ``sanity``. bf16 (``method: none``) runs the stage itself: the stage then measures the
+    source model, which no job asks of it. A scheme that calibrates skips without the offline data."""
+    from clihelp import CALIBRATION
+    from quantverdict.orchestrate import caches, resume
+    from quantverdict.orchestrate.job import quantize_plan
+    from quantverdict.results.record import StageInfo
+
     model = Path(embedded_model["path"])
     root = tmp_path_factory.mktemp("quantize")
+    env = stage_envs["quantize"]
 
     class Lazy(dict):  # type: ignore[type-arg]
         def __missing__(self, name: str) -> Any:
-            scheme = load_scheme(name)
-            cal = scheme.calibration
-            if scheme.method not in ("none", "rtn") and cal.text_file and default_cfg.data.offline_root is None:
+            calibration = AWQ_CALIBRATION if name == "awq" else CALIBRATION
+            cfg = compose([f"scheme={name}", *calibration])
+            cal, work = cfg.scheme.calibration, root / "work" / name
+            if calibrates(cfg) and cal.text_file and cfg.data.offline_root is None:
                 pytest.skip(f"data.offline_root is null: no offline calibration text for {name}")
-            root_dir = default_cfg.data.offline_root
-            text = Path(root_dir) / cal.text_file if cal.text_file and root_dir else None
-            spec = {
-                "model_path": str(model),
-                "out_dir": str(root / "ckpt" / name),
-                "recipe": resolve_recipe(scheme, read_dims(model)),
-                "method": scheme.method,
-                "calibration": {
-                    "text_path": str(text) if text else None,
-                    "hf_dataset": cal.hf_dataset,
-                    "hf_subset": cal.hf_subset,
-                    "hf_split": cal.hf_split,
-                    **TEST_CALIBRATION,
-                },
-                "seed": 0,
-            }
-            work = root / "work" / name
-            self[name] = (
-                run_stage(stage_envs["quantize"], "quantize", spec, work, QuantizeResult, timeout_s=900).model_dump(),
-                scheme,
-                model,
-            )
+            if cfg.scheme.method == "none":
+                spec = {
+                    "model_path": str(model),
+                    "out_dir": str(root / "ckpt" / name),
+                    "recipe": {},
+                    "method": "none",
+                    "calibration": {"text_path": None, **as_dict(cal)},
+                    "seed": cfg.seed,
+                }
+                made = run_stage(env, "quantize", spec, work, QuantizeResult, timeout_s=900).model_dump()
+            else:
+                recipe, method, _ = quantize_plan(cfg, embedded_model["dims"])
+                versions = caches.checkpoint_versions(resume.installed(env))
+                cache = Path(cfg.paths.cache_root)
+                made = caches.quantize(cfg, env, embedded_model, recipe, method, versions, cache, work, StageInfo())
+            self[name] = (made, cfg.scheme, model)
             return self[name]
 
     return Lazy()

@@ -22,6 +22,11 @@ from quantverdict.config.compose import PROJECT_ROOT
 # the environment variable that marks every process a test started (and their descendants)
 MARKER_VAR = "QV_TEST_MARKER"
 
+# the calibration of the tier's jobs that test no calibration size of their own, and of the ``quantized`` fixture
+# (tests/conftest.py): 16 x 128 WikiText-2 valid tokens. One size, so that a checkpoint of the checkpoint cache is
+# made once for every job and fixture that asks for the same model and scheme.
+CALIBRATION = ["scheme.calibration.num_samples=16", "scheme.calibration.seq_len=128"]
+
 # small enough for CI on 2 cores, large enough to exercise every stage for real
 TINY = [
     "eval.limit=4",
@@ -35,8 +40,7 @@ TINY = [
     "bench.input_len=64",
     "bench.output_len=8",
     "bench.rates=[2,inf]",
-    "scheme.calibration.num_samples=16",
-    "scheme.calibration.seq_len=128",
+    *CALIBRATION,
     "bench.server.port=8777",  # apart from the default 8765 of `make run`
 ]
 
@@ -50,8 +54,7 @@ TINY = [
 # two 512-token windows (the KL divergence's text).
 SERVED_GRID = [
     "scheme=bf16,w8a8",
-    "scheme.calibration.num_samples=16",
-    "scheme.calibration.seq_len=128",
+    *CALIBRATION,
     "resume=false",
     "eval.backend=server",
     "eval.tasks=[arc_easy]",

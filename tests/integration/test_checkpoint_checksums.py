@@ -51,22 +51,27 @@ def _job(out: Path, cache: Path) -> tuple[dict, str]:
 
 
 def test_damaged_cached_checkpoints_are_set_aside_and_quantized_again(
-    tmp_path: Path, stage_envs: dict, embedded_model: dict
+    tmp_path: Path, stage_envs: dict, embedded_model: dict, quantized: dict
 ) -> None:
     """One cached int8 checkpoint damaged three ways in turn, each followed by the same job: same-size corruption of
     its scales (caught by the checksums), zero scales checksummed again (caught by the sanity check), a truncated
     shard (caught by the checksums); after each the job sets the damaged folder aside and quantizes again. The jobs
     run one after the other on the one cache entry, so each damage starts from the checkpoint the job before made
     or reused (five jobs, where a job per damage and a cached one before each would take seven). The cache is one of
-    this test's own, holding the cached bf16 model: the checkpoint it damages is never one another test or job reads
-    (the integration tier runs files side by side)."""
+    this test's own, holding the cached bf16 model and a copy of the tier's int8 checkpoint (the ``quantized``
+    fixture's entry, which the first job reuses: its key is the job's): the checkpoint it damages is never one
+    another test or job reads (the integration tier runs files side by side)."""
     cache = tmp_path / "cache"
     (cache / "models").mkdir(parents=True)
     model_dir = Path(embedded_model["path"])
     (cache / "models" / model_dir.name).symlink_to(model_dir)  # the cached bf16 model, not materialized again
+    made = Path(quantized["int8"][0]["path"])
+    shutil.copytree(made, cache / "checkpoints" / made.parent.name / made.name)
     # --- same-size corruption of 30 scales: the checksums catch it ---
     rec, _ = _job(tmp_path / "a", cache)
+    assert rec["stages"]["quantize"]["status"] == "cached" and rec["checkpoint"]["key"] == quantized["int8"][0]["key"]
     ckpt = Path(rec["checkpoint"]["path"])
+    assert ckpt == cache / "checkpoints" / made.parent.name / made.name
     assert (ckpt / caches.CHECKSUMS).is_file() and rec["checkpoint"]["sha256"]
     t0 = time.perf_counter()
     assert caches.verify_checksums(ckpt) == rec["checkpoint"]["sha256"]

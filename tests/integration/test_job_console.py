@@ -1,6 +1,7 @@
 """What one job prints at its end: the record's path, what it cannot conclude without the baseline and how to get
 the verdict, and where its MLflow runs table is. A real ``python -m pipelines.run`` (evaluation and sweep off: the
-stages before them run, the checkpoint from the cache) with a real sqlite store under tmp_path."""
+stages before them run, the checkpoint from the cache: the ``quantized`` fixture's int8 entry, reused) with a real
+sqlite store under tmp_path."""
 
 from __future__ import annotations
 
@@ -11,16 +12,21 @@ import pytest
 from mlflow import MlflowClient
 
 from clihelp import run_cli
-from quantverdict.results.record import find_records
+from quantverdict.results.record import find_records, load
 
 pytestmark = pytest.mark.integration
 
 
-def test_a_single_job_names_its_record_and_what_it_cannot_conclude(tmp_path: Path) -> None:
+def test_a_single_job_names_its_record_and_what_it_cannot_conclude(tmp_path: Path, quantized: dict) -> None:
+    made = quantized["int8"][0]  # made in the checkpoint cache first (or found there), as a job would
     proc = run_cli(tmp_path, "scheme=int8", "eval.enabled=false", "bench.enabled=false", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     (record,) = find_records(tmp_path / "runs")
+    # the job reached the fixture's cache entry: the same key and folder, reused, not quantized again
+    rec = load(record)
+    assert rec["stages"]["quantize"]["status"] == "cached"
+    assert (rec["checkpoint"]["key"], rec["checkpoint"]["path"]) == (made["key"], made["path"])
     assert f"record: {record}" in lines
     assert (
         "Alone, this job gives int8's own numbers for smollm2-135m (weights, accuracy scores, speed where served), "

@@ -1,7 +1,9 @@
 """Quantize the embedded model with every shipped scheme (real llm-compressor, CPU) and check the checkpoints.
 
-Each scheme runs once (module-scoped fixture) with a small calibration (8 samples x 128 tokens of
-WikiText-2 valid) and is then checked for: the stage result, the number of quantized Linear layers
+Each scheme is quantized once per test run (the session's ``quantized`` fixture, as a job of the tier quantizes it and
+through its checkpoint cache: the entry a job of the same scheme reuses, or made by such a job first) with a small
+calibration (16 samples x 128 tokens of WikiText-2 valid, ``clihelp.CALIBRATION``; AWQ 8) and is then checked for: the
+stage result, the number of quantized Linear layers
 (SmolLM2-135M: 30 layers x 7 = 210; lm_head stays 16-bit), effective bits per weight against the
 formula of :func:`quantverdict.measure.memory.expected_bits`, total bytes, and the
 ``quantization_config`` that vLLM reads from config.json.
@@ -15,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from conftest import TEST_CALIBRATION
 from quantverdict.measure.memory import check_against_prediction, checkpoint_memory, expected_bits
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -42,8 +43,8 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def results(quantized: dict[str, Any]) -> dict[str, Any]:
-    """Each scheme quantized once per test run (tests/conftest.py): ``results[name]`` -> (stage result,
-    scheme config, model path)."""
+    """Each scheme quantized once per test run (tests/conftest.py): ``results[name]`` -> (checkpoint: the stage
+    result stored with the cache entry plus its path and key; bf16: the stage result), scheme config, model path)."""
     return quantized
 
 
@@ -59,14 +60,18 @@ def test_bf16_is_identity(results: dict[str, Any]) -> None:
 def test_scheme_checkpoint(results: dict[str, Any], name: str) -> None:
     res, scheme, _ = results[name]
     fmt, bits, group, zero_point = EXPECTED[name]
-    assert res["status"] == "ok"
+    # the checkpoint cache's entry of the job's key (cache/checkpoints/<model>/<scheme>-<key>), its sanity check
+    # against the source model passed (made now or reused)
+    assert Path(res["path"]).name == f"{name}-{res['key']}" and Path(res["path"]).parent.name == "smollm2-135m"
+    assert res["sanity"]["finite"] is True
     assert res["logits_finite"] is True
     # every Linear of the 30 decoder layers (7 each); lm_head is ignored
     assert res["quantized_modules"] == 210
     assert res["versions"]["llmcompressor"]
     if scheme.method in ("gptq", "awq", "smoothquant_gptq"):
-        assert res["calibration"]["num_samples"] == TEST_CALIBRATION["num_samples"]
-        assert res["calibration"]["seq_len"] == TEST_CALIBRATION["seq_len"]
+        # clihelp.CALIBRATION, AWQ half its samples (conftest.AWQ_CALIBRATION)
+        want = (8, 128) if name == "awq" else (16, 128)
+        assert (res["calibration"]["num_samples"], res["calibration"]["seq_len"]) == want
     else:
         assert res["calibration"]["num_samples"] == 0
     # a 4-bit or 8-bit checkpoint must not lose the model: check-prompt NLL within 1 nat of the source

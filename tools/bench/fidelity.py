@@ -49,7 +49,7 @@ compare (a record without speed points, a filter value that selects no point the
 points match none of the job's, ``--report-only`` with no readable by-hand file of a chosen point); 3 the run
 stopped on an error (the traceback on stderr; the finished points kept in ``fidelity.json`` with ``error``).
 
-On CPU the same check runs in ``tests/integration/test_sweep_cache.py`` on the embedded model.
+On CPU the same check runs in ``tests/integration/test_serve_bench.py`` on the embedded model.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ from quantverdict.serving.server import VLLMServer
 
 TOLERANCE = 0.05  # the job's own sweep is trusted when every point is within +-5% of a by-hand run's
 # Two CPU runs of 8 requests (15-25-s windows) on a shared 2-core machine, where server and client take turns on
-# the cores (tests/integration/test_sweep_cache.py, AVX2 EPYC): by hand vs job 8.7% / 6.5% (bf16
+# the cores (tests/integration/test_serve_bench.py, AVX2 EPYC): by hand vs job 8.7% / 6.5% (bf16
 # emulated), 6.0% / 22.5% and 13.0% / 14.1% (float32), at c = 1 / 4, in both directions. 15% failed CI
 # once; the check there shows the plumbing (seeds, request counts, no cache hits) and catches a gross gap (emulated
 # bf16 instead of float32 here: several times slower)

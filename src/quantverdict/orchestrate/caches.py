@@ -106,8 +106,11 @@ def materialize(
             the child downloads that commit, and an entry of another commit is not reused.
 
     Returns:
-        The materialize stage's result (``path``, ``dims``, ``num_parameters``, ``model``, ...; a hub model's
-        ``hf_id``, ``revision`` and ``commit``); ``st`` is marked ``cached`` when the entry was reused.
+        The cache entry's ``quantverdict_model.json``: the materialize stage's result (``path``, ``dims``,
+        ``num_parameters``, ...; a hub model's ``hf_id``, ``revision`` and ``commit``) and ``model``, the source
+        keys it was made from, which :func:`checkpoint_key` reads. The same dict whether the entry was made now or
+        reused, so that a checkpoint's key does not depend on which job made the model; ``st`` is marked
+        ``cached`` when the entry was reused.
 
     Raises:
         ValueError: ``model.source=hf`` without ``hub``.
@@ -150,7 +153,16 @@ def _materialize_locked(
     spec = {"model": source, "out_dir": str(target), "cache_root": str(cache), **(extra or {})}
     if hub is not None:
         spec["hub"] = hub.spec()
-    return run_stage(env, "materialize", spec, out, MaterializeResult).payload()
+    run_stage(env, "materialize", spec, out, MaterializeResult)
+    # the entry as a later job reads it: the stage's result plus the source keys ("model") the child wrote last
+    made: dict[str, Any] = json.loads(info.read_text())
+    return made
+
+
+def checkpoint_versions(pins: list[str]) -> dict[str, str]:
+    """``{name: version}`` of the quantize environment's ``name==version`` lines
+    (:func:`quantverdict.orchestrate.resume.installed`): the environment part of :func:`checkpoint_key`."""
+    return dict(line.split("==", 1) for line in pins)
 
 
 def checkpoint_key(

@@ -256,6 +256,35 @@ def run_job(cfg: Config, out_dir: Path) -> dict[str, Any]:
     return rec.to_dict()
 
 
+def quantize_plan(cfg: Config, dims: dict[str, Any]) -> tuple[dict[str, Any], SchemeMethod, str | None]:
+    """The llm-compressor recipe and the method that make ``cfg.scheme``'s checkpoint of a model with ``dims``
+    (its config.json's dimensions): what :func:`quantverdict.orchestrate.caches.quantize` is given, and so part of
+    the checkpoint's cache key.
+
+    The scheme's recipe is resolved for the dimensions, ``model.quantize_ignore`` kept 16-bit
+    (:func:`quantverdict.config.schemes.resolve_recipe`; raises ConfigError where the scheme cannot take the
+    layers). On random weights (``model.source=synthetic``) a method that calibrates the weights becomes
+    round-to-nearest in the same format unless the model asks to calibrate (:func:`schemes.calibrates`); calibrated
+    K/V scales (``kv.calibrated``) add llm-compressor's ``kv_cache_scheme`` and the method that makes them.
+
+    Returns:
+        ``(recipe, method, note)``: ``note`` says why the method was replaced, for the record; None where it was not.
+    """
+    recipe = schemes.resolve_recipe(cfg.scheme, dims, list(cfg.model.quantize_ignore))
+    method = cfg.scheme.method
+    note = None
+    if cfg.model.source == "synthetic" and method not in schemes.DATA_FREE_METHODS and not schemes.calibrates(cfg):
+        recipe, method = schemes.data_free_equivalent(recipe), SchemeMethod.rtn
+        note = (
+            f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
+            f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
+        )
+    if cfg.kv.calibrated:  # calibrated K/V scales: the scheme's recipe also sets llm-compressor's kv_cache_scheme
+        recipe, made_by = kv.with_kv_cache_scheme(recipe, str(method), cfg.kv, cfg.scheme.ignore)
+        method = SchemeMethod(made_by)
+    return recipe, method, note
+
+
 def _run(job: Job) -> None:
     cfg, rec, out = job.cfg, job.record, job.out_dir
     root = Path(cfg.paths.project_root)
@@ -365,18 +394,10 @@ def _run(job: Job) -> None:
     dims = rec.model.dims or {}  # the model's dimensions (its config.json's)
 
     # scheme x model checks (group size divides the layers, ...) before any expensive work
-    recipe = schemes.resolve_recipe(cfg.scheme, dims, list(cfg.model.quantize_ignore))
-    method = cfg.scheme.method
+    recipe, method, note = quantize_plan(cfg, dims)
+    if note:
+        rec.notes.append(note)
     synthetic = cfg.model.source == "synthetic"
-    if synthetic and method not in schemes.DATA_FREE_METHODS and not schemes.calibrates(cfg):
-        recipe, method = schemes.data_free_equivalent(recipe), SchemeMethod.rtn
-        rec.notes.append(
-            f"{cfg.scheme.name}: the model has random weights, so {cfg.scheme.method} calibration was replaced by "
-            f"round-to-nearest in the same {cfg.scheme.label} format (same tensors, bytes and vLLM kernels)"
-        )
-    if cfg.kv.calibrated:  # calibrated K/V scales: the scheme's recipe also sets llm-compressor's kv_cache_scheme
-        recipe, made_by = kv.with_kv_cache_scheme(recipe, str(method), cfg.kv, cfg.scheme.ignore)
-        method = SchemeMethod(made_by)
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))  # what llm-compressor gets ({}: bf16); an artifact
     if not cfg.bench.enabled:
         unsupported = None
@@ -428,7 +449,7 @@ def _run(job: Job) -> None:
                 cfg, quant_env, recipe, method, quant_versions, extra["tokenizer_path"], cache, out, st
             )
         else:
-            versions = dict(line.split("==", 1) for line in pins["quantize"])
+            versions = caches.checkpoint_versions(pins["quantize"])
             made = caches.quantize(cfg, quant_env, model, recipe, method, versions, cache, out, st)
             rec.checkpoint = Checkpoint.model_validate(made)
             if job.earlier is not None and rec.checkpoint.cached:
