@@ -75,7 +75,7 @@ def accuracy_not_applicable(rec: JobRecord) -> str | None:
 
 
 def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> doc.Scheme:
-    """The scheme of ``r`` among ``records`` (one per model and scheme) up to its checks and headline; its accuracy
+    """The scheme of ``r`` among ``records`` (one per model and scheme), all but its headline; its accuracy
     baseline is looked for among ``all_records``."""
     j = r.job
     label = str(j.scheme_label or "?")  # job.py writes it for every job
