@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quantverdict import RECORD_SCHEMA_VERSION
-from quantverdict.review.document import ModelVerdict, Review
+from quantverdict.review.document import JobStatus, ModelVerdict, Review, Scheme
 from quantverdict.review.words import say
 
 GIB = 1024**3
@@ -192,6 +192,24 @@ def record(
         },
         "speed": sp if sp is not None else speed(40.0, 300.0),
     }
+
+
+def blank_scheme(job_id: str, name: str, label: str, *, is_baseline: bool = False, gpus: int = 1) -> Scheme:
+    """A finished job of model ``m`` as the review starts its scheme: 16-bit weights, every figure not yet known."""
+    return Scheme(
+        job_id=job_id,
+        model="m",
+        scheme=name,
+        label=label,
+        name=f"{name} ({label})",
+        weight_tier=0,
+        kv_cache="auto",
+        is_baseline=is_baseline,
+        status=JobStatus.OK,
+        failed_stage=None,
+        error=None,
+        gpus=gpus,
+    )
 
 
 def write_samples(rec: dict[str, Any], tmp: Path, task: str, rows: list[dict[str, Any]]) -> None:

@@ -14,11 +14,11 @@ from quantverdict.config.validate import review_errors
 from quantverdict.measure.bench_result import completed_requests, latency_samples
 from quantverdict.measure.goodput import Slo, goodput, request_latencies
 from quantverdict.results.record import JobRecord
-from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.document import Scheme
 from quantverdict.review.speed import NO_PER_REQUEST, speed_summary
 from quantverdict.review.verdict import FAIL, PASS, latency_check
 from quantverdict.review.words import say
-from review_records import record
+from review_records import blank_scheme, record
 
 # five requests sent over a 10 s benchmark, (TTFT s, E2E s, output tokens):
 #   0: 0.5, 3.6, 32 -> TPOT (3.6 - 0.5) / 31 = 100 ms                 meets TTFT <= 1000 and TPOT <= 150
@@ -80,10 +80,10 @@ def _rec(tmp: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
     return rec
 
 
-def _card(rec: dict[str, Any], rc: ReviewConfig = RC) -> Scorecard:
+def _card(rec: dict[str, Any], rc: ReviewConfig = RC) -> Scheme:
     sp, _, missing = speed_summary(JobRecord.view(rec), rc)
     assert not missing
-    sc = Scorecard("j", "m", "bf16", "BF16", 0, "ok", None, None, True)
+    sc = blank_scheme("j", "bf16", "BF16", is_baseline=True)
     sc.speed = sp
     return sc
 

@@ -42,11 +42,6 @@ NOT_RECORD_DATA: dict[str, str] = {
     "serving/server.py": "vLLM's HTTP responses (/v1/models, /reset_prefix_cache)",
 }
 
-# measure/ runs in every stage environment and sits below results/ (import contract "children"): the shapes it
-# computes over are its own models (quantverdict.measure.points, which the record uses); what it still takes as a
-# plain dict is counted here
-LAYER_BELOW = "measure/ reads this as a plain dict (not typed by quantverdict.measure.points)"
-
 # files that keep an exact number of ``.get(``, each with what it reads
 COUNTED: dict[str, tuple[int, str]] = {
     "orchestrate/starts.py": (2, "the stopping rule's decisions per job, a table built in run_starts"),
@@ -64,7 +59,6 @@ COUNTED: dict[str, tuple[int, str]] = {
         1,
         "a task's metric in config.eval.headline (JobRecord.headline: read through the typed view, then looked up)",
     ),
-    "measure/aggregate.py": (2, f"{LAYER_BELOW}: sweep points, as review.speed passes them"),
     "measure/gpu_samples.py": (2, "nvidia-smi's column names, mapped to the sample's keys"),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
     "measure/kv_cache.py": (1, "vLLM's table of KV-cache element sizes by dtype name (a constant)"),

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from quantverdict.measure import aggregate, sweep
-from quantverdict.measure.points import Spread
+from quantverdict.measure.points import Spread, SweepPoint
 
 
 def test_levels_group_sort_and_pick_valid() -> None:
@@ -28,18 +28,21 @@ def test_majority(votes: list[bool | None], want: bool | None) -> None:
     assert aggregate.majority(votes) is want
 
 
-def test_median_point_and_ranges() -> None:
+def test_medians_and_ranges() -> None:
     reps = [
-        {"tok_s": 280.0, "ttft": 10, "name": "a", "flag": True, "partial": 1.0},
-        {"tok_s": 340.0, "ttft": 30, "name": "b", "flag": False},
-        {"tok_s": 300.0, "ttft": 20, "name": "c", "flag": True, "partial": 3.0},
+        SweepPoint(output_tok_s=280.0, completed=10, window_met=True, itl_ms_p50=1.0),
+        SweepPoint(output_tok_s=340.0, completed=30, window_met=False),
+        SweepPoint(output_tok_s=300.0, completed=20, window_met=True, itl_ms_p50=3.0),
     ]
-    agg = aggregate.median_point(reps)
-    assert agg["tok_s"] == 300.0 and agg["ttft"] == 20.0  # medians of 280/300/340 and 10/20/30
-    assert agg["name"] == "a" and agg["flag"] is True  # not numbers: the first repeat's
-    assert agg["partial"] == 1.0  # missing in one repeat: the first repeat's value, not a median
-    assert aggregate.median_point(reps[:2])["tok_s"] == 310.0  # even count: mean of the middle two
-    assert aggregate.ranges(reps, ("tok_s", "partial", "flag")) == {"tok_s": [280.0, 340.0]}
+    keys = ("output_tok_s", "completed", "itl_ms_p50", "window_met")
+    assert aggregate.medians(reps, keys) == {
+        "output_tok_s": 300.0,  # median of 280/300/340
+        "completed": 20.0,  # median of 10/20/30
+        "itl_ms_p50": 1.0,  # missing in one repeat: the first repeat's value, not a median
+        "window_met": None,  # not a number
+    }
+    assert aggregate.medians(reps[:2], ("output_tok_s",)) == {"output_tok_s": 310.0}  # even count: (280 + 340) / 2
+    assert aggregate.ranges(reps, keys) == {"output_tok_s": (280.0, 340.0), "completed": (10.0, 30.0)}
 
 
 def test_summarize_uses_the_same_levels() -> None:

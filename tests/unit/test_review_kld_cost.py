@@ -14,8 +14,7 @@ from quantverdict.review import document as doc
 from quantverdict.review.core import to_json
 from quantverdict.review.cost import scheme_cost
 from quantverdict.review.render import markdown
-from quantverdict.review.scorecard import Scorecard
-from review_records import grid, others, sentence, synthetic_grid
+from review_records import blank_scheme, grid, others, sentence, synthetic_grid
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, floor_test="point")
 
@@ -153,8 +152,9 @@ def test_a_tensor_parallel_job_pays_for_every_gpu_it_used() -> None:
     top = doc.Ceiling.model_validate(dict.fromkeys(doc.Ceiling.model_fields) | {"kind": "saturated", "lower_bound": 0})
     at.output_tok_s = top.output_tok_s = 1000.0
     speed = doc.Speed.unmeasured("concurrency").model_copy(update={"at_load": at, "ceiling": top})
-    one = Scorecard("a", "m", "bf16", "BF16", 0, "ok", None, None, True, speed=speed)
-    two = replace(one, job_id="b", gpus=2)
+    one = blank_scheme("a", "bf16", "BF16", is_baseline=True)
+    one.speed = speed
+    two = one.model_copy(update={"job_id": "b", "gpus": 2})
     assert scheme_cost(one, 3.5).usd_per_mtok_at_load == pytest.approx(0.97222, abs=1e-5)
     assert scheme_cost(two, 3.5).usd_per_mtok_at_load == pytest.approx(1.94444, abs=1e-5)
     assert scheme_cost(two, 3.5).usd_per_mtok_ceiling == pytest.approx(1.94444, abs=1e-5)

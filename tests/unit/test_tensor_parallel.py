@@ -25,10 +25,10 @@ from quantverdict.orchestrate import dummy, hardware, preflight
 from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import JobRecord
 from quantverdict.review import gpus
-from quantverdict.review.document import Ceiling, Memory
-from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.document import Ceiling, Memory, Scheme
 from quantverdict.review.words import say
 from quantverdict.serving.server import VLLMServer, build_command
+from review_records import blank_scheme
 
 GIB = 2**30
 LLAMA70B = yaml.safe_load((CONF_DIR / "model" / "llama3.1-70b-shape.yaml").read_text())["synthetic"]["config"]
@@ -98,8 +98,8 @@ def test_gpus_needed_for_a_per_gpu_budget(
     assert tpm.gpus_needed(weights, kv, heads, budget) == expected
 
 
-def _card(scheme: str, label: str, weights_gib: float, source: str, tok_s: float | None) -> Scorecard:
-    sc = Scorecard(f"m_{scheme}", "m", scheme, label, 0, "ok", None, None, scheme == "bf16")
+def _card(scheme: str, label: str, weights_gib: float, source: str, tok_s: float | None) -> Scheme:
+    sc = blank_scheme(f"m_{scheme}", scheme, label, is_baseline=scheme == "bf16")
     sc.memory = Memory.unknown().model_copy(
         update={"weights_gib": weights_gib, "weights_source": source, "kv_needed_gib": 10.0, "state_needed_gib": 0.0}
     )

@@ -1,18 +1,20 @@
 """Repeat aggregation: sweep points grouped by load level, and the median of a level over its valid repeats.
 
 The one implementation behind the record's per-load summary (:func:`quantverdict.measure.sweep.summarize`) and
-the review's speed points (:func:`quantverdict.review.speed.speed_points`). Standard library only; what makes a
-point valid, saturated or part of a load level is passed in (:mod:`quantverdict.measure.sweep` defines it).
+the review's speed points (:func:`quantverdict.review.speed.speed_points`). What makes a point valid, saturated or
+part of a load level is passed in (:mod:`quantverdict.measure.sweep` defines it).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeGuard
 
 from typing_extensions import TypeVar
+
+from quantverdict.measure.points import SweepPoint
 
 # a point of a level: a typed sweep point (quantverdict.measure.points.SweepPoint) or, by default, a point as the
 # record's JSON holds it
@@ -56,26 +58,25 @@ def majority(votes: Iterable[bool | None]) -> bool | None:
     return (2 * sum(1 for v in known if v) > len(known)) if known else None
 
 
-def median_point(valid: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first valid repeat with every key that is a number in **every** repeat replaced by the median
-    over the repeats (float; the mean of the middle two for an even count). Other keys keep the first
-    repeat's value.
+def medians(valid: Sequence[SweepPoint], keys: Iterable[str]) -> dict[str, float | None]:
+    """Per key, the median over the valid repeats where it is a number in **every** repeat (the mean of the middle
+    two for an even count), else the first repeat's value (None where that is not a number).
 
     Raises:
         IndexError: ``valid`` is empty.
     """
-    agg: dict[str, Any] = dict(valid[0])
-    for k in valid[0]:
-        nums = [x for x in (q.get(k) for q in valid) if is_number(x)]
-        if len(nums) == len(valid):
-            agg[k] = statistics.median(float(x) for x in nums)
-    return agg
+    out: dict[str, float | None] = {}
+    for k in keys:
+        nums = [x for p in valid if (x := p.number(k)) is not None]
+        out[k] = statistics.median(nums) if len(nums) == len(valid) else valid[0].number(k)
+    return out
 
 
-def ranges(valid: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, list[float]]:
-    """``{key: [min, max]}`` over the valid repeats, for each of ``keys`` that is a number in every repeat."""
-    return {
-        k: [min(float(q[k]) for q in valid), max(float(q[k]) for q in valid)]
-        for k in keys
-        if all(is_number(q.get(k)) for q in valid)
-    }
+def ranges(valid: Sequence[SweepPoint], keys: Iterable[str]) -> dict[str, tuple[float, float]]:
+    """``{key: (min, max)}`` over the valid repeats, for each of ``keys`` that is a number in every repeat."""
+    out = {}
+    for k in keys:
+        nums = [x for p in valid if (x := p.number(k)) is not None]
+        if nums and len(nums) == len(valid):
+            out[k] = (min(nums), max(nums))
+    return out

@@ -18,7 +18,7 @@ from quantverdict import __version__
 from quantverdict.config.kv import combo_order
 from quantverdict.config.schema import ReviewConfig, TrackingConfig
 from quantverdict.measure import kernels
-from quantverdict.results.baseline import baseline_candidates, find_baseline, no_baseline_reason
+from quantverdict.results.baseline import baseline_candidates, baseline_scheme, find_baseline, no_baseline_reason
 from quantverdict.results.format import gpu_limits
 from quantverdict.results.record import CpuInfo, GpuInfo, HostInfo, JobRecord, KernelCheck, now_iso, stopped_stage
 from quantverdict.results.tracking import (
@@ -42,10 +42,9 @@ from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
 from quantverdict.review.render import short_error
 from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
-from quantverdict.review.scorecard import Scorecard, accuracy_not_applicable, is_baseline, weight_tier
 from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
-from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, Checks, decide, floor_test_of, regime
+from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, checks, decide, floor_test_of, regime
 from quantverdict.review.words import say
 
 log = logging.getLogger(__name__)
@@ -53,20 +52,45 @@ log = logging.getLogger(__name__)
 KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formula by more than 10%
 
 
-def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> Scorecard:
-    """The scorecard of ``r`` among ``records`` (one per model and scheme); its accuracy baseline is looked for
-    among ``all_records``."""
+def weight_tier(rec: JobRecord) -> int:
+    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer, from
+    ``config.scheme.weight_bits`` (the scheme schema's default is 16)."""
+    bits = int(rec.cfg.scheme.weight_bits or 16)
+    return 0 if bits >= 16 else 1 if bits >= 8 else 2
+
+
+NOT_APPLICABLE_DEFAULT = "synthetic model with random weights: accuracy is not applicable"
+
+
+def accuracy_not_applicable(rec: JobRecord) -> str | None:
+    """Why the record's accuracy cannot be measured (None: it can), from ``accuracy.not_applicable``, else
+    ``stages.evaluate`` marked ``not_applicable``, else ``config.model.source == "synthetic"`` (random weights)."""
+    if rec.accuracy.not_applicable:
+        return str(rec.accuracy.not_applicable)
+    if rec.stage("evaluate").status == "not_applicable":
+        return str(rec.stage("evaluate").detail or NOT_APPLICABLE_DEFAULT)
+    if rec.cfg.model.source == "synthetic":
+        return NOT_APPLICABLE_DEFAULT
+    return None
+
+
+def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> doc.Scheme:
+    """The scheme of ``r`` among ``records`` (one per model and scheme), all but its headline; its accuracy
+    baseline is looked for among ``all_records``."""
     j = r.job
-    sc = Scorecard(
+    label = str(j.scheme_label or "?")  # job.py writes it for every job
+    sc = doc.Scheme(
         job_id=str(j.id),
         model=str(j.model),
         scheme=str(j.scheme),
-        label=str(j.scheme_label or "?"),  # job.py writes it for every job
-        tier=weight_tier(r),
-        status=str(r.status),
+        label=label,
+        name=f"{j.scheme} ({label})",
+        weight_tier=weight_tier(r),
+        kv_cache=kv_choice(r),
+        is_baseline=j.scheme == baseline_scheme(r),
+        status=doc.JobStatus(str(r.status)),
         failed_stage=stopped_stage(r) if r.status != "ok" else None,
         error=r.error,
-        is_baseline=is_baseline(r),
         gpus=gpus.job_gpus(r),
     )
 
@@ -74,7 +98,6 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         sc.flags.append(doc.Flag.new(code, message))
 
     sc.memory, miss = memory_summary(r, rc)
-    sc.kv = kv_choice(r)
     if sc.status != "ok":
         sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
     sc.missing += miss
@@ -84,12 +107,13 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     # accuracy deltas: the baseline record that holds accuracy results, among every record read
     acc_base = None if sc.is_baseline else find_baseline(r, all_records)
     sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
-    sc.accuracy_not_applicable = accuracy_not_applicable(r)
-    if sc.accuracy_not_applicable:
-        sc.validity.append(f"{sc.name}: accuracy not measured: {sc.accuracy_not_applicable}")
+    acc = sc.accuracy
+    acc.not_applicable = accuracy_not_applicable(r)
+    if acc.not_applicable:
+        sc.validity.append(f"{sc.name}: accuracy not measured: {acc.not_applicable}")
     elif not sc.is_baseline:
         no_base = "" if acc_base is not None else no_baseline_reason(r, all_records)
-        sc.accuracy, sc.accuracy_refused, miss = accuracy_section(r, acc_base, rc, no_base)
+        acc.deltas, acc.refused, miss = accuracy_section(r, acc_base, rc, no_base)
         shown = next(iter(cands), None)
         if acc_base is not None and shown is not None and acc_base is not shown:
             sc.validity.append(
@@ -98,10 +122,10 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
                 f"accuracy results; {shown.job.id}, the one this review shows, holds none"
             )
         sc.missing += miss
-        if sc.accuracy_refused:
-            flag(FlagCode.ACCURACY_REFUSED, f"{sc.name}: accuracy deltas excluded: {sc.accuracy_refused}")
+        if acc.refused:
+            flag(FlagCode.ACCURACY_REFUSED, f"{sc.name}: accuracy deltas excluded: {acc.refused}")
         by_note: dict[str, list[str]] = {}
-        for d in sc.accuracy:
+        for d in acc.deltas:
             if d.note and d.name != "token_perplexity":  # token perplexity never has per-window data
                 by_note.setdefault(d.note, []).append(d.metric if d.kind == "perplexity" else f"{d.name} {d.metric}")
         for note, what in by_note.items():
@@ -127,6 +151,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         sc.speed.kernel, sc.speed.compute, sc.speed.compute_reason = kc.kernel, kc.compute, kc.compute_reason
     if kc.compute == "emulated" or kc.comparable_for_speed is False:  # never credited to the format's arithmetic
         sc.label = kc.effective_label or sc.label
+        sc.name = f"{sc.scheme} ({sc.label})"
     if kc.comparable_for_speed is False:
         sc.speed.comparable = False
         sc.speed.excluded_why = f"ran as {sc.label} ({kc.reason})"
@@ -170,6 +195,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
             f"{sc.name}: dequantized-GGUF baseline (every delta of {sc.model} is measured against it): "
             f"{note.strip() or 'its weights were rounded to the GGUF format once already.'}",
         )
+    sc.checks = checks(sc, rc)
     return sc
 
 
@@ -190,14 +216,13 @@ def build_review(
     recs.sort(key=lambda r: (str(r.job.model), *combo_order(str(r.job.scheme))))
     cards = [_card(r, recs, rc, all_records) for r in recs]
     env = environment_lines(recs)
-    checks: dict[str, dict[str, Checks]] = {}
     verdicts: list[doc.ModelVerdict] = []
     regimes: dict[str, list[doc.Regime]] = {}
-    heads: list[doc.Headline] = []
     for model in dict.fromkeys(c.model for c in cards):
         mine = [(sc, r) for sc, r in zip(cards, recs) if sc.model == model]
-        verdict, checks[model] = decide(model, [sc for sc, _ in mine], rc)
-        verdict.gpus = gpus.gpu_needs([sc for sc, _ in mine], recs, rc)  # GPUs needed, tok/s per GPU
+        schemes = [sc for sc, _ in mine]
+        verdict = decide(model, schemes, rc)
+        verdict.gpus = gpus.gpu_needs(schemes, recs, rc)  # GPUs needed, tok/s per GPU
         verdicts.append(verdict)
         base = next(((sc, r) for sc, r in mine if sc.is_baseline), None)
         # the regime's ratios pair each job's sweep points by repeat
@@ -206,7 +231,8 @@ def build_review(
             for sc, r in mine
             if base is not None and not sc.is_baseline
         ]
-        heads += headlines([sc for sc, _ in mine], rc)
+        for sc, head in zip(schemes, headlines(schemes, rc)):
+            sc.headline = head
     flags = [f.model_copy(update={"model": sc.model, "scheme": sc.scheme}) for sc in cards for f in sc.flags]
     flagged = "\n".join(f.message for f in flags)
     notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
@@ -225,27 +251,15 @@ def build_review(
         jobs=doc.JobCounts(total=len(cards), finished=n_ok, failed=len(cards) - n_ok - n_cut, interrupted=n_cut),
         environment=env,
         verdicts=verdicts,
-        scorecards=[_scheme(sc, checks[sc.model][sc.scheme], h) for sc, h in zip(cards, heads)],
+        scorecards=cards,
         regime=regimes,
         flags=flags,
         validity=[line for sc in cards for line in sc.validity],
         notes=notes,
         cost=cost_json(cards, rc, env),
-        cross_model=crossmodel.cross_model(cards, recs, checks, rc, env),
+        cross_model=crossmodel.cross_model(cards, recs, rc, env),
         plots=[],
     )
-
-
-# the fields a scorecard and the document's scheme share, by name
-_SAME = (
-    "job_id model scheme label name is_baseline status failed_stage error gpus memory speed missing validity".split()
-)
-
-
-def _scheme(sc: Scorecard, cs: Checks, head: doc.Headline) -> doc.Scheme:
-    acc = doc.Accuracy(not_applicable=sc.accuracy_not_applicable, refused=sc.accuracy_refused, deltas=sc.accuracy)
-    same = {k: getattr(sc, k) for k in _SAME}
-    return doc.Scheme(**same, weight_tier=sc.tier, kv_cache=sc.kv, headline=head, accuracy=acc, checks=doc.Checks(**cs))
 
 
 def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
@@ -267,11 +281,11 @@ def _settings(rc: ReviewConfig) -> list[doc.ConstraintSetting]:
     return out
 
 
-def _floor_tests(cards: list[Scorecard], rc: ReviewConfig) -> doc.FloorTests | None:
+def _floor_tests(cards: list[doc.Scheme], rc: ReviewConfig) -> doc.FloorTests | None:
     """Which test judged each delta against its floor, with its item count; None without any delta."""
     by: dict[str, dict[str, int | None]] = {"interval": {}, "point": {}}
     for sc in cards:
-        for d in sc.accuracy:
+        for d in sc.accuracy.deltas:
             by[floor_test_of(d, rc)].setdefault(d.name if d.kind == "score" else d.metric, d.n)
     if not any(by.values()):
         return None
@@ -374,7 +388,7 @@ def log_review(
         metrics = [
             Metric(f"{sc.model}.{sc.scheme}.{c.constraint}_pass", float(c.outcome in (PASS, OFF)), 0, 0)
             for sc in review.scorecards
-            for c in (sc.checks.memory, sc.checks.accuracy, sc.checks.latency)
+            for c in sc.checks.in_order()
             if c.outcome != NOT_APPLICABLE  # no pass flag for what was not measured
         ]
         client.log_batch(rid, params=params, metrics=metrics)

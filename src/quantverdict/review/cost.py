@@ -7,7 +7,6 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.cost import usd_per_mtok_or_none
 from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
-from quantverdict.review.scorecard import Scorecard
 
 GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
 
@@ -27,7 +26,7 @@ def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, st
     return next(((name, str(k), float(p)) for k, p in prices.items() if gpu_kind_matches(str(k), name)), None)
 
 
-def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
+def scheme_cost(sc: doc.Scheme, price: float) -> doc.SchemeCost:
     """One scheme's USD per million output tokens at ``price`` USD per GPU-hour (None without throughput)."""
     c = sc.speed.ceiling
     at, top = sc.speed.at_load.output_tok_s if sc.speed.at_load else None, c.output_tok_s if c else None
@@ -43,7 +42,7 @@ def scheme_cost(sc: Scorecard, price: float) -> doc.SchemeCost:
     )
 
 
-def cost_json(cards: list[Scorecard], rc: ReviewConfig, environment: list[str]) -> doc.Cost | None:
+def cost_json(cards: list[doc.Scheme], rc: ReviewConfig, environment: list[str]) -> doc.Cost | None:
     """review.json's ``cost``; None without a price for the GPU the records ran on (``environment``'s lines)."""
     if (found := gpu_price(environment, dict(rc.gpu_price_per_hour or {}))) is None:
         return None

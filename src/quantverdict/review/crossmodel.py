@@ -22,11 +22,11 @@ from quantverdict.results.record import GpuInfo, JobRecord
 from quantverdict.review import document as doc
 from quantverdict.review.accuracy import diff_interval, pair_samples, read_samples
 from quantverdict.review.cost import gpu_names, gpu_price
+from quantverdict.review.document import Scheme, finite
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.memory import server_cfg as _server
-from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import finite, shape_of
-from quantverdict.review.verdict import NON_BLOCKING, Checks
+from quantverdict.review.speed import shape_of
+from quantverdict.review.verdict import NON_BLOCKING
 from quantverdict.review.words import say
 
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
@@ -39,7 +39,7 @@ _Borrowed = tuple[float, str] | None  # a reserve measured on another candidate 
 
 @dataclass
 class _Job:
-    card: Scorecard
+    card: Scheme
     record: JobRecord
     out: doc.Candidate
 
@@ -76,7 +76,7 @@ def _run_budget_gib(rec: JobRecord) -> float | None:
     return float(util) * float(gpus[0].memory_total_mib or 0) / 1024 if gpus and util else None
 
 
-def _overhead_gib(card: Scorecard, rec: JobRecord) -> float | None:
+def _overhead_gib(card: Scheme, rec: JobRecord) -> float | None:
     """vLLM's reserve where the job ran, GiB: ``gpu_memory_utilization x GPU memory - weights - KV cache``; None when
     a figure is missing, it is negative, or the KV cache was fixed (``--kv-cache-memory-bytes``)."""
     m = card.memory
@@ -88,7 +88,7 @@ def _overhead_gib(card: Scorecard, rec: JobRecord) -> float | None:
 
 
 def _target_fit(
-    card: Scorecard, rec: JobRecord, target: TargetConfig, rc: ReviewConfig, borrowed: _Borrowed
+    card: Scheme, rec: JobRecord, target: TargetConfig, rc: ReviewConfig, borrowed: _Borrowed
 ) -> tuple[float | None, str, doc.TargetFit, list[str]]:
     """Weights GiB (vLLM's x GPUs, else the checkpoint's), how read, the target fit and its flags. Reserve:
     ``review.reserved_gib``, else :func:`_overhead_gib`, else ``borrowed`` for a job without a server."""
@@ -133,7 +133,7 @@ def _say(macro: str, **values: Any) -> str:
 
 
 def _vllm_figures(
-    card: Scorecard, rec: JobRecord, target: TargetConfig | None, kv_target: float | None
+    card: Scheme, rec: JobRecord, target: TargetConfig | None, kv_target: float | None
 ) -> tuple[doc.VllmFigures, list[str]]:
     """vLLM's KV figures; at the target's budget: a fixed KV cache within 5% of ``kv_target`` GiB, or
     ``gpu_memory_utilization x GPU memory`` within 2% of the target's ``memory_gib x memory_fraction``."""
@@ -168,11 +168,11 @@ def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits
     return batch, [] if (seqs, tokens) == want else [_say("batch_flag", batch=batch, gpu=target.gpu)]
 
 
-def _scores(card: Scorecard, rec: JobRecord) -> dict[str, doc.TaskScore]:
+def _scores(card: Scheme, rec: JobRecord) -> dict[str, doc.TaskScore]:
     """Absolute headline scores by task, each with the scheme's own delta against its baseline."""
-    if card.accuracy_not_applicable:
+    if card.accuracy.not_applicable:
         return {}
-    own = {d.name: d for d in card.accuracy}  # by task name; the last delta of a task stands for it
+    own = {d.name: d for d in card.accuracy.deltas}  # by task name; the last delta of a task stands for it
     out, headline = {}, rec.headline()
     for task, res in sorted(rec.accuracy.tasks.items()):
         metric, higher = headline_of(task, headline, res)
@@ -215,7 +215,7 @@ def _decode_fits(speed: doc.Speed) -> tuple[doc.DecodeFit | None, doc.DecodeFit 
 
 
 def _candidate(
-    card: Scorecard, rec: JobRecord, target: TargetConfig | None, borrowed: _Borrowed, rc: ReviewConfig, checks: Checks
+    card: Scheme, rec: JobRecord, target: TargetConfig | None, borrowed: _Borrowed, rc: ReviewConfig
 ) -> _Job:
     flags: list[str] = []
     weights, how, fit = card.memory.weights_gib, card.memory.weights_source or "", doc.TargetFit()
@@ -228,11 +228,11 @@ def _candidate(
     if target is not None and not fit.fits:
         why_not.append(f"memory on {target.name} {'fails' if fit.fits is False else 'not checked'}: {fit.why}")
     for name in ("accuracy", "latency") if target is not None else ("memory", "accuracy", "latency"):
-        if (check := checks[name]).outcome not in NON_BLOCKING:
+        if (check := getattr(card.checks, name)).outcome not in NON_BLOCKING:
             why_not.append(f"{name}: {check.cite or check.text}")
     tpot, itl, fit_levels = _decode_fits(sp)
     out = doc.Candidate(
-        name=f"{card.model} {card.scheme} ({card.label})",
+        name=f"{card.model} {card.name}",
         model=card.model,
         scheme=card.scheme,
         weights_gib=weights,
@@ -265,7 +265,9 @@ def _model_size(jobs: list[_Job], model: str) -> float:
     """16-bit size GiB: the baseline's checkpoint, else the largest checkpoint scaled to 16 bits."""
     mine = [j.card for j in jobs if j.card.model == model]
     base = [float(sc.memory.checkpoint_gib) for sc in mine if sc.is_baseline and sc.memory.checkpoint_gib]
-    return base[0] if base else max((sc.memory.checkpoint_gib or 0.0) * (4.0 if sc.tier == 2 else 2.0) for sc in mine)
+    if base:
+        return base[0]
+    return max((sc.memory.checkpoint_gib or 0.0) * (4.0 if sc.weight_tier == 2 else 2.0) for sc in mine)
 
 
 def target_price(
@@ -288,14 +290,10 @@ def target_price(
 
 
 def cross_model(
-    cards: list[Scorecard],
-    records: Sequence[JobRecord],
-    checks: dict[str, dict[str, Checks]],
-    rc: ReviewConfig,
-    environment: list[str],
+    cards: list[Scheme], records: Sequence[JobRecord], rc: ReviewConfig, environment: list[str]
 ) -> doc.CrossModel | doc.CrossModelError | None:
-    """The review's cross-model comparison (``records``: each card's record, in the cards' order; ``checks``: model
-    -> scheme -> its checks; ``environment``: the review's); None with one model and no target."""
+    """The review's cross-model comparison (``records``: each card's record, in the cards' order; ``environment``:
+    the review's); None with one model and no target."""
     if len({sc.model for sc in cards}) < 2 and not rc.target:
         return None
     try:
@@ -308,9 +306,9 @@ def cross_model(
     finished = [(sc, rec) for sc, rec in zip(cards, records, strict=True) if sc.status == "ok"]
     # a job that started no server (bench.enabled=false) has no measured overhead: it borrows the largest one
     # measured on another candidate, rather than 0 (which would overstate its KV cache)
-    named = [(_overhead_gib(sc, r), f"{sc.model} {sc.scheme} ({sc.label})") for sc, r in finished]
+    named = [(_overhead_gib(sc, r), f"{sc.model} {sc.name}") for sc, r in finished]
     borrowed = max(((o, n) for o, n in named if o is not None), default=None)
-    jobs = [_candidate(sc, rec, target, borrowed, rc, checks[sc.model][sc.scheme]) for sc, rec in finished]
+    jobs = [_candidate(sc, rec, target, borrowed, rc) for sc, rec in finished]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
     shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
@@ -334,11 +332,12 @@ def cross_model(
     def key(j: _Job) -> tuple[float, int, float, float]:
         """Mean score (a scheme with no significant own delta scores as its baseline: the tie goes to the milder),
         the milder scheme, the ceiling and max concurrency; without score tasks, the ceiling and max concurrency."""
-        own = [d for d in j.card.accuracy if d.kind == "score" and d.name in score_tasks]
+        own = [d for d in j.card.accuracy.deltas if d.kind == "score" and d.name in score_tasks]
         mine = j.out.mean_score or 0.0
         if not j.card.is_baseline and own and not any(d.significant for d in own):
             mine = base_score.get(j.card.model) or mine
-        return mine, -j.card.tier if score_tasks else 0, j.out.ceiling_tok_s or 0.0, j.out.target.max_concurrency or 0.0
+        milder = -j.card.weight_tier if score_tasks else 0
+        return mine, milder, j.out.ceiling_tok_s or 0.0, j.out.target.max_concurrency or 0.0
 
     chosen = max(eligible, key=key).out if eligible else None
     comparisons, paired, reference = _compare(jobs, target, rc)
@@ -372,7 +371,7 @@ def _compare(
     comparisons: list[doc.Comparison] = []
     paired: list[doc.PairedAcross] = []
     for small, big in [(s, b) for s in bases for b in jobs]:
-        if sizes[big.card.model] <= sizes[small.card.model] or big.card.tier == 0:
+        if sizes[big.card.model] <= sizes[small.card.model] or big.card.weight_tier == 0:
             continue
         b, s = big.out, small.out
         mb, ms = (b.target.max_concurrency, s.target.max_concurrency) if target else (b.weights_gib, s.weights_gib)

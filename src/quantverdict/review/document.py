@@ -14,6 +14,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from quantverdict.config.schema import FloorTest, ReviewConfig
 from quantverdict.measure import stats
+from quantverdict.measure.aggregate import is_number
 from quantverdict.review.flags import FlagCode
 
 SCHEMA_VERSION: Final = 4
@@ -24,9 +25,9 @@ def _gb(v: float | None) -> float | None:
     return None if v is None else v / 1e9
 
 
-def finite(v: float | None) -> float | None:
-    """``v``, None when it is not finite."""
-    return v if v is None or math.isfinite(v) else None
+def finite(v: Any) -> float | None:
+    """``v`` as a float; None unless a finite number (a bool is not one)."""
+    return float(v) if is_number(v) and math.isfinite(v) else None
 
 
 # a load level: req/s (rate sweeps) or concurrency (closed-loop sweeps); math.inf (JSON "inf") for an unlimited rate
@@ -271,6 +272,16 @@ class Checks(_Strict):
     memory: Check
     accuracy: Check
     latency: Check
+
+    def in_order(self) -> list[Check]:
+        """Memory, accuracy, latency."""
+        return [self.memory, self.accuracy, self.latency]
+
+    @classmethod
+    def unchecked(cls) -> Checks:
+        """Every check ``unknown`` (a scheme before :func:`quantverdict.review.verdict.checks`)."""
+        blank = {"outcome": Outcome.UNKNOWN, "criteria": [], "excess": 0.0, "text": "not checked"}
+        return cls.model_validate({k: blank | {"constraint": k, "shortfall": "", "cite": ""} for k in ConstraintKind})
 
 
 class Flag(_Strict):
@@ -689,6 +700,14 @@ class Headline(_Strict):
 class Scheme(_Strict):
     """One job of the review."""
 
+    # the review fills it in field by field (a default is the value before then); review.json holds every field, so
+    # its schema is the written document's: every field required
+    model_config = ConfigDict(
+        validate_assignment=True,
+        json_schema_mode_override="serialization",
+        json_schema_serialization_defaults_required=True,
+    )
+
     job_id: str
     model: str
     scheme: str
@@ -701,13 +720,18 @@ class Scheme(_Strict):
     failed_stage: str | None
     error: str | None
     gpus: int = Field(description="GPUs the job's server used")
-    headline: Headline
-    memory: Memory
-    accuracy: Accuracy
-    speed: Speed
-    checks: Checks
-    missing: list[str]
-    validity: list[str]
+    headline: Headline = Field(
+        default_factory=lambda: Headline.model_validate(dict.fromkeys(Headline.model_fields) | {"speed_note": ""})
+    )
+    memory: Memory = Field(default_factory=Memory.unknown)
+    accuracy: Accuracy = Field(default_factory=lambda: Accuracy(not_applicable=None, refused=None, deltas=[]))
+    speed: Speed = Field(default_factory=Speed.unmeasured)
+    checks: Checks = Field(default_factory=Checks.unchecked)
+    missing: list[str] = Field(default_factory=list)
+    validity: list[str] = Field(default_factory=list)
+
+    # the review's working data, not written: the scheme's honesty flags, before the review lists every scheme's
+    flags: SkipJsonSchema[list[Flag]] = Field(default_factory=list, exclude=True)
 
 
 class RegimeClaim(_Strict):

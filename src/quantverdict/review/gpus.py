@@ -7,8 +7,7 @@ import re
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.tensor_parallel import TP_SIZES, gpus_needed
 from quantverdict.results.record import JobRecord, ModelDims
-from quantverdict.review.document import GpuFit, GpuNeeds, GpuSpeed, Memory
-from quantverdict.review.scorecard import Scorecard
+from quantverdict.review.document import GpuFit, GpuNeeds, GpuSpeed, Memory, Scheme
 
 
 def job_gpus(rec: JobRecord) -> int:
@@ -35,7 +34,7 @@ def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
     return None if w is None else float(w) * gpus if memory.weights_source == "vLLM log" and gpus > 1 else float(w)
 
 
-def gpu_needs(cards: list[Scorecard], records: list[JobRecord], rc: ReviewConfig) -> GpuNeeds | None:
+def gpu_needs(cards: list[Scheme], records: list[JobRecord], rc: ReviewConfig) -> GpuNeeds | None:
     """One model's schemes grouped by the GPUs they need for the memory budget
     (:func:`quantverdict.measure.tensor_parallel.gpus_needed` of the whole weights and the KV cache), and each one's
     sustained output tok/s per GPU used; None off GPU."""

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.review import document as doc
-from quantverdict.review.scorecard import Scorecard
-from quantverdict.review.speed import finite as _finite
 from quantverdict.review.words import say
 
 
@@ -27,11 +25,11 @@ def speed_ratio(p: doc.SpeedPoint, base: doc.SpeedPoint) -> doc.SpeedRatio | Non
     return doc.SpeedRatio(value=b / a, low=low, high=high, load=p.load, label=p.label, repeats=reps)
 
 
-def _point_at(sc: Scorecard, load: float) -> doc.SpeedPoint | None:
+def _point_at(sc: doc.Scheme, load: float) -> doc.SpeedPoint | None:
     return next((p for p in sc.speed.points if p.load == load), None)
 
 
-def not_comparable(*cards: Scorecard) -> str:
+def not_comparable(*cards: doc.Scheme) -> str:
     """Why ``cards`` (a scheme and its baseline) may not be compared for speed; '' when they may."""
     for who in cards:
         if not who.speed.comparable:
@@ -39,17 +37,17 @@ def not_comparable(*cards: Scorecard) -> str:
     return ""
 
 
-def low_load_point(sc: Scorecard) -> doc.SpeedPoint | None:
+def low_load_point(sc: doc.Scheme) -> doc.SpeedPoint | None:
     """Concurrency 1 in a concurrency sweep, else the lowest measured load."""
     if sc.speed.mode == "concurrency":
         return _point_at(sc, 1.0)
     return sc.speed.points[0] if sc.speed.points else None
 
 
-def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> doc.HeadlineAccuracy | None:
+def accuracy_headline(sc: doc.Scheme, rc: ReviewConfig) -> doc.HeadlineAccuracy | None:
     """The worst judged delta: largest rise of ``review.perplexity_kinds``, else lowest task recovery; a perplexity's
     change in %, a score's in points (``100 · delta``)."""
-    judged = [d for d in sc.accuracy if not d.refused]  # a comparison that cannot be made is never the worst
+    judged = [d for d in sc.accuracy.deltas if not d.refused]  # a comparison that cannot be made is never the worst
     ppls = [d for d in judged if d.kind == "perplexity" and d.metric in rc.perplexity_kinds and d.delta_pct is not None]
     scores = [d for d in judged if d.kind == "score" and d.recovery_pct is not None]
     worst = max(ppls, key=lambda d: d.delta_pct or 0.0, default=None)
@@ -63,14 +61,14 @@ def accuracy_headline(sc: Scorecard, rc: ReviewConfig) -> doc.HeadlineAccuracy |
         metric=d.metric,
         kind=doc.DeltaKind(d.kind),
         unit="%" if pct else "points",
-        delta=None if v is None else _finite(k * v),
-        low=None if iv is None else _finite(k * iv.low),
-        high=None if iv is None else _finite(k * iv.high),
+        delta=None if v is None else doc.finite(k * v),
+        low=None if iv is None else doc.finite(k * iv.low),
+        high=None if iv is None else doc.finite(k * iv.high),
         n=d.n,
     )
 
 
-def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
+def headlines(cards: list[doc.Scheme], rc: ReviewConfig) -> list[doc.Headline]:
     """The three numbers of each of one model's scorecards, in their order (the baseline's speed ratios None)."""
     base = next((c for c in cards if c.is_baseline), None)
     out = []
@@ -86,7 +84,7 @@ def headlines(cards: list[Scorecard], rc: ReviewConfig) -> list[doc.Headline]:
         acc = None if sc.is_baseline else accuracy_headline(sc, rc)
         out.append(
             doc.Headline(
-                memory_need_gib=_finite(sc.memory.need_gib),
+                memory_need_gib=doc.finite(sc.memory.need_gib),
                 accuracy=acc,
                 speed_ratio_c1=c1,
                 speed_ratio_at_load=at,

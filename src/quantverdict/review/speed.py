@@ -14,12 +14,11 @@ from typing import Any
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import aggregate, bench_result, capacity, sweep, sweep_plan
 from quantverdict.measure import validity as point_checks
-from quantverdict.measure.aggregate import is_number
 from quantverdict.measure.goodput import Goodput, Slo
 from quantverdict.measure.goodput import goodput as request_goodput
 from quantverdict.results.record import JobRecord, SweepPoint
 from quantverdict.review import document as doc
-from quantverdict.review.document import Flag
+from quantverdict.review.document import Flag, finite
 from quantverdict.review.flags import FlagCode
 from quantverdict.review.words import say
 
@@ -35,11 +34,6 @@ MEDIANS = tuple(
     "achieved_rps output_tok_s ttft_ms_p50 ttft_ms_p99 itl_ms_p50 itl_ms_p99 tpot_ms_p50 tpot_ms_p99 e2e_ms_p50 "
     "e2e_ms_p99 e2e_ms_mean completed failed output_tokens_total output_tokens_requested".split()
 )
-
-
-def finite(v: Any) -> float | None:
-    """``v`` as a float; None unless a finite number."""
-    return float(v) if is_number(v) and math.isfinite(v) else None
 
 
 def _minmax(lo: Any, hi: Any) -> doc.MinMax | None:
@@ -74,25 +68,24 @@ def shape_of(speed: doc.Speed) -> tuple[int, int] | None:
     return workload_shape(speed.workload) if speed.points else None
 
 
-def raw_points(rec: JobRecord) -> tuple[str, list[dict[str, Any]]]:
-    """The sweep's mode (``speed.mode``, else ``config.bench.mode``, else ``rate``) and its points as dicts (the
-    measure functions' input), steady window rebased."""
+def raw_points(rec: JobRecord) -> tuple[str, list[SweepPoint]]:
+    """The sweep's mode (``speed.mode``, else ``config.bench.mode``, else ``rate``) and its points, steady window
+    rebased."""
     mode = str(rec.speed.mode or rec.cfg.bench.mode or "rate")
-    return mode, [bench_result.rebase_steady(p).to_dict() for p in rec.speed.points]
+    return mode, [bench_result.rebase_steady(p) for p in rec.speed.points]
 
 
-def _levels(raw: list[dict[str, Any]], mode: str) -> list[aggregate.Level]:
-    levels = aggregate.levels(raw, lambda p: sweep_plan.load_of(p, mode), point_checks.point_valid)
+def _levels(raw: list[SweepPoint], mode: str) -> list[aggregate.Level[SweepPoint]]:
+    levels = aggregate.levels(raw, lambda p: p.load(mode), point_checks.point_valid)
     return [level for level in levels if level.valid]
 
 
-def speed_points(mode: str, raw: list[dict[str, Any]]) -> list[doc.SpeedPoint]:
+def speed_points(mode: str, raw: list[SweepPoint]) -> list[doc.SpeedPoint]:
     """One point per load level of the raw points (:func:`raw_points`): medians, spread and majority ``saturated``."""
     out = []
     for level in _levels(raw, mode):
-        agg = aggregate.median_point(level.valid)
         spread = {k: r for k, v in aggregate.ranges(level.valid, SPREAD_KEYS).items() if (r := _minmax(*v))}
-        fields: dict[str, Any] = {k: finite(agg[k]) if k in agg else None for k in MEDIANS}
+        fields: dict[str, Any] = {k: finite(v) for k, v in aggregate.medians(level.valid, MEDIANS).items()}
         votes = (point_checks.point_saturation(q)["saturated"] for q in level.valid)
         fields |= {"label": level_label(level.load, mode), "load": level.load, "saturated": aggregate.majority(votes)}
         fields |= {"valid_repeats": len(level.valid), "repeats": len(level.points), "spread": spread}
@@ -173,13 +166,12 @@ def _point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
         return None
 
 
-def _level_goodput(rec: JobRecord, raw: list[dict[str, Any]], mode: str, slo: Slo) -> dict[float, doc.Goodput]:
+def _level_goodput(rec: JobRecord, raw: list[SweepPoint], mode: str, slo: Slo) -> dict[float, doc.Goodput]:
     """Per load level with per-request data in every valid repeat: median goodput, summed counts."""
-    with_g = [{**q, "_goodput": _point_goodput(rec, sp, slo)} for sp, q in zip(rec.speed.points, raw)]
     out: dict[float, doc.Goodput] = {}
-    for level in _levels(with_g, mode):
-        got: list[Goodput] = [q["_goodput"] for q in level.valid]
-        if any(g is None for g in got):
+    for level in _levels(raw, mode):
+        got = [g for p in level.valid if (g := _point_goodput(rec, p, slo)) is not None]
+        if len(got) < len(level.valid):
             continue
         missed: Counter[str] = Counter()
         for g in got:
@@ -211,15 +203,15 @@ def point_label(sp: SweepPoint, mode: str) -> str:
     return f"{lbl} (repeat {sp.repeat})" if sp.repeat else lbl
 
 
-def _point_flags(sp: SweepPoint, q: dict[str, Any], mode: str) -> list[Flag]:
-    """The honesty flags of one recorded point ``sp`` (``q``: the same as a rebased dict)."""
+def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
+    """The honesty flags of one recorded point."""
     want, got = sp.output_tokens_requested, sp.output_tokens_total
     pct = 100 * got / want if want and got is not None else None
     short = bool(want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want)
     others = [r for r in sp.invalid_reasons or [] if "requested output tokens" not in r]
     diff = sp.vllm_max_rel_diff
     kinds = []
-    if not point_checks.point_valid(q):
+    if not point_checks.point_valid(sp):
         kinds += [FlagCode.SPEED_POINT_SHORT] if short else []
         kinds += [FlagCode.SPEED_POINT_INVALID] if others or not short else []
     elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
@@ -240,7 +232,7 @@ def _roofline(rec: JobRecord) -> doc.Roofline | None:
     return doc.Roofline.model_validate({k: finite(v) if isinstance(v, float) else v for k, v in known.items()})
 
 
-def _ceiling(raw: list[dict[str, Any]], mode: str, stopped: bool) -> doc.Ceiling:
+def _ceiling(raw: list[SweepPoint], mode: str, stopped: bool) -> doc.Ceiling:
     """The sustained ceiling; a lower bound for a concurrency sweep ``stopped`` before its top levels."""
     c = capacity.sustained_ceiling(sweep.summarize(raw, mode), mode)
     kind = "lower_bound" if stopped and c["kind"] == "closed_loop_max" else str(c["kind"])
@@ -259,7 +251,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     and latency at the load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
     mode, raw = raw_points(rec)
     points = speed_points(mode, raw)
-    found = [f for sp, q in zip(rec.speed.points, raw) for f in _point_flags(sp, q, mode)]
+    found = [f for sp in rec.speed.points for f in _point_flags(sp, mode)]
     speed = doc.Speed.unmeasured(mode)
     speed.workload, speed.roofline, speed.points = workload(rec), _roofline(rec), points
     speed.repeats = max((p.repeats for p in points), default=None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantverdict.measure import bench_result, server_metrics, sweep, sweep_plan
+from quantverdict.measure import bench_result, server_metrics, sweep
 from quantverdict.measure import validity as point_checks
 from quantverdict.results.record import AccuracyChecks, EvalSettings, JobRecord, KernelCheck
 from quantverdict.review.document import Flag, Speed
@@ -71,8 +71,9 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     words["saturated"] = [f"{point_label(p, mode)} ({point_checks.describe_saturation(why)})" for p, why in sat]
     lines = [_say("speed", **words)]
     if short := [q for q in valid if bench_result.recorded_window_too_short(q)]:
-        labels = dict.fromkeys(level_label(sweep_plan.load_of(q, mode), mode) for q in short)
-        windows, e2e = sorted(q["steady_window_s"] for q in short), sorted(q["e2e_ms_p50"] / 1000 for q in short)
+        labels = dict.fromkeys(level_label(q.load(mode), mode) for q in short)
+        windows = sorted(q.steady_window_s or 0.0 for q in short)  # a short window is recorded, so is its E2E p50
+        e2e = sorted((q.e2e_ms_p50 or 0.0) / 1000 for q in short)
         lifetimes = bench_result.STEADY_MIN_LIFETIMES
         words = dict(name=sc_name, levels=list(labels), n=len(short), windows=windows, lifetimes=lifetimes, e2e=e2e)
         lines.append(_say("steady_short", **words))

@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure import stats
+from quantverdict.measure.points import SweepPoint
 from quantverdict.review import document as doc
-from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason
+from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason, finite
 from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
-from quantverdict.review.scorecard import Scorecard, na_label
-from quantverdict.review.speed import NO_PER_REQUEST, finite, level_label, slo_of, slo_ok
+from quantverdict.review.speed import NO_PER_REQUEST, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
 # the check outcomes by the short names the checks, and tests, read here
@@ -31,7 +31,6 @@ __all__ = ["FAIL", "NOT_APPLICABLE", "OFF", "PASS", "UNKNOWN", "Check", "Verdict
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # outcomes that let a scheme be chosen
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
-Checks = dict[str, Check]  # constraint -> check
 
 
 def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
@@ -51,7 +50,7 @@ def _said(macro: str, **values: Any) -> tuple[str, str]:
     return say(macro, **values, full=True), say(macro, **values, full=False)
 
 
-def memory_check(sc: Scorecard, rc: ReviewConfig) -> Check:
+def memory_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
     m, budget, need = sc.memory, rc.memory_budget_gib, sc.memory.need_gib
     if budget is None:
         return _check("memory", OFF, "no memory budget set")
@@ -117,10 +116,15 @@ def _accuracy_criterion(d: doc.AccuracyDelta, rc: ReviewConfig) -> Criterion:
     return crit
 
 
-def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
-    floor, limit = rc.min_recovery_pct, rc.max_perplexity_increase_pct
-    if sc.accuracy_not_applicable:
-        na = na_label(sc.accuracy_not_applicable)
+def na_label(reason: str | None) -> str:
+    """How a not-applicable accuracy is shown in a table cell: ``not applicable (random weights)``."""
+    return "not applicable (random weights)" if "random weights" in (reason or "") else "not applicable"
+
+
+def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
+    floor, limit, acc = rc.min_recovery_pct, rc.max_perplexity_increase_pct, sc.accuracy
+    if acc.not_applicable:
+        na = na_label(acc.not_applicable)
         text = say("accuracy_na", na=na, floor=floor, limit=limit)
         return _check("accuracy", NOT_APPLICABLE, text, cite=say("accuracy_na_cite", na=na))
     if floor is None and limit is None:
@@ -129,16 +133,16 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
         ok = (floor is None or floor <= 100.0) and (limit is None or limit >= 0.0)
         reference = "the accuracy reference (recovery 100%, perplexity +0% by definition)"
         return _check("accuracy", PASS if ok else FAIL, reference, cite="is the accuracy reference")
-    if sc.accuracy_refused:
-        return _check("accuracy", UNKNOWN, f"delta excluded: {sc.accuracy_refused}")
+    if acc.refused:
+        return _check("accuracy", UNKNOWN, f"delta excluded: {acc.refused}")
     # a comparison that cannot be made (the two runs did not score the same items) is left unjudged: its point
     # value neither fails nor passes the scheme, and the check cannot pass while one is unjudged
-    judged_ppl = [d for d in sc.accuracy if d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
+    judged_ppl = [d for d in acc.deltas if d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
     floored = [
-        d for d in sc.accuracy if (floor if d.kind == "score" else limit if d in judged_ppl else None) is not None
+        d for d in acc.deltas if (floor if d.kind == "score" else limit if d in judged_ppl else None) is not None
     ]
     unjudged = [d for d in floored if d.refused]
-    scores = [d for d in sc.accuracy if d.kind == "score" and d.recovery_pct is not None and not d.refused]
+    scores = [d for d in acc.deltas if d.kind == "score" and d.recovery_pct is not None and not d.refused]
     ppls = [d for d in judged_ppl if d.delta_pct is not None and not d.refused]
     crits = [_accuracy_criterion(d, rc) for d in floored if d.refused or d in scores or d in ppls]  # record's order
     cannot = say("cannot", unjudged=unjudged)
@@ -162,18 +166,18 @@ def accuracy_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
 
 
-def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
+def with_kld_limits(check: Check, sc: doc.Scheme, rc: ReviewConfig) -> Check:
     """``check`` (the accuracy check of ``sc``) with the KLD limits (``max_mean_kld``, ``min_top1_agreement_pct``)
     added as criteria, each judged as :func:`_accuracy_criterion` judges a floor. Unchanged when neither limit is set,
     accuracy is not applicable or the deltas were refused; the baseline is the reference; a scheme without a KLD
     becomes ``unknown`` unless it already fails."""
     limits = {m: FLOORS[m] for m in ("mean_kld", "top1_agreement_pct") if getattr(rc, FLOORS[m][2]) is not None}
-    if not limits or check.outcome == NOT_APPLICABLE or sc.accuracy_refused:
+    if not limits or check.outcome == NOT_APPLICABLE or sc.accuracy.refused:
         return check
     if sc.is_baseline:
         reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
         return check if check.outcome != OFF else _check("accuracy", PASS, reference, cite="is the accuracy reference")
-    off, kld = check.outcome == OFF, [d for d in sc.accuracy if d.kind == "kld"]
+    off, kld = check.outcome == OFF, [d for d in sc.accuracy.deltas if d.kind == "kld"]
     texts, cites = ([], []) if off else ([check.text], [check.cite])
     if not (by := {d.metric: d for d in kld if d.metric in FLOORS}):
         why = next((d.note for d in kld), "no KL divergence in the record")
@@ -202,7 +206,7 @@ def with_kld_limits(check: Check, sc: Scorecard, rc: ReviewConfig) -> Check:
     return check.model_copy(update=update)
 
 
-def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
+def latency_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
     if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None and rc.e2e_ms is None:
         return _check("latency", OFF, "no latency SLO set")
     sp, at = sc.speed, sc.speed.at_load
@@ -244,23 +248,23 @@ def latency_check(sc: Scorecard, rc: ReviewConfig) -> Check:
     return _judged("latency", text, cite, fails, crits)
 
 
-def checks(sc: Scorecard, rc: ReviewConfig) -> Checks:
-    """The three checks of one scheme, keyed by constraint."""
+def checks(sc: doc.Scheme, rc: ReviewConfig) -> doc.Checks:
+    """The three checks of one scheme."""
     accuracy = with_kld_limits(accuracy_check(sc, rc), sc, rc)
-    return {"memory": memory_check(sc, rc), "accuracy": accuracy, "latency": latency_check(sc, rc)}
+    return doc.Checks(memory=memory_check(sc, rc), accuracy=accuracy, latency=latency_check(sc, rc))
 
 
-def kv_step(sc: Scorecard) -> int:
+def kv_step(sc: doc.Scheme) -> int:
     """1 for a quantized KV cache, else 0."""
-    return 0 if sc.kv in ("auto", "") else 1
+    return 0 if sc.kv_cache in ("auto", "") else 1
 
 
-def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConfig) -> doc.KvLever:
+def kv_lever(base: doc.Scheme, cards: list[doc.Scheme], rc: ReviewConfig) -> doc.KvLever:
     """The KV lever weighed on the baseline: whether its failing memory check binds on the weights (they alone,
     with recurrent state and reserve, exceed the budget) or on the KV cache, and its need with an FP8 cache."""
     m, budget, fp8 = base.memory, rc.memory_budget_gib, finite(base.memory.need_gib_kv_fp8)
     binds_on: Literal["kv_cache", "weights"] | None = None
-    if cs["memory"].outcome == FAIL and budget is not None and m.weights_gib is not None:
+    if base.checks.memory.outcome == FAIL and budget is not None and m.weights_gib is not None:
         binds_on = "weights" if m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib > budget else "kv_cache"
     return doc.KvLever(
         binds_on=binds_on,
@@ -274,25 +278,26 @@ def kv_lever(base: Scorecard, cs: Checks, cards: list[Scorecard], rc: ReviewConf
     )
 
 
-def candidate_order(cards: list[Scorecard]) -> list[Scorecard]:
+def candidate_order(cards: list[doc.Scheme]) -> list[doc.Scheme]:
     """Least aggressive first: levers pulled (one per 8-bit step of the weights, one for a quantized KV
     cache), then weight tier, then lowest E2E p50 at the load, highest ceiling (req/s), name."""
 
-    def key(sc: Scorecard) -> tuple[int, int, float, float, str]:
+    def key(sc: doc.Scheme) -> tuple[int, int, float, float, str]:
         at, top = sc.speed.at_load, sc.speed.ceiling
         e2e = at.e2e_ms_p50 if at and at.e2e_ms_p50 is not None else math.inf
-        return (sc.tier + kv_step(sc), sc.tier, e2e, -((top.rps if top else None) or 0.0), sc.scheme)
+        return (sc.weight_tier + kv_step(sc), sc.weight_tier, e2e, -((top.rps if top else None) or 0.0), sc.scheme)
 
     return sorted(cards, key=key)
 
 
-def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason) -> doc.PassedOver:
+def _passed_over(sc: doc.Scheme, if_eligible: PassReason) -> doc.PassedOver:
     """Why ``sc`` was not chosen: job not ok, else a failing check, else an unknown one, else ``if_eligible``."""
-    fails = [c.constraint for c in cs.values() if c.outcome == FAIL]
-    unknown = [c.constraint for c in cs.values() if c.outcome == UNKNOWN]
+    cs = sc.checks.in_order()
+    fails = [c.constraint for c in cs if c.outcome == FAIL]
+    unknown = [c.constraint for c in cs if c.outcome == UNKNOWN]
     checked = PassReason.FAILS_CONSTRAINT if fails else PassReason.NOT_CHECKED if unknown else if_eligible
     job = {"ok": checked, "interrupted": PassReason.JOB_INTERRUPTED, "running": PassReason.JOB_NOT_FINISHED}
-    crits = [k for c in cs.values() if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
+    crits = [k for c in cs if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
     return doc.PassedOver(
         scheme=sc.scheme,
         label=sc.label,
@@ -305,45 +310,46 @@ def _passed_over(sc: Scorecard, cs: Checks, if_eligible: PassReason) -> doc.Pass
     )
 
 
-def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdict, dict[str, Checks]]:
-    """The verdict for one model's scorecards, and every scheme's checks (keyed by scheme)."""
-    all_checks = {sc.scheme: checks(sc, rc) for sc in cards}
+def decide(model: str, cards: list[doc.Scheme], rc: ReviewConfig) -> Verdict:
+    """The verdict for one model's schemes, from their checks (:func:`checks`)."""
     base = next((sc for sc in cards if sc.is_baseline), None)
     order = candidate_order([sc for sc in cards if not sc.is_baseline])
-    bc = all_checks[base.scheme] if base is not None else {}
-    binding = [c.constraint for c in bc.values() if c.outcome == FAIL]
+    bc = base.checks.in_order() if base is not None else []
+    binding = [c.constraint for c in bc if c.outcome == FAIL]
 
-    def rank(sc: Scorecard) -> tuple[int, float]:  # its blocking checks, then their summed excess
-        cs = all_checks[sc.scheme].values()
+    def rank(sc: doc.Scheme) -> tuple[int, float]:  # its blocking checks, then their summed excess
+        cs = sc.checks.in_order()
         return sum(c.outcome not in NON_BLOCKING for c in cs), sum(c.excess for c in cs)
 
     chosen = next((sc for sc in order if sc.status == "ok" and rank(sc)[0] == 0), None)
     if binding:
         decision = Decision.QUANTIZE if chosen is not None else Decision.NO_SCHEME
-    elif base is None or base.status != "ok" or any(c.outcome == UNKNOWN for c in bc.values()):
+    elif base is None or base.status != "ok" or any(c.outcome == UNKNOWN for c in bc):
         decision, chosen = Decision.NO_BASELINE if base is None else Decision.BASELINE_NOT_CHECKED, None
     else:
         decision, chosen = Decision.DO_NOT_QUANTIZE, base
 
-    def passes(sc: Scorecard) -> PassReason:  # why a scheme that passes was not chosen
+    def passes(sc: doc.Scheme) -> PassReason:  # why a scheme that passes was not chosen
         if decision == Decision.QUANTIZE:
-            return PassReason.MORE_AGGRESSIVE if chosen and sc.tier > chosen.tier else PassReason.SLOWER_SAME_TIER
+            harsher = chosen and sc.weight_tier > chosen.weight_tier
+            return PassReason.MORE_AGGRESSIVE if harsher else PassReason.SLOWER_SAME_TIER
         return PassReason.NOT_NEEDED if decision == Decision.DO_NOT_QUANTIZE else PassReason.NO_VERDICT
 
     closest = min(order, key=rank) if decision == Decision.NO_SCHEME and order else None  # no scheme passes
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
-    pulled = [n for n, on in (("weights", chosen and chosen.tier > 0), ("KV cache", chosen and kv_step(chosen))) if on]
-    v = Verdict(
+    levers = (("weights", chosen and chosen.weight_tier > 0), ("KV cache", chosen and kv_step(chosen)))
+    pulled = [n for n, on in levers if on]
+    return Verdict(
         model=model,
         decision=decision,
         chosen_scheme=chosen.scheme if chosen else None,
         chosen_label=chosen.label if chosen else None,
         binding=binding,
-        passed_over=[_passed_over(sc, all_checks[sc.scheme], passes(sc)) for sc in order if sc is not chosen],
+        passed_over=[_passed_over(sc, passes(sc)) for sc in order if sc is not chosen],
         order=[sc.scheme for sc in order],
         lever=doc.Lever(" and ".join(pulled)) if decision == Decision.QUANTIZE else doc.Lever.NONE,
-        kv_lever=None if base is None else kv_lever(base, bc, cards, rc),
-        accuracy_not_measured=next((sc.accuracy_not_applicable for sc in cards if sc.accuracy_not_applicable), ""),
+        kv_lever=None if base is None else kv_lever(base, cards, rc),
+        accuracy_not_measured=next((a for sc in cards if (a := sc.accuracy.not_applicable)), ""),
         baseline_scheme=base.scheme if base else None,
         request_shape=next(iter(shapes.values())) if len(set(shapes.values())) == 1 else None,
         request_shapes=shapes,
@@ -352,7 +358,6 @@ def decide(model: str, cards: list[Scorecard], rc: ReviewConfig) -> tuple[Verdic
         closest_scheme=closest.scheme if closest else None,
         gpus=None,
     )
-    return v, all_checks
 
 
 # --- regime: where a scheme pays against its baseline, at low load and at saturation ---------------------
@@ -364,18 +369,18 @@ PAIRED_METRICS = (
     ("tpot_ms_p50", False, "TPOT p50"),
 )
 PAIRED_WORDS = {"faster": doc.RegimeClass.PAYS, "slower": doc.RegimeClass.COSTS}  # a paired verdict -> its class
-Raw = tuple[str, list[dict[str, Any]]]  # a sweep's mode and raw points (quantverdict.review.speed.raw_points)
+Raw = tuple[str, list[SweepPoint]]  # a sweep's mode and raw points (quantverdict.review.speed.raw_points)
 Speedup = tuple[float | None, doc.MinMax | None]  # a speedup and its min-max range over repeats
 
 
-def ceilings_differ_in_basis(cards: list[Scorecard]) -> bool:
+def ceilings_differ_in_basis(cards: list[doc.Scheme]) -> bool:
     """Whether the ceilings rest on different windows (``speed.ceiling_basis``: steady window, whole run, or mixed
     over repeats); :func:`_ceilings` then compares whole runs."""
     bases = {c.basis for sc in cards if (c := sc.speed.ceiling) and c.output_tok_s} - {None}
     return len(bases) > 1 or "mixed" in bases
 
 
-def _ceilings(sc: Scorecard, base: Scorecard) -> Speedup:
+def _ceilings(sc: doc.Scheme, base: doc.Scheme) -> Speedup:
     """Ceiling output tok/s of the scheme over the baseline's on one window: the whole runs when the bases differ
     (:func:`ceilings_differ_in_basis`), else the ceilings."""
     a, b = sc.speed.ceiling, base.speed.ceiling
@@ -386,7 +391,7 @@ def _ceilings(sc: Scorecard, base: Scorecard) -> Speedup:
     return _speedup(getattr(a, k), getattr(a, k + "_range"), getattr(b, k), getattr(b, k + "_range"))
 
 
-def _low_itl(sc: Scorecard, base: Scorecard) -> Speedup:
+def _low_itl(sc: doc.Scheme, base: doc.Scheme) -> Speedup:
     """The baseline's ITL p50 over the scheme's at the lowest load both measured (Nones without a common load)."""
     mine, theirs = ({p.load: p for p in card.speed.points} for card in (sc, base))
     if not (common := sorted(set(mine) & set(theirs))):
@@ -405,7 +410,7 @@ def _speedup(a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.Mi
     return finite(a / b), doc.MinMax(min=lo, max=hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
-def paired_speedups(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
+def paired_speedups(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
     """Per metric of :data:`PAIRED_METRICS` and load with >= 1 pair, the scheme's ratio to its baseline paired by
     repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (a latency's inverse); [] when either is
     not comparable for speed or the modes differ. ``mine``, ``theirs``: :func:`quantverdict.review.speed.raw_points`."""
@@ -455,7 +460,7 @@ def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSp
     return doc.RegimeClaim(rule=rule, speedup=speedup, low=low, high=high, class_=cls, **of_test)
 
 
-def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
+def saturation_gap(sc: doc.Scheme, base: doc.Scheme) -> str | None:
     """Why no saturation speedup can be claimed (a sweep with planned levels left unmeasured, sweeps ending at
     different loads, one load in common); None when it can."""
     mine, theirs = sc.speed.points, base.speed.points
@@ -472,7 +477,7 @@ def saturation_gap(sc: Scorecard, base: Scorecard) -> str | None:
 
 
 def regime_reading(
-    sc: Scorecard, lo: doc.RegimeClaim | None, sat: doc.RegimeClaim | None, gap: str | None
+    sc: doc.Scheme, lo: doc.RegimeClaim | None, sat: doc.RegimeClaim | None, gap: str | None
 ) -> doc.RegimeReading:
     """Where the scheme pays, from the classes of its two claims."""
     R = doc.RegimeReading
@@ -488,7 +493,7 @@ def regime_reading(
     return R.PAYS_AT_SATURATION_ONLY if high else R.DOES_NOT_PAY
 
 
-def regime(sc: Scorecard, base: Scorecard, mine: Raw, theirs: Raw, pairable: bool) -> doc.Regime:
+def regime(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw, pairable: bool) -> doc.Regime:
     """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
     ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
     ranges (and ``sc.validity`` says so where a paired test was possible)."""
