@@ -52,8 +52,12 @@ def test_a_result_that_does_not_match_fails_the_stage_naming_the_key(tmp_path: P
 
 def test_a_failed_child_is_reported_before_its_result_is_typed(tmp_path: Path) -> None:
     env = _child(tmp_path, {"status": "failed", "error": "ValueError: no such model", "traceback": "tb", "wall_s": 0.1})
-    with pytest.raises(StageError, match="stage checkpoint_sanity failed: ValueError: no such model"):
+    with pytest.raises(StageError, match="stage checkpoint_sanity failed: ValueError: no such model") as caught:
         run_stage(env, "checkpoint_sanity", {}, tmp_path / "work", SanityResult)
+    # the child's traceback and its log reach the record and the user
+    log = tmp_path / "work" / "checkpoint_sanity.log"
+    assert caught.value.child_traceback == "tb" and caught.value.log_path == log
+    assert str(caught.value).endswith(f"(log: {log})")
 
 
 @pytest.mark.parametrize(

@@ -76,11 +76,13 @@ class Decision(StrEnum):
 
 
 class CriterionMetric(StrEnum):
-    """The number a criterion holds against its limit (``Criterion.limit``): ``need_gib``: weights + KV cache +
-    recurrent state + reserve, GiB; ``recovery_pct``: ``100 · score / baseline``; ``perplexity_increase_pct``:
-    ``100 · (ppl / baseline - 1)``; ``slo_attainment_pct``: % of requests meeting every latency objective at the stated
+    """The number a criterion holds against its limit (``Criterion.limit``, the ``review.*`` key): ``need_gib``
+    (``memory_budget_gib``): weights + KV cache + recurrent state + reserve, GiB; ``recovery_pct``
+    (``min_recovery_pct``): ``100 · score / baseline``; ``perplexity_increase_pct`` (``max_perplexity_increase_pct``):
+    ``100 · (ppl / baseline - 1)``; ``mean_kld_nats`` (``max_mean_kld``); ``top1_agreement_pct``
+    (``min_top1_agreement_pct``); ``slo_attainment_pct``: % of requests meeting every latency objective at the stated
     load; ``ttft_ms_p99`` / ``itl_ms_p99``: p99s at the stated load, for records without per-request data;
-    ``ceiling_rps``: the sustained ceiling, which must reach ``review.load_rps``."""
+    ``ceiling_rps`` (``load_rps``): the sustained ceiling, which must reach the stated rate."""
 
     NEED_GIB = "need_gib"
     RECOVERY_PCT = "recovery_pct"
@@ -595,8 +597,8 @@ class Roofline(_Strict):
 
 
 class SpeedPoint(_Strict):
-    """One load level of a sweep (:func:`quantverdict.review.speed.speed_points`): medians over its valid repeats;
-    ``saturated``: most valid repeats saturated (None where not decided: a closed-loop or unlimited-rate point)."""
+    """One load level of a sweep (:func:`quantverdict.review.speed.speed_points`): medians over its valid repeats
+    (ms, req/s, output tok/s; ``completed`` / ``failed``: requests); ``saturated``: most valid repeats saturated (None where not decided: a closed-loop or unlimited-rate point)."""
 
     label: str
     load: Load
