@@ -598,7 +598,8 @@ class Roofline(_Strict):
 
 class SpeedPoint(_Strict):
     """One load level of a sweep (:func:`quantverdict.review.speed.speed_points`): medians over its valid repeats
-    (ms, req/s, output tok/s; ``completed`` / ``failed``: requests); ``saturated``: most valid repeats saturated (None where not decided: a closed-loop or unlimited-rate point)."""
+    (ms, req/s, output tok/s; ``completed`` / ``failed``: requests); ``saturated``: most valid repeats saturated
+    (None where not decided: a closed-loop or unlimited-rate point)."""
 
     label: str
     load: Load
