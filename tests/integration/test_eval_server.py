@@ -191,6 +191,7 @@ def test_generated_text_through_the_server(served: tuple, hf: tuple) -> None:
     task = rec["accuracy"]["tasks"][owntask.NAME]
     assert task["headline_metric"] == "exact_match" and task["n"] == owntask.LIMIT
     here, local = owntask.rows(rec), owntask.rows(ref)
+    assert len(here) == owntask.LIMIT, f"{len(here)} sample rows, {owntask.LIMIT} asked for"
     for r in here:
         assert r["exact_match"] == owntask.rescored(r["response"], r["target"])
     # greedy decoding in float32 on both engines, same prompt tokens: the same answers item by item

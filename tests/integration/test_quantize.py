@@ -1,6 +1,6 @@
 """Quantize the embedded model with every shipped scheme (real llm-compressor, CPU) and check the checkpoints.
 
-Each scheme is quantized once per test run (the session's ``quantized`` fixture, as a job of the tier quantizes it and
+Each scheme is quantized once per test run (the run-wide ``quantized`` fixture, as a job of the tier quantizes it and
 through its checkpoint cache: the entry a job of the same scheme reuses, or made by such a job first) with a small
 calibration (16 samples x 128 tokens of WikiText-2 valid, ``clihelp.CALIBRATION``; AWQ 8) and is then checked for: the
 stage result, the number of quantized Linear layers

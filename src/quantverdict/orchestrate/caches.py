@@ -29,7 +29,7 @@ from quantverdict.measure.integrity import IntegrityError, check_checkpoint
 from quantverdict.orchestrate import preflight, resume
 from quantverdict.orchestrate.hub import HubModel
 from quantverdict.processes.envs import StageEnv
-from quantverdict.processes.runner import run_stage
+from quantverdict.processes.runner import StageError, run_stage
 from quantverdict.results.record import StageInfo
 from quantverdict.results.stage_results import (
     CpuProbeResult,
@@ -155,6 +155,8 @@ def _materialize_locked(
         spec["hub"] = hub.spec()
     run_stage(env, "materialize", spec, out, MaterializeResult)
     # the entry as a later job reads it: the stage's result plus the source keys ("model") the child wrote last
+    if not info.is_file():
+        raise StageError("materialize", f"the stage finished without writing {info}", None, out / "materialize.log")
     made: dict[str, Any] = json.loads(info.read_text())
     return made
 

@@ -54,9 +54,9 @@ class ConstraintKind(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How a check or one of its criteria came out: ``unknown``: not judged (a number missing, no comparison
-    possible), never lets a scheme be chosen; ``off``: no limit set; ``not_applicable``: accuracy of a model with
-    random weights (never blocks)."""
+    """How a check or one of its criteria came out: ``pass`` / ``fail``: judged; ``unknown``: not judged (a number
+    missing, no comparison possible), never lets a scheme be chosen; ``off``: no limit set; ``not_applicable``:
+    accuracy of a model with random weights (never blocks)."""
 
     PASS = "pass"
     FAIL = "fail"
@@ -701,7 +701,7 @@ class Headline(_Strict):
 
 
 class Scheme(_Strict):
-    """One job of the review."""
+    """One job of the review: identity, the three numbers, the checks, and what could not be computed."""
 
     # the review fills it in field by field (a default is the value before then); review.json holds every field, so
     # its schema is the written document's: every field required
@@ -899,7 +899,8 @@ class TaskScore(_Strict):
 
 
 class Candidate(_Strict):
-    """One (model, scheme) job seen from the target; ``mean_score`` over :attr:`CrossModel.score_tasks`."""
+    """One (model, scheme) job seen from the target; ``mean_score`` over :attr:`CrossModel.score_tasks`, None when
+    the ranking is not by accuracy."""
 
     name: str
     model: str
