@@ -70,6 +70,15 @@ class EnvKind(StrEnum):
     python = "python"
 
 
+class Installer(StrEnum):
+    """``env.installer``: what installs a stage venv's requirements. ``auto``: uv where it is found (on ``PATH`` or
+    beside the orchestrator's python), else pip; ``uv`` fails before any work where it is missing."""
+
+    auto = "auto"
+    pip = "pip"
+    uv = "uv"
+
+
 class Device(StrEnum):
     """``env.device`` (auto: only in ``conf/env/auto.yaml``, which :mod:`quantverdict.config.device_pick` replaces
     by ``env=gpu`` or ``env=cpu`` before composing)."""
@@ -415,6 +424,12 @@ class EnvConfig:
     # the venvs see the base interpreter's packages (a CUDA torch of an NGC container or a cluster module); pip
     # installs only what they do not satisfy (quantverdict.processes.venv_build)
     system_site_packages: bool = False
+    # what installs the stage venvs' requirements: auto (uv where found, else pip), pip or uv (uv resolves and unpacks
+    # the same pins in parallel, several times faster; quantverdict.processes.venv_build)
+    installer: Installer = Installer.auto
+    # the package indexes asked besides PyPI, replacing the requirement files' own `--extra-index-url` lines (null:
+    # those lines); e.g. a mirror of the PyTorch CPU index, or [] on a host that reaches PyPI only
+    extra_index_urls: Optional[list[str]] = None
     # how this env was chosen: "auto: ..." (env=auto, quantverdict.config.device_pick) or "given (...)"
     picked_by: str = ""
     quantize: StageEnvConfig = field(default_factory=StageEnvConfig)

@@ -64,18 +64,21 @@ print(json.dumps(sorted(seen.values(), key=str.lower)))
 UNHASHED = ("paths", "resume", "review", "tracking", "quantize")
 # the server's port (``bench.server.port``, ``bench.server.strict_port``): jobs on one host serve on distinct ones
 UNHASHED_SERVER = ("port", "strict_port")
+# how the stage environments are installed (``env.installer``, ``env.extra_index_urls``): the same pins either way
+UNHASHED_ENV = ("installer", "extra_index_urls")
 
 
 def hashed_config(cfg: Config) -> dict[str, Any]:
     """The part of the resolved config that :func:`config_hash` hashes: every group but :data:`UNHASHED`, the
-    server's settings without :data:`UNHASHED_SERVER`, and no ``kv`` group for the default KV cache
-    (``kv.name == "auto"``, the served dtype), so that a config written before the ``kv`` group existed hashes as
-    the same config with ``kv=auto``."""
+    server's settings without :data:`UNHASHED_SERVER`, the env without :data:`UNHASHED_ENV`, and no ``kv`` group
+    for the default KV cache (``kv.name == "auto"``, the served dtype), so that a config written before the ``kv``
+    group existed hashes as the same config with ``kv=auto``."""
     kept = {k: v for k, v in as_dict(cfg).items() if k not in UNHASHED}
     if cfg.kv.name == "auto":
         del kept["kv"]
     server = {k: v for k, v in kept["bench"]["server"].items() if k not in UNHASHED_SERVER}
     kept["bench"] = {**kept["bench"], "server": server}
+    kept["env"] = {k: v for k, v in kept["env"].items() if k not in UNHASHED_ENV}
     return kept
 
 

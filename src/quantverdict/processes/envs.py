@@ -16,13 +16,15 @@ import fcntl
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantverdict.config.compose import compose
-from quantverdict.config.schema import Config, EnvConfig, StageEnvConfig
+from quantverdict.config.schema import Config, EnvConfig, Installer, StageEnvConfig
 from quantverdict.processes import venv_build
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,24 @@ def stage_env_vars(cfg: StageEnvConfig, env_cfg: EnvConfig) -> dict[str, str]:
     return extra
 
 
+def installer_of(env_cfg: EnvConfig) -> str:
+    """``pip`` or the path of the uv executable that ``env.installer`` picks: uv on ``PATH``, else beside the
+    orchestrator's python (a venv's ``bin``).
+
+    Raises:
+        RuntimeError: ``env.installer=uv`` and no uv is found.
+    """
+    if env_cfg.installer == Installer.pip:
+        return "pip"
+    uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None and env_cfg.installer == Installer.uv:
+        raise RuntimeError(
+            "env.installer=uv but no uv executable is on PATH or beside this python: `pip install uv`, or "
+            "env.installer=pip (allowed: auto, pip, uv)"
+        )
+    return uv or "pip"
+
+
 def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Path) -> StageEnv:
     """Return the environment for ``stage``, creating the venv first if it does not exist yet.
 
@@ -131,10 +151,17 @@ def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Pa
     ready = target / venv_build.READY
     if ready.exists():
         return StageEnv(stage, python, extra)
+    installer = installer_of(env_cfg)
     with open(root / f".{stage}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not ready.exists():
-            log.info("creating the %s environment in %s from %s (first time only; minutes)", stage, target, req)
+            log.info(
+                "creating the %s environment in %s from %s with %s (first time only; minutes)",
+                stage,
+                target,
+                req,
+                "pip" if installer == "pip" else "uv",
+            )
             try:
                 venv_build.build(
                     target,
@@ -144,6 +171,8 @@ def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Pa
                     system_site_packages=env_cfg.system_site_packages,
                     uninstall=cfg.uninstall,
                     marker_text=req.read_text(),
+                    installer=installer,
+                    extra_index_urls=env_cfg.extra_index_urls,
                 )
             except venv_build.VenvBuildError as exc:
                 raise RuntimeError(f"creating the {stage} environment failed: {exc}") from None
@@ -163,16 +192,26 @@ def setup_config(overrides: list[str]) -> Config:
     return compose([*kept, "data.offline_root=null"])
 
 
-def main() -> None:
-    """Create the stage environments of the default config (``make setup``)."""
+def main() -> int:
+    """Create the stage environments of the default config (``make setup``), both at once: each pip install is
+    mostly one process unpacking wheels, so two of them share the cores. Exit status 1 when either fails (its
+    error printed; the other still finishes)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     cfg = setup_config(sys.argv[1:])
     root = Path(cfg.paths.project_root)
-    for stage in ("quantize", "serve"):
-        env = ensure(stage, getattr(cfg.env, stage), cfg.env, root)
-        print(f"{stage}: {env.python}")
+    stages = ("quantize", "serve")
+    with ThreadPoolExecutor(max_workers=len(stages)) as pool:
+        jobs = {stage: pool.submit(ensure, stage, getattr(cfg.env, stage), cfg.env, root) for stage in stages}
+    failed = False
+    for stage, job in jobs.items():
+        try:
+            print(f"{stage}: {job.result().python}")
+        except RuntimeError as exc:
+            print(f"{stage}: {exc}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,6 +13,11 @@ Two options matter on GPU hosts:
   ``--system-site-packages`` exposes the *base* installation, not that venv's packages; the parent venv's
   site-packages folders are then added through a ``.pth`` file (:data:`PARENT_PTH`), so the new venv sees what
   the interpreter sees.
+
+The installer is pip (``python -m pip`` of the new venv) or uv (``uv pip install --python``: the same requirement
+files, resolved with ``--index-strategy unsafe-best-match``, pip's rule of taking the best version over all
+indexes, and compiled to bytecode as pip does). The venv itself is always made by ``python -m venv``, so it has
+pip for a stage's own installs.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,14 +70,51 @@ def interpreter_info(python: str) -> Interpreter:
     return Interpreter(bool(data["in_venv"]), str(data["version"]), [str(s) for s in data["site"]])
 
 
-def pip_install_args(requirements: Sequence[Path], wheelhouse: str | None) -> list[str]:
-    """The arguments after ``pip`` that install ``requirements``, offline from ``wheelhouse`` when given."""
-    args = ["install", "-q", "--disable-pip-version-check"]
+INDEX_OPTIONS = ("--extra-index-url", "--index-url", "-i ")  # requirement-file lines that name a package index
+
+
+def without_indexes(req: Path, folder: Path) -> Path:
+    """A copy of the requirements file ``req`` in ``folder`` without its index lines (:data:`INDEX_OPTIONS`); a
+    ``-r``/``-c`` line names its file by absolute path (relative ones resolve against ``req``'s folder)."""
+    lines = []
+    for line in req.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith(INDEX_OPTIONS):
+            continue
+        if stripped.startswith(("-r ", "-c ")):
+            flag, name = stripped.split(maxsplit=1)
+            line = f"{flag} {(req.parent / name).resolve()}"
+        lines.append(line)
+    out = folder / req.name
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def pip_install_args(
+    requirements: Sequence[Path], wheelhouse: str | None, extra_index_urls: Sequence[str] = ()
+) -> list[str]:
+    """The arguments after ``pip`` (or ``uv pip``) that install ``requirements``: offline from ``wheelhouse`` when
+    given, else from PyPI and ``extra_index_urls``."""
+    args = ["install", "-q"]
     if wheelhouse:
         args += ["--no-index", "--find-links", str(wheelhouse)]
+    else:
+        args += [a for url in extra_index_urls for a in ("--extra-index-url", url)]
     for req in requirements:
         args += ["-r", str(req)]
     return args
+
+
+def install_command(
+    python: Path, installer: str, requirements: Sequence[Path], wheelhouse: str | None, extra_index_urls: Sequence[str]
+) -> list[str]:
+    """The command that installs ``requirements`` into the venv of ``python``: ``installer`` is ``pip`` or the path
+    of a uv executable."""
+    args = pip_install_args(requirements, wheelhouse, extra_index_urls)
+    if installer == "pip":
+        return [str(python), "-m", "pip", "--disable-pip-version-check", *args]
+    uv = [installer, "pip", args[0], "--python", str(python), "--index-strategy", "unsafe-best-match"]
+    return [*uv, "--compile-bytecode", *args[1:]]  # as pip does: a read-only venv still starts fast
 
 
 def build(
@@ -83,6 +126,8 @@ def build(
     system_site_packages: bool = False,
     uninstall: Sequence[str] = (),
     marker_text: str = "",
+    installer: str = "pip",
+    extra_index_urls: Sequence[str] | None = None,
 ) -> Path:
     """Create (or re-create) the venv ``target`` and install ``requirements`` into it.
 
@@ -96,6 +141,9 @@ def build(
         system_site_packages: let the venv see the interpreter's packages (see the module docstring).
         uninstall: distributions removed after the install.
         marker_text: written into ``.ready``.
+        installer: ``pip``, or the path of a uv executable (:func:`install_command`).
+        extra_index_urls: the indexes asked besides PyPI instead of the requirement files' own index lines; None
+            keeps those lines.
 
     Returns:
         The venv's python.
@@ -112,7 +160,10 @@ def build(
     if system_site_packages and info.in_venv:
         own_site = interpreter_info(str(python)).site[0]
         Path(own_site, PARENT_PTH).write_text("".join(f"{s}\n" for s in info.site))
-    _step([str(python), "-m", "pip", *pip_install_args(requirements, wheelhouse)])
+    with tempfile.TemporaryDirectory() as tmp:
+        if extra_index_urls is not None:
+            requirements = [without_indexes(req, Path(tmp)) for req in requirements]
+        _step(install_command(python, installer, requirements, wheelhouse, extra_index_urls or ()))
     if uninstall:
         _step([str(python), "-m", "pip", "uninstall", "-y", "-q", *uninstall])
     (target / READY).write_text(marker_text)
