@@ -554,16 +554,15 @@ class Goodput(_Strict):
 
 
 class AtLoad(_Strict):
-    """The point at the stated load: medians over its valid repeats, [min, max] per metric in ``spread``."""
+    """The point at the stated load (``points`` holds its other figures under the same label): medians over its valid
+    repeats, [min, max] per metric in ``spread``."""
 
     label: str
     load: Load
-    achieved_rps: float | None
     output_tok_s: float | None
     ttft_ms_p99: float | None
     itl_ms_p99: float | None
     e2e_ms_p50: float | None
-    e2e_ms_p99: float | None
     valid_repeats: int | None
     spread: dict[str, MinMax]
     goodput: Goodput | None
@@ -1059,27 +1058,22 @@ class Review(_Strict):
 
     def verdict(self, model: str) -> ModelVerdict:
         """The verdict of ``model``; KeyError (naming the models reviewed) when there is none."""
-        for v in self.verdicts:
-            if v.model == model:
-                return v
-        raise KeyError(f"no verdict for {model!r}; models: {', '.join(v.model for v in self.verdicts)}")
+        if (found := next((v for v in self.verdicts if v.model == model), None)) is None:
+            raise KeyError(f"no verdict for {model!r}; models: {', '.join(v.model for v in self.verdicts)}")
+        return found
 
     def scheme(self, model: str, scheme: str) -> Scheme:
         """The scorecard of ``scheme`` of ``model``; KeyError (naming the model's schemes) when there is none."""
-        for sc in self.scorecards:
-            if sc.model == model and sc.scheme == scheme:
-                return sc
-        have = ", ".join(sc.scheme for sc in self.scorecards if sc.model == model)
-        raise KeyError(f"no scheme {scheme!r} of {model!r}; schemes: {have}")
+        mine = [sc for sc in self.scorecards if sc.model == model]
+        if (found := next((sc for sc in mine if sc.scheme == scheme), None)) is None:
+            raise KeyError(f"no scheme {scheme!r} of {model!r}; schemes: {', '.join(sc.scheme for sc in mine)}")
+        return found
 
 
 def schema_text() -> str:
     """The JSON schema (draft 2020-12) of ``review.json``, as the committed file holds it."""
-    schema = Review.model_json_schema(mode="validation")
-    return (
-        json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}, indent=2, ensure_ascii=False)
-        + "\n"
-    )
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Review.model_json_schema(mode="validation")}
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
 def write_schema(path: Path = SCHEMA_PATH) -> Path:
