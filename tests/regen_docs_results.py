@@ -5,7 +5,8 @@
 A committed review is a folder of docs/results holding ``review.json`` (``gpu-hopper-schemes/review``); it is
 regenerated with ``python -m pipelines.review`` from the records its ``review.json`` names in ``source``, with the
 overrides it names in ``constraints_how`` (and ``tracking.enabled=false``: not logged to MLflow); ``review.md``,
-``review.html``, ``review.json`` and ``plots/*.png`` are compared, the header line (``Source: ... · generated
+``review.json``, ``review.html`` where committed (a folder may leave it out: it repeats ``review.md`` with the plots
+inlined) and ``plots/*.png`` are compared, the header line (``Source: ... · generated
 ...``) and the JSON's ``source`` and ``generated_at`` aside, the JSON's floats to 12 significant digits (their last
 bit depends on the CPU). Exit status 0 when every file is identical. The study pages beside them are checked by
 ``tools/results/make_results.py --check``.
@@ -40,6 +41,12 @@ CACHE_FREE_GRIDS = (
 def committed_reviews() -> list[Path]:
     """The folders of docs/results that hold a committed review (``review.json``), sorted."""
     return sorted(p.parent for p in RESULTS.rglob("review.json"))
+
+
+def review_files(review_dir: Path) -> list[str]:
+    """The review files a committed review folder is compared on: ``review.md`` and ``review.json`` always,
+    ``review.html`` where the folder holds it."""
+    return ["review.md", *(["review.html"] if (review_dir / "review.html").is_file() else []), "review.json"]
 
 
 def overrides_of(review_json: Path) -> list[str]:
@@ -116,7 +123,7 @@ def regenerate(work: Path) -> tuple[list[str], list[str]]:
         # tracking off: a regenerated review is compared, not logged (the records name their grid's MLflow store,
         # which a review never writes; this checkout's store would only collect copies)
         _run(["-m", "pipelines.review", records, *overrides, "tracking.enabled=false", "--out", str(out)])
-        for name in ("review.md", "review.html", "review.json"):
+        for name in review_files(review_dir):
             rel = f"{review_dir.relative_to(ROOT)}/{name}"
             compared.append(rel)
             _compare(rel, _review_text(review_dir / name), _review_text(out / name), problems)
@@ -145,7 +152,7 @@ def main() -> int:
                 out = work_dir(Path(tmp), review_dir)
                 if not (out / "review.json").is_file():
                     continue
-                for name in ("review.md", "review.html", "review.json"):  # only what differs beyond the header
+                for name in review_files(review_dir):  # only what differs beyond the header
                     old = review_dir / name
                     if not old.is_file() or _review_text(old) != _review_text(out / name):
                         old.write_bytes((out / name).read_bytes())

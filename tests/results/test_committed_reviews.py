@@ -7,15 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from regen_docs_results import committed_reviews, regenerate
+from regen_docs_results import committed_reviews, regenerate, review_files
 
 pytestmark = pytest.mark.results
 
 
 def test_committed_reviews_regenerate_identically(tmp_path: Path) -> None:
     reviews = committed_reviews()
-    assert [p.relative_to(p.parents[1]).as_posix() for p in reviews] == ["gpu-hopper-schemes/review"]
+    names = [p.relative_to(p.parents[1]).as_posix() for p in reviews]
+    assert names == ["gpu-hopper-schemes/review", "gpu-starts-h100/review"]
     compared, problems = regenerate(tmp_path)
-    # md, html, json and the review's plots (latency, memory, pareto, speed_ratio)
-    assert len(compared) == 3 + len(list((reviews[0] / "plots").glob("*.png")))
+    # hopper: md, html, json; starts: md and json (its html, the same review with the plots inlined, is left out);
+    # then every review's plots (latency, memory, pareto, speed_ratio)
+    assert [len(review_files(r)) for r in reviews] == [3, 2]
+    assert len(compared) == 5 + sum(len(list((r / "plots").glob("*.png"))) for r in reviews)
     assert problems == []

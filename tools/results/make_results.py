@@ -14,8 +14,10 @@ differs); the ``results`` test tier does the same.
 Ratios: a scheme's figure over its bf16 baseline's, measured in the same grid on the same GPU. Where the records
 hold repeats, the ratio is the geometric mean of the per-repeat ratios (repeat ``r`` of the scheme over repeat
 ``r`` of the baseline) with a Student-t 95% interval on the log ratios
-(:func:`quantverdict.measure.stats.paired_ratio`); a single repeat gives a ratio and no interval, and the tables
-say so.
+(:func:`quantverdict.measure.stats.paired_ratio`); where a job's server started several times, the review pairs the
+repeats by start. A single repeat gives a ratio and no interval, and the tables say so. Figures the review does not
+carry (output tok/s and the GPU's energy, power, clocks and idle time per server start) are read from the typed
+records (:class:`quantverdict.results.record.JobRecord`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import difflib
 import hashlib
 import json
 import math
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
@@ -115,7 +118,11 @@ def machine(records: str) -> Machine:
     torch = sorted({str(s.get("torch")) for s in serve if s.get("torch")})
     stack = f"vLLM {', '.join(vllm) or 'not recorded'}, torch {', '.join(torch) or 'not recorded'}"
     starts = sorted(str(r.job.started_at) for r in recs if r.job.started_at)
-    ends = sorted(str(r.job.finished_at) for r in recs if r.job.finished_at)
+    # a job with several server starts finishes its last start after the job's own finished_at
+    ends = sorted(
+        [str(r.job.finished_at) for r in recs if r.job.finished_at]
+        + [str(s.finished_at) for r in recs for s in (r.speed.starts or []) if s.finished_at]
+    )
     return Machine(" and ".join(gpus), cpu, stack, _span(starts[0], (ends or starts)[-1]) if starts else "undated")
 
 
@@ -659,6 +666,411 @@ def hopper_schemes(out: Path) -> Page:
     return Page("hopper-schemes", "W4AFP8, NVFP4A16 and FP8_BLOCK on an H200", answer)
 
 
+STARTS = Grid("gpu-starts-h100/records", GPU_REVIEW)
+
+
+@dataclass(frozen=True)
+class StartWindow:
+    """One scheme's point at one load from one server start: output tok/s and the GPU's measured window
+    (``speed.points[i].gpu``, :class:`quantverdict.measure.points.GpuWindow`; None where not measured)."""
+
+    output_tok_s: float
+    energy_per_token_j: float | None
+    tok_per_j: float | None
+    power_w: float | None
+    sm_busy_mhz: float | None
+    idle_fraction: float | None
+    idle_longest_s: float | None
+    throttle_reasons: tuple[str, ...]
+    drifting: bool | None
+
+
+@dataclass(frozen=True)
+class StartGrid:
+    """A grid's points by scheme, load (concurrency) and server start, and how its starts ran."""
+
+    windows: dict[str, dict[float, dict[int, StartWindow]]]  # scheme -> load -> start -> window
+    sequence: list[str]  # every start in time order, ``<scheme>#<start>``
+    order: str  # interleaved | random
+    min_duration_s: list[float]
+    reset_prefix_cache: list[bool]
+    sampling: list[str]  # "temperature 0, ignore_eos, max_tokens 128" per distinct sampling
+    sample_interval_ms: list[float]
+    energy_sources: list[str]
+    power_limit_w: list[float]
+    max_sm_mhz: list[float]
+
+
+def start_grid(records: str) -> StartGrid:
+    """The typed records under ``docs/results/<records>`` read into a :class:`StartGrid`.
+
+    Raises:
+        ValueError: a server start holds more than one point at a load (the page shows one repeat per start).
+    """
+    from quantverdict.results.record import find_records, read
+
+    recs = [read(p) for p in find_records(RESULTS / records)]
+    windows: dict[str, dict[float, dict[int, StartWindow]]] = {}
+    scheme_of = {str(r.job.id): str(r.job.scheme) for r in recs}
+    sequence: list[str] = []
+    orders, mins, resets, samplings, intervals, sources = set(), set(), set(), set(), set(), set()
+    for r in recs:
+        plan = r.speed.start_plan
+        if plan and plan.sequence and not sequence:
+            sequence = [f"{scheme_of.get(j, j)}#{k}" for j, _, k in (s.rpartition("#") for s in plan.sequence)]
+        if plan and plan.order:
+            orders.add(plan.order)
+        resets.add(bool((r.config.get("bench") or {}).get("reset_prefix_cache")))
+        for p in r.speed.points:
+            if p.concurrency is None or p.output_tok_s is None:
+                continue
+            g = p.gpu
+            by_start = windows.setdefault(str(r.job.scheme), {}).setdefault(float(p.concurrency), {})
+            start = p.server_start or 1
+            if start in by_start:
+                raise ValueError(f"{r.job.id}: server start {start} holds two points at concurrency {p.concurrency}")
+            by_start[start] = StartWindow(
+                output_tok_s=float(p.output_tok_s),
+                energy_per_token_j=g.energy_per_output_token_j if g else None,
+                tok_per_j=g.output_tok_per_j if g else None,
+                power_w=g.power_w_mean if g else None,
+                sm_busy_mhz=g.sm_clock_busy_mhz_median if g else None,
+                idle_fraction=g.idle_fraction if g else None,
+                idle_longest_s=g.idle_longest_s if g else None,
+                throttle_reasons=tuple(g.throttle_reasons or []) if g else (),
+                drifting=g.drifting if g else None,
+            )
+            if p.min_duration_s is not None:
+                mins.add(float(p.min_duration_s))
+            if p.sampling:
+                s = p.sampling
+                temp = "not sent" if s.temperature is None else f"{s.temperature:g}"
+                eos = ", ignore_eos" if s.ignore_eos else ""
+                samplings.add(f"temperature {temp}{eos}, max_tokens {s.max_tokens}")
+            if g and g.interval_ms is not None:
+                intervals.add(float(g.interval_ms))
+            if g and g.energy_source:
+                sources.add(g.energy_source)
+    gpus = [g for r in recs for g in (r.environment.gpu or [])[: r.environment.gpus_used or 1]]
+    return StartGrid(
+        windows=windows,
+        sequence=sequence,
+        order=", ".join(sorted(orders)) or "not recorded",
+        min_duration_s=sorted(mins),
+        reset_prefix_cache=sorted(resets),
+        sampling=sorted(samplings),
+        sample_interval_ms=sorted(intervals),
+        energy_sources=sorted(sources),
+        power_limit_w=sorted({float(g["power_limit_w"]) for g in gpus if g.get("power_limit_w")}),
+        max_sm_mhz=sorted({float(g["clocks_max_sm_mhz"]) for g in gpus if g.get("clocks_max_sm_mhz")}),
+    )
+
+
+def _per_start(values: Iterable[float | None], fmt: str) -> str:
+    """``436 / 442``: one value per server start, in start order (``–`` where not measured)."""
+    return " / ".join("–" if v is None else format(v, fmt) for v in values)
+
+
+def _range(values: Iterable[float | None], fmt: str) -> str:
+    """``4.2-5.6`` (the lowest and the highest; one value when they agree), ``–`` when none is measured."""
+    vs = [v for v in values if v is not None]
+    if not vs:
+        return "–"
+    lo, hi = format(min(vs), fmt), format(max(vs), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _starts_text(starts: Iterable[int]) -> str:
+    """``start 2``, ``starts 1 and 2``."""
+    ks = list(starts)
+    return f"start {ks[0]}" if len(ks) == 1 else f"starts {_loads_text(ks)}"
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def _spread(windows: dict[int, StartWindow]) -> float:
+    """Between-start spread of output tok/s: the highest start over the lowest, minus 1."""
+    tok = [w.output_tok_s for w in windows.values()]
+    return max(tok) / min(tok) - 1
+
+
+def _and(words: Iterable[str]) -> str:
+    """``a, b and c``."""
+    ws = list(words)
+    return ws[0] if len(ws) == 1 else f"{', '.join(ws[:-1])} and {ws[-1]}"
+
+
+def _loads_text(loads: Iterable[float]) -> str:
+    """``1, 64 and 256``."""
+    return _and(f"{x:g}" for x in loads)
+
+
+def _holds_text(label: str, by: dict[float, dict[str, Any]]) -> str:
+    """Where ``label``'s output tok/s ratio over bf16, paired by start, is faster (the review's verdict) and where
+    not, with the ratio and its interval."""
+    fast = [ld for ld in sorted(by) if by[ld]["verdict"] == "faster"]
+    rest = [ld for ld in sorted(by) if ld not in fast]
+    ratios = " / ".join(f"{by[ld]['ratio']:.2f}x" for ld in fast)
+    if fast and not rest:
+        return f"{label}'s speedup holds at every concurrency ({ratios} at c={' / '.join(f'{x:g}' for x in fast)})"
+    not_held = " or ".join(
+        f"c={ld:g} ({by[ld]['ratio']:.2f}x, 95% CI {by[ld]['low']:.2f}-{by[ld]['high']:.2f}: {by[ld]['verdict']})"
+        if by[ld].get("low") is not None
+        else f"c={ld:g} ({by[ld]['ratio']:.2f}x, no interval)"
+        for ld in rest
+    )
+    if not fast:
+        return f"{label}'s does not hold at any concurrency: not at {not_held}"
+    return f"{label}'s holds at c={_loads_text(fast)} ({ratios}) but not at {not_held}"
+
+
+def starts_energy(out: Path) -> Page:
+    """bf16, W4A16 and FP8_DYNAMIC on an H100 over independent server starts: output tok/s per start, the speedups
+    paired by start, and the GPU's energy per output token by load."""
+    doc = review(STARTS)
+    grid = start_grid(STARTS.records)
+    cards = doc["scorecards"]
+    base = next(c for c in cards if c["is_baseline"])
+    rows = {r["scheme"]: r for r in _rows_of(doc)}
+    order = [c["scheme"] for c in cards if c["scheme"] in grid.windows]
+    label = {c["scheme"]: ("bf16" if c["is_baseline"] else c["label"]) for c in cards}
+    loads = sorted({ld for s in order for ld in grid.windows[s]})
+    n_starts = max(len(w) for s in order for w in grid.windows[s].values())
+    starts = list(range(1, n_starts + 1))
+    top = loads[-1]
+    at_loads = f"c={' / '.join(f'{x:g}' for x in loads)}"
+
+    def win(scheme: str, load: float) -> dict[int, StartWindow]:
+        return grid.windows[scheme].get(load, {})
+
+    def energy(scheme: str, load: float) -> float | None:
+        return _median(w.energy_per_token_j for w in win(scheme, load).values())
+
+    def energy_ratio(scheme: str, load: float) -> str:
+        e, b = energy(scheme, load), energy(base["scheme"], load)
+        return f"{e / b:.2f}x" if e is not None and b else "–"
+
+    paired = {s: _paired(rows[s]) for s in order if s in rows}
+    held = [ld for by in paired.values() for ld, e in by.items() if e["verdict"] == "faster"]
+    all_pairs = [e for by in paired.values() for e in by.values()]
+    lead = "Yes" if len(held) == len(all_pairs) else ("No" if not held else "Partly")
+    energy_text = ", ".join(
+        f"{label[s]} " + " / ".join("–" if energy(s, ld) is None else f"{energy(s, ld):#.3g}" for ld in loads)
+        for s in order
+    )
+    answer = (
+        f"{lead}, over {n_starts} server starts paired by start: "
+        + "; ".join(_holds_text(label[s], paired[s]) for s in order if s in paired)
+        + f"; energy per output token (J, median of {n_starts} starts) at {at_loads}: "
+        + energy_text
+        + "."
+    )
+
+    from scipy.stats import t as student_t
+
+    t_quantile = float(student_t.ppf(0.975, n_starts - 1)) if n_starts > 1 else math.nan
+    mach = machine(STARTS.records)
+    work = _workload(doc)
+    mins = "/".join(f"{x:g}" for x in grid.min_duration_s) or "not recorded"
+    reset = (
+        "the prefix cache reset between points"
+        if grid.reset_prefix_cache == [True]
+        else ("the prefix cache kept between points" if grid.reset_prefix_cache == [False] else "prefix cache mixed")
+    )
+    sources = {"energy_counter": "NVML's energy counter", "power_integral": "the integral of sampled power"}
+    lines = [
+        f"# Server starts and energy per output token: {base['model']} on one H100",
+        "",
+        "**Do the speedups over bf16 hold across independent server starts, and what does each scheme spend in "
+        f"energy per output token by load?** {answer}",
+        "",
+        f"Method. One grid served the Llama-3.1-8B shape (random weights: memory, speed and energy are real, accuracy "
+        f"is not measured) in {_and(_name(_card(doc, s)) for s in order)} on one GPU, in a closed loop at "
+        f"concurrency {_loads_text(loads)} ({work['input_len']:,} in / {work['output_len']:,} out tokens; sampling "
+        f"{'; '.join(grid.sampling) or 'not recorded'}; {reset}; windows of at least {mins} s). Each scheme's "
+        f"server started {n_starts} times, the starts {grid.order} in time ({', '.join(grid.sequence)}), one "
+        "repeat per load per start. A speedup is the scheme's output tok/s over bf16's paired by start (start k of "
+        "the scheme over start k of bf16): the geometric mean of the per-start ratios with a Student-t 95% interval "
+        f"on their logs, n = the starts paired (the review's `regime` section; with n = {n_starts} the t quantile is "
+        f"{t_quantile:.2f}), so the interval holds the variance between server starts. Energy is "
+        + (" or ".join(sources.get(x, x) for x in grid.energy_sources) or "not recorded")
+        + " over each point's measured window (the GPU sampled every "
+        + ("/".join(f"{x:g}" for x in grid.sample_interval_ms) or "–")
+        + " ms) divided by the window's output tokens; idle is the share of samples with no kernel running. "
+        "Energy figures are the GPU's alone (no CPU or host power) and come without an interval.",
+        "",
+        f"Machine: {mach.line()}. Records: `{STARTS.records}`; the full review: "
+        "[`gpu-starts-h100/review/review.md`](gpu-starts-h100/review/review.md).",
+        "",
+        "## Output tok/s per server start and the speedup over bf16 paired by start",
+        "",
+    ]
+    body = []
+    for s in order:
+        for ld in loads:
+            w = win(s, ld)
+            entry = paired.get(s, {}).get(ld)
+            body.append(
+                [
+                    _name(_card(doc, s)),
+                    f"{ld:g}",
+                    *[f"{w[k].output_tok_s:,.0f}" if k in w else "–" for k in starts],
+                    f"{_spread(w) * 100:.1f}%" if len(w) > 1 else "–",
+                    "1x (the reference)" if s == base["scheme"] else ratio_text(entry),
+                    "–" if s == base["scheme"] or not entry else str(entry["verdict"]),
+                ]
+            )
+    head = [
+        "scheme",
+        "c",
+        *[f"out tok/s, start {k}" for k in starts],
+        "between-start spread (max/min - 1)",
+        "speedup over bf16 [95% CI], paired by start",
+        "verdict",
+    ]
+    lines += _table(head, body)
+    lines += ["", "## GPU energy per output token, power, clock and idle time", ""]
+    per = f"start {' / '.join(map(str, starts))}"
+    body = []
+    for s in order:
+        for ld in loads:
+            ws = [win(s, ld).get(k) for k in starts]
+            e = [w.energy_per_token_j if w else None for w in ws]
+            med = _median(e)
+            tpj = _median(w.tok_per_j if w else None for w in ws)
+            reasons = sorted({x for w in ws if w for x in w.throttle_reasons})
+            body.append(
+                [
+                    _name(_card(doc, s)),
+                    f"{ld:g}",
+                    "–" if med is None else f"{med:#.3g} ({_range(e, '#.3g')})",
+                    "–" if tpj is None else f"{tpj:#.3g}",
+                    _per_start((w.power_w if w else None for w in ws), ".0f"),
+                    _per_start((w.sm_busy_mhz if w else None for w in ws), ",.0f"),
+                    _per_start(
+                        ((w.idle_fraction * 100 if w and w.idle_fraction is not None else None) for w in ws), ".1f"
+                    ),
+                    _per_start((w.idle_longest_s if w else None for w in ws), ".1f"),
+                    ", ".join(reasons) or "none",
+                ]
+            )
+    lines += _table(
+        [
+            "scheme",
+            "c",
+            "J per output token, median (min-max)",
+            "output tok per J, median",
+            f"mean power W ({per})",
+            f"busy SM clock MHz, median ({per})",
+            f"GPU idle % ({per})",
+            f"longest idle gap s ({per})",
+            "throttle reasons",
+        ],
+        body,
+    )
+
+    # what a reader needs, from the values above
+    from quantverdict.measure.gpu_samples import DRIFT_REL
+
+    spreads = {s: _spread(win(s, top)) for s in order if len(win(s, top)) > 1}
+    widest = max(spreads, key=lambda s: spreads[s])
+    idle_top = {s: [w.idle_fraction for w in win(s, top).values()] for s in order}
+    gap_top = {s: [w.idle_longest_s for w in win(s, top).values()] for s in order}
+    shows_idle = any((x or 0) > 0 for x in idle_top[widest])
+    facts = [
+        f"- Between-start spread of output tok/s at c={top:g}: "
+        + ", ".join(f"{label[s]} {spreads[s] * 100:.1f}%" for s in order if s in spreads)
+        + f"; widest for {label[widest]}, whose c={top:g} windows "
+        + (
+            f"show idle gaps (idle {_range((x * 100 if x is not None else None for x in idle_top[widest]), '.1f')}% "
+            f"of samples, longest gap {_range(gap_top[widest], '.1f')} s)."
+            if shows_idle
+            else "show no idle sample."
+        ),
+        f"- GPU idle fraction at c={top:g}: "
+        + ", ".join(
+            f"{label[s]} {_range((x * 100 if x is not None else None for x in idle_top[s]), '.1f')}%" for s in order
+        )
+        + "; longest idle gap "
+        + ", ".join(f"{label[s]} {_range(gap_top[s], '.1f')} s" for s in order)
+        + ".",
+    ]
+    for s in order:
+        for ld, e in sorted(paired.get(s, {}).items()):
+            if e["verdict"] != "faster":
+                facts.append(
+                    f"- {label[s]} at c={ld:g}: the per-start ratios over bf16 are "
+                    + " and ".join(f"{r:.2f}x" for r in e["ratios"])
+                    + f", so with n={e['pairs']} the 95% interval spans {e['low']:.2f}-{e['high']:.2f}x."
+                    if e.get("low") is not None
+                    else f"- {label[s]} at c={ld:g}: one pair, no interval."
+                )
+    facts.append(
+        f"- Energy per output token over bf16's (medians of the starts, no interval) at {at_loads}: "
+        + ", ".join(
+            f"{label[s]} " + " / ".join(energy_ratio(s, ld) for ld in loads) for s in order if s != base["scheme"]
+        )
+        + "."
+    )
+    by_reasons: dict[tuple[str, ...], list[float]] = {}
+    for ld in loads:
+        seen = tuple(sorted({x for s in order for w in win(s, ld).values() for x in w.throttle_reasons}))
+        by_reasons.setdefault(seen, []).append(ld)
+    facts.append(
+        "- Throttle reasons in the windows (any scheme, any start): "
+        + "; ".join(f"{', '.join(k) or 'none'} at c={_loads_text(v)}" for k, v in by_reasons.items())
+        + f". Busy SM clock median at c={top:g}: "
+        + ", ".join(f"{label[s]} {_range((w.sm_busy_mhz for w in win(s, top).values()), ',.0f')} MHz" for s in order)
+        + (f" (the GPU's maximum {'/'.join(f'{x:,.0f}' for x in grid.max_sm_mhz)} MHz" if grid.max_sm_mhz else " (")
+        + (f", power limit {'/'.join(f'{x:g}' for x in grid.power_limit_w)} W)." if grid.power_limit_w else ").")
+    )
+    drift = [
+        f"{label[s]} at c={ld:g} ({_starts_text(k for k, w in sorted(win(s, ld).items()) if w.drifting)})"
+        for s in order
+        for ld in loads
+        if any(w.drifting for w in win(s, ld).values())
+    ]
+    facts.append(
+        f"- Windows whose busy SM clock moved by more than {DRIFT_REL:.0%} from their first third to their last: "
+        + ("; ".join(drift) if drift else "none")
+        + "."
+    )
+    lines += [
+        "",
+        "## What the records show",
+        "",
+        *facts,
+        "",
+        "![energy per output token by concurrency](starts-energy.png)",
+        "",
+    ]
+    (out / "starts-energy.md").write_text("\n".join(lines))
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    for i, s in enumerate(order):
+        color = f"C{i}"
+        xs = [ld for ld in loads if energy(s, ld) is not None]
+        ax.plot(xs, [energy(s, ld) for ld in xs], color=color, label=f"{label[s]}: median of the starts")
+        pts = [(ld, w.energy_per_token_j) for ld in loads for w in win(s, ld).values() if w.energy_per_token_j]
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], marker="o", facecolors="none", edgecolors=color, s=36)
+    ax.set_yscale("log")
+    every = [w.energy_per_token_j for s in order for ld in loads for w in win(s, ld).values() if w.energy_per_token_j]
+    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0) if min(every) / 2 <= t <= max(every) * 2]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    _concurrency_axis(ax, loads)
+    ax.set_ylabel("GPU energy per output token (J, log axis)")
+    ax.set_title(f"circles: each server start ({n_starts} per scheme)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out / "starts-energy.png")
+    return Page("starts-energy", "Server starts and energy per token (llama3.1-8b-shape, H100)", answer)
+
+
 CPU = Grid("cpu-records/xeon-amx/smollm2-135m", ("review=cpu",))
 CPU_BUDGET = Grid(CPU.records, ("review=cpu", "review.memory_budget_gib=0.3"))
 
@@ -750,6 +1162,7 @@ STUDIES: tuple[Callable[[Path], Page], ...] = (
     kld_accuracy,
     crossmodel_a10g,
     hopper_schemes,
+    starts_energy,
     cpu_grid,
 )
 
