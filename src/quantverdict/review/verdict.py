@@ -19,7 +19,6 @@ from quantverdict.measure import stats
 from quantverdict.measure.points import SweepPoint
 from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason, finite
-from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
 from quantverdict.review.speed import NO_PER_REQUEST, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
@@ -27,7 +26,6 @@ from quantverdict.review.words import say
 # the check outcomes by the short names the checks, and tests, read here
 PASS, FAIL, UNKNOWN, OFF = doc.Outcome.PASS, doc.Outcome.FAIL, doc.Outcome.UNKNOWN, doc.Outcome.OFF
 NOT_APPLICABLE = doc.Outcome.NOT_APPLICABLE
-__all__ = ["FAIL", "NOT_APPLICABLE", "OFF", "PASS", "UNKNOWN", "Check", "Verdict"]
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # outcomes that let a scheme be chosen
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
@@ -48,6 +46,19 @@ def _judged(kind: str, text: str, cite: str, fails: Fails, crits: list[Criterion
     return _check(kind, FAIL if fails else PASS, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
 
 
+def _miss(c: Criterion) -> float:
+    """How far ``c``'s point value lies on the failing side of its threshold (> 0: it fails under the point test)."""
+    v = c.observed or 0.0
+    return c.threshold - v if c.comparison == ">=" else v - c.threshold
+
+
+def _fails(kind: str, crits: list[Criterion], tiny: float = 0.0, **values: Any) -> Fails:
+    """A shortfall per failing criterion: how far it misses (:func:`_miss`) relative to its threshold, floored at
+    ``tiny``, and its sentence (macro ``<kind>_fails`` with ``over``, the miss, and ``pct``, the miss in %)."""
+    missed = [(c, _miss(c), max(c.threshold, tiny)) for c in crits if c.outcome == FAIL]
+    return [(m / t, say(f"{kind}_fails", c=c, over=m, pct=100 * m / t, **values)) for c, m, t in missed]
+
+
 def _said(macro: str, **values: Any) -> tuple[str, str]:
     """The sentence of ``macro`` in full (``text``) and the numbers alone (``cite``)."""
     return say(macro, **values, full=True), say(macro, **values, full=False)
@@ -62,9 +73,7 @@ def memory_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
     block_tokens = int(m.hybrid_paging.block_tokens) if m.hybrid_paging and not rc.kv_cache_tokens else None
     text, cite = _said("memory", need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
-    over = need - budget
-    fails = [(over / budget, say("memory_over", over=over, pct=100 * over / budget, budget=budget))] if over > 0 else []
-    return _judged("memory", text, cite, fails, crit)
+    return _judged("memory", text, cite, _fails("memory", crit), crit)
 
 
 def floor_test_of(d: doc.AccuracyDelta, rc: ReviewConfig) -> str:
@@ -100,12 +109,6 @@ def _accuracy_criterion(d: doc.AccuracyDelta, rc: ReviewConfig) -> Criterion:
     return crit
 
 
-def _miss(c: Criterion) -> float:
-    """How far ``c``'s point value lies on the failing side of its threshold (> 0: it fails under the point test)."""
-    v = c.observed or 0.0
-    return c.threshold - v if c.comparison == ">=" else v - c.threshold
-
-
 def _held(name: str, judged: list[tuple[doc.AccuracyDelta, Criterion]], tiny: float) -> tuple[str, str, Fails]:
     """The worst of ``judged`` against its limit (macro ``worst_<name>``: in full, and the numbers alone) and a
     shortfall per failing delta (``<name>_fails``; its excess relative to the threshold, floored at ``tiny``)."""
@@ -113,10 +116,7 @@ def _held(name: str, judged: list[tuple[doc.AccuracyDelta, Criterion]], tiny: fl
     end = c.judged if c.test == "interval" else None
     by_interval = end is not None and _miss(c) > 0  # judged on its interval while the estimate fails
     text, cite = _said(f"worst_{name}", d=d, lim=c.threshold, ok=c.outcome == PASS, end=end, by_interval=by_interval)
-    fails = Fails()
-    for d, c in (dc for dc in judged if dc[1].outcome == FAIL):
-        fails.append((_miss(c) / max(c.threshold, tiny), say(f"{name}_fails", d=d, lim=c.threshold, gap=_miss(c))))
-    return text, cite, fails
+    return text, cite, [f for d, c in judged for f in _fails(name, [c], tiny, d=d)]
 
 
 def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
@@ -137,10 +137,8 @@ def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
     # the check cannot pass while one is unjudged
     held = [d for d in acc.deltas if d.kind == "score" or d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
     measured = [d for d in held if not d.refused and getattr(d, FLOORS[d.kind][0]) is not None]
-    lims = {"score": floor, "perplexity": limit}
-    judged = [
-        (d, _accuracy_criterion(d, rc)) for d in held if lims[d.kind] is not None and (d.refused or d in measured)
-    ]
+    floored = [d for d in held if getattr(rc, FLOORS[d.kind][2]) is not None and (d.refused or d in measured)]
+    judged = [(d, _accuracy_criterion(d, rc)) for d in floored]
     crits, cannot = [c for _, c in judged], say("cannot", unjudged=[d for d, _ in judged if d.refused])
     if not measured:
         why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
@@ -198,24 +196,19 @@ def latency_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         return _check("latency", UNKNOWN, "not checked: no speed results")
     if at is None:
         return _check("latency", UNKNOWN, f"not checked: {sp.load_how}")
-    fails, crits = list[tuple[float, str]](), list[Criterion]()
     if g := at.goodput:  # per-request goodput at the load
         need, pct, slo = rc.slo_attainment_pct, g.slo_attainment_pct, slo_of(rc).describe()
         text, cite = _said("attainment", g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo)
-        if pct < need:
-            fails.append(((need - pct) / need, say("attainment_fails", g=g, need=need, pct=pct, under=need - pct)))
-        crits.append(doc.criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
+        crits = [doc.criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct)]
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
     else:  # no per-request data: the p99s with a limit at the load (slo_ok said None above if one is missing)
-        named = (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
-        p99s = [(k, n, getattr(at, k), getattr(rc, k)) for k, n in named if getattr(rc, k) is not None]
-        for key, name, v, lim in p99s:
-            crits.append(doc.criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
-            if (over := v - lim) > 0:
-                fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
+        limits = [(k, lim) for k in ("ttft_ms_p99", "itl_ms_p99") if (lim := getattr(rc, k)) is not None]
+        crits = [doc.criterion(CriterionMetric(k), at.label, k, "<=", lim, getattr(at, k)) for k, lim in limits]
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
-        text, cite = _said("p99s", p99s=p99s, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
+        text, cite = _said(
+            "p99s", p99s=crits, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST
+        )
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, sp.ceiling.lower_bound
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
@@ -224,12 +217,10 @@ def latency_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         kept_up = sp.mode == "rate" and at.load >= rc.load_rps
         kept_up = kept_up and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
         below = ceiling < rc.load_rps and not lower_bound and not kept_up
-        short = f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load"
-        fails += [((rc.load_rps - ceiling) / rc.load_rps, short)] if below else []
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
         metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
         crits.append(doc.criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
-    return _judged("latency", text, cite, fails, crits)
+    return _judged("latency", text, cite, _fails("latency", crits, g=at.goodput), crits)
 
 
 def checks(sc: doc.Scheme, rc: ReviewConfig) -> doc.Checks:
@@ -294,7 +285,7 @@ def _passed_over(sc: doc.Scheme, if_eligible: PassReason) -> doc.PassedOver:
     )
 
 
-def decide(model: str, cards: list[doc.Scheme], rc: ReviewConfig) -> Verdict:
+def decide(model: str, cards: list[doc.Scheme], rc: ReviewConfig) -> doc.ModelVerdict:
     """The verdict for one model's schemes, from their checks (:func:`checks`)."""
     base = next((sc for sc in cards if sc.is_baseline), None)
     order = candidate_order([sc for sc in cards if not sc.is_baseline])
@@ -323,7 +314,7 @@ def decide(model: str, cards: list[doc.Scheme], rc: ReviewConfig) -> Verdict:
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
     levers = (("weights", chosen and chosen.weight_tier > 0), ("KV cache", chosen and kv_step(chosen)))
     pulled = [n for n, on in levers if on]
-    return Verdict(
+    return doc.ModelVerdict(
         model=model,
         decision=decision,
         chosen_scheme=chosen.scheme if chosen else None,
