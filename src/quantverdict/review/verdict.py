@@ -113,9 +113,8 @@ def _held(name: str, judged: list[tuple[doc.AccuracyDelta, Criterion]], tiny: fl
     """The worst of ``judged`` against its limit (macro ``worst_<name>``: in full, and the numbers alone) and a
     shortfall per failing delta (``<name>_fails``; its excess relative to the threshold, floored at ``tiny``)."""
     d, c = min(judged, key=lambda dc: (dc[1].observed or 0.0) * (1 if dc[1].comparison == ">=" else -1))
-    end = c.judged if c.test == "interval" else None
-    by_interval = end is not None and _miss(c) > 0  # judged on its interval while the estimate fails
-    text, cite = _said(f"worst_{name}", d=d, lim=c.threshold, ok=c.outcome == PASS, end=end, by_interval=by_interval)
+    by_interval = c.test == "interval" and _miss(c) > 0  # judged on its interval while the estimate fails
+    text, cite = _said(f"worst_{name}", d=d, c=c, by_interval=by_interval)
     return text, cite, [f for d, c in judged for f in _fails(name, [c], tiny, d=d)]
 
 
@@ -206,9 +205,7 @@ def latency_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         limits = [(k, lim) for k in ("ttft_ms_p99", "itl_ms_p99") if (lim := getattr(rc, k)) is not None]
         crits = [doc.criterion(CriterionMetric(k), at.label, k, "<=", lim, getattr(at, k)) for k, lim in limits]
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
-        text, cite = _said(
-            "p99s", p99s=crits, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST
-        )
+        text, cite = _said("p99s", cs=crits, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, sp.ceiling.lower_bound
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
