@@ -93,12 +93,9 @@ def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | N
     out = _merged(OmegaConf.structured(base), OmegaConf.from_dotlist(user))
     if errors := review_errors(out):
         raise ConfigError("invalid review configuration:\n  - " + "\n  - ".join(errors))
-    if picked:
-        how = f"constraint set {name} (named)"
-    else:
-        where = f"the records ran on a {name.upper()}" if device else "no record names its device"
-        how = f"constraint set {name} (picked: {where}; review={'gpu' if name == 'cpu' else 'cpu'} for the other)"
-    return _target_budget(out, user, how + _with(user))
+    where = f"the records ran on a {name.upper()}" if device else "no record names its device"
+    how = f"picked: {where}; review={'gpu' if name == 'cpu' else 'cpu'} for the other"
+    return _target_budget(out, user, f"constraint set {name} ({'named' if picked else how})" + _with(user))
 
 
 def _with(user: list[str]) -> str:

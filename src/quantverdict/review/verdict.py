@@ -19,7 +19,6 @@ from quantverdict.measure import stats
 from quantverdict.measure.points import SweepPoint
 from quantverdict.review import document as doc
 from quantverdict.review.document import Check, ConstraintKind, Criterion, CriterionMetric, Decision, PassReason, finite
-from quantverdict.review.document import ModelVerdict as Verdict
 from quantverdict.review.headline import not_comparable
 from quantverdict.review.speed import NO_PER_REQUEST, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
@@ -27,7 +26,6 @@ from quantverdict.review.words import say
 # the check outcomes by the short names the checks, and tests, read here
 PASS, FAIL, UNKNOWN, OFF = doc.Outcome.PASS, doc.Outcome.FAIL, doc.Outcome.UNKNOWN, doc.Outcome.OFF
 NOT_APPLICABLE = doc.Outcome.NOT_APPLICABLE
-__all__ = ["FAIL", "NOT_APPLICABLE", "OFF", "PASS", "UNKNOWN", "Check", "Verdict"]
 
 NON_BLOCKING = (PASS, OFF, NOT_APPLICABLE)  # outcomes that let a scheme be chosen
 PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
@@ -39,10 +37,26 @@ def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
     return Check(constraint=ConstraintKind(kind), outcome=outcome, text=text, **(blank | kw))
 
 
-def _judged(kind: str, text: str, cite: str, fails: list[tuple[float, str]], crits: list[Criterion]) -> Check:
-    """PASS, or FAIL with the shortfalls ``fails`` (excess relative to the limit, sentence) in their order."""
+Fails = list[tuple[float, str]]  # a check's shortfalls: (excess relative to the limit, sentence)
+
+
+def _judged(kind: str, text: str, cite: str, fails: Fails, crits: list[Criterion]) -> Check:
+    """PASS, or FAIL with the shortfalls ``fails`` in their order."""
     shortfall, excess = "; ".join(f for _, f in fails), max((e for e, _ in fails), default=0.0)
     return _check(kind, FAIL if fails else PASS, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
+
+
+def _miss(c: Criterion) -> float:
+    """How far ``c``'s point value lies on the failing side of its threshold (> 0: it fails under the point test)."""
+    v = c.observed or 0.0
+    return c.threshold - v if c.comparison == ">=" else v - c.threshold
+
+
+def _fails(kind: str, crits: list[Criterion], tiny: float = 0.0, **values: Any) -> Fails:
+    """A shortfall per failing criterion: how far it misses (:func:`_miss`) relative to its threshold, floored at
+    ``tiny``, and its sentence (macro ``<kind>_fails`` with ``over``, the miss, and ``pct``, the miss in %)."""
+    missed = [(c, _miss(c), max(c.threshold, tiny)) for c in crits if c.outcome == FAIL]
+    return [(m / t, say(f"{kind}_fails", c=c, over=m, pct=100 * m / t, **values)) for c, m, t in missed]
 
 
 def _said(macro: str, **values: Any) -> tuple[str, str]:
@@ -59,9 +73,7 @@ def memory_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         return _check("memory", UNKNOWN, say("memory_unknown", weights_known=m.weights_gib is not None), criteria=crit)
     block_tokens = int(m.hybrid_paging.block_tokens) if m.hybrid_paging and not rc.kv_cache_tokens else None
     text, cite = _said("memory", need=need, budget=budget, m=m, rc=rc, block_tokens=block_tokens)
-    over = need - budget
-    fails = [(over / budget, say("memory_over", over=over, pct=100 * over / budget, budget=budget))] if over > 0 else []
-    return _judged("memory", text, cite, fails, crit)
+    return _judged("memory", text, cite, _fails("memory", crit), crit)
 
 
 def floor_test_of(d: doc.AccuracyDelta, rc: ReviewConfig) -> str:
@@ -83,50 +95,34 @@ FLOORS: dict[str, Floor] = {
 }
 
 
-def _floor(d: doc.AccuracyDelta) -> Floor:
-    return FLOORS[d.metric if d.kind == "kld" else d.kind]
-
-
-def _end(d: doc.AccuracyDelta, rc: ReviewConfig) -> tuple[float | None, bool]:
-    """The value ``d`` is judged on (a score's recovery, a perplexity's increase in %, the mean KLD, the top-1
-    agreement) or under the interval test the end of its interval nearest to passing, and whether it is that end."""
-    value, interval, _, comparison, _ = _floor(d)
-    iv = getattr(d, interval)
-    if floor_test_of(d, rc) != "interval" or iv is None:
-        return getattr(d, value), False
-    return iv.high if comparison == ">=" else iv.low, True
-
-
-def _gap(d: doc.AccuracyDelta, lim: float, rc: ReviewConfig | None = None) -> float:
-    """How far ``d`` misses ``lim`` (> 0 fails): its point value, or with ``rc`` the value :func:`_end` judges."""
-    value, _, _, comparison, _ = _floor(d)
-    v = (_end(d, rc)[0] if rc else getattr(d, value)) or 0.0
-    return lim - v if comparison == ">=" else v - lim
-
-
 def _accuracy_criterion(d: doc.AccuracyDelta, rc: ReviewConfig) -> Criterion:
-    """The limit held against one delta's judged value (:func:`_end`); a refused delta is left unjudged."""
-    (value, _, limit, comparison, metric), (judged, on_interval) = _floor(d), _end(d, rc)
-    threshold = float(getattr(rc, limit) or 0.0)
+    """The limit of :data:`FLOORS` held against one delta's value or, under the interval test (:func:`floor_test_of`),
+    against the end of its interval nearest to passing; a refused delta is left unjudged."""
+    value, interval, limit, comparison, metric = FLOORS[d.metric if d.kind == "kld" else d.kind]
+    iv = getattr(d, interval) if floor_test_of(d, rc) == "interval" else None
+    end = None if iv is None else iv.high if comparison == ">=" else iv.low
     subject = d.metric if d.name == d.metric or d.kind == "kld" else f"{d.name} {d.metric}"
-    args = (CriterionMetric(metric), subject, limit, comparison, threshold, getattr(d, value))
-    crit = doc.criterion(*args, judged=judged, test="interval" if on_interval else "point")
+    args = (CriterionMetric(metric), subject, limit, comparison, float(getattr(rc, limit) or 0.0), getattr(d, value))
+    crit = doc.criterion(*args, judged=end, test="point" if iv is None else "interval")
     if d.refused:
         return crit.model_copy(update={"judged": None, "outcome": UNKNOWN, "note": f"cannot be checked: {d.refused}"})
     return crit
 
 
-def na_label(reason: str | None) -> str:
-    """How a not-applicable accuracy is shown in a table cell: ``not applicable (random weights)``."""
-    return "not applicable (random weights)" if "random weights" in (reason or "") else "not applicable"
+def _held(name: str, judged: list[tuple[doc.AccuracyDelta, Criterion]], tiny: float) -> tuple[str, str, Fails]:
+    """The worst of ``judged`` against its limit (macro ``worst_<name>``: in full, and the numbers alone) and a
+    shortfall per failing delta (``<name>_fails``; its excess relative to the threshold, floored at ``tiny``)."""
+    d, c = min(judged, key=lambda dc: (dc[1].observed or 0.0) * (1 if dc[1].comparison == ">=" else -1))
+    by_interval = c.test == "interval" and _miss(c) > 0  # judged on its interval while the estimate fails
+    text, cite = _said(f"worst_{name}", d=d, c=c, by_interval=by_interval)
+    return text, cite, [f for d, c in judged for f in _fails(name, [c], tiny, d=d)]
 
 
 def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
     floor, limit, acc = rc.min_recovery_pct, rc.max_perplexity_increase_pct, sc.accuracy
     if acc.not_applicable:
-        na = na_label(acc.not_applicable)
-        text = say("accuracy_na", na=na, floor=floor, limit=limit)
-        return _check("accuracy", NOT_APPLICABLE, text, cite=say("accuracy_na_cite", na=na))
+        text, cite = _said("accuracy_na", reason=acc.not_applicable, floor=floor, limit=limit)
+        return _check("accuracy", NOT_APPLICABLE, text, cite=cite)
     if floor is None and limit is None:
         return _check("accuracy", OFF, "no accuracy floor set")
     if sc.is_baseline:
@@ -135,35 +131,25 @@ def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         return _check("accuracy", PASS if ok else FAIL, reference, cite="is the accuracy reference")
     if acc.refused:
         return _check("accuracy", UNKNOWN, f"delta excluded: {acc.refused}")
-    # a comparison that cannot be made (the two runs did not score the same items) is left unjudged: its point
-    # value neither fails nor passes the scheme, and the check cannot pass while one is unjudged
-    judged_ppl = [d for d in acc.deltas if d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
-    floored = [
-        d for d in acc.deltas if (floor if d.kind == "score" else limit if d in judged_ppl else None) is not None
-    ]
-    unjudged = [d for d in floored if d.refused]
-    scores = [d for d in acc.deltas if d.kind == "score" and d.recovery_pct is not None and not d.refused]
-    ppls = [d for d in judged_ppl if d.delta_pct is not None and not d.refused]
-    crits = [_accuracy_criterion(d, rc) for d in floored if d.refused or d in scores or d in ppls]  # record's order
-    cannot = say("cannot", unjudged=unjudged)
-    if not scores and not ppls:
+    # every task's score and each perplexity of review.perplexity_kinds; a comparison that cannot be made (the two
+    # runs did not score the same items) is left unjudged: its point value neither fails nor passes the scheme, and
+    # the check cannot pass while one is unjudged
+    held = [d for d in acc.deltas if d.kind == "score" or d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
+    measured = [d for d in held if not d.refused and getattr(d, FLOORS[d.kind][0]) is not None]
+    floored = [d for d in held if getattr(rc, FLOORS[d.kind][2]) is not None and (d.refused or d in measured)]
+    judged = [(d, _accuracy_criterion(d, rc)) for d in floored]
+    crits, cannot = [c for _, c in judged], say("cannot", unjudged=[d for d, _ in judged if d.refused])
+    if not measured:
         why = cannot or "; ".join(sc.missing) or "no comparable accuracy results"
         return _check("accuracy", UNKNOWN, f"not checked: {why}", criteria=crits)
-    fails, parts, cites = list[tuple[float, str]](), list[str](), list[str]()
-    for ds, lim, name in ((scores, floor, "score"), (ppls, limit, "ppl")):
-        if lim is None or not ds:
-            continue
-        worst = min(ds, key=lambda d: (d.recovery_pct or 0.0) if d.kind == "score" else -(d.delta_pct or 0.0))
-        ok, by_interval = _gap(worst, lim, rc) <= 0, _end(worst, rc)[1] and _gap(worst, lim) > 0
-        part, short = _said(f"worst_{name}", d=worst, lim=lim, ok=ok, by_interval=by_interval)
-        parts, cites = [*parts, part], [*cites, short]
-        for d in (d for d in ds if _gap(d, lim, rc) > 0):
-            fails.append((_gap(d, lim) / max(lim, 1e-9), say(f"{name}_fails", d=d, lim=lim, gap=_gap(d, lim))))
-    text, cite = "; ".join(parts), " and ".join(cites)
-    if unjudged and not fails:
+    groups = [[(d, c) for d, c in judged if d.kind == kind and not d.refused] for kind in ("score", "perplexity")]
+    said = [_held(group[0][0].kind, group, 1e-9) for group in groups if group]
+    text, cite = "; ".join(s[0] for s in said), " and ".join(s[1] for s in said)
+    fails = sorted((f for s in said for f in s[2]), reverse=True)
+    if cannot and not fails:
         rest = dict(cite=f"{cannot}; the rest: {cite}", criteria=crits)
         return _check("accuracy", UNKNOWN, f"not checked: {cannot}; the rest: {text}", **rest)
-    return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, sorted(fails, reverse=True), crits)
+    return _judged("accuracy", "; ".join(p for p in (text, cannot) if p), cite, fails, crits)
 
 
 def with_kld_limits(check: Check, sc: doc.Scheme, rc: ReviewConfig) -> Check:
@@ -174,35 +160,30 @@ def with_kld_limits(check: Check, sc: doc.Scheme, rc: ReviewConfig) -> Check:
     limits = {m: FLOORS[m] for m in ("mean_kld", "top1_agreement_pct") if getattr(rc, FLOORS[m][2]) is not None}
     if not limits or check.outcome == NOT_APPLICABLE or sc.accuracy.refused:
         return check
+    off = check.outcome == OFF
     if sc.is_baseline:
         reference = "the accuracy reference (KLD 0, top-1 agreement 100% by definition)"
-        return check if check.outcome != OFF else _check("accuracy", PASS, reference, cite="is the accuracy reference")
-    off, kld = check.outcome == OFF, [d for d in sc.accuracy.deltas if d.kind == "kld"]
-    texts, cites = ([], []) if off else ([check.text], [check.cite])
-    if not (by := {d.metric: d for d in kld if d.metric in FLOORS}):
-        why = next((d.note for d in kld), "no KL divergence in the record")
-        unmeasured = [
+        return _check("accuracy", PASS, reference, cite="is the accuracy reference") if off else check
+    kld = {d.metric: d for d in sc.accuracy.deltas if d.kind == "kld"}
+    judged = [(kld[m], _accuracy_criterion(kld[m], rc)) for m in limits if m in kld]
+    said, crits, sep = [_held("kld", [dc], 1e-12) for dc in judged], [c for _, c in judged], " and "
+    if not judged:
+        why = next((d.note for d in kld.values()), "no KL divergence in the record")
+        crits = [
             doc.criterion(CriterionMetric(f[4]), m, f[2], f[3], getattr(rc, f[2]), None, note=why)
             for m, f in limits.items()
         ]
-        update: dict[str, Any] = {"outcome": FAIL if check.outcome == FAIL else UNKNOWN}
-        update["text"] = "; ".join(t for t in (*texts, f"KLD limits not checked: {why}") if t)
-        update["cite"] = "; ".join(c for c in (*cites, "KLD not measured") if c)
-        return check.model_copy(update=update | {"criteria": [*check.criteria, *unmeasured]})
-    crits, fails = [_accuracy_criterion(by[m], rc) for m in limits if m in by], list[tuple[float, str]]()
-    for crit, d in ((c, by[c.subject]) for c in crits):  # a KLD criterion's subject is its delta's metric
-        ok, end, on_interval = crit.outcome == PASS, *_end(d, rc)
-        texts.append(say("kld_limit", d=d, threshold=crit.threshold, ok=ok, end=end if on_interval else None))
-        cites.append(say("kld_limit", d=d, threshold=crit.threshold, ok=ok, end=None))
-        if not ok:
-            gap = _gap(d, crit.threshold)
-            fails.append((gap / max(crit.threshold, 1e-12), say("kld_fails", d=d, threshold=crit.threshold, gap=gap)))
-    update = {"text": "; ".join(t for t in texts if t), "cite": " and ".join(c for c in cites if c)}
-    update |= {"outcome": PASS if off else check.outcome, "criteria": [*check.criteria, *crits]}
-    if fails:
-        fails.sort(reverse=True)
-        update |= {"outcome": FAIL, "excess": max(check.excess, fails[0][0])}
-        update["shortfall"] = "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f)
+        said, sep = [(f"KLD limits not checked: {why}", "KLD not measured", Fails())], "; "
+    parts = ([] if off else [(check.text, check.cite, Fails())]) + said
+    fails = sorted((f for *_, fs in parts for f in fs), reverse=True)
+    update: dict[str, Any] = {
+        "outcome": FAIL if fails or check.outcome == FAIL else (PASS if off else check.outcome) if judged else UNKNOWN,
+        "text": "; ".join(t for t, *_ in parts if t),
+        "cite": sep.join(c for _, c, _ in parts if c),
+        "shortfall": "; ".join(f for f in (check.shortfall, *(f for _, f in fails)) if f),
+        "excess": max([check.excess, *(e for e, _ in fails)]),
+        "criteria": [*check.criteria, *crits],
+    }
     return check.model_copy(update=update)
 
 
@@ -214,24 +195,17 @@ def latency_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         return _check("latency", UNKNOWN, "not checked: no speed results")
     if at is None:
         return _check("latency", UNKNOWN, f"not checked: {sp.load_how}")
-    fails, crits = list[tuple[float, str]](), list[Criterion]()
     if g := at.goodput:  # per-request goodput at the load
         need, pct, slo = rc.slo_attainment_pct, g.slo_attainment_pct, slo_of(rc).describe()
         text, cite = _said("attainment", g=g, at=at, load_how=sp.load_how, need=need, pct=pct, slo=slo)
-        if pct < need:
-            fails.append(((need - pct) / need, say("attainment_fails", g=g, need=need, pct=pct, under=need - pct)))
-        crits.append(doc.criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct))
+        crits = [doc.criterion(CriterionMetric.SLO_ATTAINMENT_PCT, at.label, "slo_attainment_pct", ">=", need, pct)]
     elif (rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None) or slo_ok(at, rc) is None:
         return _check("latency", UNKNOWN, f"not checked: no per-request data and no p99 latency at {at.label}")
     else:  # no per-request data: the p99s with a limit at the load (slo_ok said None above if one is missing)
-        named = (("ttft_ms_p99", "TTFT p99"), ("itl_ms_p99", "ITL p99"))
-        p99s = [(k, n, getattr(at, k), getattr(rc, k)) for k, n in named if getattr(rc, k) is not None]
-        for key, name, v, lim in p99s:
-            crits.append(doc.criterion(CriterionMetric(key), at.label, key, "<=", lim, v))
-            if (over := v - lim) > 0:
-                fails.append((over / lim, say("p99_fails", name=name, v=v, lim=lim, over=over, pct=100 * over / lim)))
+        limits = [(k, lim) for k in ("ttft_ms_p99", "itl_ms_p99") if (lim := getattr(rc, k)) is not None]
+        crits = [doc.criterion(CriterionMetric(k), at.label, k, "<=", lim, getattr(at, k)) for k, lim in limits]
         spread = {k: (r.min, r.max) for k, r in at.spread.items()} if (sp.repeats or 1) > 1 else None
-        text, cite = _said("p99s", p99s=p99s, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
+        text, cite = _said("p99s", cs=crits, at=at, load_how=sp.load_how, spread=spread, no_per_request=NO_PER_REQUEST)
     if rc.load_rps is not None and sp.ceiling is not None and sp.ceiling.rps is not None:
         ceiling, lower_bound = sp.ceiling.rps, sp.ceiling.lower_bound
         text += f"; ceiling {'>= ' if lower_bound else ''}{ceiling:.2f} req/s"
@@ -240,12 +214,10 @@ def latency_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         kept_up = sp.mode == "rate" and at.load >= rc.load_rps
         kept_up = kept_up and any(lv.load == at.load and lv.saturated is False for lv in sp.points)
         below = ceiling < rc.load_rps and not lower_bound and not kept_up
-        short = f"its ceiling {ceiling:.2f} req/s is below the {rc.load_rps:g} req/s load"
-        fails += [((rc.load_rps - ceiling) / rc.load_rps, short)] if below else []
         note = "a lower bound (no point saturated, or the sweep stopped early): never fails" if lower_bound else ""
         metric, subject = CriterionMetric.CEILING_RPS, sp.ceiling.label or ""
         crits.append(doc.criterion(metric, subject, "load_rps", ">=", rc.load_rps, ceiling, ok=not below, note=note))
-    return _judged("latency", text, cite, fails, crits)
+    return _judged("latency", text, cite, _fails("latency", crits, g=at.goodput), crits)
 
 
 def checks(sc: doc.Scheme, rc: ReviewConfig) -> doc.Checks:
@@ -310,7 +282,7 @@ def _passed_over(sc: doc.Scheme, if_eligible: PassReason) -> doc.PassedOver:
     )
 
 
-def decide(model: str, cards: list[doc.Scheme], rc: ReviewConfig) -> Verdict:
+def decide(model: str, cards: list[doc.Scheme], rc: ReviewConfig) -> doc.ModelVerdict:
     """The verdict for one model's schemes, from their checks (:func:`checks`)."""
     base = next((sc for sc in cards if sc.is_baseline), None)
     order = candidate_order([sc for sc in cards if not sc.is_baseline])
@@ -339,7 +311,7 @@ def decide(model: str, cards: list[doc.Scheme], rc: ReviewConfig) -> Verdict:
     shapes = {sc.name: sc.speed.workload.text for sc in cards if sc.speed.points and sc.speed.workload}
     levers = (("weights", chosen and chosen.weight_tier > 0), ("KV cache", chosen and kv_step(chosen)))
     pulled = [n for n, on in levers if on]
-    return Verdict(
+    return doc.ModelVerdict(
         model=model,
         decision=decision,
         chosen_scheme=chosen.scheme if chosen else None,
