@@ -142,6 +142,9 @@ def test_review_says_how_many_gpus_each_scheme_needs_and_tok_s_per_gpu() -> None
         "Throughput per GPU (sustained output tok/s / GPUs used): bf16 2,400 tok/s on 2 GPUs = 1,200 per GPU; "
         "gptq 1,500 tok/s on 1 GPU = 1,500 per GPU; fp8 2,100 tok/s on 1 GPU = 2,100 per GPU."
     )
+    # without a memory budget no GPU count can be given: the throughput line alone
+    unbudgeted = gpus.gpu_needs(cards, [JobRecord.view(r) for r in recs], ReviewConfig(memory_budget_gib=None))
+    assert say("gpu_lines", "speed.j2", g=unbudgeted, budget=None, requests=16).strip() == lines[1]
     cpu = [JobRecord.view({**r, "environment": {"device": "cpu"}}) for r in recs]
     assert gpus.gpu_needs(cards, cpu, ReviewConfig(memory_budget_gib=80.0)) is None
 
