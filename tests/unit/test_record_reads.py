@@ -66,7 +66,7 @@ COUNTED: dict[str, tuple[int, str]] = {
     "measure/memory.py": (1, "the bytes per dtype it sums over a checkpoint's safetensors headers"),
     "measure/perplexity.py": (1, "lm-eval's reported metrics"),
     "measure/server_metrics.py": (2, "vLLM's /metrics counters, before and after a point"),
-    "review/accuracy.py": (5, "lm-eval's per-sample rows (samples_*.jsonl) and a metric -> count-key table"),
+    "review/accuracy.py": (4, "lm-eval's per-sample rows (samples_*.jsonl) and a metric -> count-key table"),
     "review/crossmodel.py": (2, "lm-eval's per-sample rows, and baseline scores the review computed"),
     "review/gpus.py": (1, "the groups by GPU count the review built"),
     "review/headline.py": (2, "a speed point's spread by metric, computed by the review"),

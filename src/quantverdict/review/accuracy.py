@@ -46,8 +46,7 @@ class Pairing:
 
 def pair_samples(task: str, a: list[dict[str, Any]], b: list[dict[str, Any]], keys: tuple[str, ...]) -> Pairing:
     """Pair scheme (``a``) and baseline (``b``) rows with every one of ``keys`` on ``doc_id``."""
-    ia = {r["doc_id"]: r for r in a if all(r.get(k) is not None for k in keys)}
-    ib = {r["doc_id"]: r for r in b if all(r.get(k) is not None for k in keys)}
+    ia, ib = ({r["doc_id"]: r for r in rows if all(r.get(k) is not None for k in keys)} for rows in (a, b))
     common = sorted(set(ia) & set(ib), key=lambda d: (isinstance(d, str), d))
     notes = []
     if len(common) != len(ia) or len(common) != len(ib):
@@ -92,7 +91,6 @@ def diff_interval(x: list[float], y: list[float], rc: ReviewConfig) -> Interval:
 
 
 def _judged(td: AccuracyDelta, iv: Interval) -> None:
-    """``td``'s interval set to ``iv``, and whether it excludes 0."""
     td.interval, td.significant = DocInterval.of(iv), stats.significant(iv)
 
 
@@ -149,7 +147,7 @@ def _ppl_delta(
         return _token_ppl_delta(td, rec, base, rc)
     count = {"word_perplexity": "n_words", "byte_perplexity": "n_bytes"}.get(metric, "")
     sa, sb = (read_samples(rec, task), read_samples(base, task)) if count else (None, None)
-    pairing = _pairs(td, task, sa, sb, ("loglikelihood", count), "document") if sa and sb and count else None
+    pairing = _pairs(td, task, sa, sb, ("loglikelihood", count), "document") if sa and sb else None
     if pairing:
         ra, rb = pairing.a, pairing.b
         # log(ppl_s / ppl_b) = sum(ll_b - ll_s) / sum(count): a ratio estimator over documents

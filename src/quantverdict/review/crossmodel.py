@@ -1,6 +1,5 @@
 """Candidates across models on a target GPU (``review.target``): the best (model, scheme) that meets the constraints,
-and each bigger model quantized against each smaller one unquantized. ``config.bench.server``, ``config.model`` and
-``config.eval`` read through :attr:`JobRecord.cfg`."""
+and each bigger model quantized against each smaller one unquantized."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from quantverdict.review.accuracy import diff_interval, pair_samples, read_sampl
 from quantverdict.review.cost import gpu_names, gpu_price
 from quantverdict.review.document import Scheme, finite
 from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
-from quantverdict.review.memory import server_cfg as _server
 from quantverdict.review.speed import shape_of
 from quantverdict.review.verdict import NON_BLOCKING
 from quantverdict.review.words import say
@@ -33,7 +31,7 @@ ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 KV_BYTES = "--kv-cache-memory-bytes"  # a fixed KV cache (bytes) in vLLM server arguments
 SAME_BUDGET = 0.05  # a served --kv-cache-memory-bytes within 5% of the target's KV budget counts as the target's
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): lowercase decimal, uppercase binary (integers only)
-_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _Borrowed = tuple[float, str] | None  # a reserve measured on another candidate (GiB) and that candidate's name
 
 
@@ -52,18 +50,14 @@ def vllm_int_arg(args: list[Any], flag: str) -> int | None:
         if a != flag and not a.startswith(flag + "="):
             continue
         raw = (a.split("=", 1)[1] if "=" in a else (items[i + 1] if i + 1 < len(items) else "")).strip()
-        if raw.isdigit():
-            return int(raw)
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", raw)
-        if m and m.group(2).islower():
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", raw)
+        if m and (m.group(1).isdigit() or m.group(2).islower()):
             return int(float(m.group(1)) * _SUFFIX[m.group(2)])
-        if m and m.group(1).isdigit():
-            return int(m.group(1)) * _SUFFIX[m.group(2)]
     return None
 
 
 def _serve_args(rec: JobRecord) -> list[Any]:
-    return [*(_server(rec).extra_args or []), *(rec.cfg.model.serve_args or [])]
+    return [*(rec.cfg.bench.server.extra_args or []), *(rec.cfg.model.serve_args or [])]
 
 
 def _gpus(rec: JobRecord) -> list[GpuInfo]:
@@ -72,7 +66,7 @@ def _gpus(rec: JobRecord) -> list[GpuInfo]:
 
 def _run_budget_gib(rec: JobRecord) -> float | None:
     """``gpu_memory_utilization x GPU memory`` (GiB) where the job ran."""
-    gpus, util = _gpus(rec), _server(rec).gpu_memory_utilization
+    gpus, util = _gpus(rec), rec.cfg.bench.server.gpu_memory_utilization
     return float(util) * float(gpus[0].memory_total_mib or 0) / 1024 if gpus and util else None
 
 
@@ -109,7 +103,7 @@ def _target_fit(
     elif rc.reserved_gib <= 0 and borrowed is not None and not m.server_weights_gib and not m.server_kv_cache_gib:
         reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
     budget = kv_budget(target.memory_gib, target.memory_fraction, weights * GIB, reserve * GIB)
-    max_len = int(n) if (n := _server(rec).max_model_len or rec.cfg.model.max_model_len) else None
+    max_len = int(n) if (n := rec.cfg.bench.server.max_model_len or rec.cfg.model.max_model_len) else None
     fit = doc.TargetFit(
         kv_gib=budget / GIB, kv_bytes_per_token=bpt * s, reserve_gib=reserve, reserve_how=reserve_how, max_len=max_len
     )
@@ -161,7 +155,7 @@ def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits
     if not gpus:
         return None, []
     ran = vllm_batch_defaults(str(gpus[0].name or ""), float(gpus[0].memory_total_mib or 0) / 1024)
-    seqs = int(_server(rec).max_num_seqs or vllm_int_arg(args, "--max-num-seqs") or ran[0])
+    seqs = int(rec.cfg.bench.server.max_num_seqs or vllm_int_arg(args, "--max-num-seqs") or ran[0])
     tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
     want = vllm_batch_defaults(target.gpu, target.memory_gib)
     batch = doc.BatchLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, target=list(want))
@@ -182,12 +176,10 @@ def _scores(card: Scheme, rec: JobRecord) -> dict[str, doc.TaskScore]:
             continue
         s = out[task] = doc.TaskScore(metric=metric, value=float(v), n=res.n)
         od = own[task] if task in own else None
-        if od is not None and od.kind == "score" and od.delta is not None:
-            s.own_delta_kind, s.own_delta = doc.DeltaKind.SCORE, od.delta
-        elif od is not None and od.delta_pct is not None:
-            s.own_delta_kind, s.own_delta = doc.DeltaKind(od.kind), od.delta_pct
-        if od is not None and s.own_delta is not None and od.interval is not None:
-            s.own_delta_low, s.own_delta_high = od.interval.low, od.interval.high
+        if od is not None and (delta := od.delta if od.kind == "score" else od.delta_pct) is not None:
+            s.own_delta_kind, s.own_delta = od.kind, delta
+            if od.interval is not None:
+                s.own_delta_low, s.own_delta_high = od.interval.low, od.interval.high
     return out
 
 
@@ -255,12 +247,6 @@ def _candidate(
     return _Job(card, rec, out)
 
 
-def _mean_score(c: doc.Candidate, tasks: list[str]) -> float | None:
-    if not tasks or any(t not in c.scores for t in tasks):
-        return None
-    return sum(c.scores[t].value for t in tasks) / len(tasks)
-
-
 def _model_size(jobs: list[_Job], model: str) -> float:
     """16-bit size GiB: the baseline's checkpoint, else the largest checkpoint scaled to 16 bits."""
     mine = [j.card for j in jobs if j.card.model == model]
@@ -325,8 +311,8 @@ def cross_model(
     # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
     common = set.intersection(*(set(j.out.scores) for j in eligible)) if eligible else set()
     score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].out.scores[t].metric)
-    for c in cands:
-        c.mean_score = _mean_score(c, score_tasks)
+    for c in (c for c in cands if score_tasks and all(t in c.scores for t in score_tasks)):
+        c.mean_score = sum(c.scores[t].value for t in score_tasks) / len(score_tasks)
     base_score = {j.card.model: j.out.mean_score for j in jobs if j.card.is_baseline}
 
     def key(j: _Job) -> tuple[float, int, float, float]:

@@ -15,20 +15,15 @@ from quantverdict.measure.kv_cache import (
     state_bytes_per_sequence,
 )
 from quantverdict.measure.memory import DTYPE_BYTES, GIB
-from quantverdict.results.record import ChosenDtype, JobRecord, Kernel, ModelDims, ServerSnapshot
+from quantverdict.results.record import ChosenDtype, JobRecord, Kernel, ModelDims
 from quantverdict.review.document import Flag, Memory
 from quantverdict.review.flags import FlagCode
-
-
-def server_cfg(rec: JobRecord) -> ServerSnapshot:
-    """``config.bench.server``."""
-    return rec.cfg.bench.server
 
 
 def served_compute_dtype(rec: JobRecord) -> str:
     """The served compute dtype: vLLM's log, ``speed.dtype.value``, ``bench.server.dtype`` unless ``auto``, the
     model's dtype, else ``bfloat16``."""
-    configured = server_cfg(rec).dtype
+    configured = rec.cfg.bench.server.dtype
     chosen = rec.server.dtype or ChosenDtype.of(rec.speed.dtype).value or (configured if configured != "auto" else None)
     return str(chosen or rec.cfg.model.dtype or "bfloat16")
 
@@ -55,7 +50,7 @@ def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
 
 def kv_choice(rec: JobRecord) -> str:
     """``kv=NAME``: ``config.kv.name``, else ``fp8`` for an FP8 ``bench.server.kv_cache_dtype``, else ``auto``."""
-    fp8 = str(server_cfg(rec).kv_cache_dtype or "auto").startswith("fp8")
+    fp8 = str(rec.cfg.bench.server.kv_cache_dtype or "auto").startswith("fp8")
     return str(rec.cfg.kv.name or ("fp8" if fp8 else "auto"))
 
 
@@ -63,7 +58,7 @@ def _kv_dtype(rec: JobRecord, rc: ReviewConfig) -> tuple[float, str]:
     """Bytes per KV element and their source: the review's, the served KV dtype, else the compute dtype."""
     if rc.kv_cache_dtype_bytes:
         return rc.kv_cache_dtype_bytes, f"{rc.kv_cache_dtype_bytes:g} bytes (review.kv_cache_dtype_bytes)"
-    kv = str(server_cfg(rec).kv_cache_dtype or "auto")
+    kv = str(rec.cfg.bench.server.kv_cache_dtype or "auto")
     name = kv if kv != "auto" else served_compute_dtype(rec)
     return DTYPE_BYTES.get(name, 2), name
 

@@ -40,7 +40,6 @@ def _namer(cards: list[Scheme]) -> Callable[[Scheme], str]:
 
 
 def _by_model(review: Review) -> dict[str, list[Scheme]]:
-    """Each model's scorecards, in the review's order."""
     models = dict.fromkeys(sc.model for sc in review.scorecards)
     return {m: [sc for sc in review.scorecards if sc.model == m] for m in models}
 
@@ -266,18 +265,13 @@ def latency_figure(review: Review) -> Any:
     return fig
 
 
-FIGURES = (
-    ("speed_ratio", speed_ratio_figure),
-    ("pareto", pareto_figure),
-    ("memory", memory_figure),
-    ("accuracy", accuracy_figure),
-    ("latency", latency_figure),
-)
+# in reading order, each named by its function: ``speed_ratio_figure`` -> ``speed_ratio``
+FIGURES = (speed_ratio_figure, pareto_figure, memory_figure, accuracy_figure, latency_figure)
 
 
 def make_figures(review: Review) -> dict[str, Any]:
     """Every figure that has data, name -> matplotlib figure, laid out (the caller closes them)."""
-    figures = {name: fig for name, fn in FIGURES if (fig := fn(review)) is not None}
+    figures = {fn.__name__.removesuffix("_figure"): fig for fn in FIGURES if (fig := fn(review)) is not None}
     for fig in figures.values():
         fig.tight_layout()
     return figures

@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import statistics
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +68,7 @@ def shape_of(speed: doc.Speed) -> tuple[int, int] | None:
 
 
 def raw_points(rec: JobRecord) -> tuple[str, list[SweepPoint]]:
-    """The sweep's mode (``speed.mode``, else ``config.bench.mode``, else ``rate``) and its points, steady window
-    rebased."""
+    """The sweep's mode (``speed.mode``, else ``config.bench.mode``, else rate) and its steady-window-rebased points."""
     mode = str(rec.speed.mode or rec.cfg.bench.mode or "rate")
     return mode, [bench_result.rebase_steady(p) for p in rec.speed.points]
 
@@ -110,9 +108,7 @@ def slo_ok(p: doc.SpeedPoint | doc.AtLoad, rc: ReviewConfig) -> bool | None:
 
 
 def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[doc.SpeedPoint | None, str]:
-    """The point standing for the stated load (rate, concurrency or lowest) and how it was chosen."""
-    if not points:
-        return None, "no speed points"
+    """The point of ``points`` (not empty) standing for the stated load (rate, concurrency or lowest), and how."""
     if rc.load_rps is None and rc.load_concurrency is None:
         return points[0], f"no load stated: lowest measured load ({points[0].label})"
     if mode == "rate" and rc.load_rps is None:
@@ -173,28 +169,24 @@ def _level_goodput(rec: JobRecord, raw: list[SweepPoint], mode: str, slo: Slo) -
         got = [g for p in level.valid if (g := _point_goodput(rec, p, slo)) is not None]
         if len(got) < len(level.valid):
             continue
-        missed: Counter[str] = Counter()
-        for g in got:
-            missed.update(g.missed)
         out[level.load] = doc.Goodput(
             goodput_rps=statistics.median(g.goodput_rps for g in got),
             slo_attainment_pct=statistics.median(g.attainment_pct for g in got),
             good_requests=sum(g.good for g in got),
             slo_requests=sum(g.sent for g in got),
             repeats=len(got),
-            slo_missed=dict(missed),
+            slo_missed={k: sum(g.missed[k] for g in got) for k in slo.objectives()},
         )
     return out
 
 
 def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, doc.GoodputMissing | None]:
     """Goodput at the stated load's point (req/s), or None and why not (no SLO, no point, no per-request data)."""
-    M = doc.GoodputMissing
     if not slo.objectives():
-        return None, M.NO_SLO
+        return None, doc.GoodputMissing.NO_SLO
     if at is None:
-        return None, M.NO_POINT
-    return (at.goodput.goodput_rps, None) if at.goodput else (None, M.NO_PER_REQUEST)
+        return None, doc.GoodputMissing.NO_POINT
+    return (at.goodput.goodput_rps, None) if at.goodput else (None, doc.GoodputMissing.NO_PER_REQUEST)
 
 
 def point_label(sp: SweepPoint, mode: str) -> str:
@@ -205,23 +197,21 @@ def point_label(sp: SweepPoint, mode: str) -> str:
 
 def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
     """The honesty flags of one recorded point."""
-    want, got = sp.output_tokens_requested, sp.output_tokens_total
+    want, got, diff = sp.output_tokens_requested, sp.output_tokens_total, sp.vllm_max_rel_diff or 0
     pct = 100 * got / want if want and got is not None else None
     short = bool(want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want)
     others = [r for r in sp.invalid_reasons or [] if "requested output tokens" not in r]
-    diff = sp.vllm_max_rel_diff
-    kinds = []
-    if not point_checks.point_valid(sp):
-        kinds += [FlagCode.SPEED_POINT_SHORT] if short else []
-        kinds += [FlagCode.SPEED_POINT_INVALID] if others or not short else []
-    elif want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want:
-        kinds.append(FlagCode.SPEED_POINT_SHORT_KEPT)
-    kinds += [FlagCode.SPEED_POINT_FAILED] if sp.failed else []
-    if diff is not None and diff > point_checks.VLLM_AGREEMENT_TOLERANCE:
-        kinds.append(FlagCode.PERCENTILE_DISAGREEMENT)
+    valid = point_checks.point_valid(sp)
+    kinds = {
+        FlagCode.SPEED_POINT_SHORT: not valid and short,
+        FlagCode.SPEED_POINT_INVALID: not valid and (others or not short),
+        FlagCode.SPEED_POINT_SHORT_KEPT: valid and want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want,
+        FlagCode.SPEED_POINT_FAILED: sp.failed,
+        FlagCode.PERCENTILE_DISAGREEMENT: diff > point_checks.VLLM_AGREEMENT_TOLERANCE,
+    }
     values = {"label": point_label(sp, mode), "got": got or 0, "want": want or 0, "pct": pct or 0}
-    values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * (diff or 0)}
-    return [Flag.new(code, say("point_flag", "speed.j2", kind=code, **values)) for code in kinds]
+    values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * diff}
+    return [Flag.new(code, say("point_flag", "speed.j2", kind=code, **values)) for code, on in kinds.items() if on]
 
 
 def _roofline(rec: JobRecord) -> doc.Roofline | None:
