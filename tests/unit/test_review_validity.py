@@ -201,3 +201,38 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
     auto = rec({"value": "auto", "chosen_by": "config", "why": "bench.server.dtype"})
     assert served_dtype(view(auto)) == "bfloat16"
     assert dtype_flags(view(auto), view(rec({"value": "bfloat16", "chosen_by": "config", "why": ""}))) == []
+
+
+def test_gpu_windows_give_energy_per_token_and_flag_idle_gaps_and_clock_drift() -> None:
+    rec = record("gptq")
+    idle = {"energy_per_output_token_j": 0.0708, "idle_fraction": 0.056, "idle_longest_s": 0.4, "drifting": False}
+    drift = {"energy_per_output_token_j": 0.0720, "idle_fraction": 0.01, "sm_clock_drift_rel": 0.14, "drifting": True}
+    hot = {
+        "energy_per_output_token_j": 0.0700,
+        "idle_fraction": 0.0,
+        "throttle_reasons": ["sw_power_cap", "hw_slowdown"],
+    }
+    low = point(1.0, achieved=0.95, tok_s=30.0, ttft99=300, itl50=40, itl99=60, e2e50=1400)
+    one = {**low, "offered_rate_rps": None, "concurrency": 1}
+    one["gpu"] = {"energy_per_output_token_j": 1.6, "idle_fraction": 0.1}
+    top = {**low, "offered_rate_rps": None, "concurrency": 256, "server_start": 1}
+    rec["speed"] = {
+        "mode": "concurrency",
+        "points": [
+            one,
+            {**top, "gpu": idle},
+            {**top, "repeat": 1, "server_start": 2, "gpu": drift},
+            {**top, "repeat": 2, "server_start": 3, "gpu": hot},
+        ],
+    }
+    pts = speed_points(*raw_points(view(rec)))
+    # median of 0.0708, 0.0720, 0.0700 J is 0.0708; concurrency 1 has one window of 1.6 J
+    assert [p.energy_per_output_token_j for p in pts] == [1.6, 0.0708]
+    _, flags, _ = speed_summary(view(rec), RC)
+    # 10% idle at concurrency 1 is the load's (one request at a time), not flagged; 5.6% > 2% at 256 is
+    assert [(f.code, f.message.split(":")[0]) for f in flags] == [
+        ("gpu_idle", "speed point concurrency 256 (start 1)"),
+        ("gpu_clock", "speed point concurrency 256 (start 2, repeat 1)"),
+        ("gpu_clock", "speed point concurrency 256 (start 3, repeat 2)"),
+    ]
+    assert "drifted by 14%" in flags[1].message and "slowed (hw_slowdown)" in flags[2].message

@@ -617,6 +617,9 @@ class SpeedPoint(_Strict):
     valid_repeats: int
     repeats: int
     saturated: bool | None
+    energy_per_output_token_j: float | None = Field(
+        default=None, description="GPU energy per output token in the measured window (J, NVML), median over repeats"
+    )
     model_config = ConfigDict(validate_assignment=True)
 
     # the review's working data, not written: more medians, [min, max] over the valid repeats, per-request goodput

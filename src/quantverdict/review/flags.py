@@ -26,3 +26,5 @@ class FlagCode(StrEnum):
     DIFFERENT_GPU = "different_gpu"  # scheme and baseline speed measured on different physical GPUs (uuid)
     WORKLOAD_MISMATCH = "workload_mismatch"  # scheme and baseline swept at different request shapes (in / out tokens)
     SWEEP_INCOMPLETE = "sweep_incomplete"  # planned load levels without a valid point (a job stopped mid-sweep ...)
+    GPU_IDLE = "gpu_idle"  # the GPU ran no kernel for a share of a window whose load should keep it busy
+    GPU_CLOCK = "gpu_clock"  # the SM clock drifted in a window, or heat or hardware slowed it

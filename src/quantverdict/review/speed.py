@@ -24,6 +24,12 @@ from quantverdict.review.words import say
 NO_PER_REQUEST = "no per-request data in this record"
 
 SHORT_OUTPUT_TOLERANCE = 0.99  # a speed point whose output tokens are < 99% of those requested is flagged
+# a loaded window (concurrency > 1, or a saturated rate) whose GPU ran no kernel in more than this share of its samples
+# is flagged: requests were waiting, so the idle time is the host's (scheduler, API server, client), not the load's
+GPU_IDLE_SHARE = 0.02
+# NVML's clocks-event reasons that slow the GPU below its power limit's clock: heat and hardware slowdowns (the power
+# limit itself, sw_power_cap, is the normal state of a saturated GPU; its clock is in the energy table)
+SLOWDOWNS = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 # metrics whose min/max over a level's valid repeats are kept next to the median
 SPREAD_KEYS = tuple(
     "achieved_rps output_tok_s throughput_rps throughput_tok_s ttft_ms_p99 itl_ms_p50 itl_ms_p99 e2e_ms_p50 "
@@ -87,6 +93,8 @@ def speed_points(mode: str, raw: list[SweepPoint]) -> list[doc.SpeedPoint]:
         votes = (point_checks.point_saturation(q)["saturated"] for q in level.valid)
         fields |= {"label": level_label(level.load, mode), "load": level.load, "saturated": aggregate.majority(votes)}
         fields |= {"valid_repeats": len(level.valid), "repeats": len(level.points), "spread": spread}
+        energy = [e for q in level.valid if q.gpu and (e := q.gpu.energy_per_output_token_j) is not None]
+        fields["energy_per_output_token_j"] = statistics.median(energy) if energy else None
         out.append(doc.SpeedPoint.model_validate(fields))
     return out
 
@@ -190,9 +198,12 @@ def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, doc.
 
 
 def point_label(sp: SweepPoint, mode: str) -> str:
-    """A recorded point's load as text, its repeat after the first: ``1 req/s (repeat 1)``."""
+    """A recorded point's load as text, with its server start where the job had several and its repeat after the
+    first: ``1 req/s (repeat 1)``, ``concurrency 64 (start 2, repeat 1)``."""
+    where = [f"start {sp.server_start}"] if sp.server_start else []
+    where += [f"repeat {sp.repeat}"] if sp.repeat else []
     lbl = level_label(sp.load(mode), mode)
-    return f"{lbl} (repeat {sp.repeat})" if sp.repeat else lbl
+    return f"{lbl} ({', '.join(where)})" if where else lbl
 
 
 def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
@@ -202,15 +213,20 @@ def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
     short = bool(want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want)
     others = [r for r in sp.invalid_reasons or [] if "requested output tokens" not in r]
     valid = point_checks.point_valid(sp)
+    g, loaded = sp.gpu, (sp.concurrency or 0) > 1 or bool(sp.saturated)  # a load that leaves no GPU time idle
+    slowed = sorted(set(g.throttle_reasons or []) & SLOWDOWNS) if g else []
     kinds = {
         FlagCode.SPEED_POINT_SHORT: not valid and short,
         FlagCode.SPEED_POINT_INVALID: not valid and (others or not short),
         FlagCode.SPEED_POINT_SHORT_KEPT: valid and want and got is not None and got < SHORT_OUTPUT_TOLERANCE * want,
         FlagCode.SPEED_POINT_FAILED: sp.failed,
         FlagCode.PERCENTILE_DISAGREEMENT: diff > point_checks.VLLM_AGREEMENT_TOLERANCE,
+        FlagCode.GPU_IDLE: loaded and g and (g.idle_fraction or 0.0) > GPU_IDLE_SHARE,
+        FlagCode.GPU_CLOCK: g and (g.drifting or slowed),
     }
     values = {"label": point_label(sp, mode), "got": got or 0, "want": want or 0, "pct": pct or 0}
     values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * diff}
+    values |= {"gpu": g, "slowed": slowed}
     return [Flag.new(code, say("point_flag", "speed.j2", kind=code, **values)) for code, on in kinds.items() if on]
 
 
