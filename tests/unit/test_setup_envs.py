@@ -91,3 +91,69 @@ def test_how_the_environments_are_installed_does_not_change_a_jobs_id() -> None:
     same = compose(["env.installer=pip", "env.extra_index_urls=[https://mirror/whl/cpu]"])
     assert config_hash(same) == config_hash(compose([]))
     assert config_hash(compose(["env.base_python=python3.11"])) != config_hash(compose([]))  # a hashed env key
+
+
+def test_included_files_lose_their_index_lines_too_and_relative_find_links_stay_found(tmp_path: Path) -> None:
+    src, pins, out = tmp_path / "req", tmp_path / "pins", tmp_path / "out"
+    for folder in (src / "wheels", src / "extra", pins, out):
+        folder.mkdir(parents=True)
+    (src / "top.txt").write_text(
+        "--requirement=base.txt  # shared pins\n-rextra/base.txt\n--find-links wheels\n-f https://host/links\n"
+        "six==1.17.0\n"
+    )
+    (src / "base.txt").write_text(
+        "--extra-index-url https://download.pytorch.org/whl/cpu\ntorch==2.13.0+cpu\n--constraint ../pins/pins.txt\n"
+    )
+    (src / "extra" / "base.txt").write_text("-i https://mirror/simple\n-r ../base.txt\ngguf==0.19.0\n")
+    (pins / "pins.txt").write_text("--index-url=https://mirror/simple\nnumpy==2.3.0\n")
+
+    top = venv_build.without_indexes(src / "top.txt", out)
+    # copied in the order met: top.txt, base.txt (from line 1), pins.txt (base.txt's -c), then extra/base.txt,
+    # whose name is taken, under out/3 (three files copied before it); its -r ../base.txt is req/base.txt again,
+    # copied once
+    assert top == out / "top.txt"
+    assert top.read_text().splitlines() == [
+        f"-r {out / 'base.txt'}",
+        f"-r {out / '3' / 'base.txt'}",
+        f"--find-links {(src / 'wheels').resolve()}",  # pip reads a relative folder against the file's own
+        "-f https://host/links",  # a URL: as written
+        "six==1.17.0",
+    ]
+    assert (out / "base.txt").read_text().splitlines() == ["torch==2.13.0+cpu", f"-c {out / 'pins.txt'}"]
+    assert (out / "pins.txt").read_text().splitlines() == ["numpy==2.3.0"]
+    assert (out / "3" / "base.txt").read_text().splitlines() == [f"-r {out / 'base.txt'}", "gguf==0.19.0"]
+    assert len(list(out.rglob("*.txt"))) == 4
+
+
+def test_uv_is_not_picked_where_the_venv_sees_the_interpreters_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uv").write_text("#!/bin/sh\n")
+    (fake / "uv").chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake))
+    # uv reads the venv's own site-packages only: it would install a container's CUDA torch again
+    auto = EnvConfig(name="gpu", system_site_packages=True, installer=Installer.auto)
+    assert envs.installer_of(auto) == "pip"
+    with pytest.raises(RuntimeError, match=r"env.installer=uv cannot honour env.system_site_packages=true"):
+        envs.installer_of(EnvConfig(name="gpu", system_site_packages=True, installer=Installer.uv))
+
+
+def test_an_installer_that_cannot_start_is_a_build_error_naming_the_command(tmp_path: Path) -> None:
+    broken = tmp_path / "uv"
+    broken.write_text("#!/nowhere/interpreter\n")  # the file exists; the interpreter its first line names does not
+    broken.chmod(0o755)
+    with pytest.raises(venv_build.VenvBuildError, match=rf"`{broken} pip install -r a.txt` could not start"):
+        venv_build._step([str(broken), "pip", "install", "-r", "a.txt"])
+
+
+def test_a_base_interpreter_that_cannot_run_fails_both_environments_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "python3"
+    monkeypatch.setattr(sys, "argv", ["envs", f"env.root={tmp_path / 'envs'}", f"env.base_python={missing}"])
+    assert envs.main() == 1
+    err = capsys.readouterr().err.splitlines()
+    for stage in ("quantize", "serve"):
+        assert any(line.startswith(f"{stage}: env.base_python='{missing}' cannot be run") for line in err)

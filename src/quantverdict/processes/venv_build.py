@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -70,22 +71,55 @@ def interpreter_info(python: str) -> Interpreter:
     return Interpreter(bool(data["in_venv"]), str(data["version"]), [str(s) for s in data["site"]])
 
 
-INDEX_OPTIONS = ("--extra-index-url", "--index-url", "-i ")  # requirement-file lines that name a package index
+# requirement-file options (pip's forms: ``-x VALUE``, ``-xVALUE``, ``--long VALUE``, ``--long=VALUE``)
+INDEX_OPTIONS = ("--extra-index-url", "--index-url", "-i")  # name a package index
+INCLUDE_OPTIONS = ("--requirement", "--constraint", "-r", "-c")  # name another requirements file
+FIND_LINKS_OPTIONS = ("--find-links", "-f")  # a folder or page of archives; relative: to the file's folder
+_COMMENT = re.compile(r"(^|\s+)#.*$")  # pip's rule: a '#' at the start or after whitespace begins a comment
 
 
-def without_indexes(req: Path, folder: Path) -> Path:
-    """A copy of the requirements file ``req`` in ``folder`` without its index lines (:data:`INDEX_OPTIONS`); a
-    ``-r``/``-c`` line names its file by absolute path (relative ones resolve against ``req``'s folder)."""
-    lines = []
-    for line in req.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith(INDEX_OPTIONS):
-            continue
-        if stripped.startswith(("-r ", "-c ")):
-            flag, name = stripped.split(maxsplit=1)
-            line = f"{flag} {(req.parent / name).resolve()}"
-        lines.append(line)
+def requirement_option(line: str, names: Sequence[str]) -> tuple[str, str] | None:
+    """``(option, value)`` when the requirements-file ``line`` is one of the options ``names`` (as written, in any of
+    pip's forms, the comment dropped); None for any other line."""
+    text = _COMMENT.sub("", line).strip()
+    for name in names:
+        if name.startswith("--"):
+            if text.startswith((f"{name}=", f"{name} ", f"{name}\t")):
+                return name, text[len(name) + 1 :].strip()
+        elif text.startswith(name) and not text.startswith("--") and len(text) > len(name):
+            return name, text[len(name) :].strip()
+    return None
+
+
+def without_indexes(req: Path, folder: Path, copies: dict[Path, Path] | None = None) -> Path:
+    """A copy of the requirements file ``req`` in ``folder`` without its index lines (:data:`INDEX_OPTIONS`), and so
+    for every file it includes (:data:`INCLUDE_OPTIONS`), whose lines then name the copy. A relative
+    ``--find-links`` folder that exists beside ``req`` is named by absolute path (pip reads it relative to the
+    file); an included file given by URL is left as it is, a missing one named by absolute path (pip says so).
+
+    The copy is ``folder/<name>``, or ``folder/<n>/<name>`` where that name is taken; ``copies`` maps the files
+    copied so far (resolved) to their copies (shared by the files of one install; a file included twice is
+    copied once).
+    """
+    copies = {} if copies is None else copies
+    src = req.resolve()
+    if src in copies:
+        return copies[src]
     out = folder / req.name
+    if out in copies.values():
+        out = folder / str(len(copies)) / req.name
+    copies[src] = out
+    lines = []
+    for line in src.read_text().splitlines():
+        if requirement_option(line, INDEX_OPTIONS):
+            continue
+        if (included := requirement_option(line, INCLUDE_OPTIONS)) and "://" not in included[1]:
+            flag, name = "-c" if included[0] in ("-c", "--constraint") else "-r", src.parent / included[1]
+            line = f"{flag} {without_indexes(name, folder, copies) if name.is_file() else name.resolve()}"
+        elif (links := requirement_option(line, FIND_LINKS_OPTIONS)) and (src.parent / links[1]).exists():
+            line = f"--find-links {(src.parent / links[1]).resolve()}"
+        lines.append(line)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -162,7 +196,8 @@ def build(
         Path(own_site, PARENT_PTH).write_text("".join(f"{s}\n" for s in info.site))
     with tempfile.TemporaryDirectory() as tmp:
         if extra_index_urls is not None:
-            requirements = [without_indexes(req, Path(tmp)) for req in requirements]
+            copies: dict[Path, Path] = {}
+            requirements = [without_indexes(req, Path(tmp), copies) for req in requirements]
         _step(install_command(python, installer, requirements, wheelhouse, extra_index_urls or ()))
     if uninstall:
         _step([str(python), "-m", "pip", "uninstall", "-y", "-q", *uninstall])
@@ -171,7 +206,10 @@ def build(
 
 
 def _step(cmd: list[str]) -> None:
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:  # the program, or the interpreter its first line names, cannot be started
+        raise VenvBuildError(f"`{shlex.join(cmd)}` could not start: {exc}") from None
     if res.returncode != 0:
         tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-25:])
         raise VenvBuildError(f"`{shlex.join(cmd)}` failed (exit {res.returncode}):\n{tail}")
