@@ -72,7 +72,8 @@ class EnvKind(StrEnum):
 
 class Installer(StrEnum):
     """``env.installer``: what installs a stage venv's requirements. ``auto``: uv where it is found (on ``PATH`` or
-    beside the orchestrator's python), else pip; ``uv`` fails before any work where it is missing."""
+    beside the orchestrator's python) and ``env.system_site_packages`` is off, else pip; ``uv`` fails before any
+    work where it is missing or ``env.system_site_packages`` is on (uv does not see the interpreter's packages)."""
 
     auto = "auto"
     pip = "pip"
@@ -424,11 +425,14 @@ class EnvConfig:
     # the venvs see the base interpreter's packages (a CUDA torch of an NGC container or a cluster module); pip
     # installs only what they do not satisfy (quantverdict.processes.venv_build)
     system_site_packages: bool = False
-    # what installs the stage venvs' requirements: auto (uv where found, else pip), pip or uv (uv resolves and unpacks
-    # the same pins in parallel, several times faster; quantverdict.processes.venv_build)
+    # what installs the stage venvs' requirements: auto (uv where found, else pip; pip with system_site_packages,
+    # whose interpreter's packages uv does not see), pip or uv (uv resolves and unpacks the same pins in parallel,
+    # several times faster, and reads neither pip.conf nor PIP_* variables, only its own UV_*, e.g. UV_FIND_LINKS;
+    # quantverdict.processes.venv_build)
     installer: Installer = Installer.auto
-    # the package indexes asked besides PyPI, replacing the requirement files' own `--extra-index-url` lines (null:
-    # those lines); e.g. a mirror of the PyTorch CPU index, or [] on a host that reaches PyPI only
+    # the package indexes asked besides PyPI, replacing the index lines of the requirement files and of the files
+    # they include with -r/-c (null: those lines); e.g. a mirror of the PyTorch CPU index, or [] on a host that
+    # reaches PyPI only; unused with wheelhouse (offline)
     extra_index_urls: Optional[list[str]] = None
     # how this env was chosen: "auto: ..." (env=auto, quantverdict.config.device_pick) or "given (...)"
     picked_by: str = ""

@@ -108,12 +108,21 @@ def stage_env_vars(cfg: StageEnvConfig, env_cfg: EnvConfig) -> dict[str, str]:
 
 def installer_of(env_cfg: EnvConfig) -> str:
     """``pip`` or the path of the uv executable that ``env.installer`` picks: uv on ``PATH``, else beside the
-    orchestrator's python (a venv's ``bin``).
+    orchestrator's python (a venv's ``bin``). With ``env.system_site_packages`` ``auto`` picks pip: uv reads only
+    the venv's own site-packages, so it would install again what the interpreter provides (a container's CUDA
+    torch), or fail offline where the wheelhouse leaves it out (https://github.com/astral-sh/uv/issues/4466).
 
     Raises:
-        RuntimeError: ``env.installer=uv`` and no uv is found.
+        RuntimeError: ``env.installer=uv`` and no uv is found, or ``env.system_site_packages`` is set as well.
     """
     if env_cfg.installer == Installer.pip:
+        return "pip"
+    if env_cfg.system_site_packages:
+        if env_cfg.installer == Installer.uv:
+            raise RuntimeError(
+                "env.installer=uv cannot honour env.system_site_packages=true (uv does not see the interpreter's "
+                "packages and installs them again): env.installer=pip or auto (allowed: auto, pip, uv)"
+            )
         return "pip"
     uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
     if uv is None and env_cfg.installer == Installer.uv:
@@ -131,7 +140,8 @@ def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Pa
     ``.ready`` file written last, so a half-built venv is rebuilt rather than used.
 
     Raises:
-        RuntimeError: the install failed; the message holds the tail of pip's output.
+        RuntimeError: the install failed (the message holds the command and the tail of its output), the base
+            interpreter cannot be run, or ``env.installer`` cannot be honoured (:func:`installer_of`).
     """
     extra = stage_env_vars(cfg, env_cfg)
     if cfg.kind == "python":
@@ -146,7 +156,10 @@ def ensure(stage: str, cfg: StageEnvConfig, env_cfg: EnvConfig, project_root: Pa
         )
     root = Path(env_cfg.root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    target = venv_dir(root, stage, req, env_cfg.base_python, bool(wheelhouse), env_cfg.system_site_packages)
+    try:
+        target = venv_dir(root, stage, req, env_cfg.base_python, bool(wheelhouse), env_cfg.system_site_packages)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise RuntimeError(f"env.base_python={env_cfg.base_python!r} cannot be run: {exc}") from None
     python = str(target / "bin" / "python")
     ready = target / venv_build.READY
     if ready.exists():
