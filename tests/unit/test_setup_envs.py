@@ -78,6 +78,13 @@ def test_the_installer_setting_picks_pip_uv_or_fails_naming_the_key(
     monkeypatch.setenv("PATH", str(fake))
     assert envs.installer_of(EnvConfig(name="cpu", installer=Installer.auto)) == str(uv)
     assert envs.installer_of(EnvConfig(name="cpu", installer=Installer.pip)) == "pip"
+    venv_bin = tmp_path / "venv" / "bin"  # the pinned uv beside the orchestrator's python wins over PATH's
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "uv").write_text("#!/bin/sh\n")
+    (venv_bin / "uv").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    assert envs.installer_of(EnvConfig(name="cpu", installer=Installer.auto)) == str(venv_bin / "uv")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "nowhere" / "python"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert envs.installer_of(EnvConfig(name="cpu", installer=Installer.auto)) == "pip"
     with pytest.raises(RuntimeError, match=r"env.installer=uv .*allowed: auto, pip, uv"):

@@ -107,10 +107,11 @@ def stage_env_vars(cfg: StageEnvConfig, env_cfg: EnvConfig) -> dict[str, str]:
 
 
 def installer_of(env_cfg: EnvConfig) -> str:
-    """``pip`` or the path of the uv executable that ``env.installer`` picks: uv on ``PATH``, else beside the
-    orchestrator's python (a venv's ``bin``). With ``env.system_site_packages`` ``auto`` picks pip: uv reads only
-    the venv's own site-packages, so it would install again what the interpreter provides (a container's CUDA
-    torch), or fail offline where the wheelhouse leaves it out (https://github.com/astral-sh/uv/issues/4466).
+    """``pip`` or the path of the uv executable that ``env.installer`` picks: the one beside the orchestrator's
+    python (a venv's ``bin``: the version requirements/dev.txt pins), else uv on ``PATH``. With
+    ``env.system_site_packages`` ``auto`` picks pip: uv reads only the venv's own site-packages, so it would install
+    again what the interpreter provides (a container's CUDA torch), or fail offline where the wheelhouse leaves it
+    out (https://github.com/astral-sh/uv/issues/4466).
 
     Raises:
         RuntimeError: ``env.installer=uv`` and no uv is found, or ``env.system_site_packages`` is set as well.
@@ -124,7 +125,7 @@ def installer_of(env_cfg: EnvConfig) -> str:
                 "packages and installs them again): env.installer=pip or auto (allowed: auto, pip, uv)"
             )
         return "pip"
-    uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None and env_cfg.installer == Installer.uv:
         raise RuntimeError(
             "env.installer=uv but no uv executable is on PATH or beside this python: `pip install uv`, or "
