@@ -720,7 +720,7 @@ def start_grid(records: str) -> StartGrid:
             sequence = [f"{scheme_of.get(j, j)}#{k}" for j, _, k in (s.rpartition("#") for s in plan.sequence)]
         if plan and plan.order:
             orders.add(plan.order)
-        resets.add(bool((r.config.get("bench") or {}).get("reset_prefix_cache")))
+        resets.add(r.cfg.bench.reset_prefix_cache)
         for p in r.speed.points:
             if p.concurrency is None or p.output_tok_s is None:
                 continue

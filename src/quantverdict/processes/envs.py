@@ -207,8 +207,8 @@ def setup_config(overrides: list[str]) -> Config:
 
 
 def main() -> int:
-    """Create the stage environments of the default config (``make setup``), both at once: each pip install is
-    mostly one process unpacking wheels, so two of them share the cores. Exit status 1 when either fails (its
+    """Create the stage environments of the default config (``make setup``), both at once: each install spends
+    most of its time downloading and unpacking wheels, so the two overlap. Exit status 1 when either fails (its
     error printed; the other still finishes)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 

@@ -41,6 +41,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from quantverdict.processes import venv_build
+
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -268,10 +270,12 @@ def _build_sdist(name: str, built: Path, pip: Sequence[str]) -> None:
 
 
 def index_options(path: Path) -> list[str]:
-    """The index options of a requirements file (``--extra-index-url URL``, ``--index-url``, ``--find-links``), as
-    lines for another requirements file: the download asks the indexes the resolution asked."""
-    keep = ("--extra-index-url", "--index-url", "--find-links", "-f ", "-i ")
-    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip().startswith(keep)]
+    """The index options of a requirements file (``--extra-index-url URL``, ``--index-url``, ``--find-links``, in
+    any of pip's forms: :func:`quantverdict.processes.venv_build.requirement_option`), as lines for another
+    requirements file: the download asks the indexes the resolution asked."""
+    names = (*venv_build.INDEX_OPTIONS, *venv_build.FIND_LINKS_OPTIONS)
+    found = (venv_build.requirement_option(line, names) for line in path.read_text().splitlines())
+    return [f"{opt} {value}" for opt, value in (f for f in found if f)]
 
 
 def download(
