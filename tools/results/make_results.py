@@ -666,7 +666,10 @@ def hopper_schemes(out: Path) -> Page:
     return Page("hopper-schemes", "W4AFP8, NVFP4A16 and FP8_BLOCK on an H200", answer)
 
 
-STARTS = Grid("gpu-starts-h100/records", GPU_REVIEW)
+STARTS = (  # one grid per machine, the same command on each
+    Grid("gpu-starts-h100/records", GPU_REVIEW),
+    Grid("gpu-starts-h100-2/records", GPU_REVIEW),
+)
 
 
 @dataclass(frozen=True)
@@ -808,143 +811,247 @@ def _loads_text(loads: Iterable[float]) -> str:
     return _and(f"{x:g}" for x in loads)
 
 
-def _holds_text(label: str, by: dict[float, dict[str, Any]]) -> str:
-    """Where ``label``'s output tok/s ratio over bf16, paired by start, is faster (the review's verdict) and where
-    not, with the ratio and its interval."""
-    fast = [ld for ld in sorted(by) if by[ld]["verdict"] == "faster"]
-    rest = [ld for ld in sorted(by) if ld not in fast]
-    ratios = " / ".join(f"{by[ld]['ratio']:.2f}x" for ld in fast)
-    if fast and not rest:
-        return f"{label}'s speedup holds at every concurrency ({ratios} at c={' / '.join(f'{x:g}' for x in fast)})"
-    not_held = " or ".join(
-        f"c={ld:g} ({by[ld]['ratio']:.2f}x, 95% CI {by[ld]['low']:.2f}-{by[ld]['high']:.2f}: {by[ld]['verdict']})"
-        if by[ld].get("low") is not None
-        else f"c={ld:g} ({by[ld]['ratio']:.2f}x, no interval)"
-        for ld in rest
-    )
-    if not fast:
-        return f"{label}'s does not hold at any concurrency: not at {not_held}"
-    return f"{label}'s holds at c={_loads_text(fast)} ({ratios}) but not at {not_held}"
+@dataclass(frozen=True)
+class StartsRun:
+    """One machine's grid on the starts page: its review document (``review.json``), its windows by server start,
+    its machine and the speedups over bf16 paired by start (the review's ``regime`` rows)."""
 
+    grid: Grid
+    doc: Doc
+    starts: StartGrid
+    machine: Machine
+    base: str  # the baseline's scheme
+    order: list[str]  # the schemes measured, in the review's scorecard order
+    label: dict[str, str]  # scheme -> "bf16", "W4A16", "FP8_DYNAMIC"
+    paired: dict[str, dict[float, dict[str, Any]]]  # scheme -> load -> the review's paired output tok/s entry
 
-def starts_energy(out: Path) -> Page:
-    """bf16, W4A16 and FP8_DYNAMIC on an H100 over independent server starts: output tok/s per start, the speedups
-    paired by start, and the GPU's energy per output token by load."""
-    doc = review(STARTS)
-    grid = start_grid(STARTS.records)
-    cards = doc["scorecards"]
-    base = next(c for c in cards if c["is_baseline"])
-    rows = {r["scheme"]: r for r in _rows_of(doc)}
-    order = [c["scheme"] for c in cards if c["scheme"] in grid.windows]
-    label = {c["scheme"]: ("bf16" if c["is_baseline"] else c["label"]) for c in cards}
-    loads = sorted({ld for s in order for ld in grid.windows[s]})
-    n_starts = max(len(w) for s in order for w in grid.windows[s].values())
-    starts = list(range(1, n_starts + 1))
-    top = loads[-1]
-    at_loads = f"c={' / '.join(f'{x:g}' for x in loads)}"
+    @property
+    def loads(self) -> list[float]:
+        return sorted({ld for s in self.order for ld in self.starts.windows[s]})
 
-    def win(scheme: str, load: float) -> dict[int, StartWindow]:
-        return grid.windows[scheme].get(load, {})
+    @property
+    def n_starts(self) -> int:
+        return max(len(w) for s in self.order for w in self.starts.windows[s].values())
 
-    def energy(scheme: str, load: float) -> float | None:
-        return _median(w.energy_per_token_j for w in win(scheme, load).values())
+    def win(self, scheme: str, load: float) -> dict[int, StartWindow]:
+        return self.starts.windows[scheme].get(load, {})
 
-    def energy_ratio(scheme: str, load: float) -> str:
-        e, b = energy(scheme, load), energy(base["scheme"], load)
+    def energy(self, scheme: str, load: float) -> float | None:
+        """The median over the starts of the GPU's energy per output token (J)."""
+        return _median(w.energy_per_token_j for w in self.win(scheme, load).values())
+
+    def energy_ratio(self, scheme: str, load: float) -> str:
+        """``0.60x``: the scheme's median energy per output token over bf16's at ``load``."""
+        e, b = self.energy(scheme, load), self.energy(self.base, load)
         return f"{e / b:.2f}x" if e is not None and b else "–"
 
-    paired = {s: _paired(rows[s]) for s in order if s in rows}
-    held = [ld for by in paired.values() for ld, e in by.items() if e["verdict"] == "faster"]
-    all_pairs = [e for by in paired.values() for e in by.values()]
-    lead = "Yes" if len(held) == len(all_pairs) else ("No" if not held else "Partly")
-    energy_text = ", ".join(
-        f"{label[s]} " + " / ".join("–" if energy(s, ld) is None else f"{energy(s, ld):#.3g}" for ld in loads)
-        for s in order
-    )
-    answer = (
-        f"{lead}, over {n_starts} server starts paired by start: "
-        + "; ".join(_holds_text(label[s], paired[s]) for s in order if s in paired)
-        + f"; energy per output token (J, median of {n_starts} starts) at {at_loads}: "
-        + energy_text
-        + "."
+
+def starts_run(grid: Grid) -> StartsRun:
+    """``grid`` reviewed (:func:`review`) and its records read (:func:`start_grid`, :func:`machine`)."""
+    doc = review(grid)
+    windows = start_grid(grid.records)
+    cards = doc["scorecards"]
+    rows = {r["scheme"]: r for r in _rows_of(doc)}
+    order = [c["scheme"] for c in cards if c["scheme"] in windows.windows]
+    return StartsRun(
+        grid=grid,
+        doc=doc,
+        starts=windows,
+        machine=machine(grid.records),
+        base=next(c["scheme"] for c in cards if c["is_baseline"]),
+        order=order,
+        label={c["scheme"]: ("bf16" if c["is_baseline"] else c["label"]) for c in cards},
+        paired={s: _paired(rows[s]) for s in order if s in rows},
     )
 
-    from scipy.stats import t as student_t
 
-    t_quantile = float(student_t.ppf(0.975, n_starts - 1)) if n_starts > 1 else math.nan
-    mach = machine(STARTS.records)
-    work = _workload(doc)
-    mins = "/".join(f"{x:g}" for x in grid.min_duration_s) or "not recorded"
-    reset = (
-        "the prefix cache reset between points"
-        if grid.reset_prefix_cache == [True]
-        else ("the prefix cache kept between points" if grid.reset_prefix_cache == [False] else "prefix cache mixed")
+def _setup(run: StartsRun) -> dict[str, Any]:
+    """What a speedup of ``run`` depends on besides the machine: schemes, loads, request shape and window."""
+    work = _workload(run.doc)
+    g = run.starts
+    return {
+        "schemes": run.order,
+        "loads": run.loads,
+        "request shape": (work["input_len"], work["output_len"]),
+        "sampling": g.sampling,
+        "min_duration_s": g.min_duration_s,
+        "reset_prefix_cache": g.reset_prefix_cache,
+        "start order": g.order,
+        "sample_interval_ms": g.sample_interval_ms,
+        "energy_sources": g.energy_sources,
+    }
+
+
+def _same_setup(runs: list[StartsRun]) -> None:
+    """Raises ValueError naming the first field in which a machine's grid differs from the first machine's."""
+    first = _setup(runs[0])
+    for run in runs[1:]:
+        for key, value in _setup(run).items():
+            if value != first[key]:
+                raise ValueError(
+                    f"{run.grid.records}: {key} {value} differs from {runs[0].grid.records}'s {first[key]}: "
+                    "the starts page compares machines on one setup"
+                )
+
+
+def _side(entry: dict[str, Any]) -> str:
+    """Where a paired ratio's 95% interval lies against 1: ``above 1``, ``below 1``, ``includes 1``."""
+    if entry["low"] > 1:
+        return "above 1"
+    return "below 1" if entry["high"] < 1 else "includes 1"
+
+
+def _agreement(entries: list[dict[str, Any]]) -> tuple[str, str]:
+    """Whether the machines' 95% intervals overlap (the highest lower bound at most the lowest upper bound) and
+    whether they lie on the same side of 1; ``–`` for both where a machine has no interval."""
+    if any(e.get("low") is None for e in entries):
+        return "–", "–"
+    overlap = "yes" if max(e["low"] for e in entries) <= min(e["high"] for e in entries) else "no"
+    sides = [_side(e) for e in entries]
+    every = "both" if len(entries) == 2 else f"all {len(entries)}"
+    if len(set(sides)) == 1:
+        return overlap, f"yes, {every} {sides[0].replace('includes', 'include')}"
+    return overlap, "no: " + ", ".join(f"{s} on machine {i}" for i, s in enumerate(sides, 1))
+
+
+def _ci_text(entry: dict[str, Any]) -> str:
+    """``0.94x [0.56, 1.55]`` (``0.94x`` without an interval)."""
+    if entry.get("low") is None:
+        return f"{entry['ratio']:.2f}x"
+    return f"{entry['ratio']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}]"
+
+
+def _machines_text(machines: tuple[int, ...], n: int) -> str:
+    """``on both machines``, ``on neither machine``, ``on machine 1 only`` (``n`` machines in all)."""
+    if len(machines) == n:
+        return "on both machines" if n == 2 else f"on all {n} machines"
+    if not machines:
+        return "on neither machine" if n == 2 else "on no machine"
+    return f"on machine {machines[0]} only" if len(machines) == 1 else f"on machines {_loads_text(machines)} only"
+
+
+def _replication_text(runs: list[StartsRun], scheme: str) -> str:
+    """Where ``scheme``'s speedup over bf16 is faster (the review's paired verdict) on which machines, by load:
+    ``W4A16 is faster on both machines at c=1 and 64 (c=1: 1.59x and 1.53x; ...) and on neither machine at
+    c=256 (0.94x [0.56, 1.55] and 0.93x [0.71, 1.24])``."""
+    by_machines: dict[tuple[int, ...], list[float]] = {}
+    for ld in runs[0].loads:
+        fast = tuple(i for i, r in enumerate(runs, 1) if r.paired[scheme][ld]["verdict"] == "faster")
+        by_machines.setdefault(fast, []).append(ld)
+    parts = []
+    for machines, loads in by_machines.items():
+        if len(machines) == len(runs):  # the ratios alone, machine 1 / machine 2 / ...
+            cells = ", ".join(
+                " / ".join(f"{r.paired[scheme][ld]['ratio']:.2f}x" for r in runs) + f" at c={ld:g}" for ld in loads
+            )
+            numbers = f"machine {' / '.join(map(str, range(1, len(runs) + 1)))}: {cells}"
+        else:  # each machine's ratio with its interval
+            numbers = "; ".join(
+                (f"c={ld:g}: " if len(loads) > 1 else "")
+                + ", ".join(f"machine {i} {_ci_text(r.paired[scheme][ld])}" for i, r in enumerate(runs, 1))
+                for ld in loads
+            )
+        parts.append(f"{_machines_text(machines, len(runs))} at c={_loads_text(loads)} ({numbers})")
+    return f"{runs[0].label[scheme]} is faster than bf16 " + _and(parts)
+
+
+def _per_start_text(runs: list[StartsRun], scheme: str, load: float) -> str:
+    """``W4A16 at c=256 is above bf16 in 1 of 5 starts (machine 1 0.90x, 0.97x; machine 2 0.82x, 1.01x, 0.98x)``:
+    the per-start ratios of the review's paired entry, each start over the same start of bf16."""
+    ratios = [r.paired[scheme][load]["ratios"] for r in runs]
+    above = sum(1 for rs in ratios for x in rs if x > 1)
+    every = "; ".join(f"machine {i} " + ", ".join(f"{x:.2f}x" for x in rs) for i, rs in enumerate(ratios, 1))
+    return f"{runs[0].label[scheme]} at c={load:g} is above bf16 in {above} of {sum(map(len, ratios))} starts ({every})"
+
+
+def _idle_sentence(runs: list[StartsRun], load: float) -> str:
+    """Start 1's GPU idle share at ``load`` against its machine's later starts, and for which scheme on which
+    machine start 1 is the idlest start."""
+    compared, idlest = [], []
+    for i, run in enumerate(runs, 1):
+        parts = []
+        for s in run.order:
+            w = run.win(s, load)
+            first = w[1].idle_fraction if 1 in w else None
+            later = [x.idle_fraction for k, x in sorted(w.items()) if k > 1 and x.idle_fraction is not None]
+            if first is None or not later:
+                continue
+            parts.append(f"{run.label[s]} {first * 100:.1f} vs {_range((x * 100 for x in later), '.1f')}")
+            if first > max(later):
+                idlest.append((i, run.label[s]))
+        if parts:
+            compared.append(f"machine {i} " + ", ".join(parts))
+    if not compared:
+        return f"No machine ran more than one start at c={load:g}."
+    by_machine: dict[int, list[str]] = {}
+    for i, lab in idlest:
+        by_machine.setdefault(i, []).append(lab)
+    verdict = (
+        "Start 1 is the idlest start of its machine for "
+        + "; for ".join(f"{_and(labs)} on machine {i}" for i, labs in by_machine.items())
+        if by_machine
+        else "Start 1 is the idlest start of its machine for no scheme"
     )
-    sources = {"energy_counter": "NVML's energy counter", "power_integral": "the integral of sampled power"}
+    return (
+        f"GPU idle % at c={load:g}, start 1 against the later starts of its machine: {'; '.join(compared)}. {verdict}."
+    )
+
+
+def _machine_section(run: StartsRun, i: int) -> list[str]:
+    """One machine's tables (output tok/s per start with the paired speedup; energy, power, clock and idle per
+    start) and what its records show (between-start spread, throttle reasons and clocks, drifting windows)."""
+    from quantverdict.measure.gpu_samples import DRIFT_REL
+
+    grid, order, label, loads = run.starts, run.order, run.label, run.loads
+    starts = list(range(1, run.n_starts + 1))
+    top = loads[-1]
     lines = [
-        f"# Server starts and energy per output token: {base['model']} on one H100",
+        f"## Machine {i}: {run.n_starts} server starts per scheme",
         "",
-        "**Do the speedups over bf16 hold across independent server starts, and what does each scheme spend in "
-        f"energy per output token by load?** {answer}",
+        f"Starts in time order: {', '.join(grid.sequence)}.",
         "",
-        f"Method. One grid served the Llama-3.1-8B shape (random weights: memory, speed and energy are real, accuracy "
-        f"is not measured) in {_and(_name(_card(doc, s)) for s in order)} on one GPU, in a closed loop at "
-        f"concurrency {_loads_text(loads)} ({work['input_len']:,} in / {work['output_len']:,} out tokens; sampling "
-        f"{'; '.join(grid.sampling) or 'not recorded'}; {reset}; windows of at least {mins} s). Each scheme's "
-        f"server started {n_starts} times, the starts {grid.order} in time ({', '.join(grid.sequence)}), one "
-        "repeat per load per start. A speedup is the scheme's output tok/s over bf16's paired by start (start k of "
-        "the scheme over start k of bf16): the geometric mean of the per-start ratios with a Student-t 95% interval "
-        f"on their logs, n = the starts paired (the review's `regime` section; with n = {n_starts} the t quantile is "
-        f"{t_quantile:.2f}), so the interval holds the variance between server starts. Energy is "
-        + (" or ".join(sources.get(x, x) for x in grid.energy_sources) or "not recorded")
-        + " over each point's measured window (the GPU sampled every "
-        + ("/".join(f"{x:g}" for x in grid.sample_interval_ms) or "–")
-        + " ms) divided by the window's output tokens; idle is the share of samples with no kernel running. "
-        "Energy figures are the GPU's alone (no CPU or host power) and come without an interval.",
-        "",
-        f"Machine: {mach.line()}. Records: `{STARTS.records}`; the full review: "
-        "[`gpu-starts-h100/review/review.md`](gpu-starts-h100/review/review.md).",
-        "",
-        "## Output tok/s per server start and the speedup over bf16 paired by start",
+        "### Output tok/s per server start and the speedup over bf16 paired by start",
         "",
     ]
     body = []
     for s in order:
         for ld in loads:
-            w = win(s, ld)
-            entry = paired.get(s, {}).get(ld)
+            w = run.win(s, ld)
+            entry = run.paired.get(s, {}).get(ld)
             body.append(
                 [
-                    _name(_card(doc, s)),
+                    _name(_card(run.doc, s)),
                     f"{ld:g}",
                     *[f"{w[k].output_tok_s:,.0f}" if k in w else "–" for k in starts],
                     f"{_spread(w) * 100:.1f}%" if len(w) > 1 else "–",
-                    "1x (the reference)" if s == base["scheme"] else ratio_text(entry),
-                    "–" if s == base["scheme"] or not entry else str(entry["verdict"]),
+                    "1x (the reference)" if s == run.base else ratio_text(entry),
+                    "–" if s == run.base or not entry else str(entry["verdict"]),
                 ]
             )
-    head = [
-        "scheme",
-        "c",
-        *[f"out tok/s, start {k}" for k in starts],
-        "between-start spread (max/min - 1)",
-        "speedup over bf16 [95% CI], paired by start",
-        "verdict",
-    ]
-    lines += _table(head, body)
-    lines += ["", "## GPU energy per output token, power, clock and idle time", ""]
+    lines += _table(
+        [
+            "scheme",
+            "c",
+            *[f"out tok/s, start {k}" for k in starts],
+            "between-start spread (max/min - 1)",
+            "speedup over bf16 [95% CI], paired by start",
+            "verdict",
+        ],
+        body,
+    )
+    lines += ["", "### GPU energy per output token, power, clock and idle time", ""]
     per = f"start {' / '.join(map(str, starts))}"
     body = []
     for s in order:
         for ld in loads:
-            ws = [win(s, ld).get(k) for k in starts]
+            ws = [run.win(s, ld).get(k) for k in starts]
             e = [w.energy_per_token_j if w else None for w in ws]
             med = _median(e)
             tpj = _median(w.tok_per_j if w else None for w in ws)
             reasons = sorted({x for w in ws if w for x in w.throttle_reasons})
             body.append(
                 [
-                    _name(_card(doc, s)),
+                    _name(_card(run.doc, s)),
                     f"{ld:g}",
                     "–" if med is None else f"{med:#.3g} ({_range(e, '#.3g')})",
                     "–" if tpj is None else f"{tpj:#.3g}",
@@ -972,103 +1079,230 @@ def starts_energy(out: Path) -> Page:
         body,
     )
 
-    # what a reader needs, from the values above
-    from quantverdict.measure.gpu_samples import DRIFT_REL
-
-    spreads = {s: _spread(win(s, top)) for s in order if len(win(s, top)) > 1}
-    widest = max(spreads, key=lambda s: spreads[s])
-    idle_top = {s: [w.idle_fraction for w in win(s, top).values()] for s in order}
-    gap_top = {s: [w.idle_longest_s for w in win(s, top).values()] for s in order}
-    shows_idle = any((x or 0) > 0 for x in idle_top[widest])
-    facts = [
-        f"- Between-start spread of output tok/s at c={top:g}: "
-        + ", ".join(f"{label[s]} {spreads[s] * 100:.1f}%" for s in order if s in spreads)
-        + f"; widest for {label[widest]}, whose c={top:g} windows "
-        + (
-            f"show idle gaps (idle {_range((x * 100 if x is not None else None for x in idle_top[widest]), '.1f')}% "
-            f"of samples, longest gap {_range(gap_top[widest], '.1f')} s)."
-            if shows_idle
-            else "show no idle sample."
-        ),
-        f"- GPU idle fraction at c={top:g}: "
-        + ", ".join(
-            f"{label[s]} {_range((x * 100 if x is not None else None for x in idle_top[s]), '.1f')}%" for s in order
+    spreads = {s: _spread(run.win(s, top)) for s in order if len(run.win(s, top)) > 1}
+    facts = []
+    if spreads:
+        widest = max(spreads, key=lambda s: spreads[s])
+        facts.append(
+            f"- Between-start spread of output tok/s at c={top:g}: "
+            + ", ".join(f"{label[s]} {spreads[s] * 100:.1f}%" for s in order if s in spreads)
+            + f"; widest for {label[widest]}."
         )
-        + "; longest idle gap "
-        + ", ".join(f"{label[s]} {_range(gap_top[s], '.1f')} s" for s in order)
-        + ".",
-    ]
-    for s in order:
-        for ld, e in sorted(paired.get(s, {}).items()):
-            if e["verdict"] != "faster":
-                facts.append(
-                    f"- {label[s]} at c={ld:g}: the per-start ratios over bf16 are "
-                    + " and ".join(f"{r:.2f}x" for r in e["ratios"])
-                    + f", so with n={e['pairs']} the 95% interval spans {e['low']:.2f}-{e['high']:.2f}x."
-                    if e.get("low") is not None
-                    else f"- {label[s]} at c={ld:g}: one pair, no interval."
-                )
-    facts.append(
-        f"- Energy per output token over bf16's (medians of the starts, no interval) at {at_loads}: "
-        + ", ".join(
-            f"{label[s]} " + " / ".join(energy_ratio(s, ld) for ld in loads) for s in order if s != base["scheme"]
-        )
-        + "."
-    )
     by_reasons: dict[tuple[str, ...], list[float]] = {}
     for ld in loads:
-        seen = tuple(sorted({x for s in order for w in win(s, ld).values() for x in w.throttle_reasons}))
+        seen = tuple(sorted({x for s in order for w in run.win(s, ld).values() for x in w.throttle_reasons}))
         by_reasons.setdefault(seen, []).append(ld)
     facts.append(
         "- Throttle reasons in the windows (any scheme, any start): "
         + "; ".join(f"{', '.join(k) or 'none'} at c={_loads_text(v)}" for k, v in by_reasons.items())
         + f". Busy SM clock median at c={top:g}: "
-        + ", ".join(f"{label[s]} {_range((w.sm_busy_mhz for w in win(s, top).values()), ',.0f')} MHz" for s in order)
+        + ", ".join(
+            f"{label[s]} {_range((w.sm_busy_mhz for w in run.win(s, top).values()), ',.0f')} MHz" for s in order
+        )
         + (f" (the GPU's maximum {'/'.join(f'{x:,.0f}' for x in grid.max_sm_mhz)} MHz" if grid.max_sm_mhz else " (")
         + (f", power limit {'/'.join(f'{x:g}' for x in grid.power_limit_w)} W)." if grid.power_limit_w else ").")
     )
     drift = [
-        f"{label[s]} at c={ld:g} ({_starts_text(k for k, w in sorted(win(s, ld).items()) if w.drifting)})"
+        f"{label[s]} at c={ld:g} ({_starts_text(k for k, w in sorted(run.win(s, ld).items()) if w.drifting)})"
         for s in order
         for ld in loads
-        if any(w.drifting for w in win(s, ld).values())
+        if any(w.drifting for w in run.win(s, ld).values())
     ]
     facts.append(
         f"- Windows whose busy SM clock moved by more than {DRIFT_REL:.0%} from their first third to their last: "
         + ("; ".join(drift) if drift else "none")
         + "."
     )
+    return [*lines, "", "### What the records show", "", *facts, ""]
+
+
+def starts_energy(out: Path) -> Page:
+    """bf16, W4A16 and FP8_DYNAMIC on H100 machines, each over independent server starts: whether the speedups
+    paired by start replicate from one machine to the next, output tok/s per start, the GPU's energy per output
+    token by load and its idle time per start.
+
+    Raises:
+        ValueError: the machines' grids differ in schemes, loads, request shape, sampling, window or start order.
+    """
+    from quantverdict.review.verdict import PAYS
+
+    runs = [starts_run(g) for g in STARTS]
+    _same_setup(runs)
+    first = runs[0]
+    order, label, loads, base = first.order, first.label, first.loads, first.base
+    schemes = [s for s in order if s != base]
+    n = len(runs)
+    top = loads[-1]
+    at_loads = f"c={' / '.join(f'{x:g}' for x in loads)}"
+    starts_text = _and(f"{r.n_starts} times on machine {i}" for i, r in enumerate(runs, 1))
+
+    verdicts = [r.paired[s][ld]["verdict"] for s in schemes for ld in loads for r in runs]
+    everywhere = [(s, ld) for s in schemes for ld in loads if all(r.paired[s][ld]["verdict"] == "faster" for r in runs)]
+    lead = "Yes" if verdicts.count("faster") == len(verdicts) else ("No" if not everywhere else "Partly")
+    # the cells a reader should see start by start: a machine's interval reaches below the review's 1.05x
+    weak = [
+        (s, ld)
+        for s in schemes
+        for ld in loads
+        if any(r.paired[s][ld]["verdict"] != "faster" or r.paired[s][ld]["low"] < PAYS for r in runs)
+    ]
+    answer = (
+        f"{lead}, paired by server start on each machine (each scheme's server started {starts_text}): "
+        + "; ".join(_replication_text(runs, s) for s in schemes)
+        + "."
+    )
+    if weak:
+        answer += (
+            f" Start by start, where a machine's interval reaches below {PAYS:g}x (the review's least speedup that "
+            "pays): " + "; ".join(_per_start_text(runs, s, ld) for s, ld in weak) + "."
+        )
+    answer += (
+        f" GPU energy per output token over bf16's (median of the starts, no interval) at {at_loads}: "
+        + "; ".join(
+            f"{label[s]} "
+            + _and(f"{' / '.join(r.energy_ratio(s, ld) for ld in loads)} on machine {i}" for i, r in enumerate(runs, 1))
+            for s in schemes
+        )
+        + "."
+    )
+
+    from scipy.stats import t as student_t
+
+    quantiles = _and(
+        f"n = {k}: {float(student_t.ppf(0.975, k - 1)):.2f}" for k in sorted({r.n_starts for r in runs}) if k > 1
+    )
+    grid = first.starts
+    work = _workload(first.doc)
+    mins = "/".join(f"{x:g}" for x in grid.min_duration_s) or "not recorded"
+    reset = (
+        "the prefix cache reset between points"
+        if grid.reset_prefix_cache == [True]
+        else ("the prefix cache kept between points" if grid.reset_prefix_cache == [False] else "prefix cache mixed")
+    )
+    sources = {"energy_counter": "NVML's energy counter", "power_integral": "the integral of sampled power"}
+    count = ("one", "two", "three", "four")[n - 1] if n <= 4 else str(n)
+    model = first.doc["scorecards"][0]["model"]
+    lines = [
+        f"# Server starts and energy per output token: {model} on {count} H100 machines",
+        "",
+        "**Do the speedups over bf16 replicate on a second machine and across server starts, and what does each "
+        f"scheme spend in energy per output token by load?** {answer}",
+        "",
+        f"Method. The same grid ran on each machine, one GPU each: the Llama-3.1-8B shape (random weights: memory, "
+        f"speed and energy are real, accuracy is not measured) in {_and(_name(_card(first.doc, s)) for s in order)}, "
+        f"in a closed loop at concurrency {_loads_text(loads)} ({work['input_len']:,} in / {work['output_len']:,} "
+        f"out tokens; sampling {'; '.join(grid.sampling) or 'not recorded'}; {reset}; windows of at least {mins} s). "
+        f"Each scheme's server started {starts_text}, the starts {grid.order} in time, one repeat per load per "
+        "start. A speedup is the scheme's output tok/s over bf16's on the same machine, paired by start (start k of "
+        "the scheme over start k of bf16): the geometric mean of the per-start ratios with a Student-t 95% interval "
+        f"on their logs, n = the starts paired (the review's `regime` section; the t quantile for {quantiles}), so "
+        "the interval holds the variance between server starts. The replication table sets each machine's interval "
+        "beside the other's; no interval pools the machines. Energy is "
+        + (" or ".join(sources.get(x, x) for x in grid.energy_sources) or "not recorded")
+        + " over each point's measured window (the GPU sampled every "
+        + ("/".join(f"{x:g}" for x in grid.sample_interval_ms) or "–")
+        + " ms) divided by the window's output tokens; idle is the share of samples with no kernel running. "
+        "Energy figures are the GPU's alone (no CPU or host power) and come without an interval.",
+        "",
+    ]
+    for i, r in enumerate(runs, 1):
+        review_md = f"{r.grid.records.removesuffix('/records')}/review/review.md"
+        lines += [
+            f"Machine {i}: {r.machine.line()}. Records: `{r.grid.records}`; the full review: "
+            f"[`{review_md}`]({review_md}).",
+            "",
+        ]
+    lines += ["## Replication: the speedup over bf16 on each machine, paired by start", ""]
+    body = []
+    for s in schemes:
+        for ld in loads:
+            entries = [r.paired[s][ld] for r in runs]
+            overlap, same = _agreement(entries)
+            body.append(
+                [
+                    _name(_card(first.doc, s)),
+                    f"{ld:g}",
+                    *[cell for e in entries for cell in (ratio_text(e), ", ".join(f"{x:.2f}x" for x in e["ratios"]))],
+                    overlap,
+                    same,
+                ]
+            )
+    lines += _table(
+        [
+            "scheme",
+            "c",
+            *[
+                cell
+                for i in range(1, n + 1)
+                for cell in (f"machine {i}: speedup [95% CI] n", f"machine {i}: per-start ratios")
+            ],
+            "intervals overlap",
+            "same side of 1",
+        ],
+        body,
+    )
+    lines.append("")
+    for i, r in enumerate(runs, 1):
+        lines += _machine_section(r, i)
+
+    most = max(r.n_starts for r in runs)
+    lines += [f"## GPU idle at c={top:g} by server start", ""]
+    lines += _table(
+        ["machine", "scheme", *[f"start {k}: idle % (longest gap s)" for k in range(1, most + 1)]],
+        (
+            [
+                str(i),
+                r.label[s],
+                *[
+                    "–"
+                    if k not in r.win(s, top) or r.win(s, top)[k].idle_fraction is None
+                    else f"{r.win(s, top)[k].idle_fraction * 100:.1f} ({r.win(s, top)[k].idle_longest_s:.1f})"
+                    for k in range(1, most + 1)
+                ],
+            ]
+            for i, r in enumerate(runs, 1)
+            for s in r.order
+        ),
+    )
     lines += [
         "",
-        "## What the records show",
+        _idle_sentence(runs, top),
         "",
-        *facts,
-        "",
-        "![energy per output token by concurrency](starts-energy.png)",
+        "![energy per output token by concurrency, each machine](starts-energy.png)",
         "",
     ]
     (out / "starts-energy.md").write_text("\n".join(lines))
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.0))
-    for i, s in enumerate(order):
-        color = f"C{i}"
-        xs = [ld for ld in loads if energy(s, ld) is not None]
-        ax.plot(xs, [energy(s, ld) for ld in xs], color=color, label=f"{label[s]}: median of the starts")
-        pts = [(ld, w.energy_per_token_j) for ld in loads for w in win(s, ld).values() if w.energy_per_token_j]
-        ax.scatter([x for x, _ in pts], [y for _, y in pts], marker="o", facecolors="none", edgecolors=color, s=36)
+    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    styles = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
+    every = []
+    for i, r in enumerate(runs):
+        ls, marker = styles[i % len(styles)]
+        for j, s in enumerate(order):
+            color = f"C{j}"
+            xs = [ld for ld in loads if r.energy(s, ld) is not None]
+            ax.plot(xs, [r.energy(s, ld) for ld in xs], color=color, ls=ls, label=f"{label[s]}, machine {i + 1}")
+            pts = [(ld, w.energy_per_token_j) for ld in loads for w in r.win(s, ld).values() if w.energy_per_token_j]
+            every += [y for _, y in pts]
+            ax.scatter(
+                [x for x, _ in pts], [y for _, y in pts], marker=marker, facecolors="none", edgecolors=color, s=36
+            )
     ax.set_yscale("log")
-    every = [w.energy_per_token_j for s in order for ld in loads for w in win(s, ld).values() if w.energy_per_token_j]
     ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0) if min(every) / 2 <= t <= max(every) * 2]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.minorticks_off()
     _concurrency_axis(ax, loads)
     ax.set_ylabel("GPU energy per output token (J, log axis)")
-    ax.set_title(f"circles: each server start ({n_starts} per scheme)", fontsize=9)
+    shapes = {"o": "circles", "s": "squares", "^": "triangles", "D": "diamonds"}
+    marks = ", ".join(f"{shapes[styles[i % len(styles)][1]]} machine {i + 1}" for i in range(n))
+    ax.set_title(f"lines: median of the starts; markers: each server start ({marks})", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8, ncols=n)
     fig.tight_layout()
     _save(fig, out / "starts-energy.png")
-    return Page("starts-energy", "Server starts and energy per token (llama3.1-8b-shape, H100)", answer)
+    return Page(
+        "starts-energy", f"Server starts and energy per token (llama3.1-8b-shape, {count} H100 machines)", answer
+    )
 
 
 CPU = Grid("cpu-records/xeon-amx/smollm2-135m", ("review=cpu",))
