@@ -90,11 +90,10 @@ def test_starts_page_pairs_the_speedups_by_server_start(written: Path) -> None:
     # median (2.90219 + 2.93011) / 2 = 2.91615; output_tok_per_j 0.344567 and 0.341284, median 0.342925
     row = next(line for line in lines if line.startswith("| bf16 (BF16) | 1 | 2.92"))
     assert row.startswith("| bf16 (BF16) | 1 | 2.92 (2.90-2.93) | 0.343 | ")
-    # machine 2 at c=256, the records' gpu.idle_fraction and idle_longest_s by start: FP8_DYNAMIC 0.2031 (1.2 s),
-    # 0.0588 (0.4 s), 0.1351 (1.0 s); W4A16 0.2023 (1.2 s), 0.0213 (0.2 s), 0.0074 (0.1 s); bf16 0.0141, 0.0423,
-    # 0.0075: start 1 is above both later starts for FP8_DYNAMIC and W4A16, not for bf16 (1.4 < 4.2)
-    assert "| 2 | FP8_DYNAMIC | 20.3 (1.2) | 5.9 (0.4) | 13.5 (1.0) |" in lines
-    assert "| 1 | W4A16 | 5.6 (0.4) | 4.2 (0.4) | – |" in lines
-    idle = next(line for line in lines if line.startswith("GPU idle % at c=256"))
-    assert "machine 2 bf16 1.4 vs 0.8-4.2, FP8_DYNAMIC 20.3 vs 5.9-13.5, W4A16 20.2 vs 0.7-2.1" in idle
-    assert idle.endswith("for FP8_DYNAMIC and W4A16 on machine 2.")
+    # machine 2, W4A16 at c=256, the records by start: output_tok_s 7,564.7 / 9,318.6 / 9,709.2, gpu.idle_fraction
+    # 0.20231 (idle_longest_s 1.2) / 0.02128 / 0.00741; per busy second 7,564.7 / (1 - 0.20231) = 9,483,
+    # 9,318.6 / 0.97872 = 9,521, 9,709.2 / 0.99259 = 9,782; spreads 9,709.2 / 7,564.7 - 1 = 28.3% of output tok/s
+    # against 9,782 / 9,483 - 1 = 3.1% per busy second
+    assert "| 2 | W4A16 | 7,565, 20.2 (1.2), 9,483 | 9,319, 2.1 (0.2), 9,521 | 9,709, 0.7 (0.1), 9,782 |" in lines
+    idle = next(line for line in lines if line.startswith("Between-start spread at c=256"))
+    assert "W4A16 on machine 2 28.3% -> 3.1%" in idle

@@ -964,36 +964,33 @@ def _per_start_text(runs: list[StartsRun], scheme: str, load: float) -> str:
     return f"{runs[0].label[scheme]} at c={load:g} is above bf16 in {above} of {sum(map(len, ratios))} starts ({every})"
 
 
+def _busy_tok_s(w: StartWindow) -> float | None:
+    """Output tok/s per second the GPU ran a kernel: the window's output tok/s / (1 - its idle share); None
+    without an idle share."""
+    return None if w.idle_fraction is None or w.idle_fraction >= 1 else w.output_tok_s / (1 - w.idle_fraction)
+
+
+def _spread_of(values: Iterable[float | None]) -> float | None:
+    """The highest over the lowest, minus 1; None with fewer than two values."""
+    vs = [v for v in values if v is not None]
+    return max(vs) / min(vs) - 1 if len(vs) > 1 else None
+
+
 def _idle_sentence(runs: list[StartsRun], load: float) -> str:
-    """Start 1's GPU idle share at ``load`` against its machine's later starts, and for which scheme on which
-    machine start 1 is the idlest start."""
-    compared, idlest = [], []
+    """How much of the between-start spread of output tok/s at ``load`` the GPU's idle share accounts for: the
+    spread of output tok/s against the spread of tok/s per busy second, per scheme and machine."""
+    parts = []
     for i, run in enumerate(runs, 1):
-        parts = []
         for s in run.order:
-            w = run.win(s, load)
-            first = w[1].idle_fraction if 1 in w else None
-            later = [x.idle_fraction for k, x in sorted(w.items()) if k > 1 and x.idle_fraction is not None]
-            if first is None or not later:
-                continue
-            parts.append(f"{run.label[s]} {first * 100:.1f} vs {_range((x * 100 for x in later), '.1f')}")
-            if first > max(later):
-                idlest.append((i, run.label[s]))
-        if parts:
-            compared.append(f"machine {i} " + ", ".join(parts))
-    if not compared:
+            ws = list(run.win(s, load).values())
+            raw, busy = _spread_of(w.output_tok_s for w in ws), _spread_of(_busy_tok_s(w) for w in ws)
+            if raw is not None and busy is not None:
+                parts.append(f"{run.label[s]} on machine {i} {raw * 100:.1f}% -> {busy * 100:.1f}%")
+    if not parts:
         return f"No machine ran more than one start at c={load:g}."
-    by_machine: dict[int, list[str]] = {}
-    for i, lab in idlest:
-        by_machine.setdefault(i, []).append(lab)
-    verdict = (
-        "Start 1 is the idlest start of its machine for "
-        + "; for ".join(f"{_and(labs)} on machine {i}" for i, labs in by_machine.items())
-        if by_machine
-        else "Start 1 is the idlest start of its machine for no scheme"
-    )
     return (
-        f"GPU idle % at c={load:g}, start 1 against the later starts of its machine: {'; '.join(compared)}. {verdict}."
+        f"Between-start spread at c={load:g} (highest start over lowest, minus 1), of output tok/s -> of tok/s per "
+        f"busy second: {'; '.join(parts)}."
     )
 
 
@@ -1246,17 +1243,28 @@ def starts_energy(out: Path) -> Page:
         lines += _machine_section(r, i)
 
     most = max(r.n_starts for r in runs)
-    lines += [f"## GPU idle at c={top:g} by server start", ""]
+    lines += [
+        f"## GPU idle at c={top:g} by server start",
+        "",
+        "Per start: output tok/s, the share of the window's 100-ms GPU samples with no kernel running (longest "
+        "gap), and tok/s per busy second = output tok/s / (1 - idle share), the rate while the GPU ran.",
+        "",
+    ]
     lines += _table(
-        ["machine", "scheme", *[f"start {k}: idle % (longest gap s)" for k in range(1, most + 1)]],
+        [
+            "machine",
+            "scheme",
+            *[f"start {k}: out tok/s, idle % (longest gap s), tok/s per busy s" for k in range(1, most + 1)],
+        ],
         (
             [
                 str(i),
                 r.label[s],
                 *[
                     "–"
-                    if k not in r.win(s, top) or r.win(s, top)[k].idle_fraction is None
-                    else f"{r.win(s, top)[k].idle_fraction * 100:.1f} ({r.win(s, top)[k].idle_longest_s:.1f})"
+                    if (w := r.win(s, top).get(k)) is None or w.idle_fraction is None
+                    else f"{w.output_tok_s:,.0f}, {w.idle_fraction * 100:.1f} ({w.idle_longest_s or 0:.1f}), "
+                    f"{_busy_tok_s(w) or 0:,.0f}"
                     for k in range(1, most + 1)
                 ],
             ]
