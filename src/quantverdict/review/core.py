@@ -41,7 +41,7 @@ from quantverdict.review.flags import FlagCode
 from quantverdict.review.gpus import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
-from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
+from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, checks, decide, floor_test_of, regime
 from quantverdict.review.words import say
@@ -55,16 +55,6 @@ def weight_tier(rec: JobRecord) -> int:
     """0 for 16-bit weights, 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer (``config.scheme.weight_bits``)."""
     bits = rec.cfg.scheme.weight_bits or 16
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
-
-
-def accuracy_not_applicable(rec: JobRecord) -> str | None:
-    """Why the record's accuracy cannot be measured (None: it can): ``accuracy.not_applicable``, else random weights
-    (``config.model.source == "synthetic"``: a synthetic job that stopped before its evaluate stage)."""
-    if rec.accuracy.not_applicable:
-        return rec.accuracy.not_applicable
-    if rec.cfg.model.source == "synthetic":
-        return "synthetic model with random weights: accuracy is not applicable"
-    return None
 
 
 def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> doc.Scheme:
@@ -101,7 +91,9 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     acc_base = None if sc.is_baseline else find_baseline(r, all_records)
     sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
     acc = sc.accuracy
-    acc.not_applicable = accuracy_not_applicable(r)
+    # random weights: a synthetic job that stopped before its evaluate stage has no accuracy.not_applicable
+    synthetic = "synthetic model with random weights: accuracy is not applicable"
+    acc.not_applicable = r.accuracy.not_applicable or (synthetic if r.cfg.model.source == "synthetic" else None)
     if acc.not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {acc.not_applicable}")
     elif not sc.is_baseline:
@@ -149,7 +141,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     if rbase is not None and r.speed.points and rbase.speed.points:  # both measured speed
         base_workload = workload(rbase)
-        shape, base_shape = shape_of(sc.speed), workload_shape(base_workload)
+        shape, base_shape = shape_of(sc.speed.workload) if sc.speed.points else None, shape_of(base_workload)
         if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
             why = f"swept at {workload(r).text}, its baseline {rbase.job.scheme} at {base_workload.text}"
             flag(FlagCode.WORKLOAD_MISMATCH, f"{sc.name}: {why}: kept out of speed comparisons")

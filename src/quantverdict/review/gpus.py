@@ -38,11 +38,6 @@ class GpuMatch:
     hours_apart: float | None
 
 
-def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
-    """The uuids of the GPUs a job's server used, in order; ``()`` for a CPU record."""
-    return tuple(GpuInfo.of(g).uuid or None for g in (rec.environment.gpu or [])[: job_gpus(rec)])
-
-
 def _hours_apart(a: JobRecord, b: JobRecord) -> float | None:
     """Hours between the jobs' starts; None when a start is missing or unreadable, or only one has a UTC offset."""
     try:
@@ -53,8 +48,11 @@ def _hours_apart(a: JobRecord, b: JobRecord) -> float | None:
 
 
 def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
-    """How ``rec`` and its baseline ``base`` measured speed; None when either lists no GPU."""
-    mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
+    """How ``rec`` and its baseline ``base`` measured speed (the uuids of the GPUs each server used, in order); None
+    when either lists no GPU."""
+    mine, theirs = (
+        tuple(GpuInfo.of(g).uuid or None for g in (r.environment.gpu or [])[: job_gpus(r)]) for r in (rec, base)
+    )
     if not mine or not theirs:
         return None
     state = NOT_RECORDED if None in mine or None in theirs else SAME if mine == theirs else DIFFERENT
@@ -114,11 +112,6 @@ def gpu_kind_matches(kind: str, name: str) -> bool:
     )
 
 
-def on_gpu(rec: JobRecord) -> bool:
-    """Whether the job ran on a GPU (``environment.device`` or ``config.env.device`` is cuda)."""
-    return (rec.environment.device or rec.cfg.env.device) == "cuda"
-
-
 def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
     """The whole model's weights (GiB): vLLM's logged figure is one GPU's."""
     w = memory.weights_gib
@@ -133,7 +126,7 @@ def gpu_needs(cards: list[Scheme], records: list[JobRecord], rc: ReviewConfig) -
     speeds = []
     for sc in cards:
         rec = next((r for r in records if str(r.job.id) == sc.job_id), None)
-        if rec is None or not on_gpu(rec) or sc.status != "ok":
+        if rec is None or (rec.environment.device or rec.cfg.env.device) != "cuda" or sc.status != "ok":
             continue
         m, used = sc.memory, job_gpus(rec)
         weights = whole_weights_gib(m, used)

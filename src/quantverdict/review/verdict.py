@@ -1,12 +1,6 @@
-"""Checks and the verdict: score each scheme, check three constraints, choose the least aggressive scheme that
-passes. **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB); **accuracy**: every
-task's recovery ``100 · score / baseline >= min_recovery_pct``, every kind in ``perplexity_kinds`` up by at most
-``max_perplexity_increase_pct`` (:func:`floor_test_of`: point estimate or interval), and the KL divergence limits
-(:mod:`quantverdict.review.kld`); **latency**: at the stated load ``slo_attainment_pct`` % of the requests meet every
-objective (per-request goodput, :mod:`quantverdict.measure.goodput`; without per-request data, the TTFT and ITL
-p99s), and the sweep's ceiling reaches the load. The baseline passing all three: do not quantize. Otherwise the
-constraints it fails bind, and the chosen scheme is the first of :func:`candidate_order` that finished and passes
-all three. A check that cannot be made never passes; a not-applicable accuracy (random weights) never blocks.
+"""The three checks (memory, accuracy, latency) of each scheme and the verdict: the baseline passing all three is
+kept; otherwise the constraints it fails bind, and the first of :func:`candidate_order` that finished and passes all
+three is chosen. A check that cannot be made never passes; a not-applicable accuracy (random weights) never blocks.
 """
 
 from __future__ import annotations
@@ -23,7 +17,6 @@ from quantverdict.review.headline import not_comparable
 from quantverdict.review.speed import NO_PER_REQUEST, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
-# the check outcomes by the short names the checks, and tests, read here
 PASS, FAIL, UNKNOWN, OFF = doc.Outcome.PASS, doc.Outcome.FAIL, doc.Outcome.UNKNOWN, doc.Outcome.OFF
 NOT_APPLICABLE = doc.Outcome.NOT_APPLICABLE
 
@@ -131,9 +124,7 @@ def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         return _check("accuracy", PASS if ok else FAIL, reference, cite="is the accuracy reference")
     if acc.refused:
         return _check("accuracy", UNKNOWN, f"delta excluded: {acc.refused}")
-    # every task's score and each perplexity of review.perplexity_kinds; a comparison that cannot be made (the two
-    # runs did not score the same items) is left unjudged: its point value neither fails nor passes the scheme, and
-    # the check cannot pass while one is unjudged
+    # a comparison that cannot be made (refused) is left unjudged, and the check cannot pass while one is
     held = [d for d in acc.deltas if d.kind == "score" or d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
     measured = [d for d in held if not d.refused and getattr(d, FLOORS[d.kind][0]) is not None]
     floored = [d for d in held if getattr(rc, FLOORS[d.kind][2]) is not None and (d.refused or d in measured)]
@@ -153,10 +144,8 @@ def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
 
 
 def with_kld_limits(check: Check, sc: doc.Scheme, rc: ReviewConfig) -> Check:
-    """``check`` (the accuracy check of ``sc``) with the KLD limits (``max_mean_kld``, ``min_top1_agreement_pct``)
-    added as criteria, each judged as :func:`_accuracy_criterion` judges a floor. Unchanged when neither limit is set,
-    accuracy is not applicable or the deltas were refused; the baseline is the reference; a scheme without a KLD
-    becomes ``unknown`` unless it already fails."""
+    """The accuracy ``check`` of ``sc`` with the KLD limits set (``max_mean_kld``, ``min_top1_agreement_pct``) added
+    as criteria (:func:`_accuracy_criterion`); ``unknown`` without a KLD unless it already fails."""
     limits = {m: FLOORS[m] for m in ("mean_kld", "top1_agreement_pct") if getattr(rc, FLOORS[m][2]) is not None}
     if not limits or check.outcome == NOT_APPLICABLE or sc.accuracy.refused:
         return check
@@ -466,9 +455,8 @@ def regime_reading(
 
 
 def regime(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw, pairable: bool) -> doc.Regime:
-    """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
-    ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
-    ranges (and ``sc.validity`` says so where a paired test was possible)."""
+    """Where ``sc`` pays against ``base`` (raw points ``mine``, ``theirs``); unless ``pairable`` (one grid on one
+    GPU: :func:`quantverdict.review.gpus.pairable`) the claims rest on medians and ranges."""
     comparable = not not_comparable(sc, base)
     low, low_iv = _low_itl(sc, base) if comparable else (None, None)
     sat, sat_iv = _ceilings(sc, base) if comparable else (None, None)
