@@ -185,8 +185,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
 def build_review(
     records: Sequence[JobRecord | dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
 ) -> Review:
-    """The review of ``records`` as ``review.json``'s document (no plots yet: :func:`write_review` adds them); ``rc``
-    named ``auto`` becomes the records' device-class set with ``overrides`` on top
+    """The review of ``records`` (no plots yet: :func:`write_review` adds them) under ``rc`` with ``overrides``
     (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
 
     Raises:
@@ -336,10 +335,8 @@ def log_review(
     records: list[JobRecord],
     job_runs: dict[str, str] | None = None,
 ) -> str | None:
-    """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints; metrics:
-    per-scheme pass flags; tags: :func:`verdict_tags`; artifacts: the files, plots as figures), and each reviewed
-    job's three numbers and verdict on its own run (``job_runs``: output_dir -> run id, else looked up). Returns the
-    run id, None when tracking is disabled."""
+    """Log the review as an MLflow run tagged ``quantverdict.kind=review``, and each job's three numbers and verdict
+    on its own run (``job_runs``: output_dir -> run id, else looked up); the run id, None when tracking is off."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
@@ -389,8 +386,7 @@ def _verdict_text(v: doc.ModelVerdict) -> str:
 
 def verdict_tags(review: Review) -> dict[str, str]:
     """The review run's verdict as tags: ``verdict`` and ``quantverdict.verdict`` (``<model>: <verdict>`` joined by
-    ``; ``), and per model ``verdict.<model>``, ``verdict.<model>.scheme`` (the scheme to deploy) and
-    ``verdict.<model>.sentence``."""
+    ``; ``), and per model ``verdict.<model>``, ``.scheme`` (the scheme to deploy) and ``.sentence``."""
     joined = "; ".join(f"{v.model}: {_verdict_text(v)}" for v in review.verdicts)
     tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
     for v in review.verdicts:

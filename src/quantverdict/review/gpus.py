@@ -1,6 +1,5 @@
-"""GPUs in the review: throughput per GPU, the GPUs each scheme needs for the memory budget, and whether a scheme's
-speed and its baseline's were measured on the same physical GPU (``environment.gpu[i].uuid``) and in one grid (the
-Hydra multirun folder of ``job.output_dir``): two GPUs of one kind differ in clocks and power."""
+"""GPUs in the review: throughput per GPU, the GPUs each scheme needs, and whether a scheme and its baseline ran on
+the same physical GPU and in one grid (two GPUs of one kind differ in clocks and power)."""
 
 from __future__ import annotations
 
@@ -119,8 +118,7 @@ def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
 
 
 def gpu_needs(cards: list[Scheme], records: list[JobRecord], rc: ReviewConfig) -> GpuNeeds | None:
-    """One model's schemes grouped by the GPUs they need for the memory budget
-    (:func:`quantverdict.measure.tensor_parallel.gpus_needed` of the whole weights and the KV cache), and each one's
+    """One model's schemes grouped by the GPUs they need for the memory budget (:func:`gpus_needed`), and each one's
     sustained output tok/s per GPU used; None off GPU."""
     groups: dict[int | None, list[str]] = {}  # GPUs needed (None: more than the largest) -> scheme labels
     speeds = []

@@ -29,12 +29,8 @@ def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
 
 
 def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord], list[str], dict[str, str]]:
-    """Download the ``record.json`` artifact (and ``eval/`` samples, if logged) of every job run of an MLflow
-    experiment into ``dest/<run_id>/``: ``(records, problems, run_ids)``, ``run_ids`` by ``job.output_dir``.
-
-    Raises:
-        ValueError: the experiment does not exist.
-    """
+    """``(records, problems, run_ids by job.output_dir)`` of every job run of an MLflow experiment, its ``record.json``
+    (and ``eval/`` samples) downloaded into ``dest/<run_id>/``. Raises ValueError: no such experiment."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)

@@ -393,20 +393,12 @@ def paired_speedups(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw) ->
     return rows
 
 
-def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | None, doc.PairedSpeedup | None]:
-    """The paired rows (:func:`paired_speedups`: by metric, then load) the regime claims rest on: at low load the
-    lowest load's ITL p50 (else TPOT p50), at saturation the highest load's output tok/s; None under 2 pairs."""
-    low = next((r for m in ("itl_ms_p50", "tpot_ms_p50") for r in paired if r.metric == m), None)
-    sat = next((r for r in reversed(paired) if r.metric == "output_tok_s"), None)
-    return (low if low and low.pairs >= 2 else None), (sat if sat and sat.pairs >= 2 else None)
-
-
 def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSpeedup | None) -> doc.RegimeClaim | None:
-    """One regime claim: with a paired test (:func:`regime_tests`) its speedup, 95% interval and verdict (an
+    """One regime claim: with a paired test of 2+ pairs its speedup, 95% interval and verdict (an
     established difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range
     (``pays`` when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
     R, C = doc.RegimeRule, doc.RegimeClass
-    if test is not None and test.speedup is not None:
+    if test is not None and test.pairs >= 2 and test.speedup is not None:
         # established is not the same as large: a significant 1.01x neither pays nor costs
         cls = C.NO_CHANGE if 1 / PAYS < test.speedup < PAYS else PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
         rule, speedup, low, high = R.PAIRED_T, test.speedup, test.speedup_low, test.speedup_high
@@ -468,7 +460,10 @@ def regime(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw, pairable: b
                 "the regime claims rest on medians and ranges"
             )
         paired = []
-    low_test, sat_test = regime_tests(paired)
+    # the paired rows (by metric, then load): at low load the lowest load's ITL p50 (else TPOT p50), at saturation the
+    # highest load's output tok/s
+    low_test = next((r for m in ("itl_ms_p50", "tpot_ms_p50") for r in paired if r.metric == m), None)
+    sat_test = next((r for r in reversed(paired) if r.metric == "output_tok_s"), None)
     if (gap := saturation_gap(sc, base)) is not None:  # the sweeps' tops do not meet: no saturation number
         sat, sat_iv, sat_test = None, None, None
     low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
