@@ -204,7 +204,7 @@ def build_review(
         mine = [(sc, r) for sc, r in zip(cards, recs) if sc.model == model]
         schemes = [sc for sc, _ in mine]
         verdict = decide(model, schemes, rc)
-        verdict.gpus = gpus.gpu_needs(schemes, recs, rc)  # GPUs needed, tok/s per GPU
+        verdict.gpus = gpus.gpu_needs(mine, rc)  # GPUs needed, tok/s per GPU
         verdicts.append(verdict)
         base = next(((sc, r) for sc, r in mine if sc.is_baseline), None)
         # the regime's ratios pair each job's sweep points by repeat

@@ -117,14 +117,13 @@ def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
     return None if w is None else float(w) * gpus if memory.weights_source == "vLLM log" and gpus > 1 else float(w)
 
 
-def gpu_needs(cards: list[Scheme], records: list[JobRecord], rc: ReviewConfig) -> GpuNeeds | None:
-    """One model's schemes grouped by the GPUs they need for the memory budget (:func:`gpus_needed`), and each one's
+def gpu_needs(cards: list[tuple[Scheme, JobRecord]], rc: ReviewConfig) -> GpuNeeds | None:
+    """One model's schemes (with their records) grouped by the GPUs they need for the memory budget (:func:`gpus_needed`), and each one's
     sustained output tok/s per GPU used; None off GPU."""
     groups: dict[int | None, list[str]] = {}  # GPUs needed (None: more than the largest) -> scheme labels
     speeds = []
-    for sc in cards:
-        rec = next((r for r in records if str(r.job.id) == sc.job_id), None)
-        if rec is None or (rec.environment.device or rec.cfg.env.device) != "cuda" or sc.status != "ok":
+    for sc, rec in cards:
+        if (rec.environment.device or rec.cfg.env.device) != "cuda" or sc.status != "ok":
             continue
         m, used = sc.memory, job_gpus(rec)
         weights = whole_weights_gib(m, used)
