@@ -25,7 +25,6 @@ from quantverdict.results.tracking import (
     GRID_TAG,
     REVIEW_TAG,
     experiment_id,
-    log_figures,
     log_job_headline,
     make_client,
     metric_name,
@@ -341,8 +340,6 @@ def log_review(
         return None
     from mlflow.entities import Metric, Param
 
-    from quantverdict.review import plots  # matplotlib loads only when a review is logged
-
     client = make_client(tracking.uri)
     exp_id = experiment_id(client, tracking)
     tags = {
@@ -363,10 +360,8 @@ def log_review(
             if c.outcome != NOT_APPLICABLE  # no pass flag for what was not measured
         ]
         client.log_batch(rid, params=params, metrics=metrics)
-        for key, path in paths.items():
-            if not key.startswith("plots/"):  # review.md, review.html, review.json; the plots as figures below
-                client.log_artifact(rid, str(path))
-        log_figures(client, rid, plots.make_figures(review))
+        for key, path in paths.items():  # review.md, review.html, review.json and plots/<name>.png
+            client.log_artifact(rid, str(path), "plots" if key.startswith("plots/") else None)
         _log_job_headlines(client, exp_id, rid, review, records, job_runs)
         status = "FINISHED"
     finally:

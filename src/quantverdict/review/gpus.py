@@ -118,8 +118,8 @@ def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
 
 
 def gpu_needs(cards: list[tuple[Scheme, JobRecord]], rc: ReviewConfig) -> GpuNeeds | None:
-    """One model's schemes (with their records) grouped by the GPUs they need for the memory budget (:func:`gpus_needed`), and each one's
-    sustained output tok/s per GPU used; None off GPU."""
+    """One model's schemes (with their records) grouped by the GPUs they need for the memory budget
+    (:func:`gpus_needed`), and each one's sustained output tok/s per GPU used; None off GPU."""
     groups: dict[int | None, list[str]] = {}  # GPUs needed (None: more than the largest) -> scheme labels
     speeds = []
     for sc, rec in cards:
