@@ -11,7 +11,6 @@ JOB_TAG = "config_hash"  # set on every job run by quantverdict.results.tracking
 
 
 def _read(path: Path) -> JobRecord:
-    """The typed record at ``path``, its :attr:`~JobRecord.source_dir` the folder it was read from."""
     rec = JobRecord.view(load(path))
     rec.source_dir = str(path.parent)
     return rec

@@ -188,7 +188,6 @@ def point_label(sp: SweepPoint, mode: str) -> str:
 
 
 def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
-    """The honesty flags of one recorded point."""
     want, got, diff = sp.output_tokens_requested, sp.output_tokens_total, sp.vllm_max_rel_diff or 0
     pct = 100 * got / want if want and got is not None else None
     short = bool(want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want)
@@ -262,13 +261,12 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
         found.append(Flag.new(FlagCode.SWEEP_INCOMPLETE, say("sweep_incomplete", "speed.j2", **words)))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
     at, speed.load_how = load_point(mode, points, rc)
-    if not slo.objectives():
-        speed.goodput_missing = doc.GoodputMissing.NO_SLO
-    elif at is None:
-        speed.goodput_missing = doc.GoodputMissing.NO_POINT
-    elif at.goodput is None:
-        speed.goodput_missing = doc.GoodputMissing.NO_PER_REQUEST
     if at is not None:
         speed.goodput_rps = at.goodput.goodput_rps if at.goodput else None
         speed.at_load = doc.AtLoad.model_validate({k: getattr(at, k) for k in doc.AtLoad.model_fields})
+    if speed.goodput_rps is None:  # why not: no SLO, no point at the load, or no per-request data there
+        why = doc.GoodputMissing
+        speed.goodput_missing = (
+            why.NO_SLO if not slo.objectives() else why.NO_POINT if at is None else why.NO_PER_REQUEST
+        )
     return speed, found, []

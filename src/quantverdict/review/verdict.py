@@ -25,7 +25,6 @@ PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
 
 
 def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
-    """A check; ``kw``: its ``shortfall``, ``excess``, ``cite`` and ``criteria`` where set."""
     blank: dict[str, Any] = {"shortfall": "", "excess": 0.0, "cite": "", "criteria": []}
     return Check(constraint=ConstraintKind(kind), outcome=outcome, text=text, **(blank | kw))
 
@@ -34,7 +33,6 @@ Fails = list[tuple[float, str]]  # a check's shortfalls: (excess relative to the
 
 
 def _judged(kind: str, text: str, cite: str, fails: Fails, crits: list[Criterion]) -> Check:
-    """PASS, or FAIL with the shortfalls ``fails`` in their order."""
     shortfall, excess = "; ".join(f for _, f in fails), max((e for e, _ in fails), default=0.0)
     return _check(kind, FAIL if fails else PASS, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
 
@@ -79,8 +77,7 @@ def floor_test_of(d: doc.AccuracyDelta, rc: ReviewConfig) -> str:
 
 # the limit on a delta, by its kind (a KLD delta: by its metric): (the delta's value judged, its interval, the review
 # key, the comparison, the criterion's metric)
-Floor = tuple[str, str, str, Literal["<=", ">="], str]
-FLOORS: dict[str, Floor] = {
+FLOORS: dict[str, tuple[str, str, str, Literal["<=", ">="], str]] = {
     "score": ("recovery_pct", "recovery_interval", "min_recovery_pct", ">=", "recovery_pct"),
     "perplexity": ("delta_pct", "interval", "max_perplexity_increase_pct", "<=", "perplexity_increase_pct"),
     "mean_kld": ("delta", "interval", "max_mean_kld", "<=", "mean_kld_nats"),
