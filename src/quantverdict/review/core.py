@@ -274,8 +274,7 @@ def _floor_tests(cards: list[doc.Scheme], rc: ReviewConfig) -> doc.FloorTests | 
 
 
 def environment_lines(records: list[JobRecord]) -> list[str]:
-    """The hardware and serving stack the records ran on: one line per physical GPU (``environment.gpu``: driver,
-    memory in GiB, compute capability, power and clock limits, abbreviated uuid, the host's CPU), per CPU
+    """The hardware and serving stack the records ran on: one line per physical GPU (``environment.gpu``), per CPU
     (``environment.cpu``) and one for the vLLM versions (``environment.serve``); [] when no record says."""
     gpu_lines: dict[str, None] = {}
     cpu_lines: dict[str, None] = {}

@@ -25,9 +25,8 @@ def _interval(f: KldFigures, estimate: float, low: float | None, high: float | N
 
 
 def kld_deltas(rec: JobRecord) -> list[AccuracyDelta]:
-    """The KLD deltas of one scheme's record: mean KLD (nats, baseline 0) and top-1 agreement (%, baseline 100; its
-    own recovery), each with the record's figures (``kld``); one ``refused`` delta (value None, the reason in
-    ``note``) when the job could not compare; [] for the baseline and for a record without a KLD."""
+    """Mean KLD (nats, baseline 0) and top-1 agreement (%, baseline 100) of one scheme's record; one ``refused`` delta
+    (the reason in ``note``) when the job could not compare; [] for the baseline and for a record without a KLD."""
     if rec.accuracy.kld is None or (entry := _KldEntry.of(rec.accuracy.kld)).role == "baseline":
         return []
     known = {k: v for k, v in entry.model_dump().items() if k in KldFigures.model_fields}

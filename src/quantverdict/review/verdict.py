@@ -370,8 +370,7 @@ def _speedup(a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.Mi
 
 def paired_speedups(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
     """Per metric of :data:`PAIRED_METRICS` and load with >= 1 pair, the scheme's ratio to its baseline paired by
-    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (a latency's inverse); [] when either is
-    not comparable for speed or the modes differ. ``mine``, ``theirs``: :func:`quantverdict.review.speed.raw_points`."""
+    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup; [] when not compared or modes differ."""
     (mode, points), (base_mode, base_points) = mine, theirs
     if not_comparable(sc, base) or mode != base_mode:
         return []
