@@ -142,7 +142,7 @@ def test_review_run_job_numbers_and_experiment_source(tmp_path: Path, capsys: py
     assert reviews[0].data.params["review.memory_budget_gib"] == "24.0"
     arts = {a.path for a in client.list_artifacts(rid)}
     assert {"review.md", "review.html", "review.json", "plots"} <= arts
-    # the plots, logged with log_figure (speed ratio, Pareto, memory, accuracy, latency)
+    # the plots as written beside review.md (speed ratio, Pareto, memory, accuracy, latency)
     figs = {a.path for a in client.list_artifacts(rid, "plots")}
     assert figs == {f"plots/{n}.png" for n in ("speed_ratio", "pareto", "memory", "accuracy", "latency")}
     # the experiment opens on its runs in MLflow's UI (a model-training experiment)

@@ -174,7 +174,7 @@ def test_batch_invariance_failure_and_eval_settings_are_surfaced() -> None:
 
 
 def test_mixed_serving_dtypes_are_flagged() -> None:
-    from quantverdict.review.memory import dtype_flags, served_dtype
+    from quantverdict.review.memory import dtype_flags, served_compute_dtype
 
     def rec(dtype: dict | None, config_dtype: str = "auto") -> dict:
         speed = {"points": [{"point": "rate-inf_r0"}], **({"dtype": dtype} if dtype else {})}
@@ -193,13 +193,13 @@ def test_mixed_serving_dtypes_are_flagged() -> None:
     def older(config_dtype: str = "auto") -> JobRecord:
         return JobRecord.from_dict({**rec(None, config_dtype), "schema_version": 2, "tool": {"name": "quantverdict"}})
 
-    assert served_dtype(older("float32")) == "float32" and served_dtype(older()) == "bfloat16"
+    assert served_compute_dtype(older("float32")) == "float32" and served_compute_dtype(older()) == "bfloat16"
     (older_flag,) = dtype_flags(older(), older("float32"))
     assert older_flag.code == "dtype_mismatch" and "bfloat16, its baseline in float32" in older_flag.message
-    assert served_dtype(view({"speed": {"points": []}})) is None  # nothing served, nothing to compare
+    assert dtype_flags(view({"speed": {"points": []}}), older("float32")) == []  # nothing served, nothing to compare
     # "auto" (vLLM's own choice, as GPU jobs record it) is the checkpoint's dtype: no mismatch with bfloat16
     auto = rec({"value": "auto", "chosen_by": "config", "why": "bench.server.dtype"})
-    assert served_dtype(view(auto)) == "bfloat16"
+    assert served_compute_dtype(view(auto)) == "bfloat16"
     assert dtype_flags(view(auto), view(rec({"value": "bfloat16", "chosen_by": "config", "why": ""}))) == []
 
 

@@ -124,7 +124,7 @@ def test_review_says_how_many_gpus_each_scheme_needs_and_tok_s_per_gpu() -> None
         _card("fp8", "FP8_DYNAMIC", 66.0, "vLLM log", 2100.0),
     ]
     recs = [_rec("bf16", 2), _rec("gptq", 1), _rec("fp8", 1)]
-    needs = gpus.gpu_needs(cards, [JobRecord.view(r) for r in recs], ReviewConfig(memory_budget_gib=80.0))
+    needs = gpus.gpu_needs(list(zip(cards, map(JobRecord.view, recs))), ReviewConfig(memory_budget_gib=80.0))
     assert needs is not None
     # bf16's whole weights 2 x 65.707 = 131.4 GiB need two 80 GiB GPUs; gptq (37) and fp8 (66) fit on one
     assert [(f.gpus, f.labels) for f in needs.fits] == [(2, ["BF16"]), (1, ["W4A16", "FP8_DYNAMIC"])]
@@ -143,10 +143,10 @@ def test_review_says_how_many_gpus_each_scheme_needs_and_tok_s_per_gpu() -> None
         "gptq 1,500 tok/s on 1 GPU = 1,500 per GPU; fp8 2,100 tok/s on 1 GPU = 2,100 per GPU."
     )
     # without a memory budget no GPU count can be given: the throughput line alone
-    unbudgeted = gpus.gpu_needs(cards, [JobRecord.view(r) for r in recs], ReviewConfig(memory_budget_gib=None))
+    unbudgeted = gpus.gpu_needs(list(zip(cards, map(JobRecord.view, recs))), ReviewConfig(memory_budget_gib=None))
     assert say("gpu_lines", "speed.j2", g=unbudgeted, budget=None, requests=16).strip() == lines[1]
     cpu = [JobRecord.view({**r, "environment": {"device": "cpu"}}) for r in recs]
-    assert gpus.gpu_needs(cards, cpu, ReviewConfig(memory_budget_gib=80.0)) is None
+    assert gpus.gpu_needs(list(zip(cards, cpu)), ReviewConfig(memory_budget_gib=80.0)) is None
 
 
 def test_server_command_shards_and_loads_dummy_weights() -> None:

@@ -192,9 +192,8 @@ def _token_ppl_delta(td: AccuracyDelta, rec: JobRecord, base: JobRecord, rc: Rev
 def accuracy_section(
     rec: JobRecord, base: JobRecord | None, rc: ReviewConfig, no_base: str = ""
 ) -> tuple[list[AccuracyDelta], str | None, list[str]]:
-    """``(deltas, refused_reason, missing)`` of ``rec`` against ``base`` (headline metric per task, perplexities);
-    ``refused_reason`` when the eval settings differ (:func:`~quantverdict.results.baseline.eval_mismatch`),
-    ``no_base`` said when ``base`` is None."""
+    """``(deltas, refused_reason, missing)`` of ``rec`` against ``base`` (headline metric per task, perplexities); a
+    reason when the eval settings differ (:func:`~quantverdict.results.baseline.eval_mismatch`)."""
     missing: list[str] = []
     if not rec.accuracy.tasks and not rec.accuracy.token_perplexity:
         return [], None, ["no accuracy results"]

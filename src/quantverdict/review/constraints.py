@@ -73,10 +73,9 @@ def _user_set(rc: ReviewConfig) -> list[str]:
 
 
 def resolve(rc: ReviewConfig, records: list[JobRecord], overrides: list[str] | None) -> tuple[ReviewConfig, str]:
-    """``(config, how)``: the constraint set to review ``records`` under and how it was picked (for the header).
-    ``auto``: ``conf/review/<device class>.yaml`` (:func:`device_class`; ``gpu`` when no record says) with the
-    ``review.KEY=VALUE`` items of ``overrides`` and every field where ``rc`` differs from the ``auto`` file on top;
-    any other name is kept as it is. Raises ConfigError: an override that makes the picked set invalid."""
+    """``(config, how)``: the constraint set to review ``records`` under and how it was picked. ``auto``:
+    ``conf/review/<device class>.yaml`` with the ``review.KEY=VALUE`` items of ``overrides`` and every field where
+    ``rc`` differs from the ``auto`` file on top. Raises ConfigError: an override that makes the set invalid."""
     given = review_overrides(overrides or [])
     named = [u.split("=", 1)[1] for u in given if u.startswith("name=")]
     if rc.name != AUTO and not named:  # review=NAME: that file's values and the overrides, already composed

@@ -25,7 +25,6 @@ from quantverdict.results.tracking import (
     GRID_TAG,
     REVIEW_TAG,
     experiment_id,
-    log_figures,
     log_job_headline,
     make_client,
     metric_name,
@@ -41,7 +40,7 @@ from quantverdict.review.flags import FlagCode
 from quantverdict.review.gpus import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
 from quantverdict.review.headline import accuracy_metric_tag, headlines, mlflow_metrics
 from quantverdict.review.memory import dtype_flags, kv_choice, memory_summary
-from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload, workload_shape
+from quantverdict.review.speed import raw_points, shape_of, speed_summary, workload
 from quantverdict.review.validity import accuracy_validity, speed_validity_lines
 from quantverdict.review.verdict import NOT_APPLICABLE, OFF, PASS, checks, decide, floor_test_of, regime
 from quantverdict.review.words import say
@@ -55,16 +54,6 @@ def weight_tier(rec: JobRecord) -> int:
     """0 for 16-bit weights, 1 for 8-bit (W8A16, W8A8, FP8), 2 for 4-bit or fewer (``config.scheme.weight_bits``)."""
     bits = rec.cfg.scheme.weight_bits or 16
     return 0 if bits >= 16 else 1 if bits >= 8 else 2
-
-
-def accuracy_not_applicable(rec: JobRecord) -> str | None:
-    """Why the record's accuracy cannot be measured (None: it can): ``accuracy.not_applicable``, else random weights
-    (``config.model.source == "synthetic"``: a synthetic job that stopped before its evaluate stage)."""
-    if rec.accuracy.not_applicable:
-        return rec.accuracy.not_applicable
-    if rec.cfg.model.source == "synthetic":
-        return "synthetic model with random weights: accuracy is not applicable"
-    return None
 
 
 def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records: list[JobRecord]) -> doc.Scheme:
@@ -101,7 +90,9 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     acc_base = None if sc.is_baseline else find_baseline(r, all_records)
     sc.flags += [f.of(sc.name) for f in dtype_flags(r, rbase)]
     acc = sc.accuracy
-    acc.not_applicable = accuracy_not_applicable(r)
+    # random weights: a synthetic job that stopped before its evaluate stage has no accuracy.not_applicable
+    synthetic = "synthetic model with random weights: accuracy is not applicable"
+    acc.not_applicable = r.accuracy.not_applicable or (synthetic if r.cfg.model.source == "synthetic" else None)
     if acc.not_applicable:
         sc.validity.append(f"{sc.name}: accuracy not measured: {acc.not_applicable}")
     elif not sc.is_baseline:
@@ -149,7 +140,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
     sc.validity += speed_validity_lines(r, sc.name, sc.speed)
     if rbase is not None and r.speed.points and rbase.speed.points:  # both measured speed
         base_workload = workload(rbase)
-        shape, base_shape = shape_of(sc.speed), workload_shape(base_workload)
+        shape, base_shape = shape_of(sc.speed.workload) if sc.speed.points else None, shape_of(base_workload)
         if shape and base_shape and shape != base_shape:  # an unrecorded shape is not a mismatch
             why = f"swept at {workload(r).text}, its baseline {rbase.job.scheme} at {base_workload.text}"
             flag(FlagCode.WORKLOAD_MISMATCH, f"{sc.name}: {why}: kept out of speed comparisons")
@@ -193,8 +184,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
 def build_review(
     records: Sequence[JobRecord | dict[str, Any]], rc: ReviewConfig, source: str, overrides: list[str] | None = None
 ) -> Review:
-    """The review of ``records`` as ``review.json``'s document (no plots yet: :func:`write_review` adds them); ``rc``
-    named ``auto`` becomes the records' device-class set with ``overrides`` on top
+    """The review of ``records`` (no plots yet: :func:`write_review` adds them) under ``rc`` with ``overrides``
     (:func:`quantverdict.review.constraints.resolve`). What a partial record lacks is said, not raised.
 
     Raises:
@@ -213,7 +203,7 @@ def build_review(
         mine = [(sc, r) for sc, r in zip(cards, recs) if sc.model == model]
         schemes = [sc for sc, _ in mine]
         verdict = decide(model, schemes, rc)
-        verdict.gpus = gpus.gpu_needs(schemes, recs, rc)  # GPUs needed, tok/s per GPU
+        verdict.gpus = gpus.gpu_needs(mine, rc)  # GPUs needed, tok/s per GPU
         verdicts.append(verdict)
         base = next(((sc, r) for sc, r in mine if sc.is_baseline), None)
         # the regime's ratios pair each job's sweep points by repeat
@@ -284,8 +274,7 @@ def _floor_tests(cards: list[doc.Scheme], rc: ReviewConfig) -> doc.FloorTests | 
 
 
 def environment_lines(records: list[JobRecord]) -> list[str]:
-    """The hardware and serving stack the records ran on: one line per physical GPU (``environment.gpu``: driver,
-    memory in GiB, compute capability, power and clock limits, abbreviated uuid, the host's CPU), per CPU
+    """The hardware and serving stack the records ran on: one line per physical GPU (``environment.gpu``), per CPU
     (``environment.cpu``) and one for the vLLM versions (``environment.serve``); [] when no record says."""
     gpu_lines: dict[str, None] = {}
     cpu_lines: dict[str, None] = {}
@@ -344,15 +333,11 @@ def log_review(
     records: list[JobRecord],
     job_runs: dict[str, str] | None = None,
 ) -> str | None:
-    """Log the review as an MLflow run tagged ``quantverdict.kind=review`` (params: the constraints; metrics:
-    per-scheme pass flags; tags: :func:`verdict_tags`; artifacts: the files, plots as figures), and each reviewed
-    job's three numbers and verdict on its own run (``job_runs``: output_dir -> run id, else looked up). Returns the
-    run id, None when tracking is disabled."""
+    """Log the review as an MLflow run tagged ``quantverdict.kind=review``, and each job's three numbers and verdict
+    on its own run (``job_runs``: output_dir -> run id, else looked up); the run id, None when tracking is off."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
-
-    from quantverdict.review import plots  # matplotlib loads only when a review is logged
 
     client = make_client(tracking.uri)
     exp_id = experiment_id(client, tracking)
@@ -374,10 +359,8 @@ def log_review(
             if c.outcome != NOT_APPLICABLE  # no pass flag for what was not measured
         ]
         client.log_batch(rid, params=params, metrics=metrics)
-        for key, path in paths.items():
-            if not key.startswith("plots/"):  # review.md, review.html, review.json; the plots as figures below
-                client.log_artifact(rid, str(path))
-        log_figures(client, rid, plots.make_figures(review))
+        for key, path in paths.items():  # review.md, review.html, review.json and plots/<name>.png
+            client.log_artifact(rid, str(path), "plots" if key.startswith("plots/") else None)
         _log_job_headlines(client, exp_id, rid, review, records, job_runs)
         status = "FINISHED"
     finally:
@@ -397,8 +380,7 @@ def _verdict_text(v: doc.ModelVerdict) -> str:
 
 def verdict_tags(review: Review) -> dict[str, str]:
     """The review run's verdict as tags: ``verdict`` and ``quantverdict.verdict`` (``<model>: <verdict>`` joined by
-    ``; ``), and per model ``verdict.<model>``, ``verdict.<model>.scheme`` (the scheme to deploy) and
-    ``verdict.<model>.sentence``."""
+    ``; ``), and per model ``verdict.<model>``, ``.scheme`` (the scheme to deploy) and ``.sentence``."""
     joined = "; ".join(f"{v.model}: {_verdict_text(v)}" for v in review.verdicts)
     tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
     for v in review.verdicts:

@@ -8,12 +8,10 @@ from quantverdict.measure.cost import usd_per_mtok_or_none
 from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
 
-GPU_LINE = "GPU: "  # environment_lines' prefix of a GPU line
-
 
 def gpu_names(environment: list[str]) -> list[str]:
     """The GPU name of each ``GPU: <name> (...)`` line of ``environment``."""
-    return [line.removeprefix(GPU_LINE).split(" (", 1)[0] for line in environment if line.startswith(GPU_LINE)]
+    return [line.removeprefix("GPU: ").split(" (", 1)[0] for line in environment if line.startswith("GPU: ")]
 
 
 def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, str, float] | None:

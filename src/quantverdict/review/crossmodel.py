@@ -297,7 +297,7 @@ def cross_model(
     jobs = [_candidate(sc, rec, target, borrowed, rc) for sc, rec in finished]
     cands = [j.out for j in jobs]
     # speed across models is compared only at one request shape: say so where the candidates' sweeps differ
-    shapes = {j.out.name: j.card.speed.workload.text for j in jobs if shape_of(j.card.speed) and j.card.speed.workload}
+    shapes = {j.out.name: wl.text for j in jobs if j.card.speed.points and shape_of(wl := j.card.speed.workload) and wl}
     for c in [c for c in cands if len(set(shapes.values())) > 1 and c.name in shapes]:
         others = sorted({t for t in shapes.values() if t != shapes[c.name]})
         c.flags.append(_say("shape_flag", shape=shapes[c.name], others=others))

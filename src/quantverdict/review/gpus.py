@@ -1,6 +1,5 @@
-"""GPUs in the review: throughput per GPU, the GPUs each scheme needs for the memory budget, and whether a scheme's
-speed and its baseline's were measured on the same physical GPU (``environment.gpu[i].uuid``) and in one grid (the
-Hydra multirun folder of ``job.output_dir``): two GPUs of one kind differ in clocks and power."""
+"""GPUs in the review: throughput per GPU, the GPUs each scheme needs, and whether a scheme and its baseline ran on
+the same physical GPU and in one grid (two GPUs of one kind differ in clocks and power)."""
 
 from __future__ import annotations
 
@@ -38,11 +37,6 @@ class GpuMatch:
     hours_apart: float | None
 
 
-def used_gpu_uuids(rec: JobRecord) -> tuple[str | None, ...]:
-    """The uuids of the GPUs a job's server used, in order; ``()`` for a CPU record."""
-    return tuple(GpuInfo.of(g).uuid or None for g in (rec.environment.gpu or [])[: job_gpus(rec)])
-
-
 def _hours_apart(a: JobRecord, b: JobRecord) -> float | None:
     """Hours between the jobs' starts; None when a start is missing or unreadable, or only one has a UTC offset."""
     try:
@@ -53,8 +47,11 @@ def _hours_apart(a: JobRecord, b: JobRecord) -> float | None:
 
 
 def same_gpu(rec: JobRecord, base: JobRecord) -> GpuMatch | None:
-    """How ``rec`` and its baseline ``base`` measured speed; None when either lists no GPU."""
-    mine, theirs = used_gpu_uuids(rec), used_gpu_uuids(base)
+    """How ``rec`` and its baseline ``base`` measured speed (the uuids of the GPUs each server used, in order); None
+    when either lists no GPU."""
+    mine, theirs = (
+        tuple(GpuInfo.of(g).uuid or None for g in (r.environment.gpu or [])[: job_gpus(r)]) for r in (rec, base)
+    )
     if not mine or not theirs:
         return None
     state = NOT_RECORDED if None in mine or None in theirs else SAME if mine == theirs else DIFFERENT
@@ -114,26 +111,19 @@ def gpu_kind_matches(kind: str, name: str) -> bool:
     )
 
 
-def on_gpu(rec: JobRecord) -> bool:
-    """Whether the job ran on a GPU (``environment.device`` or ``config.env.device`` is cuda)."""
-    return (rec.environment.device or rec.cfg.env.device) == "cuda"
-
-
 def whole_weights_gib(memory: Memory, gpus: int) -> float | None:
     """The whole model's weights (GiB): vLLM's logged figure is one GPU's."""
     w = memory.weights_gib
     return None if w is None else float(w) * gpus if memory.weights_source == "vLLM log" and gpus > 1 else float(w)
 
 
-def gpu_needs(cards: list[Scheme], records: list[JobRecord], rc: ReviewConfig) -> GpuNeeds | None:
-    """One model's schemes grouped by the GPUs they need for the memory budget
-    (:func:`quantverdict.measure.tensor_parallel.gpus_needed` of the whole weights and the KV cache), and each one's
-    sustained output tok/s per GPU used; None off GPU."""
+def gpu_needs(cards: list[tuple[Scheme, JobRecord]], rc: ReviewConfig) -> GpuNeeds | None:
+    """One model's schemes (with their records) grouped by the GPUs they need for the memory budget
+    (:func:`gpus_needed`), and each one's sustained output tok/s per GPU used; None off GPU."""
     groups: dict[int | None, list[str]] = {}  # GPUs needed (None: more than the largest) -> scheme labels
     speeds = []
-    for sc in cards:
-        rec = next((r for r in records if str(r.job.id) == sc.job_id), None)
-        if rec is None or not on_gpu(rec) or sc.status != "ok":
+    for sc, rec in cards:
+        if (rec.environment.device or rec.cfg.env.device) != "cuda" or sc.status != "ok":
             continue
         m, used = sc.memory, job_gpus(rec)
         weights = whole_weights_gib(m, used)

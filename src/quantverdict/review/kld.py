@@ -1,7 +1,5 @@
-"""The KL divergence to the baseline: ``accuracy.kld`` (:class:`quantverdict.measure.kld.KldSummary` fields, the
-baseline's entry, or ``{"refused": reason}``) becomes :class:`AccuracyDelta` of kind ``kld``, which the accuracy check
-holds against ``review.max_mean_kld`` and ``review.min_top1_agreement_pct`` (:mod:`quantverdict.review.verdict`). A
-top-k KLD is a lower bound of the true one: failing on it is failing, passing is the bound's pass."""
+"""The KL divergence to the baseline (``accuracy.kld``) as :class:`AccuracyDelta` of kind ``kld``. A top-k KLD is a
+lower bound of the true one: failing on it is failing, passing is the bound's pass."""
 
 from __future__ import annotations
 
@@ -17,8 +15,6 @@ KLD = DeltaKind.KLD  # the kind and name of the KLD deltas
 
 
 class _KldEntry(Block):
-    """``accuracy.kld``: ``role`` ``baseline`` on the baseline's entry, ``refused`` why a scheme could not compare."""
-
     role: str | None = None
     refused: str | None = None
 
@@ -29,12 +25,10 @@ def _interval(f: KldFigures, estimate: float, low: float | None, high: float | N
 
 
 def kld_deltas(rec: JobRecord) -> list[AccuracyDelta]:
-    """The KLD deltas of one scheme's record: mean KLD (nats, baseline 0) and top-1 agreement (%, baseline 100; its
-    own recovery), each with the record's figures (``kld``); one ``refused`` delta (value None, the reason in
-    ``note``) when the job could not compare; [] for the baseline and for a record without a KLD."""
+    """Mean KLD (nats, baseline 0) and top-1 agreement (%, baseline 100) of one scheme's record; one ``refused`` delta
+    (the reason in ``note``) when the job could not compare; [] for the baseline and for a record without a KLD."""
     if rec.accuracy.kld is None or (entry := _KldEntry.of(rec.accuracy.kld)).role == "baseline":
         return []
-    # the summary's figures, non-finite ones None (the entry's other keys are the job's bookkeeping)
     known = {k: v for k, v in entry.model_dump().items() if k in KldFigures.model_fields}
     f = KldFigures.model_validate({k: finite(v) if isinstance(v, float) else v for k, v in known.items()})
     if entry.refused is not None or f.mean_kld is None:

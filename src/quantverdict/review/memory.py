@@ -21,27 +21,18 @@ from quantverdict.review.flags import FlagCode
 
 
 def served_compute_dtype(rec: JobRecord) -> str:
-    """The served compute dtype: vLLM's log, ``speed.dtype.value``, ``bench.server.dtype`` unless ``auto``, the
-    model's dtype, else ``bfloat16``."""
-    configured = rec.cfg.bench.server.dtype
-    chosen = rec.server.dtype or ChosenDtype.of(rec.speed.dtype).value or (configured if configured != "auto" else None)
-    return str(chosen or rec.cfg.model.dtype or "bfloat16")
-
-
-def served_dtype(rec: JobRecord) -> str | None:
-    """The ``--dtype`` served (``auto`` resolved from vLLM's log or ``config.model.dtype``); None if not served."""
-    if not rec.speed.points:
-        return None
-    value = ChosenDtype.of(rec.speed.dtype).value
-    if value == "auto":
-        value = rec.server.dtype or rec.cfg.model.dtype
-    return str(value) if value else None
+    """The served compute dtype: the first set and not ``auto`` of vLLM's log, ``speed.dtype.value``,
+    ``bench.server.dtype`` and the model's dtype, else ``bfloat16``."""
+    chosen = (rec.server.dtype, ChosenDtype.of(rec.speed.dtype).value, rec.cfg.bench.server.dtype, rec.cfg.model.dtype)
+    return next((str(d) for d in chosen if d and d != "auto"), "bfloat16")
 
 
 def dtype_flags(rec: JobRecord, base: JobRecord | None) -> list[Flag]:
     """A flag when ``rec`` and its baseline were served in different compute dtypes."""
-    mine, theirs = (served_dtype(rec), served_dtype(base)) if base is not None and base is not rec else (None, None)
-    if not mine or not theirs or mine == theirs:
+    if base is None or base is rec or not rec.speed.points or not base.speed.points:
+        return []
+    mine, theirs = served_compute_dtype(rec), served_compute_dtype(base)
+    if mine == theirs:
         return []
     why = ChosenDtype.of(rec.speed.dtype).why
     message = f"served in {mine}, its baseline in {theirs}: the speed ratio mixes compute dtypes"

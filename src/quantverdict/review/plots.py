@@ -26,13 +26,6 @@ def _style(sc: Scheme, i: int) -> dict[str, Any]:
     return {"color": COLORS.get(sc.scheme, f"C{i % 10}"), "marker": MARKERS.get(sc.scheme, "o")}
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def _namer(cards: list[Scheme]) -> Callable[[Scheme], str]:
     """A scheme's legend name: ``model/scheme`` in a figure of several models."""
     many = len({sc.model for sc in cards}) > 1
@@ -269,14 +262,6 @@ def latency_figure(review: Review) -> Any:
 FIGURES = (speed_ratio_figure, pareto_figure, memory_figure, accuracy_figure, latency_figure)
 
 
-def make_figures(review: Review) -> dict[str, Any]:
-    """Every figure that has data, name -> matplotlib figure, laid out (the caller closes them)."""
-    figures = {fn.__name__.removesuffix("_figure"): fig for fn in FIGURES if (fig := fn(review)) is not None}
-    for fig in figures.values():
-        fig.tight_layout()
-    return figures
-
-
 # each plot's alt text (review.json's ``plots``; the pages' captions)
 ALT = {
     "speed_ratio": "per-user output speed of each scheme over the baseline's against the load (log2 axis), "
@@ -291,4 +276,12 @@ ALT = {
 
 def make_plots(review: Review) -> dict[str, bytes]:
     """Every plot that has data, name -> PNG bytes, in reading order."""
-    return {name: _png(fig) for name, fig in make_figures(review).items()}
+    out = {}
+    for fn in FIGURES:
+        if (fig := fn(review)) is not None:
+            fig.tight_layout()
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+            plt.close(fig)
+            out[fn.__name__.removesuffix("_figure")] = buf.getvalue()
+    return out

@@ -11,7 +11,6 @@ JOB_TAG = "config_hash"  # set on every job run by quantverdict.results.tracking
 
 
 def _read(path: Path) -> JobRecord:
-    """The typed record at ``path``, its :attr:`~JobRecord.source_dir` the folder it was read from."""
     rec = JobRecord.view(load(path))
     rec.source_dir = str(path.parent)
     return rec
@@ -29,12 +28,8 @@ def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
 
 
 def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord], list[str], dict[str, str]]:
-    """Download the ``record.json`` artifact (and ``eval/`` samples, if logged) of every job run of an MLflow
-    experiment into ``dest/<run_id>/``: ``(records, problems, run_ids)``, ``run_ids`` by ``job.output_dir``.
-
-    Raises:
-        ValueError: the experiment does not exist.
-    """
+    """``(records, problems, run_ids by job.output_dir)`` of every job run of an MLflow experiment, its ``record.json``
+    (and ``eval/`` samples) downloaded into ``dest/<run_id>/``. Raises ValueError: no such experiment."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)

@@ -63,14 +63,9 @@ def workload(rec: JobRecord) -> doc.Workload:
     return doc.Workload(bench=b.name, input_len=b.input_len, output_len=b.output_len, text=text)
 
 
-def workload_shape(w: doc.Workload | None) -> tuple[int, int] | None:
+def shape_of(w: doc.Workload | None) -> tuple[int, int] | None:
     """``(input_len, output_len)`` tokens per request; None where not recorded."""
     return None if w is None or w.input_len is None or w.output_len is None else (w.input_len, w.output_len)
-
-
-def shape_of(speed: doc.Speed) -> tuple[int, int] | None:
-    """The request shape of a scorecard's sweep; None without points or a recorded shape."""
-    return workload_shape(speed.workload) if speed.points else None
 
 
 def raw_points(rec: JobRecord) -> tuple[str, list[SweepPoint]]:
@@ -79,15 +74,15 @@ def raw_points(rec: JobRecord) -> tuple[str, list[SweepPoint]]:
     return mode, [bench_result.rebase_steady(p) for p in rec.speed.points]
 
 
-def _levels(raw: list[SweepPoint], mode: str) -> list[aggregate.Level[SweepPoint]]:
-    levels = aggregate.levels(raw, lambda p: p.load(mode), point_checks.point_valid)
-    return [level for level in levels if level.valid]
-
-
-def speed_points(mode: str, raw: list[SweepPoint]) -> list[doc.SpeedPoint]:
-    """One point per load level of the raw points (:func:`raw_points`): medians, spread and majority ``saturated``."""
+def speed_points(
+    mode: str, raw: list[SweepPoint], rec: JobRecord | None = None, slo: Slo | None = None
+) -> list[doc.SpeedPoint]:
+    """One point per load level of the raw points (:func:`raw_points`): medians, spread, majority ``saturated`` and,
+    with ``rec`` and an ``slo`` that has objectives, goodput (:func:`_goodput`)."""
     out = []
-    for level in _levels(raw, mode):
+    for level in aggregate.levels(raw, lambda p: p.load(mode), point_checks.point_valid):
+        if not level.valid:
+            continue
         spread = {k: r for k, v in aggregate.ranges(level.valid, SPREAD_KEYS).items() if (r := _minmax(*v))}
         fields: dict[str, Any] = {k: finite(v) for k, v in aggregate.medians(level.valid, MEDIANS).items()}
         votes = (point_checks.point_saturation(q)["saturated"] for q in level.valid)
@@ -95,6 +90,7 @@ def speed_points(mode: str, raw: list[SweepPoint]) -> list[doc.SpeedPoint]:
         fields |= {"valid_repeats": len(level.valid), "repeats": len(level.points), "spread": spread}
         energy = [e for q in level.valid if q.gpu and (e := q.gpu.energy_per_output_token_j) is not None]
         fields["energy_per_output_token_j"] = statistics.median(energy) if energy else None
+        fields["goodput"] = _goodput(rec, level.valid, slo) if rec and slo and slo.objectives() else None
         out.append(doc.SpeedPoint.model_validate(fields))
     return out
 
@@ -161,40 +157,25 @@ def beside(rec: JobRecord, written: str | None, folder: str) -> Path | None:
     return next((c for c in [*candidates, name] if c.is_file()), None)
 
 
-def _point_goodput(rec: JobRecord, p: SweepPoint, slo: Slo) -> Goodput | None:
-    """Goodput of one point from its ``--save-detailed`` file; None without per-request data."""
-    path = beside(rec, p.result_file, "bench")
-    try:
-        return None if path is None else request_goodput(json.loads(path.read_text()), slo)
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _level_goodput(rec: JobRecord, raw: list[SweepPoint], mode: str, slo: Slo) -> dict[float, doc.Goodput]:
-    """Per load level with per-request data in every valid repeat: median goodput, summed counts."""
-    out: dict[float, doc.Goodput] = {}
-    for level in _levels(raw, mode):
-        got = [g for p in level.valid if (g := _point_goodput(rec, p, slo)) is not None]
-        if len(got) < len(level.valid):
-            continue
-        out[level.load] = doc.Goodput(
-            goodput_rps=statistics.median(g.goodput_rps for g in got),
-            slo_attainment_pct=statistics.median(g.attainment_pct for g in got),
-            good_requests=sum(g.good for g in got),
-            slo_requests=sum(g.sent for g in got),
-            repeats=len(got),
-            slo_missed={k: sum(g.missed[k] for g in got) for k in slo.objectives()},
-        )
-    return out
-
-
-def _goodput_at(at: doc.SpeedPoint | None, slo: Slo) -> tuple[float | None, doc.GoodputMissing | None]:
-    """Goodput at the stated load's point (req/s), or None and why not (no SLO, no point, no per-request data)."""
-    if not slo.objectives():
-        return None, doc.GoodputMissing.NO_SLO
-    if at is None:
-        return None, doc.GoodputMissing.NO_POINT
-    return (at.goodput.goodput_rps, None) if at.goodput else (None, doc.GoodputMissing.NO_PER_REQUEST)
+def _goodput(rec: JobRecord, valid: list[SweepPoint], slo: Slo) -> doc.Goodput | None:
+    """A level's median goodput and summed counts over its valid repeats, from each one's ``--save-detailed`` file;
+    None unless every repeat has per-request data."""
+    got: list[Goodput] = []
+    for p in valid:
+        if (path := beside(rec, p.result_file, "bench")) is None:
+            return None
+        try:
+            got.append(request_goodput(json.loads(path.read_text()), slo))
+        except (OSError, ValueError, KeyError):
+            return None
+    return doc.Goodput(
+        goodput_rps=statistics.median(g.goodput_rps for g in got),
+        slo_attainment_pct=statistics.median(g.attainment_pct for g in got),
+        good_requests=sum(g.good for g in got),
+        slo_requests=sum(g.sent for g in got),
+        repeats=len(got),
+        slo_missed={k: sum(g.missed[k] for g in got) for k in slo.objectives()},
+    )
 
 
 def point_label(sp: SweepPoint, mode: str) -> str:
@@ -207,7 +188,6 @@ def point_label(sp: SweepPoint, mode: str) -> str:
 
 
 def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
-    """The honesty flags of one recorded point."""
     want, got, diff = sp.output_tokens_requested, sp.output_tokens_total, sp.vllm_max_rel_diff or 0
     pct = 100 * got / want if want and got is not None else None
     short = bool(want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want)
@@ -256,7 +236,8 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     """``(speed, flags, missing)``: single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps``
     and latency at the load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
     mode, raw = raw_points(rec)
-    points = speed_points(mode, raw)
+    slo = slo_of(rc)
+    points = speed_points(mode, raw, rec, slo)
     found = [f for sp in rec.speed.points for f in _point_flags(sp, mode)]
     speed = doc.Speed.unmeasured(mode)
     speed.workload, speed.roofline, speed.points = workload(rec), _roofline(rec), points
@@ -279,12 +260,13 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
         words |= dict(status=rec.status, failed_stage=rec.failed_stage, lower_bound=speed.ceiling.lower_bound)
         found.append(Flag.new(FlagCode.SWEEP_INCOMPLETE, say("sweep_incomplete", "speed.j2", **words)))
     speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
-    slo = slo_of(rc)
-    by_load = _level_goodput(rec, raw, mode, slo) if slo.objectives() else {}
-    for p in points:
-        p.goodput = by_load.get(p.load)
     at, speed.load_how = load_point(mode, points, rc)
-    speed.goodput_rps, speed.goodput_missing = _goodput_at(at, slo)
     if at is not None:
+        speed.goodput_rps = at.goodput.goodput_rps if at.goodput else None
         speed.at_load = doc.AtLoad.model_validate({k: getattr(at, k) for k in doc.AtLoad.model_fields})
+    if speed.goodput_rps is None:  # why not: no SLO, no point at the load, or no per-request data there
+        why = doc.GoodputMissing
+        speed.goodput_missing = (
+            why.NO_SLO if not slo.objectives() else why.NO_POINT if at is None else why.NO_PER_REQUEST
+        )
     return speed, found, []

@@ -19,9 +19,8 @@ def _say(macro: str, **values: Any) -> str:
 
 
 def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[str]]:
-    """Flags for the evaluate stage's failed checks (``accuracy.checks``: batch invariance of the log-likelihoods;
-    word/byte perplexity recomputed from the summed log-likelihood) and Validity lines for the rest, with the
-    settings every delta was computed under: ``(flags, lines)``."""
+    """``(flags, lines)``: flags for the evaluate stage's failed checks (``accuracy.checks``), Validity lines for the
+    rest and for the settings every delta was computed under."""
     acc = rec.accuracy
     flags: list[Flag] = []
     lines: list[str] = []
@@ -48,9 +47,8 @@ def accuracy_validity(rec: JobRecord, sc_name: str) -> tuple[list[Flag], list[st
 
 
 def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str]:
-    """Validity lines of what each speed number stands on: repeats, saturated and invalid points, points whose
-    measured window stayed under ``bench.min_duration_s``, the ceiling's definition, steady windows too short for a
-    throughput, prefix-cache hits, the kernel check."""
+    """Validity lines of what each speed number stands on: repeats, saturated, invalid and short-window points, the
+    ceiling, prefix-cache hits, the kernel check."""
     mode, raw = raw_points(rec)
     if not raw:
         return []

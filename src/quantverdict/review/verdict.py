@@ -1,12 +1,6 @@
-"""Checks and the verdict: score each scheme, check three constraints, choose the least aggressive scheme that
-passes. **memory**: ``weights + KV cache for the capacity needed + reserve <= budget`` (GiB); **accuracy**: every
-task's recovery ``100 · score / baseline >= min_recovery_pct``, every kind in ``perplexity_kinds`` up by at most
-``max_perplexity_increase_pct`` (:func:`floor_test_of`: point estimate or interval), and the KL divergence limits
-(:mod:`quantverdict.review.kld`); **latency**: at the stated load ``slo_attainment_pct`` % of the requests meet every
-objective (per-request goodput, :mod:`quantverdict.measure.goodput`; without per-request data, the TTFT and ITL
-p99s), and the sweep's ceiling reaches the load. The baseline passing all three: do not quantize. Otherwise the
-constraints it fails bind, and the chosen scheme is the first of :func:`candidate_order` that finished and passes
-all three. A check that cannot be made never passes; a not-applicable accuracy (random weights) never blocks.
+"""The three checks (memory, accuracy, latency) of each scheme and the verdict: the baseline passing all three is
+kept; otherwise the constraints it fails bind, and the first of :func:`candidate_order` that finished and passes all
+three is chosen. A check that cannot be made never passes; a not-applicable accuracy (random weights) never blocks.
 """
 
 from __future__ import annotations
@@ -23,7 +17,6 @@ from quantverdict.review.headline import not_comparable
 from quantverdict.review.speed import NO_PER_REQUEST, level_label, slo_of, slo_ok
 from quantverdict.review.words import say
 
-# the check outcomes by the short names the checks, and tests, read here
 PASS, FAIL, UNKNOWN, OFF = doc.Outcome.PASS, doc.Outcome.FAIL, doc.Outcome.UNKNOWN, doc.Outcome.OFF
 NOT_APPLICABLE = doc.Outcome.NOT_APPLICABLE
 
@@ -32,7 +25,6 @@ PAYS = 1.05  # a speedup >= 1.05x pays; <= 1/1.05 costs; between: no change
 
 
 def _check(kind: str, outcome: doc.Outcome, text: str, **kw: Any) -> Check:
-    """A check; ``kw``: its ``shortfall``, ``excess``, ``cite`` and ``criteria`` where set."""
     blank: dict[str, Any] = {"shortfall": "", "excess": 0.0, "cite": "", "criteria": []}
     return Check(constraint=ConstraintKind(kind), outcome=outcome, text=text, **(blank | kw))
 
@@ -41,7 +33,6 @@ Fails = list[tuple[float, str]]  # a check's shortfalls: (excess relative to the
 
 
 def _judged(kind: str, text: str, cite: str, fails: Fails, crits: list[Criterion]) -> Check:
-    """PASS, or FAIL with the shortfalls ``fails`` in their order."""
     shortfall, excess = "; ".join(f for _, f in fails), max((e for e, _ in fails), default=0.0)
     return _check(kind, FAIL if fails else PASS, text, shortfall=shortfall, excess=excess, cite=cite, criteria=crits)
 
@@ -86,8 +77,7 @@ def floor_test_of(d: doc.AccuracyDelta, rc: ReviewConfig) -> str:
 
 # the limit on a delta, by its kind (a KLD delta: by its metric): (the delta's value judged, its interval, the review
 # key, the comparison, the criterion's metric)
-Floor = tuple[str, str, str, Literal["<=", ">="], str]
-FLOORS: dict[str, Floor] = {
+FLOORS: dict[str, tuple[str, str, str, Literal["<=", ">="], str]] = {
     "score": ("recovery_pct", "recovery_interval", "min_recovery_pct", ">=", "recovery_pct"),
     "perplexity": ("delta_pct", "interval", "max_perplexity_increase_pct", "<=", "perplexity_increase_pct"),
     "mean_kld": ("delta", "interval", "max_mean_kld", "<=", "mean_kld_nats"),
@@ -131,9 +121,7 @@ def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
         return _check("accuracy", PASS if ok else FAIL, reference, cite="is the accuracy reference")
     if acc.refused:
         return _check("accuracy", UNKNOWN, f"delta excluded: {acc.refused}")
-    # every task's score and each perplexity of review.perplexity_kinds; a comparison that cannot be made (the two
-    # runs did not score the same items) is left unjudged: its point value neither fails nor passes the scheme, and
-    # the check cannot pass while one is unjudged
+    # a comparison that cannot be made (refused) is left unjudged, and the check cannot pass while one is
     held = [d for d in acc.deltas if d.kind == "score" or d.kind == "perplexity" and d.metric in rc.perplexity_kinds]
     measured = [d for d in held if not d.refused and getattr(d, FLOORS[d.kind][0]) is not None]
     floored = [d for d in held if getattr(rc, FLOORS[d.kind][2]) is not None and (d.refused or d in measured)]
@@ -153,10 +141,8 @@ def accuracy_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
 
 
 def with_kld_limits(check: Check, sc: doc.Scheme, rc: ReviewConfig) -> Check:
-    """``check`` (the accuracy check of ``sc``) with the KLD limits (``max_mean_kld``, ``min_top1_agreement_pct``)
-    added as criteria, each judged as :func:`_accuracy_criterion` judges a floor. Unchanged when neither limit is set,
-    accuracy is not applicable or the deltas were refused; the baseline is the reference; a scheme without a KLD
-    becomes ``unknown`` unless it already fails."""
+    """The accuracy ``check`` of ``sc`` with the KLD limits set (``max_mean_kld``, ``min_top1_agreement_pct``) added
+    as criteria (:func:`_accuracy_criterion`); ``unknown`` without a KLD unless it already fails."""
     limits = {m: FLOORS[m] for m in ("mean_kld", "top1_agreement_pct") if getattr(rc, FLOORS[m][2]) is not None}
     if not limits or check.outcome == NOT_APPLICABLE or sc.accuracy.refused:
         return check
@@ -384,8 +370,7 @@ def _speedup(a: float | None, ra: doc.MinMax | None, b: float | None, rb: doc.Mi
 
 def paired_speedups(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw) -> list[doc.PairedSpeedup]:
     """Per metric of :data:`PAIRED_METRICS` and load with >= 1 pair, the scheme's ratio to its baseline paired by
-    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup (a latency's inverse); [] when either is
-    not comparable for speed or the modes differ. ``mine``, ``theirs``: :func:`quantverdict.review.speed.raw_points`."""
+    repeat (:func:`quantverdict.measure.stats.paired_ratio`) and as a speedup; [] when not compared or modes differ."""
     (mode, points), (base_mode, base_points) = mine, theirs
     if not_comparable(sc, base) or mode != base_mode:
         return []
@@ -404,20 +389,12 @@ def paired_speedups(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw) ->
     return rows
 
 
-def regime_tests(paired: list[doc.PairedSpeedup]) -> tuple[doc.PairedSpeedup | None, doc.PairedSpeedup | None]:
-    """The paired rows (:func:`paired_speedups`: by metric, then load) the regime claims rest on: at low load the
-    lowest load's ITL p50 (else TPOT p50), at saturation the highest load's output tok/s; None under 2 pairs."""
-    low = next((r for m in ("itl_ms_p50", "tpot_ms_p50") for r in paired if r.metric == m), None)
-    sat = next((r for r in reversed(paired) if r.metric == "output_tok_s"), None)
-    return (low if low and low.pairs >= 2 else None), (sat if sat and sat.pairs >= 2 else None)
-
-
 def regime_side(median: float | None, rng: doc.MinMax | None, test: doc.PairedSpeedup | None) -> doc.RegimeClaim | None:
-    """One regime claim: with a paired test (:func:`regime_tests`) its speedup, 95% interval and verdict (an
+    """One regime claim: with a paired test of 2+ pairs its speedup, 95% interval and verdict (an
     established difference inside (1 / 1.05, 1.05) is ``no change``); else the median speedup and its min-max range
     (``pays`` when the whole range is >= :data:`PAYS`, ``costs`` when <= 1 / :data:`PAYS`); None without either."""
     R, C = doc.RegimeRule, doc.RegimeClass
-    if test is not None and test.speedup is not None:
+    if test is not None and test.pairs >= 2 and test.speedup is not None:
         # established is not the same as large: a significant 1.01x neither pays nor costs
         cls = C.NO_CHANGE if 1 / PAYS < test.speedup < PAYS else PAIRED_WORDS.get(test.verdict, C.NO_CHANGE)
         rule, speedup, low, high = R.PAIRED_T, test.speedup, test.speedup_low, test.speedup_high
@@ -466,9 +443,8 @@ def regime_reading(
 
 
 def regime(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw, pairable: bool) -> doc.Regime:
-    """Where ``sc`` pays against ``base``. ``mine``/``theirs``: their raw points (:func:`paired_speedups`);
-    ``pairable``: repeat r of one is repeat r of the other (one grid on one GPU), else the claims rest on medians and
-    ranges (and ``sc.validity`` says so where a paired test was possible)."""
+    """Where ``sc`` pays against ``base`` (raw points ``mine``, ``theirs``); unless ``pairable`` (one grid on one
+    GPU: :func:`quantverdict.review.gpus.pairable`) the claims rest on medians and ranges."""
     comparable = not not_comparable(sc, base)
     low, low_iv = _low_itl(sc, base) if comparable else (None, None)
     sat, sat_iv = _ceilings(sc, base) if comparable else (None, None)
@@ -480,7 +456,10 @@ def regime(sc: doc.Scheme, base: doc.Scheme, mine: Raw, theirs: Raw, pairable: b
                 "the regime claims rest on medians and ranges"
             )
         paired = []
-    low_test, sat_test = regime_tests(paired)
+    # the paired rows (by metric, then load): at low load the lowest load's ITL p50 (else TPOT p50), at saturation the
+    # highest load's output tok/s
+    low_test = next((r for m in ("itl_ms_p50", "tpot_ms_p50") for r in paired if r.metric == m), None)
+    sat_test = next((r for r in reversed(paired) if r.metric == "output_tok_s"), None)
     if (gap := saturation_gap(sc, base)) is not None:  # the sweeps' tops do not meet: no saturation number
         sat, sat_iv, sat_test = None, None, None
     low_claim, sat_claim = regime_side(low, low_iv, low_test), regime_side(sat, sat_iv, sat_test)
