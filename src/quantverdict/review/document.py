@@ -269,31 +269,26 @@ def criterion(
 class Check(_Strict):
     """One constraint checked for one scheme: its outcome, the criteria it rests on, and the sentences the
     renderers print (``text``: with the numbers; ``shortfall``: by how much a failing scheme misses; ``cite``:
-    the numbers alone). ``excess`` is the worst shortfall relative to its limit (ranks the failing schemes)."""
+    the numbers alone). ``excess`` is the worst shortfall relative to its limit (ranks the failing schemes). The
+    defaults: not checked yet (:func:`quantverdict.review.verdict.checks`)."""
 
     constraint: ConstraintKind
-    outcome: Outcome
-    criteria: list[Criterion]
-    excess: float
-    text: str
-    shortfall: str
-    cite: str
+    outcome: Outcome = Outcome.UNKNOWN
+    criteria: list[Criterion] = []
+    excess: float = 0.0
+    text: str = "not checked"
+    shortfall: str = ""
+    cite: str = ""
 
 
 class Checks(_Strict):
-    memory: Check
-    accuracy: Check
-    latency: Check
+    memory: Check = Check(constraint=ConstraintKind.MEMORY)
+    accuracy: Check = Check(constraint=ConstraintKind.ACCURACY)
+    latency: Check = Check(constraint=ConstraintKind.LATENCY)
 
     def in_order(self) -> list[Check]:
         """Memory, accuracy, latency."""
         return [self.memory, self.accuracy, self.latency]
-
-    @classmethod
-    def unchecked(cls) -> Checks:
-        """Every check ``unknown`` (a scheme before :func:`quantverdict.review.verdict.checks`)."""
-        blank = {"outcome": Outcome.UNKNOWN, "criteria": [], "excess": 0.0, "text": "not checked"}
-        return cls.model_validate({k: blank | {"constraint": k, "shortfall": "", "cite": ""} for k in ConstraintKind})
 
 
 class Flag(_Strict):
@@ -325,13 +320,10 @@ class PassedOver(_Strict):
 
 
 class KvLever(_Strict):
-    """The KV-cache lever weighed on the baseline: what memory binds on, and what an FP8 KV cache would need."""
+    """The KV-cache lever weighed on the baseline: what memory binds on, and whether the baseline's need with an FP8
+    KV cache (its ``memory.need_gib_kv_fp8``) fits the budget."""
 
     binds_on: Literal["kv_cache", "weights"] | None
-    budget_gib: float | None
-    weights_gib: float | None
-    kv_gib: float | None
-    fp8_need_gib: float | None
     fp8_fits: bool | None
     measured: list[str] = Field(description="the quantized-cache combinations whose jobs finished ok")
 
@@ -710,7 +702,7 @@ class Scheme(_Strict):
     memory: Memory = Field(default_factory=Memory)
     accuracy: Accuracy = Field(default_factory=Accuracy)
     speed: Speed = Field(default_factory=Speed.unmeasured)
-    checks: Checks = Field(default_factory=Checks.unchecked)
+    checks: Checks = Field(default_factory=Checks)
     missing: list[str] = Field(default_factory=list)
     validity: list[str] = Field(default_factory=list)
 

@@ -240,10 +240,6 @@ def kv_lever(base: doc.Scheme, cards: list[doc.Scheme], rc: ReviewConfig) -> doc
         binds_on = "weights" if m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib > budget else "kv_cache"
     return doc.KvLever(
         binds_on=binds_on,
-        budget_gib=budget,
-        weights_gib=finite(m.weights_gib),
-        kv_gib=finite(m.kv_needed_gib),
-        fp8_need_gib=fp8,
         fp8_fits=None if budget is None or fp8 is None else fp8 <= budget,
         measured=[sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
     )
