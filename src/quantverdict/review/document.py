@@ -21,10 +21,6 @@ SCHEMA_VERSION: Final = 4
 SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
 
 
-def _gb(v: float | None) -> float | None:
-    return None if v is None else v / 1e9
-
-
 def finite(v: Any) -> float | None:
     """``v`` as a float; None unless a finite number (a bool is not one)."""
     return float(v) if is_number(v) and math.isfinite(v) else None
@@ -188,12 +184,9 @@ class GoodputMissing(StrEnum):
     NO_PER_REQUEST = "no_per_request"
 
 
-class PairedVerdict(StrEnum):
-    """The paired test's verdict: the 95% interval of the speedup lies above 1, below 1, or contains it."""
-
-    FASTER = "faster"
-    SLOWER = "slower"
-    NO_DIFFERENCE = "no difference established"
+# the paired test's verdict (:func:`quantverdict.measure.stats.paired_ratio`): the 95% interval of the speedup lies
+# above 1, below 1, or contains it
+PairedVerdict = Literal["faster", "slower", "no difference established"]
 
 
 class Tool(_Strict):
@@ -567,18 +560,6 @@ class Roofline(_Strict):
     achieved_bytes_per_s: float | None = None
     note: str | None = None
 
-    @property
-    def decode_gb(self) -> float | None:
-        return _gb(self.decode_bytes)
-
-    @property
-    def copy_gb_per_s(self) -> float | None:
-        return _gb(self.copy_bytes_per_s)
-
-    @property
-    def achieved_gb_per_s(self) -> float | None:
-        return _gb(self.achieved_bytes_per_s)
-
 
 class SpeedPoint(_Strict):
     """One load level of a sweep (:func:`quantverdict.review.speed.speed_points`): medians over its valid repeats
@@ -894,10 +875,6 @@ class Candidate(_Strict):
     eligible: bool
     why_not: list[str]
     flags: list[str]
-
-    @property
-    def step_gb(self) -> float | None:
-        return _gb(self.step_bytes)
 
 
 class PairedAcross(_Strict):
