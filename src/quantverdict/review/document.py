@@ -613,7 +613,7 @@ class Speed(_Strict):
     at_load: AtLoad | None = None
     load_how: str | None = None
     goodput_rps: float | None = None
-    goodput_missing: GoodputMissing | None = Field(None, description="why goodput_rps is None; None when counted")
+    goodput_missing: GoodputMissing | None = Field(default=None, description="why goodput_rps is None (None: counted)")
     p99_slo_max_rps: float | None = None
     p99_slo_max_how: str | None = None
     missing_levels: list[str] = []
