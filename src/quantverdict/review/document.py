@@ -36,9 +36,8 @@ Load = Annotated[
 
 
 class _Strict(BaseModel):
-    """Unknown keys and non-finite floats are refused (strict JSON, RFC 8259); an assignment is validated. The schema
-    is of the written document: review.json holds every field, so every field is required (a default is the value
-    before the review fills it in)."""
+    """Unknown keys and non-finite floats are refused (strict JSON, RFC 8259); assignments are validated. The schema
+    is the written document's: every field required (a default is its value before the review fills it in)."""
 
     model_config = ConfigDict(
         extra="forbid",
