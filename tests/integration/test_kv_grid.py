@@ -58,10 +58,13 @@ def test_kv_grid_weighs_the_kv_lever(tmp_path: Path, stage_envs: dict, embedded_
     if not refused:
         assert fp8["status"] == "ok", fp8.get("error")
     (grid,) = (tmp_path / "multirun").iterdir()
-    (verdict,) = json.loads((grid / "review" / "review.json").read_text())["verdicts"]
+    review = json.loads((grid / "review" / "review.json").read_text())
+    (verdict,) = review["verdicts"]
     lever = verdict["kv_lever"]
     assert lever["binds_on"] == "kv_cache" and lever["fp8_fits"] is True
-    assert lever["fp8_need_gib"] == pytest.approx(lever["weights_gib"] + 100_000 * 11_520 / 2**30, rel=1e-9)
+    # the baseline's need with an FP8 cache: its weights + 100,000 tokens x 11,520 B (no state, no reserve)
+    base = next(c["memory"] for c in review["scorecards"] if c["scheme"] == verdict["baseline_scheme"])
+    assert base["need_gib_kv_fp8"] == pytest.approx(base["weights_gib"] + 100_000 * 11_520 / 2**30, rel=1e-9)
     assert lever["measured"] == ([] if refused else ["bf16+kv-fp8"])  # a refused combination measured nothing
     if refused:
         assert verdict["decision"] == "no scheme meets all three"

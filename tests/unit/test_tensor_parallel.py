@@ -100,7 +100,7 @@ def test_gpus_needed_for_a_per_gpu_budget(
 
 def _card(scheme: str, label: str, weights_gib: float, source: str, tok_s: float | None) -> Scheme:
     sc = blank_scheme(f"m_{scheme}", scheme, label, is_baseline=scheme == "bf16")
-    sc.memory = Memory.unknown().model_copy(
+    sc.memory = Memory().model_copy(
         update={"weights_gib": weights_gib, "weights_source": source, "kv_needed_gib": 10.0, "state_needed_gib": 0.0}
     )
     top = {"kind": "saturated", "output_tok_s": tok_s, "lower_bound": False}

@@ -46,5 +46,4 @@ def cost_json(cards: list[doc.Scheme], rc: ReviewConfig, environment: list[str])
         return None
     name, kind, price = found
     schemes = [scheme_cost(sc, price) for sc in cards]
-    source = f"review.gpu_price_per_hour.{kind}"
-    return doc.Cost(gpu=name, gpu_kind=kind, usd_per_gpu_hour=price, price_source=source, schemes=schemes)
+    return doc.Cost(gpu=name, gpu_kind=kind, usd_per_gpu_hour=price, schemes=schemes)

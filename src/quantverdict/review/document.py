@@ -21,10 +21,6 @@ SCHEMA_VERSION: Final = 4
 SCHEMA_PATH: Final = Path(__file__).resolve().parents[3] / "docs" / "schema" / "review.schema.json"
 
 
-def _gb(v: float | None) -> float | None:
-    return None if v is None else v / 1e9
-
-
 def finite(v: Any) -> float | None:
     """``v`` as a float; None unless a finite number (a bool is not one)."""
     return float(v) if is_number(v) and math.isfinite(v) else None
@@ -40,9 +36,18 @@ Load = Annotated[
 
 
 class _Strict(BaseModel):
-    """Unknown keys and non-finite floats are refused (strict JSON, RFC 8259)."""
+    """Unknown keys and non-finite floats are refused (strict JSON, RFC 8259); assignments are validated. The schema
+    is the written document's: every field required (a default is its value before the review fills it in)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        validate_by_name=True,
+        serialize_by_alias=True,
+        validate_assignment=True,
+        json_schema_mode_override="serialization",
+        json_schema_serialization_defaults_required=True,
+    )
 
 
 class ConstraintKind(StrEnum):
@@ -178,12 +183,9 @@ class GoodputMissing(StrEnum):
     NO_PER_REQUEST = "no_per_request"
 
 
-class PairedVerdict(StrEnum):
-    """The paired test's verdict: the 95% interval of the speedup lies above 1, below 1, or contains it."""
-
-    FASTER = "faster"
-    SLOWER = "slower"
-    NO_DIFFERENCE = "no difference established"
+# the paired test's verdict (:func:`quantverdict.measure.stats.paired_ratio`): the 95% interval of the speedup lies
+# above 1, below 1, or contains it
+PairedVerdict = Literal["faster", "slower", "no difference established"]
 
 
 class Tool(_Strict):
@@ -259,31 +261,26 @@ def criterion(
 class Check(_Strict):
     """One constraint checked for one scheme: its outcome, the criteria it rests on, and the sentences the
     renderers print (``text``: with the numbers; ``shortfall``: by how much a failing scheme misses; ``cite``:
-    the numbers alone). ``excess`` is the worst shortfall relative to its limit (ranks the failing schemes)."""
+    the numbers alone). ``excess`` is the worst shortfall relative to its limit (ranks the failing schemes). The
+    defaults: not checked yet (:func:`quantverdict.review.verdict.checks`)."""
 
     constraint: ConstraintKind
-    outcome: Outcome
-    criteria: list[Criterion]
-    excess: float
-    text: str
-    shortfall: str
-    cite: str
+    outcome: Outcome = Outcome.UNKNOWN
+    criteria: list[Criterion] = []
+    excess: float = 0.0
+    text: str = "not checked"
+    shortfall: str = ""
+    cite: str = ""
 
 
 class Checks(_Strict):
-    memory: Check
-    accuracy: Check
-    latency: Check
+    memory: Check = Check(constraint=ConstraintKind.MEMORY)
+    accuracy: Check = Check(constraint=ConstraintKind.ACCURACY)
+    latency: Check = Check(constraint=ConstraintKind.LATENCY)
 
     def in_order(self) -> list[Check]:
         """Memory, accuracy, latency."""
         return [self.memory, self.accuracy, self.latency]
-
-    @classmethod
-    def unchecked(cls) -> Checks:
-        """Every check ``unknown`` (a scheme before :func:`quantverdict.review.verdict.checks`)."""
-        blank = {"outcome": Outcome.UNKNOWN, "criteria": [], "excess": 0.0, "text": "not checked"}
-        return cls.model_validate({k: blank | {"constraint": k, "shortfall": "", "cite": ""} for k in ConstraintKind})
 
 
 class Flag(_Strict):
@@ -308,24 +305,17 @@ class PassedOver(_Strict):
     """A quantized scheme not chosen, and why (``criteria``: the limits it fails or could not be held against)."""
 
     scheme: str
-    label: str
     reason: PassReason
-    job_status: JobStatus
-    failed_stage: str | None
     fails: list[ConstraintKind]
     not_checked: list[ConstraintKind]
     criteria: list[Criterion]
 
 
 class KvLever(_Strict):
-    """The KV-cache lever weighed on the baseline: what memory binds on, and what an FP8 KV cache would need."""
+    """The KV-cache lever weighed on the baseline: what memory binds on, and whether the baseline's need with an FP8
+    KV cache (its ``memory.need_gib_kv_fp8``) fits the budget."""
 
     binds_on: Literal["kv_cache", "weights"] | None
-    need_gib: float | None
-    budget_gib: float | None
-    weights_gib: float | None
-    kv_gib: float | None
-    fp8_need_gib: float | None
     fp8_fits: bool | None
     measured: list[str] = Field(description="the quantized-cache combinations whose jobs finished ok")
 
@@ -396,45 +386,36 @@ class Memory(_Strict):
     """The memory the scheme needs for the stated capacity (GiB = 2^30 bytes) and what vLLM reported (``server_*``):
     ``need_gib = weights_gib + kv_needed_gib + state_needed_gib + reserved_gib`` (:mod:`quantverdict.review.memory`)."""
 
-    need_gib: float | None
-    budget_gib: float | None
-    weights_gib: float | None
-    weights_source: str | None
-    kv_needed_gib: float | None
-    kv_needed_tokens: int | None
-    kv_dtype: str | None
-    kv_dtype_bytes: float | None
-    kv_bytes_per_token: float | None
-    kv_bytes_per_token_measured: float | None
-    kv_bytes_per_token_paged: float | None
-    kv_scale_bytes: int | None
-    state_bytes_per_sequence: float | None
-    state_needed_gib: float | None
-    reserved_gib: float | None
-    request_len_tokens: int | None
-    kv_fp8_needed_gib: float | None
-    need_gib_kv_fp8: float | None
-    budget_kv_tokens: int | None
-    budget_max_concurrency: float | None
-    checkpoint_gib: float | None
-    bits_per_weight: float | None
-    served_dtype: str | None
-    hybrid_paging: HybridPaging | None
-    server_weights_gib: float | None
-    server_kv_cache_gib: float | None
-    server_kv_tokens: int | None
-    server_max_concurrency: float | None
-    kernels: list[str]
-    fallback: bool
-    fallback_lines: list[str]
-    unquantized_gemm_fallback: bool
-    quantization: str | None
-
-    @classmethod
-    def unknown(cls) -> Memory:
-        """Every figure None (a scorecard before its memory is computed)."""
-        flags = {"kernels": [], "fallback": False, "fallback_lines": [], "unquantized_gemm_fallback": False}
-        return cls.model_validate({**dict.fromkeys(cls.model_fields), **flags})
+    need_gib: float | None = None
+    budget_gib: float | None = None
+    weights_gib: float | None = None
+    weights_source: str | None = None
+    kv_needed_gib: float | None = None
+    kv_needed_tokens: int | None = None
+    kv_dtype: str | None = None
+    kv_dtype_bytes: float | None = None
+    kv_bytes_per_token: float | None = None
+    kv_bytes_per_token_measured: float | None = None
+    kv_bytes_per_token_paged: float | None = None
+    kv_scale_bytes: int | None = None
+    state_bytes_per_sequence: float | None = None
+    state_needed_gib: float | None = None
+    reserved_gib: float | None = None
+    request_len_tokens: int | None = None
+    need_gib_kv_fp8: float | None = None
+    budget_kv_tokens: int | None = None
+    budget_max_concurrency: float | None = None
+    checkpoint_gib: float | None = None
+    bits_per_weight: float | None = None
+    hybrid_paging: HybridPaging | None = None
+    server_weights_gib: float | None = None
+    server_kv_cache_gib: float | None = None
+    server_kv_tokens: int | None = None
+    server_max_concurrency: float | None = None
+    kernels: list[str] = []
+    fallback: bool = False
+    fallback_lines: list[str] = []
+    unquantized_gemm_fallback: bool = False
 
 
 class KldFigures(_Strict):
@@ -471,30 +452,29 @@ class AccuracyDelta(_Strict):
     name: str
     metric: str
     kind: DeltaKind
-    value: float | None
-    baseline: float | None
-    delta: float | None
-    delta_pct: float | None
-    recovery_pct: float | None
-    interval: Interval | None
-    recovery_interval: Interval | None
-    mcnemar_b: int | None
-    mcnemar_c: int | None
-    mcnemar_p: float | None
-    n: int | None
-    paired: bool
-    significant: bool | None
-    note: str
-    refused: str
-    kld: KldFigures | None
+    value: float | None = None
+    baseline: float | None = None
+    delta: float | None = None
+    delta_pct: float | None = None
+    recovery_pct: float | None = None
+    interval: Interval | None = None
+    recovery_interval: Interval | None = None
+    mcnemar_b: int | None = None
+    mcnemar_c: int | None = None
+    mcnemar_p: float | None = None
+    n: int | None = None
+    paired: bool = False
+    significant: bool | None = None
+    note: str = ""
+    refused: str = ""
+    kld: KldFigures | None = None
 
     @classmethod
     def new(
         cls, name: str, metric: str, kind: DeltaKind, value: float, baseline: float, **figures: Any
     ) -> AccuracyDelta:
         """A comparison with the ``figures`` given, the others unset; numbers that are not finite become None."""
-        blank: dict[str, Any] = dict.fromkeys(cls.model_fields) | {"paired": False, "note": "", "refused": ""}
-        given = blank | figures | {"name": name, "metric": metric, "kind": kind, "value": value, "baseline": baseline}
+        given = figures | {"name": name, "metric": metric, "kind": kind, "value": value, "baseline": baseline}
         return cls.model_validate({k: finite(v) if isinstance(v, float) else v for k, v in given.items()})
 
 
@@ -502,9 +482,9 @@ class Accuracy(_Strict):
     """``not_applicable``: why accuracy cannot be measured (random weights); ``refused``: why every delta was
     excluded (settings differ)."""
 
-    not_applicable: str | None
-    refused: str | None
-    deltas: list[AccuracyDelta]
+    not_applicable: str | None = None
+    refused: str | None = None
+    deltas: list[AccuracyDelta] = []
 
 
 class Workload(_Strict):
@@ -572,27 +552,12 @@ class Roofline(_Strict):
     """Decode-step bytes against the GPU's measured copy bandwidth (the record's ``speed.roofline``)."""
 
     decode_bytes: int | None = None
-    embedding_bytes: int | None = None
-    skipped_bytes: int | None = None
-    total_bytes: int | None = None
     copy_bytes_per_s: float | None = None
     ideal_ms_per_token: float | None = None
     tpot_ms: float | None = None
     efficiency: float | None = None
     achieved_bytes_per_s: float | None = None
     note: str | None = None
-
-    @property
-    def decode_gb(self) -> float | None:
-        return _gb(self.decode_bytes)
-
-    @property
-    def copy_gb_per_s(self) -> float | None:
-        return _gb(self.copy_bytes_per_s)
-
-    @property
-    def achieved_gb_per_s(self) -> float | None:
-        return _gb(self.achieved_bytes_per_s)
 
 
 class SpeedPoint(_Strict):
@@ -620,7 +585,6 @@ class SpeedPoint(_Strict):
     energy_per_output_token_j: float | None = Field(
         default=None, description="GPU energy per output token in the measured window (J, NVML), median over repeats"
     )
-    model_config = ConfigDict(validate_assignment=True)
 
     # the review's working data, not written: more medians, [min, max] over the valid repeats, per-request goodput
     tpot_ms_p99: SkipJsonSchema[float | None] = Field(default=None, exclude=True)
@@ -635,34 +599,31 @@ class Speed(_Strict):
     comparisons (``excluded_why``); ``goodput_rps``: req/s meeting every objective at the stated load;
     ``p99_slo_max_rps``: the throughput at the highest load whose p99s meet the SLO."""
 
-    model_config = ConfigDict(validate_assignment=True)
-
-    mode: str | None
-    workload: Workload | None
-    repeats: int | None
-    comparable: bool
-    excluded_why: str | None
-    kernel: str | None
-    compute: str | None
-    compute_reason: str | None
-    low_load: LowLoad | None
-    ceiling: Ceiling | None
-    at_load: AtLoad | None
-    load_how: str | None
-    goodput_rps: float | None
-    goodput_missing: GoodputMissing | None = Field(description="why goodput_rps is None; None when counted")
-    p99_slo_max_rps: float | None
-    p99_slo_max_how: str | None
-    missing_levels: list[str]
-    stopped_before: list[str]
-    roofline: Roofline | None
-    points: list[SpeedPoint]
+    mode: str | None = None
+    workload: Workload | None = None
+    repeats: int | None = None
+    comparable: bool = True
+    excluded_why: str | None = None
+    kernel: str | None = None
+    compute: str | None = None
+    compute_reason: str | None = None
+    low_load: LowLoad | None = None
+    ceiling: Ceiling | None = None
+    at_load: AtLoad | None = None
+    load_how: str | None = None
+    goodput_rps: float | None = None
+    goodput_missing: GoodputMissing | None = Field(default=None, description="why goodput_rps is None (None: counted)")
+    p99_slo_max_rps: float | None = None
+    p99_slo_max_how: str | None = None
+    missing_levels: list[str] = []
+    stopped_before: list[str] = []
+    roofline: Roofline | None = None
+    points: list[SpeedPoint] = []
 
     @classmethod
     def unmeasured(cls, mode: str | None = None) -> Speed:
         """A sweep without points: every number None, comparable (until a kernel or request shape says not)."""
-        lists: dict[str, list[Any]] = {"missing_levels": [], "stopped_before": [], "points": []}
-        return cls.model_validate(dict.fromkeys(cls.model_fields) | lists | {"mode": mode, "comparable": True})
+        return cls(mode=mode)
 
 
 class SpeedRatio(_Strict):
@@ -695,23 +656,15 @@ class Headline(_Strict):
     """The first screen's three numbers (:mod:`quantverdict.review.headline`); the speed ratio at concurrency 1 (or
     the lowest load) and at the stated load. None for the baseline and where not measured (``speed_note``: why)."""
 
-    memory_need_gib: float | None
-    accuracy: HeadlineAccuracy | None
-    speed_ratio_c1: SpeedRatio | None
-    speed_ratio_at_load: SpeedRatio | None
-    speed_note: str
+    memory_need_gib: float | None = None
+    accuracy: HeadlineAccuracy | None = None
+    speed_ratio_c1: SpeedRatio | None = None
+    speed_ratio_at_load: SpeedRatio | None = None
+    speed_note: str = ""
 
 
 class Scheme(_Strict):
     """One job of the review: identity, the three numbers, the checks, and what could not be computed."""
-
-    # the review fills it in field by field (a default is the value before then); review.json holds every field, so
-    # its schema is the written document's: every field required
-    model_config = ConfigDict(
-        validate_assignment=True,
-        json_schema_mode_override="serialization",
-        json_schema_serialization_defaults_required=True,
-    )
 
     job_id: str
     model: str
@@ -725,13 +678,11 @@ class Scheme(_Strict):
     failed_stage: str | None
     error: str | None
     gpus: int = Field(description="GPUs the job's server used")
-    headline: Headline = Field(
-        default_factory=lambda: Headline.model_validate(dict.fromkeys(Headline.model_fields) | {"speed_note": ""})
-    )
-    memory: Memory = Field(default_factory=Memory.unknown)
-    accuracy: Accuracy = Field(default_factory=lambda: Accuracy(not_applicable=None, refused=None, deltas=[]))
+    headline: Headline = Field(default_factory=Headline)
+    memory: Memory = Field(default_factory=Memory)
+    accuracy: Accuracy = Field(default_factory=Accuracy)
     speed: Speed = Field(default_factory=Speed.unmeasured)
-    checks: Checks = Field(default_factory=Checks.unchecked)
+    checks: Checks = Field(default_factory=Checks)
     missing: list[str] = Field(default_factory=list)
     validity: list[str] = Field(default_factory=list)
 
@@ -809,7 +760,6 @@ class Cost(_Strict):
     gpu: str
     gpu_kind: str
     usd_per_gpu_hour: float
-    price_source: str
     schemes: list[SchemeCost]
 
 
@@ -924,10 +874,6 @@ class Candidate(_Strict):
     eligible: bool
     why_not: list[str]
     flags: list[str]
-
-    @property
-    def step_gb(self) -> float | None:
-        return _gb(self.step_bytes)
 
 
 class PairedAcross(_Strict):
@@ -1075,7 +1021,8 @@ class Review(_Strict):
 
 def schema_text() -> str:
     """The JSON schema (draft 2020-12) of ``review.json``, as the committed file holds it."""
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Review.model_json_schema(mode="validation")}
+    schema = Review.model_json_schema(mode="serialization")  # every model's mode: the written document's
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 

@@ -68,30 +68,27 @@ def accuracy_headline(sc: doc.Scheme, rc: ReviewConfig) -> doc.HeadlineAccuracy 
     )
 
 
+def headline(sc: doc.Scheme, base: doc.Scheme | None, rc: ReviewConfig) -> doc.Headline:
+    """The three numbers of ``sc`` against its model's baseline ``base`` (the baseline's own: its memory alone)."""
+    h = doc.Headline(memory_need_gib=doc.finite(sc.memory.need_gib))
+    if sc.is_baseline:
+        return h
+    h.accuracy = accuracy_headline(sc, rc)
+    h.speed_note = not_comparable(sc, base) if base else ""
+    if base is None or h.speed_note:
+        return h
+    p, q = low_load_point(sc), low_load_point(base)
+    h.speed_ratio_c1 = speed_ratio(p, q) if p and q and p.load == q.load else None
+    if here := sc.speed.at_load:
+        p, q = _point_at(sc, here.load), _point_at(base, here.load)
+        h.speed_ratio_at_load = speed_ratio(p, q) if p and q else None
+    return h
+
+
 def headlines(cards: list[doc.Scheme], rc: ReviewConfig) -> list[doc.Headline]:
-    """The three numbers of each of one model's scorecards, in their order (the baseline's speed ratios None)."""
+    """:func:`headline` of each of one model's scorecards, in their order."""
     base = next((c for c in cards if c.is_baseline), None)
-    out = []
-    for sc in cards:
-        c1 = at = None
-        note = "" if base is None or sc.is_baseline else not_comparable(sc, base)
-        if base is not None and not sc.is_baseline and not note:
-            p, q = low_load_point(sc), low_load_point(base)
-            c1 = speed_ratio(p, q) if p and q and p.load == q.load else None
-            if here := sc.speed.at_load:
-                p, q = _point_at(sc, here.load), _point_at(base, here.load)
-                at = speed_ratio(p, q) if p and q else None
-        acc = None if sc.is_baseline else accuracy_headline(sc, rc)
-        out.append(
-            doc.Headline(
-                memory_need_gib=doc.finite(sc.memory.need_gib),
-                accuracy=acc,
-                speed_ratio_c1=c1,
-                speed_ratio_at_load=at,
-                speed_note=note,
-            )
-        )
-    return out
+    return [headline(sc, base, rc) for sc in cards]
 
 
 def memory_load_text(rc: ReviewConfig) -> str:

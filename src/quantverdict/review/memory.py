@@ -134,13 +134,13 @@ def memory_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[Memory, list[str]]
     v |= dict(kv_dtype_bytes=dtype_bytes, kv_bytes_per_token=bpt, kv_bytes_per_token_measured=measured)
     v |= dict(kv_bytes_per_token_paged=paged, kv_scale_bytes=scale, state_bytes_per_sequence=state)
     v |= dict(state_needed_gib=state_gib, reserved_gib=rc.reserved_gib, request_len_tokens=rlen)
-    v |= dict(kv_fp8_needed_gib=kv_fp8_gib, need_gib_kv_fp8=fp8_need, budget_kv_tokens=budget_tokens)
+    v |= dict(need_gib_kv_fp8=fp8_need, budget_kv_tokens=budget_tokens)
     v |= dict(budget_max_concurrency=budget_seqs, checkpoint_gib=ck_gib / GIB if ck_gib else None)
-    v |= dict(bits_per_weight=ck.effective_bits_per_weight, served_dtype=served, hybrid_paging=paging)
+    v |= dict(bits_per_weight=ck.effective_bits_per_weight, hybrid_paging=paging)
     v |= dict(
         server_weights_gib=sv.weights_gib, server_kv_cache_gib=sv.kv_cache_gib, server_kv_tokens=sv.kv_cache_tokens
     )
     v |= dict(server_max_concurrency=sv.max_concurrency, kernels=[_kernel_name(k) for k in sv.kernels or []])
-    v |= dict(fallback=bool(sv.fallback), fallback_lines=list(sv.fallback_lines or []), quantization=sv.quantization)
+    v |= dict(fallback=bool(sv.fallback), fallback_lines=list(sv.fallback_lines or []))
     v |= dict(unquantized_gemm_fallback=bool(sv.unquantized_gemm_fallback))
     return Memory.model_validate(v), missing

@@ -27,6 +27,11 @@ def usd(v: float | None) -> str:
     return DASH if v is None else f"${v:,.3f}" if v < 1 else f"${v:,.2f}"
 
 
+def gb(v: float | None, fmt: str = ".2f") -> str:
+    """A byte count in GB (10^9 bytes), as :func:`quantverdict.results.format.number` writes it."""
+    return number(None if v is None else v / 1e9, fmt)
+
+
 def interval(low: float | None, high: float | None, fmt: str = "+.3f") -> str:
     """``[low, high]`` in ``fmt``; ``''`` when either end is missing."""
     return "" if low is None or high is None else f"[{low:{fmt}}, {high:{fmt}}]"
@@ -75,7 +80,7 @@ def environment(fmt: str) -> Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters.update(num=number, usd=usd, interval=interval, value=value, md_cell=md_cell, oneline=oneline)
+    env.filters.update(num=number, gb=gb, usd=usd, interval=interval, value=value, md_cell=md_cell, oneline=oneline)
     env.filters.update(short_error=short_error, inline=inline if fmt == "html" else str)
     env.globals["fmt"] = fmt
     return env

@@ -226,11 +226,6 @@ def kv_lever(base: doc.Scheme, cards: list[doc.Scheme], rc: ReviewConfig) -> doc
         binds_on = "weights" if m.weights_gib + (m.state_needed_gib or 0.0) + rc.reserved_gib > budget else "kv_cache"
     return doc.KvLever(
         binds_on=binds_on,
-        need_gib=finite(m.need_gib),
-        budget_gib=budget,
-        weights_gib=finite(m.weights_gib),
-        kv_gib=finite(m.kv_needed_gib),
-        fp8_need_gib=fp8,
         fp8_fits=None if budget is None or fp8 is None else fp8 <= budget,
         measured=[sc.scheme for sc in cards if kv_step(sc) and sc.status == "ok"],  # refused/failed: not measured
     )
@@ -258,10 +253,7 @@ def _passed_over(sc: doc.Scheme, if_eligible: PassReason) -> doc.PassedOver:
     crits = [k for c in cs if c.outcome in (FAIL, UNKNOWN) for k in c.criteria if k.outcome != PASS]
     return doc.PassedOver(
         scheme=sc.scheme,
-        label=sc.label,
         reason=job.get(sc.status, PassReason.JOB_FAILED),
-        job_status=doc.JobStatus(sc.status),
-        failed_stage=sc.failed_stage,
         fails=fails,
         not_checked=unknown,
         criteria=crits,
