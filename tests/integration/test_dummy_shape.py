@@ -5,12 +5,15 @@ shape folder (``config.json`` with the scheme's compressed-tensors ``quantizatio
 tokenizer, no ``*.safetensors``), vLLM serves it with ``--load-format dummy`` and the sweep runs. Expected by
 hand: the quantization_config is the one llm-compressor wrote for the proxy (8-bit int weights and
 activations, ``lm_head`` ignored), the record says the weights were dummy and that the checkpoint was not
-measured, and vLLM picked an int8 W8A8 kernel for the shape, i.e. it read the quantization config.
+measured, and vLLM picked an int8 W8A8 kernel for the shape, i.e. it read the quantization config. The host
+sampler ran beside the sweep: every point has its host window (client and server CPU, vLLM's running and waiting
+requests).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,27 @@ def test_shape_is_served_with_dummy_weights(tmp_path: Path, stage_envs: dict, em
     assert "load_format=dummy" in log or "'load_format': 'dummy'" in log or "load_format='dummy'" in log
     assert rec["memory"]["server"]["kernels"], "vLLM named no quantized kernel: the quantization_config was not read"
     assert rec["speed"]["points"] and all(p["output_tok_s"] > 0 for p in rec["speed"]["points"])
+    _host_windows_are_sane(rec)
+
+
+def _host_windows_are_sane(rec: dict) -> None:
+    """The host sampler ran beside the CPU sweep (conf/bench/cpu.yaml: every 250 ms) and each point has its window:
+    the sweep client and the server worked in it, the server's processes by role, and vLLM never ran more requests
+    than the point sent or bench.server.max_num_seqs (16) allows."""
+    sampling = rec["speed"]["host_sampling"]
+    assert (sampling["source"], sampling["interval_ms"], sampling["cores"]) == ("psutil", 250, os.cpu_count())
+    assert sampling["metrics_path"].startswith("/metrics/?name%5B%5D=") and sampling["metrics_errors"] == 0
+    assert Path(sampling["file"]).is_file() and Path(sampling["file"]).parent.name == "bench"
+    assert sampling["samples"] > 0 and 0 < sampling["sampler_cpu_s"] < sampling["sampler_wall_s"]
+    for p in rec["speed"]["points"]:
+        host = p["host"]
+        window = host["window_unix_s"][1] - host["window_unix_s"][0]
+        assert host["samples"] >= max(1, int(window / 0.25) - 1), (host["samples"], window)
+        assert host["cores"] == os.cpu_count()
+        assert host["client_cpu_pct_mean"] > 0 and host["server_cpu_pct_mean"] > 0
+        assert set(host["server_cpu_pct_median_by_role"]) == {"api_server", "engine_core", "worker", "other"}
+        assert host["server_cpu_pct_p95_by_role"]["worker"] > 0  # the model runs in vLLM's CPU worker
+        assert 0 < host["host_cpu_pct_median"] <= 100
+        assert 1 <= host["running_requests_max"] <= min(16, p["num_prompts"])
+        assert host["waiting_requests_min"] >= 0 and 0 <= host["kv_cache_usage_pct_max"] <= 100
+        assert "gpu_idle" not in host and "gpu" not in p  # no GPU: no idle/busy split

@@ -61,6 +61,11 @@ COUNTED: dict[str, tuple[int, str]] = {
         "and a task's delta in AccuracyDeltas.tasks (typed, keyed by task)",
     ),
     "measure/gpu_samples.py": (2, "nvidia-smi's column names, mapped to the sample's keys"),
+    "measure/host_samples.py": (
+        3,
+        "psutil's CPU times by field, the gauges parsed from /metrics, and a sample's CPU by server role (0 where the "
+        "role had no process)",
+    ),
     "measure/keep16.py": (2, "a checkpoint's quantization_config and safetensors entries"),
     "measure/kv_cache.py": (1, "vLLM's table of KV-cache element sizes by dtype name (a constant)"),
     "measure/memory.py": (1, "the bytes per dtype it sums over a checkpoint's safetensors headers"),

@@ -67,7 +67,7 @@ def reparse_points(rec: JobRecord, job_dir: Path) -> bool:
             continue
         new = parse_point(bench_dir, by_name[name], bench_cfg)
         # what the sweep added beside the client's files: kept as recorded
-        for key in ("result_file", "gpu", "server_start", "start_order", "sampling"):
+        for key in ("result_file", "gpu", "host", "server_start", "start_order", "sampling"):
             if old.has(key):
                 setattr(new, key, getattr(old, key))
         points[i] = new

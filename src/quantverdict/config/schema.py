@@ -375,6 +375,10 @@ class BenchConfig:
     # the GPU sampled during the sweep (NVML: power, clocks, temperature, utilization, energy) every this many ms;
     # 0: not sampled. Fine enough that sub-second idle gaps show
     gpu_sample_interval_ms: int = 100
+    # the host sampled during the sweep (psutil: CPU of the sweep client, of the server's processes by role and of
+    # the whole host; the server's /metrics: requests running and waiting, KV cache usage) every this many ms, on
+    # every device; 0: not sampled. The sampler's own CPU time is recorded (speed.host_sampling)
+    host_sample_interval_ms: int = 100
 
 
 @dataclass

@@ -400,7 +400,8 @@ def bench_window_errors(bench: BenchConfig) -> list[str]:
 def server_start_errors(bench: BenchConfig) -> list[str]:
     """``bench.server_starts`` >= 1; ``bench.max_server_starts`` null or >= ``server_starts``;
     ``bench.start_confidence`` in (0, 1); ``bench.gpu_sample_interval_ms`` 0 (off) or >= 10 (NVML's power reading
-    is refreshed every 20-100 ms: finer asks the same value again)."""
+    is refreshed every 20-100 ms: finer asks the same value again); ``bench.host_sample_interval_ms`` 0 (off) or
+    >= 10 (Linux counts a process's CPU time in 10 ms clock ticks: finer reads the same count again)."""
     errors = []
     if bench.server_starts < 1:
         errors.append(f"bench.server_starts={bench.server_starts} must be >= 1 (1: the job's own start only)")
@@ -415,6 +416,10 @@ def server_start_errors(bench: BenchConfig) -> list[str]:
     if bench.gpu_sample_interval_ms != 0 and bench.gpu_sample_interval_ms < 10:
         errors.append(
             f"bench.gpu_sample_interval_ms={bench.gpu_sample_interval_ms} must be 0 (not sampled) or >= 10 (e.g. 100)"
+        )
+    if bench.host_sample_interval_ms != 0 and bench.host_sample_interval_ms < 10:
+        errors.append(
+            f"bench.host_sample_interval_ms={bench.host_sample_interval_ms} must be 0 (not sampled) or >= 10 (e.g. 100)"
         )
     return errors
 

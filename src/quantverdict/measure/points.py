@@ -1,4 +1,4 @@
-"""The shapes measurement computes over: a sweep point with its latency percentiles and GPU window, and the
+"""The shapes measurement computes over: a sweep point with its latency percentiles, GPU and host windows, and the
 per-load summary of its repeats, as the record keeps them (``speed.points[i]``, ``speed.summary[i]``).
 
 :mod:`quantverdict.results.record` types its ``speed`` section with these models; the functions of
@@ -131,6 +131,57 @@ class GpuWindow(Section):
     not_measured: str | None = None
 
 
+class HostLoad(Section):
+    """``speed.points[i].host.gpu_idle`` / ``.gpu_busy``: the host's load over the window's host samples in which the
+    GPU was idle (no kernel ran), resp. busy (:func:`quantverdict.measure.host_samples.window_summary`): medians of
+    the client's and the server's CPU (percent of one core; the server's also by role), of the host's (percent of all
+    cores) and of the requests running and waiting."""
+
+    samples: int | None = None
+    client_cpu_pct_median: float | None = None
+    server_cpu_pct_median: float | None = None
+    server_cpu_pct_median_by_role: dict[str, float] | None = None
+    host_cpu_pct_median: float | None = None
+    running_requests_median: float | None = None
+    waiting_requests_median: float | None = None
+
+
+class HostWindow(Section):
+    """``speed.points[i].host``: what the host did in the point's measured window (psutil and the server's
+    ``/metrics`` sampled by :mod:`quantverdict.serving.host_sampling`,
+    :func:`quantverdict.measure.host_samples.window_summary`): CPU of the sweep client and of the server's processes
+    (mean, median, p95; percent of one core; the server's by role: ``api_server``, ``engine_core``, ``worker``,
+    ``other``), the host's
+    CPU (percent of all ``cores``), vLLM's running and waiting requests and KV cache usage (%), and the same load in
+    the GPU's idle samples against its busy ones."""
+
+    window_unix_s: list[float] | None = None
+    samples: int | None = None
+    interval_ms: float | None = None
+    cores: int | None = None
+    client_cpu_pct_mean: float | None = None
+    client_cpu_pct_median: float | None = None
+    client_cpu_pct_p95: float | None = None
+    server_cpu_pct_mean: float | None = None
+    server_cpu_pct_median: float | None = None
+    server_cpu_pct_p95: float | None = None
+    server_cpu_pct_median_by_role: dict[str, float] | None = None
+    server_cpu_pct_p95_by_role: dict[str, float] | None = None
+    host_cpu_pct_median: float | None = None
+    host_cpu_pct_p95: float | None = None
+    running_requests_median: float | None = None
+    running_requests_min: float | None = None
+    running_requests_max: float | None = None
+    waiting_requests_median: float | None = None
+    waiting_requests_min: float | None = None
+    waiting_requests_max: float | None = None
+    kv_cache_usage_pct_median: float | None = None
+    kv_cache_usage_pct_max: float | None = None
+    gpu_idle: HostLoad | None = None
+    gpu_busy: HostLoad | None = None
+    not_measured: str | None = None
+
+
 class SweepPoint(Section):
     """``speed.points[i]``: one benchmark run at one load (times in ms, rates in req/s and tok/s); the metric
     families ``ttft``, ``itl``, ``tpot``, ``e2e`` each with ``_ms_mean``/``_p50``/``_p90``/``_p99``, recomputed
@@ -241,6 +292,7 @@ class SweepPoint(Section):
     start_order: int | None = None
     sampling: SamplingParams | None = None
     gpu: GpuWindow | None = None
+    host: HostWindow | None = None
 
     def number(self, key: str) -> float | None:
         """The point's ``key`` (a field, e.g. ``output_tok_s``) where it holds a number, as a float; None where the

@@ -192,6 +192,7 @@ def run_one_start(job: GridJob, start: int, order: int) -> ServerStartInfo:
         entry.sweep_wall_s = scratch.speed.sweep_wall_s
         entry.server = scratch.speed.server
         entry.gpu_sampling = scratch.speed.gpu_sampling
+        entry.host_sampling = scratch.speed.host_sampling
         points = list(scratch.speed.points) if entry.status == "ok" else []
         entry.points = len(points)
         _append(job, start, entry, points)

@@ -30,6 +30,8 @@ from quantverdict import RECORD_SCHEMA_VERSION, __version__
 from quantverdict.measure.points import Block as Block
 from quantverdict.measure.points import CheckpointMemory as CheckpointMemory
 from quantverdict.measure.points import GpuWindow as GpuWindow
+from quantverdict.measure.points import HostLoad as HostLoad
+from quantverdict.measure.points import HostWindow as HostWindow
 from quantverdict.measure.points import JsonObject as JsonObject
 from quantverdict.measure.points import LoadLevel as LoadLevel
 from quantverdict.measure.points import ModelDims as ModelDims
@@ -470,6 +472,26 @@ class GpuSampling(Section):
     not_measured: str | None = None
 
 
+class HostSampling(Section):
+    """``speed.host_sampling``: how the host was sampled during the sweep (``source`` ``psutil``, ``interval_ms``,
+    the host's logical ``cores``, ``samples``, the samples' ``file``, the ``metrics_path`` the scheduler's gauges
+    were read from and the scrapes of it that failed), the sampler's own CPU time (``sampler_cpu_s``;
+    ``sampler_cpu_pct``: percent of one core over the ``sampler_wall_s`` it ran), or why it was not sampled
+    (``not_measured``)."""
+
+    source: str | None = None
+    interval_ms: int | None = None
+    cores: int | None = None
+    samples: int | None = None
+    file: str | None = None
+    metrics_path: str | None = None
+    metrics_errors: int | None = None
+    sampler_cpu_s: float | None = None
+    sampler_wall_s: float | None = None
+    sampler_cpu_pct: float | None = None
+    not_measured: str | None = None
+
+
 class ServerStartInfo(Section):
     """``speed.starts[i]``: one server start of the job and its whole sweep: ``index`` (1: the job's own),
     ``order`` (its place in ``speed.start_plan.sequence``), ``status`` (``ok`` | ``failed``), ``error``, wall times
@@ -488,6 +510,7 @@ class ServerStartInfo(Section):
     server: JsonObject | None = None
     output_dir: str | None = None
     gpu_sampling: GpuSampling | None = None  # this start's sampler: source, interval, file, or why not measured
+    host_sampling: HostSampling | None = None  # this start's host sampler: interval, file, its own cost, or why not
 
 
 class LevelEnding(Section):
@@ -549,6 +572,7 @@ class Speed(Section):
     dtype: JsonObject | None = None  # {"value", "chosen_by", "why"}: the compute dtype the pipeline chose
     time_split: JsonObject | None = None  # start, compile, graph capture, windows, client overhead (s)
     gpu_sampling: GpuSampling | None = None
+    host_sampling: HostSampling | None = None
     starts: list[ServerStartInfo] | None = None  # absent: one start (records written before starts were counted)
     start_plan: StartPlan | None = None
 

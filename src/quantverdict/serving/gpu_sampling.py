@@ -70,7 +70,7 @@ def sampling(cfg: Config, env: StageEnv, out_dir: Path) -> Iterator[Sampling]:
         procs.stop_group(proc, grace_s=5.0)
 
 
-def _window(point: SweepPoint) -> tuple[float, float] | None:
+def point_window(point: SweepPoint) -> tuple[float, float] | None:
     """The point's measured window in Unix s, from its sidecar (``<point>.qv.json``: the last attempt's
     ``end_unix_s`` and ``duration_s``); None for a point recorded without it."""
     if not point.result_file:
@@ -99,7 +99,7 @@ def annotate(speed: Speed, sampled: Sampling) -> None:
             **({"not_measured": header.error} if header.error else {}),
         )
         for p in speed.points:
-            window = _window(p)
+            window = point_window(p)
             if window is not None and samples:
                 p.gpu = gpu_samples.window_summary(samples, *window, p.output_tokens_total)
     except Exception:  # noqa: BLE001 - a summary bug must not turn a finished sweep into a failure

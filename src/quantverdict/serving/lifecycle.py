@@ -26,7 +26,7 @@ from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import Record, ServerMemory, Speed, SweepPoint
 from quantverdict.results.stage_results import HbmResult, SweepClientTimes
-from quantverdict.serving import gpu_sampling
+from quantverdict.serving import gpu_sampling, host_sampling
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
@@ -190,11 +190,15 @@ def sweep(
     t0 = time.perf_counter()
     points: list[dict[str, Any]] | None = None
     sampled: gpu_sampling.Sampling | None = None
+    host: host_sampling.HostSampled | None = None
     try:
-        with gpu_sampling.sampling(cfg, env, out / "bench") as sampled:  # NVML on cuda; on cpu, why not
+        with (
+            gpu_sampling.sampling(cfg, env, out / "bench") as sampled,  # NVML on cuda; on cpu, why not
+            host_sampling.sampling(cfg, server.pid, server.base_url, out / "bench") as host,  # every device
+        ):
             points = run_sweep(server, cfg.bench, model_path, env, out / "bench", client=client)
     finally:
-        # a sweep that failed part-way keeps the points that finished, with their GPU windows
+        # a sweep that failed part-way keeps the points that finished, with their GPU and host windows
         if points is None:
             points = finished_points(out / "bench")
         rec.speed.sweep_wall_s = round(time.perf_counter() - t0, 3)
@@ -203,6 +207,8 @@ def sweep(
         rec.speed.points = [SweepPoint.model_validate(p) for p in points]
         if sampled is not None:
             gpu_sampling.annotate(rec.speed, sampled)
+        if host is not None:
+            host_sampling.annotate(rec.speed, host, sampled.path if sampled is not None else None)
     # the client's own start: with the server (its import overlapped the start-up, outside sweep_wall_s) or not
     result = out / "bench" / "sweep_client.result.json"
     done = SweepClientTimes.model_validate_json(result.read_text()) if result.is_file() else SweepClientTimes()
