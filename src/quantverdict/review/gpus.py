@@ -96,11 +96,11 @@ def same_gpu_line(what: str, m: GpuMatch) -> str:
     return say("same_gpu_line", "speed.j2", what=what, m=m, when=when, **_shown(m))
 
 
-def same_gpu_flag(m: GpuMatch, baseline: str) -> Flag | None:
-    """A ``DIFFERENT_GPU`` flag (unattached) when ``m`` says :data:`DIFFERENT`, else None."""
+def same_gpu_flag(m: GpuMatch, baseline: str) -> list[Flag]:
+    """A ``DIFFERENT_GPU`` flag (unattached) when ``m`` says :data:`DIFFERENT`, else none."""
     if m.state != DIFFERENT:
-        return None
-    return Flag.new(FlagCode.DIFFERENT_GPU, say("different_gpu_flag", "speed.j2", baseline=baseline, **_shown(m)))
+        return []
+    return [Flag.new(FlagCode.DIFFERENT_GPU, say("different_gpu_flag", "speed.j2", baseline=baseline, **_shown(m)))]
 
 
 def gpu_kind_matches(kind: str, name: str) -> bool:

@@ -65,11 +65,12 @@ def _load_axis(ax: Any, pos: dict[float, float], cards: list[Scheme]) -> None:
         ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
 
 
-def _finish(ax: Any, title: str, model: str | None, **grid: Any) -> None:
-    """Title (``<model>: `` first in a figure of a panel per model), grid, legend outside the data."""
-    ax.set_title(f"{model}: {title}" if model else title, fontsize=10)
+def _finish(ax: Any, title: str, legend: dict[str, Any] | None = OUTSIDE, **grid: Any) -> None:
+    """Title, grid and a legend (``legend``'s placement; None: no legend)."""
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, **grid)
-    ax.legend(**OUTSIDE)
+    if legend is not None:
+        ax.legend(**legend)
 
 
 def speed_ratio_figure(review: Review) -> Any:
@@ -94,7 +95,7 @@ def speed_ratio_figure(review: Review) -> Any:
         _load_axis(ax, pos, [base] + [sc for sc, _ in curves])
         ax.set_ylabel(f"per-user output speed / {base.scheme}'s (x)")
         title = f"speed vs {base.name} (1000 / TPOT p50 ratio; bars: range over repeats)"
-        _finish(ax, title, model if len(panels) > 1 else None)
+        _finish(ax, f"{model}: {title}" if len(panels) > 1 else title)
     return fig
 
 
@@ -135,7 +136,7 @@ def pareto_figure(review: Review) -> Any:
         ax.set_xlabel("interactivity: output tok/s per user (1000 / TPOT p50)")
         ax.set_ylabel("total output throughput (tok/s)")
         title = "throughput vs interactivity, one point per load level (up and right is better)"
-        _finish(ax, title, model if len(panels) > 1 else None, which="both")
+        _finish(ax, f"{model}: {title}" if len(panels) > 1 else title, which="both")
     return fig
 
 
@@ -174,7 +175,7 @@ def memory_figure(review: Review) -> Any:
     ax.set_ylim(0, top * 1.15)
     ax.set_xticks(x, [label_of(sc) for sc in cards], rotation=20, ha="right")
     ax.set_ylabel("GiB (2^30 bytes)")
-    _finish(ax, title, None, axis="y")
+    _finish(ax, title, axis="y")
     return fig
 
 
@@ -219,9 +220,8 @@ def accuracy_figure(review: Review) -> Any:
         ax.set_ylabel("score delta (percentage points)" if kind == "score" else "perplexity change (%)")
         what = "task score vs baseline" if kind == "score" else "perplexity vs baseline"
         lower = "" if kind == "score" else " (lower is better)"
-        ax.set_title(f"{what}, {review.constraints.confidence:.0%} interval{lower}", fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][-1].legend(**OUTSIDE)
+        title = f"{what}, {review.constraints.confidence:.0%} interval{lower}"
+        _finish(ax, title, OUTSIDE if ax is axes[0][-1] else None, axis="y")
     return fig
 
 
@@ -251,10 +251,9 @@ def latency_figure(review: Review) -> Any:
             ax.annotate(f"{slo_name} {slo:g} ms", (0.01, slo), **where)
         _load_axis(ax, pos, cards)
         ax.set_ylabel(title)
-        ax.set_title(f"{title} against the load", fontsize=10)
         ax.set_yscale("log")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8)
+        below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 3, "fontsize": 8}
+        _finish(ax, f"{title} against the load", below, which="both")
     return fig
 
 

@@ -27,8 +27,8 @@ def load_dir(root: Path) -> tuple[list[JobRecord], list[str]]:
     return records, problems
 
 
-def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord], list[str], dict[str, str]]:
-    """``(records, problems, run_ids by job.output_dir)`` of every job run of an MLflow experiment, its ``record.json``
+def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord], list[str]]:
+    """``(records, problems)`` of every job run of an MLflow experiment, its ``record.json``
     (and ``eval/`` samples) downloaded into ``dest/<run_id>/``. Raises ValueError: no such experiment."""
     from mlflow import MlflowClient
 
@@ -39,7 +39,7 @@ def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord],
         raise ValueError(
             f"no MLflow experiment {experiment!r} at {uri}; experiments there: {', '.join(names) or 'none'}"
         )
-    records, problems, run_ids = [], [], {}
+    records, problems = [], []
     for run in job_runs(client, exp.experiment_id):
         rid = run.info.run_id
         target = dest / rid
@@ -52,13 +52,10 @@ def load_mlflow(uri: str, experiment: str, dest: Path) -> tuple[list[JobRecord],
         if "eval" in artifacts:
             client.download_artifacts(rid, "eval", str(target))
         try:
-            rec = _read(target / RECORD_FILE)
+            records.append(_read(target / RECORD_FILE))
         except ValueError as exc:
             problems.append(f"run {rid}: {exc}")
-            continue
-        records.append(rec)
-        run_ids[str(rec.job.output_dir)] = rid
-    return records, problems, run_ids
+    return records, problems
 
 
 def job_runs(client: Any, experiment_id: str) -> list[Any]:

@@ -207,13 +207,11 @@ def latency_check(sc: doc.Scheme, rc: ReviewConfig) -> Check:
 
 
 def checks(sc: doc.Scheme, rc: ReviewConfig) -> doc.Checks:
-    """The three checks of one scheme."""
     accuracy = with_kld_limits(accuracy_check(sc, rc), sc, rc)
     return doc.Checks(memory=memory_check(sc, rc), accuracy=accuracy, latency=latency_check(sc, rc))
 
 
 def kv_step(sc: doc.Scheme) -> int:
-    """1 for a quantized KV cache, else 0."""
     return 0 if sc.kv_cache in ("auto", "") else 1
 
 
