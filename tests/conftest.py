@@ -265,10 +265,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration,
     tests/results -> results (whether or not its file says so); a test marked browser (Chromium) is integration
     wherever it sits; slow is marked where it applies. Tests not marked slow run first (a broken environment, command
-    line or store shows within minutes under ``pytest -x``), each group in its collection order. Under pytest-xdist
-    (``-n N --dist loadfile --no-loadscope-reorder``: the Makefile's INTEGRATION_WORKERS) slow tests run first instead:
-    files are handed to the processes in this order, so the long ones start early and the short ones fill the gaps at
-    the end, where one long file last would keep one process busy while the others sit idle."""
+    line or store shows within minutes under ``pytest -x``), each group in its collection order."""
     here = Path(__file__).parent
     tiers = {
         here / "unit": pytest.mark.unit,
@@ -282,5 +279,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, mark in tiers.items():
             if folder in item.path.parents:
                 item.add_marker(mark)
-    slow_first = "PYTEST_XDIST_WORKER" in os.environ  # set in each xdist worker, which all sort alike
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is not None) != slow_first)  # stable
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: fast first, then slow

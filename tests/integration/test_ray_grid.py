@@ -42,7 +42,7 @@ from clihelp import command, marked_env, marked_pids, new_marker
 from quantverdict.config.compose import PROJECT_ROOT
 from quantverdict.results.record import find_records, load
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 CHEAP = [
     "model=tiny-llama-shape",
