@@ -147,17 +147,17 @@ def test_sigterm_in_the_benchmark_stops_everything_and_the_same_command_resumes(
 def test_ctrl_c_is_an_interruption_not_a_failure(
     tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:
-    port = "8793"
     proc = start_cli(
         tmp_path,
         "scheme=bf16",
         *TINY,
-        f"bench.server.port={port}",
+        "bench.server.port=8797",
         "eval.enabled=false",
         marker=marker,
         split_stderr=True,
     )
-    wait_for(lambda: marked_pids(marker, f"--port {port}"), 600, "the vLLM server to start")  # in stage benchmark
+    # this test's server (its marker), whichever port it took: in stage benchmark
+    wait_for(lambda: marked_pids(marker, "quantverdict.children.vllm_cli serve"), 600, "the vLLM server to start")
     time.sleep(3)
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
     out, err = proc.communicate(timeout=120)
