@@ -596,8 +596,7 @@ class SpeedPoint(_Strict):
 
 class Speed(_Strict):
     """The scheme's sweep (:func:`quantverdict.review.speed.speed_summary`). ``comparable`` False: kept out of speed
-    comparisons (``excluded_why``); ``goodput_rps``: req/s meeting every objective at the stated load;
-    ``p99_slo_max_rps``: the throughput at the highest load whose p99s meet the SLO."""
+    comparisons (``excluded_why``); ``goodput_rps``: req/s meeting every objective at the stated load."""
 
     mode: str | None = None
     workload: Workload | None = None
@@ -613,8 +612,6 @@ class Speed(_Strict):
     load_how: str | None = None
     goodput_rps: float | None = None
     goodput_missing: GoodputMissing | None = Field(default=None, description="why goodput_rps is None (None: counted)")
-    p99_slo_max_rps: float | None = None
-    p99_slo_max_how: str | None = None
     missing_levels: list[str] = []
     stopped_before: list[str] = []
     roofline: Roofline | None = None
