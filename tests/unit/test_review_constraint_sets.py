@@ -153,20 +153,6 @@ def test_a_short_run_shortfall_is_not_saturated() -> None:
     assert not [v for v in review.validity if "w8a8" in v and "saturated: 1 req/s" in v]
 
 
-def test_goodput_counts_sustained_rates_only() -> None:
-    # the burst meets the SLO only because it is 8 requests; the 1 req/s load fails it: goodput 0, not 2.20
-    sp, _, _ = speed_summary(view(record("w8a8", sp=w8a8_cpu_speed())), RC)
-    assert sp.p99_slo_max_rps == 0.0
-    # rates 0.5 (pass), 1 (fail), 2 (pass by noise): goodput stops at the first rate that fails: 0.48
-    pts = [
-        point(0.5, achieved=0.48, tok_s=15, ttft99=300, itl50=30, itl99=100, e2e50=1000),
-        point(1.0, achieved=0.95, tok_s=30, ttft99=300, itl50=30, itl99=250, e2e50=1000),
-        point(2.0, achieved=1.9, tok_s=60, ttft99=300, itl50=30, itl99=150, e2e50=1000),
-    ]
-    sp, _, _ = speed_summary(view(record("w8a8", sp={"mode": "rate", "points": pts})), RC)
-    assert sp.p99_slo_max_rps == pytest.approx(0.48)
-
-
 def test_grid_table_cpu_weights_and_no_empty_speed_table() -> None:
     from quantverdict.results.table import format_table
 

@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from quantverdict.config.schema import ConfigError, ReviewConfig, TargetConfig
@@ -26,6 +27,8 @@ from quantverdict.review.gpus import gpu_kind_matches, whole_weights_gib
 from quantverdict.review.speed import shape_of
 from quantverdict.review.verdict import NON_BLOCKING
 from quantverdict.review.words import say
+
+_say = partial(say, template="crossmodel_text.j2")
 
 ROOFLINE_BYTES = "checkpoint tensors a decode step reads"
 KV_BYTES = "--kv-cache-memory-bytes"  # a fixed KV cache (bytes) in vLLM server arguments
@@ -60,14 +63,16 @@ def _serve_args(rec: JobRecord) -> list[Any]:
     return [*(rec.cfg.bench.server.extra_args or []), *(rec.cfg.model.serve_args or [])]
 
 
-def _gpus(rec: JobRecord) -> list[GpuInfo]:
-    return [g for g in map(GpuInfo.of, rec.environment.gpu or []) if g.memory_total_mib]
+def _gpu_gib(rec: JobRecord) -> tuple[str, float] | None:
+    """The name and memory (GiB) of the first GPU the job ran on that reports its memory."""
+    gpu = next((g for g in map(GpuInfo.of, rec.environment.gpu or []) if g.memory_total_mib), None)
+    return None if gpu is None else (str(gpu.name or ""), float(gpu.memory_total_mib or 0) / 1024)
 
 
 def _run_budget_gib(rec: JobRecord) -> float | None:
     """``gpu_memory_utilization x GPU memory`` (GiB) where the job ran."""
-    gpus, util = _gpus(rec), rec.cfg.bench.server.gpu_memory_utilization
-    return float(util) * float(gpus[0].memory_total_mib or 0) / 1024 if gpus and util else None
+    gpu, util = _gpu_gib(rec), rec.cfg.bench.server.gpu_memory_utilization
+    return float(util) * gpu[1] if gpu and util else None
 
 
 def _overhead_gib(card: Scheme, rec: JobRecord) -> float | None:
@@ -104,9 +109,7 @@ def _target_fit(
         reserve, reserve_how = borrowed[0], f"no server ran: vLLM's overhead measured for {borrowed[1]}"
     budget = kv_budget(target.memory_gib, target.memory_fraction, weights * GIB, reserve * GIB)
     max_len = int(n) if (n := rec.cfg.bench.server.max_model_len or rec.cfg.model.max_model_len) else None
-    fit = doc.TargetFit(
-        kv_gib=budget / GIB, kv_bytes_per_token=bpt * s, reserve_gib=reserve, reserve_how=reserve_how, max_len=max_len
-    )
+    fit = doc.TargetFit(kv_gib=budget / GIB, reserve_gib=reserve, reserve_how=reserve_how, max_len=max_len)
     if max_len:
         cap = kv_capacity(budget, bpt * s, max_len, paging, state)
         fit.kv_tokens, fit.max_concurrency = int(cap["kv_tokens"]), cap["max_concurrency"]
@@ -120,10 +123,6 @@ def _target_fit(
     fit.why = _say("fit_why", fit=fit, weights=weights, target=target, rc=rc)
     short = fit.fits and max_len and (fit.max_concurrency or 0) < rc.concurrent_requests
     return weights, how, fit, [_say("max_length_flag", fit=fit)] if short else []
-
-
-def _say(macro: str, **values: Any) -> str:
-    return say(macro, "crossmodel_text.j2", **values)
 
 
 def _vllm_figures(
@@ -141,25 +140,23 @@ def _vllm_figures(
     elif target is not None and run_budget is not None:
         want = target.memory_gib * target.memory_fraction
         at_target = abs(run_budget - want) / want <= 0.02
-    batch, flags = _batch_limits(rec, target) if target is not None and at_target else (None, [])
+    flags = _batch_flags(rec, target) if target is not None and at_target else []
     how = _say("vllm_how", served=served, served_gib=served_gib, run_budget=run_budget, at_target=at_target)
     kv_gib = m.server_kv_cache_gib or served_gib or None
-    figures = doc.VllmFigures(kv_gib=kv_gib, kv_tokens=m.server_kv_tokens, max_concurrency=m.server_max_concurrency)
-    figures.served_kv_bytes, figures.at_target, figures.how, figures.batch = served, at_target, how, batch
-    return figures, flags
+    return doc.VllmFigures(
+        kv_gib=kv_gib, kv_tokens=m.server_kv_tokens, max_concurrency=m.server_max_concurrency, how=how
+    ), flags
 
 
-def _batch_limits(rec: JobRecord, target: TargetConfig) -> tuple[doc.BatchLimits | None, list[str]]:
-    """The served ``max_num_seqs``/``max_num_batched_tokens`` beside vLLM's defaults on the target; a flag if unlike."""
-    gpus, args = _gpus(rec), _serve_args(rec)
-    if not gpus:
-        return None, []
-    ran = vllm_batch_defaults(str(gpus[0].name or ""), float(gpus[0].memory_total_mib or 0) / 1024)
+def _batch_flags(rec: JobRecord, target: TargetConfig) -> list[str]:
+    """A flag when the served ``max_num_seqs``/``max_num_batched_tokens`` are not vLLM's defaults on the target."""
+    if (gpu := _gpu_gib(rec)) is None:
+        return []
+    args, ran = _serve_args(rec), vllm_batch_defaults(*gpu)
     seqs = int(rec.cfg.bench.server.max_num_seqs or vllm_int_arg(args, "--max-num-seqs") or ran[0])
     tokens = vllm_int_arg(args, "--max-num-batched-tokens") or ran[1]
     want = vllm_batch_defaults(target.gpu, target.memory_gib)
-    batch = doc.BatchLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, target=list(want))
-    return batch, [] if (seqs, tokens) == want else [_say("batch_flag", batch=batch, gpu=target.gpu)]
+    return [] if (seqs, tokens) == want else [_say("batch_flag", seqs=seqs, tokens=tokens, want=want, gpu=target.gpu)]
 
 
 def _scores(card: Scheme, rec: JobRecord) -> dict[str, doc.TaskScore]:
@@ -235,12 +232,10 @@ def _candidate(
         ceiling_lower_bound=bool(sp.ceiling and sp.ceiling.lower_bound),
         step_bytes=float(decode_bytes) if decode_bytes else None,
         step_bytes_how=ROOFLINE_BYTES if decode_bytes else "",
-        speed_vs_bytes=None,
         decode_fit=tpot,
         decode_fit_itl=itl,
         fit_levels=fit_levels,
         scores=_scores(card, rec),
-        eligible=not why_not,
         why_not=why_not,
         flags=flags + batch_flags,
     )
@@ -307,7 +302,7 @@ def cross_model(
     for j in (j for j in jobs if not roofline or j.out.step_bytes_how != ROOFLINE_BYTES):
         w = j.out.weights_gib or j.card.memory.weights_gib
         j.out.step_bytes, j.out.step_bytes_how = (decode_step_bytes(w * GIB), "weights GiB") if w else (None, "")
-    eligible = [j for j in jobs if j.out.eligible]
+    eligible = [j for j in jobs if not j.out.why_not]
     # score tasks (higher is better) that every eligible candidate measured: the ranking's accuracy
     common = set.intersection(*(set(j.out.scores) for j in eligible)) if eligible else set()
     score_tasks = sorted(t for t in common if "perplexity" not in eligible[0].out.scores[t].metric)
@@ -374,7 +369,6 @@ def _compare(
                 bigger=b.name,
                 smaller=s.name,
                 memory_winner=mem,
-                memory_basis=None if mem is None else "concurrency" if target is not None else "weights",
                 memory_bigger=mb,
                 memory_smaller=ms,
                 tasks=len(rows),
@@ -425,10 +419,8 @@ def speed_vs_bytes(ref: doc.Candidate, c: doc.Candidate, gpus: int, price: float
     return doc.SpeedVsBytes(
         measured_ratio=measured,
         predicted_ratio=predicted,
-        bytes_vs_reference=1 / predicted,
         measured_over_predicted=measured / predicted,
         by_weights_ratio=by_weights,
-        weights_vs_reference=None if by_weights is None else 1 / by_weights,
         measured_over_by_weights=None if by_weights is None else measured / by_weights,
         usd_per_mtok_ceiling=None if price is None else usd_per_mtok(price, gpus, c.ceiling_tok_s),
     )

@@ -279,7 +279,6 @@ class Checks(_Strict):
     latency: Check = Check(constraint=ConstraintKind.LATENCY)
 
     def in_order(self) -> list[Check]:
-        """Memory, accuracy, latency."""
         return [self.memory, self.accuracy, self.latency]
 
 
@@ -596,8 +595,7 @@ class SpeedPoint(_Strict):
 
 class Speed(_Strict):
     """The scheme's sweep (:func:`quantverdict.review.speed.speed_summary`). ``comparable`` False: kept out of speed
-    comparisons (``excluded_why``); ``goodput_rps``: req/s meeting every objective at the stated load;
-    ``p99_slo_max_rps``: the throughput at the highest load whose p99s meet the SLO."""
+    comparisons (``excluded_why``); ``goodput_rps``: req/s meeting every objective at the stated load."""
 
     mode: str | None = None
     workload: Workload | None = None
@@ -613,8 +611,6 @@ class Speed(_Strict):
     load_how: str | None = None
     goodput_rps: float | None = None
     goodput_missing: GoodputMissing | None = Field(default=None, description="why goodput_rps is None (None: counted)")
-    p99_slo_max_rps: float | None = None
-    p99_slo_max_how: str | None = None
     missing_levels: list[str] = []
     stopped_before: list[str] = []
     roofline: Roofline | None = None
@@ -778,7 +774,6 @@ class TargetFit(_Strict):
     """A candidate's memory on the target GPU."""
 
     kv_gib: float | None = None
-    kv_bytes_per_token: float | None = None
     reserve_gib: float | None = None
     reserve_how: str | None = None
     max_len: int | None = None
@@ -790,22 +785,13 @@ class TargetFit(_Strict):
     why: str = ""
 
 
-class BatchLimits(_Strict):
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    target: list[int] = Field(description="vLLM's defaults on the target GPU: max_num_seqs, max_num_batched_tokens")
-
-
 class VllmFigures(_Strict):
-    """vLLM's own KV-cache figures as the job was served, and the budget they were run at."""
+    """vLLM's own KV-cache figures as the job was served, and the budget they were run at (``how``)."""
 
     kv_gib: float | None = None
     kv_tokens: int | None = None
     max_concurrency: float | None = None
-    served_kv_bytes: int | None = None
-    at_target: bool | None = None
     how: str | None = None
-    batch: BatchLimits | None = None
 
 
 class DecodeFit(_Strict):
@@ -823,16 +809,13 @@ class DecodeFit(_Strict):
 class SpeedVsBytes(_Strict):
     """A candidate's ceiling against the reference's, and the ratio predicted from bytes per decode step
     (:func:`quantverdict.measure.decode_bytes.predicted_speed_ratio`; decode is memory-bound): ``measured_ratio`` =
-    ceiling / the reference's; ``predicted_ratio`` = the reference's bytes per step / the candidate's
-    (``bytes_vs_reference`` its inverse); ``by_weights_ratio``: the same from all the weights (None where the bytes per
-    step already are the weights)."""
+    ceiling / the reference's; ``predicted_ratio`` = the reference's bytes per step / the candidate's;
+    ``by_weights_ratio``: the same from all the weights (None where the bytes per step already are the weights)."""
 
     measured_ratio: float
     predicted_ratio: float
-    bytes_vs_reference: float
     measured_over_predicted: float
     by_weights_ratio: float | None
-    weights_vs_reference: float | None
     measured_over_by_weights: float | None
     usd_per_mtok_ceiling: float | None
 
@@ -866,13 +849,12 @@ class Candidate(_Strict):
     ceiling_lower_bound: bool
     step_bytes: float | None
     step_bytes_how: str
-    speed_vs_bytes: SpeedVsBytes | None = Field(description="None for the reference's missing figures")
+    speed_vs_bytes: SpeedVsBytes | None = Field(default=None, description="None for the reference's missing figures")
     decode_fit: DecodeFit | None
     decode_fit_itl: DecodeFit | None
     fit_levels: int = Field(description="unsaturated load levels with a TPOT p50 and sequences in flight")
     scores: dict[str, TaskScore]
-    eligible: bool
-    why_not: list[str]
+    why_not: list[str] = Field(description="why it is not eligible; empty: eligible")
     flags: list[str]
 
 
@@ -893,14 +875,13 @@ class PairedAcross(_Strict):
 
 class Comparison(_Strict):
     """A bigger model quantized against a smaller one unquantized (candidate names), and the model that wins each
-    number: memory by max concurrency on the target (``basis`` ``concurrency``; ``tie`` when equal) or by weights GiB
-    (``weights``), None when not compared; accuracy by the tasks on which each is significantly better
-    (:class:`PairedAcross`), over ``tasks`` (0: not measured on both); speed by the ceiling output tok/s."""
+    number: memory by max concurrency on the target (``tie`` when equal), else by weights GiB, None when not
+    compared; accuracy by the tasks on which each is significantly better (:class:`PairedAcross`), over ``tasks``
+    (0: not measured on both); speed by the ceiling output tok/s."""
 
     bigger: str
     smaller: str
     memory_winner: str | None
-    memory_basis: Literal["concurrency", "weights"] | None
     memory_bigger: float | None
     memory_smaller: float | None
     tasks: int

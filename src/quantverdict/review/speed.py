@@ -3,7 +3,6 @@ ceiling, goodput (per request, from each point's ``--save-detailed`` file) and l
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import statistics
@@ -130,18 +129,6 @@ def load_point(mode: str, points: list[doc.SpeedPoint], rc: ReviewConfig) -> tup
     return p, f"{p.label} (the lowest concurrency reaching {rps:g} req/s)"
 
 
-def p99_slo_max_rps(points: list[doc.SpeedPoint], rc: ReviewConfig) -> tuple[float | None, str]:
-    """Achieved req/s at the highest finite load meeting the p99 SLO, every lower one too (not goodput)."""
-    if rc.ttft_ms_p99 is None and rc.itl_ms_p99 is None:
-        return None, "no latency SLO set"
-    held = [p for p in points if math.isfinite(p.load)]
-    if not held:
-        return None, "no sustained load measured (only the unlimited-rate burst)"
-    if not (ok := list(itertools.takewhile(lambda p: slo_ok(p, rc), held))):
-        return 0.0, f"the SLO fails at the lowest load ({held[0].label})"
-    return float(ok[-1].achieved_rps or 0.0), f"at {ok[-1].label}"
-
-
 def slo_of(rc: ReviewConfig) -> Slo:
     """The per-request objectives: TTFT <= ``ttft_ms_p99``, TPOT <= ``itl_ms_p99``, E2E <= ``e2e_ms`` (those set)."""
     return Slo(ttft_ms=rc.ttft_ms_p99, tpot_ms=rc.itl_ms_p99, e2e_ms=rc.e2e_ms)
@@ -233,8 +220,8 @@ def _ceiling(raw: list[SweepPoint], mode: str, stopped: bool) -> doc.Ceiling:
 
 
 def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Flag], list[str]]:
-    """``(speed, flags, missing)``: single-stream speed (lowest load), sustained ceiling, goodput, ``p99_slo_max_rps``
-    and latency at the load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
+    """``(speed, flags, missing)``: single-stream speed (lowest load), sustained ceiling, goodput and latency at the
+    load, each a median over its level's valid repeats; kernel and comparability are the caller's."""
     mode, raw = raw_points(rec)
     slo = slo_of(rc)
     points = speed_points(mode, raw, rec, slo)
@@ -259,7 +246,6 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
         words = dict(missing=speed.missing_levels, planned=[level_label(x, mode) for x in planned], stopped=bool(above))
         words |= dict(status=rec.status, failed_stage=rec.failed_stage, lower_bound=speed.ceiling.lower_bound)
         found.append(Flag.new(FlagCode.SWEEP_INCOMPLETE, say("sweep_incomplete", "speed.j2", **words)))
-    speed.p99_slo_max_rps, speed.p99_slo_max_how = p99_slo_max_rps(points, rc)
     at, speed.load_how = load_point(mode, points, rc)
     if at is not None:
         speed.goodput_rps = at.goodput.goodput_rps if at.goodput else None
