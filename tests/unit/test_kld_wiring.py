@@ -164,6 +164,8 @@ def test_kld_settings_are_checked_before_any_work() -> None:
         compose(["review.min_top1_agreement_pct=101"])
     with pytest.raises(ConfigError, match=r"review.gpu_price_per_hour.H200=0"):
         compose(["+review.gpu_price_per_hour.H200=0"])
+    with pytest.raises(ConfigError, match=r"review.energy_usd_per_kwh=-0.1 must be a price in USD per kWh > 0"):
+        compose(["review.energy_usd_per_kwh=-0.1"])
 
 
 def test_top1_ties_go_to_the_lowest_id_in_both_forms() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from quantverdict.config.schema import ReviewConfig
+from quantverdict.measure.cost import energy_usd_per_mtok
 from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, constraints, gpus
 from quantverdict.review import document as doc
@@ -186,3 +187,38 @@ def test_review_json_carries_the_cost_when_a_price_applies() -> None:
     assert fp8["gpus"] == 1 and fp8["usd_per_mtok_at_load"] == pytest.approx(0.2625, abs=1e-4)
     review, _, _ = _review(synthetic_grid(), **rc)
     assert to_json(review)["cost"] is None  # no price for the GPU: the key is there, null
+
+
+def test_the_cost_line_takes_an_energy_price() -> None:
+    # hand-worked: 0.0692 J per output token x 1e6 tokens = 69,200 J = 69,200 / 3.6e6 = 0.0192222 kWh; at $0.15
+    # per kWh -> $0.00288333 per million output tokens
+    assert energy_usd_per_mtok(0.0692, 0.15) == pytest.approx(0.00288333, rel=1e-5)
+    with pytest.raises(ValueError, match="usd_per_kwh"):
+        energy_usd_per_mtok(0.0692, 0.0)
+    # through the review: every fp8 point's window at 0.05 J per output token and every bf16 point's at 0.08 J
+    # (the median of a level's repeats is that value), at $0.20 per kWh -> fp8 0.05 x 1e6 / 3.6e6 x 0.20 =
+    # $0.0027778/Mtok, bf16 0.08 x 1e6 / 3.6e6 x 0.20 = $0.0044444/Mtok, at the stated load and at the ceiling alike
+    recs = synthetic_grid()
+    for r in recs:
+        j = {"fp8": 0.05, "bf16": 0.08}.get(r["job"]["scheme"])
+        for p in r["speed"]["points"] if j else []:
+            p["gpu"] = {"energy_per_output_token_j": j}
+    rc = {"load_rps": None, "load_concurrency": 16, "memory_budget_gib": 12.0, "gpu_price_per_hour": {"H200": 3.5}}
+    review, _, _ = _review(recs, **rc, energy_usd_per_kwh=0.20)
+    cost = to_json(review)["cost"]
+    assert cost["usd_per_kwh"] == 0.20
+    by = {s["scheme"]: s for s in cost["schemes"]}
+    assert by["fp8"]["energy_usd_per_mtok_at_load"] == pytest.approx(0.0027778, rel=1e-4)
+    assert by["fp8"]["energy_usd_per_mtok_ceiling"] == pytest.approx(0.0027778, rel=1e-4)
+    assert by["bf16"]["energy_usd_per_mtok_at_load"] == pytest.approx(0.0044444, rel=1e-4)
+    # a scheme whose windows measured no energy has no energy cost, and the GPU-hour cost is unchanged by the price
+    other = next(s for s in by if s not in ("fp8", "bf16"))
+    assert by[other]["energy_usd_per_mtok_at_load"] is None
+    assert by["fp8"]["usd_per_mtok_at_load"] == pytest.approx(0.2625, abs=1e-4)
+    md = markdown(review).splitlines()
+    assert any("GPU energy at $0.2 per kWh (review.energy_usd_per_kwh)" in line for line in md)
+    fp8_line = next(line for line in md if line.startswith("- fp8 (FP8_DYNAMIC) on 1 GPU: $0.263/Mtok"))
+    assert fp8_line.endswith("; GPU energy $0.00278/Mtok at the stated load, $0.00278/Mtok at the ceiling")
+    # without an electricity price: no energy figures
+    review, _, _ = _review(recs, **rc)
+    assert to_json(review)["cost"]["schemes"][0]["energy_usd_per_mtok_at_load"] is None

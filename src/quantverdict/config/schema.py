@@ -517,6 +517,9 @@ class ReviewConfig:
     # cost: GPU price in USD per hour per GPU, by GPU kind (a name the record's environment.gpu names contain,
     # e.g. H200); empty: no cost line
     gpu_price_per_hour: dict[str, float] = field(default_factory=dict)
+    # electricity in USD per kWh: the cost line adds the GPU's measured energy per million output tokens at that
+    # price (NVML energy over each point's window); null: no energy cost
+    energy_usd_per_kwh: Optional[float] = None
     # deployment target (conf/target/<name>.yaml: GPU, memory GiB, vLLM memory fraction, price): memory is
     # checked at its budget even when the jobs ran elsewhere (quantverdict.review.crossmodel); null: none
     target: Optional[str] = None

@@ -103,6 +103,9 @@ def kld_cost_review_errors(rc: ReviewConfig) -> list[str]:
         errors.append(f"review.max_mean_kld={rc.max_mean_kld} must be >= 0 (nats) or null")
     if rc.min_top1_agreement_pct is not None and not 0 <= rc.min_top1_agreement_pct <= 100:
         errors.append(f"review.min_top1_agreement_pct={rc.min_top1_agreement_pct} must be in 0..100 or null")
+    kwh = rc.energy_usd_per_kwh
+    if kwh is not None and (isinstance(kwh, bool) or not isinstance(kwh, (int, float)) or not 0 < kwh < math.inf):
+        errors.append(f"review.energy_usd_per_kwh={kwh!r} must be a price in USD per kWh > 0, or null")
     for kind, price in (rc.gpu_price_per_hour or {}).items():
         if not isinstance(price, (int, float)) or isinstance(price, bool) or not price > 0:
             errors.append(f"review.gpu_price_per_hour.{kind}={price!r} must be a price in USD per GPU-hour > 0")

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["usd_per_mtok", "usd_per_mtok_or_none"]
+__all__ = ["energy_usd_per_mtok", "usd_per_mtok", "usd_per_mtok_or_none"]
 
 SECONDS_PER_HOUR = 3600.0
 TOKENS_PER_MTOK = 1e6
+JOULES_PER_KWH = 3.6e6
 
 
 def _positive(name: str, value: float) -> float:
@@ -71,3 +72,24 @@ def usd_per_mtok_or_none(price_per_gpu_hour: float | None, n_gpus: int, output_t
     if price_per_gpu_hour is None or output_tok_s is None:
         return None
     return usd_per_mtok(price_per_gpu_hour, n_gpus, output_tok_s)
+
+
+def energy_usd_per_mtok(j_per_output_token: float, usd_per_kwh: float) -> float:
+    """Dollars of GPU energy per million output tokens: ``j_per_output_token * 1e6 / 3.6e6 * usd_per_kwh``
+    (1 kWh = 3.6e6 J). The energy is the GPU's alone (NVML), so the host's power and cooling are not in it.
+
+    Example (hand-worked): 0.0692 J per output token at $0.15 per kWh -> 69,200 J per million tokens
+    = 0.019222 kWh -> $0.0028833 per million output tokens.
+
+    Args:
+        j_per_output_token: the GPU's energy over a measured window divided by its output tokens, J (> 0).
+        usd_per_kwh: the electricity price, USD per kWh (> 0).
+
+    Returns:
+        USD per 10^6 output tokens.
+
+    Raises:
+        ValueError: a non-positive, non-finite or non-numeric input.
+    """
+    joules = _positive("j_per_output_token", j_per_output_token) * TOKENS_PER_MTOK
+    return joules / JOULES_PER_KWH * _positive("usd_per_kwh", usd_per_kwh)

@@ -4,7 +4,7 @@ GPU-hour) for the GPU the records ran on, times the GPUs each job used."""
 from __future__ import annotations
 
 from quantverdict.config.schema import ReviewConfig
-from quantverdict.measure.cost import usd_per_mtok_or_none
+from quantverdict.measure.cost import energy_usd_per_mtok, usd_per_mtok_or_none
 from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
 
@@ -24,10 +24,17 @@ def gpu_price(environment: list[str], prices: dict[str, float]) -> tuple[str, st
     return next(((name, str(k), float(p)) for k, p in prices.items() if gpu_kind_matches(str(k), name)), None)
 
 
-def scheme_cost(sc: doc.Scheme, price: float) -> doc.SchemeCost:
-    """One scheme's USD per million output tokens at ``price`` USD per GPU-hour (None without throughput)."""
-    c = sc.speed.ceiling
-    at, top = sc.speed.at_load.output_tok_s if sc.speed.at_load else None, c.output_tok_s if c else None
+def _energy_cost(sc: doc.Scheme, label: str | None, usd_per_kwh: float | None) -> float | None:
+    """USD of GPU energy per million output tokens at the point ``label``; None without a price or an energy."""
+    j = next((p.energy_per_output_token_j for p in sc.speed.points if p.label == label), None)
+    return energy_usd_per_mtok(j, usd_per_kwh) if j and usd_per_kwh else None
+
+
+def scheme_cost(sc: doc.Scheme, price: float, usd_per_kwh: float | None = None) -> doc.SchemeCost:
+    """One scheme's USD per million output tokens at ``price`` USD per GPU-hour (None without throughput), and of
+    GPU energy at ``usd_per_kwh`` (None without a price or a measured energy)."""
+    c, at_load = sc.speed.ceiling, sc.speed.at_load
+    at, top = at_load.output_tok_s if at_load else None, c.output_tok_s if c else None
     return doc.SchemeCost(
         model=sc.model,
         scheme=sc.scheme,
@@ -37,6 +44,8 @@ def scheme_cost(sc: doc.Scheme, price: float) -> doc.SchemeCost:
         usd_per_mtok_ceiling=usd_per_mtok_or_none(price, sc.gpus, top) if top else None,
         ceiling_tok_s=top,
         ceiling_lower_bound=bool(c and c.lower_bound),
+        energy_usd_per_mtok_at_load=_energy_cost(sc, at_load.label if at_load else None, usd_per_kwh),
+        energy_usd_per_mtok_ceiling=_energy_cost(sc, c.label if c else None, usd_per_kwh),
     )
 
 
@@ -45,5 +54,6 @@ def cost_json(cards: list[doc.Scheme], rc: ReviewConfig, environment: list[str])
     if (found := gpu_price(environment, dict(rc.gpu_price_per_hour or {}))) is None:
         return None
     name, kind, price = found
-    schemes = [scheme_cost(sc, price) for sc in cards]
-    return doc.Cost(gpu=name, gpu_kind=kind, usd_per_gpu_hour=price, schemes=schemes)
+    kwh = rc.energy_usd_per_kwh
+    schemes = [scheme_cost(sc, price, kwh) for sc in cards]
+    return doc.Cost(gpu=name, gpu_kind=kind, usd_per_gpu_hour=price, usd_per_kwh=kwh, schemes=schemes)

@@ -750,12 +750,15 @@ class SchemeCost(_Strict):
     usd_per_mtok_ceiling: float | None
     ceiling_tok_s: float | None
     ceiling_lower_bound: bool
+    energy_usd_per_mtok_at_load: float | None = None
+    energy_usd_per_mtok_ceiling: float | None = None
 
 
 class Cost(_Strict):
     gpu: str
     gpu_kind: str
     usd_per_gpu_hour: float
+    usd_per_kwh: float | None = None
     schemes: list[SchemeCost]
 
 
