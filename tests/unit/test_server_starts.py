@@ -11,6 +11,8 @@ import pytest
 from quantverdict.config.compose import compose
 from quantverdict.config.schema import ConfigError
 from quantverdict.measure import starts
+from quantverdict.results.record import SweepPoint
+from quantverdict.review.speed import point_label
 from quantverdict.review.verdict import PAYS
 
 
@@ -214,3 +216,16 @@ def test_cpu_profiles_run_one_start_and_gpu_profiles_three() -> None:
             None,
             "interleaved",
         ), bench
+
+
+def test_a_points_label_counts_its_repeat_inside_its_start() -> None:
+    # two repeats per start: start 2's points are recorded as repeats 2 and 3 ((2 - 1) x 2 + r), labelled as that
+    # start's repeats 0 (not named) and 1; with one repeat per start, start 3's point is repeat 2 and has no repeat
+    # of its own to name
+    def at(repeat: int, start: int | None) -> SweepPoint:
+        return SweepPoint.model_validate({"concurrency": 256, "repeat": repeat, "server_start": start})
+
+    assert point_label(at(2, 2), "concurrency", 2) == "concurrency 256 (start 2)"
+    assert point_label(at(3, 2), "concurrency", 2) == "concurrency 256 (start 2, repeat 1)"
+    assert point_label(at(2, 3), "concurrency", 1) == "concurrency 256 (start 3)"
+    assert point_label(at(1, None), "concurrency", 3) == "concurrency 256 (repeat 1)"

@@ -165,16 +165,18 @@ def _goodput(rec: JobRecord, valid: list[SweepPoint], slo: Slo) -> doc.Goodput |
     )
 
 
-def point_label(sp: SweepPoint, mode: str) -> str:
-    """A recorded point's load as text, with its server start where the job had several and its repeat after the
-    first: ``1 req/s (repeat 1)``, ``concurrency 64 (start 2, repeat 1)``."""
+def point_label(sp: SweepPoint, mode: str, repeats: int | None = 1) -> str:
+    """A recorded point's load as text, with its server start where the job had several and its repeat inside that
+    start after the first: ``1 req/s (repeat 1)``, ``concurrency 64 (start 2, repeat 1)``. ``repeats``: the job's
+    repeats per start (a later start's points are numbered after the earlier starts', ``orchestrate.starts``)."""
+    first = (sp.server_start - 1) * max(1, repeats or 1) if sp.server_start else 0
     where = [f"start {sp.server_start}"] if sp.server_start else []
-    where += [f"repeat {sp.repeat}"] if sp.repeat else []
+    where += [f"repeat {sp.repeat - first}"] if sp.repeat and sp.repeat > first else []
     lbl = level_label(sp.load(mode), mode)
     return f"{lbl} ({', '.join(where)})" if where else lbl
 
 
-def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
+def _point_flags(sp: SweepPoint, mode: str, repeats: int | None) -> list[Flag]:
     want, got, diff = sp.output_tokens_requested, sp.output_tokens_total, sp.vllm_max_rel_diff or 0
     pct = 100 * got / want if want and got is not None else None
     short = bool(want and got is not None and got < point_checks.OUTPUT_VALID_FRACTION * want)
@@ -191,7 +193,7 @@ def _point_flags(sp: SweepPoint, mode: str) -> list[Flag]:
         FlagCode.GPU_IDLE: loaded and g and (g.idle_fraction or 0.0) > GPU_IDLE_SHARE,
         FlagCode.GPU_CLOCK: g and (g.drifting or slowed),
     }
-    values = {"label": point_label(sp, mode), "got": got or 0, "want": want or 0, "pct": pct or 0}
+    values = {"label": point_label(sp, mode, repeats), "got": got or 0, "want": want or 0, "pct": pct or 0}
     values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * diff}
     values |= {"gpu": g, "slowed": slowed}
     return [Flag.new(code, say("point_flag", "speed.j2", kind=code, **values)) for code, on in kinds.items() if on]
@@ -225,7 +227,7 @@ def speed_summary(rec: JobRecord, rc: ReviewConfig) -> tuple[doc.Speed, list[Fla
     mode, raw = raw_points(rec)
     slo = slo_of(rc)
     points = speed_points(mode, raw, rec, slo)
-    found = [f for sp in rec.speed.points for f in _point_flags(sp, mode)]
+    found = [f for sp in rec.speed.points for f in _point_flags(sp, mode, rec.cfg.bench.repeats)]
     speed = doc.Speed.unmeasured(mode)
     speed.workload, speed.roofline, speed.points = workload(rec), _roofline(rec), points
     speed.repeats = max((p.repeats for p in points), default=None)

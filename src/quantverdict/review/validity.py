@@ -59,11 +59,14 @@ def speed_validity_lines(rec: JobRecord, sc_name: str, speed: Speed) -> list[str
     sat = [(p, point_checks.point_saturation(q)) for p, q in ok if point_checks.point_saturated(q)]
     words: dict[str, Any] = dict(name=sc_name, n_points=len(raw), n_levels=len(levels), mode=mode, top=top)
     words |= dict(reps=sorted({lv.repeats or 0 for lv in levels}), stopped=speed.stopped_before)
-    words["invalid"] = [point_label(p, mode) for p, q in points if not point_checks.point_valid(q)]
+    reps = rec.cfg.bench.repeats
+    words["invalid"] = [point_label(p, mode, reps) for p, q in points if not point_checks.point_valid(q)]
     # the sweep client runs a short window once more (children.sweep_client); one still short is kept, and named
     missed = [p for p, _ in points if p.window_met is False]
-    words["missed"] = [(point_label(p, mode), float(p.duration_s or 0), float(p.min_duration_s or 0)) for p in missed]
-    words["saturated"] = [f"{point_label(p, mode)} ({point_checks.describe_saturation(why)})" for p, why in sat]
+    words["missed"] = [
+        (point_label(p, mode, reps), float(p.duration_s or 0), float(p.min_duration_s or 0)) for p in missed
+    ]
+    words["saturated"] = [f"{point_label(p, mode, reps)} ({point_checks.describe_saturation(why)})" for p, why in sat]
     lines = [_say("speed", **words)]
     if short := [q for _, q in ok if bench_result.recorded_window_too_short(q)]:
         labels = dict.fromkeys(level_label(q.load(mode), mode) for q in short)
