@@ -62,6 +62,24 @@ def test_a_given_env_keeps_the_profiles_given_and_fills_the_rest() -> None:
     assert device_pick.expand(["-m", "env=cpu,gpu"], CONF_DIR, gpus=lambda: ["x"]) == ["-m", "env=cpu,gpu"]
 
 
+def test_the_added_overrides_join_the_typed_ones_not_a_flag() -> None:
+    # argparse takes one run of Hydra overrides: the added ones go right after the typed run, or before every flag
+    added = ["env=cpu", f"env.picked_by='{NO_GPU}'", "eval=cpu", "bench=cpu"]
+    out = device_pick.expand(["scheme=fp8", "--cfg", "job"], CONF_DIR, gpus=lambda: [])
+    assert out == ["scheme=fp8", *added, "--cfg", "job"]
+    assert device_pick.expand(["--info"], CONF_DIR, gpus=lambda: []) == [*added, "--info"]
+    out = device_pick.expand(["--cfg", "job", "scheme=fp8", "~tracking", "--help"], CONF_DIR, gpus=lambda: [])
+    assert out == ["--cfg", "job", "scheme=fp8", "~tracking", *added, "--help"]
+
+
+def test_the_command_line_with_a_flag_after_the_overrides_parses() -> None:
+    from hydra._internal.utils import get_args_parser
+
+    argv = device_pick.expand(["scheme=fp8", "--cfg", "job"], CONF_DIR, gpus=lambda: [])
+    args = get_args_parser().parse_args(argv)
+    assert (args.cfg, args.overrides[0], args.overrides[-1]) == ("job", "scheme=fp8", "bench=cpu")
+
+
 def test_compose_on_this_host_resolves_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU on any host
     cfg = compose(["tracking.enabled=false"])

@@ -7,7 +7,7 @@ and its reason travel in the config as ``env.picked_by``, so every record says w
 
 "Visible" is what ``nvidia-smi -L`` lists, less what ``CUDA_VISIBLE_DEVICES`` hides (an empty value or ``-1``
 hides every GPU, as CUDA reads it). The expansion rewrites the override list before Hydra composes it, both for
-``python -m pipelines.run`` (:func:`expand_argv`) and for :func:`quantverdict.config.compose.compose`.
+``python -m pipelines.run`` (:func:`expand`) and for :func:`quantverdict.config.compose.compose`.
 """
 
 from __future__ import annotations
@@ -84,10 +84,13 @@ def expand(overrides: list[str], conf_dir: Path, gpus: Callable[[], list[str]] =
 
     Returns:
         A new list: ``env=auto`` (given, or the default when no ``env=`` is given) replaced by ``env=gpu`` or
-        ``env=cpu`` plus ``env.picked_by='...'``; ``eval=``/``bench=`` appended for the env's device where
-        not given. A sweep over envs (``env=cpu,gpu``) and ``--hydra-help`` are left as typed.
+        ``env=cpu`` plus ``env.picked_by='...'``; ``eval=``/``bench=`` added for the env's device where not
+        given, next to the overrides typed (:func:`_insert_at`, so that Hydra's argument parser reads them with
+        those overrides, not after a flag such as ``--cfg job`` or ``--info``). A sweep over envs
+        (``env=cpu,gpu``) and ``--hydra-help`` are left as typed.
     """
     out = list(overrides)
+    added: list[str] = []
     if "--hydra-help" in out:  # Hydra's own help composes its own config, which has no env group to override
         return out
     found = _value(out, "env")
@@ -105,14 +108,32 @@ def expand(overrides: list[str], conf_dir: Path, gpus: Callable[[], list[str]] =
         if found:
             out[found[0]] = f"env={env}"
         else:
-            out.append(f"env={env}")
-        out.append(f"env.picked_by='{reason}'")
+            added.append(f"env={env}")
+        added.append(f"env.picked_by='{reason}'")
     else:
-        out.append("env.picked_by='given (env=" + env + ")'")
+        added.append("env.picked_by='given (env=" + env + ")'")
     device = _env_device(conf_dir, env)
-    if device is None:
-        return out
-    for group in FOLLOWING_GROUPS:
-        if _value(out, group) is None:
-            out.append(f"{group}={DEVICE_PROFILE.get(device, 'cpu')}")
-    return out
+    if device is not None:
+        added += [f"{g}={DEVICE_PROFILE.get(device, 'cpu')}" for g in FOLLOWING_GROUPS if _value(out, g) is None]
+    at = _insert_at(out)
+    return out[:at] + added + out[at:]
+
+
+def _is_override(arg: str) -> bool:
+    """A Hydra override as typed (``key=value``, ``+key=value``, ``~key``), not a flag or a flag's value."""
+    return not arg.startswith("-") and ("=" in arg or arg.startswith("~"))
+
+
+def _insert_at(args: list[str]) -> int:
+    """Where overrides go in the command line ``args``: after the first run of overrides typed, else at the front.
+
+    Hydra reads its overrides as one positional argument of ``argparse``, which takes a single run of them: an
+    override after a flag that follows the run (``scheme=fp8 --cfg job env=cpu``) is "unrecognized", and one right
+    after ``--info`` is read as its value."""
+    start = next((i for i, a in enumerate(args) if _is_override(a)), None)
+    if start is None:
+        return 0
+    end = start
+    while end < len(args) and _is_override(args[end]):
+        end += 1
+    return end
