@@ -38,6 +38,13 @@ from quantverdict.config.validate import review_errors
 
 log = logging.getLogger("quantverdict")
 ALLOWED_PREFIXES = ("review", "tracking", "paths")
+HELP_EPILOG = """examples:
+  python -m pipelines.review outputs/multirun/<grid> review.memory_budget_gib=20 review.itl_ms_p99=50
+  python -m pipelines.review outputs/multirun/<grid> 'review.gpu_price_per_hour={H100: 2.5}' \\
+      review.energy_usd_per_kwh=0.15          the cost line: USD per million output tokens (GPU-hours, energy)
+
+writes review.md, review.html and review.json into --out; every key: docs/reference/config.md (review).
+exit codes: 0 done, 1 written but not logged to MLflow, 2 bad input (a key, a value or the source)."""
 # review keys holding a mapping (review.gpu_price_per_hour={H200: 3.5}): the value given replaces the mapping, with
 # or without Hydra's '+' (the review's header prints the override without it, and that line must compose again)
 MAPPING_KEYS = tuple(
@@ -101,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.review",
         description="Review a grid of quantization jobs under stated constraints (conf/review/cpu.yaml or gpu.yaml, "
         "picked from where the grid ran).",
+        epilog=HELP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", help="a run or multirun folder, or an MLflow experiment (mlflow:NAME or NAME)")
     parser.add_argument("overrides", nargs="*", help="review.KEY=VALUE, review=NAME, tracking.KEY=VALUE")
@@ -118,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import quantverdict.config.compose  # noqa: F401  (registers the config schema and resolvers)
     from quantverdict.review import ReviewNotLogged, run_review
+    from quantverdict.review.cost import cost_notes
     from quantverdict.review.render import console
 
     try:
@@ -158,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in review.flags:
             print(f"  - {plain(f.message)}")
     print(f"constraints: {review.constraints_how} [{review.constraints_label}]")
+    for note in cost_notes(review.constraints, review.environment):  # a price set that priced nothing
+        print(f"note: {note}")
     print(f"review: {paths['md']}\n        {paths['html']}\n        {paths['json']}")
     if not_logged is not None:
         print(f"error: {not_logged}", file=sys.stderr)

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from quantverdict.config.compose import PROJECT_ROOT
 
 # the config groups and their files, read off conf/ (one line each, choices in sorted order as Hydra lists them)
@@ -53,6 +55,8 @@ def test_help_fits_a_screen_and_lists_every_group() -> None:
     assert any(line.startswith("  python -m pipelines.run -m scheme=bf16,awq,fp8") for line in lines)
     assert any(line.startswith("  python -m pipelines.review GRID_DIR") for line in lines)
     assert "docs/reference/config.md" in text
+    # the cost keys, with the '+' pipelines.run needs for the mapping
+    assert "'+review.gpu_price_per_hour={H100: 2.5}'  review.energy_usd_per_kwh=0.15  a cost line" in text
     # not Hydra's config dump: no key of the composed config is printed
     assert "baseline_note" not in text and "gpu_memory_utilization" not in text
 
@@ -64,4 +68,18 @@ def test_hydra_help_is_passed_to_hydra_as_typed() -> None:
     from quantverdict.config.device_pick import expand
 
     assert expand(["--hydra-help"], CONF_DIR, gpus=lambda: []) == ["--hydra-help"]
-    assert expand(["--help"], CONF_DIR, gpus=lambda: [])[:2] == ["--help", "env=cpu"]
+    # the added overrides go before the flag, where Hydra's argument parser reads them as overrides
+    out = expand(["--help"], CONF_DIR, gpus=lambda: [])
+    assert (out[0], out[-1]) == ("env=cpu", "--help")
+
+
+def test_review_help_names_the_cost_keys_the_outputs_and_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.review import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "'review.gpu_price_per_hour={H100: 2.5}'" in text and "review.energy_usd_per_kwh=0.15" in text
+    assert "writes review.md, review.html and review.json into --out" in text
+    assert "exit codes: 0 done, 1 written but not logged to MLflow, 2 bad input" in text

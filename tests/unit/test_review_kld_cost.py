@@ -13,7 +13,7 @@ from quantverdict.results.record import JobRecord
 from quantverdict.review import build_review, constraints, gpus
 from quantverdict.review import document as doc
 from quantverdict.review.core import to_json
-from quantverdict.review.cost import scheme_cost
+from quantverdict.review.cost import cost_notes, scheme_cost
 from quantverdict.review.render import markdown
 from review_records import blank_scheme, grid, others, sentence, synthetic_grid
 
@@ -222,3 +222,38 @@ def test_the_cost_line_takes_an_energy_price() -> None:
     # without an electricity price: no energy figures
     review, _, _ = _review(recs, **rc)
     assert to_json(review)["cost"]["schemes"][0]["energy_usd_per_mtok_at_load"] is None
+
+
+def test_a_price_that_prices_nothing_is_said_in_the_notes() -> None:
+    rc = {"load_rps": None, "load_concurrency": 16, "memory_budget_gib": 12.0}
+    # the synthetic grid ran on an NVIDIA H200: an electricity price alone gives no cost line, and the notes say why
+    review, _, _ = _review(synthetic_grid(), **rc, energy_usd_per_kwh=0.15)
+    assert to_json(review)["cost"] is None
+    assert (
+        "review.energy_usd_per_kwh=0.15 adds no cost line alone: the cost line needs review.gpu_price_per_hour for "
+        "the GPU the records ran on, NVIDIA H200 ({WORD: USD per GPU-hour}, WORD a word of its name)"
+    ) in review.notes
+    assert any(
+        line.startswith("- review.energy_usd_per_kwh=0.15 adds no cost line") for line in markdown(review).split("\n")
+    )
+    # a price for another GPU kind: said too
+    review, _, _ = _review(synthetic_grid(), **rc, gpu_price_per_hour={"A100": 1.5})
+    assert (
+        "review.gpu_price_per_hour={A100: 1.5} gives no cost line: no kind in it is a word of the records' GPU, "
+        "NVIDIA H200"
+    ) in review.notes
+    # a price that applies, or no price at all: no such note
+    for prices in ({"H200": 3.5}, {}):
+        review, _, _ = _review(
+            synthetic_grid(), **rc, gpu_price_per_hour=prices, energy_usd_per_kwh=0.15 if prices else None
+        )
+        assert not [n for n in review.notes if n.startswith(("review.gpu_price_per_hour", "review.energy_usd_per_kwh"))]
+    # the records' environment without a GPU, or with two kinds
+    priced = replace(RC, gpu_price_per_hour={"H100": 2.5})
+    assert cost_notes(priced, ["CPU: x86_64 (2 cores)"]) == [
+        "review.gpu_price_per_hour={H100: 2.5} gives no cost line: the records name no GPU"
+    ]
+    assert cost_notes(priced, ["GPU: NVIDIA H100 (x)", "GPU: NVIDIA A100 (y)"]) == [
+        "review.gpu_price_per_hour={H100: 2.5} gives no cost line: the records ran on several GPU kinds "
+        "(NVIDIA A100, NVIDIA H100)"
+    ]

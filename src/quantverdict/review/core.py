@@ -34,7 +34,7 @@ from quantverdict.results.tracking import (
 from quantverdict.review import constraints, crossmodel, gpus, render, sources
 from quantverdict.review import document as doc
 from quantverdict.review.accuracy import accuracy_section
-from quantverdict.review.cost import cost_json
+from quantverdict.review.cost import cost_json, cost_notes
 from quantverdict.review.document import Review
 from quantverdict.review.flags import FlagCode
 from quantverdict.review.gpus import pairable, same_gpu, same_gpu_flag, same_gpu_line, short_uuid
@@ -215,6 +215,7 @@ def build_review(
     flags = [f.model_copy(update={"model": sc.model, "scheme": sc.scheme}) for sc in cards for f in sc.flags]
     flagged = "\n".join(f.message for f in flags)
     notes += sorted({n for r in recs for n in r.notes or [] if n.strip() not in flagged})
+    notes += cost_notes(rc, env)
     n_ok = sum(sc.status == "ok" for sc in cards)
     n_cut = sum(sc.status == "interrupted" for sc in cards)
     return Review(

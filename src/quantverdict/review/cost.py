@@ -57,3 +57,28 @@ def cost_json(cards: list[doc.Scheme], rc: ReviewConfig, environment: list[str])
     kwh = rc.energy_usd_per_kwh
     schemes = [scheme_cost(sc, price, kwh) for sc in cards]
     return doc.Cost(gpu=name, gpu_kind=kind, usd_per_gpu_hour=price, usd_per_kwh=kwh, schemes=schemes)
+
+
+def cost_notes(rc: ReviewConfig, environment: list[str]) -> list[str]:
+    """Why a price set in ``rc`` adds no cost line (:func:`cost_json` is None): an electricity price without a GPU
+    price, or GPU prices none of which names the one GPU the records ran on (``environment``'s ``GPU: ...``
+    lines); [] where the cost line is there or no price is set."""
+    prices = dict(rc.gpu_price_per_hour or {})
+    if gpu_price(environment, prices) is not None or not (prices or rc.energy_usd_per_kwh):
+        return []
+    names = sorted(set(gpu_names(environment)))
+    if not prices:
+        return [
+            f"review.energy_usd_per_kwh={rc.energy_usd_per_kwh:g} adds no cost line alone: the cost line needs "
+            "review.gpu_price_per_hour for the GPU the records ran on"
+            + (f", {names[0]} ({{WORD: USD per GPU-hour}}, WORD a word of its name)" if len(names) == 1 else "")
+        ]
+    given = "{" + ", ".join(f"{k}: {v:g}" for k, v in prices.items()) + "}"
+    why = (
+        "the records name no GPU"
+        if not names
+        else f"the records ran on several GPU kinds ({', '.join(names)})"
+        if len(names) > 1
+        else f"no kind in it is a word of the records' GPU, {names[0]}"
+    )
+    return [f"review.gpu_price_per_hour={given} gives no cost line: {why}"]
