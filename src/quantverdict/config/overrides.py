@@ -125,6 +125,13 @@ def explain(exc: BaseException, overrides: list[str]) -> tuple[str, str | None] 
     full_key = str(getattr(cause, "full_key", "") or "")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
         parent, _, leaf = full_key.rpartition(".")
+        if parent and typing.get_origin(_strip_optional(_schema_type(parent))[0]) is dict:
+            # a mapping's keys are the user's (review.gpu_price_per_hour): Hydra adds a new one only with '+'
+            return (
+                f"{full_key}: {parent} is a mapping whose keys are yours to add, with Hydra's leading '+': "
+                f"'+{parent}={{{leaf}: VALUE}}'",
+                override_for(full_key, overrides),
+            )
         keys = _schema_keys(parent)
         where = f"in {parent}" if parent else "at the top level"
         return (
