@@ -7,6 +7,7 @@ from quantverdict.config.schema import ReviewConfig
 from quantverdict.measure.cost import energy_usd_per_mtok, usd_per_mtok_or_none
 from quantverdict.review import document as doc
 from quantverdict.review.gpus import gpu_kind_matches
+from quantverdict.review.words import say
 
 
 def gpu_names(environment: list[str]) -> list[str]:
@@ -62,23 +63,10 @@ def cost_json(cards: list[doc.Scheme], rc: ReviewConfig, environment: list[str])
 def cost_notes(rc: ReviewConfig, environment: list[str]) -> list[str]:
     """Why a price set in ``rc`` adds no cost line (:func:`cost_json` is None): an electricity price without a GPU
     price, or GPU prices none of which names the one GPU the records ran on (``environment``'s ``GPU: ...``
-    lines); [] where the cost line is there or no price is set."""
+    lines); [] where the cost line is there or no price is set (words: ``templates/text.j2`` ``cost_note``)."""
     prices = dict(rc.gpu_price_per_hour or {})
     if gpu_price(environment, prices) is not None or not (prices or rc.energy_usd_per_kwh):
         return []
-    names = sorted(set(gpu_names(environment)))
-    if not prices:
-        return [
-            f"review.energy_usd_per_kwh={rc.energy_usd_per_kwh:g} adds no cost line alone: the cost line needs "
-            "review.gpu_price_per_hour for the GPU the records ran on"
-            + (f", {names[0]} ({{WORD: USD per GPU-hour}}, WORD a word of its name)" if len(names) == 1 else "")
-        ]
-    given = "{" + ", ".join(f"{k}: {v:g}" for k, v in prices.items()) + "}"
-    why = (
-        "the records name no GPU"
-        if not names
-        else f"the records ran on several GPU kinds ({', '.join(names)})"
-        if len(names) > 1
-        else f"no kind in it is a word of the records' GPU, {names[0]}"
-    )
-    return [f"review.gpu_price_per_hour={given} gives no cost line: {why}"]
+    return [
+        say("cost_note", "text.j2", prices=prices, kwh=rc.energy_usd_per_kwh, names=sorted(set(gpu_names(environment))))
+    ]
