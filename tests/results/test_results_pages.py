@@ -19,6 +19,7 @@ PAGES = [
     "crossmodel-a10g",
     "hopper-schemes",
     "starts-energy",
+    "saturation",
     "cpu-grid",
 ]
 
@@ -97,3 +98,25 @@ def test_starts_page_pairs_the_speedups_by_server_start(written: Path) -> None:
     assert "| 2 | W4A16 | 7,565, 20.2 (1.2), 9,483 | 9,319, 2.1 (0.2), 9,521 | 9,709, 0.7 (0.1), 9,782 |" in lines
     idle = next(line for line in lines if line.startswith("Between-start spread at c=256"))
     assert "W4A16 on machine 2 28.3% -> 3.1%" in idle
+
+
+def test_one_way_sd_splits_within_and_between_groups() -> None:
+    # groups [1, 2, 3] and [4, 5, 6]: means 2 and 5, grand mean 3.5; MSB = 3 x ((2 - 3.5)^2 + (5 - 3.5)^2) / 1 = 13.5;
+    # MSW = (1 + 0 + 1 + 1 + 0 + 1) / (2 x 2) = 1; within sqrt(1) = 1, between sqrt((13.5 - 1) / 3) = 2.0412
+    within, between = make_results.one_way_sd([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert within == pytest.approx(1.0) and between == pytest.approx(2.0412, abs=1e-4)
+    # the groups' means apart by less than the noise predicts: no between-group part
+    assert make_results.one_way_sd([[1.0, 3.0], [1.5, 2.5]])[1] == 0.0
+    with pytest.raises(ValueError, match="sizes"):
+        make_results.one_way_sd([[1.0, 2.0], [3.0]])
+
+
+def test_saturation_page_reads_the_idle_share_and_the_api_server(written: Path) -> None:
+    lines = (written / "saturation.md").read_text().splitlines()
+    assert lines[0] == "# What stalls the GPU at saturation (W4A16, c=256, one H100)"
+    # the idlest window: start 4's third repeat, the record's output_tok_s 7,337.4 with the GPU idle in 44 of its 179
+    # NVML samples (0.2458): 7,337.4 / (1 - 0.2458) = 9,728.9 tok/s per busy second; in its idle samples the API
+    # server at a median 100% of one core, the engine core at 0%, the client at 70%
+    row = next(line for line in lines if line.startswith("| starts | 4 | 3 |"))
+    assert row.endswith("| 7,337 | 24.6 | 1.2 | 9,729 | 100 | 0 | 70 |")
+    assert lines[2].split("?** ")[1].startswith("The API server, not the GPU.")

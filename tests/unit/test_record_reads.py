@@ -77,6 +77,7 @@ COUNTED: dict[str, tuple[int, str]] = {
     "review/headline.py": (2, "a speed point's spread by metric, computed by the review"),
     "review/memory.py": (3, "bytes per element by dtype name (measure.memory.DTYPE_BYTES, a constant)"),
     "review/plots.py": (3, "colours and markers by scheme (constants) and deltas by name, computed by the review"),
+    "review/speed.py": (2, "a GPU-idle window's CPU by server role (HostLoad's dict, 0 where the role had no process)"),
     "review/verdict.py": (4, "word and reason tables (constants) and a speed point's spread by metric (the review's)"),
 }
 

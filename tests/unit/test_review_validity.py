@@ -8,6 +8,7 @@ Numbers of :func:`review_records.grid` (rate sweep, 1 req/s and unlimited): bf16
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -237,3 +238,38 @@ def test_gpu_windows_give_energy_per_token_and_flag_idle_gaps_and_clock_drift() 
         ("gpu_clock", "speed point concurrency 256 (start 3)"),
     ]
     assert "drifted by 14%" in flags[1].message and "slowed (hw_slowdown)" in flags[2].message
+
+
+def test_an_idle_window_names_the_host_process_that_held_the_gpu_back() -> None:
+    rec = record("gptq")
+    low = point(1.0, achieved=0.95, tok_s=30.0, ttft99=300, itl50=40, itl99=60, e2e50=1400)
+    top = {**low, "offered_rate_rps": None, "concurrency": 256, "server_start": 1}
+    gpu = {"idle_fraction": 0.246, "idle_longest_s": 1.2}
+
+    def host(api: float, engine: float, client: float) -> dict[str, Any]:
+        roles = {"api_server": api, "engine_core": engine, "worker": 0.0, "other": 0.0}
+        return {"gpu_idle": {"samples": 44, "client_cpu_pct_median": client, "server_cpu_pct_median_by_role": roles}}
+
+    rec["speed"] = {
+        "mode": "concurrency",
+        "points": [
+            # the API server at a full core (>= 90%) while the engine core waits (<= 10%): the front end
+            {**top, "gpu": gpu, "host": host(100.0, 0.0, 70.0)},
+            # the API server at 40%, the client at a full core: the client
+            {**top, "repeat": 1, "server_start": 2, "gpu": gpu, "host": host(40.0, 0.0, 100.0)},
+            # the API server busy but the engine core too (30% > 10%), the client at 50%: no process named
+            {**top, "repeat": 2, "server_start": 3, "gpu": gpu, "host": host(95.0, 30.0, 50.0)},
+            # no host samples: no process named
+            {**top, "repeat": 3, "server_start": 4, "gpu": gpu},
+        ],
+    }
+    _, flags, _ = speed_summary(view(rec), RC)
+    assert [f.code for f in flags] == ["gpu_idle"] * 4
+    front, client, neither, unsampled = (f.message for f in flags)
+    assert "24.6% of the window (longest gap 1.2 s)" in front
+    assert "API server process ran at a median 100% of one core and the engine core at 0%" in front
+    assert "--api-server-count" in front
+    assert "the sweep client ran at a median 100% of one core: the client held the GPU back" in client
+    for message in (neither, unsampled):
+        assert "API server process ran" not in message and "sweep client ran" not in message
+        assert "the host (scheduler, API server or client) held it back" in message

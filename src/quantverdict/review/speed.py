@@ -14,6 +14,7 @@ from quantverdict.measure import aggregate, bench_result, capacity, sweep, sweep
 from quantverdict.measure import validity as point_checks
 from quantverdict.measure.goodput import Goodput, Slo
 from quantverdict.measure.goodput import goodput as request_goodput
+from quantverdict.measure.points import HostWindow
 from quantverdict.results.record import JobRecord, SweepPoint
 from quantverdict.review import document as doc
 from quantverdict.review.document import Flag, finite
@@ -26,6 +27,12 @@ SHORT_OUTPUT_TOLERANCE = 0.99  # a speed point whose output tokens are < 99% of 
 # a loaded window (concurrency > 1, or a saturated rate) whose GPU ran no kernel in more than this share of its samples
 # is flagged: requests were waiting, so the idle time is the host's (scheduler, API server, client), not the load's
 GPU_IDLE_SHARE = 0.02
+# which host process held such a window back, read from its host samples taken while the GPU idled (medians, percent of
+# one core): vLLM's API server process at a full core (its event loop is one Python thread) while the engine core
+# waits means the front end (HTTP, tokenization, streaming the outputs) had not handed the engine its next requests;
+# the sweep client at a full core with the API server below it, the client
+FULL_CORE_PCT = 90.0
+WAITING_CORE_PCT = 10.0
 # NVML's clocks-event reasons that slow the GPU below its power limit's clock: heat and hardware slowdowns (the power
 # limit itself, sw_power_cap, is the normal state of a saturated GPU; its clock is in the energy table)
 SLOWDOWNS = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
@@ -176,6 +183,23 @@ def point_label(sp: SweepPoint, mode: str, repeats: int | None = 1) -> str:
     return f"{lbl} ({', '.join(where)})" if where else lbl
 
 
+def idle_cause(host: HostWindow | None) -> str | None:
+    """Which host process held a loaded window's GPU idle, from the medians over the window's GPU-idle host samples
+    (``speed.points[i].host.gpu_idle``, percent of one core): ``"api_server"`` (vLLM's API server at >=
+    :data:`FULL_CORE_PCT` while its engine core ran <= :data:`WAITING_CORE_PCT`), ``"client"`` (the sweep client at
+    >= :data:`FULL_CORE_PCT`, the API server below it), None (no host samples in the GPU's idle time, or neither)."""
+    load = host.gpu_idle if host else None
+    if load is None or not load.samples:
+        return None
+    roles = load.server_cpu_pct_median_by_role or {}
+    api, engine, client = roles.get("api_server", 0.0), roles.get("engine_core", 0.0), load.client_cpu_pct_median
+    if api >= FULL_CORE_PCT and engine <= WAITING_CORE_PCT:
+        return "api_server"
+    if client is not None and client >= FULL_CORE_PCT:
+        return "client"
+    return None
+
+
 def _point_flags(sp: SweepPoint, mode: str, repeats: int | None) -> list[Flag]:
     want, got, diff = sp.output_tokens_requested, sp.output_tokens_total, sp.vllm_max_rel_diff or 0
     pct = 100 * got / want if want and got is not None else None
@@ -195,7 +219,8 @@ def _point_flags(sp: SweepPoint, mode: str, repeats: int | None) -> list[Flag]:
     }
     values = {"label": point_label(sp, mode, repeats), "got": got or 0, "want": want or 0, "pct": pct or 0}
     values |= {"why": "; ".join(others) or "marked invalid", "failed": sp.failed, "diff_pct": 100 * diff}
-    values |= {"gpu": g, "slowed": slowed}
+    values |= {"gpu": g, "slowed": slowed, "cause": idle_cause(sp.host)}
+    values |= {"idle_load": sp.host.gpu_idle if sp.host else None}
     return [Flag.new(code, say("point_flag", "speed.j2", kind=code, **values)) for code, on in kinds.items() if on]
 
 
