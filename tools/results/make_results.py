@@ -1276,6 +1276,9 @@ def starts_energy(out: Path) -> Page:
         "",
         _idle_sentence(runs, top),
         "",
+        "What the host did while the GPU idled, window by window on a third H100 with the host sampled: "
+        "[what stalls the GPU at saturation](saturation.md).",
+        "",
         "![energy per output token by concurrency, each machine](starts-energy.png)",
         "",
     ]
