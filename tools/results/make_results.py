@@ -1334,7 +1334,7 @@ class SatWindow:
 
     job: str
     start: int
-    repeat: int  # 1, 2, ... within its server start
+    repeat: int  # 0, 1, ... within its server start, as the review numbers them
     point: str  # the record's point name
     requests: int
     window_s: float
@@ -1377,7 +1377,7 @@ def saturation_windows() -> list[SatWindow]:
                     SatWindow(
                         job=job,
                         start=p.server_start or 1,
-                        repeat=(p.repeat or 0) - first[p.server_start or 1] + 1,
+                        repeat=(p.repeat or 0) - first[p.server_start or 1],
                         point=p.point,
                         requests=int(p.num_prompts or 0),
                         window_s=float(p.duration_s or 0),
@@ -1502,8 +1502,9 @@ def saturation(out: Path) -> Page:
         "its own seed from a cold prefix cache. Every 100 ms the job sampled the GPU through NVML (a sample with "
         "utilization 0 is an idle one: no kernel ran in its period), the CPU of the sweep client and of the "
         "server's processes by role through psutil (percent of one core), and vLLM's running and waiting requests "
-        "from its /metrics. The table's last three columns are the medians over a window's GPU-idle samples. Three "
-        "jobs, each changing one setting of the first:",
+        "from its /metrics. Repeats are counted from 0 within a server start, as the review labels them; the "
+        "table's last three columns are the medians over a window's GPU-idle samples. Three jobs, each changing one "
+        "setting of the first:",
         "",
         *[f"- `{job}`: {what}" for job, what in SATURATION_JOBS],
         "",
