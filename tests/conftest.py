@@ -33,6 +33,14 @@ DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" /
 # names the folder explicitly, for the configs it composes and the pipelines it starts (the Makefile's integration
 # target sets QV_DATA_ROOT too). Tests that need the folder skip where it is missing. A unit test runs with
 # QV_DATA_ROOT at the synthetic copy instead (pytest_runtest_protocol below).
+# a pytest-xdist worker (make test-integration INTEGRATION_WORKERS=N) binds the vLLM CPU servers it starts to a core
+# of its own (gw0 -> the first allowed core, gw1 -> the second, ...): vLLM's auto binding gives every server on a host
+# the same core, so two workers' servers would share one while the other idles. The serve environment takes the
+# variable from the orchestrator's environment (conf/env/cpu.yaml).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    _CORES = sorted(os.sched_getaffinity(0))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(_CORES[int(_WORKER[2:]) % len(_CORES)])
 if "QV_DATA_ROOT" not in os.environ and DATA_ROOT.is_dir():
     os.environ["QV_DATA_ROOT"] = str(DATA_ROOT)
 

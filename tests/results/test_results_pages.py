@@ -114,9 +114,10 @@ def test_one_way_sd_splits_within_and_between_groups() -> None:
 def test_saturation_page_reads_the_idle_share_and_the_api_server(written: Path) -> None:
     lines = (written / "saturation.md").read_text().splitlines()
     assert lines[0] == "# What stalls the GPU at saturation (W4A16, c=256, one H100)"
-    # the idlest window: start 4's third repeat (repeat 2, counted from 0 as the review does), the record's output_tok_s 7,337.4 with the GPU idle in 44 of its 179
-    # NVML samples (0.2458): 7,337.4 / (1 - 0.2458) = 9,728.9 tok/s per busy second; in its idle samples the API
-    # server at a median 100% of one core, the engine core at 0%, the client at 70%
+    # the idlest window: start 4's third repeat (repeat 2, counted from 0 as the review does): the record's
+    # output_tok_s 7,337.4 with the GPU idle in 44 of its 179 NVML samples (0.2458): 7,337.4 / (1 - 0.2458) = 9,728.9
+    # tok/s per busy second; in its idle samples the API server at a median 100% of one core, the engine core at 0%,
+    # the client at 70%
     row = next(line for line in lines if line.startswith("| starts | 4 | 2 |"))
     assert row.endswith("| 7,337 | 24.6 | 1.2 | 9,729 | 100 | 0 | 70 |")
     assert lines[2].split("?** ")[1].startswith("The API server, not the GPU.")
