@@ -1324,7 +1324,6 @@ SATURATION_JOBS = (
     ("noprefetch", "prompts made in the client's own process (bench.prefetch_prompts=false)"),
     ("long", "windows >= 30 s (bench.min_duration_s=30)"),
 )
-FULL_CORE_PCT = 90.0  # the review's reading of a GPU-idle window (quantverdict.review.speed.idle_cause)
 
 
 @dataclass(frozen=True)
@@ -1344,6 +1343,7 @@ class SatWindow:
     idle_samples: int
     api_idle: float
     engine_idle: float
+    cause: str | None  # the host process the review names for the window's idle time (review.speed.idle_cause)
     client_idle: float
 
     @property
@@ -1359,6 +1359,7 @@ def saturation_windows() -> list[SatWindow]:
         ValueError: a point without the GPU's or the host's window (the study needs both).
     """
     from quantverdict.results.record import find_records, read
+    from quantverdict.review.speed import idle_cause
 
     out = []
     for job, _ in SATURATION_JOBS:
@@ -1387,6 +1388,7 @@ def saturation_windows() -> list[SatWindow]:
                         idle_samples=int(idle.samples or 0),
                         api_idle=float(roles.get("api_server", 0)),
                         engine_idle=float(roles.get("engine_core", 0)),
+                        cause=idle_cause(h),
                         client_idle=float(idle.client_cpu_pct_median or 0),
                     )
                 )
@@ -1467,7 +1469,9 @@ def saturation(out: Path) -> Page:
     by_start = [[w.output_tok_s for w in ref if w.start == k] for k in sorted({w.start for w in ref})]
     sd_within, sd_between = one_way_sd(by_start)
     mean_ref = statistics.fmean(w.output_tok_s for w in ref)
-    front = [w for w in ws if w.api_idle >= FULL_CORE_PCT and w.engine_idle <= 10]
+    from quantverdict.review.speed import FULL_CORE_PCT, WAITING_CORE_PCT
+
+    front = [w for w in ws if w.cause == "api_server"]
     worst = max(ref, key=lambda w: w.idle_fraction)
     answer = (
         f"The API server, not the GPU. Over {len(ws)} windows of {label} at c={load} on one H100, output tok/s "
@@ -1475,7 +1479,8 @@ def saturation(out: Path) -> Page:
         f"ran a kernel {min(busy):,.0f}-{max(busy):,.0f} (+{(max(busy) / min(busy) - 1) * 100:.1f}%): the GPU's idle "
         f"share ({min(idle) * 100:.1f}-{max(idle) * 100:.1f}%) decides the number (Pearson r = {r:.2f}). In the idle "
         f"samples of {len(front)} of {len(ws)} windows vLLM's API server process ran at >= {FULL_CORE_PCT:.0f}% of "
-        f"one core while the engine core waited (<= 10%). Repeats on one server spread nearly as much as server starts "
+        f"one core while the engine core waited (<= {WAITING_CORE_PCT:.0f}%). Repeats on one server spread nearly "
+        "as much as server starts "
         f"(SD within a start {sd_within / mean_ref * 100:.1f}%, between starts {sd_between / mean_ref * 100:.1f}% of "
         f"the mean), and neither prompts made in the client's own process nor 3x longer windows removed the spread."
     )
