@@ -53,17 +53,19 @@ def test_regime_page_answers_the_prefill_question_first(written: Path) -> None:
 
 def test_starts_page_pairs_the_speedups_by_server_start(written: Path) -> None:
     lines = (written / "starts-energy.md").read_text().splitlines()
-    assert lines[0] == "# Server starts and energy per output token: llama3.1-8b-shape on two H100 machines"
-    question = "**Do the speedups over bf16 replicate on a second machine and across server starts, and what does each "
+    assert lines[0] == "# Server starts and energy per output token: llama3.1-8b-shape on three H100 machines"
+    question = (
+        "**Do the speedups over bf16 replicate from machine to machine and across server starts, and what does each "
+    )
     assert lines[2].startswith(question)
-    # 3 schemes x 3 loads less bf16: 6 cells a machine; W4A16 at c=256 is faster on neither machine, FP8_DYNAMIC at
-    # c=256 on machine 1 only, the 4 cells at c=1 and 64 on both
+    # 3 schemes x 3 loads less bf16: 6 cells a machine; W4A16 at c=256 is faster on no machine, FP8_DYNAMIC at
+    # c=256 on machines 1 and 3, the 4 cells at c=1 and 64 on all three
     assert (
         lines[2]
         .split("?** ")[1]
         .startswith(
-            "Partly, paired by server start on each machine (each scheme's server started 2 times on machine 1 and 3 "
-            "times on machine 2): "
+            "Partly, paired by server start on each machine (each scheme's server started 2 times on machine 1, 3 "
+            "times on machine 2 and 3 times on machine 3): "
         )
     )
     # machine 1, W4A16 at c=256, the records' output tok/s per start over bf16's of the same start: 9,063.6 /
@@ -75,17 +77,27 @@ def test_starts_page_pairs_the_speedups_by_server_start(written: Path) -> None:
     # machine 2, W4A16 at c=256: 7,564.70 / 9,213.56 = 0.82104, 9,318.64 / 9,229.21 = 1.00969 and 9,709.16 /
     # 9,858.61 = 0.98484; logs -0.19718, +0.00964, -0.01528, mean -0.06761 -> 0.9346x; sd 0.11291, se 0.11291 /
     # sqrt 3 = 0.06519, t(0.975, 2) = 4.3027 -> +-0.28048 -> [0.7060, 1.2372]: includes 1, as machine 1's; the
-    # intervals overlap (0.71 <= 1.55 and 0.56 <= 1.24)
+    # intervals overlap (0.71 <= 1.55 and 0.56 <= 1.24).
+    # machine 3, W4A16 at c=256: 9,943.57 / 10,162.21 = 0.97848, 10,070.12 / 10,146.74 = 0.99245 and 10,102.56 /
+    # 10,178.83 = 0.99251; logs -0.02175, -0.00758, -0.00752, mean -0.01228 -> 0.9878x; sd 0.008199, se 0.008199 /
+    # sqrt 3 = 0.004733, t(0.975, 2) = 4.3027 -> +-0.020367 -> [0.9679, 1.0081]: includes 1, inside both others
     row = next(line for line in lines if line.startswith("| gptq (W4A16) | 256 | 0.94x"))
     assert row == (
         "| gptq (W4A16) | 256 | 0.94x [0.56, 1.55] n=2 | 0.90x, 0.97x | 0.93x [0.71, 1.24] n=3 | 0.82x, 1.01x, 0.98x "
-        "| yes | yes, both include 1 |"
+        "| 0.99x [0.97, 1.01] n=3 | 0.98x, 0.99x, 0.99x | yes | yes, all 3 include 1 |"
     )
-    assert "on neither machine at c=256 (machine 1 0.94x [0.56, 1.55], machine 2 0.93x [0.71, 1.24])" in lines[2]
-    # start by start: of the 5 per-start ratios above, only 1.00969 is above 1
     assert (
-        "W4A16 at c=256 is above bf16 in 1 of 5 starts (machine 1 0.90x, 0.97x; machine 2 0.82x, 1.01x, 0.98x)"
-        in (lines[2])
+        "on no machine at c=256 (machine 1 0.94x [0.56, 1.55], machine 2 0.93x [0.71, 1.24], machine 3 0.99x "
+        "[0.97, 1.01])" in lines[2]
+    )
+    # machine 3, W4A16 at c=64: 6,666.54 / 5,981.38 = 1.11455, 6,679.16 / 5,994.61 = 1.11419, 6,705.84 / 5,962.60 =
+    # 1.12465; mean log 0.111351 -> 1.1178x, se 0.0030622 x 4.3027 -> [1.1032, 1.1326]: wholly above 1.05x
+    row = next(line for line in lines if line.startswith("| gptq (W4A16) | 64 | 6,667 |"))
+    assert row == "| gptq (W4A16) | 64 | 6,667 | 6,679 | 6,706 | 0.6% | 1.12x [1.10, 1.13] n=3 | faster |"
+    # start by start: of the 8 per-start ratios above, only 1.00969 is above 1
+    assert (
+        "W4A16 at c=256 is above bf16 in 1 of 8 starts (machine 1 0.90x, 0.97x; machine 2 0.82x, 1.01x, 0.98x; "
+        "machine 3 0.98x, 0.99x, 0.99x)" in (lines[2])
     )
     # machine 1, bf16 at c=1, the records' gpu.energy_per_output_token_j of starts 1 and 2: 2.90219 and 2.93011 J,
     # median (2.90219 + 2.93011) / 2 = 2.91615; output_tok_per_j 0.344567 and 0.341284, median 0.342925
@@ -121,3 +133,10 @@ def test_saturation_page_reads_the_idle_share_and_the_api_server(written: Path) 
     row = next(line for line in lines if line.startswith("| starts | 4 | 2 |"))
     assert row.endswith("| 7,337 | 24.6 | 1.2 | 9,729 | 100 | 0 | 70 |")
     assert lines[2].split("?** ")[1].startswith("The API server, not the GPU.")
+    # the same load on machine 3 of the starts page: its gptq record's three c=256 points, output_tok_s 9,943.6 /
+    # 10,070.1 / 10,102.6 (median 10,070), gpu.idle_fraction 0 / 0.0077 / 0.0077 and the API server's median over
+    # each whole window 70% of a core; this page's 12 windows: median 100%, idle 7.4-24.6%, 7,337-8,883 tok/s
+    # (8,883 / 7,337 - 1 = 21%)
+    assert "| starts page, machine 3 (GPU-918035c3) | 3 | 10,070 (9,944-10,103) | 0.8 (0.0-0.8) | 70 (70) |" in lines
+    assert "| this page, `starts` (GPU-7a73909d) | 12 | 8,147 (7,337-8,883) | 15.1 (7.4-24.6) | 100 (100) |" in lines
+    assert any("the GPU idled and the windows spread 21%" in line for line in lines)

@@ -109,7 +109,13 @@ def machine(records: str) -> Machine:
 
     recs = [read(p) for p in find_records(RESULTS / records)]
     gpus = sorted({_gpu_text(g) for r in recs for g in (r.environment.gpu or [])[: r.environment.gpus_used or 1]})
-    cpus = sorted({str((r.environment.cpu or {}).get("model_name") or "") for r in recs} - {""})
+    cpus = sorted(
+        {
+            str((r.environment.cpu or {}).get("model_name") or (r.environment.host or {}).get("cpu_model") or "")
+            for r in recs
+        }
+        - {""}
+    )
     cores = sorted({int((r.environment.host or {}).get("cpu_count") or 0) for r in recs} - {0})
     core_text = f"{'/'.join(map(str, cores))} cores" if cores else "cores not recorded"
     cpu = f"{', '.join(cpus)} ({core_text})" if cpus else f"model not recorded ({core_text})"
@@ -669,6 +675,7 @@ def hopper_schemes(out: Path) -> Page:
 STARTS = (  # one grid per machine, the same command on each
     Grid("gpu-starts-h100/records", GPU_REVIEW),
     Grid("gpu-starts-h100-2/records", GPU_REVIEW),
+    Grid("gpu-starts-h100-3/records", GPU_REVIEW),
 )
 
 
@@ -1182,7 +1189,7 @@ def starts_energy(out: Path) -> Page:
     lines = [
         f"# Server starts and energy per output token: {model} on {count} H100 machines",
         "",
-        "**Do the speedups over bf16 replicate on a second machine and across server starts, and what does each "
+        "**Do the speedups over bf16 replicate from machine to machine and across server starts, and what does each "
         f"scheme spend in energy per output token by load?** {answer}",
         "",
         f"Method. The same grid ran on each machine, one GPU each: the Llama-3.1-8B shape (random weights: memory, "
@@ -1276,7 +1283,8 @@ def starts_energy(out: Path) -> Page:
         "",
         _idle_sentence(runs, top),
         "",
-        "What the host did while the GPU idled, window by window on a third H100 with the host sampled: "
+        "What the host did while the GPU idled, window by window on another H100 with the host sampled, beside the "
+        "hosts of this page's machines whose records sampled it: "
         "[what stalls the GPU at saturation](saturation.md).",
         "",
         "![energy per output token by concurrency, each machine](starts-energy.png)",
@@ -1345,6 +1353,7 @@ class SatWindow:
     engine_idle: float
     cause: str | None  # the host process the review names for the window's idle time (review.speed.idle_cause)
     client_idle: float
+    api_all: float  # the API server's median over all of the window's samples, busy and idle
 
     @property
     def busy_tok_s(self) -> float:
@@ -1390,6 +1399,7 @@ def saturation_windows() -> list[SatWindow]:
                         engine_idle=float(roles.get("engine_core", 0)),
                         cause=idle_cause(h),
                         client_idle=float(idle.client_cpu_pct_median or 0),
+                        api_all=float((h.server_cpu_pct_median_by_role or {}).get("api_server", 0)),
                     )
                 )
     return out
@@ -1443,6 +1453,79 @@ def _timeline(point: str) -> tuple[list[tuple[float, float]], dict[str, list[tup
             cpu[role].append((r["t"] - t0, float(roles.get(role) or 0)))
         cpu["client"].append((r["t"] - t0, float(r["client_cpu_pct"] or 0)))
     return util, cpu, [float(e) for e in p.request_times.get("end_s") or [] if e is not None]
+
+
+def _other_hosts(label: str, load: int, ws: list[SatWindow]) -> list[str]:
+    """The same scheme and load on the machines of the starts page whose records sampled the host: per machine its
+    windows' output tok/s, GPU idle share and the API server's CPU over the whole window (the median of its samples,
+    busy and idle), beside this page's ``starts`` job; no lines where no such machine is committed."""
+    from quantverdict.results.record import find_records, read
+
+    rows: list[list[str]] = []
+    for i, grid in enumerate(STARTS, 1):
+        pts = [
+            p
+            for path in find_records(RESULTS / grid.records)
+            if str((rec := read(path)).job.scheme_label or rec.job.scheme) == label
+            for p in rec.speed.points
+            if p.concurrency == load and p.host is not None and p.gpu is not None and p.gpu.idle_fraction is not None
+        ]
+        if not pts:
+            continue
+        api = [float((p.host.server_cpu_pct_median_by_role or {}).get("api_server", 0)) for p in pts if p.host]
+        rows.append(
+            [
+                f"starts page, machine {i} ({machine(grid.records).gpu.split(' (')[1].split(')')[0]})",
+                str(len(pts)),
+                _median_range([float(p.output_tok_s) for p in pts], ",.0f"),
+                _median_range([float(p.gpu.idle_fraction or 0) * 100 for p in pts if p.gpu], ".1f"),
+                _median_range(api, ".0f"),
+            ]
+        )
+    if not rows:
+        return []
+    ref = [w for w in ws if w.job == "starts"]
+    mach = machine(SATURATION)
+    here = [
+        f"this page, `starts` ({mach.gpu.split(' (')[1].split(')')[0]})",
+        str(len(ref)),
+        _median_range([w.output_tok_s for w in ref], ",.0f"),
+        _median_range([w.idle_fraction * 100 for w in ref], ".1f"),
+        _median_range([w.api_all for w in ref], ".0f"),
+    ]
+    from quantverdict.review.speed import FULL_CORE_PCT
+
+    spread = max(w.output_tok_s for w in ref) / min(w.output_tok_s for w in ref) - 1
+    # the reading holds where every other host's API server stayed under a full core with its GPU busy (idle < 2%)
+    # while this page's ran at a full core
+    headroom = all(float(r[4].split(" ")[0]) < FULL_CORE_PCT and float(r[3].split(" ")[0]) < 2 for r in rows)
+    full = statistics.median(w.api_all for w in ref) >= FULL_CORE_PCT
+    reading = (
+        " Where the API server kept headroom below one core, the GPU did not idle and the windows agreed; where it "
+        f"ran at a full core, the GPU idled and the windows spread {spread * 100:.0f}%: the speed of the one core "
+        "that vLLM's front end runs on, not the GPU, decides this load's number."
+        if headroom and full
+        else ""
+    )
+    return [
+        "## The same load on another host",
+        "",
+        f"{label} at c={load} with the same request shape and sampling on the H100 machines of the [starts "
+        "page](starts-energy.md) whose records sampled the host (one repeat per server start), beside this page's "
+        f"reference job. The API server column is the median over all of a window's samples, busy and idle.{reading}",
+        "",
+        *_table(
+            [
+                "machine",
+                "windows",
+                "output tok/s, median (range)",
+                "GPU idle %, median (range)",
+                "API server (% core), median (range)",
+            ],
+            [here, *rows],
+        ),
+        "",
+    ]
 
 
 def saturation(out: Path) -> Page:
@@ -1592,6 +1675,7 @@ def saturation(out: Path) -> Page:
         "front end over several processes. A review flags such windows (`gpu_idle`) and names the API server "
         "when its samples show it.",
         "",
+        *_other_hosts(label, load, ws),
         "![output tok/s against the GPU's idle share, and one window's timeline](saturation.png)",
         "",
     ]
