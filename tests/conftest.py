@@ -41,6 +41,11 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
     _CORES = sorted(os.sched_getaffinity(0))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(_CORES[int(_WORKER[2:]) % len(_CORES)])
+# the vLLM CPU servers and engines the tier starts run their worker in the engine core's process
+# (conf/env/cpu.yaml: VLLM_ENABLE_V1_MULTIPROCESSING=0): one Python process fewer to import vLLM into at each start.
+# The tests of the server's process tree (cleanup after faults, the host sampler's roles) ask for vLLM's own layout
+# (a worker process) with the ``worker_process`` fixture.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 if "QV_DATA_ROOT" not in os.environ and DATA_ROOT.is_dir():
     os.environ["QV_DATA_ROOT"] = str(DATA_ROOT)
 
@@ -54,6 +59,12 @@ OUTSIDE_UNIT = tuple(
     for p in {DATA_ROOT, PROJECT_ROOT.parent / "shared", PROJECT_ROOT / "docs" / "results"}
     if os.path.realpath(p) != os.path.realpath(SYNTHETIC_DATA)
 )
+
+
+@pytest.fixture
+def worker_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU worker in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1) for the jobs this test starts."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
 
 
 @pytest.fixture

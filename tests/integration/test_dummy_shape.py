@@ -21,7 +21,8 @@ import pytest
 from clihelp import run_cli
 from quantverdict.results.record import find_records, load
 
-pytestmark = pytest.mark.integration
+# the host sampler's roles as vLLM lays out its processes by default (API server, engine core, worker)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("worker_process")]
 
 
 def test_shape_is_served_with_dummy_weights(tmp_path: Path, stage_envs: dict, embedded_model: dict) -> None:

@@ -14,7 +14,8 @@ import pytest
 from clihelp import TINY, marked_pids, run_cli, start_cli
 from quantverdict.results.record import find_records, load
 
-pytestmark = pytest.mark.integration
+# the server's process tree as vLLM lays it out by default (a worker process too), which no fault may leave behind
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("worker_process")]
 
 FAST = ["eval.enabled=false", "bench.enabled=false"]
 PORT = "bench.server.port=8791"  # apart from the other integration tests' servers
