@@ -1462,51 +1462,54 @@ def _other_hosts(label: str, load: int, ws: list[SatWindow]) -> list[str]:
     windows' output tok/s, GPU idle share and the API server's CPU over the whole window (the median of its samples,
     busy and idle), beside this page's ``starts`` job; no lines where no such machine is committed."""
     from quantverdict.results.record import find_records, read
-
-    rows: list[list[str]] = []
-    for i, grid in enumerate(STARTS, 1):
-        pts = [
-            p
-            for path in find_records(RESULTS / grid.records)
-            if str((rec := read(path)).job.scheme_label or rec.job.scheme) == label
-            for p in rec.speed.points
-            if p.concurrency == load and p.host is not None and p.gpu is not None and p.gpu.idle_fraction is not None
-        ]
-        if not pts:
-            continue
-        api = [float((p.host.server_cpu_pct_median_by_role or {}).get("api_server", 0)) for p in pts if p.host]
-        rows.append(
-            [
-                f"starts page, machine {i} ({machine(grid.records).gpu.split(' (')[1].split(')')[0]})",
-                str(len(pts)),
-                _median_range([float(p.output_tok_s) for p in pts], ",.0f"),
-                _median_range([float(p.gpu.idle_fraction or 0) * 100 for p in pts if p.gpu], ".1f"),
-                _median_range(api, ".0f"),
-            ]
-        )
-    if not rows:
-        return []
-    ref = [w for w in ws if w.job == "starts"]
-    mach = machine(SATURATION)
-    here = [
-        f"this page, `starts` ({mach.gpu.split(' (')[1].split(')')[0]})",
-        str(len(ref)),
-        _median_range([w.output_tok_s for w in ref], ",.0f"),
-        _median_range([w.idle_fraction * 100 for w in ref], ".1f"),
-        _median_range([w.api_all for w in ref], ".0f"),
-    ]
     from quantverdict.review.speed import FULL_CORE_PCT
 
-    spread = max(w.output_tok_s for w in ref) / min(w.output_tok_s for w in ref) - 1
+    # (who, output tok/s, GPU idle %, API server % of a core), one entry per window
+    hosts: list[tuple[str, list[float], list[float], list[float]]] = []
+    ref = [w for w in ws if w.job == "starts"]
+    sat_gpu = read(find_records(RESULTS / SATURATION / "starts" / "records")[0]).environment.gpu or [{}]
+    hosts.append(
+        (
+            f"this page, `starts` ({str(sat_gpu[0].get('uuid') or '')[:12]})",
+            [w.output_tok_s for w in ref],
+            [w.idle_fraction * 100 for w in ref],
+            [w.api_all for w in ref],
+        )
+    )
+    for i, grid in enumerate(STARTS, 1):
+        recs = [
+            r
+            for r in map(read, find_records(RESULTS / grid.records))
+            if str(r.job.scheme_label or r.job.scheme) == label
+        ]
+        pts = [
+            (p.output_tok_s, p.gpu.idle_fraction, p.host.server_cpu_pct_median_by_role or {})
+            for r in recs
+            for p in r.speed.points
+            if p.concurrency == load and p.host and p.gpu and p.gpu.idle_fraction is not None
+        ]
+        if recs and pts:
+            uuid = str((recs[0].environment.gpu or [{}])[0].get("uuid") or "")[:12]
+            hosts.append(
+                (
+                    f"starts page, machine {i} ({uuid})",
+                    [float(t) for t, _, _ in pts],
+                    [float(f) * 100 for _, f, _ in pts],
+                    [float(roles.get("api_server", 0)) for _, _, roles in pts],
+                )
+            )
+    if len(hosts) == 1:
+        return []
+    here, others = hosts[0], hosts[1:]
+    spread = max(here[1]) / min(here[1]) - 1
     # the reading holds where every other host's API server stayed under a full core with its GPU busy (idle < 2%)
     # while this page's ran at a full core
-    headroom = all(float(r[4].split(" ")[0]) < FULL_CORE_PCT and float(r[3].split(" ")[0]) < 2 for r in rows)
-    full = statistics.median(w.api_all for w in ref) >= FULL_CORE_PCT
+    headroom = all(statistics.median(h[3]) < FULL_CORE_PCT and statistics.median(h[2]) < 2 for h in others)
     reading = (
         " Where the API server kept headroom below one core, the GPU did not idle and the windows agreed; where it "
         f"ran at a full core, the GPU idled and the windows spread {spread * 100:.0f}%: the speed of the one core "
         "that vLLM's front end runs on, not the GPU, decides this load's number."
-        if headroom and full
+        if headroom and statistics.median(here[3]) >= FULL_CORE_PCT
         else ""
     )
     return [
@@ -1524,7 +1527,10 @@ def _other_hosts(label: str, load: int, ws: list[SatWindow]) -> list[str]:
                 "GPU idle %, median (range)",
                 "API server (% core), median (range)",
             ],
-            [here, *rows],
+            (
+                [who, str(len(tok)), _median_range(tok, ",.0f"), _median_range(idle, ".1f"), _median_range(api, ".0f")]
+                for who, tok, idle, api in hosts
+            ),
         ),
         "",
     ]
