@@ -13,8 +13,8 @@ from quantverdict.config.compose import PROJECT_ROOT
 
 # the config groups and their files, read off conf/ (one line each, choices in sorted order as Hydra lists them)
 GROUPS = [
-    "bench: cpu, cpu-concurrency, gpu, gpu-concurrency, gpu-concurrency-decode, gpu-concurrency-prefill, "
-    "gpu-long-context",
+    "bench: cpu, cpu-capacity, cpu-concurrency, gpu, gpu-capacity, gpu-concurrency, gpu-concurrency-decode, "
+    "gpu-concurrency-prefill, gpu-long-context",
     "env: auto, cpu, gpu",
     "eval: cpu, gpu, gpu-server",
     "kv: auto, fp8, fp8_calibrated",

@@ -328,6 +328,29 @@ class ServerConfig:
 
 
 @dataclass
+class CapacityConfig:
+    """``bench.capacity``: capacity at the SLO, found by a search (:mod:`quantverdict.measure.slo_capacity`).
+
+    Enabled, each server start searches its own loads instead of running ``bench.concurrencies`` / ``bench.rates``:
+    from ``start``, doubling while a load passes (``max_load`` tried once), then bisecting between the highest
+    passing and the lowest failing load until they lie within ``tolerance_pct`` % of the lower one (a closed loop:
+    at least one request). A load passes when, its ``bench.repeats`` repeats pooled, at least ``attainment_pct`` %
+    of the requests sent met every objective set (per request: TTFT, TPOT, E2E, in ms).
+    """
+
+    enabled: bool = False
+    ttft_ms: Optional[float] = None  # time to the first token, per request (ms); null: not an objective
+    tpot_ms: Optional[float] = None  # mean time per output token after the first, per request (ms)
+    e2e_ms: Optional[float] = None  # whole request latency (ms)
+    attainment_pct: float = 99.0  # share of the requests sent (percent) that must meet every objective
+    start: float = 1.0  # the first load searched: concurrency (requests in flight) or req/s in bench.mode=rate
+    # the largest load searched (tried once): concurrency, or req/s; a server that passes it has a capacity of at
+    # least this
+    max_load: float = 256.0
+    tolerance_pct: float = 10.0  # the search ends when the bracket is at most this share of its lower end
+
+
+@dataclass
 class BenchConfig:
     name: str = MISSING  # the file's name under conf/bench/
     enabled: bool = True  # false: no server and no speed sweep (memory from the checkpoint only)
@@ -379,6 +402,7 @@ class BenchConfig:
     # the whole host; the server's /metrics: requests running and waiting, KV cache usage) every this many ms, on
     # every device; 0: not sampled. The sampler's own CPU time is recorded (speed.host_sampling)
     host_sample_interval_ms: int = 100
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)  # capacity at the SLO: a load search
 
 
 @dataclass

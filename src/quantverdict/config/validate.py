@@ -400,6 +400,52 @@ def bench_window_errors(bench: BenchConfig) -> list[str]:
     return errors
 
 
+def capacity_errors(bench: BenchConfig) -> list[str]:
+    """``bench.capacity`` (when enabled): at least one objective (``ttft_ms``, ``tpot_ms``, ``e2e_ms``) set and
+    each > 0; ``attainment_pct`` in (0, 100]; ``start`` a finite load > 0 (a whole number of requests in
+    ``bench.mode=concurrency``), ``max_load`` finite and >= ``start``; ``tolerance_pct`` > 0."""
+    cap = bench.capacity
+    if not cap.enabled:
+        return []
+    errors = []
+    objectives = {"ttft_ms": cap.ttft_ms, "tpot_ms": cap.tpot_ms, "e2e_ms": cap.e2e_ms}
+    if all(v is None for v in objectives.values()):
+        errors.append(
+            "bench.capacity.enabled=true needs an objective: set at least one of bench.capacity.ttft_ms, "
+            "bench.capacity.tpot_ms, bench.capacity.e2e_ms (ms per request)"
+        )
+    for key, v in objectives.items():
+        if v is not None and not (math.isfinite(v) and v > 0):
+            errors.append(f"bench.capacity.{key}={v!r} must be a finite number of ms > 0, or null (no objective)")
+    if not 0 < cap.attainment_pct <= 100:
+        errors.append(f"bench.capacity.attainment_pct={cap.attainment_pct!r} must be in (0, 100], e.g. 99")
+    unit = "requests in flight" if bench.mode == "concurrency" else "req/s"
+    if not math.isfinite(cap.start):
+        errors.append(
+            f"bench.capacity.start={cap.start!r} must be a finite load > 0 ({unit}); an unlimited rate cannot be "
+            "doubled or bisected"
+        )
+    elif cap.start <= 0:
+        errors.append(f"bench.capacity.start={cap.start!r} must be > 0 ({unit})")
+    elif not (math.isfinite(cap.max_load) and cap.max_load >= cap.start):
+        errors.append(
+            f"bench.capacity.max_load={cap.max_load!r} must be finite and >= bench.capacity.start={cap.start!r} "
+            f"({unit})"
+        )
+    if bench.mode == "concurrency":
+        for key, v in (("start", cap.start), ("max_load", cap.max_load)):
+            if math.isfinite(v) and v != int(v):
+                errors.append(f"bench.capacity.{key}={v!r} must be a whole number of requests in bench.mode=concurrency")
+    if not cap.tolerance_pct > 0:
+        errors.append(f"bench.capacity.tolerance_pct={cap.tolerance_pct!r} must be > 0 (percent), e.g. 10")
+    if bench.prefetch_prompts:
+        errors.append(
+            "bench.capacity.enabled=true needs bench.prefetch_prompts=false: the search picks each load after the "
+            "one before, so no run can be sized before the sweep"
+        )
+    return errors
+
+
 def server_start_errors(bench: BenchConfig) -> list[str]:
     """``bench.server_starts`` >= 1; ``bench.max_server_starts`` null or >= ``server_starts``;
     ``bench.start_confidence`` in (0, 1); ``bench.gpu_sample_interval_ms`` 0 (off) or >= 10 (NVML's power reading
@@ -608,6 +654,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
     errors += bench_window_errors(cfg.bench)
     errors += server_start_errors(cfg.bench)
+    errors += capacity_errors(cfg.bench)
     errors += count_errors(cfg)
     _choice(errors, "env.device", cfg.env.device, DEVICES)
     if cfg.env.device == "auto":
