@@ -69,6 +69,8 @@ from typing import Any
 
 from quantverdict.children import prompt_sampler
 from quantverdict.children._child import child_main, progress
+from quantverdict.children.capacity_search import RESULT_FILE as SEARCH_FILE
+from quantverdict.children.capacity_search import SearchDriver
 from quantverdict.children.vllm_cli import bench_parser, install_alias
 from quantverdict.measure.bench_result import e2e_s, has_detailed
 from quantverdict.measure.prompt_repeats import prompt_repeats
@@ -315,7 +317,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     ``result_dir``, ``warmup_prompts``, ``warmup_seed``, ``min_duration_s``, ``reset_prefix_cache``
     (bool), ``prefetch_prompts`` (bool), ``start_gate`` (a file to wait for; absent: start at once),
     ``gate_timeout_s``, ``points``: ``[{"name", "request_rate" ("inf" or req/s), "max_concurrency" (or
-    None), "num_prompts" (the minimum), "seed"}]``.
+    None), "num_prompts" (the minimum), "seed"}]``; ``search`` (optional: a capacity search,
+    :class:`quantverdict.children.capacity_search.SearchDriver`, whose points replace ``points``; each point's
+    ``<point>.qv.json`` gains its ``search`` block, and ``search.json`` is written at the end; no prefetch).
 
     Returns:
         ``{"points": [{"name", "wall_s", "measured_s", "num_prompts"}], "import_s", "gate_wait_s",
@@ -491,7 +495,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     calibration_s: float | None = None
     # with prefetch_prompts every run is sized before the sweep (the calibration); decided once, so a pool that
     # breaks later changes who makes the prompts, not how the runs are sized
-    calibrated = bool(spec.get("prefetch_prompts")) and get_samples is not None
+    calibrated = bool(spec.get("prefetch_prompts")) and get_samples is not None and not spec.get("search")
+    # a capacity search makes its points as it goes, each load chosen after the one before was measured
+    driver = SearchDriver(spec["search"], result_dir) if spec.get("search") else None
     planned: dict[str, int] = {}  # calibrated: each point's request count, by point name
     resized: dict[str, float] = {}  # calibrated: the later repeats resized after a short run, and the rate it reached
     try:
@@ -538,7 +544,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             for point in spec["points"]:
                 planned[point["name"]] = first_size(point, level_est[level_of(point)])
                 make_ahead(pool, point, planned[point["name"]], int(point["seed"]), True)
-        for i, point in enumerate(spec["points"]):
+        for i, point in enumerate(driver.points() if driver is not None else spec["points"]):
             w0 = time.perf_counter()
             side: dict[str, Any] = {"seed": point["seed"], "warmup_seed": spec["warmup_seed"], "resets": []}
             side["resets"] += first_resets
@@ -653,9 +659,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 measured_s=measured,
                 wall_s=round(time.perf_counter() - w0, 3),
             )
+            if driver is not None:
+                side["search"] = driver.observe(point, result)
             publish(result_dir / f"{point['name']}.qv.json", json.dumps(side, indent=1))
             done.append({k: side[k] for k in ("wall_s", "measured_s", "num_prompts")} | {"name": point["name"]})
             progress(f"{point['name']}: {n} requests, window {measured:.2f} s, wall {side['wall_s']:.2f} s")
+        if driver is not None:
+            publish(result_dir / SEARCH_FILE, json.dumps(driver.summary(), indent=1))
+            progress(f"capacity search: {driver.summary()['capacity']} ({driver.summary()['stop_words']})")
     finally:
         if pool is not None:
             stop_pool(pool)

@@ -435,7 +435,9 @@ def capacity_errors(bench: BenchConfig) -> list[str]:
     if bench.mode == "concurrency":
         for key, v in (("start", cap.start), ("max_load", cap.max_load)):
             if math.isfinite(v) and v != int(v):
-                errors.append(f"bench.capacity.{key}={v!r} must be a whole number of requests in bench.mode=concurrency")
+                errors.append(
+                    f"bench.capacity.{key}={v!r} must be a whole number of requests in bench.mode=concurrency"
+                )
     if not cap.tolerance_pct > 0:
         errors.append(f"bench.capacity.tolerance_pct={cap.tolerance_pct!r} must be > 0 (percent), e.g. 10")
     if bench.prefetch_prompts:

@@ -45,6 +45,7 @@ from quantverdict.measure.sweep_plan import load_of
 from quantverdict.processes import envs
 from quantverdict.results.record import (
     RECORD_FILE,
+    CapacitySearch,
     JobInfo,
     JobRecord,
     Record,
@@ -195,11 +196,14 @@ def run_one_start(job: GridJob, start: int, order: int) -> ServerStartInfo:
         entry.host_sampling = scratch.speed.host_sampling
         points = list(scratch.speed.points) if entry.status == "ok" else []
         entry.points = len(points)
-        _append(job, start, entry, points)
+        searches = list(scratch.speed.searches or []) if entry.status == "ok" else []
+        _append(job, start, entry, points, searches)
     return entry
 
 
-def _append(job: GridJob, start: int, entry: ServerStartInfo, points: list[SweepPoint]) -> None:
+def _append(
+    job: GridJob, start: int, entry: ServerStartInfo, points: list[SweepPoint], searches: list[CapacitySearch]
+) -> None:
     cfg, speed = job.cfg, job.record.speed
     repeats = max(1, cfg.bench.repeats)
     for p in points:
@@ -207,6 +211,12 @@ def _append(job: GridJob, start: int, entry: ServerStartInfo, points: list[Sweep
         p.repeat = (start - 1) * repeats + int(p.repeat or 0)
         p.point = f"{p.point}_s{start}"
     speed.points = [*speed.points, *points]
+    for search in searches:  # a capacity search's steps name this start's points as the record now does
+        search.server_start = start
+        for step in search.steps or []:
+            step.points = [f"{name}_s{start}" for name in step.points or []]
+    if searches:
+        speed.searches = [*(speed.searches or []), *searches]
     speed.starts = [*_starts_of(job), entry]
     if points:  # the per-load summary and the sustained ceiling over every start's repeats
         server = job.record.memory.server
@@ -279,7 +289,9 @@ def run_starts(job_dirs: list[Path], how: How = "grid", on_start: Callable[[str]
     order = str(cfg0.bench.start_order)
     seed = cfg0.bench.seed
     mode = str(jobs[0].record.speed.mode or cfg0.bench.mode)
-    paired = how == "grid" and any(baseline_of(j, jobs) for j in jobs)
+    # a capacity search measures other loads at every start: no load level to settle, a fixed count of starts
+    searching = cfg0.bench.capacity.enabled
+    paired = how == "grid" and any(baseline_of(j, jobs) for j in jobs) and not searching
     if not paired:
         hi = lo  # nothing to settle: the fixed count
     confidence = cfg0.bench.start_confidence
@@ -324,7 +336,7 @@ def run_starts(job_dirs: list[Path], how: How = "grid", on_start: Callable[[str]
                 for d in decisions:
                     last = dataclasses.replace(d, ended_by="max_reached") if d.ended_by == "continue" else d
                     ended.setdefault(job_id, {}).setdefault(d.load, last)
-    _write_plans(jobs, how, lo, hi, order, seed, confidence, outcome, ended, starts_run, paired)
+    _write_plans(jobs, how, lo, hi, order, seed, confidence, outcome, ended, starts_run, paired, searching)
     return outcome
 
 
@@ -340,6 +352,7 @@ def _write_plans(
     ended: dict[str, dict[float, LevelDecision]],
     starts_run: int,
     paired: bool,
+    searching: bool = False,
 ) -> None:
     """Every record's ``speed.start_plan`` and each point's ``start_order``, saved."""
     position = {key: i + 1 for i, key in enumerate(outcome.sequence)}
@@ -378,6 +391,8 @@ def _write_plans(
         )
         if how == "single_job":
             plan.note = "a single job: its starts ran back to back, a fixed count (no baseline to settle against)"
+        elif searching:
+            plan.note = "a capacity search at every start: a fixed count of starts (no common load level to settle)"
         elif not paired:
             plan.note = "no baseline in the grid: a fixed count of starts"
         elif outcome.stopped_early:

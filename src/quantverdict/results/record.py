@@ -513,6 +513,42 @@ class ServerStartInfo(Section):
     host_sampling: HostSampling | None = None  # this start's host sampler: interval, file, its own cost, or why not
 
 
+class SearchStep(Section):
+    """``speed.searches[i].steps[j]``: one load the capacity search measured: ``step`` (1, 2, ...), ``load``
+    (concurrency or req/s), its ``points`` (names, one per repeat), the requests that met the SLO (``good``) of
+    those ``sent``, pooled over the repeats, their ``attainment_pct`` (100 good / sent) and whether it ``passed``."""
+
+    step: int | None = None
+    load: float | None = None
+    points: list[str] | None = None
+    good: int | None = None
+    sent: int | None = None
+    attainment_pct: float | None = None
+    passed: bool | None = None
+
+
+class CapacitySearch(Section):
+    """``speed.searches[i]``: one server start's capacity search (``bench.capacity``,
+    :mod:`quantverdict.measure.slo_capacity`): the ``slo`` (``ttft_ms``, ``tpot_ms``, ``e2e_ms``; null: not an
+    objective), ``attainment_pct``, the settings, its ``steps`` in run order, the ``capacity`` (null: the lowest
+    load failed), the ``bracket`` ``[capacity, lowest failing load above it]`` (null ends: none) and why it
+    stopped (``stop_reason``: ``tolerance`` | ``max_load_passed`` | ``start_failed``; null: cut short)."""
+
+    server_start: int | None = None
+    mode: str | None = None
+    slo: dict[str, float | None] | None = None
+    attainment_pct: float | None = None
+    start: float | None = None
+    max_load: float | None = None
+    tolerance_pct: float | None = None
+    repeats: int | None = None
+    steps: list[SearchStep] | None = None
+    capacity: float | None = None
+    bracket: list[float | None] | None = None
+    stop_reason: str | None = None
+    stop_words: str | None = None
+
+
 class LevelEnding(Section):
     """``speed.start_plan.levels[i]``: what ended the starts of this scheme against the baseline at one load level
     (:func:`quantverdict.measure.starts.settle`): ``ended_by`` ``settled_above`` | ``settled_below`` |
@@ -575,6 +611,7 @@ class Speed(Section):
     host_sampling: HostSampling | None = None
     starts: list[ServerStartInfo] | None = None  # absent: one start (records written before starts were counted)
     start_plan: StartPlan | None = None
+    searches: list[CapacitySearch] | None = None  # bench.capacity: each server start's search; absent: none ran
 
 
 class ModelInfo(Section):

@@ -31,6 +31,7 @@ from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import ChildFailed, read_outcome
 from quantverdict.results.stage_results import PointSidecar
+from quantverdict.serving import capacity as capacity_search
 from quantverdict.serving.server import CLI_MODULE, VLLMServer
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,8 @@ class SweepClient:
 
     Attributes:
         proc: the client process (its own process group).
-        points: the planned points, in run order.
+        points: the planned points, in run order; in a capacity search (:attr:`search`) those the client announced
+            so far (:func:`quantverdict.serving.capacity.announced_points`).
         out_dir: where its files go; ``spec_path``, ``result_path``, ``log_path`` are its files there.
         gate: the file :func:`run_sweep` writes once the server is verified; the client starts the sweep then.
         base_url: the server address the client was given (the server may start on another port, see
@@ -257,6 +259,7 @@ class SweepClient:
     log_path: Path
     gate: Path
     base_url: str = ""
+    search: bool = False  # a capacity search (bench.capacity): the client picks the points as it goes
 
     def stop(self) -> None:
         """End the client and what is left of its process group: a server that never came up leaves the client
@@ -282,7 +285,14 @@ def start_client(
             server's ``startup_timeout_s`` + 300 s.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    points = sweep_plan.plan(bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats)
+    search = capacity_search.search_spec(bench_cfg)
+    if search is not None:  # the client makes the points as the search goes
+        capacity_search.clear(out_dir)
+    points = (
+        []
+        if search is not None
+        else sweep_plan.plan(bench_cfg.mode, list(bench_cfg.rates), list(bench_cfg.concurrencies), bench_cfg.repeats)
+    )
     for p in points:
         for suffix in (".json", ".qv.json", ".short.json"):
             (out_dir / f"{p.name}{suffix}").unlink(missing_ok=True)
@@ -290,6 +300,8 @@ def start_client(
     gate.unlink(missing_ok=True)
     spec = sweep_spec(server, bench_cfg, tokenizer_path, points, out_dir)
     spec["start_gate"] = str(gate)
+    if search is not None:
+        spec["search"] = search
     spec["gate_timeout_s"] = (
         gate_timeout_s if gate_timeout_s is not None else float(server.cfg.startup_timeout_s) + 300.0
     )
@@ -302,7 +314,9 @@ def start_client(
         env=serve_env.env,
         echo=False,
     )
-    return SweepClient(proc, points, out_dir, spec_path, result_path, client_log, gate, server.base_url)
+    return SweepClient(
+        proc, points, out_dir, spec_path, result_path, client_log, gate, server.base_url, search is not None
+    )
 
 
 def run_sweep(
@@ -319,7 +333,8 @@ def run_sweep(
     Files in ``out_dir``: ``<point>.json`` (vLLM's result, as ``vllm bench serve --save-result
     --save-detailed`` writes it), ``<point>.qv.json`` (seed, server counters, attempts, wall time),
     ``sweep_client.log`` (client output), ``sweep.jsonl`` (one parsed point per line, appended as each
-    point finishes).
+    point finishes); in a capacity search (``bench.capacity``) also ``points.jsonl`` (the points in the order the
+    client announced them) and ``search.json`` (:mod:`quantverdict.serving.capacity`).
 
     Args:
         server: a started, verified :class:`VLLMServer` (dev mode: ``/reset_prefix_cache``).
@@ -350,8 +365,8 @@ def run_sweep(
     if client is None:
         client = start_client(server, bench_cfg, tokenizer_path, serve_env, out_dir)
     log.info(
-        "speed sweep: %d points (%s), >= %d prompts and >= %g s each, %d in / %d out tokens, one client process",
-        len(client.points),
+        "speed sweep: %s (%s), >= %d prompts and >= %g s each, %d in / %d out tokens, one client process",
+        "a capacity search" if client.search else f"{len(client.points)} points",
         bench_cfg.mode,
         bench_cfg.num_prompts,
         bench_cfg.min_duration_s,
@@ -367,6 +382,8 @@ def run_sweep(
     try:
         while True:
             rc = proc.poll()
+            if client.search:  # the points announced so far (the client appends each before it runs)
+                points = client.points = capacity_search.announced_points(out_dir)
             while len(results) < len(points) and (out_dir / f"{points[len(results)].name}.qv.json").is_file():
                 point = points[len(results)]
                 parsed = parse_point(out_dir, point, bench_cfg)
@@ -388,7 +405,8 @@ def run_sweep(
         raise
     procs.wait(proc)
     client.stop()  # the client has exited; a prompt worker it left behind goes too
-    if rc != 0 or len(results) < len(points):
+    unfinished = client.search and capacity_search.read_search(out_dir) is None
+    if rc != 0 or len(results) < len(points) or unfinished:
         server.check_alive(" during the sweep", wait_s=15)
         name = points[len(results)].name if len(results) < len(points) else "(after the last point)"
         err = None

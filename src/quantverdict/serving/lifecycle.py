@@ -24,8 +24,9 @@ from quantverdict.measure import vllm_log
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import run_stage
-from quantverdict.results.record import Record, ServerMemory, Speed, SweepPoint
+from quantverdict.results.record import CapacitySearch, Record, ServerMemory, Speed, SweepPoint
 from quantverdict.results.stage_results import HbmResult, SweepClientTimes
+from quantverdict.serving import capacity as capacity_search
 from quantverdict.serving import gpu_sampling, host_sampling
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
@@ -205,6 +206,8 @@ def sweep(
         for p in points:
             p["server_start"] = 1  # the job's own start (quantverdict.orchestrate.starts runs the others)
         rec.speed.points = [SweepPoint.model_validate(p) for p in points]
+        if (search := capacity_search.read_search(out / "bench")) is not None:  # bench.capacity: its outcome
+            rec.speed.searches = [CapacitySearch.model_validate({**search, "server_start": 1})]
         if sampled is not None:
             gpu_sampling.annotate(rec.speed, sampled)
         if host is not None:
