@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_sweep_client_logic import CALLS, _spec, fake_vllm
 
 from quantverdict.children import sweep_client
 from quantverdict.serving import capacity as capacity_search
+from test_sweep_client_logic import CALLS, _spec, fake_vllm
 
 __all__ = ["fake_vllm"]  # the stand-in's fixture, used by name
 
