@@ -34,6 +34,7 @@ from quantverdict.results.tracking import (
 from quantverdict.review import constraints, crossmodel, gpus, render, sources
 from quantverdict.review import document as doc
 from quantverdict.review.accuracy import accuracy_section
+from quantverdict.review.capacity import read_at_capacity
 from quantverdict.review.cost import cost_json, cost_notes
 from quantverdict.review.document import Review
 from quantverdict.review.flags import FlagCode
@@ -117,7 +118,7 @@ def _card(r: JobRecord, records: list[JobRecord], rc: ReviewConfig, all_records:
         sc.missing.append("no accuracy results (baseline): no scheme's accuracy can be compared")
     sc.speed, speed_flags, miss = speed_summary(r, rc)
     sc.flags += [f.of(sc.name) for f in speed_flags]
-    sc.missing += miss
+    sc.missing += miss + read_at_capacity(sc.speed, r)  # a capacity search: the speed is read at its capacity
     m = sc.memory
     act_quant = (r.cfg.scheme.activation_bits or 16) < 16
     kc = KernelCheck.of(r.speed.kernel_check or kernels.kernel_check(sc.label, r.server, act_quant))

@@ -593,6 +593,56 @@ class SpeedPoint(_Strict):
     goodput: SkipJsonSchema[Goodput | None] = Field(default=None, exclude=True)
 
 
+class CapacityLevel(_Strict):
+    """One load a capacity search measured at one server start, its repeats pooled: ``good`` of ``sent`` requests
+    met the SLO (``attainment_pct`` = 100 good / sent), ``passed`` = attainment >= the search's target."""
+
+    server_start: int
+    load: float
+    good: int
+    sent: int
+    attainment_pct: float
+    passed: bool
+
+
+class CapacityStart(_Strict):
+    """One server start's capacity, re-derived from its recorded points
+    (:func:`quantverdict.measure.slo_capacity.capacity_from_points`): ``capacity`` (None: its lowest load failed),
+    the bracket ``[low, high]`` (``high`` None: no load above it failed) and why its search stopped."""
+
+    server_start: int
+    capacity: float | None
+    low: float | None
+    high: float | None
+    stop_reason: str | None
+    agrees_with_search: bool = Field(description="the search's own answer is the one its points give")
+
+
+class Capacity(_Strict):
+    """Capacity at the SLO (``bench.capacity``; :func:`quantverdict.review.capacity.scheme_capacity`): the highest
+    load at which ``attainment_pct`` % of the requests met ``slo``, per server start and over starts.
+
+    ``capacity``: the median over starts (the lower middle of an even count; a start whose lowest load failed counts
+    lowest); ``interval`` over the starts with a capacity (Student t on their logs, else their min-max);
+    ``output_tok_s`` measured at ``at_load``, the measured load the verdict's speed reads (the highest measured load
+    at or below ``capacity``)."""
+
+    mode: str
+    slo: str = Field(description="the objectives, as text: 'TTFT <= 1,000 ms and TPOT <= 25 ms'")
+    slo_ms: dict[str, float] = Field(description="objective (ttft, tpot, e2e) -> ms")
+    attainment_pct: float
+    tolerance_pct: float | None
+    capacity: float | None = Field(description="None: no start met the SLO at its lowest load searched")
+    interval: Interval | None
+    at_least: bool = Field(description="a start passed its largest load searched: the capacity is at least this")
+    at_load: float | None
+    output_tok_s: float | None = Field(description="output tok/s at at_load, median over its valid repeats")
+    output_tok_s_per_gpu: float | None
+    starts: list[CapacityStart]
+    levels: list[CapacityLevel]
+    note: str = ""
+
+
 class Speed(_Strict):
     """The scheme's sweep (:func:`quantverdict.review.speed.speed_summary`). ``comparable`` False: kept out of speed
     comparisons (``excluded_why``); ``goodput_rps``: req/s meeting every objective at the stated load."""
@@ -615,6 +665,7 @@ class Speed(_Strict):
     stopped_before: list[str] = []
     roofline: Roofline | None = None
     points: list[SpeedPoint] = []
+    capacity: Capacity | None = Field(default=None, description="capacity at the SLO; None: no search ran")
 
     @classmethod
     def unmeasured(cls, mode: str | None = None) -> Speed:

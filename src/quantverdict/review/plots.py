@@ -257,8 +257,31 @@ def latency_figure(review: Review) -> Any:
     return fig
 
 
+def attainment_figure(review: Review) -> Any:
+    """SLO attainment (%) against the load searched, one line per scheme and server start, with the target; None
+    without a capacity search."""
+    found = [(sc, cap) for sc in review.scorecards if (cap := sc.speed.capacity) is not None and cap.levels]
+    if not found:
+        return None
+    label_of = _namer([sc for sc, _ in found])
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, (sc, cap) in enumerate(found):
+        for k, start in enumerate(sorted({lv.server_start for lv in cap.levels})):
+            pts = sorted((lv.load, lv.attainment_pct) for lv in cap.levels if lv.server_start == start)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], label=label_of(sc) if k == 0 else None, **_style(sc, i))
+    first = found[0][1]
+    target = first.attainment_pct
+    ax.axhline(target, ls="--", color="red", lw=1, label=f"target {target:g}% ({first.slo})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests in flight)" if first.mode == "concurrency" else "offered rate (req/s)")
+    ax.set_ylabel("SLO attainment (% of requests sent)")
+    ax.set_ylim(-2, 102)
+    _finish(ax, "SLO attainment against the load searched")
+    return fig
+
+
 # in reading order, each named by its function: ``speed_ratio_figure`` -> ``speed_ratio``
-FIGURES = (speed_ratio_figure, pareto_figure, memory_figure, accuracy_figure, latency_figure)
+FIGURES = (speed_ratio_figure, pareto_figure, memory_figure, accuracy_figure, latency_figure, attainment_figure)
 
 
 # each plot's alt text (review.json's ``plots``; the pages' captions)
@@ -270,6 +293,8 @@ ALT = {
     "memory": "weights + KV cache to serve the stated load, per scheme, against the memory budget",
     "accuracy": "accuracy deltas and perplexity changes with their intervals",
     "latency": "TTFT p99 and per-request TPOT p99 (else ITL p99) against the load (log2 axis), with the objectives",
+    "attainment": "SLO attainment (% of requests meeting every objective) against the load each capacity search "
+    "measured (log2 axis), one line per scheme and server start, with the target",
 }
 
 

@@ -102,8 +102,11 @@ def speed_points(
 
 
 def _planned_loads(rec: JobRecord, mode: str) -> list[float]:
-    """The load levels ``config.bench`` planned, ascending (inf: unlimited); [] without a plan."""
+    """The load levels ``config.bench`` planned, ascending (inf: unlimited); [] without a plan, or where a capacity
+    search chose the loads (``speed.searches``)."""
     bench = rec.cfg.bench
+    if rec.speed.searches:
+        return []
     try:
         plan = sweep_plan.plan(mode, list(bench.rates or []), list(bench.concurrencies or []), 1)
     except (TypeError, ValueError):
