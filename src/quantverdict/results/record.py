@@ -527,6 +527,15 @@ class SearchStep(Section):
     passed: bool | None = None
 
 
+class SearchSlo(Section):
+    """``speed.searches[i].slo``: the per-request objectives a capacity search judged by (ms; null: not an
+    objective)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+
 class CapacitySearch(Section):
     """``speed.searches[i]``: one server start's capacity search (``bench.capacity``,
     :mod:`quantverdict.measure.slo_capacity`): the ``slo`` (``ttft_ms``, ``tpot_ms``, ``e2e_ms``; null: not an
@@ -536,7 +545,7 @@ class CapacitySearch(Section):
 
     server_start: int | None = None
     mode: str | None = None
-    slo: dict[str, float | None] | None = None
+    slo: SearchSlo | None = None
     attainment_pct: float | None = None
     start: float | None = None
     max_load: float | None = None

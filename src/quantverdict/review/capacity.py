@@ -19,7 +19,7 @@ import math
 from quantverdict.measure.goodput import Slo, goodput
 from quantverdict.measure.slo_capacity import capacity_from_points
 from quantverdict.measure.starts import t_interval_logs
-from quantverdict.results.record import CapacitySearch, JobRecord, SweepPoint
+from quantverdict.results.record import CapacitySearch, JobRecord, SearchSlo, SweepPoint
 from quantverdict.review import document as doc
 from quantverdict.review.gpus import job_gpus
 from quantverdict.review.speed import beside, raw_points
@@ -28,8 +28,8 @@ CONFIDENCE = 0.95  # the interval over starts
 
 
 def _slo(search: CapacitySearch) -> Slo:
-    s = search.slo or {}
-    return Slo(ttft_ms=s.get("ttft_ms"), tpot_ms=s.get("tpot_ms"), e2e_ms=s.get("e2e_ms"))
+    s = search.slo or SearchSlo()
+    return Slo(ttft_ms=s.ttft_ms, tpot_ms=s.tpot_ms, e2e_ms=s.e2e_ms)
 
 
 def _recorded_counts(search: CapacitySearch) -> dict[str, tuple[int, int]]:
