@@ -36,7 +36,7 @@ def jsonl_line_problem(line: str) -> tuple[str | None, bool]:
     prompt = obj.get("prompt")
     if not isinstance(prompt, str):
         what = "has no" if "prompt" not in obj else f"has a {type(prompt).__name__} as"
-        return f"{what} \"prompt\" string", False
+        return f'{what} "prompt" string', False
     if not prompt.strip():
         return 'has an empty "prompt"', False
     if "output_tokens" not in obj:

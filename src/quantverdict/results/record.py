@@ -553,7 +553,7 @@ class StartPlan(Section):
 
 
 class Workload(Section):
-    """``speed.workload``: the traffic the sweep sent (``bench.dataset``, :func:`quantverdict.serving.workload.prepare`).
+    """``speed.workload``: the traffic sent (``bench.dataset``; :func:`quantverdict.serving.workload.prepare`).
 
     ``kind`` (random, jsonl, text, shared_prefix); ``source`` (the user's file, the offline WikiText file or the
     hub dataset), ``file`` (the prompts file the client read), its ``sha256`` and ``prompts`` (lines);
