@@ -4,6 +4,7 @@ hit rate in the record, and the review's workload line."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -23,8 +24,10 @@ from quantverdict.measure.workload import (
     shared_prefix_tokens,
 )
 from quantverdict.orchestrate.resume import config_hash, hashed_config
+from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import JobRecord, Workload
 from quantverdict.review.speed import workload
+from quantverdict.serving.workload import TEXT_FILE, prepare
 from review_records import record
 
 # --- errors before any work ------------------------------------------------------------------------------------
@@ -250,3 +253,18 @@ def test_the_review_names_a_prompts_file_and_the_lengths_it_sent() -> None:
     # medians over the points of p50 25, p1 10.3 and p99 39.7 (rounded to whole tokens)
     assert text.startswith("prompts of chat.jsonl (40 lines, sha256 abababababab): p50 25 (p1 10, p99 40) in / ")
     assert "p50 32 (p1 32, p99 32) out tokens per request" in text
+
+
+def test_prepare_writes_the_text_prompts_and_records_a_files_digest(tmp_path: Path) -> None:
+    env = StageEnv("serve", "/nonexistent/python", {})  # neither kind below starts a child
+    cfg = compose(["bench.dataset.kind=text", "bench.dataset.min_words=4", "bench.dataset.max_words=400"])
+    assert cfg.data.offline_root  # the synthetic offline data of the unit tier
+    w = prepare(cfg, tmp_path / "bench", env)
+    written = (tmp_path / "bench" / TEXT_FILE).read_text().splitlines()
+    assert w.kind == "text" and w.prompts == len(written) > 0 and w.file == str((tmp_path / "bench" / TEXT_FILE))
+    assert all(4 <= len(json.loads(line)["prompt"].split()) <= 400 for line in written)
+    path = _jsonl(tmp_path, '{"prompt": "a"}\n')  # 16 bytes: {"prompt": "a"} and a newline
+    own = compose(["bench.dataset.kind=jsonl", f"bench.dataset.path={path}"])
+    w = prepare(own, tmp_path / "b2", env)
+    assert (w.prompts, w.output_tokens_from_file, w.output_len) == (1, False, own.bench.output_len)
+    assert w.sha256 == hashlib.sha256(b'{"prompt": "a"}\n').hexdigest()
