@@ -54,6 +54,8 @@ COUNTED: dict[str, tuple[int, str]] = {
     "orchestrate/caches.py": (14, "cache entries' files and the model config's keys that make up a cache key"),
     "results/record.py": (2, "a task's metrics by lm-eval's name (TaskResult.metric) and os.environ"),
     "results/tracking.py": (4, "MLflow's experiment and run tags"),
+    "measure/workload.py": (2, "the sweep client's spec dataset (serving.workload.client_dataset): kind"),
+    "serving/benchmark.py": (1, "the sweep client's spec dataset: output_tokens_from_file, absent for vLLM's datasets"),
     "serving/gpu_sampling.py": (1, "the config's env_vars (CUDA_VISIBLE_DEVICES)"),
     "results/baseline.py": (
         2,

@@ -72,6 +72,7 @@ from quantverdict.children._child import child_main, progress
 from quantverdict.children.capacity_search import RESULT_FILE as SEARCH_FILE
 from quantverdict.children.capacity_search import SearchDriver
 from quantverdict.children.vllm_cli import bench_parser, install_alias
+from quantverdict.children.workload_check import check_prompt_lengths, dataset_args, requests_to_send
 from quantverdict.measure.bench_result import e2e_s, has_detailed
 from quantverdict.measure.prompt_repeats import prompt_repeats
 from quantverdict.measure.sweep_plan import RETRY_SEED_STRIDE, is_inf_rate, requests_for, warmup_requests
@@ -106,6 +107,8 @@ PROMPT_WORKERS = 2
 PREFETCH_WAIT_S = 300.0
 SAMPLE_KEYS = ("sample_s", "sampled_ahead_s", "prefetch_error")  # how a run's prompts were made, not what they hold
 SHORT_WINDOW_MARGIN = 1.15  # a second attempt is sized for min_duration_s x this at the first one's rate
+# the flags that set every request's output tokens, one per dataset (-1: each prompt line's own)
+OUTPUT_LEN_FLAGS = ("--random-output-len", "--prefix-repetition-output-len", "--custom-output-len")
 
 
 def _post_json(url: str, timeout_s: float = 30.0) -> Any:
@@ -172,13 +175,17 @@ def settled_counters(base_url: str, wait_s: float = 5.0) -> dict[str, float]:
 
 def cli_args(spec: dict[str, Any], point: dict[str, Any], num_prompts: int, seed: int, save: bool) -> list[str]:
     """The ``vllm bench serve`` arguments of one run (the same flags as
-    :func:`quantverdict.serving.benchmark.bench_command`, minus the warm-up and the ready check)."""
+    :func:`quantverdict.serving.benchmark.bench_command`, minus the warm-up and the ready check); the dataset's
+    flags from ``spec["dataset"]`` (:func:`quantverdict.children.workload_check.dataset_args`; absent: random), a
+    shared-prefix run's request count rounded up to whole prefix groups
+    (:func:`~quantverdict.children.workload_check.requests_to_send`)."""
     args = ["--backend", "vllm", "--base-url", spec["base_url"], "--model", spec["model"]]
-    args += ["--tokenizer", spec["tokenizer"], "--dataset-name", "random"]
-    args += ["--random-input-len", str(spec["input_len"]), "--random-output-len", str(spec["output_len"])]
+    args += ["--tokenizer", spec["tokenizer"]]
+    args += dataset_args(spec.get("dataset"), int(spec["input_len"]), int(spec["output_len"]))
     if spec.get("ignore_eos", True):
         args.append("--ignore-eos")
-    args += ["--num-prompts", str(num_prompts), "--request-rate", str(point["request_rate"])]
+    n = requests_to_send(spec.get("dataset"), num_prompts)
+    args += ["--num-prompts", str(n), "--request-rate", str(point["request_rate"])]
     if point.get("max_concurrency") is not None:
         args += ["--max-concurrency", str(point["max_concurrency"])]
     args += ["--seed", str(seed), "--temperature", "0", "--ready-check-timeout-sec", "0", "--num-warmups", "0"]
@@ -194,7 +201,8 @@ def sampling_of(argv: list[str]) -> dict[str, Any]:
     """The sampling parameters a ``vllm bench serve`` command line sends with every request: ``temperature``,
     ``top_p``, ``top_k`` (None: the flag was not given, the server's default, e.g. the checkpoint's
     ``generation_config.json``), ``seed`` (the prompts' and arrivals' seed), ``ignore_eos`` and ``max_tokens``
-    (``--random-output-len``: vLLM's random dataset asks each request for that many tokens)."""
+    (``--random-output-len``, ``--prefix-repetition-output-len`` or ``--custom-output-len``: the dataset asks each
+    request for that many tokens; None for a prompts file whose lines give their own, ``--custom-output-len -1``)."""
 
     def value(flag: str) -> str | None:
         return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
@@ -209,7 +217,10 @@ def sampling_of(argv: list[str]) -> dict[str, Any]:
         "top_k": num("--top-k", int),
         "seed": num("--seed", int),
         "ignore_eos": "--ignore-eos" in argv,
-        "max_tokens": num("--random-output-len", int),
+        "max_tokens": next(
+            (n for f in OUTPUT_LEN_FLAGS if (n := num(f, int)) is not None and n > 0),
+            None,
+        ),
     }
 
 
@@ -341,6 +352,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     if missing:
         progress(f"this vLLM's bench serve has no {', '.join(missing)}: left out")
+    check_prompt_lengths(spec)  # a prompts file's requests fit max_model_len: known before the gate, not mid-sweep
     main_async = getattr(vbench, "main_async", None)
 
     # one tokenizer for the whole sweep: main_async loads it on every call (~0.5 s each, 16 calls a GPU sweep)

@@ -55,6 +55,17 @@ class BenchMode(StrEnum):
     concurrency = "concurrency"
 
 
+class DatasetKind(StrEnum):
+    """``bench.dataset.kind``: the prompts the sweep sends. ``random``: vLLM's random token ids of
+    ``bench.input_len`` tokens; ``jsonl``: the user's JSONL file of prompts; ``text``: WikiText-2 test paragraphs;
+    ``shared_prefix``: random prompts that share one of ``num_prefixes`` prefixes (the prefix cache is meant to hit)."""
+
+    random = "random"
+    jsonl = "jsonl"
+    text = "text"
+    shared_prefix = "shared_prefix"
+
+
 class StartOrder(StrEnum):
     """``bench.start_order``: how a grid's server starts follow each other in time: every round in the grid's order
     (baseline, A, B, baseline, A, B, ...) or in a seeded random order per round (``bench.seed``)."""
@@ -139,6 +150,7 @@ MODEL_SOURCES = tuple(m.value for m in ModelSource)
 SCHEME_METHODS = tuple(m.value for m in SchemeMethod)
 EVAL_BACKENDS = tuple(m.value for m in EvalBackend)
 BENCH_MODES = tuple(m.value for m in BenchMode)
+DATASET_KINDS = tuple(m.value for m in DatasetKind)
 ENV_KINDS = tuple(m.value for m in EnvKind)
 DEVICES = tuple(m.value for m in Device)
 COMPUTE_DTYPES = tuple(m.value for m in ComputeDtype)  # eval.dtype, bench.server.dtype
@@ -351,6 +363,27 @@ class CapacityConfig:
 
 
 @dataclass
+class DatasetConfig:
+    """``bench.dataset``: the traffic the sweep sends (docs/guide/measurement.md, "Workloads").
+
+    ``random`` (the default) keeps the sweep's fixed shape and the config hash of a config without this group.
+    ``jsonl``: lines ``{"prompt": str, "output_tokens": int}`` (``output_tokens`` on every line or on none; none:
+    ``bench.output_len``), sent as written (no chat template). ``text``: WikiText-2 test paragraphs of
+    ``min_words``..``max_words`` words (``data.offline_root``/wikitext-2-raw/wiki.test.raw, else the hub's
+    ``wikitext``/``wikitext-2-raw-v1``), each generating ``bench.output_len`` tokens. ``shared_prefix``: vLLM's
+    prefix-repetition dataset, ``prefix_len`` random tokens shared by a group of requests, then
+    ``bench.input_len - prefix_len`` tokens of their own, ``bench.output_len`` out.
+    """
+
+    kind: DatasetKind = DatasetKind.random
+    path: Optional[str] = None  # jsonl: the file of prompts
+    min_words: int = 16  # text: the shortest paragraph sent (whitespace-separated words)
+    max_words: int = 256  # text: the longest paragraph sent
+    prefix_len: int = 128  # shared_prefix: tokens every request of a group shares
+    num_prefixes: int = 1  # shared_prefix: distinct prefixes (requests are split evenly over them)
+
+
+@dataclass
 class BenchConfig:
     name: str = MISSING  # the file's name under conf/bench/
     enabled: bool = True  # false: no server and no speed sweep (memory from the checkpoint only)
@@ -403,6 +436,8 @@ class BenchConfig:
     # every device; 0: not sampled. The sampler's own CPU time is recorded (speed.host_sampling)
     host_sample_interval_ms: int = 100
     capacity: CapacityConfig = field(default_factory=CapacityConfig)  # capacity at the SLO: a load search
+    # the prompts sent (random token ids, a JSONL file, WikiText paragraphs, shared prefixes)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from quantverdict.config.schema import (
 )
 from quantverdict.config.schemes import calibrates
 from quantverdict.config.targets import target_errors
+from quantverdict.config.workload import dataset_errors
 from quantverdict.measure.integrity import IntegrityError, check_gguf
 
 # a Hugging Face hub id: [owner/]name of letters, digits, "-", "_", "."; no "--" or "..", not starting or
@@ -645,7 +646,9 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
     if cfg.bench.input_len < 1 or cfg.bench.output_len < 1:
         errors.append("bench.input_len and bench.output_len must be >= 1")
     max_len = cfg.bench.server.max_model_len or cfg.model.max_model_len
-    if cfg.bench.input_len + cfg.bench.output_len > max_len:
+    # random and shared_prefix prompts are bench.input_len tokens; a file's prompts are counted by the sweep client
+    fixed_shape = cfg.bench.dataset.kind in ("random", "shared_prefix")
+    if fixed_shape and cfg.bench.input_len + cfg.bench.output_len > max_len:
         errors.append(
             f"bench.input_len + bench.output_len = {cfg.bench.input_len + cfg.bench.output_len} exceeds the "
             f"server's max_model_len {max_len}; lower them or raise model.max_model_len"
@@ -654,6 +657,7 @@ def validate(cfg: Config, more_errors: list[str] | None = None) -> None:
         errors.append(f"bench.prompts_per_concurrency={cfg.bench.prompts_per_concurrency} must be >= 1 or null")
     if cfg.bench.repeats < 1:
         errors.append(f"bench.repeats={cfg.bench.repeats} must be >= 1")
+    errors += dataset_errors(cfg)
     errors += bench_window_errors(cfg.bench)
     errors += server_start_errors(cfg.bench)
     errors += capacity_errors(cfg.bench)

@@ -83,6 +83,7 @@ class VllmBenchResult(Block):
     itls: list[list[float] | None] | None = None
     latencies: list[float | None] | None = None
     output_lens: list[int] | None = None
+    input_lens: list[int] | None = None
     errors: list[str | None] | None = None
 
     def has_failed(self) -> bool:
@@ -332,7 +333,7 @@ def parse_result(
     result: VllmResult,
     point: PlannedPoint,
     num_prompts: int,
-    output_len: int,
+    output_len: int | None,
     warmup_requests: int = 0,
 ) -> SweepPoint:
     """One point's numbers and validity from ``vllm bench serve --save-result --save-detailed`` JSON.
@@ -350,7 +351,9 @@ def parse_result(
         result: the result JSON, as read or typed.
         point: the point it was run for.
         num_prompts: requests sent (``--num-prompts``).
-        output_len: output tokens asked per request (``--random-output-len``; exact with ``--ignore-eos``).
+        output_len: output tokens asked per request (``--random-output-len``; exact with ``--ignore-eos``); None
+            where each request asks its own (a prompts file's ``output_tokens``): then ``output_tokens_requested``,
+            ``short_requests`` and ``output_valid`` are None.
         warmup_requests: ``--num-warmups`` passed to the client (recorded; vLLM excludes them).
 
     Returns:
@@ -392,7 +395,7 @@ def parse_result(
         "total_tok_s": r.total_token_throughput,
         "input_tokens_total": r.total_input_tokens,
         "output_tokens_total": r.total_output_tokens,
-        "output_tokens_requested": num_prompts * output_len,
+        "output_tokens_requested": None if output_len is None else num_prompts * output_len,
         "peak_concurrent_requests": r.max_concurrent_requests,
     }
     for metric in METRICS:
@@ -417,7 +420,7 @@ def parse_result(
         ok = completed_requests(r)
         lens, ttfts, itls = r.output_lens or [], r.ttfts or [], r.itls or []
         out["requests_in_result"] = len(lens)
-        out["short_requests"] = sum(1 for n in lens if n < output_len)
+        out["short_requests"] = None if output_len is None else sum(1 for n in lens if n < output_len)
         saved = "latencies" in r.model_fields_set  # else E2E is TTFT + sum(ITL) by construction (e2e_s)
         lats = e2e_s(r)
         errs = [abs(float(ttfts[i] or 0.0) + sum(itls[i] or []) - lats[i]) for i in ok] if saved else []
@@ -458,7 +461,7 @@ def parse_result(
         )
     )
     got, want = out["output_tokens_total"], out["output_tokens_requested"]
-    out["output_valid"] = None if got is None else bool(got >= OUTPUT_VALID_FRACTION * want)
+    out["output_valid"] = None if got is None or want is None else bool(got >= OUTPUT_VALID_FRACTION * want)
     if out["output_valid"] is False:
         reasons.append(
             f"{got:,} of {want:,} requested output tokens ({100 * got / want:.0f}% < "
@@ -492,7 +495,10 @@ def request_times(result: VllmResult) -> dict[str, list[float | None]] | None:
 
 
 def add_client_side(
-    out: SweepPoint, side: ClientSidecar | Mapping[str, Any], min_duration_s: float = 0.0
+    out: SweepPoint,
+    side: ClientSidecar | Mapping[str, Any],
+    min_duration_s: float = 0.0,
+    shared_tokens: int | None = None,
 ) -> SweepPoint:
     """Complete a parsed point (:func:`parse_result`) with what the one-process sweep client recorded beside
     vLLM's result (``<point>.qv.json``, :mod:`quantverdict.children.sweep_client`); updates ``out`` in place.
@@ -512,6 +518,9 @@ def add_client_side(
         out: the parsed point; needs ``duration_s``, ``input_tokens_total``, ``output_tokens_total``.
         side: the sidecar (:class:`ClientSidecar`, or its JSON as read).
         min_duration_s: the configured minimum window (``bench.min_duration_s``).
+        shared_tokens: prompt tokens the workload shares on purpose (a shared-prefix point's
+            :func:`quantverdict.measure.workload.shared_prefix_tokens`): hits up to this many are the traffic's,
+            judged like the point's own repeated prompts (the larger of the two is left out of the excess).
 
     Raises:
         pydantic.ValidationError: a sidecar value of the wrong type.
@@ -527,6 +536,8 @@ def add_client_side(
     out.min_duration_s = min_duration_s
     out.window_met = duration >= min_duration_s
     repeated = sc.prompt_repeats.repeated_tokens if sc.prompt_repeats is not None else None
+    if shared_tokens is not None:
+        repeated = max(repeated or 0, shared_tokens)
     if sc.counters_before is not None and sc.counters_after is not None:
         checks = server_checks(
             sc.counters_before, sc.counters_after, out.input_tokens_total, out.output_tokens_total, repeated

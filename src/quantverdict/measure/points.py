@@ -99,6 +99,20 @@ class SamplingParams(Section):
     max_tokens: int | None = None
 
 
+class LengthDist(Section):
+    """``speed.points[i].input_len_dist`` / ``output_len_dist``: the prompt or output token counts of the point's
+    requests as sent and generated (vLLM's ``input_lens`` / ``output_lens``,
+    :func:`quantverdict.measure.workload.length_distribution`)."""
+
+    min: float | None = None
+    p1: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    mean: float | None = None
+
+
 class GpuWindow(Section):
     """``speed.points[i].gpu``: what the GPU did in the point's measured window (NVML samples,
     :func:`quantverdict.measure.gpu_samples.window_summary`): energy (J) and its source, energy per output token (J),
@@ -280,6 +294,13 @@ class SweepPoint(Section):
     server_preemptions: int | None = None
     prompt_tokens_rel_diff: float | None = None
     generation_tokens_rel_diff: float | None = None
+    # the lengths actually sent and generated; with bench.dataset.kind=shared_prefix the prefix-cache hit rate the
+    # workload is built to have (quantverdict.measure.workload.expected_prefix_hit_rate) and the one measured: a
+    # property of the traffic, not reuse across points (the judged excess leaves the intended shared tokens out)
+    input_len_dist: LengthDist | None = None
+    output_len_dist: LengthDist | None = None
+    workload_prefix_hit_rate: float | None = None
+    workload_prefix_hit_rate_expected: float | None = None
     client_wall_s: float | None = None
     client_overhead_s: float | None = None
     # {"start_s", "end_s"} from the first request sent; end None for a failed request

@@ -155,7 +155,8 @@ def server_checks(
 
 def cache_summary(points: Sequence[SweepPoint | Mapping[str, Any]]) -> str | None:
     """One sentence on the prefix-cache hits of a sweep's points (parsed, with :func:`server_checks`' keys), or
-    None when no point has the server's counters (records from before the counters were kept).
+    None when no point has the server's counters (records from before the counters were kept). A shared-prefix
+    workload's points (``workload_prefix_hit_rate_expected``) are described as such: their hits are the traffic's.
 
     E.g. hits of 1.5% and 2.8% with 1.6% and 3.0% of the prompt tokens repeated inside their points and none
     beyond: "prefix-cache hits at most 2.8% of the prompt tokens looked up per point; at most 3.0% of a
@@ -166,6 +167,14 @@ def cache_summary(points: Sequence[SweepPoint | Mapping[str, Any]]) -> str | Non
     rates = [v for p in typed if (v := p.number("prefix_cache_hit_rate")) is not None]
     if not rates:
         return None
+    built = [v for p in typed if (v := p.number("workload_prefix_hit_rate_expected")) is not None]
+    if built:  # a shared-prefix workload: the hits are the traffic's, by design
+        return (
+            f"a shared-prefix workload: prefix-cache hits {100 * min(rates):.1f}-{100 * max(rates):.1f}% of the prompt "
+            f"tokens looked up per point, built for at most {100 * max(built):.1f}% (whole KV blocks only are "
+            "served); only hits beyond the shared prefixes count against the "
+            f"{100 * MAX_PREFIX_HIT_RATE:g}% limit on reuse across points"
+        )
     text = f"prefix-cache hits at most {100 * max(rates):.1f}% of the prompt tokens looked up per point"
     repeats = [v for p in typed if (v := p.number("prompt_repeat_rate")) is not None]
     excess = [v for p in typed if (v := p.number("prefix_cache_excess_hit_rate")) is not None]

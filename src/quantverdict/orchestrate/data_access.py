@@ -137,7 +137,8 @@ def hub_needs(cfg: Config) -> list[str]:
     """What in this job reads the Hugging Face hub for data (the model's own source is preflight's), one phrase each.
 
     Eval tasks without an offline copy under ``data.offline_root`` and not over local files of
-    ``eval.include_path``; the token perplexity's WikiText-2 text without ``data.offline_root``; a calibrated
+    ``eval.include_path``; the token perplexity's WikiText-2 text without ``data.offline_root``, and the sweep's
+    (``bench.dataset.kind=text``); a calibrated
     scheme's text without ``data.offline_root`` (or without ``scheme.calibration.text_file``).
     """
     root = cfg.data.offline_root
@@ -154,6 +155,8 @@ def hub_needs(cfg: Config) -> list[str]:
             needs.append(f"eval.tasks {', '.join(hub_tasks)} (lm-eval's hub datasets)")
         if cfg.eval.token_perplexity.enabled and not root:
             needs.append("eval.token_perplexity (the WikiText-2 test text)")
+    if cfg.bench.enabled and cfg.bench.dataset.kind == "text" and not root:
+        needs.append("bench.dataset.kind=text (the WikiText-2 test paragraphs)")
     if schemes.calibrates(cfg) and not (root and cfg.scheme.calibration.text_file):
         cal = cfg.scheme.calibration
         needs.append(f"scheme.calibration ({cal.hf_dataset} {cal.hf_subset} {cal.hf_split})")

@@ -70,14 +70,19 @@ UNHASHED_ENV = ("installer", "extra_index_urls")
 
 def hashed_config(cfg: Config) -> dict[str, Any]:
     """The part of the resolved config that :func:`config_hash` hashes: every group but :data:`UNHASHED`, the
-    server's settings without :data:`UNHASHED_SERVER`, the env without :data:`UNHASHED_ENV`, and no ``kv`` group
+    server's settings without :data:`UNHASHED_SERVER`, the env without :data:`UNHASHED_ENV`, no ``kv`` group
     for the default KV cache (``kv.name == "auto"``, the served dtype), so that a config written before the ``kv``
-    group existed hashes as the same config with ``kv=auto``."""
+    group existed hashes as the same config with ``kv=auto``, and no ``bench.dataset`` for vLLM's random prompts
+    (``bench.dataset.kind == "random"``, whose other keys it does not read), so that a config written before the
+    group existed hashes as the same config with the default traffic."""
     kept = {k: v for k, v in as_dict(cfg).items() if k not in UNHASHED}
     if cfg.kv.name == "auto":
         del kept["kv"]
     server = {k: v for k, v in kept["bench"]["server"].items() if k not in UNHASHED_SERVER}
-    kept["bench"] = {**kept["bench"], "server": server}
+    bench = {**kept["bench"], "server": server}
+    if cfg.bench.dataset.kind == "random":
+        bench.pop("dataset", None)
+    kept["bench"] = bench
     kept["env"] = {k: v for k, v in kept["env"].items() if k not in UNHASHED_ENV}
     return kept
 

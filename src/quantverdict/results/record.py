@@ -33,6 +33,7 @@ from quantverdict.measure.points import GpuWindow as GpuWindow
 from quantverdict.measure.points import HostLoad as HostLoad
 from quantverdict.measure.points import HostWindow as HostWindow
 from quantverdict.measure.points import JsonObject as JsonObject
+from quantverdict.measure.points import LengthDist as LengthDist
 from quantverdict.measure.points import LoadLevel as LoadLevel
 from quantverdict.measure.points import ModelDims as ModelDims
 from quantverdict.measure.points import SamplingParams as SamplingParams
@@ -596,6 +597,30 @@ class StartPlan(Section):
     note: str | None = None
 
 
+class Workload(Section):
+    """``speed.workload``: the traffic sent (``bench.dataset``; :func:`quantverdict.serving.workload.prepare`).
+
+    ``kind`` (random, jsonl, text, shared_prefix); ``source`` (the user's file, the offline WikiText file or the
+    hub dataset), ``file`` (the prompts file the client read), its ``sha256`` and ``prompts`` (lines);
+    ``output_tokens_from_file`` (each line's ``output_tokens``, else ``output_len``); ``input_len`` (random,
+    shared_prefix: tokens per prompt); text: ``min_words``/``max_words``; shared_prefix: ``prefix_len``,
+    ``num_prefixes``. A record without it sent vLLM's random prompts (``bench.input_len``/``output_len``).
+    """
+
+    kind: str | None = None
+    source: str | None = None
+    file: str | None = None
+    sha256: str | None = None
+    prompts: int | None = None
+    output_tokens_from_file: bool | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    min_words: int | None = None
+    max_words: int | None = None
+    prefix_len: int | None = None
+    num_prefixes: int | None = None
+
+
 class Speed(Section):
     """``speed``: the serving sweep's points, their per-load summary, the kernel check and the roofline."""
 
@@ -605,6 +630,7 @@ class Speed(Section):
     # the server's address: host, port (the one it listened on), requested_port, strict_port, start_attempts
     # (quantverdict.serving.server.VLLMServer.endpoint)
     server: JsonObject | None = None
+    workload: Workload | None = None  # the traffic sent (absent: vLLM's random prompts)
     points: list[SweepPoint] = Field(default_factory=list)
     summary: list[LoadLevel] = Field(default_factory=list)
     kernel_check: JsonObject | None = None

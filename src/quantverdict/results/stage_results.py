@@ -139,6 +139,14 @@ class CpuProbeResult(StageResult):
     vllm: JsonObject | None
 
 
+class WikitextPromptsResult(StageResult):
+    """``children/wikitext_prompts.py``: the prompts file of the built-in text workload written from the hub's
+    WikiText-2 test split (``prompts``: its lines; ``source``: where the text came from)."""
+
+    prompts: int
+    source: str
+
+
 class _ChildFile(BaseModel):
     """A file a child writes beside its result for the orchestrator: the keys read here typed, the others kept as
     written (the child owns them)."""

@@ -59,12 +59,47 @@ def level_label(load: float, mode: str) -> str:
     return "unlimited rate" if math.isinf(load) else f"{load:g} req/s"
 
 
+def _lengths(points: list[SweepPoint], key: str) -> str | None:
+    """``p50 X (p1 A, p99 B)`` tokens of the points' ``input_len_dist`` or ``output_len_dist`` (each statistic the
+    median over the points); None where no point has it."""
+    dists = [d for p in points if (d := getattr(p, key)) is not None]
+    stats = {s: [v for d in dists if (v := getattr(d, s)) is not None] for s in ("p1", "p50", "p99")}
+    if not all(stats.values()):
+        return None
+    med = {s: statistics.median(v) for s, v in stats.items()}
+    return f"p50 {med['p50']:,.0f} (p1 {med['p1']:,.0f}, p99 {med['p99']:,.0f})"
+
+
+def workload_text(rec: JobRecord) -> str | None:
+    """What a sweep sent when it was not vLLM's random prompts (``speed.workload``), with the prompt and output
+    lengths actually sent (:func:`_lengths`); None for the random prompts (the fixed shape says it all)."""
+    w = rec.speed.workload
+    if w is None or w.kind in (None, "random"):
+        return None
+    if w.kind == "shared_prefix":
+        what = (
+            f"shared-prefix prompts of {w.input_len:,} tokens, the first {w.prefix_len:,} shared by each group "
+            f"({w.num_prefixes} prefix{'es' if (w.num_prefixes or 0) > 1 else ''})"
+        )
+    elif w.kind == "text":
+        what = f"WikiText-2 test paragraphs of {w.min_words}-{w.max_words} words ({w.prompts:,} prompts)"
+    else:
+        digest = f", sha256 {w.sha256[:12]}" if w.sha256 else ""
+        what = f"prompts of {Path(w.source or '').name} ({w.prompts:,} lines{digest})"
+    ins = _lengths(rec.speed.points, "input_len_dist")
+    outs = _lengths(rec.speed.points, "output_len_dist")
+    lengths = f"{ins or '?'} in / {outs or w.output_len or '?'} out tokens per request"
+    return f"{what}: {lengths}"
+
+
 def workload(rec: JobRecord) -> doc.Workload:
-    """The request shape of a record's sweep, from ``config.bench``."""
+    """The request shape of a record's sweep, from ``config.bench``; a sweep of another dataset than vLLM's random
+    prompts (``speed.workload``) is named with the prompt and output lengths it sent (:func:`workload_text`)."""
     b = rec.cfg.bench
     shape = "request shape not recorded"
     if b.input_len is not None and b.output_len is not None:
         shape = f"{b.input_len:,} in / {b.output_len:,} out tokens per request"
+    shape = workload_text(rec) or shape
     text = shape + (f" (bench={b.name})" if b.name else "")
     return doc.Workload(bench=b.name, input_len=b.input_len, output_len=b.output_len, text=text)
 

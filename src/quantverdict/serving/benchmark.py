@@ -23,8 +23,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from quantverdict.children import workload_check
 from quantverdict.config.schema import BenchConfig
 from quantverdict.measure import bench_result, sweep_plan
+from quantverdict.measure import workload as measure_workload
 from quantverdict.measure.points import SamplingParams
 from quantverdict.measure.points import SweepPoint as RecordedPoint
 from quantverdict.processes import procs
@@ -32,6 +34,7 @@ from quantverdict.processes.envs import StageEnv
 from quantverdict.processes.runner import ChildFailed, read_outcome
 from quantverdict.results.stage_results import PointSidecar
 from quantverdict.serving import capacity as capacity_search
+from quantverdict.serving import workload
 from quantverdict.serving.server import CLI_MODULE, VLLMServer
 
 log = logging.getLogger(__name__)
@@ -87,7 +90,8 @@ def bench_command(
 ) -> list[str]:
     """The ``vllm bench serve`` command line for one point.
 
-    Random dataset with fixed lengths (``--random-range-ratio`` defaults to 0), ``--ignore-eos``
+    The dataset of ``bench.dataset`` (:func:`quantverdict.children.workload_check.dataset_args`; the default:
+    vLLM's random dataset with fixed lengths, ``--random-range-ratio`` defaults to 0), ``--ignore-eos``
     so that every request produces exactly ``output_len`` tokens, greedy sampling
     (``--temperature 0``) so that runs are repeatable.
 
@@ -101,13 +105,15 @@ def bench_command(
     """
     cmd = serve_env.module(CLI_MODULE, "bench", "serve")
     cmd += ["--backend", "vllm", "--base-url", server.base_url, "--model", server.served_model_name]
-    cmd += ["--tokenizer", str(tokenizer_path), "--dataset-name", "random"]
-    cmd += ["--random-input-len", str(bench_cfg.input_len), "--random-output-len", str(bench_cfg.output_len)]
+    cmd += ["--tokenizer", str(tokenizer_path)]
+    dataset = workload.client_dataset(bench_cfg, result_dir)
+    cmd += workload_check.dataset_args(dataset, bench_cfg.input_len, bench_cfg.output_len)
     if bench_cfg.ignore_eos:
         cmd.append("--ignore-eos")
     n = num_prompts or sweep_plan.prompts_for(
         bench_cfg.num_prompts, bench_cfg.prompts_per_concurrency, point.concurrency
     )
+    n = workload_check.requests_to_send(dataset, n)
     cmd += ["--num-prompts", str(n), "--request-rate", point.request_rate_arg]
     if point.concurrency is not None:
         cmd += ["--max-concurrency", str(point.concurrency)]
@@ -153,13 +159,17 @@ def sweep_spec(
     """The spec of :mod:`quantverdict.children.sweep_client` for ``points`` (in run order): the ``i``-th
     point's seed is :func:`~quantverdict.measure.sweep_plan.point_seed` ``(bench.seed, i)``, its minimum
     request count :func:`~quantverdict.measure.sweep_plan.prompts_for`; the warm-up seed
-    :func:`~quantverdict.measure.sweep_plan.warmup_seed`."""
+    :func:`~quantverdict.measure.sweep_plan.warmup_seed`; ``dataset`` the traffic
+    (:func:`quantverdict.serving.workload.client_dataset`), ``max_model_len`` the server's context (the client
+    checks a prompts file's token counts against it before the gate)."""
     return {
         "base_url": server.base_url,
         "model": server.served_model_name,
         "tokenizer": str(tokenizer_path),
         "input_len": bench_cfg.input_len,
         "output_len": bench_cfg.output_len,
+        "dataset": workload.client_dataset(bench_cfg, result_dir),
+        "max_model_len": server.max_model_len,
         "ignore_eos": bench_cfg.ignore_eos,
         "percentile_metrics": ",".join(sweep_plan.METRICS),
         "metric_percentiles": ",".join(str(p) for p in sweep_plan.PERCENTILES),
@@ -187,18 +197,23 @@ def sweep_spec(
 def parse_point(out_dir: Path, point: sweep_plan.SweepPoint, bench_cfg: BenchConfig) -> RecordedPoint:
     """One finished point from its two files: vLLM's ``<point>.json`` and the client's ``<point>.qv.json``
     (:func:`quantverdict.measure.bench_result.parse_result`, then
-    :func:`~quantverdict.measure.bench_result.add_client_side`)."""
+    :func:`~quantverdict.measure.bench_result.add_client_side` and
+    :func:`quantverdict.measure.workload.add_workload`: the lengths sent, a shared-prefix workload's hit rate)."""
     side = json.loads((out_dir / f"{point.name}.qv.json").read_text())
     result_file = out_dir / f"{point.name}.json"
     result = bench_result.VllmBenchResult.model_validate_json(result_file.read_text())
+    dataset = workload.client_dataset(bench_cfg, out_dir)
+    sent = workload_check.requests_to_send(dataset, int(side["num_prompts"]))  # shared_prefix: whole groups
     parsed = bench_result.parse_result(
         result,
         point,
-        int(side["num_prompts"]),
-        bench_cfg.output_len,
+        sent,
+        None if dataset.get("output_tokens_from_file") else bench_cfg.output_len,
         bench_cfg.warmup_prompts,
     )
-    bench_result.add_client_side(parsed, side, bench_cfg.min_duration_s)
+    shared = measure_workload.shared_prefix_tokens(dataset, sent)
+    bench_result.add_client_side(parsed, side, bench_cfg.min_duration_s, shared_tokens=shared)
+    measure_workload.add_workload(parsed, result.input_lens, result.output_lens, dataset, bench_cfg.input_len)
     parsed.request_times = bench_result.request_times(result)
     sampling = PointSidecar.model_validate(side).sampling
     if sampling is not None:  # what every request of the point was sent with

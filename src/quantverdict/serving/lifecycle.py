@@ -27,7 +27,7 @@ from quantverdict.processes.runner import run_stage
 from quantverdict.results.record import CapacitySearch, Record, ServerMemory, Speed, SweepPoint
 from quantverdict.results.stage_results import HbmResult, SweepClientTimes
 from quantverdict.serving import capacity as capacity_search
-from quantverdict.serving import gpu_sampling, host_sampling
+from quantverdict.serving import gpu_sampling, host_sampling, workload
 from quantverdict.serving.benchmark import SweepClient, finished_points, run_sweep, start_client
 from quantverdict.serving.server import VLLMServer
 from quantverdict.serving.speed import add_roofline, speed_validity
@@ -48,7 +48,8 @@ def new_server(
     Args:
         cfg: the job's config (``bench.server``, ``model.serve_args``, ``env.device``).
         rec: the job's record; ``speed`` is set to ``mode``, ``served_model``, ``server`` (the port to be tried
-            first, :meth:`VLLMServer.endpoint`), ``points`` (empty), ``hbm_copy`` (cuda) and ``dtype`` (when
+            first, :meth:`VLLMServer.endpoint`), ``workload`` (:func:`quantverdict.serving.workload.prepare`),
+            ``points`` (empty), ``hbm_copy`` (cuda) and ``dtype`` (when
             ``serve_dtype`` is given).
         out: the job's output folder (``vllm_server.log``, the hbm stage's files).
         serve_dtype: the resolved ``--dtype`` and why (on CPU chosen from the CPU, see ``cpu_caps``), or None.
@@ -78,6 +79,8 @@ def new_server(
         mode=str(cfg.bench.mode),  # the config string, not its Enum member
         served_model=served_name,
         server=server.endpoint(),
+        # the traffic, its prompts file written before the server starts (the text workload's, in the bench folder)
+        workload=workload.prepare(cfg, out / "bench", env) if cfg.bench.enabled else None,
         points=[],
     )
     if hbm:
