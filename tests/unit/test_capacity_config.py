@@ -60,3 +60,12 @@ def test_the_profiles_search_as_stated() -> None:
         3,
         False,
     )
+
+
+def test_the_search_off_keeps_the_job_id_and_on_changes_it() -> None:
+    from quantverdict.orchestrate.resume import config_hash, hashed_config
+
+    plain = compose([])
+    assert "capacity" not in hashed_config(plain)["bench"]  # off: hashed as a config without the group
+    assert config_hash(compose(["bench.capacity.ttft_ms=500"])) == config_hash(plain)  # unread while off
+    assert config_hash(compose(["bench.capacity.enabled=true", "bench.capacity.ttft_ms=500"])) != config_hash(plain)

@@ -74,7 +74,8 @@ def hashed_config(cfg: Config) -> dict[str, Any]:
     for the default KV cache (``kv.name == "auto"``, the served dtype), so that a config written before the ``kv``
     group existed hashes as the same config with ``kv=auto``, and no ``bench.dataset`` for vLLM's random prompts
     (``bench.dataset.kind == "random"``, whose other keys it does not read), so that a config written before the
-    group existed hashes as the same config with the default traffic."""
+    group existed hashes as the same config with the default traffic; likewise no ``bench.capacity`` while the
+    capacity search is off (its other keys are then not read)."""
     kept = {k: v for k, v in as_dict(cfg).items() if k not in UNHASHED}
     if cfg.kv.name == "auto":
         del kept["kv"]
@@ -82,6 +83,8 @@ def hashed_config(cfg: Config) -> dict[str, Any]:
     bench = {**kept["bench"], "server": server}
     if cfg.bench.dataset.kind == "random":
         bench.pop("dataset", None)
+    if not cfg.bench.capacity.enabled:
+        bench.pop("capacity", None)
     kept["bench"] = bench
     kept["env"] = {k: v for k, v in kept["env"].items() if k not in UNHASHED_ENV}
     return kept
