@@ -78,7 +78,7 @@ def rendered_text(url: str, tmp: Path, wait_ms: int = 0) -> str:
 
 def screenshot(url: str, png: Path, tmp: Path, window: tuple[int, int] = FIRST_SCREEN, wait_ms: int = 0) -> None:
     """A PNG of the first ``window`` of ``url``; copied into ``$QV_SCREENSHOT_DIR`` when that is set (how
-    docs/results/*-first-screen.png are made)."""
+    docs/screenshots/*-first-screen.png are made)."""
     budget = [f"--virtual-time-budget={wait_ms}"] if wait_ms else []
     out = chromium([*budget, f"--screenshot={png}", url], tmp, window)
     assert out.returncode == 0 and png.is_file(), out.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The two screenshots in docs/results, from the embedded CPU grid's records (as tests/regen_docs_results.py
+"""The two screenshots in docs/screenshots, from the embedded CPU grid's records (as tests/regen_docs_results.py
 reviews them: ``docs/results/cpu-records/xeon-amx/smollm2-135m``, the ``cpu`` constraint set):
 
 * ``review-first-screen.png``: the first 1280 x 800 px of that grid's review.html;
@@ -6,7 +6,7 @@ reviews them: ``docs/results/cpu-records/xeon-amx/smollm2-135m``, the ``cpu`` co
   ``mlflow server`` over a fresh sqlite store holding the six job runs (each with its stage runs, as
   :class:`quantverdict.results.tracking.Tracker` logs them) and the review.
 
-    PYTHONPATH=src:.:tests python tests/regen_screenshots.py [--out docs/results]
+    PYTHONPATH=src:.:tests python tests/regen_screenshots.py [--out docs/screenshots]
 
 Needs Debian's ``chromium`` (``make browser``). Everything else goes to a temporary folder; the server is stopped
 with its whole process tree.
@@ -70,7 +70,7 @@ def build_store(tmp: Path) -> tuple[str, Path]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="qv-shots-") as d:
         tmp = Path(d)

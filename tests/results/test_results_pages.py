@@ -20,6 +20,7 @@ PAGES = [
     "hopper-schemes",
     "starts-energy",
     "saturation",
+    "capacity-slo",
     "cpu-grid",
 ]
 
@@ -140,3 +141,26 @@ def test_saturation_page_reads_the_idle_share_and_the_api_server(written: Path) 
     assert "| starts page, machine 3 (GPU-918035c3) | 3 | 10,070 (9,944-10,103) | 0.8 (0.0-0.8) | 70 (70) |" in lines
     assert "| this page, `starts` (GPU-7a73909d) | 12 | 8,147 (7,337-8,883) | 15.1 (7.4-24.6) | 100 (100) |" in lines
     assert any("the GPU idled and the windows spread 21%" in line for line in lines)
+
+
+def test_capacity_page_reads_each_capacity_off_the_recorded_levels(written: Path) -> None:
+    lines = (written / "capacity-slo.md").read_text().splitlines()
+    # bf16's search: 136 requests in flight passed (816 of 816 requests met TTFT <= 1,000 ms and TPOT <= 25 ms),
+    # 144 failed (849 / 864 = 98.26% < 99%); fp8: 176 passed (1,056 / 1,056), 192 failed (1,122 / 1,152 = 97.40%);
+    # gptq: 128 passed (768 / 768), 136 failed (805 / 816 = 98.65%)
+    assert "fp8 (FP8_DYNAMIC) carries the most: 176 requests in flight [176, 192)" in lines[2]
+    assert "bf16 (BF16) 136 [136, 144) and gptq (W4A16) 128 [128, 136)" in lines[2]
+    # capacity over bf16: 176 / 136 = 1.294; range 176 / 144 = 1.222 to 192 / 136 = 1.412; gptq 128 / 136 = 0.941,
+    # 128 / 144 = 0.889 to 136 / 136 = 1.000. USD / Mtok at $3.00 per GPU-hour: 3.0 / (8,093.16 tok/s x 3,600 s)
+    # x 10^6 = 0.1030 for bf16's output tok/s at 136 in flight
+    table = lines[
+        lines.index(
+            "| scheme | capacity (requests in flight) | interval: bracket [pass, fail) | capacity over bf16 (range) | output tok/s at capacity (per GPU) | USD / Mtok at capacity ($3.00/h) |"
+        ) :
+    ]
+    row = {line.split(" | ")[0]: line for line in table[2:5]}
+    assert row["| bf16 (BF16)"] == "| bf16 (BF16) | 136 | [136, 144) | 1x (the reference) | 8,093 | 0.103 |"
+    assert "| 176 | [176, 192) | 1.29x (1.22-1.41) |" in row["| fp8 (FP8_DYNAMIC)"]
+    assert "| 128 | [128, 136) | 0.94x (0.89-1.00) |" in row["| gptq (W4A16)"]
+    # Clopper-Pearson 95% of 849 / 864: the beta quantiles B(0.025; 849, 16) = 0.9715 and B(0.975; 850, 15) = 0.9903
+    assert "| bf16 (BF16) | 144 | 849 / 864 | 98.26% [97.15, 99.03] | fail |" in lines

@@ -1811,6 +1811,158 @@ def cpu_grid(out: Path) -> Page:
     return Page("cpu-grid", "CPU grid (SmolLM2-135M, six schemes)", f"{answer} At 0.3 GiB: {answer_tight}")
 
 
+CAPACITY = Grid("gpu-capacity-h100/records", (*GPU_REVIEW, "review.gpu_price_per_hour={H100: 3.0}"))
+CAPACITY_PRICE = 3.0  # USD per H100-hour: an assumed list price, stated on the page; the user's own goes in the review
+
+
+def _attainment_ci(good: int, sent: int) -> tuple[float, float]:
+    """Clopper-Pearson 95% interval of a level's attainment (percent): ``scipy.stats.binomtest(...).proportion_ci``
+    with ``method="exact"``."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(good, sent).proportion_ci(0.95, method="exact")
+    return 100 * float(ci.low), 100 * float(ci.high)
+
+
+def _bracket(cap: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The capacity's bracket over starts: the lowest passing load and the highest failing one above it (one start:
+    its own ``[low, high)``)."""
+    lows = [s["low"] for s in cap["starts"] if s["low"] is not None]
+    highs = [s["high"] for s in cap["starts"] if s["high"] is not None]
+    return (min(lows) if lows else None, max(highs) if highs else None)
+
+
+def capacity_slo(out: Path) -> Page:
+    """Capacity at a latency SLO per scheme, found by the search, with $/Mtok at it."""
+    doc = review(CAPACITY)
+    cards = sorted(doc["scorecards"], key=lambda c: (not c["is_baseline"], c["scheme"]))
+    caps = {c["scheme"]: c["speed"]["capacity"] for c in cards}
+    cost = {s["scheme"]: s for s in (doc.get("cost") or {}).get("schemes", [])}
+    base = next(c for c in cards if c["is_baseline"])
+    bcap = caps[base["scheme"]]
+    blo, bhi = _bracket(bcap)
+    first = bcap
+    starts = {len(cap["starts"]) for cap in caps.values()}
+
+    def ratio_bounds(cap: dict[str, Any]) -> str:
+        lo, hi = _bracket(cap)
+        if None in (lo, hi, blo, bhi) or cap["capacity"] is None or bcap["capacity"] is None:
+            return "–"
+        return f"{cap['capacity'] / bcap['capacity']:.2f}x ({lo / bhi:.2f}-{hi / blo:.2f})"  # type: ignore[operator]
+
+    best = max(cards, key=lambda c: caps[c["scheme"]]["capacity"] or -1)
+    others = [c for c in cards if c is not best]
+    bits = []
+    for c in others:
+        cap = caps[c["scheme"]]
+        lo, hi = _bracket(cap)
+        bits.append(f"{_name(c)} {cap['capacity']:g} [{lo:g}, {hi:g})")
+    blo_best, bhi_best = _bracket(caps[best["scheme"]])
+    answer = (
+        f"{_name(best)} carries the most: {caps[best['scheme']]['capacity']:g} requests in flight "
+        f"[{blo_best:g}, {bhi_best:g}), against " + " and ".join(bits) + f" ({first['slo']} for "
+        f"{first['attainment_pct']:g}% of requests, 256 in / 128 out tokens, one server start per scheme)."
+    )
+    priced = [(c, (cost.get(c["scheme"]) or {}).get("usd_per_mtok_at_load")) for c in cards]
+    if all(usd is not None for _, usd in priced):
+        answer += (
+            f" At ${CAPACITY_PRICE:.2f} per GPU-hour a million output tokens at capacity cost "
+            + ", ".join(f"${usd:.3f} ({c['scheme']})" for c, usd in sorted(priced, key=lambda x: x[1]))
+            + "."
+        )
+    lines = [
+        "# Capacity at a latency SLO: llama3.1-8b-shape on an H100",
+        "",
+        f"**How many concurrent requests does each scheme carry while {first['attainment_pct']:g}% of requests keep "
+        f"{first['slo']}, and what does a million output tokens cost there?** {answer}",
+        "",
+        "Method. The Llama-3.1-8B shape (random weights: memory and speed are real, accuracy is not measured) in bf16 "
+        "(BF16), fp8 (FP8_DYNAMIC) and gptq (W4A16), served on one GPU in a closed loop (256 in / 128 out tokens, "
+        "random prompts; sampling temperature 0, ignore_eos; the prefix cache reset between points; windows of at "
+        f"least 10 s). Each scheme's server ran `bench=gpu-capacity`: a search that starts at "
+        f"{min(lv['load'] for lv in first['levels']):g} requests in flight, doubles while a load passes and then "
+        f"bisects between the highest passing and the lowest failing load until they lie within "
+        f"{first['tolerance_pct']:g}% of the lower one. A load passes when at least {first['attainment_pct']:g}% of "
+        "its requests met every objective (per request: TTFT, and TPOT = (E2E - TTFT) / (output tokens - 1)); the "
+        "capacity is the highest load that passes with every lower load passing, re-derived by the review from the "
+        "recorded points (`quantverdict.measure.slo_capacity.capacity_from_points`). Its interval is the search's "
+        "bracket [highest pass, lowest fail): the true capacity of that server start lies in it. "
+        f"{'One server start per scheme' if starts == {1} else 'Several server starts per scheme'}: the interval "
+        "holds the search's resolution, not the variance between server starts (how much throughput moves between "
+        "starts of one scheme on this shape: the [starts page](starts-energy.md)). A capacity ratio's "
+        "range is the ratio of the brackets' ends. Each level's attainment carries a Clopper-Pearson 95% interval "
+        "(`scipy.stats.binomtest`). Cost: output tok/s at the capacity at an assumed "
+        f"${CAPACITY_PRICE:.2f} per GPU-hour (`review.gpu_price_per_hour`; set your own): "
+        "USD / Mtok = price / (tok/s x 3,600) x 10^6.",
+        "",
+        f"Machine: {machine(CAPACITY.records).line()}. Records: `{CAPACITY.records}`; the full review: "
+        f"`python -m pipelines.review docs/results/{CAPACITY.records} 'review.gpu_price_per_hour={{H100: 3.0}}'`.",
+        "",
+    ]
+    body = []
+    for c in cards:
+        cap = caps[c["scheme"]]
+        lo, hi = _bracket(cap)
+        co = cost.get(c["scheme"]) or {}
+        usd = co.get("usd_per_mtok_at_load")
+        body.append(
+            [
+                _name(c),
+                f"{cap['capacity']:g}" if cap["capacity"] is not None else "none",
+                f"[{lo:g}, {hi:g})" if lo is not None and hi is not None else "–",
+                "1x (the reference)" if c["is_baseline"] else ratio_bounds(cap),
+                f"{cap['output_tok_s']:,.0f}" if cap.get("output_tok_s") else "–",
+                f"{usd:.3f}" if usd is not None else "–",
+            ]
+        )
+    lines += _table(
+        [
+            "scheme",
+            "capacity (requests in flight)",
+            "interval: bracket [pass, fail)",
+            "capacity over bf16 (range)",
+            "output tok/s at capacity (per GPU)",
+            f"USD / Mtok at capacity (${CAPACITY_PRICE:.2f}/h)",
+        ],
+        body,
+    )
+    lines += ["", "## Every level the searches measured", ""]
+    rows = []
+    for c in cards:
+        for lv in sorted(caps[c["scheme"]]["levels"], key=lambda x: x["load"]):
+            lo_ci, hi_ci = _attainment_ci(int(lv["good"]), int(lv["sent"]))
+            rows.append(
+                [
+                    _name(c),
+                    f"{lv['load']:g}",
+                    f"{lv['good']:,} / {lv['sent']:,}",
+                    f"{lv['attainment_pct']:.2f}% [{lo_ci:.2f}, {hi_ci:.2f}]",
+                    "pass" if lv["passed"] else "fail",
+                ]
+            )
+    lines += _table(["scheme", "concurrency", "good / sent", "attainment [95% CI]", "verdict"], rows)
+    lines += ["", "![SLO attainment by concurrency, every scheme](capacity-slo.png)", ""]
+    (out / "capacity-slo.md").write_text("\n".join(lines))
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    loads: set[float] = set()
+    for c in cards:
+        lv = sorted(caps[c["scheme"]]["levels"], key=lambda x: x["load"])
+        loads |= {x["load"] for x in lv}
+        ax.plot([x["load"] for x in lv], [x["attainment_pct"] for x in lv], marker="o", label=_name(c))
+    ax.axhline(first["attainment_pct"], color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(loads), [f"{x:g}" for x in sorted(loads)], rotation=90)
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(f"requests meeting the SLO (%); target {first['attainment_pct']:g}%")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out / "capacity-slo.png")
+    return Page("capacity-slo", "Capacity at a latency SLO (llama3.1-8b-shape, H100)", answer)
+
+
 STUDIES: tuple[Callable[[Path], Page], ...] = (
     regime_crossover,
     kld_accuracy,
@@ -1818,6 +1970,7 @@ STUDIES: tuple[Callable[[Path], Page], ...] = (
     hopper_schemes,
     starts_energy,
     saturation,
+    capacity_slo,
     cpu_grid,
 )
 
