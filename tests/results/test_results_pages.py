@@ -153,12 +153,8 @@ def test_capacity_page_reads_each_capacity_off_the_recorded_levels(written: Path
     # capacity over bf16: 176 / 136 = 1.294; range 176 / 144 = 1.222 to 192 / 136 = 1.412; gptq 128 / 136 = 0.941,
     # 128 / 144 = 0.889 to 136 / 136 = 1.000. USD / Mtok at $3.00 per GPU-hour: 3.0 / (8,093.16 tok/s x 3,600 s)
     # x 10^6 = 0.1030 for bf16's output tok/s at 136 in flight
-    table = lines[
-        lines.index(
-            "| scheme | capacity (requests in flight) | interval: bracket [pass, fail) | capacity over bf16 (range) | output tok/s at capacity (per GPU) | USD / Mtok at capacity ($3.00/h) |"
-        ) :
-    ]
-    row = {line.split(" | ")[0]: line for line in table[2:5]}
+    head = next(i for i, line in enumerate(lines) if line.startswith("| scheme | capacity (requests in flight) |"))
+    row = {line.split(" | ")[0]: line for line in lines[head + 2 : head + 5]}
     assert row["| bf16 (BF16)"] == "| bf16 (BF16) | 136 | [136, 144) | 1x (the reference) | 8,093 | 0.103 |"
     assert "| 176 | [176, 192) | 1.29x (1.22-1.41) |" in row["| fp8 (FP8_DYNAMIC)"]
     assert "| 128 | [128, 136) | 0.94x (0.89-1.00) |" in row["| gptq (W4A16)"]
