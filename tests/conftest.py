@@ -33,10 +33,10 @@ DATA_ROOT = Path(os.environ.get("QV_DATA_ROOT", PROJECT_ROOT.parent / "shared" /
 # names the folder explicitly, for the configs it composes and the pipelines it starts (the Makefile's integration
 # target sets QV_DATA_ROOT too). Tests that need the folder skip where it is missing. A unit test runs with
 # QV_DATA_ROOT at the synthetic copy instead (pytest_runtest_protocol below).
-# a pytest-xdist worker (make test-integration INTEGRATION_WORKERS=N) binds the vLLM CPU servers it starts to a core
-# of its own (gw0 -> the first allowed core, gw1 -> the second, ...): vLLM's auto binding gives every server on a host
-# the same core, so two workers' servers would share one while the other idles. The serve environment takes the
-# variable from the orchestrator's environment (conf/env/cpu.yaml).
+# a pytest-xdist worker (the first phase of make test-integration, INTEGRATION_WORKERS=N) binds the vLLM CPU servers
+# it starts to a core of its own (gw0 -> the first allowed core, gw1 -> the second, ...): vLLM's auto binding gives
+# every server on a host the same core, so two workers' servers would share one while the other idles. The serve
+# environment takes the variable from the orchestrator's environment (conf/env/cpu.yaml).
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
     _CORES = sorted(os.sched_getaffinity(0))
@@ -283,8 +283,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier of a test is the folder it sits in: tests/unit -> unit, tests/integration -> integration,
     tests/results -> results (whether or not its file says so); a test marked browser (Chromium) is integration
-    wherever it sits; slow is marked where it applies. Tests not marked slow run first (a broken environment, command
-    line or store shows within minutes under ``pytest -x``), each group in its collection order."""
+    wherever it sits; slow is marked where it applies. In one process, tests not marked slow run first (a broken
+    environment, command line or store shows within minutes under ``pytest -x``); in a pytest-xdist worker the slow
+    ones come first, so that ``--dist loadfile --no-loadscope-reorder`` hands out the long files first and the short
+    ones fill the workers' ends (the longest file last would keep one worker busy alone). Each group keeps its
+    collection order."""
     here = Path(__file__).parent
     tiers = {
         here / "unit": pytest.mark.unit,
@@ -298,4 +301,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for folder, mark in tiers.items():
             if folder in item.path.parents:
                 item.add_marker(mark)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: fast first, then slow
+    slow_first = hasattr(config, "workerinput")  # set in a pytest-xdist worker
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is not None) != slow_first)  # stable

@@ -19,7 +19,7 @@ from quantverdict.measure.integrity import IntegrityError
 from quantverdict.orchestrate import caches
 from quantverdict.results.record import find_records, load
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FAST = ["scheme=int8", "eval.enabled=false", "bench.enabled=false"]
 

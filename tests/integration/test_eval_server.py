@@ -31,7 +31,7 @@ from quantverdict.serving.server import port_is_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PORT = 8795  # apart from the other integration tests' servers (8765, 8777, 8791, 8793, 8797, 8805, 8807, 8815)
+PORT = 8795  # apart from the other integration tests' servers (8765, 8777, 8791, 8793, 8797, 8805, 8815)
 TASKS = ("arc_easy", "piqa")
 LIMIT = 20
 # every setting of the evaluation but its tasks (the served and hf jobs add the task of owntask.py to TASKS)

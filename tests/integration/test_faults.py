@@ -90,6 +90,7 @@ def test_killed_quantizer_fails_its_job_and_the_grid_goes_on(
     assert not [f for f in finished if f.exists() and json.loads(f.read_text())["calibration"]["num_samples"] == 13]
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_benchmark_stops_everything_and_the_same_command_resumes(
     tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:
@@ -173,6 +174,7 @@ def test_ctrl_c_is_an_interruption_not_a_failure(
     wait_for(lambda: not marked_pids(marker), 30, "no child left")
 
 
+@pytest.mark.slow
 def test_server_killed_mid_sweep_keeps_finished_points(
     tmp_path: Path, stage_envs: dict, embedded_model: dict, marker: str
 ) -> None:

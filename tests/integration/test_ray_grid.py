@@ -42,7 +42,8 @@ from clihelp import command, marked_env, marked_pids, new_marker
 from quantverdict.config.compose import PROJECT_ROOT
 from quantverdict.results.record import find_records, load
 
-pytestmark = pytest.mark.integration
+# serial: Ray is told this machine's two cores (num_cpus=2) and the two jobs must overlap in time on them
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 CHEAP = [
     "model=tiny-llama-shape",

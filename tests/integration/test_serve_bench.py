@@ -36,7 +36,9 @@ from quantverdict.serving.benchmark import bench_command, run_sweep, start_clien
 from quantverdict.serving.server import ServerError, VLLMServer, port_is_free
 from tools.bench import fidelity
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# serial: the fidelity comparison holds the job's sweep and the same points run by hand minutes later to the CPU
+# tolerance; another test's load in between moves one and not the other (the whole file: its tests share the server)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 4, 64, 16  # the rate sweep
 # the sweep methods' prefix-cache comparison: 4 prompts, one whole wave at the higher load level (c = 4): the fewest

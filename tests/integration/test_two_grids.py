@@ -22,7 +22,9 @@ from clihelp import command
 from quantverdict.config.compose import PROJECT_ROOT
 from quantverdict.results.record import find_records, load
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# serial: the two grids must hold 8765 at the same time; a loaded host that delays one grid's server past the other's
+# end lets both take the same port
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 CHEAP = [
     "model=tiny-llama-shape",
