@@ -1,5 +1,5 @@
 """pytest imports test files by their basename (no packages under tests/): two files of one name in different tiers
-make the second one fail to collect when the tiers run in one session (``pytest tests/unit tests/integration``)."""
+make the second one fail to collect when the tiers run in one pytest run (``pytest tests/unit tests/integration``)."""
 
 from __future__ import annotations
 
