@@ -13,6 +13,7 @@ that have a capacity (Student t on the logs, as the review's speed ratios over s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -108,17 +109,7 @@ def scheme_capacity(
                 good, sent = point_counts(rec, p, slo, recorded)
                 runs.append((p.load(mode), good, sent))
         f = capacity_from_points(runs, target)
-        levels += [
-            doc.CapacityLevel(
-                server_start=start,
-                load=lv.load,
-                good=lv.good,
-                sent=lv.sent,
-                attainment_pct=lv.attainment_pct,
-                passed=lv.passed,
-            )
-            for lv in f.loads
-        ]
+        levels += [doc.CapacityLevel(server_start=start, **dataclasses.asdict(lv)) for lv in f.loads]
         agrees = f.capacity == search.capacity and [f.low, f.high] == list(search.bracket or [None, None])
         starts.append(
             doc.CapacityStart(
