@@ -145,18 +145,34 @@ def test_saturation_page_reads_the_idle_share_and_the_api_server(written: Path) 
 
 def test_capacity_page_reads_each_capacity_off_the_recorded_levels(written: Path) -> None:
     lines = (written / "capacity-slo.md").read_text().splitlines()
-    # bf16's search: 136 requests in flight passed (816 of 816 requests met TTFT <= 1,000 ms and TPOT <= 25 ms),
-    # 144 failed (849 / 864 = 98.26% < 99%); fp8: 176 passed (1,056 / 1,056), 192 failed (1,122 / 1,152 = 97.40%);
-    # gptq: 128 passed (768 / 768), 136 failed (805 / 816 = 98.65%)
-    assert "fp8 (FP8_DYNAMIC) carries the most: 176 requests in flight [176, 192)" in lines[2]
-    assert "bf16 (BF16) 136 [136, 144) and gptq (W4A16) 128 [128, 136)" in lines[2]
+    random_answer, text_answer = lines[2].split(" On WikiText-2 paragraphs")
+    # random prompts, bf16's search: 136 requests in flight passed (816 of 816 requests met TTFT <= 1,000 ms and TPOT
+    # <= 25 ms), 144 failed (849 / 864 = 98.26% < 99%); fp8: 176 passed (1,056 / 1,056), 192 failed (1,122 / 1,152 =
+    # 97.40%); gptq: 128 passed (768 / 768), 136 failed (805 / 816 = 98.65%)
+    assert "fp8 (FP8_DYNAMIC) carries the most: 176 requests in flight [176, 192)" in random_answer
+    assert "bf16 (BF16) 136 [136, 144) and gptq (W4A16) 128 [128, 136)" in random_answer
+    # WikiText-2 paragraphs: bf16 224 passed (1,344 / 1,344), 240 failed (1,165 / 1,200 = 97.08%); fp8 320 passed
+    # (1,595 / 1,600 = 99.69% >= 99%), 352 failed (1,373 / 1,408 = 97.51%); gptq 224 passed, 240 failed (1,156 / 1,200)
+    assert "fp8 (FP8_DYNAMIC) carries the most: 320 requests in flight [320, 352)" in text_answer
+    assert "bf16 (BF16) 224 [224, 240) and gptq (W4A16) 224 [224, 240)" in text_answer
+    heads = [i for i, line in enumerate(lines) if line.startswith("| scheme | capacity (requests in flight) |")]
+    assert len(heads) == 2  # one table a workload
+    rand, text = ({line.split(" | ")[0]: line for line in lines[h + 2 : h + 5]} for h in heads)
     # capacity over bf16: 176 / 136 = 1.294; range 176 / 144 = 1.222 to 192 / 136 = 1.412; gptq 128 / 136 = 0.941,
     # 128 / 144 = 0.889 to 136 / 136 = 1.000. USD / Mtok at $3.00 per GPU-hour: 3.0 / (8,093.16 tok/s x 3,600 s)
     # x 10^6 = 0.1030 for bf16's output tok/s at 136 in flight
-    head = next(i for i, line in enumerate(lines) if line.startswith("| scheme | capacity (requests in flight) |"))
-    row = {line.split(" | ")[0]: line for line in lines[head + 2 : head + 5]}
-    assert row["| bf16 (BF16)"] == "| bf16 (BF16) | 136 | [136, 144) | 1x (the reference) | 8,093 | 0.103 |"
-    assert "| 176 | [176, 192) | 1.29x (1.22-1.41) |" in row["| fp8 (FP8_DYNAMIC)"]
-    assert "| 128 | [128, 136) | 0.94x (0.89-1.00) |" in row["| gptq (W4A16)"]
+    assert rand["| bf16 (BF16)"] == "| bf16 (BF16) | 136 | [136, 144) | 1x (the reference) | 8,093 | 0.103 |"
+    assert "| 176 | [176, 192) | 1.29x (1.22-1.41) |" in rand["| fp8 (FP8_DYNAMIC)"]
+    assert "| 128 | [128, 136) | 0.94x (0.89-1.00) |" in rand["| gptq (W4A16)"]
+    # WikiText-2: fp8 320 / 224 = 1.429, range 320 / 240 = 1.333 to 352 / 224 = 1.571; gptq 224 / 224 = 1.00, range
+    # 224 / 240 = 0.933 to 240 / 224 = 1.071. bf16: 3.0 / (11,723.6 tok/s x 3,600 s) x 10^6 = 0.0711
+    assert text["| bf16 (BF16)"] == "| bf16 (BF16) | 224 | [224, 240) | 1x (the reference) | 11,724 | 0.071 |"
+    assert "| 320 | [320, 352) | 1.43x (1.33-1.57) |" in text["| fp8 (FP8_DYNAMIC)"]
+    assert "| 224 | [224, 240) | 1.00x (0.93-1.07) |" in text["| gptq (W4A16)"]
     # Clopper-Pearson 95% of 849 / 864: the beta quantiles B(0.025; 849, 16) = 0.9715 and B(0.975; 850, 15) = 0.9903
     assert "| bf16 (BF16) | 144 | 849 / 864 | 98.26% [97.15, 99.03] | fail |" in lines
+    assert "| fp8 (FP8_DYNAMIC) | 320 | 1,595 / 1,600 | 99.69% [99.27, 99.90] | pass |" in lines
+    # the text workload's lengths as sent (the review's workload line): 1,759 paragraphs, input tokens p50 134
+    assert "Sent: WikiText-2 test paragraphs of 16-256 words (1,759 prompts): p50 134 (p1 24, p99 316) in" in "\n".join(
+        lines
+    )

@@ -27,6 +27,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -1812,6 +1813,16 @@ def cpu_grid(out: Path) -> Page:
 
 
 CAPACITY = Grid("gpu-capacity-h100/records", (*GPU_REVIEW, "review.gpu_price_per_hour={H100: 3.0}"))
+CAPACITY_TEXT = Grid("gpu-capacity-h100-text/records", (*GPU_REVIEW, "review.gpu_price_per_hour={H100: 3.0}"))
+# the workloads of the capacity page: its heading, how the prompts were made, and the grid
+CAPACITY_WORKLOADS = (
+    ("random prompts, 256 in / 128 out tokens", "random token prompts of 256 tokens (vLLM's random dataset)", CAPACITY),
+    (
+        "WikiText-2 paragraphs of 16-256 words, 128 out tokens",
+        "WikiText-2 test paragraphs of 16-256 words as written, in order (`bench.dataset.kind=text`), no chat template",
+        CAPACITY_TEXT,
+    ),
+)
 CAPACITY_PRICE = 3.0  # USD per H100-hour: an assumed list price, stated on the page; the user's own goes in the review
 
 
@@ -1832,17 +1843,50 @@ def _bracket(cap: dict[str, Any]) -> tuple[float | None, float | None]:
     return (min(lows) if lows else None, max(highs) if highs else None)
 
 
-def capacity_slo(out: Path) -> Page:
-    """Capacity at a latency SLO per scheme, found by the search, with $/Mtok at it."""
-    doc = review(CAPACITY)
+@dataclass(frozen=True)
+class _CapacityRun:
+    """One workload's capacity search, read off its review: the scorecards (baseline first), each scheme's capacity
+    block and cost entry, and the sentence that answers the page's question for it."""
+
+    heading: str
+    prompts: str
+    grid: Grid
+    cards: list[dict[str, Any]]
+    caps: dict[str, dict[str, Any]]
+    cost: dict[str, dict[str, Any]]
+    workload: str
+    answer: str
+
+
+def _capacity_run(heading: str, prompts: str, grid: Grid) -> _CapacityRun:
+    doc = review(grid)
     cards = sorted(doc["scorecards"], key=lambda c: (not c["is_baseline"], c["scheme"]))
     caps = {c["scheme"]: c["speed"]["capacity"] for c in cards}
     cost = {s["scheme"]: s for s in (doc.get("cost") or {}).get("schemes", [])}
-    base = next(c for c in cards if c["is_baseline"])
-    bcap = caps[base["scheme"]]
+    best = max(cards, key=lambda c: caps[c["scheme"]]["capacity"] or -1)
+
+    def said(c: dict[str, Any], unit: str = "") -> str:
+        cap = caps[c["scheme"]]
+        lo, hi = _bracket(cap)
+        return "none" if cap["capacity"] is None else f"{cap['capacity']:g}{unit} [{lo:g}, {hi:g})"
+
+    answer = f"{_name(best)} carries the most: {said(best, ' requests in flight')}, against " + " and ".join(
+        f"{_name(c)} {said(c)}" for c in cards if c is not best
+    )
+    priced = [(c, (cost.get(c["scheme"]) or {}).get("usd_per_mtok_at_load")) for c in cards]
+    if all(usd is not None for _, usd in priced):
+        answer += "; a million output tokens at capacity costs " + ", ".join(
+            f"${usd:.3f} ({c['scheme']})" for c, usd in sorted(priced, key=lambda x: x[1])
+        )
+    workload = re.sub(r" \(bench=[^)]*\)$", "", _workload(doc)["text"])  # one profile for both: said once
+    return _CapacityRun(heading, prompts, grid, cards, caps, cost, workload, answer)
+
+
+def _capacity_tables(run: _CapacityRun) -> list[str]:
+    """A workload's capacity table and the table of every level its searches measured."""
+    base = next(c for c in run.cards if c["is_baseline"])
+    bcap = run.caps[base["scheme"]]
     blo, bhi = _bracket(bcap)
-    first = bcap
-    starts = {len(cap["starts"]) for cap in caps.values()}
 
     def ratio_bounds(cap: dict[str, Any]) -> str:
         lo, hi = _bracket(cap)
@@ -1850,26 +1894,60 @@ def capacity_slo(out: Path) -> Page:
             return "–"
         return f"{cap['capacity'] / bcap['capacity']:.2f}x ({lo / bhi:.2f}-{hi / blo:.2f})"  # type: ignore[operator]
 
-    best = max(cards, key=lambda c: caps[c["scheme"]]["capacity"] or -1)
-    others = [c for c in cards if c is not best]
-    bits = []
-    for c in others:
-        cap = caps[c["scheme"]]
+    body = []
+    for c in run.cards:
+        cap = run.caps[c["scheme"]]
         lo, hi = _bracket(cap)
-        bits.append(f"{_name(c)} {cap['capacity']:g} [{lo:g}, {hi:g})")
-    blo_best, bhi_best = _bracket(caps[best["scheme"]])
-    answer = (
-        f"{_name(best)} carries the most: {caps[best['scheme']]['capacity']:g} requests in flight "
-        f"[{blo_best:g}, {bhi_best:g}), against " + " and ".join(bits) + f" ({first['slo']} for "
-        f"{first['attainment_pct']:g}% of requests, 256 in / 128 out tokens, one server start per scheme)."
-    )
-    priced = [(c, (cost.get(c["scheme"]) or {}).get("usd_per_mtok_at_load")) for c in cards]
-    if all(usd is not None for _, usd in priced):
-        answer += (
-            f" At ${CAPACITY_PRICE:.2f} per GPU-hour a million output tokens at capacity cost "
-            + ", ".join(f"${usd:.3f} ({c['scheme']})" for c, usd in sorted(priced, key=lambda x: x[1]))
-            + "."
+        usd = (run.cost.get(c["scheme"]) or {}).get("usd_per_mtok_at_load")
+        body.append(
+            [
+                _name(c),
+                f"{cap['capacity']:g}" if cap["capacity"] is not None else "none",
+                f"[{lo:g}, {hi:g})" if lo is not None and hi is not None else "–",
+                "1x (the reference)" if c["is_baseline"] else ratio_bounds(cap),
+                f"{cap['output_tok_s']:,.0f}" if cap.get("output_tok_s") else "–",
+                f"{usd:.3f}" if usd is not None else "–",
+            ]
         )
+    lines = _table(
+        [
+            "scheme",
+            "capacity (requests in flight)",
+            "interval: bracket [pass, fail)",
+            "capacity over bf16 (range)",
+            "output tok/s at capacity (per GPU)",
+            f"USD / Mtok at capacity (${CAPACITY_PRICE:.2f}/h)",
+        ],
+        body,
+    )
+    lines += ["", "Every level the searches measured:", ""]
+    rows = []
+    for c in run.cards:
+        for lv in sorted(run.caps[c["scheme"]]["levels"], key=lambda x: x["load"]):
+            lo_ci, hi_ci = _attainment_ci(int(lv["good"]), int(lv["sent"]))
+            rows.append(
+                [
+                    _name(c),
+                    f"{lv['load']:g}",
+                    f"{lv['good']:,} / {lv['sent']:,}",
+                    f"{lv['attainment_pct']:.2f}% [{lo_ci:.2f}, {hi_ci:.2f}]",
+                    "pass" if lv["passed"] else "fail",
+                ]
+            )
+    return lines + _table(["scheme", "concurrency", "good / sent", "attainment [95% CI]", "verdict"], rows)
+
+
+def capacity_slo(out: Path) -> Page:
+    """Capacity at a latency SLO per scheme, found by the search, with $/Mtok at it, for each workload."""
+    runs = [_capacity_run(*w) for w in CAPACITY_WORKLOADS]
+    first = runs[0].caps[runs[0].cards[0]["scheme"]]
+    starts = {len(cap["starts"]) for r in runs for cap in r.caps.values()}
+    same_gpu = len({machine(r.grid.records).gpu for r in runs}) == 1
+    answer = (
+        " ".join(f"On {r.heading}: {r.answer}." for r in runs)
+        + f" ({first['slo']} for {first['attainment_pct']:g}% of requests, one server start per scheme, "
+        f"${CAPACITY_PRICE:.2f} per GPU-hour.)"
+    )
     lines = [
         "# Capacity at a latency SLO: llama3.1-8b-shape on an H100",
         "",
@@ -1877,9 +1955,12 @@ def capacity_slo(out: Path) -> Page:
         f"{first['slo']}, and what does a million output tokens cost there?** {answer}",
         "",
         "Method. The Llama-3.1-8B shape (random weights: memory and speed are real, accuracy is not measured) in bf16 "
-        "(BF16), fp8 (FP8_DYNAMIC) and gptq (W4A16), served on one GPU in a closed loop (256 in / 128 out tokens, "
-        "random prompts; sampling temperature 0, ignore_eos; the prefix cache reset between points; windows of at "
-        f"least 10 s). Each scheme's server ran `bench=gpu-capacity`: a search that starts at "
+        "(BF16), fp8 (FP8_DYNAMIC) and gptq (W4A16), served on one GPU in a closed loop, 128 output tokens a request "
+        "(sampling temperature 0, ignore_eos; the prefix cache reset between points; windows of at least 10 s), with "
+        "two workloads: "
+        + "; ".join(f"({i}) {r.prompts}" for i, r in enumerate(runs, 1))
+        + ". Each point records the input and output lengths it sent (quoted under each workload). "
+        f"Each scheme's server ran `bench=gpu-capacity`: a search that starts at "
         f"{min(lv['load'] for lv in first['levels']):g} requests in flight, doubles while a load passes and then "
         f"bisects between the highest passing and the lowest failing load until they lie within "
         f"{first['tolerance_pct']:g}% of the lower one. A load passes when at least {first['attainment_pct']:g}% of "
@@ -1893,71 +1974,46 @@ def capacity_slo(out: Path) -> Page:
         "range is the ratio of the brackets' ends. Each level's attainment carries a Clopper-Pearson 95% interval "
         "(`scipy.stats.binomtest`). Cost: output tok/s at the capacity at an assumed "
         f"${CAPACITY_PRICE:.2f} per GPU-hour (`review.gpu_price_per_hour`; set your own): "
-        "USD / Mtok = price / (tok/s x 3,600) x 10^6.",
-        "",
-        f"Machine: {machine(CAPACITY.records).line()}. Records: `{CAPACITY.records}`; the full review: "
-        f"`python -m pipelines.review docs/results/{CAPACITY.records} 'review.gpu_price_per_hour={{H100: 3.0}}'`.",
+        "USD / Mtok = price / (tok/s x 3,600) x 10^6."
+        + (
+            ""
+            if same_gpu
+            else " The workloads ran on two machines (named below): compare schemes within a workload; a comparison "
+            "across workloads is also one across cards."
+        ),
         "",
     ]
-    body = []
-    for c in cards:
-        cap = caps[c["scheme"]]
-        lo, hi = _bracket(cap)
-        co = cost.get(c["scheme"]) or {}
-        usd = co.get("usd_per_mtok_at_load")
-        body.append(
-            [
-                _name(c),
-                f"{cap['capacity']:g}" if cap["capacity"] is not None else "none",
-                f"[{lo:g}, {hi:g})" if lo is not None and hi is not None else "–",
-                "1x (the reference)" if c["is_baseline"] else ratio_bounds(cap),
-                f"{cap['output_tok_s']:,.0f}" if cap.get("output_tok_s") else "–",
-                f"{usd:.3f}" if usd is not None else "–",
-            ]
-        )
-    lines += _table(
-        [
-            "scheme",
-            "capacity (requests in flight)",
-            "interval: bracket [pass, fail)",
-            "capacity over bf16 (range)",
-            "output tok/s at capacity (per GPU)",
-            f"USD / Mtok at capacity (${CAPACITY_PRICE:.2f}/h)",
-        ],
-        body,
-    )
-    lines += ["", "## Every level the searches measured", ""]
-    rows = []
-    for c in cards:
-        for lv in sorted(caps[c["scheme"]]["levels"], key=lambda x: x["load"]):
-            lo_ci, hi_ci = _attainment_ci(int(lv["good"]), int(lv["sent"]))
-            rows.append(
-                [
-                    _name(c),
-                    f"{lv['load']:g}",
-                    f"{lv['good']:,} / {lv['sent']:,}",
-                    f"{lv['attainment_pct']:.2f}% [{lo_ci:.2f}, {hi_ci:.2f}]",
-                    "pass" if lv["passed"] else "fail",
-                ]
-            )
-    lines += _table(["scheme", "concurrency", "good / sent", "attainment [95% CI]", "verdict"], rows)
-    lines += ["", "![SLO attainment by concurrency, every scheme](capacity-slo.png)", ""]
+    for r in runs:
+        lines += [
+            f"## {r.heading[0].upper()}{r.heading[1:]}",
+            "",
+            f"Sent: {r.workload}.",
+            "",
+            f"Machine: {machine(r.grid.records).line()}. Records: `{r.grid.records}`; the full review: "
+            f"`python -m pipelines.review docs/results/{r.grid.records} 'review.gpu_price_per_hour={{H100: 3.0}}'`.",
+            "",
+            *_capacity_tables(r),
+            "",
+        ]
+    lines += ["![SLO attainment by concurrency, every scheme, each workload](capacity-slo.png)", ""]
     (out / "capacity-slo.md").write_text("\n".join(lines))
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.0))
-    loads: set[float] = set()
-    for c in cards:
-        lv = sorted(caps[c["scheme"]]["levels"], key=lambda x: x["load"])
-        loads |= {x["load"] for x in lv}
-        ax.plot([x["load"] for x in lv], [x["attainment_pct"] for x in lv], marker="o", label=_name(c))
-    ax.axhline(first["attainment_pct"], color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(loads), [f"{x:g}" for x in sorted(loads)], rotation=90)
-    ax.minorticks_off()
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel(f"requests meeting the SLO (%); target {first['attainment_pct']:g}%")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, len(runs), figsize=(6.0 * len(runs), 4.0), sharey=True)
+    for ax, r in zip(axes, runs, strict=True):
+        loads: set[float] = set()
+        for c in r.cards:
+            lv = sorted(r.caps[c["scheme"]]["levels"], key=lambda x: x["load"])
+            loads |= {x["load"] for x in lv}
+            ax.plot([x["load"] for x in lv], [x["attainment_pct"] for x in lv], marker="o", label=_name(c))
+        ax.axhline(first["attainment_pct"], color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(loads), [f"{x:g}" for x in sorted(loads)], rotation=90)
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency")
+        ax.set_title(f"{r.heading[0].upper()}{r.heading[1:]}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_ylabel(f"requests meeting the SLO (%); target {first['attainment_pct']:g}%")
     fig.tight_layout()
     _save(fig, out / "capacity-slo.png")
     return Page("capacity-slo", "Capacity at a latency SLO (llama3.1-8b-shape, H100)", answer)
