@@ -268,3 +268,23 @@ def test_prepare_writes_the_text_prompts_and_records_a_files_digest(tmp_path: Pa
     w = prepare(own, tmp_path / "b2", env)
     assert (w.prompts, w.output_tokens_from_file, w.output_len) == (1, False, own.bench.output_len)
     assert w.sha256 == hashlib.sha256(b'{"prompt": "a"}\n').hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        ([], "256 in / 32 out tokens"),
+        (["bench.dataset.kind=text", "bench.dataset.max_words=64"], "WikiText-2 paragraphs of 16-64 words in / 32 out"),
+        (
+            ["bench.dataset.kind=shared_prefix", "bench.dataset.prefix_len=160", "bench.dataset.num_prefixes=2"],
+            "256 in (a 160-token prefix shared by each of 2 groups) / 32 out tokens",
+        ),
+    ],
+    ids=["random", "text", "shared_prefix"],
+)
+def test_the_sweep_says_what_each_request_sends(overrides: list[str], said: str) -> None:
+    from quantverdict.config.workload import request_shape
+
+    # the cpu profile: 256 in / 32 out (conf/bench/cpu.yaml); a text workload sends paragraphs, not bench.input_len
+    bench = compose(["bench=cpu", *overrides]).bench
+    assert request_shape(bench).startswith(said)

@@ -14,10 +14,31 @@ import json
 from pathlib import Path
 
 from quantverdict.children.offline_data import WIKITEXT_TEST
-from quantverdict.config.schema import DATASET_KINDS, Config, DatasetConfig
+from quantverdict.config.schema import DATASET_KINDS, BenchConfig, Config, DatasetConfig
 
 JSONL_FORMAT = '{"prompt": "...", "output_tokens": N} per line (output_tokens optional: on every line or on none)'
 MAX_LINE_ERRORS = 5  # the first problems of a JSONL file named, the rest counted
+
+
+def request_shape(bench: BenchConfig) -> str:
+    """What each request of the sweep sends, in words, from ``bench`` and its ``dataset`` alone (no file read).
+
+    ``random``: ``"256 in / 128 out tokens"``; ``text``: ``"WikiText-2 paragraphs of 16-256 words in / 128 out
+    tokens"``; ``jsonl``: ``"the prompts of FILE in / their output_tokens, else 128 out tokens"``; ``shared_prefix``:
+    ``"256 in (a 128-token prefix shared by each of 1 groups) / 128 out tokens"``. The lengths actually sent are
+    recorded per point (``input_len_dist``, ``output_len_dist``).
+    """
+    ds, out = bench.dataset, f"{bench.output_len} out tokens"
+    kind = str(ds.kind)
+    if kind == "text":
+        return f"WikiText-2 paragraphs of {ds.min_words}-{ds.max_words} words in / {out}"
+    if kind == "jsonl":
+        return f"the prompts of {Path(str(ds.path)).name} in / their output_tokens, else {out}"
+    if kind == "shared_prefix":
+        return (
+            f"{bench.input_len} in (a {ds.prefix_len}-token prefix shared by each of {ds.num_prefixes} groups) / {out}"
+        )
+    return f"{bench.input_len} in / {out}"
 
 
 def jsonl_line_problem(line: str) -> tuple[str | None, bool]:

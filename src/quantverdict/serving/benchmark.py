@@ -25,6 +25,7 @@ from typing import Any
 
 from quantverdict.children import workload_check
 from quantverdict.config.schema import BenchConfig
+from quantverdict.config.workload import request_shape
 from quantverdict.measure import bench_result, sweep_plan
 from quantverdict.measure import workload as measure_workload
 from quantverdict.measure.points import SamplingParams
@@ -380,13 +381,12 @@ def run_sweep(
     if client is None:
         client = start_client(server, bench_cfg, tokenizer_path, serve_env, out_dir)
     log.info(
-        "speed sweep: %s (%s), >= %d prompts and >= %g s each, %d in / %d out tokens, one client process",
+        "speed sweep: %s (%s), >= %d prompts and >= %g s each, %s, one client process",
         "a capacity search" if client.search else f"{len(client.points)} points",
         bench_cfg.mode,
         bench_cfg.num_prompts,
         bench_cfg.min_duration_s,
-        bench_cfg.input_len,
-        bench_cfg.output_len,
+        request_shape(bench_cfg),
     )
     points, result_path, client_log = client.points, client.result_path, client.log_path
     jsonl = out_dir / "sweep.jsonl"
