@@ -167,13 +167,34 @@ def quantized(
 
 
 @pytest.fixture(scope="module")
+def serve_env(request: pytest.FixtureRequest) -> StageEnv:
+    """The serve environment for tests that start a vLLM server themselves: the real one (``stage_envs``), or the
+    interpreter ``QV_SERVE_PYTHON`` names (then no stage environment is built)."""
+    python = os.environ.get("QV_SERVE_PYTHON")
+    if python:
+        extra = {"PYTHONPATH": str(envs.SRC_DIR), "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
+        return StageEnv("serve", python, {**extra, "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    return request.getfixturevalue("stage_envs")["serve"]
+
+
+@pytest.fixture(scope="module")
+def model_path(request: pytest.FixtureRequest) -> str:
+    """The embedded model's bf16 checkpoint folder (``embedded_model``), or the one ``QV_EMBEDDED_MODEL`` names
+    (then nothing is materialized)."""
+    path = os.environ.get("QV_EMBEDDED_MODEL")
+    if path:
+        return path
+    return str(request.getfixturevalue("embedded_model")["path"])
+
+
+@pytest.fixture(scope="module")
 def served_dtype(serve_env: StageEnv, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The ``--dtype`` a job serves the embedded bf16 model with on this CPU, decided as the pipeline decides:
     the serve environment's probe (:mod:`quantverdict.children.cpu_probe`) and
     :func:`quantverdict.config.cpu_caps.compute_dtype`: bfloat16 where the CPU has native bf16, float32 where
     bf16 is emulated. For tests that start a server themselves (``bench.server.dtype`` would otherwise be vLLM's
     default, the checkpoint's bfloat16: measured on a CPU without native bf16, one 256-token request with 16
-    output tokens took 12.5 s). Needs a module-scoped ``serve_env`` fixture in the test module."""
+    output tokens took 12.5 s)."""
     from quantverdict.config import cpu_caps
     from quantverdict.processes.runner import run_stage
     from quantverdict.results.stage_results import CpuProbeResult

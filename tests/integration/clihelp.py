@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from quantverdict.config.compose import PROJECT_ROOT
+from quantverdict.config.schema import ComputeDtype, ServerConfig
 
 # the environment variable that marks every process a test started (and their descendants)
 MARKER_VAR = "QV_TEST_MARKER"
@@ -153,3 +154,18 @@ def marked_pids(marker: str, text: str = "") -> list[int]:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return out
+
+
+def cpu_server_cfg(port: int, dtype: str = "auto", strict_port: bool = False) -> ServerConfig:
+    """The vLLM CPU server of a test that starts one itself (not through a job): eager, 8 sequences, 1 GiB of KV
+    cache, ``dtype`` (the ``served_dtype`` fixture: the CPU's, as a job's) on ``port``."""
+    return ServerConfig(
+        host="127.0.0.1",
+        port=port,
+        strict_port=strict_port,
+        startup_timeout_s=300,
+        enforce_eager=True,
+        max_num_seqs=8,
+        kv_cache_space_gib=1,
+        dtype=ComputeDtype(dtype),
+    )

@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from browser import free_port
 from clihelp import command, marked_env, marked_pids, new_marker
 from quantverdict.config.compose import PROJECT_ROOT
 from quantverdict.results.record import find_records, load
@@ -57,16 +57,10 @@ CHEAP = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
     """A real ``mlflow server`` on a free localhost port (sqlite store, served artifacts); its URI."""
-    port = _free_port()
+    port = free_port()
     store = tmp_path / "server"
     store.mkdir()
     log = open(store / "server.log", "w")  # noqa: SIM115 - closed at teardown

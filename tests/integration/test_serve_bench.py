@@ -27,10 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from quantverdict.config.schema import BenchConfig, ComputeDtype, ServerConfig
+from browser import free_port
+from clihelp import cpu_server_cfg
+from quantverdict.config.schema import BenchConfig, ServerConfig
 from quantverdict.measure import server_metrics, sweep_plan
 from quantverdict.processes import procs
-from quantverdict.processes.envs import SRC_DIR, StageEnv
+from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import SweepPoint
 from quantverdict.serving.benchmark import bench_command, run_sweep, start_client, supported_optional_flags
 from quantverdict.serving.server import ServerError, VLLMServer, port_is_free
@@ -47,58 +49,13 @@ NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 4, 64, 16  # the rate sweep
 CACHE_PROMPTS, CACHE_INPUT_LEN, CACHE_OUTPUT_LEN = 4, 256, 16
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def serve_env(request: pytest.FixtureRequest) -> StageEnv:
-    python = os.environ.get("QV_SERVE_PYTHON")
-    if python:
-        return StageEnv(
-            "serve",
-            python,
-            {
-                "PYTHONPATH": str(SRC_DIR),
-                "VLLM_CPU_OMP_THREADS_BIND": "auto",
-                "HF_HUB_OFFLINE": "1",
-                "HF_DATASETS_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false",
-            },
-        )
-    return request.getfixturevalue("stage_envs")["serve"]
-
-
-@pytest.fixture(scope="module")
-def model_path(request: pytest.FixtureRequest) -> str:
-    path = os.environ.get("QV_EMBEDDED_MODEL")
-    if path:
-        return path
-    return str(request.getfixturevalue("embedded_model")["path"])
-
-
-def _server_cfg(port: int, dtype: str = "auto", strict_port: bool = False) -> ServerConfig:
-    return ServerConfig(
-        host="127.0.0.1",
-        port=port,
-        strict_port=strict_port,
-        startup_timeout_s=300,
-        enforce_eager=True,
-        max_num_seqs=8,
-        kv_cache_space_gib=1,
-        dtype=ComputeDtype(dtype),
-    )
-
-
 def test_occupied_strict_port_fails_fast_with_the_config_key(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = StageEnv("serve", "/nonexistent/python", {})  # never started: the check comes first
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", port))
         blocker.listen(1)
-        cfg = _server_cfg(port, strict_port=True)  # this port or none (without: the next free one)
+        cfg = cpu_server_cfg(port, strict_port=True)  # this port or none (without: the next free one)
         server = VLLMServer(env, "/nonexistent/model", "m", cfg, 256, "cpu", tmp_path / "server.log")
         t0 = time.monotonic()
         with pytest.raises(ServerError, match=rf"bench\.server\.port={port} is already in use") as err:
@@ -117,7 +74,7 @@ def server(
     and its process group lives; stopped after the module's last test: the group (API server, engine core, worker)
     is gone and the port is free again."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    cfg = _server_cfg(_free_port(), served_dtype)
+    cfg = cpu_server_cfg(free_port(), served_dtype)
     with VLLMServer(serve_env, model_path, "smollm2-it", cfg, 512, "cpu", log) as srv:
         assert srv.startup_s is not None and srv.startup_s > 0
         pgid = srv.pgid

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from browser import free_port
+from clihelp import cpu_server_cfg
 from quantverdict.children import wikitext_prompts
 from quantverdict.children.offline_data import WIKITEXT_TEST, read_wikitext_lines
-from quantverdict.config.schema import BenchConfig, ComputeDtype, DatasetConfig, DatasetKind, ServerConfig
-from quantverdict.processes.envs import SRC_DIR, StageEnv
+from quantverdict.config.schema import BenchConfig, DatasetConfig, DatasetKind
+from quantverdict.processes.envs import StageEnv
 from quantverdict.results.record import SweepPoint
 from quantverdict.serving.benchmark import run_sweep
 from quantverdict.serving.server import VLLMServer
@@ -41,42 +42,11 @@ JSONL_LINES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def serve_env(request: pytest.FixtureRequest) -> StageEnv:
-    python = os.environ.get("QV_SERVE_PYTHON")
-    if python:
-        extra = {"PYTHONPATH": str(SRC_DIR), "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
-        return StageEnv("serve", python, {**extra, "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    return request.getfixturevalue("stage_envs")["serve"]
-
-
-@pytest.fixture(scope="module")
-def model_path(request: pytest.FixtureRequest) -> str:
-    path = os.environ.get("QV_EMBEDDED_MODEL")
-    if path:
-        return path
-    return str(request.getfixturevalue("embedded_model")["path"])
-
-
 @pytest.fixture(scope="module")
 def server(
     serve_env: StageEnv, model_path: str, served_dtype: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VLLMServer]:
-    cfg = ServerConfig(
-        host="127.0.0.1",
-        port=_free_port(),
-        startup_timeout_s=300,
-        enforce_eager=True,
-        max_num_seqs=8,
-        kv_cache_space_gib=1,
-        dtype=ComputeDtype(served_dtype),
-    )
+    cfg = cpu_server_cfg(free_port(), served_dtype)
     log = tmp_path_factory.mktemp("server") / "server.log"
     with VLLMServer(serve_env, model_path, "smollm2-data", cfg, MAX_MODEL_LEN, "cpu", log) as srv:
         yield srv
