@@ -1942,7 +1942,8 @@ def capacity_slo(out: Path) -> Page:
     runs = [_capacity_run(*w) for w in CAPACITY_WORKLOADS]
     first = runs[0].caps[runs[0].cards[0]["scheme"]]
     starts = {len(cap["starts"]) for r in runs for cap in r.caps.values()}
-    same_gpu = len({machine(r.grid.records).gpu for r in runs}) == 1
+    machines = [machine(r.grid.records) for r in runs]  # each folder's records read once
+    same_gpu = len({m.gpu for m in machines}) == 1
     answer = (
         " ".join(f"On {r.heading}: {r.answer}." for r in runs)
         + f" ({first['slo']} for {first['attainment_pct']:g}% of requests, one server start per scheme, "
@@ -1983,13 +1984,13 @@ def capacity_slo(out: Path) -> Page:
         ),
         "",
     ]
-    for r in runs:
+    for r, where in zip(runs, machines, strict=True):
         lines += [
             f"## {r.heading[0].upper()}{r.heading[1:]}",
             "",
             f"Sent: {r.workload}.",
             "",
-            f"Machine: {machine(r.grid.records).line()}. Records: `{r.grid.records}`; the full review: "
+            f"Machine: {where.line()}. Records: `{r.grid.records}`; the full review: "
             f"`python -m pipelines.review docs/results/{r.grid.records} 'review.gpu_price_per_hour={{H100: 3.0}}'`.",
             "",
             *_capacity_tables(r),
