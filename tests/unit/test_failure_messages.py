@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from browser import free_port
 from quantverdict.config.schema import ServerConfig
 from quantverdict.processes import procs
 from quantverdict.processes.envs import StageEnv
@@ -85,12 +85,6 @@ def test_clean_tail_drops_the_shutdown_noise() -> None:
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _fake_vllm(tmp_path: Path, log_text: str, exit_code: int) -> list[str]:
     """A process that prints ``log_text`` (as ``vllm serve`` would) and exits with ``exit_code``."""
     src = tmp_path / "log.txt"
@@ -103,7 +97,7 @@ def _server(tmp_path: Path) -> VLLMServer:
         env=StageEnv("serve", sys.executable),
         model_path=tmp_path,
         served_name="m",
-        server_cfg=ServerConfig(port=_free_port(), startup_timeout_s=30),
+        server_cfg=ServerConfig(port=free_port(), startup_timeout_s=30),
         max_model_len=256,
         device="cpu",
         log_path=tmp_path / "vllm_server.log",
