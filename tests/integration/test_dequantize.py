@@ -63,7 +63,7 @@ def results(stage_envs: dict[str, StageEnv], int8_checkpoint: tuple[Path, Path])
         [env.python, str(CHILD), *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **env.env},
+        env={**os.environ, **env.env, "OMP_WAIT_POLICY": "PASSIVE"},  # as a stage child's (children._child)
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

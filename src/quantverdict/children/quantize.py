@@ -278,10 +278,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         os.environ.pop("HF_HUB_OFFLINE", None)
         os.environ.pop("HF_DATASETS_OFFLINE", None)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # GPTQ's column loop runs thousands of tiny torch ops; with OpenMP's default spin-waiting they
-    # slow down 15-40x when the cores are shared (measured: one 576x576 GPTQ layer 0.30 s passive
-    # vs 5.7-11 s active on 2 busy cores). Must be set before torch (libgomp) is loaded.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OMP_WAIT_POLICY: passive, set by quantverdict.children._child before torch loads (GPTQ's column loop runs
+    # thousands of tiny torch ops, 15-40x slower with spinning threads on shared cores)
     import torch
     from llmcompressor import oneshot
     from llmcompressor.recipe import Recipe
