@@ -11,6 +11,9 @@ SCHEMES ?= bf16,awq,gptq,int8,fp8,w8a8
 ARGS   ?=
 WHEELHOUSE ?=
 SYSTEM_SITE ?=
+# the installer of .venv: pip (reads pip's configuration: an index or a wheel folder it names), or uv (installed into
+# .venv by pip first, then the rest in a fraction of pip's time; uv reads UV_INDEX_URL / UV_FIND_LINKS, not pip.conf)
+INSTALLER ?= pip
 # the orchestrator venv's requirements: what jobs and reviews run with, plus tests, lint and the grid launchers; from
 # a wheelhouse (made with --orchestrator) what jobs and reviews run with and the grid launchers
 ORCH_REQS ?= requirements/orchestrator.txt $(if $(WHEELHOUSE),requirements/launchers.txt,requirements/dev.txt)
@@ -26,7 +29,7 @@ TEST_ENV  := $(if $(TEST_DATA),QV_DATA_ROOT=$(TEST_DATA))
 .PHONY: setup browser run test test-unit test-integration test-results test-tools test-browser lint format-check schema clean-outputs bench-gpu results
 
 $(VENV)/.ready: requirements/orchestrator.txt requirements/dev.txt requirements/launchers.txt pyproject.toml
-	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) \
+	$(PYTHON) src/quantverdict/processes/venv_build.py $(VENV) $(ORCH_REQS) --installer $(INSTALLER) \
 	  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(SYSTEM_SITE),--system-site-packages)
 	# this checkout's src/ and root on the venv's path (an editable install without build tools)
 	printf '%s\n%s\n' "$(CURDIR)/src" "$(CURDIR)" > "$$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/quantverdict.pth"

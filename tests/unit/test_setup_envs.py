@@ -164,3 +164,32 @@ def test_a_base_interpreter_that_cannot_run_fails_both_environments_by_name(
     err = capsys.readouterr().err.splitlines()
     for stage in ("quantize", "serve"):
         assert any(line.startswith(f"{stage}: env.base_python='{missing}' cannot be run") for line in err)
+
+
+def test_the_uv_pin_of_the_requirement_files_is_found(tmp_path: Path) -> None:
+    (a := tmp_path / "a.txt").write_text("uvicorn==0.30.0\nmlflow==3.1.0\n")
+    (b := tmp_path / "b.txt").write_text("# the installer\nuv==0.13.9  # pinned\nruff==0.8.0\n")
+    assert venv_build.uv_requirement([a, b]) == "uv==0.13.9"
+    assert venv_build.uv_requirement([a]) == "uv"  # uvicorn is not uv: the newest uv then
+
+
+def test_with_uv_the_venvs_pip_installs_uv_first_and_uv_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (a := tmp_path / "a.txt").write_text("mlflow==3.1.0\n")
+    (b := tmp_path / "b.txt").write_text("uv==0.13.9\n")
+    steps: list[list[str]] = []
+    monkeypatch.setattr(venv_build, "_step", steps.append)  # the commands, not run
+    monkeypatch.setattr(venv_build, "interpreter_info", lambda _py: venv_build.Interpreter(False, "3.11", []))
+    (target := tmp_path / "v").mkdir()
+    py = venv_build.build(target, [a, b], "/usr/bin/python3", installer="uv", marker_text="m")
+    assert py == target / "bin" / "python"
+    assert steps == [
+        ["/usr/bin/python3", "-m", "venv", "--clear", str(target)],
+        [str(py), "-m", "pip", "--disable-pip-version-check", "install", "-q", "uv==0.13.9"],
+        [
+            str(target / "bin" / "uv"), "pip", "install", "--python", str(py), "--index-strategy", "unsafe-best-match",
+            "--compile-bytecode", "-q", "-r", str(a), "-r", str(b),
+        ],
+    ]  # fmt: skip
+    assert (target / ".ready").read_text() == "m"

@@ -17,7 +17,10 @@ Two options matter on GPU hosts:
 The installer is pip (``python -m pip`` of the new venv) or uv (``uv pip install --python``: the same requirement
 files, resolved with ``--index-strategy unsafe-best-match``, pip's rule of taking the best version over all
 indexes, and compiled to bytecode as pip does). The venv itself is always made by ``python -m venv``, so it has
-pip for a stage's own installs.
+pip for a stage's own installs. ``--installer uv`` on the command line first installs uv into the new venv with its
+pip (the ``uv==`` pin of the requirement files, if they hold one), then everything else with that uv: the
+orchestrator's venv in a fraction of pip's time. uv reads no pip configuration file: an index or a folder of wheels
+that pip's configuration names is handed to it through ``UV_INDEX_URL`` / ``UV_FIND_LINKS``.
 """
 
 from __future__ import annotations
@@ -139,6 +142,16 @@ def pip_install_args(
     return args
 
 
+def uv_requirement(requirements: Sequence[Path]) -> str:
+    """The requirement line that pins uv in ``requirements`` (``uv==0.13.9``), or ``uv`` when none does."""
+    for req in requirements:
+        for line in req.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if re.match(r"uv(?![\w.-])", line):
+                return line
+    return "uv"
+
+
 def install_command(
     python: Path, installer: str, requirements: Sequence[Path], wheelhouse: str | None, extra_index_urls: Sequence[str]
 ) -> list[str]:
@@ -175,7 +188,8 @@ def build(
         system_site_packages: let the venv see the interpreter's packages (see the module docstring).
         uninstall: distributions removed after the install.
         marker_text: written into ``.ready``.
-        installer: ``pip``, or the path of a uv executable (:func:`install_command`).
+        installer: ``pip``, the path of a uv executable (:func:`install_command`), or ``uv``: uv installed into
+            the new venv by its pip first (:func:`uv_requirement`), then used for the requirements.
         extra_index_urls: the indexes asked besides PyPI instead of the requirement files' own index lines; None
             keeps those lines.
 
@@ -194,6 +208,9 @@ def build(
     if system_site_packages and info.in_venv:
         own_site = interpreter_info(str(python)).site[0]
         Path(own_site, PARENT_PTH).write_text("".join(f"{s}\n" for s in info.site))
+    if installer == "uv":  # bootstrapped: pip brings the one wheel, uv the rest
+        _step(install_command(python, "pip", [], wheelhouse, extra_index_urls or ()) + [uv_requirement(requirements)])
+        installer = str(target / "bin" / "uv")
     with tempfile.TemporaryDirectory() as tmp:
         if extra_index_urls is not None:
             copies: dict[Path, Path] = {}
@@ -216,13 +233,17 @@ def _step(cmd: list[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``venv_build.py TARGET REQUIREMENTS... [--wheelhouse DIR] [--system-site-packages] [--python PY]``."""
+    """``venv_build.py TARGET REQUIREMENTS... [--wheelhouse DIR] [--system-site-packages] [--python PY]
+    [--installer pip|uv]``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("target", type=Path)
     ap.add_argument("requirements", type=Path, nargs="+")
     ap.add_argument("--wheelhouse", default=None, help="install offline from this folder of wheels")
     ap.add_argument("--system-site-packages", action="store_true", help="see the interpreter's own packages")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that creates the venv")
+    ap.add_argument(
+        "--installer", choices=("pip", "uv"), default="pip", help="uv: installed into the venv first, then used"
+    )
     a = ap.parse_args(argv)
     try:
         build(
@@ -232,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             wheelhouse=a.wheelhouse or None,
             system_site_packages=a.system_site_packages,
             marker_text="".join(p.read_text() for p in a.requirements),
+            installer=a.installer,
         )
     except VenvBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
