@@ -193,3 +193,9 @@ def test_with_uv_the_venvs_pip_installs_uv_first_and_uv_the_rest(
         ],
     ]  # fmt: skip
     assert (target / ".ready").read_text() == "m"
+
+
+def test_uv_is_refused_for_a_venv_that_sees_the_interpreters_packages(tmp_path: Path) -> None:
+    with pytest.raises(venv_build.VenvBuildError, match="uv cannot honour --system-site-packages"):
+        venv_build.build(tmp_path / "v", [], "/nowhere/python3", system_site_packages=True, installer="uv")
+    assert not (tmp_path / "v").exists()  # refused before anything was made

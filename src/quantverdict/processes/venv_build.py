@@ -146,9 +146,9 @@ def uv_requirement(requirements: Sequence[Path]) -> str:
     """The requirement line that pins uv in ``requirements`` (``uv==0.13.9``), or ``uv`` when none does."""
     for req in requirements:
         for line in req.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if re.match(r"uv(?![\w.-])", line):
-                return line
+            text = _COMMENT.sub("", line).strip()
+            if re.match(r"uv(?![\w.-])", text):
+                return text
     return "uv"
 
 
@@ -197,8 +197,14 @@ def build(
         The venv's python.
 
     Raises:
-        VenvBuildError: a step failed (venv creation, pip); the message has the command and pip's last lines.
+        VenvBuildError: a step failed (venv creation, pip); the message has the command and pip's last lines. Or
+            uv was asked for a venv that sees the interpreter's packages: uv does not see them and would install
+            them again (https://github.com/astral-sh/uv/issues/4466).
     """
+    if installer != "pip" and system_site_packages:
+        raise VenvBuildError(
+            "uv cannot honour --system-site-packages (it installs the interpreter's packages again): use pip"
+        )
     info = interpreter_info(base_python)
     create = [base_python, "-m", "venv", "--clear"]
     if system_site_packages:
