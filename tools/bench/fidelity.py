@@ -78,12 +78,13 @@ from quantverdict.serving.lifecycle import compile_cache_dir
 from quantverdict.serving.server import VLLMServer
 
 TOLERANCE = 0.05  # the job's own sweep is trusted when every point is within +-5% of a by-hand run's
-# Two CPU runs of 8 requests (15-25-s windows) on a shared 2-core machine, where server and client take turns on
-# the cores (tests/integration/test_serve_bench.py, AVX2 EPYC): by hand vs job 8.7% / 6.5% (bf16
-# emulated), 6.0% / 22.5% and 13.0% / 14.1% (float32), at c = 1 / 4, in both directions. 15% failed CI
-# once; the check there shows the plumbing (seeds, request counts, no cache hits) and catches a gross gap (emulated
-# bf16 instead of float32 here: several times slower)
-CPU_TOLERANCE = 0.30
+# On a shared 2-core CPU (tests/integration/test_serve_bench.py: one wave of 4 requests per point, 4-7-s windows, the
+# server's OpenMP threads and the client taking turns on the cores) one run of a point scatters far more than on a
+# GPU: two by-hand runs of one c = 4 point minutes apart gave 11.1 and 17.5 output tok/s, and the job's over the
+# by-hand run's ranged 0.64-1.98 on an AVX2 EPYC, in both directions (earlier 8-request windows: within 23%). The
+# check there shows the plumbing (seeds, request counts, no cache hits) and catches a gross gap (emulated bf16
+# instead of float32 here: several times slower): the two within a factor of 2
+CPU_MAX_RATIO = 2.0
 JUDGED = "output_tok_s"
 SHOWN = ("output_tok_s", "ttft_ms_p50")
 CHECKS_SUFFIX = ".checks.json"  # <point>.checks.json: the server's checks of a by-hand point
@@ -528,6 +529,18 @@ def by_hand_excess_hit_rate(job: SweepPoint, hand: dict[str, Any]) -> float | No
     if sent is None or ours is None or int(sent) != int(ours):
         return None
     return server_metrics.hit_rate(server_metrics.excess_hits(hits, repeated), queries)
+
+
+def within_factor(row: dict[str, Any], factor: float = CPU_MAX_RATIO) -> bool:
+    """True when a :func:`compare` row's job and by-hand output tok/s are within ``factor`` of each other, either
+    way round (``1 / factor <= job / by hand <= factor``); False when either is missing or not positive.
+
+    E.g. job 16.96, by hand 10.26: 1.65, within a factor of 2; job 3.0, by hand 10.0: 0.30, not within.
+    """
+    a, b = row.get(f"job_{JUDGED}"), row.get(f"by_hand_{JUDGED}")
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a <= 0 or b <= 0:
+        return False
+    return 1 / factor <= a / b <= factor
 
 
 def render(rows: list[dict[str, Any]], tolerance: float = TOLERANCE) -> str:

@@ -571,3 +571,25 @@ def test_fidelity_compare_flags_points_outside_five_percent() -> None:
     assert rows[0]["rel_diff"] == pytest.approx(0.02) and rows[1]["rel_diff"] == pytest.approx(0.06)
     text = fidelity.render(rows)
     assert "6.0% **> 5%**" in text and "| conc-1_r0 | 102.0 | 100.0 | 2.0% |" in text
+
+
+def test_the_cpu_check_takes_a_factor_of_two_either_way() -> None:
+    # job / by hand: 16.96 / 10.26 = 1.65 and 6.32 / 9.87 = 0.64 within a factor of 2; 20.6 / 10.0 = 2.06 and
+    # 3.0 / 10.0 = 0.30 (emulated bf16 against float32: several times slower) not; a missing figure is not within
+    def row(job: float | None, hand: float | None) -> dict[str, float | None]:
+        return {"job_output_tok_s": job, "by_hand_output_tok_s": hand}
+
+    assert [
+        fidelity.within_factor(row(a, b)) for a, b in [(16.96, 10.26), (6.32, 9.87), (20.0, 10.0), (5.0, 10.0)]
+    ] == [
+        True,
+        True,
+        True,
+        True,
+    ]
+    assert [fidelity.within_factor(row(a, b)) for a, b in [(20.6, 10.0), (3.0, 10.0), (None, 10.0), (5.0, 0.0)]] == [
+        False,
+        False,
+        False,
+        False,
+    ]
