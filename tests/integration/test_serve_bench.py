@@ -230,7 +230,8 @@ def test_old_method_hits_the_prefix_cache_new_one_does_not(
     print(fidelity.render(table))
     # a level outside the factor is run by hand once more and judged on that run: a gap the method makes shows in
     # both runs, one that a moment of the shared host makes does not (one c = 4 point: 11.1 and 17.5 tok/s by hand)
-    off = {p.concurrency for p in job_points for r in table if r["point"] == p.point and not fidelity.within_factor(r)}
+    level = {p.point: p.concurrency for p in job_points}
+    off = {level[r["point"]] for r in table if not fidelity.within_factor(r)}
     if off:
         again = fidelity.run_by_hand(
             server, bench, model_path, serve_env, tmp_path / "by_hand_again", sent, {0}, concurrencies=off

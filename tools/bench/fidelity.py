@@ -81,7 +81,7 @@ TOLERANCE = 0.05  # the job's own sweep is trusted when every point is within +-
 # On a shared 2-core CPU (tests/integration/test_serve_bench.py: one wave of 4 requests per point, 4-7-s windows, the
 # server's OpenMP threads and the client taking turns on the cores) one run of a point scatters far more than on a
 # GPU: two by-hand runs of one c = 4 point minutes apart gave 11.1 and 17.5 output tok/s, and the job's over the
-# by-hand run's ranged 0.64-1.98 on an AVX2 EPYC, in both directions (earlier 8-request windows: within 23%). The
+# by-hand run's ranged 0.64-1.97 on an AVX2 EPYC, in both directions (earlier 8-request windows: within 23%). The
 # check there shows the plumbing (seeds, request counts, no cache hits) and catches a gross gap (emulated bf16
 # instead of float32 here: several times slower): the two within a factor of 2
 CPU_MAX_RATIO = 2.0

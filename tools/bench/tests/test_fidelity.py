@@ -579,17 +579,7 @@ def test_the_cpu_check_takes_a_factor_of_two_either_way() -> None:
     def row(job: float | None, hand: float | None) -> dict[str, float | None]:
         return {"job_output_tok_s": job, "by_hand_output_tok_s": hand}
 
-    assert [
-        fidelity.within_factor(row(a, b)) for a, b in [(16.96, 10.26), (6.32, 9.87), (20.0, 10.0), (5.0, 10.0)]
-    ] == [
-        True,
-        True,
-        True,
-        True,
-    ]
-    assert [fidelity.within_factor(row(a, b)) for a, b in [(20.6, 10.0), (3.0, 10.0), (None, 10.0), (5.0, 0.0)]] == [
-        False,
-        False,
-        False,
-        False,
-    ]
+    within = [(16.96, 10.26), (6.32, 9.87), (20.0, 10.0), (5.0, 10.0)]
+    assert [fidelity.within_factor(row(a, b)) for a, b in within] == [True] * 4
+    outside = [(20.6, 10.0), (3.0, 10.0), (None, 10.0), (5.0, 0.0)]
+    assert [fidelity.within_factor(row(a, b)) for a, b in outside] == [False] * 4
