@@ -70,8 +70,12 @@ test-unit: $(VENV)/.ready
 # alone on the host (a measurement compared with one taken later, processes that must overlap or race, samples per
 # time window: another test's load moves them). Both phases run; the target fails if either does.
 # INTEGRATION_WORKERS=1 runs the whole tier in one process.
+# PREFORK=1 (the default): the stage children the tests start are forked from interpreters of their environment
+# that imported vLLM, lm-eval and llm-compressor once per test process (tests/prefork), instead of importing them
+# afresh each; PREFORK=0 starts each one plainly.
 INTEGRATION_WORKERS ?= 2
-INTEGRATION_PYTEST = $(TEST_ENV) $(VPY) -m pytest tests/unit tests/integration -v --durations=30
+PREFORK ?= 1
+INTEGRATION_PYTEST = $(TEST_ENV) QV_TEST_PREFORK=$(PREFORK) $(VPY) -m pytest tests/unit tests/integration -v --durations=30
 test-integration: setup browser
 ifeq ($(INTEGRATION_WORKERS),1)
 	$(INTEGRATION_PYTEST) -m integration

@@ -61,10 +61,51 @@ OUTSIDE_UNIT = tuple(
 )
 
 
+# the real stage environments' root while the pool below stands in for it (QV_ENV_ROOT), else None
+REAL_ENV_ROOT: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefork_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """With ``QV_TEST_PREFORK=1`` (``make test-integration``): the stage children of every command a test starts are
+    forked from interpreters that imported vLLM, lm-eval and llm-compressor once (tests/prefork: shim environments
+    under ``QV_ENV_ROOT``, one zygote per environment), instead of importing them afresh each (10-20 s of CPU
+    apiece on 2 cores). What the children run and record is unchanged; the processes a test sees are the
+    launchers standing for them (``worker_process`` opts a test out)."""
+    if os.environ.get("QV_TEST_PREFORK") != "1":
+        yield
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    from prefork import pool as prefork
+
+    cfg = compose([])
+    real = {s: envs.ensure(s, getattr(cfg.env, s), cfg.env, PROJECT_ROOT) for s in ("quantize", "serve")}
+    base = tmp_path_factory.mktemp("prefork")
+    started = prefork.start(real, base / "envs", base / "logs")
+    REAL_ENV_ROOT.append(os.environ.get("QV_ENV_ROOT", ""))
+    os.environ["QV_ENV_ROOT"] = str(started.root)
+    try:
+        yield
+    finally:
+        started.close()
+        previous = REAL_ENV_ROOT.pop()
+        if previous:
+            os.environ["QV_ENV_ROOT"] = previous
+        else:
+            os.environ.pop("QV_ENV_ROOT", None)
+
+
 @pytest.fixture
 def worker_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's CPU worker in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1) for the jobs this test starts."""
+    """vLLM's CPU worker in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1) for the jobs this test starts,
+    each stage child started afresh by its real interpreter (not forked from the tier's pool: the test reads the
+    processes themselves)."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    if REAL_ENV_ROOT:
+        if REAL_ENV_ROOT[0]:
+            monkeypatch.setenv("QV_ENV_ROOT", REAL_ENV_ROOT[0])
+        else:
+            monkeypatch.delenv("QV_ENV_ROOT", raising=False)
 
 
 @pytest.fixture
