@@ -31,6 +31,8 @@ def keep_sockets(conn: socket.socket) -> socket.socket:
     descriptors to the keeper through."""
     mine, theirs = socket.socketpair()
     if os.fork() == 0:
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
         mine.close()
         conn.close()  # the zygote must see this launcher's connection end with the launcher
         kept: list[int] = []
@@ -57,14 +59,36 @@ def main(real: str, sock_path: str, prefix: str = "quantverdict.children.") -> N
             continue
         fds.append(fd)
         targets.append(fd)
+    pid = 0  # the worker's, once the zygote has answered
+    pending: list[int] = []  # signals that came before: forwarded then
+
+    def forward(sig: int, _frame: object) -> None:
+        if not pid:
+            pending.append(sig)
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def plain() -> None:
+        """The real interpreter in this process, the signals that came meanwhile taken as it would have."""
+        conn.close()
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        for sig in pending:
+            os.kill(os.getpid(), sig)
+        fallback(real, args)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
     request = {"argv": args[1:], "env": dict(os.environ), "cwd": os.getcwd(), "fd_targets": targets}
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(sock_path)
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
     except OSError:
-        conn.close()
-        fallback(real, args)
+        plain()
     held: list[int] = []  # a server's listening socket, shared by its worker (prefork.zygote.share_server_socket)
     buf = b""
 
@@ -73,7 +97,10 @@ def main(real: str, sock_path: str, prefix: str = "quantverdict.children.") -> N
         kept in ``held``."""
         nonlocal buf
         while b"\n" not in buf:
-            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 4)
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 4)
+            except OSError:
+                return None
             held.extend(fds)
             if not data:
                 return None
@@ -83,19 +110,11 @@ def main(real: str, sock_path: str, prefix: str = "quantverdict.children.") -> N
 
     answer = message() or {"refused": "no answer"}
     if "pid" not in answer:
-        conn.close()
-        fallback(real, args)
-    pid = int(answer["pid"])
+        plain()
     keeper = keep_sockets(conn) if args[2:3] == ["serve"] and "--port" in args else None
-
-    def forward(sig: int, _frame: object) -> None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    pid = int(answer["pid"])
+    for sig in pending:
+        forward(sig, None)
     while True:
         msg = message()
         if msg is None:  # the zygote ended before the worker reported
@@ -110,7 +129,8 @@ def main(real: str, sock_path: str, prefix: str = "quantverdict.children.") -> N
     status = int(msg["status"])
     for fd in held:
         os.close(fd)
-    if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
+    if status < 0:  # ended by a signal: so is this process
+        if -status != signal.SIGKILL:
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(status)

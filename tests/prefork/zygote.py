@@ -34,6 +34,8 @@ MAY_DIFFER = frozenset(
     {"PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "PATH", "PWD", "OLDPWD", "_", "SHLVL", "TMPDIR", "COLUMNS", "LINES"}
     | {"TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"}  # read when vLLM's engine starts, not on import
 )
+# ... but these are read when vLLM is imported (its logging configuration)
+MUST_MATCH_PREFIXES = ("VLLM_LOGGING", "VLLM_CONFIGURE_LOGGING")
 PR_SET_PDEATHSIG = 1
 
 
@@ -43,7 +45,8 @@ def differing(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
     return sorted(
         k
         for k in keys
-        if mine.get(k) != theirs.get(k) and k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_PREFIXES)
+        if mine.get(k) != theirs.get(k)
+        and (k.startswith(MUST_MATCH_PREFIXES) or (k not in MAY_DIFFER and not k.startswith(MAY_DIFFER_PREFIXES)))
     )
 
 
@@ -81,21 +84,34 @@ def share_server_socket(report: socket.socket, argv: list[str]) -> None:
     socket.socket.bind = bind_and_share  # type: ignore[method-assign]
 
 
-def run_worker(request: dict, fds: list[int], closing: list[socket.socket], report: socket.socket) -> None:
-    """In the forked worker: take over the launcher's streams, folder and environment, run the module; never
-    returns (its exit status is the module's, through :class:`SystemExit` to the interpreter's own exit).
-    ``report``: the launcher's connection (a server's socket is shared through it)."""
-    for s in closing:
-        s.close()
-    report.set_inheritable(False)
-    share_server_socket(report, request["argv"])
-    os.setsid()
+def die_with_parent() -> None:
+    """SIGKILL when the parent ends (``prctl(PR_SET_PDEATHSIG)``); ended at once if it already has."""
+    parent = os.getppid()
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the zygote gone: so is the worker
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except Exception:  # noqa: BLE001 - no prctl: the pool's teardown still kills the group
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(255)
+
+
+def run_worker(
+    request: dict, fds: list[int], closing: list[socket.socket], other_fds: list[int], report: socket.socket
+) -> None:
+    """In the forked worker: take over the launcher's streams, folder and environment, run the module; never
+    returns (its exit status is the module's, through :class:`SystemExit` to the interpreter's own exit).
+    ``closing``/``other_fds``: the zygote's sockets and the descriptors of other pending requests, closed here;
+    ``report``: the launcher's connection (a server's socket is shared through it)."""
+    os.setsid()  # first: the zygote kills this group when the launcher ends
+    die_with_parent()  # the zygote gone: so is the worker
+    for s in closing:
+        s.close()
+    for fd in other_fds:
+        os.close(fd)
+    report.set_inheritable(False)
+    share_server_socket(report, request["argv"])
     for target, fd in zip(request["fd_targets"], fds, strict=True):
         os.dup2(fd, target)
         os.close(fd)
@@ -110,7 +126,10 @@ def run_worker(request: dict, fds: list[int], closing: list[socket.socket], repo
     tempfile.tempdir = None  # TMPDIR of the request, not the zygote's
     module, *args = request["argv"]
     sys.argv = [module, *args]
+    sys.path[0] = request["cwd"]  # as `python -m` puts it, where the zygote's script folder was
     sys.modules.pop(module, None)  # run afresh as __main__, as `python -m` does
+    if "numpy" in sys.modules:  # a fresh interpreter seeds numpy's global generator from the OS
+        sys.modules["numpy"].random.seed()
     code: int | str | None = 0
     try:
         import runpy
@@ -127,6 +146,26 @@ def run_worker(request: dict, fds: list[int], closing: list[socket.socket], repo
         traceback.print_exc()
         code = 1
     raise SystemExit(code)
+
+
+def send(conn: socket.socket, message: dict) -> bool:
+    """One line to a launcher; False when it is gone."""
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        return False
+    return True
+
+
+def kill_group(pid: int, reaped: bool = False) -> None:
+    """SIGKILL the worker's process group; a worker not reaped yet (its pid still ours) also by its pid, in case
+    it had not called ``setsid`` yet."""
+    kills = (os.killpg,) if reaped else (os.killpg, os.kill)
+    for kill in kills:
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
 
 
 def serve(path: str, env_at_start: dict[str, str]) -> None:
@@ -154,17 +193,21 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
                 sel.register(conn, selectors.EVENT_READ)
                 continue
             if sock in worker_of:  # the launcher hung up (or wrote): it ended before its worker
-                if not sock.recv(4096):
+                try:
+                    ended = not sock.recv(4096)
+                except OSError:
+                    ended = True
+                if ended:
                     pid = worker_of.pop(sock)
                     conn_of.pop(pid, None)
                     sel.unregister(sock)
                     sock.close()
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    kill_group(pid)
                 continue
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+            except OSError:
+                data, fds = b"", []
             fds_of[sock].extend(fds)
             if not data:
                 sel.unregister(sock)
@@ -181,7 +224,7 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
             bad = differing(env_at_start, request["env"])
             if bad:
                 log(f"refused {request['argv'][0]}: its environment differs in {bad}")
-                sock.sendall(json.dumps({"refused": bad}).encode() + b"\n")
+                send(sock, {"refused": bad})
                 sel.unregister(sock)
                 sock.close()
                 for fd in fds:
@@ -192,13 +235,19 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
             request["env"] = worker_env(request["env"], env_at_start, env_imported)
             pid = os.fork()
             if pid == 0:
-                run_worker(request, fds, [listener, *worker_of, *pending], sock)
+                others = [fd for pending_fds in fds_of.values() for fd in pending_fds]
+                run_worker(request, fds, [listener, *worker_of, *pending], others, sock)
             for fd in fds:
                 os.close(fd)
             worker_of[sock] = pid
             conn_of[pid] = sock
-            sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             log(f"forked {pid}: {' '.join(request['argv'])[:200]}")
+            if not send(sock, {"pid": pid}):  # the launcher is gone already
+                worker_of.pop(sock)
+                conn_of.pop(pid)
+                sel.unregister(sock)
+                sock.close()
+                kill_group(pid)
         while True:  # reap ended workers, and tell their launchers
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -206,20 +255,19 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
                 break
             if pid == 0:
                 break
+            kill_group(pid, reaped=True)  # what the worker left of its group (a plain start's group ends with its stop)
             conn = conn_of.pop(pid, None)
             if conn is None:
                 continue
             worker_of.pop(conn, None)
-            try:
-                conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-            except OSError:
-                pass
+            send(conn, {"status": os.waitstatus_to_exitcode(status)})
             sel.unregister(conn)
             conn.close()
 
 
 def main() -> None:
     path, modules = sys.argv[1], sys.argv[2:]
+    die_with_parent()  # the test process gone: so is its zygote (and, through theirs, its workers)
     env_at_start = dict(os.environ)
     t0 = time.perf_counter()
     try:  # vLLM's CPU build answers to the name vllm only through this alias (quantverdict.children.vllm_cli)

@@ -6,7 +6,7 @@ launcher as the product would run a stage environment's ``bin/python``. Expected
 arguments, folder and environment the launcher was given; SIGTERM to the launcher reaches the worker's handler;
 a variable a pre-imported module may have read (``HF_HUB_OFFLINE``) set apart from the zygote's is refused and
 the real interpreter runs the module in the launcher's own process (same pid); a launcher killed takes its worker
-with it.
+with it; a worker killed by SIGKILL ends its launcher by SIGKILL (return code -9, as a plain child's).
 """
 
 from __future__ import annotations
@@ -139,3 +139,12 @@ def test_a_killed_launcher_takes_its_worker_with_it(zygote: Zygote) -> None:
     else:
         os.kill(worker, signal.SIGKILL)
         pytest.fail(f"worker {worker} outlived its launcher")
+
+
+def test_a_worker_killed_by_a_signal_ends_its_launcher_by_the_same_signal(zygote: Zygote) -> None:
+    proc = zygote.launch("sleep")
+    assert proc.stdout is not None
+    worker = pid_of(proc.stdout.readline())
+    os.kill(worker, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
