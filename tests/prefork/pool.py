@@ -104,7 +104,7 @@ def start(stage_envs: dict[str, StageEnv], root: Path, log_dir: Path) -> Pool:
         real = Path(env.python).parent.parent
         sock = pool.sockets / f"{name}.sock"
         shim(real, root, sock)
-        log = open(log_dir / f"zygote-{name}.log", "wb")  # noqa: SIM115 - the zygote's own, closed with the session
+        log = open(log_dir / f"zygote-{name}.log", "wb")  # noqa: SIM115 - the zygote's own, closed when this process ends
         pool.zygotes.append(
             subprocess.Popen(
                 [env.python, str(HERE / "zygote.py"), str(sock), *PRELOAD.get(name, [])],
