@@ -179,9 +179,18 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     pending: dict[socket.socket, bytearray] = {}  # connection -> request bytes so far
-    fds_of: dict[socket.socket, list[int]] = {}
-    worker_of: dict[socket.socket, int] = {}
-    conn_of: dict[int, socket.socket] = {}
+    fds_of: dict[socket.socket, list[int]] = {}  # connection -> the descriptors its request brought so far
+    worker_of: dict[socket.socket, int] = {}  # connection -> its worker's pid
+
+    def drop(conn: socket.socket) -> None:
+        """Forget a launcher's connection: closed, with what its request brought and no worker took."""
+        sel.unregister(conn)
+        conn.close()
+        pending.pop(conn, None)
+        worker_of.pop(conn, None)
+        for fd in fds_of.pop(conn, []):
+            os.close(fd)
+
     while True:
         for key, _ in sel.select(timeout=0.1):
             sock = key.fileobj
@@ -198,10 +207,8 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
                 except OSError:
                     ended = True
                 if ended:
-                    pid = worker_of.pop(sock)
-                    conn_of.pop(pid, None)
-                    sel.unregister(sock)
-                    sock.close()
+                    pid = worker_of[sock]
+                    drop(sock)
                     kill_group(pid)
                 continue
             try:
@@ -210,26 +217,19 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
                 data, fds = b"", []
             fds_of[sock].extend(fds)
             if not data:
-                sel.unregister(sock)
-                sock.close()
-                for fd in fds_of.pop(sock):
-                    os.close(fd)
-                pending.pop(sock, None)
+                drop(sock)
                 continue
             pending[sock].extend(data)
             if not pending[sock].endswith(b"\n"):
                 continue
             request = json.loads(bytes(pending.pop(sock)))
-            fds = fds_of.pop(sock)
             bad = differing(env_at_start, request["env"])
             if bad:
                 log(f"refused {request['argv'][0]}: its environment differs in {bad}")
                 send(sock, {"refused": bad})
-                sel.unregister(sock)
-                sock.close()
-                for fd in fds:
-                    os.close(fd)
+                drop(sock)
                 continue
+            fds = fds_of.pop(sock)
             sys.stdout.flush()
             sys.stderr.flush()
             request["env"] = worker_env(request["env"], env_at_start, env_imported)
@@ -240,13 +240,9 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
             for fd in fds:
                 os.close(fd)
             worker_of[sock] = pid
-            conn_of[pid] = sock
             log(f"forked {pid}: {' '.join(request['argv'])[:200]}")
             if not send(sock, {"pid": pid}):  # the launcher is gone already
-                worker_of.pop(sock)
-                conn_of.pop(pid)
-                sel.unregister(sock)
-                sock.close()
+                drop(sock)
                 kill_group(pid)
         while True:  # reap ended workers, and tell their launchers
             try:
@@ -256,13 +252,10 @@ def serve(path: str, env_at_start: dict[str, str]) -> None:
             if pid == 0:
                 break
             kill_group(pid, reaped=True)  # what the worker left of its group (a plain start's group ends with its stop)
-            conn = conn_of.pop(pid, None)
-            if conn is None:
-                continue
-            worker_of.pop(conn, None)
-            send(conn, {"status": os.waitstatus_to_exitcode(status)})
-            sel.unregister(conn)
-            conn.close()
+            conn = next((c for c, p in worker_of.items() if p == pid), None)
+            if conn is not None:
+                send(conn, {"status": os.waitstatus_to_exitcode(status)})
+                drop(conn)
 
 
 def main() -> None:
